@@ -1,0 +1,197 @@
+/*
+ * backend.h - the backend author's API of kvstage (as driver.h is to verbs.h).
+ *
+ * A backend plugs into the staging core through two ops tables: device ops
+ * (memory, streams, events, gather/scatter kernels) and fabric ops (memory
+ * registration, connections, one-sided writes, control messages, completion
+ * polling, the clock). Each table is one `static const` struct per backend
+ * opening with version, size and name; the core validates it at bind time and
+ * fills optional slots with defaults that return KVS_ENOTSUP, so a missing
+ * slot is never a NULL call. Instances embed kvs_device_t / kvs_fabric_t as
+ * their FIRST member and recover themselves with KVS_CONTAINER_OF.
+ *
+ * Device addresses are uint64_t: they may not be dereferenceable by the host
+ * (CUDA); only the backend turns them into memory.
+ *
+ * Add fields at the END of a table only, and bump its version.
+ */
+#ifndef KVSTAGE_BACKEND_H
+#define KVSTAGE_BACKEND_H
+
+#include <kvstage/kvstage.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVS_CONTAINER_OF(ptr, type, member)                                    \
+    ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
+
+typedef struct kvs_stream kvs_stream_t; /* backend-defined */
+typedef struct kvs_event kvs_event_t;   /* backend-defined */
+typedef struct kvs_mr kvs_mr_t;         /* backend-defined */
+typedef struct kvs_conn kvs_conn_t;     /* backend-defined */
+
+/* ------------------------------------------------------------------------ */
+/* Device                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * One gather or scatter: copies heads [head_start, head_start + num_heads) of
+ * `tokens` tokens held in `pages` (page i covers token slots
+ * [pages[i]*ps, pages[i]*ps + ps); the last page may be partial) for local
+ * layers [layer_begin, layer_begin + layer_count) between the KV pool and a
+ * staging block laid out
+ *     [K slot 0 | ... | K slot S-1 | V slot 0 | ... | V slot S-1]
+ * with S = staging_layer_slots, each slot tokens * num_heads * head_dim *
+ * elem_bytes bytes, token-major [token][head][dim]. Local layer
+ * layer_begin + j goes to slot staging_slot_begin + j.
+ */
+typedef struct kvs_copy_desc {
+    const uint64_t *k_base;      /* per local layer, device addresses */
+    const uint64_t *v_base;
+    int64_t local_heads;         /* heads per token slot in the KV pool */
+    int64_t head_dim;
+    int64_t elem_bytes;
+    int64_t page_size;
+    const int64_t *pages;        /* page ids, host memory */
+    int64_t num_pages;
+    int64_t tokens;              /* <= num_pages * page_size */
+    int64_t head_start;          /* in the KV pool */
+    int64_t num_heads;
+    int64_t layer_begin;         /* local layer index */
+    int64_t layer_count;
+    int64_t staging_slot_begin;
+    int64_t staging_layer_slots; /* S */
+    uint64_t staging_addr;       /* device address of the staging block */
+} kvs_copy_desc_t;
+
+typedef struct kvs_device kvs_device_t;
+
+typedef struct kvs_device_ops {
+    uint32_t version;            /* KVS_DEVICE_OPS_VERSION */
+    uint32_t size;               /* sizeof(kvs_device_ops_t) */
+    const char *name;
+    /* required */
+    int (*mem_alloc)(kvs_device_t *dev, uint64_t len_bytes, uint64_t *out_addr);
+    int (*mem_free)(kvs_device_t *dev, uint64_t addr);
+    /* optional (default: KVS_ENOTSUP) */
+    int (*stream_create)(kvs_device_t *dev, kvs_stream_t **out);
+    void (*stream_destroy)(kvs_device_t *dev, kvs_stream_t *stream);
+    int (*gather)(kvs_device_t *dev, kvs_stream_t *stream, const kvs_copy_desc_t *desc);
+    int (*scatter)(kvs_device_t *dev, kvs_stream_t *stream, const kvs_copy_desc_t *desc);
+    int (*event_record)(kvs_device_t *dev, kvs_stream_t *stream, kvs_event_t **out);
+    /* KVS_OK when complete, KVS_EAGAIN while pending, an error if it failed */
+    int (*event_query)(kvs_device_t *dev, kvs_event_t *event);
+    void (*event_destroy)(kvs_device_t *dev, kvs_event_t *event);
+    /* host <-> device copies, for tests and verification */
+    int (*mem_write)(kvs_device_t *dev, uint64_t addr, const void *src, uint64_t len_bytes);
+    int (*mem_read)(kvs_device_t *dev, uint64_t addr, void *dst, uint64_t len_bytes);
+} kvs_device_ops_t;
+
+#define KVS_DEVICE_OPS_VERSION 1u
+
+/* The base every device instance embeds first. */
+struct kvs_device {
+    kvs_device_ops_t ops; /* filled copy: optional slots hold defaults */
+    const char *name;   /* instance name for messages, static or owned by the backend */
+    int last_backend_code; /* backend's own code of its last failure */
+    char last_backend_msg[KVS_ERROR_MSG_BYTES];
+};
+
+/* ------------------------------------------------------------------------ */
+/* Fabric                                                                    */
+/* ------------------------------------------------------------------------ */
+
+#define KVS_FABRIC_CAP_WRITE_IMM (1u << 0)      /* RDMA WRITE WITH IMM */
+#define KVS_FABRIC_CAP_PER_LAYER_WRITES (1u << 1) /* many writes per region (PP) */
+
+typedef struct kvs_write_desc {
+    uint64_t local_addr;
+    kvs_mr_t *local_mr;
+    uint64_t len_bytes;
+    uint64_t remote_addr;
+    uint64_t rkey;
+    bool with_imm;
+    uint32_t imm;
+    uint64_t wr_id;     /* returned in the completion */
+} kvs_write_desc_t;
+
+typedef enum kvs_completion_kind {
+    KVS_COMPLETION_WRITE = 0,   /* a local write finished */
+    KVS_COMPLETION_SEND = 1,    /* a local control send finished */
+    KVS_COMPLETION_RECV = 2,    /* a control message arrived */
+    KVS_COMPLETION_IMM = 3      /* a remote write with immediate landed here */
+} kvs_completion_kind_t;
+
+#define KVS_CONTROL_MSG_MAX_BYTES 4096u
+
+typedef struct kvs_completion {
+    kvs_completion_kind_t kind;
+    int status;                 /* KVS_OK or an error for this operation */
+    uint64_t wr_id;
+    kvs_conn_t *conn;
+    uint32_t imm;
+    uint32_t len_bytes;         /* RECV: message length */
+    uint8_t msg[KVS_CONTROL_MSG_MAX_BYTES]; /* RECV: the message */
+} kvs_completion_t;
+
+typedef struct kvs_fabric kvs_fabric_t;
+
+typedef struct kvs_fabric_ops {
+    uint32_t version;           /* KVS_FABRIC_OPS_VERSION */
+    uint32_t size;              /* sizeof(kvs_fabric_ops_t) */
+    const char *name;
+    uint32_t caps;              /* KVS_FABRIC_CAP_* */
+    /* required */
+    int (*mr_register)(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
+                       uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey);
+    int (*mr_deregister)(kvs_fabric_t *fab, kvs_mr_t *mr);
+    /* optional (default: KVS_ENOTSUP; now_ns defaults to 0) */
+    int (*connect)(kvs_fabric_t *fab, const char *peer, kvs_conn_t **out);
+    void (*disconnect)(kvs_fabric_t *fab, kvs_conn_t *conn);
+    int (*write)(kvs_fabric_t *fab, kvs_conn_t *conn, const kvs_write_desc_t *desc);
+    int (*send)(kvs_fabric_t *fab, kvs_conn_t *conn, const void *msg,
+                uint32_t len_bytes, uint64_t wr_id);
+    /* Returns how many completions it wrote (0..max) or a negative status. */
+    int (*poll)(kvs_fabric_t *fab, kvs_completion_t *out, int max);
+    uint64_t (*now_ns)(kvs_fabric_t *fab);
+} kvs_fabric_ops_t;
+
+#define KVS_FABRIC_OPS_VERSION 1u
+
+struct kvs_fabric {
+    kvs_fabric_ops_t ops; /* filled copy: optional slots hold defaults */
+    const char *name;
+    int last_backend_code;
+    char last_backend_msg[KVS_ERROR_MSG_BYTES];
+};
+
+/* Validates a table and initialises the base of an instance with a copy of
+ * it whose missing optional slots return KVS_ENOTSUP: KVS_EVERSION for an
+ * unknown version or a size outside [size of version 1, sizeof(table)],
+ * KVS_EINVAL when a required slot is NULL. name is borrowed (static). */
+KVS_API int kvs_device_init(kvs_device_t *dev, const kvs_device_ops_t *ops,
+                            const char *name);
+KVS_API int kvs_fabric_init(kvs_fabric_t *fab, const kvs_fabric_ops_t *ops,
+                            const char *name);
+
+/* Records the backend's own failure detail on the instance (for the core's
+ * error detail) and returns status. */
+KVS_API int kvs_device_fail(kvs_device_t *dev, int status, int backend_code,
+                            const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+KVS_API int kvs_fabric_fail(kvs_fabric_t *fab, int status, int backend_code,
+                            const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVSTAGE_BACKEND_H */

@@ -1,0 +1,446 @@
+/*
+ * kvstage.h - the user's API of kvstage.
+ *
+ * kvstage moves an LLM's KV cache from prefill ranks to decode ranks through
+ * a staging buffer when the two sides use different tensor parallelism.
+ * This header is what a serving engine includes: status codes, the layout
+ * planner (pure functions), the chunk grid, the staging ring allocator and
+ * the KV manager with its init guards. Backend authors also include
+ * <kvstage/backend.h>.
+ *
+ * Conventions: every function that can fail returns an int status
+ * (KVS_OK == 0, errors negative, see KVS_STATUS_LIST). Objects are made with
+ * kvs_<noun>_create() and released with kvs_<noun>_destroy(); a failed create
+ * leaves nothing to free and destroy(NULL) is a no-op. Sizes end in _bytes,
+ * times in _ns.
+ */
+#ifndef KVSTAGE_KVSTAGE_H
+#define KVSTAGE_KVSTAGE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define KVS_API __attribute__((visibility("default")))
+#else
+#define KVS_API
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Status codes                                                              */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * X(NAME, value, message). The message says what went wrong AND what to
+ * change. One list generates the enum, kvs_status_name() and kvs_strerror().
+ */
+#define KVS_STATUS_LIST(X)                                                     \
+    X(OK, 0, "success")                                                        \
+    X(EINVAL, -1, "invalid argument: check the value named in the error "      \
+                  "detail and pass one in its documented range")               \
+    X(ENOMEM, -2, "out of host memory: free memory or lower the sizes "        \
+                  "(ring size, live allocations, request count)")              \
+    X(ESTATE, -3, "call made in the wrong state: follow the init order "      \
+                  "create manager -> staging allocator -> register ring -> "   \
+                  "set_kv_buffers -> create handler")                          \
+    X(EALREADY, -4, "step already done: call it once per object; destroy "    \
+                    "and recreate the object to redo it")                      \
+    X(EBUSY, -5, "object still has live children: destroy the handlers, "     \
+                 "allocations or registrations made from it first")            \
+    X(ENOTSUP, -6, "operation not supported by this backend: pick a backend " \
+                   "that implements it or turn the feature off")               \
+    X(EBACKEND, -7, "the device or fabric backend reported a failure: see "   \
+                    "the backend code and message in the error detail")        \
+    X(EVERSION, -8, "backend ops table has an unknown version or size: "      \
+                    "rebuild the backend against this kvstage's backend.h")    \
+    X(ERANGE, -9, "value out of range: an offset, length, index or id lies "  \
+                  "outside the object it addresses; fix the caller or peer")   \
+    X(EOVERSIZED, -10, "staging region larger than the whole ring: raise the " \
+                       "decode ring size (--ring-mib) or lower the chunk "     \
+                       "size (--chunk-tokens)")                                \
+    X(ERING_LIVE, -11, "too many live ring allocations: raise max_live of "   \
+                       "the ring or free finished regions sooner")             \
+    X(ENOENT, -12, "no such allocation, request or peer: the id was never "   \
+                   "issued or was already released")                           \
+    X(ENO_ALLOCATOR, -13, "staging enabled but the staging allocator is "     \
+                          "missing: the transfer backend must initialise it "  \
+                          "(kvs_manager_init_staging) before the decode "      \
+                          "handler is created")                                \
+    X(ENO_KV_BUFFERS, -14, "staging enabled but kv_buffer_tensors is "        \
+                           "missing: set_kv_buffer_tensors() "                 \
+                           "(kvs_manager_set_kv_buffers) must be called "      \
+                           "during KV manager init")                           \
+    X(EHEADS, -15, "total KV heads unresolvable: pass the model's total KV "  \
+                   "heads (> 0) or the KV heads per rank (> 0)")               \
+    X(EHEAD_SPLIT, -16, "heads or TP sizes do not divide: total KV heads "    \
+                        "must be a multiple or a divisor of each TP size, "    \
+                        "and one TP size a multiple of the other")             \
+    X(EMLA, -17, "staging requested with an MLA model: MLA keeps the full "   \
+                 "latent KV on every rank, nothing to slice; turn staging "    \
+                 "off")                                                        \
+    X(ECONTEXT_PARALLEL, -18, "staging with prefill context parallelism: "    \
+                              "it rewrites chunk indices; set prefill CP to " \
+                              "1 or turn staging off")                         \
+    X(ECHUNK, -19, "chunked-prefill size must be positive (or 0 for 8192) "   \
+                   "and a multiple of the page size: change --chunk-tokens")   \
+    X(EPP_WRITES, -20, "prefill PP > 1 needs per-layer writes, which this "   \
+                       "fabric cannot do: use prefill PP 1 or a fabric with "  \
+                       "per-layer write support")                              \
+    X(EPREFIX_ALIGN, -21, "decode cached prefix is not page aligned: the "    \
+                          "request fails; align the prefix cache to the "      \
+                          "page size")                                         \
+    X(EPP_SPLIT, -22, "pipeline sizes do not fit: layers must divide by "     \
+                      "prefill PP and decode PP, and decode PP must be 1 or "  \
+                      "equal to prefill PP")                                   \
+    X(EDTYPE, -23, "unknown dtype: use bf16, fp16, fp8 or fp32")               \
+    X(EAGAIN, -24, "not ready yet: retry later (the operation is pending)")
+
+typedef enum kvs_status {
+#define KVS__STATUS_ENUM(name, value, msg) KVS_##name = value,
+    KVS_STATUS_LIST(KVS__STATUS_ENUM)
+#undef KVS__STATUS_ENUM
+} kvs_status_t;
+
+/* Message for a status: what went wrong and what to change. Never NULL; an
+ * unknown code gets "unknown kvstage status". Static storage. */
+KVS_API const char *kvs_strerror(int status);
+/* "KVS_EINVAL" etc.; "KVS_UNKNOWN" for an unknown code. Static storage. */
+KVS_API const char *kvs_status_name(int status);
+
+/* The detail of the last error of an object (never global). */
+#define KVS_ERROR_MSG_BYTES 256
+typedef struct kvs_error {
+    int status;          /* kvstage status, KVS_OK when no error */
+    int backend_code;    /* the backend's own code (errno, cudaError_t), 0 if none */
+    const char *file;    /* source file that raised it, static storage */
+    int line;
+    char msg[KVS_ERROR_MSG_BYTES]; /* says which value or step to change */
+} kvs_error_t;
+
+/* ------------------------------------------------------------------------ */
+/* Logging                                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef enum kvs_log_level {
+    KVS_LOG_OFF = 0,
+    KVS_LOG_ERROR = 1,
+    KVS_LOG_WARN = 2,
+    KVS_LOG_INFO = 3,
+    KVS_LOG_DEBUG = 4,
+    KVS_LOG_TRACE = 5
+} kvs_log_level_t;
+
+typedef void (*kvs_log_fn)(void *user, kvs_log_level_t level, const char *msg);
+
+/* A log sink carried by each object that logs. fn == NULL writes to stderr. */
+typedef struct kvs_log {
+    kvs_log_fn fn;
+    void *user;
+    kvs_log_level_t level; /* messages above this level are dropped */
+} kvs_log_t;
+
+#define KVS_LOG_ENV "KVS_LOG_LEVEL"
+
+/* Parses "off|error|warn|info|debug|trace" (or 0..5). KVS_EINVAL if unknown. */
+KVS_API int kvs_log_level_parse(const char *text, kvs_log_level_t *out);
+/* Level from the environment variable KVS_LOG_LEVEL, else KVS_LOG_WARN. */
+KVS_API kvs_log_level_t kvs_log_level_default(void);
+KVS_API const char *kvs_log_level_name(kvs_log_level_t level);
+
+/* ------------------------------------------------------------------------ */
+/* Data types                                                                */
+/* ------------------------------------------------------------------------ */
+
+typedef enum kvs_dtype {
+    KVS_DTYPE_BF16 = 0,
+    KVS_DTYPE_FP16 = 1,
+    KVS_DTYPE_FP8 = 2,
+    KVS_DTYPE_FP32 = 3
+} kvs_dtype_t;
+
+/* Bytes per element; 0 for an unknown dtype. */
+KVS_API int64_t kvs_dtype_bytes(kvs_dtype_t dtype);
+/* "bf16", "fp16", "fp8", "fp32" -> dtype; KVS_EDTYPE otherwise. */
+KVS_API int kvs_dtype_parse(const char *name, kvs_dtype_t *out);
+KVS_API const char *kvs_dtype_name(kvs_dtype_t dtype);
+
+/* ------------------------------------------------------------------------ */
+/* Layout planner (spec §3-§5): pure functions, no allocation                */
+/* ------------------------------------------------------------------------ */
+
+#define KVS_DEFAULT_CHUNK_TOKENS 8192
+
+/* Resolves the total KV heads H (spec §3): total_heads when > 0, else
+ * heads_per_rank * tp, else KVS_EHEADS. */
+KVS_API int kvs_heads_resolve(int64_t total_heads, int64_t heads_per_rank,
+                              int64_t tp, int64_t *out_heads);
+
+/* Which heads one prefill rank copies into one decode rank. */
+typedef struct kvs_head_slice {
+    int64_t src_start; /* first local head on the prefill rank */
+    int64_t num_heads; /* heads copied */
+    int64_t dst_start; /* first local head on the decode rank */
+} kvs_head_slice_t;
+
+/* spec §3 formula for prefill rank src and decode rank dst (taken modulo
+ * their TP). Heads are replicated when H < TP; ranks sharing a head map by
+ * integer division. KVS_EINVAL for non-positive sizes. */
+KVS_API int kvs_head_slice(int64_t total_heads, int64_t prefill_tp,
+                           int64_t decode_tp, int64_t src, int64_t dst,
+                           kvs_head_slice_t *out);
+
+/* The inputs of a plan. Zero fields take their documented default. */
+typedef struct kvs_layout_params {
+    int64_t total_heads;    /* H of the model; 0: use heads_per_rank */
+    int64_t heads_per_rank; /* fallback when total_heads is 0 */
+    int64_t heads_per_rank_tp; /* TP that heads_per_rank refers to; 0: prefill_tp */
+    int64_t head_dim;       /* hd > 0 */
+    kvs_dtype_t dtype;
+    int64_t layers;         /* layers of the whole model, > 0 */
+    int64_t page_size;      /* tokens per page, > 0 */
+    int64_t prefill_tp;     /* P > 0 */
+    int64_t decode_tp;      /* D > 0 */
+    int64_t prefill_pp;     /* Pp, 0 -> 1 */
+    int64_t decode_pp;      /* Dp, 0 -> 1; must be 1 or Pp */
+    int64_t chunk_tokens;   /* C, 0 -> 8192; multiple of page_size */
+} kvs_layout_params_t;
+
+typedef enum kvs_path {
+    KVS_PATH_STAGING = 0, /* P != D: gather, one write, scatter */
+    KVS_PATH_DIRECT = 1,  /* P == D: page runs to page runs */
+    KVS_PATH_SLICE = 2    /* one write per page run x layer x K/V x head slice */
+} kvs_path_t;
+
+KVS_API const char *kvs_path_name(kvs_path_t path);
+
+/* A validated plan. Filled by kvs_layout_init; read-only afterwards. */
+typedef struct kvs_layout {
+    int64_t total_heads, head_dim, elem_bytes, layers, page_size;
+    int64_t prefill_tp, decode_tp, prefill_pp, decode_pp;
+    int64_t chunk_tokens;     /* C after defaulting */
+    int64_t grid_tokens;      /* G = max(1, C / ps) * ps */
+    int64_t chunk_pages;      /* F = G / ps */
+    int64_t src_heads;        /* heads on a prefill rank: max(1, H / P) */
+    int64_t dst_heads;        /* heads on a decode rank: max(1, H / D) */
+    int64_t decode_layers;    /* Lx = layers / Dp: layer slots of a region */
+    int64_t prefill_layers;   /* layers / Pp: layers one prefill stage writes */
+    int64_t tp_writers;       /* W = P > D ? P / D : 1 */
+    int64_t expected_arrivals;/* W * (Pp / Dp) */
+    int64_t targets_per_prefill; /* decode ranks one prefill rank serves */
+    kvs_path_t path;          /* STAGING when P != D, else DIRECT */
+} kvs_layout_t;
+
+/* Validates params and derives the plan. On error returns its code and, when
+ * err != NULL, fills err->msg with the field to change. */
+KVS_API int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *params,
+                            kvs_error_t *err);
+
+/* One writer of a decode rank's region. */
+typedef struct kvs_writer {
+    int64_t writer_index;   /* position in the region, 0..W-1 */
+    int64_t prefill_rank;   /* prefill TP rank that writes it */
+    kvs_head_slice_t heads;
+    int64_t offset_bytes;   /* from the start of the region */
+    int64_t len_bytes;      /* T * nh * hd * s * Lx * 2 */
+} kvs_writer_t;
+
+/* Writer i of decode rank d for a chunk of `tokens` tokens. */
+KVS_API int kvs_layout_writer(const kvs_layout_t *lay, int64_t decode_rank,
+                              int64_t writer_index, int64_t tokens,
+                              kvs_writer_t *out);
+/* Total region bytes of decode rank d for a chunk of `tokens` tokens. */
+KVS_API int kvs_layout_region_bytes(const kvs_layout_t *lay, int64_t decode_rank,
+                                    int64_t tokens, int64_t *out_bytes);
+/* The largest region over all decode ranks for a full chunk (G tokens). */
+KVS_API int64_t kvs_layout_max_region_bytes(const kvs_layout_t *lay);
+/* Decode rank that prefill rank r serves as its i-th target
+ * (0 <= i < targets_per_prefill). */
+KVS_API int kvs_layout_target(const kvs_layout_t *lay, int64_t prefill_rank,
+                              int64_t i, int64_t *out_decode_rank);
+/* Writer index of prefill rank r inside decode rank d's region; KVS_ENOENT
+ * when r does not write to d. */
+KVS_API int kvs_layout_writer_index(const kvs_layout_t *lay, int64_t prefill_rank,
+                                    int64_t decode_rank, int64_t *out_index);
+/* Bytes of one layer block (one K or V layer) of one writer. */
+KVS_API int64_t kvs_layout_layer_block_bytes(const kvs_layout_t *lay,
+                                             int64_t tokens, int64_t num_heads);
+
+/* ------------------------------------------------------------------------ */
+/* Chunk grid (spec §5)                                                      */
+/* ------------------------------------------------------------------------ */
+
+/* A chunk of the transferred suffix of a request. */
+typedef struct kvs_chunk {
+    int64_t index;       /* chunk id, stable across sends */
+    int64_t page_start;  /* first page of the suffix, = index * F */
+    int64_t num_pages;   /* <= F */
+    int64_t token_start; /* absolute token positions */
+    int64_t token_end;
+} kvs_chunk_t;
+
+/* What one send of [start, end) becomes. */
+typedef struct kvs_send {
+    int64_t sent_end;    /* end actually sent: floored to the grid unless final */
+    int64_t first_chunk; /* first chunk id it makes */
+    int64_t num_chunks;  /* >= 1 for a final send (an empty one still makes a
+                            metadata-only send); may be 0 for a non-final send
+                            that is shorter than the grid */
+} kvs_send_t;
+
+/* Plans one send. base is the page-aligned cached prefix of the decode
+ * (KVS_EPREFIX_ALIGN otherwise); start must be base or a previous sent_end;
+ * end >= start. Non-final sends are floored to base + k*G. */
+KVS_API int kvs_grid_send(const kvs_layout_t *lay, int64_t base, int64_t start,
+                          int64_t end, bool final, kvs_send_t *out);
+/* Chunk `index` of a suffix [base, total_end). */
+KVS_API int kvs_grid_chunk(const kvs_layout_t *lay, int64_t base,
+                           int64_t total_end, int64_t index, kvs_chunk_t *out);
+/* ceil(pages / F), at least 1. */
+KVS_API int64_t kvs_grid_num_chunks(const kvs_layout_t *lay, int64_t pages);
+
+/* ------------------------------------------------------------------------ */
+/* Staging ring allocator (spec §6), thread-safe                             */
+/* ------------------------------------------------------------------------ */
+
+typedef struct kvs_ring kvs_ring_t;
+
+typedef struct kvs_watermark {
+    uint64_t round;
+    uint64_t offset;
+} kvs_watermark_t;
+
+typedef struct kvs_ring_alloc {
+    uint64_t id;     /* opaque handle for kvs_ring_free */
+    uint64_t offset; /* region start in the ring */
+    uint64_t round;
+    uint64_t end;    /* offset + len */
+} kvs_ring_alloc_t;
+
+/* Creates a ring of size_bytes with at most max_live live allocations; the
+ * ring allocates nothing after this. *out is owned by the caller. */
+KVS_API int kvs_ring_create(uint64_t size_bytes, uint32_t max_live, kvs_ring_t **out);
+/* Frees the ring; live allocations are dropped with it. NULL is a no-op. */
+KVS_API void kvs_ring_destroy(kvs_ring_t *ring);
+/* Assigns len_bytes (> 0). Never blocks; may overlap live data of the
+ * previous round (overcommit). KVS_EINVAL for a NULL ring/out or len 0,
+ * KVS_EOVERSIZED when len > size, KVS_ERING_LIVE when max_live allocations
+ * are live, KVS_ERANGE when the live byte count would overflow 64 bits. A
+ * failed assign changes nothing. */
+KVS_API int kvs_ring_assign(kvs_ring_t *ring, uint64_t len_bytes, kvs_ring_alloc_t *out);
+/* Frees an allocation; *wm_out (may be NULL) gets the new watermark.
+ * KVS_ENOENT for an unknown or already freed id. */
+KVS_API int kvs_ring_free(kvs_ring_t *ring, uint64_t id, kvs_watermark_t *wm_out);
+/* Getters; ring must not be NULL. */
+KVS_API kvs_watermark_t kvs_ring_watermark(const kvs_ring_t *ring);
+KVS_API uint64_t kvs_ring_size_bytes(const kvs_ring_t *ring);
+KVS_API uint32_t kvs_ring_live_count(const kvs_ring_t *ring);
+/* Sum of the lengths of live allocations. */
+KVS_API uint64_t kvs_ring_live_bytes(const kvs_ring_t *ring);
+/* Prefill-side readiness of an allocation (round, end) against the last
+ * watermark seen from its decode: r <= 0 || r-1 < wr || (r-1 == wr && end <= wt). */
+KVS_API bool kvs_ring_ready(kvs_watermark_t wm, uint64_t round, uint64_t end);
+
+/* ------------------------------------------------------------------------ */
+/* KV manager and handlers (spec §8)                                         */
+/* ------------------------------------------------------------------------ */
+
+typedef struct kvs_manager kvs_manager_t;
+typedef struct kvs_decode kvs_decode_t;
+typedef struct kvs_device kvs_device_t; /* see <kvstage/backend.h> */
+typedef struct kvs_fabric kvs_fabric_t; /* see <kvstage/backend.h> */
+
+typedef enum kvs_role { KVS_ROLE_PREFILL = 0, KVS_ROLE_DECODE = 1 } kvs_role_t;
+
+#define KVS_DEFAULT_RING_BYTES (4096ull << 20)
+#define KVS_DEFAULT_TRANSFER_WORKERS 4
+#define KVS_DEFAULT_RING_MAX_LIVE 4096
+
+/* The kv args of spec §8. Zero fields take their default. */
+typedef struct kvs_manager_config {
+    kvs_role_t role;
+    bool staging;             /* staging on/off; must match on both sides */
+    bool is_mla;              /* MLA model: staging is refused */
+    int64_t total_heads;      /* model's total KV heads, 0 if unknown */
+    int64_t heads_per_rank;   /* KV heads on this rank, 0 if unknown */
+    int64_t head_dim;
+    kvs_dtype_t dtype;
+    int64_t layers;           /* layers of the KV pool of this rank */
+    int64_t page_size;
+    int64_t tp_rank, tp_size;
+    int64_t pp_rank, pp_size;
+    int64_t peer_tp_size;     /* TP of the other side (for the layout), 0: same */
+    int64_t peer_pp_size;     /* PP of the other side, 0: 1 */
+    int64_t context_parallel; /* prefill CP size, 0 -> 1 */
+    int64_t chunk_tokens;     /* C, 0 -> 8192 */
+    uint64_t ring_bytes;      /* decode ring, 0 -> 4096 MiB */
+    uint32_t ring_max_live;   /* live ring allocations, 0 -> 4096 */
+    uint32_t transfer_workers;/* prefill staging buffers, 0 -> 4 */
+    kvs_log_t log;            /* level 0 with fn NULL: default level from env */
+} kvs_manager_config_t;
+
+/* Per layer K and V base device addresses of this rank's KV pool, laid out
+ * [token_slot][local_head][dim]. The arrays are copied by the manager. */
+typedef struct kvs_kv_buffers {
+    int64_t num_layers;       /* entries in k_base / v_base */
+    const uint64_t *k_base;
+    const uint64_t *v_base;
+    int64_t local_heads;
+    int64_t page_size;
+    int64_t num_pages;        /* pages in each layer buffer */
+} kvs_kv_buffers_t;
+
+/* Creates a KV manager. dev and fab are borrowed and must outlive it. On
+ * error nothing is allocated; err (may be NULL) gets the detail. Config
+ * guards (MLA, context parallelism, chunk size, PP on a fabric without
+ * per-layer writes) are checked here when staging is on. */
+KVS_API int kvs_manager_create(const kvs_manager_config_t *cfg, kvs_device_t *dev,
+                               kvs_fabric_t *fab, kvs_manager_t **out,
+                               kvs_error_t *err);
+/* KVS_EBUSY (and nothing freed) while a handler made from it lives. */
+KVS_API int kvs_manager_destroy(kvs_manager_t *m);
+
+/* Decode: allocates the staging ring on the device and creates its allocator.
+ * Prefill: allocates one staging buffer per transfer worker. */
+KVS_API int kvs_manager_init_staging(kvs_manager_t *m);
+/* Registers the staging memory with the fabric (remote key). Needs
+ * kvs_manager_init_staging first. */
+KVS_API int kvs_manager_register_staging(kvs_manager_t *m);
+/* Publishes the KV buffers (set_kv_buffer_tensors). Once per manager. */
+KVS_API int kvs_manager_set_kv_buffers(kvs_manager_t *m, const kvs_kv_buffers_t *kv);
+/* Sets the head counts (either may be 0 = unknown). Allowed until a handler
+ * is created. */
+KVS_API int kvs_manager_set_heads(kvs_manager_t *m, int64_t total_heads,
+                                  int64_t heads_per_rank);
+/* Detail of the last error of this manager (never NULL for a non-NULL m). */
+KVS_API const kvs_error_t *kvs_manager_last_error(const kvs_manager_t *m);
+/* The staging ring of a decode manager, NULL before init_staging. Borrowed. */
+KVS_API kvs_ring_t *kvs_manager_ring(kvs_manager_t *m);
+/* Staging buffer i (decode: 0 is the ring; prefill: one per transfer
+ * worker): device address, length and remote key (0 until registered).
+ * KVS_ESTATE before init_staging, KVS_ERANGE for a bad index. */
+KVS_API int kvs_manager_staging_buffer(const kvs_manager_t *m, uint32_t index,
+                                       uint64_t *addr, uint64_t *len_bytes,
+                                       uint64_t *rkey);
+/* Number of staging buffers (0 before init_staging). */
+KVS_API uint32_t kvs_manager_staging_count(const kvs_manager_t *m);
+/* The resolved layout (valid after a handler was created). */
+KVS_API const kvs_layout_t *kvs_manager_layout(const kvs_manager_t *m);
+
+/* Creates the decode staging handler. Guards, in this order: role must be
+ * decode (KVS_ESTATE); when staging is on: allocator (KVS_ENO_ALLOCATOR),
+ * registration (KVS_ESTATE), KV buffers (KVS_ENO_KV_BUFFERS), total heads
+ * (KVS_EHEADS), layout (KVS_EHEAD_SPLIT / KVS_EPP_SPLIT). One handler per
+ * manager (KVS_EALREADY). */
+KVS_API int kvs_decode_create(kvs_manager_t *m, kvs_decode_t **out);
+/* Destroys the handler; NULL is a no-op. */
+KVS_API void kvs_decode_destroy(kvs_decode_t *d);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVSTAGE_KVSTAGE_H */
