@@ -1,0 +1,59 @@
+/*
+ * grid.c - the chunk grid of spec §5. The transferred suffix of a request
+ * starts at the decode's cached prefix `base` (page aligned) and is cut at
+ * base + k*G; chunk i covers pages [i*F, (i+1)*F) of the suffix. Non-final
+ * sends are floored to the grid so chunk ids are stable even when a
+ * prefix-cache hit makes the first send larger than G.
+ *
+ * Pure functions over a validated kvs_layout_t.
+ */
+#include "error.h"
+
+#include <kvstage/kvstage.h>
+
+static int64_t kvs__ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int64_t kvs_grid_num_chunks(const kvs_layout_t *lay, int64_t pages)
+{
+    if (pages <= 0)
+        return 1; /* an empty range still makes one metadata-only send */
+    return kvs__ceil_div(pages, lay->chunk_pages);
+}
+
+int kvs_grid_send(const kvs_layout_t *lay, int64_t base, int64_t start,
+                  int64_t end, bool final, kvs_send_t *out)
+{
+    if (lay == NULL || out == NULL || base < 0 || start < base || end < start)
+        return KVS_EINVAL;
+    if (base % lay->page_size != 0)
+        return KVS_EPREFIX_ALIGN;
+    const int64_t g = lay->grid_tokens;
+    if ((start - base) % g != 0)
+        return KVS_EINVAL; /* a send starts where the previous one ended */
+    const int64_t sent_end = final ? end : base + ((end - base) / g) * g;
+    out->sent_end = sent_end;
+    out->first_chunk = (start - base) / g;
+    out->num_chunks = kvs__ceil_div(sent_end - start, g);
+    if (final && out->num_chunks == 0)
+        out->num_chunks = 1;
+    return KVS_OK;
+}
+
+int kvs_grid_chunk(const kvs_layout_t *lay, int64_t base, int64_t total_end,
+                   int64_t index, kvs_chunk_t *out)
+{
+    if (lay == NULL || out == NULL || base < 0 || total_end < base)
+        return KVS_EINVAL;
+    if (base % lay->page_size != 0)
+        return KVS_EPREFIX_ALIGN;
+    const int64_t pages = kvs__ceil_div(total_end - base, lay->page_size);
+    if (index < 0 || index >= kvs_grid_num_chunks(lay, pages))
+        return KVS_ERANGE;
+    const int64_t f = lay->chunk_pages, g = lay->grid_tokens;
+    out->index = index;
+    out->page_start = index * f;
+    out->num_pages = pages - out->page_start < f ? pages - out->page_start : f;
+    out->token_start = base + index * g;
+    out->token_end = out->token_start + g < total_end ? out->token_start + g : total_end;
+    return KVS_OK;
+}

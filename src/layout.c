@@ -1,0 +1,322 @@
+/*
+ * layout.c - the layout planner of spec §3-§4: which heads each prefill rank
+ * copies into each decode rank, which prefill ranks write a decode rank's
+ * region, and where each writer's bytes go in that region.
+ *
+ * Pure functions over a validated kvs_layout_t: no allocation, no state.
+ * Invariants after kvs_layout_init: every size > 0; max(P,D) % min(P,D) == 0;
+ * H and each TP size divide one another; layers divide by Pp and Dp; Dp is 1
+ * or Pp; the largest region of a full chunk fits in int64.
+ *
+ * Replicated heads (H < TP) map ranks sharing a head by integer division,
+ * never by modulo (spec §3: modulo silently corrupts attention).
+ */
+#include "error.h"
+
+#include <kvstage/kvstage.h>
+
+static int64_t kvs__max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+int64_t kvs_dtype_bytes(kvs_dtype_t dtype)
+{
+    switch (dtype) {
+    case KVS_DTYPE_BF16:
+    case KVS_DTYPE_FP16:
+        return 2;
+    case KVS_DTYPE_FP8:
+        return 1;
+    case KVS_DTYPE_FP32:
+        return 4;
+    }
+    return 0;
+}
+
+static const struct {
+    const char *name;
+    kvs_dtype_t dtype;
+} kvs__dtypes[] = {{"bf16", KVS_DTYPE_BF16},
+                   {"fp16", KVS_DTYPE_FP16},
+                   {"fp8", KVS_DTYPE_FP8},
+                   {"fp32", KVS_DTYPE_FP32}};
+
+int kvs_dtype_parse(const char *name, kvs_dtype_t *out)
+{
+    if (name == NULL || out == NULL)
+        return KVS_EINVAL;
+    for (size_t i = 0; i < sizeof kvs__dtypes / sizeof kvs__dtypes[0]; i++) {
+        const char *a = kvs__dtypes[i].name, *b = name;
+        while (*a != '\0' && *a == *b) {
+            a++;
+            b++;
+        }
+        if (*a == '\0' && *b == '\0') {
+            *out = kvs__dtypes[i].dtype;
+            return KVS_OK;
+        }
+    }
+    return KVS_EDTYPE;
+}
+
+const char *kvs_dtype_name(kvs_dtype_t dtype)
+{
+    for (size_t i = 0; i < sizeof kvs__dtypes / sizeof kvs__dtypes[0]; i++)
+        if (kvs__dtypes[i].dtype == dtype)
+            return kvs__dtypes[i].name;
+    return "unknown";
+}
+
+const char *kvs_path_name(kvs_path_t path)
+{
+    switch (path) {
+    case KVS_PATH_STAGING:
+        return "staging";
+    case KVS_PATH_DIRECT:
+        return "direct";
+    case KVS_PATH_SLICE:
+        return "slice";
+    }
+    return "unknown";
+}
+
+int kvs_heads_resolve(int64_t total_heads, int64_t heads_per_rank, int64_t tp,
+                      int64_t *out_heads)
+{
+    if (out_heads == NULL)
+        return KVS_EINVAL;
+    if (total_heads > 0) {
+        *out_heads = total_heads;
+        return KVS_OK;
+    }
+    /* Overestimates when heads are replicated; the model's total is better. */
+    if (heads_per_rank > 0 && tp > 0 && heads_per_rank <= INT32_MAX &&
+        tp <= INT32_MAX) {
+        *out_heads = heads_per_rank * tp;
+        return KVS_OK;
+    }
+    return KVS_EHEADS;
+}
+
+int kvs_head_slice(int64_t total_heads, int64_t prefill_tp, int64_t decode_tp,
+                   int64_t src, int64_t dst, kvs_head_slice_t *out)
+{
+    if (out == NULL || total_heads <= 0 || prefill_tp <= 0 || decode_tp <= 0 ||
+        src < 0 || dst < 0)
+        return KVS_EINVAL;
+    src %= prefill_tp;
+    dst %= decode_tp;
+    const int64_t src_heads = kvs__max64(1, total_heads / prefill_tp);
+    const int64_t dst_heads = kvs__max64(1, total_heads / decode_tp);
+    if (prefill_tp > decode_tp) {
+        const int64_t rep = kvs__max64(1, prefill_tp / total_heads);
+        out->num_heads = src_heads;
+        out->src_start = 0;
+        out->dst_start = ((src / rep) * src_heads) % dst_heads;
+    } else {
+        const int64_t rep = kvs__max64(1, decode_tp / total_heads);
+        out->num_heads = dst_heads;
+        out->dst_start = 0;
+        out->src_start = ((dst / rep) * dst_heads) % src_heads;
+    }
+    return KVS_OK;
+}
+
+/* a and b divide one another. */
+static bool kvs__nested(int64_t a, int64_t b)
+{
+    return a >= b ? a % b == 0 : b % a == 0;
+}
+
+/* *acc *= v with overflow detection. */
+static bool kvs__mul(int64_t *acc, int64_t v)
+{
+    return !__builtin_mul_overflow(*acc, v, acc);
+}
+
+static int kvs__check_positive(kvs_error_t *err, int64_t v, const char *what)
+{
+    if (v > 0)
+        return KVS_OK;
+    return KVS__FAIL(err, KVS_EINVAL, "%s must be > 0 (got %lld): pass a positive %s",
+                     what, (long long)v, what);
+}
+
+int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t *err)
+{
+    if (out == NULL || p == NULL)
+        return KVS__FAIL(err, KVS_EINVAL, "layout and params must not be NULL");
+    int rc;
+    if ((rc = kvs__check_positive(err, p->head_dim, "head_dim")) != KVS_OK ||
+        (rc = kvs__check_positive(err, p->layers, "layers")) != KVS_OK ||
+        (rc = kvs__check_positive(err, p->page_size, "page_size")) != KVS_OK ||
+        (rc = kvs__check_positive(err, p->prefill_tp, "prefill_tp")) != KVS_OK ||
+        (rc = kvs__check_positive(err, p->decode_tp, "decode_tp")) != KVS_OK)
+        return rc;
+    if (p->prefill_pp < 0 || p->decode_pp < 0)
+        return KVS__FAIL(err, KVS_EINVAL,
+                         "prefill_pp and decode_pp must be >= 1 (0 means 1)");
+    if (p->total_heads < 0 || p->heads_per_rank < 0 || p->heads_per_rank_tp < 0)
+        return KVS__FAIL(err, KVS_EINVAL,
+                         "total_heads and heads_per_rank must be >= 0 (0 = unknown)");
+    const int64_t elem_bytes = kvs_dtype_bytes(p->dtype);
+    if (elem_bytes == 0)
+        return KVS__FAIL(err, KVS_EDTYPE, "dtype %d unknown: use bf16, fp16, fp8 or fp32",
+                         (int)p->dtype);
+
+    kvs_layout_t l = {0};
+    const int64_t heads_tp = p->heads_per_rank_tp > 0 ? p->heads_per_rank_tp : p->prefill_tp;
+    if (kvs_heads_resolve(p->total_heads, p->heads_per_rank, heads_tp, &l.total_heads) != KVS_OK)
+        return KVS__FAIL(err, KVS_EHEADS,
+                         "total KV heads unresolvable: pass total_heads (the "
+                         "model's KV heads) or heads_per_rank, either > 0");
+
+    l.head_dim = p->head_dim;
+    l.elem_bytes = elem_bytes;
+    l.layers = p->layers;
+    l.page_size = p->page_size;
+    l.prefill_tp = p->prefill_tp;
+    l.decode_tp = p->decode_tp;
+    l.prefill_pp = p->prefill_pp > 0 ? p->prefill_pp : 1;
+    l.decode_pp = p->decode_pp > 0 ? p->decode_pp : 1;
+
+    if (!kvs__nested(l.prefill_tp, l.decode_tp))
+        return KVS__FAIL(err, KVS_EHEAD_SPLIT,
+                         "prefill TP %lld and decode TP %lld: one must be a multiple "
+                         "of the other", (long long)l.prefill_tp, (long long)l.decode_tp);
+    if (!kvs__nested(l.total_heads, l.prefill_tp) || !kvs__nested(l.total_heads, l.decode_tp))
+        return KVS__FAIL(err, KVS_EHEAD_SPLIT,
+                         "%lld KV heads do not split over prefill TP %lld and decode "
+                         "TP %lld: heads must be a multiple or a divisor of each TP",
+                         (long long)l.total_heads, (long long)l.prefill_tp,
+                         (long long)l.decode_tp);
+    if (l.decode_pp != 1 && l.decode_pp != l.prefill_pp)
+        return KVS__FAIL(err, KVS_EPP_SPLIT,
+                         "decode PP %lld must be 1 or equal to prefill PP %lld",
+                         (long long)l.decode_pp, (long long)l.prefill_pp);
+    if (l.layers % l.prefill_pp != 0 || l.layers % l.decode_pp != 0)
+        return KVS__FAIL(err, KVS_EPP_SPLIT,
+                         "%lld layers do not divide by prefill PP %lld and decode PP %lld",
+                         (long long)l.layers, (long long)l.prefill_pp,
+                         (long long)l.decode_pp);
+
+    if (p->chunk_tokens < 0 || (p->chunk_tokens > 0 && p->chunk_tokens % l.page_size != 0))
+        return KVS__FAIL(err, KVS_ECHUNK,
+                         "chunk_tokens %lld must be a positive multiple of the page "
+                         "size %lld (or 0 for %d)", (long long)p->chunk_tokens,
+                         (long long)l.page_size, KVS_DEFAULT_CHUNK_TOKENS);
+    l.chunk_tokens = p->chunk_tokens > 0 ? p->chunk_tokens : KVS_DEFAULT_CHUNK_TOKENS;
+    l.chunk_pages = kvs__max64(1, l.chunk_tokens / l.page_size);
+    l.grid_tokens = l.chunk_pages * l.page_size;
+
+    l.src_heads = kvs__max64(1, l.total_heads / l.prefill_tp);
+    l.dst_heads = kvs__max64(1, l.total_heads / l.decode_tp);
+    l.decode_layers = l.layers / l.decode_pp;
+    l.prefill_layers = l.layers / l.prefill_pp;
+    l.tp_writers = l.prefill_tp > l.decode_tp ? l.prefill_tp / l.decode_tp : 1;
+    l.expected_arrivals = l.tp_writers * (l.prefill_pp / l.decode_pp);
+    l.targets_per_prefill = l.decode_tp > l.prefill_tp ? l.decode_tp / l.prefill_tp : 1;
+    l.path = l.prefill_tp == l.decode_tp ? KVS_PATH_DIRECT : KVS_PATH_STAGING;
+
+    /* The largest region (a full chunk) must be representable. */
+    int64_t max_bytes = l.grid_tokens;
+    const int64_t nh = l.prefill_tp > l.decode_tp ? l.src_heads : l.dst_heads;
+    if (!kvs__mul(&max_bytes, nh) || !kvs__mul(&max_bytes, l.head_dim) ||
+        !kvs__mul(&max_bytes, l.elem_bytes) || !kvs__mul(&max_bytes, l.decode_layers) ||
+        !kvs__mul(&max_bytes, 2) || !kvs__mul(&max_bytes, l.tp_writers))
+        return KVS__FAIL(err, KVS_ERANGE,
+                         "a chunk region overflows 64 bits: lower chunk_tokens, "
+                         "head_dim or layers");
+    *out = l;
+    return KVS_OK;
+}
+
+int64_t kvs_layout_layer_block_bytes(const kvs_layout_t *lay, int64_t tokens,
+                                     int64_t num_heads)
+{
+    return tokens * num_heads * lay->head_dim * lay->elem_bytes;
+}
+
+/* Prefill rank of writer i of decode rank d (valid i, d). */
+static int64_t kvs__writer_rank(const kvs_layout_t *lay, int64_t d, int64_t i)
+{
+    if (lay->prefill_tp > lay->decode_tp)
+        return d * lay->tp_writers + i;
+    return d / lay->targets_per_prefill;
+}
+
+int kvs_layout_writer(const kvs_layout_t *lay, int64_t decode_rank,
+                      int64_t writer_index, int64_t tokens, kvs_writer_t *out)
+{
+    if (lay == NULL || out == NULL)
+        return KVS_EINVAL;
+    if (decode_rank < 0 || decode_rank >= lay->decode_tp || writer_index < 0 ||
+        writer_index >= lay->tp_writers || tokens < 0 || tokens > lay->grid_tokens)
+        return KVS_ERANGE;
+    const int64_t r = kvs__writer_rank(lay, decode_rank, writer_index);
+    int rc = kvs_head_slice(lay->total_heads, lay->prefill_tp, lay->decode_tp, r,
+                            decode_rank, &out->heads);
+    if (rc != KVS_OK)
+        return rc;
+    out->writer_index = writer_index;
+    out->prefill_rank = r;
+    /* Every writer of a region copies the same number of heads, so writer
+     * i starts after i equal blocks. */
+    out->len_bytes = kvs_layout_layer_block_bytes(lay, tokens, out->heads.num_heads) *
+                     lay->decode_layers * 2;
+    out->offset_bytes = writer_index * out->len_bytes;
+    return KVS_OK;
+}
+
+int kvs_layout_region_bytes(const kvs_layout_t *lay, int64_t decode_rank,
+                            int64_t tokens, int64_t *out_bytes)
+{
+    if (out_bytes == NULL)
+        return KVS_EINVAL;
+    kvs_writer_t last;
+    int rc = kvs_layout_writer(lay, decode_rank, lay ? lay->tp_writers - 1 : 0, tokens, &last);
+    if (rc != KVS_OK)
+        return rc;
+    *out_bytes = last.offset_bytes + last.len_bytes;
+    return KVS_OK;
+}
+
+int64_t kvs_layout_max_region_bytes(const kvs_layout_t *lay)
+{
+    int64_t max = 0;
+    for (int64_t d = 0; d < lay->decode_tp; d++) {
+        int64_t bytes = 0;
+        if (kvs_layout_region_bytes(lay, d, lay->grid_tokens, &bytes) == KVS_OK &&
+            bytes > max)
+            max = bytes;
+    }
+    return max;
+}
+
+int kvs_layout_target(const kvs_layout_t *lay, int64_t prefill_rank, int64_t i,
+                      int64_t *out_decode_rank)
+{
+    if (lay == NULL || out_decode_rank == NULL)
+        return KVS_EINVAL;
+    if (prefill_rank < 0 || prefill_rank >= lay->prefill_tp || i < 0 ||
+        i >= lay->targets_per_prefill)
+        return KVS_ERANGE;
+    if (lay->prefill_tp > lay->decode_tp)
+        *out_decode_rank = prefill_rank / lay->tp_writers;
+    else
+        *out_decode_rank = prefill_rank * lay->targets_per_prefill + i;
+    return KVS_OK;
+}
+
+int kvs_layout_writer_index(const kvs_layout_t *lay, int64_t prefill_rank,
+                            int64_t decode_rank, int64_t *out_index)
+{
+    if (lay == NULL || out_index == NULL)
+        return KVS_EINVAL;
+    if (prefill_rank < 0 || prefill_rank >= lay->prefill_tp || decode_rank < 0 ||
+        decode_rank >= lay->decode_tp)
+        return KVS_ERANGE;
+    const int64_t i = prefill_rank % lay->tp_writers;
+    if (kvs__writer_rank(lay, decode_rank, i) != prefill_rank)
+        return KVS_ENOENT;
+    *out_index = i;
+    return KVS_OK;
+}
