@@ -1,0 +1,199 @@
+/*
+ * backend.c - binding of backend ops tables (version/size checks, defaults
+ * for optional slots) and the thin kvs__dev_* / kvs__net_* wrappers through
+ * which the core calls them. A table smaller than the one this core knows is
+ * copied as far as its size reaches and the rest filled with defaults.
+ */
+#include "backend.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Version 1 is the first: its size is the size of the table today. Later
+ * versions add slots at the end and keep this constant. */
+#define KVS__DEVICE_OPS_V1_BYTES sizeof(kvs_device_ops_t)
+#define KVS__FABRIC_OPS_V1_BYTES sizeof(kvs_fabric_ops_t)
+_Static_assert(offsetof(kvs_device_ops_t, version) == 0, "version first");
+_Static_assert(offsetof(kvs_fabric_ops_t, version) == 0, "version first");
+
+/* Defaults of optional slots: "not supported", never a NULL call. */
+static int kvs__dev_no_stream(kvs_device_t *d, kvs_stream_t **o) { return KVS_ENOTSUP; }
+static void kvs__dev_no_stream_destroy(kvs_device_t *d, kvs_stream_t *s) {}
+static int kvs__dev_no_copy(kvs_device_t *d, kvs_stream_t *s, const kvs_copy_desc_t *c)
+{
+    return KVS_ENOTSUP;
+}
+static int kvs__dev_no_record(kvs_device_t *d, kvs_stream_t *s, kvs_event_t **o)
+{
+    return KVS_ENOTSUP;
+}
+static int kvs__dev_no_query(kvs_device_t *d, kvs_event_t *e) { return KVS_ENOTSUP; }
+static void kvs__dev_no_event_destroy(kvs_device_t *d, kvs_event_t *e) {}
+static int kvs__dev_no_mem_write(kvs_device_t *d, uint64_t a, const void *s, uint64_t n)
+{
+    return KVS_ENOTSUP;
+}
+static int kvs__dev_no_mem_read(kvs_device_t *d, uint64_t a, void *s, uint64_t n)
+{
+    return KVS_ENOTSUP;
+}
+
+static int kvs__net_no_connect(kvs_fabric_t *f, const char *p, kvs_conn_t **o)
+{
+    return KVS_ENOTSUP;
+}
+static void kvs__net_no_disconnect(kvs_fabric_t *f, kvs_conn_t *c) {}
+static int kvs__net_no_write(kvs_fabric_t *f, kvs_conn_t *c, const kvs_write_desc_t *d)
+{
+    return KVS_ENOTSUP;
+}
+static int kvs__net_no_send(kvs_fabric_t *f, kvs_conn_t *c, const void *m, uint32_t n,
+                            uint64_t id)
+{
+    return KVS_ENOTSUP;
+}
+static int kvs__net_no_poll(kvs_fabric_t *f, kvs_completion_t *o, int max)
+{
+    return KVS_ENOTSUP;
+}
+static uint64_t kvs__net_no_clock(kvs_fabric_t *f) { return 0; }
+
+#define KVS__DEFAULT(slot, fn)                                                 \
+    do {                                                                       \
+        if ((slot) == NULL)                                                    \
+            (slot) = (fn);                                                     \
+    } while (0)
+
+/* Copies the first `size` bytes of a table of known minimum and maximum size;
+ * KVS_EVERSION when the version or size is not one this core knows. */
+static int kvs__copy_table(void *dst, size_t dst_bytes, const void *src,
+                           uint32_t version, uint32_t expect_version, uint32_t size,
+                           size_t min_bytes)
+{
+    if (version != expect_version || size < min_bytes || size > dst_bytes)
+        return KVS_EVERSION;
+    memset(dst, 0, dst_bytes);
+    memcpy(dst, src, size);
+    return KVS_OK;
+}
+
+int kvs_device_init(kvs_device_t *dev, const kvs_device_ops_t *ops, const char *name)
+{
+    if (dev == NULL || ops == NULL)
+        return KVS_EINVAL;
+    kvs_device_t d = {0};
+    int rc = kvs__copy_table(&d.ops, sizeof d.ops, ops, ops->version,
+                             KVS_DEVICE_OPS_VERSION, ops->size, KVS__DEVICE_OPS_V1_BYTES);
+    if (rc != KVS_OK)
+        return rc;
+    if (d.ops.mem_alloc == NULL || d.ops.mem_free == NULL)
+        return KVS_EINVAL;
+    KVS__DEFAULT(d.ops.stream_create, kvs__dev_no_stream);
+    KVS__DEFAULT(d.ops.stream_destroy, kvs__dev_no_stream_destroy);
+    KVS__DEFAULT(d.ops.gather, kvs__dev_no_copy);
+    KVS__DEFAULT(d.ops.scatter, kvs__dev_no_copy);
+    KVS__DEFAULT(d.ops.event_record, kvs__dev_no_record);
+    KVS__DEFAULT(d.ops.event_query, kvs__dev_no_query);
+    KVS__DEFAULT(d.ops.event_destroy, kvs__dev_no_event_destroy);
+    KVS__DEFAULT(d.ops.mem_write, kvs__dev_no_mem_write);
+    KVS__DEFAULT(d.ops.mem_read, kvs__dev_no_mem_read);
+    d.name = name != NULL ? name : (ops->name != NULL ? ops->name : "device");
+    *dev = d;
+    return KVS_OK;
+}
+
+int kvs_fabric_init(kvs_fabric_t *fab, const kvs_fabric_ops_t *ops, const char *name)
+{
+    if (fab == NULL || ops == NULL)
+        return KVS_EINVAL;
+    kvs_fabric_t f = {0};
+    int rc = kvs__copy_table(&f.ops, sizeof f.ops, ops, ops->version,
+                             KVS_FABRIC_OPS_VERSION, ops->size, KVS__FABRIC_OPS_V1_BYTES);
+    if (rc != KVS_OK)
+        return rc;
+    if (f.ops.mr_register == NULL || f.ops.mr_deregister == NULL)
+        return KVS_EINVAL;
+    KVS__DEFAULT(f.ops.connect, kvs__net_no_connect);
+    KVS__DEFAULT(f.ops.disconnect, kvs__net_no_disconnect);
+    KVS__DEFAULT(f.ops.write, kvs__net_no_write);
+    KVS__DEFAULT(f.ops.send, kvs__net_no_send);
+    KVS__DEFAULT(f.ops.poll, kvs__net_no_poll);
+    KVS__DEFAULT(f.ops.now_ns, kvs__net_no_clock);
+    f.name = name != NULL ? name : (ops->name != NULL ? ops->name : "fabric");
+    *fab = f;
+    return KVS_OK;
+}
+
+static void kvs__record(int *code, char *msg, size_t msg_bytes, int backend_code,
+                        const char *fmt, va_list ap)
+{
+    *code = backend_code;
+    vsnprintf(msg, msg_bytes, fmt, ap);
+}
+
+int kvs_device_fail(kvs_device_t *dev, int status, int backend_code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    kvs__record(&dev->last_backend_code, dev->last_backend_msg,
+                sizeof dev->last_backend_msg, backend_code, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+int kvs_fabric_fail(kvs_fabric_t *fab, int status, int backend_code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    kvs__record(&fab->last_backend_code, fab->last_backend_msg,
+                sizeof fab->last_backend_msg, backend_code, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+int kvs__dev_alloc(kvs_device_t *dev, uint64_t len_bytes, uint64_t *out_addr)
+{
+    return dev->ops.mem_alloc(dev, len_bytes, out_addr);
+}
+int kvs__dev_free(kvs_device_t *dev, uint64_t addr) { return dev->ops.mem_free(dev, addr); }
+int kvs__dev_stream_create(kvs_device_t *dev, kvs_stream_t **out)
+{
+    return dev->ops.stream_create(dev, out);
+}
+void kvs__dev_stream_destroy(kvs_device_t *dev, kvs_stream_t *stream)
+{
+    dev->ops.stream_destroy(dev, stream);
+}
+int kvs__dev_gather(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d)
+{
+    return dev->ops.gather(dev, s, d);
+}
+int kvs__dev_scatter(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d)
+{
+    return dev->ops.scatter(dev, s, d);
+}
+int kvs__dev_event_record(kvs_device_t *dev, kvs_stream_t *s, kvs_event_t **out)
+{
+    return dev->ops.event_record(dev, s, out);
+}
+int kvs__dev_event_query(kvs_device_t *dev, kvs_event_t *ev)
+{
+    return dev->ops.event_query(dev, ev);
+}
+void kvs__dev_event_destroy(kvs_device_t *dev, kvs_event_t *ev)
+{
+    dev->ops.event_destroy(dev, ev);
+}
+
+bool kvs__net_has(const kvs_fabric_t *fab, uint32_t cap) { return (fab->ops.caps & cap) == cap; }
+int kvs__net_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
+                      uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey)
+{
+    return fab->ops.mr_register(fab, dev, addr, len_bytes, out, out_rkey);
+}
+int kvs__net_deregister(kvs_fabric_t *fab, kvs_mr_t *mr)
+{
+    return fab->ops.mr_deregister(fab, mr);
+}
+uint64_t kvs__net_now_ns(kvs_fabric_t *fab) { return fab->ops.now_ns(fab); }

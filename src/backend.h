@@ -1,0 +1,28 @@
+/*
+ * backend.h (internal) - the only way the core reaches a backend. Each
+ * wrapper calls the bound (filled) ops table; every slot is non-NULL after
+ * kvs_device_init / kvs_fabric_init, so a missing optional slot answers
+ * KVS_ENOTSUP instead of crashing. Tracing or fault hooks belong here.
+ */
+#ifndef KVS_SRC_BACKEND_H
+#define KVS_SRC_BACKEND_H
+
+#include <kvstage/backend.h>
+
+int kvs__dev_alloc(kvs_device_t *dev, uint64_t len_bytes, uint64_t *out_addr);
+int kvs__dev_free(kvs_device_t *dev, uint64_t addr);
+int kvs__dev_stream_create(kvs_device_t *dev, kvs_stream_t **out);
+void kvs__dev_stream_destroy(kvs_device_t *dev, kvs_stream_t *stream);
+int kvs__dev_gather(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d);
+int kvs__dev_scatter(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d);
+int kvs__dev_event_record(kvs_device_t *dev, kvs_stream_t *s, kvs_event_t **out);
+int kvs__dev_event_query(kvs_device_t *dev, kvs_event_t *ev);
+void kvs__dev_event_destroy(kvs_device_t *dev, kvs_event_t *ev);
+
+bool kvs__net_has(const kvs_fabric_t *fab, uint32_t cap);
+int kvs__net_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
+                      uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey);
+int kvs__net_deregister(kvs_fabric_t *fab, kvs_mr_t *mr);
+uint64_t kvs__net_now_ns(kvs_fabric_t *fab);
+
+#endif

@@ -1,0 +1,385 @@
+/*
+ * manager.c - the KV manager and its init steps (spec §8): create (config
+ * guards), init_staging (decode ring or prefill staging buffers on the
+ * device), register_staging (remote keys from the fabric), set_kv_buffers
+ * (set_kv_buffer_tensors) and set_heads.
+ *
+ * Every step either succeeds whole or returns its code and changes nothing;
+ * a step called too early returns KVS_ESTATE, twice KVS_EALREADY. The detail
+ * of the last error is kept in m->err. The manager allocates only in create
+ * and init_staging/set_kv_buffers, and frees all of it in destroy.
+ */
+#include "manager.h"
+
+#include "error.h"
+#include "log.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define KVS__MFAIL(m, status, ...) KVS__FAIL(&(m)->err, (status), __VA_ARGS__)
+
+static int kvs__check_config(const kvs_manager_config_t *c, const kvs_fabric_t *fab,
+                             kvs_error_t *err)
+{
+    if (c->role != KVS_ROLE_PREFILL && c->role != KVS_ROLE_DECODE)
+        return KVS__FAIL(err, KVS_EINVAL, "role %d unknown: use KVS_ROLE_PREFILL or "
+                         "KVS_ROLE_DECODE", (int)c->role);
+    if (c->head_dim <= 0 || c->layers <= 0 || c->page_size <= 0)
+        return KVS__FAIL(err, KVS_EINVAL, "head_dim, layers and page_size must be > 0 "
+                         "(got %lld, %lld, %lld)", (long long)c->head_dim,
+                         (long long)c->layers, (long long)c->page_size);
+    if (kvs_dtype_bytes(c->dtype) == 0)
+        return KVS__FAIL(err, KVS_EDTYPE, "dtype %d unknown: use bf16, fp16, fp8 or fp32",
+                         (int)c->dtype);
+    if (c->tp_size <= 0 || c->tp_rank < 0 || c->tp_rank >= c->tp_size)
+        return KVS__FAIL(err, KVS_EINVAL, "tp_rank %lld must lie in [0, tp_size %lld)",
+                         (long long)c->tp_rank, (long long)c->tp_size);
+    if (c->pp_size <= 0 || c->pp_rank < 0 || c->pp_rank >= c->pp_size)
+        return KVS__FAIL(err, KVS_EINVAL, "pp_rank %lld must lie in [0, pp_size %lld)",
+                         (long long)c->pp_rank, (long long)c->pp_size);
+    if (c->peer_tp_size < 0 || c->peer_pp_size < 0 || c->context_parallel < 0 ||
+        c->total_heads < 0 || c->heads_per_rank < 0)
+        return KVS__FAIL(err, KVS_EINVAL, "peer_tp_size, peer_pp_size, context_parallel "
+                         "and head counts must be >= 0 (0 = default/unknown)");
+    if (!c->staging)
+        return KVS_OK;
+    /* Staging-only guards of spec §8. */
+    if (c->is_mla)
+        return KVS__FAIL(err, KVS_EMLA, NULL);
+    if (c->context_parallel > 1)
+        return KVS__FAIL(err, KVS_ECONTEXT_PARALLEL, "staging with prefill context "
+                         "parallelism %lld: set it to 1 or turn staging off",
+                         (long long)c->context_parallel);
+    if (c->chunk_tokens < 0 || (c->chunk_tokens > 0 && c->chunk_tokens % c->page_size != 0))
+        return KVS__FAIL(err, KVS_ECHUNK, "chunk_tokens %lld must be a positive multiple "
+                         "of page_size %lld (or 0 for %d)", (long long)c->chunk_tokens,
+                         (long long)c->page_size, KVS_DEFAULT_CHUNK_TOKENS);
+    const int64_t prefill_pp = c->role == KVS_ROLE_PREFILL ? c->pp_size : c->peer_pp_size;
+    if (prefill_pp > 1 && !kvs__net_has(fab, KVS_FABRIC_CAP_PER_LAYER_WRITES))
+        return KVS__FAIL(err, KVS_EPP_WRITES, "prefill PP %lld needs per-layer writes "
+                         "and fabric '%s' cannot do them: use prefill PP 1 or another "
+                         "fabric", (long long)prefill_pp, fab->name);
+    if (c->ring_bytes == 0 || c->ring_max_live == 0 || c->transfer_workers == 0)
+        return KVS__FAIL(err, KVS_EINVAL, "ring_bytes, ring_max_live and "
+                         "transfer_workers must be > 0 after defaults");
+    return KVS_OK;
+}
+
+int kvs_manager_create(const kvs_manager_config_t *cfg, kvs_device_t *dev,
+                       kvs_fabric_t *fab, kvs_manager_t **out, kvs_error_t *err)
+{
+    if (out == NULL)
+        return KVS__FAIL(err, KVS_EINVAL, "out must not be NULL");
+    *out = NULL;
+    if (cfg == NULL || dev == NULL || fab == NULL)
+        return KVS__FAIL(err, KVS_EINVAL, "config, device and fabric are required: "
+                         "bind a backend with kvs_device_init/kvs_fabric_init first");
+    kvs_manager_config_t c = *cfg;
+    if (c.peer_tp_size == 0)
+        c.peer_tp_size = c.tp_size;
+    if (c.peer_pp_size == 0)
+        c.peer_pp_size = 1;
+    if (c.context_parallel == 0)
+        c.context_parallel = 1;
+    if (c.ring_bytes == 0)
+        c.ring_bytes = KVS_DEFAULT_RING_BYTES;
+    if (c.ring_max_live == 0)
+        c.ring_max_live = KVS_DEFAULT_RING_MAX_LIVE;
+    if (c.transfer_workers == 0)
+        c.transfer_workers = KVS_DEFAULT_TRANSFER_WORKERS;
+    int rc = kvs__check_config(&c, fab, err);
+    if (rc != KVS_OK)
+        return rc;
+
+    kvs_manager_t *m = calloc(1, sizeof *m);
+    if (m == NULL)
+        return KVS__FAIL(err, KVS_ENOMEM, "allocating the KV manager failed");
+    const uint32_t bufs = c.role == KVS_ROLE_DECODE ? 1 : c.transfer_workers;
+    m->staging_addr = calloc(bufs, sizeof *m->staging_addr);
+    m->staging_mr = calloc(bufs, sizeof *m->staging_mr);
+    m->staging_rkey = calloc(bufs, sizeof *m->staging_rkey);
+    if (m->staging_addr == NULL || m->staging_mr == NULL || m->staging_rkey == NULL) {
+        free(m->staging_addr);
+        free(m->staging_mr);
+        free(m->staging_rkey);
+        free(m);
+        return KVS__FAIL(err, KVS_ENOMEM, "allocating %u staging buffer slots failed",
+                         bufs);
+    }
+    m->cfg = c;
+    m->dev = dev;
+    m->fab = fab;
+    m->log = kvs__log_resolve(&c.log);
+    m->total_heads = c.total_heads;
+    m->heads_per_rank = c.heads_per_rank;
+    kvs__error_clear(err);
+    kvs__log(&m->log, KVS_LOG_DEBUG, "%s manager created: tp %lld/%lld pp %lld/%lld staging %s",
+             c.role == KVS_ROLE_DECODE ? "decode" : "prefill", (long long)c.tp_rank,
+             (long long)c.tp_size, (long long)c.pp_rank, (long long)c.pp_size,
+             c.staging ? "on" : "off");
+    *out = m;
+    return KVS_OK;
+}
+
+/* Releases registrations, then device memory, then the ring. */
+static void kvs__release_staging(kvs_manager_t *m)
+{
+    for (uint32_t i = 0; i < m->staging_count; i++) {
+        if (m->staging_mr[i] != NULL)
+            (void)kvs__net_deregister(m->fab, m->staging_mr[i]);
+        m->staging_mr[i] = NULL;
+        m->staging_rkey[i] = 0;
+    }
+    m->registered = false;
+    for (uint32_t i = 0; i < m->staging_count; i++)
+        (void)kvs__dev_free(m->dev, m->staging_addr[i]);
+    m->staging_count = 0;
+    kvs_ring_destroy(m->ring);
+    m->ring = NULL;
+}
+
+int kvs_manager_destroy(kvs_manager_t *m)
+{
+    if (m == NULL)
+        return KVS_OK;
+    if (m->decode != NULL)
+        return KVS__MFAIL(m, KVS_EBUSY, "the decode handler still lives: "
+                          "kvs_decode_destroy() it before the manager");
+    kvs__release_staging(m);
+    free(m->k_base);
+    free(m->v_base);
+    free(m->staging_addr);
+    free(m->staging_mr);
+    free(m->staging_rkey);
+    free(m);
+    return KVS_OK;
+}
+
+const kvs_error_t *kvs_manager_last_error(const kvs_manager_t *m)
+{
+    return m != NULL ? &m->err : NULL;
+}
+
+/* Heads on this rank, from what is known now; 0 when unresolvable. */
+static int64_t kvs__local_heads(const kvs_manager_t *m)
+{
+    if (m->heads_per_rank > 0)
+        return m->heads_per_rank;
+    if (m->total_heads > 0)
+        return m->total_heads >= m->cfg.tp_size ? m->total_heads / m->cfg.tp_size : 1;
+    return 0;
+}
+
+/* Bytes of one prefill staging buffer: F * ps * (one token across all of
+ * this rank's layers, K and V). 0 on overflow. */
+static uint64_t kvs__prefill_buffer_bytes(const kvs_manager_t *m, int64_t heads)
+{
+    const kvs_manager_config_t *c = &m->cfg;
+    const int64_t chunk = c->chunk_tokens > 0 ? c->chunk_tokens : KVS_DEFAULT_CHUNK_TOKENS;
+    const int64_t pages = chunk / c->page_size > 0 ? chunk / c->page_size : 1;
+    int64_t bytes = pages * c->page_size;
+    const int64_t factors[] = {heads, c->head_dim, kvs_dtype_bytes(c->dtype), c->layers, 2};
+    for (size_t i = 0; i < sizeof factors / sizeof factors[0]; i++)
+        if (__builtin_mul_overflow(bytes, factors[i], &bytes))
+            return 0;
+    return (uint64_t)bytes;
+}
+
+int kvs_manager_init_staging(kvs_manager_t *m)
+{
+    if (m == NULL)
+        return KVS_EINVAL;
+    if (!m->cfg.staging)
+        return KVS__MFAIL(m, KVS_ESTATE, "staging is off in this manager's config: "
+                          "nothing to initialise (set config.staging to use it)");
+    if (m->staging_count > 0)
+        return KVS__MFAIL(m, KVS_EALREADY, "staging memory already initialised");
+    uint32_t count = 1;
+    uint64_t bytes = m->cfg.ring_bytes;
+    if (m->cfg.role == KVS_ROLE_PREFILL) {
+        const int64_t heads = kvs__local_heads(m);
+        if (heads == 0)
+            return KVS__MFAIL(m, KVS_EHEADS, "sizing the prefill staging buffers needs "
+                              "the KV heads: set total_heads or heads_per_rank (> 0)");
+        count = m->cfg.transfer_workers;
+        bytes = kvs__prefill_buffer_bytes(m, heads);
+        if (bytes == 0)
+            return KVS__MFAIL(m, KVS_ERANGE, "prefill staging buffer size overflows: "
+                              "lower chunk_tokens");
+    }
+    kvs_ring_t *ring = NULL;
+    if (m->cfg.role == KVS_ROLE_DECODE) {
+        int rc = kvs_ring_create(bytes, m->cfg.ring_max_live, &ring);
+        if (rc != KVS_OK)
+            return KVS__MFAIL(m, rc, "creating the staging ring allocator (%llu bytes, "
+                              "%u live) failed", (unsigned long long)bytes,
+                              m->cfg.ring_max_live);
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        int rc = kvs__dev_alloc(m->dev, bytes, &m->staging_addr[i]);
+        if (rc != KVS_OK) {
+            for (uint32_t j = 0; j < i; j++)
+                (void)kvs__dev_free(m->dev, m->staging_addr[j]);
+            kvs_ring_destroy(ring);
+            return kvs__error_set(&m->err, rc == KVS_ENOTSUP ? rc : KVS_EBACKEND,
+                                  m->dev->last_backend_code, __FILE__, __LINE__,
+                                  "device '%s' could not allocate staging buffer %u of "
+                                  "%llu bytes (%s): lower the ring size or free device "
+                                  "memory", m->dev->name, i, (unsigned long long)bytes,
+                                  m->dev->last_backend_msg[0] ? m->dev->last_backend_msg
+                                                              : kvs_strerror(rc));
+        }
+    }
+    m->ring = ring;
+    m->staging_bytes = bytes;
+    m->staging_count = count;
+    kvs__log(&m->log, KVS_LOG_INFO, "staging memory: %u buffer(s) of %llu bytes", count,
+             (unsigned long long)bytes);
+    return KVS_OK;
+}
+
+int kvs_manager_register_staging(kvs_manager_t *m)
+{
+    if (m == NULL)
+        return KVS_EINVAL;
+    if (m->staging_count == 0)
+        return KVS__MFAIL(m, KVS_ESTATE, "register_staging before init_staging: "
+                          "initialise the staging memory first");
+    if (m->registered)
+        return KVS__MFAIL(m, KVS_EALREADY, "staging memory already registered");
+    for (uint32_t i = 0; i < m->staging_count; i++) {
+        int rc = kvs__net_register(m->fab, m->dev, m->staging_addr[i], m->staging_bytes,
+                                   &m->staging_mr[i], &m->staging_rkey[i]);
+        if (rc != KVS_OK) {
+            for (uint32_t j = 0; j < i; j++) {
+                (void)kvs__net_deregister(m->fab, m->staging_mr[j]);
+                m->staging_mr[j] = NULL;
+                m->staging_rkey[j] = 0;
+            }
+            m->staging_mr[i] = NULL;
+            m->staging_rkey[i] = 0;
+            return kvs__error_set(&m->err, rc == KVS_ENOTSUP ? rc : KVS_EBACKEND,
+                                  m->fab->last_backend_code, __FILE__, __LINE__,
+                                  "fabric '%s' could not register staging buffer %u "
+                                  "(%s)", m->fab->name, i,
+                                  m->fab->last_backend_msg[0] ? m->fab->last_backend_msg
+                                                              : kvs_strerror(rc));
+        }
+    }
+    m->registered = true;
+    return KVS_OK;
+}
+
+int kvs_manager_set_kv_buffers(kvs_manager_t *m, const kvs_kv_buffers_t *kv)
+{
+    if (m == NULL)
+        return KVS_EINVAL;
+    if (kv == NULL || kv->k_base == NULL || kv->v_base == NULL)
+        return KVS__MFAIL(m, KVS_EINVAL, "kv buffers and their k_base/v_base arrays "
+                          "must not be NULL");
+    if (m->kv_published)
+        return KVS__MFAIL(m, KVS_EALREADY, "kv buffers already published: "
+                          "set_kv_buffer_tensors() runs once per manager");
+    if (kv->num_layers != m->cfg.layers)
+        return KVS__MFAIL(m, KVS_EINVAL, "kv buffers have %lld layers but the manager "
+                          "has %lld: publish one K and V base per layer",
+                          (long long)kv->num_layers, (long long)m->cfg.layers);
+    if (kv->page_size != m->cfg.page_size)
+        return KVS__MFAIL(m, KVS_EINVAL, "kv buffers page size %lld differs from the "
+                          "manager's %lld", (long long)kv->page_size,
+                          (long long)m->cfg.page_size);
+    if (kv->local_heads <= 0 || kv->num_pages <= 0)
+        return KVS__MFAIL(m, KVS_EINVAL, "kv buffers need local_heads > 0 and "
+                          "num_pages > 0 (got %lld, %lld)", (long long)kv->local_heads,
+                          (long long)kv->num_pages);
+    if (m->heads_per_rank > 0 && kv->local_heads != m->heads_per_rank)
+        return KVS__MFAIL(m, KVS_EINVAL, "kv buffers hold %lld heads but heads_per_rank "
+                          "is %lld: make them agree", (long long)kv->local_heads,
+                          (long long)m->heads_per_rank);
+    const size_t n = (size_t)kv->num_layers;
+    uint64_t *k = malloc(n * sizeof *k), *v = malloc(n * sizeof *v);
+    if (k == NULL || v == NULL) {
+        free(k);
+        free(v);
+        return KVS__MFAIL(m, KVS_ENOMEM, "copying %zu layer addresses failed", n);
+    }
+    memcpy(k, kv->k_base, n * sizeof *k);
+    memcpy(v, kv->v_base, n * sizeof *v);
+    m->k_base = k;
+    m->v_base = v;
+    m->kv = *kv;
+    m->kv.k_base = k;
+    m->kv.v_base = v;
+    m->kv_published = true;
+    return KVS_OK;
+}
+
+int kvs_manager_set_heads(kvs_manager_t *m, int64_t total_heads, int64_t heads_per_rank)
+{
+    if (m == NULL)
+        return KVS_EINVAL;
+    if (total_heads < 0 || heads_per_rank < 0)
+        return KVS__MFAIL(m, KVS_EINVAL, "head counts must be >= 0 (0 = unknown)");
+    if (m->decode != NULL)
+        return KVS__MFAIL(m, KVS_ESTATE, "heads are fixed once the decode handler "
+                          "exists: set them before kvs_decode_create");
+    if (m->kv_published && heads_per_rank > 0 && heads_per_rank != m->kv.local_heads)
+        return KVS__MFAIL(m, KVS_EINVAL, "heads_per_rank %lld differs from the %lld "
+                          "heads of the published kv buffers", (long long)heads_per_rank,
+                          (long long)m->kv.local_heads);
+    m->total_heads = total_heads;
+    m->heads_per_rank = heads_per_rank;
+    return KVS_OK;
+}
+
+kvs_ring_t *kvs_manager_ring(kvs_manager_t *m) { return m != NULL ? m->ring : NULL; }
+
+uint32_t kvs_manager_staging_count(const kvs_manager_t *m)
+{
+    return m != NULL ? m->staging_count : 0;
+}
+
+int kvs_manager_staging_buffer(const kvs_manager_t *m, uint32_t index, uint64_t *addr,
+                               uint64_t *len_bytes, uint64_t *rkey)
+{
+    if (m == NULL)
+        return KVS_EINVAL;
+    if (m->staging_count == 0)
+        return KVS_ESTATE;
+    if (index >= m->staging_count)
+        return KVS_ERANGE;
+    if (addr != NULL)
+        *addr = m->staging_addr[index];
+    if (len_bytes != NULL)
+        *len_bytes = m->staging_bytes;
+    if (rkey != NULL)
+        *rkey = m->staging_rkey[index];
+    return KVS_OK;
+}
+
+const kvs_layout_t *kvs_manager_layout(const kvs_manager_t *m)
+{
+    return m != NULL && m->decode != NULL ? &m->layout : NULL;
+}
+
+kvs_layout_params_t kvs__manager_layout_params(const kvs_manager_t *m)
+{
+    const kvs_manager_config_t *c = &m->cfg;
+    const bool decode = c->role == KVS_ROLE_DECODE;
+    kvs_layout_params_t p = {
+        .total_heads = m->total_heads,
+        .heads_per_rank = m->heads_per_rank,
+        .heads_per_rank_tp = c->tp_size,
+        .head_dim = c->head_dim,
+        .dtype = c->dtype,
+        .layers = c->layers * c->pp_size,
+        .page_size = c->page_size,
+        .prefill_tp = decode ? c->peer_tp_size : c->tp_size,
+        .decode_tp = decode ? c->tp_size : c->peer_tp_size,
+        .prefill_pp = decode ? c->peer_pp_size : c->pp_size,
+        .decode_pp = decode ? c->pp_size : c->peer_pp_size,
+        .chunk_tokens = c->chunk_tokens,
+    };
+    return p;
+}

@@ -1,0 +1,558 @@
+/*
+ * test_manager.c - the KV manager's init steps and the guards of spec §8:
+ * every guard returns its own code with an actionable message, every step is
+ * all-or-nothing (device and fabric failures injected at each call leave no
+ * allocation or registration behind), steps called early or twice return
+ * codes, and the manager refuses to die under a live handler.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include <kvstage/backend.h>
+
+#include "fake_backend.h"
+
+#define LAYERS 8
+
+typedef struct fixture {
+    fake_device_t dev;
+    fake_fabric_t fab;
+    uint64_t k[LAYERS], v[LAYERS];
+    kvs_kv_buffers_t kv;
+} fixture_t;
+
+static int setup(void **state)
+{
+    static fixture_t f;
+    memset(&f, 0, sizeof f);
+    fake_device_setup(&f.dev);
+    fake_fabric_setup(&f.fab, KVS_FABRIC_CAP_WRITE_IMM);
+    for (int i = 0; i < LAYERS; i++) {
+        f.k[i] = 0x1000u * (uint64_t)(i + 1);
+        f.v[i] = 0x100000u * (uint64_t)(i + 1);
+    }
+    f.kv = (kvs_kv_buffers_t){.num_layers = LAYERS, .k_base = f.k, .v_base = f.v,
+                              .local_heads = 4, .page_size = 16, .num_pages = 64};
+    *state = &f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture_t *f = *state;
+    assert_int_equal(f->dev.live_allocs, 0);
+    assert_int_equal(f->fab.live_mrs, 0);
+    return 0;
+}
+
+/* Decode rank 0 of TP 2 receiving from prefill TP 8: 8 heads, 4 per rank. */
+static kvs_manager_config_t decode_cfg(void)
+{
+    kvs_manager_config_t c = {.role = KVS_ROLE_DECODE, .staging = true, .total_heads = 8,
+                              .head_dim = 128, .dtype = KVS_DTYPE_BF16, .layers = LAYERS,
+                              .page_size = 16, .tp_rank = 0, .tp_size = 2, .pp_size = 1,
+                              .peer_tp_size = 8, .ring_bytes = 1u << 20};
+    return c;
+}
+
+static kvs_manager_config_t prefill_cfg(void)
+{
+    kvs_manager_config_t c = {.role = KVS_ROLE_PREFILL, .staging = true, .total_heads = 8,
+                              .head_dim = 128, .dtype = KVS_DTYPE_BF16, .layers = LAYERS,
+                              .page_size = 16, .tp_rank = 3, .tp_size = 8, .pp_size = 1,
+                              .peer_tp_size = 2, .chunk_tokens = 64};
+    return c;
+}
+
+static kvs_manager_t *make(fixture_t *f, const kvs_manager_config_t *c)
+{
+    kvs_manager_t *m = NULL;
+    kvs_error_t e;
+    int rc = kvs_manager_create(c, &f->dev.base, &f->fab.base, &m, &e);
+    if (rc != KVS_OK)
+        fail_msg("create: %s: %s", kvs_status_name(rc), e.msg);
+    return m;
+}
+
+static void test_manager_decode_init_in_order(void **state)
+{
+    fixture_t *f = *state;
+    kvs_manager_config_t c = decode_cfg();
+    kvs_manager_t *m = make(f, &c);
+    assert_null(kvs_manager_ring(m));
+    assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+    assert_non_null(kvs_manager_ring(m));
+    assert_int_equal(kvs_ring_size_bytes(kvs_manager_ring(m)), 1u << 20);
+    assert_int_equal(f->dev.live_allocs, 1);
+    assert_int_equal(kvs_manager_register_staging(m), KVS_OK);
+    assert_int_equal(f->fab.live_mrs, 1);
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &f->kv), KVS_OK);
+    assert_null(kvs_manager_layout(m));
+    kvs_decode_t *d = NULL;
+    assert_int_equal(kvs_decode_create(m, &d), KVS_OK);
+    assert_non_null(d);
+    const kvs_layout_t *l = kvs_manager_layout(m);
+    assert_non_null(l);
+    assert_int_equal(l->expected_arrivals, 4);
+    assert_int_equal(l->dst_heads, 4);
+    uint64_t addr, len, rkey;
+    assert_int_equal(kvs_manager_staging_buffer(m, 0, &addr, &len, &rkey), KVS_OK);
+    assert_int_equal(len, 1u << 20);
+    assert_int_not_equal(rkey, 0);
+    assert_int_equal(kvs_manager_staging_count(m), 1);
+    assert_int_equal(kvs_manager_destroy(m), KVS_EBUSY);
+    assert_non_null(strstr(kvs_manager_last_error(m)->msg, "kvs_decode_destroy"));
+    kvs_decode_destroy(d);
+    kvs_decode_destroy(NULL);
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+    assert_int_equal(kvs_manager_destroy(NULL), KVS_OK);
+}
+
+static void test_manager_decode_without_allocator(void **state)
+{
+    fixture_t *f = *state;
+    kvs_manager_config_t c = decode_cfg();
+    kvs_manager_t *m = make(f, &c);
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &f->kv), KVS_OK);
+    kvs_decode_t *d = (kvs_decode_t *)&d;
+    assert_int_equal(kvs_decode_create(m, &d), KVS_ENO_ALLOCATOR);
+    assert_null(d);
+    const kvs_error_t *e = kvs_manager_last_error(m);
+    assert_int_equal(e->status, KVS_ENO_ALLOCATOR);
+    assert_non_null(strstr(e->msg, "staging allocator is missing"));
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+}
+
+static void test_manager_decode_without_kv_buffers(void **state)
+{
+    fixture_t *f = *state;
+    kvs_manager_config_t c = decode_cfg();
+    kvs_manager_t *m = make(f, &c);
+    assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_register_staging(m), KVS_OK);
+    kvs_decode_t *d;
+    assert_int_equal(kvs_decode_create(m, &d), KVS_ENO_KV_BUFFERS);
+    assert_non_null(strstr(kvs_manager_last_error(m)->msg,
+                           "kv_buffer_tensors is missing: set_kv_buffer_tensors()"));
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+}
+
+static void test_manager_decode_without_registration(void **state)
+{
+    fixture_t *f = *state;
+    kvs_manager_config_t c = decode_cfg();
+    kvs_manager_t *m = make(f, &c);
+    assert_int_equal(kvs_manager_register_staging(m), KVS_ESTATE);
+    assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &f->kv), KVS_OK);
+    kvs_decode_t *d;
+    assert_int_equal(kvs_decode_create(m, &d), KVS_ESTATE);
+    assert_non_null(strstr(kvs_manager_last_error(m)->msg, "register"));
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+}
+
+static void test_manager_heads_unresolvable(void **state)
+{
+    fixture_t *f = *state;
+    kvs_manager_config_t c = decode_cfg();
+    c.total_heads = 0;
+    kvs_manager_t *m = make(f, &c);
+    assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_register_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &f->kv), KVS_OK);
+    kvs_decode_t *d;
+    assert_int_equal(kvs_decode_create(m, &d), KVS_EHEADS);
+    assert_int_equal(kvs_manager_set_heads(m, -1, 0), KVS_EINVAL);
+    assert_int_equal(kvs_manager_set_heads(m, 0, 3), KVS_EINVAL); /* buffers hold 4 */
+    assert_int_equal(kvs_manager_set_heads(m, 8, 0), KVS_OK);
+    assert_int_equal(kvs_decode_create(m, &d), KVS_OK);
+    assert_int_equal(kvs_manager_set_heads(m, 16, 0), KVS_ESTATE);
+    { kvs_decode_t *d2; assert_int_equal(kvs_decode_create(m, &d2), KVS_EALREADY); }
+    kvs_decode_destroy(d);
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+}
+
+static void test_manager_heads_per_rank_fallback(void **state)
+{
+    fixture_t *f = *state;
+    kvs_manager_config_t c = decode_cfg();
+    c.total_heads = 0;
+    c.heads_per_rank = 4; /* per decode rank: 4 * TP 2 = 8 */
+    kvs_manager_t *m = make(f, &c);
+    assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_register_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &f->kv), KVS_OK);
+    kvs_decode_t *d;
+    assert_int_equal(kvs_decode_create(m, &d), KVS_OK);
+    assert_int_equal(kvs_manager_layout(m)->total_heads, 8);
+    kvs_decode_destroy(d);
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+}
+
+static void test_manager_kv_heads_disagree_with_layout(void **state)
+{
+    fixture_t *f = *state;
+    kvs_manager_config_t c = decode_cfg();
+    c.total_heads = 16; /* 8 per decode rank, but the buffers hold 4 */
+    kvs_manager_t *m = make(f, &c);
+    assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_register_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &f->kv), KVS_OK);
+    kvs_decode_t *d;
+    assert_int_equal(kvs_decode_create(m, &d), KVS_EHEAD_SPLIT);
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+}
+
+typedef struct guard_case {
+    const char *what;
+    kvs_manager_config_t cfg;
+    uint32_t caps;
+    int status;
+} guard_case_t;
+
+static void test_manager_config_guards(void **state)
+{
+    fixture_t *f = *state;
+    guard_case_t g[] = {
+        {"mla", decode_cfg(), 0, KVS_EMLA},
+        {"context parallel", prefill_cfg(), 0, KVS_ECONTEXT_PARALLEL},
+        {"chunk not multiple", prefill_cfg(), 0, KVS_ECHUNK},
+        {"chunk negative", decode_cfg(), 0, KVS_ECHUNK},
+        {"decode: prefill pp without per-layer writes", decode_cfg(), 0, KVS_EPP_WRITES},
+        {"prefill pp without per-layer writes", prefill_cfg(), 0, KVS_EPP_WRITES},
+        {"prefill pp with per-layer writes", prefill_cfg(),
+         KVS_FABRIC_CAP_PER_LAYER_WRITES, KVS_OK},
+        {"role", decode_cfg(), 0, KVS_EINVAL},
+        {"sizes", decode_cfg(), 0, KVS_EINVAL},
+        {"dtype", decode_cfg(), 0, KVS_EDTYPE},
+        {"tp rank", decode_cfg(), 0, KVS_EINVAL},
+        {"pp rank", decode_cfg(), 0, KVS_EINVAL},
+        {"negative peer", decode_cfg(), 0, KVS_EINVAL},
+        {"mla without staging", decode_cfg(), 0, KVS_OK},
+    };
+    g[0].cfg.is_mla = true;
+    g[1].cfg.context_parallel = 2;
+    g[2].cfg.chunk_tokens = 100;
+    g[3].cfg.chunk_tokens = -16;
+    g[4].cfg.peer_pp_size = 2;
+    g[5].cfg.pp_size = 2;
+    g[6].cfg.pp_size = 2;
+    g[7].cfg.role = (kvs_role_t)7;
+    g[8].cfg.page_size = 0;
+    g[9].cfg.dtype = (kvs_dtype_t)11;
+    g[10].cfg.tp_rank = 2;
+    g[11].cfg.pp_rank = -1;
+    g[12].cfg.peer_tp_size = -1;
+    g[13].cfg.is_mla = true;
+    g[13].cfg.staging = false;
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) {
+        f->fab.base.ops.caps = g[i].caps;
+        kvs_manager_t *m = (kvs_manager_t *)&m;
+        kvs_error_t e = {0};
+        int rc = kvs_manager_create(&g[i].cfg, &f->dev.base, &f->fab.base, &m, &e);
+        if (rc != g[i].status)
+            fail_msg("%s: got %s (%s), want %s", g[i].what, kvs_status_name(rc), e.msg,
+                     kvs_status_name(g[i].status));
+        if (rc != KVS_OK) {
+            assert_null(m);
+            assert_int_equal(e.status, rc);
+            assert_true(strlen(e.msg) > 10);
+        }
+        assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+    }
+}
+
+static void test_manager_create_argument_errors(void **state)
+{
+    fixture_t *f = *state;
+    kvs_manager_config_t c = decode_cfg();
+    kvs_manager_t *m;
+    assert_int_equal(kvs_manager_create(&c, &f->dev.base, &f->fab.base, NULL, NULL),
+                     KVS_EINVAL);
+    assert_int_equal(kvs_manager_create(NULL, &f->dev.base, &f->fab.base, &m, NULL),
+                     KVS_EINVAL);
+    assert_int_equal(kvs_manager_create(&c, NULL, &f->fab.base, &m, NULL), KVS_EINVAL);
+    assert_int_equal(kvs_manager_create(&c, &f->dev.base, NULL, &m, NULL), KVS_EINVAL);
+    assert_null(m);
+    assert_null(kvs_manager_last_error(NULL));
+    assert_null(kvs_manager_ring(NULL));
+    assert_null(kvs_manager_layout(NULL));
+    assert_int_equal(kvs_manager_staging_count(NULL), 0);
+    assert_int_equal(kvs_manager_init_staging(NULL), KVS_EINVAL);
+    assert_int_equal(kvs_manager_register_staging(NULL), KVS_EINVAL);
+    assert_int_equal(kvs_manager_set_kv_buffers(NULL, &f->kv), KVS_EINVAL);
+    assert_int_equal(kvs_manager_set_heads(NULL, 1, 1), KVS_EINVAL);
+    assert_int_equal(kvs_manager_staging_buffer(NULL, 0, NULL, NULL, NULL), KVS_EINVAL);
+    kvs_decode_t *d;
+    assert_int_equal(kvs_decode_create(NULL, &d), KVS_EINVAL);
+    m = make(f, &c);
+    assert_int_equal(kvs_decode_create(m, NULL), KVS_EINVAL);
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+}
+
+static void test_manager_steps_twice(void **state)
+{
+    fixture_t *f = *state;
+    kvs_manager_config_t c = decode_cfg();
+    kvs_manager_t *m = make(f, &c);
+    assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_init_staging(m), KVS_EALREADY);
+    assert_int_equal(kvs_manager_register_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_register_staging(m), KVS_EALREADY);
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &f->kv), KVS_OK);
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &f->kv), KVS_EALREADY);
+    kvs_decode_t *d, *d2;
+    assert_int_equal(kvs_decode_create(m, &d), KVS_OK);
+    assert_int_equal(kvs_decode_create(m, &d2), KVS_EALREADY);
+    assert_int_equal(f->dev.live_allocs, 1);
+    assert_int_equal(f->fab.live_mrs, 1);
+    kvs_decode_destroy(d);
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+}
+
+static void test_manager_kv_buffer_validation(void **state)
+{
+    fixture_t *f = *state;
+    kvs_manager_config_t c = decode_cfg();
+    c.heads_per_rank = 4;
+    kvs_manager_t *m = make(f, &c);
+    kvs_kv_buffers_t bad[6];
+    for (int i = 0; i < 6; i++)
+        bad[i] = f->kv;
+    bad[0].num_layers = LAYERS - 1;
+    bad[1].page_size = 32;
+    bad[2].local_heads = 0;
+    bad[3].k_base = NULL;
+    bad[4].local_heads = 2;
+    bad[5].num_pages = 0;
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(kvs_manager_set_kv_buffers(m, &bad[i]), KVS_EINVAL);
+    assert_int_equal(kvs_manager_set_kv_buffers(m, NULL), KVS_EINVAL);
+    /* the manager copies the arrays: later changes by the caller do not leak in */
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &f->kv), KVS_OK);
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+}
+
+static void test_manager_staging_off(void **state)
+{
+    fixture_t *f = *state;
+    kvs_manager_config_t c = decode_cfg();
+    c.staging = false;
+    c.peer_tp_size = 2;
+    kvs_manager_t *m = make(f, &c);
+    assert_int_equal(kvs_manager_init_staging(m), KVS_ESTATE);
+    assert_int_equal(kvs_manager_staging_buffer(m, 0, NULL, NULL, NULL), KVS_ESTATE);
+    kvs_decode_t *d;
+    assert_int_equal(kvs_decode_create(m, &d), KVS_OK);
+    assert_int_equal(kvs_manager_layout(m)->path, KVS_PATH_DIRECT);
+    kvs_decode_destroy(d);
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+}
+
+static void test_manager_prefill_buffers(void **state)
+{
+    fixture_t *f = *state;
+    kvs_manager_config_t c = prefill_cfg();
+    kvs_manager_t *m = make(f, &c);
+    assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_staging_count(m), KVS_DEFAULT_TRANSFER_WORKERS);
+    assert_int_equal(f->dev.live_allocs, KVS_DEFAULT_TRANSFER_WORKERS);
+    /* F * ps * one token over all layers, K+V: 64 tokens * 1 head * 128 * 2 B * 8 * 2 */
+    uint64_t addr, len, rkey = 99;
+    assert_int_equal(kvs_manager_staging_buffer(m, 3, &addr, &len, &rkey), KVS_OK);
+    assert_int_equal(len, 64u * 1 * 128 * 2 * LAYERS * 2);
+    assert_int_equal(rkey, 0);
+    assert_int_equal(kvs_manager_staging_buffer(m, 4, &addr, &len, &rkey), KVS_ERANGE);
+    assert_null(kvs_manager_ring(m));
+    assert_int_equal(kvs_manager_register_staging(m), KVS_OK);
+    assert_int_equal(f->fab.live_mrs, KVS_DEFAULT_TRANSFER_WORKERS);
+    kvs_decode_t *d;
+    assert_int_equal(kvs_decode_create(m, &d), KVS_ESTATE);
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+}
+
+static void test_manager_prefill_needs_heads_to_size_buffers(void **state)
+{
+    fixture_t *f = *state;
+    kvs_manager_config_t c = prefill_cfg();
+    c.total_heads = 0;
+    kvs_manager_t *m = make(f, &c);
+    assert_int_equal(kvs_manager_init_staging(m), KVS_EHEADS);
+    assert_int_equal(f->dev.live_allocs, 0);
+    assert_int_equal(kvs_manager_set_heads(m, 0, 1), KVS_OK);
+    assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+}
+
+static void test_manager_alloc_failure_at_each_call(void **state)
+{
+    fixture_t *f = *state;
+    kvs_manager_config_t c = prefill_cfg();
+    for (int n = 1;; n++) {
+        f->dev.alloc_calls = 0;
+        f->dev.alloc_fail_at = n;
+        kvs_manager_t *m = make(f, &c);
+        int rc = kvs_manager_init_staging(m);
+        const bool injected = f->dev.alloc_calls >= n;
+        if (!injected) {
+            assert_int_equal(rc, KVS_OK);
+            assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+            assert_int_equal(n, KVS_DEFAULT_TRANSFER_WORKERS + 1);
+            break;
+        }
+        assert_int_equal(rc, KVS_EBACKEND);
+        assert_int_equal(f->dev.live_allocs, 0);
+        assert_int_equal(kvs_manager_staging_count(m), 0);
+        const kvs_error_t *e = kvs_manager_last_error(m);
+        assert_int_equal(e->backend_code, 2);
+        assert_non_null(strstr(e->msg, "out of device memory"));
+        f->dev.alloc_fail_at = 0;
+        assert_int_equal(kvs_manager_init_staging(m), KVS_OK); /* retry works */
+        assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+    }
+}
+
+static void test_manager_register_failure_at_each_call(void **state)
+{
+    fixture_t *f = *state;
+    kvs_manager_config_t c = prefill_cfg();
+    for (int n = 1;; n++) {
+        f->fab.register_calls = 0;
+        f->fab.register_fail_at = n;
+        kvs_manager_t *m = make(f, &c);
+        assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+        int rc = kvs_manager_register_staging(m);
+        if (f->fab.register_calls < n) {
+            assert_int_equal(rc, KVS_OK);
+            assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+            assert_int_equal(n, KVS_DEFAULT_TRANSFER_WORKERS + 1);
+            break;
+        }
+        assert_int_equal(rc, KVS_EBACKEND);
+        assert_int_equal(f->fab.live_mrs, 0);
+        assert_int_equal(kvs_manager_last_error(m)->backend_code, 12);
+        f->fab.register_fail_at = 0;
+        assert_int_equal(kvs_manager_register_staging(m), KVS_OK);
+        assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+    }
+    f->fab.register_fail_at = 0;
+}
+
+/* Every order of the four decode steps: each returns what a tiny reference
+ * model of spec §8 predicts, and teardown finds nothing leaked. */
+static void test_manager_decode_step_orders(void **state)
+{
+    fixture_t *f = *state;
+    enum { INIT, REG, KV, CREATE, NSTEPS };
+    int perm[NSTEPS] = {0, 1, 2, 3};
+    int orders = 0;
+    for (;;) {
+        kvs_manager_config_t c = decode_cfg();
+        kvs_manager_t *m = make(f, &c);
+        kvs_decode_t *d = NULL;
+        bool done[NSTEPS] = {false};
+        for (int i = 0; i < NSTEPS; i++) {
+            int rc, want;
+            switch (perm[i]) {
+            case INIT:
+                rc = kvs_manager_init_staging(m);
+                want = KVS_OK;
+                break;
+            case REG:
+                rc = kvs_manager_register_staging(m);
+                want = done[INIT] ? KVS_OK : KVS_ESTATE;
+                break;
+            case KV:
+                rc = kvs_manager_set_kv_buffers(m, &f->kv);
+                want = KVS_OK;
+                break;
+            default:
+                rc = kvs_decode_create(m, &d);
+                want = !done[INIT]  ? KVS_ENO_ALLOCATOR
+                       : !done[REG] ? KVS_ESTATE
+                       : !done[KV]  ? KVS_ENO_KV_BUFFERS
+                                    : KVS_OK;
+                break;
+            }
+            if (rc != want)
+                fail_msg("order %d step %d: got %s want %s", orders, perm[i],
+                         kvs_status_name(rc), kvs_status_name(want));
+            done[perm[i]] = rc == KVS_OK;
+        }
+        kvs_decode_destroy(d);
+        assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+        assert_int_equal(f->dev.live_allocs, 0);
+        assert_int_equal(f->fab.live_mrs, 0);
+        orders++;
+        /* next permutation (lexicographic) */
+        int i = NSTEPS - 2;
+        while (i >= 0 && perm[i] > perm[i + 1])
+            i--;
+        if (i < 0)
+            break;
+        int j = NSTEPS - 1;
+        while (perm[j] < perm[i])
+            j--;
+        int t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+        for (int a = i + 1, b = NSTEPS - 1; a < b; a++, b--) {
+            t = perm[a];
+            perm[a] = perm[b];
+            perm[b] = t;
+        }
+    }
+    assert_int_equal(orders, 24);
+}
+
+typedef struct logged {
+    int infos;
+} logged_t;
+
+static void count_info(void *user, kvs_log_level_t level, const char *msg)
+{
+    if (level == KVS_LOG_INFO)
+        ((logged_t *)user)->infos++;
+}
+
+static void test_manager_logs_through_callback(void **state)
+{
+    fixture_t *f = *state;
+    logged_t seen = {0};
+    kvs_manager_config_t c = decode_cfg();
+    c.log = (kvs_log_t){.fn = count_info, .user = &seen, .level = KVS_LOG_INFO};
+    kvs_manager_t *m = make(f, &c);
+    assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+    assert_int_equal(seen.infos, 1);
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_manager_decode_init_in_order, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manager_decode_without_allocator, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manager_decode_without_kv_buffers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manager_decode_without_registration, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manager_heads_unresolvable, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manager_heads_per_rank_fallback, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manager_kv_heads_disagree_with_layout, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manager_config_guards, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manager_create_argument_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manager_steps_twice, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manager_kv_buffer_validation, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manager_staging_off, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manager_prefill_buffers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manager_prefill_needs_heads_to_size_buffers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manager_alloc_failure_at_each_call, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manager_register_failure_at_each_call, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manager_decode_step_orders, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manager_logs_through_callback, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
