@@ -1,0 +1,289 @@
+#!/usr/bin/env python3
+"""cli_plan.py - end-to-end behaviour of the `kvstage` command line: help
+and dispatch, `kvstage plan` tables and JSON, built-in models and overrides,
+both flag forms, the ring-sizing advice, and that every class of bad input
+exits 2 with exactly one stderr line naming the flag to change.
+
+usage: cli_plan.py PATH_TO_KVSTAGE
+Prints one line per failure and a summary "cli_plan: N passed, M failed";
+exits 1 when anything failed. Python 3 standard library only.
+"""
+
+import json
+import shlex
+import subprocess
+import sys
+
+LLAMA70 = ["--model", "llama-3.1-70b"]
+
+
+class Suite:
+    def __init__(self, binary):
+        self.binary = binary
+        self.passed = 0
+        self.failed = 0
+
+    def run(self, args):
+        return subprocess.run([self.binary] + args, capture_output=True,
+                              text=True, timeout=60)
+
+    def cmd(self, args):
+        return " ".join(shlex.quote(x) for x in [self.binary] + args)
+
+    def ok(self, cond, name, args, detail=""):
+        if cond:
+            self.passed += 1
+        else:
+            self.failed += 1
+            print("FAIL %s: %s\n    %s" % (name, detail, self.cmd(args)))
+        return cond
+
+    def expect_ok(self, name, args, contains=()):
+        """Exit 0, nothing on stderr, stdout has every string of contains."""
+        res = self.run(args)
+        if not self.ok(res.returncode == 0 and res.stderr == "", name, args,
+                       "exit %d, stderr %r" % (res.returncode, res.stderr)):
+            return res
+        for text in contains:
+            self.ok(text in res.stdout, name, args,
+                    "stdout lacks %r:\n%s" % (text, res.stdout))
+        return res
+
+    def expect_json(self, name, args):
+        res = self.expect_ok(name, args)
+        try:
+            obj = json.loads(res.stdout)
+        except ValueError as exc:
+            self.ok(False, name, args, "not JSON: %s: %r" % (exc, res.stdout))
+            return {}
+        self.ok(isinstance(obj, dict), name, args, "not a JSON object")
+        return obj if isinstance(obj, dict) else {}
+
+    def expect_usage_error(self, name, args, flag):
+        """Exit 2, exactly one stderr line that names flag, empty stdout."""
+        res = self.run(args)
+        lines = res.stderr.splitlines()
+        self.ok(res.returncode == 2, name, args,
+                "want exit 2, got %d" % res.returncode)
+        self.ok(len(lines) == 1, name, args,
+                "want one stderr line, got %r" % res.stderr)
+        self.ok(bool(lines) and flag in lines[0], name, args,
+                "stderr does not name %s: %r" % (flag, res.stderr))
+        self.ok(res.stdout == "", name, args,
+                "stdout not empty: %r" % res.stdout[:200])
+
+
+def test_help_and_dispatch(s):
+    s.expect_ok("--help", ["--help"], ["usage: kvstage", "plan"])
+    s.expect_ok("help", ["help"], ["usage: kvstage", "plan"])
+    s.expect_ok("help plan", ["help", "plan"], ["usage: kvstage plan",
+                                                "llama-3.1-70b"])
+    s.expect_ok("plan --help", ["plan", "--help"], ["--prefill-tp",
+                                                    "--ring-mib"])
+    s.expect_usage_error("unknown command", ["frobnicate"], "frobnicate")
+    s.expect_usage_error("help unknown command", ["help", "frob"], "frob")
+    res = s.run([])
+    s.ok(res.returncode == 2 and "usage" in res.stderr, "no command", [],
+         "exit %d, stderr %r" % (res.returncode, res.stderr))
+
+
+def test_table(s):
+    args = ["plan"] + LLAMA70 + ["--prefill-tp", "8", "--decode-tp", "2"]
+    # 8 KV heads, TP 8 -> 2: 4 one-head writers of 8192*128*2*80*2 bytes
+    # = 320 MiB each; region 1.25 GiB; 4096 MiB ring holds 3.
+    s.expect_ok("llama70 table", args, [
+        "decode rank 0", "decode rank 1", "1342177280", "335544320",
+        "1.25 GiB", "320.00 MiB", "largest region",
+        "full chunks that fit in the ring: 3", "--ring-mib 5120"])
+    # P == D is the direct path.
+    s.expect_ok("direct table",
+                ["plan"] + LLAMA70 + ["--prefill-tp", "4", "--decode-tp", "4"],
+                ["P == D: no staging, direct page copy"])
+
+
+def test_json(s):
+    args = ["plan"] + LLAMA70 + ["--prefill-tp", "8", "--decode-tp", "2",
+                                 "--json"]
+    obj = s.expect_json("llama70 json", args)
+    want = {"grid_tokens": 8192, "chunk_pages": 8192, "tokens": 8192,
+            "path": "staging", "max_region_bytes": 1342177280,
+            "ring_bytes": 4096 << 20, "chunks_in_ring": 3}
+    for key, value in want.items():
+        s.ok(obj.get(key) == value, "llama70 json " + key, args,
+             "got %r, want %r" % (obj.get(key), value))
+    ranks = obj.get("decode_ranks", [])
+    s.ok(len(ranks) == 2 and all(len(r.get("writers", [])) == 4 for r in ranks)
+         and ranks[1]["writers"][0]["prefill_rank"] == 4
+         and ranks[1]["writers"][3]["offset"] == 3 * 335544320,
+         "llama70 json writers", args, repr(ranks)[:300])
+
+    direct = s.expect_json("direct json", ["plan"] + LLAMA70 + [
+        "--prefill-tp", "2", "--decode-tp", "2", "--json"])
+    s.ok(direct.get("path") == "direct", "direct json path", args,
+         repr(direct.get("path")))
+
+    # No --model: required shape flags, defaults page size 1, dtype bf16.
+    plain = ["plan", "--kv-heads", "8", "--head-dim", "128", "--layers", "80",
+             "--prefill-tp", "8", "--decode-tp", "2", "--json"]
+    obj2 = s.expect_json("no model json", plain)
+    s.ok(obj2.get("page_size") == 1 and obj2.get("dtype") == "bf16"
+         and obj2.get("max_region_bytes") == 1342177280,
+         "no model defaults", plain, repr(obj2)[:300])
+
+    # Replicated heads: qwen2.5-1.5b has 2 KV heads; decode TP 8 shares them.
+    rep = ["plan", "--model", "qwen2.5-1.5b", "--prefill-tp", "2",
+           "--decode-tp", "8", "--json"]
+    obj3 = s.expect_json("replicated heads json", rep)
+    srcs = [r["writers"][0]["prefill_rank"] for r in obj3.get("decode_ranks", [])]
+    s.ok(srcs == [0, 0, 0, 0, 1, 1, 1, 1], "replicated heads sources", rep,
+         repr(srcs))
+
+
+def test_overrides_and_forms(s):
+    base = ["--prefill-tp", "8", "--decode-tp", "2", "--json"]
+    full = s.expect_json("model", ["plan"] + LLAMA70 + base)
+    # An explicit flag overrides the model, before or after --model.
+    for order, args in (("after", ["plan"] + LLAMA70 + ["--layers", "40"] + base),
+                        ("before", ["plan", "--layers", "40"] + LLAMA70 + base)):
+        obj = s.expect_json("override " + order, args)
+        s.ok(obj.get("layers") == 40 and
+             obj.get("max_region_bytes") == full.get("max_region_bytes", 0) // 2,
+             "override " + order, args, repr(obj)[:300])
+    obj = s.expect_json("override dtype", ["plan"] + LLAMA70 +
+                        ["--dtype", "fp8"] + base)
+    s.ok(obj.get("dtype") == "fp8" and
+         obj.get("max_region_bytes") == full.get("max_region_bytes", 0) // 2,
+         "override dtype", base, repr(obj)[:300])
+    # --flag=value gives the same plan as --flag value.
+    spaced = ["plan", "--kv-heads", "4", "--head-dim", "128", "--layers", "28",
+              "--page-size", "16", "--prefill-tp", "2", "--decode-tp", "8",
+              "--chunk-tokens", "512", "--tokens", "100", "--json"]
+    equals = ["plan", "--kv-heads=4", "--head-dim=128", "--layers=28",
+              "--page-size=16", "--prefill-tp=2", "--decode-tp=8",
+              "--chunk-tokens=512", "--tokens=100", "--json"]
+    a = s.expect_json("spaced form", spaced)
+    b = s.expect_json("equals form", equals)
+    s.ok(a == b and a.get("grid_tokens") == 512 and a.get("tokens") == 100,
+         "flag forms agree", equals, "%r vs %r" % (a, b))
+
+
+def test_ring_advice(s):
+    # TP 8 -> 1: one region is 8 writers * 320 MiB = 2560 MiB.
+    small = ["plan"] + LLAMA70 + ["--prefill-tp", "8", "--decode-tp", "1",
+                                  "--ring-mib", "1024"]
+    # 2560 MiB / 8192 tokens = 320 KiB per token; 1024 MiB holds 3276.8
+    # tokens -> at most 3276 with page size 1.
+    s.expect_ok("ring too small", small, [
+        "DOES NOT FIT", "--ring-mib to at least 2560",
+        "--chunk-tokens to at most 3276"])
+    # page size 16: 3276 // 16 * 16 = 3264.
+    s.expect_ok("ring too small ps16", small + ["--page-size", "16"],
+                ["--chunk-tokens to at most 3264"])
+    obj = s.expect_json("ring too small json", small + ["--json"])
+    s.ok(obj.get("chunks_in_ring") == 0 and obj.get("min_ring_mib") == 2560
+         and obj.get("max_chunk_tokens_for_ring") == 3276,
+         "ring too small json", small, repr(obj)[:300])
+    # Not even one page fits: only the ring size can help.
+    tiny = ["plan"] + LLAMA70 + ["--prefill-tp", "8", "--decode-tp", "1",
+                                 "--page-size", "64", "--ring-mib", "1"]
+    s.expect_ok("ring below one page", tiny, ["--ring-mib to at least 2560",
+                                             "cannot help"])
+    # Exactly one fits: warn that transfers serialize, suggest 4 chunks.
+    one = ["plan"] + LLAMA70 + ["--prefill-tp", "8", "--decode-tp", "1"]
+    s.expect_ok("one chunk fits", one, [
+        "full chunks that fit in the ring: 1", "serialize",
+        "--ring-mib 10240"])
+
+
+def test_bad_input(s):
+    ok = ["--kv-heads", "8", "--head-dim", "128", "--layers", "32",
+          "--prefill-tp", "4", "--decode-tp", "2"]
+
+    def with_flag(flag, value):
+        out = []
+        i = 0
+        while i < len(ok):
+            if ok[i] != flag:
+                out += ok[i:i + 2]
+            i += 2
+        return ["plan"] + out + [flag, value]
+
+    cases = [
+        ("junk number", with_flag("--head-dim", "12x"), "--head-dim"),
+        ("hex number", with_flag("--layers", "0x20"), "--layers"),
+        ("empty number", ["plan"] + ok + ["--page-size="], "--page-size"),
+        ("space in number", with_flag("--kv-heads", " 8"), "--kv-heads"),
+        ("plus sign", with_flag("--kv-heads", "+8"), "--kv-heads"),
+        ("negative", with_flag("--decode-tp", "-2"), "--decode-tp"),
+        ("negative equals", ["plan"] + ok + ["--ring-mib=-1"], "--ring-mib"),
+        ("zero heads", with_flag("--kv-heads", "0"), "--kv-heads"),
+        ("zero page size", with_flag("--page-size", "0"), "--page-size"),
+        ("zero prefill pp", with_flag("--prefill-pp", "0"), "--prefill-pp"),
+        ("zero ring", with_flag("--ring-mib", "0"), "--ring-mib"),
+        ("overflow", with_flag("--layers", "99999999999999999999999"),
+         "--layers"),
+        ("out of range", with_flag("--prefill-tp", "4096"), "--prefill-tp"),
+        ("unknown dtype", with_flag("--dtype", "int4"), "--dtype"),
+        ("unknown model", ["plan", "--model", "gpt-5", "--prefill-tp", "8",
+                           "--decode-tp", "2"], "--model"),
+        ("unknown flag", ["plan"] + ok + ["--frobnicate", "3"], "--frobnicate"),
+        ("unknown flag equals", ["plan"] + ok + ["--colour=red"], "--colour"),
+        ("positional", ["plan"] + ok + ["extra"], "extra"),
+        ("duplicate flag", ["plan"] + ok + ["--layers", "32"], "--layers"),
+        ("missing value", ["plan"] + ok + ["--tokens"], "--tokens"),
+        ("missing value before flag", ["plan", "--kv-heads", "--head-dim",
+                                       "128"], "--kv-heads"),
+        ("value to --json", ["plan"] + ok + ["--json=yes"], "--json"),
+        ("missing --kv-heads", ["plan", "--head-dim", "128", "--layers", "32",
+                                "--prefill-tp", "4", "--decode-tp", "2"],
+         "--kv-heads"),
+        ("missing --head-dim", ["plan", "--kv-heads", "8", "--layers", "32",
+                                "--prefill-tp", "4", "--decode-tp", "2"],
+         "--head-dim"),
+        ("missing --layers", ["plan", "--kv-heads", "8", "--head-dim", "128",
+                              "--prefill-tp", "4", "--decode-tp", "2"],
+         "--layers"),
+        ("missing --prefill-tp", ["plan"] + LLAMA70 + ["--decode-tp", "2"],
+         "--prefill-tp"),
+        ("missing --decode-tp", ["plan"] + LLAMA70 + ["--prefill-tp", "2"],
+         "--decode-tp"),
+        ("nothing", ["plan"], "--"),
+        ("tokens above grid", with_flag("--tokens", "8193"), "--tokens"),
+        ("tokens above small grid", ["plan"] + ok + [
+            "--page-size", "16", "--chunk-tokens", "64", "--tokens", "65"],
+         "--tokens"),
+        ("tokens zero", with_flag("--tokens", "0"), "--tokens"),
+        ("heads do not divide prefill tp", with_flag("--kv-heads", "6"),
+         "--prefill-tp"),
+        ("tp sizes do not divide", ["plan", "--kv-heads", "6", "--head-dim",
+                                    "128", "--layers", "32", "--prefill-tp",
+                                    "3", "--decode-tp", "2"], "--decode-tp"),
+        ("chunk not multiple of page", ["plan"] + ok + [
+            "--page-size", "16", "--chunk-tokens", "100"], "--chunk-tokens"),
+        ("layers not split by pp", with_flag("--prefill-pp", "3"),
+         "--prefill-pp"),
+        ("decode pp not 1 or pp", ["plan"] + ok + [
+            "--prefill-pp", "4", "--decode-pp", "2"], "--decode-pp"),
+    ]
+    for name, args, flag in cases:
+        s.expect_usage_error(name, args, flag)
+    # The --tokens message explains the grid width and the knob.
+    res = s.run(with_flag("--tokens", "8193"))
+    s.ok("--chunk-tokens" in res.stderr and "8192" in res.stderr,
+         "tokens message", with_flag("--tokens", "8193"), repr(res.stderr))
+
+
+def main():
+    if len(sys.argv) != 2:
+        print("usage: cli_plan.py PATH_TO_KVSTAGE", file=sys.stderr)
+        return 2
+    s = Suite(sys.argv[1])
+    for test in (test_help_and_dispatch, test_table, test_json,
+                 test_overrides_and_forms, test_ring_advice, test_bad_input):
+        test(s)
+    print("cli_plan: %d passed, %d failed" % (s.passed, s.failed))
+    return 1 if s.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+/*
+ * args.c - strict flag scanning and number parsing for the kvstage CLI (see
+ * args.h). Accepts `--flag value` and `--flag=value`; everything else that
+ * is not a declared flag is an error, reported on exactly one stderr line.
+ */
+#include "args.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+int cli_fail(const char *cmd, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    for (char *c = msg; *c != '\0'; c++) {
+        if (*c == '\n' || *c == '\r')
+            *c = ' ';
+    }
+    if (cmd != NULL && cmd[0] != '\0')
+        fprintf(stderr, "kvstage %s: %s\n", cmd, msg);
+    else
+        fprintf(stderr, "kvstage: %s\n", msg);
+    return CLI_EXIT_USAGE;
+}
+
+static const cli_flag_t *cli__flag_find(const cli_flag_t *defs, size_t n,
+                                        const char *name, size_t name_len,
+                                        size_t *index)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (strlen(defs[i].name) == name_len &&
+            strncmp(defs[i].name, name, name_len) == 0) {
+            *index = i;
+            return &defs[i];
+        }
+    }
+    return NULL;
+}
+
+int cli_args_scan(const char *cmd, const cli_flag_t *defs, size_t n, int argc,
+                  char **argv, int first, const char **values)
+{
+    for (size_t i = 0; i < n; i++)
+        values[i] = NULL;
+    for (int a = first; a < argc; a++) {
+        const char *arg = argv[a];
+        if (strncmp(arg, "--", 2) != 0 || arg[2] == '\0')
+            return cli_fail(cmd, "unexpected argument '%s': every input is a "
+                                 "--flag (see kvstage %s --help)", arg, cmd);
+        const char *eq = strchr(arg, '=');
+        size_t name_len = eq != NULL ? (size_t)(eq - arg) : strlen(arg);
+        size_t idx = 0;
+        const cli_flag_t *def = cli__flag_find(defs, n, arg, name_len, &idx);
+        if (def == NULL)
+            return cli_fail(cmd, "unknown flag %.*s (see kvstage %s --help)",
+                            (int)name_len, arg, cmd);
+        if (values[idx] != NULL)
+            return cli_fail(cmd, "%s given twice: give it once", def->name);
+        if (!def->takes_value) {
+            if (eq != NULL)
+                return cli_fail(cmd, "%s takes no value (got '%s')", def->name,
+                                eq + 1);
+            values[idx] = arg;
+            continue;
+        }
+        if (eq != NULL) {
+            values[idx] = eq + 1;
+            continue;
+        }
+        if (a + 1 >= argc || strncmp(argv[a + 1], "--", 2) == 0)
+            return cli_fail(cmd, "%s needs a value: %s VALUE or %s=VALUE",
+                            def->name, def->name, def->name);
+        values[idx] = argv[++a];
+    }
+    return 0;
+}
+
+int cli_parse_i64(const char *cmd, const char *flag, const char *text,
+                  int64_t min, int64_t max, int64_t *out)
+{
+    if (text == NULL || text[0] == '\0')
+        return cli_fail(cmd, "%s is empty: give a whole number in %lld..%lld",
+                        flag, (long long)min, (long long)max);
+    if (text[0] == '-')
+        return cli_fail(cmd, "%s: '%s' is negative: give a whole number in "
+                             "%lld..%lld", flag, text, (long long)min,
+                        (long long)max);
+    int64_t v = 0;
+    for (const char *c = text; *c != '\0'; c++) {
+        if (*c < '0' || *c > '9')
+            return cli_fail(cmd, "%s: '%s' is not a whole number: give plain "
+                                 "decimal digits in %lld..%lld", flag, text,
+                            (long long)min, (long long)max);
+        int digit = *c - '0';
+        if (v > (INT64_MAX - digit) / 10)
+            return cli_fail(cmd, "%s: '%s' is too large: give a whole number "
+                                 "in %lld..%lld", flag, text, (long long)min,
+                            (long long)max);
+        v = v * 10 + digit;
+    }
+    if (v < min || v > max)
+        return cli_fail(cmd, "%s: %lld is out of range: give a whole number in "
+                             "%lld..%lld", flag, (long long)v, (long long)min,
+                        (long long)max);
+    *out = v;
+    return 0;
+}
+
+bool cli_mul_i64(int64_t a, int64_t b, int64_t *out)
+{
+    if (a < 0 || b < 0)
+        return false;
+    if (a != 0 && b > INT64_MAX / a)
+        return false;
+    *out = a * b;
+    return true;
+}

@@ -1,0 +1,61 @@
+/*
+ * args.h - small helpers shared by the kvstage subcommands: a strict flag
+ * scanner (`--flag value` and `--flag=value`), a strict whole-number parser
+ * that rejects junk, signs, negatives and overflow, an overflow-checked
+ * multiply, and the one-line error report every subcommand uses.
+ *
+ * They never exit and never allocate; they write at most one line to stderr
+ * (cli_fail). The scanner only records where each flag's value is; what a
+ * value means is up to the subcommand.
+ */
+#ifndef KVSTAGE_TOOLS_ARGS_H
+#define KVSTAGE_TOOLS_ARGS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Exit status for bad input on the command line. */
+#define CLI_EXIT_USAGE 2
+
+/* One flag a subcommand accepts. name includes the leading "--". */
+typedef struct cli_flag {
+    const char *name;
+    bool takes_value;
+} cli_flag_t;
+
+/*
+ * Scans argv[first..argc) against defs[0..n). For each flag given,
+ * values[i] points at its value (inside argv) or, for a flag without a
+ * value, at the flag itself; flags not given stay NULL. Rejects unknown
+ * flags, positional arguments, a flag given twice, a missing value and a
+ * value given to a flag that takes none. On error prints one line
+ * "kvstage <cmd>: ..." to stderr and returns CLI_EXIT_USAGE; returns 0 on
+ * success. values must have room for n entries.
+ */
+int cli_args_scan(const char *cmd, const cli_flag_t *defs, size_t n, int argc,
+                  char **argv, int first, const char **values);
+
+/*
+ * Parses text as a plain decimal whole number in [min, max]: digits only,
+ * no sign, no spaces, no suffix. On error prints one line naming `flag` and
+ * the accepted range and returns CLI_EXIT_USAGE; returns 0 and sets *out on
+ * success.
+ */
+int cli_parse_i64(const char *cmd, const char *flag, const char *text,
+                  int64_t min, int64_t max, int64_t *out);
+
+/* a * b into *out; false (and *out untouched) when it would overflow or a
+ * factor is negative. */
+bool cli_mul_i64(int64_t a, int64_t b, int64_t *out);
+
+/* Prints "kvstage <cmd>: <message>\n" to stderr as one line and returns
+ * CLI_EXIT_USAGE. Newlines inside the message are turned into spaces so the
+ * report stays one line. */
+int cli_fail(const char *cmd, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+#endif

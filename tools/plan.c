@@ -1,0 +1,605 @@
+/*
+ * plan.c - `kvstage plan`: validates a model shape and the prefill/decode
+ * parallelism through the library's layout planner (kvs_layout_init), then
+ * prints, for one chunk of T tokens, each decode rank's staging region:
+ * which prefill ranks write into it, which head slices, at which byte offset
+ * and how many bytes (spec §3-§5). It ends with the ring-sizing answer: how
+ * many full G-token chunk regions fit in the decode staging ring, and which
+ * knob to turn when too few do.
+ *
+ * All layout arithmetic comes from the library; this file only parses,
+ * validates the command line and formats. Bad input is reported on exactly
+ * one stderr line naming the flag to change, with exit status 2. Input
+ * bounds keep every byte count at or below 2^62, so nothing here overflows.
+ */
+#include "plan.h"
+
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <kvstage/kvstage.h>
+
+#include "args.h"
+#include "models.h"
+
+#define CLI_PLAN_CMD "plan"
+
+/* Upper bounds of the inputs, far above any real deployment. They keep the
+ * largest region below 2^62 bytes:
+ * max(H, P) * hd * 4 bytes * layers * 2 (K, V) * G <= 2^10+12+2+12+1+24. */
+#define CLI_PLAN_MAX_HEADS 1024
+#define CLI_PLAN_MAX_HEAD_DIM 4096
+#define CLI_PLAN_MAX_LAYERS 4096
+#define CLI_PLAN_MAX_TP 1024
+#define CLI_PLAN_MAX_PP 1024
+#define CLI_PLAN_MAX_TOKENS (INT64_C(1) << 24)
+#define CLI_PLAN_MAX_RING_MIB (INT64_C(1) << 42)
+
+#define CLI_MIB (INT64_C(1) << 20)
+#define CLI_PLAN_DEFAULT_PAGE_SIZE 1
+#define CLI_PLAN_DEFAULT_RING_MIB ((int64_t)(KVS_DEFAULT_RING_BYTES >> 20))
+/* Chunks in flight the ring advice aims at when only one fits. */
+#define CLI_PLAN_SUGGESTED_CHUNKS 4
+
+enum cli_plan_flag {
+    CLI_PF_MODEL,
+    CLI_PF_KV_HEADS,
+    CLI_PF_HEAD_DIM,
+    CLI_PF_DTYPE,
+    CLI_PF_LAYERS,
+    CLI_PF_PAGE_SIZE,
+    CLI_PF_PREFILL_TP,
+    CLI_PF_DECODE_TP,
+    CLI_PF_PREFILL_PP,
+    CLI_PF_DECODE_PP,
+    CLI_PF_CHUNK_TOKENS,
+    CLI_PF_TOKENS,
+    CLI_PF_RING_MIB,
+    CLI_PF_JSON,
+    CLI_PF_HELP,
+    CLI_PF_COUNT
+};
+
+static const cli_flag_t cli_plan_flags[CLI_PF_COUNT] = {
+    [CLI_PF_MODEL] = {"--model", true},
+    [CLI_PF_KV_HEADS] = {"--kv-heads", true},
+    [CLI_PF_HEAD_DIM] = {"--head-dim", true},
+    [CLI_PF_DTYPE] = {"--dtype", true},
+    [CLI_PF_LAYERS] = {"--layers", true},
+    [CLI_PF_PAGE_SIZE] = {"--page-size", true},
+    [CLI_PF_PREFILL_TP] = {"--prefill-tp", true},
+    [CLI_PF_DECODE_TP] = {"--decode-tp", true},
+    [CLI_PF_PREFILL_PP] = {"--prefill-pp", true},
+    [CLI_PF_DECODE_PP] = {"--decode-pp", true},
+    [CLI_PF_CHUNK_TOKENS] = {"--chunk-tokens", true},
+    [CLI_PF_TOKENS] = {"--tokens", true},
+    [CLI_PF_RING_MIB] = {"--ring-mib", true},
+    [CLI_PF_JSON] = {"--json", false},
+    [CLI_PF_HELP] = {"--help", false},
+};
+
+/* What the command line asks for, after defaults and the model. */
+typedef struct cli_plan_input {
+    const cli_model_t *model; /* NULL without --model */
+    kvs_layout_params_t params;
+    int64_t tokens;           /* 0: a full chunk (G tokens) */
+    int64_t ring_mib;
+    bool json;
+} cli_plan_input_t;
+
+/* The ring-sizing answer for a full G-token chunk (staging path only). */
+typedef struct cli_plan_ring {
+    int64_t ring_bytes;
+    int64_t max_region_bytes;
+    int64_t chunks_in_ring;      /* full chunk regions that fit */
+    int64_t min_ring_mib;        /* smallest --ring-mib holding one chunk */
+    int64_t suggested_ring_mib;  /* --ring-mib holding SUGGESTED_CHUNKS */
+    int64_t max_chunk_tokens;    /* largest --chunk-tokens (multiple of the
+                                    page size) whose region fits the ring;
+                                    0 when not even one page fits */
+    int64_t page_region_bytes;   /* region bytes of one page of tokens */
+} cli_plan_ring_t;
+
+void cli_plan_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: kvstage plan --prefill-tp P --decode-tp D\n"
+            "                    (--model NAME | --kv-heads H --head-dim HD --layers L)\n"
+            "                    [--dtype bf16|fp16|fp8|fp32] [--page-size PS]\n"
+            "                    [--prefill-pp PP] [--decode-pp DP]\n"
+            "                    [--chunk-tokens C] [--tokens T] [--ring-mib M] [--json]\n"
+            "\n"
+            "Plans the staging transfer of one chunk of KV cache from prefill ranks to\n"
+            "decode ranks (spec sections 3-5): for each decode rank, which prefill ranks\n"
+            "write which head slices at which offset of its staging region, and how many\n"
+            "full chunk regions fit in the decode staging ring.\n"
+            "\n"
+            "  --model NAME       built-in model shape (see below); explicit flags override it\n"
+            "  --kv-heads H       total KV heads of the model (1..%d)\n"
+            "  --head-dim HD      head dimension (1..%d)\n"
+            "  --layers L         layers of the whole model (1..%d)\n"
+            "  --dtype T          KV dtype: bf16, fp16, fp8, fp32 (default bf16)\n"
+            "  --page-size PS     tokens per KV page (default %d)\n"
+            "  --prefill-tp P     prefill attention TP size (1..%d, required)\n"
+            "  --decode-tp D      decode attention TP size (1..%d, required)\n"
+            "  --prefill-pp PP    prefill pipeline stages (default 1)\n"
+            "  --decode-pp DP     decode pipeline stages, 1 or PP (default 1)\n"
+            "  --chunk-tokens C   chunked-prefill size, a multiple of PS; 0 means %d\n"
+            "                     (default 0); the grid width is G = max(1, C/PS)*PS\n"
+            "  --tokens T         tokens of the chunk to lay out, 1..G (default G)\n"
+            "  --ring-mib M       decode staging ring size in MiB (default %" PRId64 ")\n"
+            "  --json             print one JSON object instead of the table\n"
+            "  --help             print this help\n"
+            "\n"
+            "Flags take `--flag value` or `--flag=value`, in any order.\n"
+            "Bad input exits with status 2 and one line naming the flag to change.\n"
+            "\n"
+            "built-in models (KV heads, head dim, layers, dtype):\n",
+            CLI_PLAN_MAX_HEADS, CLI_PLAN_MAX_HEAD_DIM, CLI_PLAN_MAX_LAYERS,
+            CLI_PLAN_DEFAULT_PAGE_SIZE, CLI_PLAN_MAX_TP, CLI_PLAN_MAX_TP,
+            KVS_DEFAULT_CHUNK_TOKENS, CLI_PLAN_DEFAULT_RING_MIB);
+    for (size_t i = 0; i < cli_model_count(); i++) {
+        const cli_model_t *m = cli_model_at(i);
+        fprintf(out, "  %-16s %3" PRId64 " %4" PRId64 " %4" PRId64 "  %-5s %s\n",
+                m->name, m->total_heads, m->head_dim, m->layers,
+                kvs_dtype_name(m->dtype), m->note);
+    }
+    fprintf(out,
+            "\n"
+            "example: kvstage plan --model llama-3.1-70b --prefill-tp 8 --decode-tp 2\n");
+}
+
+/* Bytes with a binary unit, e.g. "1.25 GiB"; plain "512 B" below 1 KiB.
+ * Display only: decisions never use the rounded value. */
+static const char *cli_plan_human(int64_t bytes, char *buf, size_t len)
+{
+    static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    if (bytes < 1024) {
+        snprintf(buf, len, "%" PRId64 " B", bytes);
+        return buf;
+    }
+    double v = (double)bytes / 1024.0;
+    size_t u = 0;
+    while (v >= 1024.0 && u + 1 < sizeof units / sizeof units[0]) {
+        v /= 1024.0;
+        u++;
+    }
+    snprintf(buf, len, "%.2f %s", v, units[u]);
+    return buf;
+}
+
+/* Parses the numeric flag `f` into *dst when given; keeps *dst otherwise. */
+static int cli_plan_number(const char *const *values, enum cli_plan_flag f,
+                           int64_t min, int64_t max, int64_t *dst)
+{
+    if (values[f] == NULL)
+        return 0;
+    return cli_parse_i64(CLI_PLAN_CMD, cli_plan_flags[f].name, values[f], min,
+                         max, dst);
+}
+
+static int cli_plan_model_list_fail(const char *name)
+{
+    char names[512] = "";
+    size_t used = 0;
+    for (size_t i = 0; i < cli_model_count(); i++) {
+        int n = snprintf(names + used, sizeof names - used, "%s%s",
+                         i == 0 ? "" : ", ", cli_model_at(i)->name);
+        if (n < 0 || (size_t)n >= sizeof names - used)
+            break;
+        used += (size_t)n;
+    }
+    return cli_fail(CLI_PLAN_CMD, "--model: unknown model '%s': use one of %s, "
+                                  "or give --kv-heads, --head-dim and --layers",
+                    name, names);
+}
+
+/* Fills *in from the scanned flag values: the model first, then every
+ * explicit flag over it, then the defaults. */
+static int cli_plan_read(const char *const *values, cli_plan_input_t *in)
+{
+    int rc;
+    memset(in, 0, sizeof *in);
+    in->params.dtype = KVS_DTYPE_BF16;
+    in->params.page_size = CLI_PLAN_DEFAULT_PAGE_SIZE;
+    in->params.prefill_pp = 1;
+    in->params.decode_pp = 1;
+    in->params.chunk_tokens = 0;
+    in->ring_mib = CLI_PLAN_DEFAULT_RING_MIB;
+    in->json = values[CLI_PF_JSON] != NULL;
+
+    if (values[CLI_PF_MODEL] != NULL) {
+        in->model = cli_model_find(values[CLI_PF_MODEL]);
+        if (in->model == NULL)
+            return cli_plan_model_list_fail(values[CLI_PF_MODEL]);
+        in->params.total_heads = in->model->total_heads;
+        in->params.head_dim = in->model->head_dim;
+        in->params.layers = in->model->layers;
+        in->params.dtype = in->model->dtype;
+    }
+
+    kvs_layout_params_t *p = &in->params;
+    if ((rc = cli_plan_number(values, CLI_PF_KV_HEADS, 1, CLI_PLAN_MAX_HEADS,
+                              &p->total_heads)) != 0 ||
+        (rc = cli_plan_number(values, CLI_PF_HEAD_DIM, 1, CLI_PLAN_MAX_HEAD_DIM,
+                              &p->head_dim)) != 0)
+        return rc;
+    if (values[CLI_PF_DTYPE] != NULL &&
+        kvs_dtype_parse(values[CLI_PF_DTYPE], &p->dtype) != KVS_OK)
+        return cli_fail(CLI_PLAN_CMD, "--dtype: unknown dtype '%s': use bf16, "
+                                      "fp16, fp8 or fp32", values[CLI_PF_DTYPE]);
+    if ((rc = cli_plan_number(values, CLI_PF_LAYERS, 1, CLI_PLAN_MAX_LAYERS,
+                              &p->layers)) != 0 ||
+        (rc = cli_plan_number(values, CLI_PF_PAGE_SIZE, 1, CLI_PLAN_MAX_TOKENS,
+                              &p->page_size)) != 0 ||
+        (rc = cli_plan_number(values, CLI_PF_PREFILL_TP, 1, CLI_PLAN_MAX_TP,
+                              &p->prefill_tp)) != 0 ||
+        (rc = cli_plan_number(values, CLI_PF_DECODE_TP, 1, CLI_PLAN_MAX_TP,
+                              &p->decode_tp)) != 0 ||
+        (rc = cli_plan_number(values, CLI_PF_PREFILL_PP, 1, CLI_PLAN_MAX_PP,
+                              &p->prefill_pp)) != 0 ||
+        (rc = cli_plan_number(values, CLI_PF_DECODE_PP, 1, CLI_PLAN_MAX_PP,
+                              &p->decode_pp)) != 0 ||
+        (rc = cli_plan_number(values, CLI_PF_CHUNK_TOKENS, 0, CLI_PLAN_MAX_TOKENS,
+                              &p->chunk_tokens)) != 0 ||
+        (rc = cli_plan_number(values, CLI_PF_TOKENS, 1, CLI_PLAN_MAX_TOKENS,
+                              &in->tokens)) != 0 ||
+        (rc = cli_plan_number(values, CLI_PF_RING_MIB, 1, CLI_PLAN_MAX_RING_MIB,
+                              &in->ring_mib)) != 0)
+        return rc;
+
+    static const struct {
+        enum cli_plan_flag flag;
+        const char *what;
+    } shape[] = {
+        {CLI_PF_KV_HEADS, "the model's total KV heads"},
+        {CLI_PF_HEAD_DIM, "the head dimension"},
+        {CLI_PF_LAYERS, "the model's layers"},
+    };
+    const int64_t *shape_value[] = {&p->total_heads, &p->head_dim, &p->layers};
+    for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++) {
+        if (*shape_value[i] == 0)
+            return cli_fail(CLI_PLAN_CMD, "%s is required (%s) unless --model "
+                                          "names a built-in model",
+                            cli_plan_flags[shape[i].flag].name, shape[i].what);
+    }
+    if (p->prefill_tp == 0)
+        return cli_fail(CLI_PLAN_CMD, "--prefill-tp is required: the prefill "
+                                      "attention TP size");
+    if (p->decode_tp == 0)
+        return cli_fail(CLI_PLAN_CMD, "--decode-tp is required: the decode "
+                                      "attention TP size");
+    return 0;
+}
+
+static bool cli_plan_divides(int64_t a, int64_t b)
+{
+    return a % b == 0 || b % a == 0;
+}
+
+/* Names the flag to change for a kvs_layout_init failure; the library's
+ * detail says why. */
+static const char *cli_plan_flag_for(int status, const kvs_layout_params_t *p)
+{
+    switch (status) {
+    case KVS_EHEAD_SPLIT:
+        if (!cli_plan_divides(p->total_heads, p->prefill_tp))
+            return "--prefill-tp (or --kv-heads)";
+        if (!cli_plan_divides(p->total_heads, p->decode_tp))
+            return "--decode-tp (or --kv-heads)";
+        return "--decode-tp (or --prefill-tp)";
+    case KVS_EPP_SPLIT:
+        if (p->decode_pp != 1 && p->decode_pp != p->prefill_pp)
+            return "--decode-pp";
+        if (p->layers % p->prefill_pp != 0)
+            return "--prefill-pp (or --layers)";
+        return "--decode-pp (or --layers)";
+    case KVS_ECHUNK:
+        return "--chunk-tokens (or --page-size)";
+    case KVS_EDTYPE:
+        return "--dtype";
+    case KVS_EHEADS:
+        return "--kv-heads";
+    default:
+        return "the plan flags";
+    }
+}
+
+static int cli_plan_internal(const char *what, int status)
+{
+    fprintf(stderr, "kvstage plan: internal error: %s failed with %s (%s)\n",
+            what, kvs_status_name(status), kvs_strerror(status));
+    return 1;
+}
+
+/* Ring sizing for a full G-token chunk. */
+static int cli_plan_ring(const kvs_layout_t *lay, int64_t ring_mib,
+                         cli_plan_ring_t *r)
+{
+    memset(r, 0, sizeof *r);
+    r->ring_bytes = ring_mib * CLI_MIB; /* <= 2^62 by the flag bound */
+    r->max_region_bytes = kvs_layout_max_region_bytes(lay);
+    if (r->max_region_bytes <= 0)
+        return cli_plan_internal("kvs_layout_max_region_bytes", KVS_ERANGE);
+    int64_t m = r->max_region_bytes;
+    r->chunks_in_ring = r->ring_bytes / m;
+    r->min_ring_mib = (m + CLI_MIB - 1) / CLI_MIB;
+    r->suggested_ring_mib = r->min_ring_mib * CLI_PLAN_SUGGESTED_CHUNKS;
+    /* A region grows linearly with its tokens; round a page's share up so
+     * the chunk size suggested always fits. */
+    int64_t pages = lay->chunk_pages;
+    r->page_region_bytes = (m + pages - 1) / pages;
+    r->max_chunk_tokens = r->ring_bytes / r->page_region_bytes * lay->page_size;
+    return 0;
+}
+
+static void cli_plan_json(const cli_plan_input_t *in, const kvs_layout_t *lay,
+                          int64_t tokens, const cli_plan_ring_t *ring,
+                          const int64_t *region, const kvs_writer_t *writers)
+{
+    bool staging = lay->path == KVS_PATH_STAGING;
+    printf("{\"model\": ");
+    if (in->model != NULL)
+        printf("\"%s\"", in->model->name);
+    else
+        printf("null");
+    printf(", \"total_heads\": %" PRId64 ", \"head_dim\": %" PRId64
+           ", \"dtype\": \"%s\", \"elem_bytes\": %" PRId64
+           ", \"layers\": %" PRId64 ", \"page_size\": %" PRId64,
+           lay->total_heads, lay->head_dim, kvs_dtype_name(in->params.dtype),
+           lay->elem_bytes, lay->layers, lay->page_size);
+    printf(", \"prefill_tp\": %" PRId64 ", \"decode_tp\": %" PRId64
+           ", \"prefill_pp\": %" PRId64 ", \"decode_pp\": %" PRId64,
+           lay->prefill_tp, lay->decode_tp, lay->prefill_pp, lay->decode_pp);
+    printf(", \"chunk_tokens\": %" PRId64 ", \"grid_tokens\": %" PRId64
+           ", \"chunk_pages\": %" PRId64 ", \"tokens\": %" PRId64
+           ", \"path\": \"%s\"",
+           lay->chunk_tokens, lay->grid_tokens, lay->chunk_pages, tokens,
+           staging ? "staging" : "direct");
+    printf(", \"src_heads\": %" PRId64 ", \"dst_heads\": %" PRId64
+           ", \"decode_layers\": %" PRId64 ", \"prefill_layers\": %" PRId64
+           ", \"tp_writers\": %" PRId64 ", \"expected_arrivals\": %" PRId64
+           ", \"targets_per_prefill\": %" PRId64,
+           lay->src_heads, lay->dst_heads, lay->decode_layers,
+           lay->prefill_layers, lay->tp_writers, lay->expected_arrivals,
+           lay->targets_per_prefill);
+    printf(", \"decode_ranks\": [");
+    for (int64_t d = 0; d < lay->decode_tp; d++) {
+        printf("%s{\"decode_rank\": %" PRId64, d == 0 ? "" : ", ", d);
+        printf(", \"region_bytes\": %" PRId64 ", \"expected_arrivals\": %" PRId64
+               ", \"writers\": [",
+               region[d], lay->expected_arrivals);
+        for (int64_t i = 0; i < lay->tp_writers; i++) {
+            const kvs_writer_t *w = &writers[d * lay->tp_writers + i];
+            printf("%s{\"writer_index\": %" PRId64 ", \"prefill_rank\": %" PRId64
+                   ", \"src_head_start\": %" PRId64 ", \"dst_head_start\": %" PRId64
+                   ", \"num_heads\": %" PRId64 ", \"offset\": %" PRId64
+                   ", \"bytes\": %" PRId64 "}",
+                   i == 0 ? "" : ", ", w->writer_index, w->prefill_rank,
+                   w->heads.src_start, w->heads.dst_start, w->heads.num_heads,
+                   w->offset_bytes, w->len_bytes);
+        }
+        printf("]}");
+    }
+    printf("]");
+    printf(", \"ring_mib\": %" PRId64 ", \"ring_bytes\": %" PRId64
+           ", \"ring_used\": %s",
+           in->ring_mib, in->ring_mib * CLI_MIB, staging ? "true" : "false");
+    if (staging) {
+        printf(", \"max_region_bytes\": %" PRId64 ", \"chunks_in_ring\": %" PRId64
+               ", \"fits\": %s, \"min_ring_mib\": %" PRId64
+               ", \"suggested_ring_mib\": %" PRId64
+               ", \"suggested_chunks\": %d"
+               ", \"max_chunk_tokens_for_ring\": %" PRId64,
+               ring->max_region_bytes, ring->chunks_in_ring,
+               ring->chunks_in_ring >= 1 ? "true" : "false", ring->min_ring_mib,
+               ring->suggested_ring_mib, CLI_PLAN_SUGGESTED_CHUNKS,
+               ring->max_chunk_tokens);
+    }
+    printf("}\n");
+}
+
+static void cli_plan_table_ring(const cli_plan_input_t *in,
+                                const kvs_layout_t *lay,
+                                const cli_plan_ring_t *r)
+{
+    char a[32], b[32];
+    printf("\nstaging ring (one per decode GPU): --ring-mib %" PRId64 " = %s "
+           "(%" PRId64 " bytes)\n",
+           in->ring_mib, cli_plan_human(r->ring_bytes, a, sizeof a), r->ring_bytes);
+    printf("  largest region, a full %" PRId64 "-token chunk: %s (%" PRId64
+           " bytes)\n",
+           lay->grid_tokens, cli_plan_human(r->max_region_bytes, b, sizeof b),
+           r->max_region_bytes);
+    printf("  full chunks that fit in the ring: %" PRId64 "\n", r->chunks_in_ring);
+    if (r->chunks_in_ring == 0) {
+        printf("  DOES NOT FIT: every chunk would fail OVERSIZED. Change "
+               "--ring-mib to at least %" PRId64,
+               r->min_ring_mib);
+        if (r->max_chunk_tokens > 0)
+            printf(", or lower --chunk-tokens to at most %" PRId64
+                   " (a multiple of the page size %" PRId64 ") to fit the "
+                   "current ring.\n",
+                   r->max_chunk_tokens, lay->page_size);
+        else
+            printf("; even one page of %" PRId64 " tokens (%s) does not fit "
+                   "the current ring, so lowering --chunk-tokens cannot help.\n",
+                   lay->page_size,
+                   cli_plan_human(r->page_region_bytes, a, sizeof a));
+    } else if (r->chunks_in_ring == 1) {
+        printf("  warning: only 1 chunk fits, so chunk transfers into a decode "
+               "rank serialize (each waits for the previous scatter to free "
+               "the ring). For %d chunks in flight use --ring-mib %" PRId64
+               ".\n",
+               CLI_PLAN_SUGGESTED_CHUNKS, r->suggested_ring_mib);
+    } else if (r->chunks_in_ring < CLI_PLAN_SUGGESTED_CHUNKS) {
+        printf("  %" PRId64 " chunks can be in flight per decode rank; for %d "
+               "use --ring-mib %" PRId64 ".\n",
+               r->chunks_in_ring, CLI_PLAN_SUGGESTED_CHUNKS, r->suggested_ring_mib);
+    } else {
+        printf("  %" PRId64 " chunks can be in flight per decode rank.\n",
+               r->chunks_in_ring);
+    }
+}
+
+static void cli_plan_table(const cli_plan_input_t *in, const kvs_layout_t *lay,
+                           int64_t tokens, const cli_plan_ring_t *ring,
+                           const int64_t *region, const kvs_writer_t *writers)
+{
+    char a[32], b[32];
+    bool staging = lay->path == KVS_PATH_STAGING;
+    printf("kvstage plan%s%s\n", in->model != NULL ? ": " : "",
+           in->model != NULL ? in->model->name : "");
+    printf("  model    %" PRId64 " KV heads x head dim %" PRId64 ", %s (%" PRId64
+           " bytes), %" PRId64 " layers\n",
+           lay->total_heads, lay->head_dim, kvs_dtype_name(in->params.dtype),
+           lay->elem_bytes, lay->layers);
+    printf("  prefill  TP %" PRId64 " x PP %" PRId64 ": %" PRId64
+           " KV head(s) per rank, %" PRId64 " layers per stage\n",
+           lay->prefill_tp, lay->prefill_pp, lay->src_heads, lay->prefill_layers);
+    printf("  decode   TP %" PRId64 " x PP %" PRId64 ": %" PRId64
+           " KV head(s) per rank, %" PRId64 " layers per stage\n",
+           lay->decode_tp, lay->decode_pp, lay->dst_heads, lay->decode_layers);
+    printf("  grid     page size %" PRId64 ", chunk %" PRId64 " tokens -> G = %"
+           PRId64 " tokens = %" PRId64 " pages per chunk\n",
+           lay->page_size, lay->chunk_tokens, lay->grid_tokens, lay->chunk_pages);
+    if (!staging) {
+        printf("  path     direct: P == D: no staging, direct page copy "
+               "(prefill rank r copies its pages to decode rank r; no ring "
+               "region, no gather or scatter)\n");
+        return;
+    }
+    printf("  path     staging: gather on prefill, one write per writer, "
+           "scatter on decode\n");
+    printf("  chunk    T = %" PRId64 " tokens; each region holds %" PRId64
+           " writer(s) x [K layers 0..%" PRId64 " | V layers 0..%" PRId64
+           "]; a chunk completes after %" PRId64 " arrival(s) (%" PRId64
+           " TP writer(s) x %" PRId64 " prefill stage(s) per decode stage)\n",
+           tokens, lay->tp_writers, lay->decode_layers - 1,
+           lay->decode_layers - 1, lay->expected_arrivals, lay->tp_writers,
+           lay->prefill_pp / lay->decode_pp);
+    if (lay->targets_per_prefill > 1)
+        printf("  fan-out  each prefill rank serves %" PRId64 " decode ranks, "
+               "one gather and one region each\n",
+               lay->targets_per_prefill);
+    for (int64_t d = 0; d < lay->decode_tp; d++) {
+        printf("\ndecode rank %" PRId64 ": region %s (%" PRId64 " bytes), %"
+               PRId64 " writer(s)\n",
+               d, cli_plan_human(region[d], a, sizeof a), region[d],
+               lay->tp_writers);
+        printf("  %-6s  %-12s  %-15s  %-15s  %-28s  %s\n", "writer",
+               "prefill rank", "src local heads", "dst local heads", "offset",
+               "bytes");
+        for (int64_t i = 0; i < lay->tp_writers; i++) {
+            const kvs_writer_t *w = &writers[d * lay->tp_writers + i];
+            char src[32], dst[32], off[48], len[48];
+            snprintf(src, sizeof src, "[%" PRId64 ", %" PRId64 ")",
+                     w->heads.src_start, w->heads.src_start + w->heads.num_heads);
+            snprintf(dst, sizeof dst, "[%" PRId64 ", %" PRId64 ")",
+                     w->heads.dst_start, w->heads.dst_start + w->heads.num_heads);
+            snprintf(off, sizeof off, "%s (%" PRId64 ")",
+                     cli_plan_human(w->offset_bytes, a, sizeof a), w->offset_bytes);
+            snprintf(len, sizeof len, "%s (%" PRId64 ")",
+                     cli_plan_human(w->len_bytes, b, sizeof b), w->len_bytes);
+            printf("  %6" PRId64 "  %12" PRId64 "  %-15s  %-15s  %-28s  %s\n",
+                   w->writer_index, w->prefill_rank, src, dst, off, len);
+        }
+    }
+    cli_plan_table_ring(in, lay, ring);
+}
+
+/* Computes every decode rank's region and writers for `tokens` tokens into
+ * region[decode_tp] and writers[decode_tp * tp_writers]. */
+static int cli_plan_fill(const kvs_layout_t *lay, int64_t tokens,
+                         int64_t *region, kvs_writer_t *writers)
+{
+    for (int64_t d = 0; d < lay->decode_tp; d++) {
+        int rc = kvs_layout_region_bytes(lay, d, tokens, &region[d]);
+        if (rc != KVS_OK)
+            return cli_plan_internal("kvs_layout_region_bytes", rc);
+        for (int64_t i = 0; i < lay->tp_writers; i++) {
+            rc = kvs_layout_writer(lay, d, i, tokens,
+                                   &writers[d * lay->tp_writers + i]);
+            if (rc != KVS_OK)
+                return cli_plan_internal("kvs_layout_writer", rc);
+        }
+    }
+    return 0;
+}
+
+int cli_plan_main(int argc, char **argv)
+{
+    const char *values[CLI_PF_COUNT];
+    for (int a = 1; a < argc; a++) {
+        if (strcmp(argv[a], "-h") == 0) {
+            cli_plan_usage(stdout);
+            return 0;
+        }
+    }
+    int rc = cli_args_scan(CLI_PLAN_CMD, cli_plan_flags, CLI_PF_COUNT, argc,
+                           argv, 1, values);
+    if (rc != 0)
+        return rc;
+    if (values[CLI_PF_HELP] != NULL) {
+        cli_plan_usage(stdout);
+        return 0;
+    }
+
+    cli_plan_input_t in;
+    rc = cli_plan_read(values, &in);
+    if (rc != 0)
+        return rc;
+
+    kvs_layout_t lay;
+    kvs_error_t err;
+    memset(&err, 0, sizeof err);
+    rc = kvs_layout_init(&lay, &in.params, &err);
+    if (rc != KVS_OK)
+        return cli_fail(CLI_PLAN_CMD, "change %s: %s (%s)",
+                        cli_plan_flag_for(rc, &in.params),
+                        err.msg[0] != '\0' ? err.msg : kvs_strerror(rc),
+                        kvs_status_name(rc));
+
+    int64_t tokens = in.tokens != 0 ? in.tokens : lay.grid_tokens;
+    if (tokens > lay.grid_tokens)
+        return cli_fail(CLI_PLAN_CMD,
+                        "--tokens: %" PRId64 " is outside 1..%" PRId64 ": a "
+                        "chunk never spans more than the grid width G = %"
+                        PRId64 " tokens; raise --chunk-tokens to plan bigger "
+                        "chunks",
+                        tokens, lay.grid_tokens, lay.grid_tokens);
+
+    /* The direct path (P == D) has no ring region; its one "writer" per
+     * decode rank is the rank-to-rank copy of all local heads. */
+    cli_plan_ring_t ring;
+    memset(&ring, 0, sizeof ring);
+    if (lay.path == KVS_PATH_STAGING) {
+        rc = cli_plan_ring(&lay, in.ring_mib, &ring);
+        if (rc != 0)
+            return rc;
+    }
+    /* One writer slot per (decode rank, TP writer): decode_tp * tp_writers
+     * is max(P, D) <= CLI_PLAN_MAX_TP, so this stays small. */
+    size_t n_writers = (size_t)(lay.decode_tp * lay.tp_writers);
+    int64_t *region = calloc((size_t)lay.decode_tp, sizeof *region);
+    kvs_writer_t *writers = calloc(n_writers, sizeof *writers);
+    if (region == NULL || writers == NULL) {
+        rc = cli_plan_internal("allocating the plan", KVS_ENOMEM);
+        goto out;
+    }
+    rc = cli_plan_fill(&lay, tokens, region, writers);
+    if (rc != 0)
+        goto out;
+    if (in.json)
+        cli_plan_json(&in, &lay, tokens, &ring, region, writers);
+    else
+        cli_plan_table(&in, &lay, tokens, &ring, region, writers);
+out:
+    free(writers);
+    free(region);
+    return rc;
+}
