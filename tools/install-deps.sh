@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# install-deps.sh - installs every Debian 12 package the build and the tests
+# use. Run as root on a fresh machine; already-installed packages cost nothing.
+set -euo pipefail
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps.sh: run as root (apt-get needs it), e.g. with sudo" >&2
+  exit 2
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+apt-get install -y -q --no-install-recommends \
+  build-essential cmake clang libclang-rt-14-dev pkg-config \
+  libcmocka-dev gcovr python3 git ca-certificates
