@@ -98,7 +98,22 @@ extern "C" {
                       "prefill PP and decode PP, and decode PP must be 1 or "  \
                       "equal to prefill PP")                                   \
     X(EDTYPE, -23, "unknown dtype: use bf16, fp16, fp8 or fp32")               \
-    X(EAGAIN, -24, "not ready yet: retry later (the operation is pending)")
+    X(EAGAIN, -24, "not ready yet: retry later (the operation is pending)")    \
+    X(EREMOTE, -25, "remote access error: the write's key or range does not " \
+                    "match a registration on the peer; re-register or fix "    \
+                    "the offset")                                              \
+    X(EFINGERPRINT, -26, "peer is incompatible (protocol version, model "     \
+                         "shape, dtype, page size or staging setting differ): " \
+                         "run both sides with the same model and settings")    \
+    X(ETIMEDOUT, -27, "timed out waiting for the peer: the request failed; "  \
+                      "check the peer's health or raise the stall timeout")    \
+    X(EPEER, -28, "the peer reported a failure or went away: see the peer's " \
+                  "log; the request failed and its resources were released")   \
+    X(EPROTO, -29, "malformed or unexpected control message: the peer runs "  \
+                   "an incompatible kvstage or is hostile; the message was "   \
+                   "dropped")                                                  \
+    X(EFULL, -30, "a bounded queue or table is full: raise its capacity or "  \
+                  "lower the load")
 
 typedef enum kvs_status {
 #define KVS__STATUS_ENUM(name, value, msg) KVS_##name = value,

@@ -1,0 +1,68 @@
+/*
+ * fabric.h - a simulated RDMA fabric: one network of NICs, one NIC per GPU,
+ * each NIC a kvstage fabric backend (kvs_fabric_t).
+ *
+ * Model (defaults documented in docs/ with their sources):
+ * - full-duplex links of link_bytes_per_s each way; a write is cut into
+ *   segments that pass the sender's TX port then the receiver's RX port, each
+ *   a FIFO server, so concurrent transfers share a NIC's bandwidth and incast
+ *   on one receiver queues;
+ * - each work request costs per_op_ns of sender NIC time before its first
+ *   segment (why many small writes are slow), and each MTU packet carries
+ *   header_bytes on the wire;
+ * - one-way latency latency_ns; the data of a segment lands in the target
+ *   GPU's memory when the segment arrives;
+ * - memory registration hands out remote keys; a write whose key or range
+ *   matches no registration on the target completes with KVS_EREMOTE and
+ *   writes nothing;
+ * - control messages (SEND/RECV) use their own channel with ctrl_latency_ns
+ *   and arrive in order per connection;
+ * - completions go to the NIC's bounded completion queue and wake its owner.
+ */
+#ifndef KVS_SIM_FABRIC_H
+#define KVS_SIM_FABRIC_H
+
+#include <kvstage/backend.h>
+
+#include "engine.h"
+#include "gpu.h"
+
+typedef struct sim_net sim_net_t;
+typedef struct sim_nic sim_nic_t;
+
+typedef struct sim_net_config {
+    uint64_t link_bytes_per_s;   /* 0 -> 50e9 (400 Gb/s) */
+    uint64_t latency_ns;         /* 0 -> 2000 */
+    uint32_t mtu_bytes;          /* 0 -> 4096 */
+    uint32_t header_bytes;       /* per packet, 0 -> 58 (RoCEv2) */
+    uint64_t per_op_ns;          /* 0 -> 3700 (see fabric.c) */
+    uint64_t segment_bytes;      /* scheduling granularity, 0 -> 1 MiB */
+    uint64_t ctrl_latency_ns;    /* 0 -> 20000 */
+    uint32_t cq_entries;         /* per NIC, 0 -> 65536 */
+    uint32_t max_mrs;            /* per NIC, 0 -> 1024 */
+    uint32_t max_conns;          /* per NIC, 0 -> 256 */
+} sim_net_config_t;
+
+typedef void (*sim_nic_wake_fn)(void *ctx);
+
+int sim_net_create(sim_engine_t *eng, const sim_net_config_t *cfg, sim_net_t **out);
+/* Destroys the network; every NIC must have been destroyed (else KVS_EBUSY). */
+int sim_net_destroy(sim_net_t *net);
+
+/* A NIC named `name` (unique, copied) attached to `gpu`, whose memory it
+ * reads and writes. */
+int sim_nic_create(sim_net_t *net, const char *name, sim_gpu_t *gpu, sim_nic_t **out);
+void sim_nic_destroy(sim_nic_t *nic);
+kvs_fabric_t *sim_nic_fabric(sim_nic_t *nic);
+sim_nic_t *sim_nic_from_fabric(kvs_fabric_t *fab);
+void sim_nic_set_wake(sim_nic_t *nic, sim_nic_wake_fn fn, void *ctx);
+/* Counters for reports. */
+uint64_t sim_nic_writes(const sim_nic_t *nic);
+uint64_t sim_nic_write_bytes(const sim_nic_t *nic);
+uint64_t sim_nic_msgs(const sim_nic_t *nic);
+/* Fault hooks: a link that is down drops segments and messages (writes then
+ * complete with KVS_EPEER); a failed write completes with KVS_EREMOTE. */
+void sim_nic_set_link_up(sim_nic_t *nic, bool up);
+void sim_nic_fail_next_writes(sim_nic_t *nic, uint32_t count);
+
+#endif

@@ -1,0 +1,54 @@
+/*
+ * gpu.h - a simulated GPU: a kvstage device backend whose device memory is
+ * real host memory, with streams and events on the engine's virtual clock.
+ * gather and scatter really copy the bytes; each takes modeled time
+ * (launch latency + bytes read and written / HBM bandwidth) and its bytes
+ * become visible when it completes. Allocation fails cleanly once the
+ * simulated HBM capacity is used up.
+ *
+ * Device addresses are (gpu id + 1) << 44 | offset in a per-GPU address
+ * space, never host pointers; sim_gpu_host translates them for the fabric
+ * and for verification.
+ */
+#ifndef KVS_SIM_GPU_H
+#define KVS_SIM_GPU_H
+
+#include <kvstage/backend.h>
+
+#include "engine.h"
+
+typedef struct sim_gpu sim_gpu_t;
+
+typedef struct sim_gpu_config {
+    uint64_t hbm_bytes;          /* capacity, 0 -> 141 GiB (H200) */
+    uint64_t hbm_bytes_per_s;    /* 0 -> 4.8e12 (H200 HBM3e) */
+    uint64_t launch_ns;          /* per kernel launch, 0 -> 5000 */
+    uint32_t max_allocs;         /* live allocations, 0 -> 4096 */
+    uint32_t max_streams;        /* 0 -> 64 */
+    uint32_t max_events;         /* live events, 0 -> 65536 */
+} sim_gpu_config_t;
+
+/* Called (from an engine event) whenever a stream operation completes, so
+ * the owner can poll its events. */
+typedef void (*sim_gpu_wake_fn)(void *ctx);
+
+int sim_gpu_create(sim_engine_t *eng, const sim_gpu_config_t *cfg, uint32_t gpu_id,
+                   sim_gpu_t **out);
+/* Frees the GPU and all memory still allocated on it. */
+void sim_gpu_destroy(sim_gpu_t *gpu);
+kvs_device_t *sim_gpu_device(sim_gpu_t *gpu);
+/* The sim_gpu behind a device made by sim_gpu_create, or NULL. */
+sim_gpu_t *sim_gpu_from_device(kvs_device_t *dev);
+void sim_gpu_set_wake(sim_gpu_t *gpu, sim_gpu_wake_fn fn, void *ctx);
+uint32_t sim_gpu_id(const sim_gpu_t *gpu);
+/* Host pointer of [addr, addr + len) if it lies inside one live allocation,
+ * else NULL. */
+uint8_t *sim_gpu_host(sim_gpu_t *gpu, uint64_t addr, uint64_t len_bytes);
+uint64_t sim_gpu_used_bytes(const sim_gpu_t *gpu);
+/* Simulated busy time of all copies so far, and bytes copied. */
+uint64_t sim_gpu_copy_ns(const sim_gpu_t *gpu);
+uint64_t sim_gpu_copy_bytes(const sim_gpu_t *gpu);
+/* Fault hook: multiplies the modeled time of scatters (1 = normal). */
+void sim_gpu_set_scatter_slowdown(sim_gpu_t *gpu, uint32_t factor);
+
+#endif
