@@ -1,0 +1,907 @@
+/*
+ * gpu.c - the simulated GPU of gpu.h: a kvstage device backend ("sim-gpu")
+ * whose device memory is real host memory and whose streams run on the
+ * engine's virtual clock.
+ *
+ * What it does:
+ * - Memory. Each allocation is host memory: mmap(MAP_NORESERVE) from 1 MiB
+ *   up, so untouched pages cost no RSS, calloc below. Device addresses are
+ *   (gpu id + 1) << 44 | offset; offsets come from a bump pointer aligned to
+ *   256 bytes and are never reused, so a stale address never aliases a newer
+ *   allocation. Live allocations sit in an array sorted by address (the bump
+ *   pointer makes every new one the highest) for binary-search translation.
+ *   The simulated HBM capacity is enforced on the requested lengths.
+ * - Streams. A stream is a FIFO server: an op enqueued at `now` starts at
+ *   max(now, busy_until) and lasts launch_ns + ceil(2 * bytes / bandwidth)
+ *   (every byte is read and written once; the whole duration of a scatter is
+ *   multiplied by the scatter slowdown). The descriptor is validated and
+ *   snapshotted at enqueue (page list and layer bases copied into a buffer
+ *   owned by the op slot and reused across ops); the bytes are copied by an
+ *   engine event at the op's end, so nothing is visible earlier. The copy
+ *   re-checks every address first: memory freed in between makes the op
+ *   copy nothing and count a copy error.
+ * - Events. An event waits for the ops enqueued on its stream before it was
+ *   recorded: it is complete once the stream's completed-op sequence reaches
+ *   the sequence recorded, i.e. after the last copy really ran (not merely
+ *   once the clock reached its end, which could be before the copy event
+ *   at the same instant was dispatched).
+ *
+ * What it does not: no threads, no wall clock, no randomness; no kernel
+ * other than gather and scatter; copies are all-or-nothing per op.
+ *
+ * Invariants: allocs[] sorted by addr and disjoint; used_bytes == sum of
+ * live lengths; ops of one stream complete in enqueue order
+ * (done_seq + 1 == the completing op's seq); stream, event and op slots live
+ * in arrays owned by the GPU, so a kvs_stream_t / kvs_event_t pointer stays
+ * valid memory until sim_gpu_destroy.
+ *
+ * Lifetime: the engine must outlive the GPU. sim_gpu_destroy cancels the
+ * engine events of ops still pending, so none fires into freed memory; their
+ * bytes are never copied.
+ */
+#define _DEFAULT_SOURCE
+
+#include "gpu.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#define SIM_GPU_DEFAULT_HBM_BYTES (141ull << 30)
+#define SIM_GPU_DEFAULT_HBM_BYTES_PER_S 4800000000000ull
+#define SIM_GPU_DEFAULT_LAUNCH_NS 5000ull
+#define SIM_GPU_DEFAULT_MAX_ALLOCS 4096u
+#define SIM_GPU_DEFAULT_MAX_STREAMS 64u
+#define SIM_GPU_DEFAULT_MAX_EVENTS 65536u
+
+#define SIM_GPU_SPACE_SHIFT 44
+#define SIM_GPU_SPACE_BYTES (1ull << SIM_GPU_SPACE_SHIFT)
+#define SIM_GPU_MAX_ID ((1u << (64 - SIM_GPU_SPACE_SHIFT)) - 2u)
+#define SIM_GPU_ALIGN_BYTES 256ull
+#define SIM_GPU_MMAP_MIN_BYTES (1ull << 20)
+/* Pending stream ops: the pool starts here and doubles up to the cap. */
+#define SIM_GPU_OPS_INITIAL 64u
+#define SIM_GPU_OPS_MAX (1u << 20)
+#define SIM_GPU_NONE UINT32_MAX
+
+__extension__ typedef unsigned __int128 sim_gpu_u128;
+
+typedef struct sim_gpu_alloc {
+    uint64_t addr;      /* device address */
+    uint64_t len_bytes; /* as requested */
+    uint8_t *host;
+    bool mapped;        /* mmap'ed (else calloc'ed) */
+} sim_gpu_alloc_t;
+
+enum sim_gpu_stream_state {
+    SIM_GPU_STREAM_FREE = 0,
+    SIM_GPU_STREAM_LIVE = 1,
+    SIM_GPU_STREAM_DRAINING = 2 /* destroyed with ops pending */
+};
+
+struct kvs_stream {
+    sim_gpu_t *gpu;
+    uint64_t busy_until_ns;
+    uint64_t enq_seq;   /* ops enqueued on this slot, ever (never reset) */
+    uint64_t done_seq;  /* ops completed on this slot, ever */
+    uint32_t pending;   /* enq_seq - done_seq */
+    uint32_t index;
+    int state;
+};
+
+struct kvs_event {
+    sim_gpu_t *gpu;
+    uint64_t target_seq; /* complete when the stream's done_seq reaches it */
+    uint64_t done_ns;    /* modeled completion, for diagnostics */
+    uint32_t stream;
+    bool live;
+};
+
+typedef struct sim_gpu_op {
+    kvs_copy_desc_t desc;  /* snapshot; its arrays point into words */
+    uint64_t *words;       /* [k_base layer_count | v_base layer_count | pages] */
+    size_t words_cap;
+    uint64_t bytes;        /* payload bytes (K and V) */
+    uint64_t dur_ns;
+    uint64_t seq;
+    uint64_t engine_id;
+    uint32_t stream;
+    uint32_t next_free;
+    bool scatter;
+    bool live;
+} sim_gpu_op_t;
+
+struct sim_gpu {
+    kvs_device_t base; /* first: recovered with KVS_CONTAINER_OF */
+    sim_engine_t *eng; /* borrowed; outlives the GPU */
+    uint32_t id;
+    char name[32];
+    uint64_t hbm_bytes, hbm_bytes_per_s, launch_ns;
+    uint32_t max_allocs, max_streams, max_events;
+
+    uint64_t used_bytes;
+    uint64_t next_offset;
+    sim_gpu_alloc_t *allocs;
+    uint32_t num_allocs;
+
+    struct kvs_stream *streams;
+    struct kvs_event *events;
+    uint32_t *event_free; /* stack of free event indices */
+    uint32_t event_free_count;
+
+    sim_gpu_op_t *ops;
+    uint32_t ops_cap;
+    uint32_t op_free; /* head of the free list, SIM_GPU_NONE when empty */
+    uint32_t ops_pending;
+
+    uint32_t scatter_slowdown;
+    sim_gpu_wake_fn wake;
+    void *wake_ctx;
+
+    uint64_t copy_ns, copy_bytes, copy_errors, ops_done;
+};
+
+/* The geometry of one validated descriptor. */
+typedef struct sim_gpu_shape {
+    uint64_t pages_used;   /* ceil(tokens / page_size) */
+    uint64_t row_bytes;    /* num_heads * head_dim * elem_bytes: one copy */
+    uint64_t token_bytes;  /* local_heads * head_dim * elem_bytes: one pool slot */
+    uint64_t head_off;     /* head_start * head_dim * elem_bytes */
+    uint64_t slot_bytes;   /* tokens * row_bytes: one staging slot */
+    uint64_t pool_lo, pool_hi; /* byte range touched in every layer buffer */
+    uint64_t payload_bytes;    /* slot_bytes * layer_count * 2 */
+} sim_gpu_shape_t;
+
+static sim_gpu_t *sim_gpu_of(kvs_device_t *dev)
+{
+    return KVS_CONTAINER_OF(dev, sim_gpu_t, base);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Memory                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* Index of the allocation with the greatest addr <= x, or -1. */
+static int64_t sim_gpu_find(const sim_gpu_t *gpu, uint64_t x)
+{
+    int64_t lo = 0, hi = (int64_t)gpu->num_allocs - 1, best = -1;
+    while (lo <= hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (gpu->allocs[mid].addr <= x) {
+            best = mid;
+            lo = mid + 1;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    return best;
+}
+
+/* The allocation holding all of [addr, addr + len), or NULL. */
+static const sim_gpu_alloc_t *sim_gpu_lookup(const sim_gpu_t *gpu, uint64_t addr,
+                                             uint64_t len_bytes)
+{
+    int64_t i = sim_gpu_find(gpu, addr);
+    if (i < 0)
+        return NULL;
+    const sim_gpu_alloc_t *a = &gpu->allocs[i];
+    uint64_t rel = addr - a->addr;
+    /* An empty range may sit just past the end (one-past pointer). */
+    if (rel > a->len_bytes || len_bytes > a->len_bytes - rel)
+        return NULL;
+    return a;
+}
+
+uint8_t *sim_gpu_host(sim_gpu_t *gpu, uint64_t addr, uint64_t len_bytes)
+{
+    if (gpu == NULL)
+        return NULL;
+    const sim_gpu_alloc_t *a = sim_gpu_lookup(gpu, addr, len_bytes);
+    return a != NULL ? a->host + (addr - a->addr) : NULL;
+}
+
+static void sim_gpu_release(sim_gpu_alloc_t *a)
+{
+    if (a->mapped)
+        munmap(a->host, (size_t)a->len_bytes);
+    else
+        free(a->host);
+}
+
+static int sim_gpu_mem_alloc(kvs_device_t *dev, uint64_t len_bytes, uint64_t *out_addr)
+{
+    sim_gpu_t *gpu = sim_gpu_of(dev);
+    if (out_addr == NULL)
+        return kvs_device_fail(dev, KVS_EINVAL, EINVAL,
+                               "mem_alloc on gpu %u: out_addr is NULL", gpu->id);
+    if (len_bytes == 0)
+        return kvs_device_fail(dev, KVS_EINVAL, EINVAL,
+                               "mem_alloc on gpu %u: length 0; ask for at least one byte",
+                               gpu->id);
+    if (len_bytes > gpu->hbm_bytes - gpu->used_bytes)
+        return kvs_device_fail(dev, KVS_EBACKEND, ENOMEM,
+                               "simulated HBM of gpu %u full: %llu of %llu bytes used, "
+                               "%llu requested; lower the ring or KV pool size",
+                               gpu->id, (unsigned long long)gpu->used_bytes,
+                               (unsigned long long)gpu->hbm_bytes,
+                               (unsigned long long)len_bytes);
+    if (gpu->num_allocs == gpu->max_allocs)
+        return kvs_device_fail(dev, KVS_EFULL, ENOSPC,
+                               "allocation table of gpu %u full: %u live allocations; "
+                               "free some or raise max_allocs",
+                               gpu->id, gpu->max_allocs);
+    if (len_bytes > SIM_GPU_SPACE_BYTES - gpu->next_offset ||
+        len_bytes > (uint64_t)SIZE_MAX)
+        return kvs_device_fail(dev, KVS_EBACKEND, ENOSPC,
+                               "address space of gpu %u exhausted: %llu bytes handed out "
+                               "(offsets are never reused), %llu requested; recreate the "
+                               "gpu or allocate less often",
+                               gpu->id, (unsigned long long)gpu->next_offset,
+                               (unsigned long long)len_bytes);
+
+    sim_gpu_alloc_t a = {0};
+    a.len_bytes = len_bytes;
+    if (len_bytes >= SIM_GPU_MMAP_MIN_BYTES) {
+        void *p = mmap(NULL, (size_t)len_bytes, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) {
+            int err = errno;
+            return kvs_device_fail(dev, KVS_ENOMEM, err,
+                                   "gpu %u: cannot map %llu bytes of host memory to back "
+                                   "the simulated HBM: %s",
+                                   gpu->id, (unsigned long long)len_bytes, strerror(err));
+        }
+        a.host = p;
+        a.mapped = true;
+    } else {
+        a.host = calloc(1, (size_t)len_bytes);
+        if (a.host == NULL)
+            return kvs_device_fail(dev, KVS_ENOMEM, ENOMEM,
+                                   "gpu %u: out of host memory for %llu bytes",
+                                   gpu->id, (unsigned long long)len_bytes);
+    }
+    a.addr = ((uint64_t)(gpu->id + 1) << SIM_GPU_SPACE_SHIFT) | gpu->next_offset;
+    uint64_t step = len_bytes + (SIM_GPU_ALIGN_BYTES - 1);
+    step -= step % SIM_GPU_ALIGN_BYTES;
+    /* May reach exactly the end of the space; the next request then fails. */
+    gpu->next_offset = step > SIM_GPU_SPACE_BYTES - gpu->next_offset
+                           ? SIM_GPU_SPACE_BYTES
+                           : gpu->next_offset + step;
+    assert(gpu->num_allocs == 0 || gpu->allocs[gpu->num_allocs - 1].addr < a.addr);
+    gpu->allocs[gpu->num_allocs++] = a;
+    gpu->used_bytes += len_bytes;
+    *out_addr = a.addr;
+    return KVS_OK;
+}
+
+static int sim_gpu_mem_free(kvs_device_t *dev, uint64_t addr)
+{
+    sim_gpu_t *gpu = sim_gpu_of(dev);
+    int64_t i = sim_gpu_find(gpu, addr);
+    if (i < 0 || gpu->allocs[i].addr != addr)
+        return kvs_device_fail(dev, KVS_ENOENT, ENOENT,
+                               "mem_free on gpu %u: 0x%llx is not the start of a live "
+                               "allocation (never allocated or already freed)",
+                               gpu->id, (unsigned long long)addr);
+    sim_gpu_alloc_t a = gpu->allocs[i];
+    memmove(&gpu->allocs[i], &gpu->allocs[i + 1],
+            (size_t)(gpu->num_allocs - 1 - (uint32_t)i) * sizeof gpu->allocs[0]);
+    gpu->num_allocs--;
+    assert(gpu->used_bytes >= a.len_bytes);
+    gpu->used_bytes -= a.len_bytes;
+    sim_gpu_release(&a);
+    return KVS_OK;
+}
+
+static int sim_gpu_mem_write(kvs_device_t *dev, uint64_t addr, const void *src,
+                             uint64_t len_bytes)
+{
+    sim_gpu_t *gpu = sim_gpu_of(dev);
+    if (src == NULL && len_bytes != 0)
+        return kvs_device_fail(dev, KVS_EINVAL, EINVAL, "mem_write on gpu %u: src is NULL",
+                               gpu->id);
+    uint8_t *p = sim_gpu_host(gpu, addr, len_bytes);
+    if (p == NULL)
+        return kvs_device_fail(dev, KVS_ERANGE, ERANGE,
+                               "mem_write on gpu %u: [0x%llx, +%llu) is not inside one "
+                               "live allocation",
+                               gpu->id, (unsigned long long)addr,
+                               (unsigned long long)len_bytes);
+    if (len_bytes != 0)
+        memcpy(p, src, (size_t)len_bytes);
+    return KVS_OK;
+}
+
+static int sim_gpu_mem_read(kvs_device_t *dev, uint64_t addr, void *dst, uint64_t len_bytes)
+{
+    sim_gpu_t *gpu = sim_gpu_of(dev);
+    if (dst == NULL && len_bytes != 0)
+        return kvs_device_fail(dev, KVS_EINVAL, EINVAL, "mem_read on gpu %u: dst is NULL",
+                               gpu->id);
+    uint8_t *p = sim_gpu_host(gpu, addr, len_bytes);
+    if (p == NULL)
+        return kvs_device_fail(dev, KVS_ERANGE, ERANGE,
+                               "mem_read on gpu %u: [0x%llx, +%llu) is not inside one "
+                               "live allocation",
+                               gpu->id, (unsigned long long)addr,
+                               (unsigned long long)len_bytes);
+    if (len_bytes != 0)
+        memcpy(dst, p, (size_t)len_bytes);
+    return KVS_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Descriptor validation (at enqueue, and again before the copy)            */
+/* ------------------------------------------------------------------------ */
+
+static bool sim_gpu_mul(uint64_t a, uint64_t b, uint64_t *out)
+{
+    return !__builtin_mul_overflow(a, b, out);
+}
+
+static bool sim_gpu_add(uint64_t a, uint64_t b, uint64_t *out)
+{
+    return !__builtin_add_overflow(a, b, out);
+}
+
+/* Byte offset of token slot `slot` (page * page_size + t) in a layer buffer,
+ * at the first copied head. */
+static bool sim_gpu_pool_off(const sim_gpu_shape_t *sh, uint64_t slot, uint64_t *out)
+{
+    uint64_t off;
+    return sim_gpu_mul(slot, sh->token_bytes, &off) && sim_gpu_add(off, sh->head_off, out);
+}
+
+/* Checks the shape of d and that every byte it touches lies in live memory.
+ * On failure returns the status and writes what to fix into msg. */
+static int sim_gpu_check(const sim_gpu_t *gpu, const kvs_copy_desc_t *d, const char *what,
+                         sim_gpu_shape_t *sh, char *msg, size_t msg_bytes)
+{
+    memset(sh, 0, sizeof *sh);
+#define SIM_GPU_BAD(status, ...)                                                \
+    do {                                                                       \
+        int n_ = snprintf(msg, msg_bytes, "%s on gpu %u: ", what, gpu->id);    \
+        if (n_ > 0 && (size_t)n_ < msg_bytes)                                  \
+            snprintf(msg + n_, msg_bytes - (size_t)n_, __VA_ARGS__);           \
+        return (status);                                                       \
+    } while (0)
+    if (d == NULL)
+        SIM_GPU_BAD(KVS_EINVAL, "descriptor is NULL");
+    if (d->local_heads <= 0 || d->head_dim <= 0 || d->elem_bytes <= 0 || d->page_size <= 0)
+        SIM_GPU_BAD(KVS_EINVAL,
+                    "local_heads %lld, head_dim %lld, elem_bytes %lld and page_size %lld "
+                    "must all be positive",
+                    (long long)d->local_heads, (long long)d->head_dim,
+                    (long long)d->elem_bytes, (long long)d->page_size);
+    if (d->num_pages < 0 || d->tokens < 0 || d->layer_begin < 0 || d->layer_count < 0 ||
+        d->staging_slot_begin < 0 || d->staging_layer_slots < 0)
+        SIM_GPU_BAD(KVS_EINVAL,
+                    "num_pages %lld, tokens %lld, layer_begin %lld, layer_count %lld, "
+                    "staging_slot_begin %lld and staging_layer_slots %lld must not be "
+                    "negative",
+                    (long long)d->num_pages, (long long)d->tokens,
+                    (long long)d->layer_begin, (long long)d->layer_count,
+                    (long long)d->staging_slot_begin, (long long)d->staging_layer_slots);
+    if (d->num_heads <= 0 || d->head_start < 0 || d->num_heads > d->local_heads ||
+        d->head_start > d->local_heads - d->num_heads)
+        SIM_GPU_BAD(KVS_ERANGE,
+                    "heads [%lld, +%lld) outside the %lld local heads of the KV pool",
+                    (long long)d->head_start, (long long)d->num_heads,
+                    (long long)d->local_heads);
+    uint64_t cap_tokens;
+    if (sim_gpu_mul((uint64_t)d->num_pages, (uint64_t)d->page_size, &cap_tokens) &&
+        (uint64_t)d->tokens > cap_tokens)
+        SIM_GPU_BAD(KVS_ERANGE, "%lld tokens do not fit in %lld pages of %lld tokens",
+                    (long long)d->tokens, (long long)d->num_pages,
+                    (long long)d->page_size);
+    if (d->layer_count > INT64_MAX - d->layer_begin)
+        SIM_GPU_BAD(KVS_ERANGE, "layer range [%lld, +%lld) overflows",
+                    (long long)d->layer_begin, (long long)d->layer_count);
+    if (d->staging_slot_begin > d->staging_layer_slots ||
+        d->layer_count > d->staging_layer_slots - d->staging_slot_begin)
+        SIM_GPU_BAD(KVS_ERANGE,
+                    "layer slots [%lld, +%lld) outside the %lld slots of the staging block",
+                    (long long)d->staging_slot_begin, (long long)d->layer_count,
+                    (long long)d->staging_layer_slots);
+    if (d->layer_count > 0 && (d->k_base == NULL || d->v_base == NULL))
+        SIM_GPU_BAD(KVS_EINVAL, "k_base or v_base is NULL");
+    if (d->tokens > 0 && d->pages == NULL)
+        SIM_GPU_BAD(KVS_EINVAL, "pages is NULL");
+
+    uint64_t head_bytes;
+    if (!sim_gpu_mul((uint64_t)d->head_dim, (uint64_t)d->elem_bytes, &head_bytes) ||
+        !sim_gpu_mul(head_bytes, (uint64_t)d->num_heads, &sh->row_bytes) ||
+        !sim_gpu_mul(head_bytes, (uint64_t)d->local_heads, &sh->token_bytes) ||
+        !sim_gpu_mul(head_bytes, (uint64_t)d->head_start, &sh->head_off) ||
+        !sim_gpu_mul(sh->row_bytes, (uint64_t)d->tokens, &sh->slot_bytes) ||
+        !sim_gpu_mul(sh->slot_bytes, (uint64_t)d->layer_count, &sh->payload_bytes) ||
+        !sim_gpu_mul(sh->payload_bytes, 2, &sh->payload_bytes))
+        SIM_GPU_BAD(KVS_ERANGE, "sizes overflow 64 bits");
+    uint64_t ps = (uint64_t)d->page_size, tokens = (uint64_t)d->tokens;
+    sh->pages_used = tokens / ps + (tokens % ps != 0);
+
+    /* The byte range every layer buffer must hold: from the lowest first
+     * slot to the highest last slot of the pages used. */
+    sh->pool_lo = UINT64_MAX;
+    sh->pool_hi = 0;
+    for (uint64_t i = 0; i < sh->pages_used; i++) {
+        int64_t p = d->pages[i];
+        uint64_t in_page = tokens - i * ps < ps ? tokens - i * ps : ps;
+        uint64_t first, last, lo, hi;
+        if (p < 0 || !sim_gpu_mul((uint64_t)p, ps, &first) ||
+            !sim_gpu_add(first, in_page - 1, &last) || !sim_gpu_pool_off(sh, first, &lo) ||
+            !sim_gpu_pool_off(sh, last, &hi) || !sim_gpu_add(hi, sh->row_bytes, &hi))
+            SIM_GPU_BAD(KVS_ERANGE, "page id %lld (entry %llu) is out of range",
+                        (long long)p, (unsigned long long)i);
+        if (lo < sh->pool_lo)
+            sh->pool_lo = lo;
+        if (hi > sh->pool_hi)
+            sh->pool_hi = hi;
+    }
+    if (sh->pages_used == 0)
+        sh->pool_lo = 0;
+
+    if (sh->payload_bytes != 0) {
+        for (int64_t j = 0; j < d->layer_count; j++) {
+            int64_t l = d->layer_begin + j;
+            for (int kv = 0; kv < 2; kv++) {
+                uint64_t base = kv == 0 ? d->k_base[l] : d->v_base[l];
+                uint64_t lo;
+                if (!sim_gpu_add(base, sh->pool_lo, &lo) ||
+                    base > UINT64_MAX - sh->pool_hi ||
+                    sim_gpu_lookup(gpu, lo, sh->pool_hi - sh->pool_lo) == NULL)
+                    SIM_GPU_BAD(KVS_ERANGE,
+                                "%s buffer of local layer %lld (0x%llx) does not hold bytes "
+                                "[%llu, %llu) of the pages copied: not allocated, freed "
+                                "or too small",
+                                kv == 0 ? "K" : "V", (long long)l,
+                                (unsigned long long)base, (unsigned long long)sh->pool_lo,
+                                (unsigned long long)sh->pool_hi);
+            }
+        }
+        uint64_t block;
+        if (!sim_gpu_mul(sh->slot_bytes, (uint64_t)d->staging_layer_slots, &block) ||
+            !sim_gpu_mul(block, 2, &block))
+            SIM_GPU_BAD(KVS_ERANGE, "staging block size overflows 64 bits");
+        if (sim_gpu_lookup(gpu, d->staging_addr, block) == NULL)
+            SIM_GPU_BAD(KVS_ERANGE,
+                        "staging block [0x%llx, +%llu) (%lld slots of %llu bytes, K and "
+                        "V) is not inside one live allocation",
+                        (unsigned long long)d->staging_addr, (unsigned long long)block,
+                        (long long)d->staging_layer_slots,
+                        (unsigned long long)sh->slot_bytes);
+    }
+#undef SIM_GPU_BAD
+    return KVS_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Copies                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* Host pointer of device address a, known to be inside live memory. */
+static uint8_t *sim_gpu_ptr(const sim_gpu_t *gpu, uint64_t a, uint64_t len_bytes)
+{
+    const sim_gpu_alloc_t *al = sim_gpu_lookup(gpu, a, len_bytes);
+    assert(al != NULL);
+    return al->host + (a - al->addr);
+}
+
+/* Performs a validated copy: pool -> staging (gather) or back (scatter). */
+static void sim_gpu_copy(const sim_gpu_t *gpu, const kvs_copy_desc_t *d,
+                         const sim_gpu_shape_t *sh, bool scatter)
+{
+    if (sh->payload_bytes == 0)
+        return;
+    uint64_t ps = (uint64_t)d->page_size, S = (uint64_t)d->staging_layer_slots;
+    size_t row = (size_t)sh->row_bytes;
+    uint8_t *stg = sim_gpu_ptr(gpu, d->staging_addr, sh->slot_bytes * S * 2);
+    for (int64_t j = 0; j < d->layer_count; j++) {
+        int64_t l = d->layer_begin + j;
+        uint64_t slot = (uint64_t)(d->staging_slot_begin + j);
+        for (uint64_t kv = 0; kv < 2; kv++) {
+            uint64_t base = kv == 0 ? d->k_base[l] : d->v_base[l];
+            /* pool points at device address base + pool_lo. */
+            uint8_t *pool = sim_gpu_ptr(gpu, base + sh->pool_lo, sh->pool_hi - sh->pool_lo);
+            uint8_t *blk = stg + (kv * S + slot) * sh->slot_bytes;
+            for (uint64_t i = 0; i < (uint64_t)d->tokens; i++) {
+                uint64_t tslot = (uint64_t)d->pages[i / ps] * ps + i % ps;
+                uint8_t *kvp = pool + (tslot * sh->token_bytes + sh->head_off - sh->pool_lo);
+                uint8_t *sp = blk + i * sh->row_bytes;
+                if (scatter)
+                    memmove(kvp, sp, row);
+                else
+                    memmove(sp, kvp, row);
+            }
+        }
+    }
+}
+
+static void sim_gpu_op_fire(sim_engine_t *eng, void *ctx, uint64_t arg)
+{
+    sim_gpu_t *gpu = ctx;
+    assert(arg < gpu->ops_cap);
+    sim_gpu_op_t *op = &gpu->ops[arg];
+    assert(op->live);
+    struct kvs_stream *s = &gpu->streams[op->stream];
+    assert(s->done_seq + 1 == op->seq && s->pending > 0);
+
+    sim_gpu_shape_t sh;
+    char msg[KVS_ERROR_MSG_BYTES];
+    if (sim_gpu_check(gpu, &op->desc, op->scatter ? "scatter" : "gather", &sh, msg,
+                      sizeof msg) == KVS_OK) {
+        sim_gpu_copy(gpu, &op->desc, &sh, op->scatter);
+        gpu->copy_bytes += op->bytes;
+    } else {
+        gpu->copy_errors++; /* memory freed while the op was in flight */
+    }
+    gpu->copy_ns += op->dur_ns;
+    gpu->ops_done++;
+
+    s->done_seq = op->seq;
+    s->pending--;
+    if (s->state == SIM_GPU_STREAM_DRAINING && s->pending == 0)
+        s->state = SIM_GPU_STREAM_FREE;
+
+    op->live = false;
+    op->next_free = gpu->op_free;
+    gpu->op_free = (uint32_t)arg;
+    gpu->ops_pending--;
+
+    /* Last: the callback may enqueue (growing ops[]) or destroy the GPU. */
+    if (gpu->wake != NULL)
+        gpu->wake(gpu->wake_ctx);
+}
+
+/* A free op slot index, growing the pool by doubling when it is empty. */
+static int sim_gpu_op_get(sim_gpu_t *gpu, uint32_t *out)
+{
+    if (gpu->op_free == SIM_GPU_NONE) {
+        if (gpu->ops_cap >= SIM_GPU_OPS_MAX)
+            return kvs_device_fail(&gpu->base, KVS_EFULL, ENOSPC,
+                                   "gpu %u: %u stream ops pending, the most it queues; run "
+                                   "the engine or enqueue fewer copies",
+                                   gpu->id, gpu->ops_cap);
+        uint32_t cap = gpu->ops_cap == 0 ? SIM_GPU_OPS_INITIAL : gpu->ops_cap * 2;
+        sim_gpu_op_t *ops = realloc(gpu->ops, (size_t)cap * sizeof *ops);
+        if (ops == NULL)
+            return kvs_device_fail(&gpu->base, KVS_ENOMEM, ENOMEM,
+                                   "gpu %u: out of host memory for %u stream ops", gpu->id,
+                                   cap);
+        memset(&ops[gpu->ops_cap], 0, (size_t)(cap - gpu->ops_cap) * sizeof *ops);
+        for (uint32_t i = cap; i-- > gpu->ops_cap;) {
+            ops[i].next_free = gpu->op_free;
+            gpu->op_free = i;
+        }
+        gpu->ops = ops;
+        gpu->ops_cap = cap;
+    }
+    *out = gpu->op_free;
+    gpu->op_free = gpu->ops[*out].next_free;
+    return KVS_OK;
+}
+
+static void sim_gpu_op_put(sim_gpu_t *gpu, uint32_t i)
+{
+    gpu->ops[i].live = false;
+    gpu->ops[i].next_free = gpu->op_free;
+    gpu->op_free = i;
+}
+
+/* Modeled duration: launch + ceil(2 * bytes * 1e9 / bandwidth), times factor,
+ * saturating. */
+static uint64_t sim_gpu_duration(const sim_gpu_t *gpu, uint64_t bytes, uint32_t factor)
+{
+    sim_gpu_u128 copy = ((sim_gpu_u128)bytes * 2u * 1000000000u +
+                         (gpu->hbm_bytes_per_s - 1)) /
+                        gpu->hbm_bytes_per_s;
+    sim_gpu_u128 ns = ((sim_gpu_u128)gpu->launch_ns + copy) * (factor == 0 ? 1u : factor);
+    return ns > UINT64_MAX ? UINT64_MAX : (uint64_t)ns;
+}
+
+static int sim_gpu_enqueue(kvs_device_t *dev, kvs_stream_t *stream,
+                           const kvs_copy_desc_t *d, bool scatter)
+{
+    sim_gpu_t *gpu = sim_gpu_of(dev);
+    const char *what = scatter ? "scatter" : "gather";
+    if (stream == NULL || stream->gpu != gpu || stream->state != SIM_GPU_STREAM_LIVE)
+        return kvs_device_fail(dev, KVS_EINVAL, EINVAL,
+                               "%s on gpu %u: stream is NULL, destroyed or of another gpu",
+                               what, gpu->id);
+    sim_gpu_shape_t sh;
+    char msg[KVS_ERROR_MSG_BYTES];
+    int rc = sim_gpu_check(gpu, d, what, &sh, msg, sizeof msg);
+    if (rc != KVS_OK)
+        return kvs_device_fail(dev, rc, rc == KVS_ERANGE ? ERANGE : EINVAL, "%s", msg);
+
+    uint64_t n_words = 0;
+    if (!sim_gpu_mul((uint64_t)d->layer_count, 2, &n_words) ||
+        !sim_gpu_add(n_words, sh.pages_used, &n_words) ||
+        n_words > SIZE_MAX / sizeof(uint64_t))
+        return kvs_device_fail(dev, KVS_ERANGE, ERANGE, "%s on gpu %u: descriptor too large",
+                               what, gpu->id);
+    uint32_t idx;
+    rc = sim_gpu_op_get(gpu, &idx);
+    if (rc != KVS_OK)
+        return rc;
+    sim_gpu_op_t *op = &gpu->ops[idx];
+    if (n_words > op->words_cap) {
+        uint64_t *w = realloc(op->words, (size_t)n_words * sizeof *w);
+        if (w == NULL) {
+            sim_gpu_op_put(gpu, idx);
+            return kvs_device_fail(dev, KVS_ENOMEM, ENOMEM,
+                                   "%s on gpu %u: out of host memory for a %llu-page "
+                                   "descriptor",
+                                   what, gpu->id, (unsigned long long)sh.pages_used);
+        }
+        op->words = w;
+        op->words_cap = (size_t)n_words;
+    }
+    /* Snapshot: layer j's bases at [j] and [L + j], pages after them; the
+     * copy indexes k_base[layer_begin + j], so the arrays are shifted. */
+    uint64_t L = (uint64_t)d->layer_count;
+    for (uint64_t j = 0; j < L; j++) {
+        op->words[j] = d->k_base[(uint64_t)d->layer_begin + j];
+        op->words[L + j] = d->v_base[(uint64_t)d->layer_begin + j];
+    }
+    int64_t *pages = (int64_t *)(void *)(op->words + 2 * L);
+    for (uint64_t i = 0; i < sh.pages_used; i++)
+        pages[i] = d->pages[i];
+    op->desc = *d;
+    op->desc.k_base = op->words;
+    op->desc.v_base = op->words + L;
+    op->desc.layer_begin = 0;
+    op->desc.pages = pages;
+    op->desc.num_pages = (int64_t)sh.pages_used;
+
+    uint64_t now = sim_engine_now_ns(gpu->eng);
+    uint64_t start = stream->busy_until_ns > now ? stream->busy_until_ns : now;
+    uint64_t dur = sim_gpu_duration(gpu, sh.payload_bytes,
+                                    scatter ? gpu->scatter_slowdown : 1u);
+    uint64_t end = dur > UINT64_MAX - start ? UINT64_MAX : start + dur;
+    rc = sim_engine_at(gpu->eng, end, sim_gpu_op_fire, gpu, idx, &op->engine_id);
+    if (rc != KVS_OK) {
+        sim_gpu_op_put(gpu, idx);
+        return kvs_device_fail(dev, rc, 0, "%s on gpu %u: the engine refused the event",
+                               what, gpu->id);
+    }
+    op->bytes = sh.payload_bytes;
+    op->dur_ns = dur;
+    op->scatter = scatter;
+    op->stream = stream->index;
+    op->seq = ++stream->enq_seq;
+    op->live = true;
+    stream->pending++;
+    stream->busy_until_ns = end;
+    gpu->ops_pending++;
+    return KVS_OK;
+}
+
+static int sim_gpu_gather(kvs_device_t *dev, kvs_stream_t *stream, const kvs_copy_desc_t *d)
+{
+    return sim_gpu_enqueue(dev, stream, d, false);
+}
+
+static int sim_gpu_scatter(kvs_device_t *dev, kvs_stream_t *stream, const kvs_copy_desc_t *d)
+{
+    return sim_gpu_enqueue(dev, stream, d, true);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Streams and events                                                        */
+/* ------------------------------------------------------------------------ */
+
+static int sim_gpu_stream_create(kvs_device_t *dev, kvs_stream_t **out)
+{
+    sim_gpu_t *gpu = sim_gpu_of(dev);
+    if (out == NULL)
+        return kvs_device_fail(dev, KVS_EINVAL, EINVAL, "stream_create on gpu %u: out is NULL",
+                               gpu->id);
+    for (uint32_t i = 0; i < gpu->max_streams; i++) {
+        struct kvs_stream *s = &gpu->streams[i];
+        if (s->state == SIM_GPU_STREAM_FREE) {
+            /* Sequences carry on from the slot's previous life, so events
+             * recorded on it then stay complete. */
+            assert(s->pending == 0 && s->done_seq == s->enq_seq);
+            s->state = SIM_GPU_STREAM_LIVE;
+            *out = s;
+            return KVS_OK;
+        }
+    }
+    return kvs_device_fail(dev, KVS_EFULL, ENOSPC,
+                           "gpu %u: all %u streams in use; destroy one or raise max_streams",
+                           gpu->id, gpu->max_streams);
+}
+
+static void sim_gpu_stream_destroy(kvs_device_t *dev, kvs_stream_t *stream)
+{
+    if (stream == NULL)
+        return;
+    assert(stream->gpu == sim_gpu_of(dev) && stream->state == SIM_GPU_STREAM_LIVE);
+    /* Like CUDA: pending work still completes; the slot is reused after. */
+    stream->state = stream->pending > 0 ? SIM_GPU_STREAM_DRAINING : SIM_GPU_STREAM_FREE;
+}
+
+static int sim_gpu_event_record(kvs_device_t *dev, kvs_stream_t *stream, kvs_event_t **out)
+{
+    sim_gpu_t *gpu = sim_gpu_of(dev);
+    if (out == NULL || stream == NULL || stream->gpu != gpu ||
+        stream->state != SIM_GPU_STREAM_LIVE)
+        return kvs_device_fail(dev, KVS_EINVAL, EINVAL,
+                               "event_record on gpu %u: out is NULL or the stream is NULL, "
+                               "destroyed or of another gpu",
+                               gpu->id);
+    if (gpu->event_free_count == 0)
+        return kvs_device_fail(dev, KVS_EFULL, ENOSPC,
+                               "gpu %u: all %u events live; destroy completed events or "
+                               "raise max_events",
+                               gpu->id, gpu->max_events);
+    struct kvs_event *ev = &gpu->events[gpu->event_free[--gpu->event_free_count]];
+    uint64_t now = sim_engine_now_ns(gpu->eng);
+    ev->live = true;
+    ev->stream = stream->index;
+    ev->target_seq = stream->enq_seq;
+    ev->done_ns = stream->busy_until_ns > now ? stream->busy_until_ns : now;
+    *out = ev;
+    return KVS_OK;
+}
+
+static int sim_gpu_event_query(kvs_device_t *dev, kvs_event_t *ev)
+{
+    sim_gpu_t *gpu = sim_gpu_of(dev);
+    if (ev == NULL || ev->gpu != gpu || !ev->live)
+        return kvs_device_fail(dev, KVS_EINVAL, EINVAL,
+                               "event_query on gpu %u: event is NULL, destroyed or of "
+                               "another gpu",
+                               gpu->id);
+    return gpu->streams[ev->stream].done_seq >= ev->target_seq ? KVS_OK : KVS_EAGAIN;
+}
+
+static void sim_gpu_event_destroy(kvs_device_t *dev, kvs_event_t *ev)
+{
+    sim_gpu_t *gpu = sim_gpu_of(dev);
+    if (ev == NULL)
+        return;
+    assert(ev->gpu == gpu && ev->live);
+    ev->live = false;
+    assert(gpu->event_free_count < gpu->max_events);
+    gpu->event_free[gpu->event_free_count++] = (uint32_t)(ev - gpu->events);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The GPU                                                                   */
+/* ------------------------------------------------------------------------ */
+
+static const kvs_device_ops_t sim_gpu_ops = {
+    .version = KVS_DEVICE_OPS_VERSION,
+    .size = sizeof(kvs_device_ops_t),
+    .name = "sim-gpu",
+    .mem_alloc = sim_gpu_mem_alloc,
+    .mem_free = sim_gpu_mem_free,
+    .stream_create = sim_gpu_stream_create,
+    .stream_destroy = sim_gpu_stream_destroy,
+    .gather = sim_gpu_gather,
+    .scatter = sim_gpu_scatter,
+    .event_record = sim_gpu_event_record,
+    .event_query = sim_gpu_event_query,
+    .event_destroy = sim_gpu_event_destroy,
+    .mem_write = sim_gpu_mem_write,
+    .mem_read = sim_gpu_mem_read,
+};
+
+int sim_gpu_create(sim_engine_t *eng, const sim_gpu_config_t *cfg, uint32_t gpu_id,
+                   sim_gpu_t **out)
+{
+    if (eng == NULL || out == NULL || gpu_id > SIM_GPU_MAX_ID)
+        return KVS_EINVAL;
+    sim_gpu_config_t c = cfg != NULL ? *cfg : (sim_gpu_config_t){0};
+    sim_gpu_t *gpu = calloc(1, sizeof *gpu);
+    if (gpu == NULL)
+        return KVS_ENOMEM;
+    gpu->eng = eng;
+    gpu->id = gpu_id;
+    gpu->hbm_bytes = c.hbm_bytes ? c.hbm_bytes : SIM_GPU_DEFAULT_HBM_BYTES;
+    gpu->hbm_bytes_per_s = c.hbm_bytes_per_s ? c.hbm_bytes_per_s
+                                             : SIM_GPU_DEFAULT_HBM_BYTES_PER_S;
+    gpu->launch_ns = c.launch_ns ? c.launch_ns : SIM_GPU_DEFAULT_LAUNCH_NS;
+    gpu->max_allocs = c.max_allocs ? c.max_allocs : SIM_GPU_DEFAULT_MAX_ALLOCS;
+    gpu->max_streams = c.max_streams ? c.max_streams : SIM_GPU_DEFAULT_MAX_STREAMS;
+    gpu->max_events = c.max_events ? c.max_events : SIM_GPU_DEFAULT_MAX_EVENTS;
+    gpu->scatter_slowdown = 1;
+    gpu->op_free = SIM_GPU_NONE;
+    snprintf(gpu->name, sizeof gpu->name, "sim-gpu%u", gpu_id);
+
+    int rc = KVS_ENOMEM;
+    gpu->allocs = calloc(gpu->max_allocs, sizeof *gpu->allocs);
+    if (gpu->allocs == NULL)
+        goto fail_allocs;
+    gpu->streams = calloc(gpu->max_streams, sizeof *gpu->streams);
+    if (gpu->streams == NULL)
+        goto fail_streams;
+    gpu->events = calloc(gpu->max_events, sizeof *gpu->events);
+    if (gpu->events == NULL)
+        goto fail_events;
+    gpu->event_free = calloc(gpu->max_events, sizeof *gpu->event_free);
+    if (gpu->event_free == NULL)
+        goto fail_event_free;
+    rc = kvs_device_init(&gpu->base, &sim_gpu_ops, gpu->name);
+    if (rc != KVS_OK)
+        goto fail_init;
+
+    for (uint32_t i = 0; i < gpu->max_streams; i++) {
+        gpu->streams[i].gpu = gpu;
+        gpu->streams[i].index = i;
+    }
+    /* Hand out low indices first (deterministic, and cache friendly). */
+    for (uint32_t i = 0; i < gpu->max_events; i++) {
+        gpu->events[i].gpu = gpu;
+        gpu->event_free[i] = gpu->max_events - 1 - i;
+    }
+    gpu->event_free_count = gpu->max_events;
+    *out = gpu;
+    return KVS_OK;
+
+fail_init:
+    free(gpu->event_free);
+fail_event_free:
+    free(gpu->events);
+fail_events:
+    free(gpu->streams);
+fail_streams:
+    free(gpu->allocs);
+fail_allocs:
+    free(gpu);
+    return rc;
+}
+
+void sim_gpu_destroy(sim_gpu_t *gpu)
+{
+    if (gpu == NULL)
+        return;
+    /* Pending ops never complete: drop their engine events so none fires
+     * into freed memory (the engine must still be alive). */
+    for (uint32_t i = 0; i < gpu->ops_cap; i++) {
+        if (gpu->ops[i].live) {
+            int rc = sim_engine_cancel(gpu->eng, gpu->ops[i].engine_id);
+            assert(rc == KVS_OK);
+            (void)rc;
+        }
+        free(gpu->ops[i].words);
+    }
+    free(gpu->ops);
+    for (uint32_t i = 0; i < gpu->num_allocs; i++)
+        sim_gpu_release(&gpu->allocs[i]);
+    free(gpu->allocs);
+    free(gpu->event_free);
+    free(gpu->events);
+    free(gpu->streams);
+    free(gpu);
+}
+
+kvs_device_t *sim_gpu_device(sim_gpu_t *gpu) { return gpu != NULL ? &gpu->base : NULL; }
+
+sim_gpu_t *sim_gpu_from_device(kvs_device_t *dev)
+{
+    if (dev == NULL || dev->ops.mem_alloc != sim_gpu_mem_alloc)
+        return NULL;
+    return sim_gpu_of(dev);
+}
+
+void sim_gpu_set_wake(sim_gpu_t *gpu, sim_gpu_wake_fn fn, void *ctx)
+{
+    gpu->wake = fn;
+    gpu->wake_ctx = ctx;
+}
+
+uint32_t sim_gpu_id(const sim_gpu_t *gpu) { return gpu->id; }
+uint64_t sim_gpu_used_bytes(const sim_gpu_t *gpu) { return gpu->used_bytes; }
+uint64_t sim_gpu_copy_ns(const sim_gpu_t *gpu) { return gpu->copy_ns; }
+uint64_t sim_gpu_copy_bytes(const sim_gpu_t *gpu) { return gpu->copy_bytes; }
+
+void sim_gpu_set_scatter_slowdown(sim_gpu_t *gpu, uint32_t factor)
+{
+    gpu->scatter_slowdown = factor == 0 ? 1 : factor;
+}
