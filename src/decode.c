@@ -1,53 +1,278 @@
 /*
- * decode.c - the decode staging handler: created from a KV manager once the
- * decode side's init steps are done (spec §8). Creation checks, in order:
- * the manager is a decode manager and has no handler yet; when staging is on,
- * the staging allocator exists, the ring is registered with the fabric, the
- * KV buffers were published, the total heads resolve and the layout of both
- * sides is valid. Nothing is allocated unless every check passed.
+ * decode.c - the decode side of the staging protocol (spec §6-§8).
  *
- * The handler borrows its manager, which refuses to be destroyed while the
- * handler lives (KVS_EBUSY).
+ * Creation runs the init guards of spec §8 (kvs__manager_handler_check).
+ * Then the handler is a state machine driven by kvs_decode_progress():
+ * - connect: REGISTER (ring, geometry, fingerprint; KV layer keys on the
+ *   direct/slice paths) to every prefill rank that writes to this rank; on
+ *   REGISTER_ACK the peer gets the current watermark at once;
+ * - room_open: ROOM (+ PAGES on the direct/slice paths) to every peer;
+ * - STAGING_REQ: assign the chunk's region from the ring (once; duplicates
+ *   get the same answer) and answer STAGING_RSP, or OVERSIZED which fails
+ *   the request; when the ring is at its live-allocation bound the chunk
+ *   waits in a bounded queue until a region is freed;
+ * - CHUNK_READY: count arrivals per chunk (each writer x prefill stage once);
+ *   when all arrived, scatter every writer's block on the scatter stream and
+ *   record an event; when the event completes, free the region and send the
+ *   new WATERMARK to every peer;
+ * - STATUS / ABORT: a request is done when every peer reported success and
+ *   every chunk was scattered; it fails on the first failure, told to every
+ *   peer at once, and its regions are freed once every peer has reported
+ *   (no writer can still write) and no scatter is in flight.
+ * Messages that are malformed, stale or out of range are counted and dropped,
+ * never used to address memory.
  */
+#include "channel.h"
 #include "error.h"
 #include "log.h"
 #include "manager.h"
+#include "results.h"
+#include "table.h"
 
 #include <stdlib.h>
+#include <string.h>
 
-struct kvs_decode {
-    kvs_manager_t *m; /* borrowed; outlives the handler */
-};
-
+#define KVS__POLL_BATCH 16
 #define KVS__MFAIL(m, status, ...) KVS__FAIL(&(m)->err, (status), __VA_ARGS__)
 
-static int kvs__decode_check(kvs_manager_t *m, kvs_layout_t *lay)
+typedef struct kvs__dpeer {
+    kvs_conn_t *conn;           /* NULL until connected */
+    int64_t tp_rank, pp_rank;
+    bool acked;
+    int refused;                /* status of a refused registration */
+    uint64_t prefill_session;
+} kvs__dpeer_t;
+
+enum { KVS__DCH_IDLE, KVS__DCH_WANTED, KVS__DCH_ALLOCATED, KVS__DCH_SCATTERING, KVS__DCH_DONE };
+
+typedef struct kvs__dchunk {
+    uint8_t state;
+    int64_t tokens, page_start, num_pages;
+    int64_t region_bytes;
+    kvs_ring_alloc_t alloc;
+    int64_t arrivals;
+    kvs_event_t *event;
+} kvs__dchunk_t;
+
+typedef struct kvs__droom {
+    uint64_t id;
+    int64_t base, total;
+    int64_t *pages, num_pages;
+    int64_t num_chunks, scattered;
+    kvs__dchunk_t *chunks;
+    uint64_t *arrived;          /* num_chunks * words bits: writer x stage */
+    uint64_t *reported;         /* words bits: peers that sent STATUS/ABORT */
+    int64_t reports, reports_ok;
+    int status;                 /* first failure, KVS_OK while none */
+    uint64_t open_ns, bytes;
+} kvs__droom_t;
+
+/* A (room, chunk) in a FIFO: scatters in stream order, chunks waiting for
+ * ring space. */
+typedef struct kvs__dref {
+    uint64_t room;
+    int64_t chunk;
+} kvs__dref_t;
+
+typedef struct kvs__dqueue {
+    kvs__dref_t *items;
+    uint32_t cap, head, count;
+} kvs__dqueue_t;
+
+struct kvs_decode {
+    kvs_manager_t *m;           /* borrowed; outlives the handler */
+    kvs_fabric_t *fab;
+    kvs_device_t *dev;
+    const kvs_layout_t *lay;    /* m->layout */
+    kvs_path_t path;
+    int64_t rank;               /* decode TP rank */
+    int64_t stages;             /* prefill stages per decode stage: Pp / Dp */
+    int64_t npeers, words;      /* W * stages peers; bitmap words per set */
+    kvs__dpeer_t *peers;
+    kvs_stream_t *stream;
+    kvs_ring_t *ring;
+    uint64_t ring_addr, ring_bytes, ring_rkey;
+    kvs_mr_t **k_mr, **v_mr;    /* direct/slice: KV layers open to peers */
+    uint64_t *k_rkey, *v_rkey;
+    kvs__table_t rooms;
+    kvs__results_t results;
+    kvs__dqueue_t scatters, wanted;
+    kvs_completion_t *cq;
+    kvs_handler_stats_t stats;
+    uint64_t session;
+};
+
+/* ---- small helpers -------------------------------------------------------- */
+
+static int kvs__dq_init(kvs__dqueue_t *q, uint32_t cap)
 {
-    if (m->cfg.role != KVS_ROLE_DECODE)
-        return KVS__MFAIL(m, KVS_ESTATE, "kvs_decode_create on a prefill manager: "
-                          "create the manager with role KVS_ROLE_DECODE");
-    if (m->decode != NULL)
-        return KVS__MFAIL(m, KVS_EALREADY, "this manager already has a decode handler");
-    if (m->cfg.staging) {
-        if (m->ring == NULL)
-            return KVS__MFAIL(m, KVS_ENO_ALLOCATOR, NULL);
-        if (!m->registered)
-            return KVS__MFAIL(m, KVS_ESTATE, "the staging ring is not registered with "
-                              "the fabric: call kvs_manager_register_staging first");
-        if (!m->kv_published)
-            return KVS__MFAIL(m, KVS_ENO_KV_BUFFERS, NULL);
+    q->items = calloc(cap, sizeof *q->items);
+    q->cap = cap;
+    q->head = q->count = 0;
+    return q->items != NULL ? KVS_OK : KVS_ENOMEM;
+}
+
+static bool kvs__dq_push(kvs__dqueue_t *q, uint64_t room, int64_t chunk)
+{
+    if (q->count == q->cap)
+        return false;
+    q->items[(q->head + q->count) % q->cap] = (kvs__dref_t){room, chunk};
+    q->count++;
+    return true;
+}
+
+static kvs__dref_t kvs__dq_pop(kvs__dqueue_t *q)
+{
+    kvs__dref_t r = q->items[q->head];
+    q->head = (q->head + 1) % q->cap;
+    q->count--;
+    return r;
+}
+
+static bool kvs__bit(const uint64_t *bits, int64_t i) { return (bits[i / 64] >> (i % 64)) & 1u; }
+static void kvs__bit_set(uint64_t *bits, int64_t i) { bits[i / 64] |= 1ull << (i % 64); }
+
+static uint64_t kvs__now(const kvs_decode_t *d) { return kvs__net_now_ns(d->fab); }
+
+static kvs__dpeer_t *kvs__peer_of(kvs_decode_t *d, const kvs_conn_t *conn, int64_t *idx)
+{
+    for (int64_t i = 0; i < d->npeers; i++) {
+        if (d->peers[i].conn != NULL && d->peers[i].conn == conn) {
+            *idx = i;
+            return &d->peers[i];
+        }
     }
-    kvs_layout_params_t p = kvs__manager_layout_params(m);
-    int rc = kvs_layout_init(lay, &p, &m->err);
+    return NULL;
+}
+
+static void kvs__send(kvs_decode_t *d, kvs__dpeer_t *p, const kvs_msg_t *msg)
+{
+    if (p->conn == NULL)
+        return;
+    int rc = kvs__channel_send(d->fab, p->conn, msg, &d->stats);
     if (rc != KVS_OK)
-        return rc;
-    if (m->kv_published && m->kv.local_heads != lay->dst_heads)
-        return KVS__MFAIL(m, KVS_EHEAD_SPLIT, "kv buffers hold %lld heads but %lld total "
-                          "heads over decode TP %lld give %lld per rank: fix total_heads "
-                          "or the published buffers", (long long)m->kv.local_heads,
-                          (long long)lay->total_heads, (long long)lay->decode_tp,
-                          (long long)lay->dst_heads);
-    return KVS_OK;
+        kvs__log(&d->m->log, KVS_LOG_WARN, "decode %lld: sending %s to prefill %lld/%lld "
+                 "failed: %s", (long long)d->rank, kvs__wire_type_name(msg->type),
+                 (long long)p->tp_rank, (long long)p->pp_rank, kvs_strerror(rc));
+}
+
+static void kvs__broadcast_watermark(kvs_decode_t *d, kvs_watermark_t wm)
+{
+    kvs_msg_t msg = {.type = KVS_MSG_WATERMARK};
+    msg.u.wm = (kvs_msg_watermark_t){.session = d->session, .round = wm.round,
+                                     .offset = wm.offset};
+    for (int64_t i = 0; i < d->npeers; i++)
+        if (d->peers[i].acked)
+            kvs__send(d, &d->peers[i], &msg);
+}
+
+/* ---- rooms ------------------------------------------------------------------ */
+
+static void kvs__room_free(kvs__droom_t *r)
+{
+    if (r == NULL)
+        return;
+    free(r->pages);
+    free(r->chunks);
+    free(r->arrived);
+    free(r->reported);
+    free(r);
+}
+
+static void kvs__release_region(kvs_decode_t *d, kvs__dchunk_t *c)
+{
+    if (c->region_bytes == 0)
+        return;
+    kvs_watermark_t wm;
+    int rc = kvs_ring_free(d->ring, c->alloc.id, &wm);
+    if (rc == KVS_OK)
+        kvs__broadcast_watermark(d, wm);
+}
+
+/* Finishes the room when nothing can still touch it; returns true if gone. */
+static bool kvs__room_try_finish(kvs_decode_t *d, kvs__droom_t *r)
+{
+    if (r->reports < d->npeers)
+        return false;
+    if (r->status == KVS_OK && r->reports_ok == d->npeers && r->scattered < r->num_chunks)
+        return false;
+    for (int64_t i = 0; i < r->num_chunks; i++)
+        if (r->chunks[i].state == KVS__DCH_SCATTERING)
+            return false;
+    /* Every writer has reported: no write can land; release what is left. */
+    for (int64_t i = 0; i < r->num_chunks; i++) {
+        kvs__dchunk_t *c = &r->chunks[i];
+        if (c->state == KVS__DCH_ALLOCATED)
+            kvs__release_region(d, c);
+        c->state = KVS__DCH_DONE;
+    }
+    if (r->status == KVS_OK && r->reports_ok < d->npeers)
+        r->status = KVS_EPEER;
+    kvs_room_result_t res = {.room = r->id, .status = r->status, .chunks = r->num_chunks,
+                             .bytes = r->bytes, .open_ns = r->open_ns,
+                             .done_ns = kvs__now(d)};
+    kvs__results_push(&d->results, &res);
+    if (r->status == KVS_OK)
+        d->stats.rooms_ok++;
+    else
+        d->stats.rooms_failed++;
+    kvs__table_del(&d->rooms, r->id);
+    kvs__room_free(r);
+    return true;
+}
+
+/* Fails the room (first failure wins) and tells every peer that has not
+ * reported yet. */
+static void kvs__room_fail(kvs_decode_t *d, kvs__droom_t *r, int status)
+{
+    if (r->status != KVS_OK)
+        return;
+    r->status = status;
+    kvs_msg_t msg = {.type = KVS_MSG_ABORT};
+    msg.u.abort = (kvs_msg_abort_t){.session = d->session, .room = r->id, .status = status};
+    for (int64_t i = 0; i < d->npeers; i++)
+        if (!kvs__bit(r->reported, i))
+            kvs__send(d, &d->peers[i], &msg);
+    kvs__log(&d->m->log, KVS_LOG_INFO, "decode %lld: room %llu failed: %s",
+             (long long)d->rank, (unsigned long long)r->id, kvs_strerror(status));
+}
+
+/* ---- creation --------------------------------------------------------------- */
+
+void kvs_decode_destroy(kvs_decode_t *d)
+{
+    if (d == NULL)
+        return;
+    kvs_manager_t *m = d->m;
+    if (d->rooms.keys != NULL) {
+        for (uint32_t i = 0; i <= d->rooms.mask; i++)
+            if (d->rooms.state[i] == 1) {
+                kvs__droom_t *r = d->rooms.vals[i];
+                for (int64_t c = 0; c < r->num_chunks; c++)
+                    if (r->chunks[c].event != NULL)
+                        kvs__dev_event_destroy(d->dev, r->chunks[c].event);
+                kvs__room_free(r);
+            }
+        kvs__table_fini(&d->rooms);
+    }
+    if (d->k_mr != NULL)
+        kvs__manager_deregister_kv(m, d->k_mr, d->v_mr);
+    for (int64_t i = 0; d->peers != NULL && i < d->npeers; i++)
+        if (d->peers[i].conn != NULL)
+            d->fab->ops.disconnect(d->fab, d->peers[i].conn);
+    if (d->stream != NULL)
+        kvs__dev_stream_destroy(d->dev, d->stream);
+    kvs__results_fini(&d->results);
+    free(d->scatters.items);
+    free(d->wanted.items);
+    free(d->cq);
+    free(d->peers);
+    free(d->k_mr);
+    free(d->v_mr);
+    free(d->k_rkey);
+    free(d->v_rkey);
+    m->handler = NULL;
+    free(d);
 }
 
 int kvs_decode_create(kvs_manager_t *m, kvs_decode_t **out)
@@ -58,25 +283,573 @@ int kvs_decode_create(kvs_manager_t *m, kvs_decode_t **out)
     if (m == NULL)
         return KVS_EINVAL;
     kvs_layout_t lay;
-    int rc = kvs__decode_check(m, &lay);
+    kvs_path_t path;
+    int rc = kvs__manager_handler_check(m, KVS_ROLE_DECODE, &lay, &path);
     if (rc != KVS_OK)
         return rc;
     kvs_decode_t *d = calloc(1, sizeof *d);
     if (d == NULL)
         return KVS__MFAIL(m, KVS_ENOMEM, "allocating the decode handler failed");
-    d->m = m;
     m->layout = lay;
-    m->decode = d;
-    kvs__log(&m->log, KVS_LOG_INFO, "decode handler: %s path, %lld writer(s) per chunk",
-             kvs_path_name(lay.path), (long long)lay.expected_arrivals);
+    m->path = path;
+    m->handler = d;
+    d->m = m;
+    d->fab = m->fab;
+    d->dev = m->dev;
+    d->lay = &m->layout;
+    d->path = path;
+    d->rank = m->cfg.tp_rank;
+    d->session = m->cfg.session_id;
+    d->stages = lay.prefill_pp / lay.decode_pp;
+    d->npeers = lay.tp_writers * d->stages;
+    d->words = (d->npeers + 63) / 64;
+    d->ring = m->ring;
+    if (m->staging_count > 0) {
+        d->ring_addr = m->staging_addr[0];
+        d->ring_bytes = m->staging_bytes;
+        d->ring_rkey = m->staging_rkey[0];
+    }
+    const uint32_t queue = m->cfg.ring_max_live > m->cfg.max_rooms ? m->cfg.ring_max_live
+                                                                    : m->cfg.max_rooms;
+    const size_t layers = (size_t)m->kv.num_layers;
+    d->peers = calloc((size_t)d->npeers, sizeof *d->peers);
+    d->cq = calloc(KVS__POLL_BATCH, sizeof *d->cq);
+    if (d->peers == NULL || d->cq == NULL ||
+        kvs__table_init(&d->rooms, m->cfg.max_rooms) != KVS_OK ||
+        kvs__results_init(&d->results, 2 * m->cfg.max_rooms) != KVS_OK ||
+        kvs__dq_init(&d->scatters, queue) != KVS_OK || kvs__dq_init(&d->wanted, queue) != KVS_OK) {
+        kvs_decode_destroy(d);
+        return KVS__MFAIL(m, KVS_ENOMEM, "allocating the decode handler's tables failed");
+    }
+    for (int64_t i = 0; i < d->npeers; i++) {
+        d->peers[i].tp_rank = -1;
+        d->peers[i].pp_rank = -1;
+    }
+    if (path == KVS_PATH_STAGING) {
+        rc = kvs__dev_stream_create(d->dev, &d->stream);
+        if (rc != KVS_OK) {
+            kvs_decode_destroy(d);
+            return KVS__MFAIL(m, rc, "device '%s' could not create the scatter stream (%s)",
+                              m->dev->name, kvs_strerror(rc));
+        }
+    } else {
+        d->k_mr = calloc(layers, sizeof *d->k_mr);
+        d->v_mr = calloc(layers, sizeof *d->v_mr);
+        d->k_rkey = calloc(layers, sizeof *d->k_rkey);
+        d->v_rkey = calloc(layers, sizeof *d->v_rkey);
+        if (d->k_mr == NULL || d->v_mr == NULL || d->k_rkey == NULL || d->v_rkey == NULL) {
+            kvs_decode_destroy(d);
+            return KVS__MFAIL(m, KVS_ENOMEM, "allocating the KV registration tables failed");
+        }
+        rc = kvs__manager_register_kv(m, d->k_mr, d->v_mr, d->k_rkey, d->v_rkey);
+        if (rc != KVS_OK) {
+            free(d->k_mr);
+            d->k_mr = NULL; /* nothing registered: nothing to deregister */
+            kvs_decode_destroy(d);
+            return rc;
+        }
+    }
+    kvs__log(&m->log, KVS_LOG_INFO, "decode %lld: %s path, %lld writer(s) per chunk",
+             (long long)d->rank, kvs_path_name(path), (long long)lay.expected_arrivals);
     *out = d;
     return KVS_OK;
 }
 
-void kvs_decode_destroy(kvs_decode_t *d)
+/* ---- registration ----------------------------------------------------------- */
+
+int kvs_decode_connect(kvs_decode_t *d, const char *peer, int64_t prefill_tp_rank,
+                       int64_t prefill_pp_rank)
+{
+    if (d == NULL || peer == NULL)
+        return KVS_EINVAL;
+    kvs_manager_t *m = d->m;
+    int64_t writer;
+    int rc = kvs_layout_writer_index(d->lay, prefill_tp_rank, d->rank, &writer);
+    const int64_t first_stage = d->lay->decode_pp == 1 ? 0 : m->cfg.pp_rank;
+    if (rc != KVS_OK || prefill_pp_rank < first_stage ||
+        prefill_pp_rank >= first_stage + d->stages)
+        return KVS__MFAIL(m, KVS_EINVAL, "prefill rank tp %lld pp %lld does not write to "
+                          "decode rank tp %lld pp %lld: connect only this rank's writers",
+                          (long long)prefill_tp_rank, (long long)prefill_pp_rank,
+                          (long long)d->rank, (long long)m->cfg.pp_rank);
+    kvs__dpeer_t *p = &d->peers[writer * d->stages + (prefill_pp_rank - first_stage)];
+    if (p->conn != NULL)
+        return KVS__MFAIL(m, KVS_EALREADY, "prefill rank tp %lld pp %lld is already "
+                          "connected", (long long)prefill_tp_rank, (long long)prefill_pp_rank);
+    rc = d->fab->ops.connect(d->fab, peer, &p->conn);
+    if (rc != KVS_OK) {
+        p->conn = NULL;
+        return kvs__error_set(&m->err, rc, d->fab->last_backend_code, __FILE__, __LINE__,
+                              "connecting to prefill '%s' failed (%s)", peer,
+                              d->fab->last_backend_msg[0] ? d->fab->last_backend_msg
+                                                          : kvs_strerror(rc));
+    }
+    p->tp_rank = prefill_tp_rank;
+    p->pp_rank = prefill_pp_rank;
+    p->acked = false;
+    p->refused = KVS_OK;
+
+    const bool direct = d->path != KVS_PATH_STAGING;
+    kvs_msg_t msg = {.type = KVS_MSG_REGISTER};
+    kvs_msg_register_t *reg = &msg.u.reg;
+    reg->session = d->session;
+    reg->tp_rank = d->rank;
+    reg->tp_size = m->cfg.tp_size;
+    reg->pp_rank = m->cfg.pp_rank;
+    reg->pp_size = m->cfg.pp_size;
+    kvs__fingerprint(d->lay, d->path, &reg->fp);
+    reg->ring_addr = d->ring_addr;
+    reg->ring_bytes = d->ring_bytes;
+    reg->ring_rkey = d->ring_rkey;
+    reg->local_heads = m->kv.local_heads;
+    reg->num_pages = m->kv.num_pages;
+    reg->layers_total = direct ? m->kv.num_layers : 0;
+    kvs__send(d, p, &msg);
+    for (int64_t first = 0; direct && first < m->kv.num_layers; first += KVS_WIRE_LAYERS_PER_MSG) {
+        kvs_msg_t lm = {.type = KVS_MSG_LAYERS};
+        lm.u.layers.session = d->session;
+        lm.u.layers.first = first;
+        int64_t n = m->kv.num_layers - first;
+        lm.u.layers.count = (uint32_t)(n < KVS_WIRE_LAYERS_PER_MSG ? n : KVS_WIRE_LAYERS_PER_MSG);
+        for (uint32_t i = 0; i < lm.u.layers.count; i++) {
+            const int64_t l = first + i;
+            lm.u.layers.entries[i] = (kvs_layer_entry_t){m->k_base[l], d->k_rkey[l],
+                                                         m->v_base[l], d->v_rkey[l]};
+        }
+        kvs__send(d, p, &lm);
+    }
+    return KVS_OK;
+}
+
+int64_t kvs_decode_peers_ready(const kvs_decode_t *d)
+{
+    int64_t n = 0;
+    for (int64_t i = 0; d != NULL && i < d->npeers; i++)
+        n += d->peers[i].acked;
+    return n;
+}
+
+/* ---- requests --------------------------------------------------------------- */
+
+static int kvs__room_reject(kvs_decode_t *d, uint64_t room, int status)
+{
+    kvs_room_result_t res = {.room = room, .status = status, .open_ns = kvs__now(d),
+                             .done_ns = kvs__now(d)};
+    kvs__results_push(&d->results, &res);
+    d->stats.rooms_failed++;
+    return status;
+}
+
+int kvs_decode_room_open(kvs_decode_t *d, uint64_t room, int64_t base_tokens,
+                         int64_t total_tokens, const int64_t *pages, int64_t num_pages)
 {
     if (d == NULL)
+        return KVS_EINVAL;
+    kvs_manager_t *m = d->m;
+    const int64_t ps = d->lay->page_size;
+    for (int64_t i = 0; i < d->npeers; i++)
+        if (d->peers[i].conn == NULL)
+            return KVS__MFAIL(m, KVS_ESTATE, "connect every prefill writer first "
+                              "(kvs_decode_connect): %lld expected", (long long)d->npeers);
+    if (base_tokens < 0 || total_tokens < base_tokens || (pages == NULL && num_pages > 0))
+        return KVS__MFAIL(m, KVS_EINVAL, "room %llu: need 0 <= base_tokens <= total_tokens "
+                          "and a page list", (unsigned long long)room);
+    if (base_tokens % ps != 0) {
+        KVS__MFAIL(m, KVS_EPREFIX_ALIGN, "room %llu: cached prefix %lld is not a multiple "
+                   "of the page size %lld", (unsigned long long)room, (long long)base_tokens,
+                   (long long)ps);
+        return kvs__room_reject(d, room, KVS_EPREFIX_ALIGN);
+    }
+    const int64_t want_pages = (total_tokens - base_tokens + ps - 1) / ps;
+    if (num_pages != want_pages)
+        return KVS__MFAIL(m, KVS_EINVAL, "room %llu: %lld tokens after the prefix need "
+                          "%lld pages, got %lld", (unsigned long long)room,
+                          (long long)(total_tokens - base_tokens), (long long)want_pages,
+                          (long long)num_pages);
+    for (int64_t i = 0; i < num_pages; i++)
+        if (pages[i] < 0 || pages[i] >= m->kv.num_pages)
+            return KVS__MFAIL(m, KVS_ERANGE, "room %llu: page id %lld outside the KV pool "
+                              "of %lld pages", (unsigned long long)room, (long long)pages[i],
+                              (long long)m->kv.num_pages);
+    if (kvs__table_get(&d->rooms, room) != NULL)
+        return KVS__MFAIL(m, KVS_EALREADY, "room %llu is already open",
+                          (unsigned long long)room);
+    const bool staging = d->path == KVS_PATH_STAGING;
+    kvs__droom_t *r = calloc(1, sizeof *r);
+    if (r == NULL)
+        return KVS__MFAIL(m, KVS_ENOMEM, "allocating room %llu failed", (unsigned long long)room);
+    r->id = room;
+    r->base = base_tokens;
+    r->total = total_tokens;
+    r->num_pages = num_pages;
+    r->num_chunks = staging ? kvs_grid_num_chunks(d->lay, num_pages) : 0;
+    r->pages = malloc((size_t)(num_pages > 0 ? num_pages : 1) * sizeof *r->pages);
+    r->chunks = calloc((size_t)(r->num_chunks > 0 ? r->num_chunks : 1), sizeof *r->chunks);
+    r->arrived = calloc((size_t)((r->num_chunks > 0 ? r->num_chunks : 1) * d->words),
+                        sizeof *r->arrived);
+    r->reported = calloc((size_t)d->words, sizeof *r->reported);
+    if (r->pages == NULL || r->chunks == NULL || r->arrived == NULL || r->reported == NULL) {
+        kvs__room_free(r);
+        return KVS__MFAIL(m, KVS_ENOMEM, "allocating room %llu failed", (unsigned long long)room);
+    }
+    if (num_pages > 0)
+        memcpy(r->pages, pages, (size_t)num_pages * sizeof *pages);
+    for (int64_t i = 0; i < r->num_chunks; i++) {
+        kvs_chunk_t ch;
+        int rc = kvs_grid_chunk(d->lay, base_tokens, total_tokens, i, &ch);
+        if (rc != KVS_OK) {
+            kvs__room_free(r);
+            return KVS__MFAIL(m, rc, "room %llu: chunk %lld has no place on the grid",
+                              (unsigned long long)room, (long long)i);
+        }
+        r->chunks[i].tokens = ch.token_end - ch.token_start;
+        r->chunks[i].page_start = ch.page_start;
+        r->chunks[i].num_pages = ch.num_pages;
+        rc = kvs_layout_region_bytes(d->lay, d->rank, r->chunks[i].tokens,
+                                     &r->chunks[i].region_bytes);
+        if (rc != KVS_OK) {
+            kvs__room_free(r);
+            return KVS__MFAIL(m, rc, "room %llu: chunk %lld has no region",
+                              (unsigned long long)room, (long long)i);
+        }
+    }
+    int rc = kvs__table_put(&d->rooms, room, r);
+    if (rc != KVS_OK) {
+        kvs__room_free(r);
+        return KVS__MFAIL(m, rc, "room table full (%u rooms): raise max_rooms or finish "
+                          "requests first", m->cfg.max_rooms);
+    }
+    r->open_ns = kvs__now(d);
+    kvs_msg_t msg = {.type = KVS_MSG_ROOM};
+    msg.u.room = (kvs_msg_room_t){.session = d->session, .room = room, .base_tokens = base_tokens,
+                                  .total_tokens = total_tokens, .num_pages = num_pages};
+    for (int64_t i = 0; i < d->npeers; i++) {
+        kvs__send(d, &d->peers[i], &msg);
+        for (int64_t first = 0; !staging && first < num_pages; first += KVS_WIRE_PAGES_PER_MSG) {
+            kvs_msg_t pm = {.type = KVS_MSG_PAGES};
+            pm.u.pages.session = d->session;
+            pm.u.pages.room = room;
+            pm.u.pages.first = first;
+            const int64_t n = num_pages - first;
+            pm.u.pages.count = (uint32_t)(n < KVS_WIRE_PAGES_PER_MSG ? n : KVS_WIRE_PAGES_PER_MSG);
+            memcpy(pm.u.pages.ids, pages + first, pm.u.pages.count * sizeof *pages);
+            kvs__send(d, &d->peers[i], &pm);
+        }
+    }
+    return KVS_OK;
+}
+
+/* ---- message handling ------------------------------------------------------- */
+
+static void kvs__answer(kvs_decode_t *d, kvs__dpeer_t *p, const kvs__droom_t *r, int64_t chunk,
+                        int status)
+{
+    kvs_msg_t msg = {.type = KVS_MSG_STAGING_RSP};
+    msg.u.rsp = (kvs_msg_staging_rsp_t){.session = d->session, .room = r->id,
+                                        .chunk = chunk, .status = status};
+    if (status == KVS_OK) {
+        const kvs__dchunk_t *c = &r->chunks[chunk];
+        msg.u.rsp.offset = c->alloc.offset;
+        msg.u.rsp.round = c->alloc.round;
+        msg.u.rsp.end = c->alloc.end;
+    }
+    kvs__send(d, p, &msg);
+}
+
+/* Tries to assign chunk's region; answers every peer when it succeeds. */
+static int kvs__allocate(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
+{
+    kvs__dchunk_t *c = &r->chunks[chunk];
+    /* An empty range is one metadata-only chunk: no region to assign. */
+    int rc = c->region_bytes == 0 ? KVS_OK
+                                  : kvs_ring_assign(d->ring, (uint64_t)c->region_bytes, &c->alloc);
+    if (rc == KVS_ERING_LIVE)
+        return rc;
+    if (rc != KVS_OK) {
+        for (int64_t i = 0; i < d->npeers; i++)
+            kvs__answer(d, &d->peers[i], r, chunk, rc);
+        kvs__room_fail(d, r, rc);
+        return rc;
+    }
+    c->state = KVS__DCH_ALLOCATED;
+    const uint64_t live = kvs_ring_live_bytes(d->ring);
+    if (live > d->stats.ring_peak_bytes)
+        d->stats.ring_peak_bytes = live;
+    for (int64_t i = 0; i < d->npeers; i++)
+        kvs__answer(d, &d->peers[i], r, chunk, KVS_OK);
+    return KVS_OK;
+}
+
+static void kvs__on_staging_req(kvs_decode_t *d, kvs__dpeer_t *p, const kvs_msg_staging_req_t *q)
+{
+    kvs__droom_t *r = kvs__table_get(&d->rooms, q->room);
+    if (r == NULL || d->path != KVS_PATH_STAGING) {
+        d->stats.msgs_rejected++;
+        kvs_msg_t msg = {.type = KVS_MSG_STAGING_RSP};
+        msg.u.rsp = (kvs_msg_staging_rsp_t){.session = d->session, .room = q->room,
+                                            .chunk = q->chunk, .status = KVS_ENOENT};
+        kvs__send(d, p, &msg);
         return;
-    d->m->decode = NULL;
-    free(d);
+    }
+    if (q->chunk < 0 || q->chunk >= r->num_chunks ||
+        q->tokens != r->chunks[q->chunk].tokens || q->pages != r->chunks[q->chunk].num_pages) {
+        d->stats.msgs_rejected++;
+        kvs__room_fail(d, r, KVS_EPROTO);
+        return;
+    }
+    if (r->status != KVS_OK) {
+        kvs__answer(d, p, r, q->chunk, r->status);
+        return;
+    }
+    kvs__dchunk_t *c = &r->chunks[q->chunk];
+    if (c->state == KVS__DCH_IDLE) {
+        if (kvs__allocate(d, r, q->chunk) == KVS_ERING_LIVE) {
+            c->state = KVS__DCH_WANTED;
+            if (!kvs__dq_push(&d->wanted, r->id, q->chunk))
+                kvs__room_fail(d, r, KVS_EFULL);
+        }
+    } else if (c->state != KVS__DCH_WANTED) {
+        kvs__answer(d, p, r, q->chunk, KVS_OK); /* a duplicate gets the same answer */
+    }
+}
+
+static void kvs__scatter(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
+{
+    kvs_manager_t *m = d->m;
+    kvs__dchunk_t *c = &r->chunks[chunk];
+    int rc = KVS_OK;
+    for (int64_t i = 0; i < d->lay->tp_writers && rc == KVS_OK; i++) {
+        kvs_writer_t w;
+        rc = kvs_layout_writer(d->lay, d->rank, i, c->tokens, &w);
+        if (rc != KVS_OK)
+            break;
+        kvs_copy_desc_t desc = {
+            .k_base = m->k_base, .v_base = m->v_base, .local_heads = m->kv.local_heads,
+            .head_dim = d->lay->head_dim, .elem_bytes = d->lay->elem_bytes,
+            .page_size = d->lay->page_size, .pages = r->pages + c->page_start,
+            .num_pages = c->num_pages, .tokens = c->tokens,
+            .head_start = w.heads.dst_start, .num_heads = w.heads.num_heads,
+            .layer_begin = 0, .layer_count = d->lay->decode_layers,
+            .staging_slot_begin = 0, .staging_layer_slots = d->lay->decode_layers,
+            .staging_addr = d->ring_addr + c->alloc.offset + (uint64_t)w.offset_bytes};
+        if (c->tokens > 0)
+            rc = kvs__dev_scatter(d->dev, d->stream, &desc);
+    }
+    if (rc == KVS_OK)
+        rc = kvs__dev_event_record(d->dev, d->stream, &c->event);
+    if (rc != KVS_OK || !kvs__dq_push(&d->scatters, r->id, chunk)) {
+        if (c->event != NULL)
+            kvs__dev_event_destroy(d->dev, c->event);
+        c->event = NULL;
+        kvs__log(&m->log, KVS_LOG_ERROR, "decode %lld: scatter of room %llu chunk %lld "
+                 "failed: %s", (long long)d->rank, (unsigned long long)r->id,
+                 (long long)chunk, kvs_strerror(rc != KVS_OK ? rc : KVS_EFULL));
+        kvs__room_fail(d, r, rc != KVS_OK ? rc : KVS_EFULL);
+        return; /* the region stays allocated until every writer reported */
+    }
+    c->state = KVS__DCH_SCATTERING;
+    d->stats.copies++;
+}
+
+static void kvs__on_chunk_ready(kvs_decode_t *d, int64_t peer, const kvs_msg_chunk_ready_t *q)
+{
+    kvs__droom_t *r = kvs__table_get(&d->rooms, q->room);
+    const int64_t first_stage = d->lay->decode_pp == 1 ? 0 : d->m->cfg.pp_rank;
+    const int64_t idx = q->writer * d->stages + (q->stage - first_stage);
+    if (r == NULL || q->chunk < 0 || q->chunk >= r->num_chunks || idx != peer ||
+        r->chunks[q->chunk].state != KVS__DCH_ALLOCATED ||
+        q->page_start != r->chunks[q->chunk].page_start ||
+        q->pages != r->chunks[q->chunk].num_pages) {
+        d->stats.msgs_rejected++;
+        return;
+    }
+    kvs__dchunk_t *c = &r->chunks[q->chunk];
+    uint64_t *bits = r->arrived + q->chunk * d->words;
+    if (kvs__bit(bits, peer)) {
+        d->stats.msgs_rejected++; /* duplicate */
+        return;
+    }
+    kvs__bit_set(bits, peer);
+    if (++c->arrivals == d->npeers && r->status == KVS_OK) {
+        r->bytes += (uint64_t)c->region_bytes;
+        kvs__scatter(d, r, q->chunk);
+    }
+}
+
+static void kvs__on_report(kvs_decode_t *d, int64_t peer, uint64_t room, int status)
+{
+    kvs__droom_t *r = kvs__table_get(&d->rooms, room);
+    if (r == NULL || kvs__bit(r->reported, peer)) {
+        d->stats.msgs_rejected++;
+        return;
+    }
+    kvs__bit_set(r->reported, peer);
+    r->reports++;
+    if (status == KVS_OK)
+        r->reports_ok++;
+    else
+        kvs__room_fail(d, r, status);
+    if (d->path != KVS_PATH_STAGING && status == KVS_OK)
+        r->bytes += (uint64_t)(r->total - r->base) * (uint64_t)d->m->kv.local_heads *
+                    (uint64_t)d->lay->head_dim * (uint64_t)d->lay->elem_bytes *
+                    (uint64_t)d->m->kv.num_layers * 2 / (uint64_t)d->npeers;
+    kvs__room_try_finish(d, r);
+}
+
+static void kvs__on_ack(kvs_decode_t *d, kvs__dpeer_t *p, const kvs_msg_register_ack_t *a)
+{
+    if (a->session != d->session) {
+        d->stats.msgs_rejected++;
+        return;
+    }
+    if (a->status != KVS_OK) {
+        p->refused = a->status;
+        KVS__MFAIL(d->m, a->status, "prefill rank tp %lld pp %lld refused the registration: "
+                   "%s", (long long)p->tp_rank, (long long)p->pp_rank, kvs_strerror(a->status));
+        kvs__log(&d->m->log, KVS_LOG_ERROR, "%s", d->m->err.msg);
+        return;
+    }
+    p->acked = true;
+    p->prefill_session = a->prefill_session;
+    if (d->ring != NULL) {
+        kvs_msg_t msg = {.type = KVS_MSG_WATERMARK};
+        kvs_watermark_t wm = kvs_ring_watermark(d->ring);
+        msg.u.wm = (kvs_msg_watermark_t){.session = d->session, .round = wm.round,
+                                         .offset = wm.offset};
+        kvs__send(d, p, &msg);
+    }
+}
+
+static void kvs__on_message(kvs_decode_t *d, const kvs_completion_t *cqe)
+{
+    kvs_msg_t msg;
+    int64_t idx;
+    kvs__dpeer_t *p = kvs__peer_of(d, cqe->conn, &idx);
+    if (p == NULL || kvs__wire_decode(cqe->msg, cqe->len_bytes, &msg) != KVS_OK) {
+        d->stats.msgs_rejected++;
+        return;
+    }
+    d->stats.msgs_received++;
+    if (msg.type == KVS_MSG_REGISTER_ACK) {
+        kvs__on_ack(d, p, &msg.u.ack);
+        return;
+    }
+    /* Everything else comes from an accepted prefill session. */
+    const uint64_t session = msg.type == KVS_MSG_STAGING_REQ   ? msg.u.req.session
+                             : msg.type == KVS_MSG_CHUNK_READY ? msg.u.ready.session
+                             : msg.type == KVS_MSG_STATUS      ? msg.u.status.session
+                             : msg.type == KVS_MSG_ABORT       ? msg.u.abort.session
+                                                               : 0;
+    if (!p->acked || session != p->prefill_session) {
+        d->stats.msgs_rejected++;
+        return;
+    }
+    switch (msg.type) {
+    case KVS_MSG_STAGING_REQ:
+        kvs__on_staging_req(d, p, &msg.u.req);
+        break;
+    case KVS_MSG_CHUNK_READY:
+        kvs__on_chunk_ready(d, idx, &msg.u.ready);
+        break;
+    case KVS_MSG_STATUS:
+        kvs__on_report(d, idx, msg.u.status.room, msg.u.status.status);
+        break;
+    case KVS_MSG_ABORT:
+        kvs__on_report(d, idx, msg.u.abort.room,
+                       msg.u.abort.status != KVS_OK ? msg.u.abort.status : KVS_EPEER);
+        break;
+    default:
+        d->stats.msgs_rejected++;
+        break;
+    }
+}
+
+/* ---- progress --------------------------------------------------------------- */
+
+/* Completed scatters in stream order: free their regions. */
+static int kvs__reap_scatters(kvs_decode_t *d)
+{
+    int done = 0;
+    while (d->scatters.count > 0) {
+        kvs__dref_t ref = d->scatters.items[d->scatters.head];
+        kvs__droom_t *r = kvs__table_get(&d->rooms, ref.room);
+        kvs__dchunk_t *c = r != NULL ? &r->chunks[ref.chunk] : NULL;
+        if (c != NULL && c->state == KVS__DCH_SCATTERING) {
+            int rc = kvs__dev_event_query(d->dev, c->event);
+            if (rc == KVS_EAGAIN)
+                break;
+            kvs__dev_event_destroy(d->dev, c->event);
+            c->event = NULL;
+            c->state = KVS__DCH_DONE;
+            kvs__release_region(d, c);
+            if (rc == KVS_OK)
+                r->scattered++;
+            else
+                kvs__room_fail(d, r, rc);
+            kvs__room_try_finish(d, r);
+        }
+        kvs__dq_pop(&d->scatters);
+        done++;
+    }
+    return done;
+}
+
+/* Chunks that waited for ring space, in arrival order. */
+static void kvs__retry_wanted(kvs_decode_t *d)
+{
+    while (d->wanted.count > 0) {
+        kvs__dref_t ref = d->wanted.items[d->wanted.head];
+        kvs__droom_t *r = kvs__table_get(&d->rooms, ref.room);
+        if (r != NULL && r->chunks[ref.chunk].state == KVS__DCH_WANTED) {
+            if (r->status != KVS_OK)
+                r->chunks[ref.chunk].state = KVS__DCH_IDLE;
+            else if (kvs__allocate(d, r, ref.chunk) == KVS_ERING_LIVE)
+                break;
+        }
+        kvs__dq_pop(&d->wanted);
+    }
+}
+
+int kvs_decode_progress(kvs_decode_t *d)
+{
+    if (d == NULL)
+        return KVS_EINVAL;
+    int work = 0;
+    for (;;) {
+        int n = d->fab->ops.poll(d->fab, d->cq, KVS__POLL_BATCH);
+        if (n < 0)
+            return KVS__MFAIL(d->m, n, "polling fabric '%s' failed: %s", d->fab->name,
+                              d->fab->last_backend_msg[0] ? d->fab->last_backend_msg
+                                                          : kvs_strerror(n));
+        for (int i = 0; i < n; i++)
+            if (d->cq[i].kind == KVS_COMPLETION_RECV)
+                kvs__on_message(d, &d->cq[i]);
+        work += n;
+        if (n < KVS__POLL_BATCH)
+            break;
+    }
+    if (d->stream != NULL && kvs__reap_scatters(d) > 0)
+        work++;
+    if (d->ring != NULL)
+        kvs__retry_wanted(d);
+    return work;
+}
+
+int kvs_decode_poll_rooms(kvs_decode_t *d, kvs_room_result_t *out, int max)
+{
+    if (d == NULL || out == NULL || max < 0)
+        return KVS_EINVAL;
+    return kvs__results_pop(&d->results, out, max);
+}
+
+uint64_t kvs_decode_next_deadline_ns(const kvs_decode_t *d)
+{
+    (void)d;
+    return UINT64_MAX; /* no timers yet: every step is driven by a completion */
+}
+
+void kvs_decode_stats(const kvs_decode_t *d, kvs_handler_stats_t *out)
+{
+    if (d != NULL && out != NULL)
+        *out = d->stats;
 }

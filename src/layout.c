@@ -15,6 +15,8 @@
 
 #include <kvstage/kvstage.h>
 
+#include <string.h>
+
 static int64_t kvs__max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 int64_t kvs_dtype_bytes(kvs_dtype_t dtype)
@@ -44,12 +46,7 @@ int kvs_dtype_parse(const char *name, kvs_dtype_t *out)
     if (name == NULL || out == NULL)
         return KVS_EINVAL;
     for (size_t i = 0; i < sizeof kvs__dtypes / sizeof kvs__dtypes[0]; i++) {
-        const char *a = kvs__dtypes[i].name, *b = name;
-        while (*a != '\0' && *a == *b) {
-            a++;
-            b++;
-        }
-        if (*a == '\0' && *b == '\0') {
+        if (strcmp(kvs__dtypes[i].name, name) == 0) {
             *out = kvs__dtypes[i].dtype;
             return KVS_OK;
         }
@@ -65,9 +62,26 @@ const char *kvs_dtype_name(kvs_dtype_t dtype)
     return "unknown";
 }
 
+int kvs_path_parse(const char *name, kvs_path_t *out)
+{
+    static const kvs_path_t all[] = {KVS_PATH_AUTO, KVS_PATH_STAGING, KVS_PATH_DIRECT,
+                                     KVS_PATH_SLICE};
+    if (name == NULL || out == NULL)
+        return KVS_EINVAL;
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        if (strcmp(kvs_path_name(all[i]), name) == 0) {
+            *out = all[i];
+            return KVS_OK;
+        }
+    }
+    return KVS_EINVAL;
+}
+
 const char *kvs_path_name(kvs_path_t path)
 {
     switch (path) {
+    case KVS_PATH_AUTO:
+        return "auto";
     case KVS_PATH_STAGING:
         return "staging";
     case KVS_PATH_DIRECT:
@@ -214,7 +228,7 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
     l.tp_writers = l.prefill_tp > l.decode_tp ? l.prefill_tp / l.decode_tp : 1;
     l.expected_arrivals = l.tp_writers * (l.prefill_pp / l.decode_pp);
     l.targets_per_prefill = l.decode_tp > l.prefill_tp ? l.decode_tp / l.prefill_tp : 1;
-    l.path = l.prefill_tp == l.decode_tp ? KVS_PATH_DIRECT : KVS_PATH_STAGING;
+    l.path = l.prefill_tp == l.decode_tp ? KVS_PATH_DIRECT : KVS_PATH_STAGING; /* auto */
 
     /* The largest region (a full chunk) must be representable. */
     int64_t max_bytes = l.grid_tokens;

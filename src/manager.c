@@ -88,6 +88,13 @@ int kvs_manager_create(const kvs_manager_config_t *cfg, kvs_device_t *dev,
         c.ring_max_live = KVS_DEFAULT_RING_MAX_LIVE;
     if (c.transfer_workers == 0)
         c.transfer_workers = KVS_DEFAULT_TRANSFER_WORKERS;
+    if (c.max_rooms == 0)
+        c.max_rooms = 1024;
+    if (c.max_inflight_writes == 0)
+        c.max_inflight_writes = 1024;
+    if (c.session_id == 0) /* distinct per (role, pp, tp) of one deployment */
+        c.session_id = ((uint64_t)c.role + 1) << 56 | (uint64_t)c.pp_rank << 32 |
+                       (uint64_t)c.tp_rank;
     int rc = kvs__check_config(&c, fab, err);
     if (rc != KVS_OK)
         return rc;
@@ -143,9 +150,9 @@ int kvs_manager_destroy(kvs_manager_t *m)
 {
     if (m == NULL)
         return KVS_OK;
-    if (m->decode != NULL)
-        return KVS__MFAIL(m, KVS_EBUSY, "the decode handler still lives: "
-                          "kvs_decode_destroy() it before the manager");
+    if (m->handler != NULL)
+        return KVS__MFAIL(m, KVS_EBUSY, "a handler still lives: kvs_decode_destroy() "
+                          "or kvs_prefill_destroy() it before the manager");
     kvs__release_staging(m);
     free(m->k_base);
     free(m->v_base);
@@ -321,9 +328,9 @@ int kvs_manager_set_heads(kvs_manager_t *m, int64_t total_heads, int64_t heads_p
         return KVS_EINVAL;
     if (total_heads < 0 || heads_per_rank < 0)
         return KVS__MFAIL(m, KVS_EINVAL, "head counts must be >= 0 (0 = unknown)");
-    if (m->decode != NULL)
-        return KVS__MFAIL(m, KVS_ESTATE, "heads are fixed once the decode handler "
-                          "exists: set them before kvs_decode_create");
+    if (m->handler != NULL)
+        return KVS__MFAIL(m, KVS_ESTATE, "heads are fixed once a handler exists: set "
+                          "them before kvs_decode_create/kvs_prefill_create");
     if (m->kv_published && heads_per_rank > 0 && heads_per_rank != m->kv.local_heads)
         return KVS__MFAIL(m, KVS_EINVAL, "heads_per_rank %lld differs from the %lld "
                           "heads of the published kv buffers", (long long)heads_per_rank,
@@ -358,9 +365,14 @@ int kvs_manager_staging_buffer(const kvs_manager_t *m, uint32_t index, uint64_t 
     return KVS_OK;
 }
 
+kvs_path_t kvs_manager_path(const kvs_manager_t *m)
+{
+    return m != NULL && m->handler != NULL ? m->path : KVS_PATH_AUTO;
+}
+
 const kvs_layout_t *kvs_manager_layout(const kvs_manager_t *m)
 {
-    return m != NULL && m->decode != NULL ? &m->layout : NULL;
+    return m != NULL && m->handler != NULL ? &m->layout : NULL;
 }
 
 kvs_layout_params_t kvs__manager_layout_params(const kvs_manager_t *m)
@@ -382,4 +394,99 @@ kvs_layout_params_t kvs__manager_layout_params(const kvs_manager_t *m)
         .chunk_tokens = c->chunk_tokens,
     };
     return p;
+}
+
+int kvs__manager_handler_check(kvs_manager_t *m, kvs_role_t role, kvs_layout_t *lay,
+                               kvs_path_t *path)
+{
+    const bool decode = role == KVS_ROLE_DECODE;
+    if (m->cfg.role != role)
+        return KVS__MFAIL(m, KVS_ESTATE, "%s on a %s manager: create the manager with "
+                          "role %s", decode ? "kvs_decode_create" : "kvs_prefill_create",
+                          decode ? "prefill" : "decode",
+                          decode ? "KVS_ROLE_DECODE" : "KVS_ROLE_PREFILL");
+    if (m->handler != NULL)
+        return KVS__MFAIL(m, KVS_EALREADY, "this manager already has a handler");
+    if (m->cfg.staging) {
+        if (m->staging_count == 0)
+            return KVS__MFAIL(m, KVS_ENO_ALLOCATOR, NULL);
+        if (!m->registered)
+            return KVS__MFAIL(m, KVS_ESTATE, "the staging memory is not registered "
+                              "with the fabric: call kvs_manager_register_staging first");
+    }
+    if (!m->kv_published) {
+        if (m->cfg.staging)
+            return KVS__MFAIL(m, KVS_ENO_KV_BUFFERS, NULL);
+        return KVS__MFAIL(m, KVS_ESTATE, "kv buffers are not published: call "
+                          "kvs_manager_set_kv_buffers (set_kv_buffer_tensors) first");
+    }
+    kvs_layout_params_t p = kvs__manager_layout_params(m);
+    int rc = kvs_layout_init(lay, &p, &m->err);
+    if (rc != KVS_OK)
+        return rc;
+    const int64_t heads = decode ? lay->dst_heads : lay->src_heads;
+    if (m->kv.local_heads != heads)
+        return KVS__MFAIL(m, KVS_EHEAD_SPLIT, "kv buffers hold %lld heads but %lld total "
+                          "heads over TP %lld give %lld per rank: fix total_heads or "
+                          "the published buffers", (long long)m->kv.local_heads,
+                          (long long)lay->total_heads, (long long)m->cfg.tp_size,
+                          (long long)heads);
+    kvs_path_t want = m->cfg.path;
+    if (want == KVS_PATH_AUTO)
+        want = lay->prefill_tp == lay->decode_tp ? KVS_PATH_DIRECT
+               : m->cfg.staging                  ? KVS_PATH_STAGING
+                                                 : KVS_PATH_SLICE;
+    if (want == KVS_PATH_STAGING && !m->cfg.staging)
+        return KVS__MFAIL(m, KVS_EINVAL, "path staging needs staging on: set "
+                          "config.staging or pick the slice path");
+    if (want == KVS_PATH_DIRECT && lay->prefill_tp != lay->decode_tp)
+        return KVS__MFAIL(m, KVS_EINVAL, "the direct path needs equal TP (prefill %lld, "
+                          "decode %lld): use staging or slice", (long long)lay->prefill_tp,
+                          (long long)lay->decode_tp);
+    if (want != KVS_PATH_STAGING && want != KVS_PATH_DIRECT && want != KVS_PATH_SLICE)
+        return KVS__MFAIL(m, KVS_EINVAL, "path %d unknown: use auto, staging, direct or "
+                          "slice", (int)want);
+    *path = want;
+    return KVS_OK;
+}
+
+uint64_t kvs__manager_layer_bytes(const kvs_manager_t *m)
+{
+    return (uint64_t)m->kv.num_pages * (uint64_t)m->kv.page_size *
+           (uint64_t)m->kv.local_heads * (uint64_t)m->cfg.head_dim *
+           (uint64_t)kvs_dtype_bytes(m->cfg.dtype);
+}
+
+void kvs__manager_deregister_kv(kvs_manager_t *m, kvs_mr_t **k_mr, kvs_mr_t **v_mr)
+{
+    for (int64_t l = 0; l < m->kv.num_layers; l++) {
+        if (k_mr[l] != NULL)
+            (void)kvs__net_deregister(m->fab, k_mr[l]);
+        if (v_mr[l] != NULL)
+            (void)kvs__net_deregister(m->fab, v_mr[l]);
+        k_mr[l] = v_mr[l] = NULL;
+    }
+}
+
+int kvs__manager_register_kv(kvs_manager_t *m, kvs_mr_t **k_mr, kvs_mr_t **v_mr,
+                             uint64_t *k_rkey, uint64_t *v_rkey)
+{
+    const uint64_t bytes = kvs__manager_layer_bytes(m);
+    for (int64_t l = 0; l < m->kv.num_layers; l++)
+        k_mr[l] = v_mr[l] = NULL;
+    for (int64_t l = 0; l < m->kv.num_layers; l++) {
+        int rc = kvs__net_register(m->fab, m->dev, m->k_base[l], bytes, &k_mr[l], &k_rkey[l]);
+        if (rc == KVS_OK)
+            rc = kvs__net_register(m->fab, m->dev, m->v_base[l], bytes, &v_mr[l], &v_rkey[l]);
+        if (rc != KVS_OK) {
+            kvs__manager_deregister_kv(m, k_mr, v_mr);
+            return kvs__error_set(&m->err, rc == KVS_ENOTSUP ? rc : KVS_EBACKEND,
+                                  m->fab->last_backend_code, __FILE__, __LINE__,
+                                  "fabric '%s' could not register KV layer %lld (%s)",
+                                  m->fab->name, (long long)l,
+                                  m->fab->last_backend_msg[0] ? m->fab->last_backend_msg
+                                                              : kvs_strerror(rc));
+        }
+    }
+    return KVS_OK;
 }

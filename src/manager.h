@@ -32,10 +32,24 @@ struct kvs_manager {
     uint64_t *k_base, *v_base;
 
     kvs_layout_t layout;       /* valid once a handler exists */
-    kvs_decode_t *decode;      /* the live decode handler, if any */
+    kvs_path_t path;           /* resolved, valid once a handler exists */
+    void *handler;             /* the live decode or prefill handler, if any */
 };
 
 /* The layout params this manager's config describes (this side plus peer). */
 kvs_layout_params_t kvs__manager_layout_params(const kvs_manager_t *m);
+
+/* The guards every handler creation runs (spec §8): role, one handler per
+ * manager, staging memory initialised and registered, KV buffers published,
+ * heads resolvable, layout and path valid. Fills *lay and *path. */
+int kvs__manager_handler_check(kvs_manager_t *m, kvs_role_t role, kvs_layout_t *lay,
+                               kvs_path_t *path);
+/* Registers every KV layer buffer (K and V) with the fabric, all or nothing;
+ * arrays have kv.num_layers entries. */
+int kvs__manager_register_kv(kvs_manager_t *m, kvs_mr_t **k_mr, kvs_mr_t **v_mr,
+                             uint64_t *k_rkey, uint64_t *v_rkey);
+void kvs__manager_deregister_kv(kvs_manager_t *m, kvs_mr_t **k_mr, kvs_mr_t **v_mr);
+/* Bytes of one KV layer buffer (K or V) of this rank. */
+uint64_t kvs__manager_layer_bytes(const kvs_manager_t *m);
 
 #endif

@@ -44,12 +44,58 @@ static int fake_mem_free(kvs_device_t *base, uint64_t addr)
     return KVS_ENOENT;
 }
 
+struct kvs_stream {
+    int unused;
+};
+struct kvs_event {
+    int unused;
+};
+
+static int fake_stream_create(kvs_device_t *base, kvs_stream_t **out)
+{
+    fake_device_t *d = KVS_CONTAINER_OF(base, fake_device_t, base);
+    *out = malloc(sizeof **out);
+    if (*out == NULL)
+        return KVS_ENOMEM;
+    d->live_streams++;
+    return KVS_OK;
+}
+
+static void fake_stream_destroy(kvs_device_t *base, kvs_stream_t *s)
+{
+    KVS_CONTAINER_OF(base, fake_device_t, base)->live_streams--;
+    free(s);
+}
+
+static int fake_event_record(kvs_device_t *base, kvs_stream_t *s, kvs_event_t **out)
+{
+    fake_device_t *d = KVS_CONTAINER_OF(base, fake_device_t, base);
+    *out = malloc(sizeof **out);
+    if (*out == NULL)
+        return KVS_ENOMEM;
+    d->live_events++;
+    return KVS_OK;
+}
+
+static int fake_event_query(kvs_device_t *base, kvs_event_t *e) { return KVS_OK; }
+
+static void fake_event_destroy(kvs_device_t *base, kvs_event_t *e)
+{
+    KVS_CONTAINER_OF(base, fake_device_t, base)->live_events--;
+    free(e);
+}
+
 static const kvs_device_ops_t fake_device_ops = {
     .version = KVS_DEVICE_OPS_VERSION,
     .size = sizeof(kvs_device_ops_t),
     .name = "fake-device",
     .mem_alloc = fake_mem_alloc,
     .mem_free = fake_mem_free,
+    .stream_create = fake_stream_create,
+    .stream_destroy = fake_stream_destroy,
+    .event_record = fake_event_record,
+    .event_query = fake_event_query,
+    .event_destroy = fake_event_destroy,
 };
 
 static int fake_mr_register(kvs_fabric_t *base, kvs_device_t *dev, uint64_t addr,

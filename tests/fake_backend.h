@@ -18,6 +18,7 @@ typedef struct fake_device {
     int live_allocs;
     uint64_t next_addr;
     uint64_t live[FAKE_MAX_LIVE];
+    int live_streams, live_events; /* streams and events complete at once */
 } fake_device_t;
 
 typedef struct fake_fabric {

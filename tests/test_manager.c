@@ -47,6 +47,8 @@ static int teardown(void **state)
     fixture_t *f = *state;
     assert_int_equal(f->dev.live_allocs, 0);
     assert_int_equal(f->fab.live_mrs, 0);
+    assert_int_equal(f->dev.live_streams, 0);
+    assert_int_equal(f->dev.live_events, 0);
     return 0;
 }
 
@@ -348,8 +350,14 @@ static void test_manager_staging_off(void **state)
     assert_int_equal(kvs_manager_init_staging(m), KVS_ESTATE);
     assert_int_equal(kvs_manager_staging_buffer(m, 0, NULL, NULL, NULL), KVS_ESTATE);
     kvs_decode_t *d;
+    /* without staging the KV pages are written directly: they must be known */
+    assert_int_equal(kvs_decode_create(m, &d), KVS_ESTATE);
+    assert_non_null(strstr(kvs_manager_last_error(m)->msg, "kvs_manager_set_kv_buffers"));
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &f->kv), KVS_OK);
     assert_int_equal(kvs_decode_create(m, &d), KVS_OK);
     assert_int_equal(kvs_manager_layout(m)->path, KVS_PATH_DIRECT);
+    /* every K and V layer buffer is open to the peers */
+    assert_int_equal(f->fab.live_mrs, 2 * LAYERS);
     kvs_decode_destroy(d);
     assert_int_equal(kvs_manager_destroy(m), KVS_OK);
 }

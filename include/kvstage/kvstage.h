@@ -226,10 +226,15 @@ typedef struct kvs_layout_params {
 } kvs_layout_params_t;
 
 typedef enum kvs_path {
-    KVS_PATH_STAGING = 0, /* P != D: gather, one write, scatter */
-    KVS_PATH_DIRECT = 1,  /* P == D: page runs to page runs */
-    KVS_PATH_SLICE = 2    /* one write per page run x layer x K/V x head slice */
+    KVS_PATH_AUTO = 0,    /* staging when the TPs differ, direct when equal */
+    KVS_PATH_STAGING = 1, /* gather, one write per writer, scatter */
+    KVS_PATH_DIRECT = 2,  /* P == D: page runs to page runs */
+    KVS_PATH_SLICE = 3    /* one write per page run (or token when heads are
+                             sliced) x layer x K/V: the baseline */
 } kvs_path_t;
+
+/* "auto", "staging", "direct", "slice" -> path; KVS_EINVAL otherwise. */
+KVS_API int kvs_path_parse(const char *name, kvs_path_t *out);
 
 KVS_API const char *kvs_path_name(kvs_path_t path);
 
@@ -396,6 +401,12 @@ typedef struct kvs_manager_config {
     uint32_t ring_max_live;   /* live ring allocations, 0 -> 4096 */
     uint32_t transfer_workers;/* prefill staging buffers, 0 -> 4 */
     kvs_log_t log;            /* level 0 with fn NULL: default level from env */
+    kvs_path_t path;          /* AUTO by default; both sides must agree */
+    uint64_t session_id;      /* this rank's incarnation, 0 -> derived from
+                                 role and ranks; a restart with the same id
+                                 resets the peers' state for it */
+    uint32_t max_rooms;       /* concurrent requests, 0 -> 1024 */
+    uint32_t max_inflight_writes; /* posted, not completed writes, 0 -> 1024 */
 } kvs_manager_config_t;
 
 /* Per layer K and V base device addresses of this rank's KV pool, laid out
@@ -443,6 +454,8 @@ KVS_API int kvs_manager_staging_buffer(const kvs_manager_t *m, uint32_t index,
                                        uint64_t *rkey);
 /* Number of staging buffers (0 before init_staging). */
 KVS_API uint32_t kvs_manager_staging_count(const kvs_manager_t *m);
+/* The path the handler runs (KVS_PATH_AUTO until a handler was created). */
+KVS_API kvs_path_t kvs_manager_path(const kvs_manager_t *m);
 /* The resolved layout (valid after a handler was created). */
 KVS_API const kvs_layout_t *kvs_manager_layout(const kvs_manager_t *m);
 
@@ -454,6 +467,72 @@ KVS_API const kvs_layout_t *kvs_manager_layout(const kvs_manager_t *m);
 KVS_API int kvs_decode_create(kvs_manager_t *m, kvs_decode_t **out);
 /* Destroys the handler; NULL is a no-op. */
 KVS_API void kvs_decode_destroy(kvs_decode_t *d);
+
+/* ---- the protocol (spec §7), driven by the caller --------------------------
+ * Handlers are state machines: they never block or sleep. The caller calls
+ * *_progress() whenever the backend signals work (a completion, a finished
+ * copy) or the clock passes *_next_deadline_ns(); progress polls the fabric
+ * and the device and advances every request it can. */
+
+typedef struct kvs_prefill kvs_prefill_t;
+
+/* The end of one request on one rank. */
+typedef struct kvs_room_result {
+    uint64_t room;
+    int status;              /* KVS_OK or why the request failed */
+    int64_t chunks;          /* chunks moved (staging) */
+    uint64_t bytes;          /* payload bytes written (prefill) / received (decode) */
+    uint64_t rdma_writes;    /* writes posted for it */
+    uint64_t open_ns, done_ns;
+} kvs_room_result_t;
+
+typedef struct kvs_handler_stats {
+    uint64_t rdma_writes, rdma_write_bytes;
+    uint64_t msgs_sent, msgs_received;
+    uint64_t msgs_rejected;  /* malformed, stale or out of range: dropped */
+    uint64_t copies;         /* gathers (prefill) or scatters (decode) */
+    uint64_t watermark_waits;/* prefill: chunks requeued until the ring freed */
+    uint64_t ring_peak_bytes;/* decode: most ring bytes live at once */
+    uint64_t rooms_ok, rooms_failed;
+} kvs_handler_stats_t;
+
+/* Decode: connects to the prefill rank (tp, pp) reachable as `peer` on the
+ * fabric and registers with it (ring, geometry, fingerprint). The rank must
+ * be one of this decode rank's writers (KVS_EINVAL otherwise). */
+KVS_API int kvs_decode_connect(kvs_decode_t *d, const char *peer, int64_t prefill_tp_rank,
+                               int64_t prefill_pp_rank);
+/* Decode: a request whose KV for tokens [base_tokens, total_tokens) goes to
+ * `pages` (ceil((total - base) / page_size) decode page ids, copied).
+ * base_tokens must be page aligned (KVS_EPREFIX_ALIGN fails the request). */
+KVS_API int kvs_decode_room_open(kvs_decode_t *d, uint64_t room, int64_t base_tokens,
+                                 int64_t total_tokens, const int64_t *pages,
+                                 int64_t num_pages);
+KVS_API int kvs_decode_progress(kvs_decode_t *d);
+/* Finished requests since the last call (at most max), oldest first. */
+KVS_API int kvs_decode_poll_rooms(kvs_decode_t *d, kvs_room_result_t *out, int max);
+/* Earliest time progress has work without a new completion; UINT64_MAX if none. */
+KVS_API uint64_t kvs_decode_next_deadline_ns(const kvs_decode_t *d);
+KVS_API void kvs_decode_stats(const kvs_decode_t *d, kvs_handler_stats_t *out);
+/* Peers registered and acknowledged. */
+KVS_API int64_t kvs_decode_peers_ready(const kvs_decode_t *d);
+
+/* Prefill: creates the handler (guards like the decode's: role, staging
+ * buffers initialised and registered when staging is on, KV buffers
+ * published, heads, layout). */
+KVS_API int kvs_prefill_create(kvs_manager_t *m, kvs_prefill_t **out);
+KVS_API void kvs_prefill_destroy(kvs_prefill_t *p);
+/* A request whose KV for tokens [0, total_tokens) lives in `pages`
+ * (ceil(total / page_size) prefill page ids, copied). Prefetches staging
+ * regions for every chunk as soon as the decode side is known. */
+KVS_API int kvs_prefill_room_open(kvs_prefill_t *p, uint64_t room, int64_t total_tokens,
+                                  const int64_t *pages, int64_t num_pages);
+/* KV of tokens [0, end_tokens) is computed; final when the prompt is done. */
+KVS_API int kvs_prefill_room_computed(kvs_prefill_t *p, uint64_t room, int64_t end_tokens,
+                                      bool final);
+KVS_API int kvs_prefill_progress(kvs_prefill_t *p);
+KVS_API int kvs_prefill_poll_rooms(kvs_prefill_t *p, kvs_room_result_t *out, int max);
+KVS_API uint64_t kvs_prefill_next_deadline_ns(const kvs_prefill_t *p);
+KVS_API void kvs_prefill_stats(const kvs_prefill_t *p, kvs_handler_stats_t *out);
 
 #ifdef __cplusplus
 }

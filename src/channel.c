@@ -1,0 +1,63 @@
+/*
+ * channel.c - sending control messages (encode into a stack buffer, one
+ * fabric SEND) and the registration fingerprint. Receiving is the handlers'
+ * poll loop: they decode each RECV with kvs__wire_decode.
+ */
+#include "channel.h"
+
+#include <stdio.h>
+
+int kvs__channel_send(kvs_fabric_t *fab, kvs_conn_t *conn, const kvs_msg_t *msg,
+                      kvs_handler_stats_t *stats)
+{
+    uint8_t buf[KVS_CONTROL_MSG_MAX_BYTES];
+    uint32_t len = 0;
+    int rc = kvs__wire_encode(msg, buf, sizeof buf, &len);
+    if (rc != KVS_OK)
+        return rc;
+    rc = fab->ops.send(fab, conn, buf, len, KVS__WR_CONTROL | (uint64_t)msg->type);
+    if (rc == KVS_OK && stats != NULL)
+        stats->msgs_sent++;
+    return rc;
+}
+
+void kvs__fingerprint(const kvs_layout_t *lay, kvs_path_t path, kvs_fingerprint_t *out)
+{
+    *out = (kvs_fingerprint_t){
+        .protocol_version = KVS_WIRE_VERSION,
+        .staging = (uint32_t)path,
+        .total_heads = lay->total_heads,
+        .head_dim = lay->head_dim,
+        .layers = lay->layers,
+        .page_size = lay->page_size,
+        .chunk_tokens = lay->chunk_tokens,
+        .dtype = (uint32_t)lay->elem_bytes,
+    };
+}
+
+int kvs__fingerprint_check(const kvs_fingerprint_t *mine, const kvs_fingerprint_t *theirs,
+                           char *why, size_t why_bytes)
+{
+    const struct {
+        const char *name;
+        int64_t a, b;
+    } f[] = {
+        {"protocol version", mine->protocol_version, theirs->protocol_version},
+        {"transfer path (staging on/off, --path)", mine->staging, theirs->staging},
+        {"total KV heads", mine->total_heads, theirs->total_heads},
+        {"head dim", mine->head_dim, theirs->head_dim},
+        {"model layers", mine->layers, theirs->layers},
+        {"page size", mine->page_size, theirs->page_size},
+        {"chunk tokens", mine->chunk_tokens, theirs->chunk_tokens},
+        {"dtype bytes", mine->dtype, theirs->dtype},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        if (f[i].a != f[i].b) {
+            snprintf(why, why_bytes, "%s differs: this side %lld, peer %lld; run both "
+                     "sides with the same setting", f[i].name, (long long)f[i].a,
+                     (long long)f[i].b);
+            return KVS_EFINGERPRINT;
+        }
+    }
+    return KVS_OK;
+}

@@ -1,0 +1,1046 @@
+/*
+ * prefill.c - the prefill side of the staging protocol (spec §6-§8).
+ *
+ * A prefill rank writes to targets_per_prefill decode ranks (one when
+ * P >= D). Each decode rank registers with it (REGISTER, fingerprint checked,
+ * REGISTER_ACK). A request (room) proceeds per target ("flow") once the
+ * prefill opened it and the decode's ROOM arrived:
+ * - staging: STAGING_REQ for every chunk at once (prefetch, spec §7.3);
+ *   on STAGING_RSP the chunk waits until its KV is computed, the region is
+ *   ready against the decode's last watermark (spec §6; re-checked when a
+ *   WATERMARK arrives, never spun) and a staging buffer is free; then gather
+ *   on the gather stream, ONE write (two with prefill PP: the K and the V
+ *   layers of this stage) into the region, and CHUNK_READY once the write
+ *   completed. A staging buffer is reused only after its write completed.
+ * - direct / slice: once the prompt is computed and the decode's pages and
+ *   layer keys are known, one write per page run x layer x K/V (direct) or
+ *   per token x layer x K/V when heads are sliced, at most
+ *   max_inflight_writes in flight.
+ * When every chunk (or write) of a flow is done the rank reports STATUS to
+ * that decode. A failure fails the whole room, is told to every decode at
+ * once, and is reported only after the writes already posted completed, so
+ * the decode frees no region a write can still land in.
+ */
+#include "channel.h"
+#include "error.h"
+#include "log.h"
+#include "manager.h"
+#include "results.h"
+#include "table.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KVS__POLL_BATCH 16
+#define KVS__MFAIL(m, status, ...) KVS__FAIL(&(m)->err, (status), __VA_ARGS__)
+
+typedef struct kvs__ppeer {
+    kvs_conn_t *conn;            /* reverse connection of the decode's REGISTER */
+    bool registered;
+    uint64_t session;
+    int64_t tp_rank, pp_rank;    /* of the decode rank */
+    int64_t writer;              /* this rank's writer index in its regions */
+    kvs_head_slice_t heads;
+    kvs_watermark_t wm;
+    uint64_t ring_addr, ring_bytes, ring_rkey;
+    int64_t local_heads, num_pages;
+    kvs_layer_entry_t *layers;   /* direct/slice: the decode's KV layers */
+    int64_t layers_total, layers_got;
+} kvs__ppeer_t;
+
+enum { KVS__PCH_NONE, KVS__PCH_REQ, KVS__PCH_ALLOC, KVS__PCH_GATHER, KVS__PCH_WRITE,
+       KVS__PCH_DONE };
+
+typedef struct kvs__pchunk {
+    uint8_t state;
+    bool waited;                 /* counted once as a watermark wait */
+    int64_t tokens, token_start, token_end, page_start, num_pages;
+    int64_t region_bytes;
+    uint64_t offset, round, end;
+    int32_t worker;              /* staging buffer in use, -1 if none */
+    int32_t writes_pending;
+    kvs_event_t *event;
+} kvs__pchunk_t;
+
+typedef struct kvs__pflow {
+    bool known;                  /* the decode's ROOM arrived */
+    bool reqs_sent, reported;
+    int64_t base, total;
+    int64_t *dpages, num_dpages, dpages_got;
+    int64_t num_chunks, chunks_done;
+    kvs__pchunk_t *chunks;
+    /* direct/slice cursor: token, layer, K/V */
+    int64_t cur_t, cur_l, run_tokens;
+    int cur_kv;
+    bool posted_all;
+    int64_t writes_pending;
+} kvs__pflow_t;
+
+typedef struct kvs__proom {
+    uint64_t id;
+    bool opened, final;
+    int64_t total, computed;
+    int64_t *pages, num_pages;
+    kvs__pflow_t *flows;         /* one per target */
+    int status;
+    uint64_t open_ns, bytes, writes;
+    struct kvs__proom *prev, *next; /* open order */
+} kvs__proom_t;
+
+typedef struct kvs__pop {        /* an in-flight write */
+    uint64_t room;
+    int32_t flow;
+    int64_t chunk;               /* -1 for direct/slice writes */
+    uint32_t gen;
+    bool used;
+} kvs__pop_t;
+
+typedef struct kvs__pgather {
+    uint64_t room;
+    int32_t flow;
+    int64_t chunk;
+} kvs__pgather_t;
+
+struct kvs_prefill {
+    kvs_manager_t *m;
+    kvs_fabric_t *fab;
+    kvs_device_t *dev;
+    const kvs_layout_t *lay;
+    kvs_path_t path;
+    int64_t rank, stage;         /* TP and PP rank */
+    int64_t ntargets;
+    kvs__ppeer_t *peers;         /* [ntargets] */
+    kvs_stream_t *stream;
+    uint32_t workers;
+    bool *worker_busy;
+    kvs_mr_t **k_mr, **v_mr;
+    uint64_t *k_rkey, *v_rkey;
+    kvs__table_t rooms;
+    kvs__proom_t *first, *last;
+    kvs__results_t results;
+    kvs__pop_t *ops;
+    uint32_t ops_cap, ops_used;
+    kvs__pgather_t *gathers;
+    uint32_t gathers_cap, gathers_head, gathers_count;
+    kvs_completion_t *cq;
+    kvs_handler_stats_t stats;
+    kvs_fingerprint_t fp;
+    uint64_t session;
+};
+
+static uint64_t kvs__now(const kvs_prefill_t *p) { return kvs__net_now_ns(p->fab); }
+
+static void kvs__send(kvs_prefill_t *p, kvs__ppeer_t *peer, const kvs_msg_t *msg)
+{
+    if (peer->conn == NULL)
+        return;
+    int rc = kvs__channel_send(p->fab, peer->conn, msg, &p->stats);
+    if (rc != KVS_OK)
+        kvs__log(&p->m->log, KVS_LOG_WARN, "prefill %lld: sending %s to decode %lld/%lld "
+                 "failed: %s", (long long)p->rank, kvs__wire_type_name(msg->type),
+                 (long long)peer->tp_rank, (long long)peer->pp_rank, kvs_strerror(rc));
+}
+
+/* ---- rooms ------------------------------------------------------------------ */
+
+static void kvs__room_free(kvs_prefill_t *p, kvs__proom_t *r)
+{
+    if (r == NULL)
+        return;
+    for (int64_t f = 0; r->flows != NULL && f < p->ntargets; f++) {
+        for (int64_t c = 0; c < r->flows[f].num_chunks; c++)
+            if (r->flows[f].chunks[c].event != NULL)
+                kvs__dev_event_destroy(p->dev, r->flows[f].chunks[c].event);
+        free(r->flows[f].chunks);
+        free(r->flows[f].dpages);
+    }
+    free(r->flows);
+    free(r->pages);
+    free(r);
+}
+
+static kvs__proom_t *kvs__room_get_or_add(kvs_prefill_t *p, uint64_t id)
+{
+    kvs__proom_t *r = kvs__table_get(&p->rooms, id);
+    if (r != NULL)
+        return r;
+    r = calloc(1, sizeof *r);
+    if (r == NULL)
+        return NULL;
+    r->flows = calloc((size_t)p->ntargets, sizeof *r->flows);
+    if (r->flows == NULL || kvs__table_put(&p->rooms, id, r) != KVS_OK) {
+        free(r->flows);
+        free(r);
+        return NULL;
+    }
+    r->id = id;
+    r->prev = p->last;
+    if (p->last != NULL)
+        p->last->next = r;
+    else
+        p->first = r;
+    p->last = r;
+    return r;
+}
+
+static void kvs__room_remove(kvs_prefill_t *p, kvs__proom_t *r)
+{
+    if (r->prev != NULL)
+        r->prev->next = r->next;
+    else
+        p->first = r->next;
+    if (r->next != NULL)
+        r->next->prev = r->prev;
+    else
+        p->last = r->prev;
+    kvs__table_del(&p->rooms, r->id);
+    kvs__room_free(p, r);
+}
+
+/* Fails the room once; every decode that has not heard of it yet is told. */
+static void kvs__room_fail(kvs_prefill_t *p, kvs__proom_t *r, int status)
+{
+    if (r->status != KVS_OK)
+        return;
+    r->status = status;
+    kvs_msg_t msg = {.type = KVS_MSG_ABORT};
+    msg.u.abort = (kvs_msg_abort_t){.session = p->session, .room = r->id, .status = status};
+    for (int64_t f = 0; f < p->ntargets; f++)
+        if (r->flows[f].known && p->peers[f].registered)
+            kvs__send(p, &p->peers[f], &msg);
+    kvs__log(&p->m->log, KVS_LOG_INFO, "prefill %lld: room %llu failed: %s",
+             (long long)p->rank, (unsigned long long)r->id, kvs_strerror(status));
+}
+
+static int64_t kvs__flow_busy(const kvs__pflow_t *fl)
+{
+    int64_t busy = fl->writes_pending;
+    for (int64_t c = 0; c < fl->num_chunks; c++)
+        busy += fl->chunks[c].state == KVS__PCH_GATHER || fl->chunks[c].state == KVS__PCH_WRITE;
+    return busy;
+}
+
+static void kvs__report(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int status)
+{
+    kvs__pflow_t *fl = &r->flows[f];
+    if (fl->reported)
+        return;
+    fl->reported = true;
+    if (!fl->known)
+        return; /* the decode never opened it: nothing to tell */
+    kvs_msg_t msg = {.type = KVS_MSG_STATUS};
+    msg.u.status = (kvs_msg_status_t){.session = p->session, .room = r->id,
+                                      .tp_rank = p->rank, .pp_rank = p->stage,
+                                      .status = status, .chunks = fl->num_chunks};
+    kvs__send(p, &p->peers[f], &msg);
+}
+
+/* Reports every flow that can be reported and finishes the room when all
+ * are; returns true when the room is gone. */
+static bool kvs__room_try_finish(kvs_prefill_t *p, kvs__proom_t *r)
+{
+    int64_t reported = 0;
+    for (int64_t f = 0; f < p->ntargets; f++) {
+        kvs__pflow_t *fl = &r->flows[f];
+        if (!fl->reported) {
+            if (r->status != KVS_OK) {
+                if (kvs__flow_busy(fl) == 0)
+                    kvs__report(p, r, f, r->status);
+            } else if (r->opened && r->final && fl->known &&
+                       (p->path == KVS_PATH_STAGING ? fl->reqs_sent && fl->chunks_done == fl->num_chunks
+                                                    : fl->posted_all && fl->writes_pending == 0)) {
+                kvs__report(p, r, f, KVS_OK);
+            }
+        }
+        reported += fl->reported;
+    }
+    if (reported < p->ntargets || (!r->opened && r->status == KVS_OK))
+        return false;
+    int64_t chunks = 0;
+    for (int64_t f = 0; f < p->ntargets; f++)
+        chunks += r->flows[f].num_chunks;
+    kvs_room_result_t res = {.room = r->id, .status = r->status, .chunks = chunks,
+                             .bytes = r->bytes, .rdma_writes = r->writes,
+                             .open_ns = r->open_ns, .done_ns = kvs__now(p)};
+    kvs__results_push(&p->results, &res);
+    if (r->status == KVS_OK)
+        p->stats.rooms_ok++;
+    else
+        p->stats.rooms_failed++;
+    kvs__room_remove(p, r);
+    return true;
+}
+
+/* ---- writes ------------------------------------------------------------------ */
+
+static int kvs__post_write(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int64_t chunk,
+                           uint64_t local, kvs_mr_t *mr, uint64_t remote, uint64_t rkey,
+                           uint64_t len)
+{
+    if (p->ops_used == p->ops_cap)
+        return KVS_EAGAIN;
+    uint32_t i = 0;
+    while (p->ops[i].used)
+        i++;
+    kvs__pop_t *op = &p->ops[i];
+    op->used = true;
+    op->gen = (op->gen + 1) & 0x7fffffffu;
+    op->room = r->id;
+    op->flow = (int32_t)f;
+    op->chunk = chunk;
+    kvs_write_desc_t w = {.local_addr = local, .local_mr = mr, .len_bytes = len,
+                          .remote_addr = remote, .rkey = rkey,
+                          .wr_id = (uint64_t)op->gen << 32 | i};
+    int rc = p->fab->ops.write(p->fab, p->peers[f].conn, &w);
+    if (rc != KVS_OK) {
+        op->used = false;
+        return rc;
+    }
+    p->ops_used++;
+    p->stats.rdma_writes++;
+    p->stats.rdma_write_bytes += len;
+    r->writes++;
+    r->bytes += len;
+    return KVS_OK;
+}
+
+/* The gathered block of a chunk goes out: one write, or the K and the V
+ * layers of this stage apart when a region holds more layers (prefill PP). */
+static int kvs__write_chunk(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int64_t chunk)
+{
+    kvs__ppeer_t *peer = &p->peers[f];
+    kvs__pchunk_t *c = &r->flows[f].chunks[chunk];
+    kvs_writer_t w;
+    int rc = kvs_layout_writer(p->lay, peer->tp_rank, peer->writer, c->tokens, &w);
+    if (rc != KVS_OK)
+        return rc;
+    const uint64_t blk = (uint64_t)kvs_layout_layer_block_bytes(p->lay, c->tokens,
+                                                                w.heads.num_heads);
+    const int64_t lp = p->lay->prefill_layers, lx = p->lay->decode_layers;
+    const int64_t slot = p->stage * lp - peer->pp_rank * lx;
+    const uint64_t local = p->m->staging_addr[c->worker];
+    kvs_mr_t *mr = p->m->staging_mr[c->worker];
+    const uint64_t region = peer->ring_addr + c->offset + (uint64_t)w.offset_bytes;
+    c->writes_pending = lp == lx ? 1 : 2;
+    if (lp == lx)
+        return kvs__post_write(p, r, f, chunk, local, mr, region, peer->ring_rkey,
+                               2 * (uint64_t)lp * blk);
+    rc = kvs__post_write(p, r, f, chunk, local, mr, region + (uint64_t)slot * blk,
+                         peer->ring_rkey, (uint64_t)lp * blk);
+    if (rc != KVS_OK) {
+        c->writes_pending = 0;
+        return rc;
+    }
+    rc = kvs__post_write(p, r, f, chunk, local + (uint64_t)lp * blk, mr,
+                         region + (uint64_t)(lx + slot) * blk, peer->ring_rkey,
+                         (uint64_t)lp * blk);
+    if (rc != KVS_OK)
+        c->writes_pending = 1; /* the K write is in flight */
+    return rc;
+}
+
+static void kvs__chunk_ready(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int64_t chunk)
+{
+    kvs__pflow_t *fl = &r->flows[f];
+    kvs__pchunk_t *c = &fl->chunks[chunk];
+    if (c->worker >= 0)
+        p->worker_busy[c->worker] = false;
+    c->worker = -1;
+    c->state = KVS__PCH_DONE;
+    fl->chunks_done++;
+    kvs_msg_t msg = {.type = KVS_MSG_CHUNK_READY};
+    msg.u.ready = (kvs_msg_chunk_ready_t){.session = p->session, .room = r->id,
+                                          .chunk = chunk, .page_start = c->page_start,
+                                          .pages = c->num_pages, .writer = p->peers[f].writer,
+                                          .stage = p->stage};
+    kvs__send(p, &p->peers[f], &msg);
+}
+
+/* ---- creation --------------------------------------------------------------- */
+
+void kvs_prefill_destroy(kvs_prefill_t *p)
+{
+    if (p == NULL)
+        return;
+    kvs_manager_t *m = p->m;
+    while (p->first != NULL)
+        kvs__room_remove(p, p->first);
+    kvs__table_fini(&p->rooms);
+    if (p->k_mr != NULL)
+        kvs__manager_deregister_kv(m, p->k_mr, p->v_mr);
+    for (int64_t i = 0; p->peers != NULL && i < p->ntargets; i++)
+        free(p->peers[i].layers);
+    if (p->stream != NULL)
+        kvs__dev_stream_destroy(p->dev, p->stream);
+    kvs__results_fini(&p->results);
+    free(p->peers);
+    free(p->worker_busy);
+    free(p->ops);
+    free(p->gathers);
+    free(p->cq);
+    free(p->k_mr);
+    free(p->v_mr);
+    free(p->k_rkey);
+    free(p->v_rkey);
+    m->handler = NULL;
+    free(p);
+}
+
+int kvs_prefill_create(kvs_manager_t *m, kvs_prefill_t **out)
+{
+    if (out == NULL)
+        return m != NULL ? KVS__MFAIL(m, KVS_EINVAL, "out must not be NULL") : KVS_EINVAL;
+    *out = NULL;
+    if (m == NULL)
+        return KVS_EINVAL;
+    kvs_layout_t lay;
+    kvs_path_t path;
+    int rc = kvs__manager_handler_check(m, KVS_ROLE_PREFILL, &lay, &path);
+    if (rc != KVS_OK)
+        return rc;
+    kvs_prefill_t *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return KVS__MFAIL(m, KVS_ENOMEM, "allocating the prefill handler failed");
+    m->layout = lay;
+    m->path = path;
+    m->handler = p;
+    p->m = m;
+    p->fab = m->fab;
+    p->dev = m->dev;
+    p->lay = &m->layout;
+    p->path = path;
+    p->rank = m->cfg.tp_rank;
+    p->stage = m->cfg.pp_rank;
+    p->session = m->cfg.session_id;
+    p->ntargets = lay.targets_per_prefill;
+    p->workers = m->staging_count;
+    p->ops_cap = m->cfg.max_inflight_writes;
+    p->gathers_cap = p->workers > 0 ? p->workers : 1;
+    kvs__fingerprint(&lay, path, &p->fp);
+    const size_t layers = (size_t)m->kv.num_layers;
+    p->peers = calloc((size_t)p->ntargets, sizeof *p->peers);
+    p->worker_busy = calloc(p->gathers_cap, sizeof *p->worker_busy);
+    p->ops = calloc(p->ops_cap, sizeof *p->ops);
+    p->gathers = calloc(p->gathers_cap, sizeof *p->gathers);
+    p->cq = calloc(KVS__POLL_BATCH, sizeof *p->cq);
+    if (p->peers == NULL || p->worker_busy == NULL || p->ops == NULL || p->gathers == NULL ||
+        p->cq == NULL || kvs__table_init(&p->rooms, m->cfg.max_rooms) != KVS_OK ||
+        kvs__results_init(&p->results, 2 * m->cfg.max_rooms) != KVS_OK) {
+        kvs_prefill_destroy(p);
+        return KVS__MFAIL(m, KVS_ENOMEM, "allocating the prefill handler's tables failed");
+    }
+    for (int64_t i = 0; i < p->ntargets; i++) {
+        kvs__ppeer_t *peer = &p->peers[i];
+        (void)kvs_layout_target(&lay, p->rank, i, &peer->tp_rank);
+        peer->pp_rank = lay.decode_pp == 1 ? 0 : p->stage;
+        (void)kvs_layout_writer_index(&lay, p->rank, peer->tp_rank, &peer->writer);
+        (void)kvs_head_slice(lay.total_heads, lay.prefill_tp, lay.decode_tp, p->rank,
+                             peer->tp_rank, &peer->heads);
+    }
+    if (path == KVS_PATH_STAGING) {
+        rc = kvs__dev_stream_create(p->dev, &p->stream);
+        if (rc != KVS_OK) {
+            kvs_prefill_destroy(p);
+            return KVS__MFAIL(m, rc, "device '%s' could not create the gather stream (%s)",
+                              m->dev->name, kvs_strerror(rc));
+        }
+    } else {
+        p->k_mr = calloc(layers, sizeof *p->k_mr);
+        p->v_mr = calloc(layers, sizeof *p->v_mr);
+        p->k_rkey = calloc(layers, sizeof *p->k_rkey);
+        p->v_rkey = calloc(layers, sizeof *p->v_rkey);
+        if (p->k_mr == NULL || p->v_mr == NULL || p->k_rkey == NULL || p->v_rkey == NULL) {
+            kvs_prefill_destroy(p);
+            return KVS__MFAIL(m, KVS_ENOMEM, "allocating the KV registration tables failed");
+        }
+        rc = kvs__manager_register_kv(m, p->k_mr, p->v_mr, p->k_rkey, p->v_rkey);
+        if (rc != KVS_OK) {
+            free(p->k_mr);
+            p->k_mr = NULL;
+            kvs_prefill_destroy(p);
+            return rc;
+        }
+    }
+    *out = p;
+    return KVS_OK;
+}
+
+/* ---- requests --------------------------------------------------------------- */
+
+int kvs_prefill_room_open(kvs_prefill_t *p, uint64_t room, int64_t total_tokens,
+                          const int64_t *pages, int64_t num_pages)
+{
+    if (p == NULL)
+        return KVS_EINVAL;
+    kvs_manager_t *m = p->m;
+    const int64_t ps = p->lay->page_size;
+    if (total_tokens < 0 || num_pages != (total_tokens + ps - 1) / ps ||
+        (pages == NULL && num_pages > 0))
+        return KVS__MFAIL(m, KVS_EINVAL, "room %llu: %lld tokens need %lld page ids, got "
+                          "%lld", (unsigned long long)room, (long long)total_tokens,
+                          (long long)((total_tokens + ps - 1) / ps), (long long)num_pages);
+    for (int64_t i = 0; i < num_pages; i++)
+        if (pages[i] < 0 || pages[i] >= m->kv.num_pages)
+            return KVS__MFAIL(m, KVS_ERANGE, "room %llu: page id %lld outside the KV pool "
+                              "of %lld pages", (unsigned long long)room, (long long)pages[i],
+                              (long long)m->kv.num_pages);
+    kvs__proom_t *r = kvs__table_get(&p->rooms, room);
+    if (r != NULL && r->opened)
+        return KVS__MFAIL(m, KVS_EALREADY, "room %llu is already open",
+                          (unsigned long long)room);
+    int64_t *copy = malloc((size_t)(num_pages > 0 ? num_pages : 1) * sizeof *copy);
+    if (copy == NULL)
+        return KVS__MFAIL(m, KVS_ENOMEM, "allocating room %llu failed", (unsigned long long)room);
+    if (r == NULL)
+        r = kvs__room_get_or_add(p, room);
+    if (r == NULL) {
+        free(copy);
+        return KVS__MFAIL(m, KVS_EFULL, "room table full (%u rooms): raise max_rooms or "
+                          "finish requests first", m->cfg.max_rooms);
+    }
+    if (num_pages > 0)
+        memcpy(copy, pages, (size_t)num_pages * sizeof *pages);
+    r->pages = copy;
+    r->num_pages = num_pages;
+    r->total = total_tokens;
+    r->opened = true;
+    r->open_ns = kvs__now(p);
+    for (int64_t f = 0; f < p->ntargets; f++)
+        if (r->flows[f].known && r->flows[f].total != total_tokens)
+            kvs__room_fail(p, r, KVS_EPROTO);
+    return KVS_OK;
+}
+
+int kvs_prefill_room_computed(kvs_prefill_t *p, uint64_t room, int64_t end_tokens, bool final)
+{
+    if (p == NULL)
+        return KVS_EINVAL;
+    kvs__proom_t *r = kvs__table_get(&p->rooms, room);
+    if (r == NULL || !r->opened)
+        return KVS__MFAIL(p->m, KVS_ENOENT, "room %llu is not open on this prefill rank",
+                          (unsigned long long)room);
+    if (end_tokens < r->computed || end_tokens > r->total || (final && end_tokens != r->total))
+        return KVS__MFAIL(p->m, KVS_EINVAL, "room %llu: computed end %lld must grow up to "
+                          "the %lld tokens of the request (final at the end)",
+                          (unsigned long long)room, (long long)end_tokens, (long long)r->total);
+    r->computed = end_tokens;
+    r->final = r->final || final;
+    return KVS_OK;
+}
+
+/* ---- message handling ------------------------------------------------------- */
+
+static void kvs__on_register(kvs_prefill_t *p, kvs_conn_t *conn, const kvs_msg_register_t *g)
+{
+    kvs_msg_t ack = {.type = KVS_MSG_REGISTER_ACK};
+    ack.u.ack = (kvs_msg_register_ack_t){.session = g->session, .tp_rank = p->rank,
+                                         .pp_rank = p->stage, .status = KVS_OK,
+                                         .prefill_session = p->session};
+    char why[160];
+    int64_t f = 0;
+    while (f < p->ntargets &&
+           (p->peers[f].tp_rank != g->tp_rank || p->peers[f].pp_rank != g->pp_rank))
+        f++;
+    int status = kvs__fingerprint_check(&p->fp, &g->fp, why, sizeof why);
+    if (status == KVS_OK && f == p->ntargets) {
+        status = KVS_EINVAL;
+        snprintf(why, sizeof why, "decode rank tp %lld pp %lld is not a target of prefill "
+                 "rank %lld", (long long)g->tp_rank, (long long)g->pp_rank, (long long)p->rank);
+    }
+    if (status == KVS_OK && p->path == KVS_PATH_STAGING &&
+        (g->ring_bytes == 0 || g->ring_addr + g->ring_bytes < g->ring_addr))
+        status = KVS_EPROTO;
+    if (status == KVS_OK && p->path != KVS_PATH_STAGING &&
+        (g->layers_total != p->lay->decode_layers || g->local_heads != p->lay->dst_heads ||
+         g->num_pages <= 0))
+        status = KVS_EPROTO;
+    if (status != KVS_OK) {
+        if (status == KVS_EPROTO)
+            snprintf(why, sizeof why, "decode registration geometry is inconsistent");
+        ack.u.ack.status = status;
+        KVS__MFAIL(p->m, status, "refused a decode registration: %s", why);
+        kvs__log(&p->m->log, KVS_LOG_ERROR, "prefill %lld: %s", (long long)p->rank, p->m->err.msg);
+        kvs_msg_t tmp = ack;
+        uint8_t buf[KVS_CONTROL_MSG_MAX_BYTES];
+        uint32_t len;
+        if (kvs__wire_encode(&tmp, buf, sizeof buf, &len) == KVS_OK &&
+            p->fab->ops.send(p->fab, conn, buf, len, KVS__WR_CONTROL) == KVS_OK)
+            p->stats.msgs_sent++;
+        return;
+    }
+    kvs__ppeer_t *peer = &p->peers[f];
+    if (peer->registered && peer->session != g->session)
+        kvs__log(&p->m->log, KVS_LOG_WARN, "prefill %lld: decode %lld/%lld re-registered "
+                 "as a new session: its watermark starts over", (long long)p->rank,
+                 (long long)g->tp_rank, (long long)g->pp_rank);
+    peer->conn = conn;
+    peer->session = g->session;
+    peer->wm = (kvs_watermark_t){0, 0};
+    peer->ring_addr = g->ring_addr;
+    peer->ring_bytes = g->ring_bytes;
+    peer->ring_rkey = g->ring_rkey;
+    peer->local_heads = g->local_heads;
+    peer->num_pages = g->num_pages;
+    peer->layers_total = g->layers_total;
+    peer->layers_got = 0;
+    free(peer->layers);
+    peer->layers = NULL;
+    if (g->layers_total > 0) {
+        peer->layers = calloc((size_t)g->layers_total, sizeof *peer->layers);
+        if (peer->layers == NULL)
+            ack.u.ack.status = KVS_ENOMEM;
+    }
+    peer->registered = ack.u.ack.status == KVS_OK;
+    kvs__send(p, peer, &ack);
+}
+
+static kvs__ppeer_t *kvs__peer_of(kvs_prefill_t *p, const kvs_conn_t *conn, uint64_t session,
+                                  int64_t *f)
+{
+    for (int64_t i = 0; i < p->ntargets; i++) {
+        if (p->peers[i].registered && p->peers[i].conn == conn && p->peers[i].session == session) {
+            *f = i;
+            return &p->peers[i];
+        }
+    }
+    return NULL;
+}
+
+static void kvs__on_room(kvs_prefill_t *p, int64_t f, const kvs_msg_room_t *q)
+{
+    const int64_t ps = p->lay->page_size;
+    if (q->base_tokens < 0 || q->total_tokens < q->base_tokens || q->base_tokens % ps != 0 ||
+        q->num_pages != (q->total_tokens - q->base_tokens + ps - 1) / ps) {
+        p->stats.msgs_rejected++;
+        return;
+    }
+    kvs__proom_t *r = kvs__room_get_or_add(p, q->room);
+    if (r == NULL) {
+        p->stats.msgs_rejected++;
+        return;
+    }
+    kvs__pflow_t *fl = &r->flows[f];
+    if (fl->known) {
+        p->stats.msgs_rejected++;
+        return;
+    }
+    fl->known = true;
+    fl->base = q->base_tokens;
+    fl->total = q->total_tokens;
+    fl->num_dpages = q->num_pages;
+    fl->cur_t = q->base_tokens;
+    if (p->path != KVS_PATH_STAGING && q->num_pages > 0) {
+        fl->dpages = malloc((size_t)q->num_pages * sizeof *fl->dpages);
+        if (fl->dpages == NULL)
+            kvs__room_fail(p, r, KVS_ENOMEM);
+    }
+    if (r->opened && q->total_tokens != r->total)
+        kvs__room_fail(p, r, KVS_EPROTO);
+}
+
+static void kvs__on_pages(kvs_prefill_t *p, int64_t f, const kvs_msg_pages_t *q)
+{
+    kvs__proom_t *r = kvs__table_get(&p->rooms, q->room);
+    kvs__pflow_t *fl = r != NULL ? &r->flows[f] : NULL;
+    if (fl == NULL || fl->dpages == NULL || q->first != fl->dpages_got ||
+        q->first + (int64_t)q->count > fl->num_dpages) {
+        p->stats.msgs_rejected++;
+        return;
+    }
+    for (uint32_t i = 0; i < q->count; i++) {
+        if (q->ids[i] < 0 || q->ids[i] >= p->peers[f].num_pages) {
+            p->stats.msgs_rejected++;
+            kvs__room_fail(p, r, KVS_ERANGE);
+            return;
+        }
+        fl->dpages[q->first + i] = q->ids[i];
+    }
+    fl->dpages_got += q->count;
+}
+
+static void kvs__on_rsp(kvs_prefill_t *p, int64_t f, const kvs_msg_staging_rsp_t *q)
+{
+    kvs__proom_t *r = kvs__table_get(&p->rooms, q->room);
+    kvs__pflow_t *fl = r != NULL ? &r->flows[f] : NULL;
+    if (fl == NULL || q->chunk < 0 || q->chunk >= fl->num_chunks) {
+        p->stats.msgs_rejected++;
+        return;
+    }
+    kvs__pchunk_t *c = &fl->chunks[q->chunk];
+    if (q->status != KVS_OK) {
+        kvs__room_fail(p, r, q->status);
+        return;
+    }
+    if (c->state != KVS__PCH_REQ) {
+        if (c->offset != q->offset || c->round != q->round || c->end != q->end)
+            p->stats.msgs_rejected++; /* a different answer to a duplicate */
+        return;
+    }
+    /* A hostile or confused decode must not make us write outside its ring. */
+    const uint64_t len = (uint64_t)c->region_bytes;
+    if (q->end != q->offset + len || q->end < q->offset || q->end > p->peers[f].ring_bytes) {
+        p->stats.msgs_rejected++;
+        kvs__room_fail(p, r, KVS_ERANGE);
+        return;
+    }
+    c->offset = q->offset;
+    c->round = q->round;
+    c->end = q->end;
+    c->state = KVS__PCH_ALLOC;
+}
+
+static void kvs__on_layers(kvs_prefill_t *p, int64_t f, const kvs_msg_layers_t *q)
+{
+    kvs__ppeer_t *peer = &p->peers[f];
+    if (peer->layers == NULL || q->first != peer->layers_got ||
+        q->first + (int64_t)q->count > peer->layers_total) {
+        p->stats.msgs_rejected++;
+        return;
+    }
+    memcpy(peer->layers + q->first, q->entries, q->count * sizeof *q->entries);
+    peer->layers_got += q->count;
+}
+
+static void kvs__on_message(kvs_prefill_t *p, const kvs_completion_t *cqe)
+{
+    kvs_msg_t msg;
+    if (kvs__wire_decode(cqe->msg, cqe->len_bytes, &msg) != KVS_OK) {
+        p->stats.msgs_rejected++;
+        return;
+    }
+    p->stats.msgs_received++;
+    if (msg.type == KVS_MSG_REGISTER) {
+        kvs__on_register(p, cqe->conn, &msg.u.reg);
+        return;
+    }
+    const uint64_t session = msg.type == KVS_MSG_LAYERS        ? msg.u.layers.session
+                             : msg.type == KVS_MSG_ROOM        ? msg.u.room.session
+                             : msg.type == KVS_MSG_PAGES       ? msg.u.pages.session
+                             : msg.type == KVS_MSG_STAGING_RSP ? msg.u.rsp.session
+                             : msg.type == KVS_MSG_WATERMARK   ? msg.u.wm.session
+                             : msg.type == KVS_MSG_ABORT       ? msg.u.abort.session
+                                                               : 0;
+    int64_t f;
+    kvs__ppeer_t *peer = kvs__peer_of(p, cqe->conn, session, &f);
+    if (peer == NULL) {
+        p->stats.msgs_rejected++; /* unknown or stale session */
+        return;
+    }
+    switch (msg.type) {
+    case KVS_MSG_LAYERS:
+        kvs__on_layers(p, f, &msg.u.layers);
+        break;
+    case KVS_MSG_ROOM:
+        kvs__on_room(p, f, &msg.u.room);
+        break;
+    case KVS_MSG_PAGES:
+        kvs__on_pages(p, f, &msg.u.pages);
+        break;
+    case KVS_MSG_STAGING_RSP:
+        kvs__on_rsp(p, f, &msg.u.rsp);
+        break;
+    case KVS_MSG_WATERMARK:
+        peer->wm = (kvs_watermark_t){msg.u.wm.round, msg.u.wm.offset};
+        break;
+    case KVS_MSG_ABORT: {
+        kvs__proom_t *r = kvs__table_get(&p->rooms, msg.u.abort.room);
+        if (r != NULL)
+            kvs__room_fail(p, r, msg.u.abort.status != KVS_OK ? msg.u.abort.status : KVS_EPEER);
+        else
+            p->stats.msgs_rejected++;
+        break;
+    }
+    default:
+        p->stats.msgs_rejected++;
+        break;
+    }
+}
+
+static void kvs__on_write_done(kvs_prefill_t *p, const kvs_completion_t *cqe)
+{
+    const uint32_t i = (uint32_t)(cqe->wr_id & 0xffffffffu);
+    const uint32_t gen = (uint32_t)(cqe->wr_id >> 32);
+    if (i >= p->ops_cap || !p->ops[i].used || p->ops[i].gen != gen) {
+        p->stats.msgs_rejected++;
+        return;
+    }
+    kvs__pop_t op = p->ops[i];
+    p->ops[i].used = false;
+    p->ops_used--;
+    kvs__proom_t *r = kvs__table_get(&p->rooms, op.room);
+    if (r == NULL)
+        return;
+    kvs__pflow_t *fl = &r->flows[op.flow];
+    if (cqe->status != KVS_OK)
+        kvs__room_fail(p, r, cqe->status);
+    if (op.chunk < 0) {
+        fl->writes_pending--;
+        return;
+    }
+    kvs__pchunk_t *c = &fl->chunks[op.chunk];
+    if (--c->writes_pending > 0)
+        return;
+    if (r->status == KVS_OK) {
+        kvs__chunk_ready(p, r, op.flow, op.chunk);
+    } else {
+        p->worker_busy[c->worker] = false;
+        c->worker = -1;
+        c->state = KVS__PCH_DONE;
+    }
+}
+
+/* ---- progress --------------------------------------------------------------- */
+
+static void kvs__send_requests(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
+{
+    kvs__pflow_t *fl = &r->flows[f];
+    const int64_t pages = fl->num_dpages;
+    fl->num_chunks = kvs_grid_num_chunks(p->lay, pages);
+    fl->chunks = calloc((size_t)fl->num_chunks, sizeof *fl->chunks);
+    if (fl->chunks == NULL) {
+        fl->num_chunks = 0;
+        kvs__room_fail(p, r, KVS_ENOMEM);
+        return;
+    }
+    fl->reqs_sent = true;
+    for (int64_t i = 0; i < fl->num_chunks; i++) {
+        kvs__pchunk_t *c = &fl->chunks[i];
+        kvs_chunk_t ch;
+        if (kvs_grid_chunk(p->lay, fl->base, fl->total, i, &ch) != KVS_OK ||
+            kvs_layout_region_bytes(p->lay, p->peers[f].tp_rank, ch.token_end - ch.token_start,
+                                    &c->region_bytes) != KVS_OK) {
+            kvs__room_fail(p, r, KVS_ERANGE);
+            return;
+        }
+        c->tokens = ch.token_end - ch.token_start;
+        c->token_start = ch.token_start;
+        c->token_end = ch.token_end;
+        c->page_start = ch.page_start;
+        c->num_pages = ch.num_pages;
+        c->worker = -1;
+        c->state = KVS__PCH_REQ;
+        kvs_msg_t msg = {.type = KVS_MSG_STAGING_REQ};
+        msg.u.req = (kvs_msg_staging_req_t){.session = p->session, .room = r->id, .chunk = i,
+                                            .pages = ch.num_pages, .tokens = c->tokens,
+                                            .writer = p->peers[f].writer, .stage = p->stage};
+        kvs__send(p, &p->peers[f], &msg);
+    }
+}
+
+static int32_t kvs__free_worker(const kvs_prefill_t *p)
+{
+    for (uint32_t w = 0; w < p->workers; w++)
+        if (!p->worker_busy[w])
+            return (int32_t)w;
+    return -1;
+}
+
+/* Starts the gathers of chunks that are computed, ready and have a buffer. */
+static void kvs__advance_staging(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
+{
+    kvs__pflow_t *fl = &r->flows[f];
+    kvs__ppeer_t *peer = &p->peers[f];
+    for (int64_t i = 0; i < fl->num_chunks && r->status == KVS_OK; i++) {
+        kvs__pchunk_t *c = &fl->chunks[i];
+        if (c->state != KVS__PCH_ALLOC)
+            continue;
+        if (c->token_end > r->computed && !r->final)
+            break; /* later chunks are not computed either */
+        if (c->tokens == 0) { /* metadata-only: nothing to move */
+            kvs__chunk_ready(p, r, f, i);
+            continue;
+        }
+        if (!kvs_ring_ready(peer->wm, c->round, c->end)) {
+            if (!c->waited)
+                p->stats.watermark_waits++;
+            c->waited = true;
+            break; /* regions are handed out in ring order: later ones wait too */
+        }
+        const int32_t w = kvs__free_worker(p);
+        if (w < 0)
+            return;
+        kvs_manager_t *m = p->m;
+        const int64_t ps = p->lay->page_size;
+        kvs_copy_desc_t desc = {
+            .k_base = m->k_base, .v_base = m->v_base, .local_heads = m->kv.local_heads,
+            .head_dim = p->lay->head_dim, .elem_bytes = p->lay->elem_bytes, .page_size = ps,
+            .pages = r->pages + c->token_start / ps, .num_pages = (c->tokens + ps - 1) / ps,
+            .tokens = c->tokens, .head_start = peer->heads.src_start,
+            .num_heads = peer->heads.num_heads, .layer_begin = 0,
+            .layer_count = p->lay->prefill_layers, .staging_slot_begin = 0,
+            .staging_layer_slots = p->lay->prefill_layers,
+            .staging_addr = m->staging_addr[w]};
+        int rc = kvs__dev_gather(p->dev, p->stream, &desc);
+        if (rc == KVS_OK)
+            rc = kvs__dev_event_record(p->dev, p->stream, &c->event);
+        if (rc != KVS_OK || p->gathers_count == p->gathers_cap) {
+            kvs__room_fail(p, r, rc != KVS_OK ? rc : KVS_EFULL);
+            return;
+        }
+        p->worker_busy[w] = true;
+        c->worker = w;
+        c->state = KVS__PCH_GATHER;
+        p->gathers[(p->gathers_head + p->gathers_count) % p->gathers_cap] =
+            (kvs__pgather_t){r->id, (int32_t)f, i};
+        p->gathers_count++;
+        p->stats.copies++;
+    }
+}
+
+/* Address of token t's head slice in one KV layer buffer. */
+static uint64_t kvs__slot_addr(uint64_t base, int64_t page, int64_t slot, int64_t ps,
+                               int64_t heads, int64_t head, int64_t head_bytes)
+{
+    return base + (uint64_t)(((page * ps + slot) * heads + head) * head_bytes);
+}
+
+/* Posts direct/slice writes from the cursor until the in-flight bound. */
+static void kvs__advance_direct(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
+{
+    kvs__pflow_t *fl = &r->flows[f];
+    kvs__ppeer_t *peer = &p->peers[f];
+    kvs_manager_t *m = p->m;
+    if (!r->final || fl->posted_all || fl->dpages_got < fl->num_dpages ||
+        peer->layers_got < peer->layers_total)
+        return;
+    const int64_t ps = p->lay->page_size, lp = p->lay->prefill_layers;
+    const int64_t hb = p->lay->head_dim * p->lay->elem_bytes;
+    const int64_t nh = peer->heads.num_heads;
+    const bool sliced = nh != m->kv.local_heads || nh != peer->local_heads;
+    const int64_t first = p->stage * lp - peer->pp_rank * p->lay->decode_layers;
+    while (r->status == KVS_OK && fl->cur_t < fl->total) {
+        const int64_t t = fl->cur_t;
+        const int64_t pi = t / ps, di = (t - fl->base) / ps, slot = t % ps;
+        if (fl->run_tokens == 0) {
+            if (sliced) {
+                fl->run_tokens = 1;
+            } else { /* the longest run of pages consecutive on both sides */
+                int64_t k = 1;
+                while ((pi + k) * ps < fl->total && r->pages[pi + k] == r->pages[pi] + k &&
+                       fl->dpages[di + k] == fl->dpages[di] + k)
+                    k++;
+                fl->run_tokens = ((pi + k) * ps < fl->total ? (pi + k) * ps : fl->total) - t;
+            }
+        }
+        const int64_t dl = first + fl->cur_l;
+        const kvs_layer_entry_t *e = &peer->layers[dl];
+        const uint64_t src = kvs__slot_addr(fl->cur_kv ? m->v_base[fl->cur_l] : m->k_base[fl->cur_l],
+                                            r->pages[pi], slot, ps, m->kv.local_heads,
+                                            peer->heads.src_start, hb);
+        const uint64_t dst = kvs__slot_addr(fl->cur_kv ? e->v_addr : e->k_addr, fl->dpages[di],
+                                            slot, ps, peer->local_heads, peer->heads.dst_start,
+                                            hb);
+        const uint64_t len = (uint64_t)(sliced ? nh * hb : fl->run_tokens * nh * hb);
+        int rc = kvs__post_write(p, r, f, -1, src,
+                                 fl->cur_kv ? p->v_mr[fl->cur_l] : p->k_mr[fl->cur_l], dst,
+                                 fl->cur_kv ? e->v_rkey : e->k_rkey, len);
+        if (rc == KVS_EAGAIN)
+            return;
+        if (rc != KVS_OK) {
+            kvs__room_fail(p, r, rc);
+            return;
+        }
+        fl->writes_pending++;
+        if (++fl->cur_kv == 2) {
+            fl->cur_kv = 0;
+            if (++fl->cur_l == lp) {
+                fl->cur_l = 0;
+                fl->cur_t += fl->run_tokens;
+                fl->run_tokens = 0;
+            }
+        }
+    }
+    fl->posted_all = fl->cur_t >= fl->total || r->status != KVS_OK;
+}
+
+/* Completed gathers in stream order: their chunks go on the wire. */
+static void kvs__reap_gathers(kvs_prefill_t *p)
+{
+    while (p->gathers_count > 0) {
+        kvs__pgather_t g = p->gathers[p->gathers_head];
+        kvs__proom_t *r = kvs__table_get(&p->rooms, g.room);
+        kvs__pchunk_t *c = &r->flows[g.flow].chunks[g.chunk];
+        int rc = kvs__dev_event_query(p->dev, c->event);
+        if (rc == KVS_EAGAIN)
+            return;
+        kvs__dev_event_destroy(p->dev, c->event);
+        c->event = NULL;
+        p->gathers_head = (p->gathers_head + 1) % p->gathers_cap;
+        p->gathers_count--;
+        if (rc == KVS_OK && r->status == KVS_OK) {
+            c->state = KVS__PCH_WRITE;
+            rc = kvs__write_chunk(p, r, g.flow, g.chunk);
+        }
+        if (rc != KVS_OK || r->status != KVS_OK) {
+            if (rc != KVS_OK)
+                kvs__room_fail(p, r, rc);
+            if (c->writes_pending == 0) {
+                p->worker_busy[c->worker] = false;
+                c->worker = -1;
+                c->state = KVS__PCH_DONE;
+            }
+        }
+    }
+}
+
+int kvs_prefill_progress(kvs_prefill_t *p)
+{
+    if (p == NULL)
+        return KVS_EINVAL;
+    int work = 0;
+    for (;;) {
+        int n = p->fab->ops.poll(p->fab, p->cq, KVS__POLL_BATCH);
+        if (n < 0)
+            return KVS__MFAIL(p->m, n, "polling fabric '%s' failed: %s", p->fab->name,
+                              p->fab->last_backend_msg[0] ? p->fab->last_backend_msg
+                                                          : kvs_strerror(n));
+        for (int i = 0; i < n; i++) {
+            if (p->cq[i].kind == KVS_COMPLETION_RECV)
+                kvs__on_message(p, &p->cq[i]);
+            else if (p->cq[i].kind == KVS_COMPLETION_WRITE)
+                kvs__on_write_done(p, &p->cq[i]);
+        }
+        work += n;
+        if (n < KVS__POLL_BATCH)
+            break;
+    }
+    if (p->stream != NULL)
+        kvs__reap_gathers(p);
+    for (kvs__proom_t *r = p->first, *next; r != NULL; r = next) {
+        next = r->next;
+        for (int64_t f = 0; f < p->ntargets; f++) {
+            kvs__pflow_t *fl = &r->flows[f];
+            if (!r->opened || !fl->known || !p->peers[f].registered || r->status != KVS_OK)
+                continue;
+            if (p->path == KVS_PATH_STAGING) {
+                if (!fl->reqs_sent)
+                    kvs__send_requests(p, r, f);
+                kvs__advance_staging(p, r, f);
+            } else {
+                kvs__advance_direct(p, r, f);
+            }
+        }
+        kvs__room_try_finish(p, r);
+    }
+    return work;
+}
+
+int kvs_prefill_poll_rooms(kvs_prefill_t *p, kvs_room_result_t *out, int max)
+{
+    if (p == NULL || out == NULL || max < 0)
+        return KVS_EINVAL;
+    return kvs__results_pop(&p->results, out, max);
+}
+
+uint64_t kvs_prefill_next_deadline_ns(const kvs_prefill_t *p)
+{
+    (void)p;
+    return UINT64_MAX; /* no timers yet: every step is driven by a completion */
+}
+
+void kvs_prefill_stats(const kvs_prefill_t *p, kvs_handler_stats_t *out)
+{
+    if (p != NULL && out != NULL)
+        *out = p->stats;
+}
