@@ -1,0 +1,722 @@
+/*
+ * scenario.c - one simulated run (see scenario.h). Builds the cluster (a
+ * simulated GPU and NIC per rank, the real kvstage manager and handler on
+ * each), registers every decode rank with its prefill writers, then replays
+ * the workload on the engine's virtual clock:
+ *   arrival -> admission (KV pages on both sides, rooms opened on every rank)
+ *   -> chunked prefill (modeled forward time; each step writes the pattern of
+ *   sim/kvdata into the prefill ranks' KV pools and tells the handlers)
+ *   -> the handlers move the KV -> every rank reports the room -> the decode
+ *   ranks' bytes are checked against the pattern -> pages freed.
+ * Ranks make progress only when their GPU or NIC wakes them, like a real
+ * event loop. Nothing here reads the wall clock.
+ */
+#include "scenario.h"
+
+#include "engine.h"
+#include "kvdata.h"
+
+#include <kvstage/backend.h>
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* RNG stream ids: fixed, so adding one never reshuffles the others. */
+enum { SIM_STREAM_ARRIVALS = 1, SIM_STREAM_LENGTHS = 2, SIM_STREAM_PREFIX = 3 };
+
+typedef struct sim_scenario sim_scenario_t;
+
+typedef struct sim_node {
+    sim_scenario_t *sc;
+    kvs_role_t role;
+    int64_t tp, pp;
+    char name[32];
+    sim_gpu_t *gpu;
+    sim_nic_t *nic;
+    kvs_manager_t *m;
+    kvs_decode_t *dec;
+    kvs_prefill_t *pre;
+    uint64_t pool_addr, layer_bytes;
+    uint8_t *pool_host;          /* host view of the whole KV pool */
+    int64_t layers, heads;       /* local */
+    uint64_t *k_base, *v_base;
+    bool wake_pending;
+} sim_node_t;
+
+typedef enum { SIM_REQ_WAITING, SIM_REQ_ADMITTED, SIM_REQ_DONE } sim_req_state_t;
+
+typedef struct sim_req {
+    int64_t tokens, base;
+    uint64_t arrival_ns, computed_ns, done_ns;
+    int64_t *ppages, *dpages;    /* ceil(tokens/ps), ceil((tokens-base)/ps) */
+    int64_t computed;
+    int64_t reports_left;
+    int status;
+    sim_req_state_t state;
+} sim_req_t;
+
+typedef struct sim_pages {
+    int64_t *free_ids;
+    int64_t count, cap;
+} sim_pages_t;
+
+struct sim_scenario {
+    sim_scenario_config_t cfg;
+    kvs_layout_t lay;
+    sim_engine_t *eng;
+    sim_net_t *net;
+    sim_node_t *nodes;           /* prefill (P * Pp) then decode (D * Dp) */
+    int64_t nprefill, ndecode;
+    sim_pages_t ppool, dpool;
+    int64_t pool_pages;
+    sim_req_t *reqs;
+    uint32_t *waiting;           /* admission FIFO of request indices */
+    uint32_t waiting_head, waiting_count;
+    uint32_t *compute;           /* forward-pass FIFO */
+    uint32_t compute_head, compute_count;
+    bool computing;
+    uint32_t inflight, finished;
+    uint64_t first_arrival_ns, last_done_ns;
+    uint64_t bytes_verified, corrupt_bytes;
+    int fatal;
+    char *err;
+    size_t err_bytes;
+    FILE *trace;
+};
+
+static int sim_fail(sim_scenario_t *sc, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int sim_fail(sim_scenario_t *sc, int status, const char *fmt, ...)
+{
+    if (sc->fatal == KVS_OK && sc->err != NULL && sc->err_bytes > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(sc->err, sc->err_bytes, fmt, ap);
+        va_end(ap);
+    }
+    if (sc->fatal == KVS_OK)
+        sc->fatal = status;
+    sim_engine_stop(sc->eng);
+    return status;
+}
+
+void sim_scenario_defaults(sim_scenario_config_t *c)
+{
+    if (c->requests == 0)
+        c->requests = 24;
+    if (c->prompt_min_tokens == 0)
+        c->prompt_min_tokens = 1024;
+    if (c->prompt_max_tokens == 0)
+        c->prompt_max_tokens = c->prompt_min_tokens > 4096 ? c->prompt_min_tokens : 4096;
+    if (c->ring_bytes == 0)
+        c->ring_bytes = KVS_DEFAULT_RING_BYTES;
+    if (c->prefill_tokens_per_s == 0)
+        c->prefill_tokens_per_s = 16384;
+    if (c->max_inflight == 0)
+        c->max_inflight = 32;
+    if (c->transfer_workers == 0)
+        c->transfer_workers = KVS_DEFAULT_TRANSFER_WORKERS;
+    if (c->max_events == 0)
+        c->max_events = 1ull << 40;
+}
+
+/* ---- pages ------------------------------------------------------------------ */
+
+static int sim_pages_init(sim_pages_t *p, int64_t n)
+{
+    p->free_ids = malloc((size_t)n * sizeof *p->free_ids);
+    if (p->free_ids == NULL)
+        return KVS_ENOMEM;
+    for (int64_t i = 0; i < n; i++)
+        p->free_ids[i] = n - 1 - i; /* pop order 0, 1, 2, ... */
+    p->count = p->cap = n;
+    return KVS_OK;
+}
+
+static void sim_pages_take(sim_pages_t *p, int64_t *out, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        out[i] = p->free_ids[--p->count];
+}
+
+static void sim_pages_give(sim_pages_t *p, const int64_t *ids, int64_t n)
+{
+    for (int64_t i = n - 1; i >= 0; i--)
+        p->free_ids[p->count++] = ids[i];
+}
+
+/* ---- node plumbing ----------------------------------------------------------- */
+
+static void sim_node_progress(sim_engine_t *eng, void *ctx, uint64_t arg);
+
+static void sim_node_wake(void *ctx)
+{
+    sim_node_t *n = ctx;
+    if (n->wake_pending)
+        return;
+    n->wake_pending = true;
+    if (sim_engine_after(n->sc->eng, 0, sim_node_progress, n, 0, NULL) != KVS_OK)
+        sim_fail(n->sc, KVS_ENOMEM, "scheduling the progress of %s failed", n->name);
+}
+
+/* Global head of local head j on a rank of TP tp holding `heads` heads. */
+static int64_t sim_global_head(int64_t total, int64_t tp_size, int64_t rank, int64_t heads,
+                               int64_t j)
+{
+    if (total >= tp_size)
+        return rank * heads + j;
+    return rank / (tp_size / total); /* replicated: ranks sharing a head */
+}
+
+static uint8_t *sim_slot(const sim_node_t *n, int64_t layer, int kv, int64_t page, int64_t slot,
+                         int64_t head, int64_t ps, int64_t head_bytes)
+{
+    const uint64_t addr = (kv ? n->v_base[layer] : n->k_base[layer]) +
+                          (uint64_t)(((page * ps + slot) * n->heads + head) * head_bytes);
+    return n->pool_host + (addr - n->pool_addr);
+}
+
+/* The forward pass of tokens [a, b) on one prefill rank. */
+static void sim_fill_prefill(sim_scenario_t *sc, sim_node_t *n, uint64_t req, int64_t a, int64_t b)
+{
+    const kvs_layout_t *l = &sc->lay;
+    const int64_t ps = l->page_size, hb = l->head_dim * l->elem_bytes;
+    const sim_req_t *r = &sc->reqs[req];
+    for (int64_t layer = 0; layer < n->layers; layer++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int64_t t = a; t < b; t++)
+                for (int64_t j = 0; j < n->heads; j++) {
+                    sim_kv_coord_t c = {req, n->pp * n->layers + layer, kv,
+                                        sim_global_head(l->total_heads, l->prefill_tp, n->tp,
+                                                        n->heads, j),
+                                        t};
+                    sim_kvdata_fill(sim_slot(n, layer, kv, r->ppages[t / ps], t % ps, j, ps, hb),
+                                    (size_t)hb, &c);
+                }
+}
+
+/* Checks what one decode rank received for a request; returns bytes checked. */
+static uint64_t sim_verify_decode(sim_scenario_t *sc, sim_node_t *n, uint64_t req,
+                                  uint64_t *corrupt)
+{
+    const kvs_layout_t *l = &sc->lay;
+    const int64_t ps = l->page_size, hb = l->head_dim * l->elem_bytes;
+    const sim_req_t *r = &sc->reqs[req];
+    uint64_t checked = 0;
+    for (int64_t layer = 0; layer < n->layers; layer++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int64_t t = r->base; t < r->tokens; t++)
+                for (int64_t j = 0; j < n->heads; j++) {
+                    sim_kv_coord_t c = {req, n->pp * n->layers + layer, kv,
+                                        sim_global_head(l->total_heads, l->decode_tp, n->tp,
+                                                        n->heads, j),
+                                        t};
+                    *corrupt += sim_kvdata_check(
+                        sim_slot(n, layer, kv, r->dpages[(t - r->base) / ps], t % ps, j, ps, hb),
+                        (size_t)hb, &c);
+                    checked += (uint64_t)hb;
+                }
+    return checked;
+}
+
+static void sim_trace_span(sim_scenario_t *sc, const char *name, const char *track,
+                           uint64_t start_ns, uint64_t end_ns, uint64_t req)
+{
+    if (sc->trace == NULL)
+        return;
+    fprintf(sc->trace, ",\n{\"name\":\"%s\",\"cat\":\"request\",\"ph\":\"X\",\"pid\":1,"
+            "\"tid\":\"%s\",\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"room\":%llu}}",
+            name, track, (double)start_ns / 1e3, (double)(end_ns - start_ns) / 1e3,
+            (unsigned long long)req);
+}
+
+/* ---- requests ---------------------------------------------------------------- */
+
+static void sim_try_admit(sim_scenario_t *sc);
+static void sim_compute_next(sim_scenario_t *sc);
+
+static void sim_finish(sim_scenario_t *sc, uint32_t i)
+{
+    sim_req_t *r = &sc->reqs[i];
+    const uint64_t now = sim_engine_now_ns(sc->eng);
+    r->state = SIM_REQ_DONE;
+    r->done_ns = now;
+    if (r->status == KVS_OK) {
+        for (int64_t d = 0; d < sc->ndecode; d++) {
+            uint64_t corrupt = 0;
+            sc->bytes_verified += sim_verify_decode(sc, &sc->nodes[sc->nprefill + d], i, &corrupt);
+            sc->corrupt_bytes += corrupt;
+        }
+    }
+    sim_trace_span(sc, r->status == KVS_OK ? "transfer" : "transfer (failed)", "requests",
+                   r->computed_ns, now, i);
+    const int64_t ps = sc->lay.page_size;
+    sim_pages_give(&sc->ppool, r->ppages, (r->tokens + ps - 1) / ps);
+    sim_pages_give(&sc->dpool, r->dpages, (r->tokens - r->base + ps - 1) / ps);
+    free(r->ppages);
+    free(r->dpages);
+    r->ppages = r->dpages = NULL;
+    sc->inflight--;
+    sc->finished++;
+    sc->last_done_ns = now;
+    const uint32_t step = sc->cfg.requests / 64 > 0 ? sc->cfg.requests / 64 : 1;
+    if (sc->cfg.progress != NULL && (sc->finished % step == 0 || sc->finished == sc->cfg.requests))
+        sc->cfg.progress(sc->cfg.progress_ctx, sc->finished, sc->cfg.requests, now);
+    if (sc->finished == sc->cfg.requests)
+        sim_engine_stop(sc->eng);
+    sim_try_admit(sc);
+}
+
+static void sim_on_result(sim_scenario_t *sc, const kvs_room_result_t *res)
+{
+    if (res->room >= sc->cfg.requests) {
+        sim_fail(sc, KVS_EPROTO, "a handler reported unknown room %llu",
+                 (unsigned long long)res->room);
+        return;
+    }
+    sim_req_t *r = &sc->reqs[res->room];
+    if (r->state != SIM_REQ_ADMITTED || r->reports_left <= 0) {
+        sim_fail(sc, KVS_EPROTO, "room %llu reported twice", (unsigned long long)res->room);
+        return;
+    }
+    if (r->status == KVS_OK && res->status != KVS_OK)
+        r->status = res->status;
+    if (--r->reports_left == 0)
+        sim_finish(sc, (uint32_t)res->room);
+}
+
+static void sim_node_progress(sim_engine_t *eng, void *ctx, uint64_t arg)
+{
+    sim_node_t *n = ctx;
+    sim_scenario_t *sc = n->sc;
+    n->wake_pending = false;
+    int rc = n->dec != NULL ? kvs_decode_progress(n->dec) : kvs_prefill_progress(n->pre);
+    if (rc < 0) {
+        sim_fail(sc, rc, "%s: progress failed: %s", n->name, kvs_manager_last_error(n->m)->msg);
+        return;
+    }
+    kvs_room_result_t res[16];
+    int got;
+    do {
+        got = n->dec != NULL ? kvs_decode_poll_rooms(n->dec, res, 16)
+                             : kvs_prefill_poll_rooms(n->pre, res, 16);
+        for (int i = 0; i < got; i++)
+            sim_on_result(sc, &res[i]);
+    } while (got == 16);
+}
+
+/* One forward-pass step of the request at the head of the compute FIFO. */
+static void sim_compute_step(sim_engine_t *eng, void *ctx, uint64_t arg)
+{
+    sim_scenario_t *sc = ctx;
+    const uint32_t i = (uint32_t)arg;
+    sim_req_t *r = &sc->reqs[i];
+    const int64_t end = r->computed + sc->lay.grid_tokens < r->tokens
+                            ? r->computed + sc->lay.grid_tokens : r->tokens;
+    const bool final = end == r->tokens;
+    for (int64_t p = 0; p < sc->nprefill; p++) {
+        sim_node_t *n = &sc->nodes[p];
+        sim_fill_prefill(sc, n, i, r->computed, end);
+        int rc = kvs_prefill_room_computed(n->pre, i, end, final);
+        if (rc != KVS_OK) {
+            sim_fail(sc, rc, "%s: room_computed: %s", n->name, kvs_manager_last_error(n->m)->msg);
+            return;
+        }
+        sim_node_wake(n);
+    }
+    r->computed = end;
+    if (!final) {
+        const int64_t next = end + sc->lay.grid_tokens < r->tokens ? sc->lay.grid_tokens
+                                                                    : r->tokens - end;
+        const uint64_t dt = (uint64_t)next * 1000000000ull / sc->cfg.prefill_tokens_per_s;
+        sim_engine_after(eng, dt, sim_compute_step, sc, i, NULL);
+        return;
+    }
+    r->computed_ns = sim_engine_now_ns(eng);
+    sc->computing = false;
+    sim_compute_next(sc);
+}
+
+static void sim_compute_next(sim_scenario_t *sc)
+{
+    if (sc->computing || sc->compute_count == 0)
+        return;
+    const uint32_t i = sc->compute[sc->compute_head];
+    sc->compute_head = (sc->compute_head + 1) % sc->cfg.requests;
+    sc->compute_count--;
+    sc->computing = true;
+    const sim_req_t *r = &sc->reqs[i];
+    const int64_t first = sc->lay.grid_tokens < r->tokens ? sc->lay.grid_tokens : r->tokens;
+    const uint64_t dt = (uint64_t)first * 1000000000ull / sc->cfg.prefill_tokens_per_s;
+    if (sim_engine_after(sc->eng, dt, sim_compute_step, sc, i, NULL) != KVS_OK)
+        sim_fail(sc, KVS_ENOMEM, "scheduling a forward pass failed");
+}
+
+static int sim_open_rooms(sim_scenario_t *sc, uint32_t i)
+{
+    sim_req_t *r = &sc->reqs[i];
+    const int64_t ps = sc->lay.page_size;
+    const int64_t np = (r->tokens + ps - 1) / ps, nd = (r->tokens - r->base + ps - 1) / ps;
+    for (int64_t d = 0; d < sc->ndecode; d++) {
+        sim_node_t *n = &sc->nodes[sc->nprefill + d];
+        int rc = kvs_decode_room_open(n->dec, i, r->base, r->tokens, r->dpages, nd);
+        if (rc != KVS_OK)
+            return sim_fail(sc, rc, "%s: room_open: %s", n->name, kvs_manager_last_error(n->m)->msg);
+        sim_node_wake(n);
+    }
+    for (int64_t p = 0; p < sc->nprefill; p++) {
+        sim_node_t *n = &sc->nodes[p];
+        int rc = kvs_prefill_room_open(n->pre, i, r->tokens, r->ppages, np);
+        if (rc != KVS_OK)
+            return sim_fail(sc, rc, "%s: room_open: %s", n->name, kvs_manager_last_error(n->m)->msg);
+    }
+    return KVS_OK;
+}
+
+static void sim_try_admit(sim_scenario_t *sc)
+{
+    const int64_t ps = sc->lay.page_size;
+    while (sc->waiting_count > 0 && sc->inflight < sc->cfg.max_inflight && sc->fatal == KVS_OK) {
+        const uint32_t i = sc->waiting[sc->waiting_head];
+        sim_req_t *r = &sc->reqs[i];
+        const int64_t np = (r->tokens + ps - 1) / ps, nd = (r->tokens - r->base + ps - 1) / ps;
+        if (np > sc->ppool.count || nd > sc->dpool.count)
+            return; /* wait for pages */
+        r->ppages = malloc((size_t)(np > 0 ? np : 1) * sizeof *r->ppages);
+        r->dpages = malloc((size_t)(nd > 0 ? nd : 1) * sizeof *r->dpages);
+        if (r->ppages == NULL || r->dpages == NULL) {
+            sim_fail(sc, KVS_ENOMEM, "allocating page lists failed");
+            return;
+        }
+        sim_pages_take(&sc->ppool, r->ppages, np);
+        sim_pages_take(&sc->dpool, r->dpages, nd);
+        sc->waiting_head = (sc->waiting_head + 1) % sc->cfg.requests;
+        sc->waiting_count--;
+        sc->inflight++;
+        r->state = SIM_REQ_ADMITTED;
+        r->reports_left = sc->nprefill + sc->ndecode;
+        if (sim_open_rooms(sc, i) != KVS_OK)
+            return;
+        sc->compute[(sc->compute_head + sc->compute_count) % sc->cfg.requests] = i;
+        sc->compute_count++;
+        sim_compute_next(sc);
+    }
+}
+
+static void sim_arrive(sim_engine_t *eng, void *ctx, uint64_t arg)
+{
+    sim_scenario_t *sc = ctx;
+    sc->waiting[(sc->waiting_head + sc->waiting_count) % sc->cfg.requests] = (uint32_t)arg;
+    sc->waiting_count++;
+    sim_try_admit(sc);
+}
+
+/* ---- setup and teardown ------------------------------------------------------ */
+
+static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
+{
+    const kvs_layout_t *l = &sc->lay;
+    const bool decode = n->role == KVS_ROLE_DECODE;
+    snprintf(n->name, sizeof n->name, "%c%lld.%lld", decode ? 'd' : 'p', (long long)n->tp,
+             (long long)n->pp);
+    int rc = sim_gpu_create(sc->eng, &sc->cfg.gpu, gpu_id, &n->gpu);
+    if (rc == KVS_OK)
+        rc = sim_nic_create(sc->net, n->name, n->gpu, &n->nic);
+    if (rc != KVS_OK)
+        return sim_fail(sc, rc, "creating the GPU/NIC of %s failed: %s", n->name, kvs_strerror(rc));
+    sim_gpu_set_wake(n->gpu, sim_node_wake, n);
+    sim_nic_set_wake(n->nic, sim_node_wake, n);
+
+    n->layers = decode ? l->decode_layers : l->prefill_layers;
+    n->heads = decode ? l->dst_heads : l->src_heads;
+    n->layer_bytes = (uint64_t)sc->pool_pages * (uint64_t)(l->page_size * n->heads *
+                                                            l->head_dim * l->elem_bytes);
+    kvs_device_t *dev = sim_gpu_device(n->gpu);
+    const uint64_t pool_bytes = 2 * (uint64_t)n->layers * n->layer_bytes;
+    rc = dev->ops.mem_alloc(dev, pool_bytes, &n->pool_addr);
+    if (rc != KVS_OK)
+        return sim_fail(sc, rc, "%s: KV pool of %llu bytes: %s", n->name,
+                        (unsigned long long)pool_bytes, dev->last_backend_msg);
+    n->pool_host = sim_gpu_host(n->gpu, n->pool_addr, pool_bytes);
+    n->k_base = calloc((size_t)n->layers, sizeof *n->k_base);
+    n->v_base = calloc((size_t)n->layers, sizeof *n->v_base);
+    if (n->k_base == NULL || n->v_base == NULL || n->pool_host == NULL)
+        return sim_fail(sc, KVS_ENOMEM, "%s: KV pool tables", n->name);
+    for (int64_t i = 0; i < n->layers; i++) {
+        n->k_base[i] = n->pool_addr + (uint64_t)(2 * i) * n->layer_bytes;
+        n->v_base[i] = n->pool_addr + (uint64_t)(2 * i + 1) * n->layer_bytes;
+    }
+
+    const bool staging = sc->cfg.staging || sc->cfg.path == KVS_PATH_STAGING;
+    kvs_manager_config_t mc = {
+        .role = n->role, .staging = staging, .total_heads = l->total_heads,
+        .head_dim = l->head_dim, .dtype = sc->cfg.shape.dtype, .layers = n->layers,
+        .page_size = l->page_size, .tp_rank = n->tp, .tp_size = decode ? l->decode_tp : l->prefill_tp,
+        .pp_rank = n->pp, .pp_size = decode ? l->decode_pp : l->prefill_pp,
+        .peer_tp_size = decode ? l->prefill_tp : l->decode_tp,
+        .peer_pp_size = decode ? l->prefill_pp : l->decode_pp,
+        .chunk_tokens = sc->cfg.shape.chunk_tokens, .ring_bytes = sc->cfg.ring_bytes,
+        .transfer_workers = sc->cfg.transfer_workers, .path = sc->cfg.path,
+        .max_rooms = 2 * sc->cfg.max_inflight + 16,
+        .log = {.fn = NULL, .level = KVS_LOG_ERROR}};
+    kvs_error_t err = {0};
+    rc = kvs_manager_create(&mc, dev, sim_nic_fabric(n->nic), &n->m, &err);
+    if (rc != KVS_OK)
+        return sim_fail(sc, rc, "%s: manager: %s", n->name, err.msg);
+    kvs_kv_buffers_t kv = {.num_layers = n->layers, .k_base = n->k_base, .v_base = n->v_base,
+                           .local_heads = n->heads, .page_size = l->page_size,
+                           .num_pages = sc->pool_pages};
+    if (staging && (rc = kvs_manager_init_staging(n->m)) == KVS_OK)
+        rc = kvs_manager_register_staging(n->m);
+    if (rc == KVS_OK)
+        rc = kvs_manager_set_kv_buffers(n->m, &kv);
+    if (rc == KVS_OK)
+        rc = decode ? kvs_decode_create(n->m, &n->dec) : kvs_prefill_create(n->m, &n->pre);
+    if (rc != KVS_OK)
+        return sim_fail(sc, rc, "%s: %s", n->name, kvs_manager_last_error(n->m)->msg);
+    return KVS_OK;
+}
+
+static void sim_node_teardown(sim_node_t *n)
+{
+    kvs_decode_destroy(n->dec);
+    kvs_prefill_destroy(n->pre);
+    if (n->m != NULL)
+        (void)kvs_manager_destroy(n->m);
+    if (n->gpu != NULL && n->pool_addr != 0) {
+        kvs_device_t *dev = sim_gpu_device(n->gpu);
+        (void)dev->ops.mem_free(dev, n->pool_addr);
+    }
+    sim_nic_destroy(n->nic);
+    sim_gpu_destroy(n->gpu);
+    free(n->k_base);
+    free(n->v_base);
+}
+
+static int sim_connect_all(sim_scenario_t *sc)
+{
+    const kvs_layout_t *l = &sc->lay;
+    const int64_t stages = l->prefill_pp / l->decode_pp;
+    for (int64_t d = 0; d < sc->ndecode; d++) {
+        sim_node_t *n = &sc->nodes[sc->nprefill + d];
+        const int64_t first = l->decode_pp == 1 ? 0 : n->pp;
+        for (int64_t i = 0; i < l->tp_writers; i++) {
+            kvs_writer_t w;
+            kvs_layout_writer(l, n->tp, i, 0, &w);
+            for (int64_t s = first; s < first + stages; s++) {
+                char peer[32];
+                snprintf(peer, sizeof peer, "p%lld.%lld", (long long)w.prefill_rank, (long long)s);
+                int rc = kvs_decode_connect(n->dec, peer, w.prefill_rank, s);
+                if (rc != KVS_OK)
+                    return sim_fail(sc, rc, "%s: %s", n->name, kvs_manager_last_error(n->m)->msg);
+            }
+        }
+        sim_node_wake(n);
+    }
+    return KVS_OK;
+}
+
+static int sim_setup(sim_scenario_t *sc)
+{
+    const sim_scenario_config_t *c = &sc->cfg;
+    kvs_error_t err = {0};
+    int rc = kvs_layout_init(&sc->lay, &c->shape, &err);
+    if (rc != KVS_OK)
+        return sim_fail(sc, rc, "shape: %s", err.msg);
+    if (c->prompt_min_tokens < 1 || c->prompt_max_tokens < c->prompt_min_tokens ||
+        c->prefix_max_tokens < 0)
+        return sim_fail(sc, KVS_EINVAL, "prompt tokens need 1 <= min <= max (got %lld:%lld) "
+                        "and the cached prefix must be >= 0", (long long)c->prompt_min_tokens,
+                        (long long)c->prompt_max_tokens);
+    const int64_t ps = sc->lay.page_size;
+    sc->pool_pages = (int64_t)c->max_inflight * ((c->prompt_max_tokens + ps - 1) / ps) + 1;
+    if (sim_pages_init(&sc->ppool, sc->pool_pages) != KVS_OK ||
+        sim_pages_init(&sc->dpool, sc->pool_pages) != KVS_OK)
+        return sim_fail(sc, KVS_ENOMEM, "page pools");
+    rc = sim_engine_create(c->seed, 1024, &sc->eng);
+    if (rc == KVS_OK)
+        rc = sim_net_create(sc->eng, &c->net, &sc->net);
+    if (rc != KVS_OK)
+        return sim_fail(sc, rc, "creating the engine and network failed: %s", kvs_strerror(rc));
+    sc->nprefill = sc->lay.prefill_tp * sc->lay.prefill_pp;
+    sc->ndecode = sc->lay.decode_tp * sc->lay.decode_pp;
+    sc->nodes = calloc((size_t)(sc->nprefill + sc->ndecode), sizeof *sc->nodes);
+    sc->reqs = calloc(c->requests, sizeof *sc->reqs);
+    sc->waiting = calloc(c->requests, sizeof *sc->waiting);
+    sc->compute = calloc(c->requests, sizeof *sc->compute);
+    if (sc->nodes == NULL || sc->reqs == NULL || sc->waiting == NULL || sc->compute == NULL)
+        return sim_fail(sc, KVS_ENOMEM, "scenario tables");
+    for (int64_t i = 0; i < sc->nprefill + sc->ndecode; i++) {
+        sim_node_t *n = &sc->nodes[i];
+        const bool decode = i >= sc->nprefill;
+        const int64_t k = decode ? i - sc->nprefill : i;
+        const int64_t tp = decode ? sc->lay.decode_tp : sc->lay.prefill_tp;
+        n->sc = sc;
+        n->role = decode ? KVS_ROLE_DECODE : KVS_ROLE_PREFILL;
+        n->tp = k % tp;
+        n->pp = k / tp;
+        if ((rc = sim_node_setup(sc, n, (uint32_t)i)) != KVS_OK)
+            return rc;
+    }
+    if ((rc = sim_connect_all(sc)) != KVS_OK)
+        return rc;
+    /* The workload: arrival times, prompt lengths and cached prefixes. */
+    sim_rng_t arrivals, lengths, prefix;
+    sim_engine_rng(sc->eng, SIM_STREAM_ARRIVALS, &arrivals);
+    sim_engine_rng(sc->eng, SIM_STREAM_LENGTHS, &lengths);
+    sim_engine_rng(sc->eng, SIM_STREAM_PREFIX, &prefix);
+    /* Registration happens before the first request: 1 ms of setup. */
+    uint64_t t = 1000000;
+    sc->first_arrival_ns = t;
+    for (uint32_t i = 0; i < c->requests; i++) {
+        sim_req_t *r = &sc->reqs[i];
+        r->tokens = (int64_t)sim_rng_range(&lengths, (uint64_t)c->prompt_min_tokens,
+                                           (uint64_t)c->prompt_max_tokens);
+        const int64_t pmax = c->prefix_max_tokens < r->tokens ? c->prefix_max_tokens : r->tokens;
+        r->base = pmax > 0 ? (int64_t)sim_rng_range(&prefix, 0, (uint64_t)(pmax / ps)) * ps : 0;
+        r->arrival_ns = t;
+        if ((rc = sim_engine_at(sc->eng, t, sim_arrive, sc, i, NULL)) != KVS_OK)
+            return sim_fail(sc, rc, "scheduling arrivals failed");
+        if (c->rate_milli_per_s > 0)
+            t += sim_rng_exp(&arrivals, 1000000000000ull / c->rate_milli_per_s);
+    }
+    return KVS_OK;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double sim_percentile_us(uint64_t *v, size_t n, unsigned pct)
+{
+    if (n == 0)
+        return 0.0;
+    qsort(v, n, sizeof *v, cmp_u64);
+    size_t idx = (n * pct + 99) / 100;
+    idx = idx == 0 ? 0 : idx - 1;
+    return (double)v[idx] / 1e3;
+}
+
+static void sim_report(sim_scenario_t *sc, sim_report_t *out)
+{
+    memset(out, 0, sizeof *out);
+    out->requests_total = sc->cfg.requests;
+    out->prefill_ranks = sc->nprefill;
+    out->decode_ranks = sc->ndecode;
+    uint64_t *lat = calloc(sc->cfg.requests + 1, sizeof *lat);
+    uint64_t *e2e = calloc(sc->cfg.requests + 1, sizeof *e2e);
+    size_t nl = 0;
+    for (uint32_t i = 0; i < sc->cfg.requests; i++) {
+        const sim_req_t *r = &sc->reqs[i];
+        if (r->state == SIM_REQ_DONE && r->status == KVS_OK) {
+            out->requests_ok++;
+            if (lat != NULL && e2e != NULL) {
+                lat[nl] = r->done_ns - r->computed_ns;
+                e2e[nl++] = r->done_ns - r->arrival_ns;
+            }
+        } else {
+            out->requests_failed++;
+        }
+    }
+    out->latency_p50_us = lat != NULL ? sim_percentile_us(lat, nl, 50) : 0;
+    out->latency_p99_us = lat != NULL ? sim_percentile_us(lat, nl, 99) : 0;
+    out->e2e_p50_us = e2e != NULL ? sim_percentile_us(e2e, nl, 50) : 0;
+    out->e2e_p99_us = e2e != NULL ? sim_percentile_us(e2e, nl, 99) : 0;
+    free(lat);
+    free(e2e);
+    for (int64_t i = 0; i < sc->nprefill + sc->ndecode; i++) {
+        const sim_node_t *n = &sc->nodes[i];
+        kvs_handler_stats_t st = {0};
+        if (n->dec != NULL)
+            kvs_decode_stats(n->dec, &st);
+        else
+            kvs_prefill_stats(n->pre, &st);
+        out->bytes_moved += st.rdma_write_bytes;
+        out->rdma_ops += st.rdma_writes;
+        out->control_msgs += st.msgs_sent;
+        out->msgs_rejected += st.msgs_rejected;
+        out->watermark_waits += st.watermark_waits;
+        if (st.ring_peak_bytes > out->ring_peak_bytes)
+            out->ring_peak_bytes = st.ring_peak_bytes;
+        kvs_ring_t *ring = kvs_manager_ring(n->m);
+        if (ring != NULL)
+            out->ring_leaked_bytes += kvs_ring_live_bytes(ring);
+    }
+    out->bytes_verified = sc->bytes_verified;
+    out->corrupt_bytes = sc->corrupt_bytes;
+    out->sim_ns = sc->last_done_ns > sc->first_arrival_ns ? sc->last_done_ns - sc->first_arrival_ns : 0;
+    out->goodput_gbps = out->sim_ns > 0 ? (double)out->bytes_verified * 8.0 / (double)out->sim_ns : 0;
+    const uint64_t nic = sc->cfg.net.link_bytes_per_s > 0 ? sc->cfg.net.link_bytes_per_s : 50000000000ull;
+    const int64_t nics = sc->nprefill < sc->ndecode ? sc->nprefill : sc->ndecode;
+    out->line_rate_gbps = (double)nic * 8.0 / 1e9 * (double)nics;
+    out->events = sim_engine_events_run(sc->eng);
+    out->digest = sim_engine_digest(sc->eng);
+    out->path = kvs_manager_path(sc->nodes[0].m);
+}
+
+int sim_scenario_run(const sim_scenario_config_t *cfg, sim_report_t *out, char *err,
+                     size_t err_bytes)
+{
+    if (cfg == NULL || out == NULL)
+        return KVS_EINVAL;
+    sim_scenario_t *sc = calloc(1, sizeof *sc);
+    if (sc == NULL)
+        return KVS_ENOMEM;
+    sc->cfg = *cfg;
+    sim_scenario_defaults(&sc->cfg);
+    sc->err = err;
+    sc->err_bytes = err_bytes;
+    if (err != NULL && err_bytes > 0)
+        err[0] = '\0';
+    if (sc->cfg.trace_path != NULL) {
+        sc->trace = fopen(sc->cfg.trace_path, "w");
+        if (sc->trace == NULL)
+            sim_fail(sc, KVS_EINVAL, "cannot write the trace file %s: check the path",
+                     sc->cfg.trace_path);
+        else
+            fprintf(sc->trace, "{\"traceEvents\":[\n{\"name\":\"process_name\",\"ph\":\"M\","
+                    "\"pid\":1,\"args\":{\"name\":\"kvstage sim\"}}");
+    }
+    int rc = sc->fatal == KVS_OK ? sim_setup(sc) : sc->fatal;
+    if (rc == KVS_OK) {
+        uint64_t budget = sc->cfg.max_events;
+        while (sc->fatal == KVS_OK && sc->finished < sc->cfg.requests && budget > 0) {
+            const uint64_t ran = sim_engine_run(sc->eng, UINT64_MAX, budget);
+            budget -= ran < budget ? ran : budget;
+            if (sim_engine_pending(sc->eng) == 0)
+                break; /* nothing left to happen: the rest can never finish */
+        }
+        rc = sc->fatal;
+        if (rc == KVS_OK && sc->finished < sc->cfg.requests && err != NULL && err_bytes > 0)
+            snprintf(err, err_bytes, "%u of %u requests never finished",
+                     sc->cfg.requests - sc->finished, sc->cfg.requests);
+    }
+    if (sc->nodes != NULL && sc->eng != NULL)
+        sim_report(sc, out);
+    if (sc->trace != NULL) {
+        fprintf(sc->trace, "\n]}\n");
+        fclose(sc->trace);
+    }
+    for (int64_t i = 0; sc->nodes != NULL && i < sc->nprefill + sc->ndecode; i++)
+        sim_node_teardown(&sc->nodes[i]);
+    for (uint32_t i = 0; sc->reqs != NULL && i < sc->cfg.requests; i++) {
+        free(sc->reqs[i].ppages);
+        free(sc->reqs[i].dpages);
+    }
+    if (sc->net != NULL)
+        (void)sim_net_destroy(sc->net);
+    sim_engine_destroy(sc->eng);
+    free(sc->nodes);
+    free(sc->reqs);
+    free(sc->waiting);
+    free(sc->compute);
+    free(sc->ppool.free_ids);
+    free(sc->dpool.free_ids);
+    free(sc);
+    return rc;
+}

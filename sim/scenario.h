@@ -1,0 +1,73 @@
+/*
+ * scenario.h - one simulated disaggregated-serving run: P x Pp prefill GPUs
+ * and D x Dp decode GPUs, each with a NIC, running the real kvstage core
+ * (managers and handlers) on the simulated device and fabric. Requests
+ * arrive as a Poisson process, are prefilled (modeled forward time, real KV
+ * bytes written by a deterministic pattern), moved by the chosen path, and
+ * every byte the decode side received is verified.
+ *
+ * Deterministic: one seed drives arrivals, prompt lengths and the fabric;
+ * the same config gives the same report, bit for bit (wall time aside, which
+ * the caller measures).
+ */
+#ifndef KVS_SIM_SCENARIO_H
+#define KVS_SIM_SCENARIO_H
+
+#include <kvstage/kvstage.h>
+
+#include "fabric.h"
+#include "gpu.h"
+
+typedef struct sim_scenario_config {
+    kvs_layout_params_t shape;     /* model shape, TP/PP sizes, chunk size */
+    uint32_t requests;             /* 0 -> 24 */
+    int64_t prompt_min_tokens;     /* 0 -> 1024 */
+    int64_t prompt_max_tokens;     /* 0 -> 4096 */
+    uint64_t rate_milli_per_s;     /* mean arrivals per 1000 s; 0 -> all at t=0 */
+    int64_t prefix_max_tokens;     /* decode cached prefix drawn in [0, this],
+                                      page aligned; 0 = none */
+    uint64_t ring_bytes;           /* decode staging ring, 0 -> 4096 MiB */
+    kvs_path_t path;               /* AUTO, STAGING, DIRECT or SLICE */
+    bool staging;                  /* staging enabled on both sides; AUTO uses it */
+    uint64_t prefill_tokens_per_s; /* forward speed of the prefill instance,
+                                      0 -> 16384 */
+    uint32_t max_inflight;         /* requests admitted at once, 0 -> 32 */
+    uint32_t transfer_workers;     /* prefill staging buffers, 0 -> 4 */
+    uint64_t seed;
+    sim_gpu_config_t gpu;          /* zero fields take the H200 defaults */
+    sim_net_config_t net;          /* zero fields take the 400 Gb/s defaults */
+    uint64_t max_events;           /* safety bound, 0 -> 2^40 */
+    const char *trace_path;        /* Chrome trace-event JSON, NULL = none */
+    /* Called every ~1/64 of the requests finishing: done of total. */
+    void (*progress)(void *ctx, uint32_t done, uint32_t total, uint64_t sim_ns);
+    void *progress_ctx;
+} sim_scenario_config_t;
+
+typedef struct sim_report {
+    uint32_t requests_total, requests_ok, requests_failed;
+    uint64_t bytes_moved;          /* payload bytes the prefill side wrote */
+    uint64_t bytes_verified;       /* decode bytes compared with the pattern */
+    uint64_t corrupt_bytes;        /* of those, wrong (in requests reported ok) */
+    uint64_t ring_leaked_bytes;    /* live in any ring after the run */
+    uint64_t rdma_ops, control_msgs, msgs_rejected, watermark_waits;
+    uint64_t sim_ns;               /* first arrival to last completion */
+    double goodput_gbps;           /* bytes_verified over sim time, Gb/s */
+    double line_rate_gbps;         /* NIC rate x min(prefill NICs, decode NICs) */
+    double latency_p50_us, latency_p99_us; /* prefill done -> request done */
+    double e2e_p50_us, e2e_p99_us; /* arrival -> request done */
+    uint64_t ring_peak_bytes;      /* most ring bytes live on one decode rank */
+    uint64_t events;               /* engine events dispatched */
+    uint64_t digest;               /* engine event-order digest */
+    kvs_path_t path;               /* the path the handlers ran */
+    int64_t prefill_ranks, decode_ranks;
+} sim_report_t;
+
+/* Fills the defaults documented above into cfg (zero fields only). */
+void sim_scenario_defaults(sim_scenario_config_t *cfg);
+/* Runs the scenario. Returns a kvstage status; on failure err (err_bytes)
+ * says what went wrong and what to change. A run whose requests fail still
+ * returns KVS_OK: the report counts them. */
+int sim_scenario_run(const sim_scenario_config_t *cfg, sim_report_t *out, char *err,
+                     size_t err_bytes);
+
+#endif
