@@ -162,6 +162,8 @@ struct sim_nic {
     uint32_t fail_next_writes;
     sim_nic_wake_fn wake;
     void *wake_ctx;
+    sim_span_fn span;
+    void *span_ctx;
     uint64_t writes, write_bytes, msgs;
 };
 
@@ -170,6 +172,7 @@ struct sim_nic {
 typedef struct sim_wr {
     uint64_t local_addr, remote_addr, len_bytes, rkey, wr_id;
     uint64_t sent_bytes, landed_bytes;
+    uint64_t post_ns;
     kvs_conn_t *src_conn, *dst_conn;
     uint32_t src_conn_gen, dst_conn_gen;
     uint32_t src_slot, src_gen, dst_slot, dst_gen;
@@ -730,6 +733,9 @@ static void sim_net_on_write_done(sim_net_t *net, uint32_t w)
             src->writes++;
             src->write_bytes += wr->len_bytes;
         }
+        if (src->span != NULL)
+            src->span(src->span_ctx, status == KVS_OK ? "write" : "write (failed)", "nic",
+                      wr->post_ns, sim_engine_now_ns(net->eng));
         wake = sim_nic_push(src, &e);
     }
     sim_wr_release(net, w);
@@ -1016,6 +1022,7 @@ static int sim_nic_write(kvs_fabric_t *fab, kvs_conn_t *conn, const kvs_write_de
     wr->len_bytes = desc->len_bytes;
     wr->rkey = desc->rkey;
     wr->wr_id = desc->wr_id;
+    wr->post_ns = sim_engine_now_ns(net->eng);
     wr->with_imm = desc->with_imm;
     wr->imm = desc->imm;
     wr->src_conn = conn;
@@ -1311,6 +1318,12 @@ sim_nic_t *sim_nic_from_fabric(kvs_fabric_t *fab)
     if (fab == NULL || fab->ops.mr_register != sim_nic_mr_register)
         return NULL;
     return KVS_CONTAINER_OF(fab, sim_nic_t, base);
+}
+
+void sim_nic_set_span(sim_nic_t *nic, sim_span_fn fn, void *ctx)
+{
+    nic->span = fn;
+    nic->span_ctx = ctx;
 }
 
 void sim_nic_set_wake(sim_nic_t *nic, sim_nic_wake_fn fn, void *ctx)

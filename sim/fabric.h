@@ -56,6 +56,8 @@ void sim_nic_destroy(sim_nic_t *nic);
 kvs_fabric_t *sim_nic_fabric(sim_nic_t *nic);
 sim_nic_t *sim_nic_from_fabric(kvs_fabric_t *fab);
 void sim_nic_set_wake(sim_nic_t *nic, sim_nic_wake_fn fn, void *ctx);
+/* Reports every completed write (post to ack) as a span on thread "nic". */
+void sim_nic_set_span(sim_nic_t *nic, sim_span_fn fn, void *ctx);
 /* Counters for reports. */
 uint64_t sim_nic_writes(const sim_nic_t *nic);
 uint64_t sim_nic_write_bytes(const sim_nic_t *nic);

@@ -140,6 +140,8 @@ struct sim_gpu {
     uint32_t scatter_slowdown;
     sim_gpu_wake_fn wake;
     void *wake_ctx;
+    sim_span_fn span;
+    void *span_ctx;
 
     uint64_t copy_ns, copy_bytes, copy_errors, ops_done;
 };
@@ -540,6 +542,10 @@ static void sim_gpu_op_fire(sim_engine_t *eng, void *ctx, uint64_t arg)
     }
     gpu->copy_ns += op->dur_ns;
     gpu->ops_done++;
+    if (gpu->span != NULL) {
+        const uint64_t now = sim_engine_now_ns(eng);
+        gpu->span(gpu->span_ctx, op->scatter ? "scatter" : "gather", "gpu", now - op->dur_ns, now);
+    }
 
     s->done_seq = op->seq;
     s->pending--;
@@ -888,6 +894,12 @@ sim_gpu_t *sim_gpu_from_device(kvs_device_t *dev)
     if (dev == NULL || dev->ops.mem_alloc != sim_gpu_mem_alloc)
         return NULL;
     return sim_gpu_of(dev);
+}
+
+void sim_gpu_set_span(sim_gpu_t *gpu, sim_span_fn fn, void *ctx)
+{
+    gpu->span = fn;
+    gpu->span_ctx = ctx;
 }
 
 void sim_gpu_set_wake(sim_gpu_t *gpu, sim_gpu_wake_fn fn, void *ctx)

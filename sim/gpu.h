@@ -16,6 +16,7 @@
 #include <kvstage/backend.h>
 
 #include "engine.h"
+#include "trace.h"
 
 typedef struct sim_gpu sim_gpu_t;
 
@@ -48,6 +49,8 @@ uint64_t sim_gpu_used_bytes(const sim_gpu_t *gpu);
 /* Simulated busy time of all copies so far, and bytes copied. */
 uint64_t sim_gpu_copy_ns(const sim_gpu_t *gpu);
 uint64_t sim_gpu_copy_bytes(const sim_gpu_t *gpu);
+/* Reports every finished gather/scatter as a span on thread "gpu". */
+void sim_gpu_set_span(sim_gpu_t *gpu, sim_span_fn fn, void *ctx);
 /* Fault hook: multiplies the modeled time of scatters (1 = normal). */
 void sim_gpu_set_scatter_slowdown(sim_gpu_t *gpu, uint32_t factor);
 

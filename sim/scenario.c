@@ -15,6 +15,7 @@
 
 #include "engine.h"
 #include "kvdata.h"
+#include "trace.h"
 
 #include <kvstage/backend.h>
 
@@ -83,7 +84,7 @@ struct sim_scenario {
     int fatal;
     char *err;
     size_t err_bytes;
-    FILE *trace;
+    sim_trace_t *trace;
 };
 
 static int sim_fail(sim_scenario_t *sc, int status, const char *fmt, ...)
@@ -222,15 +223,20 @@ static uint64_t sim_verify_decode(sim_scenario_t *sc, sim_node_t *n, uint64_t re
     return checked;
 }
 
-static void sim_trace_span(sim_scenario_t *sc, const char *name, const char *track,
-                           uint64_t start_ns, uint64_t end_ns, uint64_t req)
+/* Spans of a rank's GPU, NIC and core go to its trace process. */
+static int sim_node_pid(const sim_node_t *n) { return (int)(n - n->sc->nodes) + 1; }
+
+static void sim_node_span(void *ctx, const char *name, const char *tid, uint64_t start_ns,
+                          uint64_t end_ns)
 {
-    if (sc->trace == NULL)
-        return;
-    fprintf(sc->trace, ",\n{\"name\":\"%s\",\"cat\":\"request\",\"ph\":\"X\",\"pid\":1,"
-            "\"tid\":\"%s\",\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"room\":%llu}}",
-            name, track, (double)start_ns / 1e3, (double)(end_ns - start_ns) / 1e3,
-            (unsigned long long)req);
+    sim_node_t *n = ctx;
+    sim_trace_span(n->sc->trace, sim_node_pid(n), tid, name, start_ns, end_ns);
+}
+
+static void sim_core_span(void *ctx, const char *what, uint64_t room, int64_t chunk,
+                          uint64_t start_ns, uint64_t end_ns)
+{
+    sim_node_span(ctx, what, "core", start_ns, end_ns);
 }
 
 /* ---- requests ---------------------------------------------------------------- */
@@ -251,8 +257,8 @@ static void sim_finish(sim_scenario_t *sc, uint32_t i)
             sc->corrupt_bytes += corrupt;
         }
     }
-    sim_trace_span(sc, r->status == KVS_OK ? "transfer" : "transfer (failed)", "requests",
-                   r->computed_ns, now, i);
+    sim_trace_span(sc->trace, 0, "requests", r->status == KVS_OK ? "transfer" : "transfer (failed)",
+                   r->computed_ns, now);
     const int64_t ps = sc->lay.page_size;
     sim_pages_give(&sc->ppool, r->ppages, (r->tokens + ps - 1) / ps);
     sim_pages_give(&sc->dpool, r->dpages, (r->tokens - r->base + ps - 1) / ps);
@@ -429,6 +435,11 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
         return sim_fail(sc, rc, "creating the GPU/NIC of %s failed: %s", n->name, kvs_strerror(rc));
     sim_gpu_set_wake(n->gpu, sim_node_wake, n);
     sim_nic_set_wake(n->nic, sim_node_wake, n);
+    if (sc->trace != NULL) {
+        sim_trace_process(sc->trace, sim_node_pid(n), n->name);
+        sim_gpu_set_span(n->gpu, sim_node_span, n);
+        sim_nic_set_span(n->nic, sim_node_span, n);
+    }
 
     n->layers = decode ? l->decode_layers : l->prefill_layers;
     n->heads = decode ? l->dst_heads : l->src_heads;
@@ -461,6 +472,7 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
         .chunk_tokens = sc->cfg.shape.chunk_tokens, .ring_bytes = sc->cfg.ring_bytes,
         .transfer_workers = sc->cfg.transfer_workers, .path = sc->cfg.path,
         .max_rooms = 2 * sc->cfg.max_inflight + 16,
+        .trace = sc->trace != NULL ? sim_core_span : NULL, .trace_ctx = n,
         .log = {.fn = NULL, .level = KVS_LOG_ERROR}};
     kvs_error_t err = {0};
     rc = kvs_manager_create(&mc, dev, sim_nic_fabric(n->nic), &n->m, &err);
@@ -674,13 +686,10 @@ int sim_scenario_run(const sim_scenario_config_t *cfg, sim_report_t *out, char *
     if (err != NULL && err_bytes > 0)
         err[0] = '\0';
     if (sc->cfg.trace_path != NULL) {
-        sc->trace = fopen(sc->cfg.trace_path, "w");
-        if (sc->trace == NULL)
+        if (sim_trace_open(sc->cfg.trace_path, &sc->trace) != KVS_OK)
             sim_fail(sc, KVS_EINVAL, "cannot write the trace file %s: check the path",
                      sc->cfg.trace_path);
-        else
-            fprintf(sc->trace, "{\"traceEvents\":[\n{\"name\":\"process_name\",\"ph\":\"M\","
-                    "\"pid\":1,\"args\":{\"name\":\"kvstage sim\"}}");
+        sim_trace_process(sc->trace, 0, "requests");
     }
     int rc = sc->fatal == KVS_OK ? sim_setup(sc) : sc->fatal;
     if (rc == KVS_OK) {
@@ -698,9 +707,11 @@ int sim_scenario_run(const sim_scenario_config_t *cfg, sim_report_t *out, char *
     }
     if (sc->nodes != NULL && sc->eng != NULL)
         sim_report(sc, out);
-    if (sc->trace != NULL) {
-        fprintf(sc->trace, "\n]}\n");
-        fclose(sc->trace);
+    if (sim_trace_close(sc->trace) != KVS_OK && rc == KVS_OK) {
+        rc = KVS_EINVAL;
+        if (err != NULL && err_bytes > 0)
+            snprintf(err, err_bytes, "writing the trace file %s failed (disk full?)",
+                     sc->cfg.trace_path);
     }
     for (int64_t i = 0; sc->nodes != NULL && i < sc->nprefill + sc->ndecode; i++)
         sim_node_teardown(&sc->nodes[i]);

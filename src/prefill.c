@@ -55,6 +55,7 @@ enum { KVS__PCH_NONE, KVS__PCH_REQ, KVS__PCH_ALLOC, KVS__PCH_GATHER, KVS__PCH_WR
 typedef struct kvs__pchunk {
     uint8_t state;
     bool waited;                 /* counted once as a watermark wait */
+    uint64_t wait_ns;            /* when it started waiting */
     int64_t tokens, token_start, token_end, page_start, num_pages;
     int64_t region_bytes;
     uint64_t offset, round, end;
@@ -852,8 +853,10 @@ static void kvs__advance_staging(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
             continue;
         }
         if (!kvs_ring_ready(peer->wm, c->round, c->end)) {
-            if (!c->waited)
+            if (!c->waited) {
                 p->stats.watermark_waits++;
+                c->wait_ns = kvs__now(p);
+            }
             c->waited = true;
             break; /* regions are handed out in ring order: later ones wait too */
         }
@@ -881,6 +884,9 @@ static void kvs__advance_staging(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
         p->worker_busy[w] = true;
         c->worker = w;
         c->state = KVS__PCH_GATHER;
+        if (c->waited && m->cfg.trace != NULL)
+            m->cfg.trace(m->cfg.trace_ctx, "wait-for-watermark", r->id, i, c->wait_ns,
+                         kvs__now(p));
         p->gathers[(p->gathers_head + p->gathers_count) % p->gathers_cap] =
             (kvs__pgather_t){r->id, (int32_t)f, i};
         p->gathers_count++;

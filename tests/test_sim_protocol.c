@@ -11,7 +11,9 @@
 #include <cmocka.h>
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "scenario.h"
 
@@ -173,6 +175,36 @@ static void test_sim_protocol_staging_beats_slice(void **state)
                  (unsigned long long)sliced.rdma_ops, sliced.goodput_gbps);
 }
 
+static void test_sim_protocol_trace_has_every_span_kind(void **state)
+{
+    sim_scenario_config_t c = small(4, 2, 8);
+    c.ring_bytes = 3u << 20; /* waits for the watermark happen */
+    c.requests = 10;
+    c.rate_milli_per_s = 0;
+    c.prefill_tokens_per_s = 10000000;
+    char path[] = "/tmp/kvstage-trace-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    c.trace_path = path;
+    run_ok(&c, "traced");
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    static char buf[1 << 22];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    unlink(path);
+    assert_true(strncmp(buf, "{\"displayTimeUnit\"", 18) == 0);
+    assert_non_null(strstr(buf, "\"name\":\"gather\""));
+    assert_non_null(strstr(buf, "\"name\":\"write\""));
+    assert_non_null(strstr(buf, "\"name\":\"scatter\""));
+    assert_non_null(strstr(buf, "\"name\":\"wait-for-watermark\""));
+    assert_non_null(strstr(buf, "\"name\":\"transfer\""));
+    assert_non_null(strstr(buf, "\"args\":{\"name\":\"d1.0\"}"));
+    assert_non_null(strstr(buf, "]}\n"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -188,6 +220,7 @@ int main(void)
         cmocka_unit_test(test_sim_protocol_direct_path),
         cmocka_unit_test(test_sim_protocol_deterministic),
         cmocka_unit_test(test_sim_protocol_staging_beats_slice),
+        cmocka_unit_test(test_sim_protocol_trace_has_every_span_kind),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -407,6 +407,11 @@ typedef struct kvs_manager_config {
                                  resets the peers' state for it */
     uint32_t max_rooms;       /* concurrent requests, 0 -> 1024 */
     uint32_t max_inflight_writes; /* posted, not completed writes, 0 -> 1024 */
+    /* Optional observer of spans the handlers spend waiting (today:
+     * "wait-for-watermark" per chunk), in the fabric's clock; for traces. */
+    void (*trace)(void *ctx, const char *what, uint64_t room, int64_t chunk,
+                  uint64_t start_ns, uint64_t end_ns);
+    void *trace_ctx;
 } kvs_manager_config_t;
 
 /* Per layer K and V base device addresses of this rank's KV pool, laid out
