@@ -629,7 +629,7 @@ static int sim_gpu_enqueue(kvs_device_t *dev, kvs_stream_t *stream,
         n_words > SIZE_MAX / sizeof(uint64_t))
         return kvs_device_fail(dev, KVS_ERANGE, ERANGE, "%s on gpu %u: descriptor too large",
                                what, gpu->id);
-    uint32_t idx;
+    uint32_t idx = 0;
     rc = sim_gpu_op_get(gpu, &idx);
     if (rc != KVS_OK)
         return rc;

@@ -33,7 +33,7 @@ typedef struct sim_node {
     sim_scenario_t *sc;
     kvs_role_t role;
     int64_t tp, pp;
-    char name[32];
+    char name[48];
     sim_gpu_t *gpu;
     sim_nic_t *nic;
     kvs_manager_t *m;
@@ -519,7 +519,7 @@ static int sim_connect_all(sim_scenario_t *sc)
             kvs_writer_t w;
             kvs_layout_writer(l, n->tp, i, 0, &w);
             for (int64_t s = first; s < first + stages; s++) {
-                char peer[32];
+                char peer[48];
                 snprintf(peer, sizeof peer, "p%lld.%lld", (long long)w.prefill_rank, (long long)s);
                 int rc = kvs_decode_connect(n->dec, peer, w.prefill_rank, s);
                 if (rc != KVS_OK)
