@@ -100,24 +100,25 @@ static int sim_fail(sim_scenario_t *sc, int status, const char *fmt, ...)
     }
     if (sc->fatal == KVS_OK)
         sc->fatal = status;
-    sim_engine_stop(sc->eng);
+    if (sc->eng != NULL) /* setup errors come before the engine exists */
+        sim_engine_stop(sc->eng);
     return status;
 }
 
 void sim_scenario_defaults(sim_scenario_config_t *c)
 {
     if (c->requests == 0)
-        c->requests = 24;
+        c->requests = 16;
     if (c->prompt_min_tokens == 0)
-        c->prompt_min_tokens = 1024;
+        c->prompt_min_tokens = 256;
     if (c->prompt_max_tokens == 0)
-        c->prompt_max_tokens = c->prompt_min_tokens > 4096 ? c->prompt_min_tokens : 4096;
+        c->prompt_max_tokens = c->prompt_min_tokens > 1536 ? c->prompt_min_tokens : 1536;
     if (c->ring_bytes == 0)
         c->ring_bytes = KVS_DEFAULT_RING_BYTES;
     if (c->prefill_tokens_per_s == 0)
         c->prefill_tokens_per_s = 16384;
     if (c->max_inflight == 0)
-        c->max_inflight = 32;
+        c->max_inflight = 4;
     if (c->transfer_workers == 0)
         c->transfer_workers = KVS_DEFAULT_TRANSFER_WORKERS;
     if (c->max_events == 0)

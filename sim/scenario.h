@@ -6,6 +6,10 @@
  * bytes written by a deterministic pattern), moved by the chosen path, and
  * every byte the decode side received is verified.
  *
+ * Simulated device memory is real host memory, so a run costs wall time in
+ * proportion to the KV bytes it moves and the memory it touches; the
+ * defaults keep the main job at a few GB.
+ *
  * Deterministic: one seed drives arrivals, prompt lengths and the fabric;
  * the same config gives the same report, bit for bit (wall time aside, which
  * the caller measures).
@@ -20,9 +24,9 @@
 
 typedef struct sim_scenario_config {
     kvs_layout_params_t shape;     /* model shape, TP/PP sizes, chunk size */
-    uint32_t requests;             /* 0 -> 24 */
-    int64_t prompt_min_tokens;     /* 0 -> 1024 */
-    int64_t prompt_max_tokens;     /* 0 -> 4096 */
+    uint32_t requests;             /* 0 -> 16 */
+    int64_t prompt_min_tokens;     /* 0 -> 256 */
+    int64_t prompt_max_tokens;     /* 0 -> 1536 */
     uint64_t rate_milli_per_s;     /* mean arrivals per 1000 s; 0 -> all at t=0 */
     int64_t prefix_max_tokens;     /* decode cached prefix drawn in [0, this],
                                       page aligned; 0 = none */
@@ -31,7 +35,7 @@ typedef struct sim_scenario_config {
     bool staging;                  /* staging enabled on both sides; AUTO uses it */
     uint64_t prefill_tokens_per_s; /* forward speed of the prefill instance,
                                       0 -> 16384 */
-    uint32_t max_inflight;         /* requests admitted at once, 0 -> 32 */
+    uint32_t max_inflight;         /* requests admitted at once, 0 -> 4 */
     uint32_t transfer_workers;     /* prefill staging buffers, 0 -> 4 */
     uint64_t seed;
     sim_gpu_config_t gpu;          /* zero fields take the H200 defaults */

@@ -2,6 +2,7 @@
  * args.c - strict flag scanning and number parsing for the kvstage CLI (see
  * args.h). Accepts `--flag value` and `--flag=value`; everything else that
  * is not a declared flag is an error, reported on exactly one stderr line.
+ * Also the shared number parsers and the byte-count formatter.
  */
 #include "args.h"
 
@@ -79,34 +80,83 @@ int cli_args_scan(const char *cmd, const cli_flag_t *defs, size_t n, int argc,
     return 0;
 }
 
+/* Reads text as plain decimal digits into *out. Returns 0, or which error:
+ * 1 empty, 2 negative, 3 not digits, 4 above UINT64_MAX. */
+static int cli__parse_digits(const char *text, uint64_t *out)
+{
+    if (text == NULL || text[0] == '\0')
+        return 1;
+    if (text[0] == '-')
+        return 2;
+    uint64_t v = 0;
+    for (const char *c = text; *c != '\0'; c++) {
+        if (*c < '0' || *c > '9')
+            return 3;
+        unsigned digit = (unsigned)(*c - '0');
+        if (v > (UINT64_MAX - digit) / 10)
+            return 4;
+        v = v * 10 + digit;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_parse_u64(const char *cmd, const char *flag, const char *text,
+                  uint64_t min, uint64_t max, uint64_t *out)
+{
+    uint64_t v = 0;
+    unsigned long long lo = min, hi = max;
+    switch (cli__parse_digits(text, &v)) {
+    case 0:
+        break;
+    case 1:
+        return cli_fail(cmd, "%s is empty: give a whole number in %llu..%llu",
+                        flag, lo, hi);
+    case 2:
+        return cli_fail(cmd, "%s: '%s' is negative: give a whole number in "
+                             "%llu..%llu", flag, text, lo, hi);
+    case 3:
+        return cli_fail(cmd, "%s: '%s' is not a whole number: give plain "
+                             "decimal digits in %llu..%llu", flag, text, lo, hi);
+    default:
+        return cli_fail(cmd, "%s: '%s' is too large: give a whole number in "
+                             "%llu..%llu", flag, text, lo, hi);
+    }
+    if (v < min || v > max)
+        return cli_fail(cmd, "%s: %llu is out of range: give a whole number in "
+                             "%llu..%llu", flag, (unsigned long long)v, lo, hi);
+    *out = v;
+    return 0;
+}
+
 int cli_parse_i64(const char *cmd, const char *flag, const char *text,
                   int64_t min, int64_t max, int64_t *out)
 {
-    if (text == NULL || text[0] == '\0')
+    long long lo = min, hi = max;
+    uint64_t v = 0;
+    switch (cli__parse_digits(text, &v)) {
+    case 0:
+        break;
+    case 1:
         return cli_fail(cmd, "%s is empty: give a whole number in %lld..%lld",
-                        flag, (long long)min, (long long)max);
-    if (text[0] == '-')
+                        flag, lo, hi);
+    case 2:
         return cli_fail(cmd, "%s: '%s' is negative: give a whole number in "
-                             "%lld..%lld", flag, text, (long long)min,
-                        (long long)max);
-    int64_t v = 0;
-    for (const char *c = text; *c != '\0'; c++) {
-        if (*c < '0' || *c > '9')
-            return cli_fail(cmd, "%s: '%s' is not a whole number: give plain "
-                                 "decimal digits in %lld..%lld", flag, text,
-                            (long long)min, (long long)max);
-        int digit = *c - '0';
-        if (v > (INT64_MAX - digit) / 10)
-            return cli_fail(cmd, "%s: '%s' is too large: give a whole number "
-                                 "in %lld..%lld", flag, text, (long long)min,
-                            (long long)max);
-        v = v * 10 + digit;
+                             "%lld..%lld", flag, text, lo, hi);
+    case 3:
+        return cli_fail(cmd, "%s: '%s' is not a whole number: give plain "
+                             "decimal digits in %lld..%lld", flag, text, lo, hi);
+    default:
+        v = UINT64_MAX;
+        break;
     }
-    if (v < min || v > max)
+    if (v > (uint64_t)INT64_MAX)
+        return cli_fail(cmd, "%s: '%s' is too large: give a whole number in "
+                             "%lld..%lld", flag, text, lo, hi);
+    if ((int64_t)v < min || (int64_t)v > max)
         return cli_fail(cmd, "%s: %lld is out of range: give a whole number in "
-                             "%lld..%lld", flag, (long long)v, (long long)min,
-                        (long long)max);
-    *out = v;
+                             "%lld..%lld", flag, (long long)v, lo, hi);
+    *out = (int64_t)v;
     return 0;
 }
 
@@ -118,4 +168,21 @@ bool cli_mul_i64(int64_t a, int64_t b, int64_t *out)
         return false;
     *out = a * b;
     return true;
+}
+
+const char *cli_format_bytes(int64_t bytes, char *buf, size_t len)
+{
+    static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    if (bytes < 1024) {
+        snprintf(buf, len, "%lld B", (long long)bytes);
+        return buf;
+    }
+    double v = (double)bytes / 1024.0;
+    size_t u = 0;
+    while (v >= 1024.0 && u + 1 < sizeof units / sizeof units[0]) {
+        v /= 1024.0;
+        u++;
+    }
+    snprintf(buf, len, "%.2f %s", v, units[u]);
+    return buf;
 }

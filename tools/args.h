@@ -2,7 +2,8 @@
  * args.h - small helpers shared by the kvstage subcommands: a strict flag
  * scanner (`--flag value` and `--flag=value`), a strict whole-number parser
  * that rejects junk, signs, negatives and overflow, an overflow-checked
- * multiply, and the one-line error report every subcommand uses.
+ * multiply, a byte-count formatter, and the one-line error report every
+ * subcommand uses.
  *
  * They never exit and never allocate; they write at most one line to stderr
  * (cli_fail). The scanner only records where each flag's value is; what a
@@ -45,9 +46,17 @@ int cli_args_scan(const char *cmd, const cli_flag_t *defs, size_t n, int argc,
 int cli_parse_i64(const char *cmd, const char *flag, const char *text,
                   int64_t min, int64_t max, int64_t *out);
 
+/* Like cli_parse_i64 for an unsigned 64-bit value in [min, max] (seeds). */
+int cli_parse_u64(const char *cmd, const char *flag, const char *text,
+                  uint64_t min, uint64_t max, uint64_t *out);
+
 /* a * b into *out; false (and *out untouched) when it would overflow or a
  * factor is negative. */
 bool cli_mul_i64(int64_t a, int64_t b, int64_t *out);
+
+/* Bytes with a binary unit into buf, e.g. "1.25 GiB"; plain "512 B" below
+ * 1 KiB. Returns buf. Display only: decide nothing on the rounded value. */
+const char *cli_format_bytes(int64_t bytes, char *buf, size_t len);
 
 /* Prints "kvstage <cmd>: <message>\n" to stderr as one line and returns
  * CLI_EXIT_USAGE. Newlines inside the message are turned into spaces so the

@@ -1,7 +1,7 @@
 /*
  * main.c - entry point of the `kvstage` command: dispatches `kvstage
  * <command> ...` to the subcommand's main and prints the top-level help.
- * Subcommands live in their own files (plan.c, later sim.c and serve.c) and
+ * Subcommands live in their own files (plan.c, sim.c, later serve.c) and
  * are listed once in cli_commands below. Exit status: the subcommand's, or 2
  * for an unknown or missing command.
  */
@@ -10,6 +10,7 @@
 
 #include "args.h"
 #include "plan.h"
+#include "sim.h"
 
 typedef struct cli_command {
     const char *name;
@@ -18,10 +19,12 @@ typedef struct cli_command {
     const char *summary;
 } cli_command_t;
 
-/* Add `sim` and `serve` here when they exist. */
+/* Add `serve` here when it exists. */
 static const cli_command_t cli_commands[] = {
     {"plan", cli_plan_main, cli_plan_usage,
      "show the staging layout of one chunk and size the decode ring"},
+    {"sim", cli_sim_main, cli_sim_usage,
+     "simulate prefill->decode KV transfers on simulated GPUs and RDMA"},
 };
 
 #define CLI_COMMAND_COUNT (sizeof cli_commands / sizeof cli_commands[0])

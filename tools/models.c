@@ -1,5 +1,5 @@
 /*
- * models.c - built-in model shapes for `kvstage plan --model NAME`. The
+ * models.c - built-in model shapes for `--model NAME` (plan, sim). The
  * numbers are the models' published configs (num_key_value_heads, head dim =
  * hidden_size / num_attention_heads, num_hidden_layers); the KV dtype is the
  * usual bf16. Add a model by adding a row; names stay lower case.

@@ -25,18 +25,12 @@
 
 #include "args.h"
 #include "models.h"
+#include "shape.h"
 
 #define CLI_PLAN_CMD "plan"
 
-/* Upper bounds of the inputs, far above any real deployment. They keep the
- * largest region below 2^62 bytes:
- * max(H, P) * hd * 4 bytes * layers * 2 (K, V) * G <= 2^10+12+2+12+1+24. */
-#define CLI_PLAN_MAX_HEADS 1024
-#define CLI_PLAN_MAX_HEAD_DIM 4096
-#define CLI_PLAN_MAX_LAYERS 4096
-#define CLI_PLAN_MAX_TP 1024
-#define CLI_PLAN_MAX_PP 1024
-#define CLI_PLAN_MAX_TOKENS (INT64_C(1) << 24)
+/* The shape bounds (shape.h) keep the largest region below 2^62 bytes;
+ * this one keeps the ring there too. */
 #define CLI_PLAN_MAX_RING_MIB (INT64_C(1) << 42)
 
 #define CLI_MIB (INT64_C(1) << 20)
@@ -45,19 +39,9 @@
 /* Chunks in flight the ring advice aims at when only one fits. */
 #define CLI_PLAN_SUGGESTED_CHUNKS 4
 
+/* The shape flags (shape.h) come first, then plan's own. */
 enum cli_plan_flag {
-    CLI_PF_MODEL,
-    CLI_PF_KV_HEADS,
-    CLI_PF_HEAD_DIM,
-    CLI_PF_DTYPE,
-    CLI_PF_LAYERS,
-    CLI_PF_PAGE_SIZE,
-    CLI_PF_PREFILL_TP,
-    CLI_PF_DECODE_TP,
-    CLI_PF_PREFILL_PP,
-    CLI_PF_DECODE_PP,
-    CLI_PF_CHUNK_TOKENS,
-    CLI_PF_TOKENS,
+    CLI_PF_TOKENS = CLI_SF_COUNT,
     CLI_PF_RING_MIB,
     CLI_PF_JSON,
     CLI_PF_HELP,
@@ -65,17 +49,7 @@ enum cli_plan_flag {
 };
 
 static const cli_flag_t cli_plan_flags[CLI_PF_COUNT] = {
-    [CLI_PF_MODEL] = {"--model", true},
-    [CLI_PF_KV_HEADS] = {"--kv-heads", true},
-    [CLI_PF_HEAD_DIM] = {"--head-dim", true},
-    [CLI_PF_DTYPE] = {"--dtype", true},
-    [CLI_PF_LAYERS] = {"--layers", true},
-    [CLI_PF_PAGE_SIZE] = {"--page-size", true},
-    [CLI_PF_PREFILL_TP] = {"--prefill-tp", true},
-    [CLI_PF_DECODE_TP] = {"--decode-tp", true},
-    [CLI_PF_PREFILL_PP] = {"--prefill-pp", true},
-    [CLI_PF_DECODE_PP] = {"--decode-pp", true},
-    [CLI_PF_CHUNK_TOKENS] = {"--chunk-tokens", true},
+    CLI_SHAPE_FLAG_DEFS,
     [CLI_PF_TOKENS] = {"--tokens", true},
     [CLI_PF_RING_MIB] = {"--ring-mib", true},
     [CLI_PF_JSON] = {"--json", false},
@@ -84,8 +58,7 @@ static const cli_flag_t cli_plan_flags[CLI_PF_COUNT] = {
 
 /* What the command line asks for, after defaults and the model. */
 typedef struct cli_plan_input {
-    const cli_model_t *model; /* NULL without --model */
-    kvs_layout_params_t params;
+    cli_shape_t shape;        /* shape.model is NULL without --model */
     int64_t tokens;           /* 0: a full chunk (G tokens) */
     int64_t ring_mib;
     bool json;
@@ -139,40 +112,17 @@ void cli_plan_usage(FILE *out)
             "Bad input exits with status 2 and one line naming the flag to change.\n"
             "\n"
             "built-in models (KV heads, head dim, layers, dtype):\n",
-            CLI_PLAN_MAX_HEADS, CLI_PLAN_MAX_HEAD_DIM, CLI_PLAN_MAX_LAYERS,
-            CLI_PLAN_DEFAULT_PAGE_SIZE, CLI_PLAN_MAX_TP, CLI_PLAN_MAX_TP,
+            CLI_SHAPE_MAX_HEADS, CLI_SHAPE_MAX_HEAD_DIM, CLI_SHAPE_MAX_LAYERS,
+            CLI_PLAN_DEFAULT_PAGE_SIZE, CLI_SHAPE_MAX_TP, CLI_SHAPE_MAX_TP,
             KVS_DEFAULT_CHUNK_TOKENS, CLI_PLAN_DEFAULT_RING_MIB);
-    for (size_t i = 0; i < cli_model_count(); i++) {
-        const cli_model_t *m = cli_model_at(i);
-        fprintf(out, "  %-16s %3" PRId64 " %4" PRId64 " %4" PRId64 "  %-5s %s\n",
-                m->name, m->total_heads, m->head_dim, m->layers,
-                kvs_dtype_name(m->dtype), m->note);
-    }
+    cli_shape_models_usage(out);
     fprintf(out,
             "\n"
             "example: kvstage plan --model llama-3.1-70b --prefill-tp 8 --decode-tp 2\n");
 }
 
-/* Bytes with a binary unit, e.g. "1.25 GiB"; plain "512 B" below 1 KiB.
- * Display only: decisions never use the rounded value. */
-static const char *cli_plan_human(int64_t bytes, char *buf, size_t len)
-{
-    static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-    if (bytes < 1024) {
-        snprintf(buf, len, "%" PRId64 " B", bytes);
-        return buf;
-    }
-    double v = (double)bytes / 1024.0;
-    size_t u = 0;
-    while (v >= 1024.0 && u + 1 < sizeof units / sizeof units[0]) {
-        v /= 1024.0;
-        u++;
-    }
-    snprintf(buf, len, "%.2f %s", v, units[u]);
-    return buf;
-}
-
-/* Parses the numeric flag `f` into *dst when given; keeps *dst otherwise. */
+/* Parses plan's own numeric flag `f` into *dst when given; keeps *dst
+ * otherwise. */
 static int cli_plan_number(const char *const *values, enum cli_plan_flag f,
                            int64_t min, int64_t max, int64_t *dst)
 {
@@ -182,131 +132,28 @@ static int cli_plan_number(const char *const *values, enum cli_plan_flag f,
                          max, dst);
 }
 
-static int cli_plan_model_list_fail(const char *name)
-{
-    char names[512] = "";
-    size_t used = 0;
-    for (size_t i = 0; i < cli_model_count(); i++) {
-        int n = snprintf(names + used, sizeof names - used, "%s%s",
-                         i == 0 ? "" : ", ", cli_model_at(i)->name);
-        if (n < 0 || (size_t)n >= sizeof names - used)
-            break;
-        used += (size_t)n;
-    }
-    return cli_fail(CLI_PLAN_CMD, "--model: unknown model '%s': use one of %s, "
-                                  "or give --kv-heads, --head-dim and --layers",
-                    name, names);
-}
-
-/* Fills *in from the scanned flag values: the model first, then every
- * explicit flag over it, then the defaults. */
+/* Fills *in from the scanned flag values: the shape (model, explicit
+ * flags, defaults; both TP sizes required), then plan's own flags. */
 static int cli_plan_read(const char *const *values, cli_plan_input_t *in)
 {
+    static const cli_shape_defaults_t defaults = {
+        .model = NULL,
+        .page_size = CLI_PLAN_DEFAULT_PAGE_SIZE,
+        .prefill_tp = 0,
+        .decode_tp = 0,
+    };
     int rc;
     memset(in, 0, sizeof *in);
-    in->params.dtype = KVS_DTYPE_BF16;
-    in->params.page_size = CLI_PLAN_DEFAULT_PAGE_SIZE;
-    in->params.prefill_pp = 1;
-    in->params.decode_pp = 1;
-    in->params.chunk_tokens = 0;
     in->ring_mib = CLI_PLAN_DEFAULT_RING_MIB;
     in->json = values[CLI_PF_JSON] != NULL;
-
-    if (values[CLI_PF_MODEL] != NULL) {
-        in->model = cli_model_find(values[CLI_PF_MODEL]);
-        if (in->model == NULL)
-            return cli_plan_model_list_fail(values[CLI_PF_MODEL]);
-        in->params.total_heads = in->model->total_heads;
-        in->params.head_dim = in->model->head_dim;
-        in->params.layers = in->model->layers;
-        in->params.dtype = in->model->dtype;
-    }
-
-    kvs_layout_params_t *p = &in->params;
-    if ((rc = cli_plan_number(values, CLI_PF_KV_HEADS, 1, CLI_PLAN_MAX_HEADS,
-                              &p->total_heads)) != 0 ||
-        (rc = cli_plan_number(values, CLI_PF_HEAD_DIM, 1, CLI_PLAN_MAX_HEAD_DIM,
-                              &p->head_dim)) != 0)
+    if ((rc = cli_shape_read(CLI_PLAN_CMD, values, &defaults, &in->shape)) != 0)
         return rc;
-    if (values[CLI_PF_DTYPE] != NULL &&
-        kvs_dtype_parse(values[CLI_PF_DTYPE], &p->dtype) != KVS_OK)
-        return cli_fail(CLI_PLAN_CMD, "--dtype: unknown dtype '%s': use bf16, "
-                                      "fp16, fp8 or fp32", values[CLI_PF_DTYPE]);
-    if ((rc = cli_plan_number(values, CLI_PF_LAYERS, 1, CLI_PLAN_MAX_LAYERS,
-                              &p->layers)) != 0 ||
-        (rc = cli_plan_number(values, CLI_PF_PAGE_SIZE, 1, CLI_PLAN_MAX_TOKENS,
-                              &p->page_size)) != 0 ||
-        (rc = cli_plan_number(values, CLI_PF_PREFILL_TP, 1, CLI_PLAN_MAX_TP,
-                              &p->prefill_tp)) != 0 ||
-        (rc = cli_plan_number(values, CLI_PF_DECODE_TP, 1, CLI_PLAN_MAX_TP,
-                              &p->decode_tp)) != 0 ||
-        (rc = cli_plan_number(values, CLI_PF_PREFILL_PP, 1, CLI_PLAN_MAX_PP,
-                              &p->prefill_pp)) != 0 ||
-        (rc = cli_plan_number(values, CLI_PF_DECODE_PP, 1, CLI_PLAN_MAX_PP,
-                              &p->decode_pp)) != 0 ||
-        (rc = cli_plan_number(values, CLI_PF_CHUNK_TOKENS, 0, CLI_PLAN_MAX_TOKENS,
-                              &p->chunk_tokens)) != 0 ||
-        (rc = cli_plan_number(values, CLI_PF_TOKENS, 1, CLI_PLAN_MAX_TOKENS,
+    if ((rc = cli_plan_number(values, CLI_PF_TOKENS, 1, CLI_SHAPE_MAX_TOKENS,
                               &in->tokens)) != 0 ||
         (rc = cli_plan_number(values, CLI_PF_RING_MIB, 1, CLI_PLAN_MAX_RING_MIB,
                               &in->ring_mib)) != 0)
         return rc;
-
-    static const struct {
-        enum cli_plan_flag flag;
-        const char *what;
-    } shape[] = {
-        {CLI_PF_KV_HEADS, "the model's total KV heads"},
-        {CLI_PF_HEAD_DIM, "the head dimension"},
-        {CLI_PF_LAYERS, "the model's layers"},
-    };
-    const int64_t *shape_value[] = {&p->total_heads, &p->head_dim, &p->layers};
-    for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++) {
-        if (*shape_value[i] == 0)
-            return cli_fail(CLI_PLAN_CMD, "%s is required (%s) unless --model "
-                                          "names a built-in model",
-                            cli_plan_flags[shape[i].flag].name, shape[i].what);
-    }
-    if (p->prefill_tp == 0)
-        return cli_fail(CLI_PLAN_CMD, "--prefill-tp is required: the prefill "
-                                      "attention TP size");
-    if (p->decode_tp == 0)
-        return cli_fail(CLI_PLAN_CMD, "--decode-tp is required: the decode "
-                                      "attention TP size");
     return 0;
-}
-
-static bool cli_plan_divides(int64_t a, int64_t b)
-{
-    return a % b == 0 || b % a == 0;
-}
-
-/* Names the flag to change for a kvs_layout_init failure; the library's
- * detail says why. */
-static const char *cli_plan_flag_for(int status, const kvs_layout_params_t *p)
-{
-    switch (status) {
-    case KVS_EHEAD_SPLIT:
-        if (!cli_plan_divides(p->total_heads, p->prefill_tp))
-            return "--prefill-tp (or --kv-heads)";
-        if (!cli_plan_divides(p->total_heads, p->decode_tp))
-            return "--decode-tp (or --kv-heads)";
-        return "--decode-tp (or --prefill-tp)";
-    case KVS_EPP_SPLIT:
-        if (p->decode_pp != 1 && p->decode_pp != p->prefill_pp)
-            return "--decode-pp";
-        if (p->layers % p->prefill_pp != 0)
-            return "--prefill-pp (or --layers)";
-        return "--decode-pp (or --layers)";
-    case KVS_ECHUNK:
-        return "--chunk-tokens (or --page-size)";
-    case KVS_EDTYPE:
-        return "--dtype";
-    case KVS_EHEADS:
-        return "--kv-heads";
-    default:
-        return "the plan flags";
-    }
 }
 
 static int cli_plan_internal(const char *what, int status)
@@ -343,14 +190,14 @@ static void cli_plan_json(const cli_plan_input_t *in, const kvs_layout_t *lay,
 {
     bool staging = lay->path == KVS_PATH_STAGING;
     printf("{\"model\": ");
-    if (in->model != NULL)
-        printf("\"%s\"", in->model->name);
+    if (in->shape.model != NULL)
+        printf("\"%s\"", in->shape.model->name);
     else
         printf("null");
     printf(", \"total_heads\": %" PRId64 ", \"head_dim\": %" PRId64
            ", \"dtype\": \"%s\", \"elem_bytes\": %" PRId64
            ", \"layers\": %" PRId64 ", \"page_size\": %" PRId64,
-           lay->total_heads, lay->head_dim, kvs_dtype_name(in->params.dtype),
+           lay->total_heads, lay->head_dim, kvs_dtype_name(in->shape.params.dtype),
            lay->elem_bytes, lay->layers, lay->page_size);
     printf(", \"prefill_tp\": %" PRId64 ", \"decode_tp\": %" PRId64
            ", \"prefill_pp\": %" PRId64 ", \"decode_pp\": %" PRId64,
@@ -410,10 +257,10 @@ static void cli_plan_table_ring(const cli_plan_input_t *in,
     char a[32], b[32];
     printf("\nstaging ring (one per decode GPU): --ring-mib %" PRId64 " = %s "
            "(%" PRId64 " bytes)\n",
-           in->ring_mib, cli_plan_human(r->ring_bytes, a, sizeof a), r->ring_bytes);
+           in->ring_mib, cli_format_bytes(r->ring_bytes, a, sizeof a), r->ring_bytes);
     printf("  largest region, a full %" PRId64 "-token chunk: %s (%" PRId64
            " bytes)\n",
-           lay->grid_tokens, cli_plan_human(r->max_region_bytes, b, sizeof b),
+           lay->grid_tokens, cli_format_bytes(r->max_region_bytes, b, sizeof b),
            r->max_region_bytes);
     printf("  full chunks that fit in the ring: %" PRId64 "\n", r->chunks_in_ring);
     if (r->chunks_in_ring == 0) {
@@ -429,7 +276,7 @@ static void cli_plan_table_ring(const cli_plan_input_t *in,
             printf("; even one page of %" PRId64 " tokens (%s) does not fit "
                    "the current ring, so lowering --chunk-tokens cannot help.\n",
                    lay->page_size,
-                   cli_plan_human(r->page_region_bytes, a, sizeof a));
+                   cli_format_bytes(r->page_region_bytes, a, sizeof a));
     } else if (r->chunks_in_ring == 1) {
         printf("  warning: only 1 chunk fits, so chunk transfers into a decode "
                "rank serialize (each waits for the previous scatter to free "
@@ -452,11 +299,11 @@ static void cli_plan_table(const cli_plan_input_t *in, const kvs_layout_t *lay,
 {
     char a[32], b[32];
     bool staging = lay->path == KVS_PATH_STAGING;
-    printf("kvstage plan%s%s\n", in->model != NULL ? ": " : "",
-           in->model != NULL ? in->model->name : "");
+    printf("kvstage plan%s%s\n", in->shape.model != NULL ? ": " : "",
+           in->shape.model != NULL ? in->shape.model->name : "");
     printf("  model    %" PRId64 " KV heads x head dim %" PRId64 ", %s (%" PRId64
            " bytes), %" PRId64 " layers\n",
-           lay->total_heads, lay->head_dim, kvs_dtype_name(in->params.dtype),
+           lay->total_heads, lay->head_dim, kvs_dtype_name(in->shape.params.dtype),
            lay->elem_bytes, lay->layers);
     printf("  prefill  TP %" PRId64 " x PP %" PRId64 ": %" PRId64
            " KV head(s) per rank, %" PRId64 " layers per stage\n",
@@ -489,7 +336,7 @@ static void cli_plan_table(const cli_plan_input_t *in, const kvs_layout_t *lay,
     for (int64_t d = 0; d < lay->decode_tp; d++) {
         printf("\ndecode rank %" PRId64 ": region %s (%" PRId64 " bytes), %"
                PRId64 " writer(s)\n",
-               d, cli_plan_human(region[d], a, sizeof a), region[d],
+               d, cli_format_bytes(region[d], a, sizeof a), region[d],
                lay->tp_writers);
         printf("  %-6s  %-12s  %-15s  %-15s  %-28s  %s\n", "writer",
                "prefill rank", "src local heads", "dst local heads", "offset",
@@ -502,9 +349,9 @@ static void cli_plan_table(const cli_plan_input_t *in, const kvs_layout_t *lay,
             snprintf(dst, sizeof dst, "[%" PRId64 ", %" PRId64 ")",
                      w->heads.dst_start, w->heads.dst_start + w->heads.num_heads);
             snprintf(off, sizeof off, "%s (%" PRId64 ")",
-                     cli_plan_human(w->offset_bytes, a, sizeof a), w->offset_bytes);
+                     cli_format_bytes(w->offset_bytes, a, sizeof a), w->offset_bytes);
             snprintf(len, sizeof len, "%s (%" PRId64 ")",
-                     cli_plan_human(w->len_bytes, b, sizeof b), w->len_bytes);
+                     cli_format_bytes(w->len_bytes, b, sizeof b), w->len_bytes);
             printf("  %6" PRId64 "  %12" PRId64 "  %-15s  %-15s  %-28s  %s\n",
                    w->writer_index, w->prefill_rank, src, dst, off, len);
         }
@@ -555,14 +402,9 @@ int cli_plan_main(int argc, char **argv)
         return rc;
 
     kvs_layout_t lay;
-    kvs_error_t err;
-    memset(&err, 0, sizeof err);
-    rc = kvs_layout_init(&lay, &in.params, &err);
-    if (rc != KVS_OK)
-        return cli_fail(CLI_PLAN_CMD, "change %s: %s (%s)",
-                        cli_plan_flag_for(rc, &in.params),
-                        err.msg[0] != '\0' ? err.msg : kvs_strerror(rc),
-                        kvs_status_name(rc));
+    rc = cli_shape_layout(CLI_PLAN_CMD, &in.shape, &lay);
+    if (rc != 0)
+        return rc;
 
     int64_t tokens = in.tokens != 0 ? in.tokens : lay.grid_tokens;
     if (tokens > lay.grid_tokens)
@@ -583,7 +425,7 @@ int cli_plan_main(int argc, char **argv)
             return rc;
     }
     /* One writer slot per (decode rank, TP writer): decode_tp * tp_writers
-     * is max(P, D) <= CLI_PLAN_MAX_TP, so this stays small. */
+     * is max(P, D) <= CLI_SHAPE_MAX_TP, so this stays small. */
     size_t n_writers = (size_t)(lay.decode_tp * lay.tp_writers);
     int64_t *region = calloc((size_t)lay.decode_tp, sizeof *region);
     kvs_writer_t *writers = calloc(n_writers, sizeof *writers);

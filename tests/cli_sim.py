@@ -1,0 +1,466 @@
+#!/usr/bin/env python3
+"""cli_sim.py - end-to-end behaviour of `kvstage sim` on small, fast
+scenarios: the JSON report and its invariants (every request ok, no corrupt
+byte, no leaked ring byte), the table, the defaults, determinism (one seed,
+one report; another seed, another digest), the replay command, the trace
+file, the staging path's write count against the slice baseline, and that
+every class of bad input exits 2 with exactly one stderr line naming the
+flag to change.
+
+usage: cli_sim.py PATH_TO_KVSTAGE
+Prints one line per failure and a summary "cli_sim: N passed, M failed";
+exits 1 when anything failed. Python 3 standard library only.
+"""
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+
+# Llama-3.1-8B cut to 4 layers, TP 4 -> 2, six short prompts: ~0.3 s.
+SMALL = ["sim", "--model", "llama-3.1-8b", "--layers", "4", "--prefill-tp", "4",
+         "--decode-tp", "2", "--requests", "6", "--prompt-tokens", "64:512",
+         "--ring-mib", "64"]
+
+REQUIRED_KEYS = [
+    "requests_total", "requests_ok", "requests_failed", "bytes_moved",
+    "bytes_verified", "corrupt_bytes", "ring_leaked_bytes", "rdma_ops",
+    "control_msgs", "sim_seconds", "goodput_gbps", "line_rate_gbps",
+    "latency_p50_us", "latency_p99_us", "events", "wall_seconds",
+    "e2e_p50_us", "e2e_p99_us", "ring_peak_bytes", "watermark_waits",
+    "msgs_rejected", "digest", "path", "seed", "prefill_ranks",
+    "decode_ranks", "model", "total_heads", "head_dim", "dtype", "layers",
+    "page_size", "chunk_tokens", "prefill_tp", "decode_tp", "prefill_pp",
+    "decode_pp", "replay",
+]
+
+# Keys derived from the real clock: the only ones two runs may differ in.
+WALL_KEYS = ("wall_seconds", "events_per_s")
+
+
+class Suite:
+    def __init__(self, binary):
+        self.binary = binary
+        self.passed = 0
+        self.failed = 0
+
+    def run(self, args):
+        return subprocess.run([self.binary] + args, capture_output=True,
+                              text=True, timeout=120)
+
+    def cmd(self, args):
+        return " ".join(shlex.quote(x) for x in [self.binary] + args)
+
+    def ok(self, cond, name, args, detail=""):
+        if cond:
+            self.passed += 1
+        else:
+            self.failed += 1
+            print("FAIL %s: %s\n    %s" % (name, detail, self.cmd(args)))
+        return cond
+
+    def expect_ok(self, name, args, contains=()):
+        """Exit 0, nothing on stderr (not a terminal: no progress line),
+        stdout has every string of contains."""
+        res = self.run(args)
+        if not self.ok(res.returncode == 0 and res.stderr == "", name, args,
+                       "exit %d, stderr %r" % (res.returncode, res.stderr)):
+            return res
+        for text in contains:
+            self.ok(text in res.stdout, name, args,
+                    "stdout lacks %r:\n%s" % (text, res.stdout))
+        return res
+
+    def expect_json(self, name, args):
+        res = self.expect_ok(name, args)
+        try:
+            obj = json.loads(res.stdout)
+        except ValueError as exc:
+            self.ok(False, name, args, "not JSON: %s: %r" % (exc, res.stdout))
+            return {}
+        self.ok(isinstance(obj, dict), name, args, "not a JSON object")
+        return obj if isinstance(obj, dict) else {}
+
+    def expect_clean(self, name, args, obj, exact=True):
+        """The run's invariants: every request ok, nothing corrupt, nothing
+        left in a ring, and the bytes that arrived verified: all the bytes
+        moved when exact, else at least some and no more than were moved
+        (replicated prefill heads are written by every replica)."""
+        total = obj.get("requests_total")
+        self.ok(isinstance(total, int) and total > 0
+                and obj.get("requests_ok") == total
+                and obj.get("requests_failed") == 0, name + " requests ok",
+                args, "total %r ok %r failed %r" % (
+                    total, obj.get("requests_ok"), obj.get("requests_failed")))
+        self.ok(obj.get("corrupt_bytes") == 0, name + " corrupt_bytes", args,
+                repr(obj.get("corrupt_bytes")))
+        self.ok(obj.get("ring_leaked_bytes") == 0, name + " ring_leaked_bytes",
+                args, repr(obj.get("ring_leaked_bytes")))
+        moved = obj.get("bytes_moved")
+        verified = obj.get("bytes_verified")
+        self.ok(isinstance(moved, int) and isinstance(verified, int)
+                and moved > 0 and (verified == moved if exact
+                                   else 0 < verified <= moved),
+                name + " bytes verified", args,
+                "moved %r verified %r" % (moved, verified))
+        self.ok(obj.get("ok") is True, name + " ok", args, repr(obj.get("ok")))
+
+    def expect_usage_error(self, name, args, flag):
+        """Exit 2, exactly one stderr line that names flag, empty stdout."""
+        res = self.run(args)
+        lines = res.stderr.splitlines()
+        self.ok(res.returncode == 2, name, args,
+                "want exit 2, got %d (stderr %r)" % (res.returncode,
+                                                     res.stderr[:300]))
+        self.ok(len(lines) == 1, name, args,
+                "want one stderr line, got %r" % res.stderr[:500])
+        self.ok(bool(lines) and flag in lines[0], name, args,
+                "stderr does not name %s: %r" % (flag, res.stderr[:300]))
+        self.ok(res.stdout == "", name, args,
+                "stdout not empty: %r" % res.stdout[:200])
+
+
+def test_help(s):
+    s.expect_ok("--help lists sim", ["--help"], ["sim"])
+    for args in (["sim", "--help"], ["sim", "-h"], ["help", "sim"]):
+        s.expect_ok(" ".join(args), args, [
+            "usage: kvstage sim", "--prompt-tokens", "--rate", "--nic-gbps",
+            "--path", "--seed", "--trace", "--prefix-tokens",
+            "--max-inflight", "--page-size", "llama-3.1-70b"])
+
+
+def test_json_report(s):
+    args = SMALL + ["--seed", "3", "--json"]
+    obj = s.expect_json("small json", args)
+    for key in REQUIRED_KEYS:
+        s.ok(key in obj, "json key " + key, args, "missing")
+    s.expect_clean("small json", args, obj)
+    s.ok(obj.get("requests_total") == 6, "small json requests_total", args,
+         repr(obj.get("requests_total")))
+    s.ok(obj.get("path") == "staging", "small json auto is staging", args,
+         repr(obj.get("path")))
+    s.ok(obj.get("prefill_ranks") == 4 and obj.get("decode_ranks") == 2,
+         "small json ranks", args,
+         "%r %r" % (obj.get("prefill_ranks"), obj.get("decode_ranks")))
+    want = {"model": "llama-3.1-8b", "total_heads": 8, "head_dim": 128,
+            "dtype": "bf16", "layers": 4, "page_size": 16,
+            "chunk_tokens": 512, "prefill_tp": 4, "decode_tp": 2,
+            "prefill_pp": 1, "decode_pp": 1, "seed": 3,
+            "prompt_min_tokens": 64, "prompt_max_tokens": 512,
+            "ring_bytes": 64 << 20}
+    for key, value in want.items():
+        s.ok(obj.get(key) == value, "small json " + key, args,
+             "got %r, want %r" % (obj.get(key), value))
+    digest = obj.get("digest")
+    s.ok(isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{16}", digest)
+         is not None, "digest is 16 hex digits", args, repr(digest))
+    s.ok(obj.get("rdma_ops", 0) > 0 and obj.get("control_msgs", 0) > 0
+         and obj.get("events", 0) > 0 and obj.get("sim_seconds", 0) > 0,
+         "small json counters", args, repr(obj)[:300])
+    s.ok(obj.get("line_rate_gbps") == 800 and
+         0 < obj.get("goodput_gbps", 0) <= obj.get("line_rate_gbps", 0),
+         "goodput within line rate (2 NICs x 400 Gb/s)", args,
+         "%r of %r" % (obj.get("goodput_gbps"), obj.get("line_rate_gbps")))
+    s.ok(0 < obj.get("latency_p50_us", 0) <= obj.get("latency_p99_us", 0)
+         and 0 < obj.get("e2e_p50_us", 0) <= obj.get("e2e_p99_us", 0)
+         and obj.get("latency_p99_us", 0) <= obj.get("e2e_p99_us", 0),
+         "latency percentiles ordered", args, repr(obj)[:300])
+    s.ok(obj.get("ring_peak_bytes", 0) > 0
+         and obj.get("ring_peak_bytes", 0) <= 64 << 20,
+         "ring peak within the ring", args, repr(obj.get("ring_peak_bytes")))
+    replay = obj.get("replay", "")
+    s.ok(replay.startswith("kvstage sim ") and replay.endswith("--seed 3"),
+         "replay command", args, repr(replay))
+
+
+def test_table(s):
+    args = SMALL + ["--seed", "3"]
+    res = s.expect_ok("small table", args, [
+        "kvstage sim: llama-3.1-8b", "prefill TP 4", "decode TP 2",
+        "6 ok, 0 failed (of 6)", "0 corrupt", "0 bytes leaked", "RDMA ops",
+        "control messages", "simulated time", "line rate", "p50", "p99",
+        "watermark waits", "events/s", "wall time", "seed", "replay",
+        "kvstage sim --model llama-3.1-8b"])
+    s.ok(re.search(r"replay +kvstage sim .* --seed 3\n", res.stdout)
+         is not None, "table replay line", args, res.stdout[-300:])
+
+
+def test_defaults(s):
+    # No shape flags: Llama-3.1-70B at TP 8 -> 2, page 16, 400 Gb/s NICs,
+    # 20 requests/s, a 4096 MiB ring. Cut to 1 layer and 1 short request
+    # so it runs in a fraction of a second.
+    args = ["sim", "--layers", "1", "--requests", "1", "--prompt-tokens", "16",
+            "--json"]
+    obj = s.expect_json("defaults json", args)
+    s.expect_clean("defaults json", args, obj)
+    want = {"model": "llama-3.1-70b", "total_heads": 8, "head_dim": 128,
+            "dtype": "bf16", "page_size": 16, "prefill_tp": 8,
+            "decode_tp": 2, "prefill_ranks": 8, "decode_ranks": 2,
+            "nic_gbps": 400, "rate_milli_per_s": 20000,
+            "ring_bytes": 512 << 20, "chunk_tokens": 512, "seed": 0,
+            "path": "staging"}
+    for key, value in want.items():
+        s.ok(obj.get(key) == value, "defaults " + key, args,
+             "got %r, want %r" % (obj.get(key), value))
+    s.ok(obj.get("line_rate_gbps") == 800, "defaults line rate", args,
+         repr(obj.get("line_rate_gbps")))
+
+
+def without_wall(obj):
+    return {k: v for k, v in obj.items() if k not in WALL_KEYS}
+
+
+def test_determinism(s):
+    args = SMALL + ["--seed", "11", "--json"]
+    a = s.expect_json("determinism run 1", args)
+    b = s.expect_json("determinism run 2", args)
+    s.ok(a and without_wall(a) == without_wall(b), "same seed, same report",
+         args, "%r\nvs\n%r" % (a, b))
+    other = SMALL + ["--seed", "12", "--json"]
+    c = s.expect_json("other seed", other)
+    s.ok(c.get("digest") != a.get("digest"), "other seed, other digest",
+         other, "both %r" % a.get("digest"))
+    # --seed=S is the same flag.
+    d = s.expect_json("seed equals form", SMALL + ["--seed=11", "--json"])
+    s.ok(d.get("digest") == a.get("digest"), "seed equals form digest",
+         args, "%r vs %r" % (d.get("digest"), a.get("digest")))
+    # The largest seed is accepted and replayed verbatim.
+    big = SMALL + ["--seed", "18446744073709551615", "--json"]
+    e = s.expect_json("largest seed", big)
+    s.ok(e.get("seed") == 18446744073709551615, "largest seed echoed", big,
+         repr(e.get("seed")))
+
+    # The replay command reproduces the run: same digest and counters.
+    replay = a.get("replay", "")
+    words = shlex.split(replay)
+    if s.ok(words[:2] == ["kvstage", "sim"], "replay words", args, repr(words)):
+        r = s.expect_json("replay run", words[1:])
+        s.ok(r and without_wall(r) == without_wall(a), "replay reproduces",
+             words[1:], "%r\nvs\n%r" % (r, a))
+    # A given seed is replaced, not repeated, in the replay command.
+    s.ok(replay.count("--seed") == 1, "replay has one --seed", args,
+         repr(replay))
+
+
+def test_workload_flags(s):
+    base = SMALL + ["--seed", "5", "--json"]
+    plain = s.expect_json("workload base", base)
+    for rate, milli in (("0", 0), ("2.5", 2500), ("50", 50000),
+                        ("0.125", 125)):
+        args = base + ["--rate", rate]
+        obj = s.expect_json("rate " + rate, args)
+        s.expect_clean("rate " + rate, args, obj)
+        s.ok(obj.get("rate_milli_per_s") == milli, "rate " + rate + " stored",
+             args, repr(obj.get("rate_milli_per_s")))
+    slow = s.expect_json("rate 2.5 run", base + ["--rate", "2.5"])
+    s.ok(slow.get("sim_seconds", 0) > plain.get("sim_seconds", 0),
+         "slower arrivals take longer", base,
+         "%r vs %r" % (slow.get("sim_seconds"), plain.get("sim_seconds")))
+
+    args = base + ["--prefix-tokens", "256"]
+    obj = s.expect_json("prefix", args)
+    s.expect_clean("prefix", args, obj)
+    s.ok(0 < obj.get("bytes_moved", 0) < plain.get("bytes_moved", 0),
+         "a cached prefix moves fewer bytes", args,
+         "%r vs %r" % (obj.get("bytes_moved"), plain.get("bytes_moved")))
+
+    args = [a if a != "64:512" else "128" for a in base]
+    obj = s.expect_json("prompt N alone", args)
+    s.ok(obj.get("prompt_min_tokens") == 128
+         and obj.get("prompt_max_tokens") == 128, "prompt N alone is N:N",
+         args, repr(obj)[:300])
+
+    for extra, label in ((["--max-inflight", "1"], "max inflight 1"),
+                         (["--nic-gbps", "100"], "nic 100"),
+                         (["--dtype", "fp8"], "fp8"),
+                         (["--chunk-tokens", "128"], "small chunks")):
+        args = base + extra
+        obj = s.expect_json(label, args)
+        s.expect_clean(label, args, obj)
+    obj = s.expect_json("nic 100 line rate", base + ["--nic-gbps", "100"])
+    s.ok(obj.get("line_rate_gbps") == 200, "nic 100 line rate", base,
+         repr(obj.get("line_rate_gbps")))
+
+
+def test_topologies(s):
+    common = ["sim", "--layers", "4", "--requests", "4", "--prompt-tokens",
+              "64:256", "--ring-mib", "64", "--seed", "2", "--json"]
+    l8 = ["--model", "llama-3.1-8b"]
+    cases = [
+        ("P < D", l8 + ["--prefill-tp", "2", "--decode-tp", "4"],
+         "staging", 2, 4),
+        ("P == D direct", l8 + ["--prefill-tp", "2", "--decode-tp", "2"],
+         "direct", 2, 2),
+        ("P == D staging", l8 + ["--prefill-tp", "2", "--decode-tp", "2",
+                                 "--path", "staging"], "staging", 2, 2),
+        ("prefill PP", l8 + ["--prefill-tp", "2", "--decode-tp", "1",
+                             "--prefill-pp", "2"], "staging", 4, 1),
+        ("both PP", l8 + ["--prefill-tp", "2", "--decode-tp", "4",
+                          "--prefill-pp", "2", "--decode-pp", "2"],
+         "staging", 4, 8),
+        ("replicated heads", ["--model", "qwen2.5-1.5b", "--prefill-tp", "4",
+                              "--decode-tp", "2"], "staging", 4, 2),
+        ("no model", ["--kv-heads", "4", "--head-dim", "64",
+                      "--prefill-tp", "4", "--decode-tp", "1"],
+         "staging", 4, 1),
+    ]
+    for name, extra, path, nprefill, ndecode in cases:
+        args = common + extra
+        obj = s.expect_json(name, args)
+        s.expect_clean(name, args, obj, exact=name != "replicated heads")
+        s.ok(obj.get("path") == path, name + " path", args,
+             "got %r, want %r" % (obj.get("path"), path))
+        s.ok(obj.get("prefill_ranks") == nprefill
+             and obj.get("decode_ranks") == ndecode, name + " ranks", args,
+             "got %r + %r, want %d + %d" % (obj.get("prefill_ranks"),
+                                            obj.get("decode_ranks"),
+                                            nprefill, ndecode))
+    # --kv-heads, --head-dim and --layers together replace the default
+    # model, which the report then does not name.
+    args = common + ["--kv-heads", "4", "--head-dim", "64", "--prefill-tp",
+                     "4", "--decode-tp", "1"]
+    obj = s.expect_json("custom shape", args)
+    s.ok(obj.get("model") is None and obj.get("total_heads") == 4
+         and obj.get("head_dim") == 64 and obj.get("layers") == 4,
+         "custom shape names no model", args, repr(obj)[:300])
+
+
+def test_slice_vs_staging(s):
+    base = SMALL + ["--seed", "4", "--json"]
+    staged = s.expect_json("staging path", base + ["--path", "staging"])
+    sliced = s.expect_json("slice path", base + ["--path", "slice"])
+    s.expect_clean("staging path", base, staged)
+    s.expect_clean("slice path", base, sliced)
+    s.ok(staged.get("path") == "staging" and sliced.get("path") == "slice",
+         "paths ran as asked", base,
+         "%r %r" % (staged.get("path"), sliced.get("path")))
+    s.ok(staged.get("bytes_moved") == sliced.get("bytes_moved"),
+         "both paths move the same bytes", base,
+         "%r vs %r" % (staged.get("bytes_moved"), sliced.get("bytes_moved")))
+    st, sl = staged.get("rdma_ops", 0), sliced.get("rdma_ops", 0)
+    s.ok(st > 0 and st * 50 <= sl, "staging needs 50x fewer RDMA ops", base,
+         "staging %r, slice %r" % (st, sl))
+
+
+def test_trace(s):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "run trace.json")  # a space, to be quoted
+        args = SMALL + ["--seed", "6", "--trace", path, "--json"]
+        obj = s.expect_json("trace run", args)
+        s.expect_clean("trace run", args, obj)
+        s.ok(obj.get("trace") == path, "trace path echoed", args,
+             repr(obj.get("trace")))
+        s.ok("'" + path + "'" in obj.get("replay", ""), "trace path quoted",
+             args, repr(obj.get("replay")))
+        size = os.path.getsize(path) if os.path.exists(path) else 0
+        if s.ok(size > 0, "trace file written", args,
+                "missing or empty: %s" % path):
+            try:
+                with open(path) as f:
+                    trace = json.load(f)
+            except ValueError as exc:
+                s.ok(False, "trace parses", args, str(exc))
+                trace = {}
+            events = trace.get("traceEvents") if isinstance(trace, dict) else None
+            s.ok(isinstance(events, list) and len(events) > 0,
+                 "trace has traceEvents", args, repr(trace)[:200])
+            s.ok(isinstance(events, list) and all(
+                isinstance(e, dict) and "ph" in e and "name" in e
+                for e in events), "trace events well formed", args,
+                repr(events)[:200])
+        # Same run without the trace: the trace does not change the run.
+        plain = s.expect_json("trace off", SMALL + ["--seed", "6", "--json"])
+        s.ok(plain.get("digest") == obj.get("digest"),
+             "trace does not change the run", args,
+             "%r vs %r" % (plain.get("digest"), obj.get("digest")))
+    # A trace that cannot be written is a set-up error.
+    s.expect_usage_error("trace unwritable",
+                         SMALL + ["--trace", "/nonexistent-dir/x.json"],
+                         "/nonexistent-dir/x.json")
+
+
+def test_bad_input(s):
+    def with_flag(flag, value):
+        out = []
+        i = 1
+        while i < len(SMALL):
+            if SMALL[i] != flag:
+                out += SMALL[i:i + 2]
+            i += 2
+        return ["sim"] + out + [flag, value]
+
+    cases = [
+        ("requests zero", with_flag("--requests", "0"), "--requests"),
+        ("requests junk", with_flag("--requests", "6x"), "--requests"),
+        ("requests negative", with_flag("--requests", "-6"), "--requests"),
+        ("prompt min above max", with_flag("--prompt-tokens", "512:64"),
+         "--prompt-tokens"),
+        ("prompt missing max", with_flag("--prompt-tokens", "64:"),
+         "--prompt-tokens"),
+        ("prompt missing min", with_flag("--prompt-tokens", ":64"),
+         "--prompt-tokens"),
+        ("prompt junk", with_flag("--prompt-tokens", "abc"),
+         "--prompt-tokens"),
+        ("prompt zero", with_flag("--prompt-tokens", "0:64"),
+         "--prompt-tokens"),
+        ("prompt three parts", with_flag("--prompt-tokens", "1:2:3"),
+         "--prompt-tokens"),
+        ("rate negative", SMALL + ["--rate", "-1"], "--rate"),
+        ("rate two points", SMALL + ["--rate", "2.5.1"], "--rate"),
+        ("rate too precise", SMALL + ["--rate", "1.2345"], "--rate"),
+        ("rate junk", SMALL + ["--rate", "fast"], "--rate"),
+        ("rate empty", SMALL + ["--rate="], "--rate"),
+        ("rate trailing point", SMALL + ["--rate", "2."], "--rate"),
+        ("rate leading point", SMALL + ["--rate", ".5"], "--rate"),
+        ("rate exponent", SMALL + ["--rate", "1e3"], "--rate"),
+        ("rate too high", SMALL + ["--rate", "99999999999"], "--rate"),
+        ("ring zero", with_flag("--ring-mib", "0"), "--ring-mib"),
+        ("nic zero", SMALL + ["--nic-gbps", "0"], "--nic-gbps"),
+        ("nic decimal", SMALL + ["--nic-gbps", "1.5"], "--nic-gbps"),
+        ("unknown path", SMALL + ["--path", "teleport"], "--path"),
+        ("direct with unequal TP", SMALL + ["--path", "direct"], "--path"),
+        ("seed negative", SMALL + ["--seed", "-1"], "--seed"),
+        ("seed overflow", SMALL + ["--seed", "18446744073709551616"],
+         "--seed"),
+        ("seed hex", SMALL + ["--seed", "0x10"], "--seed"),
+        ("prefix negative", SMALL + ["--prefix-tokens", "-5"],
+         "--prefix-tokens"),
+        ("max inflight zero", SMALL + ["--max-inflight", "0"],
+         "--max-inflight"),
+        ("trace missing value", SMALL + ["--trace"], "--trace"),
+        ("trace empty", SMALL + ["--trace="], "--trace"),
+        ("value to --json", SMALL + ["--json=yes"], "--json"),
+        ("unknown flag", SMALL + ["--frobnicate", "3"], "--frobnicate"),
+        ("positional", SMALL + ["extra"], "extra"),
+        ("duplicate flag", SMALL + ["--requests", "6"], "--requests"),
+        ("unknown model", with_flag("--model", "gpt-5"), "--model"),
+        ("unknown dtype", SMALL + ["--dtype", "int4"], "--dtype"),
+        ("zero layers", with_flag("--layers", "0"), "--layers"),
+        ("heads do not split", SMALL + ["--kv-heads", "6"], "--prefill-tp"),
+        ("chunk not multiple of page", SMALL + ["--chunk-tokens", "100"],
+         "--chunk-tokens"),
+        ("decode pp not 1 or pp", SMALL + ["--prefill-pp", "4",
+                                           "--decode-pp", "2"], "--decode-pp"),
+    ]
+    for name, args, flag in cases:
+        s.expect_usage_error(name, args, flag)
+
+
+def main():
+    if len(sys.argv) != 2:
+        print("usage: cli_sim.py PATH_TO_KVSTAGE", file=sys.stderr)
+        return 2
+    s = Suite(sys.argv[1])
+    for test in (test_help, test_json_report, test_table, test_defaults,
+                 test_determinism, test_workload_flags, test_topologies,
+                 test_slice_vs_staging, test_trace, test_bad_input):
+        test(s)
+    print("cli_sim: %d passed, %d failed" % (s.passed, s.failed))
+    return 1 if s.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+/*
+ * shape.c - reads the shared model-shape flags (see shape.h) for `plan` and
+ * `sim`, and names the flag to change when the library's planner rejects
+ * the shape. All layout rules live in the library (kvs_layout_init); this
+ * file only parses, applies defaults and words the errors.
+ */
+#include "shape.h"
+
+#include <inttypes.h>
+#include <stdbool.h>
+#include <string.h>
+
+/* The shape rows, for flag names in messages. */
+static const cli_flag_t cli__shape_flags[CLI_SF_COUNT] = {CLI_SHAPE_FLAG_DEFS};
+
+static int cli__shape_number(const char *cmd, const char *const *values,
+                             enum cli_shape_flag f, int64_t min, int64_t max,
+                             int64_t *dst)
+{
+    if (values[f] == NULL)
+        return 0;
+    return cli_parse_i64(cmd, cli__shape_flags[f].name, values[f], min, max, dst);
+}
+
+static int cli__shape_model_fail(const char *cmd, const char *name)
+{
+    char names[512] = "";
+    size_t used = 0;
+    for (size_t i = 0; i < cli_model_count(); i++) {
+        int n = snprintf(names + used, sizeof names - used, "%s%s",
+                         i == 0 ? "" : ", ", cli_model_at(i)->name);
+        if (n < 0 || (size_t)n >= sizeof names - used)
+            break;
+        used += (size_t)n;
+    }
+    return cli_fail(cmd, "--model: unknown model '%s': use one of %s, or give "
+                         "--kv-heads, --head-dim and --layers",
+                    name, names);
+}
+
+int cli_shape_read(const char *cmd, const char *const *values,
+                   const cli_shape_defaults_t *defaults, cli_shape_t *out)
+{
+    int rc;
+    memset(out, 0, sizeof *out);
+    kvs_layout_params_t *p = &out->params;
+    p->dtype = KVS_DTYPE_BF16;
+    p->page_size = defaults->page_size;
+    p->prefill_tp = defaults->prefill_tp;
+    p->decode_tp = defaults->decode_tp;
+    p->prefill_pp = 1;
+    p->decode_pp = 1;
+    p->chunk_tokens = defaults->chunk_tokens;
+
+    const char *model_name = values[CLI_SF_MODEL];
+    bool explicit_model = model_name != NULL;
+    if (!explicit_model)
+        model_name = defaults->model;
+    if (model_name != NULL) {
+        out->model = cli_model_find(model_name);
+        if (out->model == NULL)
+            return cli__shape_model_fail(cmd, model_name);
+        p->total_heads = out->model->total_heads;
+        p->head_dim = out->model->head_dim;
+        p->layers = out->model->layers;
+        p->dtype = out->model->dtype;
+    }
+
+    if ((rc = cli__shape_number(cmd, values, CLI_SF_KV_HEADS, 1,
+                                CLI_SHAPE_MAX_HEADS, &p->total_heads)) != 0 ||
+        (rc = cli__shape_number(cmd, values, CLI_SF_HEAD_DIM, 1,
+                                CLI_SHAPE_MAX_HEAD_DIM, &p->head_dim)) != 0)
+        return rc;
+    if (values[CLI_SF_DTYPE] != NULL &&
+        kvs_dtype_parse(values[CLI_SF_DTYPE], &p->dtype) != KVS_OK)
+        return cli_fail(cmd, "--dtype: unknown dtype '%s': use bf16, fp16, fp8 "
+                             "or fp32", values[CLI_SF_DTYPE]);
+    if ((rc = cli__shape_number(cmd, values, CLI_SF_LAYERS, 1,
+                                CLI_SHAPE_MAX_LAYERS, &p->layers)) != 0 ||
+        (rc = cli__shape_number(cmd, values, CLI_SF_PAGE_SIZE, 1,
+                                CLI_SHAPE_MAX_TOKENS, &p->page_size)) != 0 ||
+        (rc = cli__shape_number(cmd, values, CLI_SF_PREFILL_TP, 1,
+                                CLI_SHAPE_MAX_TP, &p->prefill_tp)) != 0 ||
+        (rc = cli__shape_number(cmd, values, CLI_SF_DECODE_TP, 1,
+                                CLI_SHAPE_MAX_TP, &p->decode_tp)) != 0 ||
+        (rc = cli__shape_number(cmd, values, CLI_SF_PREFILL_PP, 1,
+                                CLI_SHAPE_MAX_PP, &p->prefill_pp)) != 0 ||
+        (rc = cli__shape_number(cmd, values, CLI_SF_DECODE_PP, 1,
+                                CLI_SHAPE_MAX_PP, &p->decode_pp)) != 0 ||
+        (rc = cli__shape_number(cmd, values, CLI_SF_CHUNK_TOKENS, 0,
+                                CLI_SHAPE_MAX_TOKENS, &p->chunk_tokens)) != 0)
+        return rc;
+
+    /* A default model whose every number the flags replace names nothing. */
+    if (!explicit_model && values[CLI_SF_KV_HEADS] != NULL &&
+        values[CLI_SF_HEAD_DIM] != NULL && values[CLI_SF_LAYERS] != NULL)
+        out->model = NULL;
+
+    static const struct {
+        enum cli_shape_flag flag;
+        const char *what;
+    } required[] = {
+        {CLI_SF_KV_HEADS, "the model's total KV heads"},
+        {CLI_SF_HEAD_DIM, "the head dimension"},
+        {CLI_SF_LAYERS, "the model's layers"},
+    };
+    const int64_t *required_value[] = {&p->total_heads, &p->head_dim, &p->layers};
+    for (size_t i = 0; i < sizeof required / sizeof required[0]; i++) {
+        if (*required_value[i] == 0)
+            return cli_fail(cmd, "%s is required (%s) unless --model names a "
+                                 "built-in model",
+                            cli__shape_flags[required[i].flag].name,
+                            required[i].what);
+    }
+    if (p->prefill_tp == 0)
+        return cli_fail(cmd, "--prefill-tp is required: the prefill attention "
+                             "TP size");
+    if (p->decode_tp == 0)
+        return cli_fail(cmd, "--decode-tp is required: the decode attention "
+                             "TP size");
+    return 0;
+}
+
+static bool cli__shape_divides(int64_t a, int64_t b)
+{
+    return a % b == 0 || b % a == 0;
+}
+
+/* Names the flag to change for a kvs_layout_init failure; the library's
+ * detail says why. */
+static const char *cli__shape_flag_for(int status, const kvs_layout_params_t *p)
+{
+    switch (status) {
+    case KVS_EHEAD_SPLIT:
+        if (!cli__shape_divides(p->total_heads, p->prefill_tp))
+            return "--prefill-tp (or --kv-heads)";
+        if (!cli__shape_divides(p->total_heads, p->decode_tp))
+            return "--decode-tp (or --kv-heads)";
+        return "--decode-tp (or --prefill-tp)";
+    case KVS_EPP_SPLIT:
+        if (p->decode_pp != 1 && p->decode_pp != p->prefill_pp)
+            return "--decode-pp";
+        if (p->layers % p->prefill_pp != 0)
+            return "--prefill-pp (or --layers)";
+        return "--decode-pp (or --layers)";
+    case KVS_ECHUNK:
+        return "--chunk-tokens (or --page-size)";
+    case KVS_EDTYPE:
+        return "--dtype";
+    case KVS_EHEADS:
+        return "--kv-heads";
+    default:
+        return "the shape flags";
+    }
+}
+
+int cli_shape_layout(const char *cmd, const cli_shape_t *shape,
+                     kvs_layout_t *lay)
+{
+    kvs_error_t err;
+    memset(&err, 0, sizeof err);
+    int rc = kvs_layout_init(lay, &shape->params, &err);
+    if (rc == KVS_OK)
+        return 0;
+    return cli_fail(cmd, "change %s: %s (%s)",
+                    cli__shape_flag_for(rc, &shape->params),
+                    err.msg[0] != '\0' ? err.msg : kvs_strerror(rc),
+                    kvs_status_name(rc));
+}
+
+void cli_shape_models_usage(FILE *out)
+{
+    for (size_t i = 0; i < cli_model_count(); i++) {
+        const cli_model_t *m = cli_model_at(i);
+        fprintf(out, "  %-16s %3" PRId64 " %4" PRId64 " %4" PRId64 "  %-5s %s\n",
+                m->name, m->total_heads, m->head_dim, m->layers,
+                kvs_dtype_name(m->dtype), m->note);
+    }
+}

@@ -1,0 +1,106 @@
+/*
+ * shape.h - the model-shape flags every subcommand that lays out KV cache
+ * shares (`plan`, `sim`): --model, --kv-heads, --head-dim, --dtype,
+ * --layers, --page-size, --prefill-tp, --decode-tp, --prefill-pp,
+ * --decode-pp, --chunk-tokens. One place parses them into
+ * kvs_layout_params_t, applies the subcommand's defaults, and turns a
+ * kvs_layout_init failure into one line naming the flag to change.
+ *
+ * A subcommand puts the shape flags first in its flag table
+ * (CLI_SHAPE_FLAG_DEFS) and numbers its own flags from CLI_SF_COUNT, so the
+ * first CLI_SF_COUNT scanned values are the shape's. Nothing here exits or
+ * allocates; errors are one stderr line (cli_fail) and CLI_EXIT_USAGE.
+ */
+#ifndef KVSTAGE_TOOLS_SHAPE_H
+#define KVSTAGE_TOOLS_SHAPE_H
+
+#include <stdio.h>
+
+#include <kvstage/kvstage.h>
+
+#include "args.h"
+#include "models.h"
+
+/* Upper bounds of the shape inputs, far above any real deployment. They
+ * keep the largest staging region below 2^62 bytes:
+ * max(H, P) * hd * 4 bytes * layers * 2 (K, V) * G <= 2^10+12+2+12+1+24. */
+#define CLI_SHAPE_MAX_HEADS 1024
+#define CLI_SHAPE_MAX_HEAD_DIM 4096
+#define CLI_SHAPE_MAX_LAYERS 4096
+#define CLI_SHAPE_MAX_TP 1024
+#define CLI_SHAPE_MAX_PP 1024
+#define CLI_SHAPE_MAX_TOKENS (INT64_C(1) << 24)
+
+enum cli_shape_flag {
+    CLI_SF_MODEL,
+    CLI_SF_KV_HEADS,
+    CLI_SF_HEAD_DIM,
+    CLI_SF_DTYPE,
+    CLI_SF_LAYERS,
+    CLI_SF_PAGE_SIZE,
+    CLI_SF_PREFILL_TP,
+    CLI_SF_DECODE_TP,
+    CLI_SF_PREFILL_PP,
+    CLI_SF_DECODE_PP,
+    CLI_SF_CHUNK_TOKENS,
+    CLI_SF_COUNT
+};
+
+/* Designated initializers for the shape rows of a subcommand's
+ * cli_flag_t table (indexed by enum cli_shape_flag). */
+#define CLI_SHAPE_FLAG_DEFS                                                    \
+    [CLI_SF_MODEL] = {"--model", true},                                        \
+    [CLI_SF_KV_HEADS] = {"--kv-heads", true},                                  \
+    [CLI_SF_HEAD_DIM] = {"--head-dim", true},                                  \
+    [CLI_SF_DTYPE] = {"--dtype", true},                                        \
+    [CLI_SF_LAYERS] = {"--layers", true},                                      \
+    [CLI_SF_PAGE_SIZE] = {"--page-size", true},                                \
+    [CLI_SF_PREFILL_TP] = {"--prefill-tp", true},                              \
+    [CLI_SF_DECODE_TP] = {"--decode-tp", true},                                \
+    [CLI_SF_PREFILL_PP] = {"--prefill-pp", true},                              \
+    [CLI_SF_DECODE_PP] = {"--decode-pp", true},                                \
+    [CLI_SF_CHUNK_TOKENS] = {"--chunk-tokens", true}
+
+/* What a subcommand assumes for the shape flags it is not given. */
+typedef struct cli_shape_defaults {
+    const char *model;  /* built-in model used without --model; NULL: none,
+                           so --kv-heads, --head-dim, --layers are required */
+    int64_t page_size;  /* --page-size when absent, > 0 */
+    int64_t prefill_tp; /* --prefill-tp when absent; 0: the flag is required */
+    int64_t decode_tp;  /* --decode-tp when absent; 0: the flag is required */
+    int64_t chunk_tokens; /* --chunk-tokens when absent (0 means 8192) */
+} cli_shape_defaults_t;
+
+/* A shape read from the command line. */
+typedef struct cli_shape {
+    /* The built-in model the shape starts from (--model, else the default
+     * model), NULL when there is none or when --kv-heads, --head-dim and
+     * --layers replace all of a default model. Static storage. */
+    const cli_model_t *model;
+    kvs_layout_params_t params; /* dtype, PP and chunk size always filled */
+} cli_shape_t;
+
+/*
+ * Fills *out from values[0..CLI_SF_COUNT) (cli_args_scan's output for a
+ * table that starts with CLI_SHAPE_FLAG_DEFS): the model first, then every
+ * explicit flag over it, then the defaults. Range errors and missing
+ * required flags print one line "kvstage <cmd>: ..." naming the flag and
+ * return CLI_EXIT_USAGE; 0 on success. Does not check that the sizes fit
+ * together: that is cli_shape_layout's job.
+ */
+int cli_shape_read(const char *cmd, const char *const *values,
+                   const cli_shape_defaults_t *defaults, cli_shape_t *out);
+
+/*
+ * Validates the shape through the library's planner (kvs_layout_init) into
+ * *lay. On failure prints one line "kvstage <cmd>: change --flag: why" and
+ * returns CLI_EXIT_USAGE; 0 on success.
+ */
+int cli_shape_layout(const char *cmd, const cli_shape_t *shape,
+                     kvs_layout_t *lay);
+
+/* Writes the built-in model list, one "  name heads hd layers dtype note"
+ * line each, for a subcommand's --help. */
+void cli_shape_models_usage(FILE *out);
+
+#endif

@@ -1,0 +1,740 @@
+/*
+ * sim.c - `kvstage sim`: parses the command line into a
+ * sim_scenario_config_t, runs the simulated scenario (sim/scenario.h) and
+ * prints a summary table or one JSON object. The simulator decides
+ * everything that happens; this file parses, measures wall time (the only
+ * real clock here: tools/ is not simulator code), draws a progress line on
+ * a terminal, and formats.
+ *
+ * Invariants checked on every run: every request finished ok, no corrupt
+ * byte, no ring byte leaked. A run that breaks one exits 1 and names it with
+ * the seed and the command that replays it. Bad flags exit 2 with one stderr
+ * line naming the flag, as a scenario that cannot be set up does.
+ */
+#include "sim.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <kvstage/kvstage.h>
+
+#include "args.h"
+#include "scenario.h"
+#include "shape.h"
+
+#define CLI_SIM_CMD "sim"
+
+/* Defaults of the command line that differ from the scenario's own (the
+ * rest come from sim_scenario_defaults). Llama-3.1-70B at TP 8 -> 2 is a
+ * common disaggregated deployment; page size 16 keeps page lists short. */
+#define CLI_SIM_DEFAULT_MODEL "llama-3.1-70b"
+#define CLI_SIM_DEFAULT_PREFILL_TP 8
+#define CLI_SIM_DEFAULT_DECODE_TP 2
+#define CLI_SIM_DEFAULT_PAGE_SIZE 16
+#define CLI_SIM_DEFAULT_RATE_MILLI 20000 /* 20 requests/s */
+#define CLI_SIM_DEFAULT_NIC_GBPS 400
+/* Smaller than production (8192 tokens, 4096 MiB): simulated GPU memory is
+ * real host memory, and these keep the default run at a few GB while every
+ * request still spans several chunks and the ring still wraps. */
+#define CLI_SIM_DEFAULT_CHUNK_TOKENS 512
+#define CLI_SIM_DEFAULT_RING_MIB 512
+
+/* Input bounds: far above what a run in seconds uses, low enough that no
+ * product below overflows 64 bits. */
+#define CLI_SIM_MAX_REQUESTS 1000000
+#define CLI_SIM_MAX_RATE_MILLI (INT64_C(1000000) * 1000) /* 1e6 req/s */
+#define CLI_SIM_MAX_RING_MIB (INT64_C(1) << 30)
+#define CLI_SIM_MAX_NIC_GBPS 100000
+#define CLI_SIM_MAX_INFLIGHT 65536
+
+#define CLI_MIB (UINT64_C(1) << 20)
+
+/* Progress line: drawn only on a terminal and only once the run has taken
+ * this long, redrawn at most every CLI_SIM_REDRAW_S. */
+#define CLI_SIM_PROGRESS_AFTER_S 0.5
+#define CLI_SIM_REDRAW_S 0.1
+#define CLI_SIM_BAR_WIDTH 20
+
+/* The shape flags (shape.h) come first, then sim's own. */
+enum cli_sim_flag {
+    CLI_XF_REQUESTS = CLI_SF_COUNT,
+    CLI_XF_PROMPT_TOKENS,
+    CLI_XF_RATE,
+    CLI_XF_RING_MIB,
+    CLI_XF_NIC_GBPS,
+    CLI_XF_PATH,
+    CLI_XF_SEED,
+    CLI_XF_PREFIX_TOKENS,
+    CLI_XF_MAX_INFLIGHT,
+    CLI_XF_JSON,
+    CLI_XF_TRACE,
+    CLI_XF_HELP,
+    CLI_XF_COUNT
+};
+
+static const cli_flag_t cli_sim_flags[CLI_XF_COUNT] = {
+    CLI_SHAPE_FLAG_DEFS,
+    [CLI_XF_REQUESTS] = {"--requests", true},
+    [CLI_XF_PROMPT_TOKENS] = {"--prompt-tokens", true},
+    [CLI_XF_RATE] = {"--rate", true},
+    [CLI_XF_RING_MIB] = {"--ring-mib", true},
+    [CLI_XF_NIC_GBPS] = {"--nic-gbps", true},
+    [CLI_XF_PATH] = {"--path", true},
+    [CLI_XF_SEED] = {"--seed", true},
+    [CLI_XF_PREFIX_TOKENS] = {"--prefix-tokens", true},
+    [CLI_XF_MAX_INFLIGHT] = {"--max-inflight", true},
+    [CLI_XF_JSON] = {"--json", false},
+    [CLI_XF_TRACE] = {"--trace", true},
+    [CLI_XF_HELP] = {"--help", false},
+};
+
+/* What the command line asks for, after defaults. */
+typedef struct cli_sim_input {
+    cli_shape_t shape;
+    kvs_layout_t lay;          /* the shape, validated */
+    sim_scenario_config_t cfg; /* after sim_scenario_defaults */
+    int64_t nic_gbps;
+    bool json;
+} cli_sim_input_t;
+
+/* State of the progress line on stderr. */
+typedef struct cli_sim_progress {
+    bool tty;
+    struct timespec start;
+    double last_draw_s;
+    int drawn_len;             /* characters of the line on screen, 0: none */
+} cli_sim_progress_t;
+
+static double cli_sim_elapsed_s(const struct timespec *start)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)(now.tv_sec - start->tv_sec) +
+           (double)(now.tv_nsec - start->tv_nsec) / 1e9;
+}
+
+void cli_sim_usage(FILE *out)
+{
+    sim_scenario_config_t d;
+    memset(&d, 0, sizeof d);
+    sim_scenario_defaults(&d);
+    fprintf(out,
+            "usage: kvstage sim [--model NAME | --kv-heads H --head-dim HD --layers L]\n"
+            "                   [--dtype T] [--page-size PS] [--chunk-tokens C]\n"
+            "                   [--prefill-tp P] [--decode-tp D] [--prefill-pp PP]\n"
+            "                   [--decode-pp DP] [--requests N] [--prompt-tokens MIN:MAX]\n"
+            "                   [--prefix-tokens MAX] [--rate R] [--max-inflight N]\n"
+            "                   [--ring-mib M] [--nic-gbps G] [--path PATH] [--seed S]\n"
+            "                   [--json] [--trace FILE]\n"
+            "\n"
+            "Runs a deterministic simulation of disaggregated serving: P x PP prefill\n"
+            "GPUs and D x DP decode GPUs (simulated H200s, one RDMA NIC each) run the\n"
+            "real kvstage core. Requests arrive as a Poisson process, are prefilled, and\n"
+            "their KV cache moves to the decode ranks by the chosen path; every byte\n"
+            "that arrives is verified. One seed reproduces a run bit for bit.\n"
+            "\n"
+            "With no flags: %s, prefill TP %d -> decode TP %d, page size %d,\n"
+            "%" PRIu32 " requests of %" PRId64 "..%" PRId64 " tokens at %d requests/s, "
+            "%d Gb/s NICs.\n"
+            "\n"
+            "model shape (as for `kvstage plan`; explicit flags override the model):\n"
+            "  --model NAME        built-in model (default %s, see below)\n"
+            "  --kv-heads H        total KV heads of the model (1..%d)\n"
+            "  --head-dim HD       head dimension (1..%d)\n"
+            "  --layers L          layers of the whole model (1..%d)\n"
+            "  --dtype T           KV dtype: bf16, fp16, fp8, fp32 (default: the model's)\n"
+            "  --page-size PS      tokens per KV page (default %d here, not plan's 1, to\n"
+            "                      keep the simulated page lists short)\n"
+            "  --chunk-tokens C    chunked-prefill size, a multiple of PS (default %d\n"
+            "                      here to keep simulated memory small; 0 means %d)\n"
+            "  --prefill-tp P      prefill attention TP size (default %d)\n"
+            "  --decode-tp D       decode attention TP size (default %d)\n"
+            "  --prefill-pp PP     prefill pipeline stages (default 1)\n"
+            "  --decode-pp DP      decode pipeline stages, 1 or PP (default 1)\n"
+            "\n"
+            "workload and hardware:\n"
+            "  --requests N        requests to run (1..%d, default %" PRIu32 ")\n"
+            "  --prompt-tokens MIN:MAX\n"
+            "                      prompt length range, uniform (default %" PRId64 ":%" PRId64
+            "; N alone\n"
+            "                      means N:N)\n"
+            "  --prefix-tokens MAX decode-side cached prefix drawn in 0..MAX tokens, page\n"
+            "                      aligned; those tokens are not moved (default 0: none)\n"
+            "  --rate R            mean arrivals per second, a decimal like 50 or 2.5\n"
+            "                      (default %d); 0 means all requests arrive at once\n"
+            "  --max-inflight N    requests admitted at once (1..%d, default %" PRIu32 ")\n"
+            "  --ring-mib M        decode staging ring per decode GPU, MiB (default %d\n"
+            "                      here; production default 4096)\n"
+            "  --nic-gbps G        NIC line rate, whole Gb/s (default %d)\n"
+            "  --path PATH         auto, staging, slice or direct (default auto: staging\n"
+            "                      when the TP sizes differ, direct when equal)\n"
+            "  --seed S            root seed of arrivals, lengths and the fabric\n"
+            "                      (0..2^64-1, default 0)\n"
+            "\n"
+            "output:\n"
+            "  --json              print one JSON object instead of the table\n"
+            "  --trace FILE        write a Chrome trace-event JSON of the run to FILE\n"
+            "  --help              print this help\n"
+            "\n"
+            "Flags take `--flag value` or `--flag=value`, in any order. On a terminal a\n"
+            "progress line is drawn on stderr while a long run goes on.\n"
+            "Exit status: 0 when every request finished ok with no corrupt byte and no\n"
+            "ring byte leaked; 1 when one of those broke (stderr says which, with the\n"
+            "command that replays the run); 2 for bad flags or a scenario that cannot\n"
+            "be set up (one line naming what to change).\n"
+            "\n"
+            "built-in models (KV heads, head dim, layers, dtype):\n",
+            CLI_SIM_DEFAULT_MODEL, CLI_SIM_DEFAULT_PREFILL_TP,
+            CLI_SIM_DEFAULT_DECODE_TP, CLI_SIM_DEFAULT_PAGE_SIZE, d.requests,
+            d.prompt_min_tokens, d.prompt_max_tokens,
+            CLI_SIM_DEFAULT_RATE_MILLI / 1000, CLI_SIM_DEFAULT_NIC_GBPS,
+            CLI_SIM_DEFAULT_MODEL, CLI_SHAPE_MAX_HEADS, CLI_SHAPE_MAX_HEAD_DIM,
+            CLI_SHAPE_MAX_LAYERS, CLI_SIM_DEFAULT_PAGE_SIZE, CLI_SIM_DEFAULT_CHUNK_TOKENS,
+            KVS_DEFAULT_CHUNK_TOKENS, CLI_SIM_DEFAULT_PREFILL_TP,
+            CLI_SIM_DEFAULT_DECODE_TP, CLI_SIM_MAX_REQUESTS, d.requests,
+            d.prompt_min_tokens, d.prompt_max_tokens,
+            CLI_SIM_DEFAULT_RATE_MILLI / 1000, CLI_SIM_MAX_INFLIGHT,
+            d.max_inflight, CLI_SIM_DEFAULT_RING_MIB, CLI_SIM_DEFAULT_NIC_GBPS);
+    cli_shape_models_usage(out);
+    fprintf(out,
+            "\n"
+            "examples:\n"
+            "  kvstage sim\n"
+            "  kvstage sim --model llama-3.1-8b --prefill-tp 4 --decode-tp 2 --requests 6\n"
+            "  kvstage sim --path slice --seed 7 --json\n");
+}
+
+/* Parses sim's own numeric flag `f` into *dst when given. */
+static int cli_sim_number(const char *const *values, enum cli_sim_flag f,
+                          int64_t min, int64_t max, int64_t *dst)
+{
+    if (values[f] == NULL)
+        return 0;
+    return cli_parse_i64(CLI_SIM_CMD, cli_sim_flags[f].name, values[f], min, max,
+                         dst);
+}
+
+/* "50", "2.5", "0.125" -> thousandths of a request per second, without
+ * floating point: digits, then optionally '.' and 1 to 3 digits. */
+static int cli_sim_parse_rate(const char *text, uint64_t *milli)
+{
+    const char *flag = cli_sim_flags[CLI_XF_RATE].name;
+    const char *dot = strchr(text, '.');
+    char whole[32];
+    size_t whole_len = dot != NULL ? (size_t)(dot - text) : strlen(text);
+    size_t frac_len = dot != NULL ? strlen(dot + 1) : 0;
+    bool shape_ok = whole_len >= 1 && whole_len < sizeof whole &&
+                    (dot == NULL || (frac_len >= 1 && frac_len <= 3));
+    uint64_t frac = 0;
+    for (size_t i = 0; shape_ok && i < frac_len; i++) {
+        char c = dot[1 + i];
+        if (c < '0' || c > '9')
+            shape_ok = false;
+        else
+            frac = frac * 10 + (uint64_t)(c - '0');
+    }
+    for (size_t i = frac_len; i < 3; i++)
+        frac *= 10;
+    if (!shape_ok)
+        return cli_fail(CLI_SIM_CMD, "%s: '%s' is not a rate: give requests per "
+                                     "second as plain decimal digits with at "
+                                     "most 3 after the point, like 50 or 2.5 "
+                                     "(0 = all at once)", flag, text);
+    memcpy(whole, text, whole_len);
+    whole[whole_len] = '\0';
+    int64_t w = 0;
+    int64_t max_whole = CLI_SIM_MAX_RATE_MILLI / 1000;
+    int rc = cli_parse_i64(CLI_SIM_CMD, flag, whole, 0, max_whole, &w);
+    if (rc != 0)
+        return rc;
+    uint64_t v = (uint64_t)w * 1000 + frac;
+    if (v > (uint64_t)CLI_SIM_MAX_RATE_MILLI)
+        return cli_fail(CLI_SIM_CMD, "%s: '%s' is out of range: give 0..%" PRId64
+                                     " requests per second", flag, text, max_whole);
+    *milli = v;
+    return 0;
+}
+
+/* "MIN:MAX", or "N" for N:N. */
+static int cli_sim_parse_prompt(const char *text, int64_t *min, int64_t *max)
+{
+    const char *flag = cli_sim_flags[CLI_XF_PROMPT_TOKENS].name;
+    const char *colon = strchr(text, ':');
+    char lo[32];
+    size_t lo_len = colon != NULL ? (size_t)(colon - text) : strlen(text);
+    if (lo_len >= sizeof lo)
+        return cli_fail(CLI_SIM_CMD, "%s: '%s' is not MIN:MAX: give two whole "
+                                     "numbers of tokens like 1024:4096", flag,
+                        text);
+    memcpy(lo, text, lo_len);
+    lo[lo_len] = '\0';
+    int rc = cli_parse_i64(CLI_SIM_CMD, flag, lo, 1, CLI_SHAPE_MAX_TOKENS, min);
+    if (rc != 0)
+        return rc;
+    if (colon == NULL) {
+        *max = *min;
+        return 0;
+    }
+    rc = cli_parse_i64(CLI_SIM_CMD, flag, colon + 1, 1, CLI_SHAPE_MAX_TOKENS, max);
+    if (rc != 0)
+        return rc;
+    if (*min > *max)
+        return cli_fail(CLI_SIM_CMD, "%s: MIN %" PRId64 " is above MAX %" PRId64
+                                     ": give MIN:MAX with MIN <= MAX", flag, *min,
+                        *max);
+    return 0;
+}
+
+/* Fills *in from the scanned flag values: the shape first, then sim's own
+ * flags, then sim_scenario_defaults for whatever is still zero. */
+static int cli_sim_read(const char *const *values, cli_sim_input_t *in)
+{
+    static const cli_shape_defaults_t defaults = {
+        .model = CLI_SIM_DEFAULT_MODEL,
+        .page_size = CLI_SIM_DEFAULT_PAGE_SIZE,
+        .prefill_tp = CLI_SIM_DEFAULT_PREFILL_TP,
+        .decode_tp = CLI_SIM_DEFAULT_DECODE_TP,
+        .chunk_tokens = CLI_SIM_DEFAULT_CHUNK_TOKENS,
+    };
+    int rc;
+    memset(in, 0, sizeof *in);
+    sim_scenario_config_t *cfg = &in->cfg;
+    in->json = values[CLI_XF_JSON] != NULL;
+    if ((rc = cli_shape_read(CLI_SIM_CMD, values, &defaults, &in->shape)) != 0)
+        return rc;
+
+    int64_t requests = 0, ring_mib = CLI_SIM_DEFAULT_RING_MIB, prefix = 0, inflight = 0;
+    in->nic_gbps = CLI_SIM_DEFAULT_NIC_GBPS;
+    if ((rc = cli_sim_number(values, CLI_XF_REQUESTS, 1, CLI_SIM_MAX_REQUESTS,
+                             &requests)) != 0 ||
+        (rc = cli_sim_number(values, CLI_XF_RING_MIB, 1, CLI_SIM_MAX_RING_MIB,
+                             &ring_mib)) != 0 ||
+        (rc = cli_sim_number(values, CLI_XF_NIC_GBPS, 1, CLI_SIM_MAX_NIC_GBPS,
+                             &in->nic_gbps)) != 0 ||
+        (rc = cli_sim_number(values, CLI_XF_PREFIX_TOKENS, 0,
+                             CLI_SHAPE_MAX_TOKENS, &prefix)) != 0 ||
+        (rc = cli_sim_number(values, CLI_XF_MAX_INFLIGHT, 1,
+                             CLI_SIM_MAX_INFLIGHT, &inflight)) != 0)
+        return rc;
+    if (values[CLI_XF_PROMPT_TOKENS] != NULL &&
+        (rc = cli_sim_parse_prompt(values[CLI_XF_PROMPT_TOKENS],
+                                   &cfg->prompt_min_tokens,
+                                   &cfg->prompt_max_tokens)) != 0)
+        return rc;
+    cfg->rate_milli_per_s = CLI_SIM_DEFAULT_RATE_MILLI;
+    if (values[CLI_XF_RATE] != NULL &&
+        (rc = cli_sim_parse_rate(values[CLI_XF_RATE], &cfg->rate_milli_per_s)) != 0)
+        return rc;
+    cfg->path = KVS_PATH_AUTO;
+    if (values[CLI_XF_PATH] != NULL &&
+        kvs_path_parse(values[CLI_XF_PATH], &cfg->path) != KVS_OK)
+        return cli_fail(CLI_SIM_CMD, "--path: unknown path '%s': use auto, "
+                                     "staging, slice or direct",
+                        values[CLI_XF_PATH]);
+    if (values[CLI_XF_SEED] != NULL &&
+        (rc = cli_parse_u64(CLI_SIM_CMD, "--seed", values[CLI_XF_SEED], 0,
+                            UINT64_MAX, &cfg->seed)) != 0)
+        return rc;
+    if (values[CLI_XF_TRACE] != NULL) {
+        if (values[CLI_XF_TRACE][0] == '\0')
+            return cli_fail(CLI_SIM_CMD, "--trace is empty: give the file to "
+                                         "write the trace to");
+        cfg->trace_path = values[CLI_XF_TRACE];
+    }
+
+    if ((rc = cli_shape_layout(CLI_SIM_CMD, &in->shape, &in->lay)) != 0)
+        return rc;
+    if (cfg->path == KVS_PATH_DIRECT && in->lay.prefill_tp != in->lay.decode_tp)
+        return cli_fail(CLI_SIM_CMD, "--path direct needs equal TP sizes (got "
+                                     "--prefill-tp %" PRId64 ", --decode-tp %"
+                                     PRId64 "): use --path staging or slice, or "
+                                     "equal TP sizes",
+                        in->lay.prefill_tp, in->lay.decode_tp);
+
+    cfg->shape = in->shape.params;
+    cfg->requests = (uint32_t)requests;
+    cfg->ring_bytes = (uint64_t)ring_mib * CLI_MIB;
+    cfg->prefix_max_tokens = prefix;
+    cfg->max_inflight = (uint32_t)inflight;
+    /* Staging buffers exist on both sides unless a run asks for a path that
+     * does without them. */
+    cfg->staging = cfg->path == KVS_PATH_AUTO || cfg->path == KVS_PATH_STAGING;
+    cfg->net.link_bytes_per_s = (uint64_t)in->nic_gbps * 1000000000u / 8u;
+    sim_scenario_defaults(cfg);
+    return 0;
+}
+
+/* True when arg can be shown to a POSIX shell unquoted. */
+static bool cli_sim_shell_plain(const char *arg)
+{
+    if (arg[0] == '\0')
+        return false;
+    for (const char *c = arg; *c != '\0'; c++) {
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') ||
+              (*c >= '0' && *c <= '9') || strchr("-_./:=,+@%", *c) != NULL))
+            return false;
+    }
+    return true;
+}
+
+/* Appends arg, shell-quoted when needed, to buf[*used..cap). buf is sized
+ * by the caller for the worst case (4 bytes per byte + 3). */
+static void cli_sim_shell_append(char *buf, size_t *used, const char *arg)
+{
+    size_t n = *used;
+    buf[n++] = ' ';
+    if (cli_sim_shell_plain(arg)) {
+        size_t len = strlen(arg);
+        memcpy(buf + n, arg, len);
+        n += len;
+    } else {
+        buf[n++] = '\'';
+        for (const char *c = arg; *c != '\0'; c++) {
+            if (*c == '\'') {
+                memcpy(buf + n, "'\\''", 4);
+                n += 4;
+            } else {
+                buf[n++] = *c;
+            }
+        }
+        buf[n++] = '\'';
+    }
+    buf[n] = '\0';
+    *used = n;
+}
+
+/* The command that replays this run: the flags as given, any --seed
+ * replaced by the seed used. Heap string owned by the caller; NULL when
+ * out of memory. */
+static char *cli_sim_replay(int argc, char **argv, uint64_t seed)
+{
+    size_t cap = 64;
+    for (int a = 1; a < argc; a++)
+        cap += 4 * strlen(argv[a]) + 4;
+    char *buf = malloc(cap);
+    if (buf == NULL)
+        return NULL;
+    size_t used = (size_t)snprintf(buf, cap, "kvstage %s", CLI_SIM_CMD);
+    for (int a = 1; a < argc; a++) {
+        if (strcmp(argv[a], "--seed") == 0) {
+            a++; /* the scan accepted it, so its value follows */
+            continue;
+        }
+        if (strncmp(argv[a], "--seed=", 7) == 0)
+            continue;
+        cli_sim_shell_append(buf, &used, argv[a]);
+    }
+    snprintf(buf + used, cap - used, " --seed %" PRIu64, seed);
+    return buf;
+}
+
+/* Writes s as a JSON string. */
+static void cli_sim_json_string(const char *s)
+{
+    putchar('"');
+    for (const unsigned char *c = (const unsigned char *)s; *c != '\0'; c++) {
+        if (*c == '"' || *c == '\\')
+            printf("\\%c", *c);
+        else if (*c < 0x20)
+            printf("\\u%04x", *c);
+        else
+            putchar(*c);
+    }
+    putchar('"');
+}
+
+/* A JSON number for a double; null when it is not finite. */
+static void cli_sim_json_double(const char *key, double v, int decimals)
+{
+    if (isfinite(v))
+        printf(", \"%s\": %.*f", key, decimals, v);
+    else
+        printf(", \"%s\": null", key);
+}
+
+static void cli_sim_progress_draw(void *ctx, uint32_t done, uint32_t total,
+                                  uint64_t sim_ns)
+{
+    cli_sim_progress_t *p = ctx;
+    if (!p->tty)
+        return;
+    double now = cli_sim_elapsed_s(&p->start);
+    if (now < CLI_SIM_PROGRESS_AFTER_S)
+        return;
+    if (p->drawn_len > 0 && now - p->last_draw_s < CLI_SIM_REDRAW_S &&
+        done != total)
+        return;
+    char bar[CLI_SIM_BAR_WIDTH + 1];
+    uint64_t filled = total > 0 ? (uint64_t)done * CLI_SIM_BAR_WIDTH / total : 0;
+    for (size_t i = 0; i < CLI_SIM_BAR_WIDTH; i++)
+        bar[i] = i < filled ? '#' : '.';
+    bar[CLI_SIM_BAR_WIDTH] = '\0';
+    char line[128];
+    int len = snprintf(line, sizeof line, "[%s] %" PRIu32 "/%" PRIu32
+                       " requests, sim %" PRIu64 ".%03" PRIu64 " s",
+                       bar, done, total, sim_ns / 1000000000u,
+                       sim_ns / 1000000u % 1000u);
+    if (len < 0)
+        return;
+    if (len >= (int)sizeof line)
+        len = (int)sizeof line - 1;
+    /* Pad over a longer previous line. */
+    fprintf(stderr, "\r%s%*s", line, p->drawn_len > len ? p->drawn_len - len : 0,
+            "");
+    fflush(stderr);
+    if (len > p->drawn_len)
+        p->drawn_len = len;
+    p->last_draw_s = now;
+}
+
+static void cli_sim_progress_clear(cli_sim_progress_t *p)
+{
+    if (p->drawn_len == 0)
+        return;
+    fprintf(stderr, "\r%*s\r", p->drawn_len, "");
+    fflush(stderr);
+    p->drawn_len = 0;
+}
+
+/* Which invariants the run broke, as counts. */
+typedef struct cli_sim_verdict {
+    uint32_t unfinished; /* neither ok nor failed */
+    bool ok;
+} cli_sim_verdict_t;
+
+static cli_sim_verdict_t cli_sim_judge(const sim_report_t *r)
+{
+    cli_sim_verdict_t v;
+    uint64_t finished = (uint64_t)r->requests_ok + r->requests_failed;
+    v.unfinished = finished < r->requests_total
+                       ? (uint32_t)(r->requests_total - finished)
+                       : 0;
+    v.ok = r->requests_failed == 0 && v.unfinished == 0 && r->corrupt_bytes == 0 &&
+           r->ring_leaked_bytes == 0;
+    return v;
+}
+
+static double cli_sim_pct(double part, double whole)
+{
+    return whole > 0 ? 100.0 * part / whole : 0.0;
+}
+
+static void cli_sim_print_json(const cli_sim_input_t *in, const sim_report_t *r,
+                               double wall_s, const char *replay,
+                               const cli_sim_verdict_t *v)
+{
+    const kvs_layout_t *lay = &in->lay;
+    const sim_scenario_config_t *cfg = &in->cfg;
+    printf("{\"ok\": %s", v->ok ? "true" : "false");
+    printf(", \"requests_total\": %" PRIu32 ", \"requests_ok\": %" PRIu32
+           ", \"requests_failed\": %" PRIu32 ", \"requests_unfinished\": %" PRIu32,
+           r->requests_total, r->requests_ok, r->requests_failed, v->unfinished);
+    printf(", \"bytes_moved\": %" PRIu64 ", \"bytes_verified\": %" PRIu64
+           ", \"corrupt_bytes\": %" PRIu64 ", \"ring_leaked_bytes\": %" PRIu64,
+           r->bytes_moved, r->bytes_verified, r->corrupt_bytes,
+           r->ring_leaked_bytes);
+    printf(", \"rdma_ops\": %" PRIu64 ", \"control_msgs\": %" PRIu64
+           ", \"msgs_rejected\": %" PRIu64 ", \"watermark_waits\": %" PRIu64
+           ", \"ring_peak_bytes\": %" PRIu64,
+           r->rdma_ops, r->control_msgs, r->msgs_rejected, r->watermark_waits,
+           r->ring_peak_bytes);
+    printf(", \"sim_ns\": %" PRIu64 ", \"sim_seconds\": %" PRIu64 ".%09" PRIu64,
+           r->sim_ns, r->sim_ns / 1000000000u, r->sim_ns % 1000000000u);
+    cli_sim_json_double("goodput_gbps", r->goodput_gbps, 6);
+    cli_sim_json_double("line_rate_gbps", r->line_rate_gbps, 6);
+    cli_sim_json_double("goodput_pct", cli_sim_pct(r->goodput_gbps,
+                                                   r->line_rate_gbps), 3);
+    cli_sim_json_double("latency_p50_us", r->latency_p50_us, 3);
+    cli_sim_json_double("latency_p99_us", r->latency_p99_us, 3);
+    cli_sim_json_double("e2e_p50_us", r->e2e_p50_us, 3);
+    cli_sim_json_double("e2e_p99_us", r->e2e_p99_us, 3);
+    printf(", \"events\": %" PRIu64 ", \"digest\": \"%016" PRIx64 "\"", r->events,
+           r->digest);
+    cli_sim_json_double("wall_seconds", wall_s, 6);
+    cli_sim_json_double("events_per_s", wall_s > 0 ? (double)r->events / wall_s : 0,
+                        0);
+    printf(", \"path\": \"%s\", \"path_requested\": \"%s\", \"seed\": %" PRIu64,
+           kvs_path_name(r->path), kvs_path_name(cfg->path), cfg->seed);
+    printf(", \"prefill_ranks\": %" PRId64 ", \"decode_ranks\": %" PRId64,
+           r->prefill_ranks, r->decode_ranks);
+    printf(", \"model\": ");
+    if (in->shape.model != NULL)
+        cli_sim_json_string(in->shape.model->name);
+    else
+        printf("null");
+    printf(", \"total_heads\": %" PRId64 ", \"head_dim\": %" PRId64
+           ", \"dtype\": \"%s\", \"layers\": %" PRId64 ", \"page_size\": %" PRId64
+           ", \"chunk_tokens\": %" PRId64,
+           lay->total_heads, lay->head_dim, kvs_dtype_name(cfg->shape.dtype),
+           lay->layers, lay->page_size, lay->chunk_tokens);
+    printf(", \"prefill_tp\": %" PRId64 ", \"decode_tp\": %" PRId64
+           ", \"prefill_pp\": %" PRId64 ", \"decode_pp\": %" PRId64,
+           lay->prefill_tp, lay->decode_tp, lay->prefill_pp, lay->decode_pp);
+    printf(", \"requests\": %" PRIu32 ", \"prompt_min_tokens\": %" PRId64
+           ", \"prompt_max_tokens\": %" PRId64 ", \"prefix_max_tokens\": %" PRId64
+           ", \"rate_milli_per_s\": %" PRIu64 ", \"max_inflight\": %" PRIu32
+           ", \"ring_bytes\": %" PRIu64 ", \"nic_gbps\": %" PRId64,
+           cfg->requests, cfg->prompt_min_tokens, cfg->prompt_max_tokens,
+           cfg->prefix_max_tokens, cfg->rate_milli_per_s, cfg->max_inflight,
+           cfg->ring_bytes, in->nic_gbps);
+    printf(", \"trace\": ");
+    if (cfg->trace_path != NULL)
+        cli_sim_json_string(cfg->trace_path);
+    else
+        printf("null");
+    printf(", \"replay\": ");
+    cli_sim_json_string(replay != NULL ? replay : "");
+    printf("}\n");
+}
+
+static void cli_sim_print_table(const cli_sim_input_t *in, const sim_report_t *r,
+                                double wall_s, const char *replay)
+{
+    const kvs_layout_t *lay = &in->lay;
+    const sim_scenario_config_t *cfg = &in->cfg;
+    char a[32], b[32];
+    printf("kvstage sim: %s%s%" PRId64 " layers x %" PRId64 " KV heads x head dim %"
+           PRId64 ", %s, page %" PRId64 ", chunk %" PRId64 " tokens\n",
+           in->shape.model != NULL ? in->shape.model->name : "",
+           in->shape.model != NULL ? ", " : "", lay->layers, lay->total_heads,
+           lay->head_dim, kvs_dtype_name(cfg->shape.dtype), lay->page_size,
+           lay->chunk_tokens);
+    printf("  prefill TP %" PRId64 " x PP %" PRId64 " -> decode TP %" PRId64
+           " x PP %" PRId64 " on %" PRId64 " + %" PRId64 " simulated H200s, %"
+           PRId64 " Gb/s NICs, path %s\n",
+           lay->prefill_tp, lay->prefill_pp, lay->decode_tp, lay->decode_pp,
+           r->prefill_ranks, r->decode_ranks, in->nic_gbps, kvs_path_name(r->path));
+    printf("  %" PRIu32 " requests of %" PRId64 "..%" PRId64 " tokens",
+           cfg->requests, cfg->prompt_min_tokens, cfg->prompt_max_tokens);
+    if (cfg->rate_milli_per_s == 0)
+        printf(", all at once");
+    else
+        printf(" at %" PRIu64 ".%03" PRIu64 " requests/s",
+               cfg->rate_milli_per_s / 1000, cfg->rate_milli_per_s % 1000);
+    if (cfg->prefix_max_tokens > 0)
+        printf(", cached prefix up to %" PRId64 " tokens", cfg->prefix_max_tokens);
+    printf(", ring %s per decode GPU, max %" PRIu32 " in flight\n\n",
+           cli_format_bytes((int64_t)cfg->ring_bytes, a, sizeof a),
+           cfg->max_inflight);
+
+    printf("  %-18s %" PRIu32 " ok, %" PRIu32 " failed (of %" PRIu32 ")\n",
+           "requests", r->requests_ok, r->requests_failed, r->requests_total);
+    printf("  %-18s %s moved (%" PRIu64 " bytes), %" PRIu64 " verified, %" PRIu64
+           " corrupt\n",
+           "bytes", cli_format_bytes((int64_t)r->bytes_moved, a, sizeof a),
+           r->bytes_moved, r->bytes_verified, r->corrupt_bytes);
+    printf("  %-18s peak %s on one decode rank, %" PRIu64 " bytes leaked, %"
+           PRIu64 " watermark waits\n",
+           "ring", cli_format_bytes((int64_t)r->ring_peak_bytes, b, sizeof b),
+           r->ring_leaked_bytes, r->watermark_waits);
+    printf("  %-18s %" PRIu64 " RDMA ops, %" PRIu64 " control messages (%" PRIu64
+           " rejected)\n",
+           "operations", r->rdma_ops, r->control_msgs, r->msgs_rejected);
+    printf("  %-18s %" PRIu64 ".%06" PRIu64 " s\n", "simulated time",
+           r->sim_ns / 1000000000u, r->sim_ns / 1000u % 1000000u);
+    printf("  %-18s %.1f Gb/s of %.1f Gb/s line rate (%.1f%%)\n", "goodput",
+           r->goodput_gbps, r->line_rate_gbps,
+           cli_sim_pct(r->goodput_gbps, r->line_rate_gbps));
+    printf("  %-18s p50 %.1f us, p99 %.1f us (prefill done -> request done)\n",
+           "transfer latency", r->latency_p50_us, r->latency_p99_us);
+    printf("  %-18s p50 %.1f us, p99 %.1f us (arrival -> request done)\n",
+           "e2e latency", r->e2e_p50_us, r->e2e_p99_us);
+    printf("  %-18s %" PRIu64 " dispatched, %.0f events/s, digest %016" PRIx64 "\n",
+           "events", r->events, wall_s > 0 ? (double)r->events / wall_s : 0.0,
+           r->digest);
+    printf("  %-18s %.3f s\n", "wall time", wall_s);
+    if (cfg->trace_path != NULL)
+        printf("  %-18s %s\n", "trace", cfg->trace_path);
+    printf("  %-18s %" PRIu64 "\n", "seed", cfg->seed);
+    printf("  %-18s %s\n", "replay", replay != NULL ? replay : "(out of memory)");
+}
+
+/* One stderr line per broken invariant, then the replay line. */
+static void cli_sim_report_failure(const sim_report_t *r,
+                                   const cli_sim_verdict_t *v, uint64_t seed,
+                                   const char *replay)
+{
+    if (r->requests_failed > 0)
+        fprintf(stderr, "kvstage sim: FAILED: %" PRIu32 " of %" PRIu32
+                " requests failed (seed %" PRIu64 ")\n",
+                r->requests_failed, r->requests_total, seed);
+    if (v->unfinished > 0)
+        fprintf(stderr, "kvstage sim: FAILED: %" PRIu32 " of %" PRIu32
+                " requests never finished (seed %" PRIu64 ")\n",
+                v->unfinished, r->requests_total, seed);
+    if (r->corrupt_bytes > 0)
+        fprintf(stderr, "kvstage sim: FAILED: %" PRIu64 " corrupt bytes in "
+                "requests reported ok (seed %" PRIu64 ")\n",
+                r->corrupt_bytes, seed);
+    if (r->ring_leaked_bytes > 0)
+        fprintf(stderr, "kvstage sim: FAILED: %" PRIu64 " ring bytes leaked "
+                "after the run (seed %" PRIu64 ")\n",
+                r->ring_leaked_bytes, seed);
+    fprintf(stderr, "kvstage sim: replay: %s\n",
+            replay != NULL ? replay : "(out of memory)");
+}
+
+int cli_sim_main(int argc, char **argv)
+{
+    const char *values[CLI_XF_COUNT];
+    for (int a = 1; a < argc; a++) {
+        if (strcmp(argv[a], "-h") == 0) {
+            cli_sim_usage(stdout);
+            return 0;
+        }
+    }
+    int rc = cli_args_scan(CLI_SIM_CMD, cli_sim_flags, CLI_XF_COUNT, argc, argv,
+                           1, values);
+    if (rc != 0)
+        return rc;
+    if (values[CLI_XF_HELP] != NULL) {
+        cli_sim_usage(stdout);
+        return 0;
+    }
+
+    cli_sim_input_t in;
+    rc = cli_sim_read(values, &in);
+    if (rc != 0)
+        return rc;
+
+    cli_sim_progress_t progress;
+    memset(&progress, 0, sizeof progress);
+    progress.tty = isatty(STDERR_FILENO) == 1;
+    in.cfg.progress = cli_sim_progress_draw;
+    in.cfg.progress_ctx = &progress;
+
+    sim_report_t report;
+    memset(&report, 0, sizeof report);
+    char err[512] = "";
+    clock_gettime(CLOCK_MONOTONIC, &progress.start);
+    rc = sim_scenario_run(&in.cfg, &report, err, sizeof err);
+    double wall_s = cli_sim_elapsed_s(&progress.start);
+    cli_sim_progress_clear(&progress);
+    char *replay = cli_sim_replay(argc, argv, in.cfg.seed);
+    if (rc != KVS_OK) {
+        /* Set-up errors and faults that stop the run: one line, with the
+         * seed, since a fault mid-run may depend on it. */
+        cli_fail(CLI_SIM_CMD, "%s (%s); seed %" PRIu64 ", replay: %s",
+                 err[0] != '\0' ? err : kvs_strerror(rc), kvs_status_name(rc),
+                 in.cfg.seed, replay != NULL ? replay : "(out of memory)");
+        free(replay);
+        return CLI_EXIT_USAGE;
+    }
+    cli_sim_verdict_t verdict = cli_sim_judge(&report);
+    if (in.json)
+        cli_sim_print_json(&in, &report, wall_s, replay, &verdict);
+    else
+        cli_sim_print_table(&in, &report, wall_s, replay);
+    fflush(stdout);
+    if (!verdict.ok)
+        cli_sim_report_failure(&report, &verdict, in.cfg.seed, replay);
+    free(replay);
+    return verdict.ok ? 0 : 1;
+}
