@@ -1,0 +1,357 @@
+/*
+ * test_channel.c - unit tests of the control channel (src/channel.c): the
+ * registration fingerprint taken from a layout, the check that compares two
+ * fingerprints and names the first differing field with both values, and
+ * kvs__channel_send over a tiny recording fabric (its bytes are the wire
+ * encoding of the message, the wr_id marks a control send, stats count only
+ * successful sends, and an unencodable message never reaches the fabric).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "channel.h"
+
+/* ---- a recording fabric ------------------------------------------------ */
+
+typedef struct rec_fabric {
+    kvs_fabric_t base; /* first */
+    int send_rc;       /* what send returns */
+    int sends;
+    kvs_conn_t *conn;
+    uint64_t wr_id;
+    uint32_t len_bytes;
+    uint8_t bytes[KVS_CONTROL_MSG_MAX_BYTES];
+} rec_fabric_t;
+
+static int rec_reg(kvs_fabric_t *f, kvs_device_t *d, uint64_t a, uint64_t n, kvs_mr_t **o,
+                   uint64_t *k)
+{
+    *o = NULL;
+    *k = 0;
+    return KVS_OK;
+}
+
+static int rec_dereg(kvs_fabric_t *f, kvs_mr_t *m) { return KVS_OK; }
+
+static int rec_send(kvs_fabric_t *f, kvs_conn_t *conn, const void *msg, uint32_t len_bytes,
+                    uint64_t wr_id)
+{
+    rec_fabric_t *r = KVS_CONTAINER_OF(f, rec_fabric_t, base);
+    r->sends++;
+    r->conn = conn;
+    r->wr_id = wr_id;
+    assert_true(len_bytes <= sizeof r->bytes);
+    memcpy(r->bytes, msg, len_bytes);
+    r->len_bytes = len_bytes;
+    return r->send_rc;
+}
+
+static const kvs_fabric_ops_t rec_ops = {
+    .version = KVS_FABRIC_OPS_VERSION,
+    .size = sizeof(kvs_fabric_ops_t),
+    .name = "test-rec",
+    .mr_register = rec_reg,
+    .mr_deregister = rec_dereg,
+    .send = rec_send,
+};
+
+static void rec_init(rec_fabric_t *r)
+{
+    memset(r, 0, sizeof *r);
+    assert_int_equal(kvs_fabric_init(&r->base, &rec_ops, "rec0"), KVS_OK);
+}
+
+/* An opaque connection handle; the channel only passes it through. */
+static kvs_conn_t *fake_conn(void)
+{
+    static const char tag; /* its address only, never written */
+    return (kvs_conn_t *)(uintptr_t)&tag;
+}
+
+/* ---- the fingerprint ----------------------------------------------------- */
+
+static kvs_layout_t layout_sample(void)
+{
+    kvs_layout_params_t prm = {.total_heads = 8, .head_dim = 128, .dtype = KVS_DTYPE_FP32,
+                               .layers = 80, .page_size = 16, .prefill_tp = 4,
+                               .decode_tp = 2, .chunk_tokens = 4096};
+    kvs_layout_t lay;
+    assert_int_equal(kvs_layout_init(&lay, &prm, NULL), KVS_OK);
+    return lay;
+}
+
+static void test_channel_fingerprint_fills_each_field(void **state)
+{
+    kvs_layout_t lay = layout_sample();
+    kvs_fingerprint_t fp;
+    memset(&fp, 0xA5, sizeof fp);
+    kvs__fingerprint(&lay, KVS_PATH_STAGING, &fp);
+    assert_int_equal(fp.protocol_version, KVS_WIRE_VERSION);
+    assert_int_equal(fp.staging, (uint32_t)KVS_PATH_STAGING);
+    assert_int_equal(fp.total_heads, 8);
+    assert_int_equal(fp.head_dim, 128);
+    assert_int_equal(fp.layers, 80);
+    assert_int_equal(fp.page_size, 16);
+    assert_int_equal(fp.chunk_tokens, 4096);
+    assert_int_equal(fp.dtype, 4); /* element bytes of FP32 */
+    assert_int_equal(fp.reserved, 0);
+
+    kvs__fingerprint(&lay, KVS_PATH_DIRECT, &fp);
+    assert_int_equal(fp.staging, (uint32_t)KVS_PATH_DIRECT);
+    kvs__fingerprint(&lay, KVS_PATH_SLICE, &fp);
+    assert_int_equal(fp.staging, (uint32_t)KVS_PATH_SLICE);
+}
+
+static void test_channel_fingerprint_check_equal_is_ok(void **state)
+{
+    kvs_layout_t lay = layout_sample();
+    kvs_fingerprint_t a, b;
+    kvs__fingerprint(&lay, KVS_PATH_STAGING, &a);
+    kvs__fingerprint(&lay, KVS_PATH_STAGING, &b);
+    char why[256] = "untouched";
+    assert_int_equal(kvs__fingerprint_check(&a, &b, why, sizeof why), KVS_OK);
+    assert_string_equal(why, "untouched");
+    /* reserved is not compared */
+    b.reserved = 77;
+    assert_int_equal(kvs__fingerprint_check(&a, &b, why, sizeof why), KVS_OK);
+}
+
+/* Each field: a peer value that differs, the name `why` must carry, and the
+ * values both sides report. */
+static void test_channel_fingerprint_check_names_each_field(void **state)
+{
+    kvs_layout_t lay = layout_sample();
+    kvs_fingerprint_t mine;
+    kvs__fingerprint(&lay, KVS_PATH_STAGING, &mine);
+    const struct {
+        const char *name;
+        long long mine, theirs;
+    } cases[] = {
+        {"protocol version", KVS_WIRE_VERSION, 2},
+        {"transfer path", 1, 2},
+        {"total KV heads", 8, 16},
+        {"head dim", 128, 64},
+        {"model layers", 80, 40},
+        {"page size", 16, 32},
+        {"chunk tokens", 4096, 8192},
+        {"dtype bytes", 4, 2},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kvs_fingerprint_t theirs = mine;
+        switch (i) {
+        case 0: theirs.protocol_version = (uint32_t)cases[i].theirs; break;
+        case 1: theirs.staging = (uint32_t)cases[i].theirs; break;
+        case 2: theirs.total_heads = cases[i].theirs; break;
+        case 3: theirs.head_dim = cases[i].theirs; break;
+        case 4: theirs.layers = cases[i].theirs; break;
+        case 5: theirs.page_size = cases[i].theirs; break;
+        case 6: theirs.chunk_tokens = cases[i].theirs; break;
+        default: theirs.dtype = (uint32_t)cases[i].theirs; break;
+        }
+        char why[256] = "";
+        assert_int_equal(kvs__fingerprint_check(&mine, &theirs, why, sizeof why),
+                         KVS_EFINGERPRINT);
+        char values[64];
+        snprintf(values, sizeof values, "this side %lld, peer %lld", cases[i].mine,
+                 cases[i].theirs);
+        if (strstr(why, cases[i].name) == NULL || strstr(why, values) == NULL)
+            fail_msg("field %s: why = \"%s\", wanted its name and \"%s\"", cases[i].name,
+                     why, values);
+    }
+}
+
+static void test_channel_fingerprint_check_reports_first_difference(void **state)
+{
+    kvs_layout_t lay = layout_sample();
+    kvs_fingerprint_t mine, theirs;
+    kvs__fingerprint(&lay, KVS_PATH_STAGING, &mine);
+    theirs = mine;
+    theirs.page_size = 64;
+    theirs.total_heads = 32;
+    theirs.dtype = 1;
+    char why[256];
+    assert_int_equal(kvs__fingerprint_check(&mine, &theirs, why, sizeof why),
+                     KVS_EFINGERPRINT);
+    assert_non_null(strstr(why, "total KV heads"));
+    assert_null(strstr(why, "page size"));
+    /* negative values print as such */
+    theirs = mine;
+    theirs.head_dim = -5;
+    assert_int_equal(kvs__fingerprint_check(&mine, &theirs, why, sizeof why),
+                     KVS_EFINGERPRINT);
+    assert_non_null(strstr(why, "peer -5"));
+}
+
+static void test_channel_fingerprint_check_truncates_why(void **state)
+{
+    kvs_layout_t lay = layout_sample();
+    kvs_fingerprint_t mine, theirs;
+    kvs__fingerprint(&lay, KVS_PATH_STAGING, &mine);
+    theirs = mine;
+    theirs.layers = 1;
+    char why[12];
+    memset(why, 'X', sizeof why);
+    assert_int_equal(kvs__fingerprint_check(&mine, &theirs, why, 8), KVS_EFINGERPRINT);
+    assert_int_equal(strlen(why), 7);
+    assert_memory_equal(why, "model l", 8);
+    assert_int_equal(why[8], 'X'); /* nothing past why_bytes */
+}
+
+/* ---- sending ------------------------------------------------------------- */
+
+static kvs_msg_t msg_room(void)
+{
+    kvs_msg_t m;
+    memset(&m, 0, sizeof m);
+    m.type = KVS_MSG_ROOM;
+    m.u.room.session = 0x1122334455667788ull;
+    m.u.room.room = UINT64_MAX - 3;
+    m.u.room.base_tokens = 32;
+    m.u.room.total_tokens = 1000;
+    m.u.room.num_pages = 61;
+    return m;
+}
+
+static kvs_msg_t msg_pages(void)
+{
+    kvs_msg_t m;
+    memset(&m, 0, sizeof m);
+    m.type = KVS_MSG_PAGES;
+    m.u.pages.session = 9;
+    m.u.pages.room = 10;
+    m.u.pages.first = 480;
+    m.u.pages.count = KVS_WIRE_PAGES_PER_MSG; /* the largest message */
+    for (uint32_t i = 0; i < m.u.pages.count; i++)
+        m.u.pages.ids[i] = (int64_t)i * 7 - 100;
+    return m;
+}
+
+/* What the fabric got must be exactly the encoding of m, and decode back to
+ * it. */
+static void assert_sent(const rec_fabric_t *r, const kvs_msg_t *m)
+{
+    uint8_t want[KVS_CONTROL_MSG_MAX_BYTES];
+    uint32_t want_len = 0;
+    assert_int_equal(kvs__wire_encode(m, want, sizeof want, &want_len), KVS_OK);
+    assert_int_equal(r->len_bytes, want_len);
+    assert_memory_equal(r->bytes, want, want_len);
+    assert_int_equal(r->wr_id, KVS__WR_CONTROL | (uint64_t)m->type);
+    assert_ptr_equal(r->conn, fake_conn());
+
+    kvs_msg_t got;
+    assert_int_equal(kvs__wire_decode(r->bytes, r->len_bytes, &got), KVS_OK);
+    assert_int_equal(got.type, m->type);
+    switch (m->type) {
+    case KVS_MSG_ROOM:
+        assert_int_equal(got.u.room.session, m->u.room.session);
+        assert_int_equal(got.u.room.room, m->u.room.room);
+        assert_int_equal(got.u.room.base_tokens, m->u.room.base_tokens);
+        assert_int_equal(got.u.room.total_tokens, m->u.room.total_tokens);
+        assert_int_equal(got.u.room.num_pages, m->u.room.num_pages);
+        break;
+    case KVS_MSG_PAGES:
+        assert_int_equal(got.u.pages.session, m->u.pages.session);
+        assert_int_equal(got.u.pages.room, m->u.pages.room);
+        assert_int_equal(got.u.pages.first, m->u.pages.first);
+        assert_int_equal(got.u.pages.count, m->u.pages.count);
+        assert_memory_equal(got.u.pages.ids, m->u.pages.ids,
+                            m->u.pages.count * sizeof m->u.pages.ids[0]);
+        break;
+    default:
+        fail_msg("assert_sent: no field check for type %d", (int)m->type);
+    }
+}
+
+static void test_channel_send_encodes_and_counts(void **state)
+{
+    rec_fabric_t r;
+    rec_init(&r);
+    kvs_handler_stats_t stats;
+    memset(&stats, 0, sizeof stats);
+
+    kvs_msg_t room = msg_room();
+    assert_int_equal(kvs__channel_send(&r.base, fake_conn(), &room, &stats), KVS_OK);
+    assert_int_equal(r.sends, 1);
+    assert_int_equal(stats.msgs_sent, 1);
+    assert_sent(&r, &room);
+
+    kvs_msg_t pages = msg_pages();
+    assert_int_equal(kvs__channel_send(&r.base, fake_conn(), &pages, &stats), KVS_OK);
+    assert_int_equal(r.sends, 2);
+    assert_int_equal(stats.msgs_sent, 2);
+    assert_sent(&r, &pages);
+    assert_true(r.len_bytes > 8 * KVS_WIRE_PAGES_PER_MSG);
+    /* Only msgs_sent moves. */
+    assert_int_equal(stats.msgs_received, 0);
+    assert_int_equal(stats.rdma_writes, 0);
+}
+
+static void test_channel_send_without_stats(void **state)
+{
+    rec_fabric_t r;
+    rec_init(&r);
+    kvs_msg_t room = msg_room();
+    assert_int_equal(kvs__channel_send(&r.base, fake_conn(), &room, NULL), KVS_OK);
+    assert_int_equal(r.sends, 1);
+    assert_sent(&r, &room);
+}
+
+static void test_channel_send_failure_is_not_counted(void **state)
+{
+    rec_fabric_t r;
+    rec_init(&r);
+    kvs_handler_stats_t stats;
+    memset(&stats, 0, sizeof stats);
+    kvs_msg_t room = msg_room();
+    r.send_rc = KVS_EAGAIN;
+    assert_int_equal(kvs__channel_send(&r.base, fake_conn(), &room, &stats), KVS_EAGAIN);
+    assert_int_equal(r.sends, 1);
+    assert_int_equal(stats.msgs_sent, 0);
+    r.send_rc = KVS_ENOTSUP;
+    assert_int_equal(kvs__channel_send(&r.base, fake_conn(), &room, &stats), KVS_ENOTSUP);
+    assert_int_equal(stats.msgs_sent, 0);
+    r.send_rc = KVS_OK;
+    assert_int_equal(kvs__channel_send(&r.base, fake_conn(), &room, &stats), KVS_OK);
+    assert_int_equal(stats.msgs_sent, 1);
+}
+
+static void test_channel_send_invalid_message_not_sent(void **state)
+{
+    rec_fabric_t r;
+    rec_init(&r);
+    kvs_handler_stats_t stats;
+    memset(&stats, 0, sizeof stats);
+    kvs_msg_t m = msg_room();
+    m.type = (kvs_msg_type_t)0;
+    assert_int_equal(kvs__channel_send(&r.base, fake_conn(), &m, &stats), KVS_EINVAL);
+    m.type = (kvs_msg_type_t)(KVS_MSG_TYPE_MAX + 1);
+    assert_int_equal(kvs__channel_send(&r.base, fake_conn(), &m, &stats), KVS_EINVAL);
+    m = msg_pages();
+    m.u.pages.count = KVS_WIRE_PAGES_PER_MSG + 1; /* over its bound */
+    assert_int_equal(kvs__channel_send(&r.base, fake_conn(), &m, &stats), KVS_EINVAL);
+    assert_int_equal(r.sends, 0);
+    assert_int_equal(stats.msgs_sent, 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_channel_fingerprint_fills_each_field),
+        cmocka_unit_test(test_channel_fingerprint_check_equal_is_ok),
+        cmocka_unit_test(test_channel_fingerprint_check_names_each_field),
+        cmocka_unit_test(test_channel_fingerprint_check_reports_first_difference),
+        cmocka_unit_test(test_channel_fingerprint_check_truncates_why),
+        cmocka_unit_test(test_channel_send_encodes_and_counts),
+        cmocka_unit_test(test_channel_send_without_stats),
+        cmocka_unit_test(test_channel_send_failure_is_not_counted),
+        cmocka_unit_test(test_channel_send_invalid_message_not_sent),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
