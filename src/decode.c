@@ -18,7 +18,10 @@
  * - STATUS / ABORT: a request is done when every peer reported success and
  *   every chunk was scattered; it fails on the first failure, told to every
  *   peer at once, and its regions are freed once every peer has reported
- *   (no writer can still write) and no scatter is in flight.
+ *   (no writer can still write) and no scatter is in flight. A peer's report
+ *   is its STATUS, which it sends once its posted writes completed; its
+ *   ABORT only fails the room at once (writes may still be landing). A peer
+ *   that refused the registration never writes: it counts as a failed report.
  * Messages that are malformed, stale or out of range are counted and dropped,
  * never used to address memory.
  */
@@ -222,8 +225,8 @@ static bool kvs__room_try_finish(kvs_decode_t *d, kvs__droom_t *r)
 }
 
 /* Fails the room (first failure wins) and tells every peer that has not
- * reported yet. */
-static void kvs__room_fail(kvs_decode_t *d, kvs__droom_t *r, int status)
+ * reported yet, except `from` (the peer that told us; -1 for none). */
+static void kvs__room_fail_from(kvs_decode_t *d, kvs__droom_t *r, int status, int64_t from)
 {
     if (r->status != KVS_OK)
         return;
@@ -231,10 +234,15 @@ static void kvs__room_fail(kvs_decode_t *d, kvs__droom_t *r, int status)
     kvs_msg_t msg = {.type = KVS_MSG_ABORT};
     msg.u.abort = (kvs_msg_abort_t){.session = d->session, .room = r->id, .status = status};
     for (int64_t i = 0; i < d->npeers; i++)
-        if (!kvs__bit(r->reported, i))
+        if (!kvs__bit(r->reported, i) && i != from)
             kvs__send(d, &d->peers[i], &msg);
     kvs__log(&d->m->log, KVS_LOG_INFO, "decode %lld: room %llu failed: %s",
              (long long)d->rank, (unsigned long long)r->id, kvs_strerror(status));
+}
+
+static void kvs__room_fail(kvs_decode_t *d, kvs__droom_t *r, int status)
+{
+    kvs__room_fail_from(d, r, status, -1);
 }
 
 /* ---- creation --------------------------------------------------------------- */
@@ -248,9 +256,17 @@ void kvs_decode_destroy(kvs_decode_t *d)
         for (uint32_t i = 0; i <= d->rooms.mask; i++)
             if (d->rooms.state[i] == 1) {
                 kvs__droom_t *r = d->rooms.vals[i];
-                for (int64_t c = 0; c < r->num_chunks; c++)
-                    if (r->chunks[c].event != NULL)
-                        kvs__dev_event_destroy(d->dev, r->chunks[c].event);
+                for (int64_t c = 0; c < r->num_chunks; c++) {
+                    kvs__dchunk_t *ch = &r->chunks[c];
+                    if (ch->event != NULL)
+                        kvs__dev_event_destroy(d->dev, ch->event);
+                    /* The ring is the manager's and outlives this handler:
+                     * give back what the handler took (no watermark to send,
+                     * the connections go down below). */
+                    if ((ch->state == KVS__DCH_ALLOCATED || ch->state == KVS__DCH_SCATTERING) &&
+                        ch->region_bytes > 0)
+                        (void)kvs_ring_free(d->ring, ch->alloc.id, NULL);
+                }
                 kvs__room_free(r);
             }
         kvs__table_fini(&d->rooms);
@@ -311,13 +327,18 @@ int kvs_decode_create(kvs_manager_t *m, kvs_decode_t **out)
     }
     const uint32_t queue = m->cfg.ring_max_live > m->cfg.max_rooms ? m->cfg.ring_max_live
                                                                     : m->cfg.max_rooms;
+    /* A scattering chunk holds a live region, or is the metadata-only chunk
+     * of an empty room (at most one per room): both at once can be in flight. */
+    const uint64_t scatter_bound = (uint64_t)m->cfg.ring_max_live + m->cfg.max_rooms;
+    const uint32_t scatters = scatter_bound < UINT32_MAX ? (uint32_t)scatter_bound : UINT32_MAX;
     const size_t layers = (size_t)m->kv.num_layers;
     d->peers = calloc((size_t)d->npeers, sizeof *d->peers);
     d->cq = calloc(KVS__POLL_BATCH, sizeof *d->cq);
     if (d->peers == NULL || d->cq == NULL ||
         kvs__table_init(&d->rooms, m->cfg.max_rooms) != KVS_OK ||
         kvs__results_init(&d->results, 2 * m->cfg.max_rooms) != KVS_OK ||
-        kvs__dq_init(&d->scatters, queue) != KVS_OK || kvs__dq_init(&d->wanted, queue) != KVS_OK) {
+        kvs__dq_init(&d->scatters, scatters) != KVS_OK ||
+        kvs__dq_init(&d->wanted, queue) != KVS_OK) {
         kvs_decode_destroy(d);
         return KVS__MFAIL(m, KVS_ENOMEM, "allocating the decode handler's tables failed");
     }
@@ -447,10 +468,18 @@ int kvs_decode_room_open(kvs_decode_t *d, uint64_t room, int64_t base_tokens,
         return KVS_EINVAL;
     kvs_manager_t *m = d->m;
     const int64_t ps = d->lay->page_size;
-    for (int64_t i = 0; i < d->npeers; i++)
-        if (d->peers[i].conn == NULL)
+    for (int64_t i = 0; i < d->npeers; i++) {
+        const kvs__dpeer_t *p = &d->peers[i];
+        if (p->conn == NULL)
             return KVS__MFAIL(m, KVS_ESTATE, "connect every prefill writer first "
                               "(kvs_decode_connect): %lld expected", (long long)d->npeers);
+        if (p->refused != KVS_OK) /* it would never take part: fail now, not never */
+            return KVS__MFAIL(m, p->refused, "room %llu: prefill rank tp %lld pp %lld refused "
+                              "the registration (%s): fix the configuration mismatch and "
+                              "recreate the handler", (unsigned long long)room,
+                              (long long)p->tp_rank, (long long)p->pp_rank,
+                              kvs_strerror(p->refused));
+    }
     if (base_tokens < 0 || total_tokens < base_tokens || (pages == NULL && num_pages > 0))
         return KVS__MFAIL(m, KVS_EINVAL, "room %llu: need 0 <= base_tokens <= total_tokens "
                           "and a page list", (unsigned long long)room);
@@ -696,17 +725,50 @@ static void kvs__on_report(kvs_decode_t *d, int64_t peer, uint64_t room, int sta
     kvs__room_try_finish(d, r);
 }
 
-static void kvs__on_ack(kvs_decode_t *d, kvs__dpeer_t *p, const kvs_msg_register_ack_t *a)
+/* A prefill tells its failure at once, while writes it posted may still be
+ * landing in this room's regions (or KV pages): the room fails now, but the
+ * peer has reported only when its STATUS, sent after those writes
+ * completed, arrives. Freeing on the ABORT would let them land in memory
+ * already handed back (spec §9). */
+static void kvs__on_abort(kvs_decode_t *d, int64_t peer, const kvs_msg_abort_t *a)
+{
+    kvs__droom_t *r = kvs__table_get(&d->rooms, a->room);
+    if (r == NULL || kvs__bit(r->reported, peer)) {
+        d->stats.msgs_rejected++;
+        return;
+    }
+    kvs__room_fail_from(d, r, a->status != KVS_OK ? a->status : KVS_EPEER, peer);
+}
+
+static void kvs__on_ack(kvs_decode_t *d, kvs__dpeer_t *p, int64_t idx,
+                        const kvs_msg_register_ack_t *a)
 {
     if (a->session != d->session) {
         d->stats.msgs_rejected++;
         return;
     }
     if (a->status != KVS_OK) {
+        if (p->acked) { /* contradicts the acceptance we hold: stale or forged */
+            d->stats.msgs_rejected++;
+            return;
+        }
         p->refused = a->status;
         KVS__MFAIL(d->m, a->status, "prefill rank tp %lld pp %lld refused the registration: "
                    "%s", (long long)p->tp_rank, (long long)p->pp_rank, kvs_strerror(a->status));
         kvs__log(&d->m->log, KVS_LOG_ERROR, "%s", d->m->err.msg);
+        /* It never accepted this session, so it ignores our rooms and never
+         * writes into them: its (failed) report of every open room is in. */
+        for (uint32_t i = 0; i <= d->rooms.mask; i++) {
+            if (d->rooms.state[i] != 1)
+                continue;
+            kvs__droom_t *r = d->rooms.vals[i];
+            if (kvs__bit(r->reported, idx))
+                continue;
+            kvs__bit_set(r->reported, idx);
+            r->reports++;
+            kvs__room_fail(d, r, a->status);
+            kvs__room_try_finish(d, r); /* deleting leaves a tombstone: the walk goes on */
+        }
         return;
     }
     p->acked = true;
@@ -731,7 +793,7 @@ static void kvs__on_message(kvs_decode_t *d, const kvs_completion_t *cqe)
     }
     d->stats.msgs_received++;
     if (msg.type == KVS_MSG_REGISTER_ACK) {
-        kvs__on_ack(d, p, &msg.u.ack);
+        kvs__on_ack(d, p, idx, &msg.u.ack);
         return;
     }
     /* Everything else comes from an accepted prefill session. */
@@ -755,8 +817,7 @@ static void kvs__on_message(kvs_decode_t *d, const kvs_completion_t *cqe)
         kvs__on_report(d, idx, msg.u.status.room, msg.u.status.status);
         break;
     case KVS_MSG_ABORT:
-        kvs__on_report(d, idx, msg.u.abort.room,
-                       msg.u.abort.status != KVS_OK ? msg.u.abort.status : KVS_EPEER);
+        kvs__on_abort(d, idx, &msg.u.abort);
         break;
     default:
         d->stats.msgs_rejected++;

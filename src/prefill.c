@@ -324,9 +324,13 @@ static int kvs__write_chunk(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int64_
     kvs_mr_t *mr = p->m->staging_mr[c->worker];
     const uint64_t region = peer->ring_addr + c->offset + (uint64_t)w.offset_bytes;
     c->writes_pending = lp == lx ? 1 : 2;
-    if (lp == lx)
-        return kvs__post_write(p, r, f, chunk, local, mr, region, peer->ring_rkey,
-                               2 * (uint64_t)lp * blk);
+    if (lp == lx) {
+        rc = kvs__post_write(p, r, f, chunk, local, mr, region, peer->ring_rkey,
+                             2 * (uint64_t)lp * blk);
+        if (rc != KVS_OK)
+            c->writes_pending = 0; /* nothing in flight: the buffer is free again */
+        return rc;
+    }
     rc = kvs__post_write(p, r, f, chunk, local, mr, region + (uint64_t)slot * blk,
                          peer->ring_rkey, (uint64_t)lp * blk);
     if (rc != KVS_OK) {
@@ -417,6 +421,8 @@ int kvs_prefill_create(kvs_manager_t *m, kvs_prefill_t **out)
     p->ntargets = lay.targets_per_prefill;
     p->workers = m->staging_count;
     p->ops_cap = m->cfg.max_inflight_writes;
+    if (path == KVS_PATH_STAGING && lay.prefill_layers != lay.decode_layers && p->ops_cap < 2)
+        p->ops_cap = 2; /* a staged chunk's K and V writes go out together */
     p->gathers_cap = p->workers > 0 ? p->workers : 1;
     kvs__fingerprint(&lay, path, &p->fp);
     const size_t layers = (size_t)m->kv.num_layers;
@@ -575,6 +581,13 @@ static void kvs__on_register(kvs_prefill_t *p, kvs_conn_t *conn, const kvs_msg_r
         kvs__log(&p->m->log, KVS_LOG_WARN, "prefill %lld: decode %lld/%lld re-registered "
                  "as a new session: its watermark starts over", (long long)p->rank,
                  (long long)g->tp_rank, (long long)g->pp_rank);
+    /* A registration over a registered one is a new incarnation of that
+     * decode (same session id or not): the regions its previous incarnation
+     * handed out mean nothing to the new one, so what this rank still owes
+     * the old one fails instead of being written into the new ring. */
+    for (kvs__proom_t *r = peer->registered ? p->first : NULL; r != NULL; r = r->next)
+        if (r->flows[f].known && !r->flows[f].reported)
+            kvs__room_fail(p, r, KVS_EPEER);
     peer->conn = conn;
     peer->session = g->session;
     peer->wm = (kvs_watermark_t){0, 0};
@@ -837,6 +850,12 @@ static int32_t kvs__free_worker(const kvs_prefill_t *p)
     return -1;
 }
 
+/* Writes one staged chunk takes: one, or K and V apart with prefill PP. */
+static uint32_t kvs__chunk_writes(const kvs_prefill_t *p)
+{
+    return p->lay->prefill_layers == p->lay->decode_layers ? 1 : 2;
+}
+
 /* Starts the gathers of chunks that are computed, ready and have a buffer. */
 static void kvs__advance_staging(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
 {
@@ -862,6 +881,10 @@ static void kvs__advance_staging(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
         }
         const int32_t w = kvs__free_worker(p);
         if (w < 0)
+            return;
+        /* The write slots of this gather and of those in flight must be
+         * free when they finish: wait for writes to complete, do not fail. */
+        if (p->ops_used + (p->gathers_count + 1) * kvs__chunk_writes(p) > p->ops_cap)
             return;
         kvs_manager_t *m = p->m;
         const int64_t ps = p->lay->page_size;
