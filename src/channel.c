@@ -31,7 +31,7 @@ void kvs__fingerprint(const kvs_layout_t *lay, kvs_path_t path, kvs_fingerprint_
         .layers = lay->layers,
         .page_size = lay->page_size,
         .chunk_tokens = lay->chunk_tokens,
-        .dtype = (uint32_t)lay->elem_bytes,
+        .dtype = (uint32_t)lay->dtype, /* bf16 and fp16 share a size, not a format */
     };
 }
 
@@ -49,7 +49,7 @@ int kvs__fingerprint_check(const kvs_fingerprint_t *mine, const kvs_fingerprint_
         {"model layers", mine->layers, theirs->layers},
         {"page size", mine->page_size, theirs->page_size},
         {"chunk tokens", mine->chunk_tokens, theirs->chunk_tokens},
-        {"dtype bytes", mine->dtype, theirs->dtype},
+        {"dtype (0 bf16, 1 fp16, 2 fp8, 3 fp32)", mine->dtype, theirs->dtype},
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
         if (f[i].a != f[i].b) {

@@ -99,7 +99,8 @@ struct kvs_decode {
     uint64_t *k_rkey, *v_rkey;
     kvs__table_t rooms;
     kvs__results_t results;
-    kvs__dqueue_t scatters, wanted;
+    kvs__dqueue_t scatters, wanted; /* wanted holds up to open_chunks */
+    uint64_t open_chunks;       /* chunks of the open rooms */
     kvs_completion_t *cq;
     kvs_handler_stats_t stats;
     uint64_t session;
@@ -113,6 +114,27 @@ static int kvs__dq_init(kvs__dqueue_t *q, uint32_t cap)
     q->cap = cap;
     q->head = q->count = 0;
     return q->items != NULL ? KVS_OK : KVS_ENOMEM;
+}
+
+/* Grows q to hold `need` entries, keeping their order (at room open, never
+ * per message). */
+static int kvs__dq_reserve(kvs__dqueue_t *q, uint64_t need)
+{
+    if (need <= q->cap)
+        return KVS_OK;
+    if (need > UINT32_MAX / 2)
+        return KVS_EFULL;
+    const uint32_t cap = (uint32_t)need > 2 * q->cap ? (uint32_t)need : 2 * q->cap;
+    kvs__dref_t *items = malloc((size_t)cap * sizeof *items);
+    if (items == NULL)
+        return KVS_ENOMEM;
+    for (uint32_t i = 0; i < q->count; i++)
+        items[i] = q->items[(q->head + i) % q->cap];
+    free(q->items);
+    q->items = items;
+    q->cap = cap;
+    q->head = 0;
+    return KVS_OK;
 }
 
 static bool kvs__dq_push(kvs__dqueue_t *q, uint64_t room, int64_t chunk)
@@ -219,6 +241,7 @@ static bool kvs__room_try_finish(kvs_decode_t *d, kvs__droom_t *r)
         d->stats.rooms_ok++;
     else
         d->stats.rooms_failed++;
+    d->open_chunks -= (uint64_t)r->num_chunks;
     kvs__table_del(&d->rooms, r->id);
     kvs__room_free(r);
     return true;
@@ -542,12 +565,21 @@ int kvs_decode_room_open(kvs_decode_t *d, uint64_t room, int64_t base_tokens,
                               (unsigned long long)room, (long long)i);
         }
     }
-    int rc = kvs__table_put(&d->rooms, room, r);
+    /* Every chunk of every open room may wait for ring space at once. */
+    const int64_t chunks = r->num_chunks;
+    int rc = kvs__dq_reserve(&d->wanted, d->open_chunks + (uint64_t)chunks);
+    if (rc != KVS_OK) {
+        kvs__room_free(r);
+        return KVS__MFAIL(m, rc, "room %llu: no room to queue its %lld chunks",
+                          (unsigned long long)room, (long long)chunks);
+    }
+    rc = kvs__table_put(&d->rooms, room, r);
     if (rc != KVS_OK) {
         kvs__room_free(r);
         return KVS__MFAIL(m, rc, "room table full (%u rooms): raise max_rooms or finish "
                           "requests first", m->cfg.max_rooms);
     }
+    d->open_chunks += (uint64_t)r->num_chunks;
     r->open_ns = kvs__now(d);
     kvs_msg_t msg = {.type = KVS_MSG_ROOM};
     msg.u.room = (kvs_msg_room_t){.session = d->session, .room = room, .base_tokens = base_tokens,

@@ -185,6 +185,7 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
 
     l.head_dim = p->head_dim;
     l.elem_bytes = elem_bytes;
+    l.dtype = p->dtype;
     l.layers = p->layers;
     l.page_size = p->page_size;
     l.prefill_tp = p->prefill_tp;

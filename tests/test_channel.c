@@ -100,7 +100,7 @@ static void test_channel_fingerprint_fills_each_field(void **state)
     assert_int_equal(fp.layers, 80);
     assert_int_equal(fp.page_size, 16);
     assert_int_equal(fp.chunk_tokens, 4096);
-    assert_int_equal(fp.dtype, 4); /* element bytes of FP32 */
+    assert_int_equal(fp.dtype, KVS_DTYPE_FP32); /* the format, not its size */
     assert_int_equal(fp.reserved, 0);
 
     kvs__fingerprint(&lay, KVS_PATH_DIRECT, &fp);
@@ -141,7 +141,7 @@ static void test_channel_fingerprint_check_names_each_field(void **state)
         {"model layers", 80, 40},
         {"page size", 16, 32},
         {"chunk tokens", 4096, 8192},
-        {"dtype bytes", 4, 2},
+        {"dtype", KVS_DTYPE_FP32, KVS_DTYPE_FP8},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kvs_fingerprint_t theirs = mine;

@@ -1995,14 +1995,12 @@ static void test_protocol_edges_bug_lost_message_hangs(void **state)
     edge_destroy(cl);
 }
 
-/* The wanted queue holds one entry per chunk waiting for a ring slot but is
- * sized max(ring_max_live, max_rooms): one room of 3 chunks with
- * ring_max_live = max_rooms = 1 overflows it and fails with EFULL, though
- * it would have gone through one region at a time. */
-static void test_protocol_edges_bug_wanted_queue_overflow(void **state)
+/* The wanted queue holds one entry per chunk waiting for a ring slot: one
+ * room of 3 chunks with ring_max_live = max_rooms = 1 goes through one
+ * region at a time instead of failing with EFULL. */
+static void test_protocol_edges_wanted_queue_holds_every_chunk(void **state)
 {
     (void)state;
-    EDGE_KNOWN_BUG("the wanted queue is sized per room, not per chunk: long rooms fail EFULL");
     edge_opts_t o = edge_defaults();
     o.ring_max_live = 1;
     o.max_rooms = 1;
@@ -2012,13 +2010,11 @@ static void test_protocol_edges_bug_wanted_queue_overflow(void **state)
     edge_destroy(cl);
 }
 
-/* spec §7.1/§9: dtype is part of the fingerprint, but kvs__fingerprint puts
- * the element size there: bf16 and fp16 (both 2 bytes) are not told apart
- * and the prefill's fp16 bits are read as bf16. */
-static void test_protocol_edges_bug_bf16_fp16_accepted(void **state)
+/* spec §7.1/§9: dtype is part of the fingerprint: bf16 and fp16 (both 2
+ * bytes) must be told apart, or fp16 bits would be read as bf16. */
+static void test_protocol_edges_bf16_fp16_refused(void **state)
 {
     (void)state;
-    EDGE_KNOWN_BUG("bf16 and fp16 peers are not refused: the fingerprint holds dtype bytes");
     edge_opts_t o = edge_defaults();
     o.odd_rank = -2;
     o.odd_dtype = KVS_DTYPE_FP16;
@@ -2124,8 +2120,8 @@ int main(void)
         cmocka_unit_test(test_protocol_edges_fail_during_scatter),
         cmocka_unit_test(test_protocol_edges_teardown_anywhere),
         cmocka_unit_test(test_protocol_edges_bug_lost_message_hangs),
-        cmocka_unit_test(test_protocol_edges_bug_wanted_queue_overflow),
-        cmocka_unit_test(test_protocol_edges_bug_bf16_fp16_accepted),
+        cmocka_unit_test(test_protocol_edges_wanted_queue_holds_every_chunk),
+        cmocka_unit_test(test_protocol_edges_bf16_fp16_refused),
         cmocka_unit_test(test_protocol_edges_bug_decode_error_names_no_field),
         cmocka_unit_test(test_protocol_edges_bug_abort_before_open),
         cmocka_unit_test(test_protocol_edges_bug_misaligned_prefix_strands_prefill),

@@ -241,6 +241,7 @@ KVS_API const char *kvs_path_name(kvs_path_t path);
 /* A validated plan. Filled by kvs_layout_init; read-only afterwards. */
 typedef struct kvs_layout {
     int64_t total_heads, head_dim, elem_bytes, layers, page_size;
+    kvs_dtype_t dtype;
     int64_t prefill_tp, decode_tp, prefill_pp, decode_pp;
     int64_t chunk_tokens;     /* C after defaulting */
     int64_t grid_tokens;      /* G = max(1, C / ps) * ps */
