@@ -95,8 +95,7 @@ struct kvs_decode {
     kvs_stream_t *stream;
     kvs_ring_t *ring;
     uint64_t ring_addr, ring_bytes, ring_rkey;
-    kvs_mr_t **k_mr, **v_mr;    /* direct/slice: KV layers open to peers */
-    uint64_t *k_rkey, *v_rkey;
+    kvs__kv_keys_t kv_keys;     /* direct/slice: KV layers open to peers */
     kvs__table_t rooms;
     kvs__results_t results;
     kvs__dqueue_t scatters, wanted; /* wanted holds up to open_chunks */
@@ -294,8 +293,7 @@ void kvs_decode_destroy(kvs_decode_t *d)
             }
         kvs__table_fini(&d->rooms);
     }
-    if (d->k_mr != NULL)
-        kvs__manager_deregister_kv(m, d->k_mr, d->v_mr);
+    kvs__manager_close_kv(m, &d->kv_keys);
     for (int64_t i = 0; d->peers != NULL && i < d->npeers; i++)
         if (d->peers[i].conn != NULL)
             d->fab->ops.disconnect(d->fab, d->peers[i].conn);
@@ -306,10 +304,6 @@ void kvs_decode_destroy(kvs_decode_t *d)
     free(d->wanted.items);
     free(d->cq);
     free(d->peers);
-    free(d->k_mr);
-    free(d->v_mr);
-    free(d->k_rkey);
-    free(d->v_rkey);
     m->handler = NULL;
     free(d);
 }
@@ -354,7 +348,6 @@ int kvs_decode_create(kvs_manager_t *m, kvs_decode_t **out)
      * of an empty room (at most one per room): both at once can be in flight. */
     const uint64_t scatter_bound = (uint64_t)m->cfg.ring_max_live + m->cfg.max_rooms;
     const uint32_t scatters = scatter_bound < UINT32_MAX ? (uint32_t)scatter_bound : UINT32_MAX;
-    const size_t layers = (size_t)m->kv.num_layers;
     d->peers = calloc((size_t)d->npeers, sizeof *d->peers);
     d->cq = calloc(KVS__POLL_BATCH, sizeof *d->cq);
     if (d->peers == NULL || d->cq == NULL ||
@@ -377,18 +370,8 @@ int kvs_decode_create(kvs_manager_t *m, kvs_decode_t **out)
                               m->dev->name, kvs_strerror(rc));
         }
     } else {
-        d->k_mr = calloc(layers, sizeof *d->k_mr);
-        d->v_mr = calloc(layers, sizeof *d->v_mr);
-        d->k_rkey = calloc(layers, sizeof *d->k_rkey);
-        d->v_rkey = calloc(layers, sizeof *d->v_rkey);
-        if (d->k_mr == NULL || d->v_mr == NULL || d->k_rkey == NULL || d->v_rkey == NULL) {
-            kvs_decode_destroy(d);
-            return KVS__MFAIL(m, KVS_ENOMEM, "allocating the KV registration tables failed");
-        }
-        rc = kvs__manager_register_kv(m, d->k_mr, d->v_mr, d->k_rkey, d->v_rkey);
+        rc = kvs__manager_open_kv(m, &d->kv_keys);
         if (rc != KVS_OK) {
-            free(d->k_mr);
-            d->k_mr = NULL; /* nothing registered: nothing to deregister */
             kvs_decode_destroy(d);
             return rc;
         }
@@ -457,8 +440,8 @@ int kvs_decode_connect(kvs_decode_t *d, const char *peer, int64_t prefill_tp_ran
         lm.u.layers.count = (uint32_t)(n < KVS_WIRE_LAYERS_PER_MSG ? n : KVS_WIRE_LAYERS_PER_MSG);
         for (uint32_t i = 0; i < lm.u.layers.count; i++) {
             const int64_t l = first + i;
-            lm.u.layers.entries[i] = (kvs_layer_entry_t){m->k_base[l], d->k_rkey[l],
-                                                         m->v_base[l], d->v_rkey[l]};
+            lm.u.layers.entries[i] = (kvs_layer_entry_t){m->k_base[l], d->kv_keys.k_rkey[l],
+                                                         m->v_base[l], d->kv_keys.v_rkey[l]};
         }
         kvs__send(d, p, &lm);
     }

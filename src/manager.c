@@ -457,33 +457,46 @@ uint64_t kvs__manager_layer_bytes(const kvs_manager_t *m)
            (uint64_t)kvs_dtype_bytes(m->cfg.dtype);
 }
 
-void kvs__manager_deregister_kv(kvs_manager_t *m, kvs_mr_t **k_mr, kvs_mr_t **v_mr)
+void kvs__manager_close_kv(kvs_manager_t *m, kvs__kv_keys_t *keys)
 {
-    for (int64_t l = 0; l < m->kv.num_layers; l++) {
-        if (k_mr[l] != NULL)
-            (void)kvs__net_deregister(m->fab, k_mr[l]);
-        if (v_mr[l] != NULL)
-            (void)kvs__net_deregister(m->fab, v_mr[l]);
-        k_mr[l] = v_mr[l] = NULL;
+    for (int64_t l = 0; keys->k_mr != NULL && l < m->kv.num_layers; l++) {
+        if (keys->k_mr[l] != NULL)
+            (void)kvs__net_deregister(m->fab, keys->k_mr[l]);
+        if (keys->v_mr[l] != NULL)
+            (void)kvs__net_deregister(m->fab, keys->v_mr[l]);
     }
+    free(keys->k_mr);
+    free(keys->v_mr);
+    free(keys->k_rkey);
+    free(keys->v_rkey);
+    memset(keys, 0, sizeof *keys);
 }
 
-int kvs__manager_register_kv(kvs_manager_t *m, kvs_mr_t **k_mr, kvs_mr_t **v_mr,
-                             uint64_t *k_rkey, uint64_t *v_rkey)
+int kvs__manager_open_kv(kvs_manager_t *m, kvs__kv_keys_t *keys)
 {
+    const size_t layers = (size_t)m->kv.num_layers;
+    keys->k_mr = calloc(layers, sizeof *keys->k_mr);
+    keys->v_mr = calloc(layers, sizeof *keys->v_mr);
+    keys->k_rkey = calloc(layers, sizeof *keys->k_rkey);
+    keys->v_rkey = calloc(layers, sizeof *keys->v_rkey);
+    if (keys->k_mr == NULL || keys->v_mr == NULL || keys->k_rkey == NULL ||
+        keys->v_rkey == NULL) {
+        kvs__manager_close_kv(m, keys);
+        return KVS__MFAIL(m, KVS_ENOMEM, "allocating the KV registration tables failed");
+    }
     const uint64_t bytes = kvs__manager_layer_bytes(m);
-    for (int64_t l = 0; l < m->kv.num_layers; l++)
-        k_mr[l] = v_mr[l] = NULL;
-    for (int64_t l = 0; l < m->kv.num_layers; l++) {
-        int rc = kvs__net_register(m->fab, m->dev, m->k_base[l], bytes, &k_mr[l], &k_rkey[l]);
+    for (size_t l = 0; l < layers; l++) {
+        int rc = kvs__net_register(m->fab, m->dev, m->k_base[l], bytes, &keys->k_mr[l],
+                                   &keys->k_rkey[l]);
         if (rc == KVS_OK)
-            rc = kvs__net_register(m->fab, m->dev, m->v_base[l], bytes, &v_mr[l], &v_rkey[l]);
+            rc = kvs__net_register(m->fab, m->dev, m->v_base[l], bytes, &keys->v_mr[l],
+                                   &keys->v_rkey[l]);
         if (rc != KVS_OK) {
-            kvs__manager_deregister_kv(m, k_mr, v_mr);
+            kvs__manager_close_kv(m, keys);
             return kvs__error_set(&m->err, rc == KVS_ENOTSUP ? rc : KVS_EBACKEND,
                                   m->fab->last_backend_code, __FILE__, __LINE__,
-                                  "fabric '%s' could not register KV layer %lld (%s)",
-                                  m->fab->name, (long long)l,
+                                  "fabric '%s' could not register KV layer %zu (%s)",
+                                  m->fab->name, l,
                                   m->fab->last_backend_msg[0] ? m->fab->last_backend_msg
                                                               : kvs_strerror(rc));
         }

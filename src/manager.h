@@ -44,11 +44,18 @@ kvs_layout_params_t kvs__manager_layout_params(const kvs_manager_t *m);
  * heads resolvable, layout and path valid. Fills *lay and *path. */
 int kvs__manager_handler_check(kvs_manager_t *m, kvs_role_t role, kvs_layout_t *lay,
                                kvs_path_t *path);
-/* Registers every KV layer buffer (K and V) with the fabric, all or nothing;
- * arrays have kv.num_layers entries. */
-int kvs__manager_register_kv(kvs_manager_t *m, kvs_mr_t **k_mr, kvs_mr_t **v_mr,
-                             uint64_t *k_rkey, uint64_t *v_rkey);
-void kvs__manager_deregister_kv(kvs_manager_t *m, kvs_mr_t **k_mr, kvs_mr_t **v_mr);
+/* The KV layer buffers of this rank opened to the fabric (direct and slice
+ * paths): per layer, the K and V registrations and their remote keys. */
+typedef struct kvs__kv_keys {
+    kvs_mr_t **k_mr, **v_mr;
+    uint64_t *k_rkey, *v_rkey;
+} kvs__kv_keys_t;
+
+/* Registers every K and V layer buffer, all or nothing: on error *keys is
+ * left zeroed and m->err says why. */
+int kvs__manager_open_kv(kvs_manager_t *m, kvs__kv_keys_t *keys);
+/* Deregisters and frees; a zeroed *keys is a no-op. */
+void kvs__manager_close_kv(kvs_manager_t *m, kvs__kv_keys_t *keys);
 /* Bytes of one KV layer buffer (K or V) of this rank. */
 uint64_t kvs__manager_layer_bytes(const kvs_manager_t *m);
 

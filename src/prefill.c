@@ -115,8 +115,7 @@ struct kvs_prefill {
     kvs_stream_t *stream;
     uint32_t workers;
     bool *worker_busy;
-    kvs_mr_t **k_mr, **v_mr;
-    uint64_t *k_rkey, *v_rkey;
+    kvs__kv_keys_t kv_keys;      /* direct/slice: KV layers open to peers */
     kvs__table_t rooms;
     kvs__proom_t *first, *last;
     kvs__results_t results;
@@ -372,8 +371,7 @@ void kvs_prefill_destroy(kvs_prefill_t *p)
     while (p->first != NULL)
         kvs__room_remove(p, p->first);
     kvs__table_fini(&p->rooms);
-    if (p->k_mr != NULL)
-        kvs__manager_deregister_kv(m, p->k_mr, p->v_mr);
+    kvs__manager_close_kv(m, &p->kv_keys);
     for (int64_t i = 0; p->peers != NULL && i < p->ntargets; i++)
         free(p->peers[i].layers);
     if (p->stream != NULL)
@@ -384,10 +382,6 @@ void kvs_prefill_destroy(kvs_prefill_t *p)
     free(p->ops);
     free(p->gathers);
     free(p->cq);
-    free(p->k_mr);
-    free(p->v_mr);
-    free(p->k_rkey);
-    free(p->v_rkey);
     m->handler = NULL;
     free(p);
 }
@@ -425,7 +419,6 @@ int kvs_prefill_create(kvs_manager_t *m, kvs_prefill_t **out)
         p->ops_cap = 2; /* a staged chunk's K and V writes go out together */
     p->gathers_cap = p->workers > 0 ? p->workers : 1;
     kvs__fingerprint(&lay, path, &p->fp);
-    const size_t layers = (size_t)m->kv.num_layers;
     p->peers = calloc((size_t)p->ntargets, sizeof *p->peers);
     p->worker_busy = calloc(p->gathers_cap, sizeof *p->worker_busy);
     p->ops = calloc(p->ops_cap, sizeof *p->ops);
@@ -453,18 +446,8 @@ int kvs_prefill_create(kvs_manager_t *m, kvs_prefill_t **out)
                               m->dev->name, kvs_strerror(rc));
         }
     } else {
-        p->k_mr = calloc(layers, sizeof *p->k_mr);
-        p->v_mr = calloc(layers, sizeof *p->v_mr);
-        p->k_rkey = calloc(layers, sizeof *p->k_rkey);
-        p->v_rkey = calloc(layers, sizeof *p->v_rkey);
-        if (p->k_mr == NULL || p->v_mr == NULL || p->k_rkey == NULL || p->v_rkey == NULL) {
-            kvs_prefill_destroy(p);
-            return KVS__MFAIL(m, KVS_ENOMEM, "allocating the KV registration tables failed");
-        }
-        rc = kvs__manager_register_kv(m, p->k_mr, p->v_mr, p->k_rkey, p->v_rkey);
+        rc = kvs__manager_open_kv(m, &p->kv_keys);
         if (rc != KVS_OK) {
-            free(p->k_mr);
-            p->k_mr = NULL;
             kvs_prefill_destroy(p);
             return rc;
         }
@@ -962,7 +945,7 @@ static void kvs__advance_direct(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
                                             hb);
         const uint64_t len = (uint64_t)(sliced ? nh * hb : fl->run_tokens * nh * hb);
         int rc = kvs__post_write(p, r, f, -1, src,
-                                 fl->cur_kv ? p->v_mr[fl->cur_l] : p->k_mr[fl->cur_l], dst,
+                                 fl->cur_kv ? p->kv_keys.v_mr[fl->cur_l] : p->kv_keys.k_mr[fl->cur_l], dst,
                                  fl->cur_kv ? e->v_rkey : e->k_rkey, len);
         if (rc == KVS_EAGAIN)
             return;

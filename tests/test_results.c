@@ -137,16 +137,7 @@ static void test_results_capacity_one(void **state)
     kvs__results_fini(&q);
 }
 
-/* xorshift64; a fixed seed, printed on failure. */
-static uint64_t xorshift64(uint64_t *s)
-{
-    uint64_t x = *s;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    *s = x;
-    return x;
-}
+#include "xorshift.h"
 
 /* Random batches of pushes and pops over a queue of 5: the head wraps many
  * times; what comes out is always the newest `cap` not yet popped, in order,

@@ -15,16 +15,7 @@
 
 #include <cmocka.h>
 
-/* xorshift64; a fixed seed per test, printed on failure. */
-static uint64_t xorshift64(uint64_t *s)
-{
-    uint64_t x = *s;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    *s = x;
-    return x;
-}
+#include "xorshift.h"
 
 static kvs_ring_t *ring_new(uint64_t size_bytes, uint32_t max_live)
 {

@@ -40,15 +40,7 @@ static uint64_t t_wire_ns(uint64_t bytes)
     return (bytes + packets * 58 + 49) / 50; /* * 1e9 / 50e9, rounded up */
 }
 
-static uint64_t xorshift64(uint64_t *s)
-{
-    uint64_t x = *s;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    *s = x;
-    return x;
-}
+#include "xorshift.h"
 
 /* ---- completion recorder: polls from the NIC's wake callback ----------- */
 

@@ -20,16 +20,7 @@
 
 #include "table.h"
 
-/* xorshift64; a fixed seed per test, printed on failure. */
-static uint64_t xorshift64(uint64_t *s)
-{
-    uint64_t x = *s;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    *s = x;
-    return x;
-}
+#include "xorshift.h"
 
 static void *val_of(uintptr_t i) { return (void *)(i + 1); }
 

@@ -22,16 +22,7 @@
 
 #define NTYPES ((uint32_t)KVS_MSG_TYPE_MAX)
 
-/* xorshift64; fixed seeds, printed on failure. */
-static uint64_t xorshift64(uint64_t *s)
-{
-    uint64_t x = *s;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    *s = x;
-    return x;
-}
+#include "xorshift.h"
 
 /* Distinctive values: no two fields equal, bytes differ inside a field, and
  * roughly half of the signed fields come out negative. */
