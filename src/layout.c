@@ -213,11 +213,13 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
                          (long long)l.layers, (long long)l.prefill_pp,
                          (long long)l.decode_pp);
 
-    if (p->chunk_tokens < 0 || (p->chunk_tokens > 0 && p->chunk_tokens % l.page_size != 0))
+    /* The grid floors C to whole pages (spec §2: G = max(1, C / ps) * ps);
+     * the manager's init guard (spec §8) is what refuses a C that is not a
+     * multiple of the page size when staging is on. */
+    if (p->chunk_tokens < 0)
         return KVS__FAIL(err, KVS_ECHUNK,
-                         "chunk_tokens %lld must be a positive multiple of the page "
-                         "size %lld (or 0 for %d)", (long long)p->chunk_tokens,
-                         (long long)l.page_size, KVS_DEFAULT_CHUNK_TOKENS);
+                         "chunk_tokens %lld must be >= 0 (0 means %d)",
+                         (long long)p->chunk_tokens, KVS_DEFAULT_CHUNK_TOKENS);
     l.chunk_tokens = p->chunk_tokens > 0 ? p->chunk_tokens : KVS_DEFAULT_CHUNK_TOKENS;
     l.chunk_pages = kvs__max64(1, l.chunk_tokens / l.page_size);
     l.grid_tokens = l.chunk_pages * l.page_size;

@@ -258,8 +258,6 @@ def test_bad_input(s):
         ("tp sizes do not divide", ["plan", "--kv-heads", "6", "--head-dim",
                                     "128", "--layers", "32", "--prefill-tp",
                                     "3", "--decode-tp", "2"], "--decode-tp"),
-        ("chunk not multiple of page", ["plan"] + ok + [
-            "--page-size", "16", "--chunk-tokens", "100"], "--chunk-tokens"),
         ("layers not split by pp", with_flag("--prefill-pp", "3"),
          "--prefill-pp"),
         ("decode pp not 1 or pp", ["plan"] + ok + [

@@ -359,8 +359,13 @@ def hand_cases(ck):
         "decode_ranks.3.writers.0.prefill_rank": 1,
         "decode_ranks.3.region_bytes": 1310720})
 
-    # 9. Grid corner: C smaller than ps is invalid (not a multiple), but C
-    #    equal to ps gives G = ps = 64, F = 1. H=1 replicated everywhere,
+    # 9. Grid corners: C is floored to whole pages, G = max(1, C/ps) * ps:
+    #    C = 100, ps = 16 -> G = 96, F = 6; C = 8 < ps = 16 -> G = 16, F = 1.
+    ck.check(make_cfg(8, 128, 80, 8, 2, ps=16, C=100), "C100 ps16", {
+        "grid_tokens": 96, "chunk_pages": 6, "tokens": 96})
+    ck.check(make_cfg(8, 128, 80, 8, 2, ps=16, C=8), "C8 ps16", {
+        "grid_tokens": 16, "chunk_pages": 1, "tokens": 16})
+    #    C equal to ps gives G = ps = 64, F = 1. H=1 replicated everywhere,
     #    P=4 -> D=2: nh = 1, rep = 4, dst_start = 0; W = 2.
     ck.check(make_cfg(1, 128, 4, 4, 2, ps=64, C=64), "H1 P4 D2 C=ps", {
         "grid_tokens": 64, "chunk_pages": 1,
@@ -401,9 +406,6 @@ def invalid_cases(ck):
         # decode PP must be 1 or the prefill PP.
         (base + ["--prefill-pp", "4", "--decode-pp", "2"], "--decode-pp",
          "Pp4 Dp2"),
-        # chunk size not a multiple of the page size.
-        (base + ["--page-size", "16", "--chunk-tokens", "100"],
-         "--chunk-tokens", "C100 ps16"),
         (base + ["--dtype", "int4"], "--dtype", "dtype int4"),
         (base + ["--tokens", "9000"], "--tokens", "T > G"),
         (base + ["--tokens", "0"], "--tokens", "T = 0"),
@@ -432,8 +434,11 @@ def random_cfg(rng):
     dp = rng.choice([1, pp])
     layers = pp * rng.randint(1, 40)
     ps = rng.choice([1, 16, 32, 64])
-    if rng.randrange(3) == 0:
+    r = rng.randrange(4)
+    if r == 0:
         c = 0
+    elif r == 1:  # any size: the grid floors it to whole pages
+        c = rng.randint(1, 16384)
     else:
         c = ps * rng.randint(1, max(1, 16384 // ps))
     g, _ = grid(c, ps)

@@ -245,8 +245,8 @@ static void test_layout_rejects_invalid_params(void **state)
         {"total_heads", ok, KVS_EINVAL}, {"dtype", ok, KVS_EDTYPE},
         {"tp ratio", ok, KVS_EHEAD_SPLIT}, {"heads vs tp", ok, KVS_EHEAD_SPLIT},
         {"heads vs decode tp", ok, KVS_EHEAD_SPLIT}, {"decode_pp", ok, KVS_EPP_SPLIT},
-        {"layers vs pp", ok, KVS_EPP_SPLIT}, {"chunk multiple", ok, KVS_ECHUNK},
-        {"chunk negative", ok, KVS_ECHUNK}, {"overflow", ok, KVS_ERANGE},
+        {"layers vs pp", ok, KVS_EPP_SPLIT}, {"chunk negative", ok, KVS_ECHUNK},
+        {"overflow", ok, KVS_ERANGE},
     };
     cases[0].p.head_dim = 0;
     cases[1].p.layers = -1;
@@ -264,9 +264,8 @@ static void test_layout_rejects_invalid_params(void **state)
     cases[11].p.decode_pp = 2;
     cases[12].p.prefill_pp = 3;
     cases[12].p.layers = 80;
-    cases[13].p.chunk_tokens = 100;
-    cases[14].p.chunk_tokens = -16;
-    cases[15].p.head_dim = INT64_MAX / 4;
+    cases[13].p.chunk_tokens = -16;
+    cases[14].p.head_dim = INT64_MAX / 4;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kvs_layout_t l;
         kvs_error_t e = {0};
@@ -294,6 +293,21 @@ static void test_layout_default_chunk_with_odd_page(void **state)
     assert_int_equal(kvs_layout_init(&l, &prm, NULL), KVS_OK);
     assert_int_equal(l.chunk_pages, 1);
     assert_int_equal(l.grid_tokens, 16384);
+}
+
+static void test_layout_grid_floors_chunk_to_pages(void **state)
+{
+    /* spec §2: G = max(1, C / ps) * ps */
+    kvs_layout_params_t prm = llama70b(8, 2);
+    kvs_layout_t l;
+    prm.chunk_tokens = 100; /* 6 whole pages of 16 */
+    assert_int_equal(kvs_layout_init(&l, &prm, NULL), KVS_OK);
+    assert_int_equal(l.chunk_pages, 6);
+    assert_int_equal(l.grid_tokens, 96);
+    prm.chunk_tokens = 8; /* less than a page: one page */
+    assert_int_equal(kvs_layout_init(&l, &prm, NULL), KVS_OK);
+    assert_int_equal(l.chunk_pages, 1);
+    assert_int_equal(l.grid_tokens, 16);
 }
 
 static void test_layout_writer_rejects_out_of_range(void **state)
@@ -348,6 +362,7 @@ int main(void)
         cmocka_unit_test(test_layout_heads_resolution),
         cmocka_unit_test(test_layout_rejects_invalid_params),
         cmocka_unit_test(test_layout_default_chunk_with_odd_page),
+        cmocka_unit_test(test_layout_grid_floors_chunk_to_pages),
         cmocka_unit_test(test_layout_writer_rejects_out_of_range),
         cmocka_unit_test(test_layout_dtypes),
     };

@@ -222,7 +222,7 @@ typedef struct kvs_layout_params {
     int64_t decode_tp;      /* D > 0 */
     int64_t prefill_pp;     /* Pp, 0 -> 1 */
     int64_t decode_pp;      /* Dp, 0 -> 1; must be 1 or Pp */
-    int64_t chunk_tokens;   /* C, 0 -> 8192; multiple of page_size */
+    int64_t chunk_tokens;   /* C, 0 -> 8192; floored to whole pages (G) */
 } kvs_layout_params_t;
 
 typedef enum kvs_path {
