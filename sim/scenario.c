@@ -44,6 +44,7 @@ typedef struct sim_node {
     int64_t layers, heads;       /* local */
     uint64_t *k_base, *v_base;
     bool wake_pending;
+    uint64_t timer_ns;           /* a progress already scheduled then, 0: none */
 } sim_node_t;
 
 typedef enum { SIM_REQ_WAITING, SIM_REQ_ADMITTED, SIM_REQ_DONE } sim_req_state_t;
@@ -295,6 +296,28 @@ static void sim_on_result(sim_scenario_t *sc, const kvs_room_result_t *res)
         sim_finish(sc, (uint32_t)res->room);
 }
 
+static void sim_node_timer(sim_engine_t *eng, void *ctx, uint64_t arg)
+{
+    sim_node_t *n = ctx;
+    if (n->timer_ns == arg)
+        n->timer_ns = 0;
+    sim_node_wake(n);
+}
+
+/* The handlers' contract: progress again when the clock passes their next
+ * deadline (stall timeouts), even if nothing else wakes the rank. */
+static void sim_node_arm_timer(sim_node_t *n)
+{
+    const uint64_t at = n->dec != NULL ? kvs_decode_next_deadline_ns(n->dec)
+                                       : kvs_prefill_next_deadline_ns(n->pre);
+    if (at == UINT64_MAX || (n->timer_ns != 0 && n->timer_ns <= at))
+        return;
+    const uint64_t now = sim_engine_now_ns(n->sc->eng);
+    n->timer_ns = at > now ? at : now;
+    if (sim_engine_at(n->sc->eng, n->timer_ns, sim_node_timer, n, n->timer_ns, NULL) != KVS_OK)
+        sim_fail(n->sc, KVS_ENOMEM, "scheduling a timer of %s failed", n->name);
+}
+
 static void sim_node_progress(sim_engine_t *eng, void *ctx, uint64_t arg)
 {
     sim_node_t *n = ctx;
@@ -313,6 +336,7 @@ static void sim_node_progress(sim_engine_t *eng, void *ctx, uint64_t arg)
         for (int i = 0; i < got; i++)
             sim_on_result(sc, &res[i]);
     } while (got == 16);
+    sim_node_arm_timer(n);
 }
 
 /* One forward-pass step of the request at the head of the compute FIFO. */

@@ -68,6 +68,7 @@ typedef struct kvs__droom {
     int64_t reports, reports_ok;
     int status;                 /* first failure, KVS_OK while none */
     uint64_t open_ns, bytes;
+    uint64_t last_ns;           /* last progress; the stall timeout runs from it */
 } kvs__droom_t;
 
 /* A (room, chunk) in a FIFO: scatters in stream order, chunks waiting for
@@ -103,6 +104,7 @@ struct kvs_decode {
     kvs_completion_t *cq;
     kvs_handler_stats_t stats;
     uint64_t session;
+    uint64_t next_check_ns;     /* no room's stall deadline is earlier */
 };
 
 /* ---- small helpers -------------------------------------------------------- */
@@ -157,6 +159,15 @@ static bool kvs__bit(const uint64_t *bits, int64_t i) { return (bits[i / 64] >> 
 static void kvs__bit_set(uint64_t *bits, int64_t i) { bits[i / 64] |= 1ull << (i % 64); }
 
 static uint64_t kvs__now(const kvs_decode_t *d) { return kvs__net_now_ns(d->fab); }
+
+/* The room moved: its stall deadline starts over. */
+static void kvs__touch(kvs_decode_t *d, kvs__droom_t *r)
+{
+    r->last_ns = kvs__now(d);
+    const uint64_t due = r->last_ns + d->m->cfg.stall_timeout_ns;
+    if (due < d->next_check_ns)
+        d->next_check_ns = due;
+}
 
 static kvs__dpeer_t *kvs__peer_of(kvs_decode_t *d, const kvs_conn_t *conn, int64_t *idx)
 {
@@ -327,6 +338,7 @@ int kvs_decode_create(kvs_manager_t *m, kvs_decode_t **out)
     m->path = path;
     m->handler = d;
     d->m = m;
+    d->next_check_ns = UINT64_MAX;
     d->fab = m->fab;
     d->dev = m->dev;
     d->lay = &m->layout;
@@ -493,6 +505,12 @@ int kvs_decode_room_open(kvs_decode_t *d, uint64_t room, int64_t base_tokens,
         KVS__MFAIL(m, KVS_EPREFIX_ALIGN, "room %llu: cached prefix %lld is not a multiple "
                    "of the page size %lld", (unsigned long long)room, (long long)base_tokens,
                    (long long)ps);
+        /* The prefill ranks hold this request too: tell them at once. */
+        kvs_msg_t msg = {.type = KVS_MSG_ABORT};
+        msg.u.abort = (kvs_msg_abort_t){.session = d->session, .room = room,
+                                        .status = KVS_EPREFIX_ALIGN};
+        for (int64_t i = 0; i < d->npeers; i++)
+            kvs__send(d, &d->peers[i], &msg);
         return kvs__room_reject(d, room, KVS_EPREFIX_ALIGN);
     }
     const int64_t want_pages = (total_tokens - base_tokens + ps - 1) / ps;
@@ -564,6 +582,7 @@ int kvs_decode_room_open(kvs_decode_t *d, uint64_t room, int64_t base_tokens,
     }
     d->open_chunks += (uint64_t)r->num_chunks;
     r->open_ns = kvs__now(d);
+    kvs__touch(d, r);
     kvs_msg_t msg = {.type = KVS_MSG_ROOM};
     msg.u.room = (kvs_msg_room_t){.session = d->session, .room = room, .base_tokens = base_tokens,
                                   .total_tokens = total_tokens, .num_pages = num_pages};
@@ -645,6 +664,7 @@ static void kvs__on_staging_req(kvs_decode_t *d, kvs__dpeer_t *p, const kvs_msg_
         kvs__answer(d, p, r, q->chunk, r->status);
         return;
     }
+    kvs__touch(d, r);
     kvs__dchunk_t *c = &r->chunks[q->chunk];
     if (c->state == KVS__DCH_IDLE) {
         if (kvs__allocate(d, r, q->chunk) == KVS_ERING_LIVE) {
@@ -714,6 +734,7 @@ static void kvs__on_chunk_ready(kvs_decode_t *d, int64_t peer, const kvs_msg_chu
         return;
     }
     kvs__bit_set(bits, peer);
+    kvs__touch(d, r);
     if (++c->arrivals == d->npeers && r->status == KVS_OK) {
         r->bytes += (uint64_t)c->region_bytes;
         kvs__scatter(d, r, q->chunk);
@@ -729,6 +750,7 @@ static void kvs__on_report(kvs_decode_t *d, int64_t peer, uint64_t room, int sta
     }
     kvs__bit_set(r->reported, peer);
     r->reports++;
+    kvs__touch(d, r);
     if (status == KVS_OK)
         r->reports_ok++;
     else
@@ -858,6 +880,7 @@ static int kvs__reap_scatters(kvs_decode_t *d)
             c->event = NULL;
             c->state = KVS__DCH_DONE;
             kvs__release_region(d, c);
+            kvs__touch(d, r);
             if (rc == KVS_OK)
                 r->scattered++;
             else
@@ -886,6 +909,40 @@ static void kvs__retry_wanted(kvs_decode_t *d)
     }
 }
 
+/* Rooms past their stall deadline (spec §9: no request waits forever). The
+ * first expiry fails the room with KVS_ETIMEDOUT and tells every peer; the
+ * second, one more timeout later, stops waiting for the reports of peers
+ * that stayed silent (dead, or cut off) and releases the room. */
+static void kvs__expire(kvs_decode_t *d)
+{
+    const uint64_t now = kvs__now(d), timeout = d->m->cfg.stall_timeout_ns;
+    if (now < d->next_check_ns)
+        return;
+    uint64_t next = UINT64_MAX;
+    for (uint32_t i = 0; i <= d->rooms.mask; i++) {
+        if (d->rooms.state[i] != 1)
+            continue;
+        kvs__droom_t *r = d->rooms.vals[i];
+        if (now >= r->last_ns + timeout) {
+            if (r->status == KVS_OK) {
+                kvs__room_fail(d, r, KVS_ETIMEDOUT);
+            } else {
+                for (int64_t p = 0; p < d->npeers; p++)
+                    if (!kvs__bit(r->reported, p)) {
+                        kvs__bit_set(r->reported, p);
+                        r->reports++;
+                    }
+                if (kvs__room_try_finish(d, r))
+                    continue; /* gone; deleting leaves a tombstone */
+            }
+            r->last_ns = now;
+        }
+        if (r->last_ns + timeout < next)
+            next = r->last_ns + timeout;
+    }
+    d->next_check_ns = next;
+}
+
 int kvs_decode_progress(kvs_decode_t *d)
 {
     if (d == NULL)
@@ -908,6 +965,7 @@ int kvs_decode_progress(kvs_decode_t *d)
         work++;
     if (d->ring != NULL)
         kvs__retry_wanted(d);
+    kvs__expire(d);
     return work;
 }
 
@@ -920,8 +978,7 @@ int kvs_decode_poll_rooms(kvs_decode_t *d, kvs_room_result_t *out, int max)
 
 uint64_t kvs_decode_next_deadline_ns(const kvs_decode_t *d)
 {
-    (void)d;
-    return UINT64_MAX; /* no timers yet: every step is driven by a completion */
+    return d != NULL && d->rooms.count > 0 ? d->next_check_ns : UINT64_MAX;
 }
 
 void kvs_decode_stats(const kvs_decode_t *d, kvs_handler_stats_t *out)

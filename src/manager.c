@@ -92,6 +92,8 @@ int kvs_manager_create(const kvs_manager_config_t *cfg, kvs_device_t *dev,
         c.max_rooms = 1024;
     if (c.max_inflight_writes == 0)
         c.max_inflight_writes = 1024;
+    if (c.stall_timeout_ns == 0)
+        c.stall_timeout_ns = KVS_DEFAULT_STALL_TIMEOUT_NS;
     if (c.session_id == 0) /* distinct per (role, pp, tp) of one deployment */
         c.session_id = ((uint64_t)c.role + 1) << 56 | (uint64_t)c.pp_rank << 32 |
                        (uint64_t)c.tp_rank;

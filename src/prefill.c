@@ -86,6 +86,7 @@ typedef struct kvs__proom {
     kvs__pflow_t *flows;         /* one per target */
     int status;
     uint64_t open_ns, bytes, writes;
+    uint64_t last_ns;            /* last progress; the stall timeout runs from it */
     struct kvs__proom *prev, *next; /* open order */
 } kvs__proom_t;
 
@@ -127,9 +128,19 @@ struct kvs_prefill {
     kvs_handler_stats_t stats;
     kvs_fingerprint_t fp;
     uint64_t session;
+    uint64_t next_check_ns;      /* no room's stall deadline is earlier */
 };
 
 static uint64_t kvs__now(const kvs_prefill_t *p) { return kvs__net_now_ns(p->fab); }
+
+/* The room moved: its stall deadline starts over. */
+static void kvs__touch(kvs_prefill_t *p, kvs__proom_t *r)
+{
+    r->last_ns = kvs__now(p);
+    const uint64_t due = r->last_ns + p->m->cfg.stall_timeout_ns;
+    if (due < p->next_check_ns)
+        p->next_check_ns = due;
+}
 
 static void kvs__send(kvs_prefill_t *p, kvs__ppeer_t *peer, const kvs_msg_t *msg)
 {
@@ -175,6 +186,7 @@ static kvs__proom_t *kvs__room_get_or_add(kvs_prefill_t *p, uint64_t id)
         return NULL;
     }
     r->id = id;
+    kvs__touch(p, r);
     r->prev = p->last;
     if (p->last != NULL)
         p->last->next = r;
@@ -255,7 +267,9 @@ static bool kvs__room_try_finish(kvs_prefill_t *p, kvs__proom_t *r)
         }
         reported += fl->reported;
     }
-    if (reported < p->ntargets || (!r->opened && r->status == KVS_OK))
+    /* A room the caller never opened has no one to report to: it waits for
+     * room_open (then finishes at once if it already failed) or expires. */
+    if (reported < p->ntargets || !r->opened)
         return false;
     int64_t chunks = 0;
     for (int64_t f = 0; f < p->ntargets; f++)
@@ -405,6 +419,7 @@ int kvs_prefill_create(kvs_manager_t *m, kvs_prefill_t **out)
     m->path = path;
     m->handler = p;
     p->m = m;
+    p->next_check_ns = UINT64_MAX;
     p->fab = m->fab;
     p->dev = m->dev;
     p->lay = &m->layout;
@@ -496,6 +511,7 @@ int kvs_prefill_room_open(kvs_prefill_t *p, uint64_t room, int64_t total_tokens,
     r->total = total_tokens;
     r->opened = true;
     r->open_ns = kvs__now(p);
+    kvs__touch(p, r);
     for (int64_t f = 0; f < p->ntargets; f++)
         if (r->flows[f].known && r->flows[f].total != total_tokens)
             kvs__room_fail(p, r, KVS_EPROTO);
@@ -515,6 +531,7 @@ int kvs_prefill_room_computed(kvs_prefill_t *p, uint64_t room, int64_t end_token
                           "the %lld tokens of the request (final at the end)",
                           (unsigned long long)room, (long long)end_tokens, (long long)r->total);
     r->computed = end_tokens;
+    kvs__touch(p, r);
     r->final = r->final || final;
     return KVS_OK;
 }
@@ -627,6 +644,7 @@ static void kvs__on_room(kvs_prefill_t *p, int64_t f, const kvs_msg_room_t *q)
     fl->total = q->total_tokens;
     fl->num_dpages = q->num_pages;
     fl->cur_t = q->base_tokens;
+    kvs__touch(p, r);
     if (p->path != KVS_PATH_STAGING && q->num_pages > 0) {
         fl->dpages = malloc((size_t)q->num_pages * sizeof *fl->dpages);
         if (fl->dpages == NULL)
@@ -685,6 +703,7 @@ static void kvs__on_rsp(kvs_prefill_t *p, int64_t f, const kvs_msg_staging_rsp_t
     c->round = q->round;
     c->end = q->end;
     c->state = KVS__PCH_ALLOC;
+    kvs__touch(p, r);
 }
 
 static void kvs__on_layers(kvs_prefill_t *p, int64_t f, const kvs_msg_layers_t *q)
@@ -741,7 +760,9 @@ static void kvs__on_message(kvs_prefill_t *p, const kvs_completion_t *cqe)
         peer->wm = (kvs_watermark_t){msg.u.wm.round, msg.u.wm.offset};
         break;
     case KVS_MSG_ABORT: {
-        kvs__proom_t *r = kvs__table_get(&p->rooms, msg.u.abort.room);
+        /* An abort may overtake this rank's room_open: keep it (bounded by
+         * the room table) so the open fails at once; unopened, it expires. */
+        kvs__proom_t *r = kvs__room_get_or_add(p, msg.u.abort.room);
         if (r != NULL)
             kvs__room_fail(p, r, msg.u.abort.status != KVS_OK ? msg.u.abort.status : KVS_EPEER);
         else
@@ -769,6 +790,7 @@ static void kvs__on_write_done(kvs_prefill_t *p, const kvs_completion_t *cqe)
     if (r == NULL)
         return;
     kvs__pflow_t *fl = &r->flows[op.flow];
+    kvs__touch(p, r);
     if (cqe->status != KVS_OK)
         kvs__room_fail(p, r, cqe->status);
     if (op.chunk < 0) {
@@ -996,6 +1018,33 @@ static void kvs__reap_gathers(kvs_prefill_t *p)
     }
 }
 
+/* Rooms past their stall deadline (spec §9): the first expiry fails the room
+ * with KVS_ETIMEDOUT and tells the decode ranks; flows report once their
+ * posted writes completed. A failed room the caller never opened is dropped
+ * one timeout later, silently: nobody asked for it. */
+static void kvs__expire(kvs_prefill_t *p)
+{
+    const uint64_t now = kvs__now(p), timeout = p->m->cfg.stall_timeout_ns;
+    if (now < p->next_check_ns)
+        return;
+    uint64_t next = UINT64_MAX;
+    for (kvs__proom_t *r = p->first, *after; r != NULL; r = after) {
+        after = r->next;
+        if (now >= r->last_ns + timeout) {
+            if (r->status == KVS_OK) {
+                kvs__room_fail(p, r, KVS_ETIMEDOUT);
+            } else if (!r->opened) {
+                kvs__room_remove(p, r);
+                continue;
+            }
+            r->last_ns = now;
+        }
+        if (r->last_ns + timeout < next)
+            next = r->last_ns + timeout;
+    }
+    p->next_check_ns = next;
+}
+
 int kvs_prefill_progress(kvs_prefill_t *p)
 {
     if (p == NULL)
@@ -1035,6 +1084,7 @@ int kvs_prefill_progress(kvs_prefill_t *p)
         }
         kvs__room_try_finish(p, r);
     }
+    kvs__expire(p);
     return work;
 }
 
@@ -1047,8 +1097,7 @@ int kvs_prefill_poll_rooms(kvs_prefill_t *p, kvs_room_result_t *out, int max)
 
 uint64_t kvs_prefill_next_deadline_ns(const kvs_prefill_t *p)
 {
-    (void)p;
-    return UINT64_MAX; /* no timers yet: every step is driven by a completion */
+    return p != NULL && p->first != NULL ? p->next_check_ns : UINT64_MAX;
 }
 
 void kvs_prefill_stats(const kvs_prefill_t *p, kvs_handler_stats_t *out)

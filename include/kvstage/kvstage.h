@@ -380,6 +380,7 @@ typedef enum kvs_role { KVS_ROLE_PREFILL = 0, KVS_ROLE_DECODE = 1 } kvs_role_t;
 #define KVS_DEFAULT_RING_BYTES (4096ull << 20)
 #define KVS_DEFAULT_TRANSFER_WORKERS 4
 #define KVS_DEFAULT_RING_MAX_LIVE 4096
+#define KVS_DEFAULT_STALL_TIMEOUT_NS (30ull * 1000000000ull)
 
 /* The kv args of spec §8. Zero fields take their default. */
 typedef struct kvs_manager_config {
@@ -408,6 +409,10 @@ typedef struct kvs_manager_config {
                                  resets the peers' state for it */
     uint32_t max_rooms;       /* concurrent requests, 0 -> 1024 */
     uint32_t max_inflight_writes; /* posted, not completed writes, 0 -> 1024 */
+    uint64_t stall_timeout_ns;/* a request with no progress for this long
+                                 fails with KVS_ETIMEDOUT and its peers are
+                                 told; one more such wait for their reports
+                                 and its regions are released. 0 -> 30 s */
     /* Optional observer of spans the handlers spend waiting (today:
      * "wait-for-watermark" per chunk), in the fabric's clock; for traces. */
     void (*trace)(void *ctx, const char *what, uint64_t room, int64_t chunk,
