@@ -411,7 +411,12 @@ int kvs__manager_handler_check(kvs_manager_t *m, kvs_role_t role, kvs_layout_t *
         return KVS__MFAIL(m, KVS_EALREADY, "this manager already has a handler");
     if (m->cfg.staging) {
         if (m->staging_count == 0)
-            return KVS__MFAIL(m, KVS_ENO_ALLOCATOR, NULL);
+            return decode ? KVS__MFAIL(m, KVS_ENO_ALLOCATOR, NULL)
+                          : KVS__MFAIL(m, KVS_ENO_ALLOCATOR, "staging enabled but the "
+                                       "prefill staging buffers are missing: the transfer "
+                                       "backend must allocate them "
+                                       "(kvs_manager_init_staging) before the prefill "
+                                       "handler is created");
         if (!m->registered)
             return KVS__MFAIL(m, KVS_ESTATE, "the staging memory is not registered "
                               "with the fabric: call kvs_manager_register_staging first");

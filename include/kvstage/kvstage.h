@@ -518,6 +518,8 @@ KVS_API int kvs_decode_connect(kvs_decode_t *d, const char *peer, int64_t prefil
 KVS_API int kvs_decode_room_open(kvs_decode_t *d, uint64_t room, int64_t base_tokens,
                                  int64_t total_tokens, const int64_t *pages,
                                  int64_t num_pages);
+/* Returns how much work it found (>= 0; 0 = nothing to do) or a negative
+ * status when the fabric itself failed. */
 KVS_API int kvs_decode_progress(kvs_decode_t *d);
 /* Finished requests since the last call (at most max), oldest first. */
 KVS_API int kvs_decode_poll_rooms(kvs_decode_t *d, kvs_room_result_t *out, int max);
@@ -540,6 +542,7 @@ KVS_API int kvs_prefill_room_open(kvs_prefill_t *p, uint64_t room, int64_t total
 /* KV of tokens [0, end_tokens) is computed; final when the prompt is done. */
 KVS_API int kvs_prefill_room_computed(kvs_prefill_t *p, uint64_t room, int64_t end_tokens,
                                       bool final);
+/* As kvs_decode_progress. */
 KVS_API int kvs_prefill_progress(kvs_prefill_t *p);
 KVS_API int kvs_prefill_poll_rooms(kvs_prefill_t *p, kvs_room_result_t *out, int max);
 KVS_API uint64_t kvs_prefill_next_deadline_ns(const kvs_prefill_t *p);
