@@ -25,6 +25,7 @@
  * Messages that are malformed, stale or out of range are counted and dropped,
  * never used to address memory.
  */
+#include "arith.h"
 #include "channel.h"
 #include "error.h"
 #include "log.h"
@@ -513,7 +514,7 @@ int kvs_decode_room_open(kvs_decode_t *d, uint64_t room, int64_t base_tokens,
             kvs__send(d, &d->peers[i], &msg);
         return kvs__room_reject(d, room, KVS_EPREFIX_ALIGN);
     }
-    const int64_t want_pages = (total_tokens - base_tokens + ps - 1) / ps;
+    const int64_t want_pages = kvs__ceil_div(total_tokens - base_tokens, ps);
     if (num_pages != want_pages)
         return KVS__MFAIL(m, KVS_EINVAL, "room %llu: %lld tokens after the prefix need "
                           "%lld pages, got %lld", (unsigned long long)room,

@@ -7,11 +7,12 @@
  *
  * Pure functions over a validated kvs_layout_t.
  */
+#include "arith.h"
 #include "error.h"
 
 #include <kvstage/kvstage.h>
 
-static int64_t kvs__ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+/* ceil(a / b) for a >= 0, b > 0; no a + b - 1, which overflows near INT64_MAX. */
 
 int64_t kvs_grid_num_chunks(const kvs_layout_t *lay, int64_t pages)
 {
@@ -54,6 +55,6 @@ int kvs_grid_chunk(const kvs_layout_t *lay, int64_t base, int64_t total_end,
     out->page_start = index * f;
     out->num_pages = pages - out->page_start < f ? pages - out->page_start : f;
     out->token_start = base + index * g;
-    out->token_end = out->token_start + g < total_end ? out->token_start + g : total_end;
+    out->token_end = total_end - out->token_start > g ? out->token_start + g : total_end;
     return KVS_OK;
 }

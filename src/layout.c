@@ -229,7 +229,6 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
     l.decode_layers = l.layers / l.decode_pp;
     l.prefill_layers = l.layers / l.prefill_pp;
     l.tp_writers = l.prefill_tp > l.decode_tp ? l.prefill_tp / l.decode_tp : 1;
-    l.expected_arrivals = l.tp_writers * (l.prefill_pp / l.decode_pp);
     l.targets_per_prefill = l.decode_tp > l.prefill_tp ? l.decode_tp / l.prefill_tp : 1;
     l.path = l.prefill_tp == l.decode_tp ? KVS_PATH_DIRECT : KVS_PATH_STAGING; /* auto */
 
@@ -242,6 +241,9 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
         return KVS__FAIL(err, KVS_ERANGE,
                          "a chunk region overflows 64 bits: lower chunk_tokens, "
                          "head_dim or layers");
+    /* After the check: Pp / Dp <= Lx, so W * (Pp / Dp) <= W * Lx, which the
+     * region bound above keeps inside int64 (huge PP sizes overflowed here). */
+    l.expected_arrivals = l.tp_writers * (l.prefill_pp / l.decode_pp);
     *out = l;
     return KVS_OK;
 }

@@ -21,6 +21,7 @@
  * once, and is reported only after the writes already posted completed, so
  * the decode frees no region a write can still land in.
  */
+#include "arith.h"
 #include "channel.h"
 #include "error.h"
 #include "log.h"
@@ -480,11 +481,11 @@ int kvs_prefill_room_open(kvs_prefill_t *p, uint64_t room, int64_t total_tokens,
         return KVS_EINVAL;
     kvs_manager_t *m = p->m;
     const int64_t ps = p->lay->page_size;
-    if (total_tokens < 0 || num_pages != (total_tokens + ps - 1) / ps ||
+    if (total_tokens < 0 || num_pages != kvs__ceil_div(total_tokens, ps) ||
         (pages == NULL && num_pages > 0))
         return KVS__MFAIL(m, KVS_EINVAL, "room %llu: %lld tokens need %lld page ids, got "
                           "%lld", (unsigned long long)room, (long long)total_tokens,
-                          (long long)((total_tokens + ps - 1) / ps), (long long)num_pages);
+                          (long long)(total_tokens >= 0 ? kvs__ceil_div(total_tokens, ps) : 0), (long long)num_pages);
     for (int64_t i = 0; i < num_pages; i++)
         if (pages[i] < 0 || pages[i] >= m->kv.num_pages)
             return KVS__MFAIL(m, KVS_ERANGE, "room %llu: page id %lld outside the KV pool "
@@ -625,7 +626,7 @@ static void kvs__on_room(kvs_prefill_t *p, int64_t f, const kvs_msg_room_t *q)
 {
     const int64_t ps = p->lay->page_size;
     if (q->base_tokens < 0 || q->total_tokens < q->base_tokens || q->base_tokens % ps != 0 ||
-        q->num_pages != (q->total_tokens - q->base_tokens + ps - 1) / ps) {
+        q->num_pages != kvs__ceil_div(q->total_tokens - q->base_tokens, ps)) {
         p->stats.msgs_rejected++;
         return;
     }
@@ -896,7 +897,7 @@ static void kvs__advance_staging(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
         kvs_copy_desc_t desc = {
             .k_base = m->k_base, .v_base = m->v_base, .local_heads = m->kv.local_heads,
             .head_dim = p->lay->head_dim, .elem_bytes = p->lay->elem_bytes, .page_size = ps,
-            .pages = r->pages + c->token_start / ps, .num_pages = (c->tokens + ps - 1) / ps,
+            .pages = r->pages + c->token_start / ps, .num_pages = kvs__ceil_div(c->tokens, ps),
             .tokens = c->tokens, .head_start = peer->heads.src_start,
             .num_heads = peer->heads.num_heads, .layer_begin = 0,
             .layer_count = p->lay->prefill_layers, .staging_slot_begin = 0,

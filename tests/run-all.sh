@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # run-all.sh - every test on a fresh machine: installs what is needed, builds
 # with AddressSanitizer + UndefinedBehaviorSanitizer + gcov, runs ctest, prints
-# src/ line and branch coverage (fails under 90% of lines), and checks that
-# the tree also builds warning-free with clang.
+# src/ line and branch coverage (fails under 90% of lines), checks that the
+# tree also builds warning-free with clang, and runs each libFuzzer target
+# (fuzz/fuzz_*.c, clang + ASan + UBSan, build-fuzz/) for KVS_FUZZ_SECONDS
+# (default 15) from its seed corpus.
 # Set KVS_SKIP_DEPS=1 to skip the package install on a machine that has them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,12 +35,48 @@ echo "== coverage of src/ (gcovr)"
 gcovr -r "$root" --filter "$root/src/" --object-directory build-test \
   --print-summary --fail-under-line 90 build-test || status=$?
 
-summary=$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' build-test/ctest.log | tail -n 1 || true)
-total=$(echo "$summary" | sed -E 's/.*out of ([0-9]+).*/\1/')
-failed=$(echo "$summary" | sed -E 's/.* ([0-9]+) tests? failed.*/\1/')
-if [ -z "$summary" ]; then
+fuzz_seconds=${KVS_FUZZ_SECONDS:-15}
+if ! [[ $fuzz_seconds =~ ^[1-9][0-9]*$ ]]; then
+  # libFuzzer reads -max_total_time=0 as "forever"
+  echo "run-all: KVS_FUZZ_SECONDS must be a positive number of seconds" >&2
+  exit 2
+fi
+echo "== fuzz (libFuzzer, clang, ASan+UBSan, ${fuzz_seconds}s each)"
+rm -rf build-fuzz
+fuzz_built=0
+if CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVS_SANITIZE=ON \
+     -DKVS_FUZZ=ON -DKVS_TESTS=OFF -DKVS_FUZZ_SECONDS="$fuzz_seconds" >/dev/null &&
+   cmake --build build-fuzz -j"$jobs"; then
+  fuzz_built=1
+  (cd build-fuzz && ctest -L fuzz -j"$jobs" --output-on-failure) 2>&1 |
+    tee build-fuzz/ctest.log || status=1
+else
+  echo "run-all: the fuzz build failed" >&2
+  status=1
+fi
+
+# "N tests passed ... out of M" of a ctest log -> "passed failed".
+ctest_counts() {
+  local summary total failed
+  summary=$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$1" | tail -n 1 || true)
+  [ -n "$summary" ] || return 1
+  total=$(echo "$summary" | sed -E 's/.*out of ([0-9]+).*/\1/')
+  failed=$(echo "$summary" | sed -E 's/.* ([0-9]+) tests? failed.*/\1/')
+  echo "$((total - failed)) $failed"
+}
+if ! counts=$(ctest_counts build-test/ctest.log); then
   echo "run-all: ctest printed no summary" >&2
   exit 1
 fi
-echo "$((total - failed)) passed, $failed failed"
+read -r passed failed <<<"$counts"
+echo "ctest: $passed passed, $failed failed"
+if [ "$fuzz_built" = 1 ] && fuzz_counts=$(ctest_counts build-fuzz/ctest.log); then
+  read -r fuzz_passed fuzz_failed <<<"$fuzz_counts"
+  echo "fuzz: $fuzz_passed passed, $fuzz_failed failed"
+else
+  # no build or no summary: count the fuzz phase as one failure, never as a pass
+  fuzz_passed=0 fuzz_failed=1 status=1
+  echo "fuzz: did not run (build failed or ctest printed no summary)"
+fi
+echo "$((passed + fuzz_passed)) passed, $((failed + fuzz_failed)) failed"
 exit "$status"

@@ -1,0 +1,539 @@
+/*
+ * fuzz_plan.c - libFuzzer target for the layout planner and the chunk grid
+ * (spec §3-§5, src/layout.c, src/grid.c).
+ *
+ * The input becomes kvs_layout_params_t fields, each drawn from small
+ * values, powers of two, zero, negatives, 2^31..2^62, INT64_MIN/MAX or any
+ * 64-bit pattern. Properties, each an abort() when violated:
+ * - kvs_layout_init returns KVS_OK exactly when no rule of the spec is
+ *   broken; otherwise a documented code (EINVAL, EDTYPE, EHEADS, EHEAD_SPLIT,
+ *   EPP_SPLIT, ECHUNK, ERANGE) of a rule that IS broken, with err.msg set;
+ * - a plan's derived sizes follow spec §2-§3 (G = max(1, C/ps)*ps, F*ps = G,
+ *   src/dst heads, writers, arrivals, targets, path);
+ * - for every decode rank d and writer i (when D * W <= 4096): the writer
+ *   exists, offsets are contiguous, lengths are T*nh*hd*s*Lx*2, the region
+ *   is the last offset + len, the head ranges lie inside [0, src_heads) and
+ *   [0, dst_heads), copy the same global heads on both sides (heads of a
+ *   rank counted by integer division when replicated), and together cover
+ *   all of d's heads; kvs_layout_writer_index(r, d) == i, kvs_layout_target
+ *   of r includes d, and a rank that is not a writer of d gets KVS_ENOENT;
+ * - kvs_grid_send / kvs_grid_chunk / kvs_grid_num_chunks on base, start and
+ *   end derived from the input (huge ones included): non-final sends end on
+ *   the grid, final sends end at end with >= 1 chunk, consecutive sends
+ *   number their chunks without gaps, chunks tile the suffix.
+ */
+#include <kvstage/kvstage.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define CHECK(cond)                                                              \
+    do {                                                                         \
+        if (!(cond)) {                                                           \
+            fprintf(stderr, "fuzz_plan: %s:%d: property violated: %s\n", __FILE__, \
+                    __LINE__, #cond);                                            \
+            abort();                                                             \
+        }                                                                        \
+    } while (0)
+
+#define MAX_PAIRS 4096  /* decode ranks x writers walked per input */
+#define MAX_TARGET_WALK 16384
+
+typedef __int128 i128;
+
+typedef struct input {
+    const uint8_t *p;
+    size_t left;
+} input_t;
+
+static uint8_t in_u8(input_t *in)
+{
+    if (in->left == 0)
+        return 0;
+    in->left--;
+    return *in->p++;
+}
+
+static uint16_t in_u16(input_t *in)
+{
+    uint16_t lo = in_u8(in);
+    return (uint16_t)(lo | (uint16_t)in_u8(in) << 8);
+}
+
+static uint64_t in_u64(input_t *in)
+{
+    uint64_t v = 0;
+    for (unsigned i = 0; i < 8u; i++)
+        v |= (uint64_t)in_u8(in) << (8u * i);
+    return v;
+}
+
+/* Two's complement without implementation-defined conversions. */
+static int64_t as_i64(uint64_t u)
+{
+    return u <= (uint64_t)INT64_MAX ? (int64_t)u : -(int64_t)(~u) - 1;
+}
+
+/* A field value: mostly small, sometimes an edge. */
+static int64_t pick(input_t *in, int64_t small_max)
+{
+    switch (in_u8(in) % 16u) {
+    case 0:
+        return 0;
+    case 1:
+        return -1 - (int64_t)in_u8(in);
+    case 2:
+        return INT64_MIN;
+    case 3:
+        return INT64_MAX;
+    case 4:
+        return (int64_t)1 << (31u + in_u8(in) % 32u); /* 2^31 .. 2^62 */
+    case 5:
+        return as_i64(in_u64(in));
+    case 6:
+    case 7:
+    case 8:
+        return (int64_t)1 << (in_u8(in) % 7u); /* 1 .. 64 */
+    default:
+        return 1 + (int64_t)(in_u16(in) % (uint64_t)small_max);
+    }
+}
+
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* a and b (both > 0) divide one another. */
+static bool nested(int64_t a, int64_t b) { return a >= b ? a % b == 0 : b % a == 0; }
+
+/* ceil(a / b) for a >= 0, b > 0, without overflow. */
+static int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }
+
+/* x * y saturated at 2^100 (inputs >= 0): no 128-bit overflow. */
+static i128 sat_mul(i128 x, i128 y)
+{
+    const i128 cap = (i128)1 << 100;
+    if (x == 0 || y == 0)
+        return 0;
+    if (x > cap / y)
+        return cap;
+    return x * y;
+}
+
+/* ---- the rules of spec §2-§4 as classes of error -------------------------- */
+
+enum {
+    V_EINVAL = 1 << 0,
+    V_EDTYPE = 1 << 1,
+    V_EHEADS = 1 << 2,
+    V_EHEAD_SPLIT = 1 << 3,
+    V_EPP_SPLIT = 1 << 4,
+    V_ECHUNK = 1 << 5,
+    V_ERANGE = 1 << 6,
+};
+
+static int violation_of(int status)
+{
+    switch (status) {
+    case KVS_EINVAL:
+        return V_EINVAL;
+    case KVS_EDTYPE:
+        return V_EDTYPE;
+    case KVS_EHEADS:
+        return V_EHEADS;
+    case KVS_EHEAD_SPLIT:
+        return V_EHEAD_SPLIT;
+    case KVS_EPP_SPLIT:
+        return V_EPP_SPLIT;
+    case KVS_ECHUNK:
+        return V_ECHUNK;
+    case KVS_ERANGE:
+        return V_ERANGE;
+    default:
+        return 0; /* not a documented code of kvs_layout_init */
+    }
+}
+
+/* Every rule p breaks; a rule is only judged when what it needs is valid.
+ * *heads gets H when it resolves. */
+static int violations(const kvs_layout_params_t *p, int64_t *heads)
+{
+    int v = 0;
+    const bool sizes_ok = p->head_dim > 0 && p->layers > 0 && p->page_size > 0 &&
+                          p->prefill_tp > 0 && p->decode_tp > 0;
+    if (!sizes_ok || p->prefill_pp < 0 || p->decode_pp < 0 || p->total_heads < 0 ||
+        p->heads_per_rank < 0 || p->heads_per_rank_tp < 0)
+        v |= V_EINVAL;
+    const int64_t elem = kvs_dtype_bytes(p->dtype);
+    if (p->dtype < KVS_DTYPE_BF16 || p->dtype > KVS_DTYPE_FP32)
+        v |= V_EDTYPE;
+    if (p->chunk_tokens < 0)
+        v |= V_ECHUNK;
+
+    /* H: the model's total, else per-rank heads x that TP (both bounded to
+     * 32 bits by kvs_heads_resolve), else unresolvable. */
+    *heads = 0;
+    const int64_t tp = p->heads_per_rank_tp > 0 ? p->heads_per_rank_tp : p->prefill_tp;
+    if (p->total_heads > 0)
+        *heads = p->total_heads;
+    else if (p->heads_per_rank > 0 && tp > 0 && p->heads_per_rank <= INT32_MAX &&
+             tp <= INT32_MAX)
+        *heads = p->heads_per_rank * tp;
+    else if (p->total_heads >= 0 && p->heads_per_rank >= 0 && p->heads_per_rank_tp >= 0)
+        v |= V_EHEADS;
+
+    const int64_t H = *heads, P = p->prefill_tp, D = p->decode_tp;
+    if (H > 0 && P > 0 && D > 0 &&
+        (!nested(P, D) || !nested(H, P) || !nested(H, D)))
+        v |= V_EHEAD_SPLIT;
+
+    if (p->layers > 0 && p->prefill_pp >= 0 && p->decode_pp >= 0) {
+        const int64_t pp = p->prefill_pp ? p->prefill_pp : 1;
+        const int64_t dp = p->decode_pp ? p->decode_pp : 1;
+        if ((dp != 1 && dp != pp) || p->layers % pp != 0 || p->layers % dp != 0)
+            v |= V_EPP_SPLIT;
+    }
+
+    if (v == 0 && elem > 0) {
+        /* The largest region, W writers of G tokens, must fit int64. */
+        const int64_t C = p->chunk_tokens ? p->chunk_tokens : KVS_DEFAULT_CHUNK_TOKENS;
+        const int64_t G = max64(1, C / p->page_size) * p->page_size;
+        const int64_t nh = P > D ? max64(1, H / P) : max64(1, H / D);
+        const int64_t W = P > D ? P / D : 1;
+        const int64_t dp = p->decode_pp ? p->decode_pp : 1;
+        i128 bytes = G;
+        bytes = sat_mul(bytes, nh);
+        bytes = sat_mul(bytes, p->head_dim);
+        bytes = sat_mul(bytes, elem);
+        bytes = sat_mul(bytes, p->layers / dp);
+        bytes = sat_mul(bytes, 2);
+        bytes = sat_mul(bytes, W);
+        if (bytes > INT64_MAX)
+            v |= V_ERANGE;
+    }
+    return v;
+}
+
+/* ---- spec §3: which global head a local head of a rank is ----------------- */
+
+static int64_t global_head(int64_t H, int64_t tp, int64_t rank, int64_t local)
+{
+    if (H >= tp)
+        return rank * (H / tp) + local;
+    return rank / (tp / H); /* replicated: ranks sharing a head, by division */
+}
+
+typedef struct span {
+    int64_t start, len;
+} span_t;
+
+static int span_cmp(const void *a, const void *b)
+{
+    const span_t *x = a, *y = b;
+    return x->start < y->start ? -1 : x->start > y->start;
+}
+
+/* ---- the writers of every decode rank ------------------------------------- */
+
+static void check_writers(const kvs_layout_t *l, input_t *in)
+{
+    const int64_t D = l->decode_tp, P = l->prefill_tp, W = l->tp_writers;
+    const int64_t G = l->grid_tokens, H = l->total_heads;
+
+    /* T tokens: a full chunk, an empty one, or anything in between. */
+    int64_t T;
+    switch (in_u8(in) % 4u) {
+    case 0:
+        T = G;
+        break;
+    case 1:
+        T = 0;
+        break;
+    default:
+        T = 1 + (int64_t)(in_u64(in) % (uint64_t)G);
+        break;
+    }
+
+    kvs_writer_t w;
+    int64_t out;
+    CHECK(kvs_layout_writer(l, D, 0, T, &w) == KVS_ERANGE);
+    CHECK(kvs_layout_writer(l, -1, 0, T, &w) == KVS_ERANGE);
+    CHECK(kvs_layout_writer(l, 0, W, T, &w) == KVS_ERANGE);
+    CHECK(kvs_layout_writer(l, 0, -1, T, &w) == KVS_ERANGE);
+    CHECK(kvs_layout_writer(l, 0, 0, -1, &w) == KVS_ERANGE);
+    if (G < INT64_MAX)
+        CHECK(kvs_layout_writer(l, 0, 0, G + 1, &w) == KVS_ERANGE);
+    CHECK(kvs_layout_writer(l, 0, 0, T, NULL) == KVS_EINVAL);
+    CHECK(kvs_layout_region_bytes(l, D, T, &out) == KVS_ERANGE);
+    CHECK(kvs_layout_region_bytes(l, 0, T, NULL) == KVS_EINVAL);
+    CHECK(kvs_layout_target(l, P, 0, &out) == KVS_ERANGE);
+    CHECK(kvs_layout_target(l, 0, l->targets_per_prefill, &out) == KVS_ERANGE);
+    CHECK(kvs_layout_target(l, -1, 0, &out) == KVS_ERANGE);
+    CHECK(kvs_layout_writer_index(l, P, 0, &out) == KVS_ERANGE);
+    CHECK(kvs_layout_writer_index(l, 0, D, &out) == KVS_ERANGE);
+    CHECK(kvs_layout_writer_index(l, -1, 0, &out) == KVS_ERANGE);
+
+    if (D > MAX_PAIRS || W > MAX_PAIRS || D * W > MAX_PAIRS)
+        return;
+    const bool walk_targets = D * l->targets_per_prefill <= MAX_TARGET_WALK;
+    const int64_t nh_want = P > D ? l->src_heads : l->dst_heads;
+
+    span_t *spans = malloc(sizeof(span_t) * (size_t)W);
+    int64_t *ranks = malloc(sizeof(int64_t) * (size_t)W);
+    CHECK(spans != NULL && ranks != NULL);
+    int64_t max_full = 0;
+    for (int64_t d = 0; d < D; d++) {
+        int64_t sum = 0;
+        for (int64_t i = 0; i < W; i++) {
+            CHECK(kvs_layout_writer(l, d, i, T, &w) == KVS_OK);
+            CHECK(w.writer_index == i);
+            CHECK(w.offset_bytes == sum); /* contiguous */
+            const int64_t nh = w.heads.num_heads;
+            CHECK(nh == nh_want);
+            const i128 len = (i128)T * nh * l->head_dim * l->elem_bytes * l->decode_layers * 2;
+            CHECK((i128)w.len_bytes == len);
+            CHECK(kvs_layout_layer_block_bytes(l, T, nh) * l->decode_layers * 2 == w.len_bytes);
+            CHECK(w.heads.src_start >= 0 && w.heads.src_start + nh <= l->src_heads);
+            CHECK(w.heads.dst_start >= 0 && w.heads.dst_start + nh <= l->dst_heads);
+
+            /* The same global heads on both sides (first and last). */
+            const int64_t r = w.prefill_rank;
+            CHECK(r >= 0 && r < P);
+            CHECK(global_head(H, P, r, w.heads.src_start) ==
+                  global_head(H, D, d, w.heads.dst_start));
+            CHECK(global_head(H, P, r, w.heads.src_start + nh - 1) ==
+                  global_head(H, D, d, w.heads.dst_start + nh - 1));
+
+            CHECK(kvs_layout_writer_index(l, r, d, &out) == KVS_OK && out == i);
+            if (walk_targets) {
+                bool found = false;
+                for (int64_t j = 0; j < l->targets_per_prefill && !found; j++) {
+                    int64_t t = -1;
+                    CHECK(kvs_layout_target(l, r, j, &t) == KVS_OK);
+                    CHECK(t >= 0 && t < D);
+                    found = t == d;
+                }
+                CHECK(found);
+            }
+            spans[i] = (span_t){.start = w.heads.dst_start, .len = nh};
+            ranks[i] = r;
+            sum += w.len_bytes;
+        }
+        int64_t region = -1;
+        CHECK(kvs_layout_region_bytes(l, d, T, &region) == KVS_OK && region == sum);
+        CHECK(sum == T * W * nh_want * l->head_dim * l->elem_bytes * l->decode_layers * 2);
+
+        /* The writers cover every head of d: merge the sorted spans. */
+        qsort(spans, (size_t)W, sizeof spans[0], span_cmp);
+        int64_t covered = 0;
+        for (int64_t i = 0; i < W; i++) {
+            CHECK(spans[i].start <= covered); /* no gap */
+            covered = max64(covered, spans[i].start + spans[i].len);
+        }
+        CHECK(covered == l->dst_heads);
+
+        /* Distinct writer ranks; any other prefill rank is no writer of d. */
+        for (int64_t i = 0; i < W; i++)
+            for (int64_t j = i + 1; j < W && W <= 64; j++)
+                CHECK(ranks[i] != ranks[j]);
+        const int64_t other = (int64_t)(in_u64(in) % (uint64_t)P);
+        bool is_writer = false;
+        for (int64_t i = 0; i < W; i++)
+            is_writer = is_writer || ranks[i] == other;
+        const int rc = kvs_layout_writer_index(l, other, d, &out);
+        CHECK(is_writer ? rc == KVS_OK : rc == KVS_ENOENT);
+
+        int64_t full = 0;
+        CHECK(kvs_layout_region_bytes(l, d, G, &full) == KVS_OK && full >= 0);
+        max_full = max64(max_full, full);
+    }
+    CHECK(kvs_layout_max_region_bytes(l) == max_full);
+    free(spans);
+    free(ranks);
+}
+
+/* ---- the chunk grid -------------------------------------------------------- */
+
+/* Chunk idx of the suffix [base, end) against spec §5. */
+static void check_chunk(const kvs_layout_t *l, int64_t base, int64_t end, int64_t idx)
+{
+    const int64_t F = l->chunk_pages, G = l->grid_tokens, ps = l->page_size;
+    const int64_t pages = ceil_div(end - base, ps);
+    kvs_chunk_t c;
+    CHECK(kvs_grid_chunk(l, base, end, idx, &c) == KVS_OK);
+    CHECK(c.index == idx);
+    CHECK((i128)c.page_start == (i128)idx * F);
+    CHECK((i128)c.token_start == (i128)base + (i128)idx * G);
+    CHECK(c.token_start <= end);
+    CHECK((i128)c.token_end == ((i128)c.token_start + G < end ? (i128)c.token_start + G : end));
+    CHECK(c.num_pages == min64(F, pages - c.page_start));
+    CHECK(c.num_pages >= 0 && (i128)c.num_pages * ps >= c.token_end - c.token_start);
+}
+
+static void check_grid(const kvs_layout_t *l, input_t *in)
+{
+    const int64_t G = l->grid_tokens, ps = l->page_size, F = l->chunk_pages;
+
+    /* kvs_grid_num_chunks: ceil(pages / F), at least 1. */
+    const int64_t pg = as_i64(in_u64(in));
+    CHECK(kvs_grid_num_chunks(l, pg) == (pg <= 0 ? 1 : ceil_div(pg, F)));
+
+    /* base = kb * ps: 0, small, or near INT64_MAX. */
+    int64_t kb;
+    switch (in_u8(in) % 4u) {
+    case 0:
+        kb = 0;
+        break;
+    case 1:
+        kb = INT64_MAX / ps - in_u8(in);
+        break;
+    default:
+        kb = in_u16(in);
+        break;
+    }
+    int64_t base;
+    if (kb < 0 || __builtin_mul_overflow(kb, ps, &base))
+        return;
+
+    /* Refusals: unaligned base, a start off the grid, end before start. */
+    kvs_send_t s;
+    if (ps > 1 && base < INT64_MAX)
+        CHECK(kvs_grid_send(l, base + 1, base + 1, base + 1, true, &s) == KVS_EPREFIX_ALIGN);
+    if (G > 1 && base < INT64_MAX)
+        CHECK(kvs_grid_send(l, base, base + 1, base + 1, false, &s) == KVS_EINVAL);
+    if (base > 0)
+        CHECK(kvs_grid_send(l, base, base, base - 1, true, &s) == KVS_EINVAL);
+    CHECK(kvs_grid_send(l, -ps, 0, 0, true, &s) == KVS_EINVAL);
+    kvs_chunk_t c;
+    if (ps > 1 && base < INT64_MAX)
+        CHECK(kvs_grid_chunk(l, base + 1, base + 1, 0, &c) == KVS_EPREFIX_ALIGN);
+    if (base > 0)
+        CHECK(kvs_grid_chunk(l, base, base - 1, 0, &c) == KVS_EINVAL);
+    CHECK(kvs_grid_chunk(l, base, base, 0, NULL) == KVS_EINVAL);
+    CHECK(kvs_grid_send(l, base, base, base, true, NULL) == KVS_EINVAL);
+
+    /* A request: up to 4 non-final sends, then the final one. */
+    int64_t start = base, next_chunk = 0;
+    for (unsigned k = 0; k < 5u; k++) {
+        const bool final = k == 4u || (in_u8(in) & 3u) == 0;
+        int64_t delta;
+        switch (in_u8(in) % 6u) {
+        case 0:
+            delta = 0;
+            break;
+        case 1:
+            delta = G;
+            break;
+        case 2:
+            delta = INT64_MAX - start; /* up to the largest end */
+            break;
+        case 3:
+            delta = as_i64(in_u64(in) & (uint64_t)INT64_MAX);
+            break;
+        default:
+            delta = (int64_t)(in_u16(in) % 4096u) * (1 + (int64_t)(in_u8(in) % 4u));
+            break;
+        }
+        int64_t end;
+        if (__builtin_add_overflow(start, delta, &end))
+            end = INT64_MAX;
+
+        CHECK(kvs_grid_send(l, base, start, end, final, &s) == KVS_OK);
+        CHECK(s.first_chunk == (start - base) / G);
+        CHECK(s.first_chunk == next_chunk); /* chunk ids without gaps */
+        if (final) {
+            CHECK(s.sent_end == end);
+            CHECK(s.num_chunks >= 1);
+            CHECK(s.num_chunks == max64(1, ceil_div(end - start, G)));
+        } else {
+            CHECK((s.sent_end - base) % G == 0); /* on the grid */
+            CHECK(s.sent_end >= start && s.sent_end <= end && end - s.sent_end < G);
+            CHECK(s.num_chunks == (s.sent_end - start) / G);
+        }
+        if (final) {
+            /* Chunks of the whole suffix [base, end): first, last, past. */
+            const int64_t pages = ceil_div(end - base, ps);
+            const int64_t total = kvs_grid_num_chunks(l, pages);
+            if (end > start) {
+                CHECK(s.first_chunk + s.num_chunks == total);
+            } else {
+                /* An empty final send is one metadata-only chunk; after
+                 * non-final sends that ended exactly on the grid its id is
+                 * one past the suffix's last chunk (kvs_grid_chunk refuses
+                 * that id). The handlers do not use kvs_grid_send. */
+                CHECK(s.num_chunks == 1 &&
+                      s.first_chunk == (start == base ? 0 : total));
+            }
+            const i128 picks[4] = {s.first_chunk, (i128)s.first_chunk + s.num_chunks / 2,
+                                   (i128)s.first_chunk + s.num_chunks - 1, (i128)total - 1};
+            for (unsigned i = 0; i < 4u; i++)
+                if (picks[i] >= 0 && picks[i] < total)
+                    check_chunk(l, base, end, (int64_t)picks[i]);
+            CHECK(kvs_grid_chunk(l, base, end, total, &c) == KVS_ERANGE);
+            CHECK(kvs_grid_chunk(l, base, end, -1, &c) == KVS_ERANGE);
+            break;
+        }
+        next_chunk = s.first_chunk + s.num_chunks;
+        start = s.sent_end;
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    input_t in = {.p = data, .left = size};
+    kvs_layout_params_t p;
+    memset(&p, 0, sizeof p);
+    p.total_heads = pick(&in, 128);
+    p.heads_per_rank = pick(&in, 64);
+    p.heads_per_rank_tp = pick(&in, 64);
+    p.head_dim = pick(&in, 512);
+    p.dtype = (kvs_dtype_t)((int)(in_u8(&in) % 6u) - 1); /* -1 .. 4 */
+    p.layers = pick(&in, 128);
+    p.page_size = pick(&in, 64);
+    p.prefill_tp = pick(&in, 64);
+    p.decode_tp = pick(&in, 64);
+    p.prefill_pp = pick(&in, 8);
+    p.decode_pp = pick(&in, 8);
+    p.chunk_tokens = pick(&in, 70000);
+
+    int64_t H = 0;
+    const int broken = violations(&p, &H);
+
+    kvs_layout_t l;
+    kvs_error_t err;
+    memset(&err, 0, sizeof err);
+    const int rc = kvs_layout_init(&l, &p, &err);
+    CHECK(kvs_layout_init(NULL, &p, NULL) == KVS_EINVAL);
+    kvs_layout_t scratch;
+    CHECK(kvs_layout_init(&scratch, NULL, NULL) == KVS_EINVAL);
+    if (rc != KVS_OK) {
+        CHECK(violation_of(rc) != 0);           /* a documented code */
+        CHECK((broken & violation_of(rc)) != 0); /* of a rule that is broken */
+        CHECK(err.status == rc && err.msg[0] != '\0');
+        return 0;
+    }
+    CHECK(broken == 0);
+
+    /* Derived sizes (spec §2-§3). */
+    const int64_t C = p.chunk_tokens ? p.chunk_tokens : KVS_DEFAULT_CHUNK_TOKENS;
+    const int64_t P = p.prefill_tp, D = p.decode_tp;
+    const int64_t Pp = p.prefill_pp ? p.prefill_pp : 1, Dp = p.decode_pp ? p.decode_pp : 1;
+    CHECK(l.total_heads == H && l.head_dim == p.head_dim && l.dtype == p.dtype);
+    CHECK(l.elem_bytes == kvs_dtype_bytes(p.dtype) && l.layers == p.layers);
+    CHECK(l.page_size == p.page_size && l.prefill_tp == P && l.decode_tp == D);
+    CHECK(l.prefill_pp == Pp && l.decode_pp == Dp && l.chunk_tokens == C);
+    CHECK(l.grid_tokens == max64(1, C / p.page_size) * p.page_size);
+    CHECK(l.chunk_pages >= 1 && l.chunk_pages * l.page_size == l.grid_tokens);
+    CHECK(l.src_heads == max64(1, H / P) && l.dst_heads == max64(1, H / D));
+    CHECK(l.decode_layers == p.layers / Dp && l.prefill_layers == p.layers / Pp);
+    CHECK(l.tp_writers == (P > D ? P / D : 1));
+    CHECK(l.targets_per_prefill == (D > P ? D / P : 1));
+    CHECK(l.expected_arrivals == l.tp_writers * (Pp / Dp));
+    CHECK(l.path == (P == D ? KVS_PATH_DIRECT : KVS_PATH_STAGING));
+
+    check_writers(&l, &in);
+    check_grid(&l, &in);
+    return 0;
+}
