@@ -325,19 +325,12 @@ int kvs_decode_create(kvs_manager_t *m, kvs_decode_t **out)
     if (out == NULL)
         return m != NULL ? KVS__MFAIL(m, KVS_EINVAL, "out must not be NULL") : KVS_EINVAL;
     *out = NULL;
-    if (m == NULL)
-        return KVS_EINVAL;
-    kvs_layout_t lay;
-    kvs_path_t path;
-    int rc = kvs__manager_handler_check(m, KVS_ROLE_DECODE, &lay, &path);
-    if (rc != KVS_OK)
-        return rc;
-    kvs_decode_t *d = calloc(1, sizeof *d);
+    int rc;
+    kvs_decode_t *d = kvs__manager_handler_new(m, KVS_ROLE_DECODE, sizeof *d, &rc);
     if (d == NULL)
-        return KVS__MFAIL(m, KVS_ENOMEM, "allocating the decode handler failed");
-    m->layout = lay;
-    m->path = path;
-    m->handler = d;
+        return rc;
+    const kvs_layout_t lay = m->layout;
+    const kvs_path_t path = m->path;
     d->m = m;
     d->next_check_ns = UINT64_MAX;
     d->fab = m->fab;

@@ -457,6 +457,29 @@ int kvs__manager_handler_check(kvs_manager_t *m, kvs_role_t role, kvs_layout_t *
     return KVS_OK;
 }
 
+void *kvs__manager_handler_new(kvs_manager_t *m, kvs_role_t role, size_t bytes, int *rc)
+{
+    if (m == NULL) {
+        *rc = KVS_EINVAL;
+        return NULL;
+    }
+    kvs_layout_t lay;
+    kvs_path_t path;
+    *rc = kvs__manager_handler_check(m, role, &lay, &path);
+    if (*rc != KVS_OK)
+        return NULL;
+    void *h = calloc(1, bytes);
+    if (h == NULL) {
+        *rc = KVS__MFAIL(m, KVS_ENOMEM, "allocating the %s handler failed",
+                         role == KVS_ROLE_DECODE ? "decode" : "prefill");
+        return NULL;
+    }
+    m->layout = lay;
+    m->path = path;
+    m->handler = h;
+    return h;
+}
+
 uint64_t kvs__manager_layer_bytes(const kvs_manager_t *m)
 {
     return (uint64_t)m->kv.num_pages * (uint64_t)m->kv.page_size *

@@ -44,6 +44,11 @@ kvs_layout_params_t kvs__manager_layout_params(const kvs_manager_t *m);
  * heads resolvable, layout and path valid. Fills *lay and *path. */
 int kvs__manager_handler_check(kvs_manager_t *m, kvs_role_t role, kvs_layout_t *lay,
                                kvs_path_t *path);
+/* Runs the guards, then allocates a zeroed handler of `bytes` and attaches
+ * it to the manager (layout, path and handler set). NULL with *rc and
+ * m->err on failure; *rc is KVS_EINVAL for a NULL manager. */
+void *kvs__manager_handler_new(kvs_manager_t *m, kvs_role_t role, size_t bytes, int *rc);
+
 /* The KV layer buffers of this rank opened to the fabric (direct and slice
  * paths): per layer, the K and V registrations and their remote keys. */
 typedef struct kvs__kv_keys {

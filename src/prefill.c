@@ -406,19 +406,12 @@ int kvs_prefill_create(kvs_manager_t *m, kvs_prefill_t **out)
     if (out == NULL)
         return m != NULL ? KVS__MFAIL(m, KVS_EINVAL, "out must not be NULL") : KVS_EINVAL;
     *out = NULL;
-    if (m == NULL)
-        return KVS_EINVAL;
-    kvs_layout_t lay;
-    kvs_path_t path;
-    int rc = kvs__manager_handler_check(m, KVS_ROLE_PREFILL, &lay, &path);
-    if (rc != KVS_OK)
-        return rc;
-    kvs_prefill_t *p = calloc(1, sizeof *p);
+    int rc;
+    kvs_prefill_t *p = kvs__manager_handler_new(m, KVS_ROLE_PREFILL, sizeof *p, &rc);
     if (p == NULL)
-        return KVS__MFAIL(m, KVS_ENOMEM, "allocating the prefill handler failed");
-    m->layout = lay;
-    m->path = path;
-    m->handler = p;
+        return rc;
+    const kvs_layout_t lay = m->layout;
+    const kvs_path_t path = m->path;
     p->m = m;
     p->next_check_ns = UINT64_MAX;
     p->fab = m->fab;
