@@ -9,68 +9,12 @@ Prints one line per failure and a summary "cli_plan: N passed, M failed";
 exits 1 when anything failed. Python 3 standard library only.
 """
 
-import json
-import shlex
-import subprocess
 import sys
 
 LLAMA70 = ["--model", "llama-3.1-70b"]
 
 
-class Suite:
-    def __init__(self, binary):
-        self.binary = binary
-        self.passed = 0
-        self.failed = 0
-
-    def run(self, args):
-        return subprocess.run([self.binary] + args, capture_output=True,
-                              text=True, timeout=60)
-
-    def cmd(self, args):
-        return " ".join(shlex.quote(x) for x in [self.binary] + args)
-
-    def ok(self, cond, name, args, detail=""):
-        if cond:
-            self.passed += 1
-        else:
-            self.failed += 1
-            print("FAIL %s: %s\n    %s" % (name, detail, self.cmd(args)))
-        return cond
-
-    def expect_ok(self, name, args, contains=()):
-        """Exit 0, nothing on stderr, stdout has every string of contains."""
-        res = self.run(args)
-        if not self.ok(res.returncode == 0 and res.stderr == "", name, args,
-                       "exit %d, stderr %r" % (res.returncode, res.stderr)):
-            return res
-        for text in contains:
-            self.ok(text in res.stdout, name, args,
-                    "stdout lacks %r:\n%s" % (text, res.stdout))
-        return res
-
-    def expect_json(self, name, args):
-        res = self.expect_ok(name, args)
-        try:
-            obj = json.loads(res.stdout)
-        except ValueError as exc:
-            self.ok(False, name, args, "not JSON: %s: %r" % (exc, res.stdout))
-            return {}
-        self.ok(isinstance(obj, dict), name, args, "not a JSON object")
-        return obj if isinstance(obj, dict) else {}
-
-    def expect_usage_error(self, name, args, flag):
-        """Exit 2, exactly one stderr line that names flag, empty stdout."""
-        res = self.run(args)
-        lines = res.stderr.splitlines()
-        self.ok(res.returncode == 2, name, args,
-                "want exit 2, got %d" % res.returncode)
-        self.ok(len(lines) == 1, name, args,
-                "want one stderr line, got %r" % res.stderr)
-        self.ok(bool(lines) and flag in lines[0], name, args,
-                "stderr does not name %s: %r" % (flag, res.stderr))
-        self.ok(res.stdout == "", name, args,
-                "stdout not empty: %r" % res.stdout[:200])
+from cli_suite import Suite
 
 
 def test_help_and_dispatch(s):
