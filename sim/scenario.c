@@ -56,6 +56,7 @@ typedef struct sim_req {
     int64_t computed;
     int64_t reports_left;
     int status;
+    bool unreported;             /* a rank timed out after a peer failed */
     sim_req_state_t state;
 } sim_req_t;
 
@@ -290,6 +291,10 @@ static void sim_on_result(sim_scenario_t *sc, const kvs_room_result_t *res)
         sim_fail(sc, KVS_EPROTO, "room %llu reported twice", (unsigned long long)res->room);
         return;
     }
+    /* A rank that only learns of a peer's real failure by its own stall
+     * timeout was never told: spec §9 wants failures sent at once. */
+    if (res->status == KVS_ETIMEDOUT && r->status != KVS_OK && r->status != KVS_ETIMEDOUT)
+        r->unreported = true;
     if (r->status == KVS_OK && res->status != KVS_OK)
         r->status = res->status;
     if (--r->reports_left == 0)
@@ -650,7 +655,10 @@ static void sim_report(sim_scenario_t *sc, sim_report_t *out)
     size_t nl = 0;
     for (uint32_t i = 0; i < sc->cfg.requests; i++) {
         const sim_req_t *r = &sc->reqs[i];
-        if (r->state == SIM_REQ_DONE && r->status == KVS_OK) {
+        out->unreported_failures += r->unreported;
+        if (r->state != SIM_REQ_DONE) {
+            out->hung_requests++;
+        } else if (r->status == KVS_OK) {
             out->requests_ok++;
             if (lat != NULL && e2e != NULL) {
                 lat[nl] = r->done_ns - r->computed_ns;
@@ -686,6 +694,8 @@ static void sim_report(sim_scenario_t *sc, sim_report_t *out)
     }
     out->bytes_verified = sc->bytes_verified;
     out->corrupt_bytes = sc->corrupt_bytes;
+    out->violations = out->hung_requests + out->ring_leaked_bytes + out->corrupt_bytes +
+                      out->unreported_failures;
     out->sim_ns = sc->last_done_ns > sc->first_arrival_ns ? sc->last_done_ns - sc->first_arrival_ns : 0;
     out->goodput_gbps = out->sim_ns > 0 ? (double)out->bytes_verified * 8.0 / (double)out->sim_ns : 0;
     const uint64_t nic = sc->cfg.net.link_bytes_per_s > 0 ? sc->cfg.net.link_bytes_per_s : 50000000000ull;

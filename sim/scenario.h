@@ -48,11 +48,16 @@ typedef struct sim_scenario_config {
 } sim_scenario_config_t;
 
 typedef struct sim_report {
-    uint32_t requests_total, requests_ok, requests_failed;
+    uint32_t requests_total, requests_ok, requests_failed; /* failed: terminal,
+                                      not ok; hung ones are counted apart */
     uint64_t bytes_moved;          /* payload bytes the prefill side wrote */
     uint64_t bytes_verified;       /* decode bytes compared with the pattern */
     uint64_t corrupt_bytes;        /* of those, wrong (in requests reported ok) */
     uint64_t ring_leaked_bytes;    /* live in any ring after the run */
+    uint32_t hung_requests;        /* never terminal on every rank */
+    uint32_t unreported_failures;  /* a rank learned of a peer's failure only
+                                      by its own stall timeout (not told) */
+    uint64_t violations;           /* hung + leaked + corrupt + unreported */
     uint64_t rdma_ops, control_msgs, msgs_rejected, watermark_waits;
     uint64_t sim_ns;               /* first arrival to last completion */
     double goodput_gbps;           /* bytes_verified over sim time, Gb/s */

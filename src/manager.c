@@ -463,8 +463,8 @@ void *kvs__manager_handler_new(kvs_manager_t *m, kvs_role_t role, size_t bytes, 
         *rc = KVS_EINVAL;
         return NULL;
     }
-    kvs_layout_t lay;
-    kvs_path_t path;
+    kvs_layout_t lay = {0};
+    kvs_path_t path = KVS_PATH_AUTO;
     *rc = kvs__manager_handler_check(m, role, &lay, &path);
     if (*rc != KVS_OK)
         return NULL;

@@ -33,7 +33,7 @@ REQUIRED_KEYS = [
     "msgs_rejected", "digest", "path", "seed", "prefill_ranks",
     "decode_ranks", "model", "total_heads", "head_dim", "dtype", "layers",
     "page_size", "chunk_tokens", "prefill_tp", "decode_tp", "prefill_pp",
-    "decode_pp", "replay",
+    "decode_pp", "replay", "hung_requests", "unreported_failures", "violations",
 ]
 
 # Keys derived from the real clock: the only ones two runs may differ in.

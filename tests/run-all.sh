@@ -20,6 +20,11 @@ rm -rf build-test
 cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Debug -DKVS_SANITIZE=ON -DKVS_COVERAGE=ON
 cmake --build build-test -j"$jobs"
 
+echo "== build: gcc Release -Werror (the main job's build; -O3 finds other warnings)"
+rm -rf build-release
+cmake -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DKVS_TESTS=OFF >/dev/null
+cmake --build build-release -j"$jobs"
+
 echo "== build: clang -Werror"
 rm -rf build-clang
 CC=clang cmake -S . -B build-clang -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null

@@ -73,6 +73,9 @@ def main():
                 why = "%d corrupt bytes" % out["corrupt_bytes"]
             elif out["ring_leaked_bytes"] != 0:
                 why = "%d ring bytes leaked" % out["ring_leaked_bytes"]
+            elif out["violations"] != 0:
+                why = "%d invariant violations (%d hung, %d unreported)" % (
+                    out["violations"], out["hung_requests"], out["unreported_failures"])
             elif res.returncode != 0:
                 why = "exit %d" % res.returncode
         except (ValueError, KeyError) as exc:

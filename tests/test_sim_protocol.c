@@ -42,7 +42,8 @@ static sim_report_t run_ok(const sim_scenario_config_t *c, const char *what)
     char err[256];
     int rc = sim_scenario_run(c, &r, err, sizeof err);
     if (rc != KVS_OK || r.requests_ok != r.requests_total || r.corrupt_bytes != 0 ||
-        r.ring_leaked_bytes != 0 || r.bytes_verified == 0)
+        r.ring_leaked_bytes != 0 || r.bytes_verified == 0 || r.hung_requests != 0 ||
+        r.unreported_failures != 0 || r.violations != 0)
         fail_msg("%s (seed %llu): rc %s (%s), ok %u/%u, corrupt %llu, leaked %llu, "
                  "verified %llu", what, (unsigned long long)c->seed, kvs_status_name(rc), err,
                  r.requests_ok, r.requests_total, (unsigned long long)r.corrupt_bytes,

@@ -512,12 +512,8 @@ typedef struct cli_sim_verdict {
 static cli_sim_verdict_t cli_sim_judge(const sim_report_t *r)
 {
     cli_sim_verdict_t v;
-    uint64_t finished = (uint64_t)r->requests_ok + r->requests_failed;
-    v.unfinished = finished < r->requests_total
-                       ? (uint32_t)(r->requests_total - finished)
-                       : 0;
-    v.ok = r->requests_failed == 0 && v.unfinished == 0 && r->corrupt_bytes == 0 &&
-           r->ring_leaked_bytes == 0;
+    v.unfinished = r->hung_requests;
+    v.ok = r->requests_failed == 0 && r->violations == 0;
     return v;
 }
 
@@ -540,6 +536,9 @@ static void cli_sim_print_json(const cli_sim_input_t *in, const sim_report_t *r,
            ", \"corrupt_bytes\": %" PRIu64 ", \"ring_leaked_bytes\": %" PRIu64,
            r->bytes_moved, r->bytes_verified, r->corrupt_bytes,
            r->ring_leaked_bytes);
+    printf(", \"hung_requests\": %" PRIu32 ", \"unreported_failures\": %" PRIu32
+           ", \"violations\": %" PRIu64,
+           r->hung_requests, r->unreported_failures, r->violations);
     printf(", \"rdma_ops\": %" PRIu64 ", \"control_msgs\": %" PRIu64
            ", \"msgs_rejected\": %" PRIu64 ", \"watermark_waits\": %" PRIu64
            ", \"ring_peak_bytes\": %" PRIu64,
@@ -634,6 +633,10 @@ static void cli_sim_print_table(const cli_sim_input_t *in, const sim_report_t *r
            PRIu64 " watermark waits\n",
            "ring", cli_format_bytes((int64_t)r->ring_peak_bytes, b, sizeof b),
            r->ring_leaked_bytes, r->watermark_waits);
+    printf("  %-18s %" PRIu64 " violations: %" PRIu32 " hung, %" PRIu64 " leaked, %"
+           PRIu64 " corrupt, %" PRIu32 " unreported failures\n",
+           "invariants", r->violations, r->hung_requests, r->ring_leaked_bytes,
+           r->corrupt_bytes, r->unreported_failures);
     printf("  %-18s %" PRIu64 " RDMA ops, %" PRIu64 " control messages (%" PRIu64
            " rejected)\n",
            "operations", r->rdma_ops, r->control_msgs, r->msgs_rejected);
@@ -677,6 +680,10 @@ static void cli_sim_report_failure(const sim_report_t *r,
         fprintf(stderr, "kvstage sim: FAILED: %" PRIu64 " ring bytes leaked "
                 "after the run (seed %" PRIu64 ")\n",
                 r->ring_leaked_bytes, seed);
+    if (r->unreported_failures > 0)
+        fprintf(stderr, "kvstage sim: FAILED: %" PRIu32 " failures were not told to "
+                "the peer, which timed out instead (seed %" PRIu64 ")\n",
+                r->unreported_failures, seed);
     fprintf(stderr, "kvstage sim: replay: %s\n",
             replay != NULL ? replay : "(out of memory)");
 }
