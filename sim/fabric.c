@@ -95,6 +95,7 @@
 #define SIM_NET_MAX_NICS 1024u
 #define SIM_NIL UINT32_MAX
 #define SIM_NET_RKEY_COMPONENT UINT64_C(0x46414252) /* "FABR": the rkey stream */
+#define SIM_NET_FAULT_COMPONENT UINT64_C(0x46415554) /* "FAUT": the fault stream */
 #define SIM_NET_RKEY_TRIES 64
 #define SIM_NET_RECS_MAX (UINT32_C(1) << 24) /* pending fabric events */
 #define SIM_NET_WRS_MAX (UINT32_C(1) << 22)  /* writes in flight */
@@ -122,6 +123,7 @@ struct kvs_conn {
     kvs_conn_t *reverse; /* the peer's conn back to local; NULL once dead */
     uint64_t send_seq;   /* messages sent on this conn */
     uint64_t recv_seq;   /* next sequence number expected on this conn */
+    uint64_t last_deliver_ns; /* a delayed message holds back later ones */
     uint32_t gen;        /* bumped when the slot is freed */
     bool live;           /* slot in use */
     bool dead;           /* the peer disconnected or was destroyed */
@@ -160,6 +162,9 @@ struct sim_nic {
     uint64_t rx_busy_until_ns;
     bool link_up;
     uint32_t fail_next_writes;
+    uint32_t write_error_num, write_error_den;
+    sim_msg_filter_fn msg_filter;
+    void *msg_filter_ctx;
     sim_nic_wake_fn wake;
     void *wake_ctx;
     sim_span_fn span;
@@ -192,6 +197,7 @@ typedef struct sim_msg {
     uint32_t len_bytes;
     uint32_t next; /* free list link */
     bool dropped, in_use;
+    bool dup;      /* the second copy of a duplicated message */
     uint8_t data[KVS_CONTROL_MSG_MAX_BYTES];
 } sim_msg_t;
 
@@ -216,6 +222,7 @@ struct sim_net {
     sim_engine_t *eng; /* borrowed; must outlive the net */
     sim_net_config_t cfg;
     sim_rng_t rkey_rng;
+    sim_rng_t fault_rng;
     sim_nic_t *nics[SIM_NET_MAX_NICS];
     uint32_t nic_gen[SIM_NET_MAX_NICS];
     uint32_t nic_count;
@@ -754,6 +761,7 @@ static void sim_net_on_msg(sim_net_t *net, uint32_t m)
     kvs_conn_t *dst_conn =
         sim_net_conn(net, msg->dst_slot, msg->dst_gen, msg->dst_conn, msg->dst_conn_gen);
     const uint32_t src_slot = msg->src_slot, src_gen = msg->src_gen;
+    const bool dup = msg->dup; /* one SEND completion per send, not per copy */
     const sim_cqe_t send_done = {
         .kind = KVS_COMPLETION_SEND,
         .status = KVS_OK,
@@ -764,8 +772,10 @@ static void sim_net_on_msg(sim_net_t *net, uint32_t m)
     };
     bool wake_dst = false;
     if (!msg->dropped && dst != NULL && dst->link_up && dst_conn != NULL) {
-        assert(msg->seq >= dst_conn->recv_seq); /* in order per connection */
-        dst_conn->recv_seq = msg->seq + 1;
+        if (!msg->dup) {
+            assert(msg->seq >= dst_conn->recv_seq); /* in order per connection */
+            dst_conn->recv_seq = msg->seq + 1;
+        }
         const sim_cqe_t e = {.kind = KVS_COMPLETION_RECV, .status = KVS_OK,
                              .conn = dst_conn, .len_bytes = msg->len_bytes, .msg = m};
         wake_dst = sim_nic_push(dst, &e); /* the CQ owns the message now */
@@ -773,7 +783,7 @@ static void sim_net_on_msg(sim_net_t *net, uint32_t m)
         sim_msg_free(net, m);
     }
     sim_nic_t *src = sim_net_nic(net, src_slot, src_gen);
-    bool wake_src = src != NULL && sim_nic_push(src, &send_done);
+    bool wake_src = src != NULL && !dup && sim_nic_push(src, &send_done);
     if (wake_dst)
         sim_nic_wake(dst);
     if (wake_src)
@@ -1037,6 +1047,9 @@ static int sim_nic_write(kvs_fabric_t *fab, kvs_conn_t *conn, const kvs_write_de
     if (nic->fail_next_writes > 0) {
         nic->fail_next_writes--;
         wr->force_fail = true;
+    } else if (nic->write_error_den > 0 &&
+               sim_rng_chance(&net->fault_rng, nic->write_error_num, nic->write_error_den)) {
+        wr->force_fail = true;
     }
     wr->in_tx = true;
     wr->refs = 1;
@@ -1084,14 +1097,35 @@ static int sim_nic_send(kvs_fabric_t *fab, kvs_conn_t *conn, const void *msg,
     mm->seq = conn->send_seq;
     mm->len_bytes = len_bytes;
     mm->dropped = !nic->link_up; /* leaving a NIC whose link is down */
+    mm->dup = false;
     if (len_bytes > 0)
         memcpy(mm->data, msg, len_bytes);
-    rc = sim_net_schedule(net, sim_add_sat(sim_net_now(net), net->cfg.ctrl_latency_ns),
-                          REC_MSG, m, 0, 0, NULL);
+    uint64_t delay_ns = 0;
+    const sim_msg_fate_t fate = nic->msg_filter != NULL
+                                    ? nic->msg_filter(nic->msg_filter_ctx, mm->data, len_bytes,
+                                                      &delay_ns)
+                                    : SIM_MSG_DELIVER;
+    if (fate == SIM_MSG_DROP)
+        mm->dropped = true;
+    uint64_t at = sim_add_sat(sim_net_now(net), net->cfg.ctrl_latency_ns);
+    if (fate == SIM_MSG_DELAY)
+        at = sim_add_sat(at, delay_ns);
+    if (at < conn->last_deliver_ns)
+        at = conn->last_deliver_ns; /* behind a delayed one: order is kept */
+    conn->last_deliver_ns = at;
+    rc = sim_net_schedule(net, at, REC_MSG, m, 0, 0, NULL);
     if (rc != KVS_OK) {
         sim_msg_free(net, m);
         return kvs_fabric_fail(fab, rc, 0, "send on %s: could not schedule the delivery",
                                nic->name);
+    }
+    uint32_t m2;
+    if (fate == SIM_MSG_DUP && sim_msg_alloc(net, &m2) == KVS_OK) {
+        mm = &net->msgs[m]; /* the pool may have moved */
+        net->msgs[m2] = *mm;
+        net->msgs[m2].dup = true;
+        if (sim_net_schedule(net, at, REC_MSG, m2, 0, 0, NULL) != KVS_OK)
+            sim_msg_free(net, m2);
     }
     conn->send_seq++;
     nic->msgs++;
@@ -1183,6 +1217,7 @@ int sim_net_create(sim_engine_t *eng, const sim_net_config_t *cfg, sim_net_t **o
     if (c->max_conns == 0)
         c->max_conns = 256;
     sim_engine_rng(eng, SIM_NET_RKEY_COMPONENT, &net->rkey_rng);
+    sim_engine_rng(eng, SIM_NET_FAULT_COMPONENT, &net->fault_rng);
     net->recs_free = SIM_NIL;
     net->wrs_free = SIM_NIL;
     net->msgs_free = SIM_NIL;
@@ -1339,6 +1374,20 @@ uint64_t sim_nic_write_bytes(const sim_nic_t *nic) { return nic->write_bytes; }
 uint64_t sim_nic_msgs(const sim_nic_t *nic) { return nic->msgs; }
 
 void sim_nic_set_link_up(sim_nic_t *nic, bool up) { nic->link_up = up; }
+
+void sim_nic_set_write_error(sim_nic_t *nic, uint32_t num, uint32_t den)
+{
+    nic->write_error_num = num;
+    nic->write_error_den = den;
+}
+
+void sim_nic_set_msg_filter(sim_nic_t *nic, sim_msg_filter_fn fn, void *ctx)
+{
+    nic->msg_filter = fn;
+    nic->msg_filter_ctx = ctx;
+}
+
+sim_rng_t *sim_net_fault_rng(sim_net_t *net) { return &net->fault_rng; }
 
 void sim_nic_fail_next_writes(sim_nic_t *nic, uint32_t count)
 {

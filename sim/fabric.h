@@ -66,5 +66,23 @@ uint64_t sim_nic_msgs(const sim_nic_t *nic);
  * complete with KVS_EPEER); a failed write completes with KVS_EREMOTE. */
 void sim_nic_set_link_up(sim_nic_t *nic, bool up);
 void sim_nic_fail_next_writes(sim_nic_t *nic, uint32_t count);
+/* Each write posted on this NIC fails (KVS_EREMOTE, nothing lands) with
+ * probability num/den, drawn from the network's fault stream. */
+void sim_nic_set_write_error(sim_nic_t *nic, uint32_t num, uint32_t den);
+
+/* What becomes of a control message leaving a NIC (fault injection). */
+typedef enum sim_msg_fate {
+    SIM_MSG_DELIVER = 0,
+    SIM_MSG_DROP = 1,  /* lost: the sender still sees its SEND complete */
+    SIM_MSG_DUP = 2,   /* delivered twice, back to back */
+    SIM_MSG_DELAY = 3  /* delivered *delay_ns later; later messages of the
+                          connection wait behind it (order is kept) */
+} sim_msg_fate_t;
+/* fn sees every message this NIC sends and decides its fate. */
+typedef sim_msg_fate_t (*sim_msg_filter_fn)(void *ctx, const uint8_t *msg, uint32_t len_bytes,
+                                            uint64_t *delay_ns);
+void sim_nic_set_msg_filter(sim_nic_t *nic, sim_msg_filter_fn fn, void *ctx);
+/* The network's fault stream, for filters that draw (deterministic per seed). */
+sim_rng_t *sim_net_fault_rng(sim_net_t *net);
 
 #endif

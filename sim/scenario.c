@@ -242,6 +242,78 @@ static void sim_core_span(void *ctx, const char *what, uint64_t room, int64_t ch
     sim_node_span(ctx, what, "core", start_ns, end_ns);
 }
 
+/* ---- faults ------------------------------------------------------------------ */
+
+/* The wire header keeps the message type at bytes 6-7, little endian
+ * (src/wire.h): the simulator's fault filter reads only that. */
+static int sim_msg_type_of(const uint8_t *msg, uint32_t len)
+{
+    return len >= 8 ? (int)(msg[6] | (unsigned)msg[7] << 8) : 0;
+}
+
+static sim_msg_fate_t sim_msg_filter(void *ctx, const uint8_t *msg, uint32_t len,
+                                     uint64_t *delay_ns)
+{
+    sim_scenario_t *sc = ctx;
+    const int type = sim_msg_type_of(msg, len);
+    for (uint32_t i = 0; i < sc->cfg.nfaults; i++) {
+        const sim_fault_t *f = &sc->cfg.faults[i];
+        if (f->kind > SIM_FAULT_DELAY || (f->msg_type != 0 && f->msg_type != type))
+            continue;
+        if (!sim_rng_chance(sim_net_fault_rng(sc->net), f->num, f->den))
+            continue;
+        *delay_ns = f->delay_ns;
+        return f->kind == SIM_FAULT_DROP ? SIM_MSG_DROP
+               : f->kind == SIM_FAULT_DUP ? SIM_MSG_DUP
+                                           : SIM_MSG_DELAY;
+    }
+    return SIM_MSG_DELIVER;
+}
+
+static void sim_link_event(sim_engine_t *eng, void *ctx, uint64_t arg)
+{
+    sim_node_t *n = ctx;
+    sim_nic_set_link_up(n->nic, arg != 0);
+    sim_node_wake(n);
+}
+
+static int sim_faults_setup(sim_scenario_t *sc)
+{
+    const int64_t nodes = sc->nprefill + sc->ndecode;
+    bool filter = false;
+    for (uint32_t i = 0; i < sc->cfg.nfaults; i++) {
+        const sim_fault_t *f = &sc->cfg.faults[i];
+        const bool ranked = f->kind == SIM_FAULT_LINK_DOWN || f->kind == SIM_FAULT_SLOW_SCATTER;
+        if (ranked && (f->rank < 0 || f->rank >= nodes))
+            return sim_fail(sc, KVS_EINVAL, "fault %u names rank %lld of %lld: use p<tp> or "
+                            "d<tp> of this cluster", i, (long long)f->rank, (long long)nodes);
+        switch (f->kind) {
+        case SIM_FAULT_DROP:
+        case SIM_FAULT_DUP:
+        case SIM_FAULT_DELAY:
+            filter = true;
+            break;
+        case SIM_FAULT_WRITE_ERROR:
+            for (int64_t p = 0; p < sc->nprefill; p++)
+                sim_nic_set_write_error(sc->nodes[p].nic, f->num, f->den);
+            break;
+        case SIM_FAULT_LINK_DOWN:
+            if (sim_engine_at(sc->eng, f->at_ns, sim_link_event, &sc->nodes[f->rank], 0, NULL) !=
+                    KVS_OK ||
+                sim_engine_at(sc->eng, f->at_ns + f->for_ns, sim_link_event, &sc->nodes[f->rank],
+                              1, NULL) != KVS_OK)
+                return sim_fail(sc, KVS_ENOMEM, "scheduling a link fault failed");
+            break;
+        case SIM_FAULT_SLOW_SCATTER:
+            sim_gpu_set_scatter_slowdown(sc->nodes[f->rank].gpu, f->factor > 0 ? f->factor : 1);
+            break;
+        }
+    }
+    for (int64_t i = 0; filter && i < nodes; i++)
+        sim_nic_set_msg_filter(sc->nodes[i].nic, sim_msg_filter, sc);
+    return KVS_OK;
+}
+
 /* ---- requests ---------------------------------------------------------------- */
 
 static void sim_try_admit(sim_scenario_t *sc);
@@ -350,6 +422,13 @@ static void sim_compute_step(sim_engine_t *eng, void *ctx, uint64_t arg)
     sim_scenario_t *sc = ctx;
     const uint32_t i = (uint32_t)arg;
     sim_req_t *r = &sc->reqs[i];
+    if (r->state == SIM_REQ_DONE) {
+        /* It failed on every rank while being prefilled (its pages are
+         * gone): the rest of its forward pass is abandoned. */
+        sc->computing = false;
+        sim_compute_next(sc);
+        return;
+    }
     const int64_t end = r->computed + sc->lay.grid_tokens < r->tokens
                             ? r->computed + sc->lay.grid_tokens : r->tokens;
     const bool final = end == r->tokens;
@@ -357,6 +436,8 @@ static void sim_compute_step(sim_engine_t *eng, void *ctx, uint64_t arg)
         sim_node_t *n = &sc->nodes[p];
         sim_fill_prefill(sc, n, i, r->computed, end);
         int rc = kvs_prefill_room_computed(n->pre, i, end, final);
+        if (rc == KVS_ENOENT)
+            continue; /* this rank already ended the room (it failed): nothing to send */
         if (rc != KVS_OK) {
             sim_fail(sc, rc, "%s: room_computed: %s", n->name, kvs_manager_last_error(n->m)->msg);
             return;
@@ -502,6 +583,7 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
         .chunk_tokens = sc->cfg.shape.chunk_tokens, .ring_bytes = sc->cfg.ring_bytes,
         .transfer_workers = sc->cfg.transfer_workers, .path = sc->cfg.path,
         .max_rooms = 2 * sc->cfg.max_inflight + 16,
+        .stall_timeout_ns = sc->cfg.stall_timeout_ns,
         .trace = sc->trace != NULL ? sim_core_span : NULL, .trace_ctx = n,
         .log = {.fn = NULL, .level = KVS_LOG_ERROR}};
     kvs_error_t err = {0};
@@ -603,7 +685,7 @@ static int sim_setup(sim_scenario_t *sc)
         if ((rc = sim_node_setup(sc, n, (uint32_t)i)) != KVS_OK)
             return rc;
     }
-    if ((rc = sim_connect_all(sc)) != KVS_OK)
+    if ((rc = sim_faults_setup(sc)) != KVS_OK || (rc = sim_connect_all(sc)) != KVS_OK)
         return rc;
     /* The workload: arrival times, prompt lengths and cached prefixes. */
     sim_rng_t arrivals, lengths, prefix;

@@ -22,6 +22,29 @@
 #include "fabric.h"
 #include "gpu.h"
 
+/* Faults injected into a run (seeded, reproducible). Times are simulated
+ * ns from the start; probabilities are num/den. */
+typedef enum sim_fault_kind {
+    SIM_FAULT_DROP = 0,        /* control messages of msg_type are lost */
+    SIM_FAULT_DUP = 1,         /* ... delivered twice */
+    SIM_FAULT_DELAY = 2,       /* ... delivered delay_ns late */
+    SIM_FAULT_WRITE_ERROR = 3, /* RDMA writes complete with an error */
+    SIM_FAULT_LINK_DOWN = 4,   /* rank's link is down in [at_ns, at_ns + for_ns) */
+    SIM_FAULT_SLOW_SCATTER = 5 /* rank's scatters take factor times longer */
+} sim_fault_kind_t;
+
+typedef struct sim_fault {
+    sim_fault_kind_t kind;
+    int msg_type;              /* a KVS_MSG_* type, 0 = any (message faults) */
+    uint32_t num, den;         /* probability (message and write faults) */
+    uint64_t delay_ns;
+    int64_t rank;              /* node: prefill ranks first, then decode */
+    uint64_t at_ns, for_ns;
+    uint32_t factor;
+} sim_fault_t;
+
+#define SIM_MAX_FAULTS 16
+
 typedef struct sim_scenario_config {
     kvs_layout_params_t shape;     /* model shape, TP/PP sizes, chunk size */
     uint32_t requests;             /* 0 -> 16 */
@@ -41,6 +64,9 @@ typedef struct sim_scenario_config {
     sim_gpu_config_t gpu;          /* zero fields take the H200 defaults */
     sim_net_config_t net;          /* zero fields take the 400 Gb/s defaults */
     uint64_t max_events;           /* safety bound, 0 -> 2^40 */
+    sim_fault_t faults[SIM_MAX_FAULTS];
+    uint32_t nfaults;
+    uint64_t stall_timeout_ns;     /* handlers' stall timeout, 0 -> 30 s */
     const char *trace_path;        /* Chrome trace-event JSON, NULL = none */
     /* Called every ~1/64 of the requests finishing: done of total. */
     void (*progress)(void *ctx, uint32_t done, uint32_t total, uint64_t sim_ns);

@@ -206,6 +206,66 @@ static void test_sim_protocol_trace_has_every_span_kind(void **state)
     assert_non_null(strstr(buf, "]}\n"));
 }
 
+/* Faults: the run must end with every request terminal, nothing leaked or
+ * corrupt and no unreported failure, whatever else fails. */
+static sim_report_t run_faulted(sim_scenario_config_t *c, const char *what)
+{
+    sim_report_t r;
+    char err[256];
+    c->requests = 16;
+    c->stall_timeout_ns = 1000000000; /* 1 s: well above any healthy wait here */
+    int rc = sim_scenario_run(c, &r, err, sizeof err);
+    if (rc != KVS_OK || r.violations != 0 || r.requests_ok + r.requests_failed != r.requests_total)
+        fail_msg("%s (seed %llu): rc %s (%s), ok %u failed %u hung %u unreported %u "
+                 "leaked %llu corrupt %llu", what, (unsigned long long)c->seed,
+                 kvs_status_name(rc), err, r.requests_ok, r.requests_failed, r.hung_requests,
+                 r.unreported_failures, (unsigned long long)r.ring_leaked_bytes,
+                 (unsigned long long)r.corrupt_bytes);
+    return r;
+}
+
+static void test_sim_protocol_fault_dup_and_delay_are_harmless(void **state)
+{
+    sim_scenario_config_t c = small(4, 2, 8);
+    c.nfaults = 2;
+    c.faults[0] = (sim_fault_t){.kind = SIM_FAULT_DUP, .num = 20, .den = 100};
+    c.faults[1] = (sim_fault_t){.kind = SIM_FAULT_DELAY, .num = 10, .den = 100,
+                                .delay_ns = 2000000};
+    sim_report_t r = run_faulted(&c, "dup 20% + delay 10%");
+    assert_int_equal(r.requests_ok, r.requests_total); /* duplicates are recognised */
+    assert_true(r.msgs_rejected > 0);
+}
+
+static void test_sim_protocol_fault_drop_fails_only_its_requests(void **state)
+{
+    sim_scenario_config_t c = small(4, 2, 8);
+    c.nfaults = 1;
+    c.faults[0] = (sim_fault_t){.kind = SIM_FAULT_DROP, .num = 5, .den = 100};
+    sim_report_t r = run_faulted(&c, "drop 5%");
+    assert_true(r.requests_failed > 0); /* no retries yet: a lost message fails its room */
+    assert_true(r.requests_ok > 0);
+    c.faults[0].msg_type = 9; /* only watermarks: later ones repair the loss */
+    r = run_faulted(&c, "drop watermarks 5%");
+}
+
+static void test_sim_protocol_fault_write_errors(void **state)
+{
+    sim_scenario_config_t c = small(2, 4, 8);
+    c.nfaults = 1;
+    c.faults[0] = (sim_fault_t){.kind = SIM_FAULT_WRITE_ERROR, .num = 10, .den = 100};
+    sim_report_t r = run_faulted(&c, "write errors 10%");
+    assert_true(r.requests_failed > 0 && r.requests_ok > 0);
+}
+
+static void test_sim_protocol_fault_slow_scatter(void **state)
+{
+    sim_scenario_config_t c = small(4, 2, 8);
+    c.nfaults = 1;
+    c.faults[0] = (sim_fault_t){.kind = SIM_FAULT_SLOW_SCATTER, .rank = 4, .factor = 20};
+    sim_report_t r = run_faulted(&c, "slow scatter x20 on d0");
+    assert_int_equal(r.requests_ok, r.requests_total);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -222,6 +282,10 @@ int main(void)
         cmocka_unit_test(test_sim_protocol_deterministic),
         cmocka_unit_test(test_sim_protocol_staging_beats_slice),
         cmocka_unit_test(test_sim_protocol_trace_has_every_span_kind),
+        cmocka_unit_test(test_sim_protocol_fault_dup_and_delay_are_harmless),
+        cmocka_unit_test(test_sim_protocol_fault_drop_fails_only_its_requests),
+        cmocka_unit_test(test_sim_protocol_fault_write_errors),
+        cmocka_unit_test(test_sim_protocol_fault_slow_scatter),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
