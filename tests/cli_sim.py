@@ -400,6 +400,35 @@ def test_bad_input(s):
         s.expect_usage_error(name, args, flag)
 
 
+def test_faults(s):
+    """--fault repeats and is seeded: duplicates are harmless; drops fail
+    requests (no retries yet) but never break an invariant; bad specs are
+    one-line usage errors naming --fault."""
+    args = SMALL + ["--fault", "dup:any:0.3", "--fault=delay:watermark:0.5:200", "--json"]
+    obj = s.expect_json("faults dup+delay", args)
+    s.expect_clean("faults dup+delay", args, obj)
+    s.ok(obj.get("msgs_rejected", 0) > 0, "faults dup rejected", args,
+         repr(obj.get("msgs_rejected")))
+    args = SMALL + ["--fault", "drop:any:0.05", "--stall-timeout-ms", "2000", "--json"]
+    obj = s.expect_json("faults drop", args)
+    s.ok(obj.get("violations") == 0 and obj.get("hung_requests") == 0
+         and obj.get("ok") is True, "faults drop invariants", args, repr(obj)[:300])
+    s.ok(obj.get("requests_ok", 0) + obj.get("requests_failed", 0)
+         == obj.get("requests_total"), "faults drop all terminal", args, repr(obj)[:300])
+    again = s.expect_json("faults drop again", args)
+    s.ok(again.get("digest") == obj.get("digest"), "faults are seeded", args,
+         "%r vs %r" % (again.get("digest"), obj.get("digest")))
+    args = SMALL + ["--fault", "write-error:0.2", "--fault", "slow-scatter:d1:5",
+                    "--fault", "link-down:p0:5000:20000", "--json"]
+    obj = s.expect_json("faults write/slow/link", args)
+    s.ok(obj.get("hung_requests") == 0 and obj.get("ring_leaked_bytes") == 0
+         and obj.get("corrupt_bytes") == 0, "faults write/slow/link invariants", args,
+         repr(obj)[:300])
+    for spec in ("drop:bogus:0.1", "drop:any", "write-error:1.5", "delay:any:0.1",
+                 "link-down:p9:1:2", "slow-scatter:d0:0", "crash:prefill:0:10", "nonsense"):
+        s.expect_usage_error("fault " + spec, SMALL + ["--fault", spec], "--fault")
+
+
 def main():
     if len(sys.argv) != 2:
         print("usage: cli_sim.py PATH_TO_KVSTAGE", file=sys.stderr)
@@ -407,7 +436,7 @@ def main():
     s = Suite(sys.argv[1])
     for test in (test_help, test_json_report, test_table, test_defaults,
                  test_determinism, test_workload_flags, test_topologies,
-                 test_slice_vs_staging, test_trace, test_bad_input):
+                 test_slice_vs_staging, test_trace, test_bad_input, test_faults):
         test(s)
     print("cli_sim: %d passed, %d failed" % (s.passed, s.failed))
     return 1 if s.failed else 0
