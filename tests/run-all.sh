@@ -2,7 +2,8 @@
 # run-all.sh - every test on a fresh machine: installs what is needed, builds
 # with AddressSanitizer + UndefinedBehaviorSanitizer + gcov, runs ctest, prints
 # src/ line and branch coverage (fails under 90% of lines), checks that the
-# tree also builds warning-free with clang, and runs each libFuzzer target
+# tree also builds warning-free with clang, runs the unit tests under
+# valgrind memcheck, and runs each libFuzzer target
 # (fuzz/fuzz_*.c, clang + ASan + UBSan, build-fuzz/) for KVS_FUZZ_SECONDS
 # (default 15) from its seed corpus.
 # Set KVS_SKIP_DEPS=1 to skip the package install on a machine that has them.
@@ -39,6 +40,27 @@ status=0
 echo "== coverage of src/ (gcovr)"
 gcovr -r "$root" --filter "$root/src/" --object-directory build-test \
   --print-summary --fail-under-line 90 build-test || status=$?
+
+echo "== valgrind memcheck (unit tests, plain Debug build)"
+rm -rf build-valgrind
+cmake -S . -B build-valgrind -DCMAKE_BUILD_TYPE=Debug >/dev/null
+cmake --build build-valgrind -j"$jobs"
+vg_passed=0 vg_failed=0
+for t in build-valgrind/test_*; do
+  name=$(basename "$t")
+  # test_sim_protocol moves real KV bytes end to end: minutes under
+  # valgrind; ASan+UBSan cover it above.
+  [ "$name" = test_sim_protocol ] && continue
+  if valgrind --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite,indirect \
+       -q "$t" >/dev/null 2>"build-valgrind/$name.memcheck.log"; then
+    vg_passed=$((vg_passed + 1))
+  else
+    vg_failed=$((vg_failed + 1))
+    status=1
+    echo "valgrind: $name FAILED:"
+    tail -n 30 "build-valgrind/$name.memcheck.log"
+  fi
+done
 
 fuzz_seconds=${KVS_FUZZ_SECONDS:-15}
 if ! [[ $fuzz_seconds =~ ^[1-9][0-9]*$ ]]; then
@@ -83,5 +105,6 @@ else
   fuzz_passed=0 fuzz_failed=1 status=1
   echo "fuzz: did not run (build failed or ctest printed no summary)"
 fi
-echo "$((passed + fuzz_passed)) passed, $((failed + fuzz_failed)) failed"
+echo "valgrind: $vg_passed passed, $vg_failed failed"
+echo "$((passed + fuzz_passed + vg_passed)) passed, $((failed + fuzz_failed + vg_failed)) failed"
 exit "$status"
