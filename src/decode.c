@@ -37,7 +37,6 @@
 #include <string.h>
 
 #define KVS__POLL_BATCH 16
-#define KVS__MFAIL(m, status, ...) KVS__FAIL(&(m)->err, (status), __VA_ARGS__)
 
 typedef struct kvs__dpeer {
     kvs_conn_t *conn;           /* NULL until connected */

@@ -17,7 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define KVS__MFAIL(m, status, ...) KVS__FAIL(&(m)->err, (status), __VA_ARGS__)
 
 static int kvs__check_config(const kvs_manager_config_t *c, const kvs_fabric_t *fab,
                              kvs_error_t *err)

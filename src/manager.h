@@ -6,6 +6,10 @@
 #define KVS_SRC_MANAGER_H
 
 #include "backend.h"
+#include "error.h"
+
+/* Records an error on the manager's own detail and returns its status. */
+#define KVS__MFAIL(m, status, ...) KVS__FAIL(&(m)->err, (status), __VA_ARGS__)
 
 struct kvs_manager {
     kvs_manager_config_t cfg;  /* defaults applied */

@@ -34,7 +34,6 @@
 #include <string.h>
 
 #define KVS__POLL_BATCH 16
-#define KVS__MFAIL(m, status, ...) KVS__FAIL(&(m)->err, (status), __VA_ARGS__)
 
 typedef struct kvs__ppeer {
     kvs_conn_t *conn;            /* reverse connection of the decode's REGISTER */
