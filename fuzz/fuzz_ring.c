@@ -32,51 +32,15 @@
  */
 #include <kvstage/kvstage.h>
 
+#include "fuzz_support.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond)                                                              \
-    do {                                                                         \
-        if (!(cond)) {                                                           \
-            fprintf(stderr, "fuzz_ring: %s:%d: property violated: %s\n", __FILE__, \
-                    __LINE__, #cond);                                            \
-            abort();                                                             \
-        }                                                                        \
-    } while (0)
-
 #define MAX_LIVE 64u
 #define STALE_IDS 16u
 #define MAX_OPS 2048u
-
-typedef struct input {
-    const uint8_t *p;
-    size_t left;
-} input_t;
-
-static uint8_t in_u8(input_t *in)
-{
-    if (in->left == 0)
-        return 0;
-    in->left--;
-    return *in->p++;
-}
-
-static uint16_t in_u16(input_t *in)
-{
-    uint16_t lo = in_u8(in);
-    return (uint16_t)(lo | (uint16_t)in_u8(in) << 8);
-}
-
-static uint64_t in_u64(input_t *in)
-{
-    uint64_t v = 0;
-    for (unsigned i = 0; i < 8u; i++)
-        v |= (uint64_t)in_u8(in) << (8u * i);
-    return v;
-}
 
 typedef struct model_alloc {
     uint64_t id, offset, round, len;

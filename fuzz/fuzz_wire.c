@@ -23,20 +23,11 @@
 
 #include <kvstage/kvstage.h>
 
+#include "fuzz_support.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond)                                                              \
-    do {                                                                         \
-        if (!(cond)) {                                                           \
-            fprintf(stderr, "fuzz_wire: %s:%d: property violated: %s\n", __FILE__, \
-                    __LINE__, #cond);                                            \
-            abort();                                                             \
-        }                                                                        \
-    } while (0)
 
 /* The local side of a registration: 8 KV heads, P=4 -> D=2, staging. */
 static void local_fingerprint(kvs_fingerprint_t *out)
