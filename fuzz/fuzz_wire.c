@@ -4,8 +4,9 @@
  * src/channel.c).
  *
  * Every input is decoded twice: as raw bytes (header checks included) and
- * with a valid header built in front of input[1..] (type = input[0] % 13,
- * 0 and 12 being invalid types), so most inputs reach the payload decoders.
+ * with a valid header built in front of input[1..] (type = input[0] % 14,
+ * 0 and 13 being invalid types; link sequence number 1), so most inputs
+ * reach the payload decoders.
  * Properties, each an abort() when violated:
  * - decode returns KVS_OK or KVS_EPROTO, and leaves *msg untouched on failure;
  * - a decoded message re-encodes to the very same bytes, has a known type
@@ -151,6 +152,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         buf[7] = 0;
         for (unsigned i = 0; i < 4u; i++)
             buf[8 + i] = (uint8_t)(payload >> (8u * i));
+        buf[12] = 1; /* link sequence number */
+        buf[13] = buf[14] = buf[15] = 0;
         memcpy(buf + KVS_WIRE_HEADER_BYTES, data + 1, payload);
         check_one(buf, len);
         free(buf);

@@ -54,8 +54,9 @@
  *
  * Connections come in pairs: connect(A, "B") creates A's conn to B and B's
  * conn back to A (the reverse), so a RECV or IMM at B carries B's conn to A
- * and B can reply on it. Disconnecting one side marks the other dead: posts
- * on a dead conn fail with KVS_EPEER; disconnect it and connect again.
+ * and B can reply on it. Disconnecting one side (or destroying its NIC)
+ * marks the other dead and gives its owner a DISCONNECT completion: posts on
+ * a dead conn fail with KVS_EPEER; disconnect it and connect again.
  *
  * Lifetime: NICs are malloc'ed and freed by sim_nic_destroy; the net keeps a
  * generation per NIC slot, and everything in flight (writes, messages, event
@@ -966,17 +967,39 @@ static int sim_nic_connect(kvs_fabric_t *fab, const char *peer_name, kvs_conn_t 
     return KVS_OK;
 }
 
+/* The peer of c went away: c is dead, and its owner hears of it with a
+ * DISCONNECT completion (as rdma_cm's DISCONNECTED event tells a verbs
+ * backend). */
+static void sim_conn_kill(kvs_conn_t *c)
+{
+    c->peer = NULL;
+    c->reverse = NULL;
+    c->dead = true;
+    sim_nic_t *owner = c->local;
+    const sim_cqe_t e = {.kind = KVS_COMPLETION_DISCONNECT, .conn = c, .status = KVS_EPEER};
+    if (sim_nic_push(owner, &e))
+        sim_nic_wake(owner);
+}
+
 static void sim_nic_disconnect(kvs_fabric_t *fab, kvs_conn_t *conn)
 {
     sim_nic_t *nic = sim_nic_of(fab);
     if (sim_nic_conn_of(nic, conn) == NULL)
         return;
     kvs_conn_t *rev = conn->reverse;
-    if (rev != NULL && rev != conn) {
-        rev->reverse = NULL;
-        rev->peer = NULL;
-        rev->dead = true;
+    if (rev != NULL && rev != conn)
+        sim_conn_kill(rev);
+    /* A DISCONNECT still queued for this conn must not reach a later conn
+     * in the same slot: drop it. */
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < nic->cq_len; i++) {
+        const sim_cqe_t e = nic->cq[(nic->cq_head + i) % nic->cq_cap];
+        if (e.kind == KVS_COMPLETION_DISCONNECT && e.conn == conn)
+            continue;
+        nic->cq[(nic->cq_head + kept) % nic->cq_cap] = e;
+        kept++;
     }
+    nic->cq_len = kept;
     *conn = (kvs_conn_t){.gen = conn->gen + 1};
 }
 
@@ -1329,11 +1352,8 @@ void sim_nic_destroy(sim_nic_t *nic)
             continue;
         for (uint32_t i = 0; i < net->cfg.max_conns; i++) {
             kvs_conn_t *c = &other->conns[i];
-            if (c->live && c->peer == nic) {
-                c->peer = NULL;
-                c->reverse = NULL;
-                c->dead = true;
-            }
+            if (c->live && c->peer == nic)
+                sim_conn_kill(c);
         }
     }
     net->nics[nic->slot] = NULL;

@@ -23,11 +23,17 @@
  *   ABORT only fails the room at once (writes may still be landing). A peer
  *   that refused the registration never writes: it counts as a failed report.
  * Messages that are malformed, stale or out of range are counted and dropped,
- * never used to address memory.
+ * never used to address memory. Control messages travel on reliable links
+ * (link.c: retransmitted until acknowledged, duplicates dropped).
+ * A peer whose connection dies (crashed, restarted) is lost: it can write
+ * nothing more, so its report of every open room is in (failed), new rooms
+ * fail at once while it is away, and the handler reconnects with a doubling
+ * wait and registers again; the new incarnation starts from a fresh link.
  */
 #include "arith.h"
 #include "channel.h"
 #include "error.h"
+#include "link.h"
 #include "log.h"
 #include "manager.h"
 #include "results.h"
@@ -39,11 +45,15 @@
 #define KVS__POLL_BATCH 16
 
 typedef struct kvs__dpeer {
-    kvs_conn_t *conn;           /* NULL until connected */
+    kvs_conn_t *conn;           /* NULL until connected, and while lost */
+    char *name;                 /* its fabric address, for reconnecting */
     int64_t tp_rank, pp_rank;
     bool acked;
+    bool lost;                  /* its connection died; until it acknowledges a
+                                   new registration */
     int refused;                /* status of a refused registration */
     uint64_t prefill_session;
+    uint64_t reconnect_ns, reconnect_wait_ns;
 } kvs__dpeer_t;
 
 enum { KVS__DCH_IDLE, KVS__DCH_WANTED, KVS__DCH_ALLOCATED, KVS__DCH_SCATTERING, KVS__DCH_DONE };
@@ -102,6 +112,7 @@ struct kvs_decode {
     kvs__dqueue_t scatters, wanted; /* wanted holds up to open_chunks */
     uint64_t open_chunks;       /* chunks of the open rooms */
     kvs_completion_t *cq;
+    kvs__links_t links;         /* one reliable link per peer connection */
     kvs_handler_stats_t stats;
     uint64_t session;
     uint64_t next_check_ns;     /* no room's stall deadline is earlier */
@@ -184,8 +195,10 @@ static void kvs__send(kvs_decode_t *d, kvs__dpeer_t *p, const kvs_msg_t *msg)
 {
     if (p->conn == NULL)
         return;
-    int rc = kvs__channel_send(d->fab, p->conn, msg, &d->stats);
-    if (rc != KVS_OK)
+    /* A dead connection is handled at the end of progress (the link
+     * reports it), never from inside the caller's loops. */
+    int rc = kvs__link_send(&d->links, p->conn, msg);
+    if (rc != KVS_OK && rc != KVS_EPEER)
         kvs__log(&d->m->log, KVS_LOG_WARN, "decode %lld: sending %s to prefill %lld/%lld "
                  "failed: %s", (long long)d->rank, kvs__wire_type_name(msg->type),
                  (long long)p->tp_rank, (long long)p->pp_rank, kvs_strerror(rc));
@@ -305,9 +318,12 @@ void kvs_decode_destroy(kvs_decode_t *d)
         kvs__table_fini(&d->rooms);
     }
     kvs__manager_close_kv(m, &d->kv_keys);
-    for (int64_t i = 0; d->peers != NULL && i < d->npeers; i++)
+    kvs__links_fini(&d->links);
+    for (int64_t i = 0; d->peers != NULL && i < d->npeers; i++) {
         if (d->peers[i].conn != NULL)
             d->fab->ops.disconnect(d->fab, d->peers[i].conn);
+        free(d->peers[i].name);
+    }
     if (d->stream != NULL)
         kvs__dev_stream_destroy(d->dev, d->stream);
     kvs__results_fini(&d->results);
@@ -359,7 +375,10 @@ int kvs_decode_create(kvs_manager_t *m, kvs_decode_t **out)
         kvs__table_init(&d->rooms, m->cfg.max_rooms) != KVS_OK ||
         kvs__results_init(&d->results, 2 * m->cfg.max_rooms) != KVS_OK ||
         kvs__dq_init(&d->scatters, scatters) != KVS_OK ||
-        kvs__dq_init(&d->wanted, queue) != KVS_OK) {
+        kvs__dq_init(&d->wanted, queue) != KVS_OK ||
+        kvs__links_init(&d->links, d->fab, (uint32_t)d->npeers, m->cfg.retry_timeout_ns,
+                        m->cfg.stall_timeout_ns / 8, m->cfg.stall_timeout_ns,
+                        &d->stats) != KVS_OK) {
         kvs_decode_destroy(d);
         return KVS__MFAIL(m, KVS_ENOMEM, "allocating the decode handler's tables failed");
     }
@@ -389,38 +408,10 @@ int kvs_decode_create(kvs_manager_t *m, kvs_decode_t **out)
 
 /* ---- registration ----------------------------------------------------------- */
 
-int kvs_decode_connect(kvs_decode_t *d, const char *peer, int64_t prefill_tp_rank,
-                       int64_t prefill_pp_rank)
+/* REGISTER (+ LAYERS on the direct/slice paths) on p's connection. */
+static void kvs__register(kvs_decode_t *d, kvs__dpeer_t *p)
 {
-    if (d == NULL || peer == NULL)
-        return KVS_EINVAL;
     kvs_manager_t *m = d->m;
-    int64_t writer;
-    int rc = kvs_layout_writer_index(d->lay, prefill_tp_rank, d->rank, &writer);
-    const int64_t first_stage = d->lay->decode_pp == 1 ? 0 : m->cfg.pp_rank;
-    if (rc != KVS_OK || prefill_pp_rank < first_stage ||
-        prefill_pp_rank >= first_stage + d->stages)
-        return KVS__MFAIL(m, KVS_EINVAL, "prefill rank tp %lld pp %lld does not write to "
-                          "decode rank tp %lld pp %lld: connect only this rank's writers",
-                          (long long)prefill_tp_rank, (long long)prefill_pp_rank,
-                          (long long)d->rank, (long long)m->cfg.pp_rank);
-    kvs__dpeer_t *p = &d->peers[writer * d->stages + (prefill_pp_rank - first_stage)];
-    if (p->conn != NULL)
-        return KVS__MFAIL(m, KVS_EALREADY, "prefill rank tp %lld pp %lld is already "
-                          "connected", (long long)prefill_tp_rank, (long long)prefill_pp_rank);
-    rc = d->fab->ops.connect(d->fab, peer, &p->conn);
-    if (rc != KVS_OK) {
-        p->conn = NULL;
-        return kvs__error_set(&m->err, rc, d->fab->last_backend_code, __FILE__, __LINE__,
-                              "connecting to prefill '%s' failed (%s)", peer,
-                              d->fab->last_backend_msg[0] ? d->fab->last_backend_msg
-                                                          : kvs_strerror(rc));
-    }
-    p->tp_rank = prefill_tp_rank;
-    p->pp_rank = prefill_pp_rank;
-    p->acked = false;
-    p->refused = KVS_OK;
-
     const bool direct = d->path != KVS_PATH_STAGING;
     kvs_msg_t msg = {.type = KVS_MSG_REGISTER};
     kvs_msg_register_t *reg = &msg.u.reg;
@@ -450,6 +441,53 @@ int kvs_decode_connect(kvs_decode_t *d, const char *peer, int64_t prefill_tp_ran
         }
         kvs__send(d, p, &lm);
     }
+}
+
+int kvs_decode_connect(kvs_decode_t *d, const char *peer, int64_t prefill_tp_rank,
+                       int64_t prefill_pp_rank)
+{
+    if (d == NULL || peer == NULL)
+        return KVS_EINVAL;
+    kvs_manager_t *m = d->m;
+    int64_t writer;
+    int rc = kvs_layout_writer_index(d->lay, prefill_tp_rank, d->rank, &writer);
+    const int64_t first_stage = d->lay->decode_pp == 1 ? 0 : m->cfg.pp_rank;
+    if (rc != KVS_OK || prefill_pp_rank < first_stage ||
+        prefill_pp_rank >= first_stage + d->stages)
+        return KVS__MFAIL(m, KVS_EINVAL, "prefill rank tp %lld pp %lld does not write to "
+                          "decode rank tp %lld pp %lld: connect only this rank's writers",
+                          (long long)prefill_tp_rank, (long long)prefill_pp_rank,
+                          (long long)d->rank, (long long)m->cfg.pp_rank);
+    kvs__dpeer_t *p = &d->peers[writer * d->stages + (prefill_pp_rank - first_stage)];
+    if (p->conn != NULL)
+        return KVS__MFAIL(m, KVS_EALREADY, "prefill rank tp %lld pp %lld is already "
+                          "connected", (long long)prefill_tp_rank, (long long)prefill_pp_rank);
+    char *name = malloc(strlen(peer) + 1);
+    if (name == NULL)
+        return KVS__MFAIL(m, KVS_ENOMEM, "copying the address of prefill '%s' failed", peer);
+    strcpy(name, peer);
+    free(p->name);
+    p->name = name;
+    p->tp_rank = prefill_tp_rank;
+    p->pp_rank = prefill_pp_rank;
+    p->acked = false;
+    p->refused = KVS_OK;
+    rc = d->fab->ops.connect(d->fab, peer, &p->conn);
+    if (rc != KVS_OK) {
+        /* Not there (yet): the handler keeps trying, as for a peer lost
+         * later; rooms fail at once until it registers. */
+        p->conn = NULL;
+        p->lost = true;
+        p->reconnect_wait_ns = m->cfg.retry_timeout_ns;
+        p->reconnect_ns = kvs__now(d) + p->reconnect_wait_ns;
+        return kvs__error_set(&m->err, rc, d->fab->last_backend_code, __FILE__, __LINE__,
+                              "connecting to prefill '%s' failed (%s); kvs_decode_progress "
+                              "keeps trying, or connect again with the right address", peer,
+                              d->fab->last_backend_msg[0] ? d->fab->last_backend_msg
+                                                          : kvs_strerror(rc));
+    }
+    p->lost = false;
+    kvs__register(d, p);
     return KVS_OK;
 }
 
@@ -479,8 +517,13 @@ int kvs_decode_room_open(kvs_decode_t *d, uint64_t room, int64_t base_tokens,
         return KVS_EINVAL;
     kvs_manager_t *m = d->m;
     const int64_t ps = d->lay->page_size;
+    int64_t lost = -1;
     for (int64_t i = 0; i < d->npeers; i++) {
         const kvs__dpeer_t *p = &d->peers[i];
+        if (p->lost) {
+            lost = i;
+            continue;
+        }
         if (p->conn == NULL)
             return KVS__MFAIL(m, KVS_ESTATE, "connect every prefill writer first "
                               "(kvs_decode_connect): %lld expected", (long long)d->npeers);
@@ -494,17 +537,24 @@ int kvs_decode_room_open(kvs_decode_t *d, uint64_t room, int64_t base_tokens,
     if (base_tokens < 0 || total_tokens < base_tokens || (pages == NULL && num_pages > 0))
         return KVS__MFAIL(m, KVS_EINVAL, "room %llu: need 0 <= base_tokens <= total_tokens "
                           "and a page list", (unsigned long long)room);
-    if (base_tokens % ps != 0) {
-        KVS__MFAIL(m, KVS_EPREFIX_ALIGN, "room %llu: cached prefix %lld is not a multiple "
-                   "of the page size %lld", (unsigned long long)room, (long long)base_tokens,
-                   (long long)ps);
+    if (base_tokens % ps != 0 || lost >= 0) {
+        const int status = lost >= 0 ? KVS_EPEER : KVS_EPREFIX_ALIGN;
+        if (lost >= 0)
+            KVS__MFAIL(m, KVS_EPEER, "room %llu: prefill rank tp %lld pp %lld is unreachable "
+                       "(its connection died; reconnecting): the request fails now, retry it "
+                       "once kvs_decode_peers_ready() counts every writer again",
+                       (unsigned long long)room, (long long)d->peers[lost].tp_rank,
+                       (long long)d->peers[lost].pp_rank);
+        else
+            KVS__MFAIL(m, KVS_EPREFIX_ALIGN, "room %llu: cached prefix %lld is not a multiple "
+                       "of the page size %lld", (unsigned long long)room,
+                       (long long)base_tokens, (long long)ps);
         /* The prefill ranks hold this request too: tell them at once. */
         kvs_msg_t msg = {.type = KVS_MSG_ABORT};
-        msg.u.abort = (kvs_msg_abort_t){.session = d->session, .room = room,
-                                        .status = KVS_EPREFIX_ALIGN};
+        msg.u.abort = (kvs_msg_abort_t){.session = d->session, .room = room, .status = status};
         for (int64_t i = 0; i < d->npeers; i++)
             kvs__send(d, &d->peers[i], &msg);
-        return kvs__room_reject(d, room, KVS_EPREFIX_ALIGN);
+        return kvs__room_reject(d, room, status);
     }
     const int64_t want_pages = kvs__ceil_div(total_tokens - base_tokens, ps);
     if (num_pages != want_pages)
@@ -802,6 +852,7 @@ static void kvs__on_ack(kvs_decode_t *d, kvs__dpeer_t *p, int64_t idx,
         return;
     }
     p->acked = true;
+    p->lost = false;
     p->prefill_session = a->prefill_session;
     if (d->ring != NULL) {
         kvs_msg_t msg = {.type = KVS_MSG_WATERMARK};
@@ -817,10 +868,11 @@ static void kvs__on_message(kvs_decode_t *d, const kvs_completion_t *cqe)
     kvs_msg_t msg;
     int64_t idx;
     kvs__dpeer_t *p = kvs__peer_of(d, cqe->conn, &idx);
-    if (p == NULL || kvs__wire_decode(cqe->msg, cqe->len_bytes, &msg) != KVS_OK) {
+    const int got = p != NULL ? kvs__link_recv(&d->links, cqe, &msg) : KVS_EPROTO;
+    if (got < 0)
         d->stats.msgs_rejected++;
-        return;
-    }
+    if (got <= 0)
+        return; /* rejected, or taken by the link (an ACK, a duplicate) */
     d->stats.msgs_received++;
     if (msg.type == KVS_MSG_REGISTER_ACK) {
         kvs__on_ack(d, p, idx, &msg.u.ack);
@@ -852,6 +904,65 @@ static void kvs__on_message(kvs_decode_t *d, const kvs_completion_t *cqe)
     default:
         d->stats.msgs_rejected++;
         break;
+    }
+}
+
+/* ---- lost peers --------------------------------------------------------------- */
+
+/* The fabric found p's connection dead: the prefill crashed or restarted.
+ * A dead connection carries no more writes, so the peer has reported every
+ * open room (failed); every other peer is told. */
+static void kvs__peer_lost(void *ctx, kvs_conn_t *conn)
+{
+    kvs_decode_t *d = ctx;
+    int64_t idx;
+    kvs__dpeer_t *p = kvs__peer_of(d, conn, &idx);
+    if (p == NULL)
+        return;
+    d->fab->ops.disconnect(d->fab, conn);
+    p->conn = NULL;
+    p->acked = false;
+    /* The first loss waits retry_timeout before reconnecting; a reconnect
+     * that dies again waits twice as long, up to the links' longest wait. */
+    const uint64_t cap = d->links.rto_max_ns;
+    p->reconnect_wait_ns = !p->lost ? d->m->cfg.retry_timeout_ns
+                           : p->reconnect_wait_ns * 2 < cap ? p->reconnect_wait_ns * 2 : cap;
+    p->lost = true;
+    p->reconnect_ns = kvs__now(d) + p->reconnect_wait_ns;
+    kvs__log(&d->m->log, KVS_LOG_WARN, "decode %lld: prefill %lld/%lld is unreachable (its "
+             "connection died): its rooms fail, reconnecting to '%s'", (long long)d->rank,
+             (long long)p->tp_rank, (long long)p->pp_rank, p->name);
+    for (uint32_t i = 0; i <= d->rooms.mask; i++) {
+        if (d->rooms.state[i] != 1)
+            continue;
+        kvs__droom_t *r = d->rooms.vals[i];
+        if (kvs__bit(r->reported, idx))
+            continue;
+        kvs__bit_set(r->reported, idx);
+        r->reports++;
+        kvs__room_fail(d, r, KVS_EPEER);
+        kvs__room_try_finish(d, r); /* deleting leaves a tombstone: the walk goes on */
+    }
+}
+
+/* Lost peers whose wait is over: connect and register again. */
+static void kvs__reconnect(kvs_decode_t *d)
+{
+    const uint64_t now = kvs__now(d);
+    for (int64_t i = 0; i < d->npeers; i++) {
+        kvs__dpeer_t *p = &d->peers[i];
+        if (!p->lost || p->conn != NULL || now < p->reconnect_ns)
+            continue;
+        if (d->fab->ops.connect(d->fab, p->name, &p->conn) == KVS_OK) {
+            kvs__log(&d->m->log, KVS_LOG_INFO, "decode %lld: reconnected to prefill '%s'",
+                     (long long)d->rank, p->name);
+            kvs__register(d, p);
+            continue;
+        }
+        p->conn = NULL;
+        const uint64_t cap = d->links.rto_max_ns;
+        p->reconnect_wait_ns = p->reconnect_wait_ns * 2 < cap ? p->reconnect_wait_ns * 2 : cap;
+        p->reconnect_ns = now + p->reconnect_wait_ns;
     }
 }
 
@@ -947,9 +1058,12 @@ int kvs_decode_progress(kvs_decode_t *d)
             return KVS__MFAIL(d->m, n, "polling fabric '%s' failed: %s", d->fab->name,
                               d->fab->last_backend_msg[0] ? d->fab->last_backend_msg
                                                           : kvs_strerror(n));
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < n; i++) {
             if (d->cq[i].kind == KVS_COMPLETION_RECV)
                 kvs__on_message(d, &d->cq[i]);
+            else if (d->cq[i].kind == KVS_COMPLETION_DISCONNECT)
+                kvs__link_kill(&d->links, d->cq[i].conn);
+        }
         work += n;
         if (n < KVS__POLL_BATCH)
             break;
@@ -959,6 +1073,8 @@ int kvs_decode_progress(kvs_decode_t *d)
     if (d->ring != NULL)
         kvs__retry_wanted(d);
     kvs__expire(d);
+    kvs__links_tick(&d->links, kvs__now(d), kvs__peer_lost, d);
+    kvs__reconnect(d);
     return work;
 }
 
@@ -971,11 +1087,27 @@ int kvs_decode_poll_rooms(kvs_decode_t *d, kvs_room_result_t *out, int max)
 
 uint64_t kvs_decode_next_deadline_ns(const kvs_decode_t *d)
 {
-    return d != NULL && d->rooms.count > 0 ? d->next_check_ns : UINT64_MAX;
+    if (d == NULL)
+        return UINT64_MAX;
+    uint64_t t = d->rooms.count > 0 ? d->next_check_ns : UINT64_MAX;
+    const uint64_t links = kvs__links_deadline(&d->links);
+    if (links < t)
+        t = links;
+    for (int64_t i = 0; i < d->npeers; i++)
+        if (d->peers[i].lost && d->peers[i].conn == NULL && d->peers[i].reconnect_ns < t)
+            t = d->peers[i].reconnect_ns;
+    return t;
 }
 
 void kvs_decode_stats(const kvs_decode_t *d, kvs_handler_stats_t *out)
 {
     if (d != NULL && out != NULL)
         *out = d->stats;
+}
+
+kvs__links_t *kvs__decode_links(kvs_decode_t *d) { return &d->links; }
+
+uint64_t kvs__decode_stall_ns(const kvs_decode_t *d)
+{
+    return d->rooms.count > 0 ? d->next_check_ns : UINT64_MAX;
 }

@@ -93,6 +93,8 @@ int kvs_manager_create(const kvs_manager_config_t *cfg, kvs_device_t *dev,
         c.max_inflight_writes = 1024;
     if (c.stall_timeout_ns == 0)
         c.stall_timeout_ns = KVS_DEFAULT_STALL_TIMEOUT_NS;
+    if (c.retry_timeout_ns == 0)
+        c.retry_timeout_ns = KVS_DEFAULT_RETRY_TIMEOUT_NS;
     if (c.session_id == 0) /* distinct per (role, pp, tp) of one deployment */
         c.session_id = ((uint64_t)c.role + 1) << 56 | (uint64_t)c.pp_rank << 32 |
                        (uint64_t)c.tp_rank;
@@ -233,10 +235,14 @@ int kvs_manager_init_staging(kvs_manager_t *m)
             return kvs__error_set(&m->err, rc == KVS_ENOTSUP ? rc : KVS_EBACKEND,
                                   m->dev->last_backend_code, __FILE__, __LINE__,
                                   "device '%s' could not allocate staging buffer %u of "
-                                  "%llu bytes (%s): lower the ring size or free device "
-                                  "memory", m->dev->name, i, (unsigned long long)bytes,
+                                  "%llu bytes (%s): %s, or free device memory",
+                                  m->dev->name, i, (unsigned long long)bytes,
                                   m->dev->last_backend_msg[0] ? m->dev->last_backend_msg
-                                                              : kvs_strerror(rc));
+                                                              : kvs_strerror(rc),
+                                  m->cfg.role == KVS_ROLE_DECODE
+                                      ? "lower the ring size (ring_bytes, --ring-mib)"
+                                      : "lower the chunk size (chunk_tokens, --chunk-tokens) "
+                                        "or the transfer workers");
         }
     }
     m->ring = ring;

@@ -20,10 +20,16 @@
  * that decode. A failure fails the whole room, is told to every decode at
  * once, and is reported only after the writes already posted completed, so
  * the decode frees no region a write can still land in.
+ * Control messages travel on reliable links (link.c: retransmitted until
+ * acknowledged, duplicates dropped; a new incarnation of a decode comes on
+ * a new connection). A decode whose connection dies is lost: what this rank
+ * owed it fails (and every other decode is told), rooms opened while it is
+ * away fail at once, and its next REGISTER brings it back.
  */
 #include "arith.h"
 #include "channel.h"
 #include "error.h"
+#include "link.h"
 #include "log.h"
 #include "manager.h"
 #include "results.h"
@@ -38,6 +44,7 @@
 typedef struct kvs__ppeer {
     kvs_conn_t *conn;            /* reverse connection of the decode's REGISTER */
     bool registered;
+    bool lost;                   /* its connection died; until it registers again */
     uint64_t session;
     int64_t tp_rank, pp_rank;    /* of the decode rank */
     int64_t writer;              /* this rank's writer index in its regions */
@@ -113,6 +120,7 @@ struct kvs_prefill {
     int64_t rank, stage;         /* TP and PP rank */
     int64_t ntargets;
     kvs__ppeer_t *peers;         /* [ntargets] */
+    kvs__links_t links;          /* one reliable link per connection */
     kvs_stream_t *stream;
     uint32_t workers;
     bool *worker_busy;
@@ -146,8 +154,10 @@ static void kvs__send(kvs_prefill_t *p, kvs__ppeer_t *peer, const kvs_msg_t *msg
 {
     if (peer->conn == NULL)
         return;
-    int rc = kvs__channel_send(p->fab, peer->conn, msg, &p->stats);
-    if (rc != KVS_OK)
+    /* A dead connection is handled at the end of progress (the link
+     * reports it), never from inside the caller's loops. */
+    int rc = kvs__link_send(&p->links, peer->conn, msg);
+    if (rc != KVS_OK && rc != KVS_EPEER)
         kvs__log(&p->m->log, KVS_LOG_WARN, "prefill %lld: sending %s to decode %lld/%lld "
                  "failed: %s", (long long)p->rank, kvs__wire_type_name(msg->type),
                  (long long)peer->tp_rank, (long long)peer->pp_rank, kvs_strerror(rc));
@@ -218,8 +228,10 @@ static void kvs__room_fail(kvs_prefill_t *p, kvs__proom_t *r, int status)
     r->status = status;
     kvs_msg_t msg = {.type = KVS_MSG_ABORT};
     msg.u.abort = (kvs_msg_abort_t){.session = p->session, .room = r->id, .status = status};
+    /* Once the caller opened the room, a decode whose ROOM is still on the
+     * way is told too (it drops what it does not know). */
     for (int64_t f = 0; f < p->ntargets; f++)
-        if (r->flows[f].known && p->peers[f].registered)
+        if (!r->flows[f].reported && p->peers[f].registered && (r->flows[f].known || r->opened))
             kvs__send(p, &p->peers[f], &msg);
     kvs__log(&p->m->log, KVS_LOG_INFO, "prefill %lld: room %llu failed: %s",
              (long long)p->rank, (unsigned long long)r->id, kvs_strerror(status));
@@ -239,7 +251,7 @@ static void kvs__report(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int status
     if (fl->reported)
         return;
     fl->reported = true;
-    if (!fl->known)
+    if (!fl->known && (status == KVS_OK || !p->peers[f].registered || !r->opened))
         return; /* the decode never opened it: nothing to tell */
     kvs_msg_t msg = {.type = KVS_MSG_STATUS};
     msg.u.status = (kvs_msg_status_t){.session = p->session, .room = r->id,
@@ -386,6 +398,7 @@ void kvs_prefill_destroy(kvs_prefill_t *p)
         kvs__room_remove(p, p->first);
     kvs__table_fini(&p->rooms);
     kvs__manager_close_kv(m, &p->kv_keys);
+    kvs__links_fini(&p->links);
     for (int64_t i = 0; p->peers != NULL && i < p->ntargets; i++)
         free(p->peers[i].layers);
     if (p->stream != NULL)
@@ -434,7 +447,12 @@ int kvs_prefill_create(kvs_manager_t *m, kvs_prefill_t **out)
     p->cq = calloc(KVS__POLL_BATCH, sizeof *p->cq);
     if (p->peers == NULL || p->worker_busy == NULL || p->ops == NULL || p->gathers == NULL ||
         p->cq == NULL || kvs__table_init(&p->rooms, m->cfg.max_rooms) != KVS_OK ||
-        kvs__results_init(&p->results, 2 * m->cfg.max_rooms) != KVS_OK) {
+        kvs__results_init(&p->results, 2 * m->cfg.max_rooms) != KVS_OK ||
+        /* a link per decode, plus slack for connections of decodes that
+         * restarted or were refused */
+        kvs__links_init(&p->links, p->fab, (uint32_t)(2 * p->ntargets + 16),
+                        m->cfg.retry_timeout_ns, m->cfg.stall_timeout_ns / 8,
+                        m->cfg.stall_timeout_ns, &p->stats) != KVS_OK) {
         kvs_prefill_destroy(p);
         return KVS__MFAIL(m, KVS_ENOMEM, "allocating the prefill handler's tables failed");
     }
@@ -505,9 +523,12 @@ int kvs_prefill_room_open(kvs_prefill_t *p, uint64_t room, int64_t total_tokens,
     r->opened = true;
     r->open_ns = kvs__now(p);
     kvs__touch(p, r);
-    for (int64_t f = 0; f < p->ntargets; f++)
+    for (int64_t f = 0; f < p->ntargets; f++) {
         if (r->flows[f].known && r->flows[f].total != total_tokens)
             kvs__room_fail(p, r, KVS_EPROTO);
+        if (p->peers[f].lost) /* it would never take part: fail now, not later */
+            kvs__room_fail(p, r, KVS_EPEER);
+    }
     return KVS_OK;
 }
 
@@ -561,12 +582,7 @@ static void kvs__on_register(kvs_prefill_t *p, kvs_conn_t *conn, const kvs_msg_r
         ack.u.ack.status = status;
         KVS__MFAIL(p->m, status, "refused a decode registration: %s", why);
         kvs__log(&p->m->log, KVS_LOG_ERROR, "prefill %lld: %s", (long long)p->rank, p->m->err.msg);
-        kvs_msg_t tmp = ack;
-        uint8_t buf[KVS_CONTROL_MSG_MAX_BYTES];
-        uint32_t len;
-        if (kvs__wire_encode(&tmp, buf, sizeof buf, &len) == KVS_OK &&
-            p->fab->ops.send(p->fab, conn, buf, len, KVS__WR_CONTROL) == KVS_OK)
-            p->stats.msgs_sent++;
+        (void)kvs__link_send(&p->links, conn, &ack);
         return;
     }
     kvs__ppeer_t *peer = &p->peers[f];
@@ -581,7 +597,10 @@ static void kvs__on_register(kvs_prefill_t *p, kvs_conn_t *conn, const kvs_msg_r
     for (kvs__proom_t *r = peer->registered ? p->first : NULL; r != NULL; r = r->next)
         if (r->flows[f].known && !r->flows[f].reported)
             kvs__room_fail(p, r, KVS_EPEER);
+    if (peer->conn != NULL && peer->conn != conn)
+        kvs__link_forget(&p->links, peer->conn); /* the old incarnation's */
     peer->conn = conn;
+    peer->lost = false;
     peer->session = g->session;
     peer->wm = (kvs_watermark_t){0, 0};
     peer->ring_addr = g->ring_addr;
@@ -714,10 +733,11 @@ static void kvs__on_layers(kvs_prefill_t *p, int64_t f, const kvs_msg_layers_t *
 static void kvs__on_message(kvs_prefill_t *p, const kvs_completion_t *cqe)
 {
     kvs_msg_t msg;
-    if (kvs__wire_decode(cqe->msg, cqe->len_bytes, &msg) != KVS_OK) {
+    const int got = kvs__link_recv(&p->links, cqe, &msg);
+    if (got < 0)
         p->stats.msgs_rejected++;
-        return;
-    }
+    if (got <= 0)
+        return; /* rejected, or taken by the link (an ACK, a duplicate) */
     p->stats.msgs_received++;
     if (msg.type == KVS_MSG_REGISTER) {
         kvs__on_register(p, cqe->conn, &msg.u.reg);
@@ -1011,6 +1031,34 @@ static void kvs__reap_gathers(kvs_prefill_t *p)
     }
 }
 
+/* The fabric found a connection dead. If it was a registered decode's, that
+ * decode crashed or restarted: nothing more reaches it and none of its
+ * writes can land, so what this rank owes it fails and the other decodes
+ * are told. */
+static void kvs__peer_lost(void *ctx, kvs_conn_t *conn)
+{
+    kvs_prefill_t *p = ctx;
+    p->fab->ops.disconnect(p->fab, conn); /* the peer hears of it too */
+    int64_t f = 0;
+    while (f < p->ntargets && !(p->peers[f].registered && p->peers[f].conn == conn))
+        f++;
+    if (f == p->ntargets)
+        return; /* a refused or replaced connection */
+    kvs__ppeer_t *peer = &p->peers[f];
+    peer->registered = false;
+    peer->lost = true;
+    peer->conn = NULL;
+    kvs__log(&p->m->log, KVS_LOG_WARN, "prefill %lld: decode %lld/%lld is unreachable (its "
+             "connection died): its rooms fail until it registers again",
+             (long long)p->rank, (long long)peer->tp_rank, (long long)peer->pp_rank);
+    for (kvs__proom_t *r = p->first, *after; r != NULL; r = after) {
+        after = r->next;
+        /* its flow reports (to nobody) once its posted writes completed */
+        kvs__room_fail(p, r, KVS_EPEER);
+        kvs__room_try_finish(p, r);
+    }
+}
+
 /* Rooms past their stall deadline (spec §9): the first expiry fails the room
  * with KVS_ETIMEDOUT and tells the decode ranks; flows report once their
  * posted writes completed. A failed room the caller never opened is dropped
@@ -1054,6 +1102,8 @@ int kvs_prefill_progress(kvs_prefill_t *p)
                 kvs__on_message(p, &p->cq[i]);
             else if (p->cq[i].kind == KVS_COMPLETION_WRITE)
                 kvs__on_write_done(p, &p->cq[i]);
+            else if (p->cq[i].kind == KVS_COMPLETION_DISCONNECT)
+                kvs__link_kill(&p->links, p->cq[i].conn);
         }
         work += n;
         if (n < KVS__POLL_BATCH)
@@ -1078,6 +1128,7 @@ int kvs_prefill_progress(kvs_prefill_t *p)
         kvs__room_try_finish(p, r);
     }
     kvs__expire(p);
+    kvs__links_tick(&p->links, kvs__now(p), kvs__peer_lost, p);
     return work;
 }
 
@@ -1090,11 +1141,22 @@ int kvs_prefill_poll_rooms(kvs_prefill_t *p, kvs_room_result_t *out, int max)
 
 uint64_t kvs_prefill_next_deadline_ns(const kvs_prefill_t *p)
 {
-    return p != NULL && p->first != NULL ? p->next_check_ns : UINT64_MAX;
+    if (p == NULL)
+        return UINT64_MAX;
+    const uint64_t rooms = p->first != NULL ? p->next_check_ns : UINT64_MAX;
+    const uint64_t links = kvs__links_deadline(&p->links);
+    return links < rooms ? links : rooms;
 }
 
 void kvs_prefill_stats(const kvs_prefill_t *p, kvs_handler_stats_t *out)
 {
     if (p != NULL && out != NULL)
         *out = p->stats;
+}
+
+kvs__links_t *kvs__prefill_links(kvs_prefill_t *p) { return &p->links; }
+
+uint64_t kvs__prefill_stall_ns(const kvs_prefill_t *p)
+{
+    return p->first != NULL ? p->next_check_ns : UINT64_MAX;
 }

@@ -2,8 +2,8 @@
  * wire.c - the byte encoding of the staging protocol's control messages
  * (spec §7), declared in wire.h.
  *
- * Format: a 12-byte header (magic u32, version u16, type u16, payload length
- * u32) and then the fields of the message struct in declaration order, each
+ * Format: a 16-byte header (magic u32, version u16, type u16, payload length
+ * u32, link sequence number u32) and then the fields of the message struct in declaration order, each
  * integer little-endian at its own width, written with explicit shifts (no
  * struct memcpy, no padding on the wire). LAYERS carries `count` layer entries
  * after session, first, count; PAGES carries `count` page ids after session,
@@ -38,6 +38,7 @@
 #define WIRE_WATERMARK_BYTES (3u * 8u)
 #define WIRE_STATUS_BYTES (2u * 8u + 2u * 8u + 4u + 4u + 8u)
 #define WIRE_ABORT_BYTES (2u * 8u + 4u + 4u)
+#define WIRE_ACK_BYTES (4u + 4u)
 
 _Static_assert(KVS_WIRE_HEADER_BYTES + WIRE_LAYERS_FIXED_BYTES +
                        KVS_WIRE_LAYERS_PER_MSG * WIRE_LAYER_ENTRY_BYTES <=
@@ -49,7 +50,7 @@ _Static_assert(KVS_WIRE_HEADER_BYTES + WIRE_PAGES_FIXED_BYTES +
                "the largest PAGES message must fit a control message");
 _Static_assert(KVS_WIRE_HEADER_BYTES + WIRE_REGISTER_BYTES <= KVS_CONTROL_MSG_MAX_BYTES,
                "REGISTER must fit a control message");
-_Static_assert(KVS_WIRE_HEADER_BYTES == 4u + 2u + 2u + 4u, "header layout");
+_Static_assert(KVS_WIRE_HEADER_BYTES == 4u + 2u + 2u + 4u + 4u, "header layout");
 _Static_assert(KVS_MSG_TYPE_MAX <= 0xFFFF, "type travels as a u16");
 
 /* ---- cursors ------------------------------------------------------------ */
@@ -172,6 +173,8 @@ static uint32_t wire_payload_bytes(uint32_t type, uint32_t count)
         return WIRE_STATUS_BYTES;
     case KVS_MSG_ABORT:
         return WIRE_ABORT_BYTES;
+    case KVS_MSG_ACK:
+        return WIRE_ACK_BYTES;
     default:
         return 0;
     }
@@ -313,6 +316,10 @@ static void wire_put_payload(wire_writer_t *w, const kvs_msg_t *msg)
         wire_put_u32(w, m->reserved);
         break;
     }
+    case KVS_MSG_ACK:
+        wire_put_u32(w, msg->u.ack_link.cum);
+        wire_put_u32(w, msg->u.ack_link.reserved);
+        break;
     default:
         assert(0 && "type validated by the caller");
         break;
@@ -356,6 +363,7 @@ int kvs__wire_encode(const kvs_msg_t *msg, uint8_t *buf, uint32_t cap, uint32_t 
     wire_put_u16(&w, (uint16_t)KVS_WIRE_VERSION);
     wire_put_u16(&w, (uint16_t)type);
     wire_put_u32(&w, payload);
+    wire_put_u32(&w, msg->seq);
     wire_put_payload(&w, msg);
     assert(w.pos == total);
     *out_len = total;
@@ -512,6 +520,10 @@ static int wire_get_payload(wire_reader_t *r, uint32_t type, kvs_msg_t *m)
         p->reserved = wire_get_u32(r);
         break;
     }
+    case KVS_MSG_ACK:
+        m->u.ack_link.cum = wire_get_u32(r);
+        m->u.ack_link.reserved = wire_get_u32(r);
+        break;
     default:
         return KVS_EPROTO;
     }
@@ -538,6 +550,7 @@ int kvs__wire_decode(const uint8_t *buf, uint32_t len, kvs_msg_t *msg)
     uint16_t version = wire_get_u16(&r);
     uint16_t type = wire_get_u16(&r);
     uint32_t payload = wire_get_u32(&r);
+    uint32_t seq = wire_get_u32(&r);
     if (magic != KVS_WIRE_MAGIC || version != KVS_WIRE_VERSION)
         return KVS_EPROTO;
     if (type < KVS_MSG_REGISTER || type > KVS_MSG_TYPE_MAX)
@@ -553,6 +566,7 @@ int kvs__wire_decode(const uint8_t *buf, uint32_t len, kvs_msg_t *msg)
     kvs_msg_t local;
     memset(&local, 0, sizeof local);
     local.type = (kvs_msg_type_t)type;
+    local.seq = seq;
     int rc = wire_get_payload(&r, type, &local);
     if (rc != KVS_OK)
         return rc;
@@ -585,6 +599,8 @@ const char *kvs__wire_type_name(kvs_msg_type_t type)
         return "STATUS";
     case KVS_MSG_ABORT:
         return "ABORT";
+    case KVS_MSG_ACK:
+        return "ACK";
     default:
         return "UNKNOWN";
     }

@@ -15,8 +15,8 @@
 #include <kvstage/backend.h>
 
 #define KVS_WIRE_MAGIC 0x4B565354u /* "KVST" */
-#define KVS_WIRE_VERSION 1u
-#define KVS_WIRE_HEADER_BYTES 12u
+#define KVS_WIRE_VERSION 2u
+#define KVS_WIRE_HEADER_BYTES 16u
 /* Layers per LAYERS message and page ids per PAGES message, so a message
  * always fits KVS_CONTROL_MSG_MAX_BYTES. */
 #define KVS_WIRE_LAYERS_PER_MSG 96u
@@ -34,7 +34,9 @@ typedef enum kvs_msg_type {
     KVS_MSG_WATERMARK = 9,   /* decode -> prefill: oldest live ring position */
     KVS_MSG_STATUS = 10,     /* prefill -> decode: this rank's result for a room */
     KVS_MSG_ABORT = 11,      /* either way: the room failed, release it */
-    KVS_MSG_TYPE_MAX = 11
+    KVS_MSG_ACK = 12,        /* either way: link-level receipt (link.c), never
+                                itself acknowledged */
+    KVS_MSG_TYPE_MAX = 12
 } kvs_msg_type_t;
 
 /* The compatibility fingerprint (spec §7.1): both sides must agree. */
@@ -131,8 +133,16 @@ typedef struct kvs_msg_abort {
     uint32_t reserved;
 } kvs_msg_abort_t;
 
+/* Link-level receipt: every message of the connection up to and including
+ * sequence `cum` arrived, in order (link.c). */
+typedef struct kvs_msg_ack {
+    uint32_t cum;
+    uint32_t reserved;
+} kvs_msg_ack_t;
+
 typedef struct kvs_msg {
     kvs_msg_type_t type;
+    uint32_t seq;              /* link sequence number; 0 = not sequenced (ACK) */
     union {
         kvs_msg_register_t reg;
         kvs_msg_layers_t layers;
@@ -145,6 +155,7 @@ typedef struct kvs_msg {
         kvs_msg_watermark_t wm;
         kvs_msg_status_t status;
         kvs_msg_abort_t abort;
+        kvs_msg_ack_t ack_link;
     } u;
 } kvs_msg_t;
 

@@ -134,7 +134,7 @@ static void test_channel_fingerprint_check_names_each_field(void **state)
         const char *name;
         long long mine, theirs;
     } cases[] = {
-        {"protocol version", KVS_WIRE_VERSION, 2},
+        {"protocol version", KVS_WIRE_VERSION, KVS_WIRE_VERSION + 1},
         {"transfer path", 1, 2},
         {"total KV heads", 8, 16},
         {"head dim", 128, 64},

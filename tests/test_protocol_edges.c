@@ -41,6 +41,7 @@
 #include "fabric.h"
 #include "gpu.h"
 #include "kvdata.h"
+#include "link.h"
 #include "wire.h"
 
 #define EDGE_SEED 0x6564676573ull   /* "edges" */
@@ -79,7 +80,9 @@ typedef struct edge_node {
     uint8_t *pool_host;
     uint64_t k_base[EDGE_MAX_LAYERS], v_base[EDGE_MAX_LAYERS];
     bool wake_pending;
-    uint64_t timer_ns;               /* progress already scheduled then (0: none) */
+    uint64_t timer_ns;               /* progress already scheduled then for a room's
+                                        stall deadline (0: none) */
+    uint64_t link_timer_ns;          /* ... for a link's retransmission (0: none) */
     int progress_rc;                 /* first failure of *_progress */
     kvs_room_result_t res[EDGE_MAX_RESULTS];
     int nres;
@@ -110,8 +113,19 @@ typedef struct edge_opts {
 /* Called after a node polled results (the node that got them, the new ones). */
 typedef void (*edge_result_fn)(edge_cluster_t *cl, edge_node_t *n, const kvs_room_result_t *r);
 
+#define EDGE_MAX_XCONNS 8
+
+/* The intruder's link state per connection: next sequence number it sends,
+ * next one it expects. */
+typedef struct edge_xseq {
+    kvs_conn_t *conn;
+    uint32_t next, expected;
+} edge_xseq_t;
+
 struct edge_cluster {
     edge_opts_t o;
+    edge_xseq_t xseq[EDGE_MAX_XCONNS];
+    int nxseq;
     sim_engine_t *eng;
     sim_net_t *net;
     edge_node_t nodes[EDGE_MAX_NODES]; /* prefill ranks, then decode ranks */
@@ -152,6 +166,9 @@ static void edge_log(void *user, kvs_log_level_t level, const char *msg)
     else if (level == KVS_LOG_WARN)
         n->log_warnings++;
     snprintf(n->log_last, sizeof n->log_last, "%s", msg);
+    if (getenv("EDGE_LOG") != NULL) /* debugging a test: every line */
+        fprintf(stderr, "[%s %llu] %s\n", n->name,
+                (unsigned long long)sim_engine_now_ns(n->cl->eng), msg);
 }
 
 static void edge_arm_timer(edge_node_t *n);
@@ -193,17 +210,37 @@ static void edge_timer(sim_engine_t *eng, void *ctx, uint64_t arg)
     edge_wake(n);
 }
 
-/* The API contract: progress again when the clock passes next_deadline. */
+static void edge_link_timer(sim_engine_t *eng, void *ctx, uint64_t arg)
+{
+    edge_node_t *n = ctx;
+    (void)eng;
+    if (n->link_timer_ns == arg)
+        n->link_timer_ns = 0;
+    edge_wake(n);
+}
+
+static void edge_arm(edge_node_t *n, uint64_t at, uint64_t *slot, sim_event_fn fn)
+{
+    if (at == UINT64_MAX || (*slot != 0 && *slot <= at))
+        return;
+    const uint64_t now = sim_engine_now_ns(n->cl->eng);
+    *slot = at > now ? at : now;
+    if (sim_engine_at(n->cl->eng, *slot, fn, n, *slot, NULL) != KVS_OK)
+        EDGE_FAIL("%s: scheduling a timer failed", n->name);
+}
+
+/* The API contract: progress again when the clock passes next_deadline.
+ * The harness tells the rooms' stall deadlines (which edge_run stops
+ * before) from the links' retransmissions (which it runs). */
 static void edge_arm_timer(edge_node_t *n)
 {
     const uint64_t at = n->dec != NULL ? kvs_decode_next_deadline_ns(n->dec)
                                        : kvs_prefill_next_deadline_ns(n->pre);
-    if (at == UINT64_MAX || (n->timer_ns != 0 && n->timer_ns <= at))
-        return;
-    const uint64_t now = sim_engine_now_ns(n->cl->eng);
-    n->timer_ns = at > now ? at : now;
-    if (sim_engine_at(n->cl->eng, n->timer_ns, edge_timer, n, n->timer_ns, NULL) != KVS_OK)
-        EDGE_FAIL("%s: scheduling a timer failed", n->name);
+    const uint64_t stall = n->dec != NULL ? kvs__decode_stall_ns(n->dec)
+                                          : kvs__prefill_stall_ns(n->pre);
+    if (at < stall)
+        edge_arm(n, at, &n->link_timer_ns, edge_link_timer);
+    edge_arm(n, stall, &n->timer_ns, edge_timer);
 }
 
 static void edge_wake(void *ctx)
@@ -225,7 +262,8 @@ static void edge_check_progress(edge_cluster_t *cl)
                       kvs_manager_last_error(cl->nodes[i].m)->msg);
 }
 
-/* The earliest stall deadline any rank armed a timer for, UINT64_MAX if none. */
+/* The earliest stall deadline any rank armed a timer for, UINT64_MAX if none
+ * (timers for link retransmissions are armed apart, and run). */
 static uint64_t edge_earliest_timer(const edge_cluster_t *cl)
 {
     uint64_t t = UINT64_MAX;
@@ -335,7 +373,7 @@ static int edge_node_manager(edge_cluster_t *cl, edge_node_t *n, uint64_t sessio
         .path = odd && o->odd_slice ? KVS_PATH_SLICE : o->path, .max_rooms = o->max_rooms,
         .max_inflight_writes = o->max_inflight_writes,
         .session_id = session,
-        .log = {.fn = edge_log, .user = n, .level = KVS_LOG_WARN}};
+        .log = {.fn = edge_log, .user = n, .level = getenv("EDGE_LOG") != NULL ? KVS_LOG_DEBUG : KVS_LOG_WARN}};
     kvs_error_t err = {0};
     int rc = kvs_manager_create(&mc, sim_gpu_device(n->gpu), sim_nic_fabric(n->nic), &n->m, &err);
     if (rc != KVS_OK) {
@@ -656,11 +694,30 @@ static void edge_send_raw(kvs_fabric_t *fab, kvs_conn_t *conn, const void *bytes
     assert_int_equal(fab->ops.send(fab, conn, bytes, len, 0), KVS_OK);
 }
 
-static void edge_send(kvs_fabric_t *fab, kvs_conn_t *conn, const kvs_msg_t *msg)
+/* Sends msg on conn as the owner of fab would: a handler's NIC through that
+ * handler's own link (its sequence numbers: what a confused or compromised
+ * peer sends), the intruder with its own numbering per connection. */
+static void edge_send(edge_cluster_t *cl, kvs_fabric_t *fab, kvs_conn_t *conn, const kvs_msg_t *msg)
 {
+    for (int i = 0; i < edge_nnodes(cl); i++) {
+        edge_node_t *n = &cl->nodes[i];
+        if (sim_nic_fabric(n->nic) != fab || (n->dec == NULL && n->pre == NULL))
+            continue;
+        kvs__links_t *ls = n->dec != NULL ? kvs__decode_links(n->dec) : kvs__prefill_links(n->pre);
+        assert_int_equal(kvs__link_send(ls, conn, msg), KVS_OK);
+        return;
+    }
+    int k = 0;
+    while (k < cl->nxseq && cl->xseq[k].conn != conn)
+        k++;
+    assert_true(k < EDGE_MAX_XCONNS);
+    if (k == cl->nxseq)
+        cl->xseq[cl->nxseq++] = (edge_xseq_t){.conn = conn, .next = 1};
+    kvs_msg_t m = *msg;
+    m.seq = cl->xseq[k].next++;
     uint8_t buf[KVS_CONTROL_MSG_MAX_BYTES];
     uint32_t len = 0;
-    assert_int_equal(kvs__wire_encode(msg, buf, sizeof buf, &len), KVS_OK);
+    assert_int_equal(kvs__wire_encode(&m, buf, sizeof buf, &len), KVS_OK);
     edge_send_raw(fab, conn, buf, len);
 }
 
@@ -672,19 +729,85 @@ static kvs_conn_t *edge_conn(kvs_fabric_t *fab, const char *peer)
     return c;
 }
 
-/* A NIC (on its own GPU) that no handler owns: the test speaks through it. */
+/* A NIC (on its own GPU) that no handler owns: the test speaks through it.
+ * It behaves as a live peer's link would: whatever arrives is acknowledged
+ * at once (ACKs and repeats dropped) and kept for edge_intruder_recv. */
+#define EDGE_INBOX 32
+
 typedef struct edge_intruder {
+    edge_cluster_t *cl;
     sim_gpu_t *gpu;
     sim_nic_t *nic;
     kvs_fabric_t *fab;
+    bool wake_pending;
+    kvs_msg_t inbox[EDGE_INBOX];
+    int ninbox;
 } edge_intruder_t;
+
+static void edge_intruder_poll(sim_engine_t *eng, void *ctx, uint64_t arg)
+{
+    edge_intruder_t *x = ctx;
+    edge_cluster_t *cl = x->cl;
+    (void)eng;
+    (void)arg;
+    x->wake_pending = false;
+    static kvs_completion_t cq[16];
+    for (;;) {
+        int n = x->fab->ops.poll(x->fab, cq, 16);
+        assert_true(n >= 0);
+        for (int i = 0; i < n; i++) {
+            if (cq[i].kind != KVS_COMPLETION_RECV)
+                continue;
+            kvs_msg_t m;
+            assert_int_equal(kvs__wire_decode(cq[i].msg, cq[i].len_bytes, &m), KVS_OK);
+            if (m.type == KVS_MSG_ACK)
+                continue;
+            int k = 0;
+            while (k < cl->nxseq && cl->xseq[k].conn != cq[i].conn)
+                k++;
+            assert_true(k < EDGE_MAX_XCONNS);
+            if (k == cl->nxseq)
+                cl->xseq[cl->nxseq++] = (edge_xseq_t){.conn = cq[i].conn, .next = 1};
+            if (cl->xseq[k].expected == 0)
+                cl->xseq[k].expected = 1;
+            const bool fresh = m.seq == cl->xseq[k].expected;
+            if (fresh)
+                cl->xseq[k].expected++;
+            kvs_msg_t ack = {.type = KVS_MSG_ACK};
+            ack.u.ack_link.cum = cl->xseq[k].expected - 1;
+            uint8_t buf[64];
+            uint32_t len = 0;
+            assert_int_equal(kvs__wire_encode(&ack, buf, sizeof buf, &len), KVS_OK);
+            edge_send_raw(x->fab, cq[i].conn, buf, len);
+            if (!fresh)
+                continue;
+            assert_true(x->ninbox < EDGE_INBOX);
+            x->inbox[x->ninbox++] = m;
+        }
+        if (n < 16)
+            return;
+    }
+}
+
+static void edge_intruder_wake(void *ctx)
+{
+    edge_intruder_t *x = ctx;
+    if (x->wake_pending)
+        return;
+    x->wake_pending = true;
+    if (sim_engine_after(x->cl->eng, 0, edge_intruder_poll, x, 0, NULL) != KVS_OK)
+        EDGE_FAIL("intruder: scheduling its poll failed");
+}
 
 static void edge_intruder_create(edge_cluster_t *cl, edge_intruder_t *x)
 {
     sim_gpu_config_t gc = {.hbm_bytes = 1u << 20};
+    memset(x, 0, sizeof *x);
+    x->cl = cl;
     assert_int_equal(sim_gpu_create(cl->eng, &gc, 99, &x->gpu), KVS_OK);
     assert_int_equal(sim_nic_create(cl->net, "intruder", x->gpu, &x->nic), KVS_OK);
     x->fab = sim_nic_fabric(x->nic);
+    sim_nic_set_wake(x->nic, edge_intruder_wake, x);
 }
 
 static void edge_intruder_destroy(edge_intruder_t *x)
@@ -693,24 +816,15 @@ static void edge_intruder_destroy(edge_intruder_t *x)
     sim_gpu_destroy(x->gpu);
 }
 
-/* Control messages the intruder received since the last call, decoded. */
-static int edge_intruder_recv(edge_intruder_t *x, kvs_msg_t *out, int max)
+/* Control messages the intruder received since the last call. */
+static int edge_intruder_recv(edge_cluster_t *cl, edge_intruder_t *x, kvs_msg_t *out, int max)
 {
-    static kvs_completion_t cq[16];
-    int got = 0;
-    for (;;) {
-        int n = x->fab->ops.poll(x->fab, cq, 16);
-        assert_true(n >= 0);
-        for (int i = 0; i < n; i++) {
-            if (cq[i].kind != KVS_COMPLETION_RECV)
-                continue;
-            assert_true(got < max);
-            assert_int_equal(kvs__wire_decode(cq[i].msg, cq[i].len_bytes, &out[got]), KVS_OK);
-            got++;
-        }
-        if (n < 16)
-            return got;
-    }
+    (void)cl;
+    assert_true(x->ninbox <= max);
+    const int got = x->ninbox;
+    memcpy(out, x->inbox, (size_t)got * sizeof *out);
+    x->ninbox = 0;
+    return got;
 }
 
 /* The REGISTER decode rank 0 of this cluster sends, as a template. */
@@ -1076,8 +1190,16 @@ static void test_protocol_edges_decode_args(void **state)
     assert_int_equal(kvs_decode_connect(dec, "p0", 0, 0), KVS_EALREADY);
     assert_int_equal(kvs_decode_connect(dec, "nobody", 1, 0), KVS_ENOENT);
     assert_non_null(strstr(err->msg, "nobody"));
-    assert_int_equal(kvs_decode_room_open(dec, 1, 0, 8, pages, 2), KVS_ESTATE);
-    assert_int_equal(kvs_decode_connect(dec, "p1", 1, 0), KVS_OK); /* a failed connect left no trace */
+    assert_non_null(strstr(err->msg, "keeps trying"));
+    /* The handler keeps trying that address; meanwhile a room fails at once
+     * (and is reported), naming the peer that is away. */
+    assert_int_equal(kvs_decode_room_open(dec, 99, 0, 8, pages, 2), KVS_EPEER);
+    assert_non_null(strstr(err->msg, "unreachable"));
+    kvs_room_result_t gone[2];
+    assert_int_equal(kvs_decode_poll_rooms(dec, gone, 2), 1);
+    assert_int_equal(gone[0].status, KVS_EPEER);
+    /* Connecting again with the right address replaces the wrong one. */
+    assert_int_equal(kvs_decode_connect(dec, "p1", 1, 0), KVS_OK);
     assert_int_equal(kvs_decode_peers_ready(dec), 0);
     edge_wake(d);
     edge_run(cl);
@@ -1104,7 +1226,7 @@ static void test_protocol_edges_decode_args(void **state)
     assert_int_equal(kvs_decode_poll_rooms(dec, res, 0), 0);
     kvs_handler_stats_t st;
     kvs_decode_stats(dec, &st);
-    assert_int_equal(st.rooms_failed, 1);
+    assert_int_equal(st.rooms_failed, 2); /* this one, and the one while p1 was away */
 
     edge_transfer(cl, 1, 0, 8);
     edge_expect_ok(cl, 1, 0, 8);
@@ -1138,7 +1260,7 @@ static void test_protocol_edges_decode_args(void **state)
     kvs_decode_stats(dec, NULL);
     kvs_decode_stats(dec, &a);
     assert_int_equal(a.rooms_ok, 2);
-    assert_int_equal(a.rooms_failed, 1);
+    assert_int_equal(a.rooms_failed, 2);
     assert_int_equal(a.copies, 2);
     assert_int_equal(a.msgs_rejected, 0);
     a.rooms_ok = 99; /* the handler's own counters are not shared */
@@ -1262,19 +1384,19 @@ static void test_protocol_edges_hostile_to_decode(void **state)
     kvs_msg_t m = {.type = KVS_MSG_STAGING_REQ};
     m.u.req = (kvs_msg_staging_req_t){.session = p0s, .room = 1, .chunk = 0, .pages = 4,
                                       .tokens = 16, .writer = 0};
-    edge_send(x.fab, xc, &m);
+    edge_send(cl, x.fab, xc, &m);
     m = (kvs_msg_t){.type = KVS_MSG_CHUNK_READY};
     m.u.ready = (kvs_msg_chunk_ready_t){.session = p0s, .room = 1, .chunk = 0, .pages = 4};
-    edge_send(x.fab, xc, &m);
+    edge_send(cl, x.fab, xc, &m);
     m = (kvs_msg_t){.type = KVS_MSG_STATUS};
     m.u.status = (kvs_msg_status_t){.session = p0s, .room = 1, .status = KVS_OK, .chunks = 3};
-    edge_send(x.fab, xc, &m);
+    edge_send(cl, x.fab, xc, &m);
     m = (kvs_msg_t){.type = KVS_MSG_ABORT};
     m.u.abort = (kvs_msg_abort_t){.session = p0s, .room = 1, .status = KVS_EPEER};
-    edge_send(x.fab, xc, &m);
+    edge_send(cl, x.fab, xc, &m);
     m = (kvs_msg_t){.type = KVS_MSG_REGISTER_ACK};
     m.u.ack = (kvs_msg_register_ack_t){.session = EDGE_DECODE_SESSION, .status = KVS_EINVAL};
-    edge_send(x.fab, xc, &m);
+    edge_send(cl, x.fab, xc, &m);
     const uint64_t from_intruder = 7;
 
     /* From p0's connection: malformed, stale session, out of range. */
@@ -1283,34 +1405,34 @@ static void test_protocol_edges_hostile_to_decode(void **state)
     m = (kvs_msg_t){.type = KVS_MSG_STAGING_REQ};
     m.u.req = (kvs_msg_staging_req_t){.session = p0s + 1, .room = 1, .chunk = 0, .pages = 4,
                                       .tokens = 16};
-    edge_send(p0fab, pc, &m); /* stale session */
+    edge_send(cl, p0fab, pc, &m); /* stale session */
     m = (kvs_msg_t){.type = KVS_MSG_CHUNK_READY};
     m.u.ready = (kvs_msg_chunk_ready_t){.session = p0s, .room = 1, .chunk = 99, .pages = 4};
-    edge_send(p0fab, pc, &m); /* chunk out of range */
+    edge_send(cl, p0fab, pc, &m); /* chunk out of range */
     m.u.ready = (kvs_msg_chunk_ready_t){.session = p0s, .room = 1, .chunk = 0, .pages = 4,
                                         .writer = 1};
-    edge_send(p0fab, pc, &m); /* p0 is writer 0 */
+    edge_send(cl, p0fab, pc, &m); /* p0 is writer 0 */
     m.u.ready = (kvs_msg_chunk_ready_t){.session = p0s, .room = 1, .chunk = 0, .pages = 4,
                                         .stage = 3};
-    edge_send(p0fab, pc, &m); /* no such stage */
+    edge_send(cl, p0fab, pc, &m); /* no such stage */
     m.u.ready = (kvs_msg_chunk_ready_t){.session = p0s, .room = 404, .chunk = 0, .pages = 4};
-    edge_send(p0fab, pc, &m); /* unknown room */
+    edge_send(cl, p0fab, pc, &m); /* unknown room */
     m = (kvs_msg_t){.type = KVS_MSG_STATUS};
     m.u.status = (kvs_msg_status_t){.session = p0s, .room = 404, .status = KVS_OK};
-    edge_send(p0fab, pc, &m); /* unknown room */
+    edge_send(cl, p0fab, pc, &m); /* unknown room */
     m = (kvs_msg_t){.type = KVS_MSG_ABORT};
     m.u.abort = (kvs_msg_abort_t){.session = p0s, .room = 404, .status = KVS_EPEER};
-    edge_send(p0fab, pc, &m); /* unknown room */
+    edge_send(cl, p0fab, pc, &m); /* unknown room */
     m = (kvs_msg_t){.type = KVS_MSG_WATERMARK};
     m.u.wm = (kvs_msg_watermark_t){.session = p0s, .round = 9};
-    edge_send(p0fab, pc, &m); /* a decode -> prefill message */
+    edge_send(cl, p0fab, pc, &m); /* a decode -> prefill message */
     m = (kvs_msg_t){.type = KVS_MSG_REGISTER_ACK};
     m.u.ack = (kvs_msg_register_ack_t){.session = EDGE_DECODE_SESSION + 5, .status = KVS_OK};
-    edge_send(p0fab, pc, &m); /* acknowledges another session */
+    edge_send(cl, p0fab, pc, &m); /* acknowledges another session */
     m = (kvs_msg_t){.type = KVS_MSG_STAGING_REQ};
     m.u.req = (kvs_msg_staging_req_t){.session = p0s, .room = 404, .chunk = 0, .pages = 4,
                                       .tokens = 16};
-    edge_send(p0fab, pc, &m); /* unknown room: answered ENOENT, which p0 drops */
+    edge_send(cl, p0fab, pc, &m); /* unknown room: answered ENOENT, which p0 drops */
     const uint64_t from_p0 = 11;
 
     edge_computed(cl, 1, 40, true);
@@ -1325,7 +1447,7 @@ static void test_protocol_edges_hostile_to_decode(void **state)
     const kvs_handler_stats_t p0_after = edge_stats(edge_prefill(cl, 0));
     assert_int_equal(p0_after.msgs_rejected - p0_before.msgs_rejected, 1);
     kvs_msg_t got[4];
-    assert_int_equal(edge_intruder_recv(&x, got, 4), 0); /* never answered */
+    assert_int_equal(edge_intruder_recv(cl, &x, got, 4), 0); /* never answered */
 
     /* A stale STAGING_REQ for a live room that does not match its chunk
      * fails that room (EPROTO), and only that room. */
@@ -1333,7 +1455,7 @@ static void test_protocol_edges_hostile_to_decode(void **state)
     m = (kvs_msg_t){.type = KVS_MSG_STAGING_REQ};
     m.u.req = (kvs_msg_staging_req_t){.session = p0s, .room = 2, .chunk = 0, .pages = 3,
                                       .tokens = 12};
-    edge_send(p0fab, pc, &m);
+    edge_send(cl, p0fab, pc, &m);
     edge_computed(cl, 2, 40, true);
     edge_run(cl);
     edge_expect_all(cl, 2, KVS_EPROTO);
@@ -1363,9 +1485,9 @@ static void test_protocol_edges_hostile_to_prefill(void **state)
      * field, and the answer goes back to the sender only. */
     kvs_msg_t m = edge_register_msg(cl);
     m.u.reg.fp.head_dim = 32;
-    edge_send(x.fab, xc, &m);
+    edge_send(cl, x.fab, xc, &m);
     edge_run(cl);
-    assert_int_equal(edge_intruder_recv(&x, got, 8), 1);
+    assert_int_equal(edge_intruder_recv(cl, &x, got, 8), 1);
     assert_int_equal(got[0].type, KVS_MSG_REGISTER_ACK);
     assert_int_equal(got[0].u.ack.status, KVS_EFINGERPRINT);
     assert_int_equal(got[0].u.ack.session, 0xbad5e55u);
@@ -1378,16 +1500,16 @@ static void test_protocol_edges_hostile_to_prefill(void **state)
     /* A good fingerprint from a decode rank this prefill does not serve. */
     m = edge_register_msg(cl);
     m.u.reg.tp_rank = 1;
-    edge_send(x.fab, xc, &m);
+    edge_send(cl, x.fab, xc, &m);
     /* Its own target, but with no ring to write into. */
     m = edge_register_msg(cl);
     m.u.reg.ring_bytes = 0;
-    edge_send(x.fab, xc, &m);
+    edge_send(cl, x.fab, xc, &m);
     m.u.reg.ring_bytes = 64;
     m.u.reg.ring_addr = UINT64_MAX - 8; /* wraps around the address space */
-    edge_send(x.fab, xc, &m);
+    edge_send(cl, x.fab, xc, &m);
     edge_run(cl);
-    assert_int_equal(edge_intruder_recv(&x, got, 8), 3);
+    assert_int_equal(edge_intruder_recv(cl, &x, got, 8), 3);
     assert_int_equal(got[0].u.ack.status, KVS_EINVAL);
     assert_int_equal(got[1].u.ack.status, KVS_EPROTO);
     assert_int_equal(got[2].u.ack.status, KVS_EPROTO);
@@ -1400,17 +1522,17 @@ static void test_protocol_edges_hostile_to_prefill(void **state)
     m = (kvs_msg_t){.type = KVS_MSG_ROOM};
     m.u.room = (kvs_msg_room_t){.session = EDGE_DECODE_SESSION, .room = 1, .total_tokens = 40,
                                 .num_pages = 10};
-    edge_send(x.fab, xc, &m);
+    edge_send(cl, x.fab, xc, &m);
     m = (kvs_msg_t){.type = KVS_MSG_WATERMARK};
     m.u.wm = (kvs_msg_watermark_t){.session = EDGE_DECODE_SESSION, .round = 77};
-    edge_send(x.fab, xc, &m);
+    edge_send(cl, x.fab, xc, &m);
     m = (kvs_msg_t){.type = KVS_MSG_STAGING_RSP};
     m.u.rsp = (kvs_msg_staging_rsp_t){.session = EDGE_DECODE_SESSION, .room = 1,
                                       .status = KVS_EOVERSIZED};
-    edge_send(x.fab, xc, &m);
+    edge_send(cl, x.fab, xc, &m);
     m = (kvs_msg_t){.type = KVS_MSG_ABORT};
     m.u.abort = (kvs_msg_abort_t){.session = EDGE_DECODE_SESSION, .room = 1};
-    edge_send(x.fab, xc, &m);
+    edge_send(cl, x.fab, xc, &m);
 
     /* The real decode's registration is untouched: a room still moves. */
     edge_transfer(cl, 1, 0, 40);
@@ -1419,7 +1541,7 @@ static void test_protocol_edges_hostile_to_prefill(void **state)
     const kvs_handler_stats_t after = edge_stats(p);
     assert_int_equal(after.msgs_rejected - before.msgs_rejected, 5);
     assert_int_equal(after.rooms_failed, 0);
-    assert_int_equal(edge_intruder_recv(&x, got, 8), 0);
+    assert_int_equal(edge_intruder_recv(cl, &x, got, 8), 0);
 
     /* From the decode's own connection: stale session, chunk out of range,
      * duplicates and messages only a prefill sends. */
@@ -1429,27 +1551,27 @@ static void test_protocol_edges_hostile_to_prefill(void **state)
     m = (kvs_msg_t){.type = KVS_MSG_ROOM};
     m.u.room = (kvs_msg_room_t){.session = EDGE_DECODE_SESSION, .room = 2, .total_tokens = 40,
                                 .num_pages = 10};
-    edge_send(dfab, dc, &m); /* duplicate ROOM */
+    edge_send(cl, dfab, dc, &m); /* duplicate ROOM */
     m.u.room.room = 3;
     m.u.room.base_tokens = 2; /* misaligned prefix */
-    edge_send(dfab, dc, &m);
+    edge_send(cl, dfab, dc, &m);
     m.u.room = (kvs_msg_room_t){.session = EDGE_DECODE_SESSION, .room = 3, .total_tokens = 40,
                                 .num_pages = 3};
-    edge_send(dfab, dc, &m); /* wrong page count */
+    edge_send(cl, dfab, dc, &m); /* wrong page count */
     m = (kvs_msg_t){.type = KVS_MSG_STAGING_RSP};
     m.u.rsp = (kvs_msg_staging_rsp_t){.session = EDGE_DECODE_SESSION, .room = 2, .chunk = 7};
-    edge_send(dfab, dc, &m); /* chunk out of range */
+    edge_send(cl, dfab, dc, &m); /* chunk out of range */
     m.u.rsp.session = EDGE_DECODE_SESSION + 1;
-    edge_send(dfab, dc, &m); /* stale session */
+    edge_send(cl, dfab, dc, &m); /* stale session */
     m = (kvs_msg_t){.type = KVS_MSG_STATUS};
     m.u.status = (kvs_msg_status_t){.session = EDGE_DECODE_SESSION, .room = 2};
-    edge_send(dfab, dc, &m); /* a prefill -> decode message */
+    edge_send(cl, dfab, dc, &m); /* a prefill -> decode message */
     m = (kvs_msg_t){.type = KVS_MSG_PAGES};
     m.u.pages = (kvs_msg_pages_t){.session = EDGE_DECODE_SESSION, .room = 2, .count = 1};
-    edge_send(dfab, dc, &m); /* no pages on the staging path */
+    edge_send(cl, dfab, dc, &m); /* no pages on the staging path */
     m = (kvs_msg_t){.type = KVS_MSG_LAYERS};
     m.u.layers = (kvs_msg_layers_t){.session = EDGE_DECODE_SESSION, .count = 1};
-    edge_send(dfab, dc, &m); /* no layers on the staging path */
+    edge_send(cl, dfab, dc, &m); /* no layers on the staging path */
     edge_computed(cl, 2, 40, true);
     edge_run(cl);
     edge_expect_ok(cl, 2, 0, 40);
@@ -1678,10 +1800,13 @@ static void test_protocol_edges_decode_new_session(void **state)
     edge_transfer(cl, 1, 0, 40);
     edge_expect_ok(cl, 1, 0, 40);
     edge_decode_rebuild(cl, EDGE_DECODE_SESSION + 100);
+    /* The old decode's connections died with it (the prefills saw them go)
+     * before the new one registered. */
     for (int i = 0; i < 2; i++) {
         edge_node_t *p = edge_prefill(cl, i);
         assert_int_equal(p->log_warnings, 1);
-        assert_non_null(strstr(p->log_last, "re-registered as a new session"));
+        assert_non_null(strstr(p->log_last, "unreachable (its connection died)"));
+        assert_int_equal(edge_stats(p).peers_lost, 1);
     }
     for (uint64_t room = 2; room < 6; room++) {
         edge_transfer(cl, room, 0, 40);
@@ -1873,7 +1998,7 @@ static void test_protocol_edges_forged_staging_rsp(void **state)
     kvs_msg_t m = {.type = KVS_MSG_STAGING_RSP};
     m.u.rsp = (kvs_msg_staging_rsp_t){.session = EDGE_DECODE_SESSION, .room = 1, .chunk = 0,
                                       .offset = o.ring_bytes, .end = o.ring_bytes + 8192};
-    edge_send(dfab, dc, &m);
+    edge_send(cl, dfab, dc, &m);
     edge_run(cl);
     edge_expect_all(cl, 1, KVS_ERANGE);
     edge_expect_ring_empty(cl);
@@ -1891,15 +2016,15 @@ static void test_protocol_edges_forged_staging_rsp(void **state)
     const uint64_t rejected = edge_stats(p0).msgs_rejected;
     m.u.rsp = (kvs_msg_staging_rsp_t){.session = EDGE_DECODE_SESSION, .room = 2, .chunk = 2,
                                       .offset = 0, .end = 4096};
-    edge_send(dfab, dc, &m);
+    edge_send(cl, dfab, dc, &m);
     m = (kvs_msg_t){.type = KVS_MSG_CHUNK_READY};
     m.u.ready = (kvs_msg_chunk_ready_t){.session = EDGE_PREFILL_SESSION, .room = 2, .chunk = 0,
                                         .page_start = 0, .pages = 4};
-    edge_send(p0fab, pc, &m);
+    edge_send(cl, p0fab, pc, &m);
     m = (kvs_msg_t){.type = KVS_MSG_REGISTER_ACK};
     m.u.ack = (kvs_msg_register_ack_t){.session = EDGE_DECODE_SESSION,
                                        .status = KVS_EFINGERPRINT};
-    edge_send(p0fab, pc, &m);
+    edge_send(cl, p0fab, pc, &m);
     const uint64_t d_rejected = edge_stats(d).msgs_rejected;
     edge_run(cl);
     assert_int_equal(edge_stats(p0).msgs_rejected, rejected + 1);
@@ -2010,21 +2135,65 @@ static void test_protocol_edges_teardown_anywhere(void **state)
  * waiting forever": there is no stall timeout (next_deadline is always
  * UINT64_MAX). p1's link is down while the room is announced; the decode
  * waits forever and p0's regions stay live. */
-static void test_protocol_edges_lost_message_times_out(void **state)
+/* A link down for 5 ms while a room opens: the ROOM to p1 is lost and sent
+ * again once the link is back; the room does not notice. */
+static void test_protocol_edges_short_outage_recovered(void **state)
 {
     (void)state;
     edge_opts_t o = edge_defaults();
     edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_node_t *d = edge_decode(cl, 0);
     sim_nic_set_link_up(edge_prefill(cl, 1)->nic, false);
-    edge_open_decode(cl, 1, 0, 40);
-    edge_run(cl);
+    edge_open(cl, 1, 0, 40);
+    sim_engine_run(cl->eng, sim_engine_now_ns(cl->eng) + 5000000, EDGE_EVENT_BUDGET);
+    assert_null(edge_result(d, 1));
     sim_nic_set_link_up(edge_prefill(cl, 1)->nic, true);
-    edge_open_prefill(cl, 0, 1, 40);
-    edge_computed_on(cl, 0, 1, 40, true);
+    edge_computed(cl, 1, 40, true);
     edge_run(cl);
-    assert_null(edge_result(edge_decode(cl, 0), 1)); /* before the timeout: waiting */
+    edge_expect_ok(cl, 1, 0, 40);
+    edge_expect_ring_empty(cl);
+    assert_true(edge_stats(d).msgs_retransmitted >= 1);
+    assert_int_equal(edge_stats(d).peers_lost, 0);
+    edge_destroy(cl);
+}
+
+/* A link down for longer than the stall timeout: the decode gives up on p1
+ * (its ROOM was never acknowledged) and the room fails; p1 times out; once
+ * the link is back it reconnects, registers again and the next room moves. */
+static void test_protocol_edges_long_outage_fails_then_recovers(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_node_t *d = edge_decode(cl, 0);
+    sim_nic_set_link_up(edge_prefill(cl, 1)->nic, false);
+    edge_open(cl, 1, 0, 40);
+    edge_computed(cl, 1, 40, true);
+    /* (edge_run_past_timeouts would never end: the decode keeps trying to
+     * reach p1, at a bounded rate, for as long as it is away) */
+    sim_engine_run(cl->eng, sim_engine_now_ns(cl->eng) + 40000000000ull, EDGE_EVENT_BUDGET);
+    /* p0's chunks kept the room alive; the ROOM to p1 went unacknowledged
+     * for a stall timeout, so the decode gave up on p1 first. */
+    edge_expect(d, 1, KVS_EPEER);
+    edge_expect(edge_prefill(cl, 0), 1, KVS_OK); /* its own part landed */
+    edge_expect(edge_prefill(cl, 1), 1, KVS_ETIMEDOUT);
+    assert_int_equal(edge_stats(d).peers_lost, 1);
+    assert_int_equal(kvs_decode_peers_ready(d->dec), 1);
+    /* While p1 is away, a new room fails at once, with a reason. */
+    int64_t pages[10] = {0};
+    assert_int_equal(kvs_decode_room_open(d->dec, 9, 0, 40, pages, 10), KVS_EPEER);
+    assert_non_null(strstr(kvs_manager_last_error(d->m)->msg, "unreachable"));
+    edge_run(cl);
+    edge_expect(d, 9, KVS_EPEER);
+    edge_expect_ring_empty(cl);
+    /* The link comes back: reconnected and registered again. */
+    sim_nic_set_link_up(edge_prefill(cl, 1)->nic, true);
     edge_run_past_timeouts(cl);
-    edge_expect(edge_decode(cl, 0), 1, KVS_ETIMEDOUT);
+    assert_int_equal(kvs_decode_peers_ready(d->dec), 2);
+    edge_transfer(cl, 2, 0, 40);
+    edge_expect_ok(cl, 2, 0, 40);
     edge_expect_ring_empty(cl);
     edge_destroy(cl);
 }
@@ -2151,7 +2320,8 @@ int main(void)
         cmocka_unit_test(test_protocol_edges_forged_staging_rsp),
         cmocka_unit_test(test_protocol_edges_fail_during_scatter),
         cmocka_unit_test(test_protocol_edges_teardown_anywhere),
-        cmocka_unit_test(test_protocol_edges_lost_message_times_out),
+        cmocka_unit_test(test_protocol_edges_short_outage_recovered),
+        cmocka_unit_test(test_protocol_edges_long_outage_fails_then_recovers),
         cmocka_unit_test(test_protocol_edges_wanted_queue_holds_every_chunk),
         cmocka_unit_test(test_protocol_edges_bf16_fp16_refused),
         cmocka_unit_test(test_protocol_edges_bug_decode_error_names_no_field),

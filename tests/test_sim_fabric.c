@@ -684,6 +684,27 @@ static void test_sim_fabric_disconnect_kills_peer_side(void **state)
     fx_close(fx);
 }
 
+/* The peer of a disconnected conn hears of it once, as a DISCONNECT
+ * completion naming its conn, as rdma_cm's DISCONNECTED event. */
+static void test_sim_fabric_disconnect_is_told(void **state)
+{
+    (void)state;
+    fx_t *fx = fx_open(16, NULL, true);
+    kvs_conn_t *c01 = fx_connect(fx, 0, 1);
+    assert_int_equal(fx->fab[0]->ops.send(fx->fab[0], c01, "x", 1, 1), KVS_OK);
+    fx_run(fx);
+    kvs_conn_t *c10 = fx->rec[1].e[0].conn; /* the reverse conn, from the RECV */
+    fx->fab[0]->ops.disconnect(fx->fab[0], c01);
+    fx_run(fx);
+    assert_int_equal(recorder_count(&fx->rec[1], KVS_COMPLETION_DISCONNECT), 1);
+    const rec_entry_t *e = &fx->rec[1].e[fx->rec[1].n - 1];
+    assert_int_equal(e->kind, KVS_COMPLETION_DISCONNECT);
+    assert_ptr_equal(e->conn, c10);
+    assert_int_equal(e->status, KVS_EPEER);
+    assert_int_equal(recorder_count(&fx->rec[0], KVS_COMPLETION_DISCONNECT), 0);
+    fx_close(fx);
+}
+
 static void test_sim_fabric_cq_overflow_marks_nic_errored(void **state)
 {
     (void)state;
@@ -801,7 +822,8 @@ static void test_sim_fabric_destroy_refused_and_mid_flight(void **state)
     kvs_conn_t *c = NULL;
     assert_int_equal(fx->fab[0]->ops.connect(fx->fab[0], "nic1", &c), KVS_ENOENT);
 
-    /* sender destroyed mid-write: nothing more lands, no completion anywhere */
+    /* sender destroyed mid-write: nothing more lands; the receiver's only
+     * completion says its connection died */
     uint64_t s = fx->seed;
     fx_fill_random(fx, 0, 0, 16 * MIB, &s);
     assert_int_equal(fx_write(fx, 0, 2, 0, 0, 16 * MIB, 3, true, 3), KVS_OK);
@@ -809,7 +831,9 @@ static void test_sim_fabric_destroy_refused_and_mid_flight(void **state)
     sim_engine_run(fx->eng, sim_engine_now_ns(fx->eng) + 100000, 0); /* ~2 segments each */
     fx_destroy_nic(fx, 0);
     fx_run(fx);
-    assert_int_equal(fx->rec[2].n, 0);
+    assert_int_equal(fx->rec[2].n, 1);
+    assert_int_equal(fx->rec[2].e[0].kind, KVS_COMPLETION_DISCONNECT);
+    assert_int_equal(fx->rec[2].e[0].status, KVS_EPEER);
     assert_true(all_zero(fx_host(fx, 2, 8 * MIB, 8 * MIB), 8 * MIB));
     assert_true(all_zero(fx_host(fx, 2, 24 * MIB, 8 * MIB), 8 * MIB));
 
@@ -967,6 +991,7 @@ int main(void)
         cmocka_unit_test(test_sim_fabric_small_writes_pay_per_op),
         cmocka_unit_test(test_sim_fabric_messages_in_order_with_ctrl_latency),
         cmocka_unit_test(test_sim_fabric_disconnect_kills_peer_side),
+        cmocka_unit_test(test_sim_fabric_disconnect_is_told),
         cmocka_unit_test(test_sim_fabric_cq_overflow_marks_nic_errored),
         cmocka_unit_test(test_sim_fabric_link_down_drops),
         cmocka_unit_test(test_sim_fabric_fail_next_writes),

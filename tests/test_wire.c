@@ -40,6 +40,7 @@ static kvs_msg_t sample_msg(kvs_msg_type_t type, uint32_t count, uint64_t seed)
     kvs_msg_t m;
     memset(&m, 0, sizeof m);
     m.type = type;
+    m.seq = (uint32_t)(seed * 2654435761u) | 1u; /* the link's sequence number */
     switch (type) {
     case KVS_MSG_REGISTER: {
         kvs_msg_register_t *p = &m.u.reg;
@@ -167,6 +168,10 @@ static kvs_msg_t sample_msg(kvs_msg_type_t type, uint32_t count, uint64_t seed)
         p->reserved = next_u32(&s);
         break;
     }
+    case KVS_MSG_ACK:
+        m.u.ack_link.cum = next_u32(&s);
+        m.u.ack_link.reserved = next_u32(&s);
+        break;
     default:
         break;
     }
@@ -203,17 +208,18 @@ static size_t all_cases(sample_case_t *out, size_t cap)
 static uint32_t expected_len(kvs_msg_type_t type, uint32_t count)
 {
     switch (type) {
-    case KVS_MSG_REGISTER: return 12 + 8 + 32 + 56 + 24 + 16 + 8; /* 156 */
-    case KVS_MSG_LAYERS: return 12 + 20 + 32 * count;
-    case KVS_MSG_REGISTER_ACK: return 12 + 40;
-    case KVS_MSG_ROOM: return 12 + 40;
-    case KVS_MSG_PAGES: return 12 + 28 + 8 * count;
-    case KVS_MSG_STAGING_REQ: return 12 + 56;
-    case KVS_MSG_STAGING_RSP: return 12 + 56;
-    case KVS_MSG_CHUNK_READY: return 12 + 56;
-    case KVS_MSG_WATERMARK: return 12 + 24;
-    case KVS_MSG_STATUS: return 12 + 48;
-    case KVS_MSG_ABORT: return 12 + 24;
+    case KVS_MSG_REGISTER: return 16 + 8 + 32 + 56 + 24 + 16 + 8; /* 160 */
+    case KVS_MSG_LAYERS: return 16 + 20 + 32 * count;
+    case KVS_MSG_REGISTER_ACK: return 16 + 40;
+    case KVS_MSG_ROOM: return 16 + 40;
+    case KVS_MSG_PAGES: return 16 + 28 + 8 * count;
+    case KVS_MSG_STAGING_REQ: return 16 + 56;
+    case KVS_MSG_STAGING_RSP: return 16 + 56;
+    case KVS_MSG_CHUNK_READY: return 16 + 56;
+    case KVS_MSG_WATERMARK: return 16 + 24;
+    case KVS_MSG_STATUS: return 16 + 48;
+    case KVS_MSG_ABORT: return 16 + 24;
+    case KVS_MSG_ACK: return 16 + 8;
     default: return 0;
     }
 }
@@ -291,6 +297,7 @@ static void assert_fp_equal(const kvs_fingerprint_t *a, const kvs_fingerprint_t 
 static void assert_msg_equal(const kvs_msg_t *a, const kvs_msg_t *b)
 {
     assert_int_equal(a->type, b->type);
+    assert_int_equal(a->seq, b->seq);
     switch (a->type) {
     case KVS_MSG_REGISTER: {
         const kvs_msg_register_t *x = &a->u.reg, *y = &b->u.reg;
@@ -410,6 +417,10 @@ static void assert_msg_equal(const kvs_msg_t *a, const kvs_msg_t *b)
         assert_int_equal(x->reserved, y->reserved);
         break;
     }
+    case KVS_MSG_ACK:
+        assert_int_equal(a->u.ack_link.cum, b->u.ack_link.cum);
+        assert_int_equal(a->u.ack_link.reserved, b->u.ack_link.reserved);
+        break;
     default:
         fail_msg("unexpected type %d", (int)a->type);
     }
@@ -460,15 +471,15 @@ static void test_wire_encoded_lengths_are_exact(void **state)
             assert_int_equal(payload, len - KVS_WIRE_HEADER_BYTES);
         }
     }
-    assert_int_equal(expected_len(KVS_MSG_REGISTER, 0), 156);
+    assert_int_equal(expected_len(KVS_MSG_REGISTER, 0), 160);
     /* The largest messages fit a control message. */
-    assert_int_equal(expected_len(KVS_MSG_LAYERS, KVS_WIRE_LAYERS_PER_MSG), 3104);
-    assert_int_equal(expected_len(KVS_MSG_PAGES, KVS_WIRE_PAGES_PER_MSG), 3880);
+    assert_int_equal(expected_len(KVS_MSG_LAYERS, KVS_WIRE_LAYERS_PER_MSG), 3108);
+    assert_int_equal(expected_len(KVS_MSG_PAGES, KVS_WIRE_PAGES_PER_MSG), 3884);
     assert_true(expected_len(KVS_MSG_LAYERS, KVS_WIRE_LAYERS_PER_MSG) <= KVS_CONTROL_MSG_MAX_BYTES);
     assert_true(expected_len(KVS_MSG_PAGES, KVS_WIRE_PAGES_PER_MSG) <= KVS_CONTROL_MSG_MAX_BYTES);
     /* An exact-size buffer suffices. */
     kvs_msg_t big = sample_msg(KVS_MSG_PAGES, KVS_WIRE_PAGES_PER_MSG, 7);
-    assert_int_equal(encode_ok(&big, buf, 3880), 3880);
+    assert_int_equal(encode_ok(&big, buf, 3884), 3884);
 }
 
 /* ---- golden vectors ----------------------------------------------------- */
@@ -478,9 +489,10 @@ static void test_wire_golden_watermark(void **state)
     (void)state;
     static const uint8_t golden[] = {
         0x54, 0x53, 0x56, 0x4B,                         /* magic "KVST" LE */
-        0x01, 0x00,                                     /* version 1 */
+        0x02, 0x00,                                     /* version 2 */
         0x09, 0x00,                                     /* type WATERMARK */
         0x18, 0x00, 0x00, 0x00,                         /* payload 24 */
+        0x11, 0x22, 0x33, 0x44,                         /* link seq */
         0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, /* session */
         0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11, /* round */
         0xF0, 0xDE, 0xBC, 0x9A, 0x00, 0x00, 0x00, 0x80, /* offset */
@@ -488,6 +500,7 @@ static void test_wire_golden_watermark(void **state)
     kvs_msg_t m;
     memset(&m, 0, sizeof m);
     m.type = KVS_MSG_WATERMARK;
+    m.seq = 0x44332211u;
     m.u.wm.session = 0x0102030405060708u;
     m.u.wm.round = 0x1112131415161718u;
     m.u.wm.offset = 0x800000009ABCDEF0u;
@@ -506,7 +519,8 @@ static void test_wire_golden_abort_negative_status(void **state)
 {
     (void)state;
     static const uint8_t golden[] = {
-        0x54, 0x53, 0x56, 0x4B, 0x01, 0x00, 0x0B, 0x00, 0x18, 0x00, 0x00, 0x00,
+        0x54, 0x53, 0x56, 0x4B, 0x02, 0x00, 0x0B, 0x00, 0x18, 0x00, 0x00, 0x00,
+        0x07, 0x00, 0x00, 0x00,                         /* link seq 7 */
         0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, /* session = max u64 */
         0x2A, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* room = 42 */
         0xF6, 0xFF, 0xFF, 0xFF,                         /* status = -10 */
@@ -515,6 +529,7 @@ static void test_wire_golden_abort_negative_status(void **state)
     kvs_msg_t m;
     memset(&m, 0, sizeof m);
     m.type = KVS_MSG_ABORT;
+    m.seq = 7;
     m.u.abort.session = UINT64_MAX;
     m.u.abort.room = 42;
     m.u.abort.status = KVS_EOVERSIZED;
@@ -628,14 +643,15 @@ static uint32_t craft_counted(uint8_t *buf, uint32_t cap, kvs_msg_type_t type,
 {
     uint32_t fixed = type == KVS_MSG_LAYERS ? 20 : 28;
     uint32_t each = type == KVS_MSG_LAYERS ? 32 : 8;
-    uint32_t len = 12 + fixed + entries * each;
+    uint32_t len = KVS_WIRE_HEADER_BYTES + fixed + entries * each;
     assert_true(len <= cap);
     memset(buf, 0x5C, len);
     put_le32(buf, KVS_WIRE_MAGIC);
     put_le16(buf + 4, KVS_WIRE_VERSION);
     put_le16(buf + 6, (uint16_t)type);
-    put_le32(buf + 8, len - 12);
-    put_le32(buf + 12 + fixed - 4, count);
+    put_le32(buf + 8, len - KVS_WIRE_HEADER_BYTES);
+    put_le32(buf + 12, 1); /* link seq */
+    put_le32(buf + KVS_WIRE_HEADER_BYTES + fixed - 4, count);
     return len;
 }
 
@@ -671,7 +687,7 @@ static void test_wire_count_over_bound_is_eproto(void **state)
         /* Payload shorter than the fixed part, header agreeing. */
         for (uint32_t p = 0; p < (types[t] == KVS_MSG_LAYERS ? 20u : 28u); p++) {
             put_le32(buf + 8, p);
-            assert_eproto(buf, 12 + p);
+            assert_eproto(buf, KVS_WIRE_HEADER_BYTES + p);
         }
     }
 }
@@ -765,7 +781,8 @@ static void test_wire_type_names(void **state)
     (void)state;
     const char *names[] = {NULL,          "REGISTER",    "LAYERS",      "REGISTER_ACK",
                            "ROOM",        "PAGES",       "STAGING_REQ", "STAGING_RSP",
-                           "CHUNK_READY", "WATERMARK",   "STATUS",      "ABORT"};
+                           "CHUNK_READY", "WATERMARK",   "STATUS",      "ABORT",
+                           "ACK"};
     for (uint32_t t = 1; t <= NTYPES; t++)
         assert_string_equal(kvs__wire_type_name((kvs_msg_type_t)t), names[t]);
     assert_string_equal(kvs__wire_type_name((kvs_msg_type_t)0), "UNKNOWN");

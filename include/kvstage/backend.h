@@ -121,7 +121,9 @@ typedef enum kvs_completion_kind {
     KVS_COMPLETION_WRITE = 0,   /* a local write finished */
     KVS_COMPLETION_SEND = 1,    /* a local control send finished */
     KVS_COMPLETION_RECV = 2,    /* a control message arrived */
-    KVS_COMPLETION_IMM = 3      /* a remote write with immediate landed here */
+    KVS_COMPLETION_IMM = 3,     /* a remote write with immediate landed here */
+    KVS_COMPLETION_DISCONNECT = 4 /* conn's peer went away (crashed, restarted,
+                                   disconnected): conn is dead; disconnect it */
 } kvs_completion_kind_t;
 
 #define KVS_CONTROL_MSG_MAX_BYTES 4096u

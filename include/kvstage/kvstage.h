@@ -381,6 +381,7 @@ typedef enum kvs_role { KVS_ROLE_PREFILL = 0, KVS_ROLE_DECODE = 1 } kvs_role_t;
 #define KVS_DEFAULT_TRANSFER_WORKERS 4
 #define KVS_DEFAULT_RING_MAX_LIVE 4096
 #define KVS_DEFAULT_STALL_TIMEOUT_NS (30ull * 1000000000ull)
+#define KVS_DEFAULT_RETRY_TIMEOUT_NS (2ull * 1000000ull)
 
 /* The kv args of spec §8. Zero fields take their default. */
 typedef struct kvs_manager_config {
@@ -413,6 +414,10 @@ typedef struct kvs_manager_config {
                                  fails with KVS_ETIMEDOUT and its peers are
                                  told; one more such wait for their reports
                                  and its regions are released. 0 -> 30 s */
+    uint64_t retry_timeout_ns;/* a control message not acknowledged within
+                                 this long is sent again, the wait doubling
+                                 up to stall_timeout_ns / 8 (never below
+                                 this); 0 -> 2 ms */
     /* Optional observer of spans the handlers spend waiting (today:
      * "wait-for-watermark" per chunk), in the fabric's clock; for traces. */
     void (*trace)(void *ctx, const char *what, uint64_t room, int64_t chunk,
@@ -505,6 +510,9 @@ typedef struct kvs_handler_stats {
     uint64_t watermark_waits;/* prefill: chunks requeued until the ring freed */
     uint64_t ring_peak_bytes;/* decode: most ring bytes live at once */
     uint64_t rooms_ok, rooms_failed;
+    uint64_t msgs_retransmitted; /* sent again: not acknowledged in time */
+    uint64_t msgs_duplicate;     /* received again (or after a loss): dropped */
+    uint64_t peers_lost;         /* connections found dead (peer crashed) */
 } kvs_handler_stats_t;
 
 /* Decode: connects to the prefill rank (tp, pp) reachable as `peer` on the

@@ -1,0 +1,286 @@
+/*
+ * link.c - reliable control messages over a fabric connection: sequence
+ * numbers, cumulative ACKs, go-back-N retransmission with a doubling
+ * timeout, duplicate filtering, dead connections (link.h says why).
+ */
+#include "link.h"
+
+#include "channel.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define KVS__LINK_ENTRY_HDR 8u /* seq u32, len u32 */
+
+/* Sequence numbers run 1, 2, ... and skip 0 (unsequenced) when they wrap. */
+static uint32_t kvs__seq_next(uint32_t seq) { return seq + 1u != 0 ? seq + 1u : 1u; }
+
+static void kvs__put32(uint8_t *p, uint32_t v)
+{
+    for (unsigned i = 0; i < 4u; i++)
+        p[i] = (uint8_t)(v >> (8u * i));
+}
+
+static uint32_t kvs__get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+int kvs__links_init(kvs__links_t *ls, kvs_fabric_t *fab, uint32_t cap, uint64_t rto_min_ns,
+                    uint64_t rto_max_ns, uint64_t give_up_ns, kvs_handler_stats_t *stats)
+{
+    *ls = (kvs__links_t){.fab = fab, .cap = cap, .rto_min_ns = rto_min_ns,
+                         .rto_max_ns = rto_max_ns > rto_min_ns ? rto_max_ns : rto_min_ns,
+                         .give_up_ns = give_up_ns, .stats = stats};
+    ls->v = calloc(cap > 0 ? cap : 1, sizeof *ls->v);
+    return ls->v != NULL ? KVS_OK : KVS_ENOMEM;
+}
+
+static void kvs__link_clear(kvs__link_t *l)
+{
+    free(l->q);
+    *l = (kvs__link_t){0};
+}
+
+void kvs__links_fini(kvs__links_t *ls)
+{
+    for (uint32_t i = 0; ls->v != NULL && i < ls->cap; i++)
+        kvs__link_clear(&ls->v[i]);
+    free(ls->v);
+    ls->v = NULL;
+}
+
+static kvs__link_t *kvs__link_find(const kvs__links_t *ls, const kvs_conn_t *conn)
+{
+    for (uint32_t i = 0; i < ls->cap; i++)
+        if (ls->v[i].conn == conn)
+            return &ls->v[i];
+    return NULL;
+}
+
+/* conn's link, made on first use; NULL when every slot is taken. */
+static kvs__link_t *kvs__link_get(kvs__links_t *ls, kvs_conn_t *conn)
+{
+    kvs__link_t *l = kvs__link_find(ls, conn);
+    if (l != NULL)
+        return l;
+    l = kvs__link_find(ls, NULL);
+    if (l == NULL)
+        return NULL;
+    *l = (kvs__link_t){.conn = conn, .next_seq = 1, .expected = 1, .rto_ns = ls->rto_min_ns};
+    return l;
+}
+
+static uint64_t kvs__link_now(const kvs__links_t *ls)
+{
+    return ls->fab->ops.now_ns(ls->fab);
+}
+
+/* Posts one encoded message; a dead connection kills the link. */
+static int kvs__link_post(kvs__links_t *ls, kvs__link_t *l, const uint8_t *bytes, uint32_t len,
+                          uint32_t type)
+{
+    int rc = ls->fab->ops.send(ls->fab, l->conn, bytes, len, KVS__WR_CONTROL | type);
+    if (rc == KVS_EPEER)
+        l->dead = true;
+    return rc;
+}
+
+/* Room for `need` more bytes at the end of the queue: compacts, then grows. */
+static int kvs__link_reserve(kvs__link_t *l, uint32_t need)
+{
+    if (l->q_cap - l->q_end >= need)
+        return KVS_OK;
+    const uint32_t used = l->q_end - l->q_start;
+    if (l->q_start > 0 && l->q_cap - used >= need) {
+        memmove(l->q, l->q + l->q_start, used);
+        l->q_start = 0;
+        l->q_end = used;
+        return KVS_OK;
+    }
+    uint64_t cap = l->q_cap > 0 ? l->q_cap : 4096u;
+    while (cap < (uint64_t)used + need)
+        cap *= 2;
+    if (cap > KVS__LINK_QUEUE_MAX)
+        return KVS_EFULL;
+    uint8_t *q = malloc((size_t)cap);
+    if (q == NULL)
+        return KVS_ENOMEM;
+    if (used > 0)
+        memcpy(q, l->q + l->q_start, used);
+    free(l->q);
+    l->q = q;
+    l->q_cap = (uint32_t)cap;
+    l->q_start = 0;
+    l->q_end = used;
+    return KVS_OK;
+}
+
+int kvs__link_send(kvs__links_t *ls, kvs_conn_t *conn, const kvs_msg_t *msg)
+{
+    kvs__link_t *l = kvs__link_get(ls, conn);
+    if (l == NULL)
+        return KVS_EFULL;
+    if (l->dead)
+        return KVS_EPEER;
+    kvs_msg_t m = *msg;
+    m.seq = l->next_seq;
+    uint8_t buf[KVS_CONTROL_MSG_MAX_BYTES];
+    uint32_t len = 0;
+    int rc = kvs__wire_encode(&m, buf, sizeof buf, &len);
+    if (rc != KVS_OK)
+        return rc;
+    rc = kvs__link_reserve(l, KVS__LINK_ENTRY_HDR + len);
+    if (rc != KVS_OK)
+        return rc;
+    uint8_t *e = l->q + l->q_end;
+    kvs__put32(e, m.seq);
+    kvs__put32(e + 4, len);
+    memcpy(e + KVS__LINK_ENTRY_HDR, buf, len);
+    l->q_end += KVS__LINK_ENTRY_HDR + len;
+    if (l->q_count++ == 0) {
+        l->waiting_since_ns = kvs__link_now(ls);
+        l->retry_ns = l->waiting_since_ns + l->rto_ns;
+    }
+    l->next_seq = kvs__seq_next(l->next_seq);
+    /* Queued: a failed post other than a dead peer is retried with the
+     * queue (a full send queue, say). */
+    rc = kvs__link_post(ls, l, buf, len, (uint32_t)m.type);
+    if (rc == KVS_EPEER)
+        return rc;
+    if (ls->stats != NULL)
+        ls->stats->msgs_sent++;
+    return KVS_OK;
+}
+
+/* Drops the queued messages up to and including seq `cum`. */
+static void kvs__link_acked(kvs__links_t *ls, kvs__link_t *l, uint32_t cum)
+{
+    bool moved = false;
+    while (l->q_count > 0) {
+        const uint8_t *e = l->q + l->q_start;
+        const uint32_t seq = kvs__get32(e);
+        if ((int32_t)(cum - seq) < 0)
+            break;
+        l->q_start += KVS__LINK_ENTRY_HDR + kvs__get32(e + 4);
+        l->q_count--;
+        moved = true;
+    }
+    if (l->q_count == 0)
+        l->q_start = l->q_end = 0;
+    if (moved) {
+        l->rto_ns = ls->rto_min_ns;
+        l->waiting_since_ns = kvs__link_now(ls);
+        l->retry_ns = l->waiting_since_ns + l->rto_ns;
+    }
+}
+
+int kvs__link_recv(kvs__links_t *ls, const kvs_completion_t *cqe, kvs_msg_t *msg)
+{
+    if (kvs__wire_decode(cqe->msg, cqe->len_bytes, msg) != KVS_OK)
+        return KVS_EPROTO;
+    if (msg->type == KVS_MSG_ACK) {
+        kvs__link_t *l = kvs__link_find(ls, cqe->conn);
+        /* An ACK past what was sent is forged or confused: ignored. */
+        if (l == NULL || (int32_t)(l->next_seq - 1u - msg->u.ack_link.cum) < 0)
+            return KVS_EPROTO;
+        kvs__link_acked(ls, l, msg->u.ack_link.cum);
+        return 0;
+    }
+    if (msg->seq == 0)
+        return KVS_EPROTO;
+    kvs__link_t *l = kvs__link_get(ls, cqe->conn);
+    if (l == NULL)
+        return KVS_EFULL;
+    l->ack_due = true;
+    if (msg->seq != l->expected) {
+        if (ls->stats != NULL)
+            ls->stats->msgs_duplicate++;
+        return 0;
+    }
+    l->expected = kvs__seq_next(l->expected);
+    return 1;
+}
+
+/* Sends up to a batch of the queue again, oldest first. */
+static void kvs__link_resend(kvs__links_t *ls, kvs__link_t *l, uint64_t now_ns)
+{
+    uint32_t pos = l->q_start;
+    for (uint32_t i = 0; i < l->q_count && i < KVS__LINK_RESEND_BATCH && !l->dead; i++) {
+        const uint8_t *e = l->q + pos;
+        const uint32_t len = kvs__get32(e + 4);
+        const uint8_t *bytes = e + KVS__LINK_ENTRY_HDR;
+        const uint32_t type = (uint32_t)bytes[6] | (uint32_t)bytes[7] << 8;
+        if (kvs__link_post(ls, l, bytes, len, type) == KVS_OK && ls->stats != NULL)
+            ls->stats->msgs_retransmitted++;
+        pos += KVS__LINK_ENTRY_HDR + len;
+    }
+    l->rto_ns = l->rto_ns * 2 < ls->rto_max_ns ? l->rto_ns * 2 : ls->rto_max_ns;
+    l->retry_ns = now_ns + l->rto_ns;
+}
+
+void kvs__links_tick(kvs__links_t *ls, uint64_t now_ns,
+                     void (*on_dead)(void *ctx, kvs_conn_t *conn), void *ctx)
+{
+    for (uint32_t i = 0; i < ls->cap; i++) {
+        kvs__link_t *l = &ls->v[i];
+        if (l->conn == NULL)
+            continue;
+        if (l->ack_due && !l->dead) {
+            kvs_msg_t ack = {.type = KVS_MSG_ACK};
+            ack.u.ack_link.cum = l->expected - 1u;
+            uint8_t buf[64];
+            uint32_t len = 0;
+            /* Owed once: if the post fails, the peer sends again and is
+             * answered then. */
+            if (kvs__wire_encode(&ack, buf, sizeof buf, &len) == KVS_OK)
+                (void)kvs__link_post(ls, l, buf, len, KVS_MSG_ACK);
+            l->ack_due = false;
+        }
+        if (l->q_count > 0 && now_ns - l->waiting_since_ns >= ls->give_up_ns)
+            l->dead = true; /* silent for too long: partitioned or stopped */
+        if (l->q_count > 0 && now_ns >= l->retry_ns && !l->dead)
+            kvs__link_resend(ls, l, now_ns);
+        if (l->dead) {
+            kvs_conn_t *conn = l->conn;
+            kvs__link_clear(l);
+            if (ls->stats != NULL)
+                ls->stats->peers_lost++;
+            if (on_dead != NULL)
+                on_dead(ctx, conn);
+        }
+    }
+}
+
+uint64_t kvs__links_deadline(const kvs__links_t *ls)
+{
+    uint64_t t = UINT64_MAX;
+    for (uint32_t i = 0; i < ls->cap; i++) {
+        const kvs__link_t *l = &ls->v[i];
+        if (l->conn != NULL && (l->dead || l->ack_due))
+            return 0; /* owed now: the next tick does it */
+        if (l->conn != NULL && l->q_count > 0 && l->retry_ns < t)
+            t = l->retry_ns;
+    }
+    return t;
+}
+
+void kvs__link_kill(kvs__links_t *ls, kvs_conn_t *conn)
+{
+    kvs__link_t *l = kvs__link_get(ls, conn);
+    if (l != NULL)
+        l->dead = true;
+}
+
+void kvs__link_forget(kvs__links_t *ls, const kvs_conn_t *conn)
+{
+    kvs__link_t *l = conn != NULL ? kvs__link_find(ls, conn) : NULL;
+    if (l != NULL)
+        kvs__link_clear(l);
+}
+
+uint32_t kvs__link_unacked(const kvs__links_t *ls, const kvs_conn_t *conn)
+{
+    const kvs__link_t *l = conn != NULL ? kvs__link_find(ls, conn) : NULL;
+    return l != NULL ? l->q_count : 0;
+}

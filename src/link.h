@@ -1,0 +1,101 @@
+/*
+ * link.h (internal) - reliable control messages over a fabric connection.
+ *
+ * The fabric's SEND is only as reliable as the network under it: the
+ * simulator drops, duplicates and delays messages on purpose, and a real
+ * link can go down for a while. Each handler keeps one link per connection:
+ * - every message it sends gets the next sequence number of that link
+ *   (from 1) and stays queued, encoded, until the peer acknowledges it;
+ * - the receiver delivers only the next expected sequence number: an older
+ *   one is a duplicate and a newer one follows a loss (go-back-N), both
+ *   dropped; either way an ACK (the highest in-order number received)
+ *   goes back once per progress call;
+ * - a link that sees no ACK within its retransmission timeout sends its
+ *   queue again, doubling the timeout up to rto_max;
+ * - a connection the fabric reports dead (its peer crashed or restarted:
+ *   KVS_EPEER), or one whose oldest message went unacknowledged for
+ *   give_up_ns (a partition, a peer that stopped), kills the link; the
+ *   handler hears of it, disconnects (so the peer hears too) and recovers.
+ * A new incarnation of a peer always comes with a new connection, so a
+ * link never mixes two incarnations, and a duplicated REGISTER is dropped
+ * here instead of looking like a restart.
+ *
+ * Memory: the send queue of a link is one byte buffer that grows by
+ * doubling (up to KVS__LINK_QUEUE_MAX, then sends fail with KVS_EFULL);
+ * nothing is allocated per message in steady state.
+ */
+#ifndef KVS_SRC_LINK_H
+#define KVS_SRC_LINK_H
+
+#include "backend.h"
+#include "wire.h"
+
+#define KVS__LINK_QUEUE_MAX (64u << 20) /* bytes of unacknowledged messages */
+#define KVS__LINK_RESEND_BATCH 64u      /* messages sent again per timeout */
+
+typedef struct kvs__link {
+    kvs_conn_t *conn;          /* NULL: a free slot */
+    bool dead;                 /* the fabric reported the connection dead */
+    bool ack_due;              /* an ACK is owed to the peer */
+    /* sending */
+    uint32_t next_seq;         /* of the next message sent */
+    uint8_t *q;                /* [seq u32][len u32][bytes] ..., unacknowledged */
+    uint32_t q_start, q_end, q_cap, q_count;
+    uint64_t rto_ns, retry_ns; /* current timeout; when the queue goes again */
+    uint64_t waiting_since_ns; /* the queue last moved (or became non-empty) */
+    /* receiving */
+    uint32_t expected;         /* next in-order sequence number */
+} kvs__link_t;
+
+typedef struct kvs__links {
+    kvs_fabric_t *fab;
+    kvs__link_t *v;
+    uint32_t cap;
+    uint64_t rto_min_ns, rto_max_ns, give_up_ns;
+    kvs_handler_stats_t *stats;
+} kvs__links_t;
+
+/* A table of up to cap links. KVS_ENOMEM if the table cannot be allocated. */
+int kvs__links_init(kvs__links_t *ls, kvs_fabric_t *fab, uint32_t cap, uint64_t rto_min_ns,
+                    uint64_t rto_max_ns, uint64_t give_up_ns, kvs_handler_stats_t *stats);
+void kvs__links_fini(kvs__links_t *ls);
+
+/* Sends msg on conn and keeps it until acknowledged (msg->seq is set here).
+ * KVS_EPEER: the connection is dead (the link is too, from now on);
+ * KVS_EFULL: no link slot, or the queue is at its bound; KVS_ENOMEM. */
+int kvs__link_send(kvs__links_t *ls, kvs_conn_t *conn, const kvs_msg_t *msg);
+
+/* Passes one RECV through its link. Returns 1 when *msg is the next message
+ * of the connection, to be handled; 0 when the link consumed it (an ACK, a
+ * duplicate, one after a loss); KVS_EPROTO when it is malformed or
+ * unsequenced; KVS_EFULL when no link slot is free for a new connection. */
+int kvs__link_recv(kvs__links_t *ls, const kvs_completion_t *cqe, kvs_msg_t *msg);
+
+/* Sends the ACKs owed and the queues whose timeout passed. Each connection
+ * found dead on the way is passed to on_dead (once) and its link freed. */
+void kvs__links_tick(kvs__links_t *ls, uint64_t now_ns,
+                     void (*on_dead)(void *ctx, kvs_conn_t *conn), void *ctx);
+
+/* The earliest retransmission due, UINT64_MAX if none. */
+uint64_t kvs__links_deadline(const kvs__links_t *ls);
+
+/* The fabric said conn is dead (a DISCONNECT completion): the next tick
+ * reports it to on_dead, even if nothing was ever sent on it. */
+void kvs__link_kill(kvs__links_t *ls, kvs_conn_t *conn);
+
+/* Frees conn's link (its queue is dropped): call before disconnecting. */
+void kvs__link_forget(kvs__links_t *ls, const kvs_conn_t *conn);
+
+/* Messages queued on conn's link and not yet acknowledged. */
+uint32_t kvs__link_unacked(const kvs__links_t *ls, const kvs_conn_t *conn);
+
+/* A handler's links: for tests that speak as the handler on its own
+ * connections (a confused or compromised peer). */
+kvs__links_t *kvs__decode_links(kvs_decode_t *d);
+kvs__links_t *kvs__prefill_links(kvs_prefill_t *p);
+/* The earliest stall deadline of a handler's rooms (UINT64_MAX if none):
+ * what test harnesses run up to, retransmissions aside. */
+uint64_t kvs__decode_stall_ns(const kvs_decode_t *d);
+uint64_t kvs__prefill_stall_ns(const kvs_prefill_t *p);
+
+#endif
