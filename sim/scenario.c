@@ -45,6 +45,11 @@ typedef struct sim_node {
     uint64_t *k_base, *v_base;
     bool wake_pending;
     uint64_t timer_ns;           /* a progress already scheduled then, 0: none */
+    uint32_t gpu_id;
+    bool down;                   /* crashed, or failed its init: no handler */
+    bool hbm_full;               /* its GPU holds the KV pool and nothing more */
+    uint8_t *reported;           /* [requests]: this rank's result is in */
+    kvs_handler_stats_t acc;     /* counters of its previous incarnations */
 } sim_node_t;
 
 typedef enum { SIM_REQ_WAITING, SIM_REQ_ADMITTED, SIM_REQ_DONE } sim_req_state_t;
@@ -54,9 +59,13 @@ typedef struct sim_req {
     uint64_t arrival_ns, computed_ns, done_ns;
     int64_t *ppages, *dpages;    /* ceil(tokens/ps), ceil((tokens-base)/ps) */
     int64_t computed;
+    uint64_t opened_ns;
     int64_t reports_left;
     int status;
     bool unreported;             /* a rank timed out after a peer failed */
+    bool untellable;             /* a rank of it crashed, was down, or was cut off
+                                    for a stall timeout or more: nobody could tell
+                                    it, so its timeouts are expected */
     sim_req_state_t state;
 } sim_req_t;
 
@@ -87,6 +96,10 @@ struct sim_scenario {
     char *err;
     size_t err_bytes;
     sim_trace_t *trace;
+    bool msg_faults;             /* a drop/dup/delay fault: NICs get the filter */
+    uint32_t ranks_crashed, ranks_restarted, ranks_down_at_start;
+    uint32_t long_cuts;          /* links down now for a stall timeout or more */
+    char init_error[384];
 };
 
 static int sim_fail(sim_scenario_t *sc, int status, const char *fmt, ...)
@@ -159,7 +172,7 @@ static void sim_node_progress(sim_engine_t *eng, void *ctx, uint64_t arg);
 static void sim_node_wake(void *ctx)
 {
     sim_node_t *n = ctx;
-    if (n->wake_pending)
+    if (n->wake_pending || n->down)
         return;
     n->wake_pending = true;
     if (sim_engine_after(n->sc->eng, 0, sim_node_progress, n, 0, NULL) != KVS_OK)
@@ -270,47 +283,112 @@ static sim_msg_fate_t sim_msg_filter(void *ctx, const uint8_t *msg, uint32_t len
     return SIM_MSG_DELIVER;
 }
 
+/* Every request in flight now can no longer be told of a failure in time. */
+static void sim_mark_untellable(sim_scenario_t *sc)
+{
+    for (uint32_t i = 0; i < sc->cfg.requests; i++)
+        if (sc->reqs[i].state == SIM_REQ_ADMITTED)
+            sc->reqs[i].untellable = true;
+}
+
+/* arg: bit 0 = the link comes up; bit 1 = the outage lasts a stall timeout
+ * or more (a partition nobody can report across). */
 static void sim_link_event(sim_engine_t *eng, void *ctx, uint64_t arg)
 {
     sim_node_t *n = ctx;
-    sim_nic_set_link_up(n->nic, arg != 0);
+    sim_scenario_t *sc = n->sc;
+    const bool up = (arg & 1) != 0, long_cut = (arg & 2) != 0;
+    if (long_cut) {
+        sc->long_cuts += up ? (uint32_t)-1 : 1u;
+        sim_mark_untellable(sc);
+    }
+    if (n->down)
+        return;
+    sim_nic_set_link_up(n->nic, up);
     sim_node_wake(n);
 }
 
-static int sim_faults_setup(sim_scenario_t *sc)
+/* What the faults set on one rank's GPU and NIC (again after a restart). */
+static void sim_node_faults(sim_scenario_t *sc, sim_node_t *n)
 {
-    const int64_t nodes = sc->nprefill + sc->ndecode;
-    bool filter = false;
+    const int64_t k = n - sc->nodes;
+    if (sc->msg_faults)
+        sim_nic_set_msg_filter(n->nic, sim_msg_filter, sc);
     for (uint32_t i = 0; i < sc->cfg.nfaults; i++) {
         const sim_fault_t *f = &sc->cfg.faults[i];
-        const bool ranked = f->kind == SIM_FAULT_LINK_DOWN || f->kind == SIM_FAULT_SLOW_SCATTER;
+        if (f->kind == SIM_FAULT_WRITE_ERROR && n->role == KVS_ROLE_PREFILL)
+            sim_nic_set_write_error(n->nic, f->num, f->den);
+        if (f->kind == SIM_FAULT_SLOW_SCATTER && f->rank == k)
+            sim_gpu_set_scatter_slowdown(n->gpu, f->factor > 0 ? f->factor : 1);
+    }
+}
+
+static void sim_crash_event(sim_engine_t *eng, void *ctx, uint64_t arg);
+static void sim_restart_event(sim_engine_t *eng, void *ctx, uint64_t arg);
+
+/* The node of a crash/restart fault, or NULL (with the scenario failed). */
+static sim_node_t *sim_fault_node(sim_scenario_t *sc, uint32_t i, const sim_fault_t *f)
+{
+    const bool decode = f->role == KVS_ROLE_DECODE;
+    const int64_t count = decode ? sc->ndecode : sc->nprefill;
+    if (f->rank < 0 || f->rank >= count) {
+        sim_fail(sc, KVS_EINVAL, "fault %u names %s rank %lld, but there are %lld: use 0..%lld",
+                 i, decode ? "decode" : "prefill", (long long)f->rank, (long long)count,
+                 (long long)count - 1);
+        return NULL;
+    }
+    return &sc->nodes[(decode ? sc->nprefill : 0) + f->rank];
+}
+
+/* Checks every fault against this cluster and schedules the timed ones.
+ * Runs before the ranks are created (hbm-full shapes a rank's GPU). */
+static int sim_faults_check(sim_scenario_t *sc)
+{
+    const int64_t nodes = sc->nprefill + sc->ndecode;
+    for (uint32_t i = 0; i < sc->cfg.nfaults; i++) {
+        const sim_fault_t *f = &sc->cfg.faults[i];
+        const bool ranked = f->kind == SIM_FAULT_LINK_DOWN ||
+                            f->kind == SIM_FAULT_SLOW_SCATTER || f->kind == SIM_FAULT_HBM_FULL;
         if (ranked && (f->rank < 0 || f->rank >= nodes))
             return sim_fail(sc, KVS_EINVAL, "fault %u names rank %lld of %lld: use p<tp> or "
                             "d<tp> of this cluster", i, (long long)f->rank, (long long)nodes);
+        sim_node_t *n = NULL;
+        if ((f->kind == SIM_FAULT_CRASH || f->kind == SIM_FAULT_RESTART) &&
+            (n = sim_fault_node(sc, i, f)) == NULL)
+            return sc->fatal;
+        int rc = KVS_OK;
         switch (f->kind) {
         case SIM_FAULT_DROP:
         case SIM_FAULT_DUP:
         case SIM_FAULT_DELAY:
-            filter = true;
+            sc->msg_faults = true;
             break;
-        case SIM_FAULT_WRITE_ERROR:
-            for (int64_t p = 0; p < sc->nprefill; p++)
-                sim_nic_set_write_error(sc->nodes[p].nic, f->num, f->den);
-            break;
-        case SIM_FAULT_LINK_DOWN:
-            if (sim_engine_at(sc->eng, f->at_ns, sim_link_event, &sc->nodes[f->rank], 0, NULL) !=
-                    KVS_OK ||
-                sim_engine_at(sc->eng, f->at_ns + f->for_ns, sim_link_event, &sc->nodes[f->rank],
-                              1, NULL) != KVS_OK)
-                return sim_fail(sc, KVS_ENOMEM, "scheduling a link fault failed");
-            break;
-        case SIM_FAULT_SLOW_SCATTER:
-            sim_gpu_set_scatter_slowdown(sc->nodes[f->rank].gpu, f->factor > 0 ? f->factor : 1);
+        case SIM_FAULT_LINK_DOWN: {
+            const uint64_t timeout = sc->cfg.stall_timeout_ns > 0 ? sc->cfg.stall_timeout_ns
+                                                                   : KVS_DEFAULT_STALL_TIMEOUT_NS;
+            const uint64_t cut = f->for_ns >= timeout ? 2 : 0;
+            rc = sim_engine_at(sc->eng, f->at_ns, sim_link_event, &sc->nodes[f->rank], cut, NULL);
+            if (rc == KVS_OK)
+                rc = sim_engine_at(sc->eng, f->at_ns + f->for_ns, sim_link_event,
+                                   &sc->nodes[f->rank], cut | 1, NULL);
             break;
         }
+        case SIM_FAULT_CRASH:
+            rc = sim_engine_at(sc->eng, f->at_ns, sim_crash_event, n, 0, NULL);
+            break;
+        case SIM_FAULT_RESTART:
+            rc = sim_engine_at(sc->eng, f->at_ns, sim_restart_event, n, 0, NULL);
+            break;
+        case SIM_FAULT_HBM_FULL:
+            sc->nodes[f->rank].hbm_full = true;
+            break;
+        case SIM_FAULT_WRITE_ERROR:
+        case SIM_FAULT_SLOW_SCATTER:
+            break; /* per rank, at its creation */
+        }
+        if (rc != KVS_OK)
+            return sim_fail(sc, rc, "scheduling fault %u failed", i);
     }
-    for (int64_t i = 0; filter && i < nodes; i++)
-        sim_nic_set_msg_filter(sc->nodes[i].nic, sim_msg_filter, sc);
     return KVS_OK;
 }
 
@@ -327,6 +405,8 @@ static void sim_finish(sim_scenario_t *sc, uint32_t i)
     r->done_ns = now;
     if (r->status == KVS_OK) {
         for (int64_t d = 0; d < sc->ndecode; d++) {
+            if (sc->nodes[sc->nprefill + d].down)
+                continue; /* cannot be: a crash fails the request */
             uint64_t corrupt = 0;
             sc->bytes_verified += sim_verify_decode(sc, &sc->nodes[sc->nprefill + d], i, &corrupt);
             sc->corrupt_bytes += corrupt;
@@ -351,26 +431,37 @@ static void sim_finish(sim_scenario_t *sc, uint32_t i)
     sim_try_admit(sc);
 }
 
-static void sim_on_result(sim_scenario_t *sc, const kvs_room_result_t *res)
+/* Rank n's result for request i is in (its own, or its crash). */
+static void sim_report_in(sim_scenario_t *sc, sim_node_t *n, uint32_t i, int status)
+{
+    sim_req_t *r = &sc->reqs[i];
+    n->reported[i] = 1;
+    if (r->status == KVS_OK && status != KVS_OK)
+        r->status = status;
+    if (--r->reports_left == 0)
+        sim_finish(sc, i);
+}
+
+static void sim_on_result(sim_scenario_t *sc, sim_node_t *n, const kvs_room_result_t *res)
 {
     if (res->room >= sc->cfg.requests) {
-        sim_fail(sc, KVS_EPROTO, "a handler reported unknown room %llu",
+        sim_fail(sc, KVS_EPROTO, "%s reported unknown room %llu", n->name,
                  (unsigned long long)res->room);
         return;
     }
     sim_req_t *r = &sc->reqs[res->room];
-    if (r->state != SIM_REQ_ADMITTED || r->reports_left <= 0) {
-        sim_fail(sc, KVS_EPROTO, "room %llu reported twice", (unsigned long long)res->room);
+    if (r->state != SIM_REQ_ADMITTED || r->reports_left <= 0 || n->reported[res->room]) {
+        sim_fail(sc, KVS_EPROTO, "%s reported room %llu twice", n->name,
+                 (unsigned long long)res->room);
         return;
     }
     /* A rank that only learns of a peer's real failure by its own stall
-     * timeout was never told: spec §9 wants failures sent at once. */
-    if (res->status == KVS_ETIMEDOUT && r->status != KVS_OK && r->status != KVS_ETIMEDOUT)
+     * timeout was never told: spec §9 wants failures sent at once. (Not
+     * when a rank crashed: nobody was left to tell.) */
+    if (res->status == KVS_ETIMEDOUT && r->status != KVS_OK && r->status != KVS_ETIMEDOUT &&
+        !r->untellable)
         r->unreported = true;
-    if (r->status == KVS_OK && res->status != KVS_OK)
-        r->status = res->status;
-    if (--r->reports_left == 0)
-        sim_finish(sc, (uint32_t)res->room);
+    sim_report_in(sc, n, (uint32_t)res->room, res->status);
 }
 
 static void sim_node_timer(sim_engine_t *eng, void *ctx, uint64_t arg)
@@ -385,6 +476,8 @@ static void sim_node_timer(sim_engine_t *eng, void *ctx, uint64_t arg)
  * deadline (stall timeouts), even if nothing else wakes the rank. */
 static void sim_node_arm_timer(sim_node_t *n)
 {
+    if (n->down)
+        return;
     const uint64_t at = n->dec != NULL ? kvs_decode_next_deadline_ns(n->dec)
                                        : kvs_prefill_next_deadline_ns(n->pre);
     if (at == UINT64_MAX || (n->timer_ns != 0 && n->timer_ns <= at))
@@ -400,6 +493,8 @@ static void sim_node_progress(sim_engine_t *eng, void *ctx, uint64_t arg)
     sim_node_t *n = ctx;
     sim_scenario_t *sc = n->sc;
     n->wake_pending = false;
+    if (n->down)
+        return; /* crashed after this was scheduled */
     int rc = n->dec != NULL ? kvs_decode_progress(n->dec) : kvs_prefill_progress(n->pre);
     if (rc < 0) {
         sim_fail(sc, rc, "%s: progress failed: %s", n->name, kvs_manager_last_error(n->m)->msg);
@@ -410,8 +505,8 @@ static void sim_node_progress(sim_engine_t *eng, void *ctx, uint64_t arg)
     do {
         got = n->dec != NULL ? kvs_decode_poll_rooms(n->dec, res, 16)
                              : kvs_prefill_poll_rooms(n->pre, res, 16);
-        for (int i = 0; i < got; i++)
-            sim_on_result(sc, &res[i]);
+        for (int i = 0; i < got && !n->down; i++)
+            sim_on_result(sc, n, &res[i]);
     } while (got == 16);
     sim_node_arm_timer(n);
 }
@@ -434,6 +529,8 @@ static void sim_compute_step(sim_engine_t *eng, void *ctx, uint64_t arg)
     const bool final = end == r->tokens;
     for (int64_t p = 0; p < sc->nprefill; p++) {
         sim_node_t *n = &sc->nodes[p];
+        if (n->down)
+            continue;
         sim_fill_prefill(sc, n, i, r->computed, end);
         int rc = kvs_prefill_room_computed(n->pre, i, end, final);
         if (rc == KVS_ENOENT)
@@ -472,24 +569,56 @@ static void sim_compute_next(sim_scenario_t *sc)
         sim_fail(sc, KVS_ENOMEM, "scheduling a forward pass failed");
 }
 
+static void sim_finish_event(sim_engine_t *eng, void *ctx, uint64_t arg)
+{
+    sim_finish(ctx, (uint32_t)arg);
+}
+
 static int sim_open_rooms(sim_scenario_t *sc, uint32_t i)
 {
     sim_req_t *r = &sc->reqs[i];
     const int64_t ps = sc->lay.page_size;
     const int64_t np = (r->tokens + ps - 1) / ps, nd = (r->tokens - r->base + ps - 1) / ps;
+    /* A rank that is down takes no part: its (failed) result is in now, and
+     * the others learn of it by their connections to it. */
+    int down = 0;
+    if (sc->long_cuts > 0)
+        r->untellable = true;
+    for (int64_t k = 0; k < sc->nprefill + sc->ndecode; k++) {
+        sim_node_t *n = &sc->nodes[k];
+        if (n->down) {
+            n->reported[i] = 1;
+            r->reports_left--;
+            r->status = r->status == KVS_OK ? KVS_EPEER : r->status;
+            r->untellable = true;
+            down++;
+        }
+    }
     for (int64_t d = 0; d < sc->ndecode; d++) {
         sim_node_t *n = &sc->nodes[sc->nprefill + d];
+        if (n->down)
+            continue;
         int rc = kvs_decode_room_open(n->dec, i, r->base, r->tokens, r->dpages, nd);
-        if (rc != KVS_OK)
+        /* EPEER: a prefill rank it writes from is away; the room failed at
+         * once and its result comes from poll_rooms. */
+        if (rc != KVS_OK && rc != KVS_EPEER)
             return sim_fail(sc, rc, "%s: room_open: %s", n->name, kvs_manager_last_error(n->m)->msg);
+        if (rc == KVS_EPEER)
+            r->untellable = true;
         sim_node_wake(n);
     }
     for (int64_t p = 0; p < sc->nprefill; p++) {
         sim_node_t *n = &sc->nodes[p];
+        if (n->down)
+            continue;
         int rc = kvs_prefill_room_open(n->pre, i, r->tokens, r->ppages, np);
         if (rc != KVS_OK)
             return sim_fail(sc, rc, "%s: room_open: %s", n->name, kvs_manager_last_error(n->m)->msg);
+        sim_node_wake(n);
     }
+    if (r->reports_left == 0 && down > 0 &&
+        sim_engine_after(sc->eng, 0, sim_finish_event, sc, i, NULL) != KVS_OK)
+        return sim_fail(sc, KVS_ENOMEM, "scheduling the end of request %u failed", i);
     return KVS_OK;
 }
 
@@ -514,6 +643,7 @@ static void sim_try_admit(sim_scenario_t *sc)
         sc->waiting_count--;
         sc->inflight++;
         r->state = SIM_REQ_ADMITTED;
+        r->opened_ns = sim_engine_now_ns(sc->eng);
         r->reports_left = sc->nprefill + sc->ndecode;
         if (sim_open_rooms(sc, i) != KVS_OK)
             return;
@@ -533,13 +663,24 @@ static void sim_arrive(sim_engine_t *eng, void *ctx, uint64_t arg)
 
 /* ---- setup and teardown ------------------------------------------------------ */
 
+static void sim_node_teardown(sim_node_t *n);
+
 static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
 {
     const kvs_layout_t *l = &sc->lay;
     const bool decode = n->role == KVS_ROLE_DECODE;
     snprintf(n->name, sizeof n->name, "%c%lld.%lld", decode ? 'd' : 'p', (long long)n->tp,
              (long long)n->pp);
-    int rc = sim_gpu_create(sc->eng, &sc->cfg.gpu, gpu_id, &n->gpu);
+    n->gpu_id = gpu_id;
+    n->layers = decode ? l->decode_layers : l->prefill_layers;
+    n->heads = decode ? l->dst_heads : l->src_heads;
+    n->layer_bytes = (uint64_t)sc->pool_pages * (uint64_t)(l->page_size * n->heads *
+                                                            l->head_dim * l->elem_bytes);
+    const uint64_t pool_bytes = 2 * (uint64_t)n->layers * n->layer_bytes;
+    sim_gpu_config_t gc = sc->cfg.gpu;
+    if (n->hbm_full)
+        gc.hbm_bytes = pool_bytes; /* the KV pool fills it */
+    int rc = sim_gpu_create(sc->eng, &gc, gpu_id, &n->gpu);
     if (rc == KVS_OK)
         rc = sim_nic_create(sc->net, n->name, n->gpu, &n->nic);
     if (rc != KVS_OK)
@@ -552,12 +693,7 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
         sim_nic_set_span(n->nic, sim_node_span, n);
     }
 
-    n->layers = decode ? l->decode_layers : l->prefill_layers;
-    n->heads = decode ? l->dst_heads : l->src_heads;
-    n->layer_bytes = (uint64_t)sc->pool_pages * (uint64_t)(l->page_size * n->heads *
-                                                            l->head_dim * l->elem_bytes);
     kvs_device_t *dev = sim_gpu_device(n->gpu);
-    const uint64_t pool_bytes = 2 * (uint64_t)n->layers * n->layer_bytes;
     rc = dev->ops.mem_alloc(dev, pool_bytes, &n->pool_addr);
     if (rc != KVS_OK)
         return sim_fail(sc, rc, "%s: KV pool of %llu bytes: %s", n->name,
@@ -599,13 +735,40 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
         rc = kvs_manager_set_kv_buffers(n->m, &kv);
     if (rc == KVS_OK)
         rc = decode ? kvs_decode_create(n->m, &n->dec) : kvs_prefill_create(n->m, &n->pre);
+    if (rc != KVS_OK && n->hbm_full) {
+        /* The fault under test: the rank reports why and stays down; the
+         * run goes on without it. */
+        if (sc->ranks_down_at_start++ == 0)
+            snprintf(sc->init_error, sizeof sc->init_error, "%s: %s (%s)", n->name,
+                     kvs_manager_last_error(n->m)->msg, kvs_status_name(rc));
+        sim_node_teardown(n);
+        n->down = true;
+        return KVS_OK;
+    }
     if (rc != KVS_OK)
         return sim_fail(sc, rc, "%s: %s", n->name, kvs_manager_last_error(n->m)->msg);
+    sim_node_faults(sc, n);
     return KVS_OK;
 }
 
+/* Frees everything a rank holds (its counters are kept in n->acc). */
 static void sim_node_teardown(sim_node_t *n)
 {
+    kvs_handler_stats_t st = {0};
+    if (n->dec != NULL)
+        kvs_decode_stats(n->dec, &st);
+    else if (n->pre != NULL)
+        kvs_prefill_stats(n->pre, &st);
+    n->acc.rdma_writes += st.rdma_writes;
+    n->acc.rdma_write_bytes += st.rdma_write_bytes;
+    n->acc.msgs_sent += st.msgs_sent;
+    n->acc.msgs_rejected += st.msgs_rejected;
+    n->acc.watermark_waits += st.watermark_waits;
+    n->acc.msgs_retransmitted += st.msgs_retransmitted;
+    n->acc.msgs_duplicate += st.msgs_duplicate;
+    n->acc.peers_lost += st.peers_lost;
+    if (st.ring_peak_bytes > n->acc.ring_peak_bytes)
+        n->acc.ring_peak_bytes = st.ring_peak_bytes;
     kvs_decode_destroy(n->dec);
     kvs_prefill_destroy(n->pre);
     if (n->m != NULL)
@@ -618,29 +781,97 @@ static void sim_node_teardown(sim_node_t *n)
     sim_gpu_destroy(n->gpu);
     free(n->k_base);
     free(n->v_base);
+    n->dec = NULL;
+    n->pre = NULL;
+    n->m = NULL;
+    n->nic = NULL;
+    n->gpu = NULL;
+    n->pool_addr = 0;
+    n->pool_host = NULL;
+    n->k_base = n->v_base = NULL;
+    n->wake_pending = false;
+    n->timer_ns = 0;
+}
+
+/* Decode rank n connects to each prefill rank that writes to it. One that
+ * is down (ENOENT: no such NIC now) is kept and retried by the handler. */
+static int sim_connect_node(sim_scenario_t *sc, sim_node_t *n)
+{
+    const kvs_layout_t *l = &sc->lay;
+    const int64_t stages = l->prefill_pp / l->decode_pp;
+    const int64_t first = l->decode_pp == 1 ? 0 : n->pp;
+    for (int64_t i = 0; i < l->tp_writers; i++) {
+        kvs_writer_t w;
+        kvs_layout_writer(l, n->tp, i, 0, &w);
+        for (int64_t s = first; s < first + stages; s++) {
+            char peer[48];
+            snprintf(peer, sizeof peer, "p%lld.%lld", (long long)w.prefill_rank, (long long)s);
+            int rc = kvs_decode_connect(n->dec, peer, w.prefill_rank, s);
+            if (rc != KVS_OK && !(rc == KVS_ENOENT && sc->nodes[s * l->prefill_tp + w.prefill_rank].down))
+                return sim_fail(sc, rc, "%s: %s", n->name, kvs_manager_last_error(n->m)->msg);
+        }
+    }
+    sim_node_wake(n);
+    return KVS_OK;
 }
 
 static int sim_connect_all(sim_scenario_t *sc)
 {
-    const kvs_layout_t *l = &sc->lay;
-    const int64_t stages = l->prefill_pp / l->decode_pp;
     for (int64_t d = 0; d < sc->ndecode; d++) {
         sim_node_t *n = &sc->nodes[sc->nprefill + d];
-        const int64_t first = l->decode_pp == 1 ? 0 : n->pp;
-        for (int64_t i = 0; i < l->tp_writers; i++) {
-            kvs_writer_t w;
-            kvs_layout_writer(l, n->tp, i, 0, &w);
-            for (int64_t s = first; s < first + stages; s++) {
-                char peer[48];
-                snprintf(peer, sizeof peer, "p%lld.%lld", (long long)w.prefill_rank, (long long)s);
-                int rc = kvs_decode_connect(n->dec, peer, w.prefill_rank, s);
-                if (rc != KVS_OK)
-                    return sim_fail(sc, rc, "%s: %s", n->name, kvs_manager_last_error(n->m)->msg);
-            }
-        }
-        sim_node_wake(n);
+        int rc = n->down ? KVS_OK : sim_connect_node(sc, n);
+        if (rc != KVS_OK)
+            return rc;
     }
     return KVS_OK;
+}
+
+/* ---- crashes and restarts ---------------------------------------------------- */
+
+/* The rank dies: its handler, memory and connections vanish (its peers see
+ * the connections die). Its result of every request it was in is in:
+ * failed. */
+static void sim_node_crash(sim_scenario_t *sc, sim_node_t *n)
+{
+    sim_node_teardown(n);
+    n->down = true;
+    sc->ranks_crashed++;
+    for (uint32_t i = 0; i < sc->cfg.requests && sc->fatal == KVS_OK; i++) {
+        sim_req_t *r = &sc->reqs[i];
+        if (r->state != SIM_REQ_ADMITTED || n->reported[i])
+            continue;
+        r->untellable = true;
+        sim_report_in(sc, n, i, KVS_EPEER);
+    }
+}
+
+static void sim_crash_event(sim_engine_t *eng, void *ctx, uint64_t arg)
+{
+    sim_node_t *n = ctx;
+    if (!n->down)
+        sim_node_crash(n->sc, n);
+}
+
+/* The rank dies (if alive) and comes back at once: a new GPU, NIC, manager
+ * and handler under the same name and session id. A decode connects and
+ * registers again; the decodes of a prefill reconnect on their own. */
+static void sim_restart_event(sim_engine_t *eng, void *ctx, uint64_t arg)
+{
+    sim_node_t *n = ctx;
+    sim_scenario_t *sc = n->sc;
+    if (!n->down)
+        sim_node_crash(sc, n);
+    if (sc->fatal != KVS_OK)
+        return;
+    n->down = false;
+    n->hbm_full = false;
+    if (sim_node_setup(sc, n, n->gpu_id) != KVS_OK)
+        return;
+    sc->ranks_restarted++;
+    if (n->role == KVS_ROLE_DECODE)
+        (void)sim_connect_node(sc, n);
+    else
+        sim_node_wake(n);
 }
 
 static int sim_setup(sim_scenario_t *sc)
@@ -682,10 +913,16 @@ static int sim_setup(sim_scenario_t *sc)
         n->role = decode ? KVS_ROLE_DECODE : KVS_ROLE_PREFILL;
         n->tp = k % tp;
         n->pp = k / tp;
-        if ((rc = sim_node_setup(sc, n, (uint32_t)i)) != KVS_OK)
-            return rc;
+        n->reported = calloc(c->requests, 1);
+        if (n->reported == NULL)
+            return sim_fail(sc, KVS_ENOMEM, "scenario tables");
     }
-    if ((rc = sim_faults_setup(sc)) != KVS_OK || (rc = sim_connect_all(sc)) != KVS_OK)
+    if ((rc = sim_faults_check(sc)) != KVS_OK)
+        return rc;
+    for (int64_t i = 0; i < sc->nprefill + sc->ndecode; i++)
+        if ((rc = sim_node_setup(sc, &sc->nodes[i], (uint32_t)i)) != KVS_OK)
+            return rc;
+    if ((rc = sim_connect_all(sc)) != KVS_OK)
         return rc;
     /* The workload: arrival times, prompt lengths and cached prefixes. */
     sim_rng_t arrivals, lengths, prefix;
@@ -737,6 +974,10 @@ static void sim_report(sim_scenario_t *sc, sim_report_t *out)
     size_t nl = 0;
     for (uint32_t i = 0; i < sc->cfg.requests; i++) {
         const sim_req_t *r = &sc->reqs[i];
+        if (sc->cfg.outcomes != NULL)
+            sc->cfg.outcomes[i] = (sim_request_outcome_t){
+                .status = r->state == SIM_REQ_DONE ? r->status : 1,
+                .arrival_ns = r->arrival_ns, .opened_ns = r->opened_ns, .done_ns = r->done_ns};
         out->unreported_failures += r->unreported;
         if (r->state != SIM_REQ_DONE) {
             out->hung_requests++;
@@ -756,22 +997,39 @@ static void sim_report(sim_scenario_t *sc, sim_report_t *out)
     out->e2e_p99_us = e2e != NULL ? sim_percentile_us(e2e, nl, 99) : 0;
     free(lat);
     free(e2e);
+    out->path = KVS_PATH_AUTO;
     for (int64_t i = 0; i < sc->nprefill + sc->ndecode; i++) {
         const sim_node_t *n = &sc->nodes[i];
         kvs_handler_stats_t st = {0};
         if (n->dec != NULL)
             kvs_decode_stats(n->dec, &st);
-        else
+        else if (n->pre != NULL)
             kvs_prefill_stats(n->pre, &st);
+        /* with the counters of the rank's previous incarnations */
+        st.rdma_write_bytes += n->acc.rdma_write_bytes;
+        st.rdma_writes += n->acc.rdma_writes;
+        st.msgs_sent += n->acc.msgs_sent;
+        st.msgs_rejected += n->acc.msgs_rejected;
+        st.watermark_waits += n->acc.watermark_waits;
+        st.msgs_retransmitted += n->acc.msgs_retransmitted;
+        st.msgs_duplicate += n->acc.msgs_duplicate;
+        st.peers_lost += n->acc.peers_lost;
+        if (n->acc.ring_peak_bytes > st.ring_peak_bytes)
+            st.ring_peak_bytes = n->acc.ring_peak_bytes;
+        if (n->m != NULL && out->path == KVS_PATH_AUTO)
+            out->path = kvs_manager_path(n->m);
         out->bytes_moved += st.rdma_write_bytes;
         out->rdma_ops += st.rdma_writes;
         out->control_msgs += st.msgs_sent;
         out->msgs_rejected += st.msgs_rejected;
         out->watermark_waits += st.watermark_waits;
+        out->msgs_retransmitted += st.msgs_retransmitted;
+        out->msgs_duplicate += st.msgs_duplicate;
+        out->peers_lost += st.peers_lost;
         if (st.ring_peak_bytes > out->ring_peak_bytes)
             out->ring_peak_bytes = st.ring_peak_bytes;
-        kvs_ring_t *ring = kvs_manager_ring(n->m);
-        if (ring != NULL)
+        kvs_ring_t *ring = n->m != NULL ? kvs_manager_ring(n->m) : NULL;
+        if (ring != NULL) /* surviving ranks only: a crash takes its ring along */
             out->ring_leaked_bytes += kvs_ring_live_bytes(ring);
     }
     out->bytes_verified = sc->bytes_verified;
@@ -785,7 +1043,10 @@ static void sim_report(sim_scenario_t *sc, sim_report_t *out)
     out->line_rate_gbps = (double)nic * 8.0 / 1e9 * (double)nics;
     out->events = sim_engine_events_run(sc->eng);
     out->digest = sim_engine_digest(sc->eng);
-    out->path = kvs_manager_path(sc->nodes[0].m);
+    out->ranks_crashed = sc->ranks_crashed;
+    out->ranks_restarted = sc->ranks_restarted;
+    out->ranks_down_at_start = sc->ranks_down_at_start;
+    snprintf(out->init_error, sizeof out->init_error, "%s", sc->init_error);
 }
 
 int sim_scenario_run(const sim_scenario_config_t *cfg, sim_report_t *out, char *err,
@@ -830,8 +1091,10 @@ int sim_scenario_run(const sim_scenario_config_t *cfg, sim_report_t *out, char *
             snprintf(err, err_bytes, "writing the trace file %s failed (disk full?)",
                      sc->cfg.trace_path);
     }
-    for (int64_t i = 0; sc->nodes != NULL && i < sc->nprefill + sc->ndecode; i++)
+    for (int64_t i = 0; sc->nodes != NULL && i < sc->nprefill + sc->ndecode; i++) {
         sim_node_teardown(&sc->nodes[i]);
+        free(sc->nodes[i].reported);
+    }
     for (uint32_t i = 0; sc->reqs != NULL && i < sc->cfg.requests; i++) {
         free(sc->reqs[i].ppages);
         free(sc->reqs[i].dpages);

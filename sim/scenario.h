@@ -30,7 +30,13 @@ typedef enum sim_fault_kind {
     SIM_FAULT_DELAY = 2,       /* ... delivered delay_ns late */
     SIM_FAULT_WRITE_ERROR = 3, /* RDMA writes complete with an error */
     SIM_FAULT_LINK_DOWN = 4,   /* rank's link is down in [at_ns, at_ns + for_ns) */
-    SIM_FAULT_SLOW_SCATTER = 5 /* rank's scatters take factor times longer */
+    SIM_FAULT_SLOW_SCATTER = 5,/* rank's scatters take factor times longer */
+    SIM_FAULT_CRASH = 6,       /* role's rank dies at at_ns: its memory and
+                                  connections vanish */
+    SIM_FAULT_RESTART = 7,     /* role's rank dies at at_ns (if alive) and comes
+                                  back at once with the same session id */
+    SIM_FAULT_HBM_FULL = 8     /* rank's GPU has no memory beyond its KV pool:
+                                  its staging memory cannot be allocated */
 } sim_fault_kind_t;
 
 typedef struct sim_fault {
@@ -38,12 +44,20 @@ typedef struct sim_fault {
     int msg_type;              /* a KVS_MSG_* type, 0 = any (message faults) */
     uint32_t num, den;         /* probability (message and write faults) */
     uint64_t delay_ns;
-    int64_t rank;              /* node: prefill ranks first, then decode */
+    int64_t rank;              /* node: prefill ranks first, then decode;
+                                  crash/restart: the index within `role` */
+    kvs_role_t role;           /* crash/restart */
     uint64_t at_ns, for_ns;
     uint32_t factor;
 } sim_fault_t;
 
 #define SIM_MAX_FAULTS 16
+
+/* What became of one request (sim_scenario_config_t.outcomes). */
+typedef struct sim_request_outcome {
+    int32_t status;                /* KVS_OK, the first failure, or 1: never ended */
+    uint64_t arrival_ns, opened_ns, done_ns; /* opened: its rooms opened */
+} sim_request_outcome_t;
 
 typedef struct sim_scenario_config {
     kvs_layout_params_t shape;     /* model shape, TP/PP sizes, chunk size */
@@ -68,6 +82,8 @@ typedef struct sim_scenario_config {
     uint32_t nfaults;
     uint64_t stall_timeout_ns;     /* handlers' stall timeout, 0 -> 30 s */
     const char *trace_path;        /* Chrome trace-event JSON, NULL = none */
+    sim_request_outcome_t *outcomes; /* caller's array of `requests` entries,
+                                      filled at the end; NULL = not wanted */
     /* Called every ~1/64 of the requests finishing: done of total. */
     void (*progress)(void *ctx, uint32_t done, uint32_t total, uint64_t sim_ns);
     void *progress_ctx;
@@ -82,9 +98,18 @@ typedef struct sim_report {
     uint64_t ring_leaked_bytes;    /* live in any ring after the run */
     uint32_t hung_requests;        /* never terminal on every rank */
     uint32_t unreported_failures;  /* a rank learned of a peer's failure only
-                                      by its own stall timeout (not told) */
+                                      by its own stall timeout (not told), though
+                                      nothing stopped the telling (no crash, no
+                                      rank down, no outage of a stall timeout) */
     uint64_t violations;           /* hung + leaked + corrupt + unreported */
+    uint32_t ranks_crashed;        /* crash and restart faults that hit a live rank */
+    uint32_t ranks_restarted;
+    uint32_t ranks_down_at_start;  /* failed their init (hbm-full) */
+    char init_error[384];          /* the first such failure, as the rank saw it */
     uint64_t rdma_ops, control_msgs, msgs_rejected, watermark_waits;
+    uint64_t msgs_retransmitted;   /* control messages sent again (not acked in time) */
+    uint64_t msgs_duplicate;       /* received twice or after a loss: dropped */
+    uint64_t peers_lost;           /* connections the handlers found dead */
     uint64_t sim_ns;               /* first arrival to last completion */
     double goodput_gbps;           /* bytes_verified over sim time, Gb/s */
     double line_rate_gbps;         /* NIC rate x min(prefill NICs, decode NICs) */

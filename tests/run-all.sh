@@ -48,9 +48,9 @@ cmake --build build-valgrind -j"$jobs"
 vg_passed=0 vg_failed=0
 for t in build-valgrind/test_*; do
   name=$(basename "$t")
-  # test_sim_protocol moves real KV bytes end to end: minutes under
+  # test_sim_protocol and test_sim_faults move real KV bytes end to end: minutes under
   # valgrind; ASan+UBSan cover it above.
-  [ "$name" = test_sim_protocol ] && continue
+  [ "$name" = test_sim_protocol ] || [ "$name" = test_sim_faults ] && continue
   if valgrind --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite,indirect \
        -q "$t" >/dev/null 2>"build-valgrind/$name.memcheck.log"; then
     vg_passed=$((vg_passed + 1))

@@ -233,19 +233,23 @@ static void test_sim_protocol_fault_dup_and_delay_are_harmless(void **state)
                                 .delay_ns = 2000000};
     sim_report_t r = run_faulted(&c, "dup 20% + delay 10%");
     assert_int_equal(r.requests_ok, r.requests_total); /* duplicates are recognised */
-    assert_true(r.msgs_rejected > 0);
+    assert_true(r.msgs_duplicate > 0);
 }
 
-static void test_sim_protocol_fault_drop_fails_only_its_requests(void **state)
+/* Lost control messages are sent again until acknowledged: every request
+ * still succeeds, at 5% and at 20% loss of every type. */
+static void test_sim_protocol_fault_drop_is_recovered(void **state)
 {
     sim_scenario_config_t c = small(4, 2, 8);
     c.nfaults = 1;
     c.faults[0] = (sim_fault_t){.kind = SIM_FAULT_DROP, .num = 5, .den = 100};
     sim_report_t r = run_faulted(&c, "drop 5%");
-    assert_true(r.requests_failed > 0); /* no retries yet: a lost message fails its room */
-    assert_true(r.requests_ok > 0);
-    c.faults[0].msg_type = 9; /* only watermarks: later ones repair the loss */
-    r = run_faulted(&c, "drop watermarks 5%");
+    assert_int_equal(r.requests_ok, r.requests_total);
+    assert_true(r.msgs_retransmitted > 0);
+    c.faults[0].num = 20;
+    r = run_faulted(&c, "drop 20%");
+    assert_int_equal(r.requests_ok, r.requests_total);
+    assert_int_equal(r.peers_lost, 0);
 }
 
 static void test_sim_protocol_fault_write_errors(void **state)
@@ -283,7 +287,7 @@ int main(void)
         cmocka_unit_test(test_sim_protocol_staging_beats_slice),
         cmocka_unit_test(test_sim_protocol_trace_has_every_span_kind),
         cmocka_unit_test(test_sim_protocol_fault_dup_and_delay_are_harmless),
-        cmocka_unit_test(test_sim_protocol_fault_drop_fails_only_its_requests),
+        cmocka_unit_test(test_sim_protocol_fault_drop_is_recovered),
         cmocka_unit_test(test_sim_protocol_fault_write_errors),
         cmocka_unit_test(test_sim_protocol_fault_slow_scatter),
     };

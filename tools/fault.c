@@ -12,7 +12,8 @@
 
 #define CLI_FAULT_FORMS                                                        \
     "drop:TYPE:P, dup:TYPE:P, delay:TYPE:P:MICROS, write-error:P, "            \
-    "link-down:RANK:AT_US:FOR_US or slow-scatter:RANK:FACTOR"
+    "link-down:RANK:AT_US:FOR_US, slow-scatter:RANK:FACTOR, "                  \
+    "crash:prefill|decode:N:AT_US, restart:prefill|decode:N:AT_US or hbm-full:RANK"
 #define CLI_FAULT_MAX_FIELDS 5
 
 static const struct {
@@ -158,10 +159,26 @@ int cli_fault_parse(const char *cmd, const char *spec, const kvs_layout_t *lay,
                             "d<tp>[.<pp>] and FACTOR 1..1000000", spec);
         out->kind = SIM_FAULT_SLOW_SCATTER;
         out->factor = (uint32_t)factor;
-    } else if (strcmp(kind, "crash") == 0 || strcmp(kind, "restart") == 0 ||
-               strcmp(kind, "hbm-full") == 0) {
-        return cli_fail(cmd, "--fault '%s': %s is not simulated yet; use %s", spec, kind,
-                        CLI_FAULT_FORMS);
+    } else if (strcmp(kind, "crash") == 0 || strcmp(kind, "restart") == 0) {
+        const bool decode = n >= 2 && strcmp(field[1], "decode") == 0;
+        const int64_t count = decode ? lay->decode_tp * lay->decode_pp
+                                     : lay->prefill_tp * lay->prefill_pp;
+        uint64_t rank, at;
+        if (n != 4 || (!decode && strcmp(field[1], "prefill") != 0) ||
+            !cli_fault_u64(field[2], &rank) || rank >= (uint64_t)count ||
+            !cli_fault_u64(field[3], &at))
+            return cli_fail(cmd, "--fault '%s': use %s:prefill|decode:N:AT_US with N the "
+                            "rank's index in its role (pp * tp_size + tp), 0..%lld here",
+                            spec, kind, (long long)count - 1);
+        out->kind = kind[0] == 'c' ? SIM_FAULT_CRASH : SIM_FAULT_RESTART;
+        out->role = decode ? KVS_ROLE_DECODE : KVS_ROLE_PREFILL;
+        out->rank = (int64_t)rank;
+        out->at_ns = at * 1000;
+    } else if (strcmp(kind, "hbm-full") == 0) {
+        if (n != 2 || !cli_fault_rank(field[1], lay, &out->rank))
+            return cli_fail(cmd, "--fault '%s': use hbm-full:RANK with RANK p<tp>[.<pp>] or "
+                            "d<tp>[.<pp>] of this cluster", spec);
+        out->kind = SIM_FAULT_HBM_FULL;
     } else {
         return cli_fail(cmd, "--fault '%s': unknown fault '%s': use %s", spec, kind,
                         CLI_FAULT_FORMS);

@@ -3,6 +3,7 @@
  * list (sim/scenario.h):
  *   drop:TYPE:P  dup:TYPE:P  delay:TYPE:P:MICROS  write-error:P
  *   link-down:RANK:AT_US:FOR_US  slow-scatter:RANK:FACTOR
+ *   crash:prefill|decode:N:AT_US  restart:prefill|decode:N:AT_US  hbm-full:RANK
  * TYPE: register, metadata, staging_req, staging_rsp, watermark,
  * chunk_ready, status, abort or any; P a probability in [0, 1] (up to 6
  * decimals); RANK p<tp>[.<pp>] or d<tp>[.<pp>].

@@ -562,6 +562,13 @@ static void cli_sim_print_json(const cli_sim_input_t *in, const sim_report_t *r,
            ", \"ring_peak_bytes\": %" PRIu64,
            r->rdma_ops, r->control_msgs, r->msgs_rejected, r->watermark_waits,
            r->ring_peak_bytes);
+    printf(", \"msgs_retransmitted\": %" PRIu64 ", \"msgs_duplicate\": %" PRIu64
+           ", \"peers_lost\": %" PRIu64,
+           r->msgs_retransmitted, r->msgs_duplicate, r->peers_lost);
+    printf(", \"ranks_crashed\": %" PRIu32 ", \"ranks_restarted\": %" PRIu32
+           ", \"ranks_down_at_start\": %" PRIu32 ", \"init_error\": ",
+           r->ranks_crashed, r->ranks_restarted, r->ranks_down_at_start);
+    cli_sim_json_string(r->init_error);
     printf(", \"sim_ns\": %" PRIu64 ", \"sim_seconds\": %" PRIu64 ".%09" PRIu64,
            r->sim_ns, r->sim_ns / 1000000000u, r->sim_ns % 1000000000u);
     cli_sim_json_double("goodput_gbps", r->goodput_gbps, 6);
@@ -656,8 +663,13 @@ static void cli_sim_print_table(const cli_sim_input_t *in, const sim_report_t *r
            "invariants", r->violations, r->hung_requests, r->ring_leaked_bytes,
            r->corrupt_bytes, r->unreported_failures);
     printf("  %-18s %" PRIu64 " RDMA ops, %" PRIu64 " control messages (%" PRIu64
-           " rejected)\n",
-           "operations", r->rdma_ops, r->control_msgs, r->msgs_rejected);
+           " rejected, %" PRIu64 " sent again, %" PRIu64 " duplicates dropped)\n",
+           "operations", r->rdma_ops, r->control_msgs, r->msgs_rejected,
+           r->msgs_retransmitted, r->msgs_duplicate);
+    if (r->ranks_crashed + r->ranks_restarted + r->ranks_down_at_start > 0)
+        printf("  %-18s %" PRIu32 " crashed, %" PRIu32 " restarted, %" PRIu32
+               " down from the start%s%s\n", "ranks", r->ranks_crashed, r->ranks_restarted,
+               r->ranks_down_at_start, r->init_error[0] != '\0' ? ": " : "", r->init_error);
     printf("  %-18s %" PRIu64 ".%06" PRIu64 " s\n", "simulated time",
            r->sim_ns / 1000000000u, r->sim_ns / 1000u % 1000000u);
     printf("  %-18s %.1f Gb/s of %.1f Gb/s line rate (%.1f%%)\n", "goodput",
