@@ -1,172 +1,17 @@
 /*
- * fault.c - the --fault parser of fault.h. Strict: every field is checked
- * and a bad one is named with the accepted form.
+ * fault.c - the --fault parser of fault.h: the simulator's own fault-spec
+ * parser (sim/fault_spec.h), with its message reported as one CLI line.
  */
 #include "fault.h"
 
 #include "args.h"
-
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#define CLI_FAULT_FORMS                                                        \
-    "drop:TYPE:P, dup:TYPE:P, delay:TYPE:P:MICROS, write-error:P, "            \
-    "link-down:RANK:AT_US:FOR_US or slow-scatter:RANK:FACTOR"
-#define CLI_FAULT_MAX_FIELDS 5
-
-static const struct {
-    const char *name;
-    int type;
-} cli_fault_types[] = {
-    {"any", 0},          {"register", 1},     {"metadata", 4},  {"staging_req", 6},
-    {"staging_rsp", 7},  {"chunk_ready", 8},  {"watermark", 9}, {"status", 10},
-    {"abort", 11},
-};
-
-/* "0.05", "1", "0" -> parts per million. */
-static bool cli_fault_prob(const char *text, uint32_t *ppm)
-{
-    uint64_t whole = 0, frac = 0;
-    int digits = 0;
-    const char *p = text;
-    if (*p < '0' || *p > '9')
-        return false;
-    while (*p >= '0' && *p <= '9' && whole <= 1)
-        whole = whole * 10 + (uint64_t)(*p++ - '0');
-    if (*p == '.') {
-        p++;
-        while (*p >= '0' && *p <= '9' && digits < 6) {
-            frac = frac * 10 + (uint64_t)(*p++ - '0');
-            digits++;
-        }
-        if (digits == 0)
-            return false;
-    }
-    if (*p != '\0')
-        return false;
-    while (digits++ < 6)
-        frac *= 10;
-    const uint64_t v = whole * 1000000 + frac;
-    if (v > 1000000)
-        return false;
-    *ppm = (uint32_t)v;
-    return true;
-}
-
-/* "p3", "d1.0" -> node index (prefill ranks first, then decode). */
-static bool cli_fault_rank(const char *text, const kvs_layout_t *lay, int64_t *out)
-{
-    const bool decode = text[0] == 'd';
-    if (text[0] != 'p' && text[0] != 'd')
-        return false;
-    char *end;
-    const long tp = strtol(text + 1, &end, 10);
-    long pp = 0;
-    if (end == text + 1)
-        return false;
-    if (*end == '.') {
-        const char *s = end + 1;
-        pp = strtol(s, &end, 10);
-        if (end == s)
-            return false;
-    }
-    const int64_t tps = decode ? lay->decode_tp : lay->prefill_tp;
-    const int64_t pps = decode ? lay->decode_pp : lay->prefill_pp;
-    if (*end != '\0' || tp < 0 || tp >= tps || pp < 0 || pp >= pps)
-        return false;
-    *out = (decode ? lay->prefill_tp * lay->prefill_pp : 0) + pp * tps + tp;
-    return true;
-}
-
-static bool cli_fault_u64(const char *text, uint64_t *out)
-{
-    if (text[0] < '0' || text[0] > '9')
-        return false;
-    char *end;
-    const unsigned long long v = strtoull(text, &end, 10);
-    if (*end != '\0' || v > UINT64_MAX / 1000)
-        return false;
-    *out = v;
-    return true;
-}
+#include "fault_spec.h"
 
 int cli_fault_parse(const char *cmd, const char *spec, const kvs_layout_t *lay,
                     sim_fault_t *out)
 {
-    char buf[256];
-    if (strlen(spec) >= sizeof buf)
-        return cli_fail(cmd, "--fault '%.40s...': too long; use %s", spec, CLI_FAULT_FORMS);
-    strcpy(buf, spec);
-    char *field[CLI_FAULT_MAX_FIELDS + 1];
-    int n = 0;
-    for (char *p = buf; n <= CLI_FAULT_MAX_FIELDS;) {
-        field[n++] = p;
-        p = strchr(p, ':');
-        if (p == NULL)
-            break;
-        *p++ = '\0';
-    }
-    memset(out, 0, sizeof *out);
-    const char *kind = field[0];
-    uint32_t ppm = 0;
-    if (strcmp(kind, "drop") == 0 || strcmp(kind, "dup") == 0 || strcmp(kind, "delay") == 0) {
-        const bool delay = kind[1] == 'e';
-        if (n != (delay ? 4 : 3))
-            return cli_fail(cmd, "--fault '%s': %s takes %s", spec, kind,
-                            delay ? "TYPE:P:MICROS" : "TYPE:P");
-        size_t t = 0;
-        while (t < sizeof cli_fault_types / sizeof cli_fault_types[0] &&
-               strcmp(cli_fault_types[t].name, field[1]) != 0)
-            t++;
-        if (t == sizeof cli_fault_types / sizeof cli_fault_types[0])
-            return cli_fail(cmd, "--fault '%s': unknown message type '%s': use register, "
-                            "metadata, staging_req, staging_rsp, watermark, chunk_ready, "
-                            "status, abort or any", spec, field[1]);
-        if (!cli_fault_prob(field[2], &ppm))
-            return cli_fail(cmd, "--fault '%s': probability '%s' must be a decimal in "
-                            "[0, 1], e.g. 0.05", spec, field[2]);
-        out->kind = kind[0] == 'd' && kind[1] == 'r'   ? SIM_FAULT_DROP
-                    : kind[0] == 'd' && kind[1] == 'u' ? SIM_FAULT_DUP
-                                                       : SIM_FAULT_DELAY;
-        out->msg_type = cli_fault_types[t].type;
-        if (delay) {
-            uint64_t us;
-            if (!cli_fault_u64(field[3], &us))
-                return cli_fail(cmd, "--fault '%s': MICROS '%s' must be a whole number of "
-                                "microseconds", spec, field[3]);
-            out->delay_ns = us * 1000;
-        }
-    } else if (strcmp(kind, "write-error") == 0) {
-        if (n != 2 || !cli_fault_prob(field[1], &ppm))
-            return cli_fail(cmd, "--fault '%s': use write-error:P with P in [0, 1]", spec);
-        out->kind = SIM_FAULT_WRITE_ERROR;
-    } else if (strcmp(kind, "link-down") == 0) {
-        uint64_t at, len;
-        if (n != 4 || !cli_fault_rank(field[1], lay, &out->rank) ||
-            !cli_fault_u64(field[2], &at) || !cli_fault_u64(field[3], &len))
-            return cli_fail(cmd, "--fault '%s': use link-down:RANK:AT_US:FOR_US with RANK "
-                            "p<tp>[.<pp>] or d<tp>[.<pp>] of this cluster", spec);
-        out->kind = SIM_FAULT_LINK_DOWN;
-        out->at_ns = at * 1000;
-        out->for_ns = len * 1000;
-    } else if (strcmp(kind, "slow-scatter") == 0) {
-        uint64_t factor;
-        if (n != 3 || !cli_fault_rank(field[1], lay, &out->rank) ||
-            !cli_fault_u64(field[2], &factor) || factor < 1 || factor > 1000000)
-            return cli_fail(cmd, "--fault '%s': use slow-scatter:RANK:FACTOR with RANK "
-                            "d<tp>[.<pp>] and FACTOR 1..1000000", spec);
-        out->kind = SIM_FAULT_SLOW_SCATTER;
-        out->factor = (uint32_t)factor;
-    } else if (strcmp(kind, "crash") == 0 || strcmp(kind, "restart") == 0 ||
-               strcmp(kind, "hbm-full") == 0) {
-        return cli_fail(cmd, "--fault '%s': %s is not simulated yet; use %s", spec, kind,
-                        CLI_FAULT_FORMS);
-    } else {
-        return cli_fail(cmd, "--fault '%s': unknown fault '%s': use %s", spec, kind,
-                        CLI_FAULT_FORMS);
-    }
-    out->num = ppm;
-    out->den = 1000000;
+    char err[512];
+    if (sim_fault_parse(spec, lay, out, err, sizeof err) != KVS_OK)
+        return cli_fail(cmd, "--fault %s", err);
     return 0;
 }
