@@ -1,12 +1,10 @@
 /*
  * fault.h - parsing `kvstage sim --fault SPEC` into the simulator's fault
- * list (sim/scenario.h):
+ * list (sim/scenario.h). The grammar and the parser are the simulator's
+ * (sim/fault_spec.h), shared with the library's kvs_sim_run:
  *   drop:TYPE:P  dup:TYPE:P  delay:TYPE:P:MICROS  write-error:P
  *   link-down:RANK:AT_US:FOR_US  slow-scatter:RANK:FACTOR
  *   crash:prefill|decode:N:AT_US  restart:prefill|decode:N:AT_US  hbm-full:RANK
- * TYPE: register, metadata, staging_req, staging_rsp, watermark,
- * chunk_ready, status, abort or any; P a probability in [0, 1] (up to 6
- * decimals); RANK p<tp>[.<pp>] or d<tp>[.<pp>].
  */
 #ifndef KVSTAGE_TOOLS_FAULT_H
 #define KVSTAGE_TOOLS_FAULT_H

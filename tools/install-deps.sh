@@ -10,4 +10,4 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -q
 apt-get install -y -q --no-install-recommends \
   build-essential cmake clang libclang-rt-14-dev pkg-config \
-  libcmocka-dev gcovr valgrind python3 git ca-certificates
+  libcmocka-dev gcovr valgrind python3 python3-pytest git ca-certificates

@@ -1,30 +1,33 @@
 /*
- * models.h - the built-in model shapes the CLI knows by name (--model): the
- * model's total KV heads, head dim, layers and KV dtype. Only the numbers
- * the staging layout needs; explicit flags override any of them.
+ * models.h - the built-in model shapes the CLI knows by name (--model). The
+ * table is the library's (kvs_model_find, src/models.c), so the CLI, C
+ * callers and the Python binding know the same models; these names keep
+ * the CLI's spelling.
  */
 #ifndef KVSTAGE_TOOLS_MODELS_H
 #define KVSTAGE_TOOLS_MODELS_H
 
 #include <stddef.h>
-#include <stdint.h>
 
 #include <kvstage/kvstage.h>
 
-typedef struct cli_model {
-    const char *name;     /* lower case, as typed after --model */
-    int64_t total_heads;  /* KV heads of the whole model (GQA groups) */
-    int64_t head_dim;
-    int64_t layers;
-    kvs_dtype_t dtype;    /* KV cache dtype as usually served */
-    const char *note;     /* one short line for the model list */
-} cli_model_t;
+typedef kvs_model_t cli_model_t;
 
-/* The model called `name` (ASCII case-insensitive), NULL if unknown. The
- * result points at static storage. */
-const cli_model_t *cli_model_find(const char *name);
+/* The model called `name` (ASCII case-insensitive), NULL if unknown. */
+static inline const cli_model_t *cli_model_find(const char *name)
+{
+    return kvs_model_find(name);
+}
+
 /* Number of built-in models, and the i-th one (0 <= i < count). */
-size_t cli_model_count(void);
-const cli_model_t *cli_model_at(size_t i);
+static inline size_t cli_model_count(void)
+{
+    return kvs_model_count();
+}
+
+static inline const cli_model_t *cli_model_at(size_t i)
+{
+    return kvs_model_at(i);
+}
 
 #endif

@@ -292,6 +292,27 @@ KVS_API int64_t kvs_layout_layer_block_bytes(const kvs_layout_t *lay,
                                              int64_t tokens, int64_t num_heads);
 
 /* ------------------------------------------------------------------------ */
+/* Built-in model shapes                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* What the layout planner needs from a well-known model (`kvstage plan
+ * --model NAME`). Static storage, read-only; new fields go at the end. */
+typedef struct kvs_model {
+    const char *name;     /* lower case, e.g. "llama-3.1-70b" */
+    int64_t total_heads;  /* KV heads of the whole model (GQA groups) */
+    int64_t head_dim;
+    int64_t layers;
+    kvs_dtype_t dtype;    /* KV cache dtype as usually served */
+    const char *note;     /* one short line for a model list */
+} kvs_model_t;
+
+/* The model called `name` (ASCII case-insensitive); NULL if unknown. */
+KVS_API const kvs_model_t *kvs_model_find(const char *name);
+/* Number of built-in models, and the i-th one (NULL when i >= count). */
+KVS_API size_t kvs_model_count(void);
+KVS_API const kvs_model_t *kvs_model_at(size_t i);
+
+/* ------------------------------------------------------------------------ */
 /* Chunk grid (spec §5)                                                      */
 /* ------------------------------------------------------------------------ */
 

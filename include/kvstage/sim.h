@@ -1,0 +1,171 @@
+/*
+ * sim.h - the simulator's public API: runs one deterministic simulated
+ * disaggregated-serving scenario, the engine behind `kvstage sim` (P x PP
+ * prefill and D x DP decode simulated GPUs with one RDMA NIC each run the
+ * real kvstage core; every byte that arrives is verified). For C and for
+ * any language with a C FFI (python/kvstage uses it through ctypes).
+ *
+ * Link libkvstage_sim (pkg-config kvstage-sim, CMake kvstage::sim); it
+ * brings libkvstage with it.
+ *
+ * ABI: both structs open with version and size_bytes, hold fixed-width
+ * fields (plus two string pointers), and only ever grow at the end with a
+ * new version. Fill a config with kvs_sim_config_init (or set version and
+ * size_bytes yourself) and a report's size_bytes before the call. A config
+ * larger than this library knows is refused unless its unknown tail is all
+ * zero (KVS_EVERSION); a report is written up to the smaller of the two
+ * sizes. Simulated device memory is real host memory: a run costs memory in
+ * proportion to the KV bytes in flight and the rings (see docs/simulator.md).
+ */
+#ifndef KVSTAGE_SIM_H
+#define KVSTAGE_SIM_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include <kvstage/kvstage.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVS_SIM_CONFIG_VERSION 1
+#define KVS_SIM_REPORT_VERSION 1
+/* Faults per run, as `kvstage sim --fault` (repeatable up to this). */
+#define KVS_SIM_MAX_FAULTS 16
+
+/*
+ * One scenario. Zero fields take the simulator's defaults, noted per field
+ * (they are the scenario's, not `kvstage sim`'s command-line defaults);
+ * head_dim, layers, page_size, both TP sizes and a head count have none.
+ * Bounds are those of `kvstage sim`'s flags; a value outside them fails
+ * with KVS_EINVAL and a message naming the field.
+ */
+typedef struct kvs_sim_config {
+    uint32_t version;           /* KVS_SIM_CONFIG_VERSION */
+    uint32_t size_bytes;        /* sizeof(kvs_sim_config_t) */
+
+    /* Model shape and parallelism, as kvs_layout_params_t. */
+    int64_t total_heads;        /* model's KV heads, 1..1024; 0: use heads_per_rank */
+    int64_t heads_per_rank;     /* fallback when total_heads is 0 */
+    int64_t heads_per_rank_tp;  /* TP heads_per_rank refers to, 0: prefill_tp */
+    int64_t head_dim;           /* 1..4096 */
+    int64_t layers;             /* layers of the whole model, 1..4096 */
+    int64_t page_size;          /* tokens per KV page, 1..2^24 */
+    int64_t prefill_tp;         /* 1..1024 */
+    int64_t decode_tp;          /* 1..1024 */
+    int64_t prefill_pp;         /* 0..1024, 0 -> 1 */
+    int64_t decode_pp;          /* 0..1024, 0 -> 1; must be 1 or prefill_pp */
+    int64_t chunk_tokens;       /* chunked-prefill size, multiple of page_size;
+                                   0 -> 8192 */
+    int32_t dtype;              /* kvs_dtype_t, 0 = bf16 */
+    int32_t path;               /* kvs_path_t: AUTO (0: staging when the TP
+                                   sizes differ, direct when equal), STAGING,
+                                   DIRECT (equal TP sizes only) or SLICE */
+
+    /* Workload. */
+    uint32_t requests;          /* 0..1000000, 0 -> 16 */
+    uint32_t max_inflight;      /* requests admitted at once, 0..65536, 0 -> 4 */
+    int64_t prompt_min_tokens;  /* prompt lengths uniform in [min, max] tokens,
+                                   0..2^24; 0 -> 256 */
+    int64_t prompt_max_tokens;  /* 0 -> max(1536, min) */
+    int64_t prefix_max_tokens;  /* decode cached prefix drawn in [0, this],
+                                   page aligned, not moved; 0..2^24, 0 = none */
+    uint64_t rate_milli_per_s;  /* mean arrivals per 1000 s (Poisson),
+                                   0..1e9; 0: all at t = 0 */
+    uint64_t prefill_tokens_per_s; /* prefill forward speed, 0 -> 16384 */
+    uint64_t seed;              /* root seed: arrivals, lengths, fabric */
+
+    /* Staging and liveness. */
+    uint64_t ring_bytes;        /* decode staging ring per decode GPU,
+                                   0..2^50; 0 -> 4096 MiB */
+    uint32_t transfer_workers;  /* prefill staging buffers, 0..1024, 0 -> 4 */
+    uint32_t reserved0;         /* must be 0 */
+    uint64_t stall_timeout_ns;  /* a request without progress this long fails,
+                                   0..86400 s; 0 -> 30 s */
+    uint64_t max_events;        /* engine safety bound, 0 -> 2^40 */
+
+    /* Hardware; 0 takes the default of sim/gpu.h and sim/fabric.h. */
+    uint64_t gpu_hbm_bytes;         /* 0 -> 141 GiB (H200) */
+    uint64_t gpu_hbm_bytes_per_s;   /* 0 -> 4.8e12 */
+    uint64_t gpu_launch_ns;         /* per kernel launch, 0 -> 5000 */
+    uint64_t net_link_bytes_per_s;  /* NIC line rate, 0..1.25e13;
+                                       0 -> 50e9 (400 Gb/s) */
+    uint64_t net_latency_ns;        /* one way, 0 -> 2000 */
+    uint64_t net_per_op_ns;         /* NIC cost per work request, 0 -> 3700 */
+    uint64_t net_ctrl_latency_ns;   /* control messages, 0 -> 20000 */
+    uint64_t net_segment_bytes;     /* scheduling granularity, 0 -> 1 MiB */
+    uint32_t net_mtu_bytes;         /* 0 -> 4096 */
+    uint32_t net_header_bytes;      /* per packet, 0 -> 58 */
+
+    /* Faults: nfaults (0..KVS_SIM_MAX_FAULTS) strings in the syntax of
+     * `kvstage sim --fault`, e.g. "drop:staging_req:0.05" or
+     * "link-down:p0:5000:20000". Borrowed for the call only. */
+    const char *const *faults;
+    uint32_t nfaults;
+    uint32_t reserved1;         /* must be 0 */
+    /* Chrome trace-event JSON written here, NULL = none. Borrowed. */
+    const char *trace_path;
+} kvs_sim_config_t;
+
+/* What a run did. Counts are over the whole cluster. */
+typedef struct kvs_sim_report {
+    uint32_t version;           /* written by the library */
+    uint32_t size_bytes;        /* set by the caller: sizeof(kvs_sim_report_t) */
+    uint32_t requests_total, requests_ok;
+    uint32_t requests_failed;   /* terminal, not ok (hung ones apart) */
+    uint32_t hung_requests;     /* never terminal on every rank */
+    uint32_t unreported_failures; /* a rank learned of a peer's failure only
+                                     by its own stall timeout */
+    int32_t path;               /* kvs_path_t the handlers ran */
+    uint64_t bytes_moved;       /* payload bytes the prefill side wrote */
+    uint64_t bytes_verified;    /* decode bytes compared with the pattern */
+    uint64_t corrupt_bytes;     /* of those, wrong (in requests reported ok) */
+    uint64_t ring_leaked_bytes; /* live in any ring after the run */
+    uint64_t violations;        /* hung + leaked + corrupt + unreported */
+    uint64_t rdma_ops, control_msgs, msgs_rejected, watermark_waits;
+    uint64_t ring_peak_bytes;   /* most ring bytes live on one decode rank */
+    uint64_t sim_ns;            /* first arrival to last completion */
+    uint64_t events;            /* engine events dispatched */
+    uint64_t digest;            /* engine event-order digest: one seed, one digest */
+    int64_t prefill_ranks, decode_ranks;
+    double goodput_gbps;        /* bytes_verified over sim time, Gb/s */
+    double line_rate_gbps;      /* NIC rate x min(prefill NICs, decode NICs) */
+    double latency_p50_us, latency_p99_us; /* prefill done -> request done */
+    double e2e_p50_us, e2e_p99_us;         /* arrival -> request done */
+    /* (after the version 1 prefix: callers with a shorter size_bytes get
+     * the prefix only) */
+    uint64_t msgs_retransmitted; /* control messages sent again */
+    uint64_t msgs_duplicate;     /* received twice or after a loss: dropped */
+    uint64_t peers_lost;         /* connections the handlers found dead */
+    uint32_t ranks_crashed, ranks_restarted;
+    uint32_t ranks_down_at_start; /* failed their init (hbm-full) */
+    uint32_t reserved;
+    char init_error[384];        /* the first such failure, NUL-terminated */
+} kvs_sim_report_t;
+
+/* A zeroed config with version and size set. */
+static inline void kvs_sim_config_init(kvs_sim_config_t *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->version = KVS_SIM_CONFIG_VERSION;
+    cfg->size_bytes = (uint32_t)sizeof *cfg;
+}
+
+/*
+ * Runs the scenario of cfg and fills *out. Returns KVS_OK when the run
+ * happened: requests that fail (e.g. under injected faults) are counted in
+ * the report, not returned. Otherwise a status, and err (may be NULL) says
+ * which config field to change: KVS_EVERSION for an unknown version or
+ * size, KVS_EINVAL (or the layout planner's code, e.g. KVS_EHEAD_SPLIT) for
+ * a bad field, KVS_ENOMEM when the cluster does not fit in host memory.
+ * Deterministic: the same config gives the same report (digest included).
+ * Thread-safe: runs share no state.
+ */
+KVS_API int kvs_sim_run(const kvs_sim_config_t *cfg, kvs_sim_report_t *out,
+                        kvs_error_t *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVSTAGE_SIM_H */

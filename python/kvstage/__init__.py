@@ -1,0 +1,28 @@
+"""kvstage - Python binding of the kvstage C library (ctypes, standard
+library only).
+
+    import kvstage
+    kvstage.plan(model="llama-3.1-70b", prefill_tp=8, decode_tp=2, page_size=16)
+    kvstage.simulate(model="llama-3.1-8b", layers=4, prefill_tp=4, decode_tp=2,
+                     page_size=16, chunk_tokens=512, requests=6,
+                     faults=["dup:any:0.1"])
+
+plan() lays out one chunk (the layout planner); simulate() runs one
+deterministic simulated scenario (the engine behind `kvstage sim`); both
+return plain dicts. A failure raises KvstageError with the library's
+status code, its name and a message naming the argument to change.
+
+The library (libkvstage_sim.so, which brings libkvstage.so) is loaded on
+first use from $KVSTAGE_LIBRARY (the .so or its folder) if set, else from
+next to this package (its folder, then the install tree's library folder),
+else from the system's library path. library_path() says which.
+"""
+
+from ._errors import KvstageError, status_name, strerror
+from ._library import path as library_path
+from ._models import models
+from ._plan import plan
+from ._simulate import simulate
+
+__all__ = ["KvstageError", "library_path", "models", "plan", "simulate",
+           "status_name", "strerror"]

@@ -1,0 +1,47 @@
+"""_models.py - the library's built-in model shapes (kvs_model_find), as
+dicts, and how a model fills the shape fields of plan() and simulate():
+the model gives total_heads, head_dim, layers and dtype; a field passed
+explicitly overrides it, as `kvstage plan --model` does."""
+
+from . import _convert, _errors, _library
+
+
+def _as_dict(m):
+    return {"name": m.name.decode(), "total_heads": m.total_heads,
+            "head_dim": m.head_dim, "layers": m.layers,
+            "dtype": _convert.dtype_name(m.dtype), "note": m.note.decode()}
+
+
+def models():
+    """Every built-in model as a dict: name, total_heads, head_dim, layers,
+    dtype, note."""
+    lib = _library.load()
+    return [_as_dict(lib.kvs_model_at(i).contents) for i in range(lib.kvs_model_count())]
+
+
+def find(name):
+    """The model called name (case-insensitive) as a dict; KvstageError
+    (KVS_EINVAL) listing the known names otherwise."""
+    if not isinstance(name, str):
+        raise _errors.invalid("model is %r: give a model name such as "
+                              "'llama-3.1-70b'" % (name,))
+    m = _library.load().kvs_model_find(name.encode())
+    if not m:
+        raise _errors.invalid("model '%s' is unknown: use one of %s, or pass "
+                              "total_heads, head_dim and layers" % (
+                                  name, ", ".join(x["name"] for x in models())))
+    return _as_dict(m.contents)
+
+
+def shape(model, fields):
+    """fields (a dict of the caller's keyword arguments) with the model's
+    total_heads, head_dim, layers and dtype filled where the caller gave
+    none. Returns (model name or None, the new dict)."""
+    out = dict(fields)
+    if model is None:
+        return None, out
+    m = find(model)
+    for key in ("total_heads", "head_dim", "layers", "dtype"):
+        if out.get(key) is None:
+            out[key] = m[key]
+    return m["name"], out

@@ -1,0 +1,107 @@
+"""_plan.py - plan(): the layout planner (kvs_layout_init and the region and
+writer queries of include/kvstage/kvstage.h) as one dict, with the keys
+`kvstage plan --json` uses for the same numbers."""
+
+import ctypes
+
+from . import _convert, _errors, _library, _models
+from . import _structs as S
+
+_SHAPE = ("total_heads", "heads_per_rank", "heads_per_rank_tp", "head_dim",
+          "layers", "page_size", "prefill_tp", "decode_tp", "prefill_pp",
+          "decode_pp", "chunk_tokens")
+_LAYOUT = ("total_heads", "head_dim", "elem_bytes", "layers", "page_size",
+           "prefill_tp", "decode_tp", "prefill_pp", "decode_pp", "chunk_tokens",
+           "grid_tokens", "chunk_pages", "src_heads", "dst_heads", "decode_layers",
+           "prefill_layers", "tp_writers", "expected_arrivals",
+           "targets_per_prefill")
+
+
+def layout_params(fields):
+    """A kvs_layout_params_t from shape fields (None or absent = 0, the
+    planner's default; dtype by name or number, default bf16)."""
+    params = S.LayoutParams()
+    for key in _SHAPE:
+        value = fields.get(key)
+        _convert.set_int(params, key, 0 if value is None else value)
+    params.dtype = _convert.dtype(fields.get("dtype") or "bf16")
+    return params
+
+
+def plan(model=None, *, prefill_tp, decode_tp, page_size, total_heads=None,
+         heads_per_rank=None, heads_per_rank_tp=None, head_dim=None, layers=None,
+         dtype=None, prefill_pp=None, decode_pp=None, chunk_tokens=None,
+         tokens=None):
+    """Plans the staging transfer of one chunk (spec sections 3-5).
+
+    model: a built-in model name (see models()); it fills total_heads,
+    head_dim, layers and dtype, and explicit arguments override it.
+    Zero or None takes the planner's default (prefill_pp, decode_pp: 1;
+    chunk_tokens: 8192; dtype: bf16). tokens: the chunk to lay out,
+    1..grid_tokens (default: a full chunk of grid_tokens).
+
+    Returns a dict: the resolved shape and parallelism, the derived layout
+    (grid_tokens, chunk_pages, src_heads, dst_heads, tp_writers,
+    expected_arrivals, ...), path ("staging" or "direct"),
+    max_region_bytes (the largest region of a full chunk; 0 on the direct
+    path) and decode_ranks: per decode rank its region_bytes for `tokens`
+    tokens and its writers (writer_index, prefill_rank, src_head_start,
+    dst_head_start, num_heads, offset, bytes). Raises KvstageError naming
+    the argument to change.
+    """
+    name, fields = _models.shape(model, {
+        "total_heads": total_heads, "heads_per_rank": heads_per_rank,
+        "heads_per_rank_tp": heads_per_rank_tp, "head_dim": head_dim,
+        "layers": layers, "dtype": dtype, "page_size": page_size,
+        "prefill_tp": prefill_tp, "decode_tp": decode_tp, "prefill_pp": prefill_pp,
+        "decode_pp": decode_pp, "chunk_tokens": chunk_tokens})
+    params = layout_params(fields)
+    lib = _library.load()
+    lay = S.Layout()
+    err = S.Error()
+    rc = lib.kvs_layout_init(ctypes.byref(lay), ctypes.byref(params), ctypes.byref(err))
+    if rc != 0:
+        _errors.raise_for(rc, err)
+
+    if tokens is None:
+        tokens = lay.grid_tokens
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or \
+            not 1 <= tokens <= lay.grid_tokens:
+        raise _errors.invalid(
+            "tokens is %r: give 1..%d, a chunk never spans more than the grid "
+            "width grid_tokens; raise chunk_tokens to plan bigger chunks"
+            % (tokens, lay.grid_tokens))
+
+    out = {"model": name}
+    for key in _LAYOUT:
+        out[key] = getattr(lay, key)
+    out["dtype"] = _convert.dtype_name(lay.dtype)
+    out["tokens"] = tokens
+    staging = _convert.path_name(lay.path) == "staging"
+    out["path"] = "staging" if staging else "direct"
+    out["max_region_bytes"] = lib.kvs_layout_max_region_bytes(ctypes.byref(lay)) \
+        if staging else 0
+    ranks = []
+    for d in range(lay.decode_tp):
+        region = ctypes.c_int64()
+        rc = lib.kvs_layout_region_bytes(ctypes.byref(lay), d, tokens,
+                                         ctypes.byref(region))
+        if rc != 0:
+            _errors.raise_for(rc, detail="kvs_layout_region_bytes(decode rank %d)" % d)
+        writers = []
+        for i in range(lay.tp_writers):
+            w = S.Writer()
+            rc = lib.kvs_layout_writer(ctypes.byref(lay), d, i, tokens, ctypes.byref(w))
+            if rc != 0:
+                _errors.raise_for(rc, detail="kvs_layout_writer(decode rank %d, "
+                                             "writer %d)" % (d, i))
+            writers.append({"writer_index": w.writer_index,
+                            "prefill_rank": w.prefill_rank,
+                            "src_head_start": w.heads.src_start,
+                            "dst_head_start": w.heads.dst_start,
+                            "num_heads": w.heads.num_heads,
+                            "offset": w.offset_bytes, "bytes": w.len_bytes})
+        ranks.append({"decode_rank": d, "region_bytes": region.value,
+                      "expected_arrivals": lay.expected_arrivals, "writers": writers})
+    out["decode_ranks"] = ranks
+    return out

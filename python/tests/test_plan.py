@@ -1,0 +1,141 @@
+"""test_plan.py - kvstage.plan() gives the numbers `kvstage plan --json`
+prints for the same input (the CLI is checked against an independent model
+in tests/plan_model.py), over models, explicit shapes, both TP directions,
+the direct path, replicated heads, pipeline stages and partial chunks; and
+bad input raises KvstageError with the right status and a message naming
+the argument."""
+
+import pytest
+
+import kvstage
+
+# (plan() keywords, the same as `kvstage plan` flags)
+CASES = [
+    (dict(model="llama-3.1-70b", prefill_tp=8, decode_tp=2, page_size=1),
+     ["--model", "llama-3.1-70b", "--prefill-tp", 8, "--decode-tp", 2]),
+    (dict(model="llama-3.1-8b", prefill_tp=2, decode_tp=8, page_size=16,
+          chunk_tokens=512, tokens=100),
+     ["--model", "llama-3.1-8b", "--prefill-tp", 2, "--decode-tp", 8,
+      "--page-size", 16, "--chunk-tokens", 512, "--tokens", 100]),
+    (dict(model="qwen2.5-1.5b", prefill_tp=8, decode_tp=4, page_size=16),
+     ["--model", "qwen2.5-1.5b", "--prefill-tp", 8, "--decode-tp", 4,
+      "--page-size", 16]),
+    (dict(model="qwen2.5-7b", prefill_tp=4, decode_tp=4, page_size=16),
+     ["--model", "qwen2.5-7b", "--prefill-tp", 4, "--decode-tp", 4,
+      "--page-size", 16]),
+    (dict(total_heads=16, head_dim=64, layers=24, dtype="fp8", page_size=32,
+          prefill_tp=4, decode_tp=1, prefill_pp=2, decode_pp=2, chunk_tokens=1024),
+     ["--kv-heads", 16, "--head-dim", 64, "--layers", 24, "--dtype", "fp8",
+      "--page-size", 32, "--prefill-tp", 4, "--decode-tp", 1, "--prefill-pp", 2,
+      "--decode-pp", 2, "--chunk-tokens", 1024]),
+    (dict(model="llama-3.1-405b", layers=42, dtype="fp32", prefill_tp=16,
+          decode_tp=4, page_size=64, prefill_pp=3),
+     ["--model", "llama-3.1-405b", "--layers", 42, "--dtype", "fp32",
+      "--prefill-tp", 16, "--decode-tp", 4, "--page-size", 64, "--prefill-pp", 3]),
+]
+
+
+@pytest.mark.parametrize("kwargs,flags", CASES,
+                         ids=[" ".join(map(str, f)) for _, f in CASES])
+def test_plan_equals_cli_json(cli, kwargs, flags):
+    got = kvstage.plan(**kwargs)
+    want = cli("plan", *flags)
+    # Every key the two share holds the same value; the CLI's ring advice
+    # (ring_*, chunks_in_ring, ...) is the CLI's own and not in plan().
+    shared = set(got) & set(want)
+    assert shared >= {"model", "total_heads", "head_dim", "dtype", "elem_bytes",
+                      "layers", "page_size", "prefill_tp", "decode_tp",
+                      "prefill_pp", "decode_pp", "chunk_tokens", "grid_tokens",
+                      "chunk_pages", "tokens", "path", "src_heads", "dst_heads",
+                      "decode_layers", "prefill_layers", "tp_writers",
+                      "expected_arrivals", "targets_per_prefill", "decode_ranks"}
+    for key in sorted(shared):
+        assert got[key] == want[key], key
+    if want["path"] == "staging":
+        assert got["max_region_bytes"] == want["max_region_bytes"] > 0
+    else:
+        assert got["max_region_bytes"] == 0
+
+
+def test_plan_llama70_numbers():
+    """The README's example, by hand: 8 KV heads at TP 8 -> 2 give 4
+    one-head writers of 8192 * 128 * 2 * 80 * 2 bytes per decode rank."""
+    p = kvstage.plan(model="llama-3.1-70b", prefill_tp=8, decode_tp=2, page_size=1)
+    assert p["tp_writers"] == 4
+    assert p["max_region_bytes"] == 4 * 8192 * 128 * 2 * 80 * 2 == 1342177280
+    w = p["decode_ranks"][1]["writers"]
+    assert [x["prefill_rank"] for x in w] == [4, 5, 6, 7]
+    assert [x["offset"] for x in w] == [i * 335544320 for i in range(4)]
+
+
+def test_explicit_arguments_override_the_model(cli):
+    got = kvstage.plan(model="llama-3.1-70b", layers=40, dtype="fp16",
+                       prefill_tp=8, decode_tp=2, page_size=1)
+    assert (got["layers"], got["dtype"], got["model"]) == (40, "fp16", "llama-3.1-70b")
+    assert got["max_region_bytes"] == 1342177280 // 2
+
+
+def test_models_lists_the_cli_models():
+    names = [m["name"] for m in kvstage.models()]
+    assert {"llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "qwen2.5-7b",
+            "qwen2.5-72b", "qwen2.5-1.5b", "chatglm3-6b"} <= set(names)
+    m = {x["name"]: x for x in kvstage.models()}["qwen2.5-7b"]
+    assert (m["total_heads"], m["head_dim"], m["layers"], m["dtype"]) == (4, 128, 28, "bf16")
+
+
+def raises(status, words, **kwargs):
+    """plan(**kwargs) raises KvstageError `status` whose message holds
+    every one of words."""
+    with pytest.raises(kvstage.KvstageError) as info:
+        kvstage.plan(**kwargs)
+    e = info.value
+    assert e.name == status, e
+    assert e.code < 0 and kvstage.status_name(e.code) == status
+    if status == "KVS_EINVAL":
+        assert e.code == -1
+    for w in words:
+        assert w in e.message, (w, e.message)
+    return e
+
+
+OK = dict(model="llama-3.1-70b", prefill_tp=8, decode_tp=2, page_size=16)
+
+
+def with_(**change):
+    kw = dict(OK)
+    kw.update(change)
+    return kw
+
+
+def test_bad_sizes_name_the_argument():
+    raises("KVS_EINVAL", ["prefill_tp", "> 0"], **with_(prefill_tp=0))
+    raises("KVS_EINVAL", ["page_size"], **with_(page_size=0))
+    raises("KVS_EINVAL", ["head_dim"], prefill_tp=2, decode_tp=2, page_size=1,
+           total_heads=8, layers=4)
+
+
+def test_sizes_that_do_not_split():
+    e = raises("KVS_EHEAD_SPLIT", ["prefill TP 8", "decode TP 3"], **with_(decode_tp=3))
+    assert e.code == -16
+    raises("KVS_EPP_SPLIT", ["decode PP 3"], **with_(prefill_pp=2, decode_pp=3))
+    raises("KVS_ECHUNK", ["chunk_tokens -5"], **with_(chunk_tokens=-5))
+
+
+def test_bad_names_and_values():
+    raises("KVS_EINVAL", ["model 'gpt-5' is unknown", "llama-3.1-70b"], **with_(model="gpt-5"))
+    raises("KVS_EDTYPE", ["dtype 'int4'", "bf16"], **with_(dtype="int4"))
+    raises("KVS_EINVAL", ["tokens is 8193", "1..8192"], **with_(tokens=8193))
+    raises("KVS_EINVAL", ["tokens is 0"], **with_(tokens=0))
+    raises("KVS_EINVAL", ["decode_tp must be > 0 (got -1)"], **with_(decode_tp=-1))
+    raises("KVS_EINVAL", ["layers is 'many'", "whole number"], **with_(layers="many"))
+    raises("KVS_EINVAL", ["layers is True"], **with_(layers=True))
+    raises("KVS_EINVAL", ["prefill_tp is %d" % (1 << 63)], **with_(prefill_tp=1 << 63))
+
+
+def test_error_carries_code_name_and_message():
+    with pytest.raises(kvstage.KvstageError) as info:
+        kvstage.plan(**with_(decode_tp=3))
+    e = info.value
+    assert (e.code, e.name) == (-16, "KVS_EHEAD_SPLIT")
+    assert str(e).startswith("KVS_EHEAD_SPLIT (-16): ")
+    assert "multiple" in kvstage.strerror(e.code)

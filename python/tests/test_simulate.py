@@ -1,0 +1,139 @@
+"""test_simulate.py - kvstage.simulate() runs the same scenario as
+`kvstage sim --json` for the same input (same bytes, same event digest),
+every request of a clean run finishes ok, a seed replays a run exactly,
+faults go through the CLI's syntax, a trace file is written, and bad input
+raises KvstageError naming the field."""
+
+import json
+
+import pytest
+
+import kvstage
+
+# Llama-3.1-8B cut to 4 layers, TP 4 -> 2, six short prompts (as
+# tests/cli_sim.py's SMALL). simulate() takes the simulator's defaults
+# where `kvstage sim` has its own, so both sides spell them out.
+SMALL = dict(model="llama-3.1-8b", layers=4, prefill_tp=4, decode_tp=2,
+             page_size=16, chunk_tokens=512, requests=6, prompt_min_tokens=64,
+             prompt_max_tokens=512, ring_bytes=64 << 20, rate_milli_per_s=20000)
+SMALL_FLAGS = ["--model", "llama-3.1-8b", "--layers", 4, "--prefill-tp", 4,
+               "--decode-tp", 2, "--page-size", 16, "--chunk-tokens", 512,
+               "--requests", 6, "--prompt-tokens", "64:512", "--ring-mib", 64,
+               "--rate", 20]
+
+SAME_AS_CLI = ("requests_total", "requests_ok", "requests_failed", "hung_requests",
+               "unreported_failures", "bytes_moved", "bytes_verified",
+               "corrupt_bytes", "ring_leaked_bytes", "violations", "rdma_ops",
+               "control_msgs", "msgs_rejected", "watermark_waits",
+               "ring_peak_bytes", "sim_ns", "events", "prefill_ranks",
+               "decode_ranks", "path")
+
+
+def run(**change):
+    kw = dict(SMALL)
+    kw.update(change)
+    return kvstage.simulate(**kw)
+
+
+def assert_clean(r, requests):
+    assert r["requests_total"] == requests
+    assert r["requests_ok"] == requests
+    assert r["requests_failed"] == r["hung_requests"] == 0
+    assert r["corrupt_bytes"] == r["ring_leaked_bytes"] == r["violations"] == 0
+    assert r["bytes_verified"] == r["bytes_moved"] > 0
+
+
+@pytest.mark.parametrize("path", ["staging", "slice"])
+def test_simulate_equals_cli_json(cli, path):
+    got = run(path=path)
+    want = cli("sim", *SMALL_FLAGS, "--path", path)
+    assert_clean(got, 6)
+    for key in SAME_AS_CLI:
+        assert got[key] == want[key], key
+    assert "%016x" % got["digest"] == want["digest"]
+    for key in ("goodput_gbps", "line_rate_gbps", "latency_p50_us",
+                "latency_p99_us", "e2e_p50_us", "e2e_p99_us"):
+        assert got[key] == pytest.approx(want[key], abs=1e-3), key
+    assert got["path"] == path
+
+
+def test_direct_path_and_pipeline_stages(cli):
+    kw = dict(prefill_tp=2, decode_tp=2, prefill_pp=2, decode_pp=2, requests=3)
+    got = run(**kw)
+    flags = ["--model", "llama-3.1-8b", "--layers", 4, "--prefill-tp", 2,
+             "--decode-tp", 2, "--prefill-pp", 2, "--decode-pp", 2,
+             "--page-size", 16, "--chunk-tokens", 512, "--requests", 3,
+             "--prompt-tokens", "64:512", "--ring-mib", 64, "--rate", 20]
+    want = cli("sim", *flags)
+    assert_clean(got, 3)
+    assert got["path"] == want["path"] == "direct"
+    assert (got["prefill_ranks"], got["decode_ranks"]) == (4, 4)
+    assert "%016x" % got["digest"] == want["digest"]
+
+
+def test_seed_replays_exactly():
+    a, b, c = run(seed=7), run(seed=7), run(seed=8)
+    assert a == b
+    assert a["digest"] != c["digest"]
+
+
+def test_faults_use_the_cli_syntax(cli):
+    faults = ["dup:any:0.3", "delay:watermark:0.5:200"]
+    got = run(faults=faults)
+    want = cli("sim", *SMALL_FLAGS, "--fault", faults[0], "--fault", faults[1])
+    assert got["msgs_rejected"] > 0
+    assert_clean(got, 6)
+    assert "%016x" % got["digest"] == want["digest"]
+    # Dropped messages fail requests, which the report counts; the run
+    # still returns, with every request terminal and nothing leaked.
+    r = run(faults="drop:any:0.05", stall_timeout_ns=2 * 10**9)
+    assert r["hung_requests"] == r["violations"] == 0
+    assert r["requests_ok"] + r["requests_failed"] == r["requests_total"] == 6
+
+
+def test_trace_file_is_written(tmp_path):
+    trace = tmp_path / "run.json"
+    run(requests=2, trace_path=trace)
+    events = json.loads(trace.read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    assert any(e.get("name") == "gather" for e in events)
+
+
+def raises(status, words, **change):
+    with pytest.raises(kvstage.KvstageError) as info:
+        run(**change)
+    e = info.value
+    assert e.name == status and kvstage.status_name(e.code) == status, e
+    for w in words:
+        assert w in e.message, (w, e.message)
+    return e
+
+
+def test_bad_fields_are_named():
+    e = raises("KVS_EINVAL", ["prefill_tp is 0", "1..1024"], prefill_tp=0)
+    assert e.code == -1
+    raises("KVS_EINVAL", ["requests is 2000000"], requests=2_000_000)
+    raises("KVS_EINVAL", ["requests is -1"], requests=-1)
+    raises("KVS_EINVAL", ["prompt_min_tokens 600", "prompt_max_tokens 512"],
+           prompt_min_tokens=600)
+    raises("KVS_EINVAL", ["ring_bytes"], ring_bytes=1 << 60)
+    raises("KVS_EINVAL", ["path direct needs equal TP sizes"], path="direct")
+    raises("KVS_EINVAL", ["path 'fast'"], path="fast")
+    raises("KVS_EHEAD_SPLIT", ["decode TP 3"], decode_tp=3)
+    raises("KVS_EDTYPE", ["dtype 'int4'"], dtype="int4")
+    raises("KVS_ECHUNK", ["chunk_tokens 100", "page_size 16"], chunk_tokens=100)
+    raises("KVS_EINVAL", ["seed is -1"], seed=-1)
+
+
+def test_bad_faults_are_named():
+    raises("KVS_EINVAL", ["faults[1] 'drop:bogus:0.1'", "unknown message type"],
+           faults=["dup:any:0.1", "drop:bogus:0.1"])
+    raises("KVS_EINVAL", ["faults[0] 'link-down:p9:1:1'", "RANK"],
+           faults=["link-down:p9:1:1"])
+    raises("KVS_EINVAL", ["faults has 17 entries"], faults=["dup:any:0.1"] * 17)
+    raises("KVS_EINVAL", ["faults[0] is 3"], faults=[3])
+
+
+def test_unknown_argument_is_a_type_error():
+    with pytest.raises(TypeError, match="ring_mib"):
+        run(ring_mib=64)

@@ -1,0 +1,310 @@
+/*
+ * api.c - the public simulator API of <kvstage/sim.h>: kvs_sim_run checks a
+ * kvs_sim_config_t (version, size, every field against the bounds of
+ * `kvstage sim`'s flags, the shape through the layout planner, the fault
+ * specs through sim/fault_spec.h), copies it field by field into the
+ * internal sim_scenario_config_t, runs sim_scenario_run and copies the
+ * report back field by field. Field-by-field on both sides, so the
+ * internal structs may grow (new faults, new knobs) without touching the
+ * public ABI: what the public config does not name stays zero, which is
+ * the scenario's default.
+ *
+ * The only symbols exported from libkvstage_sim are the kvs_sim_* ones
+ * (KVS_API); everything else in sim/ is compiled with hidden visibility.
+ */
+#include <kvstage/sim.h>
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "fault_spec.h"
+#include "scenario.h"
+
+/* The sizes of version 1 of the public structs: smaller ones are refused. */
+#define SIM_API_CONFIG_V1_BYTES (offsetof(kvs_sim_config_t, trace_path) + sizeof(const char *))
+#define SIM_API_REPORT_V1_BYTES (offsetof(kvs_sim_report_t, e2e_p99_us) + sizeof(double))
+
+/* The bounds of `kvstage sim`'s flags (tools/sim.c, tools/shape.h): far
+ * above any run that ends in reasonable time, low enough that no product
+ * the simulator forms overflows 64 bits. */
+#define SIM_API_MAX_HEADS 1024
+#define SIM_API_MAX_HEAD_DIM 4096
+#define SIM_API_MAX_LAYERS 4096
+#define SIM_API_MAX_TP 1024
+#define SIM_API_MAX_PP 1024
+#define SIM_API_MAX_TOKENS (INT64_C(1) << 24)
+#define SIM_API_MAX_REQUESTS 1000000u
+#define SIM_API_MAX_INFLIGHT 65536u
+#define SIM_API_MAX_RATE_MILLI (UINT64_C(1000000) * 1000)
+#define SIM_API_MAX_RING_BYTES (UINT64_C(1) << 50)
+#define SIM_API_MAX_LINK_BYTES_PER_S (UINT64_C(100000) * 1000000000u / 8u)
+#define SIM_API_MAX_STALL_NS (UINT64_C(86400) * 1000000000u)
+#define SIM_API_MAX_WORKERS 1024u
+
+static int sim_api_fail(kvs_error_t *err, int status, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int sim_api_fail(kvs_error_t *err, int status, int line, const char *fmt, ...)
+{
+    if (err != NULL) {
+        memset(err, 0, sizeof *err);
+        err->status = status;
+        err->file = __FILE__;
+        err->line = line;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+    }
+    return status;
+}
+
+#define SIM_API_FAIL(err, status, ...) sim_api_fail((err), (status), __LINE__, __VA_ARGS__)
+
+/* field in [min, max] (signed config fields). */
+static int sim_api_range_i64(kvs_error_t *err, const char *field, int64_t v, int64_t min,
+                             int64_t max)
+{
+    if (v >= min && v <= max)
+        return KVS_OK;
+    return SIM_API_FAIL(err, KVS_EINVAL, "%s is %lld: set it to %lld..%lld", field,
+                        (long long)v, (long long)min, (long long)max);
+}
+
+/* field <= max (unsigned config fields, 0 = default). */
+static int sim_api_max_u64(kvs_error_t *err, const char *field, uint64_t v, uint64_t max)
+{
+    if (v <= max)
+        return KVS_OK;
+    return SIM_API_FAIL(err, KVS_EINVAL, "%s is %llu: set it to 0..%llu (0 = default)",
+                        field, (unsigned long long)v, (unsigned long long)max);
+}
+
+/* Copies the caller's config (of its own size) into *c, a config of this
+ * library's size, zero-filled where the caller's is shorter. */
+static int sim_api_read_config(const kvs_sim_config_t *cfg, kvs_sim_config_t *c,
+                               kvs_error_t *err)
+{
+    if (cfg->version < 1 || cfg->version > KVS_SIM_CONFIG_VERSION)
+        return SIM_API_FAIL(err, KVS_EVERSION,
+                            "config version %u is unknown to this library (it runs 1..%d): "
+                            "fill the config with kvs_sim_config_init of the kvstage/sim.h "
+                            "it was built with", cfg->version, KVS_SIM_CONFIG_VERSION);
+    if (cfg->size_bytes < SIM_API_CONFIG_V1_BYTES)
+        return SIM_API_FAIL(err, KVS_EVERSION,
+                            "config size_bytes %u is below version 1's %zu: set it to "
+                            "sizeof(kvs_sim_config_t)", cfg->size_bytes,
+                            (size_t)SIM_API_CONFIG_V1_BYTES);
+    const unsigned char *raw = (const unsigned char *)cfg;
+    for (size_t i = sizeof *c; i < cfg->size_bytes; i++)
+        if (raw[i] != 0)
+            return SIM_API_FAIL(err, KVS_EVERSION,
+                                "config byte %zu is set, beyond the %zu bytes this library "
+                                "knows: use a libkvstage_sim at least as new as the "
+                                "kvstage/sim.h the caller was built with", i, sizeof *c);
+    memset(c, 0, sizeof *c);
+    memcpy(c, cfg, cfg->size_bytes < sizeof *c ? cfg->size_bytes : sizeof *c);
+    return KVS_OK;
+}
+
+/* Every bound of kvs_sim_config_t, named by field. */
+static int sim_api_check_bounds(const kvs_sim_config_t *c, kvs_error_t *err)
+{
+    int rc;
+    if ((rc = sim_api_range_i64(err, "total_heads", c->total_heads, 0, SIM_API_MAX_HEADS)) ||
+        (rc = sim_api_range_i64(err, "heads_per_rank", c->heads_per_rank, 0,
+                                SIM_API_MAX_HEADS)) ||
+        (rc = sim_api_range_i64(err, "heads_per_rank_tp", c->heads_per_rank_tp, 0,
+                                SIM_API_MAX_TP)) ||
+        (rc = sim_api_range_i64(err, "head_dim", c->head_dim, 1, SIM_API_MAX_HEAD_DIM)) ||
+        (rc = sim_api_range_i64(err, "layers", c->layers, 1, SIM_API_MAX_LAYERS)) ||
+        (rc = sim_api_range_i64(err, "page_size", c->page_size, 1, SIM_API_MAX_TOKENS)) ||
+        (rc = sim_api_range_i64(err, "prefill_tp", c->prefill_tp, 1, SIM_API_MAX_TP)) ||
+        (rc = sim_api_range_i64(err, "decode_tp", c->decode_tp, 1, SIM_API_MAX_TP)) ||
+        (rc = sim_api_range_i64(err, "prefill_pp", c->prefill_pp, 0, SIM_API_MAX_PP)) ||
+        (rc = sim_api_range_i64(err, "decode_pp", c->decode_pp, 0, SIM_API_MAX_PP)) ||
+        (rc = sim_api_range_i64(err, "chunk_tokens", c->chunk_tokens, 0, SIM_API_MAX_TOKENS)) ||
+        (rc = sim_api_range_i64(err, "prompt_min_tokens", c->prompt_min_tokens, 0,
+                                SIM_API_MAX_TOKENS)) ||
+        (rc = sim_api_range_i64(err, "prompt_max_tokens", c->prompt_max_tokens, 0,
+                                SIM_API_MAX_TOKENS)) ||
+        (rc = sim_api_range_i64(err, "prefix_max_tokens", c->prefix_max_tokens, 0,
+                                SIM_API_MAX_TOKENS)) ||
+        (rc = sim_api_max_u64(err, "requests", c->requests, SIM_API_MAX_REQUESTS)) ||
+        (rc = sim_api_max_u64(err, "max_inflight", c->max_inflight, SIM_API_MAX_INFLIGHT)) ||
+        (rc = sim_api_max_u64(err, "rate_milli_per_s", c->rate_milli_per_s,
+                              SIM_API_MAX_RATE_MILLI)) ||
+        (rc = sim_api_max_u64(err, "ring_bytes", c->ring_bytes, SIM_API_MAX_RING_BYTES)) ||
+        (rc = sim_api_max_u64(err, "transfer_workers", c->transfer_workers,
+                              SIM_API_MAX_WORKERS)) ||
+        (rc = sim_api_max_u64(err, "stall_timeout_ns", c->stall_timeout_ns,
+                              SIM_API_MAX_STALL_NS)) ||
+        (rc = sim_api_max_u64(err, "net_link_bytes_per_s", c->net_link_bytes_per_s,
+                              SIM_API_MAX_LINK_BYTES_PER_S)) ||
+        (rc = sim_api_max_u64(err, "nfaults", c->nfaults, KVS_SIM_MAX_FAULTS)) ||
+        (rc = sim_api_max_u64(err, "reserved0", c->reserved0, 0)) ||
+        (rc = sim_api_max_u64(err, "reserved1", c->reserved1, 0)))
+        return rc;
+    if (c->prompt_max_tokens != 0 && c->prompt_min_tokens > c->prompt_max_tokens)
+        return SIM_API_FAIL(err, KVS_EINVAL,
+                            "prompt_min_tokens %lld is above prompt_max_tokens %lld: give "
+                            "min <= max", (long long)c->prompt_min_tokens,
+                            (long long)c->prompt_max_tokens);
+    if (c->path < KVS_PATH_AUTO || c->path > KVS_PATH_SLICE)
+        return SIM_API_FAIL(err, KVS_EINVAL,
+                            "path %d is unknown: use KVS_PATH_AUTO (0), STAGING (1), "
+                            "DIRECT (2) or SLICE (3)", (int)c->path);
+    if (c->path == KVS_PATH_DIRECT && c->prefill_tp != c->decode_tp)
+        return SIM_API_FAIL(err, KVS_EINVAL,
+                            "path direct needs equal TP sizes (got prefill_tp %lld, "
+                            "decode_tp %lld): use path staging or slice, or equal TP sizes",
+                            (long long)c->prefill_tp, (long long)c->decode_tp);
+    if (c->nfaults > 0 && c->faults == NULL)
+        return SIM_API_FAIL(err, KVS_EINVAL,
+                            "nfaults is %u but faults is NULL: pass the fault strings",
+                            c->nfaults);
+    return KVS_OK;
+}
+
+/* The public config, checked, as the scenario's. */
+static int sim_api_scenario(const kvs_sim_config_t *c, sim_scenario_config_t *s,
+                            kvs_error_t *err)
+{
+    memset(s, 0, sizeof *s);
+    s->shape.total_heads = c->total_heads;
+    s->shape.heads_per_rank = c->heads_per_rank;
+    s->shape.heads_per_rank_tp = c->heads_per_rank_tp;
+    s->shape.head_dim = c->head_dim;
+    s->shape.dtype = (kvs_dtype_t)c->dtype;
+    s->shape.layers = c->layers;
+    s->shape.page_size = c->page_size;
+    s->shape.prefill_tp = c->prefill_tp;
+    s->shape.decode_tp = c->decode_tp;
+    s->shape.prefill_pp = c->prefill_pp;
+    s->shape.decode_pp = c->decode_pp;
+    s->shape.chunk_tokens = c->chunk_tokens;
+
+    kvs_layout_t lay;
+    int rc = kvs_layout_init(&lay, &s->shape, err);
+    if (rc != KVS_OK)
+        return rc;
+    for (uint32_t i = 0; i < c->nfaults; i++) {
+        char why[KVS_ERROR_MSG_BYTES];
+        if (c->faults[i] == NULL)
+            return SIM_API_FAIL(err, KVS_EINVAL, "faults[%u] is NULL: pass a fault string "
+                                "like \"drop:any:0.01\"", i);
+        if (sim_fault_parse(c->faults[i], &lay, &s->faults[i], why, sizeof why) != KVS_OK)
+            return SIM_API_FAIL(err, KVS_EINVAL, "faults[%u] %s", i, why);
+    }
+    s->nfaults = c->nfaults;
+
+    s->requests = c->requests;
+    s->prompt_min_tokens = c->prompt_min_tokens;
+    s->prompt_max_tokens = c->prompt_max_tokens;
+    s->rate_milli_per_s = c->rate_milli_per_s;
+    s->prefix_max_tokens = c->prefix_max_tokens;
+    s->ring_bytes = c->ring_bytes;
+    s->path = (kvs_path_t)c->path;
+    /* As `kvstage sim`: staging buffers exist on both sides unless the
+     * path asked for does without them. */
+    s->staging = s->path == KVS_PATH_AUTO || s->path == KVS_PATH_STAGING;
+    s->prefill_tokens_per_s = c->prefill_tokens_per_s;
+    s->max_inflight = c->max_inflight;
+    s->transfer_workers = c->transfer_workers;
+    s->seed = c->seed;
+    s->gpu.hbm_bytes = c->gpu_hbm_bytes;
+    s->gpu.hbm_bytes_per_s = c->gpu_hbm_bytes_per_s;
+    s->gpu.launch_ns = c->gpu_launch_ns;
+    s->net.link_bytes_per_s = c->net_link_bytes_per_s;
+    s->net.latency_ns = c->net_latency_ns;
+    s->net.per_op_ns = c->net_per_op_ns;
+    s->net.ctrl_latency_ns = c->net_ctrl_latency_ns;
+    s->net.segment_bytes = c->net_segment_bytes;
+    s->net.mtu_bytes = c->net_mtu_bytes;
+    s->net.header_bytes = c->net_header_bytes;
+    s->max_events = c->max_events;
+    s->stall_timeout_ns = c->stall_timeout_ns;
+    s->trace_path = c->trace_path;
+    return KVS_OK;
+}
+
+/* The scenario's report as the public one, written up to the caller's
+ * size_bytes (read before anything is written). */
+static void sim_api_write_report(const sim_report_t *r, kvs_sim_report_t *out)
+{
+    const uint32_t size = out->size_bytes;
+    kvs_sim_report_t p;
+    memset(&p, 0, sizeof p);
+    p.version = KVS_SIM_REPORT_VERSION;
+    p.size_bytes = size;
+    p.requests_total = r->requests_total;
+    p.requests_ok = r->requests_ok;
+    p.requests_failed = r->requests_failed;
+    p.hung_requests = r->hung_requests;
+    p.unreported_failures = r->unreported_failures;
+    p.path = (int32_t)r->path;
+    p.bytes_moved = r->bytes_moved;
+    p.bytes_verified = r->bytes_verified;
+    p.corrupt_bytes = r->corrupt_bytes;
+    p.ring_leaked_bytes = r->ring_leaked_bytes;
+    p.violations = r->violations;
+    p.rdma_ops = r->rdma_ops;
+    p.control_msgs = r->control_msgs;
+    p.msgs_rejected = r->msgs_rejected;
+    p.watermark_waits = r->watermark_waits;
+    p.ring_peak_bytes = r->ring_peak_bytes;
+    p.sim_ns = r->sim_ns;
+    p.events = r->events;
+    p.digest = r->digest;
+    p.prefill_ranks = r->prefill_ranks;
+    p.decode_ranks = r->decode_ranks;
+    p.goodput_gbps = r->goodput_gbps;
+    p.line_rate_gbps = r->line_rate_gbps;
+    p.latency_p50_us = r->latency_p50_us;
+    p.latency_p99_us = r->latency_p99_us;
+    p.e2e_p50_us = r->e2e_p50_us;
+    p.e2e_p99_us = r->e2e_p99_us;
+    p.msgs_retransmitted = r->msgs_retransmitted;
+    p.msgs_duplicate = r->msgs_duplicate;
+    p.peers_lost = r->peers_lost;
+    p.ranks_crashed = r->ranks_crashed;
+    p.ranks_restarted = r->ranks_restarted;
+    p.ranks_down_at_start = r->ranks_down_at_start;
+    snprintf(p.init_error, sizeof p.init_error, "%s", r->init_error);
+    if (size > sizeof p)
+        memset((unsigned char *)out + sizeof p, 0, size - sizeof p);
+    memcpy(out, &p, size < sizeof p ? size : sizeof p);
+}
+
+int kvs_sim_run(const kvs_sim_config_t *cfg, kvs_sim_report_t *out, kvs_error_t *err)
+{
+    if (cfg == NULL || out == NULL)
+        return SIM_API_FAIL(err, KVS_EINVAL, "cfg and out must not be NULL");
+    if (out->size_bytes < SIM_API_REPORT_V1_BYTES)
+        return SIM_API_FAIL(err, KVS_EVERSION,
+                            "report size_bytes %u is below version 1's %zu: set it to "
+                            "sizeof(kvs_sim_report_t) before the call", out->size_bytes,
+                            (size_t)SIM_API_REPORT_V1_BYTES);
+    kvs_sim_config_t c;
+    int rc = sim_api_read_config(cfg, &c, err);
+    if (rc == KVS_OK)
+        rc = sim_api_check_bounds(&c, err);
+    sim_scenario_config_t s;
+    if (rc == KVS_OK)
+        rc = sim_api_scenario(&c, &s, err);
+    if (rc != KVS_OK)
+        return rc;
+
+    sim_report_t r;
+    memset(&r, 0, sizeof r);
+    char why[KVS_ERROR_MSG_BYTES] = "";
+    rc = sim_scenario_run(&s, &r, why, sizeof why);
+    sim_api_write_report(&r, out);
+    if (rc != KVS_OK)
+        return SIM_API_FAIL(err, rc, "%s", why[0] != '\0' ? why : kvs_strerror(rc));
+    if (err != NULL)
+        memset(err, 0, sizeof *err);
+    return KVS_OK;
+}

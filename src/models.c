@@ -1,0 +1,56 @@
+/*
+ * models.c - built-in model shapes by name (kvs_model_find): what the layout
+ * planner needs from a well-known model. The numbers are the models'
+ * published configs (num_key_value_heads, head dim = hidden_size /
+ * num_attention_heads, num_hidden_layers); the KV dtype is the usual bf16.
+ * Add a model by adding a row; names stay lower case. Read-only static
+ * data: no state.
+ */
+#include <kvstage/kvstage.h>
+
+#include <ctype.h>
+
+static const kvs_model_t kvs__models[] = {
+    {"llama-3.1-8b", 8, 128, 32, KVS_DTYPE_BF16, "Llama 3.1 8B"},
+    {"llama-3.1-70b", 8, 128, 80, KVS_DTYPE_BF16, "Llama 3.1 70B"},
+    {"llama-3.1-405b", 8, 128, 126, KVS_DTYPE_BF16, "Llama 3.1 405B"},
+    {"qwen2.5-7b", 4, 128, 28, KVS_DTYPE_BF16,
+     "Qwen2.5 7B: 4 KV heads, replicated at TP 8"},
+    {"qwen2.5-72b", 8, 128, 80, KVS_DTYPE_BF16, "Qwen2.5 72B"},
+    {"qwen2.5-1.5b", 2, 128, 28, KVS_DTYPE_BF16,
+     "Qwen2.5 1.5B: 2 KV heads, replicated at TP > 2"},
+    {"chatglm3-6b", 2, 128, 28, KVS_DTYPE_BF16,
+     "ChatGLM3 6B: 2 KV groups, replicated at TP > 2"},
+};
+
+#define KVS__MODEL_COUNT (sizeof kvs__models / sizeof kvs__models[0])
+
+static int kvs__name_equal(const char *a, const char *b)
+{
+    for (; *a != '\0' && *b != '\0'; a++, b++) {
+        if (tolower((unsigned char)*a) != tolower((unsigned char)*b))
+            return 0;
+    }
+    return *a == '\0' && *b == '\0';
+}
+
+const kvs_model_t *kvs_model_find(const char *name)
+{
+    if (name == NULL)
+        return NULL;
+    for (size_t i = 0; i < KVS__MODEL_COUNT; i++) {
+        if (kvs__name_equal(kvs__models[i].name, name))
+            return &kvs__models[i];
+    }
+    return NULL;
+}
+
+size_t kvs_model_count(void)
+{
+    return KVS__MODEL_COUNT;
+}
+
+const kvs_model_t *kvs_model_at(size_t i)
+{
+    return i < KVS__MODEL_COUNT ? &kvs__models[i] : NULL;
+}

@@ -1,0 +1,75 @@
+/*
+ * test_models.c - the built-in model table (kvs_model_find): names are
+ * unique and lower case, lookup ignores ASCII case, unknown names and
+ * out-of-range indices give NULL, and every model plans a valid layout at
+ * TP 8 -> 2 (replicated heads included).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <ctype.h>
+#include <string.h>
+
+#include <kvstage/kvstage.h>
+
+static void test_models_known_shape(void **state)
+{
+    const kvs_model_t *m = kvs_model_find("llama-3.1-70b");
+    assert_non_null(m);
+    assert_string_equal(m->name, "llama-3.1-70b");
+    assert_int_equal(m->total_heads, 8);
+    assert_int_equal(m->head_dim, 128);
+    assert_int_equal(m->layers, 80);
+    assert_int_equal(m->dtype, KVS_DTYPE_BF16);
+    assert_true(strlen(m->note) > 0);
+}
+
+static void test_models_lookup_ignores_case(void **state)
+{
+    assert_ptr_equal(kvs_model_find("Qwen2.5-7B"), kvs_model_find("qwen2.5-7b"));
+    assert_non_null(kvs_model_find("QWEN2.5-7B"));
+}
+
+static void test_models_unknown_is_null(void **state)
+{
+    assert_null(kvs_model_find(NULL));
+    assert_null(kvs_model_find(""));
+    assert_null(kvs_model_find("llama-3.1"));
+    assert_null(kvs_model_find("llama-3.1-70bx"));
+    assert_null(kvs_model_at(kvs_model_count()));
+    assert_null(kvs_model_at((size_t)-1));
+}
+
+static void test_models_names_unique_lower_case_and_plannable(void **state)
+{
+    assert_true(kvs_model_count() >= 7);
+    for (size_t i = 0; i < kvs_model_count(); i++) {
+        const kvs_model_t *m = kvs_model_at(i);
+        assert_non_null(m);
+        for (const char *c = m->name; *c != '\0'; c++)
+            assert_false(isupper((unsigned char)*c));
+        assert_ptr_equal(kvs_model_find(m->name), m);
+        for (size_t j = 0; j < i; j++)
+            assert_string_not_equal(kvs_model_at(j)->name, m->name);
+        kvs_layout_params_t p = {.total_heads = m->total_heads, .head_dim = m->head_dim,
+                                 .dtype = m->dtype, .layers = m->layers, .page_size = 16,
+                                 .prefill_tp = 8, .decode_tp = 2};
+        kvs_layout_t lay;
+        assert_int_equal(kvs_layout_init(&lay, &p, NULL), KVS_OK);
+        assert_int_equal(lay.total_heads, m->total_heads);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_models_known_shape),
+        cmocka_unit_test(test_models_lookup_ignores_case),
+        cmocka_unit_test(test_models_unknown_is_null),
+        cmocka_unit_test(test_models_names_unique_lower_case_and_plannable),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,228 @@
+/*
+ * test_sim_api.c - the public simulator API (kvs_sim_run, <kvstage/sim.h>):
+ * a run matches sim_scenario_run on the same scenario field for field; the
+ * ABI guards (version, the config's and the report's size, an unknown tail
+ * that must be zero, reserved fields) refuse what they should with
+ * KVS_EVERSION or KVS_EINVAL; bad fields and fault strings are named in the
+ * error; a larger report is written up to this library's size and zeroed
+ * beyond it.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include <kvstage/sim.h>
+
+#include "scenario.h"
+
+/* Two layers, TP 2 -> 1, three short prompts: a few MB, milliseconds. */
+static kvs_sim_config_t tiny(void)
+{
+    kvs_sim_config_t c;
+    kvs_sim_config_init(&c);
+    c.total_heads = 2;
+    c.head_dim = 64;
+    c.layers = 2;
+    c.page_size = 16;
+    c.chunk_tokens = 64;
+    c.prefill_tp = 2;
+    c.decode_tp = 1;
+    c.requests = 3;
+    c.prompt_min_tokens = 16;
+    c.prompt_max_tokens = 200;
+    c.ring_bytes = 4u << 20;
+    c.seed = 5;
+    return c;
+}
+
+static int run(const kvs_sim_config_t *c, kvs_sim_report_t *r, kvs_error_t *err)
+{
+    memset(r, 0, sizeof *r);
+    r->size_bytes = sizeof *r;
+    memset(err, 0, sizeof *err);
+    return kvs_sim_run(c, r, err);
+}
+
+/* err holds status and a message containing `words`. */
+static void expect_error(int rc, const kvs_error_t *err, int status, const char *words)
+{
+    assert_int_equal(rc, status);
+    assert_int_equal(err->status, status);
+    if (strstr(err->msg, words) == NULL)
+        fail_msg("message '%s' lacks '%s'", err->msg, words);
+}
+
+static void test_sim_api_run_matches_the_scenario(void **state)
+{
+    kvs_sim_config_t c = tiny();
+    kvs_sim_report_t r;
+    kvs_error_t err;
+    assert_int_equal(run(&c, &r, &err), KVS_OK);
+    assert_int_equal(err.status, KVS_OK);
+    assert_int_equal(r.version, KVS_SIM_REPORT_VERSION);
+    assert_int_equal(r.size_bytes, sizeof r);
+    assert_int_equal(r.requests_total, 3);
+    assert_int_equal(r.requests_ok, 3);
+    assert_int_equal(r.violations, 0);
+    assert_int_equal(r.path, KVS_PATH_STAGING);
+    assert_true(r.bytes_verified > 0 && r.bytes_verified == r.bytes_moved);
+
+    /* The same scenario straight through sim_scenario_run. */
+    sim_scenario_config_t s;
+    memset(&s, 0, sizeof s);
+    s.shape = (kvs_layout_params_t){.total_heads = 2, .head_dim = 64, .layers = 2,
+                                    .page_size = 16, .chunk_tokens = 64,
+                                    .prefill_tp = 2, .decode_tp = 1};
+    s.requests = 3;
+    s.prompt_min_tokens = 16;
+    s.prompt_max_tokens = 200;
+    s.ring_bytes = 4u << 20;
+    s.seed = 5;
+    s.staging = true;
+    sim_report_t want;
+    char why[256];
+    assert_int_equal(sim_scenario_run(&s, &want, why, sizeof why), KVS_OK);
+    assert_int_equal(r.digest, want.digest);
+    assert_int_equal(r.events, want.events);
+    assert_int_equal(r.bytes_moved, want.bytes_moved);
+    assert_int_equal(r.rdma_ops, want.rdma_ops);
+    assert_int_equal(r.sim_ns, want.sim_ns);
+    assert_int_equal(r.ring_peak_bytes, want.ring_peak_bytes);
+    assert_true(r.latency_p99_us == want.latency_p99_us);
+
+    /* Deterministic; another seed, another run. */
+    kvs_sim_report_t again;
+    assert_int_equal(run(&c, &again, &err), KVS_OK);
+    assert_int_equal(again.digest, r.digest);
+    c.seed = 6;
+    assert_int_equal(run(&c, &again, &err), KVS_OK);
+    assert_int_not_equal(again.digest, r.digest);
+}
+
+static void test_sim_api_faults_in_cli_syntax(void **state)
+{
+    kvs_sim_config_t c = tiny();
+    const char *faults[] = {"dup:any:0.5"};
+    c.faults = faults;
+    c.nfaults = 1;
+    kvs_sim_report_t r;
+    kvs_error_t err;
+    assert_int_equal(run(&c, &r, &err), KVS_OK);
+    assert_true(r.msgs_rejected > 0);
+    assert_int_equal(r.requests_ok, 3);
+    assert_int_equal(r.violations, 0);
+
+    const char *bad[] = {"dup:any:0.5", "drop:nope:0.1"};
+    c.faults = bad;
+    c.nfaults = 2;
+    expect_error(run(&c, &r, &err), &err, KVS_EINVAL, "faults[1] 'drop:nope:0.1': unknown "
+                                                      "message type 'nope'");
+    const char *none[] = {NULL};
+    c.faults = none;
+    c.nfaults = 1;
+    expect_error(run(&c, &r, &err), &err, KVS_EINVAL, "faults[0] is NULL");
+    c.faults = NULL;
+    expect_error(run(&c, &r, &err), &err, KVS_EINVAL, "nfaults is 1 but faults is NULL");
+    c.faults = faults;
+    c.nfaults = KVS_SIM_MAX_FAULTS + 1;
+    expect_error(run(&c, &r, &err), &err, KVS_EINVAL, "nfaults is 17");
+}
+
+static void test_sim_api_bad_fields_are_named(void **state)
+{
+    kvs_sim_report_t r;
+    kvs_error_t err;
+    kvs_sim_config_t c = tiny();
+    c.prefill_tp = 0;
+    expect_error(run(&c, &r, &err), &err, KVS_EINVAL, "prefill_tp is 0: set it to 1..1024");
+    c = tiny();
+    c.decode_tp = 3;
+    expect_error(run(&c, &r, &err), &err, KVS_EHEAD_SPLIT, "decode TP 3");
+    c = tiny();
+    c.requests = 2000000;
+    expect_error(run(&c, &r, &err), &err, KVS_EINVAL, "requests is 2000000");
+    c = tiny();
+    c.prompt_min_tokens = 300;
+    expect_error(run(&c, &r, &err), &err, KVS_EINVAL,
+                 "prompt_min_tokens 300 is above prompt_max_tokens 200");
+    c = tiny();
+    c.path = 9;
+    expect_error(run(&c, &r, &err), &err, KVS_EINVAL, "path 9 is unknown");
+    c = tiny();
+    c.path = KVS_PATH_DIRECT;
+    expect_error(run(&c, &r, &err), &err, KVS_EINVAL, "path direct needs equal TP sizes");
+    c = tiny();
+    c.dtype = 17;
+    expect_error(run(&c, &r, &err), &err, KVS_EDTYPE, "dtype 17");
+    c = tiny();
+    c.reserved1 = 1;
+    expect_error(run(&c, &r, &err), &err, KVS_EINVAL, "reserved1 is 1");
+    c = tiny();
+    c.chunk_tokens = 100; /* not a multiple of the page size: the manager's guard */
+    expect_error(run(&c, &r, &err), &err, KVS_ECHUNK, "chunk_tokens 100");
+    /* A NULL err is allowed. */
+    assert_int_equal(kvs_sim_run(&c, &r, NULL), KVS_ECHUNK);
+    assert_int_equal(kvs_sim_run(NULL, &r, &err), KVS_EINVAL);
+    assert_int_equal(kvs_sim_run(&c, NULL, &err), KVS_EINVAL);
+}
+
+static void test_sim_api_version_and_size_guards(void **state)
+{
+    kvs_sim_report_t r;
+    kvs_error_t err;
+    kvs_sim_config_t c = tiny();
+    c.version = 0;
+    expect_error(run(&c, &r, &err), &err, KVS_EVERSION, "kvs_sim_config_init");
+    c.version = KVS_SIM_CONFIG_VERSION + 1;
+    expect_error(run(&c, &r, &err), &err, KVS_EVERSION, "config version 2");
+    c = tiny();
+    c.size_bytes = offsetof(kvs_sim_config_t, trace_path);
+    expect_error(run(&c, &r, &err), &err, KVS_EVERSION, "config size_bytes");
+
+    /* A caller built with a larger config: a zero tail runs, a set byte in
+     * it is refused. */
+    struct {
+        kvs_sim_config_t c;
+        uint64_t newer_field;
+    } big;
+    memset(&big, 0, sizeof big);
+    big.c = tiny();
+    big.c.size_bytes = sizeof big;
+    assert_int_equal(run(&big.c, &r, &err), KVS_OK);
+    assert_int_equal(r.requests_ok, 3);
+    big.newer_field = 1;
+    expect_error(run(&big.c, &r, &err), &err, KVS_EVERSION, "beyond the");
+
+    /* The report: too small is refused; larger is written up to ours and
+     * zeroed beyond. */
+    c = tiny();
+    memset(&r, 0, sizeof r);
+    r.size_bytes = offsetof(kvs_sim_report_t, e2e_p99_us);
+    assert_int_equal(kvs_sim_run(&c, &r, &err), KVS_EVERSION);
+    assert_non_null(strstr(err.msg, "report size_bytes"));
+    struct {
+        kvs_sim_report_t r;
+        uint64_t newer_field;
+    } wide;
+    memset(&wide, 0xab, sizeof wide);
+    wide.r.size_bytes = sizeof wide;
+    assert_int_equal(kvs_sim_run(&c, &wide.r, &err), KVS_OK);
+    assert_int_equal(wide.r.size_bytes, sizeof wide);
+    assert_int_equal(wide.r.requests_ok, 3);
+    assert_int_equal(wide.newer_field, 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sim_api_run_matches_the_scenario),
+        cmocka_unit_test(test_sim_api_faults_in_cli_syntax),
+        cmocka_unit_test(test_sim_api_bad_fields_are_named),
+        cmocka_unit_test(test_sim_api_version_and_size_guards),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
