@@ -116,6 +116,34 @@ static void test_backend_rejects_missing_required_slot(void **state)
     fv.mr_register = NULL;
     assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_EINVAL);
     assert_int_equal(kvs_fabric_init(&f, &fv, NULL), KVS_EINVAL);
+    /* Each required slot on its own. */
+    dv = dev_ops;
+    fv = fab_ops;
+    dv.mem_alloc = NULL;
+    fv.mr_deregister = NULL;
+    assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_EINVAL);
+    assert_int_equal(kvs_fabric_init(&f, &fv, NULL), KVS_EINVAL);
+}
+
+static void test_backend_instance_name_falls_back(void **state)
+{
+    kvs_device_t d;
+    kvs_fabric_t f;
+    kvs_device_ops_t dv = dev_ops;
+    kvs_fabric_ops_t fv = fab_ops;
+    /* The instance name wins over the table's. */
+    assert_int_equal(kvs_device_init(&d, &dv, "gpu3"), KVS_OK);
+    assert_string_equal(d.name, "gpu3");
+    /* Neither given: a generic name, never NULL (messages print it). */
+    dv.name = NULL;
+    fv.name = NULL;
+    assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_OK);
+    assert_string_equal(d.name, "device");
+    assert_int_equal(kvs_fabric_init(&f, &fv, NULL), KVS_OK);
+    assert_string_equal(f.name, "fabric");
+    fv = fab_ops;
+    assert_int_equal(kvs_fabric_init(&f, &fv, NULL), KVS_OK);
+    assert_string_equal(f.name, "t-fab");
 }
 
 static void test_backend_fail_records_detail(void **state)
@@ -142,6 +170,7 @@ int main(void)
         cmocka_unit_test(test_backend_fabric_defaults_not_supported),
         cmocka_unit_test(test_backend_rejects_bad_version_and_size),
         cmocka_unit_test(test_backend_rejects_missing_required_slot),
+        cmocka_unit_test(test_backend_instance_name_falls_back),
         cmocka_unit_test(test_backend_fail_records_detail),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
