@@ -163,6 +163,41 @@ static void test_backend_fail_records_detail(void **state)
     assert_ptr_equal(KVS_CONTAINER_OF(&dev.base, fake_device_t, base), &dev);
 }
 
+/* The detail on an instance describes the last failed acquiring call: a
+ * later call clears it, a release call (run while unwinding) keeps it. */
+static void test_backend_detail_belongs_to_last_call(void **state)
+{
+    fake_device_t dev;
+    fake_fabric_t fab;
+    fake_device_setup(&dev);
+    fake_fabric_setup(&fab, 0);
+    uint64_t a = 0, b = 0;
+    assert_int_equal(kvs__dev_alloc(&dev.base, 64, &a), KVS_OK);
+    dev.alloc_fail_at = 2;
+    assert_int_equal(kvs__dev_alloc(&dev.base, 64, &b), KVS_EBACKEND);
+    assert_string_equal(dev.base.last_backend_msg, "fake: out of device memory");
+    assert_int_equal(kvs__dev_free(&dev.base, a), KVS_OK);
+    assert_string_equal(dev.base.last_backend_msg, "fake: out of device memory");
+    assert_int_equal(dev.base.last_backend_code, 2);
+    dev.alloc_fail_at = 3;
+    dev.fail_status = KVS_ENOMEM; /* fails without a detail */
+    assert_int_equal(kvs__dev_alloc(&dev.base, 64, &b), KVS_ENOMEM);
+    assert_string_equal(dev.base.last_backend_msg, "");
+    assert_int_equal(dev.base.last_backend_code, 0);
+
+    kvs_mr_t *mr = NULL;
+    uint64_t key = 0;
+    fab.register_fail_at = 1;
+    assert_int_equal(kvs__net_register(&fab.base, &dev.base, 0, 8, &mr, &key), KVS_EBACKEND);
+    assert_int_equal(fab.base.last_backend_code, 12);
+    assert_int_equal(kvs__net_register(&fab.base, &dev.base, 0, 8, &mr, &key), KVS_OK);
+    assert_string_equal(fab.base.last_backend_msg, "");
+    assert_int_equal(fab.base.last_backend_code, 0);
+    assert_int_equal(kvs__net_deregister(&fab.base, mr), KVS_OK);
+    assert_int_equal(fab.live_mrs, 0);
+    assert_int_equal(dev.live_allocs, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -172,6 +207,7 @@ int main(void)
         cmocka_unit_test(test_backend_rejects_missing_required_slot),
         cmocka_unit_test(test_backend_instance_name_falls_back),
         cmocka_unit_test(test_backend_fail_records_detail),
+        cmocka_unit_test(test_backend_detail_belongs_to_last_call),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
