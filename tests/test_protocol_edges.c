@@ -1994,6 +1994,268 @@ static void test_protocol_edges_teardown_anywhere(void **state)
     }
 }
 
+/* ---- 17. every remote field out of range, one at a time ----------------------------
+ * A remote offset, length, key, chunk index, room id or writer id that lies
+ * outside what it addresses is rejected and counted (msgs_rejected), never
+ * used to address memory: nothing is written where it points, and the
+ * handlers move the next room with every byte right. */
+
+/* STAGING_RSP regions that lie about their length, wrap the address space or
+ * end past the ring (chunk 0's region is the first answer p0 gets): p0 posts
+ * no write, the room fails with ERANGE on every rank, and the lie is counted
+ * with the three real answers that find the room gone. */
+static void test_protocol_edges_hostile_rsp_region(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_node_t *p0 = edge_prefill(cl, 0);
+    kvs_fabric_t *dfab = sim_nic_fabric(edge_decode(cl, 0)->nic);
+    kvs_conn_t *dc = edge_conn(dfab, "p0");
+    const uint64_t full = (uint64_t)edge_region_bytes(cl, 16);
+    const struct {
+        const char *lie;
+        uint64_t offset, end;
+    } c[] = {
+        {"end is not offset + length", 0, full / 2},
+        {"offset + length wraps", UINT64_MAX - full / 2 + 1, full / 2},
+        {"region ends past the ring", o.ring_bytes - full / 2, o.ring_bytes + full / 2},
+        {"region starts past the ring", 2 * o.ring_bytes, 2 * o.ring_bytes + full},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        const uint64_t room = 10 + i;
+        const kvs_handler_stats_t before = edge_stats(p0);
+        const uint64_t t0 = sim_engine_now_ns(cl->eng);
+        edge_open(cl, room, 0, 40);
+        edge_computed(cl, room, 40, true);
+        sim_engine_run(cl->eng, t0 + 25000, 0); /* p0 has sent its requests */
+        kvs_msg_t m = {.type = KVS_MSG_STAGING_RSP};
+        m.u.rsp = (kvs_msg_staging_rsp_t){.session = EDGE_DECODE_SESSION, .room = room,
+                                          .chunk = 0, .offset = c[i].offset,
+                                          .end = c[i].end};
+        edge_send(dfab, dc, &m);
+        edge_run(cl);
+        for (int n = 0; n < edge_nnodes(cl); n++) {
+            const kvs_room_result_t *r = edge_result(&cl->nodes[n], room);
+            if (r == NULL || r->status != KVS_ERANGE)
+                EDGE_FAIL("%s: %s: room %llu ended %s, expected KVS_ERANGE", c[i].lie,
+                          cl->nodes[n].name, (unsigned long long)room,
+                          r == NULL ? "never" : kvs_status_name(r->status));
+        }
+        const kvs_handler_stats_t after = edge_stats(p0);
+        if (after.rdma_writes != before.rdma_writes)
+            EDGE_FAIL("%s: p0 posted %llu writes", c[i].lie,
+                      (unsigned long long)(after.rdma_writes - before.rdma_writes));
+        assert_int_equal(after.msgs_rejected - before.msgs_rejected, 1 + 3);
+        edge_expect_ring_empty(cl);
+    }
+    edge_transfer(cl, 20, 0, 40);
+    edge_expect_ok(cl, 20, 0, 40);
+    edge_expect_ring_empty(cl);
+    edge_destroy(cl);
+}
+
+/* CHUNK_READY fields from p0's accepted session while every chunk of the
+ * room holds its region: a chunk index below 0 or past the last, a writer or
+ * stage that is not p0's, a page range that is not the chunk's, an unknown
+ * room. Each is counted once and none counts as an arrival: the decode
+ * scatters nothing early and the room moves every byte. STAGING_REQ chunk
+ * indexes below 0 or past the last fail their room (EPROTO) and only it. */
+static void test_protocol_edges_hostile_chunk_fields_to_decode(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_node_t *d = edge_decode(cl, 0);
+    kvs_fabric_t *p0fab = sim_nic_fabric(edge_prefill(cl, 0)->nic);
+    kvs_conn_t *pc = edge_conn(p0fab, "d0");
+    const uint64_t p0s = EDGE_PREFILL_SESSION + 0;
+
+    edge_open(cl, 1, 0, 40); /* chunks of 4, 4 and 2 pages */
+    edge_run(cl);            /* requested and allocated; nothing computed */
+    assert_int_equal(kvs_ring_live_count(kvs_manager_ring(d->m)), 3);
+    const kvs_msg_chunk_ready_t good = {.session = p0s, .room = 1, .chunk = 2,
+                                        .page_start = 8, .pages = 2};
+    kvs_msg_chunk_ready_t lies[] = {good, good, good, good, good, good, good, good, good, good};
+    lies[0].chunk = -1;
+    lies[1].chunk = 3;
+    lies[2].chunk = INT64_MIN;
+    lies[3].writer = -1;
+    lies[4].writer = 1; /* p1's */
+    lies[5].stage = -1;
+    lies[6].stage = 1;
+    lies[7].page_start = 9;
+    lies[8].pages = 3;
+    lies[9].room = 404;
+    const kvs_handler_stats_t before = edge_stats(d);
+    for (size_t i = 0; i < sizeof lies / sizeof lies[0]; i++) {
+        kvs_msg_t m = {.type = KVS_MSG_CHUNK_READY};
+        m.u.ready = lies[i];
+        edge_send(p0fab, pc, &m);
+    }
+    edge_run(cl);
+    const kvs_handler_stats_t after = edge_stats(d);
+    assert_int_equal(after.msgs_rejected - before.msgs_rejected, 10);
+    assert_int_equal(after.copies, before.copies); /* no arrival was counted */
+    assert_null(edge_result(d, 1));
+    edge_computed(cl, 1, 40, true);
+    edge_run(cl);
+    edge_expect_ok(cl, 1, 0, 40);
+    edge_expect_ring_empty(cl);
+
+    const int64_t bad_chunks[] = {-1, 3, INT64_MAX};
+    for (size_t i = 0; i < 3; i++) {
+        const uint64_t room = 2 + i;
+        edge_open(cl, room, 0, 40);
+        const uint64_t rejected = edge_stats(d).msgs_rejected;
+        kvs_msg_t m = {.type = KVS_MSG_STAGING_REQ};
+        m.u.req = (kvs_msg_staging_req_t){.session = p0s, .room = room, .chunk = bad_chunks[i],
+                                          .pages = 4, .tokens = 16};
+        edge_send(p0fab, pc, &m);
+        edge_computed(cl, room, 40, true);
+        edge_run(cl);
+        edge_expect_all(cl, room, KVS_EPROTO);
+        assert_true(edge_stats(d).msgs_rejected > rejected);
+        edge_expect_ring_empty(cl);
+    }
+    edge_transfer(cl, 9, 0, 40);
+    edge_expect_ok(cl, 9, 0, 40);
+    edge_destroy(cl);
+}
+
+/* A remote key the decode never registered: a REGISTER of decode rank 0
+ * (its session, its connection) that names another ring key. The prefill
+ * cannot check a key, the fabric does: p0's writes to d0 fail (EREMOTE),
+ * not one byte of d0's ring changes, the room fails and its regions go
+ * back. With the right key again the next room moves. Prefill TP 1 ->
+ * decode TP 2, so p0 is the only writer of d0's ring. */
+static void test_protocol_edges_hostile_ring_key(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.prefill_tp = 1;
+    o.decode_tp = 2;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_node_t *d = edge_decode(cl, 0);
+    kvs_fabric_t *dfab = sim_nic_fabric(d->nic);
+    kvs_conn_t *dc = edge_conn(dfab, "p0");
+    kvs_msg_t reg = edge_register_msg(cl);
+    reg.u.reg.session = EDGE_DECODE_SESSION;
+    const uint64_t real_key = reg.u.reg.ring_rkey;
+    reg.u.reg.ring_rkey = real_key ^ 0x5a5au;
+    edge_send(dfab, dc, &reg);
+    edge_run(cl);
+    edge_assert_registered(cl);
+
+    const uint8_t *ring = sim_gpu_host(d->gpu, reg.u.reg.ring_addr, reg.u.reg.ring_bytes);
+    assert_non_null(ring);
+    uint8_t *copy = malloc((size_t)reg.u.reg.ring_bytes);
+    assert_non_null(copy);
+    memcpy(copy, ring, (size_t)reg.u.reg.ring_bytes);
+    edge_transfer(cl, 1, 0, 40);
+    edge_expect(d, 1, KVS_EREMOTE);
+    edge_expect(edge_prefill(cl, 0), 1, KVS_EREMOTE);
+    edge_expect_ring_empty(cl);
+    if (memcmp(copy, ring, (size_t)reg.u.reg.ring_bytes) != 0)
+        EDGE_FAIL("a write with a key the decode never registered changed its ring");
+    free(copy);
+    assert_int_equal(edge_stats(d).copies, 0);
+
+    reg.u.reg.ring_rkey = real_key;
+    edge_send(dfab, dc, &reg);
+    edge_run(cl);
+    edge_transfer(cl, 2, 0, 40);
+    edge_expect_ok(cl, 2, 0, 40);
+    edge_expect_ring_empty(cl);
+    edge_destroy(cl);
+}
+
+/* The direct path trusts the decode's LAYERS (remote addresses and keys)
+ * and PAGES (decode page ids). From the decode's own session: LAYERS out of
+ * order or past the registered count, PAGES out of order or past the room's
+ * page count are counted and dropped; a page id outside the pool the decode
+ * registered fails the room (ERANGE) before any write; a layer key the
+ * decode never registered makes the writes fail at the fabric (EREMOTE). */
+static void test_protocol_edges_hostile_direct_fields(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.prefill_tp = 1;
+    o.staging = false;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_node_t *d = edge_decode(cl, 0);
+    edge_node_t *p = edge_prefill(cl, 0);
+    kvs_fabric_t *dfab = sim_nic_fabric(d->nic);
+    kvs_conn_t *dc = edge_conn(dfab, "p0");
+    const uint64_t ds = EDGE_DECODE_SESSION;
+
+    /* LAYERS after all arrived: starts past what was received, or overruns
+     * the count REGISTER announced. */
+    kvs_handler_stats_t before = edge_stats(p);
+    kvs_msg_t m = {.type = KVS_MSG_LAYERS};
+    m.u.layers = (kvs_msg_layers_t){.session = ds, .first = 2, .count = 1};
+    edge_send(dfab, dc, &m);
+    m.u.layers = (kvs_msg_layers_t){.session = ds, .first = 0, .count = 1};
+    edge_send(dfab, dc, &m); /* layers_got is 2 already */
+    m.u.layers = (kvs_msg_layers_t){.session = ds, .first = -1, .count = 3};
+    edge_send(dfab, dc, &m);
+    /* A room only the forged messages announce, 12 tokens = 3 pages. */
+    m = (kvs_msg_t){.type = KVS_MSG_ROOM};
+    m.u.room = (kvs_msg_room_t){.session = ds, .room = 7, .total_tokens = 12, .num_pages = 3};
+    edge_send(dfab, dc, &m);
+    m = (kvs_msg_t){.type = KVS_MSG_PAGES};
+    m.u.pages = (kvs_msg_pages_t){.session = ds, .room = 7, .first = 1, .count = 1};
+    edge_send(dfab, dc, &m); /* out of order */
+    m.u.pages = (kvs_msg_pages_t){.session = ds, .room = 7, .first = 0, .count = 4};
+    edge_send(dfab, dc, &m); /* more than 3 pages */
+    m.u.pages = (kvs_msg_pages_t){.session = ds, .room = 404, .first = 0, .count = 1};
+    edge_send(dfab, dc, &m); /* unknown room */
+    m.u.pages = (kvs_msg_pages_t){.session = ds, .room = 7, .first = 0, .count = 3,
+                                  .ids = {0, EDGE_POOL_PAGES, 1}};
+    edge_send(dfab, dc, &m); /* page 96 is past the 96-page pool */
+    edge_run(cl);
+    assert_int_equal(edge_stats(p).msgs_rejected - before.msgs_rejected, 7);
+    edge_open_prefill(cl, 0, 7, 12);
+    edge_computed(cl, 7, 12, true);
+    edge_run(cl);
+    edge_expect(p, 7, KVS_ERANGE);
+    assert_int_equal(edge_expect(p, 7, KVS_ERANGE)->rdma_writes, 0);
+    assert_int_equal(edge_stats(p).rdma_writes, before.rdma_writes);
+    edge_transfer(cl, 1, 0, 40);
+    edge_expect_ok(cl, 1, 0, 40);
+
+    /* A K layer key the decode never registered (a new registration of the
+     * same session with its real geometry): the fabric refuses the writes. */
+    kvs_msg_t reg = {.type = KVS_MSG_REGISTER};
+    reg.u.reg = (kvs_msg_register_t){.session = ds, .tp_rank = 0, .tp_size = 1, .pp_rank = 0,
+                                     .pp_size = 1, .local_heads = d->heads,
+                                     .num_pages = EDGE_POOL_PAGES,
+                                     .layers_total = d->layers};
+    kvs__fingerprint(kvs_manager_layout(d->m), kvs_manager_path(d->m), &reg.u.reg.fp);
+    edge_send(dfab, dc, &reg);
+    kvs_msg_t lm = {.type = KVS_MSG_LAYERS};
+    lm.u.layers = (kvs_msg_layers_t){.session = ds, .first = 0, .count = (uint32_t)d->layers};
+    for (int64_t l = 0; l < d->layers; l++)
+        lm.u.layers.entries[l] = (kvs_layer_entry_t){.k_addr = d->k_base[l], .k_rkey = 0x5a5a,
+                                                     .v_addr = d->v_base[l], .v_rkey = 0x5a5b};
+    edge_send(dfab, dc, &lm);
+    edge_run(cl);
+    const uint8_t *pool = d->pool_host;
+    uint8_t *copy = malloc((size_t)d->pool_bytes);
+    assert_non_null(copy);
+    memcpy(copy, pool, (size_t)d->pool_bytes);
+    edge_transfer(cl, 2, 0, 40);
+    edge_expect_all(cl, 2, KVS_EREMOTE);
+    if (memcmp(copy, pool, (size_t)d->pool_bytes) != 0)
+        EDGE_FAIL("a write with a layer key the decode never registered changed its KV pool");
+    free(copy);
+    edge_destroy(cl);
+}
+
 /* ---- known defects, not fixed here ---------------------------------------------------
  * Each test below asserts what the spec requires and fails today. They run
  * only with KVS_EDGE_KNOWN_BUGS=1 and say so loudly otherwise. */
@@ -2120,6 +2382,140 @@ static void test_protocol_edges_misaligned_prefix_told_to_prefill(void **state)
     edge_destroy(cl);
 }
 
+/* Issue 4 item 7: CHUNK_READY's writer and stage are combined into a peer
+ * index with signed arithmetic before they are range checked:
+ * writer * stages + (stage - first_stage) overflows int64 (undefined
+ * behaviour; UBSan aborts the process) for a writer near INT64_MAX. A
+ * hostile prefill session must get it counted and dropped like writer 1. */
+static void test_protocol_edges_bug_chunk_ready_writer_overflow(void **state)
+{
+    (void)state;
+    EDGE_KNOWN_BUG("CHUNK_READY writer/stage overflow the decode's peer index (UB)");
+    edge_opts_t o = edge_defaults();
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_node_t *d = edge_decode(cl, 0);
+    kvs_fabric_t *p0fab = sim_nic_fabric(edge_prefill(cl, 0)->nic);
+    kvs_conn_t *pc = edge_conn(p0fab, "d0");
+    edge_open(cl, 1, 0, 40);
+    edge_run(cl);
+    const kvs_handler_stats_t before = edge_stats(d);
+    kvs_msg_t m = {.type = KVS_MSG_CHUNK_READY};
+    m.u.ready = (kvs_msg_chunk_ready_t){.session = EDGE_PREFILL_SESSION, .room = 1, .chunk = 2,
+                                        .page_start = 8, .pages = 2, .writer = INT64_MAX,
+                                        .stage = 1};
+    edge_send(p0fab, pc, &m);
+    m.u.ready.writer = INT64_MIN;
+    m.u.ready.stage = -1;
+    edge_send(p0fab, pc, &m);
+    edge_run(cl);
+    assert_int_equal(edge_stats(d).msgs_rejected - before.msgs_rejected, 2);
+    edge_computed(cl, 1, 40, true);
+    edge_run(cl);
+    edge_expect_ok(cl, 1, 0, 40);
+    edge_destroy(cl);
+}
+
+/* Issue 4 item 7: a REGISTER on the staging path may announce any
+ * layers_total (a staging decode sends 0), and the prefill allocates
+ * layers_total entries for it: a peer picks the size of a host
+ * allocation (2^20 entries here, 32 MiB; near 2^58 calloc fails, or ASan
+ * aborts the process). It must be refused as inconsistent geometry. */
+static void test_protocol_edges_bug_register_layers_on_staging(void **state)
+{
+    (void)state;
+    EDGE_KNOWN_BUG("a staging REGISTER's layers_total sizes a prefill allocation");
+    edge_opts_t o = edge_defaults();
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_intruder_t x;
+    edge_intruder_create(cl, &x);
+    kvs_conn_t *xc = edge_conn(x.fab, "p0");
+    kvs_msg_t m = edge_register_msg(cl);
+    m.u.reg.layers_total = 1 << 20;
+    edge_send(x.fab, xc, &m);
+    edge_run(cl);
+    kvs_msg_t got[4];
+    assert_int_equal(edge_intruder_recv(&x, got, 4), 1);
+    assert_int_equal(got[0].type, KVS_MSG_REGISTER_ACK);
+    if (got[0].u.ack.status != KVS_EPROTO)
+        EDGE_FAIL("REGISTER with layers_total 2^20 on the staging path: answered %s, "
+                  "expected KVS_EPROTO", kvs_status_name(got[0].u.ack.status));
+    edge_intruder_destroy(&x);
+    edge_destroy(cl);
+}
+
+/* Issue 4 item 7: on the direct path the prefill allocates a room's decode
+ * page list when the decode's ROOM arrives, sized num_pages * 8 bytes in
+ * size_t: a ROOM of INT64_MAX tokens (2^61 pages of 4 tokens) wraps that
+ * to malloc(0), and the PAGES that follow are written past it (a heap
+ * overflow ASan reports). A ROOM with more pages than the decode registered
+ * in its pool must be counted and dropped, and its PAGES with it. */
+static void test_protocol_edges_bug_direct_room_pages_overflow(void **state)
+{
+    (void)state;
+    EDGE_KNOWN_BUG("a direct-path ROOM of 2^61 pages wraps its page list allocation");
+    edge_opts_t o = edge_defaults();
+    o.prefill_tp = 1;
+    o.staging = false;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_node_t *p = edge_prefill(cl, 0);
+    kvs_fabric_t *dfab = sim_nic_fabric(edge_decode(cl, 0)->nic);
+    kvs_conn_t *dc = edge_conn(dfab, "p0");
+    const kvs_handler_stats_t before = edge_stats(p);
+    kvs_msg_t m = {.type = KVS_MSG_ROOM};
+    m.u.room = (kvs_msg_room_t){.session = EDGE_DECODE_SESSION, .room = 7,
+                                .total_tokens = INT64_MAX,
+                                .num_pages = INT64_MAX / 4 + 1};
+    edge_send(dfab, dc, &m);
+    m = (kvs_msg_t){.type = KVS_MSG_PAGES};
+    m.u.pages = (kvs_msg_pages_t){.session = EDGE_DECODE_SESSION, .room = 7, .first = 0,
+                                  .count = 64};
+    edge_send(dfab, dc, &m);
+    edge_run(cl);
+    assert_int_equal(edge_stats(p).msgs_rejected - before.msgs_rejected, 2);
+    edge_transfer(cl, 1, 0, 40);
+    edge_expect_ok(cl, 1, 0, 40);
+    edge_destroy(cl);
+}
+
+/* Issue 4 item 7: a direct-path REGISTER may announce a pool of any size
+ * (num_pages > 0 is all that is checked); the prefill then computes remote
+ * addresses page * page_size * heads * head bytes in int64 for page ids
+ * below it, which overflows (undefined behaviour) for a pool of INT64_MAX
+ * pages. A pool whose layer size does not fit in 64 bits cannot exist: the
+ * registration must be refused as inconsistent geometry. */
+static void test_protocol_edges_bug_register_pool_overflow(void **state)
+{
+    (void)state;
+    EDGE_KNOWN_BUG("a direct-path REGISTER's num_pages is not bounded");
+    edge_opts_t o = edge_defaults();
+    o.prefill_tp = 1;
+    o.staging = false;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_node_t *d = edge_decode(cl, 0);
+    edge_intruder_t x;
+    edge_intruder_create(cl, &x);
+    kvs_conn_t *xc = edge_conn(x.fab, "p0");
+    kvs_msg_t m = {.type = KVS_MSG_REGISTER};
+    m.u.reg = (kvs_msg_register_t){.session = 0xbad5e55u, .tp_rank = 0, .tp_size = 1,
+                                   .pp_rank = 0, .pp_size = 1, .local_heads = d->heads,
+                                   .num_pages = INT64_MAX, .layers_total = d->layers};
+    kvs__fingerprint(kvs_manager_layout(d->m), kvs_manager_path(d->m), &m.u.reg.fp);
+    edge_send(x.fab, xc, &m);
+    edge_run(cl);
+    kvs_msg_t got[4];
+    assert_int_equal(edge_intruder_recv(&x, got, 4), 1);
+    assert_int_equal(got[0].type, KVS_MSG_REGISTER_ACK);
+    if (got[0].u.ack.status != KVS_EPROTO)
+        EDGE_FAIL("REGISTER of an INT64_MAX-page pool: answered %s, expected KVS_EPROTO",
+                  kvs_status_name(got[0].u.ack.status));
+    edge_intruder_destroy(&x);
+    edge_destroy(cl);
+}
+
 int main(void)
 {
     print_message("test_protocol_edges: seed %llu\n", (unsigned long long)EDGE_SEED);
@@ -2157,6 +2553,14 @@ int main(void)
         cmocka_unit_test(test_protocol_edges_bug_decode_error_names_no_field),
         cmocka_unit_test(test_protocol_edges_abort_before_open),
         cmocka_unit_test(test_protocol_edges_misaligned_prefix_told_to_prefill),
+        cmocka_unit_test(test_protocol_edges_hostile_rsp_region),
+        cmocka_unit_test(test_protocol_edges_hostile_chunk_fields_to_decode),
+        cmocka_unit_test(test_protocol_edges_hostile_ring_key),
+        cmocka_unit_test(test_protocol_edges_hostile_direct_fields),
+        cmocka_unit_test(test_protocol_edges_bug_chunk_ready_writer_overflow),
+        cmocka_unit_test(test_protocol_edges_bug_register_layers_on_staging),
+        cmocka_unit_test(test_protocol_edges_bug_direct_room_pages_overflow),
+        cmocka_unit_test(test_protocol_edges_bug_register_pool_overflow),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
