@@ -755,6 +755,38 @@ static void test_manager_heads_and_kv_buffers_agree(void **state)
     assert_int_equal(kvs_manager_destroy(m), KVS_OK);
 }
 
+/* A fabric that cannot poll (the default slot: KVS_ENOTSUP): progress
+ * returns the fabric's failure and the detail names the fabric. */
+static void test_manager_handlers_report_a_failing_poll(void **state)
+{
+    fixture_t *f = *state;
+    kvs_manager_config_t c = decode_cfg();
+    kvs_manager_t *m = make(f, &c);
+    assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_register_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &f->kv), KVS_OK);
+    kvs_decode_t *d;
+    assert_int_equal(kvs_decode_create(m, &d), KVS_OK);
+    assert_int_equal(kvs_decode_progress(d), KVS_ENOTSUP);
+    assert_non_null(strstr(kvs_manager_last_error(m)->msg, "polling fabric 'fake-fabric' failed"));
+    kvs_decode_destroy(d);
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+
+    c = prefill_cfg();
+    m = make(f, &c);
+    kvs_kv_buffers_t kv = f->kv;
+    kv.local_heads = 1; /* 8 heads over prefill TP 8 */
+    assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_register_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &kv), KVS_OK);
+    kvs_prefill_t *p;
+    assert_int_equal(kvs_prefill_create(m, &p), KVS_OK);
+    assert_int_equal(kvs_prefill_progress(p), KVS_ENOTSUP);
+    assert_non_null(strstr(kvs_manager_last_error(m)->msg, "polling fabric 'fake-fabric' failed"));
+    kvs_prefill_destroy(p);
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+}
+
 typedef struct logged {
     int infos;
 } logged_t;
@@ -807,6 +839,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_manager_path_choice, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manager_heads_and_kv_buffers_agree, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_manager_handlers_report_a_failing_poll, setup,
                                         teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

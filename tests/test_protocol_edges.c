@@ -2105,14 +2105,15 @@ static void test_protocol_edges_hostile_chunk_fields_to_decode(void **state)
     edge_expect_ok(cl, 1, 0, 40);
     edge_expect_ring_empty(cl);
 
-    const int64_t bad_chunks[] = {-1, 3, INT64_MAX};
-    for (size_t i = 0; i < 3; i++) {
+    /* chunk index, and then a page count that is not chunk 0's */
+    const int64_t bad_chunks[] = {-1, 3, INT64_MAX, 0};
+    for (size_t i = 0; i < 4; i++) {
         const uint64_t room = 2 + i;
         edge_open(cl, room, 0, 40);
         const uint64_t rejected = edge_stats(d).msgs_rejected;
         kvs_msg_t m = {.type = KVS_MSG_STAGING_REQ};
         m.u.req = (kvs_msg_staging_req_t){.session = p0s, .room = room, .chunk = bad_chunks[i],
-                                          .pages = 4, .tokens = 16};
+                                          .pages = i == 3 ? 3 : 4, .tokens = 16};
         edge_send(p0fab, pc, &m);
         edge_computed(cl, room, 40, true);
         edge_run(cl);
@@ -2253,6 +2254,265 @@ static void test_protocol_edges_hostile_direct_fields(void **state)
     if (memcmp(copy, pool, (size_t)d->pool_bytes) != 0)
         EDGE_FAIL("a write with a layer key the decode never registered changed its KV pool");
     free(copy);
+    edge_destroy(cl);
+}
+
+/* More answers of a registered decode to a chunk that has its region (a
+ * fresh ring: chunk 0 of room 1 is offset 0, round 0, end 8 KiB): the same
+ * answer again is harmless, one that differs in round or end is counted, an
+ * answer for chunk -1 is counted. An ABORT without a status fails the room
+ * with EPEER. */
+static void test_protocol_edges_hostile_rsp_duplicates(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_node_t *p0 = edge_prefill(cl, 0);
+    kvs_fabric_t *dfab = sim_nic_fabric(edge_decode(cl, 0)->nic);
+    kvs_conn_t *dc = edge_conn(dfab, "p0");
+    const uint64_t full = (uint64_t)edge_region_bytes(cl, 16);
+    edge_open(cl, 1, 0, 40);
+    edge_run(cl); /* every chunk has its region; nothing is computed */
+    const kvs_handler_stats_t before = edge_stats(p0);
+    const kvs_msg_staging_rsp_t real = {.session = EDGE_DECODE_SESSION, .room = 1, .chunk = 0,
+                                        .offset = 0, .round = 0, .end = full};
+    kvs_msg_staging_rsp_t a[] = {real, real, real, real};
+    a[1].round = 1;
+    a[2].end = full / 2;
+    a[3].chunk = -1;
+    for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) {
+        kvs_msg_t m = {.type = KVS_MSG_STAGING_RSP};
+        m.u.rsp = a[i];
+        edge_send(dfab, dc, &m);
+    }
+    edge_run(cl);
+    assert_int_equal(edge_stats(p0).msgs_rejected - before.msgs_rejected, 3);
+    edge_computed(cl, 1, 40, true);
+    edge_run(cl);
+    edge_expect_ok(cl, 1, 0, 40);
+
+    edge_open(cl, 2, 0, 40);
+    kvs_msg_t m = {.type = KVS_MSG_ABORT};
+    m.u.abort = (kvs_msg_abort_t){.session = EDGE_DECODE_SESSION, .room = 2, .status = KVS_OK};
+    edge_send(dfab, dc, &m);
+    edge_computed(cl, 2, 40, true);
+    edge_run(cl);
+    edge_expect_all(cl, 2, KVS_EPEER);
+    edge_expect_ring_empty(cl);
+    edge_destroy(cl);
+}
+
+/* An ABORT with no status from a prefill session fails the room with EPEER.
+ * Here p1 has written every chunk and reported before it comes, and p0 (the
+ * peer that "told") is not told back: p0 writes every chunk and ends its
+ * part ok, so each chunk completes its arrivals on a failed room and is not
+ * scattered. The regions go back once both prefill ranks reported. */
+static void test_protocol_edges_abort_without_status(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_node_t *d = edge_decode(cl, 0);
+    kvs_fabric_t *p0fab = sim_nic_fabric(edge_prefill(cl, 0)->nic);
+    kvs_conn_t *pc = edge_conn(p0fab, "d0");
+    edge_open(cl, 1, 0, 40);
+    edge_computed_on(cl, 1, 1, 40, true);
+    edge_run(cl);
+    edge_expect(edge_prefill(cl, 1), 1, KVS_OK);
+    kvs_msg_t m = {.type = KVS_MSG_ABORT};
+    m.u.abort = (kvs_msg_abort_t){.session = EDGE_PREFILL_SESSION, .room = 1, .status = KVS_OK};
+    edge_send(p0fab, pc, &m);
+    edge_run(cl);
+    assert_null(edge_result(d, 1)); /* p0 has not reported */
+    edge_computed_on(cl, 0, 1, 40, true);
+    edge_run(cl);
+    edge_expect(edge_prefill(cl, 0), 1, KVS_OK);
+    edge_expect(d, 1, KVS_EPEER);
+    assert_int_equal(edge_stats(d).copies, 0);
+    edge_expect_ring_empty(cl);
+    edge_transfer(cl, 2, 0, 40);
+    edge_expect_ok(cl, 2, 0, 40);
+    edge_destroy(cl);
+}
+
+/* One region live at a time (ring_max_live 1): chunks wait for ring space
+ * in a queue sized at room open. A second room opened while chunks of the
+ * first wait grows the queue and keeps their order; a room that fails
+ * while its chunks wait (p0's first write fails) drops them from the queue
+ * and releases everything. */
+static void test_protocol_edges_waiting_chunks(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.ring_max_live = 1;
+    o.max_rooms = 2;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_open(cl, 1, 0, 40);
+    edge_run(cl); /* chunk 0 holds the ring; chunks 1 and 2 wait */
+    assert_int_equal(kvs_ring_live_count(kvs_manager_ring(edge_decode(cl, 0)->m)), 1);
+    edge_open(cl, 2, 0, 40);
+    edge_computed(cl, 1, 40, true);
+    edge_computed(cl, 2, 40, true);
+    edge_run(cl);
+    edge_expect_ok(cl, 1, 0, 40);
+    edge_expect_ok(cl, 2, 0, 40);
+    edge_expect_ring_empty(cl);
+
+    sim_nic_fail_next_writes(edge_prefill(cl, 0)->nic, 1);
+    edge_transfer(cl, 3, 0, 40);
+    edge_expect_all(cl, 3, KVS_EREMOTE);
+    edge_expect_ring_empty(cl);
+    edge_transfer(cl, 4, 0, 40);
+    edge_expect_ok(cl, 4, 0, 40);
+    edge_destroy(cl);
+}
+
+/* A registration that names a pipeline stage the prefill rank does not
+ * serve is refused and names the rank; messages from a connected peer that
+ * has not acknowledged the registration yet are counted and dropped. */
+static void test_protocol_edges_register_stage_and_early_messages(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.no_connect = true;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_node_t *d = edge_decode(cl, 0);
+    edge_node_t *p0 = edge_prefill(cl, 0);
+    assert_int_equal(kvs_decode_connect(d->dec, "p0", 0, -1), KVS_EINVAL);
+    assert_int_equal(kvs_decode_connect(d->dec, "p0", 0, 0), KVS_OK);
+    assert_int_equal(kvs_decode_connect(d->dec, "p1", 1, 0), KVS_OK);
+    /* p0 speaks before its acknowledgement reaches the decode. */
+    kvs_fabric_t *p0fab = sim_nic_fabric(p0->nic);
+    kvs_conn_t *pc = edge_conn(p0fab, "d0");
+    kvs_msg_t m = {.type = KVS_MSG_STATUS};
+    m.u.status = (kvs_msg_status_t){.session = EDGE_PREFILL_SESSION, .room = 1};
+    edge_send(p0fab, pc, &m);
+    edge_wake(d);
+    edge_run(cl);
+    edge_assert_registered(cl);
+    assert_int_equal(edge_stats(d).msgs_rejected, 1);
+
+    edge_intruder_t x;
+    edge_intruder_create(cl, &x);
+    kvs_conn_t *xc = edge_conn(x.fab, "p0");
+    m = edge_register_msg(cl);
+    m.u.reg.pp_rank = 1;
+    edge_send(x.fab, xc, &m);
+    edge_run(cl);
+    kvs_msg_t got[2];
+    assert_int_equal(edge_intruder_recv(&x, got, 2), 1);
+    assert_int_equal(got[0].u.ack.status, KVS_EINVAL);
+    assert_non_null(strstr(kvs_manager_last_error(p0->m)->msg,
+                           "decode rank tp 0 pp 1 is not a target of prefill rank 0"));
+    edge_intruder_destroy(&x);
+    edge_transfer(cl, 1, 0, 40);
+    edge_expect_ok(cl, 1, 0, 40);
+    edge_destroy(cl);
+}
+
+/* Direct path: a registration whose KV geometry is not the layout's (head
+ * count, an empty pool) is refused; a ROOM with a negative prefix or an end
+ * before it is counted and dropped; a decode page id below 0 fails the room
+ * before any write; the writes of a room wait for every decode page id; an
+ * empty room moves with no write; STAGING_REQ (a staging message) is
+ * answered ENOENT and counted. */
+static void test_protocol_edges_hostile_direct_geometry(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.prefill_tp = 1;
+    o.staging = false;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_node_t *d = edge_decode(cl, 0);
+    edge_node_t *p = edge_prefill(cl, 0);
+    const uint64_t ds = EDGE_DECODE_SESSION;
+
+    edge_intruder_t x;
+    edge_intruder_create(cl, &x);
+    kvs_conn_t *xc = edge_conn(x.fab, "p0");
+    kvs_msg_t reg = {.type = KVS_MSG_REGISTER};
+    reg.u.reg = (kvs_msg_register_t){.session = 0xbad5e55u, .tp_rank = 0, .tp_size = 1,
+                                     .pp_rank = 0, .pp_size = 1, .local_heads = d->heads,
+                                     .num_pages = EDGE_POOL_PAGES, .layers_total = d->layers};
+    kvs__fingerprint(kvs_manager_layout(d->m), kvs_manager_path(d->m), &reg.u.reg.fp);
+    kvs_msg_t bad = reg;
+    bad.u.reg.local_heads = d->heads / 2;
+    edge_send(x.fab, xc, &bad);
+    bad = reg;
+    bad.u.reg.num_pages = 0;
+    edge_send(x.fab, xc, &bad);
+    edge_run(cl);
+    kvs_msg_t got[4];
+    assert_int_equal(edge_intruder_recv(&x, got, 4), 2);
+    assert_int_equal(got[0].u.ack.status, KVS_EPROTO);
+    assert_int_equal(got[1].u.ack.status, KVS_EPROTO);
+    edge_intruder_destroy(&x);
+
+    kvs_fabric_t *dfab = sim_nic_fabric(d->nic);
+    kvs_conn_t *dc = edge_conn(dfab, "p0");
+    kvs_handler_stats_t before = edge_stats(p);
+    kvs_msg_t m = {.type = KVS_MSG_ROOM};
+    m.u.room = (kvs_msg_room_t){.session = ds, .room = 5, .base_tokens = -4, .total_tokens = 8,
+                                .num_pages = 3};
+    edge_send(dfab, dc, &m);
+    m.u.room = (kvs_msg_room_t){.session = ds, .room = 5, .base_tokens = 8, .total_tokens = 4,
+                                .num_pages = 0};
+    edge_send(dfab, dc, &m);
+    /* room 6: a page id below 0 */
+    m.u.room = (kvs_msg_room_t){.session = ds, .room = 6, .total_tokens = 12, .num_pages = 3};
+    edge_send(dfab, dc, &m);
+    kvs_msg_t pg = {.type = KVS_MSG_PAGES};
+    pg.u.pages = (kvs_msg_pages_t){.session = ds, .room = 6, .first = 0, .count = 3,
+                                   .ids = {0, -1, 1}};
+    edge_send(dfab, dc, &pg);
+    /* room 7: announced, its page ids come later */
+    m.u.room = (kvs_msg_room_t){.session = ds, .room = 7, .total_tokens = 12, .num_pages = 3};
+    edge_send(dfab, dc, &m);
+    edge_run(cl);
+    assert_int_equal(edge_stats(p).msgs_rejected - before.msgs_rejected, 3);
+    edge_open_prefill(cl, 0, 6, 12);
+    edge_open_prefill(cl, 0, 7, 12);
+    edge_computed(cl, 6, 12, true);
+    edge_computed(cl, 7, 12, true);
+    edge_run(cl);
+    edge_expect(p, 6, KVS_ERANGE);
+    assert_null(edge_result(p, 7));
+    assert_int_equal(edge_stats(p).rdma_writes, before.rdma_writes);
+    pg.u.pages = (kvs_msg_pages_t){.session = ds, .room = 7, .first = 0, .count = 3,
+                                   .ids = {60, 61, 62}};
+    edge_send(dfab, dc, &pg);
+    edge_run(cl);
+    edge_expect(p, 7, KVS_OK);
+    assert_true(edge_stats(p).rdma_writes > before.rdma_writes);
+
+    /* A staging request on the direct path: answered ENOENT, counted. */
+    kvs_fabric_t *p0fab = sim_nic_fabric(p->nic);
+    kvs_conn_t *pc = edge_conn(p0fab, "d0");
+    const kvs_handler_stats_t d_before = edge_stats(d);
+    edge_open_decode(cl, 1, 0, 40);
+    m = (kvs_msg_t){.type = KVS_MSG_STAGING_REQ};
+    m.u.req = (kvs_msg_staging_req_t){.session = EDGE_PREFILL_SESSION, .room = 1, .chunk = 0,
+                                      .pages = 4, .tokens = 16};
+    edge_send(p0fab, pc, &m);
+    edge_run(cl);
+    assert_int_equal(edge_stats(d).msgs_rejected - d_before.msgs_rejected, 1);
+    edge_open_prefill(cl, 0, 1, 40);
+    edge_computed(cl, 1, 40, true);
+    edge_run(cl);
+    edge_expect_ok(cl, 1, 0, 40);
+
+    /* An empty room, with no page lists at all. */
+    assert_int_equal(kvs_decode_room_open(d->dec, 2, 0, 0, NULL, 0), KVS_OK);
+    edge_wake(d);
+    assert_int_equal(kvs_prefill_room_open(p->pre, 2, 0, NULL, 0), KVS_OK);
+    edge_computed(cl, 2, 0, true);
+    edge_run(cl);
+    edge_expect_all(cl, 2, KVS_OK);
+    assert_int_equal(edge_expect(p, 2, KVS_OK)->rdma_writes, 0);
     edge_destroy(cl);
 }
 
@@ -2557,6 +2817,11 @@ int main(void)
         cmocka_unit_test(test_protocol_edges_hostile_chunk_fields_to_decode),
         cmocka_unit_test(test_protocol_edges_hostile_ring_key),
         cmocka_unit_test(test_protocol_edges_hostile_direct_fields),
+        cmocka_unit_test(test_protocol_edges_hostile_rsp_duplicates),
+        cmocka_unit_test(test_protocol_edges_abort_without_status),
+        cmocka_unit_test(test_protocol_edges_waiting_chunks),
+        cmocka_unit_test(test_protocol_edges_register_stage_and_early_messages),
+        cmocka_unit_test(test_protocol_edges_hostile_direct_geometry),
         cmocka_unit_test(test_protocol_edges_bug_chunk_ready_writer_overflow),
         cmocka_unit_test(test_protocol_edges_bug_register_layers_on_staging),
         cmocka_unit_test(test_protocol_edges_bug_direct_room_pages_overflow),
