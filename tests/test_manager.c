@@ -617,6 +617,10 @@ static void test_manager_backend_failure_without_detail(void **state)
     assert_int_equal(e->backend_code, 0);
     assert_non_null(strstr(e->msg, "device 'fake-device' could not allocate staging buffer 0"));
     assert_non_null(strstr(e->msg, kvs_strerror(KVS_ENOMEM)));
+    f->dev.alloc_calls = 0;
+    f->dev.fail_status = KVS_ENOTSUP; /* passed through: the caller can pick another path */
+    assert_int_equal(kvs_manager_init_staging(m), KVS_ENOTSUP);
+    assert_non_null(strstr(e->msg, kvs_strerror(KVS_ENOTSUP)));
     f->dev.alloc_fail_at = 0;
     assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
 
@@ -649,6 +653,8 @@ static void test_manager_kv_register_failure_at_each_call(void **state)
             f->fab.register_calls = 0;
             f->fab.register_fail_at = n;
             f->fab.fail_status = silent ? KVS_EREMOTE : 0;
+            if (silent && n == 2)
+                f->fab.fail_status = KVS_ENOTSUP; /* passed through, not EBACKEND */
             kvs_decode_t *d = NULL;
             int rc = kvs_decode_create(m, &d);
             f->fab.register_fail_at = 0;
@@ -659,7 +665,8 @@ static void test_manager_kv_register_failure_at_each_call(void **state)
                 assert_int_equal(kvs_manager_destroy(m), KVS_OK);
                 break;
             }
-            assert_int_equal(rc, KVS_EBACKEND);
+            const int want_rc = f->fab.fail_status == KVS_ENOTSUP ? KVS_ENOTSUP : KVS_EBACKEND;
+            assert_int_equal(rc, want_rc);
             assert_null(d);
             assert_int_equal(f->fab.live_mrs, 0);
             const kvs_error_t *e = kvs_manager_last_error(m);
@@ -667,8 +674,9 @@ static void test_manager_kv_register_failure_at_each_call(void **state)
             snprintf(want, sizeof want, "could not register KV layer %d (", (n - 1) / 2);
             if (strstr(e->msg, want) == NULL)
                 fail_msg("call %d: \"%s\" does not name the layer", n, e->msg);
-            assert_non_null(strstr(e->msg, silent ? kvs_strerror(KVS_EREMOTE)
-                                                  : "fake: cannot pin memory"));
+            assert_non_null(strstr(e->msg, !silent    ? "fake: cannot pin memory"
+                                           : n == 2 ? kvs_strerror(KVS_ENOTSUP)
+                                                    : kvs_strerror(KVS_EREMOTE)));
             assert_int_equal(kvs_decode_create(m, &d), KVS_OK); /* retry works */
             assert_int_equal(f->fab.live_mrs, 2 * LAYERS);
             kvs_decode_destroy(d);
