@@ -152,13 +152,32 @@ int kvs_fabric_fail(kvs_fabric_t *fab, int status, int backend_code, const char 
     return status;
 }
 
+/* The failure detail on an instance belongs to the call that failed: the
+ * wrappers of calls whose failure the core reports clear it first, so a
+ * backend that fails without recording a detail does not show an older one.
+ * Release calls (free, deregister, destroy) leave it alone: they run while
+ * unwinding, between a failure and its report. */
+static void kvs__dev_clear_detail(kvs_device_t *dev)
+{
+    dev->last_backend_code = 0;
+    dev->last_backend_msg[0] = '\0';
+}
+
+static void kvs__net_clear_detail(kvs_fabric_t *fab)
+{
+    fab->last_backend_code = 0;
+    fab->last_backend_msg[0] = '\0';
+}
+
 int kvs__dev_alloc(kvs_device_t *dev, uint64_t len_bytes, uint64_t *out_addr)
 {
+    kvs__dev_clear_detail(dev);
     return dev->ops.mem_alloc(dev, len_bytes, out_addr);
 }
 int kvs__dev_free(kvs_device_t *dev, uint64_t addr) { return dev->ops.mem_free(dev, addr); }
 int kvs__dev_stream_create(kvs_device_t *dev, kvs_stream_t **out)
 {
+    kvs__dev_clear_detail(dev);
     return dev->ops.stream_create(dev, out);
 }
 void kvs__dev_stream_destroy(kvs_device_t *dev, kvs_stream_t *stream)
@@ -167,18 +186,22 @@ void kvs__dev_stream_destroy(kvs_device_t *dev, kvs_stream_t *stream)
 }
 int kvs__dev_gather(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d)
 {
+    kvs__dev_clear_detail(dev);
     return dev->ops.gather(dev, s, d);
 }
 int kvs__dev_scatter(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d)
 {
+    kvs__dev_clear_detail(dev);
     return dev->ops.scatter(dev, s, d);
 }
 int kvs__dev_event_record(kvs_device_t *dev, kvs_stream_t *s, kvs_event_t **out)
 {
+    kvs__dev_clear_detail(dev);
     return dev->ops.event_record(dev, s, out);
 }
 int kvs__dev_event_query(kvs_device_t *dev, kvs_event_t *ev)
 {
+    kvs__dev_clear_detail(dev);
     return dev->ops.event_query(dev, ev);
 }
 void kvs__dev_event_destroy(kvs_device_t *dev, kvs_event_t *ev)
@@ -190,6 +213,7 @@ bool kvs__net_has(const kvs_fabric_t *fab, uint32_t cap) { return (fab->ops.caps
 int kvs__net_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
                       uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey)
 {
+    kvs__net_clear_detail(fab);
     return fab->ops.mr_register(fab, dev, addr, len_bytes, out, out_rkey);
 }
 int kvs__net_deregister(kvs_fabric_t *fab, kvs_mr_t *mr)

@@ -3,6 +3,10 @@
  * wrapper calls the bound (filled) ops table; every slot is non-NULL after
  * kvs_device_init / kvs_fabric_init, so a missing optional slot answers
  * KVS_ENOTSUP instead of crashing. Tracing or fault hooks belong here.
+ * The wrappers of calls that acquire or run something (alloc, stream and
+ * event creation and queries, gather, scatter, register) clear the
+ * instance's last_backend_code/msg first, so after a failure they describe
+ * that call; the release wrappers leave them alone.
  */
 #ifndef KVS_SRC_BACKEND_H
 #define KVS_SRC_BACKEND_H

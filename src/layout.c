@@ -110,12 +110,10 @@ int kvs_heads_resolve(int64_t total_heads, int64_t heads_per_rank, int64_t tp,
     return KVS_EHEADS;
 }
 
-int kvs_head_slice(int64_t total_heads, int64_t prefill_tp, int64_t decode_tp,
-                   int64_t src, int64_t dst, kvs_head_slice_t *out)
+/* The spec §3 formula on sizes > 0 and ranks >= 0 (checked by the callers). */
+static void kvs__head_slice(int64_t total_heads, int64_t prefill_tp, int64_t decode_tp,
+                            int64_t src, int64_t dst, kvs_head_slice_t *out)
 {
-    if (out == NULL || total_heads <= 0 || prefill_tp <= 0 || decode_tp <= 0 ||
-        src < 0 || dst < 0)
-        return KVS_EINVAL;
     src %= prefill_tp;
     dst %= decode_tp;
     const int64_t src_heads = kvs__max64(1, total_heads / prefill_tp);
@@ -131,7 +129,23 @@ int kvs_head_slice(int64_t total_heads, int64_t prefill_tp, int64_t decode_tp,
         out->dst_start = 0;
         out->src_start = ((dst / rep) * dst_heads) % src_heads;
     }
+}
+
+int kvs_head_slice(int64_t total_heads, int64_t prefill_tp, int64_t decode_tp,
+                   int64_t src, int64_t dst, kvs_head_slice_t *out)
+{
+    if (out == NULL || total_heads <= 0 || prefill_tp <= 0 || decode_tp <= 0 ||
+        src < 0 || dst < 0)
+        return KVS_EINVAL;
+    kvs__head_slice(total_heads, prefill_tp, decode_tp, src, dst, out);
     return KVS_OK;
+}
+
+/* Heads each writer of a region copies: the same for every writer of every
+ * decode rank (spec §3: nh depends on H, P and D only). */
+static int64_t kvs__region_heads(const kvs_layout_t *lay)
+{
+    return lay->prefill_tp > lay->decode_tp ? lay->src_heads : lay->dst_heads;
 }
 
 /* a and b divide one another. */
@@ -169,8 +183,8 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
         return KVS__FAIL(err, KVS_EINVAL,
                          "prefill_pp and decode_pp must be >= 1 (0 means 1)");
     if (p->total_heads < 0 || p->heads_per_rank < 0 || p->heads_per_rank_tp < 0)
-        return KVS__FAIL(err, KVS_EINVAL,
-                         "total_heads and heads_per_rank must be >= 0 (0 = unknown)");
+        return KVS__FAIL(err, KVS_EINVAL, "total_heads, heads_per_rank and heads_per_rank_tp "
+                         "must be >= 0 (0 = unknown)");
     const int64_t elem_bytes = kvs_dtype_bytes(p->dtype);
     if (elem_bytes == 0)
         return KVS__FAIL(err, KVS_EDTYPE, "dtype %d unknown: use bf16, fp16, fp8 or fp32",
@@ -207,9 +221,11 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
         return KVS__FAIL(err, KVS_EPP_SPLIT,
                          "decode PP %lld must be 1 or equal to prefill PP %lld",
                          (long long)l.decode_pp, (long long)l.prefill_pp);
-    if (l.layers % l.prefill_pp != 0 || l.layers % l.decode_pp != 0)
+    /* Dp is 1 or Pp now, so layers dividing by Pp divide by Dp as well. */
+    if (l.layers % l.prefill_pp != 0)
         return KVS__FAIL(err, KVS_EPP_SPLIT,
-                         "%lld layers do not divide by prefill PP %lld and decode PP %lld",
+                         "%lld layers do not divide by prefill PP %lld (nor by decode PP "
+                         "%lld): pick a PP size that divides the layers",
                          (long long)l.layers, (long long)l.prefill_pp,
                          (long long)l.decode_pp);
 
@@ -234,8 +250,7 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
 
     /* The largest region (a full chunk) must be representable. */
     int64_t max_bytes = l.grid_tokens;
-    const int64_t nh = l.prefill_tp > l.decode_tp ? l.src_heads : l.dst_heads;
-    if (!kvs__mul(&max_bytes, nh) || !kvs__mul(&max_bytes, l.head_dim) ||
+    if (!kvs__mul(&max_bytes, kvs__region_heads(&l)) || !kvs__mul(&max_bytes, l.head_dim) ||
         !kvs__mul(&max_bytes, l.elem_bytes) || !kvs__mul(&max_bytes, l.decode_layers) ||
         !kvs__mul(&max_bytes, 2) || !kvs__mul(&max_bytes, l.tp_writers))
         return KVS__FAIL(err, KVS_ERANGE,
@@ -271,10 +286,8 @@ int kvs_layout_writer(const kvs_layout_t *lay, int64_t decode_rank,
         writer_index >= lay->tp_writers || tokens < 0 || tokens > lay->grid_tokens)
         return KVS_ERANGE;
     const int64_t r = kvs__writer_rank(lay, decode_rank, writer_index);
-    int rc = kvs_head_slice(lay->total_heads, lay->prefill_tp, lay->decode_tp, r,
-                            decode_rank, &out->heads);
-    if (rc != KVS_OK)
-        return rc;
+    kvs__head_slice(lay->total_heads, lay->prefill_tp, lay->decode_tp, r, decode_rank,
+                    &out->heads);
     out->writer_index = writer_index;
     out->prefill_rank = r;
     /* Every writer of a region copies the same number of heads, so writer
@@ -300,14 +313,10 @@ int kvs_layout_region_bytes(const kvs_layout_t *lay, int64_t decode_rank,
 
 int64_t kvs_layout_max_region_bytes(const kvs_layout_t *lay)
 {
-    int64_t max = 0;
-    for (int64_t d = 0; d < lay->decode_tp; d++) {
-        int64_t bytes = 0;
-        if (kvs_layout_region_bytes(lay, d, lay->grid_tokens, &bytes) == KVS_OK &&
-            bytes > max)
-            max = bytes;
-    }
-    return max;
+    /* Every region of a full chunk has W writers of kvs__region_heads heads,
+     * whatever the decode rank; kvs_layout_init checked it fits in int64. */
+    return kvs_layout_layer_block_bytes(lay, lay->grid_tokens, kvs__region_heads(lay)) *
+           lay->decode_layers * 2 * lay->tp_writers;
 }
 
 int kvs_layout_target(const kvs_layout_t *lay, int64_t prefill_rank, int64_t i,

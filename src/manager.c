@@ -39,8 +39,8 @@ static int kvs__check_config(const kvs_manager_config_t *c, const kvs_fabric_t *
                          (long long)c->pp_rank, (long long)c->pp_size);
     if (c->peer_tp_size < 0 || c->peer_pp_size < 0 || c->context_parallel < 0 ||
         c->total_heads < 0 || c->heads_per_rank < 0)
-        return KVS__FAIL(err, KVS_EINVAL, "peer_tp_size, peer_pp_size, context_parallel "
-                         "and head counts must be >= 0 (0 = default/unknown)");
+        return KVS__FAIL(err, KVS_EINVAL, "peer_tp_size, peer_pp_size, context_parallel, "
+                         "total_heads and heads_per_rank must be >= 0 (0 = default/unknown)");
     if (!c->staging)
         return KVS_OK;
     /* Staging-only guards of spec §8. */
@@ -59,9 +59,8 @@ static int kvs__check_config(const kvs_manager_config_t *c, const kvs_fabric_t *
         return KVS__FAIL(err, KVS_EPP_WRITES, "prefill PP %lld needs per-layer writes "
                          "and fabric '%s' cannot do them: use prefill PP 1 or another "
                          "fabric", (long long)prefill_pp, fab->name);
-    if (c->ring_bytes == 0 || c->ring_max_live == 0 || c->transfer_workers == 0)
-        return KVS__FAIL(err, KVS_EINVAL, "ring_bytes, ring_max_live and "
-                         "transfer_workers must be > 0 after defaults");
+    /* ring_bytes, ring_max_live and transfer_workers are > 0: create applied
+     * their defaults before calling this. */
     return KVS_OK;
 }
 

@@ -18,7 +18,9 @@ static int fake_mem_alloc(kvs_device_t *base, uint64_t len_bytes, uint64_t *out)
     fake_device_t *d = KVS_CONTAINER_OF(base, fake_device_t, base);
     d->alloc_calls++;
     if (d->alloc_fail_at != 0 && d->alloc_calls == d->alloc_fail_at)
-        return kvs_device_fail(base, KVS_EBACKEND, 2, "fake: out of device memory");
+        return d->fail_status != 0 ? d->fail_status
+                                   : kvs_device_fail(base, KVS_EBACKEND, 2,
+                                                     "fake: out of device memory");
     for (int i = 0; i < FAKE_MAX_LIVE; i++) {
         if (d->live[i] == 0) {
             d->live[i] = d->next_addr;
@@ -104,7 +106,9 @@ static int fake_mr_register(kvs_fabric_t *base, kvs_device_t *dev, uint64_t addr
     fake_fabric_t *f = KVS_CONTAINER_OF(base, fake_fabric_t, base);
     f->register_calls++;
     if (f->register_fail_at != 0 && f->register_calls == f->register_fail_at)
-        return kvs_fabric_fail(base, KVS_EBACKEND, 12, "fake: cannot pin memory");
+        return f->fail_status != 0 ? f->fail_status
+                                   : kvs_fabric_fail(base, KVS_EBACKEND, 12,
+                                                     "fake: cannot pin memory");
     kvs_mr_t *mr = malloc(sizeof *mr);
     if (mr == NULL)
         return KVS_ENOMEM;

@@ -14,6 +14,8 @@
 typedef struct fake_device {
     kvs_device_t base; /* first: recovered with KVS_CONTAINER_OF */
     int alloc_fail_at; /* fail the Nth mem_alloc (1-based), 0 = never */
+    int fail_status;   /* 0: fail with KVS_EBACKEND and a detail; else this
+                          status, with no detail recorded */
     int alloc_calls;
     int live_allocs;
     uint64_t next_addr;
@@ -24,6 +26,7 @@ typedef struct fake_device {
 typedef struct fake_fabric {
     kvs_fabric_t base;
     int register_fail_at; /* fail the Nth mr_register (1-based), 0 = never */
+    int fail_status;      /* as fake_device_t's */
     int register_calls;
     int live_mrs;
     uint64_t next_rkey;

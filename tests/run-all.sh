@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run-all.sh - every test on a fresh machine: installs what is needed, builds
-# with AddressSanitizer + UndefinedBehaviorSanitizer + gcov, runs ctest, prints
-# src/ line and branch coverage (fails under 90% of lines), checks that the
+# with AddressSanitizer + UndefinedBehaviorSanitizer, runs ctest, runs ctest
+# again in a gcov build without sanitizers and prints src/ line and branch
+# coverage (fails under 90% of either), checks that the
 # tree also builds warning-free with clang, runs the unit tests under
 # valgrind memcheck, and runs each libFuzzer target
 # (fuzz/fuzz_*.c, clang + ASan + UBSan, build-fuzz/) for KVS_FUZZ_SECONDS
@@ -16,9 +17,9 @@ if [ "${KVS_SKIP_DEPS:-0}" != 1 ]; then
   tools/install-deps.sh
 fi
 
-echo "== build: gcc, ASan+UBSan, coverage"
+echo "== build: gcc, ASan+UBSan"
 rm -rf build-test
-cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Debug -DKVS_SANITIZE=ON -DKVS_COVERAGE=ON
+cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Debug -DKVS_SANITIZE=ON
 cmake --build build-test -j"$jobs"
 
 echo "== build: gcc Release -Werror (the main job's build; -O3 finds other warnings)"
@@ -37,9 +38,21 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 status=0
 (cd build-test && ctest -j"$jobs" --output-on-failure) 2>&1 | tee build-test/ctest.log || status=$?
 
-echo "== coverage of src/ (gcovr)"
-gcovr -r "$root" --filter "$root/src/" --object-directory build-test \
-  --print-summary --fail-under-line 90 build-test || status=$?
+# Coverage comes from its own build: UBSan's checks (division, shift,
+# overflow, bool loads, nonnull arguments) compile to branches gcov counts
+# and that no passing test can take (about 300 of src/'s branches), and
+# assert() conditions are invariants, not behaviour to cover.
+echo "== coverage of src/ (gcc Debug + gcov, no sanitizers; gcovr)"
+rm -rf build-cov
+cmake -S . -B build-cov -DCMAKE_BUILD_TYPE=Debug -DKVS_COVERAGE=ON >/dev/null
+cmake --build build-cov -j"$jobs"
+if ! (cd build-cov && ctest -j"$jobs" --output-on-failure) >build-cov/ctest.log 2>&1; then
+  status=1
+  echo "run-all: ctest failed in the coverage build: see build-cov/ctest.log"
+fi
+gcovr -r "$root" --filter "$root/src/" --object-directory build-cov \
+  --exclude-branches-by-pattern '.*\bassert\(' \
+  --print-summary --fail-under-line 90 --fail-under-branch 90 build-cov || status=$?
 
 echo "== valgrind memcheck (unit tests, plain Debug build)"
 rm -rf build-valgrind

@@ -116,6 +116,34 @@ static void test_backend_rejects_missing_required_slot(void **state)
     fv.mr_register = NULL;
     assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_EINVAL);
     assert_int_equal(kvs_fabric_init(&f, &fv, NULL), KVS_EINVAL);
+    /* Each required slot on its own. */
+    dv = dev_ops;
+    fv = fab_ops;
+    dv.mem_alloc = NULL;
+    fv.mr_deregister = NULL;
+    assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_EINVAL);
+    assert_int_equal(kvs_fabric_init(&f, &fv, NULL), KVS_EINVAL);
+}
+
+static void test_backend_instance_name_falls_back(void **state)
+{
+    kvs_device_t d;
+    kvs_fabric_t f;
+    kvs_device_ops_t dv = dev_ops;
+    kvs_fabric_ops_t fv = fab_ops;
+    /* The instance name wins over the table's. */
+    assert_int_equal(kvs_device_init(&d, &dv, "gpu3"), KVS_OK);
+    assert_string_equal(d.name, "gpu3");
+    /* Neither given: a generic name, never NULL (messages print it). */
+    dv.name = NULL;
+    fv.name = NULL;
+    assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_OK);
+    assert_string_equal(d.name, "device");
+    assert_int_equal(kvs_fabric_init(&f, &fv, NULL), KVS_OK);
+    assert_string_equal(f.name, "fabric");
+    fv = fab_ops;
+    assert_int_equal(kvs_fabric_init(&f, &fv, NULL), KVS_OK);
+    assert_string_equal(f.name, "t-fab");
 }
 
 static void test_backend_fail_records_detail(void **state)
@@ -135,6 +163,41 @@ static void test_backend_fail_records_detail(void **state)
     assert_ptr_equal(KVS_CONTAINER_OF(&dev.base, fake_device_t, base), &dev);
 }
 
+/* The detail on an instance describes the last failed acquiring call: a
+ * later call clears it, a release call (run while unwinding) keeps it. */
+static void test_backend_detail_belongs_to_last_call(void **state)
+{
+    fake_device_t dev;
+    fake_fabric_t fab;
+    fake_device_setup(&dev);
+    fake_fabric_setup(&fab, 0);
+    uint64_t a = 0, b = 0;
+    assert_int_equal(kvs__dev_alloc(&dev.base, 64, &a), KVS_OK);
+    dev.alloc_fail_at = 2;
+    assert_int_equal(kvs__dev_alloc(&dev.base, 64, &b), KVS_EBACKEND);
+    assert_string_equal(dev.base.last_backend_msg, "fake: out of device memory");
+    assert_int_equal(kvs__dev_free(&dev.base, a), KVS_OK);
+    assert_string_equal(dev.base.last_backend_msg, "fake: out of device memory");
+    assert_int_equal(dev.base.last_backend_code, 2);
+    dev.alloc_fail_at = 3;
+    dev.fail_status = KVS_ENOMEM; /* fails without a detail */
+    assert_int_equal(kvs__dev_alloc(&dev.base, 64, &b), KVS_ENOMEM);
+    assert_string_equal(dev.base.last_backend_msg, "");
+    assert_int_equal(dev.base.last_backend_code, 0);
+
+    kvs_mr_t *mr = NULL;
+    uint64_t key = 0;
+    fab.register_fail_at = 1;
+    assert_int_equal(kvs__net_register(&fab.base, &dev.base, 0, 8, &mr, &key), KVS_EBACKEND);
+    assert_int_equal(fab.base.last_backend_code, 12);
+    assert_int_equal(kvs__net_register(&fab.base, &dev.base, 0, 8, &mr, &key), KVS_OK);
+    assert_string_equal(fab.base.last_backend_msg, "");
+    assert_int_equal(fab.base.last_backend_code, 0);
+    assert_int_equal(kvs__net_deregister(&fab.base, mr), KVS_OK);
+    assert_int_equal(fab.live_mrs, 0);
+    assert_int_equal(dev.live_allocs, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -142,7 +205,9 @@ int main(void)
         cmocka_unit_test(test_backend_fabric_defaults_not_supported),
         cmocka_unit_test(test_backend_rejects_bad_version_and_size),
         cmocka_unit_test(test_backend_rejects_missing_required_slot),
+        cmocka_unit_test(test_backend_instance_name_falls_back),
         cmocka_unit_test(test_backend_fail_records_detail),
+        cmocka_unit_test(test_backend_detail_belongs_to_last_call),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -127,6 +127,8 @@ static void test_grid_rejects_bad_sends(void **state)
     assert_int_equal(kvs_grid_send(&l, 0, 0, 10, true, NULL), KVS_EINVAL);
     assert_int_equal(kvs_grid_chunk(&l, 32, 16, 0, &c), KVS_EINVAL);
     assert_int_equal(kvs_grid_chunk(NULL, 0, 16, 0, &c), KVS_EINVAL);
+    assert_int_equal(kvs_grid_chunk(&l, 0, 16, 0, NULL), KVS_EINVAL);
+    assert_int_equal(kvs_grid_chunk(&l, -16, 16, 0, &c), KVS_EINVAL);
 }
 
 int main(void)

@@ -79,6 +79,7 @@ static void test_layout_head_slice_rejects_bad_sizes(void **state)
     assert_int_equal(kvs_head_slice(8, 0, 2, 0, 0, &s), KVS_EINVAL);
     assert_int_equal(kvs_head_slice(8, 2, 0, 0, 0, &s), KVS_EINVAL);
     assert_int_equal(kvs_head_slice(8, 2, 2, -1, 0, &s), KVS_EINVAL);
+    assert_int_equal(kvs_head_slice(8, 2, 2, 0, -1, &s), KVS_EINVAL);
     assert_int_equal(kvs_head_slice(8, 2, 2, 0, 0, NULL), KVS_EINVAL);
 }
 
@@ -212,6 +213,13 @@ static void test_layout_heads_resolution(void **state)
     assert_int_equal(h, 8);
     assert_int_equal(kvs_heads_resolve(0, 0, 4, &h), KVS_EHEADS);
     assert_int_equal(kvs_heads_resolve(0, 2, 0, &h), KVS_EHEADS);
+    /* A product that could overflow is refused, not wrapped. */
+    h = -7;
+    assert_int_equal(kvs_heads_resolve(0, (int64_t)INT32_MAX + 1, 4, &h), KVS_EHEADS);
+    assert_int_equal(kvs_heads_resolve(0, 4, (int64_t)INT32_MAX + 1, &h), KVS_EHEADS);
+    assert_int_equal(h, -7);
+    assert_int_equal(kvs_heads_resolve(0, INT32_MAX, INT32_MAX, &h), KVS_OK);
+    assert_int_equal(h, (int64_t)INT32_MAX * INT32_MAX);
     assert_int_equal(kvs_heads_resolve(8, 0, 0, NULL), KVS_EINVAL);
     kvs_layout_params_t prm = llama70b(4, 2);
     prm.total_heads = 0;
@@ -233,20 +241,32 @@ typedef struct bad_case {
     const char *what;
     kvs_layout_params_t p;
     int status;
+    const char *names; /* what the error message must say */
 } bad_case_t;
 
 static void test_layout_rejects_invalid_params(void **state)
 {
     const kvs_layout_params_t ok = llama70b(8, 2);
     bad_case_t cases[] = {
-        {"head_dim", ok, KVS_EINVAL}, {"layers", ok, KVS_EINVAL},
-        {"page_size", ok, KVS_EINVAL}, {"prefill_tp", ok, KVS_EINVAL},
-        {"decode_tp", ok, KVS_EINVAL}, {"prefill_pp", ok, KVS_EINVAL},
-        {"total_heads", ok, KVS_EINVAL}, {"dtype", ok, KVS_EDTYPE},
-        {"tp ratio", ok, KVS_EHEAD_SPLIT}, {"heads vs tp", ok, KVS_EHEAD_SPLIT},
-        {"heads vs decode tp", ok, KVS_EHEAD_SPLIT}, {"decode_pp", ok, KVS_EPP_SPLIT},
-        {"layers vs pp", ok, KVS_EPP_SPLIT}, {"chunk negative", ok, KVS_ECHUNK},
-        {"overflow", ok, KVS_ERANGE},
+        {"head_dim", ok, KVS_EINVAL, "head_dim must be > 0 (got 0)"},
+        {"layers", ok, KVS_EINVAL, "layers must be > 0 (got -1)"},
+        {"page_size", ok, KVS_EINVAL, "page_size must be > 0"},
+        {"prefill_tp", ok, KVS_EINVAL, "prefill_tp must be > 0"},
+        {"decode_tp", ok, KVS_EINVAL, "decode_tp must be > 0 (got -2)"},
+        {"prefill_pp", ok, KVS_EINVAL, "prefill_pp"},
+        {"total_heads", ok, KVS_EINVAL, "total_heads"},
+        {"dtype", ok, KVS_EDTYPE, "dtype 9 unknown"},
+        {"tp ratio", ok, KVS_EHEAD_SPLIT, "prefill TP 3 and decode TP 2"},
+        {"heads vs tp", ok, KVS_EHEAD_SPLIT, "6 KV heads do not split"},
+        {"heads vs decode tp", ok, KVS_EHEAD_SPLIT, "3 KV heads do not split"},
+        {"decode_pp", ok, KVS_EPP_SPLIT, "decode PP 2 must be 1 or equal to prefill PP 4"},
+        {"layers vs pp", ok, KVS_EPP_SPLIT, "80 layers do not divide by prefill PP 3"},
+        {"chunk negative", ok, KVS_ECHUNK, "chunk_tokens -16"},
+        {"overflow", ok, KVS_ERANGE, "overflows 64 bits"},
+        {"decode_pp negative", ok, KVS_EINVAL, "decode_pp"},
+        {"heads_per_rank negative", ok, KVS_EINVAL, "heads_per_rank"},
+        {"heads_per_rank_tp negative", ok, KVS_EINVAL, "heads_per_rank_tp"},
+        {"layers vs pp, both pp", ok, KVS_EPP_SPLIT, "81 layers do not divide"},
     };
     cases[0].p.head_dim = 0;
     cases[1].p.layers = -1;
@@ -266,6 +286,12 @@ static void test_layout_rejects_invalid_params(void **state)
     cases[12].p.layers = 80;
     cases[13].p.chunk_tokens = -16;
     cases[14].p.head_dim = INT64_MAX / 4;
+    cases[15].p.decode_pp = -1;
+    cases[16].p.heads_per_rank = -1;
+    cases[17].p.heads_per_rank_tp = -4;
+    cases[18].p.layers = 81;
+    cases[18].p.prefill_pp = 2;
+    cases[18].p.decode_pp = 2;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kvs_layout_t l;
         kvs_error_t e = {0};
@@ -274,7 +300,9 @@ static void test_layout_rejects_invalid_params(void **state)
             fail_msg("%s: got %s, want %s", cases[i].what, kvs_status_name(rc),
                      kvs_status_name(cases[i].status));
         assert_int_equal(e.status, rc);
-        assert_true(strlen(e.msg) > 10);
+        if (strstr(e.msg, cases[i].names) == NULL)
+            fail_msg("%s: message \"%s\" does not say \"%s\"", cases[i].what, e.msg,
+                     cases[i].names);
     }
     kvs_layout_t l;
     assert_int_equal(kvs_layout_init(NULL, &ok, NULL), KVS_EINVAL);
@@ -328,6 +356,140 @@ static void test_layout_writer_rejects_out_of_range(void **state)
     assert_int_equal(kvs_layout_writer_index(NULL, 0, 0, &b), KVS_EINVAL);
 }
 
+/* The largest region G * nh * hd * s * Lx * 2 * W must fit in int64: an
+ * overflow at any factor is refused (a product that wrapped would size a
+ * ring region smaller than what the writers send). */
+static void test_layout_region_overflow_at_each_factor(void **state)
+{
+    const int64_t big = INT64_MAX / 2 + 1; /* 2^62 */
+    struct {
+        const char *factor;
+        int64_t chunk, heads, head_dim, layers, p, d;
+        kvs_dtype_t dtype;
+    } c[] = {
+        /* G = 2^62 tokens, nh 4: overflows at nh */
+        {"heads", big, 8, 1, 1, 1, 2, KVS_DTYPE_FP8},
+        /* G * nh fits, * hd does not */
+        {"head_dim", 4, 1, big, 1, 1, 1, KVS_DTYPE_FP8},
+        /* G * nh * hd = 2^62 fits, * 4 bytes does not */
+        {"dtype bytes", 1, 1, big, 1, 1, 1, KVS_DTYPE_FP32},
+        /* 2^61 * 1 B fits, * 4 layers does not */
+        {"layers", 1, 1, big / 2, 4, 1, 1, KVS_DTYPE_FP8},
+        /* 2^62 * 1 B * 1 layer fits, * 2 (K and V) does not */
+        {"K and V", 1, 1, big, 1, 1, 1, KVS_DTYPE_FP8},
+        /* 2^61 * 2 = 2^62 fits, * W = 2 writers does not */
+        {"writers", 1, 2, big / 2, 1, 2, 1, KVS_DTYPE_FP8},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        kvs_layout_params_t prm = {.total_heads = c[i].heads, .head_dim = c[i].head_dim,
+                                   .dtype = c[i].dtype, .layers = c[i].layers,
+                                   .page_size = 1, .prefill_tp = c[i].p,
+                                   .decode_tp = c[i].d, .chunk_tokens = c[i].chunk};
+        kvs_layout_t l;
+        kvs_error_t e = {0};
+        int rc = kvs_layout_init(&l, &prm, &e);
+        if (rc != KVS_ERANGE)
+            fail_msg("overflow at %s: got %s", c[i].factor, kvs_status_name(rc));
+        assert_non_null(strstr(e.msg, "lower chunk_tokens, head_dim or layers"));
+        /* The same shape 16 times smaller fits. */
+        if (prm.head_dim > 16)
+            prm.head_dim /= 16;
+        else
+            prm.chunk_tokens /= 16;
+        assert_int_equal(kvs_layout_init(&l, &prm, &e), KVS_OK);
+        assert_true(kvs_layout_max_region_bytes(&l) > 0);
+    }
+}
+
+/* The largest region equals the region of every decode rank (they all hold
+ * W writers of the same head count), for P > D, P < D, P == D, replicated
+ * heads and PP. */
+static void test_layout_max_region_is_every_ranks_region(void **state)
+{
+    const int64_t shapes[][5] = {
+        /* H, P, D, Pp, Dp */
+        {8, 8, 2, 1, 1}, {8, 2, 8, 1, 1}, {4, 4, 4, 1, 1}, {2, 8, 2, 1, 1},
+        {2, 2, 8, 1, 1}, {8, 4, 2, 2, 1}, {8, 4, 2, 2, 2}, {1, 1, 4, 1, 1},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        kvs_layout_params_t prm = llama70b(shapes[i][1], shapes[i][2]);
+        prm.total_heads = shapes[i][0];
+        prm.prefill_pp = shapes[i][3];
+        prm.decode_pp = shapes[i][4];
+        prm.chunk_tokens = 64;
+        kvs_layout_t l;
+        assert_int_equal(kvs_layout_init(&l, &prm, NULL), KVS_OK);
+        const int64_t max = kvs_layout_max_region_bytes(&l);
+        for (int64_t d = 0; d < l.decode_tp; d++) {
+            int64_t bytes = 0;
+            assert_int_equal(kvs_layout_region_bytes(&l, d, l.grid_tokens, &bytes), KVS_OK);
+            if (bytes != max)
+                fail_msg("shape %zu decode rank %lld: region %lld, max %lld", i, (long long)d,
+                         (long long)bytes, (long long)max);
+        }
+        /* and by hand: G * nh * hd * s * Lx * 2 * W */
+        const int64_t nh = l.prefill_tp > l.decode_tp ? l.src_heads : l.dst_heads;
+        assert_int_equal(max, 64 * nh * 128 * 2 * l.decode_layers * 2 * l.tp_writers);
+    }
+}
+
+/* Every argument of the writer / target / writer-index lookups is range
+ * checked on its own: NULL out is EINVAL, each index below 0 or past its
+ * size is ERANGE (these index arrays in the handlers). */
+static void test_layout_lookups_check_each_argument(void **state)
+{
+    kvs_layout_params_t prm = llama70b(8, 2);
+    kvs_layout_t l;
+    assert_int_equal(kvs_layout_init(&l, &prm, NULL), KVS_OK);
+    kvs_writer_t w;
+    int64_t v = 42;
+    assert_int_equal(kvs_layout_writer(&l, 0, 0, 16, NULL), KVS_EINVAL);
+    assert_int_equal(kvs_layout_writer(&l, -1, 0, 16, &w), KVS_ERANGE);
+    assert_int_equal(kvs_layout_writer(&l, 0, -1, 16, &w), KVS_ERANGE);
+    assert_int_equal(kvs_layout_writer(&l, 1, 3, l.grid_tokens, &w), KVS_OK);
+    assert_int_equal(kvs_layout_writer(&l, 1, 3, 0, &w), KVS_OK);
+    assert_int_equal(w.len_bytes, 0);
+    assert_int_equal(kvs_layout_region_bytes(&l, 2, 16, &v), KVS_ERANGE);
+
+    assert_int_equal(kvs_layout_target(&l, 0, 0, NULL), KVS_EINVAL);
+    assert_int_equal(kvs_layout_target(&l, -1, 0, &v), KVS_ERANGE);
+    assert_int_equal(kvs_layout_target(&l, 8, 0, &v), KVS_ERANGE);
+    assert_int_equal(kvs_layout_target(&l, 0, -1, &v), KVS_ERANGE);
+    assert_int_equal(kvs_layout_target(&l, 0, 1, &v), KVS_ERANGE);
+    assert_int_equal(v, 42);
+    assert_int_equal(kvs_layout_target(&l, 7, 0, &v), KVS_OK);
+    assert_int_equal(v, 1);
+
+    assert_int_equal(kvs_layout_writer_index(&l, 0, 0, NULL), KVS_EINVAL);
+    assert_int_equal(kvs_layout_writer_index(&l, -1, 0, &v), KVS_ERANGE);
+    assert_int_equal(kvs_layout_writer_index(&l, 8, 0, &v), KVS_ERANGE);
+    assert_int_equal(kvs_layout_writer_index(&l, 0, -1, &v), KVS_ERANGE);
+    assert_int_equal(kvs_layout_writer_index(&l, 0, 2, &v), KVS_ERANGE);
+    assert_int_equal(v, 1);
+    assert_int_equal(kvs_layout_writer_index(&l, 7, 1, &v), KVS_OK);
+    assert_int_equal(v, 3);
+}
+
+static void test_layout_path_names_round_trip(void **state)
+{
+    static const struct { const char *name; kvs_path_t path; } p[] = {
+        {"auto", KVS_PATH_AUTO}, {"staging", KVS_PATH_STAGING},
+        {"direct", KVS_PATH_DIRECT}, {"slice", KVS_PATH_SLICE}};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) {
+        kvs_path_t got = (kvs_path_t)-1;
+        assert_int_equal(kvs_path_parse(p[i].name, &got), KVS_OK);
+        assert_int_equal(got, p[i].path);
+        assert_string_equal(kvs_path_name(p[i].path), p[i].name);
+    }
+    kvs_path_t got = KVS_PATH_SLICE;
+    assert_int_equal(kvs_path_parse("Staging", &got), KVS_EINVAL);
+    assert_int_equal(kvs_path_parse("", &got), KVS_EINVAL);
+    assert_int_equal(kvs_path_parse("unknown", &got), KVS_EINVAL);
+    assert_int_equal(got, KVS_PATH_SLICE);
+    assert_int_equal(kvs_path_parse(NULL, &got), KVS_EINVAL);
+    assert_int_equal(kvs_path_parse("auto", NULL), KVS_EINVAL);
+}
+
 static void test_layout_dtypes(void **state)
 {
     static const struct { const char *name; int64_t bytes; } d[] = {
@@ -342,6 +504,7 @@ static void test_layout_dtypes(void **state)
     assert_int_equal(kvs_dtype_parse("bf1", &t), KVS_EDTYPE);
     assert_int_equal(kvs_dtype_parse("bf16x", &t), KVS_EDTYPE);
     assert_int_equal(kvs_dtype_parse(NULL, &t), KVS_EINVAL);
+    assert_int_equal(kvs_dtype_parse("fp8", NULL), KVS_EINVAL);
     assert_int_equal(kvs_dtype_bytes((kvs_dtype_t)77), 0);
     assert_string_equal(kvs_dtype_name((kvs_dtype_t)77), "unknown");
     assert_string_equal(kvs_path_name(KVS_PATH_SLICE), "slice");
@@ -364,6 +527,10 @@ int main(void)
         cmocka_unit_test(test_layout_default_chunk_with_odd_page),
         cmocka_unit_test(test_layout_grid_floors_chunk_to_pages),
         cmocka_unit_test(test_layout_writer_rejects_out_of_range),
+        cmocka_unit_test(test_layout_region_overflow_at_each_factor),
+        cmocka_unit_test(test_layout_max_region_is_every_ranks_region),
+        cmocka_unit_test(test_layout_lookups_check_each_argument),
+        cmocka_unit_test(test_layout_path_names_round_trip),
         cmocka_unit_test(test_layout_dtypes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

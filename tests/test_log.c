@@ -39,10 +39,19 @@ static void test_log_parse_names_and_digits(void **state)
     assert_int_equal(kvs_log_level_parse("6", &l), KVS_EINVAL);
     assert_int_equal(kvs_log_level_parse("loud", &l), KVS_EINVAL);
     assert_int_equal(kvs_log_level_parse("", &l), KVS_EINVAL);
+    /* One digit only: "12", "2x" and "/" (just below '0') are not levels. */
+    l = KVS_LOG_INFO;
+    assert_int_equal(kvs_log_level_parse("12", &l), KVS_EINVAL);
+    assert_int_equal(kvs_log_level_parse("2x", &l), KVS_EINVAL);
+    assert_int_equal(kvs_log_level_parse("/", &l), KVS_EINVAL);
+    assert_int_equal(l, KVS_LOG_INFO);
     assert_int_equal(kvs_log_level_parse(NULL, &l), KVS_EINVAL);
     assert_int_equal(kvs_log_level_parse("info", NULL), KVS_EINVAL);
     assert_string_equal(kvs_log_level_name(KVS_LOG_WARN), "warn");
     assert_string_equal(kvs_log_level_name((kvs_log_level_t)42), "unknown");
+    assert_string_equal(kvs_log_level_name((kvs_log_level_t)-1), "unknown");
+    assert_string_equal(kvs_log_level_name(KVS_LOG_OFF), "off");
+    assert_string_equal(kvs_log_level_name(KVS_LOG_TRACE), "trace");
 }
 
 static void test_log_default_from_env(void **state)

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdio.h>
 #include <string.h>
 
 #include <kvstage/backend.h>
@@ -215,27 +216,43 @@ typedef struct guard_case {
     kvs_manager_config_t cfg;
     uint32_t caps;
     int status;
+    const char *names; /* what the error message must say */
 } guard_case_t;
 
 static void test_manager_config_guards(void **state)
 {
     fixture_t *f = *state;
     guard_case_t g[] = {
-        {"mla", decode_cfg(), 0, KVS_EMLA},
-        {"context parallel", prefill_cfg(), 0, KVS_ECONTEXT_PARALLEL},
-        {"chunk not multiple", prefill_cfg(), 0, KVS_ECHUNK},
-        {"chunk negative", decode_cfg(), 0, KVS_ECHUNK},
-        {"decode: prefill pp without per-layer writes", decode_cfg(), 0, KVS_EPP_WRITES},
-        {"prefill pp without per-layer writes", prefill_cfg(), 0, KVS_EPP_WRITES},
+        {"mla", decode_cfg(), 0, KVS_EMLA, "MLA"},
+        {"context parallel", prefill_cfg(), 0, KVS_ECONTEXT_PARALLEL,
+         "context parallelism 2"},
+        {"chunk not multiple", prefill_cfg(), 0, KVS_ECHUNK,
+         "chunk_tokens 100 must be a positive multiple of page_size 16"},
+        {"chunk negative", decode_cfg(), 0, KVS_ECHUNK, "chunk_tokens -16"},
+        {"decode: prefill pp without per-layer writes", decode_cfg(), 0, KVS_EPP_WRITES,
+         "prefill PP 2 needs per-layer writes and fabric 'fake-fabric'"},
+        {"prefill pp without per-layer writes", prefill_cfg(), 0, KVS_EPP_WRITES,
+         "prefill PP 2"},
         {"prefill pp with per-layer writes", prefill_cfg(),
-         KVS_FABRIC_CAP_PER_LAYER_WRITES, KVS_OK},
-        {"role", decode_cfg(), 0, KVS_EINVAL},
-        {"sizes", decode_cfg(), 0, KVS_EINVAL},
-        {"dtype", decode_cfg(), 0, KVS_EDTYPE},
-        {"tp rank", decode_cfg(), 0, KVS_EINVAL},
-        {"pp rank", decode_cfg(), 0, KVS_EINVAL},
-        {"negative peer", decode_cfg(), 0, KVS_EINVAL},
-        {"mla without staging", decode_cfg(), 0, KVS_OK},
+         KVS_FABRIC_CAP_PER_LAYER_WRITES, KVS_OK, NULL},
+        {"role", decode_cfg(), 0, KVS_EINVAL, "role 7 unknown"},
+        {"sizes", decode_cfg(), 0, KVS_EINVAL, "page_size must be > 0"},
+        {"dtype", decode_cfg(), 0, KVS_EDTYPE, "dtype 11 unknown"},
+        {"tp rank", decode_cfg(), 0, KVS_EINVAL, "tp_rank 2 must lie in [0, tp_size 2)"},
+        {"pp rank", decode_cfg(), 0, KVS_EINVAL, "pp_rank -1 must lie in [0, pp_size 1)"},
+        {"negative peer", decode_cfg(), 0, KVS_EINVAL, "peer_tp_size"},
+        {"mla without staging", decode_cfg(), 0, KVS_OK, NULL},
+        {"head_dim", decode_cfg(), 0, KVS_EINVAL, "head_dim, layers and page_size"},
+        {"layers", decode_cfg(), 0, KVS_EINVAL, "(got 128, -8, 16)"},
+        {"tp size", decode_cfg(), 0, KVS_EINVAL, "tp_size 0"},
+        {"tp rank negative", decode_cfg(), 0, KVS_EINVAL, "tp_rank -1"},
+        {"pp size", decode_cfg(), 0, KVS_EINVAL, "pp_size 0"},
+        {"pp rank past size", decode_cfg(), 0, KVS_EINVAL, "pp_rank 1 must lie in"},
+        {"negative peer pp", decode_cfg(), 0, KVS_EINVAL, "peer_pp_size"},
+        {"negative context parallel", decode_cfg(), 0, KVS_EINVAL, "context_parallel"},
+        {"negative total heads", decode_cfg(), 0, KVS_EINVAL, "total_heads"},
+        {"negative heads per rank", decode_cfg(), 0, KVS_EINVAL, "heads_per_rank"},
+        {"context parallel 1 is staging's", prefill_cfg(), 0, KVS_OK, NULL},
     };
     g[0].cfg.is_mla = true;
     g[1].cfg.context_parallel = 2;
@@ -252,10 +269,21 @@ static void test_manager_config_guards(void **state)
     g[12].cfg.peer_tp_size = -1;
     g[13].cfg.is_mla = true;
     g[13].cfg.staging = false;
+    g[14].cfg.head_dim = 0;
+    g[15].cfg.layers = -8;
+    g[16].cfg.tp_size = 0;
+    g[17].cfg.tp_rank = -1;
+    g[18].cfg.pp_size = 0;
+    g[19].cfg.pp_rank = 1;
+    g[20].cfg.peer_pp_size = -1;
+    g[21].cfg.context_parallel = -1;
+    g[22].cfg.total_heads = -8;
+    g[23].cfg.heads_per_rank = -4;
+    g[24].cfg.context_parallel = 1;
     for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) {
         f->fab.base.ops.caps = g[i].caps;
         kvs_manager_t *m = (kvs_manager_t *)&m;
-        kvs_error_t e = {0};
+        kvs_error_t e = {.status = KVS_EBUSY, .msg = "stale"};
         int rc = kvs_manager_create(&g[i].cfg, &f->dev.base, &f->fab.base, &m, &e);
         if (rc != g[i].status)
             fail_msg("%s: got %s (%s), want %s", g[i].what, kvs_status_name(rc), e.msg,
@@ -263,7 +291,11 @@ static void test_manager_config_guards(void **state)
         if (rc != KVS_OK) {
             assert_null(m);
             assert_int_equal(e.status, rc);
-            assert_true(strlen(e.msg) > 10);
+            if (strstr(e.msg, g[i].names) == NULL)
+                fail_msg("%s: message \"%s\" does not say \"%s\"", g[i].what, e.msg,
+                         g[i].names);
+        } else {
+            assert_int_equal(e.status, KVS_OK); /* a success clears the detail */
         }
         assert_int_equal(kvs_manager_destroy(m), KVS_OK);
     }
@@ -518,6 +550,251 @@ static void test_manager_decode_step_orders(void **state)
     assert_int_equal(orders, 24);
 }
 
+/* Decode with staging and the TP of both sides given as one: peer_tp_size 0
+ * means "same as mine", so the plan is P == D on the direct path. */
+static void test_manager_peer_tp_defaults_to_own(void **state)
+{
+    fixture_t *f = *state;
+    kvs_manager_config_t c = decode_cfg();
+    c.peer_tp_size = 0;
+    kvs_manager_t *m = make(f, &c);
+    assert_int_equal(kvs_manager_path(m), KVS_PATH_AUTO); /* no handler yet */
+    assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_register_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &f->kv), KVS_OK);
+    kvs_decode_t *d;
+    assert_int_equal(kvs_decode_create(m, &d), KVS_OK);
+    assert_int_equal(kvs_manager_layout(m)->prefill_tp, 2);
+    assert_int_equal(kvs_manager_layout(m)->decode_tp, 2);
+    assert_int_equal(kvs_manager_path(m), KVS_PATH_DIRECT);
+    kvs_decode_destroy(d);
+    assert_int_equal(kvs_manager_path(NULL), KVS_PATH_AUTO);
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+}
+
+/* Prefill staging buffers: chunk_tokens 0 sizes them for the 8192-token
+ * default; a size that overflows 64 bits is refused before any allocation. */
+static void test_manager_prefill_buffer_size_default_and_overflow(void **state)
+{
+    fixture_t *f = *state;
+    kvs_manager_config_t c = prefill_cfg();
+    c.chunk_tokens = 0;
+    c.transfer_workers = 1;
+    kvs_manager_t *m = make(f, &c);
+    assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+    uint64_t len = 0;
+    assert_int_equal(kvs_manager_staging_buffer(m, 0, NULL, &len, NULL), KVS_OK);
+    /* 8192 tokens * 1 head * 128 * 2 B * 8 layers * 2 */
+    assert_int_equal(len, 8192u * 1 * 128 * 2 * LAYERS * 2);
+    uint64_t addr = 0, rkey = 99;
+    assert_int_equal(kvs_manager_staging_buffer(m, 0, &addr, NULL, &rkey), KVS_OK);
+    assert_int_not_equal(addr, 0);
+    assert_int_equal(rkey, 0); /* not registered yet */
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+
+    c = prefill_cfg();
+    c.head_dim = INT64_MAX / 2; /* * 64 tokens overflows */
+    f->dev.alloc_calls = 0;
+    m = make(f, &c);
+    assert_int_equal(kvs_manager_init_staging(m), KVS_ERANGE);
+    assert_int_equal(f->dev.alloc_calls, 0);
+    assert_int_equal(kvs_manager_staging_count(m), 0);
+    assert_non_null(strstr(kvs_manager_last_error(m)->msg, "lower chunk_tokens"));
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+}
+
+/* A backend that fails without recording a detail: the manager's message
+ * falls back to the text of the backend's status. */
+static void test_manager_backend_failure_without_detail(void **state)
+{
+    fixture_t *f = *state;
+    kvs_manager_config_t c = decode_cfg();
+    f->dev.alloc_fail_at = 1;
+    f->dev.fail_status = KVS_ENOMEM;
+    kvs_manager_t *m = make(f, &c);
+    assert_int_equal(kvs_manager_init_staging(m), KVS_EBACKEND);
+    const kvs_error_t *e = kvs_manager_last_error(m);
+    assert_int_equal(e->backend_code, 0);
+    assert_non_null(strstr(e->msg, "device 'fake-device' could not allocate staging buffer 0"));
+    assert_non_null(strstr(e->msg, kvs_strerror(KVS_ENOMEM)));
+    f->dev.alloc_calls = 0;
+    f->dev.fail_status = KVS_ENOTSUP; /* passed through: the caller can pick another path */
+    assert_int_equal(kvs_manager_init_staging(m), KVS_ENOTSUP);
+    assert_non_null(strstr(e->msg, kvs_strerror(KVS_ENOTSUP)));
+    f->dev.alloc_fail_at = 0;
+    assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+
+    f->fab.register_fail_at = 1;
+    f->fab.fail_status = KVS_ENOTSUP; /* passed through: the caller can pick another path */
+    assert_int_equal(kvs_manager_register_staging(m), KVS_ENOTSUP);
+    assert_non_null(strstr(e->msg, "fabric 'fake-fabric' could not register staging buffer 0"));
+    assert_non_null(strstr(e->msg, kvs_strerror(KVS_ENOTSUP)));
+    f->fab.register_fail_at = 0;
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+    f->dev.fail_status = 0;
+    f->fab.fail_status = 0;
+}
+
+/* The direct and slice paths open every K and V layer buffer to the fabric;
+ * a registration failure at any of them leaves none open, the error names
+ * the layer, and a retry succeeds. */
+static void test_manager_kv_register_failure_at_each_call(void **state)
+{
+    fixture_t *f = *state;
+    /* Failures with a detail first: a failure without one must not show
+     * the detail of an earlier call. */
+    for (int silent = 0; silent < 2; silent++) {
+        for (int n = 1;; n++) {
+            kvs_manager_config_t c = decode_cfg();
+            c.staging = false;
+            c.peer_tp_size = 2;
+            kvs_manager_t *m = make(f, &c);
+            assert_int_equal(kvs_manager_set_kv_buffers(m, &f->kv), KVS_OK);
+            f->fab.register_calls = 0;
+            f->fab.register_fail_at = n;
+            f->fab.fail_status = silent ? KVS_EREMOTE : 0;
+            if (silent && n == 2)
+                f->fab.fail_status = KVS_ENOTSUP; /* passed through, not EBACKEND */
+            kvs_decode_t *d = NULL;
+            int rc = kvs_decode_create(m, &d);
+            f->fab.register_fail_at = 0;
+            if (f->fab.register_calls < n) {
+                assert_int_equal(rc, KVS_OK);
+                assert_int_equal(n, 2 * LAYERS + 1);
+                kvs_decode_destroy(d);
+                assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+                break;
+            }
+            const int want_rc = f->fab.fail_status == KVS_ENOTSUP ? KVS_ENOTSUP : KVS_EBACKEND;
+            assert_int_equal(rc, want_rc);
+            assert_null(d);
+            assert_int_equal(f->fab.live_mrs, 0);
+            const kvs_error_t *e = kvs_manager_last_error(m);
+            char want[64];
+            snprintf(want, sizeof want, "could not register KV layer %d (", (n - 1) / 2);
+            if (strstr(e->msg, want) == NULL)
+                fail_msg("call %d: \"%s\" does not name the layer", n, e->msg);
+            assert_non_null(strstr(e->msg, !silent    ? "fake: cannot pin memory"
+                                           : n == 2 ? kvs_strerror(KVS_ENOTSUP)
+                                                    : kvs_strerror(KVS_EREMOTE)));
+            assert_int_equal(kvs_decode_create(m, &d), KVS_OK); /* retry works */
+            assert_int_equal(f->fab.live_mrs, 2 * LAYERS);
+            kvs_decode_destroy(d);
+            assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+        }
+    }
+    f->fab.fail_status = 0;
+}
+
+typedef struct path_case {
+    const char *what;
+    bool staging;
+    int64_t peer_tp;
+    kvs_path_t path;
+    int status;
+    kvs_path_t want; /* on success */
+    const char *names;
+} path_case_t;
+
+/* Which path a handler runs, and each path a layout cannot run refused with
+ * a message naming it. */
+static void test_manager_path_choice(void **state)
+{
+    fixture_t *f = *state;
+    const path_case_t p[] = {
+        {"auto, equal TP", true, 2, KVS_PATH_AUTO, KVS_OK, KVS_PATH_DIRECT, NULL},
+        {"auto, TPs differ, staging", true, 8, KVS_PATH_AUTO, KVS_OK, KVS_PATH_STAGING, NULL},
+        {"auto, TPs differ, no staging", false, 8, KVS_PATH_AUTO, KVS_OK, KVS_PATH_SLICE,
+         NULL},
+        {"slice asked", true, 8, KVS_PATH_SLICE, KVS_OK, KVS_PATH_SLICE, NULL},
+        {"staging without staging", false, 8, KVS_PATH_STAGING, KVS_EINVAL, 0,
+         "path staging needs staging on"},
+        {"direct with TPs differing", true, 8, KVS_PATH_DIRECT, KVS_EINVAL, 0,
+         "direct path needs equal TP (prefill 8, decode 2)"},
+        {"unknown path", true, 8, (kvs_path_t)7, KVS_EINVAL, 0, "path 7 unknown"},
+    };
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) {
+        kvs_manager_config_t c = decode_cfg();
+        c.staging = p[i].staging;
+        c.peer_tp_size = p[i].peer_tp;
+        c.path = p[i].path;
+        kvs_manager_t *m = make(f, &c);
+        if (c.staging) {
+            assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+            assert_int_equal(kvs_manager_register_staging(m), KVS_OK);
+        }
+        assert_int_equal(kvs_manager_set_kv_buffers(m, &f->kv), KVS_OK);
+        kvs_decode_t *d = NULL;
+        int rc = kvs_decode_create(m, &d);
+        if (rc != p[i].status)
+            fail_msg("%s: got %s (%s)", p[i].what, kvs_status_name(rc),
+                     kvs_manager_last_error(m)->msg);
+        if (rc == KVS_OK) {
+            assert_int_equal(kvs_manager_path(m), p[i].want);
+        } else {
+            assert_null(d);
+            assert_int_equal(kvs_manager_path(m), KVS_PATH_AUTO);
+            if (strstr(kvs_manager_last_error(m)->msg, p[i].names) == NULL)
+                fail_msg("%s: \"%s\"", p[i].what, kvs_manager_last_error(m)->msg);
+        }
+        kvs_decode_destroy(d);
+        assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+    }
+}
+
+/* Head counts and KV buffers must agree whichever is given first. */
+static void test_manager_heads_and_kv_buffers_agree(void **state)
+{
+    fixture_t *f = *state;
+    kvs_manager_config_t c = decode_cfg();
+    kvs_manager_t *m = make(f, &c);
+    kvs_kv_buffers_t kv = f->kv;
+    kv.v_base = NULL;
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &kv), KVS_EINVAL);
+    assert_non_null(strstr(kvs_manager_last_error(m)->msg, "k_base/v_base"));
+    assert_int_equal(kvs_manager_set_heads(m, 0, -1), KVS_EINVAL);
+    assert_non_null(strstr(kvs_manager_last_error(m)->msg, "head counts must be >= 0"));
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &f->kv), KVS_OK);
+    assert_int_equal(kvs_manager_set_heads(m, 8, 4), KVS_OK); /* the buffers hold 4 */
+    assert_int_equal(kvs_manager_set_heads(m, 8, 2), KVS_EINVAL);
+    assert_non_null(strstr(kvs_manager_last_error(m)->msg,
+                           "heads_per_rank 2 differs from the 4 heads"));
+    assert_int_equal(kvs_manager_set_heads(m, 8, 0), KVS_OK); /* unknown is fine */
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+}
+
+/* A fabric that cannot poll (the default slot: KVS_ENOTSUP): progress
+ * returns the fabric's failure and the detail names the fabric. */
+static void test_manager_handlers_report_a_failing_poll(void **state)
+{
+    fixture_t *f = *state;
+    kvs_manager_config_t c = decode_cfg();
+    kvs_manager_t *m = make(f, &c);
+    assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_register_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &f->kv), KVS_OK);
+    kvs_decode_t *d;
+    assert_int_equal(kvs_decode_create(m, &d), KVS_OK);
+    assert_int_equal(kvs_decode_progress(d), KVS_ENOTSUP);
+    assert_non_null(strstr(kvs_manager_last_error(m)->msg, "polling fabric 'fake-fabric' failed"));
+    kvs_decode_destroy(d);
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+
+    c = prefill_cfg();
+    m = make(f, &c);
+    kvs_kv_buffers_t kv = f->kv;
+    kv.local_heads = 1; /* 8 heads over prefill TP 8 */
+    assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_register_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &kv), KVS_OK);
+    kvs_prefill_t *p;
+    assert_int_equal(kvs_prefill_create(m, &p), KVS_OK);
+    assert_int_equal(kvs_prefill_progress(p), KVS_ENOTSUP);
+    assert_non_null(strstr(kvs_manager_last_error(m)->msg, "polling fabric 'fake-fabric' failed"));
+    kvs_prefill_destroy(p);
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+}
+
 typedef struct logged {
     int infos;
 } logged_t;
@@ -561,6 +838,18 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_manager_register_failure_at_each_call, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manager_decode_step_orders, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manager_logs_through_callback, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manager_peer_tp_defaults_to_own, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manager_prefill_buffer_size_default_and_overflow,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manager_backend_failure_without_detail, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_manager_kv_register_failure_at_each_call, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_manager_path_choice, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manager_heads_and_kv_buffers_agree, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_manager_handlers_report_a_failing_poll, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2119,6 +2119,528 @@ static void test_protocol_edges_teardown_anywhere(void **state)
     }
 }
 
+/* ---- 17. every remote field out of range, one at a time ----------------------------
+ * A remote offset, length, key, chunk index, room id or writer id that lies
+ * outside what it addresses is rejected and counted (msgs_rejected), never
+ * used to address memory: nothing is written where it points, and the
+ * handlers move the next room with every byte right. */
+
+/* STAGING_RSP regions that lie about their length, wrap the address space or
+ * end past the ring (chunk 0's region is the first answer p0 gets): p0 posts
+ * no write, the room fails with ERANGE on every rank, and the lie is counted
+ * with the three real answers that find the room gone. */
+static void test_protocol_edges_hostile_rsp_region(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_node_t *p0 = edge_prefill(cl, 0);
+    kvs_fabric_t *dfab = sim_nic_fabric(edge_decode(cl, 0)->nic);
+    kvs_conn_t *dc = edge_conn(dfab, "p0");
+    const uint64_t full = (uint64_t)edge_region_bytes(cl, 16);
+    const struct {
+        const char *lie;
+        uint64_t offset, end;
+    } c[] = {
+        {"end is not offset + length", 0, full / 2},
+        {"offset + length wraps", UINT64_MAX - full / 2 + 1, full / 2},
+        {"region ends past the ring", o.ring_bytes - full / 2, o.ring_bytes + full / 2},
+        {"region starts past the ring", 2 * o.ring_bytes, 2 * o.ring_bytes + full},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        const uint64_t room = 10 + i;
+        const kvs_handler_stats_t before = edge_stats(p0);
+        const uint64_t t0 = sim_engine_now_ns(cl->eng);
+        edge_open(cl, room, 0, 40);
+        edge_computed(cl, room, 40, true);
+        sim_engine_run(cl->eng, t0 + 25000, 0); /* p0 has sent its requests */
+        kvs_msg_t m = {.type = KVS_MSG_STAGING_RSP};
+        m.u.rsp = (kvs_msg_staging_rsp_t){.session = EDGE_DECODE_SESSION, .room = room,
+                                          .chunk = 0, .offset = c[i].offset,
+                                          .end = c[i].end};
+        edge_send(dfab, dc, &m);
+        edge_run(cl);
+        for (int n = 0; n < edge_nnodes(cl); n++) {
+            const kvs_room_result_t *r = edge_result(&cl->nodes[n], room);
+            if (r == NULL || r->status != KVS_ERANGE)
+                EDGE_FAIL("%s: %s: room %llu ended %s, expected KVS_ERANGE", c[i].lie,
+                          cl->nodes[n].name, (unsigned long long)room,
+                          r == NULL ? "never" : kvs_status_name(r->status));
+        }
+        const kvs_handler_stats_t after = edge_stats(p0);
+        if (after.rdma_writes != before.rdma_writes)
+            EDGE_FAIL("%s: p0 posted %llu writes", c[i].lie,
+                      (unsigned long long)(after.rdma_writes - before.rdma_writes));
+        assert_int_equal(after.msgs_rejected - before.msgs_rejected, 1 + 3);
+        edge_expect_ring_empty(cl);
+    }
+    edge_transfer(cl, 20, 0, 40);
+    edge_expect_ok(cl, 20, 0, 40);
+    edge_expect_ring_empty(cl);
+    edge_destroy(cl);
+}
+
+/* CHUNK_READY fields from p0's accepted session while every chunk of the
+ * room holds its region: a chunk index below 0 or past the last, a writer or
+ * stage that is not p0's, a page range that is not the chunk's, an unknown
+ * room. Each is counted once and none counts as an arrival: the decode
+ * scatters nothing early and the room moves every byte. STAGING_REQ chunk
+ * indexes below 0 or past the last fail their room (EPROTO) and only it. */
+static void test_protocol_edges_hostile_chunk_fields_to_decode(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_node_t *d = edge_decode(cl, 0);
+    kvs_fabric_t *p0fab = sim_nic_fabric(edge_prefill(cl, 0)->nic);
+    kvs_conn_t *pc = edge_conn(p0fab, "d0");
+    const uint64_t p0s = EDGE_PREFILL_SESSION + 0;
+
+    edge_open(cl, 1, 0, 40); /* chunks of 4, 4 and 2 pages */
+    edge_run(cl);            /* requested and allocated; nothing computed */
+    assert_int_equal(kvs_ring_live_count(kvs_manager_ring(d->m)), 3);
+    const kvs_msg_chunk_ready_t good = {.session = p0s, .room = 1, .chunk = 2,
+                                        .page_start = 8, .pages = 2};
+    kvs_msg_chunk_ready_t lies[] = {good, good, good, good, good, good, good, good, good, good};
+    lies[0].chunk = -1;
+    lies[1].chunk = 3;
+    lies[2].chunk = INT64_MIN;
+    lies[3].writer = -1;
+    lies[4].writer = 1; /* p1's */
+    lies[5].stage = -1;
+    lies[6].stage = 1;
+    lies[7].page_start = 9;
+    lies[8].pages = 3;
+    lies[9].room = 404;
+    const kvs_handler_stats_t before = edge_stats(d);
+    for (size_t i = 0; i < sizeof lies / sizeof lies[0]; i++) {
+        kvs_msg_t m = {.type = KVS_MSG_CHUNK_READY};
+        m.u.ready = lies[i];
+        edge_send(p0fab, pc, &m);
+    }
+    edge_run(cl);
+    const kvs_handler_stats_t after = edge_stats(d);
+    assert_int_equal(after.msgs_rejected - before.msgs_rejected, 10);
+    assert_int_equal(after.copies, before.copies); /* no arrival was counted */
+    assert_null(edge_result(d, 1));
+    edge_computed(cl, 1, 40, true);
+    edge_run(cl);
+    edge_expect_ok(cl, 1, 0, 40);
+    edge_expect_ring_empty(cl);
+
+    /* chunk index, and then a page count that is not chunk 0's */
+    const int64_t bad_chunks[] = {-1, 3, INT64_MAX, 0};
+    for (size_t i = 0; i < 4; i++) {
+        const uint64_t room = 2 + i;
+        edge_open(cl, room, 0, 40);
+        const uint64_t rejected = edge_stats(d).msgs_rejected;
+        kvs_msg_t m = {.type = KVS_MSG_STAGING_REQ};
+        m.u.req = (kvs_msg_staging_req_t){.session = p0s, .room = room, .chunk = bad_chunks[i],
+                                          .pages = i == 3 ? 3 : 4, .tokens = 16};
+        edge_send(p0fab, pc, &m);
+        edge_computed(cl, room, 40, true);
+        edge_run(cl);
+        edge_expect_all(cl, room, KVS_EPROTO);
+        assert_true(edge_stats(d).msgs_rejected > rejected);
+        edge_expect_ring_empty(cl);
+    }
+    edge_transfer(cl, 9, 0, 40);
+    edge_expect_ok(cl, 9, 0, 40);
+    edge_destroy(cl);
+}
+
+/* A remote key the decode never registered: a REGISTER of decode rank 0
+ * (its session, its connection) that names another ring key. The prefill
+ * cannot check a key, the fabric does: p0's writes to d0 fail (EREMOTE),
+ * not one byte of d0's ring changes, the room fails and its regions go
+ * back. With the right key again the next room moves. Prefill TP 1 ->
+ * decode TP 2, so p0 is the only writer of d0's ring. */
+static void test_protocol_edges_hostile_ring_key(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.prefill_tp = 1;
+    o.decode_tp = 2;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_node_t *d = edge_decode(cl, 0);
+    kvs_fabric_t *dfab = sim_nic_fabric(d->nic);
+    kvs_conn_t *dc = edge_conn(dfab, "p0");
+    kvs_msg_t reg = edge_register_msg(cl);
+    reg.u.reg.session = EDGE_DECODE_SESSION;
+    const uint64_t real_key = reg.u.reg.ring_rkey;
+    reg.u.reg.ring_rkey = real_key ^ 0x5a5au;
+    edge_send(dfab, dc, &reg);
+    edge_run(cl);
+    edge_assert_registered(cl);
+
+    const uint8_t *ring = sim_gpu_host(d->gpu, reg.u.reg.ring_addr, reg.u.reg.ring_bytes);
+    assert_non_null(ring);
+    uint8_t *copy = malloc((size_t)reg.u.reg.ring_bytes);
+    assert_non_null(copy);
+    memcpy(copy, ring, (size_t)reg.u.reg.ring_bytes);
+    edge_transfer(cl, 1, 0, 40);
+    edge_expect(d, 1, KVS_EREMOTE);
+    edge_expect(edge_prefill(cl, 0), 1, KVS_EREMOTE);
+    edge_expect_ring_empty(cl);
+    if (memcmp(copy, ring, (size_t)reg.u.reg.ring_bytes) != 0)
+        EDGE_FAIL("a write with a key the decode never registered changed its ring");
+    free(copy);
+    assert_int_equal(edge_stats(d).copies, 0);
+
+    reg.u.reg.ring_rkey = real_key;
+    edge_send(dfab, dc, &reg);
+    edge_run(cl);
+    edge_transfer(cl, 2, 0, 40);
+    edge_expect_ok(cl, 2, 0, 40);
+    edge_expect_ring_empty(cl);
+    edge_destroy(cl);
+}
+
+/* The direct path trusts the decode's LAYERS (remote addresses and keys)
+ * and PAGES (decode page ids). From the decode's own session: LAYERS out of
+ * order or past the registered count, PAGES out of order or past the room's
+ * page count are counted and dropped; a page id outside the pool the decode
+ * registered fails the room (ERANGE) before any write; a layer key the
+ * decode never registered makes the writes fail at the fabric (EREMOTE). */
+static void test_protocol_edges_hostile_direct_fields(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.prefill_tp = 1;
+    o.staging = false;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_node_t *d = edge_decode(cl, 0);
+    edge_node_t *p = edge_prefill(cl, 0);
+    kvs_fabric_t *dfab = sim_nic_fabric(d->nic);
+    kvs_conn_t *dc = edge_conn(dfab, "p0");
+    const uint64_t ds = EDGE_DECODE_SESSION;
+
+    /* LAYERS after all arrived: starts past what was received, or overruns
+     * the count REGISTER announced. */
+    kvs_handler_stats_t before = edge_stats(p);
+    kvs_msg_t m = {.type = KVS_MSG_LAYERS};
+    m.u.layers = (kvs_msg_layers_t){.session = ds, .first = 2, .count = 1};
+    edge_send(dfab, dc, &m);
+    m.u.layers = (kvs_msg_layers_t){.session = ds, .first = 0, .count = 1};
+    edge_send(dfab, dc, &m); /* layers_got is 2 already */
+    m.u.layers = (kvs_msg_layers_t){.session = ds, .first = -1, .count = 3};
+    edge_send(dfab, dc, &m);
+    /* A room only the forged messages announce, 12 tokens = 3 pages. */
+    m = (kvs_msg_t){.type = KVS_MSG_ROOM};
+    m.u.room = (kvs_msg_room_t){.session = ds, .room = 7, .total_tokens = 12, .num_pages = 3};
+    edge_send(dfab, dc, &m);
+    m = (kvs_msg_t){.type = KVS_MSG_PAGES};
+    m.u.pages = (kvs_msg_pages_t){.session = ds, .room = 7, .first = 1, .count = 1};
+    edge_send(dfab, dc, &m); /* out of order */
+    m.u.pages = (kvs_msg_pages_t){.session = ds, .room = 7, .first = 0, .count = 4};
+    edge_send(dfab, dc, &m); /* more than 3 pages */
+    m.u.pages = (kvs_msg_pages_t){.session = ds, .room = 404, .first = 0, .count = 1};
+    edge_send(dfab, dc, &m); /* unknown room */
+    m.u.pages = (kvs_msg_pages_t){.session = ds, .room = 7, .first = 0, .count = 3,
+                                  .ids = {0, EDGE_POOL_PAGES, 1}};
+    edge_send(dfab, dc, &m); /* page 96 is past the 96-page pool */
+    edge_run(cl);
+    assert_int_equal(edge_stats(p).msgs_rejected - before.msgs_rejected, 7);
+    edge_open_prefill(cl, 0, 7, 12);
+    edge_computed(cl, 7, 12, true);
+    edge_run(cl);
+    edge_expect(p, 7, KVS_ERANGE);
+    assert_int_equal(edge_expect(p, 7, KVS_ERANGE)->rdma_writes, 0);
+    assert_int_equal(edge_stats(p).rdma_writes, before.rdma_writes);
+    edge_transfer(cl, 1, 0, 40);
+    edge_expect_ok(cl, 1, 0, 40);
+
+    /* A K layer key the decode never registered (a new registration of the
+     * same session with its real geometry): the fabric refuses the writes. */
+    kvs_msg_t reg = {.type = KVS_MSG_REGISTER};
+    reg.u.reg = (kvs_msg_register_t){.session = ds, .tp_rank = 0, .tp_size = 1, .pp_rank = 0,
+                                     .pp_size = 1, .local_heads = d->heads,
+                                     .num_pages = EDGE_POOL_PAGES,
+                                     .layers_total = d->layers};
+    kvs__fingerprint(kvs_manager_layout(d->m), kvs_manager_path(d->m), &reg.u.reg.fp);
+    edge_send(dfab, dc, &reg);
+    kvs_msg_t lm = {.type = KVS_MSG_LAYERS};
+    lm.u.layers = (kvs_msg_layers_t){.session = ds, .first = 0, .count = (uint32_t)d->layers};
+    for (int64_t l = 0; l < d->layers; l++)
+        lm.u.layers.entries[l] = (kvs_layer_entry_t){.k_addr = d->k_base[l], .k_rkey = 0x5a5a,
+                                                     .v_addr = d->v_base[l], .v_rkey = 0x5a5b};
+    edge_send(dfab, dc, &lm);
+    edge_run(cl);
+    const uint8_t *pool = d->pool_host;
+    uint8_t *copy = malloc((size_t)d->pool_bytes);
+    assert_non_null(copy);
+    memcpy(copy, pool, (size_t)d->pool_bytes);
+    edge_transfer(cl, 2, 0, 40);
+    edge_expect_all(cl, 2, KVS_EREMOTE);
+    if (memcmp(copy, pool, (size_t)d->pool_bytes) != 0)
+        EDGE_FAIL("a write with a layer key the decode never registered changed its KV pool");
+    free(copy);
+    edge_destroy(cl);
+}
+
+/* More answers of a registered decode to a chunk that has its region (a
+ * fresh ring: chunk 0 of room 1 is offset 0, round 0, end 8 KiB): the same
+ * answer again is harmless, one that differs in round or end is counted, an
+ * answer for chunk -1 is counted. An ABORT without a status fails the room
+ * with EPEER. */
+static void test_protocol_edges_hostile_rsp_duplicates(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_node_t *p0 = edge_prefill(cl, 0);
+    kvs_fabric_t *dfab = sim_nic_fabric(edge_decode(cl, 0)->nic);
+    kvs_conn_t *dc = edge_conn(dfab, "p0");
+    const uint64_t full = (uint64_t)edge_region_bytes(cl, 16);
+    edge_open(cl, 1, 0, 40);
+    edge_run(cl); /* every chunk has its region; nothing is computed */
+    const kvs_handler_stats_t before = edge_stats(p0);
+    const kvs_msg_staging_rsp_t real = {.session = EDGE_DECODE_SESSION, .room = 1, .chunk = 0,
+                                        .offset = 0, .round = 0, .end = full};
+    kvs_msg_staging_rsp_t a[] = {real, real, real, real};
+    a[1].round = 1;
+    a[2].end = full / 2;
+    a[3].chunk = -1;
+    for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) {
+        kvs_msg_t m = {.type = KVS_MSG_STAGING_RSP};
+        m.u.rsp = a[i];
+        edge_send(dfab, dc, &m);
+    }
+    edge_run(cl);
+    assert_int_equal(edge_stats(p0).msgs_rejected - before.msgs_rejected, 3);
+    edge_computed(cl, 1, 40, true);
+    edge_run(cl);
+    edge_expect_ok(cl, 1, 0, 40);
+
+    edge_open(cl, 2, 0, 40);
+    kvs_msg_t m = {.type = KVS_MSG_ABORT};
+    m.u.abort = (kvs_msg_abort_t){.session = EDGE_DECODE_SESSION, .room = 2, .status = KVS_OK};
+    edge_send(dfab, dc, &m);
+    edge_computed(cl, 2, 40, true);
+    edge_run(cl);
+    edge_expect_all(cl, 2, KVS_EPEER);
+    edge_expect_ring_empty(cl);
+    edge_destroy(cl);
+}
+
+/* An ABORT with no status from a prefill session fails the room with EPEER.
+ * Here p1 has written every chunk and reported before it comes, and p0 (the
+ * peer that "told") is not told back: p0 writes every chunk and ends its
+ * part ok, so each chunk completes its arrivals on a failed room and is not
+ * scattered. The regions go back once both prefill ranks reported. */
+static void test_protocol_edges_abort_without_status(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_node_t *d = edge_decode(cl, 0);
+    kvs_fabric_t *p0fab = sim_nic_fabric(edge_prefill(cl, 0)->nic);
+    kvs_conn_t *pc = edge_conn(p0fab, "d0");
+    edge_open(cl, 1, 0, 40);
+    edge_computed_on(cl, 1, 1, 40, true);
+    edge_run(cl);
+    edge_expect(edge_prefill(cl, 1), 1, KVS_OK);
+    kvs_msg_t m = {.type = KVS_MSG_ABORT};
+    m.u.abort = (kvs_msg_abort_t){.session = EDGE_PREFILL_SESSION, .room = 1, .status = KVS_OK};
+    edge_send(p0fab, pc, &m);
+    edge_run(cl);
+    assert_null(edge_result(d, 1)); /* p0 has not reported */
+    edge_computed_on(cl, 0, 1, 40, true);
+    edge_run(cl);
+    edge_expect(edge_prefill(cl, 0), 1, KVS_OK);
+    edge_expect(d, 1, KVS_EPEER);
+    assert_int_equal(edge_stats(d).copies, 0);
+    edge_expect_ring_empty(cl);
+    edge_transfer(cl, 2, 0, 40);
+    edge_expect_ok(cl, 2, 0, 40);
+    edge_destroy(cl);
+}
+
+/* One region live at a time (ring_max_live 1): chunks wait for ring space
+ * in a queue sized at room open. A second room opened while chunks of the
+ * first wait grows the queue and keeps their order; a room that fails
+ * while its chunks wait (p0's first write fails) drops them from the queue
+ * and releases everything. */
+static void test_protocol_edges_waiting_chunks(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.ring_max_live = 1;
+    o.max_rooms = 2;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_open(cl, 1, 0, 40);
+    edge_run(cl); /* chunk 0 holds the ring; chunks 1 and 2 wait */
+    assert_int_equal(kvs_ring_live_count(kvs_manager_ring(edge_decode(cl, 0)->m)), 1);
+    edge_open(cl, 2, 0, 40);
+    edge_computed(cl, 1, 40, true);
+    edge_computed(cl, 2, 40, true);
+    edge_run(cl);
+    edge_expect_ok(cl, 1, 0, 40);
+    edge_expect_ok(cl, 2, 0, 40);
+    edge_expect_ring_empty(cl);
+
+    sim_nic_fail_next_writes(edge_prefill(cl, 0)->nic, 1);
+    edge_transfer(cl, 3, 0, 40);
+    edge_expect_all(cl, 3, KVS_EREMOTE);
+    edge_expect_ring_empty(cl);
+    edge_transfer(cl, 4, 0, 40);
+    edge_expect_ok(cl, 4, 0, 40);
+    edge_destroy(cl);
+}
+
+/* A registration that names a pipeline stage the prefill rank does not
+ * serve is refused and names the rank; messages from a connected peer that
+ * has not acknowledged the registration yet are counted and dropped. */
+static void test_protocol_edges_register_stage_and_early_messages(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.no_connect = true;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_node_t *d = edge_decode(cl, 0);
+    edge_node_t *p0 = edge_prefill(cl, 0);
+    assert_int_equal(kvs_decode_connect(d->dec, "p0", 0, -1), KVS_EINVAL);
+    assert_int_equal(kvs_decode_connect(d->dec, "p0", 0, 0), KVS_OK);
+    assert_int_equal(kvs_decode_connect(d->dec, "p1", 1, 0), KVS_OK);
+    /* p0 speaks before its acknowledgement reaches the decode. */
+    kvs_fabric_t *p0fab = sim_nic_fabric(p0->nic);
+    kvs_conn_t *pc = edge_conn(p0fab, "d0");
+    kvs_msg_t m = {.type = KVS_MSG_STATUS};
+    m.u.status = (kvs_msg_status_t){.session = EDGE_PREFILL_SESSION, .room = 1};
+    edge_send(p0fab, pc, &m);
+    edge_wake(d);
+    edge_run(cl);
+    edge_assert_registered(cl);
+    assert_int_equal(edge_stats(d).msgs_rejected, 1);
+
+    edge_intruder_t x;
+    edge_intruder_create(cl, &x);
+    kvs_conn_t *xc = edge_conn(x.fab, "p0");
+    m = edge_register_msg(cl);
+    m.u.reg.pp_rank = 1;
+    edge_send(x.fab, xc, &m);
+    edge_run(cl);
+    kvs_msg_t got[2];
+    assert_int_equal(edge_intruder_recv(&x, got, 2), 1);
+    assert_int_equal(got[0].u.ack.status, KVS_EINVAL);
+    assert_non_null(strstr(kvs_manager_last_error(p0->m)->msg,
+                           "decode rank tp 0 pp 1 is not a target of prefill rank 0"));
+    edge_intruder_destroy(&x);
+    edge_transfer(cl, 1, 0, 40);
+    edge_expect_ok(cl, 1, 0, 40);
+    edge_destroy(cl);
+}
+
+/* Direct path: a registration whose KV geometry is not the layout's (head
+ * count, an empty pool) is refused; a ROOM with a negative prefix or an end
+ * before it is counted and dropped; a decode page id below 0 fails the room
+ * before any write; the writes of a room wait for every decode page id; an
+ * empty room moves with no write; STAGING_REQ (a staging message) is
+ * answered ENOENT and counted. */
+static void test_protocol_edges_hostile_direct_geometry(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.prefill_tp = 1;
+    o.staging = false;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_node_t *d = edge_decode(cl, 0);
+    edge_node_t *p = edge_prefill(cl, 0);
+    const uint64_t ds = EDGE_DECODE_SESSION;
+
+    edge_intruder_t x;
+    edge_intruder_create(cl, &x);
+    kvs_conn_t *xc = edge_conn(x.fab, "p0");
+    kvs_msg_t reg = {.type = KVS_MSG_REGISTER};
+    reg.u.reg = (kvs_msg_register_t){.session = 0xbad5e55u, .tp_rank = 0, .tp_size = 1,
+                                     .pp_rank = 0, .pp_size = 1, .local_heads = d->heads,
+                                     .num_pages = EDGE_POOL_PAGES, .layers_total = d->layers};
+    kvs__fingerprint(kvs_manager_layout(d->m), kvs_manager_path(d->m), &reg.u.reg.fp);
+    kvs_msg_t bad = reg;
+    bad.u.reg.local_heads = d->heads / 2;
+    edge_send(x.fab, xc, &bad);
+    bad = reg;
+    bad.u.reg.num_pages = 0;
+    edge_send(x.fab, xc, &bad);
+    edge_run(cl);
+    kvs_msg_t got[4];
+    assert_int_equal(edge_intruder_recv(&x, got, 4), 2);
+    assert_int_equal(got[0].u.ack.status, KVS_EPROTO);
+    assert_int_equal(got[1].u.ack.status, KVS_EPROTO);
+    edge_intruder_destroy(&x);
+
+    kvs_fabric_t *dfab = sim_nic_fabric(d->nic);
+    kvs_conn_t *dc = edge_conn(dfab, "p0");
+    kvs_handler_stats_t before = edge_stats(p);
+    kvs_msg_t m = {.type = KVS_MSG_ROOM};
+    m.u.room = (kvs_msg_room_t){.session = ds, .room = 5, .base_tokens = -4, .total_tokens = 8,
+                                .num_pages = 3};
+    edge_send(dfab, dc, &m);
+    m.u.room = (kvs_msg_room_t){.session = ds, .room = 5, .base_tokens = 8, .total_tokens = 4,
+                                .num_pages = 0};
+    edge_send(dfab, dc, &m);
+    /* room 6: a page id below 0 */
+    m.u.room = (kvs_msg_room_t){.session = ds, .room = 6, .total_tokens = 12, .num_pages = 3};
+    edge_send(dfab, dc, &m);
+    kvs_msg_t pg = {.type = KVS_MSG_PAGES};
+    pg.u.pages = (kvs_msg_pages_t){.session = ds, .room = 6, .first = 0, .count = 3,
+                                   .ids = {0, -1, 1}};
+    edge_send(dfab, dc, &pg);
+    /* room 7: announced, its page ids come later */
+    m.u.room = (kvs_msg_room_t){.session = ds, .room = 7, .total_tokens = 12, .num_pages = 3};
+    edge_send(dfab, dc, &m);
+    edge_run(cl);
+    assert_int_equal(edge_stats(p).msgs_rejected - before.msgs_rejected, 3);
+    edge_open_prefill(cl, 0, 6, 12);
+    edge_open_prefill(cl, 0, 7, 12);
+    edge_computed(cl, 6, 12, true);
+    edge_computed(cl, 7, 12, true);
+    edge_run(cl);
+    edge_expect(p, 6, KVS_ERANGE);
+    assert_null(edge_result(p, 7));
+    assert_int_equal(edge_stats(p).rdma_writes, before.rdma_writes);
+    pg.u.pages = (kvs_msg_pages_t){.session = ds, .room = 7, .first = 0, .count = 3,
+                                   .ids = {60, 61, 62}};
+    edge_send(dfab, dc, &pg);
+    edge_run(cl);
+    edge_expect(p, 7, KVS_OK);
+    assert_true(edge_stats(p).rdma_writes > before.rdma_writes);
+
+    /* A staging request on the direct path: answered ENOENT, counted. */
+    kvs_fabric_t *p0fab = sim_nic_fabric(p->nic);
+    kvs_conn_t *pc = edge_conn(p0fab, "d0");
+    const kvs_handler_stats_t d_before = edge_stats(d);
+    edge_open_decode(cl, 1, 0, 40);
+    m = (kvs_msg_t){.type = KVS_MSG_STAGING_REQ};
+    m.u.req = (kvs_msg_staging_req_t){.session = EDGE_PREFILL_SESSION, .room = 1, .chunk = 0,
+                                      .pages = 4, .tokens = 16};
+    edge_send(p0fab, pc, &m);
+    edge_run(cl);
+    assert_int_equal(edge_stats(d).msgs_rejected - d_before.msgs_rejected, 1);
+    edge_open_prefill(cl, 0, 1, 40);
+    edge_computed(cl, 1, 40, true);
+    edge_run(cl);
+    edge_expect_ok(cl, 1, 0, 40);
+
+    /* An empty room, with no page lists at all. */
+    assert_int_equal(kvs_decode_room_open(d->dec, 2, 0, 0, NULL, 0), KVS_OK);
+    edge_wake(d);
+    assert_int_equal(kvs_prefill_room_open(p->pre, 2, 0, NULL, 0), KVS_OK);
+    edge_computed(cl, 2, 0, true);
+    edge_run(cl);
+    edge_expect_all(cl, 2, KVS_OK);
+    assert_int_equal(edge_expect(p, 2, KVS_OK)->rdma_writes, 0);
+    edge_destroy(cl);
+}
+
 /* ---- known defects, not fixed here ---------------------------------------------------
  * Each test below asserts what the spec requires and fails today. They run
  * only with KVS_EDGE_KNOWN_BUGS=1 and say so loudly otherwise. */
@@ -2289,6 +2811,140 @@ static void test_protocol_edges_misaligned_prefix_told_to_prefill(void **state)
     edge_destroy(cl);
 }
 
+/* Issue 4 item 7: CHUNK_READY's writer and stage are combined into a peer
+ * index with signed arithmetic before they are range checked:
+ * writer * stages + (stage - first_stage) overflows int64 (undefined
+ * behaviour; UBSan aborts the process) for a writer near INT64_MAX. A
+ * hostile prefill session must get it counted and dropped like writer 1. */
+static void test_protocol_edges_bug_chunk_ready_writer_overflow(void **state)
+{
+    (void)state;
+    EDGE_KNOWN_BUG("CHUNK_READY writer/stage overflow the decode's peer index (UB)");
+    edge_opts_t o = edge_defaults();
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_node_t *d = edge_decode(cl, 0);
+    kvs_fabric_t *p0fab = sim_nic_fabric(edge_prefill(cl, 0)->nic);
+    kvs_conn_t *pc = edge_conn(p0fab, "d0");
+    edge_open(cl, 1, 0, 40);
+    edge_run(cl);
+    const kvs_handler_stats_t before = edge_stats(d);
+    kvs_msg_t m = {.type = KVS_MSG_CHUNK_READY};
+    m.u.ready = (kvs_msg_chunk_ready_t){.session = EDGE_PREFILL_SESSION, .room = 1, .chunk = 2,
+                                        .page_start = 8, .pages = 2, .writer = INT64_MAX,
+                                        .stage = 1};
+    edge_send(p0fab, pc, &m);
+    m.u.ready.writer = INT64_MIN;
+    m.u.ready.stage = -1;
+    edge_send(p0fab, pc, &m);
+    edge_run(cl);
+    assert_int_equal(edge_stats(d).msgs_rejected - before.msgs_rejected, 2);
+    edge_computed(cl, 1, 40, true);
+    edge_run(cl);
+    edge_expect_ok(cl, 1, 0, 40);
+    edge_destroy(cl);
+}
+
+/* Issue 4 item 7: a REGISTER on the staging path may announce any
+ * layers_total (a staging decode sends 0), and the prefill allocates
+ * layers_total entries for it: a peer picks the size of a host
+ * allocation (2^20 entries here, 32 MiB; near 2^58 calloc fails, or ASan
+ * aborts the process). It must be refused as inconsistent geometry. */
+static void test_protocol_edges_bug_register_layers_on_staging(void **state)
+{
+    (void)state;
+    EDGE_KNOWN_BUG("a staging REGISTER's layers_total sizes a prefill allocation");
+    edge_opts_t o = edge_defaults();
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_intruder_t x;
+    edge_intruder_create(cl, &x);
+    kvs_conn_t *xc = edge_conn(x.fab, "p0");
+    kvs_msg_t m = edge_register_msg(cl);
+    m.u.reg.layers_total = 1 << 20;
+    edge_send(x.fab, xc, &m);
+    edge_run(cl);
+    kvs_msg_t got[4];
+    assert_int_equal(edge_intruder_recv(&x, got, 4), 1);
+    assert_int_equal(got[0].type, KVS_MSG_REGISTER_ACK);
+    if (got[0].u.ack.status != KVS_EPROTO)
+        EDGE_FAIL("REGISTER with layers_total 2^20 on the staging path: answered %s, "
+                  "expected KVS_EPROTO", kvs_status_name(got[0].u.ack.status));
+    edge_intruder_destroy(&x);
+    edge_destroy(cl);
+}
+
+/* Issue 4 item 7: on the direct path the prefill allocates a room's decode
+ * page list when the decode's ROOM arrives, sized num_pages * 8 bytes in
+ * size_t: a ROOM of INT64_MAX tokens (2^61 pages of 4 tokens) wraps that
+ * to malloc(0), and the PAGES that follow are written past it (a heap
+ * overflow ASan reports). A ROOM with more pages than the decode registered
+ * in its pool must be counted and dropped, and its PAGES with it. */
+static void test_protocol_edges_bug_direct_room_pages_overflow(void **state)
+{
+    (void)state;
+    EDGE_KNOWN_BUG("a direct-path ROOM of 2^61 pages wraps its page list allocation");
+    edge_opts_t o = edge_defaults();
+    o.prefill_tp = 1;
+    o.staging = false;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_node_t *p = edge_prefill(cl, 0);
+    kvs_fabric_t *dfab = sim_nic_fabric(edge_decode(cl, 0)->nic);
+    kvs_conn_t *dc = edge_conn(dfab, "p0");
+    const kvs_handler_stats_t before = edge_stats(p);
+    kvs_msg_t m = {.type = KVS_MSG_ROOM};
+    m.u.room = (kvs_msg_room_t){.session = EDGE_DECODE_SESSION, .room = 7,
+                                .total_tokens = INT64_MAX,
+                                .num_pages = INT64_MAX / 4 + 1};
+    edge_send(dfab, dc, &m);
+    m = (kvs_msg_t){.type = KVS_MSG_PAGES};
+    m.u.pages = (kvs_msg_pages_t){.session = EDGE_DECODE_SESSION, .room = 7, .first = 0,
+                                  .count = 64};
+    edge_send(dfab, dc, &m);
+    edge_run(cl);
+    assert_int_equal(edge_stats(p).msgs_rejected - before.msgs_rejected, 2);
+    edge_transfer(cl, 1, 0, 40);
+    edge_expect_ok(cl, 1, 0, 40);
+    edge_destroy(cl);
+}
+
+/* Issue 4 item 7: a direct-path REGISTER may announce a pool of any size
+ * (num_pages > 0 is all that is checked); the prefill then computes remote
+ * addresses page * page_size * heads * head bytes in int64 for page ids
+ * below it, which overflows (undefined behaviour) for a pool of INT64_MAX
+ * pages. A pool whose layer size does not fit in 64 bits cannot exist: the
+ * registration must be refused as inconsistent geometry. */
+static void test_protocol_edges_bug_register_pool_overflow(void **state)
+{
+    (void)state;
+    EDGE_KNOWN_BUG("a direct-path REGISTER's num_pages is not bounded");
+    edge_opts_t o = edge_defaults();
+    o.prefill_tp = 1;
+    o.staging = false;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_node_t *d = edge_decode(cl, 0);
+    edge_intruder_t x;
+    edge_intruder_create(cl, &x);
+    kvs_conn_t *xc = edge_conn(x.fab, "p0");
+    kvs_msg_t m = {.type = KVS_MSG_REGISTER};
+    m.u.reg = (kvs_msg_register_t){.session = 0xbad5e55u, .tp_rank = 0, .tp_size = 1,
+                                   .pp_rank = 0, .pp_size = 1, .local_heads = d->heads,
+                                   .num_pages = INT64_MAX, .layers_total = d->layers};
+    kvs__fingerprint(kvs_manager_layout(d->m), kvs_manager_path(d->m), &m.u.reg.fp);
+    edge_send(x.fab, xc, &m);
+    edge_run(cl);
+    kvs_msg_t got[4];
+    assert_int_equal(edge_intruder_recv(&x, got, 4), 1);
+    assert_int_equal(got[0].type, KVS_MSG_REGISTER_ACK);
+    if (got[0].u.ack.status != KVS_EPROTO)
+        EDGE_FAIL("REGISTER of an INT64_MAX-page pool: answered %s, expected KVS_EPROTO",
+                  kvs_status_name(got[0].u.ack.status));
+    edge_intruder_destroy(&x);
+    edge_destroy(cl);
+}
+
 int main(void)
 {
     print_message("test_protocol_edges: seed %llu\n", (unsigned long long)EDGE_SEED);
@@ -2327,6 +2983,19 @@ int main(void)
         cmocka_unit_test(test_protocol_edges_bug_decode_error_names_no_field),
         cmocka_unit_test(test_protocol_edges_abort_before_open),
         cmocka_unit_test(test_protocol_edges_misaligned_prefix_told_to_prefill),
+        cmocka_unit_test(test_protocol_edges_hostile_rsp_region),
+        cmocka_unit_test(test_protocol_edges_hostile_chunk_fields_to_decode),
+        cmocka_unit_test(test_protocol_edges_hostile_ring_key),
+        cmocka_unit_test(test_protocol_edges_hostile_direct_fields),
+        cmocka_unit_test(test_protocol_edges_hostile_rsp_duplicates),
+        cmocka_unit_test(test_protocol_edges_abort_without_status),
+        cmocka_unit_test(test_protocol_edges_waiting_chunks),
+        cmocka_unit_test(test_protocol_edges_register_stage_and_early_messages),
+        cmocka_unit_test(test_protocol_edges_hostile_direct_geometry),
+        cmocka_unit_test(test_protocol_edges_bug_chunk_ready_writer_overflow),
+        cmocka_unit_test(test_protocol_edges_bug_register_layers_on_staging),
+        cmocka_unit_test(test_protocol_edges_bug_direct_room_pages_overflow),
+        cmocka_unit_test(test_protocol_edges_bug_register_pool_overflow),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
