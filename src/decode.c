@@ -39,6 +39,7 @@
 #include "results.h"
 #include "table.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -762,7 +763,11 @@ static void kvs__on_chunk_ready(kvs_decode_t *d, int64_t peer, const kvs_msg_chu
 {
     kvs__droom_t *r = kvs__table_get(&d->rooms, q->room);
     const int64_t first_stage = d->lay->decode_pp == 1 ? 0 : d->m->cfg.pp_rank;
-    const int64_t idx = q->writer * d->stages + (q->stage - first_stage);
+    /* Range checked before they are combined: a hostile writer or stage
+     * must not overflow the index. */
+    const bool in_range = q->writer >= 0 && q->writer < d->lay->tp_writers &&
+                          q->stage >= first_stage && q->stage < first_stage + d->stages;
+    const int64_t idx = in_range ? q->writer * d->stages + (q->stage - first_stage) : -1;
     if (r == NULL || q->chunk < 0 || q->chunk >= r->num_chunks || idx != peer ||
         r->chunks[q->chunk].state != KVS__DCH_ALLOCATED ||
         q->page_start != r->chunks[q->chunk].page_start ||
@@ -833,8 +838,15 @@ static void kvs__on_ack(kvs_decode_t *d, kvs__dpeer_t *p, int64_t idx,
             return;
         }
         p->refused = a->status;
+        /* The prefill sends its fingerprint: name the field that differs. */
+        kvs_fingerprint_t mine;
+        kvs__fingerprint(d->lay, d->path, &mine);
+        char why[200];
+        if (a->status != KVS_EFINGERPRINT ||
+            kvs__fingerprint_check(&mine, &a->fp, why, sizeof why) == KVS_OK)
+            snprintf(why, sizeof why, "%s", kvs_strerror(a->status));
         KVS__MFAIL(d->m, a->status, "prefill rank tp %lld pp %lld refused the registration: "
-                   "%s", (long long)p->tp_rank, (long long)p->pp_rank, kvs_strerror(a->status));
+                   "%s", (long long)p->tp_rank, (long long)p->pp_rank, why);
         kvs__log(&d->m->log, KVS_LOG_ERROR, "%s", d->m->err.msg);
         /* It never accepted this session, so it ignores our rooms and never
          * writes into them: its (failed) report of every open room is in. */

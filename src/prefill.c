@@ -557,7 +557,7 @@ static void kvs__on_register(kvs_prefill_t *p, kvs_conn_t *conn, const kvs_msg_r
     kvs_msg_t ack = {.type = KVS_MSG_REGISTER_ACK};
     ack.u.ack = (kvs_msg_register_ack_t){.session = g->session, .tp_rank = p->rank,
                                          .pp_rank = p->stage, .status = KVS_OK,
-                                         .prefill_session = p->session};
+                                         .prefill_session = p->session, .fp = p->fp};
     char why[160];
     int64_t f = 0;
     while (f < p->ntargets &&
@@ -569,12 +569,18 @@ static void kvs__on_register(kvs_prefill_t *p, kvs_conn_t *conn, const kvs_msg_r
         snprintf(why, sizeof why, "decode rank tp %lld pp %lld is not a target of prefill "
                  "rank %lld", (long long)g->tp_rank, (long long)g->pp_rank, (long long)p->rank);
     }
+    /* A staging decode sends no layer keys (else it would size our
+     * allocation); a direct one sends its layers, heads and a pool whose
+     * layer size fits in 64 bits (page addresses are computed from it). */
     if (status == KVS_OK && p->path == KVS_PATH_STAGING &&
-        (g->ring_bytes == 0 || g->ring_addr + g->ring_bytes < g->ring_addr))
+        (g->ring_bytes == 0 || g->ring_addr + g->ring_bytes < g->ring_addr ||
+         g->layers_total != 0))
         status = KVS_EPROTO;
+    const int64_t page_bytes = p->lay->page_size * p->lay->dst_heads * p->lay->head_dim *
+                               p->lay->elem_bytes;
     if (status == KVS_OK && p->path != KVS_PATH_STAGING &&
         (g->layers_total != p->lay->decode_layers || g->local_heads != p->lay->dst_heads ||
-         g->num_pages <= 0))
+         g->num_pages <= 0 || g->num_pages > INT64_MAX / page_bytes))
         status = KVS_EPROTO;
     if (status != KVS_OK) {
         if (status == KVS_EPROTO)
@@ -636,8 +642,11 @@ static kvs__ppeer_t *kvs__peer_of(kvs_prefill_t *p, const kvs_conn_t *conn, uint
 static void kvs__on_room(kvs_prefill_t *p, int64_t f, const kvs_msg_room_t *q)
 {
     const int64_t ps = p->lay->page_size;
+    /* More pages than the decode's pool holds cannot be real (and on the
+     * direct path would size our page list). */
     if (q->base_tokens < 0 || q->total_tokens < q->base_tokens || q->base_tokens % ps != 0 ||
-        q->num_pages != kvs__ceil_div(q->total_tokens - q->base_tokens, ps)) {
+        q->num_pages != kvs__ceil_div(q->total_tokens - q->base_tokens, ps) ||
+        q->num_pages > p->peers[f].num_pages) {
         p->stats.msgs_rejected++;
         return;
     }

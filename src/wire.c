@@ -28,7 +28,7 @@
 #define WIRE_REGISTER_BYTES (8u + 4u * 8u + WIRE_FP_BYTES + 3u * 8u + 2u * 8u + 8u)
 #define WIRE_LAYERS_FIXED_BYTES (8u + 8u + 4u)
 #define WIRE_LAYER_ENTRY_BYTES (4u * 8u)
-#define WIRE_REGISTER_ACK_BYTES (8u + 2u * 8u + 4u + 4u + 8u)
+#define WIRE_REGISTER_ACK_BYTES (8u + 2u * 8u + 4u + 4u + 8u + WIRE_FP_BYTES)
 #define WIRE_ROOM_BYTES (2u * 8u + 3u * 8u)
 #define WIRE_PAGES_FIXED_BYTES (8u + 8u + 8u + 4u)
 #define WIRE_PAGE_ID_BYTES 8u
@@ -235,6 +235,7 @@ static void wire_put_payload(wire_writer_t *w, const kvs_msg_t *msg)
         wire_put_i32(w, m->status);
         wire_put_u32(w, m->reserved);
         wire_put_u64(w, m->prefill_session);
+        wire_put_fingerprint(w, &m->fp);
         break;
     }
     case KVS_MSG_ROOM: {
@@ -434,6 +435,7 @@ static int wire_get_payload(wire_reader_t *r, uint32_t type, kvs_msg_t *m)
         p->status = wire_get_i32(r);
         p->reserved = wire_get_u32(r);
         p->prefill_session = wire_get_u64(r);
+        wire_get_fingerprint(r, &p->fp);
         break;
     }
     case KVS_MSG_ROOM: {

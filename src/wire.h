@@ -74,6 +74,7 @@ typedef struct kvs_msg_register_ack {
     int32_t status;            /* KVS_OK or why it refused */
     uint32_t reserved;
     uint64_t prefill_session;
+    kvs_fingerprint_t fp;      /* the prefill's: a refused decode names the field */
 } kvs_msg_register_ack_t;
 
 typedef struct kvs_msg_room {

@@ -17,9 +17,8 @@
  * the decode ended a room (a snapshot taken when its result appears),
  * regions leaked across a handler restart, a restarted decode's ring
  * written with its previous incarnation's regions, spurious failures from
- * bounded queues. The test_protocol_edges_bug_* tests reproduce defects
- * that are not fixed yet: they assert what the spec asks for, fail today,
- * and run only with KVS_EDGE_KNOWN_BUGS=1 (skipped, loudly, otherwise).
+ * bounded queues. The hostile_* tests send what a confused or compromised
+ * peer could (each reproduced a defect, since fixed).
  * KVS_EDGE_TEST=<glob> runs only the matching tests.
  *
  * Nothing here is random except the sim fabric's remote keys, drawn from the
@@ -2159,7 +2158,7 @@ static void test_protocol_edges_hostile_rsp_region(void **state)
         m.u.rsp = (kvs_msg_staging_rsp_t){.session = EDGE_DECODE_SESSION, .room = room,
                                           .chunk = 0, .offset = c[i].offset,
                                           .end = c[i].end};
-        edge_send(dfab, dc, &m);
+        edge_send(cl, dfab, dc, &m);
         edge_run(cl);
         for (int n = 0; n < edge_nnodes(cl); n++) {
             const kvs_room_result_t *r = edge_result(&cl->nodes[n], room);
@@ -2218,7 +2217,7 @@ static void test_protocol_edges_hostile_chunk_fields_to_decode(void **state)
     for (size_t i = 0; i < sizeof lies / sizeof lies[0]; i++) {
         kvs_msg_t m = {.type = KVS_MSG_CHUNK_READY};
         m.u.ready = lies[i];
-        edge_send(p0fab, pc, &m);
+        edge_send(cl, p0fab, pc, &m);
     }
     edge_run(cl);
     const kvs_handler_stats_t after = edge_stats(d);
@@ -2239,7 +2238,7 @@ static void test_protocol_edges_hostile_chunk_fields_to_decode(void **state)
         kvs_msg_t m = {.type = KVS_MSG_STAGING_REQ};
         m.u.req = (kvs_msg_staging_req_t){.session = p0s, .room = room, .chunk = bad_chunks[i],
                                           .pages = i == 3 ? 3 : 4, .tokens = 16};
-        edge_send(p0fab, pc, &m);
+        edge_send(cl, p0fab, pc, &m);
         edge_computed(cl, room, 40, true);
         edge_run(cl);
         edge_expect_all(cl, room, KVS_EPROTO);
@@ -2272,7 +2271,7 @@ static void test_protocol_edges_hostile_ring_key(void **state)
     reg.u.reg.session = EDGE_DECODE_SESSION;
     const uint64_t real_key = reg.u.reg.ring_rkey;
     reg.u.reg.ring_rkey = real_key ^ 0x5a5au;
-    edge_send(dfab, dc, &reg);
+    edge_send(cl, dfab, dc, &reg);
     edge_run(cl);
     edge_assert_registered(cl);
 
@@ -2291,7 +2290,7 @@ static void test_protocol_edges_hostile_ring_key(void **state)
     assert_int_equal(edge_stats(d).copies, 0);
 
     reg.u.reg.ring_rkey = real_key;
-    edge_send(dfab, dc, &reg);
+    edge_send(cl, dfab, dc, &reg);
     edge_run(cl);
     edge_transfer(cl, 2, 0, 40);
     edge_expect_ok(cl, 2, 0, 40);
@@ -2324,25 +2323,25 @@ static void test_protocol_edges_hostile_direct_fields(void **state)
     kvs_handler_stats_t before = edge_stats(p);
     kvs_msg_t m = {.type = KVS_MSG_LAYERS};
     m.u.layers = (kvs_msg_layers_t){.session = ds, .first = 2, .count = 1};
-    edge_send(dfab, dc, &m);
+    edge_send(cl, dfab, dc, &m);
     m.u.layers = (kvs_msg_layers_t){.session = ds, .first = 0, .count = 1};
-    edge_send(dfab, dc, &m); /* layers_got is 2 already */
+    edge_send(cl, dfab, dc, &m); /* layers_got is 2 already */
     m.u.layers = (kvs_msg_layers_t){.session = ds, .first = -1, .count = 3};
-    edge_send(dfab, dc, &m);
+    edge_send(cl, dfab, dc, &m);
     /* A room only the forged messages announce, 12 tokens = 3 pages. */
     m = (kvs_msg_t){.type = KVS_MSG_ROOM};
     m.u.room = (kvs_msg_room_t){.session = ds, .room = 7, .total_tokens = 12, .num_pages = 3};
-    edge_send(dfab, dc, &m);
+    edge_send(cl, dfab, dc, &m);
     m = (kvs_msg_t){.type = KVS_MSG_PAGES};
     m.u.pages = (kvs_msg_pages_t){.session = ds, .room = 7, .first = 1, .count = 1};
-    edge_send(dfab, dc, &m); /* out of order */
+    edge_send(cl, dfab, dc, &m); /* out of order */
     m.u.pages = (kvs_msg_pages_t){.session = ds, .room = 7, .first = 0, .count = 4};
-    edge_send(dfab, dc, &m); /* more than 3 pages */
+    edge_send(cl, dfab, dc, &m); /* more than 3 pages */
     m.u.pages = (kvs_msg_pages_t){.session = ds, .room = 404, .first = 0, .count = 1};
-    edge_send(dfab, dc, &m); /* unknown room */
+    edge_send(cl, dfab, dc, &m); /* unknown room */
     m.u.pages = (kvs_msg_pages_t){.session = ds, .room = 7, .first = 0, .count = 3,
                                   .ids = {0, EDGE_POOL_PAGES, 1}};
-    edge_send(dfab, dc, &m); /* page 96 is past the 96-page pool */
+    edge_send(cl, dfab, dc, &m); /* page 96 is past the 96-page pool */
     edge_run(cl);
     assert_int_equal(edge_stats(p).msgs_rejected - before.msgs_rejected, 7);
     edge_open_prefill(cl, 0, 7, 12);
@@ -2362,13 +2361,13 @@ static void test_protocol_edges_hostile_direct_fields(void **state)
                                      .num_pages = EDGE_POOL_PAGES,
                                      .layers_total = d->layers};
     kvs__fingerprint(kvs_manager_layout(d->m), kvs_manager_path(d->m), &reg.u.reg.fp);
-    edge_send(dfab, dc, &reg);
+    edge_send(cl, dfab, dc, &reg);
     kvs_msg_t lm = {.type = KVS_MSG_LAYERS};
     lm.u.layers = (kvs_msg_layers_t){.session = ds, .first = 0, .count = (uint32_t)d->layers};
     for (int64_t l = 0; l < d->layers; l++)
         lm.u.layers.entries[l] = (kvs_layer_entry_t){.k_addr = d->k_base[l], .k_rkey = 0x5a5a,
                                                      .v_addr = d->v_base[l], .v_rkey = 0x5a5b};
-    edge_send(dfab, dc, &lm);
+    edge_send(cl, dfab, dc, &lm);
     edge_run(cl);
     const uint8_t *pool = d->pool_host;
     uint8_t *copy = malloc((size_t)d->pool_bytes);
@@ -2409,7 +2408,7 @@ static void test_protocol_edges_hostile_rsp_duplicates(void **state)
     for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) {
         kvs_msg_t m = {.type = KVS_MSG_STAGING_RSP};
         m.u.rsp = a[i];
-        edge_send(dfab, dc, &m);
+        edge_send(cl, dfab, dc, &m);
     }
     edge_run(cl);
     assert_int_equal(edge_stats(p0).msgs_rejected - before.msgs_rejected, 3);
@@ -2420,7 +2419,7 @@ static void test_protocol_edges_hostile_rsp_duplicates(void **state)
     edge_open(cl, 2, 0, 40);
     kvs_msg_t m = {.type = KVS_MSG_ABORT};
     m.u.abort = (kvs_msg_abort_t){.session = EDGE_DECODE_SESSION, .room = 2, .status = KVS_OK};
-    edge_send(dfab, dc, &m);
+    edge_send(cl, dfab, dc, &m);
     edge_computed(cl, 2, 40, true);
     edge_run(cl);
     edge_expect_all(cl, 2, KVS_EPEER);
@@ -2448,7 +2447,7 @@ static void test_protocol_edges_abort_without_status(void **state)
     edge_expect(edge_prefill(cl, 1), 1, KVS_OK);
     kvs_msg_t m = {.type = KVS_MSG_ABORT};
     m.u.abort = (kvs_msg_abort_t){.session = EDGE_PREFILL_SESSION, .room = 1, .status = KVS_OK};
-    edge_send(p0fab, pc, &m);
+    edge_send(cl, p0fab, pc, &m);
     edge_run(cl);
     assert_null(edge_result(d, 1)); /* p0 has not reported */
     edge_computed_on(cl, 0, 1, 40, true);
@@ -2514,7 +2513,7 @@ static void test_protocol_edges_register_stage_and_early_messages(void **state)
     kvs_conn_t *pc = edge_conn(p0fab, "d0");
     kvs_msg_t m = {.type = KVS_MSG_STATUS};
     m.u.status = (kvs_msg_status_t){.session = EDGE_PREFILL_SESSION, .room = 1};
-    edge_send(p0fab, pc, &m);
+    edge_send(cl, p0fab, pc, &m);
     edge_wake(d);
     edge_run(cl);
     edge_assert_registered(cl);
@@ -2525,10 +2524,10 @@ static void test_protocol_edges_register_stage_and_early_messages(void **state)
     kvs_conn_t *xc = edge_conn(x.fab, "p0");
     m = edge_register_msg(cl);
     m.u.reg.pp_rank = 1;
-    edge_send(x.fab, xc, &m);
+    edge_send(cl, x.fab, xc, &m);
     edge_run(cl);
     kvs_msg_t got[2];
-    assert_int_equal(edge_intruder_recv(&x, got, 2), 1);
+    assert_int_equal(edge_intruder_recv(cl, &x, got, 2), 1);
     assert_int_equal(got[0].u.ack.status, KVS_EINVAL);
     assert_non_null(strstr(kvs_manager_last_error(p0->m)->msg,
                            "decode rank tp 0 pp 1 is not a target of prefill rank 0"));
@@ -2566,13 +2565,13 @@ static void test_protocol_edges_hostile_direct_geometry(void **state)
     kvs__fingerprint(kvs_manager_layout(d->m), kvs_manager_path(d->m), &reg.u.reg.fp);
     kvs_msg_t bad = reg;
     bad.u.reg.local_heads = d->heads / 2;
-    edge_send(x.fab, xc, &bad);
+    edge_send(cl, x.fab, xc, &bad);
     bad = reg;
     bad.u.reg.num_pages = 0;
-    edge_send(x.fab, xc, &bad);
+    edge_send(cl, x.fab, xc, &bad);
     edge_run(cl);
     kvs_msg_t got[4];
-    assert_int_equal(edge_intruder_recv(&x, got, 4), 2);
+    assert_int_equal(edge_intruder_recv(cl, &x, got, 4), 2);
     assert_int_equal(got[0].u.ack.status, KVS_EPROTO);
     assert_int_equal(got[1].u.ack.status, KVS_EPROTO);
     edge_intruder_destroy(&x);
@@ -2583,20 +2582,20 @@ static void test_protocol_edges_hostile_direct_geometry(void **state)
     kvs_msg_t m = {.type = KVS_MSG_ROOM};
     m.u.room = (kvs_msg_room_t){.session = ds, .room = 5, .base_tokens = -4, .total_tokens = 8,
                                 .num_pages = 3};
-    edge_send(dfab, dc, &m);
+    edge_send(cl, dfab, dc, &m);
     m.u.room = (kvs_msg_room_t){.session = ds, .room = 5, .base_tokens = 8, .total_tokens = 4,
                                 .num_pages = 0};
-    edge_send(dfab, dc, &m);
+    edge_send(cl, dfab, dc, &m);
     /* room 6: a page id below 0 */
     m.u.room = (kvs_msg_room_t){.session = ds, .room = 6, .total_tokens = 12, .num_pages = 3};
-    edge_send(dfab, dc, &m);
+    edge_send(cl, dfab, dc, &m);
     kvs_msg_t pg = {.type = KVS_MSG_PAGES};
     pg.u.pages = (kvs_msg_pages_t){.session = ds, .room = 6, .first = 0, .count = 3,
                                    .ids = {0, -1, 1}};
-    edge_send(dfab, dc, &pg);
+    edge_send(cl, dfab, dc, &pg);
     /* room 7: announced, its page ids come later */
     m.u.room = (kvs_msg_room_t){.session = ds, .room = 7, .total_tokens = 12, .num_pages = 3};
-    edge_send(dfab, dc, &m);
+    edge_send(cl, dfab, dc, &m);
     edge_run(cl);
     assert_int_equal(edge_stats(p).msgs_rejected - before.msgs_rejected, 3);
     edge_open_prefill(cl, 0, 6, 12);
@@ -2609,7 +2608,7 @@ static void test_protocol_edges_hostile_direct_geometry(void **state)
     assert_int_equal(edge_stats(p).rdma_writes, before.rdma_writes);
     pg.u.pages = (kvs_msg_pages_t){.session = ds, .room = 7, .first = 0, .count = 3,
                                    .ids = {60, 61, 62}};
-    edge_send(dfab, dc, &pg);
+    edge_send(cl, dfab, dc, &pg);
     edge_run(cl);
     edge_expect(p, 7, KVS_OK);
     assert_true(edge_stats(p).rdma_writes > before.rdma_writes);
@@ -2622,7 +2621,7 @@ static void test_protocol_edges_hostile_direct_geometry(void **state)
     m = (kvs_msg_t){.type = KVS_MSG_STAGING_REQ};
     m.u.req = (kvs_msg_staging_req_t){.session = EDGE_PREFILL_SESSION, .room = 1, .chunk = 0,
                                       .pages = 4, .tokens = 16};
-    edge_send(p0fab, pc, &m);
+    edge_send(cl, p0fab, pc, &m);
     edge_run(cl);
     assert_int_equal(edge_stats(d).msgs_rejected - d_before.msgs_rejected, 1);
     edge_open_prefill(cl, 0, 1, 40);
@@ -2641,22 +2640,8 @@ static void test_protocol_edges_hostile_direct_geometry(void **state)
     edge_destroy(cl);
 }
 
-/* ---- known defects, not fixed here ---------------------------------------------------
- * Each test below asserts what the spec requires and fails today. They run
- * only with KVS_EDGE_KNOWN_BUGS=1 and say so loudly otherwise. */
+/* ---- defects found here, fixed ------------------------------------------------------ */
 
-#define EDGE_KNOWN_BUG(what)                                                              \
-    do {                                                                                  \
-        if (getenv("KVS_EDGE_KNOWN_BUGS") == NULL) {                                      \
-            print_message("[  KNOWN   ] %s (set KVS_EDGE_KNOWN_BUGS=1 to run)\n", what);   \
-            skip();                                                                       \
-        }                                                                                 \
-    } while (0)
-
-/* spec §9 "lost STAGING_RSP / WATERMARK / CHUNK_READY leaves a request
- * waiting forever": there is no stall timeout (next_deadline is always
- * UINT64_MAX). p1's link is down while the room is announced; the decode
- * waits forever and p0's regions stay live. */
 /* A link down for 5 ms while a room opens: the ROOM to p1 is lost and sent
  * again once the link is back; the room does not notice. */
 static void test_protocol_edges_short_outage_recovered(void **state)
@@ -2749,13 +2734,12 @@ static void test_protocol_edges_bf16_fp16_refused(void **state)
     edge_destroy(cl);
 }
 
-/* The decode's error of a refused registration does not name the field:
- * REGISTER_ACK carries only the status; only the prefill side knows which
- * field differs. */
-static void test_protocol_edges_bug_decode_error_names_no_field(void **state)
+/* The decode's error of a refused registration names the field: the
+ * refusal carries the prefill's fingerprint (it once carried only the
+ * status, and only the prefill side could tell which field differed). */
+static void test_protocol_edges_refused_decode_names_field(void **state)
 {
     (void)state;
-    EDGE_KNOWN_BUG("a refused registration's error on the decode side names no field");
     edge_opts_t o = edge_defaults();
     o.odd_rank = 1;
     o.odd_page_size = 8;
@@ -2816,10 +2800,9 @@ static void test_protocol_edges_misaligned_prefix_told_to_prefill(void **state)
  * writer * stages + (stage - first_stage) overflows int64 (undefined
  * behaviour; UBSan aborts the process) for a writer near INT64_MAX. A
  * hostile prefill session must get it counted and dropped like writer 1. */
-static void test_protocol_edges_bug_chunk_ready_writer_overflow(void **state)
+static void test_protocol_edges_hostile_chunk_ready_writer_overflow(void **state)
 {
     (void)state;
-    EDGE_KNOWN_BUG("CHUNK_READY writer/stage overflow the decode's peer index (UB)");
     edge_opts_t o = edge_defaults();
     edge_cluster_t *cl = edge_create(&o);
     edge_assert_registered(cl);
@@ -2833,10 +2816,10 @@ static void test_protocol_edges_bug_chunk_ready_writer_overflow(void **state)
     m.u.ready = (kvs_msg_chunk_ready_t){.session = EDGE_PREFILL_SESSION, .room = 1, .chunk = 2,
                                         .page_start = 8, .pages = 2, .writer = INT64_MAX,
                                         .stage = 1};
-    edge_send(p0fab, pc, &m);
+    edge_send(cl, p0fab, pc, &m);
     m.u.ready.writer = INT64_MIN;
     m.u.ready.stage = -1;
-    edge_send(p0fab, pc, &m);
+    edge_send(cl, p0fab, pc, &m);
     edge_run(cl);
     assert_int_equal(edge_stats(d).msgs_rejected - before.msgs_rejected, 2);
     edge_computed(cl, 1, 40, true);
@@ -2850,10 +2833,9 @@ static void test_protocol_edges_bug_chunk_ready_writer_overflow(void **state)
  * layers_total entries for it: a peer picks the size of a host
  * allocation (2^20 entries here, 32 MiB; near 2^58 calloc fails, or ASan
  * aborts the process). It must be refused as inconsistent geometry. */
-static void test_protocol_edges_bug_register_layers_on_staging(void **state)
+static void test_protocol_edges_hostile_register_layers_on_staging(void **state)
 {
     (void)state;
-    EDGE_KNOWN_BUG("a staging REGISTER's layers_total sizes a prefill allocation");
     edge_opts_t o = edge_defaults();
     edge_cluster_t *cl = edge_create(&o);
     edge_assert_registered(cl);
@@ -2862,10 +2844,10 @@ static void test_protocol_edges_bug_register_layers_on_staging(void **state)
     kvs_conn_t *xc = edge_conn(x.fab, "p0");
     kvs_msg_t m = edge_register_msg(cl);
     m.u.reg.layers_total = 1 << 20;
-    edge_send(x.fab, xc, &m);
+    edge_send(cl, x.fab, xc, &m);
     edge_run(cl);
     kvs_msg_t got[4];
-    assert_int_equal(edge_intruder_recv(&x, got, 4), 1);
+    assert_int_equal(edge_intruder_recv(cl, &x, got, 4), 1);
     assert_int_equal(got[0].type, KVS_MSG_REGISTER_ACK);
     if (got[0].u.ack.status != KVS_EPROTO)
         EDGE_FAIL("REGISTER with layers_total 2^20 on the staging path: answered %s, "
@@ -2880,10 +2862,9 @@ static void test_protocol_edges_bug_register_layers_on_staging(void **state)
  * to malloc(0), and the PAGES that follow are written past it (a heap
  * overflow ASan reports). A ROOM with more pages than the decode registered
  * in its pool must be counted and dropped, and its PAGES with it. */
-static void test_protocol_edges_bug_direct_room_pages_overflow(void **state)
+static void test_protocol_edges_hostile_direct_room_pages_overflow(void **state)
 {
     (void)state;
-    EDGE_KNOWN_BUG("a direct-path ROOM of 2^61 pages wraps its page list allocation");
     edge_opts_t o = edge_defaults();
     o.prefill_tp = 1;
     o.staging = false;
@@ -2897,11 +2878,11 @@ static void test_protocol_edges_bug_direct_room_pages_overflow(void **state)
     m.u.room = (kvs_msg_room_t){.session = EDGE_DECODE_SESSION, .room = 7,
                                 .total_tokens = INT64_MAX,
                                 .num_pages = INT64_MAX / 4 + 1};
-    edge_send(dfab, dc, &m);
+    edge_send(cl, dfab, dc, &m);
     m = (kvs_msg_t){.type = KVS_MSG_PAGES};
     m.u.pages = (kvs_msg_pages_t){.session = EDGE_DECODE_SESSION, .room = 7, .first = 0,
                                   .count = 64};
-    edge_send(dfab, dc, &m);
+    edge_send(cl, dfab, dc, &m);
     edge_run(cl);
     assert_int_equal(edge_stats(p).msgs_rejected - before.msgs_rejected, 2);
     edge_transfer(cl, 1, 0, 40);
@@ -2915,10 +2896,9 @@ static void test_protocol_edges_bug_direct_room_pages_overflow(void **state)
  * below it, which overflows (undefined behaviour) for a pool of INT64_MAX
  * pages. A pool whose layer size does not fit in 64 bits cannot exist: the
  * registration must be refused as inconsistent geometry. */
-static void test_protocol_edges_bug_register_pool_overflow(void **state)
+static void test_protocol_edges_hostile_register_pool_overflow(void **state)
 {
     (void)state;
-    EDGE_KNOWN_BUG("a direct-path REGISTER's num_pages is not bounded");
     edge_opts_t o = edge_defaults();
     o.prefill_tp = 1;
     o.staging = false;
@@ -2933,10 +2913,10 @@ static void test_protocol_edges_bug_register_pool_overflow(void **state)
                                    .pp_rank = 0, .pp_size = 1, .local_heads = d->heads,
                                    .num_pages = INT64_MAX, .layers_total = d->layers};
     kvs__fingerprint(kvs_manager_layout(d->m), kvs_manager_path(d->m), &m.u.reg.fp);
-    edge_send(x.fab, xc, &m);
+    edge_send(cl, x.fab, xc, &m);
     edge_run(cl);
     kvs_msg_t got[4];
-    assert_int_equal(edge_intruder_recv(&x, got, 4), 1);
+    assert_int_equal(edge_intruder_recv(cl, &x, got, 4), 1);
     assert_int_equal(got[0].type, KVS_MSG_REGISTER_ACK);
     if (got[0].u.ack.status != KVS_EPROTO)
         EDGE_FAIL("REGISTER of an INT64_MAX-page pool: answered %s, expected KVS_EPROTO",
@@ -2980,7 +2960,7 @@ int main(void)
         cmocka_unit_test(test_protocol_edges_long_outage_fails_then_recovers),
         cmocka_unit_test(test_protocol_edges_wanted_queue_holds_every_chunk),
         cmocka_unit_test(test_protocol_edges_bf16_fp16_refused),
-        cmocka_unit_test(test_protocol_edges_bug_decode_error_names_no_field),
+        cmocka_unit_test(test_protocol_edges_refused_decode_names_field),
         cmocka_unit_test(test_protocol_edges_abort_before_open),
         cmocka_unit_test(test_protocol_edges_misaligned_prefix_told_to_prefill),
         cmocka_unit_test(test_protocol_edges_hostile_rsp_region),
@@ -2992,10 +2972,10 @@ int main(void)
         cmocka_unit_test(test_protocol_edges_waiting_chunks),
         cmocka_unit_test(test_protocol_edges_register_stage_and_early_messages),
         cmocka_unit_test(test_protocol_edges_hostile_direct_geometry),
-        cmocka_unit_test(test_protocol_edges_bug_chunk_ready_writer_overflow),
-        cmocka_unit_test(test_protocol_edges_bug_register_layers_on_staging),
-        cmocka_unit_test(test_protocol_edges_bug_direct_room_pages_overflow),
-        cmocka_unit_test(test_protocol_edges_bug_register_pool_overflow),
+        cmocka_unit_test(test_protocol_edges_hostile_chunk_ready_writer_overflow),
+        cmocka_unit_test(test_protocol_edges_hostile_register_layers_on_staging),
+        cmocka_unit_test(test_protocol_edges_hostile_direct_room_pages_overflow),
+        cmocka_unit_test(test_protocol_edges_hostile_register_pool_overflow),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -87,6 +87,15 @@ static kvs_msg_t sample_msg(kvs_msg_type_t type, uint32_t count, uint64_t seed)
         p->status = KVS_EPROTO;
         p->reserved = next_u32(&s);
         p->prefill_session = UINT64_MAX;
+        p->fp.protocol_version = next_u32(&s);
+        p->fp.staging = 0;
+        p->fp.total_heads = -1;
+        p->fp.head_dim = next_i64(&s);
+        p->fp.layers = INT64_MAX;
+        p->fp.page_size = next_i64(&s);
+        p->fp.chunk_tokens = next_i64(&s);
+        p->fp.dtype = next_u32(&s);
+        p->fp.reserved = next_u32(&s);
         break;
     }
     case KVS_MSG_ROOM: {
@@ -210,7 +219,7 @@ static uint32_t expected_len(kvs_msg_type_t type, uint32_t count)
     switch (type) {
     case KVS_MSG_REGISTER: return 16 + 8 + 32 + 56 + 24 + 16 + 8; /* 160 */
     case KVS_MSG_LAYERS: return 16 + 20 + 32 * count;
-    case KVS_MSG_REGISTER_ACK: return 16 + 40;
+    case KVS_MSG_REGISTER_ACK: return 16 + 40 + 56;
     case KVS_MSG_ROOM: return 16 + 40;
     case KVS_MSG_PAGES: return 16 + 28 + 8 * count;
     case KVS_MSG_STAGING_REQ: return 16 + 56;
@@ -336,6 +345,7 @@ static void assert_msg_equal(const kvs_msg_t *a, const kvs_msg_t *b)
         assert_int_equal(x->status, y->status);
         assert_int_equal(x->reserved, y->reserved);
         assert_int_equal(x->prefill_session, y->prefill_session);
+        assert_fp_equal(&x->fp, &y->fp);
         break;
     }
     case KVS_MSG_ROOM: {
