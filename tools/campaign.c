@@ -878,11 +878,11 @@ int cli_campaign_main(int argc, char **argv)
                      "of %d bytes", CLI_CAMPAIGN_MAX_ARGS, CLI_CAMPAIGN_TEXT_BYTES);
         } else {
             cli_sim_input_t in;
-            cli_campaign_progress_clear(&progress);
-            if (cli_sim_parse(cmd->argc, cmd->argv, &in) != 0)
+            if (cli_sim_parse(cmd->argc, cmd->argv, &in) != 0) {
                 snprintf(err, sizeof err, "kvstage sim refused the generated command (the "
                          "line above says why)");
-            else
+                progress.drawn_len = 0; /* that line ended the progress line */
+            } else
                 run_rc = sim_scenario_run(&in.cfg, &report, err, sizeof err);
         }
         char why[CLI_CAMPAIGN_WHY_BYTES];
