@@ -25,7 +25,8 @@ JSON_KEYS = [
     "ok", "runs", "violations", "runs_with_violations", "seed",
     "runs_with_faults", "requests_total", "requests_ok", "requests_failed",
     "hung_requests", "ring_leaked_bytes", "corrupt_bytes",
-    "unreported_failures", "failed_without_faults", "setup_errors", "events",
+    "unreported_failures", "failed_without_faults", "setup_errors",
+    "runs_stopped", "events",
     "max_run_events", "digest", "faults_drawn", "paths_run", "wall_seconds",
     "ms_per_run", "violating_runs", "first_violation", "replay",
 ]

@@ -9,9 +9,10 @@
  *
  * A violation is any of: a broken run invariant (hung request, leaked ring
  * byte, corrupt byte, unreported failure), a request that failed in a run
- * without faults, or a generated scenario the CLI or the simulator refused
+ * without faults, a generated scenario the CLI or the simulator refused
  * (a bug of the generator or of a validation, counted apart as a set-up
- * error).
+ * error), or a run the simulator stopped midway (a handler's progress
+ * failed, a room was reported twice: counted as a run stopped).
  */
 #ifndef KVSTAGE_TOOLS_CAMPAIGN_H
 #define KVSTAGE_TOOLS_CAMPAIGN_H
