@@ -300,8 +300,9 @@ def test_help(s):
         "--campaign N", "--campaign-log FILE", "--campaign-faults KINDS",
         "--ring-bytes", "--transfer-workers", "--prefill-tokens-per-s",
         "--max-events"])
-    s.expect_ok("campaign --help", ["sim", "--campaign", "3", "--help"],
-                ["usage: kvstage sim"])
+    for args in (["sim", "--campaign", "3", "--help"],
+                 ["sim", "--campaign", "3", "-h"]):
+        s.expect_ok(" ".join(args), args, ["usage: kvstage sim", "--campaign N"])
 
 
 def main():

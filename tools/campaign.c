@@ -819,6 +819,12 @@ static void cli_campaign_log_run(FILE *log, uint64_t run, int rc, const sim_repo
 int cli_campaign_main(int argc, char **argv)
 {
     const char *values[CLI_CF_COUNT];
+    for (int a = 1; a < argc; a++) {
+        if (strcmp(argv[a], "-h") == 0) {
+            cli_sim_usage(stdout);
+            return 0;
+        }
+    }
     /* A campaign draws every scenario flag itself: name the one given. */
     for (int a = 1; a < argc; a++) {
         const char *eq = strchr(argv[a], '=');
