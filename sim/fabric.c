@@ -101,6 +101,10 @@
 #define SIM_NET_RECS_MAX (UINT32_C(1) << 24) /* pending fabric events */
 #define SIM_NET_WRS_MAX (UINT32_C(1) << 22)  /* writes in flight */
 #define SIM_NET_MSGS_MAX (UINT32_C(1) << 16) /* messages in flight or unpolled */
+/* Messages (4 KiB of payload room each) come in pages of this many, never
+ * moved: growing by realloc copied every message in flight, which was the
+ * largest cost of a small run. */
+#define SIM_NET_MSG_PAGE 64u
 #define SIM_NET_POOL_INITIAL 64u
 #define SIM_NIC_CQ_INITIAL 64u
 
@@ -231,8 +235,9 @@ struct sim_net {
     uint32_t recs_cap, recs_free;
     sim_wr_t *wrs;
     uint32_t wrs_cap, wrs_free;
-    sim_msg_t *msgs;
+    sim_msg_t *msg_pages[SIM_NET_MSGS_MAX / SIM_NET_MSG_PAGE]; /* NULL until used */
     uint32_t msgs_cap, msgs_free;
+    uint32_t msgs_fresh; /* [msgs_fresh, msgs_cap) never used: not linked */
 };
 
 static void sim_net_on_event(sim_engine_t *eng, void *ctx, uint64_t arg);
@@ -396,31 +401,42 @@ static void sim_wr_release(sim_net_t *net, uint32_t w)
     net->wrs_free = w;
 }
 
+static sim_msg_t *sim_msg_at(sim_net_t *net, uint32_t m)
+{
+    assert(m < net->msgs_cap);
+    return &net->msg_pages[m / SIM_NET_MSG_PAGE][m % SIM_NET_MSG_PAGE];
+}
+
 static int sim_msg_alloc(sim_net_t *net, uint32_t *out)
 {
-    if (net->msgs_free == SIM_NIL) {
-        uint32_t old = net->msgs_cap;
-        int rc = sim_pool_grow((void **)&net->msgs, &net->msgs_cap, sizeof *net->msgs,
-                               SIM_NET_MSGS_MAX);
-        if (rc != KVS_OK)
-            return rc;
-        for (uint32_t i = net->msgs_cap; i-- > old;) {
-            net->msgs[i].next = net->msgs_free;
-            net->msgs_free = i;
-        }
-    }
+    /* The last freed first, else the lowest never used. */
     uint32_t m = net->msgs_free;
-    net->msgs_free = net->msgs[m].next;
-    net->msgs[m].in_use = true;
+    if (m != SIM_NIL) {
+        net->msgs_free = sim_msg_at(net, m)->next;
+    } else {
+        if (net->msgs_fresh == net->msgs_cap) {
+            if (net->msgs_cap >= SIM_NET_MSGS_MAX)
+                return KVS_EFULL;
+            sim_msg_t *page = calloc(SIM_NET_MSG_PAGE, sizeof *page);
+            if (page == NULL)
+                return KVS_ENOMEM;
+            net->msg_pages[net->msgs_cap / SIM_NET_MSG_PAGE] = page;
+            net->msgs_cap += SIM_NET_MSG_PAGE;
+        }
+        m = net->msgs_fresh++;
+    }
+    sim_msg_t *msg = sim_msg_at(net, m);
+    msg->in_use = true;
     *out = m;
     return KVS_OK;
 }
 
 static void sim_msg_free(sim_net_t *net, uint32_t m)
 {
-    assert(m < net->msgs_cap && net->msgs[m].in_use);
-    net->msgs[m].in_use = false;
-    net->msgs[m].next = net->msgs_free;
+    sim_msg_t *msg = sim_msg_at(net, m);
+    assert(msg->in_use);
+    msg->in_use = false;
+    msg->next = net->msgs_free;
     net->msgs_free = m;
 }
 
@@ -757,7 +773,7 @@ static void sim_net_on_write_done(sim_net_t *net, uint32_t w)
 
 static void sim_net_on_msg(sim_net_t *net, uint32_t m)
 {
-    sim_msg_t *msg = &net->msgs[m];
+    sim_msg_t *msg = sim_msg_at(net, m);
     sim_nic_t *dst = sim_net_nic(net, msg->dst_slot, msg->dst_gen);
     kvs_conn_t *dst_conn =
         sim_net_conn(net, msg->dst_slot, msg->dst_gen, msg->dst_conn, msg->dst_conn_gen);
@@ -1107,7 +1123,7 @@ static int sim_nic_send(kvs_fabric_t *fab, kvs_conn_t *conn, const void *msg,
         return kvs_fabric_fail(fab, rc, 0, "send on %s: %u control messages in flight or "
                                            "unpolled on the network, no room for another",
                                nic->name, net->msgs_cap);
-    sim_msg_t *mm = &net->msgs[m];
+    sim_msg_t *mm = sim_msg_at(net, m);
     mm->src_conn = conn;
     mm->src_conn_gen = conn->gen;
     mm->dst_conn = conn->reverse;
@@ -1144,9 +1160,9 @@ static int sim_nic_send(kvs_fabric_t *fab, kvs_conn_t *conn, const void *msg,
     }
     uint32_t m2;
     if (fate == SIM_MSG_DUP && sim_msg_alloc(net, &m2) == KVS_OK) {
-        mm = &net->msgs[m]; /* the pool may have moved */
-        net->msgs[m2] = *mm;
-        net->msgs[m2].dup = true;
+        sim_msg_t *copy = sim_msg_at(net, m2);
+        *copy = *mm;
+        copy->dup = true;
         if (sim_net_schedule(net, at, REC_MSG, m2, 0, 0, NULL) != KVS_OK)
             sim_msg_free(net, m2);
     }
@@ -1177,7 +1193,7 @@ static int sim_nic_poll(kvs_fabric_t *fab, kvs_completion_t *out, int max)
         c->imm = e.imm;
         c->len_bytes = e.len_bytes;
         if (e.kind == KVS_COMPLETION_RECV) {
-            memcpy(c->msg, net->msgs[e.msg].data, e.len_bytes);
+            memcpy(c->msg, sim_msg_at(net, e.msg)->data, e.len_bytes);
             sim_msg_free(net, e.msg);
         }
     }
@@ -1259,7 +1275,8 @@ int sim_net_destroy(sim_net_t *net)
             (void)sim_engine_cancel(net->eng, net->recs[r].ev_id);
     free(net->recs);
     free(net->wrs);
-    free(net->msgs);
+    for (uint32_t p = 0; p < net->msgs_cap / SIM_NET_MSG_PAGE; p++)
+        free(net->msg_pages[p]);
     free(net);
     return KVS_OK;
 }

@@ -66,6 +66,11 @@
 #define SIM_GPU_OPS_INITIAL 64u
 #define SIM_GPU_OPS_MAX (1u << 20)
 #define SIM_GPU_NONE UINT32_MAX
+/* Events live in pages of this many, allocated when first handed out:
+ * event pointers stay valid, and a GPU that records few events touches
+ * little memory (a small simulated run would otherwise spend more time
+ * creating 65536 events per GPU than running). */
+#define SIM_GPU_EVENT_PAGE 256u
 
 __extension__ typedef unsigned __int128 sim_gpu_u128;
 
@@ -97,6 +102,7 @@ struct kvs_event {
     uint64_t target_seq; /* complete when the stream's done_seq reaches it */
     uint64_t done_ns;    /* modeled completion, for diagnostics */
     uint32_t stream;
+    uint32_t index;      /* in the GPU's event pages */
     bool live;
 };
 
@@ -128,9 +134,11 @@ struct sim_gpu {
     uint32_t num_allocs;
 
     struct kvs_stream *streams;
-    struct kvs_event *events;
-    uint32_t *event_free; /* stack of free event indices */
+    struct kvs_event **event_pages; /* max_events / PAGE + 1, NULL until used */
+    uint32_t *event_free; /* stack of freed event indices; room for all
+                             event_fresh rounded up to a page */
     uint32_t event_free_count;
+    uint32_t event_fresh; /* indices [event_fresh, max_events) never handed out */
 
     sim_gpu_op_t *ops;
     uint32_t ops_cap;
@@ -740,12 +748,37 @@ static int sim_gpu_event_record(kvs_device_t *dev, kvs_stream_t *stream, kvs_eve
                                "event_record on gpu %u: out is NULL or the stream is NULL, "
                                "destroyed or of another gpu",
                                gpu->id);
-    if (gpu->event_free_count == 0)
+    if (gpu->event_free_count == 0 && gpu->event_fresh == gpu->max_events)
         return kvs_device_fail(dev, KVS_EFULL, ENOSPC,
                                "gpu %u: all %u events live; destroy completed events or "
                                "raise max_events",
                                gpu->id, gpu->max_events);
-    struct kvs_event *ev = &gpu->events[gpu->event_free[--gpu->event_free_count]];
+    /* The last freed first, else the lowest never used (the order of a
+     * stack filled with 0, 1, 2, ... at creation). */
+    struct kvs_event *ev;
+    if (gpu->event_free_count > 0) {
+        const uint32_t i = gpu->event_free[--gpu->event_free_count];
+        ev = &gpu->event_pages[i / SIM_GPU_EVENT_PAGE][i % SIM_GPU_EVENT_PAGE];
+    } else {
+        const uint32_t i = gpu->event_fresh;
+        if (i % SIM_GPU_EVENT_PAGE == 0) {
+            const size_t stack_bytes = ((size_t)i + SIM_GPU_EVENT_PAGE) * sizeof(uint32_t);
+            struct kvs_event *page = calloc(SIM_GPU_EVENT_PAGE, sizeof *page);
+            uint32_t *stack = page != NULL ? realloc(gpu->event_free, stack_bytes) : NULL;
+            if (stack == NULL) {
+                free(page);
+                return kvs_device_fail(dev, KVS_ENOMEM, ENOMEM,
+                                       "gpu %u: out of host memory for %u more events",
+                                       gpu->id, SIM_GPU_EVENT_PAGE);
+            }
+            gpu->event_free = stack;
+            gpu->event_pages[i / SIM_GPU_EVENT_PAGE] = page;
+        }
+        ev = &gpu->event_pages[i / SIM_GPU_EVENT_PAGE][i % SIM_GPU_EVENT_PAGE];
+        ev->gpu = gpu;
+        ev->index = i;
+        gpu->event_fresh++;
+    }
     uint64_t now = sim_engine_now_ns(gpu->eng);
     ev->live = true;
     ev->stream = stream->index;
@@ -773,8 +806,8 @@ static void sim_gpu_event_destroy(kvs_device_t *dev, kvs_event_t *ev)
         return;
     assert(ev->gpu == gpu && ev->live);
     ev->live = false;
-    assert(gpu->event_free_count < gpu->max_events);
-    gpu->event_free[gpu->event_free_count++] = (uint32_t)(ev - gpu->events);
+    assert(gpu->event_free_count < gpu->event_fresh);
+    gpu->event_free[gpu->event_free_count++] = ev->index;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -827,12 +860,9 @@ int sim_gpu_create(sim_engine_t *eng, const sim_gpu_config_t *cfg, uint32_t gpu_
     gpu->streams = calloc(gpu->max_streams, sizeof *gpu->streams);
     if (gpu->streams == NULL)
         goto fail_streams;
-    gpu->events = calloc(gpu->max_events, sizeof *gpu->events);
-    if (gpu->events == NULL)
+    gpu->event_pages = calloc(gpu->max_events / SIM_GPU_EVENT_PAGE + 1, sizeof *gpu->event_pages);
+    if (gpu->event_pages == NULL)
         goto fail_events;
-    gpu->event_free = calloc(gpu->max_events, sizeof *gpu->event_free);
-    if (gpu->event_free == NULL)
-        goto fail_event_free;
     rc = kvs_device_init(&gpu->base, &sim_gpu_ops, gpu->name);
     if (rc != KVS_OK)
         goto fail_init;
@@ -841,19 +871,12 @@ int sim_gpu_create(sim_engine_t *eng, const sim_gpu_config_t *cfg, uint32_t gpu_
         gpu->streams[i].gpu = gpu;
         gpu->streams[i].index = i;
     }
-    /* Hand out low indices first (deterministic, and cache friendly). */
-    for (uint32_t i = 0; i < gpu->max_events; i++) {
-        gpu->events[i].gpu = gpu;
-        gpu->event_free[i] = gpu->max_events - 1 - i;
-    }
-    gpu->event_free_count = gpu->max_events;
+    /* Events are set up when first handed out (sim_gpu_event_record). */
     *out = gpu;
     return KVS_OK;
 
 fail_init:
-    free(gpu->event_free);
-fail_event_free:
-    free(gpu->events);
+    free(gpu->event_pages);
 fail_events:
     free(gpu->streams);
 fail_streams:
@@ -882,7 +905,9 @@ void sim_gpu_destroy(sim_gpu_t *gpu)
         sim_gpu_release(&gpu->allocs[i]);
     free(gpu->allocs);
     free(gpu->event_free);
-    free(gpu->events);
+    for (uint32_t p = 0; p <= gpu->max_events / SIM_GPU_EVENT_PAGE; p++)
+        free(gpu->event_pages[p]);
+    free(gpu->event_pages);
     free(gpu->streams);
     free(gpu);
 }

@@ -26,6 +26,7 @@
 #include <kvstage/kvstage.h>
 
 #include "args.h"
+#include "campaign.h"
 #include "fault.h"
 #include "scenario.h"
 #include "shape.h"
@@ -54,6 +55,10 @@
 #define CLI_SIM_MAX_RING_MIB (INT64_C(1) << 30)
 #define CLI_SIM_MAX_NIC_GBPS 100000
 #define CLI_SIM_MAX_INFLIGHT 65536
+#define CLI_SIM_MAX_RING_BYTES (INT64_C(1) << 50)
+#define CLI_SIM_MAX_WORKERS 64
+#define CLI_SIM_MAX_PREFILL_RATE (INT64_C(1) << 40)
+#define CLI_SIM_MAX_EVENTS (INT64_C(1) << 62)
 
 #define CLI_MIB (UINT64_C(1) << 20)
 
@@ -77,6 +82,10 @@ enum cli_sim_flag {
     CLI_XF_JSON,
     CLI_XF_TRACE,
     CLI_XF_STALL_MS,
+    CLI_XF_RING_BYTES,
+    CLI_XF_TRANSFER_WORKERS,
+    CLI_XF_PREFILL_RATE,
+    CLI_XF_MAX_EVENTS,
     CLI_XF_HELP,
     CLI_XF_COUNT
 };
@@ -95,17 +104,12 @@ static const cli_flag_t cli_sim_flags[CLI_XF_COUNT] = {
     [CLI_XF_JSON] = {"--json", false},
     [CLI_XF_TRACE] = {"--trace", true},
     [CLI_XF_STALL_MS] = {"--stall-timeout-ms", true},
+    [CLI_XF_RING_BYTES] = {"--ring-bytes", true},
+    [CLI_XF_TRANSFER_WORKERS] = {"--transfer-workers", true},
+    [CLI_XF_PREFILL_RATE] = {"--prefill-tokens-per-s", true},
+    [CLI_XF_MAX_EVENTS] = {"--max-events", true},
     [CLI_XF_HELP] = {"--help", false},
 };
-
-/* What the command line asks for, after defaults. */
-typedef struct cli_sim_input {
-    cli_shape_t shape;
-    kvs_layout_t lay;          /* the shape, validated */
-    sim_scenario_config_t cfg; /* after sim_scenario_defaults */
-    int64_t nic_gbps;
-    bool json;
-} cli_sim_input_t;
 
 /* State of the progress line on stderr. */
 typedef struct cli_sim_progress {
@@ -134,8 +138,12 @@ void cli_sim_usage(FILE *out)
             "                   [--prefill-tp P] [--decode-tp D] [--prefill-pp PP]\n"
             "                   [--decode-pp DP] [--requests N] [--prompt-tokens MIN:MAX]\n"
             "                   [--prefix-tokens MAX] [--rate R] [--max-inflight N]\n"
-            "                   [--ring-mib M] [--nic-gbps G] [--path PATH] [--seed S]\n"
-            "                   [--json] [--trace FILE]\n"
+            "                   [--ring-mib M | --ring-bytes B] [--nic-gbps G]\n"
+            "                   [--transfer-workers W] [--prefill-tokens-per-s T]\n"
+            "                   [--path PATH] [--seed S] [--json] [--trace FILE]\n"
+            "                   [--fault SPEC]... [--stall-timeout-ms N] [--max-events E]\n"
+            "       kvstage sim --campaign N [--seed S] [--json] [--campaign-log FILE]\n"
+            "                   [--campaign-faults KINDS]\n"
             "\n"
             "Runs a deterministic simulation of disaggregated serving: P x PP prefill\n"
             "GPUs and D x DP decode GPUs (simulated H200s, one RDMA NIC each) run the\n"
@@ -175,7 +183,12 @@ void cli_sim_usage(FILE *out)
             "  --max-inflight N    requests admitted at once (1..%d, default %" PRIu32 ")\n"
             "  --ring-mib M        decode staging ring per decode GPU, MiB (default %d\n"
             "                      here; production default 4096)\n"
+            "  --ring-bytes B      the ring in bytes instead, for rings of a few chunks\n"
+            "                      of a small shape\n"
             "  --nic-gbps G        NIC line rate, whole Gb/s (default %d)\n"
+            "  --transfer-workers W  prefill staging buffers per rank (1..%d, default %d)\n"
+            "  --prefill-tokens-per-s T  forward speed of the prefill instance (default\n"
+            "                      %" PRIu64 ")\n"
             "  --path PATH         auto, staging, slice or direct (default auto: staging\n"
             "                      when the TP sizes differ, direct when equal)\n"
             "  --seed S            root seed of arrivals, lengths and the fabric\n"
@@ -194,14 +207,35 @@ void cli_sim_usage(FILE *out)
             "                      probability in [0, 1]; RANK p<tp>[.<pp>] or d<tp>[.<pp>]\n"
             "  --stall-timeout-ms N  a request with no progress this long fails\n"
             "                      (default 30000)\n"
+            "  --max-events E      stop after E engine events; requests left then count\n"
+            "                      as hung (default 2^40)\n"
+            "\n"
+            "campaigns:\n"
+            "  --campaign N        run N random scenarios (shapes, TP/PP, rings, loads,\n"
+            "                      paths, fault mixes) drawn from --seed; print runs,\n"
+            "                      violations and the `kvstage sim` command that\n"
+            "                      replays the first violating run alone. A violation:\n"
+            "                      a broken invariant, a request failed in a run\n"
+            "                      without faults, a drawn scenario that could not be\n"
+            "                      set up or a run the simulator stopped. Exit status\n"
+            "                      1 when there is any\n"
+            "  --campaign-log FILE one JSON line per run: digest, counts, replay\n"
+            "  --campaign-faults KINDS  the fault kinds to draw, mixed freely: all,\n"
+            "                      none, or some of drop, dup, delay, write-error,\n"
+            "                      link-down, slow-scatter, stall (a short stall\n"
+            "                      timeout); default: all but link-down, and never\n"
+            "                      a lost or late message or a short stall timeout\n"
+            "                      with a write error in one run: mixes that cannot\n"
+            "                      pass yet (tools/campaign.c says why)\n"
             "  --help              print this help\n"
             "\n"
             "Flags take `--flag value` or `--flag=value`, in any order. On a terminal a\n"
             "progress line is drawn on stderr while a long run goes on.\n"
             "Exit status: 0 when every request finished ok with no corrupt byte and no\n"
-            "ring byte leaked; 1 when one of those broke (stderr says which, with the\n"
-            "command that replays the run); 2 for bad flags or a scenario that cannot\n"
-            "be set up (one line naming what to change).\n"
+            "ring byte leaked (a campaign: no violation in any run); 1 when one of\n"
+            "those broke (stderr says which, with the command that replays the run);\n"
+            "2 for bad flags or a scenario that cannot be set up (one line naming\n"
+            "what to change).\n"
             "\n"
             "built-in models (KV heads, head dim, layers, dtype):\n",
             CLI_SIM_DEFAULT_MODEL, CLI_SIM_DEFAULT_PREFILL_TP,
@@ -214,7 +248,8 @@ void cli_sim_usage(FILE *out)
             CLI_SIM_DEFAULT_DECODE_TP, CLI_SIM_MAX_REQUESTS, d.requests,
             d.prompt_min_tokens, d.prompt_max_tokens,
             CLI_SIM_DEFAULT_RATE_MILLI / 1000, CLI_SIM_MAX_INFLIGHT,
-            d.max_inflight, CLI_SIM_DEFAULT_RING_MIB, CLI_SIM_DEFAULT_NIC_GBPS);
+            d.max_inflight, CLI_SIM_DEFAULT_RING_MIB, CLI_SIM_DEFAULT_NIC_GBPS,
+            CLI_SIM_MAX_WORKERS, d.transfer_workers, d.prefill_tokens_per_s);
     cli_shape_models_usage(out);
     fprintf(out,
             "\n"
@@ -307,7 +342,7 @@ static int cli_sim_parse_prompt(const char *text, int64_t *min, int64_t *max)
 
 /* Fills *in from the scanned flag values: the shape first, then sim's own
  * flags, then sim_scenario_defaults for whatever is still zero. */
-static int cli_sim_read(const char *const *values, cli_sim_input_t *in)
+static int cli_sim_read_values(const char *const *values, cli_sim_input_t *in)
 {
     static const cli_shape_defaults_t defaults = {
         .model = CLI_SIM_DEFAULT_MODEL,
@@ -345,10 +380,24 @@ static int cli_sim_read(const char *const *values, cli_sim_input_t *in)
     if (values[CLI_XF_RATE] != NULL &&
         (rc = cli_sim_parse_rate(values[CLI_XF_RATE], &cfg->rate_milli_per_s)) != 0)
         return rc;
-    int64_t stall_ms = 0;
-    if ((rc = cli_sim_number(values, CLI_XF_STALL_MS, 1, 86400000, &stall_ms)) != 0)
+    int64_t stall_ms = 0, ring_bytes = 0, workers = 0, prefill_rate = 0, max_events = 0;
+    if ((rc = cli_sim_number(values, CLI_XF_STALL_MS, 1, 86400000, &stall_ms)) != 0 ||
+        (rc = cli_sim_number(values, CLI_XF_RING_BYTES, 1, CLI_SIM_MAX_RING_BYTES,
+                             &ring_bytes)) != 0 ||
+        (rc = cli_sim_number(values, CLI_XF_TRANSFER_WORKERS, 1, CLI_SIM_MAX_WORKERS,
+                             &workers)) != 0 ||
+        (rc = cli_sim_number(values, CLI_XF_PREFILL_RATE, 1, CLI_SIM_MAX_PREFILL_RATE,
+                             &prefill_rate)) != 0 ||
+        (rc = cli_sim_number(values, CLI_XF_MAX_EVENTS, 1, CLI_SIM_MAX_EVENTS,
+                             &max_events)) != 0)
         return rc;
+    if (values[CLI_XF_RING_BYTES] != NULL && values[CLI_XF_RING_MIB] != NULL)
+        return cli_fail(CLI_SIM_CMD, "--ring-bytes and --ring-mib both size the ring: "
+                                     "give one of them");
     cfg->stall_timeout_ns = (uint64_t)stall_ms * 1000000u;
+    cfg->transfer_workers = (uint32_t)workers;
+    cfg->prefill_tokens_per_s = (uint64_t)prefill_rate;
+    cfg->max_events = (uint64_t)max_events;
     cfg->path = KVS_PATH_AUTO;
     if (values[CLI_XF_PATH] != NULL &&
         kvs_path_parse(values[CLI_XF_PATH], &cfg->path) != KVS_OK)
@@ -377,7 +426,7 @@ static int cli_sim_read(const char *const *values, cli_sim_input_t *in)
 
     cfg->shape = in->shape.params;
     cfg->requests = (uint32_t)requests;
-    cfg->ring_bytes = (uint64_t)ring_mib * CLI_MIB;
+    cfg->ring_bytes = ring_bytes > 0 ? (uint64_t)ring_bytes : (uint64_t)ring_mib * CLI_MIB;
     cfg->prefix_max_tokens = prefix;
     cfg->max_inflight = (uint32_t)inflight;
     /* Staging buffers exist on both sides unless a run asks for a path that
@@ -427,10 +476,7 @@ static void cli_sim_shell_append(char *buf, size_t *used, const char *arg)
     *used = n;
 }
 
-/* The command that replays this run: the flags as given, any --seed
- * replaced by the seed used. Heap string owned by the caller; NULL when
- * out of memory. */
-static char *cli_sim_replay(int argc, char **argv, uint64_t seed)
+char *cli_sim_replay(int argc, char **argv, uint64_t seed)
 {
     size_t cap = 64;
     for (int a = 1; a < argc; a++)
@@ -608,6 +654,12 @@ static void cli_sim_print_json(const cli_sim_input_t *in, const sim_report_t *r,
            cfg->requests, cfg->prompt_min_tokens, cfg->prompt_max_tokens,
            cfg->prefix_max_tokens, cfg->rate_milli_per_s, cfg->max_inflight,
            cfg->ring_bytes, in->nic_gbps);
+    printf(", \"transfer_workers\": %" PRIu32 ", \"prefill_tokens_per_s\": %" PRIu64
+           ", \"stall_timeout_ns\": %" PRIu64 ", \"faults\": %" PRIu32,
+           cfg->transfer_workers, cfg->prefill_tokens_per_s,
+           cfg->stall_timeout_ns > 0 ? cfg->stall_timeout_ns
+                                     : (uint64_t)KVS_DEFAULT_STALL_TIMEOUT_NS,
+           cfg->nfaults);
     printf(", \"trace\": ");
     if (cfg->trace_path != NULL)
         cli_sim_json_string(cfg->trace_path);
@@ -718,12 +770,13 @@ static void cli_sim_report_failure(const sim_report_t *r,
             replay != NULL ? replay : "(out of memory)");
 }
 
-int cli_sim_main(int argc, char **argv)
+int cli_sim_parse(int argc, char **argv, cli_sim_input_t *in)
 {
     const char *values[CLI_XF_COUNT];
+    memset(in, 0, sizeof *in);
     for (int a = 1; a < argc; a++) {
         if (strcmp(argv[a], "-h") == 0) {
-            cli_sim_usage(stdout);
+            in->help = true;
             return 0;
         }
     }
@@ -753,18 +806,33 @@ int cli_sim_main(int argc, char **argv)
     if (rc != 0)
         return rc;
     if (values[CLI_XF_HELP] != NULL) {
-        cli_sim_usage(stdout);
+        in->help = true;
         return 0;
     }
-
-    cli_sim_input_t in;
-    rc = cli_sim_read(values, &in);
+    rc = cli_sim_read_values(values, in);
     if (rc != 0)
         return rc;
     for (uint32_t i = 0; i < nfaults; i++)
-        if ((rc = cli_fault_parse(CLI_SIM_CMD, faults[i], &in.lay, &in.cfg.faults[i])) != 0)
+        if ((rc = cli_fault_parse(CLI_SIM_CMD, faults[i], &in->lay, &in->cfg.faults[i])) != 0)
             return rc;
-    in.cfg.nfaults = nfaults;
+    in->cfg.nfaults = nfaults;
+    return 0;
+}
+
+int cli_sim_main(int argc, char **argv)
+{
+    for (int a = 1; a < argc; a++) {
+        if (strcmp(argv[a], "--campaign") == 0 || strncmp(argv[a], "--campaign=", 11) == 0)
+            return cli_campaign_main(argc, argv);
+    }
+    cli_sim_input_t in;
+    int rc = cli_sim_parse(argc, argv, &in);
+    if (rc != 0)
+        return rc;
+    if (in.help) {
+        cli_sim_usage(stdout);
+        return 0;
+    }
 
     cli_sim_progress_t progress;
     memset(&progress, 0, sizeof progress);

@@ -2,12 +2,32 @@
  * sim.h - the `kvstage sim` subcommand: runs one deterministic simulated
  * disaggregated-serving scenario (sim/scenario.h) from the command line and
  * reports what moved, how fast, and whether every invariant held, with the
- * seed and the command that replays the run.
+ * seed and the command that replays the run. `kvstage sim --campaign N`
+ * hands over to campaign.h.
+ *
+ * The flag parser and the replay command are shared with the campaign, so
+ * a campaign run is exactly the `kvstage sim` command it prints.
  */
 #ifndef KVSTAGE_TOOLS_SIM_H
 #define KVSTAGE_TOOLS_SIM_H
 
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
+
+#include "scenario.h"
+#include "shape.h"
+
+/* What a `kvstage sim` command line asks for, after defaults. */
+typedef struct cli_sim_input {
+    cli_shape_t shape;
+    kvs_layout_t lay;          /* the shape, validated */
+    sim_scenario_config_t cfg; /* after sim_scenario_defaults; trace_path
+                                  points into the parsed argv */
+    int64_t nic_gbps;
+    bool json;
+    bool help;                 /* --help or -h: nothing else was read */
+} cli_sim_input_t;
 
 /* Runs `kvstage sim`; argv[0] is "sim". Returns the process exit status:
  * 0 when every request finished ok with no corrupt byte and no ring byte
@@ -15,6 +35,17 @@
  * command); 2 for bad input or a scenario that cannot be set up (one line on
  * stderr). */
 int cli_sim_main(int argc, char **argv);
+
+/* Parses the flags argv[1..argc) of `kvstage sim` (argv[0] is "sim"; no
+ * --campaign) into *in. Returns 0, or CLI_EXIT_USAGE after one stderr line
+ * naming the flag to change. */
+int cli_sim_parse(int argc, char **argv, cli_sim_input_t *in);
+
+/* The command that replays a run of argv: "kvstage sim" and the flags as
+ * given, shell-quoted where needed, any --seed replaced by one `--seed
+ * seed` at the end. Heap string owned by the caller; NULL when out of
+ * memory. */
+char *cli_sim_replay(int argc, char **argv, uint64_t seed);
 
 /* Writes the usage of `kvstage sim` to out. */
 void cli_sim_usage(FILE *out);

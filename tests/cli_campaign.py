@@ -1,0 +1,322 @@
+#!/usr/bin/env python3
+"""cli_campaign.py - `kvstage sim --campaign N --seed S`: the JSON summary
+and the table, determinism (one seed, one output; another seed, another
+digest), that every run replays alone (its logged `kvstage sim` command
+gives the same digest and counts as inside the campaign, and run i is the
+same in a campaign of any length), --campaign-faults, the violation report
+and its exit status, the flags a campaign draws (--ring-bytes,
+--transfer-workers, --prefill-tokens-per-s, --max-events), and that bad
+input exits 2 with one stderr line naming the flag.
+
+usage: cli_campaign.py PATH_TO_KVSTAGE
+Prints one line per failure and "cli_campaign: N passed, M failed"; exits
+1 when anything failed. Python 3 standard library only.
+"""
+
+import json
+import os
+import shlex
+import sys
+import tempfile
+
+from cli_suite import Suite
+
+JSON_KEYS = [
+    "ok", "runs", "violations", "runs_with_violations", "seed",
+    "runs_with_faults", "requests_total", "requests_ok", "requests_failed",
+    "hung_requests", "ring_leaked_bytes", "corrupt_bytes",
+    "unreported_failures", "failed_without_faults", "setup_errors",
+    "runs_stopped", "events",
+    "max_run_events", "digest", "faults_drawn", "paths_run", "wall_seconds",
+    "ms_per_run", "violating_runs", "first_violation", "replay",
+]
+KINDS = ["drop", "dup", "delay", "write-error", "link-down", "slow-scatter",
+         "stall"]
+# Keys derived from the real clock: the only ones two campaigns may differ in.
+WALL_KEYS = ("wall_seconds", "ms_per_run")
+
+
+def without_wall(obj):
+    return {k: v for k, v in obj.items() if k not in WALL_KEYS}
+
+
+def campaign_json(s, name, args, want_rc=0):
+    """Runs a campaign with --json; exit want_rc; returns the object."""
+    res = s.run(args + ["--json"])
+    s.ok(res.returncode == want_rc, name + " exit", args,
+         "want %d, got %d: %s" % (want_rc, res.returncode, res.stderr[-500:]))
+    try:
+        obj = json.loads(res.stdout)
+    except ValueError as exc:
+        s.ok(False, name + " json", args, "%s: %r" % (exc, res.stdout[:300]))
+        return {}, res
+    return obj, res
+
+
+def read_log(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_json_summary(s):
+    args = ["sim", "--campaign", "40", "--seed", "3"]
+    obj, res = campaign_json(s, "json", args)
+    for key in JSON_KEYS:
+        s.ok(key in obj, "json key " + key, args, "missing")
+    s.ok(res.stderr == "", "json stderr empty", args, res.stderr[-300:])
+    s.ok(obj.get("runs") == 40 and obj.get("seed") == 3, "json runs and seed",
+         args, repr(obj)[:300])
+    s.ok(obj.get("violations") == 0 and obj.get("ok") is True
+         and obj.get("first_violation") is None
+         and obj.get("violating_runs") == [], "json no violations", args,
+         repr(obj)[:600])
+    s.ok(obj.get("requests_ok", 0) + obj.get("requests_failed", 0)
+         == obj.get("requests_total", -1) and obj.get("requests_ok", 0) > 0,
+         "json requests add up", args, repr(obj)[:300])
+    s.ok(0 < obj.get("runs_with_faults", 0) < 40, "json some runs with faults",
+         args, repr(obj.get("runs_with_faults")))
+    drawn = obj.get("faults_drawn", {})
+    s.ok(sorted(drawn) == sorted(KINDS), "json fault kinds", args, repr(drawn))
+    s.ok(drawn.get("link-down") == 0, "default draws no link-down", args,
+         repr(drawn))
+    paths = obj.get("paths_run", {})
+    s.ok(sorted(paths) == ["direct", "slice", "staging"]
+         and sum(paths.values()) == 40, "json paths", args, repr(paths))
+    s.ok(obj.get("replay") == "kvstage sim --campaign 40 --seed 3",
+         "json replay", args, repr(obj.get("replay")))
+    s.ok(0 < obj.get("max_run_events", 0) <= obj.get("events", 0),
+         "json events", args, repr(obj)[:300])
+
+
+def test_table(s):
+    args = ["sim", "--campaign", "12", "--seed", "5"]
+    s.expect_ok("table", args, [
+        "kvstage sim --campaign 12 --seed 5: 12 random scenarios", "runs",
+        "requests", "violations         0 in 0 runs", "faults drawn",
+        "paths run", "events", "wall time", "seed", "first violation    none"])
+
+
+def test_determinism(s):
+    args = ["sim", "--campaign", "30", "--seed", "11"]
+    a, _ = campaign_json(s, "determinism 1", args)
+    b, _ = campaign_json(s, "determinism 2", args)
+    s.ok(a and without_wall(a) == without_wall(b), "same seed, same campaign",
+         args, "%r\nvs\n%r" % (a, b))
+    c, _ = campaign_json(s, "other seed", ["sim", "--campaign", "30",
+                                           "--seed", "12"])
+    s.ok(c.get("digest") != a.get("digest"), "other seed, other digest", args,
+         "both %r" % a.get("digest"))
+    d, _ = campaign_json(s, "seed equals form",
+                         ["sim", "--campaign=30", "--seed=11"])
+    s.ok(d.get("digest") == a.get("digest"), "flag=value form", args,
+         "%r vs %r" % (d.get("digest"), a.get("digest")))
+
+
+def test_replay(s):
+    """Every logged run replays alone, with the same digest and counts."""
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "runs.jsonl")
+        args = ["sim", "--campaign", "40", "--seed", "7", "--campaign-log", log]
+        obj, _ = campaign_json(s, "replay campaign", args)
+        runs = read_log(log) if os.path.exists(log) else []
+        s.ok(len(runs) == 40 and [r.get("run") for r in runs] == list(range(40)),
+             "log has one line per run", args, "%d lines" % len(runs))
+        s.ok(sum(r.get("requests_total", 0) for r in runs)
+             == obj.get("requests_total"), "log requests add up", args,
+             repr(obj.get("requests_total")))
+        faulted = [r for r in runs if "--fault" in r.get("replay", "")
+                   or "--stall-timeout-ms 30000" not in r.get("replay", "")]
+        clean = [r for r in runs if r not in faulted]
+        s.ok(len(faulted) >= 5 and len(clean) >= 3, "log has both kinds of run",
+             args, "%d with faults, %d without" % (len(faulted), len(clean)))
+        for r in faulted[:8] + clean[:4]:
+            words = shlex.split(r.get("replay", ""))
+            if not s.ok(words[:2] == ["kvstage", "sim"] and "--seed" in words
+                        and "--max-events" in words, "replay words", args,
+                        repr(words)):
+                continue
+            res = s.run(words[1:] + ["--json"])
+            try:
+                alone = json.loads(res.stdout)
+            except ValueError:
+                s.ok(False, "replay json", words[1:], res.stderr[-300:])
+                continue
+            name = "run %d replayed alone" % r["run"]
+            s.ok(alone.get("digest") == r.get("digest"), name + ": digest",
+                 words[1:], "%r vs %r" % (alone.get("digest"), r.get("digest")))
+            for key in ("requests_total", "requests_ok", "requests_failed",
+                        "events", "violations"):
+                s.ok(alone.get(key) == r.get(key), name + ": " + key,
+                     words[1:], "%r vs %r" % (alone.get(key), r.get(key)))
+            s.ok(res.returncode == (1 if r.get("violations") else 0),
+                 name + ": exit", words[1:], "exit %d" % res.returncode)
+        # Run i does not depend on how many runs the campaign has.
+        short = os.path.join(tmp, "short.jsonl")
+        s.run(["sim", "--campaign", "10", "--seed", "7", "--campaign-log",
+               short])
+        first = read_log(short) if os.path.exists(short) else []
+        s.ok(len(first) == 10 and all(a.get("digest") == b.get("digest")
+                                      and a.get("replay") == b.get("replay")
+                                      for a, b in zip(first, runs)),
+             "run i is the same in a shorter campaign", args,
+             "%d lines" % len(first))
+
+
+def test_fault_kinds(s):
+    args = ["sim", "--campaign", "25", "--seed", "4", "--campaign-faults",
+            "none"]
+    obj, _ = campaign_json(s, "faults none", args)
+    s.ok(obj.get("runs_with_faults") == 0 and obj.get("requests_failed") == 0
+         and obj.get("requests_ok", 0) > 0, "no faults: every request ok",
+         args, repr(obj)[:400])
+    s.ok(obj.get("replay", "").endswith("--campaign-faults none"),
+         "faults none replay", args, repr(obj.get("replay")))
+    args = ["sim", "--campaign", "25", "--seed", "4", "--campaign-faults",
+            "drop,stall"]
+    obj, _ = campaign_json(s, "faults drop,stall", args)
+    drawn = obj.get("faults_drawn", {})
+    s.ok(drawn.get("drop", 0) > 0 and drawn.get("stall", 0) > 0
+         and all(v == 0 for k, v in drawn.items() if k not in ("drop", "stall")),
+         "only the kinds asked for", args, repr(drawn))
+
+
+def test_violations(s):
+    """link-down, off by default, breaks an invariant today (the notice of
+    a failure is lost with the link; no retries yet). Whatever it does, the
+    report must agree with itself and with the replayed run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "runs.jsonl")
+        args = ["sim", "--campaign", "30", "--seed", "1", "--campaign-faults",
+                "link-down", "--campaign-log", log]
+        res = s.run(args + ["--json"])
+        try:
+            obj = json.loads(res.stdout)
+        except ValueError:
+            s.ok(False, "violations json", args, res.stderr[-300:])
+            return
+        runs = read_log(log) if os.path.exists(log) else []
+        bad = [r for r in runs if r.get("violations")]
+        s.ok(obj.get("runs_with_violations") == len(bad)
+             and obj.get("violations") == sum(r["violations"] for r in bad),
+             "violation counts match the log", args, repr(obj)[:300])
+        s.ok(res.returncode == (1 if bad else 0), "exit 1 iff violations",
+             args, "exit %d, %d violating runs" % (res.returncode, len(bad)))
+        first = obj.get("first_violation")
+        if not bad:
+            s.ok(first is None and res.stderr == "", "no violation reported",
+                 args, repr(first))
+            return
+        s.ok(isinstance(first, dict) and first.get("run") == bad[0]["run"]
+             and first.get("replay") == bad[0]["replay"]
+             and first.get("why"), "first violation is the first bad run",
+             args, repr(first))
+        s.ok(("campaign run %d" % bad[0]["run"]) in res.stderr
+             and bad[0]["replay"] in res.stderr, "stderr names the replay",
+             args, res.stderr[:500])
+        words = shlex.split(bad[0]["replay"])
+        again = s.run(words[1:])
+        s.ok(again.returncode == 1 and "FAILED" in again.stderr,
+             "the replay fails alone too", words[1:],
+             "exit %d: %s" % (again.returncode, again.stderr[-300:]))
+        table = s.run(args[:-2])
+        s.ok(table.returncode == 1 and "first violation    run %d" % bad[0]["run"]
+             in table.stdout and bad[0]["replay"] in table.stdout,
+             "table names the first violation", args[:-2], table.stdout[-600:])
+
+
+def test_sim_flags(s):
+    """The flags campaigns draw that `kvstage sim` gained for them."""
+    base = ["sim", "--kv-heads", "4", "--head-dim", "16", "--layers", "2",
+            "--page-size", "4", "--chunk-tokens", "16", "--prefill-tp", "4",
+            "--decode-tp", "2", "--requests", "3", "--prompt-tokens", "8:64",
+            "--rate", "0", "--seed", "2"]
+    args = base + ["--ring-bytes", "5000", "--transfer-workers", "1",
+                   "--prefill-tokens-per-s", "1000000", "--json"]
+    obj = s.expect_json("campaign flags", args)
+    s.ok(obj.get("ring_bytes") == 5000 and obj.get("transfer_workers") == 1
+         and obj.get("prefill_tokens_per_s") == 1000000
+         and obj.get("requests_ok") == 3, "campaign flags echoed", args,
+         repr(obj)[:400])
+    # A ring of exactly one region (2 writers x 1 head x head dim 16 x 2
+    # bytes x 2 layers x K, V x 16 tokens = 4 KiB, as `kvstage plan` says):
+    # every chunk waits for the scatter of the one before.
+    args = base + ["--ring-bytes", "4096", "--json"]
+    tight = s.expect_json("one-region ring", args)
+    s.ok(tight.get("requests_ok") == 3 and tight.get("ring_bytes") == 4096
+         and tight.get("watermark_waits", 0) > 0, "one-region ring waits",
+         args, repr(tight)[:300])
+    res = s.run(base + ["--max-events", "50", "--json"])
+    obj = json.loads(res.stdout) if res.stdout.startswith("{") else {}
+    s.ok(res.returncode == 1 and obj.get("hung_requests", 0) > 0,
+         "--max-events stops a run: its requests are hung", base,
+         "exit %d %r" % (res.returncode, repr(obj)[:200]))
+
+
+def test_bad_input(s):
+    cases = [
+        ("campaign zero", ["sim", "--campaign", "0"], "--campaign"),
+        ("campaign negative", ["sim", "--campaign", "-5"], "--campaign"),
+        ("campaign junk", ["sim", "--campaign", "ten"], "--campaign"),
+        ("campaign too many", ["sim", "--campaign", "1000000000"], "--campaign"),
+        ("campaign missing value", ["sim", "--campaign"], "--campaign"),
+        ("campaign empty", ["sim", "--campaign="], "--campaign"),
+        ("campaign with a scenario flag", ["sim", "--campaign", "3",
+                                           "--requests", "4"], "--requests"),
+        ("campaign with --fault", ["sim", "--campaign", "3", "--fault",
+                                   "drop:any:0.1"], "--fault"),
+        ("campaign bad seed", ["sim", "--campaign", "3", "--seed", "x"],
+         "--seed"),
+        ("campaign twice", ["sim", "--campaign", "3", "--campaign", "4"],
+         "--campaign"),
+        ("campaign positional", ["sim", "--campaign", "3", "extra"], "extra"),
+        ("campaign unknown kind", ["sim", "--campaign", "3",
+                                   "--campaign-faults", "drop,meteor"],
+         "--campaign-faults"),
+        ("campaign empty kind", ["sim", "--campaign", "3",
+                                 "--campaign-faults", "drop,"],
+         "--campaign-faults"),
+        ("campaign log unwritable", ["sim", "--campaign", "3",
+                                     "--campaign-log", "/nonexistent-dir/x"],
+         "--campaign-log"),
+        ("campaign log empty", ["sim", "--campaign", "3", "--campaign-log="],
+         "--campaign-log"),
+        ("ring bytes and mib", ["sim", "--ring-bytes", "4096", "--ring-mib",
+                                "1"], "--ring-bytes"),
+        ("ring bytes zero", ["sim", "--ring-bytes", "0"], "--ring-bytes"),
+        ("transfer workers zero", ["sim", "--transfer-workers", "0"],
+         "--transfer-workers"),
+        ("transfer workers too many", ["sim", "--transfer-workers", "65"],
+         "--transfer-workers"),
+        ("prefill speed zero", ["sim", "--prefill-tokens-per-s", "0"],
+         "--prefill-tokens-per-s"),
+        ("max events zero", ["sim", "--max-events", "0"], "--max-events"),
+    ]
+    for name, args, flag in cases:
+        s.expect_usage_error(name, args, flag)
+
+
+def test_help(s):
+    s.expect_ok("help lists campaigns", ["sim", "--help"], [
+        "--campaign N", "--campaign-log FILE", "--campaign-faults KINDS",
+        "--ring-bytes", "--transfer-workers", "--prefill-tokens-per-s",
+        "--max-events"])
+    for args in (["sim", "--campaign", "3", "--help"],
+                 ["sim", "--campaign", "3", "-h"]):
+        s.expect_ok(" ".join(args), args, ["usage: kvstage sim", "--campaign N"])
+
+
+def main():
+    if len(sys.argv) != 2:
+        print("usage: cli_campaign.py PATH_TO_KVSTAGE", file=sys.stderr)
+        return 2
+    s = Suite(sys.argv[1], timeout_s=600)
+    for test in (test_help, test_json_summary, test_table, test_determinism,
+                 test_replay, test_fault_kinds, test_violations,
+                 test_sim_flags, test_bad_input):
+        test(s)
+    print("cli_campaign: %d passed, %d failed" % (s.passed, s.failed))
+    return 1 if s.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
