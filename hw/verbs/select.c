@@ -132,23 +132,27 @@ static const hw_verbs_gid_t *hw_verbs_auto_gid(const hw_verbs_port_info_t *p)
     return best;
 }
 
-/* "1 (::ffff:192.0.2.1, RoCE v2), 3 (...)" of the GIDs worth naming. */
+/* "1=::ffff:192.0.2.1 (RoCE v1), 3=..." of the GIDs worth naming (not zero,
+ * not link-local), cut with "..." to leave room for the rest of a message. */
 static void hw_verbs_list_gids(const hw_verbs_port_info_t *p, char *buf, size_t n)
 {
+    const size_t cap = n < 120 ? n : 120;
     size_t used = 0;
     buf[0] = '\0';
-    for (int i = 0; i < p->ngids && used + 1 < n; i++) {
+    for (int i = 0; i < p->ngids; i++) {
         const hw_verbs_gid_t *g = &p->gids[i];
-        if (hw_verbs_gid_zero(g->raw))
+        if (hw_verbs_gid_zero(g->raw) || hw_verbs_gid_link_local(g->raw))
             continue;
-        char text[48];
+        char text[48], item[80];
         hw_verbs_gid_text(g->raw, text, sizeof text);
-        int k = snprintf(buf + used, n - used, "%s%d (%s, %s%s)", used ? ", " : "", g->index,
-                         text, hw_verbs_gid_type_name(g->type),
-                         hw_verbs_gid_link_local(g->raw) ? ", link-local" : "");
-        if (k < 0)
-            break;
-        used += (size_t)k < n - used ? (size_t)k : n - used - 1;
+        int k = snprintf(item, sizeof item, "%s%d=%s (%s)", used ? ", " : "", g->index, text,
+                         hw_verbs_gid_type_name(g->type));
+        if (k < 0 || used + (size_t)k + 4 >= cap) {
+            snprintf(buf + used, n - used, "%s...", used ? ", " : "");
+            return;
+        }
+        memcpy(buf + used, item, (size_t)k + 1);
+        used += (size_t)k;
     }
     if (used == 0)
         snprintf(buf, n, "none");
@@ -221,12 +225,11 @@ static int hw_verbs_select_on(const hw_verbs_dev_info_t *devs, int d, int want_p
             hw_verbs_list_gids(p, list, sizeof list);
             if (want_gid < 0 || want_gid >= p->gid_tbl_len)
                 snprintf(why, n, "GID index %d is outside the GID table of %s port %d (%d "
-                         "entries); valid entries: %s: set the GID index to one of them, or "
-                         "-1 for automatic", want_gid, dev->name, port, p->gid_tbl_len, list);
+                         "entries); usable: %s: set the GID index to one of them, or -1 for "
+                         "automatic", want_gid, dev->name, port, p->gid_tbl_len, list);
             else
-                snprintf(why, n, "GID index %d of %s port %d is empty (no address behind it); "
-                         "valid entries: %s: set the GID index to one of them, or -1 for "
-                         "automatic", want_gid, dev->name, port, list);
+                snprintf(why, n, "GID index %d of %s port %d is empty; usable: %s: set the "
+                         "GID index to one of them, or -1 for automatic", want_gid, dev->name, port, list);
             return KVS_EINVAL;
         }
         const hw_verbs_gid_t *g = hw_verbs_auto_gid(p);
@@ -236,9 +239,9 @@ static int hw_verbs_select_on(const hw_verbs_dev_info_t *devs, int d, int want_p
         }
         char list[400];
         hw_verbs_list_gids(p, list, sizeof list);
-        snprintf(why, n, "%s port %d has no usable GID (needs RoCE v2, not zero, not "
-                 "link-local; entries: %s): give its netdev an IP address, or set the GID "
-                 "index explicitly", dev->name, port, list);
+        snprintf(why, n, "%s port %d has no usable GID (RoCE v2, not zero, not "
+                 "link-local; others: %s): give its netdev an IP address, or set the GID "
+                 "index", dev->name, port, list);
         if (want_port != 0)
             return KVS_EBACKEND;
         int k = snprintf(states + used, sizeof states - used, "%sport %d has no usable GID",
