@@ -652,8 +652,8 @@ void hw_verbs_disconnect(kvs_fabric_t *fab, kvs_conn_t *conn)
     kvs_conn_t *c = hw_verbs_conn_of(f, conn);
     if (c == NULL || c->state == HW_CONN_CLOSING)
         return;
-    if (c->state == HW_CONN_UP)
-        (void)rdma_disconnect(c->id);
+    if (c->state == HW_CONN_UP || c->state == HW_CONN_ACCEPTING)
+        (void)rdma_disconnect(c->id); /* tells the peer; an error here changes nothing */
     hw_verbs_conn_fail(c, KVS_EPEER, "connection to %s was disconnected by this side",
                        c->peer);
     c->state = HW_CONN_CLOSING;

@@ -65,7 +65,7 @@ rm -f "$results/status" "$results/cmd.sh" "$results/console.log"
 } >"$results/cmd.sh"
 
 timeout_s=${KVS_RXE_TIMEOUT:-300}
-start=$(date +%s.%N)
+start=$(date +%s%N)
 timeout --foreground -k 10 "$timeout_s" qemu-system-x86_64 \
   -accel tcg -cpu max -m 2G -smp 2 -nodefaults -display none -serial stdio \
   -no-reboot -kernel "$boot/vmlinuz" -initrd "$boot/initramfs.cpio.gz" \
@@ -74,7 +74,7 @@ timeout --foreground -k 10 "$timeout_s" qemu-system-x86_64 \
   -virtfs "local,path=$results,mount_tag=results,security_model=none,multidevs=remap" \
   </dev/null 2>&1 | tee "$results/console.log"
 qemu_rc=${PIPESTATUS[0]}
-elapsed=$(echo "$(date +%s.%N) - $start" | bc 2>/dev/null || echo "?")
+elapsed=$(awk -v a="$start" -v b="$(date +%s%N)" 'BEGIN {printf "%.1f", (b - a) / 1e9}')
 if [ "$qemu_rc" = 124 ] || [ "$qemu_rc" = 137 ]; then
   cannot "the VM did not finish in ${timeout_s}s (KVS_RXE_TIMEOUT): see $results/console.log"
 fi
