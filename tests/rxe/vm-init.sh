@@ -26,7 +26,7 @@ for m in $(cat /mods/order); do
 done
 results=$(sed -n 's/.*kvs\.results=\([^ ]*\).*/\1/p' /proc/cmdline)
 [ -n "$results" ] || die "no kvs.results= on the kernel command line"
-opts=trans=virtio,version=9p2000.L,msize=524288
+opts=trans=virtio,version=9p2000.L,msize=512000
 mount -t 9p -o "$opts,ro,cache=loose" hostroot /host || die "mounting the host's / (9p tag hostroot)"
 mount -t 9p -o "$opts" results "/host$results" || die "mounting the results folder $results"
 mount -t proc proc /host/proc
