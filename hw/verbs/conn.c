@@ -544,8 +544,8 @@ static int hw_verbs_parse_peer(const char *peer, struct sockaddr_storage *out, c
     struct addrinfo *res = NULL;
     int rc = getaddrinfo(host, colon + 1, &hints, &res);
     if (rc != 0 || res == NULL) {
-        snprintf(why, why_bytes, "peer '%s': cannot resolve '%s' port '%s' (%s): pass an IP "
-                 "address and a port number", peer, host, colon + 1, gai_strerror(rc));
+        snprintf(why, why_bytes, "peer '%.100s' cannot be resolved (%s): pass an IP address "
+                 "and a port number", peer, gai_strerror(rc));
         return KVS_EINVAL;
     }
     memcpy(out, res->ai_addr, res->ai_addrlen);
