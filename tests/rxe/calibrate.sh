@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # calibrate.sh - measures the soft-RoCE link of the rxe VM with perftest
-# (ib_write_bw over rdma_cm at several message sizes, ~32 MiB each,
-# ib_write_lat) and fits
-# the simulator's link model to it: time per write = per_op_ns + bytes /
-# link_bytes_per_s (least squares over the sizes), one-way latency from
-# ib_write_lat. docs/rxe.md records a run.
+# (ib_write_bw over rdma_cm at several message sizes, ~32 MiB each;
+# ib_write_lat) and fits the simulator's link model to it: time per write =
+# per_op_ns + bytes / link_bytes_per_s (least squares on relative error over
+# the sizes), one-way latency from ib_write_lat. docs/rxe.md records runs.
 #
 # Usage: tests/rxe/calibrate.sh [RESULT_DIR]   (default build-rxe/calibrate)
 # Runs inside the VM through run-in-vm.sh (or directly on a machine with an
@@ -62,13 +61,15 @@ cat "$out/bw.txt"
 echo "== ib_write_lat (usec: typical, average; one way = half a round trip)"
 for l in $lat; do echo "$l" | tr ':' ' '; done
 echo "== fit: time per write = per_op_ns + bytes / link_bytes_per_s"
-# Least squares; a negative per-op cost (noise: under TCG the emulated CPU,
-# not the request count, bounds rxe) is clamped to 0 and the line refitted
-# through the origin.
-awk '$2 > 0 {s = $1; t = s / ($2 * 1e6) * 1e9; n++; sx += s; sy += t; sxx += s * s; sxy += s * t}
+# Least squares on relative error (weights 1/t^2, so that small messages
+# count as much as large ones); a negative per-op cost (noise: under TCG
+# the emulated CPU, not the request count, bounds rxe) is clamped to 0 and
+# the line refitted through the origin.
+awk '$2 > 0 {s = $1; t = s / ($2 * 1e6) * 1e9; w = 1 / (t * t); n++
+             W += w; sx += w * s; sy += w * t; sxx += w * s * s; sxy += w * s * t}
      END {
        if (n < 2) { print "too few points"; exit 1 }
-       b = (n * sxy - sx * sy) / (n * sxx - sx * sx); a = (sy - b * sx) / n
+       b = (W * sxy - sx * sy) / (W * sxx - sx * sx); a = (sy - b * sx) / W
        if (a < 0 || b <= 0) { a = 0; b = sxy / sxx }
        printf "link_bytes_per_s %.0f (%.1f MB/s)\nper_op_ns %.0f\n", 1e9 / b, 1e3 / b, a
      }' "$out/bw.txt" | tee "$out/fit.txt"
