@@ -3,21 +3,35 @@
  * connect, passive accept, one RC queue pair per connection driven through
  * INIT/RTR/RTS by the fabric itself (rdma_init_qp_attr + ibv_modify_qp), so
  * that both sides can set the agreed path MTU, a short RNR timer and an
- * explicit GID index; the rdma_cm event loop; failure and teardown.
+ * explicit GID index; the rdma_cm event loop; recovery, failure, teardown.
  *
- * Handshake: the request carries {magic, version, this side's MTU}; the
- * accepting side takes the smallest of its own MTU, the requester's and the
- * route's, moves its QP to RTS and answers it in the accept; the requester
- * moves to RTR/RTS with it and completes with rdma_establish. A refusal
- * carries a reason code (version, full, wrong device) the requester turns
- * into a message. Receives are posted before the QP leaves INIT, so no
- * message can arrive before a buffer waits for it.
+ * Handshake: the request carries {magic, version, this side's MTU, a token
+ * naming the connection, flags}; the accepting side takes the smallest of
+ * its own MTU, the requester's and the route's, moves its QP to RTS and
+ * answers it in the accept; the requester moves to RTR/RTS with it and
+ * completes with rdma_establish. A refusal carries a reason code the
+ * requester turns into a message. Receives are posted before the QP leaves
+ * INIT, so no message can arrive before a buffer waits for it.
  *
- * Lifetime: connections live in a table of max_conns slots with a
- * generation each; a slot is freed when its QP is gone or idle, so a late
- * completion of an old connection never reaches a new one. Connections the
- * user made are freed by disconnect (after their flushes); accepted ones
- * that failed are reclaimed when a new peer needs the slot.
+ * Recovery: RC moves a QP to the error state on the first failed request
+ * (a bad key or range at the peer fails the QPs of both sides). The fabric
+ * keeps the kvs_conn_t, the failed operation completes with its error, and
+ * the connection goes RECOVERING: the side that connected makes a new
+ * cm_id and QP and asks again with the same token and the RECONNECT flag;
+ * the accepting side attaches the new QP to the same kvs_conn_t. Requests
+ * the old QP flushed, and those made meanwhile, are then posted again in
+ * order (post.c), so only the failed operation fails. A message may arrive
+ * twice and a write may land twice (same bytes) across a recovery. Within
+ * connect_timeout_ms the connection is back or it fails for good (DEAD):
+ * everything pending completes with KVS_EPEER and posts return KVS_EPEER.
+ * A user's disconnect sends BYE first, so the peer fails its side at once
+ * instead of waiting for a reconnect.
+ *
+ * Lifetime: connections live in a table of max_conns slots; each QP gets a
+ * new generation (in work request ids), so a late completion of an old QP
+ * never reaches its successor. Connections the user made are freed by
+ * disconnect (after their requests are reported); accepted ones that failed
+ * are reclaimed when a new peer needs the slot.
  */
 #include "hw_verbs.h"
 
@@ -28,35 +42,49 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
-#define HW_VERBS_PRIV_BYTES 8u
+#define HW_VERBS_PRIV_BYTES 24u
 #define HW_VERBS_RNR_RETRY 7      /* retry forever: the peer reposts receives when it polls */
 #define HW_VERBS_RETRY 7          /* transport retries before a peer counts as gone */
 #define HW_VERBS_MIN_RNR_TIMER 12 /* 0.64 ms before resending into a full receive queue */
+#define HW_VERBS_FLAG_RECONNECT 1u
+#define HW_VERBS_FLUSH_WAIT_NS 200000000u  /* for the old QP's flushes before replacing it */
+#define HW_VERBS_RETRY_WAIT_NS 200000000u  /* between reconnect attempts */
 
 enum hw_verbs_reject {
     HW_REJ_VERSION = 1,
     HW_REJ_FULL = 2,
     HW_REJ_DEVICE = 3,
-    HW_REJ_INTERNAL = 4
+    HW_REJ_INTERNAL = 4,
+    HW_REJ_UNKNOWN = 5 /* a reconnect for a connection this side no longer has */
 };
 
-static void hw_verbs_priv_put(uint8_t *p, uint8_t mtu, uint8_t code)
+typedef struct hw_verbs_priv {
+    uint8_t mtu;
+    uint8_t code;
+    uint8_t flags;
+    uint64_t token;
+} hw_verbs_priv_t;
+
+static void hw_verbs_priv_put(uint8_t *p, const hw_verbs_priv_t *v)
 {
+    memset(p, 0, HW_VERBS_PRIV_BYTES);
     const uint32_t m = HW_VERBS_MAGIC;
-    p[0] = (uint8_t)m;
-    p[1] = (uint8_t)(m >> 8);
-    p[2] = (uint8_t)(m >> 16);
-    p[3] = (uint8_t)(m >> 24);
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(m >> (8 * i));
     p[4] = (uint8_t)HW_VERBS_WIRE_VERSION;
     p[5] = (uint8_t)(HW_VERBS_WIRE_VERSION >> 8);
-    p[6] = mtu;
-    p[7] = code;
+    p[6] = v->mtu;
+    p[7] = v->code;
+    for (int i = 0; i < 8; i++)
+        p[8 + i] = (uint8_t)(v->token >> (8 * i));
+    p[16] = v->flags;
 }
 
-/* KVS_OK and *mtu / *code when p is one of ours; KVS_EPROTO if foreign;
- * KVS_EVERSION for another version of ours. */
-static int hw_verbs_priv_get(const uint8_t *p, size_t len, uint8_t *mtu, uint8_t *code)
+/* KVS_OK and *v when p is one of ours; KVS_EPROTO if foreign; KVS_EVERSION
+ * for another version of ours. */
+static int hw_verbs_priv_get(const uint8_t *p, size_t len, hw_verbs_priv_t *v)
 {
     if (p == NULL || len < HW_VERBS_PRIV_BYTES)
         return KVS_EPROTO;
@@ -66,9 +94,21 @@ static int hw_verbs_priv_get(const uint8_t *p, size_t len, uint8_t *mtu, uint8_t
         return KVS_EPROTO;
     if ((uint32_t)(p[4] | p[5] << 8) != HW_VERBS_WIRE_VERSION)
         return KVS_EVERSION;
-    *mtu = p[6];
-    *code = p[7];
+    *v = (hw_verbs_priv_t){.mtu = p[6], .code = p[7], .flags = p[16]};
+    for (int i = 0; i < 8; i++)
+        v->token |= (uint64_t)p[8 + i] << (8 * i);
     return KVS_OK;
+}
+
+/* A token no other connection of either side is likely to have. */
+static uint64_t hw_verbs_token(const kvs_conn_t *c)
+{
+    uint64_t x = hw_verbs_now_ns(&c->fab->base) ^ (uint64_t)getpid() << 40 ^
+                 (uint64_t)(uintptr_t)c ^ (uint64_t)c->gen << 20;
+    x += 0x9e3779b97f4a7c15u; /* splitmix64 finaliser */
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9u;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebu;
+    return (x ^ (x >> 31)) | 1u;
 }
 
 /* ---- the table -------------------------------------------------------------- */
@@ -88,6 +128,28 @@ kvs_conn_t *hw_verbs_conn_of(hw_verbs_fabric_t *f, kvs_conn_t *conn)
         (q - b) / sizeof *conn >= f->cfg.max_conns || conn->state == HW_CONN_FREE)
         return NULL;
     return conn;
+}
+
+/* Destroys the QP (and, when drop_id, the cm_id). Requests it still had
+ * go again on the next QP; its late completions are dropped (new gen). */
+static void hw_verbs_conn_drop_qp(kvs_conn_t *c, bool drop_id)
+{
+    const uint32_t depth = c->fab->cfg.sq_depth;
+    for (uint32_t k = 0; k < c->sq_used; k++) {
+        hw_verbs_sqe_t *e = &c->sq[(c->sq_head + k) % depth];
+        if (e->state == HW_SQE_POSTED)
+            e->state = HW_SQE_REPOST;
+    }
+    c->sq_posted = 0;
+    c->rq_posted = 0;
+    if (c->qp != NULL)
+        (void)ibv_destroy_qp(c->qp);
+    c->qp = NULL;
+    if (drop_id && c->id != NULL)
+        (void)rdma_destroy_id(c->id);
+    if (drop_id)
+        c->id = NULL;
+    c->gen++;
 }
 
 void hw_verbs_conn_free(kvs_conn_t *c)
@@ -124,20 +186,76 @@ static kvs_conn_t *hw_verbs_conn_alloc(hw_verbs_fabric_t *f)
     return reclaim;
 }
 
-void hw_verbs_conn_fail(kvs_conn_t *c, int status, const char *fmt, ...)
+static void hw_verbs_qp_error(kvs_conn_t *c)
 {
-    if (c->state == HW_CONN_DEAD || c->state == HW_CONN_CLOSING || c->state == HW_CONN_FREE)
-        return;
-    c->state = HW_CONN_DEAD;
-    c->dead_status = status;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(c->why, sizeof c->why, fmt, ap);
-    va_end(ap);
     if (c->qp != NULL) {
         struct ibv_qp_attr attr = {.qp_state = IBV_QPS_ERR};
         (void)ibv_modify_qp(c->qp, &attr, IBV_QP_STATE);
     }
+}
+
+static void hw_verbs_conn_vfail(kvs_conn_t *c, int status, const char *fmt, va_list ap)
+{
+    if (c->state == HW_CONN_DEAD || c->state == HW_CONN_CLOSING || c->state == HW_CONN_FREE)
+        return;
+    c->state = HW_CONN_DEAD;
+    c->recovering = false;
+    c->dead_status = status;
+    vsnprintf(c->why, sizeof c->why, fmt, ap);
+    hw_verbs_qp_error(c);
+    /* what never reached a QP completes now; what did completes as flushed */
+    const uint32_t depth = c->fab->cfg.sq_depth;
+    for (uint32_t k = 0; k < c->sq_used; k++) {
+        hw_verbs_sqe_t *e = &c->sq[(c->sq_head + k) % depth];
+        if (e->state == HW_SQE_QUEUED || e->state == HW_SQE_REPOST ||
+            (e->state == HW_SQE_POSTED && c->qp == NULL)) {
+            e->state = HW_SQE_DONE;
+            e->status = KVS_EPEER;
+        }
+    }
+    if (c->qp == NULL)
+        c->sq_posted = 0;
+}
+
+void hw_verbs_conn_fail(kvs_conn_t *c, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    hw_verbs_conn_vfail(c, status, fmt, ap);
+    va_end(ap);
+}
+
+void hw_verbs_conn_broken(kvs_conn_t *c, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    const bool setting_up = !c->recovering && (c->state == HW_CONN_RESOLVING ||
+                                               c->state == HW_CONN_CONNECTING);
+    const bool unseen = !c->active && !c->user_knows;
+    if (setting_up || unseen || c->peer_bye) {
+        hw_verbs_conn_vfail(c, status, fmt, ap);
+    } else if (c->state == HW_CONN_UP || c->state == HW_CONN_ACCEPTING || c->recovering) {
+        const uint64_t now = hw_verbs_now_ns(&c->fab->base);
+        if (!c->recovering) { /* a fresh failure: the clock for recovery starts */
+            vsnprintf(c->why, sizeof c->why, fmt, ap);
+            c->deadline_ns = now + (uint64_t)c->fab->cfg.connect_timeout_ms * 1000000u;
+            c->retry_ns = now + HW_VERBS_FLUSH_WAIT_NS;
+        } else { /* a reconnect attempt failed: try again a little later */
+            c->retry_ns = now + HW_VERBS_RETRY_WAIT_NS;
+        }
+        c->state = HW_CONN_RECOVERING;
+        c->recovering = true;
+        hw_verbs_qp_error(c);
+    }
+    (void)status;
+    va_end(ap);
+}
+
+void hw_verbs_conn_bye(kvs_conn_t *c)
+{
+    c->peer_bye = true;
+    hw_verbs_conn_fail(c, KVS_EPEER, "connection to %s: the peer disconnected: connect again",
+                       c->peer);
 }
 
 /* ---- queue pair ------------------------------------------------------------- */
@@ -163,27 +281,37 @@ int hw_verbs_post_recv(kvs_conn_t *c, uint32_t index)
     return 0;
 }
 
-/* Buffers, MRs, the QP, posted receives, INIT. Returns 0 or an errno with
- * *step naming what failed. */
-static int hw_verbs_conn_setup(kvs_conn_t *c, const char **step)
+/* The connection's buffers, once. Returns 0 or an errno, *step says what. */
+static int hw_verbs_conn_buffers(kvs_conn_t *c, const char **step)
 {
     hw_verbs_fabric_t *f = c->fab;
     const kvs_verbs_config_t *cfg = &f->cfg;
+    if (c->sq != NULL)
+        return 0;
     *step = "allocating connection buffers";
     c->sq = calloc(cfg->sq_depth, sizeof *c->sq);
     c->sbuf = malloc(cfg->send_buf_bytes);
     c->rbuf = malloc((size_t)cfg->recv_depth * KVS_CONTROL_MSG_MAX_BYTES);
     if (c->sq == NULL || c->sbuf == NULL || c->rbuf == NULL)
         return ENOMEM;
-    for (uint32_t i = 0; i < cfg->sq_depth; i++)
-        c->sq[i].next_free = i + 1;
-    c->sq_free = 0;
     *step = "registering connection buffers (ibv_reg_mr)";
     c->smr = ibv_reg_mr(f->pd, c->sbuf, cfg->send_buf_bytes, IBV_ACCESS_LOCAL_WRITE);
     c->rmr = ibv_reg_mr(f->pd, c->rbuf, (size_t)cfg->recv_depth * KVS_CONTROL_MSG_MAX_BYTES,
                         IBV_ACCESS_LOCAL_WRITE);
     if (c->smr == NULL || c->rmr == NULL)
         return errno != 0 ? errno : ENOMEM;
+    return 0;
+}
+
+/* Buffers, the QP, posted receives, INIT. Returns 0 or an errno with
+ * *step naming what failed. */
+static int hw_verbs_conn_setup(kvs_conn_t *c, const char **step)
+{
+    hw_verbs_fabric_t *f = c->fab;
+    const kvs_verbs_config_t *cfg = &f->cfg;
+    int rc = hw_verbs_conn_buffers(c, step);
+    if (rc != 0)
+        return rc;
     *step = "creating the queue pair (ibv_create_qp)";
     struct ibv_qp_init_attr qa = {
         .send_cq = f->cq,
@@ -202,7 +330,7 @@ static int hw_verbs_conn_setup(kvs_conn_t *c, const char **step)
         return errno != 0 ? errno : EINVAL;
     attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
     mask |= IBV_QP_ACCESS_FLAGS;
-    int rc = ibv_modify_qp(c->qp, &attr, mask);
+    rc = ibv_modify_qp(c->qp, &attr, mask);
     if (rc != 0)
         return rc;
     *step = "posting receives (ibv_post_recv)";
@@ -269,49 +397,86 @@ static void hw_verbs_addr_text(struct sockaddr *sa, char *buf, size_t n)
     snprintf(buf, n, sa->sa_family == AF_INET6 ? "[%s]:%s" : "%s:%s", host, serv);
 }
 
+/* A new QP is up: what waited in the ring goes now. */
+static void hw_verbs_conn_up(kvs_conn_t *c)
+{
+    c->state = HW_CONN_UP;
+    if (c->recovering) {
+        c->recovering = false;
+        c->recoveries++;
+        hw_verbs_sq_flush(c);
+    }
+}
+
 /* ---- passive side ----------------------------------------------------------- */
 
-static void hw_verbs_reject(struct rdma_cm_id *id, uint8_t code)
+static void hw_verbs_reject(struct rdma_cm_id *id, uint8_t code, bool destroy)
 {
     uint8_t priv[HW_VERBS_PRIV_BYTES];
-    hw_verbs_priv_put(priv, 0, code);
+    hw_verbs_priv_put(priv, &(hw_verbs_priv_t){.code = code});
     (void)rdma_reject(id, priv, sizeof priv);
-    (void)rdma_destroy_id(id);
+    if (destroy)
+        (void)rdma_destroy_id(id);
+}
+
+/* The passive connection a reconnect request names, if this side still has it. */
+static kvs_conn_t *hw_verbs_find_token(hw_verbs_fabric_t *f, uint64_t token)
+{
+    for (uint32_t i = 0; i < f->cfg.max_conns; i++) {
+        kvs_conn_t *c = &f->conns[i];
+        if (!c->active && c->token == token && c->state != HW_CONN_FREE &&
+            c->state != HW_CONN_DEAD && c->state != HW_CONN_CLOSING)
+            return c;
+    }
+    return NULL;
 }
 
 static void hw_verbs_on_request(hw_verbs_fabric_t *f, struct rdma_cm_id *id,
                                 const uint8_t *priv, size_t priv_len)
 {
-    uint8_t peer_mtu = 0, code = 0;
-    int rc = hw_verbs_priv_get(priv, priv_len, &peer_mtu, &code);
-    if (rc != KVS_OK) {
-        hw_verbs_reject(id, HW_REJ_VERSION);
+    hw_verbs_priv_t req;
+    if (hw_verbs_priv_get(priv, priv_len, &req) != KVS_OK) {
+        hw_verbs_reject(id, HW_REJ_VERSION, true);
         return;
     }
     if (id->verbs != f->ctx) {
-        hw_verbs_reject(id, HW_REJ_DEVICE);
+        hw_verbs_reject(id, HW_REJ_DEVICE, true);
         return;
     }
-    kvs_conn_t *c = hw_verbs_conn_alloc(f);
-    if (c == NULL) {
-        hw_verbs_reject(id, HW_REJ_FULL);
-        return;
+    kvs_conn_t *c = NULL;
+    if (req.flags & HW_VERBS_FLAG_RECONNECT) {
+        c = hw_verbs_find_token(f, req.token);
+        if (c == NULL) {
+            hw_verbs_reject(id, HW_REJ_UNKNOWN, true);
+            return;
+        }
+        if (!c->recovering) /* its failure has not reached this side's CQ yet */
+            hw_verbs_conn_broken(c, KVS_EPEER, "connection to %s: the peer reconnects",
+                                 c->peer);
+        hw_verbs_conn_drop_qp(c, true);
+    } else {
+        c = hw_verbs_conn_alloc(f);
+        if (c == NULL) {
+            hw_verbs_reject(id, HW_REJ_FULL, true);
+            return;
+        }
+        c->active = false;
+        c->token = req.token;
+        hw_verbs_addr_text(rdma_get_peer_addr(id), c->peer, sizeof c->peer);
     }
     c->id = id;
-    c->active = false;
-    c->state = HW_CONN_ACCEPTING;
     id->context = c;
-    hw_verbs_addr_text(rdma_get_peer_addr(id), c->peer, sizeof c->peer);
+    c->state = HW_CONN_ACCEPTING;
     const char *step = "";
     int err = hw_verbs_conn_setup(c, &step);
     int mtu = hw_verbs_min_mtu(f->port_mtu, hw_verbs_route_mtu(c));
-    if (peer_mtu >= IBV_MTU_256 && peer_mtu <= IBV_MTU_4096)
-        mtu = hw_verbs_min_mtu(mtu, peer_mtu);
+    if (req.mtu >= IBV_MTU_256 && req.mtu <= IBV_MTU_4096)
+        mtu = hw_verbs_min_mtu(mtu, req.mtu);
     if (err == 0)
         err = hw_verbs_conn_rts(c, mtu, &step);
     if (err == 0) {
         uint8_t rep[HW_VERBS_PRIV_BYTES];
-        hw_verbs_priv_put(rep, (uint8_t)mtu, 0);
+        hw_verbs_priv_put(rep, &(hw_verbs_priv_t){.mtu = (uint8_t)mtu, .token = c->token});
         struct rdma_conn_param param = {
             .private_data = rep,
             .private_data_len = sizeof rep,
@@ -324,14 +489,17 @@ static void hw_verbs_on_request(hw_verbs_fabric_t *f, struct rdma_cm_id *id,
         if (err == 0)
             return;
     } else {
-        uint8_t rej[HW_VERBS_PRIV_BYTES];
-        hw_verbs_priv_put(rej, 0, HW_REJ_INTERNAL);
-        (void)rdma_reject(id, rej, sizeof rej);
+        hw_verbs_reject(id, HW_REJ_INTERNAL, false);
     }
-    /* The user never saw it: record why on the fabric and drop it. */
     kvs_fabric_fail(&f->base, hw_verbs_errno_status(err), err, "accepting %s failed while %s: "
                     "%s", c->peer, step, strerror(err));
-    hw_verbs_conn_free(c);
+    if (c->recovering) { /* the peer tries again */
+        hw_verbs_conn_drop_qp(c, true);
+        hw_verbs_conn_broken(c, KVS_EPEER, "connection to %s: accepting its reconnect failed",
+                             c->peer);
+    } else {
+        hw_verbs_conn_free(c); /* the user never saw it */
+    }
 }
 
 /* ---- the event loop --------------------------------------------------------- */
@@ -347,6 +515,9 @@ static const char *hw_verbs_reject_text(uint8_t code)
     case HW_REJ_DEVICE:
         return "the address reached another RDMA device of the peer than the one it "
                "listens with: connect to the address of its fabric";
+    case HW_REJ_UNKNOWN:
+        return "it no longer has this connection (it disconnected or restarted): connect "
+               "again";
     default:
         return "it failed to set up the connection: see the peer's log";
     }
@@ -354,26 +525,26 @@ static const char *hw_verbs_reject_text(uint8_t code)
 
 static void hw_verbs_on_response(kvs_conn_t *c, const uint8_t *priv, size_t len)
 {
-    uint8_t mtu = 0, code = 0;
-    if (hw_verbs_priv_get(priv, len, &mtu, &code) != KVS_OK || mtu < IBV_MTU_256 ||
-        mtu > IBV_MTU_4096 || mtu > c->fab->port_mtu) {
+    hw_verbs_priv_t rep;
+    if (hw_verbs_priv_get(priv, len, &rep) != KVS_OK || rep.mtu < IBV_MTU_256 ||
+        rep.mtu > IBV_MTU_4096 || rep.mtu > c->fab->port_mtu) {
         hw_verbs_conn_fail(c, KVS_EPROTO, "connecting to %s: the peer's answer is not a "
                            "kvstage verbs fabric's: connect to a kvstage fabric's address",
                            c->peer);
         return;
     }
     const char *step = "";
-    int err = hw_verbs_conn_rts(c, mtu, &step);
+    int err = hw_verbs_conn_rts(c, rep.mtu, &step);
     if (err == 0 && rdma_establish(c->id) != 0) {
         step = "completing the connection (rdma_establish)";
         err = errno != 0 ? errno : EINVAL;
     }
     if (err != 0) {
-        hw_verbs_conn_fail(c, hw_verbs_errno_status(err), "connecting to %s failed while %s: "
-                           "%s", c->peer, step, strerror(err));
+        hw_verbs_conn_broken(c, hw_verbs_errno_status(err), "connecting to %s failed while "
+                             "%s: %s", c->peer, step, strerror(err));
         return;
     }
-    c->state = HW_CONN_UP;
+    hw_verbs_conn_up(c);
 }
 
 static void hw_verbs_on_route(kvs_conn_t *c)
@@ -383,7 +554,10 @@ static void hw_verbs_on_route(kvs_conn_t *c)
     int err = hw_verbs_conn_setup(c, &step);
     if (err == 0) {
         uint8_t priv[HW_VERBS_PRIV_BYTES];
-        hw_verbs_priv_put(priv, (uint8_t)f->port_mtu, 0);
+        hw_verbs_priv_put(priv, &(hw_verbs_priv_t){
+                                    .mtu = (uint8_t)f->port_mtu,
+                                    .token = c->token,
+                                    .flags = c->recovering ? HW_VERBS_FLAG_RECONNECT : 0});
         struct rdma_conn_param param = {
             .private_data = priv,
             .private_data_len = sizeof priv,
@@ -396,8 +570,8 @@ static void hw_verbs_on_route(kvs_conn_t *c)
             err = errno != 0 ? errno : EINVAL;
     }
     if (err != 0) {
-        hw_verbs_conn_fail(c, hw_verbs_errno_status(err), "connecting to %s failed while %s: "
-                           "%s", c->peer, step, strerror(err));
+        hw_verbs_conn_broken(c, hw_verbs_errno_status(err), "connecting to %s failed while "
+                             "%s: %s", c->peer, step, strerror(err));
         return;
     }
     c->state = HW_CONN_CONNECTING;
@@ -433,7 +607,7 @@ static void hw_verbs_on_event(hw_verbs_fabric_t *f, const hw_verbs_event_t *e)
         return;
     }
     if (c == NULL || hw_verbs_conn_of(f, c) != c || c->id != e->id)
-        return; /* the listener's, or of a connection already freed */
+        return; /* the listener's, or of a QP already replaced or freed */
     switch (e->type) {
     case RDMA_CM_EVENT_ADDR_RESOLVED:
         if (c->state != HW_CONN_RESOLVING)
@@ -446,8 +620,8 @@ static void hw_verbs_on_event(hw_verbs_fabric_t *f, const hw_verbs_event_t *e)
             break;
         }
         if (rdma_resolve_route(c->id, (int)hw_verbs_ms_left(c, hw_verbs_now_ns(&f->base))) != 0)
-            hw_verbs_conn_fail(c, hw_verbs_errno_status(errno), "connecting to %s: "
-                               "rdma_resolve_route failed: %s", c->peer, strerror(errno));
+            hw_verbs_conn_broken(c, hw_verbs_errno_status(errno), "connecting to %s: "
+                                 "rdma_resolve_route failed: %s", c->peer, strerror(errno));
         break;
     case RDMA_CM_EVENT_ROUTE_RESOLVED:
         if (c->state == HW_CONN_RESOLVING)
@@ -459,36 +633,41 @@ static void hw_verbs_on_event(hw_verbs_fabric_t *f, const hw_verbs_event_t *e)
         break;
     case RDMA_CM_EVENT_ESTABLISHED:
         if (c->state == HW_CONN_ACCEPTING || c->state == HW_CONN_CONNECTING)
-            c->state = HW_CONN_UP;
+            hw_verbs_conn_up(c);
         break;
     case RDMA_CM_EVENT_ADDR_ERROR:
     case RDMA_CM_EVENT_ROUTE_ERROR:
-        hw_verbs_conn_fail(c, KVS_EPEER, "connecting to %s: no route from %s (status %d): "
-                           "the peer's address must be reachable through RDMA device %s; "
-                           "check the address", c->peer, f->bind_addr, e->status,
-                           f->device_name);
+        hw_verbs_conn_broken(c, KVS_EPEER, "connecting to %s: no route from %s (status %d): "
+                             "the peer's address must be reachable through RDMA device %s; "
+                             "check the address", c->peer, f->bind_addr, e->status,
+                             f->device_name);
         break;
     case RDMA_CM_EVENT_REJECTED: {
-        uint8_t mtu = 0, code = 0;
-        if (hw_verbs_priv_get(e->priv, e->priv_len, &mtu, &code) == KVS_OK && code != 0)
-            hw_verbs_conn_fail(c, KVS_EPEER, "connecting to %s: refused by the peer: %s",
-                               c->peer, hw_verbs_reject_text(code));
-        else
-            hw_verbs_conn_fail(c, KVS_EPEER, "connecting to %s: refused (status %d): nothing "
-                               "listens there; start the peer first and check its address "
-                               "and port", c->peer, e->status);
+        hw_verbs_priv_t rej;
+        if (hw_verbs_priv_get(e->priv, e->priv_len, &rej) == KVS_OK && rej.code != 0) {
+            if (rej.code == HW_REJ_UNKNOWN || !c->recovering)
+                hw_verbs_conn_fail(c, KVS_EPEER, "connecting to %s: refused by the peer: %s",
+                                   c->peer, hw_verbs_reject_text(rej.code));
+            else
+                hw_verbs_conn_broken(c, KVS_EPEER, "reconnecting to %s: refused by the peer: "
+                                     "%s", c->peer, hw_verbs_reject_text(rej.code));
+        } else {
+            hw_verbs_conn_broken(c, KVS_EPEER, "connecting to %s: refused (status %d): nothing "
+                                 "listens there; start the peer first and check its address "
+                                 "and port", c->peer, e->status);
+        }
         break;
     }
     case RDMA_CM_EVENT_UNREACHABLE:
     case RDMA_CM_EVENT_CONNECT_ERROR:
-        hw_verbs_conn_fail(c, KVS_EPEER, "connection to %s failed: the peer did not answer "
-                           "(status %d): check that it runs and the network", c->peer,
-                           e->status);
+        hw_verbs_conn_broken(c, KVS_EPEER, "connection to %s failed: the peer did not answer "
+                             "(status %d): check that it runs and the network", c->peer,
+                             e->status);
         break;
     case RDMA_CM_EVENT_DISCONNECTED:
-        hw_verbs_conn_fail(c, KVS_EPEER, "connection to %s: the peer disconnected: connect "
-                           "again", c->peer);
         (void)rdma_disconnect(c->id);
+        hw_verbs_conn_broken(c, KVS_EPEER, "connection to %s: the peer disconnected: connect "
+                             "again", c->peer);
         break;
     default:
         break;
@@ -567,6 +746,30 @@ static int hw_verbs_bind_sockaddr(const char *ip, uint16_t port, struct sockaddr
     return KVS_OK;
 }
 
+/* A new cm_id asking the peer again (first connect or reconnect). */
+static int hw_verbs_resolve(kvs_conn_t *c, int *err)
+{
+    hw_verbs_fabric_t *f = c->fab;
+    struct sockaddr_storage src;
+    if (hw_verbs_bind_sockaddr(f->bind_addr, 0, &src) != KVS_OK) {
+        *err = EINVAL;
+        return KVS_EINVAL;
+    }
+    if (rdma_create_id(f->ch, &c->id, c, RDMA_PS_TCP) != 0) {
+        *err = errno;
+        c->id = NULL;
+        return hw_verbs_errno_status(*err);
+    }
+    c->state = HW_CONN_RESOLVING;
+    const uint32_t ms = hw_verbs_ms_left(c, hw_verbs_now_ns(&f->base));
+    if (rdma_resolve_addr(c->id, (struct sockaddr *)&src, (struct sockaddr *)&c->dst,
+                          (int)ms) != 0) {
+        *err = errno;
+        return KVS_EPEER;
+    }
+    return KVS_OK;
+}
+
 int hw_verbs_connect(kvs_fabric_t *fab, const char *peer, kvs_conn_t **out)
 {
     hw_verbs_fabric_t *f = hw_verbs_of(fab);
@@ -592,24 +795,18 @@ int hw_verbs_connect(kvs_fabric_t *fab, const char *peer, kvs_conn_t **out)
                                f->cfg.max_conns);
     c->active = true;
     c->state = HW_CONN_RESOLVING;
+    c->dst = dst;
+    c->token = hw_verbs_token(c);
     snprintf(c->peer, sizeof c->peer, "%s", peer);
     c->deadline_ns = hw_verbs_now_ns(fab) + (uint64_t)f->cfg.connect_timeout_ms * 1000000u;
-    if (rdma_create_id(f->ch, &c->id, c, RDMA_PS_TCP) != 0) {
-        const int err = errno;
-        c->id = NULL;
+    int err = 0;
+    int rc = hw_verbs_resolve(c, &err);
+    if (rc != KVS_OK) {
         hw_verbs_conn_free(c);
-        return kvs_fabric_fail(fab, hw_verbs_errno_status(err), err, "connect on %s: "
-                               "rdma_create_id failed: %s", f->device_name, strerror(err));
+        return kvs_fabric_fail(fab, rc, err, "connecting to %s: rdma_cm could not start (%s): "
+                               "check the address is reachable from %s", peer, strerror(err),
+                               f->bind_addr);
     }
-    if (rdma_resolve_addr(c->id, (struct sockaddr *)&src, (struct sockaddr *)&dst,
-                          (int)f->cfg.connect_timeout_ms) != 0) {
-        const int err = errno;
-        hw_verbs_conn_free(c);
-        return kvs_fabric_fail(fab, KVS_EPEER, err, "connecting to %s: rdma_resolve_addr "
-                               "failed: %s: check the address is reachable from %s",
-                               peer, strerror(err), f->bind_addr);
-    }
-    int rc = KVS_OK;
     while (c->state == HW_CONN_RESOLVING || c->state == HW_CONN_CONNECTING) {
         rc = hw_verbs_cm_drain(f);
         if (rc != KVS_OK)
@@ -652,13 +849,65 @@ void hw_verbs_disconnect(kvs_fabric_t *fab, kvs_conn_t *conn)
     kvs_conn_t *c = hw_verbs_conn_of(f, conn);
     if (c == NULL || c->state == HW_CONN_CLOSING)
         return;
+    const bool up = hw_verbs_conn_ready(c);
+    /* BYE first, so that the peer fails its side at once; the connection
+     * closes when it has been delivered (or after connect_timeout_ms). */
+    if (up && hw_verbs_send_internal(c, HW_VERBS_CTRL_BYE, NULL, 0) == KVS_OK) {
+        c->state = HW_CONN_CLOSING;
+        c->bye_sent = true;
+        c->recovering = false;
+        c->deadline_ns = hw_verbs_now_ns(fab) + (uint64_t)f->cfg.connect_timeout_ms * 1000000u;
+        snprintf(c->why, sizeof c->why, "connection to %s was disconnected by this side",
+                 c->peer);
+        return;
+    }
     if (c->state == HW_CONN_UP || c->state == HW_CONN_ACCEPTING)
         (void)rdma_disconnect(c->id); /* tells the peer; an error here changes nothing */
     hw_verbs_conn_fail(c, KVS_EPEER, "connection to %s was disconnected by this side",
                        c->peer);
     c->state = HW_CONN_CLOSING;
-    if (c->sq_used == 0) /* else poll frees it when its last operation is reported */
+    c->bye_sent = false;
+    if (c->sq_used == 0) /* else tick frees it once its requests are reported */
         hw_verbs_conn_free(c);
+}
+
+void hw_verbs_conn_tick(hw_verbs_fabric_t *f)
+{
+    const uint64_t now = hw_verbs_now_ns(&f->base);
+    for (uint32_t i = 0; i < f->cfg.max_conns; i++) {
+        kvs_conn_t *c = &f->conns[i];
+        if (c->state == HW_CONN_CLOSING) {
+            if (c->sq_used == 0) {
+                hw_verbs_conn_free(c); /* destroying the id disconnects */
+            } else if (c->bye_sent && now >= c->deadline_ns) {
+                c->bye_sent = false; /* the BYE is stuck: flush everything */
+                hw_verbs_qp_error(c);
+            }
+            continue;
+        }
+        if (!c->recovering)
+            continue;
+        if (now >= c->deadline_ns) {
+            char why[HW_VERBS_WHY_BYTES];
+            snprintf(why, sizeof why, "%s", c->why);
+            hw_verbs_conn_fail(c, KVS_EPEER, "%.120s, and it was not re-established within "
+                               "%u ms: check the peer; disconnect and connect again", why,
+                               f->cfg.connect_timeout_ms);
+            continue;
+        }
+        if (c->state != HW_CONN_RECOVERING || !c->active || now < c->retry_ns)
+            continue;
+        /* the old QP's flushes, or their time, are over: ask again */
+        hw_verbs_conn_drop_qp(c, true);
+        int err = 0;
+        if (hw_verbs_resolve(c, &err) != KVS_OK) {
+            if (c->id != NULL)
+                (void)rdma_destroy_id(c->id);
+            c->id = NULL;
+            c->state = HW_CONN_RECOVERING;
+            c->retry_ns = now + HW_VERBS_RETRY_WAIT_NS;
+        }
+    }
 }
 
 /* ---- the listener ------------------------------------------------------------- */

@@ -443,7 +443,15 @@ bool kvs_verbs_conn_alive(kvs_fabric_t *fab, kvs_conn_t *conn)
 {
     hw_verbs_fabric_t *f = hw_verbs_try(fab);
     kvs_conn_t *c = f != NULL ? hw_verbs_conn_of(f, conn) : NULL;
-    return c != NULL && (c->state == HW_CONN_UP || c->state == HW_CONN_ACCEPTING);
+    return c != NULL && (c->state == HW_CONN_UP || c->state == HW_CONN_ACCEPTING ||
+                         c->state == HW_CONN_RECOVERING || c->recovering);
+}
+
+uint32_t kvs_verbs_conn_recoveries(kvs_fabric_t *fab, kvs_conn_t *conn)
+{
+    hw_verbs_fabric_t *f = hw_verbs_try(fab);
+    kvs_conn_t *c = f != NULL ? hw_verbs_conn_of(f, conn) : NULL;
+    return c != NULL ? c->recoveries : 0;
 }
 
 int kvs_verbs_fabric_wait(kvs_fabric_t *fab, int timeout_ms)

@@ -33,7 +33,8 @@
 /* Fabric-internal messages: SEND WITH IMM, the immediate says which. */
 enum hw_verbs_ctrl {
     HW_VERBS_CTRL_KEYS = 1, /* some piece keys of a split registration */
-    HW_VERBS_CTRL_DROP = 2  /* a split registration was deregistered */
+    HW_VERBS_CTRL_DROP = 2, /* a split registration was deregistered */
+    HW_VERBS_CTRL_BYE = 3   /* the sender disconnects on purpose */
 };
 
 /* Remote keys of a split registration: bit 63, the registration id in
@@ -155,8 +156,9 @@ typedef enum hw_verbs_conn_state {
     HW_CONN_CONNECTING,  /* active: request sent */
     HW_CONN_ACCEPTING,   /* passive: accepted, waiting for ESTABLISHED */
     HW_CONN_UP,
-    HW_CONN_DEAD,        /* failed: posts return KVS_EPEER */
-    HW_CONN_CLOSING      /* disconnected by the user: reaping flushes */
+    HW_CONN_RECOVERING,  /* its QP failed: a new one is being set up (conn.c) */
+    HW_CONN_DEAD,        /* failed for good: posts return KVS_EPEER */
+    HW_CONN_CLOSING      /* disconnected by the user: reaping its requests */
 } hw_verbs_conn_state_t;
 
 typedef enum hw_verbs_op_kind {
@@ -165,16 +167,28 @@ typedef enum hw_verbs_op_kind {
     HW_OP_INTERNAL = 2 /* fabric-internal send: no user completion */
 } hw_verbs_op_kind_t;
 
-/* One posted work request on the send queue. */
+typedef enum hw_verbs_sqe_state {
+    HW_SQE_FREE = 0,
+    HW_SQE_QUEUED,  /* accepted, not posted yet (the QP is being replaced) */
+    HW_SQE_POSTED,  /* on the current QP */
+    HW_SQE_REPOST,  /* flushed by a failed QP: goes again on the next one */
+    HW_SQE_DONE     /* completed with `status`, waiting to be reported in order */
+} hw_verbs_sqe_state_t;
+
+/* One work request of the send queue, kept until reported so that it can
+ * be posted again on a replacement QP. */
 typedef struct hw_verbs_sqe {
     uint64_t wr_id;        /* the user's */
+    uint64_t laddr;        /* source bytes (write: user memory; send: the ring) */
+    uint64_t raddr;
+    uint32_t len, lkey, rkey, imm;
     uint32_t send_end;     /* send ring head after this one's bytes */
     uint32_t send_bytes;   /* ring bytes it holds (with any skipped tail), 0 for writes */
-    uint32_t next_free;
-    int status;            /* set when part of its operation could not be posted */
+    int status;            /* DONE: its result */
     uint8_t kind;          /* hw_verbs_op_kind_t */
+    uint8_t opcode;        /* enum ibv_wr_opcode */
+    uint8_t state;         /* hw_verbs_sqe_state_t */
     bool last;             /* the last work request of its operation */
-    bool used;
 } hw_verbs_sqe_t;
 
 struct kvs_conn {
@@ -182,21 +196,28 @@ struct kvs_conn {
     struct rdma_cm_id *id;
     struct ibv_qp *qp;
     uint32_t slot;
-    uint32_t gen;            /* 16 bits used */
+    uint32_t gen;            /* 16 bits used in work request ids; bumped per QP */
     hw_verbs_conn_state_t state;
     bool active;             /* we connected; else accepted */
     bool user_knows;         /* handed to the user (connect, or a completion) */
     bool keys_pushed;
+    bool recovering;         /* RESOLVING/CONNECTING/ACCEPTING again after a failure */
+    bool peer_bye;           /* the peer disconnected on purpose: no recovery */
+    bool bye_sent;           /* CLOSING: our BYE is on its way */
+    uint64_t token;          /* names the connection in a reconnect request */
+    uint32_t recoveries;     /* QPs replaced after a failure */
     int op_status;           /* first error among the current operation's requests */
     int dead_status;         /* why posts fail once DEAD */
     char why[HW_VERBS_WHY_BYTES];
     char peer[64];           /* "IP:port" for messages */
+    struct sockaddr_storage dst; /* active: the peer's address, for reconnects */
     int mtu;                 /* enum ibv_mtu agreed */
-    uint64_t deadline_ns;    /* connect */
-    /* send queue */
+    uint64_t deadline_ns;    /* connect, recovery or close */
+    uint64_t retry_ns;       /* recovery: next reconnect attempt */
+    /* send queue: a ring in posting order */
     hw_verbs_sqe_t *sq;
-    uint32_t sq_free;        /* free list head */
-    uint32_t sq_used;
+    uint32_t sq_head, sq_used;
+    uint32_t sq_posted;      /* on the current QP */
     /* control bytes in flight: a ring, freed in completion order */
     uint8_t *sbuf;
     struct ibv_mr *smr;
@@ -214,31 +235,49 @@ struct kvs_conn {
 int hw_verbs_cm_drain(hw_verbs_fabric_t *f);
 int hw_verbs_connect(kvs_fabric_t *fab, const char *peer, kvs_conn_t **out);
 void hw_verbs_disconnect(kvs_fabric_t *fab, kvs_conn_t *conn);
-/* Marks conn failed (first reason wins) and moves its QP to the error
- * state so that everything posted on it completes. */
+/* The connection's QP failed (an error completion, the peer's disconnect):
+ * RECOVERING, a new QP replaces it and the flushed requests go again; the
+ * first reason is kept for messages. Connections that cannot recover (still
+ * connecting, closing, the peer said BYE) fail for good instead. */
+void hw_verbs_conn_broken(kvs_conn_t *conn, int status, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+/* Fails conn for good: everything not yet completed completes with
+ * `status`, later posts return KVS_EPEER with the reason. */
 void hw_verbs_conn_fail(kvs_conn_t *conn, int status, const char *fmt, ...)
 #if defined(__GNUC__) || defined(__clang__)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
-/* Frees a conn whose QP is idle or gone (CLOSING or DEAD conns). */
+/* Frees a conn and everything it holds. */
 void hw_verbs_conn_free(kvs_conn_t *conn);
 /* The conn in slot/gen, or NULL. */
 kvs_conn_t *hw_verbs_conn_at(hw_verbs_fabric_t *f, uint32_t slot, uint32_t gen);
 kvs_conn_t *hw_verbs_conn_of(hw_verbs_fabric_t *f, kvs_conn_t *conn);
 int hw_verbs_listen(hw_verbs_fabric_t *f, char *why, size_t why_bytes);
 int hw_verbs_post_recv(kvs_conn_t *conn, uint32_t index);
+/* Recovery and close timers, reconnect attempts; called by poll. */
+void hw_verbs_conn_tick(hw_verbs_fabric_t *f);
+/* A BYE from the peer: it disconnected on purpose. */
+void hw_verbs_conn_bye(kvs_conn_t *conn);
 
 /* ---- posting (post.c) -------------------------------------------------------- */
 
 int hw_verbs_write(kvs_fabric_t *fab, kvs_conn_t *conn, const kvs_write_desc_t *desc);
 int hw_verbs_send(kvs_fabric_t *fab, kvs_conn_t *conn, const void *msg, uint32_t len_bytes,
                   uint64_t wr_id);
-/* Posts a fabric-internal message (KEYS, DROP) on conn. */
+/* Posts a fabric-internal message (KEYS, DROP, BYE) on conn. */
 int hw_verbs_send_internal(kvs_conn_t *conn, uint32_t kind, const void *msg,
                            uint32_t len_bytes);
-/* Frees send-queue slot i of c. */
-void hw_verbs_sq_done(kvs_conn_t *c, uint32_t i);
+/* Whether requests go to the QP now (else they wait in the ring). */
+bool hw_verbs_conn_ready(const kvs_conn_t *conn);
+/* Posts every QUEUED and REPOST request in ring order (after a new QP is
+ * up). */
+void hw_verbs_sq_flush(kvs_conn_t *conn);
+/* Ring index i of conn as a work request id. */
+uint64_t hw_verbs_sq_wr_id(const kvs_conn_t *c, uint32_t i);
 /* Checks that conn can take operations; KVS_EPEER / KVS_EINVAL with the
  * fabric's message set otherwise. */
 int hw_verbs_check_conn(hw_verbs_fabric_t *f, kvs_conn_t *conn, const char *op);

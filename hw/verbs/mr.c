@@ -121,7 +121,9 @@ static void hw_verbs_keys_broadcast(hw_verbs_fabric_t *f, const kvs_mr_t *mr, bo
 {
     for (uint32_t i = 0; i < f->cfg.max_conns; i++) {
         kvs_conn_t *c = &f->conns[i];
-        if (c->state != HW_CONN_UP || !c->keys_pushed)
+        const bool takes = c->state == HW_CONN_UP || c->state == HW_CONN_ACCEPTING ||
+                           c->state == HW_CONN_RECOVERING || c->recovering;
+        if (!takes || !c->keys_pushed)
             continue;
         int rc;
         if (drop) {

@@ -7,13 +7,18 @@
  * carries the immediate, so it lands after every byte of the write (RC
  * executes a queue pair's requests in order). Every request is signalled;
  * poll reports one completion per operation, with the first error among its
- * requests. All requests of an operation are posted in one ibv_post_send, or
- * none when the send queue has no room (KVS_EAGAIN).
+ * requests.
+ *
+ * The send queue is a ring in posting order that keeps each request until
+ * it is reported: when the QP fails, the requests it flushed are posted
+ * again, in order, on the QP that replaces it (conn.c), and requests made
+ * meanwhile wait in the ring (QUEUED). An operation is all in the ring or
+ * refused (KVS_EAGAIN when the ring has no room for all its requests).
  *
  * Messages are copied into the connection's registered send ring (a byte
- * ring freed in completion order, which RC guarantees), so the caller's
- * buffer is free when send() returns. Fabric-internal messages (key tables)
- * go as SEND WITH IMM, the immediate naming their kind.
+ * ring freed in completion order), so the caller's buffer is free when
+ * send() returns. Fabric-internal messages go as SEND WITH IMM, the
+ * immediate naming their kind.
  */
 #include "hw_verbs.h"
 
@@ -21,6 +26,12 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+
+bool hw_verbs_conn_ready(const kvs_conn_t *c)
+{
+    return c->qp != NULL && !c->recovering &&
+           (c->state == HW_CONN_UP || c->state == HW_CONN_ACCEPTING);
+}
 
 int hw_verbs_check_conn(hw_verbs_fabric_t *f, kvs_conn_t *conn, const char *op)
 {
@@ -32,39 +43,97 @@ int hw_verbs_check_conn(hw_verbs_fabric_t *f, kvs_conn_t *conn, const char *op)
     switch (c->state) {
     case HW_CONN_UP:
     case HW_CONN_ACCEPTING: /* its QP is in RTS already */
+    case HW_CONN_RECOVERING:
         return KVS_OK;
+    case HW_CONN_RESOLVING:
+    case HW_CONN_CONNECTING:
+        if (c->recovering) /* a new QP is on its way: the request waits for it */
+            return KVS_OK;
+        return kvs_fabric_fail(&f->base, KVS_EAGAIN, 0, "%s on %s: the connection to %s is "
+                               "still being set up", op, f->device_name, c->peer);
     case HW_CONN_DEAD:
         return kvs_fabric_fail(&f->base, KVS_EPEER, 0, "%s on a failed connection: %s; "
                                "disconnect and connect again", op, c->why);
-    case HW_CONN_CLOSING:
+    default:
         return kvs_fabric_fail(&f->base, KVS_EINVAL, 0, "%s on %s: the connection to %s was "
                                "disconnected", op, f->device_name, c->peer);
-    default:
-        return kvs_fabric_fail(&f->base, KVS_EAGAIN, 0, "%s on %s: the connection to %s is "
-                               "still being set up", op, f->device_name, c->peer);
     }
 }
 
-static uint32_t hw_verbs_sq_take(kvs_conn_t *c)
-{
-    const uint32_t i = c->sq_free;
-    c->sq_free = c->sq[i].next_free;
-    c->sq[i] = (hw_verbs_sqe_t){.used = true};
-    c->sq_used++;
-    return i;
-}
-
-void hw_verbs_sq_done(kvs_conn_t *c, uint32_t i)
-{
-    c->sq[i].used = false;
-    c->sq[i].next_free = c->sq_free;
-    c->sq_free = i;
-    c->sq_used--;
-}
-
-static uint64_t hw_verbs_sq_wr_id(const kvs_conn_t *c, uint32_t i)
+uint64_t hw_verbs_sq_wr_id(const kvs_conn_t *c, uint32_t i)
 {
     return (uint64_t)(c->gen & 0xffffu) << 32 | (uint64_t)c->slot << 16 | i;
+}
+
+static uint32_t hw_verbs_sq_room(const kvs_conn_t *c) { return c->fab->cfg.sq_depth - c->sq_used; }
+
+/* Appends a QUEUED request; the caller checked the room. */
+static hw_verbs_sqe_t *hw_verbs_sq_push(kvs_conn_t *c, uint32_t *index)
+{
+    const uint32_t depth = c->fab->cfg.sq_depth;
+    const uint32_t i = (c->sq_head + c->sq_used) % depth;
+    c->sq_used++;
+    c->sq[i] = (hw_verbs_sqe_t){.state = HW_SQE_QUEUED};
+    *index = i;
+    return &c->sq[i];
+}
+
+/* Posts ring entries [first, first + count) that are QUEUED or REPOST, in
+ * one chain. A refusal by the QP breaks the connection: those entries go
+ * again on the next QP. */
+static void hw_verbs_sq_post(kvs_conn_t *c, uint32_t first, uint32_t count)
+{
+    hw_verbs_fabric_t *f = c->fab;
+    const uint32_t depth = f->cfg.sq_depth;
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < count; k++) {
+        const uint32_t i = (first + k) % depth;
+        hw_verbs_sqe_t *e = &c->sq[i];
+        if (e->state != HW_SQE_QUEUED && e->state != HW_SQE_REPOST)
+            continue;
+        f->sges[n] = (struct ibv_sge){.addr = e->laddr, .length = e->len, .lkey = e->lkey};
+        f->wrs[n] = (struct ibv_send_wr){
+            .wr_id = hw_verbs_sq_wr_id(c, i),
+            .sg_list = e->len > 0 ? &f->sges[n] : NULL,
+            .num_sge = e->len > 0 ? 1 : 0,
+            .opcode = (enum ibv_wr_opcode)e->opcode,
+            .send_flags = IBV_SEND_SIGNALED,
+        };
+        if (e->opcode == IBV_WR_RDMA_WRITE || e->opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+            f->wrs[n].wr.rdma.remote_addr = e->raddr;
+            f->wrs[n].wr.rdma.rkey = e->rkey;
+        }
+        if (e->opcode == IBV_WR_RDMA_WRITE_WITH_IMM || e->opcode == IBV_WR_SEND_WITH_IMM)
+            f->wrs[n].imm_data = htonl(e->imm);
+        if (n > 0)
+            f->wrs[n - 1].next = &f->wrs[n];
+        n++;
+    }
+    if (n == 0)
+        return;
+    struct ibv_send_wr *bad = NULL;
+    const int rc = ibv_post_send(c->qp, &f->wrs[0], &bad);
+    uint32_t posted = n;
+    if (rc != 0) {
+        posted = 0;
+        while (posted < n && &f->wrs[posted] != bad)
+            posted++;
+    }
+    for (uint32_t k = 0; k < posted; k++)
+        c->sq[f->wrs[k].wr_id & 0xffffu].state = HW_SQE_POSTED;
+    c->sq_posted += posted;
+    if (rc != 0) {
+        for (uint32_t k = posted; k < n; k++)
+            c->sq[f->wrs[k].wr_id & 0xffffu].state = HW_SQE_REPOST;
+        hw_verbs_conn_broken(c, KVS_EPEER, "connection to %s: the queue pair refused a post "
+                             "(%s)", c->peer, strerror(rc));
+    }
+}
+
+void hw_verbs_sq_flush(kvs_conn_t *c)
+{
+    /* the scratch chain holds at most sq_depth requests: the whole ring */
+    hw_verbs_sq_post(c, c->sq_head, c->sq_used);
 }
 
 /* Key tables first: a peer must hold them before any later operation. */
@@ -113,47 +182,31 @@ static int hw_verbs_post_msg(kvs_conn_t *c, hw_verbs_op_kind_t kind, uint32_t im
                              const void *msg, uint32_t len, uint64_t wr_id)
 {
     hw_verbs_fabric_t *f = c->fab;
-    if (c->sq_used >= f->cfg.sq_depth)
+    if (hw_verbs_sq_room(c) == 0)
         return kvs_fabric_fail(&f->base, KVS_EAGAIN, 0, "send to %s: %u work requests in "
                                "flight fill the send queue: poll completions first, or raise "
                                "sq_depth", c->peer, f->cfg.sq_depth);
     uint32_t pos = 0, bytes = 0;
-    const uint32_t old_head = c->s_head;
     if (len > 0 && !hw_verbs_ring_take(c, len, &pos, &bytes))
         return kvs_fabric_fail(&f->base, KVS_EAGAIN, 0, "send to %s: %u bytes of control "
                                "messages in flight fill the send buffer: poll completions "
                                "first, or raise send_buf_bytes", c->peer, c->s_used);
     if (len > 0)
         memcpy(c->sbuf + pos, msg, len);
-    const uint32_t i = hw_verbs_sq_take(c);
-    hw_verbs_sqe_t *e = &c->sq[i];
+    uint32_t i;
+    hw_verbs_sqe_t *e = hw_verbs_sq_push(c, &i);
     e->wr_id = wr_id;
     e->kind = (uint8_t)kind;
     e->last = true;
+    e->laddr = (uintptr_t)(c->sbuf + pos);
+    e->len = len;
+    e->lkey = c->smr->lkey;
     e->send_bytes = bytes;
     e->send_end = c->s_head;
-    struct ibv_sge sge = {.addr = (uintptr_t)(c->sbuf + pos), .length = len,
-                          .lkey = c->smr->lkey};
-    struct ibv_send_wr wr = {
-        .wr_id = hw_verbs_sq_wr_id(c, i),
-        .sg_list = len > 0 ? &sge : NULL,
-        .num_sge = len > 0 ? 1 : 0,
-        .opcode = kind == HW_OP_INTERNAL ? IBV_WR_SEND_WITH_IMM : IBV_WR_SEND,
-        .send_flags = IBV_SEND_SIGNALED,
-    };
-    if (kind == HW_OP_INTERNAL)
-        wr.imm_data = htonl(imm);
-    struct ibv_send_wr *bad = NULL;
-    int rc = ibv_post_send(c->qp, &wr, &bad);
-    if (rc != 0) {
-        c->s_used -= bytes; /* the newest reservation: undo it */
-        c->s_head = old_head;
-        hw_verbs_sq_done(c, i);
-        hw_verbs_conn_fail(c, KVS_EPEER, "connection to %s: posting a send failed: %s",
-                           c->peer, strerror(rc));
-        return kvs_fabric_fail(&f->base, KVS_EPEER, rc, "send to %s: ibv_post_send failed: "
-                               "%s; disconnect and connect again", c->peer, strerror(rc));
-    }
+    e->opcode = kind == HW_OP_INTERNAL ? IBV_WR_SEND_WITH_IMM : IBV_WR_SEND;
+    e->imm = imm;
+    if (hw_verbs_conn_ready(c))
+        hw_verbs_sq_post(c, i, 1);
     return KVS_OK;
 }
 
@@ -208,68 +261,54 @@ int hw_verbs_write(kvs_fabric_t *fab, kvs_conn_t *conn, const kvs_write_desc_t *
     rc = hw_verbs_ensure_keys(f, c);
     if (rc != KVS_OK)
         return rc;
-    const uint32_t room = f->cfg.sq_depth - c->sq_used;
+    /* Count the requests first: all of them fit, or none is queued. */
     uint32_t n = 0;
-    for (uint64_t off = 0; off < desc->len_bytes;) {
+    for (uint64_t off = 0; off < desc->len_bytes; n++) {
         uint32_t lkey = 0, rkey = 0;
         uint64_t lleft = 0, rleft = 0;
         hw_verbs_mr_piece(mr, desc->local_addr + off, &lkey, &lleft);
         rc = hw_verbs_rkey_piece(f, c, desc->rkey, desc->remote_addr + off, &rkey, &rleft);
         if (rc != KVS_OK)
             return rc;
-        const uint64_t len = hw_verbs_min64(hw_verbs_min64(desc->len_bytes - off, lleft),
-                                            hw_verbs_min64(rleft, f->max_write_bytes));
         if (n == f->cfg.sq_depth)
             return kvs_fabric_fail(fab, KVS_EINVAL, 0, "write on %s: %llu bytes need more "
                                    "than sq_depth %u work requests (pieces of at most %llu "
                                    "bytes): raise sq_depth or write less at once",
                                    f->device_name, (unsigned long long)desc->len_bytes,
                                    f->cfg.sq_depth, (unsigned long long)f->max_write_bytes);
-        f->sges[n] = (struct ibv_sge){.addr = desc->local_addr + off, .length = (uint32_t)len,
-                                      .lkey = lkey};
-        f->wrs[n] = (struct ibv_send_wr){
-            .sg_list = &f->sges[n],
-            .num_sge = 1,
-            .opcode = IBV_WR_RDMA_WRITE,
-            .send_flags = IBV_SEND_SIGNALED,
-            .wr.rdma = {.remote_addr = desc->remote_addr + off, .rkey = rkey},
-        };
-        n++;
-        off += len;
+        off += hw_verbs_min64(hw_verbs_min64(desc->len_bytes - off, lleft),
+                              hw_verbs_min64(rleft, f->max_write_bytes));
     }
-    if (n > room)
+    if (n > hw_verbs_sq_room(c))
         return kvs_fabric_fail(fab, KVS_EAGAIN, 0, "write on %s: the send queue to %s has "
                                "room for %u work requests, this write needs %u: poll "
-                               "completions, then retry", f->device_name, c->peer, room, n);
+                               "completions, then retry", f->device_name, c->peer,
+                               hw_verbs_sq_room(c), n);
+    uint32_t first = 0;
+    uint64_t off = 0;
     for (uint32_t k = 0; k < n; k++) {
-        const uint32_t i = hw_verbs_sq_take(c);
-        c->sq[i].wr_id = desc->wr_id;
-        c->sq[i].kind = HW_OP_WRITE;
-        c->sq[i].last = k + 1 == n;
-        f->wrs[k].wr_id = hw_verbs_sq_wr_id(c, i);
-        f->wrs[k].next = k + 1 < n ? &f->wrs[k + 1] : NULL;
+        uint32_t lkey = 0, rkey = 0, i = 0;
+        uint64_t lleft = 0, rleft = 0;
+        hw_verbs_mr_piece(mr, desc->local_addr + off, &lkey, &lleft);
+        (void)hw_verbs_rkey_piece(f, c, desc->rkey, desc->remote_addr + off, &rkey, &rleft);
+        const uint64_t len = hw_verbs_min64(hw_verbs_min64(desc->len_bytes - off, lleft),
+                                            hw_verbs_min64(rleft, f->max_write_bytes));
+        hw_verbs_sqe_t *e = hw_verbs_sq_push(c, &i);
+        if (k == 0)
+            first = i;
+        e->wr_id = desc->wr_id;
+        e->kind = HW_OP_WRITE;
+        e->last = k + 1 == n;
+        e->laddr = desc->local_addr + off;
+        e->raddr = desc->remote_addr + off;
+        e->len = (uint32_t)len;
+        e->lkey = lkey;
+        e->rkey = rkey;
+        e->opcode = e->last && desc->with_imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+        e->imm = desc->imm;
+        off += len;
     }
-    if (desc->with_imm) {
-        f->wrs[n - 1].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-        f->wrs[n - 1].imm_data = htonl(desc->imm);
-    }
-    struct ibv_send_wr *bad = NULL;
-    rc = ibv_post_send(c->qp, &f->wrs[0], &bad);
-    if (rc == 0)
-        return KVS_OK;
-    uint32_t posted = 0;
-    while (posted < n && &f->wrs[posted] != bad)
-        posted++;
-    for (uint32_t k = posted; k < n; k++)
-        hw_verbs_sq_done(c, (uint32_t)(f->wrs[k].wr_id & 0xffffu));
-    hw_verbs_conn_fail(c, KVS_EPEER, "connection to %s: posting a write failed: %s", c->peer,
-                       strerror(rc));
-    if (posted == 0)
-        return kvs_fabric_fail(fab, KVS_EPEER, rc, "write to %s: ibv_post_send failed: %s; "
-                               "disconnect and connect again", c->peer, strerror(rc));
-    /* Part of it went out: its completion reports the failure. */
-    hw_verbs_sqe_t *e = &c->sq[f->wrs[posted - 1].wr_id & 0xffffu];
-    e->last = true;
-    e->status = KVS_EPEER;
+    if (hw_verbs_conn_ready(c))
+        hw_verbs_sq_post(c, first, n);
     return KVS_OK;
 }

@@ -24,12 +24,17 @@
  *   send() (the buffer can be reused at once), delivered in order on the
  *   connection into pre-posted receives.
  * - poll: never blocks; completions of writes and sends carry their status.
- *   An error completion (a wrong key or range at the peer, the peer gone)
- *   fails that operation with KVS_EREMOTE / KVS_EPEER and, as RC does,
- *   moves the connection to the error state: the operations behind it
- *   complete with KVS_EPEER, later posts return KVS_EPEER, and the peer's
- *   side fails too. Disconnect and connect again; other connections are
- *   untouched.
+ *   An error completion (a wrong key or range at the peer) fails that
+ *   operation (KVS_EREMOTE) and nothing else: RC moves both sides' queue
+ *   pairs to the error state, so the fabric sets up new ones for the same
+ *   kvs_conn_t (the connecting side reconnects, the accepting side takes
+ *   it back) and posts again, in order, what the old ones flushed or what
+ *   was posted meanwhile. Across such a recovery a message may arrive twice
+ *   and a write may land twice (same bytes). A peer that is gone, or that
+ *   does not come back within connect_timeout_ms, fails the connection for
+ *   good: what is pending completes with KVS_EPEER, later posts return
+ *   KVS_EPEER. A disconnect tells the peer (BYE), whose side then fails at
+ *   once. Other connections are never touched.
  * - now_ns: CLOCK_MONOTONIC.
  *
  * Threads: a fabric is used by one thread at a time (no locks inside);
@@ -128,8 +133,12 @@ KVS_API int kvs_verbs_fabric_info(kvs_fabric_t *fab, kvs_verbs_info_t *out);
 KVS_API uint32_t kvs_verbs_conn_mtu(kvs_fabric_t *fab, kvs_conn_t *conn);
 
 /* Whether conn is a connection of fab that can still carry operations
- * (connected, not failed, not disconnected). */
+ * (connected or recovering; not failed for good, not disconnected). */
 KVS_API bool kvs_verbs_conn_alive(kvs_fabric_t *fab, kvs_conn_t *conn);
+
+/* How many times the fabric replaced conn's failed queue pair (0 if conn
+ * is not a live connection of fab). For logs and tests. */
+KVS_API uint32_t kvs_verbs_conn_recoveries(kvs_fabric_t *fab, kvs_conn_t *conn);
 
 /* Sleeps until a completion or a connection event may be ready, at most
  * timeout_ms (-1: no limit). Returns KVS_OK (then call poll), KVS_EAGAIN on

@@ -3,10 +3,12 @@
  * in CI's VM, tests/rxe/run-in-vm.sh): two fabrics in this process connect
  * through rdma_cm, exchange control messages both ways, write random data
  * with immediates (split by max_write_bytes and by MR pieces) and check
- * every byte, fail one write with a bad key and a bad range (that write
- * fails, the connection fails cleanly on both sides, other connections
- * carry on, a new connection works), refuse bad port/GID/address settings
- * with a message naming what to change.
+ * every byte, fail one write with a bad key and a bad range from either
+ * side (that write fails, everything else on the connection goes through
+ * once the fabric has replaced the failed queue pairs, other connections
+ * never notice), lose peers (disconnect, destroyed) and fail in bounded
+ * time, refuse bad port/GID/address settings with a message naming what
+ * to change.
  *
  * Without a device: exits 77 (ctest skip) saying so, unless
  * KVS_RXE_REQUIRED=1 (the VM, CI), where that is a failure. Every wait is
@@ -62,6 +64,7 @@ static void cfg_default(kvs_verbs_config_t *cfg)
     kvs_verbs_config_init(cfg);
     cfg->device = getenv("KVS_VERBS_DEVICE");
     cfg->bind_addr = getenv("KVS_VERBS_ADDR");
+    cfg->connect_timeout_ms = 5000;
 }
 
 static void ep_open(ep_t *e, const kvs_verbs_config_t *cfg)
@@ -378,14 +381,19 @@ static void test_verbs_fabric_splits_large_registrations(void **state)
     pair_close(&p);
 }
 
-/* A bad key fails that write with KVS_EREMOTE, the connection after it on
- * both sides, and nothing else. */
-static void bad_write(int mode)
+/* A bad key or range fails that write with KVS_EREMOTE and nothing else:
+ * the fabric replaces both sides' failed queue pairs, the write posted
+ * behind it and a message sent meanwhile still arrive, the same conns carry
+ * on both ways, another connection never notices. `writer_accepted`: the
+ * accepting side writes (as prefill does), else the connecting side. */
+static void bad_write(int mode, bool writer_accepted)
 {
     kvs_verbs_config_t cfg;
     cfg_default(&cfg);
     pair_t p;
     pair_open(&p, &cfg);
+    ep_t *w = writer_accepted ? &p.a : &p.b, *t = writer_accepted ? &p.b : &p.a;
+    kvs_conn_t *wc = writer_accepted ? p.ba : p.ab, *tc = writer_accepted ? p.ab : p.ba;
     /* a second connection between the same fabrics */
     kvs_conn_t *ab2 = NULL, *ba2 = NULL;
     assert_int_equal(connect_while_driving(&p.b, &p.a, &ab2), KVS_OK);
@@ -394,71 +402,82 @@ static void bad_write(int mode)
     assert_non_null(ba2);
     assert_ptr_not_equal(ba2, p.ba);
     buf_t src, dst;
-    buf_reg(&p.b, &src, 64u << 10);
-    buf_reg(&p.a, &dst, 64u << 10);
-    uint64_t seed = 23;
+    buf_reg(w, &src, 64u << 10);
+    buf_reg(t, &dst, 64u << 10);
+    uint64_t seed = 23 + (uint64_t)mode;
     fill_random(src.mem, src.len, &seed);
     const uint64_t base = (uint64_t)(uintptr_t)dst.mem;
     const uint64_t bad_rkey = mode == 0 ? (dst.rkey ^ 0x5a5a00u) : dst.rkey;
     const uint64_t bad_addr = mode == 0 ? base : base + dst.len - 100; /* 4 KiB past the end */
-    assert_int_equal(write_at(&p.b, p.ab, &src, 0, bad_addr, bad_rkey, 4096, false, 0, 500),
-                     KVS_OK);
+    assert_int_equal(write_at(w, wc, &src, 0, bad_addr, bad_rkey, 4096, false, 0, 500), KVS_OK);
     /* posted behind it on the same connection */
-    int rc = write_at(&p.b, p.ab, &src, 0, base, dst.rkey, 4096, false, 0, 501);
-    kvs_completion_t c = take(&p, &p.b, KVS_COMPLETION_WRITE, p.ab);
+    assert_int_equal(write_at(w, wc, &src, 0, base, dst.rkey, 4096, false, 0, 501), KVS_OK);
+    kvs_completion_t c = take(&p, w, KVS_COMPLETION_WRITE, wc);
     assert_int_equal(c.wr_id, 500);
     assert_int_equal(c.status, KVS_EREMOTE);
-    assert_non_null(strstr(p.b.fab->last_backend_msg, "remote key or range"));
-    if (rc == KVS_OK) {
-        c = take(&p, &p.b, KVS_COMPLETION_WRITE, p.ab);
-        assert_int_equal(c.wr_id, 501);
-        assert_int_not_equal(c.status, KVS_OK);
-    } else {
-        assert_int_equal(rc, KVS_EPEER);
-    }
-    /* the failed connection refuses more, saying why */
-    assert_false(kvs_verbs_conn_alive(p.b.fab, p.ab));
-    assert_int_equal(p.b.fab->ops.send(p.b.fab, p.ab, "x", 1, 9), KVS_EPEER);
-    assert_non_null(strstr(p.b.fab->last_backend_msg, "connect again"));
-    /* the peer's side fails too, and is told so by a post */
-    const uint64_t until = deadline();
-    while (kvs_verbs_conn_alive(p.a.fab, p.ba)) {
-        ep_pump(&p.a);
-        ep_pump(&p.b);
-        if (now_ns() > until)
-            fail_msg("the peer's side of the failed connection stayed alive");
-    }
-    assert_int_equal(p.a.fab->ops.send(p.a.fab, p.ba, "y", 1, 10), KVS_EPEER);
-    /* the other connection still carries data */
-    assert_int_equal(write_at(&p.b, ab2, &src, 0, base, dst.rkey, 32u << 10, true, 42, 600),
-                     KVS_OK);
-    c = take(&p, &p.a, KVS_COMPLETION_IMM, ba2);
-    assert_int_equal(c.imm, 42);
-    c = take(&p, &p.b, KVS_COMPLETION_WRITE, ab2);
+    assert_non_null(strstr(w->fab->last_backend_msg, "remote key or range"));
+    /* while the connection recovers, a message from the other side */
+    assert_int_equal(t->fab->ops.send(t->fab, tc, "during", 6, 8), KVS_OK);
+    c = take(&p, w, KVS_COMPLETION_WRITE, wc);
+    assert_int_equal(c.wr_id, 501);
     assert_int_equal(c.status, KVS_OK);
-    assert_memory_equal(dst.mem, src.mem, 32u << 10);
-    /* a new connection in place of the failed one works */
-    p.b.fab->ops.disconnect(p.b.fab, p.ab);
-    assert_int_equal(connect_while_driving(&p.b, &p.a, &p.ab), KVS_OK);
-    assert_int_equal(p.b.fab->ops.send(p.b.fab, p.ab, "again", 5, 4), KVS_OK);
-    c = take(&p, &p.a, KVS_COMPLETION_RECV, NULL);
+    assert_memory_equal(dst.mem, src.mem, 4096);
+    c = take(&p, w, KVS_COMPLETION_RECV, wc);
+    assert_int_equal(c.len_bytes, 6);
+    assert_memory_equal(c.msg, "during", 6);
+    c = take(&p, t, KVS_COMPLETION_SEND, tc);
+    assert_int_equal(c.status, KVS_OK);
+    assert_true(kvs_verbs_conn_alive(p.b.fab, p.ab));
+    assert_true(kvs_verbs_conn_alive(p.a.fab, p.ba));
+    /* it was RC's failure, recovered: both sides got a new queue pair */
+    assert_true(kvs_verbs_conn_recoveries(p.b.fab, p.ab) >= 1);
+    assert_true(kvs_verbs_conn_recoveries(p.a.fab, p.ba) >= 1);
+    assert_int_equal(kvs_verbs_conn_recoveries(p.b.fab, ab2), 0);
+    /* the same conns, both ways */
+    assert_int_equal(w->fab->ops.send(w->fab, wc, "after", 5, 9), KVS_OK);
+    c = take(&p, t, KVS_COMPLETION_RECV, tc);
     assert_int_equal(c.len_bytes, 5);
-    assert_int_equal(write_at(&p.b, p.ab, &src, 1000, base + 1000, dst.rkey, 20000, false, 0,
-                              700),
+    assert_int_equal(write_at(w, wc, &src, 1000, base + 1000, dst.rkey, 20000, true, 7, 502),
                      KVS_OK);
-    c = take(&p, &p.b, KVS_COMPLETION_WRITE, p.ab);
+    c = take(&p, t, KVS_COMPLETION_IMM, tc);
+    assert_int_equal(c.imm, 7);
+    c = take(&p, w, KVS_COMPLETION_WRITE, wc);
     assert_int_equal(c.status, KVS_OK);
+    assert_memory_equal(dst.mem + 1000, src.mem + 1000, 20000);
+    /* the other connection never noticed */
+    assert_int_equal(p.b.fab->ops.send(p.b.fab, ab2, "still", 5, 10), KVS_OK);
+    c = take(&p, &p.a, KVS_COMPLETION_RECV, ba2);
+    assert_int_equal(c.len_bytes, 5);
     p.b.fab->ops.disconnect(p.b.fab, ab2);
-    buf_unreg(&p.b, &src);
-    buf_unreg(&p.a, &dst);
+    buf_unreg(w, &src);
+    buf_unreg(t, &dst);
     pair_close(&p);
 }
 
-static void test_verbs_fabric_bad_rkey_fails_only_that_write(void **state) { bad_write(0); }
+static void test_verbs_fabric_bad_rkey_fails_only_that_write(void **state)
+{
+    bad_write(0, false);
+}
 
 static void test_verbs_fabric_out_of_range_write_fails_only_that_write(void **state)
 {
-    bad_write(1);
+    bad_write(1, false);
+}
+
+static void test_verbs_fabric_accepting_side_bad_write_fails_only_that_write(void **state)
+{
+    bad_write(0, true);
+}
+
+static void wait_dead(pair_t *p, ep_t *e, kvs_conn_t *conn, const char *what)
+{
+    const uint64_t until = deadline();
+    while (kvs_verbs_conn_alive(e->fab, conn)) {
+        ep_pump(&p->a);
+        ep_pump(&p->b);
+        if (now_ns() > until)
+            fail_msg("%s was never noticed", what);
+    }
 }
 
 static void test_verbs_fabric_peer_disconnect_fails_posts_cleanly(void **state)
@@ -467,18 +486,27 @@ static void test_verbs_fabric_peer_disconnect_fails_posts_cleanly(void **state)
     cfg_default(&cfg);
     pair_t p;
     pair_open(&p, &cfg);
+    const uint64_t t0 = now_ns();
     p.b.fab->ops.disconnect(p.b.fab, p.ab);
     p.ab = NULL;
     assert_int_equal(p.b.fab->ops.send(p.b.fab, NULL, "x", 1, 1), KVS_EINVAL);
-    const uint64_t until = deadline();
-    while (kvs_verbs_conn_alive(p.a.fab, p.ba)) {
-        ep_pump(&p.a);
-        if (now_ns() > until)
-            fail_msg("a disconnect was never seen by the peer");
-    }
+    wait_dead(&p, &p.a, p.ba, "a disconnect");
+    /* told by BYE: well before a reconnect could have been waited out */
+    assert_true(now_ns() - t0 < (uint64_t)cfg.connect_timeout_ms * 1000000u);
     assert_int_equal(p.a.fab->ops.send(p.a.fab, p.ba, "x", 1, 1), KVS_EPEER);
     assert_non_null(strstr(p.a.fab->last_backend_msg, "disconnected"));
-    /* the peer that went away entirely */
+    pair_close(&p);
+}
+
+/* A peer destroyed without a word: the accepting side waits for a
+ * reconnect, the connecting side tries one; both give up in bounded time. */
+static void test_verbs_fabric_vanished_peer_fails_the_connection(void **state)
+{
+    kvs_verbs_config_t cfg;
+    cfg_default(&cfg);
+    cfg.connect_timeout_ms = 3000;
+    pair_t p;
+    pair_open(&p, &cfg);
     ep_t c;
     ep_open(&c, &cfg);
     kvs_conn_t *ca = NULL;
@@ -487,14 +515,23 @@ static void test_verbs_fabric_peer_disconnect_fails_posts_cleanly(void **state)
     pair_t q = {.a = p.a, .b = c};
     kvs_conn_t *ac = take(&q, &q.a, KVS_COMPLETION_RECV, NULL).conn;
     p.a = q.a;
-    ep_close(&c); /* destroys its connection too */
-    const uint64_t until2 = deadline();
-    while (kvs_verbs_conn_alive(p.a.fab, ac)) {
-        ep_pump(&p.a);
-        if (now_ns() > until2)
-            fail_msg("a destroyed peer was never noticed");
+    ep_close(&c); /* destroys its connection too, without a BYE */
+    wait_dead(&p, &p.a, ac, "a destroyed connecting peer");
+    assert_int_equal(p.a.fab->ops.send(p.a.fab, ac, "x", 1, 1), KVS_EPEER);
+    assert_non_null(strstr(p.a.fab->last_backend_msg, "not re-established"));
+    /* now the accepting side goes away: b's reconnects find no listener */
+    kvs_conn_t *ab = p.ab;
+    ep_close(&p.a);
+    const uint64_t until = deadline();
+    while (kvs_verbs_conn_alive(p.b.fab, ab)) {
+        ep_pump(&p.b);
+        if (now_ns() > until)
+            fail_msg("a destroyed accepting peer was never noticed");
     }
-    pair_close(&p);
+    assert_int_equal(p.b.fab->ops.send(p.b.fab, ab, "x", 1, 1), KVS_EPEER);
+    p.b.fab->ops.disconnect(p.b.fab, ab);
+    p.ab = NULL;
+    ep_close(&p.b);
 }
 
 static void test_verbs_fabric_connect_failures_say_what_to_change(void **state)
@@ -660,7 +697,9 @@ int main(void)
         cmocka_unit_test(test_verbs_fabric_splits_large_registrations),
         cmocka_unit_test(test_verbs_fabric_bad_rkey_fails_only_that_write),
         cmocka_unit_test(test_verbs_fabric_out_of_range_write_fails_only_that_write),
+        cmocka_unit_test(test_verbs_fabric_accepting_side_bad_write_fails_only_that_write),
         cmocka_unit_test(test_verbs_fabric_peer_disconnect_fails_posts_cleanly),
+        cmocka_unit_test(test_verbs_fabric_vanished_peer_fails_the_connection),
         cmocka_unit_test(test_verbs_fabric_connect_failures_say_what_to_change),
         cmocka_unit_test(test_verbs_fabric_bad_settings_on_a_device_say_what_to_change),
         cmocka_unit_test(test_verbs_fabric_registration_asks_the_dmabuf_exporter),
