@@ -130,8 +130,18 @@ kvs_conn_t *hw_verbs_conn_of(hw_verbs_fabric_t *f, kvs_conn_t *conn)
     return conn;
 }
 
+static void hw_verbs_conn_free_prev(kvs_conn_t *c)
+{
+    if (c->prev_rmr != NULL)
+        (void)ibv_dereg_mr(c->prev_rmr);
+    free(c->prev_rbuf);
+    c->prev_rmr = NULL;
+    c->prev_rbuf = NULL;
+}
+
 /* Destroys the QP (and, when drop_id, the cm_id). Requests it still had
- * go again on the next QP; its late completions are dropped (new gen). */
+ * go again on the next QP; its receive buffers stay readable for its
+ * completions still in the CQ, and the next QP gets new ones (new gen). */
 static void hw_verbs_conn_drop_qp(kvs_conn_t *c, bool drop_id)
 {
     const uint32_t depth = c->fab->cfg.sq_depth;
@@ -149,6 +159,12 @@ static void hw_verbs_conn_drop_qp(kvs_conn_t *c, bool drop_id)
         (void)rdma_destroy_id(c->id);
     if (drop_id)
         c->id = NULL;
+    hw_verbs_conn_free_prev(c);
+    c->prev_rbuf = c->rbuf;
+    c->prev_rmr = c->rmr;
+    c->prev_gen = c->gen & 0xffffu;
+    c->rbuf = NULL;
+    c->rmr = NULL;
     c->gen++;
 }
 
@@ -165,6 +181,7 @@ void hw_verbs_conn_free(kvs_conn_t *c)
     free(c->sbuf);
     free(c->rbuf);
     free(c->sq);
+    hw_verbs_conn_free_prev(c);
     hw_verbs_rtables_free(c);
     hw_verbs_fabric_t *f = c->fab;
     const uint32_t slot = c->slot, gen = c->gen + 1;
@@ -281,23 +298,28 @@ int hw_verbs_post_recv(kvs_conn_t *c, uint32_t index)
     return 0;
 }
 
-/* The connection's buffers, once. Returns 0 or an errno, *step says what. */
+/* The connection's buffers (receive buffers again for each new QP).
+ * Returns 0 or an errno, *step says what. */
 static int hw_verbs_conn_buffers(kvs_conn_t *c, const char **step)
 {
     hw_verbs_fabric_t *f = c->fab;
     const kvs_verbs_config_t *cfg = &f->cfg;
-    if (c->sq != NULL)
-        return 0;
+    const size_t rbytes = (size_t)cfg->recv_depth * KVS_CONTROL_MSG_MAX_BYTES;
     *step = "allocating connection buffers";
-    c->sq = calloc(cfg->sq_depth, sizeof *c->sq);
-    c->sbuf = malloc(cfg->send_buf_bytes);
-    c->rbuf = malloc((size_t)cfg->recv_depth * KVS_CONTROL_MSG_MAX_BYTES);
+    if (c->sq == NULL)
+        c->sq = calloc(cfg->sq_depth, sizeof *c->sq);
+    if (c->sbuf == NULL)
+        c->sbuf = malloc(cfg->send_buf_bytes);
+    if (c->rbuf == NULL)
+        c->rbuf = malloc(rbytes);
     if (c->sq == NULL || c->sbuf == NULL || c->rbuf == NULL)
         return ENOMEM;
     *step = "registering connection buffers (ibv_reg_mr)";
-    c->smr = ibv_reg_mr(f->pd, c->sbuf, cfg->send_buf_bytes, IBV_ACCESS_LOCAL_WRITE);
-    c->rmr = ibv_reg_mr(f->pd, c->rbuf, (size_t)cfg->recv_depth * KVS_CONTROL_MSG_MAX_BYTES,
-                        IBV_ACCESS_LOCAL_WRITE);
+    errno = 0;
+    if (c->smr == NULL)
+        c->smr = ibv_reg_mr(f->pd, c->sbuf, cfg->send_buf_bytes, IBV_ACCESS_LOCAL_WRITE);
+    if (c->rmr == NULL)
+        c->rmr = ibv_reg_mr(f->pd, c->rbuf, rbytes, IBV_ACCESS_LOCAL_WRITE);
     if (c->smr == NULL || c->rmr == NULL)
         return errno != 0 ? errno : ENOMEM;
     return 0;
@@ -408,6 +430,20 @@ static void hw_verbs_conn_up(kvs_conn_t *c)
     }
 }
 
+/* Connect or accept parameters of c's QP carrying v in priv. */
+static void hw_verbs_conn_param(const kvs_conn_t *c, const hw_verbs_priv_t *v,
+                                uint8_t priv[HW_VERBS_PRIV_BYTES], struct rdma_conn_param *out)
+{
+    hw_verbs_priv_put(priv, v);
+    *out = (struct rdma_conn_param){
+        .private_data = priv,
+        .private_data_len = HW_VERBS_PRIV_BYTES,
+        .retry_count = HW_VERBS_RETRY,
+        .rnr_retry_count = HW_VERBS_RNR_RETRY,
+        .qp_num = c->qp->qp_num,
+    };
+}
+
 /* ---- passive side ----------------------------------------------------------- */
 
 static void hw_verbs_reject(struct rdma_cm_id *id, uint8_t code, bool destroy)
@@ -476,14 +512,9 @@ static void hw_verbs_on_request(hw_verbs_fabric_t *f, struct rdma_cm_id *id,
         err = hw_verbs_conn_rts(c, mtu, &step);
     if (err == 0) {
         uint8_t rep[HW_VERBS_PRIV_BYTES];
-        hw_verbs_priv_put(rep, &(hw_verbs_priv_t){.mtu = (uint8_t)mtu, .token = c->token});
-        struct rdma_conn_param param = {
-            .private_data = rep,
-            .private_data_len = sizeof rep,
-            .retry_count = HW_VERBS_RETRY,
-            .rnr_retry_count = HW_VERBS_RNR_RETRY,
-            .qp_num = c->qp->qp_num,
-        };
+        struct rdma_conn_param param;
+        hw_verbs_conn_param(c, &(hw_verbs_priv_t){.mtu = (uint8_t)mtu, .token = c->token}, rep,
+                            &param);
         step = "accepting (rdma_accept)";
         err = rdma_accept(id, &param) == 0 ? 0 : (errno != 0 ? errno : EINVAL);
         if (err == 0)
@@ -554,17 +585,13 @@ static void hw_verbs_on_route(kvs_conn_t *c)
     int err = hw_verbs_conn_setup(c, &step);
     if (err == 0) {
         uint8_t priv[HW_VERBS_PRIV_BYTES];
-        hw_verbs_priv_put(priv, &(hw_verbs_priv_t){
-                                    .mtu = (uint8_t)f->port_mtu,
-                                    .token = c->token,
-                                    .flags = c->recovering ? HW_VERBS_FLAG_RECONNECT : 0});
-        struct rdma_conn_param param = {
-            .private_data = priv,
-            .private_data_len = sizeof priv,
-            .retry_count = HW_VERBS_RETRY,
-            .rnr_retry_count = HW_VERBS_RNR_RETRY,
-            .qp_num = c->qp->qp_num,
-        };
+        struct rdma_conn_param param;
+        hw_verbs_conn_param(c, &(hw_verbs_priv_t){.mtu = (uint8_t)f->port_mtu,
+                                                  .token = c->token,
+                                                  .flags = c->recovering
+                                                               ? HW_VERBS_FLAG_RECONNECT
+                                                               : 0},
+                            priv, &param);
         step = "sending the connection request (rdma_connect)";
         if (rdma_connect(c->id, &param) != 0)
             err = errno != 0 ? errno : EINVAL;

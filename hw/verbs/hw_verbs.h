@@ -6,12 +6,13 @@
  * Files: select.c (device, port, GID choice), status.c (verbs codes to
  * kvstage codes), dmabuf.c (CUDA memory as dma-buf), mr.c (registration,
  * split MRs and their key tables), conn.c (rdma_cm, queue pairs, MTU
- * agreement), post.c (write, send), poll.c (completions, wait), fabric.c
- * (the ops table, create, destroy).
+ * agreement, recovery), post.c (write, send), poll.c (completions, wait),
+ * fabric.c (the ops table, create, destroy).
  *
- * Work request ids: bit 63 set for receives; bits 32..47 the connection's
- * generation, 16..31 its slot, 0..15 the send-queue or receive slot. A
- * completion whose slot and generation name no live connection is dropped.
+ * Work request ids: bit 63 set for receives; bits 32..47 the generation of
+ * the connection's current queue pair, 16..31 the connection's slot, 0..15
+ * the send-queue ring index or receive buffer. A completion whose slot and
+ * generation name no current queue pair is dropped.
  */
 #ifndef KVS_HW_VERBS_H
 #define KVS_HW_VERBS_H
@@ -226,6 +227,11 @@ struct kvs_conn {
     uint8_t *rbuf;
     struct ibv_mr *rmr;
     uint32_t rq_posted;
+    /* the receive buffers of the replaced QP, for its completions still in
+     * the CQ (generation prev_gen): nothing received is lost to a recovery */
+    uint8_t *prev_rbuf;
+    struct ibv_mr *prev_rmr;
+    uint32_t prev_gen;
     /* the peer's split registrations */
     hw_verbs_rtable_t *rtables;
     uint32_t nrtables;

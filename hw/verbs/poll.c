@@ -40,9 +40,21 @@ static bool hw_verbs_on_recv(hw_verbs_fabric_t *f, const struct ibv_wc *wc,
     const uint32_t gen = (uint32_t)(wc->wr_id >> 32) & 0xffffu;
     const uint32_t index = (uint32_t)wc->wr_id & 0xffffu;
     kvs_conn_t *c = hw_verbs_conn_at(f, slot, gen);
-    if (c == NULL)
+    const uint8_t *buf = NULL;
+    if (c != NULL) {
+        c->rq_posted--;
+        buf = c->rbuf + (size_t)index * KVS_CONTROL_MSG_MAX_BYTES;
+    } else if (slot < f->cfg.max_conns && f->conns[slot].state != HW_CONN_FREE &&
+               f->conns[slot].prev_rbuf != NULL && f->conns[slot].prev_gen == gen) {
+        /* received by the QP a recovery replaced: deliver it, post nothing */
+        c = &f->conns[slot];
+        if (wc->status != IBV_WC_SUCCESS || c->state == HW_CONN_CLOSING)
+            return false;
+        buf = c->prev_rbuf + (size_t)index * KVS_CONTROL_MSG_MAX_BYTES;
+    } else {
         return false;
-    c->rq_posted--;
+    }
+    const bool current = (c->gen & 0xffffu) == gen;
     if (wc->status != IBV_WC_SUCCESS) {
         hw_verbs_conn_broken(c, hw_verbs_wc_status(wc->status), "connection to %s: a receive "
                              "completed with '%s'", c->peer, ibv_wc_status_str(wc->status));
@@ -50,7 +62,6 @@ static bool hw_verbs_on_recv(hw_verbs_fabric_t *f, const struct ibv_wc *wc,
     }
     if (c->state == HW_CONN_CLOSING)
         return false;
-    const uint8_t *buf = c->rbuf + (size_t)index * KVS_CONTROL_MSG_MAX_BYTES;
     bool user = true;
     if (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
         *out = (kvs_completion_t){.kind = KVS_COMPLETION_IMM, .status = KVS_OK, .conn = c,
@@ -74,7 +85,8 @@ static bool hw_verbs_on_recv(hw_verbs_fabric_t *f, const struct ibv_wc *wc,
     }
     if (user)
         c->user_knows = true;
-    if (c->qp != NULL && c->state != HW_CONN_DEAD && c->state != HW_CONN_RECOVERING) {
+    if (current && c->qp != NULL && c->state != HW_CONN_DEAD &&
+        c->state != HW_CONN_RECOVERING) {
         int rc = hw_verbs_post_recv(c, index);
         if (rc != 0)
             hw_verbs_conn_broken(c, KVS_EBACKEND, "connection to %s: posting a receive "

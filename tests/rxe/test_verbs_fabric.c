@@ -469,6 +469,51 @@ static void test_verbs_fabric_accepting_side_bad_write_fails_only_that_write(voi
     bad_write(0, true);
 }
 
+/* Messages that reached the accepting side's queue pair but were not polled
+ * yet when a recovery replaced it are still delivered, in order. */
+static void test_verbs_fabric_recovery_keeps_unpolled_messages(void **state)
+{
+    kvs_verbs_config_t cfg;
+    cfg_default(&cfg);
+    pair_t p;
+    pair_open(&p, &cfg);
+    buf_t src, dst;
+    buf_reg(&p.b, &src, 8192);
+    buf_reg(&p.a, &dst, 8192);
+    for (int i = 0; i < 5; i++) {
+        char m[8];
+        snprintf(m, sizeof m, "m%d", i);
+        assert_int_equal(p.b.fab->ops.send(p.b.fab, p.ab, m, 3, 20 + (uint64_t)i), KVS_OK);
+    }
+    assert_int_equal(write_at(&p.b, p.ab, &src, 0, (uint64_t)(uintptr_t)dst.mem,
+                              dst.rkey ^ 0x777000u, 4096, false, 0, 30),
+                     KVS_OK);
+    /* only b runs: its write fails, then it asks a for a new queue pair */
+    const uint64_t until = now_ns() + 2000000000u;
+    bool failed = false;
+    while (now_ns() < until) {
+        ep_pump(&p.b);
+        for (int i = 0; i < p.b.n; i++)
+            if (p.b.q[i].kind == KVS_COMPLETION_WRITE && p.b.q[i].wr_id == 30)
+                failed = p.b.q[i].status == KVS_EREMOTE;
+    }
+    assert_true(failed);
+    for (int i = 0; i < 5; i++) {
+        kvs_completion_t c = take(&p, &p.a, KVS_COMPLETION_RECV, p.ba);
+        char m[8];
+        snprintf(m, sizeof m, "m%d", i);
+        assert_int_equal(c.len_bytes, 3);
+        assert_memory_equal(c.msg, m, 3);
+    }
+    assert_int_equal(p.b.fab->ops.send(p.b.fab, p.ab, "ok", 2, 40), KVS_OK);
+    kvs_completion_t c = take(&p, &p.a, KVS_COMPLETION_RECV, p.ba);
+    assert_int_equal(c.len_bytes, 2);
+    assert_true(kvs_verbs_conn_recoveries(p.a.fab, p.ba) >= 1);
+    buf_unreg(&p.b, &src);
+    buf_unreg(&p.a, &dst);
+    pair_close(&p);
+}
+
 static void wait_dead(pair_t *p, ep_t *e, kvs_conn_t *conn, const char *what)
 {
     const uint64_t until = deadline();
@@ -698,6 +743,7 @@ int main(void)
         cmocka_unit_test(test_verbs_fabric_bad_rkey_fails_only_that_write),
         cmocka_unit_test(test_verbs_fabric_out_of_range_write_fails_only_that_write),
         cmocka_unit_test(test_verbs_fabric_accepting_side_bad_write_fails_only_that_write),
+        cmocka_unit_test(test_verbs_fabric_recovery_keeps_unpolled_messages),
         cmocka_unit_test(test_verbs_fabric_peer_disconnect_fails_posts_cleanly),
         cmocka_unit_test(test_verbs_fabric_vanished_peer_fails_the_connection),
         cmocka_unit_test(test_verbs_fabric_connect_failures_say_what_to_change),
