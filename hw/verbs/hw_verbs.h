@@ -1,0 +1,333 @@
+/*
+ * hw_verbs.h (internal) - the types shared by the files of the verbs fabric
+ * (hw/verbs/): the fabric instance, its connections, registrations and
+ * send-queue bookkeeping, and the cross-file hw_verbs_ functions.
+ *
+ * Files: select.c (device, port, GID choice), status.c (verbs codes to
+ * kvstage codes), dmabuf.c (CUDA memory as dma-buf), mr.c (registration,
+ * split MRs and their key tables), conn.c (rdma_cm, queue pairs, MTU
+ * agreement, recovery), post.c (write, send), poll.c (completions, wait),
+ * fabric.c (the ops table, create, destroy).
+ *
+ * Work request ids: bit 63 set for receives; bits 32..47 the generation of
+ * the connection's current queue pair, 16..31 the connection's slot, 0..15
+ * the send-queue ring index or receive buffer. A completion whose slot and
+ * generation name no current queue pair is dropped.
+ */
+#ifndef KVS_HW_VERBS_H
+#define KVS_HW_VERBS_H
+
+#include <kvstage/verbs.h>
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define HW_VERBS_MAGIC 0x5653564bu /* "KVSV" little-endian */
+#define HW_VERBS_WIRE_VERSION 1u
+#define HW_VERBS_MAX_SLOTS 65535u  /* connections, send and receive slots */
+#define HW_VERBS_STASH 16
+#define HW_VERBS_WHY_BYTES 200
+
+/* Fabric-internal messages: SEND WITH IMM, the immediate says which. */
+enum hw_verbs_ctrl {
+    HW_VERBS_CTRL_KEYS = 1, /* some piece keys of a split registration */
+    HW_VERBS_CTRL_DROP = 2, /* a split registration was deregistered */
+    HW_VERBS_CTRL_BYE = 3   /* the sender disconnects on purpose */
+};
+
+/* Remote keys of a split registration: bit 63, the registration id in
+ * bits 32..62, the first piece's key in 0..31 (for messages). */
+#define HW_VERBS_RKEY_SPLIT (UINT64_C(1) << 63)
+
+typedef struct hw_verbs_fabric hw_verbs_fabric_t;
+
+/* ---- selection (select.c): pure, over a snapshot of the devices ---------- */
+
+typedef struct hw_verbs_gid {
+    uint8_t raw[16];
+    int index;
+    int type; /* IBV_GID_TYPE_IB, _ROCE_V1, _ROCE_V2 */
+} hw_verbs_gid_t;
+
+typedef struct hw_verbs_port_info {
+    int state;      /* enum ibv_port_state */
+    int link_layer; /* IBV_LINK_LAYER_* */
+    int active_mtu; /* enum ibv_mtu */
+    int gid_tbl_len;
+    const hw_verbs_gid_t *gids; /* the valid entries */
+    int ngids;
+} hw_verbs_port_info_t;
+
+typedef struct hw_verbs_dev_info {
+    const char *name;
+    const hw_verbs_port_info_t *ports; /* ports[0] is port 1 */
+    int nports;
+} hw_verbs_dev_info_t;
+
+typedef struct hw_verbs_choice {
+    int dev;           /* index into the snapshot */
+    int port;          /* 1-based */
+    int gid_index;
+    char gid[48];      /* textual */
+    char addr[48];     /* IP in the GID, "" when it holds none */
+} hw_verbs_choice_t;
+
+/* Picks device, port and GID (rules in kvs_verbs_config_t). Returns KVS_OK,
+ * or KVS_EBACKEND (nothing usable: no device, ports down, no usable GID) /
+ * KVS_EINVAL (a named device, port or GID index that is wrong) with `why`
+ * saying what to change. */
+int hw_verbs_select(const hw_verbs_dev_info_t *devs, int ndevs, const char *want_dev,
+                    int want_port, int want_gid, hw_verbs_choice_t *out, char *why,
+                    size_t why_bytes);
+/* The GID as IPv6 text. */
+void hw_verbs_gid_text(const uint8_t raw[16], char *text, size_t text_bytes);
+/* The IP address a RoCE GID holds: dotted IPv4 for an IPv4-mapped GID,
+ * else IPv6 text; false (and "") for a zero GID. */
+bool hw_verbs_gid_addr(const uint8_t raw[16], char *addr, size_t addr_bytes);
+uint32_t hw_verbs_mtu_bytes(int ibv_mtu);
+int hw_verbs_mtu_enum(uint32_t bytes); /* largest enum ibv_mtu <= bytes; 0 below 256 */
+
+/* ---- status translation (status.c) --------------------------------------- */
+
+int hw_verbs_wc_status(enum ibv_wc_status st);
+const char *hw_verbs_wc_advice(enum ibv_wc_status st);
+int hw_verbs_errno_status(int err);
+
+/* ---- registrations (mr.c) ------------------------------------------------- */
+
+struct kvs_mr {
+    uint64_t addr;
+    uint64_t len_bytes;
+    uint64_t piece_bytes;  /* every piece but the last */
+    uint64_t rkey;         /* what the peer writes with */
+    struct ibv_mr **pieces;
+    uint32_t npieces;
+    uint32_t id;           /* unique per fabric, 31 bits */
+    bool live;
+    bool dmabuf;
+};
+
+/* A peer's split registration, learnt from its KEYS messages. */
+typedef struct hw_verbs_rtable {
+    uint32_t id;
+    uint32_t npieces;
+    uint32_t filled;
+    uint64_t base;
+    uint64_t piece_bytes;
+    uint64_t len_bytes;
+    uint32_t *rkeys;
+} hw_verbs_rtable_t;
+
+kvs_mr_t *hw_verbs_mr_of(hw_verbs_fabric_t *f, kvs_mr_t *mr);
+int hw_verbs_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
+                         uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey);
+int hw_verbs_mr_deregister(kvs_fabric_t *fab, kvs_mr_t *mr);
+void hw_verbs_mr_free_all(hw_verbs_fabric_t *f);
+/* Local key and bytes left in the piece holding addr (inside mr). */
+void hw_verbs_mr_piece(const kvs_mr_t *mr, uint64_t addr, uint32_t *lkey, uint64_t *left);
+/* Remote key and bytes left in the remote piece holding raddr; KVS_EREMOTE
+ * when a split key is unknown on conn or raddr lies outside it. */
+int hw_verbs_rkey_piece(hw_verbs_fabric_t *f, kvs_conn_t *conn, uint64_t rkey, uint64_t raddr,
+                        uint32_t *out_rkey, uint64_t *left);
+/* Handles a KEYS or DROP message of the peer. */
+void hw_verbs_keys_recv(hw_verbs_fabric_t *f, kvs_conn_t *conn, uint32_t kind,
+                        const uint8_t *msg, uint32_t len_bytes);
+/* Sends the key tables of every live split registration on conn. */
+int hw_verbs_keys_push_all(hw_verbs_fabric_t *f, kvs_conn_t *conn);
+void hw_verbs_rtables_free(kvs_conn_t *conn);
+
+/* ---- dma-buf (dmabuf.c) ---------------------------------------------------- */
+
+typedef struct hw_verbs_cuda hw_verbs_cuda_t;
+/* Loads libcuda.so.1 if present; NULL when it is not (no error). */
+hw_verbs_cuda_t *hw_verbs_cuda_open(void);
+void hw_verbs_cuda_close(hw_verbs_cuda_t *cuda);
+/* A kvs_verbs_dmabuf_fn; ctx is a hw_verbs_cuda_t (or NULL: KVS_ENOTSUP). */
+int hw_verbs_cuda_dmabuf(void *ctx, kvs_device_t *dev, uint64_t addr, uint64_t len_bytes,
+                         int *out_fd, uint64_t *out_offset, char *err_msg, size_t err_bytes);
+
+/* ---- connections (conn.c) -------------------------------------------------- */
+
+typedef enum hw_verbs_conn_state {
+    HW_CONN_FREE = 0,
+    HW_CONN_RESOLVING,   /* active: address and route */
+    HW_CONN_CONNECTING,  /* active: request sent */
+    HW_CONN_ACCEPTING,   /* passive: accepted, waiting for ESTABLISHED */
+    HW_CONN_UP,
+    HW_CONN_RECOVERING,  /* its QP failed: a new one is being set up (conn.c) */
+    HW_CONN_DEAD,        /* failed for good: posts return KVS_EPEER */
+    HW_CONN_CLOSING      /* disconnected by the user: reaping its requests */
+} hw_verbs_conn_state_t;
+
+typedef enum hw_verbs_op_kind {
+    HW_OP_WRITE = 0,
+    HW_OP_SEND = 1,
+    HW_OP_INTERNAL = 2 /* fabric-internal send: no user completion */
+} hw_verbs_op_kind_t;
+
+typedef enum hw_verbs_sqe_state {
+    HW_SQE_FREE = 0,
+    HW_SQE_QUEUED,  /* accepted, not posted yet (the QP is being replaced) */
+    HW_SQE_POSTED,  /* on the current QP */
+    HW_SQE_REPOST,  /* flushed by a failed QP: goes again on the next one */
+    HW_SQE_DONE     /* completed with `status`, waiting to be reported in order */
+} hw_verbs_sqe_state_t;
+
+/* One work request of the send queue, kept until reported so that it can
+ * be posted again on a replacement QP. */
+typedef struct hw_verbs_sqe {
+    uint64_t wr_id;        /* the user's */
+    uint64_t laddr;        /* source bytes (write: user memory; send: the ring) */
+    uint64_t raddr;
+    uint32_t len, lkey, rkey, imm;
+    uint32_t send_end;     /* send ring head after this one's bytes */
+    uint32_t send_bytes;   /* ring bytes it holds (with any skipped tail), 0 for writes */
+    int status;            /* DONE: its result */
+    uint8_t kind;          /* hw_verbs_op_kind_t */
+    uint8_t opcode;        /* enum ibv_wr_opcode */
+    uint8_t state;         /* hw_verbs_sqe_state_t */
+    bool last;             /* the last work request of its operation */
+} hw_verbs_sqe_t;
+
+struct kvs_conn {
+    hw_verbs_fabric_t *fab;
+    struct rdma_cm_id *id;
+    struct ibv_qp *qp;
+    uint32_t slot;
+    uint32_t gen;            /* 16 bits used in work request ids; bumped per QP */
+    hw_verbs_conn_state_t state;
+    bool active;             /* we connected; else accepted */
+    bool user_knows;         /* handed to the user (connect, or a completion) */
+    bool keys_pushed;
+    bool recovering;         /* RESOLVING/CONNECTING/ACCEPTING again after a failure */
+    bool peer_bye;           /* the peer disconnected on purpose: no recovery */
+    bool bye_sent;           /* CLOSING: our BYE is on its way */
+    uint64_t token;          /* names the connection in a reconnect request */
+    uint32_t recoveries;     /* QPs replaced after a failure */
+    int op_status;           /* first error among the current operation's requests */
+    int dead_status;         /* why posts fail once DEAD */
+    char why[HW_VERBS_WHY_BYTES];
+    char peer[64];           /* "IP:port" for messages */
+    struct sockaddr_storage dst; /* active: the peer's address, for reconnects */
+    int mtu;                 /* enum ibv_mtu agreed */
+    uint64_t deadline_ns;    /* connect, recovery or close */
+    uint64_t retry_ns;       /* recovery: next reconnect attempt */
+    /* send queue: a ring in posting order */
+    hw_verbs_sqe_t *sq;
+    uint32_t sq_head, sq_used;
+    uint32_t sq_posted;      /* on the current QP */
+    /* control bytes in flight: a ring, freed in completion order */
+    uint8_t *sbuf;
+    struct ibv_mr *smr;
+    uint32_t s_head, s_tail, s_used;
+    /* receives */
+    uint8_t *rbuf;
+    struct ibv_mr *rmr;
+    uint32_t rq_posted;
+    /* the receive buffers of the replaced QP, for its completions still in
+     * the CQ (generation prev_gen): nothing received is lost to a recovery */
+    uint8_t *prev_rbuf;
+    struct ibv_mr *prev_rmr;
+    uint32_t prev_gen;
+    /* the peer's split registrations */
+    hw_verbs_rtable_t *rtables;
+    uint32_t nrtables;
+};
+
+/* Processes every pending rdma_cm event without blocking. */
+int hw_verbs_cm_drain(hw_verbs_fabric_t *f);
+int hw_verbs_connect(kvs_fabric_t *fab, const char *peer, kvs_conn_t **out);
+void hw_verbs_disconnect(kvs_fabric_t *fab, kvs_conn_t *conn);
+/* The connection's QP failed (an error completion, the peer's disconnect):
+ * RECOVERING, a new QP replaces it and the flushed requests go again; the
+ * first reason is kept for messages. Connections that cannot recover (still
+ * connecting, closing, the peer said BYE) fail for good instead. */
+void hw_verbs_conn_broken(kvs_conn_t *conn, int status, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+/* Fails conn for good: everything not yet completed completes with
+ * `status`, later posts return KVS_EPEER with the reason. */
+void hw_verbs_conn_fail(kvs_conn_t *conn, int status, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+/* Frees a conn and everything it holds. */
+void hw_verbs_conn_free(kvs_conn_t *conn);
+/* The conn in slot/gen, or NULL. */
+kvs_conn_t *hw_verbs_conn_at(hw_verbs_fabric_t *f, uint32_t slot, uint32_t gen);
+kvs_conn_t *hw_verbs_conn_of(hw_verbs_fabric_t *f, kvs_conn_t *conn);
+int hw_verbs_listen(hw_verbs_fabric_t *f, char *why, size_t why_bytes);
+int hw_verbs_post_recv(kvs_conn_t *conn, uint32_t index);
+/* Recovery and close timers, reconnect attempts; called by poll. */
+void hw_verbs_conn_tick(hw_verbs_fabric_t *f);
+/* A BYE from the peer: it disconnected on purpose. */
+void hw_verbs_conn_bye(kvs_conn_t *conn);
+
+/* ---- posting (post.c) -------------------------------------------------------- */
+
+int hw_verbs_write(kvs_fabric_t *fab, kvs_conn_t *conn, const kvs_write_desc_t *desc);
+int hw_verbs_send(kvs_fabric_t *fab, kvs_conn_t *conn, const void *msg, uint32_t len_bytes,
+                  uint64_t wr_id);
+/* Posts a fabric-internal message (KEYS, DROP, BYE) on conn. */
+int hw_verbs_send_internal(kvs_conn_t *conn, uint32_t kind, const void *msg,
+                           uint32_t len_bytes);
+/* Whether requests go to the QP now (else they wait in the ring). */
+bool hw_verbs_conn_ready(const kvs_conn_t *conn);
+/* Posts every QUEUED and REPOST request in ring order (after a new QP is
+ * up). */
+void hw_verbs_sq_flush(kvs_conn_t *conn);
+/* Ring index i of conn as a work request id. */
+uint64_t hw_verbs_sq_wr_id(const kvs_conn_t *c, uint32_t i);
+/* Checks that conn can take operations; KVS_EPEER / KVS_EINVAL with the
+ * fabric's message set otherwise. */
+int hw_verbs_check_conn(hw_verbs_fabric_t *f, kvs_conn_t *conn, const char *op);
+
+/* ---- completions (poll.c) ---------------------------------------------------- */
+
+int hw_verbs_poll(kvs_fabric_t *fab, kvs_completion_t *out, int max);
+int hw_verbs_wait(hw_verbs_fabric_t *f, int timeout_ms);
+
+/* ---- the fabric (fabric.c) --------------------------------------------------- */
+
+struct hw_verbs_fabric {
+    kvs_fabric_t base; /* first: recovered with KVS_CONTAINER_OF */
+    kvs_verbs_config_t cfg; /* copied; strings point into the owned copies below */
+    char device_name[64];
+    char bind_addr[64];
+    char address[80];        /* "IP:port" of the listener */
+    char gid_text[48];
+    int port;
+    int gid_index;
+    int port_mtu;            /* enum ibv_mtu: this side's cap */
+    uint64_t max_mr_bytes;
+    uint64_t max_write_bytes;
+    struct ibv_context **devices; /* rdma_get_devices, freed at destroy */
+    struct ibv_context *ctx;      /* the chosen one, borrowed from devices */
+    struct ibv_pd *pd;
+    struct ibv_comp_channel *cc;
+    struct ibv_cq *cq;
+    uint32_t cq_entries;
+    bool cq_armed;
+    struct rdma_event_channel *ch;
+    struct rdma_cm_id *listener;
+    kvs_conn_t *conns;       /* max_conns */
+    kvs_mr_t *mrs;           /* max_mrs */
+    uint32_t live_mrs;
+    uint32_t next_mr_id;
+    struct ibv_send_wr *wrs; /* scratch for one operation: sq_depth */
+    struct ibv_sge *sges;
+    struct ibv_wc stash[HW_VERBS_STASH]; /* polled by wait, reported by poll */
+    int nstash;
+    hw_verbs_cuda_t *cuda;
+};
+
+hw_verbs_fabric_t *hw_verbs_of(kvs_fabric_t *fab);
+uint64_t hw_verbs_now_ns(kvs_fabric_t *fab);
+
+#endif

@@ -1,0 +1,386 @@
+/*
+ * mr.c - memory registration of the verbs fabric: host memory through
+ * ibv_reg_mr, device memory through a dma-buf (dmabuf.c or the config's
+ * exporter) and ibv_reg_dmabuf_mr; ranges larger than max_mr_bytes split
+ * into page-aligned pieces, one MR each.
+ *
+ * A registration of one piece hands out its MR's rkey. A split one hands
+ * out a handle (HW_VERBS_RKEY_SPLIT | id << 32 | first piece's rkey) and its
+ * piece keys travel to peers in KEYS messages: on every connection that is
+ * up when it is registered, and to later connections before their first
+ * operation (connections carry messages in order, so a peer always holds
+ * the keys before any message of ours that could name the handle). The
+ * writer's side resolves (handle, address) to a piece key and splits
+ * writes at piece boundaries (post.c). Deregistering sends DROP.
+ */
+#include "hw_verbs.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* KEYS: id, npieces, first, count (u32); base, piece_bytes, len_bytes (u64);
+ * then count piece keys (u32); all little-endian. */
+#define HW_VERBS_KEYS_HDR 40u
+#define HW_VERBS_KEYS_MAX ((KVS_CONTROL_MSG_MAX_BYTES - HW_VERBS_KEYS_HDR) / 4u)
+#define HW_VERBS_RTABLE_PIECES_MAX (UINT32_C(1) << 20)
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++)
+        v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+kvs_mr_t *hw_verbs_mr_of(hw_verbs_fabric_t *f, kvs_mr_t *mr)
+{
+    const uintptr_t b = (uintptr_t)f->mrs, q = (uintptr_t)mr;
+    if (mr == NULL || q < b || (q - b) % sizeof *mr != 0 ||
+        (q - b) / sizeof *mr >= f->cfg.max_mrs || !mr->live)
+        return NULL;
+    return mr;
+}
+
+void hw_verbs_mr_piece(const kvs_mr_t *mr, uint64_t addr, uint32_t *lkey, uint64_t *left)
+{
+    const uint64_t off = addr - mr->addr;
+    const uint64_t i = off / mr->piece_bytes;
+    const uint64_t piece_end = i + 1 == mr->npieces ? mr->len_bytes : (i + 1) * mr->piece_bytes;
+    *lkey = mr->pieces[i]->lkey;
+    *left = piece_end - off;
+}
+
+/* One KEYS message: pieces [first, first + count) of mr. */
+static int hw_verbs_keys_send(kvs_conn_t *conn, const kvs_mr_t *mr, uint32_t first,
+                              uint32_t count)
+{
+    uint8_t msg[KVS_CONTROL_MSG_MAX_BYTES];
+    put32(msg, mr->id);
+    put32(msg + 4, mr->npieces);
+    put32(msg + 8, first);
+    put32(msg + 12, count);
+    put64(msg + 16, mr->addr);
+    put64(msg + 24, mr->piece_bytes);
+    put64(msg + 32, mr->len_bytes);
+    for (uint32_t i = 0; i < count; i++)
+        put32(msg + HW_VERBS_KEYS_HDR + 4 * i, mr->pieces[first + i]->rkey);
+    return hw_verbs_send_internal(conn, HW_VERBS_CTRL_KEYS, msg, HW_VERBS_KEYS_HDR + 4 * count);
+}
+
+static int hw_verbs_keys_send_mr(kvs_conn_t *conn, const kvs_mr_t *mr)
+{
+    for (uint32_t first = 0; first < mr->npieces; first += HW_VERBS_KEYS_MAX) {
+        uint32_t count = mr->npieces - first;
+        if (count > HW_VERBS_KEYS_MAX)
+            count = HW_VERBS_KEYS_MAX;
+        int rc = hw_verbs_keys_send(conn, mr, first, count);
+        if (rc != KVS_OK)
+            return rc;
+    }
+    return KVS_OK;
+}
+
+int hw_verbs_keys_push_all(hw_verbs_fabric_t *f, kvs_conn_t *conn)
+{
+    for (uint32_t i = 0; i < f->cfg.max_mrs; i++) {
+        const kvs_mr_t *mr = &f->mrs[i];
+        if (mr->live && mr->npieces > 1) {
+            int rc = hw_verbs_keys_send_mr(conn, mr);
+            if (rc != KVS_OK)
+                return rc;
+        }
+    }
+    conn->keys_pushed = true;
+    return KVS_OK;
+}
+
+/* After a split registration or deregistration: tell the connections that
+ * already hold our tables; the others get everything before their next
+ * operation. */
+static void hw_verbs_keys_broadcast(hw_verbs_fabric_t *f, const kvs_mr_t *mr, bool drop)
+{
+    for (uint32_t i = 0; i < f->cfg.max_conns; i++) {
+        kvs_conn_t *c = &f->conns[i];
+        const bool takes = c->state == HW_CONN_UP || c->state == HW_CONN_ACCEPTING ||
+                           c->state == HW_CONN_RECOVERING || c->recovering;
+        if (!takes || !c->keys_pushed)
+            continue;
+        int rc;
+        if (drop) {
+            uint8_t msg[4];
+            put32(msg, mr->id);
+            rc = hw_verbs_send_internal(c, HW_VERBS_CTRL_DROP, msg, sizeof msg);
+        } else {
+            rc = hw_verbs_keys_send_mr(c, mr);
+        }
+        if (rc != KVS_OK)
+            c->keys_pushed = false; /* resend them all before its next operation */
+    }
+}
+
+static hw_verbs_rtable_t *hw_verbs_rtable_find(kvs_conn_t *conn, uint32_t id)
+{
+    for (uint32_t i = 0; i < conn->nrtables; i++)
+        if (conn->rtables[i].id == id)
+            return &conn->rtables[i];
+    return NULL;
+}
+
+static void hw_verbs_rtable_remove(kvs_conn_t *conn, hw_verbs_rtable_t *t)
+{
+    free(t->rkeys);
+    *t = conn->rtables[--conn->nrtables];
+}
+
+void hw_verbs_rtables_free(kvs_conn_t *conn)
+{
+    for (uint32_t i = 0; i < conn->nrtables; i++)
+        free(conn->rtables[i].rkeys);
+    free(conn->rtables);
+    conn->rtables = NULL;
+    conn->nrtables = 0;
+}
+
+void hw_verbs_keys_recv(hw_verbs_fabric_t *f, kvs_conn_t *conn, uint32_t kind,
+                        const uint8_t *msg, uint32_t len)
+{
+    if (kind == HW_VERBS_CTRL_DROP) {
+        hw_verbs_rtable_t *t = len >= 4 ? hw_verbs_rtable_find(conn, get32(msg)) : NULL;
+        if (t != NULL)
+            hw_verbs_rtable_remove(conn, t);
+        return;
+    }
+    if (kind != HW_VERBS_CTRL_KEYS || len < HW_VERBS_KEYS_HDR) {
+        hw_verbs_conn_fail(conn, KVS_EPROTO, "connection to %s: unknown fabric message %u of "
+                           "%u bytes: the peer runs an incompatible kvstage", conn->peer, kind,
+                           len);
+        return;
+    }
+    const uint32_t id = get32(msg), npieces = get32(msg + 4), first = get32(msg + 8),
+                   count = get32(msg + 12);
+    const uint64_t base = get64(msg + 16), piece = get64(msg + 24), total = get64(msg + 32);
+    if (npieces < 2 || npieces > HW_VERBS_RTABLE_PIECES_MAX || piece == 0 ||
+        count > HW_VERBS_KEYS_MAX || first > npieces || count > npieces - first ||
+        len != HW_VERBS_KEYS_HDR + 4 * count || total <= (uint64_t)(npieces - 1) * piece ||
+        total > (uint64_t)npieces * piece) {
+        hw_verbs_conn_fail(conn, KVS_EPROTO, "connection to %s: malformed key table from the "
+                           "peer: it runs an incompatible kvstage", conn->peer);
+        return;
+    }
+    hw_verbs_rtable_t *t = hw_verbs_rtable_find(conn, id);
+    if (t != NULL && (first == 0 || t->npieces != npieces)) {
+        hw_verbs_rtable_remove(conn, t); /* sent again: start over */
+        t = NULL;
+    }
+    if (t == NULL) {
+        if (conn->nrtables >= f->cfg.max_mrs) {
+            hw_verbs_conn_fail(conn, KVS_EFULL, "connection to %s: the peer has more than %u "
+                               "split registrations: raise max_mrs on this side",
+                               conn->peer, f->cfg.max_mrs);
+            return;
+        }
+        if (conn->rtables == NULL) {
+            conn->rtables = calloc(f->cfg.max_mrs, sizeof *conn->rtables);
+            if (conn->rtables == NULL)
+                goto nomem;
+        }
+        uint32_t *keys = calloc(npieces, sizeof *keys);
+        if (keys == NULL)
+            goto nomem;
+        t = &conn->rtables[conn->nrtables++];
+        *t = (hw_verbs_rtable_t){.id = id, .npieces = npieces, .base = base,
+                                 .piece_bytes = piece, .len_bytes = total, .rkeys = keys};
+    }
+    for (uint32_t i = 0; i < count; i++)
+        t->rkeys[first + i] = get32(msg + HW_VERBS_KEYS_HDR + 4 * i);
+    t->filled += count;
+    return;
+nomem:
+    hw_verbs_conn_fail(conn, KVS_ENOMEM, "connection to %s: no memory for the peer's key "
+                       "table of %u pieces", conn->peer, npieces);
+}
+
+int hw_verbs_rkey_piece(hw_verbs_fabric_t *f, kvs_conn_t *conn, uint64_t rkey, uint64_t raddr,
+                        uint32_t *out_rkey, uint64_t *left)
+{
+    if ((rkey & HW_VERBS_RKEY_SPLIT) == 0) {
+        if (rkey > UINT32_MAX)
+            return kvs_fabric_fail(&f->base, KVS_EINVAL, 0, "write on %s: remote key 0x%llx "
+                                   "is not one a verbs fabric hands out: pass the key the "
+                                   "peer's mr_register returned", conn->peer,
+                                   (unsigned long long)rkey);
+        *out_rkey = (uint32_t)rkey;
+        *left = UINT64_MAX;
+        return KVS_OK;
+    }
+    const uint32_t id = (uint32_t)(rkey >> 32) & 0x7fffffffu;
+    const hw_verbs_rtable_t *t = hw_verbs_rtable_find(conn, id);
+    if (t == NULL || t->filled < t->npieces)
+        return kvs_fabric_fail(&f->base, KVS_EREMOTE, 0, "write on %s: split registration %u "
+                               "of the peer is unknown on this connection (deregistered, or "
+                               "a key of another peer): use a key the peer sent on this "
+                               "connection", conn->peer, id);
+    if (raddr < t->base || raddr - t->base >= t->len_bytes)
+        return kvs_fabric_fail(&f->base, KVS_EREMOTE, 0, "write on %s: remote address 0x%llx "
+                               "is outside the peer's registration [0x%llx, +%llu): fix the "
+                               "offset", conn->peer, (unsigned long long)raddr,
+                               (unsigned long long)t->base, (unsigned long long)t->len_bytes);
+    const uint64_t off = raddr - t->base;
+    const uint64_t i = off / t->piece_bytes;
+    const uint64_t end = i + 1 == t->npieces ? t->len_bytes : (i + 1) * t->piece_bytes;
+    *out_rkey = t->rkeys[i];
+    *left = end - off;
+    return KVS_OK;
+}
+
+static void hw_verbs_mr_release(kvs_mr_t *mr)
+{
+    for (uint32_t i = 0; i < mr->npieces; i++)
+        if (mr->pieces[i] != NULL)
+            (void)ibv_dereg_mr(mr->pieces[i]);
+    free(mr->pieces);
+    *mr = (kvs_mr_t){0};
+}
+
+int hw_verbs_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
+                         uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey)
+{
+    hw_verbs_fabric_t *f = hw_verbs_of(fab);
+    if (out == NULL || out_rkey == NULL || len_bytes == 0 || addr == 0 ||
+        addr + len_bytes < addr)
+        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "mr_register on %s: %s", f->device_name,
+                               out == NULL || out_rkey == NULL ? "out and out_rkey must not "
+                                                                 "be NULL"
+                               : len_bytes == 0 ? "len_bytes is 0: register a non-empty range"
+                                                : "the address range is NULL or wraps");
+    kvs_mr_t *mr = NULL;
+    for (uint32_t i = 0; i < f->cfg.max_mrs; i++) {
+        if (!f->mrs[i].live) {
+            mr = &f->mrs[i];
+            break;
+        }
+    }
+    if (mr == NULL)
+        return kvs_fabric_fail(fab, KVS_EFULL, 0, "mr_register on %s: all %u registrations "
+                               "are in use: deregister some or raise max_mrs", f->device_name,
+                               f->cfg.max_mrs);
+    const long page = sysconf(_SC_PAGESIZE);
+    const uint64_t page_bytes = page > 0 ? (uint64_t)page : 4096;
+    uint64_t piece = f->max_mr_bytes / page_bytes * page_bytes;
+    if (piece == 0)
+        piece = page_bytes;
+    if (piece > len_bytes)
+        piece = len_bytes;
+    const uint64_t npieces = len_bytes / piece + (len_bytes % piece != 0);
+    if (npieces > f->cfg.max_mr_pieces)
+        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "mr_register on %s: %llu bytes need %llu "
+                               "MRs of at most %llu bytes (max_mr_bytes), more than "
+                               "max_mr_pieces %u: raise max_mr_pieces or register less",
+                               f->device_name, (unsigned long long)len_bytes,
+                               (unsigned long long)npieces, (unsigned long long)piece,
+                               f->cfg.max_mr_pieces);
+    int fd = -1;
+    uint64_t fd_off = 0;
+    char why[KVS_ERROR_MSG_BYTES] = "";
+    const kvs_verbs_dmabuf_fn exporter = f->cfg.dmabuf != NULL ? f->cfg.dmabuf
+                                                               : hw_verbs_cuda_dmabuf;
+    void *exporter_ctx = f->cfg.dmabuf != NULL ? f->cfg.dmabuf_ctx : (void *)f->cuda;
+    int rc = exporter(exporter_ctx, dev, addr, len_bytes, &fd, &fd_off, why, sizeof why);
+    if (rc != KVS_OK && rc != KVS_ENOTSUP)
+        return kvs_fabric_fail(fab, rc, 0, "mr_register on %s: %s", f->device_name, why);
+    if (rc == KVS_ENOTSUP && why[0] != '\0')
+        return kvs_fabric_fail(fab, KVS_ENOTSUP, 0, "mr_register on %s: %s", f->device_name,
+                               why);
+    const bool dmabuf = rc == KVS_OK;
+    *mr = (kvs_mr_t){.addr = addr, .len_bytes = len_bytes, .piece_bytes = piece,
+                     .npieces = (uint32_t)npieces, .dmabuf = dmabuf};
+    mr->pieces = calloc(npieces, sizeof *mr->pieces);
+    if (mr->pieces == NULL) {
+        if (fd >= 0)
+            close(fd);
+        *mr = (kvs_mr_t){0};
+        return kvs_fabric_fail(fab, KVS_ENOMEM, 0, "mr_register on %s: no memory for %llu "
+                               "MR handles", f->device_name, (unsigned long long)npieces);
+    }
+    const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    for (uint64_t i = 0; i < npieces; i++) {
+        const uint64_t off = i * piece;
+        const uint64_t n = i + 1 == npieces ? len_bytes - off : piece;
+        errno = 0;
+        mr->pieces[i] = dmabuf ? ibv_reg_dmabuf_mr(f->pd, fd_off + off, n, addr + off, fd,
+                                                   access)
+                               : ibv_reg_mr(f->pd, (void *)(uintptr_t)(addr + off), n, access);
+        if (mr->pieces[i] == NULL) {
+            const int err = errno != 0 ? errno : EINVAL;
+            const char *hint =
+                err == ENOMEM || err == EAGAIN
+                    ? "raise the locked-memory limit (ulimit -l unlimited, or CAP_IPC_LOCK)"
+                : err == EFAULT ? "the range is not mapped memory of this process"
+                : err == EOPNOTSUPP && dmabuf ? "this RDMA device cannot register dma-bufs"
+                                              : "check the address range";
+            const int st = hw_verbs_errno_status(err);
+            hw_verbs_mr_release(mr);
+            if (fd >= 0)
+                close(fd);
+            return kvs_fabric_fail(fab, st == KVS_EINVAL ? KVS_EINVAL : KVS_EBACKEND, err,
+                                   "mr_register on %s: %s of [0x%llx, +%llu) failed: %s: %s",
+                                   f->device_name, dmabuf ? "ibv_reg_dmabuf_mr" : "ibv_reg_mr",
+                                   (unsigned long long)(addr + off), (unsigned long long)n,
+                                   strerror(err), hint);
+        }
+    }
+    if (fd >= 0)
+        close(fd); /* the MRs hold their own reference to the dma-buf */
+    mr->id = f->next_mr_id;
+    f->next_mr_id = (f->next_mr_id + 1) & 0x7fffffffu;
+    mr->rkey = npieces == 1 ? mr->pieces[0]->rkey
+                            : HW_VERBS_RKEY_SPLIT | (uint64_t)mr->id << 32 | mr->pieces[0]->rkey;
+    mr->live = true;
+    f->live_mrs++;
+    if (npieces > 1)
+        hw_verbs_keys_broadcast(f, mr, false);
+    *out = mr;
+    *out_rkey = mr->rkey;
+    return KVS_OK;
+}
+
+int hw_verbs_mr_deregister(kvs_fabric_t *fab, kvs_mr_t *mr)
+{
+    hw_verbs_fabric_t *f = hw_verbs_of(fab);
+    if (hw_verbs_mr_of(f, mr) == NULL)
+        return kvs_fabric_fail(fab, KVS_ENOENT, 0, "mr_deregister on %s: not a live "
+                               "registration of this fabric", f->device_name);
+    if (mr->npieces > 1)
+        hw_verbs_keys_broadcast(f, mr, true);
+    hw_verbs_mr_release(mr);
+    f->live_mrs--;
+    return KVS_OK;
+}
+
+void hw_verbs_mr_free_all(hw_verbs_fabric_t *f)
+{
+    for (uint32_t i = 0; i < f->cfg.max_mrs; i++)
+        if (f->mrs[i].live)
+            hw_verbs_mr_release(&f->mrs[i]);
+    f->live_mrs = 0;
+}
