@@ -9,11 +9,17 @@
  * ordering through dependent ops on a tiny queue; events (complete on an
  * empty stream, after the ops before them, surviving their stream's
  * destroy); mem_free draining queued ops; bounded stream and event tables;
- * foreign streams, events and devices; two threads sharing one device; and
- * destroy with ops queued and memory live. Random data and shapes come from
- * fixed seeds, printed on failure.
+ * foreign streams, events and devices; two threads sharing one device;
+ * destroy with ops queued and memory live; and byte-for-byte agreement with
+ * the simulated GPU (sim/gpu.c) on random shapes (tests/kv_compare.c, the
+ * harness the CUDA checks use against this backend). Random data and shapes
+ * come from fixed seeds, printed on failure.
  */
 #include <kvstage/host.h>
+
+#include "engine.h"
+#include "gpu.h"
+#include "kv_compare.h"
 
 #include <pthread.h>
 #include <setjmp.h>
@@ -775,6 +781,46 @@ static void test_host_device_destroy_with_work_queued(void **state)
     kvs_host_device_destroy(f.host);
 }
 
+static int wait_host(void *ctx, kvs_device_t *dev, kvs_event_t *ev)
+{
+    return kvs_host_event_wait(dev, ev);
+}
+
+/* The simulated GPU copies when its engine runs. */
+static int wait_sim(void *ctx, kvs_device_t *dev, kvs_event_t *ev)
+{
+    sim_engine_run(ctx, UINT64_MAX, 0);
+    return dev->ops.event_query(dev, ev);
+}
+
+static void test_host_device_matches_sim_gpu(void **state)
+{
+    fx_t f;
+    fx_open(&f, NULL);
+    sim_engine_t *eng = NULL;
+    sim_gpu_t *gpu = NULL;
+    assert_int_equal(sim_engine_create(1, 64, &eng), KVS_OK);
+    assert_int_equal(sim_gpu_create(eng, NULL, 0, &gpu), KVS_OK);
+    kvs_device_t *sdev = sim_gpu_device(gpu);
+    kvs_stream_t *ss = NULL;
+    assert_int_equal(sdev->ops.stream_create(sdev, &ss), KVS_OK);
+    const kvc_side_t host = {f.dev, f.s, wait_host, NULL};
+    const kvc_side_t sim = {sdev, ss, wait_sim, eng};
+    uint64_t rng = 0x5EED;
+    for (int i = 0; i < 40; i++) {
+        const uint64_t seed = xorshift64(&rng);
+        uint64_t r = seed;
+        const kvc_shape_t sh = kvc_random_shape(&r, 48);
+        char msg[256];
+        if (kvc_compare(&host, &sim, &sh, seed, msg, sizeof msg) != 0)
+            fail_msg("host vs sim-gpu, seed %llu: %s", (unsigned long long)seed, msg);
+    }
+    sdev->ops.stream_destroy(sdev, ss);
+    sim_gpu_destroy(gpu);
+    sim_engine_destroy(eng);
+    fx_close(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -791,6 +837,7 @@ int main(void)
         cmocka_unit_test(test_host_device_foreign_device_is_refused),
         cmocka_unit_test(test_host_device_two_threads_share_a_device),
         cmocka_unit_test(test_host_device_destroy_with_work_queued),
+        cmocka_unit_test(test_host_device_matches_sim_gpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
