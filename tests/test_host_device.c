@@ -413,13 +413,15 @@ static void test_host_device_gather_scatter_random_shapes(void **state)
 
 static void test_host_device_gather_scatter_streaming_path(void **state)
 {
-    /* Over 4 MiB of payload: streaming stores. 256-byte rows stay aligned;
-     * 216-byte rows leave every other destination row 8-byte aligned only,
-     * so both store paths run within one copy. */
+    /* Over 4 MiB of payload: whole rows take the streaming-store path.
+     * Pages of three 216-byte rows are 648-byte runs: a tail of 8 bytes
+     * after the last full line, and every other run starts at a staging
+     * offset only 8-byte aligned, so both store paths run in one copy. */
     const shape_t shapes[] = {
-        {16, 4096, 4, 1, 1, 128, 2, 4, 0, 4, 4, 0, 512, 0},
+        {16, 4096, 4, 1, 1, 128, 2, 4, 0, 4, 4, 0, 512, 0}, /* strided: rows path */
         {16, 4096, 1, 0, 1, 128, 2, 2, 0, 2, 2, 0, 320, 1},
-        {16, 3000, 4, 1, 3, 36, 2, 4, 0, 4, 4, 0, 200, 0},
+        {3, 6000, 3, 0, 3, 36, 2, 2, 0, 2, 2, 0, 2400, 0},
+        {3, 6000, 3, 0, 3, 36, 2, 2, 0, 2, 2, 0, 2400, 1},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         round_trip(&shapes[i], 0xB16 + i);

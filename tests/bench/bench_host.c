@@ -155,6 +155,40 @@ static kvs_copy_desc_t desc_of(const bench_pool_t *p, int64_t tokens, int64_t he
     };
 }
 
+/* The obvious CPU copy, for comparison: one memcpy per token row, in
+ * order, no prefetch, plain stores; on the calling thread. */
+static void naive_copy(const kvs_copy_desc_t *d, int scatter)
+{
+    const uint64_t hb = (uint64_t)(d->head_dim * d->elem_bytes);
+    const uint64_t row = hb * (uint64_t)d->num_heads, tb = hb * (uint64_t)d->local_heads;
+    const uint64_t off = hb * (uint64_t)d->head_start, slot = row * (uint64_t)d->tokens;
+    const uint64_t ps = (uint64_t)d->page_size;
+    for (uint64_t kv = 0; kv < 2; kv++)
+        for (int64_t j = 0; j < d->layer_count; j++) {
+            const uint64_t base = kv == 0 ? d->k_base[d->layer_begin + j]
+                                          : d->v_base[d->layer_begin + j];
+            uint8_t *pool = (uint8_t *)(uintptr_t)base + off;
+            uint8_t *blk = (uint8_t *)(uintptr_t)d->staging_addr +
+                           (kv * (uint64_t)d->staging_layer_slots +
+                            (uint64_t)(d->staging_slot_begin + j)) * slot;
+            for (uint64_t i = 0; i < (uint64_t)d->tokens; i++) {
+                uint8_t *kvp = pool + ((uint64_t)d->pages[i / ps] * ps + i % ps) * tb;
+                if (scatter)
+                    memcpy(kvp, blk + i * row, (size_t)row);
+                else
+                    memcpy(blk + i * row, kvp, (size_t)row);
+            }
+        }
+}
+
+static bench_time_t timed_naive(const kvs_copy_desc_t *g, const kvs_copy_desc_t *sc)
+{
+    const bench_time_t t0 = now_t();
+    naive_copy(g, 0);
+    naive_copy(sc, 1);
+    return since(t0);
+}
+
 /* Runs one gather or scatter through the API and waits for its event. */
 static bench_time_t timed_copy(kvs_device_t *dev, kvs_stream_t *s,
                                const kvs_copy_desc_t *d, int scatter)
@@ -207,13 +241,15 @@ int main(int argc, char **argv)
            BENCH_LAYERS, BENCH_HEADS, BENCH_HEAD_DIM, BENCH_PAGE, (long long)tokens, reps);
     printf("bandwidth in GB/s of wall time; cpu_ratio: the same ratio on process CPU time "
            "(robust to other load)\n");
-    printf("%-8s %9s %8s %8s %8s %8s %7s %10s\n", "pair", "payload", "memcpy", "gather",
-           "scatter", "g+s", "ratio", "cpu_ratio");
+    printf("naive: one memcpy per token row, no prefetch (the obvious loop), for comparison\n");
+    printf("%-8s %9s %8s %8s %8s %8s %7s %10s %8s %7s\n", "pair", "payload", "memcpy",
+           "gather", "scatter", "g+s", "ratio", "cpu_ratio", "naive", "ratio");
     double worst = 1e9;
-    /* t[clock][0 memcpy, 1 gather, 2 scatter][rep], clock 0 wall, 1 cpu */
-    double *t[2][3];
+    /* t[clock][0 memcpy, 1 gather, 2 scatter, 3 naive g+s][rep], clock 0
+     * wall, 1 cpu */
+    double *t[2][4];
     for (int k = 0; k < 2; k++)
-        for (int o = 0; o < 3; o++)
+        for (int o = 0; o < 4; o++)
             if ((t[k][o] = calloc((size_t)reps, sizeof(double))) == NULL)
                 die(NULL, "calloc", KVS_ENOMEM);
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -240,9 +276,9 @@ int main(int argc, char **argv)
         for (int r = -1; r < reps; r++) {
             const bench_time_t t0 = now_t();
             memcpy(md, ms, (size_t)payload);
-            const bench_time_t run[3] = {since(t0), timed_copy(dev, s, &g, 0),
-                                         timed_copy(dev, s, &sc, 1)};
-            for (int o = 0; r >= 0 && o < 3; o++) {
+            const bench_time_t run[4] = {since(t0), timed_copy(dev, s, &g, 0),
+                                         timed_copy(dev, s, &sc, 1), timed_naive(&g, &sc)};
+            for (int o = 0; r >= 0 && o < 4; o++) {
                 t[0][o][r] = run[o].wall_s;
                 t[1][o][r] = run[o].cpu_s;
             }
@@ -250,9 +286,9 @@ int main(int argc, char **argv)
         /* Keep the copies observable so nothing is optimised away. */
         if (((volatile uint8_t *)md)[payload / 2] != ((volatile uint8_t *)ms)[payload / 2])
             die(NULL, "memcpy check", KVS_EBACKEND);
-        double med[2][3];
+        double med[2][4];
         for (int k = 0; k < 2; k++)
-            for (int o = 0; o < 3; o++) {
+            for (int o = 0; o < 4; o++) {
                 qsort(t[k][o], (size_t)reps, sizeof(double), cmp_double);
                 med[k][o] = t[k][o][reps / 2];
             }
@@ -262,10 +298,12 @@ int main(int argc, char **argv)
         const double bw_gs = 2.0 * pb / (med[0][1] + med[0][2]) / 1e9;
         const double ratio = bw_gs / bw_m;
         const double cpu_ratio = 2.0 * med[1][0] / (med[1][1] + med[1][2]);
+        const double bw_naive = 2.0 * pb / med[0][3] / 1e9;
         if (ratio < worst)
             worst = ratio;
-        printf("%-8s %5.1f MiB %8.2f %8.2f %8.2f %8.2f %6.2fx %9.2fx\n", cases[c].name,
-               pb / (1 << 20), bw_m, bw_g, bw_s, bw_gs, ratio, cpu_ratio);
+        printf("%-8s %5.1f MiB %8.2f %8.2f %8.2f %8.2f %6.2fx %9.2fx %8.2f %6.2fx\n",
+               cases[c].name, pb / (1 << 20), bw_m, bw_g, bw_s, bw_gs, ratio, cpu_ratio,
+               bw_naive, bw_naive / bw_m);
         fflush(stdout);
         dev->ops.mem_free(dev, stg);
         dev->ops.mem_free(dev, m_src);
@@ -275,7 +313,7 @@ int main(int argc, char **argv)
     }
     printf("lowest ratio (gather+scatter / memcpy bandwidth): %.2fx (goal >= 0.90x)\n", worst);
     for (int k = 0; k < 2; k++)
-        for (int o = 0; o < 3; o++)
+        for (int o = 0; o < 4; o++)
             free(t[k][o]);
     dev->ops.stream_destroy(dev, s);
     kvs_host_device_destroy(host);
