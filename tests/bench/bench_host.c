@@ -189,6 +189,59 @@ static bench_time_t timed_naive(const kvs_copy_desc_t *g, const kvs_copy_desc_t 
     return since(t0);
 }
 
+/* Sums `rows` rows of row_bytes spaced stride bytes apart, prefetching 4 KiB
+ * of rows ahead: the read side of a strided copy, with nothing written. */
+static uint64_t read_rows(const uint8_t *p, uint64_t rows, uint64_t row_bytes,
+                          uint64_t stride)
+{
+    uint64_t sum = 0;
+    const uint64_t ahead = 4096 / row_bytes > 0 ? 4096 / row_bytes : 1;
+    for (uint64_t r = 0; r < rows; r++) {
+        if (r + ahead < rows)
+            for (uint64_t o = 0; o < row_bytes; o += 64)
+                __builtin_prefetch(p + (r + ahead) * stride + o, 0, 3);
+        const uint64_t *w = (const uint64_t *)(const void *)(p + r * stride);
+        for (uint64_t i = 0; i < row_bytes / 8; i++)
+            sum += w[i];
+    }
+    return sum;
+}
+
+/* The memory system's side of the story: how fast one core reads the same
+ * bytes contiguously and as 256-byte rows every 1024 bytes (the strided
+ * side of P8->D2 and P2->D8). */
+static void read_probe(kvs_device_t *dev, uint64_t bytes, int reps, uint64_t *rng)
+{
+    const uint64_t a = alloc_filled(dev, 4 * bytes, rng);
+    const uint8_t *p = kvs_host_ptr(dev, a, 4 * bytes);
+    double *tc = calloc((size_t)reps, sizeof *tc), *ts = calloc((size_t)reps, sizeof *ts);
+    if (tc == NULL || ts == NULL)
+        die(NULL, "calloc", KVS_ENOMEM);
+    volatile uint64_t sink = 0;
+    for (int r = -1; r < reps; r++) {
+        bench_time_t t0 = now_t();
+        sink += read_rows(p, bytes / 256, 256, 256);
+        const double c = since(t0).wall_s;
+        t0 = now_t();
+        sink += read_rows(p, bytes / 256, 256, 1024);
+        const double st = since(t0).wall_s;
+        if (r >= 0) {
+            tc[r] = c;
+            ts[r] = st;
+        }
+    }
+    (void)sink;
+    qsort(tc, (size_t)reps, sizeof *tc, cmp_double);
+    qsort(ts, (size_t)reps, sizeof *ts, cmp_double);
+    const double bc = (double)bytes / tc[reps / 2] / 1e9, bs = (double)bytes / ts[reps / 2] / 1e9;
+    printf("read probe, %.0f MiB, one core: contiguous %.2f GB/s, 256 of every 1024 bytes "
+           "%.2f GB/s (%.2fx)\n",
+           (double)bytes / (1 << 20), bc, bs, bs / bc);
+    free(tc);
+    free(ts);
+    dev->ops.mem_free(dev, a);
+}
+
 /* Runs one gather or scatter through the API and waits for its event. */
 static bench_time_t timed_copy(kvs_device_t *dev, kvs_stream_t *s,
                                const kvs_copy_desc_t *d, int scatter)
@@ -312,6 +365,7 @@ int main(int argc, char **argv)
         pool_free(dev, &dec);
     }
     printf("lowest ratio (gather+scatter / memcpy bandwidth): %.2fx (goal >= 0.90x)\n", worst);
+    read_probe(dev, (uint64_t)tokens * 256 * BENCH_LAYERS * 2, reps, &rng);
     for (int k = 0; k < 2; k++)
         for (int o = 0; o < 4; o++)
             free(t[k][o]);
