@@ -2,8 +2,9 @@
  * copy.c - hw_host_copy_run of copy.h: gather and scatter on the CPU, as
  * close to memcpy speed as the access pattern allows.
  *
- * Two paths, chosen per copy (measured on the development VM, numbers in
- * docs/performance.md):
+ * Two paths, chosen per copy. The ratios below were measured on the 2-core
+ * development VM with a throwaway A/B harness on CPU time (noisy, +-10%);
+ * bench_host's figures are in docs/performance.md.
  * - Page runs, when a token's row is its whole pool slot (all local heads
  *   copied): each page is one contiguous run, merged with the next while
  *   page ids follow on. Page ids are random, so each run starts where no
@@ -11,16 +12,17 @@
  *   bandwidth). A cursor walks the same runs HW_HOST_RUN_PREFETCH_LINES
  *   cache lines ahead of the copy and prefetches one line per line copied;
  *   large copies store with non-temporal (streaming) stores, as glibc's
- *   memcpy does for large sizes, which skips the read-for-ownership of
- *   every written line: ~0.8-0.9x.
+ *   memcpy does for large sizes, skipping the read-for-ownership of every
+ *   written line: ~0.7-0.85x.
  * - Strided rows (row_bytes of every token_bytes): one memcpy per row,
  *   letting libc pick its widest vector moves (a hand-written 64-byte loop
- *   ran at 0.6x of per-row memcpy: fewer instructions per line keep more
- *   misses inside the out-of-order window), and a prefetch of the row
+ *   ran at ~0.6x of per-row memcpy: fewer instructions per line keep more
+ *   misses inside the out-of-order window), and a prefetch of the rows
  *   HW_HOST_ROW_PREFETCH_BYTES ahead. Strided rows stay slower than memcpy:
  *   hardware stream prefetchers do not follow the pattern and one core
  *   keeps only so many misses in flight (256 bytes of every 1024 copy at
- *   ~0.5x of memcpy, 512 of 1024 at ~0.75x).
+ *   ~0.45x of memcpy, 512 of 1024 at ~0.7x; bench_host's read probe shows
+ *   the bound).
  * - No division in the inner loops: pages are walked with nested loops.
  */
 #include "copy.h"
