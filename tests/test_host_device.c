@@ -214,10 +214,10 @@ static void ref_offsets(const shape_t *sh, const pool_t *p, int64_t j, int kv, i
  * bytes before, copied slots replaced); then scatter that block into pool B
  * and compare every B buffer with its bytes before, the copied heads
  * replaced. */
-static void round_trip(const shape_t *sh, uint64_t seed)
+static void round_trip_on(const shape_t *sh, uint64_t seed, const kvs_host_config_t *cfg)
 {
     fx_t f;
-    fx_open(&f, NULL);
+    fx_open(&f, cfg);
     uint64_t rng = seed;
     pool_t a, b;
     pool_make(&f, sh, &a, &rng);
@@ -281,6 +281,8 @@ static void round_trip(const shape_t *sh, uint64_t seed)
     pool_free(&f, sh, &b);
     fx_close(&f);
 }
+
+static void round_trip(const shape_t *sh, uint64_t seed) { round_trip_on(sh, seed, NULL); }
 
 static int64_t pick(uint64_t *rng, int64_t lo, int64_t hi) /* [lo, hi] */
 {
@@ -427,6 +429,29 @@ static void test_host_device_gather_scatter_streaming_path(void **state)
         round_trip(&shapes[i], 0xB16 + i);
 }
 
+/* Large ops split between the worker and helpers: 3 threads share the
+ * layers (uneven: 8 or 4 buffers in 3 shares), 5 threads more shares than
+ * a 2-buffer op has. */
+static void test_host_device_copy_threads_split_ops(void **state)
+{
+    const shape_t shapes[] = {
+        {16, 4096, 4, 1, 1, 128, 2, 4, 0, 4, 4, 0, 512, 0},
+        {3, 6000, 3, 0, 3, 36, 2, 2, 0, 2, 2, 0, 2400, 1},
+        {16, 2048, 2, 0, 2, 128, 2, 1, 0, 1, 1, 0, 256, 0},
+    };
+    const kvs_host_config_t three = {.copy_threads = 3}, five = {.copy_threads = 5};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        round_trip_on(&shapes[i], 0x3D + i, &three);
+        round_trip_on(&shapes[i], 0x5D + i, &five);
+    }
+    kvs_host_config_t bad = {.copy_threads = 257};
+    kvs_host_device_t *h = NULL;
+    kvs_error_t err;
+    assert_int_equal(kvs_host_device_create(&bad, &h, &err), KVS_EINVAL);
+    assert_non_null(strstr(err.msg, "copy_threads"));
+    assert_null(h);
+}
+
 static void expect_bad(fx_t *f, const kvs_copy_desc_t *d, int code, const char *needle)
 {
     f->dev->last_backend_msg[0] = '\0';
@@ -510,12 +535,11 @@ static void test_host_device_descriptor_validation(void **state)
 /* Chains ops that each read what the previous one wrote, on a queue of two
  * slots so most enqueues wait for room: only in-order execution gives the
  * expected bytes. */
-static void test_host_device_stream_runs_ops_in_order(void **state)
+static void ordered_chain(const kvs_host_config_t *cfg, const shape_t *shp, int rounds)
 {
     fx_t f;
-    kvs_host_config_t cfg = {.queue_ops = 2};
-    fx_open(&f, &cfg);
-    const shape_t sh = {4, 24, 2, 1, 1, 8, 2, 1, 0, 1, 1, 0, 8, 0};
+    fx_open(&f, cfg);
+    const shape_t sh = *shp;
     uint64_t rng = 77;
     pool_t a, b;
     pool_make(&f, &sh, &a, &rng);
@@ -531,7 +555,7 @@ static void test_host_device_stream_runs_ops_in_order(void **state)
     sa.head_start = 0;
     const uint64_t hb = head_bytes(&sh);
     uint8_t *ka = host_of(&f, a.k[0], a.layer_bytes);
-    for (int r = 0; r < 20; r++) {
+    for (int r = 0; r < rounds; r++) {
         /* Expected: A's head 0 takes A's head 1 of this round, for the
          * tokens copied. */
         uint8_t *want = malloc(a.layer_bytes);
@@ -556,6 +580,17 @@ static void test_host_device_stream_runs_ops_in_order(void **state)
     pool_free(&f, &sh, &a);
     pool_free(&f, &sh, &b);
     fx_close(&f);
+}
+
+static void test_host_device_stream_runs_ops_in_order(void **state)
+{
+    const kvs_host_config_t cfg = {.queue_ops = 2};
+    const shape_t sh = {4, 24, 2, 1, 1, 8, 2, 1, 0, 1, 1, 0, 8, 0};
+    ordered_chain(&cfg, &sh, 20);
+    /* Ops large enough to be split between three threads. */
+    const kvs_host_config_t split = {.queue_ops = 2, .copy_threads = 3};
+    const shape_t big = {16, 8192, 2, 1, 1, 64, 2, 1, 0, 1, 1, 0, 1024, 0};
+    ordered_chain(&split, &big, 4);
 }
 
 static void test_host_device_events(void **state)
@@ -831,6 +866,7 @@ int main(void)
         cmocka_unit_test(test_host_device_gather_scatter_fixed_shapes),
         cmocka_unit_test(test_host_device_gather_scatter_random_shapes),
         cmocka_unit_test(test_host_device_gather_scatter_streaming_path),
+        cmocka_unit_test(test_host_device_copy_threads_split_ops),
         cmocka_unit_test(test_host_device_descriptor_validation),
         cmocka_unit_test(test_host_device_stream_runs_ops_in_order),
         cmocka_unit_test(test_host_device_events),

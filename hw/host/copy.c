@@ -245,28 +245,30 @@ static void hw_host_copy_rows(const hw_host_copy_t *c, uint8_t *pool, uint8_t *b
 
 /* ------------------------------------------------------------------------ */
 
-void hw_host_copy_run(const hw_host_copy_t *c)
+void hw_host_copy_part(const hw_host_copy_t *c, unsigned part, unsigned parts)
 {
     if (c->tokens == 0 || c->layer_count == 0)
         return;
     const bool whole = c->row_bytes == c->token_bytes;
     const bool stream = HW_HOST_HAVE_STREAM && whole &&
                         c->slot_bytes * c->layer_count * 2 >= HW_HOST_STREAM_MIN_BYTES;
-    for (uint64_t kv = 0; kv < 2; kv++) {
-        for (uint64_t j = 0; j < c->layer_count; j++) {
-            uint8_t *pool = c->pool[kv * c->layer_count + j];
-            uint8_t *blk = c->staging +
-                           (kv * c->layer_slots + c->slot_begin + j) * c->slot_bytes;
-            if (whole)
-                hw_host_copy_runs(c, pool, blk, stream);
-            else
-                hw_host_copy_rows(c, pool, blk);
-        }
+    const uint64_t n = 2 * c->layer_count;
+    const uint64_t b_end = (part + 1) * n / parts;
+    for (uint64_t b = part * n / parts; b < b_end; b++) {
+        const uint64_t kv = b / c->layer_count, j = b % c->layer_count;
+        uint8_t *pool = c->pool[b];
+        uint8_t *blk = c->staging + (kv * c->layer_slots + c->slot_begin + j) * c->slot_bytes;
+        if (whole)
+            hw_host_copy_runs(c, pool, blk, stream);
+        else
+            hw_host_copy_rows(c, pool, blk);
     }
 #if HW_HOST_HAVE_STREAM
-    /* Streaming stores are weakly ordered: drain them before the op is
+    /* Streaming stores are weakly ordered: drain them before this share is
      * reported done. */
     if (stream)
         _mm_sfence();
 #endif
 }
+
+void hw_host_copy_run(const hw_host_copy_t *c) { hw_host_copy_part(c, 0, 1); }

@@ -32,4 +32,10 @@ typedef struct hw_host_copy {
  * and staging + ((kv * S + slot_begin + j) * slot_bytes) + i * row_bytes. */
 void hw_host_copy_run(const hw_host_copy_t *c);
 
+/* Performs share `part` of `parts` (0 <= part < parts) of the copy: the
+ * (K/V, layer) buffers kv * layer_count + j in [part * n / parts,
+ * (part + 1) * n / parts) with n = 2 * layer_count. The shares of one copy
+ * touch disjoint bytes and may run on different threads at once. */
+void hw_host_copy_part(const hw_host_copy_t *c, unsigned part, unsigned parts);
+
 #endif

@@ -12,7 +12,10 @@
  *   gather/scatter validate the descriptor (hw/common/copy_check.c) against
  *   live memory, snapshot it into the next slot (layer buffers turned into
  *   pointers, page list copied) and wake the worker, which runs the ops in
- *   order (hw/host/copy.c) and advances done_seq.
+ *   order (hw/host/copy.c) and advances done_seq. With copy_threads > 1
+ *   the stream also owns copy_threads - 1 helpers: for an op of at least
+ *   HW_HOST_SPLIT_MIN_BYTES the worker posts it as a job (job_gen + 1),
+ *   runs share 0 itself and waits until every helper ran its share.
  * - Events. An event remembers its stream slot and the stream's enqueue
  *   sequence at record time; it is complete once done_seq reaches it.
  *
@@ -52,6 +55,11 @@
 #define HW_HOST_DEFAULT_MAX_EVENTS 65536u
 #define HW_HOST_DEFAULT_QUEUE_OPS 64u
 #define HW_HOST_HUGE_BYTES (2ull << 20)
+/* Ops below this payload run on the worker alone: waking helpers costs
+ * more than they save. */
+#define HW_HOST_SPLIT_MIN_BYTES (1ull << 20)
+#define HW_HOST_MAX_COPY_THREADS 256u
+#define HW_HOST_MAX_COPY_THREADS_TEXT "256"
 
 typedef struct hw_host_alloc {
     uint64_t addr;      /* == host address */
@@ -66,18 +74,31 @@ typedef struct hw_host_op {
     size_t words_cap;
 } hw_host_op_t;
 
+typedef struct hw_host_helper {
+    struct kvs_stream *stream;
+    unsigned part;          /* its share of every split op, 1.. */
+    pthread_t thread;
+} hw_host_helper_t;
+
 struct kvs_stream {
     kvs_host_device_t *host;
     pthread_mutex_t mu;
     pthread_cond_t work_cv; /* the worker waits for ops or stop */
     pthread_cond_t done_cv; /* waiters for progress and for queue room */
+    pthread_cond_t job_cv;  /* helpers wait for a job or their stop */
+    pthread_cond_t part_cv; /* the worker waits for the helpers' shares */
     pthread_t thread;
     hw_host_op_t *ops;      /* queue_ops slots */
+    hw_host_helper_t *helpers; /* copy_threads - 1 */
     uint64_t enq_seq;       /* ops enqueued on this slot, ever (never reset) */
     uint64_t done_seq;      /* ops run on this slot, ever */
+    const hw_host_copy_t *job; /* the op being split */
+    uint64_t job_gen;       /* ops handed to the helpers, ever */
+    uint32_t parts_left;    /* helpers still running a share of job */
     uint32_t index;
     bool live;              /* created and not destroyed */
     bool stop;              /* the worker exits once drained */
+    bool helpers_stop;      /* set by the worker after it drained */
 };
 
 struct kvs_event {
@@ -91,7 +112,7 @@ struct kvs_host_device {
     kvs_device_t base; /* first: recovered with KVS_CONTAINER_OF */
     char name[32];
     pthread_mutex_t mu;
-    uint32_t max_allocs, max_streams, max_events, queue_ops;
+    uint32_t max_allocs, max_streams, max_events, queue_ops, copy_threads;
     hw_host_alloc_t *allocs;
     uint32_t num_allocs;
     struct kvs_stream *streams;
@@ -287,6 +308,59 @@ void *kvs_host_ptr(kvs_device_t *dev, uint64_t addr, uint64_t len_bytes)
 /* Streams                                                                   */
 /* ------------------------------------------------------------------------ */
 
+/* Payload bytes of a snapshotted op. */
+static uint64_t hw_host_op_bytes(const hw_host_copy_t *c)
+{
+    return c->slot_bytes * c->layer_count * 2;
+}
+
+static void *hw_host_helper(void *arg)
+{
+    const hw_host_helper_t *hp = arg;
+    struct kvs_stream *s = hp->stream;
+    const unsigned parts = s->host->copy_threads;
+    pthread_mutex_lock(&s->mu);
+    uint64_t seen = s->job_gen;
+    for (;;) {
+        while (s->job_gen == seen && !s->helpers_stop)
+            pthread_cond_wait(&s->job_cv, &s->mu);
+        if (s->job_gen == seen)
+            break; /* the worker drained and left */
+        seen = s->job_gen;
+        const hw_host_copy_t *c = s->job;
+        pthread_mutex_unlock(&s->mu);
+        hw_host_copy_part(c, hp->part, parts);
+        pthread_mutex_lock(&s->mu);
+        if (--s->parts_left == 0)
+            pthread_cond_signal(&s->part_cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* Runs one op, split with the helpers when it is large. s->mu held on
+ * entry and exit, released while copying. */
+static void hw_host_run_op(struct kvs_stream *s, const hw_host_copy_t *c)
+{
+    const uint32_t parts = s->host->copy_threads;
+    if (parts == 1 || hw_host_op_bytes(c) < HW_HOST_SPLIT_MIN_BYTES) {
+        pthread_mutex_unlock(&s->mu);
+        hw_host_copy_run(c);
+        pthread_mutex_lock(&s->mu);
+        return;
+    }
+    s->job = c;
+    s->job_gen++;
+    s->parts_left = parts - 1;
+    pthread_cond_broadcast(&s->job_cv);
+    pthread_mutex_unlock(&s->mu);
+    hw_host_copy_part(c, 0, parts);
+    pthread_mutex_lock(&s->mu);
+    while (s->parts_left > 0)
+        pthread_cond_wait(&s->part_cv, &s->mu);
+    s->job = NULL;
+}
+
 static void *hw_host_worker(void *arg)
 {
     struct kvs_stream *s = arg;
@@ -297,15 +371,48 @@ static void *hw_host_worker(void *arg)
             pthread_cond_wait(&s->work_cv, &s->mu);
         if (s->done_seq == s->enq_seq)
             break; /* stopped and drained */
-        const hw_host_op_t *op = &s->ops[s->done_seq % cap];
-        pthread_mutex_unlock(&s->mu);
-        hw_host_copy_run(&op->copy);
-        pthread_mutex_lock(&s->mu);
+        hw_host_run_op(s, &s->ops[s->done_seq % cap].copy);
         s->done_seq++;
         pthread_cond_broadcast(&s->done_cv);
     }
+    /* No more jobs: let the helpers go. */
+    s->helpers_stop = true;
+    pthread_cond_broadcast(&s->job_cv);
     pthread_mutex_unlock(&s->mu);
     return NULL;
+}
+
+/* Joins the first n helpers of s (they leave once helpers_stop is set). */
+static void hw_host_helpers_join(struct kvs_stream *s, uint32_t n)
+{
+    pthread_mutex_lock(&s->mu);
+    s->helpers_stop = true;
+    pthread_cond_broadcast(&s->job_cv);
+    pthread_mutex_unlock(&s->mu);
+    for (uint32_t i = 0; i < n; i++)
+        pthread_join(s->helpers[i].thread, NULL);
+}
+
+/* Starts the helpers and the worker of a stream slot; on failure nothing
+ * is left running and the pthread error is returned. */
+static int hw_host_stream_start(kvs_host_device_t *h, struct kvs_stream *s)
+{
+    s->stop = false;
+    s->helpers_stop = false;
+    uint32_t started = 0;
+    int err = 0;
+    for (; started < h->copy_threads - 1; started++) {
+        s->helpers[started] = (hw_host_helper_t){.stream = s, .part = started + 1};
+        err = pthread_create(&s->helpers[started].thread, NULL, hw_host_helper,
+                             &s->helpers[started]);
+        if (err != 0)
+            break;
+    }
+    if (err == 0)
+        err = pthread_create(&s->thread, NULL, hw_host_worker, s);
+    if (err != 0)
+        hw_host_helpers_join(s, started);
+    return err;
 }
 
 static int hw_host_stream_create(kvs_device_t *dev, kvs_stream_t **out)
@@ -328,13 +435,13 @@ static int hw_host_stream_create(kvs_device_t *dev, kvs_stream_t **out)
     }
     /* Sequences carry on from the slot's previous life, so events recorded
      * on it then stay complete. */
-    s->stop = false;
-    int err = pthread_create(&s->thread, NULL, hw_host_worker, s);
+    int err = hw_host_stream_start(h, s);
     if (err != 0) {
         rc = kvs_device_fail(dev, KVS_EBACKEND, err,
-                             "stream_create on %s: cannot start the stream's worker thread "
-                             "(%s); raise the process thread limit or use fewer streams",
-                             h->name, strerror(err));
+                             "stream_create on %s: cannot start the stream's %u threads "
+                             "(%s); raise the process thread limit, use fewer streams or "
+                             "lower copy_threads",
+                             h->name, h->copy_threads, strerror(err));
         goto out;
     }
     s->live = true;
@@ -344,7 +451,8 @@ out:
     return rc;
 }
 
-/* Stops and joins the worker after it ran every queued op. host->mu held. */
+/* Stops and joins the worker after it ran every queued op, then its
+ * helpers. host->mu held. */
 static void hw_host_stream_stop(struct kvs_stream *s)
 {
     pthread_mutex_lock(&s->mu);
@@ -352,6 +460,7 @@ static void hw_host_stream_stop(struct kvs_stream *s)
     pthread_cond_signal(&s->work_cv);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
+    hw_host_helpers_join(s, s->host->copy_threads - 1);
     s->live = false;
 }
 
@@ -612,7 +721,45 @@ static int hw_host_create_fail(kvs_error_t *err, int status, int code, int line,
 #define HW_HOST_CREATE_FAIL(err, status, code, msg)                             \
     hw_host_create_fail((err), (status), (code), __LINE__, (msg))
 
-/* Frees the tables of a device whose streams are all stopped. */
+/* Initialises stream slot s: op ring, helper table, sync objects. On
+ * failure nothing of it is left allocated. */
+static bool hw_host_slot_init(kvs_host_device_t *h, struct kvs_stream *s, uint32_t index)
+{
+    s->host = h;
+    s->index = index;
+    s->ops = calloc(h->queue_ops, sizeof *s->ops);
+    s->helpers = calloc(h->copy_threads, sizeof *s->helpers); /* copy_threads - 1 used */
+    if (s->ops == NULL || s->helpers == NULL)
+        goto fail_mem;
+    if (pthread_mutex_init(&s->mu, NULL) != 0)
+        goto fail_mem;
+    if (pthread_cond_init(&s->work_cv, NULL) != 0)
+        goto fail_mu;
+    if (pthread_cond_init(&s->done_cv, NULL) != 0)
+        goto fail_work;
+    if (pthread_cond_init(&s->job_cv, NULL) != 0)
+        goto fail_done;
+    if (pthread_cond_init(&s->part_cv, NULL) != 0)
+        goto fail_job;
+    return true;
+fail_job:
+    pthread_cond_destroy(&s->job_cv);
+fail_done:
+    pthread_cond_destroy(&s->done_cv);
+fail_work:
+    pthread_cond_destroy(&s->work_cv);
+fail_mu:
+    pthread_mutex_destroy(&s->mu);
+fail_mem:
+    free(s->helpers);
+    free(s->ops);
+    s->helpers = NULL;
+    s->ops = NULL;
+    return false;
+}
+
+/* Frees the tables of a device whose streams are all stopped; the first
+ * `streams_inited` slots were initialised. */
 static void hw_host_free_tables(kvs_host_device_t *h, uint32_t streams_inited)
 {
     for (uint32_t i = 0; i < streams_inited; i++) {
@@ -620,6 +767,9 @@ static void hw_host_free_tables(kvs_host_device_t *h, uint32_t streams_inited)
         for (uint32_t k = 0; s->ops != NULL && k < h->queue_ops; k++)
             free(s->ops[k].words);
         free(s->ops);
+        free(s->helpers);
+        pthread_cond_destroy(&s->part_cv);
+        pthread_cond_destroy(&s->job_cv);
         pthread_cond_destroy(&s->done_cv);
         pthread_cond_destroy(&s->work_cv);
         pthread_mutex_destroy(&s->mu);
@@ -638,6 +788,10 @@ int kvs_host_device_create(const kvs_host_config_t *cfg, kvs_host_device_t **out
                                    "kvs_host_device_create: out is NULL; pass where to store "
                                    "the device");
     kvs_host_config_t c = cfg != NULL ? *cfg : (kvs_host_config_t){0};
+    if (c.copy_threads > HW_HOST_MAX_COPY_THREADS)
+        return HW_HOST_CREATE_FAIL(err, KVS_EINVAL, EINVAL,
+                                   "kvs_host_device_create: copy_threads above "
+                                   HW_HOST_MAX_COPY_THREADS_TEXT "; pass at most one per core");
     if (c.name != NULL && strlen(c.name) >= sizeof((kvs_host_device_t *)0)->name)
         return HW_HOST_CREATE_FAIL(err, KVS_EINVAL, EINVAL,
                                    "kvs_host_device_create: name longer than 31 bytes; "
@@ -651,6 +805,7 @@ int kvs_host_device_create(const kvs_host_config_t *cfg, kvs_host_device_t **out
     h->max_streams = c.max_streams ? c.max_streams : HW_HOST_DEFAULT_MAX_STREAMS;
     h->max_events = c.max_events ? c.max_events : HW_HOST_DEFAULT_MAX_EVENTS;
     h->queue_ops = c.queue_ops ? c.queue_ops : HW_HOST_DEFAULT_QUEUE_OPS;
+    h->copy_threads = c.copy_threads ? c.copy_threads : 1;
 
     uint32_t inited = 0;
     h->allocs = calloc(h->max_allocs, sizeof *h->allocs);
@@ -660,25 +815,9 @@ int kvs_host_device_create(const kvs_host_config_t *cfg, kvs_host_device_t **out
     if (h->allocs == NULL || h->streams == NULL || h->events == NULL ||
         h->event_free == NULL)
         goto fail_nomem;
-    for (; inited < h->max_streams; inited++) {
-        struct kvs_stream *s = &h->streams[inited];
-        s->host = h;
-        s->index = inited;
-        s->ops = calloc(h->queue_ops, sizeof *s->ops);
-        if (s->ops == NULL)
+    for (; inited < h->max_streams; inited++)
+        if (!hw_host_slot_init(h, &h->streams[inited], inited))
             goto fail_nomem;
-        if (pthread_mutex_init(&s->mu, NULL) != 0)
-            goto fail_nomem;
-        if (pthread_cond_init(&s->work_cv, NULL) != 0) {
-            pthread_mutex_destroy(&s->mu);
-            goto fail_nomem;
-        }
-        if (pthread_cond_init(&s->done_cv, NULL) != 0) {
-            pthread_cond_destroy(&s->work_cv);
-            pthread_mutex_destroy(&s->mu);
-            goto fail_nomem;
-        }
-    }
     if (pthread_mutex_init(&h->mu, NULL) != 0)
         goto fail_nomem;
     int rc = kvs_device_init(&h->base, &hw_host_ops, h->name);
@@ -700,10 +839,6 @@ int kvs_host_device_create(const kvs_host_config_t *cfg, kvs_host_device_t **out
     return KVS_OK;
 
 fail_nomem:
-    /* A stream slot whose ops array exists but whose sync objects failed
-     * was counted out of `inited`; free its ops here. */
-    if (h->streams != NULL && inited < h->max_streams)
-        free(h->streams[inited].ops);
     hw_host_free_tables(h, inited);
     free(h);
     return HW_HOST_CREATE_FAIL(err, KVS_ENOMEM, ENOMEM,

@@ -7,7 +7,9 @@
  * model: no simulated clock, no modeled time. Each stream is an ordered
  * queue served by its own worker thread, so gather and scatter are
  * asynchronous like GPU kernels and events complete when the worker has run
- * every op enqueued before them.
+ * every op enqueued before them. With copy_threads > 1 each stream also has
+ * helper threads that take a share of every large op's layers (one core
+ * keeps only so many cache misses in flight; strided copies need more).
  *
  * Device addresses ARE host virtual addresses (uint64_t of the pointer), so
  * a fabric backend can register them directly. Allocations are anonymous
@@ -38,6 +40,9 @@ typedef struct kvs_host_config {
     uint32_t max_streams;   /* live streams (one worker thread each), 0 -> 16 */
     uint32_t max_events;    /* live events, 0 -> 65536 */
     uint32_t queue_ops;     /* ops queued per stream before gather blocks, 0 -> 64 */
+    uint32_t copy_threads;  /* threads sharing each large op (its layers split
+                             * between them), the stream's worker included;
+                             * 0 -> 1 */
 } kvs_host_config_t;
 
 /* Creates a host device (cfg may be NULL for the defaults). On failure

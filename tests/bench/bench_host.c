@@ -16,11 +16,16 @@
  *
  *   ratio = (2 P / (t_gather + t_scatter)) / (P / t_memcpy)
  *
- * Usage: bench_host [tokens] [repetitions]   (defaults 2048 and 11)
+ * With `threads` > 1 the device splits each op's layers between that many
+ * threads (copy_threads) and memcpy is split into as many equal parts run
+ * by as many threads at once, so both sides use the same cores.
+ *
+ * Usage: bench_host [tokens] [repetitions] [threads]   (defaults 2048 11 1)
  * Wall time comes from CLOCK_MONOTONIC; hw/ and benchmarks may read it.
  */
 #include <kvstage/host.h>
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -242,6 +247,86 @@ static void read_probe(kvs_device_t *dev, uint64_t bytes, int reps, uint64_t *rn
     dev->ops.mem_free(dev, a);
 }
 
+/* memcpy on n threads: n - 1 helpers wait at a barrier for each copy and
+ * take an equal share; the caller takes share 0. */
+typedef struct memcpy_team {
+    int n;
+    pthread_t *threads;
+    pthread_barrier_t start, end;
+    uint8_t *dst;
+    const uint8_t *src;
+    uint64_t bytes;
+    int quit;
+} memcpy_team_t;
+
+typedef struct memcpy_member {
+    memcpy_team_t *team;
+    int index;
+} memcpy_member_t;
+
+static void team_share(memcpy_team_t *t, int i)
+{
+    const uint64_t lo = t->bytes * (uint64_t)i / (uint64_t)t->n;
+    const uint64_t hi = t->bytes * (uint64_t)(i + 1) / (uint64_t)t->n;
+    memcpy(t->dst + lo, t->src + lo, (size_t)(hi - lo));
+}
+
+static void *team_member(void *arg)
+{
+    memcpy_member_t *m = arg;
+    for (;;) {
+        pthread_barrier_wait(&m->team->start);
+        if (m->team->quit)
+            return NULL;
+        team_share(m->team, m->index);
+        pthread_barrier_wait(&m->team->end);
+    }
+}
+
+static memcpy_member_t g_members[64];
+
+static void team_start(memcpy_team_t *t, int n)
+{
+    memset(t, 0, sizeof *t);
+    t->n = n;
+    t->threads = calloc((size_t)n, sizeof *t->threads);
+    if (t->threads == NULL || n > 64 || pthread_barrier_init(&t->start, NULL, (unsigned)n) != 0 ||
+        pthread_barrier_init(&t->end, NULL, (unsigned)n) != 0)
+        die(NULL, "memcpy team", KVS_ENOMEM);
+    for (int i = 1; i < n; i++) {
+        g_members[i] = (memcpy_member_t){t, i};
+        if (pthread_create(&t->threads[i], NULL, team_member, &g_members[i]) != 0)
+            die(NULL, "pthread_create", KVS_EBACKEND);
+    }
+}
+
+static bench_time_t team_memcpy(memcpy_team_t *t, void *dst, const void *src, uint64_t bytes)
+{
+    t->dst = dst;
+    t->src = src;
+    t->bytes = bytes;
+    const bench_time_t t0 = now_t();
+    if (t->n > 1)
+        pthread_barrier_wait(&t->start);
+    team_share(t, 0);
+    if (t->n > 1)
+        pthread_barrier_wait(&t->end);
+    return since(t0);
+}
+
+static void team_stop(memcpy_team_t *t)
+{
+    if (t->n > 1) {
+        t->quit = 1;
+        pthread_barrier_wait(&t->start);
+        for (int i = 1; i < t->n; i++)
+            pthread_join(t->threads[i], NULL);
+    }
+    pthread_barrier_destroy(&t->start);
+    pthread_barrier_destroy(&t->end);
+    free(t->threads);
+}
+
 /* Runs one gather or scatter through the API and waits for its event. */
 static bench_time_t timed_copy(kvs_device_t *dev, kvs_stream_t *s,
                                const kvs_copy_desc_t *d, int scatter)
@@ -266,8 +351,9 @@ int main(int argc, char **argv)
 {
     const int64_t tokens = argc > 1 ? atoll(argv[1]) : 2048;
     const int reps = argc > 2 ? atoi(argv[2]) : 11;
-    if (tokens <= 0 || reps <= 0) {
-        fprintf(stderr, "usage: bench_host [tokens > 0] [repetitions > 0]\n");
+    const int threads = argc > 3 ? atoi(argv[3]) : 1;
+    if (tokens <= 0 || reps <= 0 || threads <= 0 || threads > 64) {
+        fprintf(stderr, "usage: bench_host [tokens > 0] [repetitions > 0] [threads 1..64]\n");
         return 2;
     }
     const bench_case_t cases[] = {
@@ -277,7 +363,8 @@ int main(int argc, char **argv)
     };
     kvs_host_device_t *host = NULL;
     kvs_error_t err;
-    int rc = kvs_host_device_create(NULL, &host, &err);
+    const kvs_host_config_t cfg = {.copy_threads = (uint32_t)threads};
+    int rc = kvs_host_device_create(&cfg, &host, &err);
     if (rc != KVS_OK) {
         fprintf(stderr, "bench_host: %s\n", err.msg);
         return 1;
@@ -290,11 +377,16 @@ int main(int argc, char **argv)
     const int64_t chunk_pages = (tokens + BENCH_PAGE - 1) / BENCH_PAGE;
 
     printf("llama-3-70b shape: %d layers x %d KV heads x head dim %d, bf16, page %d; "
-           "chunk of %lld tokens on random pages; median of %d runs after 1 warm-up\n",
-           BENCH_LAYERS, BENCH_HEADS, BENCH_HEAD_DIM, BENCH_PAGE, (long long)tokens, reps);
+           "chunk of %lld tokens on random pages; median of %d runs after 1 warm-up; "
+           "%d thread(s) for memcpy and for each op\n",
+           BENCH_LAYERS, BENCH_HEADS, BENCH_HEAD_DIM, BENCH_PAGE, (long long)tokens, reps,
+           threads);
     printf("bandwidth in GB/s of wall time; cpu_ratio: the same ratio on process CPU time "
            "(robust to other load)\n");
-    printf("naive: one memcpy per token row, no prefetch (the obvious loop), for comparison\n");
+    printf("naive: one memcpy per token row, no prefetch, one thread (the obvious loop), "
+           "for comparison\n");
+    memcpy_team_t team;
+    team_start(&team, threads);
     printf("%-8s %9s %8s %8s %8s %8s %7s %10s %8s %7s\n", "pair", "payload", "memcpy",
            "gather", "scatter", "g+s", "ratio", "cpu_ratio", "naive", "ratio");
     double worst = 1e9;
@@ -327,9 +419,8 @@ int main(int argc, char **argv)
         const kvs_copy_desc_t sc = desc_of(&dec, tokens, dst_start, nh, stg);
 
         for (int r = -1; r < reps; r++) {
-            const bench_time_t t0 = now_t();
-            memcpy(md, ms, (size_t)payload);
-            const bench_time_t run[4] = {since(t0), timed_copy(dev, s, &g, 0),
+            const bench_time_t run[4] = {team_memcpy(&team, md, ms, payload),
+                                         timed_copy(dev, s, &g, 0),
                                          timed_copy(dev, s, &sc, 1), timed_naive(&g, &sc)};
             for (int o = 0; r >= 0 && o < 4; o++) {
                 t[0][o][r] = run[o].wall_s;
@@ -366,6 +457,7 @@ int main(int argc, char **argv)
     }
     printf("lowest ratio (gather+scatter / memcpy bandwidth): %.2fx (goal >= 0.90x)\n", worst);
     read_probe(dev, (uint64_t)tokens * 256 * BENCH_LAYERS * 2, reps, &rng);
+    team_stop(&team);
     for (int k = 0; k < 2; k++)
         for (int o = 0; o < 4; o++)
             free(t[k][o]);
