@@ -24,9 +24,10 @@
  *
  * Locking: host->mu guards the allocation table, stream states and the event
  * table and is held for the whole of every call (so a validated op cannot
- * lose its memory before it is queued). stream->mu guards the ring and the
- * sequences and is shared with the worker. Order: host->mu, then stream->mu;
- * the worker takes only its stream->mu, so waits under host->mu (queue full,
+ * lose its memory before it is queued). stream->mu guards the ring, the
+ * sequences and the job handed to helpers, and is shared with the worker
+ * and the helpers. Order: host->mu, then stream->mu; worker and helpers
+ * take only their stream->mu, so waits under host->mu (queue full,
  * mem_free draining, stream_destroy joining) always end.
  *
  * Invariants: allocs[] sorted by addr and disjoint; per stream
