@@ -265,11 +265,18 @@ static int hw_cuda_mem_copy(kvs_device_t *dev, uint64_t addr, void *host_buf,
                              (unsigned long long)len_bytes);
     } else if (len_bytes != 0) {
         void *p = (void *)(uintptr_t)addr;
-        if (to_device)
+        if (to_device) {
             rc = HW_CUDA_TRY(c, cudaMemcpy(p, host_buf, (size_t)len_bytes,
                                            cudaMemcpyHostToDevice),
                              HW_CUDA_FIX_STICKY);
-        else
+            /* From pageable memory cudaMemcpy may return before its DMA
+             * landed, and our streams are not ordered after the legacy
+             * stream it ran on: wait for it, so a copy queued next sees
+             * the bytes. */
+            if (rc == KVS_OK)
+                rc = HW_CUDA_TRY(c, cudaStreamSynchronize(cudaStreamLegacy),
+                                 HW_CUDA_FIX_STICKY);
+        } else
             rc = HW_CUDA_TRY(c, cudaMemcpy(host_buf, p, (size_t)len_bytes,
                                            cudaMemcpyDeviceToHost),
                              HW_CUDA_FIX_STICKY);

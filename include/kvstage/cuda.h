@@ -14,8 +14,10 @@
  *
  * Threads: every call on one device is serialised by the device's mutex;
  * each call first makes the device's GPU current on the calling thread.
- * mem_free waits for the GPU (cudaFree does); mem_read/mem_write do not wait
- * for kvstage streams: wait for an event first.
+ * mem_free waits for the GPU (cudaFree does). mem_read/mem_write are
+ * synchronous (a write has landed when it returns, so copies queued after
+ * it see the bytes) but do not wait for kvstage streams: wait for an event
+ * before reading what a copy wrote.
  */
 #ifndef KVSTAGE_CUDA_H
 #define KVSTAGE_CUDA_H

@@ -105,6 +105,9 @@ static void bw_pool_make(kvs_device_t *d, bw_pool_t *p, int64_t local_heads,
         CHECK_CUDA(cudaMemset((void *)(uintptr_t)p->k[l], l, lb));
         CHECK_CUDA(cudaMemset((void *)(uintptr_t)p->v[l], l + 1, lb));
     }
+    /* The memsets ran on the legacy stream, which the backend's
+     * non-blocking streams do not wait for. */
+    CHECK_CUDA(cudaDeviceSynchronize());
     p->pages = malloc((size_t)pool_pages * sizeof *p->pages);
     if (p->pages == NULL)
         exit(1);
