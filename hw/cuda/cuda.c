@@ -300,16 +300,16 @@ static int hw_cuda_mem_read(kvs_device_t *dev, uint64_t addr, void *dst, uint64_
 /* Streams                                                                   */
 /* ------------------------------------------------------------------------ */
 
-/* Frees a slot's buffers and event. Its stream has been synchronised. */
-static void hw_cuda_slot_release(hw_cuda_slot_t *sl)
+/* Frees a slot's buffers and event. Its stream has been synchronised.
+ * Teardown: a failure is recorded on the device and the rest still freed. */
+static void hw_cuda_slot_release(kvs_cuda_device_t *c, hw_cuda_slot_t *sl)
 {
-    /* Teardown: failures here leave nothing the caller could fix. */
     if (sl->host != NULL)
-        (void)cudaFreeHost(sl->host);
+        (void)HW_CUDA_TRY(c, cudaFreeHost(sl->host), HW_CUDA_FIX_STICKY);
     if (sl->dev != NULL)
-        (void)cudaFree(sl->dev);
+        (void)HW_CUDA_TRY(c, cudaFree(sl->dev), HW_CUDA_FIX_STICKY);
     if (sl->has_event)
-        (void)cudaEventDestroy(sl->done);
+        (void)HW_CUDA_TRY(c, cudaEventDestroy(sl->done), HW_CUDA_FIX_STICKY);
     memset(sl, 0, sizeof *sl);
 }
 
@@ -351,7 +351,7 @@ static void hw_cuda_stream_stop(kvs_cuda_device_t *c, struct kvs_stream *s)
      * the slots it reads are freed next). */
     (void)HW_CUDA_TRY(c, cudaStreamSynchronize(s->s), HW_CUDA_FIX_STICKY);
     for (uint32_t i = 0; i < c->desc_slots; i++)
-        hw_cuda_slot_release(&s->slots[i]);
+        hw_cuda_slot_release(c, &s->slots[i]);
     (void)HW_CUDA_TRY(c, cudaStreamDestroy(s->s), HW_CUDA_FIX_STICKY);
     s->live = false;
 }
@@ -721,8 +721,9 @@ static int hw_cuda_probe(int ordinal, kvs_error_t *err)
 {
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
-    int rt = 0;
-    (void)cudaRuntimeGetVersion(&rt);
+    int rt = CUDART_VERSION; /* what this was built with, if the call fails */
+    if (cudaRuntimeGetVersion(&rt) != cudaSuccess)
+        rt = CUDART_VERSION;
     if (e == cudaErrorNoDevice || (e == cudaSuccess && count == 0))
         return HW_CUDA_CREATE_FAIL(err, KVS_EBACKEND, e == cudaSuccess ? cudaErrorNoDevice : e,
                                    "no CUDA device: cudaGetDeviceCount found none (%s); "
@@ -753,8 +754,16 @@ static int hw_cuda_probe(int ordinal, kvs_error_t *err)
     e = (cudaError_t)hw_cuda_kernels_probe();
     if (e != cudaSuccess) {
         int major = 0, minor = 0;
-        (void)cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal);
-        (void)cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ordinal);
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal) !=
+                cudaSuccess ||
+            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ordinal) !=
+                cudaSuccess)
+            return HW_CUDA_CREATE_FAIL(err, KVS_EBACKEND, e,
+                                       "the gather/scatter kernels cannot run on CUDA device "
+                                       "%d: %s; rebuild with CMAKE_CUDA_ARCHITECTURES "
+                                       "including its compute capability (nvidia-smi "
+                                       "--query-gpu=compute_cap)",
+                                       ordinal, cudaGetErrorName(e));
         return HW_CUDA_CREATE_FAIL(err, KVS_EBACKEND, e,
                                    "the gather/scatter kernels cannot run on CUDA device %d "
                                    "(compute capability %d.%d): %s; rebuild with "
