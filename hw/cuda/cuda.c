@@ -1,0 +1,876 @@
+/*
+ * cuda.c - the CUDA device backend of cuda.h ("cuda"): kvstage device ops
+ * on the CUDA runtime of one GPU.
+ *
+ * What it does:
+ * - Memory: cudaMalloc / cudaFree. Live allocations sit in an array sorted
+ *   by address, against which every descriptor and mem_read/mem_write range
+ *   is validated before anything reaches the GPU (a bad descriptor is a
+ *   status, never a GPU fault).
+ * - Streams: one non-blocking cudaStream_t each. A gather/scatter validates
+ *   the descriptor (hw/common/copy_check.c, the simulator's rules), writes
+ *   the layer bases and page ids into the stream's next descriptor slot (a
+ *   pinned host buffer), copies it to the slot's device buffer with
+ *   cudaMemcpyAsync and launches the kernel (kernels.cu) on the stream; an
+ *   event recorded after the launch tells when the slot may be reused (the
+ *   slot ring has desc_slots entries, so reuse waits only when that many
+ *   copies are in flight).
+ * - Events: cudaEvent_t without timing, created on first use of a slot and
+ *   reused; event_query maps cudaErrorNotReady to KVS_EAGAIN.
+ * - Errors: every CUDA call goes through HW_CUDA_TRY, which turns a
+ *   cudaError_t into a kvstage status with the call, the CUDA error's name
+ *   and text and what to change in the device's last backend message; the
+ *   error value is last_backend_code. Launches are checked with
+ *   cudaGetLastError right after them (kernels.cu).
+ *
+ * What it does not: no peer access, no multi-GPU device, no CUDA graphs;
+ * errors of kernels already running surface at the next call or event query
+ * (CUDA's sticky errors: the process must restart after them).
+ *
+ * Locking: cuda->mu guards every table and is held for the whole of each
+ * call except the blocking waits of kvs_cuda_stream_sync and
+ * kvs_cuda_event_wait. Every call makes the device's GPU current first.
+ *
+ * Invariants: allocs[] sorted by addr and disjoint; a descriptor slot's
+ * buffers are rewritten only after its `done` event completed; stream and
+ * event slots live in arrays owned by the device, so their pointers stay
+ * valid memory until the device is destroyed.
+ */
+#include <kvstage/cuda.h>
+
+#include "copy_check.h"
+#include "kernels.h"
+
+#include <cuda_runtime_api.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define HW_CUDA_DEFAULT_MAX_ALLOCS 4096u
+#define HW_CUDA_DEFAULT_MAX_STREAMS 16u
+#define HW_CUDA_DEFAULT_MAX_EVENTS 4096u
+#define HW_CUDA_DEFAULT_DESC_SLOTS 64u
+/* First size of a descriptor slot: 80 layers x 2 bases + 1024 pages. */
+#define HW_CUDA_SLOT_MIN_WORDS 1184u
+
+typedef struct hw_cuda_alloc {
+    uint64_t addr;
+    uint64_t len_bytes;
+} hw_cuda_alloc_t;
+
+/* One descriptor copy in flight: [K bases | V bases | pages] as words. */
+typedef struct hw_cuda_slot {
+    uint64_t *host;     /* pinned (cudaHostAlloc) */
+    uint64_t *dev;      /* device (cudaMalloc) */
+    size_t cap_words;
+    cudaEvent_t done;   /* recorded after the last op that read the slot */
+    bool has_event;
+    bool pending;       /* done was recorded since the slot was last reused */
+} hw_cuda_slot_t;
+
+struct kvs_stream {
+    kvs_cuda_device_t *cuda;
+    cudaStream_t s;
+    hw_cuda_slot_t *slots; /* desc_slots */
+    uint32_t next;
+    bool live;
+};
+
+struct kvs_event {
+    kvs_cuda_device_t *cuda;
+    cudaEvent_t ev;
+    bool created;
+    bool live;
+};
+
+struct kvs_cuda_device {
+    kvs_device_t base; /* first: recovered with KVS_CONTAINER_OF */
+    char name[32];
+    int ordinal;
+    pthread_mutex_t mu;
+    uint32_t max_allocs, max_streams, max_events, desc_slots;
+    hw_cuda_alloc_t *allocs;
+    uint32_t num_allocs;
+    struct kvs_stream *streams;
+    struct kvs_event *events;
+    uint32_t *event_free;
+    uint32_t event_free_count;
+};
+
+static kvs_cuda_device_t *hw_cuda_of(kvs_device_t *dev)
+{
+    return KVS_CONTAINER_OF(dev, kvs_cuda_device_t, base);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Errors                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static int hw_cuda_status(cudaError_t e)
+{
+    return e == cudaSuccess ? KVS_OK : e == cudaErrorNotReady ? KVS_EAGAIN : KVS_EBACKEND;
+}
+
+/* Records a failed CUDA call on the device: its text, the CUDA error and
+ * what to change. Returns the kvstage status. */
+static int hw_cuda_fail(kvs_cuda_device_t *c, cudaError_t e, const char *call,
+                        const char *fix)
+{
+    return kvs_device_fail(&c->base, hw_cuda_status(e), (int)e, "%s on %s failed: %s (%s); %s",
+                           call, c->name, cudaGetErrorName(e), cudaGetErrorString(e), fix);
+}
+
+/* Evaluates a CUDA call once; on failure records it and yields the status. */
+#define HW_CUDA_TRY(c, call, fix)                                              \
+    hw_cuda_try((c), (call), #call, (fix))
+
+static int hw_cuda_try(kvs_cuda_device_t *c, cudaError_t e, const char *call,
+                       const char *fix)
+{
+    return e == cudaSuccess ? KVS_OK : hw_cuda_fail(c, e, call, fix);
+}
+
+/* Fixes named in messages. */
+#define HW_CUDA_FIX_STICKY                                                     \
+    "if the error is sticky (an earlier kernel faulted) the process must "    \
+    "restart; else check the GPU with nvidia-smi"
+#define HW_CUDA_FIX_MEM                                                        \
+    "lower the ring or KV pool size, or free device memory"
+#define HW_CUDA_FIX_PINNED                                                     \
+    "lower desc_slots or the pages per copy, or free pinned host memory"
+
+/* ------------------------------------------------------------------------ */
+/* Memory                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static uint32_t hw_cuda_upper(const kvs_cuda_device_t *c, uint64_t x)
+{
+    uint32_t lo = 0, hi = c->num_allocs;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (c->allocs[mid].addr <= x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static bool hw_cuda_in_mem(void *ctx, uint64_t addr, uint64_t len_bytes)
+{
+    const kvs_cuda_device_t *c = ctx;
+    uint32_t i = hw_cuda_upper(c, addr);
+    if (i == 0)
+        return false;
+    const hw_cuda_alloc_t *a = &c->allocs[i - 1];
+    uint64_t rel = addr - a->addr;
+    return rel <= a->len_bytes && len_bytes <= a->len_bytes - rel;
+}
+
+/* Locks the device and makes its GPU current on this thread. */
+static int hw_cuda_enter(kvs_cuda_device_t *c)
+{
+    pthread_mutex_lock(&c->mu);
+    int rc = HW_CUDA_TRY(c, cudaSetDevice(c->ordinal),
+                         "the GPU went away or the driver failed; " HW_CUDA_FIX_STICKY);
+    if (rc != KVS_OK)
+        pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+static void hw_cuda_leave(kvs_cuda_device_t *c) { pthread_mutex_unlock(&c->mu); }
+
+static int hw_cuda_mem_alloc(kvs_device_t *dev, uint64_t len_bytes, uint64_t *out_addr)
+{
+    kvs_cuda_device_t *c = hw_cuda_of(dev);
+    if (out_addr == NULL)
+        return kvs_device_fail(dev, KVS_EINVAL, EINVAL, "mem_alloc on %s: out_addr is NULL",
+                               c->name);
+    if (len_bytes == 0)
+        return kvs_device_fail(dev, KVS_EINVAL, EINVAL,
+                               "mem_alloc on %s: length 0; ask for at least one byte",
+                               c->name);
+    if (len_bytes > (uint64_t)SIZE_MAX)
+        return kvs_device_fail(dev, KVS_ERANGE, ERANGE,
+                               "mem_alloc on %s: %llu bytes exceed the address space; "
+                               "ask for less",
+                               c->name, (unsigned long long)len_bytes);
+    int rc = hw_cuda_enter(c);
+    if (rc != KVS_OK)
+        return rc;
+    if (c->num_allocs == c->max_allocs) {
+        rc = kvs_device_fail(dev, KVS_EFULL, ENOSPC,
+                             "allocation table of %s full: %u live allocations; free some "
+                             "or raise max_allocs",
+                             c->name, c->max_allocs);
+        goto out;
+    }
+    void *p = NULL;
+    rc = HW_CUDA_TRY(c, cudaMalloc(&p, (size_t)len_bytes), HW_CUDA_FIX_MEM);
+    if (rc != KVS_OK)
+        goto out;
+    const hw_cuda_alloc_t a = {.addr = (uint64_t)(uintptr_t)p, .len_bytes = len_bytes};
+    uint32_t i = hw_cuda_upper(c, a.addr);
+    memmove(&c->allocs[i + 1], &c->allocs[i], (size_t)(c->num_allocs - i) * sizeof a);
+    c->allocs[i] = a;
+    c->num_allocs++;
+    *out_addr = a.addr;
+out:
+    hw_cuda_leave(c);
+    return rc;
+}
+
+static int hw_cuda_mem_free(kvs_device_t *dev, uint64_t addr)
+{
+    kvs_cuda_device_t *c = hw_cuda_of(dev);
+    int rc = hw_cuda_enter(c);
+    if (rc != KVS_OK)
+        return rc;
+    uint32_t i = hw_cuda_upper(c, addr);
+    if (i == 0 || c->allocs[i - 1].addr != addr) {
+        rc = kvs_device_fail(dev, KVS_ENOENT, ENOENT,
+                             "mem_free on %s: 0x%llx is not the start of a live allocation "
+                             "(never allocated or already freed)",
+                             c->name, (unsigned long long)addr);
+        goto out;
+    }
+    /* cudaFree waits for the GPU, so no queued kernel reads freed memory.
+     * The entry goes even if it fails: the pointer is no longer ours. */
+    rc = HW_CUDA_TRY(c, cudaFree((void *)(uintptr_t)addr), HW_CUDA_FIX_STICKY);
+    memmove(&c->allocs[i - 1], &c->allocs[i], (size_t)(c->num_allocs - i) * sizeof c->allocs[0]);
+    c->num_allocs--;
+out:
+    hw_cuda_leave(c);
+    return rc;
+}
+
+static int hw_cuda_mem_copy(kvs_device_t *dev, uint64_t addr, void *host_buf,
+                            uint64_t len_bytes, bool to_device)
+{
+    kvs_cuda_device_t *c = hw_cuda_of(dev);
+    const char *what = to_device ? "mem_write" : "mem_read";
+    if (host_buf == NULL && len_bytes != 0)
+        return kvs_device_fail(dev, KVS_EINVAL, EINVAL, "%s on %s: %s is NULL", what,
+                               c->name, to_device ? "src" : "dst");
+    int rc = hw_cuda_enter(c);
+    if (rc != KVS_OK)
+        return rc;
+    if (!hw_cuda_in_mem(c, addr, len_bytes)) {
+        rc = kvs_device_fail(dev, KVS_ERANGE, ERANGE,
+                             "%s on %s: [0x%llx, +%llu) is not inside one live allocation",
+                             what, c->name, (unsigned long long)addr,
+                             (unsigned long long)len_bytes);
+    } else if (len_bytes != 0) {
+        void *p = (void *)(uintptr_t)addr;
+        if (to_device) {
+            rc = HW_CUDA_TRY(c, cudaMemcpy(p, host_buf, (size_t)len_bytes,
+                                           cudaMemcpyHostToDevice),
+                             HW_CUDA_FIX_STICKY);
+            /* From pageable memory cudaMemcpy may return before its DMA
+             * landed, and our streams are not ordered after the legacy
+             * stream it ran on: wait for it, so a copy queued next sees
+             * the bytes. */
+            if (rc == KVS_OK)
+                rc = HW_CUDA_TRY(c, cudaStreamSynchronize(cudaStreamLegacy),
+                                 HW_CUDA_FIX_STICKY);
+        } else
+            rc = HW_CUDA_TRY(c, cudaMemcpy(host_buf, p, (size_t)len_bytes,
+                                           cudaMemcpyDeviceToHost),
+                             HW_CUDA_FIX_STICKY);
+    }
+    hw_cuda_leave(c);
+    return rc;
+}
+
+static int hw_cuda_mem_write(kvs_device_t *dev, uint64_t addr, const void *src,
+                             uint64_t len_bytes)
+{
+    return hw_cuda_mem_copy(dev, addr, (void *)(uintptr_t)src, len_bytes, true);
+}
+
+static int hw_cuda_mem_read(kvs_device_t *dev, uint64_t addr, void *dst, uint64_t len_bytes)
+{
+    return hw_cuda_mem_copy(dev, addr, dst, len_bytes, false);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Streams                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* Frees a slot's buffers and event. Its stream has been synchronised.
+ * Teardown: a failure is recorded on the device and the rest still freed. */
+static void hw_cuda_slot_release(kvs_cuda_device_t *c, hw_cuda_slot_t *sl)
+{
+    if (sl->host != NULL)
+        (void)HW_CUDA_TRY(c, cudaFreeHost(sl->host), HW_CUDA_FIX_STICKY);
+    if (sl->dev != NULL)
+        (void)HW_CUDA_TRY(c, cudaFree(sl->dev), HW_CUDA_FIX_STICKY);
+    if (sl->has_event)
+        (void)HW_CUDA_TRY(c, cudaEventDestroy(sl->done), HW_CUDA_FIX_STICKY);
+    memset(sl, 0, sizeof *sl);
+}
+
+static int hw_cuda_stream_create(kvs_device_t *dev, kvs_stream_t **out)
+{
+    kvs_cuda_device_t *c = hw_cuda_of(dev);
+    if (out == NULL)
+        return kvs_device_fail(dev, KVS_EINVAL, EINVAL, "stream_create on %s: out is NULL",
+                               c->name);
+    int rc = hw_cuda_enter(c);
+    if (rc != KVS_OK)
+        return rc;
+    struct kvs_stream *s = NULL;
+    for (uint32_t i = 0; i < c->max_streams && s == NULL; i++)
+        if (!c->streams[i].live)
+            s = &c->streams[i];
+    if (s == NULL) {
+        rc = kvs_device_fail(dev, KVS_EFULL, ENOSPC,
+                             "%s: all %u streams in use; destroy one or raise max_streams",
+                             c->name, c->max_streams);
+        goto out;
+    }
+    rc = HW_CUDA_TRY(c, cudaStreamCreateWithFlags(&s->s, cudaStreamNonBlocking),
+                     HW_CUDA_FIX_STICKY);
+    if (rc != KVS_OK)
+        goto out;
+    s->next = 0;
+    s->live = true;
+    *out = s;
+out:
+    hw_cuda_leave(c);
+    return rc;
+}
+
+/* Waits for the stream, frees its slots and the CUDA stream. mu held. */
+static void hw_cuda_stream_stop(kvs_cuda_device_t *c, struct kvs_stream *s)
+{
+    /* Like CUDA: queued work still completes (we wait for it here because
+     * the slots it reads are freed next). */
+    (void)HW_CUDA_TRY(c, cudaStreamSynchronize(s->s), HW_CUDA_FIX_STICKY);
+    for (uint32_t i = 0; i < c->desc_slots; i++)
+        hw_cuda_slot_release(c, &s->slots[i]);
+    (void)HW_CUDA_TRY(c, cudaStreamDestroy(s->s), HW_CUDA_FIX_STICKY);
+    s->live = false;
+}
+
+static void hw_cuda_stream_destroy(kvs_device_t *dev, kvs_stream_t *stream)
+{
+    kvs_cuda_device_t *c = hw_cuda_of(dev);
+    if (stream == NULL)
+        return;
+    if (hw_cuda_enter(c) != KVS_OK)
+        return;
+    if (stream->cuda != c || !stream->live)
+        (void)kvs_device_fail(dev, KVS_EINVAL, EINVAL,
+                              "stream_destroy on %s: stream already destroyed or of another "
+                              "device; destroy each stream once, on its own device",
+                              c->name);
+    else
+        hw_cuda_stream_stop(c, stream);
+    hw_cuda_leave(c);
+}
+
+/* Makes slot sl hold at least n words, waiting for its last reader. */
+static int hw_cuda_slot_prepare(kvs_cuda_device_t *c, hw_cuda_slot_t *sl, size_t n)
+{
+    int rc = KVS_OK;
+    if (sl->pending) {
+        rc = HW_CUDA_TRY(c, cudaEventSynchronize(sl->done), HW_CUDA_FIX_STICKY);
+        if (rc != KVS_OK)
+            return rc;
+        sl->pending = false;
+    }
+    if (!sl->has_event) {
+        rc = HW_CUDA_TRY(c, cudaEventCreateWithFlags(&sl->done, cudaEventDisableTiming),
+                         HW_CUDA_FIX_STICKY);
+        if (rc != KVS_OK)
+            return rc;
+        sl->has_event = true;
+    }
+    if (n <= sl->cap_words)
+        return KVS_OK;
+    size_t cap = sl->cap_words * 2 > n ? sl->cap_words * 2 : n;
+    if (cap < HW_CUDA_SLOT_MIN_WORDS)
+        cap = HW_CUDA_SLOT_MIN_WORDS;
+    if (sl->host != NULL) {
+        rc = HW_CUDA_TRY(c, cudaFreeHost(sl->host), HW_CUDA_FIX_STICKY);
+        sl->host = NULL;
+        if (rc != KVS_OK)
+            return rc;
+    }
+    if (sl->dev != NULL) {
+        rc = HW_CUDA_TRY(c, cudaFree(sl->dev), HW_CUDA_FIX_STICKY);
+        sl->dev = NULL;
+        if (rc != KVS_OK)
+            return rc;
+    }
+    sl->cap_words = 0;
+    void *h = NULL, *d = NULL;
+    rc = HW_CUDA_TRY(c, cudaHostAlloc(&h, cap * sizeof(uint64_t), cudaHostAllocDefault),
+                     HW_CUDA_FIX_PINNED);
+    if (rc != KVS_OK)
+        return rc;
+    sl->host = h;
+    rc = HW_CUDA_TRY(c, cudaMalloc(&d, cap * sizeof(uint64_t)), HW_CUDA_FIX_MEM);
+    if (rc != KVS_OK)
+        return rc;
+    sl->dev = d;
+    sl->cap_words = cap;
+    return KVS_OK;
+}
+
+/* The widest vector (16..1 bytes) dividing every offset and address. */
+static unsigned hw_cuda_vec_bytes(const kvs_copy_desc_t *d, const hw_copy_shape_t *sh)
+{
+    uint64_t bits = sh->row_bytes | sh->token_bytes | sh->head_off | sh->slot_bytes |
+                    d->staging_addr;
+    for (int64_t j = 0; j < d->layer_count; j++)
+        bits |= d->k_base[d->layer_begin + j] | d->v_base[d->layer_begin + j];
+    unsigned v = 16;
+    while (v > 1 && (bits & (v - 1)) != 0)
+        v /= 2;
+    return v;
+}
+
+static int hw_cuda_enqueue(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d,
+                           bool scatter)
+{
+    kvs_cuda_device_t *c = hw_cuda_of(dev);
+    const char *what = scatter ? "scatter" : "gather";
+    int rc = hw_cuda_enter(c);
+    if (rc != KVS_OK)
+        return rc;
+    if (s == NULL || s->cuda != c || !s->live) {
+        rc = kvs_device_fail(dev, KVS_EINVAL, EINVAL,
+                             "%s on %s: stream is NULL, destroyed or of another device",
+                             what, c->name);
+        goto out;
+    }
+    char msg[KVS_ERROR_MSG_BYTES];
+    hw_copy_shape_t sh;
+    rc = hw_copy_check(d, what, c->name, hw_cuda_in_mem, c, &sh, msg, sizeof msg);
+    if (rc != KVS_OK) {
+        rc = kvs_device_fail(dev, rc, rc == KVS_ERANGE ? ERANGE : EINVAL, "%s", msg);
+        goto out;
+    }
+    if (sh.payload_bytes == 0)
+        goto out; /* nothing to move: nothing to queue */
+    const uint64_t L = (uint64_t)d->layer_count;
+    if (L > HW_CUDA_MAX_LAYERS) {
+        rc = kvs_device_fail(dev, KVS_ERANGE, ERANGE,
+                             "%s on %s: %llu layers in one copy, at most %u; split the copy",
+                             what, c->name, (unsigned long long)L, HW_CUDA_MAX_LAYERS);
+        goto out;
+    }
+    /* Bounded by validated allocations, so no overflow. */
+    const size_t n_words = (size_t)(2 * L + sh.pages_used);
+    hw_cuda_slot_t *sl = &s->slots[s->next];
+    rc = hw_cuda_slot_prepare(c, sl, n_words);
+    if (rc != KVS_OK)
+        goto out;
+    s->next = (s->next + 1) % c->desc_slots;
+    for (uint64_t j = 0; j < L; j++) {
+        sl->host[j] = d->k_base[(uint64_t)d->layer_begin + j];
+        sl->host[L + j] = d->v_base[(uint64_t)d->layer_begin + j];
+    }
+    memcpy(sl->host + 2 * L, d->pages, (size_t)sh.pages_used * sizeof(int64_t));
+    rc = HW_CUDA_TRY(c, cudaMemcpyAsync(sl->dev, sl->host, n_words * sizeof(uint64_t),
+                                        cudaMemcpyHostToDevice, s->s),
+                     HW_CUDA_FIX_STICKY);
+    if (rc == KVS_OK) {
+        const hw_cuda_copy_args_t a = {
+            .words = sl->dev,
+            .staging = d->staging_addr,
+            .layer_count = L,
+            .page_size = (uint64_t)d->page_size,
+            .tokens = (uint64_t)d->tokens,
+            .slot_begin = (uint64_t)d->staging_slot_begin,
+            .layer_slots = (uint64_t)d->staging_layer_slots,
+            .row_bytes = sh.row_bytes,
+            .token_bytes = sh.token_bytes,
+            .head_off = sh.head_off,
+            .slot_bytes = sh.slot_bytes,
+            .scatter = scatter,
+        };
+        rc = HW_CUDA_TRY(c,
+                         (cudaError_t)hw_cuda_copy_launch(&a, hw_cuda_vec_bytes(d, &sh), s->s),
+                         "the kernel could not be launched; " HW_CUDA_FIX_STICKY);
+    }
+    /* Whatever was queued may still read the slot: fence it either way. */
+    int rc_ev = HW_CUDA_TRY(c, cudaEventRecord(sl->done, s->s), HW_CUDA_FIX_STICKY);
+    if (rc_ev == KVS_OK)
+        sl->pending = true;
+    else if (rc == KVS_OK)
+        rc = rc_ev;
+out:
+    hw_cuda_leave(c);
+    return rc;
+}
+
+static int hw_cuda_gather(kvs_device_t *dev, kvs_stream_t *stream, const kvs_copy_desc_t *d)
+{
+    return hw_cuda_enqueue(dev, stream, d, false);
+}
+
+static int hw_cuda_scatter(kvs_device_t *dev, kvs_stream_t *stream, const kvs_copy_desc_t *d)
+{
+    return hw_cuda_enqueue(dev, stream, d, true);
+}
+
+void *kvs_cuda_stream_handle(kvs_device_t *dev, kvs_stream_t *stream)
+{
+    kvs_cuda_device_t *c = kvs_cuda_device_from(dev);
+    if (c == NULL || stream == NULL)
+        return NULL;
+    pthread_mutex_lock(&c->mu);
+    void *h = stream->cuda == c && stream->live ? (void *)stream->s : NULL;
+    pthread_mutex_unlock(&c->mu);
+    return h;
+}
+
+int kvs_cuda_stream_sync(kvs_device_t *dev, kvs_stream_t *stream)
+{
+    kvs_cuda_device_t *c = kvs_cuda_device_from(dev);
+    if (c == NULL)
+        return KVS_EINVAL;
+    int rc = hw_cuda_enter(c);
+    if (rc != KVS_OK)
+        return rc;
+    if (stream == NULL || stream->cuda != c || !stream->live) {
+        rc = kvs_device_fail(dev, KVS_EINVAL, EINVAL,
+                             "stream_sync on %s: stream is NULL, destroyed or of another "
+                             "device",
+                             c->name);
+        hw_cuda_leave(c);
+        return rc;
+    }
+    cudaStream_t cs = stream->s;
+    hw_cuda_leave(c);
+    /* Outside the lock: other threads keep using the device meanwhile. */
+    cudaError_t e = cudaStreamSynchronize(cs);
+    if (e == cudaSuccess)
+        return KVS_OK;
+    pthread_mutex_lock(&c->mu);
+    rc = hw_cuda_fail(c, e, "cudaStreamSynchronize", HW_CUDA_FIX_STICKY);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Events                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static int hw_cuda_event_record(kvs_device_t *dev, kvs_stream_t *stream, kvs_event_t **out)
+{
+    kvs_cuda_device_t *c = hw_cuda_of(dev);
+    int rc = hw_cuda_enter(c);
+    if (rc != KVS_OK)
+        return rc;
+    if (out == NULL || stream == NULL || stream->cuda != c || !stream->live) {
+        rc = kvs_device_fail(dev, KVS_EINVAL, EINVAL,
+                             "event_record on %s: out is NULL or the stream is NULL, "
+                             "destroyed or of another device",
+                             c->name);
+        goto out;
+    }
+    if (c->event_free_count == 0) {
+        rc = kvs_device_fail(dev, KVS_EFULL, ENOSPC,
+                             "%s: all %u events live; destroy completed events or raise "
+                             "max_events",
+                             c->name, c->max_events);
+        goto out;
+    }
+    struct kvs_event *ev = &c->events[c->event_free[c->event_free_count - 1]];
+    if (!ev->created) {
+        rc = HW_CUDA_TRY(c, cudaEventCreateWithFlags(&ev->ev, cudaEventDisableTiming),
+                         HW_CUDA_FIX_STICKY);
+        if (rc != KVS_OK)
+            goto out;
+        ev->created = true;
+    }
+    rc = HW_CUDA_TRY(c, cudaEventRecord(ev->ev, stream->s), HW_CUDA_FIX_STICKY);
+    if (rc != KVS_OK)
+        goto out;
+    c->event_free_count--;
+    ev->live = true;
+    *out = ev;
+out:
+    hw_cuda_leave(c);
+    return rc;
+}
+
+static int hw_cuda_event_check(kvs_cuda_device_t *c, kvs_event_t *ev, const char *what)
+{
+    if (ev == NULL || ev->cuda != c || !ev->live)
+        return kvs_device_fail(&c->base, KVS_EINVAL, EINVAL,
+                               "%s on %s: event is NULL, destroyed or of another device",
+                               what, c->name);
+    return KVS_OK;
+}
+
+static int hw_cuda_event_query(kvs_device_t *dev, kvs_event_t *ev)
+{
+    kvs_cuda_device_t *c = hw_cuda_of(dev);
+    int rc = hw_cuda_enter(c);
+    if (rc != KVS_OK)
+        return rc;
+    rc = hw_cuda_event_check(c, ev, "event_query");
+    if (rc == KVS_OK) {
+        cudaError_t e = cudaEventQuery(ev->ev);
+        rc = e == cudaSuccess ? KVS_OK
+             : e == cudaErrorNotReady
+                 ? KVS_EAGAIN
+                 : hw_cuda_fail(c, e, "cudaEventQuery",
+                                "a copy before the event failed; " HW_CUDA_FIX_STICKY);
+    }
+    hw_cuda_leave(c);
+    return rc;
+}
+
+int kvs_cuda_event_wait(kvs_device_t *dev, kvs_event_t *ev)
+{
+    kvs_cuda_device_t *c = kvs_cuda_device_from(dev);
+    if (c == NULL)
+        return KVS_EINVAL;
+    int rc = hw_cuda_enter(c);
+    if (rc != KVS_OK)
+        return rc;
+    rc = hw_cuda_event_check(c, ev, "event_wait");
+    cudaEvent_t e_ev = rc == KVS_OK ? ev->ev : NULL;
+    hw_cuda_leave(c);
+    if (rc != KVS_OK)
+        return rc;
+    cudaError_t e = cudaEventSynchronize(e_ev);
+    if (e == cudaSuccess)
+        return KVS_OK;
+    pthread_mutex_lock(&c->mu);
+    rc = hw_cuda_fail(c, e, "cudaEventSynchronize",
+                      "a copy before the event failed; " HW_CUDA_FIX_STICKY);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+static void hw_cuda_event_destroy(kvs_device_t *dev, kvs_event_t *ev)
+{
+    kvs_cuda_device_t *c = hw_cuda_of(dev);
+    if (ev == NULL)
+        return;
+    pthread_mutex_lock(&c->mu);
+    /* The cudaEvent_t stays for the slot's next record. */
+    if (hw_cuda_event_check(c, ev, "event_destroy") == KVS_OK) {
+        ev->live = false;
+        c->event_free[c->event_free_count++] = (uint32_t)(ev - c->events);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The device                                                                */
+/* ------------------------------------------------------------------------ */
+
+static const kvs_device_ops_t hw_cuda_ops = {
+    .version = KVS_DEVICE_OPS_VERSION,
+    .size = sizeof(kvs_device_ops_t),
+    .name = "cuda",
+    .mem_alloc = hw_cuda_mem_alloc,
+    .mem_free = hw_cuda_mem_free,
+    .stream_create = hw_cuda_stream_create,
+    .stream_destroy = hw_cuda_stream_destroy,
+    .gather = hw_cuda_gather,
+    .scatter = hw_cuda_scatter,
+    .event_record = hw_cuda_event_record,
+    .event_query = hw_cuda_event_query,
+    .event_destroy = hw_cuda_event_destroy,
+    .mem_write = hw_cuda_mem_write,
+    .mem_read = hw_cuda_mem_read,
+};
+
+static int hw_cuda_create_fail(kvs_error_t *err, int status, int code, int line,
+                               const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static int hw_cuda_create_fail(kvs_error_t *err, int status, int code, int line,
+                               const char *fmt, ...)
+{
+    if (err != NULL) {
+        memset(err, 0, sizeof *err);
+        err->status = status;
+        err->backend_code = code;
+        err->file = __FILE__;
+        err->line = line;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+    }
+    return status;
+}
+#define HW_CUDA_CREATE_FAIL(err, status, code, ...)                             \
+    hw_cuda_create_fail((err), (status), (code), __LINE__, __VA_ARGS__)
+
+#define HW_CUDA_FIX_NO_GPU                                                     \
+    "run on a machine with an NVIDIA GPU and driver, check "                  \
+    "CUDA_VISIBLE_DEVICES, or use the host backend (kvs_host_device_create)"
+
+/* Finds the GPU and checks this build has kernels for it. On failure fills
+ * err and returns the status. */
+static int hw_cuda_probe(int ordinal, kvs_error_t *err)
+{
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    int rt = CUDART_VERSION; /* what this was built with, if the call fails */
+    if (cudaRuntimeGetVersion(&rt) != cudaSuccess)
+        rt = CUDART_VERSION;
+    if (e == cudaErrorNoDevice || (e == cudaSuccess && count == 0))
+        return HW_CUDA_CREATE_FAIL(err, KVS_EBACKEND, e == cudaSuccess ? cudaErrorNoDevice : e,
+                                   "no CUDA device: cudaGetDeviceCount found none (%s); "
+                                   HW_CUDA_FIX_NO_GPU,
+                                   cudaGetErrorName(e == cudaSuccess ? cudaErrorNoDevice : e));
+    if (e == cudaErrorInsufficientDriver)
+        return HW_CUDA_CREATE_FAIL(err, KVS_EBACKEND, e,
+                                   "no CUDA device: no NVIDIA driver for CUDA runtime %d.%d "
+                                   "(%s); install a driver that supports it, or use the host "
+                                   "backend (kvs_host_device_create)",
+                                   rt / 1000, rt % 1000 / 10, cudaGetErrorName(e));
+    if (e != cudaSuccess)
+        return HW_CUDA_CREATE_FAIL(err, KVS_EBACKEND, e,
+                                   "no CUDA device: cudaGetDeviceCount failed: %s (%s); "
+                                   HW_CUDA_FIX_NO_GPU,
+                                   cudaGetErrorName(e), cudaGetErrorString(e));
+    if (ordinal < 0 || ordinal >= count)
+        return HW_CUDA_CREATE_FAIL(err, KVS_ERANGE, cudaErrorInvalidDevice,
+                                   "CUDA device ordinal %d out of range: %d visible; pass "
+                                   "0..%d or change CUDA_VISIBLE_DEVICES",
+                                   ordinal, count, count - 1);
+    e = cudaSetDevice(ordinal);
+    if (e != cudaSuccess)
+        return HW_CUDA_CREATE_FAIL(err, KVS_EBACKEND, e,
+                                   "cudaSetDevice(%d) failed: %s (%s); check the GPU with "
+                                   "nvidia-smi (compute mode, health)",
+                                   ordinal, cudaGetErrorName(e), cudaGetErrorString(e));
+    e = (cudaError_t)hw_cuda_kernels_probe();
+    if (e != cudaSuccess) {
+        int major = 0, minor = 0;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal) !=
+                cudaSuccess ||
+            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ordinal) !=
+                cudaSuccess)
+            return HW_CUDA_CREATE_FAIL(err, KVS_EBACKEND, e,
+                                       "the gather/scatter kernels cannot run on CUDA device "
+                                       "%d: %s; rebuild with CMAKE_CUDA_ARCHITECTURES "
+                                       "including its compute capability (nvidia-smi "
+                                       "--query-gpu=compute_cap)",
+                                       ordinal, cudaGetErrorName(e));
+        return HW_CUDA_CREATE_FAIL(err, KVS_EBACKEND, e,
+                                   "the gather/scatter kernels cannot run on CUDA device %d "
+                                   "(compute capability %d.%d): %s; rebuild with "
+                                   "-DCMAKE_CUDA_ARCHITECTURES=%d%d",
+                                   ordinal, major, minor, cudaGetErrorName(e), major, minor);
+    }
+    return KVS_OK;
+}
+
+static void hw_cuda_free_tables(kvs_cuda_device_t *c)
+{
+    if (c->streams != NULL)
+        for (uint32_t i = 0; i < c->max_streams; i++)
+            free(c->streams[i].slots);
+    free(c->event_free);
+    free(c->events);
+    free(c->streams);
+    free(c->allocs);
+}
+
+int kvs_cuda_device_create(const kvs_cuda_config_t *cfg, kvs_cuda_device_t **out,
+                           kvs_error_t *err)
+{
+    if (out == NULL)
+        return HW_CUDA_CREATE_FAIL(err, KVS_EINVAL, EINVAL,
+                                   "kvs_cuda_device_create: out is NULL; pass where to store "
+                                   "the device");
+    *out = NULL;
+    kvs_cuda_config_t k = cfg != NULL ? *cfg : (kvs_cuda_config_t){0};
+    int rc = hw_cuda_probe(k.ordinal, err);
+    if (rc != KVS_OK)
+        return rc;
+    kvs_cuda_device_t *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return HW_CUDA_CREATE_FAIL(err, KVS_ENOMEM, ENOMEM,
+                                   "kvs_cuda_device_create: out of host memory");
+    c->ordinal = k.ordinal;
+    snprintf(c->name, sizeof c->name, "cuda%d", k.ordinal);
+    c->max_allocs = k.max_allocs ? k.max_allocs : HW_CUDA_DEFAULT_MAX_ALLOCS;
+    c->max_streams = k.max_streams ? k.max_streams : HW_CUDA_DEFAULT_MAX_STREAMS;
+    c->max_events = k.max_events ? k.max_events : HW_CUDA_DEFAULT_MAX_EVENTS;
+    c->desc_slots = k.desc_slots ? k.desc_slots : HW_CUDA_DEFAULT_DESC_SLOTS;
+    c->allocs = calloc(c->max_allocs, sizeof *c->allocs);
+    c->streams = calloc(c->max_streams, sizeof *c->streams);
+    c->events = calloc(c->max_events, sizeof *c->events);
+    c->event_free = calloc(c->max_events, sizeof *c->event_free);
+    bool ok = c->allocs != NULL && c->streams != NULL && c->events != NULL &&
+              c->event_free != NULL;
+    for (uint32_t i = 0; ok && i < c->max_streams; i++) {
+        c->streams[i].cuda = c;
+        c->streams[i].slots = calloc(c->desc_slots, sizeof *c->streams[i].slots);
+        ok = c->streams[i].slots != NULL;
+    }
+    if (!ok || pthread_mutex_init(&c->mu, NULL) != 0) {
+        hw_cuda_free_tables(c);
+        free(c);
+        return HW_CUDA_CREATE_FAIL(err, KVS_ENOMEM, ENOMEM,
+                                   "kvs_cuda_device_create: out of host memory for the "
+                                   "tables; lower max_allocs, max_streams, max_events or "
+                                   "desc_slots");
+    }
+    rc = kvs_device_init(&c->base, &hw_cuda_ops, c->name);
+    if (rc != KVS_OK) {
+        pthread_mutex_destroy(&c->mu);
+        hw_cuda_free_tables(c);
+        free(c);
+        return HW_CUDA_CREATE_FAIL(err, rc, 0,
+                                   "kvs_cuda_device_create: the core refused the ops table; "
+                                   "rebuild hw/cuda against this kvstage's backend.h");
+    }
+    for (uint32_t i = 0; i < c->max_events; i++) {
+        c->events[i].cuda = c;
+        c->event_free[i] = c->max_events - 1 - i;
+    }
+    c->event_free_count = c->max_events;
+    *out = c;
+    return KVS_OK;
+}
+
+void kvs_cuda_device_destroy(kvs_cuda_device_t *c)
+{
+    if (c == NULL)
+        return;
+    pthread_mutex_lock(&c->mu);
+    /* Teardown: failures are recorded on the dying device and go with it. */
+    (void)HW_CUDA_TRY(c, cudaSetDevice(c->ordinal), HW_CUDA_FIX_STICKY);
+    (void)HW_CUDA_TRY(c, cudaDeviceSynchronize(), HW_CUDA_FIX_STICKY);
+    for (uint32_t i = 0; i < c->max_streams; i++)
+        if (c->streams[i].live)
+            hw_cuda_stream_stop(c, &c->streams[i]);
+    for (uint32_t i = 0; i < c->max_events; i++)
+        if (c->events[i].created)
+            (void)HW_CUDA_TRY(c, cudaEventDestroy(c->events[i].ev), HW_CUDA_FIX_STICKY);
+    for (uint32_t i = 0; i < c->num_allocs; i++)
+        (void)HW_CUDA_TRY(c, cudaFree((void *)(uintptr_t)c->allocs[i].addr),
+                          HW_CUDA_FIX_STICKY);
+    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_destroy(&c->mu);
+    hw_cuda_free_tables(c);
+    free(c);
+}
+
+kvs_device_t *kvs_cuda_device(kvs_cuda_device_t *c) { return c != NULL ? &c->base : NULL; }
+
+kvs_cuda_device_t *kvs_cuda_device_from(kvs_device_t *dev)
+{
+    if (dev == NULL || dev->ops.mem_alloc != hw_cuda_mem_alloc)
+        return NULL;
+    return hw_cuda_of(dev);
+}

@@ -1,0 +1,873 @@
+/*
+ * host.c - the host device backend of host.h ("host"): kvstage device ops
+ * on plain host memory, with one worker thread per stream.
+ *
+ * What it does:
+ * - Memory. Each allocation is its own anonymous mapping (zero filled, page
+ *   aligned; from 2 MiB up 2 MiB aligned and advised for transparent huge
+ *   pages, which halves the TLB cost of strided gathers). The device address
+ *   is the host address. Live allocations sit in an array sorted by address
+ *   for binary-search validation of every range a call touches.
+ * - Streams. A stream is a ring of queue_ops op slots and a worker thread.
+ *   gather/scatter validate the descriptor (hw/common/copy_check.c) against
+ *   live memory, snapshot it into the next slot (layer buffers turned into
+ *   pointers, page list copied) and wake the worker, which runs the ops in
+ *   order (hw/host/copy.c) and advances done_seq. With copy_threads > 1
+ *   the stream also owns copy_threads - 1 helpers: for an op of at least
+ *   HW_HOST_SPLIT_MIN_BYTES the worker posts it as a job (job_gen + 1),
+ *   runs share 0 itself and waits until every helper ran its share.
+ * - Events. An event remembers its stream slot and the stream's enqueue
+ *   sequence at record time; it is complete once done_seq reaches it.
+ *
+ * What it does not: no clock, no modeled time, no partial copies; ops never
+ * fail once enqueued (memory stays alive: mem_free drains every stream first).
+ *
+ * Locking: host->mu guards the allocation table, stream states and the event
+ * table and is held for the whole of every call (so a validated op cannot
+ * lose its memory before it is queued). stream->mu guards the ring, the
+ * sequences and the job handed to helpers, and is shared with the worker
+ * and the helpers. Order: host->mu, then stream->mu; worker and helpers
+ * take only their stream->mu, so waits under host->mu (queue full,
+ * mem_free draining, stream_destroy joining) always end.
+ *
+ * Invariants: allocs[] sorted by addr and disjoint; per stream
+ * done_seq <= enq_seq <= done_seq + queue_ops; op seq k lives in slot
+ * (k - 1) % queue_ops; stream and event slots live in arrays owned by the
+ * device, so a kvs_stream_t / kvs_event_t pointer stays valid memory until
+ * the device is destroyed and an event outlives its stream's destroy.
+ */
+#define _DEFAULT_SOURCE
+
+#include <kvstage/host.h>
+
+#include "copy.h"
+#include "copy_check.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define HW_HOST_DEFAULT_MAX_ALLOCS 4096u
+#define HW_HOST_DEFAULT_MAX_STREAMS 16u
+#define HW_HOST_DEFAULT_MAX_EVENTS 65536u
+#define HW_HOST_DEFAULT_QUEUE_OPS 64u
+#define HW_HOST_HUGE_BYTES (2ull << 20)
+/* Ops below this payload run on the worker alone: waking helpers costs
+ * more than they save. */
+#define HW_HOST_SPLIT_MIN_BYTES (1ull << 20)
+#define HW_HOST_MAX_COPY_THREADS 256u
+#define HW_HOST_MAX_COPY_THREADS_TEXT "256"
+
+typedef struct hw_host_alloc {
+    uint64_t addr;      /* == host address */
+    uint64_t len_bytes; /* as requested */
+    void *map;          /* the whole mapping (may start below addr) */
+    size_t map_bytes;
+} hw_host_alloc_t;
+
+typedef struct hw_host_op {
+    hw_host_copy_t copy; /* its pool and pages point into words */
+    uint64_t *words;     /* [pool pointers 2 * layer_count | pages] */
+    size_t words_cap;
+} hw_host_op_t;
+
+typedef struct hw_host_helper {
+    struct kvs_stream *stream;
+    unsigned part;          /* its share of every split op, 1.. */
+    pthread_t thread;
+} hw_host_helper_t;
+
+struct kvs_stream {
+    kvs_host_device_t *host;
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv; /* the worker waits for ops or stop */
+    pthread_cond_t done_cv; /* waiters for progress and for queue room */
+    pthread_cond_t job_cv;  /* helpers wait for a job or their stop */
+    pthread_cond_t part_cv; /* the worker waits for the helpers' shares */
+    pthread_t thread;
+    hw_host_op_t *ops;      /* queue_ops slots */
+    hw_host_helper_t *helpers; /* copy_threads - 1 */
+    uint64_t enq_seq;       /* ops enqueued on this slot, ever (never reset) */
+    uint64_t done_seq;      /* ops run on this slot, ever */
+    const hw_host_copy_t *job; /* the op being split */
+    uint64_t job_gen;       /* ops handed to the helpers, ever */
+    uint32_t parts_left;    /* helpers still running a share of job */
+    uint32_t index;
+    bool live;              /* created and not destroyed */
+    bool stop;              /* the worker exits once drained */
+    bool helpers_stop;      /* set by the worker after it drained */
+};
+
+struct kvs_event {
+    kvs_host_device_t *host;
+    struct kvs_stream *stream;
+    uint64_t target_seq;
+    bool live;
+};
+
+struct kvs_host_device {
+    kvs_device_t base; /* first: recovered with KVS_CONTAINER_OF */
+    char name[32];
+    pthread_mutex_t mu;
+    uint32_t max_allocs, max_streams, max_events, queue_ops, copy_threads;
+    hw_host_alloc_t *allocs;
+    uint32_t num_allocs;
+    struct kvs_stream *streams;
+    struct kvs_event *events;
+    uint32_t *event_free; /* stack of free event indices */
+    uint32_t event_free_count;
+};
+
+static kvs_host_device_t *hw_host_of(kvs_device_t *dev)
+{
+    return KVS_CONTAINER_OF(dev, kvs_host_device_t, base);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Memory                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* Index of the first allocation with addr > x (0..num_allocs). */
+static uint32_t hw_host_upper(const kvs_host_device_t *h, uint64_t x)
+{
+    uint32_t lo = 0, hi = h->num_allocs;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (h->allocs[mid].addr <= x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* The allocation holding all of [addr, addr + len), or NULL. */
+static const hw_host_alloc_t *hw_host_lookup(const kvs_host_device_t *h, uint64_t addr,
+                                             uint64_t len_bytes)
+{
+    uint32_t i = hw_host_upper(h, addr);
+    if (i == 0)
+        return NULL;
+    const hw_host_alloc_t *a = &h->allocs[i - 1];
+    uint64_t rel = addr - a->addr;
+    /* An empty range may sit just past the end (one-past pointer). */
+    if (rel > a->len_bytes || len_bytes > a->len_bytes - rel)
+        return NULL;
+    return a;
+}
+
+static bool hw_host_in_mem(void *ctx, uint64_t addr, uint64_t len_bytes)
+{
+    return hw_host_lookup(ctx, addr, len_bytes) != NULL;
+}
+
+static int hw_host_mem_alloc(kvs_device_t *dev, uint64_t len_bytes, uint64_t *out_addr)
+{
+    kvs_host_device_t *h = hw_host_of(dev);
+    if (out_addr == NULL)
+        return kvs_device_fail(dev, KVS_EINVAL, EINVAL, "mem_alloc on %s: out_addr is NULL",
+                               h->name);
+    if (len_bytes == 0)
+        return kvs_device_fail(dev, KVS_EINVAL, EINVAL,
+                               "mem_alloc on %s: length 0; ask for at least one byte",
+                               h->name);
+    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    const uint64_t align = len_bytes >= HW_HOST_HUGE_BYTES ? HW_HOST_HUGE_BYTES : page;
+    /* Room for the length rounded up to pages plus the alignment slack. */
+    if (len_bytes > (uint64_t)SIZE_MAX / 2 - 2 * align)
+        return kvs_device_fail(dev, KVS_ERANGE, ERANGE,
+                               "mem_alloc on %s: %llu bytes exceed the address space; "
+                               "ask for less",
+                               h->name, (unsigned long long)len_bytes);
+    pthread_mutex_lock(&h->mu);
+    int rc = KVS_OK;
+    if (h->num_allocs == h->max_allocs) {
+        rc = kvs_device_fail(dev, KVS_EFULL, ENOSPC,
+                             "allocation table of %s full: %u live allocations; free some "
+                             "or raise max_allocs",
+                             h->name, h->max_allocs);
+        goto out;
+    }
+    hw_host_alloc_t a = {.len_bytes = len_bytes};
+    a.map_bytes = (size_t)((len_bytes + page - 1) / page * page + (align - page));
+    a.map = mmap(NULL, a.map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (a.map == MAP_FAILED) {
+        int err = errno;
+        rc = kvs_device_fail(dev, KVS_ENOMEM, err,
+                             "mem_alloc on %s: cannot map %llu bytes of host memory (%s); "
+                             "lower the ring or KV pool size or free device memory",
+                             h->name, (unsigned long long)len_bytes, strerror(err));
+        goto out;
+    }
+    a.addr = ((uint64_t)(uintptr_t)a.map + align - 1) / align * align;
+    if (align == HW_HOST_HUGE_BYTES) {
+        /* Advice only: without THP support the memory stays in small pages. */
+        (void)madvise((void *)(uintptr_t)a.addr, (size_t)(a.map_bytes - (align - page)),
+                      MADV_HUGEPAGE);
+    }
+    uint32_t i = hw_host_upper(h, a.addr);
+    memmove(&h->allocs[i + 1], &h->allocs[i], (size_t)(h->num_allocs - i) * sizeof a);
+    h->allocs[i] = a;
+    h->num_allocs++;
+    *out_addr = a.addr;
+out:
+    pthread_mutex_unlock(&h->mu);
+    return rc;
+}
+
+/* Waits until every live stream has run all its queued ops. host->mu held. */
+static void hw_host_drain_all(kvs_host_device_t *h)
+{
+    for (uint32_t i = 0; i < h->max_streams; i++) {
+        struct kvs_stream *s = &h->streams[i];
+        if (!s->live)
+            continue;
+        pthread_mutex_lock(&s->mu);
+        while (s->done_seq != s->enq_seq)
+            pthread_cond_wait(&s->done_cv, &s->mu);
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
+static int hw_host_mem_free(kvs_device_t *dev, uint64_t addr)
+{
+    kvs_host_device_t *h = hw_host_of(dev);
+    pthread_mutex_lock(&h->mu);
+    int rc = KVS_OK;
+    uint32_t i = hw_host_upper(h, addr);
+    if (i == 0 || h->allocs[i - 1].addr != addr) {
+        rc = kvs_device_fail(dev, KVS_ENOENT, ENOENT,
+                             "mem_free on %s: 0x%llx is not the start of a live allocation "
+                             "(never allocated or already freed)",
+                             h->name, (unsigned long long)addr);
+        goto out;
+    }
+    /* Like cudaFree: queued ops may still read or write it. */
+    hw_host_drain_all(h);
+    hw_host_alloc_t a = h->allocs[i - 1];
+    memmove(&h->allocs[i - 1], &h->allocs[i], (size_t)(h->num_allocs - i) * sizeof a);
+    h->num_allocs--;
+    munmap(a.map, a.map_bytes);
+out:
+    pthread_mutex_unlock(&h->mu);
+    return rc;
+}
+
+static int hw_host_mem_copy(kvs_device_t *dev, uint64_t addr, void *host_buf,
+                            uint64_t len_bytes, bool to_device)
+{
+    kvs_host_device_t *h = hw_host_of(dev);
+    const char *what = to_device ? "mem_write" : "mem_read";
+    if (host_buf == NULL && len_bytes != 0)
+        return kvs_device_fail(dev, KVS_EINVAL, EINVAL, "%s on %s: %s is NULL", what,
+                               h->name, to_device ? "src" : "dst");
+    pthread_mutex_lock(&h->mu);
+    int rc = KVS_OK;
+    if (hw_host_lookup(h, addr, len_bytes) == NULL) {
+        rc = kvs_device_fail(dev, KVS_ERANGE, ERANGE,
+                             "%s on %s: [0x%llx, +%llu) is not inside one live allocation",
+                             what, h->name, (unsigned long long)addr,
+                             (unsigned long long)len_bytes);
+    } else if (len_bytes != 0) {
+        void *p = (void *)(uintptr_t)addr;
+        if (to_device)
+            memcpy(p, host_buf, (size_t)len_bytes);
+        else
+            memcpy(host_buf, p, (size_t)len_bytes);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return rc;
+}
+
+static int hw_host_mem_write(kvs_device_t *dev, uint64_t addr, const void *src,
+                             uint64_t len_bytes)
+{
+    return hw_host_mem_copy(dev, addr, (void *)(uintptr_t)src, len_bytes, true);
+}
+
+static int hw_host_mem_read(kvs_device_t *dev, uint64_t addr, void *dst, uint64_t len_bytes)
+{
+    return hw_host_mem_copy(dev, addr, dst, len_bytes, false);
+}
+
+void *kvs_host_ptr(kvs_device_t *dev, uint64_t addr, uint64_t len_bytes)
+{
+    kvs_host_device_t *h = kvs_host_device_from(dev);
+    if (h == NULL)
+        return NULL;
+    pthread_mutex_lock(&h->mu);
+    const hw_host_alloc_t *a = hw_host_lookup(h, addr, len_bytes);
+    pthread_mutex_unlock(&h->mu);
+    return a != NULL ? (void *)(uintptr_t)addr : NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Streams                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* Payload bytes of a snapshotted op. */
+static uint64_t hw_host_op_bytes(const hw_host_copy_t *c)
+{
+    return c->slot_bytes * c->layer_count * 2;
+}
+
+static void *hw_host_helper(void *arg)
+{
+    const hw_host_helper_t *hp = arg;
+    struct kvs_stream *s = hp->stream;
+    const unsigned parts = s->host->copy_threads;
+    pthread_mutex_lock(&s->mu);
+    uint64_t seen = s->job_gen;
+    for (;;) {
+        while (s->job_gen == seen && !s->helpers_stop)
+            pthread_cond_wait(&s->job_cv, &s->mu);
+        if (s->job_gen == seen)
+            break; /* the worker drained and left */
+        seen = s->job_gen;
+        const hw_host_copy_t *c = s->job;
+        pthread_mutex_unlock(&s->mu);
+        hw_host_copy_part(c, hp->part, parts);
+        pthread_mutex_lock(&s->mu);
+        if (--s->parts_left == 0)
+            pthread_cond_signal(&s->part_cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* Runs one op, split with the helpers when it is large. s->mu held on
+ * entry and exit, released while copying. */
+static void hw_host_run_op(struct kvs_stream *s, const hw_host_copy_t *c)
+{
+    const uint32_t parts = s->host->copy_threads;
+    if (parts == 1 || hw_host_op_bytes(c) < HW_HOST_SPLIT_MIN_BYTES) {
+        pthread_mutex_unlock(&s->mu);
+        hw_host_copy_run(c);
+        pthread_mutex_lock(&s->mu);
+        return;
+    }
+    s->job = c;
+    s->job_gen++;
+    s->parts_left = parts - 1;
+    pthread_cond_broadcast(&s->job_cv);
+    pthread_mutex_unlock(&s->mu);
+    hw_host_copy_part(c, 0, parts);
+    pthread_mutex_lock(&s->mu);
+    while (s->parts_left > 0)
+        pthread_cond_wait(&s->part_cv, &s->mu);
+    s->job = NULL;
+}
+
+static void *hw_host_worker(void *arg)
+{
+    struct kvs_stream *s = arg;
+    const uint32_t cap = s->host->queue_ops;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (s->done_seq == s->enq_seq && !s->stop)
+            pthread_cond_wait(&s->work_cv, &s->mu);
+        if (s->done_seq == s->enq_seq)
+            break; /* stopped and drained */
+        hw_host_run_op(s, &s->ops[s->done_seq % cap].copy);
+        s->done_seq++;
+        pthread_cond_broadcast(&s->done_cv);
+    }
+    /* No more jobs: let the helpers go. */
+    s->helpers_stop = true;
+    pthread_cond_broadcast(&s->job_cv);
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* Joins the first n helpers of s (they leave once helpers_stop is set). */
+static void hw_host_helpers_join(struct kvs_stream *s, uint32_t n)
+{
+    pthread_mutex_lock(&s->mu);
+    s->helpers_stop = true;
+    pthread_cond_broadcast(&s->job_cv);
+    pthread_mutex_unlock(&s->mu);
+    for (uint32_t i = 0; i < n; i++)
+        pthread_join(s->helpers[i].thread, NULL);
+}
+
+/* Starts the helpers and the worker of a stream slot; on failure nothing
+ * is left running and the pthread error is returned. */
+static int hw_host_stream_start(kvs_host_device_t *h, struct kvs_stream *s)
+{
+    s->stop = false;
+    s->helpers_stop = false;
+    uint32_t started = 0;
+    int err = 0;
+    for (; started < h->copy_threads - 1; started++) {
+        s->helpers[started] = (hw_host_helper_t){.stream = s, .part = started + 1};
+        err = pthread_create(&s->helpers[started].thread, NULL, hw_host_helper,
+                             &s->helpers[started]);
+        if (err != 0)
+            break;
+    }
+    if (err == 0)
+        err = pthread_create(&s->thread, NULL, hw_host_worker, s);
+    if (err != 0)
+        hw_host_helpers_join(s, started);
+    return err;
+}
+
+static int hw_host_stream_create(kvs_device_t *dev, kvs_stream_t **out)
+{
+    kvs_host_device_t *h = hw_host_of(dev);
+    if (out == NULL)
+        return kvs_device_fail(dev, KVS_EINVAL, EINVAL, "stream_create on %s: out is NULL",
+                               h->name);
+    pthread_mutex_lock(&h->mu);
+    int rc = KVS_OK;
+    struct kvs_stream *s = NULL;
+    for (uint32_t i = 0; i < h->max_streams && s == NULL; i++)
+        if (!h->streams[i].live)
+            s = &h->streams[i];
+    if (s == NULL) {
+        rc = kvs_device_fail(dev, KVS_EFULL, ENOSPC,
+                             "%s: all %u streams in use; destroy one or raise max_streams",
+                             h->name, h->max_streams);
+        goto out;
+    }
+    /* Sequences carry on from the slot's previous life, so events recorded
+     * on it then stay complete. */
+    int err = hw_host_stream_start(h, s);
+    if (err != 0) {
+        rc = kvs_device_fail(dev, KVS_EBACKEND, err,
+                             "stream_create on %s: cannot start the stream's %u threads "
+                             "(%s); raise the process thread limit, use fewer streams or "
+                             "lower copy_threads",
+                             h->name, h->copy_threads, strerror(err));
+        goto out;
+    }
+    s->live = true;
+    *out = s;
+out:
+    pthread_mutex_unlock(&h->mu);
+    return rc;
+}
+
+/* Stops and joins the worker after it ran every queued op, then its
+ * helpers. host->mu held. */
+static void hw_host_stream_stop(struct kvs_stream *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->stop = true;
+    pthread_cond_signal(&s->work_cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+    hw_host_helpers_join(s, s->host->copy_threads - 1);
+    s->live = false;
+}
+
+static void hw_host_stream_destroy(kvs_device_t *dev, kvs_stream_t *stream)
+{
+    kvs_host_device_t *h = hw_host_of(dev);
+    if (stream == NULL)
+        return;
+    pthread_mutex_lock(&h->mu);
+    if (stream->host != h || !stream->live)
+        (void)kvs_device_fail(dev, KVS_EINVAL, EINVAL,
+                              "stream_destroy on %s: stream already destroyed or of another "
+                              "device; destroy each stream once, on its own device",
+                              h->name);
+    else
+        hw_host_stream_stop(stream); /* like CUDA: queued work still completes */
+    pthread_mutex_unlock(&h->mu);
+}
+
+static int hw_host_enqueue(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d,
+                           bool scatter)
+{
+    kvs_host_device_t *h = hw_host_of(dev);
+    const char *what = scatter ? "scatter" : "gather";
+    char msg[KVS_ERROR_MSG_BYTES];
+    hw_copy_shape_t sh;
+    int rc = KVS_OK;
+    pthread_mutex_lock(&h->mu);
+    if (s == NULL || s->host != h || !s->live) {
+        rc = kvs_device_fail(dev, KVS_EINVAL, EINVAL,
+                             "%s on %s: stream is NULL, destroyed or of another device",
+                             what, h->name);
+        goto out;
+    }
+    rc = hw_copy_check(d, what, h->name, hw_host_in_mem, h, &sh, msg, sizeof msg);
+    if (rc != KVS_OK) {
+        rc = kvs_device_fail(dev, rc, rc == KVS_ERANGE ? ERANGE : EINVAL, "%s", msg);
+        goto out;
+    }
+    /* pages_used and layer_count are bounded by validated allocations. */
+    const uint64_t L = (uint64_t)d->layer_count;
+    const uint64_t n_words = 2 * L + sh.pages_used;
+
+    pthread_mutex_lock(&s->mu);
+    while (s->enq_seq - s->done_seq == h->queue_ops)
+        pthread_cond_wait(&s->done_cv, &s->mu);
+    hw_host_op_t *op = &s->ops[s->enq_seq % h->queue_ops];
+    if (n_words > op->words_cap) {
+        uint64_t *w = realloc(op->words, (size_t)n_words * sizeof *w);
+        if (w == NULL) {
+            pthread_mutex_unlock(&s->mu);
+            rc = kvs_device_fail(dev, KVS_ENOMEM, ENOMEM,
+                                 "%s on %s: out of host memory for a descriptor of %llu "
+                                 "layers and %llu pages",
+                                 what, h->name, (unsigned long long)L,
+                                 (unsigned long long)sh.pages_used);
+            goto out;
+        }
+        op->words = w;
+        op->words_cap = (size_t)n_words;
+    }
+    /* Snapshot: pointers to copy layer j's K at [j] and V at [L + j], each
+     * already at head_start; the page ids after them. */
+    uint8_t **pool = (uint8_t **)(void *)op->words;
+    for (uint64_t j = 0; j < L; j++) {
+        const uint64_t l = (uint64_t)d->layer_begin + j;
+        pool[j] = (uint8_t *)(uintptr_t)d->k_base[l] + sh.head_off;
+        pool[L + j] = (uint8_t *)(uintptr_t)d->v_base[l] + sh.head_off;
+    }
+    int64_t *pages = (int64_t *)(void *)(op->words + 2 * L);
+    if (sh.pages_used > 0)
+        memcpy(pages, d->pages, (size_t)sh.pages_used * sizeof *pages);
+    op->copy = (hw_host_copy_t){
+        .scatter = scatter,
+        .pool = pool,
+        .pages = pages,
+        .staging = (uint8_t *)(uintptr_t)d->staging_addr,
+        .layer_count = sh.payload_bytes != 0 ? L : 0,
+        .page_size = (uint64_t)d->page_size,
+        .tokens = (uint64_t)d->tokens,
+        .slot_begin = (uint64_t)d->staging_slot_begin,
+        .layer_slots = (uint64_t)d->staging_layer_slots,
+        .row_bytes = sh.row_bytes,
+        .token_bytes = sh.token_bytes,
+        .slot_bytes = sh.slot_bytes,
+    };
+    s->enq_seq++;
+    pthread_cond_signal(&s->work_cv);
+    pthread_mutex_unlock(&s->mu);
+out:
+    pthread_mutex_unlock(&h->mu);
+    return rc;
+}
+
+static int hw_host_gather(kvs_device_t *dev, kvs_stream_t *stream, const kvs_copy_desc_t *d)
+{
+    return hw_host_enqueue(dev, stream, d, false);
+}
+
+static int hw_host_scatter(kvs_device_t *dev, kvs_stream_t *stream, const kvs_copy_desc_t *d)
+{
+    return hw_host_enqueue(dev, stream, d, true);
+}
+
+/* Waits until s->done_seq reaches target. s->mu not held. */
+static void hw_host_wait_seq(struct kvs_stream *s, uint64_t target)
+{
+    pthread_mutex_lock(&s->mu);
+    while (s->done_seq < target)
+        pthread_cond_wait(&s->done_cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
+int kvs_host_stream_sync(kvs_device_t *dev, kvs_stream_t *stream)
+{
+    kvs_host_device_t *h = kvs_host_device_from(dev);
+    if (h == NULL)
+        return KVS_EINVAL;
+    pthread_mutex_lock(&h->mu);
+    if (stream == NULL || stream->host != h || !stream->live) {
+        int rc = kvs_device_fail(dev, KVS_EINVAL, EINVAL,
+                                 "stream_sync on %s: stream is NULL, destroyed or of another "
+                                 "device",
+                                 h->name);
+        pthread_mutex_unlock(&h->mu);
+        return rc;
+    }
+    pthread_mutex_lock(&stream->mu);
+    const uint64_t target = stream->enq_seq;
+    pthread_mutex_unlock(&stream->mu);
+    pthread_mutex_unlock(&h->mu);
+    /* The slot outlives a concurrent destroy, and its sequence only grows. */
+    hw_host_wait_seq(stream, target);
+    return KVS_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Events                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static int hw_host_event_record(kvs_device_t *dev, kvs_stream_t *stream, kvs_event_t **out)
+{
+    kvs_host_device_t *h = hw_host_of(dev);
+    pthread_mutex_lock(&h->mu);
+    int rc = KVS_OK;
+    if (out == NULL || stream == NULL || stream->host != h || !stream->live) {
+        rc = kvs_device_fail(dev, KVS_EINVAL, EINVAL,
+                             "event_record on %s: out is NULL or the stream is NULL, "
+                             "destroyed or of another device",
+                             h->name);
+        goto out;
+    }
+    if (h->event_free_count == 0) {
+        rc = kvs_device_fail(dev, KVS_EFULL, ENOSPC,
+                             "%s: all %u events live; destroy completed events or raise "
+                             "max_events",
+                             h->name, h->max_events);
+        goto out;
+    }
+    struct kvs_event *ev = &h->events[h->event_free[--h->event_free_count]];
+    pthread_mutex_lock(&stream->mu);
+    ev->target_seq = stream->enq_seq;
+    pthread_mutex_unlock(&stream->mu);
+    ev->stream = stream;
+    ev->live = true;
+    *out = ev;
+out:
+    pthread_mutex_unlock(&h->mu);
+    return rc;
+}
+
+/* The event's stream and target if ev is a live event of h. host->mu held. */
+static int hw_host_event_check(kvs_host_device_t *h, kvs_event_t *ev, const char *what)
+{
+    if (ev == NULL || ev->host != h || !ev->live)
+        return kvs_device_fail(&h->base, KVS_EINVAL, EINVAL,
+                               "%s on %s: event is NULL, destroyed or of another device",
+                               what, h->name);
+    return KVS_OK;
+}
+
+static int hw_host_event_query(kvs_device_t *dev, kvs_event_t *ev)
+{
+    kvs_host_device_t *h = hw_host_of(dev);
+    pthread_mutex_lock(&h->mu);
+    int rc = hw_host_event_check(h, ev, "event_query");
+    if (rc == KVS_OK) {
+        pthread_mutex_lock(&ev->stream->mu);
+        rc = ev->stream->done_seq >= ev->target_seq ? KVS_OK : KVS_EAGAIN;
+        pthread_mutex_unlock(&ev->stream->mu);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return rc;
+}
+
+int kvs_host_event_wait(kvs_device_t *dev, kvs_event_t *ev)
+{
+    kvs_host_device_t *h = kvs_host_device_from(dev);
+    if (h == NULL)
+        return KVS_EINVAL;
+    pthread_mutex_lock(&h->mu);
+    int rc = hw_host_event_check(h, ev, "event_wait");
+    struct kvs_stream *s = rc == KVS_OK ? ev->stream : NULL;
+    const uint64_t target = rc == KVS_OK ? ev->target_seq : 0;
+    pthread_mutex_unlock(&h->mu);
+    if (s != NULL)
+        hw_host_wait_seq(s, target);
+    return rc;
+}
+
+static void hw_host_event_destroy(kvs_device_t *dev, kvs_event_t *ev)
+{
+    kvs_host_device_t *h = hw_host_of(dev);
+    if (ev == NULL)
+        return;
+    pthread_mutex_lock(&h->mu);
+    if (hw_host_event_check(h, ev, "event_destroy") == KVS_OK) {
+        ev->live = false;
+        h->event_free[h->event_free_count++] = (uint32_t)(ev - h->events);
+    }
+    pthread_mutex_unlock(&h->mu);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The device                                                                */
+/* ------------------------------------------------------------------------ */
+
+static const kvs_device_ops_t hw_host_ops = {
+    .version = KVS_DEVICE_OPS_VERSION,
+    .size = sizeof(kvs_device_ops_t),
+    .name = "host",
+    .mem_alloc = hw_host_mem_alloc,
+    .mem_free = hw_host_mem_free,
+    .stream_create = hw_host_stream_create,
+    .stream_destroy = hw_host_stream_destroy,
+    .gather = hw_host_gather,
+    .scatter = hw_host_scatter,
+    .event_record = hw_host_event_record,
+    .event_query = hw_host_event_query,
+    .event_destroy = hw_host_event_destroy,
+    .mem_write = hw_host_mem_write,
+    .mem_read = hw_host_mem_read,
+};
+
+static int hw_host_create_fail(kvs_error_t *err, int status, int code, int line,
+                               const char *msg)
+{
+    if (err != NULL) {
+        memset(err, 0, sizeof *err);
+        err->status = status;
+        err->backend_code = code;
+        err->file = __FILE__;
+        err->line = line;
+        snprintf(err->msg, sizeof err->msg, "%s", msg);
+    }
+    return status;
+}
+#define HW_HOST_CREATE_FAIL(err, status, code, msg)                             \
+    hw_host_create_fail((err), (status), (code), __LINE__, (msg))
+
+/* Initialises stream slot s: op ring, helper table, sync objects. On
+ * failure nothing of it is left allocated. */
+static bool hw_host_slot_init(kvs_host_device_t *h, struct kvs_stream *s, uint32_t index)
+{
+    s->host = h;
+    s->index = index;
+    s->ops = calloc(h->queue_ops, sizeof *s->ops);
+    s->helpers = calloc(h->copy_threads, sizeof *s->helpers); /* copy_threads - 1 used */
+    if (s->ops == NULL || s->helpers == NULL)
+        goto fail_mem;
+    if (pthread_mutex_init(&s->mu, NULL) != 0)
+        goto fail_mem;
+    if (pthread_cond_init(&s->work_cv, NULL) != 0)
+        goto fail_mu;
+    if (pthread_cond_init(&s->done_cv, NULL) != 0)
+        goto fail_work;
+    if (pthread_cond_init(&s->job_cv, NULL) != 0)
+        goto fail_done;
+    if (pthread_cond_init(&s->part_cv, NULL) != 0)
+        goto fail_job;
+    return true;
+fail_job:
+    pthread_cond_destroy(&s->job_cv);
+fail_done:
+    pthread_cond_destroy(&s->done_cv);
+fail_work:
+    pthread_cond_destroy(&s->work_cv);
+fail_mu:
+    pthread_mutex_destroy(&s->mu);
+fail_mem:
+    free(s->helpers);
+    free(s->ops);
+    s->helpers = NULL;
+    s->ops = NULL;
+    return false;
+}
+
+/* Frees the tables of a device whose streams are all stopped; the first
+ * `streams_inited` slots were initialised. */
+static void hw_host_free_tables(kvs_host_device_t *h, uint32_t streams_inited)
+{
+    for (uint32_t i = 0; i < streams_inited; i++) {
+        struct kvs_stream *s = &h->streams[i];
+        for (uint32_t k = 0; s->ops != NULL && k < h->queue_ops; k++)
+            free(s->ops[k].words);
+        free(s->ops);
+        free(s->helpers);
+        pthread_cond_destroy(&s->part_cv);
+        pthread_cond_destroy(&s->job_cv);
+        pthread_cond_destroy(&s->done_cv);
+        pthread_cond_destroy(&s->work_cv);
+        pthread_mutex_destroy(&s->mu);
+    }
+    free(h->event_free);
+    free(h->events);
+    free(h->streams);
+    free(h->allocs);
+}
+
+int kvs_host_device_create(const kvs_host_config_t *cfg, kvs_host_device_t **out,
+                           kvs_error_t *err)
+{
+    if (out == NULL)
+        return HW_HOST_CREATE_FAIL(err, KVS_EINVAL, EINVAL,
+                                   "kvs_host_device_create: out is NULL; pass where to store "
+                                   "the device");
+    kvs_host_config_t c = cfg != NULL ? *cfg : (kvs_host_config_t){0};
+    if (c.copy_threads > HW_HOST_MAX_COPY_THREADS)
+        return HW_HOST_CREATE_FAIL(err, KVS_EINVAL, EINVAL,
+                                   "kvs_host_device_create: copy_threads above "
+                                   HW_HOST_MAX_COPY_THREADS_TEXT "; pass at most one per core");
+    if (c.name != NULL && strlen(c.name) >= sizeof((kvs_host_device_t *)0)->name)
+        return HW_HOST_CREATE_FAIL(err, KVS_EINVAL, EINVAL,
+                                   "kvs_host_device_create: name longer than 31 bytes; "
+                                   "pass a shorter name");
+    kvs_host_device_t *h = calloc(1, sizeof *h);
+    if (h == NULL)
+        return HW_HOST_CREATE_FAIL(err, KVS_ENOMEM, ENOMEM,
+                                   "kvs_host_device_create: out of host memory");
+    snprintf(h->name, sizeof h->name, "%s", c.name != NULL ? c.name : "host");
+    h->max_allocs = c.max_allocs ? c.max_allocs : HW_HOST_DEFAULT_MAX_ALLOCS;
+    h->max_streams = c.max_streams ? c.max_streams : HW_HOST_DEFAULT_MAX_STREAMS;
+    h->max_events = c.max_events ? c.max_events : HW_HOST_DEFAULT_MAX_EVENTS;
+    h->queue_ops = c.queue_ops ? c.queue_ops : HW_HOST_DEFAULT_QUEUE_OPS;
+    h->copy_threads = c.copy_threads ? c.copy_threads : 1;
+
+    uint32_t inited = 0;
+    h->allocs = calloc(h->max_allocs, sizeof *h->allocs);
+    h->streams = calloc(h->max_streams, sizeof *h->streams);
+    h->events = calloc(h->max_events, sizeof *h->events);
+    h->event_free = calloc(h->max_events, sizeof *h->event_free);
+    if (h->allocs == NULL || h->streams == NULL || h->events == NULL ||
+        h->event_free == NULL)
+        goto fail_nomem;
+    for (; inited < h->max_streams; inited++)
+        if (!hw_host_slot_init(h, &h->streams[inited], inited))
+            goto fail_nomem;
+    if (pthread_mutex_init(&h->mu, NULL) != 0)
+        goto fail_nomem;
+    int rc = kvs_device_init(&h->base, &hw_host_ops, h->name);
+    if (rc != KVS_OK) {
+        pthread_mutex_destroy(&h->mu);
+        hw_host_free_tables(h, inited);
+        free(h);
+        return HW_HOST_CREATE_FAIL(err, rc, 0,
+                                   "kvs_host_device_create: the core refused the ops table; "
+                                   "rebuild hw/host against this kvstage's backend.h");
+    }
+    /* Hand out low event indices first. */
+    for (uint32_t i = 0; i < h->max_events; i++) {
+        h->events[i].host = h;
+        h->event_free[i] = h->max_events - 1 - i;
+    }
+    h->event_free_count = h->max_events;
+    *out = h;
+    return KVS_OK;
+
+fail_nomem:
+    hw_host_free_tables(h, inited);
+    free(h);
+    return HW_HOST_CREATE_FAIL(err, KVS_ENOMEM, ENOMEM,
+                               "kvs_host_device_create: out of host memory for the tables; "
+                               "lower max_allocs, max_streams, max_events or queue_ops");
+}
+
+void kvs_host_device_destroy(kvs_host_device_t *h)
+{
+    if (h == NULL)
+        return;
+    pthread_mutex_lock(&h->mu);
+    for (uint32_t i = 0; i < h->max_streams; i++)
+        if (h->streams[i].live)
+            hw_host_stream_stop(&h->streams[i]);
+    for (uint32_t i = 0; i < h->num_allocs; i++)
+        munmap(h->allocs[i].map, h->allocs[i].map_bytes);
+    pthread_mutex_unlock(&h->mu);
+    pthread_mutex_destroy(&h->mu);
+    hw_host_free_tables(h, h->max_streams);
+    free(h);
+}
+
+kvs_device_t *kvs_host_device(kvs_host_device_t *h) { return h != NULL ? &h->base : NULL; }
+
+kvs_host_device_t *kvs_host_device_from(kvs_device_t *dev)
+{
+    if (dev == NULL || dev->ops.mem_alloc != hw_host_mem_alloc)
+        return NULL;
+    return hw_host_of(dev);
+}

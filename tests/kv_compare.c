@@ -1,0 +1,260 @@
+/*
+ * kv_compare.c - kvc_compare of kv_compare.h. Each side gets its own
+ * allocations (addresses differ between backends), the same bytes and the
+ * same page list; nothing here assumes device memory is host-visible.
+ */
+#include "kv_compare.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "xorshift.h"
+
+typedef struct kvc_pool {
+    uint64_t k[KVC_MAX_LAYERS], v[KVC_MAX_LAYERS];
+    uint64_t stg;
+} kvc_pool_t;
+
+static int kvc_fail(char *msg, size_t n, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int kvc_fail(char *msg, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, n, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static int64_t kvc_pick(uint64_t *rng, int64_t lo, int64_t hi)
+{
+    return lo + (int64_t)(xorshift64(rng) % (uint64_t)(hi - lo + 1));
+}
+
+kvc_shape_t kvc_random_shape(uint64_t *rng, int64_t max_pool_pages)
+{
+    static const int64_t page_sizes[] = {1, 3, 16, 32};
+    static const int64_t head_dims[] = {1, 3, 36, 64, 100, 128};
+    static const int64_t elems[] = {1, 2, 4};
+    kvc_shape_t s;
+    memset(&s, 0, sizeof s);
+    s.page_size = page_sizes[kvc_pick(rng, 0, 3)];
+    s.head_dim = head_dims[kvc_pick(rng, 0, 5)];
+    s.elem_bytes = elems[kvc_pick(rng, 0, 2)];
+    s.local_heads = kvc_pick(rng, 1, 8);
+    s.num_heads = kvc_pick(rng, 1, s.local_heads);
+    s.head_start = kvc_pick(rng, 0, s.local_heads - s.num_heads);
+    s.pool_pages = kvc_pick(rng, 1, max_pool_pages);
+    s.tokens = kvc_pick(rng, 0, s.pool_pages * s.page_size);
+    s.pool_layers = kvc_pick(rng, 1, 4);
+    s.layer_begin = kvc_pick(rng, 0, s.pool_layers - 1);
+    s.layer_count = kvc_pick(rng, 0, s.pool_layers - s.layer_begin);
+    s.slot_begin = kvc_pick(rng, 0, 2);
+    s.slots = s.slot_begin + s.layer_count + kvc_pick(rng, 0, 2);
+    return s;
+}
+
+static uint64_t kvc_head_bytes(const kvc_shape_t *sh)
+{
+    return (uint64_t)(sh->head_dim * sh->elem_bytes);
+}
+
+static uint64_t kvc_layer_bytes(const kvc_shape_t *sh)
+{
+    return (uint64_t)(sh->pool_pages * sh->page_size * sh->local_heads) * kvc_head_bytes(sh);
+}
+
+static uint64_t kvc_stg_bytes(const kvc_shape_t *sh)
+{
+    return (uint64_t)(sh->tokens * sh->num_heads * sh->slots * 2) * kvc_head_bytes(sh);
+}
+
+static void kvc_pool_free(const kvc_side_t *s, const kvc_shape_t *sh, kvc_pool_t *p)
+{
+    for (int64_t l = 0; l < sh->pool_layers; l++) {
+        if (p->k[l] != 0)
+            (void)s->dev->ops.mem_free(s->dev, p->k[l]);
+        if (p->v[l] != 0)
+            (void)s->dev->ops.mem_free(s->dev, p->v[l]);
+    }
+    if (p->stg != 0)
+        (void)s->dev->ops.mem_free(s->dev, p->stg);
+    memset(p, 0, sizeof *p);
+}
+
+/* Allocates one side's pool and staging block and writes the same bytes
+ * (layers from `layers`, staging from `stg`). */
+static int kvc_pool_make(const kvc_side_t *s, const kvc_shape_t *sh, kvc_pool_t *p,
+                         uint8_t *const *layers, const uint8_t *stg, char *msg, size_t n)
+{
+    memset(p, 0, sizeof *p);
+    kvs_device_t *d = s->dev;
+    const uint64_t lb = kvc_layer_bytes(sh), sb = kvc_stg_bytes(sh);
+    for (int64_t l = 0; l < sh->pool_layers; l++)
+        for (int kv = 0; kv < 2; kv++) {
+            uint64_t *a = kv == 0 ? &p->k[l] : &p->v[l];
+            int rc = d->ops.mem_alloc(d, lb, a);
+            if (rc == KVS_OK)
+                rc = d->ops.mem_write(d, *a, layers[2 * l + kv], lb);
+            if (rc != KVS_OK)
+                return kvc_fail(msg, n, "%s: pool setup failed: %s (%s)", d->name,
+                                kvs_status_name(rc), d->last_backend_msg);
+        }
+    int rc = d->ops.mem_alloc(d, sb > 0 ? sb : 1, &p->stg);
+    if (rc == KVS_OK)
+        rc = d->ops.mem_write(d, p->stg, stg, sb);
+    if (rc != KVS_OK)
+        return kvc_fail(msg, n, "%s: staging setup failed: %s (%s)", d->name,
+                        kvs_status_name(rc), d->last_backend_msg);
+    return 0;
+}
+
+static kvs_copy_desc_t kvc_desc(const kvc_shape_t *sh, const kvc_pool_t *p,
+                                const int64_t *pages)
+{
+    return (kvs_copy_desc_t){
+        .k_base = p->k,
+        .v_base = p->v,
+        .local_heads = sh->local_heads,
+        .head_dim = sh->head_dim,
+        .elem_bytes = sh->elem_bytes,
+        .page_size = sh->page_size,
+        .pages = pages,
+        .num_pages = (sh->tokens + sh->page_size - 1) / sh->page_size,
+        .tokens = sh->tokens,
+        .head_start = sh->head_start,
+        .num_heads = sh->num_heads,
+        .layer_begin = sh->layer_begin,
+        .layer_count = sh->layer_count,
+        .staging_slot_begin = sh->slot_begin,
+        .staging_layer_slots = sh->slots,
+        .staging_addr = p->stg,
+    };
+}
+
+/* Runs one copy on a side and waits for it. */
+static int kvc_run(const kvc_side_t *s, const kvs_copy_desc_t *d, int scatter, char *msg,
+                   size_t n)
+{
+    kvs_device_t *dev = s->dev;
+    kvs_event_t *ev = NULL;
+    int rc = scatter ? dev->ops.scatter(dev, s->stream, d) : dev->ops.gather(dev, s->stream, d);
+    if (rc == KVS_OK)
+        rc = dev->ops.event_record(dev, s->stream, &ev);
+    if (rc == KVS_OK)
+        rc = s->wait(s->wait_ctx, dev, ev);
+    if (ev != NULL)
+        dev->ops.event_destroy(dev, ev);
+    if (rc != KVS_OK)
+        return kvc_fail(msg, n, "%s: %s failed: %s (%s)", dev->name,
+                        scatter ? "scatter" : "gather", kvs_status_name(rc),
+                        dev->last_backend_msg);
+    return 0;
+}
+
+/* Reads [addr, +len) of both sides and compares; names the first byte that
+ * differs. */
+static int kvc_same(const kvc_side_t *a, uint64_t aa, const kvc_side_t *b, uint64_t ba,
+                    uint64_t len, uint8_t *buf_a, uint8_t *buf_b, const char *what,
+                    char *msg, size_t n)
+{
+    int rc = a->dev->ops.mem_read(a->dev, aa, buf_a, len);
+    if (rc == KVS_OK)
+        rc = b->dev->ops.mem_read(b->dev, ba, buf_b, len);
+    if (rc != KVS_OK)
+        return kvc_fail(msg, n, "reading back %s failed: %s", what, kvs_status_name(rc));
+    for (uint64_t i = 0; i < len; i++)
+        if (buf_a[i] != buf_b[i])
+            return kvc_fail(msg, n, "%s differs at byte %llu of %llu: %s has 0x%02x, %s 0x%02x",
+                            what, (unsigned long long)i, (unsigned long long)len,
+                            a->dev->name, buf_a[i], b->dev->name, buf_b[i]);
+    return 0;
+}
+
+int kvc_compare(const kvc_side_t *a, const kvc_side_t *b, const kvc_shape_t *sh,
+                uint64_t seed, char *msg, size_t msg_bytes)
+{
+    if (sh->pool_layers > KVC_MAX_LAYERS)
+        return kvc_fail(msg, msg_bytes, "shape has %lld pool layers, at most %d",
+                        (long long)sh->pool_layers, KVC_MAX_LAYERS);
+    uint64_t rng = seed | 1;
+    const uint64_t lb = kvc_layer_bytes(sh), sb = kvc_stg_bytes(sh);
+    const int64_t num_pages = (sh->tokens + sh->page_size - 1) / sh->page_size;
+    int ret = -1;
+    uint8_t *layers[2 * KVC_MAX_LAYERS] = {0};
+    uint8_t *stg = malloc(sb + 1), *buf_a = malloc((lb > sb ? lb : sb) + 1),
+            *buf_b = malloc((lb > sb ? lb : sb) + 1);
+    int64_t *perm = malloc((size_t)sh->pool_pages * sizeof *perm);
+    kvc_pool_t pa, pb;
+    memset(&pa, 0, sizeof pa);
+    memset(&pb, 0, sizeof pb);
+    if (stg == NULL || buf_a == NULL || buf_b == NULL || perm == NULL) {
+        kvc_fail(msg, msg_bytes, "out of host memory");
+        goto out;
+    }
+    for (int64_t i = 0; i < 2 * sh->pool_layers; i++) {
+        if ((layers[i] = malloc(lb + 1)) == NULL) {
+            kvc_fail(msg, msg_bytes, "out of host memory");
+            goto out;
+        }
+        for (uint64_t x = 0; x < lb; x++)
+            layers[i][x] = (uint8_t)xorshift64(&rng);
+    }
+    for (uint64_t x = 0; x < sb; x++)
+        stg[x] = (uint8_t)xorshift64(&rng);
+    for (int64_t i = 0; i < sh->pool_pages; i++)
+        perm[i] = i;
+    for (int64_t i = sh->pool_pages - 1; i > 0; i--) {
+        int64_t j = (int64_t)(xorshift64(&rng) % (uint64_t)(i + 1));
+        int64_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    /* Every other shape keeps page ids ascending, so page runs merge. */
+    if (seed & 2)
+        for (int64_t i = 0; i < num_pages; i++)
+            perm[i] = i;
+
+    if (kvc_pool_make(a, sh, &pa, layers, stg, msg, msg_bytes) != 0 ||
+        kvc_pool_make(b, sh, &pb, layers, stg, msg, msg_bytes) != 0)
+        goto out;
+    /* Gather: staging blocks must agree (untouched slots included). */
+    kvs_copy_desc_t da = kvc_desc(sh, &pa, perm), db = kvc_desc(sh, &pb, perm);
+    if (kvc_run(a, &da, 0, msg, msg_bytes) != 0 || kvc_run(b, &db, 0, msg, msg_bytes) != 0 ||
+        kvc_same(a, pa.stg, b, pb.stg, sb, buf_a, buf_b, "staging block after gather", msg,
+                 msg_bytes) != 0)
+        goto out;
+    /* Scatter fresh random staging bytes into both pools. */
+    for (uint64_t x = 0; x < sb; x++)
+        stg[x] = (uint8_t)xorshift64(&rng);
+    if (a->dev->ops.mem_write(a->dev, pa.stg, stg, sb) != KVS_OK ||
+        b->dev->ops.mem_write(b->dev, pb.stg, stg, sb) != KVS_OK) {
+        kvc_fail(msg, msg_bytes, "writing the scatter's staging block failed");
+        goto out;
+    }
+    if (kvc_run(a, &da, 1, msg, msg_bytes) != 0 || kvc_run(b, &db, 1, msg, msg_bytes) != 0)
+        goto out;
+    for (int64_t l = 0; l < sh->pool_layers; l++)
+        for (int kv = 0; kv < 2; kv++) {
+            char what[64];
+            snprintf(what, sizeof what, "%s buffer of layer %lld after scatter",
+                     kv == 0 ? "K" : "V", (long long)l);
+            if (kvc_same(a, kv == 0 ? pa.k[l] : pa.v[l], b, kv == 0 ? pb.k[l] : pb.v[l], lb,
+                         buf_a, buf_b, what, msg, msg_bytes) != 0)
+                goto out;
+        }
+    ret = 0;
+out:
+    kvc_pool_free(a, sh, &pa);
+    kvc_pool_free(b, sh, &pb);
+    for (int64_t i = 0; i < 2 * KVC_MAX_LAYERS; i++)
+        free(layers[i]);
+    free(perm);
+    free(buf_b);
+    free(buf_a);
+    free(stg);
+    return ret;
+}
