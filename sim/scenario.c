@@ -359,6 +359,12 @@ static int sim_faults_check(sim_scenario_t *sc)
         int rc = KVS_OK;
         switch (f->kind) {
         case SIM_FAULT_DROP:
+            /* Every message of a type lost: a partition for that type no
+             * retry crosses, so nobody can be told through it. */
+            if (f->num >= f->den && f->den > 0)
+                sc->long_cuts++;
+            sc->msg_faults = true;
+            break;
         case SIM_FAULT_DUP:
         case SIM_FAULT_DELAY:
             sc->msg_faults = true;
@@ -457,9 +463,11 @@ static void sim_on_result(sim_scenario_t *sc, sim_node_t *n, const kvs_room_resu
     }
     /* A rank that only learns of a peer's real failure by its own stall
      * timeout was never told: spec §9 wants failures sent at once. (Not
-     * when a rank crashed: nobody was left to tell.) */
+     * when a rank crashed or was cut off, nor when the first failure was a
+     * lost peer, KVS_EPEER: the one who could not be told is on the other
+     * side of the dead connection.) */
     if (res->status == KVS_ETIMEDOUT && r->status != KVS_OK && r->status != KVS_ETIMEDOUT &&
-        !r->untellable)
+        r->status != KVS_EPEER && !r->untellable)
         r->unreported = true;
     sim_report_in(sc, n, (uint32_t)res->room, res->status);
 }
@@ -830,7 +838,9 @@ static int sim_connect_all(sim_scenario_t *sc)
 
 /* The rank dies: its handler, memory and connections vanish (its peers see
  * the connections die). Its result of every request it was in is in:
- * failed. */
+ * failed. A decode rank that had already received its part of a request
+ * still in flight elsewhere lost that KV with its memory: the request
+ * fails too. */
 static void sim_node_crash(sim_scenario_t *sc, sim_node_t *n)
 {
     sim_node_teardown(n);
@@ -838,10 +848,13 @@ static void sim_node_crash(sim_scenario_t *sc, sim_node_t *n)
     sc->ranks_crashed++;
     for (uint32_t i = 0; i < sc->cfg.requests && sc->fatal == KVS_OK; i++) {
         sim_req_t *r = &sc->reqs[i];
-        if (r->state != SIM_REQ_ADMITTED || n->reported[i])
+        if (r->state != SIM_REQ_ADMITTED)
             continue;
         r->untellable = true;
-        sim_report_in(sc, n, i, KVS_EPEER);
+        if (!n->reported[i])
+            sim_report_in(sc, n, i, KVS_EPEER);
+        else if (n->role == KVS_ROLE_DECODE && r->status == KVS_OK)
+            r->status = KVS_EPEER;
     }
 }
 
