@@ -17,4 +17,10 @@ static inline uint64_t kvs__sat_add_u64(uint64_t a, uint64_t b)
     return a > UINT64_MAX - b ? UINT64_MAX : a + b;
 }
 
+/* 2x, but never past cap (nor wrapping). */
+static inline uint64_t kvs__double_capped(uint64_t x, uint64_t cap)
+{
+    return x <= cap / 2 ? 2 * x : cap;
+}
+
 #endif

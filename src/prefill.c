@@ -156,7 +156,7 @@ static uint64_t kvs__now(const kvs_prefill_t *p) { return kvs__net_now_ns(p->fab
 static void kvs__touch(kvs_prefill_t *p, kvs__proom_t *r)
 {
     r->last_ns = kvs__now(p);
-    const uint64_t due = r->last_ns + p->m->cfg.stall_timeout_ns;
+    const uint64_t due = kvs__sat_add_u64(r->last_ns, p->m->cfg.stall_timeout_ns);
     if (due < p->next_check_ns)
         p->next_check_ns = due;
 }
@@ -470,7 +470,7 @@ int kvs_prefill_create(kvs_manager_t *m, kvs_prefill_t **out)
         /* a link per decode, plus slack for connections of decodes that
          * restarted or were refused */
         kvs__links_init(&p->links, p->fab, (uint32_t)(2 * p->ntargets + 16),
-                        m->cfg.retry_timeout_ns, m->cfg.stall_timeout_ns / 8,
+                        m->cfg.retry_timeout_ns, m->cfg.stall_timeout_ns / 32,
                         m->cfg.stall_timeout_ns, &p->stats) != KVS_OK) {
         kvs_prefill_destroy(p);
         return KVS__MFAIL(m, KVS_ENOMEM, "allocating the prefill handler's tables failed");
@@ -1116,7 +1116,7 @@ static void kvs__expire(kvs_prefill_t *p)
     uint64_t next = UINT64_MAX;
     for (kvs__proom_t *r = p->first, *after; r != NULL; r = after) {
         after = r->next;
-        if (now >= r->last_ns + timeout) {
+        if (now >= kvs__sat_add_u64(r->last_ns, timeout)) {
             if (r->status == KVS_OK) {
                 kvs__room_fail(p, r, KVS_ETIMEDOUT);
             } else if (!r->opened) {
@@ -1125,8 +1125,8 @@ static void kvs__expire(kvs_prefill_t *p)
             }
             r->last_ns = now;
         }
-        if (r->last_ns + timeout < next)
-            next = r->last_ns + timeout;
+        if (kvs__sat_add_u64(r->last_ns, timeout) < next)
+            next = kvs__sat_add_u64(r->last_ns, timeout);
     }
     p->next_check_ns = next;
 }
