@@ -108,8 +108,11 @@ static uint8_t *cli_slot(const cli_rank_ctx_t *c, int64_t layer, int kv, int64_t
 }
 
 /* The pattern of room i (prefill: write it; decode: count bad bytes). */
+static uint64_t cli_now(cli_rank_ctx_t *c) { return c->fab->ops.now_ns(c->fab); }
+
 static uint64_t cli_rank_pattern(cli_rank_ctx_t *c, uint32_t i, bool check, uint64_t *checked)
 {
+    const uint64_t t0 = cli_now(c);
     const kvs_layout_t *l = c->lay;
     const int64_t ps = l->page_size, hb = l->head_dim * l->elem_bytes, tokens = c->plan->tokens[i];
     const int64_t n = (tokens + ps - 1) / ps;
@@ -130,6 +133,7 @@ static uint64_t cli_rank_pattern(cli_rank_ctx_t *c, uint32_t i, bool check, uint
                         sim_kvdata_fill(p, (size_t)hb, &at);
                     }
                 }
+    c->r->pattern_ns += cli_now(c) - t0;
     return bad;
 }
 
@@ -216,8 +220,6 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
         return cli_rank_fail(c, rc, "%s: %s (%s)", who, cli_mgr_msg(c), kvs_status_name(rc));
     return KVS_OK;
 }
-
-static uint64_t cli_now(cli_rank_ctx_t *c) { return c->fab->ops.now_ns(c->fab); }
 
 static int cli_rank_progress(cli_rank_ctx_t *c)
 {

@@ -52,6 +52,7 @@ typedef struct cli_serve_rank {
     uint64_t payload_bytes;     /* bytes its results report */
     uint64_t bytes_verified, corrupt_bytes; /* decode */
     uint64_t start_ns, end_ns;  /* first room opened, last result in */
+    uint64_t pattern_ns;        /* time spent writing or checking the pattern */
     uint64_t spoiled_writes;    /* --fault writes that went out spoiled */
     kvs_handler_stats_t stats;
     int fatal;                  /* KVS_OK, or why the rank stopped early */
