@@ -64,6 +64,8 @@ typedef struct sim_req {
     int status;
     bool unreported;             /* a rank timed out after a peer failed */
     uint64_t failed_groups;      /* bit g: a rank of group g failed it for real */
+    uint64_t timed_out_groups;   /* bit g: a rank of group g timed out on it */
+    uint64_t *failed_ns;         /* [groups], when; NULL until the first such */
     bool untellable;             /* a rank of it crashed, was down, or was cut off
                                     for a stall timeout or more: nobody could tell
                                     it, so its timeouts are expected */
@@ -102,6 +104,7 @@ struct sim_scenario {
     uint32_t long_cuts;          /* links down now for a stall timeout or more */
     int64_t *group;              /* [nodes]: ranks that talk to each other, directly
                                     or through one another (bit index, < 64) */
+    int64_t ngroups;
     char init_error[384];
 };
 
@@ -473,10 +476,29 @@ static void sim_on_result(sim_scenario_t *sc, sim_node_t *n, const kvs_room_resu
     const int64_t g = sc->group[n - sc->nodes];
     const bool real = res->status != KVS_OK && res->status != KVS_ETIMEDOUT &&
                       res->status != KVS_EPEER;
-    if (res->status == KVS_ETIMEDOUT && (r->failed_groups >> g & 1u) && !r->untellable)
+    const uint64_t now = sim_engine_now_ns(sc->eng);
+    /* Telling takes time over a lossy link (retransmissions, a relay
+     * through the decode): a timeout within a quarter stall timeout of the
+     * failure had no fair chance to be told. */
+    const uint64_t timeout = sc->cfg.stall_timeout_ns > 0 ? sc->cfg.stall_timeout_ns
+                                                          : KVS_DEFAULT_STALL_TIMEOUT_NS;
+    /* (A rank's result is the first failure it heard of: after a timeout in
+     * its group, an ETIMEDOUT may be that one, told, not its own.) */
+    if (res->status == KVS_ETIMEDOUT && (r->failed_groups >> g & 1u) &&
+        !(r->timed_out_groups >> g & 1u) && !r->untellable &&
+        now - r->failed_ns[g] >= timeout / 4)
         r->unreported = true;
-    if (real)
+    if (res->status == KVS_ETIMEDOUT)
+        r->timed_out_groups |= 1ull << g;
+    if (real && !(r->failed_groups >> g & 1u)) {
+        if (r->failed_ns == NULL &&
+            (r->failed_ns = calloc((size_t)sc->ngroups, sizeof *r->failed_ns)) == NULL) {
+            sim_fail(sc, KVS_ENOMEM, "scenario tables");
+            return;
+        }
         r->failed_groups |= 1ull << g;
+        r->failed_ns[g] = now;
+    }
     sim_report_in(sc, n, (uint32_t)res->room, res->status);
 }
 
@@ -877,6 +899,7 @@ static int sim_groups(sim_scenario_t *sc)
             sc->group[root] = next < 63 ? next++ : 63;
         sc->group[k] = sc->group[root];
     }
+    sc->ngroups = next + 1; /* (63 when capped: indices up to 63) */
     free(parent);
     return KVS_OK;
 }
@@ -1168,6 +1191,7 @@ int sim_scenario_run(const sim_scenario_config_t *cfg, sim_report_t *out, char *
     }
     for (uint32_t i = 0; sc->reqs != NULL && i < sc->cfg.requests; i++) {
         free(sc->reqs[i].ppages);
+        free(sc->reqs[i].failed_ns);
         free(sc->reqs[i].dpages);
     }
     if (sc->net != NULL)
