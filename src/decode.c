@@ -176,7 +176,7 @@ static uint64_t kvs__now(const kvs_decode_t *d) { return kvs__net_now_ns(d->fab)
 static void kvs__touch(kvs_decode_t *d, kvs__droom_t *r)
 {
     r->last_ns = kvs__now(d);
-    const uint64_t due = r->last_ns + d->m->cfg.stall_timeout_ns;
+    const uint64_t due = kvs__sat_add_u64(r->last_ns, d->m->cfg.stall_timeout_ns);
     if (due < d->next_check_ns)
         d->next_check_ns = due;
 }
@@ -378,7 +378,7 @@ int kvs_decode_create(kvs_manager_t *m, kvs_decode_t **out)
         kvs__dq_init(&d->scatters, scatters) != KVS_OK ||
         kvs__dq_init(&d->wanted, queue) != KVS_OK ||
         kvs__links_init(&d->links, d->fab, (uint32_t)d->npeers, m->cfg.retry_timeout_ns,
-                        m->cfg.stall_timeout_ns / 8, m->cfg.stall_timeout_ns,
+                        m->cfg.stall_timeout_ns / 32, m->cfg.stall_timeout_ns,
                         &d->stats) != KVS_OK) {
         kvs_decode_destroy(d);
         return KVS__MFAIL(m, KVS_ENOMEM, "allocating the decode handler's tables failed");
@@ -480,7 +480,7 @@ int kvs_decode_connect(kvs_decode_t *d, const char *peer, int64_t prefill_tp_ran
         p->conn = NULL;
         p->lost = true;
         p->reconnect_wait_ns = m->cfg.retry_timeout_ns;
-        p->reconnect_ns = kvs__now(d) + p->reconnect_wait_ns;
+        p->reconnect_ns = kvs__sat_add_u64(kvs__now(d), p->reconnect_wait_ns);
         return kvs__error_set(&m->err, rc, d->fab->last_backend_code, __FILE__, __LINE__,
                               "connecting to prefill '%s' failed (%s); kvs_decode_progress "
                               "keeps trying, or connect again with the right address", peer,
@@ -938,9 +938,9 @@ static void kvs__peer_lost(void *ctx, kvs_conn_t *conn)
      * that dies again waits twice as long, up to the links' longest wait. */
     const uint64_t cap = d->links.rto_max_ns;
     p->reconnect_wait_ns = !p->lost ? d->m->cfg.retry_timeout_ns
-                           : p->reconnect_wait_ns * 2 < cap ? p->reconnect_wait_ns * 2 : cap;
+                                    : kvs__double_capped(p->reconnect_wait_ns, cap);
     p->lost = true;
-    p->reconnect_ns = kvs__now(d) + p->reconnect_wait_ns;
+    p->reconnect_ns = kvs__sat_add_u64(kvs__now(d), p->reconnect_wait_ns);
     kvs__log(&d->m->log, KVS_LOG_WARN, "decode %lld: prefill %lld/%lld is unreachable (its "
              "connection died): its rooms fail, reconnecting to '%s'", (long long)d->rank,
              (long long)p->tp_rank, (long long)p->pp_rank, p->name);
@@ -973,8 +973,8 @@ static void kvs__reconnect(kvs_decode_t *d)
         }
         p->conn = NULL;
         const uint64_t cap = d->links.rto_max_ns;
-        p->reconnect_wait_ns = p->reconnect_wait_ns * 2 < cap ? p->reconnect_wait_ns * 2 : cap;
-        p->reconnect_ns = now + p->reconnect_wait_ns;
+        p->reconnect_wait_ns = kvs__double_capped(p->reconnect_wait_ns, cap);
+        p->reconnect_ns = kvs__sat_add_u64(now, p->reconnect_wait_ns);
     }
 }
 
@@ -1039,7 +1039,7 @@ static void kvs__expire(kvs_decode_t *d)
         if (d->rooms.state[i] != 1)
             continue;
         kvs__droom_t *r = d->rooms.vals[i];
-        if (now >= r->last_ns + timeout) {
+        if (now >= kvs__sat_add_u64(r->last_ns, timeout)) {
             if (r->status == KVS_OK) {
                 kvs__room_fail(d, r, KVS_ETIMEDOUT);
             } else {
@@ -1053,8 +1053,8 @@ static void kvs__expire(kvs_decode_t *d)
             }
             r->last_ns = now;
         }
-        if (r->last_ns + timeout < next)
-            next = r->last_ns + timeout;
+        if (kvs__sat_add_u64(r->last_ns, timeout) < next)
+            next = kvs__sat_add_u64(r->last_ns, timeout);
     }
     d->next_check_ns = next;
 }

@@ -5,6 +5,7 @@
  */
 #include "link.h"
 
+#include "arith.h"
 #include "channel.h"
 
 #include <stdlib.h>
@@ -140,7 +141,7 @@ int kvs__link_send(kvs__links_t *ls, kvs_conn_t *conn, const kvs_msg_t *msg)
     l->q_end += KVS__LINK_ENTRY_HDR + len;
     if (l->q_count++ == 0) {
         l->waiting_since_ns = kvs__link_now(ls);
-        l->retry_ns = l->waiting_since_ns + l->rto_ns;
+        l->retry_ns = kvs__sat_add_u64(l->waiting_since_ns, l->rto_ns);
     }
     l->next_seq = kvs__seq_next(l->next_seq);
     /* Queued: a failed post other than a dead peer is retried with the
@@ -171,7 +172,7 @@ static void kvs__link_acked(kvs__links_t *ls, kvs__link_t *l, uint32_t cum)
     if (moved) {
         l->rto_ns = ls->rto_min_ns;
         l->waiting_since_ns = kvs__link_now(ls);
-        l->retry_ns = l->waiting_since_ns + l->rto_ns;
+        l->retry_ns = kvs__sat_add_u64(l->waiting_since_ns, l->rto_ns);
     }
 }
 
@@ -215,8 +216,11 @@ static void kvs__link_resend(kvs__links_t *ls, kvs__link_t *l, uint64_t now_ns)
             ls->stats->msgs_retransmitted++;
         pos += KVS__LINK_ENTRY_HDR + len;
     }
-    l->rto_ns = l->rto_ns * 2 < ls->rto_max_ns ? l->rto_ns * 2 : ls->rto_max_ns;
-    l->retry_ns = now_ns + l->rto_ns;
+    /* Saturating: a timeout of 2^63 ns or more (retry_timeout_ns is the
+     * user's) must not wrap to a short one and resend on every tick. */
+    const uint64_t twice = kvs__sat_add_u64(l->rto_ns, l->rto_ns);
+    l->rto_ns = twice < ls->rto_max_ns ? twice : ls->rto_max_ns;
+    l->retry_ns = kvs__sat_add_u64(now_ns, l->rto_ns);
 }
 
 void kvs__links_tick(kvs__links_t *ls, uint64_t now_ns,

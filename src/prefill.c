@@ -105,6 +105,15 @@ typedef struct kvs__pop {        /* an in-flight write */
     bool used;
 } kvs__pop_t;
 
+/* A room this rank ended failed, remembered (a bounded FIFO of the latest)
+ * so that a decode whose ROOM comes late (its REGISTER or ROOM was lost
+ * and sent again) still learns the outcome instead of waiting out its
+ * stall timeout. */
+typedef struct kvs__pgone {
+    uint64_t room;
+    int status;
+} kvs__pgone_t;
+
 typedef struct kvs__pgather {
     uint64_t room;
     int32_t flow;
@@ -130,6 +139,8 @@ struct kvs_prefill {
     kvs__results_t results;
     kvs__pop_t *ops;
     uint32_t ops_cap, ops_used;
+    kvs__pgone_t *gone;          /* [max_rooms]: latest rooms ended failed */
+    uint32_t gone_next, gone_count;
     kvs__pgather_t *gathers;
     uint32_t gathers_cap, gathers_head, gathers_count;
     kvs_completion_t *cq;
@@ -145,7 +156,7 @@ static uint64_t kvs__now(const kvs_prefill_t *p) { return kvs__net_now_ns(p->fab
 static void kvs__touch(kvs_prefill_t *p, kvs__proom_t *r)
 {
     r->last_ns = kvs__now(p);
-    const uint64_t due = r->last_ns + p->m->cfg.stall_timeout_ns;
+    const uint64_t due = kvs__sat_add_u64(r->last_ns, p->m->cfg.stall_timeout_ns);
     if (due < p->next_check_ns)
         p->next_check_ns = due;
 }
@@ -286,6 +297,12 @@ static bool kvs__room_try_finish(kvs_prefill_t *p, kvs__proom_t *r)
     int64_t chunks = 0;
     for (int64_t f = 0; f < p->ntargets; f++)
         chunks += r->flows[f].num_chunks;
+    if (r->status != KVS_OK) {
+        p->gone[p->gone_next] = (kvs__pgone_t){r->id, r->status};
+        p->gone_next = (p->gone_next + 1) % p->m->cfg.max_rooms;
+        if (p->gone_count < p->m->cfg.max_rooms)
+            p->gone_count++;
+    }
     kvs_room_result_t res = {.room = r->id, .status = r->status, .chunks = chunks,
                              .bytes = r->bytes, .rdma_writes = r->writes,
                              .open_ns = r->open_ns, .done_ns = kvs__now(p)};
@@ -404,6 +421,7 @@ void kvs_prefill_destroy(kvs_prefill_t *p)
     if (p->stream != NULL)
         kvs__dev_stream_destroy(p->dev, p->stream);
     kvs__results_fini(&p->results);
+    free(p->gone);
     free(p->peers);
     free(p->worker_busy);
     free(p->ops);
@@ -445,13 +463,14 @@ int kvs_prefill_create(kvs_manager_t *m, kvs_prefill_t **out)
     p->ops = calloc(p->ops_cap, sizeof *p->ops);
     p->gathers = calloc(p->gathers_cap, sizeof *p->gathers);
     p->cq = calloc(KVS__POLL_BATCH, sizeof *p->cq);
-    if (p->peers == NULL || p->worker_busy == NULL || p->ops == NULL || p->gathers == NULL ||
+    p->gone = calloc(m->cfg.max_rooms, sizeof *p->gone);
+    if (p->gone == NULL || p->peers == NULL || p->worker_busy == NULL || p->ops == NULL || p->gathers == NULL ||
         p->cq == NULL || kvs__table_init(&p->rooms, m->cfg.max_rooms) != KVS_OK ||
         kvs__results_init(&p->results, 2 * m->cfg.max_rooms) != KVS_OK ||
         /* a link per decode, plus slack for connections of decodes that
          * restarted or were refused */
         kvs__links_init(&p->links, p->fab, (uint32_t)(2 * p->ntargets + 16),
-                        m->cfg.retry_timeout_ns, m->cfg.stall_timeout_ns / 8,
+                        m->cfg.retry_timeout_ns, m->cfg.stall_timeout_ns / 32,
                         m->cfg.stall_timeout_ns, &p->stats) != KVS_OK) {
         kvs_prefill_destroy(p);
         return KVS__MFAIL(m, KVS_ENOMEM, "allocating the prefill handler's tables failed");
@@ -650,7 +669,24 @@ static void kvs__on_room(kvs_prefill_t *p, int64_t f, const kvs_msg_room_t *q)
         p->stats.msgs_rejected++;
         return;
     }
-    kvs__proom_t *r = kvs__room_get_or_add(p, q->room);
+    kvs__proom_t *r = kvs__table_get(&p->rooms, q->room);
+    for (uint32_t i = 0; r == NULL && i < p->gone_count; i++) {
+        if (p->gone[i].room != q->room)
+            continue;
+        /* Ended (failed) before this decode's ROOM came: tell it now. */
+        kvs_msg_t msg = {.type = KVS_MSG_ABORT};
+        msg.u.abort = (kvs_msg_abort_t){.session = p->session, .room = q->room,
+                                        .status = p->gone[i].status};
+        kvs__send(p, &p->peers[f], &msg);
+        msg = (kvs_msg_t){.type = KVS_MSG_STATUS};
+        msg.u.status = (kvs_msg_status_t){.session = p->session, .room = q->room,
+                                          .tp_rank = p->rank, .pp_rank = p->stage,
+                                          .status = p->gone[i].status};
+        kvs__send(p, &p->peers[f], &msg);
+        return;
+    }
+    if (r == NULL)
+        r = kvs__room_get_or_add(p, q->room);
     if (r == NULL) {
         p->stats.msgs_rejected++;
         return;
@@ -1080,7 +1116,7 @@ static void kvs__expire(kvs_prefill_t *p)
     uint64_t next = UINT64_MAX;
     for (kvs__proom_t *r = p->first, *after; r != NULL; r = after) {
         after = r->next;
-        if (now >= r->last_ns + timeout) {
+        if (now >= kvs__sat_add_u64(r->last_ns, timeout)) {
             if (r->status == KVS_OK) {
                 kvs__room_fail(p, r, KVS_ETIMEDOUT);
             } else if (!r->opened) {
@@ -1089,8 +1125,8 @@ static void kvs__expire(kvs_prefill_t *p)
             }
             r->last_ns = now;
         }
-        if (r->last_ns + timeout < next)
-            next = r->last_ns + timeout;
+        if (kvs__sat_add_u64(r->last_ns, timeout) < next)
+            next = kvs__sat_add_u64(r->last_ns, timeout);
     }
     p->next_check_ns = next;
 }

@@ -236,6 +236,38 @@ static void cli_campaign_draw_slow_scatter(sim_rng_t *rng, cli_campaign_scene_t 
     snprintf(spec, cap, "slow-scatter:%s:%" PRIu64, rank, CLI_CAMPAIGN_PICK(rng, factors));
 }
 
+/* A rank of either role crashes (or restarts) at a random time of the run. */
+static void cli_campaign_draw_rank_event(sim_rng_t *rng, cli_campaign_scene_t *s,
+                                         const char *kind, char *spec, size_t cap)
+{
+    const int64_t np = s->prefill_tp * s->prefill_pp, nd = s->decode_tp * s->decode_pp;
+    const bool decode = sim_rng_below(rng, 2) == 1;
+    const int64_t n = (int64_t)sim_rng_below(rng, (uint64_t)(decode ? nd : np));
+    const uint64_t at_us = sim_rng_range(rng, 0, s->horizon_us);
+    snprintf(spec, cap, "%s:%s:%" PRId64 ":%" PRIu64, kind, decode ? "decode" : "prefill", n,
+             at_us);
+}
+
+static void cli_campaign_draw_crash(sim_rng_t *rng, cli_campaign_scene_t *s, char *spec,
+                                    size_t cap)
+{
+    cli_campaign_draw_rank_event(rng, s, "crash", spec, cap);
+}
+
+static void cli_campaign_draw_restart(sim_rng_t *rng, cli_campaign_scene_t *s, char *spec,
+                                      size_t cap)
+{
+    cli_campaign_draw_rank_event(rng, s, "restart", spec, cap);
+}
+
+static void cli_campaign_draw_hbm_full(sim_rng_t *rng, cli_campaign_scene_t *s, char *spec,
+                                       size_t cap)
+{
+    char rank[32];
+    cli_campaign_rank(rng, s, false, rank, sizeof rank);
+    snprintf(spec, cap, "hbm-full:%s", rank);
+}
+
 /* A stall timeout shorter than the run's own waits: rooms time out while
  * their peers still make progress (no --fault, only --stall-timeout-ms). */
 static void cli_campaign_draw_stall(sim_rng_t *rng, cli_campaign_scene_t *s, char *spec,
@@ -256,28 +288,24 @@ enum {
 
 /*
  * Classes a default campaign (no --campaign-faults) never draws into one
- * run, because today the simulator counts what follows as an unreported
- * failure although no implementation could have told the peer:
- * - LOSS with ERROR: the notice of a real failure (ABORT, STATUS) or the
- *   ROOM that tells a prefill rank whom to notify is lost, and control
- *   messages are not retried yet, so the peer times out. To enable when
- *   retries land (keep drop P < 1 then: a type dropped always is a
- *   partition no retry crosses).
+ * run, because the simulator would count what follows as an unreported
+ * failure although no implementation could have told the peer in time:
  * - TIMEOUT with ERROR: scenario.c judges per room, not per peer, so a rank
  *   that times out in a PP stage or TP group that a real failure never
  *   reached is counted as unreported.
- * - LATE with ERROR: a ROOM that reaches a prefill rank after that rank
- *   failed and finished the room (it waited behind a delayed message of its
- *   connection) opens a new room there, and the decode that sent it is
- *   never told: src/prefill.c keeps no record of finished rooms. A real
- *   bug, reported; to enable once fixed.
- * link-down is both LOSS and ERROR (writes over a down link fail and the
- * ABORT that follows is lost): only an explicit --campaign-faults draws it.
+ * - TIMEOUT with LOSS: a stall timeout of a few ms is shorter than the
+ *   retransmissions a lossy link needs, so a notice (or the peer's loss,
+ *   found when the link gives up after one stall timeout) arrives after the
+ *   ranks that waited on it have timed out.
+ * - TIMEOUT with LATE: the same with a notice delayed past the timeout.
+ * (LOSS and LATE with ERROR were kept apart until control messages were
+ * retried and a prefill told a decode whose ROOM was still on the way;
+ * they now run together, link-down included.)
  */
 static const uint32_t cli_campaign_conflicts[][2] = {
-    {CLI_CAMPAIGN_LOSS, CLI_CAMPAIGN_ERROR},
     {CLI_CAMPAIGN_TIMEOUT, CLI_CAMPAIGN_ERROR},
-    {CLI_CAMPAIGN_LATE, CLI_CAMPAIGN_ERROR},
+    {CLI_CAMPAIGN_TIMEOUT, CLI_CAMPAIGN_LOSS},
+    {CLI_CAMPAIGN_TIMEOUT, CLI_CAMPAIGN_LATE},
 };
 
 /* The kinds a campaign draws, with their odds. A new kind is a row here
@@ -297,6 +325,9 @@ static const cli_campaign_fault_kind_t cli_campaign_fault_kinds[] = {
     {"link-down", 3, CLI_CAMPAIGN_LOSS | CLI_CAMPAIGN_ERROR, cli_campaign_draw_link_down},
     {"slow-scatter", 2, 0, cli_campaign_draw_slow_scatter},
     {"stall", 2, CLI_CAMPAIGN_TIMEOUT, cli_campaign_draw_stall},
+    {"crash", 2, CLI_CAMPAIGN_ERROR, cli_campaign_draw_crash},
+    {"restart", 2, CLI_CAMPAIGN_ERROR, cli_campaign_draw_restart},
+    {"hbm-full", 1, CLI_CAMPAIGN_ERROR, cli_campaign_draw_hbm_full},
 };
 
 #define CLI_CAMPAIGN_KINDS CLI_CAMPAIGN_COUNT(cli_campaign_fault_kinds)

@@ -1,8 +1,9 @@
 /*
  * main.c - entry point of the `kvstage` command: dispatches `kvstage
  * <command> ...` to the subcommand's main and prints the top-level help.
- * Subcommands live in their own files (plan.c, sim.c, later serve.c) and
- * are listed once in cli_commands below. Exit status: the subcommand's, or 2
+ * Subcommands live in their own files (plan.c, sim.c, serve.c) and are
+ * listed once in cli_commands below; serve exists where the verbs fabric
+ * was built (KVS_CLI_SERVE). Exit status: the subcommand's, or 2
  * for an unknown or missing command.
  */
 #include <stdio.h>
@@ -11,6 +12,9 @@
 #include "args.h"
 #include "plan.h"
 #include "sim.h"
+#ifdef KVS_CLI_SERVE
+#include "serve.h"
+#endif
 
 typedef struct cli_command {
     const char *name;
@@ -19,12 +23,15 @@ typedef struct cli_command {
     const char *summary;
 } cli_command_t;
 
-/* Add `serve` here when it exists. */
 static const cli_command_t cli_commands[] = {
     {"plan", cli_plan_main, cli_plan_usage,
      "show the staging layout of one chunk and size the decode ring"},
     {"sim", cli_sim_main, cli_sim_usage,
      "simulate prefill->decode KV transfers on simulated GPUs and RDMA"},
+#ifdef KVS_CLI_SERVE
+    {"serve", cli_serve_main, cli_serve_usage,
+     "run the prefill or decode ranks over RDMA (verbs) and verify every byte"},
+#endif
 };
 
 #define CLI_COMMAND_COUNT (sizeof cli_commands / sizeof cli_commands[0])

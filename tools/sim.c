@@ -86,6 +86,9 @@ enum cli_sim_flag {
     CLI_XF_TRANSFER_WORKERS,
     CLI_XF_PREFILL_RATE,
     CLI_XF_MAX_EVENTS,
+    CLI_XF_LINK_BYTES,
+    CLI_XF_PER_OP_NS,
+    CLI_XF_LATENCY_NS,
     CLI_XF_HELP,
     CLI_XF_COUNT
 };
@@ -108,6 +111,9 @@ static const cli_flag_t cli_sim_flags[CLI_XF_COUNT] = {
     [CLI_XF_TRANSFER_WORKERS] = {"--transfer-workers", true},
     [CLI_XF_PREFILL_RATE] = {"--prefill-tokens-per-s", true},
     [CLI_XF_MAX_EVENTS] = {"--max-events", true},
+    [CLI_XF_LINK_BYTES] = {"--link-bytes-per-s", true},
+    [CLI_XF_PER_OP_NS] = {"--per-op-ns", true},
+    [CLI_XF_LATENCY_NS] = {"--latency-ns", true},
     [CLI_XF_HELP] = {"--help", false},
 };
 
@@ -186,6 +192,10 @@ void cli_sim_usage(FILE *out)
             "  --ring-bytes B      the ring in bytes instead, for rings of a few chunks\n"
             "                      of a small shape\n"
             "  --nic-gbps G        NIC line rate, whole Gb/s (default %d)\n"
+            "  --link-bytes-per-s B  link rate in bytes/s instead (a fitted model, e.g.\n"
+            "                      soft-RoCE's in docs/rxe.md)\n"
+            "  --per-op-ns N       NIC time per work request (default 3700)\n"
+            "  --latency-ns N      one-way link latency (default 2000)\n"
             "  --transfer-workers W  prefill staging buffers per rank (1..%d, default %d)\n"
             "  --prefill-tokens-per-s T  forward speed of the prefill instance (default\n"
             "                      %" PRIu64 ")\n"
@@ -433,6 +443,19 @@ static int cli_sim_read_values(const char *const *values, cli_sim_input_t *in)
      * does without them. */
     cfg->staging = cfg->path == KVS_PATH_AUTO || cfg->path == KVS_PATH_STAGING;
     cfg->net.link_bytes_per_s = (uint64_t)in->nic_gbps * 1000000000u / 8u;
+    /* A fitted link model (tests/rxe/calibrate.sh) overrides the NIC. */
+    int64_t link = 0, per_op = 0, latency = 0;
+    if ((rc = cli_sim_number(values, CLI_XF_LINK_BYTES, 1, INT64_C(1) << 50, &link)) != 0 ||
+        (rc = cli_sim_number(values, CLI_XF_PER_OP_NS, 1, INT64_C(1) << 40, &per_op)) != 0 ||
+        (rc = cli_sim_number(values, CLI_XF_LATENCY_NS, 1, INT64_C(1) << 40, &latency)) != 0)
+        return rc;
+    if (values[CLI_XF_LINK_BYTES] != NULL && values[CLI_XF_NIC_GBPS] != NULL)
+        return cli_fail(CLI_SIM_CMD, "--link-bytes-per-s and --nic-gbps both set the link "
+                                     "rate: give one of them");
+    if (link > 0)
+        cfg->net.link_bytes_per_s = (uint64_t)link;
+    cfg->net.per_op_ns = (uint64_t)per_op;
+    cfg->net.latency_ns = (uint64_t)latency;
     sim_scenario_defaults(cfg);
     return 0;
 }

@@ -205,6 +205,7 @@ struct kvs_conn {
     bool recovering;         /* RESOLVING/CONNECTING/ACCEPTING again after a failure */
     bool peer_bye;           /* the peer disconnected on purpose: no recovery */
     bool bye_sent;           /* CLOSING: our BYE is on its way */
+    bool down_told;          /* DEAD: the user got its DISCONNECT completion */
     uint64_t token;          /* names the connection in a reconnect request */
     uint32_t recoveries;     /* QPs replaced after a failure */
     int op_status;           /* first error among the current operation's requests */

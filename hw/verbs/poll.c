@@ -13,7 +13,10 @@
  * goes again on the next QP. The first real error on a connection (a bad
  * key or range at the peer) fails that operation and breaks the QP
  * (conn.c recovers it). Completions of QPs already replaced or freed are
- * dropped (generation check).
+ * dropped (generation check). A connection the user knows that fails for
+ * good (peer gone, BYE, not back in time) gets one DISCONNECT completion
+ * once every operation of it was reported, so the core learns of the loss
+ * at once instead of by its own time-outs.
  *
  * wait(): arms the completion channel, polls once more into a small stash
  * (a completion that arrived before arming raises no event), then sleeps
@@ -180,6 +183,28 @@ static void hw_verbs_retire_all(hw_verbs_fabric_t *f, kvs_completion_t *out, int
     }
 }
 
+/* A DEAD connection the user knows, all of whose operations were reported,
+ * and that was not yet reported itself. */
+static bool hw_verbs_untold_death(const kvs_conn_t *c)
+{
+    return c->state == HW_CONN_DEAD && c->user_knows && !c->down_told && c->sq_used == 0;
+}
+
+/* One DISCONNECT completion per connection that failed for good. */
+static void hw_verbs_tell_deaths(hw_verbs_fabric_t *f, kvs_completion_t *out, int *n, int max)
+{
+    for (uint32_t k = 0; k < f->cfg.max_conns && *n < max; k++) {
+        kvs_conn_t *c = &f->conns[k];
+        if (!hw_verbs_untold_death(c))
+            continue;
+        c->down_told = true;
+        out[(*n)++] = (kvs_completion_t){.kind = KVS_COMPLETION_DISCONNECT,
+                                         .status = c->dead_status != KVS_OK ? c->dead_status
+                                                                            : KVS_EPEER,
+                                         .conn = c};
+    }
+}
+
 int hw_verbs_poll(kvs_fabric_t *fab, kvs_completion_t *out, int max)
 {
     hw_verbs_fabric_t *f = hw_verbs_of(fab);
@@ -226,6 +251,7 @@ int hw_verbs_poll(kvs_fabric_t *fab, kvs_completion_t *out, int max)
     }
     hw_verbs_conn_tick(f);
     hw_verbs_retire_all(f, out, &n, max);
+    hw_verbs_tell_deaths(f, out, &n, max);
     return n;
 }
 
@@ -239,6 +265,8 @@ int hw_verbs_wait(hw_verbs_fabric_t *f, int timeout_ms)
             if (timeout_ms < 0 || timeout_ms > 50)
                 timeout_ms = 50; /* timers of recovery and close run in poll */
         if (c->sq_used > 0 && c->sq[c->sq_head].state == HW_SQE_DONE)
+            return KVS_OK;
+        if (hw_verbs_untold_death(c))
             return KVS_OK;
     }
     if (!f->cq_armed) {

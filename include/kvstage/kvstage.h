@@ -437,7 +437,7 @@ typedef struct kvs_manager_config {
                                  and its regions are released. 0 -> 30 s */
     uint64_t retry_timeout_ns;/* a control message not acknowledged within
                                  this long is sent again, the wait doubling
-                                 up to stall_timeout_ns / 8 (never below
+                                 up to stall_timeout_ns / 32 (never below
                                  this); 0 -> 2 ms */
     /* Optional observer of spans the handlers spend waiting (today:
      * "wait-for-watermark" per chunk), in the fabric's clock; for traces. */

@@ -33,8 +33,10 @@
  *   and a write may land twice (same bytes). A peer that is gone, or that
  *   does not come back within connect_timeout_ms, fails the connection for
  *   good: what is pending completes with KVS_EPEER, later posts return
- *   KVS_EPEER. A disconnect tells the peer (BYE), whose side then fails at
- *   once. Other connections are never touched.
+ *   KVS_EPEER, and then poll reports one KVS_COMPLETION_DISCONNECT for the
+ *   connection (disconnect it to free its slot). A disconnect tells the
+ *   peer (BYE), whose side then fails at once. Other connections are never
+ *   touched.
  * - now_ns: CLOCK_MONOTONIC.
  *
  * Threads: a fabric is used by one thread at a time (no locks inside);

@@ -540,6 +540,15 @@ static void test_verbs_fabric_peer_disconnect_fails_posts_cleanly(void **state)
     assert_true(now_ns() - t0 < (uint64_t)cfg.connect_timeout_ms * 1000000u);
     assert_int_equal(p.a.fab->ops.send(p.a.fab, p.ba, "x", 1, 1), KVS_EPEER);
     assert_non_null(strstr(p.a.fab->last_backend_msg, "disconnected"));
+    /* the user hears of it once, as a DISCONNECT completion of that conn */
+    kvs_completion_t d = take(&p, &p.a, KVS_COMPLETION_DISCONNECT, p.ba);
+    assert_int_equal(d.status, KVS_EPEER);
+    for (int i = 0; i < 20; i++) {
+        ep_pump(&p.a);
+        (void)kvs_verbs_fabric_wait(p.a.fab, 5);
+    }
+    for (int i = 0; i < p.a.n; i++)
+        assert_false(p.a.q[i].kind == KVS_COMPLETION_DISCONNECT && p.a.q[i].conn == p.ba);
     pair_close(&p);
 }
 
@@ -564,6 +573,7 @@ static void test_verbs_fabric_vanished_peer_fails_the_connection(void **state)
     wait_dead(&p, &p.a, ac, "a destroyed connecting peer");
     assert_int_equal(p.a.fab->ops.send(p.a.fab, ac, "x", 1, 1), KVS_EPEER);
     assert_non_null(strstr(p.a.fab->last_backend_msg, "not re-established"));
+    assert_int_equal(take(&p, &p.a, KVS_COMPLETION_DISCONNECT, ac).status, KVS_EPEER);
     /* now the accepting side goes away: b's reconnects find no listener */
     kvs_conn_t *ab = p.ab;
     ep_close(&p.a);

@@ -1,0 +1,421 @@
+/*
+ * serve_rank.c - one rank of `kvstage serve` (see serve_rank.h).
+ *
+ * Set-up follows the library's init order: host device, verbs fabric
+ * (prefill rank r listens on listen_port + r), KV pool, manager, staging
+ * ring or buffers and their registration, KV buffers, handler. A decode
+ * rank then connects to each prefill rank that writes to it and waits until
+ * all of them acknowledged its registration (the handler keeps retrying a
+ * prefill that is not up yet), so no room fails for a peer still starting.
+ *
+ * The loop: keep max_inflight rooms open (room i's pages are pool pages
+ * first_page[i].., reversed on the prefill side so the page lists differ),
+ * progress the handler, take its results, and sleep on the fabric when there
+ * was nothing to do (1 ms at most: the host device's copies finish on their
+ * own threads and raise no fabric event). A prefill fills the pattern and
+ * reports the whole prompt computed, one grid step at a time, as soon as it
+ * opens a room. After the last result the rank keeps serving its peer for
+ * linger_ns, so the peer's last messages are answered before the fabric
+ * closes.
+ */
+#include "serve_rank.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <kvstage/backend.h>
+#include <kvstage/host.h>
+#include <kvstage/verbs.h>
+
+#include "kvdata.h"
+#include "serve_fault.h"
+
+#define CLI_SERVE_IDLE_WAIT_MS 1
+#define CLI_SERVE_RESULTS 32
+
+typedef struct cli_rank_ctx {
+    cli_serve_rank_t *r;
+    const cli_serve_plan_t *plan;
+    const kvs_layout_t *lay;
+    kvs_host_device_t *host;
+    kvs_device_t *dev;
+    kvs_fabric_t *verbs;        /* the real fabric */
+    cli_fault_fabric_t *fault;  /* wrapper when this rank injects a fault */
+    kvs_fabric_t *fab;          /* what the core uses */
+    kvs_manager_t *m;
+    kvs_decode_t *dec;
+    kvs_prefill_t *pre;
+    uint64_t pool_addr, layer_bytes;
+    uint8_t *pool;
+    int64_t layers, heads;
+    uint64_t *k_base, *v_base;
+    int64_t *pages;             /* scratch page list of one room */
+} cli_rank_ctx_t;
+
+static int cli_rank_fail(cli_rank_ctx_t *c, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int cli_rank_fail(cli_rank_ctx_t *c, int status, const char *fmt, ...)
+{
+    if (c->r->fatal == KVS_OK) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(c->r->err, sizeof c->r->err, fmt, ap);
+        va_end(ap);
+        c->r->fatal = status;
+    }
+    return status;
+}
+
+static const char *cli_rank_name(const cli_rank_ctx_t *c, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s rank %lld", c->r->role == KVS_ROLE_DECODE ? "decode" : "prefill",
+             (long long)c->r->tp);
+    return buf;
+}
+
+static const char *cli_mgr_msg(const cli_rank_ctx_t *c)
+{
+    return c->m != NULL ? kvs_manager_last_error(c->m)->msg : "";
+}
+
+/* Global head of local head j on a rank of TP tp_size holding `heads`
+ * heads (replicated heads: the ranks sharing one map by division). */
+static int64_t cli_global_head(int64_t total, int64_t tp_size, int64_t rank, int64_t heads,
+                               int64_t j)
+{
+    if (total >= tp_size)
+        return rank * heads + j;
+    return rank / (tp_size / total);
+}
+
+/* Page j of room i on this rank. */
+static int64_t cli_page(const cli_rank_ctx_t *c, uint32_t i, int64_t j, int64_t n)
+{
+    const int64_t first = c->plan->first_page[i];
+    return c->r->role == KVS_ROLE_PREFILL ? first + (n - 1 - j) : first + j;
+}
+
+static uint8_t *cli_slot(const cli_rank_ctx_t *c, int64_t layer, int kv, int64_t page,
+                         int64_t slot, int64_t head, int64_t head_bytes)
+{
+    const uint64_t addr = (kv ? c->v_base[layer] : c->k_base[layer]) +
+                          (uint64_t)(((page * c->lay->page_size + slot) * c->heads + head) *
+                                     head_bytes);
+    return c->pool + (addr - c->pool_addr);
+}
+
+/* The pattern of room i (prefill: write it; decode: count bad bytes). */
+static uint64_t cli_now(cli_rank_ctx_t *c) { return c->fab->ops.now_ns(c->fab); }
+
+static uint64_t cli_rank_pattern(cli_rank_ctx_t *c, uint32_t i, bool check, uint64_t *checked)
+{
+    const uint64_t t0 = cli_now(c);
+    const kvs_layout_t *l = c->lay;
+    const int64_t ps = l->page_size, hb = l->head_dim * l->elem_bytes, tokens = c->plan->tokens[i];
+    const int64_t n = (tokens + ps - 1) / ps;
+    const int64_t tp_size = c->r->role == KVS_ROLE_DECODE ? l->decode_tp : l->prefill_tp;
+    uint64_t bad = 0;
+    for (int64_t layer = 0; layer < c->layers; layer++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int64_t t = 0; t < tokens; t++)
+                for (int64_t j = 0; j < c->heads; j++) {
+                    const sim_kv_coord_t at = {
+                        i, layer, kv, cli_global_head(l->total_heads, tp_size, c->r->tp, c->heads, j),
+                        t};
+                    uint8_t *p = cli_slot(c, layer, kv, cli_page(c, i, t / ps, n), t % ps, j, hb);
+                    if (check) {
+                        bad += sim_kvdata_check(p, (size_t)hb, &at);
+                        *checked += (uint64_t)hb;
+                    } else {
+                        sim_kvdata_fill(p, (size_t)hb, &at);
+                    }
+                }
+    c->r->pattern_ns += cli_now(c) - t0;
+    return bad;
+}
+
+static int cli_rank_setup(cli_rank_ctx_t *c)
+{
+    const cli_serve_plan_t *pl = c->plan;
+    const kvs_layout_t *l = c->lay;
+    const bool decode = c->r->role == KVS_ROLE_DECODE;
+    char who[48], hostname[48];
+    cli_rank_name(c, who, sizeof who);
+    snprintf(hostname, sizeof hostname, "%c%lld", decode ? 'd' : 'p', (long long)c->r->tp);
+    kvs_error_t err = {0};
+    const kvs_host_config_t hc = {.name = hostname};
+    int rc = kvs_host_device_create(&hc, &c->host, &err);
+    if (rc != KVS_OK)
+        return cli_rank_fail(c, rc, "%s: host device: %s", who, err.msg);
+    c->dev = kvs_host_device(c->host);
+
+    kvs_verbs_config_t vc;
+    kvs_verbs_config_init(&vc);
+    vc.device = pl->device;
+    vc.bind_addr = pl->bind_ip;
+    vc.listen_port = decode ? 0 : (uint16_t)(pl->listen_port + c->r->tp);
+    rc = kvs_verbs_fabric_create(&vc, &c->verbs, &err);
+    if (rc != KVS_OK)
+        return cli_rank_fail(c, rc, "%s: verbs fabric: %s", who, err.msg);
+    c->fab = c->verbs;
+    if (!decode && c->r->tp == 0 && pl->fail_write > 0) {
+        if ((rc = cli_fault_fabric_create(c->verbs, pl->fail_write, &c->fault)) != KVS_OK)
+            return cli_rank_fail(c, rc, "%s: fault wrapper: %s", who, kvs_strerror(rc));
+        c->fab = cli_fault_fabric(c->fault);
+    }
+
+    c->layers = decode ? l->decode_layers : l->prefill_layers;
+    c->heads = decode ? l->dst_heads : l->src_heads;
+    c->layer_bytes = (uint64_t)pl->pool_pages *
+                     (uint64_t)(l->page_size * c->heads * l->head_dim * l->elem_bytes);
+    const uint64_t pool_bytes = 2 * (uint64_t)c->layers * c->layer_bytes;
+    rc = c->dev->ops.mem_alloc(c->dev, pool_bytes, &c->pool_addr);
+    if (rc != KVS_OK)
+        return cli_rank_fail(c, rc, "%s: KV pool of %llu bytes: %s: lower --requests or "
+                             "--prompt-tokens", who, (unsigned long long)pool_bytes,
+                             c->dev->last_backend_msg);
+    c->pool = kvs_host_ptr(c->dev, c->pool_addr, pool_bytes);
+    c->k_base = calloc((size_t)c->layers, sizeof *c->k_base);
+    c->v_base = calloc((size_t)c->layers, sizeof *c->v_base);
+    int64_t max_pages = 1;
+    for (uint32_t i = 0; i < pl->requests; i++) {
+        const int64_t n = (pl->tokens[i] + l->page_size - 1) / l->page_size;
+        max_pages = n > max_pages ? n : max_pages;
+    }
+    c->pages = calloc((size_t)max_pages, sizeof *c->pages);
+    if (c->pool == NULL || c->k_base == NULL || c->v_base == NULL || c->pages == NULL)
+        return cli_rank_fail(c, KVS_ENOMEM, "%s: KV pool tables", who);
+    for (int64_t i = 0; i < c->layers; i++) {
+        c->k_base[i] = c->pool_addr + (uint64_t)(2 * i) * c->layer_bytes;
+        c->v_base[i] = c->pool_addr + (uint64_t)(2 * i + 1) * c->layer_bytes;
+    }
+
+    const bool staging = l->prefill_tp != l->decode_tp;
+    const kvs_manager_config_t mc = {
+        .role = c->r->role, .staging = staging, .total_heads = l->total_heads,
+        .head_dim = l->head_dim, .dtype = pl->dtype, .layers = c->layers,
+        .page_size = l->page_size, .tp_rank = c->r->tp,
+        .tp_size = decode ? l->decode_tp : l->prefill_tp, .pp_rank = 0, .pp_size = 1,
+        .peer_tp_size = decode ? l->prefill_tp : l->decode_tp, .peer_pp_size = 1,
+        .chunk_tokens = l->chunk_tokens, .ring_bytes = pl->ring_bytes,
+        .transfer_workers = pl->transfer_workers,
+        .max_rooms = 2 * pl->max_inflight + 16, .stall_timeout_ns = pl->stall_timeout_ns,
+        .log = {.fn = NULL, .level = KVS_LOG_ERROR}};
+    rc = kvs_manager_create(&mc, c->dev, c->fab, &c->m, &err);
+    if (rc != KVS_OK)
+        return cli_rank_fail(c, rc, "%s: manager: %s", who, err.msg);
+    const kvs_kv_buffers_t kv = {.num_layers = c->layers, .k_base = c->k_base,
+                                 .v_base = c->v_base, .local_heads = c->heads,
+                                 .page_size = l->page_size, .num_pages = pl->pool_pages};
+    if (staging && (rc = kvs_manager_init_staging(c->m)) == KVS_OK)
+        rc = kvs_manager_register_staging(c->m);
+    if (rc == KVS_OK)
+        rc = kvs_manager_set_kv_buffers(c->m, &kv);
+    if (rc == KVS_OK)
+        rc = decode ? kvs_decode_create(c->m, &c->dec) : kvs_prefill_create(c->m, &c->pre);
+    if (rc != KVS_OK)
+        return cli_rank_fail(c, rc, "%s: %s (%s)", who, cli_mgr_msg(c), kvs_status_name(rc));
+    return KVS_OK;
+}
+
+static int cli_rank_progress(cli_rank_ctx_t *c)
+{
+    return c->dec != NULL ? kvs_decode_progress(c->dec) : kvs_prefill_progress(c->pre);
+}
+
+/* Sleeps on the fabric for at most ms (never past the handler's deadline). */
+static void cli_rank_idle(cli_rank_ctx_t *c, int ms)
+{
+    const uint64_t at = c->dec != NULL ? kvs_decode_next_deadline_ns(c->dec)
+                                       : kvs_prefill_next_deadline_ns(c->pre);
+    const uint64_t now = cli_now(c);
+    if (at != UINT64_MAX && at <= now)
+        return;
+    if (at != UINT64_MAX && (at - now) / 1000000u < (uint64_t)ms)
+        ms = (int)((at - now) / 1000000u);
+    (void)kvs_verbs_fabric_wait(c->verbs, ms);
+}
+
+/* Decode: connect to this rank's writers and wait for their acks. */
+static int cli_rank_connect(cli_rank_ctx_t *c, uint64_t deadline_ns)
+{
+    const kvs_layout_t *l = c->lay;
+    char who[48];
+    cli_rank_name(c, who, sizeof who);
+    for (int64_t i = 0; i < l->tp_writers; i++) {
+        kvs_writer_t w;
+        int rc = kvs_layout_writer(l, c->r->tp, i, 0, &w);
+        if (rc != KVS_OK)
+            return cli_rank_fail(c, rc, "%s: writer %lld: %s", who, (long long)i, kvs_strerror(rc));
+        char peer[96];
+        snprintf(peer, sizeof peer, "%s:%u", c->plan->peer_ip,
+                 (unsigned)(c->plan->peer_port + w.prefill_rank));
+        /* A prefill not up yet fails this; the handler keeps trying it. */
+        (void)kvs_decode_connect(c->dec, peer, w.prefill_rank, 0);
+    }
+    while (kvs_decode_peers_ready(c->dec) < l->tp_writers) {
+        if (cli_now(c) > deadline_ns)
+            return cli_rank_fail(c, KVS_ETIMEDOUT, "%s: %lld of %lld prefill ranks at %s:%u.. "
+                                 "acknowledged the registration in time: start `kvstage serve "
+                                 "--role prefill` there first, check --peer, or raise "
+                                 "--timeout-s (last error: %s)", who,
+                                 (long long)kvs_decode_peers_ready(c->dec),
+                                 (long long)l->tp_writers, c->plan->peer_ip,
+                                 (unsigned)c->plan->peer_port, cli_mgr_msg(c));
+        int rc = cli_rank_progress(c);
+        if (rc < 0)
+            return cli_rank_fail(c, rc, "%s: progress: %s", who, cli_mgr_msg(c));
+        if (rc == 0)
+            cli_rank_idle(c, 10);
+    }
+    return KVS_OK;
+}
+
+static int cli_rank_open(cli_rank_ctx_t *c, uint32_t i)
+{
+    const kvs_layout_t *l = c->lay;
+    const int64_t tokens = c->plan->tokens[i], n = (tokens + l->page_size - 1) / l->page_size;
+    char who[48];
+    cli_rank_name(c, who, sizeof who);
+    for (int64_t j = 0; j < n; j++)
+        c->pages[j] = cli_page(c, i, j, n);
+    if (c->dec != NULL) {
+        int rc = kvs_decode_room_open(c->dec, i, 0, tokens, c->pages, n);
+        /* EPEER: a writer is away; the room failed and its result comes
+         * from poll_rooms like any other. */
+        if (rc != KVS_OK && rc != KVS_EPEER)
+            return cli_rank_fail(c, rc, "%s: room %u: %s", who, i, cli_mgr_msg(c));
+        return KVS_OK;
+    }
+    cli_rank_pattern(c, i, false, NULL);
+    int rc = kvs_prefill_room_open(c->pre, i, tokens, c->pages, n);
+    if (rc != KVS_OK)
+        return cli_rank_fail(c, rc, "%s: room %u: %s", who, i, cli_mgr_msg(c));
+    for (int64_t end = 0; end < tokens;) {
+        end = end + l->grid_tokens < tokens ? end + l->grid_tokens : tokens;
+        rc = kvs_prefill_room_computed(c->pre, i, end, end == tokens);
+        if (rc == KVS_ENOENT)
+            break; /* the room already failed: nothing more to send */
+        if (rc != KVS_OK)
+            return cli_rank_fail(c, rc, "%s: room %u computed: %s", who, i, cli_mgr_msg(c));
+    }
+    return KVS_OK;
+}
+
+/* Takes the handler's results; returns how many. */
+static int cli_rank_results(cli_rank_ctx_t *c, uint32_t *inflight, uint32_t *done)
+{
+    kvs_room_result_t res[CLI_SERVE_RESULTS];
+    char who[48];
+    cli_rank_name(c, who, sizeof who);
+    int total = 0, got;
+    do {
+        got = c->dec != NULL ? kvs_decode_poll_rooms(c->dec, res, CLI_SERVE_RESULTS)
+                             : kvs_prefill_poll_rooms(c->pre, res, CLI_SERVE_RESULTS);
+        for (int k = 0; k < got; k++) {
+            const uint64_t room = res[k].room;
+            if (room >= c->plan->requests || c->r->status[room] != 1)
+                return cli_rank_fail(c, KVS_EPROTO, "%s: a result for room %llu, which is "
+                                     "not open (or reported twice)", who,
+                                     (unsigned long long)room);
+            c->r->status[room] = res[k].status;
+            c->r->payload_bytes += res[k].bytes;
+            if (c->dec != NULL && res[k].status == KVS_OK)
+                c->r->corrupt_bytes += cli_rank_pattern(c, (uint32_t)room, true,
+                                                        &c->r->bytes_verified);
+            (*inflight)--;
+            (*done)++;
+        }
+        total += got > 0 ? got : 0;
+    } while (got == CLI_SERVE_RESULTS);
+    return total;
+}
+
+static void cli_rank_loop(cli_rank_ctx_t *c, uint64_t deadline_ns)
+{
+    const cli_serve_plan_t *pl = c->plan;
+    char who[48];
+    cli_rank_name(c, who, sizeof who);
+    uint32_t next = 0, inflight = 0, done = 0;
+    c->r->start_ns = cli_now(c);
+    while (done < pl->requests && c->r->fatal == KVS_OK) {
+        if (cli_now(c) > deadline_ns) {
+            cli_rank_fail(c, KVS_ETIMEDOUT, "%s: %u of %u requests not over after --timeout-s: "
+                          "check the peer process, or raise --timeout-s", who,
+                          pl->requests - done, pl->requests);
+            return;
+        }
+        while (inflight < pl->max_inflight && next < pl->requests && c->r->fatal == KVS_OK) {
+            if (cli_rank_open(c, next) != KVS_OK)
+                return;
+            next++;
+            inflight++;
+        }
+        const int rc = cli_rank_progress(c);
+        if (rc < 0) {
+            cli_rank_fail(c, rc, "%s: progress: %s", who, cli_mgr_msg(c));
+            return;
+        }
+        const int got = cli_rank_results(c, &inflight, &done);
+        if (rc == 0 && got == 0)
+            cli_rank_idle(c, CLI_SERVE_IDLE_WAIT_MS);
+    }
+    c->r->end_ns = cli_now(c);
+    /* Keep answering the peer a little: its last acknowledgements. */
+    const uint64_t until = c->r->end_ns + pl->linger_ns;
+    while (c->r->fatal == KVS_OK && cli_now(c) < until) {
+        if (cli_rank_progress(c) < 0)
+            break;
+        uint32_t ignore_inflight = 0, extra = 0;
+        (void)cli_rank_results(c, &ignore_inflight, &extra);
+        cli_rank_idle(c, 5);
+    }
+}
+
+static void cli_rank_teardown(cli_rank_ctx_t *c)
+{
+    if (c->dec != NULL)
+        kvs_decode_stats(c->dec, &c->r->stats);
+    else if (c->pre != NULL)
+        kvs_prefill_stats(c->pre, &c->r->stats);
+    if (c->fault != NULL)
+        c->r->spoiled_writes = cli_fault_fabric_spoiled(c->fault);
+    kvs_decode_destroy(c->dec);
+    kvs_prefill_destroy(c->pre);
+    if (c->m != NULL) {
+        int rc = kvs_manager_destroy(c->m);
+        if (rc != KVS_OK)
+            cli_rank_fail(c, rc, "tearing down the manager: %s", kvs_strerror(rc));
+    }
+    if (c->pool_addr != 0)
+        (void)c->dev->ops.mem_free(c->dev, c->pool_addr);
+    cli_fault_fabric_destroy(c->fault);
+    if (c->verbs != NULL) {
+        int rc = kvs_verbs_fabric_destroy(c->verbs);
+        if (rc != KVS_OK)
+            cli_rank_fail(c, rc, "tearing down the verbs fabric: %s", kvs_strerror(rc));
+    }
+    kvs_host_device_destroy(c->host);
+    free(c->k_base);
+    free(c->v_base);
+    free(c->pages);
+}
+
+void *cli_serve_rank_run(void *arg)
+{
+    cli_rank_ctx_t c = {.r = arg};
+    c.plan = c.r->plan;
+    c.lay = &c.plan->lay;
+    for (uint32_t i = 0; i < c.plan->requests; i++)
+        c.r->status[i] = 1;
+    if (cli_rank_setup(&c) == KVS_OK) {
+        const uint64_t deadline = cli_now(&c) + c.plan->timeout_ns;
+        if (c.dec == NULL || cli_rank_connect(&c, deadline) == KVS_OK)
+            cli_rank_loop(&c, deadline);
+    }
+    cli_rank_teardown(&c);
+    return NULL;
+}

@@ -1,0 +1,67 @@
+/*
+ * serve_rank.h - one rank of `kvstage serve`: a host device, a verbs fabric,
+ * the kvstage manager and its prefill or decode handler, and the loop that
+ * drives them over the run's requests. Each rank runs on its own thread
+ * (a verbs fabric is used by one thread at a time); ranks of one process
+ * share only the read-only plan.
+ *
+ * The workload is a pure function of the plan (the seed drew the prompt
+ * lengths), so the prefill process and the decode process open the same
+ * rooms with the same lengths without talking outside the kvstage protocol.
+ * The prefill writes sim/kvdata's pattern into its KV pool before it tells
+ * the handler a chunk is computed; the decode checks every byte it received
+ * against the same pattern.
+ */
+#ifndef KVSTAGE_TOOLS_SERVE_RANK_H
+#define KVSTAGE_TOOLS_SERVE_RANK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <kvstage/kvstage.h>
+
+/* What every rank of a run shares (read-only while ranks run). */
+typedef struct cli_serve_plan {
+    kvs_layout_t lay;
+    kvs_dtype_t dtype;
+    uint32_t requests;
+    const int64_t *tokens;      /* [requests]: prompt length of room i */
+    const int64_t *first_page;  /* [requests]: first pool page of room i */
+    int64_t pool_pages;         /* pages of each rank's KV pool */
+    uint64_t ring_bytes;
+    uint32_t max_inflight;      /* rooms open at once per rank */
+    uint32_t transfer_workers;
+    uint64_t stall_timeout_ns;  /* 0: the library's default */
+    const char *device;         /* RDMA device, NULL: automatic */
+    const char *bind_ip;        /* this process's address, NULL: the GID's */
+    uint16_t listen_port;       /* prefill rank r listens on listen_port + r */
+    const char *peer_ip;        /* decode: the prefill process's address */
+    uint16_t peer_port;         /* decode: prefill rank r is at peer_port + r */
+    uint64_t fail_write;        /* prefill rank 0: spoil this write (1-based), 0: none */
+    uint64_t timeout_ns;        /* give up when the run is not over by then */
+    uint64_t linger_ns;         /* keep serving the peer this long after the end */
+} cli_serve_plan_t;
+
+/* One rank and, after cli_serve_rank_run, what it saw. */
+typedef struct cli_serve_rank {
+    const cli_serve_plan_t *plan;
+    kvs_role_t role;
+    int64_t tp;
+    /* results */
+    int *status;                /* [requests]: KVS_OK, a failure, or 1: no result */
+    uint64_t payload_bytes;     /* bytes its results report */
+    uint64_t bytes_verified, corrupt_bytes; /* decode */
+    uint64_t start_ns, end_ns;  /* first room opened, last result in */
+    uint64_t pattern_ns;        /* time spent writing or checking the pattern */
+    uint64_t spoiled_writes;    /* --fault writes that went out spoiled */
+    kvs_handler_stats_t stats;
+    int fatal;                  /* KVS_OK, or why the rank stopped early */
+    char err[384];
+} cli_serve_rank_t;
+
+/* Thread main of a rank (arg: cli_serve_rank_t *, with plan, role, tp and
+ * status set). Sets up, runs every request to its end or to the time-out,
+ * tears everything down, and returns NULL. */
+void *cli_serve_rank_run(void *arg);
+
+#endif
