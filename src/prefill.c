@@ -62,6 +62,8 @@ enum { KVS__PCH_NONE, KVS__PCH_REQ, KVS__PCH_ALLOC, KVS__PCH_GATHER, KVS__PCH_WR
 typedef struct kvs__pchunk {
     uint8_t state;
     bool waited;                 /* counted once as a watermark wait */
+    bool unposted;               /* gathered, its write refused for now (the
+                                    fabric's queue was full): posted again */
     uint64_t wait_ns;            /* when it started waiting */
     int64_t tokens, token_start, token_end, page_start, num_pages;
     int64_t region_bytes;
@@ -237,6 +239,18 @@ static void kvs__room_fail(kvs_prefill_t *p, kvs__proom_t *r, int status)
     if (r->status != KVS_OK)
         return;
     r->status = status;
+    /* A gathered chunk whose write never went out holds its buffer and
+     * will see no completion: release it. */
+    for (int64_t f = 0; f < p->ntargets; f++)
+        for (int64_t i = 0; i < r->flows[f].num_chunks; i++) {
+            kvs__pchunk_t *c = &r->flows[f].chunks[i];
+            if (!c->unposted)
+                continue;
+            c->unposted = false;
+            p->worker_busy[c->worker] = false;
+            c->worker = -1;
+            c->state = KVS__PCH_DONE;
+        }
     kvs_msg_t msg = {.type = KVS_MSG_ABORT};
     msg.u.abort = (kvs_msg_abort_t){.session = p->session, .room = r->id, .status = status};
     /* Once the caller opened the room, a decode whose ROOM is still on the
@@ -926,6 +940,14 @@ static void kvs__advance_staging(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
     kvs__ppeer_t *peer = &p->peers[f];
     for (int64_t i = 0; i < fl->num_chunks && r->status == KVS_OK; i++) {
         kvs__pchunk_t *c = &fl->chunks[i];
+        if (c->unposted) {
+            const int rc = kvs__write_chunk(p, r, f, i);
+            if (rc == KVS_OK)
+                c->unposted = false;
+            else if (rc != KVS_EAGAIN || c->writes_pending != 0)
+                kvs__room_fail(p, r, rc); /* releases it */
+            continue;
+        }
         if (c->state != KVS__PCH_ALLOC)
             continue;
         if (c->token_end > r->computed && !r->final)
@@ -1063,6 +1085,10 @@ static void kvs__reap_gathers(kvs_prefill_t *p)
         if (rc == KVS_OK && r->status == KVS_OK) {
             c->state = KVS__PCH_WRITE;
             rc = kvs__write_chunk(p, r, g.flow, g.chunk);
+            if (rc == KVS_EAGAIN && c->writes_pending == 0) {
+                c->unposted = true; /* the fabric's queue is full: later */
+                continue;
+            }
         }
         if (rc != KVS_OK || r->status != KVS_OK) {
             if (rc != KVS_OK)
