@@ -56,7 +56,7 @@ rm -f "$results/status" "$results/cmd.sh" "$results/console.log"
       KVS_*|ASAN_OPTIONS|UBSAN_OPTIONS|LSAN_OPTIONS|CI) printf 'export %s=%q\n' "$name" "$value" ;;
     esac
   done
-  echo "export KVS_RXE_REQUIRED=1 KVS_VERBS_ADDR=192.0.2.1 HOME=/tmp"
+  echo "export KVS_RXE_REQUIRED=1 KVS_VERBS_ADDR=192.0.2.1 HOME=/run/vmtmp TMPDIR=/run/vmtmp"
   # gcov data of coverage builds goes to the writable folder, not the read-only tree
   printf 'export GCOV_PREFIX=%q GCOV_PREFIX_STRIP=0\n' "$results/gcov"
   printf 'cd %q || exit 126\n' "$PWD"

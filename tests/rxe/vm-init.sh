@@ -3,7 +3,7 @@
 # Loads the modules listed in /mods/order, mounts the host's / read-only
 # over virtio-9p (tag hostroot) at /host and the writable results folder
 # (tag results) at its host path inside it, gives the host tree its own
-# /proc, /sys, /dev, /tmp and /run, makes a dummy netdev (MTU 9000,
+# /proc, /sys, /dev and /run (scratch space: /run/vmtmp), makes a dummy netdev (MTU 9000,
 # 192.0.2.1/24) with the soft-RoCE device rxe0 on it, then runs
 # RESULTS/cmd.sh in a chroot of the host tree: host-built binaries and
 # their libraries run unchanged at their own paths. The exit status goes to
@@ -35,8 +35,10 @@ mount -t devtmpfs devtmpfs /host/dev
 mkdir -p /host/dev/pts /host/dev/shm
 mount -t devpts devpts /host/dev/pts
 mount -t tmpfs tmpfs /host/dev/shm
-mount -t tmpfs tmpfs /host/tmp
+# /tmp stays the host's (read-only): the tree under test may live there (a
+# CI clone in /tmp). Writable scratch space is /run/vmtmp (TMPDIR, HOME).
 mount -t tmpfs tmpfs /host/run
+mkdir -p /host/run/vmtmp
 hostsh() { chroot /host /usr/bin/env PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@"; }
 hostsh ip link set lo up
 hostsh ip link show dummy0 >/dev/null 2>&1 || hostsh ip link add dummy0 type dummy ||
