@@ -81,14 +81,9 @@ for t in build-valgrind/test_*; do
   [ "$name" = test_sim_protocol ] || [ "$name" = test_sim_faults ] && continue
   # test_verbs_fabric needs an RDMA device: it runs in the rxe phase's VM.
   [ "$name" = test_verbs_fabric ] && continue
-  # test_host_device runs worker and helper threads; once (1 run in 3)
-  # it stopped making progress under valgrind's serialised threads, with
-  # no CPU used, and was never seen to under ASan+UBSan+LSan (ctest above)
-  # or natively. Until that is understood (a lost wake-up in hw/host/host.c
-  # would hang any scheduler; valgrind's may only expose it) it is left to
-  # the sanitizers here, and every other test gets a time limit, so a hang
-  # fails the run instead of stalling it.
-  [ "$name" = test_host_device ] && continue
+  # Every run has a time limit: a hang fails the run instead of stalling
+  # it (valgrind's serialised threads once exposed a lost wake-up in
+  # hw/host this way).
   if timeout 900 valgrind --error-exitcode=9 --leak-check=full \
        --errors-for-leak-kinds=definite,indirect \
        -q "$t" >/dev/null 2>"build-valgrind/$name.memcheck.log"; then

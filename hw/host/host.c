@@ -78,6 +78,8 @@ typedef struct hw_host_op {
 typedef struct hw_host_helper {
     struct kvs_stream *stream;
     unsigned part;          /* its share of every split op, 1.. */
+    uint64_t start_gen;     /* job_gen when the stream started: every later
+                               job is this helper's, however late it runs */
     pthread_t thread;
 } hw_host_helper_t;
 
@@ -321,7 +323,10 @@ static void *hw_host_helper(void *arg)
     struct kvs_stream *s = hp->stream;
     const unsigned parts = s->host->copy_threads;
     pthread_mutex_lock(&s->mu);
-    uint64_t seen = s->job_gen;
+    /* Not s->job_gen now: the worker may already have posted a job before
+     * this thread first ran (seen under valgrind), and that job waits for
+     * this helper's part. */
+    uint64_t seen = hp->start_gen;
     for (;;) {
         while (s->job_gen == seen && !s->helpers_stop)
             pthread_cond_wait(&s->job_cv, &s->mu);
@@ -403,7 +408,8 @@ static int hw_host_stream_start(kvs_host_device_t *h, struct kvs_stream *s)
     uint32_t started = 0;
     int err = 0;
     for (; started < h->copy_threads - 1; started++) {
-        s->helpers[started] = (hw_host_helper_t){.stream = s, .part = started + 1};
+        s->helpers[started] = (hw_host_helper_t){.stream = s, .part = started + 1,
+                                                 .start_gen = s->job_gen};
         err = pthread_create(&s->helpers[started].thread, NULL, hw_host_helper,
                              &s->helpers[started]);
         if (err != 0)
