@@ -693,6 +693,18 @@ static void edge_send_raw(kvs_fabric_t *fab, kvs_conn_t *conn, const void *bytes
     assert_int_equal(fab->ops.send(fab, conn, bytes, len, 0), KVS_OK);
 }
 
+/* The intruder's link state of conn, made on first use. */
+static edge_xseq_t *edge_xseq_of(edge_cluster_t *cl, kvs_conn_t *conn)
+{
+    int k = 0;
+    while (k < cl->nxseq && cl->xseq[k].conn != conn)
+        k++;
+    assert_true(k < EDGE_MAX_XCONNS);
+    if (k == cl->nxseq)
+        cl->xseq[cl->nxseq++] = (edge_xseq_t){.conn = conn, .next = 1, .expected = 1};
+    return &cl->xseq[k];
+}
+
 /* Sends msg on conn as the owner of fab would: a handler's NIC through that
  * handler's own link (its sequence numbers: what a confused or compromised
  * peer sends), the intruder with its own numbering per connection. */
@@ -706,14 +718,9 @@ static void edge_send(edge_cluster_t *cl, kvs_fabric_t *fab, kvs_conn_t *conn, c
         assert_int_equal(kvs__link_send(ls, conn, msg), KVS_OK);
         return;
     }
-    int k = 0;
-    while (k < cl->nxseq && cl->xseq[k].conn != conn)
-        k++;
-    assert_true(k < EDGE_MAX_XCONNS);
-    if (k == cl->nxseq)
-        cl->xseq[cl->nxseq++] = (edge_xseq_t){.conn = conn, .next = 1};
+    edge_xseq_t *x = edge_xseq_of(cl, conn);
     kvs_msg_t m = *msg;
-    m.seq = cl->xseq[k].next++;
+    m.seq = x->next++;
     uint8_t buf[KVS_CONTROL_MSG_MAX_BYTES];
     uint32_t len = 0;
     assert_int_equal(kvs__wire_encode(&m, buf, sizeof buf, &len), KVS_OK);
@@ -761,19 +768,12 @@ static void edge_intruder_poll(sim_engine_t *eng, void *ctx, uint64_t arg)
             assert_int_equal(kvs__wire_decode(cq[i].msg, cq[i].len_bytes, &m), KVS_OK);
             if (m.type == KVS_MSG_ACK)
                 continue;
-            int k = 0;
-            while (k < cl->nxseq && cl->xseq[k].conn != cq[i].conn)
-                k++;
-            assert_true(k < EDGE_MAX_XCONNS);
-            if (k == cl->nxseq)
-                cl->xseq[cl->nxseq++] = (edge_xseq_t){.conn = cq[i].conn, .next = 1};
-            if (cl->xseq[k].expected == 0)
-                cl->xseq[k].expected = 1;
-            const bool fresh = m.seq == cl->xseq[k].expected;
+            edge_xseq_t *link = edge_xseq_of(cl, cq[i].conn);
+            const bool fresh = m.seq == link->expected;
             if (fresh)
-                cl->xseq[k].expected++;
+                link->expected++;
             kvs_msg_t ack = {.type = KVS_MSG_ACK};
-            ack.u.ack_link.cum = cl->xseq[k].expected - 1;
+            ack.u.ack_link.cum = link->expected - 1;
             uint8_t buf[64];
             uint32_t len = 0;
             assert_int_equal(kvs__wire_encode(&ack, buf, sizeof buf, &len), KVS_OK);
