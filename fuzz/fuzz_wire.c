@@ -49,7 +49,9 @@ static bool fingerprint_equal(const kvs_fingerprint_t *a, const kvs_fingerprint_
     return a->protocol_version == b->protocol_version && a->staging == b->staging &&
            a->total_heads == b->total_heads && a->head_dim == b->head_dim &&
            a->layers == b->layers && a->page_size == b->page_size &&
-           a->chunk_tokens == b->chunk_tokens && a->dtype == b->dtype;
+           a->chunk_tokens == b->chunk_tokens && a->dtype == b->dtype &&
+           a->prefill_tp == b->prefill_tp && a->decode_tp == b->decode_tp &&
+           a->prefill_pp == b->prefill_pp && a->decode_pp == b->decode_pp;
 }
 
 static void check_fingerprint(const kvs_fingerprint_t *theirs, uint32_t short_bytes)

@@ -31,6 +31,10 @@ void kvs__fingerprint(const kvs_layout_t *lay, kvs_path_t path, kvs_fingerprint_
         .layers = lay->layers,
         .page_size = lay->page_size,
         .chunk_tokens = lay->chunk_tokens,
+        .prefill_tp = lay->prefill_tp,
+        .decode_tp = lay->decode_tp,
+        .prefill_pp = lay->prefill_pp,
+        .decode_pp = lay->decode_pp,
         .dtype = (uint32_t)lay->dtype, /* bf16 and fp16 share a size, not a format */
     };
 }
@@ -50,6 +54,12 @@ int kvs__fingerprint_check(const kvs_fingerprint_t *mine, const kvs_fingerprint_
         {"page size", mine->page_size, theirs->page_size},
         {"chunk tokens", mine->chunk_tokens, theirs->chunk_tokens},
         {"dtype (0 bf16, 1 fp16, 2 fp8, 3 fp32)", mine->dtype, theirs->dtype},
+        /* Both sides must agree on the whole layout: which ranks write to
+         * which, how many writers a chunk waits for, whose layers. */
+        {"prefill TP size (--prefill-tp)", mine->prefill_tp, theirs->prefill_tp},
+        {"decode TP size (--decode-tp)", mine->decode_tp, theirs->decode_tp},
+        {"prefill PP size (--prefill-pp)", mine->prefill_pp, theirs->prefill_pp},
+        {"decode PP size (--decode-pp)", mine->decode_pp, theirs->decode_pp},
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
         if (f[i].a != f[i].b) {

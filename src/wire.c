@@ -24,7 +24,7 @@
 #include <string.h>
 
 /* Payload bytes of each message (header excluded). */
-#define WIRE_FP_BYTES (4u + 4u + 5u * 8u + 4u + 4u)
+#define WIRE_FP_BYTES (4u + 4u + 9u * 8u + 4u + 4u)
 #define WIRE_REGISTER_BYTES (8u + 4u * 8u + WIRE_FP_BYTES + 3u * 8u + 2u * 8u + 8u)
 #define WIRE_LAYERS_FIXED_BYTES (8u + 8u + 4u)
 #define WIRE_LAYER_ENTRY_BYTES (4u * 8u)
@@ -191,6 +191,10 @@ static void wire_put_fingerprint(wire_writer_t *w, const kvs_fingerprint_t *fp)
     wire_put_i64(w, fp->layers);
     wire_put_i64(w, fp->page_size);
     wire_put_i64(w, fp->chunk_tokens);
+    wire_put_i64(w, fp->prefill_tp);
+    wire_put_i64(w, fp->decode_tp);
+    wire_put_i64(w, fp->prefill_pp);
+    wire_put_i64(w, fp->decode_pp);
     wire_put_u32(w, fp->dtype);
     wire_put_u32(w, fp->reserved);
 }
@@ -382,6 +386,10 @@ static void wire_get_fingerprint(wire_reader_t *r, kvs_fingerprint_t *fp)
     fp->layers = wire_get_i64(r);
     fp->page_size = wire_get_i64(r);
     fp->chunk_tokens = wire_get_i64(r);
+    fp->prefill_tp = wire_get_i64(r);
+    fp->decode_tp = wire_get_i64(r);
+    fp->prefill_pp = wire_get_i64(r);
+    fp->decode_pp = wire_get_i64(r);
     fp->dtype = wire_get_u32(r);
     fp->reserved = wire_get_u32(r);
 }

@@ -15,7 +15,7 @@
 #include <kvstage/backend.h>
 
 #define KVS_WIRE_MAGIC 0x4B565354u /* "KVST" */
-#define KVS_WIRE_VERSION 2u
+#define KVS_WIRE_VERSION 3u
 #define KVS_WIRE_HEADER_BYTES 16u
 /* Layers per LAYERS message and page ids per PAGES message, so a message
  * always fits KVS_CONTROL_MSG_MAX_BYTES. */
@@ -44,6 +44,7 @@ typedef struct kvs_fingerprint {
     uint32_t protocol_version;
     uint32_t staging;          /* 0 or 1 */
     int64_t total_heads, head_dim, layers, page_size, chunk_tokens;
+    int64_t prefill_tp, decode_tp, prefill_pp, decode_pp; /* the layout's four sizes */
     uint32_t dtype;
     uint32_t reserved;
 } kvs_fingerprint_t;

@@ -81,7 +81,8 @@ static kvs_layout_t layout_sample(void)
 {
     kvs_layout_params_t prm = {.total_heads = 8, .head_dim = 128, .dtype = KVS_DTYPE_FP32,
                                .layers = 80, .page_size = 16, .prefill_tp = 4,
-                               .decode_tp = 2, .chunk_tokens = 4096};
+                               .decode_tp = 2, .prefill_pp = 2, .decode_pp = 1,
+                               .chunk_tokens = 4096};
     kvs_layout_t lay;
     assert_int_equal(kvs_layout_init(&lay, &prm, NULL), KVS_OK);
     return lay;
@@ -100,6 +101,10 @@ static void test_channel_fingerprint_fills_each_field(void **state)
     assert_int_equal(fp.layers, 80);
     assert_int_equal(fp.page_size, 16);
     assert_int_equal(fp.chunk_tokens, 4096);
+    assert_int_equal(fp.prefill_tp, 4);
+    assert_int_equal(fp.decode_tp, 2);
+    assert_int_equal(fp.prefill_pp, 2);
+    assert_int_equal(fp.decode_pp, 1);
     assert_int_equal(fp.dtype, KVS_DTYPE_FP32); /* the format, not its size */
     assert_int_equal(fp.reserved, 0);
 
@@ -142,6 +147,10 @@ static void test_channel_fingerprint_check_names_each_field(void **state)
         {"page size", 16, 32},
         {"chunk tokens", 4096, 8192},
         {"dtype", KVS_DTYPE_FP32, KVS_DTYPE_FP8},
+        {"prefill TP size (--prefill-tp)", 4, 8},
+        {"decode TP size (--decode-tp)", 2, 1},
+        {"prefill PP size (--prefill-pp)", 2, 1},
+        {"decode PP size (--decode-pp)", 1, 2},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kvs_fingerprint_t theirs = mine;
@@ -153,7 +162,11 @@ static void test_channel_fingerprint_check_names_each_field(void **state)
         case 4: theirs.layers = cases[i].theirs; break;
         case 5: theirs.page_size = cases[i].theirs; break;
         case 6: theirs.chunk_tokens = cases[i].theirs; break;
-        default: theirs.dtype = (uint32_t)cases[i].theirs; break;
+        case 7: theirs.dtype = (uint32_t)cases[i].theirs; break;
+        case 8: theirs.prefill_tp = cases[i].theirs; break;
+        case 9: theirs.decode_tp = cases[i].theirs; break;
+        case 10: theirs.prefill_pp = cases[i].theirs; break;
+        default: theirs.decode_pp = cases[i].theirs; break;
         }
         char why[256] = "";
         assert_int_equal(kvs__fingerprint_check(&mine, &theirs, why, sizeof why),

@@ -99,12 +99,15 @@ typedef struct edge_opts {
     uint32_t ring_max_live, max_rooms, transfer_workers, max_inflight_writes;
     bool no_connect;                 /* leave kvs_decode_connect to the test */
     bool no_handlers;                /* stop after the KV buffers (and not connect) */
-    /* Prefill ranks built with a different page size, dtype or path. */
+    /* Prefill ranks built with a different page size, dtype, path or
+     * layout (TP / PP sizes). */
     int64_t odd_rank;                /* -1: none, -2: every prefill rank */
     int64_t odd_page_size;           /* 0: same */
     kvs_dtype_t odd_dtype;
     bool odd_dtype_set;
     bool odd_slice;                  /* staging off, slice path */
+    int64_t odd_pp;                  /* 0: same; else stage 0 of this many (its layers) */
+    int64_t odd_decode_tp;           /* 0: same; else the decode TP they believe in */
     sim_net_config_t net;
     sim_gpu_config_t gpu;            /* of every rank; hbm_bytes 0 -> 64 MiB */
 } edge_opts_t;
@@ -319,7 +322,7 @@ static int edge_node_setup(edge_cluster_t *cl, edge_node_t *n, kvs_role_t role, 
     n->elem_bytes = kvs_dtype_bytes(dtype);
     const int64_t tp_size = decode ? o->decode_tp : o->prefill_tp;
     n->heads = o->heads >= tp_size ? o->heads / tp_size : 1;
-    n->layers = o->layers;
+    n->layers = odd && o->odd_pp > 0 ? o->layers / o->odd_pp : o->layers;
     assert_true(n->layers <= EDGE_MAX_LAYERS);
 
     sim_gpu_config_t gc = o->gpu;
@@ -365,8 +368,10 @@ static int edge_node_manager(edge_cluster_t *cl, edge_node_t *n, uint64_t sessio
     kvs_manager_config_t mc = {
         .role = role, .staging = staging, .total_heads = o->heads, .head_dim = o->head_dim,
         .dtype = dtype, .layers = n->layers, .page_size = n->page_size, .tp_rank = tp,
-        .tp_size = tp_size, .pp_rank = 0, .pp_size = 1,
-        .peer_tp_size = decode ? o->prefill_tp : o->decode_tp, .peer_pp_size = 1,
+        .tp_size = tp_size, .pp_rank = 0, .pp_size = odd && o->odd_pp > 0 ? o->odd_pp : 1,
+        .peer_tp_size = decode ? o->prefill_tp
+                               : odd && o->odd_decode_tp > 0 ? o->odd_decode_tp : o->decode_tp,
+        .peer_pp_size = 1,
         .chunk_tokens = o->chunk_tokens, .ring_bytes = o->ring_bytes,
         .ring_max_live = o->ring_max_live, .transfer_workers = o->transfer_workers,
         .path = odd && o->odd_slice ? KVS_PATH_SLICE : o->path, .max_rooms = o->max_rooms,
@@ -1133,6 +1138,28 @@ static void test_protocol_edges_fingerprint_mismatch(void **state)
                                    "side 3, peer 1");
     assert_int_equal(kvs_decode_room_open(edge_decode(cl, 0)->dec, 1, 0, 8, pages, 2),
                      KVS_EFINGERPRINT);
+    edge_destroy(cl);
+
+    /* The layout: both sides must agree on every TP and PP size. Prefill
+     * ranks that believe they are stage 0 of PP 2 used to be accepted (same
+     * model layers, writer found) and wrote half the layers of a chunk the
+     * decode then called complete. */
+    o = edge_defaults();
+    o.odd_rank = -2;
+    o.odd_pp = 2;
+    cl = edge_create(&o);
+    edge_expect_refused(cl, 0, -1, "prefill PP size (--prefill-pp) differs: this side 2, "
+                                   "peer 1");
+    assert_non_null(strstr(kvs_manager_last_error(edge_decode(cl, 0)->m)->msg,
+                           "prefill PP size (--prefill-pp) differs: this side 1, peer 2"));
+    edge_destroy(cl);
+
+    /* p1 believes in decode TP 4. */
+    o = edge_defaults();
+    o.odd_rank = 1;
+    o.odd_decode_tp = 4;
+    cl = edge_create(&o);
+    edge_expect_refused(cl, 1, 1, "decode TP size (--decode-tp) differs: this side 4, peer 1");
     edge_destroy(cl);
 }
 

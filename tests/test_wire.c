@@ -56,6 +56,10 @@ static kvs_msg_t sample_msg(kvs_msg_type_t type, uint32_t count, uint64_t seed)
         p->fp.layers = next_i64(&s);
         p->fp.page_size = next_i64(&s);
         p->fp.chunk_tokens = next_i64(&s);
+        p->fp.prefill_tp = next_i64(&s);
+        p->fp.decode_tp = INT64_MIN;
+        p->fp.prefill_pp = next_i64(&s);
+        p->fp.decode_pp = -3;
         p->fp.dtype = UINT32_MAX;
         p->fp.reserved = next_u32(&s);
         p->ring_addr = next_u64(&s);
@@ -94,6 +98,10 @@ static kvs_msg_t sample_msg(kvs_msg_type_t type, uint32_t count, uint64_t seed)
         p->fp.layers = INT64_MAX;
         p->fp.page_size = next_i64(&s);
         p->fp.chunk_tokens = next_i64(&s);
+        p->fp.prefill_tp = INT64_MAX;
+        p->fp.decode_tp = next_i64(&s);
+        p->fp.prefill_pp = -1;
+        p->fp.decode_pp = next_i64(&s);
         p->fp.dtype = next_u32(&s);
         p->fp.reserved = next_u32(&s);
         break;
@@ -217,9 +225,9 @@ static size_t all_cases(sample_case_t *out, size_t cap)
 static uint32_t expected_len(kvs_msg_type_t type, uint32_t count)
 {
     switch (type) {
-    case KVS_MSG_REGISTER: return 16 + 8 + 32 + 56 + 24 + 16 + 8; /* 160 */
+    case KVS_MSG_REGISTER: return 16 + 8 + 32 + 88 + 24 + 16 + 8; /* 192 */
     case KVS_MSG_LAYERS: return 16 + 20 + 32 * count;
-    case KVS_MSG_REGISTER_ACK: return 16 + 40 + 56;
+    case KVS_MSG_REGISTER_ACK: return 16 + 40 + 88;
     case KVS_MSG_ROOM: return 16 + 40;
     case KVS_MSG_PAGES: return 16 + 28 + 8 * count;
     case KVS_MSG_STAGING_REQ: return 16 + 56;
@@ -298,6 +306,10 @@ static void assert_fp_equal(const kvs_fingerprint_t *a, const kvs_fingerprint_t 
     assert_int_equal(a->layers, b->layers);
     assert_int_equal(a->page_size, b->page_size);
     assert_int_equal(a->chunk_tokens, b->chunk_tokens);
+    assert_int_equal(a->prefill_tp, b->prefill_tp);
+    assert_int_equal(a->decode_tp, b->decode_tp);
+    assert_int_equal(a->prefill_pp, b->prefill_pp);
+    assert_int_equal(a->decode_pp, b->decode_pp);
     assert_int_equal(a->dtype, b->dtype);
     assert_int_equal(a->reserved, b->reserved);
 }
@@ -481,7 +493,7 @@ static void test_wire_encoded_lengths_are_exact(void **state)
             assert_int_equal(payload, len - KVS_WIRE_HEADER_BYTES);
         }
     }
-    assert_int_equal(expected_len(KVS_MSG_REGISTER, 0), 160);
+    assert_int_equal(expected_len(KVS_MSG_REGISTER, 0), 192);
     /* The largest messages fit a control message. */
     assert_int_equal(expected_len(KVS_MSG_LAYERS, KVS_WIRE_LAYERS_PER_MSG), 3108);
     assert_int_equal(expected_len(KVS_MSG_PAGES, KVS_WIRE_PAGES_PER_MSG), 3884);
@@ -499,7 +511,7 @@ static void test_wire_golden_watermark(void **state)
     (void)state;
     static const uint8_t golden[] = {
         0x54, 0x53, 0x56, 0x4B,                         /* magic "KVST" LE */
-        0x02, 0x00,                                     /* version 2 */
+        0x03, 0x00,                                     /* version 3 */
         0x09, 0x00,                                     /* type WATERMARK */
         0x18, 0x00, 0x00, 0x00,                         /* payload 24 */
         0x11, 0x22, 0x33, 0x44,                         /* link seq */
@@ -529,7 +541,7 @@ static void test_wire_golden_abort_negative_status(void **state)
 {
     (void)state;
     static const uint8_t golden[] = {
-        0x54, 0x53, 0x56, 0x4B, 0x02, 0x00, 0x0B, 0x00, 0x18, 0x00, 0x00, 0x00,
+        0x54, 0x53, 0x56, 0x4B, 0x03, 0x00, 0x0B, 0x00, 0x18, 0x00, 0x00, 0x00,
         0x07, 0x00, 0x00, 0x00,                         /* link seq 7 */
         0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, /* session = max u64 */
         0x2A, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* room = 42 */
