@@ -12,6 +12,7 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -84,14 +85,18 @@ void cli_serve_usage(FILE *out)
             "every byte it receives against it.\n"
             "\n"
             "addresses:\n"
-            "  --listen IP:PORT      prefill: prefill rank r listens on IP:PORT+r (required);\n"
+            "  --listen IP:PORT      prefill: prefill rank t of stage s listens on\n"
+            "                        IP:PORT + s*P + t (required);\n"
             "                        decode: IP is the local address to use (port ignored)\n"
             "  --peer IP:PORT        decode: where the prefill process listens (required)\n"
             "  --device NAME         RDMA device as ibv_devices names it (default: automatic)\n"
             "shape (as kvstage sim; no default model: give --model or the three sizes):\n"
             "  --model NAME | --kv-heads H --head-dim D --layers L\n"
             "  --dtype T (bf16)  --page-size N (16)  --prefill-tp P (2)  --decode-tp D (1)\n"
-            "  --chunk-tokens C (64)\n"
+            "  --prefill-pp Pp (1)  --decode-pp Dp (1 or Pp)  --chunk-tokens C (64)\n"
+            "  (each process runs TP x PP ranks of its role; stage s holds layers\n"
+            "  [s*L/PP, (s+1)*L/PP); give both processes the same shape: a registration\n"
+            "  with another shape is refused, naming the flag that differs)\n"
             "workload (both processes must give the same):\n"
             "  --requests N          requests (8)\n"
             "  --prompt-tokens A:B   prompt length drawn uniformly from [A, B] (64:256)\n"
@@ -101,8 +106,8 @@ void cli_serve_usage(FILE *out)
             "  --transfer-workers N  prefill staging buffers (4)\n"
             "  --stall-timeout-ms N  a request with no progress this long fails (30000)\n"
             "checks:\n"
-            "  --fault write-error:N prefill: spoil the remote key of prefill rank 0's Nth\n"
-            "                        RDMA write, so the peer's NIC fails it\n"
+            "  --fault write-error:N prefill: spoil the remote key of the Nth RDMA write of\n"
+            "                        prefill rank 0 (stage 0), so the peer's NIC fails it\n"
             "  --expect-failed K     exit 0 only when exactly K requests failed (0)\n"
             "  --timeout-s S         give up after S seconds (60)\n"
             "  --linger-ms N         serve the peer this long after the last result (500)\n"
@@ -214,14 +219,17 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
     if ((rc = cli_shape_layout(CLI_SERVE_CMD, &in->shape, &in->plan.lay)) != 0)
         return rc;
     const kvs_layout_t *l = &in->plan.lay;
-    if (l->prefill_pp != 1 || l->decode_pp != 1)
-        return cli_fail(CLI_SERVE_CMD, "serve runs PP 1 on both sides: drop --prefill-pp "
-                                       "and --decode-pp");
-    const int64_t ranks = l->prefill_tp > l->decode_tp ? l->prefill_tp : l->decode_tp;
-    if (ranks > CLI_SERVE_MAX_RANKS)
-        return cli_fail(CLI_SERVE_CMD, "%" PRId64 " ranks in one process is more than %d: "
-                                       "lower --prefill-tp / --decode-tp", ranks,
-                        CLI_SERVE_MAX_RANKS);
+    /* Each process bounds both sides' TP x PP, so a shape one of them
+     * refuses is refused by the other too. */
+    const int64_t pranks = l->prefill_tp * l->prefill_pp, dranks = l->decode_tp * l->decode_pp;
+    if (pranks > CLI_SERVE_MAX_RANKS)
+        return cli_fail(CLI_SERVE_CMD, "prefill TP x PP = %" PRId64 " ranks in one process is "
+                                       "more than %d: lower --prefill-tp or --prefill-pp",
+                        pranks, CLI_SERVE_MAX_RANKS);
+    if (dranks > CLI_SERVE_MAX_RANKS)
+        return cli_fail(CLI_SERVE_CMD, "decode TP x PP = %" PRId64 " ranks in one process is "
+                                       "more than %d: lower --decode-tp or --decode-pp",
+                        dranks, CLI_SERVE_MAX_RANKS);
     in->plan.dtype = in->shape.params.dtype;
 
     const char *role = values[CLI_VF_ROLE];
@@ -235,8 +243,8 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
         return cli_fail(CLI_SERVE_CMD, "--role: unknown role '%s': use prefill or decode", role);
     const bool decode = in->role == KVS_ROLE_DECODE;
     if (!decode && values[CLI_VF_LISTEN] == NULL)
-        return cli_fail(CLI_SERVE_CMD, "--role prefill needs --listen IP:PORT (rank r "
-                                       "listens on PORT+r)");
+        return cli_fail(CLI_SERVE_CMD, "--role prefill needs --listen IP:PORT (rank t of "
+                                       "stage s listens on PORT + s*P + t)");
     if (decode && values[CLI_VF_PEER] == NULL)
         return cli_fail(CLI_SERVE_CMD, "--role decode needs --peer IP:PORT (where the "
                                        "prefill process listens)");
@@ -449,25 +457,32 @@ int cli_serve_main(int argc, char **argv)
         return rc;
     }
     const kvs_layout_t *l = &in.plan.lay;
-    const int64_t n = in.role == KVS_ROLE_DECODE ? l->decode_tp : l->prefill_tp;
+    const bool decode = in.role == KVS_ROLE_DECODE;
+    const int64_t tp = decode ? l->decode_tp : l->prefill_tp;
+    const int64_t n = tp * (decode ? l->decode_pp : l->prefill_pp);
     cli_serve_rank_t *ranks = calloc((size_t)n, sizeof *ranks);
     pthread_t *threads = calloc((size_t)n, sizeof *threads);
     int *status = calloc((size_t)n * in.plan.requests, sizeof *status);
+    atomic_bool stop;
+    atomic_init(&stop, false);
     rc = ranks != NULL && threads != NULL && status != NULL ? 0 : 1;
     int64_t started = 0;
     for (int64_t k = 0; rc == 0 && k < n; k++) {
-        ranks[k] = (cli_serve_rank_t){.plan = &in.plan, .role = in.role, .tp = k,
+        /* Rank k is TP rank k % TP of stage k / TP, as in the simulator. */
+        ranks[k] = (cli_serve_rank_t){.plan = &in.plan, .role = in.role, .tp = k % tp,
+                                      .pp = k / tp, .stop = &stop,
                                       .status = status + (size_t)k * in.plan.requests};
-        if (pthread_create(&threads[k], NULL, cli_serve_rank_run, &ranks[k]) != 0)
+        if (pthread_create(&threads[k], NULL, cli_serve_rank_run, &ranks[k]) != 0) {
             rc = 1;
-        else
+            atomic_store(&stop, true); /* the ranks already started wind down */
+        } else
             started++;
     }
     for (int64_t k = 0; k < started; k++)
         pthread_join(threads[k], NULL);
     if (rc != 0)
         fprintf(stderr, "kvstage serve: could not start %" PRId64 " rank threads: lower the "
-                        "TP sizes or raise the process limits\n", n);
+                        "TP and PP sizes or raise the process limits\n", n);
     else
         rc = cli_serve_report(&in, ranks, n);
     free(status);

@@ -2,11 +2,15 @@
  * serve_rank.c - one rank of `kvstage serve` (see serve_rank.h).
  *
  * Set-up follows the library's init order: host device, verbs fabric
- * (prefill rank r listens on listen_port + r), KV pool, manager, staging
- * ring or buffers and their registration, KV buffers, handler. A decode
- * rank then connects to each prefill rank that writes to it and waits until
- * all of them acknowledged its registration (the handler keeps retrying a
- * prefill that is not up yet), so no room fails for a peer still starting.
+ * (prefill rank (t, s) listens on listen_port + s * P + t), KV pool of this
+ * rank's layers, manager, staging ring or buffers and their registration,
+ * KV buffers, handler. A decode rank then connects to each prefill rank
+ * that writes to it (its TP writers, at each prefill stage holding its
+ * layers) and waits until all of them acknowledged its registration (the
+ * handler keeps retrying a prefill that is not up yet), so no room fails
+ * for a peer still starting. A refused registration (the two processes
+ * were given different shapes) never heals: the rank stops at once with
+ * the core's message, which names the setting that differs.
  *
  * The loop: keep max_inflight rooms open (room i's pages are pool pages
  * first_page[i].., reversed on the prefill side so the page lists differ),
@@ -14,9 +18,10 @@
  * was nothing to do (1 ms at most: the host device's copies finish on their
  * own threads and raise no fabric event). A prefill fills the pattern and
  * reports the whole prompt computed, one grid step at a time, as soon as it
- * opens a room. After the last result the rank keeps serving its peer for
- * linger_ns, so the peer's last messages are answered before the fabric
- * closes.
+ * opens a room (with PP, each stage fills and sends its own layers). After
+ * the last result, or after the rank stopped, it keeps serving its peer for
+ * linger_ns, so the peer's last messages are answered (or told why they were
+ * refused) before the fabric closes.
  */
 #include "serve_rank.h"
 
@@ -52,11 +57,13 @@ typedef struct cli_rank_ctx {
     int64_t layers, heads;
     uint64_t *k_base, *v_base;
     int64_t *pages;             /* scratch page list of one room */
+    bool fabric_failed;         /* progress failed: nothing more to serve */
 } cli_rank_ctx_t;
 
 static int cli_rank_fail(cli_rank_ctx_t *c, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Records the rank's first fatal error and stops the process's other ranks. */
 static int cli_rank_fail(cli_rank_ctx_t *c, int status, const char *fmt, ...)
 {
     if (c->r->fatal == KVS_OK) {
@@ -66,13 +73,29 @@ static int cli_rank_fail(cli_rank_ctx_t *c, int status, const char *fmt, ...)
         va_end(ap);
         c->r->fatal = status;
     }
+    atomic_store(c->r->stop, true);
     return status;
 }
 
+static bool cli_rank_stopped(const cli_rank_ctx_t *c)
+{
+    return c->r->fatal != KVS_OK || atomic_load(c->r->stop);
+}
+
+static int64_t cli_rank_pp_size(const cli_rank_ctx_t *c)
+{
+    return c->r->role == KVS_ROLE_DECODE ? c->lay->decode_pp : c->lay->prefill_pp;
+}
+
+/* "prefill rank 1", or "prefill rank 1 stage 0" when the role has PP > 1. */
 static const char *cli_rank_name(const cli_rank_ctx_t *c, char *buf, size_t len)
 {
-    snprintf(buf, len, "%s rank %lld", c->r->role == KVS_ROLE_DECODE ? "decode" : "prefill",
-             (long long)c->r->tp);
+    const char *role = c->r->role == KVS_ROLE_DECODE ? "decode" : "prefill";
+    if (cli_rank_pp_size(c) > 1)
+        snprintf(buf, len, "%s rank %lld stage %lld", role, (long long)c->r->tp,
+                 (long long)c->r->pp);
+    else
+        snprintf(buf, len, "%s rank %lld", role, (long long)c->r->tp);
     return buf;
 }
 
@@ -123,8 +146,8 @@ static uint64_t cli_rank_pattern(cli_rank_ctx_t *c, uint32_t i, bool check, uint
             for (int64_t t = 0; t < tokens; t++)
                 for (int64_t j = 0; j < c->heads; j++) {
                     const sim_kv_coord_t at = {
-                        i, layer, kv, cli_global_head(l->total_heads, tp_size, c->r->tp, c->heads, j),
-                        t};
+                        i, c->r->pp * c->layers + layer, kv,
+                        cli_global_head(l->total_heads, tp_size, c->r->tp, c->heads, j), t};
                     uint8_t *p = cli_slot(c, layer, kv, cli_page(c, i, t / ps, n), t % ps, j, hb);
                     if (check) {
                         bad += sim_kvdata_check(p, (size_t)hb, &at);
@@ -144,7 +167,8 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
     const bool decode = c->r->role == KVS_ROLE_DECODE;
     char who[48], hostname[48];
     cli_rank_name(c, who, sizeof who);
-    snprintf(hostname, sizeof hostname, "%c%lld", decode ? 'd' : 'p', (long long)c->r->tp);
+    snprintf(hostname, sizeof hostname, "%c%lld.%lld", decode ? 'd' : 'p', (long long)c->r->tp,
+             (long long)c->r->pp);
     kvs_error_t err = {0};
     const kvs_host_config_t hc = {.name = hostname};
     int rc = kvs_host_device_create(&hc, &c->host, &err);
@@ -156,12 +180,13 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
     kvs_verbs_config_init(&vc);
     vc.device = pl->device;
     vc.bind_addr = pl->bind_ip;
-    vc.listen_port = decode ? 0 : (uint16_t)(pl->listen_port + c->r->tp);
+    vc.listen_port = decode ? 0 : (uint16_t)(pl->listen_port + c->r->pp * l->prefill_tp +
+                                             c->r->tp);
     rc = kvs_verbs_fabric_create(&vc, &c->verbs, &err);
     if (rc != KVS_OK)
         return cli_rank_fail(c, rc, "%s: verbs fabric: %s", who, err.msg);
     c->fab = c->verbs;
-    if (!decode && c->r->tp == 0 && pl->fail_write > 0) {
+    if (!decode && c->r->tp == 0 && c->r->pp == 0 && pl->fail_write > 0) {
         if ((rc = cli_fault_fabric_create(c->verbs, pl->fail_write, &c->fault)) != KVS_OK)
             return cli_rank_fail(c, rc, "%s: fault wrapper: %s", who, kvs_strerror(rc));
         c->fab = cli_fault_fabric(c->fault);
@@ -198,8 +223,10 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
         .role = c->r->role, .staging = staging, .total_heads = l->total_heads,
         .head_dim = l->head_dim, .dtype = pl->dtype, .layers = c->layers,
         .page_size = l->page_size, .tp_rank = c->r->tp,
-        .tp_size = decode ? l->decode_tp : l->prefill_tp, .pp_rank = 0, .pp_size = 1,
-        .peer_tp_size = decode ? l->prefill_tp : l->decode_tp, .peer_pp_size = 1,
+        .tp_size = decode ? l->decode_tp : l->prefill_tp, .pp_rank = c->r->pp,
+        .pp_size = decode ? l->decode_pp : l->prefill_pp,
+        .peer_tp_size = decode ? l->prefill_tp : l->decode_tp,
+        .peer_pp_size = decode ? l->prefill_pp : l->decode_pp,
         .chunk_tokens = l->chunk_tokens, .ring_bytes = pl->ring_bytes,
         .transfer_workers = pl->transfer_workers,
         .max_rooms = 2 * pl->max_inflight + 16, .stall_timeout_ns = pl->stall_timeout_ns,
@@ -221,9 +248,22 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
     return KVS_OK;
 }
 
+/* Drives the handler once. Returns how much it did (>= 0), or a negative
+ * status after recording why the rank stops: the fabric failed, or a
+ * registration was refused (the core's message names the setting). */
 static int cli_rank_progress(cli_rank_ctx_t *c)
 {
-    return c->dec != NULL ? kvs_decode_progress(c->dec) : kvs_prefill_progress(c->pre);
+    char who[48];
+    const int rc = c->dec != NULL ? kvs_decode_progress(c->dec) : kvs_prefill_progress(c->pre);
+    if (rc < 0) {
+        c->fabric_failed = true;
+        return cli_rank_fail(c, rc, "%s: progress: %s", cli_rank_name(c, who, sizeof who),
+                             cli_mgr_msg(c));
+    }
+    if (kvs_manager_last_error(c->m)->status == KVS_EFINGERPRINT)
+        return cli_rank_fail(c, KVS_EFINGERPRINT, "%s: %s", cli_rank_name(c, who, sizeof who),
+                             cli_mgr_msg(c));
+    return rc;
 }
 
 /* Sleeps on the fabric for at most ms (never past the handler's deadline). */
@@ -239,35 +279,43 @@ static void cli_rank_idle(cli_rank_ctx_t *c, int ms)
     (void)kvs_verbs_fabric_wait(c->verbs, ms);
 }
 
-/* Decode: connect to this rank's writers and wait for their acks. */
+/* Decode: connect to this rank's writers (each TP writer at every prefill
+ * stage that holds this rank's layers) and wait for their acks. */
 static int cli_rank_connect(cli_rank_ctx_t *c, uint64_t deadline_ns)
 {
     const kvs_layout_t *l = c->lay;
     char who[48];
     cli_rank_name(c, who, sizeof who);
+    const int64_t stages = l->prefill_pp / l->decode_pp;
+    const int64_t first = l->decode_pp == 1 ? 0 : c->r->pp;
     for (int64_t i = 0; i < l->tp_writers; i++) {
         kvs_writer_t w;
         int rc = kvs_layout_writer(l, c->r->tp, i, 0, &w);
         if (rc != KVS_OK)
             return cli_rank_fail(c, rc, "%s: writer %lld: %s", who, (long long)i, kvs_strerror(rc));
-        char peer[96];
-        snprintf(peer, sizeof peer, "%s:%u", c->plan->peer_ip,
-                 (unsigned)(c->plan->peer_port + w.prefill_rank));
-        /* A prefill not up yet fails this; the handler keeps trying it. */
-        (void)kvs_decode_connect(c->dec, peer, w.prefill_rank, 0);
+        for (int64_t s = first; s < first + stages; s++) {
+            char peer[96];
+            snprintf(peer, sizeof peer, "%s:%u", c->plan->peer_ip,
+                     (unsigned)(c->plan->peer_port + s * l->prefill_tp + w.prefill_rank));
+            /* A prefill not up yet fails this; the handler keeps trying it. */
+            (void)kvs_decode_connect(c->dec, peer, w.prefill_rank, s);
+        }
     }
-    while (kvs_decode_peers_ready(c->dec) < l->tp_writers) {
+    const int64_t writers = l->tp_writers * stages;
+    while (kvs_decode_peers_ready(c->dec) < writers) {
+        if (cli_rank_stopped(c))
+            return KVS_EPEER; /* a sibling rank failed and said why */
         if (cli_now(c) > deadline_ns)
             return cli_rank_fail(c, KVS_ETIMEDOUT, "%s: %lld of %lld prefill ranks at %s:%u.. "
                                  "acknowledged the registration in time: start `kvstage serve "
                                  "--role prefill` there first, check --peer, or raise "
                                  "--timeout-s (last error: %s)", who,
-                                 (long long)kvs_decode_peers_ready(c->dec),
-                                 (long long)l->tp_writers, c->plan->peer_ip,
-                                 (unsigned)c->plan->peer_port, cli_mgr_msg(c));
+                                 (long long)kvs_decode_peers_ready(c->dec), (long long)writers,
+                                 c->plan->peer_ip, (unsigned)c->plan->peer_port,
+                                 cli_mgr_msg(c));
         int rc = cli_rank_progress(c);
         if (rc < 0)
-            return cli_rank_fail(c, rc, "%s: progress: %s", who, cli_mgr_msg(c));
+            return rc;
         if (rc == 0)
             cli_rank_idle(c, 10);
     }
@@ -341,33 +389,37 @@ static void cli_rank_loop(cli_rank_ctx_t *c, uint64_t deadline_ns)
     cli_rank_name(c, who, sizeof who);
     uint32_t next = 0, inflight = 0, done = 0;
     c->r->start_ns = cli_now(c);
-    while (done < pl->requests && c->r->fatal == KVS_OK) {
+    while (done < pl->requests && !cli_rank_stopped(c)) {
         if (cli_now(c) > deadline_ns) {
             cli_rank_fail(c, KVS_ETIMEDOUT, "%s: %u of %u requests not over after --timeout-s: "
                           "check the peer process, or raise --timeout-s", who,
                           pl->requests - done, pl->requests);
             return;
         }
-        while (inflight < pl->max_inflight && next < pl->requests && c->r->fatal == KVS_OK) {
+        while (inflight < pl->max_inflight && next < pl->requests && !cli_rank_stopped(c)) {
             if (cli_rank_open(c, next) != KVS_OK)
                 return;
             next++;
             inflight++;
         }
         const int rc = cli_rank_progress(c);
-        if (rc < 0) {
-            cli_rank_fail(c, rc, "%s: progress: %s", who, cli_mgr_msg(c));
+        if (rc < 0)
             return;
-        }
         const int got = cli_rank_results(c, &inflight, &done);
         if (rc == 0 && got == 0)
             cli_rank_idle(c, CLI_SERVE_IDLE_WAIT_MS);
     }
     c->r->end_ns = cli_now(c);
-    /* Keep answering the peer a little: its last acknowledgements. */
-    const uint64_t until = c->r->end_ns + pl->linger_ns;
-    while (c->r->fatal == KVS_OK && cli_now(c) < until) {
-        if (cli_rank_progress(c) < 0)
+}
+
+/* Keeps answering the peer a little after the rank's end, however it
+ * ended (unless the fabric failed): the peer's last acknowledgements, and
+ * after a refused registration the REGISTER_ACK that tells the peer why. */
+static void cli_rank_linger(cli_rank_ctx_t *c)
+{
+    const uint64_t until = cli_now(c) + c->plan->linger_ns;
+    while (!c->fabric_failed && cli_now(c) < until) {
+        if ((c->dec != NULL ? kvs_decode_progress(c->dec) : kvs_prefill_progress(c->pre)) < 0)
             break;
         uint32_t ignore_inflight = 0, extra = 0;
         (void)cli_rank_results(c, &ignore_inflight, &extra);
@@ -415,6 +467,7 @@ void *cli_serve_rank_run(void *arg)
         const uint64_t deadline = cli_now(&c) + c.plan->timeout_ns;
         if (c.dec == NULL || cli_rank_connect(&c, deadline) == KVS_OK)
             cli_rank_loop(&c, deadline);
+        cli_rank_linger(&c);
     }
     cli_rank_teardown(&c);
     return NULL;

@@ -3,7 +3,15 @@
  * the kvstage manager and its prefill or decode handler, and the loop that
  * drives them over the run's requests. Each rank runs on its own thread
  * (a verbs fabric is used by one thread at a time); ranks of one process
- * share only the read-only plan.
+ * share only the read-only plan and a stop flag (a rank that fails stops
+ * its siblings instead of leaving them to wait out the time-out).
+ *
+ * Ranks: TP x PP per role. Rank (tp t, stage s) holds the layers
+ * [s * Ls, (s + 1) * Ls) of the model (Ls: prefill_layers or decode_layers
+ * of the layout); prefill rank (t, s) listens on listen_port + s * P + t.
+ * A decode rank (t, s) connects to the prefill ranks of its TP writers at
+ * every prefill stage that holds its layers: all of them when the decode
+ * has PP 1, stage s alone when its PP is the prefill's.
  *
  * The workload is a pure function of the plan (the seed drew the prompt
  * lengths), so the prefill process and the decode process open the same
@@ -15,6 +23,7 @@
 #ifndef KVSTAGE_TOOLS_SERVE_RANK_H
 #define KVSTAGE_TOOLS_SERVE_RANK_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -34,10 +43,10 @@ typedef struct cli_serve_plan {
     uint64_t stall_timeout_ns;  /* 0: the library's default */
     const char *device;         /* RDMA device, NULL: automatic */
     const char *bind_ip;        /* this process's address, NULL: the GID's */
-    uint16_t listen_port;       /* prefill rank r listens on listen_port + r */
+    uint16_t listen_port;       /* prefill rank (t, s) listens on listen_port + s * P + t */
     const char *peer_ip;        /* decode: the prefill process's address */
-    uint16_t peer_port;         /* decode: prefill rank r is at peer_port + r */
-    uint64_t fail_write;        /* prefill rank 0: spoil this write (1-based), 0: none */
+    uint16_t peer_port;         /* decode: prefill rank (t, s) is at peer_port + s * P + t */
+    uint64_t fail_write;        /* prefill rank (0, 0): spoil this write (1-based), 0: none */
     uint64_t timeout_ns;        /* give up when the run is not over by then */
     uint64_t linger_ns;         /* keep serving the peer this long after the end */
 } cli_serve_plan_t;
@@ -46,7 +55,8 @@ typedef struct cli_serve_plan {
 typedef struct cli_serve_rank {
     const cli_serve_plan_t *plan;
     kvs_role_t role;
-    int64_t tp;
+    int64_t tp, pp;             /* TP rank and pipeline stage */
+    atomic_bool *stop;          /* shared by the process's ranks: set by one that failed */
     /* results */
     int *status;                /* [requests]: KVS_OK, a failure, or 1: no result */
     uint64_t payload_bytes;     /* bytes its results report */
@@ -59,9 +69,10 @@ typedef struct cli_serve_rank {
     char err[384];
 } cli_serve_rank_t;
 
-/* Thread main of a rank (arg: cli_serve_rank_t *, with plan, role, tp and
- * status set). Sets up, runs every request to its end or to the time-out,
- * tears everything down, and returns NULL. */
+/* Thread main of a rank (arg: cli_serve_rank_t *, with plan, role, tp, pp,
+ * stop and status set). Sets up, runs every request to its end, to the
+ * time-out or until *stop, tears everything down, and returns NULL. A rank
+ * that fails sets *stop. */
 void *cli_serve_rank_run(void *arg);
 
 #endif

@@ -2,12 +2,19 @@
 # test_serve.sh - `kvstage serve` end to end over RDMA: a prefill process and
 # a decode process (separate processes, each running all ranks of its side)
 # move a seeded workload through the kvstage protocol and the decode checks
-# every byte against the pattern the prefill wrote. Three runs:
+# every byte against the pattern the prefill wrote. Six runs:
 #   1. P=2 -> D=1 (two writers per decode region), all requests ok
 #   2. P=1 -> D=2 (one prefill rank feeding two decode ranks), all ok
 #   3. P=2 -> D=1 with the prefill's 3rd RDMA write spoiled (bad remote key):
 #      exactly one request fails, on both sides the same room, the others
 #      are ok and verified, and both processes finish normally.
+#   4. P=2 x PP 2 -> D=1 x PP 1: four prefill ranks, each stage holding one
+#      of the two layers; the decode rank holds both, so its regions wait
+#      for 2 TP x 2 stage writers, each writing its own layer's slots
+#   5. P=1 x PP 2 -> D=2 x PP 2: decode stage s takes stage s's layer from
+#      its one prefill rank (which feeds two decode ranks), all ok
+#   6. the two processes given different --prefill-pp: both stop at once
+#      (the registration is refused, no time-out), exit 1 and name the flag
 # Usage: test_serve.sh KVSTAGE_BINARY   (needs an RDMA device: ctest runs it
 # through run-in-vm.sh; KVS_VERBS_ADDR is the address to use, default the
 # VM's 192.0.2.1). Exits 0 when every check passes.
@@ -64,9 +71,46 @@ PY
   fi
 }
 
+# refused NAME PORT "PREFILL FLAGS" "DECODE FLAGS" FLAG: the processes were
+# given different shapes. Both must exit 1 with the refusal's status
+# (KVS_EFINGERPRINT, not KVS_ETIMEDOUT: they stop at once) naming FLAG.
+refused() {
+  local name=$1 port=$2 pflags=$3 dflags=$4 flag=$5 t0 prc drc bad=""
+  t0=$(date +%s.%N)
+  # shellcheck disable=SC2086
+  "$kvstage" serve --role prefill --listen "$addr:$port" "${shape[@]}" $pflags \
+    >"$work/$name.prefill.json" 2>"$work/$name.prefill.err" &
+  local ppid=$!
+  # shellcheck disable=SC2086
+  "$kvstage" serve --role decode --peer "$addr:$port" "${shape[@]}" $dflags \
+    >"$work/$name.decode.json" 2>"$work/$name.decode.err"
+  drc=$?
+  wait "$ppid"
+  prc=$?
+  echo "test_serve: $name: prefill exit $prc, decode exit $drc, $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}') s"
+  for side in prefill decode; do
+    sed 's/^/  '"$side"' stderr: /' "$work/$name.$side.err"
+    grep -q -- "$flag" "$work/$name.$side.err" || bad="$bad; $side stderr does not name $flag"
+    grep -q "(KVS_EFINGERPRINT)" "$work/$name.$side.err" ||
+      bad="$bad; $side did not stop on the refusal (KVS_EFINGERPRINT)"
+  done
+  [ "$prc" = 1 ] && [ "$drc" = 1 ] || bad="$bad; exit codes $prc/$drc, want 1/1"
+  if [ -n "$bad" ]; then
+    echo "  ${bad#; }"
+    failures=$((failures + 1))
+  else
+    echo "  ok"
+  fi
+}
+
 run p2d1 18515 "--prefill-tp 2 --decode-tp 1" "--prefill-tp 2 --decode-tp 1" 0
 run p1d2 18535 "--prefill-tp 1 --decode-tp 2" "--prefill-tp 1 --decode-tp 2" 0
 run fault 18555 "--prefill-tp 2 --decode-tp 1 --fault write-error:3" \
   "--prefill-tp 2 --decode-tp 1" 1
-echo "test_serve: $failures of 3 runs failed"
+pp21="--prefill-tp 2 --decode-tp 1 --prefill-pp 2 --decode-pp 1"
+run pp2d1 18575 "$pp21" "$pp21" 0
+pp22="--prefill-tp 1 --decode-tp 2 --prefill-pp 2 --decode-pp 2"
+run pp2d2 18595 "$pp22" "$pp22" 0
+refused ppdiffer 18615 "$pp21" "--prefill-tp 2 --decode-tp 1" --prefill-pp
+echo "test_serve: $failures of 6 runs failed"
 [ "$failures" = 0 ]
