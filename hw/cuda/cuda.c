@@ -8,13 +8,13 @@
  *   is validated before anything reaches the GPU (a bad descriptor is a
  *   status, never a GPU fault).
  * - Streams: one non-blocking cudaStream_t each. A gather/scatter validates
- *   the descriptor (hw/common/copy_check.c, the simulator's rules), writes
- *   the layer bases and page ids into the stream's next descriptor slot (a
- *   pinned host buffer), copies it to the slot's device buffer with
- *   cudaMemcpyAsync and launches the kernel (kernels.cu) on the stream; an
- *   event recorded after the launch tells when the slot may be reused (the
- *   slot ring has desc_slots entries, so reuse waits only when that many
- *   copies are in flight).
+ *   the descriptor (kvs_copy_desc_check of backend.h, the check every
+ *   device backend runs), writes the layer bases and page ids into the
+ *   stream's next descriptor slot (a pinned host buffer), copies it to the
+ *   slot's device buffer with cudaMemcpyAsync and launches the kernel
+ *   (kernels.cu) on the stream; an event recorded after the launch tells
+ *   when the slot may be reused (the slot ring has desc_slots entries, so
+ *   reuse waits only when that many copies are in flight).
  * - Events: cudaEvent_t without timing, created on first use of a slot and
  *   reused; event_query maps cudaErrorNotReady to KVS_EAGAIN.
  * - Errors: every CUDA call goes through HW_CUDA_TRY, which turns a
@@ -38,7 +38,6 @@
  */
 #include <kvstage/cuda.h>
 
-#include "copy_check.h"
 #include "kernels.h"
 
 #include <cuda_runtime_api.h>
@@ -423,7 +422,7 @@ static int hw_cuda_slot_prepare(kvs_cuda_device_t *c, hw_cuda_slot_t *sl, size_t
 }
 
 /* The widest vector (16..1 bytes) dividing every offset and address. */
-static unsigned hw_cuda_vec_bytes(const kvs_copy_desc_t *d, const hw_copy_shape_t *sh)
+static unsigned hw_cuda_vec_bytes(const kvs_copy_desc_t *d, const kvs_copy_shape_t *sh)
 {
     uint64_t bits = sh->row_bytes | sh->token_bytes | sh->head_off | sh->slot_bytes |
                     d->staging_addr;
@@ -450,8 +449,8 @@ static int hw_cuda_enqueue(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_de
         goto out;
     }
     char msg[KVS_ERROR_MSG_BYTES];
-    hw_copy_shape_t sh;
-    rc = hw_copy_check(d, what, c->name, hw_cuda_in_mem, c, &sh, msg, sizeof msg);
+    kvs_copy_shape_t sh;
+    rc = kvs_copy_desc_check(d, what, c->name, hw_cuda_in_mem, c, &sh, msg, sizeof msg);
     if (rc != KVS_OK) {
         rc = kvs_device_fail(dev, rc, rc == KVS_ERANGE ? ERANGE : EINVAL, "%s", msg);
         goto out;

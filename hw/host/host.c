@@ -9,13 +9,14 @@
  *   is the host address. Live allocations sit in an array sorted by address
  *   for binary-search validation of every range a call touches.
  * - Streams. A stream is a ring of queue_ops op slots and a worker thread.
- *   gather/scatter validate the descriptor (hw/common/copy_check.c) against
- *   live memory, snapshot it into the next slot (layer buffers turned into
- *   pointers, page list copied) and wake the worker, which runs the ops in
- *   order (hw/host/copy.c) and advances done_seq. With copy_threads > 1
- *   the stream also owns copy_threads - 1 helpers: for an op of at least
- *   HW_HOST_SPLIT_MIN_BYTES the worker posts it as a job (job_gen + 1),
- *   runs share 0 itself and waits until every helper ran its share.
+ *   gather/scatter validate the descriptor against live memory
+ *   (kvs_copy_desc_check of backend.h), snapshot it into the next slot
+ *   (layer buffers turned into pointers, page list copied) and wake the
+ *   worker, which runs the ops in order (hw/host/copy.c) and advances
+ *   done_seq. With copy_threads > 1 the stream also owns copy_threads - 1
+ *   helpers: for an op of at least HW_HOST_SPLIT_MIN_BYTES the worker posts
+ *   it as a job (job_gen + 1), runs share 0 itself and waits until every
+ *   helper ran its share.
  * - Events. An event remembers its stream slot and the stream's enqueue
  *   sequence at record time; it is complete once done_seq reaches it.
  *
@@ -41,7 +42,6 @@
 #include <kvstage/host.h>
 
 #include "copy.h"
-#include "copy_check.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -493,7 +493,7 @@ static int hw_host_enqueue(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_de
     kvs_host_device_t *h = hw_host_of(dev);
     const char *what = scatter ? "scatter" : "gather";
     char msg[KVS_ERROR_MSG_BYTES];
-    hw_copy_shape_t sh;
+    kvs_copy_shape_t sh;
     int rc = KVS_OK;
     pthread_mutex_lock(&h->mu);
     if (s == NULL || s->host != h || !s->live) {
@@ -502,7 +502,7 @@ static int hw_host_enqueue(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_de
                              what, h->name);
         goto out;
     }
-    rc = hw_copy_check(d, what, h->name, hw_host_in_mem, h, &sh, msg, sizeof msg);
+    rc = kvs_copy_desc_check(d, what, h->name, hw_host_in_mem, h, &sh, msg, sizeof msg);
     if (rc != KVS_OK) {
         rc = kvs_device_fail(dev, rc, rc == KVS_ERANGE ? ERANGE : EINVAL, "%s", msg);
         goto out;
