@@ -34,11 +34,13 @@
  * Invariants: allocs[] sorted by addr and disjoint; a descriptor slot's
  * buffers are rewritten only after its `done` event completed; stream and
  * event slots live in arrays owned by the device, so their pointers stay
- * valid memory until the device is destroyed.
+ * valid memory until the device is destroyed; a slot is live exactly when
+ * its index is out of the device's free-slot table (hw/common/slots.c).
  */
 #include <kvstage/cuda.h>
 
 #include "kernels.h"
+#include "slots.h"
 
 #include <cuda_runtime_api.h>
 #include <errno.h>
@@ -95,8 +97,8 @@ struct kvs_cuda_device {
     uint32_t num_allocs;
     struct kvs_stream *streams;
     struct kvs_event *events;
-    uint32_t *event_free;
-    uint32_t event_free_count;
+    hw_slots_t stream_slots; /* which of streams[] are free */
+    hw_slots_t event_slots;  /* which of events[] are free */
 };
 
 static kvs_cuda_device_t *hw_cuda_of(kvs_device_t *dev)
@@ -321,20 +323,17 @@ static int hw_cuda_stream_create(kvs_device_t *dev, kvs_stream_t **out)
     int rc = hw_cuda_enter(c);
     if (rc != KVS_OK)
         return rc;
-    struct kvs_stream *s = NULL;
-    for (uint32_t i = 0; i < c->max_streams && s == NULL; i++)
-        if (!c->streams[i].live)
-            s = &c->streams[i];
-    if (s == NULL) {
-        rc = kvs_device_fail(dev, KVS_EFULL, ENOSPC,
-                             "%s: all %u streams in use; destroy one or raise max_streams",
-                             c->name, c->max_streams);
-        goto out;
-    }
-    rc = HW_CUDA_TRY(c, cudaStreamCreateWithFlags(&s->s, cudaStreamNonBlocking),
-                     HW_CUDA_FIX_STICKY);
+    uint32_t i;
+    rc = hw_slots_take(&c->stream_slots, dev, &i);
     if (rc != KVS_OK)
         goto out;
+    struct kvs_stream *s = &c->streams[i];
+    rc = HW_CUDA_TRY(c, cudaStreamCreateWithFlags(&s->s, cudaStreamNonBlocking),
+                     HW_CUDA_FIX_STICKY);
+    if (rc != KVS_OK) {
+        hw_slots_put(&c->stream_slots, i);
+        goto out;
+    }
     s->next = 0;
     s->live = true;
     *out = s;
@@ -343,7 +342,8 @@ out:
     return rc;
 }
 
-/* Waits for the stream, frees its slots and the CUDA stream. mu held. */
+/* Waits for the stream, frees its descriptor slots and the CUDA stream, and
+ * gives its place in the stream table back. mu held. */
 static void hw_cuda_stream_stop(kvs_cuda_device_t *c, struct kvs_stream *s)
 {
     /* Like CUDA: queued work still completes (we wait for it here because
@@ -353,6 +353,7 @@ static void hw_cuda_stream_stop(kvs_cuda_device_t *c, struct kvs_stream *s)
         hw_cuda_slot_release(c, &s->slots[i]);
     (void)HW_CUDA_TRY(c, cudaStreamDestroy(s->s), HW_CUDA_FIX_STICKY);
     s->live = false;
+    hw_slots_put(&c->stream_slots, (uint32_t)(s - c->streams));
 }
 
 static void hw_cuda_stream_destroy(kvs_device_t *dev, kvs_stream_t *stream)
@@ -575,25 +576,22 @@ static int hw_cuda_event_record(kvs_device_t *dev, kvs_stream_t *stream, kvs_eve
                              c->name);
         goto out;
     }
-    if (c->event_free_count == 0) {
-        rc = kvs_device_fail(dev, KVS_EFULL, ENOSPC,
-                             "%s: all %u events live; destroy completed events or raise "
-                             "max_events",
-                             c->name, c->max_events);
+    uint32_t i;
+    rc = hw_slots_take(&c->event_slots, dev, &i);
+    if (rc != KVS_OK)
         goto out;
-    }
-    struct kvs_event *ev = &c->events[c->event_free[c->event_free_count - 1]];
+    struct kvs_event *ev = &c->events[i];
     if (!ev->created) {
         rc = HW_CUDA_TRY(c, cudaEventCreateWithFlags(&ev->ev, cudaEventDisableTiming),
                          HW_CUDA_FIX_STICKY);
-        if (rc != KVS_OK)
-            goto out;
-        ev->created = true;
+        ev->created = rc == KVS_OK;
     }
-    rc = HW_CUDA_TRY(c, cudaEventRecord(ev->ev, stream->s), HW_CUDA_FIX_STICKY);
-    if (rc != KVS_OK)
+    if (rc == KVS_OK)
+        rc = HW_CUDA_TRY(c, cudaEventRecord(ev->ev, stream->s), HW_CUDA_FIX_STICKY);
+    if (rc != KVS_OK) {
+        hw_slots_put(&c->event_slots, i);
         goto out;
-    c->event_free_count--;
+    }
     ev->live = true;
     *out = ev;
 out:
@@ -661,7 +659,7 @@ static void hw_cuda_event_destroy(kvs_device_t *dev, kvs_event_t *ev)
     /* The cudaEvent_t stays for the slot's next record. */
     if (hw_cuda_event_check(c, ev, "event_destroy") == KVS_OK) {
         ev->live = false;
-        c->event_free[c->event_free_count++] = (uint32_t)(ev - c->events);
+        hw_slots_put(&c->event_slots, (uint32_t)(ev - c->events));
     }
     pthread_mutex_unlock(&c->mu);
 }
@@ -777,7 +775,8 @@ static void hw_cuda_free_tables(kvs_cuda_device_t *c)
     if (c->streams != NULL)
         for (uint32_t i = 0; i < c->max_streams; i++)
             free(c->streams[i].slots);
-    free(c->event_free);
+    hw_slots_fini(&c->event_slots);
+    hw_slots_fini(&c->stream_slots);
     free(c->events);
     free(c->streams);
     free(c->allocs);
@@ -808,9 +807,9 @@ int kvs_cuda_device_create(const kvs_cuda_config_t *cfg, kvs_cuda_device_t **out
     c->allocs = calloc(c->max_allocs, sizeof *c->allocs);
     c->streams = calloc(c->max_streams, sizeof *c->streams);
     c->events = calloc(c->max_events, sizeof *c->events);
-    c->event_free = calloc(c->max_events, sizeof *c->event_free);
     bool ok = c->allocs != NULL && c->streams != NULL && c->events != NULL &&
-              c->event_free != NULL;
+              hw_slots_init(&c->stream_slots, c->max_streams, HW_SLOTS_FULL_STREAMS) &&
+              hw_slots_init(&c->event_slots, c->max_events, HW_SLOTS_FULL_EVENTS);
     for (uint32_t i = 0; ok && i < c->max_streams; i++) {
         c->streams[i].cuda = c;
         c->streams[i].slots = calloc(c->desc_slots, sizeof *c->streams[i].slots);
@@ -833,11 +832,8 @@ int kvs_cuda_device_create(const kvs_cuda_config_t *cfg, kvs_cuda_device_t **out
                                    "kvs_cuda_device_create: the core refused the ops table; "
                                    "rebuild hw/cuda against this kvstage's backend.h");
     }
-    for (uint32_t i = 0; i < c->max_events; i++) {
+    for (uint32_t i = 0; i < c->max_events; i++)
         c->events[i].cuda = c;
-        c->event_free[i] = c->max_events - 1 - i;
-    }
-    c->event_free_count = c->max_events;
     *out = c;
     return KVS_OK;
 }
