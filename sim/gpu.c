@@ -125,6 +125,7 @@ struct sim_gpu {
     sim_engine_t *eng; /* borrowed; outlives the GPU */
     uint32_t id;
     char name[32];
+    char label[16];    /* "gpu N": how messages name it */
     uint64_t hbm_bytes, hbm_bytes_per_s, launch_ns;
     uint32_t max_allocs, max_streams, max_events;
 
@@ -153,17 +154,6 @@ struct sim_gpu {
 
     uint64_t copy_ns, copy_bytes, copy_errors, ops_done;
 };
-
-/* The geometry of one validated descriptor. */
-typedef struct sim_gpu_shape {
-    uint64_t pages_used;   /* ceil(tokens / page_size) */
-    uint64_t row_bytes;    /* num_heads * head_dim * elem_bytes: one copy */
-    uint64_t token_bytes;  /* local_heads * head_dim * elem_bytes: one pool slot */
-    uint64_t head_off;     /* head_start * head_dim * elem_bytes */
-    uint64_t slot_bytes;   /* tokens * row_bytes: one staging slot */
-    uint64_t pool_lo, pool_hi; /* byte range touched in every layer buffer */
-    uint64_t payload_bytes;    /* slot_bytes * layer_count * 2 */
-} sim_gpu_shape_t;
 
 static sim_gpu_t *sim_gpu_of(kvs_device_t *dev)
 {
@@ -347,145 +337,17 @@ static int sim_gpu_mem_read(kvs_device_t *dev, uint64_t addr, void *dst, uint64_
 /* Descriptor validation (at enqueue, and again before the copy)            */
 /* ------------------------------------------------------------------------ */
 
-static bool sim_gpu_mul(uint64_t a, uint64_t b, uint64_t *out)
+static bool sim_gpu_in_mem(void *ctx, uint64_t addr, uint64_t len_bytes)
 {
-    return !__builtin_mul_overflow(a, b, out);
+    return sim_gpu_lookup(ctx, addr, len_bytes) != NULL;
 }
 
-static bool sim_gpu_add(uint64_t a, uint64_t b, uint64_t *out)
+/* kvs_copy_desc_check (the check every device backend runs) against this
+ * GPU's live memory, with "gpu N" in the message. */
+static int sim_gpu_check(sim_gpu_t *gpu, const kvs_copy_desc_t *d, const char *what,
+                         kvs_copy_shape_t *sh, char *msg, size_t msg_bytes)
 {
-    return !__builtin_add_overflow(a, b, out);
-}
-
-/* Byte offset of token slot `slot` (page * page_size + t) in a layer buffer,
- * at the first copied head. */
-static bool sim_gpu_pool_off(const sim_gpu_shape_t *sh, uint64_t slot, uint64_t *out)
-{
-    uint64_t off;
-    return sim_gpu_mul(slot, sh->token_bytes, &off) && sim_gpu_add(off, sh->head_off, out);
-}
-
-/* Checks the shape of d and that every byte it touches lies in live memory.
- * On failure returns the status and writes what to fix into msg. */
-static int sim_gpu_check(const sim_gpu_t *gpu, const kvs_copy_desc_t *d, const char *what,
-                         sim_gpu_shape_t *sh, char *msg, size_t msg_bytes)
-{
-    memset(sh, 0, sizeof *sh);
-#define SIM_GPU_BAD(status, ...)                                                \
-    do {                                                                       \
-        int n_ = snprintf(msg, msg_bytes, "%s on gpu %u: ", what, gpu->id);    \
-        if (n_ > 0 && (size_t)n_ < msg_bytes)                                  \
-            snprintf(msg + n_, msg_bytes - (size_t)n_, __VA_ARGS__);           \
-        return (status);                                                       \
-    } while (0)
-    if (d == NULL)
-        SIM_GPU_BAD(KVS_EINVAL, "descriptor is NULL");
-    if (d->local_heads <= 0 || d->head_dim <= 0 || d->elem_bytes <= 0 || d->page_size <= 0)
-        SIM_GPU_BAD(KVS_EINVAL,
-                    "local_heads %lld, head_dim %lld, elem_bytes %lld and page_size %lld "
-                    "must all be positive",
-                    (long long)d->local_heads, (long long)d->head_dim,
-                    (long long)d->elem_bytes, (long long)d->page_size);
-    if (d->num_pages < 0 || d->tokens < 0 || d->layer_begin < 0 || d->layer_count < 0 ||
-        d->staging_slot_begin < 0 || d->staging_layer_slots < 0)
-        SIM_GPU_BAD(KVS_EINVAL,
-                    "num_pages %lld, tokens %lld, layer_begin %lld, layer_count %lld, "
-                    "staging_slot_begin %lld and staging_layer_slots %lld must not be "
-                    "negative",
-                    (long long)d->num_pages, (long long)d->tokens,
-                    (long long)d->layer_begin, (long long)d->layer_count,
-                    (long long)d->staging_slot_begin, (long long)d->staging_layer_slots);
-    if (d->num_heads <= 0 || d->head_start < 0 || d->num_heads > d->local_heads ||
-        d->head_start > d->local_heads - d->num_heads)
-        SIM_GPU_BAD(KVS_ERANGE,
-                    "heads [%lld, +%lld) outside the %lld local heads of the KV pool",
-                    (long long)d->head_start, (long long)d->num_heads,
-                    (long long)d->local_heads);
-    uint64_t cap_tokens;
-    if (sim_gpu_mul((uint64_t)d->num_pages, (uint64_t)d->page_size, &cap_tokens) &&
-        (uint64_t)d->tokens > cap_tokens)
-        SIM_GPU_BAD(KVS_ERANGE, "%lld tokens do not fit in %lld pages of %lld tokens",
-                    (long long)d->tokens, (long long)d->num_pages,
-                    (long long)d->page_size);
-    if (d->layer_count > INT64_MAX - d->layer_begin)
-        SIM_GPU_BAD(KVS_ERANGE, "layer range [%lld, +%lld) overflows",
-                    (long long)d->layer_begin, (long long)d->layer_count);
-    if (d->staging_slot_begin > d->staging_layer_slots ||
-        d->layer_count > d->staging_layer_slots - d->staging_slot_begin)
-        SIM_GPU_BAD(KVS_ERANGE,
-                    "layer slots [%lld, +%lld) outside the %lld slots of the staging block",
-                    (long long)d->staging_slot_begin, (long long)d->layer_count,
-                    (long long)d->staging_layer_slots);
-    if (d->layer_count > 0 && (d->k_base == NULL || d->v_base == NULL))
-        SIM_GPU_BAD(KVS_EINVAL, "k_base or v_base is NULL");
-    if (d->tokens > 0 && d->pages == NULL)
-        SIM_GPU_BAD(KVS_EINVAL, "pages is NULL");
-
-    uint64_t head_bytes;
-    if (!sim_gpu_mul((uint64_t)d->head_dim, (uint64_t)d->elem_bytes, &head_bytes) ||
-        !sim_gpu_mul(head_bytes, (uint64_t)d->num_heads, &sh->row_bytes) ||
-        !sim_gpu_mul(head_bytes, (uint64_t)d->local_heads, &sh->token_bytes) ||
-        !sim_gpu_mul(head_bytes, (uint64_t)d->head_start, &sh->head_off) ||
-        !sim_gpu_mul(sh->row_bytes, (uint64_t)d->tokens, &sh->slot_bytes) ||
-        !sim_gpu_mul(sh->slot_bytes, (uint64_t)d->layer_count, &sh->payload_bytes) ||
-        !sim_gpu_mul(sh->payload_bytes, 2, &sh->payload_bytes))
-        SIM_GPU_BAD(KVS_ERANGE, "sizes overflow 64 bits");
-    uint64_t ps = (uint64_t)d->page_size, tokens = (uint64_t)d->tokens;
-    sh->pages_used = tokens / ps + (tokens % ps != 0);
-
-    /* The byte range every layer buffer must hold: from the lowest first
-     * slot to the highest last slot of the pages used. */
-    sh->pool_lo = UINT64_MAX;
-    sh->pool_hi = 0;
-    for (uint64_t i = 0; i < sh->pages_used; i++) {
-        int64_t p = d->pages[i];
-        uint64_t in_page = tokens - i * ps < ps ? tokens - i * ps : ps;
-        uint64_t first, last, lo, hi;
-        if (p < 0 || !sim_gpu_mul((uint64_t)p, ps, &first) ||
-            !sim_gpu_add(first, in_page - 1, &last) || !sim_gpu_pool_off(sh, first, &lo) ||
-            !sim_gpu_pool_off(sh, last, &hi) || !sim_gpu_add(hi, sh->row_bytes, &hi))
-            SIM_GPU_BAD(KVS_ERANGE, "page id %lld (entry %llu) is out of range",
-                        (long long)p, (unsigned long long)i);
-        if (lo < sh->pool_lo)
-            sh->pool_lo = lo;
-        if (hi > sh->pool_hi)
-            sh->pool_hi = hi;
-    }
-    if (sh->pages_used == 0)
-        sh->pool_lo = 0;
-
-    if (sh->payload_bytes != 0) {
-        for (int64_t j = 0; j < d->layer_count; j++) {
-            int64_t l = d->layer_begin + j;
-            for (int kv = 0; kv < 2; kv++) {
-                uint64_t base = kv == 0 ? d->k_base[l] : d->v_base[l];
-                uint64_t lo;
-                if (!sim_gpu_add(base, sh->pool_lo, &lo) ||
-                    base > UINT64_MAX - sh->pool_hi ||
-                    sim_gpu_lookup(gpu, lo, sh->pool_hi - sh->pool_lo) == NULL)
-                    SIM_GPU_BAD(KVS_ERANGE,
-                                "%s buffer of local layer %lld (0x%llx) does not hold bytes "
-                                "[%llu, %llu) of the pages copied: not allocated, freed "
-                                "or too small",
-                                kv == 0 ? "K" : "V", (long long)l,
-                                (unsigned long long)base, (unsigned long long)sh->pool_lo,
-                                (unsigned long long)sh->pool_hi);
-            }
-        }
-        uint64_t block;
-        if (!sim_gpu_mul(sh->slot_bytes, (uint64_t)d->staging_layer_slots, &block) ||
-            !sim_gpu_mul(block, 2, &block))
-            SIM_GPU_BAD(KVS_ERANGE, "staging block size overflows 64 bits");
-        if (sim_gpu_lookup(gpu, d->staging_addr, block) == NULL)
-            SIM_GPU_BAD(KVS_ERANGE,
-                        "staging block [0x%llx, +%llu) (%lld slots of %llu bytes, K and "
-                        "V) is not inside one live allocation",
-                        (unsigned long long)d->staging_addr, (unsigned long long)block,
-                        (long long)d->staging_layer_slots,
-                        (unsigned long long)sh->slot_bytes);
-    }
-#undef SIM_GPU_BAD
-    return KVS_OK;
+    return kvs_copy_desc_check(d, what, gpu->label, sim_gpu_in_mem, gpu, sh, msg, msg_bytes);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -502,13 +364,13 @@ static uint8_t *sim_gpu_ptr(const sim_gpu_t *gpu, uint64_t a, uint64_t len_bytes
 
 /* Performs a validated copy: pool -> staging (gather) or back (scatter). */
 static void sim_gpu_copy(const sim_gpu_t *gpu, const kvs_copy_desc_t *d,
-                         const sim_gpu_shape_t *sh, bool scatter)
+                         const kvs_copy_shape_t *sh, bool scatter)
 {
     if (sh->payload_bytes == 0)
         return;
     uint64_t ps = (uint64_t)d->page_size, S = (uint64_t)d->staging_layer_slots;
     size_t row = (size_t)sh->row_bytes;
-    uint8_t *stg = sim_gpu_ptr(gpu, d->staging_addr, sh->slot_bytes * S * 2);
+    uint8_t *stg = sim_gpu_ptr(gpu, d->staging_addr, sh->block_bytes);
     for (int64_t j = 0; j < d->layer_count; j++) {
         int64_t l = d->layer_begin + j;
         uint64_t slot = (uint64_t)(d->staging_slot_begin + j);
@@ -539,7 +401,7 @@ static void sim_gpu_op_fire(sim_engine_t *eng, void *ctx, uint64_t arg)
     struct kvs_stream *s = &gpu->streams[op->stream];
     assert(s->done_seq + 1 == op->seq && s->pending > 0);
 
-    sim_gpu_shape_t sh;
+    kvs_copy_shape_t sh;
     char msg[KVS_ERROR_MSG_BYTES];
     if (sim_gpu_check(gpu, &op->desc, op->scatter ? "scatter" : "gather", &sh, msg,
                       sizeof msg) == KVS_OK) {
@@ -625,15 +487,15 @@ static int sim_gpu_enqueue(kvs_device_t *dev, kvs_stream_t *stream,
         return kvs_device_fail(dev, KVS_EINVAL, EINVAL,
                                "%s on gpu %u: stream is NULL, destroyed or of another gpu",
                                what, gpu->id);
-    sim_gpu_shape_t sh;
+    kvs_copy_shape_t sh;
     char msg[KVS_ERROR_MSG_BYTES];
     int rc = sim_gpu_check(gpu, d, what, &sh, msg, sizeof msg);
     if (rc != KVS_OK)
         return kvs_device_fail(dev, rc, rc == KVS_ERANGE ? ERANGE : EINVAL, "%s", msg);
 
     uint64_t n_words = 0;
-    if (!sim_gpu_mul((uint64_t)d->layer_count, 2, &n_words) ||
-        !sim_gpu_add(n_words, sh.pages_used, &n_words) ||
+    if (__builtin_mul_overflow((uint64_t)d->layer_count, 2, &n_words) ||
+        __builtin_add_overflow(n_words, sh.pages_used, &n_words) ||
         n_words > SIZE_MAX / sizeof(uint64_t))
         return kvs_device_fail(dev, KVS_ERANGE, ERANGE, "%s on gpu %u: descriptor too large",
                                what, gpu->id);
@@ -852,6 +714,7 @@ int sim_gpu_create(sim_engine_t *eng, const sim_gpu_config_t *cfg, uint32_t gpu_
     gpu->scatter_slowdown = 1;
     gpu->op_free = SIM_GPU_NONE;
     snprintf(gpu->name, sizeof gpu->name, "sim-gpu%u", gpu_id);
+    snprintf(gpu->label, sizeof gpu->label, "gpu %u", gpu_id);
 
     int rc = KVS_ENOMEM;
     gpu->allocs = calloc(gpu->max_allocs, sizeof *gpu->allocs);

@@ -8,13 +8,13 @@
  *   is validated before anything reaches the GPU (a bad descriptor is a
  *   status, never a GPU fault).
  * - Streams: one non-blocking cudaStream_t each. A gather/scatter validates
- *   the descriptor (hw/common/copy_check.c, the simulator's rules), writes
- *   the layer bases and page ids into the stream's next descriptor slot (a
- *   pinned host buffer), copies it to the slot's device buffer with
- *   cudaMemcpyAsync and launches the kernel (kernels.cu) on the stream; an
- *   event recorded after the launch tells when the slot may be reused (the
- *   slot ring has desc_slots entries, so reuse waits only when that many
- *   copies are in flight).
+ *   the descriptor (kvs_copy_desc_check of backend.h, the check every
+ *   device backend runs), writes the layer bases and page ids into the
+ *   stream's next descriptor slot (a pinned host buffer), copies it to the
+ *   slot's device buffer with cudaMemcpyAsync and launches the kernel
+ *   (kernels.cu) on the stream; an event recorded after the launch tells
+ *   when the slot may be reused (the slot ring has desc_slots entries, so
+ *   reuse waits only when that many copies are in flight).
  * - Events: cudaEvent_t without timing, created on first use of a slot and
  *   reused; event_query maps cudaErrorNotReady to KVS_EAGAIN.
  * - Errors: every CUDA call goes through HW_CUDA_TRY, which turns a
@@ -34,12 +34,13 @@
  * Invariants: allocs[] sorted by addr and disjoint; a descriptor slot's
  * buffers are rewritten only after its `done` event completed; stream and
  * event slots live in arrays owned by the device, so their pointers stay
- * valid memory until the device is destroyed.
+ * valid memory until the device is destroyed; a slot is live exactly when
+ * its index is out of the device's free-slot table (hw/common/slots.c).
  */
 #include <kvstage/cuda.h>
 
-#include "copy_check.h"
 #include "kernels.h"
+#include "slots.h"
 
 #include <cuda_runtime_api.h>
 #include <errno.h>
@@ -96,8 +97,8 @@ struct kvs_cuda_device {
     uint32_t num_allocs;
     struct kvs_stream *streams;
     struct kvs_event *events;
-    uint32_t *event_free;
-    uint32_t event_free_count;
+    hw_slots_t stream_slots; /* which of streams[] are free */
+    hw_slots_t event_slots;  /* which of events[] are free */
 };
 
 static kvs_cuda_device_t *hw_cuda_of(kvs_device_t *dev)
@@ -322,20 +323,17 @@ static int hw_cuda_stream_create(kvs_device_t *dev, kvs_stream_t **out)
     int rc = hw_cuda_enter(c);
     if (rc != KVS_OK)
         return rc;
-    struct kvs_stream *s = NULL;
-    for (uint32_t i = 0; i < c->max_streams && s == NULL; i++)
-        if (!c->streams[i].live)
-            s = &c->streams[i];
-    if (s == NULL) {
-        rc = kvs_device_fail(dev, KVS_EFULL, ENOSPC,
-                             "%s: all %u streams in use; destroy one or raise max_streams",
-                             c->name, c->max_streams);
-        goto out;
-    }
-    rc = HW_CUDA_TRY(c, cudaStreamCreateWithFlags(&s->s, cudaStreamNonBlocking),
-                     HW_CUDA_FIX_STICKY);
+    uint32_t i;
+    rc = hw_slots_take(&c->stream_slots, dev, &i);
     if (rc != KVS_OK)
         goto out;
+    struct kvs_stream *s = &c->streams[i];
+    rc = HW_CUDA_TRY(c, cudaStreamCreateWithFlags(&s->s, cudaStreamNonBlocking),
+                     HW_CUDA_FIX_STICKY);
+    if (rc != KVS_OK) {
+        hw_slots_put(&c->stream_slots, i);
+        goto out;
+    }
     s->next = 0;
     s->live = true;
     *out = s;
@@ -344,7 +342,8 @@ out:
     return rc;
 }
 
-/* Waits for the stream, frees its slots and the CUDA stream. mu held. */
+/* Waits for the stream, frees its descriptor slots and the CUDA stream, and
+ * gives its place in the stream table back. mu held. */
 static void hw_cuda_stream_stop(kvs_cuda_device_t *c, struct kvs_stream *s)
 {
     /* Like CUDA: queued work still completes (we wait for it here because
@@ -354,6 +353,7 @@ static void hw_cuda_stream_stop(kvs_cuda_device_t *c, struct kvs_stream *s)
         hw_cuda_slot_release(c, &s->slots[i]);
     (void)HW_CUDA_TRY(c, cudaStreamDestroy(s->s), HW_CUDA_FIX_STICKY);
     s->live = false;
+    hw_slots_put(&c->stream_slots, (uint32_t)(s - c->streams));
 }
 
 static void hw_cuda_stream_destroy(kvs_device_t *dev, kvs_stream_t *stream)
@@ -423,7 +423,7 @@ static int hw_cuda_slot_prepare(kvs_cuda_device_t *c, hw_cuda_slot_t *sl, size_t
 }
 
 /* The widest vector (16..1 bytes) dividing every offset and address. */
-static unsigned hw_cuda_vec_bytes(const kvs_copy_desc_t *d, const hw_copy_shape_t *sh)
+static unsigned hw_cuda_vec_bytes(const kvs_copy_desc_t *d, const kvs_copy_shape_t *sh)
 {
     uint64_t bits = sh->row_bytes | sh->token_bytes | sh->head_off | sh->slot_bytes |
                     d->staging_addr;
@@ -450,8 +450,8 @@ static int hw_cuda_enqueue(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_de
         goto out;
     }
     char msg[KVS_ERROR_MSG_BYTES];
-    hw_copy_shape_t sh;
-    rc = hw_copy_check(d, what, c->name, hw_cuda_in_mem, c, &sh, msg, sizeof msg);
+    kvs_copy_shape_t sh;
+    rc = kvs_copy_desc_check(d, what, c->name, hw_cuda_in_mem, c, &sh, msg, sizeof msg);
     if (rc != KVS_OK) {
         rc = kvs_device_fail(dev, rc, rc == KVS_ERANGE ? ERANGE : EINVAL, "%s", msg);
         goto out;
@@ -576,25 +576,22 @@ static int hw_cuda_event_record(kvs_device_t *dev, kvs_stream_t *stream, kvs_eve
                              c->name);
         goto out;
     }
-    if (c->event_free_count == 0) {
-        rc = kvs_device_fail(dev, KVS_EFULL, ENOSPC,
-                             "%s: all %u events live; destroy completed events or raise "
-                             "max_events",
-                             c->name, c->max_events);
+    uint32_t i;
+    rc = hw_slots_take(&c->event_slots, dev, &i);
+    if (rc != KVS_OK)
         goto out;
-    }
-    struct kvs_event *ev = &c->events[c->event_free[c->event_free_count - 1]];
+    struct kvs_event *ev = &c->events[i];
     if (!ev->created) {
         rc = HW_CUDA_TRY(c, cudaEventCreateWithFlags(&ev->ev, cudaEventDisableTiming),
                          HW_CUDA_FIX_STICKY);
-        if (rc != KVS_OK)
-            goto out;
-        ev->created = true;
+        ev->created = rc == KVS_OK;
     }
-    rc = HW_CUDA_TRY(c, cudaEventRecord(ev->ev, stream->s), HW_CUDA_FIX_STICKY);
-    if (rc != KVS_OK)
+    if (rc == KVS_OK)
+        rc = HW_CUDA_TRY(c, cudaEventRecord(ev->ev, stream->s), HW_CUDA_FIX_STICKY);
+    if (rc != KVS_OK) {
+        hw_slots_put(&c->event_slots, i);
         goto out;
-    c->event_free_count--;
+    }
     ev->live = true;
     *out = ev;
 out:
@@ -662,7 +659,7 @@ static void hw_cuda_event_destroy(kvs_device_t *dev, kvs_event_t *ev)
     /* The cudaEvent_t stays for the slot's next record. */
     if (hw_cuda_event_check(c, ev, "event_destroy") == KVS_OK) {
         ev->live = false;
-        c->event_free[c->event_free_count++] = (uint32_t)(ev - c->events);
+        hw_slots_put(&c->event_slots, (uint32_t)(ev - c->events));
     }
     pthread_mutex_unlock(&c->mu);
 }
@@ -778,7 +775,8 @@ static void hw_cuda_free_tables(kvs_cuda_device_t *c)
     if (c->streams != NULL)
         for (uint32_t i = 0; i < c->max_streams; i++)
             free(c->streams[i].slots);
-    free(c->event_free);
+    hw_slots_fini(&c->event_slots);
+    hw_slots_fini(&c->stream_slots);
     free(c->events);
     free(c->streams);
     free(c->allocs);
@@ -809,9 +807,9 @@ int kvs_cuda_device_create(const kvs_cuda_config_t *cfg, kvs_cuda_device_t **out
     c->allocs = calloc(c->max_allocs, sizeof *c->allocs);
     c->streams = calloc(c->max_streams, sizeof *c->streams);
     c->events = calloc(c->max_events, sizeof *c->events);
-    c->event_free = calloc(c->max_events, sizeof *c->event_free);
     bool ok = c->allocs != NULL && c->streams != NULL && c->events != NULL &&
-              c->event_free != NULL;
+              hw_slots_init(&c->stream_slots, c->max_streams, HW_SLOTS_FULL_STREAMS) &&
+              hw_slots_init(&c->event_slots, c->max_events, HW_SLOTS_FULL_EVENTS);
     for (uint32_t i = 0; ok && i < c->max_streams; i++) {
         c->streams[i].cuda = c;
         c->streams[i].slots = calloc(c->desc_slots, sizeof *c->streams[i].slots);
@@ -834,11 +832,8 @@ int kvs_cuda_device_create(const kvs_cuda_config_t *cfg, kvs_cuda_device_t **out
                                    "kvs_cuda_device_create: the core refused the ops table; "
                                    "rebuild hw/cuda against this kvstage's backend.h");
     }
-    for (uint32_t i = 0; i < c->max_events; i++) {
+    for (uint32_t i = 0; i < c->max_events; i++)
         c->events[i].cuda = c;
-        c->event_free[i] = c->max_events - 1 - i;
-    }
-    c->event_free_count = c->max_events;
     *out = c;
     return KVS_OK;
 }

@@ -9,13 +9,14 @@
  *   is the host address. Live allocations sit in an array sorted by address
  *   for binary-search validation of every range a call touches.
  * - Streams. A stream is a ring of queue_ops op slots and a worker thread.
- *   gather/scatter validate the descriptor (hw/common/copy_check.c) against
- *   live memory, snapshot it into the next slot (layer buffers turned into
- *   pointers, page list copied) and wake the worker, which runs the ops in
- *   order (hw/host/copy.c) and advances done_seq. With copy_threads > 1
- *   the stream also owns copy_threads - 1 helpers: for an op of at least
- *   HW_HOST_SPLIT_MIN_BYTES the worker posts it as a job (job_gen + 1),
- *   runs share 0 itself and waits until every helper ran its share.
+ *   gather/scatter validate the descriptor against live memory
+ *   (kvs_copy_desc_check of backend.h), snapshot it into the next slot
+ *   (layer buffers turned into pointers, page list copied) and wake the
+ *   worker, which runs the ops in order (hw/host/copy.c) and advances
+ *   done_seq. With copy_threads > 1 the stream also owns copy_threads - 1
+ *   helpers: for an op of at least HW_HOST_SPLIT_MIN_BYTES the worker posts
+ *   it as a job (job_gen + 1), runs share 0 itself and waits until every
+ *   helper ran its share.
  * - Events. An event remembers its stream slot and the stream's enqueue
  *   sequence at record time; it is complete once done_seq reaches it.
  *
@@ -34,14 +35,16 @@
  * done_seq <= enq_seq <= done_seq + queue_ops; op seq k lives in slot
  * (k - 1) % queue_ops; stream and event slots live in arrays owned by the
  * device, so a kvs_stream_t / kvs_event_t pointer stays valid memory until
- * the device is destroyed and an event outlives its stream's destroy.
+ * the device is destroyed and an event outlives its stream's destroy; a
+ * slot is live exactly when its index is out of the device's free-slot
+ * table (hw/common/slots.c).
  */
 #define _DEFAULT_SOURCE
 
 #include <kvstage/host.h>
 
 #include "copy.h"
-#include "copy_check.h"
+#include "slots.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -120,8 +123,8 @@ struct kvs_host_device {
     uint32_t num_allocs;
     struct kvs_stream *streams;
     struct kvs_event *events;
-    uint32_t *event_free; /* stack of free event indices */
-    uint32_t event_free_count;
+    hw_slots_t stream_slots; /* which of streams[] are free */
+    hw_slots_t event_slots;  /* which of events[] are free */
 };
 
 static kvs_host_device_t *hw_host_of(kvs_device_t *dev)
@@ -429,21 +432,16 @@ static int hw_host_stream_create(kvs_device_t *dev, kvs_stream_t **out)
         return kvs_device_fail(dev, KVS_EINVAL, EINVAL, "stream_create on %s: out is NULL",
                                h->name);
     pthread_mutex_lock(&h->mu);
-    int rc = KVS_OK;
-    struct kvs_stream *s = NULL;
-    for (uint32_t i = 0; i < h->max_streams && s == NULL; i++)
-        if (!h->streams[i].live)
-            s = &h->streams[i];
-    if (s == NULL) {
-        rc = kvs_device_fail(dev, KVS_EFULL, ENOSPC,
-                             "%s: all %u streams in use; destroy one or raise max_streams",
-                             h->name, h->max_streams);
+    uint32_t i;
+    int rc = hw_slots_take(&h->stream_slots, dev, &i);
+    if (rc != KVS_OK)
         goto out;
-    }
+    struct kvs_stream *s = &h->streams[i];
     /* Sequences carry on from the slot's previous life, so events recorded
      * on it then stay complete. */
     int err = hw_host_stream_start(h, s);
     if (err != 0) {
+        hw_slots_put(&h->stream_slots, i);
         rc = kvs_device_fail(dev, KVS_EBACKEND, err,
                              "stream_create on %s: cannot start the stream's %u threads "
                              "(%s); raise the process thread limit, use fewer streams or "
@@ -459,7 +457,7 @@ out:
 }
 
 /* Stops and joins the worker after it ran every queued op, then its
- * helpers. host->mu held. */
+ * helpers, and frees the slot. host->mu held. */
 static void hw_host_stream_stop(struct kvs_stream *s)
 {
     pthread_mutex_lock(&s->mu);
@@ -469,6 +467,7 @@ static void hw_host_stream_stop(struct kvs_stream *s)
     pthread_join(s->thread, NULL);
     hw_host_helpers_join(s, s->host->copy_threads - 1);
     s->live = false;
+    hw_slots_put(&s->host->stream_slots, s->index);
 }
 
 static void hw_host_stream_destroy(kvs_device_t *dev, kvs_stream_t *stream)
@@ -493,7 +492,7 @@ static int hw_host_enqueue(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_de
     kvs_host_device_t *h = hw_host_of(dev);
     const char *what = scatter ? "scatter" : "gather";
     char msg[KVS_ERROR_MSG_BYTES];
-    hw_copy_shape_t sh;
+    kvs_copy_shape_t sh;
     int rc = KVS_OK;
     pthread_mutex_lock(&h->mu);
     if (s == NULL || s->host != h || !s->live) {
@@ -502,7 +501,7 @@ static int hw_host_enqueue(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_de
                              what, h->name);
         goto out;
     }
-    rc = hw_copy_check(d, what, h->name, hw_host_in_mem, h, &sh, msg, sizeof msg);
+    rc = kvs_copy_desc_check(d, what, h->name, hw_host_in_mem, h, &sh, msg, sizeof msg);
     if (rc != KVS_OK) {
         rc = kvs_device_fail(dev, rc, rc == KVS_ERANGE ? ERANGE : EINVAL, "%s", msg);
         goto out;
@@ -620,14 +619,11 @@ static int hw_host_event_record(kvs_device_t *dev, kvs_stream_t *stream, kvs_eve
                              h->name);
         goto out;
     }
-    if (h->event_free_count == 0) {
-        rc = kvs_device_fail(dev, KVS_EFULL, ENOSPC,
-                             "%s: all %u events live; destroy completed events or raise "
-                             "max_events",
-                             h->name, h->max_events);
+    uint32_t i;
+    rc = hw_slots_take(&h->event_slots, dev, &i);
+    if (rc != KVS_OK)
         goto out;
-    }
-    struct kvs_event *ev = &h->events[h->event_free[--h->event_free_count]];
+    struct kvs_event *ev = &h->events[i];
     pthread_mutex_lock(&stream->mu);
     ev->target_seq = stream->enq_seq;
     pthread_mutex_unlock(&stream->mu);
@@ -686,7 +682,7 @@ static void hw_host_event_destroy(kvs_device_t *dev, kvs_event_t *ev)
     pthread_mutex_lock(&h->mu);
     if (hw_host_event_check(h, ev, "event_destroy") == KVS_OK) {
         ev->live = false;
-        h->event_free[h->event_free_count++] = (uint32_t)(ev - h->events);
+        hw_slots_put(&h->event_slots, (uint32_t)(ev - h->events));
     }
     pthread_mutex_unlock(&h->mu);
 }
@@ -781,7 +777,8 @@ static void hw_host_free_tables(kvs_host_device_t *h, uint32_t streams_inited)
         pthread_cond_destroy(&s->work_cv);
         pthread_mutex_destroy(&s->mu);
     }
-    free(h->event_free);
+    hw_slots_fini(&h->event_slots);
+    hw_slots_fini(&h->stream_slots);
     free(h->events);
     free(h->streams);
     free(h->allocs);
@@ -818,9 +815,9 @@ int kvs_host_device_create(const kvs_host_config_t *cfg, kvs_host_device_t **out
     h->allocs = calloc(h->max_allocs, sizeof *h->allocs);
     h->streams = calloc(h->max_streams, sizeof *h->streams);
     h->events = calloc(h->max_events, sizeof *h->events);
-    h->event_free = calloc(h->max_events, sizeof *h->event_free);
     if (h->allocs == NULL || h->streams == NULL || h->events == NULL ||
-        h->event_free == NULL)
+        !hw_slots_init(&h->stream_slots, h->max_streams, HW_SLOTS_FULL_STREAMS) ||
+        !hw_slots_init(&h->event_slots, h->max_events, HW_SLOTS_FULL_EVENTS))
         goto fail_nomem;
     for (; inited < h->max_streams; inited++)
         if (!hw_host_slot_init(h, &h->streams[inited], inited))
@@ -836,12 +833,8 @@ int kvs_host_device_create(const kvs_host_config_t *cfg, kvs_host_device_t **out
                                    "kvs_host_device_create: the core refused the ops table; "
                                    "rebuild hw/host against this kvstage's backend.h");
     }
-    /* Hand out low event indices first. */
-    for (uint32_t i = 0; i < h->max_events; i++) {
+    for (uint32_t i = 0; i < h->max_events; i++)
         h->events[i].host = h;
-        h->event_free[i] = h->max_events - 1 - i;
-    }
-    h->event_free_count = h->max_events;
     *out = h;
     return KVS_OK;
 

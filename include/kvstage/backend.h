@@ -66,6 +66,49 @@ typedef struct kvs_copy_desc {
     uint64_t staging_addr;       /* device address of the staging block */
 } kvs_copy_desc_t;
 
+/*
+ * The geometry of a descriptor kvs_copy_desc_check accepted, in bytes unless
+ * named: what a backend needs to run the copy without recomputing (and
+ * re-checking) any product.
+ */
+typedef struct kvs_copy_shape {
+    uint64_t pages_used;    /* ceil(tokens / page_size): entries of pages[] read */
+    uint64_t row_bytes;     /* num_heads * head_dim * elem_bytes: one token's copy */
+    uint64_t token_bytes;   /* local_heads * head_dim * elem_bytes: one pool slot */
+    uint64_t head_off;      /* head_start * head_dim * elem_bytes */
+    uint64_t slot_bytes;    /* tokens * row_bytes: one staging layer slot */
+    uint64_t block_bytes;   /* slot_bytes * staging_layer_slots * 2: the block */
+    uint64_t pool_lo;       /* bytes [pool_lo, pool_hi) of every layer buffer */
+    uint64_t pool_hi;       /*   copied: the pages used, first copied head on */
+    uint64_t payload_bytes; /* slot_bytes * layer_count * 2: bytes copied */
+} kvs_copy_shape_t;
+
+/* The backend's answer to "does [addr, addr + len_bytes) lie inside one live
+ * allocation?" (an empty range may sit one past the end). ctx is the
+ * backend's, passed through. */
+typedef bool (*kvs_copy_mem_fn)(void *ctx, uint64_t addr, uint64_t len_bytes);
+
+/*
+ * The descriptor check every device backend runs on a gather or scatter
+ * before it touches memory, so all backends refuse exactly the same
+ * descriptors with the same status and wording. It checks the shape (signs,
+ * head range, tokens against pages, layer and staging slot ranges, 64-bit
+ * overflow of every size, page ids) and, when the copy moves bytes, asks
+ * in_mem whether each layer buffer holds the bytes the pages touch and
+ * whether the whole staging block (all staging_layer_slots slots, K and V)
+ * is live memory. pages[] is read only up to the pages the tokens use.
+ *
+ * On success returns KVS_OK and fills *sh. On failure returns KVS_EINVAL (a
+ * NULL pointer, a non-positive size, a negative count) or KVS_ERANGE (a
+ * range outside its object, an overflow) and writes into msg (msg_bytes
+ * bytes, NUL-terminated when msg_bytes > 0) "<what> on <dev_name>: " and
+ * what to change; *sh is then zeroed. sh and in_mem must not be NULL. Copies
+ * nothing, keeps no state; d, sh, msg and ctx are borrowed for the call.
+ */
+KVS_API int kvs_copy_desc_check(const kvs_copy_desc_t *d, const char *what,
+                                const char *dev_name, kvs_copy_mem_fn in_mem, void *ctx,
+                                kvs_copy_shape_t *sh, char *msg, size_t msg_bytes);
+
 typedef struct kvs_device kvs_device_t;
 
 typedef struct kvs_device_ops {
@@ -78,6 +121,7 @@ typedef struct kvs_device_ops {
     /* optional (default: KVS_ENOTSUP) */
     int (*stream_create)(kvs_device_t *dev, kvs_stream_t **out);
     void (*stream_destroy)(kvs_device_t *dev, kvs_stream_t *stream);
+    /* enqueue a copy; refuse desc as kvs_copy_desc_check does, first */
     int (*gather)(kvs_device_t *dev, kvs_stream_t *stream, const kvs_copy_desc_t *desc);
     int (*scatter)(kvs_device_t *dev, kvs_stream_t *stream, const kvs_copy_desc_t *desc);
     int (*event_record)(kvs_device_t *dev, kvs_stream_t *stream, kvs_event_t **out);

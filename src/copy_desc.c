@@ -1,0 +1,159 @@
+/*
+ * copy_desc.c - kvs_copy_desc_check of backend.h: the one check of a
+ * gather/scatter descriptor (kvs_copy_desc_t) that every device backend runs
+ * (sim/gpu.c, hw/host, hw/cuda), so a descriptor one backend accepts every
+ * backend accepts, and a refused one gets the same status and wording on all.
+ *
+ * Every size is computed with overflow checks; the page list is read only up
+ * to the pages the tokens use; whether memory is live is the backend's
+ * answer (the in_mem callback), asked only when the copy moves bytes. It
+ * copies nothing and keeps no state.
+ */
+#include <kvstage/backend.h>
+
+#include <stdio.h>
+#include <string.h>
+
+static bool kvs__copy_mul(uint64_t a, uint64_t b, uint64_t *out)
+{
+    return !__builtin_mul_overflow(a, b, out);
+}
+
+static bool kvs__copy_add(uint64_t a, uint64_t b, uint64_t *out)
+{
+    return !__builtin_add_overflow(a, b, out);
+}
+
+/* Byte offset of token slot `slot` (page * page_size + t) in a layer buffer,
+ * at the first copied head. */
+static bool kvs__copy_pool_off(const kvs_copy_shape_t *sh, uint64_t slot, uint64_t *out)
+{
+    uint64_t off;
+    return kvs__copy_mul(slot, sh->token_bytes, &off) &&
+           kvs__copy_add(off, sh->head_off, out);
+}
+
+int kvs_copy_desc_check(const kvs_copy_desc_t *d, const char *what, const char *dev_name,
+                        kvs_copy_mem_fn in_mem, void *ctx, kvs_copy_shape_t *sh, char *msg,
+                        size_t msg_bytes)
+{
+    memset(sh, 0, sizeof *sh);
+#define KVS__COPY_BAD(status, ...)                                              \
+    do {                                                                       \
+        int n_ = snprintf(msg, msg_bytes, "%s on %s: ", what, dev_name);       \
+        if (n_ > 0 && (size_t)n_ < msg_bytes)                                  \
+            snprintf(msg + n_, msg_bytes - (size_t)n_, __VA_ARGS__);           \
+        memset(sh, 0, sizeof *sh); /* after the message, which may use it */   \
+        return (status);                                                       \
+    } while (0)
+    if (d == NULL)
+        KVS__COPY_BAD(KVS_EINVAL, "descriptor is NULL");
+    if (d->local_heads <= 0 || d->head_dim <= 0 || d->elem_bytes <= 0 || d->page_size <= 0)
+        KVS__COPY_BAD(KVS_EINVAL,
+                      "local_heads %lld, head_dim %lld, elem_bytes %lld and page_size %lld "
+                      "must all be positive",
+                      (long long)d->local_heads, (long long)d->head_dim,
+                      (long long)d->elem_bytes, (long long)d->page_size);
+    if (d->num_pages < 0 || d->tokens < 0 || d->layer_begin < 0 || d->layer_count < 0 ||
+        d->staging_slot_begin < 0 || d->staging_layer_slots < 0)
+        KVS__COPY_BAD(KVS_EINVAL,
+                      "num_pages %lld, tokens %lld, layer_begin %lld, layer_count %lld, "
+                      "staging_slot_begin %lld and staging_layer_slots %lld must not be "
+                      "negative",
+                      (long long)d->num_pages, (long long)d->tokens,
+                      (long long)d->layer_begin, (long long)d->layer_count,
+                      (long long)d->staging_slot_begin, (long long)d->staging_layer_slots);
+    if (d->num_heads <= 0 || d->head_start < 0 || d->num_heads > d->local_heads ||
+        d->head_start > d->local_heads - d->num_heads)
+        KVS__COPY_BAD(KVS_ERANGE,
+                      "heads [%lld, +%lld) outside the %lld local heads of the KV pool",
+                      (long long)d->head_start, (long long)d->num_heads,
+                      (long long)d->local_heads);
+    uint64_t cap_tokens;
+    if (kvs__copy_mul((uint64_t)d->num_pages, (uint64_t)d->page_size, &cap_tokens) &&
+        (uint64_t)d->tokens > cap_tokens)
+        KVS__COPY_BAD(KVS_ERANGE, "%lld tokens do not fit in %lld pages of %lld tokens",
+                      (long long)d->tokens, (long long)d->num_pages,
+                      (long long)d->page_size);
+    if (d->layer_count > INT64_MAX - d->layer_begin)
+        KVS__COPY_BAD(KVS_ERANGE, "layer range [%lld, +%lld) overflows",
+                      (long long)d->layer_begin, (long long)d->layer_count);
+    if (d->staging_slot_begin > d->staging_layer_slots ||
+        d->layer_count > d->staging_layer_slots - d->staging_slot_begin)
+        KVS__COPY_BAD(KVS_ERANGE,
+                      "layer slots [%lld, +%lld) outside the %lld slots of the staging block",
+                      (long long)d->staging_slot_begin, (long long)d->layer_count,
+                      (long long)d->staging_layer_slots);
+    if (d->layer_count > 0 && (d->k_base == NULL || d->v_base == NULL))
+        KVS__COPY_BAD(KVS_EINVAL, "k_base or v_base is NULL");
+    if (d->tokens > 0 && d->pages == NULL)
+        KVS__COPY_BAD(KVS_EINVAL, "pages is NULL");
+
+    uint64_t head_bytes;
+    if (!kvs__copy_mul((uint64_t)d->head_dim, (uint64_t)d->elem_bytes, &head_bytes) ||
+        !kvs__copy_mul(head_bytes, (uint64_t)d->num_heads, &sh->row_bytes) ||
+        !kvs__copy_mul(head_bytes, (uint64_t)d->local_heads, &sh->token_bytes) ||
+        !kvs__copy_mul(head_bytes, (uint64_t)d->head_start, &sh->head_off) ||
+        !kvs__copy_mul(sh->row_bytes, (uint64_t)d->tokens, &sh->slot_bytes) ||
+        !kvs__copy_mul(sh->slot_bytes, (uint64_t)d->layer_count, &sh->payload_bytes) ||
+        !kvs__copy_mul(sh->payload_bytes, 2, &sh->payload_bytes) ||
+        !kvs__copy_mul(sh->slot_bytes, (uint64_t)d->staging_layer_slots, &sh->block_bytes) ||
+        !kvs__copy_mul(sh->block_bytes, 2, &sh->block_bytes))
+        KVS__COPY_BAD(KVS_ERANGE,
+                      "sizes overflow 64 bits; lower head_dim, elem_bytes, local_heads, "
+                      "tokens, layer_count or staging_layer_slots");
+    const uint64_t ps = (uint64_t)d->page_size, tokens = (uint64_t)d->tokens;
+    sh->pages_used = tokens / ps + (tokens % ps != 0);
+
+    /* The byte range every layer buffer must hold: from the lowest first
+     * slot to the highest last slot of the pages used. */
+    sh->pool_lo = UINT64_MAX;
+    sh->pool_hi = 0;
+    for (uint64_t i = 0; i < sh->pages_used; i++) {
+        const int64_t p = d->pages[i];
+        const uint64_t in_page = tokens - i * ps < ps ? tokens - i * ps : ps;
+        uint64_t first, last, lo, hi;
+        if (p < 0 || !kvs__copy_mul((uint64_t)p, ps, &first) ||
+            !kvs__copy_add(first, in_page - 1, &last) ||
+            !kvs__copy_pool_off(sh, first, &lo) || !kvs__copy_pool_off(sh, last, &hi) ||
+            !kvs__copy_add(hi, sh->row_bytes, &hi))
+            KVS__COPY_BAD(KVS_ERANGE, "page id %lld (entry %llu) is out of range",
+                          (long long)p, (unsigned long long)i);
+        if (lo < sh->pool_lo)
+            sh->pool_lo = lo;
+        if (hi > sh->pool_hi)
+            sh->pool_hi = hi;
+    }
+    if (sh->pages_used == 0)
+        sh->pool_lo = 0;
+
+    if (sh->payload_bytes != 0) {
+        for (int64_t j = 0; j < d->layer_count; j++) {
+            const int64_t l = d->layer_begin + j;
+            for (int kv = 0; kv < 2; kv++) {
+                const uint64_t base = kv == 0 ? d->k_base[l] : d->v_base[l];
+                uint64_t lo;
+                if (!kvs__copy_add(base, sh->pool_lo, &lo) ||
+                    base > UINT64_MAX - sh->pool_hi ||
+                    !in_mem(ctx, lo, sh->pool_hi - sh->pool_lo))
+                    KVS__COPY_BAD(KVS_ERANGE,
+                                  "%s buffer of local layer %lld (0x%llx) does not hold "
+                                  "bytes [%llu, %llu) of the pages copied: not allocated, "
+                                  "freed or too small",
+                                  kv == 0 ? "K" : "V", (long long)l,
+                                  (unsigned long long)base, (unsigned long long)sh->pool_lo,
+                                  (unsigned long long)sh->pool_hi);
+            }
+        }
+        if (!in_mem(ctx, d->staging_addr, sh->block_bytes))
+            KVS__COPY_BAD(KVS_ERANGE,
+                          "staging block [0x%llx, +%llu) (%lld slots of %llu bytes, K and "
+                          "V) is not inside one live allocation",
+                          (unsigned long long)d->staging_addr,
+                          (unsigned long long)sh->block_bytes,
+                          (long long)d->staging_layer_slots,
+                          (unsigned long long)sh->slot_bytes);
+    }
+#undef KVS__COPY_BAD
+    return KVS_OK;
+}

@@ -1,0 +1,406 @@
+/*
+ * test_copy_desc.c - kvs_copy_desc_check, the descriptor check every device
+ * backend runs: each refusal with its status and the words that say what to
+ * change, the geometry of an accepted descriptor, when it asks the backend
+ * about memory (and only then), and a message buffer too small for the text.
+ *
+ * The backend's memory is a fixed list of live ranges (a fake in_mem); the
+ * shapes below are small enough to work out by hand.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <kvstage/backend.h>
+
+#include <string.h>
+
+#define LAYERS 4
+#define LAYER_BYTES 1024u
+#define K_BASE(l) (0x100000ull * ((l) + 1))
+#define V_BASE(l) (0x100000ull * ((l) + 1) + 0x10000ull)
+#define STAGING_ADDR 0x900000ull
+#define STAGING_BYTES 1152u /* 192-byte slots x 3 x K and V */
+
+/* The fake backend memory: live ranges, and how often it was asked. */
+typedef struct mem {
+    uint64_t addr[2 * LAYERS + 1];
+    uint64_t len_bytes[2 * LAYERS + 1];
+    unsigned n;
+    unsigned asked;
+} mem_t;
+
+static bool mem_holds(void *ctx, uint64_t addr, uint64_t len_bytes)
+{
+    mem_t *m = ctx;
+    m->asked++;
+    for (unsigned i = 0; i < m->n; i++) {
+        if (addr < m->addr[i])
+            continue;
+        const uint64_t rel = addr - m->addr[i];
+        if (rel <= m->len_bytes[i] && len_bytes <= m->len_bytes[i] - rel)
+            return true;
+    }
+    return false;
+}
+
+static void mem_add(mem_t *m, uint64_t addr, uint64_t len_bytes)
+{
+    m->addr[m->n] = addr;
+    m->len_bytes[m->n] = len_bytes;
+    m->n++;
+}
+
+/* Every layer buffer and the staging block live. */
+static void mem_all(mem_t *m)
+{
+    memset(m, 0, sizeof *m);
+    for (int l = 0; l < LAYERS; l++) {
+        mem_add(m, K_BASE(l), LAYER_BYTES);
+        mem_add(m, V_BASE(l), LAYER_BYTES);
+    }
+    mem_add(m, STAGING_ADDR, STAGING_BYTES);
+}
+
+typedef struct fx {
+    uint64_t k[LAYERS], v[LAYERS];
+    int64_t pages[2];
+    kvs_copy_desc_t good;
+    mem_t mem;
+    kvs_copy_shape_t sh;
+    char msg[KVS_ERROR_MSG_BYTES];
+} fx_t;
+
+/*
+ * 4 local heads of 8 x 2 bytes (16 bytes a head, 64 a token slot), heads
+ * [1, +2) copied (32 bytes a token, at offset 16), pages of 4 tokens, pages
+ * {3, 1}, 6 tokens, local layers [1, +2) into slots [1, +2) of 3:
+ *   slot 192 bytes, block 192 * 3 * 2 = 1152, payload 192 * 2 * 2 = 768;
+ *   page 3: token slots 12..15 -> bytes [12*64+16, 15*64+16+32) = [784, 1008)
+ *   page 1: token slots 4..5   -> bytes [4*64+16, 5*64+16+32)   = [272, 368)
+ */
+static void fx_init(fx_t *f)
+{
+    memset(f, 0, sizeof *f);
+    for (int l = 0; l < LAYERS; l++) {
+        f->k[l] = K_BASE(l);
+        f->v[l] = V_BASE(l);
+    }
+    f->pages[0] = 3;
+    f->pages[1] = 1;
+    f->good = (kvs_copy_desc_t){
+        .k_base = f->k,
+        .v_base = f->v,
+        .local_heads = 4,
+        .head_dim = 8,
+        .elem_bytes = 2,
+        .page_size = 4,
+        .pages = f->pages,
+        .num_pages = 2,
+        .tokens = 6,
+        .head_start = 1,
+        .num_heads = 2,
+        .layer_begin = 1,
+        .layer_count = 2,
+        .staging_slot_begin = 1,
+        .staging_layer_slots = 3,
+        .staging_addr = STAGING_ADDR,
+    };
+    mem_all(&f->mem);
+}
+
+static int check(fx_t *f, const kvs_copy_desc_t *d)
+{
+    memset(&f->sh, 0xa5, sizeof f->sh);
+    f->msg[0] = '\0';
+    f->mem.asked = 0;
+    return kvs_copy_desc_check(d, "gather", "gpu 7", mem_holds, &f->mem, &f->sh, f->msg,
+                               sizeof f->msg);
+}
+
+static bool shape_is_zero(const kvs_copy_shape_t *sh)
+{
+    static const kvs_copy_shape_t zero;
+    return memcmp(sh, &zero, sizeof zero) == 0;
+}
+
+/* d is refused with status, a message starting "gather on gpu 7: " that
+ * contains needle, and a zeroed shape. */
+static void expect_refused(fx_t *f, const kvs_copy_desc_t *d, int status, const char *needle)
+{
+    const int rc = check(f, d);
+    if (rc != status)
+        fail_msg("want %s, got %s (\"%s\")", kvs_status_name(status), kvs_status_name(rc),
+                 f->msg);
+    if (strncmp(f->msg, "gather on gpu 7: ", 17) != 0 || strstr(f->msg, needle) == NULL)
+        fail_msg("message \"%s\" lacks \"gather on gpu 7: \" or \"%s\"", f->msg, needle);
+    assert_true(shape_is_zero(&f->sh));
+}
+
+#define REFUSED(field, value, status, needle)                                  \
+    do {                                                                       \
+        kvs_copy_desc_t d_ = f.good;                                           \
+        d_.field = (value);                                                    \
+        expect_refused(&f, &d_, (status), (needle));                           \
+    } while (0)
+
+static void test_copy_desc_accepts_and_reports_the_shape(void **state)
+{
+    fx_t f;
+    fx_init(&f);
+    assert_int_equal(check(&f, &f.good), KVS_OK);
+    assert_string_equal(f.msg, "");
+    assert_int_equal(f.sh.pages_used, 2);
+    assert_int_equal(f.sh.row_bytes, 32);
+    assert_int_equal(f.sh.token_bytes, 64);
+    assert_int_equal(f.sh.head_off, 16);
+    assert_int_equal(f.sh.slot_bytes, 192);
+    assert_int_equal(f.sh.block_bytes, 1152);
+    assert_int_equal(f.sh.pool_lo, 272);
+    assert_int_equal(f.sh.pool_hi, 1008);
+    assert_int_equal(f.sh.payload_bytes, 768);
+    /* K and V of both layers, then the staging block. */
+    assert_int_equal(f.mem.asked, 5);
+
+    /* A partial last page and pages past the used ones (never read). */
+    int64_t more[3] = {0, 2, -7};
+    kvs_copy_desc_t d = f.good;
+    d.pages = more;
+    d.num_pages = 3;
+    d.tokens = 5;
+    assert_int_equal(check(&f, &d), KVS_OK);
+    assert_int_equal(f.sh.pages_used, 2);
+    assert_int_equal(f.sh.pool_lo, 16);             /* slot 0 */
+    assert_int_equal(f.sh.pool_hi, 8 * 64 + 16 + 32); /* slot 8, the 5th token */
+    assert_int_equal(f.sh.slot_bytes, 160);
+    assert_int_equal(f.sh.block_bytes, 960);
+
+    /* A layer buffer need hold only the bytes the pages touch: layer 1's K
+     * buffer cut to exactly pool_hi bytes will do, one byte less will not. */
+    d = f.good;
+    f.mem.len_bytes[2] = 1008;
+    assert_int_equal(check(&f, &d), KVS_OK);
+    f.mem.len_bytes[2] = 1007;
+    expect_refused(&f, &d, KVS_ERANGE, "K buffer of local layer 1");
+}
+
+static void test_copy_desc_nothing_to_move_asks_nothing(void **state)
+{
+    fx_t f;
+    fx_init(&f);
+    memset(&f.mem, 0, sizeof f.mem); /* no memory at all */
+    kvs_copy_desc_t d = f.good;
+    d.tokens = 0;
+    d.pages = NULL;
+    d.staging_addr = 0;
+    assert_int_equal(check(&f, &d), KVS_OK);
+    assert_int_equal(f.sh.payload_bytes, 0);
+    assert_int_equal(f.sh.pages_used, 0);
+    assert_int_equal(f.sh.pool_lo, 0);
+    assert_int_equal(f.sh.pool_hi, 0);
+    assert_int_equal(f.mem.asked, 0);
+
+    d = f.good;
+    d.layer_count = 0;
+    d.k_base = NULL;
+    d.v_base = NULL;
+    assert_int_equal(check(&f, &d), KVS_OK);
+    assert_int_equal(f.sh.payload_bytes, 0);
+    assert_int_equal(f.sh.pages_used, 2);
+    assert_int_equal(f.sh.block_bytes, 1152);
+    assert_int_equal(f.mem.asked, 0);
+}
+
+static void test_copy_desc_refuses_null_and_non_positive_sizes(void **state)
+{
+    fx_t f;
+    fx_init(&f);
+    expect_refused(&f, NULL, KVS_EINVAL, "descriptor is NULL");
+    REFUSED(local_heads, 0, KVS_EINVAL, "local_heads 0, head_dim 8, elem_bytes 2 and "
+                                        "page_size 4 must all be positive");
+    REFUSED(head_dim, -3, KVS_EINVAL, "head_dim -3");
+    REFUSED(elem_bytes, 0, KVS_EINVAL, "elem_bytes 0");
+    REFUSED(page_size, -1, KVS_EINVAL, "page_size -1");
+}
+
+static void test_copy_desc_refuses_negative_counts(void **state)
+{
+    fx_t f;
+    fx_init(&f);
+    REFUSED(num_pages, -1, KVS_EINVAL,
+            "num_pages -1, tokens 6, layer_begin 1, layer_count 2, staging_slot_begin 1 "
+            "and staging_layer_slots 3 must not be negative");
+    REFUSED(tokens, -1, KVS_EINVAL, "tokens -1");
+    REFUSED(layer_begin, -1, KVS_EINVAL, "layer_begin -1");
+    REFUSED(layer_count, -1, KVS_EINVAL, "layer_count -1");
+    REFUSED(staging_slot_begin, -1, KVS_EINVAL, "staging_slot_begin -1");
+    REFUSED(staging_layer_slots, -1, KVS_EINVAL, "staging_layer_slots -1");
+}
+
+static void test_copy_desc_refuses_heads_outside_the_pool(void **state)
+{
+    fx_t f;
+    fx_init(&f);
+    REFUSED(num_heads, 0, KVS_ERANGE, "heads [1, +0) outside the 4 local heads of the KV pool");
+    REFUSED(head_start, -1, KVS_ERANGE, "heads [-1, +2)");
+    REFUSED(head_start, 3, KVS_ERANGE, "heads [3, +2)");
+    REFUSED(num_heads, 5, KVS_ERANGE, "heads [1, +5)");
+    REFUSED(head_start, INT64_MAX, KVS_ERANGE, "local heads");
+    /* The edge: heads [2, +2) of 4 fit. */
+    kvs_copy_desc_t d = f.good;
+    d.head_start = 2;
+    assert_int_equal(check(&f, &d), KVS_OK);
+}
+
+static void test_copy_desc_refuses_more_tokens_than_pages(void **state)
+{
+    fx_t f;
+    fx_init(&f);
+    REFUSED(tokens, 9, KVS_ERANGE, "9 tokens do not fit in 2 pages of 4 tokens");
+    REFUSED(num_pages, 1, KVS_ERANGE, "6 tokens do not fit in 1 pages");
+    /* Exactly full pages fit (with a staging block for 8 tokens). */
+    kvs_copy_desc_t d = f.good;
+    d.tokens = 8;
+    f.mem.len_bytes[2 * LAYERS] = 8 * 32 * 3 * 2;
+    assert_int_equal(check(&f, &d), KVS_OK);
+    assert_int_equal(f.sh.pages_used, 2);
+    assert_int_equal(f.sh.block_bytes, 1536);
+}
+
+static void test_copy_desc_refuses_layer_range_overflow(void **state)
+{
+    fx_t f;
+    fx_init(&f);
+    REFUSED(layer_begin, INT64_MAX, KVS_ERANGE,
+            "layer range [9223372036854775807, +2) overflows");
+    REFUSED(layer_begin, INT64_MAX - 1, KVS_ERANGE, "overflows");
+}
+
+static void test_copy_desc_refuses_staging_slots_outside_the_block(void **state)
+{
+    fx_t f;
+    fx_init(&f);
+    REFUSED(staging_slot_begin, 2, KVS_ERANGE,
+            "layer slots [2, +2) outside the 3 slots of the staging block");
+    REFUSED(staging_slot_begin, 4, KVS_ERANGE, "layer slots [4, +2)");
+    REFUSED(staging_layer_slots, 2, KVS_ERANGE, "outside the 2 slots");
+    REFUSED(layer_count, 3, KVS_ERANGE, "layer slots [1, +3)");
+}
+
+static void test_copy_desc_refuses_null_bases_and_pages(void **state)
+{
+    fx_t f;
+    fx_init(&f);
+    REFUSED(k_base, NULL, KVS_EINVAL, "k_base or v_base is NULL");
+    REFUSED(v_base, NULL, KVS_EINVAL, "k_base or v_base is NULL");
+    REFUSED(pages, NULL, KVS_EINVAL, "pages is NULL");
+}
+
+static void test_copy_desc_refuses_sizes_overflowing_64_bits(void **state)
+{
+    fx_t f;
+    fx_init(&f);
+    REFUSED(head_dim, INT64_MAX / 2, KVS_ERANGE, "sizes overflow 64 bits; lower head_dim");
+    REFUSED(elem_bytes, INT64_MAX, KVS_ERANGE, "sizes overflow 64 bits");
+    /* Only the staging block's size overflows: every slot of it counts. */
+    REFUSED(staging_layer_slots, INT64_MAX / 64, KVS_ERANGE, "sizes overflow 64 bits");
+}
+
+static void test_copy_desc_refuses_bad_page_ids(void **state)
+{
+    fx_t f;
+    fx_init(&f);
+    int64_t pages[2] = {3, -1};
+    REFUSED(pages, pages, KVS_ERANGE, "page id -1 (entry 1) is out of range");
+    int64_t huge[2] = {INT64_MAX / 2, 1};
+    REFUSED(pages, huge, KVS_ERANGE, "page id 4611686018427387903 (entry 0)");
+    /* A page whose slots fit 64 bits but whose bytes do not. */
+    int64_t far[2] = {3, INT64_MAX / 64};
+    REFUSED(pages, far, KVS_ERANGE, "(entry 1) is out of range");
+}
+
+static void test_copy_desc_refuses_layer_buffers_not_in_memory(void **state)
+{
+    fx_t f;
+    fx_init(&f);
+    uint64_t k[LAYERS];
+    memcpy(k, f.k, sizeof k);
+    k[2] = 0x5000000; /* nowhere */
+    REFUSED(k_base, k, KVS_ERANGE,
+            "K buffer of local layer 2 (0x5000000) does not hold bytes [272, 1008) of the "
+            "pages copied: not allocated, freed or too small");
+    uint64_t v[LAYERS];
+    memcpy(v, f.v, sizeof v);
+    v[1] += 32; /* from there the buffer ends 16 bytes early */
+    REFUSED(v_base, v, KVS_ERANGE, "V buffer of local layer 1");
+    v[1] = UINT64_MAX - 100; /* base + pool range wraps */
+    REFUSED(v_base, v, KVS_ERANGE, "V buffer of local layer 1");
+    /* Pages past the layer buffers. */
+    int64_t pages[2] = {3, 16};
+    REFUSED(pages, pages, KVS_ERANGE, "K buffer of local layer 1");
+    /* Only layers copied are looked at: layer 0 is not. */
+    kvs_copy_desc_t d = f.good;
+    memcpy(k, f.k, sizeof k);
+    k[0] = 0x5000000;
+    d.k_base = k;
+    assert_int_equal(check(&f, &d), KVS_OK);
+}
+
+static void test_copy_desc_refuses_staging_block_not_in_memory(void **state)
+{
+    fx_t f;
+    fx_init(&f);
+    REFUSED(staging_addr, STAGING_ADDR + 1, KVS_ERANGE,
+            "staging block [0x900001, +1152) (3 slots of 192 bytes, K and V) is not inside "
+            "one live allocation");
+    REFUSED(staging_addr, K_BASE(0), KVS_ERANGE, "staging block [0x100000, +1152)");
+    /* The block must hold all S slots, not just those written. */
+    REFUSED(staging_layer_slots, 4, KVS_ERANGE, "(4 slots of 192 bytes");
+}
+
+static void test_copy_desc_message_fits_any_buffer(void **state)
+{
+    fx_t f;
+    fx_init(&f);
+    kvs_copy_desc_t d = f.good;
+    d.tokens = -1;
+    char small[12];
+    memset(small, 'x', sizeof small);
+    assert_int_equal(kvs_copy_desc_check(&d, "scatter", "host", mem_holds, &f.mem, &f.sh,
+                                         small, sizeof small),
+                     KVS_EINVAL);
+    assert_string_equal(small, "scatter on ");
+    /* Just the prefix room: the detail is cut, the text still ends. */
+    char prefix[sizeof "scatter on host: "];
+    assert_int_equal(kvs_copy_desc_check(&d, "scatter", "host", mem_holds, &f.mem, &f.sh,
+                                         prefix, sizeof prefix),
+                     KVS_EINVAL);
+    assert_string_equal(prefix, "scatter on host: ");
+    /* No room at all. */
+    assert_int_equal(
+        kvs_copy_desc_check(&d, "scatter", "host", mem_holds, &f.mem, &f.sh, NULL, 0),
+        KVS_EINVAL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_copy_desc_accepts_and_reports_the_shape),
+        cmocka_unit_test(test_copy_desc_nothing_to_move_asks_nothing),
+        cmocka_unit_test(test_copy_desc_refuses_null_and_non_positive_sizes),
+        cmocka_unit_test(test_copy_desc_refuses_negative_counts),
+        cmocka_unit_test(test_copy_desc_refuses_heads_outside_the_pool),
+        cmocka_unit_test(test_copy_desc_refuses_more_tokens_than_pages),
+        cmocka_unit_test(test_copy_desc_refuses_layer_range_overflow),
+        cmocka_unit_test(test_copy_desc_refuses_staging_slots_outside_the_block),
+        cmocka_unit_test(test_copy_desc_refuses_null_bases_and_pages),
+        cmocka_unit_test(test_copy_desc_refuses_sizes_overflowing_64_bits),
+        cmocka_unit_test(test_copy_desc_refuses_bad_page_ids),
+        cmocka_unit_test(test_copy_desc_refuses_layer_buffers_not_in_memory),
+        cmocka_unit_test(test_copy_desc_refuses_staging_block_not_in_memory),
+        cmocka_unit_test(test_copy_desc_message_fits_any_buffer),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
