@@ -420,18 +420,35 @@ static void test_host_device_gather_scatter_random_shapes(void **state)
 
 static void test_host_device_gather_scatter_streaming_path(void **state)
 {
-    /* Over 4 MiB of payload: whole rows take the streaming-store path.
+    /* Over 4 MiB of payload: copies take the streaming-store path.
      * Pages of three 216-byte rows are 648-byte runs: a tail of 8 bytes
      * after the last full line, and every other run starts at a staging
-     * offset only 8-byte aligned, so both store paths run in one copy. */
+     * offset only 8-byte aligned, so both store paths run in one copy.
+     * Strided rows of 256 bytes stream every row; rows of 72 and 96 bytes
+     * stream a line and copy the tail, or fall back to memcpy where the
+     * row's start is not aligned for the widest stores. */
     const shape_t shapes[] = {
         {16, 4096, 4, 1, 1, 128, 2, 2, 0, 2, 2, 0, 260, 0}, /* strided: rows path */
+        {4, 16000, 3, 1, 1, 36, 2, 2, 0, 2, 2, 0, 4096, 0},
+        {16, 12000, 4, 2, 1, 48, 2, 2, 0, 2, 2, 0, 800, 0},
         {16, 4096, 1, 0, 1, 128, 2, 2, 0, 2, 2, 0, 260, 1},
         {3, 6000, 3, 0, 3, 36, 2, 2, 0, 2, 2, 0, 2100, 0},
         {3, 6000, 3, 0, 3, 36, 2, 2, 0, 2, 2, 0, 2100, 1},
     };
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        round_trip(&shapes[i], 0xB16 + i);
+    /* Each streaming kernel this CPU runs: 16-, 32- and 64-byte stores
+     * (the widest one the CPU lacks falls back to the next). */
+    const uint32_t widths[] = {0, 16, 32, 64};
+    for (size_t w = 0; w < sizeof widths / sizeof widths[0]; w++) {
+        const kvs_host_config_t cfg = {.max_vector_bytes = widths[w]};
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+            round_trip_on(&shapes[i], 0xB16 + i + 16 * w, &cfg);
+    }
+    kvs_host_config_t bad = {.max_vector_bytes = 24};
+    kvs_host_device_t *h = NULL;
+    kvs_error_t err;
+    assert_int_equal(kvs_host_device_create(&bad, &h, &err), KVS_EINVAL);
+    assert_non_null(strstr(err.msg, "max_vector_bytes must be 16, 32, 64 or 0"));
+    assert_null(h);
 }
 
 /* Large ops split between the worker and helpers: 3 threads share the

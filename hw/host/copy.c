@@ -2,35 +2,39 @@
  * copy.c - hw_host_copy_run of copy.h: gather and scatter on the CPU, as
  * close to memcpy speed as the access pattern allows.
  *
- * Two paths, chosen per copy. The ratios below were measured on the 2-core
- * development VM with a throwaway A/B harness on CPU time (noisy, +-10%);
- * bench_host's figures are in docs/performance.md.
+ * Two paths, chosen per copy. The ratios below are of memcpy's bandwidth on
+ * the 2-core development VM (shared and noisy, +-10%); bench_host's figures,
+ * with their commands, are in docs/performance.md.
  * - Page runs, when a token's row is its whole pool slot (all local heads
  *   copied): each page is one contiguous run, merged with the next while
  *   page ids follow on. Page ids are random, so each run starts where no
- *   hardware prefetcher looks (plain memcpy per page: ~0.6x of memcpy's
- *   bandwidth). A cursor walks the same runs HW_HOST_RUN_PREFETCH_LINES
- *   cache lines ahead of the copy and prefetches one line per line copied;
- *   large copies store with non-temporal (streaming) stores, as glibc's
- *   memcpy does for large sizes, skipping the read-for-ownership of every
- *   written line: ~0.7-0.85x.
- * - Strided rows (row_bytes of every token_bytes): one memcpy per row,
- *   letting libc pick its widest vector moves (a hand-written 64-byte loop
- *   ran at ~0.6x of per-row memcpy: fewer instructions per line keep more
- *   misses inside the out-of-order window), and a prefetch of the rows
- *   HW_HOST_ROW_PREFETCH_BYTES ahead. Strided rows stay slower than memcpy:
- *   hardware stream prefetchers do not follow the pattern and one core
- *   keeps only so many misses in flight (256 bytes of every 1024 copy at
- *   ~0.45x of memcpy, 512 of 1024 at ~0.7x; bench_host's read probe shows
- *   the bound).
+ *   hardware prefetcher looks (plain memcpy per page: ~0.6x). A cursor walks
+ *   the same runs HW_HOST_RUN_PREFETCH_LINES cache lines ahead of the copy
+ *   and prefetches one line per line copied.
+ * - Strided rows (row_bytes of every token_bytes): a prefetch of the rows
+ *   HW_HOST_ROW_PREFETCH_BYTES ahead, then the row. Strided rows stay slower
+ *   than memcpy: hardware stream prefetchers do not follow the pattern and
+ *   one core keeps only so many misses in flight (256 bytes of every 1024
+ *   at ~0.45x, 512 of 1024 at ~0.7-0.8x; bench_host's read probe shows the
+ *   bound: one core reads 256 of every 1024 bytes at ~0.3x of its
+ *   contiguous read).
+ * - Stores. Copies of at least HW_HOST_STREAM_MIN_BYTES store whole lines
+ *   with non-temporal (streaming) stores, as glibc's memcpy does for large
+ *   sizes: no read-for-ownership of every written line. The kernel is the
+ *   widest the CPU runs (AVX-512, AVX2, else SSE2) within the device's
+ *   max_vector_bytes; a line whose destination is not aligned for it, and
+ *   the tail of a row, go through memcpy. Strided rows shorter than
+ *   HW_HOST_STREAM_MIN_ROW_BYTES keep memcpy with a prefetch for writing:
+ *   streaming 256-byte rows into random pages measured slower than that
+ *   (~0.7x of it), while 512-byte rows streamed ~1.25x faster.
  * - No division in the inner loops: pages are walked with nested loops.
  */
 #include "copy.h"
 
 #include <string.h>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
 #define HW_HOST_HAVE_STREAM 1
 #else
 #define HW_HOST_HAVE_STREAM 0
@@ -44,9 +48,106 @@
 #ifndef HW_HOST_ROW_PREFETCH_BYTES
 #define HW_HOST_ROW_PREFETCH_BYTES 4096u /* strided rows: bytes of rows ahead, 0 = none */
 #endif
-#ifndef HW_HOST_STREAM_MIN_BYTES
-#define HW_HOST_STREAM_MIN_BYTES (4ull << 20) /* payload from which runs stream */
+#ifndef HW_HOST_ROW_PREFETCH_HINT
+#define HW_HOST_ROW_PREFETCH_HINT 3 /* strided reads: __builtin_prefetch locality */
 #endif
+#ifndef HW_HOST_RUN_PREFETCH_HINT
+#define HW_HOST_RUN_PREFETCH_HINT 3 /* page-run reads: __builtin_prefetch locality */
+#endif
+#ifndef HW_HOST_STREAM_MIN_ROW_BYTES
+#define HW_HOST_STREAM_MIN_ROW_BYTES 512u /* strided rows: shortest row streamed */
+#endif
+#ifndef HW_HOST_STREAM_MIN_BYTES
+#define HW_HOST_STREAM_MIN_BYTES (4ull << 20) /* payload from which copies stream */
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Streaming stores                                                          */
+/* ------------------------------------------------------------------------ */
+
+/* Copies n bytes (a multiple of 64) to dst (aligned to the kernel's vector
+ * width) with non-temporal stores. */
+typedef void (*hw_host_stream_fn)(uint8_t *dst, const uint8_t *src, uint64_t n);
+
+/* How a copy moves its bytes: a streaming kernel and the dst alignment it
+ * needs, or none (plain memcpy). */
+typedef struct hw_host_mover {
+    hw_host_stream_fn stream; /* NULL: memcpy only */
+    uintptr_t align_mask;
+} hw_host_mover_t;
+
+#if HW_HOST_HAVE_STREAM
+static void hw_host_stream_sse2(uint8_t *dst, const uint8_t *src, uint64_t n)
+{
+    for (; n > 0; n -= HW_HOST_LINE_BYTES, dst += HW_HOST_LINE_BYTES, src += HW_HOST_LINE_BYTES) {
+        const __m128i a = _mm_loadu_si128((const __m128i *)(const void *)src);
+        const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(src + 16));
+        const __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(src + 32));
+        const __m128i d = _mm_loadu_si128((const __m128i *)(const void *)(src + 48));
+        _mm_stream_si128((__m128i *)(void *)dst, a);
+        _mm_stream_si128((__m128i *)(void *)(dst + 16), b);
+        _mm_stream_si128((__m128i *)(void *)(dst + 32), c);
+        _mm_stream_si128((__m128i *)(void *)(dst + 48), d);
+    }
+}
+
+__attribute__((target("avx2"))) static void hw_host_stream_avx2(uint8_t *dst,
+                                                                const uint8_t *src, uint64_t n)
+{
+    for (; n > 0; n -= HW_HOST_LINE_BYTES, dst += HW_HOST_LINE_BYTES, src += HW_HOST_LINE_BYTES) {
+        const __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)src);
+        const __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(src + 32));
+        _mm256_stream_si256((__m256i *)(void *)dst, a);
+        _mm256_stream_si256((__m256i *)(void *)(dst + 32), b);
+    }
+}
+
+__attribute__((target("avx512f"))) static void hw_host_stream_avx512(uint8_t *dst,
+                                                                    const uint8_t *src,
+                                                                    uint64_t n)
+{
+    for (; n > 0; n -= HW_HOST_LINE_BYTES, dst += HW_HOST_LINE_BYTES, src += HW_HOST_LINE_BYTES)
+        _mm512_stream_si512((void *)dst, _mm512_loadu_si512((const void *)src));
+}
+#endif
+
+/* The widest streaming kernel this CPU runs within max_vector_bytes, for
+ * copies of at least HW_HOST_STREAM_MIN_BYTES; none below. */
+static hw_host_mover_t hw_host_mover_pick(uint64_t payload_bytes, uint32_t max_vector_bytes)
+{
+    hw_host_mover_t m = {0};
+#if HW_HOST_HAVE_STREAM
+    if (payload_bytes < HW_HOST_STREAM_MIN_BYTES)
+        return m;
+    if (max_vector_bytes >= 64 && __builtin_cpu_supports("avx512f"))
+        m = (hw_host_mover_t){hw_host_stream_avx512, 63};
+    else if (max_vector_bytes >= 32 && __builtin_cpu_supports("avx2"))
+        m = (hw_host_mover_t){hw_host_stream_avx2, 31};
+    else
+        m = (hw_host_mover_t){hw_host_stream_sse2, 15};
+#else
+    (void)payload_bytes;
+    (void)max_vector_bytes;
+#endif
+    return m;
+}
+
+/* Copies n bytes: whole lines streamed when the mover streams and dst is
+ * aligned for it, the rest with memcpy. */
+static inline void hw_host_move(const hw_host_mover_t *m, uint8_t *dst, const uint8_t *src,
+                                uint64_t n)
+{
+    if (m->stream != NULL && ((uintptr_t)dst & m->align_mask) == 0) {
+        const uint64_t lines = n & ~(uint64_t)(HW_HOST_LINE_BYTES - 1);
+        if (lines > 0)
+            m->stream(dst, src, lines);
+        dst += lines;
+        src += lines;
+        n -= lines;
+    }
+    if (n > 0)
+        memcpy(dst, src, (size_t)n);
+}
 
 /* ------------------------------------------------------------------------ */
 /* Page runs                                                                 */
@@ -107,52 +208,33 @@ static inline void hw_host_run_prefetch(hw_host_run_t *pf, bool for_write)
     if (for_write)
         __builtin_prefetch(pf->ptr + pf->off, 1, 3);
     else
-        __builtin_prefetch(pf->ptr + pf->off, 0, 3);
+        __builtin_prefetch(pf->ptr + pf->off, 0, HW_HOST_RUN_PREFETCH_HINT);
     pf->off += HW_HOST_LINE_BYTES;
     if (pf->off >= pf->len)
         hw_host_run_next(pf);
 }
 
-/* Copies one 64-byte line with streaming stores; dst 16-byte aligned. */
-static inline void hw_host_stream_line(uint8_t *dst, const uint8_t *src)
-{
-#if HW_HOST_HAVE_STREAM
-    const __m128i a = _mm_loadu_si128((const __m128i *)(const void *)src);
-    const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(src + 16));
-    const __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(src + 32));
-    const __m128i d = _mm_loadu_si128((const __m128i *)(const void *)(src + 48));
-    _mm_stream_si128((__m128i *)(void *)dst, a);
-    _mm_stream_si128((__m128i *)(void *)(dst + 16), b);
-    _mm_stream_si128((__m128i *)(void *)(dst + 32), c);
-    _mm_stream_si128((__m128i *)(void *)(dst + 48), d);
-#else
-    memcpy(dst, src, HW_HOST_LINE_BYTES);
-#endif
-}
+/* Bytes moved between prefetch bursts along page runs: 16 lines. */
+#define HW_HOST_RUN_BLOCK_BYTES (16u * HW_HOST_LINE_BYTES)
 
-/* Copies n bytes, prefetching one line ahead per line copied. */
-static void hw_host_run_move(uint8_t *dst, const uint8_t *src, uint64_t n,
-                             hw_host_run_t *pf, bool for_write, bool stream)
+/* Copies n bytes, prefetching one line ahead per line copied, a block of
+ * lines at a time. */
+static void hw_host_run_move(const hw_host_mover_t *m, uint8_t *dst, const uint8_t *src,
+                             uint64_t n, hw_host_run_t *pf, bool for_write)
 {
-    if (stream && ((uintptr_t)dst & 15u) == 0) {
-        for (; n >= HW_HOST_LINE_BYTES; n -= HW_HOST_LINE_BYTES) {
+    while (n > 0) {
+        const uint64_t k = n < HW_HOST_RUN_BLOCK_BYTES ? n : HW_HOST_RUN_BLOCK_BYTES;
+        for (uint64_t o = 0; o < k; o += HW_HOST_LINE_BYTES)
             hw_host_run_prefetch(pf, for_write);
-            hw_host_stream_line(dst, src);
-            dst += HW_HOST_LINE_BYTES;
-            src += HW_HOST_LINE_BYTES;
-        }
-    } else {
-        for (uint64_t k = 0; k < n; k += HW_HOST_LINE_BYTES)
-            hw_host_run_prefetch(pf, for_write);
-        memcpy(dst, src, (size_t)n);
-        return;
+        hw_host_move(m, dst, src, k);
+        dst += k;
+        src += k;
+        n -= k;
     }
-    if (n > 0)
-        memcpy(dst, src, (size_t)n);
 }
 
-static void hw_host_copy_runs(const hw_host_copy_t *c, uint8_t *pool, uint8_t *blk,
-                              bool stream)
+static void hw_host_copy_runs(const hw_host_copy_t *c, const hw_host_mover_t *m, uint8_t *pool,
+                              uint8_t *blk)
 {
     hw_host_run_t run, pf;
     hw_host_run_start(&run, c, pool);
@@ -160,16 +242,16 @@ static void hw_host_copy_runs(const hw_host_copy_t *c, uint8_t *pool, uint8_t *b
     /* Streaming stores into lines prefetched for writing would pay the
      * read-for-ownership they exist to avoid: no prefetch then (the
      * contiguous staging side is what hardware prefetchers follow). */
-    if ((c->scatter && stream) || HW_HOST_RUN_PREFETCH_LINES == 0)
+    if ((c->scatter && m->stream != NULL) || HW_HOST_RUN_PREFETCH_LINES == 0)
         pf.len = 0;
     for (unsigned i = 0; i < HW_HOST_RUN_PREFETCH_LINES; i++)
         hw_host_run_prefetch(&pf, c->scatter);
     uint8_t *st = blk;
     for (; run.len > 0; hw_host_run_next(&run)) {
         if (c->scatter)
-            hw_host_run_move(run.ptr, st, run.len, &pf, true, stream);
+            hw_host_run_move(m, run.ptr, st, run.len, &pf, true);
         else
-            hw_host_run_move(st, run.ptr, run.len, &pf, false, stream);
+            hw_host_run_move(m, st, run.ptr, run.len, &pf, false);
         st += run.len;
     }
 }
@@ -202,7 +284,7 @@ static inline void hw_host_rowpf_step(hw_host_rowpf_t *k)
             __builtin_prefetch(k->row + o, 1, 3);
     } else {
         for (uint64_t o = 0; o < c->row_bytes; o += HW_HOST_LINE_BYTES)
-            __builtin_prefetch(k->row + o, 0, 3);
+            __builtin_prefetch(k->row + o, 0, HW_HOST_ROW_PREFETCH_HINT);
     }
     if (--k->left == 0)
         return;
@@ -215,11 +297,14 @@ static inline void hw_host_rowpf_step(hw_host_rowpf_t *k)
     }
 }
 
-static void hw_host_copy_rows(const hw_host_copy_t *c, uint8_t *pool, uint8_t *blk)
+static void hw_host_copy_rows(const hw_host_copy_t *c, const hw_host_mover_t *m,
+                              uint8_t *pool, uint8_t *blk)
 {
     const uint64_t ps = c->page_size, row = c->row_bytes, tb = c->token_bytes;
     hw_host_rowpf_t pf = {.c = c, .pool = pool};
-    if (HW_HOST_ROW_PREFETCH_BYTES > 0) {
+    /* Streamed rows written to the pool need no prefetch (see the page
+     * runs); strided reads always want one. */
+    if (HW_HOST_ROW_PREFETCH_BYTES > 0 && !(c->scatter && m->stream != NULL)) {
         pf.left = c->tokens;
         hw_host_rowpf_seek(&pf);
         /* At least one row ahead, so the prefetch is never the row copied. */
@@ -235,9 +320,9 @@ static void hw_host_copy_rows(const hw_host_copy_t *c, uint8_t *pool, uint8_t *b
         for (uint64_t t = 0; t < n; t++, kv += tb, st += row) {
             hw_host_rowpf_step(&pf);
             if (c->scatter)
-                memcpy(kv, st, (size_t)row);
+                hw_host_move(m, kv, st, row);
             else
-                memcpy(st, kv, (size_t)row);
+                hw_host_move(m, st, kv, row);
         }
         done += n;
     }
@@ -250,8 +335,8 @@ void hw_host_copy_part(const hw_host_copy_t *c, unsigned part, unsigned parts)
     if (c->tokens == 0 || c->layer_count == 0)
         return;
     const bool whole = c->row_bytes == c->token_bytes;
-    const bool stream = HW_HOST_HAVE_STREAM && whole &&
-                        c->slot_bytes * c->layer_count * 2 >= HW_HOST_STREAM_MIN_BYTES;
+    const hw_host_mover_t m = hw_host_mover_pick(c->slot_bytes * c->layer_count * 2, c->max_vector_bytes);
+    const hw_host_mover_t plain = {0};
     const uint64_t n = 2 * c->layer_count;
     const uint64_t b_end = (part + 1) * n / parts;
     for (uint64_t b = part * n / parts; b < b_end; b++) {
@@ -259,14 +344,15 @@ void hw_host_copy_part(const hw_host_copy_t *c, unsigned part, unsigned parts)
         uint8_t *pool = c->pool[b];
         uint8_t *blk = c->staging + (kv * c->layer_slots + c->slot_begin + j) * c->slot_bytes;
         if (whole)
-            hw_host_copy_runs(c, pool, blk, stream);
+            hw_host_copy_runs(c, &m, pool, blk);
         else
-            hw_host_copy_rows(c, pool, blk);
+            hw_host_copy_rows(c, c->row_bytes >= HW_HOST_STREAM_MIN_ROW_BYTES ? &m : &plain,
+                              pool, blk);
     }
 #if HW_HOST_HAVE_STREAM
     /* Streaming stores are weakly ordered: drain them before this share is
      * reported done. */
-    if (stream)
+    if (m.stream != NULL)
         _mm_sfence();
 #endif
 }

@@ -25,6 +25,7 @@ typedef struct hw_host_copy {
     uint64_t row_bytes;         /* bytes copied per token */
     uint64_t token_bytes;       /* stride of token slots in the pool */
     uint64_t slot_bytes;        /* tokens * row_bytes */
+    uint32_t max_vector_bytes;  /* widest streaming store: 16, 32 or 64 */
 } hw_host_copy_t;
 
 /* Performs the copy. Layer j, K (kv 0) or V (kv 1), token i goes between

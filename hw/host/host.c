@@ -119,6 +119,7 @@ struct kvs_host_device {
     char name[32];
     pthread_mutex_t mu;
     uint32_t max_allocs, max_streams, max_events, queue_ops, copy_threads;
+    uint32_t max_vector_bytes; /* 16, 32 or 64 */
     hw_host_alloc_t *allocs;
     uint32_t num_allocs;
     struct kvs_stream *streams;
@@ -552,6 +553,7 @@ static int hw_host_enqueue(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_de
         .row_bytes = sh.row_bytes,
         .token_bytes = sh.token_bytes,
         .slot_bytes = sh.slot_bytes,
+        .max_vector_bytes = h->max_vector_bytes,
     };
     s->enq_seq++;
     pthread_cond_signal(&s->work_cv);
@@ -796,6 +798,11 @@ int kvs_host_device_create(const kvs_host_config_t *cfg, kvs_host_device_t **out
         return HW_HOST_CREATE_FAIL(err, KVS_EINVAL, EINVAL,
                                    "kvs_host_device_create: copy_threads above "
                                    HW_HOST_MAX_COPY_THREADS_TEXT "; pass at most one per core");
+    if (c.max_vector_bytes != 0 && c.max_vector_bytes != 16 && c.max_vector_bytes != 32 &&
+        c.max_vector_bytes != 64)
+        return HW_HOST_CREATE_FAIL(err, KVS_EINVAL, EINVAL,
+                                   "kvs_host_device_create: max_vector_bytes must be 16, 32, "
+                                   "64 or 0 (the widest the CPU runs)");
     if (c.name != NULL && strlen(c.name) >= sizeof((kvs_host_device_t *)0)->name)
         return HW_HOST_CREATE_FAIL(err, KVS_EINVAL, EINVAL,
                                    "kvs_host_device_create: name longer than 31 bytes; "
@@ -810,6 +817,7 @@ int kvs_host_device_create(const kvs_host_config_t *cfg, kvs_host_device_t **out
     h->max_events = c.max_events ? c.max_events : HW_HOST_DEFAULT_MAX_EVENTS;
     h->queue_ops = c.queue_ops ? c.queue_ops : HW_HOST_DEFAULT_QUEUE_OPS;
     h->copy_threads = c.copy_threads ? c.copy_threads : 1;
+    h->max_vector_bytes = c.max_vector_bytes ? c.max_vector_bytes : 64;
 
     uint32_t inited = 0;
     h->allocs = calloc(h->max_allocs, sizeof *h->allocs);

@@ -43,6 +43,10 @@ typedef struct kvs_host_config {
     uint32_t copy_threads;  /* threads sharing each large op (its layers split
                              * between them), the stream's worker included;
                              * 0 -> 1 */
+    uint32_t max_vector_bytes; /* widest vector store large copies use: 16,
+                                * 32 or 64 bytes; 0 -> the widest this CPU
+                                * runs (lower it where wide vectors slow the
+                                * clock) */
 } kvs_host_config_t;
 
 /* Creates a host device (cfg may be NULL for the defaults). On failure

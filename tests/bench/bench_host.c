@@ -20,7 +20,8 @@
  * threads (copy_threads) and memcpy is split into as many equal parts run
  * by as many threads at once, so both sides use the same cores.
  *
- * Usage: bench_host [tokens] [repetitions] [threads]   (defaults 2048 11 1)
+ * Usage: bench_host [tokens] [repetitions] [threads] [vector_bytes]
+ *        (defaults 2048 11 1 0; vector_bytes: the device's max_vector_bytes)
  * Wall time comes from CLOCK_MONOTONIC; hw/ and benchmarks may read it.
  */
 #include <kvstage/host.h>
@@ -352,8 +353,10 @@ int main(int argc, char **argv)
     const int64_t tokens = argc > 1 ? atoll(argv[1]) : 2048;
     const int reps = argc > 2 ? atoi(argv[2]) : 11;
     const int threads = argc > 3 ? atoi(argv[3]) : 1;
+    const int vector_bytes = argc > 4 ? atoi(argv[4]) : 0;
     if (tokens <= 0 || reps <= 0 || threads <= 0 || threads > 64) {
-        fprintf(stderr, "usage: bench_host [tokens > 0] [repetitions > 0] [threads 1..64]\n");
+        fprintf(stderr, "usage: bench_host [tokens > 0] [repetitions > 0] [threads 1..64] "
+                        "[vector_bytes 0|16|32|64]\n");
         return 2;
     }
     const bench_case_t cases[] = {
@@ -363,7 +366,8 @@ int main(int argc, char **argv)
     };
     kvs_host_device_t *host = NULL;
     kvs_error_t err;
-    const kvs_host_config_t cfg = {.copy_threads = (uint32_t)threads};
+    const kvs_host_config_t cfg = {.copy_threads = (uint32_t)threads,
+                                   .max_vector_bytes = (uint32_t)vector_bytes};
     int rc = kvs_host_device_create(&cfg, &host, &err);
     if (rc != KVS_OK) {
         fprintf(stderr, "bench_host: %s\n", err.msg);
