@@ -48,7 +48,6 @@
 #include <cuda_runtime_api.h>
 #include <errno.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -643,29 +642,6 @@ static const kvs_device_ops_t hw_cuda_ops = {
     .mem_read = hw_cuda_mem_read,
 };
 
-static int hw_cuda_create_fail(kvs_error_t *err, int status, int code, int line,
-                               const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-
-static int hw_cuda_create_fail(kvs_error_t *err, int status, int code, int line,
-                               const char *fmt, ...)
-{
-    if (err != NULL) {
-        memset(err, 0, sizeof *err);
-        err->status = status;
-        err->backend_code = code;
-        err->file = __FILE__;
-        err->line = line;
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-        va_end(ap);
-    }
-    return status;
-}
-#define HW_CUDA_CREATE_FAIL(err, status, code, ...)                             \
-    hw_cuda_create_fail((err), (status), (code), __LINE__, __VA_ARGS__)
-
 #define HW_CUDA_FIX_NO_GPU                                                     \
     "run on a machine with an NVIDIA GPU and driver, check "                  \
     "CUDA_VISIBLE_DEVICES, or use the host backend (kvs_host_device_create)"
@@ -680,32 +656,32 @@ static int hw_cuda_probe(int ordinal, kvs_error_t *err)
     if (cudaRuntimeGetVersion(&rt) != cudaSuccess)
         rt = CUDART_VERSION;
     if (e == cudaErrorNoDevice || (e == cudaSuccess && count == 0))
-        return HW_CUDA_CREATE_FAIL(err, KVS_EBACKEND, e == cudaSuccess ? cudaErrorNoDevice : e,
-                                   "no CUDA device: cudaGetDeviceCount found none (%s); "
-                                   HW_CUDA_FIX_NO_GPU,
-                                   cudaGetErrorName(e == cudaSuccess ? cudaErrorNoDevice : e));
+        return KVS_ERROR_SET(err, KVS_EBACKEND, e == cudaSuccess ? cudaErrorNoDevice : e,
+                             "no CUDA device: cudaGetDeviceCount found none (%s); "
+                             HW_CUDA_FIX_NO_GPU,
+                             cudaGetErrorName(e == cudaSuccess ? cudaErrorNoDevice : e));
     if (e == cudaErrorInsufficientDriver)
-        return HW_CUDA_CREATE_FAIL(err, KVS_EBACKEND, e,
-                                   "no CUDA device: no NVIDIA driver for CUDA runtime %d.%d "
-                                   "(%s); install a driver that supports it, or use the host "
-                                   "backend (kvs_host_device_create)",
-                                   rt / 1000, rt % 1000 / 10, cudaGetErrorName(e));
+        return KVS_ERROR_SET(err, KVS_EBACKEND, e,
+                             "no CUDA device: no NVIDIA driver for CUDA runtime %d.%d "
+                             "(%s); install a driver that supports it, or use the host "
+                             "backend (kvs_host_device_create)",
+                             rt / 1000, rt % 1000 / 10, cudaGetErrorName(e));
     if (e != cudaSuccess)
-        return HW_CUDA_CREATE_FAIL(err, KVS_EBACKEND, e,
-                                   "no CUDA device: cudaGetDeviceCount failed: %s (%s); "
-                                   HW_CUDA_FIX_NO_GPU,
-                                   cudaGetErrorName(e), cudaGetErrorString(e));
+        return KVS_ERROR_SET(err, KVS_EBACKEND, e,
+                             "no CUDA device: cudaGetDeviceCount failed: %s (%s); "
+                             HW_CUDA_FIX_NO_GPU,
+                             cudaGetErrorName(e), cudaGetErrorString(e));
     if (ordinal < 0 || ordinal >= count)
-        return HW_CUDA_CREATE_FAIL(err, KVS_ERANGE, cudaErrorInvalidDevice,
-                                   "CUDA device ordinal %d out of range: %d visible; pass "
-                                   "0..%d or change CUDA_VISIBLE_DEVICES",
-                                   ordinal, count, count - 1);
+        return KVS_ERROR_SET(err, KVS_ERANGE, cudaErrorInvalidDevice,
+                             "CUDA device ordinal %d out of range: %d visible; pass "
+                             "0..%d or change CUDA_VISIBLE_DEVICES",
+                             ordinal, count, count - 1);
     e = cudaSetDevice(ordinal);
     if (e != cudaSuccess)
-        return HW_CUDA_CREATE_FAIL(err, KVS_EBACKEND, e,
-                                   "cudaSetDevice(%d) failed: %s (%s); check the GPU with "
-                                   "nvidia-smi (compute mode, health)",
-                                   ordinal, cudaGetErrorName(e), cudaGetErrorString(e));
+        return KVS_ERROR_SET(err, KVS_EBACKEND, e,
+                             "cudaSetDevice(%d) failed: %s (%s); check the GPU with "
+                             "nvidia-smi (compute mode, health)",
+                             ordinal, cudaGetErrorName(e), cudaGetErrorString(e));
     e = (cudaError_t)hw_cuda_kernels_probe();
     if (e != cudaSuccess) {
         int major = 0, minor = 0;
@@ -713,17 +689,17 @@ static int hw_cuda_probe(int ordinal, kvs_error_t *err)
                 cudaSuccess ||
             cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ordinal) !=
                 cudaSuccess)
-            return HW_CUDA_CREATE_FAIL(err, KVS_EBACKEND, e,
-                                       "the gather/scatter kernels cannot run on CUDA device "
-                                       "%d: %s; rebuild with CMAKE_CUDA_ARCHITECTURES "
-                                       "including its compute capability (nvidia-smi "
-                                       "--query-gpu=compute_cap)",
-                                       ordinal, cudaGetErrorName(e));
-        return HW_CUDA_CREATE_FAIL(err, KVS_EBACKEND, e,
-                                   "the gather/scatter kernels cannot run on CUDA device %d "
-                                   "(compute capability %d.%d): %s; rebuild with "
-                                   "-DCMAKE_CUDA_ARCHITECTURES=%d%d",
-                                   ordinal, major, minor, cudaGetErrorName(e), major, minor);
+            return KVS_ERROR_SET(err, KVS_EBACKEND, e,
+                                 "the gather/scatter kernels cannot run on CUDA device "
+                                 "%d: %s; rebuild with CMAKE_CUDA_ARCHITECTURES "
+                                 "including its compute capability (nvidia-smi "
+                                 "--query-gpu=compute_cap)",
+                                 ordinal, cudaGetErrorName(e));
+        return KVS_ERROR_SET(err, KVS_EBACKEND, e,
+                             "the gather/scatter kernels cannot run on CUDA device %d "
+                             "(compute capability %d.%d): %s; rebuild with "
+                             "-DCMAKE_CUDA_ARCHITECTURES=%d%d",
+                             ordinal, major, minor, cudaGetErrorName(e), major, minor);
     }
     return KVS_OK;
 }
@@ -744,9 +720,9 @@ int kvs_cuda_device_create(const kvs_cuda_config_t *cfg, kvs_cuda_device_t **out
                            kvs_error_t *err)
 {
     if (out == NULL)
-        return HW_CUDA_CREATE_FAIL(err, KVS_EINVAL, EINVAL,
-                                   "kvs_cuda_device_create: out is NULL; pass where to store "
-                                   "the device");
+        return KVS_ERROR_SET(err, KVS_EINVAL, EINVAL,
+                             "kvs_cuda_device_create: out is NULL; pass where to store "
+                             "the device");
     *out = NULL;
     kvs_cuda_config_t k = cfg != NULL ? *cfg : (kvs_cuda_config_t){0};
     int rc = hw_cuda_probe(k.ordinal, err);
@@ -754,8 +730,8 @@ int kvs_cuda_device_create(const kvs_cuda_config_t *cfg, kvs_cuda_device_t **out
         return rc;
     kvs_cuda_device_t *c = calloc(1, sizeof *c);
     if (c == NULL)
-        return HW_CUDA_CREATE_FAIL(err, KVS_ENOMEM, ENOMEM,
-                                   "kvs_cuda_device_create: out of host memory");
+        return KVS_ERROR_SET(err, KVS_ENOMEM, ENOMEM,
+                             "kvs_cuda_device_create: out of host memory");
     c->ordinal = k.ordinal;
     snprintf(c->name, sizeof c->name, "cuda%d", k.ordinal);
     c->max_streams = k.max_streams ? k.max_streams : HW_CUDA_DEFAULT_MAX_STREAMS;
@@ -776,19 +752,19 @@ int kvs_cuda_device_create(const kvs_cuda_config_t *cfg, kvs_cuda_device_t **out
     if (!ok || pthread_mutex_init(&c->mu, NULL) != 0) {
         hw_cuda_free_tables(c);
         free(c);
-        return HW_CUDA_CREATE_FAIL(err, KVS_ENOMEM, ENOMEM,
-                                   "kvs_cuda_device_create: out of host memory for the "
-                                   "tables; lower max_allocs, max_streams, max_events or "
-                                   "desc_slots");
+        return KVS_ERROR_SET(err, KVS_ENOMEM, ENOMEM,
+                             "kvs_cuda_device_create: out of host memory for the "
+                             "tables; lower max_allocs, max_streams, max_events or "
+                             "desc_slots");
     }
     rc = kvs_device_init(&c->base, &hw_cuda_ops, c->name);
     if (rc != KVS_OK) {
         pthread_mutex_destroy(&c->mu);
         hw_cuda_free_tables(c);
         free(c);
-        return HW_CUDA_CREATE_FAIL(err, rc, 0,
-                                   "kvs_cuda_device_create: the core refused the ops table; "
-                                   "rebuild hw/cuda against this kvstage's backend.h");
+        return KVS_ERROR_SET(err, rc, 0,
+                             "kvs_cuda_device_create: the core refused the ops table; "
+                             "rebuild hw/cuda against this kvstage's backend.h");
     }
     for (uint32_t i = 0; i < c->max_events; i++)
         c->events[i].cuda = c;

@@ -66,7 +66,6 @@
  * more than they save. */
 #define HW_HOST_SPLIT_MIN_BYTES (1ull << 20)
 #define HW_HOST_MAX_COPY_THREADS 256u
-#define HW_HOST_MAX_COPY_THREADS_TEXT "256"
 
 typedef struct hw_host_op {
     hw_host_copy_t copy; /* its pool and pages point into words */
@@ -657,22 +656,6 @@ static const kvs_device_ops_t hw_host_ops = {
     .mem_read = hw_host_mem_read,
 };
 
-static int hw_host_create_fail(kvs_error_t *err, int status, int code, int line,
-                               const char *msg)
-{
-    if (err != NULL) {
-        memset(err, 0, sizeof *err);
-        err->status = status;
-        err->backend_code = code;
-        err->file = __FILE__;
-        err->line = line;
-        snprintf(err->msg, sizeof err->msg, "%s", msg);
-    }
-    return status;
-}
-#define HW_HOST_CREATE_FAIL(err, status, code, msg)                             \
-    hw_host_create_fail((err), (status), (code), __LINE__, (msg))
-
 /* Initialises stream slot s: op ring, helper table, sync objects. On
  * failure nothing of it is left allocated. */
 static bool hw_host_slot_init(kvs_host_device_t *h, struct kvs_stream *s, uint32_t index)
@@ -737,27 +720,28 @@ int kvs_host_device_create(const kvs_host_config_t *cfg, kvs_host_device_t **out
                            kvs_error_t *err)
 {
     if (out == NULL)
-        return HW_HOST_CREATE_FAIL(err, KVS_EINVAL, EINVAL,
-                                   "kvs_host_device_create: out is NULL; pass where to store "
-                                   "the device");
+        return KVS_ERROR_SET(err, KVS_EINVAL, EINVAL,
+                             "kvs_host_device_create: out is NULL; pass where to store "
+                             "the device");
     kvs_host_config_t c = cfg != NULL ? *cfg : (kvs_host_config_t){0};
     if (c.copy_threads > HW_HOST_MAX_COPY_THREADS)
-        return HW_HOST_CREATE_FAIL(err, KVS_EINVAL, EINVAL,
-                                   "kvs_host_device_create: copy_threads above "
-                                   HW_HOST_MAX_COPY_THREADS_TEXT "; pass at most one per core");
+        return KVS_ERROR_SET(err, KVS_EINVAL, EINVAL,
+                             "kvs_host_device_create: copy_threads above %u; pass at most "
+                             "one per core",
+                             HW_HOST_MAX_COPY_THREADS);
     if (c.max_vector_bytes != 0 && c.max_vector_bytes != 16 && c.max_vector_bytes != 32 &&
         c.max_vector_bytes != 64)
-        return HW_HOST_CREATE_FAIL(err, KVS_EINVAL, EINVAL,
-                                   "kvs_host_device_create: max_vector_bytes must be 16, 32, "
-                                   "64 or 0 (the widest the CPU runs)");
+        return KVS_ERROR_SET(err, KVS_EINVAL, EINVAL,
+                             "kvs_host_device_create: max_vector_bytes must be 16, 32, "
+                             "64 or 0 (the widest the CPU runs)");
     if (c.name != NULL && strlen(c.name) >= sizeof((kvs_host_device_t *)0)->name)
-        return HW_HOST_CREATE_FAIL(err, KVS_EINVAL, EINVAL,
-                                   "kvs_host_device_create: name longer than 31 bytes; "
-                                   "pass a shorter name");
+        return KVS_ERROR_SET(err, KVS_EINVAL, EINVAL,
+                             "kvs_host_device_create: name longer than 31 bytes; "
+                             "pass a shorter name");
     kvs_host_device_t *h = calloc(1, sizeof *h);
     if (h == NULL)
-        return HW_HOST_CREATE_FAIL(err, KVS_ENOMEM, ENOMEM,
-                                   "kvs_host_device_create: out of host memory");
+        return KVS_ERROR_SET(err, KVS_ENOMEM, ENOMEM,
+                             "kvs_host_device_create: out of host memory");
     snprintf(h->name, sizeof h->name, "%s", c.name != NULL ? c.name : "host");
     h->max_streams = c.max_streams ? c.max_streams : HW_HOST_DEFAULT_MAX_STREAMS;
     h->max_events = c.max_events ? c.max_events : HW_HOST_DEFAULT_MAX_EVENTS;
@@ -784,9 +768,9 @@ int kvs_host_device_create(const kvs_host_config_t *cfg, kvs_host_device_t **out
         pthread_mutex_destroy(&h->mu);
         hw_host_free_tables(h, inited);
         free(h);
-        return HW_HOST_CREATE_FAIL(err, rc, 0,
-                                   "kvs_host_device_create: the core refused the ops table; "
-                                   "rebuild hw/host against this kvstage's backend.h");
+        return KVS_ERROR_SET(err, rc, 0,
+                             "kvs_host_device_create: the core refused the ops table; "
+                             "rebuild hw/host against this kvstage's backend.h");
     }
     for (uint32_t i = 0; i < h->max_events; i++)
         h->events[i].host = h;
@@ -796,9 +780,9 @@ int kvs_host_device_create(const kvs_host_config_t *cfg, kvs_host_device_t **out
 fail_nomem:
     hw_host_free_tables(h, inited);
     free(h);
-    return HW_HOST_CREATE_FAIL(err, KVS_ENOMEM, ENOMEM,
-                               "kvs_host_device_create: out of host memory for the tables; "
-                               "lower max_allocs, max_streams, max_events or queue_ops");
+    return KVS_ERROR_SET(err, KVS_ENOMEM, ENOMEM,
+                         "kvs_host_device_create: out of host memory for the tables; "
+                         "lower max_allocs, max_streams, max_events or queue_ops");
 }
 
 void kvs_host_device_destroy(kvs_host_device_t *h)
