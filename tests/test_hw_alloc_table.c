@@ -17,6 +17,7 @@
 
 #include "alloc_table.h"
 #include "fake_backend.h"
+#include "xorshift.h"
 
 /* A table of cap entries on a fake device (its name starts the messages). */
 typedef struct fx {
@@ -230,11 +231,9 @@ static void test_hw_alloc_table_matches_a_model(void **state)
     fx_open(&f, CAP);
     bool live[SLOTS] = {false}; /* slot k: [0x10000 * (k + 1), +0x100 + k) */
     uint32_t n_live = 0;
-    uint64_t x = 88172645463325252ull; /* xorshift64: a fixed sequence */
+    uint64_t seed = 88172645463325252ull; /* a fixed sequence */
     for (int round = 0; round < 4000; round++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        const uint64_t x = xorshift64(&seed);
         const uint32_t k = (uint32_t)(x >> 40) % SLOTS;
         const uint64_t addr = 0x10000ull * (k + 1), len = 0x100 + k;
         const uint64_t off = (x >> 8) % (len + 2); /* sometimes past the end */
