@@ -12,9 +12,9 @@
  * The only symbols exported from libkvstage_sim are the kvs_sim_* ones
  * (KVS_API); everything else in sim/ is compiled with hidden visibility.
  */
+#include <kvstage/backend.h>
 #include <kvstage/sim.h>
 
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -43,25 +43,8 @@
 #define SIM_API_MAX_STALL_NS (UINT64_C(86400) * 1000000000u)
 #define SIM_API_MAX_WORKERS 1024u
 
-static int sim_api_fail(kvs_error_t *err, int status, int line, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int sim_api_fail(kvs_error_t *err, int status, int line, const char *fmt, ...)
-{
-    if (err != NULL) {
-        memset(err, 0, sizeof *err);
-        err->status = status;
-        err->file = __FILE__;
-        err->line = line;
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-        va_end(ap);
-    }
-    return status;
-}
-
-#define SIM_API_FAIL(err, status, ...) sim_api_fail((err), (status), __LINE__, __VA_ARGS__)
+/* A refusal of the caller's config: no backend code behind it. */
+#define SIM_API_FAIL(err, status, ...) KVS_ERROR_SET((err), (status), 0, __VA_ARGS__)
 
 /* field in [min, max] (signed config fields). */
 static int sim_api_range_i64(kvs_error_t *err, const char *field, int64_t v, int64_t min,

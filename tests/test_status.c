@@ -1,7 +1,7 @@
 /*
  * test_status.c - every status code has a name and a message that says what
  * to change; unknown codes still get text; error detail is recorded and
- * truncated safely.
+ * truncated safely, by the core's KVS__FAIL and the backends' KVS_ERROR_SET.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -10,6 +10,8 @@
 #include <cmocka.h>
 
 #include <string.h>
+
+#include <kvstage/backend.h>
 
 #include "error.h"
 
@@ -84,6 +86,34 @@ static void test_status_error_set_records_detail(void **state)
     kvs__error_clear(NULL);
 }
 
+/* The backends' setter (create functions): every field, the caller's own
+ * file and line, the backend's code. */
+static void test_status_backend_error_set_records_caller(void **state)
+{
+    kvs_error_t e;
+    memset(&e, 0xab, sizeof e);
+    /* One line: compilers disagree on __LINE__ in a macro call over several. */
+    const int rc = KVS_ERROR_SET(&e, KVS_ENOMEM, 12, "pool of %u pages: lower %s", 64u, "it");
+    const int line = __LINE__ - 1;
+    assert_int_equal(rc, KVS_ENOMEM);
+    assert_int_equal(e.status, KVS_ENOMEM);
+    assert_int_equal(e.backend_code, 12);
+    assert_string_equal(e.file, __FILE__);
+    assert_int_equal(e.line, line);
+    assert_string_equal(e.msg, "pool of 64 pages: lower it");
+    assert_int_equal(kvs_error_set(&e, KVS_EBACKEND, 0, "x.c", 7, NULL), KVS_EBACKEND);
+    assert_int_equal(e.backend_code, 0);
+    assert_string_equal(e.file, "x.c");
+    assert_int_equal(e.line, 7);
+    assert_string_equal(e.msg, kvs_strerror(KVS_EBACKEND));
+    assert_int_equal(KVS_ERROR_SET(NULL, KVS_EINVAL, 22, "x"), KVS_EINVAL);
+    char big[1000];
+    memset(big, 'y', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    KVS_ERROR_SET(&e, KVS_EINVAL, 0, "%s", big);
+    assert_int_equal(strlen(e.msg), KVS_ERROR_MSG_BYTES - 1);
+}
+
 static void test_status_error_msg_truncates(void **state)
 {
     char big[1000];
@@ -103,6 +133,7 @@ int main(void)
         cmocka_unit_test(test_status_seed_error_text),
         cmocka_unit_test(test_status_unknown_code),
         cmocka_unit_test(test_status_error_set_records_detail),
+        cmocka_unit_test(test_status_backend_error_set_records_caller),
         cmocka_unit_test(test_status_error_msg_truncates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -3,10 +3,11 @@
  * on the CUDA runtime of one GPU.
  *
  * What it does:
- * - Memory: cudaMalloc / cudaFree. Live allocations sit in an array sorted
- *   by address, against which every descriptor and mem_read/mem_write range
- *   is validated before anything reaches the GPU (a bad descriptor is a
- *   status, never a GPU fault).
+ * - Memory: cudaMalloc / cudaFree. Live allocations sit in the allocation
+ *   table of hw/common/alloc_table.c (sorted by address; an entry's base is
+ *   the cudaMalloc pointer), against which every descriptor and
+ *   mem_read/mem_write range is validated before anything reaches the GPU
+ *   (a bad descriptor is a status, never a GPU fault).
  * - Streams: one non-blocking cudaStream_t each. A gather/scatter validates
  *   the descriptor (kvs_copy_desc_check of backend.h, the check every
  *   device backend runs), writes the layer bases and page ids into the
@@ -31,21 +32,22 @@
  * call except the blocking waits of kvs_cuda_stream_sync and
  * kvs_cuda_event_wait. Every call makes the device's GPU current first.
  *
- * Invariants: allocs[] sorted by addr and disjoint; a descriptor slot's
- * buffers are rewritten only after its `done` event completed; stream and
- * event slots live in arrays owned by the device, so their pointers stay
- * valid memory until the device is destroyed; a slot is live exactly when
- * its index is out of the device's free-slot table (hw/common/slots.c).
+ * Invariants: allocs holds every live cudaMalloc of the device; a
+ * descriptor slot's buffers are rewritten only after its `done` event
+ * completed; stream and event slots live in arrays owned by the device, so
+ * their pointers stay valid memory until the device is destroyed; a slot is
+ * live exactly when its index is out of the device's free-slot table
+ * (hw/common/slots.c).
  */
 #include <kvstage/cuda.h>
 
+#include "alloc_table.h"
 #include "kernels.h"
 #include "slots.h"
 
 #include <cuda_runtime_api.h>
 #include <errno.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,11 +58,6 @@
 #define HW_CUDA_DEFAULT_DESC_SLOTS 64u
 /* First size of a descriptor slot: 80 layers x 2 bases + 1024 pages. */
 #define HW_CUDA_SLOT_MIN_WORDS 1184u
-
-typedef struct hw_cuda_alloc {
-    uint64_t addr;
-    uint64_t len_bytes;
-} hw_cuda_alloc_t;
 
 /* One descriptor copy in flight: [K bases | V bases | pages] as words. */
 typedef struct hw_cuda_slot {
@@ -92,9 +89,8 @@ struct kvs_cuda_device {
     char name[32];
     int ordinal;
     pthread_mutex_t mu;
-    uint32_t max_allocs, max_streams, max_events, desc_slots;
-    hw_cuda_alloc_t *allocs;
-    uint32_t num_allocs;
+    uint32_t max_streams, max_events, desc_slots;
+    hw_alloc_table_t allocs; /* base: what cudaMalloc returned */
     struct kvs_stream *streams;
     struct kvs_event *events;
     hw_slots_t stream_slots; /* which of streams[] are free */
@@ -147,30 +143,6 @@ static int hw_cuda_try(kvs_cuda_device_t *c, cudaError_t e, const char *call,
 /* Memory                                                                    */
 /* ------------------------------------------------------------------------ */
 
-static uint32_t hw_cuda_upper(const kvs_cuda_device_t *c, uint64_t x)
-{
-    uint32_t lo = 0, hi = c->num_allocs;
-    while (lo < hi) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (c->allocs[mid].addr <= x)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
-static bool hw_cuda_in_mem(void *ctx, uint64_t addr, uint64_t len_bytes)
-{
-    const kvs_cuda_device_t *c = ctx;
-    uint32_t i = hw_cuda_upper(c, addr);
-    if (i == 0)
-        return false;
-    const hw_cuda_alloc_t *a = &c->allocs[i - 1];
-    uint64_t rel = addr - a->addr;
-    return rel <= a->len_bytes && len_bytes <= a->len_bytes - rel;
-}
-
 /* Locks the device and makes its GPU current on this thread. */
 static int hw_cuda_enter(kvs_cuda_device_t *c)
 {
@@ -202,24 +174,16 @@ static int hw_cuda_mem_alloc(kvs_device_t *dev, uint64_t len_bytes, uint64_t *ou
     int rc = hw_cuda_enter(c);
     if (rc != KVS_OK)
         return rc;
-    if (c->num_allocs == c->max_allocs) {
-        rc = kvs_device_fail(dev, KVS_EFULL, ENOSPC,
-                             "allocation table of %s full: %u live allocations; free some "
-                             "or raise max_allocs",
-                             c->name, c->max_allocs);
-        goto out;
-    }
+    rc = hw_alloc_table_room(&c->allocs, dev);
     void *p = NULL;
-    rc = HW_CUDA_TRY(c, cudaMalloc(&p, (size_t)len_bytes), HW_CUDA_FIX_MEM);
-    if (rc != KVS_OK)
-        goto out;
-    const hw_cuda_alloc_t a = {.addr = (uint64_t)(uintptr_t)p, .len_bytes = len_bytes};
-    uint32_t i = hw_cuda_upper(c, a.addr);
-    memmove(&c->allocs[i + 1], &c->allocs[i], (size_t)(c->num_allocs - i) * sizeof a);
-    c->allocs[i] = a;
-    c->num_allocs++;
-    *out_addr = a.addr;
-out:
+    if (rc == KVS_OK)
+        rc = HW_CUDA_TRY(c, cudaMalloc(&p, (size_t)len_bytes), HW_CUDA_FIX_MEM);
+    if (rc == KVS_OK) {
+        const hw_alloc_t a = {
+            .addr = (uint64_t)(uintptr_t)p, .len_bytes = len_bytes, .base = p};
+        hw_alloc_table_insert(&c->allocs, &a);
+        *out_addr = a.addr;
+    }
     hw_cuda_leave(c);
     return rc;
 }
@@ -230,20 +194,12 @@ static int hw_cuda_mem_free(kvs_device_t *dev, uint64_t addr)
     int rc = hw_cuda_enter(c);
     if (rc != KVS_OK)
         return rc;
-    uint32_t i = hw_cuda_upper(c, addr);
-    if (i == 0 || c->allocs[i - 1].addr != addr) {
-        rc = kvs_device_fail(dev, KVS_ENOENT, ENOENT,
-                             "mem_free on %s: 0x%llx is not the start of a live allocation "
-                             "(never allocated or already freed)",
-                             c->name, (unsigned long long)addr);
-        goto out;
-    }
+    hw_alloc_t a;
+    rc = hw_alloc_table_remove(&c->allocs, dev, addr, &a);
     /* cudaFree waits for the GPU, so no queued kernel reads freed memory.
-     * The entry goes even if it fails: the pointer is no longer ours. */
-    rc = HW_CUDA_TRY(c, cudaFree((void *)(uintptr_t)addr), HW_CUDA_FIX_STICKY);
-    memmove(&c->allocs[i - 1], &c->allocs[i], (size_t)(c->num_allocs - i) * sizeof c->allocs[0]);
-    c->num_allocs--;
-out:
+     * The entry is gone even if it fails: the pointer is no longer ours. */
+    if (rc == KVS_OK)
+        rc = HW_CUDA_TRY(c, cudaFree(a.base), HW_CUDA_FIX_STICKY);
     hw_cuda_leave(c);
     return rc;
 }
@@ -259,7 +215,7 @@ static int hw_cuda_mem_copy(kvs_device_t *dev, uint64_t addr, void *host_buf,
     int rc = hw_cuda_enter(c);
     if (rc != KVS_OK)
         return rc;
-    if (!hw_cuda_in_mem(c, addr, len_bytes)) {
+    if (hw_alloc_table_lookup(&c->allocs, addr, len_bytes) == NULL) {
         rc = kvs_device_fail(dev, KVS_ERANGE, ERANGE,
                              "%s on %s: [0x%llx, +%llu) is not inside one live allocation",
                              what, c->name, (unsigned long long)addr,
@@ -451,7 +407,8 @@ static int hw_cuda_enqueue(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_de
     }
     char msg[KVS_ERROR_MSG_BYTES];
     kvs_copy_shape_t sh;
-    rc = kvs_copy_desc_check(d, what, c->name, hw_cuda_in_mem, c, &sh, msg, sizeof msg);
+    rc = kvs_copy_desc_check(d, what, c->name, hw_alloc_table_holds, &c->allocs, &sh, msg,
+                             sizeof msg);
     if (rc != KVS_OK) {
         rc = kvs_device_fail(dev, rc, rc == KVS_ERANGE ? ERANGE : EINVAL, "%s", msg);
         goto out;
@@ -685,29 +642,6 @@ static const kvs_device_ops_t hw_cuda_ops = {
     .mem_read = hw_cuda_mem_read,
 };
 
-static int hw_cuda_create_fail(kvs_error_t *err, int status, int code, int line,
-                               const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-
-static int hw_cuda_create_fail(kvs_error_t *err, int status, int code, int line,
-                               const char *fmt, ...)
-{
-    if (err != NULL) {
-        memset(err, 0, sizeof *err);
-        err->status = status;
-        err->backend_code = code;
-        err->file = __FILE__;
-        err->line = line;
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-        va_end(ap);
-    }
-    return status;
-}
-#define HW_CUDA_CREATE_FAIL(err, status, code, ...)                             \
-    hw_cuda_create_fail((err), (status), (code), __LINE__, __VA_ARGS__)
-
 #define HW_CUDA_FIX_NO_GPU                                                     \
     "run on a machine with an NVIDIA GPU and driver, check "                  \
     "CUDA_VISIBLE_DEVICES, or use the host backend (kvs_host_device_create)"
@@ -722,32 +656,32 @@ static int hw_cuda_probe(int ordinal, kvs_error_t *err)
     if (cudaRuntimeGetVersion(&rt) != cudaSuccess)
         rt = CUDART_VERSION;
     if (e == cudaErrorNoDevice || (e == cudaSuccess && count == 0))
-        return HW_CUDA_CREATE_FAIL(err, KVS_EBACKEND, e == cudaSuccess ? cudaErrorNoDevice : e,
-                                   "no CUDA device: cudaGetDeviceCount found none (%s); "
-                                   HW_CUDA_FIX_NO_GPU,
-                                   cudaGetErrorName(e == cudaSuccess ? cudaErrorNoDevice : e));
+        return KVS_ERROR_SET(err, KVS_EBACKEND, e == cudaSuccess ? cudaErrorNoDevice : e,
+                             "no CUDA device: cudaGetDeviceCount found none (%s); "
+                             HW_CUDA_FIX_NO_GPU,
+                             cudaGetErrorName(e == cudaSuccess ? cudaErrorNoDevice : e));
     if (e == cudaErrorInsufficientDriver)
-        return HW_CUDA_CREATE_FAIL(err, KVS_EBACKEND, e,
-                                   "no CUDA device: no NVIDIA driver for CUDA runtime %d.%d "
-                                   "(%s); install a driver that supports it, or use the host "
-                                   "backend (kvs_host_device_create)",
-                                   rt / 1000, rt % 1000 / 10, cudaGetErrorName(e));
+        return KVS_ERROR_SET(err, KVS_EBACKEND, e,
+                             "no CUDA device: no NVIDIA driver for CUDA runtime %d.%d "
+                             "(%s); install a driver that supports it, or use the host "
+                             "backend (kvs_host_device_create)",
+                             rt / 1000, rt % 1000 / 10, cudaGetErrorName(e));
     if (e != cudaSuccess)
-        return HW_CUDA_CREATE_FAIL(err, KVS_EBACKEND, e,
-                                   "no CUDA device: cudaGetDeviceCount failed: %s (%s); "
-                                   HW_CUDA_FIX_NO_GPU,
-                                   cudaGetErrorName(e), cudaGetErrorString(e));
+        return KVS_ERROR_SET(err, KVS_EBACKEND, e,
+                             "no CUDA device: cudaGetDeviceCount failed: %s (%s); "
+                             HW_CUDA_FIX_NO_GPU,
+                             cudaGetErrorName(e), cudaGetErrorString(e));
     if (ordinal < 0 || ordinal >= count)
-        return HW_CUDA_CREATE_FAIL(err, KVS_ERANGE, cudaErrorInvalidDevice,
-                                   "CUDA device ordinal %d out of range: %d visible; pass "
-                                   "0..%d or change CUDA_VISIBLE_DEVICES",
-                                   ordinal, count, count - 1);
+        return KVS_ERROR_SET(err, KVS_ERANGE, cudaErrorInvalidDevice,
+                             "CUDA device ordinal %d out of range: %d visible; pass "
+                             "0..%d or change CUDA_VISIBLE_DEVICES",
+                             ordinal, count, count - 1);
     e = cudaSetDevice(ordinal);
     if (e != cudaSuccess)
-        return HW_CUDA_CREATE_FAIL(err, KVS_EBACKEND, e,
-                                   "cudaSetDevice(%d) failed: %s (%s); check the GPU with "
-                                   "nvidia-smi (compute mode, health)",
-                                   ordinal, cudaGetErrorName(e), cudaGetErrorString(e));
+        return KVS_ERROR_SET(err, KVS_EBACKEND, e,
+                             "cudaSetDevice(%d) failed: %s (%s); check the GPU with "
+                             "nvidia-smi (compute mode, health)",
+                             ordinal, cudaGetErrorName(e), cudaGetErrorString(e));
     e = (cudaError_t)hw_cuda_kernels_probe();
     if (e != cudaSuccess) {
         int major = 0, minor = 0;
@@ -755,17 +689,17 @@ static int hw_cuda_probe(int ordinal, kvs_error_t *err)
                 cudaSuccess ||
             cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ordinal) !=
                 cudaSuccess)
-            return HW_CUDA_CREATE_FAIL(err, KVS_EBACKEND, e,
-                                       "the gather/scatter kernels cannot run on CUDA device "
-                                       "%d: %s; rebuild with CMAKE_CUDA_ARCHITECTURES "
-                                       "including its compute capability (nvidia-smi "
-                                       "--query-gpu=compute_cap)",
-                                       ordinal, cudaGetErrorName(e));
-        return HW_CUDA_CREATE_FAIL(err, KVS_EBACKEND, e,
-                                   "the gather/scatter kernels cannot run on CUDA device %d "
-                                   "(compute capability %d.%d): %s; rebuild with "
-                                   "-DCMAKE_CUDA_ARCHITECTURES=%d%d",
-                                   ordinal, major, minor, cudaGetErrorName(e), major, minor);
+            return KVS_ERROR_SET(err, KVS_EBACKEND, e,
+                                 "the gather/scatter kernels cannot run on CUDA device "
+                                 "%d: %s; rebuild with CMAKE_CUDA_ARCHITECTURES "
+                                 "including its compute capability (nvidia-smi "
+                                 "--query-gpu=compute_cap)",
+                                 ordinal, cudaGetErrorName(e));
+        return KVS_ERROR_SET(err, KVS_EBACKEND, e,
+                             "the gather/scatter kernels cannot run on CUDA device %d "
+                             "(compute capability %d.%d): %s; rebuild with "
+                             "-DCMAKE_CUDA_ARCHITECTURES=%d%d",
+                             ordinal, major, minor, cudaGetErrorName(e), major, minor);
     }
     return KVS_OK;
 }
@@ -779,16 +713,16 @@ static void hw_cuda_free_tables(kvs_cuda_device_t *c)
     hw_slots_fini(&c->stream_slots);
     free(c->events);
     free(c->streams);
-    free(c->allocs);
+    hw_alloc_table_fini(&c->allocs);
 }
 
 int kvs_cuda_device_create(const kvs_cuda_config_t *cfg, kvs_cuda_device_t **out,
                            kvs_error_t *err)
 {
     if (out == NULL)
-        return HW_CUDA_CREATE_FAIL(err, KVS_EINVAL, EINVAL,
-                                   "kvs_cuda_device_create: out is NULL; pass where to store "
-                                   "the device");
+        return KVS_ERROR_SET(err, KVS_EINVAL, EINVAL,
+                             "kvs_cuda_device_create: out is NULL; pass where to store "
+                             "the device");
     *out = NULL;
     kvs_cuda_config_t k = cfg != NULL ? *cfg : (kvs_cuda_config_t){0};
     int rc = hw_cuda_probe(k.ordinal, err);
@@ -796,18 +730,18 @@ int kvs_cuda_device_create(const kvs_cuda_config_t *cfg, kvs_cuda_device_t **out
         return rc;
     kvs_cuda_device_t *c = calloc(1, sizeof *c);
     if (c == NULL)
-        return HW_CUDA_CREATE_FAIL(err, KVS_ENOMEM, ENOMEM,
-                                   "kvs_cuda_device_create: out of host memory");
+        return KVS_ERROR_SET(err, KVS_ENOMEM, ENOMEM,
+                             "kvs_cuda_device_create: out of host memory");
     c->ordinal = k.ordinal;
     snprintf(c->name, sizeof c->name, "cuda%d", k.ordinal);
-    c->max_allocs = k.max_allocs ? k.max_allocs : HW_CUDA_DEFAULT_MAX_ALLOCS;
     c->max_streams = k.max_streams ? k.max_streams : HW_CUDA_DEFAULT_MAX_STREAMS;
     c->max_events = k.max_events ? k.max_events : HW_CUDA_DEFAULT_MAX_EVENTS;
     c->desc_slots = k.desc_slots ? k.desc_slots : HW_CUDA_DEFAULT_DESC_SLOTS;
-    c->allocs = calloc(c->max_allocs, sizeof *c->allocs);
     c->streams = calloc(c->max_streams, sizeof *c->streams);
     c->events = calloc(c->max_events, sizeof *c->events);
-    bool ok = c->allocs != NULL && c->streams != NULL && c->events != NULL &&
+    bool ok = hw_alloc_table_init(&c->allocs,
+                                  k.max_allocs ? k.max_allocs : HW_CUDA_DEFAULT_MAX_ALLOCS) &&
+              c->streams != NULL && c->events != NULL &&
               hw_slots_init(&c->stream_slots, c->max_streams, HW_SLOTS_FULL_STREAMS) &&
               hw_slots_init(&c->event_slots, c->max_events, HW_SLOTS_FULL_EVENTS);
     for (uint32_t i = 0; ok && i < c->max_streams; i++) {
@@ -818,19 +752,19 @@ int kvs_cuda_device_create(const kvs_cuda_config_t *cfg, kvs_cuda_device_t **out
     if (!ok || pthread_mutex_init(&c->mu, NULL) != 0) {
         hw_cuda_free_tables(c);
         free(c);
-        return HW_CUDA_CREATE_FAIL(err, KVS_ENOMEM, ENOMEM,
-                                   "kvs_cuda_device_create: out of host memory for the "
-                                   "tables; lower max_allocs, max_streams, max_events or "
-                                   "desc_slots");
+        return KVS_ERROR_SET(err, KVS_ENOMEM, ENOMEM,
+                             "kvs_cuda_device_create: out of host memory for the "
+                             "tables; lower max_allocs, max_streams, max_events or "
+                             "desc_slots");
     }
     rc = kvs_device_init(&c->base, &hw_cuda_ops, c->name);
     if (rc != KVS_OK) {
         pthread_mutex_destroy(&c->mu);
         hw_cuda_free_tables(c);
         free(c);
-        return HW_CUDA_CREATE_FAIL(err, rc, 0,
-                                   "kvs_cuda_device_create: the core refused the ops table; "
-                                   "rebuild hw/cuda against this kvstage's backend.h");
+        return KVS_ERROR_SET(err, rc, 0,
+                             "kvs_cuda_device_create: the core refused the ops table; "
+                             "rebuild hw/cuda against this kvstage's backend.h");
     }
     for (uint32_t i = 0; i < c->max_events; i++)
         c->events[i].cuda = c;
@@ -852,9 +786,8 @@ void kvs_cuda_device_destroy(kvs_cuda_device_t *c)
     for (uint32_t i = 0; i < c->max_events; i++)
         if (c->events[i].created)
             (void)HW_CUDA_TRY(c, cudaEventDestroy(c->events[i].ev), HW_CUDA_FIX_STICKY);
-    for (uint32_t i = 0; i < c->num_allocs; i++)
-        (void)HW_CUDA_TRY(c, cudaFree((void *)(uintptr_t)c->allocs[i].addr),
-                          HW_CUDA_FIX_STICKY);
+    for (uint32_t i = 0; i < c->allocs.count; i++)
+        (void)HW_CUDA_TRY(c, cudaFree(c->allocs.entries[i].base), HW_CUDA_FIX_STICKY);
     pthread_mutex_unlock(&c->mu);
     pthread_mutex_destroy(&c->mu);
     hw_cuda_free_tables(c);

@@ -6,8 +6,10 @@
  * - Memory. Each allocation is its own anonymous mapping (zero filled, page
  *   aligned; from 2 MiB up 2 MiB aligned and advised for transparent huge
  *   pages, which halves the TLB cost of strided gathers). The device address
- *   is the host address. Live allocations sit in an array sorted by address
- *   for binary-search validation of every range a call touches.
+ *   is the host address. Live allocations sit in the allocation table of
+ *   hw/common/alloc_table.c (sorted by address; each entry's base and
+ *   base_bytes are its whole mapping), which validates every range a call
+ *   touches.
  * - Streams. A stream is a ring of queue_ops op slots and a worker thread.
  *   gather/scatter validate the descriptor against live memory
  *   (kvs_copy_desc_check of backend.h), snapshot it into the next slot
@@ -31,7 +33,7 @@
  * take only their stream->mu, so waits under host->mu (queue full,
  * mem_free draining, stream_destroy joining) always end.
  *
- * Invariants: allocs[] sorted by addr and disjoint; per stream
+ * Invariants: allocs holds every live mapping; per stream
  * done_seq <= enq_seq <= done_seq + queue_ops; op seq k lives in slot
  * (k - 1) % queue_ops; stream and event slots live in arrays owned by the
  * device, so a kvs_stream_t / kvs_event_t pointer stays valid memory until
@@ -43,6 +45,7 @@
 
 #include <kvstage/host.h>
 
+#include "alloc_table.h"
 #include "copy.h"
 #include "slots.h"
 
@@ -63,14 +66,6 @@
  * more than they save. */
 #define HW_HOST_SPLIT_MIN_BYTES (1ull << 20)
 #define HW_HOST_MAX_COPY_THREADS 256u
-#define HW_HOST_MAX_COPY_THREADS_TEXT "256"
-
-typedef struct hw_host_alloc {
-    uint64_t addr;      /* == host address */
-    uint64_t len_bytes; /* as requested */
-    void *map;          /* the whole mapping (may start below addr) */
-    size_t map_bytes;
-} hw_host_alloc_t;
 
 typedef struct hw_host_op {
     hw_host_copy_t copy; /* its pool and pages point into words */
@@ -118,10 +113,9 @@ struct kvs_host_device {
     kvs_device_t base; /* first: recovered with KVS_CONTAINER_OF */
     char name[32];
     pthread_mutex_t mu;
-    uint32_t max_allocs, max_streams, max_events, queue_ops, copy_threads;
+    uint32_t max_streams, max_events, queue_ops, copy_threads;
     uint32_t max_vector_bytes; /* 16, 32 or 64 */
-    hw_host_alloc_t *allocs;
-    uint32_t num_allocs;
+    hw_alloc_table_t allocs; /* base, base_bytes: the whole mapping */
     struct kvs_stream *streams;
     struct kvs_event *events;
     hw_slots_t stream_slots; /* which of streams[] are free */
@@ -136,40 +130,6 @@ static kvs_host_device_t *hw_host_of(kvs_device_t *dev)
 /* ------------------------------------------------------------------------ */
 /* Memory                                                                    */
 /* ------------------------------------------------------------------------ */
-
-/* Index of the first allocation with addr > x (0..num_allocs). */
-static uint32_t hw_host_upper(const kvs_host_device_t *h, uint64_t x)
-{
-    uint32_t lo = 0, hi = h->num_allocs;
-    while (lo < hi) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (h->allocs[mid].addr <= x)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
-/* The allocation holding all of [addr, addr + len), or NULL. */
-static const hw_host_alloc_t *hw_host_lookup(const kvs_host_device_t *h, uint64_t addr,
-                                             uint64_t len_bytes)
-{
-    uint32_t i = hw_host_upper(h, addr);
-    if (i == 0)
-        return NULL;
-    const hw_host_alloc_t *a = &h->allocs[i - 1];
-    uint64_t rel = addr - a->addr;
-    /* An empty range may sit just past the end (one-past pointer). */
-    if (rel > a->len_bytes || len_bytes > a->len_bytes - rel)
-        return NULL;
-    return a;
-}
-
-static bool hw_host_in_mem(void *ctx, uint64_t addr, uint64_t len_bytes)
-{
-    return hw_host_lookup(ctx, addr, len_bytes) != NULL;
-}
 
 static int hw_host_mem_alloc(kvs_device_t *dev, uint64_t len_bytes, uint64_t *out_addr)
 {
@@ -190,18 +150,14 @@ static int hw_host_mem_alloc(kvs_device_t *dev, uint64_t len_bytes, uint64_t *ou
                                "ask for less",
                                h->name, (unsigned long long)len_bytes);
     pthread_mutex_lock(&h->mu);
-    int rc = KVS_OK;
-    if (h->num_allocs == h->max_allocs) {
-        rc = kvs_device_fail(dev, KVS_EFULL, ENOSPC,
-                             "allocation table of %s full: %u live allocations; free some "
-                             "or raise max_allocs",
-                             h->name, h->max_allocs);
+    int rc = hw_alloc_table_room(&h->allocs, dev);
+    if (rc != KVS_OK)
         goto out;
-    }
-    hw_host_alloc_t a = {.len_bytes = len_bytes};
-    a.map_bytes = (size_t)((len_bytes + page - 1) / page * page + (align - page));
-    a.map = mmap(NULL, a.map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (a.map == MAP_FAILED) {
+    hw_alloc_t a = {.len_bytes = len_bytes};
+    a.base_bytes = (len_bytes + page - 1) / page * page + (align - page);
+    a.base = mmap(NULL, (size_t)a.base_bytes, PROT_READ | PROT_WRITE,
+                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (a.base == MAP_FAILED) {
         int err = errno;
         rc = kvs_device_fail(dev, KVS_ENOMEM, err,
                              "mem_alloc on %s: cannot map %llu bytes of host memory (%s); "
@@ -209,16 +165,13 @@ static int hw_host_mem_alloc(kvs_device_t *dev, uint64_t len_bytes, uint64_t *ou
                              h->name, (unsigned long long)len_bytes, strerror(err));
         goto out;
     }
-    a.addr = ((uint64_t)(uintptr_t)a.map + align - 1) / align * align;
+    a.addr = ((uint64_t)(uintptr_t)a.base + align - 1) / align * align;
     if (align == HW_HOST_HUGE_BYTES) {
         /* Advice only: without THP support the memory stays in small pages. */
-        (void)madvise((void *)(uintptr_t)a.addr, (size_t)(a.map_bytes - (align - page)),
+        (void)madvise((void *)(uintptr_t)a.addr, (size_t)(a.base_bytes - (align - page)),
                       MADV_HUGEPAGE);
     }
-    uint32_t i = hw_host_upper(h, a.addr);
-    memmove(&h->allocs[i + 1], &h->allocs[i], (size_t)(h->num_allocs - i) * sizeof a);
-    h->allocs[i] = a;
-    h->num_allocs++;
+    hw_alloc_table_insert(&h->allocs, &a);
     *out_addr = a.addr;
 out:
     pthread_mutex_unlock(&h->mu);
@@ -243,22 +196,14 @@ static int hw_host_mem_free(kvs_device_t *dev, uint64_t addr)
 {
     kvs_host_device_t *h = hw_host_of(dev);
     pthread_mutex_lock(&h->mu);
-    int rc = KVS_OK;
-    uint32_t i = hw_host_upper(h, addr);
-    if (i == 0 || h->allocs[i - 1].addr != addr) {
-        rc = kvs_device_fail(dev, KVS_ENOENT, ENOENT,
-                             "mem_free on %s: 0x%llx is not the start of a live allocation "
-                             "(never allocated or already freed)",
-                             h->name, (unsigned long long)addr);
-        goto out;
+    hw_alloc_t a;
+    int rc = hw_alloc_table_remove(&h->allocs, dev, addr, &a);
+    if (rc == KVS_OK) {
+        /* Like cudaFree: queued ops may still read or write it (h->mu held
+         * throughout, so no new op can name it meanwhile). */
+        hw_host_drain_all(h);
+        munmap(a.base, (size_t)a.base_bytes);
     }
-    /* Like cudaFree: queued ops may still read or write it. */
-    hw_host_drain_all(h);
-    hw_host_alloc_t a = h->allocs[i - 1];
-    memmove(&h->allocs[i - 1], &h->allocs[i], (size_t)(h->num_allocs - i) * sizeof a);
-    h->num_allocs--;
-    munmap(a.map, a.map_bytes);
-out:
     pthread_mutex_unlock(&h->mu);
     return rc;
 }
@@ -273,7 +218,7 @@ static int hw_host_mem_copy(kvs_device_t *dev, uint64_t addr, void *host_buf,
                                h->name, to_device ? "src" : "dst");
     pthread_mutex_lock(&h->mu);
     int rc = KVS_OK;
-    if (hw_host_lookup(h, addr, len_bytes) == NULL) {
+    if (hw_alloc_table_lookup(&h->allocs, addr, len_bytes) == NULL) {
         rc = kvs_device_fail(dev, KVS_ERANGE, ERANGE,
                              "%s on %s: [0x%llx, +%llu) is not inside one live allocation",
                              what, h->name, (unsigned long long)addr,
@@ -306,7 +251,7 @@ void *kvs_host_ptr(kvs_device_t *dev, uint64_t addr, uint64_t len_bytes)
     if (h == NULL)
         return NULL;
     pthread_mutex_lock(&h->mu);
-    const hw_host_alloc_t *a = hw_host_lookup(h, addr, len_bytes);
+    const hw_alloc_t *a = hw_alloc_table_lookup(&h->allocs, addr, len_bytes);
     pthread_mutex_unlock(&h->mu);
     return a != NULL ? (void *)(uintptr_t)addr : NULL;
 }
@@ -502,7 +447,8 @@ static int hw_host_enqueue(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_de
                              what, h->name);
         goto out;
     }
-    rc = kvs_copy_desc_check(d, what, h->name, hw_host_in_mem, h, &sh, msg, sizeof msg);
+    rc = kvs_copy_desc_check(d, what, h->name, hw_alloc_table_holds, &h->allocs, &sh, msg,
+                             sizeof msg);
     if (rc != KVS_OK) {
         rc = kvs_device_fail(dev, rc, rc == KVS_ERANGE ? ERANGE : EINVAL, "%s", msg);
         goto out;
@@ -710,22 +656,6 @@ static const kvs_device_ops_t hw_host_ops = {
     .mem_read = hw_host_mem_read,
 };
 
-static int hw_host_create_fail(kvs_error_t *err, int status, int code, int line,
-                               const char *msg)
-{
-    if (err != NULL) {
-        memset(err, 0, sizeof *err);
-        err->status = status;
-        err->backend_code = code;
-        err->file = __FILE__;
-        err->line = line;
-        snprintf(err->msg, sizeof err->msg, "%s", msg);
-    }
-    return status;
-}
-#define HW_HOST_CREATE_FAIL(err, status, code, msg)                             \
-    hw_host_create_fail((err), (status), (code), __LINE__, (msg))
-
 /* Initialises stream slot s: op ring, helper table, sync objects. On
  * failure nothing of it is left allocated. */
 static bool hw_host_slot_init(kvs_host_device_t *h, struct kvs_stream *s, uint32_t index)
@@ -783,36 +713,36 @@ static void hw_host_free_tables(kvs_host_device_t *h, uint32_t streams_inited)
     hw_slots_fini(&h->stream_slots);
     free(h->events);
     free(h->streams);
-    free(h->allocs);
+    hw_alloc_table_fini(&h->allocs);
 }
 
 int kvs_host_device_create(const kvs_host_config_t *cfg, kvs_host_device_t **out,
                            kvs_error_t *err)
 {
     if (out == NULL)
-        return HW_HOST_CREATE_FAIL(err, KVS_EINVAL, EINVAL,
-                                   "kvs_host_device_create: out is NULL; pass where to store "
-                                   "the device");
+        return KVS_ERROR_SET(err, KVS_EINVAL, EINVAL,
+                             "kvs_host_device_create: out is NULL; pass where to store "
+                             "the device");
     kvs_host_config_t c = cfg != NULL ? *cfg : (kvs_host_config_t){0};
     if (c.copy_threads > HW_HOST_MAX_COPY_THREADS)
-        return HW_HOST_CREATE_FAIL(err, KVS_EINVAL, EINVAL,
-                                   "kvs_host_device_create: copy_threads above "
-                                   HW_HOST_MAX_COPY_THREADS_TEXT "; pass at most one per core");
+        return KVS_ERROR_SET(err, KVS_EINVAL, EINVAL,
+                             "kvs_host_device_create: copy_threads above %u; pass at most "
+                             "one per core",
+                             HW_HOST_MAX_COPY_THREADS);
     if (c.max_vector_bytes != 0 && c.max_vector_bytes != 16 && c.max_vector_bytes != 32 &&
         c.max_vector_bytes != 64)
-        return HW_HOST_CREATE_FAIL(err, KVS_EINVAL, EINVAL,
-                                   "kvs_host_device_create: max_vector_bytes must be 16, 32, "
-                                   "64 or 0 (the widest the CPU runs)");
+        return KVS_ERROR_SET(err, KVS_EINVAL, EINVAL,
+                             "kvs_host_device_create: max_vector_bytes must be 16, 32, "
+                             "64 or 0 (the widest the CPU runs)");
     if (c.name != NULL && strlen(c.name) >= sizeof((kvs_host_device_t *)0)->name)
-        return HW_HOST_CREATE_FAIL(err, KVS_EINVAL, EINVAL,
-                                   "kvs_host_device_create: name longer than 31 bytes; "
-                                   "pass a shorter name");
+        return KVS_ERROR_SET(err, KVS_EINVAL, EINVAL,
+                             "kvs_host_device_create: name longer than 31 bytes; "
+                             "pass a shorter name");
     kvs_host_device_t *h = calloc(1, sizeof *h);
     if (h == NULL)
-        return HW_HOST_CREATE_FAIL(err, KVS_ENOMEM, ENOMEM,
-                                   "kvs_host_device_create: out of host memory");
+        return KVS_ERROR_SET(err, KVS_ENOMEM, ENOMEM,
+                             "kvs_host_device_create: out of host memory");
     snprintf(h->name, sizeof h->name, "%s", c.name != NULL ? c.name : "host");
-    h->max_allocs = c.max_allocs ? c.max_allocs : HW_HOST_DEFAULT_MAX_ALLOCS;
     h->max_streams = c.max_streams ? c.max_streams : HW_HOST_DEFAULT_MAX_STREAMS;
     h->max_events = c.max_events ? c.max_events : HW_HOST_DEFAULT_MAX_EVENTS;
     h->queue_ops = c.queue_ops ? c.queue_ops : HW_HOST_DEFAULT_QUEUE_OPS;
@@ -820,10 +750,11 @@ int kvs_host_device_create(const kvs_host_config_t *cfg, kvs_host_device_t **out
     h->max_vector_bytes = c.max_vector_bytes ? c.max_vector_bytes : 64;
 
     uint32_t inited = 0;
-    h->allocs = calloc(h->max_allocs, sizeof *h->allocs);
     h->streams = calloc(h->max_streams, sizeof *h->streams);
     h->events = calloc(h->max_events, sizeof *h->events);
-    if (h->allocs == NULL || h->streams == NULL || h->events == NULL ||
+    if (!hw_alloc_table_init(&h->allocs,
+                             c.max_allocs ? c.max_allocs : HW_HOST_DEFAULT_MAX_ALLOCS) ||
+        h->streams == NULL || h->events == NULL ||
         !hw_slots_init(&h->stream_slots, h->max_streams, HW_SLOTS_FULL_STREAMS) ||
         !hw_slots_init(&h->event_slots, h->max_events, HW_SLOTS_FULL_EVENTS))
         goto fail_nomem;
@@ -837,9 +768,9 @@ int kvs_host_device_create(const kvs_host_config_t *cfg, kvs_host_device_t **out
         pthread_mutex_destroy(&h->mu);
         hw_host_free_tables(h, inited);
         free(h);
-        return HW_HOST_CREATE_FAIL(err, rc, 0,
-                                   "kvs_host_device_create: the core refused the ops table; "
-                                   "rebuild hw/host against this kvstage's backend.h");
+        return KVS_ERROR_SET(err, rc, 0,
+                             "kvs_host_device_create: the core refused the ops table; "
+                             "rebuild hw/host against this kvstage's backend.h");
     }
     for (uint32_t i = 0; i < h->max_events; i++)
         h->events[i].host = h;
@@ -849,9 +780,9 @@ int kvs_host_device_create(const kvs_host_config_t *cfg, kvs_host_device_t **out
 fail_nomem:
     hw_host_free_tables(h, inited);
     free(h);
-    return HW_HOST_CREATE_FAIL(err, KVS_ENOMEM, ENOMEM,
-                               "kvs_host_device_create: out of host memory for the tables; "
-                               "lower max_allocs, max_streams, max_events or queue_ops");
+    return KVS_ERROR_SET(err, KVS_ENOMEM, ENOMEM,
+                         "kvs_host_device_create: out of host memory for the tables; "
+                         "lower max_allocs, max_streams, max_events or queue_ops");
 }
 
 void kvs_host_device_destroy(kvs_host_device_t *h)
@@ -862,8 +793,8 @@ void kvs_host_device_destroy(kvs_host_device_t *h)
     for (uint32_t i = 0; i < h->max_streams; i++)
         if (h->streams[i].live)
             hw_host_stream_stop(&h->streams[i]);
-    for (uint32_t i = 0; i < h->num_allocs; i++)
-        munmap(h->allocs[i].map, h->allocs[i].map_bytes);
+    for (uint32_t i = 0; i < h->allocs.count; i++)
+        munmap(h->allocs.entries[i].base, (size_t)h->allocs.entries[i].base_bytes);
     pthread_mutex_unlock(&h->mu);
     pthread_mutex_destroy(&h->mu);
     hw_host_free_tables(h, h->max_streams);

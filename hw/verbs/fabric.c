@@ -14,7 +14,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,21 +74,6 @@ void kvs_verbs_config_init(kvs_verbs_config_t *cfg)
 {
     if (cfg != NULL)
         *cfg = (kvs_verbs_config_t){.gid_index = KVS_VERBS_GID_AUTO};
-}
-
-#if defined(__GNUC__) || defined(__clang__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static int hw_verbs_create_fail(kvs_error_t *err, int status, const char *fmt, ...)
-{
-    if (err != NULL) {
-        *err = (kvs_error_t){.status = status, .file = __FILE__, .line = __LINE__};
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-        va_end(ap);
-    }
-    return status;
 }
 
 /* ---- the device snapshot -------------------------------------------------------- */
@@ -254,20 +238,20 @@ static int hw_verbs_config(const kvs_verbs_config_t *in, kvs_verbs_config_t *c, 
         c->connect_timeout_ms = HW_VERBS_DEFAULT_TIMEOUT_MS;
     if (c->max_conns > HW_VERBS_MAX_SLOTS || c->sq_depth > HW_VERBS_MAX_SLOTS ||
         c->recv_depth > HW_VERBS_MAX_SLOTS)
-        return hw_verbs_create_fail(err, KVS_EINVAL, "verbs config: max_conns %u, sq_depth %u "
-                                    "and recv_depth %u must each be at most %u",
-                                    c->max_conns, c->sq_depth, c->recv_depth,
-                                    HW_VERBS_MAX_SLOTS);
+        return KVS_ERROR_SET(err, KVS_EINVAL, 0, "verbs config: max_conns %u, sq_depth %u "
+                             "and recv_depth %u must each be at most %u",
+                             c->max_conns, c->sq_depth, c->recv_depth,
+                             HW_VERBS_MAX_SLOTS);
     if (c->send_buf_bytes < KVS_CONTROL_MSG_MAX_BYTES)
-        return hw_verbs_create_fail(err, KVS_EINVAL, "verbs config: send_buf_bytes %u is less "
-                                    "than one control message (%u bytes): raise it",
-                                    c->send_buf_bytes, KVS_CONTROL_MSG_MAX_BYTES);
+        return KVS_ERROR_SET(err, KVS_EINVAL, 0, "verbs config: send_buf_bytes %u is less "
+                             "than one control message (%u bytes): raise it",
+                             c->send_buf_bytes, KVS_CONTROL_MSG_MAX_BYTES);
     if (c->max_mtu_bytes != 0 && (c->max_mtu_bytes < 256 || c->max_mtu_bytes > 4096))
-        return hw_verbs_create_fail(err, KVS_EINVAL, "verbs config: max_mtu_bytes %u is "
-                                    "outside 256..4096 (0: the port's MTU)", c->max_mtu_bytes);
+        return KVS_ERROR_SET(err, KVS_EINVAL, 0, "verbs config: max_mtu_bytes %u is "
+                             "outside 256..4096 (0: the port's MTU)", c->max_mtu_bytes);
     if (c->gid_index < KVS_VERBS_GID_AUTO)
-        return hw_verbs_create_fail(err, KVS_EINVAL, "verbs config: gid_index %d: use an index "
-                                    ">= 0 or KVS_VERBS_GID_AUTO (-1)", c->gid_index);
+        return KVS_ERROR_SET(err, KVS_EINVAL, 0, "verbs config: gid_index %d: use an index "
+                             ">= 0 or KVS_VERBS_GID_AUTO (-1)", c->gid_index);
     return KVS_OK;
 }
 
@@ -277,11 +261,11 @@ int kvs_verbs_fabric_create(const kvs_verbs_config_t *cfg, kvs_fabric_t **out,
     if (err != NULL)
         *err = (kvs_error_t){0};
     if (cfg == NULL || out == NULL)
-        return hw_verbs_create_fail(err, KVS_EINVAL, "kvs_verbs_fabric_create: cfg and out "
-                                    "must not be NULL");
+        return KVS_ERROR_SET(err, KVS_EINVAL, 0, "kvs_verbs_fabric_create: cfg and out "
+                             "must not be NULL");
     hw_verbs_fabric_t *f = calloc(1, sizeof *f);
     if (f == NULL)
-        return hw_verbs_create_fail(err, KVS_ENOMEM, "no memory for a verbs fabric");
+        return KVS_ERROR_SET(err, KVS_ENOMEM, 0, "no memory for a verbs fabric");
     int rc = hw_verbs_config(cfg, &f->cfg, err);
     if (rc != KVS_OK) {
         free(f);
@@ -400,7 +384,7 @@ int kvs_verbs_fabric_create(const kvs_verbs_config_t *cfg, kvs_fabric_t **out,
     return KVS_OK;
 fail:
     hw_verbs_free(f);
-    return hw_verbs_create_fail(err, rc, "%s", why);
+    return KVS_ERROR_SET(err, rc, 0, "%s", why);
 }
 
 int kvs_verbs_fabric_destroy(kvs_fabric_t *fab)

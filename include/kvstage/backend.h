@@ -237,6 +237,22 @@ KVS_API int kvs_fabric_fail(kvs_fabric_t *fab, int status, int backend_code,
 #endif
     ;
 
+/* Fills a caller's kvs_error_t, as a backend's create function does when it
+ * made nothing (there is no instance yet to record on): status,
+ * backend_code (errno, cudaError_t, ... or 0), file (kept, not copied:
+ * static storage such as __FILE__), line and the message from fmt, which
+ * says what to change (truncated to KVS_ERROR_MSG_BYTES - 1 bytes; NULL:
+ * kvs_strerror(status)). err may be NULL: nothing is filled. Returns
+ * status. KVS_ERROR_SET passes the caller's file and line. */
+KVS_API int kvs_error_set(kvs_error_t *err, int status, int backend_code, const char *file,
+                          int line, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 6, 7)))
+#endif
+    ;
+#define KVS_ERROR_SET(err, status, backend_code, ...)                          \
+    kvs_error_set((err), (status), (backend_code), __FILE__, __LINE__, __VA_ARGS__)
+
 #ifdef __cplusplus
 }
 #endif
