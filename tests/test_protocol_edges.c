@@ -2705,6 +2705,48 @@ static void test_protocol_edges_long_outage_fails_then_recovers(void **state)
     edge_destroy(cl);
 }
 
+/* Send queues of one work request per connection: the fabric refuses most
+ * posts (KVS_EAGAIN), and every refused one goes out as soon as a
+ * completion makes room, without waiting for a retransmission timeout
+ * (nothing is sent again) or being overtaken by a later message (which the
+ * peer would drop as following a loss). Refused control messages once
+ * waited for the retransmission timeout, and a later one posted ahead of
+ * them was dropped by the peer. */
+static void test_protocol_edges_sq_depth_one(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.net.sq_depth = 1;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_open(cl, 1, 0, 40);
+    edge_open(cl, 2, 8, 44);
+    edge_open(cl, 3, 0, 3);
+    edge_computed(cl, 1, 40, true);
+    edge_computed(cl, 2, 44, true);
+    edge_computed(cl, 3, 3, true);
+    edge_run(cl);
+    edge_expect_ok(cl, 1, 0, 40);
+    edge_expect_ok(cl, 2, 8, 44);
+    edge_expect_ok(cl, 3, 0, 3);
+    edge_expect_ring_empty(cl);
+    uint64_t refused = 0;
+    for (int i = 0; i < edge_nnodes(cl); i++) {
+        const edge_node_t *n = &cl->nodes[i];
+        const kvs_handler_stats_t st = edge_stats(n);
+        refused += sim_nic_posts_refused(n->nic);
+        if (st.msgs_retransmitted != 0 || st.msgs_duplicate != 0)
+            EDGE_FAIL("%s: %llu messages sent again, %llu dropped as duplicates or after "
+                      "a gap", n->name, (unsigned long long)st.msgs_retransmitted,
+                      (unsigned long long)st.msgs_duplicate);
+        if (n->pre != NULL)
+            assert_int_equal(st.rdma_writes, 7); /* each chunk once */
+    }
+    if (refused == 0)
+        EDGE_FAIL("no post was refused: the test proves nothing");
+    edge_destroy(cl);
+}
+
 /* The wanted queue holds one entry per chunk waiting for a ring slot: one
  * room of 3 chunks with ring_max_live = max_rooms = 1 goes through one
  * region at a time instead of failing with EFULL. */
@@ -2958,6 +3000,7 @@ int main(void)
         cmocka_unit_test(test_protocol_edges_teardown_anywhere),
         cmocka_unit_test(test_protocol_edges_short_outage_recovered),
         cmocka_unit_test(test_protocol_edges_long_outage_fails_then_recovers),
+        cmocka_unit_test(test_protocol_edges_sq_depth_one),
         cmocka_unit_test(test_protocol_edges_wanted_queue_holds_every_chunk),
         cmocka_unit_test(test_protocol_edges_bf16_fp16_refused),
         cmocka_unit_test(test_protocol_edges_refused_decode_names_field),
