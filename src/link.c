@@ -204,7 +204,7 @@ static void kvs__link_acked(kvs__links_t *ls, kvs__link_t *l, uint32_t cum)
     }
     if (l->q_count == 0)
         l->q_start = l->q_end = 0;
-    if (l->q_unsent > l->q_count) /* it arrived before a resend was refused */
+    if (l->q_unsent > l->q_count) /* a forged ACK of messages never sent */
         l->q_unsent = l->q_count;
     if (moved) {
         l->rto_ns = ls->rto_min_ns;
@@ -242,19 +242,19 @@ int kvs__link_recv(kvs__links_t *ls, const kvs_completion_t *cqe, kvs_msg_t *msg
 
 /* Sends up to a batch of the queue again, oldest first, and stops at the
  * first post the fabric refuses: those after it would only be dropped by
- * the peer, after the gap; the pass goes on at the next timeout. */
+ * the peer, after the gap; the pass goes on at the next timeout. (The tick
+ * flushed what never went out just before: if anything is still unsent,
+ * the fabric is refusing, and this pass stops at once.) */
 static void kvs__link_resend(kvs__links_t *ls, kvs__link_t *l, uint64_t now_ns)
 {
-    uint32_t pos = l->q_start, i = 0;
-    for (; i < l->q_count && i < KVS__LINK_RESEND_BATCH && !l->dead; i++) {
+    uint32_t pos = l->q_start;
+    for (uint32_t i = 0; i < l->q_count && i < KVS__LINK_RESEND_BATCH && !l->dead; i++) {
         if (kvs__link_post_at(ls, l, pos) != KVS_OK)
             break;
         if (ls->stats != NULL)
             ls->stats->msgs_retransmitted++;
         pos += KVS__LINK_ENTRY_HDR + kvs__get32(l->q + pos + 4);
     }
-    if (l->q_unsent > l->q_count - i)
-        l->q_unsent = l->q_count - i; /* those it sent went out now */
     /* Saturating: a timeout of 2^63 ns or more (retry_timeout_ns is the
      * user's) must not wrap to a short one and resend on every tick. */
     const uint64_t twice = kvs__sat_add_u64(l->rto_ns, l->rto_ns);
