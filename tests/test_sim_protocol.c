@@ -330,19 +330,41 @@ static void test_sim_protocol_sq_depth_direct_and_slice(void **state)
 }
 
 /* Refused posts and failing writes together: a room that fails while a
- * gathered chunk waits to be posted again releases it (no leak, no hang). */
+ * gathered chunk waits to be posted again (none of its writes out, or the
+ * K write out and the V write refused with prefill PP) releases its
+ * buffer, at once or at the K write's completion: no leak, no hang. */
 static void test_sim_protocol_sq_depth_with_write_errors(void **state)
 {
+    for (int64_t pp = 1; pp <= 2; pp++) {
+        sim_scenario_config_t c = small(4, 2, 8);
+        c.shape.prefill_pp = pp;
+        c.prompt_min_tokens = 2048;
+        c.prompt_max_tokens = 4096;
+        c.prefill_tokens_per_s = 100000000; /* chunks gathered back to back */
+        c.net.sq_depth = 1;
+        c.nfaults = 1;
+        c.faults[0] = (sim_fault_t){.kind = SIM_FAULT_WRITE_ERROR, .num = 5, .den = 100};
+        sim_report_t r = run_faulted(&c, pp == 1 ? "sq_depth 1, write errors 5%"
+                                                 : "sq_depth 1, PP 2, write errors 5%");
+        assert_true(r.requests_failed > 0);
+        assert_true(r.posts_refused > 0);
+    }
+}
+
+/* Refused posts and lost control messages together: retransmissions meet
+ * full send queues (a pass stops at its first refusal and goes on at the
+ * next timeout) and every request still succeeds. */
+static void test_sim_protocol_sq_depth_with_drops(void **state)
+{
     sim_scenario_config_t c = small(4, 2, 8);
-    c.shape.prefill_pp = 2;
     c.prompt_min_tokens = 2048;
     c.prompt_max_tokens = 4096;
     c.net.sq_depth = 1;
     c.nfaults = 1;
-    c.faults[0] = (sim_fault_t){.kind = SIM_FAULT_WRITE_ERROR, .num = 5, .den = 100};
-    sim_report_t r = run_faulted(&c, "sq_depth 1, write errors 5%");
-    assert_true(r.requests_failed > 0);
-    assert_true(r.posts_refused > 0);
+    c.faults[0] = (sim_fault_t){.kind = SIM_FAULT_DROP, .num = 20, .den = 100};
+    sim_report_t r = run_faulted(&c, "sq_depth 1, drop 20%");
+    assert_int_equal(r.requests_ok, r.requests_total);
+    assert_true(r.posts_refused > 0 && r.msgs_retransmitted > 0);
 }
 
 int main(void)
@@ -369,6 +391,7 @@ int main(void)
         cmocka_unit_test(test_sim_protocol_sq_depth_prefill_pp),
         cmocka_unit_test(test_sim_protocol_sq_depth_direct_and_slice),
         cmocka_unit_test(test_sim_protocol_sq_depth_with_write_errors),
+        cmocka_unit_test(test_sim_protocol_sq_depth_with_drops),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
