@@ -42,6 +42,7 @@
 #define SIM_API_MAX_LINK_BYTES_PER_S (UINT64_C(100000) * 1000000000u / 8u)
 #define SIM_API_MAX_STALL_NS (UINT64_C(86400) * 1000000000u)
 #define SIM_API_MAX_WORKERS 1024u
+#define SIM_API_MAX_SQ_DEPTH 65535u /* as verbs' sq_depth */
 
 /* A refusal of the caller's config: no backend code behind it. */
 #define SIM_API_FAIL(err, status, ...) KVS_ERROR_SET((err), (status), 0, __VA_ARGS__)
@@ -128,7 +129,9 @@ static int sim_api_check_bounds(const kvs_sim_config_t *c, kvs_error_t *err)
                               SIM_API_MAX_LINK_BYTES_PER_S)) ||
         (rc = sim_api_max_u64(err, "nfaults", c->nfaults, KVS_SIM_MAX_FAULTS)) ||
         (rc = sim_api_max_u64(err, "reserved0", c->reserved0, 0)) ||
-        (rc = sim_api_max_u64(err, "reserved1", c->reserved1, 0)))
+        (rc = sim_api_max_u64(err, "reserved1", c->reserved1, 0)) ||
+        (rc = sim_api_max_u64(err, "net_sq_depth", c->net_sq_depth, SIM_API_MAX_SQ_DEPTH)) ||
+        (rc = sim_api_max_u64(err, "reserved2", c->reserved2, 0)))
         return rc;
     if (c->prompt_max_tokens != 0 && c->prompt_min_tokens > c->prompt_max_tokens)
         return SIM_API_FAIL(err, KVS_EINVAL,
@@ -207,6 +210,7 @@ static int sim_api_scenario(const kvs_sim_config_t *c, sim_scenario_config_t *s,
     s->net.segment_bytes = c->net_segment_bytes;
     s->net.mtu_bytes = c->net_mtu_bytes;
     s->net.header_bytes = c->net_header_bytes;
+    s->net.sq_depth = c->net_sq_depth;
     s->max_events = c->max_events;
     s->stall_timeout_ns = c->stall_timeout_ns;
     s->trace_path = c->trace_path;
@@ -256,6 +260,7 @@ static void sim_api_write_report(const sim_report_t *r, kvs_sim_report_t *out)
     p.ranks_restarted = r->ranks_restarted;
     p.ranks_down_at_start = r->ranks_down_at_start;
     snprintf(p.init_error, sizeof p.init_error, "%s", r->init_error);
+    p.posts_refused = r->posts_refused;
     if (size > sizeof p)
         memset((unsigned char *)out + sizeof p, 0, size - sizeof p);
     memcpy(out, &p, size < sizeof p ? size : sizeof p);

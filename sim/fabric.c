@@ -79,9 +79,21 @@
  * and the per-net pools of writes, messages and event records grow by
  * doubling up to fixed caps: no malloc per operation in steady state.
  *
+ * Send queues: every write and send accepted on a connection holds one
+ * slot of its send queue until its completion is polled (as a verbs send
+ * queue keeps each request until it is reported); a completion that is
+ * never pushed (the NIC is gone or in error) frees nothing, and a conn
+ * that is disconnected starts again empty. With sq_depth > 0 a post that
+ * finds sq_depth slots held is refused with KVS_EAGAIN before anything is
+ * queued, naming the knob, and counted (sim_nic_posts_refused); the
+ * caller polls and posts again. Slots are counted with sq_depth 0 too
+ * (unlimited: nothing is refused), so the bookkeeping is checked in every
+ * run. No event, no draw: a limit changes only what the core does.
+ *
  * Counters: sim_nic_writes / sim_nic_write_bytes count writes of this NIC
  * that completed successfully and their bytes; sim_nic_msgs counts control
- * messages accepted by send().
+ * messages accepted by send(); sim_nic_posts_refused counts the posts a
+ * full send queue refused.
  */
 #include "fabric.h"
 
@@ -129,6 +141,7 @@ struct kvs_conn {
     uint64_t send_seq;   /* messages sent on this conn */
     uint64_t recv_seq;   /* next sequence number expected on this conn */
     uint64_t last_deliver_ns; /* a delayed message holds back later ones */
+    uint32_t sq_used;    /* send queue: posts whose completion is not polled */
     uint32_t gen;        /* bumped when the slot is freed */
     bool live;           /* slot in use */
     bool dead;           /* the peer disconnected or was destroyed */
@@ -138,6 +151,7 @@ struct kvs_conn {
  * message pool until polled. */
 typedef struct sim_cqe {
     kvs_conn_t *conn;
+    uint32_t conn_gen; /* WRITE, SEND: the conn's gen when pushed (its slot) */
     uint64_t wr_id;
     int32_t status;
     uint32_t imm;
@@ -174,7 +188,7 @@ struct sim_nic {
     void *wake_ctx;
     sim_span_fn span;
     void *span_ctx;
-    uint64_t writes, write_bytes, msgs;
+    uint64_t writes, write_bytes, msgs, posts_refused;
 };
 
 /* A write in flight. Freed when refs (TX list membership + pending events
@@ -751,6 +765,7 @@ static void sim_net_on_write_done(sim_net_t *net, uint32_t w)
             .wr_id = wr->wr_id,
             .conn = sim_net_conn(net, wr->src_slot, wr->src_gen, wr->src_conn,
                                  wr->src_conn_gen),
+            .conn_gen = wr->src_conn_gen,
             .msg = SIM_NIL,
         };
         if (status == KVS_OK) {
@@ -785,6 +800,7 @@ static void sim_net_on_msg(sim_net_t *net, uint32_t m)
         .wr_id = msg->wr_id,
         .conn = sim_net_conn(net, msg->src_slot, msg->src_gen, msg->src_conn,
                              msg->src_conn_gen),
+        .conn_gen = msg->src_conn_gen,
         .msg = SIM_NIL,
     };
     bool wake_dst = false;
@@ -1034,6 +1050,30 @@ static int sim_nic_check_conn(sim_nic_t *nic, kvs_conn_t *conn, const char *op)
     return KVS_OK;
 }
 
+/* A free slot in conn's send queue, else KVS_EAGAIN (counted). */
+static int sim_nic_check_sq(sim_nic_t *nic, kvs_conn_t *conn, const char *op)
+{
+    const uint32_t depth = nic->net->cfg.sq_depth;
+    if (depth == 0 || conn->sq_used < depth)
+        return KVS_OK;
+    nic->posts_refused++;
+    return kvs_fabric_fail(&nic->base, KVS_EAGAIN, 0,
+                           "%s on %s: %u work requests in flight fill the send queue to %s "
+                           "(sq_depth %u): poll completions, then retry, or raise sq_depth",
+                           op, nic->name, conn->sq_used, conn->peer->name, depth);
+}
+
+/* A WRITE or SEND completion polled: its send queue slot is free again,
+ * unless its conn was disconnected meanwhile (a new conn starts empty). */
+static void sim_nic_sq_release(const sim_cqe_t *e)
+{
+    if ((e->kind != KVS_COMPLETION_WRITE && e->kind != KVS_COMPLETION_SEND) || e->conn == NULL ||
+        !e->conn->live || e->conn->gen != e->conn_gen)
+        return;
+    assert(e->conn->sq_used > 0);
+    e->conn->sq_used--;
+}
+
 static int sim_nic_write(kvs_fabric_t *fab, kvs_conn_t *conn, const kvs_write_desc_t *desc)
 {
     sim_nic_t *nic = sim_nic_of(fab);
@@ -1059,6 +1099,9 @@ static int sim_nic_write(kvs_fabric_t *fab, kvs_conn_t *conn, const kvs_write_de
                                (unsigned long long)desc->len_bytes,
                                (unsigned long long)mr->addr,
                                (unsigned long long)mr->len_bytes);
+    rc = sim_nic_check_sq(nic, conn, "write");
+    if (rc != KVS_OK)
+        return rc;
     uint32_t w;
     rc = sim_wr_alloc(net, &w);
     if (rc != KVS_OK)
@@ -1092,6 +1135,7 @@ static int sim_nic_write(kvs_fabric_t *fab, kvs_conn_t *conn, const kvs_write_de
     }
     wr->in_tx = true;
     wr->refs = 1;
+    conn->sq_used++;
     if (nic->tx_tail == SIM_NIL)
         nic->tx_head = w;
     else
@@ -1117,6 +1161,9 @@ static int sim_nic_send(kvs_fabric_t *fab, kvs_conn_t *conn, const void *msg,
         return kvs_fabric_fail(fab, KVS_EINVAL, 0,
                                "send on %s: %u bytes (at most %u, and msg must not be NULL)",
                                nic->name, len_bytes, KVS_CONTROL_MSG_MAX_BYTES);
+    rc = sim_nic_check_sq(nic, conn, "send");
+    if (rc != KVS_OK)
+        return rc;
     uint32_t m;
     rc = sim_msg_alloc(net, &m);
     if (rc != KVS_OK)
@@ -1167,6 +1214,7 @@ static int sim_nic_send(kvs_fabric_t *fab, kvs_conn_t *conn, const void *msg,
             sim_msg_free(net, m2);
     }
     conn->send_seq++;
+    conn->sq_used++;
     nic->msgs++;
     return KVS_OK;
 }
@@ -1185,6 +1233,7 @@ static int sim_nic_poll(kvs_fabric_t *fab, kvs_completion_t *out, int max)
         const sim_cqe_t e = nic->cq[nic->cq_head];
         nic->cq_head = (nic->cq_head + 1) % nic->cq_cap;
         nic->cq_len--;
+        sim_nic_sq_release(&e);
         kvs_completion_t *c = &out[n++];
         c->kind = (kvs_completion_kind_t)e.kind;
         c->status = e.status;
@@ -1409,6 +1458,8 @@ uint64_t sim_nic_writes(const sim_nic_t *nic) { return nic->writes; }
 uint64_t sim_nic_write_bytes(const sim_nic_t *nic) { return nic->write_bytes; }
 
 uint64_t sim_nic_msgs(const sim_nic_t *nic) { return nic->msgs; }
+
+uint64_t sim_nic_posts_refused(const sim_nic_t *nic) { return nic->posts_refused; }
 
 void sim_nic_set_link_up(sim_nic_t *nic, bool up) { nic->link_up = up; }
 

@@ -17,7 +17,10 @@
  *   writes nothing;
  * - control messages (SEND/RECV) use their own channel with ctrl_latency_ns
  *   and arrive in order per connection;
- * - completions go to the NIC's bounded completion queue and wake its owner.
+ * - completions go to the NIC's bounded completion queue and wake its owner;
+ * - with sq_depth set, each connection's send queue holds that many work
+ *   requests (writes and sends) from post until their completion is polled:
+ *   a post beyond it is refused with KVS_EAGAIN, as verbs refuses one.
  */
 #ifndef KVS_SIM_FABRIC_H
 #define KVS_SIM_FABRIC_H
@@ -41,6 +44,9 @@ typedef struct sim_net_config {
     uint32_t cq_entries;         /* per NIC, 0 -> 65536 */
     uint32_t max_mrs;            /* per NIC, 0 -> 1024 */
     uint32_t max_conns;          /* per NIC, 0 -> 256 */
+    uint32_t sq_depth;           /* work requests outstanding per connection
+                                    (posted, completion not yet polled);
+                                    0 = unlimited */
 } sim_net_config_t;
 
 typedef void (*sim_nic_wake_fn)(void *ctx);
@@ -62,6 +68,9 @@ void sim_nic_set_span(sim_nic_t *nic, sim_span_fn fn, void *ctx);
 uint64_t sim_nic_writes(const sim_nic_t *nic);
 uint64_t sim_nic_write_bytes(const sim_nic_t *nic);
 uint64_t sim_nic_msgs(const sim_nic_t *nic);
+/* Posts (writes and sends) refused with KVS_EAGAIN because the
+ * connection's send queue was full (sq_depth). */
+uint64_t sim_nic_posts_refused(const sim_nic_t *nic);
 /* Fault hooks: a link that is down drops segments and messages (writes then
  * complete with KVS_EPEER); a failed write completes with KVS_EREMOTE. */
 void sim_nic_set_link_up(sim_nic_t *nic, bool up);

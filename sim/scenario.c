@@ -50,6 +50,7 @@ typedef struct sim_node {
     bool hbm_full;               /* its GPU holds the KV pool and nothing more */
     uint8_t *reported;           /* [requests]: this rank's result is in */
     kvs_handler_stats_t acc;     /* counters of its previous incarnations */
+    uint64_t acc_posts_refused;  /* ... and of their NICs */
 } sim_node_t;
 
 typedef enum { SIM_REQ_WAITING, SIM_REQ_ADMITTED, SIM_REQ_DONE } sim_req_state_t;
@@ -807,6 +808,8 @@ static void sim_node_teardown(sim_node_t *n)
     n->acc.peers_lost += st.peers_lost;
     if (st.ring_peak_bytes > n->acc.ring_peak_bytes)
         n->acc.ring_peak_bytes = st.ring_peak_bytes;
+    if (n->nic != NULL)
+        n->acc_posts_refused += sim_nic_posts_refused(n->nic);
     kvs_decode_destroy(n->dec);
     kvs_prefill_destroy(n->pre);
     if (n->m != NULL)
@@ -1120,6 +1123,8 @@ static void sim_report(sim_scenario_t *sc, sim_report_t *out)
         out->msgs_retransmitted += st.msgs_retransmitted;
         out->msgs_duplicate += st.msgs_duplicate;
         out->peers_lost += st.peers_lost;
+        out->posts_refused += n->acc_posts_refused +
+                              (n->nic != NULL ? sim_nic_posts_refused(n->nic) : 0);
         if (st.ring_peak_bytes > out->ring_peak_bytes)
             out->ring_peak_bytes = st.ring_peak_bytes;
         kvs_ring_t *ring = n->m != NULL ? kvs_manager_ring(n->m) : NULL;

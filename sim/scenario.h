@@ -76,7 +76,8 @@ typedef struct sim_scenario_config {
     uint32_t transfer_workers;     /* prefill staging buffers, 0 -> 4 */
     uint64_t seed;
     sim_gpu_config_t gpu;          /* zero fields take the H200 defaults */
-    sim_net_config_t net;          /* zero fields take the 400 Gb/s defaults */
+    sim_net_config_t net;          /* zero fields take the 400 Gb/s defaults;
+                                      sq_depth 0: send queues unlimited */
     uint64_t max_events;           /* safety bound, 0 -> 2^40 */
     sim_fault_t faults[SIM_MAX_FAULTS];
     uint32_t nfaults;
@@ -110,6 +111,8 @@ typedef struct sim_report {
     uint64_t msgs_retransmitted;   /* control messages sent again (not acked in time) */
     uint64_t msgs_duplicate;       /* received twice or after a loss: dropped */
     uint64_t peers_lost;           /* connections the handlers found dead */
+    uint64_t posts_refused;        /* writes and sends refused with KVS_EAGAIN by
+                                      a full send queue (net.sq_depth) */
     uint64_t sim_ns;               /* first arrival to last completion */
     double goodput_gbps;           /* bytes_verified over sim time, Gb/s */
     double line_rate_gbps;         /* NIC rate x min(prefill NICs, decode NICs) */

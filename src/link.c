@@ -1,7 +1,8 @@
 /*
  * link.c - reliable control messages over a fabric connection: sequence
  * numbers, cumulative ACKs, go-back-N retransmission with a doubling
- * timeout, duplicate filtering, dead connections (link.h says why).
+ * timeout, duplicate filtering, dead connections, posts the fabric refused
+ * (link.h says why).
  */
 #include "link.h"
 
@@ -87,6 +88,38 @@ static int kvs__link_post(kvs__links_t *ls, kvs__link_t *l, const uint8_t *bytes
     return rc;
 }
 
+/* The message at byte `pos` of the queue, posted. */
+static int kvs__link_post_at(kvs__links_t *ls, kvs__link_t *l, uint32_t pos)
+{
+    const uint8_t *e = l->q + pos;
+    const uint32_t len = kvs__get32(e + 4);
+    const uint8_t *bytes = e + KVS__LINK_ENTRY_HDR;
+    const uint32_t type = (uint32_t)bytes[6] | (uint32_t)bytes[7] << 8;
+    return kvs__link_post(ls, l, bytes, len, type);
+}
+
+/* Byte position of queued message i (0 = the oldest). */
+static uint32_t kvs__link_pos(const kvs__link_t *l, uint32_t i)
+{
+    uint32_t pos = l->q_start;
+    while (i-- > 0)
+        pos += KVS__LINK_ENTRY_HDR + kvs__get32(l->q + pos + 4);
+    return pos;
+}
+
+/* Posts the messages that never went out, oldest first, until the fabric
+ * refuses one (its send queue is full: a later tick goes on). */
+static void kvs__link_flush(kvs__links_t *ls, kvs__link_t *l)
+{
+    if (l->q_unsent == 0 || l->dead)
+        return;
+    uint32_t pos = kvs__link_pos(l, l->q_count - l->q_unsent);
+    while (l->q_unsent > 0 && kvs__link_post_at(ls, l, pos) == KVS_OK) {
+        pos += KVS__LINK_ENTRY_HDR + kvs__get32(l->q + pos + 4);
+        l->q_unsent--;
+    }
+}
+
 /* Room for `need` more bytes at the end of the queue: compacts, then grows. */
 static int kvs__link_reserve(kvs__link_t *l, uint32_t need)
 {
@@ -144,11 +177,13 @@ int kvs__link_send(kvs__links_t *ls, kvs_conn_t *conn, const kvs_msg_t *msg)
         l->retry_ns = kvs__sat_add_u64(l->waiting_since_ns, l->rto_ns);
     }
     l->next_seq = kvs__seq_next(l->next_seq);
-    /* Queued: a failed post other than a dead peer is retried with the
-     * queue (a full send queue, say). */
-    rc = kvs__link_post(ls, l, buf, len, (uint32_t)m.type);
-    if (rc == KVS_EPEER)
-        return rc;
+    /* Queued, then posted behind any that were refused before it (never
+     * ahead of them: the peer would drop it as following a loss). A post
+     * the fabric refuses (a full send queue, say) goes at a later tick. */
+    l->q_unsent++;
+    kvs__link_flush(ls, l);
+    if (l->dead)
+        return KVS_EPEER;
     if (ls->stats != NULL)
         ls->stats->msgs_sent++;
     return KVS_OK;
@@ -169,6 +204,8 @@ static void kvs__link_acked(kvs__links_t *ls, kvs__link_t *l, uint32_t cum)
     }
     if (l->q_count == 0)
         l->q_start = l->q_end = 0;
+    if (l->q_unsent > l->q_count) /* a forged ACK of messages never sent */
+        l->q_unsent = l->q_count;
     if (moved) {
         l->rto_ns = ls->rto_min_ns;
         l->waiting_since_ns = kvs__link_now(ls);
@@ -203,18 +240,20 @@ int kvs__link_recv(kvs__links_t *ls, const kvs_completion_t *cqe, kvs_msg_t *msg
     return 1;
 }
 
-/* Sends up to a batch of the queue again, oldest first. */
+/* Sends up to a batch of the queue again, oldest first, and stops at the
+ * first post the fabric refuses: those after it would only be dropped by
+ * the peer, after the gap; the pass goes on at the next timeout. (The tick
+ * flushed what never went out just before: if anything is still unsent,
+ * the fabric is refusing, and this pass stops at once.) */
 static void kvs__link_resend(kvs__links_t *ls, kvs__link_t *l, uint64_t now_ns)
 {
     uint32_t pos = l->q_start;
     for (uint32_t i = 0; i < l->q_count && i < KVS__LINK_RESEND_BATCH && !l->dead; i++) {
-        const uint8_t *e = l->q + pos;
-        const uint32_t len = kvs__get32(e + 4);
-        const uint8_t *bytes = e + KVS__LINK_ENTRY_HDR;
-        const uint32_t type = (uint32_t)bytes[6] | (uint32_t)bytes[7] << 8;
-        if (kvs__link_post(ls, l, bytes, len, type) == KVS_OK && ls->stats != NULL)
+        if (kvs__link_post_at(ls, l, pos) != KVS_OK)
+            break;
+        if (ls->stats != NULL)
             ls->stats->msgs_retransmitted++;
-        pos += KVS__LINK_ENTRY_HDR + len;
+        pos += KVS__LINK_ENTRY_HDR + kvs__get32(l->q + pos + 4);
     }
     /* Saturating: a timeout of 2^63 ns or more (retry_timeout_ns is the
      * user's) must not wrap to a short one and resend on every tick. */
@@ -235,12 +274,17 @@ void kvs__links_tick(kvs__links_t *ls, uint64_t now_ns,
             ack.u.ack_link.cum = l->expected - 1u;
             uint8_t buf[64];
             uint32_t len = 0;
-            /* Owed once: if the post fails, the peer sends again and is
-             * answered then. */
-            if (kvs__wire_encode(&ack, buf, sizeof buf, &len) == KVS_OK)
-                (void)kvs__link_post(ls, l, buf, len, KVS_MSG_ACK);
-            l->ack_due = false;
+            /* Owed until posted when the fabric refuses it for now (a full
+             * send queue: a completion, which wakes the handler, makes
+             * room); owed once when the post fails otherwise: the peer
+             * sends again and is answered then. */
+            const int rc = kvs__wire_encode(&ack, buf, sizeof buf, &len) == KVS_OK
+                               ? kvs__link_post(ls, l, buf, len, KVS_MSG_ACK)
+                               : KVS_EPROTO;
+            l->ack_refused = rc == KVS_EAGAIN;
+            l->ack_due = l->ack_refused;
         }
+        kvs__link_flush(ls, l);
         if (l->q_count > 0 && now_ns - l->waiting_since_ns >= ls->give_up_ns)
             l->dead = true; /* silent for too long: partitioned or stopped */
         if (l->q_count > 0 && now_ns >= l->retry_ns && !l->dead)
@@ -261,8 +305,9 @@ uint64_t kvs__links_deadline(const kvs__links_t *ls)
     uint64_t t = UINT64_MAX;
     for (uint32_t i = 0; i < ls->cap; i++) {
         const kvs__link_t *l = &ls->v[i];
-        if (l->conn != NULL && (l->dead || l->ack_due))
-            return 0; /* owed now: the next tick does it */
+        if (l->conn != NULL && (l->dead || (l->ack_due && !l->ack_refused)))
+            return 0; /* owed now: the next tick does it (a refused post
+                         waits for a completion, not for the clock) */
         if (l->conn != NULL && l->q_count > 0 && l->retry_ns < t)
             t = l->retry_ns;
     }

@@ -15,7 +15,15 @@
  * - a connection the fabric reports dead (its peer crashed or restarted:
  *   KVS_EPEER), or one whose oldest message went unacknowledged for
  *   give_up_ns (a partition, a peer that stopped), kills the link; the
- *   handler hears of it, disconnects (so the peer hears too) and recovers.
+ *   handler hears of it, disconnects (so the peer hears too) and recovers;
+ * - a post the fabric refuses for now (KVS_EAGAIN: the connection's send
+ *   queue is full) is not lost: that message and every later one wait,
+ *   in order (a later one posted ahead would arrive after a gap and be
+ *   dropped), and go out at the next ticks as the fabric takes them; an
+ *   ACK it refuses stays owed; a retransmission stops at the first
+ *   refusal and goes on at its next timeout. The room comes with a
+ *   completion on the connection, which wakes the handler, so no tick is
+ *   due for it; the retransmission timeout still runs as the backstop.
  * A new incarnation of a peer always comes with a new connection, so a
  * link never mixes two incarnations, and a duplicated REGISTER is dropped
  * here instead of looking like a restart.
@@ -37,10 +45,14 @@ typedef struct kvs__link {
     kvs_conn_t *conn;          /* NULL: a free slot */
     bool dead;                 /* the fabric reported the connection dead */
     bool ack_due;              /* an ACK is owed to the peer */
+    bool ack_refused;          /* ... and the fabric refused its post for now */
     /* sending */
     uint32_t next_seq;         /* of the next message sent */
     uint8_t *q;                /* [seq u32][len u32][bytes] ..., unacknowledged */
     uint32_t q_start, q_end, q_cap, q_count;
+    uint32_t q_unsent;         /* the newest q_unsent queued are not out (a
+                                  post was refused): they go, in order, before
+                                  any newer one */
     uint64_t rto_ns, retry_ns; /* current timeout; when the queue goes again */
     uint64_t waiting_since_ns; /* the queue last moved (or became non-empty) */
     /* receiving */

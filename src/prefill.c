@@ -12,6 +12,9 @@
  *   on the gather stream, ONE write (two with prefill PP: the K and the V
  *   layers of this stage) into the region, and CHUNK_READY once the write
  *   completed. A staging buffer is reused only after its write completed.
+ *   A write the fabric refuses for now (KVS_EAGAIN: the connection's send
+ *   queue is full) is posted again by a later progress call, the V write
+ *   after the K write that went out.
  * - direct / slice: once the prompt is computed and the decode's pages and
  *   layer keys are known, one write per page run x layer x K/V (direct) or
  *   per token x layer x K/V when heads are sliced, at most
@@ -62,14 +65,15 @@ enum { KVS__PCH_NONE, KVS__PCH_REQ, KVS__PCH_ALLOC, KVS__PCH_GATHER, KVS__PCH_WR
 typedef struct kvs__pchunk {
     uint8_t state;
     bool waited;                 /* counted once as a watermark wait */
-    bool unposted;               /* gathered, its write refused for now (the
+    bool unposted;               /* gathered, a write of it refused for now (the
                                     fabric's queue was full): posted again */
     uint64_t wait_ns;            /* when it started waiting */
     int64_t tokens, token_start, token_end, page_start, num_pages;
     int64_t region_bytes;
     uint64_t offset, round, end;
     int32_t worker;              /* staging buffer in use, -1 if none */
-    int32_t writes_pending;
+    int32_t writes_posted;       /* of kvs__chunk_writes: they go in order */
+    int32_t writes_pending;      /* posted, not yet completed */
     kvs_event_t *event;
 } kvs__pchunk_t;
 
@@ -239,14 +243,17 @@ static void kvs__room_fail(kvs_prefill_t *p, kvs__proom_t *r, int status)
     if (r->status != KVS_OK)
         return;
     r->status = status;
-    /* A gathered chunk whose write never went out holds its buffer and
-     * will see no completion: release it. */
+    /* A gathered chunk whose writes did not all go out is not posted
+     * again; with none in flight it holds its buffer and will see no
+     * completion: release it (else its last completion does). */
     for (int64_t f = 0; f < p->ntargets; f++)
         for (int64_t i = 0; i < r->flows[f].num_chunks; i++) {
             kvs__pchunk_t *c = &r->flows[f].chunks[i];
             if (!c->unposted)
                 continue;
             c->unposted = false;
+            if (c->writes_pending > 0)
+                continue;
             p->worker_busy[c->worker] = false;
             c->worker = -1;
             c->state = KVS__PCH_DONE;
@@ -363,7 +370,10 @@ static int kvs__post_write(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int64_t
 }
 
 /* The gathered block of a chunk goes out: one write, or the K and the V
- * layers of this stage apart when a region holds more layers (prefill PP). */
+ * layers of this stage apart when a region holds more layers (prefill PP).
+ * Posts, in order, the writes of the chunk not posted yet: when the fabric
+ * refuses one (KVS_EAGAIN: its send queue is full) those before it stay in
+ * flight and the call is made again later for the rest. */
 static int kvs__write_chunk(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int64_t chunk)
 {
     kvs__ppeer_t *peer = &p->peers[f];
@@ -379,26 +389,24 @@ static int kvs__write_chunk(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int64_
     const uint64_t local = p->m->staging_addr[c->worker];
     kvs_mr_t *mr = p->m->staging_mr[c->worker];
     const uint64_t region = peer->ring_addr + c->offset + (uint64_t)w.offset_bytes;
-    c->writes_pending = lp == lx ? 1 : 2;
-    if (lp == lx) {
-        rc = kvs__post_write(p, r, f, chunk, local, mr, region, peer->ring_rkey,
-                             2 * (uint64_t)lp * blk);
+    const int32_t writes = lp == lx ? 1 : 2;
+    while (c->writes_posted < writes) {
+        if (writes == 1) /* the whole block */
+            rc = kvs__post_write(p, r, f, chunk, local, mr, region, peer->ring_rkey,
+                                 2 * (uint64_t)lp * blk);
+        else if (c->writes_posted == 0) /* K layers */
+            rc = kvs__post_write(p, r, f, chunk, local, mr, region + (uint64_t)slot * blk,
+                                 peer->ring_rkey, (uint64_t)lp * blk);
+        else /* V layers */
+            rc = kvs__post_write(p, r, f, chunk, local + (uint64_t)lp * blk, mr,
+                                 region + (uint64_t)(lx + slot) * blk, peer->ring_rkey,
+                                 (uint64_t)lp * blk);
         if (rc != KVS_OK)
-            c->writes_pending = 0; /* nothing in flight: the buffer is free again */
-        return rc;
+            return rc;
+        c->writes_posted++;
+        c->writes_pending++;
     }
-    rc = kvs__post_write(p, r, f, chunk, local, mr, region + (uint64_t)slot * blk,
-                         peer->ring_rkey, (uint64_t)lp * blk);
-    if (rc != KVS_OK) {
-        c->writes_pending = 0;
-        return rc;
-    }
-    rc = kvs__post_write(p, r, f, chunk, local + (uint64_t)lp * blk, mr,
-                         region + (uint64_t)(lx + slot) * blk, peer->ring_rkey,
-                         (uint64_t)lp * blk);
-    if (rc != KVS_OK)
-        c->writes_pending = 1; /* the K write is in flight */
-    return rc;
+    return KVS_OK;
 }
 
 static void kvs__chunk_ready(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int64_t chunk)
@@ -870,8 +878,8 @@ static void kvs__on_write_done(kvs_prefill_t *p, const kvs_completion_t *cqe)
         return;
     }
     kvs__pchunk_t *c = &fl->chunks[op.chunk];
-    if (--c->writes_pending > 0)
-        return;
+    if (--c->writes_pending > 0 || c->unposted)
+        return; /* more of it in flight, or still to be posted */
     if (r->status == KVS_OK) {
         kvs__chunk_ready(p, r, op.flow, op.chunk);
     } else {
@@ -944,8 +952,8 @@ static void kvs__advance_staging(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
             const int rc = kvs__write_chunk(p, r, f, i);
             if (rc == KVS_OK)
                 c->unposted = false;
-            else if (rc != KVS_EAGAIN || c->writes_pending != 0)
-                kvs__room_fail(p, r, rc); /* releases it */
+            else if (rc != KVS_EAGAIN)
+                kvs__room_fail(p, r, rc); /* releases it, or its last completion will */
             continue;
         }
         if (c->state != KVS__PCH_ALLOC)
@@ -1085,8 +1093,8 @@ static void kvs__reap_gathers(kvs_prefill_t *p)
         if (rc == KVS_OK && r->status == KVS_OK) {
             c->state = KVS__PCH_WRITE;
             rc = kvs__write_chunk(p, r, g.flow, g.chunk);
-            if (rc == KVS_EAGAIN && c->writes_pending == 0) {
-                c->unposted = true; /* the fabric's queue is full: later */
+            if (rc == KVS_EAGAIN) {
+                c->unposted = true; /* the fabric's queue is full: the rest later */
                 continue;
             }
         }

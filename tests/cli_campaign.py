@@ -5,8 +5,8 @@ digest), that every run replays alone (its logged `kvstage sim` command
 gives the same digest and counts as inside the campaign, and run i is the
 same in a campaign of any length), --campaign-faults, the violation report
 and its exit status, the flags a campaign draws (--ring-bytes,
---transfer-workers, --prefill-tokens-per-s, --max-events), and that bad
-input exits 2 with one stderr line naming the flag.
+--transfer-workers, --prefill-tokens-per-s, --max-events, --sq-depth), and
+that bad input exits 2 with one stderr line naming the flag.
 
 usage: cli_campaign.py PATH_TO_KVSTAGE
 Prints one line per failure and "cli_campaign: N passed, M failed"; exits
@@ -26,7 +26,7 @@ JSON_KEYS = [
     "runs_with_faults", "requests_total", "requests_ok", "requests_failed",
     "hung_requests", "ring_leaked_bytes", "corrupt_bytes",
     "unreported_failures", "failed_without_faults", "setup_errors",
-    "runs_stopped", "events",
+    "runs_stopped", "runs_with_sq_depth", "posts_refused", "events",
     "max_run_events", "digest", "faults_drawn", "paths_run", "wall_seconds",
     "ms_per_run", "violating_runs", "first_violation", "replay",
 ]
@@ -86,6 +86,8 @@ def test_json_summary(s):
          "json replay", args, repr(obj.get("replay")))
     s.ok(0 < obj.get("max_run_events", 0) <= obj.get("events", 0),
          "json events", args, repr(obj)[:300])
+    s.ok(0 < obj.get("runs_with_sq_depth", 0) < 40 and obj.get("posts_refused", 0) > 0,
+         "some runs fill their send queues", args, repr(obj)[:600])
 
 
 def test_table(s):
@@ -129,7 +131,10 @@ def test_replay(s):
         clean = [r for r in runs if r not in faulted]
         s.ok(len(faulted) >= 5 and len(clean) >= 3, "log has both kinds of run",
              args, "%d with faults, %d without" % (len(faulted), len(clean)))
-        for r in faulted[:8] + clean[:4]:
+        queued = [r for r in runs if "--sq-depth" in r.get("replay", "")]
+        s.ok(len(queued) >= 3, "log has runs with --sq-depth", args,
+             "%d of them" % len(queued))
+        for r in faulted[:8] + clean[:4] + queued[:2]:
             words = shlex.split(r.get("replay", ""))
             if not s.ok(words[:2] == ["kvstage", "sim"] and "--seed" in words
                         and "--max-events" in words, "replay words", args,

@@ -34,6 +34,7 @@ REQUIRED_KEYS = [
     "decode_ranks", "model", "total_heads", "head_dim", "dtype", "layers",
     "page_size", "chunk_tokens", "prefill_tp", "decode_tp", "prefill_pp",
     "decode_pp", "replay", "hung_requests", "unreported_failures", "violations",
+    "sq_depth", "posts_refused",
 ]
 
 # Keys derived from the real clock: the only ones two runs may differ in.
@@ -395,6 +396,9 @@ def test_bad_input(s):
          "--chunk-tokens"),
         ("decode pp not 1 or pp", SMALL + ["--prefill-pp", "4",
                                            "--decode-pp", "2"], "--decode-pp"),
+        ("sq depth negative", SMALL + ["--sq-depth", "-1"], "--sq-depth"),
+        ("sq depth too deep", SMALL + ["--sq-depth", "65536"], "--sq-depth"),
+        ("sq depth junk", SMALL + ["--sq-depth", "deep"], "--sq-depth"),
     ]
     for name, args, flag in cases:
         s.expect_usage_error(name, args, flag)
@@ -444,6 +448,29 @@ def test_faults(s):
         s.expect_usage_error("fault " + spec, SMALL + ["--fault", spec], "--fault")
 
 
+def test_sq_depth(s):
+    """--sq-depth N: send queues of N work requests, whose refused posts the
+    core posts again: every request still ok and verified, the refusals
+    counted and shown; 0 (the default) refuses nothing and leaves the run
+    as it was."""
+    base = s.expect_json("sq depth default", SMALL + ["--seed", "3", "--json"])
+    zero = s.expect_json("sq depth 0", SMALL + ["--seed", "3", "--sq-depth", "0", "--json"])
+    s.ok(base.get("sq_depth") == 0 and base.get("posts_refused") == 0
+         and zero.get("digest") == base.get("digest"), "sq depth 0 is unlimited", SMALL,
+         "%r vs %r" % (zero.get("digest"), base.get("digest")))
+    for depth in ("1", "2"):
+        args = SMALL + ["--seed", "3", "--sq-depth", depth, "--json"]
+        obj = s.expect_json("sq depth " + depth, args)
+        s.expect_clean("sq depth " + depth, args, obj)
+        s.ok(obj.get("sq_depth") == int(depth) and obj.get("posts_refused", 0) > 0
+             and obj.get("bytes_verified") == base.get("bytes_verified")
+             and obj.get("rdma_ops") == base.get("rdma_ops"),
+             "sq depth %s refuses and recovers" % depth, args, repr(obj)[:400])
+    args = SMALL + ["--seed", "3", "--sq-depth", "1"]
+    s.expect_ok("sq depth table", args, ["send queues", "1 work requests per connection",
+                                         "posts refused"])
+
+
 def main():
     if len(sys.argv) != 2:
         print("usage: cli_sim.py PATH_TO_KVSTAGE", file=sys.stderr)
@@ -451,7 +478,8 @@ def main():
     s = Suite(sys.argv[1])
     for test in (test_help, test_json_report, test_table, test_defaults,
                  test_determinism, test_workload_flags, test_topologies,
-                 test_slice_vs_staging, test_trace, test_bad_input, test_faults):
+                 test_slice_vs_staging, test_trace, test_bad_input, test_faults,
+                 test_sq_depth):
         test(s)
     print("cli_sim: %d passed, %d failed" % (s.passed, s.failed))
     return 1 if s.failed else 0

@@ -2732,6 +2732,93 @@ static void test_protocol_edges_long_outage_fails_then_recovers(void **state)
     edge_destroy(cl);
 }
 
+/* Send queues of one work request per connection: the fabric refuses most
+ * posts (KVS_EAGAIN), and every refused one goes out as soon as a
+ * completion makes room, without waiting for a retransmission timeout
+ * (nothing is sent again) or being overtaken by a later message (which the
+ * peer would drop as following a loss). Refused control messages once
+ * waited for the retransmission timeout, and a later one posted ahead of
+ * them was dropped by the peer. */
+static void test_protocol_edges_sq_depth_one(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.net.sq_depth = 1;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_open(cl, 1, 0, 40);
+    edge_open(cl, 2, 8, 44);
+    edge_open(cl, 3, 0, 3);
+    edge_computed(cl, 1, 40, true);
+    edge_computed(cl, 2, 44, true);
+    edge_computed(cl, 3, 3, true);
+    edge_run(cl);
+    edge_expect_ok(cl, 1, 0, 40);
+    edge_expect_ok(cl, 2, 8, 44);
+    edge_expect_ok(cl, 3, 0, 3);
+    edge_expect_ring_empty(cl);
+    uint64_t refused = 0;
+    for (int i = 0; i < edge_nnodes(cl); i++) {
+        const edge_node_t *n = &cl->nodes[i];
+        const kvs_handler_stats_t st = edge_stats(n);
+        refused += sim_nic_posts_refused(n->nic);
+        if (st.msgs_retransmitted != 0 || st.msgs_duplicate != 0)
+            EDGE_FAIL("%s: %llu messages sent again, %llu dropped as duplicates or after "
+                      "a gap", n->name, (unsigned long long)st.msgs_retransmitted,
+                      (unsigned long long)st.msgs_duplicate);
+        if (n->pre != NULL)
+            assert_int_equal(st.rdma_writes, 7); /* each chunk once */
+    }
+    if (refused == 0)
+        EDGE_FAIL("no post was refused: the test proves nothing");
+    edge_destroy(cl);
+}
+
+/* A peer that acknowledges messages it never received (a forged ACK)
+ * while some wait unsent behind a full send queue: the link drops them as
+ * acknowledged and its count of unsent messages stays within its queue
+ * (past it, the next flush would walk off the end of the queue). */
+static void test_protocol_edges_hostile_ack_of_unsent(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.net.sq_depth = 1;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_run(cl);
+    edge_node_t *d = edge_decode(cl, 0), *p0 = edge_prefill(cl, 0);
+    kvs_conn_t *d_p0 = edge_conn(sim_nic_fabric(d->nic), p0->name);
+    kvs_conn_t *p0_d = edge_conn(sim_nic_fabric(p0->nic), d->name);
+    kvs__links_t *ls = kvs__decode_links(d->dec);
+    const kvs__link_t *l = NULL;
+    for (uint32_t i = 0; i < ls->cap && l == NULL; i++)
+        if (ls->v[i].conn == d_p0)
+            l = &ls->v[i];
+    assert_non_null(l);
+    assert_int_equal(kvs__link_unacked(ls, d_p0), 0);
+    /* p0's side acknowledges the next two messages before they exist... */
+    kvs_msg_t ack = {.type = KVS_MSG_ACK};
+    ack.u.ack_link.cum = l->next_seq + 1;
+    uint8_t buf[64];
+    uint32_t len = 0;
+    assert_int_equal(kvs__wire_encode(&ack, buf, sizeof buf, &len), KVS_OK);
+    edge_send_raw(sim_nic_fabric(p0->nic), p0_d, buf, len);
+    /* ... then the decode sends them: the first takes the one slot, the
+     * second is refused and waits */
+    const uint64_t refused = sim_nic_posts_refused(d->nic);
+    kvs_msg_t wm = {.type = KVS_MSG_WATERMARK};
+    wm.u.wm = (kvs_msg_watermark_t){.session = EDGE_DECODE_SESSION};
+    assert_int_equal(kvs__link_send(ls, d_p0, &wm), KVS_OK);
+    assert_int_equal(kvs__link_send(ls, d_p0, &wm), KVS_OK);
+    assert_int_equal(sim_nic_posts_refused(d->nic), refused + 1);
+    assert_int_equal(l->q_unsent, 1);
+    /* The ACK arrives first: both are dropped, the unsent one too. */
+    edge_run(cl);
+    assert_int_equal(kvs__link_unacked(ls, d_p0), 0);
+    assert_int_equal(l->q_unsent, 0);
+    edge_destroy(cl);
+}
+
 /* The wanted queue holds one entry per chunk waiting for a ring slot: one
  * room of 3 chunks with ring_max_live = max_rooms = 1 goes through one
  * region at a time instead of failing with EFULL. */
@@ -2985,6 +3072,8 @@ int main(void)
         cmocka_unit_test(test_protocol_edges_teardown_anywhere),
         cmocka_unit_test(test_protocol_edges_short_outage_recovered),
         cmocka_unit_test(test_protocol_edges_long_outage_fails_then_recovers),
+        cmocka_unit_test(test_protocol_edges_sq_depth_one),
+        cmocka_unit_test(test_protocol_edges_hostile_ack_of_unsent),
         cmocka_unit_test(test_protocol_edges_wanted_queue_holds_every_chunk),
         cmocka_unit_test(test_protocol_edges_bf16_fp16_refused),
         cmocka_unit_test(test_protocol_edges_refused_decode_names_field),

@@ -801,6 +801,84 @@ static void test_sim_fabric_fail_next_writes(void **state)
     fx_close(fx);
 }
 
+/* A connection's send queue (sq_depth) holds each write and send from post
+ * until its completion is polled: the (depth+1)-th post is refused with
+ * KVS_EAGAIN, naming the knob, and queues nothing; a completion that
+ * arrived but was not polled frees nothing; polling one frees one slot.
+ * Queues are per connection, and a reconnected one starts empty. */
+static void test_sim_fabric_sq_depth_refuses_until_polled(void **state)
+{
+    (void)state;
+    const sim_net_config_t cfg = {.sq_depth = 2};
+    fx_t *fx = fx_open(23, &cfg, true);
+    sim_nic_set_wake(fx->nic[0], NULL, NULL); /* nic0 is polled by hand */
+    kvs_fabric_t *fab0 = fx->fab[0];
+    uint64_t s = fx->seed;
+    fx_fill_random(fx, 0, 0, 4 * MIB, &s);
+    kvs_conn_t *c01 = fx_connect(fx, 0, 1);
+    assert_int_equal(fx_write(fx, 0, 1, 0, 0, MIB, 1, true, 1), KVS_OK);
+    assert_int_equal(fab0->ops.send(fab0, c01, "m", 2, 2), KVS_OK);
+    /* full: a write and a send are refused alike, and counted */
+    assert_int_equal(fx_write(fx, 0, 1, MIB, MIB, MIB, 3, true, 3), KVS_EAGAIN);
+    assert_non_null(strstr(fab0->last_backend_msg, "2 work requests in flight fill the send "
+                                                   "queue to nic1 (sq_depth 2)"));
+    assert_non_null(strstr(fab0->last_backend_msg, "poll completions"));
+    assert_non_null(strstr(fab0->last_backend_msg, "raise sq_depth"));
+    assert_int_equal(fab0->ops.send(fab0, c01, "n", 2, 4), KVS_EAGAIN);
+    assert_non_null(strstr(fab0->last_backend_msg, "send on nic0"));
+    assert_int_equal(sim_nic_posts_refused(fx->nic[0]), 2);
+    assert_int_equal(sim_nic_msgs(fx->nic[0]), 1); /* the refused send is not counted */
+    /* another connection of the same NIC has its own queue */
+    assert_int_equal(fx_write(fx, 0, 2, 3 * MIB, 0, KIB, 5, false, 0), KVS_OK);
+    fx_run(fx);
+    /* the refused posts queued nothing: one IMM and one RECV at nic1 */
+    assert_int_equal(fx->rec[1].n, 2);
+    assert_int_equal(recorder_count(&fx->rec[1], KVS_COMPLETION_IMM), 1);
+    assert_int_equal(recorder_count(&fx->rec[1], KVS_COMPLETION_RECV), 1);
+    assert_true(all_zero(fx_host(fx, 1, MIB, MIB), MIB));
+    /* completed but not polled: still full */
+    assert_int_equal(fx_write(fx, 0, 1, MIB, MIB, MIB, 3, true, 3), KVS_EAGAIN);
+    assert_int_equal(sim_nic_posts_refused(fx->nic[0]), 3);
+    kvs_completion_t out[8];
+    assert_int_equal(fab0->ops.poll(fab0, out, 1), 1);
+    assert_int_equal(out[0].kind, KVS_COMPLETION_SEND); /* delivered first */
+    assert_int_equal(out[0].wr_id, 2);
+    /* one slot free: the write goes, then the queue is full again */
+    assert_int_equal(fx_write(fx, 0, 1, MIB, MIB, MIB, 3, true, 3), KVS_OK);
+    assert_int_equal(fab0->ops.send(fab0, c01, "n", 2, 4), KVS_EAGAIN);
+    assert_int_equal(sim_nic_posts_refused(fx->nic[0]), 4);
+    fx_run(fx);
+    assert_memory_equal(fx_host(fx, 1, MIB, MIB), fx_host(fx, 0, MIB, MIB), MIB);
+    assert_int_equal(fab0->ops.poll(fab0, out, 8), 3); /* WRITE 1, 5 and 3 */
+    assert_int_equal(fab0->ops.send(fab0, c01, "n", 2, 4), KVS_OK);
+    assert_int_equal(fx_write(fx, 0, 1, 2 * MIB, 2 * MIB, MIB, 6, false, 0), KVS_OK);
+    fx_run(fx); /* their completions wait in nic0's CQ, unpolled */
+    /* a reconnected conn starts empty, and the old conn's completions,
+     * polled after, free nothing of it (the same slot, a new conn) */
+    fab0->ops.disconnect(fab0, c01);
+    kvs_conn_t *again = fx_connect(fx, 0, 1);
+    assert_ptr_equal(again, c01);
+    assert_int_equal(fab0->ops.send(fab0, again, "a", 2, 7), KVS_OK);
+    assert_int_equal(fab0->ops.send(fab0, again, "b", 2, 8), KVS_OK);
+    assert_int_equal(fab0->ops.poll(fab0, out, 8), 2); /* SEND 4, WRITE 6 */
+    assert_int_equal(fab0->ops.send(fab0, again, "c", 2, 9), KVS_EAGAIN);
+    assert_int_equal(sim_nic_posts_refused(fx->nic[0]), 5);
+    fx_close(fx);
+}
+
+/* sq_depth 0, the default: nothing is ever refused. */
+static void test_sim_fabric_sq_depth_zero_is_unlimited(void **state)
+{
+    (void)state;
+    fx_t *fx = fx_open(24, NULL, true);
+    sim_nic_set_wake(fx->nic[0], NULL, NULL); /* never polled */
+    kvs_conn_t *c01 = fx_connect(fx, 0, 1);
+    for (uint64_t i = 0; i < 5000; i++)
+        assert_int_equal(fx->fab[0]->ops.send(fx->fab[0], c01, "m", 2, i), KVS_OK);
+    assert_int_equal(sim_nic_posts_refused(fx->nic[0]), 0);
+    fx_close(fx);
+}
+
 static void test_sim_fabric_destroy_refused_and_mid_flight(void **state)
 {
     (void)state;
@@ -995,6 +1073,8 @@ int main(void)
         cmocka_unit_test(test_sim_fabric_cq_overflow_marks_nic_errored),
         cmocka_unit_test(test_sim_fabric_link_down_drops),
         cmocka_unit_test(test_sim_fabric_fail_next_writes),
+        cmocka_unit_test(test_sim_fabric_sq_depth_refuses_until_polled),
+        cmocka_unit_test(test_sim_fabric_sq_depth_zero_is_unlimited),
         cmocka_unit_test(test_sim_fabric_destroy_refused_and_mid_flight),
         cmocka_unit_test(test_sim_fabric_loopback),
         cmocka_unit_test(test_sim_fabric_random_ops_complete_once),

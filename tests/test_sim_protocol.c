@@ -270,6 +270,103 @@ static void test_sim_protocol_fault_slow_scatter(void **state)
     assert_int_equal(r.requests_ok, r.requests_total);
 }
 
+/* ---- send queues that fill (net.sq_depth) ------------------------------- */
+
+/* c as a transfer of many chunks (prompts of 8 to 16 chunks of 256
+ * tokens), run with unlimited send queues, then with 1 and 2 work requests
+ * per connection: the fabric refuses the posts beyond them (KVS_EAGAIN)
+ * and the core must post them again. Every request succeeds with every
+ * byte verified, each write goes out exactly once (as many RDMA writes as
+ * unlimited), and refusals did happen (else the run proves nothing). */
+static void sq_depth_runs(sim_scenario_config_t c, int64_t min_tokens, int64_t max_tokens,
+                          const char *what)
+{
+    c.prompt_min_tokens = min_tokens;
+    c.prompt_max_tokens = max_tokens;
+    char name[128];
+    snprintf(name, sizeof name, "%s, send queues unlimited", what);
+    const sim_report_t ref = run_ok(&c, name);
+    assert_int_equal(ref.posts_refused, 0);
+    for (uint32_t depth = 1; depth <= 2; depth++) {
+        c.net.sq_depth = depth;
+        snprintf(name, sizeof name, "%s, sq_depth %u", what, depth);
+        const sim_report_t r = run_ok(&c, name);
+        if (r.posts_refused == 0)
+            fail_msg("%s: no post was refused", name);
+        if (r.bytes_verified != ref.bytes_verified || r.bytes_moved != ref.bytes_moved ||
+            r.rdma_ops != ref.rdma_ops)
+            fail_msg("%s: %llu bytes moved, %llu verified in %llu writes; unlimited: %llu, "
+                     "%llu in %llu", name, (unsigned long long)r.bytes_moved,
+                     (unsigned long long)r.bytes_verified, (unsigned long long)r.rdma_ops,
+                     (unsigned long long)ref.bytes_moved,
+                     (unsigned long long)ref.bytes_verified, (unsigned long long)ref.rdma_ops);
+    }
+}
+
+static void test_sim_protocol_sq_depth_staging(void **state)
+{
+    sq_depth_runs(small(4, 2, 8), 2048, 4096, "P4 -> D2 staging");
+    sq_depth_runs(small(2, 4, 8), 2048, 4096, "P2 -> D4 staging"); /* two targets each */
+}
+
+/* Prefill PP 2 into decode PP 1: a chunk is two writes (K and V layers of
+ * the stage), and the second may be refused after the first went out. */
+static void test_sim_protocol_sq_depth_prefill_pp(void **state)
+{
+    sim_scenario_config_t c = small(4, 2, 8);
+    c.shape.prefill_pp = 2;
+    sq_depth_runs(c, 2048, 4096, "P4xPP2 -> D2 staging");
+    c.shape.decode_pp = 2;
+    sq_depth_runs(c, 2048, 4096, "P4xPP2 -> D2xPP2 staging");
+}
+
+static void test_sim_protocol_sq_depth_direct_and_slice(void **state)
+{
+    sq_depth_runs(small(2, 2, 8), 2048, 4096, "P2 -> D2 direct");
+    sim_scenario_config_t c = small(4, 2, 8);
+    c.path = KVS_PATH_SLICE; /* a write per token, layer and K/V */
+    c.requests = 4;
+    sq_depth_runs(c, 256, 512, "P4 -> D2 slice");
+}
+
+/* Refused posts and failing writes together: a room that fails while a
+ * gathered chunk waits to be posted again (none of its writes out, or the
+ * K write out and the V write refused with prefill PP) releases its
+ * buffer, at once or at the K write's completion: no leak, no hang. */
+static void test_sim_protocol_sq_depth_with_write_errors(void **state)
+{
+    for (int64_t pp = 1; pp <= 2; pp++) {
+        sim_scenario_config_t c = small(4, 2, 8);
+        c.shape.prefill_pp = pp;
+        c.prompt_min_tokens = 2048;
+        c.prompt_max_tokens = 4096;
+        c.prefill_tokens_per_s = 100000000; /* chunks gathered back to back */
+        c.net.sq_depth = 1;
+        c.nfaults = 1;
+        c.faults[0] = (sim_fault_t){.kind = SIM_FAULT_WRITE_ERROR, .num = 5, .den = 100};
+        sim_report_t r = run_faulted(&c, pp == 1 ? "sq_depth 1, write errors 5%"
+                                                 : "sq_depth 1, PP 2, write errors 5%");
+        assert_true(r.requests_failed > 0);
+        assert_true(r.posts_refused > 0);
+    }
+}
+
+/* Refused posts and lost control messages together: retransmissions meet
+ * full send queues (a pass stops at its first refusal and goes on at the
+ * next timeout) and every request still succeeds. */
+static void test_sim_protocol_sq_depth_with_drops(void **state)
+{
+    sim_scenario_config_t c = small(4, 2, 8);
+    c.prompt_min_tokens = 2048;
+    c.prompt_max_tokens = 4096;
+    c.net.sq_depth = 1;
+    c.nfaults = 1;
+    c.faults[0] = (sim_fault_t){.kind = SIM_FAULT_DROP, .num = 20, .den = 100};
+    sim_report_t r = run_faulted(&c, "sq_depth 1, drop 20%");
+    assert_int_equal(r.requests_ok, r.requests_total);
+    assert_true(r.posts_refused > 0 && r.msgs_retransmitted > 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -290,6 +387,11 @@ int main(void)
         cmocka_unit_test(test_sim_protocol_fault_drop_is_recovered),
         cmocka_unit_test(test_sim_protocol_fault_write_errors),
         cmocka_unit_test(test_sim_protocol_fault_slow_scatter),
+        cmocka_unit_test(test_sim_protocol_sq_depth_staging),
+        cmocka_unit_test(test_sim_protocol_sq_depth_prefill_pp),
+        cmocka_unit_test(test_sim_protocol_sq_depth_direct_and_slice),
+        cmocka_unit_test(test_sim_protocol_sq_depth_with_write_errors),
+        cmocka_unit_test(test_sim_protocol_sq_depth_with_drops),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

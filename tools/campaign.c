@@ -11,6 +11,11 @@
  * prompts, few requests) because simulated GPU memory is real host memory:
  * a campaign explores many shapes, loads and fault mixes, not big models.
  *
+ * About a quarter of the runs also get send queues that fill (--sq-depth
+ * 1-4, with or without faults), so the fabric refuses posts and the core
+ * must post them again; that draw comes from a stream of its own, so the
+ * rest of every run is drawn as before the knob existed.
+ *
  * Faults come from cli_campaign_fault_kinds: one row per `--fault` kind
  * with its odds, its classes and a function that writes a spec. A new kind
  * of sim_fault_kind_t (crash, restart, hbm-full) is one row and one
@@ -58,6 +63,14 @@
 /* Stall timeout of runs without faults: the library default, since there
  * nothing may fail. */
 #define CLI_CAMPAIGN_CLEAN_STALL_MS 30000
+/* Send queues that fill: in this share of the runs (percent), --sq-depth
+ * 1..CLI_CAMPAIGN_MAX_SQ_DEPTH, so the fabric refuses posts and the core
+ * must post them again. Drawn from a stream of its own (the run's index
+ * with this bit set: no run index has it), so every other draw of a run
+ * is what it was before the knob existed. */
+#define CLI_CAMPAIGN_SQ_PCT 25
+#define CLI_CAMPAIGN_MAX_SQ_DEPTH 4
+#define CLI_CAMPAIGN_KNOB_STREAM (UINT64_C(1) << 63)
 /* Violating runs listed on stderr and in the JSON. */
 #define CLI_CAMPAIGN_LISTED 10
 #define CLI_CAMPAIGN_WHY_BYTES 256
@@ -418,6 +431,7 @@ static bool cli_campaign_divides(int64_t a, int64_t b)
 /* What a run was drawn with, beyond its command line. */
 typedef struct cli_campaign_draw {
     uint64_t sim_seed;         /* the run's --seed */
+    uint32_t sq_depth;         /* its --sq-depth, 0: none */
     uint32_t nfaults;
     size_t kinds[CLI_CAMPAIGN_MAX_FAULTS];
 } cli_campaign_draw_t;
@@ -574,6 +588,12 @@ static void cli_campaign_generate(uint64_t seed, uint64_t run,
     }
     cli_campaign_flag_u64(cmd, "--stall-timeout-ms", stall_ms);
     cli_campaign_flag_u64(cmd, "--max-events", CLI_CAMPAIGN_MAX_EVENTS);
+    sim_rng_t knobs;
+    sim_rng_init(&knobs, seed, run | CLI_CAMPAIGN_KNOB_STREAM);
+    if (cli_campaign_pct(&knobs, CLI_CAMPAIGN_SQ_PCT)) {
+        draw->sq_depth = (uint32_t)sim_rng_range(&knobs, 1, CLI_CAMPAIGN_MAX_SQ_DEPTH);
+        cli_campaign_flag_u64(cmd, "--sq-depth", draw->sq_depth);
+    }
     draw->sim_seed = sim_rng_next(&rng);
     cli_campaign_flag_u64(cmd, "--seed", draw->sim_seed);
 }
@@ -591,6 +611,7 @@ typedef struct cli_campaign_totals {
     uint64_t requests_total, requests_ok, requests_failed;
     uint64_t hung, leaked_bytes, corrupt_bytes, unreported, failed_without_faults;
     uint64_t setup_errors, runs_stopped;
+    uint64_t runs_with_sq_depth, posts_refused;
     uint64_t events, max_run_events;
     uint64_t digest;           /* of every run's digest, in order */
     uint64_t kind_drawn[CLI_CAMPAIGN_KINDS];
@@ -625,6 +646,7 @@ static uint64_t cli_campaign_judge(cli_campaign_totals_t *t, const cli_campaign_
     why[0] = '\0';
     t->runs++;
     t->runs_with_faults += draw->nfaults > 0;
+    t->runs_with_sq_depth += draw->sq_depth > 0;
     for (uint32_t f = 0; f < draw->nfaults; f++)
         t->kind_drawn[draw->kinds[f]]++;
     if (rc != KVS_OK && r->events == 0) {
@@ -652,6 +674,7 @@ static uint64_t cli_campaign_judge(cli_campaign_totals_t *t, const cli_campaign_
     t->corrupt_bytes += r->corrupt_bytes;
     t->unreported += r->unreported_failures;
     t->failed_without_faults += failed_clean;
+    t->posts_refused += r->posts_refused;
     t->events += r->events;
     if (r->events > t->max_run_events)
         t->max_run_events = r->events;
@@ -760,6 +783,8 @@ static void cli_campaign_print_json(const cli_campaign_totals_t *t, uint64_t see
            ", \"runs_stopped\": %" PRIu64,
            t->hung, t->leaked_bytes, t->corrupt_bytes, t->unreported,
            t->failed_without_faults, t->setup_errors, t->runs_stopped);
+    printf(", \"runs_with_sq_depth\": %" PRIu64 ", \"posts_refused\": %" PRIu64,
+           t->runs_with_sq_depth, t->posts_refused);
     printf(", \"events\": %" PRIu64 ", \"max_run_events\": %" PRIu64
            ", \"digest\": \"%016" PRIx64 "\"",
            t->events, t->max_run_events, t->digest);
@@ -810,6 +835,9 @@ static void cli_campaign_print_table(const cli_campaign_totals_t *t, uint64_t se
     printf("\n  %-18s", "paths run");
     for (size_t p = 1; p < CLI_CAMPAIGN_COUNT(t->paths); p++)
         printf("%s %s %" PRIu64, p > 1 ? "," : "", kvs_path_name((kvs_path_t)p), t->paths[p]);
+    printf("\n  %-18s %" PRIu64 " runs with --sq-depth 1-%d, %" PRIu64 " posts refused "
+           "(posted again)", "send queues", t->runs_with_sq_depth, CLI_CAMPAIGN_MAX_SQ_DEPTH,
+           t->posts_refused);
     printf("\n  %-18s %" PRIu64 " dispatched (at most %" PRIu64 " in a run), digest %016"
            PRIx64 "\n", "events", t->events, t->max_run_events, t->digest);
     printf("  %-18s %.1f s (%.1f ms per run)\n", "wall time", wall_s,

@@ -59,6 +59,7 @@
 #define CLI_SIM_MAX_WORKERS 64
 #define CLI_SIM_MAX_PREFILL_RATE (INT64_C(1) << 40)
 #define CLI_SIM_MAX_EVENTS (INT64_C(1) << 62)
+#define CLI_SIM_MAX_SQ_DEPTH 65535 /* as verbs' sq_depth */
 
 #define CLI_MIB (UINT64_C(1) << 20)
 
@@ -89,6 +90,7 @@ enum cli_sim_flag {
     CLI_XF_LINK_BYTES,
     CLI_XF_PER_OP_NS,
     CLI_XF_LATENCY_NS,
+    CLI_XF_SQ_DEPTH,
     CLI_XF_HELP,
     CLI_XF_COUNT
 };
@@ -114,6 +116,7 @@ static const cli_flag_t cli_sim_flags[CLI_XF_COUNT] = {
     [CLI_XF_LINK_BYTES] = {"--link-bytes-per-s", true},
     [CLI_XF_PER_OP_NS] = {"--per-op-ns", true},
     [CLI_XF_LATENCY_NS] = {"--latency-ns", true},
+    [CLI_XF_SQ_DEPTH] = {"--sq-depth", true},
     [CLI_XF_HELP] = {"--help", false},
 };
 
@@ -196,6 +199,11 @@ void cli_sim_usage(FILE *out)
             "                      soft-RoCE's in docs/rxe.md)\n"
             "  --per-op-ns N       NIC time per work request (default 3700)\n"
             "  --latency-ns N      one-way link latency (default 2000)\n"
+            "  --sq-depth N        work requests a connection's send queue holds from\n"
+            "                      post to polled completion (0..%d, default 0:\n"
+            "                      unlimited); a write or send beyond them is refused\n"
+            "                      (KVS_EAGAIN, as verbs does) and the core posts it\n"
+            "                      again: posts_refused counts them\n"
             "  --transfer-workers W  prefill staging buffers per rank (1..%d, default %d)\n"
             "  --prefill-tokens-per-s T  forward speed of the prefill instance (default\n"
             "                      %" PRIu64 ")\n"
@@ -222,13 +230,13 @@ void cli_sim_usage(FILE *out)
             "\n"
             "campaigns:\n"
             "  --campaign N        run N random scenarios (shapes, TP/PP, rings, loads,\n"
-            "                      paths, fault mixes) drawn from --seed; print runs,\n"
-            "                      violations and the `kvstage sim` command that\n"
-            "                      replays the first violating run alone. A violation:\n"
-            "                      a broken invariant, a request failed in a run\n"
-            "                      without faults, a drawn scenario that could not be\n"
-            "                      set up or a run the simulator stopped. Exit status\n"
-            "                      1 when there is any\n"
+            "                      paths, send queue depths, fault mixes) drawn from\n"
+            "                      --seed; print runs, violations and the `kvstage sim`\n"
+            "                      command that replays the first violating run\n"
+            "                      alone. A violation: a broken invariant, a request\n"
+            "                      failed in a run without faults, a drawn scenario\n"
+            "                      that could not be set up or a run the simulator\n"
+            "                      stopped. Exit status 1 when there is any\n"
             "  --campaign-log FILE one JSON line per run: digest, counts, replay\n"
             "  --campaign-faults KINDS  the fault kinds to draw, mixed freely: all,\n"
             "                      none, or some of drop, dup, delay, write-error,\n"
@@ -259,7 +267,8 @@ void cli_sim_usage(FILE *out)
             d.prompt_min_tokens, d.prompt_max_tokens,
             CLI_SIM_DEFAULT_RATE_MILLI / 1000, CLI_SIM_MAX_INFLIGHT,
             d.max_inflight, CLI_SIM_DEFAULT_RING_MIB, CLI_SIM_DEFAULT_NIC_GBPS,
-            CLI_SIM_MAX_WORKERS, d.transfer_workers, d.prefill_tokens_per_s);
+            CLI_SIM_MAX_SQ_DEPTH, CLI_SIM_MAX_WORKERS, d.transfer_workers,
+            d.prefill_tokens_per_s);
     cli_shape_models_usage(out);
     fprintf(out,
             "\n"
@@ -444,10 +453,11 @@ static int cli_sim_read_values(const char *const *values, cli_sim_input_t *in)
     cfg->staging = cfg->path == KVS_PATH_AUTO || cfg->path == KVS_PATH_STAGING;
     cfg->net.link_bytes_per_s = (uint64_t)in->nic_gbps * 1000000000u / 8u;
     /* A fitted link model (tests/rxe/calibrate.sh) overrides the NIC. */
-    int64_t link = 0, per_op = 0, latency = 0;
+    int64_t link = 0, per_op = 0, latency = 0, sq_depth = 0;
     if ((rc = cli_sim_number(values, CLI_XF_LINK_BYTES, 1, INT64_C(1) << 50, &link)) != 0 ||
         (rc = cli_sim_number(values, CLI_XF_PER_OP_NS, 1, INT64_C(1) << 40, &per_op)) != 0 ||
-        (rc = cli_sim_number(values, CLI_XF_LATENCY_NS, 1, INT64_C(1) << 40, &latency)) != 0)
+        (rc = cli_sim_number(values, CLI_XF_LATENCY_NS, 1, INT64_C(1) << 40, &latency)) != 0 ||
+        (rc = cli_sim_number(values, CLI_XF_SQ_DEPTH, 0, CLI_SIM_MAX_SQ_DEPTH, &sq_depth)) != 0)
         return rc;
     if (values[CLI_XF_LINK_BYTES] != NULL && values[CLI_XF_NIC_GBPS] != NULL)
         return cli_fail(CLI_SIM_CMD, "--link-bytes-per-s and --nic-gbps both set the link "
@@ -456,6 +466,7 @@ static int cli_sim_read_values(const char *const *values, cli_sim_input_t *in)
         cfg->net.link_bytes_per_s = (uint64_t)link;
     cfg->net.per_op_ns = (uint64_t)per_op;
     cfg->net.latency_ns = (uint64_t)latency;
+    cfg->net.sq_depth = (uint32_t)sq_depth;
     sim_scenario_defaults(cfg);
     return 0;
 }
@@ -634,6 +645,8 @@ static void cli_sim_print_json(const cli_sim_input_t *in, const sim_report_t *r,
     printf(", \"msgs_retransmitted\": %" PRIu64 ", \"msgs_duplicate\": %" PRIu64
            ", \"peers_lost\": %" PRIu64,
            r->msgs_retransmitted, r->msgs_duplicate, r->peers_lost);
+    printf(", \"sq_depth\": %" PRIu32 ", \"posts_refused\": %" PRIu64, cfg->net.sq_depth,
+           r->posts_refused);
     printf(", \"ranks_crashed\": %" PRIu32 ", \"ranks_restarted\": %" PRIu32
            ", \"ranks_down_at_start\": %" PRIu32 ", \"init_error\": ",
            r->ranks_crashed, r->ranks_restarted, r->ranks_down_at_start);
@@ -741,6 +754,10 @@ static void cli_sim_print_table(const cli_sim_input_t *in, const sim_report_t *r
            " rejected, %" PRIu64 " sent again, %" PRIu64 " duplicates dropped)\n",
            "operations", r->rdma_ops, r->control_msgs, r->msgs_rejected,
            r->msgs_retransmitted, r->msgs_duplicate);
+    if (cfg->net.sq_depth > 0)
+        printf("  %-18s %" PRIu32 " work requests per connection, %" PRIu64
+               " posts refused when full (posted again)\n",
+               "send queues", cfg->net.sq_depth, r->posts_refused);
     if (r->ranks_crashed + r->ranks_restarted + r->ranks_down_at_start > 0)
         printf("  %-18s %" PRIu32 " crashed, %" PRIu32 " restarted, %" PRIu32
                " down from the start%s%s\n", "ranks", r->ranks_crashed, r->ranks_restarted,

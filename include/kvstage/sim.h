@@ -106,6 +106,13 @@ typedef struct kvs_sim_config {
     uint32_t reserved1;         /* must be 0 */
     /* Chrome trace-event JSON written here, NULL = none. Borrowed. */
     const char *trace_path;
+    /* (after the version 1 prefix: a caller whose size_bytes stops before
+     * a field leaves it at 0, its default) */
+    uint32_t net_sq_depth;      /* work requests a connection holds from post
+                                   to polled completion, 0..65535; a post
+                                   beyond it is refused with KVS_EAGAIN and
+                                   the core posts it again; 0 = unlimited */
+    uint32_t reserved2;         /* must be 0 */
 } kvs_sim_config_t;
 
 /* What a run did. Counts are over the whole cluster. */
@@ -142,6 +149,8 @@ typedef struct kvs_sim_report {
     uint32_t ranks_down_at_start; /* failed their init (hbm-full) */
     uint32_t reserved;
     char init_error[384];        /* the first such failure, NUL-terminated */
+    uint64_t posts_refused;      /* writes and sends refused by a full send
+                                    queue (net_sq_depth) */
 } kvs_sim_report_t;
 
 /* A zeroed config with version and size set. */

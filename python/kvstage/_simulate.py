@@ -10,7 +10,8 @@ from . import _structs as S
 # path, faults and trace_path are handled apart.
 _SETTABLE = tuple(name for name, _ in S.SimConfig._fields_
                   if name not in ("version", "size_bytes", "reserved0", "reserved1",
-                                  "dtype", "path", "faults", "nfaults", "trace_path"))
+                                  "reserved2", "dtype", "path", "faults", "nfaults",
+                                  "trace_path"))
 
 
 def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
@@ -23,7 +24,9 @@ def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
     keyword is a field of kvs_sim_config_t (include/kvstage/sim.h), e.g.
     page_size, prefill_tp, decode_tp (required), chunk_tokens, requests,
     prompt_min_tokens, prompt_max_tokens, rate_milli_per_s, ring_bytes,
-    seed, stall_timeout_ns, net_link_bytes_per_s; 0 or absent takes the
+    seed, stall_timeout_ns, net_link_bytes_per_s, net_sq_depth (work
+    requests per connection's send queue: a post beyond them is refused and
+    posted again, counted in posts_refused); 0 or absent takes the
     simulator's default. path: "auto", "staging", "direct" or "slice".
     faults: strings as `kvstage sim --fault`, e.g. ["drop:any:0.01"].
     trace_path: write a Chrome trace-event JSON there.

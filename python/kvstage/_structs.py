@@ -85,7 +85,8 @@ class SimConfig(c.Structure):
                 ("net_ctrl_latency_ns", u64), ("net_segment_bytes", u64),
                 ("net_mtu_bytes", u32), ("net_header_bytes", u32),
                 ("faults", c.POINTER(c.c_char_p)), ("nfaults", u32),
-                ("reserved1", u32), ("trace_path", c.c_char_p)]
+                ("reserved1", u32), ("trace_path", c.c_char_p),
+                ("net_sq_depth", u32), ("reserved2", u32)]
 
 
 class SimReport(c.Structure):
@@ -106,7 +107,8 @@ class SimReport(c.Structure):
                 ("msgs_retransmitted", u64), ("msgs_duplicate", u64),
                 ("peers_lost", u64), ("ranks_crashed", u32),
                 ("ranks_restarted", u32), ("ranks_down_at_start", u32),
-                ("reserved", u32), ("init_error", c.c_char * 384)]
+                ("reserved", u32), ("init_error", c.c_char * 384),
+                ("posts_refused", u64)]
 
 
 # The C name of each mirror, for the ABI test.

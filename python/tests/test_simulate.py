@@ -26,7 +26,7 @@ SAME_AS_CLI = ("requests_total", "requests_ok", "requests_failed", "hung_request
                "corrupt_bytes", "ring_leaked_bytes", "violations", "rdma_ops",
                "control_msgs", "msgs_rejected", "watermark_waits",
                "ring_peak_bytes", "sim_ns", "events", "prefill_ranks",
-               "decode_ranks", "path")
+               "decode_ranks", "path", "posts_refused")
 
 
 def run(**change):
@@ -95,6 +95,18 @@ def test_faults_use_the_cli_syntax(cli):
     assert "--ring-mib" in r["init_error"]
 
 
+def test_send_queue_depth(cli):
+    """net_sq_depth is `kvstage sim --sq-depth`: posts beyond it are refused
+    and posted again, so every request still succeeds, same digest as the
+    CLI."""
+    got = run(net_sq_depth=1)
+    want = cli("sim", *SMALL_FLAGS, "--sq-depth", 1)
+    assert_clean(got, 6)
+    assert got["posts_refused"] == want["posts_refused"] > 0
+    assert "%016x" % got["digest"] == want["digest"]
+    assert run()["posts_refused"] == 0  # unlimited by default
+
+
 def test_trace_file_is_written(tmp_path):
     trace = tmp_path / "run.json"
     run(requests=2, trace_path=trace)
@@ -127,6 +139,7 @@ def test_bad_fields_are_named():
     raises("KVS_EDTYPE", ["dtype 'int4'"], dtype="int4")
     raises("KVS_ECHUNK", ["chunk_tokens 100", "page_size 16"], chunk_tokens=100)
     raises("KVS_EINVAL", ["seed is -1"], seed=-1)
+    raises("KVS_EINVAL", ["net_sq_depth is 65536", "0..65535"], net_sq_depth=65536)
 
 
 def test_bad_faults_are_named():
