@@ -35,16 +35,21 @@
  *   sequence number sent (serial arithmetic: 1..2^31 ahead), is refused
  *   with KVS_EPROTO and changes nothing; otherwise it drops exactly the
  *   queued messages up to cum, and progress restarts the timeout at rto_min;
- * - a send posts the message encoded with the next sequence number (from 1),
- *   wr_id KVS__WR_CONTROL | type, and keeps it queued; it returns KVS_EPEER
- *   (and the link is dead) when the fabric says so, KVS_OK when it says
- *   anything else; a dead link refuses sends without posting;
- * - a tick posts the ACK owed (cum = last in-order sequence number), then,
- *   with a non-empty queue: kills the link after give_up_ns without ACK
- *   progress, or once the retry time passed posts the oldest
- *   KVS__LINK_RESEND_BATCH queued messages again, in order, byte for byte
- *   as first sent, stopping at a dead connection, and doubles the timeout
- *   up to rto_max (saturating: a timeout never wraps to a shorter one);
+ * - a send queues the message encoded with the next sequence number (from
+ *   1), wr_id KVS__WR_CONTROL | type, then posts every queued message that
+ *   never went out, oldest first, until the fabric refuses one (those wait,
+ *   in order, for a later tick: none is posted ahead of an older refused
+ *   one); it returns KVS_EPEER (and the link is dead) when the fabric says
+ *   so, KVS_OK when it says anything else; a dead link refuses sends
+ *   without posting;
+ * - a tick posts the ACK owed (cum = last in-order sequence number; one the
+ *   fabric refuses with KVS_EAGAIN stays owed, but makes no deadline of 0),
+ *   then the messages that never went out, as a send does, then, with a
+ *   non-empty queue: kills the link after give_up_ns without ACK progress,
+ *   or once the retry time passed posts the oldest KVS__LINK_RESEND_BATCH
+ *   queued messages again, in order, byte for byte as first sent, stopping
+ *   at the first post the fabric refuses, and doubles the timeout up to
+ *   rto_max (saturating: a timeout never wraps to a shorter one);
  *   nothing is posted on a dead link; each dead link is freed before its
  *   on_dead, which is called exactly once for it;
  * - a kill marks the connection's link dead, making one if the connection
@@ -53,8 +58,8 @@
  *   queue, and nothing is reported for it;
  * - after every op: kvs__link_unacked of each connection is the model's
  *   count of sent, unacknowledged messages, kvs__links_deadline is the
- *   model's (0 while an ACK or a death is owed, else the earliest retry
- *   time), and the stats counters (sent, duplicate, retransmitted, peers
+ *   model's (0 while a death or an ACK not refused is owed, else the
+ *   earliest retry time), and the stats counters (sent, duplicate, retransmitted, peers
  *   lost) equal the model's;
  * - no leak, no out-of-bounds access, no undefined behaviour (ASan, LSan,
  *   UBSan).
@@ -223,9 +228,10 @@ typedef struct mentry {
 typedef struct mlink {
     bool used;
     uint32_t conn;
-    bool dead, ack_due;
+    bool dead, ack_due, ack_refused;
     uint32_t next_seq, expected;
     mentry_t *q;        /* q[head..n) are queued, oldest first */
+    uint32_t unsent;    /* the newest `unsent` queued never went out */
     uint32_t head, n, cap;
     uint64_t rto_ns, retry_ns, since_ns;
 } mlink_t;
@@ -312,6 +318,20 @@ static int model_post(harness_t *h, mlink_t *l, kvs_msg_type_t type, const uint8
     return rc;
 }
 
+/* Posts the queued messages that never went out, oldest first, until the
+ * fabric refuses one. */
+static void model_flush(harness_t *h, mlink_t *l)
+{
+    if (l->unsent == 0 || l->dead)
+        return;
+    while (l->unsent > 0) {
+        const mentry_t *e = &l->q[l->n - l->unsent];
+        if (model_post(h, l, e->type, e->bytes, e->len) != KVS_OK)
+            break;
+        l->unsent--;
+    }
+}
+
 static int model_send(harness_t *h, uint32_t k, const kvs_msg_t *msg)
 {
     mlink_t *l = mlink_get(&h->m, k);
@@ -331,7 +351,9 @@ static int model_send(harness_t *h, uint32_t k, const kvs_msg_t *msg)
     }
     l->next_seq++;
     CHECK(l->next_seq < (1u << 30)); /* far from the wrap, as the header says */
-    if (model_post(h, l, mm.type, buf, len) == KVS_EPEER)
+    l->unsent++;
+    model_flush(h, l);
+    if (l->dead)
         return KVS_EPEER;
     h->m.sent++;
     return KVS_OK;
@@ -359,6 +381,8 @@ static int model_recv(harness_t *h, uint32_t k, const uint8_t *b, uint32_t len, 
             l->head++;
             moved = true;
         }
+        if (l->unsent > mq_count(l))
+            l->unsent = mq_count(l);
         if (moved) {
             l->rto_ns = h->m.rto_min_ns;
             l->since_ns = h->fab.now_ns;
@@ -396,17 +420,19 @@ static void model_tick(harness_t *h)
             uint8_t buf[64];
             uint32_t len = 0;
             CHECK(kvs__wire_encode(&ack, buf, sizeof buf, &len) == KVS_OK);
-            (void)model_post(h, l, KVS_MSG_ACK, buf, len);
-            l->ack_due = false;
+            l->ack_refused = model_post(h, l, KVS_MSG_ACK, buf, len) == KVS_EAGAIN;
+            l->ack_due = l->ack_refused;
         }
+        model_flush(h, l);
         if (mq_count(l) > 0 && now - l->since_ns >= m->give_up_ns)
             l->dead = true;
         if (mq_count(l) > 0 && now >= l->retry_ns && !l->dead) {
             for (uint32_t j = 0; j < mq_count(l) && j < KVS__LINK_RESEND_BATCH && !l->dead;
                  j++) {
                 const mentry_t *e = &l->q[l->head + j];
-                if (model_post(h, l, e->type, e->bytes, e->len) == KVS_OK)
-                    m->retransmitted++;
+                if (model_post(h, l, e->type, e->bytes, e->len) != KVS_OK)
+                    break;
+                m->retransmitted++;
             }
             const uint64_t twice = sat_add(l->rto_ns, l->rto_ns);
             l->rto_ns = twice < m->rto_max_ns ? twice : m->rto_max_ns;
@@ -434,7 +460,7 @@ static uint64_t model_deadline(const model_t *m)
         const mlink_t *l = &m->slot[i];
         if (!l->used)
             continue;
-        if (l->dead || l->ack_due)
+        if (l->dead || (l->ack_due && !l->ack_refused))
             return 0;
         if (mq_count(l) > 0 && l->retry_ns < t)
             t = l->retry_ns;
