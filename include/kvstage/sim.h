@@ -9,8 +9,10 @@
  * brings libkvstage with it.
  *
  * ABI: both structs open with version and size_bytes, hold fixed-width
- * fields (plus two string pointers), and only ever grow at the end with a
- * new version. Fill a config with kvs_sim_config_init (or set version and
+ * fields (plus two string pointers), and only ever grow at the end: the
+ * size_bytes a caller passes says which fields it knows (a field past it
+ * is 0, its default), and the version changes only if a field's meaning
+ * does. Fill a config with kvs_sim_config_init (or set version and
  * size_bytes yourself) and a report's size_bytes before the call. A config
  * larger than this library knows is refused unless its unknown tail is all
  * zero (KVS_EVERSION); a report is written up to the smaller of the two
