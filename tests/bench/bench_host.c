@@ -20,6 +20,12 @@
  * threads (copy_threads) and memcpy is split into as many equal parts run
  * by as many threads at once, so both sides use the same cores.
  *
+ * Two probes follow the table: how fast one core reads 256 of every 1024
+ * bytes against contiguously (the bound of the strided rows), and the
+ * P8->D2 decode side with all four writers' blocks: scattered one by one
+ * through the device, as the engine does, against one fused pass writing
+ * whole rows (a plan the engine does not have; docs/performance.md).
+ *
  * Usage: bench_host [tokens] [repetitions] [threads] [vector_bytes]
  *        (defaults 2048 11 1 0; vector_bytes: the device's max_vector_bytes)
  * Wall time comes from CLOCK_MONOTONIC; hw/ and benchmarks may read it.
@@ -31,6 +37,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "../xorshift.h"
 
@@ -248,6 +257,100 @@ static void read_probe(kvs_device_t *dev, uint64_t bytes, int reps, uint64_t *rn
     dev->ops.mem_free(dev, a);
 }
 
+/* Writes four one-head staging blocks into the 4-head rows of one decode
+ * pool in a single pass, whole 1024-byte rows with streaming stores: the
+ * fused scatter of docs/performance.md, a plan the engine does not have. */
+static void fused_scatter(kvs_device_t *dev, const bench_pool_t *p, int64_t tokens,
+                          const uint64_t *blk, int writers)
+{
+    const uint64_t row = BENCH_HEAD_DIM * BENCH_ELEM_BYTES;
+    const uint64_t tb = row * (uint64_t)writers, slot = row * (uint64_t)tokens;
+    const uint8_t *src_of[8];
+    for (int w = 0; w < writers && w < 8; w++)
+        src_of[w] = kvs_host_ptr(dev, blk[w], slot * 2 * BENCH_LAYERS);
+    for (int kv = 0; kv < 2; kv++)
+        for (int l = 0; l < BENCH_LAYERS; l++) {
+            uint8_t *pool = kvs_host_ptr(dev, kv == 0 ? p->k[l] : p->v[l], p->layer_bytes);
+            const uint64_t off = ((uint64_t)kv * BENCH_LAYERS + (uint64_t)l) * slot;
+            for (int64_t i = 0; i < tokens; i++) {
+                uint8_t *d = pool + ((uint64_t)p->pages[i / BENCH_PAGE] * BENCH_PAGE +
+                                     (uint64_t)(i % BENCH_PAGE)) * tb;
+                for (int w = 0; w < writers; w++) {
+                    const uint8_t *src = src_of[w] + off + (uint64_t)i * row;
+#if defined(__SSE2__)
+                    for (uint64_t o = 0; o < row; o += 16)
+                        _mm_stream_si128((__m128i *)(void *)(d + w * row + o),
+                                         _mm_loadu_si128((const __m128i *)(const void *)(src + o)));
+#else
+                    memcpy(d + w * row, src, row);
+#endif
+                }
+            }
+        }
+#if defined(__SSE2__)
+    _mm_sfence();
+#endif
+}
+
+static bench_time_t timed_copy(kvs_device_t *dev, kvs_stream_t *s,
+                               const kvs_copy_desc_t *d, int scatter);
+
+/* The P8->D2 decode side both ways: the four writers' blocks scattered one
+ * by one through the device (strided 256-byte rows, as the engine does),
+ * and in one fused pass; against memcpy of the same bytes. */
+static void fused_probe(kvs_device_t *dev, kvs_stream_t *s, int64_t tokens, int reps,
+                        uint64_t *rng)
+{
+    enum { writers = 4 }; /* fused_scatter takes at most 8 */
+    const int64_t chunk_pages = (tokens + BENCH_PAGE - 1) / BENCH_PAGE;
+    bench_pool_t dec;
+    pool_make(dev, &dec, writers, chunk_pages, rng);
+    const uint64_t one = (uint64_t)tokens * BENCH_HEAD_DIM * BENCH_ELEM_BYTES * BENCH_LAYERS * 2;
+    uint64_t blk[writers];
+    for (int w = 0; w < writers; w++)
+        blk[w] = alloc_filled(dev, one, rng);
+    const uint64_t all = one * writers;
+    const uint64_t ms = alloc_filled(dev, all, rng), md = alloc_filled(dev, all, rng);
+    double *t[3];
+    for (int k = 0; k < 3; k++)
+        if ((t[k] = calloc((size_t)reps, sizeof(double))) == NULL)
+            die(NULL, "calloc", KVS_ENOMEM);
+    for (int r = -1; r < reps; r++) {
+        bench_time_t t0 = now_t();
+        memcpy(kvs_host_ptr(dev, md, all), kvs_host_ptr(dev, ms, all), (size_t)all);
+        const double tm = since(t0).wall_s;
+        double ts = 0;
+        for (int w = 0; w < writers; w++) {
+            const kvs_copy_desc_t d = desc_of(&dec, tokens, w, 1, blk[w]);
+            ts += timed_copy(dev, s, &d, 1).wall_s;
+        }
+        t0 = now_t();
+        fused_scatter(dev, &dec, tokens, blk, writers);
+        const double tf = since(t0).wall_s;
+        if (r >= 0) {
+            t[0][r] = tm;
+            t[1][r] = ts;
+            t[2][r] = tf;
+        }
+    }
+    double med[3];
+    for (int k = 0; k < 3; k++) {
+        qsort(t[k], (size_t)reps, sizeof(double), cmp_double);
+        med[k] = t[k][reps / 2];
+        free(t[k]);
+    }
+    const double gb = (double)all / 1e9;
+    printf("fused scatter probe, P8->D2 decode side, %.0f MiB: memcpy %.2f GB/s, 4 scatters "
+           "through the device %.2f GB/s (%.2fx), one fused pass %.2f GB/s (%.2fx)\n",
+           (double)all / (1 << 20), gb / med[0], gb / med[1], med[0] / med[1], gb / med[2],
+           med[0] / med[2]);
+    for (int w = 0; w < writers; w++)
+        dev->ops.mem_free(dev, blk[w]);
+    dev->ops.mem_free(dev, ms);
+    dev->ops.mem_free(dev, md);
+    pool_free(dev, &dec);
+}
+
 /* memcpy on n threads: n - 1 helpers wait at a barrier for each copy and
  * take an equal share; the caller takes share 0. */
 typedef struct memcpy_team {
@@ -461,6 +564,7 @@ int main(int argc, char **argv)
     }
     printf("lowest ratio (gather+scatter / memcpy bandwidth): %.2fx (goal >= 0.90x)\n", worst);
     read_probe(dev, (uint64_t)tokens * 256 * BENCH_LAYERS * 2, reps, &rng);
+    fused_probe(dev, s, tokens, reps, &rng);
     team_stop(&team);
     for (int k = 0; k < 2; k++)
         for (int o = 0; o < 4; o++)
