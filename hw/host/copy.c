@@ -244,7 +244,7 @@ static void hw_host_copy_runs(const hw_host_copy_t *c, const hw_host_mover_t *m,
      * contiguous staging side is what hardware prefetchers follow). */
     if ((c->scatter && m->stream != NULL) || HW_HOST_RUN_PREFETCH_LINES == 0)
         pf.len = 0;
-    for (unsigned i = 0; i < HW_HOST_RUN_PREFETCH_LINES; i++)
+    for (unsigned i = HW_HOST_RUN_PREFETCH_LINES; i > 0 && pf.len > 0; i--)
         hw_host_run_prefetch(&pf, c->scatter);
     uint8_t *st = blk;
     for (; run.len > 0; hw_host_run_next(&run)) {
@@ -308,8 +308,8 @@ static void hw_host_copy_rows(const hw_host_copy_t *c, const hw_host_mover_t *m,
         pf.left = c->tokens;
         hw_host_rowpf_seek(&pf);
         /* At least one row ahead, so the prefetch is never the row copied. */
-        const uint64_t ahead = HW_HOST_ROW_PREFETCH_BYTES > row ? HW_HOST_ROW_PREFETCH_BYTES / row : 1;
-        for (uint64_t i = 0; i < ahead; i++)
+        const uint64_t rows_ahead = HW_HOST_ROW_PREFETCH_BYTES / row;
+        for (uint64_t i = 0; i < (rows_ahead > 0 ? rows_ahead : 1); i++)
             hw_host_rowpf_step(&pf);
     }
     uint64_t done = 0;
