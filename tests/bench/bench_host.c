@@ -261,13 +261,10 @@ static void read_probe(kvs_device_t *dev, uint64_t bytes, int reps, uint64_t *rn
  * pool in a single pass, whole 1024-byte rows with streaming stores: the
  * fused scatter of docs/performance.md, a plan the engine does not have. */
 static void fused_scatter(kvs_device_t *dev, const bench_pool_t *p, int64_t tokens,
-                          const uint64_t *blk, int writers)
+                          const uint8_t *const *src_of, int writers)
 {
     const uint64_t row = BENCH_HEAD_DIM * BENCH_ELEM_BYTES;
     const uint64_t tb = row * (uint64_t)writers, slot = row * (uint64_t)tokens;
-    const uint8_t *src_of[8];
-    for (int w = 0; w < writers && w < 8; w++)
-        src_of[w] = kvs_host_ptr(dev, blk[w], slot * 2 * BENCH_LAYERS);
     for (int kv = 0; kv < 2; kv++)
         for (int l = 0; l < BENCH_LAYERS; l++) {
             uint8_t *pool = kvs_host_ptr(dev, kv == 0 ? p->k[l] : p->v[l], p->layer_bytes);
@@ -301,14 +298,17 @@ static bench_time_t timed_copy(kvs_device_t *dev, kvs_stream_t *s,
 static void fused_probe(kvs_device_t *dev, kvs_stream_t *s, int64_t tokens, int reps,
                         uint64_t *rng)
 {
-    enum { writers = 4 }; /* fused_scatter takes at most 8 */
+    enum { writers = 4 };
     const int64_t chunk_pages = (tokens + BENCH_PAGE - 1) / BENCH_PAGE;
     bench_pool_t dec;
     pool_make(dev, &dec, writers, chunk_pages, rng);
     const uint64_t one = (uint64_t)tokens * BENCH_HEAD_DIM * BENCH_ELEM_BYTES * BENCH_LAYERS * 2;
     uint64_t blk[writers];
-    for (int w = 0; w < writers; w++)
+    const uint8_t *src_of[writers];
+    for (int w = 0; w < writers; w++) {
         blk[w] = alloc_filled(dev, one, rng);
+        src_of[w] = kvs_host_ptr(dev, blk[w], one);
+    }
     const uint64_t all = one * writers;
     const uint64_t ms = alloc_filled(dev, all, rng), md = alloc_filled(dev, all, rng);
     double *t[3];
@@ -325,7 +325,7 @@ static void fused_probe(kvs_device_t *dev, kvs_stream_t *s, int64_t tokens, int 
             ts += timed_copy(dev, s, &d, 1).wall_s;
         }
         t0 = now_t();
-        fused_scatter(dev, &dec, tokens, blk, writers);
+        fused_scatter(dev, &dec, tokens, src_of, writers);
         const double tf = since(t0).wall_s;
         if (r >= 0) {
             t[0][r] = tm;
