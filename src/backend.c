@@ -10,9 +10,10 @@
 #include <stdio.h>
 #include <string.h>
 
-/* Version 1 is the first: its size is the size of the table today. Later
- * versions add slots at the end and keep this constant. */
-#define KVS__DEVICE_OPS_V1_BYTES sizeof(kvs_device_ops_t)
+/* The size of each version of a table: a version adds slots at the end, so
+ * a table of an older version is a prefix of today's. */
+#define KVS__DEVICE_OPS_V1_BYTES offsetof(kvs_device_ops_t, gather_parts)
+#define KVS__DEVICE_OPS_V2_BYTES sizeof(kvs_device_ops_t)
 #define KVS__FABRIC_OPS_V1_BYTES sizeof(kvs_fabric_ops_t)
 _Static_assert(offsetof(kvs_device_ops_t, version) == 0, "version first");
 _Static_assert(offsetof(kvs_fabric_ops_t, version) == 0, "version first");
@@ -37,6 +38,38 @@ static int kvs__dev_no_mem_write(kvs_device_t *d, uint64_t a, const void *s, uin
 static int kvs__dev_no_mem_read(kvs_device_t *d, uint64_t a, void *s, uint64_t n)
 {
     return KVS_ENOTSUP;
+}
+
+/* Default fused copy: the parts' shapes checked together (memory is each
+ * part's backend call's to check), then one copy per part, in order. */
+static bool kvs__dev_any_mem(void *ctx, uint64_t addr, uint64_t len) { return true; }
+static int kvs__dev_parts_loop(kvs_device_t *d, kvs_stream_t *s, const kvs_copy_desc_t *c,
+                               const kvs_copy_part_t *parts, int64_t n, bool scatter)
+{
+    const char *what = scatter ? "scatter_parts" : "gather_parts";
+    char msg[KVS_ERROR_MSG_BYTES];
+    int rc = kvs_copy_parts_check(c, parts, n, scatter, what, d->name, kvs__dev_any_mem, NULL,
+                                  NULL, msg, sizeof msg);
+    if (rc != KVS_OK)
+        return kvs_device_fail(d, rc, 0, "%s", msg);
+    for (int64_t i = 0; i < n && rc == KVS_OK; i++) {
+        kvs_copy_desc_t one = *c;
+        one.head_start = parts[i].head_start;
+        one.num_heads = parts[i].num_heads;
+        one.staging_addr = parts[i].staging_addr;
+        rc = scatter ? d->ops.scatter(d, s, &one) : d->ops.gather(d, s, &one);
+    }
+    return rc;
+}
+static int kvs__dev_gather_loop(kvs_device_t *d, kvs_stream_t *s, const kvs_copy_desc_t *c,
+                                const kvs_copy_part_t *parts, int64_t n)
+{
+    return kvs__dev_parts_loop(d, s, c, parts, n, false);
+}
+static int kvs__dev_scatter_loop(kvs_device_t *d, kvs_stream_t *s, const kvs_copy_desc_t *c,
+                                 const kvs_copy_part_t *parts, int64_t n)
+{
+    return kvs__dev_parts_loop(d, s, c, parts, n, true);
 }
 
 static int kvs__net_no_connect(kvs_fabric_t *f, const char *p, kvs_conn_t **o)
@@ -65,13 +98,15 @@ static uint64_t kvs__net_no_clock(kvs_fabric_t *f) { return 0; }
             (slot) = (fn);                                                     \
     } while (0)
 
-/* Copies the first `size` bytes of a table of known minimum and maximum size;
- * KVS_EVERSION when the version or size is not one this core knows. */
-static int kvs__copy_table(void *dst, size_t dst_bytes, const void *src,
-                           uint32_t version, uint32_t expect_version, uint32_t size,
-                           size_t min_bytes)
+/* Copies the first `size` bytes of a table whose version is one of
+ * 1..max_version and whose size holds at least that version's slots
+ * (version_bytes[version - 1]); KVS_EVERSION when the version or size is
+ * not one this core knows. */
+static int kvs__copy_table(void *dst, size_t dst_bytes, const void *src, uint32_t version,
+                           uint32_t size, const size_t *version_bytes, uint32_t max_version)
 {
-    if (version != expect_version || size < min_bytes || size > dst_bytes)
+    if (version < 1 || version > max_version || size < version_bytes[version - 1] ||
+        size > dst_bytes)
         return KVS_EVERSION;
     memset(dst, 0, dst_bytes);
     memcpy(dst, src, size);
@@ -83,8 +118,11 @@ int kvs_device_init(kvs_device_t *dev, const kvs_device_ops_t *ops, const char *
     if (dev == NULL || ops == NULL)
         return KVS_EINVAL;
     kvs_device_t d = {0};
-    int rc = kvs__copy_table(&d.ops, sizeof d.ops, ops, ops->version,
-                             KVS_DEVICE_OPS_VERSION, ops->size, KVS__DEVICE_OPS_V1_BYTES);
+    static const size_t version_bytes[] = {KVS__DEVICE_OPS_V1_BYTES, KVS__DEVICE_OPS_V2_BYTES};
+    _Static_assert(sizeof version_bytes / sizeof version_bytes[0] == KVS_DEVICE_OPS_VERSION,
+                   "one size per device ops version");
+    int rc = kvs__copy_table(&d.ops, sizeof d.ops, ops, ops->version, ops->size, version_bytes,
+                             KVS_DEVICE_OPS_VERSION);
     if (rc != KVS_OK)
         return rc;
     if (d.ops.mem_alloc == NULL || d.ops.mem_free == NULL)
@@ -98,6 +136,8 @@ int kvs_device_init(kvs_device_t *dev, const kvs_device_ops_t *ops, const char *
     KVS__DEFAULT(d.ops.event_destroy, kvs__dev_no_event_destroy);
     KVS__DEFAULT(d.ops.mem_write, kvs__dev_no_mem_write);
     KVS__DEFAULT(d.ops.mem_read, kvs__dev_no_mem_read);
+    KVS__DEFAULT(d.ops.gather_parts, kvs__dev_gather_loop);
+    KVS__DEFAULT(d.ops.scatter_parts, kvs__dev_scatter_loop);
     d.name = name != NULL ? name : (ops->name != NULL ? ops->name : "device");
     *dev = d;
     return KVS_OK;
@@ -108,8 +148,11 @@ int kvs_fabric_init(kvs_fabric_t *fab, const kvs_fabric_ops_t *ops, const char *
     if (fab == NULL || ops == NULL)
         return KVS_EINVAL;
     kvs_fabric_t f = {0};
-    int rc = kvs__copy_table(&f.ops, sizeof f.ops, ops, ops->version,
-                             KVS_FABRIC_OPS_VERSION, ops->size, KVS__FABRIC_OPS_V1_BYTES);
+    static const size_t version_bytes[] = {KVS__FABRIC_OPS_V1_BYTES};
+    _Static_assert(sizeof version_bytes / sizeof version_bytes[0] == KVS_FABRIC_OPS_VERSION,
+                   "one size per fabric ops version");
+    int rc = kvs__copy_table(&f.ops, sizeof f.ops, ops, ops->version, ops->size, version_bytes,
+                             KVS_FABRIC_OPS_VERSION);
     if (rc != KVS_OK)
         return rc;
     if (f.ops.mr_register == NULL || f.ops.mr_deregister == NULL)
@@ -193,6 +236,18 @@ int kvs__dev_scatter(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *
 {
     kvs__dev_clear_detail(dev);
     return dev->ops.scatter(dev, s, d);
+}
+int kvs__dev_gather_parts(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d,
+                          const kvs_copy_part_t *parts, int64_t nparts)
+{
+    kvs__dev_clear_detail(dev);
+    return dev->ops.gather_parts(dev, s, d, parts, nparts);
+}
+int kvs__dev_scatter_parts(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d,
+                           const kvs_copy_part_t *parts, int64_t nparts)
+{
+    kvs__dev_clear_detail(dev);
+    return dev->ops.scatter_parts(dev, s, d, parts, nparts);
 }
 int kvs__dev_event_record(kvs_device_t *dev, kvs_stream_t *s, kvs_event_t **out)
 {

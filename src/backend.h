@@ -19,6 +19,10 @@ int kvs__dev_stream_create(kvs_device_t *dev, kvs_stream_t **out);
 void kvs__dev_stream_destroy(kvs_device_t *dev, kvs_stream_t *stream);
 int kvs__dev_gather(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d);
 int kvs__dev_scatter(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d);
+int kvs__dev_gather_parts(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d,
+                          const kvs_copy_part_t *parts, int64_t nparts);
+int kvs__dev_scatter_parts(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d,
+                           const kvs_copy_part_t *parts, int64_t nparts);
 int kvs__dev_event_record(kvs_device_t *dev, kvs_stream_t *s, kvs_event_t **out);
 int kvs__dev_event_query(kvs_device_t *dev, kvs_event_t *ev);
 void kvs__dev_event_destroy(kvs_device_t *dev, kvs_event_t *ev);

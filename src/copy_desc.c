@@ -1,8 +1,10 @@
 /*
- * copy_desc.c - kvs_copy_desc_check of backend.h: the one check of a
- * gather/scatter descriptor (kvs_copy_desc_t) that every device backend runs
- * (sim/gpu.c, hw/host, hw/cuda), so a descriptor one backend accepts every
- * backend accepts, and a refused one gets the same status and wording on all.
+ * copy_desc.c - kvs_copy_desc_check and kvs_copy_parts_check of backend.h:
+ * the one check of a gather/scatter descriptor (kvs_copy_desc_t), and of a
+ * fused copy's parts, that every device backend runs (sim/gpu.c, hw/host,
+ * hw/cuda, the core's default fused copy), so a descriptor one backend
+ * accepts every backend accepts, and a refused one gets the same status and
+ * wording on all.
  *
  * Every size is computed with overflow checks; the page list is read only up
  * to the pages the tokens use; whether memory is live is the backend's
@@ -155,5 +157,80 @@ int kvs_copy_desc_check(const kvs_copy_desc_t *d, const char *what, const char *
                           (unsigned long long)sh->slot_bytes);
     }
 #undef KVS__COPY_BAD
+    return KVS_OK;
+}
+
+/* Staging block bytes of a part that passed kvs_copy_desc_check (so none of
+ * these products overflows). */
+static uint64_t kvs__copy_block_bytes(const kvs_copy_desc_t *d, int64_t num_heads)
+{
+    return (uint64_t)d->head_dim * (uint64_t)d->elem_bytes * (uint64_t)num_heads *
+           (uint64_t)d->tokens * (uint64_t)d->staging_layer_slots * 2;
+}
+
+int kvs_copy_parts_check(const kvs_copy_desc_t *d, const kvs_copy_part_t *parts, int64_t nparts,
+                         bool scatter, const char *what, const char *dev_name,
+                         kvs_copy_mem_fn in_mem, void *ctx, kvs_copy_shape_t *sh, char *msg,
+                         size_t msg_bytes)
+{
+    if (d == NULL || parts == NULL || nparts < 1 || nparts > KVS_COPY_PARTS_MAX) {
+        snprintf(msg, msg_bytes, "%s on %s: %s; pass 1 to %d parts", what, dev_name,
+                 d == NULL       ? "descriptor is NULL"
+                 : parts == NULL ? "parts is NULL"
+                                 : "part count out of range",
+                 KVS_COPY_PARTS_MAX);
+        return KVS_EINVAL;
+    }
+    for (int64_t i = 0; i < nparts; i++) {
+        kvs_copy_desc_t one = *d;
+        one.head_start = parts[i].head_start;
+        one.num_heads = parts[i].num_heads;
+        one.staging_addr = parts[i].staging_addr;
+        char part_what[64];
+        snprintf(part_what, sizeof part_what, "%s part %lld", what, (long long)i);
+        kvs_copy_shape_t local;
+        const int rc = kvs_copy_desc_check(&one, part_what, dev_name, in_mem, ctx,
+                                           sh != NULL ? &sh[i] : &local, msg, msg_bytes);
+        if (rc != KVS_OK) {
+            if (sh != NULL)
+                memset(sh, 0, (size_t)nparts * sizeof *sh);
+            return rc;
+        }
+    }
+    /* What the copy writes must not overlap, or the result would depend on
+     * the order the parts run in. */
+    for (int64_t i = 0; i < nparts; i++) {
+        for (int64_t j = 0; j < i; j++) {
+            const kvs_copy_part_t *a = &parts[j], *b = &parts[i];
+            const uint64_t la = kvs__copy_block_bytes(d, a->num_heads);
+            const uint64_t lb = kvs__copy_block_bytes(d, b->num_heads);
+            const bool overlap =
+                scatter ? a->head_start < b->head_start + b->num_heads &&
+                              b->head_start < a->head_start + a->num_heads
+                        : la > 0 && lb > 0 &&
+                              (a->staging_addr >= b->staging_addr
+                                   ? a->staging_addr - b->staging_addr < lb
+                                   : b->staging_addr - a->staging_addr < la);
+            if (!overlap)
+                continue;
+            if (scatter)
+                snprintf(msg, msg_bytes,
+                         "%s on %s: parts %lld and %lld both write heads of [%lld, +%lld) "
+                         "and [%lld, +%lld); give each part its own heads",
+                         what, dev_name, (long long)j, (long long)i, (long long)a->head_start,
+                         (long long)a->num_heads, (long long)b->head_start,
+                         (long long)b->num_heads);
+            else
+                snprintf(msg, msg_bytes,
+                         "%s on %s: parts %lld and %lld write overlapping staging blocks "
+                         "[0x%llx, +%llu) and [0x%llx, +%llu); give each part its own block",
+                         what, dev_name, (long long)j, (long long)i,
+                         (unsigned long long)a->staging_addr, (unsigned long long)la,
+                         (unsigned long long)b->staging_addr, (unsigned long long)lb);
+            if (sh != NULL)
+                memset(sh, 0, (size_t)nparts * sizeof *sh);
+            return KVS_ERANGE;
+        }
+    }
     return KVS_OK;
 }

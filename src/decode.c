@@ -12,8 +12,9 @@
  *   the request; when the ring is at its live-allocation bound the chunk
  *   waits in a bounded queue until a region is freed;
  * - CHUNK_READY: count arrivals per chunk (each writer x prefill stage once);
- *   when all arrived, scatter every writer's block on the scatter stream and
- *   record an event; when the event completes, free the region and send the
+ *   when all arrived, scatter every writer's block in one fused copy
+ *   (scatter_parts: each token row written once, whole) on the scatter
+ *   stream and record an event; when the event completes, free the region and send the
  *   new WATERMARK to every peer;
  * - STATUS / ABORT: a request is done when every peer reported success and
  *   every chunk was scattered; it fails on the first failure, told to every
@@ -111,6 +112,9 @@ struct kvs_decode {
     kvs__table_t rooms;
     kvs__results_t results;
     kvs__dqueue_t scatters, wanted; /* wanted holds up to open_chunks */
+    kvs_copy_part_t *parts;     /* a chunk's scatter: one part per writer's
+                                 * heads, up to KVS_COPY_PARTS_MAX at once */
+    int64_t parts_cap;
     uint64_t open_chunks;       /* chunks of the open rooms */
     kvs_completion_t *cq;
     kvs__links_t links;         /* one reliable link per peer connection */
@@ -330,6 +334,7 @@ void kvs_decode_destroy(kvs_decode_t *d)
     kvs__results_fini(&d->results);
     free(d->scatters.items);
     free(d->wanted.items);
+    free(d->parts);
     free(d->cq);
     free(d->peers);
     m->handler = NULL;
@@ -372,7 +377,9 @@ int kvs_decode_create(kvs_manager_t *m, kvs_decode_t **out)
     const uint32_t scatters = scatter_bound < UINT32_MAX ? (uint32_t)scatter_bound : UINT32_MAX;
     d->peers = calloc((size_t)d->npeers, sizeof *d->peers);
     d->cq = calloc(KVS__POLL_BATCH, sizeof *d->cq);
-    if (d->peers == NULL || d->cq == NULL ||
+    d->parts_cap = lay.tp_writers < KVS_COPY_PARTS_MAX ? lay.tp_writers : KVS_COPY_PARTS_MAX;
+    d->parts = calloc((size_t)d->parts_cap, sizeof *d->parts);
+    if (d->peers == NULL || d->cq == NULL || d->parts == NULL ||
         kvs__table_init(&d->rooms, m->cfg.max_rooms) != KVS_OK ||
         kvs__results_init(&d->results, 2 * m->cfg.max_rooms) != KVS_OK ||
         kvs__dq_init(&d->scatters, scatters) != KVS_OK ||
@@ -725,23 +732,36 @@ static void kvs__scatter(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
 {
     kvs_manager_t *m = d->m;
     kvs__dchunk_t *c = &r->chunks[chunk];
+    const kvs_copy_desc_t desc = {
+        .k_base = m->k_base, .v_base = m->v_base, .local_heads = m->kv.local_heads,
+        .head_dim = d->lay->head_dim, .elem_bytes = d->lay->elem_bytes,
+        .page_size = d->lay->page_size, .pages = r->pages + c->page_start,
+        .num_pages = c->num_pages, .tokens = c->tokens,
+        .layer_begin = 0, .layer_count = d->lay->decode_layers,
+        .staging_slot_begin = 0, .staging_layer_slots = d->lay->decode_layers};
+    /* One fused scatter of every writer's block, so each token row of the
+     * pool is written once, whole (parts_cap writers at a time). Writers
+     * that replicate a head (prefill TP > heads) are consecutive and wrote
+     * the same bytes: the last of them is scattered, as when each writer's
+     * block was scattered in turn. */
     int rc = KVS_OK;
-    for (int64_t i = 0; i < d->lay->tp_writers && rc == KVS_OK; i++) {
-        kvs_writer_t w;
+    int64_t n = 0;
+    for (int64_t i = 0; i < d->lay->tp_writers && rc == KVS_OK && c->tokens > 0; i++) {
+        kvs_writer_t w, next;
         rc = kvs_layout_writer(d->lay, d->rank, i, c->tokens, &w);
+        if (rc == KVS_OK && i + 1 < d->lay->tp_writers)
+            rc = kvs_layout_writer(d->lay, d->rank, i + 1, c->tokens, &next);
         if (rc != KVS_OK)
             break;
-        kvs_copy_desc_t desc = {
-            .k_base = m->k_base, .v_base = m->v_base, .local_heads = m->kv.local_heads,
-            .head_dim = d->lay->head_dim, .elem_bytes = d->lay->elem_bytes,
-            .page_size = d->lay->page_size, .pages = r->pages + c->page_start,
-            .num_pages = c->num_pages, .tokens = c->tokens,
+        if (i + 1 < d->lay->tp_writers && next.heads.dst_start == w.heads.dst_start)
+            continue;
+        d->parts[n++] = (kvs_copy_part_t){
             .head_start = w.heads.dst_start, .num_heads = w.heads.num_heads,
-            .layer_begin = 0, .layer_count = d->lay->decode_layers,
-            .staging_slot_begin = 0, .staging_layer_slots = d->lay->decode_layers,
             .staging_addr = d->ring_addr + c->alloc.offset + (uint64_t)w.offset_bytes};
-        if (c->tokens > 0)
-            rc = kvs__dev_scatter(d->dev, d->stream, &desc);
+        if (n == d->parts_cap || i + 1 == d->lay->tp_writers) {
+            rc = kvs__dev_scatter_parts(d->dev, d->stream, &desc, d->parts, n);
+            n = 0;
+        }
     }
     if (rc == KVS_OK)
         rc = kvs__dev_event_record(d->dev, d->stream, &c->event);

@@ -109,6 +109,39 @@ KVS_API int kvs_copy_desc_check(const kvs_copy_desc_t *d, const char *what,
                                 const char *dev_name, kvs_copy_mem_fn in_mem, void *ctx,
                                 kvs_copy_shape_t *sh, char *msg, size_t msg_bytes);
 
+/*
+ * One part of a fused copy (gather_parts / scatter_parts): a head range of
+ * the KV pool and the staging block it moves to or from. A fused copy runs
+ * the parts of one descriptor in a single pass over the pool, so the pool
+ * side reads (gather) or writes (scatter) every token's row once, whole,
+ * where one copy per part would touch each row once per part: the decode
+ * side of P8->D2 scatters four writers' one-head blocks into 4-head rows.
+ */
+typedef struct kvs_copy_part {
+    int64_t head_start;    /* in the KV pool */
+    int64_t num_heads;
+    uint64_t staging_addr; /* device address of this part's staging block */
+} kvs_copy_part_t;
+
+/* The most parts one fused copy takes (a TP group's writers or readers). */
+#define KVS_COPY_PARTS_MAX 1024
+
+/*
+ * The check of a fused copy: desc with each part's head_start, num_heads
+ * and staging_addr in place of its own (those three fields of desc are not
+ * read) must pass kvs_copy_desc_check (what "<what> part <i>"), and what
+ * the copy writes must not overlap: a scatter's parts hold disjoint head
+ * ranges, a gather's parts disjoint staging blocks. 1 <= nparts <=
+ * KVS_COPY_PARTS_MAX. On success fills sh[0..nparts) (the shape of each
+ * part; sh may be NULL) and returns KVS_OK; on failure returns KVS_EINVAL
+ * or KVS_ERANGE with the message as kvs_copy_desc_check writes it, naming
+ * the part, and zeroes sh. Copies nothing, keeps no state.
+ */
+KVS_API int kvs_copy_parts_check(const kvs_copy_desc_t *d, const kvs_copy_part_t *parts,
+                                 int64_t nparts, bool scatter, const char *what,
+                                 const char *dev_name, kvs_copy_mem_fn in_mem, void *ctx,
+                                 kvs_copy_shape_t *sh, char *msg, size_t msg_bytes);
+
 typedef struct kvs_device kvs_device_t;
 
 typedef struct kvs_device_ops {
@@ -131,9 +164,20 @@ typedef struct kvs_device_ops {
     /* host <-> device copies, for tests and verification */
     int (*mem_write)(kvs_device_t *dev, uint64_t addr, const void *src, uint64_t len_bytes);
     int (*mem_read)(kvs_device_t *dev, uint64_t addr, void *dst, uint64_t len_bytes);
+    /* version 2: fused copies of nparts parts in one op (kvs_copy_part_t);
+     * refuse them as kvs_copy_parts_check does, first, and enqueue all or
+     * nothing. Optional: the default enqueues one gather / scatter per part,
+     * in order, after a shape check of them all (a backend error on a later
+     * part may leave earlier parts enqueued). */
+    int (*gather_parts)(kvs_device_t *dev, kvs_stream_t *stream, const kvs_copy_desc_t *desc,
+                        const kvs_copy_part_t *parts, int64_t nparts);
+    int (*scatter_parts)(kvs_device_t *dev, kvs_stream_t *stream, const kvs_copy_desc_t *desc,
+                         const kvs_copy_part_t *parts, int64_t nparts);
 } kvs_device_ops_t;
 
-#define KVS_DEVICE_OPS_VERSION 1u
+/* Version 2 added gather_parts and scatter_parts; tables of version 1 (which
+ * end at mem_read) still bind and get the defaults. */
+#define KVS_DEVICE_OPS_VERSION 2u
 
 /* The base every device instance embeds first. */
 struct kvs_device {
