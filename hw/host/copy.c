@@ -18,6 +18,12 @@
  *   at ~0.45x, 512 of 1024 at ~0.7-0.8x; bench_host's read probe shows the
  *   bound: one core reads 256 of every 1024 bytes at ~0.3x of its
  *   contiguous read).
+ * - Fused copies (several parts: gather_parts / scatter_parts) take the
+ *   token-row path with each token's parts back to back, so parts that
+ *   tile the slot make a scatter write, and a gather read, every row once,
+ *   whole: the decode side of P8->D2 scatters four one-head blocks as
+ *   1024-byte rows instead of four passes of 256 of every 1024 bytes.
+ *   Streaming is chosen on the sum of the parts' rows.
  * - Stores. Copies of at least HW_HOST_STREAM_MIN_BYTES store whole lines
  *   with non-temporal (streaming) stores, as glibc's memcpy does for large
  *   sizes: no read-for-ownership of every written line. The kernel is the
@@ -153,10 +159,11 @@ static inline void hw_host_move(const hw_host_mover_t *m, uint8_t *dst, const ui
 /* Page runs                                                                 */
 /* ------------------------------------------------------------------------ */
 
-/* A walk over the page runs of one layer buffer. */
+/* A walk over the page runs of one layer buffer (one part that covers
+ * whole token slots). */
 typedef struct hw_host_run {
     const hw_host_copy_t *c;
-    uint8_t *pool;   /* layer buffer, at head_start */
+    uint8_t *pool;   /* layer buffer */
     uint64_t page;   /* index into pages[] of the run's first page */
     uint64_t done;   /* tokens before the run */
     uint8_t *ptr;    /* start of the run */
@@ -182,7 +189,7 @@ static void hw_host_run_load(hw_host_run_t *r)
         const uint64_t rest = c->tokens - r->done - n;
         n += rest < ps ? rest : ps;
     }
-    r->len = n * c->row_bytes;
+    r->len = n * c->token_bytes;
 }
 
 static void hw_host_run_start(hw_host_run_t *r, const hw_host_copy_t *c, uint8_t *pool)
@@ -193,7 +200,7 @@ static void hw_host_run_start(hw_host_run_t *r, const hw_host_copy_t *c, uint8_t
 
 static void hw_host_run_next(hw_host_run_t *r)
 {
-    const uint64_t ps = r->c->page_size, tokens = r->len / r->c->row_bytes;
+    const uint64_t ps = r->c->page_size, tokens = r->len / r->c->token_bytes;
     r->page += (tokens + ps - 1) / ps;
     r->done += tokens;
     r->off = 0;
@@ -257,20 +264,23 @@ static void hw_host_copy_runs(const hw_host_copy_t *c, const hw_host_mover_t *m,
 }
 
 /* ------------------------------------------------------------------------ */
-/* Strided rows                                                              */
+/* Token rows                                                                */
 /* ------------------------------------------------------------------------ */
 
-/* The prefetch cursor over rows: page index, token in page, row pointer. */
+/* The prefetch cursor over token rows: page index, token in page, and the
+ * bytes [span_off, span_off + span_len) of each token slot. */
 typedef struct hw_host_rowpf {
     const hw_host_copy_t *c;
     uint8_t *pool;
+    uint64_t span_off, span_len;
     uint64_t page, t, left;
     uint8_t *row;
 } hw_host_rowpf_t;
 
 static void hw_host_rowpf_seek(hw_host_rowpf_t *k)
 {
-    k->row = k->pool + (uint64_t)k->c->pages[k->page] * k->c->page_size * k->c->token_bytes;
+    k->row = k->pool + (uint64_t)k->c->pages[k->page] * k->c->page_size * k->c->token_bytes +
+             k->span_off;
 }
 
 /* Prefetches every line of the cursor's row and moves to the next row. */
@@ -280,10 +290,10 @@ static inline void hw_host_rowpf_step(hw_host_rowpf_t *k)
         return;
     const hw_host_copy_t *c = k->c;
     if (c->scatter) {
-        for (uint64_t o = 0; o < c->row_bytes; o += HW_HOST_LINE_BYTES)
+        for (uint64_t o = 0; o < k->span_len; o += HW_HOST_LINE_BYTES)
             __builtin_prefetch(k->row + o, 1, 3);
     } else {
-        for (uint64_t o = 0; o < c->row_bytes; o += HW_HOST_LINE_BYTES)
+        for (uint64_t o = 0; o < k->span_len; o += HW_HOST_LINE_BYTES)
             __builtin_prefetch(k->row + o, 0, HW_HOST_ROW_PREFETCH_HINT);
     }
     if (--k->left == 0)
@@ -297,18 +307,28 @@ static inline void hw_host_rowpf_step(hw_host_rowpf_t *k)
     }
 }
 
+/* Copies token rows: each token, every part's bytes of its slot, in part
+ * order. blk_index is the staging slot index (kv * S + slot_begin + j) of
+ * this layer buffer in every part's block. */
 static void hw_host_copy_rows(const hw_host_copy_t *c, const hw_host_mover_t *m,
-                              uint8_t *pool, uint8_t *blk)
+                              uint8_t *pool, uint64_t blk_index)
 {
-    const uint64_t ps = c->page_size, row = c->row_bytes, tb = c->token_bytes;
-    hw_host_rowpf_t pf = {.c = c, .pool = pool};
+    const uint64_t ps = c->page_size, tb = c->token_bytes, np = c->nparts;
+    const hw_host_copy_part_t *q = c->parts;
+    /* The span of a slot the parts touch, prefetched a row at a time. */
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (uint64_t k = 0; k < np; k++) {
+        lo = q[k].head_off < lo ? q[k].head_off : lo;
+        hi = q[k].head_off + q[k].row_bytes > hi ? q[k].head_off + q[k].row_bytes : hi;
+    }
+    hw_host_rowpf_t pf = {.c = c, .pool = pool, .span_off = lo, .span_len = hi - lo};
     /* Streamed rows written to the pool need no prefetch (see the page
      * runs); strided reads always want one. */
     if (HW_HOST_ROW_PREFETCH_BYTES > 0 && !(c->scatter && m->stream != NULL)) {
         pf.left = c->tokens;
         hw_host_rowpf_seek(&pf);
         /* At least one row ahead, so the prefetch is never the row copied. */
-        const uint64_t rows_ahead = HW_HOST_ROW_PREFETCH_BYTES / row;
+        const uint64_t rows_ahead = HW_HOST_ROW_PREFETCH_BYTES / pf.span_len;
         for (uint64_t i = 0; i < (rows_ahead > 0 ? rows_ahead : 1); i++)
             hw_host_rowpf_step(&pf);
     }
@@ -316,13 +336,16 @@ static void hw_host_copy_rows(const hw_host_copy_t *c, const hw_host_mover_t *m,
     for (uint64_t p = 0; done < c->tokens; p++) {
         const uint64_t n = c->tokens - done < ps ? c->tokens - done : ps;
         uint8_t *kv = pool + (uint64_t)c->pages[p] * ps * tb;
-        uint8_t *st = blk + done * row;
-        for (uint64_t t = 0; t < n; t++, kv += tb, st += row) {
+        for (uint64_t t = 0; t < n; t++, kv += tb) {
             hw_host_rowpf_step(&pf);
-            if (c->scatter)
-                hw_host_move(m, kv, st, row);
-            else
-                hw_host_move(m, st, kv, row);
+            for (uint64_t k = 0; k < np; k++) {
+                const uint64_t row = q[k].row_bytes;
+                uint8_t *st = q[k].staging + blk_index * q[k].slot_bytes + (done + t) * row;
+                if (c->scatter)
+                    hw_host_move(m, kv + q[k].head_off, st, row);
+                else
+                    hw_host_move(m, st, kv + q[k].head_off, row);
+            }
         }
         done += n;
     }
@@ -330,24 +353,36 @@ static void hw_host_copy_rows(const hw_host_copy_t *c, const hw_host_mover_t *m,
 
 /* ------------------------------------------------------------------------ */
 
+uint64_t hw_host_copy_bytes(const hw_host_copy_t *c)
+{
+    uint64_t n = 0;
+    for (uint64_t k = 0; k < c->nparts; k++)
+        n += c->parts[k].slot_bytes * c->layer_count * 2;
+    return n;
+}
+
 void hw_host_copy_part(const hw_host_copy_t *c, unsigned part, unsigned parts)
 {
-    if (c->tokens == 0 || c->layer_count == 0)
+    if (c->tokens == 0 || c->layer_count == 0 || c->nparts == 0)
         return;
-    const bool whole = c->row_bytes == c->token_bytes;
-    const hw_host_mover_t m = hw_host_mover_pick(c->slot_bytes * c->layer_count * 2, c->max_vector_bytes);
+    uint64_t row_sum = 0;
+    for (uint64_t k = 0; k < c->nparts; k++)
+        row_sum += c->parts[k].row_bytes;
+    /* One part of whole token slots: contiguous page runs. */
+    const bool whole = c->nparts == 1 && c->parts[0].row_bytes == c->token_bytes;
+    const hw_host_mover_t m = hw_host_mover_pick(hw_host_copy_bytes(c), c->max_vector_bytes);
     const hw_host_mover_t plain = {0};
     const uint64_t n = 2 * c->layer_count;
     const uint64_t b_end = (part + 1) * n / parts;
     for (uint64_t b = part * n / parts; b < b_end; b++) {
         const uint64_t kv = b / c->layer_count, j = b % c->layer_count;
-        uint8_t *pool = c->pool[b];
-        uint8_t *blk = c->staging + (kv * c->layer_slots + c->slot_begin + j) * c->slot_bytes;
+        const uint64_t blk_index = kv * c->layer_slots + c->slot_begin + j;
         if (whole)
-            hw_host_copy_runs(c, &m, pool, blk);
+            hw_host_copy_runs(c, &m, c->pool[b],
+                              c->parts[0].staging + blk_index * c->parts[0].slot_bytes);
         else
-            hw_host_copy_rows(c, c->row_bytes >= HW_HOST_STREAM_MIN_ROW_BYTES ? &m : &plain,
-                              pool, blk);
+            hw_host_copy_rows(c, row_sum >= HW_HOST_STREAM_MIN_ROW_BYTES ? &m : &plain,
+                              c->pool[b], blk_index);
     }
 #if HW_HOST_HAVE_STREAM
     /* Streaming stores are weakly ordered: drain them before this share is

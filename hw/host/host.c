@@ -12,8 +12,10 @@
  *   touches.
  * - Streams. A stream is a ring of queue_ops op slots and a worker thread.
  *   gather/scatter validate the descriptor against live memory
- *   (kvs_copy_desc_check of backend.h), snapshot it into the next slot
- *   (layer buffers turned into pointers, page list copied) and wake the
+ *   (kvs_copy_desc_check of backend.h; gather_parts/scatter_parts with
+ *   kvs_copy_parts_check, all parts in one op), snapshot it into the next
+ *   slot (layer buffers turned into pointers, page list and parts copied)
+ *   and wake the
  *   worker, which runs the ops in order (hw/host/copy.c) and advances
  *   done_seq. With copy_threads > 1 the stream also owns copy_threads - 1
  *   helpers: for an op of at least HW_HOST_SPLIT_MIN_BYTES the worker posts
@@ -68,8 +70,8 @@
 #define HW_HOST_MAX_COPY_THREADS 256u
 
 typedef struct hw_host_op {
-    hw_host_copy_t copy; /* its pool and pages point into words */
-    uint64_t *words;     /* [pool pointers 2 * layer_count | pages] */
+    hw_host_copy_t copy; /* its pool, pages and parts point into words */
+    uint64_t *words;     /* [pool pointers 2 * layer_count | pages | parts] */
     size_t words_cap;
 } hw_host_op_t;
 
@@ -260,12 +262,6 @@ void *kvs_host_ptr(kvs_device_t *dev, uint64_t addr, uint64_t len_bytes)
 /* Streams                                                                   */
 /* ------------------------------------------------------------------------ */
 
-/* Payload bytes of a snapshotted op. */
-static uint64_t hw_host_op_bytes(const hw_host_copy_t *c)
-{
-    return c->slot_bytes * c->layer_count * 2;
-}
-
 static void *hw_host_helper(void *arg)
 {
     const hw_host_helper_t *hp = arg;
@@ -298,7 +294,7 @@ static void *hw_host_helper(void *arg)
 static void hw_host_run_op(struct kvs_stream *s, const hw_host_copy_t *c)
 {
     const uint32_t parts = s->host->copy_threads;
-    if (parts == 1 || hw_host_op_bytes(c) < HW_HOST_SPLIT_MIN_BYTES) {
+    if (parts == 1 || hw_host_copy_bytes(c) < HW_HOST_SPLIT_MIN_BYTES) {
         pthread_mutex_unlock(&s->mu);
         hw_host_copy_run(c);
         pthread_mutex_lock(&s->mu);
@@ -432,11 +428,15 @@ static void hw_host_stream_destroy(kvs_device_t *dev, kvs_stream_t *stream)
     pthread_mutex_unlock(&h->mu);
 }
 
+/* Validates and enqueues a copy of nparts parts (a gather or scatter is
+ * one part, fused = false, checked as such). */
 static int hw_host_enqueue(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d,
-                           bool scatter)
+                           const kvs_copy_part_t *parts, int64_t nparts, bool scatter,
+                           bool fused)
 {
     kvs_host_device_t *h = hw_host_of(dev);
-    const char *what = scatter ? "scatter" : "gather";
+    const char *what = fused ? (scatter ? "scatter_parts" : "gather_parts")
+                             : (scatter ? "scatter" : "gather");
     char msg[KVS_ERROR_MSG_BYTES];
     kvs_copy_shape_t sh;
     int rc = KVS_OK;
@@ -447,15 +447,23 @@ static int hw_host_enqueue(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_de
                              what, h->name);
         goto out;
     }
-    rc = kvs_copy_desc_check(d, what, h->name, hw_alloc_table_holds, &h->allocs, &sh, msg,
-                             sizeof msg);
+    rc = fused ? kvs_copy_parts_check(d, parts, nparts, scatter, what, h->name,
+                                      hw_alloc_table_holds, &h->allocs, NULL, msg, sizeof msg)
+               : kvs_copy_desc_check(d, what, h->name, hw_alloc_table_holds, &h->allocs, &sh,
+                                     msg, sizeof msg);
     if (rc != KVS_OK) {
         rc = kvs_device_fail(dev, rc, rc == KVS_ERANGE ? ERANGE : EINVAL, "%s", msg);
         goto out;
     }
-    /* pages_used and layer_count are bounded by validated allocations. */
-    const uint64_t L = (uint64_t)d->layer_count;
-    const uint64_t n_words = 2 * L + sh.pages_used;
+    /* Every product below was checked for overflow by the check; the page
+     * count and layer count are bounded by validated allocations. */
+    const uint64_t L = (uint64_t)d->layer_count, tokens = (uint64_t)d->tokens;
+    const uint64_t ps = (uint64_t)d->page_size;
+    const uint64_t pages_used = tokens / ps + (tokens % ps != 0);
+    const uint64_t head_bytes = (uint64_t)d->head_dim * (uint64_t)d->elem_bytes;
+    const uint64_t part_words = sizeof(hw_host_copy_part_t) / sizeof(uint64_t);
+    _Static_assert(sizeof(hw_host_copy_part_t) % sizeof(uint64_t) == 0, "parts fill words");
+    const uint64_t n_words = 2 * L + pages_used + (uint64_t)nparts * part_words;
 
     pthread_mutex_lock(&s->mu);
     while (s->enq_seq - s->done_seq == h->queue_ops)
@@ -467,38 +475,47 @@ static int hw_host_enqueue(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_de
             pthread_mutex_unlock(&s->mu);
             rc = kvs_device_fail(dev, KVS_ENOMEM, ENOMEM,
                                  "%s on %s: out of host memory for a descriptor of %llu "
-                                 "layers and %llu pages",
+                                 "layers, %llu pages and %lld parts",
                                  what, h->name, (unsigned long long)L,
-                                 (unsigned long long)sh.pages_used);
+                                 (unsigned long long)pages_used, (long long)nparts);
             goto out;
         }
         op->words = w;
         op->words_cap = (size_t)n_words;
     }
-    /* Snapshot: pointers to copy layer j's K at [j] and V at [L + j], each
-     * already at head_start; the page ids after them. */
+    /* Snapshot: pointers to copy layer j's K at [j] and V at [L + j], at
+     * their first token slot; the page ids and the parts after them. */
     uint8_t **pool = (uint8_t **)(void *)op->words;
     for (uint64_t j = 0; j < L; j++) {
         const uint64_t l = (uint64_t)d->layer_begin + j;
-        pool[j] = (uint8_t *)(uintptr_t)d->k_base[l] + sh.head_off;
-        pool[L + j] = (uint8_t *)(uintptr_t)d->v_base[l] + sh.head_off;
+        pool[j] = (uint8_t *)(uintptr_t)d->k_base[l];
+        pool[L + j] = (uint8_t *)(uintptr_t)d->v_base[l];
     }
     int64_t *pages = (int64_t *)(void *)(op->words + 2 * L);
-    if (sh.pages_used > 0)
-        memcpy(pages, d->pages, (size_t)sh.pages_used * sizeof *pages);
+    if (pages_used > 0)
+        memcpy(pages, d->pages, (size_t)pages_used * sizeof *pages);
+    hw_host_copy_part_t *cp = (hw_host_copy_part_t *)(void *)(op->words + 2 * L + pages_used);
+    for (int64_t k = 0; k < nparts; k++) {
+        const uint64_t row = (uint64_t)parts[k].num_heads * head_bytes;
+        cp[k] = (hw_host_copy_part_t){
+            .staging = (uint8_t *)(uintptr_t)parts[k].staging_addr,
+            .head_off = (uint64_t)parts[k].head_start * head_bytes,
+            .row_bytes = row,
+            .slot_bytes = row * tokens,
+        };
+    }
     op->copy = (hw_host_copy_t){
         .scatter = scatter,
         .pool = pool,
         .pages = pages,
-        .staging = (uint8_t *)(uintptr_t)d->staging_addr,
-        .layer_count = sh.payload_bytes != 0 ? L : 0,
-        .page_size = (uint64_t)d->page_size,
-        .tokens = (uint64_t)d->tokens,
+        .parts = cp,
+        .nparts = (uint64_t)nparts,
+        .layer_count = L,
+        .page_size = ps,
+        .tokens = tokens,
         .slot_begin = (uint64_t)d->staging_slot_begin,
         .layer_slots = (uint64_t)d->staging_layer_slots,
-        .row_bytes = sh.row_bytes,
-        .token_bytes = sh.token_bytes,
-        .slot_bytes = sh.slot_bytes,
+        .token_bytes = (uint64_t)d->local_heads * head_bytes,
         .max_vector_bytes = h->max_vector_bytes,
     };
     s->enq_seq++;
@@ -509,14 +526,40 @@ out:
     return rc;
 }
 
+/* A single gather or scatter is a copy of one part: desc's own. */
+static int hw_host_enqueue_one(kvs_device_t *dev, kvs_stream_t *stream, const kvs_copy_desc_t *d,
+                               bool scatter)
+{
+    const kvs_copy_part_t one = {
+        .head_start = d != NULL ? d->head_start : 0,
+        .num_heads = d != NULL ? d->num_heads : 0,
+        .staging_addr = d != NULL ? d->staging_addr : 0,
+    };
+    return hw_host_enqueue(dev, stream, d, &one, 1, scatter, false);
+}
+
 static int hw_host_gather(kvs_device_t *dev, kvs_stream_t *stream, const kvs_copy_desc_t *d)
 {
-    return hw_host_enqueue(dev, stream, d, false);
+    return hw_host_enqueue_one(dev, stream, d, false);
 }
 
 static int hw_host_scatter(kvs_device_t *dev, kvs_stream_t *stream, const kvs_copy_desc_t *d)
 {
-    return hw_host_enqueue(dev, stream, d, true);
+    return hw_host_enqueue_one(dev, stream, d, true);
+}
+
+static int hw_host_gather_parts(kvs_device_t *dev, kvs_stream_t *stream,
+                                const kvs_copy_desc_t *d, const kvs_copy_part_t *parts,
+                                int64_t nparts)
+{
+    return hw_host_enqueue(dev, stream, d, parts, nparts, false, true);
+}
+
+static int hw_host_scatter_parts(kvs_device_t *dev, kvs_stream_t *stream,
+                                 const kvs_copy_desc_t *d, const kvs_copy_part_t *parts,
+                                 int64_t nparts)
+{
+    return hw_host_enqueue(dev, stream, d, parts, nparts, true, true);
 }
 
 /* Waits until s->done_seq reaches target. s->mu not held. */
@@ -654,6 +697,8 @@ static const kvs_device_ops_t hw_host_ops = {
     .event_destroy = hw_host_event_destroy,
     .mem_write = hw_host_mem_write,
     .mem_read = hw_host_mem_read,
+    .gather_parts = hw_host_gather_parts,
+    .scatter_parts = hw_host_scatter_parts,
 };
 
 /* Initialises stream slot s: op ring, helper table, sync objects. On
