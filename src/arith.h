@@ -10,6 +10,8 @@
 /* ceil(a / b) for a >= 0, b > 0, without computing a + b - 1. */
 static inline int64_t kvs__ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
+static inline int64_t kvs__min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+
 /* a + b, or UINT64_MAX where that would wrap: a deadline that far away is
  * never reached, instead of wrapping to one that is already past. */
 static inline uint64_t kvs__sat_add_u64(uint64_t a, uint64_t b)

@@ -9,7 +9,9 @@
  *   on STAGING_RSP the chunk waits until its KV is computed, the region is
  *   ready against the decode's last watermark (spec §6; re-checked when a
  *   WATERMARK arrives, never spun) and a staging buffer is free; then gather
- *   on the gather stream, ONE write (two with prefill PP: the K and the V
+ *   on the gather stream (one fused copy with the same chunk of every other
+ *   target that is ready then, so the KV pool is read once for all of
+ *   them), ONE write (two with prefill PP: the K and the V
  *   layers of this stage) into the region, and CHUNK_READY once the write
  *   completed. A staging buffer is reused only after its write completed.
  *   A write the fabric refuses for now (KVS_EAGAIN: the connection's send
@@ -149,6 +151,16 @@ struct kvs_prefill {
     uint32_t gone_next, gone_count;
     kvs__pgather_t *gathers;
     uint32_t gathers_cap, gathers_head, gathers_count;
+    /* One fused gather: the flows whose chunk it stages, their staging
+     * buffers and copy parts, up to fuse_cap at once. */
+    int64_t *fuse_flows;
+    int32_t *fuse_workers;
+    kvs_copy_part_t *fuse_parts;
+    kvs_event_t **fuse_events;
+    int64_t fuse_cap;
+    bool gather_blocked;         /* this progress pass: a gather waits for
+                                    buffers or write slots, so later chunks
+                                    (of later rooms) do not take them first */
     kvs_completion_t *cq;
     kvs_handler_stats_t stats;
     kvs_fingerprint_t fp;
@@ -448,6 +460,10 @@ void kvs_prefill_destroy(kvs_prefill_t *p)
     free(p->worker_busy);
     free(p->ops);
     free(p->gathers);
+    free(p->fuse_flows);
+    free(p->fuse_workers);
+    free(p->fuse_parts);
+    free(p->fuse_events);
     free(p->cq);
     m->handler = NULL;
     free(p);
@@ -484,9 +500,16 @@ int kvs_prefill_create(kvs_manager_t *m, kvs_prefill_t **out)
     p->worker_busy = calloc(p->gathers_cap, sizeof *p->worker_busy);
     p->ops = calloc(p->ops_cap, sizeof *p->ops);
     p->gathers = calloc(p->gathers_cap, sizeof *p->gathers);
+    p->fuse_cap = kvs__min_i64(kvs__min_i64(p->ntargets, p->gathers_cap), KVS_COPY_PARTS_MAX);
+    p->fuse_flows = calloc((size_t)p->fuse_cap, sizeof *p->fuse_flows);
+    p->fuse_workers = calloc((size_t)p->fuse_cap, sizeof *p->fuse_workers);
+    p->fuse_parts = calloc((size_t)p->fuse_cap, sizeof *p->fuse_parts);
+    p->fuse_events = calloc((size_t)p->fuse_cap, sizeof *p->fuse_events);
     p->cq = calloc(KVS__POLL_BATCH, sizeof *p->cq);
     p->gone = calloc(m->cfg.max_rooms, sizeof *p->gone);
     if (p->gone == NULL || p->peers == NULL || p->worker_busy == NULL || p->ops == NULL || p->gathers == NULL ||
+        p->fuse_flows == NULL || p->fuse_workers == NULL || p->fuse_parts == NULL ||
+        p->fuse_events == NULL ||
         p->cq == NULL || kvs__table_init(&p->rooms, m->cfg.max_rooms) != KVS_OK ||
         kvs__results_init(&p->results, 2 * m->cfg.max_rooms) != KVS_OK ||
         /* a link per decode, plus slack for connections of decodes that
@@ -941,6 +964,108 @@ static uint32_t kvs__chunk_writes(const kvs_prefill_t *p)
     return p->lay->prefill_layers == p->lay->decode_layers ? 1 : 2;
 }
 
+/* Chunk i of flow g may join a gather of the same chunk of another flow:
+ * its region is ready now, it covers the same tokens, and no earlier chunk
+ * of its flow still waits (regions are gathered in ring order). */
+static bool kvs__can_join(const kvs_prefill_t *p, const kvs__proom_t *r, int64_t g, int64_t i,
+                          const kvs__pchunk_t *c)
+{
+    const kvs__pflow_t *fl = &r->flows[g];
+    if (!fl->known || !fl->reqs_sent || !p->peers[g].registered || p->peers[g].lost ||
+        i >= fl->num_chunks)
+        return false;
+    const kvs__pchunk_t *cg = &fl->chunks[i];
+    if (cg->state != KVS__PCH_ALLOC || cg->token_start != c->token_start ||
+        cg->tokens != c->tokens || !kvs_ring_ready(p->peers[g].wm, cg->round, cg->end))
+        return false;
+    for (int64_t j = 0; j < i; j++)
+        if (fl->chunks[j].state == KVS__PCH_ALLOC)
+            return false;
+    return true;
+}
+
+/* Gathers chunk i of flow f, and of every other flow of the room that can
+ * join it now, in one fused copy (each token row of the KV pool read once
+ * for all the decode ranks it feeds), one staging buffer per flow. It waits
+ * (returns false; a later progress call tries again) until a buffer and
+ * the write slots are free for every flow that joins: those free up as
+ * writes in flight complete, which never waits on a gather, and a copy
+ * never takes more than there are (fuse_cap, and the write slots), so the
+ * wait ends. Also false when the room failed. */
+static bool kvs__gather_chunk(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int64_t i)
+{
+    kvs_manager_t *m = p->m;
+    kvs__pchunk_t *c = &r->flows[f].chunks[i];
+    if (p->gather_blocked)
+        return false;
+    const int64_t by_slots = (int64_t)(p->ops_cap / kvs__chunk_writes(p));
+    const int64_t most = kvs__min_i64(p->fuse_cap, by_slots > 0 ? by_slots : 1);
+    int64_t n = 0;
+    for (int64_t k = 0; k < p->ntargets && n < most; k++) {
+        const int64_t g = (f + k) % p->ntargets; /* flow f first */
+        if (g == f || kvs__can_join(p, r, g, i, c))
+            p->fuse_flows[n++] = g;
+    }
+    /* The write slots of these gathers and of those in flight must be free
+     * when they finish: wait for writes to complete, do not fail. */
+    p->gather_blocked = true; /* until it starts */
+    if (p->gathers_count + (uint64_t)n > p->gathers_cap ||
+        p->ops_used + (p->gathers_count + (uint64_t)n) * kvs__chunk_writes(p) > p->ops_cap)
+        return false;
+    for (int64_t k = 0; k < n; k++) {
+        const int32_t w = kvs__free_worker(p);
+        if (w < 0) { /* fewer buffers free than flows: wait for them all */
+            for (int64_t j = 0; j < k; j++)
+                p->worker_busy[p->fuse_workers[j]] = false;
+            return false;
+        }
+        p->worker_busy[w] = true; /* taken for now: the next flow gets another */
+        const int64_t g = p->fuse_flows[k];
+        p->fuse_workers[k] = w;
+        p->fuse_parts[k] = (kvs_copy_part_t){.head_start = p->peers[g].heads.src_start,
+                                             .num_heads = p->peers[g].heads.num_heads,
+                                             .staging_addr = m->staging_addr[w]};
+        p->fuse_events[k] = NULL;
+    }
+    for (int64_t k = 0; k < n; k++)
+        p->worker_busy[p->fuse_workers[k]] = false;
+    p->gather_blocked = false;
+    const int64_t ps = p->lay->page_size;
+    const kvs_copy_desc_t desc = {
+        .k_base = m->k_base, .v_base = m->v_base, .local_heads = m->kv.local_heads,
+        .head_dim = p->lay->head_dim, .elem_bytes = p->lay->elem_bytes, .page_size = ps,
+        .pages = r->pages + c->token_start / ps, .num_pages = kvs__ceil_div(c->tokens, ps),
+        .tokens = c->tokens, .layer_begin = 0, .layer_count = p->lay->prefill_layers,
+        .staging_slot_begin = 0, .staging_layer_slots = p->lay->prefill_layers};
+    int rc = kvs__dev_gather_parts(p->dev, p->stream, &desc, p->fuse_parts, n);
+    /* One event per chunk, each complete when the fused copy is. */
+    for (int64_t k = 0; k < n && rc == KVS_OK; k++)
+        rc = kvs__dev_event_record(p->dev, p->stream, &p->fuse_events[k]);
+    if (rc != KVS_OK) {
+        for (int64_t k = 0; k < n; k++)
+            if (p->fuse_events[k] != NULL)
+                kvs__dev_event_destroy(p->dev, p->fuse_events[k]);
+        kvs__room_fail(p, r, rc);
+        return false;
+    }
+    for (int64_t k = 0; k < n; k++) {
+        const int64_t g = p->fuse_flows[k];
+        kvs__pchunk_t *cg = &r->flows[g].chunks[i];
+        p->worker_busy[p->fuse_workers[k]] = true;
+        cg->worker = p->fuse_workers[k];
+        cg->event = p->fuse_events[k];
+        cg->state = KVS__PCH_GATHER;
+        if (cg->waited && m->cfg.trace != NULL)
+            m->cfg.trace(m->cfg.trace_ctx, "wait-for-watermark", r->id, i, cg->wait_ns,
+                         kvs__now(p));
+        p->gathers[(p->gathers_head + p->gathers_count) % p->gathers_cap] =
+            (kvs__pgather_t){r->id, (int32_t)g, i};
+        p->gathers_count++;
+        p->stats.copies++;
+    }
+    return true;
+}
+
 /* Starts the gathers of chunks that are computed, ready and have a buffer. */
 static void kvs__advance_staging(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
 {
@@ -972,41 +1097,8 @@ static void kvs__advance_staging(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
             c->waited = true;
             break; /* regions are handed out in ring order: later ones wait too */
         }
-        const int32_t w = kvs__free_worker(p);
-        if (w < 0)
+        if (!kvs__gather_chunk(p, r, f, i))
             return;
-        /* The write slots of this gather and of those in flight must be
-         * free when they finish: wait for writes to complete, do not fail. */
-        if (p->ops_used + (p->gathers_count + 1) * kvs__chunk_writes(p) > p->ops_cap)
-            return;
-        kvs_manager_t *m = p->m;
-        const int64_t ps = p->lay->page_size;
-        kvs_copy_desc_t desc = {
-            .k_base = m->k_base, .v_base = m->v_base, .local_heads = m->kv.local_heads,
-            .head_dim = p->lay->head_dim, .elem_bytes = p->lay->elem_bytes, .page_size = ps,
-            .pages = r->pages + c->token_start / ps, .num_pages = kvs__ceil_div(c->tokens, ps),
-            .tokens = c->tokens, .head_start = peer->heads.src_start,
-            .num_heads = peer->heads.num_heads, .layer_begin = 0,
-            .layer_count = p->lay->prefill_layers, .staging_slot_begin = 0,
-            .staging_layer_slots = p->lay->prefill_layers,
-            .staging_addr = m->staging_addr[w]};
-        int rc = kvs__dev_gather(p->dev, p->stream, &desc);
-        if (rc == KVS_OK)
-            rc = kvs__dev_event_record(p->dev, p->stream, &c->event);
-        if (rc != KVS_OK || p->gathers_count == p->gathers_cap) {
-            kvs__room_fail(p, r, rc != KVS_OK ? rc : KVS_EFULL);
-            return;
-        }
-        p->worker_busy[w] = true;
-        c->worker = w;
-        c->state = KVS__PCH_GATHER;
-        if (c->waited && m->cfg.trace != NULL)
-            m->cfg.trace(m->cfg.trace_ctx, "wait-for-watermark", r->id, i, c->wait_ns,
-                         kvs__now(p));
-        p->gathers[(p->gathers_head + p->gathers_count) % p->gathers_cap] =
-            (kvs__pgather_t){r->id, (int32_t)f, i};
-        p->gathers_count++;
-        p->stats.copies++;
     }
 }
 
@@ -1190,6 +1282,7 @@ int kvs_prefill_progress(kvs_prefill_t *p)
     }
     if (p->stream != NULL)
         kvs__reap_gathers(p);
+    p->gather_blocked = false;
     for (kvs__proom_t *r = p->first, *next; r != NULL; r = next) {
         next = r->next;
         for (int64_t f = 0; f < p->ntargets; f++) {

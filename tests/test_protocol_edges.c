@@ -2277,6 +2277,100 @@ static void test_protocol_edges_hostile_chunk_fields_to_decode(void **state)
     edge_destroy(cl);
 }
 
+/* ---- fused copies ------------------------------------------------------------- */
+
+/* A counting shim over a sim GPU's bound gather_parts / scatter_parts (the
+ * filled ops copy in kvs_device_t): how many fused ops the core asked for,
+ * with how many parts, then the GPU's own op. One device at a time. */
+typedef struct edge_parts_shim {
+    kvs_device_t *dev;
+    int (*gather_parts)(kvs_device_t *, kvs_stream_t *, const kvs_copy_desc_t *,
+                        const kvs_copy_part_t *, int64_t);
+    int (*scatter_parts)(kvs_device_t *, kvs_stream_t *, const kvs_copy_desc_t *,
+                         const kvs_copy_part_t *, int64_t);
+    uint64_t ops, parts, most_parts;
+} edge_parts_shim_t;
+
+static edge_parts_shim_t edge_shim; /* test-local: the shim's callbacks get only dev */
+
+static void edge_shim_count(kvs_device_t *dev, int64_t nparts)
+{
+    assert_ptr_equal(dev, edge_shim.dev);
+    edge_shim.ops++;
+    edge_shim.parts += (uint64_t)nparts;
+    if ((uint64_t)nparts > edge_shim.most_parts)
+        edge_shim.most_parts = (uint64_t)nparts;
+}
+
+static int edge_shim_gather(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d,
+                            const kvs_copy_part_t *parts, int64_t nparts)
+{
+    edge_shim_count(dev, nparts);
+    return edge_shim.gather_parts(dev, s, d, parts, nparts);
+}
+
+static int edge_shim_scatter(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d,
+                             const kvs_copy_part_t *parts, int64_t nparts)
+{
+    edge_shim_count(dev, nparts);
+    return edge_shim.scatter_parts(dev, s, d, parts, nparts);
+}
+
+static void edge_shim_install(kvs_device_t *dev)
+{
+    edge_shim = (edge_parts_shim_t){.dev = dev, .gather_parts = dev->ops.gather_parts,
+                                    .scatter_parts = dev->ops.scatter_parts};
+    dev->ops.gather_parts = edge_shim_gather;
+    dev->ops.scatter_parts = edge_shim_scatter;
+}
+
+/* Fused copies. Prefill TP 1 -> decode TP 2: the prefill rank feeds both
+ * decode ranks (two heads each of its four) and gathers a chunk for every
+ * decode rank whose region is ready in one op, reading its pool once. The
+ * regions are asked for at room open; once they are in, the KV is computed
+ * (as chunked prefill runs) and every chunk goes in one op of two parts.
+ * Prefill TP 2 -> decode TP 1: the decode rank
+ * scatters a chunk's two writers' blocks in one op of two parts, each token
+ * row written once. Every byte is checked either way. 40 tokens: chunks of
+ * 16, 16 and 8. */
+static void test_protocol_edges_fused_copies(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.prefill_tp = 1;
+    o.decode_tp = 2;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_shim_install(sim_gpu_device(edge_prefill(cl, 0)->gpu));
+    edge_open(cl, 1, 0, 40);
+    edge_run(cl); /* both decode ranks assign the three regions */
+    assert_int_equal(edge_shim.ops, 0);
+    edge_computed(cl, 1, 40, true);
+    edge_run(cl);
+    edge_expect_ok(cl, 1, 0, 40);
+    edge_expect_ring_empty(cl);
+    if (edge_shim.parts != 6 || edge_shim.ops != 3 || edge_shim.most_parts != 2)
+        EDGE_FAIL("P1->D2 gathers: %llu ops of %llu parts (most %llu), want 3 ops of 2 parts",
+                  (unsigned long long)edge_shim.ops, (unsigned long long)edge_shim.parts,
+                  (unsigned long long)edge_shim.most_parts);
+    assert_int_equal(edge_stats(edge_prefill(cl, 0)).copies, 6);
+    edge_destroy(cl);
+
+    o = edge_defaults(); /* prefill TP 2 -> decode TP 1 */
+    cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_shim_install(sim_gpu_device(edge_decode(cl, 0)->gpu));
+    edge_transfer(cl, 1, 0, 40);
+    edge_expect_ok(cl, 1, 0, 40);
+    edge_expect_ring_empty(cl);
+    if (edge_shim.parts != 6 || edge_shim.ops != 3 || edge_shim.most_parts != 2)
+        EDGE_FAIL("P2->D1 scatters: %llu ops of %llu parts (most %llu), want 3 ops of 2 parts",
+                  (unsigned long long)edge_shim.ops, (unsigned long long)edge_shim.parts,
+                  (unsigned long long)edge_shim.most_parts);
+    assert_int_equal(edge_stats(edge_decode(cl, 0)).copies, 3);
+    edge_destroy(cl);
+}
+
 /* A remote key the decode never registered: a REGISTER of decode rank 0
  * (its session, its connection) that names another ring key. The prefill
  * cannot check a key, the fabric does: p0's writes to d0 fail (EREMOTE),
@@ -3081,6 +3175,7 @@ int main(void)
         cmocka_unit_test(test_protocol_edges_misaligned_prefix_told_to_prefill),
         cmocka_unit_test(test_protocol_edges_hostile_rsp_region),
         cmocka_unit_test(test_protocol_edges_hostile_chunk_fields_to_decode),
+        cmocka_unit_test(test_protocol_edges_fused_copies),
         cmocka_unit_test(test_protocol_edges_hostile_ring_key),
         cmocka_unit_test(test_protocol_edges_hostile_direct_fields),
         cmocka_unit_test(test_protocol_edges_hostile_rsp_duplicates),
