@@ -41,7 +41,9 @@ static int kvs__dev_no_mem_read(kvs_device_t *d, uint64_t a, void *s, uint64_t n
 }
 
 /* Default fused copy: the parts' shapes checked together (memory is each
- * part's backend call's to check), then one copy per part, in order. */
+ * part's backend call's to check), then one copy per part, in order. A part
+ * the backend refuses is named before the backend's detail, as the check
+ * names it. */
 static bool kvs__dev_any_mem(void *ctx, uint64_t addr, uint64_t len) { return true; }
 static int kvs__dev_parts_loop(kvs_device_t *d, kvs_stream_t *s, const kvs_copy_desc_t *c,
                                const kvs_copy_part_t *parts, int64_t n, bool scatter)
@@ -58,6 +60,11 @@ static int kvs__dev_parts_loop(kvs_device_t *d, kvs_stream_t *s, const kvs_copy_
         one.num_heads = parts[i].num_heads;
         one.staging_addr = parts[i].staging_addr;
         rc = scatter ? d->ops.scatter(d, s, &one) : d->ops.gather(d, s, &one);
+        if (rc != KVS_OK) {
+            memcpy(msg, d->last_backend_msg, sizeof msg);
+            kvs_device_fail(d, rc, d->last_backend_code, "%s part %lld: %s", what,
+                            (long long)i, msg[0] != '\0' ? msg : kvs_strerror(rc));
+        }
     }
     return rc;
 }

@@ -179,6 +179,9 @@ int kvs_copy_parts_check(const kvs_copy_desc_t *d, const kvs_copy_part_t *parts,
                  : parts == NULL ? "parts is NULL"
                                  : "part count out of range",
                  KVS_COPY_PARTS_MAX);
+        /* sh holds nparts shapes; a count out of range says nothing. */
+        if (sh != NULL && nparts >= 1 && nparts <= KVS_COPY_PARTS_MAX)
+            memset(sh, 0, (size_t)nparts * sizeof *sh);
         return KVS_EINVAL;
     }
     for (int64_t i = 0; i < nparts; i++) {

@@ -1,7 +1,12 @@
 /*
- * test_backend.c - binding ops tables: version and size checks, required
- * slots, defaults for optional slots ("not supported", never a NULL call),
- * failure detail recorded on the instance, and the core's wrappers.
+ * test_backend.c - binding ops tables: version and size checks (each device
+ * ops version needs its own slots: a version-1 table ends at mem_read, a
+ * version-2 one holds gather_parts and scatter_parts), required slots,
+ * defaults for optional slots ("not supported", never a NULL call), the
+ * default fused copy of a table without parts ops (its check first, then
+ * one gather / scatter per part, in order, the part's heads and staging
+ * address in the descriptor), failure detail recorded on the instance, and
+ * the core's wrappers.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -198,6 +203,228 @@ static void test_backend_detail_belongs_to_last_call(void **state)
     assert_int_equal(dev.live_allocs, 0);
 }
 
+/* ---- the default fused copy ----------------------------------------------- */
+
+/* A device of version 1 that records every gather and scatter it is asked
+ * for and refuses the fail_at-th (1-based; 0: none). */
+#define REC_MAX_CALLS 8
+
+typedef struct rec_call {
+    bool scatter;
+    kvs_stream_t *stream;
+    kvs_copy_desc_t desc;
+} rec_call_t;
+
+typedef struct rec_device {
+    kvs_device_t base;
+    rec_call_t calls[REC_MAX_CALLS];
+    int n;
+    int fail_at;
+} rec_device_t;
+
+static int rec_copy(kvs_device_t *d, kvs_stream_t *s, const kvs_copy_desc_t *c, bool scatter)
+{
+    rec_device_t *r = KVS_CONTAINER_OF(d, rec_device_t, base);
+    assert_true(r->n < REC_MAX_CALLS);
+    r->calls[r->n++] = (rec_call_t){.scatter = scatter, .stream = s, .desc = *c};
+    if (r->n == r->fail_at)
+        return kvs_device_fail(d, KVS_EBACKEND, 42, "%s on rec: queue full",
+                               scatter ? "scatter" : "gather");
+    return KVS_OK;
+}
+static int rec_gather(kvs_device_t *d, kvs_stream_t *s, const kvs_copy_desc_t *c)
+{
+    return rec_copy(d, s, c, false);
+}
+static int rec_scatter(kvs_device_t *d, kvs_stream_t *s, const kvs_copy_desc_t *c)
+{
+    return rec_copy(d, s, c, true);
+}
+/* In the struct but past a version-1 table's size: never to be called. */
+static int rec_parts_trap(kvs_device_t *d, kvs_stream_t *s, const kvs_copy_desc_t *c,
+                          const kvs_copy_part_t *parts, int64_t n)
+{
+    fail_msg("a version-1 table's parts slot was called");
+    return KVS_EBACKEND;
+}
+
+#define DEVICE_OPS_V1_BYTES offsetof(kvs_device_ops_t, gather_parts)
+
+static const kvs_device_ops_t rec_v1_ops = {.version = 1,
+                                            .size = DEVICE_OPS_V1_BYTES,
+                                            .name = "rec",
+                                            .mem_alloc = ok_alloc,
+                                            .mem_free = ok_free,
+                                            .gather = rec_gather,
+                                            .scatter = rec_scatter,
+                                            .gather_parts = rec_parts_trap,
+                                            .scatter_parts = rec_parts_trap};
+
+/* 4 local heads of 8 x 2 bytes, 6 tokens on pages {3, 1} of 4, layers
+ * [1, +2) into slots [1, +2) of 3. Its own heads and staging address are
+ * not read by a fused copy: they are poisoned. */
+typedef struct rec_fx {
+    rec_device_t r;
+    uint64_t k[4], v[4];
+    int64_t pages[2];
+    kvs_copy_desc_t desc;
+    kvs_stream_t *stream;
+} rec_fx_t;
+
+static void rec_fx_init(rec_fx_t *f)
+{
+    memset(f, 0, sizeof *f);
+    assert_int_equal(kvs_device_init(&f->r.base, &rec_v1_ops, NULL), KVS_OK);
+    for (int l = 0; l < 4; l++) {
+        f->k[l] = 0x100000ull * (uint64_t)(l + 1);
+        f->v[l] = f->k[l] + 0x10000;
+    }
+    f->pages[0] = 3;
+    f->pages[1] = 1;
+    f->desc = (kvs_copy_desc_t){.k_base = f->k, .v_base = f->v, .local_heads = 4,
+                                .head_dim = 8, .elem_bytes = 2, .page_size = 4,
+                                .pages = f->pages, .num_pages = 2, .tokens = 6,
+                                .head_start = -5, .num_heads = 99, .layer_begin = 1,
+                                .layer_count = 2, .staging_slot_begin = 1,
+                                .staging_layer_slots = 3, .staging_addr = 0};
+    f->stream = (kvs_stream_t *)(void *)f; /* any pointer the copies must pass on */
+}
+
+/* Call i was a copy of f's descriptor with part p's heads and staging
+ * address, on f's stream. */
+static void expect_call(const rec_fx_t *f, int i, bool scatter, const kvs_copy_part_t *p)
+{
+    const rec_call_t *c = &f->r.calls[i];
+    assert_int_equal(c->scatter, scatter);
+    assert_ptr_equal(c->stream, f->stream);
+    kvs_copy_desc_t want = f->desc;
+    want.head_start = p->head_start;
+    want.num_heads = p->num_heads;
+    want.staging_addr = p->staging_addr;
+    /* Every field 8 bytes wide: no padding to differ. */
+    _Static_assert(sizeof(kvs_copy_desc_t) == 16 * 8, "desc fields all 8 bytes");
+    if (memcmp(&c->desc, &want, sizeof want) != 0)
+        fail_msg("call %d: heads [%lld, +%lld) at 0x%llx, want part [%lld, +%lld) at 0x%llx "
+                 "and the rest of the descriptor unchanged",
+                 i, (long long)c->desc.head_start, (long long)c->desc.num_heads,
+                 (unsigned long long)c->desc.staging_addr, (long long)p->head_start,
+                 (long long)p->num_heads, (unsigned long long)p->staging_addr);
+}
+
+static void test_backend_version_1_table_gets_the_default_fused_copy(void **state)
+{
+    rec_fx_t f;
+    rec_fx_init(&f);
+    kvs_device_t *d = &f.r.base;
+    assert_non_null(d->ops.gather_parts);
+    assert_non_null(d->ops.scatter_parts);
+    assert_true(d->ops.gather_parts != rec_parts_trap);
+    assert_true(d->ops.scatter_parts != rec_parts_trap);
+    assert_int_equal(d->ops.version, 1);
+
+    /* Disjoint heads, out of order, blocks of 576 bytes a head. */
+    const kvs_copy_part_t sp[3] = {{2, 2, 0x3000}, {0, 1, 0x1000}, {1, 1, 0x2000}};
+    assert_int_equal(kvs__dev_scatter_parts(d, f.stream, &f.desc, sp, 3), KVS_OK);
+    assert_int_equal(f.r.n, 3);
+    for (int i = 0; i < 3; i++)
+        expect_call(&f, i, true, &sp[i]);
+
+    /* A gather may read the same heads into blocks of their own. */
+    f.r.n = 0;
+    const kvs_copy_part_t gp[4] = {
+        {0, 2, 0x9000}, {0, 2, 0x1000}, {3, 1, 0x5000}, {1, 3, 0x6000}};
+    assert_int_equal(kvs__dev_gather_parts(d, f.stream, &f.desc, gp, 4), KVS_OK);
+    assert_int_equal(f.r.n, 4);
+    for (int i = 0; i < 4; i++)
+        expect_call(&f, i, false, &gp[i]);
+    assert_string_equal(d->last_backend_msg, "");
+}
+
+static void test_backend_default_fused_copy_refuses_before_any_copy(void **state)
+{
+    rec_fx_t f;
+    rec_fx_init(&f);
+    kvs_device_t *d = &f.r.base;
+    kvs_copy_part_t p[3] = {{0, 2, 0x1000}, {1, 2, 0x2000}, {3, 1, 0x3000}};
+    /* Overlapping heads in a scatter: nothing is copied, not even part 0. */
+    assert_int_equal(kvs__dev_scatter_parts(d, f.stream, &f.desc, p, 3), KVS_ERANGE);
+    assert_string_equal(d->last_backend_msg,
+                        "scatter_parts on rec: parts 0 and 1 both write heads of [0, +2) and "
+                        "[1, +2); give each part its own heads");
+    assert_int_equal(f.r.n, 0);
+    /* Overlapping staging blocks in a gather (1152 bytes for 2 heads). */
+    p[1] = (kvs_copy_part_t){2, 1, 0x1000 + 1151};
+    assert_int_equal(kvs__dev_gather_parts(d, f.stream, &f.desc, p, 3), KVS_ERANGE);
+    assert_non_null(strstr(d->last_backend_msg, "gather_parts on rec: parts 0 and 1 write "
+                                                "overlapping staging blocks"));
+    assert_int_equal(f.r.n, 0);
+    /* A bad last part stops the first ones too. */
+    p[1].staging_addr = 0x2000;
+    p[2].num_heads = 2;
+    assert_int_equal(kvs__dev_gather_parts(d, f.stream, &f.desc, p, 3), KVS_ERANGE);
+    assert_non_null(strstr(d->last_backend_msg, "gather_parts part 2 on rec: heads [3, +2)"));
+    assert_int_equal(f.r.n, 0);
+    /* Counts and NULLs. */
+    assert_int_equal(kvs__dev_scatter_parts(d, f.stream, &f.desc, p, 0), KVS_EINVAL);
+    assert_non_null(strstr(d->last_backend_msg, "pass 1 to 1024 parts"));
+    assert_int_equal(kvs__dev_scatter_parts(d, f.stream, NULL, p, 1), KVS_EINVAL);
+    assert_non_null(strstr(d->last_backend_msg, "descriptor is NULL"));
+    assert_int_equal(kvs__dev_gather_parts(d, f.stream, &f.desc, NULL, 1), KVS_EINVAL);
+    assert_non_null(strstr(d->last_backend_msg, "parts is NULL"));
+    assert_int_equal(f.r.n, 0);
+    /* The next call's success clears the detail. */
+    p[2].num_heads = 1;
+    assert_int_equal(kvs__dev_gather_parts(d, f.stream, &f.desc, p, 3), KVS_OK);
+    assert_string_equal(d->last_backend_msg, "");
+    assert_int_equal(f.r.n, 3);
+}
+
+static void test_backend_default_fused_copy_stops_at_a_refused_part(void **state)
+{
+    rec_fx_t f;
+    rec_fx_init(&f);
+    kvs_device_t *d = &f.r.base;
+    const kvs_copy_part_t p[3] = {{0, 1, 0x1000}, {1, 1, 0x2000}, {2, 2, 0x3000}};
+    /* The backend refuses part 1: part 2 is never asked for, part 0 stays
+     * enqueued (as backend.h says), and the detail names the part. */
+    f.r.fail_at = 2;
+    assert_int_equal(kvs__dev_scatter_parts(d, f.stream, &f.desc, p, 3), KVS_EBACKEND);
+    assert_int_equal(f.r.n, 2);
+    expect_call(&f, 0, true, &p[0]);
+    expect_call(&f, 1, true, &p[1]);
+    assert_string_equal(d->last_backend_msg, "scatter_parts part 1: scatter on rec: queue full");
+    assert_int_equal(d->last_backend_code, 42);
+}
+
+static void test_backend_version_sizes(void **state)
+{
+    kvs_device_t d;
+    kvs_device_ops_t dv = dev_ops;
+    /* Version 1 ends at mem_read: one byte less is refused. */
+    dv.version = 1;
+    dv.size = DEVICE_OPS_V1_BYTES;
+    assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_OK);
+    dv.size = DEVICE_OPS_V1_BYTES - 1;
+    assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_EVERSION);
+    /* Version 2 must hold its parts slots: a version-1 size, or one slot
+     * short, is refused. */
+    dv.version = 2;
+    dv.size = DEVICE_OPS_V1_BYTES;
+    assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_EVERSION);
+    dv.size = sizeof(kvs_device_ops_t) - sizeof(void *);
+    assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_EVERSION);
+    dv.size = sizeof(kvs_device_ops_t) + 1;
+    assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_EVERSION);
+    dv.size = sizeof(kvs_device_ops_t);
+    assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_OK);
+    /* No table of a version this core does not know binds. */
+    dv.version = KVS_DEVICE_OPS_VERSION + 1;
+    assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_EVERSION);
+    dv.version = 0;
+    dv.size = DEVICE_OPS_V1_BYTES;
+    assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_EVERSION);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -208,6 +435,10 @@ int main(void)
         cmocka_unit_test(test_backend_instance_name_falls_back),
         cmocka_unit_test(test_backend_fail_records_detail),
         cmocka_unit_test(test_backend_detail_belongs_to_last_call),
+        cmocka_unit_test(test_backend_version_1_table_gets_the_default_fused_copy),
+        cmocka_unit_test(test_backend_default_fused_copy_refuses_before_any_copy),
+        cmocka_unit_test(test_backend_default_fused_copy_stops_at_a_refused_part),
+        cmocka_unit_test(test_backend_version_sizes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

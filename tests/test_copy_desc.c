@@ -3,6 +3,12 @@
  * backend runs: each refusal with its status and the words that say what to
  * change, the geometry of an accepted descriptor, when it asks the backend
  * about memory (and only then), and a message buffer too small for the text.
+ * And kvs_copy_parts_check, the check of a fused copy (gather_parts /
+ * scatter_parts): the shape of each accepted part, the part count and NULL
+ * refusals, a bad part named in the message, and what may not overlap (a
+ * scatter's head ranges, a gather's staging blocks) against what may (a
+ * scatter's shared staging address, a gather's shared heads, blocks that
+ * only touch).
  *
  * The backend's memory is a fixed list of live ranges (a fake in_mem); the
  * shapes below are small enough to work out by hand.
@@ -15,6 +21,7 @@
 
 #include <kvstage/backend.h>
 
+#include <stdlib.h>
 #include <string.h>
 
 #define LAYERS 4
@@ -23,11 +30,14 @@
 #define V_BASE(l) (0x100000ull * ((l) + 1) + 0x10000ull)
 #define STAGING_ADDR 0x900000ull
 #define STAGING_BYTES 1152u /* 192-byte slots x 3 x K and V */
+#define PARTS_ADDR 0xa00000ull  /* the fused copies' staging blocks */
+#define PARTS_BYTES 4096u
+#define HEAD_BLOCK 576u /* a part's block per head: 16 bytes x 6 tokens x 3 x 2 */
 
 /* The fake backend memory: live ranges, and how often it was asked. */
 typedef struct mem {
-    uint64_t addr[2 * LAYERS + 1];
-    uint64_t len_bytes[2 * LAYERS + 1];
+    uint64_t addr[2 * LAYERS + 2];
+    uint64_t len_bytes[2 * LAYERS + 2];
     unsigned n;
     unsigned asked;
 } mem_t;
@@ -62,6 +72,7 @@ static void mem_all(mem_t *m)
         mem_add(m, V_BASE(l), LAYER_BYTES);
     }
     mem_add(m, STAGING_ADDR, STAGING_BYTES);
+    mem_add(m, PARTS_ADDR, PARTS_BYTES);
 }
 
 typedef struct fx {
@@ -384,6 +395,268 @@ static void test_copy_desc_message_fits_any_buffer(void **state)
         KVS_EINVAL);
 }
 
+/* ---- kvs_copy_parts_check ------------------------------------------------ */
+
+#define MAX_TEST_PARTS 4
+
+/* Runs the parts check on f's memory with sh (MAX_TEST_PARTS entries,
+ * filled with a pattern first) and the message reset. */
+static int check_parts(fx_t *f, const kvs_copy_desc_t *d, const kvs_copy_part_t *parts,
+                       int64_t nparts, bool scatter, kvs_copy_shape_t *sh)
+{
+    if (sh != NULL)
+        memset(sh, 0xa5, MAX_TEST_PARTS * sizeof *sh);
+    f->msg[0] = '\0';
+    f->mem.asked = 0;
+    return kvs_copy_parts_check(d, parts, nparts, scatter, scatter ? "scatter_parts" : "gather_parts",
+                                "gpu 7", mem_holds, &f->mem, sh, f->msg, sizeof f->msg);
+}
+
+/* The parts are refused with status, a message that contains every needle
+ * (NULL-terminated), and sh[0..nparts) zeroed where nparts is in range. */
+static void expect_parts_refused(fx_t *f, const kvs_copy_desc_t *d, const kvs_copy_part_t *parts,
+                                 int64_t nparts, bool scatter, int status, ...)
+{
+    kvs_copy_shape_t sh[MAX_TEST_PARTS];
+    const int rc = check_parts(f, d, parts, nparts, scatter, sh);
+    if (rc != status)
+        fail_msg("want %s, got %s (\"%s\")", kvs_status_name(status), kvs_status_name(rc),
+                 f->msg);
+    va_list ap;
+    va_start(ap, status);
+    for (const char *needle = va_arg(ap, const char *); needle != NULL;
+         needle = va_arg(ap, const char *))
+        if (strstr(f->msg, needle) == NULL)
+            fail_msg("message \"%s\" lacks \"%s\"", f->msg, needle);
+    va_end(ap);
+    /* A count out of range says nothing about how many shapes sh holds. */
+    for (int64_t i = 0; i < nparts && i < MAX_TEST_PARTS && nparts <= KVS_COPY_PARTS_MAX; i++)
+        if (!shape_is_zero(&sh[i]))
+            fail_msg("shape of part %lld not zeroed after \"%s\"", (long long)i, f->msg);
+    /* The same refusal without a shape array. */
+    assert_int_equal(check_parts(f, d, parts, nparts, scatter, NULL), status);
+}
+
+/* f.good's own heads and staging address are not read: poison them. */
+static kvs_copy_desc_t parts_desc(const fx_t *f)
+{
+    kvs_copy_desc_t d = f->good;
+    d.head_start = -5;
+    d.num_heads = 99;
+    d.staging_addr = 0;
+    return d;
+}
+
+static void test_copy_desc_parts_accept_and_report_each_shape(void **state)
+{
+    fx_t f;
+    fx_init(&f);
+    const kvs_copy_desc_t d = parts_desc(&f);
+    /* Heads {0}, {2, 3}, {1}: the 4 local heads, out of order, each with a
+     * block of its own right after the previous one. */
+    const kvs_copy_part_t parts[3] = {
+        {0, 1, PARTS_ADDR},
+        {2, 2, PARTS_ADDR + HEAD_BLOCK},
+        {1, 1, PARTS_ADDR + 3 * HEAD_BLOCK},
+    };
+    for (int scatter = 0; scatter < 2; scatter++) {
+        kvs_copy_shape_t sh[MAX_TEST_PARTS];
+        assert_int_equal(check_parts(&f, &d, parts, 3, scatter, sh), KVS_OK);
+        assert_string_equal(f.msg, "");
+        /* K and V of both layers, then the block: per part. */
+        assert_int_equal(f.mem.asked, 15);
+        const uint64_t rows[3] = {16, 32, 16}, offs[3] = {0, 32, 16};
+        for (int i = 0; i < 3; i++) {
+            assert_int_equal(sh[i].pages_used, 2);
+            assert_int_equal(sh[i].token_bytes, 64);
+            assert_int_equal(sh[i].row_bytes, rows[i]);
+            assert_int_equal(sh[i].head_off, offs[i]);
+            assert_int_equal(sh[i].slot_bytes, 6 * rows[i]);
+            assert_int_equal(sh[i].block_bytes, 6 * rows[i] * 3 * 2);
+            assert_int_equal(sh[i].payload_bytes, 6 * rows[i] * 2 * 2);
+            /* Token slots 4..5 (page 1) and 12..15 (page 3). */
+            assert_int_equal(sh[i].pool_lo, 4 * 64 + offs[i]);
+            assert_int_equal(sh[i].pool_hi, 15 * 64 + offs[i] + rows[i]);
+        }
+        /* Untouched past nparts. */
+        kvs_copy_shape_t pattern;
+        memset(&pattern, 0xa5, sizeof pattern);
+        assert_memory_equal(&sh[3], &pattern, sizeof pattern);
+        /* No shapes wanted. */
+        assert_int_equal(check_parts(&f, &d, parts, 3, scatter, NULL), KVS_OK);
+        /* One part is a plain descriptor's check. */
+        assert_int_equal(check_parts(&f, &d, &parts[1], 1, scatter, sh), KVS_OK);
+        assert_int_equal(sh[0].head_off, 32);
+    }
+}
+
+static void test_copy_desc_parts_refuse_counts_and_nulls(void **state)
+{
+    fx_t f;
+    fx_init(&f);
+    const kvs_copy_desc_t d = parts_desc(&f);
+    const kvs_copy_part_t parts[2] = {{0, 1, PARTS_ADDR}, {1, 1, PARTS_ADDR + HEAD_BLOCK}};
+    for (int scatter = 0; scatter < 2; scatter++) {
+        const char *what = scatter ? "scatter_parts on gpu 7: " : "gather_parts on gpu 7: ";
+        expect_parts_refused(&f, &d, parts, 0, scatter, KVS_EINVAL, what,
+                             "part count out of range; pass 1 to 1024 parts", NULL);
+        expect_parts_refused(&f, &d, parts, -1, scatter, KVS_EINVAL, "part count out of range",
+                             NULL);
+        expect_parts_refused(&f, &d, parts, KVS_COPY_PARTS_MAX + 1, scatter, KVS_EINVAL,
+                             "part count out of range", NULL);
+        expect_parts_refused(&f, &d, NULL, 2, scatter, KVS_EINVAL, what,
+                             "parts is NULL; pass 1 to 1024 parts", NULL);
+        expect_parts_refused(&f, NULL, parts, 2, scatter, KVS_EINVAL, what,
+                             "descriptor is NULL; pass 1 to 1024 parts", NULL);
+        assert_int_equal(f.mem.asked, 0);
+    }
+    /* KVS_COPY_PARTS_MAX parts of one head each: the count is fine (they
+     * all scatter head 0, so the overlap rule refuses them, not the count). */
+    kvs_copy_part_t *many = calloc(KVS_COPY_PARTS_MAX, sizeof *many);
+    assert_non_null(many);
+    for (int i = 0; i < KVS_COPY_PARTS_MAX; i++)
+        many[i] = (kvs_copy_part_t){0, 1, PARTS_ADDR};
+    assert_int_equal(check_parts(&f, &d, many, KVS_COPY_PARTS_MAX, true, NULL), KVS_ERANGE);
+    assert_non_null(strstr(f.msg, "parts 0 and 1 both write heads"));
+    free(many);
+}
+
+static void test_copy_desc_parts_refuse_a_bad_part_by_index(void **state)
+{
+    fx_t f;
+    fx_init(&f);
+    kvs_copy_desc_t d = parts_desc(&f);
+    kvs_copy_part_t parts[3] = {
+        {0, 1, PARTS_ADDR},
+        {1, 1, PARTS_ADDR + HEAD_BLOCK},
+        {2, 2, PARTS_ADDR + 2 * HEAD_BLOCK},
+    };
+    /* Heads outside the local heads: part 1 of a gather. */
+    parts[1].head_start = 3;
+    parts[1].num_heads = 2;
+    expect_parts_refused(&f, &d, parts, 3, false, KVS_ERANGE,
+                         "gather_parts part 1 on gpu 7: heads [3, +2) outside the 4 local "
+                         "heads of the KV pool",
+                         NULL);
+    parts[1] = (kvs_copy_part_t){1, 0, PARTS_ADDR + HEAD_BLOCK};
+    expect_parts_refused(&f, &d, parts, 3, true, KVS_ERANGE,
+                         "scatter_parts part 1 on gpu 7: heads [1, +0)", NULL);
+    parts[1] = (kvs_copy_part_t){1, 1, PARTS_ADDR + HEAD_BLOCK};
+    /* Part 2's block runs past the live range by a byte. */
+    parts[2].staging_addr = PARTS_ADDR + PARTS_BYTES - 2 * HEAD_BLOCK + 1;
+    expect_parts_refused(&f, &d, parts, 3, true, KVS_ERANGE,
+                         "scatter_parts part 2 on gpu 7: staging block [0xa00b81, +1152)",
+                         "is not inside one live allocation", NULL);
+    /* ... and in no live range at all. */
+    parts[2].staging_addr = 0x5000000;
+    expect_parts_refused(&f, &d, parts, 3, false, KVS_ERANGE,
+                         "gather_parts part 2 on gpu 7: staging block [0x5000000, +1152)",
+                         NULL);
+    parts[2].staging_addr = PARTS_ADDR + 2 * HEAD_BLOCK;
+    assert_int_equal(check_parts(&f, &d, parts, 3, false, NULL), KVS_OK);
+    /* What is wrong with the shared descriptor shows on part 0. */
+    d.tokens = -1;
+    expect_parts_refused(&f, &d, parts, 3, true, KVS_EINVAL,
+                         "scatter_parts part 0 on gpu 7: ", "tokens -1", NULL);
+    d = parts_desc(&f);
+    uint64_t k[LAYERS];
+    memcpy(k, f.k, sizeof k);
+    k[2] = 0x5000000;
+    d.k_base = k;
+    expect_parts_refused(&f, &d, parts, 3, false, KVS_ERANGE,
+                         "gather_parts part 0 on gpu 7: K buffer of local layer 2", NULL);
+}
+
+static void test_copy_desc_parts_scatter_heads_must_not_overlap(void **state)
+{
+    fx_t f;
+    fx_init(&f);
+    const kvs_copy_desc_t d = parts_desc(&f);
+    kvs_copy_part_t parts[3] = {
+        {1, 2, PARTS_ADDR},
+        {2, 1, PARTS_ADDR + 2 * HEAD_BLOCK},
+        {0, 1, PARTS_ADDR + 3 * HEAD_BLOCK},
+    };
+    expect_parts_refused(&f, &d, parts, 3, true, KVS_ERANGE,
+                         "scatter_parts on gpu 7: parts 0 and 1 both write heads of [1, +2) "
+                         "and [2, +1); give each part its own heads",
+                         NULL);
+    /* Not neighbours in the list: parts 0 and 2. */
+    parts[1] = (kvs_copy_part_t){3, 1, PARTS_ADDR + 2 * HEAD_BLOCK};
+    parts[2] = (kvs_copy_part_t){0, 2, PARTS_ADDR + 3 * HEAD_BLOCK};
+    expect_parts_refused(&f, &d, parts, 3, true, KVS_ERANGE,
+                         "parts 0 and 2 both write heads of [1, +2) and [0, +2)", NULL);
+    /* The same heads twice. */
+    parts[2] = (kvs_copy_part_t){3, 1, PARTS_ADDR + 3 * HEAD_BLOCK};
+    expect_parts_refused(&f, &d, parts, 3, true, KVS_ERANGE,
+                         "parts 1 and 2 both write heads of [3, +1) and [3, +1)", NULL);
+    /* Heads that only touch are disjoint: [1, +2), [3, +1), [0, +1). */
+    parts[2] = (kvs_copy_part_t){0, 1, PARTS_ADDR + 3 * HEAD_BLOCK};
+    kvs_copy_shape_t sh[MAX_TEST_PARTS];
+    assert_int_equal(check_parts(&f, &d, parts, 3, true, sh), KVS_OK);
+    /* Disjoint heads read from one staging address: a scatter only reads
+     * its blocks, so they may overlap (here, the same block). */
+    for (int i = 0; i < 3; i++)
+        parts[i].staging_addr = PARTS_ADDR;
+    assert_int_equal(check_parts(&f, &d, parts, 3, true, sh), KVS_OK);
+    assert_int_equal(sh[0].block_bytes, 2 * HEAD_BLOCK);
+    /* As a gather those blocks overlap. */
+    expect_parts_refused(&f, &d, parts, 3, false, KVS_ERANGE,
+                         "parts 0 and 1 write overlapping staging blocks", NULL);
+}
+
+static void test_copy_desc_parts_gather_blocks_must_not_overlap(void **state)
+{
+    fx_t f;
+    fx_init(&f);
+    const kvs_copy_desc_t d = parts_desc(&f);
+    /* Replicas: both parts read heads [1, +2), into blocks of their own. */
+    kvs_copy_part_t parts[2] = {
+        {1, 2, PARTS_ADDR},
+        {1, 2, PARTS_ADDR + 2 * HEAD_BLOCK},
+    };
+    assert_int_equal(check_parts(&f, &d, parts, 2, false, NULL), KVS_OK);
+    /* As a scatter they write the same heads. */
+    expect_parts_refused(&f, &d, parts, 2, true, KVS_ERANGE, "both write heads", NULL);
+
+    /* Part 1's block starts on part 0's last byte. */
+    parts[1].staging_addr = PARTS_ADDR + 2 * HEAD_BLOCK - 1;
+    expect_parts_refused(&f, &d, parts, 2, false, KVS_ERANGE,
+                         "gather_parts on gpu 7: parts 0 and 1 write overlapping staging "
+                         "blocks [0xa00000, +1152) and [0xa0047f, +1152); give each part its "
+                         "own block",
+                         NULL);
+    /* The same block twice. */
+    parts[1].staging_addr = PARTS_ADDR;
+    expect_parts_refused(&f, &d, parts, 2, false, KVS_ERANGE, "overlapping staging blocks",
+                         NULL);
+    /* Part 1 starts below part 0 and ends one byte inside it; one byte
+     * lower they only touch. */
+    parts[0] = (kvs_copy_part_t){0, 1, PARTS_ADDR + 2 * HEAD_BLOCK};
+    parts[1] = (kvs_copy_part_t){2, 2, PARTS_ADDR + 1};
+    expect_parts_refused(&f, &d, parts, 2, false, KVS_ERANGE,
+                         "blocks [0xa00480, +576) and [0xa00001, +1152)", NULL);
+    parts[1].staging_addr = PARTS_ADDR;
+    assert_int_equal(check_parts(&f, &d, parts, 2, false, NULL), KVS_OK);
+    /* Part 0 below part 1, touching; then one byte into it. */
+    parts[0].staging_addr = PARTS_ADDR;
+    parts[1].staging_addr = PARTS_ADDR + HEAD_BLOCK;
+    assert_int_equal(check_parts(&f, &d, parts, 2, false, NULL), KVS_OK);
+    parts[1].staging_addr = PARTS_ADDR + HEAD_BLOCK - 1;
+    expect_parts_refused(&f, &d, parts, 2, false, KVS_ERANGE,
+                         "blocks [0xa00000, +576) and [0xa0023f, +1152)", NULL);
+
+    /* Blocks of no bytes (no tokens) overlap nothing, even at one address:
+     * no memory is asked about either. */
+    kvs_copy_desc_t none = d;
+    none.tokens = 0;
+    parts[0].staging_addr = parts[1].staging_addr = 0x5000000;
+    kvs_copy_shape_t sh[MAX_TEST_PARTS];
+    assert_int_equal(check_parts(&f, &none, parts, 2, false, sh), KVS_OK);
+    assert_int_equal(f.mem.asked, 0);
+    assert_int_equal(sh[1].block_bytes, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -401,6 +674,11 @@ int main(void)
         cmocka_unit_test(test_copy_desc_refuses_layer_buffers_not_in_memory),
         cmocka_unit_test(test_copy_desc_refuses_staging_block_not_in_memory),
         cmocka_unit_test(test_copy_desc_message_fits_any_buffer),
+        cmocka_unit_test(test_copy_desc_parts_accept_and_report_each_shape),
+        cmocka_unit_test(test_copy_desc_parts_refuse_counts_and_nulls),
+        cmocka_unit_test(test_copy_desc_parts_refuse_a_bad_part_by_index),
+        cmocka_unit_test(test_copy_desc_parts_scatter_heads_must_not_overlap),
+        cmocka_unit_test(test_copy_desc_parts_gather_blocks_must_not_overlap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

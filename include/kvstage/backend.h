@@ -135,7 +135,8 @@ typedef struct kvs_copy_part {
  * KVS_COPY_PARTS_MAX. On success fills sh[0..nparts) (the shape of each
  * part; sh may be NULL) and returns KVS_OK; on failure returns KVS_EINVAL
  * or KVS_ERANGE with the message as kvs_copy_desc_check writes it, naming
- * the part, and zeroes sh. Copies nothing, keeps no state.
+ * the part, and zeroes sh (not when nparts is out of range: then sh is not
+ * touched). Copies nothing, keeps no state.
  */
 KVS_API int kvs_copy_parts_check(const kvs_copy_desc_t *d, const kvs_copy_part_t *parts,
                                  int64_t nparts, bool scatter, const char *what,
@@ -168,7 +169,8 @@ typedef struct kvs_device_ops {
      * refuse them as kvs_copy_parts_check does, first, and enqueue all or
      * nothing. Optional: the default enqueues one gather / scatter per part,
      * in order, after a shape check of them all (a backend error on a later
-     * part may leave earlier parts enqueued). */
+     * part may leave earlier parts enqueued; its message is the backend's,
+     * after "<gather_parts|scatter_parts> part <i>: "). */
     int (*gather_parts)(kvs_device_t *dev, kvs_stream_t *stream, const kvs_copy_desc_t *desc,
                         const kvs_copy_part_t *parts, int64_t nparts);
     int (*scatter_parts)(kvs_device_t *dev, kvs_stream_t *stream, const kvs_copy_desc_t *desc,
