@@ -105,10 +105,11 @@ static uint64_t kvs__net_no_clock(kvs_fabric_t *f) { return 0; }
             (slot) = (fn);                                                     \
     } while (0)
 
-/* Copies the first `size` bytes of a table whose version is one of
- * 1..max_version and whose size holds at least that version's slots
- * (version_bytes[version - 1]); KVS_EVERSION when the version or size is
- * not one this core knows. */
+/* Copies the slots of a table whose version is one of 1..max_version and
+ * whose size holds at least that version's slots (version_bytes[version -
+ * 1]): only those, so slots a later version added are never taken from an
+ * older table, whatever its size says; KVS_EVERSION when the version or
+ * size is not one this core knows. */
 static int kvs__copy_table(void *dst, size_t dst_bytes, const void *src, uint32_t version,
                            uint32_t size, const size_t *version_bytes, uint32_t max_version)
 {
@@ -116,7 +117,7 @@ static int kvs__copy_table(void *dst, size_t dst_bytes, const void *src, uint32_
         size > dst_bytes)
         return KVS_EVERSION;
     memset(dst, 0, dst_bytes);
-    memcpy(dst, src, size);
+    memcpy(dst, src, version_bytes[version - 1]);
     return KVS_OK;
 }
 

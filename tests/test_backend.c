@@ -406,6 +406,14 @@ static void test_backend_version_sizes(void **state)
     assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_OK);
     dv.size = DEVICE_OPS_V1_BYTES - 1;
     assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_EVERSION);
+    /* A version-1 table whose size reaches past mem_read binds, but slots
+     * a later version added are never taken from it: the defaults run. */
+    kvs_device_ops_t big_v1 = rec_v1_ops;
+    big_v1.size = sizeof(kvs_device_ops_t);
+    assert_int_equal(kvs_device_init(&d, &big_v1, NULL), KVS_OK);
+    assert_true(d.ops.gather_parts != rec_parts_trap);
+    assert_true(d.ops.scatter_parts != rec_parts_trap);
+    assert_non_null(d.ops.gather_parts);
     /* Version 2 must hold its parts slots: a version-1 size, or one slot
      * short, is refused. */
     dv.version = 2;
