@@ -75,10 +75,17 @@
  * width) with non-temporal stores. */
 typedef void (*hw_host_stream_fn)(uint8_t *dst, const uint8_t *src, uint64_t n);
 
-/* How a copy moves its bytes: a streaming kernel and the dst alignment it
- * needs, or none (plain memcpy). */
+/* Copies n bytes (a multiple of 64) from each of four sources to its
+ * destination (each aligned to the kernel's vector width), a line of each
+ * in turn: four streams in flight at once, where one page run at a time
+ * leaves the memory system idle between runs. */
+typedef void (*hw_host_stream4_fn)(uint8_t *const *dst, const uint8_t *const *src, uint64_t n);
+
+/* How a copy moves its bytes: streaming kernels and the dst alignment they
+ * need, or none (plain memcpy). */
 typedef struct hw_host_mover {
     hw_host_stream_fn stream; /* NULL: memcpy only */
+    hw_host_stream4_fn stream4;
     uintptr_t align_mask;
 } hw_host_mover_t;
 
@@ -94,6 +101,44 @@ static void hw_host_stream_sse2(uint8_t *dst, const uint8_t *src, uint64_t n)
         _mm_stream_si128((__m128i *)(void *)(dst + 16), b);
         _mm_stream_si128((__m128i *)(void *)(dst + 32), c);
         _mm_stream_si128((__m128i *)(void *)(dst + 48), d);
+    }
+}
+
+static void hw_host_stream4_sse2(uint8_t *const *dst, const uint8_t *const *src, uint64_t n)
+{
+    for (uint64_t o = 0; o < n; o += HW_HOST_LINE_BYTES)
+        for (int k = 0; k < 4; k++)
+            for (unsigned v = 0; v < HW_HOST_LINE_BYTES; v += 16)
+                _mm_stream_si128((__m128i *)(void *)(dst[k] + o + v),
+                                 _mm_loadu_si128((const __m128i *)(const void *)(src[k] + o + v)));
+}
+
+__attribute__((target("avx2"))) static void hw_host_stream4_avx2(uint8_t *const *dst,
+                                                                 const uint8_t *const *src,
+                                                                 uint64_t n)
+{
+    for (uint64_t o = 0; o < n; o += HW_HOST_LINE_BYTES)
+        for (int k = 0; k < 4; k++) {
+            const __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(src[k] + o));
+            const __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(src[k] + o + 32));
+            _mm256_stream_si256((__m256i *)(void *)(dst[k] + o), a);
+            _mm256_stream_si256((__m256i *)(void *)(dst[k] + o + 32), b);
+        }
+}
+
+__attribute__((target("avx512f"))) static void hw_host_stream4_avx512(uint8_t *const *dst,
+                                                                     const uint8_t *const *src,
+                                                                     uint64_t n)
+{
+    for (uint64_t o = 0; o < n; o += HW_HOST_LINE_BYTES) {
+        const __m512i a = _mm512_loadu_si512((const void *)(src[0] + o));
+        const __m512i b = _mm512_loadu_si512((const void *)(src[1] + o));
+        const __m512i c = _mm512_loadu_si512((const void *)(src[2] + o));
+        const __m512i d = _mm512_loadu_si512((const void *)(src[3] + o));
+        _mm512_stream_si512((void *)(dst[0] + o), a);
+        _mm512_stream_si512((void *)(dst[1] + o), b);
+        _mm512_stream_si512((void *)(dst[2] + o), c);
+        _mm512_stream_si512((void *)(dst[3] + o), d);
     }
 }
 
@@ -126,11 +171,11 @@ static hw_host_mover_t hw_host_mover_pick(uint64_t payload_bytes, uint32_t max_v
     if (payload_bytes < HW_HOST_STREAM_MIN_BYTES)
         return m;
     if (max_vector_bytes >= 64 && __builtin_cpu_supports("avx512f"))
-        m = (hw_host_mover_t){hw_host_stream_avx512, 63};
+        m = (hw_host_mover_t){hw_host_stream_avx512, hw_host_stream4_avx512, 63};
     else if (max_vector_bytes >= 32 && __builtin_cpu_supports("avx2"))
-        m = (hw_host_mover_t){hw_host_stream_avx2, 31};
+        m = (hw_host_mover_t){hw_host_stream_avx2, hw_host_stream4_avx2, 31};
     else
-        m = (hw_host_mover_t){hw_host_stream_sse2, 15};
+        m = (hw_host_mover_t){hw_host_stream_sse2, hw_host_stream4_sse2, 15};
 #else
     (void)payload_bytes;
     (void)max_vector_bytes;
@@ -240,9 +285,47 @@ static void hw_host_run_move(const hw_host_mover_t *m, uint8_t *dst, const uint8
     }
 }
 
+/* A streaming gather of whole pages: four pages at a time, a line of each
+ * in turn (hw_host_stream4_fn), into their places in the staging block;
+ * the rest page by page. */
+static void hw_host_gather_pages4(const hw_host_copy_t *c, const hw_host_mover_t *m,
+                                  uint8_t *pool, uint8_t *blk)
+{
+    const uint64_t ps = c->page_size, pb = ps * c->token_bytes, full = c->tokens / ps;
+    const uint64_t lines = pb & ~(uint64_t)(HW_HOST_LINE_BYTES - 1);
+    uint64_t p = 0;
+    for (; p + 4 <= full; p += 4) {
+        uint8_t *dst[4];
+        const uint8_t *src[4];
+        uintptr_t misaligned = 0;
+        for (int k = 0; k < 4; k++) {
+            src[k] = pool + (uint64_t)c->pages[p + (uint64_t)k] * pb;
+            dst[k] = blk + (p + (uint64_t)k) * pb;
+            misaligned |= (uintptr_t)dst[k] & m->align_mask;
+        }
+        if (misaligned != 0 || lines == 0) {
+            for (int k = 0; k < 4; k++)
+                hw_host_move(m, dst[k], src[k], pb);
+            continue;
+        }
+        m->stream4(dst, src, lines);
+        for (int k = 0; k < 4 && lines < pb; k++)
+            memcpy(dst[k] + lines, src[k] + lines, (size_t)(pb - lines));
+    }
+    for (; p < full; p++)
+        hw_host_move(m, blk + p * pb, pool + (uint64_t)c->pages[p] * pb, pb);
+    if (c->tokens % ps != 0)
+        hw_host_move(m, blk + full * pb, pool + (uint64_t)c->pages[full] * pb,
+                     (c->tokens % ps) * c->token_bytes);
+}
+
 static void hw_host_copy_runs(const hw_host_copy_t *c, const hw_host_mover_t *m, uint8_t *pool,
                               uint8_t *blk)
 {
+    if (!c->scatter && m->stream4 != NULL) {
+        hw_host_gather_pages4(c, m, pool, blk);
+        return;
+    }
     hw_host_run_t run, pf;
     hw_host_run_start(&run, c, pool);
     hw_host_run_start(&pf, c, pool);
