@@ -4,7 +4,12 @@
  * memcpy of the same bytes, side by side in one run.
  *
  * Shape: 80 layers, 8 KV heads, head dim 128, bf16, page 16; one chunk of
- * `tokens` tokens on pages picked at random from a pool twice that size.
+ * `tokens` tokens on pages picked at random from a pool of `pool_chunks`
+ * times that many token slots per layer buffer (default 8: 4 MiB for one
+ * head of 2048-token chunks). A serving engine's layer buffers hold far
+ * more (tens of thousands of slots), which the host backend maps with
+ * transparent huge pages from 2 MiB up; a pool of 2 chunks left one-head
+ * buffers at 1 MiB, on 4 KiB pages, each random page a TLB miss.
  * For each TP pair, the two copies one chunk costs as the engine runs them
  * (spec §3-§4): the prefill rank gathers, in one fused op (gather_parts),
  * the heads of every decode rank it feeds into one staging block each
@@ -30,8 +35,9 @@
  * bytes against contiguously (the bound of strided rows, which fused ops
  * avoid).
  *
- * Usage: bench_host [tokens] [repetitions] [threads] [vector_bytes]
- *        (defaults 2048 11 1 0; vector_bytes: the device's max_vector_bytes)
+ * Usage: bench_host [tokens] [repetitions] [threads] [vector_bytes] [pool_chunks]
+ *        (defaults 2048 11 1 0 8; vector_bytes: the device's max_vector_bytes;
+ *        pool_chunks: token slots of each layer buffer, in chunks)
  * Wall time comes from CLOCK_MONOTONIC; hw/ and benchmarks may read it.
  */
 #include <kvstage/host.h>
@@ -113,11 +119,11 @@ static uint64_t alloc_filled(kvs_device_t *dev, uint64_t len, uint64_t *rng)
 }
 
 static void pool_make(kvs_device_t *dev, bench_pool_t *p, int64_t local_heads,
-                      int64_t chunk_pages, uint64_t *rng)
+                      int64_t chunk_pages, int64_t pool_chunks, uint64_t *rng)
 {
     memset(p, 0, sizeof *p);
     p->local_heads = local_heads;
-    const int64_t pool_pages = 2 * chunk_pages;
+    const int64_t pool_pages = pool_chunks * chunk_pages;
     p->layer_bytes = (uint64_t)(pool_pages * BENCH_PAGE * local_heads * BENCH_HEAD_DIM *
                                 BENCH_ELEM_BYTES);
     for (int l = 0; l < BENCH_LAYERS; l++) {
@@ -396,10 +402,11 @@ static bench_time_t timed_naive(const bench_side_t *g, const bench_side_t *sc, i
  * part_heads heads each, side by side from head 0, each with its own
  * staging block. */
 static void side_make(kvs_device_t *dev, bench_side_t *sd, int64_t local_heads, int nparts,
-                      int64_t part_heads, int64_t tokens, uint64_t *rng)
+                      int64_t part_heads, int64_t tokens, int64_t pool_chunks, uint64_t *rng)
 {
     memset(sd, 0, sizeof *sd);
-    pool_make(dev, &sd->pool, local_heads, (tokens + BENCH_PAGE - 1) / BENCH_PAGE, rng);
+    pool_make(dev, &sd->pool, local_heads, (tokens + BENCH_PAGE - 1) / BENCH_PAGE, pool_chunks,
+              rng);
     const uint64_t blk = (uint64_t)(tokens * part_heads * BENCH_HEAD_DIM * BENCH_ELEM_BYTES) *
                          BENCH_LAYERS * 2;
     sd->nparts = nparts;
@@ -422,9 +429,11 @@ int main(int argc, char **argv)
     const int reps = argc > 2 ? atoi(argv[2]) : 11;
     const int threads = argc > 3 ? atoi(argv[3]) : 1;
     const int vector_bytes = argc > 4 ? atoi(argv[4]) : 0;
-    if (tokens <= 0 || reps <= 0 || threads <= 0 || threads > 64) {
+    const int64_t pool_chunks = argc > 5 ? atoll(argv[5]) : 8;
+    if (tokens <= 0 || reps <= 0 || threads <= 0 || threads > 64 || pool_chunks < 1 ||
+        pool_chunks > 64) {
         fprintf(stderr, "usage: bench_host [tokens > 0] [repetitions > 0] [threads 1..64] "
-                        "[vector_bytes 0|16|32|64]\n");
+                        "[vector_bytes 0|16|32|64] [pool_chunks 1..64]\n");
         return 2;
     }
     const bench_case_t cases[] = {
@@ -448,10 +457,10 @@ int main(int argc, char **argv)
     uint64_t rng = 0x9e3779b97f4a7c15ull;
 
     printf("llama-3-70b shape: %d layers x %d KV heads x head dim %d, bf16, page %d; "
-           "chunk of %lld tokens on random pages; median of %d runs after 1 warm-up; "
-           "%d thread(s) for memcpy and for each op\n",
-           BENCH_LAYERS, BENCH_HEADS, BENCH_HEAD_DIM, BENCH_PAGE, (long long)tokens, reps,
-           threads);
+           "chunk of %lld tokens on random pages of a pool of %lld chunks; median of %d runs "
+           "after 1 warm-up; %d thread(s) for memcpy and for each op\n",
+           BENCH_LAYERS, BENCH_HEADS, BENCH_HEAD_DIM, BENCH_PAGE, (long long)tokens,
+           (long long)pool_chunks, reps, threads);
     printf("bandwidth in GB/s of wall time; cpu_ratio: the same ratio on process CPU time "
            "(robust to other load)\n");
     printf("each pair: the prefill rank's gather for every decode rank it feeds and the "
@@ -481,13 +490,13 @@ int main(int argc, char **argv)
         const int64_t src_heads = BENCH_HEADS / P, dst_heads = BENCH_HEADS / D;
         bench_side_t pre, dec;
         if (P < D)
-            side_make(dev, &pre, src_heads, (int)(D / P), dst_heads, tokens, &rng);
+            side_make(dev, &pre, src_heads, (int)(D / P), dst_heads, tokens, pool_chunks, &rng);
         else
-            side_make(dev, &pre, src_heads, 1, src_heads, tokens, &rng);
+            side_make(dev, &pre, src_heads, 1, src_heads, tokens, pool_chunks, &rng);
         if (P > D)
-            side_make(dev, &dec, dst_heads, (int)(P / D), src_heads, tokens, &rng);
+            side_make(dev, &dec, dst_heads, (int)(P / D), src_heads, tokens, pool_chunks, &rng);
         else
-            side_make(dev, &dec, dst_heads, 1, dst_heads, tokens, &rng);
+            side_make(dev, &dec, dst_heads, 1, dst_heads, tokens, pool_chunks, &rng);
         const uint64_t most = pre.payload > dec.payload ? pre.payload : dec.payload;
         const uint64_t m_src = alloc_filled(dev, most, &rng);
         const uint64_t m_dst = alloc_filled(dev, most, &rng);
