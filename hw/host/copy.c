@@ -17,7 +17,9 @@
  *   cursor HW_HOST_RUN_PREFETCH_LINES cache lines ahead of the copy that
  *   prefetches one line per line copied.
  * - Strided rows (row_bytes of every token_bytes): a prefetch of the rows
- *   HW_HOST_ROW_PREFETCH_BYTES ahead, then the row. Strided rows stay slower
+ *   HW_HOST_ROW_PREFETCH_BYTES ahead (16 KiB: a fused gather of whole
+ *   1024-byte rows ran 12.8-13.2 GB/s with it, 11.2-12.3 at 4 KiB; single
+ *   strided rows did not care from 2 to 16 KiB), then the row. Strided rows stay slower
  *   than memcpy: hardware stream prefetchers do not follow the pattern and
  *   one core keeps only so many misses in flight (256 bytes of every 1024
  *   at ~0.45x, 512 of 1024 at ~0.7-0.8x; bench_host's read probe shows the
@@ -57,7 +59,7 @@
 #define HW_HOST_RUN_PREFETCH_LINES 128u /* page runs: lines ahead, 0 = none */
 #endif
 #ifndef HW_HOST_ROW_PREFETCH_BYTES
-#define HW_HOST_ROW_PREFETCH_BYTES 4096u /* strided rows: bytes of rows ahead, 0 = none */
+#define HW_HOST_ROW_PREFETCH_BYTES 16384u /* token rows: bytes of rows ahead, 0 = none */
 #endif
 #ifndef HW_HOST_ROW_PREFETCH_HINT
 #define HW_HOST_ROW_PREFETCH_HINT 3 /* strided reads: __builtin_prefetch locality */
@@ -86,11 +88,21 @@ typedef void (*hw_host_stream_fn)(uint8_t *dst, const uint8_t *src, uint64_t n);
  * leaves the memory system idle between runs. */
 typedef void (*hw_host_stream4_fn)(uint8_t *const *dst, const uint8_t *const *src, uint64_t n);
 
+typedef struct hw_host_rowpf hw_host_rowpf_t;
+
+/* Moves every part of n token rows of one page, kv the first row's slot
+ * and tok its token index in the copy, stepping the prefetch cursor pf
+ * once per row (hw_host_copy_rows' inner loops, with a store kernel
+ * inlined). */
+typedef void (*hw_host_rows_fn)(const hw_host_copy_t *c, uint8_t *kv, uint64_t n, uint64_t tok,
+                                uint64_t blk_index, hw_host_rowpf_t *pf);
+
 /* How a copy moves its bytes: streaming kernels and the dst alignment they
  * need, or none (plain memcpy). */
 typedef struct hw_host_mover {
     hw_host_stream_fn stream; /* NULL: memcpy only */
     hw_host_stream4_fn stream4;
+    hw_host_rows_fn rows;
     uintptr_t align_mask;
 } hw_host_mover_t;
 
@@ -166,27 +178,6 @@ __attribute__((target("avx512f"))) static void hw_host_stream_avx512(uint8_t *ds
         _mm512_stream_si512((void *)dst, _mm512_loadu_si512((const void *)src));
 }
 #endif
-
-/* The widest streaming kernel this CPU runs within max_vector_bytes, for
- * copies of at least HW_HOST_STREAM_MIN_BYTES; none below. */
-static hw_host_mover_t hw_host_mover_pick(uint64_t payload_bytes, uint32_t max_vector_bytes)
-{
-    hw_host_mover_t m = {0};
-#if HW_HOST_HAVE_STREAM
-    if (payload_bytes < HW_HOST_STREAM_MIN_BYTES)
-        return m;
-    if (max_vector_bytes >= 64 && __builtin_cpu_supports("avx512f"))
-        m = (hw_host_mover_t){hw_host_stream_avx512, hw_host_stream4_avx512, 63};
-    else if (max_vector_bytes >= 32 && __builtin_cpu_supports("avx2"))
-        m = (hw_host_mover_t){hw_host_stream_avx2, hw_host_stream4_avx2, 31};
-    else
-        m = (hw_host_mover_t){hw_host_stream_sse2, hw_host_stream4_sse2, 15};
-#else
-    (void)payload_bytes;
-    (void)max_vector_bytes;
-#endif
-    return m;
-}
 
 /* Copies n bytes: whole lines streamed when the mover streams and dst is
  * aligned for it, the rest with memcpy. */
@@ -364,13 +355,13 @@ static void hw_host_copy_runs(const hw_host_copy_t *c, const hw_host_mover_t *m,
 
 /* The prefetch cursor over token rows: page index, token in page, and the
  * bytes [span_off, span_off + span_len) of each token slot. */
-typedef struct hw_host_rowpf {
+struct hw_host_rowpf {
     const hw_host_copy_t *c;
     uint8_t *pool;
     uint64_t span_off, span_len;
     uint64_t page, t, left;
     uint8_t *row;
-} hw_host_rowpf_t;
+};
 
 static void hw_host_rowpf_seek(hw_host_rowpf_t *k)
 {
@@ -402,6 +393,64 @@ static inline void hw_host_rowpf_step(hw_host_rowpf_t *k)
     }
 }
 
+#if HW_HOST_HAVE_STREAM
+/* hw_host_rows_fn, compiled once per store kernel so that the kernel is
+ * inlined: a fused copy of four one-head parts moves 256 bytes per call of
+ * a kernel pointer otherwise, which cost 5-10% of its bandwidth. */
+#define HW_HOST_PAGE_ROWS(NAME, ATTR, STREAM, MASK)                                         \
+    ATTR static void NAME(const hw_host_copy_t *c, uint8_t *kv, uint64_t n, uint64_t tok,      \
+                          uint64_t blk_index, hw_host_rowpf_t *pf)                             \
+    {                                                                                         \
+        const hw_host_copy_part_t *q = c->parts;                                              \
+        for (uint64_t t = 0; t < n; t++, kv += c->token_bytes, tok++) {                       \
+            hw_host_rowpf_step(pf);                                                           \
+            for (uint64_t k = 0; k < c->nparts; k++) {                                        \
+                const uint64_t row = q[k].row_bytes;                                          \
+                uint8_t *st = q[k].staging + blk_index * q[k].slot_bytes + tok * row;         \
+                uint8_t *dst = c->scatter ? kv + q[k].head_off : st;                          \
+                const uint8_t *src = c->scatter ? st : kv + q[k].head_off;                    \
+                const uint64_t lines =                                                        \
+                    ((uintptr_t)dst & (MASK)) == 0 ? row & ~(uint64_t)(HW_HOST_LINE_BYTES - 1) \
+                                                   : 0;                                       \
+                if (lines > 0)                                                                \
+                    STREAM(dst, src, lines);                                                  \
+                if (lines < row)                                                              \
+                    memcpy(dst + lines, src + lines, (size_t)(row - lines));                  \
+            }                                                                                 \
+        }                                                                                     \
+    }
+HW_HOST_PAGE_ROWS(hw_host_page_rows_sse2, , hw_host_stream_sse2, 15u)
+HW_HOST_PAGE_ROWS(hw_host_page_rows_avx2, __attribute__((target("avx2"))), hw_host_stream_avx2,
+                  31u)
+HW_HOST_PAGE_ROWS(hw_host_page_rows_avx512, __attribute__((target("avx512f"))),
+                  hw_host_stream_avx512, 63u)
+#undef HW_HOST_PAGE_ROWS
+#endif
+
+/* The widest streaming kernel this CPU runs within max_vector_bytes, for
+ * copies of at least HW_HOST_STREAM_MIN_BYTES; none below. */
+static hw_host_mover_t hw_host_mover_pick(uint64_t payload_bytes, uint32_t max_vector_bytes)
+{
+    hw_host_mover_t m = {0};
+#if HW_HOST_HAVE_STREAM
+    if (payload_bytes < HW_HOST_STREAM_MIN_BYTES)
+        return m;
+    if (max_vector_bytes >= 64 && __builtin_cpu_supports("avx512f"))
+        m = (hw_host_mover_t){hw_host_stream_avx512, hw_host_stream4_avx512,
+                              hw_host_page_rows_avx512, 63};
+    else if (max_vector_bytes >= 32 && __builtin_cpu_supports("avx2"))
+        m = (hw_host_mover_t){hw_host_stream_avx2, hw_host_stream4_avx2,
+                              hw_host_page_rows_avx2, 31};
+    else
+        m = (hw_host_mover_t){hw_host_stream_sse2, hw_host_stream4_sse2,
+                              hw_host_page_rows_sse2, 15};
+#else
+    (void)payload_bytes;
+    (void)max_vector_bytes;
+#endif
+    return m;
+}
+
 /* Copies token rows: each token, every part's bytes of its slot, in part
  * order. blk_index is the staging slot index (kv * S + slot_begin + j) of
  * this layer buffer in every part's block. */
@@ -431,6 +480,11 @@ static void hw_host_copy_rows(const hw_host_copy_t *c, const hw_host_mover_t *m,
     for (uint64_t p = 0; done < c->tokens; p++) {
         const uint64_t n = c->tokens - done < ps ? c->tokens - done : ps;
         uint8_t *kv = pool + (uint64_t)c->pages[p] * ps * tb;
+        if (m->rows != NULL) {
+            m->rows(c, kv, n, done, blk_index, &pf);
+            done += n;
+            continue;
+        }
         for (uint64_t t = 0; t < n; t++, kv += tb) {
             hw_host_rowpf_step(&pf);
             for (uint64_t k = 0; k < np; k++) {
