@@ -40,10 +40,10 @@ static void local_fingerprint(kvs_fingerprint_t *out)
     kvs_layout_t lay;
     kvs_error_t err;
     CHECK(kvs_layout_init(&lay, &params, &err) == KVS_OK);
-    kvs__fingerprint(&lay, KVS_PATH_STAGING, out);
+    kvs__fingerprint(&lay, KVS_PATH_STAGING, 0, out);
 }
 
-/* The fields kvs__fingerprint_check compares (spec §7.1), reserved excluded. */
+/* The fields kvs__fingerprint_check compares (spec §7.1): all of them. */
 static bool fingerprint_equal(const kvs_fingerprint_t *a, const kvs_fingerprint_t *b)
 {
     return a->protocol_version == b->protocol_version && a->staging == b->staging &&
@@ -51,7 +51,8 @@ static bool fingerprint_equal(const kvs_fingerprint_t *a, const kvs_fingerprint_
            a->layers == b->layers && a->page_size == b->page_size &&
            a->chunk_tokens == b->chunk_tokens && a->dtype == b->dtype &&
            a->prefill_tp == b->prefill_tp && a->decode_tp == b->decode_tp &&
-           a->prefill_pp == b->prefill_pp && a->decode_pp == b->decode_pp;
+           a->prefill_pp == b->prefill_pp && a->decode_pp == b->decode_pp &&
+           a->app_tag == b->app_tag;
 }
 
 static void check_fingerprint(const kvs_fingerprint_t *theirs, uint32_t short_bytes)

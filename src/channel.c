@@ -21,7 +21,8 @@ int kvs__channel_send(kvs_fabric_t *fab, kvs_conn_t *conn, const kvs_msg_t *msg,
     return rc;
 }
 
-void kvs__fingerprint(const kvs_layout_t *lay, kvs_path_t path, kvs_fingerprint_t *out)
+void kvs__fingerprint(const kvs_layout_t *lay, kvs_path_t path, uint32_t app_tag,
+                      kvs_fingerprint_t *out)
 {
     *out = (kvs_fingerprint_t){
         .protocol_version = KVS_WIRE_VERSION,
@@ -36,6 +37,7 @@ void kvs__fingerprint(const kvs_layout_t *lay, kvs_path_t path, kvs_fingerprint_
         .prefill_pp = lay->prefill_pp,
         .decode_pp = lay->decode_pp,
         .dtype = (uint32_t)lay->dtype, /* bf16 and fp16 share a size, not a format */
+        .app_tag = app_tag,
     };
 }
 
@@ -60,6 +62,9 @@ int kvs__fingerprint_check(const kvs_fingerprint_t *mine, const kvs_fingerprint_
         {"decode TP size (--decode-tp)", mine->decode_tp, theirs->decode_tp},
         {"prefill PP size (--prefill-pp)", mine->prefill_pp, theirs->prefill_pp},
         {"decode PP size (--decode-pp)", mine->decode_pp, theirs->decode_pp},
+        /* What else the application needs both sides to share. */
+        {"application tag (app_tag; kvstage serve: --seed, --requests, --prompt-tokens)",
+         mine->app_tag, theirs->app_tag},
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
         if (f[i].a != f[i].b) {

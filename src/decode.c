@@ -428,7 +428,7 @@ static void kvs__register(kvs_decode_t *d, kvs__dpeer_t *p)
     reg->tp_size = m->cfg.tp_size;
     reg->pp_rank = m->cfg.pp_rank;
     reg->pp_size = m->cfg.pp_size;
-    kvs__fingerprint(d->lay, d->path, &reg->fp);
+    kvs__fingerprint(d->lay, d->path, d->m->cfg.app_tag, &reg->fp);
     reg->ring_addr = d->ring_addr;
     reg->ring_bytes = d->ring_bytes;
     reg->ring_rkey = d->ring_rkey;
@@ -860,7 +860,7 @@ static void kvs__on_ack(kvs_decode_t *d, kvs__dpeer_t *p, int64_t idx,
         p->refused = a->status;
         /* The prefill sends its fingerprint: name the field that differs. */
         kvs_fingerprint_t mine;
-        kvs__fingerprint(d->lay, d->path, &mine);
+        kvs__fingerprint(d->lay, d->path, d->m->cfg.app_tag, &mine);
         char why[200];
         if (a->status != KVS_EFINGERPRINT ||
             kvs__fingerprint_check(&mine, &a->fp, why, sizeof why) == KVS_OK)

@@ -495,7 +495,7 @@ int kvs_prefill_create(kvs_manager_t *m, kvs_prefill_t **out)
     if (path == KVS_PATH_STAGING && lay.prefill_layers != lay.decode_layers && p->ops_cap < 2)
         p->ops_cap = 2; /* a staged chunk's K and V writes go out together */
     p->gathers_cap = p->workers > 0 ? p->workers : 1;
-    kvs__fingerprint(&lay, path, &p->fp);
+    kvs__fingerprint(&lay, path, m->cfg.app_tag, &p->fp);
     p->peers = calloc((size_t)p->ntargets, sizeof *p->peers);
     p->worker_busy = calloc(p->gathers_cap, sizeof *p->worker_busy);
     p->ops = calloc(p->ops_cap, sizeof *p->ops);

@@ -196,7 +196,7 @@ static void wire_put_fingerprint(wire_writer_t *w, const kvs_fingerprint_t *fp)
     wire_put_i64(w, fp->prefill_pp);
     wire_put_i64(w, fp->decode_pp);
     wire_put_u32(w, fp->dtype);
-    wire_put_u32(w, fp->reserved);
+    wire_put_u32(w, fp->app_tag);
 }
 
 static void wire_put_payload(wire_writer_t *w, const kvs_msg_t *msg)
@@ -391,7 +391,7 @@ static void wire_get_fingerprint(wire_reader_t *r, kvs_fingerprint_t *fp)
     fp->prefill_pp = wire_get_i64(r);
     fp->decode_pp = wire_get_i64(r);
     fp->dtype = wire_get_u32(r);
-    fp->reserved = wire_get_u32(r);
+    fp->app_tag = wire_get_u32(r);
 }
 
 /* Reads the payload of a message whose type and payload length are known to

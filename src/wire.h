@@ -46,7 +46,7 @@ typedef struct kvs_fingerprint {
     int64_t total_heads, head_dim, layers, page_size, chunk_tokens;
     int64_t prefill_tp, decode_tp, prefill_pp, decode_pp; /* the layout's four sizes */
     uint32_t dtype;
-    uint32_t reserved;
+    uint32_t app_tag;          /* kvs_manager_config_t.app_tag */
 } kvs_fingerprint_t;
 
 typedef struct kvs_msg_register {

@@ -93,7 +93,7 @@ static void test_channel_fingerprint_fills_each_field(void **state)
     kvs_layout_t lay = layout_sample();
     kvs_fingerprint_t fp;
     memset(&fp, 0xA5, sizeof fp);
-    kvs__fingerprint(&lay, KVS_PATH_STAGING, &fp);
+    kvs__fingerprint(&lay, KVS_PATH_STAGING, 0, &fp);
     assert_int_equal(fp.protocol_version, KVS_WIRE_VERSION);
     assert_int_equal(fp.staging, (uint32_t)KVS_PATH_STAGING);
     assert_int_equal(fp.total_heads, 8);
@@ -106,11 +106,11 @@ static void test_channel_fingerprint_fills_each_field(void **state)
     assert_int_equal(fp.prefill_pp, 2);
     assert_int_equal(fp.decode_pp, 1);
     assert_int_equal(fp.dtype, KVS_DTYPE_FP32); /* the format, not its size */
-    assert_int_equal(fp.reserved, 0);
+    assert_int_equal(fp.app_tag, 0);
 
-    kvs__fingerprint(&lay, KVS_PATH_DIRECT, &fp);
+    kvs__fingerprint(&lay, KVS_PATH_DIRECT, 0, &fp);
     assert_int_equal(fp.staging, (uint32_t)KVS_PATH_DIRECT);
-    kvs__fingerprint(&lay, KVS_PATH_SLICE, &fp);
+    kvs__fingerprint(&lay, KVS_PATH_SLICE, 0, &fp);
     assert_int_equal(fp.staging, (uint32_t)KVS_PATH_SLICE);
 }
 
@@ -118,13 +118,16 @@ static void test_channel_fingerprint_check_equal_is_ok(void **state)
 {
     kvs_layout_t lay = layout_sample();
     kvs_fingerprint_t a, b;
-    kvs__fingerprint(&lay, KVS_PATH_STAGING, &a);
-    kvs__fingerprint(&lay, KVS_PATH_STAGING, &b);
+    kvs__fingerprint(&lay, KVS_PATH_STAGING, 0, &a);
+    kvs__fingerprint(&lay, KVS_PATH_STAGING, 0, &b);
     char why[256] = "untouched";
     assert_int_equal(kvs__fingerprint_check(&a, &b, why, sizeof why), KVS_OK);
     assert_string_equal(why, "untouched");
-    /* reserved is not compared */
-    b.reserved = 77;
+    /* the application tag is carried as given */
+    kvs__fingerprint(&lay, KVS_PATH_STAGING, 0x5eed, &b);
+    assert_int_equal(b.app_tag, 0x5eed);
+    b.app_tag = 0x5eed;
+    a.app_tag = 0x5eed;
     assert_int_equal(kvs__fingerprint_check(&a, &b, why, sizeof why), KVS_OK);
 }
 
@@ -134,7 +137,7 @@ static void test_channel_fingerprint_check_names_each_field(void **state)
 {
     kvs_layout_t lay = layout_sample();
     kvs_fingerprint_t mine;
-    kvs__fingerprint(&lay, KVS_PATH_STAGING, &mine);
+    kvs__fingerprint(&lay, KVS_PATH_STAGING, 0, &mine);
     const struct {
         const char *name;
         long long mine, theirs;
@@ -151,6 +154,7 @@ static void test_channel_fingerprint_check_names_each_field(void **state)
         {"decode TP size (--decode-tp)", 2, 1},
         {"prefill PP size (--prefill-pp)", 2, 1},
         {"decode PP size (--decode-pp)", 1, 2},
+        {"application tag (app_tag; kvstage serve: --seed", 0, 7},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kvs_fingerprint_t theirs = mine;
@@ -166,7 +170,8 @@ static void test_channel_fingerprint_check_names_each_field(void **state)
         case 8: theirs.prefill_tp = cases[i].theirs; break;
         case 9: theirs.decode_tp = cases[i].theirs; break;
         case 10: theirs.prefill_pp = cases[i].theirs; break;
-        default: theirs.decode_pp = cases[i].theirs; break;
+        case 11: theirs.decode_pp = cases[i].theirs; break;
+        default: theirs.app_tag = (uint32_t)cases[i].theirs; break;
         }
         char why[256] = "";
         assert_int_equal(kvs__fingerprint_check(&mine, &theirs, why, sizeof why),
@@ -184,7 +189,7 @@ static void test_channel_fingerprint_check_reports_first_difference(void **state
 {
     kvs_layout_t lay = layout_sample();
     kvs_fingerprint_t mine, theirs;
-    kvs__fingerprint(&lay, KVS_PATH_STAGING, &mine);
+    kvs__fingerprint(&lay, KVS_PATH_STAGING, 0, &mine);
     theirs = mine;
     theirs.page_size = 64;
     theirs.total_heads = 32;
@@ -206,7 +211,7 @@ static void test_channel_fingerprint_check_truncates_why(void **state)
 {
     kvs_layout_t lay = layout_sample();
     kvs_fingerprint_t mine, theirs;
-    kvs__fingerprint(&lay, KVS_PATH_STAGING, &mine);
+    kvs__fingerprint(&lay, KVS_PATH_STAGING, 0, &mine);
     theirs = mine;
     theirs.layers = 1;
     char why[12];

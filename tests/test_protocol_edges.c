@@ -108,6 +108,7 @@ typedef struct edge_opts {
     bool odd_slice;                  /* staging off, slice path */
     int64_t odd_pp;                  /* 0: same; else stage 0 of this many (its layers) */
     int64_t odd_decode_tp;           /* 0: same; else the decode TP they believe in */
+    uint32_t odd_app_tag;            /* their kvs_manager_config_t.app_tag (others 0) */
     sim_net_config_t net;
     sim_gpu_config_t gpu;            /* of every rank; hbm_bytes 0 -> 64 MiB */
 } edge_opts_t;
@@ -376,7 +377,7 @@ static int edge_node_manager(edge_cluster_t *cl, edge_node_t *n, uint64_t sessio
         .ring_max_live = o->ring_max_live, .transfer_workers = o->transfer_workers,
         .path = odd && o->odd_slice ? KVS_PATH_SLICE : o->path, .max_rooms = o->max_rooms,
         .max_inflight_writes = o->max_inflight_writes,
-        .session_id = session,
+        .session_id = session, .app_tag = odd ? o->odd_app_tag : 0,
         .log = {.fn = edge_log, .user = n, .level = getenv("EDGE_LOG") != NULL ? KVS_LOG_DEBUG : KVS_LOG_WARN}};
     kvs_error_t err = {0};
     int rc = kvs_manager_create(&mc, sim_gpu_device(n->gpu), sim_nic_fabric(n->nic), &n->m, &err);
@@ -844,7 +845,7 @@ static kvs_msg_t edge_register_msg(edge_cluster_t *cl)
     g->tp_size = cl->o.decode_tp;
     g->pp_rank = 0;
     g->pp_size = 1;
-    kvs__fingerprint(kvs_manager_layout(d->m), kvs_manager_path(d->m), &g->fp);
+    kvs__fingerprint(kvs_manager_layout(d->m), kvs_manager_path(d->m), 0, &g->fp);
     g->ring_addr = addr;
     g->ring_bytes = len;
     g->ring_rkey = rkey;
@@ -1160,6 +1161,20 @@ static void test_protocol_edges_fingerprint_mismatch(void **state)
     o.odd_decode_tp = 4;
     cl = edge_create(&o);
     edge_expect_refused(cl, 1, 1, "decode TP size (--decode-tp) differs: this side 4, peer 1");
+    edge_destroy(cl);
+
+    /* Same shape, another application tag (kvstage serve: other workload
+     * flags): refused by name on both sides instead of failing requests. */
+    o = edge_defaults();
+    o.odd_rank = -2;
+    o.odd_app_tag = 0xfeed;
+    cl = edge_create(&o);
+    edge_expect_refused(cl, 0, -1, "application tag (app_tag; kvstage serve: --seed, "
+                                   "--requests, --prompt-tokens) differs: this side 65261, "
+                                   "peer 0");
+    assert_non_null(strstr(kvs_manager_last_error(edge_decode(cl, 0)->m)->msg,
+                           "application tag (app_tag; kvstage serve: --seed, --requests, "
+                           "--prompt-tokens) differs: this side 0, peer 65261"));
     edge_destroy(cl);
 }
 
@@ -2481,7 +2496,7 @@ static void test_protocol_edges_hostile_direct_fields(void **state)
                                      .pp_size = 1, .local_heads = d->heads,
                                      .num_pages = EDGE_POOL_PAGES,
                                      .layers_total = d->layers};
-    kvs__fingerprint(kvs_manager_layout(d->m), kvs_manager_path(d->m), &reg.u.reg.fp);
+    kvs__fingerprint(kvs_manager_layout(d->m), kvs_manager_path(d->m), 0, &reg.u.reg.fp);
     edge_send(cl, dfab, dc, &reg);
     kvs_msg_t lm = {.type = KVS_MSG_LAYERS};
     lm.u.layers = (kvs_msg_layers_t){.session = ds, .first = 0, .count = (uint32_t)d->layers};
@@ -2683,7 +2698,7 @@ static void test_protocol_edges_hostile_direct_geometry(void **state)
     reg.u.reg = (kvs_msg_register_t){.session = 0xbad5e55u, .tp_rank = 0, .tp_size = 1,
                                      .pp_rank = 0, .pp_size = 1, .local_heads = d->heads,
                                      .num_pages = EDGE_POOL_PAGES, .layers_total = d->layers};
-    kvs__fingerprint(kvs_manager_layout(d->m), kvs_manager_path(d->m), &reg.u.reg.fp);
+    kvs__fingerprint(kvs_manager_layout(d->m), kvs_manager_path(d->m), 0, &reg.u.reg.fp);
     kvs_msg_t bad = reg;
     bad.u.reg.local_heads = d->heads / 2;
     edge_send(cl, x.fab, xc, &bad);
@@ -3120,7 +3135,7 @@ static void test_protocol_edges_hostile_register_pool_overflow(void **state)
     m.u.reg = (kvs_msg_register_t){.session = 0xbad5e55u, .tp_rank = 0, .tp_size = 1,
                                    .pp_rank = 0, .pp_size = 1, .local_heads = d->heads,
                                    .num_pages = INT64_MAX, .layers_total = d->layers};
-    kvs__fingerprint(kvs_manager_layout(d->m), kvs_manager_path(d->m), &m.u.reg.fp);
+    kvs__fingerprint(kvs_manager_layout(d->m), kvs_manager_path(d->m), 0, &m.u.reg.fp);
     edge_send(cl, x.fab, xc, &m);
     edge_run(cl);
     kvs_msg_t got[4];

@@ -61,7 +61,7 @@ static kvs_msg_t sample_msg(kvs_msg_type_t type, uint32_t count, uint64_t seed)
         p->fp.prefill_pp = next_i64(&s);
         p->fp.decode_pp = -3;
         p->fp.dtype = UINT32_MAX;
-        p->fp.reserved = next_u32(&s);
+        p->fp.app_tag = next_u32(&s);
         p->ring_addr = next_u64(&s);
         p->ring_bytes = next_u64(&s);
         p->ring_rkey = next_u64(&s);
@@ -103,7 +103,7 @@ static kvs_msg_t sample_msg(kvs_msg_type_t type, uint32_t count, uint64_t seed)
         p->fp.prefill_pp = -1;
         p->fp.decode_pp = next_i64(&s);
         p->fp.dtype = next_u32(&s);
-        p->fp.reserved = next_u32(&s);
+        p->fp.app_tag = next_u32(&s);
         break;
     }
     case KVS_MSG_ROOM: {
@@ -311,7 +311,7 @@ static void assert_fp_equal(const kvs_fingerprint_t *a, const kvs_fingerprint_t 
     assert_int_equal(a->prefill_pp, b->prefill_pp);
     assert_int_equal(a->decode_pp, b->decode_pp);
     assert_int_equal(a->dtype, b->dtype);
-    assert_int_equal(a->reserved, b->reserved);
+    assert_int_equal(a->app_tag, b->app_tag);
 }
 
 /* Field by field (padding is not part of a message). */

@@ -326,6 +326,17 @@ static int cli_serve_workload(cli_serve_input_t *in, int64_t **tokens, int64_t *
     in->plan.tokens = *tokens;
     in->plan.first_page = *first;
     in->plan.pool_pages = pages;
+    /* FNV-1a over the request count and every prompt length: what the
+     * two processes must agree on beyond the shape. Another --seed,
+     * --requests or --prompt-tokens then fails the registration by name
+     * (KVS_EFINGERPRINT) instead of failing requests. */
+    uint32_t h = 2166136261u;
+    for (int64_t i = -1; i < in->requests; i++) {
+        const uint64_t v = (uint64_t)(i < 0 ? in->requests : (*tokens)[i]);
+        for (int b = 0; b < 64; b += 8)
+            h = (h ^ (uint8_t)(v >> b)) * 16777619u;
+    }
+    in->plan.workload_tag = h;
     return 0;
 }
 

@@ -230,6 +230,7 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
         .chunk_tokens = l->chunk_tokens, .ring_bytes = pl->ring_bytes,
         .transfer_workers = pl->transfer_workers,
         .max_rooms = 2 * pl->max_inflight + 16, .stall_timeout_ns = pl->stall_timeout_ns,
+        .app_tag = pl->workload_tag,
         .log = {.fn = NULL, .level = KVS_LOG_ERROR}};
     rc = kvs_manager_create(&mc, c->dev, c->fab, &c->m, &err);
     if (rc != KVS_OK)

@@ -49,6 +49,9 @@ typedef struct cli_serve_plan {
     uint64_t fail_write;        /* prefill rank (0, 0): spoil this write (1-based), 0: none */
     uint64_t timeout_ns;        /* give up when the run is not over by then */
     uint64_t linger_ns;         /* keep serving the peer this long after the end */
+    uint32_t workload_tag;      /* hash of requests and prompt lengths: the
+                                   managers' app_tag, so both processes must
+                                   run the same workload */
 } cli_serve_plan_t;
 
 /* One rank and, after cli_serve_rank_run, what it saw. */

@@ -444,6 +444,12 @@ typedef struct kvs_manager_config {
     void (*trace)(void *ctx, const char *what, uint64_t room, int64_t chunk,
                   uint64_t start_ns, uint64_t end_ns);
     void *trace_ctx;
+    /* The application's own tag, 0 by default: both sides must agree on it
+     * or the registration is refused with KVS_EFINGERPRINT, as for the
+     * model shape. Put in it a hash of whatever else the application needs
+     * both sides to share (kvstage serve: its workload flags), so that a
+     * mismatch is refused by name instead of failing requests. */
+    uint32_t app_tag;
 } kvs_manager_config_t;
 
 /* Per layer K and V base device addresses of this rank's KV pool, laid out

@@ -2,7 +2,7 @@
 # test_serve.sh - `kvstage serve` end to end over RDMA: a prefill process and
 # a decode process (separate processes, each running all ranks of its side)
 # move a seeded workload through the kvstage protocol and the decode checks
-# every byte against the pattern the prefill wrote. Six runs:
+# every byte against the pattern the prefill wrote. Seven runs:
 #   1. P=2 -> D=1 (two writers per decode region), all requests ok
 #   2. P=1 -> D=2 (one prefill rank feeding two decode ranks), all ok
 #   3. P=2 -> D=1 with the prefill's 3rd RDMA write spoiled (bad remote key):
@@ -15,6 +15,8 @@
 #      its one prefill rank (which feeds two decode ranks), all ok
 #   6. the two processes given different --prefill-pp: both stop at once
 #      (the registration is refused, no time-out), exit 1 and name the flag
+#   7. the same shape with different --seed (other prompt lengths): refused
+#      the same way, naming --seed, instead of failing requests
 # Usage: test_serve.sh KVSTAGE_BINARY   (needs an RDMA device: ctest runs it
 # through run-in-vm.sh; KVS_VERBS_ADDR is the address to use, default the
 # VM's 192.0.2.1). Exits 0 when every check passes.
@@ -25,18 +27,19 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 failures=0
 shape=(--kv-heads 4 --head-dim 32 --layers 2 --page-size 16 --chunk-tokens 64
-       --requests 12 --prompt-tokens 32:192 --seed 7 --ring-mib 1 --timeout-s 60 --json)
+       --requests 12 --prompt-tokens 32:192 --ring-mib 1 --timeout-s 60 --json)
+seed=(--seed 7) # run() passes it to both; refused() takes each side's own
 
 # run NAME PORT "PREFILL FLAGS" "DECODE FLAGS" EXPECT_FAILED
 run() {
   local name=$1 port=$2 pflags=$3 dflags=$4 expect=$5 t0 prc drc
   t0=$(date +%s.%N)
   # shellcheck disable=SC2086
-  "$kvstage" serve --role prefill --listen "$addr:$port" "${shape[@]}" $pflags \
+  "$kvstage" serve --role prefill --listen "$addr:$port" "${shape[@]}" "${seed[@]}" $pflags \
     --expect-failed "$expect" >"$work/$name.prefill.json" 2>"$work/$name.prefill.err" &
   local ppid=$!
   # shellcheck disable=SC2086
-  "$kvstage" serve --role decode --peer "$addr:$port" "${shape[@]}" $dflags \
+  "$kvstage" serve --role decode --peer "$addr:$port" "${shape[@]}" "${seed[@]}" $dflags \
     --expect-failed "$expect" >"$work/$name.decode.json" 2>"$work/$name.decode.err"
   drc=$?
   wait "$ppid"
@@ -72,8 +75,9 @@ PY
 }
 
 # refused NAME PORT "PREFILL FLAGS" "DECODE FLAGS" FLAG: the processes were
-# given different shapes. Both must exit 1 with the refusal's status
-# (KVS_EFINGERPRINT, not KVS_ETIMEDOUT: they stop at once) naming FLAG.
+# given different shapes or workloads (each side's flags carry its --seed).
+# Both must exit 1 with the refusal's status (KVS_EFINGERPRINT, not
+# KVS_ETIMEDOUT: they stop at once) naming FLAG.
 refused() {
   local name=$1 port=$2 pflags=$3 dflags=$4 flag=$5 t0 prc drc bad=""
   t0=$(date +%s.%N)
@@ -111,6 +115,9 @@ pp21="--prefill-tp 2 --decode-tp 1 --prefill-pp 2 --decode-pp 1"
 run pp2d1 18575 "$pp21" "$pp21" 0
 pp22="--prefill-tp 1 --decode-tp 2 --prefill-pp 2 --decode-pp 2"
 run pp2d2 18595 "$pp22" "$pp22" 0
-refused ppdiffer 18615 "$pp21" "--prefill-tp 2 --decode-tp 1" --prefill-pp
-echo "test_serve: $failures of 6 runs failed"
+refused ppdiffer 18615 "$pp21 --seed 7" "--prefill-tp 2 --decode-tp 1 --seed 7" --prefill-pp
+# Same shape, another workload: refused by name, not as failed requests.
+refused workdiffer 18635 "--prefill-tp 2 --decode-tp 1 --seed 1" \
+  "--prefill-tp 2 --decode-tp 1 --seed 2" --seed
+echo "test_serve: $failures of 7 runs failed"
 [ "$failures" = 0 ]
