@@ -63,7 +63,7 @@ int kvs__fingerprint_check(const kvs_fingerprint_t *mine, const kvs_fingerprint_
         {"prefill PP size (--prefill-pp)", mine->prefill_pp, theirs->prefill_pp},
         {"decode PP size (--decode-pp)", mine->decode_pp, theirs->decode_pp},
         /* What else the application needs both sides to share. */
-        {"application tag (app_tag; kvstage serve: --seed, --requests, --prompt-tokens)",
+        {"application tag (app_tag; serve: --seed/--requests/--prompt-tokens)",
          mine->app_tag, theirs->app_tag},
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {

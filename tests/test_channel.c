@@ -154,7 +154,7 @@ static void test_channel_fingerprint_check_names_each_field(void **state)
         {"decode TP size (--decode-tp)", 2, 1},
         {"prefill PP size (--prefill-pp)", 2, 1},
         {"decode PP size (--decode-pp)", 1, 2},
-        {"application tag (app_tag; kvstage serve: --seed", 0, 7},
+        {"application tag (app_tag; serve: --seed/--requests/--prompt-tokens)", 0, 7},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kvs_fingerprint_t theirs = mine;
@@ -205,6 +205,22 @@ static void test_channel_fingerprint_check_reports_first_difference(void **state
     assert_int_equal(kvs__fingerprint_check(&mine, &theirs, why, sizeof why),
                      KVS_EFINGERPRINT);
     assert_non_null(strstr(why, "peer -5"));
+}
+
+/* The longest field name with the widest values fits the prefill's
+ * 160-byte reason whole: the advice at its end is not cut. */
+static void test_channel_fingerprint_check_app_tag_fits(void **state)
+{
+    kvs_layout_t lay = layout_sample();
+    kvs_fingerprint_t mine, theirs;
+    kvs__fingerprint(&lay, KVS_PATH_STAGING, UINT32_MAX - 1, &mine);
+    kvs__fingerprint(&lay, KVS_PATH_STAGING, UINT32_MAX, &theirs);
+    char why[160];
+    assert_int_equal(kvs__fingerprint_check(&mine, &theirs, why, sizeof why),
+                     KVS_EFINGERPRINT);
+    const char *tail = "run both sides with the same setting";
+    assert_true(strlen(why) >= strlen(tail));
+    assert_string_equal(why + strlen(why) - strlen(tail), tail);
 }
 
 static void test_channel_fingerprint_check_truncates_why(void **state)
@@ -365,6 +381,7 @@ int main(void)
         cmocka_unit_test(test_channel_fingerprint_check_equal_is_ok),
         cmocka_unit_test(test_channel_fingerprint_check_names_each_field),
         cmocka_unit_test(test_channel_fingerprint_check_reports_first_difference),
+        cmocka_unit_test(test_channel_fingerprint_check_app_tag_fits),
         cmocka_unit_test(test_channel_fingerprint_check_truncates_why),
         cmocka_unit_test(test_channel_send_encodes_and_counts),
         cmocka_unit_test(test_channel_send_without_stats),

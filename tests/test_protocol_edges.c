@@ -1169,12 +1169,13 @@ static void test_protocol_edges_fingerprint_mismatch(void **state)
     o.odd_rank = -2;
     o.odd_app_tag = 0xfeed;
     cl = edge_create(&o);
-    edge_expect_refused(cl, 0, -1, "application tag (app_tag; kvstage serve: --seed, "
-                                   "--requests, --prompt-tokens) differs: this side 65261, "
-                                   "peer 0");
+    edge_expect_refused(cl, 0, -1, "application tag (app_tag; serve: --seed/--requests/"
+                                   "--prompt-tokens) differs: this side 65261, peer 0; run "
+                                   "both sides with the same setting");
     assert_non_null(strstr(kvs_manager_last_error(edge_decode(cl, 0)->m)->msg,
-                           "application tag (app_tag; kvstage serve: --seed, --requests, "
-                           "--prompt-tokens) differs: this side 0, peer 65261"));
+                           "application tag (app_tag; serve: --seed/--requests/"
+                           "--prompt-tokens) differs: this side 0, peer 65261; run both "
+                           "sides with the same setting"));
     edge_destroy(cl);
 }
 
