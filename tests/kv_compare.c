@@ -54,6 +54,7 @@ kvc_shape_t kvc_random_shape(uint64_t *rng, int64_t max_pool_pages)
     s.layer_count = kvc_pick(rng, 0, s.pool_layers - s.layer_begin);
     s.slot_begin = kvc_pick(rng, 0, 2);
     s.slots = s.slot_begin + s.layer_count + kvc_pick(rng, 0, 2);
+    s.parts = kvc_pick(rng, 0, 2) == 0 ? kvc_pick(rng, 1, s.num_heads) : 0;
     return s;
 }
 
@@ -135,13 +136,40 @@ static kvs_copy_desc_t kvc_desc(const kvc_shape_t *sh, const kvc_pool_t *p,
     };
 }
 
-/* Runs one copy on a side and waits for it. */
-static int kvc_run(const kvc_side_t *s, const kvs_copy_desc_t *d, int scatter, char *msg,
-                   size_t n)
+/* The fused copy of sh->parts parts: part k holds heads [head_start + k *
+ * num_heads / n, head_start + (k + 1) * num_heads / n) and the slice of the
+ * staging block after the parts before it; listed last first when `reverse`. */
+static int64_t kvc_parts(const kvc_shape_t *sh, const kvs_copy_desc_t *d, int reverse,
+                         kvs_copy_part_t *out)
+{
+    const int64_t n = sh->parts, hb = (int64_t)kvc_head_bytes(sh);
+    uint64_t off = 0;
+    for (int64_t k = 0; k < n; k++) {
+        const int64_t lo = sh->num_heads * k / n, hi = sh->num_heads * (k + 1) / n;
+        out[reverse ? n - 1 - k : k] = (kvs_copy_part_t){
+            .head_start = sh->head_start + lo, .num_heads = hi - lo,
+            .staging_addr = d->staging_addr + off};
+        off += (uint64_t)(sh->tokens * (hi - lo) * sh->slots * 2 * hb);
+    }
+    return n;
+}
+
+/* Runs one copy (or the fused copy of sh->parts parts) on a side and waits
+ * for it. */
+static int kvc_run(const kvc_side_t *s, const kvc_shape_t *sh, const kvs_copy_desc_t *d,
+                   int scatter, int reverse, char *msg, size_t n)
 {
     kvs_device_t *dev = s->dev;
     kvs_event_t *ev = NULL;
-    int rc = scatter ? dev->ops.scatter(dev, s->stream, d) : dev->ops.gather(dev, s->stream, d);
+    kvs_copy_part_t parts[KVC_MAX_PARTS];
+    int rc;
+    if (sh->parts > 0) {
+        const int64_t np = kvc_parts(sh, d, reverse, parts);
+        rc = scatter ? dev->ops.scatter_parts(dev, s->stream, d, parts, np)
+                     : dev->ops.gather_parts(dev, s->stream, d, parts, np);
+    } else {
+        rc = scatter ? dev->ops.scatter(dev, s->stream, d) : dev->ops.gather(dev, s->stream, d);
+    }
     if (rc == KVS_OK)
         rc = dev->ops.event_record(dev, s->stream, &ev);
     if (rc == KVS_OK)
@@ -149,8 +177,9 @@ static int kvc_run(const kvc_side_t *s, const kvs_copy_desc_t *d, int scatter, c
     if (ev != NULL)
         dev->ops.event_destroy(dev, ev);
     if (rc != KVS_OK)
-        return kvc_fail(msg, n, "%s: %s failed: %s (%s)", dev->name,
-                        scatter ? "scatter" : "gather", kvs_status_name(rc),
+        return kvc_fail(msg, n, "%s: %s%s failed: %s (%s)", dev->name,
+                        scatter ? "scatter" : "gather", sh->parts > 0 ? "_parts" : "",
+                        kvs_status_name(rc),
                         dev->last_backend_msg);
     return 0;
 }
@@ -180,6 +209,10 @@ int kvc_compare(const kvc_side_t *a, const kvc_side_t *b, const kvc_shape_t *sh,
     if (sh->pool_layers > KVC_MAX_LAYERS)
         return kvc_fail(msg, msg_bytes, "shape has %lld pool layers, at most %d",
                         (long long)sh->pool_layers, KVC_MAX_LAYERS);
+    if (sh->parts < 0 || sh->parts > KVC_MAX_PARTS || sh->parts > sh->num_heads)
+        return kvc_fail(msg, msg_bytes, "shape has %lld parts for %lld heads, at most %d",
+                        (long long)sh->parts, (long long)sh->num_heads, KVC_MAX_PARTS);
+    const int reverse = (int)(seed & 1);
     uint64_t rng = seed | 1;
     const uint64_t lb = kvc_layer_bytes(sh), sb = kvc_stg_bytes(sh);
     const int64_t num_pages = (sh->tokens + sh->page_size - 1) / sh->page_size;
@@ -223,7 +256,8 @@ int kvc_compare(const kvc_side_t *a, const kvc_side_t *b, const kvc_shape_t *sh,
         goto out;
     /* Gather: staging blocks must agree (untouched slots included). */
     kvs_copy_desc_t da = kvc_desc(sh, &pa, perm), db = kvc_desc(sh, &pb, perm);
-    if (kvc_run(a, &da, 0, msg, msg_bytes) != 0 || kvc_run(b, &db, 0, msg, msg_bytes) != 0 ||
+    if (kvc_run(a, sh, &da, 0, reverse, msg, msg_bytes) != 0 ||
+        kvc_run(b, sh, &db, 0, reverse, msg, msg_bytes) != 0 ||
         kvc_same(a, pa.stg, b, pb.stg, sb, buf_a, buf_b, "staging block after gather", msg,
                  msg_bytes) != 0)
         goto out;
@@ -235,7 +269,8 @@ int kvc_compare(const kvc_side_t *a, const kvc_side_t *b, const kvc_shape_t *sh,
         kvc_fail(msg, msg_bytes, "writing the scatter's staging block failed");
         goto out;
     }
-    if (kvc_run(a, &da, 1, msg, msg_bytes) != 0 || kvc_run(b, &db, 1, msg, msg_bytes) != 0)
+    if (kvc_run(a, sh, &da, 1, reverse, msg, msg_bytes) != 0 ||
+        kvc_run(b, sh, &db, 1, reverse, msg, msg_bytes) != 0)
         goto out;
     for (int64_t l = 0; l < sh->pool_layers; l++)
         for (int kv = 0; kv < 2; kv++) {

@@ -3,7 +3,8 @@
  * and compares every byte: identical random KV pools and staging blocks are
  * written to both through mem_write, the copies run on each side's stream,
  * and staging blocks (after gather) and whole layer buffers (after scatter)
- * are read back with mem_read and compared. Backend-neutral: the host
+ * are read back with mem_read and compared; as one op or as a fused copy of
+ * several parts (kvc_shape_t.parts). Backend-neutral: the host
  * backend against the simulated GPU here, the CUDA backend against the host
  * backend on a GPU machine (tests/cuda/).
  */
@@ -31,7 +32,14 @@ typedef struct kvc_shape {
     int64_t page_size, tokens, local_heads, head_start, num_heads, head_dim, elem_bytes;
     int64_t pool_layers, layer_begin, layer_count, slots, slot_begin;
     int64_t pool_pages; /* pages in every layer buffer, >= pages the tokens use */
+    int64_t parts;      /* 0: one gather / scatter; n in [1, min(num_heads,
+                           KVC_MAX_PARTS)]: gather_parts / scatter_parts of n
+                           parts splitting the heads, each with its own slice
+                           of the staging block, in reverse order for odd
+                           seeds (what the engine calls) */
 } kvc_shape_t;
+
+#define KVC_MAX_PARTS 64
 
 /* A valid random shape with at most max_pool_pages pages per buffer. */
 kvc_shape_t kvc_random_shape(uint64_t *rng, int64_t max_pool_pages);
