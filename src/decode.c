@@ -763,17 +763,27 @@ static void kvs__scatter(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
             n = 0;
         }
     }
-    if (rc == KVS_OK)
-        rc = kvs__dev_event_record(d->dev, d->stream, &c->event);
-    if (rc != KVS_OK || !kvs__dq_push(&d->scatters, r->id, chunk)) {
-        if (c->event != NULL)
-            kvs__dev_event_destroy(d->dev, c->event);
-        c->event = NULL;
+    /* The event is recorded even after a refused copy: one refused part-way
+     * may have left its first parts enqueued (the core's default copy runs
+     * one op per part), and the region must stay allocated until they ran. */
+    const int copy_rc = rc;
+    rc = kvs__dev_event_record(d->dev, d->stream, &c->event);
+    if (rc == KVS_OK && !kvs__dq_push(&d->scatters, r->id, chunk))
+        rc = KVS_EFULL;
+    if (rc != KVS_OK || copy_rc != KVS_OK) {
+        const int why = copy_rc != KVS_OK ? copy_rc : rc;
         kvs__log(&m->log, KVS_LOG_ERROR, "decode %lld: scatter of room %llu chunk %lld "
                  "failed: %s", (long long)d->rank, (unsigned long long)r->id,
-                 (long long)chunk, kvs_strerror(rc != KVS_OK ? rc : KVS_EFULL));
-        kvs__room_fail(d, r, rc != KVS_OK ? rc : KVS_EFULL);
-        return; /* the region stays allocated until every writer reported */
+                 (long long)chunk, kvs_strerror(why));
+        if (rc == KVS_OK) {
+            c->state = KVS__DCH_SCATTERING; /* freed when the event completes */
+        } else {
+            if (c->event != NULL)
+                kvs__dev_event_destroy(d->dev, c->event);
+            c->event = NULL; /* the region stays allocated until every writer reported */
+        }
+        kvs__room_fail(d, r, why);
+        return;
     }
     c->state = KVS__DCH_SCATTERING;
     d->stats.copies++;

@@ -1037,15 +1037,20 @@ static bool kvs__gather_chunk(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int6
         .pages = r->pages + c->token_start / ps, .num_pages = kvs__ceil_div(c->tokens, ps),
         .tokens = c->tokens, .layer_begin = 0, .layer_count = p->lay->prefill_layers,
         .staging_slot_begin = 0, .staging_layer_slots = p->lay->prefill_layers};
-    int rc = kvs__dev_gather_parts(p->dev, p->stream, &desc, p->fuse_parts, n);
-    /* One event per chunk, each complete when the fused copy is. */
+    const int copy_rc = kvs__dev_gather_parts(p->dev, p->stream, &desc, p->fuse_parts, n);
+    /* One event per chunk, each complete when the fused copy is. Recorded
+     * after a refused copy too: one refused part-way may have left its first
+     * parts enqueued (the core's default copy runs one op per part), and
+     * their buffers must stay busy until those ran (kvs__reap_gathers frees
+     * them, the room having failed). */
+    int rc = KVS_OK;
     for (int64_t k = 0; k < n && rc == KVS_OK; k++)
         rc = kvs__dev_event_record(p->dev, p->stream, &p->fuse_events[k]);
     if (rc != KVS_OK) {
         for (int64_t k = 0; k < n; k++)
             if (p->fuse_events[k] != NULL)
                 kvs__dev_event_destroy(p->dev, p->fuse_events[k]);
-        kvs__room_fail(p, r, rc);
+        kvs__room_fail(p, r, copy_rc != KVS_OK ? copy_rc : rc);
         return false;
     }
     for (int64_t k = 0; k < n; k++) {
@@ -1055,13 +1060,17 @@ static bool kvs__gather_chunk(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int6
         cg->worker = p->fuse_workers[k];
         cg->event = p->fuse_events[k];
         cg->state = KVS__PCH_GATHER;
-        if (cg->waited && m->cfg.trace != NULL)
+        if (copy_rc == KVS_OK && cg->waited && m->cfg.trace != NULL)
             m->cfg.trace(m->cfg.trace_ctx, "wait-for-watermark", r->id, i, cg->wait_ns,
                          kvs__now(p));
         p->gathers[(p->gathers_head + p->gathers_count) % p->gathers_cap] =
             (kvs__pgather_t){r->id, (int32_t)g, i};
         p->gathers_count++;
-        p->stats.copies++;
+        p->stats.copies += copy_rc == KVS_OK;
+    }
+    if (copy_rc != KVS_OK) {
+        kvs__room_fail(p, r, copy_rc);
+        return false;
     }
     return true;
 }

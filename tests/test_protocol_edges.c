@@ -2305,6 +2305,9 @@ typedef struct edge_parts_shim {
     int (*scatter_parts)(kvs_device_t *, kvs_stream_t *, const kvs_copy_desc_t *,
                          const kvs_copy_part_t *, int64_t);
     uint64_t ops, parts, most_parts;
+    int refuse_part_way; /* > 0: the next that many ops enqueue their first
+                            part only, then fail (a default copy refused
+                            at its second part) */
 } edge_parts_shim_t;
 
 static edge_parts_shim_t edge_shim; /* test-local: the shim's callbacks get only dev */
@@ -2318,18 +2321,31 @@ static void edge_shim_count(kvs_device_t *dev, int64_t nparts)
         edge_shim.most_parts = (uint64_t)nparts;
 }
 
+/* The shim's op: the device's, or its first part only and a failure. */
+static int edge_shim_run(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d,
+                         const kvs_copy_part_t *parts, int64_t nparts, bool scatter)
+{
+    edge_shim_count(dev, nparts);
+    int (*op)(kvs_device_t *, kvs_stream_t *, const kvs_copy_desc_t *,
+              const kvs_copy_part_t *, int64_t) =
+        scatter ? edge_shim.scatter_parts : edge_shim.gather_parts;
+    if (edge_shim.refuse_part_way == 0 || nparts < 2)
+        return op(dev, s, d, parts, nparts);
+    edge_shim.refuse_part_way--;
+    assert_int_equal(op(dev, s, d, parts, 1), KVS_OK);
+    return kvs_device_fail(dev, KVS_EBACKEND, 0, "edge shim: part 1 refused");
+}
+
 static int edge_shim_gather(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d,
                             const kvs_copy_part_t *parts, int64_t nparts)
 {
-    edge_shim_count(dev, nparts);
-    return edge_shim.gather_parts(dev, s, d, parts, nparts);
+    return edge_shim_run(dev, s, d, parts, nparts, false);
 }
 
 static int edge_shim_scatter(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d,
                              const kvs_copy_part_t *parts, int64_t nparts)
 {
-    edge_shim_count(dev, nparts);
-    return edge_shim.scatter_parts(dev, s, d, parts, nparts);
+    return edge_shim_run(dev, s, d, parts, nparts, true);
 }
 
 static void edge_shim_install(kvs_device_t *dev)
@@ -2384,6 +2400,67 @@ static void test_protocol_edges_fused_copies(void **state)
                   (unsigned long long)edge_shim.ops, (unsigned long long)edge_shim.parts,
                   (unsigned long long)edge_shim.most_parts);
     assert_int_equal(edge_stats(edge_decode(cl, 0)).copies, 3);
+    edge_destroy(cl);
+}
+
+/* A fused copy refused part-way, its first part already enqueued (the
+ * core's default copy on a backend without fused ops does that). Only its
+ * room fails: on the decode (the prefill ranks had written everything and
+ * end it ok) or, for a gather, on every rank; the buffers it was copying into (prefill) or
+ * from (the decode's region) stay held until the enqueued part ran, and are
+ * then released: the ring ends empty and the next room moves every byte. */
+static void test_protocol_edges_fused_copy_refused_part_way(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults(); /* P2 -> D1: the decode scatters 2 parts */
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_node_t *d = edge_decode(cl, 0);
+    edge_shim_install(sim_gpu_device(d->gpu));
+    /* Watched: the decode's KV pool after it ended room 1. A part left
+     * running after the room ended would still write room 1's pages, which
+     * the caller may have handed to another request by then. */
+    edge_snap_t snap = {.room = 1, .node = d, .mem = d->pool_host, .len = d->pool_bytes,
+                        .copy = malloc(d->pool_bytes)};
+    assert_non_null(snap.copy);
+    cl->on_result = edge_snap_on_result;
+    cl->on_result_ctx = &snap;
+    edge_shim.refuse_part_way = 1;
+    sim_gpu_set_scatter_slowdown(d->gpu, 10000); /* the part runs past the reports */
+    edge_transfer(cl, 1, 0, 40);
+    sim_gpu_set_scatter_slowdown(d->gpu, 1);
+    edge_expect(d, 1, KVS_EBACKEND);
+    for (int i = 0; i < cl->nprefill; i++)
+        edge_expect(edge_prefill(cl, i), 1, KVS_OK);
+    edge_expect_ring_empty(cl);
+    const size_t changed = edge_snap_changed(&snap);
+    if (changed != 0)
+        EDGE_FAIL("%zu bytes of the decode's pool were written after it ended room 1", changed);
+    cl->on_result = NULL;
+    free(snap.copy);
+    assert_int_equal(edge_shim.refuse_part_way, 0);
+    edge_transfer(cl, 2, 0, 40);
+    edge_expect_ok(cl, 2, 0, 40);
+    edge_expect_ring_empty(cl);
+    edge_destroy(cl);
+
+    o = edge_defaults(); /* P1 -> D2: the prefill gathers 2 parts */
+    o.prefill_tp = 1;
+    o.decode_tp = 2;
+    cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_shim_install(sim_gpu_device(edge_prefill(cl, 0)->gpu));
+    edge_shim.refuse_part_way = 1;
+    edge_open(cl, 1, 0, 40);
+    edge_run(cl);
+    edge_computed(cl, 1, 40, true);
+    edge_run(cl);
+    edge_expect_all(cl, 1, KVS_EBACKEND);
+    edge_expect_ring_empty(cl);
+    assert_int_equal(edge_shim.refuse_part_way, 0);
+    edge_transfer(cl, 2, 0, 40);
+    edge_expect_ok(cl, 2, 0, 40);
+    edge_expect_ring_empty(cl);
     edge_destroy(cl);
 }
 
@@ -3192,6 +3269,7 @@ int main(void)
         cmocka_unit_test(test_protocol_edges_hostile_rsp_region),
         cmocka_unit_test(test_protocol_edges_hostile_chunk_fields_to_decode),
         cmocka_unit_test(test_protocol_edges_fused_copies),
+        cmocka_unit_test(test_protocol_edges_fused_copy_refused_part_way),
         cmocka_unit_test(test_protocol_edges_hostile_ring_key),
         cmocka_unit_test(test_protocol_edges_hostile_direct_fields),
         cmocka_unit_test(test_protocol_edges_hostile_rsp_duplicates),
