@@ -29,11 +29,6 @@ static int kvc_fail(char *msg, size_t n, const char *fmt, ...)
     return -1;
 }
 
-static int64_t kvc_pick(uint64_t *rng, int64_t lo, int64_t hi)
-{
-    return lo + (int64_t)(xorshift64(rng) % (uint64_t)(hi - lo + 1));
-}
-
 kvc_shape_t kvc_random_shape(uint64_t *rng, int64_t max_pool_pages)
 {
     static const int64_t page_sizes[] = {1, 3, 16, 32};
@@ -41,20 +36,20 @@ kvc_shape_t kvc_random_shape(uint64_t *rng, int64_t max_pool_pages)
     static const int64_t elems[] = {1, 2, 4};
     kvc_shape_t s;
     memset(&s, 0, sizeof s);
-    s.page_size = page_sizes[kvc_pick(rng, 0, 3)];
-    s.head_dim = head_dims[kvc_pick(rng, 0, 5)];
-    s.elem_bytes = elems[kvc_pick(rng, 0, 2)];
-    s.local_heads = kvc_pick(rng, 1, 8);
-    s.num_heads = kvc_pick(rng, 1, s.local_heads);
-    s.head_start = kvc_pick(rng, 0, s.local_heads - s.num_heads);
-    s.pool_pages = kvc_pick(rng, 1, max_pool_pages);
-    s.tokens = kvc_pick(rng, 0, s.pool_pages * s.page_size);
-    s.pool_layers = kvc_pick(rng, 1, 4);
-    s.layer_begin = kvc_pick(rng, 0, s.pool_layers - 1);
-    s.layer_count = kvc_pick(rng, 0, s.pool_layers - s.layer_begin);
-    s.slot_begin = kvc_pick(rng, 0, 2);
-    s.slots = s.slot_begin + s.layer_count + kvc_pick(rng, 0, 2);
-    s.parts = kvc_pick(rng, 0, 2) == 0 ? kvc_pick(rng, 1, s.num_heads) : 0;
+    s.page_size = page_sizes[xorshift_range(rng, 0, 3)];
+    s.head_dim = head_dims[xorshift_range(rng, 0, 5)];
+    s.elem_bytes = elems[xorshift_range(rng, 0, 2)];
+    s.local_heads = xorshift_range(rng, 1, 8);
+    s.num_heads = xorshift_range(rng, 1, s.local_heads);
+    s.head_start = xorshift_range(rng, 0, s.local_heads - s.num_heads);
+    s.pool_pages = xorshift_range(rng, 1, max_pool_pages);
+    s.tokens = xorshift_range(rng, 0, s.pool_pages * s.page_size);
+    s.pool_layers = xorshift_range(rng, 1, 4);
+    s.layer_begin = xorshift_range(rng, 0, s.pool_layers - 1);
+    s.layer_count = xorshift_range(rng, 0, s.pool_layers - s.layer_begin);
+    s.slot_begin = xorshift_range(rng, 0, 2);
+    s.slots = s.slot_begin + s.layer_count + xorshift_range(rng, 0, 2);
+    s.parts = xorshift_range(rng, 0, 2) == 0 ? xorshift_range(rng, 1, s.num_heads) : 0;
     return s;
 }
 
@@ -233,11 +228,9 @@ int kvc_compare(const kvc_side_t *a, const kvc_side_t *b, const kvc_shape_t *sh,
             kvc_fail(msg, msg_bytes, "out of host memory");
             goto out;
         }
-        for (uint64_t x = 0; x < lb; x++)
-            layers[i][x] = (uint8_t)xorshift64(&rng);
+        xorshift_fill(layers[i], lb, &rng);
     }
-    for (uint64_t x = 0; x < sb; x++)
-        stg[x] = (uint8_t)xorshift64(&rng);
+    xorshift_fill(stg, sb, &rng);
     for (int64_t i = 0; i < sh->pool_pages; i++)
         perm[i] = i;
     for (int64_t i = sh->pool_pages - 1; i > 0; i--) {
@@ -262,8 +255,7 @@ int kvc_compare(const kvc_side_t *a, const kvc_side_t *b, const kvc_shape_t *sh,
                  msg_bytes) != 0)
         goto out;
     /* Scatter fresh random staging bytes into both pools. */
-    for (uint64_t x = 0; x < sb; x++)
-        stg[x] = (uint8_t)xorshift64(&rng);
+    xorshift_fill(stg, sb, &rng);
     if (a->dev->ops.mem_write(a->dev, pa.stg, stg, sb) != KVS_OK ||
         b->dev->ops.mem_write(b->dev, pb.stg, stg, sb) != KVS_OK) {
         kvc_fail(msg, msg_bytes, "writing the scatter's staging block failed");

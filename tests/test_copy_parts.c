@@ -163,11 +163,6 @@ typedef struct copy_case {
     bool random; /* from random_case: COPY_PARTS_SEED replays it */
 } copy_case_t;
 
-static int64_t pick(uint64_t *rng, int64_t lo, int64_t hi) /* [lo, hi] */
-{
-    return lo + (int64_t)(xorshift64(rng) % (uint64_t)(hi - lo + 1));
-}
-
 static uint64_t head_bytes(const shape_t *sh) { return (uint64_t)(sh->head_dim * sh->elem_bytes); }
 
 static uint64_t layer_bytes(const shape_t *sh)
@@ -188,19 +183,23 @@ static copy_case_t random_case(uint64_t *rng)
     copy_case_t c;
     memset(&c, 0, sizeof c);
     shape_t *s = &c.sh;
-    s->local_heads = pick(rng, 1, 8);
-    s->head_dim = head_dims[pick(rng, 0, 4)];
-    s->elem_bytes = elems[pick(rng, 0, 2)];
-    s->page_size = page_sizes[pick(rng, 0, 3)];
-    s->pool_pages = pick(rng, 1, 16);
+    s->local_heads = xorshift_range(rng, 1, 8);
+    s->head_dim = head_dims[xorshift_range(rng, 0, 4)];
+    s->elem_bytes = elems[xorshift_range(rng, 0, 2)];
+    s->page_size = page_sizes[xorshift_range(rng, 0, 3)];
+    s->pool_pages = xorshift_range(rng, 1, 16);
     /* No tokens now and then; else 1 .. every slot of the pool. */
-    s->tokens = pick(rng, 0, 15) == 0 ? 0 : pick(rng, 1, s->pool_pages * s->page_size);
-    s->pool_layers = pick(rng, 1, 3);
-    s->layer_begin = pick(rng, 0, s->pool_layers - 1);
-    s->layer_count = pick(rng, 0, 7) == 0 ? 0 : pick(rng, 1, s->pool_layers - s->layer_begin);
-    s->slot_begin = pick(rng, 0, 2);
-    s->slots = s->slot_begin + s->layer_count + pick(rng, 0, 2);
-    s->page_order = (int)pick(rng, 0, 2);
+    s->tokens = xorshift_range(rng, 0, 15) == 0
+                    ? 0
+                    : xorshift_range(rng, 1, s->pool_pages * s->page_size);
+    s->pool_layers = xorshift_range(rng, 1, 3);
+    s->layer_begin = xorshift_range(rng, 0, s->pool_layers - 1);
+    s->layer_count = xorshift_range(rng, 0, 7) == 0
+                         ? 0
+                         : xorshift_range(rng, 1, s->pool_layers - s->layer_begin);
+    s->slot_begin = xorshift_range(rng, 0, 2);
+    s->slots = s->slot_begin + s->layer_count + xorshift_range(rng, 0, 2);
+    s->page_order = (int)xorshift_range(rng, 0, 2);
 
     /* [0, local_heads) cut into contiguous ranges, shuffled; a non-empty
      * prefix of them are the parts. */
@@ -208,28 +207,28 @@ static copy_case_t random_case(uint64_t *rng)
     int nr = 0;
     int64_t start = 0;
     for (int64_t h = 1; h <= s->local_heads; h++)
-        if (h == s->local_heads || pick(rng, 0, 1) == 0) {
+        if (h == s->local_heads || xorshift_range(rng, 0, 1) == 0) {
             ranges[nr++] = (entry_t){start, h - start, false};
             start = h;
         }
     for (int i = nr - 1; i > 0; i--) {
-        const int j = (int)pick(rng, 0, i);
+        const int j = (int)xorshift_range(rng, 0, i);
         const entry_t t = ranges[i];
         ranges[i] = ranges[j];
         ranges[j] = t;
     }
-    c.n = (int)pick(rng, 1, nr);
+    c.n = (int)xorshift_range(rng, 1, nr);
     memcpy(c.e, ranges, (size_t)c.n * sizeof c.e[0]);
     /* Up to two replicas, anywhere in the list, of any heads. */
-    for (int64_t r = pick(rng, 0, 2); r > 0; r--) {
-        const int64_t num = pick(rng, 1, s->local_heads);
-        const entry_t rep = {pick(rng, 0, s->local_heads - num), num, true};
-        const int at = (int)pick(rng, 0, c.n);
+    for (int64_t r = xorshift_range(rng, 0, 2); r > 0; r--) {
+        const int64_t num = xorshift_range(rng, 1, s->local_heads);
+        const entry_t rep = {xorshift_range(rng, 0, s->local_heads - num), num, true};
+        const int at = (int)xorshift_range(rng, 0, c.n);
         memmove(&c.e[at + 1], &c.e[at], (size_t)(c.n - at) * sizeof c.e[0]);
         c.e[at] = rep;
         c.n++;
     }
-    c.packed = pick(rng, 0, 1) == 1;
+    c.packed = xorshift_range(rng, 0, 1) == 1;
     c.random = true;
     return c;
 }
@@ -255,23 +254,12 @@ typedef struct run {
     uint64_t scratch_bytes;
 } run_t;
 
-static void fill_random(uint8_t *p, uint64_t len, uint64_t *rng)
-{
-    uint64_t i = 0;
-    for (; i + 8 <= len; i += 8) {
-        const uint64_t x = xorshift64(rng);
-        memcpy(p + i, &x, 8);
-    }
-    for (; i < len; i++)
-        p[i] = (uint8_t)xorshift64(rng);
-}
-
 /* Writes the same len random bytes at a and (when not 0) at b. */
 static void write_random(run_t *r, uint64_t a, uint64_t b, uint64_t len)
 {
     if (len == 0)
         return;
-    fill_random(r->buf, len, &r->rng);
+    xorshift_fill(r->buf, len, &r->rng);
     dev_ok(r->sd, r->sd->dev->ops.mem_write(r->sd->dev, a, r->buf, len), "mem_write", r->seed);
     if (b != 0)
         dev_ok(r->sd, r->sd->dev->ops.mem_write(r->sd->dev, b, r->buf, len), "mem_write",
@@ -322,7 +310,7 @@ static void make_pages(run_t *r)
     for (int64_t i = 0; i < s->pool_pages; i++)
         perm[i] = i;
     for (int64_t i = s->pool_pages - 1; i > 0; i--) {
-        const int64_t j = pick(&r->rng, 0, i);
+        const int64_t j = xorshift_range(&r->rng, 0, i);
         const int64_t t = perm[i];
         perm[i] = perm[j];
         perm[j] = t;

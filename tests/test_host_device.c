@@ -72,17 +72,6 @@ static uint8_t *host_of(fx_t *f, uint64_t addr, uint64_t len)
     return p;
 }
 
-static void fill_random(uint8_t *p, uint64_t len, uint64_t *rng)
-{
-    uint64_t i = 0;
-    for (; i + 8 <= len; i += 8) {
-        const uint64_t x = xorshift64(rng);
-        memcpy(p + i, &x, 8);
-    }
-    for (; i < len; i++)
-        p[i] = (uint8_t)xorshift64(rng);
-}
-
 /* Waits for everything queued on the fixture's stream, through an event. */
 static void drain(fx_t *f)
 {
@@ -132,12 +121,12 @@ static void pool_make(fx_t *f, const shape_t *sh, pool_t *p, uint64_t *rng)
     for (int64_t l = 0; l < sh->pool_layers; l++) {
         p->k[l] = dev_alloc(f, p->layer_bytes);
         p->v[l] = dev_alloc(f, p->layer_bytes);
-        fill_random(host_of(f, p->k[l], p->layer_bytes), p->layer_bytes, rng);
-        fill_random(host_of(f, p->v[l], p->layer_bytes), p->layer_bytes, rng);
+        xorshift_fill(host_of(f, p->k[l], p->layer_bytes), p->layer_bytes, rng);
+        xorshift_fill(host_of(f, p->v[l], p->layer_bytes), p->layer_bytes, rng);
     }
     p->stg_bytes = slot_bytes(sh) * (uint64_t)sh->slots * 2;
     p->stg = dev_alloc(f, p->stg_bytes > 0 ? p->stg_bytes : 1);
-    fill_random(host_of(f, p->stg, p->stg_bytes), p->stg_bytes, rng);
+    xorshift_fill(host_of(f, p->stg, p->stg_bytes), p->stg_bytes, rng);
     p->num_pages = (sh->tokens + sh->page_size - 1) / sh->page_size;
     assert_true(p->num_pages <= sh->pool_pages);
     /* Distinct page ids: a random subset in the shape's order. */
@@ -289,11 +278,6 @@ static void round_trip_on(const shape_t *sh, uint64_t seed, const kvs_host_confi
 
 static void round_trip(const shape_t *sh, uint64_t seed) { round_trip_on(sh, seed, NULL); }
 
-static int64_t pick(uint64_t *rng, int64_t lo, int64_t hi) /* [lo, hi] */
-{
-    return lo + (int64_t)(xorshift64(rng) % (uint64_t)(hi - lo + 1));
-}
-
 static shape_t random_shape(uint64_t *rng)
 {
     static const int64_t page_sizes[] = {1, 2, 3, 4, 16};
@@ -301,20 +285,20 @@ static shape_t random_shape(uint64_t *rng)
     static const int64_t elems[] = {1, 2, 4};
     shape_t s;
     memset(&s, 0, sizeof s);
-    s.page_size = page_sizes[pick(rng, 0, 4)];
-    s.head_dim = head_dims[pick(rng, 0, 5)];
-    s.elem_bytes = elems[pick(rng, 0, 2)];
-    s.local_heads = pick(rng, 1, 8);
-    s.num_heads = pick(rng, 1, s.local_heads);
-    s.head_start = pick(rng, 0, s.local_heads - s.num_heads);
-    s.pool_pages = pick(rng, 1, 40);
-    s.tokens = pick(rng, 0, s.pool_pages * s.page_size);
-    s.pool_layers = pick(rng, 1, 4);
-    s.layer_begin = pick(rng, 0, s.pool_layers - 1);
-    s.layer_count = pick(rng, 0, s.pool_layers - s.layer_begin);
-    s.slot_begin = pick(rng, 0, 2);
-    s.slots = s.slot_begin + s.layer_count + pick(rng, 0, 2);
-    s.page_order = (int)pick(rng, 0, 2);
+    s.page_size = page_sizes[xorshift_range(rng, 0, 4)];
+    s.head_dim = head_dims[xorshift_range(rng, 0, 5)];
+    s.elem_bytes = elems[xorshift_range(rng, 0, 2)];
+    s.local_heads = xorshift_range(rng, 1, 8);
+    s.num_heads = xorshift_range(rng, 1, s.local_heads);
+    s.head_start = xorshift_range(rng, 0, s.local_heads - s.num_heads);
+    s.pool_pages = xorshift_range(rng, 1, 40);
+    s.tokens = xorshift_range(rng, 0, s.pool_pages * s.page_size);
+    s.pool_layers = xorshift_range(rng, 1, 4);
+    s.layer_begin = xorshift_range(rng, 0, s.pool_layers - 1);
+    s.layer_count = xorshift_range(rng, 0, s.pool_layers - s.layer_begin);
+    s.slot_begin = xorshift_range(rng, 0, 2);
+    s.slots = s.slot_begin + s.layer_count + xorshift_range(rng, 0, 2);
+    s.page_order = (int)xorshift_range(rng, 0, 2);
     return s;
 }
 
@@ -597,7 +581,7 @@ static void ordered_chain(const kvs_host_config_t *cfg, const shape_t *shp, int 
         assert_memory_equal(ka, want, a.layer_bytes);
         free(want);
         /* New data in head 1 for the next round. */
-        fill_random(ka, a.layer_bytes, &rng);
+        xorshift_fill(ka, a.layer_bytes, &rng);
     }
     pool_free(&f, &sh, &a);
     pool_free(&f, &sh, &b);
@@ -771,7 +755,7 @@ static void *thread_round_trips(void *p)
     int64_t pages[64];
     int ok = 1;
     for (int r = 0; r < 40 && ok; r++) {
-        fill_random(want, len, &rng);
+        xorshift_fill(want, len, &rng);
         ok &= dev->ops.mem_write(dev, a, want, len) == KVS_OK;
         for (int i = 0; i < 64; i++)
             pages[i] = 63 - i;

@@ -7,6 +7,7 @@
 #define KVS_TESTS_XORSHIFT_H
 
 #include <stdint.h>
+#include <string.h>
 
 static inline uint64_t xorshift64(uint64_t *s)
 {
@@ -16,6 +17,24 @@ static inline uint64_t xorshift64(uint64_t *s)
     x ^= x << 17;
     *s = x;
     return x;
+}
+
+/* A draw from [lo, hi] (lo <= hi). */
+static inline int64_t xorshift_range(uint64_t *s, int64_t lo, int64_t hi)
+{
+    return lo + (int64_t)(xorshift64(s) % (uint64_t)(hi - lo + 1));
+}
+
+/* Fills len bytes at p from the stream, 8 at a time. */
+static inline void xorshift_fill(uint8_t *p, uint64_t len, uint64_t *s)
+{
+    uint64_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        const uint64_t x = xorshift64(s);
+        memcpy(p + i, &x, 8);
+    }
+    for (; i < len; i++)
+        p[i] = (uint8_t)xorshift64(s);
 }
 
 #endif
