@@ -672,6 +672,25 @@ static void edge_expect_ok(edge_cluster_t *cl, uint64_t room, int64_t base, int6
                   (unsigned long long)bad);
 }
 
+typedef struct edge_room {
+    uint64_t room;
+    int64_t base, total;
+} edge_room_t;
+
+/* Opens n rooms at once, each computed whole, runs, and expects every one
+ * ok with every byte right and the ring empty afterwards. */
+static void edge_transfer_ok(edge_cluster_t *cl, const edge_room_t *rooms, int n)
+{
+    for (int i = 0; i < n; i++)
+        edge_open(cl, rooms[i].room, rooms[i].base, rooms[i].total);
+    for (int i = 0; i < n; i++)
+        edge_computed(cl, rooms[i].room, rooms[i].total, true);
+    edge_run(cl);
+    for (int i = 0; i < n; i++)
+        edge_expect_ok(cl, rooms[i].room, rooms[i].base, rooms[i].total);
+    edge_expect_ring_empty(cl);
+}
+
 static kvs_handler_stats_t edge_stats(const edge_node_t *n)
 {
     kvs_handler_stats_t st;
@@ -1188,17 +1207,8 @@ static void test_protocol_edges_ring_live_bound(void **state)
     o.ring_max_live = 1; /* one region at a time: the rest waits in the queue */
     edge_cluster_t *cl = edge_create(&o);
     edge_assert_registered(cl);
-    edge_open(cl, 1, 0, 40);
-    edge_open(cl, 2, 4, 48);
-    edge_open(cl, 3, 0, 33);
-    edge_computed(cl, 1, 40, true);
-    edge_computed(cl, 2, 48, true);
-    edge_computed(cl, 3, 33, true);
-    edge_run(cl);
-    edge_expect_ok(cl, 1, 0, 40);
-    edge_expect_ok(cl, 2, 4, 48);
-    edge_expect_ok(cl, 3, 0, 33);
-    edge_expect_ring_empty(cl);
+    const edge_room_t rooms[] = {{1, 0, 40}, {2, 4, 48}, {3, 0, 33}};
+    edge_transfer_ok(cl, rooms, 3);
     const kvs_handler_stats_t ds = edge_stats(edge_decode(cl, 0));
     assert_int_equal(ds.ring_peak_bytes, edge_region_bytes(cl, 16));
     assert_int_equal(ds.copies, 9);
@@ -2933,17 +2943,8 @@ static void test_protocol_edges_sq_depth_one(void **state)
     o.net.sq_depth = 1;
     edge_cluster_t *cl = edge_create(&o);
     edge_assert_registered(cl);
-    edge_open(cl, 1, 0, 40);
-    edge_open(cl, 2, 8, 44);
-    edge_open(cl, 3, 0, 3);
-    edge_computed(cl, 1, 40, true);
-    edge_computed(cl, 2, 44, true);
-    edge_computed(cl, 3, 3, true);
-    edge_run(cl);
-    edge_expect_ok(cl, 1, 0, 40);
-    edge_expect_ok(cl, 2, 8, 44);
-    edge_expect_ok(cl, 3, 0, 3);
-    edge_expect_ring_empty(cl);
+    const edge_room_t rooms[] = {{1, 0, 40}, {2, 8, 44}, {3, 0, 3}};
+    edge_transfer_ok(cl, rooms, 3);
     uint64_t refused = 0;
     for (int i = 0; i < edge_nnodes(cl); i++) {
         const edge_node_t *n = &cl->nodes[i];
