@@ -14,8 +14,8 @@
  * - CHUNK_READY: count arrivals per chunk (each writer x prefill stage once);
  *   when all arrived, scatter every writer's block in one fused copy
  *   (scatter_parts: each token row written once, whole) on the scatter
- *   stream and record an event; when the event completes, free the region and send the
- *   new WATERMARK to every peer;
+ *   stream and record an event; when the event completes, free the region
+ *   and send the new WATERMARK to every peer;
  * - STATUS / ABORT: a request is done when every peer reported success and
  *   every chunk was scattered; it fails on the first failure, told to every
  *   peer at once, and its regions are freed once every peer has reported
@@ -740,29 +740,33 @@ static void kvs__scatter(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
         .layer_begin = 0, .layer_count = d->lay->decode_layers,
         .staging_slot_begin = 0, .staging_layer_slots = d->lay->decode_layers};
     /* One fused scatter of every writer's block, so each token row of the
-     * pool is written once, whole (parts_cap writers at a time). Writers
-     * that replicate a head (prefill TP > heads) are consecutive and wrote
-     * the same bytes: the last of them is scattered, as when each writer's
-     * block was scattered in turn. */
+     * pool is written once, whole (parts_cap parts at a time). Writers that
+     * replicate a head (prefill TP > heads) are consecutive and wrote the
+     * same bytes: the later one's block replaces the earlier's part, so the
+     * last is scattered, as when each writer's block was scattered in turn. */
     int rc = KVS_OK;
     int64_t n = 0;
     for (int64_t i = 0; i < d->lay->tp_writers && rc == KVS_OK && c->tokens > 0; i++) {
-        kvs_writer_t w, next;
+        kvs_writer_t w;
         rc = kvs_layout_writer(d->lay, d->rank, i, c->tokens, &w);
-        if (rc == KVS_OK && i + 1 < d->lay->tp_writers)
-            rc = kvs_layout_writer(d->lay, d->rank, i + 1, c->tokens, &next);
         if (rc != KVS_OK)
             break;
-        if (i + 1 < d->lay->tp_writers && next.heads.dst_start == w.heads.dst_start)
-            continue;
-        d->parts[n++] = (kvs_copy_part_t){
+        const kvs_copy_part_t part = {
             .head_start = w.heads.dst_start, .num_heads = w.heads.num_heads,
             .staging_addr = d->ring_addr + c->alloc.offset + (uint64_t)w.offset_bytes};
-        if (n == d->parts_cap || i + 1 == d->lay->tp_writers) {
+        if (n > 0 && d->parts[n - 1].head_start == part.head_start) {
+            d->parts[n - 1] = part; /* a replica */
+            continue;
+        }
+        if (n == d->parts_cap) {
             rc = kvs__dev_scatter_parts(d->dev, d->stream, &desc, d->parts, n);
             n = 0;
         }
+        if (rc == KVS_OK)
+            d->parts[n++] = part;
     }
+    if (rc == KVS_OK && n > 0)
+        rc = kvs__dev_scatter_parts(d->dev, d->stream, &desc, d->parts, n);
     /* The event is recorded even after a refused copy: one refused part-way
      * may have left its first parts enqueued (the core's default copy runs
      * one op per part), and the region must stay allocated until they ran. */
