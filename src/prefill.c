@@ -156,7 +156,6 @@ struct kvs_prefill {
     int64_t *fuse_flows;
     int32_t *fuse_workers;
     kvs_copy_part_t *fuse_parts;
-    kvs_event_t **fuse_events;
     int64_t fuse_cap;
     bool gather_blocked;         /* this progress pass: a gather waits for
                                     buffers or write slots, so later chunks
@@ -463,7 +462,6 @@ void kvs_prefill_destroy(kvs_prefill_t *p)
     free(p->fuse_flows);
     free(p->fuse_workers);
     free(p->fuse_parts);
-    free(p->fuse_events);
     free(p->cq);
     m->handler = NULL;
     free(p);
@@ -504,12 +502,10 @@ int kvs_prefill_create(kvs_manager_t *m, kvs_prefill_t **out)
     p->fuse_flows = calloc((size_t)p->fuse_cap, sizeof *p->fuse_flows);
     p->fuse_workers = calloc((size_t)p->fuse_cap, sizeof *p->fuse_workers);
     p->fuse_parts = calloc((size_t)p->fuse_cap, sizeof *p->fuse_parts);
-    p->fuse_events = calloc((size_t)p->fuse_cap, sizeof *p->fuse_events);
     p->cq = calloc(KVS__POLL_BATCH, sizeof *p->cq);
     p->gone = calloc(m->cfg.max_rooms, sizeof *p->gone);
     if (p->gone == NULL || p->peers == NULL || p->worker_busy == NULL || p->ops == NULL || p->gathers == NULL ||
         p->fuse_flows == NULL || p->fuse_workers == NULL || p->fuse_parts == NULL ||
-        p->fuse_events == NULL ||
         p->cq == NULL || kvs__table_init(&p->rooms, m->cfg.max_rooms) != KVS_OK ||
         kvs__results_init(&p->results, 2 * m->cfg.max_rooms) != KVS_OK ||
         /* a link per decode, plus slack for connections of decodes that
@@ -1025,7 +1021,6 @@ static bool kvs__gather_chunk(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int6
         p->fuse_parts[k] = (kvs_copy_part_t){.head_start = p->peers[g].heads.src_start,
                                              .num_heads = p->peers[g].heads.num_heads,
                                              .staging_addr = m->staging_addr[w]};
-        p->fuse_events[k] = NULL;
     }
     for (int64_t k = 0; k < n; k++)
         p->worker_busy[p->fuse_workers[k]] = false;
@@ -1044,12 +1039,17 @@ static bool kvs__gather_chunk(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int6
      * their buffers must stay busy until those ran (kvs__reap_gathers frees
      * them, the room having failed). */
     int rc = KVS_OK;
-    for (int64_t k = 0; k < n && rc == KVS_OK; k++)
-        rc = kvs__dev_event_record(p->dev, p->stream, &p->fuse_events[k]);
+    int64_t recorded = 0;
+    for (; recorded < n && rc == KVS_OK; recorded++)
+        rc = kvs__dev_event_record(p->dev, p->stream,
+                                   &r->flows[p->fuse_flows[recorded]].chunks[i].event);
     if (rc != KVS_OK) {
-        for (int64_t k = 0; k < n; k++)
-            if (p->fuse_events[k] != NULL)
-                kvs__dev_event_destroy(p->dev, p->fuse_events[k]);
+        for (int64_t k = 0; k < recorded; k++) {
+            kvs__pchunk_t *cg = &r->flows[p->fuse_flows[k]].chunks[i];
+            if (cg->event != NULL)
+                kvs__dev_event_destroy(p->dev, cg->event);
+            cg->event = NULL;
+        }
         kvs__room_fail(p, r, copy_rc != KVS_OK ? copy_rc : rc);
         return false;
     }
@@ -1058,7 +1058,6 @@ static bool kvs__gather_chunk(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int6
         kvs__pchunk_t *cg = &r->flows[g].chunks[i];
         p->worker_busy[p->fuse_workers[k]] = true;
         cg->worker = p->fuse_workers[k];
-        cg->event = p->fuse_events[k];
         cg->state = KVS__PCH_GATHER;
         if (copy_rc == KVS_OK && cg->waited && m->cfg.trace != NULL)
             m->cfg.trace(m->cfg.trace_ctx, "wait-for-watermark", r->id, i, cg->wait_ns,
