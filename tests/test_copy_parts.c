@@ -524,6 +524,8 @@ static void test_copy_parts_streaming_sizes_host(void **state)
     /* local heads, head_dim, elem, page, tokens, pool layers, begin, count,
      * slots, slot begin, pool pages, order */
     const shape_t decode = {4, 128, 2, 16, 4100, 2, 0, 2, 2, 0, 257, 0};
+    /* 258 full pages: 64 groups of four, two pages and 5 tokens left. */
+    const shape_t rest = {4, 128, 2, 16, 4133, 2, 0, 2, 2, 0, 300, 0};
     /* 72-byte heads in 576-byte token slots, pages of 3: rows 216, 72 and
      * 288 bytes long, most of them not aligned for wide stores. */
     const shape_t odd = {8, 36, 2, 3, 4000, 1, 0, 1, 1, 0, 1334, 0};
@@ -537,6 +539,10 @@ static void test_copy_parts_streaming_sizes_host(void **state)
         {.sh = decode, .e = {{1, 1, false}, {3, 1, false}, {1, 1, true}, {0, 1, false}},
          .n = 4, .packed = true},
         {.sh = odd, .e = {{4, 4, false}, {0, 3, false}, {3, 1, false}}, .n = 3, .packed = true},
+        /* Four pages at a time, then rows: 3 one-head parts and a
+         * two-head one, out of order. */
+        {.sh = rest, .e = {{3, 1, false}, {0, 2, false}, {2, 1, false}}, .n = 3, .packed = true},
+        {.sh = rest, .e = {{1, 1, false}, {2, 2, false}}, .n = 2},
     };
     const kvs_host_config_t cfgs[] = {{.name = "host-vectors-0", .max_vector_bytes = 0},
                                       {.name = "host-vectors-16", .max_vector_bytes = 16},
