@@ -76,6 +76,22 @@
 #ifndef HW_HOST_STREAM_MIN_ROW_BYTES
 #define HW_HOST_STREAM_MIN_ROW_BYTES 512u /* strided rows: shortest row streamed */
 #endif
+/* Streaming copies move several pages at once, a line of each in turn:
+ * HW_HOST_PAGE_STREAMS of them, but HW_HOST_ROW_SCATTER_STREAMS for a
+ * scatter of token rows (each page reads a part's row from as many staging
+ * places: 8 pages of four parts read 32 at once, which measured 13% slower
+ * than 4 pages). At most HW_HOST_MAX_STREAMS. */
+#define HW_HOST_MAX_STREAMS 16
+#ifndef HW_HOST_PAGE_STREAMS
+#define HW_HOST_PAGE_STREAMS 8
+#endif
+#ifndef HW_HOST_ROW_SCATTER_STREAMS
+#define HW_HOST_ROW_SCATTER_STREAMS 4
+#endif
+_Static_assert(HW_HOST_PAGE_STREAMS >= 1 && HW_HOST_PAGE_STREAMS <= HW_HOST_MAX_STREAMS &&
+                   HW_HOST_ROW_SCATTER_STREAMS >= 1 &&
+                   HW_HOST_ROW_SCATTER_STREAMS <= HW_HOST_MAX_STREAMS,
+               "streams per copy must be 1..HW_HOST_MAX_STREAMS");
 #ifndef HW_HOST_STREAM_MIN_BYTES
 #define HW_HOST_STREAM_MIN_BYTES (4ull << 20) /* payload from which copies stream */
 #endif
@@ -88,11 +104,13 @@
  * width) with non-temporal stores. */
 typedef void (*hw_host_stream_fn)(uint8_t *dst, const uint8_t *src, uint64_t n);
 
-/* Copies n bytes (a multiple of 64) from each of four sources to its
- * destination (each aligned to the kernel's vector width), a line of each
- * in turn: four streams in flight at once, where one page run at a time
- * leaves the memory system idle between runs. */
-typedef void (*hw_host_stream4_fn)(uint8_t *const *dst, const uint8_t *const *src, uint64_t n);
+/* Copies n bytes (a multiple of 64) from each of `count` sources to its
+ * destination (each aligned to the kernel's vector width), a line of each in
+ * turn: that many streams in flight at once, where one page run at a time
+ * leaves the memory system idle between runs. count is HW_HOST_PAGE_STREAMS
+ * or HW_HOST_ROW_SCATTER_STREAMS (each compiled with its loops unrolled). */
+typedef void (*hw_host_streams_fn)(uint8_t *const *dst, const uint8_t *const *src, uint64_t n,
+                                   unsigned count);
 
 typedef struct hw_host_rowpf hw_host_rowpf_t;
 
@@ -103,19 +121,19 @@ typedef struct hw_host_rowpf hw_host_rowpf_t;
 typedef void (*hw_host_rows_fn)(const hw_host_copy_t *c, uint8_t *kv, uint64_t n, uint64_t tok,
                                 uint64_t blk_index, hw_host_rowpf_t *pf);
 
-/* Moves every part of the token rows of the four full pages pages[p] to
- * pages[p + 3] of one layer buffer, a line of each page in turn
- * (hw_host_copy_rows4). */
-typedef void (*hw_host_rows4_fn)(const hw_host_copy_t *c, uint8_t *pool, uint64_t p,
-                                 uint64_t blk_index);
+/* Moves every part of the token rows of the `count` full pages from
+ * pages[p] on of one layer buffer, a line of each page in turn
+ * (hw_host_copy_rows). */
+typedef void (*hw_host_rows_n_fn)(const hw_host_copy_t *c, uint8_t *pool, uint64_t p,
+                                  uint64_t blk_index, unsigned count);
 
 /* How a copy moves its bytes: streaming kernels and the dst alignment they
  * need, or none (plain memcpy). */
 typedef struct hw_host_mover {
     hw_host_stream_fn stream; /* NULL: memcpy only */
-    hw_host_stream4_fn stream4;
+    hw_host_streams_fn streams;
     hw_host_rows_fn rows;
-    hw_host_rows4_fn rows4;
+    hw_host_rows_n_fn rows_n;
     uintptr_t align_mask;
 } hw_host_mover_t;
 
@@ -134,21 +152,21 @@ static void hw_host_stream_sse2(uint8_t *dst, const uint8_t *src, uint64_t n)
     }
 }
 
-static void hw_host_stream4_sse2(uint8_t *const *dst, const uint8_t *const *src, uint64_t n)
+static inline __attribute__((always_inline)) void
+hw_host_streams_sse2_n(uint8_t *const *dst, const uint8_t *const *src, uint64_t n, int count)
 {
     for (uint64_t o = 0; o < n; o += HW_HOST_LINE_BYTES)
-        for (int k = 0; k < 4; k++)
+        for (int k = 0; k < count; k++)
             for (unsigned v = 0; v < HW_HOST_LINE_BYTES; v += 16)
                 _mm_stream_si128((__m128i *)(void *)(dst[k] + o + v),
                                  _mm_loadu_si128((const __m128i *)(const void *)(src[k] + o + v)));
 }
 
-__attribute__((target("avx2"))) static void hw_host_stream4_avx2(uint8_t *const *dst,
-                                                                 const uint8_t *const *src,
-                                                                 uint64_t n)
+__attribute__((target("avx2"))) static inline __attribute__((always_inline)) void
+hw_host_streams_avx2_n(uint8_t *const *dst, const uint8_t *const *src, uint64_t n, int count)
 {
     for (uint64_t o = 0; o < n; o += HW_HOST_LINE_BYTES)
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < count; k++) {
             const __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(src[k] + o));
             const __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(src[k] + o + 32));
             _mm256_stream_si256((__m256i *)(void *)(dst[k] + o), a);
@@ -156,21 +174,34 @@ __attribute__((target("avx2"))) static void hw_host_stream4_avx2(uint8_t *const 
         }
 }
 
-__attribute__((target("avx512f"))) static void hw_host_stream4_avx512(uint8_t *const *dst,
-                                                                     const uint8_t *const *src,
-                                                                     uint64_t n)
+/* All loads of a line, then all stores. */
+__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void
+hw_host_streams_avx512_n(uint8_t *const *dst, const uint8_t *const *src, uint64_t n, int count)
 {
     for (uint64_t o = 0; o < n; o += HW_HOST_LINE_BYTES) {
-        const __m512i a = _mm512_loadu_si512((const void *)(src[0] + o));
-        const __m512i b = _mm512_loadu_si512((const void *)(src[1] + o));
-        const __m512i c = _mm512_loadu_si512((const void *)(src[2] + o));
-        const __m512i d = _mm512_loadu_si512((const void *)(src[3] + o));
-        _mm512_stream_si512((void *)(dst[0] + o), a);
-        _mm512_stream_si512((void *)(dst[1] + o), b);
-        _mm512_stream_si512((void *)(dst[2] + o), c);
-        _mm512_stream_si512((void *)(dst[3] + o), d);
+        __m512i line[HW_HOST_MAX_STREAMS];
+        for (int k = 0; k < count; k++)
+            line[k] = _mm512_loadu_si512((const void *)(src[k] + o));
+        for (int k = 0; k < count; k++)
+            _mm512_stream_si512((void *)(dst[k] + o), line[k]);
     }
 }
+
+/* hw_host_streams_fn per kernel: the body with count a constant. */
+#define HW_HOST_STREAMS(NAME, ATTR, BODY)                                                    \
+    ATTR static void NAME(uint8_t *const *dst, const uint8_t *const *src, uint64_t n,         \
+                          unsigned count)                                                    \
+    {                                                                                        \
+        if (count == HW_HOST_PAGE_STREAMS)                                                   \
+            BODY(dst, src, n, HW_HOST_PAGE_STREAMS);                                         \
+        else                                                                                 \
+            BODY(dst, src, n, HW_HOST_ROW_SCATTER_STREAMS);                                  \
+    }
+HW_HOST_STREAMS(hw_host_streams_sse2, , hw_host_streams_sse2_n)
+HW_HOST_STREAMS(hw_host_streams_avx2, __attribute__((target("avx2"))), hw_host_streams_avx2_n)
+HW_HOST_STREAMS(hw_host_streams_avx512, __attribute__((target("avx512f"))),
+                hw_host_streams_avx512_n)
+#undef HW_HOST_STREAMS
 
 __attribute__((target("avx2"))) static void hw_host_stream_avx2(uint8_t *dst,
                                                                 const uint8_t *src, uint64_t n)
@@ -294,33 +325,36 @@ static void hw_host_run_move(const hw_host_mover_t *m, uint8_t *dst, const uint8
     }
 }
 
-/* A streaming copy of whole pages, gather or scatter: four pages at a
- * time, a line of each in turn (hw_host_stream4_fn), between their places
- * in the pool and in the staging block; the rest page by page. */
-static void hw_host_copy_pages4(const hw_host_copy_t *c, const hw_host_mover_t *m,
-                                uint8_t *pool, uint8_t *blk)
+/* A streaming copy of whole pages, gather or scatter: HW_HOST_PAGE_STREAMS
+ * pages at a time, a line of each in turn (hw_host_streams_fn), between
+ * their places in the pool and in the staging block; the rest page by
+ * page. 8 pages gathered 4-9% faster than 4, and scattered 4-6% faster
+ * (bench_host's 1- and 2-head pages, pinned, alternated in one process). */
+static void hw_host_copy_pages_n(const hw_host_copy_t *c, const hw_host_mover_t *m,
+                                 uint8_t *pool, uint8_t *blk)
 {
+    enum { N = HW_HOST_PAGE_STREAMS };
     const uint64_t ps = c->page_size, pb = ps * c->token_bytes, full = c->tokens / ps;
     const uint64_t lines = pb & ~(uint64_t)(HW_HOST_LINE_BYTES - 1);
     uint64_t p = 0;
-    for (; p + 4 <= full; p += 4) {
-        uint8_t *page[4], *st[4];
+    for (; p + N <= full; p += N) {
+        uint8_t *dst[N];
+        const uint8_t *src[N];
         uintptr_t misaligned = 0;
-        for (int k = 0; k < 4; k++) {
-            page[k] = pool + (uint64_t)c->pages[p + (uint64_t)k] * pb;
-            st[k] = blk + (p + (uint64_t)k) * pb;
-            misaligned |= (uintptr_t)(c->scatter ? page[k] : st[k]) & m->align_mask;
+        for (int k = 0; k < N; k++) {
+            uint8_t *page = pool + (uint64_t)c->pages[p + (uint64_t)k] * pb;
+            uint8_t *st = blk + (p + (uint64_t)k) * pb;
+            dst[k] = c->scatter ? page : st;
+            src[k] = c->scatter ? st : page;
+            misaligned |= (uintptr_t)dst[k] & m->align_mask;
         }
-        uint8_t *const *dst = c->scatter ? page : st;
-        const uint8_t *const src[4] = {c->scatter ? st[0] : page[0], c->scatter ? st[1] : page[1],
-                                       c->scatter ? st[2] : page[2], c->scatter ? st[3] : page[3]};
         if (misaligned != 0 || lines == 0) {
-            for (int k = 0; k < 4; k++)
+            for (int k = 0; k < N; k++)
                 hw_host_move(m, dst[k], src[k], pb);
             continue;
         }
-        m->stream4(dst, src, lines);
-        for (int k = 0; k < 4 && lines < pb; k++)
+        m->streams(dst, src, lines, N);
+        for (int k = 0; k < N && lines < pb; k++)
             memcpy(dst[k] + lines, src[k] + lines, (size_t)(pb - lines));
     }
     for (; p <= full; p++) {
@@ -338,8 +372,8 @@ static void hw_host_copy_pages4(const hw_host_copy_t *c, const hw_host_mover_t *
 static void hw_host_copy_runs(const hw_host_copy_t *c, const hw_host_mover_t *m, uint8_t *pool,
                               uint8_t *blk)
 {
-    if (m->stream4 != NULL) {
-        hw_host_copy_pages4(c, m, pool, blk);
+    if (m->streams != NULL) {
+        hw_host_copy_pages_n(c, m, pool, blk);
         return;
     }
     hw_host_run_t run, pf;
@@ -439,40 +473,48 @@ HW_HOST_PAGE_ROWS(hw_host_page_rows_avx512, __attribute__((target("avx512f"))),
                   hw_host_stream_avx512, 63u)
 #undef HW_HOST_PAGE_ROWS
 
-/* hw_host_rows4_fn, once per store kernel with the four-stream kernel
- * inlined: token row r of the four pages, part by part, each part's row a
- * line of each page in turn. Page i's tokens go to staging slots
- * tok + i * ps. Every address is aligned for the kernel and every row a
- * whole number of lines (hw_host_rows4_fits). */
-#define HW_HOST_PAGE_ROWS4(NAME, ATTR, STREAM4)                                               \
-    ATTR static void NAME(const hw_host_copy_t *c, uint8_t *pool, uint64_t p,                  \
-                          uint64_t blk_index)                                                 \
+/* hw_host_rows_n_fn, once per store kernel with the many-stream kernel
+ * inlined: token row r of the `count` pages, part by part,
+ * each part's row a line of each page in turn. Page i's tokens go to
+ * staging slots tok + i * ps. Every address is aligned for the kernel and
+ * every row a whole number of lines (hw_host_rows_n_fits). */
+#define HW_HOST_PAGE_ROWS_N(NAME, ATTR, STREAMS)                                              \
+    ATTR static inline __attribute__((always_inline)) void NAME##_n(                          \
+        const hw_host_copy_t *c, uint8_t *pool, uint64_t p, uint64_t blk_index, int count)    \
     {                                                                                         \
         const uint64_t ps = c->page_size, tb = c->token_bytes, tok = p * ps;                  \
-        uint8_t *page[4];                                                                     \
-        for (uint64_t i = 0; i < 4; i++)                                                      \
-            page[i] = pool + (uint64_t)c->pages[p + i] * ps * tb;                             \
+        uint8_t *page[HW_HOST_MAX_STREAMS];                                                   \
+        for (int i = 0; i < count; i++)                                                       \
+            page[i] = pool + (uint64_t)c->pages[p + (uint64_t)i] * ps * tb;                   \
         for (uint64_t r = 0; r < ps; r++)                                                     \
             for (uint64_t k = 0; k < c->nparts; k++) {                                        \
                 const hw_host_copy_part_t *q = &c->parts[k];                                  \
                 uint8_t *st = q->staging + blk_index * q->slot_bytes + (tok + r) * q->row_bytes; \
-                uint8_t *kv[4], *blk[4];                                                      \
-                for (uint64_t i = 0; i < 4; i++) {                                            \
+                uint8_t *kv[HW_HOST_MAX_STREAMS], *blk[HW_HOST_MAX_STREAMS];                  \
+                for (int i = 0; i < count; i++) {                                             \
                     kv[i] = page[i] + r * tb + q->head_off;                                   \
-                    blk[i] = st + i * ps * q->row_bytes;                                      \
+                    blk[i] = st + (uint64_t)i * ps * q->row_bytes;                            \
                 }                                                                             \
                 if (c->scatter)                                                               \
-                    STREAM4(kv, (const uint8_t *const *)blk, q->row_bytes);                   \
+                    STREAMS(kv, (const uint8_t *const *)blk, q->row_bytes, count);            \
                 else                                                                          \
-                    STREAM4(blk, (const uint8_t *const *)kv, q->row_bytes);                   \
+                    STREAMS(blk, (const uint8_t *const *)kv, q->row_bytes, count);            \
             }                                                                                 \
+    }                                                                                         \
+    ATTR static void NAME(const hw_host_copy_t *c, uint8_t *pool, uint64_t p,                  \
+                          uint64_t blk_index, unsigned count)                                 \
+    {                                                                                         \
+        if (count == HW_HOST_PAGE_STREAMS)                                                    \
+            NAME##_n(c, pool, p, blk_index, HW_HOST_PAGE_STREAMS);                            \
+        else                                                                                  \
+            NAME##_n(c, pool, p, blk_index, HW_HOST_ROW_SCATTER_STREAMS);                     \
     }
-HW_HOST_PAGE_ROWS4(hw_host_page_rows4_sse2, , hw_host_stream4_sse2)
-HW_HOST_PAGE_ROWS4(hw_host_page_rows4_avx2, __attribute__((target("avx2"))),
-                   hw_host_stream4_avx2)
-HW_HOST_PAGE_ROWS4(hw_host_page_rows4_avx512, __attribute__((target("avx512f"))),
-                   hw_host_stream4_avx512)
-#undef HW_HOST_PAGE_ROWS4
+HW_HOST_PAGE_ROWS_N(hw_host_page_rows_n_sse2, , hw_host_streams_sse2_n)
+HW_HOST_PAGE_ROWS_N(hw_host_page_rows_n_avx2, __attribute__((target("avx2"))),
+                    hw_host_streams_avx2_n)
+HW_HOST_PAGE_ROWS_N(hw_host_page_rows_n_avx512, __attribute__((target("avx512f"))),
+                    hw_host_streams_avx512_n)
+#undef HW_HOST_PAGE_ROWS_N
 #endif
 
 /* The widest streaming kernel this CPU runs within max_vector_bytes, for
@@ -484,14 +526,14 @@ static hw_host_mover_t hw_host_mover_pick(uint64_t payload_bytes, uint32_t max_v
     if (payload_bytes < HW_HOST_STREAM_MIN_BYTES)
         return m;
     if (max_vector_bytes >= 64 && __builtin_cpu_supports("avx512f"))
-        m = (hw_host_mover_t){hw_host_stream_avx512, hw_host_stream4_avx512,
-                              hw_host_page_rows_avx512, hw_host_page_rows4_avx512, 63};
+        m = (hw_host_mover_t){hw_host_stream_avx512, hw_host_streams_avx512,
+                              hw_host_page_rows_avx512, hw_host_page_rows_n_avx512, 63};
     else if (max_vector_bytes >= 32 && __builtin_cpu_supports("avx2"))
-        m = (hw_host_mover_t){hw_host_stream_avx2, hw_host_stream4_avx2,
-                              hw_host_page_rows_avx2, hw_host_page_rows4_avx2, 31};
+        m = (hw_host_mover_t){hw_host_stream_avx2, hw_host_streams_avx2,
+                              hw_host_page_rows_avx2, hw_host_page_rows_n_avx2, 31};
     else
-        m = (hw_host_mover_t){hw_host_stream_sse2, hw_host_stream4_sse2,
-                              hw_host_page_rows_sse2, hw_host_page_rows4_sse2, 15};
+        m = (hw_host_mover_t){hw_host_stream_sse2, hw_host_streams_sse2,
+                              hw_host_page_rows_sse2, hw_host_page_rows_n_sse2, 15};
 #else
     (void)payload_bytes;
     (void)max_vector_bytes;
@@ -499,14 +541,14 @@ static hw_host_mover_t hw_host_mover_pick(uint64_t payload_bytes, uint32_t max_v
     return m;
 }
 
-/* Whether the mover's four-page row kernel can take this layer buffer:
+/* Whether the mover's many-page row kernel can take this layer buffer:
  * every part's row whole lines, and every address it stores to aligned for
  * the kernel (the pool side for a scatter, the staging side for a
  * gather). */
-static bool hw_host_rows4_fits(const hw_host_copy_t *c, const hw_host_mover_t *m,
+static bool hw_host_rows_n_fits(const hw_host_copy_t *c, const hw_host_mover_t *m,
                                const uint8_t *pool, uint64_t blk_index)
 {
-    if (m->rows4 == NULL)
+    if (m->rows_n == NULL)
         return false;
     uintptr_t bits = c->scatter ? (uintptr_t)pool | (uintptr_t)c->token_bytes : 0;
     for (uint64_t k = 0; k < c->nparts; k++) {
@@ -526,19 +568,21 @@ static bool hw_host_rows4_fits(const hw_host_copy_t *c, const hw_host_mover_t *m
  * order. blk_index is the staging slot index (kv * S + slot_begin + j) of
  * this layer buffer in every part's block.
  *
- * Streaming copies whose rows are whole lines take four full pages at a
- * time, a line of each in turn, as the page runs do: a page at a time,
- * even prefetched 16 KiB ahead, keeps one stream of reads in flight. The
- * pages left (fewer than four, a partial last page) go a row at a time. */
+ * Streaming copies whose rows are whole lines take HW_HOST_PAGE_STREAMS
+ * full pages at a time (a scatter HW_HOST_ROW_SCATTER_STREAMS), a line of
+ * each in turn, as the page runs do: a page at a time, even prefetched
+ * 16 KiB ahead, keeps one stream of reads in flight. The pages left (fewer
+ * than that, a partial last page) go a row at a time. */
 static void hw_host_copy_rows(const hw_host_copy_t *c, const hw_host_mover_t *m,
                               uint8_t *pool, uint64_t blk_index)
 {
     const uint64_t ps = c->page_size, tb = c->token_bytes, np = c->nparts;
     const hw_host_copy_part_t *q = c->parts;
     uint64_t done = 0, p = 0;
-    if (hw_host_rows4_fits(c, m, pool, blk_index)) {
-        for (; done + 4 * ps <= c->tokens; p += 4, done += 4 * ps)
-            m->rows4(c, pool, p, blk_index);
+    if (hw_host_rows_n_fits(c, m, pool, blk_index)) {
+        const unsigned n = c->scatter ? HW_HOST_ROW_SCATTER_STREAMS : HW_HOST_PAGE_STREAMS;
+        for (; done + n * ps <= c->tokens; p += n, done += n * ps)
+            m->rows_n(c, pool, p, blk_index, n);
         if (done == c->tokens)
             return;
     }
