@@ -9,18 +9,20 @@
  *   copied): each page is one contiguous run, merged with the next while
  *   page ids follow on. Page ids are random, so each run starts where no
  *   hardware prefetcher looks (plain memcpy per page: ~0.6x). Streaming
- *   copies (below) take four pages at a time, a line of each in turn, so
- *   four streams are in flight where one run at a time leaves the memory
- *   system idle between runs (the trick of glibc's large memcpy): on this
- *   VM the scatter of 4 KiB pages went from 12-25 GB/s, swinging with the
- *   machine, to 21 GB/s steadily. Smaller copies walk the runs with a
+ *   copies (below) take several pages at a time (HW_HOST_PAGE_STREAMS, 8),
+ *   a line of each in turn, so that many streams are in flight where one
+ *   run at a time leaves the memory system idle between runs (the trick of
+ *   glibc's large memcpy, which takes 4): on this VM the scatter of 4 KiB
+ *   pages went from 12-25 GB/s, swinging with the machine, to 21 GB/s
+ *   steadily at 4 pages, and 8 pages gathered another 4-9% faster than 4.
+ *   Smaller copies walk the runs with a
  *   cursor HW_HOST_RUN_PREFETCH_LINES cache lines ahead of the copy that
  *   prefetches one line per line copied.
  * - Strided rows (row_bytes of every token_bytes): a prefetch of the rows
  *   HW_HOST_ROW_PREFETCH_BYTES ahead (16 KiB: a fused gather of whole
- *   1024-byte rows ran 12.8-13.2 GB/s with it, 11.2-12.3 at 4 KiB; single
- *   strided rows did not care from 2 to 16 KiB), then the row. Strided rows stay slower
- *   than memcpy: hardware stream prefetchers do not follow the pattern and
+ *   1024-byte rows, a row at a time, ran 12.8-13.2 GB/s with it, 11.2-12.3
+ *   at 4 KiB; single strided rows did not care from 2 to 16 KiB), then the
+ *   row. Strided rows a row at a time stay slower than memcpy: hardware stream prefetchers do not follow the pattern and
  *   one core keeps only so many misses in flight (256 bytes of every 1024
  *   at ~0.45x, 512 of 1024 at ~0.7-0.8x; bench_host's read probe shows the
  *   bound: one core reads 256 of every 1024 bytes at ~0.3x of its
@@ -31,8 +33,9 @@
  *   whole: the decode side of P8->D2 scatters four one-head blocks as
  *   1024-byte rows instead of four passes of 256 of every 1024 bytes.
  *   Streaming is chosen on the sum of the parts' rows.
- * - Streaming token rows that are whole lines go four full pages at a
- *   time, a line of each page in turn, like the page runs: the fused
+ * - Streaming token rows that are whole lines go several full pages at a
+ *   time, a line of each page in turn, like the page runs (8 for a gather,
+ *   HW_HOST_ROW_SCATTER_STREAMS = 4 for a scatter): at 4 pages the fused
  *   gather of P2->D8 (four one-head parts of 4-head rows) went from
  *   0.83-0.89x of memcpy to 1.01-1.10x, the fused scatters from
  *   0.87-0.96x to 0.95-1.03x (one process, old and new alternated, pinned
