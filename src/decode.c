@@ -859,6 +859,24 @@ static void kvs__on_abort(kvs_decode_t *d, int64_t peer, const kvs_msg_abort_t *
     kvs__room_fail_from(d, r, a->status != KVS_OK ? a->status : KVS_EPEER, peer);
 }
 
+/* Prefill idx will never write into this session's open rooms (it refused
+ * the registration, or its connection died): counts its report in every one
+ * it has not reported in, each failing with status. */
+static void kvs__peer_reports_failed(kvs_decode_t *d, int64_t idx, int status)
+{
+    for (uint32_t i = 0; i <= d->rooms.mask; i++) {
+        if (d->rooms.state[i] != 1)
+            continue;
+        kvs__droom_t *r = d->rooms.vals[i];
+        if (kvs__bit(r->reported, idx))
+            continue;
+        kvs__bit_set(r->reported, idx);
+        r->reports++;
+        kvs__room_fail(d, r, status);
+        kvs__room_try_finish(d, r); /* deleting leaves a tombstone: the walk goes on */
+    }
+}
+
 static void kvs__on_ack(kvs_decode_t *d, kvs__dpeer_t *p, int64_t idx,
                         const kvs_msg_register_ack_t *a)
 {
@@ -884,17 +902,7 @@ static void kvs__on_ack(kvs_decode_t *d, kvs__dpeer_t *p, int64_t idx,
         kvs__log(&d->m->log, KVS_LOG_ERROR, "%s", d->m->err.msg);
         /* It never accepted this session, so it ignores our rooms and never
          * writes into them: its (failed) report of every open room is in. */
-        for (uint32_t i = 0; i <= d->rooms.mask; i++) {
-            if (d->rooms.state[i] != 1)
-                continue;
-            kvs__droom_t *r = d->rooms.vals[i];
-            if (kvs__bit(r->reported, idx))
-                continue;
-            kvs__bit_set(r->reported, idx);
-            r->reports++;
-            kvs__room_fail(d, r, a->status);
-            kvs__room_try_finish(d, r); /* deleting leaves a tombstone: the walk goes on */
-        }
+        kvs__peer_reports_failed(d, idx, a->status);
         return;
     }
     p->acked = true;
@@ -978,17 +986,7 @@ static void kvs__peer_lost(void *ctx, kvs_conn_t *conn)
     kvs__log(&d->m->log, KVS_LOG_WARN, "decode %lld: prefill %lld/%lld is unreachable (its "
              "connection died): its rooms fail, reconnecting to '%s'", (long long)d->rank,
              (long long)p->tp_rank, (long long)p->pp_rank, p->name);
-    for (uint32_t i = 0; i <= d->rooms.mask; i++) {
-        if (d->rooms.state[i] != 1)
-            continue;
-        kvs__droom_t *r = d->rooms.vals[i];
-        if (kvs__bit(r->reported, idx))
-            continue;
-        kvs__bit_set(r->reported, idx);
-        r->reports++;
-        kvs__room_fail(d, r, KVS_EPEER);
-        kvs__room_try_finish(d, r); /* deleting leaves a tombstone: the walk goes on */
-    }
+    kvs__peer_reports_failed(d, idx, KVS_EPEER);
 }
 
 /* Lost peers whose wait is over: connect and register again. */
