@@ -2366,6 +2366,18 @@ static void edge_shim_install(kvs_device_t *dev)
     dev->ops.scatter_parts = edge_shim_scatter;
 }
 
+/* The shim saw `ops` fused ops of `parts` parts in all, at most `most` in
+ * one; `what` names them in the failure. */
+static void edge_shim_expect(const char *what, uint64_t ops, uint64_t parts, uint64_t most)
+{
+    if (edge_shim.ops != ops || edge_shim.parts != parts || edge_shim.most_parts != most)
+        EDGE_FAIL("%s: %llu ops of %llu parts (most %llu), want %llu ops of %llu parts "
+                  "(most %llu)",
+                  what, (unsigned long long)edge_shim.ops, (unsigned long long)edge_shim.parts,
+                  (unsigned long long)edge_shim.most_parts, (unsigned long long)ops,
+                  (unsigned long long)parts, (unsigned long long)most);
+}
+
 /* Fused copies. Prefill TP 1 -> decode TP 2: the prefill rank feeds both
  * decode ranks (two heads each of its four) and gathers a chunk for every
  * decode rank whose region is ready in one op, reading its pool once. The
@@ -2391,10 +2403,7 @@ static void test_protocol_edges_fused_copies(void **state)
     edge_run(cl);
     edge_expect_ok(cl, 1, 0, 40);
     edge_expect_ring_empty(cl);
-    if (edge_shim.parts != 6 || edge_shim.ops != 3 || edge_shim.most_parts != 2)
-        EDGE_FAIL("P1->D2 gathers: %llu ops of %llu parts (most %llu), want 3 ops of 2 parts",
-                  (unsigned long long)edge_shim.ops, (unsigned long long)edge_shim.parts,
-                  (unsigned long long)edge_shim.most_parts);
+    edge_shim_expect("P1->D2 gathers", 3, 6, 2);
     assert_int_equal(edge_stats(edge_prefill(cl, 0)).copies, 6);
     edge_destroy(cl);
 
@@ -2405,10 +2414,7 @@ static void test_protocol_edges_fused_copies(void **state)
     edge_transfer(cl, 1, 0, 40);
     edge_expect_ok(cl, 1, 0, 40);
     edge_expect_ring_empty(cl);
-    if (edge_shim.parts != 6 || edge_shim.ops != 3 || edge_shim.most_parts != 2)
-        EDGE_FAIL("P2->D1 scatters: %llu ops of %llu parts (most %llu), want 3 ops of 2 parts",
-                  (unsigned long long)edge_shim.ops, (unsigned long long)edge_shim.parts,
-                  (unsigned long long)edge_shim.most_parts);
+    edge_shim_expect("P2->D1 scatters", 3, 6, 2);
     assert_int_equal(edge_stats(edge_decode(cl, 0)).copies, 3);
     edge_destroy(cl);
 }
