@@ -378,7 +378,9 @@ static int edge_node_manager(edge_cluster_t *cl, edge_node_t *n, uint64_t sessio
         .path = odd && o->odd_slice ? KVS_PATH_SLICE : o->path, .max_rooms = o->max_rooms,
         .max_inflight_writes = o->max_inflight_writes,
         .session_id = session, .app_tag = odd ? o->odd_app_tag : 0,
-        .log = {.fn = edge_log, .user = n, .level = getenv("EDGE_LOG") != NULL ? KVS_LOG_DEBUG : KVS_LOG_WARN}};
+        .log = {.fn = edge_log,
+                .user = n,
+                .level = getenv("EDGE_LOG") != NULL ? KVS_LOG_DEBUG : KVS_LOG_WARN}};
     kvs_error_t err = {0};
     int rc = kvs_manager_create(&mc, sim_gpu_device(n->gpu), sim_nic_fabric(n->nic), &n->m, &err);
     if (rc != KVS_OK) {
