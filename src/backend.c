@@ -55,10 +55,7 @@ static int kvs__dev_parts_loop(kvs_device_t *d, kvs_stream_t *s, const kvs_copy_
     if (rc != KVS_OK)
         return kvs_device_fail(d, rc, 0, "%s", msg);
     for (int64_t i = 0; i < n && rc == KVS_OK; i++) {
-        kvs_copy_desc_t one = *c;
-        one.head_start = parts[i].head_start;
-        one.num_heads = parts[i].num_heads;
-        one.staging_addr = parts[i].staging_addr;
+        const kvs_copy_desc_t one = kvs__copy_part_desc(c, &parts[i]);
         rc = scatter ? d->ops.scatter(d, s, &one) : d->ops.gather(d, s, &one);
         if (rc != KVS_OK) {
             memcpy(msg, d->last_backend_msg, sizeof msg);

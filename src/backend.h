@@ -23,6 +23,18 @@ int kvs__dev_gather_parts(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_des
                           const kvs_copy_part_t *parts, int64_t nparts);
 int kvs__dev_scatter_parts(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d,
                            const kvs_copy_part_t *parts, int64_t nparts);
+/* The descriptor of one part of a fused copy: d with the part's heads and
+ * staging block. */
+static inline kvs_copy_desc_t kvs__copy_part_desc(const kvs_copy_desc_t *d,
+                                                  const kvs_copy_part_t *part)
+{
+    kvs_copy_desc_t one = *d;
+    one.head_start = part->head_start;
+    one.num_heads = part->num_heads;
+    one.staging_addr = part->staging_addr;
+    return one;
+}
+
 int kvs__dev_event_record(kvs_device_t *dev, kvs_stream_t *s, kvs_event_t **out);
 int kvs__dev_event_query(kvs_device_t *dev, kvs_event_t *ev);
 void kvs__dev_event_destroy(kvs_device_t *dev, kvs_event_t *ev);

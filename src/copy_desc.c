@@ -11,7 +11,7 @@
  * answer (the in_mem callback), asked only when the copy moves bytes. It
  * copies nothing and keeps no state.
  */
-#include <kvstage/backend.h>
+#include "backend.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -185,10 +185,7 @@ int kvs_copy_parts_check(const kvs_copy_desc_t *d, const kvs_copy_part_t *parts,
         return KVS_EINVAL;
     }
     for (int64_t i = 0; i < nparts; i++) {
-        kvs_copy_desc_t one = *d;
-        one.head_start = parts[i].head_start;
-        one.num_heads = parts[i].num_heads;
-        one.staging_addr = parts[i].staging_addr;
+        const kvs_copy_desc_t one = kvs__copy_part_desc(d, &parts[i]);
         char part_what[64];
         snprintf(part_what, sizeof part_what, "%s part %lld", what, (long long)i);
         kvs_copy_shape_t local;
