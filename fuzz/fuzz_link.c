@@ -82,6 +82,7 @@
 #define MAX_OPS 4096u
 #define CLOCK_MAX (1ull << 62)   /* the clock never comes near a wrap */
 #define MAX_EVENTS 100000u       /* bounds one op's log (a burst is 255 posts) */
+#define HARNESS_SESSION 0x5E5510Full /* the session of the handler owning the links */
 
 static uint64_t sat_add(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
 
@@ -341,6 +342,7 @@ static int model_send(harness_t *h, uint32_t k, const kvs_msg_t *msg)
         return KVS_EPEER;
     kvs_msg_t mm = *msg;
     mm.seq = l->next_seq;
+    mm.session = HARNESS_SESSION;
     uint8_t buf[KVS_CONTROL_MSG_MAX_BYTES];
     uint32_t len = 0;
     CHECK(kvs__wire_encode(&mm, buf, sizeof buf, &len) == KVS_OK);
@@ -415,7 +417,7 @@ static void model_tick(harness_t *h)
         if (!l->used)
             continue;
         if (l->ack_due && !l->dead) {
-            kvs_msg_t ack = {.type = KVS_MSG_ACK, .seq = 0};
+            kvs_msg_t ack = {.type = KVS_MSG_ACK, .seq = 0, .session = HARNESS_SESSION};
             ack.u.ack_link.cum = l->expected - 1u;
             uint8_t buf[64];
             uint32_t len = 0;
@@ -491,21 +493,20 @@ static void build_msg(kvs_msg_t *msg, uint8_t type_b, uint8_t count_b, uint8_t f
     const uint64_t v = 0x0101010101010101ull * fill;
     switch (msg->type) {
     case KVS_MSG_LAYERS:
-        msg->u.layers.session = v;
+        msg->u.layers.first = (int64_t)v;
         msg->u.layers.count = count_b % (KVS_WIRE_LAYERS_PER_MSG + 1u);
         for (uint32_t i = 0; i < msg->u.layers.count; i++)
             msg->u.layers.entries[i].k_addr = v + i;
         break;
     case KVS_MSG_PAGES:
-        msg->u.pages.session = v;
+        msg->u.pages.room = v;
         msg->u.pages.count = count_b;
         for (uint32_t i = 0; i < msg->u.pages.count; i++)
             msg->u.pages.ids[i] = (int64_t)(fill * 1000u + i);
         break;
     default:
-        /* session is the first field of every other payload */
-        msg->u.room.session = v;
-        msg->u.room.room = count_b;
+        /* room is the first field of ROOM (and of most other payloads) */
+        msg->u.room.room = v + count_b;
         break;
     }
 }
@@ -751,7 +752,7 @@ static void run(harness_t *h, input_t *in)
             kvs_msg_t msg;
             read_msg(in, &msg);
             for (uint32_t i = 0; i < n; i++) {
-                msg.u.room.session += 1; /* every message differs */
+                msg.u.room.room += 1; /* every message differs */
                 do_send(h, k, &msg);
             }
             break;
@@ -801,7 +802,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     m->rto_min_ns = rto_min;
     m->rto_max_ns = rto_max > rto_min ? rto_max : rto_min;
     m->give_up_ns = give_up;
-    CHECK(kvs__links_init(&h->ls, &h->fab.base, m->cap, rto_min, rto_max, give_up,
+    CHECK(kvs__links_init(&h->ls, &h->fab.base, m->cap, HARNESS_SESSION, rto_min, rto_max,
+                          give_up,
                           h->with_stats ? &h->stats : NULL) == KVS_OK);
 
     run(h, &in);

@@ -157,6 +157,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             buf[8 + i] = (uint8_t)(payload >> (8u * i));
         buf[12] = 1; /* link sequence number */
         buf[13] = buf[14] = buf[15] = 0;
+        for (unsigned i = 16; i < KVS_WIRE_HEADER_BYTES; i++)
+            buf[i] = (uint8_t)(0x40 + i); /* the sender's session */
         memcpy(buf + KVS_WIRE_HEADER_BYTES, data + 1, payload);
         check_one(buf, len);
         free(buf);

@@ -297,11 +297,13 @@ static void io_fabric_setup(io_fabric_t *f, side_t side)
     memset(&msg, 0, sizeof msg);
     if (side == SIDE_DECODE) {
         msg.type = KVS_MSG_REGISTER_ACK;
-        msg.u.ack = (kvs_msg_register_ack_t){.session = 77, .tp_rank = 0, .pp_rank = 0,
-                                             .status = KVS_OK, .prefill_session = 99};
+        msg.session = 99;
+        msg.u.ack = (kvs_msg_register_ack_t){.echo = 77, .tp_rank = 0, .pp_rank = 0,
+                                             .status = KVS_OK};
     } else {
         msg.type = KVS_MSG_REGISTER;
-        msg.u.reg = (kvs_msg_register_t){.session = 77, .tp_rank = 0, .tp_size = 2,
+        msg.session = 77;
+        msg.u.reg = (kvs_msg_register_t){.tp_rank = 0, .tp_size = 2,
                                          .pp_rank = 0, .pp_size = 1, .ring_addr = 1u << 20,
                                          .ring_bytes = 1u << 20, .ring_rkey = 5};
     }

@@ -212,7 +212,7 @@ static void kvs__send(kvs_decode_t *d, kvs__dpeer_t *p, const kvs_msg_t *msg)
 static void kvs__broadcast_watermark(kvs_decode_t *d, kvs_watermark_t wm)
 {
     kvs_msg_t msg = {.type = KVS_MSG_WATERMARK};
-    msg.u.wm = (kvs_msg_watermark_t){.session = d->session, .round = wm.round,
+    msg.u.wm = (kvs_msg_watermark_t){.round = wm.round,
                                      .offset = wm.offset};
     for (int64_t i = 0; i < d->npeers; i++)
         if (d->peers[i].acked)
@@ -283,7 +283,7 @@ static void kvs__room_fail_from(kvs_decode_t *d, kvs__droom_t *r, int status, in
         return;
     r->status = status;
     kvs_msg_t msg = {.type = KVS_MSG_ABORT};
-    msg.u.abort = (kvs_msg_abort_t){.session = d->session, .room = r->id, .status = status};
+    msg.u.abort = (kvs_msg_abort_t){.room = r->id, .status = status};
     for (int64_t i = 0; i < d->npeers; i++)
         if (!kvs__bit(r->reported, i) && i != from)
             kvs__send(d, &d->peers[i], &msg);
@@ -384,7 +384,8 @@ int kvs_decode_create(kvs_manager_t *m, kvs_decode_t **out)
         kvs__results_init(&d->results, 2 * m->cfg.max_rooms) != KVS_OK ||
         kvs__dq_init(&d->scatters, scatters) != KVS_OK ||
         kvs__dq_init(&d->wanted, queue) != KVS_OK ||
-        kvs__links_init(&d->links, d->fab, (uint32_t)d->npeers, m->cfg.retry_timeout_ns,
+        kvs__links_init(&d->links, d->fab, (uint32_t)d->npeers, d->session,
+                        m->cfg.retry_timeout_ns,
                         m->cfg.stall_timeout_ns / 32, m->cfg.stall_timeout_ns,
                         &d->stats) != KVS_OK) {
         kvs_decode_destroy(d);
@@ -423,7 +424,6 @@ static void kvs__register(kvs_decode_t *d, kvs__dpeer_t *p)
     const bool direct = d->path != KVS_PATH_STAGING;
     kvs_msg_t msg = {.type = KVS_MSG_REGISTER};
     kvs_msg_register_t *reg = &msg.u.reg;
-    reg->session = d->session;
     reg->tp_rank = d->rank;
     reg->tp_size = m->cfg.tp_size;
     reg->pp_rank = m->cfg.pp_rank;
@@ -438,7 +438,6 @@ static void kvs__register(kvs_decode_t *d, kvs__dpeer_t *p)
     kvs__send(d, p, &msg);
     for (int64_t first = 0; direct && first < m->kv.num_layers; first += KVS_WIRE_LAYERS_PER_MSG) {
         kvs_msg_t lm = {.type = KVS_MSG_LAYERS};
-        lm.u.layers.session = d->session;
         lm.u.layers.first = first;
         int64_t n = m->kv.num_layers - first;
         lm.u.layers.count = (uint32_t)(n < KVS_WIRE_LAYERS_PER_MSG ? n : KVS_WIRE_LAYERS_PER_MSG);
@@ -559,7 +558,7 @@ int kvs_decode_room_open(kvs_decode_t *d, uint64_t room, int64_t base_tokens,
                        (long long)base_tokens, (long long)ps);
         /* The prefill ranks hold this request too: tell them at once. */
         kvs_msg_t msg = {.type = KVS_MSG_ABORT};
-        msg.u.abort = (kvs_msg_abort_t){.session = d->session, .room = room, .status = status};
+        msg.u.abort = (kvs_msg_abort_t){.room = room, .status = status};
         for (int64_t i = 0; i < d->npeers; i++)
             kvs__send(d, &d->peers[i], &msg);
         return kvs__room_reject(d, room, status);
@@ -635,13 +634,12 @@ int kvs_decode_room_open(kvs_decode_t *d, uint64_t room, int64_t base_tokens,
     r->open_ns = kvs__now(d);
     kvs__touch(d, r);
     kvs_msg_t msg = {.type = KVS_MSG_ROOM};
-    msg.u.room = (kvs_msg_room_t){.session = d->session, .room = room, .base_tokens = base_tokens,
+    msg.u.room = (kvs_msg_room_t){.room = room, .base_tokens = base_tokens,
                                   .total_tokens = total_tokens, .num_pages = num_pages};
     for (int64_t i = 0; i < d->npeers; i++) {
         kvs__send(d, &d->peers[i], &msg);
         for (int64_t first = 0; !staging && first < num_pages; first += KVS_WIRE_PAGES_PER_MSG) {
             kvs_msg_t pm = {.type = KVS_MSG_PAGES};
-            pm.u.pages.session = d->session;
             pm.u.pages.room = room;
             pm.u.pages.first = first;
             const int64_t n = num_pages - first;
@@ -659,7 +657,7 @@ static void kvs__answer(kvs_decode_t *d, kvs__dpeer_t *p, const kvs__droom_t *r,
                         int status)
 {
     kvs_msg_t msg = {.type = KVS_MSG_STAGING_RSP};
-    msg.u.rsp = (kvs_msg_staging_rsp_t){.session = d->session, .room = r->id,
+    msg.u.rsp = (kvs_msg_staging_rsp_t){.room = r->id,
                                         .chunk = chunk, .status = status};
     if (status == KVS_OK) {
         const kvs__dchunk_t *c = &r->chunks[chunk];
@@ -700,7 +698,7 @@ static void kvs__on_staging_req(kvs_decode_t *d, kvs__dpeer_t *p, const kvs_msg_
     if (r == NULL || d->path != KVS_PATH_STAGING) {
         d->stats.msgs_rejected++;
         kvs_msg_t msg = {.type = KVS_MSG_STAGING_RSP};
-        msg.u.rsp = (kvs_msg_staging_rsp_t){.session = d->session, .room = q->room,
+        msg.u.rsp = (kvs_msg_staging_rsp_t){.room = q->room,
                                             .chunk = q->chunk, .status = KVS_ENOENT};
         kvs__send(d, p, &msg);
         return;
@@ -877,10 +875,10 @@ static void kvs__peer_reports_failed(kvs_decode_t *d, int64_t idx, int status)
     }
 }
 
-static void kvs__on_ack(kvs_decode_t *d, kvs__dpeer_t *p, int64_t idx,
+static void kvs__on_ack(kvs_decode_t *d, kvs__dpeer_t *p, int64_t idx, uint64_t session,
                         const kvs_msg_register_ack_t *a)
 {
-    if (a->session != d->session) {
+    if (a->echo != d->session) {
         d->stats.msgs_rejected++;
         return;
     }
@@ -907,11 +905,11 @@ static void kvs__on_ack(kvs_decode_t *d, kvs__dpeer_t *p, int64_t idx,
     }
     p->acked = true;
     p->lost = false;
-    p->prefill_session = a->prefill_session;
+    p->prefill_session = session;
     if (d->ring != NULL) {
         kvs_msg_t msg = {.type = KVS_MSG_WATERMARK};
         kvs_watermark_t wm = kvs_ring_watermark(d->ring);
-        msg.u.wm = (kvs_msg_watermark_t){.session = d->session, .round = wm.round,
+        msg.u.wm = (kvs_msg_watermark_t){.round = wm.round,
                                          .offset = wm.offset};
         kvs__send(d, p, &msg);
     }
@@ -929,16 +927,11 @@ static void kvs__on_message(kvs_decode_t *d, const kvs_completion_t *cqe)
         return; /* rejected, or taken by the link (an ACK, a duplicate) */
     d->stats.msgs_received++;
     if (msg.type == KVS_MSG_REGISTER_ACK) {
-        kvs__on_ack(d, p, idx, &msg.u.ack);
+        kvs__on_ack(d, p, idx, msg.session, &msg.u.ack);
         return;
     }
     /* Everything else comes from an accepted prefill session. */
-    const uint64_t session = msg.type == KVS_MSG_STAGING_REQ   ? msg.u.req.session
-                             : msg.type == KVS_MSG_CHUNK_READY ? msg.u.ready.session
-                             : msg.type == KVS_MSG_STATUS      ? msg.u.status.session
-                             : msg.type == KVS_MSG_ABORT       ? msg.u.abort.session
-                                                               : 0;
-    if (!p->acked || session != p->prefill_session) {
+    if (!p->acked || msg.session != p->prefill_session) {
         d->stats.msgs_rejected++;
         return;
     }

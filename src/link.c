@@ -28,10 +28,11 @@ static uint32_t kvs__get32(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-int kvs__links_init(kvs__links_t *ls, kvs_fabric_t *fab, uint32_t cap, uint64_t rto_min_ns,
-                    uint64_t rto_max_ns, uint64_t give_up_ns, kvs_handler_stats_t *stats)
+int kvs__links_init(kvs__links_t *ls, kvs_fabric_t *fab, uint32_t cap, uint64_t session,
+                    uint64_t rto_min_ns, uint64_t rto_max_ns, uint64_t give_up_ns,
+                    kvs_handler_stats_t *stats)
 {
-    *ls = (kvs__links_t){.fab = fab, .cap = cap, .rto_min_ns = rto_min_ns,
+    *ls = (kvs__links_t){.fab = fab, .cap = cap, .session = session, .rto_min_ns = rto_min_ns,
                          .rto_max_ns = rto_max_ns > rto_min_ns ? rto_max_ns : rto_min_ns,
                          .give_up_ns = give_up_ns, .stats = stats};
     ls->v = calloc(cap > 0 ? cap : 1, sizeof *ls->v);
@@ -159,6 +160,7 @@ int kvs__link_send(kvs__links_t *ls, kvs_conn_t *conn, const kvs_msg_t *msg)
         return KVS_EPEER;
     kvs_msg_t m = *msg;
     m.seq = l->next_seq;
+    m.session = ls->session;
     uint8_t buf[KVS_CONTROL_MSG_MAX_BYTES];
     uint32_t len = 0;
     int rc = kvs__wire_encode(&m, buf, sizeof buf, &len);
@@ -270,7 +272,7 @@ void kvs__links_tick(kvs__links_t *ls, uint64_t now_ns,
         if (l->conn == NULL)
             continue;
         if (l->ack_due && !l->dead) {
-            kvs_msg_t ack = {.type = KVS_MSG_ACK};
+            kvs_msg_t ack = {.type = KVS_MSG_ACK, .session = ls->session};
             ack.u.ack_link.cum = l->expected - 1u;
             uint8_t buf[64];
             uint32_t len = 0;

@@ -64,15 +64,20 @@ typedef struct kvs__links {
     kvs__link_t *v;
     uint32_t cap;
     uint64_t rto_min_ns, rto_max_ns, give_up_ns;
+    uint64_t session;          /* the owner's session: every message sent
+                                  carries it in its header */
     kvs_handler_stats_t *stats;
 } kvs__links_t;
 
-/* A table of up to cap links. KVS_ENOMEM if the table cannot be allocated. */
-int kvs__links_init(kvs__links_t *ls, kvs_fabric_t *fab, uint32_t cap, uint64_t rto_min_ns,
-                    uint64_t rto_max_ns, uint64_t give_up_ns, kvs_handler_stats_t *stats);
+/* A table of up to cap links of the handler whose session is `session`.
+ * KVS_ENOMEM if the table cannot be allocated. */
+int kvs__links_init(kvs__links_t *ls, kvs_fabric_t *fab, uint32_t cap, uint64_t session,
+                    uint64_t rto_min_ns, uint64_t rto_max_ns, uint64_t give_up_ns,
+                    kvs_handler_stats_t *stats);
 void kvs__links_fini(kvs__links_t *ls);
 
-/* Sends msg on conn and keeps it until acknowledged (msg->seq is set here).
+/* Sends msg on conn and keeps it until acknowledged (its seq and session
+ * are set here).
  * KVS_EPEER: the connection is dead (the link is too, from now on);
  * KVS_EFULL: no link slot, or the queue is at its bound; KVS_ENOMEM. */
 int kvs__link_send(kvs__links_t *ls, kvs_conn_t *conn, const kvs_msg_t *msg);

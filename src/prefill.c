@@ -270,7 +270,7 @@ static void kvs__room_fail(kvs_prefill_t *p, kvs__proom_t *r, int status)
             c->state = KVS__PCH_DONE;
         }
     kvs_msg_t msg = {.type = KVS_MSG_ABORT};
-    msg.u.abort = (kvs_msg_abort_t){.session = p->session, .room = r->id, .status = status};
+    msg.u.abort = (kvs_msg_abort_t){.room = r->id, .status = status};
     /* Once the caller opened the room, a decode whose ROOM is still on the
      * way is told too (it drops what it does not know). */
     for (int64_t f = 0; f < p->ntargets; f++)
@@ -297,7 +297,7 @@ static void kvs__report(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int status
     if (!fl->known && (status == KVS_OK || !p->peers[f].registered || !r->opened))
         return; /* the decode never opened it: nothing to tell */
     kvs_msg_t msg = {.type = KVS_MSG_STATUS};
-    msg.u.status = (kvs_msg_status_t){.session = p->session, .room = r->id,
+    msg.u.status = (kvs_msg_status_t){.room = r->id,
                                       .tp_rank = p->rank, .pp_rank = p->stage,
                                       .status = status, .chunks = fl->num_chunks};
     kvs__send(p, &p->peers[f], &msg);
@@ -430,7 +430,7 @@ static void kvs__chunk_ready(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int64
     c->state = KVS__PCH_DONE;
     fl->chunks_done++;
     kvs_msg_t msg = {.type = KVS_MSG_CHUNK_READY};
-    msg.u.ready = (kvs_msg_chunk_ready_t){.session = p->session, .room = r->id,
+    msg.u.ready = (kvs_msg_chunk_ready_t){.room = r->id,
                                           .chunk = chunk, .page_start = c->page_start,
                                           .pages = c->num_pages, .writer = p->peers[f].writer,
                                           .stage = p->stage};
@@ -510,7 +510,7 @@ int kvs_prefill_create(kvs_manager_t *m, kvs_prefill_t **out)
         kvs__results_init(&p->results, 2 * m->cfg.max_rooms) != KVS_OK ||
         /* a link per decode, plus slack for connections of decodes that
          * restarted or were refused */
-        kvs__links_init(&p->links, p->fab, (uint32_t)(2 * p->ntargets + 16),
+        kvs__links_init(&p->links, p->fab, (uint32_t)(2 * p->ntargets + 16), p->session,
                         m->cfg.retry_timeout_ns, m->cfg.stall_timeout_ns / 32,
                         m->cfg.stall_timeout_ns, &p->stats) != KVS_OK) {
         kvs_prefill_destroy(p);
@@ -612,12 +612,12 @@ int kvs_prefill_room_computed(kvs_prefill_t *p, uint64_t room, int64_t end_token
 
 /* ---- message handling ------------------------------------------------------- */
 
-static void kvs__on_register(kvs_prefill_t *p, kvs_conn_t *conn, const kvs_msg_register_t *g)
+static void kvs__on_register(kvs_prefill_t *p, kvs_conn_t *conn, uint64_t session,
+                             const kvs_msg_register_t *g)
 {
     kvs_msg_t ack = {.type = KVS_MSG_REGISTER_ACK};
-    ack.u.ack = (kvs_msg_register_ack_t){.session = g->session, .tp_rank = p->rank,
-                                         .pp_rank = p->stage, .status = KVS_OK,
-                                         .prefill_session = p->session, .fp = p->fp};
+    ack.u.ack = (kvs_msg_register_ack_t){.echo = session, .tp_rank = p->rank,
+                                         .pp_rank = p->stage, .status = KVS_OK, .fp = p->fp};
     char why[160];
     int64_t f = 0;
     while (f < p->ntargets &&
@@ -652,7 +652,7 @@ static void kvs__on_register(kvs_prefill_t *p, kvs_conn_t *conn, const kvs_msg_r
         return;
     }
     kvs__ppeer_t *peer = &p->peers[f];
-    if (peer->registered && peer->session != g->session)
+    if (peer->registered && peer->session != session)
         kvs__log(&p->m->log, KVS_LOG_WARN, "prefill %lld: decode %lld/%lld re-registered "
                  "as a new session: its watermark starts over", (long long)p->rank,
                  (long long)g->tp_rank, (long long)g->pp_rank);
@@ -667,7 +667,7 @@ static void kvs__on_register(kvs_prefill_t *p, kvs_conn_t *conn, const kvs_msg_r
         kvs__link_forget(&p->links, peer->conn); /* the old incarnation's */
     peer->conn = conn;
     peer->lost = false;
-    peer->session = g->session;
+    peer->session = session;
     peer->wm = (kvs_watermark_t){0, 0};
     peer->ring_addr = g->ring_addr;
     peer->ring_bytes = g->ring_bytes;
@@ -716,11 +716,11 @@ static void kvs__on_room(kvs_prefill_t *p, int64_t f, const kvs_msg_room_t *q)
             continue;
         /* Ended (failed) before this decode's ROOM came: tell it now. */
         kvs_msg_t msg = {.type = KVS_MSG_ABORT};
-        msg.u.abort = (kvs_msg_abort_t){.session = p->session, .room = q->room,
+        msg.u.abort = (kvs_msg_abort_t){.room = q->room,
                                         .status = p->gone[i].status};
         kvs__send(p, &p->peers[f], &msg);
         msg = (kvs_msg_t){.type = KVS_MSG_STATUS};
-        msg.u.status = (kvs_msg_status_t){.session = p->session, .room = q->room,
+        msg.u.status = (kvs_msg_status_t){.room = q->room,
                                           .tp_rank = p->rank, .pp_rank = p->stage,
                                           .status = p->gone[i].status};
         kvs__send(p, &p->peers[f], &msg);
@@ -826,18 +826,11 @@ static void kvs__on_message(kvs_prefill_t *p, const kvs_completion_t *cqe)
         return; /* rejected, or taken by the link (an ACK, a duplicate) */
     p->stats.msgs_received++;
     if (msg.type == KVS_MSG_REGISTER) {
-        kvs__on_register(p, cqe->conn, &msg.u.reg);
+        kvs__on_register(p, cqe->conn, msg.session, &msg.u.reg);
         return;
     }
-    const uint64_t session = msg.type == KVS_MSG_LAYERS        ? msg.u.layers.session
-                             : msg.type == KVS_MSG_ROOM        ? msg.u.room.session
-                             : msg.type == KVS_MSG_PAGES       ? msg.u.pages.session
-                             : msg.type == KVS_MSG_STAGING_RSP ? msg.u.rsp.session
-                             : msg.type == KVS_MSG_WATERMARK   ? msg.u.wm.session
-                             : msg.type == KVS_MSG_ABORT       ? msg.u.abort.session
-                                                               : 0;
     int64_t f;
-    kvs__ppeer_t *peer = kvs__peer_of(p, cqe->conn, session, &f);
+    kvs__ppeer_t *peer = kvs__peer_of(p, cqe->conn, msg.session, &f);
     if (peer == NULL) {
         p->stats.msgs_rejected++; /* unknown or stale session */
         return;
@@ -939,7 +932,7 @@ static void kvs__send_requests(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
         c->worker = -1;
         c->state = KVS__PCH_REQ;
         kvs_msg_t msg = {.type = KVS_MSG_STAGING_REQ};
-        msg.u.req = (kvs_msg_staging_req_t){.session = p->session, .room = r->id, .chunk = i,
+        msg.u.req = (kvs_msg_staging_req_t){.room = r->id, .chunk = i,
                                             .pages = ch.num_pages, .tokens = c->tokens,
                                             .writer = p->peers[f].writer, .stage = p->stage};
         kvs__send(p, &p->peers[f], &msg);

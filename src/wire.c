@@ -2,12 +2,14 @@
  * wire.c - the byte encoding of the staging protocol's control messages
  * (spec §7), declared in wire.h.
  *
- * Format: a 16-byte header (magic u32, version u16, type u16, payload length
- * u32, link sequence number u32) and then the fields of the message struct in declaration order, each
- * integer little-endian at its own width, written with explicit shifts (no
- * struct memcpy, no padding on the wire). LAYERS carries `count` layer entries
- * after session, first, count; PAGES carries `count` page ids after session,
- * room, first, count. Every other type has one fixed payload length.
+ * Format: a 24-byte header (magic u32, version u16, type u16, payload length
+ * u32, link sequence number u32, the sender's session u64) and then the
+ * message's fields in the order its field list in wire.h gives, each integer
+ * little-endian at its own width, written with explicit shifts (no struct
+ * memcpy, no padding on the wire). A counted message (LAYERS, PAGES) carries
+ * `count` entries after its fixed fields. Every other type has one fixed
+ * payload length. Sizes, encoder, decoder and names are generated from the
+ * one description of the message set in wire.h.
  *
  * Invariants: an encoded message is never longer than
  * KVS_CONTROL_MSG_MAX_BYTES (checked at compile time below). Decoding trusts
@@ -23,35 +25,37 @@
 #include <assert.h>
 #include <string.h>
 
-/* Payload bytes of each message (header excluded). */
-#define WIRE_FP_BYTES (4u + 4u + 9u * 8u + 4u + 4u)
-#define WIRE_REGISTER_BYTES (8u + 4u * 8u + WIRE_FP_BYTES + 3u * 8u + 2u * 8u + 8u)
-#define WIRE_LAYERS_FIXED_BYTES (8u + 8u + 4u)
-#define WIRE_LAYER_ENTRY_BYTES (4u * 8u)
-#define WIRE_REGISTER_ACK_BYTES (8u + 2u * 8u + 4u + 4u + 8u + WIRE_FP_BYTES)
-#define WIRE_ROOM_BYTES (2u * 8u + 3u * 8u)
-#define WIRE_PAGES_FIXED_BYTES (8u + 8u + 8u + 4u)
-#define WIRE_PAGE_ID_BYTES 8u
-#define WIRE_STAGING_REQ_BYTES (2u * 8u + 5u * 8u)
-#define WIRE_STAGING_RSP_BYTES (2u * 8u + 8u + 4u + 4u + 3u * 8u)
-#define WIRE_CHUNK_READY_BYTES (2u * 8u + 5u * 8u)
-#define WIRE_WATERMARK_BYTES (3u * 8u)
-#define WIRE_STATUS_BYTES (2u * 8u + 2u * 8u + 4u + 4u + 8u)
-#define WIRE_ABORT_BYTES (2u * 8u + 4u + 4u)
-#define WIRE_ACK_BYTES (4u + 4u)
+/* Wire bytes of each field kind. */
+#define WIRE_BYTES_u32 4u
+#define WIRE_BYTES_i32 4u
+#define WIRE_BYTES_u64 8u
+#define WIRE_BYTES_i64 8u
+#define WIRE_BYTES_none 0u
+#define WIRE_SIZE(kind, name) +WIRE_BYTES_##kind
+enum { WIRE_BYTES_fp = 0u KVS_WIRE_FP_FIELDS(WIRE_SIZE),
+       WIRE_BYTES_layer = 0u KVS_WIRE_LAYER_FIELDS(WIRE_SIZE) };
 
-_Static_assert(KVS_WIRE_HEADER_BYTES + WIRE_LAYERS_FIXED_BYTES +
-                       KVS_WIRE_LAYERS_PER_MSG * WIRE_LAYER_ENTRY_BYTES <=
-                   KVS_CONTROL_MSG_MAX_BYTES,
-               "the largest LAYERS message must fit a control message");
-_Static_assert(KVS_WIRE_HEADER_BYTES + WIRE_PAGES_FIXED_BYTES +
-                       KVS_WIRE_PAGES_PER_MSG * WIRE_PAGE_ID_BYTES <=
-                   KVS_CONTROL_MSG_MAX_BYTES,
-               "the largest PAGES message must fit a control message");
-_Static_assert(KVS_WIRE_HEADER_BYTES + WIRE_REGISTER_BYTES <= KVS_CONTROL_MSG_MAX_BYTES,
-               "REGISTER must fit a control message");
-_Static_assert(KVS_WIRE_HEADER_BYTES == 4u + 2u + 2u + 4u + 4u, "header layout");
+/* Fixed payload bytes of each message (header excluded), and the bytes of
+ * one entry of a counted message (0 for the others). */
+#define WIRE_FIXED(NAME, value, member, type, ELEM, array, max)                          \
+    WIRE_FIXED_##NAME = 0u KVS_WIRE_##NAME##_FIELDS(WIRE_SIZE),                          \
+    WIRE_ENTRY_##NAME = WIRE_BYTES_##ELEM,
+enum { KVS_WIRE_MESSAGES(WIRE_FIXED) };
+#undef WIRE_FIXED
+
+/* The largest message of each type fits a control message. */
+#define WIRE_FITS(NAME, value, member, type, ELEM, array, max)                           \
+    _Static_assert(KVS_WIRE_HEADER_BYTES + WIRE_FIXED_##NAME + (max)*WIRE_ENTRY_##NAME <= \
+                       KVS_CONTROL_MSG_MAX_BYTES,                                        \
+                   #NAME " must fit a control message");
+KVS_WIRE_MESSAGES(WIRE_FITS)
+#undef WIRE_FITS
+_Static_assert(KVS_WIRE_HEADER_BYTES == 4u + 2u + 2u + 4u + 4u + 8u, "header layout");
 _Static_assert(KVS_MSG_TYPE_MAX <= 0xFFFF, "type travels as a u16");
+#define WIRE_COUNT(NAME, value, member, type, ELEM, array, max) +1
+_Static_assert(KVS_MSG_TYPE_MAX == 0 KVS_WIRE_MESSAGES(WIRE_COUNT),
+               "message types run 1..KVS_MSG_TYPE_MAX without a gap");
+#undef WIRE_COUNT
 
 /* ---- cursors ------------------------------------------------------------ */
 
@@ -143,188 +147,103 @@ static int64_t wire_get_i64(wire_reader_t *r)
 
 /* ---- sizes -------------------------------------------------------------- */
 
-/* Payload bytes of a message of `type` carrying `count` entries (LAYERS,
- * PAGES; ignored otherwise), or 0 for an unknown type. count must already be
+/* Payload bytes of a message of `type` carrying `count` entries (counted
+ * types; ignored otherwise), or 0 for an unknown type. count must already be
  * within its bound, so the products cannot overflow. */
 static uint32_t wire_payload_bytes(uint32_t type, uint32_t count)
 {
     switch (type) {
-    case KVS_MSG_REGISTER:
-        return WIRE_REGISTER_BYTES;
-    case KVS_MSG_LAYERS:
-        assert(count <= KVS_WIRE_LAYERS_PER_MSG);
-        return WIRE_LAYERS_FIXED_BYTES + count * WIRE_LAYER_ENTRY_BYTES;
-    case KVS_MSG_REGISTER_ACK:
-        return WIRE_REGISTER_ACK_BYTES;
-    case KVS_MSG_ROOM:
-        return WIRE_ROOM_BYTES;
-    case KVS_MSG_PAGES:
-        assert(count <= KVS_WIRE_PAGES_PER_MSG);
-        return WIRE_PAGES_FIXED_BYTES + count * WIRE_PAGE_ID_BYTES;
-    case KVS_MSG_STAGING_REQ:
-        return WIRE_STAGING_REQ_BYTES;
-    case KVS_MSG_STAGING_RSP:
-        return WIRE_STAGING_RSP_BYTES;
-    case KVS_MSG_CHUNK_READY:
-        return WIRE_CHUNK_READY_BYTES;
-    case KVS_MSG_WATERMARK:
-        return WIRE_WATERMARK_BYTES;
-    case KVS_MSG_STATUS:
-        return WIRE_STATUS_BYTES;
-    case KVS_MSG_ABORT:
-        return WIRE_ABORT_BYTES;
-    case KVS_MSG_ACK:
-        return WIRE_ACK_BYTES;
+#define WIRE_PAYLOAD(NAME, value, member, type, ELEM, array, max)                        \
+    case KVS_MSG_##NAME:                                                                 \
+        assert(WIRE_ENTRY_##NAME == 0 || count <= (max));                                \
+        return WIRE_FIXED_##NAME + (WIRE_ENTRY_##NAME > 0 ? count * WIRE_ENTRY_##NAME : 0u);
+        KVS_WIRE_MESSAGES(WIRE_PAYLOAD)
+#undef WIRE_PAYLOAD
     default:
         return 0;
     }
 }
 
+/* The entry count of a counted message, 0 for the others. */
+static uint32_t wire_count(const kvs_msg_t *msg)
+{
+    switch (msg->type) {
+    case KVS_MSG_LAYERS:
+        return msg->u.layers.count;
+    case KVS_MSG_PAGES:
+        return msg->u.pages.count;
+    default:
+        return 0;
+    }
+}
+
+/* The bound of a counted message's entries, 0 for the others. */
+static uint32_t wire_count_max(uint32_t type)
+{
+    switch (type) {
+#define WIRE_MAX(NAME, value, member, type, ELEM, array, max)                            \
+    case KVS_MSG_##NAME:                                                                 \
+        return (max);
+        KVS_WIRE_MESSAGES(WIRE_MAX)
+#undef WIRE_MAX
+    default:
+        return 0;
+    }
+}
+
+/* ---- the composite kinds -------------------------------------------------- */
+
+/* Field by field, in list order: of a value v (the composite kinds) or
+ * through a pointer p (the messages). */
+#define WIRE_PUT_FIELD(kind, name) wire_put_##kind(w, v.name);
+#define WIRE_GET_FIELD(kind, name) v.name = wire_get_##kind(r);
+#define WIRE_PUT_MSG_FIELD(kind, name) wire_put_##kind(w, p->name);
+#define WIRE_GET_MSG_FIELD(kind, name) p->name = wire_get_##kind(r);
+
+static void wire_put_fp(wire_writer_t *w, kvs_fingerprint_t v)
+{
+    KVS_WIRE_FP_FIELDS(WIRE_PUT_FIELD)
+}
+
+static kvs_fingerprint_t wire_get_fp(wire_reader_t *r)
+{
+    kvs_fingerprint_t v;
+    KVS_WIRE_FP_FIELDS(WIRE_GET_FIELD)
+    return v;
+}
+
+static void wire_put_layer(wire_writer_t *w, kvs_layer_entry_t v)
+{
+    KVS_WIRE_LAYER_FIELDS(WIRE_PUT_FIELD)
+}
+
+static kvs_layer_entry_t wire_get_layer(wire_reader_t *r)
+{
+    kvs_layer_entry_t v;
+    KVS_WIRE_LAYER_FIELDS(WIRE_GET_FIELD)
+    return v;
+}
+
 /* ---- encode ------------------------------------------------------------- */
 
-static void wire_put_fingerprint(wire_writer_t *w, const kvs_fingerprint_t *fp)
-{
-    wire_put_u32(w, fp->protocol_version);
-    wire_put_u32(w, fp->staging);
-    wire_put_i64(w, fp->total_heads);
-    wire_put_i64(w, fp->head_dim);
-    wire_put_i64(w, fp->layers);
-    wire_put_i64(w, fp->page_size);
-    wire_put_i64(w, fp->chunk_tokens);
-    wire_put_i64(w, fp->prefill_tp);
-    wire_put_i64(w, fp->decode_tp);
-    wire_put_i64(w, fp->prefill_pp);
-    wire_put_i64(w, fp->decode_pp);
-    wire_put_u32(w, fp->dtype);
-    wire_put_u32(w, fp->app_tag);
-}
+#define WIRE_PUT_ARRAY_none(array)
+#define WIRE_PUT_ARRAY_i64(array)                                                        \
+    for (uint32_t i = 0; i < p->count; i++)                                              \
+        wire_put_i64(w, p->array[i]);
+#define WIRE_PUT_ARRAY_layer(array)                                                      \
+    for (uint32_t i = 0; i < p->count; i++)                                              \
+        wire_put_layer(w, p->array[i]);
 
 static void wire_put_payload(wire_writer_t *w, const kvs_msg_t *msg)
 {
     switch (msg->type) {
-    case KVS_MSG_REGISTER: {
-        const kvs_msg_register_t *m = &msg->u.reg;
-        wire_put_u64(w, m->session);
-        wire_put_i64(w, m->tp_rank);
-        wire_put_i64(w, m->tp_size);
-        wire_put_i64(w, m->pp_rank);
-        wire_put_i64(w, m->pp_size);
-        wire_put_fingerprint(w, &m->fp);
-        wire_put_u64(w, m->ring_addr);
-        wire_put_u64(w, m->ring_bytes);
-        wire_put_u64(w, m->ring_rkey);
-        wire_put_i64(w, m->local_heads);
-        wire_put_i64(w, m->num_pages);
-        wire_put_i64(w, m->layers_total);
-        break;
+#define WIRE_ENCODE(NAME, value, member, type, ELEM, array, max)                         \
+    case KVS_MSG_##NAME: {                                                               \
+        const kvs_msg_##type##_t *p = &msg->u.member;                                    \
+        KVS_WIRE_##NAME##_FIELDS(WIRE_PUT_MSG_FIELD) WIRE_PUT_ARRAY_##ELEM(array) break; \
     }
-    case KVS_MSG_LAYERS: {
-        const kvs_msg_layers_t *m = &msg->u.layers;
-        wire_put_u64(w, m->session);
-        wire_put_i64(w, m->first);
-        wire_put_u32(w, m->count);
-        for (uint32_t i = 0; i < m->count; i++) {
-            wire_put_u64(w, m->entries[i].k_addr);
-            wire_put_u64(w, m->entries[i].k_rkey);
-            wire_put_u64(w, m->entries[i].v_addr);
-            wire_put_u64(w, m->entries[i].v_rkey);
-        }
-        break;
-    }
-    case KVS_MSG_REGISTER_ACK: {
-        const kvs_msg_register_ack_t *m = &msg->u.ack;
-        wire_put_u64(w, m->session);
-        wire_put_i64(w, m->tp_rank);
-        wire_put_i64(w, m->pp_rank);
-        wire_put_i32(w, m->status);
-        wire_put_u32(w, m->reserved);
-        wire_put_u64(w, m->prefill_session);
-        wire_put_fingerprint(w, &m->fp);
-        break;
-    }
-    case KVS_MSG_ROOM: {
-        const kvs_msg_room_t *m = &msg->u.room;
-        wire_put_u64(w, m->session);
-        wire_put_u64(w, m->room);
-        wire_put_i64(w, m->base_tokens);
-        wire_put_i64(w, m->total_tokens);
-        wire_put_i64(w, m->num_pages);
-        break;
-    }
-    case KVS_MSG_PAGES: {
-        const kvs_msg_pages_t *m = &msg->u.pages;
-        wire_put_u64(w, m->session);
-        wire_put_u64(w, m->room);
-        wire_put_i64(w, m->first);
-        wire_put_u32(w, m->count);
-        for (uint32_t i = 0; i < m->count; i++)
-            wire_put_i64(w, m->ids[i]);
-        break;
-    }
-    case KVS_MSG_STAGING_REQ: {
-        const kvs_msg_staging_req_t *m = &msg->u.req;
-        wire_put_u64(w, m->session);
-        wire_put_u64(w, m->room);
-        wire_put_i64(w, m->chunk);
-        wire_put_i64(w, m->pages);
-        wire_put_i64(w, m->tokens);
-        wire_put_i64(w, m->writer);
-        wire_put_i64(w, m->stage);
-        break;
-    }
-    case KVS_MSG_STAGING_RSP: {
-        const kvs_msg_staging_rsp_t *m = &msg->u.rsp;
-        wire_put_u64(w, m->session);
-        wire_put_u64(w, m->room);
-        wire_put_i64(w, m->chunk);
-        wire_put_i32(w, m->status);
-        wire_put_u32(w, m->reserved);
-        wire_put_u64(w, m->offset);
-        wire_put_u64(w, m->round);
-        wire_put_u64(w, m->end);
-        break;
-    }
-    case KVS_MSG_CHUNK_READY: {
-        const kvs_msg_chunk_ready_t *m = &msg->u.ready;
-        wire_put_u64(w, m->session);
-        wire_put_u64(w, m->room);
-        wire_put_i64(w, m->chunk);
-        wire_put_i64(w, m->page_start);
-        wire_put_i64(w, m->pages);
-        wire_put_i64(w, m->writer);
-        wire_put_i64(w, m->stage);
-        break;
-    }
-    case KVS_MSG_WATERMARK: {
-        const kvs_msg_watermark_t *m = &msg->u.wm;
-        wire_put_u64(w, m->session);
-        wire_put_u64(w, m->round);
-        wire_put_u64(w, m->offset);
-        break;
-    }
-    case KVS_MSG_STATUS: {
-        const kvs_msg_status_t *m = &msg->u.status;
-        wire_put_u64(w, m->session);
-        wire_put_u64(w, m->room);
-        wire_put_i64(w, m->tp_rank);
-        wire_put_i64(w, m->pp_rank);
-        wire_put_i32(w, m->status);
-        wire_put_u32(w, m->reserved);
-        wire_put_i64(w, m->chunks);
-        break;
-    }
-    case KVS_MSG_ABORT: {
-        const kvs_msg_abort_t *m = &msg->u.abort;
-        wire_put_u64(w, m->session);
-        wire_put_u64(w, m->room);
-        wire_put_i32(w, m->status);
-        wire_put_u32(w, m->reserved);
-        break;
-    }
-    case KVS_MSG_ACK:
-        wire_put_u32(w, msg->u.ack_link.cum);
-        wire_put_u32(w, msg->u.ack_link.reserved);
-        break;
+        KVS_WIRE_MESSAGES(WIRE_ENCODE)
+#undef WIRE_ENCODE
     default:
         assert(0 && "type validated by the caller");
         break;
@@ -341,22 +260,15 @@ int kvs__wire_encode(const kvs_msg_t *msg, uint8_t *buf, uint32_t cap, uint32_t 
     if (msg == NULL || out_len == NULL || (buf == NULL && cap != 0))
         return KVS_EINVAL;
 
-    uint32_t type = (uint32_t)msg->type;
-    uint32_t count = 0;
-    if (type == KVS_MSG_LAYERS) {
-        count = msg->u.layers.count;
-        if (count > KVS_WIRE_LAYERS_PER_MSG)
-            return KVS_EINVAL;
-    } else if (type == KVS_MSG_PAGES) {
-        count = msg->u.pages.count;
-        if (count > KVS_WIRE_PAGES_PER_MSG)
-            return KVS_EINVAL;
-    }
-    uint32_t payload = wire_payload_bytes(type, count);
+    const uint32_t type = (uint32_t)msg->type;
+    const uint32_t count = wire_count(msg);
+    if (count > wire_count_max(type))
+        return KVS_EINVAL;
+    const uint32_t payload = wire_payload_bytes(type, count);
     if (payload == 0)
         return KVS_EINVAL;
 
-    uint32_t total = KVS_WIRE_HEADER_BYTES + payload;
+    const uint32_t total = KVS_WIRE_HEADER_BYTES + payload;
     assert(total <= KVS_CONTROL_MSG_MAX_BYTES);
     if (cap < total) {
         *out_len = total;
@@ -369,6 +281,7 @@ int kvs__wire_encode(const kvs_msg_t *msg, uint8_t *buf, uint32_t cap, uint32_t 
     wire_put_u16(&w, (uint16_t)type);
     wire_put_u32(&w, payload);
     wire_put_u32(&w, msg->seq);
+    wire_put_u64(&w, msg->session);
     wire_put_payload(&w, msg);
     assert(w.pos == total);
     *out_len = total;
@@ -377,163 +290,39 @@ int kvs__wire_encode(const kvs_msg_t *msg, uint8_t *buf, uint32_t cap, uint32_t 
 
 /* ---- decode ------------------------------------------------------------- */
 
-static void wire_get_fingerprint(wire_reader_t *r, kvs_fingerprint_t *fp)
-{
-    fp->protocol_version = wire_get_u32(r);
-    fp->staging = wire_get_u32(r);
-    fp->total_heads = wire_get_i64(r);
-    fp->head_dim = wire_get_i64(r);
-    fp->layers = wire_get_i64(r);
-    fp->page_size = wire_get_i64(r);
-    fp->chunk_tokens = wire_get_i64(r);
-    fp->prefill_tp = wire_get_i64(r);
-    fp->decode_tp = wire_get_i64(r);
-    fp->prefill_pp = wire_get_i64(r);
-    fp->decode_pp = wire_get_i64(r);
-    fp->dtype = wire_get_u32(r);
-    fp->app_tag = wire_get_u32(r);
-}
+#define WIRE_GET_ARRAY_none(array)
+#define WIRE_GET_ARRAY_i64(array)                                                        \
+    for (uint32_t i = 0; i < p->count; i++)                                              \
+        p->array[i] = wire_get_i64(r);
+#define WIRE_GET_ARRAY_layer(array)                                                      \
+    for (uint32_t i = 0; i < p->count; i++)                                              \
+        p->array[i] = wire_get_layer(r);
+/* A counted message's count is read with its fixed fields; the payload must
+ * then be exactly that many entries long. */
+#define WIRE_CHECK_COUNT_none(NAME, max)
+#define WIRE_CHECK_COUNT_i64(NAME, max) WIRE_CHECK_COUNT(NAME, max)
+#define WIRE_CHECK_COUNT_layer(NAME, max) WIRE_CHECK_COUNT(NAME, max)
+#define WIRE_CHECK_COUNT(NAME, max)                                                      \
+    if (p->count > (max) || payload != wire_payload_bytes(KVS_MSG_##NAME, p->count))     \
+        return KVS_EPROTO;
 
-/* Reads the payload of a message whose type and payload length are known to
- * be valid; only LAYERS and PAGES can still fail (their count). */
+/* Reads the payload of a message whose type is valid and whose payload
+ * holds at least its fixed fields; only a counted message can still fail
+ * (its count). *m is zeroed by the caller, so entries past a count are
+ * zero. */
 static int wire_get_payload(wire_reader_t *r, uint32_t type, kvs_msg_t *m)
 {
-    uint32_t payload = r->end - r->pos;
-
+    const uint32_t payload = r->end - r->pos;
     switch (type) {
-    case KVS_MSG_REGISTER: {
-        kvs_msg_register_t *p = &m->u.reg;
-        p->session = wire_get_u64(r);
-        p->tp_rank = wire_get_i64(r);
-        p->tp_size = wire_get_i64(r);
-        p->pp_rank = wire_get_i64(r);
-        p->pp_size = wire_get_i64(r);
-        wire_get_fingerprint(r, &p->fp);
-        p->ring_addr = wire_get_u64(r);
-        p->ring_bytes = wire_get_u64(r);
-        p->ring_rkey = wire_get_u64(r);
-        p->local_heads = wire_get_i64(r);
-        p->num_pages = wire_get_i64(r);
-        p->layers_total = wire_get_i64(r);
-        break;
+#define WIRE_DECODE(NAME, value, member, type, ELEM, array, max)                         \
+    case KVS_MSG_##NAME: {                                                               \
+        kvs_msg_##type##_t *p = &m->u.member;                                            \
+        KVS_WIRE_##NAME##_FIELDS(WIRE_GET_MSG_FIELD)                                     \
+        WIRE_CHECK_COUNT_##ELEM(NAME, max)                                               \
+        WIRE_GET_ARRAY_##ELEM(array) break;                                              \
     }
-    case KVS_MSG_LAYERS: {
-        kvs_msg_layers_t *p = &m->u.layers;
-        if (payload < WIRE_LAYERS_FIXED_BYTES)
-            return KVS_EPROTO;
-        p->session = wire_get_u64(r);
-        p->first = wire_get_i64(r);
-        p->count = wire_get_u32(r);
-        if (p->count > KVS_WIRE_LAYERS_PER_MSG ||
-            payload != wire_payload_bytes(type, p->count))
-            return KVS_EPROTO;
-        for (uint32_t i = 0; i < p->count; i++) {
-            p->entries[i].k_addr = wire_get_u64(r);
-            p->entries[i].k_rkey = wire_get_u64(r);
-            p->entries[i].v_addr = wire_get_u64(r);
-            p->entries[i].v_rkey = wire_get_u64(r);
-        }
-        break;
-    }
-    case KVS_MSG_REGISTER_ACK: {
-        kvs_msg_register_ack_t *p = &m->u.ack;
-        p->session = wire_get_u64(r);
-        p->tp_rank = wire_get_i64(r);
-        p->pp_rank = wire_get_i64(r);
-        p->status = wire_get_i32(r);
-        p->reserved = wire_get_u32(r);
-        p->prefill_session = wire_get_u64(r);
-        wire_get_fingerprint(r, &p->fp);
-        break;
-    }
-    case KVS_MSG_ROOM: {
-        kvs_msg_room_t *p = &m->u.room;
-        p->session = wire_get_u64(r);
-        p->room = wire_get_u64(r);
-        p->base_tokens = wire_get_i64(r);
-        p->total_tokens = wire_get_i64(r);
-        p->num_pages = wire_get_i64(r);
-        break;
-    }
-    case KVS_MSG_PAGES: {
-        kvs_msg_pages_t *p = &m->u.pages;
-        if (payload < WIRE_PAGES_FIXED_BYTES)
-            return KVS_EPROTO;
-        p->session = wire_get_u64(r);
-        p->room = wire_get_u64(r);
-        p->first = wire_get_i64(r);
-        p->count = wire_get_u32(r);
-        if (p->count > KVS_WIRE_PAGES_PER_MSG ||
-            payload != wire_payload_bytes(type, p->count))
-            return KVS_EPROTO;
-        for (uint32_t i = 0; i < p->count; i++)
-            p->ids[i] = wire_get_i64(r);
-        break;
-    }
-    case KVS_MSG_STAGING_REQ: {
-        kvs_msg_staging_req_t *p = &m->u.req;
-        p->session = wire_get_u64(r);
-        p->room = wire_get_u64(r);
-        p->chunk = wire_get_i64(r);
-        p->pages = wire_get_i64(r);
-        p->tokens = wire_get_i64(r);
-        p->writer = wire_get_i64(r);
-        p->stage = wire_get_i64(r);
-        break;
-    }
-    case KVS_MSG_STAGING_RSP: {
-        kvs_msg_staging_rsp_t *p = &m->u.rsp;
-        p->session = wire_get_u64(r);
-        p->room = wire_get_u64(r);
-        p->chunk = wire_get_i64(r);
-        p->status = wire_get_i32(r);
-        p->reserved = wire_get_u32(r);
-        p->offset = wire_get_u64(r);
-        p->round = wire_get_u64(r);
-        p->end = wire_get_u64(r);
-        break;
-    }
-    case KVS_MSG_CHUNK_READY: {
-        kvs_msg_chunk_ready_t *p = &m->u.ready;
-        p->session = wire_get_u64(r);
-        p->room = wire_get_u64(r);
-        p->chunk = wire_get_i64(r);
-        p->page_start = wire_get_i64(r);
-        p->pages = wire_get_i64(r);
-        p->writer = wire_get_i64(r);
-        p->stage = wire_get_i64(r);
-        break;
-    }
-    case KVS_MSG_WATERMARK: {
-        kvs_msg_watermark_t *p = &m->u.wm;
-        p->session = wire_get_u64(r);
-        p->round = wire_get_u64(r);
-        p->offset = wire_get_u64(r);
-        break;
-    }
-    case KVS_MSG_STATUS: {
-        kvs_msg_status_t *p = &m->u.status;
-        p->session = wire_get_u64(r);
-        p->room = wire_get_u64(r);
-        p->tp_rank = wire_get_i64(r);
-        p->pp_rank = wire_get_i64(r);
-        p->status = wire_get_i32(r);
-        p->reserved = wire_get_u32(r);
-        p->chunks = wire_get_i64(r);
-        break;
-    }
-    case KVS_MSG_ABORT: {
-        kvs_msg_abort_t *p = &m->u.abort;
-        p->session = wire_get_u64(r);
-        p->room = wire_get_u64(r);
-        p->status = wire_get_i32(r);
-        p->reserved = wire_get_u32(r);
-        break;
-    }
-    case KVS_MSG_ACK:
-        m->u.ack_link.cum = wire_get_u32(r);
-        m->u.ack_link.reserved = wire_get_u32(r);
-        break;
+        KVS_WIRE_MESSAGES(WIRE_DECODE)
+#undef WIRE_DECODE
     default:
         return KVS_EPROTO;
     }
@@ -556,27 +345,29 @@ int kvs__wire_decode(const uint8_t *buf, uint32_t len, kvs_msg_t *msg)
         return KVS_EPROTO;
 
     wire_reader_t r = {.buf = buf, .pos = 0, .end = len};
-    uint32_t magic = wire_get_u32(&r);
-    uint16_t version = wire_get_u16(&r);
-    uint16_t type = wire_get_u16(&r);
-    uint32_t payload = wire_get_u32(&r);
-    uint32_t seq = wire_get_u32(&r);
+    const uint32_t magic = wire_get_u32(&r);
+    const uint16_t version = wire_get_u16(&r);
+    const uint16_t type = wire_get_u16(&r);
+    const uint32_t payload = wire_get_u32(&r);
+    const uint32_t seq = wire_get_u32(&r);
+    const uint64_t session = wire_get_u64(&r);
     if (magic != KVS_WIRE_MAGIC || version != KVS_WIRE_VERSION)
         return KVS_EPROTO;
-    if (type < KVS_MSG_REGISTER || type > KVS_MSG_TYPE_MAX)
+    if (type < 1 || type > KVS_MSG_TYPE_MAX)
         return KVS_EPROTO;
     if (payload != len - KVS_WIRE_HEADER_BYTES)
         return KVS_EPROTO;
     /* Fixed types: the exact size. Counted types: at least the fixed part
      * here; the exact size for the count is checked once count is read. */
-    if (type != KVS_MSG_LAYERS && type != KVS_MSG_PAGES &&
-        payload != wire_payload_bytes(type, 0))
+    const uint32_t fixed = wire_payload_bytes(type, 0);
+    if (wire_count_max(type) == 0 ? payload != fixed : payload < fixed)
         return KVS_EPROTO;
 
     kvs_msg_t local;
     memset(&local, 0, sizeof local);
     local.type = (kvs_msg_type_t)type;
     local.seq = seq;
+    local.session = session;
     int rc = wire_get_payload(&r, type, &local);
     if (rc != KVS_OK)
         return rc;
@@ -587,30 +378,11 @@ int kvs__wire_decode(const uint8_t *buf, uint32_t len, kvs_msg_t *msg)
 const char *kvs__wire_type_name(kvs_msg_type_t type)
 {
     switch (type) {
-    case KVS_MSG_REGISTER:
-        return "REGISTER";
-    case KVS_MSG_LAYERS:
-        return "LAYERS";
-    case KVS_MSG_REGISTER_ACK:
-        return "REGISTER_ACK";
-    case KVS_MSG_ROOM:
-        return "ROOM";
-    case KVS_MSG_PAGES:
-        return "PAGES";
-    case KVS_MSG_STAGING_REQ:
-        return "STAGING_REQ";
-    case KVS_MSG_STAGING_RSP:
-        return "STAGING_RSP";
-    case KVS_MSG_CHUNK_READY:
-        return "CHUNK_READY";
-    case KVS_MSG_WATERMARK:
-        return "WATERMARK";
-    case KVS_MSG_STATUS:
-        return "STATUS";
-    case KVS_MSG_ABORT:
-        return "ABORT";
-    case KVS_MSG_ACK:
-        return "ACK";
+#define WIRE_NAME(NAME, value, member, type, ELEM, array, max)                           \
+    case KVS_MSG_##NAME:                                                                 \
+        return #NAME;
+        KVS_WIRE_MESSAGES(WIRE_NAME)
+#undef WIRE_NAME
     default:
         return "UNKNOWN";
     }

@@ -1,9 +1,14 @@
 /*
  * wire.h (internal) - the control messages of the staging protocol (spec §7)
  * and their byte encoding: little-endian, fixed-width fields, a common
- * header (magic, version, type, length) and a bounded payload. Decoding never
- * trusts the peer: every length and count is checked against the buffer and
- * the protocol's own bounds before a field is read (KVS_EPROTO otherwise).
+ * header (magic, version, type, length, link sequence number, the sender's
+ * session) and a bounded payload. Decoding never trusts the peer: every
+ * length and count is checked against the buffer and the protocol's own
+ * bounds before a field is read (KVS_EPROTO otherwise).
+ *
+ * The message set is described once, below (KVS_WIRE_MESSAGES and the field
+ * lists it names); the structs, the payload sizes, the encoder, the decoder
+ * and the type names are generated from it, so adding a field is one line.
  *
  * Encoding and decoding are pure functions on caller buffers; nothing is
  * allocated. Range checks that need state (is this room known, is this
@@ -15,149 +20,137 @@
 #include <kvstage/backend.h>
 
 #define KVS_WIRE_MAGIC 0x4B565354u /* "KVST" */
-#define KVS_WIRE_VERSION 3u
-#define KVS_WIRE_HEADER_BYTES 16u
+#define KVS_WIRE_VERSION 4u
+/* magic u32, version u16, type u16, payload length u32, seq u32, session u64 */
+#define KVS_WIRE_HEADER_BYTES 24u
 /* Layers per LAYERS message and page ids per PAGES message, so a message
  * always fits KVS_CONTROL_MSG_MAX_BYTES. */
 #define KVS_WIRE_LAYERS_PER_MSG 96u
 #define KVS_WIRE_PAGES_PER_MSG 480u
 
+/* ---- field kinds: a C type and a width on the wire each -------------------- */
+#define KVS__WT_u32 uint32_t
+#define KVS__WT_i32 int32_t
+#define KVS__WT_u64 uint64_t
+#define KVS__WT_i64 int64_t
+#define KVS__WT_fp kvs_fingerprint_t
+#define KVS__WT_layer kvs_layer_entry_t
+#define KVS__WIRE_DECL(kind, name) KVS__WT_##kind name;
+
+/* The compatibility fingerprint (spec §7.1, §12): the model shape, dtype,
+ * page size, chunk size, the pair's resolved path and application tag, and
+ * the four sizes of the pair's layout as the sender sees them. */
+#define KVS_WIRE_FP_FIELDS(F)                                                  \
+    F(u32, protocol_version)                                                   \
+    F(u32, staging) /* the pair's kvs_path_t */                                \
+    F(i64, total_heads) F(i64, head_dim) F(i64, layers) F(i64, page_size)      \
+    F(i64, chunk_tokens)                                                       \
+    F(i64, prefill_tp) F(i64, decode_tp) F(i64, prefill_pp) F(i64, decode_pp)  \
+    F(u32, dtype)                                                              \
+    F(u32, app_tag) /* kvs_manager_config_t.app_tag */
+typedef struct kvs_fingerprint {
+    KVS_WIRE_FP_FIELDS(KVS__WIRE_DECL)
+} kvs_fingerprint_t;
+
+/* A decode KV layer as the direct and slice paths write it. */
+#define KVS_WIRE_LAYER_FIELDS(F) F(u64, k_addr) F(u64, k_rkey) F(u64, v_addr) F(u64, v_rkey)
+typedef struct kvs_layer_entry {
+    KVS_WIRE_LAYER_FIELDS(KVS__WIRE_DECL)
+} kvs_layer_entry_t;
+
+/* ---- the messages ------------------------------------------------------------
+ * Every message's header carries the session id of the rank that sent it
+ * (its incarnation), so a receiver finds the session without looking at
+ * the payload.
+ */
+#define KVS_WIRE_REGISTER_FIELDS(F) /* decode -> prefill */                     \
+    F(i64, tp_rank) F(i64, tp_size) F(i64, pp_rank) F(i64, pp_size)             \
+    F(u64, instance)      /* the decode's instance (spec §12) */               \
+    F(i64, dp_rank)       /* ... and its attention group in it */              \
+    F(u64, peer_instance) /* the prefill instance it means to register with */ \
+    F(fp, fp)                                                                   \
+    F(u64, ring_addr) F(u64, ring_bytes) F(u64, ring_rkey) /* 0: staging off */ \
+    F(i64, local_heads) F(i64, num_pages)                                       \
+    F(i64, layers_total)  /* LAYERS entries that follow (0 for staging) */
+#define KVS_WIRE_LAYERS_FIELDS(F) F(i64, first) F(u32, count)
+#define KVS_WIRE_REGISTER_ACK_FIELDS(F) /* prefill -> decode */                 \
+    F(u64, echo)          /* the decode session it answers */                  \
+    F(i64, tp_rank) F(i64, pp_rank) /* of the prefill rank answering */        \
+    F(i32, status)        /* KVS_OK or why it refused */                       \
+    F(u32, reserved)                                                            \
+    F(fp, fp)             /* the prefill's: a refused decode names the field */
+#define KVS_WIRE_ROOM_FIELDS(F) /* decode -> prefill: a request's decode side */ \
+    F(u64, room)                                                                \
+    F(i64, base_tokens)   /* decode's cached prefix (page aligned) */          \
+    F(i64, total_tokens)  /* end of the request */                             \
+    F(i64, num_pages)     /* decode pages of the suffix; PAGES follow on the    \
+                             direct and slice paths */
+#define KVS_WIRE_PAGES_FIELDS(F) F(u64, room) F(i64, first) F(u32, count)
+#define KVS_WIRE_STAGING_REQ_FIELDS(F) /* prefill -> decode */                  \
+    F(u64, room) F(i64, chunk) F(i64, pages) F(i64, tokens)                     \
+    F(i64, writer) F(i64, stage) /* TP writer index, prefill PP stage */
+#define KVS_WIRE_STAGING_RSP_FIELDS(F) /* decode -> prefill */                  \
+    F(u64, room) F(i64, chunk)                                                  \
+    F(i32, status)        /* KVS_OK, KVS_EOVERSIZED, ... */                    \
+    F(u32, reserved) F(u64, offset) F(u64, round) F(u64, end)
+#define KVS_WIRE_CHUNK_READY_FIELDS(F) /* prefill -> decode: a writer landed */ \
+    F(u64, room) F(i64, chunk) F(i64, page_start) F(i64, pages)                 \
+    F(i64, writer) F(i64, stage)
+#define KVS_WIRE_WATERMARK_FIELDS(F) F(u64, round) F(u64, offset)
+#define KVS_WIRE_STATUS_FIELDS(F) /* prefill -> decode: its result for a room */ \
+    F(u64, room) F(i64, tp_rank) F(i64, pp_rank) F(i32, status) F(u32, reserved) \
+    F(i64, chunks)        /* chunks this rank sent */
+#define KVS_WIRE_ABORT_FIELDS(F) F(u64, room) F(i32, status) F(u32, reserved)
+/* Link-level receipt: every message of the connection up to and including
+ * sequence `cum` arrived, in order (link.c); never itself acknowledged. */
+#define KVS_WIRE_ACK_FIELDS(F) F(u32, cum) F(u32, reserved)
+
+/*
+ * X(NAME, value, member, type, ELEM, array, max): message KVS_MSG_NAME =
+ * value, held in kvs_msg_t.u.member of type kvs_msg_<type>_t, whose fixed
+ * fields KVS_WIRE_NAME_FIELDS lists in wire order. A counted message (ELEM
+ * not `none`) ends its fixed fields with `count` and carries `count` ELEMs
+ * after them, at most max, in array[max].
+ */
+#define KVS_WIRE_MESSAGES(X)                                                            \
+    X(REGISTER, 1, reg, register, none, none, 0)                                        \
+    X(LAYERS, 2, layers, layers, layer, entries, KVS_WIRE_LAYERS_PER_MSG)               \
+    X(REGISTER_ACK, 3, ack, register_ack, none, none, 0)                                \
+    X(ROOM, 4, room, room, none, none, 0)                                               \
+    X(PAGES, 5, pages, pages, i64, ids, KVS_WIRE_PAGES_PER_MSG)                         \
+    X(STAGING_REQ, 6, req, staging_req, none, none, 0)                                  \
+    X(STAGING_RSP, 7, rsp, staging_rsp, none, none, 0)                                  \
+    X(CHUNK_READY, 8, ready, chunk_ready, none, none, 0)                                \
+    X(WATERMARK, 9, wm, watermark, none, none, 0)                                       \
+    X(STATUS, 10, status, status, none, none, 0)                                        \
+    X(ABORT, 11, abort, abort, none, none, 0)                                           \
+    X(ACK, 12, ack_link, ack, none, none, 0)
+
 typedef enum kvs_msg_type {
-    KVS_MSG_REGISTER = 1,    /* decode -> prefill: geometry, ring, fingerprint */
-    KVS_MSG_LAYERS = 2,      /* decode -> prefill: KV layer bases + keys (direct/slice) */
-    KVS_MSG_REGISTER_ACK = 3,/* prefill -> decode: accepted or refused (status) */
-    KVS_MSG_ROOM = 4,        /* decode -> prefill: a request's decode side */
-    KVS_MSG_PAGES = 5,       /* decode -> prefill: decode page ids (direct/slice) */
-    KVS_MSG_STAGING_REQ = 6, /* prefill -> decode: allocate a region for a chunk */
-    KVS_MSG_STAGING_RSP = 7, /* decode -> prefill: region or OVERSIZED */
-    KVS_MSG_CHUNK_READY = 8, /* prefill -> decode: a writer's bytes landed */
-    KVS_MSG_WATERMARK = 9,   /* decode -> prefill: oldest live ring position */
-    KVS_MSG_STATUS = 10,     /* prefill -> decode: this rank's result for a room */
-    KVS_MSG_ABORT = 11,      /* either way: the room failed, release it */
-    KVS_MSG_ACK = 12,        /* either way: link-level receipt (link.c), never
-                                itself acknowledged */
+#define KVS__WIRE_ENUM(NAME, value, member, type, ELEM, array, max) KVS_MSG_##NAME = value,
+    KVS_WIRE_MESSAGES(KVS__WIRE_ENUM)
+#undef KVS__WIRE_ENUM
     KVS_MSG_TYPE_MAX = 12
 } kvs_msg_type_t;
 
-/* The compatibility fingerprint (spec §7.1): both sides must agree. */
-typedef struct kvs_fingerprint {
-    uint32_t protocol_version;
-    uint32_t staging;          /* 0 or 1 */
-    int64_t total_heads, head_dim, layers, page_size, chunk_tokens;
-    int64_t prefill_tp, decode_tp, prefill_pp, decode_pp; /* the layout's four sizes */
-    uint32_t dtype;
-    uint32_t app_tag;          /* kvs_manager_config_t.app_tag */
-} kvs_fingerprint_t;
-
-typedef struct kvs_msg_register {
-    uint64_t session;          /* decode incarnation; a new one resets state */
-    int64_t tp_rank, tp_size, pp_rank, pp_size;
-    kvs_fingerprint_t fp;
-    uint64_t ring_addr, ring_bytes, ring_rkey; /* 0 when staging is off */
-    int64_t local_heads, num_pages;
-    int64_t layers_total;      /* LAYERS entries that follow (0 for staging) */
-} kvs_msg_register_t;
-
-typedef struct kvs_layer_entry {
-    uint64_t k_addr, k_rkey, v_addr, v_rkey;
-} kvs_layer_entry_t;
-
-typedef struct kvs_msg_layers {
-    uint64_t session;
-    int64_t first;             /* index of entries[0] */
-    uint32_t count;            /* <= KVS_WIRE_LAYERS_PER_MSG */
-    kvs_layer_entry_t entries[KVS_WIRE_LAYERS_PER_MSG];
-} kvs_msg_layers_t;
-
-typedef struct kvs_msg_register_ack {
-    uint64_t session;          /* echoed */
-    int64_t tp_rank, pp_rank;  /* of the prefill rank answering */
-    int32_t status;            /* KVS_OK or why it refused */
-    uint32_t reserved;
-    uint64_t prefill_session;
-    kvs_fingerprint_t fp;      /* the prefill's: a refused decode names the field */
-} kvs_msg_register_ack_t;
-
-typedef struct kvs_msg_room {
-    uint64_t session, room;
-    int64_t base_tokens;       /* decode's cached prefix (page aligned) */
-    int64_t total_tokens;      /* end of the request */
-    int64_t num_pages;         /* decode pages of the suffix; PAGES follow
-                                  when the path writes pages directly */
-} kvs_msg_room_t;
-
-typedef struct kvs_msg_pages {
-    uint64_t session, room;
-    int64_t first;
-    uint32_t count;            /* <= KVS_WIRE_PAGES_PER_MSG */
-    int64_t ids[KVS_WIRE_PAGES_PER_MSG];
-} kvs_msg_pages_t;
-
-typedef struct kvs_msg_staging_req {
-    uint64_t session;          /* prefill session */
-    uint64_t room;
-    int64_t chunk, pages, tokens;
-    int64_t writer, stage;     /* TP writer index, prefill PP stage */
-} kvs_msg_staging_req_t;
-
-typedef struct kvs_msg_staging_rsp {
-    uint64_t session;          /* decode session */
-    uint64_t room;
-    int64_t chunk;
-    int32_t status;            /* KVS_OK, KVS_EOVERSIZED, ... */
-    uint32_t reserved;
-    uint64_t offset, round, end;
-} kvs_msg_staging_rsp_t;
-
-typedef struct kvs_msg_chunk_ready {
-    uint64_t session;          /* prefill session */
-    uint64_t room;
-    int64_t chunk, page_start, pages;
-    int64_t writer, stage;
-} kvs_msg_chunk_ready_t;
-
-typedef struct kvs_msg_watermark {
-    uint64_t session;          /* decode session */
-    uint64_t round, offset;
-} kvs_msg_watermark_t;
-
-typedef struct kvs_msg_status {
-    uint64_t session, room;
-    int64_t tp_rank, pp_rank;
-    int32_t status;
-    uint32_t reserved;
-    int64_t chunks;            /* chunks this rank sent */
-} kvs_msg_status_t;
-
-typedef struct kvs_msg_abort {
-    uint64_t session, room;
-    int32_t status;            /* why */
-    uint32_t reserved;
-} kvs_msg_abort_t;
-
-/* Link-level receipt: every message of the connection up to and including
- * sequence `cum` arrived, in order (link.c). */
-typedef struct kvs_msg_ack {
-    uint32_t cum;
-    uint32_t reserved;
-} kvs_msg_ack_t;
+#define KVS__WIRE_ARRAY_none(array, max)
+#define KVS__WIRE_ARRAY_i64(array, max) int64_t array[max];
+#define KVS__WIRE_ARRAY_layer(array, max) kvs_layer_entry_t array[max];
+#define KVS__WIRE_STRUCT(NAME, value, member, type, ELEM, array, max)                  \
+    typedef struct kvs_msg_##type {                                                     \
+        KVS_WIRE_##NAME##_FIELDS(KVS__WIRE_DECL) KVS__WIRE_ARRAY_##ELEM(array, max)     \
+    } kvs_msg_##type##_t;
+KVS_WIRE_MESSAGES(KVS__WIRE_STRUCT)
+#undef KVS__WIRE_STRUCT
 
 typedef struct kvs_msg {
     kvs_msg_type_t type;
     uint32_t seq;              /* link sequence number; 0 = not sequenced (ACK) */
+    uint64_t session;          /* the sender's session (set by the sending handler) */
     union {
-        kvs_msg_register_t reg;
-        kvs_msg_layers_t layers;
-        kvs_msg_register_ack_t ack;
-        kvs_msg_room_t room;
-        kvs_msg_pages_t pages;
-        kvs_msg_staging_req_t req;
-        kvs_msg_staging_rsp_t rsp;
-        kvs_msg_chunk_ready_t ready;
-        kvs_msg_watermark_t wm;
-        kvs_msg_status_t status;
-        kvs_msg_abort_t abort;
-        kvs_msg_ack_t ack_link;
+#define KVS__WIRE_MEMBER(NAME, value, member, type, ELEM, array, max) kvs_msg_##type##_t member;
+        KVS_WIRE_MESSAGES(KVS__WIRE_MEMBER)
+#undef KVS__WIRE_MEMBER
     } u;
 } kvs_msg_t;
 

@@ -245,7 +245,7 @@ static kvs_msg_t msg_room(void)
     kvs_msg_t m;
     memset(&m, 0, sizeof m);
     m.type = KVS_MSG_ROOM;
-    m.u.room.session = 0x1122334455667788ull;
+    m.session = 0x1122334455667788ull;
     m.u.room.room = UINT64_MAX - 3;
     m.u.room.base_tokens = 32;
     m.u.room.total_tokens = 1000;
@@ -258,7 +258,7 @@ static kvs_msg_t msg_pages(void)
     kvs_msg_t m;
     memset(&m, 0, sizeof m);
     m.type = KVS_MSG_PAGES;
-    m.u.pages.session = 9;
+    m.session = 9;
     m.u.pages.room = 10;
     m.u.pages.first = 480;
     m.u.pages.count = KVS_WIRE_PAGES_PER_MSG; /* the largest message */
@@ -284,14 +284,14 @@ static void assert_sent(const rec_fabric_t *r, const kvs_msg_t *m)
     assert_int_equal(got.type, m->type);
     switch (m->type) {
     case KVS_MSG_ROOM:
-        assert_int_equal(got.u.room.session, m->u.room.session);
+        assert_int_equal(got.session, m->session);
         assert_int_equal(got.u.room.room, m->u.room.room);
         assert_int_equal(got.u.room.base_tokens, m->u.room.base_tokens);
         assert_int_equal(got.u.room.total_tokens, m->u.room.total_tokens);
         assert_int_equal(got.u.room.num_pages, m->u.room.num_pages);
         break;
     case KVS_MSG_PAGES:
-        assert_int_equal(got.u.pages.session, m->u.pages.session);
+        assert_int_equal(got.session, m->session);
         assert_int_equal(got.u.pages.room, m->u.pages.room);
         assert_int_equal(got.u.pages.first, m->u.pages.first);
         assert_int_equal(got.u.pages.count, m->u.pages.count);

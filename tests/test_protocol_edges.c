@@ -742,7 +742,12 @@ static void edge_send(edge_cluster_t *cl, kvs_fabric_t *fab, kvs_conn_t *conn, c
         if (sim_nic_fabric(n->nic) != fab || (n->dec == NULL && n->pre == NULL))
             continue;
         kvs__links_t *ls = n->dec != NULL ? kvs__decode_links(n->dec) : kvs__prefill_links(n->pre);
-        assert_int_equal(kvs__link_send(ls, conn, msg), KVS_OK);
+        /* the link stamps its owner's session; the test says which goes out */
+        const uint64_t own = ls->session;
+        ls->session = msg->session;
+        const int rc = kvs__link_send(ls, conn, msg);
+        ls->session = own;
+        assert_int_equal(rc, KVS_OK);
         return;
     }
     edge_xseq_t *x = edge_xseq_of(cl, conn);
@@ -861,7 +866,7 @@ static kvs_msg_t edge_register_msg(edge_cluster_t *cl)
     kvs_msg_register_t *g = &msg.u.reg;
     uint64_t addr = 0, len = 0, rkey = 0;
     assert_int_equal(kvs_manager_staging_buffer(d->m, 0, &addr, &len, &rkey), KVS_OK);
-    g->session = 0xbad5e55u;
+    msg.session = 0xbad5e55u;
     g->tp_rank = 0;
     g->tp_size = cl->o.decode_tp;
     g->pp_rank = 0;
@@ -1436,20 +1441,24 @@ static void test_protocol_edges_hostile_to_decode(void **state)
     edge_send_raw(x.fab, xc, junk, sizeof junk);
     edge_send_raw(x.fab, xc, NULL, 0);
     kvs_msg_t m = {.type = KVS_MSG_STAGING_REQ};
-    m.u.req = (kvs_msg_staging_req_t){.session = p0s, .room = 1, .chunk = 0, .pages = 4,
+    m.session = p0s;
+    m.u.req = (kvs_msg_staging_req_t){.room = 1, .chunk = 0, .pages = 4,
                                       .tokens = 16, .writer = 0};
     edge_send(cl, x.fab, xc, &m);
     m = (kvs_msg_t){.type = KVS_MSG_CHUNK_READY};
-    m.u.ready = (kvs_msg_chunk_ready_t){.session = p0s, .room = 1, .chunk = 0, .pages = 4};
+    m.session = p0s;
+    m.u.ready = (kvs_msg_chunk_ready_t){.room = 1, .chunk = 0, .pages = 4};
     edge_send(cl, x.fab, xc, &m);
     m = (kvs_msg_t){.type = KVS_MSG_STATUS};
-    m.u.status = (kvs_msg_status_t){.session = p0s, .room = 1, .status = KVS_OK, .chunks = 3};
+    m.session = p0s;
+    m.u.status = (kvs_msg_status_t){.room = 1, .status = KVS_OK, .chunks = 3};
     edge_send(cl, x.fab, xc, &m);
     m = (kvs_msg_t){.type = KVS_MSG_ABORT};
-    m.u.abort = (kvs_msg_abort_t){.session = p0s, .room = 1, .status = KVS_EPEER};
+    m.session = p0s;
+    m.u.abort = (kvs_msg_abort_t){.room = 1, .status = KVS_EPEER};
     edge_send(cl, x.fab, xc, &m);
     m = (kvs_msg_t){.type = KVS_MSG_REGISTER_ACK};
-    m.u.ack = (kvs_msg_register_ack_t){.session = EDGE_DECODE_SESSION, .status = KVS_EINVAL};
+    m.u.ack = (kvs_msg_register_ack_t){.echo = EDGE_DECODE_SESSION, .status = KVS_EINVAL};
     edge_send(cl, x.fab, xc, &m);
     const uint64_t from_intruder = 7;
 
@@ -1457,34 +1466,43 @@ static void test_protocol_edges_hostile_to_decode(void **state)
     uint8_t bad_magic[KVS_WIRE_HEADER_BYTES] = {0};
     edge_send_raw(p0fab, pc, bad_magic, sizeof bad_magic);
     m = (kvs_msg_t){.type = KVS_MSG_STAGING_REQ};
-    m.u.req = (kvs_msg_staging_req_t){.session = p0s + 1, .room = 1, .chunk = 0, .pages = 4,
+    m.session = p0s + 1;
+    m.u.req = (kvs_msg_staging_req_t){.room = 1, .chunk = 0, .pages = 4,
                                       .tokens = 16};
     edge_send(cl, p0fab, pc, &m); /* stale session */
     m = (kvs_msg_t){.type = KVS_MSG_CHUNK_READY};
-    m.u.ready = (kvs_msg_chunk_ready_t){.session = p0s, .room = 1, .chunk = 99, .pages = 4};
+    m.session = p0s;
+    m.u.ready = (kvs_msg_chunk_ready_t){.room = 1, .chunk = 99, .pages = 4};
     edge_send(cl, p0fab, pc, &m); /* chunk out of range */
-    m.u.ready = (kvs_msg_chunk_ready_t){.session = p0s, .room = 1, .chunk = 0, .pages = 4,
+    m.session = p0s;
+    m.u.ready = (kvs_msg_chunk_ready_t){.room = 1, .chunk = 0, .pages = 4,
                                         .writer = 1};
     edge_send(cl, p0fab, pc, &m); /* p0 is writer 0 */
-    m.u.ready = (kvs_msg_chunk_ready_t){.session = p0s, .room = 1, .chunk = 0, .pages = 4,
+    m.session = p0s;
+    m.u.ready = (kvs_msg_chunk_ready_t){.room = 1, .chunk = 0, .pages = 4,
                                         .stage = 3};
     edge_send(cl, p0fab, pc, &m); /* no such stage */
-    m.u.ready = (kvs_msg_chunk_ready_t){.session = p0s, .room = 404, .chunk = 0, .pages = 4};
+    m.session = p0s;
+    m.u.ready = (kvs_msg_chunk_ready_t){.room = 404, .chunk = 0, .pages = 4};
     edge_send(cl, p0fab, pc, &m); /* unknown room */
     m = (kvs_msg_t){.type = KVS_MSG_STATUS};
-    m.u.status = (kvs_msg_status_t){.session = p0s, .room = 404, .status = KVS_OK};
+    m.session = p0s;
+    m.u.status = (kvs_msg_status_t){.room = 404, .status = KVS_OK};
     edge_send(cl, p0fab, pc, &m); /* unknown room */
     m = (kvs_msg_t){.type = KVS_MSG_ABORT};
-    m.u.abort = (kvs_msg_abort_t){.session = p0s, .room = 404, .status = KVS_EPEER};
+    m.session = p0s;
+    m.u.abort = (kvs_msg_abort_t){.room = 404, .status = KVS_EPEER};
     edge_send(cl, p0fab, pc, &m); /* unknown room */
     m = (kvs_msg_t){.type = KVS_MSG_WATERMARK};
-    m.u.wm = (kvs_msg_watermark_t){.session = p0s, .round = 9};
+    m.session = p0s;
+    m.u.wm = (kvs_msg_watermark_t){.round = 9};
     edge_send(cl, p0fab, pc, &m); /* a decode -> prefill message */
     m = (kvs_msg_t){.type = KVS_MSG_REGISTER_ACK};
-    m.u.ack = (kvs_msg_register_ack_t){.session = EDGE_DECODE_SESSION + 5, .status = KVS_OK};
+    m.u.ack = (kvs_msg_register_ack_t){.echo = EDGE_DECODE_SESSION + 5, .status = KVS_OK};
     edge_send(cl, p0fab, pc, &m); /* acknowledges another session */
     m = (kvs_msg_t){.type = KVS_MSG_STAGING_REQ};
-    m.u.req = (kvs_msg_staging_req_t){.session = p0s, .room = 404, .chunk = 0, .pages = 4,
+    m.session = p0s;
+    m.u.req = (kvs_msg_staging_req_t){.room = 404, .chunk = 0, .pages = 4,
                                       .tokens = 16};
     edge_send(cl, p0fab, pc, &m); /* unknown room: answered ENOENT, which p0 drops */
     const uint64_t from_p0 = 11;
@@ -1507,7 +1525,8 @@ static void test_protocol_edges_hostile_to_decode(void **state)
      * fails that room (EPROTO), and only that room. */
     edge_open(cl, 2, 0, 40);
     m = (kvs_msg_t){.type = KVS_MSG_STAGING_REQ};
-    m.u.req = (kvs_msg_staging_req_t){.session = p0s, .room = 2, .chunk = 0, .pages = 3,
+    m.session = p0s;
+    m.u.req = (kvs_msg_staging_req_t){.room = 2, .chunk = 0, .pages = 3,
                                       .tokens = 12};
     edge_send(cl, p0fab, pc, &m);
     edge_computed(cl, 2, 40, true);
@@ -1544,7 +1563,7 @@ static void test_protocol_edges_hostile_to_prefill(void **state)
     assert_int_equal(edge_intruder_recv(cl, &x, got, 8), 1);
     assert_int_equal(got[0].type, KVS_MSG_REGISTER_ACK);
     assert_int_equal(got[0].u.ack.status, KVS_EFINGERPRINT);
-    assert_int_equal(got[0].u.ack.session, 0xbad5e55u);
+    assert_int_equal(got[0].u.ack.echo, 0xbad5e55u);
     assert_int_equal(got[0].u.ack.tp_rank, 0);
     const kvs_error_t *err = kvs_manager_last_error(p->m);
     assert_int_equal(err->status, KVS_EFINGERPRINT);
@@ -1574,18 +1593,22 @@ static void test_protocol_edges_hostile_to_prefill(void **state)
     const uint8_t junk[5] = {'K', 'V', 'S', 'T', 0};
     edge_send_raw(x.fab, xc, junk, sizeof junk);
     m = (kvs_msg_t){.type = KVS_MSG_ROOM};
-    m.u.room = (kvs_msg_room_t){.session = EDGE_DECODE_SESSION, .room = 1, .total_tokens = 40,
+    m.session = EDGE_DECODE_SESSION;
+    m.u.room = (kvs_msg_room_t){.room = 1, .total_tokens = 40,
                                 .num_pages = 10};
     edge_send(cl, x.fab, xc, &m);
     m = (kvs_msg_t){.type = KVS_MSG_WATERMARK};
-    m.u.wm = (kvs_msg_watermark_t){.session = EDGE_DECODE_SESSION, .round = 77};
+    m.session = EDGE_DECODE_SESSION;
+    m.u.wm = (kvs_msg_watermark_t){.round = 77};
     edge_send(cl, x.fab, xc, &m);
     m = (kvs_msg_t){.type = KVS_MSG_STAGING_RSP};
-    m.u.rsp = (kvs_msg_staging_rsp_t){.session = EDGE_DECODE_SESSION, .room = 1,
+    m.session = EDGE_DECODE_SESSION;
+    m.u.rsp = (kvs_msg_staging_rsp_t){.room = 1,
                                       .status = KVS_EOVERSIZED};
     edge_send(cl, x.fab, xc, &m);
     m = (kvs_msg_t){.type = KVS_MSG_ABORT};
-    m.u.abort = (kvs_msg_abort_t){.session = EDGE_DECODE_SESSION, .room = 1};
+    m.session = EDGE_DECODE_SESSION;
+    m.u.abort = (kvs_msg_abort_t){.room = 1};
     edge_send(cl, x.fab, xc, &m);
 
     /* The real decode's registration is untouched: a room still moves. */
@@ -1603,28 +1626,34 @@ static void test_protocol_edges_hostile_to_prefill(void **state)
     kvs_conn_t *dc = edge_conn(dfab, "p0");
     edge_open(cl, 2, 0, 40);
     m = (kvs_msg_t){.type = KVS_MSG_ROOM};
-    m.u.room = (kvs_msg_room_t){.session = EDGE_DECODE_SESSION, .room = 2, .total_tokens = 40,
+    m.session = EDGE_DECODE_SESSION;
+    m.u.room = (kvs_msg_room_t){.room = 2, .total_tokens = 40,
                                 .num_pages = 10};
     edge_send(cl, dfab, dc, &m); /* duplicate ROOM */
     m.u.room.room = 3;
     m.u.room.base_tokens = 2; /* misaligned prefix */
     edge_send(cl, dfab, dc, &m);
-    m.u.room = (kvs_msg_room_t){.session = EDGE_DECODE_SESSION, .room = 3, .total_tokens = 40,
+    m.session = EDGE_DECODE_SESSION;
+    m.u.room = (kvs_msg_room_t){.room = 3, .total_tokens = 40,
                                 .num_pages = 3};
     edge_send(cl, dfab, dc, &m); /* wrong page count */
     m = (kvs_msg_t){.type = KVS_MSG_STAGING_RSP};
-    m.u.rsp = (kvs_msg_staging_rsp_t){.session = EDGE_DECODE_SESSION, .room = 2, .chunk = 7};
+    m.session = EDGE_DECODE_SESSION;
+    m.u.rsp = (kvs_msg_staging_rsp_t){.room = 2, .chunk = 7};
     edge_send(cl, dfab, dc, &m); /* chunk out of range */
-    m.u.rsp.session = EDGE_DECODE_SESSION + 1;
+    m.session = EDGE_DECODE_SESSION + 1;
     edge_send(cl, dfab, dc, &m); /* stale session */
     m = (kvs_msg_t){.type = KVS_MSG_STATUS};
-    m.u.status = (kvs_msg_status_t){.session = EDGE_DECODE_SESSION, .room = 2};
+    m.session = EDGE_DECODE_SESSION;
+    m.u.status = (kvs_msg_status_t){.room = 2};
     edge_send(cl, dfab, dc, &m); /* a prefill -> decode message */
     m = (kvs_msg_t){.type = KVS_MSG_PAGES};
-    m.u.pages = (kvs_msg_pages_t){.session = EDGE_DECODE_SESSION, .room = 2, .count = 1};
+    m.session = EDGE_DECODE_SESSION;
+    m.u.pages = (kvs_msg_pages_t){.room = 2, .count = 1};
     edge_send(cl, dfab, dc, &m); /* no pages on the staging path */
     m = (kvs_msg_t){.type = KVS_MSG_LAYERS};
-    m.u.layers = (kvs_msg_layers_t){.session = EDGE_DECODE_SESSION, .count = 1};
+    m.session = EDGE_DECODE_SESSION;
+    m.u.layers = (kvs_msg_layers_t){.count = 1};
     edge_send(cl, dfab, dc, &m); /* no layers on the staging path */
     edge_computed(cl, 2, 40, true);
     edge_run(cl);
@@ -2050,7 +2079,8 @@ static void test_protocol_edges_forged_staging_rsp(void **state)
     edge_computed(cl, 1, 40, true);
     sim_engine_run(cl->eng, t0 + 25000, 0); /* p0 has sent its requests */
     kvs_msg_t m = {.type = KVS_MSG_STAGING_RSP};
-    m.u.rsp = (kvs_msg_staging_rsp_t){.session = EDGE_DECODE_SESSION, .room = 1, .chunk = 0,
+    m.session = EDGE_DECODE_SESSION;
+    m.u.rsp = (kvs_msg_staging_rsp_t){.room = 1, .chunk = 0,
                                       .offset = o.ring_bytes, .end = o.ring_bytes + 8192};
     edge_send(cl, dfab, dc, &m);
     edge_run(cl);
@@ -2068,15 +2098,17 @@ static void test_protocol_edges_forged_staging_rsp(void **state)
     edge_computed_on(cl, 0, 2, 16, false);
     edge_run(cl);
     const uint64_t rejected = edge_stats(p0).msgs_rejected;
-    m.u.rsp = (kvs_msg_staging_rsp_t){.session = EDGE_DECODE_SESSION, .room = 2, .chunk = 2,
+    m.session = EDGE_DECODE_SESSION;
+    m.u.rsp = (kvs_msg_staging_rsp_t){.room = 2, .chunk = 2,
                                       .offset = 0, .end = 4096};
     edge_send(cl, dfab, dc, &m);
     m = (kvs_msg_t){.type = KVS_MSG_CHUNK_READY};
-    m.u.ready = (kvs_msg_chunk_ready_t){.session = EDGE_PREFILL_SESSION, .room = 2, .chunk = 0,
+    m.session = EDGE_PREFILL_SESSION;
+    m.u.ready = (kvs_msg_chunk_ready_t){.room = 2, .chunk = 0,
                                         .page_start = 0, .pages = 4};
     edge_send(cl, p0fab, pc, &m);
     m = (kvs_msg_t){.type = KVS_MSG_REGISTER_ACK};
-    m.u.ack = (kvs_msg_register_ack_t){.session = EDGE_DECODE_SESSION,
+    m.u.ack = (kvs_msg_register_ack_t){.echo = EDGE_DECODE_SESSION,
                                        .status = KVS_EFINGERPRINT};
     edge_send(cl, p0fab, pc, &m);
     const uint64_t d_rejected = edge_stats(d).msgs_rejected;
@@ -2210,7 +2242,8 @@ static void test_protocol_edges_hostile_rsp_region(void **state)
         edge_computed(cl, room, 40, true);
         sim_engine_run(cl->eng, t0 + 25000, 0); /* p0 has sent its requests */
         kvs_msg_t m = {.type = KVS_MSG_STAGING_RSP};
-        m.u.rsp = (kvs_msg_staging_rsp_t){.session = EDGE_DECODE_SESSION, .room = room,
+        m.session = EDGE_DECODE_SESSION;
+        m.u.rsp = (kvs_msg_staging_rsp_t){.room = room,
                                           .chunk = 0, .offset = c[i].offset,
                                           .end = c[i].end};
         edge_send(cl, dfab, dc, &m);
@@ -2255,8 +2288,7 @@ static void test_protocol_edges_hostile_chunk_fields_to_decode(void **state)
     edge_open(cl, 1, 0, 40); /* chunks of 4, 4 and 2 pages */
     edge_run(cl);            /* requested and allocated; nothing computed */
     assert_int_equal(kvs_ring_live_count(kvs_manager_ring(d->m)), 3);
-    const kvs_msg_chunk_ready_t good = {.session = p0s, .room = 1, .chunk = 2,
-                                        .page_start = 8, .pages = 2};
+    const kvs_msg_chunk_ready_t good = {.room = 1, .chunk = 2, .page_start = 8, .pages = 2};
     kvs_msg_chunk_ready_t lies[] = {good, good, good, good, good, good, good, good, good, good};
     lies[0].chunk = -1;
     lies[1].chunk = 3;
@@ -2270,7 +2302,7 @@ static void test_protocol_edges_hostile_chunk_fields_to_decode(void **state)
     lies[9].room = 404;
     const kvs_handler_stats_t before = edge_stats(d);
     for (size_t i = 0; i < sizeof lies / sizeof lies[0]; i++) {
-        kvs_msg_t m = {.type = KVS_MSG_CHUNK_READY};
+        kvs_msg_t m = {.type = KVS_MSG_CHUNK_READY, .session = p0s};
         m.u.ready = lies[i];
         edge_send(cl, p0fab, pc, &m);
     }
@@ -2291,7 +2323,8 @@ static void test_protocol_edges_hostile_chunk_fields_to_decode(void **state)
         edge_open(cl, room, 0, 40);
         const uint64_t rejected = edge_stats(d).msgs_rejected;
         kvs_msg_t m = {.type = KVS_MSG_STAGING_REQ};
-        m.u.req = (kvs_msg_staging_req_t){.session = p0s, .room = room, .chunk = bad_chunks[i],
+        m.session = p0s;
+        m.u.req = (kvs_msg_staging_req_t){.room = room, .chunk = bad_chunks[i],
                                           .pages = i == 3 ? 3 : 4, .tokens = 16};
         edge_send(cl, p0fab, pc, &m);
         edge_computed(cl, room, 40, true);
@@ -2500,7 +2533,7 @@ static void test_protocol_edges_hostile_ring_key(void **state)
     kvs_fabric_t *dfab = sim_nic_fabric(d->nic);
     kvs_conn_t *dc = edge_conn(dfab, "p0");
     kvs_msg_t reg = edge_register_msg(cl);
-    reg.u.reg.session = EDGE_DECODE_SESSION;
+    reg.session = EDGE_DECODE_SESSION;
     const uint64_t real_key = reg.u.reg.ring_rkey;
     reg.u.reg.ring_rkey = real_key ^ 0x5a5au;
     edge_send(cl, dfab, dc, &reg);
@@ -2554,24 +2587,32 @@ static void test_protocol_edges_hostile_direct_fields(void **state)
      * the count REGISTER announced. */
     kvs_handler_stats_t before = edge_stats(p);
     kvs_msg_t m = {.type = KVS_MSG_LAYERS};
-    m.u.layers = (kvs_msg_layers_t){.session = ds, .first = 2, .count = 1};
+    m.session = ds;
+    m.u.layers = (kvs_msg_layers_t){.first = 2, .count = 1};
     edge_send(cl, dfab, dc, &m);
-    m.u.layers = (kvs_msg_layers_t){.session = ds, .first = 0, .count = 1};
+    m.session = ds;
+    m.u.layers = (kvs_msg_layers_t){.first = 0, .count = 1};
     edge_send(cl, dfab, dc, &m); /* layers_got is 2 already */
-    m.u.layers = (kvs_msg_layers_t){.session = ds, .first = -1, .count = 3};
+    m.session = ds;
+    m.u.layers = (kvs_msg_layers_t){.first = -1, .count = 3};
     edge_send(cl, dfab, dc, &m);
     /* A room only the forged messages announce, 12 tokens = 3 pages. */
     m = (kvs_msg_t){.type = KVS_MSG_ROOM};
-    m.u.room = (kvs_msg_room_t){.session = ds, .room = 7, .total_tokens = 12, .num_pages = 3};
+    m.session = ds;
+    m.u.room = (kvs_msg_room_t){.room = 7, .total_tokens = 12, .num_pages = 3};
     edge_send(cl, dfab, dc, &m);
     m = (kvs_msg_t){.type = KVS_MSG_PAGES};
-    m.u.pages = (kvs_msg_pages_t){.session = ds, .room = 7, .first = 1, .count = 1};
+    m.session = ds;
+    m.u.pages = (kvs_msg_pages_t){.room = 7, .first = 1, .count = 1};
     edge_send(cl, dfab, dc, &m); /* out of order */
-    m.u.pages = (kvs_msg_pages_t){.session = ds, .room = 7, .first = 0, .count = 4};
+    m.session = ds;
+    m.u.pages = (kvs_msg_pages_t){.room = 7, .first = 0, .count = 4};
     edge_send(cl, dfab, dc, &m); /* more than 3 pages */
-    m.u.pages = (kvs_msg_pages_t){.session = ds, .room = 404, .first = 0, .count = 1};
+    m.session = ds;
+    m.u.pages = (kvs_msg_pages_t){.room = 404, .first = 0, .count = 1};
     edge_send(cl, dfab, dc, &m); /* unknown room */
-    m.u.pages = (kvs_msg_pages_t){.session = ds, .room = 7, .first = 0, .count = 3,
+    m.session = ds;
+    m.u.pages = (kvs_msg_pages_t){.room = 7, .first = 0, .count = 3,
                                   .ids = {0, EDGE_POOL_PAGES, 1}};
     edge_send(cl, dfab, dc, &m); /* page 96 is past the 96-page pool */
     edge_run(cl);
@@ -2588,14 +2629,16 @@ static void test_protocol_edges_hostile_direct_fields(void **state)
     /* A K layer key the decode never registered (a new registration of the
      * same session with its real geometry): the fabric refuses the writes. */
     kvs_msg_t reg = {.type = KVS_MSG_REGISTER};
-    reg.u.reg = (kvs_msg_register_t){.session = ds, .tp_rank = 0, .tp_size = 1, .pp_rank = 0,
+    reg.session = ds;
+    reg.u.reg = (kvs_msg_register_t){.tp_rank = 0, .tp_size = 1, .pp_rank = 0,
                                      .pp_size = 1, .local_heads = d->heads,
                                      .num_pages = EDGE_POOL_PAGES,
                                      .layers_total = d->layers};
     kvs__fingerprint(kvs_manager_layout(d->m), kvs_manager_path(d->m), 0, &reg.u.reg.fp);
     edge_send(cl, dfab, dc, &reg);
     kvs_msg_t lm = {.type = KVS_MSG_LAYERS};
-    lm.u.layers = (kvs_msg_layers_t){.session = ds, .first = 0, .count = (uint32_t)d->layers};
+    lm.session = ds;
+    lm.u.layers = (kvs_msg_layers_t){.first = 0, .count = (uint32_t)d->layers};
     for (int64_t l = 0; l < d->layers; l++)
         lm.u.layers.entries[l] = (kvs_layer_entry_t){.k_addr = d->k_base[l], .k_rkey = 0x5a5a,
                                                      .v_addr = d->v_base[l], .v_rkey = 0x5a5b};
@@ -2631,14 +2674,14 @@ static void test_protocol_edges_hostile_rsp_duplicates(void **state)
     edge_open(cl, 1, 0, 40);
     edge_run(cl); /* every chunk has its region; nothing is computed */
     const kvs_handler_stats_t before = edge_stats(p0);
-    const kvs_msg_staging_rsp_t real = {.session = EDGE_DECODE_SESSION, .room = 1, .chunk = 0,
-                                        .offset = 0, .round = 0, .end = full};
+    const kvs_msg_staging_rsp_t real = {.room = 1, .chunk = 0, .offset = 0, .round = 0,
+                                        .end = full};
     kvs_msg_staging_rsp_t a[] = {real, real, real, real};
     a[1].round = 1;
     a[2].end = full / 2;
     a[3].chunk = -1;
     for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) {
-        kvs_msg_t m = {.type = KVS_MSG_STAGING_RSP};
+        kvs_msg_t m = {.type = KVS_MSG_STAGING_RSP, .session = EDGE_DECODE_SESSION};
         m.u.rsp = a[i];
         edge_send(cl, dfab, dc, &m);
     }
@@ -2650,7 +2693,8 @@ static void test_protocol_edges_hostile_rsp_duplicates(void **state)
 
     edge_open(cl, 2, 0, 40);
     kvs_msg_t m = {.type = KVS_MSG_ABORT};
-    m.u.abort = (kvs_msg_abort_t){.session = EDGE_DECODE_SESSION, .room = 2, .status = KVS_OK};
+    m.session = EDGE_DECODE_SESSION;
+    m.u.abort = (kvs_msg_abort_t){.room = 2, .status = KVS_OK};
     edge_send(cl, dfab, dc, &m);
     edge_computed(cl, 2, 40, true);
     edge_run(cl);
@@ -2678,7 +2722,8 @@ static void test_protocol_edges_abort_without_status(void **state)
     edge_run(cl);
     edge_expect(edge_prefill(cl, 1), 1, KVS_OK);
     kvs_msg_t m = {.type = KVS_MSG_ABORT};
-    m.u.abort = (kvs_msg_abort_t){.session = EDGE_PREFILL_SESSION, .room = 1, .status = KVS_OK};
+    m.session = EDGE_PREFILL_SESSION;
+    m.u.abort = (kvs_msg_abort_t){.room = 1, .status = KVS_OK};
     edge_send(cl, p0fab, pc, &m);
     edge_run(cl);
     assert_null(edge_result(d, 1)); /* p0 has not reported */
@@ -2744,7 +2789,8 @@ static void test_protocol_edges_register_stage_and_early_messages(void **state)
     kvs_fabric_t *p0fab = sim_nic_fabric(p0->nic);
     kvs_conn_t *pc = edge_conn(p0fab, "d0");
     kvs_msg_t m = {.type = KVS_MSG_STATUS};
-    m.u.status = (kvs_msg_status_t){.session = EDGE_PREFILL_SESSION, .room = 1};
+    m.session = EDGE_PREFILL_SESSION;
+    m.u.status = (kvs_msg_status_t){.room = 1};
     edge_send(cl, p0fab, pc, &m);
     edge_wake(d);
     edge_run(cl);
@@ -2791,7 +2837,8 @@ static void test_protocol_edges_hostile_direct_geometry(void **state)
     edge_intruder_create(cl, &x);
     kvs_conn_t *xc = edge_conn(x.fab, "p0");
     kvs_msg_t reg = {.type = KVS_MSG_REGISTER};
-    reg.u.reg = (kvs_msg_register_t){.session = 0xbad5e55u, .tp_rank = 0, .tp_size = 1,
+    reg.session = 0xbad5e55u;
+    reg.u.reg = (kvs_msg_register_t){.tp_rank = 0, .tp_size = 1,
                                      .pp_rank = 0, .pp_size = 1, .local_heads = d->heads,
                                      .num_pages = EDGE_POOL_PAGES, .layers_total = d->layers};
     kvs__fingerprint(kvs_manager_layout(d->m), kvs_manager_path(d->m), 0, &reg.u.reg.fp);
@@ -2812,21 +2859,26 @@ static void test_protocol_edges_hostile_direct_geometry(void **state)
     kvs_conn_t *dc = edge_conn(dfab, "p0");
     kvs_handler_stats_t before = edge_stats(p);
     kvs_msg_t m = {.type = KVS_MSG_ROOM};
-    m.u.room = (kvs_msg_room_t){.session = ds, .room = 5, .base_tokens = -4, .total_tokens = 8,
+    m.session = ds;
+    m.u.room = (kvs_msg_room_t){.room = 5, .base_tokens = -4, .total_tokens = 8,
                                 .num_pages = 3};
     edge_send(cl, dfab, dc, &m);
-    m.u.room = (kvs_msg_room_t){.session = ds, .room = 5, .base_tokens = 8, .total_tokens = 4,
+    m.session = ds;
+    m.u.room = (kvs_msg_room_t){.room = 5, .base_tokens = 8, .total_tokens = 4,
                                 .num_pages = 0};
     edge_send(cl, dfab, dc, &m);
     /* room 6: a page id below 0 */
-    m.u.room = (kvs_msg_room_t){.session = ds, .room = 6, .total_tokens = 12, .num_pages = 3};
+    m.session = ds;
+    m.u.room = (kvs_msg_room_t){.room = 6, .total_tokens = 12, .num_pages = 3};
     edge_send(cl, dfab, dc, &m);
     kvs_msg_t pg = {.type = KVS_MSG_PAGES};
-    pg.u.pages = (kvs_msg_pages_t){.session = ds, .room = 6, .first = 0, .count = 3,
+    pg.session = ds;
+    pg.u.pages = (kvs_msg_pages_t){.room = 6, .first = 0, .count = 3,
                                    .ids = {0, -1, 1}};
     edge_send(cl, dfab, dc, &pg);
     /* room 7: announced, its page ids come later */
-    m.u.room = (kvs_msg_room_t){.session = ds, .room = 7, .total_tokens = 12, .num_pages = 3};
+    m.session = ds;
+    m.u.room = (kvs_msg_room_t){.room = 7, .total_tokens = 12, .num_pages = 3};
     edge_send(cl, dfab, dc, &m);
     edge_run(cl);
     assert_int_equal(edge_stats(p).msgs_rejected - before.msgs_rejected, 3);
@@ -2838,7 +2890,8 @@ static void test_protocol_edges_hostile_direct_geometry(void **state)
     edge_expect(p, 6, KVS_ERANGE);
     assert_null(edge_result(p, 7));
     assert_int_equal(edge_stats(p).rdma_writes, before.rdma_writes);
-    pg.u.pages = (kvs_msg_pages_t){.session = ds, .room = 7, .first = 0, .count = 3,
+    pg.session = ds;
+    pg.u.pages = (kvs_msg_pages_t){.room = 7, .first = 0, .count = 3,
                                    .ids = {60, 61, 62}};
     edge_send(cl, dfab, dc, &pg);
     edge_run(cl);
@@ -2851,7 +2904,8 @@ static void test_protocol_edges_hostile_direct_geometry(void **state)
     const kvs_handler_stats_t d_before = edge_stats(d);
     edge_open_decode(cl, 1, 0, 40);
     m = (kvs_msg_t){.type = KVS_MSG_STAGING_REQ};
-    m.u.req = (kvs_msg_staging_req_t){.session = EDGE_PREFILL_SESSION, .room = 1, .chunk = 0,
+    m.session = EDGE_PREFILL_SESSION;
+    m.u.req = (kvs_msg_staging_req_t){.room = 1, .chunk = 0,
                                       .pages = 4, .tokens = 16};
     edge_send(cl, p0fab, pc, &m);
     edge_run(cl);
@@ -3003,7 +3057,7 @@ static void test_protocol_edges_hostile_ack_of_unsent(void **state)
      * second is refused and waits */
     const uint64_t refused = sim_nic_posts_refused(d->nic);
     kvs_msg_t wm = {.type = KVS_MSG_WATERMARK};
-    wm.u.wm = (kvs_msg_watermark_t){.session = EDGE_DECODE_SESSION};
+    wm.session = EDGE_DECODE_SESSION;
     assert_int_equal(kvs__link_send(ls, d_p0, &wm), KVS_OK);
     assert_int_equal(kvs__link_send(ls, d_p0, &wm), KVS_OK);
     assert_int_equal(sim_nic_posts_refused(d->nic), refused + 1);
@@ -3123,7 +3177,8 @@ static void test_protocol_edges_hostile_chunk_ready_writer_overflow(void **state
     edge_run(cl);
     const kvs_handler_stats_t before = edge_stats(d);
     kvs_msg_t m = {.type = KVS_MSG_CHUNK_READY};
-    m.u.ready = (kvs_msg_chunk_ready_t){.session = EDGE_PREFILL_SESSION, .room = 1, .chunk = 2,
+    m.session = EDGE_PREFILL_SESSION;
+    m.u.ready = (kvs_msg_chunk_ready_t){.room = 1, .chunk = 2,
                                         .page_start = 8, .pages = 2, .writer = INT64_MAX,
                                         .stage = 1};
     edge_send(cl, p0fab, pc, &m);
@@ -3185,12 +3240,14 @@ static void test_protocol_edges_hostile_direct_room_pages_overflow(void **state)
     kvs_conn_t *dc = edge_conn(dfab, "p0");
     const kvs_handler_stats_t before = edge_stats(p);
     kvs_msg_t m = {.type = KVS_MSG_ROOM};
-    m.u.room = (kvs_msg_room_t){.session = EDGE_DECODE_SESSION, .room = 7,
+    m.session = EDGE_DECODE_SESSION;
+    m.u.room = (kvs_msg_room_t){.room = 7,
                                 .total_tokens = INT64_MAX,
                                 .num_pages = INT64_MAX / 4 + 1};
     edge_send(cl, dfab, dc, &m);
     m = (kvs_msg_t){.type = KVS_MSG_PAGES};
-    m.u.pages = (kvs_msg_pages_t){.session = EDGE_DECODE_SESSION, .room = 7, .first = 0,
+    m.session = EDGE_DECODE_SESSION;
+    m.u.pages = (kvs_msg_pages_t){.room = 7, .first = 0,
                                   .count = 64};
     edge_send(cl, dfab, dc, &m);
     edge_run(cl);
@@ -3219,7 +3276,8 @@ static void test_protocol_edges_hostile_register_pool_overflow(void **state)
     edge_intruder_create(cl, &x);
     kvs_conn_t *xc = edge_conn(x.fab, "p0");
     kvs_msg_t m = {.type = KVS_MSG_REGISTER};
-    m.u.reg = (kvs_msg_register_t){.session = 0xbad5e55u, .tp_rank = 0, .tp_size = 1,
+    m.session = 0xbad5e55u;
+    m.u.reg = (kvs_msg_register_t){.tp_rank = 0, .tp_size = 1,
                                    .pp_rank = 0, .pp_size = 1, .local_heads = d->heads,
                                    .num_pages = INT64_MAX, .layers_total = d->layers};
     kvs__fingerprint(kvs_manager_layout(d->m), kvs_manager_path(d->m), 0, &m.u.reg.fp);

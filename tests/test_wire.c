@@ -24,171 +24,67 @@
 
 #include "xorshift.h"
 
-/* Distinctive values: no two fields equal, bytes differ inside a field, and
- * roughly half of the signed fields come out negative. */
-static uint64_t next_u64(uint64_t *s) { return xorshift64(s); }
-static int64_t next_i64(uint64_t *s) { return (int64_t)xorshift64(s); }
-static uint32_t next_u32(uint64_t *s) { return (uint32_t)(xorshift64(s) >> 16); }
-static int32_t next_i32(uint64_t *s) { return (int32_t)next_u32(s); }
 
-/* A message of `type` with every field set; counted types carry `count`
- * entries. A few fields get edge values (max u64, INT64_MIN, -1, negative
- * status) so their encoding is exercised every time. */
+/* Field values for samples: mostly distinctive random values, and every
+ * fourth field an edge value (all ones, the most negative, -1), so their
+ * encoding is exercised every time. */
+typedef struct sample_gen {
+    uint64_t s;
+    unsigned n;
+} sample_gen_t;
+
+static uint64_t gen_bits(sample_gen_t *g)
+{
+    static const uint64_t edges[] = {UINT64_MAX, 1ull << 63, UINT64_MAX - 1};
+    const unsigned i = g->n++;
+    return i % 4 == 3 ? edges[(i / 4) % 3] : xorshift64(&g->s);
+}
+static uint32_t gen_u32(sample_gen_t *g) { return (uint32_t)gen_bits(g); }
+static int32_t gen_i32(sample_gen_t *g) { return (int32_t)gen_u32(g); }
+static uint64_t gen_u64(sample_gen_t *g) { return gen_bits(g); }
+static int64_t gen_i64(sample_gen_t *g) { return (int64_t)gen_bits(g); }
+#define GEN_FIELD(kind, name) v.name = gen_##kind(g);
+static kvs_fingerprint_t gen_fp(sample_gen_t *g)
+{
+    kvs_fingerprint_t v;
+    KVS_WIRE_FP_FIELDS(GEN_FIELD)
+    return v;
+}
+static kvs_layer_entry_t gen_layer(sample_gen_t *g)
+{
+    kvs_layer_entry_t v;
+    KVS_WIRE_LAYER_FIELDS(GEN_FIELD)
+    return v;
+}
+#undef GEN_FIELD
+
+/* A message of `type` with every field set from the one description of the
+ * message set (wire.h); counted types carry `count` entries. Lengths and
+ * byte layout are checked against hand-written numbers and golden vectors
+ * below, not against that description. */
 static kvs_msg_t sample_msg(kvs_msg_type_t type, uint32_t count, uint64_t seed)
 {
-    uint64_t s = seed | 1u;
+    sample_gen_t gen = {.s = seed | 1u}, *g = &gen;
     kvs_msg_t m;
     memset(&m, 0, sizeof m);
     m.type = type;
     m.seq = (uint32_t)(seed * 2654435761u) | 1u; /* the link's sequence number */
+    m.session = gen_u64(g);
+#define GEN_MSG_FIELD(kind, name) p->name = gen_##kind(g);
+#define GEN_ARRAY_none(array)
+#define GEN_ARRAY_i64(array) GEN_ARRAY(array, i64)
+#define GEN_ARRAY_layer(array) GEN_ARRAY(array, layer)
+#define GEN_ARRAY(array, kind)                                                       \
+    p->count = count;                                                                \
+    for (uint32_t i = 0; i < count && i < sizeof p->array / sizeof p->array[0]; i++) \
+        p->array[i] = gen_##kind(g);
+#define GEN_MSG(NAME, value, member, mtype, ELEM, array, max)                        \
+    case KVS_MSG_##NAME: {                                                           \
+        kvs_msg_##mtype##_t *p = &m.u.member;                                        \
+        KVS_WIRE_##NAME##_FIELDS(GEN_MSG_FIELD) GEN_ARRAY_##ELEM(array) break;       \
+    }
     switch (type) {
-    case KVS_MSG_REGISTER: {
-        kvs_msg_register_t *p = &m.u.reg;
-        p->session = UINT64_MAX;
-        p->tp_rank = INT64_MIN;
-        p->tp_size = INT64_MAX;
-        p->pp_rank = -1;
-        p->pp_size = next_i64(&s);
-        p->fp.protocol_version = next_u32(&s);
-        p->fp.staging = 1;
-        p->fp.total_heads = next_i64(&s);
-        p->fp.head_dim = -128;
-        p->fp.layers = next_i64(&s);
-        p->fp.page_size = next_i64(&s);
-        p->fp.chunk_tokens = next_i64(&s);
-        p->fp.prefill_tp = next_i64(&s);
-        p->fp.decode_tp = INT64_MIN;
-        p->fp.prefill_pp = next_i64(&s);
-        p->fp.decode_pp = -3;
-        p->fp.dtype = UINT32_MAX;
-        p->fp.app_tag = next_u32(&s);
-        p->ring_addr = next_u64(&s);
-        p->ring_bytes = next_u64(&s);
-        p->ring_rkey = next_u64(&s);
-        p->local_heads = next_i64(&s);
-        p->num_pages = next_i64(&s);
-        p->layers_total = next_i64(&s);
-        break;
-    }
-    case KVS_MSG_LAYERS: {
-        kvs_msg_layers_t *p = &m.u.layers;
-        p->session = next_u64(&s);
-        p->first = -7;
-        p->count = count;
-        for (uint32_t i = 0; i < count && i < KVS_WIRE_LAYERS_PER_MSG; i++) {
-            p->entries[i].k_addr = next_u64(&s);
-            p->entries[i].k_rkey = next_u64(&s);
-            p->entries[i].v_addr = next_u64(&s);
-            p->entries[i].v_rkey = i == 0 ? UINT64_MAX : next_u64(&s);
-        }
-        break;
-    }
-    case KVS_MSG_REGISTER_ACK: {
-        kvs_msg_register_ack_t *p = &m.u.ack;
-        p->session = next_u64(&s);
-        p->tp_rank = next_i64(&s);
-        p->pp_rank = INT64_MIN;
-        p->status = KVS_EPROTO;
-        p->reserved = next_u32(&s);
-        p->prefill_session = UINT64_MAX;
-        p->fp.protocol_version = next_u32(&s);
-        p->fp.staging = 0;
-        p->fp.total_heads = -1;
-        p->fp.head_dim = next_i64(&s);
-        p->fp.layers = INT64_MAX;
-        p->fp.page_size = next_i64(&s);
-        p->fp.chunk_tokens = next_i64(&s);
-        p->fp.prefill_tp = INT64_MAX;
-        p->fp.decode_tp = next_i64(&s);
-        p->fp.prefill_pp = -1;
-        p->fp.decode_pp = next_i64(&s);
-        p->fp.dtype = next_u32(&s);
-        p->fp.app_tag = next_u32(&s);
-        break;
-    }
-    case KVS_MSG_ROOM: {
-        kvs_msg_room_t *p = &m.u.room;
-        p->session = next_u64(&s);
-        p->room = UINT64_MAX;
-        p->base_tokens = -1;
-        p->total_tokens = next_i64(&s);
-        p->num_pages = next_i64(&s);
-        break;
-    }
-    case KVS_MSG_PAGES: {
-        kvs_msg_pages_t *p = &m.u.pages;
-        p->session = next_u64(&s);
-        p->room = next_u64(&s);
-        p->first = INT64_MIN;
-        p->count = count;
-        for (uint32_t i = 0; i < count && i < KVS_WIRE_PAGES_PER_MSG; i++)
-            p->ids[i] = i == 0 ? -1 : next_i64(&s);
-        break;
-    }
-    case KVS_MSG_STAGING_REQ: {
-        kvs_msg_staging_req_t *p = &m.u.req;
-        p->session = next_u64(&s);
-        p->room = next_u64(&s);
-        p->chunk = next_i64(&s);
-        p->pages = -3;
-        p->tokens = next_i64(&s);
-        p->writer = next_i64(&s);
-        p->stage = INT64_MAX;
-        break;
-    }
-    case KVS_MSG_STAGING_RSP: {
-        kvs_msg_staging_rsp_t *p = &m.u.rsp;
-        p->session = next_u64(&s);
-        p->room = next_u64(&s);
-        p->chunk = next_i64(&s);
-        p->status = KVS_EOVERSIZED;
-        p->reserved = UINT32_MAX;
-        p->offset = next_u64(&s);
-        p->round = UINT64_MAX;
-        p->end = next_u64(&s);
-        break;
-    }
-    case KVS_MSG_CHUNK_READY: {
-        kvs_msg_chunk_ready_t *p = &m.u.ready;
-        p->session = next_u64(&s);
-        p->room = next_u64(&s);
-        p->chunk = next_i64(&s);
-        p->page_start = next_i64(&s);
-        p->pages = next_i64(&s);
-        p->writer = -2;
-        p->stage = next_i64(&s);
-        break;
-    }
-    case KVS_MSG_WATERMARK: {
-        kvs_msg_watermark_t *p = &m.u.wm;
-        p->session = next_u64(&s);
-        p->round = UINT64_MAX;
-        p->offset = next_u64(&s);
-        break;
-    }
-    case KVS_MSG_STATUS: {
-        kvs_msg_status_t *p = &m.u.status;
-        p->session = next_u64(&s);
-        p->room = next_u64(&s);
-        p->tp_rank = next_i64(&s);
-        p->pp_rank = next_i64(&s);
-        p->status = INT32_MIN;
-        p->reserved = next_u32(&s);
-        p->chunks = -1;
-        break;
-    }
-    case KVS_MSG_ABORT: {
-        kvs_msg_abort_t *p = &m.u.abort;
-        p->session = next_u64(&s);
-        p->room = next_u64(&s);
-        p->status = next_i32(&s);
-        p->reserved = next_u32(&s);
-        break;
-    }
-    case KVS_MSG_ACK:
-        m.u.ack_link.cum = next_u32(&s);
-        m.u.ack_link.reserved = next_u32(&s);
-        break;
+        KVS_WIRE_MESSAGES(GEN_MSG)
     default:
         break;
     }
@@ -224,19 +120,20 @@ static size_t all_cases(sample_case_t *out, size_t cap)
 /* The length the format says a message must have (header included). */
 static uint32_t expected_len(kvs_msg_type_t type, uint32_t count)
 {
+    /* 24 header bytes, then the payload; the session travels in the header */
     switch (type) {
-    case KVS_MSG_REGISTER: return 16 + 8 + 32 + 88 + 24 + 16 + 8; /* 192 */
-    case KVS_MSG_LAYERS: return 16 + 20 + 32 * count;
-    case KVS_MSG_REGISTER_ACK: return 16 + 40 + 88;
-    case KVS_MSG_ROOM: return 16 + 40;
-    case KVS_MSG_PAGES: return 16 + 28 + 8 * count;
-    case KVS_MSG_STAGING_REQ: return 16 + 56;
-    case KVS_MSG_STAGING_RSP: return 16 + 56;
-    case KVS_MSG_CHUNK_READY: return 16 + 56;
-    case KVS_MSG_WATERMARK: return 16 + 24;
-    case KVS_MSG_STATUS: return 16 + 48;
-    case KVS_MSG_ABORT: return 16 + 24;
-    case KVS_MSG_ACK: return 16 + 8;
+    case KVS_MSG_REGISTER: return 24 + 32 + 24 + 88 + 24 + 16 + 8; /* 216 */
+    case KVS_MSG_LAYERS: return 24 + 12 + 32 * count;
+    case KVS_MSG_REGISTER_ACK: return 24 + 8 + 16 + 8 + 88;
+    case KVS_MSG_ROOM: return 24 + 32;
+    case KVS_MSG_PAGES: return 24 + 20 + 8 * count;
+    case KVS_MSG_STAGING_REQ: return 24 + 48;
+    case KVS_MSG_STAGING_RSP: return 24 + 48;
+    case KVS_MSG_CHUNK_READY: return 24 + 48;
+    case KVS_MSG_WATERMARK: return 24 + 16;
+    case KVS_MSG_STATUS: return 24 + 40;
+    case KVS_MSG_ABORT: return 24 + 16;
+    case KVS_MSG_ACK: return 24 + 8;
     default: return 0;
     }
 }
@@ -297,21 +194,22 @@ static void assert_eproto(const uint8_t *bytes, uint32_t len)
     assert_pattern(&m);
 }
 
-static void assert_fp_equal(const kvs_fingerprint_t *a, const kvs_fingerprint_t *b)
+#define EQ_FIELD(kind, name) EQ_##kind(x->name, y->name)
+#define EQ_u32(a, b) assert_int_equal(a, b);
+#define EQ_i32(a, b) assert_int_equal(a, b);
+#define EQ_u64(a, b) assert_int_equal(a, b);
+#define EQ_i64(a, b) assert_int_equal(a, b);
+#define EQ_fp(a, b) assert_fp_equal(&(a), &(b));
+#define EQ_layer(a, b) assert_layer_equal(&(a), &(b));
+
+static void assert_fp_equal(const kvs_fingerprint_t *x, const kvs_fingerprint_t *y)
 {
-    assert_int_equal(a->protocol_version, b->protocol_version);
-    assert_int_equal(a->staging, b->staging);
-    assert_int_equal(a->total_heads, b->total_heads);
-    assert_int_equal(a->head_dim, b->head_dim);
-    assert_int_equal(a->layers, b->layers);
-    assert_int_equal(a->page_size, b->page_size);
-    assert_int_equal(a->chunk_tokens, b->chunk_tokens);
-    assert_int_equal(a->prefill_tp, b->prefill_tp);
-    assert_int_equal(a->decode_tp, b->decode_tp);
-    assert_int_equal(a->prefill_pp, b->prefill_pp);
-    assert_int_equal(a->decode_pp, b->decode_pp);
-    assert_int_equal(a->dtype, b->dtype);
-    assert_int_equal(a->app_tag, b->app_tag);
+    KVS_WIRE_FP_FIELDS(EQ_FIELD)
+}
+
+static void assert_layer_equal(const kvs_layer_entry_t *x, const kvs_layer_entry_t *y)
+{
+    KVS_WIRE_LAYER_FIELDS(EQ_FIELD)
 }
 
 /* Field by field (padding is not part of a message). */
@@ -319,130 +217,20 @@ static void assert_msg_equal(const kvs_msg_t *a, const kvs_msg_t *b)
 {
     assert_int_equal(a->type, b->type);
     assert_int_equal(a->seq, b->seq);
+    assert_int_equal(a->session, b->session);
+#define EQ_ARRAY_none(array)
+#define EQ_ARRAY_i64(array) EQ_ARRAY(array, i64)
+#define EQ_ARRAY_layer(array) EQ_ARRAY(array, layer)
+#define EQ_ARRAY(array, kind)                                                        \
+    for (uint32_t i = 0; i < x->count; i++)                                          \
+        EQ_##kind(x->array[i], y->array[i])
+#define EQ_MSG(NAME, value, member, mtype, ELEM, array, max)                         \
+    case KVS_MSG_##NAME: {                                                           \
+        const kvs_msg_##mtype##_t *x = &a->u.member, *y = &b->u.member;              \
+        KVS_WIRE_##NAME##_FIELDS(EQ_FIELD) EQ_ARRAY_##ELEM(array) break;             \
+    }
     switch (a->type) {
-    case KVS_MSG_REGISTER: {
-        const kvs_msg_register_t *x = &a->u.reg, *y = &b->u.reg;
-        assert_int_equal(x->session, y->session);
-        assert_int_equal(x->tp_rank, y->tp_rank);
-        assert_int_equal(x->tp_size, y->tp_size);
-        assert_int_equal(x->pp_rank, y->pp_rank);
-        assert_int_equal(x->pp_size, y->pp_size);
-        assert_fp_equal(&x->fp, &y->fp);
-        assert_int_equal(x->ring_addr, y->ring_addr);
-        assert_int_equal(x->ring_bytes, y->ring_bytes);
-        assert_int_equal(x->ring_rkey, y->ring_rkey);
-        assert_int_equal(x->local_heads, y->local_heads);
-        assert_int_equal(x->num_pages, y->num_pages);
-        assert_int_equal(x->layers_total, y->layers_total);
-        break;
-    }
-    case KVS_MSG_LAYERS: {
-        const kvs_msg_layers_t *x = &a->u.layers, *y = &b->u.layers;
-        assert_int_equal(x->session, y->session);
-        assert_int_equal(x->first, y->first);
-        assert_int_equal(x->count, y->count);
-        for (uint32_t i = 0; i < x->count; i++) {
-            assert_int_equal(x->entries[i].k_addr, y->entries[i].k_addr);
-            assert_int_equal(x->entries[i].k_rkey, y->entries[i].k_rkey);
-            assert_int_equal(x->entries[i].v_addr, y->entries[i].v_addr);
-            assert_int_equal(x->entries[i].v_rkey, y->entries[i].v_rkey);
-        }
-        break;
-    }
-    case KVS_MSG_REGISTER_ACK: {
-        const kvs_msg_register_ack_t *x = &a->u.ack, *y = &b->u.ack;
-        assert_int_equal(x->session, y->session);
-        assert_int_equal(x->tp_rank, y->tp_rank);
-        assert_int_equal(x->pp_rank, y->pp_rank);
-        assert_int_equal(x->status, y->status);
-        assert_int_equal(x->reserved, y->reserved);
-        assert_int_equal(x->prefill_session, y->prefill_session);
-        assert_fp_equal(&x->fp, &y->fp);
-        break;
-    }
-    case KVS_MSG_ROOM: {
-        const kvs_msg_room_t *x = &a->u.room, *y = &b->u.room;
-        assert_int_equal(x->session, y->session);
-        assert_int_equal(x->room, y->room);
-        assert_int_equal(x->base_tokens, y->base_tokens);
-        assert_int_equal(x->total_tokens, y->total_tokens);
-        assert_int_equal(x->num_pages, y->num_pages);
-        break;
-    }
-    case KVS_MSG_PAGES: {
-        const kvs_msg_pages_t *x = &a->u.pages, *y = &b->u.pages;
-        assert_int_equal(x->session, y->session);
-        assert_int_equal(x->room, y->room);
-        assert_int_equal(x->first, y->first);
-        assert_int_equal(x->count, y->count);
-        for (uint32_t i = 0; i < x->count; i++)
-            assert_int_equal(x->ids[i], y->ids[i]);
-        break;
-    }
-    case KVS_MSG_STAGING_REQ: {
-        const kvs_msg_staging_req_t *x = &a->u.req, *y = &b->u.req;
-        assert_int_equal(x->session, y->session);
-        assert_int_equal(x->room, y->room);
-        assert_int_equal(x->chunk, y->chunk);
-        assert_int_equal(x->pages, y->pages);
-        assert_int_equal(x->tokens, y->tokens);
-        assert_int_equal(x->writer, y->writer);
-        assert_int_equal(x->stage, y->stage);
-        break;
-    }
-    case KVS_MSG_STAGING_RSP: {
-        const kvs_msg_staging_rsp_t *x = &a->u.rsp, *y = &b->u.rsp;
-        assert_int_equal(x->session, y->session);
-        assert_int_equal(x->room, y->room);
-        assert_int_equal(x->chunk, y->chunk);
-        assert_int_equal(x->status, y->status);
-        assert_int_equal(x->reserved, y->reserved);
-        assert_int_equal(x->offset, y->offset);
-        assert_int_equal(x->round, y->round);
-        assert_int_equal(x->end, y->end);
-        break;
-    }
-    case KVS_MSG_CHUNK_READY: {
-        const kvs_msg_chunk_ready_t *x = &a->u.ready, *y = &b->u.ready;
-        assert_int_equal(x->session, y->session);
-        assert_int_equal(x->room, y->room);
-        assert_int_equal(x->chunk, y->chunk);
-        assert_int_equal(x->page_start, y->page_start);
-        assert_int_equal(x->pages, y->pages);
-        assert_int_equal(x->writer, y->writer);
-        assert_int_equal(x->stage, y->stage);
-        break;
-    }
-    case KVS_MSG_WATERMARK: {
-        const kvs_msg_watermark_t *x = &a->u.wm, *y = &b->u.wm;
-        assert_int_equal(x->session, y->session);
-        assert_int_equal(x->round, y->round);
-        assert_int_equal(x->offset, y->offset);
-        break;
-    }
-    case KVS_MSG_STATUS: {
-        const kvs_msg_status_t *x = &a->u.status, *y = &b->u.status;
-        assert_int_equal(x->session, y->session);
-        assert_int_equal(x->room, y->room);
-        assert_int_equal(x->tp_rank, y->tp_rank);
-        assert_int_equal(x->pp_rank, y->pp_rank);
-        assert_int_equal(x->status, y->status);
-        assert_int_equal(x->reserved, y->reserved);
-        assert_int_equal(x->chunks, y->chunks);
-        break;
-    }
-    case KVS_MSG_ABORT: {
-        const kvs_msg_abort_t *x = &a->u.abort, *y = &b->u.abort;
-        assert_int_equal(x->session, y->session);
-        assert_int_equal(x->room, y->room);
-        assert_int_equal(x->status, y->status);
-        assert_int_equal(x->reserved, y->reserved);
-        break;
-    }
-    case KVS_MSG_ACK:
-        assert_int_equal(a->u.ack_link.cum, b->u.ack_link.cum);
-        assert_int_equal(a->u.ack_link.reserved, b->u.ack_link.reserved);
-        break;
+        KVS_WIRE_MESSAGES(EQ_MSG)
     default:
         fail_msg("unexpected type %d", (int)a->type);
     }
@@ -493,7 +281,7 @@ static void test_wire_encoded_lengths_are_exact(void **state)
             assert_int_equal(payload, len - KVS_WIRE_HEADER_BYTES);
         }
     }
-    assert_int_equal(expected_len(KVS_MSG_REGISTER, 0), 192);
+    assert_int_equal(expected_len(KVS_MSG_REGISTER, 0), 216);
     /* The largest messages fit a control message. */
     assert_int_equal(expected_len(KVS_MSG_LAYERS, KVS_WIRE_LAYERS_PER_MSG), 3108);
     assert_int_equal(expected_len(KVS_MSG_PAGES, KVS_WIRE_PAGES_PER_MSG), 3884);
@@ -511,11 +299,11 @@ static void test_wire_golden_watermark(void **state)
     (void)state;
     static const uint8_t golden[] = {
         0x54, 0x53, 0x56, 0x4B,                         /* magic "KVST" LE */
-        0x03, 0x00,                                     /* version 3 */
+        0x04, 0x00,                                     /* version 4 */
         0x09, 0x00,                                     /* type WATERMARK */
-        0x18, 0x00, 0x00, 0x00,                         /* payload 24 */
+        0x10, 0x00, 0x00, 0x00,                         /* payload 16 */
         0x11, 0x22, 0x33, 0x44,                         /* link seq */
-        0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, /* session */
+        0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, /* sender's session */
         0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11, /* round */
         0xF0, 0xDE, 0xBC, 0x9A, 0x00, 0x00, 0x00, 0x80, /* offset */
     };
@@ -523,7 +311,7 @@ static void test_wire_golden_watermark(void **state)
     memset(&m, 0, sizeof m);
     m.type = KVS_MSG_WATERMARK;
     m.seq = 0x44332211u;
-    m.u.wm.session = 0x0102030405060708u;
+    m.session = 0x0102030405060708u;
     m.u.wm.round = 0x1112131415161718u;
     m.u.wm.offset = 0x800000009ABCDEF0u;
     uint8_t buf[64];
@@ -541,7 +329,7 @@ static void test_wire_golden_abort_negative_status(void **state)
 {
     (void)state;
     static const uint8_t golden[] = {
-        0x54, 0x53, 0x56, 0x4B, 0x03, 0x00, 0x0B, 0x00, 0x18, 0x00, 0x00, 0x00,
+        0x54, 0x53, 0x56, 0x4B, 0x04, 0x00, 0x0B, 0x00, 0x10, 0x00, 0x00, 0x00,
         0x07, 0x00, 0x00, 0x00,                         /* link seq 7 */
         0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, /* session = max u64 */
         0x2A, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* room = 42 */
@@ -552,7 +340,7 @@ static void test_wire_golden_abort_negative_status(void **state)
     memset(&m, 0, sizeof m);
     m.type = KVS_MSG_ABORT;
     m.seq = 7;
-    m.u.abort.session = UINT64_MAX;
+    m.session = UINT64_MAX;
     m.u.abort.room = 42;
     m.u.abort.status = KVS_EOVERSIZED;
     uint8_t buf[64];
@@ -663,7 +451,7 @@ static void test_wire_trailing_garbage_is_eproto(void **state)
 static uint32_t craft_counted(uint8_t *buf, uint32_t cap, kvs_msg_type_t type,
                               uint32_t count, uint32_t entries)
 {
-    uint32_t fixed = type == KVS_MSG_LAYERS ? 20 : 28;
+    uint32_t fixed = type == KVS_MSG_LAYERS ? 12 : 20;
     uint32_t each = type == KVS_MSG_LAYERS ? 32 : 8;
     uint32_t len = KVS_WIRE_HEADER_BYTES + fixed + entries * each;
     assert_true(len <= cap);
@@ -673,6 +461,7 @@ static uint32_t craft_counted(uint8_t *buf, uint32_t cap, kvs_msg_type_t type,
     put_le16(buf + 6, (uint16_t)type);
     put_le32(buf + 8, len - KVS_WIRE_HEADER_BYTES);
     put_le32(buf + 12, 1); /* link seq */
+    memset(buf + 16, 0, 8); /* session */
     put_le32(buf + KVS_WIRE_HEADER_BYTES + fixed - 4, count);
     return len;
 }
@@ -707,7 +496,7 @@ static void test_wire_count_over_bound_is_eproto(void **state)
         len = craft_counted(buf, sizeof buf, types[t], 0, 1);
         assert_eproto(buf, len);
         /* Payload shorter than the fixed part, header agreeing. */
-        for (uint32_t p = 0; p < (types[t] == KVS_MSG_LAYERS ? 20u : 28u); p++) {
+        for (uint32_t p = 0; p < (types[t] == KVS_MSG_LAYERS ? 12u : 20u); p++) {
             put_le32(buf + 8, p);
             assert_eproto(buf, KVS_WIRE_HEADER_BYTES + p);
         }
