@@ -58,7 +58,7 @@ def test_plan_equals_cli_json(cli, kwargs, flags):
 
 
 def test_plan_llama70_numbers():
-    """The README's example, by hand: 8 KV heads at TP 8 -> 2 give 4
+    """docs/cli.md's `kvstage plan` example, by hand: 8 KV heads at TP 8 -> 2 give 4
     one-head writers of 8192 * 128 * 2 * 80 * 2 bytes per decode rank."""
     p = kvstage.plan(model="llama-3.1-70b", prefill_tp=8, decode_tp=2, page_size=1)
     assert p["tp_writers"] == 4
