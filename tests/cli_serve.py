@@ -40,8 +40,8 @@ def test_bad_input(s):
         # Pipeline layouts: the core's rules, worded for the flags.
         ("decode pp neither 1 nor prefill pp",
          DECODE + ["--prefill-pp", "2", "--decode-pp", "4"], "--decode-pp"),
-        ("prefill pp does not divide layers",
-         DECODE + ["--prefill-pp", "3"], "--prefill-pp"),
+        ("more prefill stages than layers",
+         DECODE + ["--prefill-pp", "5"], "--prefill-pp"),
         ("decode pp 0", DECODE + ["--decode-pp", "0"], "--decode-pp"),
         # TP x PP ranks of one process: each side's product is bounded, on
         # both roles alike (so the two processes refuse the same shapes).

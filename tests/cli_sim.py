@@ -396,6 +396,8 @@ def test_bad_input(s):
          "--chunk-tokens"),
         ("decode pp not 1 or pp", SMALL + ["--prefill-pp", "4",
                                            "--decode-pp", "2"], "--decode-pp"),
+        ("more stages than layers", SMALL + ["--prefill-pp", "5"],
+         "--prefill-pp"),
         ("sq depth negative", SMALL + ["--sq-depth", "-1"], "--sq-depth"),
         ("sq depth too deep", SMALL + ["--sq-depth", "65536"], "--sq-depth"),
         ("sq depth junk", SMALL + ["--sq-depth", "deep"], "--sq-depth"),

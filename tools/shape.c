@@ -140,9 +140,7 @@ static const char *cli__shape_flag_for(int status, const kvs_layout_params_t *p)
     case KVS_EPP_SPLIT:
         if (p->decode_pp != 1 && p->decode_pp != p->prefill_pp)
             return "--decode-pp";
-        if (p->layers % p->prefill_pp != 0)
-            return "--prefill-pp (or --layers)";
-        return "--decode-pp (or --layers)";
+        return "--prefill-pp (or --layers)"; /* fewer layers than stages */
     case KVS_ECHUNK:
         return "--chunk-tokens (or --page-size)";
     case KVS_EDTYPE:
