@@ -753,6 +753,7 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
     kvs_manager_config_t mc = {
         .role = n->role, .staging = staging, .total_heads = l->total_heads,
         .head_dim = l->head_dim, .dtype = sc->cfg.shape.dtype, .layers = n->layers,
+        .model_layers = l->layers,
         .page_size = l->page_size, .tp_rank = n->tp, .tp_size = decode ? l->decode_tp : l->prefill_tp,
         .pp_rank = n->pp, .pp_size = decode ? l->decode_pp : l->prefill_pp,
         .peer_tp_size = decode ? l->prefill_tp : l->decode_tp,

@@ -253,6 +253,12 @@ def test_topologies(s):
         ("both PP", l8 + ["--prefill-tp", "2", "--decode-tp", "4",
                           "--prefill-pp", "2", "--decode-pp", "2"],
          "staging", 4, 8),
+        # 4 layers over 3 stages: 1 / 1 / 2 (spec §4, uneven splits).
+        ("uneven prefill PP", l8 + ["--prefill-tp", "2", "--decode-tp", "1",
+                                    "--prefill-pp", "3"], "staging", 6, 1),
+        ("uneven both PP", l8 + ["--prefill-tp", "2", "--decode-tp", "4",
+                                 "--prefill-pp", "3", "--decode-pp", "3"],
+         "staging", 6, 12),
         ("replicated heads", ["--model", "qwen2.5-1.5b", "--prefill-tp", "4",
                               "--decode-tp", "2"], "staging", 4, 2),
         ("no model", ["--kv-heads", "4", "--head-dim", "64",

@@ -224,6 +224,7 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
     const kvs_manager_config_t mc = {
         .role = c->r->role, .staging = staging, .total_heads = l->total_heads,
         .head_dim = l->head_dim, .dtype = pl->dtype, .layers = c->layers,
+        .model_layers = l->layers,
         .page_size = l->page_size, .tp_rank = c->r->tp,
         .tp_size = decode ? l->decode_tp : l->prefill_tp, .pp_rank = c->r->pp,
         .pp_size = decode ? l->decode_pp : l->prefill_pp,

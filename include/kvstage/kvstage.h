@@ -451,7 +451,8 @@ typedef struct kvs_manager_config {
     int64_t heads_per_rank;   /* KV heads on this rank, 0 if unknown */
     int64_t head_dim;
     kvs_dtype_t dtype;
-    int64_t layers;           /* layers of the KV pool of this rank */
+    int64_t layers;           /* layers of the KV pool of this rank: its
+                                 stage's share of model_layers */
     int64_t page_size;
     int64_t tp_rank, tp_size;
     int64_t pp_rank, pp_size;
@@ -488,6 +489,12 @@ typedef struct kvs_manager_config {
      * both sides to share (kvstage serve: its workload flags), so that a
      * mismatch is refused by name instead of failing requests. */
     uint32_t app_tag;
+    /* The model's layers, over every pipeline stage; 0 -> layers * pp_size
+     * (an even split). Stages split them as spec §4 says (the last
+     * model_layers % pp_size stages hold one more, kvs_pp_stage_layers), so
+     * with an uneven split each rank's `layers` differs by stage: create
+     * refuses (KVS_EPP_SPLIT) a `layers` that is not stage pp_rank's share. */
+    int64_t model_layers;
 } kvs_manager_config_t;
 
 /* Per layer K and V base device addresses of this rank's KV pool, laid out
@@ -504,7 +511,8 @@ typedef struct kvs_kv_buffers {
 /* Creates a KV manager. dev and fab are borrowed and must outlive it. On
  * error nothing is allocated; err (may be NULL) gets the detail. Config
  * guards (MLA, context parallelism, chunk size, PP on a fabric without
- * per-layer writes) are checked here when staging is on. */
+ * per-layer writes) are checked here when staging is on; that `layers` is
+ * stage pp_rank's share of model_layers (KVS_EPP_SPLIT) always. */
 KVS_API int kvs_manager_create(const kvs_manager_config_t *cfg, kvs_device_t *dev,
                                kvs_fabric_t *fab, kvs_manager_t **out,
                                kvs_error_t *err);
