@@ -242,6 +242,13 @@ def test_bad_input(s):
             "--page-size", "16", "--chunk-tokens", "64", "--tokens", "65"],
          "--tokens"),
         ("tokens zero", with_flag("--tokens", "0"), "--tokens"),
+        # spec §8: the chunk is whole pages, never floored in silence.
+        ("chunk not a multiple of the page", ["plan"] + ok + [
+            "--page-size", "16", "--chunk-tokens", "100"], "--chunk-tokens"),
+        ("chunk below one page", ["plan"] + ok + [
+            "--page-size", "16", "--chunk-tokens", "8"], "--chunk-tokens"),
+        ("default chunk, page not dividing 8192", ["plan"] + ok + [
+            "--page-size", "24"], "--chunk-tokens"),
         ("heads do not divide prefill tp", with_flag("--kv-heads", "6"),
          "--prefill-tp"),
         ("tp sizes do not divide", ["plan", "--kv-heads", "6", "--head-dim",
@@ -256,6 +263,16 @@ def test_bad_input(s):
     ]
     for name, args, flag in cases:
         s.expect_usage_error(name, args, flag)
+    # The chunk messages name the page size and a chunk that fits.
+    res = s.run(["plan"] + ok + ["--page-size", "16", "--chunk-tokens", "100"])
+    s.ok("--page-size 16" in res.stderr and "96" in res.stderr,
+         "chunk message", ok, repr(res.stderr))
+    res = s.run(["plan"] + ok + ["--page-size", "24"])
+    s.ok("0 means 8192" in res.stderr and "8184" in res.stderr,
+         "default chunk message", ok, repr(res.stderr))
+    # A page size dividing 8192 keeps the default chunk.
+    s.expect_ok("default chunk, page 64", ["plan"] + ok + ["--page-size", "64"],
+                ["G = 8192 tokens = 128 pages"])
     # The --tokens message explains the grid width and the knob.
     res = s.run(with_flag("--tokens", "8193"))
     s.ok("--chunk-tokens" in res.stderr and "8192" in res.stderr,

@@ -395,12 +395,10 @@ def hand_cases(ck):
         "decode_ranks.3.writers.0.prefill_rank": 1,
         "decode_ranks.3.region_bytes": 1310720})
 
-    # 9. Grid corners: C is floored to whole pages, G = max(1, C/ps) * ps:
-    #    C = 100, ps = 16 -> G = 96, F = 6; C = 8 < ps = 16 -> G = 16, F = 1.
-    ck.check(make_cfg(8, 128, 80, 8, 2, ps=16, C=100), "C100 ps16", {
+    # 9. Grid corners: C must be whole pages (spec §8; C = 100 or 8 with
+    #    ps = 16 are refused, see invalid_cases); C = 96 -> G = 96, F = 6.
+    ck.check(make_cfg(8, 128, 80, 8, 2, ps=16, C=96), "C96 ps16", {
         "grid_tokens": 96, "chunk_pages": 6, "tokens": 96})
-    ck.check(make_cfg(8, 128, 80, 8, 2, ps=16, C=8), "C8 ps16", {
-        "grid_tokens": 16, "chunk_pages": 1, "tokens": 16})
     #    C equal to ps gives G = ps = 64, F = 1. H=1 replicated everywhere,
     #    P=4 -> D=2: nh = 1, rep = 4, dst_start = 0; W = 2.
     ck.check(make_cfg(1, 128, 4, 4, 2, ps=64, C=64), "H1 P4 D2 C=ps", {
@@ -503,6 +501,13 @@ def invalid_cases(ck):
         (base + ["--ring-mib", "-5"], "--ring-mib", "negative ring"),
         (base + ["--page-size", "16x"], "--page-size", "junk number"),
         (base + ["--bogus", "1"], "--bogus", "unknown flag"),
+        # spec §8: the chunk is whole pages; 0 means 8192, which 24 does
+        # not divide.
+        (base + ["--page-size", "16", "--chunk-tokens", "100"],
+         "--chunk-tokens", "C100 ps16"),
+        (base + ["--page-size", "16", "--chunk-tokens", "8"],
+         "--chunk-tokens", "C8 ps16"),
+        (base + ["--page-size", "24"], "--chunk-tokens", "C0 ps24"),
         (["plan", "--kv-heads", "8", "--head-dim", "128", "--layers", "32",
           "--prefill-tp", "4"], "--decode-tp", "missing --decode-tp"),
     ]
@@ -524,13 +529,8 @@ def random_cfg(rng):
     # Even splits, and uneven ones (spec §4) down to one layer per stage.
     layers = pp * rng.randint(1, 40) + (rng.randrange(pp) if rng.randrange(2) else 0)
     ps = rng.choice([1, 16, 32, 64])
-    r = rng.randrange(4)
-    if r == 0:
-        c = 0
-    elif r == 1:  # any size: the grid floors it to whole pages
-        c = rng.randint(1, 16384)
-    else:
-        c = ps * rng.randint(1, max(1, 16384 // ps))
+    # C is whole pages (spec §8); ps divides 8192, so C = 0 is one too.
+    c = 0 if rng.randrange(4) == 0 else ps * rng.randint(1, max(1, 16384 // ps))
     g, _ = grid(c, ps)
     r = rng.randrange(4)
     t = None if r == 0 else (g if r == 1 else rng.randint(1, g))

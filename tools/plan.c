@@ -105,7 +105,8 @@ void cli_plan_usage(FILE *out)
             "                     not divide: stages hold L/PP layers, the last L%%PP one more\n"
             "  --decode-pp DP     decode pipeline stages, 1 or PP (default 1)\n"
             "  --chunk-tokens C   chunked-prefill size, a multiple of PS; 0 means %d\n"
-            "                     (default 0); the grid width is G = max(1, C/PS)*PS\n"
+            "                     (default 0, so PS must divide %d); the grid width\n"
+            "                     is G = C tokens, C/PS pages\n"
             "  --tokens T         tokens of the chunk to lay out, 1..G (default G)\n"
             "  --ring-mib M       decode staging ring size in MiB (default %" PRId64 ")\n"
             "  --json             print one JSON object instead of the table\n"
@@ -117,7 +118,7 @@ void cli_plan_usage(FILE *out)
             "built-in models (KV heads, head dim, layers, dtype):\n",
             CLI_SHAPE_MAX_HEADS, CLI_SHAPE_MAX_HEAD_DIM, CLI_SHAPE_MAX_LAYERS,
             CLI_PLAN_DEFAULT_PAGE_SIZE, CLI_SHAPE_MAX_TP, CLI_SHAPE_MAX_TP,
-            KVS_DEFAULT_CHUNK_TOKENS, CLI_PLAN_DEFAULT_RING_MIB);
+            KVS_DEFAULT_CHUNK_TOKENS, KVS_DEFAULT_CHUNK_TOKENS, CLI_PLAN_DEFAULT_RING_MIB);
     cli_shape_models_usage(out);
     fprintf(out,
             "\n"
