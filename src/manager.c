@@ -76,6 +76,13 @@ static int kvs__check_config(const kvs_manager_config_t *c, const kvs_fabric_t *
         return KVS__FAIL(err, KVS_ECHUNK, "chunk_tokens %lld must be a positive multiple "
                          "of page_size %lld (or 0 for %d)", (long long)c->chunk_tokens,
                          (long long)c->page_size, KVS_DEFAULT_CHUNK_TOKENS);
+    /* 0 means 8192, which must be whole pages too: never floored in silence. */
+    if (c->chunk_tokens == 0 && KVS_DEFAULT_CHUNK_TOKENS % c->page_size != 0)
+        return KVS__FAIL(err, KVS_ECHUNK, "chunk_tokens 0 means %d, which is not a "
+                         "multiple of page_size %lld: pass chunk_tokens as a multiple of "
+                         "%lld, or a page_size dividing %d", KVS_DEFAULT_CHUNK_TOKENS,
+                         (long long)c->page_size, (long long)c->page_size,
+                         KVS_DEFAULT_CHUNK_TOKENS);
     const int64_t prefill_pp = c->role == KVS_ROLE_PREFILL ? c->pp_size : c->peer_pp_size;
     if (prefill_pp > 1 && !kvs__net_has(fab, KVS_FABRIC_CAP_PER_LAYER_WRITES))
         return KVS__FAIL(err, KVS_EPP_WRITES, "prefill PP %lld needs per-layer writes "

@@ -253,6 +253,10 @@ static void test_manager_config_guards(void **state)
         {"negative total heads", decode_cfg(), 0, KVS_EINVAL, "total_heads"},
         {"negative heads per rank", decode_cfg(), 0, KVS_EINVAL, "heads_per_rank"},
         {"context parallel 1 is staging's", prefill_cfg(), 0, KVS_OK, NULL},
+        {"default chunk not whole pages", decode_cfg(), 0, KVS_ECHUNK,
+         "chunk_tokens 0 means 8192, which is not a multiple of page_size 24"},
+        {"default chunk, page size dividing it", decode_cfg(), 0, KVS_OK, NULL},
+        {"default chunk, no staging: not checked", decode_cfg(), 0, KVS_OK, NULL},
     };
     g[0].cfg.is_mla = true;
     g[1].cfg.context_parallel = 2;
@@ -280,6 +284,10 @@ static void test_manager_config_guards(void **state)
     g[22].cfg.total_heads = -8;
     g[23].cfg.heads_per_rank = -4;
     g[24].cfg.context_parallel = 1;
+    g[25].cfg.page_size = 24; /* chunk_tokens 0 */
+    g[26].cfg.page_size = 64;
+    g[27].cfg.page_size = 24;
+    g[27].cfg.staging = false;
     for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) {
         f->fab.base.ops.caps = g[i].caps;
         kvs_manager_t *m = (kvs_manager_t *)&m;

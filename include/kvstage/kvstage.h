@@ -510,9 +510,10 @@ typedef struct kvs_kv_buffers {
 
 /* Creates a KV manager. dev and fab are borrowed and must outlive it. On
  * error nothing is allocated; err (may be NULL) gets the detail. Config
- * guards (MLA, context parallelism, chunk size, PP on a fabric without
- * per-layer writes) are checked here when staging is on; that `layers` is
- * stage pp_rank's share of model_layers (KVS_EPP_SPLIT) always. */
+ * guards (MLA, context parallelism, chunk size, the default chunk of 8192
+ * included, PP on a fabric without per-layer writes) are checked here when
+ * staging is on; that `layers` is stage pp_rank's share of model_layers
+ * (KVS_EPP_SPLIT) always. */
 KVS_API int kvs_manager_create(const kvs_manager_config_t *cfg, kvs_device_t *dev,
                                kvs_fabric_t *fab, kvs_manager_t **out,
                                kvs_error_t *err);
