@@ -10,8 +10,15 @@
  *   EPP_SPLIT, ECHUNK, ERANGE) of a rule that IS broken, with err.msg set;
  * - a plan's derived sizes follow spec §2-§3 (G = max(1, C/ps)*ps, F*ps = G,
  *   src/dst heads, writers, arrivals, targets, path);
- * - for every decode rank d and writer i (when D * W <= 4096): the writer
- *   exists, offsets are contiguous, lengths are T*nh*hd*s*Lx*2, the region
+ * - kvs_pp_stage_layers on any (layers, pp, stage): EINVAL / ERANGE exactly
+ *   for bad input; otherwise stages are contiguous from layer 0, end at the
+ *   last layer, hold base = layers / pp or base + 1 layers, the last
+ *   layers % pp stages the larger count (spec §4: uneven splits);
+ *   kvs_layout_stage_layers agrees with it for both sides of a plan;
+ * - for every decode rank d and writer i (when D * W <= 4096) at a decode
+ *   stage e drawn from the input (and the last stage, which holds the most
+ *   layers): the writer exists, offsets are contiguous, lengths are
+ *   T*nh*hd*s*Lx*2 with Lx the layers of stage e, the region
  *   is the last offset + len, the head ranges lie inside [0, src_heads) and
  *   [0, dst_heads), copy the same global heads on both sides (heads of a
  *   rank counted by integer division when replicated), and together cover
@@ -156,7 +163,8 @@ static int violations(const kvs_layout_params_t *p, int64_t *heads)
     if (p->layers > 0 && p->prefill_pp >= 0 && p->decode_pp >= 0) {
         const int64_t pp = p->prefill_pp ? p->prefill_pp : 1;
         const int64_t dp = p->decode_pp ? p->decode_pp : 1;
-        if ((dp != 1 && dp != pp) || p->layers % pp != 0 || p->layers % dp != 0)
+        /* Stages need not split evenly; each holds a layer (spec §4). */
+        if ((dp != 1 && dp != pp) || p->layers < pp || p->layers < dp)
             v |= V_EPP_SPLIT;
     }
 
@@ -171,7 +179,7 @@ static int violations(const kvs_layout_params_t *p, int64_t *heads)
         bytes = sat_mul(bytes, nh);
         bytes = sat_mul(bytes, p->head_dim);
         bytes = sat_mul(bytes, elem);
-        bytes = sat_mul(bytes, p->layers / dp);
+        bytes = sat_mul(bytes, ceil_div(p->layers, dp)); /* the largest stage */
         bytes = sat_mul(bytes, 2);
         bytes = sat_mul(bytes, W);
         if (bytes > INT64_MAX)
@@ -199,12 +207,90 @@ static int span_cmp(const void *a, const void *b)
     return x->start < y->start ? -1 : x->start > y->start;
 }
 
+/* ---- pipeline stages (spec §4) -------------------------------------------- */
+
+/* First layer of stage e of `layers` over pp stages, from the spec's words:
+ * stages before pp - rem hold base layers, every later one a layer more. */
+static i128 stage_first(int64_t layers, int64_t pp, int64_t e)
+{
+    const int64_t base = layers / pp, rem = layers % pp;
+    return (i128)e * base + max64(0, e - (pp - rem));
+}
+
+/* kvs_pp_stage_layers on one stage against the model; returns the count. */
+static int64_t check_stage(int64_t layers, int64_t pp, int64_t e)
+{
+    int64_t first = -7, n = -7;
+    CHECK(kvs_pp_stage_layers(layers, pp, e, &first, &n) == KVS_OK);
+    CHECK((i128)first == stage_first(layers, pp, e));
+    CHECK((i128)first + n == stage_first(layers, pp, e + 1));
+    CHECK(n == layers / pp + (e >= pp - layers % pp));
+    CHECK(first >= 0 && n >= 0 && (i128)first + n <= layers);
+    return n;
+}
+
+/* Any raw (layers, pp, stage): refusals, then the split's shape. */
+static void check_pp_split(int64_t layers, int64_t pp, input_t *in)
+{
+    int64_t first = -7, n = -7;
+    const int64_t e = in_u8(in) % 4u == 0 ? as_i64(in_u64(in))
+                                          : (pp > 0 ? (int64_t)(in_u64(in) % (uint64_t)pp) : 0);
+    const int rc = kvs_pp_stage_layers(layers, pp, e, &first, &n);
+    CHECK(kvs_pp_stage_layers(layers, pp, e, NULL, &n) == KVS_EINVAL);
+    CHECK(kvs_pp_stage_layers(layers, pp, e, &first, NULL) == KVS_EINVAL);
+    if (layers <= 0 || pp <= 0) {
+        CHECK(rc == KVS_EINVAL && first == -7 && n == -7);
+        return;
+    }
+    if (e < 0 || e >= pp) {
+        CHECK(rc == KVS_ERANGE && first == -7 && n == -7);
+        return;
+    }
+    check_stage(layers, pp, e);
+    if (pp > 4096)
+        return;
+    /* The whole split: contiguous, all of it, rem stages of base + 1 last. */
+    int64_t at = 0, bigger = 0, prev = 0;
+    for (int64_t s = 0; s < pp; s++) {
+        CHECK(kvs_pp_stage_layers(layers, pp, s, &first, &n) == KVS_OK);
+        CHECK(first == at && n >= prev && n - layers / pp <= 1);
+        bigger += n > layers / pp;
+        at += n;
+        prev = n;
+    }
+    CHECK(at == layers && bigger == layers % pp);
+}
+
+/* Both sides of a plan against kvs_pp_stage_layers; the largest stage
+ * holds prefill_layers / decode_layers. */
+static void check_layout_stages(const kvs_layout_t *l)
+{
+    int64_t first, n;
+    for (int side = 0; side < 2; side++) {
+        const kvs_role_t role = side ? KVS_ROLE_DECODE : KVS_ROLE_PREFILL;
+        const int64_t pp = side ? l->decode_pp : l->prefill_pp;
+        CHECK(kvs_layout_stage_layers(l, role, pp, &first, &n) == KVS_ERANGE);
+        CHECK(kvs_layout_stage_layers(l, role, -1, &first, &n) == KVS_ERANGE);
+        CHECK(kvs_layout_stage_layers(NULL, role, 0, &first, &n) == KVS_EINVAL);
+        CHECK(check_stage(l->layers, pp, 0) >= 1); /* every stage holds a layer */
+        CHECK(check_stage(l->layers, pp, pp - 1) ==
+              (side ? l->decode_layers : l->prefill_layers));
+        CHECK(kvs_layout_stage_layers(l, role, pp - 1, &first, &n) == KVS_OK &&
+              (i128)first == stage_first(l->layers, pp, pp - 1) &&
+              n == (side ? l->decode_layers : l->prefill_layers));
+    }
+    CHECK(kvs_layout_stage_layers(l, (kvs_role_t)2, 0, &first, &n) == KVS_EINVAL);
+}
+
 /* ---- the writers of every decode rank ------------------------------------- */
 
 static void check_writers(const kvs_layout_t *l, input_t *in)
 {
     const int64_t D = l->decode_tp, P = l->prefill_tp, W = l->tp_writers;
-    const int64_t G = l->grid_tokens, H = l->total_heads;
+    const int64_t G = l->grid_tokens, H = l->total_heads, Dp = l->decode_pp;
+    /* A decode stage to walk, and its layer slots Lx (spec §4). */
+    const int64_t e = (int64_t)(in_u64(in) % (uint64_t)Dp);
+    const int64_t Lx = check_stage(l->layers, Dp, e);
 
     /* T tokens: a full chunk, an empty one, or anything in between. */
     int64_t T;
@@ -222,16 +308,19 @@ static void check_writers(const kvs_layout_t *l, input_t *in)
 
     kvs_writer_t w;
     int64_t out;
-    CHECK(kvs_layout_writer(l, D, 0, T, &w) == KVS_ERANGE);
-    CHECK(kvs_layout_writer(l, -1, 0, T, &w) == KVS_ERANGE);
-    CHECK(kvs_layout_writer(l, 0, W, T, &w) == KVS_ERANGE);
-    CHECK(kvs_layout_writer(l, 0, -1, T, &w) == KVS_ERANGE);
-    CHECK(kvs_layout_writer(l, 0, 0, -1, &w) == KVS_ERANGE);
+    CHECK(kvs_layout_writer(l, D, e, 0, T, &w) == KVS_ERANGE);
+    CHECK(kvs_layout_writer(l, -1, e, 0, T, &w) == KVS_ERANGE);
+    CHECK(kvs_layout_writer(l, 0, Dp, 0, T, &w) == KVS_ERANGE);
+    CHECK(kvs_layout_writer(l, 0, -1, 0, T, &w) == KVS_ERANGE);
+    CHECK(kvs_layout_writer(l, 0, e, W, T, &w) == KVS_ERANGE);
+    CHECK(kvs_layout_writer(l, 0, e, -1, T, &w) == KVS_ERANGE);
+    CHECK(kvs_layout_writer(l, 0, e, 0, -1, &w) == KVS_ERANGE);
     if (G < INT64_MAX)
-        CHECK(kvs_layout_writer(l, 0, 0, G + 1, &w) == KVS_ERANGE);
-    CHECK(kvs_layout_writer(l, 0, 0, T, NULL) == KVS_EINVAL);
-    CHECK(kvs_layout_region_bytes(l, D, T, &out) == KVS_ERANGE);
-    CHECK(kvs_layout_region_bytes(l, 0, T, NULL) == KVS_EINVAL);
+        CHECK(kvs_layout_writer(l, 0, e, 0, G + 1, &w) == KVS_ERANGE);
+    CHECK(kvs_layout_writer(l, 0, e, 0, T, NULL) == KVS_EINVAL);
+    CHECK(kvs_layout_region_bytes(l, D, e, T, &out) == KVS_ERANGE);
+    CHECK(kvs_layout_region_bytes(l, 0, Dp, T, &out) == KVS_ERANGE);
+    CHECK(kvs_layout_region_bytes(l, 0, e, T, NULL) == KVS_EINVAL);
     CHECK(kvs_layout_target(l, P, 0, &out) == KVS_ERANGE);
     CHECK(kvs_layout_target(l, 0, l->targets_per_prefill, &out) == KVS_ERANGE);
     CHECK(kvs_layout_target(l, -1, 0, &out) == KVS_ERANGE);
@@ -251,14 +340,14 @@ static void check_writers(const kvs_layout_t *l, input_t *in)
     for (int64_t d = 0; d < D; d++) {
         int64_t sum = 0;
         for (int64_t i = 0; i < W; i++) {
-            CHECK(kvs_layout_writer(l, d, i, T, &w) == KVS_OK);
+            CHECK(kvs_layout_writer(l, d, e, i, T, &w) == KVS_OK);
             CHECK(w.writer_index == i);
             CHECK(w.offset_bytes == sum); /* contiguous */
             const int64_t nh = w.heads.num_heads;
             CHECK(nh == nh_want);
-            const i128 len = (i128)T * nh * l->head_dim * l->elem_bytes * l->decode_layers * 2;
+            const i128 len = (i128)T * nh * l->head_dim * l->elem_bytes * Lx * 2;
             CHECK((i128)w.len_bytes == len);
-            CHECK(kvs_layout_layer_block_bytes(l, T, nh) * l->decode_layers * 2 == w.len_bytes);
+            CHECK(kvs_layout_layer_block_bytes(l, T, nh) * Lx * 2 == w.len_bytes);
             CHECK(w.heads.src_start >= 0 && w.heads.src_start + nh <= l->src_heads);
             CHECK(w.heads.dst_start >= 0 && w.heads.dst_start + nh <= l->dst_heads);
 
@@ -286,8 +375,8 @@ static void check_writers(const kvs_layout_t *l, input_t *in)
             sum += w.len_bytes;
         }
         int64_t region = -1;
-        CHECK(kvs_layout_region_bytes(l, d, T, &region) == KVS_OK && region == sum);
-        CHECK(sum == T * W * nh_want * l->head_dim * l->elem_bytes * l->decode_layers * 2);
+        CHECK(kvs_layout_region_bytes(l, d, e, T, &region) == KVS_OK && region == sum);
+        CHECK(sum == T * W * nh_want * l->head_dim * l->elem_bytes * Lx * 2);
 
         /* The writers cover every head of d: merge the sorted spans. */
         qsort(spans, (size_t)W, sizeof spans[0], span_cmp);
@@ -309,9 +398,12 @@ static void check_writers(const kvs_layout_t *l, input_t *in)
         const int rc = kvs_layout_writer_index(l, other, d, &out);
         CHECK(is_writer ? rc == KVS_OK : rc == KVS_ENOENT);
 
-        int64_t full = 0;
-        CHECK(kvs_layout_region_bytes(l, d, G, &full) == KVS_OK && full >= 0);
-        max_full = max64(max_full, full);
+        /* The last decode stage holds the most layers: its regions are the
+         * largest (the lower bound: no stage's region is larger). */
+        int64_t full = 0, last = 0;
+        CHECK(kvs_layout_region_bytes(l, d, e, G, &full) == KVS_OK && full >= 0);
+        CHECK(kvs_layout_region_bytes(l, d, Dp - 1, G, &last) == KVS_OK && last >= full);
+        max_full = max64(max_full, last);
     }
     CHECK(kvs_layout_max_region_bytes(l) == max_full);
     free(spans);
@@ -464,6 +556,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     int64_t H = 0;
     const int broken = violations(&p, &H);
+    check_pp_split(p.layers, p.prefill_pp, &in);
 
     kvs_layout_t l;
     kvs_error_t err;
@@ -491,12 +584,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     CHECK(l.grid_tokens == max64(1, C / p.page_size) * p.page_size);
     CHECK(l.chunk_pages >= 1 && l.chunk_pages * l.page_size == l.grid_tokens);
     CHECK(l.src_heads == max64(1, H / P) && l.dst_heads == max64(1, H / D));
-    CHECK(l.decode_layers == p.layers / Dp && l.prefill_layers == p.layers / Pp);
+    /* The most layers one stage holds (spec §4: splits may be uneven). */
+    CHECK(l.decode_layers == ceil_div(p.layers, Dp) &&
+          l.prefill_layers == ceil_div(p.layers, Pp));
     CHECK(l.tp_writers == (P > D ? P / D : 1));
     CHECK(l.targets_per_prefill == (D > P ? D / P : 1));
-    CHECK(l.expected_arrivals == l.tp_writers * (Pp / Dp));
+    CHECK(l.expected_arrivals == l.tp_writers * (Dp == 1 ? Pp : 1));
     CHECK(l.path == (P == D ? KVS_PATH_DIRECT : KVS_PATH_STAGING));
 
+    check_layout_stages(&l);
     check_writers(&l, &in);
     check_grid(&l, &in);
     return 0;

@@ -42,6 +42,7 @@ typedef struct sim_node {
     uint64_t pool_addr, layer_bytes;
     uint8_t *pool_host;          /* host view of the whole KV pool */
     int64_t layers, heads;       /* local */
+    int64_t first_layer;         /* global id of its stage's first layer */
     uint64_t *k_base, *v_base;
     bool wake_pending;
     uint64_t timer_ns;           /* a progress already scheduled then, 0: none */
@@ -213,7 +214,7 @@ static void sim_fill_prefill(sim_scenario_t *sc, sim_node_t *n, uint64_t req, in
         for (int kv = 0; kv < 2; kv++)
             for (int64_t t = a; t < b; t++)
                 for (int64_t j = 0; j < n->heads; j++) {
-                    sim_kv_coord_t c = {req, n->pp * n->layers + layer, kv,
+                    sim_kv_coord_t c = {req, n->first_layer + layer, kv,
                                         sim_global_head(l->total_heads, l->prefill_tp, n->tp,
                                                         n->heads, j),
                                         t};
@@ -234,7 +235,7 @@ static uint64_t sim_verify_decode(sim_scenario_t *sc, sim_node_t *n, uint64_t re
         for (int kv = 0; kv < 2; kv++)
             for (int64_t t = r->base; t < r->tokens; t++)
                 for (int64_t j = 0; j < n->heads; j++) {
-                    sim_kv_coord_t c = {req, n->pp * n->layers + layer, kv,
+                    sim_kv_coord_t c = {req, n->first_layer + layer, kv,
                                         sim_global_head(l->total_heads, l->decode_tp, n->tp,
                                                         n->heads, j),
                                         t};
@@ -711,7 +712,8 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
     snprintf(n->name, sizeof n->name, "%c%lld.%lld", decode ? 'd' : 'p', (long long)n->tp,
              (long long)n->pp);
     n->gpu_id = gpu_id;
-    n->layers = decode ? l->decode_layers : l->prefill_layers;
+    /* Its stage's layers: stages need not split evenly (spec §4). */
+    kvs_layout_stage_layers(l, n->role, n->pp, &n->first_layer, &n->layers);
     n->heads = decode ? l->dst_heads : l->src_heads;
     n->layer_bytes = (uint64_t)sc->pool_pages * (uint64_t)(l->page_size * n->heads *
                                                             l->head_dim * l->elem_bytes);
@@ -751,6 +753,7 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
     kvs_manager_config_t mc = {
         .role = n->role, .staging = staging, .total_heads = l->total_heads,
         .head_dim = l->head_dim, .dtype = sc->cfg.shape.dtype, .layers = n->layers,
+        .model_layers = l->layers,
         .page_size = l->page_size, .tp_rank = n->tp, .tp_size = decode ? l->decode_tp : l->prefill_tp,
         .pp_rank = n->pp, .pp_size = decode ? l->decode_pp : l->prefill_pp,
         .peer_tp_size = decode ? l->prefill_tp : l->decode_tp,
@@ -843,7 +846,7 @@ static int sim_connect_node(sim_scenario_t *sc, sim_node_t *n)
     const int64_t first = l->decode_pp == 1 ? 0 : n->pp;
     for (int64_t i = 0; i < l->tp_writers; i++) {
         kvs_writer_t w;
-        kvs_layout_writer(l, n->tp, i, 0, &w);
+        kvs_layout_writer(l, n->tp, n->pp, i, 0, &w);
         for (int64_t s = first; s < first + stages; s++) {
             char peer[48];
             snprintf(peer, sizeof peer, "p%lld.%lld", (long long)w.prefill_rank, (long long)s);
@@ -885,7 +888,7 @@ static int sim_groups(sim_scenario_t *sc)
         const int64_t first = l->decode_pp == 1 ? 0 : n->pp;
         for (int64_t i = 0; i < l->tp_writers; i++) {
             kvs_writer_t w;
-            kvs_layout_writer(l, n->tp, i, 0, &w);
+            kvs_layout_writer(l, n->tp, n->pp, i, 0, &w);
             for (int64_t s = first; s < first + stages; s++) {
                 const int64_t a = sim_group_root(parent, sc->nprefill + d);
                 const int64_t b = sim_group_root(parent, s * l->prefill_tp + w.prefill_rank);

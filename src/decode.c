@@ -608,7 +608,7 @@ int kvs_decode_room_open(kvs_decode_t *d, uint64_t room, int64_t base_tokens,
         r->chunks[i].tokens = ch.token_end - ch.token_start;
         r->chunks[i].page_start = ch.page_start;
         r->chunks[i].num_pages = ch.num_pages;
-        rc = kvs_layout_region_bytes(d->lay, d->rank, r->chunks[i].tokens,
+        rc = kvs_layout_region_bytes(d->lay, d->rank, m->cfg.pp_rank, r->chunks[i].tokens,
                                      &r->chunks[i].region_bytes);
         if (rc != KVS_OK) {
             kvs__room_free(r);
@@ -730,13 +730,17 @@ static void kvs__scatter(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
 {
     kvs_manager_t *m = d->m;
     kvs__dchunk_t *c = &r->chunks[chunk];
+    /* This decode stage's layers: its regions' layer slots (spec §4). */
+    int64_t first_layer = 0, layers = 0;
+    (void)kvs_layout_stage_layers(d->lay, KVS_ROLE_DECODE, m->cfg.pp_rank, &first_layer,
+                                  &layers);
     const kvs_copy_desc_t desc = {
         .k_base = m->k_base, .v_base = m->v_base, .local_heads = m->kv.local_heads,
         .head_dim = d->lay->head_dim, .elem_bytes = d->lay->elem_bytes,
         .page_size = d->lay->page_size, .pages = r->pages + c->page_start,
         .num_pages = c->num_pages, .tokens = c->tokens,
-        .layer_begin = 0, .layer_count = d->lay->decode_layers,
-        .staging_slot_begin = 0, .staging_layer_slots = d->lay->decode_layers};
+        .layer_begin = 0, .layer_count = layers,
+        .staging_slot_begin = 0, .staging_layer_slots = layers};
     /* One fused scatter of every writer's block, so each token row of the
      * pool is written once, whole (parts_cap parts at a time). Writers that
      * replicate a head (prefill TP > heads) are consecutive and wrote the
@@ -746,7 +750,7 @@ static void kvs__scatter(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
     int64_t n = 0;
     for (int64_t i = 0; i < d->lay->tp_writers && rc == KVS_OK && c->tokens > 0; i++) {
         kvs_writer_t w;
-        rc = kvs_layout_writer(d->lay, d->rank, i, c->tokens, &w);
+        rc = kvs_layout_writer(d->lay, d->rank, m->cfg.pp_rank, i, c->tokens, &w);
         if (rc != KVS_OK)
             break;
         const kvs_copy_part_t part = {
@@ -835,10 +839,13 @@ static void kvs__on_report(kvs_decode_t *d, int64_t peer, uint64_t room, int sta
         r->reports_ok++;
     else
         kvs__room_fail(d, r, status);
-    if (d->path != KVS_PATH_STAGING && status == KVS_OK)
+    int64_t first_layer = 0, layers = 0; /* the layers this peer's stage wrote */
+    if (d->path != KVS_PATH_STAGING && status == KVS_OK &&
+        kvs_layout_stage_layers(d->lay, KVS_ROLE_PREFILL, d->peers[peer].pp_rank,
+                                &first_layer, &layers) == KVS_OK)
         r->bytes += (uint64_t)(r->total - r->base) * (uint64_t)d->m->kv.local_heads *
                     (uint64_t)d->lay->head_dim * (uint64_t)d->lay->elem_bytes *
-                    (uint64_t)d->m->kv.num_layers * 2 / (uint64_t)d->npeers;
+                    (uint64_t)layers * 2 / (uint64_t)d->lay->tp_writers;
     kvs__room_try_finish(d, r);
 }
 

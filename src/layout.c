@@ -5,12 +5,15 @@
  *
  * Pure functions over a validated kvs_layout_t: no allocation, no state.
  * Invariants after kvs_layout_init: every size > 0; max(P,D) % min(P,D) == 0;
- * H and each TP size divide one another; layers divide by Pp and Dp; Dp is 1
- * or Pp; the largest region of a full chunk fits in int64.
+ * H and each TP size divide one another; layers >= Pp, so every stage holds
+ * a layer (the split need not be even: spec §4); Dp is 1 or Pp; the largest
+ * region of a full chunk (a decode stage of decode_layers layers) fits in
+ * int64.
  *
  * Replicated heads (H < TP) map ranks sharing a head by integer division,
  * never by modulo (spec §3: modulo silently corrupts attention).
  */
+#include "arith.h"
 #include "error.h"
 
 #include <kvstage/kvstage.h>
@@ -108,6 +111,36 @@ int kvs_heads_resolve(int64_t total_heads, int64_t heads_per_rank, int64_t tp,
         return KVS_OK;
     }
     return KVS_EHEADS;
+}
+
+int kvs_pp_stage_layers(int64_t layers, int64_t pp, int64_t stage, int64_t *first_layer,
+                        int64_t *num_layers)
+{
+    if (first_layer == NULL || num_layers == NULL || layers <= 0 || pp <= 0)
+        return KVS_EINVAL;
+    if (stage < 0 || stage >= pp)
+        return KVS_ERANGE;
+    /* The first pp - rem stages hold base layers, the last rem base + 1.
+     * Every product stays <= layers: no overflow. */
+    const int64_t base = layers / pp, short_stages = pp - layers % pp;
+    if (stage < short_stages) {
+        *first_layer = stage * base;
+        *num_layers = base;
+    } else {
+        *first_layer = short_stages * base + (stage - short_stages) * (base + 1);
+        *num_layers = base + 1;
+    }
+    return KVS_OK;
+}
+
+int kvs_layout_stage_layers(const kvs_layout_t *lay, kvs_role_t role, int64_t stage,
+                            int64_t *first_layer, int64_t *num_layers)
+{
+    if (lay == NULL || (role != KVS_ROLE_PREFILL && role != KVS_ROLE_DECODE))
+        return KVS_EINVAL;
+    return kvs_pp_stage_layers(lay->layers,
+                               role == KVS_ROLE_PREFILL ? lay->prefill_pp : lay->decode_pp,
+                               stage, first_layer, num_layers);
 }
 
 /* The spec §3 formula on sizes > 0 and ranks >= 0 (checked by the callers). */
@@ -221,13 +254,15 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
         return KVS__FAIL(err, KVS_EPP_SPLIT,
                          "decode PP %lld must be 1 or equal to prefill PP %lld",
                          (long long)l.decode_pp, (long long)l.prefill_pp);
-    /* Dp is 1 or Pp now, so layers dividing by Pp divide by Dp as well. */
-    if (l.layers % l.prefill_pp != 0)
+    /* Stages need not split evenly (spec §4), but each holds a layer; Dp is
+     * 1 or Pp now, so layers >= Pp covers the decode stages as well. */
+    if (l.layers < l.prefill_pp)
         return KVS__FAIL(err, KVS_EPP_SPLIT,
-                         "%lld layers do not divide by prefill PP %lld (nor by decode PP "
-                         "%lld): pick a PP size that divides the layers",
-                         (long long)l.layers, (long long)l.prefill_pp,
-                         (long long)l.decode_pp);
+                         "%lld layers cannot fill %lld prefill stages (decode PP "
+                         "%lld): every pipeline stage needs at least one layer; use "
+                         "a PP size of at most %lld", (long long)l.layers,
+                         (long long)l.prefill_pp, (long long)l.decode_pp,
+                         (long long)l.layers);
 
     /* The grid floors C to whole pages (spec §2: G = max(1, C / ps) * ps);
      * the manager's init guard (spec §8) is what refuses a C that is not a
@@ -242,8 +277,9 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
 
     l.src_heads = kvs__max64(1, l.total_heads / l.prefill_tp);
     l.dst_heads = kvs__max64(1, l.total_heads / l.decode_tp);
-    l.decode_layers = l.layers / l.decode_pp;
-    l.prefill_layers = l.layers / l.prefill_pp;
+    /* The most layers a stage holds: the last stage's (spec §4). */
+    l.decode_layers = kvs__ceil_div(l.layers, l.decode_pp);
+    l.prefill_layers = kvs__ceil_div(l.layers, l.prefill_pp);
     l.tp_writers = l.prefill_tp > l.decode_tp ? l.prefill_tp / l.decode_tp : 1;
     l.targets_per_prefill = l.decode_tp > l.prefill_tp ? l.decode_tp / l.prefill_tp : 1;
     l.path = l.prefill_tp == l.decode_tp ? KVS_PATH_DIRECT : KVS_PATH_STAGING; /* auto */
@@ -256,9 +292,12 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
         return KVS__FAIL(err, KVS_ERANGE,
                          "a chunk region overflows 64 bits: lower chunk_tokens, "
                          "head_dim or layers");
-    /* After the check: Pp / Dp <= Lx, so W * (Pp / Dp) <= W * Lx, which the
-     * region bound above keeps inside int64 (huge PP sizes overflowed here). */
-    l.expected_arrivals = l.tp_writers * (l.prefill_pp / l.decode_pp);
+    /* A decode stage waits for every TP writer of every prefill stage that
+     * holds its layers: all Pp of them when Dp is 1, its own when Dp = Pp.
+     * After the check: Pp <= layers = Lx when Dp is 1, so the count is at
+     * most W * Lx, which the region bound above keeps inside int64 (huge
+     * PP sizes overflowed here). */
+    l.expected_arrivals = l.tp_writers * (l.decode_pp == 1 ? l.prefill_pp : 1);
     *out = l;
     return KVS_OK;
 }
@@ -277,13 +316,15 @@ static int64_t kvs__writer_rank(const kvs_layout_t *lay, int64_t d, int64_t i)
     return d / lay->targets_per_prefill;
 }
 
-int kvs_layout_writer(const kvs_layout_t *lay, int64_t decode_rank,
+int kvs_layout_writer(const kvs_layout_t *lay, int64_t decode_rank, int64_t decode_stage,
                       int64_t writer_index, int64_t tokens, kvs_writer_t *out)
 {
     if (lay == NULL || out == NULL)
         return KVS_EINVAL;
+    int64_t first, slots;
     if (decode_rank < 0 || decode_rank >= lay->decode_tp || writer_index < 0 ||
-        writer_index >= lay->tp_writers || tokens < 0 || tokens > lay->grid_tokens)
+        writer_index >= lay->tp_writers || tokens < 0 || tokens > lay->grid_tokens ||
+        kvs_layout_stage_layers(lay, KVS_ROLE_DECODE, decode_stage, &first, &slots) != KVS_OK)
         return KVS_ERANGE;
     const int64_t r = kvs__writer_rank(lay, decode_rank, writer_index);
     kvs__head_slice(lay->total_heads, lay->prefill_tp, lay->decode_tp, r, decode_rank,
@@ -293,18 +334,19 @@ int kvs_layout_writer(const kvs_layout_t *lay, int64_t decode_rank,
     /* Every writer of a region copies the same number of heads, so writer
      * i starts after i equal blocks. */
     out->len_bytes = kvs_layout_layer_block_bytes(lay, tokens, out->heads.num_heads) *
-                     lay->decode_layers * 2;
+                     slots * 2;
     out->offset_bytes = writer_index * out->len_bytes;
     return KVS_OK;
 }
 
 int kvs_layout_region_bytes(const kvs_layout_t *lay, int64_t decode_rank,
-                            int64_t tokens, int64_t *out_bytes)
+                            int64_t decode_stage, int64_t tokens, int64_t *out_bytes)
 {
     if (out_bytes == NULL)
         return KVS_EINVAL;
     kvs_writer_t last;
-    int rc = kvs_layout_writer(lay, decode_rank, lay ? lay->tp_writers - 1 : 0, tokens, &last);
+    int rc = kvs_layout_writer(lay, decode_rank, decode_stage, lay ? lay->tp_writers - 1 : 0,
+                               tokens, &last);
     if (rc != KVS_OK)
         return rc;
     *out_bytes = last.offset_bytes + last.len_bytes;
@@ -314,7 +356,8 @@ int kvs_layout_region_bytes(const kvs_layout_t *lay, int64_t decode_rank,
 int64_t kvs_layout_max_region_bytes(const kvs_layout_t *lay)
 {
     /* Every region of a full chunk has W writers of kvs__region_heads heads,
-     * whatever the decode rank; kvs_layout_init checked it fits in int64. */
+     * whatever the decode rank; the largest is a decode stage's of the most
+     * layers (decode_layers). kvs_layout_init checked it fits in int64. */
     return kvs_layout_layer_block_bytes(lay, lay->grid_tokens, kvs__region_heads(lay)) *
            lay->decode_layers * 2 * lay->tp_writers;
 }

@@ -38,9 +38,31 @@ static int kvs__check_config(const kvs_manager_config_t *c, const kvs_fabric_t *
         return KVS__FAIL(err, KVS_EINVAL, "pp_rank %lld must lie in [0, pp_size %lld)",
                          (long long)c->pp_rank, (long long)c->pp_size);
     if (c->peer_tp_size < 0 || c->peer_pp_size < 0 || c->context_parallel < 0 ||
-        c->total_heads < 0 || c->heads_per_rank < 0)
+        c->total_heads < 0 || c->heads_per_rank < 0 || c->model_layers < 0)
         return KVS__FAIL(err, KVS_EINVAL, "peer_tp_size, peer_pp_size, context_parallel, "
-                         "total_heads and heads_per_rank must be >= 0 (0 = default/unknown)");
+                         "total_heads, heads_per_rank and model_layers must be >= 0 "
+                         "(0 = default/unknown)");
+    /* This rank's pool holds its stage's share of the model (spec §4). */
+    int64_t first_layer = 0, stage_layers = 0;
+    if (c->model_layers == 0) /* create's default, layers * pp_size, overflowed */
+        return KVS__FAIL(err, KVS_EINVAL, "layers %lld x pp_size %lld overflows 64 bits: "
+                         "pass model_layers, the model's layers", (long long)c->layers,
+                         (long long)c->pp_size);
+    if (c->model_layers < c->pp_size)
+        return KVS__FAIL(err, KVS_EPP_SPLIT, "model_layers %lld cannot fill pp_size %lld "
+                         "stages: every stage needs at least one layer; lower pp_size or "
+                         "pass the model's layers as model_layers",
+                         (long long)c->model_layers, (long long)c->pp_size);
+    (void)kvs_pp_stage_layers(c->model_layers, c->pp_size, c->pp_rank, &first_layer,
+                              &stage_layers);
+    if (stage_layers != c->layers)
+        return KVS__FAIL(err, KVS_EPP_SPLIT, "layers %lld: pp_rank %lld of model_layers "
+                         "%lld over pp_size %lld holds %lld layers (%lld..%lld): pass "
+                         "layers %lld, or the model's layers as model_layers",
+                         (long long)c->layers, (long long)c->pp_rank,
+                         (long long)c->model_layers, (long long)c->pp_size,
+                         (long long)stage_layers, (long long)first_layer,
+                         (long long)(first_layer + stage_layers - 1), (long long)stage_layers);
     if (!c->staging)
         return KVS_OK;
     /* Staging-only guards of spec §8. */
@@ -54,6 +76,13 @@ static int kvs__check_config(const kvs_manager_config_t *c, const kvs_fabric_t *
         return KVS__FAIL(err, KVS_ECHUNK, "chunk_tokens %lld must be a positive multiple "
                          "of page_size %lld (or 0 for %d)", (long long)c->chunk_tokens,
                          (long long)c->page_size, KVS_DEFAULT_CHUNK_TOKENS);
+    /* 0 means 8192, which must be whole pages too: never floored in silence. */
+    if (c->chunk_tokens == 0 && KVS_DEFAULT_CHUNK_TOKENS % c->page_size != 0)
+        return KVS__FAIL(err, KVS_ECHUNK, "chunk_tokens 0 means %d, which is not a "
+                         "multiple of page_size %lld: pass chunk_tokens as a multiple of "
+                         "%lld, or a page_size dividing %d", KVS_DEFAULT_CHUNK_TOKENS,
+                         (long long)c->page_size, (long long)c->page_size,
+                         KVS_DEFAULT_CHUNK_TOKENS);
     const int64_t prefill_pp = c->role == KVS_ROLE_PREFILL ? c->pp_size : c->peer_pp_size;
     if (prefill_pp > 1 && !kvs__net_has(fab, KVS_FABRIC_CAP_PER_LAYER_WRITES))
         return KVS__FAIL(err, KVS_EPP_WRITES, "prefill PP %lld needs per-layer writes "
@@ -94,6 +123,9 @@ int kvs_manager_create(const kvs_manager_config_t *cfg, kvs_device_t *dev,
         c.stall_timeout_ns = KVS_DEFAULT_STALL_TIMEOUT_NS;
     if (c.retry_timeout_ns == 0)
         c.retry_timeout_ns = KVS_DEFAULT_RETRY_TIMEOUT_NS;
+    if (c.model_layers == 0 && c.layers > 0 && c.pp_size > 0 &&
+        __builtin_mul_overflow(c.layers, c.pp_size, &c.model_layers))
+        c.model_layers = 0; /* refused by the check */
     if (c.session_id == 0) /* distinct per (role, pp, tp) of one deployment */
         c.session_id = ((uint64_t)c.role + 1) << 56 | (uint64_t)c.pp_rank << 32 |
                        (uint64_t)c.tp_rank;
@@ -391,7 +423,7 @@ kvs_layout_params_t kvs__manager_layout_params(const kvs_manager_t *m)
         .heads_per_rank_tp = c->tp_size,
         .head_dim = c->head_dim,
         .dtype = c->dtype,
-        .layers = c->layers * c->pp_size,
+        .layers = c->model_layers,
         .page_size = c->page_size,
         .prefill_tp = decode ? c->peer_tp_size : c->tp_size,
         .decode_tp = decode ? c->tp_size : c->peer_tp_size,

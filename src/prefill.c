@@ -380,8 +380,22 @@ static int kvs__post_write(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int64_t
     return KVS_OK;
 }
 
-/* The gathered block of a chunk goes out: one write, or the K and the V
- * layers of this stage apart when a region holds more layers (prefill PP).
+/* Where this rank's stage writes in a region of decode stage e (spec §4,
+ * slots matched by global layer id): *lp layers of its own, into the *lx
+ * layer slots of the region from slot *slot. */
+static void kvs__stage_slots(const kvs_prefill_t *p, int64_t decode_stage, int64_t *lp,
+                             int64_t *lx, int64_t *slot)
+{
+    int64_t first_p = 0, first_d = 0;
+    *lp = *lx = 0;
+    (void)kvs_layout_stage_layers(p->lay, KVS_ROLE_PREFILL, p->stage, &first_p, lp);
+    (void)kvs_layout_stage_layers(p->lay, KVS_ROLE_DECODE, decode_stage, &first_d, lx);
+    *slot = first_p - first_d;
+}
+
+/* The gathered block of a chunk goes out: one write when this stage's
+ * layers are exactly the region's, else the K and the V layers of this
+ * stage apart (prefill PP over a decode of PP 1).
  * Posts, in order, the writes of the chunk not posted yet: when the fabric
  * refuses one (KVS_EAGAIN: its send queue is full) those before it stay in
  * flight and the call is made again later for the rest. */
@@ -390,17 +404,18 @@ static int kvs__write_chunk(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int64_
     kvs__ppeer_t *peer = &p->peers[f];
     kvs__pchunk_t *c = &r->flows[f].chunks[chunk];
     kvs_writer_t w;
-    int rc = kvs_layout_writer(p->lay, peer->tp_rank, peer->writer, c->tokens, &w);
+    int rc = kvs_layout_writer(p->lay, peer->tp_rank, peer->pp_rank, peer->writer, c->tokens,
+                               &w);
     if (rc != KVS_OK)
         return rc;
     const uint64_t blk = (uint64_t)kvs_layout_layer_block_bytes(p->lay, c->tokens,
                                                                 w.heads.num_heads);
-    const int64_t lp = p->lay->prefill_layers, lx = p->lay->decode_layers;
-    const int64_t slot = p->stage * lp - peer->pp_rank * lx;
+    int64_t lp, lx, slot;
+    kvs__stage_slots(p, peer->pp_rank, &lp, &lx, &slot);
     const uint64_t local = p->m->staging_addr[c->worker];
     kvs_mr_t *mr = p->m->staging_mr[c->worker];
     const uint64_t region = peer->ring_addr + c->offset + (uint64_t)w.offset_bytes;
-    const int32_t writes = lp == lx ? 1 : 2;
+    const int32_t writes = slot == 0 && lp == lx ? 1 : 2;
     while (c->writes_posted < writes) {
         if (writes == 1) /* the whole block */
             rc = kvs__post_write(p, r, f, chunk, local, mr, region, peer->ring_rkey,
@@ -638,8 +653,11 @@ static void kvs__on_register(kvs_prefill_t *p, kvs_conn_t *conn, uint64_t sessio
         status = KVS_EPROTO;
     const int64_t page_bytes = p->lay->page_size * p->lay->dst_heads * p->lay->head_dim *
                                p->lay->elem_bytes;
+    int64_t lp = 0, lx = 0, slot = 0; /* lx: the layers of the decode's stage */
+    if (f < p->ntargets)
+        kvs__stage_slots(p, p->peers[f].pp_rank, &lp, &lx, &slot);
     if (status == KVS_OK && p->path != KVS_PATH_STAGING &&
-        (g->layers_total != p->lay->decode_layers || g->local_heads != p->lay->dst_heads ||
+        (g->layers_total != lx || g->local_heads != p->lay->dst_heads ||
          g->num_pages <= 0 || g->num_pages > INT64_MAX / page_bytes))
         status = KVS_EPROTO;
     if (status != KVS_OK) {
@@ -919,8 +937,8 @@ static void kvs__send_requests(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
         kvs__pchunk_t *c = &fl->chunks[i];
         kvs_chunk_t ch;
         if (kvs_grid_chunk(p->lay, fl->base, fl->total, i, &ch) != KVS_OK ||
-            kvs_layout_region_bytes(p->lay, p->peers[f].tp_rank, ch.token_end - ch.token_start,
-                                    &c->region_bytes) != KVS_OK) {
+            kvs_layout_region_bytes(p->lay, p->peers[f].tp_rank, p->peers[f].pp_rank,
+                                    ch.token_end - ch.token_start, &c->region_bytes) != KVS_OK) {
             kvs__room_fail(p, r, KVS_ERANGE);
             return;
         }
@@ -947,10 +965,13 @@ static int32_t kvs__free_worker(const kvs_prefill_t *p)
     return -1;
 }
 
-/* Writes one staged chunk takes: one, or K and V apart with prefill PP. */
+/* Writes one staged chunk takes: one, or K and V apart with prefill PP
+ * over a decode of PP 1 (every target is at the same decode stage). */
 static uint32_t kvs__chunk_writes(const kvs_prefill_t *p)
 {
-    return p->lay->prefill_layers == p->lay->decode_layers ? 1 : 2;
+    int64_t lp, lx, slot;
+    kvs__stage_slots(p, p->lay->decode_pp == 1 ? 0 : p->stage, &lp, &lx, &slot);
+    return slot == 0 && lp == lx ? 1 : 2;
 }
 
 /* Chunk i of flow g may join a gather of the same chunk of another flow:
@@ -1019,12 +1040,14 @@ static bool kvs__gather_chunk(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int6
         p->worker_busy[p->fuse_workers[k]] = false;
     p->gather_blocked = false;
     const int64_t ps = p->lay->page_size;
+    int64_t lp, lx, slot; /* this stage's layers go out of the buffer whole */
+    kvs__stage_slots(p, p->peers[f].pp_rank, &lp, &lx, &slot);
     const kvs_copy_desc_t desc = {
         .k_base = m->k_base, .v_base = m->v_base, .local_heads = m->kv.local_heads,
         .head_dim = p->lay->head_dim, .elem_bytes = p->lay->elem_bytes, .page_size = ps,
         .pages = r->pages + c->token_start / ps, .num_pages = kvs__ceil_div(c->tokens, ps),
-        .tokens = c->tokens, .layer_begin = 0, .layer_count = p->lay->prefill_layers,
-        .staging_slot_begin = 0, .staging_layer_slots = p->lay->prefill_layers};
+        .tokens = c->tokens, .layer_begin = 0, .layer_count = lp,
+        .staging_slot_begin = 0, .staging_layer_slots = lp};
     const int copy_rc = kvs__dev_gather_parts(p->dev, p->stream, &desc, p->fuse_parts, n);
     /* One event per chunk, each complete when the fused copy is. Recorded
      * after a refused copy too: one refused part-way may have left its first
@@ -1119,11 +1142,12 @@ static void kvs__advance_direct(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
     if (!r->final || fl->posted_all || fl->dpages_got < fl->num_dpages ||
         peer->layers_got < peer->layers_total)
         return;
-    const int64_t ps = p->lay->page_size, lp = p->lay->prefill_layers;
+    const int64_t ps = p->lay->page_size;
+    int64_t lp, lx, first; /* this stage's layers, from slot `first` of the decode's */
+    kvs__stage_slots(p, peer->pp_rank, &lp, &lx, &first);
     const int64_t hb = p->lay->head_dim * p->lay->elem_bytes;
     const int64_t nh = peer->heads.num_heads;
     const bool sliced = nh != m->kv.local_heads || nh != peer->local_heads;
-    const int64_t first = p->stage * lp - peer->pp_rank * p->lay->decode_layers;
     while (r->status == KVS_OK && fl->cur_t < fl->total) {
         const int64_t t = fl->cur_t;
         const int64_t pi = t / ps, di = (t - fl->base) / ps, slot = t % ps;

@@ -39,6 +39,30 @@ def test_table(s):
         "decode rank 0", "decode rank 1", "1342177280", "335544320",
         "1.25 GiB", "320.00 MiB", "largest region",
         "full chunks that fit in the ring: 3", "--ring-mib 5120"])
+    # Uneven PP (spec §4): 80 layers over 3 stages are 26 / 27 / 27; a
+    # decode of PP 1 holds all 80 slots, so its regions are as without PP,
+    # and each chunk waits for 4 TP writers x 3 stages.
+    s.expect_ok("uneven pp table", args + ["--prefill-pp", "3"], [
+        "26 or 27 layers per stage",
+        "prefill stage 0: layers 0-25 (26)",
+        "prefill stage 1: layers 26-52 (27)",
+        "prefill stage 2: layers 53-79 (27)",
+        "decode stage 0: layers 0-79 (80)", "12 arrival(s)", "1342177280"])
+    # With decode PP 3 each decode stage holds its own 26 or 27 layers; the
+    # regions listed are the 27-layer stage's: 4 x 8192*128*2*27*2 bytes.
+    s.expect_ok("uneven pp both sides table",
+                args + ["--prefill-pp", "3", "--decode-pp", "3"], [
+                    "decode stage 0: layers 0-25 (26), region 416.00 MiB "
+                    "(436207616 bytes)",
+                    "decode stage 2: layers 53-79 (27), region 432.00 MiB "
+                    "(452984832 bytes)",
+                    "listed for decode stage 2", "4 arrival(s)",
+                    "full chunks that fit in the ring: 9"])
+    # One layer per stage.
+    s.expect_ok("one layer per stage",
+                ["plan", "--kv-heads", "8", "--head-dim", "64", "--layers", "4",
+                 "--prefill-tp", "2", "--decode-tp", "1", "--prefill-pp", "4"],
+                ["1 layers per stage", "prefill stage 3: layers 3-3 (1)"])
     # P == D is the direct path.
     s.expect_ok("direct table",
                 ["plan"] + LLAMA70 + ["--prefill-tp", "4", "--decode-tp", "4"],
@@ -60,6 +84,27 @@ def test_json(s):
          and ranks[1]["writers"][0]["prefill_rank"] == 4
          and ranks[1]["writers"][3]["offset"] == 3 * 335544320,
          "llama70 json writers", args, repr(ranks)[:300])
+
+    # Uneven PP: the per-stage ranges of both sides.
+    uneven = ["plan"] + LLAMA70 + ["--prefill-tp", "8", "--decode-tp", "2",
+                                   "--prefill-pp", "3", "--decode-pp", "3",
+                                   "--json"]
+    obj = s.expect_json("uneven pp json", uneven)
+    want_stages = [{"stage": 0, "first_layer": 0, "num_layers": 26},
+                   {"stage": 1, "first_layer": 26, "num_layers": 27},
+                   {"stage": 2, "first_layer": 53, "num_layers": 27}]
+    s.ok(obj.get("prefill_stages") == want_stages, "uneven pp json prefill",
+         uneven, repr(obj.get("prefill_stages")))
+    dstages = obj.get("decode_stages", [])
+    s.ok([{k: v for k, v in st.items() if k != "region_bytes"} for st in dstages]
+         == want_stages and [st.get("region_bytes") for st in dstages]
+         == [436207616, 452984832, 452984832], "uneven pp json decode", uneven,
+         repr(dstages))
+    s.ok(obj.get("prefill_layers") == 27 and obj.get("decode_layers") == 27
+         and obj.get("expected_arrivals") == 4
+         and obj.get("max_region_bytes") == 452984832
+         and all(r.get("decode_stage") == 2 for r in obj.get("decode_ranks", [])),
+         "uneven pp json layout", uneven, repr(obj)[:400])
 
     direct = s.expect_json("direct json", ["plan"] + LLAMA70 + [
         "--prefill-tp", "2", "--decode-tp", "2", "--json"])
@@ -197,18 +242,37 @@ def test_bad_input(s):
             "--page-size", "16", "--chunk-tokens", "64", "--tokens", "65"],
          "--tokens"),
         ("tokens zero", with_flag("--tokens", "0"), "--tokens"),
+        # spec §8: the chunk is whole pages, never floored in silence.
+        ("chunk not a multiple of the page", ["plan"] + ok + [
+            "--page-size", "16", "--chunk-tokens", "100"], "--chunk-tokens"),
+        ("chunk below one page", ["plan"] + ok + [
+            "--page-size", "16", "--chunk-tokens", "8"], "--chunk-tokens"),
+        ("default chunk, page not dividing 8192", ["plan"] + ok + [
+            "--page-size", "24"], "--chunk-tokens"),
         ("heads do not divide prefill tp", with_flag("--kv-heads", "6"),
          "--prefill-tp"),
         ("tp sizes do not divide", ["plan", "--kv-heads", "6", "--head-dim",
                                     "128", "--layers", "32", "--prefill-tp",
                                     "3", "--decode-tp", "2"], "--decode-tp"),
-        ("layers not split by pp", with_flag("--prefill-pp", "3"),
-         "--prefill-pp"),
+        ("more prefill stages than layers", with_flag("--layers", "2") +
+         ["--prefill-pp", "3"], "--prefill-pp"),
+        ("more stages than layers, both sides", with_flag("--layers", "2") +
+         ["--prefill-pp", "3", "--decode-pp", "3"], "--prefill-pp"),
         ("decode pp not 1 or pp", ["plan"] + ok + [
             "--prefill-pp", "4", "--decode-pp", "2"], "--decode-pp"),
     ]
     for name, args, flag in cases:
         s.expect_usage_error(name, args, flag)
+    # The chunk messages name the page size and a chunk that fits.
+    res = s.run(["plan"] + ok + ["--page-size", "16", "--chunk-tokens", "100"])
+    s.ok("--page-size 16" in res.stderr and "96" in res.stderr,
+         "chunk message", ok, repr(res.stderr))
+    res = s.run(["plan"] + ok + ["--page-size", "24"])
+    s.ok("0 means 8192" in res.stderr and "8184" in res.stderr,
+         "default chunk message", ok, repr(res.stderr))
+    # A page size dividing 8192 keeps the default chunk.
+    s.expect_ok("default chunk, page 64", ["plan"] + ok + ["--page-size", "64"],
+                ["G = 8192 tokens = 128 pages"])
     # The --tokens message explains the grid width and the knob.
     res = s.run(with_flag("--tokens", "8193"))
     s.ok("--chunk-tokens" in res.stderr and "8192" in res.stderr,

@@ -40,8 +40,14 @@ def test_bad_input(s):
         # Pipeline layouts: the core's rules, worded for the flags.
         ("decode pp neither 1 nor prefill pp",
          DECODE + ["--prefill-pp", "2", "--decode-pp", "4"], "--decode-pp"),
-        ("prefill pp does not divide layers",
-         DECODE + ["--prefill-pp", "3"], "--prefill-pp"),
+        ("more prefill stages than layers",
+         DECODE + ["--prefill-pp", "5"], "--prefill-pp"),
+        # spec §8: the chunk is whole pages (serve's default chunk is 64).
+        ("chunk not a multiple of the page", DECODE + ["--page-size", "24"],
+         "--chunk-tokens"),
+        ("chunk 0 means 8192", PREFILL + ["--page-size", "24",
+                                          "--chunk-tokens", "0"],
+         "--chunk-tokens"),
         ("decode pp 0", DECODE + ["--decode-pp", "0"], "--decode-pp"),
         # TP x PP ranks of one process: each side's product is bounded, on
         # both roles alike (so the two processes refuse the same shapes).

@@ -53,7 +53,7 @@ pass "installed files"
 
 # What the installed CLI says for the consumers' inputs.
 plan_expect=$("$prefix/bin/kvstage" plan --model llama-3.1-70b --prefill-tp 8 \
-                --decode-tp 2 --json | json_get max_region_bytes)
+                --decode-tp 2 --prefill-pp 3 --decode-pp 3 --json | json_get max_region_bytes)
 sim_json=$("$prefix/bin/kvstage" sim --model llama-3.1-8b --layers 4 --prefill-tp 4 \
              --decode-tp 2 --page-size 16 --chunk-tokens 512 --requests 4 \
              --prompt-tokens 64:256 --ring-mib 64 --rate 0 --json)
@@ -122,7 +122,8 @@ py_out=$(env -u KVSTAGE_LIBRARY PYTHONPATH="$prefix/$pydir" \
            ${preload:+LD_PRELOAD="$preload" ASAN_OPTIONS=detect_leaks=0} \
            python3 -c '
 import kvstage
-p = kvstage.plan(model="llama-3.1-70b", prefill_tp=8, decode_tp=2, page_size=1)
+p = kvstage.plan(model="llama-3.1-70b", prefill_tp=8, decode_tp=2, page_size=1,
+                 prefill_pp=3, decode_pp=3)
 r = kvstage.simulate(model="llama-3.1-8b", layers=4, prefill_tp=4, decode_tp=2,
                      page_size=16, chunk_tokens=512, requests=4,
                      prompt_min_tokens=64, prompt_max_tokens=256, ring_bytes=64 << 20)

@@ -3,11 +3,12 @@
 checked against `kvstage plan --json`.
 
 Written from the text of /work/shared/spec/staging.md, not from the C code:
-the head-slice formula and rank mapping of §3, the region layout of §4 and
-the grid width of §2/§5. It runs hand-worked cases (numbers derived in the
-comments) and N random valid configurations, compares every field of the
-CLI's JSON with its own computation, and checks that invalid configurations
-exit 2 with one line on stderr.
+the head-slice formula and rank mapping of §3, the region layout of §4 with
+its pipeline stages (even or uneven splits) and the grid width of §2/§5. It
+runs hand-worked cases (numbers derived in the comments) and N random valid
+configurations, compares every field of the CLI's JSON with its own
+computation, and checks that invalid configurations exit 2 with one line on
+stderr.
 
 usage: plan_model.py PATH_TO_KVSTAGE [--configs N] [--seed S]
 Exit 0 when everything matches, 1 on any mismatch (the first few are printed
@@ -57,6 +58,17 @@ def head_slice(h, p, d, src, dst):
     return src_start, nh, dst_start
 
 
+def stage_layers(layers, pp, stage):
+    """spec §4: L layers over pp stages, base = L // pp, rem = L % pp; stage
+    s < pp - rem holds [s*base, (s+1)*base), later stages base + 1 layers
+    each, contiguous. Returns (first_layer, num_layers)."""
+    base, rem = layers // pp, layers % pp
+    if stage < pp - rem:
+        return stage * base, base
+    first = (pp - rem) * base + (stage - (pp - rem)) * (base + 1)
+    return first, base + 1
+
+
 def writers_of(cfg, dst):
     """spec §3 rank mapping + §4 writer order: the prefill ranks writing into
     decode rank dst, in region order. P > D: ranks [d*k, (d+1)*k), k = P/D,
@@ -85,11 +97,13 @@ def model_plan(cfg):
     # per-rank fields follow the same formulas with W = 1.
     out["path"] = "direct" if p == d else "staging"
     w = p // d if p > d else 1
-    arrivals = w * (cfg["Pp"] // cfg["Dp"])
-    lx = cfg["L"] // cfg["Dp"]  # layer slots of a region (decode stage)
+    # A decode stage waits for every TP writer of each prefill stage that
+    # holds its layers: all Pp when Dp = 1, its own when Dp = Pp.
+    arrivals = w * (cfg["Pp"] if cfg["Dp"] == 1 else 1)
     s = DTYPE_BYTES[cfg["dtype"]]
-    ranks = []
-    for dst in range(d):
+
+    def region(dst, lx):
+        """Decode rank dst's writers for lx layer slots (spec §4)."""
         offset = 0
         ws = []
         for r in writers_of(cfg, dst):
@@ -99,8 +113,28 @@ def model_plan(cfg):
                        "dst_head_start": dst_start, "num_heads": nh,
                        "offset": offset, "bytes": nbytes})
             offset += nbytes
-        ranks.append({"decode_rank": dst, "region_bytes": offset,
-                      "expected_arrivals": arrivals, "writers": ws})
+        return offset, ws
+
+    out["prefill_stages"] = [
+        dict(zip(("stage", "first_layer", "num_layers"),
+                 (e,) + stage_layers(cfg["L"], cfg["Pp"], e)))
+        for e in range(cfg["Pp"])]
+    out["decode_stages"] = []
+    for e in range(cfg["Dp"]):
+        first, n = stage_layers(cfg["L"], cfg["Dp"], e)
+        out["decode_stages"].append({"stage": e, "first_layer": first,
+                                     "num_layers": n,
+                                     "region_bytes": region(0, n)[0]})
+    # Regions and writers are listed for the last decode stage: it holds
+    # the most layers, so its regions are the largest.
+    stage = cfg["Dp"] - 1
+    lx = stage_layers(cfg["L"], cfg["Dp"], stage)[1]
+    ranks = []
+    for dst in range(d):
+        offset, ws = region(dst, lx)
+        ranks.append({"decode_rank": dst, "decode_stage": stage,
+                      "region_bytes": offset, "expected_arrivals": arrivals,
+                      "writers": ws})
     out["decode_ranks"] = ranks
     if p == d:
         return out
@@ -182,7 +216,8 @@ class Checker:
             self.fail(argv, "%s: stdout is not one JSON object: %s"
                       % (label, exc))
             return
-        for key in ("grid_tokens", "chunk_pages", "tokens", "path"):
+        for key in ("grid_tokens", "chunk_pages", "tokens", "path",
+                    "prefill_stages", "decode_stages"):
             self.compare(argv, key, got.get(key), want[key])
         if want["path"] == "staging":
             for key in ("max_region_bytes", "ring_bytes", "chunks_in_ring"):
@@ -194,7 +229,8 @@ class Checker:
             return
         for dr_want, dr in zip(want["decode_ranks"], ranks):
             d = dr_want["decode_rank"]
-            for key in ("decode_rank", "region_bytes", "expected_arrivals"):
+            for key in ("decode_rank", "decode_stage", "region_bytes",
+                        "expected_arrivals"):
                 if not self.compare(argv, "decode_ranks[%d].%s" % (d, key),
                                     dr.get(key), dr_want[key]):
                     return
@@ -359,12 +395,10 @@ def hand_cases(ck):
         "decode_ranks.3.writers.0.prefill_rank": 1,
         "decode_ranks.3.region_bytes": 1310720})
 
-    # 9. Grid corners: C is floored to whole pages, G = max(1, C/ps) * ps:
-    #    C = 100, ps = 16 -> G = 96, F = 6; C = 8 < ps = 16 -> G = 16, F = 1.
-    ck.check(make_cfg(8, 128, 80, 8, 2, ps=16, C=100), "C100 ps16", {
+    # 9. Grid corners: C must be whole pages (spec §8; C = 100 or 8 with
+    #    ps = 16 are refused, see invalid_cases); C = 96 -> G = 96, F = 6.
+    ck.check(make_cfg(8, 128, 80, 8, 2, ps=16, C=96), "C96 ps16", {
         "grid_tokens": 96, "chunk_pages": 6, "tokens": 96})
-    ck.check(make_cfg(8, 128, 80, 8, 2, ps=16, C=8), "C8 ps16", {
-        "grid_tokens": 16, "chunk_pages": 1, "tokens": 16})
     #    C equal to ps gives G = ps = 64, F = 1. H=1 replicated everywhere,
     #    P=4 -> D=2: nh = 1, rep = 4, dst_start = 0; W = 2.
     ck.check(make_cfg(1, 128, 4, 4, 2, ps=64, C=64), "H1 P4 D2 C=ps", {
@@ -388,6 +422,56 @@ def hand_cases(ck):
     ck.check(make_cfg(8, 128, 80, 8, 1, ring_mib=1024), "ring too small", {
         "chunks_in_ring": 0, "max_region_bytes": 2684354560})
 
+    # 12. Uneven PP (spec §4): L=80 over Pp=3: base 26, rem 2, so stage 0
+    #     holds [0, 26), stages 1 and 2 hold 27 each: [26, 53), [53, 80).
+    #     H8 P8 -> D2, Dp=1: the decode holds all 80 layer slots, so the
+    #     region is case 1's 1342177280; arrivals = W 4 x Pp 3 = 12.
+    ck.check(make_cfg(8, 128, 80, 8, 2, Pp=3), "L80 Pp3 Dp1", {
+        "prefill_stages.0.num_layers": 26,
+        "prefill_stages.1.first_layer": 26,
+        "prefill_stages.1.num_layers": 27,
+        "prefill_stages.2.first_layer": 53,
+        "prefill_stages.2.num_layers": 27,
+        "decode_stages.0.num_layers": 80,
+        "decode_ranks.0.expected_arrivals": 12,
+        "decode_ranks.1.region_bytes": 1342177280,
+        "chunks_in_ring": 3})
+    # 13. Same with Dp=3: the same split on the decode side. Regions are
+    #     listed for decode stage 2 (27 slots): a writer is
+    #     8192*1*128*2*27*2 = 113246208 bytes, a region 4x that = 452984832;
+    #     stage 0's region has 26 slots: 4*8192*128*2*26*2 = 436207616.
+    #     Arrivals = W 4 (one prefill stage per decode stage); the ring
+    #     holds 4294967296 // 452984832 = 9 full chunks.
+    ck.check(make_cfg(8, 128, 80, 8, 2, Pp=3, Dp=3), "L80 Pp3 Dp3", {
+        "decode_stages.0.region_bytes": 436207616,
+        "decode_stages.1.region_bytes": 452984832,
+        "decode_stages.2.first_layer": 53,
+        "decode_ranks.0.decode_stage": 2,
+        "decode_ranks.0.writers.3.bytes": 113246208,
+        "decode_ranks.1.region_bytes": 452984832,
+        "decode_ranks.1.expected_arrivals": 4,
+        "max_region_bytes": 452984832,
+        "chunks_in_ring": 9})
+    # 14. One layer per stage and one more: L=5 over Pp=Dp=4 is 1/1/1/2
+    #     (base 1, rem 1: only the last stage holds 2, layers 3 and 4).
+    #     H8 P2 -> D4, T=4, hd 64, fp8: nh = 2, W = 1; stage 3's region is
+    #     4*2*64*1*2*2 = 2048 bytes, the others' 1024.
+    ck.check(make_cfg(8, 64, 5, 2, 4, Pp=4, Dp=4, T=4, dtype="fp8"),
+             "L5 Pp4 Dp4", {
+                 "prefill_stages.2.first_layer": 2,
+                 "prefill_stages.3.first_layer": 3,
+                 "prefill_stages.3.num_layers": 2,
+                 "decode_stages.0.region_bytes": 1024,
+                 "decode_stages.3.region_bytes": 2048,
+                 "decode_ranks.3.region_bytes": 2048,
+                 "decode_ranks.3.expected_arrivals": 1})
+    # 15. L == Pp: one layer per stage; Dp = 1 waits for every stage:
+    #     W = 8/1 = 8 writers x 4 stages = 32 arrivals.
+    ck.check(make_cfg(8, 128, 4, 8, 1, Pp=4, T=1), "L4 Pp4 Dp1", {
+        "prefill_stages.3.first_layer": 3,
+        "prefill_stages.3.num_layers": 1,
+        "decode_ranks.0.expected_arrivals": 32})
+
 
 def invalid_cases(ck):
     base = ["plan", "--kv-heads", "8", "--head-dim", "128", "--layers", "32",
@@ -399,10 +483,13 @@ def invalid_cases(ck):
         # TP 3 vs 2: neither divides the other.
         (["plan", "--kv-heads", "6", "--head-dim", "128", "--layers", "32",
           "--prefill-tp", "3", "--decode-tp", "2"], "-tp", "P3 D2"),
-        # layers 30 do not split into 4 prefill stages.
-        (["plan", "--kv-heads", "8", "--head-dim", "128", "--layers", "30",
+        # 3 layers cannot fill 4 prefill stages (30 could: 7/7/8/8).
+        (["plan", "--kv-heads", "8", "--head-dim", "128", "--layers", "3",
           "--prefill-tp", "4", "--decode-tp", "2", "--prefill-pp", "4"],
-         "--prefill-pp", "L30 Pp4"),
+         "--prefill-pp", "L3 Pp4"),
+        (["plan", "--kv-heads", "8", "--head-dim", "128", "--layers", "3",
+          "--prefill-tp", "4", "--decode-tp", "2", "--prefill-pp", "4",
+          "--decode-pp", "4"], "--prefill-pp", "L3 Pp4 Dp4"),
         # decode PP must be 1 or the prefill PP.
         (base + ["--prefill-pp", "4", "--decode-pp", "2"], "--decode-pp",
          "Pp4 Dp2"),
@@ -414,6 +501,13 @@ def invalid_cases(ck):
         (base + ["--ring-mib", "-5"], "--ring-mib", "negative ring"),
         (base + ["--page-size", "16x"], "--page-size", "junk number"),
         (base + ["--bogus", "1"], "--bogus", "unknown flag"),
+        # spec §8: the chunk is whole pages; 0 means 8192, which 24 does
+        # not divide.
+        (base + ["--page-size", "16", "--chunk-tokens", "100"],
+         "--chunk-tokens", "C100 ps16"),
+        (base + ["--page-size", "16", "--chunk-tokens", "8"],
+         "--chunk-tokens", "C8 ps16"),
+        (base + ["--page-size", "24"], "--chunk-tokens", "C0 ps24"),
         (["plan", "--kv-heads", "8", "--head-dim", "128", "--layers", "32",
           "--prefill-tp", "4"], "--decode-tp", "missing --decode-tp"),
     ]
@@ -430,17 +524,13 @@ def random_cfg(rng):
     tps = [1, 2, 4, 8, 16, 32, 64]
     p = rng.choice(tps)
     d = rng.choice(tps)
-    pp = rng.choice([1, 2, 4])
+    pp = rng.choice([1, 2, 3, 4, 5, 8])
     dp = rng.choice([1, pp])
-    layers = pp * rng.randint(1, 40)
+    # Even splits, and uneven ones (spec §4) down to one layer per stage.
+    layers = pp * rng.randint(1, 40) + (rng.randrange(pp) if rng.randrange(2) else 0)
     ps = rng.choice([1, 16, 32, 64])
-    r = rng.randrange(4)
-    if r == 0:
-        c = 0
-    elif r == 1:  # any size: the grid floors it to whole pages
-        c = rng.randint(1, 16384)
-    else:
-        c = ps * rng.randint(1, max(1, 16384 // ps))
+    # C is whole pages (spec §8); ps divides 8192, so C = 0 is one too.
+    c = 0 if rng.randrange(4) == 0 else ps * rng.randint(1, max(1, 16384 // ps))
     g, _ = grid(c, ps)
     r = rng.randrange(4)
     t = None if r == 0 else (g if r == 1 else rng.randint(1, g))

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """sim_sweep.py - random simulator scenarios that must all end clean.
 
-Draws N random valid configurations (shapes, TP/PP, replicated heads both
-ways, page and chunk sizes, ring sizes down to one chunk, cached prefixes,
-loads, paths) from a seeded generator, runs `kvstage sim --json` on each and
+Draws N random valid configurations (shapes, TP/PP with layers split over
+the stages evenly or not, replicated heads both ways, page and chunk sizes,
+ring sizes down to one chunk, cached prefixes, loads, paths) from a seeded
+generator, runs `kvstage sim --json` on each and
 requires requests_ok == requests_total, corrupt_bytes == 0 and
 ring_leaked_bytes == 0. Prints every failing command so it replays, and a
 closing line "sim_sweep: N passed, M failed".
@@ -22,9 +23,10 @@ def pick_config(rng):
     tps = [1, 2, 4, 8]
     p = rng.choice(tps)
     d = rng.choice(tps)
-    pp = rng.choice([1, 1, 2])
+    pp = rng.choice([1, 1, 2, 3])
     dp = rng.choice([1, pp])
-    layers = rng.choice([2, 4]) * pp
+    # Even splits over the stages, or uneven ones (spec §4).
+    layers = rng.choice([2, 4]) * pp + rng.randrange(pp)
     ps = rng.choice([1, 4, 16])
     chunk = ps * rng.choice([4, 8, 32])
     head_dim = rng.choice([16, 64])
@@ -36,7 +38,7 @@ def pick_config(rng):
     writers = p // d if p > d else 1
     nh = max(1, heads // p) if p > d else max(1, heads // d)
     elem = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}[dtype]
-    region = chunk * nh * writers * head_dim * elem * (layers // dp) * 2
+    region = chunk * nh * writers * head_dim * elem * -(-layers // dp) * 2
     ring_mib = max(1, -(-region * rng.choice([1, 2, 3, 8]) // (1 << 20)))
     path = rng.choice(["auto", "auto", "staging", "slice"] + (["direct"] if p == d else []))
     args = ["sim", "--kv-heads", str(heads), "--head-dim", str(head_dim),

@@ -1,7 +1,8 @@
 /*
  * test_layout.c - the layout planner against hand-worked cases of spec §3-§4:
  * head slices for P > D, P < D, replicated heads both ways and P == D; rank
- * mapping; region layout; PP arrivals; every validation error.
+ * mapping; region layout; PP arrivals and pipeline stages, even and uneven
+ * (spec §4); every validation error.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -103,15 +104,15 @@ static void test_layout_llama70b_p8_d2(void **state)
     assert_int_equal(l.path, KVS_PATH_STAGING);
     /* writer bytes: 8192 tokens * 1 head * 128 * 2 B * 80 layers * 2 = 320 MiB */
     kvs_writer_t w;
-    assert_int_equal(kvs_layout_writer(&l, 1, 2, 8192, &w), KVS_OK);
+    assert_int_equal(kvs_layout_writer(&l, 1, 0, 2, 8192, &w), KVS_OK);
     assert_int_equal(w.prefill_rank, 6);
     assert_int_equal(w.heads.dst_start, 2);
     assert_int_equal(w.len_bytes, 320ll << 20);
     assert_int_equal(w.offset_bytes, 640ll << 20);
     int64_t region;
-    assert_int_equal(kvs_layout_region_bytes(&l, 1, 8192, &region), KVS_OK);
+    assert_int_equal(kvs_layout_region_bytes(&l, 1, 0, 8192, &region), KVS_OK);
     assert_int_equal(region, 1280ll << 20);
-    assert_int_equal(kvs_layout_region_bytes(&l, 1, 100, &region), KVS_OK);
+    assert_int_equal(kvs_layout_region_bytes(&l, 1, 0, 100, &region), KVS_OK);
     assert_int_equal(region, 4ll * 100 * 128 * 2 * 80 * 2);
     assert_int_equal(kvs_layout_layer_block_bytes(&l, 100, 1), 100 * 128 * 2);
 }
@@ -143,7 +144,7 @@ static void test_layout_rank_mapping_p_gt_d(void **state)
     for (int64_t dr = 0; dr < 2; dr++)
         for (int64_t i = 0; i < l.tp_writers; i++) {
             kvs_writer_t w;
-            assert_int_equal(kvs_layout_writer(&l, dr, i, 16, &w), KVS_OK);
+            assert_int_equal(kvs_layout_writer(&l, dr, 0, i, 16, &w), KVS_OK);
             assert_int_equal(kvs_layout_writer_index(&l, w.prefill_rank, dr, &idx), KVS_OK);
             assert_int_equal(idx, i);
             assert_int_equal(kvs_layout_target(&l, w.prefill_rank, 0, &d), KVS_OK);
@@ -167,11 +168,11 @@ static void test_layout_rank_mapping_p_lt_d(void **state)
     assert_int_equal(idx, 0);
     assert_int_equal(kvs_layout_writer_index(&l, 0, 5, &idx), KVS_ENOENT);
     kvs_writer_t w;
-    assert_int_equal(kvs_layout_writer(&l, 5, 0, 8192, &w), KVS_OK);
+    assert_int_equal(kvs_layout_writer(&l, 5, 0, 0, 8192, &w), KVS_OK);
     assert_int_equal(w.prefill_rank, 1);
     assert_int_equal(w.heads.src_start, 1);
     assert_int_equal(w.heads.num_heads, 1);
-    assert_int_equal(kvs_layout_writer(&l, 5, 1, 8192, &w), KVS_ERANGE);
+    assert_int_equal(kvs_layout_writer(&l, 5, 0, 1, 8192, &w), KVS_ERANGE);
 }
 
 static void test_layout_equal_tp_is_direct(void **state)
@@ -200,8 +201,154 @@ static void test_layout_pp_arrivals_and_layers(void **state)
     assert_int_equal(l.decode_layers, 40);
     assert_int_equal(l.expected_arrivals, 2);
     kvs_writer_t w;
-    assert_int_equal(kvs_layout_writer(&l, 0, 1, 10, &w), KVS_OK);
+    assert_int_equal(kvs_layout_writer(&l, 0, 0, 1, 10, &w), KVS_OK);
     assert_int_equal(w.len_bytes, 10ll * 2 * 128 * 2 * 40 * 2); /* nh = H/P = 2 */
+}
+
+/* spec §4: L layers over Pp stages, base = L / Pp, rem = L % Pp, the last
+ * rem stages hold base + 1, contiguous from layer 0. */
+static void test_layout_pp_stage_layers_split(void **state)
+{
+    static const struct {
+        int64_t layers, pp, stage, first, count;
+    } c[] = {
+        {80, 3, 0, 0, 26}, {80, 3, 1, 26, 27}, {80, 3, 2, 53, 27}, /* 26 / 27 / 27 */
+        {81, 2, 0, 0, 40}, {81, 2, 1, 40, 41},
+        {10, 4, 0, 0, 2}, {10, 4, 1, 2, 2}, {10, 4, 2, 4, 3}, {10, 4, 3, 7, 3},
+        {80, 2, 1, 40, 40},                   /* even: unchanged */
+        {4, 4, 0, 0, 1}, {4, 4, 3, 3, 1},     /* L == Pp: one layer per stage */
+        {5, 4, 0, 0, 1}, {5, 4, 3, 3, 2},     /* one layer, the last stage two */
+        {80, 1, 0, 0, 80},
+        {2, 3, 0, 0, 0}, {2, 3, 1, 0, 1}, {2, 3, 2, 1, 1}, /* L < Pp: a stage of none */
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        int64_t first = -1, count = -1;
+        assert_int_equal(kvs_pp_stage_layers(c[i].layers, c[i].pp, c[i].stage, &first, &count),
+                         KVS_OK);
+        if (first != c[i].first || count != c[i].count)
+            fail_msg("%lld layers over %lld, stage %lld: got %lld+%lld, want %lld+%lld",
+                     (long long)c[i].layers, (long long)c[i].pp, (long long)c[i].stage,
+                     (long long)first, (long long)count, (long long)c[i].first,
+                     (long long)c[i].count);
+    }
+    int64_t first = 7, count = 7;
+    assert_int_equal(kvs_pp_stage_layers(80, 3, 3, &first, &count), KVS_ERANGE);
+    assert_int_equal(kvs_pp_stage_layers(80, 3, -1, &first, &count), KVS_ERANGE);
+    assert_int_equal(kvs_pp_stage_layers(0, 3, 0, &first, &count), KVS_EINVAL);
+    assert_int_equal(kvs_pp_stage_layers(80, 0, 0, &first, &count), KVS_EINVAL);
+    assert_int_equal(kvs_pp_stage_layers(-80, 3, 0, &first, &count), KVS_EINVAL);
+    assert_int_equal(kvs_pp_stage_layers(80, -3, 0, &first, &count), KVS_EINVAL);
+    assert_int_equal(kvs_pp_stage_layers(80, 3, 0, NULL, &count), KVS_EINVAL);
+    assert_int_equal(kvs_pp_stage_layers(80, 3, 0, &first, NULL), KVS_EINVAL);
+    assert_int_equal(first, 7); /* left alone on error */
+    assert_int_equal(count, 7);
+    assert_int_equal(kvs_pp_stage_layers(INT64_MAX, 3, 2, &first, &count), KVS_OK);
+    assert_int_equal(first + count, INT64_MAX); /* the last stage ends at the last layer */
+
+    /* A layout refuses a split that leaves a stage without layers. */
+    kvs_layout_params_t prm = llama70b(8, 2);
+    prm.layers = 2;
+    prm.prefill_pp = 3;
+    kvs_layout_t l;
+    kvs_error_t e = {0};
+    assert_int_equal(kvs_layout_init(&l, &prm, &e), KVS_EPP_SPLIT);
+    assert_non_null(strstr(e.msg, "every pipeline stage needs at least one layer"));
+    prm.layers = 3; /* L == Pp */
+    prm.decode_pp = 3;
+    assert_int_equal(kvs_layout_init(&l, &prm, NULL), KVS_OK);
+    assert_int_equal(l.prefill_layers, 1);
+    assert_int_equal(l.decode_layers, 1);
+}
+
+/* 80 layers, prefill TP 8 x PP 3 (26 / 27 / 27) -> decode TP 2 x PP 1: the
+ * decode's regions hold all 80 layer slots; a chunk waits for 4 TP writers
+ * x 3 stages. */
+static void test_layout_uneven_pp_to_decode_pp1(void **state)
+{
+    kvs_layout_params_t prm = llama70b(8, 2);
+    prm.prefill_pp = 3;
+    kvs_layout_t l;
+    assert_int_equal(kvs_layout_init(&l, &prm, NULL), KVS_OK);
+    assert_int_equal(l.prefill_layers, 27); /* the most one stage holds */
+    assert_int_equal(l.decode_layers, 80);
+    assert_int_equal(l.expected_arrivals, 12);
+    int64_t first, count;
+    const int64_t want[3][2] = {{0, 26}, {26, 27}, {53, 27}};
+    for (int64_t s = 0; s < 3; s++) {
+        assert_int_equal(kvs_layout_stage_layers(&l, KVS_ROLE_PREFILL, s, &first, &count),
+                         KVS_OK);
+        assert_int_equal(first, want[s][0]);
+        assert_int_equal(count, want[s][1]);
+    }
+    assert_int_equal(kvs_layout_stage_layers(&l, KVS_ROLE_PREFILL, 3, &first, &count),
+                     KVS_ERANGE);
+    assert_int_equal(kvs_layout_stage_layers(&l, KVS_ROLE_DECODE, 0, &first, &count), KVS_OK);
+    assert_int_equal(first, 0);
+    assert_int_equal(count, 80);
+    assert_int_equal(kvs_layout_stage_layers(&l, KVS_ROLE_DECODE, 1, &first, &count),
+                     KVS_ERANGE);
+    assert_int_equal(kvs_layout_stage_layers(&l, (kvs_role_t)7, 0, &first, &count),
+                     KVS_EINVAL);
+    assert_int_equal(kvs_layout_stage_layers(NULL, KVS_ROLE_DECODE, 0, &first, &count),
+                     KVS_EINVAL);
+    /* writer 3 of decode rank 1 is prefill rank 7: 100 tokens x 1 head x
+     * 128 x 2 B x 80 slots x 2 (K, V), after 3 such blocks */
+    kvs_writer_t w;
+    assert_int_equal(kvs_layout_writer(&l, 1, 0, 3, 100, &w), KVS_OK);
+    assert_int_equal(w.prefill_rank, 7);
+    assert_int_equal(w.len_bytes, 100ll * 128 * 2 * 80 * 2);
+    assert_int_equal(w.offset_bytes, 3 * w.len_bytes);
+    assert_int_equal(kvs_layout_writer(&l, 1, 1, 3, 100, &w), KVS_ERANGE);
+    int64_t region;
+    assert_int_equal(kvs_layout_region_bytes(&l, 1, 0, 8192, &region), KVS_OK);
+    assert_int_equal(region, 1280ll << 20);
+    assert_int_equal(kvs_layout_max_region_bytes(&l), region);
+    assert_int_equal(kvs_layout_region_bytes(&l, 1, 1, 8192, &region), KVS_ERANGE);
+}
+
+/* The same with decode PP 3: decode stage e's regions hold its own 26 or
+ * 27 layers, filled by prefill stage e alone. */
+static void test_layout_uneven_pp_to_equal_decode_pp(void **state)
+{
+    kvs_layout_params_t prm = llama70b(8, 2);
+    prm.prefill_pp = 3;
+    prm.decode_pp = 3;
+    kvs_layout_t l;
+    assert_int_equal(kvs_layout_init(&l, &prm, NULL), KVS_OK);
+    assert_int_equal(l.prefill_layers, 27);
+    assert_int_equal(l.decode_layers, 27);
+    assert_int_equal(l.expected_arrivals, 4);
+    const int64_t slots[3] = {26, 27, 27};
+    for (int64_t e = 0; e < 3; e++) {
+        int64_t pf, pn, df, dn;
+        assert_int_equal(kvs_layout_stage_layers(&l, KVS_ROLE_PREFILL, e, &pf, &pn), KVS_OK);
+        assert_int_equal(kvs_layout_stage_layers(&l, KVS_ROLE_DECODE, e, &df, &dn), KVS_OK);
+        assert_int_equal(pf, df); /* the same split: slot 0 of its own stage */
+        assert_int_equal(pn, dn);
+        assert_int_equal(dn, slots[e]);
+        for (int64_t d = 0; d < 2; d++) {
+            int64_t sum = 0;
+            for (int64_t i = 0; i < 4; i++) {
+                kvs_writer_t w;
+                assert_int_equal(kvs_layout_writer(&l, d, e, i, 64, &w), KVS_OK);
+                assert_int_equal(w.offset_bytes, sum);
+                assert_int_equal(w.len_bytes, 64ll * 1 * 128 * 2 * slots[e] * 2);
+                sum += w.len_bytes;
+            }
+            int64_t region;
+            assert_int_equal(kvs_layout_region_bytes(&l, d, e, 64, &region), KVS_OK);
+            assert_int_equal(region, sum);
+        }
+    }
+    kvs_writer_t w;
+    int64_t region;
+    assert_int_equal(kvs_layout_writer(&l, 0, 3, 0, 64, &w), KVS_ERANGE);
+    assert_int_equal(kvs_layout_writer(&l, 0, -1, 0, 64, &w), KVS_ERANGE);
+    assert_int_equal(kvs_layout_region_bytes(&l, 0, 3, 64, &region), KVS_ERANGE);
+    /* The largest region is a 27-layer stage's. */
+    assert_int_equal(kvs_layout_region_bytes(&l, 0, 2, 8192, &region), KVS_OK);
+    assert_int_equal(kvs_layout_max_region_bytes(&l), region);
+    assert_int_equal(region, 4ll * 8192 * 128 * 2 * 27 * 2);
 }
 
 static void test_layout_heads_resolution(void **state)
@@ -260,13 +407,13 @@ static void test_layout_rejects_invalid_params(void **state)
         {"heads vs tp", ok, KVS_EHEAD_SPLIT, "6 KV heads do not split"},
         {"heads vs decode tp", ok, KVS_EHEAD_SPLIT, "3 KV heads do not split"},
         {"decode_pp", ok, KVS_EPP_SPLIT, "decode PP 2 must be 1 or equal to prefill PP 4"},
-        {"layers vs pp", ok, KVS_EPP_SPLIT, "80 layers do not divide by prefill PP 3"},
+        {"layers vs pp", ok, KVS_EPP_SPLIT, "2 layers cannot fill 3 prefill stages"},
         {"chunk negative", ok, KVS_ECHUNK, "chunk_tokens -16"},
         {"overflow", ok, KVS_ERANGE, "overflows 64 bits"},
         {"decode_pp negative", ok, KVS_EINVAL, "decode_pp"},
         {"heads_per_rank negative", ok, KVS_EINVAL, "heads_per_rank"},
         {"heads_per_rank_tp negative", ok, KVS_EINVAL, "heads_per_rank_tp"},
-        {"layers vs pp, both pp", ok, KVS_EPP_SPLIT, "81 layers do not divide"},
+        {"layers vs pp, both pp", ok, KVS_EPP_SPLIT, "at most 3"},
     };
     cases[0].p.head_dim = 0;
     cases[1].p.layers = -1;
@@ -282,16 +429,16 @@ static void test_layout_rejects_invalid_params(void **state)
     cases[10].p.total_heads = 3;
     cases[11].p.prefill_pp = 4;
     cases[11].p.decode_pp = 2;
-    cases[12].p.prefill_pp = 3;
-    cases[12].p.layers = 80;
+    cases[12].p.prefill_pp = 3; /* 80 over 3 splits unevenly (fine); 2 cannot */
+    cases[12].p.layers = 2;
     cases[13].p.chunk_tokens = -16;
     cases[14].p.head_dim = INT64_MAX / 4;
     cases[15].p.decode_pp = -1;
     cases[16].p.heads_per_rank = -1;
     cases[17].p.heads_per_rank_tp = -4;
-    cases[18].p.layers = 81;
-    cases[18].p.prefill_pp = 2;
-    cases[18].p.decode_pp = 2;
+    cases[18].p.layers = 3;
+    cases[18].p.prefill_pp = 4;
+    cases[18].p.decode_pp = 4;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kvs_layout_t l;
         kvs_error_t e = {0};
@@ -345,13 +492,13 @@ static void test_layout_writer_rejects_out_of_range(void **state)
     assert_int_equal(kvs_layout_init(&l, &prm, NULL), KVS_OK);
     kvs_writer_t w;
     int64_t b;
-    assert_int_equal(kvs_layout_writer(&l, 2, 0, 16, &w), KVS_ERANGE);
-    assert_int_equal(kvs_layout_writer(&l, 0, 4, 16, &w), KVS_ERANGE);
-    assert_int_equal(kvs_layout_writer(&l, 0, 0, 8193, &w), KVS_ERANGE);
-    assert_int_equal(kvs_layout_writer(&l, 0, 0, -1, &w), KVS_ERANGE);
-    assert_int_equal(kvs_layout_writer(NULL, 0, 0, 1, &w), KVS_EINVAL);
-    assert_int_equal(kvs_layout_region_bytes(&l, 0, 1, NULL), KVS_EINVAL);
-    assert_int_equal(kvs_layout_region_bytes(NULL, 0, 1, &b), KVS_EINVAL);
+    assert_int_equal(kvs_layout_writer(&l, 2, 0, 0, 16, &w), KVS_ERANGE);
+    assert_int_equal(kvs_layout_writer(&l, 0, 0, 4, 16, &w), KVS_ERANGE);
+    assert_int_equal(kvs_layout_writer(&l, 0, 0, 0, 8193, &w), KVS_ERANGE);
+    assert_int_equal(kvs_layout_writer(&l, 0, 0, 0, -1, &w), KVS_ERANGE);
+    assert_int_equal(kvs_layout_writer(NULL, 0, 0, 0, 1, &w), KVS_EINVAL);
+    assert_int_equal(kvs_layout_region_bytes(&l, 0, 0, 1, NULL), KVS_EINVAL);
+    assert_int_equal(kvs_layout_region_bytes(NULL, 0, 0, 1, &b), KVS_EINVAL);
     assert_int_equal(kvs_layout_target(NULL, 0, 0, &b), KVS_EINVAL);
     assert_int_equal(kvs_layout_writer_index(NULL, 0, 0, &b), KVS_EINVAL);
 }
@@ -422,7 +569,7 @@ static void test_layout_max_region_is_every_ranks_region(void **state)
         const int64_t max = kvs_layout_max_region_bytes(&l);
         for (int64_t d = 0; d < l.decode_tp; d++) {
             int64_t bytes = 0;
-            assert_int_equal(kvs_layout_region_bytes(&l, d, l.grid_tokens, &bytes), KVS_OK);
+            assert_int_equal(kvs_layout_region_bytes(&l, d, 0, l.grid_tokens, &bytes), KVS_OK);
             if (bytes != max)
                 fail_msg("shape %zu decode rank %lld: region %lld, max %lld", i, (long long)d,
                          (long long)bytes, (long long)max);
@@ -443,13 +590,16 @@ static void test_layout_lookups_check_each_argument(void **state)
     assert_int_equal(kvs_layout_init(&l, &prm, NULL), KVS_OK);
     kvs_writer_t w;
     int64_t v = 42;
-    assert_int_equal(kvs_layout_writer(&l, 0, 0, 16, NULL), KVS_EINVAL);
-    assert_int_equal(kvs_layout_writer(&l, -1, 0, 16, &w), KVS_ERANGE);
-    assert_int_equal(kvs_layout_writer(&l, 0, -1, 16, &w), KVS_ERANGE);
-    assert_int_equal(kvs_layout_writer(&l, 1, 3, l.grid_tokens, &w), KVS_OK);
-    assert_int_equal(kvs_layout_writer(&l, 1, 3, 0, &w), KVS_OK);
+    assert_int_equal(kvs_layout_writer(&l, 0, 0, 0, 16, NULL), KVS_EINVAL);
+    assert_int_equal(kvs_layout_writer(&l, -1, 0, 0, 16, &w), KVS_ERANGE);
+    assert_int_equal(kvs_layout_writer(&l, 0, 0, -1, 16, &w), KVS_ERANGE);
+    assert_int_equal(kvs_layout_writer(&l, 1, 0, 3, l.grid_tokens, &w), KVS_OK);
+    assert_int_equal(kvs_layout_writer(&l, 1, 0, 3, 0, &w), KVS_OK);
     assert_int_equal(w.len_bytes, 0);
-    assert_int_equal(kvs_layout_region_bytes(&l, 2, 16, &v), KVS_ERANGE);
+    assert_int_equal(kvs_layout_region_bytes(&l, 2, 0, 16, &v), KVS_ERANGE);
+    assert_int_equal(kvs_layout_writer(&l, 0, 1, 0, 16, &w), KVS_ERANGE); /* decode PP 1 */
+    assert_int_equal(kvs_layout_writer(&l, 0, -1, 0, 16, &w), KVS_ERANGE);
+    assert_int_equal(kvs_layout_region_bytes(&l, 0, 1, 16, &v), KVS_ERANGE);
 
     assert_int_equal(kvs_layout_target(&l, 0, 0, NULL), KVS_EINVAL);
     assert_int_equal(kvs_layout_target(&l, -1, 0, &v), KVS_ERANGE);
@@ -522,6 +672,9 @@ int main(void)
         cmocka_unit_test(test_layout_rank_mapping_p_lt_d),
         cmocka_unit_test(test_layout_equal_tp_is_direct),
         cmocka_unit_test(test_layout_pp_arrivals_and_layers),
+        cmocka_unit_test(test_layout_pp_stage_layers_split),
+        cmocka_unit_test(test_layout_uneven_pp_to_decode_pp1),
+        cmocka_unit_test(test_layout_uneven_pp_to_equal_decode_pp),
         cmocka_unit_test(test_layout_heads_resolution),
         cmocka_unit_test(test_layout_rejects_invalid_params),
         cmocka_unit_test(test_layout_default_chunk_with_odd_page),

@@ -253,6 +253,10 @@ static void test_manager_config_guards(void **state)
         {"negative total heads", decode_cfg(), 0, KVS_EINVAL, "total_heads"},
         {"negative heads per rank", decode_cfg(), 0, KVS_EINVAL, "heads_per_rank"},
         {"context parallel 1 is staging's", prefill_cfg(), 0, KVS_OK, NULL},
+        {"default chunk not whole pages", decode_cfg(), 0, KVS_ECHUNK,
+         "chunk_tokens 0 means 8192, which is not a multiple of page_size 24"},
+        {"default chunk, page size dividing it", decode_cfg(), 0, KVS_OK, NULL},
+        {"default chunk, no staging: not checked", decode_cfg(), 0, KVS_OK, NULL},
     };
     g[0].cfg.is_mla = true;
     g[1].cfg.context_parallel = 2;
@@ -280,6 +284,10 @@ static void test_manager_config_guards(void **state)
     g[22].cfg.total_heads = -8;
     g[23].cfg.heads_per_rank = -4;
     g[24].cfg.context_parallel = 1;
+    g[25].cfg.page_size = 24; /* chunk_tokens 0 */
+    g[26].cfg.page_size = 64;
+    g[27].cfg.page_size = 24;
+    g[27].cfg.staging = false;
     for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) {
         f->fab.base.ops.caps = g[i].caps;
         kvs_manager_t *m = (kvs_manager_t *)&m;
@@ -296,6 +304,76 @@ static void test_manager_config_guards(void **state)
                          g[i].names);
         } else {
             assert_int_equal(e.status, KVS_OK); /* a success clears the detail */
+        }
+        assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+    }
+}
+
+/* Uneven pipeline splits (spec §4): `layers` is this rank's share of
+ * model_layers, which create checks; the layout covers the whole model. */
+static void test_manager_model_layers_uneven_split(void **state)
+{
+    fixture_t *f = *state;
+    f->fab.base.ops.caps |= KVS_FABRIC_CAP_PER_LAYER_WRITES; /* prefill PP 3 */
+    /* 26 layers over 3 stages: 8 / 9 / 9; this rank (stage 0) holds 8. */
+    kvs_manager_config_t c = prefill_cfg();
+    c.pp_size = 3;
+    c.peer_pp_size = 3;
+    c.model_layers = 26;
+    kvs_manager_t *m = make(f, &c);
+    assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+    uint64_t len = 0; /* sized for this rank's 8 layers */
+    assert_int_equal(kvs_manager_staging_buffer(m, 0, NULL, &len, NULL), KVS_OK);
+    assert_int_equal(len, 64u * 1 * 128 * 2 * LAYERS * 2);
+    assert_int_equal(kvs_manager_register_staging(m), KVS_OK);
+    kvs_kv_buffers_t kv = f->kv;
+    kv.local_heads = 1; /* 8 heads over prefill TP 8 */
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &kv), KVS_OK);
+    kvs_prefill_t *p = NULL;
+    assert_int_equal(kvs_prefill_create(m, &p), KVS_OK);
+    const kvs_layout_t *l = kvs_manager_layout(m);
+    assert_int_equal(l->layers, 26);
+    assert_int_equal(l->prefill_layers, 9);
+    assert_int_equal(l->decode_layers, 9);
+    kvs_prefill_destroy(p);
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+
+    typedef struct {
+        const char *what;
+        int64_t layers, model_layers, pp_rank, pp_size;
+        int status;
+        const char *names;
+    } layers_case_t;
+    const layers_case_t g[] = {
+        {"stage 1 holds 9", 8, 26, 1, 3, KVS_EPP_SPLIT,
+         "layers 8: pp_rank 1 of model_layers 26 over pp_size 3 holds 9 layers (8..16): "
+         "pass layers 9"},
+        {"stage 2 holds 9", 9, 26, 2, 3, KVS_OK, NULL},
+        {"a stage without layers", 1, 2, 0, 3, KVS_EPP_SPLIT,
+         "model_layers 2 cannot fill pp_size 3 stages"},
+        {"default: an even split", 8, 0, 2, 3, KVS_OK, NULL},
+        {"default overflows", INT64_MAX / 2, 0, 0, 3, KVS_EINVAL,
+         "pass model_layers"},
+        {"negative", 8, -1, 0, 1, KVS_EINVAL, "model_layers must be >= 0"},
+        {"model of this rank alone", 8, 8, 0, 1, KVS_OK, NULL},
+        {"model larger than pp 1 holds", 8, 9, 0, 1, KVS_EPP_SPLIT, "pass layers 9"},
+    };
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) {
+        c = prefill_cfg();
+        c.layers = g[i].layers;
+        c.model_layers = g[i].model_layers;
+        c.pp_rank = g[i].pp_rank;
+        c.pp_size = g[i].pp_size;
+        m = (kvs_manager_t *)&m;
+        kvs_error_t e = {0};
+        int rc = kvs_manager_create(&c, &f->dev.base, &f->fab.base, &m, &e);
+        if (rc != g[i].status)
+            fail_msg("%s: got %s (%s)", g[i].what, kvs_status_name(rc), e.msg);
+        if (rc != KVS_OK) {
+            assert_null(m);
+            if (strstr(e.msg, g[i].names) == NULL)
+                fail_msg("%s: message \"%s\" does not say \"%s\"", g[i].what, e.msg,
+                         g[i].names);
         }
         assert_int_equal(kvs_manager_destroy(m), KVS_OK);
     }
@@ -828,6 +906,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_manager_heads_per_rank_fallback, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manager_kv_heads_disagree_with_layout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manager_config_guards, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manager_model_layers_uneven_split, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manager_create_argument_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manager_steps_twice, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manager_kv_buffer_validation, setup, teardown),

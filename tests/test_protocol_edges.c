@@ -410,7 +410,7 @@ static void edge_connect(edge_cluster_t *cl, int d)
     const kvs_layout_t *lay = kvs_manager_layout(n->m);
     for (int64_t i = 0; i < lay->tp_writers; i++) {
         kvs_writer_t w;
-        assert_int_equal(kvs_layout_writer(lay, n->tp, i, 0, &w), KVS_OK);
+        assert_int_equal(kvs_layout_writer(lay, n->tp, 0, i, 0, &w), KVS_OK);
         char peer[16];
         snprintf(peer, sizeof peer, "p%lld", (long long)w.prefill_rank);
         int rc = kvs_decode_connect(n->dec, peer, w.prefill_rank, 0);
@@ -708,7 +708,7 @@ static int64_t edge_region_bytes(edge_cluster_t *cl, int64_t tokens)
 {
     int64_t bytes = 0;
     assert_int_equal(kvs_layout_region_bytes(kvs_manager_layout(edge_decode(cl, 0)->m), 0,
-                                             tokens, &bytes),
+                                             0, tokens, &bytes),
                      KVS_OK);
     return bytes;
 }

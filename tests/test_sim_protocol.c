@@ -92,6 +92,43 @@ static void test_sim_protocol_prefill_pp(void **state)
     run_ok(&c, "P4xPP2 -> D2xPP2");
 }
 
+/* Uneven pipeline splits (spec §4): 80 layers over prefill TP 8 x PP 3
+ * (26 / 27 / 27) into decode TP 2 with PP 1 (each chunk waits for 4 TP
+ * writers x 3 stages, each writing its layers into their global slots) and
+ * with PP 3 (stage e into decode stage e). Every byte the decode ranks hold
+ * is verified: as many as a run without PP of the same workload moves. */
+static void test_sim_protocol_uneven_prefill_pp(void **state)
+{
+    sim_scenario_config_t c = small(8, 2, 8);
+    c.shape.layers = 80;
+    c.shape.head_dim = 16;
+    c.requests = 6;
+    const sim_report_t even = run_ok(&c, "80 layers, P8 -> D2");
+    c.shape.prefill_pp = 3;
+    sim_report_t r = run_ok(&c, "80 layers, P8xPP3 -> D2");
+    assert_int_equal(r.prefill_ranks, 24);
+    assert_int_equal(r.bytes_verified, even.bytes_verified);
+    assert_int_equal(r.bytes_moved, r.bytes_verified);
+    c.shape.decode_pp = 3;
+    r = run_ok(&c, "80 layers, P8xPP3 -> D2xPP3");
+    assert_int_equal(r.bytes_verified, even.bytes_verified);
+    assert_int_equal(r.bytes_moved, r.bytes_verified);
+    /* P < D, each prefill rank feeding two decode ranks; 7 layers over 4
+     * stages (1 / 2 / 2 / 2), and the slice path's per-layer writes. */
+    c = small(2, 4, 8);
+    c.shape.layers = 7;
+    const sim_report_t even7 = run_ok(&c, "7 layers, P2 -> D4");
+    c.shape.prefill_pp = 4;
+    r = run_ok(&c, "7 layers, P2xPP4 -> D4");
+    assert_int_equal(r.bytes_verified, even7.bytes_verified);
+    c.shape.decode_pp = 4;
+    r = run_ok(&c, "7 layers, P2xPP4 -> D4xPP4");
+    assert_int_equal(r.bytes_verified, even7.bytes_verified);
+    c.path = KVS_PATH_SLICE;
+    r = run_ok(&c, "7 layers, P2xPP4 -> D4xPP4 slice");
+    assert_int_equal(r.bytes_verified, even7.bytes_verified);
+}
+
 static void test_sim_protocol_ring_wraps_often(void **state)
 {
     /* A full chunk region here is 1 MiB: a 3 MiB ring wraps every 3 chunks
@@ -318,6 +355,9 @@ static void test_sim_protocol_sq_depth_prefill_pp(void **state)
     sq_depth_runs(c, 2048, 4096, "P4xPP2 -> D2 staging");
     c.shape.decode_pp = 2;
     sq_depth_runs(c, 2048, 4096, "P4xPP2 -> D2xPP2 staging");
+    c.shape.layers = 5; /* 2 / 3 layers: the K and V writes of unequal stages */
+    c.shape.decode_pp = 1;
+    sq_depth_runs(c, 2048, 4096, "5 layers, P4xPP2 -> D2 staging");
 }
 
 static void test_sim_protocol_sq_depth_direct_and_slice(void **state)
@@ -375,6 +415,7 @@ int main(void)
         cmocka_unit_test(test_sim_protocol_replicated_heads_on_prefill),
         cmocka_unit_test(test_sim_protocol_replicated_heads_on_decode),
         cmocka_unit_test(test_sim_protocol_prefill_pp),
+        cmocka_unit_test(test_sim_protocol_uneven_prefill_pp),
         cmocka_unit_test(test_sim_protocol_ring_wraps_often),
         cmocka_unit_test(test_sim_protocol_ring_exactly_one_chunk),
         cmocka_unit_test(test_sim_protocol_mixed_sizes_and_prefix),

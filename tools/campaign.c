@@ -479,7 +479,11 @@ static void cli_campaign_generate(uint64_t seed, uint64_t run,
     static const int64_t pps[] = {1, 1, 1, 1, 1, 2, 2, 3};
     const int64_t ppp = CLI_CAMPAIGN_PICK(&rng, pps);
     const int64_t dpp = cli_campaign_pct(&rng, 50) ? 1 : ppp;
-    const int64_t layers = ppp * (int64_t)sim_rng_range(&rng, 1, 3);
+    /* Layers split over the stages evenly, or not (spec §4: the last
+     * layers % PP stages hold one more), down to one layer per stage. */
+    int64_t layers = ppp * (int64_t)sim_rng_range(&rng, 1, 3);
+    if (ppp > 1)
+        layers += (int64_t)sim_rng_below(&rng, (uint64_t)ppp);
     static const int64_t head_dims[] = {4, 8, 16, 16, 32, 64, 3, 5};
     const int64_t head_dim = CLI_CAMPAIGN_PICK(&rng, head_dims);
     static const char *const dtypes[] = {"bf16", "fp16", "fp8", "fp32"};

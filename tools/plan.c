@@ -1,9 +1,11 @@
 /*
  * plan.c - `kvstage plan`: validates a model shape and the prefill/decode
  * parallelism through the library's layout planner (kvs_layout_init), then
- * prints, for one chunk of T tokens, each decode rank's staging region:
+ * prints each pipeline stage's layers (spec §4: stages need not split
+ * evenly) and, for one chunk of T tokens, each decode rank's staging region:
  * which prefill ranks write into it, which head slices, at which byte offset
- * and how many bytes (spec §3-§5). It ends with the ring-sizing answer: how
+ * and how many bytes (spec §3-§5), for the decode stage holding the most
+ * layers (the largest regions). It ends with the ring-sizing answer: how
  * many full G-token chunk regions fit in the decode staging ring, and which
  * knob to turn when too few do.
  *
@@ -99,10 +101,12 @@ void cli_plan_usage(FILE *out)
             "  --page-size PS     tokens per KV page (default %d)\n"
             "  --prefill-tp P     prefill attention TP size (1..%d, required)\n"
             "  --decode-tp D      decode attention TP size (1..%d, required)\n"
-            "  --prefill-pp PP    prefill pipeline stages (default 1)\n"
+            "  --prefill-pp PP    prefill pipeline stages, at most L (default 1); L need\n"
+            "                     not divide: stages hold L/PP layers, the last L%%PP one more\n"
             "  --decode-pp DP     decode pipeline stages, 1 or PP (default 1)\n"
             "  --chunk-tokens C   chunked-prefill size, a multiple of PS; 0 means %d\n"
-            "                     (default 0); the grid width is G = max(1, C/PS)*PS\n"
+            "                     (default 0, so PS must divide %d); the grid width\n"
+            "                     is G = C tokens, C/PS pages\n"
             "  --tokens T         tokens of the chunk to lay out, 1..G (default G)\n"
             "  --ring-mib M       decode staging ring size in MiB (default %" PRId64 ")\n"
             "  --json             print one JSON object instead of the table\n"
@@ -114,7 +118,7 @@ void cli_plan_usage(FILE *out)
             "built-in models (KV heads, head dim, layers, dtype):\n",
             CLI_SHAPE_MAX_HEADS, CLI_SHAPE_MAX_HEAD_DIM, CLI_SHAPE_MAX_LAYERS,
             CLI_PLAN_DEFAULT_PAGE_SIZE, CLI_SHAPE_MAX_TP, CLI_SHAPE_MAX_TP,
-            KVS_DEFAULT_CHUNK_TOKENS, CLI_PLAN_DEFAULT_RING_MIB);
+            KVS_DEFAULT_CHUNK_TOKENS, KVS_DEFAULT_CHUNK_TOKENS, CLI_PLAN_DEFAULT_RING_MIB);
     cli_shape_models_usage(out);
     fprintf(out,
             "\n"
@@ -184,10 +188,43 @@ static int cli_plan_ring(const kvs_layout_t *lay, int64_t ring_mib,
     return 0;
 }
 
-static void cli_plan_json(const cli_plan_input_t *in, const kvs_layout_t *lay,
-                          int64_t tokens, const cli_plan_ring_t *ring,
-                          const int64_t *region, const kvs_writer_t *writers)
+/* One pipeline stage of one side: its layers and, on the decode side, the
+ * region every decode rank of that stage gets for the planned chunk. */
+typedef struct cli_plan_stage {
+    int64_t first_layer, num_layers;
+    int64_t region_bytes; /* decode side only */
+} cli_plan_stage_t;
+
+/* What the plan prints besides the layout itself. */
+typedef struct cli_plan_out {
+    int64_t tokens;
+    int64_t region_stage;           /* the decode stage region/writers are for */
+    const int64_t *region;          /* [decode_tp] */
+    const kvs_writer_t *writers;    /* [decode_tp * tp_writers] */
+    const cli_plan_stage_t *stages[2]; /* [prefill_pp], [decode_pp] (by kvs_role_t) */
+} cli_plan_out_t;
+
+static void cli_plan_json_stages(const char *key, const cli_plan_stage_t *st, int64_t n,
+                                 bool decode)
 {
+    printf(", \"%s\": [", key);
+    for (int64_t e = 0; e < n; e++) {
+        printf("%s{\"stage\": %" PRId64 ", \"first_layer\": %" PRId64
+               ", \"num_layers\": %" PRId64, e == 0 ? "" : ", ", e, st[e].first_layer,
+               st[e].num_layers);
+        if (decode)
+            printf(", \"region_bytes\": %" PRId64, st[e].region_bytes);
+        printf("}");
+    }
+    printf("]");
+}
+
+static void cli_plan_json(const cli_plan_input_t *in, const kvs_layout_t *lay,
+                          const cli_plan_ring_t *ring, const cli_plan_out_t *o)
+{
+    const int64_t tokens = o->tokens;
+    const int64_t *region = o->region;
+    const kvs_writer_t *writers = o->writers;
     bool staging = lay->path == KVS_PATH_STAGING;
     printf("{\"model\": ");
     if (in->shape.model != NULL)
@@ -214,9 +251,13 @@ static void cli_plan_json(const cli_plan_input_t *in, const kvs_layout_t *lay,
            lay->src_heads, lay->dst_heads, lay->decode_layers,
            lay->prefill_layers, lay->tp_writers, lay->expected_arrivals,
            lay->targets_per_prefill);
+    cli_plan_json_stages("prefill_stages", o->stages[KVS_ROLE_PREFILL], lay->prefill_pp,
+                         false);
+    cli_plan_json_stages("decode_stages", o->stages[KVS_ROLE_DECODE], lay->decode_pp, true);
     printf(", \"decode_ranks\": [");
     for (int64_t d = 0; d < lay->decode_tp; d++) {
-        printf("%s{\"decode_rank\": %" PRId64, d == 0 ? "" : ", ", d);
+        printf("%s{\"decode_rank\": %" PRId64 ", \"decode_stage\": %" PRId64,
+               d == 0 ? "" : ", ", d, o->region_stage);
         printf(", \"region_bytes\": %" PRId64 ", \"expected_arrivals\": %" PRId64
                ", \"writers\": [",
                region[d], lay->expected_arrivals);
@@ -293,24 +334,62 @@ static void cli_plan_table_ring(const cli_plan_input_t *in,
     }
 }
 
+/* "  prefill stage 0: layers 0-25 (26)" per stage, and the region of a
+ * decode stage on the staging path. */
+static void cli_plan_table_stages(const kvs_layout_t *lay, kvs_role_t role,
+                                  const cli_plan_stage_t *st)
+{
+    const bool decode = role == KVS_ROLE_DECODE;
+    const int64_t n = decode ? lay->decode_pp : lay->prefill_pp;
+    char a[32];
+    for (int64_t e = 0; e < n; e++) {
+        printf("    %s stage %" PRId64 ": layers %" PRId64 "-%" PRId64 " (%" PRId64 ")",
+               decode ? "decode" : "prefill", e, st[e].first_layer,
+               st[e].first_layer + st[e].num_layers - 1, st[e].num_layers);
+        if (decode && lay->path == KVS_PATH_STAGING)
+            printf(", region %s (%" PRId64 " bytes) per decode rank",
+                   cli_format_bytes(st[e].region_bytes, a, sizeof a), st[e].region_bytes);
+        printf("\n");
+    }
+}
+
+/* "26 layers per stage", or "26 or 27 layers per stage" for an uneven split. */
+static void cli_plan_table_side(const kvs_layout_t *lay, kvs_role_t role,
+                                const cli_plan_stage_t *st)
+{
+    const bool decode = role == KVS_ROLE_DECODE;
+    const int64_t pp = decode ? lay->decode_pp : lay->prefill_pp;
+    const int64_t most = decode ? lay->decode_layers : lay->prefill_layers;
+    printf("  %-7s  TP %" PRId64 " x PP %" PRId64 ": %" PRId64 " KV head(s) per rank, ",
+           decode ? "decode" : "prefill", decode ? lay->decode_tp : lay->prefill_tp, pp,
+           decode ? lay->dst_heads : lay->src_heads);
+    if (st[0].num_layers == most)
+        printf("%" PRId64 " layers per stage\n", most);
+    else
+        printf("%" PRId64 " or %" PRId64 " layers per stage (the last %" PRId64
+               " stage(s) hold one more)\n", st[0].num_layers, most, lay->layers % pp);
+    cli_plan_table_stages(lay, role, st);
+}
+
 static void cli_plan_table(const cli_plan_input_t *in, const kvs_layout_t *lay,
-                           int64_t tokens, const cli_plan_ring_t *ring,
-                           const int64_t *region, const kvs_writer_t *writers)
+                           const cli_plan_ring_t *ring, const cli_plan_out_t *o)
 {
     char a[32], b[32];
     bool staging = lay->path == KVS_PATH_STAGING;
+    const int64_t tokens = o->tokens;
+    const int64_t *region = o->region;
+    const kvs_writer_t *writers = o->writers;
+    const cli_plan_stage_t *dstages = o->stages[KVS_ROLE_DECODE];
+    /* Decode stages of different sizes: say whose regions are listed. */
+    const bool uneven_decode = dstages[0].num_layers != lay->decode_layers;
     printf("kvstage plan%s%s\n", in->shape.model != NULL ? ": " : "",
            in->shape.model != NULL ? in->shape.model->name : "");
     printf("  model    %" PRId64 " KV heads x head dim %" PRId64 ", %s (%" PRId64
            " bytes), %" PRId64 " layers\n",
            lay->total_heads, lay->head_dim, kvs_dtype_name(in->shape.params.dtype),
            lay->elem_bytes, lay->layers);
-    printf("  prefill  TP %" PRId64 " x PP %" PRId64 ": %" PRId64
-           " KV head(s) per rank, %" PRId64 " layers per stage\n",
-           lay->prefill_tp, lay->prefill_pp, lay->src_heads, lay->prefill_layers);
-    printf("  decode   TP %" PRId64 " x PP %" PRId64 ": %" PRId64
-           " KV head(s) per rank, %" PRId64 " layers per stage\n",
-           lay->decode_tp, lay->decode_pp, lay->dst_heads, lay->decode_layers);
+    cli_plan_table_side(lay, KVS_ROLE_PREFILL, o->stages[KVS_ROLE_PREFILL]);
+    cli_plan_table_side(lay, KVS_ROLE_DECODE, dstages);
     printf("  grid     page size %" PRId64 ", chunk %" PRId64 " tokens -> G = %"
            PRId64 " tokens = %" PRId64 " pages per chunk\n",
            lay->page_size, lay->chunk_tokens, lay->grid_tokens, lay->chunk_pages);
@@ -333,6 +412,10 @@ static void cli_plan_table(const cli_plan_input_t *in, const kvs_layout_t *lay,
         printf("  fan-out  each prefill rank serves %" PRId64 " decode ranks, "
                "one gather and one region each\n",
                lay->targets_per_prefill);
+    if (uneven_decode)
+        printf("  regions  listed for decode stage %" PRId64 ", whose %" PRId64 " layer "
+               "slots are the most; the stages above give every stage's size\n",
+               o->region_stage, lay->decode_layers);
     for (int64_t d = 0; d < lay->decode_tp; d++) {
         printf("\ndecode rank %" PRId64 ": region %s (%" PRId64 " bytes), %"
                PRId64 " writer(s)\n",
@@ -359,17 +442,34 @@ static void cli_plan_table(const cli_plan_input_t *in, const kvs_layout_t *lay,
     cli_plan_table_ring(in, lay, ring);
 }
 
-/* Computes every decode rank's region and writers for `tokens` tokens into
+/* Computes each stage's layers (and each decode stage's region) into
+ * pst[prefill_pp] and dst[decode_pp], then every decode rank's region and
+ * writers at decode stage `stage` for `tokens` tokens into
  * region[decode_tp] and writers[decode_tp * tp_writers]. */
-static int cli_plan_fill(const kvs_layout_t *lay, int64_t tokens,
+static int cli_plan_fill(const kvs_layout_t *lay, int64_t tokens, int64_t stage,
+                         cli_plan_stage_t *pst, cli_plan_stage_t *dst,
                          int64_t *region, kvs_writer_t *writers)
 {
+    int rc;
+    for (int64_t s = 0; s < lay->prefill_pp; s++)
+        if ((rc = kvs_layout_stage_layers(lay, KVS_ROLE_PREFILL, s, &pst[s].first_layer,
+                                          &pst[s].num_layers)) != KVS_OK)
+            return cli_plan_internal("kvs_layout_stage_layers", rc);
+    for (int64_t e = 0; e < lay->decode_pp; e++) {
+        /* Every decode rank's region has the same size (spec §3: W writers
+         * of nh heads each): rank 0's stands for them all. */
+        if ((rc = kvs_layout_stage_layers(lay, KVS_ROLE_DECODE, e, &dst[e].first_layer,
+                                          &dst[e].num_layers)) != KVS_OK)
+            return cli_plan_internal("kvs_layout_stage_layers", rc);
+        if ((rc = kvs_layout_region_bytes(lay, 0, e, tokens, &dst[e].region_bytes)) != KVS_OK)
+            return cli_plan_internal("kvs_layout_region_bytes", rc);
+    }
     for (int64_t d = 0; d < lay->decode_tp; d++) {
-        int rc = kvs_layout_region_bytes(lay, d, tokens, &region[d]);
+        rc = kvs_layout_region_bytes(lay, d, stage, tokens, &region[d]);
         if (rc != KVS_OK)
             return cli_plan_internal("kvs_layout_region_bytes", rc);
         for (int64_t i = 0; i < lay->tp_writers; i++) {
-            rc = kvs_layout_writer(lay, d, i, tokens,
+            rc = kvs_layout_writer(lay, d, stage, i, tokens,
                                    &writers[d * lay->tp_writers + i]);
             if (rc != KVS_OK)
                 return cli_plan_internal("kvs_layout_writer", rc);
@@ -429,18 +529,28 @@ int cli_plan_main(int argc, char **argv)
     size_t n_writers = (size_t)(lay.decode_tp * lay.tp_writers);
     int64_t *region = calloc((size_t)lay.decode_tp, sizeof *region);
     kvs_writer_t *writers = calloc(n_writers, sizeof *writers);
-    if (region == NULL || writers == NULL) {
+    /* PP sizes are at most CLI_SHAPE_MAX_PP. */
+    cli_plan_stage_t *pst = calloc((size_t)lay.prefill_pp, sizeof *pst);
+    cli_plan_stage_t *dst = calloc((size_t)lay.decode_pp, sizeof *dst);
+    if (region == NULL || writers == NULL || pst == NULL || dst == NULL) {
         rc = cli_plan_internal("allocating the plan", KVS_ENOMEM);
         goto out;
     }
-    rc = cli_plan_fill(&lay, tokens, region, writers);
+    /* Regions and writers of the last decode stage: it holds the most
+     * layers (spec §4), so its regions are the largest. */
+    const cli_plan_out_t o = {.tokens = tokens, .region_stage = lay.decode_pp - 1,
+                              .region = region, .writers = writers,
+                              .stages = {[KVS_ROLE_PREFILL] = pst, [KVS_ROLE_DECODE] = dst}};
+    rc = cli_plan_fill(&lay, tokens, o.region_stage, pst, dst, region, writers);
     if (rc != 0)
         goto out;
     if (in.json)
-        cli_plan_json(&in, &lay, tokens, &ring, region, writers);
+        cli_plan_json(&in, &lay, &ring, &o);
     else
-        cli_plan_table(&in, &lay, tokens, &ring, region, writers);
+        cli_plan_table(&in, &lay, &ring, &o);
 out:
+    free(dst);
+    free(pst);
     free(writers);
     free(region);
     return rc;

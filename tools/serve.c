@@ -94,9 +94,9 @@ void cli_serve_usage(FILE *out)
             "  --model NAME | --kv-heads H --head-dim D --layers L\n"
             "  --dtype T (bf16)  --page-size N (16)  --prefill-tp P (2)  --decode-tp D (1)\n"
             "  --prefill-pp Pp (1)  --decode-pp Dp (1 or Pp)  --chunk-tokens C (64)\n"
-            "  (each process runs TP x PP ranks of its role; stage s holds layers\n"
-            "  [s*L/PP, (s+1)*L/PP); give both processes the same shape: a registration\n"
-            "  with another shape is refused, naming the flag that differs)\n"
+            "  (each process runs TP x PP ranks of its role; stage s holds L/PP layers,\n"
+            "  the last L%%PP stages one more; give both processes the same shape: a\n"
+            "  registration with another shape is refused, naming the flag that differs)\n"
             "workload (both processes must give the same):\n"
             "  --requests N          requests (8)\n"
             "  --prompt-tokens A:B   prompt length drawn uniformly from [A, B] (64:256)\n"
@@ -340,11 +340,13 @@ static int cli_serve_workload(cli_serve_input_t *in, int64_t **tokens, int64_t *
     return 0;
 }
 
-/* Bytes one decode rank holds for room i: what its verification checks. */
+/* Bytes the decode ranks of a process hold together for room i: what their
+ * verification checks (every decode TP rank, every layer of the model over
+ * its stages, whichever way they split). */
 static uint64_t cli_serve_room_bytes(const kvs_layout_t *l, int64_t tokens)
 {
-    return (uint64_t)(tokens * l->dst_heads * l->head_dim * l->elem_bytes * 2 *
-                      l->decode_layers);
+    return (uint64_t)(tokens * l->dst_heads * l->head_dim * l->elem_bytes * 2 * l->layers *
+                      l->decode_tp);
 }
 
 static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks, int64_t n)
@@ -387,7 +389,7 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
             missing++;
         } else if (st == KVS_OK) {
             ok++;
-            expect_verified += (uint64_t)n * cli_serve_room_bytes(&pl->lay, pl->tokens[i]);
+            expect_verified += cli_serve_room_bytes(&pl->lay, pl->tokens[i]);
         } else {
             failed++;
             int w = snprintf(failed_list + used, sizeof failed_list - used, "%s%s%u:%s",

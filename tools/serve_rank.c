@@ -55,6 +55,7 @@ typedef struct cli_rank_ctx {
     uint64_t pool_addr, layer_bytes;
     uint8_t *pool;
     int64_t layers, heads;
+    int64_t first_layer;        /* global id of its stage's first layer */
     uint64_t *k_base, *v_base;
     int64_t *pages;             /* scratch page list of one room */
     bool fabric_failed;         /* progress failed: nothing more to serve */
@@ -146,7 +147,7 @@ static uint64_t cli_rank_pattern(cli_rank_ctx_t *c, uint32_t i, bool check, uint
             for (int64_t t = 0; t < tokens; t++)
                 for (int64_t j = 0; j < c->heads; j++) {
                     const sim_kv_coord_t at = {
-                        i, c->r->pp * c->layers + layer, kv,
+                        i, c->first_layer + layer, kv,
                         cli_global_head(l->total_heads, tp_size, c->r->tp, c->heads, j), t};
                     uint8_t *p = cli_slot(c, layer, kv, cli_page(c, i, t / ps, n), t % ps, j, hb);
                     if (check) {
@@ -192,7 +193,8 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
         c->fab = cli_fault_fabric(c->fault);
     }
 
-    c->layers = decode ? l->decode_layers : l->prefill_layers;
+    /* Its stage's layers: stages need not split evenly (spec §4). */
+    (void)kvs_layout_stage_layers(l, c->r->role, c->r->pp, &c->first_layer, &c->layers);
     c->heads = decode ? l->dst_heads : l->src_heads;
     c->layer_bytes = (uint64_t)pl->pool_pages *
                      (uint64_t)(l->page_size * c->heads * l->head_dim * l->elem_bytes);
@@ -222,6 +224,7 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
     const kvs_manager_config_t mc = {
         .role = c->r->role, .staging = staging, .total_heads = l->total_heads,
         .head_dim = l->head_dim, .dtype = pl->dtype, .layers = c->layers,
+        .model_layers = l->layers,
         .page_size = l->page_size, .tp_rank = c->r->tp,
         .tp_size = decode ? l->decode_tp : l->prefill_tp, .pp_rank = c->r->pp,
         .pp_size = decode ? l->decode_pp : l->prefill_pp,
@@ -291,7 +294,7 @@ static int cli_rank_connect(cli_rank_ctx_t *c, uint64_t deadline_ns)
     const int64_t first = l->decode_pp == 1 ? 0 : c->r->pp;
     for (int64_t i = 0; i < l->tp_writers; i++) {
         kvs_writer_t w;
-        int rc = kvs_layout_writer(l, c->r->tp, i, 0, &w);
+        int rc = kvs_layout_writer(l, c->r->tp, c->r->pp, i, 0, &w);
         if (rc != KVS_OK)
             return cli_rank_fail(c, rc, "%s: writer %lld: %s", who, (long long)i, kvs_strerror(rc));
         for (int64_t s = first; s < first + stages; s++) {

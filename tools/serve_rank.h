@@ -6,9 +6,9 @@
  * share only the read-only plan and a stop flag (a rank that fails stops
  * its siblings instead of leaving them to wait out the time-out).
  *
- * Ranks: TP x PP per role. Rank (tp t, stage s) holds the layers
- * [s * Ls, (s + 1) * Ls) of the model (Ls: prefill_layers or decode_layers
- * of the layout); prefill rank (t, s) listens on listen_port + s * P + t.
+ * Ranks: TP x PP per role. Rank (tp t, stage s) holds stage s's layers of
+ * the model (kvs_layout_stage_layers: the last layers % PP stages hold one
+ * more); prefill rank (t, s) listens on listen_port + s * P + t.
  * A decode rank (t, s) connects to the prefill ranks of its TP writers at
  * every prefill stage that holds its layers: all of them when the decode
  * has PP 1, stage s alone when its PP is the prefill's.

@@ -140,9 +140,7 @@ static const char *cli__shape_flag_for(int status, const kvs_layout_params_t *p)
     case KVS_EPP_SPLIT:
         if (p->decode_pp != 1 && p->decode_pp != p->prefill_pp)
             return "--decode-pp";
-        if (p->layers % p->prefill_pp != 0)
-            return "--prefill-pp (or --layers)";
-        return "--decode-pp (or --layers)";
+        return "--prefill-pp (or --layers)"; /* fewer layers than stages */
     case KVS_ECHUNK:
         return "--chunk-tokens (or --page-size)";
     case KVS_EDTYPE:
@@ -157,6 +155,21 @@ static const char *cli__shape_flag_for(int status, const kvs_layout_params_t *p)
 int cli_shape_layout(const char *cmd, const cli_shape_t *shape,
                      kvs_layout_t *lay)
 {
+    /* Spec §8: the chunk must be whole pages (the planner alone would
+     * floor it; a manager with staging on refuses it), and 0 means 8192,
+     * so the default needs a page size dividing 8192. */
+    const kvs_layout_params_t *p = &shape->params;
+    const int64_t chunk = p->chunk_tokens > 0 ? p->chunk_tokens : KVS_DEFAULT_CHUNK_TOKENS;
+    if (p->page_size > 0 && chunk % p->page_size != 0) {
+        const int64_t fit = chunk / p->page_size > 0 ? chunk / p->page_size * p->page_size
+                                                     : p->page_size;
+        return cli_fail(cmd, "--chunk-tokens: %s%" PRId64 "%s not a multiple of "
+                             "--page-size %" PRId64 ": give --chunk-tokens a multiple "
+                             "of %" PRId64 " (e.g. %" PRId64 "), or another --page-size",
+                        p->chunk_tokens > 0 ? "" : "0 means ", chunk,
+                        p->chunk_tokens > 0 ? " is" : ", which is", p->page_size,
+                        p->page_size, fit);
+    }
     kvs_error_t err;
     memset(&err, 0, sizeof err);
     int rc = kvs_layout_init(lay, &shape->params, &err);

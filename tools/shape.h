@@ -93,8 +93,10 @@ int cli_shape_read(const char *cmd, const char *const *values,
 
 /*
  * Validates the shape through the library's planner (kvs_layout_init) into
- * *lay. On failure prints one line "kvstage <cmd>: change --flag: why" and
- * returns CLI_EXIT_USAGE; 0 on success.
+ * *lay, after the rule the planner leaves to the manager (spec §8): the
+ * chunk size, 8192 when 0, is a multiple of the page size. On failure
+ * prints one line naming the flag to change and returns CLI_EXIT_USAGE; 0
+ * on success.
  */
 int cli_shape_layout(const char *cmd, const cli_shape_t *shape,
                      kvs_layout_t *lay);

@@ -94,9 +94,10 @@ extern "C" {
     X(EPREFIX_ALIGN, -21, "decode cached prefix is not page aligned: the "    \
                           "request fails; align the prefix cache to the "      \
                           "page size")                                         \
-    X(EPP_SPLIT, -22, "pipeline sizes do not fit: layers must divide by "     \
-                      "prefill PP and decode PP, and decode PP must be 1 or "  \
-                      "equal to prefill PP")                                   \
+    X(EPP_SPLIT, -22, "pipeline sizes do not fit: every pipeline stage "      \
+                      "needs at least one layer (layers >= prefill PP), "      \
+                      "decode PP must be 1 or equal to prefill PP, and a "     \
+                      "rank's layers must be its stage's share of the model")  \
     X(EDTYPE, -23, "unknown dtype: use bf16, fp16, fp8 or fp32")               \
     X(EAGAIN, -24, "not ready yet: retry later (the operation is pending)")    \
     X(EREMOTE, -25, "remote access error: the write's key or range does not " \
@@ -190,6 +191,20 @@ KVS_API const char *kvs_dtype_name(kvs_dtype_t dtype);
 
 #define KVS_DEFAULT_CHUNK_TOKENS 8192
 
+/* The two sides of a transfer. */
+typedef enum kvs_role { KVS_ROLE_PREFILL = 0, KVS_ROLE_DECODE = 1 } kvs_role_t;
+
+/* The layers pipeline stage `stage` of `pp` holds when `layers` layers are
+ * split over pp stages as serving engines split them (spec §4): with
+ * base = layers / pp and rem = layers % pp, the last rem stages hold one
+ * layer more (80 layers over 3 stages: 26 / 27 / 27), contiguous from
+ * layer 0. *first_layer gets the stage's first global layer id and
+ * *num_layers its count (0 for a stage of a split with layers < pp, which
+ * kvs_layout_init refuses). KVS_EINVAL for layers or pp <= 0 or a NULL out,
+ * KVS_ERANGE for a stage outside [0, pp); the outs are left alone then. */
+KVS_API int kvs_pp_stage_layers(int64_t layers, int64_t pp, int64_t stage,
+                                int64_t *first_layer, int64_t *num_layers);
+
 /* Resolves the total KV heads H (spec §3): total_heads when > 0, else
  * heads_per_rank * tp, else KVS_EHEADS. */
 KVS_API int kvs_heads_resolve(int64_t total_heads, int64_t heads_per_rank,
@@ -220,7 +235,7 @@ typedef struct kvs_layout_params {
     int64_t page_size;      /* tokens per page, > 0 */
     int64_t prefill_tp;     /* P > 0 */
     int64_t decode_tp;      /* D > 0 */
-    int64_t prefill_pp;     /* Pp, 0 -> 1 */
+    int64_t prefill_pp;     /* Pp, 0 -> 1; at most layers (need not divide them) */
     int64_t decode_pp;      /* Dp, 0 -> 1; must be 1 or Pp */
     int64_t chunk_tokens;   /* C, 0 -> 8192; floored to whole pages (G) */
 } kvs_layout_params_t;
@@ -248,18 +263,36 @@ typedef struct kvs_layout {
     int64_t chunk_pages;      /* F = G / ps */
     int64_t src_heads;        /* heads on a prefill rank: max(1, H / P) */
     int64_t dst_heads;        /* heads on a decode rank: max(1, H / D) */
-    int64_t decode_layers;    /* Lx = layers / Dp: layer slots of a region */
-    int64_t prefill_layers;   /* layers / Pp: layers one prefill stage writes */
+    int64_t decode_layers;    /* the most layers one decode stage holds:
+                                 ceil(layers / Dp), the layer slots of the
+                                 largest region (stage by stage:
+                                 kvs_layout_stage_layers) */
+    int64_t prefill_layers;   /* the most layers one prefill stage holds:
+                                 ceil(layers / Pp). Both are layers / PP
+                                 when the split is even */
     int64_t tp_writers;       /* W = P > D ? P / D : 1 */
-    int64_t expected_arrivals;/* W * (Pp / Dp) */
+    int64_t expected_arrivals;/* W * (Dp == 1 ? Pp : 1) */
     int64_t targets_per_prefill; /* decode ranks one prefill rank serves */
     kvs_path_t path;          /* STAGING when P != D, else DIRECT */
 } kvs_layout_t;
 
 /* Validates params and derives the plan. On error returns its code and, when
- * err != NULL, fills err->msg with the field to change. */
+ * err != NULL, fills err->msg with the field to change. Layers need not
+ * divide by the PP sizes (spec §4: the last layers % PP stages hold one
+ * more), but every stage must hold one (KVS_EPP_SPLIT otherwise). */
 KVS_API int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *params,
                             kvs_error_t *err);
+
+/* The layers stage `stage` of the prefill (role KVS_ROLE_PREFILL, stages
+ * [0, prefill_pp)) or the decode side (KVS_ROLE_DECODE, [0, decode_pp)) of
+ * a layout holds, as kvs_pp_stage_layers splits them. A decode stage's
+ * layers are the layer slots of its regions, matched by global layer id:
+ * prefill stage s writes into decode stage e at slot
+ * first_layer(s) - first_layer(e). KVS_EINVAL for a NULL lay or out or an
+ * unknown role, KVS_ERANGE for a stage outside the side's PP. */
+KVS_API int kvs_layout_stage_layers(const kvs_layout_t *lay, kvs_role_t role,
+                                    int64_t stage, int64_t *first_layer,
+                                    int64_t *num_layers);
 
 /* One writer of a decode rank's region. */
 typedef struct kvs_writer {
@@ -267,17 +300,24 @@ typedef struct kvs_writer {
     int64_t prefill_rank;   /* prefill TP rank that writes it */
     kvs_head_slice_t heads;
     int64_t offset_bytes;   /* from the start of the region */
-    int64_t len_bytes;      /* T * nh * hd * s * Lx * 2 */
+    int64_t len_bytes;      /* T * nh * hd * s * Lx * 2, Lx the layers of
+                               the region's decode stage */
 } kvs_writer_t;
 
-/* Writer i of decode rank d for a chunk of `tokens` tokens. */
+/* Writer i of the region of decode rank d at decode stage e (its layer
+ * slots Lx are that stage's layers, kvs_layout_stage_layers) for a chunk of
+ * `tokens` tokens (0..G). KVS_EINVAL for a NULL lay or out, KVS_ERANGE for
+ * d, e, i or tokens out of range. */
 KVS_API int kvs_layout_writer(const kvs_layout_t *lay, int64_t decode_rank,
-                              int64_t writer_index, int64_t tokens,
-                              kvs_writer_t *out);
-/* Total region bytes of decode rank d for a chunk of `tokens` tokens. */
+                              int64_t decode_stage, int64_t writer_index,
+                              int64_t tokens, kvs_writer_t *out);
+/* Total region bytes of decode rank d at decode stage e for a chunk of
+ * `tokens` tokens; errors as kvs_layout_writer. */
 KVS_API int kvs_layout_region_bytes(const kvs_layout_t *lay, int64_t decode_rank,
-                                    int64_t tokens, int64_t *out_bytes);
-/* The largest region over all decode ranks for a full chunk (G tokens). */
+                                    int64_t decode_stage, int64_t tokens,
+                                    int64_t *out_bytes);
+/* The largest region over all decode ranks and decode stages for a full
+ * chunk (G tokens): that of a stage holding decode_layers layers. */
 KVS_API int64_t kvs_layout_max_region_bytes(const kvs_layout_t *lay);
 /* Decode rank that prefill rank r serves as its i-th target
  * (0 <= i < targets_per_prefill). */
@@ -396,8 +436,6 @@ typedef struct kvs_decode kvs_decode_t;
 typedef struct kvs_device kvs_device_t; /* see <kvstage/backend.h> */
 typedef struct kvs_fabric kvs_fabric_t; /* see <kvstage/backend.h> */
 
-typedef enum kvs_role { KVS_ROLE_PREFILL = 0, KVS_ROLE_DECODE = 1 } kvs_role_t;
-
 #define KVS_DEFAULT_RING_BYTES (4096ull << 20)
 #define KVS_DEFAULT_TRANSFER_WORKERS 4
 #define KVS_DEFAULT_RING_MAX_LIVE 4096
@@ -413,7 +451,8 @@ typedef struct kvs_manager_config {
     int64_t heads_per_rank;   /* KV heads on this rank, 0 if unknown */
     int64_t head_dim;
     kvs_dtype_t dtype;
-    int64_t layers;           /* layers of the KV pool of this rank */
+    int64_t layers;           /* layers of the KV pool of this rank: its
+                                 stage's share of model_layers */
     int64_t page_size;
     int64_t tp_rank, tp_size;
     int64_t pp_rank, pp_size;
@@ -450,6 +489,12 @@ typedef struct kvs_manager_config {
      * both sides to share (kvstage serve: its workload flags), so that a
      * mismatch is refused by name instead of failing requests. */
     uint32_t app_tag;
+    /* The model's layers, over every pipeline stage; 0 -> layers * pp_size
+     * (an even split). Stages split them as spec §4 says (the last
+     * model_layers % pp_size stages hold one more, kvs_pp_stage_layers), so
+     * with an uneven split each rank's `layers` differs by stage: create
+     * refuses (KVS_EPP_SPLIT) a `layers` that is not stage pp_rank's share. */
+    int64_t model_layers;
 } kvs_manager_config_t;
 
 /* Per layer K and V base device addresses of this rank's KV pool, laid out
@@ -465,8 +510,10 @@ typedef struct kvs_kv_buffers {
 
 /* Creates a KV manager. dev and fab are borrowed and must outlive it. On
  * error nothing is allocated; err (may be NULL) gets the detail. Config
- * guards (MLA, context parallelism, chunk size, PP on a fabric without
- * per-layer writes) are checked here when staging is on. */
+ * guards (MLA, context parallelism, chunk size, the default chunk of 8192
+ * included, PP on a fabric without per-layer writes) are checked here when
+ * staging is on; that `layers` is stage pp_rank's share of model_layers
+ * (KVS_EPP_SPLIT) always. */
 KVS_API int kvs_manager_create(const kvs_manager_config_t *cfg, kvs_device_t *dev,
                                kvs_fabric_t *fab, kvs_manager_t **out,
                                kvs_error_t *err);

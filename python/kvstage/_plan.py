@@ -17,6 +17,20 @@ _LAYOUT = ("total_heads", "head_dim", "elem_bytes", "layers", "page_size",
            "targets_per_prefill")
 
 
+_ROLE_PREFILL, _ROLE_DECODE = 0, 1  # kvs_role_t
+
+
+def _region_bytes(lib, lay, decode_rank, decode_stage, tokens):
+    """kvs_layout_region_bytes, raising KvstageError on failure."""
+    region = ctypes.c_int64()
+    rc = lib.kvs_layout_region_bytes(ctypes.byref(lay), decode_rank, decode_stage, tokens,
+                                     ctypes.byref(region))
+    if rc != 0:
+        _errors.raise_for(rc, detail="kvs_layout_region_bytes(decode rank %d, stage %d)"
+                          % (decode_rank, decode_stage))
+    return region.value
+
+
 def layout_params(fields):
     """A kvs_layout_params_t from shape fields (None or absent = 0, the
     planner's default; dtype by name or number, default bf16)."""
@@ -40,14 +54,21 @@ def plan(model=None, *, prefill_tp, decode_tp, page_size, total_heads=None,
     chunk_tokens: 8192; dtype: bf16). tokens: the chunk to lay out,
     1..grid_tokens (default: a full chunk of grid_tokens).
 
+    Layers need not divide by the PP sizes: stage s of PP holds
+    layers // PP layers, the last layers % PP stages one more (spec §4).
+
     Returns a dict: the resolved shape and parallelism, the derived layout
     (grid_tokens, chunk_pages, src_heads, dst_heads, tp_writers,
-    expected_arrivals, ...), path ("staging" or "direct"),
+    expected_arrivals, ...; prefill_layers and decode_layers are the most
+    layers one stage holds), path ("staging" or "direct"),
     max_region_bytes (the largest region of a full chunk; 0 on the direct
-    path) and decode_ranks: per decode rank its region_bytes for `tokens`
-    tokens and its writers (writer_index, prefill_rank, src_head_start,
-    dst_head_start, num_heads, offset, bytes). Raises KvstageError naming
-    the argument to change.
+    path), prefill_stages and decode_stages (per stage its stage,
+    first_layer and num_layers; a decode stage also its region_bytes for
+    `tokens` tokens, the same on every decode rank) and decode_ranks: per
+    decode rank, at decode_stage (the last, which holds the most layers),
+    its region_bytes for `tokens` tokens and its writers (writer_index,
+    prefill_rank, src_head_start, dst_head_start, num_heads, offset, bytes).
+    Raises KvstageError naming the argument to change.
     """
     name, fields = _models.shape(model, {
         "total_heads": total_heads, "heads_per_rank": heads_per_rank,
@@ -81,27 +102,40 @@ def plan(model=None, *, prefill_tp, decode_tp, page_size, total_heads=None,
     out["path"] = "staging" if staging else "direct"
     out["max_region_bytes"] = lib.kvs_layout_max_region_bytes(ctypes.byref(lay)) \
         if staging else 0
+    for role, key, pp in ((_ROLE_PREFILL, "prefill_stages", lay.prefill_pp),
+                          (_ROLE_DECODE, "decode_stages", lay.decode_pp)):
+        stages = []
+        for e in range(pp):
+            first, count = ctypes.c_int64(), ctypes.c_int64()
+            rc = lib.kvs_layout_stage_layers(ctypes.byref(lay), role, e,
+                                             ctypes.byref(first), ctypes.byref(count))
+            if rc != 0:
+                _errors.raise_for(rc, detail="kvs_layout_stage_layers(%s stage %d)"
+                                  % (key, e))
+            stage = {"stage": e, "first_layer": first.value, "num_layers": count.value}
+            if role == _ROLE_DECODE:
+                stage["region_bytes"] = _region_bytes(lib, lay, 0, e, tokens)
+            stages.append(stage)
+        out[key] = stages
+    stage = lay.decode_pp - 1  # the last decode stage holds the most layers
     ranks = []
     for d in range(lay.decode_tp):
-        region = ctypes.c_int64()
-        rc = lib.kvs_layout_region_bytes(ctypes.byref(lay), d, tokens,
-                                         ctypes.byref(region))
-        if rc != 0:
-            _errors.raise_for(rc, detail="kvs_layout_region_bytes(decode rank %d)" % d)
+        region = _region_bytes(lib, lay, d, stage, tokens)
         writers = []
         for i in range(lay.tp_writers):
             w = S.Writer()
-            rc = lib.kvs_layout_writer(ctypes.byref(lay), d, i, tokens, ctypes.byref(w))
+            rc = lib.kvs_layout_writer(ctypes.byref(lay), d, stage, i, tokens,
+                                       ctypes.byref(w))
             if rc != 0:
                 _errors.raise_for(rc, detail="kvs_layout_writer(decode rank %d, "
-                                             "writer %d)" % (d, i))
+                                             "stage %d, writer %d)" % (d, stage, i))
             writers.append({"writer_index": w.writer_index,
                             "prefill_rank": w.prefill_rank,
                             "src_head_start": w.heads.src_start,
                             "dst_head_start": w.heads.dst_start,
                             "num_heads": w.heads.num_heads,
                             "offset": w.offset_bytes, "bytes": w.len_bytes})
-        ranks.append({"decode_rank": d, "region_bytes": region.value,
+        ranks.append({"decode_rank": d, "decode_stage": stage, "region_bytes": region,
                       "expected_arrivals": lay.expected_arrivals, "writers": writers})
     out["decode_ranks"] = ranks
     return out

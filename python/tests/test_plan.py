@@ -32,6 +32,15 @@ CASES = [
           decode_tp=4, page_size=64, prefill_pp=3),
      ["--model", "llama-3.1-405b", "--layers", 42, "--dtype", "fp32",
       "--prefill-tp", 16, "--decode-tp", 4, "--page-size", 64, "--prefill-pp", 3]),
+    # Uneven pipeline splits (spec §4): 80 layers over 3 stages, 26 / 27 / 27.
+    (dict(model="llama-3.1-70b", prefill_tp=8, decode_tp=2, page_size=16,
+          prefill_pp=3),
+     ["--model", "llama-3.1-70b", "--prefill-tp", 8, "--decode-tp", 2,
+      "--page-size", 16, "--prefill-pp", 3]),
+    (dict(model="llama-3.1-70b", prefill_tp=2, decode_tp=8, page_size=16,
+          prefill_pp=3, decode_pp=3, tokens=100),
+     ["--model", "llama-3.1-70b", "--prefill-tp", 2, "--decode-tp", 8,
+      "--page-size", 16, "--prefill-pp", 3, "--decode-pp", 3, "--tokens", 100]),
 ]
 
 
@@ -48,7 +57,8 @@ def test_plan_equals_cli_json(cli, kwargs, flags):
                       "prefill_pp", "decode_pp", "chunk_tokens", "grid_tokens",
                       "chunk_pages", "tokens", "path", "src_heads", "dst_heads",
                       "decode_layers", "prefill_layers", "tp_writers",
-                      "expected_arrivals", "targets_per_prefill", "decode_ranks"}
+                      "expected_arrivals", "targets_per_prefill", "decode_ranks",
+                      "prefill_stages", "decode_stages"}
     for key in sorted(shared):
         assert got[key] == want[key], key
     if want["path"] == "staging":
@@ -66,6 +76,24 @@ def test_plan_llama70_numbers():
     w = p["decode_ranks"][1]["writers"]
     assert [x["prefill_rank"] for x in w] == [4, 5, 6, 7]
     assert [x["offset"] for x in w] == [i * 335544320 for i in range(4)]
+
+
+def test_plan_uneven_pipeline_split():
+    """80 layers over 3 stages: the last two hold one layer more (spec §4);
+    decode stage e's regions hold its own layers."""
+    p = kvstage.plan(model="llama-3.1-70b", prefill_tp=8, decode_tp=2, page_size=1,
+                     prefill_pp=3, decode_pp=3)
+    assert [(st["first_layer"], st["num_layers"]) for st in p["prefill_stages"]] == \
+        [(0, 26), (26, 27), (53, 27)]
+    assert [st["region_bytes"] for st in p["decode_stages"]] == \
+        [4 * 8192 * 128 * 2 * n * 2 for n in (26, 27, 27)]
+    assert p["max_region_bytes"] == p["decode_stages"][2]["region_bytes"]
+    assert (p["prefill_layers"], p["decode_layers"], p["expected_arrivals"]) == (27, 27, 4)
+    p = kvstage.plan(model="llama-3.1-70b", prefill_tp=8, decode_tp=2, page_size=1,
+                     prefill_pp=3)
+    assert p["decode_stages"] == [{"stage": 0, "first_layer": 0, "num_layers": 80,
+                                   "region_bytes": 1342177280}]
+    assert p["expected_arrivals"] == 12
 
 
 def test_explicit_arguments_override_the_model(cli):
@@ -118,6 +146,8 @@ def test_sizes_that_do_not_split():
     e = raises("KVS_EHEAD_SPLIT", ["prefill TP 8", "decode TP 3"], **with_(decode_tp=3))
     assert e.code == -16
     raises("KVS_EPP_SPLIT", ["decode PP 3"], **with_(prefill_pp=2, decode_pp=3))
+    raises("KVS_EPP_SPLIT", ["2 layers cannot fill 3 prefill stages"],
+           **with_(layers=2, prefill_pp=3))
     raises("KVS_ECHUNK", ["chunk_tokens -5"], **with_(chunk_tokens=-5))
 
 
