@@ -472,11 +472,12 @@ static uint64_t model_deadline(const model_t *m)
 
 /* ---- the harness -------------------------------------------------------- */
 
-static void on_dead(void *ctx, kvs_conn_t *conn)
+static void on_dead(void *ctx, kvs_conn_t *conn, void *owner)
 {
     harness_t *h = ctx;
     const uint32_t k = conn_index(&h->fab, conn);
     CHECK(kvs__link_unacked(&h->ls, conn) == 0); /* freed before it is reported */
+    CHECK(owner == NULL);                          /* the harness binds none */
     log_add(&h->real, EV_DEAD, k, 0, 0, NULL, 0);
     if (h->reenter) {
         const int rc = kvs__link_send(&h->ls, conn_of(&h->fab, h->reenter_conn), &h->reenter_msg);

@@ -1,62 +1,57 @@
 /*
- * decode.c - the decode side of the staging protocol (spec §6-§8).
+ * decode.c - the decode side of the staging protocol (spec §6-§8, §12), on
+ * the handler base (handler.h: rooms, peers, links, the progress loop).
  *
  * Creation runs the init guards of spec §8 (kvs__manager_handler_check).
  * Then the handler is a state machine driven by kvs_decode_progress():
- * - connect: REGISTER (ring, geometry, fingerprint; KV layer keys on the
- *   direct/slice paths) to every prefill rank that writes to this rank; on
+ * - peer instances: the application declares the prefill instances
+ *   (kvs_decode_add_instance: geometry and addresses; the pair's layout is
+ *   computed then, once). A room names its prefill instance; this rank
+ *   connects to that instance's writers on first use (or ahead of time) and
+ *   keeps the connections. REGISTER (ring, geometry, fingerprint of the
+ *   pair; KV layer keys on the direct/slice paths) goes to each; on
  *   REGISTER_ACK the peer gets the current watermark at once;
- * - room_open: ROOM (+ PAGES on the direct/slice paths) to every peer;
- * - STAGING_REQ: assign the chunk's region from the ring (once; duplicates
- *   get the same answer) and answer STAGING_RSP, or OVERSIZED which fails
- *   the request; when the ring is at its live-allocation bound the chunk
- *   waits in a bounded queue until a region is freed;
+ * - room_open: ROOM (+ PAGES on the direct/slice paths) to every writer of
+ *   the room's instance;
+ * - STAGING_REQ: assign the chunk's region from the one ring every prefill
+ *   instance shares (once; duplicates get the same answer) and answer
+ *   STAGING_RSP, or OVERSIZED which fails the request; when the ring is at
+ *   its live-allocation bound the chunk waits in a FIFO, so requests from
+ *   every instance are served in arrival order;
  * - CHUNK_READY: count arrivals per chunk (each writer x prefill stage once);
  *   when all arrived, scatter every writer's block in one fused copy
  *   (scatter_parts: each token row written once, whole) on the scatter
  *   stream and record an event; when the event completes, free the region
- *   and send the new WATERMARK to every peer;
- * - STATUS / ABORT: a request is done when every peer reported success and
+ *   and send the new WATERMARK to every prefill session that writes into the
+ *   ring, whatever its instance;
+ * - STATUS / ABORT: a request is done when every writer reported success and
  *   every chunk was scattered; it fails on the first failure, told to every
- *   peer at once, and its regions are freed once every peer has reported
- *   (no writer can still write) and no scatter is in flight. A peer's report
- *   is its STATUS, which it sends once its posted writes completed; its
- *   ABORT only fails the room at once (writes may still be landing). A peer
- *   that refused the registration never writes: it counts as a failed report.
+ *   writer at once, and its regions are freed once every writer has reported
+ *   (no writer can still write) and no scatter is in flight. A writer's
+ *   report is its STATUS, which it sends once its posted writes completed;
+ *   its ABORT only fails the room at once (writes may still be landing). A
+ *   writer that refused the registration never writes: it counts as a failed
+ *   report.
  * Messages that are malformed, stale or out of range are counted and dropped,
- * never used to address memory. Control messages travel on reliable links
- * (link.c: retransmitted until acknowledged, duplicates dropped).
- * A peer whose connection dies (crashed, restarted) is lost: it can write
- * nothing more, so its report of every open room is in (failed), new rooms
- * fail at once while it is away, and the handler reconnects with a doubling
- * wait and registers again; the new incarnation starts from a fresh link.
+ * never used to address memory; a message about a room of another instance
+ * is out of range. A writer whose connection dies (crashed, restarted) is
+ * lost: it can write nothing more, so its report of every open room of its
+ * instance is in (failed), rooms of other instances go on untouched, new
+ * rooms naming its instance fail at once while it is away, and the base
+ * reconnects with a doubling wait and this side registers again.
  */
 #include "arith.h"
 #include "channel.h"
+#include "chunk.h"
 #include "error.h"
-#include "link.h"
+#include "fifo.h"
+#include "handler.h"
 #include "log.h"
-#include "manager.h"
-#include "results.h"
-#include "table.h"
 
+#include <stdalign.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define KVS__POLL_BATCH 16
-
-typedef struct kvs__dpeer {
-    kvs_conn_t *conn;           /* NULL until connected, and while lost */
-    char *name;                 /* its fabric address, for reconnecting */
-    int64_t tp_rank, pp_rank;
-    bool acked;
-    bool lost;                  /* its connection died; until it acknowledges a
-                                   new registration */
-    int refused;                /* status of a refused registration */
-    uint64_t prefill_session;
-    uint64_t reconnect_ns, reconnect_wait_ns;
-} kvs__dpeer_t;
 
 enum { KVS__DCH_IDLE, KVS__DCH_WANTED, KVS__DCH_ALLOCATED, KVS__DCH_SCATTERING, KVS__DCH_DONE };
 
@@ -70,166 +65,45 @@ typedef struct kvs__dchunk {
 } kvs__dchunk_t;
 
 typedef struct kvs__droom {
-    uint64_t id;
-    int64_t base, total;
+    kvs__room_t base;           /* first */
+    int64_t base_tokens, total;
     int64_t *pages, num_pages;
     int64_t num_chunks, scattered;
     kvs__dchunk_t *chunks;
     uint64_t *arrived;          /* num_chunks * words bits: writer x stage */
-    uint64_t *reported;         /* words bits: peers that sent STATUS/ABORT */
+    uint64_t *reported;         /* words bits: writers that sent STATUS/ABORT */
     int64_t reports, reports_ok;
-    int status;                 /* first failure, KVS_OK while none */
-    uint64_t open_ns, bytes;
-    uint64_t last_ns;           /* last progress; the stall timeout runs from it */
 } kvs__droom_t;
 
-/* A (room, chunk) in a FIFO: scatters in stream order, chunks waiting for
- * ring space. */
-typedef struct kvs__dref {
-    uint64_t room;
-    int64_t chunk;
-} kvs__dref_t;
-
-typedef struct kvs__dqueue {
-    kvs__dref_t *items;
-    uint32_t cap, head, count;
-} kvs__dqueue_t;
-
 struct kvs_decode {
-    kvs_manager_t *m;           /* borrowed; outlives the handler */
-    kvs_fabric_t *fab;
-    kvs_device_t *dev;
-    const kvs_layout_t *lay;    /* m->layout */
-    kvs_path_t path;
-    int64_t rank;               /* decode TP rank */
-    int64_t stages;             /* prefill stages per decode stage: Pp / Dp */
-    int64_t npeers, words;      /* W * stages peers; bitmap words per set */
-    kvs__dpeer_t *peers;
-    kvs_stream_t *stream;
-    kvs_ring_t *ring;
+    kvs__handler_t h;           /* first */
+    kvs_ring_t *ring;           /* the manager's; shared by every instance */
     uint64_t ring_addr, ring_bytes, ring_rkey;
-    kvs__kv_keys_t kv_keys;     /* direct/slice: KV layers open to peers */
-    kvs__table_t rooms;
-    kvs__results_t results;
-    kvs__dqueue_t scatters, wanted; /* wanted holds up to open_chunks */
+    kvs__fifo_t scatters;       /* in stream order */
+    kvs__fifo_t wanted;         /* chunks waiting for ring space, in arrival order */
     kvs_copy_part_t *parts;     /* a chunk's scatter: one part per writer's
                                  * heads, up to KVS_COPY_PARTS_MAX at once */
-    int64_t parts_cap;
     uint64_t open_chunks;       /* chunks of the open rooms */
-    kvs_completion_t *cq;
-    kvs__links_t links;         /* one reliable link per peer connection */
-    kvs_handler_stats_t stats;
-    uint64_t session;
-    uint64_t next_check_ns;     /* no room's stall deadline is earlier */
 };
 
-/* ---- small helpers -------------------------------------------------------- */
-
-static int kvs__dq_init(kvs__dqueue_t *q, uint32_t cap)
-{
-    q->items = calloc(cap, sizeof *q->items);
-    q->cap = cap;
-    q->head = q->count = 0;
-    return q->items != NULL ? KVS_OK : KVS_ENOMEM;
-}
-
-/* Grows q to hold `need` entries, keeping their order (at room open, never
- * per message). */
-static int kvs__dq_reserve(kvs__dqueue_t *q, uint64_t need)
-{
-    if (need <= q->cap)
-        return KVS_OK;
-    if (need > UINT32_MAX / 2)
-        return KVS_EFULL;
-    const uint32_t cap = (uint32_t)need > 2 * q->cap ? (uint32_t)need : 2 * q->cap;
-    kvs__dref_t *items = malloc((size_t)cap * sizeof *items);
-    if (items == NULL)
-        return KVS_ENOMEM;
-    for (uint32_t i = 0; i < q->count; i++)
-        items[i] = q->items[(q->head + i) % q->cap];
-    free(q->items);
-    q->items = items;
-    q->cap = cap;
-    q->head = 0;
-    return KVS_OK;
-}
-
-static bool kvs__dq_push(kvs__dqueue_t *q, uint64_t room, int64_t chunk)
-{
-    if (q->count == q->cap)
-        return false;
-    q->items[(q->head + q->count) % q->cap] = (kvs__dref_t){room, chunk};
-    q->count++;
-    return true;
-}
-
-static kvs__dref_t kvs__dq_pop(kvs__dqueue_t *q)
-{
-    kvs__dref_t r = q->items[q->head];
-    q->head = (q->head + 1) % q->cap;
-    q->count--;
-    return r;
-}
+static kvs_decode_t *kvs__dec(kvs__handler_t *h) { return (kvs_decode_t *)h; }
+static kvs__droom_t *kvs__droom(kvs__room_t *r) { return (kvs__droom_t *)r; }
 
 static bool kvs__bit(const uint64_t *bits, int64_t i) { return (bits[i / 64] >> (i % 64)) & 1u; }
 static void kvs__bit_set(uint64_t *bits, int64_t i) { bits[i / 64] |= 1ull << (i % 64); }
 
-static uint64_t kvs__now(const kvs_decode_t *d) { return kvs__net_now_ns(d->fab); }
-
-/* The room moved: its stall deadline starts over. */
-static void kvs__touch(kvs_decode_t *d, kvs__droom_t *r)
-{
-    r->last_ns = kvs__now(d);
-    const uint64_t due = kvs__sat_add_u64(r->last_ns, d->m->cfg.stall_timeout_ns);
-    if (due < d->next_check_ns)
-        d->next_check_ns = due;
-}
-
-static kvs__dpeer_t *kvs__peer_of(kvs_decode_t *d, const kvs_conn_t *conn, int64_t *idx)
-{
-    for (int64_t i = 0; i < d->npeers; i++) {
-        if (d->peers[i].conn != NULL && d->peers[i].conn == conn) {
-            *idx = i;
-            return &d->peers[i];
-        }
-    }
-    return NULL;
-}
-
-static void kvs__send(kvs_decode_t *d, kvs__dpeer_t *p, const kvs_msg_t *msg)
-{
-    if (p->conn == NULL)
-        return;
-    /* A dead connection is handled at the end of progress (the link
-     * reports it), never from inside the caller's loops. */
-    int rc = kvs__link_send(&d->links, p->conn, msg);
-    if (rc != KVS_OK && rc != KVS_EPEER)
-        kvs__log(&d->m->log, KVS_LOG_WARN, "decode %lld: sending %s to prefill %lld/%lld "
-                 "failed: %s", (long long)d->rank, kvs__wire_type_name(msg->type),
-                 (long long)p->tp_rank, (long long)p->pp_rank, kvs_strerror(rc));
-}
+/* ---- rooms -------------------------------------------------------------------- */
 
 static void kvs__broadcast_watermark(kvs_decode_t *d, kvs_watermark_t wm)
 {
     kvs_msg_t msg = {.type = KVS_MSG_WATERMARK};
-    msg.u.wm = (kvs_msg_watermark_t){.round = wm.round,
-                                     .offset = wm.offset};
-    for (int64_t i = 0; i < d->npeers; i++)
-        if (d->peers[i].acked)
-            kvs__send(d, &d->peers[i], &msg);
-}
-
-/* ---- rooms ------------------------------------------------------------------ */
-
-static void kvs__room_free(kvs__droom_t *r)
-{
-    if (r == NULL)
-        return;
-    free(r->pages);
-    free(r->chunks);
-    free(r->arrived);
-    free(r->reported);
-    free(r);
+    msg.u.wm = (kvs_msg_watermark_t){.round = wm.round, .offset = wm.offset};
+    for (uint32_t i = 0; i < d->h.insts.count; i++) {
+        kvs__inst_t *inst = d->h.insts.v[i];
+        for (int64_t k = 0; k < inst->npeers; k++)
+            if (inst->peers[k].ready)
+                kvs__send(&d->h, &inst->peers[k], &msg);
+    }
 }
 
 static void kvs__release_region(kvs_decode_t *d, kvs__dchunk_t *c)
@@ -245,9 +119,10 @@ static void kvs__release_region(kvs_decode_t *d, kvs__dchunk_t *c)
 /* Finishes the room when nothing can still touch it; returns true if gone. */
 static bool kvs__room_try_finish(kvs_decode_t *d, kvs__droom_t *r)
 {
-    if (r->reports < d->npeers)
+    const int64_t writers = r->base.inst->npeers;
+    if (r->reports < writers)
         return false;
-    if (r->status == KVS_OK && r->reports_ok == d->npeers && r->scattered < r->num_chunks)
+    if (r->base.status == KVS_OK && r->reports_ok == writers && r->scattered < r->num_chunks)
         return false;
     for (int64_t i = 0; i < r->num_chunks; i++)
         if (r->chunks[i].state == KVS__DCH_SCATTERING)
@@ -259,42 +134,790 @@ static bool kvs__room_try_finish(kvs_decode_t *d, kvs__droom_t *r)
             kvs__release_region(d, c);
         c->state = KVS__DCH_DONE;
     }
-    if (r->status == KVS_OK && r->reports_ok < d->npeers)
-        r->status = KVS_EPEER;
-    kvs_room_result_t res = {.room = r->id, .status = r->status, .chunks = r->num_chunks,
-                             .bytes = r->bytes, .open_ns = r->open_ns,
-                             .done_ns = kvs__now(d)};
-    kvs__results_push(&d->results, &res);
-    if (r->status == KVS_OK)
-        d->stats.rooms_ok++;
-    else
-        d->stats.rooms_failed++;
+    if (r->base.status == KVS_OK && r->reports_ok < writers)
+        r->base.status = KVS_EPEER;
     d->open_chunks -= (uint64_t)r->num_chunks;
-    kvs__table_del(&d->rooms, r->id);
-    kvs__room_free(r);
+    kvs__room_end(&d->h, &r->base, r->num_chunks);
     return true;
 }
 
-/* Fails the room (first failure wins) and tells every peer that has not
- * reported yet, except `from` (the peer that told us; -1 for none). */
-static void kvs__room_fail_from(kvs_decode_t *d, kvs__droom_t *r, int status, int64_t from)
+/* Every writer that has not reported yet hears of the failure, except
+ * `from` (the one that told us). */
+static void kvs__on_fail(kvs__handler_t *h, kvs__room_t *room, const kvs__peer_t *from)
 {
-    if (r->status != KVS_OK)
-        return;
-    r->status = status;
+    kvs__droom_t *r = kvs__droom(room);
+    kvs__inst_t *inst = room->inst;
     kvs_msg_t msg = {.type = KVS_MSG_ABORT};
-    msg.u.abort = (kvs_msg_abort_t){.room = r->id, .status = status};
-    for (int64_t i = 0; i < d->npeers; i++)
-        if (!kvs__bit(r->reported, i) && i != from)
-            kvs__send(d, &d->peers[i], &msg);
-    kvs__log(&d->m->log, KVS_LOG_INFO, "decode %lld: room %llu failed: %s",
-             (long long)d->rank, (unsigned long long)r->id, kvs_strerror(status));
+    msg.u.abort = (kvs_msg_abort_t){.room = room->id, .status = room->status};
+    for (int64_t i = 0; i < inst->npeers; i++)
+        if (!kvs__bit(r->reported, i) && &inst->peers[i] != from)
+            kvs__send(h, &inst->peers[i], &msg);
 }
 
-static void kvs__room_fail(kvs_decode_t *d, kvs__droom_t *r, int status)
+static void kvs__room_free(kvs__handler_t *h, kvs__room_t *room, bool destroying)
 {
-    kvs__room_fail_from(d, r, status, -1);
+    kvs_decode_t *d = kvs__dec(h);
+    kvs__droom_t *r = kvs__droom(room);
+    for (int64_t c = 0; destroying && c < r->num_chunks; c++) {
+        kvs__dchunk_t *ch = &r->chunks[c];
+        if (ch->event != NULL)
+            kvs__dev_event_destroy(h->dev, ch->event);
+        /* The ring is the manager's and outlives this handler: give back
+         * what the handler took (no watermark to send, the connections go
+         * down too). */
+        if ((ch->state == KVS__DCH_ALLOCATED || ch->state == KVS__DCH_SCATTERING) &&
+            ch->region_bytes > 0)
+            (void)kvs_ring_free(d->ring, ch->alloc.id, NULL);
+    }
+    free(r);
 }
+
+/* A failed room stalled again: the writers that stayed silent (dead, or cut
+ * off) will not report now; stop waiting for them. */
+static bool kvs__on_stalled(kvs__handler_t *h, kvs__room_t *room)
+{
+    kvs__droom_t *r = kvs__droom(room);
+    for (int64_t p = 0; p < room->inst->npeers; p++)
+        if (!kvs__bit(r->reported, p)) {
+            kvs__bit_set(r->reported, p);
+            r->reports++;
+        }
+    return kvs__room_try_finish(kvs__dec(h), r);
+}
+
+/* Writer `peer` will never write into the open rooms of its instance (it
+ * refused the registration, or its connection died): counts its report in
+ * every one it has not reported in, each failing with status. Rooms of
+ * other instances are not its business. */
+static void kvs__peer_reports_failed(kvs_decode_t *d, kvs__peer_t *peer, int status)
+{
+    for (kvs__room_t *room = d->h.first, *after; room != NULL; room = after) {
+        after = room->next;
+        kvs__droom_t *r = kvs__droom(room);
+        if (room->inst != peer->inst || kvs__bit(r->reported, peer->index))
+            continue;
+        kvs__bit_set(r->reported, peer->index);
+        r->reports++;
+        kvs__room_fail(&d->h, room, status, NULL);
+        kvs__room_try_finish(d, r);
+    }
+}
+
+static void kvs__on_peer_lost(kvs__handler_t *h, kvs__peer_t *peer)
+{
+    kvs__peer_reports_failed(kvs__dec(h), peer, KVS_EPEER);
+}
+
+/* ---- registration --------------------------------------------------------------- */
+
+/* REGISTER (+ LAYERS on the direct/slice paths) on peer's connection. */
+static void kvs__register(kvs_decode_t *d, kvs__peer_t *p)
+{
+    kvs_manager_t *m = d->h.m;
+    const kvs__inst_t *inst = p->inst;
+    const bool direct = inst->path != KVS_PATH_STAGING;
+    kvs_msg_t msg = {.type = KVS_MSG_REGISTER};
+    msg.u.reg = (kvs_msg_register_t){
+        .tp_rank = m->cfg.tp_rank, .tp_size = m->cfg.tp_size, .pp_rank = m->cfg.pp_rank,
+        .pp_size = m->cfg.pp_size, .instance = m->cfg.instance_id, .dp_rank = m->cfg.dp_rank,
+        .peer_instance = inst->ref.instance, .peer_dp_rank = inst->ref.dp_rank, .fp = inst->fp,
+        .ring_addr = d->ring_addr, .ring_bytes = d->ring_bytes, .ring_rkey = d->ring_rkey,
+        .local_heads = m->kv.local_heads, .num_pages = m->kv.num_pages,
+        .layers_total = direct ? m->kv.num_layers : 0};
+    kvs__send(&d->h, p, &msg);
+    for (int64_t first = 0; direct && first < m->kv.num_layers; first += KVS_WIRE_LAYERS_PER_MSG) {
+        kvs_msg_t lm = {.type = KVS_MSG_LAYERS};
+        lm.u.layers.first = first;
+        const int64_t n = m->kv.num_layers - first;
+        lm.u.layers.count = (uint32_t)(n < KVS_WIRE_LAYERS_PER_MSG ? n : KVS_WIRE_LAYERS_PER_MSG);
+        for (uint32_t i = 0; i < lm.u.layers.count; i++) {
+            const int64_t l = first + i;
+            lm.u.layers.entries[i] = (kvs_layer_entry_t){
+                m->k_base[l], d->h.kv_keys.k_rkey[l], m->v_base[l], d->h.kv_keys.v_rkey[l]};
+        }
+        kvs__send(&d->h, p, &lm);
+    }
+}
+
+static void kvs__on_connected(kvs__handler_t *h, kvs__peer_t *peer)
+{
+    kvs__register(kvs__dec(h), peer);
+}
+
+/* Connects peer (not connected, not refused) and registers. */
+static int kvs__connect_peer(kvs_decode_t *d, kvs__peer_t *p)
+{
+    kvs_manager_t *m = d->h.m;
+    p->ready = false;
+    p->refused = KVS_OK;
+    int rc = kvs__peer_connect(&d->h, p);
+    if (rc != KVS_OK) {
+        /* Not there (yet): the handler keeps trying, as for a peer lost
+         * later; rooms fail at once until it registers. */
+        char name[96];
+        return kvs__error_set(&m->err, rc, d->h.fab->last_backend_code, __FILE__, __LINE__,
+                              "connecting to prefill %s at '%s' failed (%s); "
+                              "kvs_decode_progress keeps trying, or connect again with the "
+                              "right address", kvs__peer_name(p, name, sizeof name), p->name,
+                              d->h.fab->last_backend_msg[0] ? d->h.fab->last_backend_msg
+                                                            : kvs_strerror(rc));
+    }
+    kvs__register(d, p);
+    return KVS_OK;
+}
+
+/* The default peer instance {0, 0}, made from the config on first use. */
+static kvs__inst_t *kvs__default_inst(kvs_decode_t *d)
+{
+    const kvs_peer_t ref = {0, 0};
+    kvs__inst_t *inst = kvs__inst_find(&d->h, ref);
+    if (inst != NULL)
+        return inst;
+    kvs_manager_t *m = d->h.m;
+    inst = kvs__insts_add(&d->h.insts, m, ref);
+    if (inst == NULL)
+        return NULL;
+    const int64_t tp = m->cfg.peer_tp_size > 0 ? m->cfg.peer_tp_size : m->cfg.tp_size;
+    if (kvs__inst_set_geometry(inst, m, tp, m->cfg.peer_pp_size, true) != KVS_OK ||
+        kvs__handler_prepare_path(&d->h, inst->path) != KVS_OK) {
+        kvs__insts_pop(&d->h.insts);
+        return NULL;
+    }
+    return inst;
+}
+
+int kvs_decode_connect(kvs_decode_t *d, const char *peer, int64_t prefill_tp_rank,
+                       int64_t prefill_pp_rank)
+{
+    if (d == NULL || peer == NULL)
+        return KVS_EINVAL;
+    kvs_manager_t *m = d->h.m;
+    kvs__inst_t *inst = kvs__default_inst(d);
+    if (inst == NULL)
+        return m->err.status;
+    const int64_t idx = kvs__inst_writer_peer(inst, m->cfg.tp_rank, prefill_tp_rank,
+                                              prefill_pp_rank);
+    if (idx < 0)
+        return KVS__MFAIL(m, KVS_EINVAL, "prefill rank tp %lld pp %lld does not write to "
+                          "decode rank tp %lld pp %lld: connect only this rank's writers",
+                          (long long)prefill_tp_rank, (long long)prefill_pp_rank,
+                          (long long)m->cfg.tp_rank, (long long)m->cfg.pp_rank);
+    kvs__peer_t *p = &inst->peers[idx];
+    if (p->conn != NULL)
+        return KVS__MFAIL(m, KVS_EALREADY, "prefill rank tp %lld pp %lld is already "
+                          "connected", (long long)prefill_tp_rank, (long long)prefill_pp_rank);
+    char *name = malloc(strlen(peer) + 1);
+    if (name == NULL)
+        return KVS__MFAIL(m, KVS_ENOMEM, "copying the address of prefill '%s' failed", peer);
+    strcpy(name, peer);
+    free(p->name);
+    p->name = name;
+    p->lost = false; /* a new address: tried now, retried if it fails */
+    return kvs__connect_peer(d, p);
+}
+
+int kvs_decode_add_instance(kvs_decode_t *d, const kvs_instance_desc_t *desc)
+{
+    if (d == NULL)
+        return KVS_EINVAL;
+    kvs_manager_t *m = d->h.m;
+    if (desc == NULL || desc->addrs == NULL || desc->tp_size <= 0 || desc->pp_size < 0 ||
+        desc->dp_size < 0)
+        return KVS__MFAIL(m, KVS_EINVAL, "an instance needs tp_size > 0, pp_size and "
+                          "dp_size >= 0 (0 means 1) and the addresses of its ranks");
+    const int64_t pp = desc->pp_size > 0 ? desc->pp_size : 1;
+    const int64_t dp = desc->dp_size > 0 ? desc->dp_size : 1;
+    if (kvs__inst_find(&d->h, (kvs_peer_t){desc->id, 0}) != NULL)
+        return KVS__MFAIL(m, KVS_EALREADY, "prefill instance %llu is declared already",
+                          (unsigned long long)desc->id);
+    if (dp > (int64_t)(d->h.insts.cap - d->h.insts.count))
+        return KVS__MFAIL(m, KVS_EFULL, "prefill instance %llu has %lld attention groups "
+                          "and %u more fit: raise max_instances",
+                          (unsigned long long)desc->id, (long long)dp,
+                          d->h.insts.cap - d->h.insts.count);
+    for (int64_t a = 0; a < dp * pp * desc->tp_size; a++)
+        if (desc->addrs[a] == NULL)
+            return KVS__MFAIL(m, KVS_EINVAL, "prefill instance %llu: address %lld is NULL: "
+                              "give every rank's address", (unsigned long long)desc->id,
+                              (long long)a);
+    for (int64_t g = 0; g < dp; g++) {
+        kvs__inst_t *inst = kvs__insts_add(&d->h.insts, m, (kvs_peer_t){desc->id, g});
+        int rc = inst != NULL ? kvs__inst_set_geometry(inst, m, desc->tp_size, pp, true)
+                              : m->err.status;
+        if (rc == KVS_OK)
+            rc = kvs__inst_set_addrs(inst, m, desc->addrs + g * pp * desc->tp_size);
+        if (rc == KVS_OK)
+            rc = kvs__handler_prepare_path(&d->h, inst->path);
+        if (rc != KVS_OK) {
+            for (int64_t k = inst != NULL ? g + 1 : g; k > 0; k--)
+                kvs__insts_pop(&d->h.insts); /* nothing connected yet */
+            return rc;
+        }
+    }
+    kvs__log(&m->log, KVS_LOG_INFO, "decode %lld: prefill instance %llu (TP %lld, PP %lld, "
+             "%lld group(s)) declared", (long long)m->cfg.tp_rank,
+             (unsigned long long)desc->id, (long long)desc->tp_size, (long long)pp,
+             (long long)dp);
+    return KVS_OK;
+}
+
+/* Connects every writer of inst that is not connected nor refused, and
+ * those lost whose wait before the next try is over (a restarted instance
+ * is connected again by the next room that names it, or by the handler's
+ * own retries, whichever comes first; until it acknowledges, rooms naming
+ * it fail at once). Returns the first failure. */
+static int kvs__connect_inst(kvs_decode_t *d, kvs__inst_t *inst)
+{
+    int first = KVS_OK;
+    const uint64_t now = kvs__now(&d->h);
+    for (int64_t i = 0; i < inst->npeers; i++) {
+        kvs__peer_t *p = &inst->peers[i];
+        if (p->conn != NULL || p->refused != KVS_OK || (p->lost && now < p->reconnect_ns))
+            continue;
+        if (p->name == NULL)
+            return KVS__MFAIL(d->h.m, KVS_ESTATE, "connect every prefill writer first "
+                              "(kvs_decode_connect): %lld expected", (long long)inst->npeers);
+        const int rc = kvs__connect_peer(d, p);
+        if (first == KVS_OK)
+            first = rc;
+    }
+    return first;
+}
+
+int kvs_decode_connect_peer(kvs_decode_t *d, kvs_peer_t peer)
+{
+    if (d == NULL)
+        return KVS_EINVAL;
+    kvs__inst_t *inst = kvs__inst_find(&d->h, peer);
+    if (inst == NULL)
+        return KVS__MFAIL(d->h.m, KVS_ENOENT, "prefill instance %llu group %lld was never "
+                          "declared: kvs_decode_add_instance first",
+                          (unsigned long long)peer.instance, (long long)peer.dp_rank);
+    return kvs__connect_inst(d, inst);
+}
+
+int64_t kvs_decode_peers_ready(const kvs_decode_t *d)
+{
+    int64_t n = 0;
+    for (uint32_t i = 0; d != NULL && i < d->h.insts.count; i++)
+        for (int64_t k = 0; k < d->h.insts.v[i]->npeers; k++)
+            n += d->h.insts.v[i]->peers[k].ready;
+    return n;
+}
+
+/* REGISTER_ACK from the prefill rank `p` on its connection. */
+static void kvs__on_ack(kvs__handler_t *h, kvs_conn_t *conn, kvs__peer_t *p,
+                        const kvs_msg_t *msg)
+{
+    kvs_decode_t *d = kvs__dec(h);
+    const kvs_msg_register_ack_t *a = &msg->u.ack;
+    if (p == NULL || p->conn != conn || a->echo != h->session) {
+        kvs__reject(h);
+        return;
+    }
+    if (a->status != KVS_OK) {
+        if (p->ready) { /* contradicts the acceptance we hold: stale or forged */
+            kvs__reject(h);
+            return;
+        }
+        p->refused = a->status;
+        /* The prefill sends its fingerprint: name the field that differs. */
+        char why[200], name[96];
+        if (a->status != KVS_EFINGERPRINT ||
+            kvs__fingerprint_check(&p->inst->fp, &a->fp, why, sizeof why) == KVS_OK)
+            snprintf(why, sizeof why, "%s", kvs_strerror(a->status));
+        KVS__MFAIL(h->m, a->status, "prefill %s refused the registration: %s",
+                   kvs__peer_name(p, name, sizeof name), why);
+        kvs__log(&h->m->log, KVS_LOG_ERROR, "%s", h->m->err.msg);
+        /* It never accepted this session, so it ignores our rooms and never
+         * writes into them: its (failed) report of every open room is in. */
+        kvs__peer_reports_failed(d, p, a->status);
+        return;
+    }
+    p->ready = true;
+    p->lost = false;
+    p->session = msg->session;
+    if (d->ring != NULL) {
+        kvs_msg_t wm = {.type = KVS_MSG_WATERMARK};
+        const kvs_watermark_t now = kvs_ring_watermark(d->ring);
+        wm.u.wm = (kvs_msg_watermark_t){.round = now.round, .offset = now.offset};
+        kvs__send(h, p, &wm);
+    }
+}
+
+/* ---- requests --------------------------------------------------------------- */
+
+/* The room block: the room, its chunks, both bitmaps and its page list in
+ * one allocation. */
+static kvs__droom_t *kvs__droom_alloc(int64_t chunks, int64_t words, int64_t pages)
+{
+    const size_t nc = (size_t)(chunks > 0 ? chunks : 1), np = (size_t)(pages > 0 ? pages : 1);
+    const size_t bytes = sizeof(kvs__droom_t) + nc * sizeof(kvs__dchunk_t) +
+                         (nc + 1) * (size_t)words * sizeof(uint64_t) + np * sizeof(int64_t);
+    kvs__droom_t *r = calloc(1, bytes);
+    if (r == NULL)
+        return NULL;
+    _Static_assert(sizeof(kvs__droom_t) % alignof(kvs__dchunk_t) == 0 &&
+                       sizeof(kvs__dchunk_t) % alignof(uint64_t) == 0,
+                   "the room block's parts stay aligned");
+    r->chunks = (kvs__dchunk_t *)(r + 1);
+    r->arrived = (uint64_t *)(r->chunks + nc);
+    r->reported = r->arrived + nc * (size_t)words;
+    r->pages = (int64_t *)(r->reported + words);
+    return r;
+}
+
+int kvs_decode_room_open_peer(kvs_decode_t *d, uint64_t room, kvs_peer_t peer,
+                              int64_t base_tokens, int64_t total_tokens, const int64_t *pages,
+                              int64_t num_pages)
+{
+    if (d == NULL)
+        return KVS_EINVAL;
+    kvs_manager_t *m = d->h.m;
+    kvs__inst_t *inst = peer.instance == 0 && peer.dp_rank == 0 ? kvs__default_inst(d)
+                                                                : kvs__inst_find(&d->h, peer);
+    if (inst == NULL)
+        return peer.instance == 0 && peer.dp_rank == 0
+                   ? m->err.status
+                   : KVS__MFAIL(m, KVS_ENOENT, "room %llu names prefill instance %llu "
+                                "group %lld, which was never declared: "
+                                "kvs_decode_add_instance first", (unsigned long long)room,
+                                (unsigned long long)peer.instance, (long long)peer.dp_rank);
+    /* Connected on first use; a writer that cannot be reached is lost (and
+     * retried) and fails the room below. */
+    int rc = kvs__connect_inst(d, inst);
+    if (rc == KVS_ESTATE)
+        return rc;
+    const int64_t ps = inst->lay.page_size;
+    const kvs__peer_t *lost = NULL;
+    for (int64_t i = 0; i < inst->npeers; i++) {
+        const kvs__peer_t *p = &inst->peers[i];
+        if (p->lost && lost == NULL)
+            lost = p;
+        if (p->refused != KVS_OK) { /* it would never take part: fail now, not never */
+            char name[96];
+            return KVS__MFAIL(m, p->refused, "room %llu: prefill %s refused the "
+                              "registration (%s): fix the configuration mismatch and "
+                              "recreate the handler", (unsigned long long)room,
+                              kvs__peer_name(p, name, sizeof name), kvs_strerror(p->refused));
+        }
+    }
+    if (base_tokens < 0 || total_tokens < base_tokens || (pages == NULL && num_pages > 0))
+        return KVS__MFAIL(m, KVS_EINVAL, "room %llu: need 0 <= base_tokens <= total_tokens "
+                          "and a page list", (unsigned long long)room);
+    if (base_tokens % ps != 0 || lost != NULL) {
+        const int status = lost != NULL ? KVS_EPEER : KVS_EPREFIX_ALIGN;
+        char name[96];
+        if (lost != NULL)
+            KVS__MFAIL(m, KVS_EPEER, "room %llu: prefill %s is unreachable (its connection "
+                       "died or was never made; reconnecting): the request fails now, retry "
+                       "it once the instance's writers are back", (unsigned long long)room,
+                       kvs__peer_name(lost, name, sizeof name));
+        else
+            KVS__MFAIL(m, KVS_EPREFIX_ALIGN, "room %llu: cached prefix %lld is not a multiple "
+                       "of the page size %lld", (unsigned long long)room,
+                       (long long)base_tokens, (long long)ps);
+        /* The prefill ranks hold this request too: tell them at once. */
+        kvs_msg_t msg = {.type = KVS_MSG_ABORT};
+        msg.u.abort = (kvs_msg_abort_t){.room = room, .status = status};
+        for (int64_t i = 0; i < inst->npeers; i++)
+            kvs__send(&d->h, &inst->peers[i], &msg);
+        kvs__room_reject(&d->h, room, status);
+        return status;
+    }
+    const int64_t want_pages = kvs__ceil_div(total_tokens - base_tokens, ps);
+    if (num_pages != want_pages)
+        return KVS__MFAIL(m, KVS_EINVAL, "room %llu: %lld tokens after the prefix need "
+                          "%lld pages, got %lld", (unsigned long long)room,
+                          (long long)(total_tokens - base_tokens), (long long)want_pages,
+                          (long long)num_pages);
+    for (int64_t i = 0; i < num_pages; i++)
+        if (pages[i] < 0 || pages[i] >= m->kv.num_pages)
+            return KVS__MFAIL(m, KVS_ERANGE, "room %llu: page id %lld outside the KV pool "
+                              "of %lld pages", (unsigned long long)room, (long long)pages[i],
+                              (long long)m->kv.num_pages);
+    if (kvs__room_get(&d->h, room) != NULL)
+        return KVS__MFAIL(m, KVS_EALREADY, "room %llu is already open",
+                          (unsigned long long)room);
+    const bool staging = inst->path == KVS_PATH_STAGING;
+    const int64_t chunks = staging ? kvs_grid_num_chunks(&inst->lay, num_pages) : 0;
+    kvs__droom_t *r = kvs__droom_alloc(chunks, inst->words, num_pages);
+    if (r == NULL)
+        return KVS__MFAIL(m, KVS_ENOMEM, "allocating room %llu failed", (unsigned long long)room);
+    r->base_tokens = base_tokens;
+    r->total = total_tokens;
+    r->num_pages = num_pages;
+    r->num_chunks = chunks;
+    if (num_pages > 0)
+        memcpy(r->pages, pages, (size_t)num_pages * sizeof *pages);
+    for (int64_t i = 0; i < chunks; i++) {
+        kvs__chunk_plan_t plan;
+        rc = kvs__chunk_plan(&inst->lay, m->cfg.tp_rank, inst->decode_stage, base_tokens,
+                             total_tokens, i, &plan);
+        if (rc != KVS_OK) {
+            free(r);
+            return KVS__MFAIL(m, rc, "room %llu: chunk %lld has no place on the grid",
+                              (unsigned long long)room, (long long)i);
+        }
+        r->chunks[i] = (kvs__dchunk_t){.tokens = plan.tokens, .page_start = plan.page_start,
+                                       .num_pages = plan.num_pages,
+                                       .region_bytes = plan.region_bytes};
+    }
+    /* Every chunk of every open room may wait for ring space at once. */
+    rc = kvs__fifo_reserve(&d->wanted, d->open_chunks + (uint64_t)chunks);
+    if (rc != KVS_OK) {
+        free(r);
+        return KVS__MFAIL(m, rc, "room %llu: no room to queue its %lld chunks",
+                          (unsigned long long)room, (long long)chunks);
+    }
+    rc = kvs__room_add(&d->h, &r->base, room, inst);
+    if (rc != KVS_OK) {
+        free(r);
+        return KVS__MFAIL(m, rc, "room table full (%u rooms): raise max_rooms or finish "
+                          "requests first", m->cfg.max_rooms);
+    }
+    d->open_chunks += (uint64_t)chunks;
+    kvs_msg_t msg = {.type = KVS_MSG_ROOM};
+    msg.u.room = (kvs_msg_room_t){.room = room, .base_tokens = base_tokens,
+                                  .total_tokens = total_tokens, .num_pages = num_pages};
+    for (int64_t i = 0; i < inst->npeers; i++) {
+        kvs__send(&d->h, &inst->peers[i], &msg);
+        for (int64_t first = 0; !staging && first < num_pages; first += KVS_WIRE_PAGES_PER_MSG) {
+            kvs_msg_t pm = {.type = KVS_MSG_PAGES};
+            pm.u.pages.room = room;
+            pm.u.pages.first = first;
+            const int64_t n = num_pages - first;
+            pm.u.pages.count = (uint32_t)(n < KVS_WIRE_PAGES_PER_MSG ? n : KVS_WIRE_PAGES_PER_MSG);
+            memcpy(pm.u.pages.ids, pages + first, pm.u.pages.count * sizeof *pages);
+            kvs__send(&d->h, &inst->peers[i], &pm);
+        }
+    }
+    return KVS_OK;
+}
+
+int kvs_decode_room_open(kvs_decode_t *d, uint64_t room, int64_t base_tokens,
+                         int64_t total_tokens, const int64_t *pages, int64_t num_pages)
+{
+    return kvs_decode_room_open_peer(d, room, (kvs_peer_t){0, 0}, base_tokens, total_tokens,
+                                     pages, num_pages);
+}
+
+/* ---- message handling ------------------------------------------------------- */
+
+static void kvs__answer(kvs_decode_t *d, kvs__peer_t *p, const kvs__droom_t *r, int64_t chunk,
+                        int status)
+{
+    kvs_msg_t msg = {.type = KVS_MSG_STAGING_RSP};
+    msg.u.rsp = (kvs_msg_staging_rsp_t){.room = r->base.id, .chunk = chunk, .status = status};
+    if (status == KVS_OK) {
+        const kvs__dchunk_t *c = &r->chunks[chunk];
+        msg.u.rsp.offset = c->alloc.offset;
+        msg.u.rsp.round = c->alloc.round;
+        msg.u.rsp.end = c->alloc.end;
+    }
+    kvs__send(&d->h, p, &msg);
+}
+
+/* Tries to assign chunk's region; answers every writer when it succeeds. */
+static int kvs__allocate(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
+{
+    kvs__dchunk_t *c = &r->chunks[chunk];
+    kvs__inst_t *inst = r->base.inst;
+    /* An empty range is one metadata-only chunk: no region to assign. */
+    int rc = c->region_bytes == 0 ? KVS_OK
+                                  : kvs_ring_assign(d->ring, (uint64_t)c->region_bytes, &c->alloc);
+    if (rc == KVS_ERING_LIVE)
+        return rc;
+    if (rc != KVS_OK) {
+        for (int64_t i = 0; i < inst->npeers; i++)
+            kvs__answer(d, &inst->peers[i], r, chunk, rc);
+        kvs__room_fail(&d->h, &r->base, rc, NULL);
+        return rc;
+    }
+    c->state = KVS__DCH_ALLOCATED;
+    const uint64_t live = kvs_ring_live_bytes(d->ring);
+    if (live > d->h.stats.ring_peak_bytes)
+        d->h.stats.ring_peak_bytes = live;
+    for (int64_t i = 0; i < inst->npeers; i++)
+        kvs__answer(d, &inst->peers[i], r, chunk, KVS_OK);
+    return KVS_OK;
+}
+
+/* The room of a message from p, or NULL when p's instance has no such room. */
+static kvs__droom_t *kvs__room_of(kvs_decode_t *d, const kvs__peer_t *p, uint64_t room)
+{
+    kvs__room_t *r = kvs__room_get(&d->h, room);
+    return r != NULL && r->inst == p->inst ? kvs__droom(r) : NULL;
+}
+
+static void kvs__on_staging_req(kvs_decode_t *d, kvs__peer_t *p, const kvs_msg_staging_req_t *q)
+{
+    kvs__droom_t *r = kvs__room_of(d, p, q->room);
+    if (r == NULL || p->inst->path != KVS_PATH_STAGING) {
+        kvs__reject(&d->h);
+        kvs_msg_t msg = {.type = KVS_MSG_STAGING_RSP};
+        msg.u.rsp = (kvs_msg_staging_rsp_t){.room = q->room, .chunk = q->chunk,
+                                            .status = KVS_ENOENT};
+        kvs__send(&d->h, p, &msg);
+        return;
+    }
+    if (q->chunk < 0 || q->chunk >= r->num_chunks ||
+        q->tokens != r->chunks[q->chunk].tokens || q->pages != r->chunks[q->chunk].num_pages) {
+        kvs__reject(&d->h);
+        kvs__room_fail(&d->h, &r->base, KVS_EPROTO, NULL);
+        return;
+    }
+    if (r->base.status != KVS_OK) {
+        kvs__answer(d, p, r, q->chunk, r->base.status);
+        return;
+    }
+    kvs__room_touch(&d->h, &r->base);
+    kvs__dchunk_t *c = &r->chunks[q->chunk];
+    if (c->state == KVS__DCH_IDLE) {
+        if (kvs__allocate(d, r, q->chunk) == KVS_ERING_LIVE) {
+            c->state = KVS__DCH_WANTED;
+            if (!kvs__fifo_push(&d->wanted, (kvs__ref_t){r->base.id, 0, q->chunk}))
+                kvs__room_fail(&d->h, &r->base, KVS_EFULL, NULL);
+        }
+    } else if (c->state != KVS__DCH_WANTED) {
+        kvs__answer(d, p, r, q->chunk, KVS_OK); /* a duplicate gets the same answer */
+    }
+}
+
+static void kvs__scatter(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
+{
+    kvs_manager_t *m = d->h.m;
+    const kvs__inst_t *inst = r->base.inst;
+    const kvs_layout_t *lay = &inst->lay;
+    kvs__dchunk_t *c = &r->chunks[chunk];
+    const kvs_copy_desc_t desc = {
+        .k_base = m->k_base, .v_base = m->v_base, .local_heads = m->kv.local_heads,
+        .head_dim = lay->head_dim, .elem_bytes = lay->elem_bytes,
+        .page_size = lay->page_size, .pages = r->pages + c->page_start,
+        .num_pages = c->num_pages, .tokens = c->tokens,
+        .layer_begin = 0, .layer_count = m->cfg.layers,
+        .staging_slot_begin = 0, .staging_layer_slots = m->cfg.layers};
+    /* One fused scatter of every writer's block, so each token row of the
+     * pool is written once, whole (KVS_COPY_PARTS_MAX parts at a time).
+     * Writers that replicate a head (prefill TP > heads) are consecutive and
+     * wrote the same bytes: the later one's block replaces the earlier's
+     * part, so the last is scattered, as when each writer's block was
+     * scattered in turn. */
+    int rc = KVS_OK;
+    int64_t n = 0;
+    for (int64_t i = 0; i < lay->tp_writers && rc == KVS_OK && c->tokens > 0; i++) {
+        kvs_writer_t w;
+        rc = kvs_layout_writer(lay, m->cfg.tp_rank, inst->decode_stage, i, c->tokens, &w);
+        if (rc != KVS_OK)
+            break;
+        const kvs_copy_part_t part = {
+            .head_start = w.heads.dst_start, .num_heads = w.heads.num_heads,
+            .staging_addr = d->ring_addr + c->alloc.offset + (uint64_t)w.offset_bytes};
+        if (n > 0 && d->parts[n - 1].head_start == part.head_start) {
+            d->parts[n - 1] = part; /* a replica */
+            continue;
+        }
+        if (n == KVS_COPY_PARTS_MAX) {
+            rc = kvs__dev_scatter_parts(d->h.dev, d->h.stream, &desc, d->parts, n);
+            n = 0;
+        }
+        if (rc == KVS_OK)
+            d->parts[n++] = part;
+    }
+    if (rc == KVS_OK && n > 0)
+        rc = kvs__dev_scatter_parts(d->h.dev, d->h.stream, &desc, d->parts, n);
+    /* The event is recorded even after a refused copy: one refused part-way
+     * may have left its first parts enqueued (the core's default copy runs
+     * one op per part), and the region must stay allocated until they ran. */
+    const int copy_rc = rc;
+    rc = kvs__dev_event_record(d->h.dev, d->h.stream, &c->event);
+    if (rc == KVS_OK && !kvs__fifo_push(&d->scatters, (kvs__ref_t){r->base.id, 0, chunk}))
+        rc = KVS_EFULL;
+    if (rc != KVS_OK || copy_rc != KVS_OK) {
+        const int why = copy_rc != KVS_OK ? copy_rc : rc;
+        kvs__log(&m->log, KVS_LOG_ERROR, "decode %lld: scatter of room %llu chunk %lld "
+                 "failed: %s", (long long)m->cfg.tp_rank, (unsigned long long)r->base.id,
+                 (long long)chunk, kvs_strerror(why));
+        if (rc == KVS_OK) {
+            c->state = KVS__DCH_SCATTERING; /* freed when the event completes */
+        } else {
+            if (c->event != NULL)
+                kvs__dev_event_destroy(d->h.dev, c->event);
+            c->event = NULL; /* the region stays allocated until every writer reported */
+        }
+        kvs__room_fail(&d->h, &r->base, why, NULL);
+        return;
+    }
+    c->state = KVS__DCH_SCATTERING;
+    d->h.stats.copies++;
+}
+
+static void kvs__on_chunk_ready(kvs_decode_t *d, kvs__peer_t *p, const kvs_msg_chunk_ready_t *q)
+{
+    kvs__droom_t *r = kvs__room_of(d, p, q->room);
+    const kvs__inst_t *inst = p->inst;
+    /* Range checked before they are combined: a hostile writer or stage
+     * must not overflow the index. */
+    const bool in_range = q->writer >= 0 && q->writer < inst->lay.tp_writers &&
+                          q->stage >= inst->first_stage &&
+                          q->stage < inst->first_stage + inst->stages;
+    const int64_t idx = in_range ? q->writer * inst->stages + (q->stage - inst->first_stage) : -1;
+    if (r == NULL || q->chunk < 0 || q->chunk >= r->num_chunks || idx != p->index ||
+        r->chunks[q->chunk].state != KVS__DCH_ALLOCATED ||
+        q->page_start != r->chunks[q->chunk].page_start ||
+        q->pages != r->chunks[q->chunk].num_pages) {
+        kvs__reject(&d->h);
+        return;
+    }
+    kvs__dchunk_t *c = &r->chunks[q->chunk];
+    uint64_t *bits = r->arrived + q->chunk * inst->words;
+    if (kvs__bit(bits, idx)) {
+        kvs__reject(&d->h); /* duplicate */
+        return;
+    }
+    kvs__bit_set(bits, idx);
+    kvs__room_touch(&d->h, &r->base);
+    if (++c->arrivals == inst->npeers && r->base.status == KVS_OK) {
+        r->base.bytes += (uint64_t)c->region_bytes;
+        kvs__scatter(d, r, q->chunk);
+    }
+}
+
+static void kvs__on_report(kvs_decode_t *d, kvs__peer_t *p, uint64_t room, int status)
+{
+    kvs__droom_t *r = kvs__room_of(d, p, room);
+    if (r == NULL || kvs__bit(r->reported, p->index)) {
+        kvs__reject(&d->h);
+        return;
+    }
+    kvs__bit_set(r->reported, p->index);
+    r->reports++;
+    kvs__room_touch(&d->h, &r->base);
+    const kvs__inst_t *inst = p->inst;
+    if (status == KVS_OK)
+        r->reports_ok++;
+    else
+        kvs__room_fail(&d->h, &r->base, status, NULL);
+    int64_t first_layer = 0, layers = 0; /* the layers this writer's stage wrote */
+    if (inst->path != KVS_PATH_STAGING && status == KVS_OK &&
+        kvs_layout_stage_layers(&inst->lay, KVS_ROLE_PREFILL, p->pp_rank, &first_layer,
+                                &layers) == KVS_OK)
+        r->base.bytes += (uint64_t)(r->total - r->base_tokens) *
+                         (uint64_t)d->h.m->kv.local_heads * (uint64_t)inst->lay.head_dim *
+                         (uint64_t)inst->lay.elem_bytes * (uint64_t)layers * 2 /
+                         (uint64_t)inst->lay.tp_writers;
+    kvs__room_try_finish(d, r);
+}
+
+/* A prefill tells its failure at once, while writes it posted may still be
+ * landing in this room's regions (or KV pages): the room fails now, but the
+ * writer has reported only when its STATUS, sent after those writes
+ * completed, arrives. Freeing on the ABORT would let them land in memory
+ * already handed back (spec §9). */
+static void kvs__on_abort(kvs_decode_t *d, kvs__peer_t *p, const kvs_msg_abort_t *a)
+{
+    kvs__droom_t *r = kvs__room_of(d, p, a->room);
+    if (r == NULL || kvs__bit(r->reported, p->index)) {
+        kvs__reject(&d->h);
+        return;
+    }
+    kvs__room_fail(&d->h, &r->base, a->status != KVS_OK ? a->status : KVS_EPEER, p);
+}
+
+static void kvs__on_message(kvs__handler_t *h, kvs__peer_t *p, const kvs_msg_t *msg)
+{
+    kvs_decode_t *d = kvs__dec(h);
+    switch (msg->type) {
+    case KVS_MSG_STAGING_REQ:
+        kvs__on_staging_req(d, p, &msg->u.req);
+        break;
+    case KVS_MSG_CHUNK_READY:
+        kvs__on_chunk_ready(d, p, &msg->u.ready);
+        break;
+    case KVS_MSG_STATUS:
+        kvs__on_report(d, p, msg->u.status.room, msg->u.status.status);
+        break;
+    case KVS_MSG_ABORT:
+        kvs__on_abort(d, p, &msg->u.abort);
+        break;
+    default:
+        kvs__reject(h);
+        break;
+    }
+}
+
+/* ---- progress --------------------------------------------------------------- */
+
+/* Completed scatters in stream order: free their regions. */
+static int kvs__reap_scatters(kvs_decode_t *d)
+{
+    int done = 0;
+    while (d->scatters.count > 0) {
+        const kvs__ref_t ref = kvs__fifo_head(&d->scatters);
+        kvs__droom_t *r = kvs__droom(kvs__room_get(&d->h, ref.room));
+        kvs__dchunk_t *c = r != NULL ? &r->chunks[ref.chunk] : NULL;
+        if (c != NULL && c->state == KVS__DCH_SCATTERING) {
+            int rc = kvs__dev_event_query(d->h.dev, c->event);
+            if (rc == KVS_EAGAIN)
+                break;
+            kvs__dev_event_destroy(d->h.dev, c->event);
+            c->event = NULL;
+            c->state = KVS__DCH_DONE;
+            kvs__release_region(d, c);
+            kvs__room_touch(&d->h, &r->base);
+            if (rc == KVS_OK)
+                r->scattered++;
+            else
+                kvs__room_fail(&d->h, &r->base, rc, NULL);
+            kvs__room_try_finish(d, r);
+        }
+        kvs__fifo_pop(&d->scatters);
+        done++;
+    }
+    return done;
+}
+
+/* Chunks that waited for ring space, in arrival order, whatever their
+ * instance. */
+static void kvs__retry_wanted(kvs_decode_t *d)
+{
+    while (d->wanted.count > 0) {
+        const kvs__ref_t ref = kvs__fifo_head(&d->wanted);
+        kvs__droom_t *r = kvs__droom(kvs__room_get(&d->h, ref.room));
+        if (r != NULL && r->chunks[ref.chunk].state == KVS__DCH_WANTED) {
+            if (r->base.status != KVS_OK)
+                r->chunks[ref.chunk].state = KVS__DCH_IDLE;
+            else if (kvs__allocate(d, r, ref.chunk) == KVS_ERING_LIVE)
+                break;
+        }
+        kvs__fifo_pop(&d->wanted);
+    }
+}
+
+static int kvs__advance(kvs__handler_t *h)
+{
+    kvs_decode_t *d = kvs__dec(h);
+    int work = 0;
+    if (h->stream != NULL && kvs__reap_scatters(d) > 0)
+        work++;
+    if (d->ring != NULL)
+        kvs__retry_wanted(d);
+    return work;
+}
+
+static const kvs__role_t kvs__decode_role = {
+    .role = KVS_ROLE_DECODE,
+    .accepts = false,
+    .on_register = kvs__on_ack,
+    .on_connected = kvs__on_connected,
+    .on_message = kvs__on_message,
+    .on_write_done = NULL,
+    .advance = kvs__advance,
+    .on_fail = kvs__on_fail,
+    .on_stalled = kvs__on_stalled,
+    .on_peer_lost = kvs__on_peer_lost,
+    .room_free = kvs__room_free,
+};
 
 /* ---- creation --------------------------------------------------------------- */
 
@@ -302,41 +925,11 @@ void kvs_decode_destroy(kvs_decode_t *d)
 {
     if (d == NULL)
         return;
-    kvs_manager_t *m = d->m;
-    if (d->rooms.keys != NULL) {
-        for (uint32_t i = 0; i <= d->rooms.mask; i++)
-            if (d->rooms.state[i] == 1) {
-                kvs__droom_t *r = d->rooms.vals[i];
-                for (int64_t c = 0; c < r->num_chunks; c++) {
-                    kvs__dchunk_t *ch = &r->chunks[c];
-                    if (ch->event != NULL)
-                        kvs__dev_event_destroy(d->dev, ch->event);
-                    /* The ring is the manager's and outlives this handler:
-                     * give back what the handler took (no watermark to send,
-                     * the connections go down below). */
-                    if ((ch->state == KVS__DCH_ALLOCATED || ch->state == KVS__DCH_SCATTERING) &&
-                        ch->region_bytes > 0)
-                        (void)kvs_ring_free(d->ring, ch->alloc.id, NULL);
-                }
-                kvs__room_free(r);
-            }
-        kvs__table_fini(&d->rooms);
-    }
-    kvs__manager_close_kv(m, &d->kv_keys);
-    kvs__links_fini(&d->links);
-    for (int64_t i = 0; d->peers != NULL && i < d->npeers; i++) {
-        if (d->peers[i].conn != NULL)
-            d->fab->ops.disconnect(d->fab, d->peers[i].conn);
-        free(d->peers[i].name);
-    }
-    if (d->stream != NULL)
-        kvs__dev_stream_destroy(d->dev, d->stream);
-    kvs__results_fini(&d->results);
-    free(d->scatters.items);
-    free(d->wanted.items);
+    kvs_manager_t *m = d->h.m;
+    kvs__handler_fini(&d->h);
+    kvs__fifo_fini(&d->scatters);
+    kvs__fifo_fini(&d->wanted);
     free(d->parts);
-    free(d->cq);
-    free(d->peers);
     m->handler = NULL;
     free(d);
 }
@@ -350,19 +943,6 @@ int kvs_decode_create(kvs_manager_t *m, kvs_decode_t **out)
     kvs_decode_t *d = kvs__manager_handler_new(m, KVS_ROLE_DECODE, sizeof *d, &rc);
     if (d == NULL)
         return rc;
-    const kvs_layout_t lay = m->layout;
-    const kvs_path_t path = m->path;
-    d->m = m;
-    d->next_check_ns = UINT64_MAX;
-    d->fab = m->fab;
-    d->dev = m->dev;
-    d->lay = &m->layout;
-    d->path = path;
-    d->rank = m->cfg.tp_rank;
-    d->session = m->cfg.session_id;
-    d->stages = lay.prefill_pp / lay.decode_pp;
-    d->npeers = lay.tp_writers * d->stages;
-    d->words = (d->npeers + 63) / 64;
     d->ring = m->ring;
     if (m->staging_count > 0) {
         d->ring_addr = m->staging_addr[0];
@@ -375,783 +955,43 @@ int kvs_decode_create(kvs_manager_t *m, kvs_decode_t **out)
      * of an empty room (at most one per room): both at once can be in flight. */
     const uint64_t scatter_bound = (uint64_t)m->cfg.ring_max_live + m->cfg.max_rooms;
     const uint32_t scatters = scatter_bound < UINT32_MAX ? (uint32_t)scatter_bound : UINT32_MAX;
-    d->peers = calloc((size_t)d->npeers, sizeof *d->peers);
-    d->cq = calloc(KVS__POLL_BATCH, sizeof *d->cq);
-    d->parts_cap = lay.tp_writers < KVS_COPY_PARTS_MAX ? lay.tp_writers : KVS_COPY_PARTS_MAX;
-    d->parts = calloc((size_t)d->parts_cap, sizeof *d->parts);
-    if (d->peers == NULL || d->cq == NULL || d->parts == NULL ||
-        kvs__table_init(&d->rooms, m->cfg.max_rooms) != KVS_OK ||
-        kvs__results_init(&d->results, 2 * m->cfg.max_rooms) != KVS_OK ||
-        kvs__dq_init(&d->scatters, scatters) != KVS_OK ||
-        kvs__dq_init(&d->wanted, queue) != KVS_OK ||
-        kvs__links_init(&d->links, d->fab, (uint32_t)d->npeers, d->session,
-                        m->cfg.retry_timeout_ns,
-                        m->cfg.stall_timeout_ns / 32, m->cfg.stall_timeout_ns,
-                        &d->stats) != KVS_OK) {
+    d->parts = calloc(KVS_COPY_PARTS_MAX, sizeof *d->parts);
+    rc = kvs__handler_init(&d->h, &kvs__decode_role, m);
+    if (rc == KVS_OK && (d->parts == NULL || kvs__fifo_init(&d->scatters, scatters) != KVS_OK ||
+                         kvs__fifo_init(&d->wanted, queue) != KVS_OK))
+        rc = KVS__MFAIL(m, KVS_ENOMEM, "allocating the decode handler's queues failed");
+    if (rc != KVS_OK) {
         kvs_decode_destroy(d);
-        return KVS__MFAIL(m, KVS_ENOMEM, "allocating the decode handler's tables failed");
-    }
-    for (int64_t i = 0; i < d->npeers; i++) {
-        d->peers[i].tp_rank = -1;
-        d->peers[i].pp_rank = -1;
-    }
-    if (path == KVS_PATH_STAGING) {
-        rc = kvs__dev_stream_create(d->dev, &d->stream);
-        if (rc != KVS_OK) {
-            kvs_decode_destroy(d);
-            return KVS__MFAIL(m, rc, "device '%s' could not create the scatter stream (%s)",
-                              m->dev->name, kvs_strerror(rc));
-        }
-    } else {
-        rc = kvs__manager_open_kv(m, &d->kv_keys);
-        if (rc != KVS_OK) {
-            kvs_decode_destroy(d);
-            return rc;
-        }
+        return rc;
     }
     kvs__log(&m->log, KVS_LOG_INFO, "decode %lld: %s path, %lld writer(s) per chunk",
-             (long long)d->rank, kvs_path_name(path), (long long)lay.expected_arrivals);
+             (long long)m->cfg.tp_rank, kvs_path_name(m->path),
+             (long long)m->layout.expected_arrivals);
     *out = d;
     return KVS_OK;
 }
 
-/* ---- registration ----------------------------------------------------------- */
-
-/* REGISTER (+ LAYERS on the direct/slice paths) on p's connection. */
-static void kvs__register(kvs_decode_t *d, kvs__dpeer_t *p)
-{
-    kvs_manager_t *m = d->m;
-    const bool direct = d->path != KVS_PATH_STAGING;
-    kvs_msg_t msg = {.type = KVS_MSG_REGISTER};
-    kvs_msg_register_t *reg = &msg.u.reg;
-    reg->tp_rank = d->rank;
-    reg->tp_size = m->cfg.tp_size;
-    reg->pp_rank = m->cfg.pp_rank;
-    reg->pp_size = m->cfg.pp_size;
-    kvs__fingerprint(d->lay, d->path, d->m->cfg.app_tag, &reg->fp);
-    reg->ring_addr = d->ring_addr;
-    reg->ring_bytes = d->ring_bytes;
-    reg->ring_rkey = d->ring_rkey;
-    reg->local_heads = m->kv.local_heads;
-    reg->num_pages = m->kv.num_pages;
-    reg->layers_total = direct ? m->kv.num_layers : 0;
-    kvs__send(d, p, &msg);
-    for (int64_t first = 0; direct && first < m->kv.num_layers; first += KVS_WIRE_LAYERS_PER_MSG) {
-        kvs_msg_t lm = {.type = KVS_MSG_LAYERS};
-        lm.u.layers.first = first;
-        int64_t n = m->kv.num_layers - first;
-        lm.u.layers.count = (uint32_t)(n < KVS_WIRE_LAYERS_PER_MSG ? n : KVS_WIRE_LAYERS_PER_MSG);
-        for (uint32_t i = 0; i < lm.u.layers.count; i++) {
-            const int64_t l = first + i;
-            lm.u.layers.entries[i] = (kvs_layer_entry_t){m->k_base[l], d->kv_keys.k_rkey[l],
-                                                         m->v_base[l], d->kv_keys.v_rkey[l]};
-        }
-        kvs__send(d, p, &lm);
-    }
-}
-
-int kvs_decode_connect(kvs_decode_t *d, const char *peer, int64_t prefill_tp_rank,
-                       int64_t prefill_pp_rank)
-{
-    if (d == NULL || peer == NULL)
-        return KVS_EINVAL;
-    kvs_manager_t *m = d->m;
-    int64_t writer;
-    int rc = kvs_layout_writer_index(d->lay, prefill_tp_rank, d->rank, &writer);
-    const int64_t first_stage = d->lay->decode_pp == 1 ? 0 : m->cfg.pp_rank;
-    if (rc != KVS_OK || prefill_pp_rank < first_stage ||
-        prefill_pp_rank >= first_stage + d->stages)
-        return KVS__MFAIL(m, KVS_EINVAL, "prefill rank tp %lld pp %lld does not write to "
-                          "decode rank tp %lld pp %lld: connect only this rank's writers",
-                          (long long)prefill_tp_rank, (long long)prefill_pp_rank,
-                          (long long)d->rank, (long long)m->cfg.pp_rank);
-    kvs__dpeer_t *p = &d->peers[writer * d->stages + (prefill_pp_rank - first_stage)];
-    if (p->conn != NULL)
-        return KVS__MFAIL(m, KVS_EALREADY, "prefill rank tp %lld pp %lld is already "
-                          "connected", (long long)prefill_tp_rank, (long long)prefill_pp_rank);
-    char *name = malloc(strlen(peer) + 1);
-    if (name == NULL)
-        return KVS__MFAIL(m, KVS_ENOMEM, "copying the address of prefill '%s' failed", peer);
-    strcpy(name, peer);
-    free(p->name);
-    p->name = name;
-    p->tp_rank = prefill_tp_rank;
-    p->pp_rank = prefill_pp_rank;
-    p->acked = false;
-    p->refused = KVS_OK;
-    rc = d->fab->ops.connect(d->fab, peer, &p->conn);
-    if (rc != KVS_OK) {
-        /* Not there (yet): the handler keeps trying, as for a peer lost
-         * later; rooms fail at once until it registers. */
-        p->conn = NULL;
-        p->lost = true;
-        p->reconnect_wait_ns = m->cfg.retry_timeout_ns;
-        p->reconnect_ns = kvs__sat_add_u64(kvs__now(d), p->reconnect_wait_ns);
-        return kvs__error_set(&m->err, rc, d->fab->last_backend_code, __FILE__, __LINE__,
-                              "connecting to prefill '%s' failed (%s); kvs_decode_progress "
-                              "keeps trying, or connect again with the right address", peer,
-                              d->fab->last_backend_msg[0] ? d->fab->last_backend_msg
-                                                          : kvs_strerror(rc));
-    }
-    p->lost = false;
-    kvs__register(d, p);
-    return KVS_OK;
-}
-
-int64_t kvs_decode_peers_ready(const kvs_decode_t *d)
-{
-    int64_t n = 0;
-    for (int64_t i = 0; d != NULL && i < d->npeers; i++)
-        n += d->peers[i].acked;
-    return n;
-}
-
-/* ---- requests --------------------------------------------------------------- */
-
-static int kvs__room_reject(kvs_decode_t *d, uint64_t room, int status)
-{
-    kvs_room_result_t res = {.room = room, .status = status, .open_ns = kvs__now(d),
-                             .done_ns = kvs__now(d)};
-    kvs__results_push(&d->results, &res);
-    d->stats.rooms_failed++;
-    return status;
-}
-
-int kvs_decode_room_open(kvs_decode_t *d, uint64_t room, int64_t base_tokens,
-                         int64_t total_tokens, const int64_t *pages, int64_t num_pages)
-{
-    if (d == NULL)
-        return KVS_EINVAL;
-    kvs_manager_t *m = d->m;
-    const int64_t ps = d->lay->page_size;
-    int64_t lost = -1;
-    for (int64_t i = 0; i < d->npeers; i++) {
-        const kvs__dpeer_t *p = &d->peers[i];
-        if (p->lost) {
-            lost = i;
-            continue;
-        }
-        if (p->conn == NULL)
-            return KVS__MFAIL(m, KVS_ESTATE, "connect every prefill writer first "
-                              "(kvs_decode_connect): %lld expected", (long long)d->npeers);
-        if (p->refused != KVS_OK) /* it would never take part: fail now, not never */
-            return KVS__MFAIL(m, p->refused, "room %llu: prefill rank tp %lld pp %lld refused "
-                              "the registration (%s): fix the configuration mismatch and "
-                              "recreate the handler", (unsigned long long)room,
-                              (long long)p->tp_rank, (long long)p->pp_rank,
-                              kvs_strerror(p->refused));
-    }
-    if (base_tokens < 0 || total_tokens < base_tokens || (pages == NULL && num_pages > 0))
-        return KVS__MFAIL(m, KVS_EINVAL, "room %llu: need 0 <= base_tokens <= total_tokens "
-                          "and a page list", (unsigned long long)room);
-    if (base_tokens % ps != 0 || lost >= 0) {
-        const int status = lost >= 0 ? KVS_EPEER : KVS_EPREFIX_ALIGN;
-        if (lost >= 0)
-            KVS__MFAIL(m, KVS_EPEER, "room %llu: prefill rank tp %lld pp %lld is unreachable "
-                       "(its connection died; reconnecting): the request fails now, retry it "
-                       "once kvs_decode_peers_ready() counts every writer again",
-                       (unsigned long long)room, (long long)d->peers[lost].tp_rank,
-                       (long long)d->peers[lost].pp_rank);
-        else
-            KVS__MFAIL(m, KVS_EPREFIX_ALIGN, "room %llu: cached prefix %lld is not a multiple "
-                       "of the page size %lld", (unsigned long long)room,
-                       (long long)base_tokens, (long long)ps);
-        /* The prefill ranks hold this request too: tell them at once. */
-        kvs_msg_t msg = {.type = KVS_MSG_ABORT};
-        msg.u.abort = (kvs_msg_abort_t){.room = room, .status = status};
-        for (int64_t i = 0; i < d->npeers; i++)
-            kvs__send(d, &d->peers[i], &msg);
-        return kvs__room_reject(d, room, status);
-    }
-    const int64_t want_pages = kvs__ceil_div(total_tokens - base_tokens, ps);
-    if (num_pages != want_pages)
-        return KVS__MFAIL(m, KVS_EINVAL, "room %llu: %lld tokens after the prefix need "
-                          "%lld pages, got %lld", (unsigned long long)room,
-                          (long long)(total_tokens - base_tokens), (long long)want_pages,
-                          (long long)num_pages);
-    for (int64_t i = 0; i < num_pages; i++)
-        if (pages[i] < 0 || pages[i] >= m->kv.num_pages)
-            return KVS__MFAIL(m, KVS_ERANGE, "room %llu: page id %lld outside the KV pool "
-                              "of %lld pages", (unsigned long long)room, (long long)pages[i],
-                              (long long)m->kv.num_pages);
-    if (kvs__table_get(&d->rooms, room) != NULL)
-        return KVS__MFAIL(m, KVS_EALREADY, "room %llu is already open",
-                          (unsigned long long)room);
-    const bool staging = d->path == KVS_PATH_STAGING;
-    kvs__droom_t *r = calloc(1, sizeof *r);
-    if (r == NULL)
-        return KVS__MFAIL(m, KVS_ENOMEM, "allocating room %llu failed", (unsigned long long)room);
-    r->id = room;
-    r->base = base_tokens;
-    r->total = total_tokens;
-    r->num_pages = num_pages;
-    r->num_chunks = staging ? kvs_grid_num_chunks(d->lay, num_pages) : 0;
-    r->pages = malloc((size_t)(num_pages > 0 ? num_pages : 1) * sizeof *r->pages);
-    r->chunks = calloc((size_t)(r->num_chunks > 0 ? r->num_chunks : 1), sizeof *r->chunks);
-    r->arrived = calloc((size_t)((r->num_chunks > 0 ? r->num_chunks : 1) * d->words),
-                        sizeof *r->arrived);
-    r->reported = calloc((size_t)d->words, sizeof *r->reported);
-    if (r->pages == NULL || r->chunks == NULL || r->arrived == NULL || r->reported == NULL) {
-        kvs__room_free(r);
-        return KVS__MFAIL(m, KVS_ENOMEM, "allocating room %llu failed", (unsigned long long)room);
-    }
-    if (num_pages > 0)
-        memcpy(r->pages, pages, (size_t)num_pages * sizeof *pages);
-    for (int64_t i = 0; i < r->num_chunks; i++) {
-        kvs_chunk_t ch;
-        int rc = kvs_grid_chunk(d->lay, base_tokens, total_tokens, i, &ch);
-        if (rc != KVS_OK) {
-            kvs__room_free(r);
-            return KVS__MFAIL(m, rc, "room %llu: chunk %lld has no place on the grid",
-                              (unsigned long long)room, (long long)i);
-        }
-        r->chunks[i].tokens = ch.token_end - ch.token_start;
-        r->chunks[i].page_start = ch.page_start;
-        r->chunks[i].num_pages = ch.num_pages;
-        rc = kvs_layout_region_bytes(d->lay, d->rank, m->cfg.pp_rank, r->chunks[i].tokens,
-                                     &r->chunks[i].region_bytes);
-        if (rc != KVS_OK) {
-            kvs__room_free(r);
-            return KVS__MFAIL(m, rc, "room %llu: chunk %lld has no region",
-                              (unsigned long long)room, (long long)i);
-        }
-    }
-    /* Every chunk of every open room may wait for ring space at once. */
-    const int64_t chunks = r->num_chunks;
-    int rc = kvs__dq_reserve(&d->wanted, d->open_chunks + (uint64_t)chunks);
-    if (rc != KVS_OK) {
-        kvs__room_free(r);
-        return KVS__MFAIL(m, rc, "room %llu: no room to queue its %lld chunks",
-                          (unsigned long long)room, (long long)chunks);
-    }
-    rc = kvs__table_put(&d->rooms, room, r);
-    if (rc != KVS_OK) {
-        kvs__room_free(r);
-        return KVS__MFAIL(m, rc, "room table full (%u rooms): raise max_rooms or finish "
-                          "requests first", m->cfg.max_rooms);
-    }
-    d->open_chunks += (uint64_t)r->num_chunks;
-    r->open_ns = kvs__now(d);
-    kvs__touch(d, r);
-    kvs_msg_t msg = {.type = KVS_MSG_ROOM};
-    msg.u.room = (kvs_msg_room_t){.room = room, .base_tokens = base_tokens,
-                                  .total_tokens = total_tokens, .num_pages = num_pages};
-    for (int64_t i = 0; i < d->npeers; i++) {
-        kvs__send(d, &d->peers[i], &msg);
-        for (int64_t first = 0; !staging && first < num_pages; first += KVS_WIRE_PAGES_PER_MSG) {
-            kvs_msg_t pm = {.type = KVS_MSG_PAGES};
-            pm.u.pages.room = room;
-            pm.u.pages.first = first;
-            const int64_t n = num_pages - first;
-            pm.u.pages.count = (uint32_t)(n < KVS_WIRE_PAGES_PER_MSG ? n : KVS_WIRE_PAGES_PER_MSG);
-            memcpy(pm.u.pages.ids, pages + first, pm.u.pages.count * sizeof *pages);
-            kvs__send(d, &d->peers[i], &pm);
-        }
-    }
-    return KVS_OK;
-}
-
-/* ---- message handling ------------------------------------------------------- */
-
-static void kvs__answer(kvs_decode_t *d, kvs__dpeer_t *p, const kvs__droom_t *r, int64_t chunk,
-                        int status)
-{
-    kvs_msg_t msg = {.type = KVS_MSG_STAGING_RSP};
-    msg.u.rsp = (kvs_msg_staging_rsp_t){.room = r->id,
-                                        .chunk = chunk, .status = status};
-    if (status == KVS_OK) {
-        const kvs__dchunk_t *c = &r->chunks[chunk];
-        msg.u.rsp.offset = c->alloc.offset;
-        msg.u.rsp.round = c->alloc.round;
-        msg.u.rsp.end = c->alloc.end;
-    }
-    kvs__send(d, p, &msg);
-}
-
-/* Tries to assign chunk's region; answers every peer when it succeeds. */
-static int kvs__allocate(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
-{
-    kvs__dchunk_t *c = &r->chunks[chunk];
-    /* An empty range is one metadata-only chunk: no region to assign. */
-    int rc = c->region_bytes == 0 ? KVS_OK
-                                  : kvs_ring_assign(d->ring, (uint64_t)c->region_bytes, &c->alloc);
-    if (rc == KVS_ERING_LIVE)
-        return rc;
-    if (rc != KVS_OK) {
-        for (int64_t i = 0; i < d->npeers; i++)
-            kvs__answer(d, &d->peers[i], r, chunk, rc);
-        kvs__room_fail(d, r, rc);
-        return rc;
-    }
-    c->state = KVS__DCH_ALLOCATED;
-    const uint64_t live = kvs_ring_live_bytes(d->ring);
-    if (live > d->stats.ring_peak_bytes)
-        d->stats.ring_peak_bytes = live;
-    for (int64_t i = 0; i < d->npeers; i++)
-        kvs__answer(d, &d->peers[i], r, chunk, KVS_OK);
-    return KVS_OK;
-}
-
-static void kvs__on_staging_req(kvs_decode_t *d, kvs__dpeer_t *p, const kvs_msg_staging_req_t *q)
-{
-    kvs__droom_t *r = kvs__table_get(&d->rooms, q->room);
-    if (r == NULL || d->path != KVS_PATH_STAGING) {
-        d->stats.msgs_rejected++;
-        kvs_msg_t msg = {.type = KVS_MSG_STAGING_RSP};
-        msg.u.rsp = (kvs_msg_staging_rsp_t){.room = q->room,
-                                            .chunk = q->chunk, .status = KVS_ENOENT};
-        kvs__send(d, p, &msg);
-        return;
-    }
-    if (q->chunk < 0 || q->chunk >= r->num_chunks ||
-        q->tokens != r->chunks[q->chunk].tokens || q->pages != r->chunks[q->chunk].num_pages) {
-        d->stats.msgs_rejected++;
-        kvs__room_fail(d, r, KVS_EPROTO);
-        return;
-    }
-    if (r->status != KVS_OK) {
-        kvs__answer(d, p, r, q->chunk, r->status);
-        return;
-    }
-    kvs__touch(d, r);
-    kvs__dchunk_t *c = &r->chunks[q->chunk];
-    if (c->state == KVS__DCH_IDLE) {
-        if (kvs__allocate(d, r, q->chunk) == KVS_ERING_LIVE) {
-            c->state = KVS__DCH_WANTED;
-            if (!kvs__dq_push(&d->wanted, r->id, q->chunk))
-                kvs__room_fail(d, r, KVS_EFULL);
-        }
-    } else if (c->state != KVS__DCH_WANTED) {
-        kvs__answer(d, p, r, q->chunk, KVS_OK); /* a duplicate gets the same answer */
-    }
-}
-
-static void kvs__scatter(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
-{
-    kvs_manager_t *m = d->m;
-    kvs__dchunk_t *c = &r->chunks[chunk];
-    /* This decode stage's layers: its regions' layer slots (spec §4). */
-    int64_t first_layer = 0, layers = 0;
-    (void)kvs_layout_stage_layers(d->lay, KVS_ROLE_DECODE, m->cfg.pp_rank, &first_layer,
-                                  &layers);
-    const kvs_copy_desc_t desc = {
-        .k_base = m->k_base, .v_base = m->v_base, .local_heads = m->kv.local_heads,
-        .head_dim = d->lay->head_dim, .elem_bytes = d->lay->elem_bytes,
-        .page_size = d->lay->page_size, .pages = r->pages + c->page_start,
-        .num_pages = c->num_pages, .tokens = c->tokens,
-        .layer_begin = 0, .layer_count = layers,
-        .staging_slot_begin = 0, .staging_layer_slots = layers};
-    /* One fused scatter of every writer's block, so each token row of the
-     * pool is written once, whole (parts_cap parts at a time). Writers that
-     * replicate a head (prefill TP > heads) are consecutive and wrote the
-     * same bytes: the later one's block replaces the earlier's part, so the
-     * last is scattered, as when each writer's block was scattered in turn. */
-    int rc = KVS_OK;
-    int64_t n = 0;
-    for (int64_t i = 0; i < d->lay->tp_writers && rc == KVS_OK && c->tokens > 0; i++) {
-        kvs_writer_t w;
-        rc = kvs_layout_writer(d->lay, d->rank, m->cfg.pp_rank, i, c->tokens, &w);
-        if (rc != KVS_OK)
-            break;
-        const kvs_copy_part_t part = {
-            .head_start = w.heads.dst_start, .num_heads = w.heads.num_heads,
-            .staging_addr = d->ring_addr + c->alloc.offset + (uint64_t)w.offset_bytes};
-        if (n > 0 && d->parts[n - 1].head_start == part.head_start) {
-            d->parts[n - 1] = part; /* a replica */
-            continue;
-        }
-        if (n == d->parts_cap) {
-            rc = kvs__dev_scatter_parts(d->dev, d->stream, &desc, d->parts, n);
-            n = 0;
-        }
-        if (rc == KVS_OK)
-            d->parts[n++] = part;
-    }
-    if (rc == KVS_OK && n > 0)
-        rc = kvs__dev_scatter_parts(d->dev, d->stream, &desc, d->parts, n);
-    /* The event is recorded even after a refused copy: one refused part-way
-     * may have left its first parts enqueued (the core's default copy runs
-     * one op per part), and the region must stay allocated until they ran. */
-    const int copy_rc = rc;
-    rc = kvs__dev_event_record(d->dev, d->stream, &c->event);
-    if (rc == KVS_OK && !kvs__dq_push(&d->scatters, r->id, chunk))
-        rc = KVS_EFULL;
-    if (rc != KVS_OK || copy_rc != KVS_OK) {
-        const int why = copy_rc != KVS_OK ? copy_rc : rc;
-        kvs__log(&m->log, KVS_LOG_ERROR, "decode %lld: scatter of room %llu chunk %lld "
-                 "failed: %s", (long long)d->rank, (unsigned long long)r->id,
-                 (long long)chunk, kvs_strerror(why));
-        if (rc == KVS_OK) {
-            c->state = KVS__DCH_SCATTERING; /* freed when the event completes */
-        } else {
-            if (c->event != NULL)
-                kvs__dev_event_destroy(d->dev, c->event);
-            c->event = NULL; /* the region stays allocated until every writer reported */
-        }
-        kvs__room_fail(d, r, why);
-        return;
-    }
-    c->state = KVS__DCH_SCATTERING;
-    d->stats.copies++;
-}
-
-static void kvs__on_chunk_ready(kvs_decode_t *d, int64_t peer, const kvs_msg_chunk_ready_t *q)
-{
-    kvs__droom_t *r = kvs__table_get(&d->rooms, q->room);
-    const int64_t first_stage = d->lay->decode_pp == 1 ? 0 : d->m->cfg.pp_rank;
-    /* Range checked before they are combined: a hostile writer or stage
-     * must not overflow the index. */
-    const bool in_range = q->writer >= 0 && q->writer < d->lay->tp_writers &&
-                          q->stage >= first_stage && q->stage < first_stage + d->stages;
-    const int64_t idx = in_range ? q->writer * d->stages + (q->stage - first_stage) : -1;
-    if (r == NULL || q->chunk < 0 || q->chunk >= r->num_chunks || idx != peer ||
-        r->chunks[q->chunk].state != KVS__DCH_ALLOCATED ||
-        q->page_start != r->chunks[q->chunk].page_start ||
-        q->pages != r->chunks[q->chunk].num_pages) {
-        d->stats.msgs_rejected++;
-        return;
-    }
-    kvs__dchunk_t *c = &r->chunks[q->chunk];
-    uint64_t *bits = r->arrived + q->chunk * d->words;
-    if (kvs__bit(bits, peer)) {
-        d->stats.msgs_rejected++; /* duplicate */
-        return;
-    }
-    kvs__bit_set(bits, peer);
-    kvs__touch(d, r);
-    if (++c->arrivals == d->npeers && r->status == KVS_OK) {
-        r->bytes += (uint64_t)c->region_bytes;
-        kvs__scatter(d, r, q->chunk);
-    }
-}
-
-static void kvs__on_report(kvs_decode_t *d, int64_t peer, uint64_t room, int status)
-{
-    kvs__droom_t *r = kvs__table_get(&d->rooms, room);
-    if (r == NULL || kvs__bit(r->reported, peer)) {
-        d->stats.msgs_rejected++;
-        return;
-    }
-    kvs__bit_set(r->reported, peer);
-    r->reports++;
-    kvs__touch(d, r);
-    if (status == KVS_OK)
-        r->reports_ok++;
-    else
-        kvs__room_fail(d, r, status);
-    int64_t first_layer = 0, layers = 0; /* the layers this peer's stage wrote */
-    if (d->path != KVS_PATH_STAGING && status == KVS_OK &&
-        kvs_layout_stage_layers(d->lay, KVS_ROLE_PREFILL, d->peers[peer].pp_rank,
-                                &first_layer, &layers) == KVS_OK)
-        r->bytes += (uint64_t)(r->total - r->base) * (uint64_t)d->m->kv.local_heads *
-                    (uint64_t)d->lay->head_dim * (uint64_t)d->lay->elem_bytes *
-                    (uint64_t)layers * 2 / (uint64_t)d->lay->tp_writers;
-    kvs__room_try_finish(d, r);
-}
-
-/* A prefill tells its failure at once, while writes it posted may still be
- * landing in this room's regions (or KV pages): the room fails now, but the
- * peer has reported only when its STATUS, sent after those writes
- * completed, arrives. Freeing on the ABORT would let them land in memory
- * already handed back (spec §9). */
-static void kvs__on_abort(kvs_decode_t *d, int64_t peer, const kvs_msg_abort_t *a)
-{
-    kvs__droom_t *r = kvs__table_get(&d->rooms, a->room);
-    if (r == NULL || kvs__bit(r->reported, peer)) {
-        d->stats.msgs_rejected++;
-        return;
-    }
-    kvs__room_fail_from(d, r, a->status != KVS_OK ? a->status : KVS_EPEER, peer);
-}
-
-/* Prefill idx will never write into this session's open rooms (it refused
- * the registration, or its connection died): counts its report in every one
- * it has not reported in, each failing with status. */
-static void kvs__peer_reports_failed(kvs_decode_t *d, int64_t idx, int status)
-{
-    for (uint32_t i = 0; i <= d->rooms.mask; i++) {
-        if (d->rooms.state[i] != 1)
-            continue;
-        kvs__droom_t *r = d->rooms.vals[i];
-        if (kvs__bit(r->reported, idx))
-            continue;
-        kvs__bit_set(r->reported, idx);
-        r->reports++;
-        kvs__room_fail(d, r, status);
-        kvs__room_try_finish(d, r); /* deleting leaves a tombstone: the walk goes on */
-    }
-}
-
-static void kvs__on_ack(kvs_decode_t *d, kvs__dpeer_t *p, int64_t idx, uint64_t session,
-                        const kvs_msg_register_ack_t *a)
-{
-    if (a->echo != d->session) {
-        d->stats.msgs_rejected++;
-        return;
-    }
-    if (a->status != KVS_OK) {
-        if (p->acked) { /* contradicts the acceptance we hold: stale or forged */
-            d->stats.msgs_rejected++;
-            return;
-        }
-        p->refused = a->status;
-        /* The prefill sends its fingerprint: name the field that differs. */
-        kvs_fingerprint_t mine;
-        kvs__fingerprint(d->lay, d->path, d->m->cfg.app_tag, &mine);
-        char why[200];
-        if (a->status != KVS_EFINGERPRINT ||
-            kvs__fingerprint_check(&mine, &a->fp, why, sizeof why) == KVS_OK)
-            snprintf(why, sizeof why, "%s", kvs_strerror(a->status));
-        KVS__MFAIL(d->m, a->status, "prefill rank tp %lld pp %lld refused the registration: "
-                   "%s", (long long)p->tp_rank, (long long)p->pp_rank, why);
-        kvs__log(&d->m->log, KVS_LOG_ERROR, "%s", d->m->err.msg);
-        /* It never accepted this session, so it ignores our rooms and never
-         * writes into them: its (failed) report of every open room is in. */
-        kvs__peer_reports_failed(d, idx, a->status);
-        return;
-    }
-    p->acked = true;
-    p->lost = false;
-    p->prefill_session = session;
-    if (d->ring != NULL) {
-        kvs_msg_t msg = {.type = KVS_MSG_WATERMARK};
-        kvs_watermark_t wm = kvs_ring_watermark(d->ring);
-        msg.u.wm = (kvs_msg_watermark_t){.round = wm.round,
-                                         .offset = wm.offset};
-        kvs__send(d, p, &msg);
-    }
-}
-
-static void kvs__on_message(kvs_decode_t *d, const kvs_completion_t *cqe)
-{
-    kvs_msg_t msg;
-    int64_t idx;
-    kvs__dpeer_t *p = kvs__peer_of(d, cqe->conn, &idx);
-    const int got = p != NULL ? kvs__link_recv(&d->links, cqe, &msg) : KVS_EPROTO;
-    if (got < 0)
-        d->stats.msgs_rejected++;
-    if (got <= 0)
-        return; /* rejected, or taken by the link (an ACK, a duplicate) */
-    d->stats.msgs_received++;
-    if (msg.type == KVS_MSG_REGISTER_ACK) {
-        kvs__on_ack(d, p, idx, msg.session, &msg.u.ack);
-        return;
-    }
-    /* Everything else comes from an accepted prefill session. */
-    if (!p->acked || msg.session != p->prefill_session) {
-        d->stats.msgs_rejected++;
-        return;
-    }
-    switch (msg.type) {
-    case KVS_MSG_STAGING_REQ:
-        kvs__on_staging_req(d, p, &msg.u.req);
-        break;
-    case KVS_MSG_CHUNK_READY:
-        kvs__on_chunk_ready(d, idx, &msg.u.ready);
-        break;
-    case KVS_MSG_STATUS:
-        kvs__on_report(d, idx, msg.u.status.room, msg.u.status.status);
-        break;
-    case KVS_MSG_ABORT:
-        kvs__on_abort(d, idx, &msg.u.abort);
-        break;
-    default:
-        d->stats.msgs_rejected++;
-        break;
-    }
-}
-
-/* ---- lost peers --------------------------------------------------------------- */
-
-/* The fabric found p's connection dead: the prefill crashed or restarted.
- * A dead connection carries no more writes, so the peer has reported every
- * open room (failed); every other peer is told. */
-static void kvs__peer_lost(void *ctx, kvs_conn_t *conn)
-{
-    kvs_decode_t *d = ctx;
-    int64_t idx;
-    kvs__dpeer_t *p = kvs__peer_of(d, conn, &idx);
-    if (p == NULL)
-        return;
-    d->fab->ops.disconnect(d->fab, conn);
-    p->conn = NULL;
-    p->acked = false;
-    /* The first loss waits retry_timeout before reconnecting; a reconnect
-     * that dies again waits twice as long, up to the links' longest wait. */
-    const uint64_t cap = d->links.rto_max_ns;
-    p->reconnect_wait_ns = !p->lost ? d->m->cfg.retry_timeout_ns
-                                    : kvs__double_capped(p->reconnect_wait_ns, cap);
-    p->lost = true;
-    p->reconnect_ns = kvs__sat_add_u64(kvs__now(d), p->reconnect_wait_ns);
-    kvs__log(&d->m->log, KVS_LOG_WARN, "decode %lld: prefill %lld/%lld is unreachable (its "
-             "connection died): its rooms fail, reconnecting to '%s'", (long long)d->rank,
-             (long long)p->tp_rank, (long long)p->pp_rank, p->name);
-    kvs__peer_reports_failed(d, idx, KVS_EPEER);
-}
-
-/* Lost peers whose wait is over: connect and register again. */
-static void kvs__reconnect(kvs_decode_t *d)
-{
-    const uint64_t now = kvs__now(d);
-    for (int64_t i = 0; i < d->npeers; i++) {
-        kvs__dpeer_t *p = &d->peers[i];
-        if (!p->lost || p->conn != NULL || now < p->reconnect_ns)
-            continue;
-        if (d->fab->ops.connect(d->fab, p->name, &p->conn) == KVS_OK) {
-            kvs__log(&d->m->log, KVS_LOG_INFO, "decode %lld: reconnected to prefill '%s'",
-                     (long long)d->rank, p->name);
-            kvs__register(d, p);
-            continue;
-        }
-        p->conn = NULL;
-        const uint64_t cap = d->links.rto_max_ns;
-        p->reconnect_wait_ns = kvs__double_capped(p->reconnect_wait_ns, cap);
-        p->reconnect_ns = kvs__sat_add_u64(now, p->reconnect_wait_ns);
-    }
-}
-
-/* ---- progress --------------------------------------------------------------- */
-
-/* Completed scatters in stream order: free their regions. */
-static int kvs__reap_scatters(kvs_decode_t *d)
-{
-    int done = 0;
-    while (d->scatters.count > 0) {
-        kvs__dref_t ref = d->scatters.items[d->scatters.head];
-        kvs__droom_t *r = kvs__table_get(&d->rooms, ref.room);
-        kvs__dchunk_t *c = r != NULL ? &r->chunks[ref.chunk] : NULL;
-        if (c != NULL && c->state == KVS__DCH_SCATTERING) {
-            int rc = kvs__dev_event_query(d->dev, c->event);
-            if (rc == KVS_EAGAIN)
-                break;
-            kvs__dev_event_destroy(d->dev, c->event);
-            c->event = NULL;
-            c->state = KVS__DCH_DONE;
-            kvs__release_region(d, c);
-            kvs__touch(d, r);
-            if (rc == KVS_OK)
-                r->scattered++;
-            else
-                kvs__room_fail(d, r, rc);
-            kvs__room_try_finish(d, r);
-        }
-        kvs__dq_pop(&d->scatters);
-        done++;
-    }
-    return done;
-}
-
-/* Chunks that waited for ring space, in arrival order. */
-static void kvs__retry_wanted(kvs_decode_t *d)
-{
-    while (d->wanted.count > 0) {
-        kvs__dref_t ref = d->wanted.items[d->wanted.head];
-        kvs__droom_t *r = kvs__table_get(&d->rooms, ref.room);
-        if (r != NULL && r->chunks[ref.chunk].state == KVS__DCH_WANTED) {
-            if (r->status != KVS_OK)
-                r->chunks[ref.chunk].state = KVS__DCH_IDLE;
-            else if (kvs__allocate(d, r, ref.chunk) == KVS_ERING_LIVE)
-                break;
-        }
-        kvs__dq_pop(&d->wanted);
-    }
-}
-
-/* Rooms past their stall deadline (spec §9: no request waits forever). The
- * first expiry fails the room with KVS_ETIMEDOUT and tells every peer; the
- * second, one more timeout later, stops waiting for the reports of peers
- * that stayed silent (dead, or cut off) and releases the room. */
-static void kvs__expire(kvs_decode_t *d)
-{
-    const uint64_t now = kvs__now(d), timeout = d->m->cfg.stall_timeout_ns;
-    if (now < d->next_check_ns)
-        return;
-    uint64_t next = UINT64_MAX;
-    for (uint32_t i = 0; i <= d->rooms.mask; i++) {
-        if (d->rooms.state[i] != 1)
-            continue;
-        kvs__droom_t *r = d->rooms.vals[i];
-        if (now >= kvs__sat_add_u64(r->last_ns, timeout)) {
-            if (r->status == KVS_OK) {
-                kvs__room_fail(d, r, KVS_ETIMEDOUT);
-            } else {
-                for (int64_t p = 0; p < d->npeers; p++)
-                    if (!kvs__bit(r->reported, p)) {
-                        kvs__bit_set(r->reported, p);
-                        r->reports++;
-                    }
-                if (kvs__room_try_finish(d, r))
-                    continue; /* gone; deleting leaves a tombstone */
-            }
-            r->last_ns = now;
-        }
-        if (kvs__sat_add_u64(r->last_ns, timeout) < next)
-            next = kvs__sat_add_u64(r->last_ns, timeout);
-    }
-    d->next_check_ns = next;
-}
-
 int kvs_decode_progress(kvs_decode_t *d)
 {
-    if (d == NULL)
-        return KVS_EINVAL;
-    int work = 0;
-    for (;;) {
-        int n = d->fab->ops.poll(d->fab, d->cq, KVS__POLL_BATCH);
-        if (n < 0)
-            return KVS__MFAIL(d->m, n, "polling fabric '%s' failed: %s", d->fab->name,
-                              d->fab->last_backend_msg[0] ? d->fab->last_backend_msg
-                                                          : kvs_strerror(n));
-        for (int i = 0; i < n; i++) {
-            if (d->cq[i].kind == KVS_COMPLETION_RECV)
-                kvs__on_message(d, &d->cq[i]);
-            else if (d->cq[i].kind == KVS_COMPLETION_DISCONNECT)
-                kvs__link_kill(&d->links, d->cq[i].conn);
-        }
-        work += n;
-        if (n < KVS__POLL_BATCH)
-            break;
-    }
-    if (d->stream != NULL && kvs__reap_scatters(d) > 0)
-        work++;
-    if (d->ring != NULL)
-        kvs__retry_wanted(d);
-    kvs__expire(d);
-    kvs__links_tick(&d->links, kvs__now(d), kvs__peer_lost, d);
-    kvs__reconnect(d);
-    return work;
+    return d != NULL ? kvs__handler_progress(&d->h) : KVS_EINVAL;
 }
 
 int kvs_decode_poll_rooms(kvs_decode_t *d, kvs_room_result_t *out, int max)
 {
-    if (d == NULL || out == NULL || max < 0)
-        return KVS_EINVAL;
-    return kvs__results_pop(&d->results, out, max);
+    return d != NULL ? kvs__handler_poll_rooms(&d->h, out, max) : KVS_EINVAL;
 }
 
 uint64_t kvs_decode_next_deadline_ns(const kvs_decode_t *d)
 {
-    if (d == NULL)
-        return UINT64_MAX;
-    uint64_t t = d->rooms.count > 0 ? d->next_check_ns : UINT64_MAX;
-    const uint64_t links = kvs__links_deadline(&d->links);
-    if (links < t)
-        t = links;
-    for (int64_t i = 0; i < d->npeers; i++)
-        if (d->peers[i].lost && d->peers[i].conn == NULL && d->peers[i].reconnect_ns < t)
-            t = d->peers[i].reconnect_ns;
-    return t;
+    return d != NULL ? kvs__handler_deadline(&d->h) : UINT64_MAX;
 }
 
 void kvs_decode_stats(const kvs_decode_t *d, kvs_handler_stats_t *out)
 {
     if (d != NULL && out != NULL)
-        *out = d->stats;
+        *out = d->h.stats;
 }
 
-kvs__links_t *kvs__decode_links(kvs_decode_t *d) { return &d->links; }
+kvs__links_t *kvs__decode_links(kvs_decode_t *d) { return &d->h.links; }
 
-uint64_t kvs__decode_stall_ns(const kvs_decode_t *d)
-{
-    return d->rooms.count > 0 ? d->next_check_ns : UINT64_MAX;
-}
+uint64_t kvs__decode_stall_ns(const kvs_decode_t *d) { return kvs__handler_stall_ns(&d->h); }

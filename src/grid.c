@@ -5,9 +5,11 @@
  * sends are floored to the grid so chunk ids are stable even when a
  * prefix-cache hit makes the first send larger than G.
  *
- * Pure functions over a validated kvs_layout_t.
+ * Pure functions over a validated kvs_layout_t; kvs__chunk_plan (chunk.h)
+ * adds the chunk's region size, for the handlers.
  */
 #include "arith.h"
+#include "chunk.h"
 #include "error.h"
 
 #include <kvstage/kvstage.h>
@@ -57,4 +59,20 @@ int kvs_grid_chunk(const kvs_layout_t *lay, int64_t base, int64_t total_end,
     out->token_start = base + index * g;
     out->token_end = total_end - out->token_start > g ? out->token_start + g : total_end;
     return KVS_OK;
+}
+
+int kvs__chunk_plan(const kvs_layout_t *lay, int64_t decode_tp, int64_t decode_stage,
+                    int64_t base, int64_t total, int64_t index, kvs__chunk_plan_t *out)
+{
+    kvs_chunk_t ch;
+    int rc = kvs_grid_chunk(lay, base, total, index, &ch);
+    if (rc != KVS_OK)
+        return rc;
+    out->tokens = ch.token_end - ch.token_start;
+    out->token_start = ch.token_start;
+    out->token_end = ch.token_end;
+    out->page_start = ch.page_start;
+    out->num_pages = ch.num_pages;
+    return kvs_layout_region_bytes(lay, decode_tp, decode_stage, out->tokens,
+                                   &out->region_bytes);
 }

@@ -53,9 +53,11 @@ void kvs__links_fini(kvs__links_t *ls)
     ls->v = NULL;
 }
 
+/* conn's link (a free slot for conn NULL; none past the slots in use
+ * means the first free one is at hi). */
 static kvs__link_t *kvs__link_find(const kvs__links_t *ls, const kvs_conn_t *conn)
 {
-    for (uint32_t i = 0; i < ls->cap; i++)
+    for (uint32_t i = 0; i < ls->hi; i++)
         if (ls->v[i].conn == conn)
             return &ls->v[i];
     return NULL;
@@ -68,6 +70,8 @@ static kvs__link_t *kvs__link_get(kvs__links_t *ls, kvs_conn_t *conn)
     if (l != NULL)
         return l;
     l = kvs__link_find(ls, NULL);
+    if (l == NULL && ls->hi < ls->cap)
+        l = &ls->v[ls->hi++]; /* slots are taken lowest first */
     if (l == NULL)
         return NULL;
     *l = (kvs__link_t){.conn = conn, .next_seq = 1, .expected = 1, .rto_ns = ls->rto_min_ns};
@@ -265,9 +269,9 @@ static void kvs__link_resend(kvs__links_t *ls, kvs__link_t *l, uint64_t now_ns)
 }
 
 void kvs__links_tick(kvs__links_t *ls, uint64_t now_ns,
-                     void (*on_dead)(void *ctx, kvs_conn_t *conn), void *ctx)
+                     void (*on_dead)(void *ctx, kvs_conn_t *conn, void *owner), void *ctx)
 {
-    for (uint32_t i = 0; i < ls->cap; i++) {
+    for (uint32_t i = 0; i < ls->hi; i++) {
         kvs__link_t *l = &ls->v[i];
         if (l->conn == NULL)
             continue;
@@ -293,11 +297,12 @@ void kvs__links_tick(kvs__links_t *ls, uint64_t now_ns,
             kvs__link_resend(ls, l, now_ns);
         if (l->dead) {
             kvs_conn_t *conn = l->conn;
+            void *owner = l->owner;
             kvs__link_clear(l);
             if (ls->stats != NULL)
                 ls->stats->peers_lost++;
             if (on_dead != NULL)
-                on_dead(ctx, conn);
+                on_dead(ctx, conn, owner);
         }
     }
 }
@@ -305,7 +310,7 @@ void kvs__links_tick(kvs__links_t *ls, uint64_t now_ns,
 uint64_t kvs__links_deadline(const kvs__links_t *ls)
 {
     uint64_t t = UINT64_MAX;
-    for (uint32_t i = 0; i < ls->cap; i++) {
+    for (uint32_t i = 0; i < ls->hi; i++) {
         const kvs__link_t *l = &ls->v[i];
         if (l->conn != NULL && (l->dead || (l->ack_due && !l->ack_refused)))
             return 0; /* owed now: the next tick does it (a refused post
@@ -321,6 +326,21 @@ void kvs__link_kill(kvs__links_t *ls, kvs_conn_t *conn)
     kvs__link_t *l = kvs__link_get(ls, conn);
     if (l != NULL)
         l->dead = true;
+}
+
+int kvs__link_bind(kvs__links_t *ls, kvs_conn_t *conn, void *owner)
+{
+    kvs__link_t *l = kvs__link_get(ls, conn);
+    if (l == NULL)
+        return KVS_EFULL;
+    l->owner = owner;
+    return KVS_OK;
+}
+
+void *kvs__link_owner(const kvs__links_t *ls, const kvs_conn_t *conn)
+{
+    const kvs__link_t *l = conn != NULL ? kvs__link_find(ls, conn) : NULL;
+    return l != NULL ? l->owner : NULL;
 }
 
 void kvs__link_forget(kvs__links_t *ls, const kvs_conn_t *conn)

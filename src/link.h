@@ -43,6 +43,7 @@
 
 typedef struct kvs__link {
     kvs_conn_t *conn;          /* NULL: a free slot */
+    void *owner;               /* the handler's peer on this connection, or NULL */
     bool dead;                 /* the fabric reported the connection dead */
     bool ack_due;              /* an ACK is owed to the peer */
     bool ack_refused;          /* ... and the fabric refused its post for now */
@@ -63,6 +64,9 @@ typedef struct kvs__links {
     kvs_fabric_t *fab;
     kvs__link_t *v;
     uint32_t cap;
+    uint32_t hi;               /* slots [hi, cap) were never used: lookups and
+                                  ticks stop there, so their cost follows the
+                                  connections made, not the bound */
     uint64_t rto_min_ns, rto_max_ns, give_up_ns;
     uint64_t session;          /* the owner's session: every message sent
                                   carries it in its header */
@@ -89,9 +93,16 @@ int kvs__link_send(kvs__links_t *ls, kvs_conn_t *conn, const kvs_msg_t *msg);
 int kvs__link_recv(kvs__links_t *ls, const kvs_completion_t *cqe, kvs_msg_t *msg);
 
 /* Sends the ACKs owed and the queues whose timeout passed. Each connection
- * found dead on the way is passed to on_dead (once) and its link freed. */
+ * found dead on the way is passed to on_dead (once) with its owner, and its
+ * link freed. */
 void kvs__links_tick(kvs__links_t *ls, uint64_t now_ns,
-                     void (*on_dead)(void *ctx, kvs_conn_t *conn), void *ctx);
+                     void (*on_dead)(void *ctx, kvs_conn_t *conn, void *owner), void *ctx);
+
+/* Names owner as conn's (making its link if there is none yet): what
+ * arrives on conn is owner's. KVS_EFULL when no link slot is free. */
+int kvs__link_bind(kvs__links_t *ls, kvs_conn_t *conn, void *owner);
+/* The owner conn's link was bound to, NULL when none. */
+void *kvs__link_owner(const kvs__links_t *ls, const kvs_conn_t *conn);
 
 /* The earliest retransmission due, UINT64_MAX if none. */
 uint64_t kvs__links_deadline(const kvs__links_t *ls);

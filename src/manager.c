@@ -42,6 +42,10 @@ static int kvs__check_config(const kvs_manager_config_t *c, const kvs_fabric_t *
         return KVS__FAIL(err, KVS_EINVAL, "peer_tp_size, peer_pp_size, context_parallel, "
                          "total_heads, heads_per_rank and model_layers must be >= 0 "
                          "(0 = default/unknown)");
+    if (c->dp_rank < 0)
+        return KVS__FAIL(err, KVS_EINVAL, "dp_rank %lld must be >= 0: the attention group "
+                         "of this rank in its instance (0 without DP attention)",
+                         (long long)c->dp_rank);
     /* This rank's pool holds its stage's share of the model (spec §4). */
     int64_t first_layer = 0, stage_layers = 0;
     if (c->model_layers == 0) /* create's default, layers * pp_size, overflowed */
@@ -103,8 +107,8 @@ int kvs_manager_create(const kvs_manager_config_t *cfg, kvs_device_t *dev,
         return KVS__FAIL(err, KVS_EINVAL, "config, device and fabric are required: "
                          "bind a backend with kvs_device_init/kvs_fabric_init first");
     kvs_manager_config_t c = *cfg;
-    if (c.peer_tp_size == 0)
-        c.peer_tp_size = c.tp_size;
+    /* peer_tp_size stays 0 when not given: the prefill then learns the
+     * default decode instance's TP at its registration. */
     if (c.peer_pp_size == 0)
         c.peer_pp_size = 1;
     if (c.context_parallel == 0)
@@ -119,6 +123,10 @@ int kvs_manager_create(const kvs_manager_config_t *cfg, kvs_device_t *dev,
         c.max_rooms = 1024;
     if (c.max_inflight_writes == 0)
         c.max_inflight_writes = 1024;
+    if (c.max_instances == 0)
+        c.max_instances = 64;
+    if (c.max_peers == 0)
+        c.max_peers = 256;
     if (c.stall_timeout_ns == 0)
         c.stall_timeout_ns = KVS_DEFAULT_STALL_TIMEOUT_NS;
     if (c.retry_timeout_ns == 0)
@@ -413,7 +421,8 @@ const kvs_layout_t *kvs_manager_layout(const kvs_manager_t *m)
     return m != NULL && m->handler != NULL ? &m->layout : NULL;
 }
 
-kvs_layout_params_t kvs__manager_layout_params(const kvs_manager_t *m)
+kvs_layout_params_t kvs__manager_layout_params(const kvs_manager_t *m, int64_t peer_tp,
+                                               int64_t peer_pp)
 {
     const kvs_manager_config_t *c = &m->cfg;
     const bool decode = c->role == KVS_ROLE_DECODE;
@@ -425,13 +434,56 @@ kvs_layout_params_t kvs__manager_layout_params(const kvs_manager_t *m)
         .dtype = c->dtype,
         .layers = c->model_layers,
         .page_size = c->page_size,
-        .prefill_tp = decode ? c->peer_tp_size : c->tp_size,
-        .decode_tp = decode ? c->tp_size : c->peer_tp_size,
-        .prefill_pp = decode ? c->peer_pp_size : c->pp_size,
-        .decode_pp = decode ? c->pp_size : c->peer_pp_size,
+        .prefill_tp = decode ? peer_tp : c->tp_size,
+        .decode_tp = decode ? c->tp_size : peer_tp,
+        .prefill_pp = decode ? peer_pp : c->pp_size,
+        .decode_pp = decode ? c->pp_size : peer_pp,
         .chunk_tokens = c->chunk_tokens,
     };
     return p;
+}
+
+int kvs__manager_pair(kvs_manager_t *m, int64_t peer_tp, int64_t peer_pp, kvs_layout_t *lay,
+                      kvs_path_t *path)
+{
+    const bool decode = m->cfg.role == KVS_ROLE_DECODE;
+    if (peer_tp <= 0 || peer_pp <= 0)
+        return KVS__MFAIL(m, KVS_EINVAL, "the %s instance's TP and PP sizes must be > 0 (got "
+                          "%lld, %lld)", decode ? "prefill" : "decode", (long long)peer_tp,
+                          (long long)peer_pp);
+    kvs_layout_params_t p = kvs__manager_layout_params(m, peer_tp, peer_pp);
+    int rc = kvs_layout_init(lay, &p, &m->err);
+    if (rc != KVS_OK)
+        return rc;
+    const int64_t heads = decode ? lay->dst_heads : lay->src_heads;
+    if (m->kv.local_heads != heads)
+        return KVS__MFAIL(m, KVS_EHEAD_SPLIT, "kv buffers hold %lld heads but %lld total "
+                          "heads over TP %lld give %lld per rank: fix total_heads or "
+                          "the published buffers", (long long)m->kv.local_heads,
+                          (long long)lay->total_heads, (long long)m->cfg.tp_size,
+                          (long long)heads);
+    kvs_path_t want = m->cfg.path;
+    if (want == KVS_PATH_AUTO)
+        want = lay->prefill_tp == lay->decode_tp ? KVS_PATH_DIRECT
+               : m->cfg.staging                  ? KVS_PATH_STAGING
+                                                 : KVS_PATH_SLICE;
+    if (want == KVS_PATH_STAGING && !m->cfg.staging)
+        return KVS__MFAIL(m, KVS_EINVAL, "path staging needs staging on: set "
+                          "config.staging or pick the slice path");
+    if (want == KVS_PATH_DIRECT && lay->prefill_tp != lay->decode_tp)
+        return KVS__MFAIL(m, KVS_EINVAL, "the direct path needs equal TP (prefill %lld, "
+                          "decode %lld): use staging or slice", (long long)lay->prefill_tp,
+                          (long long)lay->decode_tp);
+    if (want != KVS_PATH_STAGING && want != KVS_PATH_DIRECT && want != KVS_PATH_SLICE)
+        return KVS__MFAIL(m, KVS_EINVAL, "path %d unknown: use auto, staging, direct or "
+                          "slice", (int)want);
+    if (want == KVS_PATH_STAGING && lay->prefill_pp > 1 &&
+        !kvs__net_has(m->fab, KVS_FABRIC_CAP_PER_LAYER_WRITES))
+        return KVS__MFAIL(m, KVS_EPP_WRITES, "prefill PP %lld needs per-layer writes "
+                          "and fabric '%s' cannot do them: use prefill PP 1 or another "
+                          "fabric", (long long)lay->prefill_pp, m->fab->name);
+    *path = want;
+    return KVS_OK;
 }
 
 int kvs__manager_handler_check(kvs_manager_t *m, kvs_role_t role, kvs_layout_t *lay,
@@ -463,34 +515,10 @@ int kvs__manager_handler_check(kvs_manager_t *m, kvs_role_t role, kvs_layout_t *
         return KVS__MFAIL(m, KVS_ESTATE, "kv buffers are not published: call "
                           "kvs_manager_set_kv_buffers (set_kv_buffer_tensors) first");
     }
-    kvs_layout_params_t p = kvs__manager_layout_params(m);
-    int rc = kvs_layout_init(lay, &p, &m->err);
-    if (rc != KVS_OK)
-        return rc;
-    const int64_t heads = decode ? lay->dst_heads : lay->src_heads;
-    if (m->kv.local_heads != heads)
-        return KVS__MFAIL(m, KVS_EHEAD_SPLIT, "kv buffers hold %lld heads but %lld total "
-                          "heads over TP %lld give %lld per rank: fix total_heads or "
-                          "the published buffers", (long long)m->kv.local_heads,
-                          (long long)lay->total_heads, (long long)m->cfg.tp_size,
-                          (long long)heads);
-    kvs_path_t want = m->cfg.path;
-    if (want == KVS_PATH_AUTO)
-        want = lay->prefill_tp == lay->decode_tp ? KVS_PATH_DIRECT
-               : m->cfg.staging                  ? KVS_PATH_STAGING
-                                                 : KVS_PATH_SLICE;
-    if (want == KVS_PATH_STAGING && !m->cfg.staging)
-        return KVS__MFAIL(m, KVS_EINVAL, "path staging needs staging on: set "
-                          "config.staging or pick the slice path");
-    if (want == KVS_PATH_DIRECT && lay->prefill_tp != lay->decode_tp)
-        return KVS__MFAIL(m, KVS_EINVAL, "the direct path needs equal TP (prefill %lld, "
-                          "decode %lld): use staging or slice", (long long)lay->prefill_tp,
-                          (long long)lay->decode_tp);
-    if (want != KVS_PATH_STAGING && want != KVS_PATH_DIRECT && want != KVS_PATH_SLICE)
-        return KVS__MFAIL(m, KVS_EINVAL, "path %d unknown: use auto, staging, direct or "
-                          "slice", (int)want);
-    *path = want;
-    return KVS_OK;
+    /* The default peer instance's pair: a handler exists only if this rank's
+     * own geometry pairs with it (the decode's default is its own TP). */
+    return kvs__manager_pair(m, m->cfg.peer_tp_size > 0 ? m->cfg.peer_tp_size : m->cfg.tp_size,
+                             m->cfg.peer_pp_size, lay, path);
 }
 
 void *kvs__manager_handler_new(kvs_manager_t *m, kvs_role_t role, size_t bytes, int *rc)

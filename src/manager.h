@@ -40,8 +40,14 @@ struct kvs_manager {
     void *handler;             /* the live decode or prefill handler, if any */
 };
 
-/* The layout params this manager's config describes (this side plus peer). */
-kvs_layout_params_t kvs__manager_layout_params(const kvs_manager_t *m);
+/* The layout params of the pair of this rank with a peer instance of TP
+ * peer_tp and PP peer_pp. */
+kvs_layout_params_t kvs__manager_layout_params(const kvs_manager_t *m, int64_t peer_tp,
+                                               int64_t peer_pp);
+/* The layout and path of that pair, checked against this rank (its heads,
+ * the path setting). On error m->err names what to change. */
+int kvs__manager_pair(kvs_manager_t *m, int64_t peer_tp, int64_t peer_pp, kvs_layout_t *lay,
+                      kvs_path_t *path);
 
 /* The guards every handler creation runs (spec §8): role, one handler per
  * manager, staging memory initialised and registered, KV buffers published,

@@ -68,6 +68,7 @@ typedef struct kvs_layer_entry {
     F(u64, instance)      /* the decode's instance (spec §12) */               \
     F(i64, dp_rank)       /* ... and its attention group in it */              \
     F(u64, peer_instance) /* the prefill instance it means to register with */ \
+    F(i64, peer_dp_rank)  /* ... and that instance's attention group */       \
     F(fp, fp)                                                                   \
     F(u64, ring_addr) F(u64, ring_bytes) F(u64, ring_rkey) /* 0: staging off */ \
     F(i64, local_heads) F(i64, num_pages)                                       \

@@ -44,7 +44,8 @@
 #include "wire.h"
 
 #define EDGE_SEED 0x6564676573ull   /* "edges" */
-#define EDGE_MAX_NODES 4
+#define EDGE_MAX_NODES 12
+#define EDGE_MAX_INSTANCES 4      /* prefill instances (spec §12) */
 #define EDGE_MAX_LAYERS 4
 #define EDGE_MAX_RESULTS 64
 #define EDGE_ROOM_SLOT_PAGES 24      /* page ids reserved per room slot */
@@ -67,6 +68,7 @@ typedef struct edge_cluster edge_cluster_t;
 typedef struct edge_node {
     edge_cluster_t *cl;
     kvs_role_t role;
+    int inst;                        /* prefill: its instance (id), 0 for the first */
     int64_t tp;
     char name[16];
     sim_gpu_t *gpu;
@@ -79,6 +81,7 @@ typedef struct edge_node {
     uint8_t *pool_host;
     uint64_t k_base[EDGE_MAX_LAYERS], v_base[EDGE_MAX_LAYERS];
     bool wake_pending;
+    bool crashed;                    /* edge_crash took it down */
     uint64_t timer_ns;               /* progress already scheduled then for a room's
                                         stall deadline (0: none) */
     uint64_t link_timer_ns;          /* ... for a link's retransmission (0: none) */
@@ -111,6 +114,11 @@ typedef struct edge_opts {
     uint32_t odd_app_tag;            /* their kvs_manager_config_t.app_tag (others 0) */
     sim_net_config_t net;
     sim_gpu_config_t gpu;            /* of every rank; hbm_bytes 0 -> 64 MiB */
+    /* More prefill instances (spec §12): instance i > 0 of TP inst_tp[i]
+     * (its ranks named i<i>p<tp>) that the decode ranks declare with
+     * kvs_decode_add_instance; instance 0 is the default, of prefill_tp. */
+    int instances;                   /* 0 -> 1 */
+    int64_t inst_tp[EDGE_MAX_INSTANCES];
 } edge_opts_t;
 
 /* Called after a node polled results (the node that got them, the new ones). */
@@ -131,8 +139,10 @@ struct edge_cluster {
     int nxseq;
     sim_engine_t *eng;
     sim_net_t *net;
-    edge_node_t nodes[EDGE_MAX_NODES]; /* prefill ranks, then decode ranks */
-    int nprefill, ndecode;
+    edge_node_t nodes[EDGE_MAX_NODES]; /* prefill ranks of instance 0, then decode
+                                          ranks, then the other instances' ranks */
+    int nprefill, ndecode;           /* instance 0's prefill ranks; decode ranks */
+    int nextra;                      /* ranks of the other prefill instances */
     edge_result_fn on_result;
     void *on_result_ctx;
 };
@@ -159,7 +169,28 @@ static edge_opts_t edge_defaults(void)
 
 static edge_node_t *edge_prefill(edge_cluster_t *cl, int i) { return &cl->nodes[i]; }
 static edge_node_t *edge_decode(edge_cluster_t *cl, int i) { return &cl->nodes[cl->nprefill + i]; }
-static int edge_nnodes(const edge_cluster_t *cl) { return cl->nprefill + cl->ndecode; }
+static int edge_nnodes(const edge_cluster_t *cl)
+{
+    return cl->nprefill + cl->ndecode + cl->nextra;
+}
+
+/* Prefill rank tp of instance inst. */
+static edge_node_t *edge_inst_node(edge_cluster_t *cl, int inst, int64_t tp)
+{
+    if (inst == 0)
+        return edge_prefill(cl, (int)tp);
+    for (int i = cl->nprefill + cl->ndecode; i < edge_nnodes(cl); i++)
+        if (cl->nodes[i].inst == inst && cl->nodes[i].tp == tp)
+            return &cl->nodes[i];
+    EDGE_FAIL("no prefill rank %lld in instance %d", (long long)tp, inst);
+    return NULL;
+}
+
+/* The TP of prefill instance inst. */
+static int64_t edge_inst_tp(const edge_cluster_t *cl, int inst)
+{
+    return inst == 0 ? cl->o.prefill_tp : cl->o.inst_tp[inst];
+}
 
 static void edge_log(void *user, kvs_log_level_t level, const char *msg)
 {
@@ -182,6 +213,8 @@ static void edge_progress(sim_engine_t *eng, void *ctx, uint64_t arg)
     (void)eng;
     (void)arg;
     n->wake_pending = false;
+    if (n->crashed)
+        return; /* woken before it went down */
     int rc = n->dec != NULL ? kvs_decode_progress(n->dec) : kvs_prefill_progress(n->pre);
     if (rc < 0 && n->progress_rc == KVS_OK)
         n->progress_rc = rc;
@@ -308,20 +341,24 @@ static void edge_run_past_timeouts(edge_cluster_t *cl)
 
 static int edge_node_manager(edge_cluster_t *cl, edge_node_t *n, uint64_t session);
 
-static int edge_node_setup(edge_cluster_t *cl, edge_node_t *n, kvs_role_t role, int64_t tp,
-                           uint32_t gpu_id)
+static int edge_node_setup(edge_cluster_t *cl, edge_node_t *n, kvs_role_t role, int inst,
+                           int64_t tp, uint32_t gpu_id)
 {
     const edge_opts_t *o = &cl->o;
     const bool decode = role == KVS_ROLE_DECODE;
-    const bool odd = !decode && (tp == o->odd_rank || o->odd_rank == -2);
+    const bool odd = !decode && inst == 0 && (tp == o->odd_rank || o->odd_rank == -2);
     n->cl = cl;
     n->role = role;
+    n->inst = inst;
     n->tp = tp;
-    snprintf(n->name, sizeof n->name, "%c%lld", decode ? 'd' : 'p', (long long)tp);
+    if (inst > 0)
+        snprintf(n->name, sizeof n->name, "i%dp%lld", inst, (long long)tp);
+    else
+        snprintf(n->name, sizeof n->name, "%c%lld", decode ? 'd' : 'p', (long long)tp);
     n->page_size = odd && o->odd_page_size > 0 ? o->odd_page_size : o->page_size;
     const kvs_dtype_t dtype = odd && o->odd_dtype_set ? o->odd_dtype : o->dtype;
     n->elem_bytes = kvs_dtype_bytes(dtype);
-    const int64_t tp_size = decode ? o->decode_tp : o->prefill_tp;
+    const int64_t tp_size = decode ? o->decode_tp : edge_inst_tp(cl, inst);
     n->heads = o->heads >= tp_size ? o->heads / tp_size : 1;
     n->layers = odd && o->odd_pp > 0 ? o->layers / o->odd_pp : o->layers;
     assert_true(n->layers <= EDGE_MAX_LAYERS);
@@ -353,7 +390,7 @@ static int edge_node_setup(edge_cluster_t *cl, edge_node_t *n, kvs_role_t role, 
     }
 
     return edge_node_manager(cl, n, (decode ? EDGE_DECODE_SESSION : EDGE_PREFILL_SESSION) +
-                                        (uint64_t)tp);
+                                        0x10u * (uint64_t)inst + (uint64_t)tp);
 }
 
 /* The manager (and handler) of a node, in the init order of spec §8. */
@@ -361,9 +398,9 @@ static int edge_node_manager(edge_cluster_t *cl, edge_node_t *n, uint64_t sessio
 {
     const edge_opts_t *o = &cl->o;
     const bool decode = n->role == KVS_ROLE_DECODE;
-    const bool odd = !decode && (n->tp == o->odd_rank || o->odd_rank == -2);
+    const bool odd = !decode && n->inst == 0 && (n->tp == o->odd_rank || o->odd_rank == -2);
     const kvs_dtype_t dtype = odd && o->odd_dtype_set ? o->odd_dtype : o->dtype;
-    const int64_t tp = n->tp, tp_size = decode ? o->decode_tp : o->prefill_tp;
+    const int64_t tp = n->tp, tp_size = decode ? o->decode_tp : edge_inst_tp(cl, n->inst);
     const kvs_role_t role = n->role;
     const bool staging = o->staging && !(odd && o->odd_slice);
     kvs_manager_config_t mc = {
@@ -378,6 +415,7 @@ static int edge_node_manager(edge_cluster_t *cl, edge_node_t *n, uint64_t sessio
         .path = odd && o->odd_slice ? KVS_PATH_SLICE : o->path, .max_rooms = o->max_rooms,
         .max_inflight_writes = o->max_inflight_writes,
         .session_id = session, .app_tag = odd ? o->odd_app_tag : 0,
+        .instance_id = decode ? 0 : (uint64_t)n->inst,
         .log = {.fn = edge_log,
                 .user = n,
                 .level = getenv("EDGE_LOG") != NULL ? KVS_LOG_DEBUG : KVS_LOG_WARN}};
@@ -417,6 +455,21 @@ static void edge_connect(edge_cluster_t *cl, int d)
         if (rc != KVS_OK)
             EDGE_FAIL("%s: connect %s: %s", n->name, peer, kvs_manager_last_error(n->m)->msg);
     }
+    for (int inst = 1; inst < cl->o.instances; inst++) {
+        char names[16][16];
+        const char *addrs[16];
+        const int64_t tp = edge_inst_tp(cl, inst);
+        for (int64_t t = 0; t < tp; t++) {
+            snprintf(names[t], sizeof names[t], "i%dp%lld", inst, (long long)t);
+            addrs[t] = names[t];
+        }
+        const kvs_instance_desc_t desc = {.id = (uint64_t)inst, .tp_size = tp, .addrs = addrs};
+        int rc = kvs_decode_add_instance(n->dec, &desc);
+        if (rc == KVS_OK)
+            rc = kvs_decode_connect_peer(n->dec, (kvs_peer_t){(uint64_t)inst, 0});
+        if (rc != KVS_OK)
+            EDGE_FAIL("%s: instance %d: %s", n->name, inst, kvs_manager_last_error(n->m)->msg);
+    }
     edge_wake(n);
 }
 
@@ -427,13 +480,25 @@ static edge_cluster_t *edge_create(const edge_opts_t *o)
     cl->o = *o;
     cl->nprefill = (int)o->prefill_tp;
     cl->ndecode = (int)o->decode_tp;
+    assert_true(o->instances <= EDGE_MAX_INSTANCES);
+    for (int inst = 1; inst < o->instances; inst++)
+        cl->nextra += (int)o->inst_tp[inst];
     assert_true(edge_nnodes(cl) <= EDGE_MAX_NODES);
     assert_int_equal(sim_engine_create(EDGE_SEED, 256, &cl->eng), KVS_OK);
     assert_int_equal(sim_net_create(cl->eng, &o->net, &cl->net), KVS_OK);
-    for (int i = 0; i < edge_nnodes(cl); i++) {
-        const bool decode = i >= cl->nprefill;
-        int rc = edge_node_setup(cl, &cl->nodes[i], decode ? KVS_ROLE_DECODE : KVS_ROLE_PREFILL,
-                                 decode ? i - cl->nprefill : i, (uint32_t)i);
+    for (int i = 0, inst = 1, tp = 0; i < edge_nnodes(cl); i++) {
+        const bool decode = i >= cl->nprefill && i < cl->nprefill + cl->ndecode;
+        int rc;
+        if (i < cl->nprefill + cl->ndecode) {
+            rc = edge_node_setup(cl, &cl->nodes[i], decode ? KVS_ROLE_DECODE : KVS_ROLE_PREFILL,
+                                 0, decode ? i - cl->nprefill : i, (uint32_t)i);
+        } else {
+            rc = edge_node_setup(cl, &cl->nodes[i], KVS_ROLE_PREFILL, inst, tp, (uint32_t)i);
+            if (++tp == edge_inst_tp(cl, inst)) {
+                inst++;
+                tp = 0;
+            }
+        }
         if (rc != KVS_OK)
             EDGE_FAIL("setting up node %d failed: %s", i, kvs_status_name(rc));
     }
@@ -476,6 +541,34 @@ static void edge_destroy(edge_cluster_t *cl)
     assert_int_equal(sim_net_destroy(cl->net), KVS_OK);
     sim_engine_destroy(cl->eng);
     free(cl);
+}
+
+/* Prefill rank n dies: its handler, memory and NIC vanish, so its peers
+ * see their connections to it die. edge_restart brings it back. */
+static void edge_crash(edge_node_t *n)
+{
+    kvs_prefill_destroy(n->pre);
+    n->pre = NULL;
+    assert_int_equal(kvs_manager_destroy(n->m), KVS_OK);
+    n->m = NULL;
+    kvs_device_t *dev = sim_gpu_device(n->gpu);
+    assert_int_equal(dev->ops.mem_free(dev, n->pool_addr), KVS_OK);
+    n->pool_addr = 0;
+    sim_nic_destroy(n->nic);
+    n->nic = NULL;
+    sim_gpu_destroy(n->gpu);
+    n->gpu = NULL;
+    n->crashed = true;
+}
+
+/* A crashed prefill rank comes back under its name, with a new session. */
+static void edge_restart(edge_cluster_t *cl, edge_node_t *n)
+{
+    const uint32_t gpu_id = (uint32_t)(n - cl->nodes);
+    const int inst = n->inst;
+    const int64_t tp = n->tp;
+    memset(n, 0, sizeof *n);
+    assert_int_equal(edge_node_setup(cl, n, KVS_ROLE_PREFILL, inst, tp, gpu_id), KVS_OK);
 }
 
 /* ---- requests --------------------------------------------------------------- */
@@ -691,6 +784,67 @@ static void edge_transfer_ok(edge_cluster_t *cl, const edge_room_t *rooms, int n
     for (int i = 0; i < n; i++)
         edge_expect_ok(cl, rooms[i].room, rooms[i].base, rooms[i].total);
     edge_expect_ring_empty(cl);
+}
+
+/* ---- rooms of other prefill instances (spec §12) ------------------------------ */
+
+/* Opens a room paired with prefill instance inst: on every decode rank
+ * (naming the instance) and on that instance's prefill ranks. */
+static void edge_open_inst(edge_cluster_t *cl, int inst, uint64_t room, int64_t base,
+                           int64_t total)
+{
+    for (int d = 0; d < cl->ndecode; d++) {
+        edge_node_t *n = edge_decode(cl, d);
+        int64_t pages[EDGE_ROOM_SLOT_PAGES];
+        const int64_t np = edge_pages(total - base, n->page_size);
+        for (int64_t i = 0; i < np; i++)
+            pages[i] = edge_page(room, i, true);
+        int rc = kvs_decode_room_open_peer(n->dec, room, (kvs_peer_t){(uint64_t)inst, 0}, base,
+                                           total, pages, np);
+        if (rc != KVS_OK)
+            EDGE_FAIL("%s: room_open %llu: %s", n->name, (unsigned long long)room,
+                      kvs_manager_last_error(n->m)->msg);
+        edge_wake(n);
+    }
+    for (int64_t t = 0; t < edge_inst_tp(cl, inst); t++) {
+        edge_node_t *n = edge_inst_node(cl, inst, t);
+        int64_t pages[EDGE_ROOM_SLOT_PAGES];
+        const int64_t np = edge_pages(total, n->page_size);
+        for (int64_t k = 0; k < np; k++)
+            pages[k] = edge_page(room, k, false);
+        edge_fill(n, room, total);
+        int rc = kvs_prefill_room_open(n->pre, room, total, pages, np);
+        if (rc != KVS_OK)
+            EDGE_FAIL("%s: room_open %llu: %s", n->name, (unsigned long long)room,
+                      kvs_manager_last_error(n->m)->msg);
+        edge_wake(n);
+    }
+}
+
+static void edge_computed_inst(edge_cluster_t *cl, int inst, uint64_t room, int64_t end)
+{
+    for (int64_t t = 0; t < edge_inst_tp(cl, inst); t++) {
+        edge_node_t *n = edge_inst_node(cl, inst, t);
+        int rc = kvs_prefill_room_computed(n->pre, room, end, true);
+        if (rc != KVS_OK)
+            EDGE_FAIL("%s: room_computed %llu: %s", n->name, (unsigned long long)room,
+                      kvs_manager_last_error(n->m)->msg);
+        edge_wake(n);
+    }
+}
+
+/* A room of instance inst ended with `status` on the decode ranks and on
+ * that instance's prefill ranks, and no other rank reported it. */
+static void edge_expect_inst(edge_cluster_t *cl, int inst, uint64_t room, int status)
+{
+    for (int i = 0; i < edge_nnodes(cl); i++) {
+        edge_node_t *n = &cl->nodes[i];
+        if (n->role == KVS_ROLE_DECODE || n->inst == inst)
+            edge_expect(n, room, status);
+        else if (edge_result(n, room) != NULL)
+            EDGE_FAIL("%s of instance %d reported room %llu of instance %d", n->name, n->inst,
+                      (unsigned long long)room, inst);
+    }
 }
 
 static kvs_handler_stats_t edge_stats(const edge_node_t *n)
@@ -3293,6 +3447,140 @@ static void test_protocol_edges_hostile_register_pool_overflow(void **state)
     edge_destroy(cl);
 }
 
+/* ---- clusters: several prefill instances (spec §12) ----------------------------- */
+
+/* Two prefill instances of different TP (2 and 4) feed one decode rank: one
+ * ring holds the regions of rooms from both at the same moment, each region
+ * laid out for its own pair (2 writers of 2 heads, 4 writers of 1 head),
+ * and every byte of both arrives. */
+static void test_protocol_edges_two_instances_share_the_ring(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.instances = 2;
+    o.inst_tp[1] = 4;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_node_t *d = edge_decode(cl, 0);
+    assert_int_equal(kvs_decode_peers_ready(d->dec), 2 + 4);
+    edge_open_inst(cl, 0, 1, 0, 40); /* chunks of 16, 16 and 8 tokens */
+    edge_open_inst(cl, 1, 2, 4, 40); /* a cached prefix: 16, 16 and 4 */
+    edge_run(cl);                    /* every region assigned; nothing computed */
+    kvs_ring_t *ring = kvs_manager_ring(d->m);
+    assert_int_equal(kvs_ring_live_count(ring), 6);
+    const uint64_t full = (uint64_t)edge_region_bytes(cl, 16);
+    assert_int_equal(kvs_ring_live_bytes(ring), 4 * full + full / 2 + full / 4);
+    edge_computed_inst(cl, 0, 1, 40);
+    edge_computed_inst(cl, 1, 2, 40);
+    edge_run(cl);
+    edge_expect_inst(cl, 0, 1, KVS_OK);
+    edge_expect_inst(cl, 1, 2, KVS_OK);
+    assert_int_equal(edge_corrupt(cl, 1, 0, 40), 0);
+    assert_int_equal(edge_corrupt(cl, 2, 4, 40), 0);
+    /* instance 1's 4 writers each wrote one head of every chunk */
+    for (int64_t t = 0; t < 4; t++)
+        assert_int_equal(edge_expect(edge_inst_node(cl, 1, t), 2, KVS_OK)->rdma_writes, 3);
+    assert_int_equal(edge_expect(edge_prefill(cl, 0), 1, KVS_OK)->rdma_writes, 3);
+    edge_expect_ring_empty(cl);
+    edge_destroy(cl);
+}
+
+/* A prefill chunk of instance 0 waiting on the ring is released by the free
+ * of a region that instance 1's room held: the watermark goes to every
+ * prefill session that writes into the ring, whatever its instance. */
+static void test_protocol_edges_watermark_releases_another_instance(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.instances = 2;
+    o.inst_tp[1] = 4;
+    o.ring_bytes = 12u << 10; /* one full region (8 KiB) and a half */
+    edge_cluster_t *cl = edge_create(&o);
+    edge_open_inst(cl, 1, 1, 0, 16); /* [0, 8K) of round 0 */
+    edge_run(cl);
+    edge_open_inst(cl, 0, 2, 0, 16); /* does not fit behind it: round 1 at 0 */
+    edge_computed_inst(cl, 0, 2, 16);
+    edge_run(cl);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(edge_stats(edge_prefill(cl, i)).watermark_waits, 1);
+        assert_null(edge_result(edge_prefill(cl, i), 2));
+    }
+    edge_computed_inst(cl, 1, 1, 16);
+    edge_run(cl);
+    edge_expect_inst(cl, 1, 1, KVS_OK);
+    edge_expect_inst(cl, 0, 2, KVS_OK);
+    assert_int_equal(edge_corrupt(cl, 1, 0, 16), 0);
+    assert_int_equal(edge_corrupt(cl, 2, 0, 16), 0);
+    edge_expect_ring_empty(cl);
+    edge_destroy(cl);
+}
+
+/* One of three prefill instances loses a rank mid-run: exactly the rooms
+ * paired with that instance fail, on the decode and on the instance's
+ * surviving rank, with KVS_EPEER and a log line naming the lost rank; the
+ * other instances' rooms succeed, every byte right, and nobody else hears
+ * of the failed rooms. While the rank is away a room naming its instance
+ * fails at once; once it is back, the next room that names it connects
+ * again and succeeds. */
+static void test_protocol_edges_crashed_instance_fails_only_its_rooms(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.instances = 3;
+    o.inst_tp[1] = 4;
+    o.inst_tp[2] = 2;
+    o.ring_bytes = 256u << 10;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_node_t *d = edge_decode(cl, 0);
+    assert_int_equal(kvs_decode_peers_ready(d->dec), 2 + 4 + 2);
+    edge_open_inst(cl, 0, 1, 0, 40);
+    edge_open_inst(cl, 1, 2, 0, 40);
+    edge_open_inst(cl, 2, 3, 0, 40);
+    edge_open_inst(cl, 2, 4, 0, 24);
+    edge_run(cl);
+    edge_computed_inst(cl, 0, 1, 40);
+    edge_computed_inst(cl, 2, 3, 40); /* its writes are on the way ... */
+    edge_crash(edge_inst_node(cl, 2, 1)); /* ... when one of its ranks dies */
+    edge_computed_inst(cl, 1, 2, 40);
+    edge_run(cl);
+    edge_expect_inst(cl, 0, 1, KVS_OK);
+    edge_expect_inst(cl, 1, 2, KVS_OK);
+    assert_int_equal(edge_corrupt(cl, 1, 0, 40), 0);
+    assert_int_equal(edge_corrupt(cl, 2, 0, 40), 0);
+    for (uint64_t room = 3; room <= 4; room++) {
+        edge_expect(d, room, KVS_EPEER);
+        edge_expect(edge_inst_node(cl, 2, 0), room, KVS_EPEER);
+        for (int i = 0; i < edge_nnodes(cl); i++)
+            if (cl->nodes[i].role == KVS_ROLE_PREFILL && cl->nodes[i].inst != 2)
+                assert_null(edge_result(&cl->nodes[i], room));
+    }
+    assert_non_null(strstr(d->log_last, "prefill instance 2 rank tp 1 pp 0 is unreachable"));
+    assert_int_equal(edge_stats(d).rooms_ok, 2);
+    assert_int_equal(edge_stats(d).rooms_failed, 2);
+    edge_expect_ring_empty(cl);
+    /* While it is away, a room naming its instance fails at once ... */
+    int64_t pages[4] = {0, 1, 3, 4};
+    assert_int_equal(kvs_decode_room_open_peer(d->dec, 5, (kvs_peer_t){2, 0}, 0, 16, pages, 4),
+                     KVS_EPEER);
+    assert_non_null(strstr(kvs_manager_last_error(d->m)->msg, "instance 2 rank tp 1"));
+    edge_run(cl);
+    edge_expect(d, 5, KVS_EPEER);
+    /* ... others go on ... */
+    edge_open_inst(cl, 1, 6, 0, 16);
+    edge_computed_inst(cl, 1, 6, 16);
+    edge_run(cl);
+    edge_expect_inst(cl, 1, 6, KVS_OK);
+    /* ... and once it is back, the next room naming it connects again. */
+    edge_restart(cl, edge_inst_node(cl, 2, 1));
+    edge_run(cl);
+    edge_open_inst(cl, 2, 7, 0, 40);
+    edge_computed_inst(cl, 2, 7, 40);
+    edge_run(cl);
+    edge_expect_inst(cl, 2, 7, KVS_OK);
+    assert_int_equal(edge_corrupt(cl, 7, 0, 40), 0);
+    edge_expect_ring_empty(cl);
+    edge_destroy(cl);
+}
+
 int main(void)
 {
     print_message("test_protocol_edges: seed %llu\n", (unsigned long long)EDGE_SEED);
@@ -3300,6 +3588,9 @@ int main(void)
     if (getenv("KVS_EDGE_TEST") != NULL)
         cmocka_set_test_filter(getenv("KVS_EDGE_TEST"));
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_protocol_edges_two_instances_share_the_ring),
+        cmocka_unit_test(test_protocol_edges_watermark_releases_another_instance),
+        cmocka_unit_test(test_protocol_edges_crashed_instance_fails_only_its_rooms),
         cmocka_unit_test(test_protocol_edges_happy_path),
         cmocka_unit_test(test_protocol_edges_oversized),
         cmocka_unit_test(test_protocol_edges_write_error),

@@ -122,7 +122,7 @@ static uint32_t expected_len(kvs_msg_type_t type, uint32_t count)
 {
     /* 24 header bytes, then the payload; the session travels in the header */
     switch (type) {
-    case KVS_MSG_REGISTER: return 24 + 32 + 24 + 88 + 24 + 16 + 8; /* 216 */
+    case KVS_MSG_REGISTER: return 24 + 32 + 32 + 88 + 24 + 16 + 8; /* 224 */
     case KVS_MSG_LAYERS: return 24 + 12 + 32 * count;
     case KVS_MSG_REGISTER_ACK: return 24 + 8 + 16 + 8 + 88;
     case KVS_MSG_ROOM: return 24 + 32;
@@ -281,7 +281,7 @@ static void test_wire_encoded_lengths_are_exact(void **state)
             assert_int_equal(payload, len - KVS_WIRE_HEADER_BYTES);
         }
     }
-    assert_int_equal(expected_len(KVS_MSG_REGISTER, 0), 216);
+    assert_int_equal(expected_len(KVS_MSG_REGISTER, 0), 224);
     /* The largest messages fit a control message. */
     assert_int_equal(expected_len(KVS_MSG_LAYERS, KVS_WIRE_LAYERS_PER_MSG), 3108);
     assert_int_equal(expected_len(KVS_MSG_PAGES, KVS_WIRE_PAGES_PER_MSG), 3884);

@@ -456,8 +456,12 @@ typedef struct kvs_manager_config {
     int64_t page_size;
     int64_t tp_rank, tp_size;
     int64_t pp_rank, pp_size;
-    int64_t peer_tp_size;     /* TP of the other side (for the layout), 0: same */
-    int64_t peer_pp_size;     /* PP of the other side, 0: 1 */
+    int64_t peer_tp_size;     /* TP of the default peer instance (instance 0,
+                                 group 0, see kvs_peer_t); decode: 0 = this
+                                 rank's TP; prefill: 0 = learned when it
+                                 registers (given: a registration of another
+                                 TP is refused) */
+    int64_t peer_pp_size;     /* PP of the default peer instance, 0: 1 */
     int64_t context_parallel; /* prefill CP size, 0 -> 1 */
     int64_t chunk_tokens;     /* C, 0 -> 8192 */
     uint64_t ring_bytes;      /* decode ring, 0 -> 4096 MiB */
@@ -495,6 +499,15 @@ typedef struct kvs_manager_config {
      * with an uneven split each rank's `layers` differs by stage: create
      * refuses (KVS_EPP_SPLIT) a `layers` that is not stage pp_rank's share. */
     int64_t model_layers;
+    /* This rank's instance (spec §12): the application's id of the model
+     * replica the rank belongs to, and with attention data parallelism the
+     * attention group it serves in (tp_rank / tp_size are then its rank in
+     * the group and attn_tp). Peers name it in their rooms. */
+    uint64_t instance_id;
+    int64_t dp_rank;
+    uint32_t max_instances;   /* peer instances (attention groups) known at
+                                 once, 0 -> 64 */
+    uint32_t max_peers;       /* peer ranks connected at once, 0 -> 256 */
 } kvs_manager_config_t;
 
 /* Per layer K and V base device addresses of this rank's KV pool, laid out
@@ -589,14 +602,62 @@ typedef struct kvs_handler_stats {
     uint64_t peers_lost;         /* connections found dead (peer crashed) */
 } kvs_handler_stats_t;
 
-/* Decode: connects to the prefill rank (tp, pp) reachable as `peer` on the
- * fabric and registers with it (ring, geometry, fingerprint). The rank must
- * be one of this decode rank's writers (KVS_EINVAL otherwise). */
+/* The peer instance a room is paired with (spec §12): the id the
+ * application gives the model replica of the other role, and with attention
+ * data parallelism the attention group that serves the room (0 otherwise).
+ * A group behaves as an instance of TP attn_tp. {0, 0} is the default peer
+ * instance, whose geometry the config's peer_tp_size / peer_pp_size give. */
+typedef struct kvs_peer {
+    uint64_t instance;
+    int64_t dp_rank;
+} kvs_peer_t;
+
+/* A prefill instance as a decode rank learns it from the application (the
+ * original system's table of prefill instances keyed by address). */
+typedef struct kvs_instance_desc {
+    uint64_t id;              /* the application's id of the instance */
+    int64_t tp_size;          /* TP of one attention group (attn_tp) */
+    int64_t pp_size;          /* 0 -> 1 */
+    int64_t dp_size;          /* attention groups, 0 -> 1 */
+    /* The fabric address of every rank: dp_size * pp_size * tp_size strings,
+     * rank (group g, stage s, tp t) at (g * pp_size + s) * tp_size + t.
+     * Copied; required. */
+    const char *const *addrs;
+} kvs_instance_desc_t;
+
+/* Decode: declares a prefill instance: its geometry (each pair's layout,
+ * writers and region sizes are computed here, once) and its ranks'
+ * addresses. Connections are made on first use (a room naming the
+ * instance) or ahead of time (kvs_decode_connect_peer), and kept.
+ * KVS_EALREADY for an id declared before, KVS_EHEAD_SPLIT / KVS_EPP_SPLIT
+ * when the instance cannot pair with this rank, KVS_EFULL past
+ * max_instances. */
+KVS_API int kvs_decode_add_instance(kvs_decode_t *d, const kvs_instance_desc_t *desc);
+/* Decode: connects (now) to every prefill rank of the peer group that
+ * writes to this rank and registers with each. A rank it cannot reach is
+ * retried by kvs_decode_progress; the first failure is returned. */
+KVS_API int kvs_decode_connect_peer(kvs_decode_t *d, kvs_peer_t peer);
+/* Decode: connects to the prefill rank (tp, pp) of the default peer
+ * instance, reachable as `peer` on the fabric, and registers with it (ring,
+ * geometry, fingerprint). The rank must be one of this decode rank's
+ * writers (KVS_EINVAL otherwise). */
 KVS_API int kvs_decode_connect(kvs_decode_t *d, const char *peer, int64_t prefill_tp_rank,
                                int64_t prefill_pp_rank);
-/* Decode: a request whose KV for tokens [base_tokens, total_tokens) goes to
- * `pages` (ceil((total - base) / page_size) decode page ids, copied).
- * base_tokens must be page aligned (KVS_EPREFIX_ALIGN fails the request). */
+/* Decode: a request paired with the prefill instance `peer`, whose KV for
+ * tokens [base_tokens, total_tokens) goes to `pages` (ceil((total - base) /
+ * page_size) decode page ids, copied). Connects to the peer's ranks first if
+ * they are not yet connected.
+ * Returns KVS_OK, and the room's result comes through poll_rooms. A room
+ * that fails at once for a reason of its own or of its peer returns that
+ * status and ALSO reports it through poll_rooms: a cached prefix that is
+ * not page aligned (KVS_EPREFIX_ALIGN), a writer that is unreachable
+ * (KVS_EPEER; the others are told). Any other error is of the call (bad
+ * arguments, wrong state, a writer that refused the registration) and no
+ * result comes. */
+KVS_API int kvs_decode_room_open_peer(kvs_decode_t *d, uint64_t room, kvs_peer_t peer,
+                                      int64_t base_tokens, int64_t total_tokens,
+                                      const int64_t *pages, int64_t num_pages);
+/* kvs_decode_room_open_peer with the default peer instance {0, 0}. */
 KVS_API int kvs_decode_room_open(kvs_decode_t *d, uint64_t room, int64_t base_tokens,
                                  int64_t total_tokens, const int64_t *pages,
                                  int64_t num_pages);
@@ -608,7 +669,7 @@ KVS_API int kvs_decode_poll_rooms(kvs_decode_t *d, kvs_room_result_t *out, int m
 /* Earliest time progress has work without a new completion; UINT64_MAX if none. */
 KVS_API uint64_t kvs_decode_next_deadline_ns(const kvs_decode_t *d);
 KVS_API void kvs_decode_stats(const kvs_decode_t *d, kvs_handler_stats_t *out);
-/* Peers registered and acknowledged. */
+/* Peer ranks registered and acknowledged, over every peer instance. */
 KVS_API int64_t kvs_decode_peers_ready(const kvs_decode_t *d);
 
 /* Prefill: creates the handler (guards like the decode's: role, staging
@@ -616,9 +677,17 @@ KVS_API int64_t kvs_decode_peers_ready(const kvs_decode_t *d);
  * published, heads, layout). */
 KVS_API int kvs_prefill_create(kvs_manager_t *m, kvs_prefill_t **out);
 KVS_API void kvs_prefill_destroy(kvs_prefill_t *p);
-/* A request whose KV for tokens [0, total_tokens) lives in `pages`
- * (ceil(total / page_size) prefill page ids, copied). Prefetches staging
- * regions for every chunk as soon as the decode side is known. */
+/* A request paired with the decode instance `peer`, whose KV for tokens
+ * [0, total_tokens) lives in `pages` (ceil(total / page_size) prefill page
+ * ids, copied). Prefetches staging regions for every chunk as soon as the
+ * decode side is known. The decode instance need not have registered yet:
+ * the room waits for it (up to the stall timeout). Returns as
+ * kvs_decode_room_open_peer: a decode rank it writes to that is unreachable
+ * fails the room at once (KVS_EPEER, also reported through poll_rooms). */
+KVS_API int kvs_prefill_room_open_peer(kvs_prefill_t *p, uint64_t room, kvs_peer_t peer,
+                                       int64_t total_tokens, const int64_t *pages,
+                                       int64_t num_pages);
+/* kvs_prefill_room_open_peer with the default peer instance {0, 0}. */
 KVS_API int kvs_prefill_room_open(kvs_prefill_t *p, uint64_t room, int64_t total_tokens,
                                   const int64_t *pages, int64_t num_pages);
 /* KV of tokens [0, end_tokens) is computed; final when the prompt is done. */

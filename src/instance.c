@@ -1,0 +1,212 @@
+/*
+ * instance.c - the peer instances of a handler and their pair plans (see
+ * instance.h). The table is bounded (max_instances); an instance's plan and
+ * peers are allocated once, when its geometry becomes known, and kept until
+ * the handler goes.
+ */
+#include "instance.h"
+
+#include "channel.h"
+#include "error.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int kvs__insts_init(kvs__insts_t *t, uint32_t cap)
+{
+    t->v = calloc(cap > 0 ? cap : 1, sizeof *t->v);
+    t->count = 0;
+    t->cap = cap > 0 ? cap : 1;
+    return t->v != NULL ? KVS_OK : KVS_ENOMEM;
+}
+
+static void kvs__inst_free_plan(kvs__inst_t *inst)
+{
+    for (int64_t i = 0; inst->peers != NULL && i < inst->npeers; i++) {
+        free(inst->peers[i].name);
+        free(inst->peers[i].tgt.layers);
+    }
+    free(inst->peers);
+    inst->peers = NULL;
+    inst->npeers = 0;
+}
+
+static void kvs__inst_free(kvs__inst_t *inst)
+{
+    kvs__inst_free_plan(inst);
+    for (int64_t a = 0; inst->addrs != NULL && a < inst->pp_size * inst->tp_size; a++)
+        free(inst->addrs[a]);
+    free(inst->addrs);
+    free(inst);
+}
+
+void kvs__insts_fini(kvs__insts_t *t)
+{
+    for (uint32_t i = 0; t->v != NULL && i < t->count; i++)
+        kvs__inst_free(t->v[i]);
+    free(t->v);
+    *t = (kvs__insts_t){0};
+}
+
+void kvs__insts_pop(kvs__insts_t *t)
+{
+    if (t->count > 0)
+        kvs__inst_free(t->v[--t->count]);
+}
+
+kvs__inst_t *kvs__insts_find(const kvs__insts_t *t, kvs_peer_t ref)
+{
+    for (uint32_t i = 0; i < t->count; i++)
+        if (t->v[i]->ref.instance == ref.instance && t->v[i]->ref.dp_rank == ref.dp_rank)
+            return t->v[i];
+    return NULL;
+}
+
+kvs__inst_t *kvs__insts_add(kvs__insts_t *t, kvs_manager_t *m, kvs_peer_t ref)
+{
+    if (t->count == t->cap) {
+        KVS__MFAIL(m, KVS_EFULL, "%u peer instances (attention groups) are known already: "
+                   "raise max_instances", t->cap);
+        return NULL;
+    }
+    kvs__inst_t *inst = calloc(1, sizeof *inst);
+    if (inst == NULL) {
+        KVS__MFAIL(m, KVS_ENOMEM, "allocating peer instance %llu failed",
+                   (unsigned long long)ref.instance);
+        return NULL;
+    }
+    inst->ref = ref;
+    t->v[t->count++] = inst;
+    return inst;
+}
+
+/* Decode side: the prefill ranks that write to this rank. */
+static void kvs__plan_writers(kvs__inst_t *inst, const kvs_manager_t *m)
+{
+    const kvs_layout_t *l = &inst->lay;
+    inst->stages = l->decode_pp == 1 ? l->prefill_pp : 1;
+    inst->first_stage = l->decode_pp == 1 ? 0 : m->cfg.pp_rank;
+    for (int64_t w = 0; w < l->tp_writers; w++) {
+        kvs_writer_t wr;
+        (void)kvs_layout_writer(l, m->cfg.tp_rank, inst->decode_stage, w, 0, &wr);
+        for (int64_t s = 0; s < inst->stages; s++) {
+            kvs__peer_t *p = &inst->peers[w * inst->stages + s];
+            p->tp_rank = wr.prefill_rank;
+            p->pp_rank = inst->first_stage + s;
+        }
+    }
+}
+
+/* Prefill side: the decode ranks this rank writes to, and where its stage's
+ * layers go in their regions. */
+static void kvs__plan_targets(kvs__inst_t *inst, const kvs_manager_t *m)
+{
+    const kvs_layout_t *l = &inst->lay;
+    int64_t first = 0, count = 0, dfirst = 0, dcount = 0;
+    (void)kvs_layout_stage_layers(l, KVS_ROLE_PREFILL, m->cfg.pp_rank, &first, &count);
+    (void)kvs_layout_stage_layers(l, KVS_ROLE_DECODE, inst->decode_stage, &dfirst, &dcount);
+    for (int64_t i = 0; i < inst->npeers; i++) {
+        kvs__peer_t *p = &inst->peers[i];
+        (void)kvs_layout_target(l, m->cfg.tp_rank, i, &p->tp_rank);
+        p->pp_rank = inst->decode_stage;
+        (void)kvs_layout_writer_index(l, m->cfg.tp_rank, p->tp_rank, &p->tgt.writer);
+        (void)kvs_head_slice(l->total_heads, l->prefill_tp, l->decode_tp, m->cfg.tp_rank,
+                             p->tp_rank, &p->tgt.heads);
+        p->tgt.slot = first - dfirst;
+        p->tgt.layer_slots = dcount;
+        p->tgt.writes = first == dfirst && count == dcount ? 1 : 2;
+    }
+}
+
+int kvs__inst_set_geometry(kvs__inst_t *inst, kvs_manager_t *m, int64_t tp_size,
+                           int64_t pp_size, bool declared)
+{
+    kvs_layout_t lay;
+    kvs_path_t path;
+    int rc = kvs__manager_pair(m, tp_size, pp_size, &lay, &path);
+    if (rc != KVS_OK)
+        return rc;
+    const bool decode = m->cfg.role == KVS_ROLE_DECODE;
+    const int64_t n = decode ? lay.tp_writers * (lay.decode_pp == 1 ? lay.prefill_pp : 1)
+                             : lay.targets_per_prefill;
+    kvs__peer_t *peers = calloc((size_t)n, sizeof *peers);
+    if (peers == NULL)
+        return KVS__MFAIL(m, KVS_ENOMEM, "allocating the %lld peer ranks of instance %llu "
+                          "failed", (long long)n, (unsigned long long)inst->ref.instance);
+    kvs__inst_free_plan(inst);
+    inst->tp_size = tp_size;
+    inst->pp_size = pp_size;
+    inst->lay = lay;
+    inst->path = path;
+    inst->declared = declared;
+    inst->decode_stage = lay.decode_pp == 1 ? 0 : m->cfg.pp_rank;
+    kvs__fingerprint(&lay, path, m->cfg.app_tag, &inst->fp);
+    inst->peers = peers;
+    inst->npeers = n;
+    inst->words = (n + 63) / 64;
+    for (int64_t i = 0; i < n; i++) {
+        peers[i].inst = inst;
+        peers[i].index = i;
+    }
+    if (decode)
+        kvs__plan_writers(inst, m);
+    else
+        kvs__plan_targets(inst, m);
+    inst->known = true;
+    return KVS_OK;
+}
+
+static char *kvs__strdup(const char *s)
+{
+    char *c = malloc(strlen(s) + 1);
+    if (c != NULL)
+        strcpy(c, s);
+    return c;
+}
+
+int kvs__inst_set_addrs(kvs__inst_t *inst, kvs_manager_t *m, const char *const *addrs)
+{
+    const int64_t n = inst->pp_size * inst->tp_size;
+    char **copy = calloc((size_t)n, sizeof *copy);
+    if (copy == NULL)
+        return KVS__MFAIL(m, KVS_ENOMEM, "copying the addresses of instance %llu failed",
+                          (unsigned long long)inst->ref.instance);
+    for (int64_t a = 0; a < n; a++) {
+        copy[a] = kvs__strdup(addrs[a]);
+        if (copy[a] == NULL) {
+            while (a-- > 0)
+                free(copy[a]);
+            free(copy);
+            return KVS__MFAIL(m, KVS_ENOMEM, "copying the addresses of instance %llu failed",
+                              (unsigned long long)inst->ref.instance);
+        }
+    }
+    inst->addrs = copy;
+    for (int64_t i = 0; i < inst->npeers; i++) {
+        kvs__peer_t *p = &inst->peers[i];
+        if (p->name == NULL)
+            p->name = kvs__strdup(copy[p->pp_rank * inst->tp_size + p->tp_rank]);
+        if (p->name == NULL)
+            return KVS__MFAIL(m, KVS_ENOMEM, "copying the addresses of instance %llu failed",
+                              (unsigned long long)inst->ref.instance);
+    }
+    return KVS_OK;
+}
+
+int64_t kvs__inst_writer_peer(const kvs__inst_t *inst, int64_t decode_tp, int64_t prefill_tp,
+                              int64_t prefill_stage)
+{
+    int64_t writer;
+    if (kvs_layout_writer_index(&inst->lay, prefill_tp, decode_tp, &writer) != KVS_OK ||
+        prefill_stage < inst->first_stage || prefill_stage >= inst->first_stage + inst->stages)
+        return -1;
+    return writer * inst->stages + (prefill_stage - inst->first_stage);
+}
+
+int64_t kvs__inst_target_peer(const kvs__inst_t *inst, int64_t decode_tp, int64_t decode_pp)
+{
+    for (int64_t i = 0; i < inst->npeers; i++)
+        if (inst->peers[i].tp_rank == decode_tp && inst->peers[i].pp_rank == decode_pp)
+            return i;
+    return -1;
+}

@@ -1,0 +1,118 @@
+/*
+ * prefill_direct.c - the direct and slice paths of a prefill rank (spec
+ * §7): once the prompt is computed and the decode's page ids (PAGES) and
+ * KV layer keys (LAYERS) are known, this rank writes its KV straight into
+ * the decode's pages: one write per run of pages consecutive on both sides
+ * x layer x K/V (direct: the same heads on both sides), or one per token x
+ * layer x K/V when heads are sliced (the slice path, the baseline that
+ * staging is measured against), at most max_inflight_writes in flight.
+ *
+ * The cursor of a flow (token, layer, K/V) only moves forward; a write the
+ * fabric refuses for now is posted again from the same place by a later
+ * progress call.
+ */
+#include "prefill.h"
+
+#include <string.h>
+
+bool kvs__direct_flow_done(const kvs__pflow_t *fl)
+{
+    return fl->posted_all && fl->writes_pending == 0;
+}
+
+void kvs__direct_on_pages(kvs_prefill_t *p, kvs__peer_t *peer, const kvs_msg_pages_t *q)
+{
+    kvs__room_t *room = kvs__room_get(&p->h, q->room);
+    kvs__proom_t *r = room != NULL && room->inst == peer->inst ? kvs__proom(room) : NULL;
+    kvs__pflow_t *fl = r != NULL && r->nflows > 0 ? &r->flows[peer->index] : NULL;
+    if (fl == NULL || fl->dpages == NULL || q->first != fl->dpages_got ||
+        q->first + (int64_t)q->count > fl->num_dpages) {
+        kvs__reject(&p->h);
+        return;
+    }
+    for (uint32_t i = 0; i < q->count; i++) {
+        if (q->ids[i] < 0 || q->ids[i] >= peer->tgt.num_pages) {
+            kvs__reject(&p->h);
+            kvs__room_fail(&p->h, room, KVS_ERANGE, NULL);
+            return;
+        }
+        fl->dpages[q->first + i] = q->ids[i];
+    }
+    fl->dpages_got += q->count;
+}
+
+void kvs__direct_on_layers(kvs_prefill_t *p, kvs__peer_t *peer, const kvs_msg_layers_t *q)
+{
+    kvs__target_t *t = &peer->tgt;
+    if (t->layers == NULL || q->first != t->layers_got ||
+        q->first + (int64_t)q->count > t->layers_total) {
+        kvs__reject(&p->h);
+        return;
+    }
+    memcpy(t->layers + q->first, q->entries, q->count * sizeof *q->entries);
+    t->layers_got += q->count;
+}
+
+/* Address of token t's head slice in one KV layer buffer. */
+static uint64_t kvs__slot_addr(uint64_t base, int64_t page, int64_t slot, int64_t ps,
+                               int64_t heads, int64_t head, int64_t head_bytes)
+{
+    return base + (uint64_t)(((page * ps + slot) * heads + head) * head_bytes);
+}
+
+void kvs__direct_advance(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
+{
+    kvs__pflow_t *fl = &r->flows[f];
+    const kvs__target_t *t = &kvs__flow_peer(r, f)->tgt;
+    const kvs_layout_t *lay = &r->base.inst->lay;
+    const kvs_manager_t *m = p->h.m;
+    if (!r->final || fl->posted_all || fl->dpages_got < fl->num_dpages ||
+        t->layers_got < t->layers_total)
+        return;
+    const int64_t ps = lay->page_size, lp = m->cfg.layers;
+    const int64_t hb = lay->head_dim * lay->elem_bytes;
+    const int64_t nh = t->heads.num_heads;
+    const bool sliced = nh != m->kv.local_heads || nh != t->local_heads;
+    while (r->base.status == KVS_OK && fl->cur_t < fl->total) {
+        const int64_t tok = fl->cur_t;
+        const int64_t pi = tok / ps, di = (tok - fl->base) / ps, slot = tok % ps;
+        if (fl->run_tokens == 0) {
+            if (sliced) {
+                fl->run_tokens = 1;
+            } else { /* the longest run of pages consecutive on both sides */
+                int64_t k = 1;
+                while ((pi + k) * ps < fl->total && r->pages[pi + k] == r->pages[pi] + k &&
+                       fl->dpages[di + k] == fl->dpages[di] + k)
+                    k++;
+                fl->run_tokens = ((pi + k) * ps < fl->total ? (pi + k) * ps : fl->total) - tok;
+            }
+        }
+        /* this stage's layer cur_l is the decode's layer slot + cur_l */
+        const kvs_layer_entry_t *e = &t->layers[t->slot + fl->cur_l];
+        const bool v = fl->cur_kv != 0;
+        const uint64_t src = kvs__slot_addr(v ? m->v_base[fl->cur_l] : m->k_base[fl->cur_l],
+                                            r->pages[pi], slot, ps, m->kv.local_heads,
+                                            t->heads.src_start, hb);
+        const uint64_t dst = kvs__slot_addr(v ? e->v_addr : e->k_addr, fl->dpages[di], slot, ps,
+                                            t->local_heads, t->heads.dst_start, hb);
+        const uint64_t len = (uint64_t)(sliced ? nh * hb : fl->run_tokens * nh * hb);
+        kvs_mr_t *mr = v ? p->h.kv_keys.v_mr[fl->cur_l] : p->h.kv_keys.k_mr[fl->cur_l];
+        int rc = kvs__post_write(p, r, f, -1, src, mr, dst, v ? e->v_rkey : e->k_rkey, len);
+        if (rc == KVS_EAGAIN)
+            return;
+        if (rc != KVS_OK) {
+            kvs__room_fail(&p->h, &r->base, rc, NULL);
+            return;
+        }
+        fl->writes_pending++;
+        if (++fl->cur_kv == 2) {
+            fl->cur_kv = 0;
+            if (++fl->cur_l == lp) {
+                fl->cur_l = 0;
+                fl->cur_t += fl->run_tokens;
+                fl->run_tokens = 0;
+            }
+        }
+    }
+    fl->posted_all = fl->cur_t >= fl->total || r->base.status != KVS_OK;
+}
