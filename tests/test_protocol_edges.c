@@ -456,7 +456,7 @@ static void edge_connect(edge_cluster_t *cl, int d)
             EDGE_FAIL("%s: connect %s: %s", n->name, peer, kvs_manager_last_error(n->m)->msg);
     }
     for (int inst = 1; inst < cl->o.instances; inst++) {
-        char names[16][16];
+        char names[16][32];
         const char *addrs[16];
         const int64_t tp = edge_inst_tp(cl, inst);
         for (int64_t t = 0; t < tp; t++) {
@@ -3519,8 +3519,8 @@ static void test_protocol_edges_watermark_releases_another_instance(void **state
  * surviving rank, with KVS_EPEER and a log line naming the lost rank; the
  * other instances' rooms succeed, every byte right, and nobody else hears
  * of the failed rooms. While the rank is away a room naming its instance
- * fails at once; once it is back, the next room that names it connects
- * again and succeeds. */
+ * fails at once; once it is back, the decode connects to it again and its
+ * rooms succeed. */
 static void test_protocol_edges_crashed_instance_fails_only_its_rooms(void **state)
 {
     (void)state;
@@ -3569,9 +3569,11 @@ static void test_protocol_edges_crashed_instance_fails_only_its_rooms(void **sta
     edge_computed_inst(cl, 1, 6, 16);
     edge_run(cl);
     edge_expect_inst(cl, 1, 6, KVS_OK);
-    /* ... and once it is back, the next room naming it connects again. */
+    /* ... and once it is back, the decode connects to it again (its retries
+     * wait at most stall_timeout / 32 apart) and rooms naming it succeed. */
     edge_restart(cl, edge_inst_node(cl, 2, 1));
-    edge_run(cl);
+    edge_run_past_timeouts(cl);
+    assert_int_equal(kvs_decode_peers_ready(d->dec), 2 + 4 + 2);
     edge_open_inst(cl, 2, 7, 0, 40);
     edge_computed_inst(cl, 2, 7, 40);
     edge_run(cl);
