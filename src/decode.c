@@ -251,6 +251,8 @@ static int kvs__connect_peer(kvs_decode_t *d, kvs__peer_t *p)
     p->ready = false;
     p->refused = KVS_OK;
     int rc = kvs__peer_connect(&d->h, p);
+    if (rc == KVS_EINVAL)
+        return rc; /* a shared address: refused, m->err says so */
     if (rc != KVS_OK) {
         /* Not there (yet): the handler keeps trying, as for a peer lost
          * later; rooms fail at once until it registers. */
@@ -266,33 +268,13 @@ static int kvs__connect_peer(kvs_decode_t *d, kvs__peer_t *p)
     return KVS_OK;
 }
 
-/* The default peer instance {0, 0}, made from the config on first use. */
-static kvs__inst_t *kvs__default_inst(kvs_decode_t *d)
-{
-    const kvs_peer_t ref = {0, 0};
-    kvs__inst_t *inst = kvs__inst_find(&d->h, ref);
-    if (inst != NULL)
-        return inst;
-    kvs_manager_t *m = d->h.m;
-    inst = kvs__insts_add(&d->h.insts, m, ref);
-    if (inst == NULL)
-        return NULL;
-    const int64_t tp = m->cfg.peer_tp_size > 0 ? m->cfg.peer_tp_size : m->cfg.tp_size;
-    if (kvs__inst_set_geometry(inst, m, tp, m->cfg.peer_pp_size, true) != KVS_OK ||
-        kvs__handler_prepare_path(&d->h, inst->path) != KVS_OK) {
-        kvs__insts_pop(&d->h.insts);
-        return NULL;
-    }
-    return inst;
-}
-
 int kvs_decode_connect(kvs_decode_t *d, const char *peer, int64_t prefill_tp_rank,
                        int64_t prefill_pp_rank)
 {
     if (d == NULL || peer == NULL)
         return KVS_EINVAL;
     kvs_manager_t *m = d->h.m;
-    kvs__inst_t *inst = kvs__default_inst(d);
+    kvs__inst_t *inst = kvs__inst_get(&d->h, (kvs_peer_t){0, 0});
     if (inst == NULL)
         return m->err.status;
     const int64_t idx = kvs__inst_writer_peer(inst, m->cfg.tp_rank, prefill_tp_rank,
@@ -474,15 +456,15 @@ int kvs_decode_room_open_peer(kvs_decode_t *d, uint64_t room, kvs_peer_t peer,
     if (d == NULL)
         return KVS_EINVAL;
     kvs_manager_t *m = d->h.m;
-    kvs__inst_t *inst = peer.instance == 0 && peer.dp_rank == 0 ? kvs__default_inst(d)
-                                                                : kvs__inst_find(&d->h, peer);
+    /* The default instance is made from the config; others are declared. */
+    const bool fallback = peer.instance == 0 && peer.dp_rank == 0;
+    kvs__inst_t *inst = fallback ? kvs__inst_get(&d->h, peer) : kvs__inst_find(&d->h, peer);
     if (inst == NULL)
-        return peer.instance == 0 && peer.dp_rank == 0
-                   ? m->err.status
-                   : KVS__MFAIL(m, KVS_ENOENT, "room %llu names prefill instance %llu "
-                                "group %lld, which was never declared: "
-                                "kvs_decode_add_instance first", (unsigned long long)room,
-                                (unsigned long long)peer.instance, (long long)peer.dp_rank);
+        return fallback ? m->err.status
+                        : KVS__MFAIL(m, KVS_ENOENT, "room %llu names prefill instance %llu "
+                                     "group %lld, which was never declared: "
+                                     "kvs_decode_add_instance first", (unsigned long long)room,
+                                     (unsigned long long)peer.instance, (long long)peer.dp_rank);
     /* Connected on first use; a writer that cannot be reached is lost (and
      * retried) and fails the room below. */
     int rc = kvs__connect_inst(d, inst);
@@ -905,44 +887,10 @@ static int kvs__advance(kvs__handler_t *h)
     return work;
 }
 
-static const kvs__role_t kvs__decode_role = {
-    .role = KVS_ROLE_DECODE,
-    .accepts = false,
-    .on_register = kvs__on_ack,
-    .on_connected = kvs__on_connected,
-    .on_message = kvs__on_message,
-    .on_write_done = NULL,
-    .advance = kvs__advance,
-    .on_fail = kvs__on_fail,
-    .on_stalled = kvs__on_stalled,
-    .on_peer_lost = kvs__on_peer_lost,
-    .room_free = kvs__room_free,
-};
-
-/* ---- creation --------------------------------------------------------------- */
-
-void kvs_decode_destroy(kvs_decode_t *d)
+static int kvs__role_init(kvs__handler_t *h)
 {
-    if (d == NULL)
-        return;
-    kvs_manager_t *m = d->h.m;
-    kvs__handler_fini(&d->h);
-    kvs__fifo_fini(&d->scatters);
-    kvs__fifo_fini(&d->wanted);
-    free(d->parts);
-    m->handler = NULL;
-    free(d);
-}
-
-int kvs_decode_create(kvs_manager_t *m, kvs_decode_t **out)
-{
-    if (out == NULL)
-        return m != NULL ? KVS__MFAIL(m, KVS_EINVAL, "out must not be NULL") : KVS_EINVAL;
-    *out = NULL;
-    int rc;
-    kvs_decode_t *d = kvs__manager_handler_new(m, KVS_ROLE_DECODE, sizeof *d, &rc);
-    if (d == NULL)
-        return rc;
+    kvs_decode_t *d = kvs__dec(h);
+    kvs_manager_t *m = h->m;
     d->ring = m->ring;
     if (m->staging_count > 0) {
         d->ring_addr = m->staging_addr[0];
@@ -956,42 +904,32 @@ int kvs_decode_create(kvs_manager_t *m, kvs_decode_t **out)
     const uint64_t scatter_bound = (uint64_t)m->cfg.ring_max_live + m->cfg.max_rooms;
     const uint32_t scatters = scatter_bound < UINT32_MAX ? (uint32_t)scatter_bound : UINT32_MAX;
     d->parts = calloc(KVS_COPY_PARTS_MAX, sizeof *d->parts);
-    rc = kvs__handler_init(&d->h, &kvs__decode_role, m);
-    if (rc == KVS_OK && (d->parts == NULL || kvs__fifo_init(&d->scatters, scatters) != KVS_OK ||
-                         kvs__fifo_init(&d->wanted, queue) != KVS_OK))
-        rc = KVS__MFAIL(m, KVS_ENOMEM, "allocating the decode handler's queues failed");
-    if (rc != KVS_OK) {
-        kvs_decode_destroy(d);
-        return rc;
-    }
+    if (d->parts == NULL || kvs__fifo_init(&d->scatters, scatters) != KVS_OK ||
+        kvs__fifo_init(&d->wanted, queue) != KVS_OK)
+        return KVS__MFAIL(m, KVS_ENOMEM, "allocating the decode handler's queues failed");
     kvs__log(&m->log, KVS_LOG_INFO, "decode %lld: %s path, %lld writer(s) per chunk",
              (long long)m->cfg.tp_rank, kvs_path_name(m->path),
              (long long)m->layout.expected_arrivals);
-    *out = d;
     return KVS_OK;
 }
 
-int kvs_decode_progress(kvs_decode_t *d)
+static void kvs__role_fini(kvs__handler_t *h)
 {
-    return d != NULL ? kvs__handler_progress(&d->h) : KVS_EINVAL;
+    kvs_decode_t *d = kvs__dec(h);
+    kvs__fifo_fini(&d->scatters);
+    kvs__fifo_fini(&d->wanted);
+    free(d->parts);
 }
 
-int kvs_decode_poll_rooms(kvs_decode_t *d, kvs_room_result_t *out, int max)
+static const kvs__role_t kvs__decode_role = {
+    .role = KVS_ROLE_DECODE, .accepts = false, .role_init = kvs__role_init,
+    .role_fini = kvs__role_fini, .on_register = kvs__on_ack, .on_connected = kvs__on_connected,
+    .on_message = kvs__on_message, .advance = kvs__advance, .on_fail = kvs__on_fail,
+    .on_stalled = kvs__on_stalled, .on_peer_lost = kvs__on_peer_lost, .room_free = kvs__room_free};
+
+/* ---- the public calls ------------------------------------------------------- */
+
+int kvs_decode_create(kvs_manager_t *m, kvs_decode_t **out)
 {
-    return d != NULL ? kvs__handler_poll_rooms(&d->h, out, max) : KVS_EINVAL;
+    return kvs__handler_create(m, &kvs__decode_role, sizeof **out, (void **)out);
 }
-
-uint64_t kvs_decode_next_deadline_ns(const kvs_decode_t *d)
-{
-    return d != NULL ? kvs__handler_deadline(&d->h) : UINT64_MAX;
-}
-
-void kvs_decode_stats(const kvs_decode_t *d, kvs_handler_stats_t *out)
-{
-    if (d != NULL && out != NULL)
-        *out = d->h.stats;
-}
-
-kvs__links_t *kvs__decode_links(kvs_decode_t *d) { return &d->h.links; }
-
-uint64_t kvs__decode_stall_ns(const kvs_decode_t *d) { return kvs__handler_stall_ns(&d->h); }

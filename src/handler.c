@@ -34,7 +34,7 @@ const char *kvs__peer_name(const kvs__peer_t *peer, char *buf, size_t bytes)
     return buf;
 }
 
-int kvs__handler_init(kvs__handler_t *h, const kvs__role_t *role, kvs_manager_t *m)
+static int kvs__handler_init(kvs__handler_t *h, const kvs__role_t *role, kvs_manager_t *m)
 {
     const kvs_manager_config_t *c = &m->cfg;
     h->role = role;
@@ -61,7 +61,7 @@ int kvs__handler_init(kvs__handler_t *h, const kvs__role_t *role, kvs_manager_t 
     return kvs__handler_prepare_path(h, m->path);
 }
 
-void kvs__handler_fini(kvs__handler_t *h)
+static void kvs__handler_fini(kvs__handler_t *h)
 {
     while (h->first != NULL) {
         kvs__room_t *r = h->first;
@@ -91,6 +91,56 @@ void kvs__handler_fini(kvs__handler_t *h)
         kvs__results_fini(&h->results);
     free(h->cq);
     h->cq = NULL;
+}
+
+int kvs__handler_create(kvs_manager_t *m, const kvs__role_t *role, size_t bytes, void **out)
+{
+    if (out == NULL)
+        return m != NULL ? KVS__MFAIL(m, KVS_EINVAL, "out must not be NULL") : KVS_EINVAL;
+    *out = NULL;
+    int rc;
+    kvs__handler_t *h = kvs__manager_handler_new(m, role->role, bytes, &rc);
+    if (h == NULL)
+        return rc;
+    rc = kvs__handler_init(h, role, m);
+    if (rc == KVS_OK)
+        rc = role->role_init(h);
+    if (rc != KVS_OK) {
+        kvs__handler_destroy(h);
+        return rc;
+    }
+    *out = h;
+    return KVS_OK;
+}
+
+void kvs__handler_destroy(kvs__handler_t *h)
+{
+    kvs_manager_t *m = h->m;
+    kvs__handler_fini(h); /* rooms first: they name the role's state */
+    h->role->role_fini(h);
+    m->handler = NULL;
+    free(h);
+}
+
+kvs__inst_t *kvs__inst_get(kvs__handler_t *h, kvs_peer_t ref)
+{
+    kvs__inst_t *inst = kvs__inst_find(h, ref);
+    if (inst != NULL)
+        return inst;
+    kvs_manager_t *m = h->m;
+    inst = kvs__insts_add(&h->insts, m, ref);
+    if (inst == NULL || ref.instance != 0 || ref.dp_rank != 0)
+        return inst;
+    const bool decode = h->role->role == KVS_ROLE_DECODE;
+    const int64_t tp = m->cfg.peer_tp_size > 0 ? m->cfg.peer_tp_size
+                       : decode                ? m->cfg.tp_size
+                                               : 0;
+    if (tp > 0 && (kvs__inst_set_geometry(inst, m, tp, m->cfg.peer_pp_size, true) != KVS_OK ||
+                   kvs__handler_prepare_path(h, inst->path) != KVS_OK)) {
+        kvs__insts_pop(&h->insts);
+        return NULL;
+    }
+    return inst;
 }
 
 int kvs__handler_prepare_path(kvs__handler_t *h, kvs_path_t path)
@@ -281,6 +331,18 @@ int kvs__peer_connect(kvs__handler_t *h, kvs__peer_t *peer)
         kvs__peer_schedule_reconnect(h, peer);
         return rc;
     }
+    /* A fabric keeps one connection per address: one that is another
+     * peer's already means two declared ranks share an address. Binding it
+     * would hand that peer's messages to this one. */
+    const kvs__peer_t *other = kvs__link_owner(&h->links, conn);
+    if (other != NULL && other != peer) {
+        char mine[96], theirs[96];
+        peer->refused = KVS_EINVAL;
+        return KVS__MFAIL(h->m, KVS_EINVAL, "%s: its address '%s' is already that of %s: give "
+                          "every rank of every instance its own address",
+                          kvs__peer_name(peer, mine, sizeof mine), peer->name,
+                          kvs__peer_name(other, theirs, sizeof theirs));
+    }
     /* A lost peer stays lost until it acknowledges the registration that
      * follows: rooms naming it fail at once meanwhile. */
     kvs__peer_bind(h, peer, conn);
@@ -410,3 +472,42 @@ uint64_t kvs__handler_deadline(const kvs__handler_t *h)
     }
     return t;
 }
+
+/* ---- the calls both handler types answer the same --------------------------- */
+
+/* Both public handler types embed kvs__handler_t first. */
+#define KVS__HANDLER_CALLS(role)                                                          \
+    void kvs_##role##_destroy(kvs_##role##_t *x)                                          \
+    {                                                                                     \
+        if (x != NULL)                                                                    \
+            kvs__handler_destroy((kvs__handler_t *)x);                                    \
+    }                                                                                     \
+    int kvs_##role##_progress(kvs_##role##_t *x)                                          \
+    {                                                                                     \
+        return x != NULL ? kvs__handler_progress((kvs__handler_t *)x) : KVS_EINVAL;        \
+    }                                                                                     \
+    int kvs_##role##_poll_rooms(kvs_##role##_t *x, kvs_room_result_t *out, int max)       \
+    {                                                                                     \
+        return x != NULL ? kvs__handler_poll_rooms((kvs__handler_t *)x, out, max)          \
+                         : KVS_EINVAL;                                                    \
+    }                                                                                     \
+    uint64_t kvs_##role##_next_deadline_ns(const kvs_##role##_t *x)                       \
+    {                                                                                     \
+        return x != NULL ? kvs__handler_deadline((const kvs__handler_t *)x) : UINT64_MAX; \
+    }                                                                                     \
+    void kvs_##role##_stats(const kvs_##role##_t *x, kvs_handler_stats_t *out)            \
+    {                                                                                     \
+        if (x != NULL && out != NULL)                                                     \
+            *out = ((const kvs__handler_t *)x)->stats;                                    \
+    }                                                                                     \
+    kvs__links_t *kvs__##role##_links(kvs_##role##_t *x)                                  \
+    {                                                                                     \
+        return &((kvs__handler_t *)x)->links;                                             \
+    }                                                                                     \
+    uint64_t kvs__##role##_stall_ns(const kvs_##role##_t *x)                              \
+    {                                                                                     \
+        return kvs__handler_stall_ns((const kvs__handler_t *)x);                          \
+    }
+
+KVS__HANDLER_CALLS(decode)
+KVS__HANDLER_CALLS(prefill)

@@ -79,6 +79,10 @@ typedef struct kvs__role {
     /* Frees a room the base no longer holds (after it ended, or at destroy:
      * then also releases its device work and ring regions). */
     void (*room_free)(kvs__handler_t *h, kvs__room_t *r, bool destroying);
+    /* Sets up the role's own state after the base's (role_init) and frees
+     * it, whatever of it exists (role_fini, before the base goes). */
+    int (*role_init)(kvs__handler_t *h);
+    void (*role_fini)(kvs__handler_t *h);
 } kvs__role_t;
 
 struct kvs__handler {
@@ -101,12 +105,15 @@ struct kvs__handler {
     uint64_t next_check_ns;     /* no room's stall deadline is earlier */
 };
 
-/* Sets up the base: tables sized by the manager's config, the links, the
- * stream when staging is on. On failure m->err says why and *h holds
- * nothing (kvs__handler_fini is still safe). */
-int kvs__handler_init(kvs__handler_t *h, const kvs__role_t *role, kvs_manager_t *m);
-/* Frees every room (role->room_free), peer, connection and table. */
-void kvs__handler_fini(kvs__handler_t *h);
+/* Creates a handler of `bytes` (its role's struct, which embeds
+ * kvs__handler_t first) on m: the init guards of spec §8, the base's tables
+ * sized by the manager's config, the links, what the default pair's path
+ * needs, then role->role_init. *out gets it; on failure nothing is left
+ * and m->err says why. */
+int kvs__handler_create(kvs_manager_t *m, const kvs__role_t *role, size_t bytes, void **out);
+/* Frees every room (role->room_free), the role's state, every peer,
+ * connection and table, and the handler; the manager may make another. */
+void kvs__handler_destroy(kvs__handler_t *h);
 
 static inline uint64_t kvs__now(const kvs__handler_t *h) { return kvs__net_now_ns(h->fab); }
 
@@ -155,6 +162,13 @@ static inline kvs__inst_t *kvs__inst_find(const kvs__handler_t *h, kvs_peer_t re
 {
     return kvs__insts_find(&h->insts, ref);
 }
+
+/* The peer instance (group) ref, added when it is new: of unknown
+ * geometry, except the default instance {0, 0}, whose geometry the
+ * config gives (the decode's default TP is its own; the prefill learns it
+ * at registration unless peer_tp_size is set). NULL with m->err set when
+ * the table is full or that geometry cannot pair with this rank. */
+kvs__inst_t *kvs__inst_get(kvs__handler_t *h, kvs_peer_t ref);
 
 /* Makes what a pair on `path` needs, once: the gather or scatter stream
  * for staging, the KV layers registered with the fabric for the direct and

@@ -284,27 +284,6 @@ static void kvs__on_write_done(kvs__handler_t *h, const kvs_completion_t *cqe)
 
 /* ---- requests --------------------------------------------------------------- */
 
-/* The decode instance ref, made (of unknown geometry) on first use; the
- * default instance takes the config's peer sizes when they were given. */
-static kvs__inst_t *kvs__inst_get(kvs_prefill_t *p, kvs_peer_t ref)
-{
-    kvs__inst_t *inst = kvs__inst_find(&p->h, ref);
-    if (inst != NULL)
-        return inst;
-    kvs_manager_t *m = p->h.m;
-    inst = kvs__insts_add(&p->h.insts, m, ref);
-    if (inst == NULL)
-        return NULL;
-    if (ref.instance == 0 && ref.dp_rank == 0 && m->cfg.peer_tp_size > 0 &&
-        (kvs__inst_set_geometry(inst, m, m->cfg.peer_tp_size, m->cfg.peer_pp_size, true) !=
-             KVS_OK ||
-         kvs__handler_prepare_path(&p->h, inst->path) != KVS_OK)) {
-        kvs__insts_pop(&p->h.insts);
-        return NULL;
-    }
-    return inst;
-}
-
 int kvs_prefill_room_open_peer(kvs_prefill_t *p, uint64_t room, kvs_peer_t peer,
                                int64_t total_tokens, const int64_t *pages, int64_t num_pages)
 {
@@ -327,7 +306,7 @@ int kvs_prefill_room_open_peer(kvs_prefill_t *p, uint64_t room, kvs_peer_t peer,
     if (found != NULL && kvs__proom(found)->opened)
         return KVS__MFAIL(m, KVS_EALREADY, "room %llu is already open",
                           (unsigned long long)room);
-    kvs__inst_t *inst = found != NULL ? found->inst : kvs__inst_get(p, peer);
+    kvs__inst_t *inst = found != NULL ? found->inst : kvs__inst_get(&p->h, peer);
     if (inst == NULL)
         return m->err.status;
     int64_t *copy = malloc((size_t)(num_pages > 0 ? num_pages : 1) * sizeof *copy);
@@ -671,48 +650,10 @@ static int kvs__advance(kvs__handler_t *h)
     return 0;
 }
 
-static const kvs__role_t kvs__prefill_role = {
-    .role = KVS_ROLE_PREFILL,
-    .accepts = true,
-    .on_register = kvs__on_register,
-    .on_connected = NULL,
-    .on_message = kvs__on_message,
-    .on_write_done = kvs__on_write_done,
-    .advance = kvs__advance,
-    .on_fail = kvs__on_fail,
-    .on_stalled = kvs__on_stalled,
-    .on_peer_lost = kvs__on_peer_lost,
-    .room_free = kvs__room_free,
-};
-
-/* ---- creation --------------------------------------------------------------- */
-
-void kvs_prefill_destroy(kvs_prefill_t *p)
+static int kvs__role_init(kvs__handler_t *h)
 {
-    if (p == NULL)
-        return;
-    kvs_manager_t *m = p->h.m;
-    kvs__handler_fini(&p->h);
-    kvs__fifo_fini(&p->gathers);
-    free(p->gone);
-    free(p->worker_busy);
-    free(p->ops);
-    free(p->fuse_flows);
-    free(p->fuse_workers);
-    free(p->fuse_parts);
-    m->handler = NULL;
-    free(p);
-}
-
-int kvs_prefill_create(kvs_manager_t *m, kvs_prefill_t **out)
-{
-    if (out == NULL)
-        return m != NULL ? KVS__MFAIL(m, KVS_EINVAL, "out must not be NULL") : KVS_EINVAL;
-    *out = NULL;
-    int rc;
-    kvs_prefill_t *p = kvs__manager_handler_new(m, KVS_ROLE_PREFILL, sizeof *p, &rc);
-    if (p == NULL)
-        return rc;
+    kvs_prefill_t *p = kvs__pre(h);
+    kvs_manager_t *m = h->m;
     p->workers = m->staging_count;
     /* a staged chunk's K and V writes go out together (prefill PP) */
     p->ops_cap = m->cfg.max_inflight_writes >= 2 ? m->cfg.max_inflight_writes : 2;
@@ -724,44 +665,38 @@ int kvs_prefill_create(kvs_manager_t *m, kvs_prefill_t **out)
     p->fuse_workers = calloc((size_t)p->fuse_cap, sizeof *p->fuse_workers);
     p->fuse_parts = calloc((size_t)p->fuse_cap, sizeof *p->fuse_parts);
     p->gone = calloc(m->cfg.max_rooms, sizeof *p->gone);
-    rc = kvs__handler_init(&p->h, &kvs__prefill_role, m);
-    if (rc == KVS_OK &&
-        (p->gone == NULL || p->worker_busy == NULL || p->ops == NULL ||
-         p->fuse_flows == NULL || p->fuse_workers == NULL || p->fuse_parts == NULL ||
-         kvs__fifo_init(&p->gathers, slots) != KVS_OK))
-        rc = KVS__MFAIL(m, KVS_ENOMEM, "allocating the prefill handler's tables failed");
+    if (p->gone == NULL || p->worker_busy == NULL || p->ops == NULL || p->fuse_flows == NULL ||
+        p->fuse_workers == NULL || p->fuse_parts == NULL ||
+        kvs__fifo_init(&p->gathers, slots) != KVS_OK)
+        return KVS__MFAIL(m, KVS_ENOMEM, "allocating the prefill handler's tables failed");
     /* The default decode instance, when the config gives its geometry. */
-    if (rc == KVS_OK && m->cfg.peer_tp_size > 0 && kvs__inst_get(p, (kvs_peer_t){0, 0}) == NULL)
-        rc = m->err.status;
-    if (rc != KVS_OK) {
-        kvs_prefill_destroy(p);
-        return rc;
-    }
-    *out = p;
+    if (m->cfg.peer_tp_size > 0 && kvs__inst_get(&p->h, (kvs_peer_t){0, 0}) == NULL)
+        return m->err.status;
     return KVS_OK;
 }
 
-int kvs_prefill_progress(kvs_prefill_t *p)
+static void kvs__role_fini(kvs__handler_t *h)
 {
-    return p != NULL ? kvs__handler_progress(&p->h) : KVS_EINVAL;
+    kvs_prefill_t *p = kvs__pre(h);
+    kvs__fifo_fini(&p->gathers);
+    free(p->gone);
+    free(p->worker_busy);
+    free(p->ops);
+    free(p->fuse_flows);
+    free(p->fuse_workers);
+    free(p->fuse_parts);
 }
 
-int kvs_prefill_poll_rooms(kvs_prefill_t *p, kvs_room_result_t *out, int max)
+static const kvs__role_t kvs__prefill_role = {
+    .role = KVS_ROLE_PREFILL, .accepts = true, .role_init = kvs__role_init,
+    .role_fini = kvs__role_fini, .on_register = kvs__on_register,
+    .on_message = kvs__on_message, .on_write_done = kvs__on_write_done,
+    .advance = kvs__advance, .on_fail = kvs__on_fail, .on_stalled = kvs__on_stalled,
+    .on_peer_lost = kvs__on_peer_lost, .room_free = kvs__room_free};
+
+/* ---- the public calls ------------------------------------------------------- */
+
+int kvs_prefill_create(kvs_manager_t *m, kvs_prefill_t **out)
 {
-    return p != NULL ? kvs__handler_poll_rooms(&p->h, out, max) : KVS_EINVAL;
+    return kvs__handler_create(m, &kvs__prefill_role, sizeof **out, (void **)out);
 }
-
-uint64_t kvs_prefill_next_deadline_ns(const kvs_prefill_t *p)
-{
-    return p != NULL ? kvs__handler_deadline(&p->h) : UINT64_MAX;
-}
-
-void kvs_prefill_stats(const kvs_prefill_t *p, kvs_handler_stats_t *out)
-{
-    if (p != NULL && out != NULL)
-        *out = p->h.stats;
-}
-
-kvs__links_t *kvs__prefill_links(kvs_prefill_t *p) { return &p->h.links; }
-
-uint64_t kvs__prefill_stall_ns(const kvs_prefill_t *p) { return kvs__handler_stall_ns(&p->h); }

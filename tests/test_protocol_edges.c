@@ -69,6 +69,7 @@ typedef struct edge_node {
     edge_cluster_t *cl;
     kvs_role_t role;
     int inst;                        /* prefill: its instance (id), 0 for the first */
+    int dp;                          /* prefill: its attention group in the instance */
     int64_t tp;
     char name[16];
     sim_gpu_t *gpu;
@@ -119,6 +120,10 @@ typedef struct edge_opts {
      * kvs_decode_add_instance; instance 0 is the default, of prefill_tp. */
     int instances;                   /* 0 -> 1 */
     int64_t inst_tp[EDGE_MAX_INSTANCES];
+    int64_t inst_dp[EDGE_MAX_INSTANCES]; /* attention groups of inst_tp ranks each
+                                          (DP attention), 0 -> 1 */
+    bool prefill_learns;             /* prefill ranks leave peer_tp_size 0: they learn
+                                        the decode instance at its registration */
 } edge_opts_t;
 
 /* Called after a node polled results (the node that got them, the new ones). */
@@ -174,22 +179,33 @@ static int edge_nnodes(const edge_cluster_t *cl)
     return cl->nprefill + cl->ndecode + cl->nextra;
 }
 
-/* Prefill rank tp of instance inst. */
-static edge_node_t *edge_inst_node(edge_cluster_t *cl, int inst, int64_t tp)
+/* Prefill rank tp of attention group g of instance inst. */
+static edge_node_t *edge_group_node(edge_cluster_t *cl, int inst, int g, int64_t tp)
 {
     if (inst == 0)
         return edge_prefill(cl, (int)tp);
     for (int i = cl->nprefill + cl->ndecode; i < edge_nnodes(cl); i++)
-        if (cl->nodes[i].inst == inst && cl->nodes[i].tp == tp)
+        if (cl->nodes[i].inst == inst && cl->nodes[i].dp == g && cl->nodes[i].tp == tp)
             return &cl->nodes[i];
-    EDGE_FAIL("no prefill rank %lld in instance %d", (long long)tp, inst);
+    EDGE_FAIL("no prefill rank %lld in group %d of instance %d", (long long)tp, g, inst);
     return NULL;
 }
 
-/* The TP of prefill instance inst. */
+static edge_node_t *edge_inst_node(edge_cluster_t *cl, int inst, int64_t tp)
+{
+    return edge_group_node(cl, inst, 0, tp);
+}
+
+/* The TP of prefill instance inst (of one attention group). */
 static int64_t edge_inst_tp(const edge_cluster_t *cl, int inst)
 {
     return inst == 0 ? cl->o.prefill_tp : cl->o.inst_tp[inst];
+}
+
+/* The attention groups of prefill instance inst. */
+static int edge_inst_dp(const edge_cluster_t *cl, int inst)
+{
+    return inst == 0 || cl->o.inst_dp[inst] == 0 ? 1 : (int)cl->o.inst_dp[inst];
 }
 
 static void edge_log(void *user, kvs_log_level_t level, const char *msg)
@@ -342,7 +358,7 @@ static void edge_run_past_timeouts(edge_cluster_t *cl)
 static int edge_node_manager(edge_cluster_t *cl, edge_node_t *n, uint64_t session);
 
 static int edge_node_setup(edge_cluster_t *cl, edge_node_t *n, kvs_role_t role, int inst,
-                           int64_t tp, uint32_t gpu_id)
+                           int dp, int64_t tp, uint32_t gpu_id)
 {
     const edge_opts_t *o = &cl->o;
     const bool decode = role == KVS_ROLE_DECODE;
@@ -350,8 +366,11 @@ static int edge_node_setup(edge_cluster_t *cl, edge_node_t *n, kvs_role_t role, 
     n->cl = cl;
     n->role = role;
     n->inst = inst;
+    n->dp = dp;
     n->tp = tp;
-    if (inst > 0)
+    if (inst > 0 && edge_inst_dp(cl, inst) > 1)
+        snprintf(n->name, sizeof n->name, "i%dg%dp%lld", inst, dp, (long long)tp);
+    else if (inst > 0)
         snprintf(n->name, sizeof n->name, "i%dp%lld", inst, (long long)tp);
     else
         snprintf(n->name, sizeof n->name, "%c%lld", decode ? 'd' : 'p', (long long)tp);
@@ -390,7 +409,8 @@ static int edge_node_setup(edge_cluster_t *cl, edge_node_t *n, kvs_role_t role, 
     }
 
     return edge_node_manager(cl, n, (decode ? EDGE_DECODE_SESSION : EDGE_PREFILL_SESSION) +
-                                        0x10u * (uint64_t)inst + (uint64_t)tp);
+                                        0x100u * (uint64_t)inst + 0x10u * (uint64_t)dp +
+                                        (uint64_t)tp);
 }
 
 /* The manager (and handler) of a node, in the init order of spec §8. */
@@ -408,14 +428,15 @@ static int edge_node_manager(edge_cluster_t *cl, edge_node_t *n, uint64_t sessio
         .dtype = dtype, .layers = n->layers, .page_size = n->page_size, .tp_rank = tp,
         .tp_size = tp_size, .pp_rank = 0, .pp_size = odd && o->odd_pp > 0 ? o->odd_pp : 1,
         .peer_tp_size = decode ? o->prefill_tp
-                               : odd && o->odd_decode_tp > 0 ? o->odd_decode_tp : o->decode_tp,
+                        : odd && o->odd_decode_tp > 0 ? o->odd_decode_tp
+                        : o->prefill_learns ? 0 : o->decode_tp,
         .peer_pp_size = 1,
         .chunk_tokens = o->chunk_tokens, .ring_bytes = o->ring_bytes,
         .ring_max_live = o->ring_max_live, .transfer_workers = o->transfer_workers,
         .path = odd && o->odd_slice ? KVS_PATH_SLICE : o->path, .max_rooms = o->max_rooms,
         .max_inflight_writes = o->max_inflight_writes,
         .session_id = session, .app_tag = odd ? o->odd_app_tag : 0,
-        .instance_id = decode ? 0 : (uint64_t)n->inst,
+        .instance_id = decode ? 0 : (uint64_t)n->inst, .dp_rank = decode ? 0 : n->dp,
         .log = {.fn = edge_log,
                 .user = n,
                 .level = getenv("EDGE_LOG") != NULL ? KVS_LOG_DEBUG : KVS_LOG_WARN}};
@@ -456,17 +477,21 @@ static void edge_connect(edge_cluster_t *cl, int d)
             EDGE_FAIL("%s: connect %s: %s", n->name, peer, kvs_manager_last_error(n->m)->msg);
     }
     for (int inst = 1; inst < cl->o.instances; inst++) {
-        char names[16][32];
-        const char *addrs[16];
+        char names[EDGE_MAX_NODES][32];
+        const char *addrs[EDGE_MAX_NODES];
         const int64_t tp = edge_inst_tp(cl, inst);
-        for (int64_t t = 0; t < tp; t++) {
-            snprintf(names[t], sizeof names[t], "i%dp%lld", inst, (long long)t);
-            addrs[t] = names[t];
-        }
-        const kvs_instance_desc_t desc = {.id = (uint64_t)inst, .tp_size = tp, .addrs = addrs};
+        const int dp = edge_inst_dp(cl, inst);
+        for (int g = 0; g < dp; g++)
+            for (int64_t t = 0; t < tp; t++) {
+                const edge_node_t *p = edge_group_node(cl, inst, g, t);
+                snprintf(names[g * tp + t], sizeof names[0], "%s", p->name);
+                addrs[g * tp + t] = names[g * tp + t];
+            }
+        const kvs_instance_desc_t desc = {.id = (uint64_t)inst, .tp_size = tp, .dp_size = dp,
+                                          .addrs = addrs};
         int rc = kvs_decode_add_instance(n->dec, &desc);
-        if (rc == KVS_OK)
-            rc = kvs_decode_connect_peer(n->dec, (kvs_peer_t){(uint64_t)inst, 0});
+        for (int g = 0; g < dp && rc == KVS_OK; g++)
+            rc = kvs_decode_connect_peer(n->dec, (kvs_peer_t){(uint64_t)inst, g});
         if (rc != KVS_OK)
             EDGE_FAIL("%s: instance %d: %s", n->name, inst, kvs_manager_last_error(n->m)->msg);
     }
@@ -482,21 +507,21 @@ static edge_cluster_t *edge_create(const edge_opts_t *o)
     cl->ndecode = (int)o->decode_tp;
     assert_true(o->instances <= EDGE_MAX_INSTANCES);
     for (int inst = 1; inst < o->instances; inst++)
-        cl->nextra += (int)o->inst_tp[inst];
+        cl->nextra += (int)o->inst_tp[inst] * (o->inst_dp[inst] > 0 ? (int)o->inst_dp[inst] : 1);
     assert_true(edge_nnodes(cl) <= EDGE_MAX_NODES);
     assert_int_equal(sim_engine_create(EDGE_SEED, 256, &cl->eng), KVS_OK);
     assert_int_equal(sim_net_create(cl->eng, &o->net, &cl->net), KVS_OK);
-    for (int i = 0, inst = 1, tp = 0; i < edge_nnodes(cl); i++) {
+    for (int i = 0, inst = 1, g = 0, tp = 0; i < edge_nnodes(cl); i++) {
         const bool decode = i >= cl->nprefill && i < cl->nprefill + cl->ndecode;
         int rc;
         if (i < cl->nprefill + cl->ndecode) {
             rc = edge_node_setup(cl, &cl->nodes[i], decode ? KVS_ROLE_DECODE : KVS_ROLE_PREFILL,
-                                 0, decode ? i - cl->nprefill : i, (uint32_t)i);
+                                 0, 0, decode ? i - cl->nprefill : i, (uint32_t)i);
         } else {
-            rc = edge_node_setup(cl, &cl->nodes[i], KVS_ROLE_PREFILL, inst, tp, (uint32_t)i);
-            if (++tp == edge_inst_tp(cl, inst)) {
+            rc = edge_node_setup(cl, &cl->nodes[i], KVS_ROLE_PREFILL, inst, g, tp, (uint32_t)i);
+            if (++tp == edge_inst_tp(cl, inst) && (tp = 0, ++g == edge_inst_dp(cl, inst))) {
                 inst++;
-                tp = 0;
+                g = 0;
             }
         }
         if (rc != KVS_OK)
@@ -565,10 +590,10 @@ static void edge_crash(edge_node_t *n)
 static void edge_restart(edge_cluster_t *cl, edge_node_t *n)
 {
     const uint32_t gpu_id = (uint32_t)(n - cl->nodes);
-    const int inst = n->inst;
+    const int inst = n->inst, dp = n->dp;
     const int64_t tp = n->tp;
     memset(n, 0, sizeof *n);
-    assert_int_equal(edge_node_setup(cl, n, KVS_ROLE_PREFILL, inst, tp, gpu_id), KVS_OK);
+    assert_int_equal(edge_node_setup(cl, n, KVS_ROLE_PREFILL, inst, dp, tp, gpu_id), KVS_OK);
 }
 
 /* ---- requests --------------------------------------------------------------- */
@@ -788,10 +813,11 @@ static void edge_transfer_ok(edge_cluster_t *cl, const edge_room_t *rooms, int n
 
 /* ---- rooms of other prefill instances (spec §12) ------------------------------ */
 
-/* Opens a room paired with prefill instance inst: on every decode rank
- * (naming the instance) and on that instance's prefill ranks. */
-static void edge_open_inst(edge_cluster_t *cl, int inst, uint64_t room, int64_t base,
-                           int64_t total)
+/* Opens a room paired with attention group g of prefill instance inst: on
+ * every decode rank (naming the instance and group) and on that group's
+ * prefill ranks. */
+static void edge_open_group(edge_cluster_t *cl, int inst, int g, uint64_t room, int64_t base,
+                            int64_t total)
 {
     for (int d = 0; d < cl->ndecode; d++) {
         edge_node_t *n = edge_decode(cl, d);
@@ -799,7 +825,7 @@ static void edge_open_inst(edge_cluster_t *cl, int inst, uint64_t room, int64_t 
         const int64_t np = edge_pages(total - base, n->page_size);
         for (int64_t i = 0; i < np; i++)
             pages[i] = edge_page(room, i, true);
-        int rc = kvs_decode_room_open_peer(n->dec, room, (kvs_peer_t){(uint64_t)inst, 0}, base,
+        int rc = kvs_decode_room_open_peer(n->dec, room, (kvs_peer_t){(uint64_t)inst, g}, base,
                                            total, pages, np);
         if (rc != KVS_OK)
             EDGE_FAIL("%s: room_open %llu: %s", n->name, (unsigned long long)room,
@@ -807,7 +833,7 @@ static void edge_open_inst(edge_cluster_t *cl, int inst, uint64_t room, int64_t 
         edge_wake(n);
     }
     for (int64_t t = 0; t < edge_inst_tp(cl, inst); t++) {
-        edge_node_t *n = edge_inst_node(cl, inst, t);
+        edge_node_t *n = edge_group_node(cl, inst, g, t);
         int64_t pages[EDGE_ROOM_SLOT_PAGES];
         const int64_t np = edge_pages(total, n->page_size);
         for (int64_t k = 0; k < np; k++)
@@ -821,10 +847,16 @@ static void edge_open_inst(edge_cluster_t *cl, int inst, uint64_t room, int64_t 
     }
 }
 
-static void edge_computed_inst(edge_cluster_t *cl, int inst, uint64_t room, int64_t end)
+static void edge_open_inst(edge_cluster_t *cl, int inst, uint64_t room, int64_t base,
+                           int64_t total)
+{
+    edge_open_group(cl, inst, 0, room, base, total);
+}
+
+static void edge_computed_group(edge_cluster_t *cl, int inst, int g, uint64_t room, int64_t end)
 {
     for (int64_t t = 0; t < edge_inst_tp(cl, inst); t++) {
-        edge_node_t *n = edge_inst_node(cl, inst, t);
+        edge_node_t *n = edge_group_node(cl, inst, g, t);
         int rc = kvs_prefill_room_computed(n->pre, room, end, true);
         if (rc != KVS_OK)
             EDGE_FAIL("%s: room_computed %llu: %s", n->name, (unsigned long long)room,
@@ -833,18 +865,28 @@ static void edge_computed_inst(edge_cluster_t *cl, int inst, uint64_t room, int6
     }
 }
 
-/* A room of instance inst ended with `status` on the decode ranks and on
- * that instance's prefill ranks, and no other rank reported it. */
-static void edge_expect_inst(edge_cluster_t *cl, int inst, uint64_t room, int status)
+static void edge_computed_inst(edge_cluster_t *cl, int inst, uint64_t room, int64_t end)
+{
+    edge_computed_group(cl, inst, 0, room, end);
+}
+
+/* A room of group g of instance inst ended with `status` on the decode
+ * ranks and on that group's prefill ranks, and no other rank reported it. */
+static void edge_expect_group(edge_cluster_t *cl, int inst, int g, uint64_t room, int status)
 {
     for (int i = 0; i < edge_nnodes(cl); i++) {
         edge_node_t *n = &cl->nodes[i];
-        if (n->role == KVS_ROLE_DECODE || n->inst == inst)
+        if (n->role == KVS_ROLE_DECODE || (n->inst == inst && n->dp == g))
             edge_expect(n, room, status);
         else if (edge_result(n, room) != NULL)
             EDGE_FAIL("%s of instance %d reported room %llu of instance %d", n->name, n->inst,
                       (unsigned long long)room, inst);
     }
+}
+
+static void edge_expect_inst(edge_cluster_t *cl, int inst, uint64_t room, int status)
+{
+    edge_expect_group(cl, inst, 0, room, status);
 }
 
 static kvs_handler_stats_t edge_stats(const edge_node_t *n)
@@ -3583,6 +3625,180 @@ static void test_protocol_edges_crashed_instance_fails_only_its_rooms(void **sta
     edge_destroy(cl);
 }
 
+/* kvs_decode_add_instance, connect_peer and room_open_peer refuse what
+ * cannot be: each error names what to change and adds nothing. */
+static void test_protocol_edges_instance_api_errors(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.instances = 2;
+    o.inst_tp[1] = 4;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_node_t *d = edge_decode(cl, 0);
+    const kvs_error_t *err = kvs_manager_last_error(d->m);
+    const char *addrs[12]; /* as many as the largest instance below has ranks */
+    for (int i = 0; i < 12; i++)
+        addrs[i] = "x";
+    kvs_instance_desc_t desc = {.id = 5, .tp_size = 2, .addrs = addrs};
+    assert_int_equal(kvs_decode_add_instance(NULL, &desc), KVS_EINVAL);
+    assert_int_equal(kvs_decode_add_instance(d->dec, NULL), KVS_EINVAL);
+    desc.tp_size = 0;
+    assert_int_equal(kvs_decode_add_instance(d->dec, &desc), KVS_EINVAL);
+    assert_non_null(strstr(err->msg, "tp_size > 0"));
+    desc.tp_size = 2;
+    desc.addrs = NULL;
+    assert_int_equal(kvs_decode_add_instance(d->dec, &desc), KVS_EINVAL);
+    desc.addrs = addrs;
+    desc.id = 1; /* declared by the harness */
+    assert_int_equal(kvs_decode_add_instance(d->dec, &desc), KVS_EALREADY);
+    desc.id = 5;
+    const char *holes[2] = {"x0", NULL};
+    desc.addrs = holes;
+    assert_int_equal(kvs_decode_add_instance(d->dec, &desc), KVS_EINVAL);
+    assert_non_null(strstr(err->msg, "address 1 is NULL"));
+    desc.addrs = addrs;
+    desc.tp_size = 3; /* 4 KV heads do not split over TP 3 */
+    assert_int_equal(kvs_decode_add_instance(d->dec, &desc), KVS_EHEAD_SPLIT);
+    desc.tp_size = 2;
+    desc.dp_size = 2;
+    desc.pp_size = 3; /* the model's 2 layers cannot fill 3 stages */
+    assert_int_equal(kvs_decode_add_instance(d->dec, &desc), KVS_EPP_SPLIT);
+    desc.pp_size = 0;
+    desc.dp_size = 100; /* more groups than max_instances leaves room for */
+    assert_int_equal(kvs_decode_add_instance(d->dec, &desc), KVS_EFULL);
+    assert_non_null(strstr(err->msg, "max_instances"));
+    /* None of the refused ones was added. */
+    for (int g = 0; g < 2; g++)
+        assert_int_equal(kvs_decode_connect_peer(d->dec, (kvs_peer_t){5, g}), KVS_ENOENT);
+    assert_non_null(strstr(err->msg, "never declared"));
+    assert_int_equal(kvs_decode_connect_peer(NULL, (kvs_peer_t){1, 0}), KVS_EINVAL);
+    int64_t pages[2] = {0, 1};
+    assert_int_equal(kvs_decode_room_open_peer(d->dec, 3, (kvs_peer_t){9, 0}, 0, 8, pages, 2),
+                     KVS_ENOENT);
+    assert_non_null(strstr(err->msg, "room 3 names prefill instance 9"));
+    /* The declared ones still work, and connecting them again is a no-op. */
+    assert_int_equal(kvs_decode_connect_peer(d->dec, (kvs_peer_t){1, 0}), KVS_OK);
+    assert_int_equal(kvs_decode_peers_ready(d->dec), 2 + 4);
+    edge_open_inst(cl, 1, 1, 0, 24);
+    edge_computed_inst(cl, 1, 1, 24);
+    edge_run(cl);
+    edge_expect_inst(cl, 1, 1, KVS_OK);
+    assert_int_equal(edge_corrupt(cl, 1, 0, 24), 0);
+    edge_destroy(cl);
+}
+
+/* A decode that declares an instance with the addresses of another
+ * instance's ranks is refused at its connect, naming both: the fabric keeps
+ * one connection per address, and handing it to the second would give it
+ * the first one's messages. Its rooms naming that instance are refused at
+ * the call; the real instance's rooms go on. A REGISTER that names another
+ * prefill instance than the one it reaches is refused by that rank, naming
+ * both instances. */
+static void test_protocol_edges_instance_misaddressed(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    edge_cluster_t *cl = edge_create(&o);
+    edge_node_t *d = edge_decode(cl, 0);
+    const char *addrs[2] = {"p0", "p1"}; /* instance 0's ranks */
+    const kvs_instance_desc_t desc = {.id = 3, .tp_size = 2, .addrs = addrs};
+    assert_int_equal(kvs_decode_add_instance(d->dec, &desc), KVS_OK);
+    assert_int_equal(kvs_decode_connect_peer(d->dec, (kvs_peer_t){3, 0}), KVS_EINVAL);
+    assert_non_null(strstr(kvs_manager_last_error(d->m)->msg,
+                           "instance 3 rank tp 1 pp 0: its address 'p1' is already that of "
+                           "instance 0 rank tp 1 pp 0"));
+    int64_t pages[2] = {0, 1};
+    assert_int_equal(kvs_decode_room_open_peer(d->dec, 7, (kvs_peer_t){3, 0}, 0, 8, pages, 2),
+                     KVS_EINVAL);
+    assert_non_null(strstr(kvs_manager_last_error(d->m)->msg, "refused the registration"));
+    edge_transfer(cl, 1, 0, 40);
+    edge_expect_ok(cl, 1, 0, 40);
+    edge_expect_ring_empty(cl);
+
+    edge_intruder_t x;
+    edge_intruder_create(cl, &x);
+    kvs_conn_t *xc = edge_conn(x.fab, "p1");
+    kvs_msg_t m = edge_register_msg(cl);
+    m.u.reg.tp_rank = 0;
+    m.u.reg.peer_instance = 3;
+    edge_send(cl, x.fab, xc, &m);
+    edge_run(cl);
+    kvs_msg_t got[2];
+    assert_int_equal(edge_intruder_recv(cl, &x, got, 2), 1);
+    assert_int_equal(got[0].u.ack.status, KVS_EINVAL);
+    assert_non_null(strstr(kvs_manager_last_error(edge_prefill(cl, 1)->m)->msg,
+                           "registered for prefill instance 3 group 0, but this is "
+                           "instance 0 group 0"));
+    edge_intruder_destroy(&x);
+    edge_destroy(cl);
+}
+
+/* Attention data parallelism (spec §12): an instance of two attention
+ * groups of TP 2 each; a room is served by one group, which behaves as an
+ * instance of TP 2, and the other group never hears of it. */
+static void test_protocol_edges_attention_groups(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.instances = 2;
+    o.inst_tp[1] = 2;
+    o.inst_dp[1] = 2;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_node_t *d = edge_decode(cl, 0);
+    assert_int_equal(kvs_decode_peers_ready(d->dec), 2 + 2 * 2);
+    edge_open_group(cl, 1, 0, 1, 0, 40);
+    edge_open_group(cl, 1, 1, 2, 0, 24);
+    edge_computed_group(cl, 1, 0, 1, 40);
+    edge_computed_group(cl, 1, 1, 2, 24);
+    edge_run(cl);
+    edge_expect_group(cl, 1, 0, 1, KVS_OK);
+    edge_expect_group(cl, 1, 1, 2, KVS_OK);
+    for (int g = 0; g < 2; g++)
+        for (int64_t t = 0; t < 2; t++)
+            assert_null(edge_result(edge_group_node(cl, 1, g, t), g == 0 ? 2 : 1));
+    assert_int_equal(edge_corrupt(cl, 1, 0, 40), 0);
+    assert_int_equal(edge_corrupt(cl, 2, 0, 24), 0);
+    edge_expect_ring_empty(cl);
+    edge_destroy(cl);
+}
+
+/* A prefill rank that is not told its decode instance's geometry learns it
+ * from the first registration: a room opened before that waits for it and
+ * then goes through; a room naming a decode instance that never registers
+ * fails after the stall timeout, and only that room. */
+static void test_protocol_edges_prefill_learns_its_decode_instance(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.prefill_learns = true;
+    o.no_connect = true;
+    edge_cluster_t *cl = edge_create(&o);
+    for (int i = 0; i < 2; i++) {
+        edge_node_t *p = edge_prefill(cl, i);
+        int64_t pages[2] = {(int64_t)(8 + i), 9};
+        assert_int_equal(kvs_prefill_room_open_peer(p->pre, 9, (kvs_peer_t){7, 0}, 8, pages, 2),
+                         KVS_OK);
+        edge_wake(p);
+    }
+    edge_open_prefill(cl, 0, 1, 40); /* before the decode instance registered */
+    edge_open_prefill(cl, 1, 1, 40);
+    edge_connect(cl, 0);
+    edge_run(cl);
+    edge_assert_registered(cl);
+    edge_open_decode(cl, 1, 0, 40);
+    edge_computed(cl, 1, 40, true);
+    edge_run(cl);
+    edge_expect_ok(cl, 1, 0, 40);
+    for (int i = 0; i < 2; i++)
+        assert_null(edge_result(edge_prefill(cl, i), 9));
+    edge_run_past_timeouts(cl);
+    for (int i = 0; i < 2; i++)
+        edge_expect(edge_prefill(cl, i), 9, KVS_ETIMEDOUT);
+    assert_null(edge_result(edge_decode(cl, 0), 9));
+    edge_expect_ring_empty(cl);
+    edge_destroy(cl);
+}
+
 int main(void)
 {
     print_message("test_protocol_edges: seed %llu\n", (unsigned long long)EDGE_SEED);
@@ -3593,6 +3809,10 @@ int main(void)
         cmocka_unit_test(test_protocol_edges_two_instances_share_the_ring),
         cmocka_unit_test(test_protocol_edges_watermark_releases_another_instance),
         cmocka_unit_test(test_protocol_edges_crashed_instance_fails_only_its_rooms),
+        cmocka_unit_test(test_protocol_edges_instance_api_errors),
+        cmocka_unit_test(test_protocol_edges_instance_misaddressed),
+        cmocka_unit_test(test_protocol_edges_attention_groups),
+        cmocka_unit_test(test_protocol_edges_prefill_learns_its_decode_instance),
         cmocka_unit_test(test_protocol_edges_happy_path),
         cmocka_unit_test(test_protocol_edges_oversized),
         cmocka_unit_test(test_protocol_edges_write_error),
