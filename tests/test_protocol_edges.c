@@ -122,6 +122,7 @@ typedef struct edge_opts {
     int64_t inst_tp[EDGE_MAX_INSTANCES];
     int64_t inst_dp[EDGE_MAX_INSTANCES]; /* attention groups of inst_tp ranks each
                                           (DP attention), 0 -> 1 */
+    uint32_t max_instances;          /* of every rank, 0: the default */
     bool prefill_learns;             /* prefill ranks leave peer_tp_size 0: they learn
                                         the decode instance at its registration */
 } edge_opts_t;
@@ -437,6 +438,7 @@ static int edge_node_manager(edge_cluster_t *cl, edge_node_t *n, uint64_t sessio
         .max_inflight_writes = o->max_inflight_writes,
         .session_id = session, .app_tag = odd ? o->odd_app_tag : 0,
         .instance_id = decode ? 0 : (uint64_t)n->inst, .dp_rank = decode ? 0 : n->dp,
+        .max_instances = o->max_instances,
         .log = {.fn = edge_log,
                 .user = n,
                 .level = getenv("EDGE_LOG") != NULL ? KVS_LOG_DEBUG : KVS_LOG_WARN}};
@@ -3646,6 +3648,12 @@ static void test_protocol_edges_instance_api_errors(void **state)
     assert_int_equal(kvs_decode_add_instance(d->dec, &desc), KVS_EINVAL);
     assert_non_null(strstr(err->msg, "tp_size > 0"));
     desc.tp_size = 2;
+    desc.pp_size = -1;
+    assert_int_equal(kvs_decode_add_instance(d->dec, &desc), KVS_EINVAL);
+    desc.pp_size = 0;
+    desc.dp_size = -1;
+    assert_int_equal(kvs_decode_add_instance(d->dec, &desc), KVS_EINVAL);
+    desc.dp_size = 0;
     desc.addrs = NULL;
     assert_int_equal(kvs_decode_add_instance(d->dec, &desc), KVS_EINVAL);
     desc.addrs = addrs;
@@ -3676,6 +3684,9 @@ static void test_protocol_edges_instance_api_errors(void **state)
     assert_int_equal(kvs_decode_room_open_peer(d->dec, 3, (kvs_peer_t){9, 0}, 0, 8, pages, 2),
                      KVS_ENOENT);
     assert_non_null(strstr(err->msg, "room 3 names prefill instance 9"));
+    /* the default instance has no group 1 */
+    assert_int_equal(kvs_decode_room_open_peer(d->dec, 3, (kvs_peer_t){0, 1}, 0, 8, pages, 2),
+                     KVS_ENOENT);
     /* The declared ones still work, and connecting them again is a no-op. */
     assert_int_equal(kvs_decode_connect_peer(d->dec, (kvs_peer_t){1, 0}), KVS_OK);
     assert_int_equal(kvs_decode_peers_ready(d->dec), 2 + 4);
@@ -3799,6 +3810,103 @@ static void test_protocol_edges_prefill_learns_its_decode_instance(void **state)
     edge_destroy(cl);
 }
 
+/* Peers of one instance cannot touch another instance's rooms: a prefill
+ * rank of instance 1 speaking of a room of instance 0 is dropped by the
+ * decode; a decode instance the prefill learned (an intruder registering
+ * as instance 5) cannot name instance 0's rooms, and a room the caller
+ * opens for instance 0 whose ROOM came from instance 5 fails (misrouted).
+ * A known instance registering with another TP is refused naming it, and
+ * one instance more than max_instances is refused naming the knob. */
+static void test_protocol_edges_hostile_instances(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.instances = 2;
+    o.inst_tp[1] = 4;
+    o.max_instances = 2;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_node_t *d = edge_decode(cl, 0);
+    edge_open_inst(cl, 0, 1, 0, 40);
+    edge_run(cl); /* room 1's regions assigned */
+    kvs_fabric_t *ifab = sim_nic_fabric(edge_inst_node(cl, 1, 0)->nic);
+    kvs_conn_t *ic = edge_conn(ifab, "d0"); /* i1p0's own connection */
+    const kvs_handler_stats_t before = edge_stats(d);
+    kvs_msg_t m = {.type = KVS_MSG_CHUNK_READY, .session = EDGE_PREFILL_SESSION + 0x100};
+    m.u.ready = (kvs_msg_chunk_ready_t){.room = 1, .pages = 4};
+    edge_send(cl, ifab, ic, &m);
+    m.type = KVS_MSG_STAGING_REQ;
+    m.u.req = (kvs_msg_staging_req_t){.room = 1, .pages = 4, .tokens = 16};
+    edge_send(cl, ifab, ic, &m);
+    m.type = KVS_MSG_STATUS;
+    m.u.status = (kvs_msg_status_t){.room = 1, .status = KVS_OK};
+    edge_send(cl, ifab, ic, &m);
+    m.type = KVS_MSG_ABORT;
+    m.u.abort = (kvs_msg_abort_t){.room = 1, .status = KVS_EPEER};
+    edge_send(cl, ifab, ic, &m);
+    edge_run(cl);
+    assert_int_equal(edge_stats(d).msgs_rejected - before.msgs_rejected, 4);
+    edge_computed_inst(cl, 0, 1, 40);
+    edge_run(cl);
+    edge_expect_inst(cl, 0, 1, KVS_OK);
+    assert_int_equal(edge_corrupt(cl, 1, 0, 40), 0);
+
+    /* The prefill side: an intruder registers as decode instance 5. */
+    edge_node_t *p = edge_prefill(cl, 0);
+    edge_intruder_t x;
+    edge_intruder_create(cl, &x);
+    kvs_conn_t *xc = edge_conn(x.fab, "p0");
+    kvs_msg_t got[4];
+    kvs_msg_t g = edge_register_msg(cl);
+    g.u.reg.instance = 5;
+    edge_send(cl, x.fab, xc, &g);
+    edge_run(cl);
+    assert_int_equal(edge_intruder_recv(cl, &x, got, 4), 1);
+    assert_int_equal(got[0].type, KVS_MSG_REGISTER_ACK);
+    assert_int_equal(got[0].u.ack.status, KVS_OK);
+    /* ... instance 5 cannot speak of instance 0's room 1 (open again: 6) */
+    edge_open(cl, 6, 0, 16);
+    edge_run(cl);
+    const kvs_handler_stats_t pb = edge_stats(p);
+    m = (kvs_msg_t){.type = KVS_MSG_ROOM, .session = 0xbad5e55u};
+    m.u.room = (kvs_msg_room_t){.room = 6, .total_tokens = 16, .num_pages = 4};
+    edge_send(cl, x.fab, xc, &m);
+    edge_run(cl);
+    assert_int_equal(edge_stats(p).msgs_rejected - pb.msgs_rejected, 1);
+    edge_computed(cl, 6, 16, true);
+    edge_run(cl);
+    edge_expect_inst(cl, 0, 6, KVS_OK);
+    assert_int_equal(edge_corrupt(cl, 6, 0, 16), 0);
+    /* ... and a room it names first that the caller opens for instance 0
+     * fails as misrouted, on this rank only. */
+    m.u.room.room = 42;
+    edge_send(cl, x.fab, xc, &m);
+    edge_run(cl);
+    int64_t pages[4] = {8, 9, 10, 11};
+    assert_int_equal(kvs_prefill_room_open(p->pre, 42, 16, pages, 4), KVS_OK);
+    edge_wake(p);
+    edge_run(cl);
+    edge_expect(p, 42, KVS_EPROTO);
+    /* A known instance registering with another TP is refused, naming it. */
+    g = edge_register_msg(cl);
+    g.u.reg.instance = 5;
+    g.u.reg.tp_size = 2;
+    g.u.reg.fp.decode_tp = 2;
+    edge_send(cl, x.fab, xc, &g);
+    edge_run(cl);
+    const kvs_error_t *err = kvs_manager_last_error(p->m);
+    assert_int_equal(err->status, KVS_EFINGERPRINT);
+    assert_non_null(strstr(err->msg, "decode TP size (--decode-tp) differs"));
+    /* One instance more than max_instances (0 and 5 are known) is refused. */
+    g = edge_register_msg(cl);
+    g.u.reg.instance = 6;
+    edge_send(cl, x.fab, xc, &g);
+    edge_run(cl);
+    assert_int_equal(err->status, KVS_EFULL);
+    assert_non_null(strstr(err->msg, "max_instances"));
+    edge_intruder_destroy(&x);
+    edge_destroy(cl);
+}
+
 int main(void)
 {
     print_message("test_protocol_edges: seed %llu\n", (unsigned long long)EDGE_SEED);
@@ -3810,6 +3918,7 @@ int main(void)
         cmocka_unit_test(test_protocol_edges_watermark_releases_another_instance),
         cmocka_unit_test(test_protocol_edges_crashed_instance_fails_only_its_rooms),
         cmocka_unit_test(test_protocol_edges_instance_api_errors),
+        cmocka_unit_test(test_protocol_edges_hostile_instances),
         cmocka_unit_test(test_protocol_edges_instance_misaddressed),
         cmocka_unit_test(test_protocol_edges_attention_groups),
         cmocka_unit_test(test_protocol_edges_prefill_learns_its_decode_instance),
