@@ -3,8 +3,8 @@
  * plan (shape, the prefill instances and the router, seeded prompt
  * lengths, pool pages, addresses), starts one thread per rank of its
  * instance (serve_rank.c), waits for them, and judges the run: every
- * request this process serves reported by every rank, the expected number
- * failed (0 unless --expect-failed), no corrupt byte,
+ * request this process serves reported by every rank, the expected ones
+ * failed (none unless --expect-failed or --expect-lost), no corrupt byte,
  * and on the decode side every byte of every ok request checked. Prints a
  * summary or one JSON object (--json) with the rooms that failed, per
  * prefill instance on the decode, so a test can compare the processes'
@@ -48,6 +48,7 @@ enum cli_serve_flag {
     CLI_VF_STALL_MS,
     CLI_VF_FAULT,
     CLI_VF_EXPECT_FAILED,
+    CLI_VF_EXPECT_LOST,
     CLI_VF_INSTANCE,
     CLI_VF_INSTANCES,
     CLI_VF_TIMEOUT_S,
@@ -72,6 +73,7 @@ static const cli_flag_t cli_serve_flags[CLI_VF_COUNT] = {
     [CLI_VF_STALL_MS] = {"--stall-timeout-ms", true},
     [CLI_VF_FAULT] = {"--fault", true},
     [CLI_VF_EXPECT_FAILED] = {"--expect-failed", true},
+    [CLI_VF_EXPECT_LOST] = {"--expect-lost", true},
     [CLI_VF_INSTANCE] = {"--instance", true},
     [CLI_VF_INSTANCES] = {"--instances", true},
     [CLI_VF_TIMEOUT_S] = {"--timeout-s", true},
@@ -127,7 +129,13 @@ void cli_serve_usage(FILE *out)
             "checks:\n"
             "  --fault write-error:N prefill: spoil the remote key of the Nth RDMA write of\n"
             "                        prefill rank 0 (stage 0), so the peer's NIC fails it\n"
+            "  --fault hold-from:R   prefill: open its rooms from room R on but never compute\n"
+            "                        them; once its rooms before R are over, rank 0 says so\n"
+            "                        on stderr (\"holding its rooms\"): kill the process then\n"
             "  --expect-failed K     exit 0 only when exactly K requests failed (0)\n"
+            "  --expect-lost K       decode: prefill instance K is killed mid-run: exit 0\n"
+            "                        only when at least one of its rooms and no other room\n"
+            "                        failed, each with KVS_EPEER, and nothing hung\n"
             "  --timeout-s S         give up after S seconds (60)\n"
             "  --linger-ms N         serve the peer this long after the last result (500)\n"
             "  --json                one JSON object instead of the summary\n"
@@ -144,6 +152,7 @@ typedef struct cli_serve_input {
     char peer_ip[CLI_SERVE_MAX_INSTANCES][64];
     cli_serve_instance_t peers[CLI_SERVE_MAX_INSTANCES]; /* decode: by id */
     int64_t requests, prompt_min, prompt_max, expect_failed;
+    int64_t expect_lost;        /* decode: the instance expected lost, -1: none */
     uint64_t seed;
     bool json;
 } cli_serve_input_t;
@@ -211,17 +220,27 @@ static int cli_serve_prompt(const char *text, int64_t *min, int64_t *max)
     return rc;
 }
 
-static int cli_serve_fault(const char *text, uint64_t *nth)
+/* --fault write-error:N or hold-from:R into the plan. */
+static int cli_serve_fault(const char *text, cli_serve_plan_t *plan)
 {
-    static const char prefix[] = "write-error:";
-    if (strncmp(text, prefix, sizeof prefix - 1) != 0)
-        return cli_fail(CLI_SERVE_CMD, "--fault: unknown fault '%s': serve knows "
-                                       "write-error:N (spoil the Nth RDMA write)", text);
+    static const char write_error[] = "write-error:", hold_from[] = "hold-from:";
     int64_t n = 0;
-    int rc = cli_parse_i64(CLI_SERVE_CMD, "--fault write-error", text + sizeof prefix - 1, 1,
-                           INT64_C(1) << 40, &n);
-    *nth = (uint64_t)n;
-    return rc;
+    if (strncmp(text, write_error, sizeof write_error - 1) == 0) {
+        int rc = cli_parse_i64(CLI_SERVE_CMD, "--fault write-error",
+                               text + sizeof write_error - 1, 1, INT64_C(1) << 40, &n);
+        plan->fail_write = (uint64_t)n;
+        return rc;
+    }
+    if (strncmp(text, hold_from, sizeof hold_from - 1) == 0) {
+        int rc = cli_parse_i64(CLI_SERVE_CMD, "--fault hold-from", text + sizeof hold_from - 1,
+                               0, CLI_SERVE_MAX_REQUESTS - 1, &n);
+        plan->hold = true;
+        plan->hold_from = (uint32_t)n;
+        return rc;
+    }
+    return cli_fail(CLI_SERVE_CMD, "--fault: unknown fault '%s': serve knows write-error:N "
+                                   "(spoil the Nth RDMA write) and hold-from:R (never compute "
+                                   "the rooms from R on)", text);
 }
 
 /* Copies the n bytes at text into buf (len bytes) as a string; false when
@@ -426,9 +445,10 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
                                  decode ? "the decode's instances are its --prefill-instance "
                                           "flags"
                                         : "the decode connects to the prefill")) != 0 ||
-        (decode && (rc = cli_serve_not_here(values, CLI_VF_INSTANCES, "prefill",
-                                            "the decode counts its --prefill-instance "
-                                            "flags")) != 0))
+        (rc = cli_serve_not_here(values, decode ? CLI_VF_INSTANCES : CLI_VF_EXPECT_LOST,
+                                 decode ? "prefill" : "decode",
+                                 decode ? "the decode counts its --prefill-instance flags"
+                                        : "the decode sees a prefill instance lost")) != 0)
         return rc;
     if (values[CLI_VF_LISTEN] != NULL &&
         (rc = cli_serve_addr("--listen", values[CLI_VF_LISTEN], !decode, in->bind_ip,
@@ -471,6 +491,7 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
     in->prompt_min = 64;
     in->prompt_max = 256;
     in->seed = 1;
+    in->expect_lost = -1;
     if ((rc = cli_serve_number(values, CLI_VF_REQUESTS, 1, CLI_SERVE_MAX_REQUESTS,
                                &in->requests)) != 0 ||
         (rc = cli_serve_number(values, CLI_VF_RING_MIB, 1, INT64_C(1) << 20, &ring_mib)) != 0 ||
@@ -479,9 +500,18 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
         (rc = cli_serve_number(values, CLI_VF_STALL_MS, 1, 86400000, &stall_ms)) != 0 ||
         (rc = cli_serve_number(values, CLI_VF_EXPECT_FAILED, 0, CLI_SERVE_MAX_REQUESTS,
                                &in->expect_failed)) != 0 ||
+        (rc = cli_serve_number(values, CLI_VF_EXPECT_LOST, 0, CLI_SERVE_MAX_INSTANCES - 1,
+                               &in->expect_lost)) != 0 ||
         (rc = cli_serve_number(values, CLI_VF_TIMEOUT_S, 1, 86400, &timeout_s)) != 0 ||
         (rc = cli_serve_number(values, CLI_VF_LINGER_MS, 0, 600000, &linger_ms)) != 0)
         return rc;
+    if (in->expect_lost >= (int64_t)in->plan.instances)
+        return cli_fail(CLI_SERVE_CMD, "--expect-lost %" PRId64 " names no prefill instance: "
+                                       "the instances are 0..%u", in->expect_lost,
+                        in->plan.instances - 1);
+    if (in->expect_lost >= 0 && values[CLI_VF_EXPECT_FAILED] != NULL)
+        return cli_fail(CLI_SERVE_CMD, "--expect-failed and --expect-lost both say which "
+                                       "requests fail: give one");
     if (in->requests < (int64_t)in->plan.instances)
         return cli_fail(CLI_SERVE_CMD, "--requests %" PRId64 " is below the %u prefill instances: "
                                        "an instance without a room stops before the decode "
@@ -497,10 +527,14 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
         return rc;
     if (values[CLI_VF_FAULT] != NULL) {
         if (decode)
-            return cli_fail(CLI_SERVE_CMD, "--fault write-error spoils a prefill write: give "
-                                           "it to --role prefill");
-        if ((rc = cli_serve_fault(values[CLI_VF_FAULT], &in->plan.fail_write)) != 0)
+            return cli_fail(CLI_SERVE_CMD, "--fault spoils or holds a prefill's work: give it "
+                                           "to --role prefill");
+        if ((rc = cli_serve_fault(values[CLI_VF_FAULT], &in->plan)) != 0)
             return rc;
+        if (in->plan.hold && in->plan.hold_from >= in->requests)
+            return cli_fail(CLI_SERVE_CMD, "--fault hold-from:%u: there are rooms 0..%" PRId64
+                                           " only: give a room below --requests",
+                            in->plan.hold_from, in->requests - 1);
     }
     in->json = values[CLI_VF_JSON] != NULL;
     in->plan.requests = (uint32_t)in->requests;
@@ -567,6 +601,7 @@ static uint64_t cli_serve_room_bytes(const kvs_layout_t *l, int64_t tokens)
 /* What became of the rooms paired with one prefill instance. */
 typedef struct cli_serve_tally {
     uint32_t rooms, ok, failed, missing;
+    bool only_epeer;            /* every failed room failed with KVS_EPEER */
     char *failed_list;          /* "7:KVS_EPEER" entries, JSON strings with --json */
     size_t used, cap;
 } cli_serve_tally_t;
@@ -592,7 +627,7 @@ static bool cli_serve_tally(const cli_serve_input_t *in, cli_serve_rank_t *ranks
 {
     const cli_serve_plan_t *pl = &in->plan;
     for (uint32_t k = 0; k < pl->instances; k++) {
-        t[k] = (cli_serve_tally_t){0};
+        t[k] = (cli_serve_tally_t){.only_epeer = true};
         t[k].cap = (size_t)pl->requests / pl->instances * 40 + 48; /* a room's entry < 40 */
         if ((t[k].failed_list = calloc(t[k].cap, 1)) == NULL)
             return false;
@@ -611,6 +646,7 @@ static bool cli_serve_tally(const cli_serve_input_t *in, cli_serve_rank_t *ranks
             *expect += cli_serve_room_bytes(&pl->lay, pl->tokens[i]);
         } else {
             tk->failed++;
+            tk->only_epeer = tk->only_epeer && st == KVS_EPEER;
             const char *q = in->json ? "\"" : "";
             const int w = snprintf(tk->failed_list + tk->used, tk->cap - tk->used, "%s%s%u:%s%s",
                                    tk->used > 0 ? (in->json ? "," : " ") : "", q, i,
@@ -618,6 +654,26 @@ static bool cli_serve_tally(const cli_serve_input_t *in, cli_serve_rank_t *ranks
             if (w > 0 && (size_t)w < tk->cap - tk->used)
                 tk->used += (size_t)w;
         }
+    }
+    return true;
+}
+
+/* Whether instance k's rooms ended as the flags expect; *why gets a
+ * clause when they did not. */
+static bool cli_serve_tally_pass(const cli_serve_input_t *in, const cli_serve_tally_t *t,
+                                 uint32_t k, char *why, size_t len)
+{
+    if (in->expect_lost < 0)
+        return true; /* --expect-failed counts over every instance */
+    if (k != (uint32_t)in->expect_lost && t->failed > 0) {
+        snprintf(why, len, ", instance %u (not lost) had %u failed", k, t->failed);
+        return false;
+    }
+    if (k == (uint32_t)in->expect_lost && (t->failed == 0 || !t->only_epeer)) {
+        snprintf(why, len, ", lost instance %u had %s", k,
+                 t->failed == 0 ? "no failed room: it was not lost while its rooms were open"
+                                : "rooms failed with another status than KVS_EPEER");
+        return false;
     }
     return true;
 }
@@ -657,19 +713,25 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
     /* A prefill tallies its own instance only. */
     const uint32_t first = decode ? 0 : pl->instance, last = decode ? pl->instances : first + 1;
     uint32_t rooms = 0, ok = 0, failed = 0, missing = 0;
+    bool instances_pass = true;
+    char why[160] = "";
     for (uint32_t k = first; k < last; k++) {
         rooms += tally[k].rooms;
         ok += tally[k].ok;
         failed += tally[k].failed;
         missing += tally[k].missing;
+        if (!cli_serve_tally_pass(in, &tally[k], k, why, sizeof why))
+            instances_pass = false;
     }
     const double wall_s = end > start ? (double)(end - start) / 1e9 : 0.0;
     const uint64_t moved = decode ? verified : payload;
     const double gbs = wall_s > 0 ? (double)moved / wall_s / 1e9 : 0.0;
     const bool verified_all = !decode || verified == expect_verified;
     const bool fault_went = pl->fail_write == 0 || spoiled == 1;
-    const bool pass = fatal == KVS_OK && missing == 0 && failed == (uint32_t)in->expect_failed &&
-                      corrupt == 0 && verified_all && fault_went;
+    const bool failed_as_expected = in->expect_lost >= 0 ? instances_pass
+                                                          : failed == (uint32_t)in->expect_failed;
+    const bool pass = fatal == KVS_OK && missing == 0 && failed_as_expected && corrupt == 0 &&
+                      verified_all && fault_went;
     const char *role = decode ? "decode" : "prefill";
     if (in->json) {
         printf("{\"role\":\"%s\",\"ranks\":%" PRId64 ",\"requests\":%u,\"requests_ok\":%u,"
@@ -732,12 +794,19 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
                    pl->fail_write);
         printf("  result           %s\n", pass ? "PASS" : "FAIL");
     }
-    if (!pass && fatal == KVS_OK)
-        fprintf(stderr, "kvstage serve: %s: %u failed (expected %" PRId64 "), %u unfinished, "
-                        "%" PRIu64 " corrupt bytes, %" PRIu64 " of %" PRIu64 " bytes verified%s\n",
-                role, failed, in->expect_failed, missing, corrupt, verified,
+    if (!pass && fatal == KVS_OK) {
+        char expected[48];
+        if (in->expect_lost >= 0)
+            snprintf(expected, sizeof expected, "only of lost instance %" PRId64,
+                     in->expect_lost);
+        else
+            snprintf(expected, sizeof expected, "expected %" PRId64, in->expect_failed);
+        fprintf(stderr, "kvstage serve: %s: %u failed (%s)%s, %u unfinished, %" PRIu64 " corrupt "
+                        "bytes, %" PRIu64 " of %" PRIu64 " bytes verified%s\n",
+                role, failed, expected, why, missing, corrupt, verified,
                 decode ? expect_verified : verified,
                 fault_went ? "" : ", the --fault write was never posted");
+    }
     for (uint32_t k = 0; k < pl->instances; k++)
         free(tally[k].failed_list);
     free(tally);

@@ -21,10 +21,13 @@
  * host device's copies finish on their own threads and raise no fabric
  * event). A prefill fills the pattern and reports the whole prompt
  * computed, one grid step at a time, as soon as it opens a room (with PP,
- * each stage fills and sends its own layers). After the last result, or
- * after the rank stopped, it keeps serving its peer for linger_ns, so the
- * peer's last messages are answered (or told why they were refused) before
- * the fabric closes.
+ * each stage fills and sends its own layers); under --fault hold-from it
+ * opens the rooms from then on but never computes them, and its rank (0, 0)
+ * says so on stderr once every room of it before them is over, so a test
+ * knows when killing the process catches its rooms open. After the last
+ * result, or after the rank stopped, it keeps serving its peer for
+ * linger_ns, so the peer's last messages are answered (or told why they
+ * were refused) before the fabric closes.
  */
 #include "serve_rank.h"
 
@@ -62,6 +65,10 @@ typedef struct cli_rank_ctx {
     uint64_t *k_base, *v_base;
     int64_t *pages;             /* scratch page list of one room */
     uint32_t served;            /* rooms this process serves */
+    uint32_t hold_before, hold_done; /* prefill, --fault hold-from: its rooms
+                                        before the held ones, and how many
+                                        of them are over */
+    bool hold_told;             /* the hold was announced on stderr */
     bool fabric_failed;         /* progress failed: nothing more to serve */
 } cli_rank_ctx_t;
 
@@ -409,7 +416,9 @@ static int cli_rank_open(cli_rank_ctx_t *c, uint32_t i)
             return cli_rank_fail(c, rc, "%s: room %u: %s", who, i, cli_mgr_msg(c));
         return KVS_OK;
     }
-    cli_rank_pattern(c, i, false, NULL);
+    const bool hold = c->plan->hold && i >= c->plan->hold_from;
+    if (!hold)
+        cli_rank_pattern(c, i, false, NULL);
     /* The one decode instance, 0. */
     int rc = kvs_prefill_room_open_peer(c->pre, i, (kvs_peer_t){0, 0}, tokens, c->pages, n);
     /* EPEER: a decode rank it writes to is away; the room failed and its
@@ -418,6 +427,10 @@ static int cli_rank_open(cli_rank_ctx_t *c, uint32_t i)
         return KVS_OK;
     if (rc != KVS_OK)
         return cli_rank_fail(c, rc, "%s: room %u: %s", who, i, cli_mgr_msg(c));
+    if (hold) {
+        c->r->held = true;
+        return KVS_OK; /* never computed: open until the process dies */
+    }
     for (int64_t end = 0; end < tokens;) {
         end = end + l->grid_tokens < tokens ? end + l->grid_tokens : tokens;
         rc = kvs_prefill_room_computed(c->pre, i, end, end == tokens);
@@ -448,6 +461,8 @@ static int cli_rank_results(cli_rank_ctx_t *c, uint32_t *inflight, uint32_t *don
                                      (unsigned long long)room);
             c->r->status[room] = res[k].status;
             c->r->payload_bytes += res[k].bytes;
+            if (c->plan->hold && room < c->plan->hold_from)
+                c->hold_done++;
             if (c->dec != NULL && res[k].status == KVS_OK)
                 c->r->corrupt_bytes += cli_rank_pattern(c, (uint32_t)room, true,
                                                         &c->r->bytes_verified);
@@ -457,6 +472,21 @@ static int cli_rank_results(cli_rank_ctx_t *c, uint32_t *inflight, uint32_t *don
         total += got > 0 ? got : 0;
     } while (got == CLI_SERVE_RESULTS);
     return total;
+}
+
+/* --fault hold-from, rank (0, 0): once it holds a room and every room of
+ * it before the held ones is over, one line on stderr, so that a test
+ * kills the process while its rooms are open and the decode is running. */
+static void cli_rank_tell_hold(cli_rank_ctx_t *c)
+{
+    if (!c->r->held || c->hold_told || c->hold_done < c->hold_before || c->r->tp != 0 ||
+        c->r->pp != 0)
+        return;
+    c->hold_told = true;
+    fprintf(stderr, "kvstage serve: prefill instance %u: its rooms before %u are over; "
+            "holding its rooms from %u on open (--fault hold-from:%u) until this process "
+            "is killed\n", c->plan->instance, c->plan->hold_from, c->plan->hold_from,
+            c->plan->hold_from);
 }
 
 static void cli_rank_loop(cli_rank_ctx_t *c, uint64_t deadline_ns)
@@ -485,6 +515,7 @@ static void cli_rank_loop(cli_rank_ctx_t *c, uint64_t deadline_ns)
         if (rc < 0)
             return;
         const int got = cli_rank_results(c, &inflight, &done);
+        cli_rank_tell_hold(c);
         if (rc == 0 && got == 0)
             cli_rank_idle(c, CLI_SERVE_IDLE_WAIT_MS);
     }
@@ -542,7 +573,10 @@ void *cli_serve_rank_run(void *arg)
     c.lay = &c.plan->lay;
     for (uint32_t i = 0; i < c.plan->requests; i++) {
         c.r->status[i] = 1;
-        c.served += cli_serve_serves(c.plan, c.r->role, i);
+        if (cli_serve_serves(c.plan, c.r->role, i)) {
+            c.served++;
+            c.hold_before += c.plan->hold && i < c.plan->hold_from;
+        }
     }
     if (cli_rank_setup(&c) == KVS_OK) {
         const uint64_t deadline = cli_now(&c) + c.plan->timeout_ns;

@@ -64,6 +64,8 @@ typedef struct cli_serve_plan {
     const char *bind_ip;        /* this process's address, NULL: the GID's */
     uint16_t listen_port;       /* prefill rank (t, s) listens on listen_port + s * P + t */
     uint64_t fail_write;        /* prefill rank (0, 0): spoil this write (1-based), 0: none */
+    bool hold;                  /* prefill: never compute rooms from hold_from on */
+    uint32_t hold_from;
     uint64_t timeout_ns;        /* give up when the run is not over by then */
     uint64_t linger_ns;         /* keep serving the peer this long after the end */
     uint32_t workload_tag;      /* hash of the requests, prompt lengths and
@@ -100,6 +102,7 @@ typedef struct cli_serve_rank {
     uint64_t start_ns, end_ns;  /* first room opened, last result in */
     uint64_t pattern_ns;        /* time spent writing or checking the pattern */
     uint64_t spoiled_writes;    /* --fault writes that went out spoiled */
+    bool held;                  /* --fault hold-from: it held a room */
     kvs_handler_stats_t stats;
     int fatal;                  /* KVS_OK, or why the rank stopped early */
     char err[640];
