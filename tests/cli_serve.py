@@ -3,7 +3,9 @@
 RDMA device is touched (so it runs anywhere serve is built): the help names
 the pipeline flags, and every class of bad input, the TP x PP layouts
 included, exits 2 with exactly one stderr line naming the flag to change.
-What a run does over RDMA is tests/rxe/test_serve.sh.
+The instance flags (--instance, --instances, --prefill-instance,
+--expect-lost, --fault hold-from) are refused the same way. What a run
+does over RDMA is tests/rxe/test_serve.sh.
 
 usage: cli_serve.py PATH_TO_KVSTAGE
 Prints one line per failure and a summary "cli_serve: N passed, M failed";
@@ -17,12 +19,20 @@ from cli_suite import Suite
 SHAPE = ["--kv-heads", "4", "--head-dim", "32", "--layers", "4"]
 DECODE = ["serve", "--role", "decode", "--peer", "192.0.2.1:18515"] + SHAPE
 PREFILL = ["serve", "--role", "prefill", "--listen", "192.0.2.1:18515"] + SHAPE
+# A decode of two prefill instances, TP 2 and TP 1.
+CLUSTER = ["serve", "--role", "decode", "--prefill-instance",
+           "0=192.0.2.1:18515,2", "--prefill-instance=1=192.0.2.1:18525,1"
+           ] + SHAPE
+INST = "--prefill-instance"
 
 
 def test_help(s):
     s.expect_ok("serve --help", ["serve", "--help"],
                 ["usage: kvstage serve", "--prefill-pp", "--decode-pp",
-                 "IP:PORT + s*P + t", "refused, naming the flag"])
+                 "IP:PORT + s*P + t", "refused, naming the flag",
+                 "--prefill-instance K=IP:PORT,TP[,PP]", "--instances N",
+                 "--instance K", "--expect-lost K", "hold-from:R",
+                 "i % N"])
 
 
 def test_bad_input(s):
@@ -62,12 +72,82 @@ def test_bad_input(s):
         s.expect_usage_error(name, args, flag)
 
 
+def test_instance_flags(s):
+    """Instances as processes: each flag's own refusals, naming it."""
+    cases = [
+        # --prefill-instance ID=IP:PORT,TP[,PP], decode only.
+        ("instance without tp", DECODE[:3] + [INST, "0=192.0.2.1:18515"]
+         + SHAPE, INST),
+        ("instance without id", DECODE[:3] + [INST, "192.0.2.1:18515,2"]
+         + SHAPE, INST),
+        ("instance with junk after pp",
+         DECODE[:3] + [INST, "0=192.0.2.1:18515,2,1,9"] + SHAPE, INST),
+        ("instance id not a number",
+         DECODE[:3] + [INST, "x=192.0.2.1:18515,2"] + SHAPE, INST),
+        ("instance id over 63",
+         DECODE[:3] + [INST, "64=192.0.2.1:18515,2"] + SHAPE, INST),
+        ("instance tp 0", DECODE[:3] + [INST, "0=192.0.2.1:18515,0"] + SHAPE,
+         INST),
+        ("instance pp not a number",
+         DECODE[:3] + [INST, "0=192.0.2.1:18515,2,x"] + SHAPE, INST),
+        ("instance without port", DECODE[:3] + [INST, "0=192.0.2.1,2"]
+         + SHAPE, INST),
+        ("instance without value", DECODE[:3] + [INST] + SHAPE, INST),
+        ("instance given twice",
+         CLUSTER + [INST, "1=192.0.2.1:18535,1"], INST),
+        ("instance ids not 0..N-1",
+         DECODE[:3] + [INST, "0=192.0.2.1:18515,2", INST,
+                       "2=192.0.2.1:18525,1"] + SHAPE, INST),
+        ("instances on the same ports",
+         DECODE[:3] + [INST, "0=192.0.2.1:18515,2", INST,
+                       "1=192.0.2.1:18516,1"] + SHAPE, INST),
+        ("instance tp that cannot pair",
+         DECODE[:3] + [INST, "0=192.0.2.1:18515,3"] + SHAPE, INST),
+        ("instance pp over the layers",
+         DECODE[:3] + [INST, "0=192.0.2.1:18515,1,5"] + SHAPE, INST),
+        ("instance ranks over 64",
+         DECODE[:3] + [INST, "0=192.0.2.1:18515,32,4"] + SHAPE, INST),
+        ("instance and peer", CLUSTER + ["--peer", "192.0.2.1:1"], "--peer"),
+        ("instance and prefill-tp", CLUSTER + ["--prefill-tp", "2"],
+         "--prefill-tp"),
+        ("instance and prefill-pp", CLUSTER + ["--prefill-pp", "1"],
+         "--prefill-pp"),
+        ("instance on prefill", PREFILL + [INST, "0=192.0.2.1:18515,2"],
+         INST),
+        # --instance K / --instances N, prefill only.
+        ("instance not below instances",
+         PREFILL + ["--instance", "2", "--instances", "2"], "--instance"),
+        ("instances 0", PREFILL + ["--instances", "0"], "--instances"),
+        ("instances over 64", PREFILL + ["--instances", "65"], "--instances"),
+        ("instance on decode", CLUSTER + ["--instance", "1"], "--instance"),
+        ("instances on decode", CLUSTER + ["--instances", "2"], "--instances"),
+        # --expect-lost K, decode only, an instance it knows, not with
+        # --expect-failed.
+        ("expect-lost on prefill", PREFILL + ["--expect-lost", "0"],
+         "--expect-lost"),
+        ("expect-lost of no instance", CLUSTER + ["--expect-lost", "2"],
+         "--expect-lost"),
+        ("expect-lost and expect-failed",
+         CLUSTER + ["--expect-lost", "1", "--expect-failed", "1"],
+         "--expect-lost"),
+        # --fault hold-from:R, prefill only, a room of the run.
+        ("hold-from past the requests",
+         PREFILL + ["--requests", "8", "--fault", "hold-from:8"], "--fault"),
+        ("hold-from not a number", PREFILL + ["--fault", "hold-from:x"],
+         "--fault hold-from"),
+        ("hold-from on decode", CLUSTER + ["--fault", "hold-from:1"],
+         "--fault"),
+    ]
+    for name, args, flag in cases:
+        s.expect_usage_error(name, args, flag)
+
+
 def main():
     if len(sys.argv) != 2:
         print("usage: cli_serve.py PATH_TO_KVSTAGE", file=sys.stderr)
         return 2
     s = Suite(sys.argv[1])
-    for test in (test_help, test_bad_input):
+    for test in (test_help, test_bad_input, test_instance_flags):
         test(s)
     print("cli_serve: %d passed, %d failed" % (s.passed, s.failed))
     return 1 if s.failed else 0

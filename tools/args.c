@@ -80,6 +80,30 @@ int cli_args_scan(const char *cmd, const cli_flag_t *defs, size_t n, int argc,
     return 0;
 }
 
+int cli_args_take_all(const char *cmd, const char *flag, int *argc, char **argv, int first,
+                      const char **values, size_t max, size_t *count)
+{
+    const size_t flag_len = strlen(flag);
+    int kept = first;
+    *count = 0;
+    for (int a = first; a < *argc; a++) {
+        const char *arg = argv[a];
+        const bool bare = strcmp(arg, flag) == 0;
+        if (!bare && !(strncmp(arg, flag, flag_len) == 0 && arg[flag_len] == '=')) {
+            argv[kept++] = argv[a];
+            continue;
+        }
+        if (bare && (a + 1 >= *argc || strncmp(argv[a + 1], "--", 2) == 0))
+            return cli_fail(cmd, "%s needs a value: %s VALUE or %s=VALUE", flag, flag, flag);
+        if (*count == max)
+            return cli_fail(cmd, "%s given more than %zu times: give at most %zu", flag, max,
+                            max);
+        values[(*count)++] = bare ? argv[++a] : arg + flag_len + 1;
+    }
+    *argc = kept;
+    return 0;
+}
+
 /* Reads text as plain decimal digits into *out. Returns 0, or which error:
  * 1 empty, 2 negative, 3 not digits, 4 above UINT64_MAX. */
 static int cli__parse_digits(const char *text, uint64_t *out)

@@ -3,7 +3,8 @@
  * scanner (`--flag value` and `--flag=value`), a strict whole-number parser
  * that rejects junk, signs, negatives and overflow, an overflow-checked
  * multiply, a byte-count formatter, and the one-line error report every
- * subcommand uses.
+ * subcommand uses. A flag that may repeat is taken out of argv first
+ * (cli_args_take_all).
  *
  * They never exit and never allocate; they write at most one line to stderr
  * (cli_fail). The scanner only records where each flag's value is; what a
@@ -36,6 +37,18 @@ typedef struct cli_flag {
  */
 int cli_args_scan(const char *cmd, const cli_flag_t *defs, size_t n, int argc,
                   char **argv, int first, const char **values);
+
+/*
+ * For a flag that may be given several times (cli_args_scan refuses a
+ * repeat): takes every `flag VALUE` and `flag=VALUE` out of
+ * argv[first..*argc), in order, before the scan. values[0..*count) point at
+ * the values (inside argv); argv keeps the other arguments in their order
+ * and *argc shrinks. A value never starts with "--", as for the scanner.
+ * More than max occurrences, or one without a value, prints one line and
+ * returns CLI_EXIT_USAGE; 0 on success.
+ */
+int cli_args_take_all(const char *cmd, const char *flag, int *argc, char **argv, int first,
+                      const char **values, size_t max, size_t *count);
 
 /*
  * Parses text as a plain decimal whole number in [min, max]: digits only,

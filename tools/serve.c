@@ -1,12 +1,14 @@
 /*
  * serve.c - `kvstage serve` (see serve.h): parses the flags into the run's
- * plan (shape, seeded prompt lengths, pool pages, addresses), starts one
- * thread per rank of its role (serve_rank.c), waits for them, and judges
- * the run: every request reported by every rank, the expected number
- * failed (0 unless --expect-failed), no corrupt byte, and on the decode
- * side every byte of every ok request checked. Prints a summary or one JSON
- * object (--json) with the rooms that failed, so a test can compare the
- * two processes' views.
+ * plan (shape, the prefill instances and the router, seeded prompt
+ * lengths, pool pages, addresses), starts one thread per rank of its
+ * instance (serve_rank.c), waits for them, and judges the run: every
+ * request this process serves reported by every rank, the expected ones
+ * failed (none unless --expect-failed or --expect-lost), no corrupt byte,
+ * and on the decode side every byte of every ok request checked. Prints a
+ * summary or one JSON object (--json) with the rooms that failed, per
+ * prefill instance on the decode, so a test can compare the processes'
+ * views.
  */
 #include "serve.h"
 
@@ -28,7 +30,9 @@
 #define CLI_SERVE_CMD "serve"
 #define CLI_SERVE_MAX_REQUESTS 100000
 #define CLI_SERVE_MAX_RANKS 64
+#define CLI_SERVE_MAX_INSTANCES 64
 #define CLI_SERVE_WORKLOAD_STREAM 2 /* as the simulator's prompt lengths */
+#define CLI_SERVE_INSTANCE_FLAG "--prefill-instance" /* repeated: cli_args_take_all */
 
 enum cli_serve_flag {
     CLI_VF_ROLE = CLI_SF_COUNT,
@@ -44,6 +48,9 @@ enum cli_serve_flag {
     CLI_VF_STALL_MS,
     CLI_VF_FAULT,
     CLI_VF_EXPECT_FAILED,
+    CLI_VF_EXPECT_LOST,
+    CLI_VF_INSTANCE,
+    CLI_VF_INSTANCES,
     CLI_VF_TIMEOUT_S,
     CLI_VF_LINGER_MS,
     CLI_VF_JSON,
@@ -66,6 +73,9 @@ static const cli_flag_t cli_serve_flags[CLI_VF_COUNT] = {
     [CLI_VF_STALL_MS] = {"--stall-timeout-ms", true},
     [CLI_VF_FAULT] = {"--fault", true},
     [CLI_VF_EXPECT_FAILED] = {"--expect-failed", true},
+    [CLI_VF_EXPECT_LOST] = {"--expect-lost", true},
+    [CLI_VF_INSTANCE] = {"--instance", true},
+    [CLI_VF_INSTANCES] = {"--instances", true},
     [CLI_VF_TIMEOUT_S] = {"--timeout-s", true},
     [CLI_VF_LINGER_MS] = {"--linger-ms", true},
     [CLI_VF_JSON] = {"--json", false},
@@ -77,38 +87,55 @@ void cli_serve_usage(FILE *out)
     fprintf(out,
             "usage: kvstage serve --role prefill|decode [flags]\n"
             "\n"
-            "Runs every prefill rank, or every decode rank, of a layout in this process\n"
-            "(one thread, host device and verbs fabric per rank) and moves a seeded\n"
-            "workload through the kvstage protocol over RDMA. Start the prefill process\n"
-            "first, then the decode process with the same shape and workload flags. The\n"
-            "prefill writes a deterministic pattern into its KV pool; the decode checks\n"
-            "every byte it receives against it.\n"
+            "Runs every rank of one instance in this process: all the ranks of one prefill\n"
+            "instance, or of the decode instance (one thread, host device and verbs fabric\n"
+            "per rank), and moves a seeded workload through the kvstage protocol over\n"
+            "RDMA. Start the prefill processes first (one per prefill instance), then the\n"
+            "decode process with the same shape and workload flags. Room i is paired with\n"
+            "prefill instance i %% N (N prefill instances); each prefill serves its own\n"
+            "rooms, the decode every room. A prefill writes a deterministic pattern into\n"
+            "its KV pool; the decode checks every byte it receives against it.\n"
             "\n"
-            "addresses:\n"
+            "addresses and instances:\n"
             "  --listen IP:PORT      prefill: prefill rank t of stage s listens on\n"
             "                        IP:PORT + s*P + t (required);\n"
             "                        decode: IP is the local address to use (port ignored)\n"
-            "  --peer IP:PORT        decode: where the prefill process listens (required)\n"
+            "  --instance K          prefill: this process is prefill instance K (0)\n"
+            "  --instances N         prefill: the prefill instances rooms are spread over (1)\n"
+            "  --prefill-instance K=IP:PORT,TP[,PP]\n"
+            "                        decode, once per prefill instance K = 0..N-1: its ranks\n"
+            "                        listen at IP:PORT + s*TP + t, it runs TP x PP ranks\n"
+            "                        (PP 1 if not given); instances may differ in TP and PP\n"
+            "  --peer IP:PORT        decode, one prefill instance: where it listens, its\n"
+            "                        geometry from --prefill-tp/--prefill-pp (the same as\n"
+            "                        --prefill-instance 0=IP:PORT,P,Pp)\n"
             "  --device NAME         RDMA device as ibv_devices names it (default: automatic)\n"
             "shape (as kvstage sim; no default model: give --model or the three sizes):\n"
             "  --model NAME | --kv-heads H --head-dim D --layers L\n"
             "  --dtype T (bf16)  --page-size N (16)  --prefill-tp P (2)  --decode-tp D (1)\n"
             "  --prefill-pp Pp (1)  --decode-pp Dp (1 or Pp)  --chunk-tokens C (64)\n"
-            "  (each process runs TP x PP ranks of its role; stage s holds L/PP layers,\n"
-            "  the last L%%PP stages one more; give both processes the same shape: a\n"
-            "  registration with another shape is refused, naming the flag that differs)\n"
-            "workload (both processes must give the same):\n"
+            "  (each process runs TP x PP ranks of its instance; stage s holds L/PP layers,\n"
+            "  the last L%%PP stages one more; a prefill's --prefill-tp/--prefill-pp are\n"
+            "  its own; give every process the same model, page, chunk and decode flags:\n"
+            "  a registration with another shape is refused, naming the flag that differs)\n"
+            "workload (every process must give the same):\n"
             "  --requests N          requests (8)\n"
             "  --prompt-tokens A:B   prompt length drawn uniformly from [A, B] (64:256)\n"
             "  --seed S              seed of the prompt lengths (1)\n"
             "  --max-inflight N      requests open at once per rank (4)\n"
-            "  --ring-mib M          decode staging ring (16)\n"
+            "  --ring-mib M          decode staging ring, shared by every instance (16)\n"
             "  --transfer-workers N  prefill staging buffers (4)\n"
             "  --stall-timeout-ms N  a request with no progress this long fails (30000)\n"
             "checks:\n"
             "  --fault write-error:N prefill: spoil the remote key of the Nth RDMA write of\n"
             "                        prefill rank 0 (stage 0), so the peer's NIC fails it\n"
+            "  --fault hold-from:R   prefill: open its rooms from room R on but never compute\n"
+            "                        them; once its rooms before R are over, rank 0 says so\n"
+            "                        on stderr (\"holding its rooms\"): kill the process then\n"
             "  --expect-failed K     exit 0 only when exactly K requests failed (0)\n"
+            "  --expect-lost K       decode: prefill instance K is killed mid-run: exit 0\n"
+            "                        only when at least one of its rooms and no other room\n"
+            "                        failed, each with KVS_EPEER, and nothing hung\n"
             "  --timeout-s S         give up after S seconds (60)\n"
             "  --linger-ms N         serve the peer this long after the last result (500)\n"
             "  --json                one JSON object instead of the summary\n"
@@ -121,8 +148,11 @@ typedef struct cli_serve_input {
     cli_shape_t shape;
     cli_serve_plan_t plan;
     kvs_role_t role;
-    char bind_ip[64], peer_ip[64];
+    char bind_ip[64];
+    char peer_ip[CLI_SERVE_MAX_INSTANCES][64];
+    cli_serve_instance_t peers[CLI_SERVE_MAX_INSTANCES]; /* decode: by id */
     int64_t requests, prompt_min, prompt_max, expect_failed;
+    int64_t expect_lost;        /* decode: the instance expected lost, -1: none */
     uint64_t seed;
     bool json;
 } cli_serve_input_t;
@@ -190,23 +220,175 @@ static int cli_serve_prompt(const char *text, int64_t *min, int64_t *max)
     return rc;
 }
 
-static int cli_serve_fault(const char *text, uint64_t *nth)
+/* --fault write-error:N or hold-from:R into the plan. */
+static int cli_serve_fault(const char *text, cli_serve_plan_t *plan)
 {
-    static const char prefix[] = "write-error:";
-    if (strncmp(text, prefix, sizeof prefix - 1) != 0)
-        return cli_fail(CLI_SERVE_CMD, "--fault: unknown fault '%s': serve knows "
-                                       "write-error:N (spoil the Nth RDMA write)", text);
+    static const char write_error[] = "write-error:", hold_from[] = "hold-from:";
     int64_t n = 0;
-    int rc = cli_parse_i64(CLI_SERVE_CMD, "--fault write-error", text + sizeof prefix - 1, 1,
-                           INT64_C(1) << 40, &n);
-    *nth = (uint64_t)n;
-    return rc;
+    if (strncmp(text, write_error, sizeof write_error - 1) == 0) {
+        int rc = cli_parse_i64(CLI_SERVE_CMD, "--fault write-error",
+                               text + sizeof write_error - 1, 1, INT64_C(1) << 40, &n);
+        plan->fail_write = (uint64_t)n;
+        return rc;
+    }
+    if (strncmp(text, hold_from, sizeof hold_from - 1) == 0) {
+        int rc = cli_parse_i64(CLI_SERVE_CMD, "--fault hold-from", text + sizeof hold_from - 1,
+                               0, CLI_SERVE_MAX_REQUESTS - 1, &n);
+        plan->hold = true;
+        plan->hold_from = (uint32_t)n;
+        return rc;
+    }
+    return cli_fail(CLI_SERVE_CMD, "--fault: unknown fault '%s': serve knows write-error:N "
+                                   "(spoil the Nth RDMA write) and hold-from:R (never compute "
+                                   "the rooms from R on)", text);
+}
+
+/* Copies the n bytes at text into buf (len bytes) as a string; false when
+ * they do not fit or are none. */
+static bool cli_serve_piece(const char *text, size_t n, char *buf, size_t len)
+{
+    if (n == 0 || n >= len)
+        return false;
+    memcpy(buf, text, n);
+    buf[n] = '\0';
+    return true;
+}
+
+/* One --prefill-instance K=IP:PORT,TP[,PP] into in->peers[K]. */
+static int cli_serve_instance(cli_serve_input_t *in, const char *text, bool *seen)
+{
+    const char *flag = CLI_SERVE_INSTANCE_FLAG;
+    const char *eq = strchr(text, '=');
+    const char *c1 = eq != NULL ? strchr(eq + 1, ',') : NULL;
+    const char *c2 = c1 != NULL ? strchr(c1 + 1, ',') : NULL;
+    char id[24], addr[96], tp[24], pp[24] = "1";
+    if (eq == NULL || c1 == NULL || (c2 != NULL && strchr(c2 + 1, ',') != NULL) ||
+        !cli_serve_piece(text, (size_t)(eq - text), id, sizeof id) ||
+        !cli_serve_piece(eq + 1, (size_t)(c1 - eq - 1), addr, sizeof addr) ||
+        !cli_serve_piece(c1 + 1, c2 != NULL ? (size_t)(c2 - c1 - 1) : strlen(c1 + 1), tp,
+                         sizeof tp) ||
+        (c2 != NULL && !cli_serve_piece(c2 + 1, strlen(c2 + 1), pp, sizeof pp)))
+        return cli_fail(CLI_SERVE_CMD, "%s: '%s' is not ID=IP:PORT,TP[,PP]: give e.g. %s "
+                                       "1=192.0.2.1:18525,2 (instance 1, TP 2, PP 1)",
+                        flag, text, flag);
+    int64_t k = 0, t = 0, p = 0;
+    int rc = cli_parse_i64(CLI_SERVE_CMD, "--prefill-instance ID", id, 0,
+                           CLI_SERVE_MAX_INSTANCES - 1, &k);
+    if (rc == 0 && seen[k])
+        rc = cli_fail(CLI_SERVE_CMD, "%s: instance %" PRId64 " given twice: give each "
+                                     "instance once", flag, k);
+    if (rc == 0)
+        rc = cli_parse_i64(CLI_SERVE_CMD, "--prefill-instance TP", tp, 1, CLI_SHAPE_MAX_TP, &t);
+    if (rc == 0)
+        rc = cli_parse_i64(CLI_SERVE_CMD, "--prefill-instance PP", pp, 1, CLI_SHAPE_MAX_PP, &p);
+    if (rc == 0 && t * p > CLI_SERVE_MAX_RANKS)
+        rc = cli_fail(CLI_SERVE_CMD, "%s %" PRId64 ": TP x PP = %" PRId64 " ranks in one "
+                                     "process is more than %d: lower its TP or PP",
+                      flag, k, t * p, CLI_SERVE_MAX_RANKS);
+    uint16_t port = 0;
+    if (rc == 0)
+        rc = cli_serve_addr(flag, addr, true, in->peer_ip[k], sizeof in->peer_ip[k], &port);
+    if (rc != 0)
+        return rc;
+    seen[k] = true;
+    in->peers[k] = (cli_serve_instance_t){.ip = in->peer_ip[k], .port = port, .tp = t, .pp = p};
+    return 0;
+}
+
+/* The pair of prefill instance k with this decode, into its lay. */
+static int cli_serve_pair(cli_serve_input_t *in, uint32_t k)
+{
+    cli_serve_instance_t *peer = &in->peers[k];
+    kvs_layout_params_t params = in->shape.params;
+    params.prefill_tp = peer->tp;
+    params.prefill_pp = peer->pp;
+    kvs_error_t err;
+    memset(&err, 0, sizeof err);
+    const int rc = kvs_layout_init(&peer->lay, &params, &err);
+    if (rc == KVS_OK)
+        return 0;
+    return cli_fail(CLI_SERVE_CMD, "%s %u: TP %" PRId64 " x PP %" PRId64 " does not pair with "
+                                   "this decode (--decode-tp %" PRId64 ", --decode-pp %" PRId64
+                                   "): change %s: %s (%s)",
+                    CLI_SERVE_INSTANCE_FLAG, k, peer->tp, peer->pp, params.decode_tp,
+                    params.decode_pp > 0 ? params.decode_pp : 1,
+                    rc == KVS_EPP_SPLIT     ? "its PP (or --decode-pp, --layers)"
+                    : rc == KVS_EHEAD_SPLIT ? "its TP (or --decode-tp, --kv-heads)"
+                                            : "the shape flags",
+                    err.msg[0] != '\0' ? err.msg : kvs_strerror(rc), kvs_status_name(rc));
+}
+
+/* Decode: the prefill instances of --prefill-instance (ids 0..N-1, each
+ * once), each paired with this decode, no two listening on the same ports. */
+static int cli_serve_instances(cli_serve_input_t *in, const char *const *values,
+                               const char **given, size_t count)
+{
+    if (values[CLI_VF_PEER] != NULL)
+        return cli_fail(CLI_SERVE_CMD, "--peer and %s both name prefill instances: give "
+                                       "--peer for one instance or %s for each",
+                        CLI_SERVE_INSTANCE_FLAG, CLI_SERVE_INSTANCE_FLAG);
+    static const int own[] = {CLI_SF_PREFILL_TP, CLI_SF_PREFILL_PP};
+    for (size_t f = 0; f < sizeof own / sizeof own[0]; f++)
+        if (values[own[f]] != NULL)
+            return cli_fail(CLI_SERVE_CMD, "%s is the one prefill instance's size with "
+                                           "--peer; with %s each instance gives its own "
+                                           "(ID=IP:PORT,TP[,PP]): drop %s",
+                            cli_serve_flags[own[f]].name, CLI_SERVE_INSTANCE_FLAG,
+                            cli_serve_flags[own[f]].name);
+    bool seen[CLI_SERVE_MAX_INSTANCES] = {false};
+    for (size_t i = 0; i < count; i++) {
+        int rc = cli_serve_instance(in, given[i], seen);
+        if (rc != 0)
+            return rc;
+    }
+    for (size_t k = 0; k < count; k++)
+        if (!seen[k])
+            return cli_fail(CLI_SERVE_CMD, "%s: instance %zu is missing: the %zu instances "
+                                           "are 0..%zu, each once (room i goes to instance "
+                                           "i %% %zu)", CLI_SERVE_INSTANCE_FLAG, k, count,
+                            count - 1, count);
+    for (uint32_t k = 0; k < count; k++) {
+        int rc = cli_serve_pair(in, k);
+        if (rc != 0)
+            return rc;
+    }
+    for (size_t a = 0; a < count; a++)
+        for (size_t b = a + 1; b < count; b++) {
+            const cli_serve_instance_t *x = &in->peers[a], *y = &in->peers[b];
+            const int64_t xe = x->port + x->tp * x->pp, ye = y->port + y->tp * y->pp;
+            if (strcmp(x->ip, y->ip) == 0 && x->port < ye && y->port < xe)
+                return cli_fail(CLI_SERVE_CMD, "%s %zu and %zu both listen on %s ports "
+                                               "%u..%" PRId64 " and %u..%" PRId64 ": give each "
+                                               "instance its own ports (its ranks take PORT.."
+                                               "PORT + TP x PP - 1)", CLI_SERVE_INSTANCE_FLAG,
+                                a, b, x->ip, (unsigned)x->port, xe - 1, (unsigned)y->port,
+                                ye - 1);
+        }
+    in->plan.instances = (uint32_t)count;
+    in->plan.peers = in->peers;
+    return 0;
+}
+
+/* Fails when flag f was given to the other role: "--f is for --role R: why". */
+static int cli_serve_not_here(const char *const *values, enum cli_serve_flag f,
+                              const char *role, const char *why)
+{
+    if (values[f] == NULL)
+        return 0;
+    return cli_fail(CLI_SERVE_CMD, "%s is for --role %s (%s): drop it", cli_serve_flags[f].name,
+                    role, why);
 }
 
 static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *help)
 {
+    const char *given[CLI_SERVE_MAX_INSTANCES];
+    size_t count = 0;
+    int rc = cli_args_take_all(CLI_SERVE_CMD, CLI_SERVE_INSTANCE_FLAG, &argc, argv, 1, given,
+                               CLI_SERVE_MAX_INSTANCES, &count);
+    if (rc != 0)
+        return rc;
     const char *values[CLI_VF_COUNT] = {0};
-    int rc = cli_args_scan(CLI_SERVE_CMD, cli_serve_flags, CLI_VF_COUNT, argc, argv, 1, values);
+    rc = cli_args_scan(CLI_SERVE_CMD, cli_serve_flags, CLI_VF_COUNT, argc, argv, 1, values);
     if (rc != 0)
         return rc;
     *help = values[CLI_VF_HELP] != NULL;
@@ -216,6 +398,29 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
         .model = NULL, .page_size = 16, .prefill_tp = 2, .decode_tp = 1, .chunk_tokens = 64};
     if ((rc = cli_shape_read(CLI_SERVE_CMD, values, &defaults, &in->shape)) != 0)
         return rc;
+    const char *role = values[CLI_VF_ROLE];
+    if (role == NULL)
+        return cli_fail(CLI_SERVE_CMD, "--role is required: prefill or decode");
+    if (strcmp(role, "prefill") == 0)
+        in->role = KVS_ROLE_PREFILL;
+    else if (strcmp(role, "decode") == 0)
+        in->role = KVS_ROLE_DECODE;
+    else
+        return cli_fail(CLI_SERVE_CMD, "--role: unknown role '%s': use prefill or decode", role);
+    const bool decode = in->role == KVS_ROLE_DECODE;
+    if (!decode && count > 0)
+        return cli_fail(CLI_SERVE_CMD, "%s is for --role decode (it tells the decode where "
+                                       "each prefill instance is): a prefill gives its own "
+                                       "--instance, --instances, --prefill-tp and "
+                                       "--prefill-pp", CLI_SERVE_INSTANCE_FLAG);
+    if (decode && count > 0) {
+        /* Each pair is checked first, naming its instance; the shape's
+         * prefill sizes are then instance 0's, whose pair is fine. */
+        if ((rc = cli_serve_instances(in, values, given, count)) != 0)
+            return rc;
+        in->shape.params.prefill_tp = in->peers[0].tp;
+        in->shape.params.prefill_pp = in->peers[0].pp;
+    }
     if ((rc = cli_shape_layout(CLI_SERVE_CMD, &in->shape, &in->plan.lay)) != 0)
         return rc;
     const kvs_layout_t *l = &in->plan.lay;
@@ -232,35 +437,53 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
                         dranks, CLI_SERVE_MAX_RANKS);
     in->plan.dtype = in->shape.params.dtype;
 
-    const char *role = values[CLI_VF_ROLE];
-    if (role == NULL)
-        return cli_fail(CLI_SERVE_CMD, "--role is required: prefill or decode");
-    if (strcmp(role, "prefill") == 0)
-        in->role = KVS_ROLE_PREFILL;
-    else if (strcmp(role, "decode") == 0)
-        in->role = KVS_ROLE_DECODE;
-    else
-        return cli_fail(CLI_SERVE_CMD, "--role: unknown role '%s': use prefill or decode", role);
-    const bool decode = in->role == KVS_ROLE_DECODE;
     if (!decode && values[CLI_VF_LISTEN] == NULL)
         return cli_fail(CLI_SERVE_CMD, "--role prefill needs --listen IP:PORT (rank t of "
                                        "stage s listens on PORT + s*P + t)");
-    if (decode && values[CLI_VF_PEER] == NULL)
-        return cli_fail(CLI_SERVE_CMD, "--role decode needs --peer IP:PORT (where the "
-                                       "prefill process listens)");
-    if (!decode && values[CLI_VF_PEER] != NULL)
-        return cli_fail(CLI_SERVE_CMD, "--peer is for --role decode (the decode connects "
-                                       "to the prefill): drop it");
+    if ((rc = cli_serve_not_here(values, decode ? CLI_VF_INSTANCE : CLI_VF_PEER,
+                                 decode ? "prefill" : "decode",
+                                 decode ? "the decode's instances are its --prefill-instance "
+                                          "flags"
+                                        : "the decode connects to the prefill")) != 0 ||
+        (rc = cli_serve_not_here(values, decode ? CLI_VF_INSTANCES : CLI_VF_EXPECT_LOST,
+                                 decode ? "prefill" : "decode",
+                                 decode ? "the decode counts its --prefill-instance flags"
+                                        : "the decode sees a prefill instance lost")) != 0)
+        return rc;
     if (values[CLI_VF_LISTEN] != NULL &&
         (rc = cli_serve_addr("--listen", values[CLI_VF_LISTEN], !decode, in->bind_ip,
                              sizeof in->bind_ip, &in->plan.listen_port)) != 0)
         return rc;
-    if (decode && (rc = cli_serve_addr("--peer", values[CLI_VF_PEER], true, in->peer_ip,
-                                       sizeof in->peer_ip, &in->plan.peer_port)) != 0)
-        return rc;
     in->plan.bind_ip = in->bind_ip[0] != '\0' ? in->bind_ip : NULL;
-    in->plan.peer_ip = in->peer_ip;
     in->plan.device = values[CLI_VF_DEVICE];
+    if (decode && count == 0) {
+        /* --peer: one prefill instance, of the shape's prefill sizes. */
+        if (values[CLI_VF_PEER] == NULL)
+            return cli_fail(CLI_SERVE_CMD, "--role decode needs --peer IP:PORT (where the "
+                                           "prefill process listens) or %s ID=IP:PORT,TP[,PP] "
+                                           "for each prefill instance",
+                            CLI_SERVE_INSTANCE_FLAG);
+        in->peers[0] = (cli_serve_instance_t){.ip = in->peer_ip[0], .tp = l->prefill_tp,
+                                              .pp = l->prefill_pp, .lay = *l};
+        in->plan.instances = 1;
+        in->plan.peers = in->peers;
+        if ((rc = cli_serve_addr("--peer", values[CLI_VF_PEER], true, in->peer_ip[0],
+                                 sizeof in->peer_ip[0], &in->peers[0].port)) != 0)
+            return rc;
+    } else if (!decode) {
+        int64_t instances = 1, instance = 0;
+        if ((rc = cli_serve_number(values, CLI_VF_INSTANCES, 1, CLI_SERVE_MAX_INSTANCES,
+                                   &instances)) != 0 ||
+            (rc = cli_serve_number(values, CLI_VF_INSTANCE, 0, CLI_SERVE_MAX_INSTANCES - 1,
+                                   &instance)) != 0)
+            return rc;
+        if (instance >= instances)
+            return cli_fail(CLI_SERVE_CMD, "--instance %" PRId64 " is not below --instances "
+                                           "%" PRId64 ": the prefill instances are 0..%" PRId64,
+                            instance, instances, instances - 1);
+        in->plan.instances = (uint32_t)instances;
+        in->plan.instance = (uint32_t)instance;
+    }
 
     int64_t ring_mib = 16, inflight = 4, workers = 0, stall_ms = 0, timeout_s = 60,
             linger_ms = 500;
@@ -268,6 +491,7 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
     in->prompt_min = 64;
     in->prompt_max = 256;
     in->seed = 1;
+    in->expect_lost = -1;
     if ((rc = cli_serve_number(values, CLI_VF_REQUESTS, 1, CLI_SERVE_MAX_REQUESTS,
                                &in->requests)) != 0 ||
         (rc = cli_serve_number(values, CLI_VF_RING_MIB, 1, INT64_C(1) << 20, &ring_mib)) != 0 ||
@@ -276,9 +500,23 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
         (rc = cli_serve_number(values, CLI_VF_STALL_MS, 1, 86400000, &stall_ms)) != 0 ||
         (rc = cli_serve_number(values, CLI_VF_EXPECT_FAILED, 0, CLI_SERVE_MAX_REQUESTS,
                                &in->expect_failed)) != 0 ||
+        (rc = cli_serve_number(values, CLI_VF_EXPECT_LOST, 0, CLI_SERVE_MAX_INSTANCES - 1,
+                               &in->expect_lost)) != 0 ||
         (rc = cli_serve_number(values, CLI_VF_TIMEOUT_S, 1, 86400, &timeout_s)) != 0 ||
         (rc = cli_serve_number(values, CLI_VF_LINGER_MS, 0, 600000, &linger_ms)) != 0)
         return rc;
+    if (in->expect_lost >= (int64_t)in->plan.instances)
+        return cli_fail(CLI_SERVE_CMD, "--expect-lost %" PRId64 " names no prefill instance: "
+                                       "the instances are 0..%u", in->expect_lost,
+                        in->plan.instances - 1);
+    if (in->expect_lost >= 0 && values[CLI_VF_EXPECT_FAILED] != NULL)
+        return cli_fail(CLI_SERVE_CMD, "--expect-failed and --expect-lost both say which "
+                                       "requests fail: give one");
+    if (in->requests < (int64_t)in->plan.instances)
+        return cli_fail(CLI_SERVE_CMD, "--requests %" PRId64 " is below the %u prefill instances: "
+                                       "an instance without a room stops before the decode "
+                                       "connects; raise --requests",
+                        in->requests, in->plan.instances);
     if (values[CLI_VF_PROMPT_TOKENS] != NULL &&
         (rc = cli_serve_prompt(values[CLI_VF_PROMPT_TOKENS], &in->prompt_min,
                                &in->prompt_max)) != 0)
@@ -289,10 +527,14 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
         return rc;
     if (values[CLI_VF_FAULT] != NULL) {
         if (decode)
-            return cli_fail(CLI_SERVE_CMD, "--fault write-error spoils a prefill write: give "
-                                           "it to --role prefill");
-        if ((rc = cli_serve_fault(values[CLI_VF_FAULT], &in->plan.fail_write)) != 0)
+            return cli_fail(CLI_SERVE_CMD, "--fault spoils or holds a prefill's work: give it "
+                                           "to --role prefill");
+        if ((rc = cli_serve_fault(values[CLI_VF_FAULT], &in->plan)) != 0)
             return rc;
+        if (in->plan.hold && in->plan.hold_from >= in->requests)
+            return cli_fail(CLI_SERVE_CMD, "--fault hold-from:%u: there are rooms 0..%" PRId64
+                                           " only: give a room below --requests",
+                            in->plan.hold_from, in->requests - 1);
     }
     in->json = values[CLI_VF_JSON] != NULL;
     in->plan.requests = (uint32_t)in->requests;
@@ -305,7 +547,8 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
     return 0;
 }
 
-/* The seeded workload: prompt lengths and each room's first pool page. */
+/* The seeded workload: prompt lengths (of every room, so every process
+ * draws the same) and the first pool page of each room it serves. */
 static int cli_serve_workload(cli_serve_input_t *in, int64_t **tokens, int64_t **first)
 {
     const int64_t ps = in->plan.lay.page_size;
@@ -320,19 +563,25 @@ static int cli_serve_workload(cli_serve_input_t *in, int64_t **tokens, int64_t *
     for (int64_t i = 0; i < in->requests; i++) {
         (*tokens)[i] = (int64_t)sim_rng_range(&rng, (uint64_t)in->prompt_min,
                                               (uint64_t)in->prompt_max);
+        if (!cli_serve_serves(&in->plan, in->role, (uint32_t)i))
+            continue;
         (*first)[i] = pages;
         pages += ((*tokens)[i] + ps - 1) / ps;
     }
     in->plan.tokens = *tokens;
     in->plan.first_page = *first;
     in->plan.pool_pages = pages;
-    /* FNV-1a over the request count and every prompt length: what the
-     * two processes must agree on beyond the shape. Another --seed,
-     * --requests or --prompt-tokens then fails the registration by name
-     * (KVS_EFINGERPRINT) instead of failing requests. */
+    /* FNV-1a over the prefill instance count (the router: room i goes to
+     * instance i % N), the request count and every prompt length: what
+     * the processes must agree on beyond the shape (not the instances'
+     * TP or PP: each pair's fingerprint carries its own). Another --seed,
+     * --requests, --prompt-tokens or instance count then fails the
+     * registration by name (KVS_EFINGERPRINT) instead of failing requests. */
     uint32_t h = 2166136261u;
-    for (int64_t i = -1; i < in->requests; i++) {
-        const uint64_t v = (uint64_t)(i < 0 ? in->requests : (*tokens)[i]);
+    for (int64_t i = -2; i < in->requests; i++) {
+        const uint64_t v = (uint64_t)(i == -2   ? in->plan.instances
+                                      : i == -1 ? in->requests
+                                                : (*tokens)[i]);
         for (int b = 0; b < 64; b += 8)
             h = (h ^ (uint8_t)(v >> b)) * 16777619u;
     }
@@ -349,11 +598,90 @@ static uint64_t cli_serve_room_bytes(const kvs_layout_t *l, int64_t tokens)
                       l->decode_tp);
 }
 
+/* What became of the rooms paired with one prefill instance. */
+typedef struct cli_serve_tally {
+    uint32_t rooms, ok, failed, missing;
+    bool only_epeer;            /* every failed room failed with KVS_EPEER */
+    char *failed_list;          /* "7:KVS_EPEER" entries, JSON strings with --json */
+    size_t used, cap;
+} cli_serve_tally_t;
+
+/* Room i's end over the process's ranks: 1 while any rank has no result,
+ * else the first failure, else KVS_OK. */
+static int cli_serve_room_status(cli_serve_rank_t *ranks, int64_t n, uint32_t i)
+{
+    int st = KVS_OK;
+    for (int64_t k = 0; k < n; k++) {
+        if (ranks[k].status[i] == 1)
+            return 1;
+        if (st == KVS_OK && ranks[k].status[i] != KVS_OK)
+            st = ranks[k].status[i];
+    }
+    return st;
+}
+
+/* Counts the rooms this process serves, per prefill instance; *expect gets
+ * the bytes the decode should have verified. False when out of memory. */
+static bool cli_serve_tally(const cli_serve_input_t *in, cli_serve_rank_t *ranks, int64_t n,
+                            cli_serve_tally_t *t, uint64_t *expect)
+{
+    const cli_serve_plan_t *pl = &in->plan;
+    for (uint32_t k = 0; k < pl->instances; k++) {
+        t[k] = (cli_serve_tally_t){.only_epeer = true};
+        t[k].cap = (size_t)pl->requests / pl->instances * 40 + 48; /* a room's entry < 40 */
+        if ((t[k].failed_list = calloc(t[k].cap, 1)) == NULL)
+            return false;
+    }
+    *expect = 0;
+    for (uint32_t i = 0; i < pl->requests; i++) {
+        if (!cli_serve_serves(pl, in->role, i))
+            continue;
+        cli_serve_tally_t *tk = &t[cli_serve_route(pl, i)];
+        const int st = cli_serve_room_status(ranks, n, i);
+        tk->rooms++;
+        if (st == 1) {
+            tk->missing++;
+        } else if (st == KVS_OK) {
+            tk->ok++;
+            *expect += cli_serve_room_bytes(&pl->lay, pl->tokens[i]);
+        } else {
+            tk->failed++;
+            tk->only_epeer = tk->only_epeer && st == KVS_EPEER;
+            const char *q = in->json ? "\"" : "";
+            const int w = snprintf(tk->failed_list + tk->used, tk->cap - tk->used, "%s%s%u:%s%s",
+                                   tk->used > 0 ? (in->json ? "," : " ") : "", q, i,
+                                   kvs_status_name(st), q);
+            if (w > 0 && (size_t)w < tk->cap - tk->used)
+                tk->used += (size_t)w;
+        }
+    }
+    return true;
+}
+
+/* Whether instance k's rooms ended as the flags expect; *why gets a
+ * clause when they did not. */
+static bool cli_serve_tally_pass(const cli_serve_input_t *in, const cli_serve_tally_t *t,
+                                 uint32_t k, char *why, size_t len)
+{
+    if (in->expect_lost < 0)
+        return true; /* --expect-failed counts over every instance */
+    if (k != (uint32_t)in->expect_lost && t->failed > 0) {
+        snprintf(why, len, ", instance %u (not lost) had %u failed", k, t->failed);
+        return false;
+    }
+    if (k == (uint32_t)in->expect_lost && (t->failed == 0 || !t->only_epeer)) {
+        snprintf(why, len, ", lost instance %u had %s", k,
+                 t->failed == 0 ? "no failed room: it was not lost while its rooms were open"
+                                : "rooms failed with another status than KVS_EPEER");
+        return false;
+    }
+    return true;
+}
+
 static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks, int64_t n)
 {
     const cli_serve_plan_t *pl = &in->plan;
     const bool decode = in->role == KVS_ROLE_DECODE;
-    uint32_t ok = 0, failed = 0, missing = 0;
     uint64_t verified = 0, corrupt = 0, expect_verified = 0, payload = 0, spoiled = 0;
     uint64_t start = UINT64_MAX, end = 0, writes = 0, retrans = 0, dups = 0, pattern = 0;
     int fatal = KVS_OK;
@@ -374,57 +702,71 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
                     kvs_status_name(ranks[k].fatal));
         }
     }
-    char failed_list[512] = "";
-    size_t used = 0;
-    for (uint32_t i = 0; i < pl->requests; i++) {
-        int st = KVS_OK;
-        bool all = true;
-        for (int64_t k = 0; k < n; k++) {
-            if (ranks[k].status[i] == 1)
-                all = false;
-            else if (st == KVS_OK && ranks[k].status[i] != KVS_OK)
-                st = ranks[k].status[i];
-        }
-        if (!all) {
-            missing++;
-        } else if (st == KVS_OK) {
-            ok++;
-            expect_verified += cli_serve_room_bytes(&pl->lay, pl->tokens[i]);
-        } else {
-            failed++;
-            int w = snprintf(failed_list + used, sizeof failed_list - used, "%s%s%u:%s",
-                             in->json ? (used ? "," : "") : (used ? " " : ""),
-                             in->json ? "\"" : "", i, kvs_status_name(st));
-            if (w > 0 && (size_t)w < sizeof failed_list - used)
-                used += (size_t)w;
-            if (in->json && used + 1 < sizeof failed_list)
-                failed_list[used++] = '"', failed_list[used] = '\0';
-        }
+    cli_serve_tally_t *tally = calloc(pl->instances, sizeof *tally);
+    if (tally == NULL || !cli_serve_tally(in, ranks, n, tally, &expect_verified)) {
+        for (uint32_t k = 0; tally != NULL && k < pl->instances; k++)
+            free(tally[k].failed_list);
+        free(tally);
+        fprintf(stderr, "kvstage serve: out of memory for the report: lower --requests\n");
+        return 1;
+    }
+    /* A prefill tallies its own instance only. */
+    const uint32_t first = decode ? 0 : pl->instance, last = decode ? pl->instances : first + 1;
+    uint32_t rooms = 0, ok = 0, failed = 0, missing = 0;
+    bool instances_pass = true;
+    char why[160] = "";
+    for (uint32_t k = first; k < last; k++) {
+        rooms += tally[k].rooms;
+        ok += tally[k].ok;
+        failed += tally[k].failed;
+        missing += tally[k].missing;
+        if (!cli_serve_tally_pass(in, &tally[k], k, why, sizeof why))
+            instances_pass = false;
     }
     const double wall_s = end > start ? (double)(end - start) / 1e9 : 0.0;
     const uint64_t moved = decode ? verified : payload;
     const double gbs = wall_s > 0 ? (double)moved / wall_s / 1e9 : 0.0;
     const bool verified_all = !decode || verified == expect_verified;
     const bool fault_went = pl->fail_write == 0 || spoiled == 1;
-    const bool pass = fatal == KVS_OK && missing == 0 && failed == (uint32_t)in->expect_failed &&
-                      corrupt == 0 && verified_all && fault_went;
+    const bool failed_as_expected = in->expect_lost >= 0 ? instances_pass
+                                                          : failed == (uint32_t)in->expect_failed;
+    const bool pass = fatal == KVS_OK && missing == 0 && failed_as_expected && corrupt == 0 &&
+                      verified_all && fault_went;
     const char *role = decode ? "decode" : "prefill";
     if (in->json) {
         printf("{\"role\":\"%s\",\"ranks\":%" PRId64 ",\"requests\":%u,\"requests_ok\":%u,"
-               "\"requests_failed\":%u,\"requests_unfinished\":%u,\"failed_rooms\":[%s],"
-               "\"bytes_verified\":%" PRIu64 ",\"bytes_expected\":%" PRIu64 ","
+               "\"requests_failed\":%u,\"requests_unfinished\":%u,\"failed_rooms\":[",
+               role, n, rooms, ok, failed, missing);
+        for (uint32_t k = first, listed = 0; k < last; k++) {
+            printf("%s%s", listed > 0 && tally[k].used > 0 ? "," : "", tally[k].failed_list);
+            listed += tally[k].used > 0;
+        }
+        printf("],\"instances\":[");
+        for (uint32_t k = first; k < last; k++) {
+            const int64_t tp = decode ? pl->peers[k].tp : pl->lay.prefill_tp;
+            const int64_t pp = decode ? pl->peers[k].pp : pl->lay.prefill_pp;
+            printf("%s{\"id\":%u,\"tp\":%" PRId64 ",\"pp\":%" PRId64 ",\"requests\":%u,"
+                   "\"requests_ok\":%u,\"requests_failed\":%u,\"requests_unfinished\":%u,"
+                   "\"failed_rooms\":[%s]}", k > first ? "," : "", k, tp, pp, tally[k].rooms,
+                   tally[k].ok, tally[k].failed, tally[k].missing, tally[k].failed_list);
+        }
+        printf("],\"bytes_verified\":%" PRIu64 ",\"bytes_expected\":%" PRIu64 ","
                "\"corrupt_bytes\":%" PRIu64 ",\"payload_bytes\":%" PRIu64 ","
                "\"rdma_writes\":%" PRIu64 ",\"spoiled_writes\":%" PRIu64 ","
                "\"msgs_retransmitted\":%" PRIu64 ",\"msgs_duplicate\":%" PRIu64 ","
                "\"wall_s\":%.6f,\"pattern_s\":%.6f,\"goodput_gbytes_per_s\":%.6f,"
                "\"pass\":%s}\n",
-               role, n, pl->requests, ok, failed, missing, failed_list, verified,
-               decode ? expect_verified : 0, corrupt, payload, writes, spoiled, retrans, dups,
-               wall_s, (double)pattern / 1e9, gbs, pass ? "true" : "false");
+               verified, decode ? expect_verified : 0, corrupt, payload, writes, spoiled, retrans,
+               dups, wall_s, (double)pattern / 1e9, gbs, pass ? "true" : "false");
     } else {
         char b1[32], b2[32];
-        printf("kvstage serve: %s, %" PRId64 " rank(s), %u requests: %u ok, %u failed, %u "
-               "unfinished\n", role, n, pl->requests, ok, failed, missing);
+        if (decode)
+            printf("kvstage serve: decode, %" PRId64 " rank(s), %u requests: %u ok, %u failed, "
+                   "%u unfinished\n", n, rooms, ok, failed, missing);
+        else
+            printf("kvstage serve: prefill instance %u of %u, %" PRId64 " rank(s), %u requests: "
+                   "%u ok, %u failed, %u unfinished\n", pl->instance, pl->instances, n, rooms,
+                   ok, failed, missing);
         if (decode)
             printf("  bytes verified   %s of %s expected, %" PRIu64 " corrupt\n",
                    cli_format_bytes((int64_t)verified, b1, sizeof b1),
@@ -436,18 +778,38 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
                "%s the pattern, busiest rank)\n", wall_s, (double)pattern / 1e9,
                decode ? "checking" : "writing");
         printf("  goodput          %.4f GB/s\n", gbs);
-        printf("  failed rooms     %s\n", failed > 0 ? failed_list : "-");
+        for (uint32_t k = first; decode && pl->instances > 1 && k < last; k++)
+            printf("  instance %-7u TP %" PRId64 " PP %" PRId64 ": %u requests, %u ok, %u "
+                   "failed%s%s%s\n", k, pl->peers[k].tp, pl->peers[k].pp, tally[k].rooms,
+                   tally[k].ok, tally[k].failed, tally[k].failed > 0 ? " (" : "",
+                   tally[k].failed_list, tally[k].failed > 0 ? ")" : "");
+        printf("  failed rooms     ");
+        for (uint32_t k = first, listed = 0; k < last; k++) {
+            printf("%s%s", listed > 0 && tally[k].used > 0 ? " " : "", tally[k].failed_list);
+            listed += tally[k].used > 0;
+        }
+        printf("%s\n", failed > 0 ? "" : "-");
         if (pl->fail_write > 0)
             printf("  spoiled writes   %" PRIu64 " (--fault write-error:%" PRIu64 ")\n", spoiled,
                    pl->fail_write);
         printf("  result           %s\n", pass ? "PASS" : "FAIL");
     }
-    if (!pass && fatal == KVS_OK)
-        fprintf(stderr, "kvstage serve: %s: %u failed (expected %" PRId64 "), %u unfinished, "
-                        "%" PRIu64 " corrupt bytes, %" PRIu64 " of %" PRIu64 " bytes verified%s\n",
-                role, failed, in->expect_failed, missing, corrupt, verified,
+    if (!pass && fatal == KVS_OK) {
+        char expected[48];
+        if (in->expect_lost >= 0)
+            snprintf(expected, sizeof expected, "only of lost instance %" PRId64,
+                     in->expect_lost);
+        else
+            snprintf(expected, sizeof expected, "expected %" PRId64, in->expect_failed);
+        fprintf(stderr, "kvstage serve: %s: %u failed (%s)%s, %u unfinished, %" PRIu64 " corrupt "
+                        "bytes, %" PRIu64 " of %" PRIu64 " bytes verified%s\n",
+                role, failed, expected, why, missing, corrupt, verified,
                 decode ? expect_verified : verified,
                 fault_went ? "" : ", the --fault write was never posted");
+    }
+    for (uint32_t k = 0; k < pl->instances; k++)
+        free(tally[k].failed_list);
+    free(tally);
     return pass ? 0 : 1;
 }
 

@@ -4,24 +4,30 @@
  * Set-up follows the library's init order: host device, verbs fabric
  * (prefill rank (t, s) listens on listen_port + s * P + t), KV pool of this
  * rank's layers, manager, staging ring or buffers and their registration,
- * KV buffers, handler. A decode rank then connects to each prefill rank
- * that writes to it (its TP writers, at each prefill stage holding its
- * layers) and waits until all of them acknowledged its registration (the
- * handler keeps retrying a prefill that is not up yet), so no room fails
- * for a peer still starting. A refused registration (the two processes
- * were given different shapes) never heals: the rank stops at once with
- * the core's message, which names the setting that differs.
+ * KV buffers, handler. A decode rank then declares every prefill instance
+ * of the plan (its geometry and its ranks' addresses), connects to each
+ * rank of each that writes to it (its TP writers, at each prefill stage
+ * holding its layers) and waits until all of them acknowledged its
+ * registration (the handler keeps retrying a prefill that is not up yet),
+ * so no room fails for a peer still starting. A refused registration (the
+ * processes were given different shapes) never heals: the rank stops at
+ * once with the core's message, which names the setting that differs.
  *
- * The loop: keep max_inflight rooms open (room i's pages are pool pages
- * first_page[i].., reversed on the prefill side so the page lists differ),
- * progress the handler, take its results, and sleep on the fabric when there
- * was nothing to do (1 ms at most: the host device's copies finish on their
- * own threads and raise no fabric event). A prefill fills the pattern and
- * reports the whole prompt computed, one grid step at a time, as soon as it
- * opens a room (with PP, each stage fills and sends its own layers). After
- * the last result, or after the rank stopped, it keeps serving its peer for
- * linger_ns, so the peer's last messages are answered (or told why they were
- * refused) before the fabric closes.
+ * The loop: keep max_inflight of the rooms this process serves open (room
+ * i's pages are pool pages first_page[i].., reversed on the prefill side so
+ * the page lists differ; the decode names the room's prefill instance, a
+ * prefill the decode instance 0), progress the handler, take its results,
+ * and sleep on the fabric when there was nothing to do (1 ms at most: the
+ * host device's copies finish on their own threads and raise no fabric
+ * event). A prefill fills the pattern and reports the whole prompt
+ * computed, one grid step at a time, as soon as it opens a room (with PP,
+ * each stage fills and sends its own layers); under --fault hold-from it
+ * opens the rooms from then on but never computes them, and its rank (0, 0)
+ * says so on stderr once every room of it before them is over, so a test
+ * knows when killing the process catches its rooms open. After the last
+ * result, or after the rank stopped, it keeps serving its peer for
+ * linger_ns, so the peer's last messages are answered (or told why they
+ * were refused) before the fabric closes.
  */
 #include "serve_rank.h"
 
@@ -58,6 +64,11 @@ typedef struct cli_rank_ctx {
     int64_t first_layer;        /* global id of its stage's first layer */
     uint64_t *k_base, *v_base;
     int64_t *pages;             /* scratch page list of one room */
+    uint32_t served;            /* rooms this process serves */
+    uint32_t hold_before, hold_done; /* prefill, --fault hold-from: its rooms
+                                        before the held ones, and how many
+                                        of them are over */
+    bool hold_told;             /* the hold was announced on stderr */
     bool fabric_failed;         /* progress failed: nothing more to serve */
 } cli_rank_ctx_t;
 
@@ -98,6 +109,13 @@ static const char *cli_rank_name(const cli_rank_ctx_t *c, char *buf, size_t len)
     else
         snprintf(buf, len, "%s rank %lld", role, (long long)c->r->tp);
     return buf;
+}
+
+/* Prefill ranks that write to one decode rank in a pair: its TP writers at
+ * every prefill stage that holds its layers. */
+static int64_t cli_rank_writers(const kvs_layout_t *l)
+{
+    return l->tp_writers * (l->decode_pp == 1 ? l->prefill_pp : 1);
 }
 
 static const char *cli_mgr_msg(const cli_rank_ctx_t *c)
@@ -183,6 +201,12 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
     vc.bind_addr = pl->bind_ip;
     vc.listen_port = decode ? 0 : (uint16_t)(pl->listen_port + c->r->pp * l->prefill_tp +
                                              c->r->tp);
+    /* A decode rank keeps one connection per writer of every instance. */
+    uint32_t conns = 0;
+    for (uint32_t k = 0; decode && k < pl->instances; k++)
+        conns += (uint32_t)cli_rank_writers(&pl->peers[k].lay);
+    if (conns + 4 > 16) /* the fabric's default max_conns (verbs.h) */
+        vc.max_conns = conns + 4;
     rc = kvs_verbs_fabric_create(&vc, &c->verbs, &err);
     if (rc != KVS_OK)
         return cli_rank_fail(c, rc, "%s: verbs fabric: %s", who, err.msg);
@@ -220,7 +244,12 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
         c->v_base[i] = c->pool_addr + (uint64_t)(2 * i + 1) * c->layer_bytes;
     }
 
-    const bool staging = l->prefill_tp != l->decode_tp;
+    /* The decode's one ring serves every prefill instance: it stages when
+     * any of them has another TP; a pair of equal TP takes the direct path
+     * all the same. */
+    bool staging = l->prefill_tp != l->decode_tp;
+    for (uint32_t k = 0; decode && k < pl->instances; k++)
+        staging = staging || pl->peers[k].tp != l->decode_tp;
     const kvs_manager_config_t mc = {
         .role = c->r->role, .staging = staging, .total_heads = l->total_heads,
         .head_dim = l->head_dim, .dtype = pl->dtype, .layers = c->layers,
@@ -228,12 +257,14 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
         .page_size = l->page_size, .tp_rank = c->r->tp,
         .tp_size = decode ? l->decode_tp : l->prefill_tp, .pp_rank = c->r->pp,
         .pp_size = decode ? l->decode_pp : l->prefill_pp,
-        .peer_tp_size = decode ? l->prefill_tp : l->decode_tp,
-        .peer_pp_size = decode ? l->prefill_pp : l->decode_pp,
+        .peer_tp_size = decode ? pl->peers[0].tp : l->decode_tp,
+        .peer_pp_size = decode ? pl->peers[0].pp : l->decode_pp,
         .chunk_tokens = l->chunk_tokens, .ring_bytes = pl->ring_bytes,
         .transfer_workers = pl->transfer_workers,
         .max_rooms = 2 * pl->max_inflight + 16, .stall_timeout_ns = pl->stall_timeout_ns,
         .app_tag = pl->workload_tag,
+        .instance_id = decode ? 0 : pl->instance,
+        .max_instances = decode ? pl->instances : 0,
         .log = {.fn = NULL, .level = KVS_LOG_ERROR}};
     rc = kvs_manager_create(&mc, c->dev, c->fab, &c->m, &err);
     if (rc != KVS_OK)
@@ -264,9 +295,16 @@ static int cli_rank_progress(cli_rank_ctx_t *c)
         return cli_rank_fail(c, rc, "%s: progress: %s", cli_rank_name(c, who, sizeof who),
                              cli_mgr_msg(c));
     }
+    /* The core names the tag; which flags serve hashes into it is ours to say. */
     if (kvs_manager_last_error(c->m)->status == KVS_EFINGERPRINT)
-        return cli_rank_fail(c, KVS_EFINGERPRINT, "%s: %s", cli_rank_name(c, who, sizeof who),
-                             cli_mgr_msg(c));
+        return cli_rank_fail(c, KVS_EFINGERPRINT, "%s: %s%s", cli_rank_name(c, who, sizeof who),
+                             cli_mgr_msg(c),
+                             strstr(cli_mgr_msg(c), "app_tag") != NULL
+                                 ? " (serve's app_tag hashes --requests, the prompt lengths of "
+                                   "--seed and --prompt-tokens, and the number of prefill "
+                                   "instances: --instances on a prefill, the --prefill-instance "
+                                   "flags on the decode)"
+                                 : "");
     return rc;
 }
 
@@ -283,40 +321,75 @@ static void cli_rank_idle(cli_rank_ctx_t *c, int ms)
     (void)kvs_verbs_fabric_wait(c->verbs, ms);
 }
 
-/* Decode: connect to this rank's writers (each TP writer at every prefill
- * stage that holds this rank's layers) and wait for their acks. */
+/* "IP:PORT", "[IPv6]:PORT" for an address with colons. */
+static void cli_rank_addr(char *buf, size_t len, const char *ip, unsigned port)
+{
+    snprintf(buf, len, strchr(ip, ':') != NULL ? "[%s]:%u" : "%s:%u", ip, port);
+}
+
+/* Decode: declares prefill instance k (its geometry and the addresses of
+ * all its ranks, stage-major) and connects to its ranks that write to this
+ * rank; a rank not up yet is retried by the handler. */
+static int cli_rank_add_instance(cli_rank_ctx_t *c, uint32_t k, const char *who)
+{
+    const cli_serve_instance_t *in = &c->plan->peers[k];
+    const int64_t n = in->tp * in->pp;
+    char(*addr)[80] = calloc((size_t)n, sizeof *addr);
+    const char **addrs = calloc((size_t)n, sizeof *addrs);
+    int rc = addr != NULL && addrs != NULL ? KVS_OK : KVS_ENOMEM;
+    for (int64_t a = 0; rc == KVS_OK && a < n; a++) {
+        cli_rank_addr(addr[a], sizeof addr[a], in->ip, (unsigned)(in->port + a));
+        addrs[a] = addr[a];
+    }
+    if (rc == KVS_OK)
+        rc = kvs_decode_add_instance(c->dec, &(kvs_instance_desc_t){
+                                                 .id = k, .tp_size = in->tp,
+                                                 .pp_size = in->pp, .addrs = addrs});
+    free(addr);
+    free(addrs);
+    if (rc != KVS_OK)
+        return cli_rank_fail(c, rc, "%s: prefill instance %u (TP %lld, PP %lld at %s:%u..): "
+                             "%s", who, k, (long long)in->tp, (long long)in->pp, in->ip,
+                             (unsigned)in->port,
+                             rc == KVS_ENOMEM ? kvs_strerror(rc) : cli_mgr_msg(c));
+    /* A prefill not up yet fails this; the handler keeps trying it. */
+    (void)kvs_decode_connect_peer(c->dec, (kvs_peer_t){k, 0});
+    return KVS_OK;
+}
+
+/* Decode: declare every prefill instance, connect to this rank's writers
+ * in each, and wait for their acks. */
 static int cli_rank_connect(cli_rank_ctx_t *c, uint64_t deadline_ns)
 {
-    const kvs_layout_t *l = c->lay;
+    const cli_serve_plan_t *pl = c->plan;
     char who[48];
     cli_rank_name(c, who, sizeof who);
-    const int64_t stages = l->prefill_pp / l->decode_pp;
-    const int64_t first = l->decode_pp == 1 ? 0 : c->r->pp;
-    for (int64_t i = 0; i < l->tp_writers; i++) {
-        kvs_writer_t w;
-        int rc = kvs_layout_writer(l, c->r->tp, c->r->pp, i, 0, &w);
+    int64_t writers = 0;
+    for (uint32_t k = 0; k < pl->instances; k++) {
+        int rc = cli_rank_add_instance(c, k, who);
         if (rc != KVS_OK)
-            return cli_rank_fail(c, rc, "%s: writer %lld: %s", who, (long long)i, kvs_strerror(rc));
-        for (int64_t s = first; s < first + stages; s++) {
-            char peer[96];
-            snprintf(peer, sizeof peer, "%s:%u", c->plan->peer_ip,
-                     (unsigned)(c->plan->peer_port + s * l->prefill_tp + w.prefill_rank));
-            /* A prefill not up yet fails this; the handler keeps trying it. */
-            (void)kvs_decode_connect(c->dec, peer, w.prefill_rank, s);
-        }
+            return rc;
+        writers += cli_rank_writers(&pl->peers[k].lay);
     }
-    const int64_t writers = l->tp_writers * stages;
     while (kvs_decode_peers_ready(c->dec) < writers) {
         if (cli_rank_stopped(c))
             return KVS_EPEER; /* a sibling rank failed and said why */
-        if (cli_now(c) > deadline_ns)
-            return cli_rank_fail(c, KVS_ETIMEDOUT, "%s: %lld of %lld prefill ranks at %s:%u.. "
-                                 "acknowledged the registration in time: start `kvstage serve "
-                                 "--role prefill` there first, check --peer, or raise "
-                                 "--timeout-s (last error: %s)", who,
-                                 (long long)kvs_decode_peers_ready(c->dec), (long long)writers,
-                                 c->plan->peer_ip, (unsigned)c->plan->peer_port,
-                                 cli_mgr_msg(c));
+        if (cli_now(c) > deadline_ns) {
+            char where[256] = "";
+            size_t used = 0;
+            for (uint32_t k = 0; k < pl->instances && used < sizeof where; k++) {
+                const int w = snprintf(where + used, sizeof where - used, "%s%u at %s:%u..",
+                                       k > 0 ? ", " : "", k, pl->peers[k].ip,
+                                       (unsigned)pl->peers[k].port);
+                used += w > 0 ? (size_t)w : 0;
+            }
+            return cli_rank_fail(c, KVS_ETIMEDOUT, "%s: %lld of %lld prefill ranks (instance "
+                                 "%s) acknowledged the registration in time: start every "
+                                 "`kvstage serve --role prefill` first, check --peer or "
+                                 "--prefill-instance, or raise --timeout-s (last error: %s)",
+                                 who, (long long)kvs_decode_peers_ready(c->dec),
+                                 (long long)writers, where, cli_mgr_msg(c));
+        }
         int rc = cli_rank_progress(c);
         if (rc < 0)
             return rc;
@@ -335,21 +408,29 @@ static int cli_rank_open(cli_rank_ctx_t *c, uint32_t i)
     for (int64_t j = 0; j < n; j++)
         c->pages[j] = cli_page(c, i, j, n);
     if (c->dec != NULL) {
-        int rc = kvs_decode_room_open(c->dec, i, 0, tokens, c->pages, n);
+        const kvs_peer_t peer = {cli_serve_route(c->plan, i), 0};
+        int rc = kvs_decode_room_open_peer(c->dec, i, peer, 0, tokens, c->pages, n);
         /* EPEER: a writer is away; the room failed and its result comes
          * from poll_rooms like any other. */
         if (rc != KVS_OK && rc != KVS_EPEER)
             return cli_rank_fail(c, rc, "%s: room %u: %s", who, i, cli_mgr_msg(c));
         return KVS_OK;
     }
-    cli_rank_pattern(c, i, false, NULL);
-    int rc = kvs_prefill_room_open(c->pre, i, tokens, c->pages, n);
+    const bool hold = c->plan->hold && i >= c->plan->hold_from;
+    if (!hold)
+        cli_rank_pattern(c, i, false, NULL);
+    /* The one decode instance, 0. */
+    int rc = kvs_prefill_room_open_peer(c->pre, i, (kvs_peer_t){0, 0}, tokens, c->pages, n);
     /* EPEER: a decode rank it writes to is away; the room failed and its
      * result comes from poll_rooms like any other. */
     if (rc == KVS_EPEER)
         return KVS_OK;
     if (rc != KVS_OK)
         return cli_rank_fail(c, rc, "%s: room %u: %s", who, i, cli_mgr_msg(c));
+    if (hold) {
+        c->r->held = true;
+        return KVS_OK; /* never computed: open until the process dies */
+    }
     for (int64_t end = 0; end < tokens;) {
         end = end + l->grid_tokens < tokens ? end + l->grid_tokens : tokens;
         rc = kvs_prefill_room_computed(c->pre, i, end, end == tokens);
@@ -373,12 +454,15 @@ static int cli_rank_results(cli_rank_ctx_t *c, uint32_t *inflight, uint32_t *don
                              : kvs_prefill_poll_rooms(c->pre, res, CLI_SERVE_RESULTS);
         for (int k = 0; k < got; k++) {
             const uint64_t room = res[k].room;
-            if (room >= c->plan->requests || c->r->status[room] != 1)
+            if (room >= c->plan->requests || c->r->status[room] != 1 ||
+                !cli_serve_serves(c->plan, c->r->role, (uint32_t)room))
                 return cli_rank_fail(c, KVS_EPROTO, "%s: a result for room %llu, which is "
                                      "not open (or reported twice)", who,
                                      (unsigned long long)room);
             c->r->status[room] = res[k].status;
             c->r->payload_bytes += res[k].bytes;
+            if (c->plan->hold && room < c->plan->hold_from)
+                c->hold_done++;
             if (c->dec != NULL && res[k].status == KVS_OK)
                 c->r->corrupt_bytes += cli_rank_pattern(c, (uint32_t)room, true,
                                                         &c->r->bytes_verified);
@@ -390,6 +474,21 @@ static int cli_rank_results(cli_rank_ctx_t *c, uint32_t *inflight, uint32_t *don
     return total;
 }
 
+/* --fault hold-from, rank (0, 0): once it holds a room and every room of
+ * it before the held ones is over, one line on stderr, so that a test
+ * kills the process while its rooms are open and the decode is running. */
+static void cli_rank_tell_hold(cli_rank_ctx_t *c)
+{
+    if (!c->r->held || c->hold_told || c->hold_done < c->hold_before || c->r->tp != 0 ||
+        c->r->pp != 0)
+        return;
+    c->hold_told = true;
+    fprintf(stderr, "kvstage serve: prefill instance %u: its rooms before %u are over; "
+            "holding its rooms from %u on open (--fault hold-from:%u) until this process "
+            "is killed\n", c->plan->instance, c->plan->hold_from, c->plan->hold_from,
+            c->plan->hold_from);
+}
+
 static void cli_rank_loop(cli_rank_ctx_t *c, uint64_t deadline_ns)
 {
     const cli_serve_plan_t *pl = c->plan;
@@ -397,23 +496,26 @@ static void cli_rank_loop(cli_rank_ctx_t *c, uint64_t deadline_ns)
     cli_rank_name(c, who, sizeof who);
     uint32_t next = 0, inflight = 0, done = 0;
     c->r->start_ns = cli_now(c);
-    while (done < pl->requests && !cli_rank_stopped(c)) {
+    while (done < c->served && !cli_rank_stopped(c)) {
         if (cli_now(c) > deadline_ns) {
             cli_rank_fail(c, KVS_ETIMEDOUT, "%s: %u of %u requests not over after --timeout-s: "
                           "check the peer process, or raise --timeout-s", who,
-                          pl->requests - done, pl->requests);
+                          c->served - done, c->served);
             return;
         }
         while (inflight < pl->max_inflight && next < pl->requests && !cli_rank_stopped(c)) {
-            if (cli_rank_open(c, next) != KVS_OK)
-                return;
+            if (cli_serve_serves(pl, c->r->role, next)) {
+                if (cli_rank_open(c, next) != KVS_OK)
+                    return;
+                inflight++;
+            }
             next++;
-            inflight++;
         }
         const int rc = cli_rank_progress(c);
         if (rc < 0)
             return;
         const int got = cli_rank_results(c, &inflight, &done);
+        cli_rank_tell_hold(c);
         if (rc == 0 && got == 0)
             cli_rank_idle(c, CLI_SERVE_IDLE_WAIT_MS);
     }
@@ -469,8 +571,13 @@ void *cli_serve_rank_run(void *arg)
     cli_rank_ctx_t c = {.r = arg};
     c.plan = c.r->plan;
     c.lay = &c.plan->lay;
-    for (uint32_t i = 0; i < c.plan->requests; i++)
+    for (uint32_t i = 0; i < c.plan->requests; i++) {
         c.r->status[i] = 1;
+        if (cli_serve_serves(c.plan, c.r->role, i)) {
+            c.served++;
+            c.hold_before += c.plan->hold && i < c.plan->hold_from;
+        }
+    }
     if (cli_rank_setup(&c) == KVS_OK) {
         const uint64_t deadline = cli_now(&c) + c.plan->timeout_ns;
         if (c.dec == NULL || cli_rank_connect(&c, deadline) == KVS_OK)

@@ -6,19 +6,23 @@
  * share only the read-only plan and a stop flag (a rank that fails stops
  * its siblings instead of leaving them to wait out the time-out).
  *
- * Ranks: TP x PP per role. Rank (tp t, stage s) holds stage s's layers of
- * the model (kvs_layout_stage_layers: the last layers % PP stages hold one
- * more); prefill rank (t, s) listens on listen_port + s * P + t.
- * A decode rank (t, s) connects to the prefill ranks of its TP writers at
- * every prefill stage that holds its layers: all of them when the decode
- * has PP 1, stage s alone when its PP is the prefill's.
+ * A process is one instance (spec §12): every rank of one prefill instance,
+ * or of the one decode instance (id 0). Ranks: TP x PP. Rank (tp t, stage
+ * s) holds stage s's layers of the model (kvs_layout_stage_layers: the last
+ * layers % PP stages hold one more); prefill rank (t, s) listens on
+ * listen_port + s * P + t. A decode rank declares every prefill instance
+ * of the plan and connects to the ranks of each that write to it (its TP
+ * writers at every prefill stage holding its layers: all of them when the
+ * decode has PP 1, stage s alone when its PP is the instance's).
  *
  * The workload is a pure function of the plan (the seed drew the prompt
- * lengths), so the prefill process and the decode process open the same
- * rooms with the same lengths without talking outside the kvstage protocol.
- * The prefill writes sim/kvdata's pattern into its KV pool before it tells
- * the handler a chunk is computed; the decode checks every byte it received
- * against the same pattern.
+ * lengths; the router pairs room i with prefill instance i % instances), so
+ * every process opens the same rooms with the same lengths, each prefill
+ * only its own, without talking outside the kvstage protocol. The prefill
+ * writes sim/kvdata's pattern into its KV pool before it tells the handler
+ * a chunk is computed; the decode checks every byte it received against the
+ * same pattern (a pattern of global heads, so the prefill's TP is no part
+ * of it).
  */
 #ifndef KVSTAGE_TOOLS_SERVE_RANK_H
 #define KVSTAGE_TOOLS_SERVE_RANK_H
@@ -29,14 +33,29 @@
 
 #include <kvstage/kvstage.h>
 
+/* A prefill instance as the decode process knows it. */
+typedef struct cli_serve_instance {
+    const char *ip;             /* its ranks' address */
+    uint16_t port;              /* rank (t, s) listens on port + s * tp + t */
+    int64_t tp, pp;
+    kvs_layout_t lay;           /* its pair with the decode */
+} cli_serve_instance_t;
+
 /* What every rank of a run shares (read-only while ranks run). */
 typedef struct cli_serve_plan {
-    kvs_layout_t lay;
+    kvs_layout_t lay;           /* the pair this process serves (decode: its
+                                   pair with instance 0; the decode side of
+                                   every pair is the same) */
     kvs_dtype_t dtype;
     uint32_t requests;
     const int64_t *tokens;      /* [requests]: prompt length of room i */
-    const int64_t *first_page;  /* [requests]: first pool page of room i */
+    const int64_t *first_page;  /* [requests]: first pool page of room i,
+                                   for the rooms this process serves */
     int64_t pool_pages;         /* pages of each rank's KV pool */
+    uint32_t instances;         /* prefill instances the router pairs rooms
+                                   with: room i with instance i % instances */
+    uint32_t instance;          /* prefill: this process's instance */
+    const cli_serve_instance_t *peers; /* decode: [instances], by id */
     uint64_t ring_bytes;
     uint32_t max_inflight;      /* rooms open at once per rank */
     uint32_t transfer_workers;
@@ -44,15 +63,30 @@ typedef struct cli_serve_plan {
     const char *device;         /* RDMA device, NULL: automatic */
     const char *bind_ip;        /* this process's address, NULL: the GID's */
     uint16_t listen_port;       /* prefill rank (t, s) listens on listen_port + s * P + t */
-    const char *peer_ip;        /* decode: the prefill process's address */
-    uint16_t peer_port;         /* decode: prefill rank (t, s) is at peer_port + s * P + t */
     uint64_t fail_write;        /* prefill rank (0, 0): spoil this write (1-based), 0: none */
+    bool hold;                  /* prefill: never compute rooms from hold_from on */
+    uint32_t hold_from;
     uint64_t timeout_ns;        /* give up when the run is not over by then */
     uint64_t linger_ns;         /* keep serving the peer this long after the end */
-    uint32_t workload_tag;      /* hash of requests and prompt lengths: the
-                                   managers' app_tag, so both processes must
-                                   run the same workload */
+    uint32_t workload_tag;      /* hash of the requests, prompt lengths and
+                                   prefill instance count: the managers'
+                                   app_tag, so every process must run the
+                                   same workload and router */
 } cli_serve_plan_t;
+
+/* The prefill instance room i is paired with: the router, round robin by
+ * request index. */
+static inline uint32_t cli_serve_route(const cli_serve_plan_t *pl, uint32_t room)
+{
+    return room % pl->instances;
+}
+
+/* Whether a process of `role` serves room i: the decode every room, a
+ * prefill the rooms paired with its instance. */
+static inline bool cli_serve_serves(const cli_serve_plan_t *pl, kvs_role_t role, uint32_t room)
+{
+    return role == KVS_ROLE_DECODE || cli_serve_route(pl, room) == pl->instance;
+}
 
 /* One rank and, after cli_serve_rank_run, what it saw. */
 typedef struct cli_serve_rank {
@@ -61,15 +95,17 @@ typedef struct cli_serve_rank {
     int64_t tp, pp;             /* TP rank and pipeline stage */
     atomic_bool *stop;          /* shared by the process's ranks: set by one that failed */
     /* results */
-    int *status;                /* [requests]: KVS_OK, a failure, or 1: no result */
+    int *status;                /* [requests]: KVS_OK, a failure, or 1: no
+                                   result (rooms it does not serve stay 1) */
     uint64_t payload_bytes;     /* bytes its results report */
     uint64_t bytes_verified, corrupt_bytes; /* decode */
     uint64_t start_ns, end_ns;  /* first room opened, last result in */
     uint64_t pattern_ns;        /* time spent writing or checking the pattern */
     uint64_t spoiled_writes;    /* --fault writes that went out spoiled */
+    bool held;                  /* --fault hold-from: it held a room */
     kvs_handler_stats_t stats;
     int fatal;                  /* KVS_OK, or why the rank stopped early */
-    char err[384];
+    char err[640];
 } cli_serve_rank_t;
 
 /* Thread main of a rank (arg: cli_serve_rank_t *, with plan, role, tp, pp,

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# test_serve.sh - `kvstage serve` end to end over RDMA: a prefill process and
-# a decode process (separate processes, each running all ranks of its side)
-# move a seeded workload through the kvstage protocol and the decode checks
-# every byte against the pattern the prefill wrote. Seven runs:
+# test_serve.sh - `kvstage serve` end to end over RDMA: prefill processes and
+# a decode process (separate processes, each running all ranks of one
+# instance) move a seeded workload through the kvstage protocol and the
+# decode checks every byte against the pattern the prefill wrote. Ten runs:
 #   1. P=2 -> D=1 (two writers per decode region), all requests ok
 #   2. P=1 -> D=2 (one prefill rank feeding two decode ranks), all ok
 #   3. P=2 -> D=1 with the prefill's 3rd RDMA write spoiled (bad remote key):
@@ -17,6 +17,18 @@
 #      (the registration is refused, no time-out), exit 1 and name the flag
 #   7. the same shape with different --seed (other prompt lengths): refused
 #      the same way, naming --seed, instead of failing requests
+#   8. two prefill instances as two processes, TP 2 x PP 2 and TP 1 x PP 1,
+#      feeding one decode at TP 1 (one staging pair and one direct pair in
+#      the same decode): the router pairs room i with instance i % 2, each
+#      prefill serves its own rooms, the decode verifies every byte of all
+#   9. a prefill told --instances 2 against a decode given one instance
+#      (--peer): refused by name (--instances), as for a workload mismatch
+#  10. two prefill instances at TP 2 and TP 4 (both staging, one shared ring)
+#      into decode TP 1; instance 1 holds its rooms from room 5 on
+#      (--fault hold-from:5) and is killed (kill -9) once it says so: on the
+#      decode, every room of instance 0 is ok and verified, every failed room
+#      is instance 1's with KVS_EPEER, its held rooms all failed (none hung),
+#      and the decode exits 0 under --expect-lost 1
 # Usage: test_serve.sh KVSTAGE_BINARY   (needs an RDMA device: ctest runs it
 # through run-in-vm.sh; KVS_VERBS_ADDR is the address to use, default the
 # VM's 192.0.2.1). Exits 0 when every check passes.
@@ -29,6 +41,8 @@ failures=0
 shape=(--kv-heads 4 --head-dim 32 --layers 2 --page-size 16 --chunk-tokens 64
        --requests 12 --prompt-tokens 32:192 --ring-mib 1 --timeout-s 60 --json)
 seed=(--seed 7) # run() passes it to both; refused() takes each side's own
+wait_s=${KVS_TEST_WAIT_S:-60} # bound of a wait inside the test (a hang fails it)
+elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}'; }
 
 # run NAME PORT "PREFILL FLAGS" "DECODE FLAGS" EXPECT_FAILED
 run() {
@@ -119,5 +133,149 @@ refused ppdiffer 18615 "$pp21 --seed 7" "--prefill-tp 2 --decode-tp 1 --seed 7" 
 # Same shape, another workload: refused by name, not as failed requests.
 refused workdiffer 18635 "--prefill-tp 2 --decode-tp 1 --seed 1" \
   "--prefill-tp 2 --decode-tp 1 --seed 2" --seed
-echo "test_serve: $failures of 7 runs failed"
+
+# cluster NAME PORT "COMMON FLAGS" TP,PP [TP,PP...]: one prefill process per
+# TP,PP (instance k listens on PORT + 10k), then the decode naming each
+# with --prefill-instance. Every process must pass with every room ok.
+cluster() {
+  local name=$1 port=$2 common=$3 t0 k=0 drc spec inst=() pids=() rcs=()
+  shift 3
+  local n=$#
+  t0=$(date +%s.%N)
+  for spec in "$@"; do
+    # shellcheck disable=SC2086
+    "$kvstage" serve --role prefill --listen "$addr:$((port + 10 * k))" --instance "$k" \
+      --instances "$n" --prefill-tp "${spec%,*}" --prefill-pp "${spec#*,}" "${shape[@]}" \
+      "${seed[@]}" $common >"$work/$name.prefill$k.json" 2>"$work/$name.prefill$k.err" &
+    pids+=($!)
+    inst+=(--prefill-instance "$k=$addr:$((port + 10 * k)),$spec")
+    k=$((k + 1))
+  done
+  # shellcheck disable=SC2086
+  "$kvstage" serve --role decode "${inst[@]}" "${shape[@]}" "${seed[@]}" $common \
+    >"$work/$name.decode.json" 2>"$work/$name.decode.err"
+  drc=$?
+  for k in "${!pids[@]}"; do
+    wait "${pids[$k]}"
+    rcs+=($?)
+  done
+  echo "test_serve: $name: prefill exits ${rcs[*]}, decode exit $drc, $(elapsed "$t0") s"
+  for side in $(seq -f 'prefill%g' 0 $((n - 1))) decode; do
+    echo "  $side: $(cat "$work/$name.$side.json")"
+    [ -s "$work/$name.$side.err" ] && sed 's/^/  '"$side"' stderr: /' "$work/$name.$side.err"
+  done
+  if ! python3 - "$work/$name" "$n" "$drc" "${rcs[@]}" "$@" <<'PY'
+import json, sys
+base, n, drc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rcs = [int(x) for x in sys.argv[4:4 + n]]
+specs = [tuple(int(v) for v in s.split(",")) for s in sys.argv[4 + n:]]
+d = json.load(open(base + ".decode.json"))
+ps = [json.load(open("%s.prefill%d.json" % (base, k))) for k in range(n)]
+bad = []
+if drc != 0 or any(rcs): bad.append("exit codes %s/%d" % (rcs, drc))
+for name, side in [("prefill%d" % k, p) for k, p in enumerate(ps)] + [("decode", d)]:
+    if not side["pass"] or side["requests_failed"] or side["requests_unfinished"] or \
+            side["requests_ok"] != side["requests"]:
+        bad.append("%s: %d ok of %d, %d failed, %d unfinished" % (name, side["requests_ok"],
+                   side["requests"], side["requests_failed"], side["requests_unfinished"]))
+if d["requests"] != sum(p["requests"] for p in ps):
+    bad.append("decode served %d rooms, the prefills %s" % (d["requests"], [p["requests"] for p in ps]))
+for k, (p, (tp, pp)) in enumerate(zip(ps, specs)):
+    di = d["instances"][k]
+    if (di["id"], di["tp"], di["pp"], di["requests_ok"]) != (k, tp, pp, p["requests_ok"]) or \
+            p["instances"][0]["id"] != k or p["requests"] != (d["requests"] + n - 1 - k) // n:
+        bad.append("instance %d: decode sees %s, its prefill %s" % (k, di, p["instances"]))
+if d["corrupt_bytes"] != 0 or d["bytes_verified"] != d["bytes_expected"] or d["bytes_verified"] == 0:
+    bad.append("decode verified %d of %d bytes, %d corrupt" % (d["bytes_verified"], d["bytes_expected"], d["corrupt_bytes"]))
+print("  " + ("; ".join(bad) if bad else "ok"))
+sys.exit(1 if bad else 0)
+PY
+  then
+    failures=$((failures + 1))
+  fi
+}
+
+# lost NAME PORT HOLD "COMMON FLAGS" TP0 TP1: prefill instances 0 (TP0) and
+# 1 (TP1); instance 1 holds its rooms from room HOLD on and is killed with
+# SIGKILL once it says so. The decode runs under --expect-lost 1.
+lost() {
+  local name=$1 port=$2 hold=$3 common=$4 tp0=$5 tp1=$6 t0 p0 p1 dpid drc rc0 rc1 waited=0
+  t0=$(date +%s.%N)
+  # shellcheck disable=SC2086
+  "$kvstage" serve --role prefill --listen "$addr:$port" --instance 0 --instances 2 \
+    --prefill-tp "$tp0" "${shape[@]}" "${seed[@]}" $common \
+    >"$work/$name.prefill0.json" 2>"$work/$name.prefill0.err" &
+  p0=$!
+  # shellcheck disable=SC2086
+  "$kvstage" serve --role prefill --listen "$addr:$((port + 10))" --instance 1 --instances 2 \
+    --prefill-tp "$tp1" --fault "hold-from:$hold" "${shape[@]}" "${seed[@]}" $common \
+    >"$work/$name.prefill1.json" 2>"$work/$name.prefill1.err" &
+  p1=$!
+  # shellcheck disable=SC2086
+  "$kvstage" serve --role decode --prefill-instance "0=$addr:$port,$tp0" \
+    --prefill-instance "1=$addr:$((port + 10)),$tp1" --expect-lost 1 "${shape[@]}" \
+    "${seed[@]}" $common >"$work/$name.decode.json" 2>"$work/$name.decode.err" &
+  dpid=$!
+  # Upper bound only: a prefill that never holds fails the run.
+  until grep -q "holding its rooms" "$work/$name.prefill1.err"; do
+    if [ "$waited" -ge $((wait_s * 10)) ] || ! kill -0 "$p1" 2>/dev/null; then
+      break
+    fi
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+  local killed_at
+  killed_at=$(elapsed "$t0")
+  kill -9 "$p1" 2>/dev/null
+  wait "$p1" 2>/dev/null # bash's "Killed" notice: the kill is the point
+  rc1=$?
+  wait "$dpid"
+  drc=$?
+  wait "$p0"
+  rc0=$?
+  echo "test_serve: $name: prefill exits $rc0/$rc1 (instance 1 killed at $killed_at s), decode exit $drc, $(elapsed "$t0") s"
+  for side in prefill0 prefill1 decode; do
+    echo "  $side: $(cat "$work/$name.$side.json")"
+    [ -s "$work/$name.$side.err" ] && sed 's/^/  '"$side"' stderr: /' "$work/$name.$side.err"
+  done
+  if ! python3 - "$work/$name" "$hold" "$drc" "$rc0" "$rc1" <<'PY'
+import json, sys
+base, hold, drc, rc0, rc1 = sys.argv[1], *(int(x) for x in sys.argv[2:6])
+bad = []
+held = "holding its rooms" in open(base + ".prefill1.err").read()
+if not held: bad.append("instance 1 never said it holds its rooms")
+if (drc, rc0, rc1) != (0, 0, 137): bad.append("exit codes decode %d, prefill %d/%d (want 0, 0/137)" % (drc, rc0, rc1))
+d = json.load(open(base + ".decode.json"))
+p0 = json.load(open(base + ".prefill0.json"))
+if not p0["pass"] or p0["requests_ok"] != p0["requests"]:
+    bad.append("prefill 0: %d ok of %d" % (p0["requests_ok"], p0["requests"]))
+i0, i1 = d["instances"]
+failed = {int(r.split(":")[0]): r.split(":")[1] for r in d["failed_rooms"]}
+if d["requests_unfinished"]: bad.append("decode: %d rooms hung" % d["requests_unfinished"])
+if i0["requests_failed"] or i0["requests_ok"] != i0["requests"] or i0["requests_ok"] != p0["requests_ok"]:
+    bad.append("instance 0 (alive): %s" % i0)
+other = sorted(r for r in failed if r % 2 != 1 or failed[r] != "KVS_EPEER")
+if other: bad.append("failed rooms not of instance 1 or not KVS_EPEER: %s" % other)
+hung = [r for r in range(hold, d["requests"]) if r % 2 == 1 and r not in failed]
+if hung: bad.append("held rooms of instance 1 that did not fail: %s" % hung)
+if i1["requests_failed"] != len(failed) or i1["requests_ok"] + i1["requests_failed"] != i1["requests"]:
+    bad.append("instance 1: %s" % i1)
+if d["corrupt_bytes"] != 0 or d["bytes_verified"] != d["bytes_expected"] or d["bytes_verified"] == 0:
+    bad.append("decode verified %d of %d bytes, %d corrupt" % (d["bytes_verified"], d["bytes_expected"], d["corrupt_bytes"]))
+if not d["pass"]: bad.append("decode did not pass under --expect-lost 1")
+print("  " + ("; ".join(bad) if bad else "ok (instance 1: %d ok, failed %s)" % (i1["requests_ok"], i1["failed_rooms"])))
+sys.exit(1 if bad else 0)
+PY
+  then
+    failures=$((failures + 1))
+  fi
+}
+
+cluster two 18655 "--decode-tp 1" 2,2 1,1
+# The router is part of the workload: a prefill that splits the rooms with
+# another instance, against a decode that knows one, is refused by name.
+refused instdiffer 18695 "--prefill-tp 2 --decode-tp 1 --seed 7 --instances 2" \
+  "--prefill-tp 2 --decode-tp 1 --seed 7" --instances
+lost kill 18715 5 "--decode-tp 1 --stall-timeout-ms 60000" 2 4
+echo "test_serve: $failures of 10 runs failed"
 [ "$failures" = 0 ]
