@@ -403,10 +403,21 @@ static void kvs__on_ack(kvs__handler_t *h, kvs_conn_t *conn, kvs__peer_t *p,
             return;
         }
         p->refused = a->status;
-        /* The prefill sends its fingerprint: name the field that differs. */
+        /* The prefill sends its fingerprint and its instance: name the
+         * field that differs, or the instance the address really reaches. */
         char why[200], name[96];
-        if (a->status != KVS_EFINGERPRINT ||
-            kvs__fingerprint_check(&p->inst->fp, &a->fp, why, sizeof why) == KVS_OK)
+        const kvs_peer_t meant = p->inst->ref;
+        if (a->status == KVS_EINVAL && (a->instance != meant.instance || a->dp_rank != meant.dp_rank))
+            snprintf(why, sizeof why, "its address '%s' reaches prefill instance %llu group %lld, "
+                     "not instance %llu group %lld: fix that rank's address",
+                     p->name != NULL ? p->name : "?", (unsigned long long)a->instance,
+                     (long long)a->dp_rank, (unsigned long long)meant.instance,
+                     (long long)meant.dp_rank);
+        else if (a->status == KVS_EINVAL)
+            snprintf(why, sizeof why, "this decode rank is not one of its targets: check the "
+                     "TP and PP sizes declared for its instance");
+        else if (a->status != KVS_EFINGERPRINT ||
+                 kvs__fingerprint_check(&p->inst->fp, &a->fp, why, sizeof why) == KVS_OK)
             snprintf(why, sizeof why, "%s", kvs_strerror(a->status));
         KVS__MFAIL(h->m, a->status, "prefill %s refused the registration: %s",
                    kvs__peer_name(p, name, sizeof name), why);

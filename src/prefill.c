@@ -384,7 +384,9 @@ static void kvs__refuse(kvs_prefill_t *p, kvs_conn_t *conn, uint64_t session,
 {
     kvs_msg_t ack = {.type = KVS_MSG_REGISTER_ACK};
     ack.u.ack = (kvs_msg_register_ack_t){.echo = session, .tp_rank = p->h.tp_rank,
-                                         .pp_rank = p->h.pp_rank, .status = status, .fp = *fp};
+                                         .pp_rank = p->h.pp_rank, .status = status,
+                                         .instance = p->h.m->cfg.instance_id,
+                                         .dp_rank = p->h.m->cfg.dp_rank, .fp = *fp};
     KVS__MFAIL(p->h.m, status, "refused a decode registration: %s", why);
     kvs__log(&p->h.m->log, KVS_LOG_ERROR, "prefill %lld: %s", (long long)p->h.tp_rank,
              p->h.m->err.msg);
@@ -528,7 +530,9 @@ static void kvs__on_register(kvs__handler_t *h, kvs_conn_t *conn, kvs__peer_t *b
     t->layers = layers;
     kvs_msg_t ack = {.type = KVS_MSG_REGISTER_ACK};
     ack.u.ack = (kvs_msg_register_ack_t){.echo = msg->session, .tp_rank = h->tp_rank,
-                                         .pp_rank = h->pp_rank, .status = KVS_OK, .fp = fp};
+                                         .pp_rank = h->pp_rank, .status = KVS_OK,
+                                         .instance = h->m->cfg.instance_id,
+                                         .dp_rank = h->m->cfg.dp_rank, .fp = fp};
     kvs__send(h, peer, &ack);
 }
 

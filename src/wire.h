@@ -79,6 +79,7 @@ typedef struct kvs_layer_entry {
     F(i64, tp_rank) F(i64, pp_rank) /* of the prefill rank answering */        \
     F(i32, status)        /* KVS_OK or why it refused */                       \
     F(u32, reserved)                                                            \
+    F(u64, instance) F(i64, dp_rank) /* the answering prefill's instance */    \
     F(fp, fp)             /* the prefill's: a refused decode names the field */
 #define KVS_WIRE_ROOM_FIELDS(F) /* decode -> prefill: a request's decode side */ \
     F(u64, room)                                                                \

@@ -3907,6 +3907,30 @@ static void test_protocol_edges_hostile_instances(void **state)
     edge_destroy(cl);
 }
 
+/* A decode that declares an instance at the addresses of another
+ * instance's ranks (and did not connect to those ranks otherwise) is
+ * refused by each, and its own error names the instance the address
+ * really reaches. */
+static void test_protocol_edges_decode_names_the_instance_it_reached(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.no_connect = true;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_node_t *d = edge_decode(cl, 0);
+    const char *addrs[2] = {"p0", "p1"}; /* instance 0's ranks */
+    const kvs_instance_desc_t desc = {.id = 3, .tp_size = 2, .addrs = addrs};
+    assert_int_equal(kvs_decode_add_instance(d->dec, &desc), KVS_OK);
+    assert_int_equal(kvs_decode_connect_peer(d->dec, (kvs_peer_t){3, 0}), KVS_OK);
+    edge_run(cl);
+    const kvs_error_t *err = kvs_manager_last_error(d->m);
+    assert_int_equal(err->status, KVS_EINVAL);
+    assert_non_null(strstr(err->msg, "its address 'p1' reaches prefill instance 0 group 0, not "
+                                     "instance 3 group 0"));
+    assert_int_equal(kvs_decode_peers_ready(d->dec), 0);
+    edge_destroy(cl);
+}
+
 int main(void)
 {
     print_message("test_protocol_edges: seed %llu\n", (unsigned long long)EDGE_SEED);
@@ -3920,6 +3944,7 @@ int main(void)
         cmocka_unit_test(test_protocol_edges_instance_api_errors),
         cmocka_unit_test(test_protocol_edges_hostile_instances),
         cmocka_unit_test(test_protocol_edges_instance_misaddressed),
+        cmocka_unit_test(test_protocol_edges_decode_names_the_instance_it_reached),
         cmocka_unit_test(test_protocol_edges_attention_groups),
         cmocka_unit_test(test_protocol_edges_prefill_learns_its_decode_instance),
         cmocka_unit_test(test_protocol_edges_happy_path),

@@ -124,7 +124,7 @@ static uint32_t expected_len(kvs_msg_type_t type, uint32_t count)
     switch (type) {
     case KVS_MSG_REGISTER: return 24 + 32 + 32 + 88 + 24 + 16 + 8; /* 224 */
     case KVS_MSG_LAYERS: return 24 + 12 + 32 * count;
-    case KVS_MSG_REGISTER_ACK: return 24 + 8 + 16 + 8 + 88;
+    case KVS_MSG_REGISTER_ACK: return 24 + 8 + 16 + 8 + 16 + 88;
     case KVS_MSG_ROOM: return 24 + 32;
     case KVS_MSG_PAGES: return 24 + 20 + 8 * count;
     case KVS_MSG_STAGING_REQ: return 24 + 48;
