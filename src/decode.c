@@ -48,6 +48,7 @@
 #include "handler.h"
 #include "log.h"
 
+#include <assert.h>
 #include <stdalign.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -134,8 +135,8 @@ static bool kvs__room_try_finish(kvs_decode_t *d, kvs__droom_t *r)
             kvs__release_region(d, c);
         c->state = KVS__DCH_DONE;
     }
-    if (r->base.status == KVS_OK && r->reports_ok < writers)
-        r->base.status = KVS_EPEER;
+    /* A report that is not OK fails the room: an OK room has only OK ones. */
+    assert(r->base.status != KVS_OK || r->reports_ok == writers);
     d->open_chunks -= (uint64_t)r->num_chunks;
     kvs__room_end(&d->h, &r->base, r->num_chunks);
     return true;

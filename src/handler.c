@@ -63,32 +63,28 @@ static int kvs__handler_init(kvs__handler_t *h, const kvs__role_t *role, kvs_man
 
 static void kvs__handler_fini(kvs__handler_t *h)
 {
+    /* Every part is zeroed until made, and each fini takes a zeroed one. */
     while (h->first != NULL) {
         kvs__room_t *r = h->first;
         h->first = r->next;
         h->role->room_free(h, r, true);
     }
     h->last = NULL;
-    if (h->rooms.keys != NULL)
-        kvs__table_fini(&h->rooms);
-    if (h->kv_open)
-        kvs__manager_close_kv(h->m, &h->kv_keys);
+    kvs__table_fini(&h->rooms);
+    kvs__manager_close_kv(h->m, &h->kv_keys);
     h->kv_open = false;
-    if (h->links.v != NULL)
-        kvs__links_fini(&h->links);
-    for (uint32_t i = 0; h->insts.v != NULL && i < h->insts.count; i++) {
+    kvs__links_fini(&h->links);
+    for (uint32_t i = 0; i < h->insts.count; i++) {
         kvs__inst_t *inst = h->insts.v[i];
         for (int64_t k = 0; k < inst->npeers; k++)
             if (inst->peers[k].conn != NULL)
                 h->fab->ops.disconnect(h->fab, inst->peers[k].conn);
     }
-    if (h->insts.v != NULL)
-        kvs__insts_fini(&h->insts);
+    kvs__insts_fini(&h->insts);
     if (h->stream != NULL)
         kvs__dev_stream_destroy(h->dev, h->stream);
     h->stream = NULL;
-    if (h->results.items != NULL)
-        kvs__results_fini(&h->results);
+    kvs__results_fini(&h->results);
     free(h->cq);
     h->cq = NULL;
 }
