@@ -3696,6 +3696,26 @@ static void test_protocol_edges_instance_api_errors(void **state)
     edge_expect_inst(cl, 1, 1, KVS_OK);
     assert_int_equal(edge_corrupt(cl, 1, 0, 24), 0);
     edge_destroy(cl);
+
+    /* A prefill rank whose instance table is full refuses a room naming a
+     * decode instance it does not know yet. */
+    o = edge_defaults();
+    o.max_instances = 1; /* the default decode instance fills it */
+    cl = edge_create(&o);
+    edge_node_t *p = edge_prefill(cl, 0);
+    assert_int_equal(kvs_prefill_room_open_peer(p->pre, 1, (kvs_peer_t){4, 0}, 8, pages, 2),
+                     KVS_EFULL);
+    assert_non_null(strstr(kvs_manager_last_error(p->m)->msg, "max_instances"));
+    edge_destroy(cl);
+    /* So does a decode whose table the declared instances filled, at the
+     * first use of the default instance. */
+    o.no_connect = true;
+    cl = edge_create(&o);
+    d = edge_decode(cl, 0);
+    desc = (kvs_instance_desc_t){.id = 8, .tp_size = 2, .addrs = addrs};
+    assert_int_equal(kvs_decode_add_instance(d->dec, &desc), KVS_OK);
+    assert_int_equal(kvs_decode_connect(d->dec, "p0", 0, 0), KVS_EFULL);
+    edge_destroy(cl);
 }
 
 /* A decode that declares an instance with the addresses of another
@@ -3769,6 +3789,20 @@ static void test_protocol_edges_attention_groups(void **state)
             assert_null(edge_result(edge_group_node(cl, 1, g, t), g == 0 ? 2 : 1));
     assert_int_equal(edge_corrupt(cl, 1, 0, 40), 0);
     assert_int_equal(edge_corrupt(cl, 2, 0, 24), 0);
+    edge_expect_ring_empty(cl);
+    /* A group is a peer of its own: losing a rank of group 1 fails group 1's
+     * rooms only, and the log names the group. */
+    edge_open_group(cl, 1, 0, 3, 0, 24);
+    edge_open_group(cl, 1, 1, 4, 0, 24);
+    edge_run(cl);
+    edge_crash(edge_group_node(cl, 1, 1, 0));
+    edge_computed_group(cl, 1, 0, 3, 24);
+    edge_run(cl);
+    edge_expect_group(cl, 1, 0, 3, KVS_OK);
+    edge_expect(d, 4, KVS_EPEER);
+    edge_expect(edge_group_node(cl, 1, 1, 1), 4, KVS_EPEER);
+    assert_non_null(strstr(d->log_last, "prefill instance 1 group 1 rank tp 0 pp 0 is "
+                                        "unreachable"));
     edge_expect_ring_empty(cl);
     edge_destroy(cl);
 }
