@@ -502,7 +502,7 @@ static void kvs__on_register(kvs__handler_t *h, kvs_conn_t *conn, kvs__peer_t *b
     kvs_fingerprint_t fp;
     kvs__inst_t *inst = NULL;
     int64_t f = -1;
-    char why[256];
+    char why[KVS_ERROR_MSG_BYTES + 128]; /* room for the prefix and a whole message */
     int status = kvs__check_register(p, g, &fp, &inst, &f, why, sizeof why);
     if (status != KVS_OK) {
         kvs__refuse(p, conn, msg->session, &fp, status, why);
