@@ -193,7 +193,8 @@ static void test_sim_faults_slow_scatter(void **state)
     (void)state;
     sim_scenario_config_t c = cluster();
     const sim_report_t base = run(&c, "baseline");
-    add(&c, (sim_fault_t){.kind = SIM_FAULT_SLOW_SCATTER, .rank = 4, .factor = 50});
+    add(&c, (sim_fault_t){.kind = SIM_FAULT_SLOW_SCATTER, .role = KVS_ROLE_DECODE, .rank = 0,
+                          .factor = 50});
     const sim_report_t r = run(&c, "slow scatter x50 on d0");
     expect_all_ok(&r, "slow scatter x50 on d0");
     assert_true(r.latency_p99_us > base.latency_p99_us);
@@ -205,8 +206,8 @@ static void test_sim_faults_link_down_short(void **state)
 {
     (void)state;
     sim_scenario_config_t c = cluster();
-    add(&c, (sim_fault_t){.kind = SIM_FAULT_LINK_DOWN, .rank = 4, .at_ns = 50 * MS,
-                          .for_ns = 10 * MS});
+    add(&c, (sim_fault_t){.kind = SIM_FAULT_LINK_DOWN, .role = KVS_ROLE_DECODE, .rank = 0,
+                          .at_ns = 50 * MS, .for_ns = 10 * MS});
     sim_report_t r = run(&c, "d0 link down 10 ms");
     /* Control messages are sent again; an RDMA write that loses a segment
      * fails its request (KVS_EPEER), and only a request writing then. */
@@ -229,8 +230,8 @@ static void test_sim_faults_link_down_long(void **state)
     sim_scenario_config_t c = cluster();
     c.requests = NREQ;
     c.rate_milli_per_s = 50000; /* 20 ms apart: about 480 ms in all */
-    add(&c, (sim_fault_t){.kind = SIM_FAULT_LINK_DOWN, .rank = 0, .at_ns = 100 * MS,
-                          .for_ns = 250 * MS});
+    add(&c, (sim_fault_t){.kind = SIM_FAULT_LINK_DOWN, .role = KVS_ROLE_PREFILL, .rank = 0,
+                          .at_ns = 100 * MS, .for_ns = 250 * MS});
     sim_report_t r = run(&c, "p0 link down 250 ms");
     assert_true(r.requests_failed > 0);
     for (int i = 0; i < NREQ; i++) {
@@ -308,13 +309,16 @@ static void test_sim_faults_hbm_full(void **state)
 {
     (void)state;
     const struct {
-        int64_t node;
+        kvs_role_t role;
+        int64_t rank;
         const char *name, *knob;
-    } cases[] = {{4, "d0.0", "--ring-mib"}, {1, "p1.0", "--chunk-tokens"}};
+    } cases[] = {{KVS_ROLE_DECODE, 0, "d0.0", "--ring-mib"},
+                 {KVS_ROLE_PREFILL, 1, "p1.0", "--chunk-tokens"}};
     for (size_t k = 0; k < 2; k++) {
         sim_scenario_config_t c = cluster();
         c.requests = 8;
-        add(&c, (sim_fault_t){.kind = SIM_FAULT_HBM_FULL, .rank = cases[k].node});
+        add(&c, (sim_fault_t){.kind = SIM_FAULT_HBM_FULL, .role = cases[k].role,
+                              .rank = cases[k].rank});
         sim_report_t r;
         char err[256];
         memset(outcomes, 0, sizeof outcomes);

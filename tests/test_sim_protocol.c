@@ -302,7 +302,8 @@ static void test_sim_protocol_fault_slow_scatter(void **state)
 {
     sim_scenario_config_t c = small(4, 2, 8);
     c.nfaults = 1;
-    c.faults[0] = (sim_fault_t){.kind = SIM_FAULT_SLOW_SCATTER, .rank = 4, .factor = 20};
+    c.faults[0] = (sim_fault_t){.kind = SIM_FAULT_SLOW_SCATTER, .role = KVS_ROLE_DECODE,
+                                 .rank = 0, .factor = 20};
     sim_report_t r = run_faulted(&c, "slow scatter x20 on d0");
     assert_int_equal(r.requests_ok, r.requests_total);
 }
