@@ -25,8 +25,8 @@ JSON_KEYS = [
     "ok", "runs", "violations", "runs_with_violations", "seed",
     "runs_with_faults", "requests_total", "requests_ok", "requests_failed",
     "hung_requests", "ring_leaked_bytes", "corrupt_bytes",
-    "unreported_failures", "failed_without_faults", "setup_errors",
-    "runs_stopped", "runs_with_sq_depth", "posts_refused", "events",
+    "unreported_failures", "collateral_failures", "failed_without_faults",
+    "setup_errors", "runs_stopped", "runs_with_clusters", "runs_with_sq_depth", "posts_refused", "events",
     "max_run_events", "digest", "faults_drawn", "paths_run", "wall_seconds",
     "ms_per_run", "violating_runs", "first_violation", "replay",
 ]
@@ -88,6 +88,9 @@ def test_json_summary(s):
          "json events", args, repr(obj)[:300])
     s.ok(0 < obj.get("runs_with_sq_depth", 0) < 40 and obj.get("posts_refused", 0) > 0,
          "some runs fill their send queues", args, repr(obj)[:600])
+    s.ok(0 < obj.get("runs_with_clusters", 0) < 40 and obj.get("collateral_failures") == 0,
+         "some runs are clusters, none fails a request of an unfaulted pair", args,
+         repr(obj)[:600])
 
 
 def test_table(s):
@@ -134,7 +137,15 @@ def test_replay(s):
         queued = [r for r in runs if "--sq-depth" in r.get("replay", "")]
         s.ok(len(queued) >= 3, "log has runs with --sq-depth", args,
              "%d of them" % len(queued))
-        for r in faulted[:8] + clean[:4] + queued[:2]:
+        # Clusters: comma lists of TP sizes; faults on a rank of one
+        # instance name it (p1.0@2, crash:prefill@1:...).
+        clusters = [r for r in runs if "," in " ".join(
+            w for w in shlex.split(r.get("replay", ""))[1:] if w[:1].isdigit())]
+        named = [r for r in clusters if "@" in r.get("replay", "")]
+        s.ok(len(clusters) >= 5 and len(named) >= 1, "log has clusters, and faults "
+             "naming an instance", args, "%d clusters, %d naming an instance"
+             % (len(clusters), len(named)))
+        for r in faulted[:8] + clean[:4] + queued[:2] + clusters[:3] + named[:2]:
             words = shlex.split(r.get("replay", ""))
             if not s.ok(words[:2] == ["kvstage", "sim"] and "--seed" in words
                         and "--max-events" in words, "replay words", args,
