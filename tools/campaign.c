@@ -11,6 +11,13 @@
  * prompts, few requests) because simulated GPU memory is real host memory:
  * a campaign explores many shapes, loads and fault mixes, not big models.
  *
+ * In CLI_CAMPAIGN_CLUSTER_PCT of the runs the cluster has 1-4 instances
+ * per side (spec §12), of mixed TP and PP, and faults of one rank strike
+ * one instance: collateral_failures then checks that a fault fails only
+ * the requests paired with an instance it struck. That draw too comes
+ * from a stream of its own, so a run of one instance per side is drawn as
+ * before clusters existed.
+ *
  * About a quarter of the runs also get send queues that fill (--sq-depth
  * 1-4, with or without faults), so the fabric refuses posts and the core
  * must post them again; that draw comes from a stream of its own, so the
@@ -78,9 +85,9 @@
  * is drawn as before clusters existed. At most CLI_CAMPAIGN_MAX_CLUSTER_RANKS
  * ranks in all keep a cluster's set-up (every decode rank connects to its
  * writers in every prefill instance) within the cost of a run. */
-#define CLI_CAMPAIGN_CLUSTER_PCT 50
+#define CLI_CAMPAIGN_CLUSTER_PCT 40
 #define CLI_CAMPAIGN_MAX_INSTANCES 4
-#define CLI_CAMPAIGN_MAX_CLUSTER_RANKS 32
+#define CLI_CAMPAIGN_MAX_CLUSTER_RANKS 24
 #define CLI_CAMPAIGN_CLUSTER_STREAM (UINT64_C(1) << 62)
 /* Violating runs listed on stderr and in the JSON. */
 #define CLI_CAMPAIGN_LISTED 10
