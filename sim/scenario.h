@@ -90,9 +90,10 @@ typedef struct sim_scenario_config {
     uint64_t ring_bytes;           /* decode staging ring, 0 -> 4096 MiB */
     kvs_path_t path;               /* AUTO, STAGING, DIRECT or SLICE */
     bool staging;                  /* staging enabled on both sides; AUTO uses it */
-    uint64_t prefill_tokens_per_s; /* forward speed of the prefill instance,
+    uint64_t prefill_tokens_per_s; /* forward speed of each prefill instance,
                                       0 -> 16384 */
-    uint32_t max_inflight;         /* requests admitted at once, 0 -> 4 */
+    uint32_t max_inflight;         /* requests admitted at once by each
+                                      instance, 0 -> 4 */
     uint32_t transfer_workers;     /* prefill staging buffers, 0 -> 4 */
     uint64_t seed;
     sim_gpu_config_t gpu;          /* zero fields take the H200 defaults */

@@ -79,7 +79,7 @@ class Suite(_Suite):
 # TP), 200 requests at once, on Llama-3.1-8B cut to 4 layers and short
 # prompts: about 15 s under ASan. The same command with the default model
 # and prompts (`kvstage sim --prefill-tp 8,8,4 --decode-tp 2,2 --requests 200
-# --rate 0`) takes about 3 minutes and 11 GB in a Release build.
+# --rate 0`) takes about 2 minutes and 11 GB in a Release build.
 CLUSTER = ["sim", "--model", "llama-3.1-8b", "--layers", "4", "--prefill-tp", "8,8,4",
            "--decode-tp", "2,2", "--requests", "200", "--rate", "0", "--prompt-tokens",
            "64:512", "--ring-mib", "64"]

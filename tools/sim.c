@@ -7,9 +7,11 @@
  * a terminal, and formats.
  *
  * Invariants checked on every run: every request finished ok, no corrupt
- * byte, no ring byte leaked. A run that breaks one exits 1 and names it with
- * the seed and the command that replays it. Bad flags exit 2 with one stderr
- * line naming the flag, as a scenario that cannot be set up does.
+ * byte, no ring byte leaked, no request failed unless a fault struck one of
+ * its two instances (collateral_failures). A run that breaks one exits 1
+ * and names it with the seed and the command that replays it. Bad flags
+ * exit 2 with one stderr line naming the flag, as a scenario that cannot be
+ * set up does.
  */
 #include "sim.h"
 

@@ -79,7 +79,8 @@ typedef struct kvs_sim_config {
 
     /* Workload. */
     uint32_t requests;          /* 0..1000000, 0 -> 16 */
-    uint32_t max_inflight;      /* requests admitted at once, 0..65536, 0 -> 4 */
+    uint32_t max_inflight;      /* requests admitted at once by each instance,
+                                   0..65536, 0 -> 4 */
     int64_t prompt_min_tokens;  /* prompt lengths uniform in [min, max] tokens,
                                    0..2^24; 0 -> 256 */
     int64_t prompt_max_tokens;  /* 0 -> max(1536, min) */
@@ -87,7 +88,8 @@ typedef struct kvs_sim_config {
                                    page aligned, not moved; 0..2^24, 0 = none */
     uint64_t rate_milli_per_s;  /* mean arrivals per 1000 s (Poisson),
                                    0..1e9; 0: all at t = 0 */
-    uint64_t prefill_tokens_per_s; /* prefill forward speed, 0 -> 16384 */
+    uint64_t prefill_tokens_per_s; /* forward speed of each prefill instance,
+                                      0 -> 16384 */
     uint64_t seed;              /* root seed: arrivals, lengths, fabric */
 
     /* Staging and liveness. */
