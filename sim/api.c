@@ -22,6 +22,9 @@
 #include "fault_spec.h"
 #include "scenario.h"
 
+_Static_assert(KVS_SIM_MAX_INSTANCES == SIM_MAX_INSTANCES,
+               "the public report holds every instance of the scenario's");
+
 /* The sizes of version 1 of the public structs: smaller ones are refused. */
 #define SIM_API_CONFIG_V1_BYTES (offsetof(kvs_sim_config_t, trace_path) + sizeof(const char *))
 #define SIM_API_REPORT_V1_BYTES (offsetof(kvs_sim_report_t, e2e_p99_us) + sizeof(double))
@@ -105,8 +108,10 @@ static int sim_api_check_bounds(const kvs_sim_config_t *c, kvs_error_t *err)
         (rc = sim_api_range_i64(err, "head_dim", c->head_dim, 1, SIM_API_MAX_HEAD_DIM)) ||
         (rc = sim_api_range_i64(err, "layers", c->layers, 1, SIM_API_MAX_LAYERS)) ||
         (rc = sim_api_range_i64(err, "page_size", c->page_size, 1, SIM_API_MAX_TOKENS)) ||
-        (rc = sim_api_range_i64(err, "prefill_tp", c->prefill_tp, 1, SIM_API_MAX_TP)) ||
-        (rc = sim_api_range_i64(err, "decode_tp", c->decode_tp, 1, SIM_API_MAX_TP)) ||
+        (rc = sim_api_range_i64(err, "prefill_tp", c->prefill_tp,
+                                c->prefill_instances > 0 ? 0 : 1, SIM_API_MAX_TP)) ||
+        (rc = sim_api_range_i64(err, "decode_tp", c->decode_tp,
+                                c->decode_instances > 0 ? 0 : 1, SIM_API_MAX_TP)) ||
         (rc = sim_api_range_i64(err, "prefill_pp", c->prefill_pp, 0, SIM_API_MAX_PP)) ||
         (rc = sim_api_range_i64(err, "decode_pp", c->decode_pp, 0, SIM_API_MAX_PP)) ||
         (rc = sim_api_range_i64(err, "chunk_tokens", c->chunk_tokens, 0, SIM_API_MAX_TOKENS)) ||
@@ -131,8 +136,32 @@ static int sim_api_check_bounds(const kvs_sim_config_t *c, kvs_error_t *err)
         (rc = sim_api_max_u64(err, "reserved0", c->reserved0, 0)) ||
         (rc = sim_api_max_u64(err, "reserved1", c->reserved1, 0)) ||
         (rc = sim_api_max_u64(err, "net_sq_depth", c->net_sq_depth, SIM_API_MAX_SQ_DEPTH)) ||
-        (rc = sim_api_max_u64(err, "reserved2", c->reserved2, 0)))
+        (rc = sim_api_max_u64(err, "reserved2", c->reserved2, 0)) ||
+        (rc = sim_api_max_u64(err, "prefill_instances", c->prefill_instances,
+                              KVS_SIM_MAX_INSTANCES)) ||
+        (rc = sim_api_max_u64(err, "decode_instances", c->decode_instances,
+                              KVS_SIM_MAX_INSTANCES)) ||
+        (rc = sim_api_max_u64(err, "reserved3", c->reserved3, 0)))
         return rc;
+    /* Each listed instance's sizes, named by field and index. */
+    for (uint32_t side = 0; side < 2; side++) {
+        const uint32_t n = side == 0 ? c->prefill_instances : c->decode_instances;
+        const int64_t *tp = side == 0 ? c->prefill_instance_tp : c->decode_instance_tp;
+        const int64_t *pp = side == 0 ? c->prefill_instance_pp : c->decode_instance_pp;
+        const char *name = side == 0 ? "prefill" : "decode";
+        for (uint32_t i = 0; i < n; i++) {
+            if (tp[i] < 1 || tp[i] > SIM_API_MAX_TP)
+                return SIM_API_FAIL(err, KVS_EINVAL, "%s_instance_tp[%u] is %lld: set it to "
+                                    "1..%d", name, i, (long long)tp[i], SIM_API_MAX_TP);
+            if (pp[i] < 0 || pp[i] > SIM_API_MAX_PP)
+                return SIM_API_FAIL(err, KVS_EINVAL, "%s_instance_pp[%u] is %lld: set it to "
+                                    "0..%d (0 = 1)", name, i, (long long)pp[i], SIM_API_MAX_PP);
+        }
+    }
+    if (c->router != KVS_SIM_ROUTER_ROUND_ROBIN && c->router != KVS_SIM_ROUTER_LEAST_LOADED)
+        return SIM_API_FAIL(err, KVS_EINVAL,
+                            "router %d is unknown: use KVS_SIM_ROUTER_ROUND_ROBIN (0) or "
+                            "KVS_SIM_ROUTER_LEAST_LOADED (1)", (int)c->router);
     if (c->prompt_max_tokens != 0 && c->prompt_min_tokens > c->prompt_max_tokens)
         return SIM_API_FAIL(err, KVS_EINVAL,
                             "prompt_min_tokens %lld is above prompt_max_tokens %lld: give "
@@ -142,11 +171,7 @@ static int sim_api_check_bounds(const kvs_sim_config_t *c, kvs_error_t *err)
         return SIM_API_FAIL(err, KVS_EINVAL,
                             "path %d is unknown: use KVS_PATH_AUTO (0), STAGING (1), "
                             "DIRECT (2) or SLICE (3)", (int)c->path);
-    if (c->path == KVS_PATH_DIRECT && c->prefill_tp != c->decode_tp)
-        return SIM_API_FAIL(err, KVS_EINVAL,
-                            "path direct needs equal TP sizes (got prefill_tp %lld, "
-                            "decode_tp %lld): use path staging or slice, or equal TP sizes",
-                            (long long)c->prefill_tp, (long long)c->decode_tp);
+
     if (c->nfaults > 0 && c->faults == NULL)
         return SIM_API_FAIL(err, KVS_EINVAL,
                             "nfaults is %u but faults is NULL: pass the fault strings",
@@ -171,17 +196,49 @@ static int sim_api_scenario(const kvs_sim_config_t *c, sim_scenario_config_t *s,
     s->shape.prefill_pp = c->prefill_pp;
     s->shape.decode_pp = c->decode_pp;
     s->shape.chunk_tokens = c->chunk_tokens;
+    /* The instances: with a list, 0 sizes of the shape are instance 0's. */
+    s->topo.prefill_instances = c->prefill_instances;
+    s->topo.decode_instances = c->decode_instances;
+    for (uint32_t i = 0; i < c->prefill_instances; i++)
+        s->topo.prefill[i] = (sim_instance_shape_t){c->prefill_instance_tp[i],
+                                                    c->prefill_instance_pp[i]};
+    for (uint32_t i = 0; i < c->decode_instances; i++)
+        s->topo.decode[i] = (sim_instance_shape_t){c->decode_instance_tp[i],
+                                                   c->decode_instance_pp[i]};
+    if (c->prefill_instances > 0 && s->shape.prefill_tp == 0)
+        s->shape.prefill_tp = s->topo.prefill[0].tp;
+    if (c->prefill_instances > 0 && s->shape.prefill_pp == 0)
+        s->shape.prefill_pp = s->topo.prefill[0].pp;
+    if (c->decode_instances > 0 && s->shape.decode_tp == 0)
+        s->shape.decode_tp = s->topo.decode[0].tp;
+    if (c->decode_instances > 0 && s->shape.decode_pp == 0)
+        s->shape.decode_pp = s->topo.decode[0].pp;
+    s->router = (sim_router_t)c->router;
 
     kvs_layout_t lay;
     int rc = kvs_layout_init(&lay, &s->shape, err);
     if (rc != KVS_OK)
         return rc;
+    sim_topology_t topo;
+    if ((rc = sim_topology_resolve(&s->shape, &s->topo, &topo, NULL, NULL, err)) != KVS_OK)
+        return rc;
+    /* Direct copies pages rank to rank: every pair needs equal TP sizes. */
+    for (uint32_t p = 0; c->path == KVS_PATH_DIRECT && p < topo.prefill_instances; p++)
+        for (uint32_t d = 0; d < topo.decode_instances; d++)
+            if (topo.prefill[p].tp != topo.decode[d].tp)
+                return SIM_API_FAIL(err, KVS_EINVAL,
+                                    "path direct needs equal TP sizes (got prefill TP %lld "
+                                    "and decode TP %lld%s): use path staging or slice, or "
+                                    "equal TP sizes", (long long)topo.prefill[p].tp,
+                                    (long long)topo.decode[d].tp,
+                                    topo.prefill_instances + topo.decode_instances > 2
+                                        ? " in a pair of instances" : "");
     for (uint32_t i = 0; i < c->nfaults; i++) {
         char why[KVS_ERROR_MSG_BYTES];
         if (c->faults[i] == NULL)
             return SIM_API_FAIL(err, KVS_EINVAL, "faults[%u] is NULL: pass a fault string "
                                 "like \"drop:any:0.01\"", i);
-        if (sim_fault_parse(c->faults[i], &lay, &s->faults[i], why, sizeof why) != KVS_OK)
+        if (sim_fault_parse(c->faults[i], &topo, &s->faults[i], why, sizeof why) != KVS_OK)
             return SIM_API_FAIL(err, KVS_EINVAL, "faults[%u] %s", i, why);
     }
     s->nfaults = c->nfaults;
@@ -261,6 +318,15 @@ static void sim_api_write_report(const sim_report_t *r, kvs_sim_report_t *out)
     p.ranks_down_at_start = r->ranks_down_at_start;
     snprintf(p.init_error, sizeof p.init_error, "%s", r->init_error);
     p.posts_refused = r->posts_refused;
+    p.collateral_failures = r->collateral_failures;
+    p.instances = r->ninstances;
+    for (uint32_t i = 0; i < r->ninstances && i < 2 * KVS_SIM_MAX_INSTANCES; i++) {
+        const sim_instance_report_t *ir = &r->instances[i];
+        p.instance[i] = (kvs_sim_instance_t){
+            .role = (int32_t)ir->role, .id = ir->id, .tp = ir->tp, .pp = ir->pp,
+            .requests_ok = ir->requests_ok, .requests_failed = ir->requests_failed,
+            .bytes = ir->bytes, .ring_peak_bytes = ir->ring_peak_bytes};
+    }
     if (size > sizeof p)
         memset((unsigned char *)out + sizeof p, 0, size - sizeof p);
     memcpy(out, &p, size < sizeof p ? size : sizeof p);

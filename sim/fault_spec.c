@@ -14,7 +14,13 @@
 #define SIM_FAULT_FORMS                                                        \
     "drop:TYPE:P, dup:TYPE:P, delay:TYPE:P:MICROS, write-error:P, "            \
     "link-down:RANK:AT_US:FOR_US, slow-scatter:RANK:FACTOR, "                  \
-    "crash:prefill|decode:N:AT_US, restart:prefill|decode:N:AT_US or hbm-full:RANK"
+    "crash:SIDE:N:AT_US, restart:SIDE:N:AT_US or hbm-full:RANK, with RANK "    \
+    "p<tp>[.<pp>][@<instance>] or d<tp>[.<pp>][@<instance>] and SIDE "         \
+    "prefill[@<instance>] or decode[@<instance>]"
+/* How RANK reads, for messages. */
+#define SIM_FAULT_RANK_FORM                                                    \
+    "RANK p<tp>[.<pp>][@<instance>] or d<tp>[.<pp>][@<instance>] of this "     \
+    "cluster (e.g. p3, d1.0, p3@1: TP rank 3 of prefill instance 1)"
 #define SIM_FAULT_MAX_FIELDS 5
 
 static const struct {
@@ -70,28 +76,56 @@ static bool sim_fault_prob(const char *text, uint32_t *ppm)
     return true;
 }
 
-/* "p3", "d1.0" -> node index (prefill ranks first, then decode). */
-static bool sim_fault_rank(const char *text, const kvs_layout_t *lay, int64_t *out)
+/* "@1" at text (or nothing: instance 0) -> instance of a side with count
+ * instances; *end past it. */
+static bool sim_fault_instance(const char *text, uint32_t count, uint32_t *out,
+                               const char **end)
+{
+    *out = 0;
+    *end = text;
+    if (*text != '@')
+        return true;
+    char *e;
+    const char *s = text + 1;
+    if (*s < '0' || *s > '9')
+        return false;
+    const unsigned long i = strtoul(s, &e, 10);
+    if (i >= count)
+        return false;
+    *out = (uint32_t)i;
+    *end = e;
+    return true;
+}
+
+/* "p3", "d1.0", "p3@1", "d0.1@2" -> side, instance and index in it. */
+static bool sim_fault_rank(const char *text, const sim_topology_t *topo, sim_fault_t *out)
 {
     const bool decode = text[0] == 'd';
     if (text[0] != 'p' && text[0] != 'd')
         return false;
+    if (text[1] < '0' || text[1] > '9')
+        return false;
     char *end;
     const long tp = strtol(text + 1, &end, 10);
     long pp = 0;
-    if (end == text + 1)
-        return false;
     if (*end == '.') {
         const char *s = end + 1;
-        pp = strtol(s, &end, 10);
-        if (end == s)
+        if (*s < '0' || *s > '9')
             return false;
+        pp = strtol(s, &end, 10);
     }
-    const int64_t tps = decode ? lay->decode_tp : lay->prefill_tp;
-    const int64_t pps = decode ? lay->decode_pp : lay->prefill_pp;
-    if (*end != '\0' || tp < 0 || tp >= tps || pp < 0 || pp >= pps)
+    const kvs_role_t role = decode ? KVS_ROLE_DECODE : KVS_ROLE_PREFILL;
+    uint32_t inst;
+    const char *rest;
+    if (!sim_fault_instance(end, sim_topology_count(topo, role), &inst, &rest) ||
+        *rest != '\0')
         return false;
-    *out = (decode ? lay->prefill_tp * lay->prefill_pp : 0) + pp * tps + tp;
+    const sim_instance_shape_t *s = decode ? &topo->decode[inst] : &topo->prefill[inst];
+    if (tp < 0 || tp >= s->tp || pp < 0 || pp >= s->pp)
+        return false;
+    out->role = role;
+    out->instance = inst;
+    out->rank = pp * s->tp + tp;
     return true;
 }
 
@@ -107,11 +141,12 @@ static bool sim_fault_u64(const char *text, uint64_t *out)
     return true;
 }
 
-int sim_fault_parse(const char *spec, const kvs_layout_t *lay, sim_fault_t *out,
+int sim_fault_parse(const char *spec, const sim_topology_t *topo, sim_fault_t *out,
                     char *err, size_t err_bytes)
 {
-    if (spec == NULL || lay == NULL || out == NULL)
-        return sim_fault_fail(err, err_bytes, "fault spec, layout and output must not be NULL");
+    if (spec == NULL || topo == NULL || out == NULL)
+        return sim_fault_fail(err, err_bytes, "fault spec, topology and output must not be "
+                              "NULL");
     char buf[256];
     if (strlen(spec) >= sizeof buf)
         return sim_fault_fail(err, err_bytes, "'%.40s...': too long; use %s", spec,
@@ -127,6 +162,9 @@ int sim_fault_parse(const char *spec, const kvs_layout_t *lay, sim_fault_t *out,
         *p++ = '\0';
     }
     memset(out, 0, sizeof *out);
+    if (topo->prefill_instances < 1 || topo->decode_instances < 1)
+        return sim_fault_fail(err, err_bytes, "'%s': the cluster has no instance on a side: "
+                              "resolve the topology first (sim_topology_resolve)", spec);
     const char *kind = field[0];
     uint32_t ppm = 0;
     if (strcmp(kind, "drop") == 0 || strcmp(kind, "dup") == 0 || strcmp(kind, "delay") == 0) {
@@ -164,41 +202,57 @@ int sim_fault_parse(const char *spec, const kvs_layout_t *lay, sim_fault_t *out,
         out->kind = SIM_FAULT_WRITE_ERROR;
     } else if (strcmp(kind, "link-down") == 0) {
         uint64_t at, len;
-        if (n != 4 || !sim_fault_rank(field[1], lay, &out->rank) ||
+        if (n != 4 || !sim_fault_rank(field[1], topo, out) ||
             !sim_fault_u64(field[2], &at) || !sim_fault_u64(field[3], &len))
             return sim_fault_fail(err, err_bytes, "'%s': use link-down:RANK:AT_US:FOR_US "
-                                  "with RANK p<tp>[.<pp>] or d<tp>[.<pp>] of this cluster",
-                                  spec);
+                                  "with %s", spec, SIM_FAULT_RANK_FORM);
         out->kind = SIM_FAULT_LINK_DOWN;
         out->at_ns = at * 1000;
         out->for_ns = len * 1000;
     } else if (strcmp(kind, "slow-scatter") == 0) {
         uint64_t factor;
-        if (n != 3 || !sim_fault_rank(field[1], lay, &out->rank) ||
+        if (n != 3 || !sim_fault_rank(field[1], topo, out) || out->role != KVS_ROLE_DECODE ||
             !sim_fault_u64(field[2], &factor) || factor < 1 || factor > 1000000)
             return sim_fault_fail(err, err_bytes, "'%s': use slow-scatter:RANK:FACTOR with "
-                                  "RANK d<tp>[.<pp>] and FACTOR 1..1000000", spec);
+                                  "RANK d<tp>[.<pp>][@<instance>], a decode rank of this "
+                                  "cluster (e.g. d1@1), and FACTOR 1..1000000", spec);
         out->kind = SIM_FAULT_SLOW_SCATTER;
         out->factor = (uint32_t)factor;
     } else if (strcmp(kind, "crash") == 0 || strcmp(kind, "restart") == 0) {
-        const bool decode = n >= 2 && strcmp(field[1], "decode") == 0;
-        const int64_t count = decode ? lay->decode_tp * lay->decode_pp
-                                     : lay->prefill_tp * lay->prefill_pp;
+        /* SIDE: prefill or decode, then @<instance> or nothing. */
+        const bool decode = n >= 2 && strncmp(field[1], "decode", 6) == 0;
+        const bool prefill = n >= 2 && strncmp(field[1], "prefill", 7) == 0;
+        const kvs_role_t role = decode ? KVS_ROLE_DECODE : KVS_ROLE_PREFILL;
+        uint32_t inst = 0;
+        const char *rest = "";
+        const bool side_ok = (decode || prefill) &&
+                             sim_fault_instance(field[1] + (decode ? 6 : 7),
+                                                sim_topology_count(topo, role), &inst, &rest) &&
+                             *rest == '\0';
+        const int64_t count = side_ok ? sim_topology_ranks(topo, role, inst) : 0;
         uint64_t rank, at;
-        if (n != 4 || (!decode && strcmp(field[1], "prefill") != 0) ||
-            !sim_fault_u64(field[2], &rank) || rank >= (uint64_t)count ||
-            !sim_fault_u64(field[3], &at))
-            return sim_fault_fail(err, err_bytes, "'%s': use %s:prefill|decode:N:AT_US with N "
-                                  "the rank's index in its role (pp * tp_size + tp), 0..%lld "
-                                  "here", spec, kind, (long long)count - 1);
+        if (n != 4 || !side_ok || !sim_fault_u64(field[2], &rank) ||
+            rank >= (uint64_t)count || !sim_fault_u64(field[3], &at)) {
+            if (!side_ok)
+                return sim_fault_fail(err, err_bytes, "'%s': use %s:SIDE:N:AT_US with SIDE "
+                                      "prefill[@<instance>] or decode[@<instance>] of this "
+                                      "cluster (%u prefill, %u decode instances; e.g. "
+                                      "prefill@1) and N the rank's index in that instance "
+                                      "(pp * tp_size + tp)", spec, kind,
+                                      topo->prefill_instances, topo->decode_instances);
+            return sim_fault_fail(err, err_bytes, "'%s': use %s:SIDE:N:AT_US with N the "
+                                  "rank's index in its instance (pp * tp_size + tp), "
+                                  "0..%lld here", spec, kind, (long long)count - 1);
+        }
         out->kind = kind[0] == 'c' ? SIM_FAULT_CRASH : SIM_FAULT_RESTART;
-        out->role = decode ? KVS_ROLE_DECODE : KVS_ROLE_PREFILL;
+        out->role = role;
+        out->instance = inst;
         out->rank = (int64_t)rank;
         out->at_ns = at * 1000;
     } else if (strcmp(kind, "hbm-full") == 0) {
-        if (n != 2 || !sim_fault_rank(field[1], lay, &out->rank))
-            return sim_fault_fail(err, err_bytes, "'%s': use hbm-full:RANK with RANK "
-                                  "p<tp>[.<pp>] or d<tp>[.<pp>] of this cluster", spec);
+        if (n != 2 || !sim_fault_rank(field[1], topo, out))
+            return sim_fault_fail(err, err_bytes, "'%s': use hbm-full:RANK with %s", spec,
+                                  SIM_FAULT_RANK_FORM);
         out->kind = SIM_FAULT_HBM_FULL;
     } else {
         return sim_fault_fail(err, err_bytes, "'%s': unknown fault '%s': use %s", spec, kind,

@@ -1,15 +1,24 @@
 /*
- * scenario.c - one simulated run (see scenario.h). Builds the cluster (a
- * simulated GPU and NIC per rank, the real kvstage manager and handler on
- * each), registers every decode rank with its prefill writers, then replays
- * the workload on the engine's virtual clock:
- *   arrival -> admission (KV pages on both sides, rooms opened on every rank)
- *   -> chunked prefill (modeled forward time; each step writes the pattern of
- *   sim/kvdata into the prefill ranks' KV pools and tells the handlers)
- *   -> the handlers move the KV -> every rank reports the room -> the decode
+ * scenario.c - one simulated run (see scenario.h). Builds the cluster (its
+ * instances, a simulated GPU and NIC per rank, the real kvstage manager and
+ * handler on each), declares every prefill instance to every decode rank
+ * and connects it to its writers in each, then replays the workload on the
+ * engine's virtual clock:
+ *   arrival -> the router pairs it with a prefill and a decode instance ->
+ *   admission (KV pages in both instances, rooms opened on their ranks,
+ *   naming each other) -> chunked prefill on its prefill instance's compute
+ *   queue (modeled forward time; each step writes the pattern of sim/kvdata
+ *   into that instance's KV pools and tells the handlers) -> the handlers
+ *   move the KV -> every rank of the pair reports the room -> the decode
  *   ranks' bytes are checked against the pattern -> pages freed.
  * Ranks make progress only when their GPU or NIC wakes them, like a real
  * event loop. Nothing here reads the wall clock.
+ *
+ * Nodes are numbered prefill instance 0's ranks first, then the other
+ * prefill instances', then the decode instances' in order; ranks of
+ * instance 0 are named p<tp>.<pp> and d<tp>.<pp>, others p<tp>.<pp>@<i>.
+ * With one instance per side this is the node order, naming and event
+ * order of the simulator before clusters.
  */
 #include "scenario.h"
 
@@ -27,13 +36,20 @@
 /* RNG stream ids: fixed, so adding one never reshuffles the others. */
 enum { SIM_STREAM_ARRIVALS = 1, SIM_STREAM_LENGTHS = 2, SIM_STREAM_PREFIX = 3 };
 
+typedef struct sim_pages {
+    int64_t *free_ids;
+    int64_t count, cap;
+} sim_pages_t;
+
 typedef struct sim_scenario sim_scenario_t;
+typedef struct sim_inst sim_inst_t;
 
 typedef struct sim_node {
     sim_scenario_t *sc;
+    sim_inst_t *inst;            /* its instance */
     kvs_role_t role;
-    int64_t tp, pp;
-    char name[48];
+    int64_t tp, pp;              /* in its instance */
+    char name[64];                /* its NIC's address too */
     sim_gpu_t *gpu;
     sim_nic_t *nic;
     kvs_manager_t *m;
@@ -52,11 +68,44 @@ typedef struct sim_node {
     uint8_t *reported;           /* [requests]: this rank's result is in */
     kvs_handler_stats_t acc;     /* counters of its previous incarnations */
     uint64_t acc_posts_refused;  /* ... and of their NICs */
+    uint64_t bytes_received;     /* decode: payload bytes of its room results */
 } sim_node_t;
+
+/* A model replica: its ranks, KV page pool, admission count and, for a
+ * prefill instance, its compute queue (instances compute in parallel). */
+struct sim_inst {
+    kvs_role_t role;
+    uint32_t id;                 /* index within its side */
+    int64_t tp, pp;
+    sim_node_t *nodes;           /* its tp * pp ranks, stage-major */
+    int64_t nranks;
+    sim_pages_t pages;
+    uint32_t admitted;           /* requests admitted, not ended */
+    uint32_t routed;             /* requests routed to it, not ended: its
+                                    load as the router sees it */
+    uint32_t compute_first, compute_last; /* prefill: forward-pass FIFO
+                                    (sim_req_t.next_compute), UINT32_MAX: empty */
+    bool computing;
+    bool faulted;                /* a fault struck one of its ranks or the
+                                    whole cluster */
+};
+
+/* What a pair of instances shares: its layout and the groups of its ranks
+ * that talk to each other. */
+typedef struct sim_pair {
+    kvs_layout_t lay;
+    int64_t *group;              /* [prefill ranks + decode ranks of the pair]:
+                                    ranks that talk to each other, directly or
+                                    through one another (bit index, < 64) */
+    int64_t ngroups;
+} sim_pair_t;
 
 typedef enum { SIM_REQ_WAITING, SIM_REQ_ADMITTED, SIM_REQ_DONE } sim_req_state_t;
 
 typedef struct sim_req {
+    sim_inst_t *pi, *di;         /* its instances (the router's pick) */
+    uint32_t next_waiting;       /* admission list, UINT32_MAX: last */
+    uint32_t next_compute;       /* its prefill instance's compute FIFO */
     int64_t tokens, base;
     uint64_t arrival_ns, computed_ns, done_ns;
     int64_t *ppages, *dpages;    /* ceil(tokens/ps), ceil((tokens-base)/ps) */
@@ -72,29 +121,27 @@ typedef struct sim_req {
                                     for a stall timeout or more: nobody could tell
                                     it, so its timeouts are expected */
     sim_req_state_t state;
+    uint32_t ranks_ok, ranks_peer, ranks_other, ranks_down; /* results by kind */
 } sim_req_t;
-
-typedef struct sim_pages {
-    int64_t *free_ids;
-    int64_t count, cap;
-} sim_pages_t;
 
 struct sim_scenario {
     sim_scenario_config_t cfg;
-    kvs_layout_t lay;
+    sim_topology_t topo;         /* resolved: every instance listed */
+    kvs_layout_t lay;            /* pair (0, 0): what every pair shares (model
+                                    shape, page size, grid) */
     sim_engine_t *eng;
     sim_net_t *net;
-    sim_node_t *nodes;           /* prefill (P * Pp) then decode (D * Dp) */
-    int64_t nprefill, ndecode;
-    sim_pages_t ppool, dpool;
-    int64_t pool_pages;
+    sim_node_t *nodes;           /* prefill instances' ranks, then decode ones' */
+    int64_t nprefill, ndecode;   /* over every instance */
+    sim_inst_t *insts;           /* prefill instances, then decode ones */
+    uint32_t npinst, ndinst;
+    sim_pair_t *pairs;           /* [npinst * ndinst], prefill-major */
+    uint32_t rr_prefill, rr_decode; /* round robin: the next instance */
+    int64_t pool_pages;          /* per rank, every instance alike */
     sim_req_t *reqs;
-    uint32_t *waiting;           /* admission FIFO of request indices */
-    uint32_t waiting_head, waiting_count;
-    uint32_t *compute;           /* forward-pass FIFO */
-    uint32_t compute_head, compute_count;
-    bool computing;
-    uint32_t inflight, finished;
+    uint32_t waiting_first, waiting_last; /* admission list in arrival order
+                                    (sim_req_t.next_waiting), UINT32_MAX: empty */
+    uint32_t finished;
     uint64_t first_arrival_ns, last_done_ns;
     uint64_t bytes_verified, corrupt_bytes;
     int fatal;
@@ -104,11 +151,28 @@ struct sim_scenario {
     bool msg_faults;             /* a drop/dup/delay fault: NICs get the filter */
     uint32_t ranks_crashed, ranks_restarted, ranks_down_at_start;
     uint32_t long_cuts;          /* links down now for a stall timeout or more */
-    int64_t *group;              /* [nodes]: ranks that talk to each other, directly
-                                    or through one another (bit index, < 64) */
-    int64_t ngroups;
     char init_error[384];
 };
+
+static sim_inst_t *sim_prefill_inst(sim_scenario_t *sc, uint32_t i) { return &sc->insts[i]; }
+static sim_inst_t *sim_decode_inst(sim_scenario_t *sc, uint32_t i)
+{
+    return &sc->insts[sc->npinst + i];
+}
+static sim_pair_t *sim_pair_of(sim_scenario_t *sc, const sim_req_t *r)
+{
+    return &sc->pairs[r->pi->id * sc->ndinst + r->di->id];
+}
+/* Node n's index among the ranks of its pair (prefill ranks first). */
+static int64_t sim_pair_index(const sim_req_t *r, const sim_node_t *n)
+{
+    return n->role == KVS_ROLE_PREFILL ? n - r->pi->nodes : r->pi->nranks + (n - r->di->nodes);
+}
+/* Node n is a rank of request r's pair. */
+static bool sim_in_pair(const sim_req_t *r, const sim_node_t *n)
+{
+    return n->inst == r->pi || n->inst == r->di;
+}
 
 static int sim_fail(sim_scenario_t *sc, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -215,7 +279,7 @@ static void sim_fill_prefill(sim_scenario_t *sc, sim_node_t *n, uint64_t req, in
             for (int64_t t = a; t < b; t++)
                 for (int64_t j = 0; j < n->heads; j++) {
                     sim_kv_coord_t c = {req, n->first_layer + layer, kv,
-                                        sim_global_head(l->total_heads, l->prefill_tp, n->tp,
+                                        sim_global_head(l->total_heads, n->inst->tp, n->tp,
                                                         n->heads, j),
                                         t};
                     sim_kvdata_fill(sim_slot(n, layer, kv, r->ppages[t / ps], t % ps, j, ps, hb),
@@ -236,7 +300,7 @@ static uint64_t sim_verify_decode(sim_scenario_t *sc, sim_node_t *n, uint64_t re
             for (int64_t t = r->base; t < r->tokens; t++)
                 for (int64_t j = 0; j < n->heads; j++) {
                     sim_kv_coord_t c = {req, n->first_layer + layer, kv,
-                                        sim_global_head(l->total_heads, l->decode_tp, n->tp,
+                                        sim_global_head(l->total_heads, n->inst->tp, n->tp,
                                                         n->heads, j),
                                         t};
                     *corrupt += sim_kvdata_check(
@@ -317,16 +381,17 @@ static void sim_link_event(sim_engine_t *eng, void *ctx, uint64_t arg)
 }
 
 /* What the faults set on one rank's GPU and NIC (again after a restart). */
+static sim_node_t *sim_fault_node(sim_scenario_t *sc, uint32_t i, const sim_fault_t *f);
+
 static void sim_node_faults(sim_scenario_t *sc, sim_node_t *n)
 {
-    const int64_t k = n - sc->nodes;
     if (sc->msg_faults)
         sim_nic_set_msg_filter(n->nic, sim_msg_filter, sc);
     for (uint32_t i = 0; i < sc->cfg.nfaults; i++) {
         const sim_fault_t *f = &sc->cfg.faults[i];
         if (f->kind == SIM_FAULT_WRITE_ERROR && n->role == KVS_ROLE_PREFILL)
             sim_nic_set_write_error(n->nic, f->num, f->den);
-        if (f->kind == SIM_FAULT_SLOW_SCATTER && f->rank == k)
+        if (f->kind == SIM_FAULT_SLOW_SCATTER && sim_fault_node(sc, i, f) == n)
             sim_gpu_set_scatter_slowdown(n->gpu, f->factor > 0 ? f->factor : 1);
     }
 }
@@ -334,36 +399,46 @@ static void sim_node_faults(sim_scenario_t *sc, sim_node_t *n)
 static void sim_crash_event(sim_engine_t *eng, void *ctx, uint64_t arg);
 static void sim_restart_event(sim_engine_t *eng, void *ctx, uint64_t arg);
 
-/* The node of a crash/restart fault, or NULL (with the scenario failed). */
+/* The node a fault of one rank names, or NULL (with the scenario failed). */
 static sim_node_t *sim_fault_node(sim_scenario_t *sc, uint32_t i, const sim_fault_t *f)
 {
     const bool decode = f->role == KVS_ROLE_DECODE;
-    const int64_t count = decode ? sc->ndecode : sc->nprefill;
-    if (f->rank < 0 || f->rank >= count) {
-        sim_fail(sc, KVS_EINVAL, "fault %u names %s rank %lld, but there are %lld: use 0..%lld",
-                 i, decode ? "decode" : "prefill", (long long)f->rank, (long long)count,
-                 (long long)count - 1);
+    const uint32_t insts = decode ? sc->ndinst : sc->npinst;
+    if (f->instance >= insts) {
+        sim_fail(sc, KVS_EINVAL, "fault %u names %s instance %u, but there are %u: use 0..%u",
+                 i, decode ? "decode" : "prefill", f->instance, insts, insts - 1);
         return NULL;
     }
-    return &sc->nodes[(decode ? sc->nprefill : 0) + f->rank];
+    sim_inst_t *inst = decode ? sim_decode_inst(sc, f->instance)
+                              : sim_prefill_inst(sc, f->instance);
+    if (f->rank < 0 || f->rank >= inst->nranks) {
+        sim_fail(sc, KVS_EINVAL, "fault %u names rank %lld of %s instance %u, which has %lld: "
+                 "use 0..%lld (pp * tp_size + tp)", i, (long long)f->rank,
+                 decode ? "decode" : "prefill", f->instance, (long long)inst->nranks,
+                 (long long)inst->nranks - 1);
+        return NULL;
+    }
+    return &inst->nodes[f->rank];
 }
 
-/* Checks every fault against this cluster and schedules the timed ones.
- * Runs before the ranks are created (hbm-full shapes a rank's GPU). */
+/* Checks every fault against this cluster, marks the instances it strikes
+ * and schedules the timed ones. Runs before the ranks are created
+ * (hbm-full shapes a rank's GPU). */
 static int sim_faults_check(sim_scenario_t *sc)
 {
-    const int64_t nodes = sc->nprefill + sc->ndecode;
     for (uint32_t i = 0; i < sc->cfg.nfaults; i++) {
         const sim_fault_t *f = &sc->cfg.faults[i];
-        const bool ranked = f->kind == SIM_FAULT_LINK_DOWN ||
-                            f->kind == SIM_FAULT_SLOW_SCATTER || f->kind == SIM_FAULT_HBM_FULL;
-        if (ranked && (f->rank < 0 || f->rank >= nodes))
-            return sim_fail(sc, KVS_EINVAL, "fault %u names rank %lld of %lld: use p<tp> or "
-                            "d<tp> of this cluster", i, (long long)f->rank, (long long)nodes);
+        const bool ranked = f->kind == SIM_FAULT_LINK_DOWN || f->kind == SIM_FAULT_CRASH ||
+                            f->kind == SIM_FAULT_RESTART || f->kind == SIM_FAULT_SLOW_SCATTER ||
+                            f->kind == SIM_FAULT_HBM_FULL;
         sim_node_t *n = NULL;
-        if ((f->kind == SIM_FAULT_CRASH || f->kind == SIM_FAULT_RESTART) &&
-            (n = sim_fault_node(sc, i, f)) == NULL)
+        if (ranked && (n = sim_fault_node(sc, i, f)) == NULL)
             return sc->fatal;
+        /* A fault of one rank strikes its instance; the others (messages,
+         * writes) the whole cluster. */
+        for (uint32_t k = 0; k < sc->npinst + sc->ndinst; k++)
+            if (!ranked || &sc->insts[k] == n->inst)
+                sc->insts[k].faulted = true;
         int rc = KVS_OK;
         switch (f->kind) {
         case SIM_FAULT_DROP:
@@ -381,10 +456,10 @@ static int sim_faults_check(sim_scenario_t *sc)
             const uint64_t timeout = sc->cfg.stall_timeout_ns > 0 ? sc->cfg.stall_timeout_ns
                                                                    : KVS_DEFAULT_STALL_TIMEOUT_NS;
             const uint64_t cut = f->for_ns >= timeout ? 2 : 0;
-            rc = sim_engine_at(sc->eng, f->at_ns, sim_link_event, &sc->nodes[f->rank], cut, NULL);
+            rc = sim_engine_at(sc->eng, f->at_ns, sim_link_event, n, cut, NULL);
             if (rc == KVS_OK)
-                rc = sim_engine_at(sc->eng, f->at_ns + f->for_ns, sim_link_event,
-                                   &sc->nodes[f->rank], cut | 1, NULL);
+                rc = sim_engine_at(sc->eng, f->at_ns + f->for_ns, sim_link_event, n, cut | 1,
+                                   NULL);
             break;
         }
         case SIM_FAULT_CRASH:
@@ -394,7 +469,7 @@ static int sim_faults_check(sim_scenario_t *sc)
             rc = sim_engine_at(sc->eng, f->at_ns, sim_restart_event, n, 0, NULL);
             break;
         case SIM_FAULT_HBM_FULL:
-            sc->nodes[f->rank].hbm_full = true;
+            n->hbm_full = true;
             break;
         case SIM_FAULT_WRITE_ERROR:
         case SIM_FAULT_SLOW_SCATTER:
@@ -409,7 +484,7 @@ static int sim_faults_check(sim_scenario_t *sc)
 /* ---- requests ---------------------------------------------------------------- */
 
 static void sim_try_admit(sim_scenario_t *sc);
-static void sim_compute_next(sim_scenario_t *sc);
+static void sim_compute_next(sim_scenario_t *sc, sim_inst_t *pi);
 
 static void sim_finish(sim_scenario_t *sc, uint32_t i)
 {
@@ -418,23 +493,26 @@ static void sim_finish(sim_scenario_t *sc, uint32_t i)
     r->state = SIM_REQ_DONE;
     r->done_ns = now;
     if (r->status == KVS_OK) {
-        for (int64_t d = 0; d < sc->ndecode; d++) {
-            if (sc->nodes[sc->nprefill + d].down)
+        for (int64_t d = 0; d < r->di->nranks; d++) {
+            if (r->di->nodes[d].down)
                 continue; /* cannot be: a crash fails the request */
             uint64_t corrupt = 0;
-            sc->bytes_verified += sim_verify_decode(sc, &sc->nodes[sc->nprefill + d], i, &corrupt);
+            sc->bytes_verified += sim_verify_decode(sc, &r->di->nodes[d], i, &corrupt);
             sc->corrupt_bytes += corrupt;
         }
     }
     sim_trace_span(sc->trace, 0, "requests", r->status == KVS_OK ? "transfer" : "transfer (failed)",
                    r->computed_ns, now);
     const int64_t ps = sc->lay.page_size;
-    sim_pages_give(&sc->ppool, r->ppages, (r->tokens + ps - 1) / ps);
-    sim_pages_give(&sc->dpool, r->dpages, (r->tokens - r->base + ps - 1) / ps);
+    sim_pages_give(&r->pi->pages, r->ppages, (r->tokens + ps - 1) / ps);
+    sim_pages_give(&r->di->pages, r->dpages, (r->tokens - r->base + ps - 1) / ps);
     free(r->ppages);
     free(r->dpages);
     r->ppages = r->dpages = NULL;
-    sc->inflight--;
+    r->pi->admitted--;
+    r->di->admitted--;
+    r->pi->routed--;
+    r->di->routed--;
     sc->finished++;
     sc->last_done_ns = now;
     const uint32_t step = sc->cfg.requests / 64 > 0 ? sc->cfg.requests / 64 : 1;
@@ -445,11 +523,20 @@ static void sim_finish(sim_scenario_t *sc, uint32_t i)
     sim_try_admit(sc);
 }
 
-/* Rank n's result for request i is in (its own, or its crash). */
-static void sim_report_in(sim_scenario_t *sc, sim_node_t *n, uint32_t i, int status)
+/* Rank n's result for request i is in: its own (from its handler), or
+ * not (it was down or crashed). */
+static void sim_report_in(sim_scenario_t *sc, sim_node_t *n, uint32_t i, int status, bool own)
 {
     sim_req_t *r = &sc->reqs[i];
     n->reported[i] = 1;
+    if (!own)
+        r->ranks_down++;
+    else if (status == KVS_OK)
+        r->ranks_ok++;
+    else if (status == KVS_EPEER)
+        r->ranks_peer++;
+    else
+        r->ranks_other++;
     if (r->status == KVS_OK && status != KVS_OK)
         r->status = status;
     if (--r->reports_left == 0)
@@ -464,18 +551,22 @@ static void sim_on_result(sim_scenario_t *sc, sim_node_t *n, const kvs_room_resu
         return;
     }
     sim_req_t *r = &sc->reqs[res->room];
-    if (r->state != SIM_REQ_ADMITTED || r->reports_left <= 0 || n->reported[res->room]) {
-        sim_fail(sc, KVS_EPROTO, "%s reported room %llu twice", n->name,
-                 (unsigned long long)res->room);
+    if (r->state != SIM_REQ_ADMITTED || r->reports_left <= 0 || n->reported[res->room] ||
+        !sim_in_pair(r, n)) {
+        sim_fail(sc, KVS_EPROTO, "%s reported room %llu twice, or a room of another pair of "
+                 "instances", n->name, (unsigned long long)res->room);
         return;
     }
+    if (n->role == KVS_ROLE_DECODE)
+        n->bytes_received += res->bytes;
     /* A rank that only learns of a real failure of a rank it talks to
      * (directly or through others: its group) by its own stall timeout was
      * never told: spec §9 wants failures sent at once. Not when a rank
      * crashed or was cut off, and not for a lost peer (KVS_EPEER): the one
      * who could not be told is on the other side of the dead connection.
      * Ranks of another group have no connection to the failing one. */
-    const int64_t g = sc->group[n - sc->nodes];
+    const sim_pair_t *pair = sim_pair_of(sc, r);
+    const int64_t g = pair->group[sim_pair_index(r, n)];
     const bool real = res->status != KVS_OK && res->status != KVS_ETIMEDOUT &&
                       res->status != KVS_EPEER;
     const uint64_t now = sim_engine_now_ns(sc->eng);
@@ -494,14 +585,14 @@ static void sim_on_result(sim_scenario_t *sc, sim_node_t *n, const kvs_room_resu
         r->timed_out_groups |= 1ull << g;
     if (real && !(r->failed_groups >> g & 1u)) {
         if (r->failed_ns == NULL &&
-            (r->failed_ns = calloc((size_t)sc->ngroups, sizeof *r->failed_ns)) == NULL) {
+            (r->failed_ns = calloc((size_t)pair->ngroups, sizeof *r->failed_ns)) == NULL) {
             sim_fail(sc, KVS_ENOMEM, "scenario tables");
             return;
         }
         r->failed_groups |= 1ull << g;
         r->failed_ns[g] = now;
     }
-    sim_report_in(sc, n, (uint32_t)res->room, res->status);
+    sim_report_in(sc, n, (uint32_t)res->room, res->status, true);
 }
 
 static void sim_node_timer(sim_engine_t *eng, void *ctx, uint64_t arg)
@@ -551,24 +642,26 @@ static void sim_node_progress(sim_engine_t *eng, void *ctx, uint64_t arg)
     sim_node_arm_timer(n);
 }
 
-/* One forward-pass step of the request at the head of the compute FIFO. */
+/* One forward-pass step of the request at the head of its prefill
+ * instance's compute FIFO. */
 static void sim_compute_step(sim_engine_t *eng, void *ctx, uint64_t arg)
 {
     sim_scenario_t *sc = ctx;
     const uint32_t i = (uint32_t)arg;
     sim_req_t *r = &sc->reqs[i];
+    sim_inst_t *pi = r->pi;
     if (r->state == SIM_REQ_DONE) {
         /* It failed on every rank while being prefilled (its pages are
          * gone): the rest of its forward pass is abandoned. */
-        sc->computing = false;
-        sim_compute_next(sc);
+        pi->computing = false;
+        sim_compute_next(sc, pi);
         return;
     }
     const int64_t end = r->computed + sc->lay.grid_tokens < r->tokens
                             ? r->computed + sc->lay.grid_tokens : r->tokens;
     const bool final = end == r->tokens;
-    for (int64_t p = 0; p < sc->nprefill; p++) {
-        sim_node_t *n = &sc->nodes[p];
+    for (int64_t p = 0; p < pi->nranks; p++) {
+        sim_node_t *n = &pi->nodes[p];
         if (n->down)
             continue;
         sim_fill_prefill(sc, n, i, r->computed, end);
@@ -590,18 +683,19 @@ static void sim_compute_step(sim_engine_t *eng, void *ctx, uint64_t arg)
         return;
     }
     r->computed_ns = sim_engine_now_ns(eng);
-    sc->computing = false;
-    sim_compute_next(sc);
+    pi->computing = false;
+    sim_compute_next(sc, pi);
 }
 
-static void sim_compute_next(sim_scenario_t *sc)
+static void sim_compute_next(sim_scenario_t *sc, sim_inst_t *pi)
 {
-    if (sc->computing || sc->compute_count == 0)
+    if (pi->computing || pi->compute_first == UINT32_MAX)
         return;
-    const uint32_t i = sc->compute[sc->compute_head];
-    sc->compute_head = (sc->compute_head + 1) % sc->cfg.requests;
-    sc->compute_count--;
-    sc->computing = true;
+    const uint32_t i = pi->compute_first;
+    pi->compute_first = sc->reqs[i].next_compute;
+    if (pi->compute_first == UINT32_MAX)
+        pi->compute_last = UINT32_MAX;
+    pi->computing = true;
     const sim_req_t *r = &sc->reqs[i];
     const int64_t first = sc->lay.grid_tokens < r->tokens ? sc->lay.grid_tokens : r->tokens;
     const uint64_t dt = (uint64_t)first * 1000000000ull / sc->cfg.prefill_tokens_per_s;
@@ -614,31 +708,39 @@ static void sim_finish_event(sim_engine_t *eng, void *ctx, uint64_t arg)
     sim_finish(ctx, (uint32_t)arg);
 }
 
+/* Opens request i's rooms on the ranks of its pair, each naming the other
+ * instance. */
 static int sim_open_rooms(sim_scenario_t *sc, uint32_t i)
 {
     sim_req_t *r = &sc->reqs[i];
     const int64_t ps = sc->lay.page_size;
     const int64_t np = (r->tokens + ps - 1) / ps, nd = (r->tokens - r->base + ps - 1) / ps;
+    const kvs_peer_t prefill = {r->pi->id, 0}, decode = {r->di->id, 0};
     /* A rank that is down takes no part: its (failed) result is in now, and
      * the others learn of it by their connections to it. */
     int down = 0;
     if (sc->long_cuts > 0)
         r->untellable = true;
-    for (int64_t k = 0; k < sc->nprefill + sc->ndecode; k++) {
-        sim_node_t *n = &sc->nodes[k];
-        if (n->down) {
-            n->reported[i] = 1;
-            r->reports_left--;
-            r->status = r->status == KVS_OK ? KVS_EPEER : r->status;
-            r->untellable = true;
-            down++;
+    for (int side = 0; side < 2; side++) {
+        sim_inst_t *inst = side == 0 ? r->pi : r->di;
+        for (int64_t k = 0; k < inst->nranks; k++) {
+            sim_node_t *n = &inst->nodes[k];
+            if (n->down) {
+                n->reported[i] = 1;
+                r->reports_left--;
+                r->ranks_down++;
+                r->status = r->status == KVS_OK ? KVS_EPEER : r->status;
+                r->untellable = true;
+                down++;
+            }
         }
     }
-    for (int64_t d = 0; d < sc->ndecode; d++) {
-        sim_node_t *n = &sc->nodes[sc->nprefill + d];
+    for (int64_t d = 0; d < r->di->nranks; d++) {
+        sim_node_t *n = &r->di->nodes[d];
         if (n->down)
             continue;
-        int rc = kvs_decode_room_open(n->dec, i, r->base, r->tokens, r->dpages, nd);
+        int rc = kvs_decode_room_open_peer(n->dec, i, prefill, r->base, r->tokens, r->dpages,
+                                           nd);
         /* EPEER: a prefill rank it writes from is away; the room failed at
          * once and its result comes from poll_rooms. */
         if (rc != KVS_OK && rc != KVS_EPEER)
@@ -647,11 +749,11 @@ static int sim_open_rooms(sim_scenario_t *sc, uint32_t i)
             r->untellable = true;
         sim_node_wake(n);
     }
-    for (int64_t p = 0; p < sc->nprefill; p++) {
-        sim_node_t *n = &sc->nodes[p];
+    for (int64_t p = 0; p < r->pi->nranks; p++) {
+        sim_node_t *n = &r->pi->nodes[p];
         if (n->down)
             continue;
-        int rc = kvs_prefill_room_open(n->pre, i, r->tokens, r->ppages, np);
+        int rc = kvs_prefill_room_open_peer(n->pre, i, decode, r->tokens, r->ppages, np);
         /* EPEER: a decode rank it writes to is away; the room failed at
          * once and its result comes from poll_rooms. */
         if (rc != KVS_OK && rc != KVS_EPEER)
@@ -666,42 +768,105 @@ static int sim_open_rooms(sim_scenario_t *sc, uint32_t i)
     return KVS_OK;
 }
 
+/* An instance can take request r now: below max_inflight, with its pages. */
+static bool sim_inst_fits(const sim_scenario_t *sc, const sim_inst_t *inst, int64_t pages)
+{
+    return inst->admitted < sc->cfg.max_inflight && pages <= inst->pages.count;
+}
+
+/* Admits waiting requests in arrival order. A request that does not fit
+ * holds back every later one of either of its instances (first come, first
+ * served per instance), but not those of other instances. With one
+ * instance per side: the first that does not fit stops admission. */
 static void sim_try_admit(sim_scenario_t *sc)
 {
     const int64_t ps = sc->lay.page_size;
-    while (sc->waiting_count > 0 && sc->inflight < sc->cfg.max_inflight && sc->fatal == KVS_OK) {
-        const uint32_t i = sc->waiting[sc->waiting_head];
+    uint32_t held[2] = {0, 0}; /* instances held back, by side: bitmaps */
+    const uint32_t all[2] = {(uint32_t)((1ull << sc->npinst) - 1),
+                             (uint32_t)((1ull << sc->ndinst) - 1)};
+    uint32_t prev = UINT32_MAX;
+    for (uint32_t i = sc->waiting_first; i != UINT32_MAX && sc->fatal == KVS_OK;) {
+        if (held[0] == all[0] || held[1] == all[1])
+            return; /* nothing later can go */
         sim_req_t *r = &sc->reqs[i];
+        const uint32_t next = r->next_waiting;
         const int64_t np = (r->tokens + ps - 1) / ps, nd = (r->tokens - r->base + ps - 1) / ps;
-        if (np > sc->ppool.count || nd > sc->dpool.count)
-            return; /* wait for pages */
+        const uint32_t pbit = 1u << r->pi->id, dbit = 1u << r->di->id;
+        if ((held[0] & pbit) || (held[1] & dbit) || !sim_inst_fits(sc, r->pi, np) ||
+            !sim_inst_fits(sc, r->di, nd)) {
+            held[0] |= pbit; /* wait for pages or a slot */
+            held[1] |= dbit;
+            prev = i;
+            i = next;
+            continue;
+        }
         r->ppages = malloc((size_t)(np > 0 ? np : 1) * sizeof *r->ppages);
         r->dpages = malloc((size_t)(nd > 0 ? nd : 1) * sizeof *r->dpages);
         if (r->ppages == NULL || r->dpages == NULL) {
             sim_fail(sc, KVS_ENOMEM, "allocating page lists failed");
             return;
         }
-        sim_pages_take(&sc->ppool, r->ppages, np);
-        sim_pages_take(&sc->dpool, r->dpages, nd);
-        sc->waiting_head = (sc->waiting_head + 1) % sc->cfg.requests;
-        sc->waiting_count--;
-        sc->inflight++;
+        sim_pages_take(&r->pi->pages, r->ppages, np);
+        sim_pages_take(&r->di->pages, r->dpages, nd);
+        /* Off the waiting list. */
+        if (prev == UINT32_MAX)
+            sc->waiting_first = next;
+        else
+            sc->reqs[prev].next_waiting = next;
+        if (sc->waiting_last == i)
+            sc->waiting_last = prev;
+        r->next_waiting = UINT32_MAX;
+        r->pi->admitted++;
+        r->di->admitted++;
         r->state = SIM_REQ_ADMITTED;
         r->opened_ns = sim_engine_now_ns(sc->eng);
-        r->reports_left = sc->nprefill + sc->ndecode;
+        r->reports_left = r->pi->nranks + r->di->nranks;
         if (sim_open_rooms(sc, i) != KVS_OK)
             return;
-        sc->compute[(sc->compute_head + sc->compute_count) % sc->cfg.requests] = i;
-        sc->compute_count++;
-        sim_compute_next(sc);
+        sim_inst_t *pi = r->pi;
+        r->next_compute = UINT32_MAX;
+        if (pi->compute_last == UINT32_MAX)
+            pi->compute_first = i;
+        else
+            sc->reqs[pi->compute_last].next_compute = i;
+        pi->compute_last = i;
+        sim_compute_next(sc, pi);
+        i = next;
     }
+}
+
+/* The router: request r's prefill and decode instance. Round robin takes
+ * each side's instances in turn; least-loaded the one with the fewest
+ * requests in flight (routed, not ended), ties to the lowest index. */
+static sim_inst_t *sim_route_side(sim_scenario_t *sc, sim_inst_t *insts, uint32_t n,
+                                  uint32_t *turn)
+{
+    uint32_t pick = 0;
+    if (sc->cfg.router == SIM_ROUTER_LEAST_LOADED) {
+        for (uint32_t k = 1; k < n; k++)
+            if (insts[k].routed < insts[pick].routed)
+                pick = k;
+    } else {
+        pick = *turn;
+        *turn = (*turn + 1) % n;
+    }
+    insts[pick].routed++;
+    return &insts[pick];
 }
 
 static void sim_arrive(sim_engine_t *eng, void *ctx, uint64_t arg)
 {
     sim_scenario_t *sc = ctx;
-    sc->waiting[(sc->waiting_head + sc->waiting_count) % sc->cfg.requests] = (uint32_t)arg;
-    sc->waiting_count++;
+    const uint32_t i = (uint32_t)arg;
+    sim_req_t *r = &sc->reqs[i];
+    r->pi = sim_route_side(sc, sim_prefill_inst(sc, 0), sc->npinst, &sc->rr_prefill);
+    r->di = sim_route_side(sc, sim_decode_inst(sc, 0), sc->ndinst, &sc->rr_decode);
+    r->next_waiting = UINT32_MAX;
+    if (sc->waiting_last == UINT32_MAX)
+        sc->waiting_first = i;
+    else
+        sc->reqs[sc->waiting_last].next_waiting = i;
+    sc->waiting_last = i;
     sim_try_admit(sc);
 }
 
@@ -709,12 +874,24 @@ static void sim_arrive(sim_engine_t *eng, void *ctx, uint64_t arg)
 
 static void sim_node_teardown(sim_node_t *n);
 
+/* The layout of n's instance paired with instance 0 of the other side: its
+ * own geometry (heads per rank, its stages' layers) is that of any pair. */
+static const kvs_layout_t *sim_node_lay(const sim_scenario_t *sc, const sim_node_t *n)
+{
+    return n->role == KVS_ROLE_DECODE ? &sc->pairs[n->inst->id].lay
+                                      : &sc->pairs[n->inst->id * sc->ndinst].lay;
+}
+
 static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
 {
-    const kvs_layout_t *l = &sc->lay;
+    const kvs_layout_t *l = sim_node_lay(sc, n);
     const bool decode = n->role == KVS_ROLE_DECODE;
-    snprintf(n->name, sizeof n->name, "%c%lld.%lld", decode ? 'd' : 'p', (long long)n->tp,
-             (long long)n->pp);
+    /* The default peer instance of its handler (kvs_peer_t {0, 0}) is
+     * instance 0 of the other side; every pair can pair (the topology was
+     * checked), so its own geometry is valid with it. */
+    const sim_instance_shape_t *peer0 = decode ? &sc->topo.prefill[0] : &sc->topo.decode[0];
+    const uint64_t other_ranks = (uint64_t)(decode ? sc->nprefill : sc->ndecode);
+    const uint32_t other_insts = decode ? sc->npinst : sc->ndinst;
     n->gpu_id = gpu_id;
     /* Its stage's layers: stages need not split evenly (spec §4). */
     kvs_layout_stage_layers(l, n->role, n->pp, &n->first_layer, &n->layers);
@@ -758,14 +935,22 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
         .role = n->role, .staging = staging, .total_heads = l->total_heads,
         .head_dim = l->head_dim, .dtype = sc->cfg.shape.dtype, .layers = n->layers,
         .model_layers = l->layers,
-        .page_size = l->page_size, .tp_rank = n->tp, .tp_size = decode ? l->decode_tp : l->prefill_tp,
-        .pp_rank = n->pp, .pp_size = decode ? l->decode_pp : l->prefill_pp,
-        .peer_tp_size = decode ? l->prefill_tp : l->decode_tp,
-        .peer_pp_size = decode ? l->prefill_pp : l->decode_pp,
+        .page_size = l->page_size, .tp_rank = n->tp, .tp_size = n->inst->tp,
+        .pp_rank = n->pp, .pp_size = n->inst->pp,
+        .peer_tp_size = peer0->tp, .peer_pp_size = peer0->pp,
         .chunk_tokens = sc->cfg.shape.chunk_tokens, .ring_bytes = sc->cfg.ring_bytes,
         .transfer_workers = sc->cfg.transfer_workers, .path = sc->cfg.path,
         .max_rooms = 2 * sc->cfg.max_inflight + 16,
         .stall_timeout_ns = sc->cfg.stall_timeout_ns,
+        /* Its instance, and a session of its own in the cluster (the
+         * default's formula, instance 0 unchanged). */
+        .instance_id = n->inst->id,
+        .session_id = ((uint64_t)n->role + 1) << 56 | (uint64_t)n->inst->id << 44 |
+                      (uint64_t)n->pp << 32 | (uint64_t)n->tp,
+        /* Every rank of the other side may be its peer; 0: the defaults
+         * (64 instances, 256 ranks) hold them. */
+        .max_instances = other_insts > 64 ? other_insts : 0,
+        .max_peers = other_ranks > 256 ? (uint32_t)other_ranks : 0,
         .trace = sc->trace != NULL ? sim_core_span : NULL, .trace_ctx = n,
         .log = {.fn = NULL, .level = KVS_LOG_ERROR}};
     kvs_error_t err = {0};
@@ -841,23 +1026,29 @@ static void sim_node_teardown(sim_node_t *n)
     n->timer_ns = 0;
 }
 
-/* Decode rank n connects to each prefill rank that writes to it. One that
- * is down (ENOENT: no such NIC now) is kept and retried by the handler. */
+/* Decode rank n declares every prefill instance (the addresses of its
+ * ranks) and connects to its writers in each, ahead of time. One that is
+ * down (ENOENT: no such NIC now) is kept and retried by the handler. */
 static int sim_connect_node(sim_scenario_t *sc, sim_node_t *n)
 {
-    const kvs_layout_t *l = &sc->lay;
-    const int64_t stages = l->prefill_pp / l->decode_pp;
-    const int64_t first = l->decode_pp == 1 ? 0 : n->pp;
-    for (int64_t i = 0; i < l->tp_writers; i++) {
-        kvs_writer_t w;
-        kvs_layout_writer(l, n->tp, n->pp, i, 0, &w);
-        for (int64_t s = first; s < first + stages; s++) {
-            char peer[48];
-            snprintf(peer, sizeof peer, "p%lld.%lld", (long long)w.prefill_rank, (long long)s);
-            int rc = kvs_decode_connect(n->dec, peer, w.prefill_rank, s);
-            if (rc != KVS_OK && !(rc == KVS_ENOENT && sc->nodes[s * l->prefill_tp + w.prefill_rank].down))
-                return sim_fail(sc, rc, "%s: %s", n->name, kvs_manager_last_error(n->m)->msg);
+    for (uint32_t p = 0; p < sc->npinst; p++) {
+        const sim_inst_t *pi = sim_prefill_inst(sc, p);
+        const char **addrs = malloc((size_t)pi->nranks * sizeof *addrs);
+        if (addrs == NULL)
+            return sim_fail(sc, KVS_ENOMEM, "scenario tables");
+        bool down = false;
+        for (int64_t k = 0; k < pi->nranks; k++) {
+            addrs[k] = pi->nodes[k].name; /* stage-major, as the handler wants */
+            down = down || pi->nodes[k].down;
         }
+        const kvs_instance_desc_t desc = {.id = pi->id, .tp_size = pi->tp, .pp_size = pi->pp,
+                                          .dp_size = 1, .addrs = addrs};
+        int rc = kvs_decode_add_instance(n->dec, &desc);
+        free(addrs);
+        if (rc == KVS_OK)
+            rc = kvs_decode_connect_peer(n->dec, (kvs_peer_t){pi->id, 0});
+        if (rc != KVS_OK && !(rc == KVS_ENOENT && down))
+            return sim_fail(sc, rc, "%s: %s", n->name, kvs_manager_last_error(n->m)->msg);
     }
     sim_node_wake(n);
     return KVS_OK;
@@ -870,31 +1061,33 @@ static int64_t sim_group_root(int64_t *parent, int64_t k)
     return k;
 }
 
-/* Groups of ranks that talk to each other: a decode and every prefill rank
- * that writes to it are one group, and groups sharing a rank merge.
- * Numbered 0.. in node order; past 64 groups, the last ones share bit 63
+/* Groups of the ranks of pair (pi, di) that talk to each other: a decode
+ * and every prefill rank that writes to it are one group, and groups
+ * sharing a rank merge. Indexed prefill ranks first, then decode ranks;
+ * numbered 0.. in that order; past 64 groups, the last ones share bit 63
  * (the judge then counts across them: stricter, never laxer). */
-static int sim_groups(sim_scenario_t *sc)
+static int sim_pair_groups(sim_scenario_t *sc, const sim_inst_t *pi, const sim_inst_t *di,
+                           sim_pair_t *pair)
 {
-    const kvs_layout_t *l = &sc->lay;
-    const int64_t nodes = sc->nprefill + sc->ndecode;
+    const kvs_layout_t *l = &pair->lay;
+    const int64_t nodes = pi->nranks + di->nranks;
     const int64_t stages = l->prefill_pp / l->decode_pp;
     int64_t *parent = malloc((size_t)nodes * sizeof *parent);
-    sc->group = malloc((size_t)nodes * sizeof *sc->group);
-    if (parent == NULL || sc->group == NULL) {
+    pair->group = malloc((size_t)nodes * sizeof *pair->group);
+    if (parent == NULL || pair->group == NULL) {
         free(parent);
         return sim_fail(sc, KVS_ENOMEM, "scenario tables");
     }
     for (int64_t k = 0; k < nodes; k++)
         parent[k] = k;
-    for (int64_t d = 0; d < sc->ndecode; d++) {
-        const sim_node_t *n = &sc->nodes[sc->nprefill + d];
+    for (int64_t d = 0; d < di->nranks; d++) {
+        const sim_node_t *n = &di->nodes[d];
         const int64_t first = l->decode_pp == 1 ? 0 : n->pp;
         for (int64_t i = 0; i < l->tp_writers; i++) {
             kvs_writer_t w;
             kvs_layout_writer(l, n->tp, n->pp, i, 0, &w);
             for (int64_t s = first; s < first + stages; s++) {
-                const int64_t a = sim_group_root(parent, sc->nprefill + d);
+                const int64_t a = sim_group_root(parent, pi->nranks + d);
                 const int64_t b = sim_group_root(parent, s * l->prefill_tp + w.prefill_rank);
                 parent[a] = b;
             }
@@ -902,14 +1095,14 @@ static int sim_groups(sim_scenario_t *sc)
     }
     int64_t next = 0;
     for (int64_t k = 0; k < nodes; k++)
-        sc->group[k] = -1;
+        pair->group[k] = -1;
     for (int64_t k = 0; k < nodes; k++) {
         const int64_t root = sim_group_root(parent, k);
-        if (sc->group[root] < 0)
-            sc->group[root] = next < 63 ? next++ : 63;
-        sc->group[k] = sc->group[root];
+        if (pair->group[root] < 0)
+            pair->group[root] = next < 63 ? next++ : 63;
+        pair->group[k] = pair->group[root];
     }
-    sc->ngroups = next + 1; /* (63 when capped: indices up to 63) */
+    pair->ngroups = next + 1; /* (63 when capped: indices up to 63) */
     free(parent);
     return KVS_OK;
 }
@@ -928,10 +1121,10 @@ static int sim_connect_all(sim_scenario_t *sc)
 /* ---- crashes and restarts ---------------------------------------------------- */
 
 /* The rank dies: its handler, memory and connections vanish (its peers see
- * the connections die). Its result of every request it was in is in:
- * failed. A decode rank that had already received its part of a request
- * still in flight elsewhere lost that KV with its memory: the request
- * fails too. */
+ * the connections die). Its result of every request of its instance it was
+ * in is in: failed. A decode rank that had already received its part of a
+ * request still in flight elsewhere lost that KV with its memory: the
+ * request fails too. */
 static void sim_node_crash(sim_scenario_t *sc, sim_node_t *n)
 {
     sim_node_teardown(n);
@@ -939,11 +1132,11 @@ static void sim_node_crash(sim_scenario_t *sc, sim_node_t *n)
     sc->ranks_crashed++;
     for (uint32_t i = 0; i < sc->cfg.requests && sc->fatal == KVS_OK; i++) {
         sim_req_t *r = &sc->reqs[i];
-        if (r->state != SIM_REQ_ADMITTED)
+        if (r->state != SIM_REQ_ADMITTED || !sim_in_pair(r, n))
             continue;
         r->untellable = true;
         if (!n->reported[i])
-            sim_report_in(sc, n, i, KVS_EPEER);
+            sim_report_in(sc, n, i, KVS_EPEER, false);
         else if (n->role == KVS_ROLE_DECODE && r->status == KVS_OK)
             r->status = KVS_EPEER;
     }
@@ -957,8 +1150,9 @@ static void sim_crash_event(sim_engine_t *eng, void *ctx, uint64_t arg)
 }
 
 /* The rank dies (if alive) and comes back at once: a new GPU, NIC, manager
- * and handler under the same name and session id. A decode connects and
- * registers again; the decodes of a prefill reconnect on their own. */
+ * and handler under the same name and session id. A decode declares the
+ * prefill instances, connects and registers again; the decodes of a
+ * prefill reconnect on their own. */
 static void sim_restart_event(sim_engine_t *eng, void *ctx, uint64_t arg)
 {
     sim_node_t *n = ctx;
@@ -978,6 +1172,73 @@ static void sim_restart_event(sim_engine_t *eng, void *ctx, uint64_t arg)
         sim_node_wake(n);
 }
 
+/* The instances, their ranks (named and numbered as the file's header
+ * says), page pools and compute queues, and every pair's layout and groups. */
+static int sim_build_cluster(sim_scenario_t *sc)
+{
+    const sim_scenario_config_t *c = &sc->cfg;
+    sc->npinst = sc->topo.prefill_instances;
+    sc->ndinst = sc->topo.decode_instances;
+    sc->insts = calloc(sc->npinst + sc->ndinst, sizeof *sc->insts);
+    sc->pairs = calloc((size_t)sc->npinst * sc->ndinst, sizeof *sc->pairs);
+    if (sc->insts == NULL || sc->pairs == NULL)
+        return sim_fail(sc, KVS_ENOMEM, "scenario tables");
+    for (uint32_t k = 0; k < sc->npinst + sc->ndinst; k++) {
+        sim_inst_t *inst = &sc->insts[k];
+        const bool decode = k >= sc->npinst;
+        const sim_instance_shape_t *shape =
+            decode ? &sc->topo.decode[k - sc->npinst] : &sc->topo.prefill[k];
+        inst->role = decode ? KVS_ROLE_DECODE : KVS_ROLE_PREFILL;
+        inst->id = decode ? k - sc->npinst : k;
+        inst->tp = shape->tp;
+        inst->pp = shape->pp;
+        inst->nranks = shape->tp * shape->pp;
+        *(decode ? &sc->ndecode : &sc->nprefill) += inst->nranks;
+        inst->compute_first = inst->compute_last = UINT32_MAX;
+        if (sim_pages_init(&inst->pages, sc->pool_pages) != KVS_OK)
+            return sim_fail(sc, KVS_ENOMEM, "page pools");
+    }
+    sc->nodes = calloc((size_t)(sc->nprefill + sc->ndecode), sizeof *sc->nodes);
+    if (sc->nodes == NULL)
+        return sim_fail(sc, KVS_ENOMEM, "scenario tables");
+    sim_node_t *n = sc->nodes;
+    for (uint32_t k = 0; k < sc->npinst + sc->ndinst; k++) {
+        sim_inst_t *inst = &sc->insts[k];
+        inst->nodes = n;
+        for (int64_t j = 0; j < inst->nranks; j++, n++) {
+            n->sc = sc;
+            n->inst = inst;
+            n->role = inst->role;
+            n->tp = j % inst->tp;
+            n->pp = j / inst->tp;
+            const char side = inst->role == KVS_ROLE_DECODE ? 'd' : 'p';
+            if (inst->id == 0)
+                snprintf(n->name, sizeof n->name, "%c%lld.%lld", side, (long long)n->tp,
+                         (long long)n->pp);
+            else
+                snprintf(n->name, sizeof n->name, "%c%lld.%lld@%u", side, (long long)n->tp,
+                         (long long)n->pp, inst->id);
+            n->reported = calloc(c->requests, 1);
+            if (n->reported == NULL)
+                return sim_fail(sc, KVS_ENOMEM, "scenario tables");
+        }
+    }
+    for (uint32_t p = 0; p < sc->npinst; p++)
+        for (uint32_t d = 0; d < sc->ndinst; d++) {
+            sim_pair_t *pair = &sc->pairs[p * sc->ndinst + d];
+            const kvs_layout_params_t params = sim_topology_pair(&c->shape, &sc->topo, p, d);
+            kvs_error_t err = {0};
+            int rc = kvs_layout_init(&pair->lay, &params, &err);
+            if (rc != KVS_OK) /* the topology was checked: cannot be */
+                return sim_fail(sc, rc, "pair of prefill instance %u and decode instance %u: %s",
+                                p, d, err.msg);
+            if ((rc = sim_pair_groups(sc, sim_prefill_inst(sc, p), sim_decode_inst(sc, d),
+                                      pair)) != KVS_OK)
+                return rc;
+        }
+    return KVS_OK;
+}
+
 static int sim_setup(sim_scenario_t *sc)
 {
     const sim_scenario_config_t *c = &sc->cfg;
@@ -985,6 +1246,12 @@ static int sim_setup(sim_scenario_t *sc)
     int rc = kvs_layout_init(&sc->lay, &c->shape, &err);
     if (rc != KVS_OK)
         return sim_fail(sc, rc, "shape: %s", err.msg);
+    if ((rc = sim_topology_resolve(&c->shape, &c->topo, &sc->topo, NULL, NULL, &err)) != KVS_OK)
+        return sim_fail(sc, rc, "topology: %s", err.msg);
+    if (c->router != SIM_ROUTER_ROUND_ROBIN && c->router != SIM_ROUTER_LEAST_LOADED)
+        return sim_fail(sc, KVS_EINVAL, "router %d unknown: use round robin (%d) or least "
+                        "loaded (%d)", (int)c->router, SIM_ROUTER_ROUND_ROBIN,
+                        SIM_ROUTER_LEAST_LOADED);
     if (c->prompt_min_tokens < 1 || c->prompt_max_tokens < c->prompt_min_tokens ||
         c->prefix_max_tokens < 0)
         return sim_fail(sc, KVS_EINVAL, "prompt tokens need 1 <= min <= max (got %lld:%lld) "
@@ -992,36 +1259,16 @@ static int sim_setup(sim_scenario_t *sc)
                         (long long)c->prompt_max_tokens);
     const int64_t ps = sc->lay.page_size;
     sc->pool_pages = (int64_t)c->max_inflight * ((c->prompt_max_tokens + ps - 1) / ps) + 1;
-    if (sim_pages_init(&sc->ppool, sc->pool_pages) != KVS_OK ||
-        sim_pages_init(&sc->dpool, sc->pool_pages) != KVS_OK)
-        return sim_fail(sc, KVS_ENOMEM, "page pools");
     rc = sim_engine_create(c->seed, 1024, &sc->eng);
     if (rc == KVS_OK)
         rc = sim_net_create(sc->eng, &c->net, &sc->net);
     if (rc != KVS_OK)
         return sim_fail(sc, rc, "creating the engine and network failed: %s", kvs_strerror(rc));
-    sc->nprefill = sc->lay.prefill_tp * sc->lay.prefill_pp;
-    sc->ndecode = sc->lay.decode_tp * sc->lay.decode_pp;
-    sc->nodes = calloc((size_t)(sc->nprefill + sc->ndecode), sizeof *sc->nodes);
     sc->reqs = calloc(c->requests, sizeof *sc->reqs);
-    sc->waiting = calloc(c->requests, sizeof *sc->waiting);
-    sc->compute = calloc(c->requests, sizeof *sc->compute);
-    if (sc->nodes == NULL || sc->reqs == NULL || sc->waiting == NULL || sc->compute == NULL)
+    if (sc->reqs == NULL)
         return sim_fail(sc, KVS_ENOMEM, "scenario tables");
-    for (int64_t i = 0; i < sc->nprefill + sc->ndecode; i++) {
-        sim_node_t *n = &sc->nodes[i];
-        const bool decode = i >= sc->nprefill;
-        const int64_t k = decode ? i - sc->nprefill : i;
-        const int64_t tp = decode ? sc->lay.decode_tp : sc->lay.prefill_tp;
-        n->sc = sc;
-        n->role = decode ? KVS_ROLE_DECODE : KVS_ROLE_PREFILL;
-        n->tp = k % tp;
-        n->pp = k / tp;
-        n->reported = calloc(c->requests, 1);
-        if (n->reported == NULL)
-            return sim_fail(sc, KVS_ENOMEM, "scenario tables");
-    }
-    if ((rc = sim_faults_check(sc)) != KVS_OK || (rc = sim_groups(sc)) != KVS_OK)
+    sc->waiting_first = sc->waiting_last = UINT32_MAX;
+    if ((rc = sim_build_cluster(sc)) != KVS_OK || (rc = sim_faults_check(sc)) != KVS_OK)
         return rc;
     for (int64_t i = 0; i < sc->nprefill + sc->ndecode; i++)
         if ((rc = sim_node_setup(sc, &sc->nodes[i], (uint32_t)i)) != KVS_OK)
@@ -1076,23 +1323,45 @@ static void sim_report(sim_scenario_t *sc, sim_report_t *out)
     uint64_t *lat = calloc(sc->cfg.requests + 1, sizeof *lat);
     uint64_t *e2e = calloc(sc->cfg.requests + 1, sizeof *e2e);
     size_t nl = 0;
+    /* Per instance: prefill ones first, then decode ones. */
+    out->ninstances = sc->npinst + sc->ndinst;
+    for (uint32_t k = 0; k < out->ninstances; k++) {
+        const sim_inst_t *inst = &sc->insts[k];
+        out->instances[k] = (sim_instance_report_t){
+            .role = inst->role, .id = inst->id, .tp = inst->tp, .pp = inst->pp};
+    }
     for (uint32_t i = 0; i < sc->cfg.requests; i++) {
         const sim_req_t *r = &sc->reqs[i];
         if (sc->cfg.outcomes != NULL)
             sc->cfg.outcomes[i] = (sim_request_outcome_t){
                 .status = r->state == SIM_REQ_DONE ? r->status : 1,
-                .arrival_ns = r->arrival_ns, .opened_ns = r->opened_ns, .done_ns = r->done_ns};
+                .arrival_ns = r->arrival_ns, .opened_ns = r->opened_ns, .done_ns = r->done_ns,
+                .prefill_instance = r->pi != NULL ? r->pi->id : 0,
+                .decode_instance = r->di != NULL ? r->di->id : 0,
+                .ranks = r->pi != NULL ? (uint32_t)(r->pi->nranks + r->di->nranks) : 0,
+                .ranks_ok = r->ranks_ok, .ranks_peer = r->ranks_peer,
+                .ranks_other = r->ranks_other, .ranks_down = r->ranks_down};
         out->unreported_failures += r->unreported;
+        sim_instance_report_t *pr = r->pi != NULL ? &out->instances[r->pi - sc->insts] : NULL;
+        sim_instance_report_t *dr = r->di != NULL ? &out->instances[r->di - sc->insts] : NULL;
         if (r->state != SIM_REQ_DONE) {
             out->hung_requests++;
         } else if (r->status == KVS_OK) {
             out->requests_ok++;
+            pr->requests_ok++;
+            dr->requests_ok++;
             if (lat != NULL && e2e != NULL) {
                 lat[nl] = r->done_ns - r->computed_ns;
                 e2e[nl++] = r->done_ns - r->arrival_ns;
             }
         } else {
             out->requests_failed++;
+            pr->requests_failed++;
+            dr->requests_failed++;
+            /* Isolation (spec §12): a fault fails only requests paired with
+             * an instance it struck. */
+            if (!r->pi->faulted && !r->di->faulted && r->status != KVS_EOVERSIZED)
+                out->collateral_failures++;
         }
     }
     out->latency_p50_us = lat != NULL ? sim_percentile_us(lat, nl, 50) : 0;
@@ -1122,6 +1391,12 @@ static void sim_report(sim_scenario_t *sc, sim_report_t *out)
             st.ring_peak_bytes = n->acc.ring_peak_bytes;
         if (n->m != NULL && out->path == KVS_PATH_AUTO)
             out->path = kvs_manager_path(n->m);
+        if (n->inst == NULL)
+            continue; /* set-up stopped before its instance was built */
+        sim_instance_report_t *ir = &out->instances[n->inst - sc->insts];
+        ir->bytes += n->role == KVS_ROLE_DECODE ? n->bytes_received : st.rdma_write_bytes;
+        if (n->role == KVS_ROLE_DECODE && st.ring_peak_bytes > ir->ring_peak_bytes)
+            ir->ring_peak_bytes = st.ring_peak_bytes;
         out->bytes_moved += st.rdma_write_bytes;
         out->rdma_ops += st.rdma_writes;
         out->control_msgs += st.msgs_sent;
@@ -1141,7 +1416,7 @@ static void sim_report(sim_scenario_t *sc, sim_report_t *out)
     out->bytes_verified = sc->bytes_verified;
     out->corrupt_bytes = sc->corrupt_bytes;
     out->violations = out->hung_requests + out->ring_leaked_bytes + out->corrupt_bytes +
-                      out->unreported_failures;
+                      out->unreported_failures + out->collateral_failures;
     out->sim_ns = sc->last_done_ns > sc->first_arrival_ns ? sc->last_done_ns - sc->first_arrival_ns : 0;
     out->goodput_gbps = out->sim_ns > 0 ? (double)out->bytes_verified * 8.0 / (double)out->sim_ns : 0;
     const uint64_t nic = sc->cfg.net.link_bytes_per_s > 0 ? sc->cfg.net.link_bytes_per_s : 50000000000ull;
@@ -1189,7 +1464,7 @@ int sim_scenario_run(const sim_scenario_config_t *cfg, sim_report_t *out, char *
             snprintf(err, err_bytes, "%u of %u requests never finished",
                      sc->cfg.requests - sc->finished, sc->cfg.requests);
     }
-    if (sc->nodes != NULL && sc->eng != NULL)
+    if (sc->nodes != NULL && sc->eng != NULL && sc->pairs != NULL)
         sim_report(sc, out);
     if (sim_trace_close(sc->trace) != KVS_OK && rc == KVS_OK) {
         rc = KVS_EINVAL;
@@ -1209,13 +1484,14 @@ int sim_scenario_run(const sim_scenario_config_t *cfg, sim_report_t *out, char *
     if (sc->net != NULL)
         (void)sim_net_destroy(sc->net);
     sim_engine_destroy(sc->eng);
+    for (uint32_t k = 0; sc->insts != NULL && k < sc->npinst + sc->ndinst; k++)
+        free(sc->insts[k].pages.free_ids);
+    for (uint32_t k = 0; sc->pairs != NULL && k < sc->npinst * sc->ndinst; k++)
+        free(sc->pairs[k].group);
     free(sc->nodes);
-    free(sc->group);
+    free(sc->insts);
+    free(sc->pairs);
     free(sc->reqs);
-    free(sc->waiting);
-    free(sc->compute);
-    free(sc->ppool.free_ids);
-    free(sc->dpool.free_ids);
     free(sc);
     return rc;
 }

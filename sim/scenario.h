@@ -1,10 +1,14 @@
 /*
- * scenario.h - one simulated disaggregated-serving run: P x Pp prefill GPUs
- * and D x Dp decode GPUs, each with a NIC, running the real kvstage core
- * (managers and handlers) on the simulated device and fabric. Requests
- * arrive as a Poisson process, are prefilled (modeled forward time, real KV
- * bytes written by a deterministic pattern), moved by the chosen path, and
- * every byte the decode side received is verified.
+ * scenario.h - one simulated disaggregated-serving run: a cluster of
+ * prefill instances (P x Pp GPUs each) and decode instances (D x Dp GPUs
+ * each), every GPU with a NIC, running the real kvstage core (managers and
+ * handlers) on the simulated device and fabric. By default one instance per
+ * side; with several (spec §12) each instance has its own TP and PP, KV
+ * page pools and compute queue, and a router pairs every request with one
+ * prefill and one decode instance. Requests arrive as a Poisson process,
+ * are prefilled (modeled forward time, real KV bytes written by a
+ * deterministic pattern), moved by the chosen path, and every byte the
+ * decode side received is verified.
  *
  * Simulated device memory is real host memory, so a run costs wall time in
  * proportion to the KV bytes it moves and the memory it touches; the
@@ -21,6 +25,7 @@
 
 #include "fabric.h"
 #include "gpu.h"
+#include "topology.h"
 
 /* Faults injected into a run (seeded, reproducible). Times are simulated
  * ns from the start; probabilities are num/den. */
@@ -39,24 +44,39 @@ typedef enum sim_fault_kind {
                                   its staging memory cannot be allocated */
 } sim_fault_kind_t;
 
+/* The rank a fault names: the faults of one rank (link-down,
+ * slow-scatter, crash, restart, hbm-full) name it by side, instance and
+ * index in the instance; message and write faults strike the whole
+ * cluster. */
 typedef struct sim_fault {
     sim_fault_kind_t kind;
     int msg_type;              /* a KVS_MSG_* type, 0 = any (message faults) */
     uint32_t num, den;         /* probability (message and write faults) */
     uint64_t delay_ns;
-    int64_t rank;              /* node: prefill ranks first, then decode;
-                                  crash/restart: the index within `role` */
-    kvs_role_t role;           /* crash/restart */
+    kvs_role_t role;           /* the rank's side */
+    uint32_t instance;         /* its instance within the side, 0.. */
+    int64_t rank;              /* its index in the instance: pp * tp_size + tp */
     uint64_t at_ns, for_ns;
     uint32_t factor;
 } sim_fault_t;
 
 #define SIM_MAX_FAULTS 16
+/* How a request picks its two instances, one per side, at its arrival. */
+typedef enum sim_router {
+    SIM_ROUTER_ROUND_ROBIN = 0,    /* each side's instances in turn */
+    SIM_ROUTER_LEAST_LOADED = 1    /* fewest requests in flight (arrived, not
+                                      ended); ties to the lowest index */
+} sim_router_t;
 
 /* What became of one request (sim_scenario_config_t.outcomes). */
 typedef struct sim_request_outcome {
     int32_t status;                /* KVS_OK, the first failure, or 1: never ended */
     uint64_t arrival_ns, opened_ns, done_ns; /* opened: its rooms opened */
+    uint32_t prefill_instance, decode_instance; /* the router's pick */
+    /* Its ranks (those of its two instances) and how each one's result came
+     * in: from its own handler, ok or a lost peer (KVS_EPEER) or another
+     * failure, or from the simulator for a rank that was down or crashed. */
+    uint32_t ranks, ranks_ok, ranks_peer, ranks_other, ranks_down;
 } sim_request_outcome_t;
 
 typedef struct sim_scenario_config {
@@ -70,9 +90,10 @@ typedef struct sim_scenario_config {
     uint64_t ring_bytes;           /* decode staging ring, 0 -> 4096 MiB */
     kvs_path_t path;               /* AUTO, STAGING, DIRECT or SLICE */
     bool staging;                  /* staging enabled on both sides; AUTO uses it */
-    uint64_t prefill_tokens_per_s; /* forward speed of the prefill instance,
+    uint64_t prefill_tokens_per_s; /* forward speed of each prefill instance,
                                       0 -> 16384 */
-    uint32_t max_inflight;         /* requests admitted at once, 0 -> 4 */
+    uint32_t max_inflight;         /* requests admitted at once by each
+                                      instance, 0 -> 4 */
     uint32_t transfer_workers;     /* prefill staging buffers, 0 -> 4 */
     uint64_t seed;
     sim_gpu_config_t gpu;          /* zero fields take the H200 defaults */
@@ -85,10 +106,24 @@ typedef struct sim_scenario_config {
     const char *trace_path;        /* Chrome trace-event JSON, NULL = none */
     sim_request_outcome_t *outcomes; /* caller's array of `requests` entries,
                                       filled at the end; NULL = not wanted */
+    sim_topology_t topo;           /* zero: one instance per side */
+    sim_router_t router;
     /* Called every ~1/64 of the requests finishing: done of total. */
     void (*progress)(void *ctx, uint32_t done, uint32_t total, uint64_t sim_ns);
     void *progress_ctx;
 } sim_scenario_config_t;
+
+/* One instance's share of a run. */
+typedef struct sim_instance_report {
+    kvs_role_t role;
+    uint32_t id;                   /* its index within its side */
+    int64_t tp, pp;
+    uint32_t requests_ok, requests_failed; /* paired with it, ended */
+    uint64_t bytes;                /* payload bytes it moved: written (prefill)
+                                      or received (decode) */
+    uint64_t ring_peak_bytes;      /* decode: most ring bytes live on one of its
+                                      ranks; prefill: 0 */
+} sim_instance_report_t;
 
 typedef struct sim_report {
     uint32_t requests_total, requests_ok, requests_failed; /* failed: terminal,
@@ -102,7 +137,13 @@ typedef struct sim_report {
                                       by its own stall timeout (not told), though
                                       nothing stopped the telling (no crash, no
                                       rank down, no outage of a stall timeout) */
-    uint64_t violations;           /* hung + leaked + corrupt + unreported */
+    uint32_t collateral_failures;  /* failed although neither of its instances
+                                      was faulted (no fault on a rank of either,
+                                      no fault of the whole cluster); a region
+                                      the ring can never hold (KVS_EOVERSIZED)
+                                      is not collateral */
+    uint64_t violations;           /* hung + leaked + corrupt + unreported +
+                                      collateral */
     uint32_t ranks_crashed;        /* crash and restart faults that hit a live rank */
     uint32_t ranks_restarted;
     uint32_t ranks_down_at_start;  /* failed their init (hbm-full) */
@@ -122,7 +163,9 @@ typedef struct sim_report {
     uint64_t events;               /* engine events dispatched */
     uint64_t digest;               /* engine event-order digest */
     kvs_path_t path;               /* the path the handlers ran */
-    int64_t prefill_ranks, decode_ranks;
+    int64_t prefill_ranks, decode_ranks; /* over every instance */
+    uint32_t ninstances;           /* prefill instances, then decode ones */
+    sim_instance_report_t instances[2 * SIM_MAX_INSTANCES];
 } sim_report_t;
 
 /* Fills the defaults documented above into cfg (zero fields only). */

@@ -5,8 +5,9 @@ digest), that every run replays alone (its logged `kvstage sim` command
 gives the same digest and counts as inside the campaign, and run i is the
 same in a campaign of any length), --campaign-faults, the violation report
 and its exit status, the flags a campaign draws (--ring-bytes,
---transfer-workers, --prefill-tokens-per-s, --max-events, --sq-depth), and
-that bad input exits 2 with one stderr line naming the flag.
+--transfer-workers, --prefill-tokens-per-s, --max-events, --sq-depth),
+clusters of several instances with faults naming one (and no collateral
+failure), and that bad input exits 2 with one stderr line naming the flag.
 
 usage: cli_campaign.py PATH_TO_KVSTAGE
 Prints one line per failure and "cli_campaign: N passed, M failed"; exits
@@ -25,8 +26,8 @@ JSON_KEYS = [
     "ok", "runs", "violations", "runs_with_violations", "seed",
     "runs_with_faults", "requests_total", "requests_ok", "requests_failed",
     "hung_requests", "ring_leaked_bytes", "corrupt_bytes",
-    "unreported_failures", "failed_without_faults", "setup_errors",
-    "runs_stopped", "runs_with_sq_depth", "posts_refused", "events",
+    "unreported_failures", "collateral_failures", "failed_without_faults",
+    "setup_errors", "runs_stopped", "runs_with_clusters", "runs_with_sq_depth", "posts_refused", "events",
     "max_run_events", "digest", "faults_drawn", "paths_run", "wall_seconds",
     "ms_per_run", "violating_runs", "first_violation", "replay",
 ]
@@ -88,6 +89,9 @@ def test_json_summary(s):
          "json events", args, repr(obj)[:300])
     s.ok(0 < obj.get("runs_with_sq_depth", 0) < 40 and obj.get("posts_refused", 0) > 0,
          "some runs fill their send queues", args, repr(obj)[:600])
+    s.ok(0 < obj.get("runs_with_clusters", 0) < 40 and obj.get("collateral_failures") == 0,
+         "some runs are clusters, none fails a request of an unfaulted pair", args,
+         repr(obj)[:600])
 
 
 def test_table(s):
@@ -134,27 +138,10 @@ def test_replay(s):
         queued = [r for r in runs if "--sq-depth" in r.get("replay", "")]
         s.ok(len(queued) >= 3, "log has runs with --sq-depth", args,
              "%d of them" % len(queued))
-        for r in faulted[:8] + clean[:4] + queued[:2]:
-            words = shlex.split(r.get("replay", ""))
-            if not s.ok(words[:2] == ["kvstage", "sim"] and "--seed" in words
-                        and "--max-events" in words, "replay words", args,
-                        repr(words)):
-                continue
-            res = s.run(words[1:] + ["--json"])
-            try:
-                alone = json.loads(res.stdout)
-            except ValueError:
-                s.ok(False, "replay json", words[1:], res.stderr[-300:])
-                continue
-            name = "run %d replayed alone" % r["run"]
-            s.ok(alone.get("digest") == r.get("digest"), name + ": digest",
-                 words[1:], "%r vs %r" % (alone.get("digest"), r.get("digest")))
-            for key in ("requests_total", "requests_ok", "requests_failed",
-                        "events", "violations"):
-                s.ok(alone.get(key) == r.get(key), name + ": " + key,
-                     words[1:], "%r vs %r" % (alone.get(key), r.get(key)))
-            s.ok(res.returncode == (1 if r.get("violations") else 0),
-                 name + ": exit", words[1:], "exit %d" % res.returncode)
+        clusters = [r for r in runs if is_cluster(r)]
+        s.ok(len(clusters) >= 5, "log has clusters", args, "%d of them" % len(clusters))
+        for r in faulted[:8] + clean[:4] + queued[:2] + clusters[:3]:
+            replay_alone(s, args, r)
         # Run i does not depend on how many runs the campaign has.
         short = os.path.join(tmp, "short.jsonl")
         s.run(["sim", "--campaign", "10", "--seed", "7", "--campaign-log",
@@ -165,6 +152,62 @@ def test_replay(s):
                                       for a, b in zip(first, runs)),
              "run i is the same in a shorter campaign", args,
              "%d lines" % len(first))
+
+
+def is_cluster(run):
+    """A run with more than one instance on a side: a comma list of sizes."""
+    words = shlex.split(run.get("replay", ""))
+    return any("," in w for w, flag in zip(words[1:], words) if flag.endswith("-tp"))
+
+
+def replay_alone(s, args, r):
+    """Run r of a campaign log replays alone: same digest, counts and exit."""
+    words = shlex.split(r.get("replay", ""))
+    if not s.ok(words[:2] == ["kvstage", "sim"] and "--seed" in words
+                and "--max-events" in words, "replay words", args,
+                repr(words)):
+        return
+    res = s.run(words[1:] + ["--json"])
+    try:
+        alone = json.loads(res.stdout)
+    except ValueError:
+        s.ok(False, "replay json", words[1:], res.stderr[-300:])
+        return
+    name = "run %d replayed alone" % r["run"]
+    s.ok(alone.get("digest") == r.get("digest"), name + ": digest",
+         words[1:], "%r vs %r" % (alone.get("digest"), r.get("digest")))
+    for key in ("requests_total", "requests_ok", "requests_failed",
+                "events", "violations"):
+        s.ok(alone.get(key) == r.get(key), name + ": " + key,
+             words[1:], "%r vs %r" % (alone.get(key), r.get(key)))
+    s.ok(res.returncode == (1 if r.get("violations") else 0),
+         name + ": exit", words[1:], "exit %d" % res.returncode)
+
+
+def test_clusters(s):
+    """Clusters (spec §12): some runs have several instances on a side, of
+    mixed TP and PP; faults of one rank name its instance (p1.0@2,
+    crash:prefill@1:...); no request fails for a fault of another
+    instance; such runs replay alone."""
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "runs.jsonl")
+        args = ["sim", "--campaign", "120", "--seed", "7", "--campaign-log", log]
+        obj, _ = campaign_json(s, "clusters campaign", args)
+        runs = read_log(log) if os.path.exists(log) else []
+        clusters = [r for r in runs if is_cluster(r)]
+        named = [r for r in clusters if "@" in r.get("replay", "")]
+        s.ok(obj.get("runs_with_clusters") == len(clusters) and 25 <= len(clusters) <= 75,
+             "about 40% of the runs are clusters", args,
+             "%d of %d, %r" % (len(clusters), len(runs), obj.get("runs_with_clusters")))
+        s.ok(len(named) >= 3, "faults name an instance", args,
+             "%d runs" % len(named))
+        s.ok(any("--router least-loaded" in r["replay"] for r in clusters)
+             and any("--router" not in r["replay"] for r in clusters),
+             "both routers drawn", args, "")
+        s.ok(obj.get("collateral_failures") == 0 and obj.get("violations") == 0,
+             "no collateral failure", args, repr(obj)[:300])
+        for r in named[:3]:
+            replay_alone(s, args, r)
 
 
 def test_fault_kinds(s):
@@ -317,7 +360,7 @@ def main():
         return 2
     s = Suite(sys.argv[1], timeout_s=600)
     for test in (test_help, test_json_summary, test_table, test_determinism,
-                 test_replay, test_fault_kinds, test_violations,
+                 test_replay, test_clusters, test_fault_kinds, test_violations,
                  test_sim_flags, test_bad_input):
         test(s)
     print("cli_campaign: %d passed, %d failed" % (s.passed, s.failed))

@@ -75,6 +75,18 @@ class Suite(_Suite):
         self.ok(obj.get("ok") is True, name + " ok", args, repr(obj.get("ok")))
 
 
+# The cluster of the clusters issue (3 prefill, 2 decode instances of mixed
+# TP), 200 requests at once, on Llama-3.1-8B cut to 4 layers and short
+# prompts: about 15 s under ASan. The same command with the default model
+# and prompts (`kvstage sim --prefill-tp 8,8,4 --decode-tp 2,2 --requests 200
+# --rate 0`) takes about 2 minutes and 11 GB in a Release build.
+CLUSTER = ["sim", "--model", "llama-3.1-8b", "--layers", "4", "--prefill-tp", "8,8,4",
+           "--decode-tp", "2,2", "--requests", "200", "--rate", "0", "--prompt-tokens",
+           "64:512", "--ring-mib", "64"]
+INSTANCE_KEYS = ("id", "role", "tp", "pp", "requests_ok", "requests_failed", "bytes",
+                 "ring_peak_bytes")
+
+
 def test_help(s):
     s.expect_ok("--help lists sim", ["--help"], ["sim"])
     for args in (["sim", "--help"], ["sim", "-h"], ["help", "sim"]):
@@ -276,6 +288,13 @@ def test_topologies(s):
              "got %r + %r, want %d + %d" % (obj.get("prefill_ranks"),
                                             obj.get("decode_ranks"),
                                             nprefill, ndecode))
+    # One instance per side: the JSON still lists both instances.
+    args = common + l8 + ["--prefill-tp", "2", "--decode-tp", "4"]
+    obj = s.expect_json("one instance per side", args)
+    s.ok([(i.get("role"), i.get("id"), i.get("tp")) for i in obj.get("instances", [])]
+         == [("prefill", 0, 2), ("decode", 0, 4)] and obj.get("prefill_instances") == 1
+         and obj.get("decode_instances") == 1, "one instance per side listed", args,
+         repr(obj.get("instances")))
     # --kv-heads, --head-dim and --layers together replace the default
     # model, which the report then does not name.
     args = common + ["--kv-heads", "4", "--head-dim", "64", "--prefill-tp",
@@ -284,6 +303,87 @@ def test_topologies(s):
     s.ok(obj.get("model") is None and obj.get("total_heads") == 4
          and obj.get("head_dim") == 64 and obj.get("layers") == 4,
          "custom shape names no model", args, repr(obj)[:300])
+
+
+def test_cluster(s):
+    """Three prefill instances (TP 8, 8, 4) and two decode instances (TP 2,
+    2): every request ok, every byte verified, each instance in the JSON
+    with its share (round robin: 67/67/66 and 100/100), the table with a
+    line per instance."""
+    args = CLUSTER + ["--json"]
+    obj = s.expect_json("cluster", args)
+    s.expect_clean("cluster", args, obj)
+    s.ok(obj.get("requests_ok") == 200 and obj.get("collateral_failures") == 0
+         and obj.get("violations") == 0, "cluster all ok", args, repr(obj)[:300])
+    s.ok(obj.get("prefill_instances") == 3 and obj.get("decode_instances") == 2
+         and obj.get("prefill_ranks") == 20 and obj.get("decode_ranks") == 4
+         and obj.get("router") == "round-robin", "cluster sizes", args, repr(obj)[:400])
+    insts = obj.get("instances", [])
+    s.ok(len(insts) == 5 and all(set(i) == set(INSTANCE_KEYS) for i in insts),
+         "cluster lists five instances", args, repr(insts))
+    want = [("prefill", 0, 8, 67), ("prefill", 1, 8, 67), ("prefill", 2, 4, 66),
+            ("decode", 0, 2, 100), ("decode", 1, 2, 100)]
+    got = [(i.get("role"), i.get("id"), i.get("tp"), i.get("requests_ok")) for i in insts]
+    s.ok(got == want, "cluster instances and round robin shares", args,
+         "got %r, want %r" % (got, want))
+    pre = [i for i in insts if i.get("role") == "prefill"]
+    dec = [i for i in insts if i.get("role") == "decode"]
+    s.ok(all(i.get("pp") == 1 and i.get("requests_failed") == 0 and i.get("bytes", 0) > 0
+             for i in insts), "cluster instances moved bytes, none failed", args,
+         repr(insts))
+    s.ok(sum(i["bytes"] for i in pre) == obj.get("bytes_moved")
+         and sum(i["bytes"] for i in dec) == obj.get("bytes_verified"),
+         "cluster bytes add up", args, repr(insts))
+    s.ok(all(i.get("ring_peak_bytes") == 0 for i in pre)
+         and all(0 < i.get("ring_peak_bytes", 0) <= obj.get("ring_peak_bytes", 0)
+                 for i in dec)
+         and max(i["ring_peak_bytes"] for i in dec) == obj.get("ring_peak_bytes"),
+         "cluster ring peaks on decode instances", args, repr(insts))
+    table = CLUSTER[:CLUSTER.index("--requests") + 1] + ["10"] + \
+        CLUSTER[CLUSTER.index("--requests") + 2:]
+    s.expect_ok("cluster table", table, [
+        "3 prefill instances (TP 8,8,4 x PP 1,1,1) -> 2 decode instances (TP 2,2 x PP 1,1)",
+        "round-robin router", "prefill 2", "decode 1", "0 collateral failures"])
+    # Mixed PP with uneven splits: 5 layers over 2 and 3 stages, decodes of
+    # PP 1 (a decode of PP > 1 pairs only with prefills of its PP).
+    args = ["sim", "--model", "llama-3.1-8b", "--layers", "5", "--prefill-tp", "2,4,2",
+            "--prefill-pp", "1,2,3", "--decode-tp", "1,2", "--requests", "12",
+            "--prompt-tokens", "64:256", "--ring-mib", "64", "--router", "least-loaded",
+            "--json"]
+    obj = s.expect_json("cluster mixed pp", args)
+    s.expect_clean("cluster mixed pp", args, obj)
+    s.ok([(i.get("tp"), i.get("pp")) for i in obj.get("instances", [])]
+         == [(2, 1), (4, 2), (2, 3), (1, 1), (2, 1)]
+         and obj.get("router") == "least-loaded" and obj.get("prefill_ranks") == 16,
+         "cluster mixed pp instances", args, repr(obj.get("instances")))
+    # Decodes of PP 2 with prefills of PP 2 only.
+    args = ["sim", "--model", "llama-3.1-8b", "--layers", "4", "--prefill-tp", "2,4",
+            "--prefill-pp", "2", "--decode-tp", "4,1", "--decode-pp", "2,1",
+            "--requests", "8", "--prompt-tokens", "64:256", "--ring-mib", "64", "--json"]
+    obj = s.expect_json("cluster decode pp", args)
+    s.expect_clean("cluster decode pp", args, obj)
+
+
+def test_router(s):
+    """Round robin gives each instance its turn; least-loaded sends a
+    request to the instance with the fewest in flight: with everything
+    arriving at once both spread evenly, and their runs differ once
+    requests end at different times."""
+    base = ["sim", "--model", "llama-3.1-8b", "--layers", "4", "--prefill-tp", "4,4,2",
+            "--decode-tp", "2,1", "--prompt-tokens", "32:1024", "--ring-mib", "64",
+            "--requests", "12", "--json"]
+    rr = s.expect_json("router round robin", base + ["--rate", "0"])
+    s.ok([i.get("requests_ok") for i in rr.get("instances", [])] == [4, 4, 4, 6, 6],
+         "round robin assigns evenly", base, repr(rr.get("instances")))
+    ll = s.expect_json("router least loaded at once",
+                       base + ["--rate", "0", "--router", "least-loaded"])
+    s.ok([i.get("requests_ok") for i in ll.get("instances", [])] == [4, 4, 4, 6, 6],
+         "least loaded spreads a burst evenly", base, repr(ll.get("instances")))
+    a = s.expect_json("router rr paced", base + ["--rate", "40"])
+    b = s.expect_json("router ll paced", base + ["--rate", "40", "--router", "least-loaded"])
+    s.expect_clean("router ll paced", base, b)
+    s.ok(a.get("digest") != b.get("digest"), "routers differ", base,
+         "%r vs %r" % (a.get("digest"), b.get("digest")))
 
 
 def test_slice_vs_staging(s):
@@ -341,14 +441,16 @@ def test_trace(s):
 
 
 def test_bad_input(s):
-    def with_flag(flag, value):
+    def with_flag(flag, value, *more):
+        """SMALL with flag (and more flag, value pairs) set to value."""
+        pairs = [(flag, value)] + list(zip(more[::2], more[1::2]))
         out = []
         i = 1
         while i < len(SMALL):
-            if SMALL[i] != flag:
+            if SMALL[i] not in dict(pairs):
                 out += SMALL[i:i + 2]
             i += 2
-        return ["sim"] + out + [flag, value]
+        return ["sim"] + out + [w for pair in pairs for w in pair]
 
     cases = [
         ("requests zero", with_flag("--requests", "0"), "--requests"),
@@ -412,6 +514,23 @@ def test_bad_input(s):
         ("sq depth negative", SMALL + ["--sq-depth", "-1"], "--sq-depth"),
         ("sq depth too deep", SMALL + ["--sq-depth", "65536"], "--sq-depth"),
         ("sq depth junk", SMALL + ["--sq-depth", "deep"], "--sq-depth"),
+        # Clusters: every prefill instance must pair with every decode one.
+        ("empty instance", with_flag("--prefill-tp", "4,,2"), "--prefill-tp"),
+        ("instance tp zero", with_flag("--decode-tp", "2,0"), "--decode-tp"),
+        ("too many instances", with_flag("--decode-tp", ",".join(["2"] * 17)),
+         "--decode-tp"),
+        ("pp list of another length", with_flag("--prefill-tp", "4,4,2",
+                                                "--prefill-pp", "1,2"), "--prefill-pp"),
+        ("instance heads do not split", with_flag("--prefill-tp", "4,3"), "--prefill-tp"),
+        ("decode pp pairs with one prefill pp", with_flag("--prefill-tp", "4,4",
+                                                          "--prefill-pp", "2,1",
+                                                          "--decode-pp", "2"),
+         "--decode-pp"),
+        ("decode instance pp", with_flag("--decode-tp", "2,2", "--decode-pp", "1,2"),
+         "--decode-pp"),
+        ("direct across instances", with_flag("--prefill-tp", "2,4", "--decode-tp", "2",
+                                              "--path", "direct"), "--path"),
+        ("unknown router", SMALL + ["--router", "random"], "--router"),
     ]
     for name, args, flag in cases:
         s.expect_usage_error(name, args, flag)
@@ -457,8 +576,22 @@ def test_faults(s):
          and obj.get("violations") == 0, "fault hbm-full names the knob", args, repr(obj)[:400])
     for spec in ("drop:bogus:0.1", "drop:any", "write-error:1.5", "delay:any:0.1",
                  "link-down:p9:1:2", "slow-scatter:d0:0", "crash:prefill:9:10",
-                 "crash:router:0:10", "restart:decode:0", "hbm-full:p9", "nonsense"):
+                 "crash:router:0:10", "restart:decode:0", "hbm-full:p9", "nonsense",
+                 "link-down:p0@1:1:2", "crash:prefill@1:0:10", "crash:prefill@:0:10",
+                 "hbm-full:d0@x", "slow-scatter:p0:2"):
         s.expect_usage_error("fault " + spec, SMALL + ["--fault", spec], "--fault")
+    # Instance-qualified forms name a rank of another instance.
+    cl = ["sim", "--model", "llama-3.1-8b", "--layers", "4", "--prefill-tp", "4,2",
+          "--decode-tp", "2,1", "--requests", "8", "--prompt-tokens", "64:256",
+          "--ring-mib", "64", "--stall-timeout-ms", "500", "--json"]
+    for spec in ("crash:prefill@1:1:20000", "link-down:d0@1:20000:1000", "hbm-full:p1@1",
+                 "restart:decode@1:0:20000", "slow-scatter:d0@1:5"):
+        obj = s.expect_json("cluster fault " + spec, cl + ["--fault", spec])
+        s.ok(obj.get("violations") == 0 and obj.get("collateral_failures") == 0
+             and obj.get("ok") is True, "cluster fault " + spec + " isolated", cl,
+             repr(obj)[:400])
+    for spec in ("crash:prefill@2:0:10", "link-down:p2@1:0:10", "hbm-full:d1@1"):
+        s.expect_usage_error("cluster fault " + spec, cl[:-1] + ["--fault", spec], "--fault")
 
 
 def test_sq_depth(s):
@@ -491,7 +624,7 @@ def main():
     s = Suite(sys.argv[1])
     for test in (test_help, test_json_report, test_table, test_defaults,
                  test_determinism, test_workload_flags, test_topologies,
-                 test_slice_vs_staging, test_trace, test_bad_input, test_faults,
+                 test_cluster, test_router, test_slice_vs_staging, test_trace, test_bad_input, test_faults,
                  test_sq_depth):
         test(s)
     print("cli_sim: %d passed, %d failed" % (s.passed, s.failed))

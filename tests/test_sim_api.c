@@ -216,6 +216,84 @@ static void test_sim_api_version_and_size_guards(void **state)
     assert_int_equal(wide.newer_field, 0);
 }
 
+/* A cluster (spec §12): instances listed per side, the router, and an
+ * instance[] entry per instance in the report. */
+static void test_sim_api_cluster(void **state)
+{
+    kvs_sim_report_t r;
+    kvs_error_t err;
+    kvs_sim_config_t c = tiny();
+    c.requests = 8;
+    c.prefill_tp = 0; /* instance 0's */
+    c.prefill_instances = 3;
+    c.prefill_instance_tp[0] = 2;
+    c.prefill_instance_tp[1] = 1;
+    c.prefill_instance_tp[2] = 2;
+    c.prefill_instance_pp[2] = 2;
+    c.decode_instances = 2;
+    c.decode_instance_tp[0] = 1;
+    c.decode_instance_tp[1] = 2;
+    c.router = KVS_SIM_ROUTER_LEAST_LOADED;
+    const char *faults[] = {"crash:prefill@2:3:1000"}; /* at the first arrival */
+    c.faults = faults;
+    c.nfaults = 1;
+    assert_int_equal(run(&c, &r, &err), KVS_OK);
+    assert_int_equal(r.instances, 5);
+    assert_int_equal(r.prefill_ranks, 2 + 1 + 4);
+    assert_int_equal(r.decode_ranks, 1 + 2);
+    assert_int_equal(r.violations, 0);
+    assert_int_equal(r.collateral_failures, 0);
+    const int64_t tp[5] = {2, 1, 2, 1, 2}, pp[5] = {1, 1, 2, 1, 1};
+    uint32_t ok[2] = {0, 0};
+    for (uint32_t k = 0; k < 5; k++) {
+        const kvs_sim_instance_t *in = &r.instance[k];
+        assert_int_equal(in->role, k < 3 ? KVS_ROLE_PREFILL : KVS_ROLE_DECODE);
+        assert_int_equal(in->id, k < 3 ? k : k - 3);
+        assert_int_equal(in->tp, tp[k]);
+        assert_int_equal(in->pp, pp[k]);
+        ok[k >= 3] += in->requests_ok;
+    }
+    assert_int_equal(ok[0], r.requests_ok);
+    assert_int_equal(ok[1], r.requests_ok);
+    assert_int_equal(r.instance[0].requests_failed + r.instance[1].requests_failed, 0);
+    /* Only the crashed instance's requests failed. */
+    assert_true(r.instance[2].requests_failed > 0);
+    assert_int_equal(r.instance[2].requests_ok, 0);
+    assert_int_equal(r.requests_failed, r.instance[2].requests_failed);
+
+    /* Bad instance fields are named. */
+    kvs_sim_config_t bad = c;
+    bad.prefill_instance_tp[1] = 0;
+    expect_error(run(&bad, &r, &err), &err, KVS_EINVAL, "prefill_instance_tp[1] is 0");
+    bad = c;
+    bad.decode_instances = KVS_SIM_MAX_INSTANCES + 1;
+    expect_error(run(&bad, &r, &err), &err, KVS_EINVAL, "decode_instances is 17");
+    bad = c;
+    bad.router = 2;
+    expect_error(run(&bad, &r, &err), &err, KVS_EINVAL, "router 2 is unknown");
+    bad = c;
+    bad.decode_instance_pp[1] = 2; /* prefill instances of PP 1 and 2 */
+    expect_error(run(&bad, &r, &err), &err, KVS_EPP_SPLIT,
+                 "decode instance 1 (PP 2) cannot pair with prefill instance 0 (PP 1)");
+    bad = c;
+    bad.prefill_tp = 1; /* instance 0 is TP 2 */
+    expect_error(run(&bad, &r, &err), &err, KVS_EINVAL, "prefill instance 0 has TP 2");
+    bad = c;
+    const char *faults_bad[] = {"crash:prefill@3:0:10"};
+    bad.faults = faults_bad;
+    expect_error(run(&bad, &r, &err), &err, KVS_EINVAL, "faults[0] 'crash:prefill@3:0:10'");
+
+    /* A caller that knows the report up to posts_refused gets no more. */
+    struct {
+        kvs_sim_report_t r;
+    } old;
+    memset(&old, 0xab, sizeof old);
+    old.r.size_bytes = offsetof(kvs_sim_report_t, collateral_failures);
+    assert_int_equal(kvs_sim_run(&c, &old.r, &err), KVS_OK);
+    assert_int_equal(old.r.collateral_failures, 0xabababab);
+    assert_int_equal(old.r.instances, 0xabababab);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -223,6 +301,7 @@ int main(void)
         cmocka_unit_test(test_sim_api_faults_in_cli_syntax),
         cmocka_unit_test(test_sim_api_bad_fields_are_named),
         cmocka_unit_test(test_sim_api_version_and_size_guards),
+        cmocka_unit_test(test_sim_api_cluster),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -61,14 +61,16 @@ static sim_report_t run(const sim_scenario_config_t *c, const char *what)
     const int rc = sim_scenario_run(c, &r, err, sizeof err);
     if (rc != KVS_OK || r.violations != 0 || r.requests_ok + r.requests_failed != NREQ)
         fail_msg("%s (seed %llu): rc %s (%s), ok %u failed %u, hung %u, leaked %llu, "
-                 "corrupt %llu, unreported %u", what, (unsigned long long)c->seed,
-                 kvs_status_name(rc), err, r.requests_ok, r.requests_failed, r.hung_requests,
-                 (unsigned long long)r.ring_leaked_bytes, (unsigned long long)r.corrupt_bytes,
-                 r.unreported_failures);
+                 "corrupt %llu, unreported %u, collateral %u", what,
+                 (unsigned long long)c->seed, kvs_status_name(rc), err, r.requests_ok,
+                 r.requests_failed, r.hung_requests, (unsigned long long)r.ring_leaked_bytes,
+                 (unsigned long long)r.corrupt_bytes, r.unreported_failures,
+                 r.collateral_failures);
     assert_int_equal(r.ring_leaked_bytes, 0);
     assert_int_equal(r.hung_requests, 0);
     assert_int_equal(r.corrupt_bytes, 0);
     assert_int_equal(r.unreported_failures, 0);
+    assert_int_equal(r.collateral_failures, 0);
     return r;
 }
 
@@ -193,7 +195,8 @@ static void test_sim_faults_slow_scatter(void **state)
     (void)state;
     sim_scenario_config_t c = cluster();
     const sim_report_t base = run(&c, "baseline");
-    add(&c, (sim_fault_t){.kind = SIM_FAULT_SLOW_SCATTER, .rank = 4, .factor = 50});
+    add(&c, (sim_fault_t){.kind = SIM_FAULT_SLOW_SCATTER, .role = KVS_ROLE_DECODE, .rank = 0,
+                          .factor = 50});
     const sim_report_t r = run(&c, "slow scatter x50 on d0");
     expect_all_ok(&r, "slow scatter x50 on d0");
     assert_true(r.latency_p99_us > base.latency_p99_us);
@@ -205,8 +208,8 @@ static void test_sim_faults_link_down_short(void **state)
 {
     (void)state;
     sim_scenario_config_t c = cluster();
-    add(&c, (sim_fault_t){.kind = SIM_FAULT_LINK_DOWN, .rank = 4, .at_ns = 50 * MS,
-                          .for_ns = 10 * MS});
+    add(&c, (sim_fault_t){.kind = SIM_FAULT_LINK_DOWN, .role = KVS_ROLE_DECODE, .rank = 0,
+                          .at_ns = 50 * MS, .for_ns = 10 * MS});
     sim_report_t r = run(&c, "d0 link down 10 ms");
     /* Control messages are sent again; an RDMA write that loses a segment
      * fails its request (KVS_EPEER), and only a request writing then. */
@@ -229,8 +232,8 @@ static void test_sim_faults_link_down_long(void **state)
     sim_scenario_config_t c = cluster();
     c.requests = NREQ;
     c.rate_milli_per_s = 50000; /* 20 ms apart: about 480 ms in all */
-    add(&c, (sim_fault_t){.kind = SIM_FAULT_LINK_DOWN, .rank = 0, .at_ns = 100 * MS,
-                          .for_ns = 250 * MS});
+    add(&c, (sim_fault_t){.kind = SIM_FAULT_LINK_DOWN, .role = KVS_ROLE_PREFILL, .rank = 0,
+                          .at_ns = 100 * MS, .for_ns = 250 * MS});
     sim_report_t r = run(&c, "p0 link down 250 ms");
     assert_true(r.requests_failed > 0);
     for (int i = 0; i < NREQ; i++) {
@@ -302,19 +305,132 @@ static void test_sim_faults_restart_prefill(void **state)
     assert_true(r.peers_lost >= 1);
 }
 
+/* ---- clusters (spec §12): a lost instance fails only its own rooms ------- */
+
+/* Three prefill instances (TP 4, 2, 4) and two decode instances of TP
+ * decode_tp, round robin: 24 requests, 8 per prefill instance. */
+static sim_scenario_config_t three_prefills(int64_t decode_tp)
+{
+    sim_scenario_config_t c = cluster();
+    c.shape.decode_tp = decode_tp;
+    c.topo = (sim_topology_t){.prefill_instances = 3, .decode_instances = 2,
+                              .prefill = {{4, 1}, {2, 1}, {4, 1}},
+                              .decode = {{decode_tp, 1}, {decode_tp, 1}}};
+    c.rate_milli_per_s = 200000; /* 5 ms apart: about 120 ms in all */
+    return c;
+}
+
+/* Prefill instance `lost` lost `down` of its ranks at `at`: exactly the
+ * requests paired with it that had not ended before then fail, with
+ * KVS_EPEER on every rank of the pair that took part (the decode ranks and
+ * the instance's surviving ranks; the others crashed); every other
+ * request succeeds on every rank. Returns how many failed. */
+static int expect_instance_lost(uint32_t lost, uint32_t down, uint64_t at, const char *what)
+{
+    int failed = 0;
+    for (int i = 0; i < NREQ; i++) {
+        const sim_request_outcome_t *o = &outcomes[i];
+        const bool paired = o->prefill_instance == lost;
+        const bool fails = paired && o->done_ns >= at;
+        if (fails != (o->status != KVS_OK))
+            fail_msg("%s: request %d (prefill instance %u, decode instance %u, opened %.3f "
+                     "ms, done %.3f ms) ended %s", what, i, o->prefill_instance,
+                     o->decode_instance, o->opened_ns / 1e6, o->done_ns / 1e6,
+                     kvs_status_name(o->status));
+        if (!fails) {
+            if (o->ranks_ok != o->ranks)
+                fail_msg("%s: request %d ok on %u of its %u ranks", what, i, o->ranks_ok,
+                         o->ranks);
+            continue;
+        }
+        failed++;
+        assert_int_equal(o->status, KVS_EPEER);
+        if (o->ranks_down != down || o->ranks_peer != o->ranks - down || o->ranks_ok != 0 ||
+            o->ranks_other != 0)
+            fail_msg("%s: request %d of %u ranks: %u down, %u KVS_EPEER, %u ok, %u other; "
+                     "want %u down and the rest KVS_EPEER", what, i, o->ranks, o->ranks_down,
+                     o->ranks_peer, o->ranks_ok, o->ranks_other, down);
+    }
+    return failed;
+}
+
+/* One rank of prefill instance 1 crashes mid-run. With decode TP 1 every
+ * rank of a pair talks to the decode rank, so all of them hear of it. */
+static void test_sim_faults_cluster_crash_one_rank(void **state)
+{
+    (void)state;
+    sim_scenario_config_t c = three_prefills(1);
+    add(&c, (sim_fault_t){.kind = SIM_FAULT_CRASH, .role = KVS_ROLE_PREFILL, .instance = 1,
+                          .rank = 1, .at_ns = 60 * MS});
+    sim_report_t r = run(&c, "crash p1@1 at 60 ms");
+    assert_int_equal(r.ranks_crashed, 1);
+    assert_int_equal(r.collateral_failures, 0);
+    for (int i = 0; i < NREQ; i++)
+        assert_int_equal(outcomes[i].prefill_instance, (uint32_t)i % 3);
+    const int failed = expect_instance_lost(1, 1, 60 * MS, "crash p1@1 at 60 ms");
+    assert_true(failed > 0 && failed < NREQ / 3);
+    assert_int_equal(r.requests_failed, failed);
+    assert_int_equal(r.instances[1].requests_failed, failed);
+    assert_int_equal(r.instances[0].requests_failed + r.instances[2].requests_failed, 0);
+    assert_true(r.peers_lost > 0);
+}
+
+/* Every rank of prefill instance 1 crashes at once; the decode instances
+ * (TP 2) lose the writers of both their ranks. */
+static void test_sim_faults_cluster_crash_instance(void **state)
+{
+    (void)state;
+    sim_scenario_config_t c = three_prefills(2);
+    for (int64_t k = 0; k < 2; k++)
+        add(&c, (sim_fault_t){.kind = SIM_FAULT_CRASH, .role = KVS_ROLE_PREFILL,
+                              .instance = 1, .rank = k, .at_ns = 60 * MS});
+    sim_report_t r = run(&c, "crash prefill instance 1 at 60 ms");
+    assert_int_equal(r.ranks_crashed, 2);
+    assert_int_equal(r.collateral_failures, 0);
+    const int failed = expect_instance_lost(1, 2, 60 * MS, "crash prefill instance 1");
+    assert_true(failed > 0 && failed < NREQ / 3);
+    assert_int_equal(r.requests_failed, failed);
+}
+
+/* A rank of a decode instance crashes: the requests of that decode
+ * instance fail, from every prefill instance, and no other. */
+static void test_sim_faults_cluster_crash_decode(void **state)
+{
+    (void)state;
+    sim_scenario_config_t c = three_prefills(2);
+    add(&c, (sim_fault_t){.kind = SIM_FAULT_CRASH, .role = KVS_ROLE_DECODE, .instance = 0,
+                          .rank = 1, .at_ns = 60 * MS});
+    sim_report_t r = run(&c, "crash d1@0 at 60 ms");
+    assert_int_equal(r.collateral_failures, 0);
+    int failed = 0;
+    for (int i = 0; i < NREQ; i++) {
+        const sim_request_outcome_t *o = &outcomes[i];
+        const bool fails = o->decode_instance == 0 && o->done_ns >= 60 * MS;
+        if (fails != (o->status != KVS_OK))
+            fail_msg("crash d1@0: request %d (decode instance %u, done %.3f ms) ended %s", i,
+                     o->decode_instance, o->done_ns / 1e6, kvs_status_name(o->status));
+        failed += fails;
+    }
+    assert_true(failed > 0);
+    assert_int_equal(r.instances[4].requests_failed, 0); /* decode instance 1 */
+}
+
 /* A rank whose HBM is full cannot allocate its staging memory: it says so,
  * naming what to change, stays down, and every request fails cleanly. */
 static void test_sim_faults_hbm_full(void **state)
 {
     (void)state;
     const struct {
-        int64_t node;
+        kvs_role_t role;
+        int64_t rank;
         const char *name, *knob;
-    } cases[] = {{4, "d0.0", "--ring-mib"}, {1, "p1.0", "--chunk-tokens"}};
+    } cases[] = {{KVS_ROLE_DECODE, 0, "d0.0", "--ring-mib"},
+                 {KVS_ROLE_PREFILL, 1, "p1.0", "--chunk-tokens"}};
     for (size_t k = 0; k < 2; k++) {
         sim_scenario_config_t c = cluster();
         c.requests = 8;
-        add(&c, (sim_fault_t){.kind = SIM_FAULT_HBM_FULL, .rank = cases[k].node});
+        add(&c, (sim_fault_t){.kind = SIM_FAULT_HBM_FULL, .role = cases[k].role,
+                              .rank = cases[k].rank});
         sim_report_t r;
         char err[256];
         memset(outcomes, 0, sizeof outcomes);
@@ -346,6 +462,9 @@ int main(void)
         cmocka_unit_test(test_sim_faults_restart_decode),
         cmocka_unit_test(test_sim_faults_restart_prefill),
         cmocka_unit_test(test_sim_faults_hbm_full),
+        cmocka_unit_test(test_sim_faults_cluster_crash_one_rank),
+        cmocka_unit_test(test_sim_faults_cluster_crash_instance),
+        cmocka_unit_test(test_sim_faults_cluster_crash_decode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -193,6 +193,163 @@ static void test_sim_protocol_deterministic(void **state)
     assert_int_not_equal(a.digest, d.digest);
 }
 
+/* ---- clusters (spec §12) --------------------------------------------------- */
+
+/* Three prefill instances (TP 8, 8, 4) and two decode instances (TP 2, 2),
+ * the topology of the clusters issue, on the small shape: rooms of
+ * instances of different TP share each decode ring. */
+static sim_scenario_config_t five_instances(uint32_t requests)
+{
+    sim_scenario_config_t c = small(8, 2, 8);
+    c.topo = (sim_topology_t){.prefill_instances = 3, .decode_instances = 2,
+                              .prefill = {{8, 1}, {8, 1}, {4, 1}},
+                              .decode = {{2, 1}, {2, 1}}};
+    c.requests = requests;
+    return c;
+}
+
+static void test_sim_protocol_cluster_all_ok(void **state)
+{
+    sim_scenario_config_t c = five_instances(30);
+    c.rate_milli_per_s = 0;
+    sim_request_outcome_t out[30];
+    c.outcomes = out;
+    sim_report_t r = run_ok(&c, "3P2D");
+    assert_int_equal(r.bytes_moved, r.bytes_verified);
+    assert_int_equal(r.prefill_ranks, 20);
+    assert_int_equal(r.decode_ranks, 4);
+    assert_int_equal(r.ninstances, 5);
+    const int64_t tps[5] = {8, 8, 4, 2, 2};
+    uint64_t written = 0, received = 0, peak = 0;
+    for (uint32_t k = 0; k < 5; k++) {
+        const sim_instance_report_t *ir = &r.instances[k];
+        const bool decode = k >= 3;
+        assert_int_equal(ir->role, decode ? KVS_ROLE_DECODE : KVS_ROLE_PREFILL);
+        assert_int_equal(ir->id, decode ? k - 3 : k);
+        assert_int_equal(ir->tp, tps[k]);
+        assert_int_equal(ir->pp, 1);
+        assert_int_equal(ir->requests_ok, decode ? 15 : 10); /* round robin */
+        assert_int_equal(ir->requests_failed, 0);
+        assert_true(ir->bytes > 0);
+        *(decode ? &received : &written) += ir->bytes;
+        assert_true(decode ? ir->ring_peak_bytes > 0 : ir->ring_peak_bytes == 0);
+        peak = ir->ring_peak_bytes > peak ? ir->ring_peak_bytes : peak;
+    }
+    assert_int_equal(written, r.bytes_moved);
+    assert_int_equal(received, r.bytes_verified);
+    assert_int_equal(peak, r.ring_peak_bytes);
+    for (uint32_t i = 0; i < c.requests; i++) {
+        assert_int_equal(out[i].prefill_instance, i % 3);
+        assert_int_equal(out[i].decode_instance, i % 2);
+        assert_int_equal(out[i].ranks, (i % 3 == 2 ? 4 : 8) + 2);
+        assert_int_equal(out[i].ranks_ok, out[i].ranks);
+    }
+}
+
+/* Mixed PP, uneven splits (5 layers over 2 and 3 stages) and a decode
+ * instance of PP 2 next to one of PP 1: every prefill instance of PP 2. */
+static void test_sim_protocol_cluster_mixed_pp(void **state)
+{
+    sim_scenario_config_t c = small(2, 1, 8);
+    c.shape.layers = 5;
+    c.shape.prefill_pp = 2;
+    c.topo = (sim_topology_t){.prefill_instances = 2, .decode_instances = 2,
+                              .prefill = {{2, 2}, {4, 2}}, .decode = {{1, 1}, {2, 2}}};
+    run_ok(&c, "PP 2 prefills, PP 1 and 2 decodes");
+    c = small(2, 1, 8);
+    c.shape.layers = 5;
+    c.topo = (sim_topology_t){.prefill_instances = 3, .decode_instances = 2,
+                              .prefill = {{2, 1}, {4, 2}, {1, 3}}, .decode = {{1, 1}, {2, 1}}};
+    c.requests = 12;
+    run_ok(&c, "PP 1, 2, 3 prefills, PP 1 decodes");
+}
+
+/* A topology where some pair cannot pair is refused, naming the pair. */
+static void test_sim_protocol_cluster_refused(void **state)
+{
+    sim_scenario_config_t c = small(2, 1, 8);
+    c.topo = (sim_topology_t){.prefill_instances = 2, .decode_instances = 2,
+                              .prefill = {{2, 2}, {2, 1}}, .decode = {{1, 1}, {2, 2}}};
+    c.shape.prefill_pp = 2;
+    sim_report_t r;
+    char err[256];
+    assert_int_equal(sim_scenario_run(&c, &r, err, sizeof err), KVS_EPP_SPLIT);
+    assert_non_null(strstr(err, "decode instance 1 (PP 2) cannot pair with prefill instance 1"));
+    c.topo.decode[1].pp = 1;
+    c.topo.prefill[0].tp = 4; /* not the shape's instance 0 */
+    assert_int_equal(sim_scenario_run(&c, &r, err, sizeof err), KVS_EINVAL);
+    assert_non_null(strstr(err, "prefill instance 0"));
+}
+
+/* Least loaded: at its arrival every request goes to the instance of each
+ * side with the fewest requests in flight (arrived, not ended), ties to
+ * the lowest index. Checked against the outcomes, and the run must have
+ * preferred an idle instance over round robin's turn at least once. */
+static void test_sim_protocol_router_least_loaded(void **state)
+{
+    enum { N = 40 };
+    sim_scenario_config_t c = small(4, 2, 8);
+    c.topo = (sim_topology_t){.prefill_instances = 3, .decode_instances = 2,
+                              .prefill = {{4, 1}, {2, 1}, {4, 1}}, .decode = {{2, 1}, {1, 1}}};
+    c.requests = N;
+    c.prompt_min_tokens = 16;
+    c.prompt_max_tokens = 2048; /* some prefills take 8x longer than others */
+    c.rate_milli_per_s = 40000;
+    c.max_inflight = 8;
+    c.router = SIM_ROUTER_LEAST_LOADED;
+    sim_request_outcome_t out[N];
+    c.outcomes = out;
+    run_ok(&c, "least loaded");
+    int preferred = 0;
+    for (int side = 0; side < 2; side++) {
+        const uint32_t n = side == 0 ? 3 : 2;
+        for (uint32_t i = 0; i < N; i++) {
+            uint32_t load[3] = {0, 0, 0};
+            bool tie = false;
+            for (uint32_t j = 0; j < i; j++) {
+                tie = tie || out[j].done_ns == out[i].arrival_ns;
+                if (out[j].done_ns > out[i].arrival_ns)
+                    load[side == 0 ? out[j].prefill_instance : out[j].decode_instance]++;
+            }
+            if (tie)
+                continue; /* an end at the very arrival: either order is fair */
+            uint32_t want = 0;
+            for (uint32_t k = 1; k < n; k++)
+                if (load[k] < load[want])
+                    want = k;
+            const uint32_t got = side == 0 ? out[i].prefill_instance : out[i].decode_instance;
+            if (got != want)
+                fail_msg("request %u went to %s instance %u, loads %u %u %u: want %u", i,
+                         side == 0 ? "prefill" : "decode", got, load[0], load[1], load[2],
+                         want);
+            preferred += got != i % n;
+        }
+    }
+    assert_true(preferred > 0);
+}
+
+/* Round robin: each side's instances in turn, whatever their load. */
+static void test_sim_protocol_router_round_robin(void **state)
+{
+    enum { N = 20 };
+    sim_scenario_config_t c = small(4, 2, 8);
+    c.topo = (sim_topology_t){.prefill_instances = 3, .decode_instances = 2,
+                              .prefill = {{4, 1}, {2, 1}, {4, 1}}, .decode = {{2, 1}, {1, 1}}};
+    c.requests = N;
+    c.prompt_max_tokens = 2048;
+    c.rate_milli_per_s = 40000;
+    sim_request_outcome_t out[N];
+    c.outcomes = out;
+    sim_report_t r = run_ok(&c, "round robin");
+    for (uint32_t i = 0; i < N; i++) {
+        assert_int_equal(out[i].prefill_instance, i % 3);
+        assert_int_equal(out[i].decode_instance, i % 2);
+    }
+    assert_int_equal(r.instances[0].requests_ok, 7);
+    assert_int_equal(r.instances[2].requests_ok, 6);
+    assert_int_equal(r.instances[3].requests_ok, 10);
+}
+
 static void test_sim_protocol_staging_beats_slice(void **state)
 {
     /* Transfer-bound: everything arrives at once and prefill is instant. */
@@ -302,7 +459,8 @@ static void test_sim_protocol_fault_slow_scatter(void **state)
 {
     sim_scenario_config_t c = small(4, 2, 8);
     c.nfaults = 1;
-    c.faults[0] = (sim_fault_t){.kind = SIM_FAULT_SLOW_SCATTER, .rank = 4, .factor = 20};
+    c.faults[0] = (sim_fault_t){.kind = SIM_FAULT_SLOW_SCATTER, .role = KVS_ROLE_DECODE,
+                                 .rank = 0, .factor = 20};
     sim_report_t r = run_faulted(&c, "slow scatter x20 on d0");
     assert_int_equal(r.requests_ok, r.requests_total);
 }
@@ -422,6 +580,11 @@ int main(void)
         cmocka_unit_test(test_sim_protocol_many_concurrent),
         cmocka_unit_test(test_sim_protocol_direct_path),
         cmocka_unit_test(test_sim_protocol_deterministic),
+        cmocka_unit_test(test_sim_protocol_cluster_all_ok),
+        cmocka_unit_test(test_sim_protocol_cluster_mixed_pp),
+        cmocka_unit_test(test_sim_protocol_cluster_refused),
+        cmocka_unit_test(test_sim_protocol_router_least_loaded),
+        cmocka_unit_test(test_sim_protocol_router_round_robin),
         cmocka_unit_test(test_sim_protocol_staging_beats_slice),
         cmocka_unit_test(test_sim_protocol_trace_has_every_span_kind),
         cmocka_unit_test(test_sim_protocol_fault_dup_and_delay_are_harmless),

@@ -11,6 +11,13 @@
  * prompts, few requests) because simulated GPU memory is real host memory:
  * a campaign explores many shapes, loads and fault mixes, not big models.
  *
+ * In CLI_CAMPAIGN_CLUSTER_PCT of the runs the cluster has 1-4 instances
+ * per side (spec §12), of mixed TP and PP, and faults of one rank strike
+ * one instance: collateral_failures then checks that a fault fails only
+ * the requests paired with an instance it struck. That draw too comes
+ * from a stream of its own, so a run of one instance per side is drawn as
+ * before clusters existed.
+ *
  * About a quarter of the runs also get send queues that fill (--sq-depth
  * 1-4, with or without faults), so the fabric refuses posts and the core
  * must post them again; that draw comes from a stream of its own, so the
@@ -71,6 +78,17 @@
 #define CLI_CAMPAIGN_SQ_PCT 25
 #define CLI_CAMPAIGN_MAX_SQ_DEPTH 4
 #define CLI_CAMPAIGN_KNOB_STREAM (UINT64_C(1) << 63)
+/* Clusters (spec §12): in this share of the runs (percent), 1..
+ * CLI_CAMPAIGN_MAX_INSTANCES instances per side of mixed TP and PP, and
+ * the least-loaded router in half of them; drawn from a stream of their own
+ * (the run's index with this bit set), so a run of one instance per side
+ * is drawn as before clusters existed. At most CLI_CAMPAIGN_MAX_CLUSTER_RANKS
+ * ranks in all keep a cluster's set-up (every decode rank connects to its
+ * writers in every prefill instance) within the cost of a run. */
+#define CLI_CAMPAIGN_CLUSTER_PCT 40
+#define CLI_CAMPAIGN_MAX_INSTANCES 4
+#define CLI_CAMPAIGN_MAX_CLUSTER_RANKS 24
+#define CLI_CAMPAIGN_CLUSTER_STREAM (UINT64_C(1) << 62)
 /* Violating runs listed on stderr and in the JSON. */
 #define CLI_CAMPAIGN_LISTED 10
 #define CLI_CAMPAIGN_WHY_BYTES 256
@@ -153,10 +171,40 @@ static bool cli_campaign_pct(sim_rng_t *rng, uint64_t pct)
 
 /* What the fault generators look at, and the stall timeout they may set. */
 typedef struct cli_campaign_scene {
-    int64_t prefill_tp, prefill_pp, decode_tp, decode_pp;
+    sim_topology_t topo;       /* every instance of both sides */
     uint64_t horizon_us;       /* rough simulated length of the run */
     uint64_t stall_ms;         /* 0: the default for runs with faults */
 } cli_campaign_scene_t;
+
+/* Ranks of a side over all its instances. */
+static int64_t cli_campaign_side_ranks(const sim_topology_t *t, kvs_role_t role)
+{
+    int64_t n = 0;
+    for (uint32_t i = 0; i < sim_topology_count(t, role); i++)
+        n += sim_topology_ranks(t, role, i);
+    return n;
+}
+
+/* Rank k of a side over all its instances (instance 0's first) -> its
+ * instance and index in it. */
+static uint32_t cli_campaign_locate(const sim_topology_t *t, kvs_role_t role, int64_t k,
+                                    int64_t *index)
+{
+    uint32_t i = 0;
+    while (k >= sim_topology_ranks(t, role, i))
+        k -= sim_topology_ranks(t, role, i++);
+    *index = k;
+    return i;
+}
+
+/* "@<i>" for instance i > 0, "" for instance 0 (the form without clusters). */
+static const char *cli_campaign_at(uint32_t inst, char *buf, size_t cap)
+{
+    buf[0] = '\0';
+    if (inst > 0)
+        snprintf(buf, cap, "@%" PRIu32, inst);
+    return buf;
+}
 
 /* Runs with faults get a stall timeout far above any healthy wait of these
  * scenarios (their slowest request takes under 1 s from arrival to done,
@@ -169,17 +217,23 @@ static const uint64_t cli_campaign_fault_stalls_ms[] = {2000, 5000, 30000};
 #define CLI_CAMPAIGN_MAX_DELAY_US 50000
 #define CLI_CAMPAIGN_MAX_LINK_DOWN_US 500000
 
-/* "p<tp>.<pp>" or "d<tp>.<pp>", any rank of the cluster (decode only when
- * decode_only). */
+/* "p<tp>.<pp>[@<i>]" or "d<tp>.<pp>[@<i>]", any rank of the cluster (decode
+ * only when decode_only): one rank of one instance. */
 static void cli_campaign_rank(sim_rng_t *rng, const cli_campaign_scene_t *s, bool decode_only,
                               char *out, size_t cap)
 {
-    const int64_t np = s->prefill_tp * s->prefill_pp, nd = s->decode_tp * s->decode_pp;
+    const int64_t np = cli_campaign_side_ranks(&s->topo, KVS_ROLE_PREFILL);
+    const int64_t nd = cli_campaign_side_ranks(&s->topo, KVS_ROLE_DECODE);
     const int64_t k = decode_only ? np + (int64_t)sim_rng_below(rng, (uint64_t)nd)
                                   : (int64_t)sim_rng_below(rng, (uint64_t)(np + nd));
     const bool decode = k >= np;
-    const int64_t idx = decode ? k - np : k, tp = decode ? s->decode_tp : s->prefill_tp;
-    snprintf(out, cap, "%c%" PRId64 ".%" PRId64, decode ? 'd' : 'p', idx % tp, idx / tp);
+    const kvs_role_t role = decode ? KVS_ROLE_DECODE : KVS_ROLE_PREFILL;
+    int64_t idx;
+    const uint32_t inst = cli_campaign_locate(&s->topo, role, decode ? k - np : k, &idx);
+    const int64_t tp = decode ? s->topo.decode[inst].tp : s->topo.prefill[inst].tp;
+    char at[16];
+    snprintf(out, cap, "%c%" PRId64 ".%" PRId64 "%s", decode ? 'd' : 'p', idx % tp, idx / tp,
+             cli_campaign_at(inst, at, sizeof at));
 }
 
 static const char *const cli_campaign_probs[] = {"0.001", "0.01", "0.05", "0.2", "0.5", "1"};
@@ -249,16 +303,21 @@ static void cli_campaign_draw_slow_scatter(sim_rng_t *rng, cli_campaign_scene_t 
     snprintf(spec, cap, "slow-scatter:%s:%" PRIu64, rank, CLI_CAMPAIGN_PICK(rng, factors));
 }
 
-/* A rank of either role crashes (or restarts) at a random time of the run. */
+/* A rank of either role, of one instance, crashes (or restarts) at a
+ * random time of the run. */
 static void cli_campaign_draw_rank_event(sim_rng_t *rng, cli_campaign_scene_t *s,
                                          const char *kind, char *spec, size_t cap)
 {
-    const int64_t np = s->prefill_tp * s->prefill_pp, nd = s->decode_tp * s->decode_pp;
     const bool decode = sim_rng_below(rng, 2) == 1;
-    const int64_t n = (int64_t)sim_rng_below(rng, (uint64_t)(decode ? nd : np));
+    const kvs_role_t role = decode ? KVS_ROLE_DECODE : KVS_ROLE_PREFILL;
+    const int64_t k = (int64_t)sim_rng_below(rng,
+                                             (uint64_t)cli_campaign_side_ranks(&s->topo, role));
+    int64_t n;
+    const uint32_t inst = cli_campaign_locate(&s->topo, role, k, &n);
     const uint64_t at_us = sim_rng_range(rng, 0, s->horizon_us);
-    snprintf(spec, cap, "%s:%s:%" PRId64 ":%" PRIu64, kind, decode ? "decode" : "prefill", n,
-             at_us);
+    char at[16];
+    snprintf(spec, cap, "%s:%s%s:%" PRId64 ":%" PRIu64, kind, decode ? "decode" : "prefill",
+             cli_campaign_at(inst, at, sizeof at), n, at_us);
 }
 
 static void cli_campaign_draw_crash(sim_rng_t *rng, cli_campaign_scene_t *s, char *spec,
@@ -432,9 +491,83 @@ static bool cli_campaign_divides(int64_t a, int64_t b)
 typedef struct cli_campaign_draw {
     uint64_t sim_seed;         /* the run's --seed */
     uint32_t sq_depth;         /* its --sq-depth, 0: none */
+    uint32_t instances;        /* of both sides */
     uint32_t nfaults;
     size_t kinds[CLI_CAMPAIGN_MAX_FAULTS];
 } cli_campaign_draw_t;
+
+/* One of the parallelism flags: a value per instance, comma separated (one
+ * value: one instance, the form without clusters). */
+static void cli_campaign_flag_sizes(cli_campaign_cmd_t *c, const char *flag,
+                                    const sim_topology_t *t, kvs_role_t role, bool pp)
+{
+    char buf[SIM_MAX_INSTANCES * 8];
+    size_t used = 0;
+    for (uint32_t i = 0; i < sim_topology_count(t, role) && used < sizeof buf; i++) {
+        const sim_instance_shape_t *s = role == KVS_ROLE_DECODE ? &t->decode[i] : &t->prefill[i];
+        used += (size_t)snprintf(buf + used, sizeof buf - used, "%s%" PRId64, i > 0 ? "," : "",
+                                 pp ? s->pp : s->tp);
+    }
+    cli_campaign_flag_str(c, flag, buf);
+}
+
+/* More instances for the cluster *t, whose instance 0 of each side is
+ * drawn: 1..CLI_CAMPAIGN_MAX_INSTANCES per side, each TP from the family of
+ * the run's heads (powers of two, or the threes) and pairing with every
+ * instance of the other side, PP mixed (uneven splits included) where the
+ * decode allows it (a decode of PP > 1 pairs only with prefill instances
+ * of its PP), up to CLI_CAMPAIGN_MAX_CLUSTER_RANKS ranks in all. */
+static void cli_campaign_draw_cluster(sim_rng_t *rng, int64_t heads, int64_t layers,
+                                      bool threes, sim_topology_t *t)
+{
+    static const int64_t pow2[] = {1, 2, 4, 8};
+    static const int64_t three_tps[] = {1, 2, 3, 6};
+    static const int64_t pps[] = {1, 1, 2, 3};
+    const uint32_t np = (uint32_t)sim_rng_range(rng, 1, CLI_CAMPAIGN_MAX_INSTANCES);
+    const uint32_t nd = (uint32_t)sim_rng_range(rng, 1, CLI_CAMPAIGN_MAX_INSTANCES);
+    int64_t ranks = t->prefill[0].tp * t->prefill[0].pp + t->decode[0].tp * t->decode[0].pp;
+    for (uint32_t i = 1; i < np; i++) {
+        int64_t tp = t->prefill[0].tp;
+        for (int tries = 0; tries < 16; tries++) {
+            const int64_t c = threes ? CLI_CAMPAIGN_PICK(rng, three_tps)
+                                     : CLI_CAMPAIGN_PICK(rng, pow2);
+            if (cli_campaign_divides(c, t->decode[0].tp) && cli_campaign_divides(heads, c)) {
+                tp = c;
+                break;
+            }
+        }
+        int64_t pp = CLI_CAMPAIGN_PICK(rng, pps);
+        if (t->decode[0].pp > 1 || pp > layers)
+            pp = t->decode[0].pp > 1 ? t->decode[0].pp : 1;
+        if (ranks + tp * pp > CLI_CAMPAIGN_MAX_CLUSTER_RANKS)
+            break;
+        ranks += tp * pp;
+        t->prefill[t->prefill_instances++] = (sim_instance_shape_t){tp, pp};
+    }
+    bool same_pp = true;
+    for (uint32_t i = 1; i < t->prefill_instances; i++)
+        same_pp = same_pp && t->prefill[i].pp == t->prefill[0].pp;
+    for (uint32_t i = 1; i < nd; i++) {
+        int64_t tp = t->decode[0].tp;
+        for (int tries = 0; tries < 16; tries++) {
+            const int64_t c = threes ? CLI_CAMPAIGN_PICK(rng, three_tps)
+                                     : CLI_CAMPAIGN_PICK(rng, pow2);
+            bool fits = cli_campaign_divides(heads, c);
+            for (uint32_t p = 0; p < t->prefill_instances; p++)
+                fits = fits && cli_campaign_divides(c, t->prefill[p].tp);
+            if (fits) {
+                tp = c;
+                break;
+            }
+        }
+        const bool staged = cli_campaign_pct(rng, 50);
+        const int64_t pp = same_pp && staged ? t->prefill[0].pp : 1;
+        if (ranks + tp * pp > CLI_CAMPAIGN_MAX_CLUSTER_RANKS)
+            break;
+        ranks += tp * pp;
+        t->decode[t->decode_instances++] = (sim_instance_shape_t){tp, pp};
+    }
+}
 
 /*
  * Run `run` of campaign `seed` as a `kvstage sim` command line in *cmd.
@@ -458,7 +591,8 @@ static void cli_campaign_generate(uint64_t seed, uint64_t run,
     static const int64_t three_heads[] = {3, 6};
     static const int64_t three_tps[] = {1, 2, 3, 6};
     int64_t heads, ptp, dtp;
-    if (cli_campaign_pct(&rng, 85)) {
+    const bool threes = !cli_campaign_pct(&rng, 85);
+    if (!threes) {
         heads = CLI_CAMPAIGN_PICK(&rng, pow2);
         ptp = CLI_CAMPAIGN_PICK(&rng, pow2);
         dtp = CLI_CAMPAIGN_PICK(&rng, pow2);
@@ -493,10 +627,38 @@ static void cli_campaign_generate(uint64_t seed, uint64_t run,
     static const int64_t chunk_pages[] = {1, 2, 3, 4, 8, 16};
     const int64_t chunk = ps * CLI_CAMPAIGN_PICK(&rng, chunk_pages);
 
+    /* The cluster: instance 0 of each side is the one drawn above; more
+     * instances, and the router, come from a stream of their own. */
+    sim_topology_t topo;
+    memset(&topo, 0, sizeof topo);
+    topo.prefill_instances = topo.decode_instances = 1;
+    topo.prefill[0] = (sim_instance_shape_t){ptp, ppp};
+    topo.decode[0] = (sim_instance_shape_t){dtp, dpp};
+    sim_rng_t cluster;
+    sim_rng_init(&cluster, seed, run | CLI_CAMPAIGN_CLUSTER_STREAM);
+    bool least_loaded = false;
+    if (cli_campaign_pct(&cluster, CLI_CAMPAIGN_CLUSTER_PCT)) {
+        cli_campaign_draw_cluster(&cluster, heads, layers, threes, &topo);
+        least_loaded = cli_campaign_pct(&cluster, 50);
+    }
+    draw->instances = topo.prefill_instances + topo.decode_instances;
+    bool same_tp = true;
+    int64_t max_tp = 1, pair_ranks = 1;
+    for (uint32_t p = 0; p < topo.prefill_instances; p++)
+        for (uint32_t d = 0; d < topo.decode_instances; d++) {
+            const int64_t a = topo.prefill[p].tp, b = topo.decode[d].tp;
+            const int64_t r = sim_topology_ranks(&topo, KVS_ROLE_PREFILL, p) +
+                              sim_topology_ranks(&topo, KVS_ROLE_DECODE, d);
+            same_tp = same_tp && a == b;
+            max_tp = a > max_tp ? a : max_tp;
+            max_tp = b > max_tp ? b : max_tp;
+            pair_ranks = r > pair_ranks ? r : pair_ranks;
+        }
+
     /* Path: auto mostly; staging, slice, and direct when the TPs match. */
     static const char *const paths[] = {"auto", "auto", "auto", "staging", "slice", "direct"};
     const char *path = CLI_CAMPAIGN_PICK(&rng, paths);
-    if (strcmp(path, "direct") == 0 && ptp != dtp)
+    if (strcmp(path, "direct") == 0 && !same_tp)
         path = "auto";
 
     /* Workload: prompts of at most 48 chunks, and as many requests as keep
@@ -506,12 +668,18 @@ static void cli_campaign_generate(uint64_t seed, uint64_t run,
     int64_t hi = lo + (int64_t)sim_rng_range(&rng, 0, 256);
     if (hi > 48 * chunk)
         hi = lo > 48 * chunk ? lo : 48 * chunk;
-    const int64_t ranks = ptp * ppp + dtp * dpp;
-    const int64_t per_request = (hi + chunk - 1) / chunk * ranks * 8 +
-                                (strcmp(path, "slice") == 0 ? hi * layers * 2 * (ptp > dtp ? ptp : dtp) : 0);
+    /* (a request's ranks are those of its pair of instances) */
+    const int64_t per_request = (hi + chunk - 1) / chunk * pair_ranks * 8 +
+                                (strcmp(path, "slice") == 0 ? hi * layers * 2 * max_tp : 0);
     int64_t max_requests = CLI_CAMPAIGN_COST / per_request;
     max_requests = max_requests < 1 ? 1 : max_requests > 12 ? 12 : max_requests;
-    const int64_t requests = (int64_t)sim_rng_range(&rng, 1, (uint64_t)max_requests);
+    /* A cluster gets a request per instance at least, as the cost allows,
+     * so that a fault of one instance meets requests of others in flight
+     * (isolation). */
+    const int64_t per_instance = draw->instances > 2 ? (int64_t)draw->instances : 1;
+    const int64_t min_requests = per_instance < max_requests ? per_instance : max_requests;
+    const int64_t requests = (int64_t)sim_rng_range(&rng, (uint64_t)min_requests,
+                                                    (uint64_t)max_requests);
     static const char *const rates[] = {"0", "20", "200", "2000", "20000", "2.5"};
     const char *rate = CLI_CAMPAIGN_PICK(&rng, rates);
     static const uint64_t prefill_speeds[] = {16384, 16384, 4096, 262144, 4194304};
@@ -525,13 +693,17 @@ static void cli_campaign_generate(uint64_t seed, uint64_t run,
         .total_heads = heads, .head_dim = head_dim, .layers = layers, .page_size = ps,
         .prefill_tp = ptp, .decode_tp = dtp, .prefill_pp = ppp, .decode_pp = dpp,
         .chunk_tokens = chunk};
-    kvs_layout_t lay;
-    kvs_error_t lerr = {0};
     (void)kvs_dtype_parse(dtype, &params.dtype);
-    int64_t region = 4096;
-    if (kvs_layout_init(&lay, &params, &lerr) == KVS_OK &&
-        kvs_layout_max_region_bytes(&lay) > region)
-        region = kvs_layout_max_region_bytes(&lay);
+    int64_t region = 4096; /* of the pair with the largest */
+    for (uint32_t p = 0; p < topo.prefill_instances; p++)
+        for (uint32_t d = 0; d < topo.decode_instances; d++) {
+            const kvs_layout_params_t pair = sim_topology_pair(&params, &topo, p, d);
+            kvs_layout_t lay;
+            kvs_error_t lerr = {0};
+            if (kvs_layout_init(&lay, &pair, &lerr) == KVS_OK &&
+                kvs_layout_max_region_bytes(&lay) > region)
+                region = kvs_layout_max_region_bytes(&lay);
+        }
     static const uint64_t ring_regions[] = {1, 1, 2, 3, 4, 8, 64};
     uint64_t ring = (uint64_t)region * CLI_CAMPAIGN_PICK(&rng, ring_regions);
     if (cli_campaign_pct(&rng, 30))
@@ -543,10 +715,12 @@ static void cli_campaign_generate(uint64_t seed, uint64_t run,
     cli_campaign_flag_str(cmd, "--dtype", dtype);
     cli_campaign_flag_u64(cmd, "--page-size", (uint64_t)ps);
     cli_campaign_flag_u64(cmd, "--chunk-tokens", (uint64_t)chunk);
-    cli_campaign_flag_u64(cmd, "--prefill-tp", (uint64_t)ptp);
-    cli_campaign_flag_u64(cmd, "--decode-tp", (uint64_t)dtp);
-    cli_campaign_flag_u64(cmd, "--prefill-pp", (uint64_t)ppp);
-    cli_campaign_flag_u64(cmd, "--decode-pp", (uint64_t)dpp);
+    cli_campaign_flag_sizes(cmd, "--prefill-tp", &topo, KVS_ROLE_PREFILL, false);
+    cli_campaign_flag_sizes(cmd, "--decode-tp", &topo, KVS_ROLE_DECODE, false);
+    cli_campaign_flag_sizes(cmd, "--prefill-pp", &topo, KVS_ROLE_PREFILL, true);
+    cli_campaign_flag_sizes(cmd, "--decode-pp", &topo, KVS_ROLE_DECODE, true);
+    if (least_loaded)
+        cli_campaign_flag_str(cmd, "--router", "least-loaded");
     cli_campaign_flag_u64(cmd, "--requests", (uint64_t)requests);
     char prompt[48];
     snprintf(prompt, sizeof prompt, "%" PRId64 ":%" PRId64, lo, hi);
@@ -571,7 +745,7 @@ static void cli_campaign_generate(uint64_t seed, uint64_t run,
         else
             rate_milli = (uint64_t)strtoull(rate, NULL, 10) * 1000;
         cli_campaign_scene_t scene = {
-            .prefill_tp = ptp, .prefill_pp = ppp, .decode_tp = dtp, .decode_pp = dpp,
+            .topo = topo,
             .horizon_us = 1000 + (uint64_t)requests * (uint64_t)hi * 1000000 / prefill_speed +
                           (rate_milli > 0 ? (uint64_t)requests * 1000000000 / rate_milli : 0)};
         const uint32_t want = (uint32_t)sim_rng_range(&rng, 1, CLI_CAMPAIGN_MAX_FAULTS);
@@ -614,6 +788,8 @@ typedef struct cli_campaign_totals {
     uint64_t runs, runs_with_faults, runs_with_violations, violations;
     uint64_t requests_total, requests_ok, requests_failed;
     uint64_t hung, leaked_bytes, corrupt_bytes, unreported, failed_without_faults;
+    uint64_t collateral;       /* requests failed with neither instance faulted */
+    uint64_t runs_with_clusters; /* more than one instance on a side */
     uint64_t setup_errors, runs_stopped;
     uint64_t runs_with_sq_depth, posts_refused;
     uint64_t events, max_run_events;
@@ -651,6 +827,7 @@ static uint64_t cli_campaign_judge(cli_campaign_totals_t *t, const cli_campaign_
     t->runs++;
     t->runs_with_faults += draw->nfaults > 0;
     t->runs_with_sq_depth += draw->sq_depth > 0;
+    t->runs_with_clusters += draw->instances > 2;
     for (uint32_t f = 0; f < draw->nfaults; f++)
         t->kind_drawn[draw->kinds[f]]++;
     if (rc != KVS_OK && r->events == 0) {
@@ -670,6 +847,15 @@ static uint64_t cli_campaign_judge(cli_campaign_totals_t *t, const cli_campaign_
         return 1;
     }
     const uint64_t failed_clean = draw->nfaults == 0 ? r->requests_failed : 0;
+    /* A request that failed though no fault struck either of its instances
+     * (scenario.h): in a run without faults it is a failure without faults,
+     * counted once as that; a short stall timeout (the `stall` kind) is a
+     * fault of the whole cluster that the scenario cannot see as one, so
+     * its runs fail requests anywhere. */
+    bool stall = false;
+    for (uint32_t f = 0; f < draw->nfaults; f++)
+        stall = stall || cli_campaign_fault_kinds[draw->kinds[f]].draw == cli_campaign_draw_stall;
+    const uint64_t collateral = draw->nfaults == 0 || stall ? 0 : r->collateral_failures;
     t->requests_total += r->requests_total;
     t->requests_ok += r->requests_ok;
     t->requests_failed += r->requests_failed;
@@ -678,6 +864,7 @@ static uint64_t cli_campaign_judge(cli_campaign_totals_t *t, const cli_campaign_
     t->corrupt_bytes += r->corrupt_bytes;
     t->unreported += r->unreported_failures;
     t->failed_without_faults += failed_clean;
+    t->collateral += collateral;
     t->posts_refused += r->posts_refused;
     t->events += r->events;
     if (r->events > t->max_run_events)
@@ -689,8 +876,9 @@ static uint64_t cli_campaign_judge(cli_campaign_totals_t *t, const cli_campaign_
     cli_campaign_why(why, r->ring_leaked_bytes, "ring bytes leaked");
     cli_campaign_why(why, r->corrupt_bytes, "corrupt bytes");
     cli_campaign_why(why, r->unreported_failures, "unreported failures");
+    cli_campaign_why(why, collateral, "collateral failures");
     cli_campaign_why(why, failed_clean, "requests failed without faults");
-    return r->violations + failed_clean;
+    return r->violations - r->collateral_failures + collateral + failed_clean;
 }
 
 /* ---- output ----------------------------------------------------------------- */
@@ -783,10 +971,12 @@ static void cli_campaign_print_json(const cli_campaign_totals_t *t, uint64_t see
            t->runs_with_faults, t->requests_total, t->requests_ok, t->requests_failed);
     printf(", \"hung_requests\": %" PRIu64 ", \"ring_leaked_bytes\": %" PRIu64
            ", \"corrupt_bytes\": %" PRIu64 ", \"unreported_failures\": %" PRIu64
+           ", \"collateral_failures\": %" PRIu64
            ", \"failed_without_faults\": %" PRIu64 ", \"setup_errors\": %" PRIu64
            ", \"runs_stopped\": %" PRIu64,
-           t->hung, t->leaked_bytes, t->corrupt_bytes, t->unreported,
+           t->hung, t->leaked_bytes, t->corrupt_bytes, t->unreported, t->collateral,
            t->failed_without_faults, t->setup_errors, t->runs_stopped);
+    printf(", \"runs_with_clusters\": %" PRIu64, t->runs_with_clusters);
     printf(", \"runs_with_sq_depth\": %" PRIu64 ", \"posts_refused\": %" PRIu64,
            t->runs_with_sq_depth, t->posts_refused);
     printf(", \"events\": %" PRIu64 ", \"max_run_events\": %" PRIu64
@@ -827,11 +1017,13 @@ static void cli_campaign_print_table(const cli_campaign_totals_t *t, uint64_t se
            t->requests_ok, t->requests_failed, t->requests_total);
     printf("  %-18s %" PRIu64 " in %" PRIu64 " runs: %" PRIu64 " hung, %" PRIu64
            " leaked, %" PRIu64 " corrupt, %" PRIu64 " unreported,\n"
-           "  %-18s %" PRIu64 " failed without faults, %" PRIu64 " set-up errors, %" PRIu64
-           " runs stopped\n",
+           "  %-18s %" PRIu64 " collateral, %" PRIu64 " failed without faults, %" PRIu64
+           " set-up errors, %" PRIu64 " runs stopped\n",
            "violations", t->violations, t->runs_with_violations, t->hung, t->leaked_bytes,
-           t->corrupt_bytes, t->unreported, "", t->failed_without_faults, t->setup_errors,
-           t->runs_stopped);
+           t->corrupt_bytes, t->unreported, "", t->collateral, t->failed_without_faults,
+           t->setup_errors, t->runs_stopped);
+    printf("  %-18s %" PRIu64 " runs with 2-%d instances on a side\n", "clusters",
+           t->runs_with_clusters, CLI_CAMPAIGN_MAX_INSTANCES);
     printf("  %-18s", "faults drawn");
     for (size_t k = 0; k < CLI_CAMPAIGN_KINDS; k++)
         printf("%s %s %" PRIu64, k > 0 ? "," : "", cli_campaign_fault_kinds[k].name,

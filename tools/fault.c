@@ -7,11 +7,11 @@
 #include "args.h"
 #include "fault_spec.h"
 
-int cli_fault_parse(const char *cmd, const char *spec, const kvs_layout_t *lay,
+int cli_fault_parse(const char *cmd, const char *spec, const sim_topology_t *topo,
                     sim_fault_t *out)
 {
     char err[512];
-    if (sim_fault_parse(spec, lay, out, err, sizeof err) != KVS_OK)
+    if (sim_fault_parse(spec, topo, out, err, sizeof err) != KVS_OK)
         return cli_fail(cmd, "--fault %s", err);
     return 0;
 }

@@ -4,7 +4,9 @@
  * (sim/fault_spec.h), shared with the library's kvs_sim_run:
  *   drop:TYPE:P  dup:TYPE:P  delay:TYPE:P:MICROS  write-error:P
  *   link-down:RANK:AT_US:FOR_US  slow-scatter:RANK:FACTOR
- *   crash:prefill|decode:N:AT_US  restart:prefill|decode:N:AT_US  hbm-full:RANK
+ *   crash:SIDE:N:AT_US  restart:SIDE:N:AT_US  hbm-full:RANK
+ * with RANK p<tp>[.<pp>][@<instance>] or d<tp>[.<pp>][@<instance>] and SIDE
+ * prefill[@<instance>] or decode[@<instance>].
  */
 #ifndef KVSTAGE_TOOLS_FAULT_H
 #define KVSTAGE_TOOLS_FAULT_H
@@ -13,10 +15,10 @@
 
 #include "scenario.h"
 
-/* Parses spec for a cluster of layout lay into *out. On error prints one
+/* Parses spec for the cluster topo (resolved) into *out. On error prints one
  * line naming --fault and what to change, returns CLI_EXIT_USAGE; 0 on
  * success. */
-int cli_fault_parse(const char *cmd, const char *spec, const kvs_layout_t *lay,
+int cli_fault_parse(const char *cmd, const char *spec, const sim_topology_t *topo,
                     sim_fault_t *out);
 
 #endif

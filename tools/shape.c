@@ -126,9 +126,7 @@ static bool cli__shape_divides(int64_t a, int64_t b)
     return a % b == 0 || b % a == 0;
 }
 
-/* Names the flag to change for a kvs_layout_init failure; the library's
- * detail says why. */
-static const char *cli__shape_flag_for(int status, const kvs_layout_params_t *p)
+const char *cli_shape_flag_for(int status, const kvs_layout_params_t *p)
 {
     switch (status) {
     case KVS_EHEAD_SPLIT:
@@ -176,7 +174,7 @@ int cli_shape_layout(const char *cmd, const cli_shape_t *shape,
     if (rc == KVS_OK)
         return 0;
     return cli_fail(cmd, "change %s: %s (%s)",
-                    cli__shape_flag_for(rc, &shape->params),
+                    cli_shape_flag_for(rc, &shape->params),
                     err.msg[0] != '\0' ? err.msg : kvs_strerror(rc),
                     kvs_status_name(rc));
 }

@@ -101,6 +101,11 @@ int cli_shape_read(const char *cmd, const char *const *values,
 int cli_shape_layout(const char *cmd, const cli_shape_t *shape,
                      kvs_layout_t *lay);
 
+/* The flag to change for a kvs_layout_init failure (status) of params p,
+ * e.g. "--decode-pp" or "--prefill-tp (or --kv-heads)"; the library's
+ * detail says why. Static storage. */
+const char *cli_shape_flag_for(int status, const kvs_layout_params_t *p);
+
 /* Writes the built-in model list, one "  name heads hd layers dtype note"
  * line each, for a subcommand's --help. */
 void cli_shape_models_usage(FILE *out);

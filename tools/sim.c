@@ -7,9 +7,11 @@
  * a terminal, and formats.
  *
  * Invariants checked on every run: every request finished ok, no corrupt
- * byte, no ring byte leaked. A run that breaks one exits 1 and names it with
- * the seed and the command that replays it. Bad flags exit 2 with one stderr
- * line naming the flag, as a scenario that cannot be set up does.
+ * byte, no ring byte leaked, no request failed unless a fault struck one of
+ * its two instances (collateral_failures). A run that breaks one exits 1
+ * and names it with the seed and the command that replays it. Bad flags
+ * exit 2 with one stderr line naming the flag, as a scenario that cannot be
+ * set up does.
  */
 #include "sim.h"
 
@@ -91,6 +93,7 @@ enum cli_sim_flag {
     CLI_XF_PER_OP_NS,
     CLI_XF_LATENCY_NS,
     CLI_XF_SQ_DEPTH,
+    CLI_XF_ROUTER,
     CLI_XF_HELP,
     CLI_XF_COUNT
 };
@@ -117,6 +120,7 @@ static const cli_flag_t cli_sim_flags[CLI_XF_COUNT] = {
     [CLI_XF_PER_OP_NS] = {"--per-op-ns", true},
     [CLI_XF_LATENCY_NS] = {"--latency-ns", true},
     [CLI_XF_SQ_DEPTH] = {"--sq-depth", true},
+    [CLI_XF_ROUTER] = {"--router", true},
     [CLI_XF_HELP] = {"--help", false},
 };
 
@@ -144,13 +148,15 @@ void cli_sim_usage(FILE *out)
     fprintf(out,
             "usage: kvstage sim [--model NAME | --kv-heads H --head-dim HD --layers L]\n"
             "                   [--dtype T] [--page-size PS] [--chunk-tokens C]\n"
-            "                   [--prefill-tp P] [--decode-tp D] [--prefill-pp PP]\n"
-            "                   [--decode-pp DP] [--requests N] [--prompt-tokens MIN:MAX]\n"
+            "                   [--prefill-tp P[,P...]] [--decode-tp D[,D...]]\n"
+            "                   [--prefill-pp PP[,PP...]] [--decode-pp DP[,DP...]]\n"
+            "                   [--requests N] [--prompt-tokens MIN:MAX]\n"
             "                   [--prefix-tokens MAX] [--rate R] [--max-inflight N]\n"
             "                   [--ring-mib M | --ring-bytes B] [--nic-gbps G]\n"
             "                   [--transfer-workers W] [--prefill-tokens-per-s T]\n"
             "                   [--path PATH] [--seed S] [--json] [--trace FILE]\n"
             "                   [--fault SPEC]... [--stall-timeout-ms N] [--max-events E]\n"
+            "                   [--router round-robin|least-loaded]\n"
             "       kvstage sim --campaign N [--seed S] [--json] [--campaign-log FILE]\n"
             "                   [--campaign-faults KINDS]\n"
             "\n"
@@ -159,6 +165,10 @@ void cli_sim_usage(FILE *out)
             "real kvstage core. Requests arrive as a Poisson process, are prefilled, and\n"
             "their KV cache moves to the decode ranks by the chosen path; every byte\n"
             "that arrives is verified. One seed reproduces a run bit for bit.\n"
+            "Comma lists of TP sizes make a cluster of several instances per side\n"
+            "(--prefill-tp 8,8,4 --decode-tp 2,2: three prefill and two decode\n"
+            "instances), each with its own GPUs, KV pool and compute queue; a router\n"
+            "pairs every request with one instance of each side.\n"
             "\n"
             "With no flags: %s, prefill TP %d -> decode TP %d, page size %d,\n"
             "%" PRIu32 " requests of %" PRId64 "..%" PRId64 " tokens at %d requests/s, "
@@ -174,11 +184,18 @@ void cli_sim_usage(FILE *out)
             "                      keep the simulated page lists short)\n"
             "  --chunk-tokens C    chunked-prefill size, a multiple of PS (default %d\n"
             "                      here to keep simulated memory small; 0 means %d)\n"
-            "  --prefill-tp P      prefill attention TP size (default %d)\n"
-            "  --decode-tp D       decode attention TP size (default %d)\n"
-            "  --prefill-pp PP     prefill pipeline stages, at most L (default 1); L need\n"
-            "                      not divide: stages hold L/PP layers, the last L%%PP one more\n"
-            "  --decode-pp DP      decode pipeline stages, 1 or PP (default 1)\n"
+            "  --prefill-tp P[,P...]  prefill attention TP size (default %d); a comma\n"
+            "                      list makes one prefill instance per value\n"
+            "  --decode-tp D[,D...]   decode attention TP size (default %d), likewise\n"
+            "  --prefill-pp PP[,PP...]  prefill pipeline stages, at most L (default 1);\n"
+            "                      L need not divide: stages hold L/PP layers, the last\n"
+            "                      L%%PP one more. One value for every instance or one each\n"
+            "  --decode-pp DP[,DP...]   decode pipeline stages, 1 or PP (default 1); a\n"
+            "                      decode instance of DP > 1 pairs only with prefill\n"
+            "                      instances of PP DP, and every pair must pair\n"
+            "  --router R          round-robin (default: each side's instances in turn)\n"
+            "                      or least-loaded (fewest requests in flight, ties to\n"
+            "                      the lowest index); instances are numbered 0.. per side\n"
             "\n"
             "workload and hardware:\n"
             "  --requests N        requests to run (1..%d, default %" PRIu32 ")\n"
@@ -190,7 +207,8 @@ void cli_sim_usage(FILE *out)
             "                      aligned; those tokens are not moved (default 0: none)\n"
             "  --rate R            mean arrivals per second, a decimal like 50 or 2.5\n"
             "                      (default %d); 0 means all requests arrive at once\n"
-            "  --max-inflight N    requests admitted at once (1..%d, default %" PRIu32 ")\n"
+            "  --max-inflight N    requests admitted at once per instance (1..%d, default\n"
+            "                      %" PRIu32 ")\n"
             "  --ring-mib M        decode staging ring per decode GPU, MiB (default %d\n"
             "                      here; production default 4096)\n"
             "  --ring-bytes B      the ring in bytes instead, for rings of a few chunks\n"
@@ -206,7 +224,7 @@ void cli_sim_usage(FILE *out)
             "                      (KVS_EAGAIN, as verbs does) and the core posts it\n"
             "                      again: posts_refused counts them\n"
             "  --transfer-workers W  prefill staging buffers per rank (1..%d, default %d)\n"
-            "  --prefill-tokens-per-s T  forward speed of the prefill instance (default\n"
+            "  --prefill-tokens-per-s T  forward speed of each prefill instance (default\n"
             "                      %" PRIu64 ")\n"
             "  --path PATH         auto, staging, slice or direct (default auto: staging\n"
             "                      when the TP sizes differ, direct when equal)\n"
@@ -220,18 +238,24 @@ void cli_sim_usage(FILE *out)
             "faults (repeatable, seeded; with any fault the run passes on invariants\n"
             "alone, since requests may then fail):\n"
             "  --fault drop:TYPE:P | dup:TYPE:P | delay:TYPE:P:MICROS | write-error:P |\n"
-            "          link-down:RANK:AT_US:FOR_US | slow-scatter:RANK:FACTOR\n"
+            "          link-down:RANK:AT_US:FOR_US | slow-scatter:RANK:FACTOR |\n"
+            "          crash:SIDE:N:AT_US | restart:SIDE:N:AT_US | hbm-full:RANK\n"
             "                      TYPE register, metadata, staging_req, staging_rsp,\n"
             "                      watermark, chunk_ready, status, abort or any; P a\n"
-            "                      probability in [0, 1]; RANK p<tp>[.<pp>] or d<tp>[.<pp>]\n"
+            "                      probability in [0, 1]; RANK p<tp>[.<pp>][@<i>] or\n"
+            "                      d<tp>[.<pp>][@<i>]: a rank of instance i (0 without @),\n"
+            "                      e.g. p3@1; SIDE prefill[@<i>] or decode[@<i>] and N\n"
+            "                      the rank's index in that instance (pp * tp + tp rank).\n"
+            "                      Message and write faults strike the whole cluster\n"
             "  --stall-timeout-ms N  a request with no progress this long fails\n"
             "                      (default 30000)\n"
             "  --max-events E      stop after E engine events; requests left then count\n"
             "                      as hung (default 2^40)\n"
             "\n"
             "campaigns:\n"
-            "  --campaign N        run N random scenarios (shapes, TP/PP, rings, loads,\n"
-            "                      paths, send queue depths, fault mixes) drawn from\n"
+            "  --campaign N        run N random scenarios (shapes, TP/PP, clusters of 1-4\n"
+            "                      instances per side, rings, loads, paths, send queue\n"
+            "                      depths, fault mixes) drawn from\n"
             "                      --seed; print runs, violations and the `kvstage sim`\n"
             "                      command that replays the first violating run\n"
             "                      alone. A violation: a broken invariant, a request\n"
@@ -251,7 +275,8 @@ void cli_sim_usage(FILE *out)
             "Flags take `--flag value` or `--flag=value`, in any order. On a terminal a\n"
             "progress line is drawn on stderr while a long run goes on.\n"
             "Exit status: 0 when every request finished ok with no corrupt byte and no\n"
-            "ring byte leaked (a campaign: no violation in any run); 1 when one of\n"
+            "ring byte leaked, and no request failed unless a fault struck one of its\n"
+            "instances (a campaign: no violation in any run); 1 when one of\n"
             "those broke (stderr says which, with the command that replays the run);\n"
             "2 for bad flags or a scenario that cannot be set up (one line naming\n"
             "what to change).\n"
@@ -276,7 +301,9 @@ void cli_sim_usage(FILE *out)
             "examples:\n"
             "  kvstage sim\n"
             "  kvstage sim --model llama-3.1-8b --prefill-tp 4 --decode-tp 2 --requests 6\n"
-            "  kvstage sim --path slice --seed 7 --json\n");
+            "  kvstage sim --path slice --seed 7 --json\n"
+            "  kvstage sim --prefill-tp 8,8,4 --decode-tp 2,2 --router least-loaded\n"
+            "  kvstage sim --prefill-tp 4,4,4 --decode-tp 1 --fault crash:prefill@1:2:20000\n");
 }
 
 /* Parses sim's own numeric flag `f` into *dst when given. */
@@ -360,9 +387,130 @@ static int cli_sim_parse_prompt(const char *text, int64_t *min, int64_t *max)
     return 0;
 }
 
+/* One of the four parallelism flags: a value, or a comma list of one per
+ * instance. */
+typedef struct cli_sim_list {
+    int64_t v[SIM_MAX_INSTANCES];
+    uint32_t n;                /* 0: flag absent */
+    char first[24];            /* v[0] as text, for the shape parser */
+} cli_sim_list_t;
+
+static int cli_sim_parse_list(const char *flag, const char *text, int64_t max,
+                              cli_sim_list_t *out)
+{
+    memset(out, 0, sizeof *out);
+    if (text == NULL)
+        return 0;
+    for (const char *p = text;;) {
+        const char *comma = strchr(p, ',');
+        const size_t len = comma != NULL ? (size_t)(comma - p) : strlen(p);
+        char piece[24];
+        if (out->n == SIM_MAX_INSTANCES)
+            return cli_fail(CLI_SIM_CMD, "%s: '%s' lists more than %d instances: give at "
+                                         "most %d values, one per instance", flag, text,
+                            SIM_MAX_INSTANCES, SIM_MAX_INSTANCES);
+        if (len == 0 || len >= sizeof piece)
+            return cli_fail(CLI_SIM_CMD, "%s: '%s' is not a value or a comma list of "
+                                         "values (one per instance), like 8 or 8,8,4",
+                            flag, text);
+        memcpy(piece, p, len);
+        piece[len] = '\0';
+        int rc = cli_parse_i64(CLI_SIM_CMD, flag, piece, 1, max, &out->v[out->n]);
+        if (rc != 0)
+            return rc;
+        if (out->n++ == 0)
+            memcpy(out->first, piece, len + 1);
+        if (comma == NULL)
+            return 0;
+        p = comma + 1;
+    }
+}
+
+/* The instances of one side from its TP and PP lists: as many as the
+ * longer list; the other gives one value for all or one each. */
+static int cli_sim_side(const char *tp_flag, const char *pp_flag, const cli_sim_list_t *tp,
+                        const cli_sim_list_t *pp, int64_t tp0, int64_t pp0,
+                        uint32_t *count, sim_instance_shape_t *out)
+{
+    const uint32_t n = tp->n > pp->n ? tp->n : pp->n;
+    const cli_sim_list_t *shorter = tp->n < pp->n ? tp : pp;
+    if (shorter->n > 1 && shorter->n != n)
+        return cli_fail(CLI_SIM_CMD, "%s gives %u values for the %u instances of %s: give "
+                                     "one value for all instances, or one per instance",
+                        shorter == tp ? tp_flag : pp_flag, shorter->n, n,
+                        shorter == tp ? pp_flag : tp_flag);
+    *count = n > 1 ? n : 0; /* one instance: the shape's, as without lists */
+    for (uint32_t i = 0; i < n; i++)
+        out[i] = (sim_instance_shape_t){
+            tp->n > 1 ? tp->v[i] : tp0, pp->n > 1 ? pp->v[i] : pp0};
+    return 0;
+}
+
+/* Reads the four parallelism flags as lists into in->cfg.topo and leaves
+ * instance 0's values in *shape_values for the shape parser. */
+static int cli_sim_read_lists(const char *const *values, const char **shape_values,
+                              cli_sim_list_t lists[4])
+{
+    static const enum cli_shape_flag flags[4] = {CLI_SF_PREFILL_TP, CLI_SF_PREFILL_PP,
+                                                 CLI_SF_DECODE_TP, CLI_SF_DECODE_PP};
+    static const int64_t max[4] = {CLI_SHAPE_MAX_TP, CLI_SHAPE_MAX_PP, CLI_SHAPE_MAX_TP,
+                                   CLI_SHAPE_MAX_PP};
+    for (int k = 0; k < 4; k++) {
+        const int rc = cli_sim_parse_list(cli_sim_flags[flags[k]].name, values[flags[k]],
+                                          max[k], &lists[k]);
+        if (rc != 0)
+            return rc;
+        if (lists[k].n > 0)
+            shape_values[flags[k]] = lists[k].first;
+    }
+    return 0;
+}
+
+/* The cluster of the lists, resolved: every pair must pair. */
+static int cli_sim_topology(const cli_sim_list_t lists[4], cli_sim_input_t *in)
+{
+    const kvs_layout_params_t *shape = &in->shape.params;
+    sim_topology_t *t = &in->cfg.topo;
+    int rc = cli_sim_side("--prefill-tp", "--prefill-pp", &lists[0], &lists[1],
+                          shape->prefill_tp, shape->prefill_pp, &t->prefill_instances,
+                          t->prefill);
+    if (rc == 0)
+        rc = cli_sim_side("--decode-tp", "--decode-pp", &lists[2], &lists[3],
+                          shape->decode_tp, shape->decode_pp, &t->decode_instances,
+                          t->decode);
+    if (rc != 0)
+        return rc;
+    int bad_p, bad_d;
+    kvs_error_t err;
+    memset(&err, 0, sizeof err);
+    rc = sim_topology_resolve(shape, t, &in->topo, &bad_p, &bad_d, &err);
+    if (rc == KVS_OK)
+        return 0;
+    if (bad_p < 0)
+        return cli_fail(CLI_SIM_CMD, "change --prefill-tp, --prefill-pp, --decode-tp or "
+                                     "--decode-pp: %s (%s)", err.msg, kvs_status_name(rc));
+    /* The pair's sizes, to name the flag (a side of one instance is the
+     * shape's). */
+    sim_topology_t listed = *t;
+    if (listed.prefill_instances == 0) {
+        listed.prefill_instances = 1;
+        listed.prefill[0] = (sim_instance_shape_t){shape->prefill_tp, shape->prefill_pp};
+    }
+    if (listed.decode_instances == 0) {
+        listed.decode_instances = 1;
+        listed.decode[0] = (sim_instance_shape_t){shape->decode_tp, shape->decode_pp};
+    }
+    const kvs_layout_params_t p =
+        sim_topology_pair(shape, &listed, (uint32_t)bad_p, (uint32_t)bad_d);
+    return cli_fail(CLI_SIM_CMD, "change %s: %s (%s); every prefill instance must pair "
+                                 "with every decode instance, since the router may pair "
+                                 "any two", cli_shape_flag_for(rc, &p), err.msg,
+                    kvs_status_name(rc));
+}
+
 /* Fills *in from the scanned flag values: the shape first, then sim's own
  * flags, then sim_scenario_defaults for whatever is still zero. */
-static int cli_sim_read_values(const char *const *values, cli_sim_input_t *in)
+static int cli_sim_read_values(const char *const *scanned, cli_sim_input_t *in)
 {
     static const cli_shape_defaults_t defaults = {
         .model = CLI_SIM_DEFAULT_MODEL,
@@ -374,6 +522,13 @@ static int cli_sim_read_values(const char *const *values, cli_sim_input_t *in)
     int rc;
     memset(in, 0, sizeof *in);
     sim_scenario_config_t *cfg = &in->cfg;
+    /* The parallelism flags take a list (one value per instance); the
+     * shape is read with instance 0's. */
+    const char *values[CLI_XF_COUNT];
+    memcpy(values, scanned, sizeof values);
+    cli_sim_list_t lists[4];
+    if ((rc = cli_sim_read_lists(scanned, values, lists)) != 0)
+        return rc;
     in->json = values[CLI_XF_JSON] != NULL;
     if ((rc = cli_shape_read(CLI_SIM_CMD, values, &defaults, &in->shape)) != 0)
         return rc;
@@ -435,14 +590,27 @@ static int cli_sim_read_values(const char *const *values, cli_sim_input_t *in)
         cfg->trace_path = values[CLI_XF_TRACE];
     }
 
-    if ((rc = cli_shape_layout(CLI_SIM_CMD, &in->shape, &in->lay)) != 0)
+    if ((rc = cli_shape_layout(CLI_SIM_CMD, &in->shape, &in->lay)) != 0 ||
+        (rc = cli_sim_topology(lists, in)) != 0)
         return rc;
-    if (cfg->path == KVS_PATH_DIRECT && in->lay.prefill_tp != in->lay.decode_tp)
-        return cli_fail(CLI_SIM_CMD, "--path direct needs equal TP sizes (got "
-                                     "--prefill-tp %" PRId64 ", --decode-tp %"
-                                     PRId64 "): use --path staging or slice, or "
-                                     "equal TP sizes",
-                        in->lay.prefill_tp, in->lay.decode_tp);
+    for (uint32_t p = 0; cfg->path == KVS_PATH_DIRECT && p < in->topo.prefill_instances; p++)
+        for (uint32_t d = 0; d < in->topo.decode_instances; d++)
+            if (in->topo.prefill[p].tp != in->topo.decode[d].tp)
+                return cli_fail(CLI_SIM_CMD, "--path direct needs equal TP sizes (got "
+                                             "--prefill-tp %" PRId64 ", --decode-tp %" PRId64
+                                             "%s): use --path staging or slice, or equal "
+                                             "TP sizes", in->topo.prefill[p].tp,
+                                in->topo.decode[d].tp,
+                                in->topo.prefill_instances + in->topo.decode_instances > 2
+                                    ? " in a pair of instances" : "");
+    cfg->router = SIM_ROUTER_ROUND_ROBIN;
+    if (values[CLI_XF_ROUTER] != NULL) {
+        if (strcmp(values[CLI_XF_ROUTER], "least-loaded") == 0)
+            cfg->router = SIM_ROUTER_LEAST_LOADED;
+        else if (strcmp(values[CLI_XF_ROUTER], "round-robin") != 0)
+            return cli_fail(CLI_SIM_CMD, "--router: unknown router '%s': use round-robin "
+                                         "or least-loaded", values[CLI_XF_ROUTER]);
+    }
 
     cfg->shape = in->shape.params;
     cfg->requests = (uint32_t)requests;
@@ -621,6 +789,29 @@ static double cli_sim_pct(double part, double whole)
     return whole > 0 ? 100.0 * part / whole : 0.0;
 }
 
+static const char *cli_sim_router_name(sim_router_t router)
+{
+    return router == SIM_ROUTER_LEAST_LOADED ? "least-loaded" : "round-robin";
+}
+
+/* "8" or "8,8,4": a side's TP (pp: PP) sizes, one per instance. */
+static const char *cli_sim_sizes(const sim_topology_t *t, kvs_role_t role, bool pp, char *buf,
+                                 size_t cap)
+{
+    const uint32_t n = sim_topology_count(t, role);
+    size_t used = 0;
+    buf[0] = '\0';
+    for (uint32_t i = 0; i < n && used < cap; i++) {
+        const sim_instance_shape_t *s = role == KVS_ROLE_DECODE ? &t->decode[i] : &t->prefill[i];
+        const int w = snprintf(buf + used, cap - used, "%s%" PRId64, i > 0 ? "," : "",
+                               pp ? s->pp : s->tp);
+        if (w < 0)
+            break;
+        used += (size_t)w;
+    }
+    return buf;
+}
+
 static void cli_sim_print_json(const cli_sim_input_t *in, const sim_report_t *r,
                                double wall_s, const char *replay,
                                const cli_sim_verdict_t *v)
@@ -636,8 +827,8 @@ static void cli_sim_print_json(const cli_sim_input_t *in, const sim_report_t *r,
            r->bytes_moved, r->bytes_verified, r->corrupt_bytes,
            r->ring_leaked_bytes);
     printf(", \"hung_requests\": %" PRIu32 ", \"unreported_failures\": %" PRIu32
-           ", \"violations\": %" PRIu64,
-           r->hung_requests, r->unreported_failures, r->violations);
+           ", \"collateral_failures\": %" PRIu32 ", \"violations\": %" PRIu64,
+           r->hung_requests, r->unreported_failures, r->collateral_failures, r->violations);
     printf(", \"rdma_ops\": %" PRIu64 ", \"control_msgs\": %" PRIu64
            ", \"msgs_rejected\": %" PRIu64 ", \"watermark_waits\": %" PRIu64
            ", \"ring_peak_bytes\": %" PRIu64,
@@ -702,6 +893,20 @@ static void cli_sim_print_json(const cli_sim_input_t *in, const sim_report_t *r,
         cli_sim_json_string(cfg->trace_path);
     else
         printf("null");
+    printf(", \"router\": \"%s\", \"prefill_instances\": %" PRIu32
+           ", \"decode_instances\": %" PRIu32 ", \"instances\": [",
+           cli_sim_router_name(cfg->router), in->topo.prefill_instances,
+           in->topo.decode_instances);
+    for (uint32_t k = 0; k < r->ninstances; k++) {
+        const sim_instance_report_t *ir = &r->instances[k];
+        printf("%s{\"id\": %" PRIu32 ", \"role\": \"%s\", \"tp\": %" PRId64 ", \"pp\": %"
+               PRId64 ", \"requests_ok\": %" PRIu32 ", \"requests_failed\": %" PRIu32
+               ", \"bytes\": %" PRIu64 ", \"ring_peak_bytes\": %" PRIu64 "}",
+               k > 0 ? ", " : "", ir->id, ir->role == KVS_ROLE_DECODE ? "decode" : "prefill",
+               ir->tp, ir->pp, ir->requests_ok, ir->requests_failed, ir->bytes,
+               ir->ring_peak_bytes);
+    }
+    printf("]");
     printf(", \"replay\": ");
     cli_sim_json_string(replay != NULL ? replay : "");
     printf("}\n");
@@ -719,11 +924,28 @@ static void cli_sim_print_table(const cli_sim_input_t *in, const sim_report_t *r
            in->shape.model != NULL ? ", " : "", lay->layers, lay->total_heads,
            lay->head_dim, kvs_dtype_name(cfg->shape.dtype), lay->page_size,
            lay->chunk_tokens);
-    printf("  prefill TP %" PRId64 " x PP %" PRId64 " -> decode TP %" PRId64
-           " x PP %" PRId64 " on %" PRId64 " + %" PRId64 " simulated H200s, %"
-           PRId64 " Gb/s NICs, path %s\n",
-           lay->prefill_tp, lay->prefill_pp, lay->decode_tp, lay->decode_pp,
-           r->prefill_ranks, r->decode_ranks, in->nic_gbps, kvs_path_name(r->path));
+    const sim_topology_t *t = &in->topo;
+    if (t->prefill_instances == 1 && t->decode_instances == 1) {
+        printf("  prefill TP %" PRId64 " x PP %" PRId64 " -> decode TP %" PRId64
+               " x PP %" PRId64 " on %" PRId64 " + %" PRId64 " simulated H200s, %"
+               PRId64 " Gb/s NICs, path %s\n",
+               lay->prefill_tp, lay->prefill_pp, lay->decode_tp, lay->decode_pp,
+               r->prefill_ranks, r->decode_ranks, in->nic_gbps, kvs_path_name(r->path));
+    } else {
+        char sizes[4][SIM_MAX_INSTANCES * 6];
+        printf("  %" PRIu32 " prefill instance%s (TP %s x PP %s) -> %" PRIu32 " decode "
+               "instance%s (TP %s x PP %s), %s router\n"
+               "  on %" PRId64 " + %" PRId64 " simulated H200s, %" PRId64
+               " Gb/s NICs, path %s\n",
+               t->prefill_instances, t->prefill_instances > 1 ? "s" : "",
+               cli_sim_sizes(t, KVS_ROLE_PREFILL, false, sizes[0], sizeof sizes[0]),
+               cli_sim_sizes(t, KVS_ROLE_PREFILL, true, sizes[1], sizeof sizes[1]),
+               t->decode_instances, t->decode_instances > 1 ? "s" : "",
+               cli_sim_sizes(t, KVS_ROLE_DECODE, false, sizes[2], sizeof sizes[2]),
+               cli_sim_sizes(t, KVS_ROLE_DECODE, true, sizes[3], sizeof sizes[3]),
+               cli_sim_router_name(cfg->router), r->prefill_ranks, r->decode_ranks,
+               in->nic_gbps, kvs_path_name(r->path));
+    }
     printf("  %" PRIu32 " requests of %" PRId64 "..%" PRId64 " tokens",
            cfg->requests, cfg->prompt_min_tokens, cfg->prompt_max_tokens);
     if (cfg->rate_milli_per_s == 0)
@@ -748,9 +970,23 @@ static void cli_sim_print_table(const cli_sim_input_t *in, const sim_report_t *r
            "ring", cli_format_bytes((int64_t)r->ring_peak_bytes, b, sizeof b),
            r->ring_leaked_bytes, r->watermark_waits);
     printf("  %-18s %" PRIu64 " violations: %" PRIu32 " hung, %" PRIu64 " leaked, %"
-           PRIu64 " corrupt, %" PRIu32 " unreported failures\n",
+           PRIu64 " corrupt, %" PRIu32 " unreported failures, %" PRIu32 " collateral "
+           "failures\n",
            "invariants", r->violations, r->hung_requests, r->ring_leaked_bytes,
-           r->corrupt_bytes, r->unreported_failures);
+           r->corrupt_bytes, r->unreported_failures, r->collateral_failures);
+    for (uint32_t k = 0; k < r->ninstances; k++) {
+        const sim_instance_report_t *ir = &r->instances[k];
+        const bool decode = ir->role == KVS_ROLE_DECODE;
+        char label[32];
+        snprintf(label, sizeof label, "%s %" PRIu32, decode ? "decode" : "prefill", ir->id);
+        printf("  %-18s TP %" PRId64 " x PP %" PRId64 ": %" PRIu32 " ok, %" PRIu32
+               " failed, %s %s", label, ir->tp, ir->pp, ir->requests_ok, ir->requests_failed,
+               cli_format_bytes((int64_t)ir->bytes, a, sizeof a),
+               decode ? "received" : "written");
+        if (decode)
+            printf(", ring peak %s", cli_format_bytes((int64_t)ir->ring_peak_bytes, b, sizeof b));
+        printf("\n");
+    }
     printf("  %-18s %" PRIu64 " RDMA ops, %" PRIu64 " control messages (%" PRIu64
            " rejected, %" PRIu64 " sent again, %" PRIu64 " duplicates dropped)\n",
            "operations", r->rdma_ops, r->control_msgs, r->msgs_rejected,
@@ -807,6 +1043,10 @@ static void cli_sim_report_failure(const sim_report_t *r,
         fprintf(stderr, "kvstage sim: FAILED: %" PRIu32 " failures were not told to "
                 "the peer, which timed out instead (seed %" PRIu64 ")\n",
                 r->unreported_failures, seed);
+    if (r->collateral_failures > 0)
+        fprintf(stderr, "kvstage sim: FAILED: %" PRIu32 " requests failed although no "
+                "fault struck either of their instances (seed %" PRIu64 ")\n",
+                r->collateral_failures, seed);
     fprintf(stderr, "kvstage sim: replay: %s\n",
             replay != NULL ? replay : "(out of memory)");
 }
@@ -854,7 +1094,7 @@ int cli_sim_parse(int argc, char **argv, cli_sim_input_t *in)
     if (rc != 0)
         return rc;
     for (uint32_t i = 0; i < nfaults; i++)
-        if ((rc = cli_fault_parse(CLI_SIM_CMD, faults[i], &in->lay, &in->cfg.faults[i])) != 0)
+        if ((rc = cli_fault_parse(CLI_SIM_CMD, faults[i], &in->topo, &in->cfg.faults[i])) != 0)
             return rc;
     in->cfg.nfaults = nfaults;
     return 0;

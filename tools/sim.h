@@ -1,6 +1,8 @@
 /*
  * sim.h - the `kvstage sim` subcommand: runs one deterministic simulated
- * disaggregated-serving scenario (sim/scenario.h) from the command line and
+ * disaggregated-serving scenario (sim/scenario.h), one instance per side or
+ * a cluster of several (--prefill-tp 8,8,4 --decode-tp 2,2), from the
+ * command line and
  * reports what moved, how fast, and whether every invariant held, with the
  * seed and the command that replays the run. `kvstage sim --campaign N`
  * hands over to campaign.h.
@@ -20,8 +22,11 @@
 
 /* What a `kvstage sim` command line asks for, after defaults. */
 typedef struct cli_sim_input {
-    cli_shape_t shape;
-    kvs_layout_t lay;          /* the shape, validated */
+    cli_shape_t shape;         /* with instance 0 of each side */
+    kvs_layout_t lay;          /* the shape, validated: the pair of instance 0
+                                  of each side */
+    sim_topology_t topo;       /* every instance (--prefill-tp 8,8,4 ...),
+                                  resolved; every pair checked */
     sim_scenario_config_t cfg; /* after sim_scenario_defaults; trace_path
                                   points into the parsed argv */
     int64_t nic_gbps;

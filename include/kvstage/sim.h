@@ -1,9 +1,11 @@
 /*
  * sim.h - the simulator's public API: runs one deterministic simulated
- * disaggregated-serving scenario, the engine behind `kvstage sim` (P x PP
- * prefill and D x DP decode simulated GPUs with one RDMA NIC each run the
- * real kvstage core; every byte that arrives is verified). For C and for
- * any language with a C FFI (python/kvstage uses it through ctypes).
+ * disaggregated-serving scenario, the engine behind `kvstage sim` (prefill
+ * instances of P x PP and decode instances of D x DP simulated GPUs with
+ * one RDMA NIC each run the real kvstage core, a router pairing every
+ * request with one instance of each side; every byte that arrives is
+ * verified). For C and for any language with a C FFI (python/kvstage uses
+ * it through ctypes).
  *
  * Link libkvstage_sim (pkg-config kvstage-sim, CMake kvstage::sim); it
  * brings libkvstage with it.
@@ -35,6 +37,15 @@ extern "C" {
 #define KVS_SIM_REPORT_VERSION 1
 /* Faults per run, as `kvstage sim --fault` (repeatable up to this). */
 #define KVS_SIM_MAX_FAULTS 16
+/* Instances per side of a cluster (spec §12). */
+#define KVS_SIM_MAX_INSTANCES 16
+
+/* How a request is paired with one instance of each side, at its arrival. */
+typedef enum kvs_sim_router {
+    KVS_SIM_ROUTER_ROUND_ROBIN = 0,  /* each side's instances in turn */
+    KVS_SIM_ROUTER_LEAST_LOADED = 1  /* fewest requests in flight (arrived, not
+                                        ended); ties to the lowest index */
+} kvs_sim_router_t;
 
 /*
  * One scenario. Zero fields take the simulator's defaults, noted per field
@@ -54,8 +65,9 @@ typedef struct kvs_sim_config {
     int64_t head_dim;           /* 1..4096 */
     int64_t layers;             /* layers of the whole model, 1..4096 */
     int64_t page_size;          /* tokens per KV page, 1..2^24 */
-    int64_t prefill_tp;         /* 1..1024 */
-    int64_t decode_tp;          /* 1..1024 */
+    int64_t prefill_tp;         /* 1..1024; 0 with prefill_instances:
+                                   instance 0's */
+    int64_t decode_tp;          /* 1..1024; 0 with decode_instances: instance 0's */
     int64_t prefill_pp;         /* 0..1024, 0 -> 1 */
     int64_t decode_pp;          /* 0..1024, 0 -> 1; must be 1 or prefill_pp */
     int64_t chunk_tokens;       /* chunked-prefill size, multiple of page_size;
@@ -67,7 +79,8 @@ typedef struct kvs_sim_config {
 
     /* Workload. */
     uint32_t requests;          /* 0..1000000, 0 -> 16 */
-    uint32_t max_inflight;      /* requests admitted at once, 0..65536, 0 -> 4 */
+    uint32_t max_inflight;      /* requests admitted at once by each instance,
+                                   0..65536, 0 -> 4 */
     int64_t prompt_min_tokens;  /* prompt lengths uniform in [min, max] tokens,
                                    0..2^24; 0 -> 256 */
     int64_t prompt_max_tokens;  /* 0 -> max(1536, min) */
@@ -75,7 +88,8 @@ typedef struct kvs_sim_config {
                                    page aligned, not moved; 0..2^24, 0 = none */
     uint64_t rate_milli_per_s;  /* mean arrivals per 1000 s (Poisson),
                                    0..1e9; 0: all at t = 0 */
-    uint64_t prefill_tokens_per_s; /* prefill forward speed, 0 -> 16384 */
+    uint64_t prefill_tokens_per_s; /* forward speed of each prefill instance,
+                                      0 -> 16384 */
     uint64_t seed;              /* root seed: arrivals, lengths, fabric */
 
     /* Staging and liveness. */
@@ -115,7 +129,37 @@ typedef struct kvs_sim_config {
                                    beyond it is refused with KVS_EAGAIN and
                                    the core posts it again; 0 = unlimited */
     uint32_t reserved2;         /* must be 0 */
+    /* Clusters (spec §12): several instances per side, each with its own
+     * TP and PP, GPUs, KV pool and compute queue, every pair able to pair
+     * (a decode of PP > 1 pairs only with prefill instances of its PP).
+     * prefill_instances 0: one, of prefill_tp and prefill_pp; else instance
+     * i has prefill_instance_tp[i] (1..1024) and prefill_instance_pp[i] (0
+     * -> 1), and prefill_tp / prefill_pp are instance 0's (or 0). Likewise
+     * for decode. Instances are numbered 0.. within their side: faults name
+     * their ranks as p3@1 (TP rank 3 of prefill instance 1), and the
+     * report lists them in that order. */
+    uint32_t prefill_instances; /* 0..KVS_SIM_MAX_INSTANCES */
+    uint32_t decode_instances;  /* 0..KVS_SIM_MAX_INSTANCES */
+    int64_t prefill_instance_tp[KVS_SIM_MAX_INSTANCES];
+    int64_t prefill_instance_pp[KVS_SIM_MAX_INSTANCES];
+    int64_t decode_instance_tp[KVS_SIM_MAX_INSTANCES];
+    int64_t decode_instance_pp[KVS_SIM_MAX_INSTANCES];
+    int32_t router;             /* kvs_sim_router_t, 0 = round robin */
+    uint32_t reserved3;         /* must be 0 */
 } kvs_sim_config_t;
+
+/* One instance's share of a run (kvs_sim_report_t.instance). */
+typedef struct kvs_sim_instance {
+    int32_t role;               /* kvs_role_t */
+    uint32_t id;                /* its index within its side */
+    int64_t tp, pp;
+    uint32_t requests_ok;       /* requests paired with it that ended ok */
+    uint32_t requests_failed;   /* ... that ended failed */
+    uint64_t bytes;             /* payload bytes it moved: written (prefill)
+                                   or received (decode) */
+    uint64_t ring_peak_bytes;   /* decode: most ring bytes live on one of its
+                                   ranks; prefill: 0 */
+} kvs_sim_instance_t;
 
 /* What a run did. Counts are over the whole cluster. */
 typedef struct kvs_sim_report {
@@ -131,7 +175,8 @@ typedef struct kvs_sim_report {
     uint64_t bytes_verified;    /* decode bytes compared with the pattern */
     uint64_t corrupt_bytes;     /* of those, wrong (in requests reported ok) */
     uint64_t ring_leaked_bytes; /* live in any ring after the run */
-    uint64_t violations;        /* hung + leaked + corrupt + unreported */
+    uint64_t violations;        /* hung + leaked + corrupt + unreported
+                                   (+ collateral_failures, below) */
     uint64_t rdma_ops, control_msgs, msgs_rejected, watermark_waits;
     uint64_t ring_peak_bytes;   /* most ring bytes live on one decode rank */
     uint64_t sim_ns;            /* first arrival to last completion */
@@ -153,6 +198,18 @@ typedef struct kvs_sim_report {
     char init_error[384];        /* the first such failure, NUL-terminated */
     uint64_t posts_refused;      /* writes and sends refused by a full send
                                     queue (net_sq_depth) */
+    /* Clusters (after posts_refused: callers with a shorter size_bytes get
+     * what came before). */
+    uint32_t collateral_failures; /* requests that failed although neither of
+                                     their instances was faulted (no fault on
+                                     a rank of either, none of the whole
+                                     cluster: message or write faults); a
+                                     region the ring can never hold
+                                     (KVS_EOVERSIZED) is not collateral.
+                                     Counted in violations */
+    uint32_t instances;          /* entries of instance[]: prefill instances
+                                    first, then decode ones */
+    kvs_sim_instance_t instance[2 * KVS_SIM_MAX_INSTANCES];
 } kvs_sim_report_t;
 
 /* A zeroed config with version and size set. */

@@ -6,16 +6,61 @@ import ctypes
 from . import _convert, _errors, _library, _models
 from . import _structs as S
 
+# The parallelism of each side: a whole number, or a list of one per
+# instance (a cluster, spec §12).
+_SIZES = ("prefill_tp", "prefill_pp", "decode_tp", "decode_pp")
 # kvs_sim_config_t fields the caller may set as keyword arguments; dtype,
-# path, faults and trace_path are handled apart.
+# path, faults, trace_path, router and the instance lists (through the
+# sizes above) are handled apart.
 _SETTABLE = tuple(name for name, _ in S.SimConfig._fields_
                   if name not in ("version", "size_bytes", "reserved0", "reserved1",
-                                  "reserved2", "dtype", "path", "faults", "nfaults",
-                                  "trace_path"))
+                                  "reserved2", "reserved3", "dtype", "path", "faults",
+                                  "nfaults", "trace_path", "router", "prefill_instances",
+                                  "decode_instances", "prefill_instance_tp",
+                                  "prefill_instance_pp", "decode_instance_tp",
+                                  "decode_instance_pp"))
+
+
+def _is_list(value):
+    return isinstance(value, (list, tuple))
+
+
+def _set_instances(cfg, side, tp, pp):
+    """One side of the cluster: tp and pp are whole numbers (one instance,
+    the config's scalars) or lists with one value per instance (a single
+    value is then for every instance)."""
+    if not _is_list(tp) and not _is_list(pp):
+        for name, value in ((side + "_tp", tp), (side + "_pp", pp)):
+            if value is not None:
+                _convert.set_int(cfg, name, value)
+        return
+    n = max(len(v) for v in (tp, pp) if _is_list(v))
+    if n == 0 or n > S.SIM_MAX_INSTANCES:
+        raise _errors.invalid("%s_tp / %s_pp list %d instances: give 1..%d"
+                              % (side, side, n, S.SIM_MAX_INSTANCES))
+    for name, value in ((side + "_tp", tp), (side + "_pp", pp)):
+        if _is_list(value) and len(value) not in (1, n):
+            raise _errors.invalid("%s has %d values for %d %s instances: give one "
+                                  "value for all instances, or one each"
+                                  % (name, len(value), n, side))
+    if tp is None:
+        raise _errors.invalid("%s_tp is required: the TP size of each %s instance"
+                              % (side, side))
+    tps = list(tp) if _is_list(tp) else [tp]
+    pps = list(pp) if _is_list(pp) else [0 if pp is None else pp]
+    setattr(cfg, side + "_instances", n)
+    tp_array = getattr(cfg, side + "_instance_tp")
+    pp_array = getattr(cfg, side + "_instance_pp")
+    probe = S.SimConfig()  # range checks per value, named by field
+    for i in range(n):
+        for name, values, array in (("_tp", tps, tp_array), ("_pp", pps, pp_array)):
+            value = values[i if len(values) == n else 0]
+            _convert.set_int(probe, side + name, value)
+            array[i] = value
 
 
 def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
-             **fields):
+             router=None, **fields):
     """Runs one simulated disaggregated-serving scenario and returns its
     report as a dict.
 
@@ -28,21 +73,30 @@ def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
     requests per connection's send queue: a post beyond them is refused and
     posted again, counted in posts_refused); 0 or absent takes the
     simulator's default. path: "auto", "staging", "direct" or "slice".
-    faults: strings as `kvstage sim --fault`, e.g. ["drop:any:0.01"].
-    trace_path: write a Chrome trace-event JSON there.
+    faults: strings as `kvstage sim --fault`, e.g. ["drop:any:0.01"] or
+    ["crash:prefill@1:0:20000"]. trace_path: write a Chrome trace-event
+    JSON there.
+
+    A cluster (spec §12): prefill_tp, prefill_pp, decode_tp and decode_pp
+    also take a list with one value per instance, e.g. prefill_tp=[8, 8, 4],
+    decode_tp=[2, 2] (a single value or list of one: the same for every
+    instance of that side). router: "round-robin" (default) or
+    "least-loaded".
 
     The dict has the report's fields (requests_total, requests_ok,
     requests_failed, hung_requests, bytes_moved, bytes_verified,
-    corrupt_bytes, ring_leaked_bytes, violations, rdma_ops, sim_ns,
-    goodput_gbps, latency_p50_us, digest, ...) and path, the name of the
-    path the handlers ran. Requests that fail under injected faults are
+    corrupt_bytes, ring_leaked_bytes, violations, collateral_failures,
+    rdma_ops, sim_ns, goodput_gbps, latency_p50_us, digest, ...), path, the
+    name of the path the handlers ran, and instances: one dict per instance
+    (prefill ones first) with id, role, tp, pp, requests_ok,
+    requests_failed, bytes and ring_peak_bytes, as `kvstage sim --json`. Requests that fail under injected faults are
     counted there; KvstageError is raised only when the run cannot happen
     (a bad field, named in the message, or no memory for the cluster).
     """
     unknown = sorted(set(fields) - set(_SETTABLE))
     if unknown:
         raise TypeError("simulate() got unknown argument(s) %s; the fields are: "
-                        "model, dtype, path, faults, trace_path, %s"
+                        "model, dtype, path, faults, trace_path, router, %s"
                         % (", ".join(unknown), ", ".join(_SETTABLE)))
     fields["dtype"] = dtype
     _, fields = _models.shape(model, fields)
@@ -52,8 +106,15 @@ def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
     cfg.size_bytes = ctypes.sizeof(cfg)
     for key in _SETTABLE:
         value = fields.get(key)
-        if value is not None:
+        if value is not None and key not in _SIZES:
             _convert.set_int(cfg, key, value)
+    for side in ("prefill", "decode"):
+        _set_instances(cfg, side, fields.get(side + "_tp"), fields.get(side + "_pp"))
+    if router is not None:
+        if router not in S.SIM_ROUTERS:
+            raise _errors.invalid("router is %r: give one of %s"
+                                  % (router, ", ".join(sorted(S.SIM_ROUTERS))))
+        cfg.router = S.SIM_ROUTERS[router]
     cfg.dtype = _convert.dtype(fields.get("dtype") or "bf16")
     cfg.path = _convert.path(path or "auto")
 
@@ -84,8 +145,13 @@ def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
         _errors.raise_for(rc, err)
     out = {}
     for name, _ in S.SimReport._fields_:
-        if name not in ("version", "size_bytes", "reserved"):
+        if name not in ("version", "size_bytes", "reserved", "instances", "instance"):
             out[name] = getattr(report, name)
+    out["instances"] = [
+        {"id": i.id, "role": "decode" if i.role == 1 else "prefill", "tp": i.tp,
+         "pp": i.pp, "requests_ok": i.requests_ok, "requests_failed": i.requests_failed,
+         "bytes": i.bytes, "ring_peak_bytes": i.ring_peak_bytes}
+        for i in report.instance[:report.instances]]
     out["init_error"] = report.init_error.decode(errors="replace")
     out["path"] = _convert.path_name(report.path)
     return out

@@ -1,7 +1,7 @@
 """_structs.py - ctypes mirrors of the C structs the package passes to the
 library: kvs_error_t, kvs_layout_params_t, kvs_layout_t, kvs_head_slice_t,
 kvs_writer_t, kvs_model_t (include/kvstage/kvstage.h) and kvs_sim_config_t,
-kvs_sim_report_t (include/kvstage/sim.h). Field names and order are the
+kvs_sim_instance_t, kvs_sim_report_t (include/kvstage/sim.h). Field names and order are the
 C ones; python/tests/test_abi.py compiles the headers and checks every
 size and offset, so a change on the C side fails a test instead of
 corrupting memory.
@@ -12,6 +12,8 @@ import ctypes as c
 ERROR_MSG_BYTES = 256  # KVS_ERROR_MSG_BYTES
 SIM_CONFIG_VERSION = 1  # KVS_SIM_CONFIG_VERSION
 SIM_MAX_FAULTS = 16  # KVS_SIM_MAX_FAULTS
+SIM_MAX_INSTANCES = 16  # KVS_SIM_MAX_INSTANCES
+SIM_ROUTERS = {"round-robin": 0, "least-loaded": 1}  # kvs_sim_router_t
 
 i64 = c.c_int64
 u64 = c.c_uint64
@@ -86,7 +88,20 @@ class SimConfig(c.Structure):
                 ("net_mtu_bytes", u32), ("net_header_bytes", u32),
                 ("faults", c.POINTER(c.c_char_p)), ("nfaults", u32),
                 ("reserved1", u32), ("trace_path", c.c_char_p),
-                ("net_sq_depth", u32), ("reserved2", u32)]
+                ("net_sq_depth", u32), ("reserved2", u32),
+                ("prefill_instances", u32), ("decode_instances", u32),
+                ("prefill_instance_tp", i64 * SIM_MAX_INSTANCES),
+                ("prefill_instance_pp", i64 * SIM_MAX_INSTANCES),
+                ("decode_instance_tp", i64 * SIM_MAX_INSTANCES),
+                ("decode_instance_pp", i64 * SIM_MAX_INSTANCES),
+                ("router", i32), ("reserved3", u32)]
+
+
+class SimInstance(c.Structure):
+    """kvs_sim_instance_t"""
+    _fields_ = [("role", i32), ("id", u32), ("tp", i64), ("pp", i64),
+                ("requests_ok", u32), ("requests_failed", u32), ("bytes", u64),
+                ("ring_peak_bytes", u64)]
 
 
 class SimReport(c.Structure):
@@ -108,11 +123,13 @@ class SimReport(c.Structure):
                 ("peers_lost", u64), ("ranks_crashed", u32),
                 ("ranks_restarted", u32), ("ranks_down_at_start", u32),
                 ("reserved", u32), ("init_error", c.c_char * 384),
-                ("posts_refused", u64)]
+                ("posts_refused", u64), ("collateral_failures", u32),
+                ("instances", u32),
+                ("instance", SimInstance * (2 * SIM_MAX_INSTANCES))]
 
 
 # The C name of each mirror, for the ABI test.
 C_NAMES = {Error: "kvs_error_t", LayoutParams: "kvs_layout_params_t",
            Layout: "kvs_layout_t", HeadSlice: "kvs_head_slice_t",
            Writer: "kvs_writer_t", Model: "kvs_model_t", SimConfig: "kvs_sim_config_t",
-           SimReport: "kvs_sim_report_t"}
+           SimInstance: "kvs_sim_instance_t", SimReport: "kvs_sim_report_t"}

@@ -14,7 +14,10 @@ from kvstage import _structs as S
 
 CONSTANTS = {"KVS_ERROR_MSG_BYTES": S.ERROR_MSG_BYTES,
              "KVS_SIM_CONFIG_VERSION": S.SIM_CONFIG_VERSION,
-             "KVS_SIM_MAX_FAULTS": S.SIM_MAX_FAULTS}
+             "KVS_SIM_MAX_FAULTS": S.SIM_MAX_FAULTS,
+             "KVS_SIM_MAX_INSTANCES": S.SIM_MAX_INSTANCES,
+             "KVS_SIM_ROUTER_ROUND_ROBIN": S.SIM_ROUTERS["round-robin"],
+             "KVS_SIM_ROUTER_LEAST_LOADED": S.SIM_ROUTERS["least-loaded"]}
 
 
 def c_program():

@@ -71,6 +71,30 @@ def test_direct_path_and_pipeline_stages(cli):
     assert "%016x" % got["digest"] == want["digest"]
 
 
+def test_cluster_equals_cli(cli):
+    """A cluster (lists of TP sizes, one per instance) runs as `kvstage sim`
+    with comma lists: same digest, same per-instance counts."""
+    got = run(prefill_tp=[4, 2, 4], decode_tp=[2, 1], requests=8, router="least-loaded")
+    flags = [f for f in SMALL_FLAGS]
+    flags[flags.index("--prefill-tp") + 1] = "4,2,4"
+    flags[flags.index("--decode-tp") + 1] = "2,1"
+    flags[flags.index("--requests") + 1] = 8
+    want = cli("sim", *flags, "--router", "least-loaded")
+    assert_clean(got, 8)
+    assert got["collateral_failures"] == 0
+    assert "%016x" % got["digest"] == want["digest"]
+    assert got["instances"] == want["instances"]
+    assert [(i["role"], i["id"], i["tp"]) for i in got["instances"]] == [
+        ("prefill", 0, 4), ("prefill", 1, 2), ("prefill", 2, 4),
+        ("decode", 0, 2), ("decode", 1, 1)]
+    assert sum(i["requests_ok"] for i in got["instances"] if i["role"] == "prefill") == 8
+    assert sum(i["requests_ok"] for i in got["instances"] if i["role"] == "decode") == 8
+    # One instance per side is the single-instance run, instances listed.
+    one = run()
+    assert [(i["role"], i["tp"], i["requests_ok"]) for i in one["instances"]] == [
+        ("prefill", 4, 6), ("decode", 2, 6)]
+
+
 def test_seed_replays_exactly():
     a, b, c = run(seed=7), run(seed=7), run(seed=8)
     assert a == b
@@ -140,6 +164,12 @@ def test_bad_fields_are_named():
     raises("KVS_ECHUNK", ["chunk_tokens 100", "page_size 16"], chunk_tokens=100)
     raises("KVS_EINVAL", ["seed is -1"], seed=-1)
     raises("KVS_EINVAL", ["net_sq_depth is 65536", "0..65535"], net_sq_depth=65536)
+    raises("KVS_EINVAL", ["prefill_pp has 2 values for 3 prefill instances"],
+           prefill_tp=[4, 4, 2], prefill_pp=[1, 2])
+    raises("KVS_EPP_SPLIT", ["decode instance 1 (PP 2)", "prefill instance 0 (PP 1)"],
+           decode_tp=[2, 2], decode_pp=[1, 2])
+    raises("KVS_EHEAD_SPLIT", ["prefill instance 1 (TP 3"], prefill_tp=[4, 3])
+    raises("KVS_EINVAL", ["router is 'random'"], router="random")
 
 
 def test_bad_faults_are_named():
@@ -149,6 +179,8 @@ def test_bad_faults_are_named():
            faults=["link-down:p9:1:1"])
     raises("KVS_EINVAL", ["faults has 17 entries"], faults=["dup:any:0.1"] * 17)
     raises("KVS_EINVAL", ["faults[0] is 3"], faults=[3])
+    raises("KVS_EINVAL", ["faults[0] 'crash:prefill@1:0:10'", "prefill[@<instance>]"],
+           faults=["crash:prefill@1:0:10"])
 
 
 def test_unknown_argument_is_a_type_error():
