@@ -891,6 +891,27 @@ static void edge_expect_inst(edge_cluster_t *cl, int inst, uint64_t room, int st
     edge_expect_group(cl, inst, 0, room, status);
 }
 
+/* A room of instance inst ended ok on every rank of its pair and every byte
+ * of [base, total) arrived. */
+static void edge_expect_inst_ok(edge_cluster_t *cl, int inst, uint64_t room, int64_t base,
+                                int64_t total)
+{
+    edge_expect_inst(cl, inst, room, KVS_OK);
+    const uint64_t bad = edge_corrupt(cl, room, base, total);
+    if (bad != 0)
+        EDGE_FAIL("room %llu of instance %d: %llu corrupt bytes", (unsigned long long)room,
+                  inst, (unsigned long long)bad);
+}
+
+/* Opts of the default cluster plus a second prefill instance of TP 4. */
+static edge_opts_t edge_two_instances(void)
+{
+    edge_opts_t o = edge_defaults();
+    o.instances = 2;
+    o.inst_tp[1] = 4;
+    return o;
+}
+
 static kvs_handler_stats_t edge_stats(const edge_node_t *n)
 {
     kvs_handler_stats_t st;
@@ -3500,9 +3521,7 @@ static void test_protocol_edges_hostile_register_pool_overflow(void **state)
 static void test_protocol_edges_two_instances_share_the_ring(void **state)
 {
     (void)state;
-    edge_opts_t o = edge_defaults();
-    o.instances = 2;
-    o.inst_tp[1] = 4;
+    edge_opts_t o = edge_two_instances();
     edge_cluster_t *cl = edge_create(&o);
     edge_node_t *d = edge_decode(cl, 0);
     assert_int_equal(kvs_decode_peers_ready(d->dec), 2 + 4);
@@ -3516,10 +3535,8 @@ static void test_protocol_edges_two_instances_share_the_ring(void **state)
     edge_computed_inst(cl, 0, 1, 40);
     edge_computed_inst(cl, 1, 2, 40);
     edge_run(cl);
-    edge_expect_inst(cl, 0, 1, KVS_OK);
-    edge_expect_inst(cl, 1, 2, KVS_OK);
-    assert_int_equal(edge_corrupt(cl, 1, 0, 40), 0);
-    assert_int_equal(edge_corrupt(cl, 2, 4, 40), 0);
+    edge_expect_inst_ok(cl, 0, 1, 0, 40);
+    edge_expect_inst_ok(cl, 1, 2, 4, 40);
     /* instance 1's 4 writers each wrote one head of every chunk */
     for (int64_t t = 0; t < 4; t++)
         assert_int_equal(edge_expect(edge_inst_node(cl, 1, t), 2, KVS_OK)->rdma_writes, 3);
@@ -3534,9 +3551,7 @@ static void test_protocol_edges_two_instances_share_the_ring(void **state)
 static void test_protocol_edges_watermark_releases_another_instance(void **state)
 {
     (void)state;
-    edge_opts_t o = edge_defaults();
-    o.instances = 2;
-    o.inst_tp[1] = 4;
+    edge_opts_t o = edge_two_instances();
     o.ring_bytes = 12u << 10; /* one full region (8 KiB) and a half */
     edge_cluster_t *cl = edge_create(&o);
     edge_open_inst(cl, 1, 1, 0, 16); /* [0, 8K) of round 0 */
@@ -3550,10 +3565,8 @@ static void test_protocol_edges_watermark_releases_another_instance(void **state
     }
     edge_computed_inst(cl, 1, 1, 16);
     edge_run(cl);
-    edge_expect_inst(cl, 1, 1, KVS_OK);
-    edge_expect_inst(cl, 0, 2, KVS_OK);
-    assert_int_equal(edge_corrupt(cl, 1, 0, 16), 0);
-    assert_int_equal(edge_corrupt(cl, 2, 0, 16), 0);
+    edge_expect_inst_ok(cl, 1, 1, 0, 16);
+    edge_expect_inst_ok(cl, 0, 2, 0, 16);
     edge_expect_ring_empty(cl);
     edge_destroy(cl);
 }
@@ -3586,10 +3599,8 @@ static void test_protocol_edges_crashed_instance_fails_only_its_rooms(void **sta
     edge_crash(edge_inst_node(cl, 2, 1)); /* ... when one of its ranks dies */
     edge_computed_inst(cl, 1, 2, 40);
     edge_run(cl);
-    edge_expect_inst(cl, 0, 1, KVS_OK);
-    edge_expect_inst(cl, 1, 2, KVS_OK);
-    assert_int_equal(edge_corrupt(cl, 1, 0, 40), 0);
-    assert_int_equal(edge_corrupt(cl, 2, 0, 40), 0);
+    edge_expect_inst_ok(cl, 0, 1, 0, 40);
+    edge_expect_inst_ok(cl, 1, 2, 0, 40);
     for (uint64_t room = 3; room <= 4; room++) {
         edge_expect(d, room, KVS_EPEER);
         edge_expect(edge_inst_node(cl, 2, 0), room, KVS_EPEER);
@@ -3621,8 +3632,7 @@ static void test_protocol_edges_crashed_instance_fails_only_its_rooms(void **sta
     edge_open_inst(cl, 2, 7, 0, 40);
     edge_computed_inst(cl, 2, 7, 40);
     edge_run(cl);
-    edge_expect_inst(cl, 2, 7, KVS_OK);
-    assert_int_equal(edge_corrupt(cl, 7, 0, 40), 0);
+    edge_expect_inst_ok(cl, 2, 7, 0, 40);
     edge_expect_ring_empty(cl);
     edge_destroy(cl);
 }
@@ -3632,9 +3642,7 @@ static void test_protocol_edges_crashed_instance_fails_only_its_rooms(void **sta
 static void test_protocol_edges_instance_api_errors(void **state)
 {
     (void)state;
-    edge_opts_t o = edge_defaults();
-    o.instances = 2;
-    o.inst_tp[1] = 4;
+    edge_opts_t o = edge_two_instances();
     edge_cluster_t *cl = edge_create(&o);
     edge_node_t *d = edge_decode(cl, 0);
     const kvs_error_t *err = kvs_manager_last_error(d->m);
@@ -3693,8 +3701,7 @@ static void test_protocol_edges_instance_api_errors(void **state)
     edge_open_inst(cl, 1, 1, 0, 24);
     edge_computed_inst(cl, 1, 1, 24);
     edge_run(cl);
-    edge_expect_inst(cl, 1, 1, KVS_OK);
-    assert_int_equal(edge_corrupt(cl, 1, 0, 24), 0);
+    edge_expect_inst_ok(cl, 1, 1, 0, 24);
     edge_destroy(cl);
 
     /* A prefill rank whose instance table is full refuses a room naming a
@@ -3854,9 +3861,7 @@ static void test_protocol_edges_prefill_learns_its_decode_instance(void **state)
 static void test_protocol_edges_hostile_instances(void **state)
 {
     (void)state;
-    edge_opts_t o = edge_defaults();
-    o.instances = 2;
-    o.inst_tp[1] = 4;
+    edge_opts_t o = edge_two_instances();
     o.max_instances = 2;
     edge_cluster_t *cl = edge_create(&o);
     edge_node_t *d = edge_decode(cl, 0);
@@ -3881,8 +3886,7 @@ static void test_protocol_edges_hostile_instances(void **state)
     assert_int_equal(edge_stats(d).msgs_rejected - before.msgs_rejected, 4);
     edge_computed_inst(cl, 0, 1, 40);
     edge_run(cl);
-    edge_expect_inst(cl, 0, 1, KVS_OK);
-    assert_int_equal(edge_corrupt(cl, 1, 0, 40), 0);
+    edge_expect_inst_ok(cl, 0, 1, 0, 40);
 
     /* The prefill side: an intruder registers as decode instance 5. */
     edge_node_t *p = edge_prefill(cl, 0);
@@ -3908,8 +3912,7 @@ static void test_protocol_edges_hostile_instances(void **state)
     assert_int_equal(edge_stats(p).msgs_rejected - pb.msgs_rejected, 1);
     edge_computed(cl, 6, 16, true);
     edge_run(cl);
-    edge_expect_inst(cl, 0, 6, KVS_OK);
-    assert_int_equal(edge_corrupt(cl, 6, 0, 16), 0);
+    edge_expect_inst_ok(cl, 0, 6, 0, 16);
     /* ... and a room it names first that the caller opens for instance 0
      * fails as misrouted, on this rank only. */
     m.u.room.room = 42;
