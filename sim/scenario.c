@@ -22,6 +22,7 @@
  */
 #include "scenario.h"
 
+#include "driver.h"
 #include "engine.h"
 #include "kvdata.h"
 #include "trace.h"
@@ -52,16 +53,13 @@ typedef struct sim_node {
     char name[64];                /* its NIC's address too */
     sim_gpu_t *gpu;
     sim_nic_t *nic;
-    kvs_manager_t *m;
-    kvs_decode_t *dec;
-    kvs_prefill_t *pre;
+    kvs_rank_t *rank;            /* NULL while down */
+    sim_driver_t drv;            /* steps the rank on the engine */
     uint64_t pool_addr, layer_bytes;
     uint8_t *pool_host;          /* host view of the whole KV pool */
     int64_t layers, heads;       /* local */
     int64_t first_layer;         /* global id of its stage's first layer */
     uint64_t *k_base, *v_base;
-    bool wake_pending;
-    uint64_t timer_ns;           /* a progress already scheduled then, 0: none */
     uint32_t gpu_id;
     bool down;                   /* crashed, or failed its init: no handler */
     bool hbm_full;               /* its GPU holds the KV pool and nothing more */
@@ -239,17 +237,8 @@ static void sim_pages_give(sim_pages_t *p, const int64_t *ids, int64_t n)
 
 /* ---- node plumbing ----------------------------------------------------------- */
 
-static void sim_node_progress(sim_engine_t *eng, void *ctx, uint64_t arg);
-
-static void sim_node_wake(void *ctx)
-{
-    sim_node_t *n = ctx;
-    if (n->wake_pending || n->down)
-        return;
-    n->wake_pending = true;
-    if (sim_engine_after(n->sc->eng, 0, sim_node_progress, n, 0, NULL) != KVS_OK)
-        sim_fail(n->sc, KVS_ENOMEM, "scheduling the progress of %s failed", n->name);
-}
+/* Its GPU or NIC has news, or the scenario told it something: a step. */
+static void sim_node_wake(sim_node_t *n) { sim_driver_wake(&n->drv); }
 
 /* Global head of local head j on a rank of TP tp holding `heads` heads. */
 static int64_t sim_global_head(int64_t total, int64_t tp_size, int64_t rank, int64_t heads,
@@ -595,51 +584,19 @@ static void sim_on_result(sim_scenario_t *sc, sim_node_t *n, const kvs_room_resu
     sim_report_in(sc, n, (uint32_t)res->room, res->status, true);
 }
 
-static void sim_node_timer(sim_engine_t *eng, void *ctx, uint64_t arg)
+/* The driver's callbacks: a finished room, a failed step. */
+static void sim_node_result(void *ctx, const kvs_room_result_t *res)
 {
     sim_node_t *n = ctx;
-    if (n->timer_ns == arg)
-        n->timer_ns = 0;
-    sim_node_wake(n);
+    if (!n->down)
+        sim_on_result(n->sc, n, res);
 }
 
-/* The handlers' contract: progress again when the clock passes their next
- * deadline (stall timeouts), even if nothing else wakes the rank. */
-static void sim_node_arm_timer(sim_node_t *n)
-{
-    if (n->down)
-        return;
-    const uint64_t at = n->dec != NULL ? kvs_decode_next_deadline_ns(n->dec)
-                                       : kvs_prefill_next_deadline_ns(n->pre);
-    if (at == UINT64_MAX || (n->timer_ns != 0 && n->timer_ns <= at))
-        return;
-    const uint64_t now = sim_engine_now_ns(n->sc->eng);
-    n->timer_ns = at > now ? at : now;
-    if (sim_engine_at(n->sc->eng, n->timer_ns, sim_node_timer, n, n->timer_ns, NULL) != KVS_OK)
-        sim_fail(n->sc, KVS_ENOMEM, "scheduling a timer of %s failed", n->name);
-}
-
-static void sim_node_progress(sim_engine_t *eng, void *ctx, uint64_t arg)
+static void sim_node_error(void *ctx, int status)
 {
     sim_node_t *n = ctx;
-    sim_scenario_t *sc = n->sc;
-    n->wake_pending = false;
-    if (n->down)
-        return; /* crashed after this was scheduled */
-    int rc = n->dec != NULL ? kvs_decode_progress(n->dec) : kvs_prefill_progress(n->pre);
-    if (rc < 0) {
-        sim_fail(sc, rc, "%s: progress failed: %s", n->name, kvs_manager_last_error(n->m)->msg);
-        return;
-    }
-    kvs_room_result_t res[16];
-    int got;
-    do {
-        got = n->dec != NULL ? kvs_decode_poll_rooms(n->dec, res, 16)
-                             : kvs_prefill_poll_rooms(n->pre, res, 16);
-        for (int i = 0; i < got && !n->down; i++)
-            sim_on_result(sc, n, &res[i]);
-    } while (got == 16);
-    sim_node_arm_timer(n);
+    sim_fail(n->sc, status, "%s: progress failed: %s", n->name,
+             kvs_rank_last_error(n->rank)->msg);
 }
 
 /* One forward-pass step of the request at the head of its prefill
@@ -665,11 +622,11 @@ static void sim_compute_step(sim_engine_t *eng, void *ctx, uint64_t arg)
         if (n->down)
             continue;
         sim_fill_prefill(sc, n, i, r->computed, end);
-        int rc = kvs_prefill_room_computed(n->pre, i, end, final);
+        int rc = kvs_rank_computed(n->rank, i, end, final);
         if (rc == KVS_ENOENT)
             continue; /* this rank already ended the room (it failed): nothing to send */
         if (rc != KVS_OK) {
-            sim_fail(sc, rc, "%s: room_computed: %s", n->name, kvs_manager_last_error(n->m)->msg);
+            sim_fail(sc, rc, "%s: room_computed: %s", n->name, kvs_rank_last_error(n->rank)->msg);
             return;
         }
         sim_node_wake(n);
@@ -735,32 +692,27 @@ static int sim_open_rooms(sim_scenario_t *sc, uint32_t i)
             }
         }
     }
-    for (int64_t d = 0; d < r->di->nranks; d++) {
-        sim_node_t *n = &r->di->nodes[d];
-        if (n->down)
-            continue;
-        int rc = kvs_decode_room_open_peer(n->dec, i, prefill, r->base, r->tokens, r->dpages,
-                                           nd);
-        /* EPEER: a prefill rank it writes from is away; the room failed at
-         * once and its result comes from poll_rooms. */
-        if (rc != KVS_OK && rc != KVS_EPEER)
-            return sim_fail(sc, rc, "%s: room_open: %s", n->name, kvs_manager_last_error(n->m)->msg);
-        if (rc == KVS_EPEER)
-            r->untellable = true;
-        sim_node_wake(n);
-    }
-    for (int64_t p = 0; p < r->pi->nranks; p++) {
-        sim_node_t *n = &r->pi->nodes[p];
-        if (n->down)
-            continue;
-        int rc = kvs_prefill_room_open_peer(n->pre, i, decode, r->tokens, r->ppages, np);
-        /* EPEER: a decode rank it writes to is away; the room failed at
-         * once and its result comes from poll_rooms. */
-        if (rc != KVS_OK && rc != KVS_EPEER)
-            return sim_fail(sc, rc, "%s: room_open: %s", n->name, kvs_manager_last_error(n->m)->msg);
-        if (rc == KVS_EPEER)
-            r->untellable = true;
-        sim_node_wake(n);
+    /* Decode ranks first, as a serving engine opens them. EPEER: a peer
+     * rank of the room is away; the room failed at once and its result
+     * comes from the rank's results. */
+    for (int side = 1; side >= 0; side--) {
+        sim_inst_t *inst = side == 0 ? r->pi : r->di;
+        const kvs_room_desc_t room = {
+            .room = i, .peer = side == 0 ? decode : prefill,
+            .base_tokens = side == 0 ? 0 : r->base, .total_tokens = r->tokens,
+            .pages = side == 0 ? r->ppages : r->dpages, .num_pages = side == 0 ? np : nd};
+        for (int64_t k = 0; k < inst->nranks; k++) {
+            sim_node_t *n = &inst->nodes[k];
+            if (n->down)
+                continue;
+            int rc = kvs_rank_open_room(n->rank, &room);
+            if (rc != KVS_OK && rc != KVS_EPEER)
+                return sim_fail(sc, rc, "%s: room_open: %s", n->name,
+                                kvs_rank_last_error(n->rank)->msg);
+            if (rc == KVS_EPEER)
+                r->untellable = true;
+            sim_node_wake(n);
+        }
     }
     if (r->reports_left == 0 && down > 0 &&
         sim_engine_after(sc->eng, 0, sim_finish_event, sc, i, NULL) != KVS_OK)
@@ -907,8 +859,9 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
         rc = sim_nic_create(sc->net, n->name, n->gpu, &n->nic);
     if (rc != KVS_OK)
         return sim_fail(sc, rc, "creating the GPU/NIC of %s failed: %s", n->name, kvs_strerror(rc));
-    sim_gpu_set_wake(n->gpu, sim_node_wake, n);
-    sim_nic_set_wake(n->nic, sim_node_wake, n);
+    sim_driver_init(&n->drv, sc->eng, NULL, n, sim_node_result, sim_node_error);
+    sim_gpu_set_wake(n->gpu, sim_driver_wake, &n->drv);
+    sim_nic_set_wake(n->nic, sim_driver_wake, &n->drv);
     if (sc->trace != NULL) {
         sim_trace_process(sc->trace, sim_node_pid(n), n->name);
         sim_gpu_set_span(n->gpu, sim_node_span, n);
@@ -953,31 +906,32 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
         .max_peers = other_ranks > 256 ? (uint32_t)other_ranks : 0,
         .trace = sc->trace != NULL ? sim_core_span : NULL, .trace_ctx = n,
         .log = {.fn = NULL, .level = KVS_LOG_ERROR}};
+    kvs_kv_layer_t *layers = calloc((size_t)n->layers, sizeof *layers);
+    if (layers == NULL)
+        return sim_fail(sc, KVS_ENOMEM, "%s: KV pool tables", n->name);
+    for (int64_t i = 0; i < n->layers; i++)
+        layers[i] = (kvs_kv_layer_t){.k_addr = n->k_base[i], .v_addr = n->v_base[i],
+                                     .tokens = sc->pool_pages * l->page_size,
+                                     .token_stride_bytes = n->heads * l->head_dim * l->elem_bytes,
+                                     .head_stride_bytes = l->head_dim * l->elem_bytes,
+                                     .elem_stride_bytes = l->elem_bytes};
+    const kvs_rank_config_t rcfg = {.manager = mc, .layers = layers, .local_heads = n->heads};
     kvs_error_t err = {0};
-    rc = kvs_manager_create(&mc, dev, sim_nic_fabric(n->nic), &n->m, &err);
-    if (rc != KVS_OK)
-        return sim_fail(sc, rc, "%s: manager: %s", n->name, err.msg);
-    kvs_kv_buffers_t kv = {.num_layers = n->layers, .k_base = n->k_base, .v_base = n->v_base,
-                           .local_heads = n->heads, .page_size = l->page_size,
-                           .num_pages = sc->pool_pages};
-    if (staging && (rc = kvs_manager_init_staging(n->m)) == KVS_OK)
-        rc = kvs_manager_register_staging(n->m);
-    if (rc == KVS_OK)
-        rc = kvs_manager_set_kv_buffers(n->m, &kv);
-    if (rc == KVS_OK)
-        rc = decode ? kvs_decode_create(n->m, &n->dec) : kvs_prefill_create(n->m, &n->pre);
+    rc = kvs_rank_create(&rcfg, dev, sim_nic_fabric(n->nic), &n->rank, &err);
+    free(layers);
     if (rc != KVS_OK && n->hbm_full) {
         /* The fault under test: the rank reports why and stays down; the
          * run goes on without it. */
         if (sc->ranks_down_at_start++ == 0)
-            snprintf(sc->init_error, sizeof sc->init_error, "%s: %s (%s)", n->name,
-                     kvs_manager_last_error(n->m)->msg, kvs_status_name(rc));
+            snprintf(sc->init_error, sizeof sc->init_error, "%s: %s (%s)", n->name, err.msg,
+                     kvs_status_name(rc));
         sim_node_teardown(n);
         n->down = true;
         return KVS_OK;
     }
     if (rc != KVS_OK)
-        return sim_fail(sc, rc, "%s: %s", n->name, kvs_manager_last_error(n->m)->msg);
+        return sim_fail(sc, rc, "%s: %s", n->name, err.msg);
+    sim_driver_set_rank(&n->drv, n->rank);
     sim_node_faults(sc, n);
     return KVS_OK;
 }
@@ -986,10 +940,7 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
 static void sim_node_teardown(sim_node_t *n)
 {
     kvs_handler_stats_t st = {0};
-    if (n->dec != NULL)
-        kvs_decode_stats(n->dec, &st);
-    else if (n->pre != NULL)
-        kvs_prefill_stats(n->pre, &st);
+    kvs_rank_stats(n->rank, &st);
     n->acc.rdma_writes += st.rdma_writes;
     n->acc.rdma_write_bytes += st.rdma_write_bytes;
     n->acc.msgs_sent += st.msgs_sent;
@@ -1002,10 +953,9 @@ static void sim_node_teardown(sim_node_t *n)
         n->acc.ring_peak_bytes = st.ring_peak_bytes;
     if (n->nic != NULL)
         n->acc_posts_refused += sim_nic_posts_refused(n->nic);
-    kvs_decode_destroy(n->dec);
-    kvs_prefill_destroy(n->pre);
-    if (n->m != NULL)
-        (void)kvs_manager_destroy(n->m);
+    kvs_rank_destroy(n->rank);
+    n->rank = NULL;
+    sim_driver_set_rank(&n->drv, NULL);
     if (n->gpu != NULL && n->pool_addr != 0) {
         kvs_device_t *dev = sim_gpu_device(n->gpu);
         (void)dev->ops.mem_free(dev, n->pool_addr);
@@ -1014,16 +964,11 @@ static void sim_node_teardown(sim_node_t *n)
     sim_gpu_destroy(n->gpu);
     free(n->k_base);
     free(n->v_base);
-    n->dec = NULL;
-    n->pre = NULL;
-    n->m = NULL;
     n->nic = NULL;
     n->gpu = NULL;
     n->pool_addr = 0;
     n->pool_host = NULL;
     n->k_base = n->v_base = NULL;
-    n->wake_pending = false;
-    n->timer_ns = 0;
 }
 
 /* Decode rank n declares every prefill instance (the addresses of its
@@ -1043,12 +988,12 @@ static int sim_connect_node(sim_scenario_t *sc, sim_node_t *n)
         }
         const kvs_instance_desc_t desc = {.id = pi->id, .tp_size = pi->tp, .pp_size = pi->pp,
                                           .dp_size = 1, .addrs = addrs};
-        int rc = kvs_decode_add_instance(n->dec, &desc);
+        int rc = kvs_rank_add_instance(n->rank, &desc);
         free(addrs);
         if (rc == KVS_OK)
-            rc = kvs_decode_connect_peer(n->dec, (kvs_peer_t){pi->id, 0});
+            rc = kvs_rank_connect(n->rank, (kvs_peer_t){pi->id, 0});
         if (rc != KVS_OK && !(rc == KVS_ENOENT && down))
-            return sim_fail(sc, rc, "%s: %s", n->name, kvs_manager_last_error(n->m)->msg);
+            return sim_fail(sc, rc, "%s: %s", n->name, kvs_rank_last_error(n->rank)->msg);
     }
     sim_node_wake(n);
     return KVS_OK;
@@ -1374,10 +1319,7 @@ static void sim_report(sim_scenario_t *sc, sim_report_t *out)
     for (int64_t i = 0; i < sc->nprefill + sc->ndecode; i++) {
         const sim_node_t *n = &sc->nodes[i];
         kvs_handler_stats_t st = {0};
-        if (n->dec != NULL)
-            kvs_decode_stats(n->dec, &st);
-        else if (n->pre != NULL)
-            kvs_prefill_stats(n->pre, &st);
+        kvs_rank_stats(n->rank, &st);
         /* with the counters of the rank's previous incarnations */
         st.rdma_write_bytes += n->acc.rdma_write_bytes;
         st.rdma_writes += n->acc.rdma_writes;
@@ -1389,8 +1331,8 @@ static void sim_report(sim_scenario_t *sc, sim_report_t *out)
         st.peers_lost += n->acc.peers_lost;
         if (n->acc.ring_peak_bytes > st.ring_peak_bytes)
             st.ring_peak_bytes = n->acc.ring_peak_bytes;
-        if (n->m != NULL && out->path == KVS_PATH_AUTO)
-            out->path = kvs_manager_path(n->m);
+        if (n->rank != NULL && out->path == KVS_PATH_AUTO)
+            out->path = kvs_manager_path(kvs_rank_manager(n->rank));
         if (n->inst == NULL)
             continue; /* set-up stopped before its instance was built */
         sim_instance_report_t *ir = &out->instances[n->inst - sc->insts];
@@ -1409,7 +1351,7 @@ static void sim_report(sim_scenario_t *sc, sim_report_t *out)
                               (n->nic != NULL ? sim_nic_posts_refused(n->nic) : 0);
         if (st.ring_peak_bytes > out->ring_peak_bytes)
             out->ring_peak_bytes = st.ring_peak_bytes;
-        kvs_ring_t *ring = n->m != NULL ? kvs_manager_ring(n->m) : NULL;
+        kvs_ring_t *ring = n->rank != NULL ? kvs_manager_ring(kvs_rank_manager(n->rank)) : NULL;
         if (ring != NULL) /* surviving ranks only: a crash takes its ring along */
             out->ring_leaked_bytes += kvs_ring_live_bytes(ring);
     }
@@ -1459,6 +1401,10 @@ int sim_scenario_run(const sim_scenario_config_t *cfg, sim_report_t *out, char *
             if (sim_engine_pending(sc->eng) == 0)
                 break; /* nothing left to happen: the rest can never finish */
         }
+        for (int64_t k = 0; k < sc->nprefill + sc->ndecode && sc->fatal == KVS_OK; k++)
+            if (sc->nodes[k].drv.error != KVS_OK)
+                sim_fail(sc, sc->nodes[k].drv.error, "scheduling a step of %s failed",
+                         sc->nodes[k].name);
         rc = sc->fatal;
         if (rc == KVS_OK && sc->finished < sc->cfg.requests && err != NULL && err_bytes > 0)
             snprintf(err, err_bytes, "%u of %u requests never finished",

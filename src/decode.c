@@ -899,6 +899,25 @@ static int kvs__advance(kvs__handler_t *h)
     return work;
 }
 
+/* Bootstrapping until every writer acknowledged this rank's registration;
+ * transferring once a writer's bytes arrived (or, on the direct and slice
+ * paths, once a writer reported). */
+static kvs_room_state_t kvs__room_state(const kvs__handler_t *h, const kvs__room_t *room)
+{
+    (void)h;
+    const kvs__droom_t *r = (const kvs__droom_t *)room;
+    const kvs__inst_t *inst = room->inst;
+    for (int64_t i = 0; i < inst->npeers; i++)
+        if (!inst->peers[i].ready)
+            return KVS_ROOM_BOOTSTRAPPING;
+    if (r->reports > 0 || r->scattered > 0)
+        return KVS_ROOM_TRANSFERRING;
+    for (int64_t i = 0; i < r->num_chunks; i++)
+        if (r->chunks[i].arrivals > 0)
+            return KVS_ROOM_TRANSFERRING;
+    return KVS_ROOM_WAITING;
+}
+
 static int kvs__role_init(kvs__handler_t *h)
 {
     kvs_decode_t *d = kvs__dec(h);
@@ -937,7 +956,8 @@ static const kvs__role_t kvs__decode_role = {
     .role = KVS_ROLE_DECODE, .accepts = false, .role_init = kvs__role_init,
     .role_fini = kvs__role_fini, .on_register = kvs__on_ack, .on_connected = kvs__on_connected,
     .on_message = kvs__on_message, .advance = kvs__advance, .on_fail = kvs__on_fail,
-    .on_stalled = kvs__on_stalled, .on_peer_lost = kvs__on_peer_lost, .room_free = kvs__room_free};
+    .on_stalled = kvs__on_stalled, .on_peer_lost = kvs__on_peer_lost, .room_free = kvs__room_free,
+    .room_state = kvs__room_state};
 
 /* ---- the public calls ------------------------------------------------------- */
 

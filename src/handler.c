@@ -471,6 +471,42 @@ uint64_t kvs__handler_deadline(const kvs__handler_t *h)
 
 /* ---- the calls both handler types answer the same --------------------------- */
 
+const char *kvs_room_state_name(kvs_room_state_t state)
+{
+    switch (state) {
+    case KVS_ROOM_FAILED:
+        return "failed";
+    case KVS_ROOM_BOOTSTRAPPING:
+        return "bootstrapping";
+    case KVS_ROOM_WAITING:
+        return "waiting";
+    case KVS_ROOM_TRANSFERRING:
+        return "transferring";
+    case KVS_ROOM_SUCCESS:
+        return "success";
+    }
+    return "unknown";
+}
+
+int kvs__handler_room_state(const kvs__handler_t *h, uint64_t room, kvs_room_state_t *out)
+{
+    const kvs__room_t *r = kvs__room_get(h, room);
+    if (r == NULL || out == NULL)
+        return r == NULL ? KVS_ENOENT : KVS_EINVAL;
+    *out = r->status != KVS_OK ? KVS_ROOM_FAILED : h->role->room_state(h, r);
+    return KVS_OK;
+}
+
+int kvs__handler_room_abort(kvs__handler_t *h, uint64_t room)
+{
+    kvs__room_t *r = kvs__room_get(h, room);
+    if (r == NULL)
+        return KVS__MFAIL(h->m, KVS_ENOENT, "room %llu is not open on this rank: nothing to "
+                          "abort", (unsigned long long)room);
+    kvs__room_fail(h, r, KVS_ECANCELED, NULL);
+    return KVS_OK;
+}
+
 /* Both public handler types embed kvs__handler_t first. */
 #define KVS__HANDLER_CALLS(role)                                                          \
     void kvs_##role##_destroy(kvs_##role##_t *x)                                          \
@@ -503,6 +539,16 @@ uint64_t kvs__handler_deadline(const kvs__handler_t *h)
     uint64_t kvs__##role##_stall_ns(const kvs_##role##_t *x)                              \
     {                                                                                     \
         return kvs__handler_stall_ns((const kvs__handler_t *)x);                          \
+    }                                                                                     \
+    int kvs_##role##_room_state(const kvs_##role##_t *x, uint64_t room,                   \
+                                kvs_room_state_t *out)                                    \
+    {                                                                                     \
+        return x != NULL ? kvs__handler_room_state((const kvs__handler_t *)x, room, out)   \
+                         : KVS_EINVAL;                                                    \
+    }                                                                                     \
+    int kvs_##role##_room_abort(kvs_##role##_t *x, uint64_t room)                         \
+    {                                                                                     \
+        return x != NULL ? kvs__handler_room_abort((kvs__handler_t *)x, room) : KVS_EINVAL; \
     }
 
 KVS__HANDLER_CALLS(decode)

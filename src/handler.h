@@ -79,6 +79,8 @@ typedef struct kvs__role {
     /* Frees a room the base no longer holds (after it ended, or at destroy:
      * then also releases its device work and ring regions). */
     void (*room_free)(kvs__handler_t *h, kvs__room_t *r, bool destroying);
+    /* Where an open room stands (kvs_room_state_t, never SUCCESS). */
+    kvs_room_state_t (*room_state)(const kvs__handler_t *h, const kvs__room_t *r);
     /* Sets up the role's own state after the base's (role_init) and frees
      * it, whatever of it exists (role_fini, before the base goes). */
     int (*role_init)(kvs__handler_t *h);
@@ -188,6 +190,9 @@ static inline uint64_t kvs__handler_stall_ns(const kvs__handler_t *h)
     return h->first != NULL ? h->next_check_ns : UINT64_MAX;
 }
 int kvs__handler_poll_rooms(kvs__handler_t *h, kvs_room_result_t *out, int max);
+int kvs__handler_room_state(const kvs__handler_t *h, uint64_t room, kvs_room_state_t *out);
+/* Fails room with KVS_ECANCELED (its peers are told); KVS_ENOENT. */
+int kvs__handler_room_abort(kvs__handler_t *h, uint64_t room);
 
 /* Formats the peer for messages: "prefill instance 7 group 0 rank tp 1 pp 0". */
 const char *kvs__peer_name(const kvs__peer_t *peer, char *buf, size_t bytes);

@@ -654,6 +654,26 @@ static int kvs__advance(kvs__handler_t *h)
     return 0;
 }
 
+/* Bootstrapping until its decode instance registered and every target's
+ * ROOM came; transferring once a gather or a write of it started. */
+static kvs_room_state_t kvs__room_state(const kvs__handler_t *h, const kvs__room_t *room)
+{
+    (void)h;
+    const kvs__proom_t *r = (const kvs__proom_t *)room;
+    if (r->nflows == 0)
+        return KVS_ROOM_BOOTSTRAPPING;
+    bool moving = false;
+    for (int64_t f = 0; f < r->nflows; f++) {
+        const kvs__pflow_t *fl = &r->flows[f];
+        if (!fl->known || !room->inst->peers[f].ready)
+            return KVS_ROOM_BOOTSTRAPPING;
+        moving = moving || fl->writes_pending > 0 || fl->chunks_done > 0 || fl->cur_t > fl->base;
+        for (int64_t c = 0; c < fl->num_chunks; c++)
+            moving = moving || fl->chunks[c].state >= KVS__PCH_GATHER;
+    }
+    return moving ? KVS_ROOM_TRANSFERRING : KVS_ROOM_WAITING;
+}
+
 static int kvs__role_init(kvs__handler_t *h)
 {
     kvs_prefill_t *p = kvs__pre(h);
@@ -696,7 +716,8 @@ static const kvs__role_t kvs__prefill_role = {
     .role_fini = kvs__role_fini, .on_register = kvs__on_register,
     .on_message = kvs__on_message, .on_write_done = kvs__on_write_done,
     .advance = kvs__advance, .on_fail = kvs__on_fail, .on_stalled = kvs__on_stalled,
-    .on_peer_lost = kvs__on_peer_lost, .room_free = kvs__room_free};
+    .on_peer_lost = kvs__on_peer_lost, .room_free = kvs__room_free,
+    .room_state = kvs__room_state};
 
 /* ---- the public calls ------------------------------------------------------- */
 

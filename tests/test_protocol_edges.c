@@ -36,6 +36,7 @@
 #include <string.h>
 
 #include "channel.h"
+#include "driver.h"
 #include "engine.h"
 #include "fabric.h"
 #include "gpu.h"
@@ -75,18 +76,16 @@ typedef struct edge_node {
     sim_gpu_t *gpu;
     sim_nic_t *nic;
     kvs_manager_t *m;
-    kvs_decode_t *dec;
+    kvs_rank_t *rank;                /* its manager's handler, driven by drv */
+    kvs_decode_t *dec;               /* the rank's handler (one of the two) */
     kvs_prefill_t *pre;
+    sim_driver_t drv;                /* steps the rank as an event loop would */
     int64_t page_size, heads, layers, elem_bytes;
     uint64_t pool_addr, layer_bytes, pool_bytes;
     uint8_t *pool_host;
     uint64_t k_base[EDGE_MAX_LAYERS], v_base[EDGE_MAX_LAYERS];
-    bool wake_pending;
     bool crashed;                    /* edge_crash took it down */
-    uint64_t timer_ns;               /* progress already scheduled then for a room's
-                                        stall deadline (0: none) */
-    uint64_t link_timer_ns;          /* ... for a link's retransmission (0: none) */
-    int progress_rc;                 /* first failure of *_progress */
+    int progress_rc;                 /* first failure of a step */
     kvs_room_result_t res[EDGE_MAX_RESULTS];
     int nres;
     uint32_t log_errors, log_warnings;
@@ -222,88 +221,50 @@ static void edge_log(void *user, kvs_log_level_t level, const char *msg)
                 (unsigned long long)sim_engine_now_ns(n->cl->eng), msg);
 }
 
-static void edge_arm_timer(edge_node_t *n);
-
-static void edge_progress(sim_engine_t *eng, void *ctx, uint64_t arg)
+/* The driver's callbacks: each finished room, a failed step, and the
+ * rooms' stall deadline, which the harness tells from the links'
+ * retransmissions (edge_run stops before the first, runs the others). */
+static void edge_on_result(void *ctx, const kvs_room_result_t *res)
 {
     edge_node_t *n = ctx;
-    (void)eng;
-    (void)arg;
-    n->wake_pending = false;
-    if (n->crashed)
-        return; /* woken before it went down */
-    int rc = n->dec != NULL ? kvs_decode_progress(n->dec) : kvs_prefill_progress(n->pre);
-    if (rc < 0 && n->progress_rc == KVS_OK)
-        n->progress_rc = rc;
-    for (;;) {
-        kvs_room_result_t got[8];
-        int k = n->dec != NULL ? kvs_decode_poll_rooms(n->dec, got, 8)
-                               : kvs_prefill_poll_rooms(n->pre, got, 8);
-        if (k <= 0)
-            break;
-        for (int i = 0; i < k; i++) {
-            if (n->nres == EDGE_MAX_RESULTS)
-                EDGE_FAIL("%s: more than %d results", n->name, EDGE_MAX_RESULTS);
-            n->res[n->nres++] = got[i];
-            if (n->cl->on_result != NULL)
-                n->cl->on_result(n->cl, n, &got[i]);
-        }
-    }
-    edge_arm_timer(n);
+    if (n->nres == EDGE_MAX_RESULTS)
+        EDGE_FAIL("%s: more than %d results", n->name, EDGE_MAX_RESULTS);
+    n->res[n->nres++] = *res;
+    if (n->cl->on_result != NULL)
+        n->cl->on_result(n->cl, n, res);
 }
 
-static void edge_wake(void *ctx);
-
-static void edge_timer(sim_engine_t *eng, void *ctx, uint64_t arg)
+static void edge_on_error(void *ctx, int status)
 {
     edge_node_t *n = ctx;
-    (void)eng;
-    if (n->timer_ns == arg)
-        n->timer_ns = 0;
-    edge_wake(n);
+    if (n->progress_rc == KVS_OK)
+        n->progress_rc = status;
 }
 
-static void edge_link_timer(sim_engine_t *eng, void *ctx, uint64_t arg)
+static uint64_t edge_stall_ns(const kvs_rank_t *rank)
 {
-    edge_node_t *n = ctx;
-    (void)eng;
-    if (n->link_timer_ns == arg)
-        n->link_timer_ns = 0;
-    edge_wake(n);
+    kvs_rank_t *r = (kvs_rank_t *)rank; /* the getters take no const */
+    return kvs_rank_decode(r) != NULL ? kvs__decode_stall_ns(kvs_rank_decode(r))
+                                      : kvs__prefill_stall_ns(kvs_rank_prefill(r));
 }
 
-static void edge_arm(edge_node_t *n, uint64_t at, uint64_t *slot, sim_event_fn fn)
+/* A step of n now (the test told it something). */
+static void edge_wake(edge_node_t *n) { sim_driver_wake(&n->drv); }
+
+/* n's rank exists (or is gone: NULL): its handler and driver follow. */
+static void edge_attach(edge_node_t *n, kvs_rank_t *rank)
 {
-    if (at == UINT64_MAX || (*slot != 0 && *slot <= at))
-        return;
-    const uint64_t now = sim_engine_now_ns(n->cl->eng);
-    *slot = at > now ? at : now;
-    if (sim_engine_at(n->cl->eng, *slot, fn, n, *slot, NULL) != KVS_OK)
-        EDGE_FAIL("%s: scheduling a timer failed", n->name);
+    n->rank = rank;
+    n->dec = kvs_rank_decode(rank);
+    n->pre = kvs_rank_prefill(rank);
+    sim_driver_set_rank(&n->drv, rank);
 }
 
-/* The API contract: progress again when the clock passes next_deadline.
- * The harness tells the rooms' stall deadlines (which edge_run stops
- * before) from the links' retransmissions (which it runs). */
-static void edge_arm_timer(edge_node_t *n)
+/* Destroys n's handler (its manager stays). */
+static void edge_rank_drop(edge_node_t *n)
 {
-    const uint64_t at = n->dec != NULL ? kvs_decode_next_deadline_ns(n->dec)
-                                       : kvs_prefill_next_deadline_ns(n->pre);
-    const uint64_t stall = n->dec != NULL ? kvs__decode_stall_ns(n->dec)
-                                          : kvs__prefill_stall_ns(n->pre);
-    if (at < stall)
-        edge_arm(n, at, &n->link_timer_ns, edge_link_timer);
-    edge_arm(n, stall, &n->timer_ns, edge_timer);
-}
-
-static void edge_wake(void *ctx)
-{
-    edge_node_t *n = ctx;
-    if (n->wake_pending)
-        return;
-    n->wake_pending = true;
-    if (sim_engine_after(n->cl->eng, 0, edge_progress, n, 0, NULL) != KVS_OK)
-        EDGE_FAIL("%s: scheduling progress failed", n->name);
+    kvs_rank_destroy(n->rank);
+    edge_attach(n, NULL);
 }
 
 static void edge_check_progress(edge_cluster_t *cl)
@@ -320,9 +281,11 @@ static void edge_check_progress(edge_cluster_t *cl)
 static uint64_t edge_earliest_timer(const edge_cluster_t *cl)
 {
     uint64_t t = UINT64_MAX;
-    for (int i = 0; i < edge_nnodes(cl); i++)
-        if (cl->nodes[i].timer_ns != 0 && cl->nodes[i].timer_ns < t)
-            t = cl->nodes[i].timer_ns;
+    for (int i = 0; i < edge_nnodes(cl); i++) {
+        const uint64_t at = cl->nodes[i].drv.stall_timer_ns;
+        if (at != 0 && at < t)
+            t = at;
+    }
     return t;
 }
 
@@ -391,8 +354,10 @@ static int edge_node_setup(edge_cluster_t *cl, edge_node_t *n, kvs_role_t role, 
         rc = sim_nic_create(cl->net, n->name, n->gpu, &n->nic);
     if (rc != KVS_OK)
         return rc;
-    sim_gpu_set_wake(n->gpu, edge_wake, n);
-    sim_nic_set_wake(n->nic, edge_wake, n);
+    sim_driver_init(&n->drv, cl->eng, NULL, n, edge_on_result, edge_on_error);
+    n->drv.stall_ns = edge_stall_ns;
+    sim_gpu_set_wake(n->gpu, sim_driver_wake, &n->drv);
+    sim_nic_set_wake(n->nic, sim_driver_wake, &n->drv);
 
     kvs_device_t *dev = sim_gpu_device(n->gpu);
     n->layer_bytes = (uint64_t)(EDGE_POOL_PAGES * n->page_size * n->heads * o->head_dim *
@@ -457,8 +422,9 @@ static int edge_node_manager(edge_cluster_t *cl, edge_node_t *n, uint64_t sessio
                            .num_pages = EDGE_POOL_PAGES};
     if (rc == KVS_OK)
         rc = kvs_manager_set_kv_buffers(n->m, &kv);
-    if (rc == KVS_OK && !o->no_handlers)
-        rc = decode ? kvs_decode_create(n->m, &n->dec) : kvs_prefill_create(n->m, &n->pre);
+    kvs_rank_t *rank = NULL;
+    if (rc == KVS_OK && !o->no_handlers && (rc = kvs_rank_create_on(n->m, &rank)) == KVS_OK)
+        edge_attach(n, rank);
     if (rc != KVS_OK)
         print_error("%s: %s\n", n->name, kvs_manager_last_error(n->m)->msg);
     return rc;
@@ -554,8 +520,7 @@ static void edge_destroy(edge_cluster_t *cl)
 {
     for (int i = 0; i < edge_nnodes(cl); i++) {
         edge_node_t *n = &cl->nodes[i];
-        kvs_decode_destroy(n->dec);
-        kvs_prefill_destroy(n->pre);
+        kvs_rank_destroy(n->rank);
         if (n->m != NULL)
             assert_int_equal(kvs_manager_destroy(n->m), KVS_OK);
         if (n->pool_addr != 0) {
@@ -574,8 +539,7 @@ static void edge_destroy(edge_cluster_t *cl)
  * see their connections to it die. edge_restart brings it back. */
 static void edge_crash(edge_node_t *n)
 {
-    kvs_prefill_destroy(n->pre);
-    n->pre = NULL;
+    edge_rank_drop(n);
     assert_int_equal(kvs_manager_destroy(n->m), KVS_OK);
     n->m = NULL;
     kvs_device_t *dev = sim_gpu_device(n->gpu);
@@ -1986,7 +1950,9 @@ static void test_protocol_edges_slice_write_error(void **state)
 static void edge_decode_recreate(edge_cluster_t *cl)
 {
     edge_node_t *d = edge_decode(cl, 0);
-    assert_int_equal(kvs_decode_create(d->m, &d->dec), KVS_OK);
+    kvs_rank_t *rank = NULL;
+    assert_int_equal(kvs_rank_create_on(d->m, &rank), KVS_OK);
+    edge_attach(d, rank);
     edge_connect(cl, 0);
     edge_run(cl);
     edge_assert_registered(cl);
@@ -2007,8 +1973,7 @@ static void test_protocol_edges_decode_restart(void **state)
     edge_computed(cl, 1, 16, false);
     edge_run(cl);
     assert_int_equal(edge_stats(d).copies, 1);
-    kvs_decode_destroy(d->dec);
-    d->dec = NULL;
+    edge_rank_drop(d);
     /* The ring belongs to the manager and outlives the handler: the regions
      * the handler held must have gone back with it. */
     edge_expect_ring_empty(cl);
@@ -2039,8 +2004,7 @@ static void test_protocol_edges_decode_restart(void **state)
 static void edge_decode_rebuild(edge_cluster_t *cl, uint64_t session)
 {
     edge_node_t *d = edge_decode(cl, 0);
-    kvs_decode_destroy(d->dec);
-    d->dec = NULL;
+    edge_rank_drop(d);
     assert_int_equal(kvs_manager_destroy(d->m), KVS_OK);
     d->m = NULL;
     assert_int_equal(edge_node_manager(cl, d, session), KVS_OK);
@@ -2065,8 +2029,7 @@ static void test_protocol_edges_decode_restart_mid_room(void **state)
     edge_computed(cl, 1, 16, false);
     edge_run(cl);
     assert_int_equal(edge_stats(d).copies, 1); /* chunk 0 moved; 1 and 2 hold regions */
-    kvs_decode_destroy(d->dec);
-    d->dec = NULL;
+    edge_rank_drop(d);
     edge_decode_recreate(cl);
     edge_expect_ring_empty(cl);
     /* Re-registration voided room 1 on the prefill ranks (nothing of it was
@@ -2239,17 +2202,17 @@ static void test_protocol_edges_create_failures(void **state)
         kvs_stream_t *taken = NULL;
         assert_int_equal(dev->ops.stream_create(dev, &taken), KVS_OK);
         const bool decode = n->role == KVS_ROLE_DECODE;
-        int rc = decode ? kvs_decode_create(n->m, &n->dec) : kvs_prefill_create(n->m, &n->pre);
+        kvs_rank_t *rank = NULL;
+        int rc = kvs_rank_create_on(n->m, &rank);
         assert_int_not_equal(rc, KVS_OK);
-        assert_null(n->dec);
-        assert_null(n->pre);
+        assert_null(rank);
         assert_int_equal(kvs_manager_last_error(n->m)->status, rc);
         assert_non_null(strstr(kvs_manager_last_error(n->m)->msg,
                                decode ? "could not create the scatter stream"
                                       : "could not create the gather stream"));
         dev->ops.stream_destroy(dev, taken);
-        rc = decode ? kvs_decode_create(n->m, &n->dec) : kvs_prefill_create(n->m, &n->pre);
-        assert_int_equal(rc, KVS_OK);
+        assert_int_equal(kvs_rank_create_on(n->m, &rank), KVS_OK);
+        edge_attach(n, rank);
     }
     edge_connect(cl, 0);
     edge_run(cl);
@@ -2267,9 +2230,10 @@ static void test_protocol_edges_create_failures(void **state)
     cl = edge_create(&o);
     for (int i = 0; i < edge_nnodes(cl); i++) {
         edge_node_t *n = &cl->nodes[i];
-        const bool decode = n->role == KVS_ROLE_DECODE;
-        int rc = decode ? kvs_decode_create(n->m, &n->dec) : kvs_prefill_create(n->m, &n->pre);
+        kvs_rank_t *rank = NULL;
+        int rc = kvs_rank_create_on(n->m, &rank);
         assert_int_equal(rc, KVS_EBACKEND);
+        assert_null(rank);
         assert_non_null(strstr(kvs_manager_last_error(n->m)->msg, "could not register KV layer 1"));
         assert_int_equal(kvs_manager_path(n->m), KVS_PATH_AUTO); /* no handler */
     }
@@ -2415,8 +2379,7 @@ static void test_protocol_edges_teardown_anywhere(void **state)
         if (k > 0)
             sim_engine_run(cl->eng, UINT64_MAX, k);
         edge_node_t *d = edge_decode(cl, 0);
-        kvs_decode_destroy(d->dec);
-        d->dec = NULL;
+        edge_rank_drop(d);
         if (edge_ring_live_bytes(cl) != 0)
             EDGE_FAIL("after %llu events: the destroyed decode handler left %llu ring bytes",
                       (unsigned long long)k, (unsigned long long)edge_ring_live_bytes(cl));

@@ -114,7 +114,10 @@ extern "C" {
                    "an incompatible kvstage or is hostile; the message was "   \
                    "dropped")                                                  \
     X(EFULL, -30, "a bounded queue or table is full: raise its capacity or "  \
-                  "lower the load")
+                  "lower the load")                                            \
+    X(ECANCELED, -31, "the request was aborted by its caller (room abort): "  \
+                      "nothing to fix; its peers were told and its memory "    \
+                      "is released once no write can land")
 
 typedef enum kvs_status {
 #define KVS__STATUS_ENUM(name, value, msg) KVS_##name = value,
@@ -521,6 +524,33 @@ typedef struct kvs_kv_buffers {
     int64_t num_pages;        /* pages in each layer buffer */
 } kvs_kv_buffers_t;
 
+/* One layer of this rank's KV pool as an engine holds it: a K and a V
+ * buffer of `tokens` token slots (a contiguous per-layer tensor of shape
+ * [pool_tokens, heads, head_dim], as sglang's k_buffer[l] / v_buffer[l]).
+ * The strides are the engine's: kvstage needs the contiguous ones (element
+ * = the dtype's size, head = head_dim elements, token = heads heads) and
+ * refuses others, naming the layer and the stride. */
+typedef struct kvs_kv_layer {
+    uint64_t k_addr, v_addr;     /* device addresses of token slot 0 */
+    int64_t tokens;              /* token slots of each of the two buffers */
+    int64_t token_stride_bytes;  /* from one token slot to the next */
+    int64_t head_stride_bytes;   /* from one head to the next */
+    int64_t elem_stride_bytes;   /* from one element to the next */
+} kvs_kv_layer_t;
+
+/* An engine's flat list of KV buffers into per-layer descriptors: n_ptrs =
+ * 2 x layers addresses, the K layers then the V layers (sglang's
+ * kv_data_ptrs), each buffer's length in bytes (kv_data_lens) and its item
+ * size, the bytes of one page of it (kv_item_lens: page_size x heads x
+ * head_dim x the dtype's size). Fills out[0 .. n_ptrs / 2) (out_cap
+ * entries at least). KVS_EINVAL naming the first buffer whose item size or
+ * length disagrees with the geometry, or whose K and V lengths differ. */
+KVS_API int kvs_kv_layers_from_ptrs(const uint64_t *ptrs, const uint64_t *lens,
+                                    const uint64_t *item_lens, int64_t n_ptrs,
+                                    int64_t page_size, int64_t local_heads, int64_t head_dim,
+                                    kvs_dtype_t dtype, kvs_kv_layer_t *out, int64_t out_cap,
+                                    kvs_error_t *err);
+
 /* Creates a KV manager. dev and fab are borrowed and must outlive it. On
  * error nothing is allocated; err (may be NULL) gets the detail. Config
  * guards (MLA, context parallelism, chunk size, the default chunk of 8192
@@ -541,6 +571,13 @@ KVS_API int kvs_manager_init_staging(kvs_manager_t *m);
 KVS_API int kvs_manager_register_staging(kvs_manager_t *m);
 /* Publishes the KV buffers (set_kv_buffer_tensors). Once per manager. */
 KVS_API int kvs_manager_set_kv_buffers(kvs_manager_t *m, const kvs_kv_buffers_t *kv);
+/* The same step from per-layer descriptors (`layers` entries, one per layer
+ * of this rank's pool, each holding local_heads heads): each is checked
+ * against the manager's head_dim, dtype, page size and layer count, and the
+ * first layer or field that disagrees is named. Every layer must hold the
+ * same number of token slots, a whole number of pages. */
+KVS_API int kvs_manager_set_kv_layers(kvs_manager_t *m, const kvs_kv_layer_t *layers,
+                                      int64_t num_layers, int64_t local_heads);
 /* Sets the head counts (either may be 0 = unknown). Allowed until a handler
  * is created. */
 KVS_API int kvs_manager_set_heads(kvs_manager_t *m, int64_t total_heads,
@@ -602,6 +639,22 @@ typedef struct kvs_handler_stats {
     uint64_t peers_lost;         /* connections found dead (peer crashed) */
 } kvs_handler_stats_t;
 
+/* Where an open room stands, as serving engines poll a transfer (sglang's
+ * KVPoll: Failed 0, Bootstrapping 1, WaitingForInput 2, Transferring 3,
+ * Success 4, the same numbers). */
+typedef enum kvs_room_state {
+    KVS_ROOM_FAILED = 0,        /* it failed; its result comes once no write can land */
+    KVS_ROOM_BOOTSTRAPPING = 1, /* a peer rank of it is not connected and registered
+                                   yet (prefill: or its decode's ROOM has not come) */
+    KVS_ROOM_WAITING = 2,       /* waiting for input: no KV has moved yet (prefill:
+                                   not computed; decode: nothing arrived) */
+    KVS_ROOM_TRANSFERRING = 3,  /* KV is moving */
+    KVS_ROOM_SUCCESS = 4        /* done: only in a result (an ended room is gone) */
+} kvs_room_state_t;
+
+/* "failed", "bootstrapping", "waiting", "transferring", "success". */
+KVS_API const char *kvs_room_state_name(kvs_room_state_t state);
+
 /* The peer instance a room is paired with (spec §12): the id the
  * application gives the model replica of the other role, and with attention
  * data parallelism the attention group that serves the room (0 otherwise).
@@ -661,6 +714,13 @@ KVS_API int kvs_decode_room_open_peer(kvs_decode_t *d, uint64_t room, kvs_peer_t
 KVS_API int kvs_decode_room_open(kvs_decode_t *d, uint64_t room, int64_t base_tokens,
                                  int64_t total_tokens, const int64_t *pages,
                                  int64_t num_pages);
+/* The state of an open room; KVS_ENOENT when this handler holds no such
+ * room (never opened, or ended: its result came through poll_rooms). */
+KVS_API int kvs_decode_room_state(const kvs_decode_t *d, uint64_t room, kvs_room_state_t *out);
+/* Aborts an open room (the engine cancelled the request): it fails with
+ * KVS_ECANCELED, its peers are told at once, and its result comes through
+ * poll_rooms once no write can land. KVS_ENOENT for a room not open. */
+KVS_API int kvs_decode_room_abort(kvs_decode_t *d, uint64_t room);
 /* Returns how much work it found (>= 0; 0 = nothing to do) or a negative
  * status when the fabric itself failed. */
 KVS_API int kvs_decode_progress(kvs_decode_t *d);
@@ -693,11 +753,109 @@ KVS_API int kvs_prefill_room_open(kvs_prefill_t *p, uint64_t room, int64_t total
 /* KV of tokens [0, end_tokens) is computed; final when the prompt is done. */
 KVS_API int kvs_prefill_room_computed(kvs_prefill_t *p, uint64_t room, int64_t end_tokens,
                                       bool final);
+/* As kvs_decode_room_state and kvs_decode_room_abort. */
+KVS_API int kvs_prefill_room_state(const kvs_prefill_t *p, uint64_t room, kvs_room_state_t *out);
+KVS_API int kvs_prefill_room_abort(kvs_prefill_t *p, uint64_t room);
 /* As kvs_decode_progress. */
 KVS_API int kvs_prefill_progress(kvs_prefill_t *p);
 KVS_API int kvs_prefill_poll_rooms(kvs_prefill_t *p, kvs_room_result_t *out, int max);
 KVS_API uint64_t kvs_prefill_next_deadline_ns(const kvs_prefill_t *p);
 KVS_API void kvs_prefill_stats(const kvs_prefill_t *p, kvs_handler_stats_t *out);
+
+/* ------------------------------------------------------------------------ */
+/* The rank runtime: one rank of a serving engine, set up and driven        */
+/* ------------------------------------------------------------------------ */
+/*
+ * A rank is the manager, its staging memory, its KV buffers and its handler
+ * (decode or prefill), made in the init order of spec §8 by one call, and
+ * driven by one step. The runtime never blocks, sleeps, reads a clock or
+ * starts a thread: the caller (or a driver for real hardware, which adds a
+ * progress thread and a blocking wait) calls kvs_rank_step whenever the
+ * backends signal work or the clock passes the deadline it returned. The
+ * step-by-step init calls above remain for callers that need them.
+ */
+typedef struct kvs_rank kvs_rank_t;
+
+typedef struct kvs_rank_config {
+    kvs_manager_config_t manager; /* role, geometry, instance and knobs */
+    const kvs_kv_layer_t *layers; /* [manager.layers]: this rank's KV pool;
+                                     borrowed for the call */
+    int64_t local_heads;          /* KV heads each layer holds; 0: the
+                                     config's heads_per_rank, or total_heads
+                                     over tp_size */
+} kvs_rank_config_t;
+
+/* Creates the manager, its staging memory and their registration (staging
+ * on), publishes the KV layers and creates the handler of cfg->manager.role.
+ * dev and fab are borrowed and must outlive the rank. On error nothing is
+ * left and err (may be NULL) says which step failed and why. */
+KVS_API int kvs_rank_create(const kvs_rank_config_t *cfg, kvs_device_t *dev, kvs_fabric_t *fab,
+                            kvs_rank_t **out, kvs_error_t *err);
+/* A rank on a manager the caller set up step by step (spec §8): creates the
+ * handler of the manager's role (the guards of kvs_decode_create /
+ * kvs_prefill_create apply, and m's last error says why one failed). The
+ * manager stays the caller's: it must outlive the rank, and destroying the
+ * rank leaves it (and its staging ring) to make another. */
+KVS_API int kvs_rank_create_on(kvs_manager_t *m, kvs_rank_t **out);
+/* Destroys the handler, then the manager if kvs_rank_create made it. NULL
+ * is a no-op. */
+KVS_API void kvs_rank_destroy(kvs_rank_t *r);
+KVS_API kvs_role_t kvs_rank_role(const kvs_rank_t *r);
+/* The rank's manager and handler (the other handler is NULL). Borrowed. */
+KVS_API kvs_manager_t *kvs_rank_manager(kvs_rank_t *r);
+KVS_API kvs_decode_t *kvs_rank_decode(kvs_rank_t *r);
+KVS_API kvs_prefill_t *kvs_rank_prefill(kvs_rank_t *r);
+/* Detail of the rank's last failed call (its manager's). */
+KVS_API const kvs_error_t *kvs_rank_last_error(const kvs_rank_t *r);
+
+/* Decode: kvs_decode_add_instance and kvs_decode_connect_peer. A prefill
+ * rank returns KVS_ESTATE: it learns its peers from their registrations. */
+KVS_API int kvs_rank_add_instance(kvs_rank_t *r, const kvs_instance_desc_t *desc);
+KVS_API int kvs_rank_connect(kvs_rank_t *r, kvs_peer_t peer);
+
+/* One request, as both roles open it. */
+typedef struct kvs_room_desc {
+    uint64_t room;               /* the request's id, the same on every rank */
+    kvs_peer_t peer;             /* the instance of the other role it is paired with */
+    int64_t base_tokens;         /* decode: its cached prefix (page aligned);
+                                    prefill: must be 0 */
+    int64_t total_tokens;        /* the request's length */
+    const int64_t *pages;        /* decode: ceil((total - base) / page_size)
+                                    pages; prefill: ceil(total / page_size);
+                                    copied */
+    int64_t num_pages;
+} kvs_room_desc_t;
+
+/* kvs_decode_room_open_peer / kvs_prefill_room_open_peer, with their
+ * return convention. */
+KVS_API int kvs_rank_open_room(kvs_rank_t *r, const kvs_room_desc_t *room);
+/* Prefill: kvs_prefill_room_computed. A decode rank returns KVS_ESTATE. */
+KVS_API int kvs_rank_computed(kvs_rank_t *r, uint64_t room, int64_t end_tokens, bool final);
+KVS_API int kvs_rank_room_state(const kvs_rank_t *r, uint64_t room, kvs_room_state_t *out);
+KVS_API int kvs_rank_abort(kvs_rank_t *r, uint64_t room);
+
+/* One step of the rank's loop: progress (poll the backends, advance every
+ * room), then each finished room's result to on_result (results stay for
+ * kvs_rank_poll when on_result is NULL), then *next_ns (may be NULL) gets
+ * the earliest time another step has work without a new completion
+ * (UINT64_MAX: none). Returns the work progress found (>= 0) or a negative
+ * status when a backend itself failed (kvs_rank_last_error says which). */
+KVS_API int kvs_rank_step(kvs_rank_t *r,
+                          void (*on_result)(void *ctx, const kvs_room_result_t *res),
+                          void *ctx, uint64_t *next_ns);
+/* Finished rooms since the last call (at most max), oldest first. */
+KVS_API int kvs_rank_poll(kvs_rank_t *r, kvs_room_result_t *out, int max);
+KVS_API uint64_t kvs_rank_next_deadline_ns(const kvs_rank_t *r);
+KVS_API void kvs_rank_stats(const kvs_rank_t *r, kvs_handler_stats_t *out);
+/* Decode: peer ranks registered and acknowledged; prefill: 0. */
+KVS_API int64_t kvs_rank_peers_ready(const kvs_rank_t *r);
+
+/* A lock the rank takes around every call above but create and destroy,
+ * for a driver that steps the rank on its own thread while the caller's
+ * threads open rooms and poll (hw/ sets one; src/ starts no thread).
+ * on_result runs outside it. NULL functions: no lock. */
+KVS_API void kvs_rank_set_lock(kvs_rank_t *r, void (*lock)(void *ctx),
+                               void (*unlock)(void *ctx), void *ctx);
 
 #ifdef __cplusplus
 }

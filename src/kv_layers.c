@@ -1,0 +1,130 @@
+/*
+ * kv_layers.c - KV buffers as engines hold them: per-layer K and V buffers
+ * with their strides (kvs_kv_layer_t), or an engine's flat list of buffer
+ * addresses, lengths and item sizes, checked against the manager's
+ * geometry and published as the set_kv_buffer_tensors step (spec §8).
+ *
+ * Every check names the first layer (and K or V) and the field that
+ * disagrees, with both values, and a refused call changes nothing.
+ */
+#include "error.h"
+#include "manager.h"
+
+#include <stdlib.h>
+
+int kvs_kv_layers_from_ptrs(const uint64_t *ptrs, const uint64_t *lens,
+                            const uint64_t *item_lens, int64_t n_ptrs, int64_t page_size,
+                            int64_t local_heads, int64_t head_dim, kvs_dtype_t dtype,
+                            kvs_kv_layer_t *out, int64_t out_cap, kvs_error_t *err)
+{
+    const int64_t elem = kvs_dtype_bytes(dtype);
+    if (ptrs == NULL || lens == NULL || item_lens == NULL || out == NULL)
+        return KVS__FAIL(err, KVS_EINVAL, "ptrs, lens, item_lens and out must not be NULL");
+    if (n_ptrs <= 0 || n_ptrs % 2 != 0 || out_cap < n_ptrs / 2)
+        return KVS__FAIL(err, KVS_EINVAL, "n_ptrs %lld must be 2 x the layers (the K buffers, "
+                         "then the V buffers) and out must hold n_ptrs / 2 = %lld layers "
+                         "(out_cap %lld)", (long long)n_ptrs, (long long)(n_ptrs / 2),
+                         (long long)out_cap);
+    if (page_size <= 0 || local_heads <= 0 || head_dim <= 0 || elem == 0)
+        return KVS__FAIL(err, KVS_EINVAL, "page_size, local_heads and head_dim must be > 0 "
+                         "and dtype known (got %lld, %lld, %lld, %d)", (long long)page_size,
+                         (long long)local_heads, (long long)head_dim, (int)dtype);
+    const uint64_t item = (uint64_t)(page_size * local_heads * head_dim * elem);
+    const int64_t layers = n_ptrs / 2;
+    for (int64_t i = 0; i < n_ptrs; i++) {
+        const char *kv = i < layers ? "K" : "V";
+        const int64_t l = i % layers;
+        if (item_lens[i] != item)
+            return KVS__FAIL(err, KVS_EINVAL, "layer %lld %s: item size %llu bytes, but a page "
+                             "of %lld tokens x %lld heads x head dim %lld x %lld bytes is %llu: "
+                             "pass the bytes of one page of the buffer", (long long)l, kv,
+                             (unsigned long long)item_lens[i], (long long)page_size,
+                             (long long)local_heads, (long long)head_dim, (long long)elem,
+                             (unsigned long long)item);
+        if (ptrs[i] == 0 || lens[i] == 0 || lens[i] % item != 0)
+            return KVS__FAIL(err, KVS_EINVAL, "layer %lld %s: address 0x%llx and length %llu "
+                             "must be non-zero and the length a whole number of %llu-byte "
+                             "pages", (long long)l, kv, (unsigned long long)ptrs[i],
+                             (unsigned long long)lens[i], (unsigned long long)item);
+        if (i >= layers && lens[i] != lens[l])
+            return KVS__FAIL(err, KVS_EINVAL, "layer %lld: its K buffer has %llu bytes and its V "
+                             "buffer %llu: pass buffers of one pool", (long long)l,
+                             (unsigned long long)lens[l], (unsigned long long)lens[i]);
+    }
+    for (int64_t l = 0; l < layers; l++)
+        out[l] = (kvs_kv_layer_t){.k_addr = ptrs[l], .v_addr = ptrs[layers + l],
+                                  .tokens = (int64_t)(lens[l] / item) * page_size,
+                                  .token_stride_bytes = local_heads * head_dim * elem,
+                                  .head_stride_bytes = head_dim * elem,
+                                  .elem_stride_bytes = elem};
+    kvs__error_clear(err);
+    return KVS_OK;
+}
+
+/* Checks one layer against the geometry; fills why (naming it) on error. */
+static int kvs__check_layer(kvs_manager_t *m, const kvs_kv_layer_t *l, int64_t i,
+                            int64_t heads, int64_t tokens)
+{
+    const int64_t elem = kvs_dtype_bytes(m->cfg.dtype), hd = m->cfg.head_dim;
+    const struct {
+        const char *name;
+        int64_t got, want;
+    } strides[] = {{"element stride", l->elem_stride_bytes, elem},
+                   {"head stride", l->head_stride_bytes, hd * elem},
+                   {"token stride", l->token_stride_bytes, heads * hd * elem}};
+    for (size_t k = 0; k < sizeof strides / sizeof strides[0]; k++)
+        if (strides[k].got != strides[k].want)
+            return KVS__MFAIL(m, KVS_EINVAL, "layer %lld: %s %lld bytes, but %lld heads x head "
+                              "dim %lld x %lld bytes (%s) laid out [tokens, heads, head_dim] "
+                              "need %lld: pass a contiguous per-layer buffer",
+                              (long long)i, strides[k].name, (long long)strides[k].got,
+                              (long long)heads, (long long)hd, (long long)elem,
+                              kvs_dtype_name(m->cfg.dtype), (long long)strides[k].want);
+    if (l->k_addr == 0 || l->v_addr == 0)
+        return KVS__MFAIL(m, KVS_EINVAL, "layer %lld: its %s address is 0", (long long)i,
+                          l->k_addr == 0 ? "K" : "V");
+    if (l->tokens != tokens)
+        return KVS__MFAIL(m, KVS_EINVAL, "layer %lld: %lld token slots, but layer 0 has %lld: "
+                          "every layer of a pool holds the same slots", (long long)i,
+                          (long long)l->tokens, (long long)tokens);
+    return KVS_OK;
+}
+
+int kvs_manager_set_kv_layers(kvs_manager_t *m, const kvs_kv_layer_t *layers,
+                              int64_t num_layers, int64_t local_heads)
+{
+    if (m == NULL)
+        return KVS_EINVAL;
+    if (layers == NULL || num_layers != m->cfg.layers)
+        return KVS__MFAIL(m, KVS_EINVAL, "%lld layers given, but this rank's pool has %lld "
+                          "(config.layers): pass one descriptor per layer",
+                          (long long)(layers == NULL ? 0 : num_layers), (long long)m->cfg.layers);
+    const int64_t ps = m->cfg.page_size, tokens = layers[0].tokens;
+    if (local_heads <= 0 || tokens <= 0 || tokens % ps != 0)
+        return KVS__MFAIL(m, KVS_EINVAL, "local_heads %lld must be > 0, and layer 0's %lld token "
+                          "slots a whole number of %lld-token pages", (long long)local_heads,
+                          (long long)tokens, (long long)ps);
+    for (int64_t i = 0; i < num_layers; i++) {
+        int rc = kvs__check_layer(m, &layers[i], i, local_heads, tokens);
+        if (rc != KVS_OK)
+            return rc;
+    }
+    uint64_t *k = malloc((size_t)num_layers * sizeof *k);
+    uint64_t *v = malloc((size_t)num_layers * sizeof *v);
+    int rc = KVS_ENOMEM;
+    if (k != NULL && v != NULL) {
+        for (int64_t i = 0; i < num_layers; i++) {
+            k[i] = layers[i].k_addr;
+            v[i] = layers[i].v_addr;
+        }
+        const kvs_kv_buffers_t kv = {.num_layers = num_layers, .k_base = k, .v_base = v,
+                                     .local_heads = local_heads, .page_size = ps,
+                                     .num_pages = tokens / ps};
+        rc = kvs_manager_set_kv_buffers(m, &kv); /* copies the arrays */
+    } else {
+        KVS__MFAIL(m, rc, "copying %lld layer addresses failed", (long long)num_layers);
+    }
+    free(k);
+    free(v);
+    return rc;
+}

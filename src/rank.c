@@ -1,0 +1,317 @@
+/*
+ * rank.c - the rank runtime (kvstage.h, "The rank runtime"): one call makes
+ * a rank in the init order of spec §8 (manager, staging memory and its
+ * registration, KV layers, handler), and one step drives it (progress, the
+ * finished rooms, the next deadline). Every other call forwards to the
+ * rank's handler, under the caller's lock when one is set.
+ *
+ * Deterministic like the handlers: no thread, clock or sleep here; a
+ * driver for real hardware (hw/) adds those around kvs_rank_step.
+ */
+#include "error.h"
+#include "manager.h"
+
+#include <stdlib.h>
+
+#define KVS__RANK_RESULTS 16 /* results taken per poll inside a step */
+
+struct kvs_rank {
+    kvs_manager_t *m;
+    bool owns_manager;           /* made by kvs_rank_create, not the caller's */
+    kvs_decode_t *dec;           /* one of the two is set */
+    kvs_prefill_t *pre;
+    void (*lock)(void *ctx);
+    void (*unlock)(void *ctx);
+    void *lock_ctx;
+};
+
+static void kvs__rank_lock(const kvs_rank_t *r)
+{
+    if (r->lock != NULL)
+        r->lock(r->lock_ctx);
+}
+
+static void kvs__rank_unlock(const kvs_rank_t *r)
+{
+    if (r->unlock != NULL)
+        r->unlock(r->lock_ctx);
+}
+
+/* The heads each layer of this rank holds, from the config when not given. */
+static int64_t kvs__rank_heads(const kvs_rank_config_t *cfg)
+{
+    const kvs_manager_config_t *c = &cfg->manager;
+    if (cfg->local_heads > 0)
+        return cfg->local_heads;
+    if (c->heads_per_rank > 0)
+        return c->heads_per_rank;
+    if (c->total_heads > 0 && c->tp_size > 0)
+        return c->total_heads >= c->tp_size ? c->total_heads / c->tp_size : 1;
+    return 0;
+}
+
+int kvs_rank_create(const kvs_rank_config_t *cfg, kvs_device_t *dev, kvs_fabric_t *fab,
+                    kvs_rank_t **out, kvs_error_t *err)
+{
+    if (out == NULL || cfg == NULL)
+        return KVS__FAIL(err, KVS_EINVAL, "config and out must not be NULL");
+    *out = NULL;
+    kvs_rank_t *r = calloc(1, sizeof *r);
+    if (r == NULL)
+        return KVS__FAIL(err, KVS_ENOMEM, "allocating the rank failed");
+    int rc = kvs_manager_create(&cfg->manager, dev, fab, &r->m, err);
+    if (rc != KVS_OK) {
+        free(r);
+        return rc;
+    }
+    /* spec §8: staging memory -> its registration -> KV buffers -> handler. */
+    const char *step = "init_staging";
+    if (cfg->manager.staging && (rc = kvs_manager_init_staging(r->m)) == KVS_OK) {
+        step = "register_staging";
+        rc = kvs_manager_register_staging(r->m);
+    }
+    if (rc == KVS_OK) {
+        step = "set_kv_layers";
+        rc = kvs_manager_set_kv_layers(r->m, cfg->layers, cfg->manager.layers,
+                                       kvs__rank_heads(cfg));
+    }
+    r->owns_manager = true;
+    if (rc == KVS_OK) {
+        step = cfg->manager.role == KVS_ROLE_DECODE ? "decode_create" : "prefill_create";
+        rc = cfg->manager.role == KVS_ROLE_DECODE ? kvs_decode_create(r->m, &r->dec)
+                                                  : kvs_prefill_create(r->m, &r->pre);
+    }
+    if (rc != KVS_OK) {
+        const kvs_error_t *e = kvs_manager_last_error(r->m);
+        kvs__error_set(err, rc, e->backend_code, e->file, e->line, "%s: %s", step, e->msg);
+        kvs_rank_destroy(r);
+        return rc;
+    }
+    kvs__error_clear(err);
+    *out = r;
+    return KVS_OK;
+}
+
+int kvs_rank_create_on(kvs_manager_t *m, kvs_rank_t **out)
+{
+    if (out == NULL || m == NULL)
+        return m != NULL ? KVS__MFAIL(m, KVS_EINVAL, "out must not be NULL") : KVS_EINVAL;
+    *out = NULL;
+    kvs_rank_t *r = calloc(1, sizeof *r);
+    if (r == NULL)
+        return KVS__MFAIL(m, KVS_ENOMEM, "allocating the rank failed");
+    r->m = m;
+    const int rc = m->cfg.role == KVS_ROLE_DECODE ? kvs_decode_create(m, &r->dec)
+                                                  : kvs_prefill_create(m, &r->pre);
+    if (rc != KVS_OK) {
+        free(r);
+        return rc;
+    }
+    *out = r;
+    return KVS_OK;
+}
+
+void kvs_rank_destroy(kvs_rank_t *r)
+{
+    if (r == NULL)
+        return;
+    kvs_decode_destroy(r->dec);
+    kvs_prefill_destroy(r->pre);
+    if (r->owns_manager)
+        (void)kvs_manager_destroy(r->m); /* its handler is gone: cannot be busy */
+    free(r);
+}
+
+kvs_role_t kvs_rank_role(const kvs_rank_t *r)
+{
+    return r->dec != NULL ? KVS_ROLE_DECODE : KVS_ROLE_PREFILL;
+}
+
+kvs_manager_t *kvs_rank_manager(kvs_rank_t *r) { return r != NULL ? r->m : NULL; }
+kvs_decode_t *kvs_rank_decode(kvs_rank_t *r) { return r != NULL ? r->dec : NULL; }
+kvs_prefill_t *kvs_rank_prefill(kvs_rank_t *r) { return r != NULL ? r->pre : NULL; }
+
+const kvs_error_t *kvs_rank_last_error(const kvs_rank_t *r)
+{
+    return r != NULL ? kvs_manager_last_error(r->m) : NULL;
+}
+
+void kvs_rank_set_lock(kvs_rank_t *r, void (*lock)(void *ctx), void (*unlock)(void *ctx),
+                       void *ctx)
+{
+    if (r == NULL)
+        return;
+    r->lock = lock;
+    r->unlock = unlock;
+    r->lock_ctx = ctx;
+}
+
+/* A call only one role makes, on a rank of the other. */
+static int kvs__rank_wrong_role(kvs_rank_t *r, const char *what, const char *role)
+{
+    return KVS__FAIL(&r->m->err, KVS_ESTATE, "%s is for %s ranks: this rank is a %s", what, role,
+                     r->dec != NULL ? "decode" : "prefill");
+}
+
+int kvs_rank_add_instance(kvs_rank_t *r, const kvs_instance_desc_t *desc)
+{
+    if (r == NULL)
+        return KVS_EINVAL;
+    if (r->dec == NULL)
+        return kvs__rank_wrong_role(r, "add_instance", "decode");
+    kvs__rank_lock(r);
+    const int rc = kvs_decode_add_instance(r->dec, desc);
+    kvs__rank_unlock(r);
+    return rc;
+}
+
+int kvs_rank_connect(kvs_rank_t *r, kvs_peer_t peer)
+{
+    if (r == NULL)
+        return KVS_EINVAL;
+    if (r->dec == NULL)
+        return kvs__rank_wrong_role(r, "connect", "decode");
+    kvs__rank_lock(r);
+    const int rc = kvs_decode_connect_peer(r->dec, peer);
+    kvs__rank_unlock(r);
+    return rc;
+}
+
+int kvs_rank_open_room(kvs_rank_t *r, const kvs_room_desc_t *room)
+{
+    if (r == NULL || room == NULL)
+        return KVS_EINVAL;
+    if (r->pre != NULL && room->base_tokens != 0)
+        return KVS__FAIL(&r->m->err, KVS_EINVAL, "room %llu: a prefill rank holds the whole "
+                         "request: base_tokens must be 0 (got %lld)",
+                         (unsigned long long)room->room, (long long)room->base_tokens);
+    kvs__rank_lock(r);
+    const int rc = r->dec != NULL
+                       ? kvs_decode_room_open_peer(r->dec, room->room, room->peer,
+                                                   room->base_tokens, room->total_tokens,
+                                                   room->pages, room->num_pages)
+                       : kvs_prefill_room_open_peer(r->pre, room->room, room->peer,
+                                                    room->total_tokens, room->pages,
+                                                    room->num_pages);
+    kvs__rank_unlock(r);
+    return rc;
+}
+
+int kvs_rank_computed(kvs_rank_t *r, uint64_t room, int64_t end_tokens, bool final)
+{
+    if (r == NULL)
+        return KVS_EINVAL;
+    if (r->pre == NULL)
+        return kvs__rank_wrong_role(r, "computed", "prefill");
+    kvs__rank_lock(r);
+    const int rc = kvs_prefill_room_computed(r->pre, room, end_tokens, final);
+    kvs__rank_unlock(r);
+    return rc;
+}
+
+int kvs_rank_room_state(const kvs_rank_t *r, uint64_t room, kvs_room_state_t *out)
+{
+    if (r == NULL)
+        return KVS_EINVAL;
+    kvs__rank_lock(r);
+    const int rc = r->dec != NULL ? kvs_decode_room_state(r->dec, room, out)
+                                  : kvs_prefill_room_state(r->pre, room, out);
+    kvs__rank_unlock(r);
+    return rc;
+}
+
+int kvs_rank_abort(kvs_rank_t *r, uint64_t room)
+{
+    if (r == NULL)
+        return KVS_EINVAL;
+    kvs__rank_lock(r);
+    const int rc = r->dec != NULL ? kvs_decode_room_abort(r->dec, room)
+                                  : kvs_prefill_room_abort(r->pre, room);
+    kvs__rank_unlock(r);
+    return rc;
+}
+
+/* Unlocked: the callers hold the lock. */
+static int kvs__rank_progress(kvs_rank_t *r)
+{
+    return r->dec != NULL ? kvs_decode_progress(r->dec) : kvs_prefill_progress(r->pre);
+}
+
+static int kvs__rank_poll(kvs_rank_t *r, kvs_room_result_t *out, int max)
+{
+    return r->dec != NULL ? kvs_decode_poll_rooms(r->dec, out, max)
+                          : kvs_prefill_poll_rooms(r->pre, out, max);
+}
+
+static uint64_t kvs__rank_deadline(const kvs_rank_t *r)
+{
+    return r->dec != NULL ? kvs_decode_next_deadline_ns(r->dec)
+                          : kvs_prefill_next_deadline_ns(r->pre);
+}
+
+int kvs_rank_step(kvs_rank_t *r, void (*on_result)(void *ctx, const kvs_room_result_t *res),
+                  void *ctx, uint64_t *next_ns)
+{
+    if (r == NULL)
+        return KVS_EINVAL;
+    kvs__rank_lock(r);
+    const int work = kvs__rank_progress(r);
+    kvs__rank_unlock(r);
+    /* Results go to on_result outside the lock, so it may call the rank. */
+    kvs_room_result_t res[KVS__RANK_RESULTS];
+    for (int got = KVS__RANK_RESULTS; on_result != NULL && got == KVS__RANK_RESULTS;) {
+        kvs__rank_lock(r);
+        got = kvs__rank_poll(r, res, KVS__RANK_RESULTS);
+        kvs__rank_unlock(r);
+        for (int i = 0; i < got; i++)
+            on_result(ctx, &res[i]);
+    }
+    if (next_ns != NULL) {
+        kvs__rank_lock(r);
+        *next_ns = kvs__rank_deadline(r);
+        kvs__rank_unlock(r);
+    }
+    return work;
+}
+
+int kvs_rank_poll(kvs_rank_t *r, kvs_room_result_t *out, int max)
+{
+    if (r == NULL)
+        return KVS_EINVAL;
+    kvs__rank_lock(r);
+    const int got = kvs__rank_poll(r, out, max);
+    kvs__rank_unlock(r);
+    return got;
+}
+
+uint64_t kvs_rank_next_deadline_ns(const kvs_rank_t *r)
+{
+    if (r == NULL)
+        return UINT64_MAX;
+    kvs__rank_lock(r);
+    const uint64_t t = kvs__rank_deadline(r);
+    kvs__rank_unlock(r);
+    return t;
+}
+
+void kvs_rank_stats(const kvs_rank_t *r, kvs_handler_stats_t *out)
+{
+    if (r == NULL || out == NULL)
+        return;
+    kvs__rank_lock(r);
+    if (r->dec != NULL)
+        kvs_decode_stats(r->dec, out);
+    else
+        kvs_prefill_stats(r->pre, out);
+    kvs__rank_unlock(r);
+}
+
+int64_t kvs_rank_peers_ready(const kvs_rank_t *r)
+{
+    if (r == NULL || r->dec == NULL)
+        return 0;
+    kvs__rank_lock(r);
+    const int64_t n = kvs_decode_peers_ready(r->dec);
+    kvs__rank_unlock(r);
+    return n;
+}
