@@ -282,8 +282,8 @@ int kvs_verbs_fabric_create(const kvs_verbs_config_t *cfg, kvs_fabric_t **out,
     rc = hw_verbs_snapshot(f->devices, ndev, &snap, why, sizeof why);
     hw_verbs_choice_t choice;
     if (rc == KVS_OK)
-        rc = hw_verbs_select(snap.devs, snap.ndevs, c->device, c->port, c->gid_index, &choice,
-                             why, sizeof why);
+        rc = hw_verbs_select(snap.devs, snap.ndevs, c->device, NULL, c->port, c->gid_index,
+                             &choice, why, sizeof why);
     hw_verbs_snapshot_free(&snap);
     if (rc != KVS_OK)
         goto fail;
