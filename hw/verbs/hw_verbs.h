@@ -353,6 +353,8 @@ struct hw_verbs_fabric {
     kvs_fabric_t base; /* first: recovered with KVS_CONTAINER_OF */
     kvs_verbs_config_t cfg; /* copied; strings point into the owned copies below */
     char device_name[64];
+    char device_reason[HW_VERBS_REASON_BYTES]; /* why this device (select.c) */
+    char near_pci[HW_VERBS_BUS_ID_BYTES];      /* canonical, when given with a name */
     char bind_addr[64];
     char address[80];        /* "IP:port" of the listener */
     char gid_text[48];

@@ -243,6 +243,11 @@ static void test_verbs_select_create_names_what_to_change(void **state)
     assert_int_equal(kvs_verbs_fabric_create(&cfg, &fab, &err), KVS_EINVAL);
     assert_says(err.msg, "gid_index -7");
     kvs_verbs_config_init(&cfg);
+    cfg.near_pci = "GPU-0"; /* refused before any device is looked at */
+    assert_int_equal(kvs_verbs_fabric_create(&cfg, &fab, &err), KVS_EINVAL);
+    assert_says(err.msg, "near_pci 'GPU-0' is not a PCI bus id");
+    assert_says(err.msg, "cudaDeviceGetPCIBusId");
+    kvs_verbs_config_init(&cfg);
     cfg.send_buf_bytes = 100;
     assert_int_equal(kvs_verbs_fabric_create(&cfg, &fab, &err), KVS_EINVAL);
     assert_says(err.msg, "send_buf_bytes 100");
