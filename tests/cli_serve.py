@@ -4,8 +4,11 @@ RDMA device is touched (so it runs anywhere serve is built): the help names
 the pipeline flags, and every class of bad input, the TP x PP layouts
 included, exits 2 with exactly one stderr line naming the flag to change.
 The instance flags (--instance, --instances, --prefill-instance,
---expect-lost, --fault hold-from) are refused the same way. What a run
-does over RDMA is tests/rxe/test_serve.sh.
+--expect-lost, --fault hold-from) and the per-rank device lists (--device,
+--device-near-gpu) are refused the same way; a --device-near-gpu entry that
+is no bus id is refused by each rank's verbs fabric before it looks for a
+device, which shows which entry each rank took. What a run does over RDMA
+is tests/rxe/test_serve.sh.
 
 usage: cli_serve.py PATH_TO_KVSTAGE
 Prints one line per failure and a summary "cli_serve: N passed, M failed";
@@ -32,7 +35,8 @@ def test_help(s):
                  "IP:PORT + s*P + t", "refused, naming the flag",
                  "--prefill-instance K=IP:PORT,TP[,PP]", "--instances N",
                  "--instance K", "--expect-lost K", "hold-from:R",
-                 "i % N"])
+                 "i % N", "--device NAME[,NAME...]",
+                 "--device-near-gpu BUSID[,BUSID...]", "entry s*TP + t"])
 
 
 def test_bad_input(s):
@@ -142,12 +146,66 @@ def test_instance_flags(s):
         s.expect_usage_error(name, args, flag)
 
 
+def test_device_lists(s):
+    """--device and --device-near-gpu: one entry for every rank of the
+    process or one per rank (TP x PP of its role), never empty, never
+    both."""
+    pp2 = PREFILL + ["--prefill-pp", "2"]  # 4 ranks: TP 2 x PP 2
+    cases = [
+        ("device list shorter than the ranks", pp2 + ["--device", "a,b,c"],
+         "--device: 3 entries for the 4 ranks of this prefill (TP 2 x PP 2)"),
+        ("device list longer than the ranks",
+         DECODE + ["--device", "mlx5_0,mlx5_1"],
+         "--device: 2 entries for the 1 rank of this decode"),
+        ("device list counts the decode's ranks",
+         DECODE + ["--decode-tp", "2", "--device", "a,b,c"],
+         "--device: 3 entries for the 2 ranks of this decode"),
+        ("device entry empty", pp2 + ["--device", "a,,c,d"],
+         "--device: entry 2 of 'a,,c,d' is empty"),
+        ("device list ends in a comma", PREFILL + ["--device", "a,"],
+         "--device: entry 2"),
+        ("device name too long", PREFILL + ["--device", "m" * 64],
+         "--device: '%s' is longer than 63" % ("m" * 64)),
+        ("device and near gpu", PREFILL + ["--device", "a",
+                                           "--device-near-gpu", "3b:00.0"],
+         "--device and --device-near-gpu"),
+        ("near gpu list shorter than the ranks",
+         pp2 + ["--device-near-gpu", "0000:3b:00.0,0000:5e:00.0"],
+         "--device-near-gpu: 2 entries for the 4 ranks"),
+        ("near gpu entry empty", PREFILL + ["--device-near-gpu", ","],
+         "--device-near-gpu: entry 1"),
+    ]
+    for name, args, text in cases:
+        s.expect_usage_error(name, args, text)
+    # Rank (t, s) takes entry s*TP + t: each rank's fabric refuses its own
+    # entry by name (no RDMA device is needed for that refusal).
+    args = pp2 + ["--device-near-gpu", "t0s0,t1s0,t0s1,t1s1", "--json"]
+    res = s.run(args)
+    s.ok(res.returncode == 1, "near gpu per rank", args,
+         "want exit 1, got %d (stderr %r)" % (res.returncode, res.stderr[:300]))
+    for t in range(2):
+        for st in range(2):
+            want = ("prefill rank %d stage %d: verbs fabric (--device-near-gpu "
+                    "t%ds%d): verbs config: near_pci 't%ds%d' is not a PCI bus "
+                    "id" % (t, st, t, st, t, st))
+            s.ok(want in res.stderr, "near gpu per rank", args,
+                 "stderr lacks %r: %r" % (want, res.stderr[:1200]))
+    # One entry: every rank takes it.
+    args = pp2 + ["--device-near-gpu", "gpu0"]
+    res = s.run(args)
+    s.ok(res.returncode == 1 and res.stderr.count("near_pci 'gpu0'") == 4,
+         "near gpu for all ranks", args,
+         "want exit 1 and 4 ranks refusing 'gpu0', got %d: %r"
+         % (res.returncode, res.stderr[:1200]))
+
+
 def main():
     if len(sys.argv) != 2:
         print("usage: cli_serve.py PATH_TO_KVSTAGE", file=sys.stderr)
         return 2
     s = Suite(sys.argv[1])
-    for test in (test_help, test_bad_input, test_instance_flags):
+    for test in (test_help, test_bad_input, test_instance_flags,
+                 test_device_lists):
         test(s)
     print("cli_serve: %d passed, %d failed" % (s.passed, s.failed))
     return 1 if s.failed else 0

@@ -33,12 +33,14 @@
 #define CLI_SERVE_MAX_INSTANCES 64
 #define CLI_SERVE_WORKLOAD_STREAM 2 /* as the simulator's prompt lengths */
 #define CLI_SERVE_INSTANCE_FLAG "--prefill-instance" /* repeated: cli_args_take_all */
+#define CLI_SERVE_NAME_BYTES 64 /* an RDMA device name or bus id, with its NUL */
 
 enum cli_serve_flag {
     CLI_VF_ROLE = CLI_SF_COUNT,
     CLI_VF_LISTEN,
     CLI_VF_PEER,
     CLI_VF_DEVICE,
+    CLI_VF_DEVICE_NEAR_GPU,
     CLI_VF_REQUESTS,
     CLI_VF_PROMPT_TOKENS,
     CLI_VF_SEED,
@@ -64,6 +66,7 @@ static const cli_flag_t cli_serve_flags[CLI_VF_COUNT] = {
     [CLI_VF_LISTEN] = {"--listen", true},
     [CLI_VF_PEER] = {"--peer", true},
     [CLI_VF_DEVICE] = {"--device", true},
+    [CLI_VF_DEVICE_NEAR_GPU] = {"--device-near-gpu", true},
     [CLI_VF_REQUESTS] = {"--requests", true},
     [CLI_VF_PROMPT_TOKENS] = {"--prompt-tokens", true},
     [CLI_VF_SEED] = {"--seed", true},
@@ -109,7 +112,15 @@ void cli_serve_usage(FILE *out)
             "  --peer IP:PORT        decode, one prefill instance: where it listens, its\n"
             "                        geometry from --prefill-tp/--prefill-pp (the same as\n"
             "                        --prefill-instance 0=IP:PORT,P,Pp)\n"
-            "  --device NAME         RDMA device as ibv_devices names it (default: automatic)\n"
+            "  --device NAME[,NAME...]\n"
+            "                        RDMA device as ibv_devices names it: one for every rank\n"
+            "                        of this process, or one per rank in rank order (rank t\n"
+            "                        of stage s is entry s*TP + t) (default: automatic)\n"
+            "  --device-near-gpu BUSID[,BUSID...]\n"
+            "                        instead of --device: each rank takes the RDMA device\n"
+            "                        closest on PCIe to this GPU (PCI bus id as\n"
+            "                        cudaDeviceGetPCIBusId gives it, e.g. 0000:3b:00.0),\n"
+            "                        one for every rank or one per rank as --device\n"
             "shape (as kvstage sim; no default model: give --model or the three sizes):\n"
             "  --model NAME | --kv-heads H --head-dim D --layers L\n"
             "  --dtype T (bf16)  --page-size N (16)  --prefill-tp P (2)  --decode-tp D (1)\n"
@@ -150,6 +161,9 @@ typedef struct cli_serve_input {
     kvs_role_t role;
     char bind_ip[64];
     char peer_ip[CLI_SERVE_MAX_INSTANCES][64];
+    /* --device or --device-near-gpu, split at the commas, one per rank */
+    char rank_text[CLI_SERVE_MAX_RANKS * CLI_SERVE_NAME_BYTES];
+    const char *rank_list[CLI_SERVE_MAX_RANKS];
     cli_serve_instance_t peers[CLI_SERVE_MAX_INSTANCES]; /* decode: by id */
     int64_t requests, prompt_min, prompt_max, expect_failed;
     int64_t expect_lost;        /* decode: the instance expected lost, -1: none */
@@ -369,6 +383,59 @@ static int cli_serve_instances(cli_serve_input_t *in, const char *const *values,
     return 0;
 }
 
+/* --device or --device-near-gpu (flag f): one entry for every rank of this
+ * process, or one per rank in rank order (rank t of stage s is entry
+ * s*TP + t; TP x PP ranks), into in->rank_list, which points into
+ * in->rank_text. */
+static int cli_serve_rank_list(cli_serve_input_t *in, const char *const *values,
+                               enum cli_serve_flag f, int64_t tp, int64_t pp)
+{
+    const char *flag = cli_serve_flags[f].name, *text = values[f];
+    const char *what = f == CLI_VF_DEVICE ? "RDMA device name" : "PCI bus id";
+    const char *role = in->role == KVS_ROLE_DECODE ? "decode" : "prefill";
+    const int64_t ranks = tp * pp;
+    const size_t len = strlen(text);
+    if (len >= sizeof in->rank_text)
+        return cli_fail(CLI_SERVE_CMD, "%s: the list is %zu characters long: give one %s per "
+                                       "rank (at most %d of at most %d characters), or one for "
+                                       "all", flag, len, what, CLI_SERVE_MAX_RANKS,
+                        CLI_SERVE_NAME_BYTES - 1);
+    memcpy(in->rank_text, text, len + 1);
+    int64_t count = 0;
+    for (char *p = in->rank_text;; count++) {
+        char *comma = strchr(p, ',');
+        if (comma != NULL)
+            *comma = '\0';
+        if (*p == '\0')
+            return cli_fail(CLI_SERVE_CMD, "%s: entry %" PRId64 " of '%s' is empty: give one "
+                                           "%s for every rank, or one for all", flag, count + 1,
+                            text, what);
+        if (strlen(p) >= CLI_SERVE_NAME_BYTES)
+            return cli_fail(CLI_SERVE_CMD, "%s: '%s' is longer than %d characters: give one %s "
+                                           "per entry", flag, p, CLI_SERVE_NAME_BYTES - 1, what);
+        if (count < CLI_SERVE_MAX_RANKS)
+            in->rank_list[count] = p;
+        if (comma == NULL)
+            break;
+        p = comma + 1;
+    }
+    count++;
+    if (count == 1)
+        for (int64_t k = 1; k < ranks; k++)
+            in->rank_list[k] = in->rank_list[0];
+    else if (count != ranks)
+        return cli_fail(CLI_SERVE_CMD, "%s: %" PRId64 " entries for the %" PRId64 " rank%s of "
+                                       "this %s (TP %" PRId64 " x PP %" PRId64 "): give one %s "
+                                       "per rank in rank order (rank t of stage s is entry "
+                                       "s*TP + t), or one for all", flag, count, ranks,
+                        ranks == 1 ? "" : "s", role, tp, pp, what);
+    if (f == CLI_VF_DEVICE)
+        in->plan.devices = in->rank_list;
+    else
+        in->plan.near_gpus = in->rank_list;
+    return 0;
+}
+
 /* Fails when flag f was given to the other role: "--f is for --role R: why". */
 static int cli_serve_not_here(const char *const *values, enum cli_serve_flag f,
                               const char *role, const char *why)
@@ -455,7 +522,15 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
                              sizeof in->bind_ip, &in->plan.listen_port)) != 0)
         return rc;
     in->plan.bind_ip = in->bind_ip[0] != '\0' ? in->bind_ip : NULL;
-    in->plan.device = values[CLI_VF_DEVICE];
+    if (values[CLI_VF_DEVICE] != NULL && values[CLI_VF_DEVICE_NEAR_GPU] != NULL)
+        return cli_fail(CLI_SERVE_CMD, "--device and --device-near-gpu both choose the ranks' "
+                                       "RDMA devices: give one of them");
+    for (int f = CLI_VF_DEVICE; f <= CLI_VF_DEVICE_NEAR_GPU; f++)
+        if (values[f] != NULL &&
+            (rc = cli_serve_rank_list(in, values, (enum cli_serve_flag)f,
+                                      decode ? l->decode_tp : l->prefill_tp,
+                                      decode ? l->decode_pp : l->prefill_pp)) != 0)
+            return rc;
     if (decode && count == 0) {
         /* --peer: one prefill instance, of the shape's prefill sizes. */
         if (values[CLI_VF_PEER] == NULL)

@@ -111,6 +111,14 @@ static const char *cli_rank_name(const cli_rank_ctx_t *c, char *buf, size_t len)
     return buf;
 }
 
+/* The verbs fabric's log (its device and why): one stderr line, naming
+ * the rank. */
+static void cli_rank_log(void *user, kvs_log_level_t level, const char *msg)
+{
+    char who[48];
+    fprintf(stderr, "kvstage serve: %s: %s\n", cli_rank_name(user, who, sizeof who), msg);
+}
+
 /* Prefill ranks that write to one decode rank in a pair: its TP writers at
  * every prefill stage that holds its layers. */
 static int64_t cli_rank_writers(const kvs_layout_t *l)
@@ -197,7 +205,10 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
 
     kvs_verbs_config_t vc;
     kvs_verbs_config_init(&vc);
-    vc.device = pl->device;
+    const int64_t at = c->r->pp * (decode ? l->decode_tp : l->prefill_tp) + c->r->tp;
+    vc.device = pl->devices != NULL ? pl->devices[at] : NULL;
+    vc.near_pci = pl->near_gpus != NULL ? pl->near_gpus[at] : NULL;
+    vc.log = (kvs_log_t){.fn = cli_rank_log, .user = c, .level = kvs_log_level_default()};
     vc.bind_addr = pl->bind_ip;
     vc.listen_port = decode ? 0 : (uint16_t)(pl->listen_port + c->r->pp * l->prefill_tp +
                                              c->r->tp);
@@ -209,7 +220,10 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
         vc.max_conns = conns + 4;
     rc = kvs_verbs_fabric_create(&vc, &c->verbs, &err);
     if (rc != KVS_OK)
-        return cli_rank_fail(c, rc, "%s: verbs fabric: %s", who, err.msg);
+        return cli_rank_fail(c, rc, "%s: verbs fabric%s%s%s: %s", who,
+                             vc.near_pci != NULL ? " (--device-near-gpu " : "",
+                             vc.near_pci != NULL ? vc.near_pci : "",
+                             vc.near_pci != NULL ? ")" : "", err.msg);
     c->fab = c->verbs;
     if (!decode && c->r->tp == 0 && c->r->pp == 0 && pl->fail_write > 0) {
         if ((rc = cli_fault_fabric_create(c->verbs, pl->fail_write, &c->fault)) != KVS_OK)

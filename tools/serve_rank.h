@@ -60,7 +60,11 @@ typedef struct cli_serve_plan {
     uint32_t max_inflight;      /* rooms open at once per rank */
     uint32_t transfer_workers;
     uint64_t stall_timeout_ns;  /* 0: the library's default */
-    const char *device;         /* RDMA device, NULL: automatic */
+    const char *const *devices; /* [ranks]: RDMA device of rank (t, s) at
+                                   s * TP + t; NULL (all or one): automatic */
+    const char *const *near_gpus; /* [ranks]: PCI bus id whose closest RDMA
+                                   device rank (t, s) takes, as devices;
+                                   NULL: none */
     const char *bind_ip;        /* this process's address, NULL: the GID's */
     uint16_t listen_port;       /* prefill rank (t, s) listens on listen_port + s * P + t */
     uint64_t fail_write;        /* prefill rank (0, 0): spoil this write (1-based), 0: none */

@@ -3,17 +3,20 @@
  * the public helpers of <kvstage/verbs.h>, and the clock.
  *
  * Create: reads every RDMA device (rdma_get_devices, so the contexts are
- * the ones rdma_cm binds to) into a snapshot, lets select.c choose device,
- * port and GID, checks the bounds against the device's limits, then makes
- * the PD, the completion channel and CQ (sized for every connection's send
- * and receive queues, so it cannot overrun), the non-blocking rdma_cm
- * channel and the listener. Every failure unwinds in reverse and says what
- * to change.
+ * the ones rdma_cm binds to) into a snapshot, and where each sits on PCIe
+ * when near_pci asks for the closest one (topology.c); lets select.c choose
+ * device, port and GID; checks the bounds against the device's limits;
+ * makes the PD, the completion channel and CQ (sized for every
+ * connection's send and receive queues, so it cannot overrun), the
+ * non-blocking rdma_cm channel and the listener; and logs the device with
+ * the reason it was chosen (cfg.log, KVS_LOG_INFO). Every failure unwinds
+ * in reverse and says what to change.
  */
 #include "hw_verbs.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,8 +30,33 @@
 #define HW_VERBS_DEFAULT_PIECES 4096u
 #define HW_VERBS_DEFAULT_TIMEOUT_MS 10000u
 
+_Static_assert(sizeof(((kvs_verbs_info_t *)0)->device_reason) >= HW_VERBS_REASON_BYTES,
+               "kvs_verbs_info_t.device_reason holds select.c's reasons whole");
+
 static int hw_verbs_mr_register_op(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
                                    uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey);
+
+/* Writes one line to the fabric's sink, as the core's objects do: the
+ * callback, else stderr; above the sink's level nothing. */
+static void hw_verbs_log(const kvs_log_t *log, kvs_log_level_t level, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+static void hw_verbs_log(const kvs_log_t *log, kvs_log_level_t level, const char *fmt, ...)
+{
+    if (level == KVS_LOG_OFF || level > log->level)
+        return;
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (log->fn != NULL)
+        log->fn(log->user, level, buf);
+    else
+        fprintf(stderr, "kvstage %s: %s\n", kvs_log_level_name(level), buf);
+}
 
 uint64_t hw_verbs_now_ns(kvs_fabric_t *fab)
 {
@@ -252,6 +280,13 @@ static int hw_verbs_config(const kvs_verbs_config_t *in, kvs_verbs_config_t *c, 
     if (c->gid_index < KVS_VERBS_GID_AUTO)
         return KVS_ERROR_SET(err, KVS_EINVAL, 0, "verbs config: gid_index %d: use an index "
                              ">= 0 or KVS_VERBS_GID_AUTO (-1)", c->gid_index);
+    char bus_id[HW_VERBS_BUS_ID_BYTES];
+    if (c->near_pci != NULL && !hw_verbs_bus_id_parse(c->near_pci, bus_id, sizeof bus_id))
+        return KVS_ERROR_SET(err, KVS_EINVAL, 0, "verbs config: near_pci '%.64s' is not a PCI "
+                             "bus id: give DOMAIN:BUS:DEVICE.FUNCTION as cudaDeviceGetPCIBusId "
+                             "reports it, e.g. 0000:3b:00.0", c->near_pci);
+    if (c->log.fn == NULL && c->log.level == KVS_LOG_OFF)
+        c->log.level = kvs_log_level_default();
     return KVS_OK;
 }
 
@@ -280,10 +315,27 @@ int kvs_verbs_fabric_create(const kvs_verbs_config_t *cfg, kvs_fabric_t **out,
         ndev = 0;
     hw_verbs_snapshot_t snap;
     rc = hw_verbs_snapshot(f->devices, ndev, &snap, why, sizeof why);
+    /* Where everything sits on PCIe, only when that decides: near_pci set,
+     * no device named, some device to choose from. */
+    const bool named = c->device != NULL && c->device[0] != '\0';
+    hw_verbs_topo_t topo = {0};
+    const hw_verbs_near_t *near = NULL;
+    if (rc == KVS_OK && c->near_pci != NULL && !named && snap.ndevs > 0) {
+        rc = hw_verbs_topo_read(c->sysfs_root, c->near_pci, snap.devs, snap.ndevs, &topo, why,
+                                sizeof why);
+        near = &topo.near;
+    }
+    hw_verbs_near_t near_named = {0};
+    if (c->near_pci != NULL && named) { /* not consulted: the reason says so */
+        (void)hw_verbs_bus_id_parse(c->near_pci, f->near_pci, sizeof f->near_pci);
+        near_named.bus_id = f->near_pci;
+        near = &near_named;
+    }
     hw_verbs_choice_t choice;
     if (rc == KVS_OK)
-        rc = hw_verbs_select(snap.devs, snap.ndevs, c->device, c->port, c->gid_index, &choice,
-                             why, sizeof why);
+        rc = hw_verbs_select(snap.devs, snap.ndevs, c->device, near, c->port, c->gid_index,
+                             &choice, why, sizeof why);
+    hw_verbs_topo_free(&topo);
     hw_verbs_snapshot_free(&snap);
     if (rc != KVS_OK)
         goto fail;
@@ -294,8 +346,11 @@ int kvs_verbs_fabric_create(const kvs_verbs_config_t *cfg, kvs_fabric_t **out,
     snprintf(f->gid_text, sizeof f->gid_text, "%s", choice.gid);
     snprintf(f->bind_addr, sizeof f->bind_addr, "%s",
              c->bind_addr != NULL && c->bind_addr[0] ? c->bind_addr : choice.addr);
+    snprintf(f->device_reason, sizeof f->device_reason, "%s", choice.reason);
     c->device = f->device_name;
     c->bind_addr = f->bind_addr;
+    c->near_pci = NULL;   /* used up: the cfg keeps no borrowed strings */
+    c->sysfs_root = NULL;
     if (f->bind_addr[0] == '\0') {
         rc = KVS_EINVAL;
         snprintf(why, sizeof why, "%s port %d is InfiniBand, whose GIDs hold no IP address: "
@@ -380,6 +435,9 @@ int kvs_verbs_fabric_create(const kvs_verbs_config_t *cfg, kvs_fabric_t **out,
                  "backend against this kvstage");
         goto fail;
     }
+    hw_verbs_log(&c->log, KVS_LOG_INFO, "verbs fabric: RDMA device %s port %d GID %d (%s), "
+                 "listening on %s: %s", f->device_name, f->port, f->gid_index, f->gid_text,
+                 f->address, f->device_reason);
     *out = &f->base;
     return KVS_OK;
 fail:
@@ -413,6 +471,7 @@ int kvs_verbs_fabric_info(kvs_fabric_t *fab, kvs_verbs_info_t *out)
     snprintf(out->device, sizeof out->device, "%s", f->device_name);
     snprintf(out->gid, sizeof out->gid, "%s", f->gid_text);
     snprintf(out->address, sizeof out->address, "%s", f->address);
+    snprintf(out->device_reason, sizeof out->device_reason, "%s", f->device_reason);
     return KVS_OK;
 }
 

@@ -3,7 +3,8 @@
  * (hw/verbs/): the fabric instance, its connections, registrations and
  * send-queue bookkeeping, and the cross-file hw_verbs_ functions.
  *
- * Files: select.c (device, port, GID choice), status.c (verbs codes to
+ * Files: select.c (device, port, GID choice), topology.c (where devices
+ * sit on PCIe, read from sysfs), status.c (verbs codes to
  * kvstage codes), dmabuf.c (CUDA memory as dma-buf), mr.c (registration,
  * split MRs and their key tables), conn.c (rdma_cm, queue pairs, MTU
  * agreement, recovery), post.c (write, send), poll.c (completions, wait),
@@ -61,11 +62,28 @@ typedef struct hw_verbs_port_info {
     int ngids;
 } hw_verbs_port_info_t;
 
+/* Where a device sits on PCIe: its path below <sysfs>/devices from the host
+ * bridge down ("pci0000:17/0000:17:00.0/0000:18:00.0/0000:19:04.0/
+ * 0000:1b:00.0"), and its NUMA node. */
+typedef struct hw_verbs_pci {
+    const char *path; /* NULL: no PCI device (soft-RoCE's rxe, siw) */
+    int numa_node;    /* -1: unknown */
+} hw_verbs_pci_t;
+
 typedef struct hw_verbs_dev_info {
     const char *name;
     const hw_verbs_port_info_t *ports; /* ports[0] is port 1 */
     int nports;
+    hw_verbs_pci_t pci; /* read only when a choice needs it (topology.c) */
 } hw_verbs_dev_info_t;
+
+/* The PCI device (a GPU) the RDMA device should be closest to. */
+typedef struct hw_verbs_near {
+    const char *bus_id; /* canonical, "0000:3b:00.0", for messages */
+    hw_verbs_pci_t pci; /* path not NULL */
+} hw_verbs_near_t;
+
+#define HW_VERBS_REASON_BYTES 160
 
 typedef struct hw_verbs_choice {
     int dev;           /* index into the snapshot */
@@ -73,15 +91,50 @@ typedef struct hw_verbs_choice {
     int gid_index;
     char gid[48];      /* textual */
     char addr[48];     /* IP in the GID, "" when it holds none */
+    /* why this device: "named by the caller", "first usable device",
+     * "closest to PCI 0000:3b:00.0: same PCIe switch (below ...)" */
+    char reason[HW_VERBS_REASON_BYTES];
 } hw_verbs_choice_t;
 
-/* Picks device, port and GID (rules in kvs_verbs_config_t). Returns KVS_OK,
- * or KVS_EBACKEND (nothing usable: no device, ports down, no usable GID) /
- * KVS_EINVAL (a named device, port or GID index that is wrong) with `why`
- * saying what to change. */
+/* Picks device, port and GID (rules in kvs_verbs_config_t). The device: the
+ * named one (want_dev not NULL nor ""), else with near the closest to
+ * near->pci (the longest shared chain of PCI bridges: the same switch before
+ * the same root complex before the same NUMA node before any other; devices
+ * without a PCI device never; ties to the first by name, the next of the
+ * same closeness when the first is not usable, never a farther one), else
+ * the first usable one. Returns KVS_OK with out->reason saying which rule
+ * chose, or KVS_EBACKEND (nothing usable: no device, ports down, no usable
+ * GID, no device on PCI) / KVS_EINVAL (a named device, port or GID index
+ * that is wrong) with `why` saying what to change. */
 int hw_verbs_select(const hw_verbs_dev_info_t *devs, int ndevs, const char *want_dev,
-                    int want_port, int want_gid, hw_verbs_choice_t *out, char *why,
-                    size_t why_bytes);
+                    const hw_verbs_near_t *near, int want_port, int want_gid,
+                    hw_verbs_choice_t *out, char *why, size_t why_bytes);
+
+/* ---- PCI topology (topology.c): reads sysfs, decides nothing --------------- */
+
+#define HW_VERBS_BUS_ID_BYTES 24
+
+/* "0000:3b:00.0", "3B:00.0" (domain 0), "00000000:3B:00.0" (nvidia-smi)
+ * into the sysfs form "0000:3b:00.0"; false when text is none of them. */
+bool hw_verbs_bus_id_parse(const char *text, char *out, size_t out_bytes);
+
+/* What topology.c read. near points into it: do not copy it. */
+typedef struct hw_verbs_topo {
+    char bus_id[HW_VERBS_BUS_ID_BYTES];
+    hw_verbs_near_t near;
+    char **paths; /* owned: the devices' and near's PCI paths */
+    int npaths;
+} hw_verbs_topo_t;
+
+/* Reads from sysfs (sysfs_root; NULL: "/sys") where PCI device bus_id sits
+ * (t->near) and where each of devs[0..ndevs) sits (devs[d].pci: path NULL
+ * when it has no PCI device). The strings belong to t until
+ * hw_verbs_topo_free (also after a failure). KVS_EINVAL when bus_id is no
+ * bus id or not in sysfs, KVS_EBACKEND when the root cannot be read, with
+ * `why` saying what to change. */
+int hw_verbs_topo_read(const char *sysfs_root, const char *bus_id, hw_verbs_dev_info_t *devs,
+                       int ndevs, hw_verbs_topo_t *t, char *why, size_t why_bytes);
+void hw_verbs_topo_free(hw_verbs_topo_t *t);
 /* The GID as IPv6 text. */
 void hw_verbs_gid_text(const uint8_t raw[16], char *text, size_t text_bytes);
 /* The IP address a RoCE GID holds: dotted IPv4 for an IPv4-mapped GID,
@@ -300,6 +353,8 @@ struct hw_verbs_fabric {
     kvs_fabric_t base; /* first: recovered with KVS_CONTAINER_OF */
     kvs_verbs_config_t cfg; /* copied; strings point into the owned copies below */
     char device_name[64];
+    char device_reason[HW_VERBS_REASON_BYTES]; /* why this device (select.c) */
+    char near_pci[HW_VERBS_BUS_ID_BYTES];      /* canonical, when given with a name */
     char bind_addr[64];
     char address[80];        /* "IP:port" of the listener */
     char gid_text[48];

@@ -9,10 +9,22 @@
  * has a usable GID: on Ethernet (RoCE) the first RoCE v2 GID that is
  * neither zero nor link-local (fe80::/10), IPv4-mapped ones before IPv6;
  * on InfiniBand GID index 0. Every refusal says what to change.
+ *
+ * Near a PCI device (a GPU; topology.c read where everything sits), when no
+ * device is named: the RDMA device whose PCI path shares the most
+ * components with the GPU's, counted from the host bridge down. Two or more
+ * shared (a bridge below the host bridge) is the same PCIe switch, deeper
+ * is closer; one is the same root complex; none, the same NUMA node before
+ * any other. Devices without a PCI device (rxe, siw) are never closest.
+ * Among the equally close, the first by name (mlx5_2 before mlx5_10) that
+ * is usable; when none of them is, a refusal: a farther device would cross
+ * the PCIe links this rule is there to avoid, so only a caller naming it
+ * takes it.
  */
 #include "hw_verbs.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -257,9 +269,148 @@ static int hw_verbs_select_on(const hw_verbs_dev_info_t *devs, int d, int want_p
     return KVS_EBACKEND;
 }
 
+/* strcmp, but runs of digits compare as numbers: mlx5_2 before mlx5_10. */
+static int hw_verbs_name_cmp(const char *a, const char *b)
+{
+    while (*a != '\0' && *b != '\0') {
+        if (isdigit((unsigned char)*a) && isdigit((unsigned char)*b)) {
+            while (*a == '0' && isdigit((unsigned char)a[1]))
+                a++;
+            while (*b == '0' && isdigit((unsigned char)b[1]))
+                b++;
+            size_t na = 0, nb = 0;
+            while (isdigit((unsigned char)a[na]))
+                na++;
+            while (isdigit((unsigned char)b[nb]))
+                nb++;
+            if (na != nb)
+                return na < nb ? -1 : 1;
+            const int c = strncmp(a, b, na);
+            if (c != 0)
+                return c;
+            a += na;
+            b += nb;
+            continue;
+        }
+        if (*a != *b)
+            return (unsigned char)*a < (unsigned char)*b ? -1 : 1;
+        a++;
+        b++;
+    }
+    return *a != '\0' ? 1 : *b != '\0' ? -1 : 0;
+}
+
+/* How many '/'-separated components paths a and b share from the start;
+ * *last gets the last shared one (length *last_len). */
+static int hw_verbs_pci_shared(const char *a, const char *b, const char **last,
+                               size_t *last_len)
+{
+    int shared = 0;
+    *last = NULL;
+    *last_len = 0;
+    while (*a != '\0' && *b != '\0') {
+        const size_t na = strcspn(a, "/"), nb = strcspn(b, "/");
+        if (na != nb || strncmp(a, b, na) != 0)
+            break;
+        shared++;
+        *last = a;
+        *last_len = na;
+        a += na;
+        b += nb;
+        a += *a == '/';
+        b += *b == '/';
+    }
+    return shared;
+}
+
+/* Closeness of a device to near: shared components, then the NUMA node;
+ * -1 for a device without a PCI device. Higher is closer. */
+static int hw_verbs_closeness(const hw_verbs_dev_info_t *dev, const hw_verbs_near_t *near)
+{
+    if (dev->pci.path == NULL)
+        return -1;
+    const char *last;
+    size_t last_len;
+    const int shared = hw_verbs_pci_shared(dev->pci.path, near->pci.path, &last, &last_len);
+    const bool same_node = shared == 0 && near->pci.numa_node >= 0 &&
+                           dev->pci.numa_node == near->pci.numa_node;
+    return 2 * shared + (same_node ? 1 : 0);
+}
+
+/* "closest to PCI 0000:3b:00.0: same PCIe switch (below 0000:18:00.0)". */
+static void hw_verbs_near_reason(const hw_verbs_dev_info_t *dev, const hw_verbs_near_t *near,
+                                 char *buf, size_t n)
+{
+    const char *last;
+    size_t last_len;
+    const int shared = hw_verbs_pci_shared(dev->pci.path, near->pci.path, &last, &last_len);
+    const int len = (int)(last_len < 64 ? last_len : 64);
+    if (strcmp(dev->pci.path, near->pci.path) == 0)
+        snprintf(buf, n, "closest to PCI %s: it is that PCI device", near->bus_id);
+    else if (shared >= 2)
+        snprintf(buf, n, "closest to PCI %s: same PCIe switch (below %.*s)", near->bus_id, len,
+                 last);
+    else if (shared == 1)
+        snprintf(buf, n, "closest to PCI %s: same PCIe root complex (%.*s)", near->bus_id, len,
+                 last);
+    else if (near->pci.numa_node >= 0 && dev->pci.numa_node == near->pci.numa_node)
+        snprintf(buf, n, "closest to PCI %s: same NUMA node (%d)", near->bus_id,
+                 near->pci.numa_node);
+    else
+        snprintf(buf, n, "closest to PCI %s: none shares its root complex or NUMA node, first "
+                 "by name", near->bus_id);
+}
+
+/* The device closest to near that is usable (see the top of the file). */
+static int hw_verbs_select_near(const hw_verbs_dev_info_t *devs, int ndevs,
+                                const hw_verbs_near_t *near, int want_port, int want_gid,
+                                hw_verbs_choice_t *out, char *why, size_t why_bytes)
+{
+    int best = -1;
+    for (int d = 0; d < ndevs; d++) {
+        const int c = hw_verbs_closeness(&devs[d], near);
+        best = c > best ? c : best;
+    }
+    if (best < 0) {
+        char list[160];
+        hw_verbs_list_devs(devs, ndevs, list, sizeof list);
+        snprintf(why, why_bytes, "no RDMA device here is on PCI (%s: soft-RoCE or virtual), "
+                 "so none is closest to PCI %s: set device to one of them, or leave near_pci "
+                 "unset", list, near->bus_id);
+        return KVS_EBACKEND;
+    }
+    /* The equally close ones by name; the first usable wins. */
+    int tried = -1, first_rc = KVS_OK;
+    char first_why[KVS_ERROR_MSG_BYTES] = "";
+    for (;;) {
+        int next = -1;
+        for (int d = 0; d < ndevs; d++)
+            if (hw_verbs_closeness(&devs[d], near) == best &&
+                (tried < 0 || hw_verbs_name_cmp(devs[d].name, devs[tried].name) > 0) &&
+                (next < 0 || hw_verbs_name_cmp(devs[d].name, devs[next].name) < 0))
+                next = d;
+        if (next < 0)
+            break;
+        tried = next;
+        char w[KVS_ERROR_MSG_BYTES];
+        const int rc = hw_verbs_select_on(devs, next, want_port, want_gid, out, w, sizeof w);
+        if (rc == KVS_OK) {
+            hw_verbs_near_reason(&devs[next], near, out->reason, sizeof out->reason);
+            return KVS_OK;
+        }
+        if (first_rc == KVS_OK) {
+            first_rc = rc;
+            snprintf(first_why, sizeof first_why, "%s", w);
+        }
+    }
+    memset(out, 0, sizeof *out);
+    snprintf(why, why_bytes, "closest to PCI %s: %s", near->bus_id, first_why);
+    return first_rc;
+}
+
 int hw_verbs_select(const hw_verbs_dev_info_t *devs, int ndevs, const char *want_dev,
-                    int want_port, int want_gid, hw_verbs_choice_t *out, char *why,
-                    size_t why_bytes)
+                    const hw_verbs_near_t *near, int want_port, int want_gid,
+                    hw_verbs_choice_t *out, char *why, size_t why_bytes)
 {
     memset(out, 0, sizeof *out);
     if (why_bytes > 0)
@@ -276,9 +427,17 @@ int hw_verbs_select(const hw_verbs_dev_info_t *devs, int ndevs, const char *want
         return KVS_EINVAL;
     }
     if (want_dev != NULL && want_dev[0] != '\0') {
-        for (int d = 0; d < ndevs; d++)
-            if (strcmp(devs[d].name, want_dev) == 0)
-                return hw_verbs_select_on(devs, d, want_port, want_gid, out, why, why_bytes);
+        for (int d = 0; d < ndevs; d++) {
+            if (strcmp(devs[d].name, want_dev) != 0)
+                continue;
+            const int rc = hw_verbs_select_on(devs, d, want_port, want_gid, out, why,
+                                              why_bytes);
+            if (rc == KVS_OK)
+                snprintf(out->reason, sizeof out->reason, "named by the caller%s%s%s",
+                         near != NULL ? " (near_pci " : "", near != NULL ? near->bus_id : "",
+                         near != NULL ? " not consulted)" : "");
+            return rc;
+        }
         char list[200];
         hw_verbs_list_devs(devs, ndevs, list, sizeof list);
         snprintf(why, why_bytes, "RDMA device '%s' not found; devices here: %s: set the "
@@ -286,13 +445,18 @@ int hw_verbs_select(const hw_verbs_dev_info_t *devs, int ndevs, const char *want
                  want_dev, list);
         return KVS_EINVAL;
     }
+    if (near != NULL)
+        return hw_verbs_select_near(devs, ndevs, near, want_port, want_gid, out, why,
+                                    why_bytes);
     int first_rc = KVS_OK;
     char first_why[KVS_ERROR_MSG_BYTES] = "";
     for (int d = 0; d < ndevs; d++) {
         char w[KVS_ERROR_MSG_BYTES];
         int rc = hw_verbs_select_on(devs, d, want_port, want_gid, out, w, sizeof w);
-        if (rc == KVS_OK)
+        if (rc == KVS_OK) {
+            snprintf(out->reason, sizeof out->reason, "first usable device");
             return KVS_OK;
+        }
         if (first_rc == KVS_OK) {
             first_rc = rc;
             snprintf(first_why, sizeof first_why, "%s", w);

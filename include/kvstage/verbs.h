@@ -66,8 +66,9 @@ typedef int (*kvs_verbs_dmabuf_fn)(void *ctx, kvs_device_t *dev, uint64_t addr,
 #define KVS_VERBS_GID_AUTO (-1)
 
 typedef struct kvs_verbs_config {
-    /* RDMA device as ibv_devices lists it; NULL: the first device with an
-     * active port and a usable GID. */
+    /* RDMA device as ibv_devices lists it; NULL: the one closest to near_pci
+     * when that is set, else the first device with an active port and a
+     * usable GID. A name overrides near_pci. */
     const char *device;
     /* 1-based port; 0: the device's first active port. */
     int port;
@@ -95,6 +96,21 @@ typedef struct kvs_verbs_config {
      * and knows the address, else every address is host memory. */
     kvs_verbs_dmabuf_fn dmabuf;
     void *dmabuf_ctx;
+    /* PCI bus id of the device this fabric's data comes from (the rank's
+     * GPU) as cudaDeviceGetPCIBusId or nvidia-smi give it ("0000:3b:00.0",
+     * "00000000:3B:00.0"; "3b:00.0" is domain 0). With device NULL, the
+     * fabric takes the RDMA device closest to it on PCIe, read from sysfs:
+     * the longest shared chain of PCI bridges (the same PCIe switch, then
+     * the same root complex), else the same NUMA node (numa_node), else any;
+     * devices without a PCI device (soft-RoCE) never; ties go to the first
+     * by name that is usable, never to a farther device. NULL: no topology
+     * (a bus id that is not in sysfs is refused). */
+    const char *near_pci;
+    /* Where sysfs is mounted; NULL: "/sys". For tests (a fake tree). */
+    const char *sysfs_root;
+    /* Sink of the fabric's log: the device chosen and why, at
+     * KVS_LOG_INFO. fn NULL and level 0: stderr at KVS_LOG_LEVEL's level. */
+    kvs_log_t log;
 } kvs_verbs_config_t;
 
 /* Fills cfg with the defaults (gid_index = KVS_VERBS_GID_AUTO, all else 0).
@@ -125,6 +141,10 @@ typedef struct kvs_verbs_info {
     uint32_t mtu_bytes;    /* this side's MTU cap (the port's active MTU) */
     uint64_t max_mr_bytes; /* MRs larger than this are split */
     uint64_t max_write_bytes;
+    /* Why this device: "named by the caller", "first usable device", or
+     * "closest to PCI 0000:3b:00.0: same PCIe switch (below 0000:3a:00.0)"
+     * (same PCIe root complex, same NUMA node, ...). */
+    char device_reason[160];
 } kvs_verbs_info_t;
 
 /* KVS_EINVAL when fab is not a verbs fabric. */

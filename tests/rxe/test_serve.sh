@@ -10,7 +10,9 @@
 #      are ok and verified, and both processes finish normally.
 #   4. P=2 x PP 2 -> D=1 x PP 1: four prefill ranks, each stage holding one
 #      of the two layers; the decode rank holds both, so its regions wait
-#      for 2 TP x 2 stage writers, each writing its own layer's slots
+#      for 2 TP x 2 stage writers, each writing its own layer's slots; each
+#      prefill rank is given its device (--device, a list of four) and logs
+#      it (KVS_LOG_LEVEL=info) as named by the caller
 #   5. P=1 x PP 2 -> D=2 x PP 2: decode stage s takes stage s's layer from
 #      its one prefill rank (which feeds two decode ranks), all ok
 #   6. the two processes given different --prefill-pp: both stop at once
@@ -126,7 +128,27 @@ run p1d2 18535 "--prefill-tp 1 --decode-tp 2" "--prefill-tp 1 --decode-tp 2" 0
 run fault 18555 "--prefill-tp 2 --decode-tp 1 --fault write-error:3" \
   "--prefill-tp 2 --decode-tp 1" 1
 pp21="--prefill-tp 2 --decode-tp 1 --prefill-pp 2 --decode-pp 1"
-run pp2d1 18575 "$pp21" "$pp21" 0
+# Run 4 names each prefill rank's device (--device, one per rank) and the
+# decode's (one for all), and every prefill rank must log it as named: the
+# device the tests are told to use, else the only one there is (on a host
+# of several, it runs on automatic choices instead).
+dev=${KVS_VERBS_DEVICE:-}
+[ -n "$dev" ] || [ "$(ls /sys/class/infiniband 2>/dev/null | wc -l)" != 1 ] ||
+  dev=$(ls /sys/class/infiniband)
+if [ -n "$dev" ]; then
+  KVS_LOG_LEVEL=info run pp2d1 18575 "$pp21 --device $dev,$dev,$dev,$dev" "$pp21 --device $dev" 0
+  named=0
+  for rank in "0 stage 0" "1 stage 0" "0 stage 1" "1 stage 1"; do
+    grep -q "prefill rank $rank: verbs fabric: RDMA device $dev .*: named by the caller$" \
+      "$work/pp2d1.prefill.err" && named=$((named + 1))
+  done
+  if [ "$named" != 4 ]; then
+    echo "  pp2d1: $named of the 4 prefill ranks logged device $dev as named by the caller"
+    failures=$((failures + 1))
+  fi
+else
+  run pp2d1 18575 "$pp21" "$pp21" 0
+fi
 pp22="--prefill-tp 1 --decode-tp 2 --prefill-pp 2 --decode-pp 2"
 run pp2d2 18595 "$pp22" "$pp22" 0
 refused ppdiffer 18615 "$pp21 --seed 7" "--prefill-tp 2 --decode-tp 1 --seed 7" --prefill-pp

@@ -8,12 +8,14 @@
  * once the fabric has replaced the failed queue pairs, other connections
  * never notice), lose peers (disconnect, destroyed) and fail in bounded
  * time, refuse bad port/GID/address settings with a message naming what
- * to change.
+ * to change, and say why they chose their device (by name, the first
+ * usable one, or the closest to a PCI bus id of this machine's sysfs).
  *
  * Without a device: exits 77 (ctest skip) saying so, unless
  * KVS_RXE_REQUIRED=1 (the VM, CI), where that is a failure. Every wait is
  * bounded (KVS_TEST_WAIT_S, default 60 s): a hang fails the test.
  */
+#include <dirent.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -655,6 +657,101 @@ static void test_verbs_fabric_bad_settings_on_a_device_say_what_to_change(void *
     ep_close(&a);
 }
 
+/* A log sink that keeps the last line. */
+static void log_keep(void *user, kvs_log_level_t level, const char *msg)
+{
+    snprintf(user, 400, "%s", msg);
+}
+
+/* The bus id of the PCI device RDMA device `dev` sits on, "" when none. */
+static void device_bus_id(const char *dev, char *out, size_t n)
+{
+    char link[300];
+    snprintf(link, sizeof link, "/sys/class/infiniband/%s/device", dev);
+    char *real = realpath(link, NULL);
+    const char *base = real != NULL ? strrchr(real, '/') : NULL;
+    snprintf(out, n, "%s", base != NULL && strncmp(real, "/sys/devices/pci", 16) == 0 ? base + 1
+                                                                                    : "");
+    free(real);
+}
+
+/* The device choice on this machine's own sysfs: its reason in the info
+ * and the log; near_pci by a bus id of this machine (the device's own, or
+ * any PCI device when the device is soft-RoCE, which is never closest),
+ * overridden by a name, and refused when the bus id is not here. */
+static void test_verbs_fabric_device_choice_says_why(void **state)
+{
+    kvs_verbs_config_t cfg;
+    cfg_default(&cfg);
+    char line[400] = "";
+    cfg.log = (kvs_log_t){.fn = log_keep, .user = line, .level = KVS_LOG_INFO};
+    ep_t e;
+    ep_open(&e, &cfg);
+    kvs_verbs_info_t info;
+    assert_int_equal(kvs_verbs_fabric_info(e.fab, &info), KVS_OK);
+    ep_close(&e);
+    const char *want = cfg.device != NULL && cfg.device[0] != '\0' ? "named by the caller"
+                                                                : "first usable device";
+    assert_string_equal(info.device_reason, want);
+    if (strstr(line, info.device) == NULL || strstr(line, want) == NULL)
+        fail_msg("log line '%s' does not name %s and '%s'", line, info.device, want);
+    char dev[64], bus_id[32];
+    snprintf(dev, sizeof dev, "%s", info.device);
+    device_bus_id(dev, bus_id, sizeof bus_id);
+    kvs_fabric_t *fab = NULL;
+    kvs_error_t err;
+    if (bus_id[0] != '\0') {
+        /* a NIC on PCI is the closest to its own PCI function */
+        cfg_default(&cfg);
+        cfg.device = NULL;
+        cfg.near_pci = bus_id;
+        ep_open(&e, &cfg);
+        assert_int_equal(kvs_verbs_fabric_info(e.fab, &info), KVS_OK);
+        ep_close(&e);
+        assert_string_equal(info.device, dev);
+        assert_non_null(strstr(info.device_reason, "it is that PCI device"));
+    } else {
+        DIR *d = opendir("/sys/bus/pci/devices");
+        struct dirent *ent;
+        while (d != NULL && (ent = readdir(d)) != NULL && ent->d_name[0] == '.')
+            ;
+        if (d == NULL || ent == NULL)
+            fail_msg("%s has no PCI device and /sys/bus/pci/devices lists none", dev);
+        snprintf(bus_id, sizeof bus_id, "%.31s", ent->d_name);
+        closedir(d);
+        cfg_default(&cfg);
+        cfg.device = NULL;
+        cfg.near_pci = bus_id;
+        const int rc = kvs_verbs_fabric_create(&cfg, &fab, &err);
+        if (rc == KVS_OK) { /* another device here is on PCI */
+            assert_int_equal(kvs_verbs_fabric_info(fab, &info), KVS_OK);
+            assert_non_null(strstr(info.device_reason, "closest to PCI"));
+            assert_string_not_equal(info.device, dev);
+            assert_int_equal(kvs_verbs_fabric_destroy(fab), KVS_OK);
+        } else {
+            assert_int_equal(rc, KVS_EBACKEND);
+            assert_non_null(strstr(err.msg, "no RDMA device here is on PCI"));
+            assert_non_null(strstr(err.msg, dev));
+        }
+    }
+    /* a name overrides near_pci */
+    cfg_default(&cfg);
+    cfg.device = dev;
+    cfg.near_pci = bus_id;
+    ep_open(&e, &cfg);
+    assert_int_equal(kvs_verbs_fabric_info(e.fab, &info), KVS_OK);
+    ep_close(&e);
+    assert_string_equal(info.device, dev);
+    assert_non_null(strstr(info.device_reason, "named by the caller (near_pci"));
+    /* a bus id that is not here */
+    cfg_default(&cfg);
+    cfg.device = NULL;
+    cfg.near_pci = "00ff:fe:1f.7";
+    assert_int_equal(kvs_verbs_fabric_create(&cfg, &fab, &err), KVS_EINVAL);
+    assert_non_null(strstr(err.msg, "near_pci 00ff:fe:1f.7 is not a PCI device here"));
+    assert_null(fab);
+}
+
 static int export_fails(void *ctx, kvs_device_t *dev, uint64_t addr, uint64_t len, int *fd,
                         uint64_t *off, char *msg, size_t n)
 {
@@ -766,6 +863,7 @@ int main(void)
         cmocka_unit_test(test_verbs_fabric_vanished_peer_fails_the_connection),
         cmocka_unit_test(test_verbs_fabric_connect_failures_say_what_to_change),
         cmocka_unit_test(test_verbs_fabric_bad_settings_on_a_device_say_what_to_change),
+        cmocka_unit_test(test_verbs_fabric_device_choice_says_why),
         cmocka_unit_test(test_verbs_fabric_registration_asks_the_dmabuf_exporter),
         cmocka_unit_test(test_verbs_fabric_wait_wakes_on_a_message),
     };

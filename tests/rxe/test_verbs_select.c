@@ -1,8 +1,9 @@
 /*
  * test_verbs_select.c - the verbs fabric's device, port and GID choice and
- * its configuration checks, on snapshots made up here: runs on any machine,
- * with or without RDMA hardware. Each refusal must say what to change and
- * fit the error buffer whole.
+ * its configuration checks, on snapshots made up here (the choice by PCI
+ * topology is test_verbs_topology.c): runs on any machine, with or without
+ * RDMA hardware. Each refusal must say what to change and fit the error
+ * buffer whole.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -48,7 +49,8 @@ static void test_verbs_select_no_device_says_how_to_get_one(void **state)
 {
     hw_verbs_choice_t c;
     char why[KVS_ERROR_MSG_BYTES];
-    assert_int_equal(hw_verbs_select(NULL, 0, NULL, 0, KVS_VERBS_GID_AUTO, &c, why, sizeof why),
+    assert_int_equal(hw_verbs_select(NULL, 0, NULL, NULL, 0, KVS_VERBS_GID_AUTO,
+                                     &c, why, sizeof why),
                      KVS_EBACKEND);
     assert_says(why, "no RDMA device found");
     assert_says(why, "rdma link add rxe0 type rxe netdev");
@@ -59,7 +61,8 @@ static void test_verbs_select_auto_prefers_roce_v2_ipv4(void **state)
     const hw_verbs_dev_info_t dev = {.name = "rxe0", .ports = &roce_port, .nports = 1};
     hw_verbs_choice_t c;
     char why[KVS_ERROR_MSG_BYTES];
-    assert_int_equal(hw_verbs_select(&dev, 1, NULL, 0, KVS_VERBS_GID_AUTO, &c, why, sizeof why),
+    assert_int_equal(hw_verbs_select(&dev, 1, NULL, NULL, 0, KVS_VERBS_GID_AUTO,
+                                     &c, why, sizeof why),
                      KVS_OK);
     assert_int_equal(c.dev, 0);
     assert_int_equal(c.port, 1);
@@ -76,7 +79,8 @@ static void test_verbs_select_auto_takes_ipv6_when_no_ipv4(void **state)
     const hw_verbs_dev_info_t dev = {.name = "mlx5_0", .ports = &p, .nports = 1};
     hw_verbs_choice_t c;
     char why[KVS_ERROR_MSG_BYTES];
-    assert_int_equal(hw_verbs_select(&dev, 1, NULL, 0, KVS_VERBS_GID_AUTO, &c, why, sizeof why),
+    assert_int_equal(hw_verbs_select(&dev, 1, NULL, NULL, 0, KVS_VERBS_GID_AUTO,
+                                     &c, why, sizeof why),
                      KVS_OK);
     assert_int_equal(c.gid_index, 2);
     assert_string_equal(c.addr, "2001:db8::1");
@@ -94,12 +98,13 @@ static void test_verbs_select_skips_zero_and_link_local(void **state)
     const hw_verbs_dev_info_t dev = {.name = "rxe0", .ports = &p, .nports = 1};
     hw_verbs_choice_t c;
     char why[KVS_ERROR_MSG_BYTES];
-    assert_int_equal(hw_verbs_select(&dev, 1, NULL, 0, KVS_VERBS_GID_AUTO, &c, why, sizeof why),
+    assert_int_equal(hw_verbs_select(&dev, 1, NULL, NULL, 0, KVS_VERBS_GID_AUTO,
+                                     &c, why, sizeof why),
                      KVS_EBACKEND);
     assert_says(why, "no usable GID");
     assert_says(why, "IP address");
     /* named explicitly, the link-local one is used as given */
-    assert_int_equal(hw_verbs_select(&dev, 1, NULL, 0, 0, &c, why, sizeof why), KVS_OK);
+    assert_int_equal(hw_verbs_select(&dev, 1, NULL, NULL, 0, 0, &c, why, sizeof why), KVS_OK);
     assert_int_equal(c.gid_index, 0);
 }
 
@@ -111,11 +116,14 @@ static void test_verbs_select_skips_devices_with_ports_down(void **state)
     };
     hw_verbs_choice_t c;
     char why[KVS_ERROR_MSG_BYTES];
-    assert_int_equal(hw_verbs_select(devs, 2, NULL, 0, KVS_VERBS_GID_AUTO, &c, why, sizeof why),
+    assert_int_equal(hw_verbs_select(devs, 2, NULL, NULL, 0, KVS_VERBS_GID_AUTO,
+                                     &c, why, sizeof why),
                      KVS_OK);
     assert_int_equal(c.dev, 1);
+    assert_string_equal(c.reason, "first usable device");
     /* all down: the message names the state and what to do */
-    assert_int_equal(hw_verbs_select(devs, 1, NULL, 0, KVS_VERBS_GID_AUTO, &c, why, sizeof why),
+    assert_int_equal(hw_verbs_select(devs, 1, NULL, NULL, 0, KVS_VERBS_GID_AUTO,
+                                     &c, why, sizeof why),
                      KVS_EBACKEND);
     assert_says(why, "port 1 DOWN");
     assert_says(why, "link up");
@@ -127,17 +135,21 @@ static void test_verbs_select_port_down_or_missing_says_what_to_change(void **st
     const hw_verbs_dev_info_t dev = {.name = "mlx5_1", .ports = ports, .nports = 2};
     hw_verbs_choice_t c;
     char why[KVS_ERROR_MSG_BYTES];
-    assert_int_equal(hw_verbs_select(&dev, 1, NULL, 2, KVS_VERBS_GID_AUTO, &c, why, sizeof why),
+    assert_int_equal(hw_verbs_select(&dev, 1, NULL, NULL, 2, KVS_VERBS_GID_AUTO,
+                                     &c, why, sizeof why),
                      KVS_EBACKEND);
     assert_says(why, "port 2 of RDMA device mlx5_1 is DOWN");
     assert_says(why, "ip link set");
-    assert_int_equal(hw_verbs_select(&dev, 1, NULL, 3, KVS_VERBS_GID_AUTO, &c, why, sizeof why),
+    assert_int_equal(hw_verbs_select(&dev, 1, NULL, NULL, 3, KVS_VERBS_GID_AUTO,
+                                     &c, why, sizeof why),
                      KVS_EINVAL);
     assert_says(why, "port 3 of RDMA device mlx5_1 does not exist (it has 2 ports)");
-    assert_int_equal(hw_verbs_select(&dev, 1, NULL, -1, KVS_VERBS_GID_AUTO, &c, why, sizeof why),
+    assert_int_equal(hw_verbs_select(&dev, 1, NULL, NULL, -1, KVS_VERBS_GID_AUTO,
+                                     &c, why, sizeof why),
                      KVS_EINVAL);
     assert_says(why, "not a port number");
-    assert_int_equal(hw_verbs_select(&dev, 1, NULL, 1, KVS_VERBS_GID_AUTO, &c, why, sizeof why),
+    assert_int_equal(hw_verbs_select(&dev, 1, NULL, NULL, 1, KVS_VERBS_GID_AUTO,
+                                     &c, why, sizeof why),
                      KVS_OK);
     assert_int_equal(c.port, 1);
 }
@@ -147,13 +159,13 @@ static void test_verbs_select_bad_gid_index_lists_the_valid_ones(void **state)
     const hw_verbs_dev_info_t dev = {.name = "rxe0", .ports = &roce_port, .nports = 1};
     hw_verbs_choice_t c;
     char why[KVS_ERROR_MSG_BYTES];
-    assert_int_equal(hw_verbs_select(&dev, 1, NULL, 0, 7, &c, why, sizeof why), KVS_EINVAL);
+    assert_int_equal(hw_verbs_select(&dev, 1, NULL, NULL, 0, 7, &c, why, sizeof why), KVS_EINVAL);
     assert_says(why, "GID index 7 of rxe0 port 1 is empty");
     assert_says(why, "usable: 1=::ffff:192.0.2.1 (RoCE v1), 2=2001:db8::1 (RoCE v2), "
                      "3=::ffff:192.0.2.1 (RoCE v2)");
-    assert_int_equal(hw_verbs_select(&dev, 1, NULL, 0, 99, &c, why, sizeof why), KVS_EINVAL);
+    assert_int_equal(hw_verbs_select(&dev, 1, NULL, NULL, 0, 99, &c, why, sizeof why), KVS_EINVAL);
     assert_says(why, "outside the GID table of rxe0 port 1 (16 entries)");
-    assert_int_equal(hw_verbs_select(&dev, 1, NULL, 0, 1, &c, why, sizeof why), KVS_OK);
+    assert_int_equal(hw_verbs_select(&dev, 1, NULL, NULL, 0, 1, &c, why, sizeof why), KVS_OK);
     assert_int_equal(c.gid_index, 1); /* RoCE v1, as asked */
 }
 
@@ -165,14 +177,15 @@ static void test_verbs_select_unknown_device_lists_the_devices(void **state)
     };
     hw_verbs_choice_t c;
     char why[KVS_ERROR_MSG_BYTES];
-    assert_int_equal(hw_verbs_select(devs, 2, "mlx5_9", 0, KVS_VERBS_GID_AUTO, &c, why,
+    assert_int_equal(hw_verbs_select(devs, 2, "mlx5_9", NULL, 0, KVS_VERBS_GID_AUTO, &c, why,
                                      sizeof why),
                      KVS_EINVAL);
     assert_says(why, "'mlx5_9' not found; devices here: mlx5_0, rxe0");
-    assert_int_equal(hw_verbs_select(devs, 2, "rxe0", 0, KVS_VERBS_GID_AUTO, &c, why,
+    assert_int_equal(hw_verbs_select(devs, 2, "rxe0", NULL, 0, KVS_VERBS_GID_AUTO, &c, why,
                                      sizeof why),
                      KVS_OK);
     assert_int_equal(c.dev, 1);
+    assert_string_equal(c.reason, "named by the caller");
 }
 
 static void test_verbs_select_infiniband_uses_gid_0_without_address(void **state)
@@ -186,7 +199,8 @@ static void test_verbs_select_infiniband_uses_gid_0_without_address(void **state
     const hw_verbs_dev_info_t dev = {.name = "mlx5_2", .ports = &p, .nports = 1};
     hw_verbs_choice_t c;
     char why[KVS_ERROR_MSG_BYTES];
-    assert_int_equal(hw_verbs_select(&dev, 1, NULL, 0, KVS_VERBS_GID_AUTO, &c, why, sizeof why),
+    assert_int_equal(hw_verbs_select(&dev, 1, NULL, NULL, 0, KVS_VERBS_GID_AUTO,
+                                     &c, why, sizeof why),
                      KVS_OK);
     assert_int_equal(c.gid_index, 0);
     assert_string_equal(c.addr, ""); /* the fabric then asks for bind_addr */
@@ -228,6 +242,11 @@ static void test_verbs_select_create_names_what_to_change(void **state)
     cfg.gid_index = -7;
     assert_int_equal(kvs_verbs_fabric_create(&cfg, &fab, &err), KVS_EINVAL);
     assert_says(err.msg, "gid_index -7");
+    kvs_verbs_config_init(&cfg);
+    cfg.near_pci = "GPU-0"; /* refused before any device is looked at */
+    assert_int_equal(kvs_verbs_fabric_create(&cfg, &fab, &err), KVS_EINVAL);
+    assert_says(err.msg, "near_pci 'GPU-0' is not a PCI bus id");
+    assert_says(err.msg, "cudaDeviceGetPCIBusId");
     kvs_verbs_config_init(&cfg);
     cfg.send_buf_bytes = 100;
     assert_int_equal(kvs_verbs_fabric_create(&cfg, &fab, &err), KVS_EINVAL);
