@@ -40,7 +40,7 @@ static void local_fingerprint(kvs_fingerprint_t *out)
     kvs_layout_t lay;
     kvs_error_t err;
     CHECK(kvs_layout_init(&lay, &params, &err) == KVS_OK);
-    kvs__fingerprint(&lay, KVS_PATH_STAGING, 0, out);
+    kvs__fingerprint(&lay, KVS_PATH_STAGING, &(kvs_manager_config_t){0}, out);
 }
 
 /* The fields kvs__fingerprint_check compares (spec §7.1): all of them. */

@@ -21,7 +21,7 @@ int kvs__channel_send(kvs_fabric_t *fab, kvs_conn_t *conn, const kvs_msg_t *msg,
     return rc;
 }
 
-void kvs__fingerprint(const kvs_layout_t *lay, kvs_path_t path, uint32_t app_tag,
+void kvs__fingerprint(const kvs_layout_t *lay, kvs_path_t path, const kvs_manager_config_t *cfg,
                       kvs_fingerprint_t *out)
 {
     *out = (kvs_fingerprint_t){
@@ -37,7 +37,8 @@ void kvs__fingerprint(const kvs_layout_t *lay, kvs_path_t path, uint32_t app_tag
         .prefill_pp = lay->prefill_pp,
         .decode_pp = lay->decode_pp,
         .dtype = (uint32_t)lay->dtype, /* bf16 and fp16 share a size, not a format */
-        .app_tag = app_tag,
+        .app_tag = cfg->app_tag,
+        .max_aux_bytes = cfg->max_aux_bytes,
     };
 }
 
@@ -65,6 +66,7 @@ int kvs__fingerprint_check(const kvs_fingerprint_t *mine, const kvs_fingerprint_
         /* What else the application needs both sides to share. */
         {"application tag (app_tag; serve: --seed/--requests/--prompt-tokens)",
          mine->app_tag, theirs->app_tag},
+        {"largest aux payload (max_aux_bytes)", mine->max_aux_bytes, theirs->max_aux_bytes},
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
         if (f[i].a != f[i].b) {

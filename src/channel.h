@@ -17,7 +17,7 @@
 int kvs__channel_send(kvs_fabric_t *fab, kvs_conn_t *conn, const kvs_msg_t *msg,
                       kvs_handler_stats_t *stats);
 /* The fingerprint of a layout on a path. */
-void kvs__fingerprint(const kvs_layout_t *lay, kvs_path_t path, uint32_t app_tag,
+void kvs__fingerprint(const kvs_layout_t *lay, kvs_path_t path, const kvs_manager_config_t *cfg,
                       kvs_fingerprint_t *out);
 /* KVS_OK, or KVS_EFINGERPRINT with `why` naming the first field that
  * differs and both values. */

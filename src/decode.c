@@ -777,9 +777,37 @@ static void kvs__on_chunk_ready(kvs_decode_t *d, kvs__peer_t *p, const kvs_msg_c
     }
 }
 
-static void kvs__on_report(kvs_decode_t *d, kvs__peer_t *p, uint64_t room, int status)
+/* A part of the room's aux payload, from its peer 0 (the one prefill rank
+ * that gives it to this rank), in order: the link delivers in order and
+ * drops duplicates, so anything else is a broken peer's. */
+static void kvs__on_aux(kvs_decode_t *d, kvs__peer_t *p, const kvs_msg_aux_t *a)
 {
-    kvs__droom_t *r = kvs__room_of(d, p, room);
+    kvs__droom_t *r = kvs__room_of(d, p, a->room);
+    if (r == NULL || p->index != 0 || kvs__bit(r->reported, p->index) || a->count == 0 ||
+        a->total > d->h.m->cfg.max_aux_bytes || a->first != r->base.aux_got ||
+        (a->first > 0 && a->total != r->base.aux_bytes) || a->count > a->total - a->first) {
+        kvs__reject(&d->h);
+        return;
+    }
+    kvs__room_touch(&d->h, &r->base);
+    if (a->first == 0) {
+        if (a->total > r->base.aux.cap) {
+            uint8_t *grown = realloc(r->base.aux.bytes, a->total);
+            if (grown == NULL) {
+                kvs__room_fail(&d->h, &r->base, KVS_ENOMEM, NULL);
+                return;
+            }
+            r->base.aux = (kvs__aux_buf_t){grown, a->total};
+        }
+        r->base.aux_bytes = a->total;
+    }
+    memcpy(r->base.aux.bytes + a->first, a->data, a->count);
+    r->base.aux_got += a->count;
+}
+
+static void kvs__on_report(kvs_decode_t *d, kvs__peer_t *p, const kvs_msg_status_t *s)
+{
+    kvs__droom_t *r = kvs__room_of(d, p, s->room);
     if (r == NULL || kvs__bit(r->reported, p->index)) {
         kvs__reject(&d->h);
         return;
@@ -788,6 +816,10 @@ static void kvs__on_report(kvs_decode_t *d, kvs__peer_t *p, uint64_t room, int s
     r->reports++;
     kvs__room_touch(&d->h, &r->base);
     const kvs__inst_t *inst = p->inst;
+    const int status = s->status;
+    /* Its aux payload, all of it, came first (a failed room drops it). */
+    if (status == KVS_OK && s->aux_bytes != (p->index == 0 ? r->base.aux_got : 0))
+        kvs__room_fail(&d->h, &r->base, KVS_EPROTO, NULL);
     if (status == KVS_OK)
         r->reports_ok++;
     else
@@ -829,7 +861,10 @@ static void kvs__on_message(kvs__handler_t *h, kvs__peer_t *p, const kvs_msg_t *
         kvs__on_chunk_ready(d, p, &msg->u.ready);
         break;
     case KVS_MSG_STATUS:
-        kvs__on_report(d, p, msg->u.status.room, msg->u.status.status);
+        kvs__on_report(d, p, &msg->u.status);
+        break;
+    case KVS_MSG_AUX:
+        kvs__on_aux(d, p, &msg->u.aux);
         break;
     case KVS_MSG_ABORT:
         kvs__on_abort(d, p, &msg->u.abort);

@@ -67,6 +67,7 @@ static void kvs__handler_fini(kvs__handler_t *h)
     while (h->first != NULL) {
         kvs__room_t *r = h->first;
         h->first = r->next;
+        free(r->aux.bytes);
         h->role->room_free(h, r, true);
     }
     h->last = NULL;
@@ -218,18 +219,20 @@ void kvs__room_end(kvs__handler_t *h, kvs__room_t *r, int64_t chunks)
     kvs_room_result_t res = {.room = r->id, .status = r->status, .chunks = chunks,
                              .bytes = r->bytes, .rdma_writes = r->writes,
                              .open_ns = r->open_ns, .done_ns = kvs__now(h)};
-    kvs__results_push(&h->results, &res);
+    kvs__results_push(&h->results, &res, &r->aux, r->status == KVS_OK ? r->aux_got : 0);
     if (r->status == KVS_OK)
         h->stats.rooms_ok++;
     else
         h->stats.rooms_failed++;
     kvs__room_unlink(h, r);
+    free(r->aux.bytes);
     h->role->room_free(h, r, false);
 }
 
 void kvs__room_drop(kvs__handler_t *h, kvs__room_t *r)
 {
     kvs__room_unlink(h, r);
+    free(r->aux.bytes);
     h->role->room_free(h, r, false);
 }
 
@@ -237,7 +240,7 @@ void kvs__room_reject(kvs__handler_t *h, uint64_t id, int status)
 {
     const uint64_t now = kvs__now(h);
     kvs_room_result_t res = {.room = id, .status = status, .open_ns = now, .done_ns = now};
-    kvs__results_push(&h->results, &res);
+    kvs__results_push(&h->results, &res, NULL, 0);
     h->stats.rooms_failed++;
 }
 

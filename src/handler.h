@@ -42,6 +42,11 @@ typedef struct kvs__room {
     uint64_t open_ns;
     uint64_t last_ns;           /* last progress; the stall timeout runs from it */
     uint64_t bytes, writes;     /* payload bytes and RDMA writes, for its result */
+    /* The aux payload (spec §12): prefill, the bytes to send (aux_bytes);
+     * decode, the announced size (aux_bytes) and the bytes come so far
+     * (aux_got), handed to the room's result when it ends well. */
+    kvs__aux_buf_t aux;
+    uint32_t aux_bytes, aux_got;
     struct kvs__room *prev, *next; /* open order */
 } kvs__room_t;
 

@@ -140,7 +140,7 @@ int kvs__inst_set_geometry(kvs__inst_t *inst, kvs_manager_t *m, int64_t tp_size,
     inst->path = path;
     inst->declared = declared;
     inst->decode_stage = lay.decode_pp == 1 ? 0 : m->cfg.pp_rank;
-    kvs__fingerprint(&lay, path, m->cfg.app_tag, &inst->fp);
+    kvs__fingerprint(&lay, path, &m->cfg, &inst->fp);
     inst->peers = peers;
     inst->npeers = n;
     inst->words = (n + 63) / 64;

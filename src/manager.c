@@ -42,6 +42,10 @@ static int kvs__check_config(const kvs_manager_config_t *c, const kvs_fabric_t *
         return KVS__FAIL(err, KVS_EINVAL, "peer_tp_size, peer_pp_size, context_parallel, "
                          "total_heads, heads_per_rank and model_layers must be >= 0 "
                          "(0 = default/unknown)");
+    if (c->max_aux_bytes > KVS_AUX_BYTES_MAX)
+        return KVS__FAIL(err, KVS_EINVAL, "max_aux_bytes %u is over the limit of %u bytes: "
+                         "carry a larger result out of band", c->max_aux_bytes,
+                         KVS_AUX_BYTES_MAX);
     if (c->dp_rank < 0)
         return KVS__FAIL(err, KVS_EINVAL, "dp_rank %lld must be >= 0: the attention group "
                          "of this rank in its instance (0 without DP attention)",

@@ -141,6 +141,15 @@ static int64_t kvs__flow_busy(const kvs__pflow_t *fl)
     return busy;
 }
 
+/* Whether this rank is the one that gives flow f's decode rank the room's aux
+ * payload: the decode hears it from its peer 0, the writer 0 of the first
+ * prefill stage that writes to it (instance.c). */
+static bool kvs__flow_carries_aux(const kvs_prefill_t *p, const kvs__proom_t *r, int64_t f)
+{
+    const kvs__inst_t *inst = r->base.inst;
+    return inst->peers[f].tgt.writer == 0 && (inst->lay.decode_pp > 1 || p->h.pp_rank == 0);
+}
+
 static void kvs__report(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int status)
 {
     kvs__pflow_t *fl = &r->flows[f];
@@ -150,10 +159,21 @@ static void kvs__report(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int status
     kvs__peer_t *peer = kvs__flow_peer(r, f);
     if (!fl->known && (status == KVS_OK || !peer->ready || !r->opened))
         return; /* the decode never opened it: nothing to tell */
-    kvs_msg_t msg = {.type = KVS_MSG_STATUS};
+    const uint32_t aux = status == KVS_OK && kvs__flow_carries_aux(p, r, f) ? r->base.aux_bytes : 0;
+    kvs_msg_t msg = {.type = KVS_MSG_AUX};
+    for (uint32_t first = 0; first < aux; first += KVS_WIRE_AUX_PER_MSG) {
+        const uint32_t n = aux - first < KVS_WIRE_AUX_PER_MSG ? aux - first : KVS_WIRE_AUX_PER_MSG;
+        msg.u.aux.room = r->base.id;
+        msg.u.aux.total = aux;
+        msg.u.aux.first = first;
+        msg.u.aux.count = n;
+        memcpy(msg.u.aux.data, r->base.aux.bytes + first, n);
+        kvs__send(&p->h, peer, &msg);
+    }
+    msg = (kvs_msg_t){.type = KVS_MSG_STATUS};
     msg.u.status = (kvs_msg_status_t){.room = r->base.id, .tp_rank = p->h.tp_rank,
                                       .pp_rank = p->h.pp_rank, .status = status,
-                                      .chunks = fl->num_chunks};
+                                      .aux_bytes = aux, .chunks = fl->num_chunks};
     kvs__send(&p->h, peer, &msg);
 }
 
@@ -376,6 +396,40 @@ int kvs_prefill_room_computed(kvs_prefill_t *p, uint64_t room, int64_t end_token
     return KVS_OK;
 }
 
+int kvs_prefill_room_set_aux(kvs_prefill_t *p, uint64_t room, const void *aux, uint32_t bytes)
+{
+    if (p == NULL)
+        return KVS_EINVAL;
+    kvs_manager_t *m = p->h.m;
+    if (bytes > m->cfg.max_aux_bytes)
+        return KVS__MFAIL(m, KVS_EINVAL, "room %llu: an aux payload of %u bytes is over "
+                          "max_aux_bytes %u: raise it on every rank of both roles",
+                          (unsigned long long)room, bytes, m->cfg.max_aux_bytes);
+    if (aux == NULL && bytes > 0)
+        return KVS__MFAIL(m, KVS_EINVAL, "room %llu: aux is NULL with %u bytes",
+                          (unsigned long long)room, bytes);
+    kvs__room_t *found = kvs__room_get(&p->h, room);
+    kvs__proom_t *r = found != NULL ? kvs__proom(found) : NULL;
+    if (r == NULL || !r->opened)
+        return KVS__MFAIL(m, KVS_ENOENT, "room %llu is not open on this prefill rank",
+                          (unsigned long long)room);
+    if (r->final)
+        return KVS__MFAIL(m, KVS_EALREADY, "room %llu: its last computed() call was made; "
+                          "give the aux payload before it (or at room_open)",
+                          (unsigned long long)room);
+    if (bytes > r->base.aux.cap) {
+        uint8_t *grown = realloc(r->base.aux.bytes, bytes);
+        if (grown == NULL)
+            return KVS__MFAIL(m, KVS_ENOMEM, "room %llu: allocating %u aux bytes failed",
+                              (unsigned long long)room, bytes);
+        r->base.aux = (kvs__aux_buf_t){grown, bytes};
+    }
+    if (bytes > 0)
+        memcpy(r->base.aux.bytes, aux, bytes);
+    r->base.aux_bytes = bytes;
+    return KVS_OK;
+}
+
 /* ---- registration ------------------------------------------------------------- */
 
 /* Refuses a registration on conn (no peer bound to it), naming why. */
@@ -402,7 +456,7 @@ static int kvs__check_register(kvs_prefill_t *p, const kvs_msg_register_t *g,
 {
     kvs_manager_t *m = p->h.m;
     /* Until an instance is known, answers carry the default pair's. */
-    kvs__fingerprint(&m->layout, m->path, m->cfg.app_tag, fp);
+    kvs__fingerprint(&m->layout, m->path, &m->cfg, fp);
     fp->decode_tp = g->tp_size;
     fp->decode_pp = g->pp_size;
     if (g->peer_instance != m->cfg.instance_id || g->peer_dp_rank != m->cfg.dp_rank) {
@@ -429,7 +483,7 @@ static int kvs__check_register(kvs_prefill_t *p, const kvs_msg_register_t *g,
                      (long long)g->tp_size, (long long)g->pp_size, m->err.msg);
             return rc;
         }
-        kvs__fingerprint(&lay, path, m->cfg.app_tag, fp);
+        kvs__fingerprint(&lay, path, &m->cfg, fp);
     }
     int status = kvs__fingerprint_check(fp, &g->fp, why, why_bytes);
     if (status != KVS_OK)

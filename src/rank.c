@@ -185,14 +185,42 @@ int kvs_rank_open_room(kvs_rank_t *r, const kvs_room_desc_t *room)
         return KVS__FAIL(&r->m->err, KVS_EINVAL, "room %llu: a prefill rank holds the whole "
                          "request: base_tokens must be 0 (got %lld)",
                          (unsigned long long)room->room, (long long)room->base_tokens);
+    if (r->dec != NULL && (room->aux != NULL || room->aux_bytes != 0))
+        return KVS__FAIL(&r->m->err, KVS_EINVAL, "room %llu: a decode rank gives no aux "
+                         "payload (it arrives with the room's result): leave aux NULL",
+                         (unsigned long long)room->room);
     kvs__rank_lock(r);
-    const int rc = r->dec != NULL
-                       ? kvs_decode_room_open_peer(r->dec, room->room, room->peer,
-                                                   room->base_tokens, room->total_tokens,
-                                                   room->pages, room->num_pages)
-                       : kvs_prefill_room_open_peer(r->pre, room->room, room->peer,
-                                                    room->total_tokens, room->pages,
-                                                    room->num_pages);
+    /* Checked before the room opens, so a refused payload opens nothing. */
+    int rc = KVS_OK;
+    if (room->aux_bytes > r->m->cfg.max_aux_bytes || (room->aux == NULL && room->aux_bytes > 0))
+        rc = kvs_prefill_room_set_aux(r->pre, room->room, room->aux, room->aux_bytes);
+    else
+        rc = r->dec != NULL ? kvs_decode_room_open_peer(r->dec, room->room, room->peer,
+                                                        room->base_tokens, room->total_tokens,
+                                                        room->pages, room->num_pages)
+                            : kvs_prefill_room_open_peer(r->pre, room->room, room->peer,
+                                                         room->total_tokens, room->pages,
+                                                         room->num_pages);
+    if (rc == KVS_OK && r->pre != NULL && room->aux_bytes > 0) {
+        rc = kvs_prefill_room_set_aux(r->pre, room->room, room->aux, room->aux_bytes);
+        if (rc != KVS_OK) { /* no memory for it: the room goes too */
+            const kvs_error_t why = r->m->err;
+            (void)kvs_prefill_room_abort(r->pre, room->room);
+            r->m->err = why;
+        }
+    }
+    kvs__rank_unlock(r);
+    return rc;
+}
+
+int kvs_rank_set_aux(kvs_rank_t *r, uint64_t room, const void *aux, uint32_t bytes)
+{
+    if (r == NULL)
+        return KVS_EINVAL;
+    if (r->pre == NULL)
+        return kvs__rank_wrong_role(r, "set_aux", "prefill");
+    kvs__rank_lock(r);
+    const int rc = kvs_prefill_room_set_aux(r->pre, room, aux, bytes);
     kvs__rank_unlock(r);
     return rc;
 }

@@ -12,26 +12,46 @@ int kvs__results_init(kvs__results_t *q, uint32_t cap)
     if (cap == 0)
         return KVS_EINVAL;
     q->items = calloc(cap, sizeof *q->items);
-    if (q->items == NULL)
+    q->aux = calloc(cap, sizeof *q->aux);
+    if (q->items == NULL || q->aux == NULL) {
+        free(q->items);
+        free(q->aux);
+        q->items = NULL;
+        q->aux = NULL;
         return KVS_ENOMEM;
+    }
     q->cap = cap;
     return KVS_OK;
 }
 
 void kvs__results_fini(kvs__results_t *q)
 {
+    for (uint32_t i = 0; q->aux != NULL && i < q->cap; i++)
+        free(q->aux[i].bytes);
+    free(q->aux);
     free(q->items);
     memset(q, 0, sizeof *q);
 }
 
-void kvs__results_push(kvs__results_t *q, const kvs_room_result_t *r)
+void kvs__results_push(kvs__results_t *q, const kvs_room_result_t *r, kvs__aux_buf_t *aux,
+                       uint32_t aux_bytes)
 {
     if (q->count == q->cap) {
         q->head = (q->head + 1) % q->cap;
         q->count--;
         q->dropped++;
     }
-    q->items[(q->head + q->count) % q->cap] = *r;
+    const uint32_t slot = (q->head + q->count) % q->cap;
+    q->items[slot] = *r;
+    q->items[slot].aux = NULL;
+    q->items[slot].aux_bytes = 0;
+    if (aux != NULL && aux_bytes > 0) {
+        const kvs__aux_buf_t mine = q->aux[slot];
+        q->aux[slot] = *aux;
+        *aux = mine;
+        q->items[slot].aux = q->aux[slot].bytes;
+        q->items[slot].aux_bytes = aux_bytes;
+    }
     q->count++;
 }
 

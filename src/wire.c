@@ -26,6 +26,7 @@
 #include <string.h>
 
 /* Wire bytes of each field kind. */
+#define WIRE_BYTES_u8 1u
 #define WIRE_BYTES_u32 4u
 #define WIRE_BYTES_i32 4u
 #define WIRE_BYTES_u64 8u
@@ -71,6 +72,12 @@ typedef struct wire_reader {
     uint32_t pos, end;
 } wire_reader_t;
 
+static void wire_put_u8(wire_writer_t *w, uint8_t v)
+{
+    assert(w->end - w->pos >= 1u);
+    w->buf[w->pos++] = v;
+}
+
 static void wire_put_u16(wire_writer_t *w, uint16_t v)
 {
     assert(w->end - w->pos >= 2u);
@@ -99,6 +106,12 @@ static void wire_put_u64(wire_writer_t *w, uint64_t v)
  * conversion to unsigned is defined by C for every value. */
 static void wire_put_i32(wire_writer_t *w, int32_t v) { wire_put_u32(w, (uint32_t)v); }
 static void wire_put_i64(wire_writer_t *w, int64_t v) { wire_put_u64(w, (uint64_t)v); }
+
+static uint8_t wire_get_u8(wire_reader_t *r)
+{
+    assert(r->end - r->pos >= 1u);
+    return r->buf[r->pos++];
+}
 
 static uint16_t wire_get_u16(wire_reader_t *r)
 {
@@ -172,6 +185,8 @@ static uint32_t wire_count(const kvs_msg_t *msg)
         return msg->u.layers.count;
     case KVS_MSG_PAGES:
         return msg->u.pages.count;
+    case KVS_MSG_AUX:
+        return msg->u.aux.count;
     default:
         return 0;
     }
@@ -227,6 +242,9 @@ static kvs_layer_entry_t wire_get_layer(wire_reader_t *r)
 /* ---- encode ------------------------------------------------------------- */
 
 #define WIRE_PUT_ARRAY_none(array)
+#define WIRE_PUT_ARRAY_u8(array)                                                         \
+    for (uint32_t i = 0; i < p->count; i++)                                              \
+        wire_put_u8(w, p->array[i]);
 #define WIRE_PUT_ARRAY_i64(array)                                                        \
     for (uint32_t i = 0; i < p->count; i++)                                              \
         wire_put_i64(w, p->array[i]);
@@ -291,6 +309,9 @@ int kvs__wire_encode(const kvs_msg_t *msg, uint8_t *buf, uint32_t cap, uint32_t 
 /* ---- decode ------------------------------------------------------------- */
 
 #define WIRE_GET_ARRAY_none(array)
+#define WIRE_GET_ARRAY_u8(array)                                                         \
+    for (uint32_t i = 0; i < p->count; i++)                                              \
+        p->array[i] = wire_get_u8(r);
 #define WIRE_GET_ARRAY_i64(array)                                                        \
     for (uint32_t i = 0; i < p->count; i++)                                              \
         p->array[i] = wire_get_i64(r);
@@ -300,6 +321,7 @@ int kvs__wire_encode(const kvs_msg_t *msg, uint8_t *buf, uint32_t cap, uint32_t 
 /* A counted message's count is read with its fixed fields; the payload must
  * then be exactly that many entries long. */
 #define WIRE_CHECK_COUNT_none(NAME, max)
+#define WIRE_CHECK_COUNT_u8(NAME, max) WIRE_CHECK_COUNT(NAME, max)
 #define WIRE_CHECK_COUNT_i64(NAME, max) WIRE_CHECK_COUNT(NAME, max)
 #define WIRE_CHECK_COUNT_layer(NAME, max) WIRE_CHECK_COUNT(NAME, max)
 #define WIRE_CHECK_COUNT(NAME, max)                                                      \

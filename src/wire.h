@@ -20,15 +20,18 @@
 #include <kvstage/backend.h>
 
 #define KVS_WIRE_MAGIC 0x4B565354u /* "KVST" */
-#define KVS_WIRE_VERSION 4u
+#define KVS_WIRE_VERSION 5u
 /* magic u32, version u16, type u16, payload length u32, seq u32, session u64 */
 #define KVS_WIRE_HEADER_BYTES 24u
 /* Layers per LAYERS message and page ids per PAGES message, so a message
  * always fits KVS_CONTROL_MSG_MAX_BYTES. */
 #define KVS_WIRE_LAYERS_PER_MSG 96u
 #define KVS_WIRE_PAGES_PER_MSG 480u
+/* Bytes of a request's aux payload per AUX message. */
+#define KVS_WIRE_AUX_PER_MSG 4000u
 
 /* ---- field kinds: a C type and a width on the wire each -------------------- */
+#define KVS__WT_u8 uint8_t
 #define KVS__WT_u32 uint32_t
 #define KVS__WT_i32 int32_t
 #define KVS__WT_u64 uint64_t
@@ -47,7 +50,8 @@
     F(i64, chunk_tokens)                                                       \
     F(i64, prefill_tp) F(i64, decode_tp) F(i64, prefill_pp) F(i64, decode_pp)  \
     F(u32, dtype)                                                              \
-    F(u32, app_tag) /* kvs_manager_config_t.app_tag */
+    F(u32, app_tag) /* kvs_manager_config_t.app_tag */                      \
+    F(u32, max_aux_bytes) /* kvs_manager_config_t.max_aux_bytes */
 typedef struct kvs_fingerprint {
     KVS_WIRE_FP_FIELDS(KVS__WIRE_DECL)
 } kvs_fingerprint_t;
@@ -100,8 +104,13 @@ typedef struct kvs_layer_entry {
     F(i64, writer) F(i64, stage)
 #define KVS_WIRE_WATERMARK_FIELDS(F) F(u64, round) F(u64, offset)
 #define KVS_WIRE_STATUS_FIELDS(F) /* prefill -> decode: its result for a room */ \
-    F(u64, room) F(i64, tp_rank) F(i64, pp_rank) F(i32, status) F(u32, reserved) \
+    F(u64, room) F(i64, tp_rank) F(i64, pp_rank) F(i32, status)                  \
+    F(u32, aux_bytes)     /* aux bytes it sent this decode rank first */       \
     F(i64, chunks)        /* chunks this rank sent */
+/* prefill -> decode: bytes [first, first + count) of a room's aux payload
+ * of `total` bytes, sent before its STATUS by the one prefill rank the
+ * decode rank hears it from (its peer 0). */
+#define KVS_WIRE_AUX_FIELDS(F) F(u64, room) F(u32, total) F(u32, first) F(u32, count)
 #define KVS_WIRE_ABORT_FIELDS(F) F(u64, room) F(i32, status) F(u32, reserved)
 /* Link-level receipt: every message of the connection up to and including
  * sequence `cum` arrived, in order (link.c); never itself acknowledged. */
@@ -126,16 +135,18 @@ typedef struct kvs_layer_entry {
     X(WATERMARK, 9, wm, watermark, none, none, 0)                                       \
     X(STATUS, 10, status, status, none, none, 0)                                        \
     X(ABORT, 11, abort, abort, none, none, 0)                                           \
-    X(ACK, 12, ack_link, ack, none, none, 0)
+    X(ACK, 12, ack_link, ack, none, none, 0)                                            \
+    X(AUX, 13, aux, aux, u8, data, KVS_WIRE_AUX_PER_MSG)
 
 typedef enum kvs_msg_type {
 #define KVS__WIRE_ENUM(NAME, value, member, type, ELEM, array, max) KVS_MSG_##NAME = value,
     KVS_WIRE_MESSAGES(KVS__WIRE_ENUM)
 #undef KVS__WIRE_ENUM
-    KVS_MSG_TYPE_MAX = 12
+    KVS_MSG_TYPE_MAX = 13
 } kvs_msg_type_t;
 
 #define KVS__WIRE_ARRAY_none(array, max)
+#define KVS__WIRE_ARRAY_u8(array, max) uint8_t array[max];
 #define KVS__WIRE_ARRAY_i64(array, max) int64_t array[max];
 #define KVS__WIRE_ARRAY_layer(array, max) kvs_layer_entry_t array[max];
 #define KVS__WIRE_STRUCT(NAME, value, member, type, ELEM, array, max)                  \

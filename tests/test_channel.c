@@ -93,7 +93,7 @@ static void test_channel_fingerprint_fills_each_field(void **state)
     kvs_layout_t lay = layout_sample();
     kvs_fingerprint_t fp;
     memset(&fp, 0xA5, sizeof fp);
-    kvs__fingerprint(&lay, KVS_PATH_STAGING, 0, &fp);
+    kvs__fingerprint(&lay, KVS_PATH_STAGING, &(kvs_manager_config_t){0}, &fp);
     assert_int_equal(fp.protocol_version, KVS_WIRE_VERSION);
     assert_int_equal(fp.staging, (uint32_t)KVS_PATH_STAGING);
     assert_int_equal(fp.total_heads, 8);
@@ -108,9 +108,9 @@ static void test_channel_fingerprint_fills_each_field(void **state)
     assert_int_equal(fp.dtype, KVS_DTYPE_FP32); /* the format, not its size */
     assert_int_equal(fp.app_tag, 0);
 
-    kvs__fingerprint(&lay, KVS_PATH_DIRECT, 0, &fp);
+    kvs__fingerprint(&lay, KVS_PATH_DIRECT, &(kvs_manager_config_t){0}, &fp);
     assert_int_equal(fp.staging, (uint32_t)KVS_PATH_DIRECT);
-    kvs__fingerprint(&lay, KVS_PATH_SLICE, 0, &fp);
+    kvs__fingerprint(&lay, KVS_PATH_SLICE, &(kvs_manager_config_t){0}, &fp);
     assert_int_equal(fp.staging, (uint32_t)KVS_PATH_SLICE);
 }
 
@@ -118,16 +118,19 @@ static void test_channel_fingerprint_check_equal_is_ok(void **state)
 {
     kvs_layout_t lay = layout_sample();
     kvs_fingerprint_t a, b;
-    kvs__fingerprint(&lay, KVS_PATH_STAGING, 0, &a);
-    kvs__fingerprint(&lay, KVS_PATH_STAGING, 0, &b);
+    const kvs_manager_config_t none = {0};
+    kvs__fingerprint(&lay, KVS_PATH_STAGING, &none, &a);
+    kvs__fingerprint(&lay, KVS_PATH_STAGING, &none, &b);
     char why[256] = "untouched";
     assert_int_equal(kvs__fingerprint_check(&a, &b, why, sizeof why), KVS_OK);
     assert_string_equal(why, "untouched");
-    /* the application tag is carried as given */
-    kvs__fingerprint(&lay, KVS_PATH_STAGING, 0x5eed, &b);
+    /* the application tag and the aux limit are carried as given */
+    kvs__fingerprint(&lay, KVS_PATH_STAGING,
+                     &(kvs_manager_config_t){.app_tag = 0x5eed, .max_aux_bytes = 4097}, &b);
     assert_int_equal(b.app_tag, 0x5eed);
-    b.app_tag = 0x5eed;
+    assert_int_equal(b.max_aux_bytes, 4097);
     a.app_tag = 0x5eed;
+    a.max_aux_bytes = 4097;
     assert_int_equal(kvs__fingerprint_check(&a, &b, why, sizeof why), KVS_OK);
 }
 
@@ -137,7 +140,7 @@ static void test_channel_fingerprint_check_names_each_field(void **state)
 {
     kvs_layout_t lay = layout_sample();
     kvs_fingerprint_t mine;
-    kvs__fingerprint(&lay, KVS_PATH_STAGING, 0, &mine);
+    kvs__fingerprint(&lay, KVS_PATH_STAGING, &(kvs_manager_config_t){0}, &mine);
     const struct {
         const char *name;
         long long mine, theirs;
@@ -155,6 +158,7 @@ static void test_channel_fingerprint_check_names_each_field(void **state)
         {"prefill PP size (--prefill-pp)", 2, 1},
         {"decode PP size (--decode-pp)", 1, 2},
         {"application tag (app_tag; serve: --seed/--requests/--prompt-tokens)", 0, 7},
+        {"largest aux payload (max_aux_bytes)", 0, 64},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kvs_fingerprint_t theirs = mine;
@@ -171,7 +175,8 @@ static void test_channel_fingerprint_check_names_each_field(void **state)
         case 9: theirs.decode_tp = cases[i].theirs; break;
         case 10: theirs.prefill_pp = cases[i].theirs; break;
         case 11: theirs.decode_pp = cases[i].theirs; break;
-        default: theirs.app_tag = (uint32_t)cases[i].theirs; break;
+        case 12: theirs.app_tag = (uint32_t)cases[i].theirs; break;
+        default: theirs.max_aux_bytes = (uint32_t)cases[i].theirs; break;
         }
         char why[256] = "";
         assert_int_equal(kvs__fingerprint_check(&mine, &theirs, why, sizeof why),
@@ -189,7 +194,7 @@ static void test_channel_fingerprint_check_reports_first_difference(void **state
 {
     kvs_layout_t lay = layout_sample();
     kvs_fingerprint_t mine, theirs;
-    kvs__fingerprint(&lay, KVS_PATH_STAGING, 0, &mine);
+    kvs__fingerprint(&lay, KVS_PATH_STAGING, &(kvs_manager_config_t){0}, &mine);
     theirs = mine;
     theirs.page_size = 64;
     theirs.total_heads = 32;
@@ -213,8 +218,10 @@ static void test_channel_fingerprint_check_app_tag_fits(void **state)
 {
     kvs_layout_t lay = layout_sample();
     kvs_fingerprint_t mine, theirs;
-    kvs__fingerprint(&lay, KVS_PATH_STAGING, UINT32_MAX - 1, &mine);
-    kvs__fingerprint(&lay, KVS_PATH_STAGING, UINT32_MAX, &theirs);
+    kvs__fingerprint(&lay, KVS_PATH_STAGING, &(kvs_manager_config_t){.app_tag = UINT32_MAX - 1},
+                     &mine);
+    kvs__fingerprint(&lay, KVS_PATH_STAGING, &(kvs_manager_config_t){.app_tag = UINT32_MAX},
+                     &theirs);
     char why[160];
     assert_int_equal(kvs__fingerprint_check(&mine, &theirs, why, sizeof why),
                      KVS_EFINGERPRINT);
@@ -227,7 +234,7 @@ static void test_channel_fingerprint_check_truncates_why(void **state)
 {
     kvs_layout_t lay = layout_sample();
     kvs_fingerprint_t mine, theirs;
-    kvs__fingerprint(&lay, KVS_PATH_STAGING, 0, &mine);
+    kvs__fingerprint(&lay, KVS_PATH_STAGING, &(kvs_manager_config_t){0}, &mine);
     theirs = mine;
     theirs.layers = 1;
     char why[12];

@@ -257,6 +257,9 @@ static void test_manager_config_guards(void **state)
          "chunk_tokens 0 means 8192, which is not a multiple of page_size 24"},
         {"default chunk, page size dividing it", decode_cfg(), 0, KVS_OK, NULL},
         {"default chunk, no staging: not checked", decode_cfg(), 0, KVS_OK, NULL},
+        {"aux over the limit", prefill_cfg(), 0, KVS_EINVAL,
+         "max_aux_bytes 1048577 is over the limit of 1048576 bytes"},
+        {"aux at the limit", decode_cfg(), 0, KVS_OK, NULL},
     };
     g[0].cfg.is_mla = true;
     g[1].cfg.context_parallel = 2;
@@ -288,6 +291,8 @@ static void test_manager_config_guards(void **state)
     g[26].cfg.page_size = 64;
     g[27].cfg.page_size = 24;
     g[27].cfg.staging = false;
+    g[28].cfg.max_aux_bytes = KVS_AUX_BYTES_MAX + 1;
+    g[29].cfg.max_aux_bytes = KVS_AUX_BYTES_MAX;
     for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) {
         f->fab.base.ops.caps = g[i].caps;
         kvs_manager_t *m = (kvs_manager_t *)&m;

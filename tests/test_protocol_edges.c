@@ -44,6 +44,9 @@
 #include "link.h"
 #include "wire.h"
 
+/* The fingerprint settings of the managers here (no app tag, no aux). */
+static const kvs_manager_config_t fp_cfg;
+
 #define EDGE_SEED 0x6564676573ull   /* "edges" */
 #define EDGE_MAX_NODES 12
 #define EDGE_MAX_INSTANCES 4      /* prefill instances (spec §12) */
@@ -1054,7 +1057,7 @@ static kvs_msg_t edge_register_msg(edge_cluster_t *cl)
     g->tp_size = cl->o.decode_tp;
     g->pp_rank = 0;
     g->pp_size = 1;
-    kvs__fingerprint(kvs_manager_layout(d->m), kvs_manager_path(d->m), 0, &g->fp);
+    kvs__fingerprint(kvs_manager_layout(d->m), kvs_manager_path(d->m), &fp_cfg, &g->fp);
     g->ring_addr = addr;
     g->ring_bytes = len;
     g->ring_rkey = rkey;
@@ -2816,7 +2819,7 @@ static void test_protocol_edges_hostile_direct_fields(void **state)
                                      .pp_size = 1, .local_heads = d->heads,
                                      .num_pages = EDGE_POOL_PAGES,
                                      .layers_total = d->layers};
-    kvs__fingerprint(kvs_manager_layout(d->m), kvs_manager_path(d->m), 0, &reg.u.reg.fp);
+    kvs__fingerprint(kvs_manager_layout(d->m), kvs_manager_path(d->m), &fp_cfg, &reg.u.reg.fp);
     edge_send(cl, dfab, dc, &reg);
     kvs_msg_t lm = {.type = KVS_MSG_LAYERS};
     lm.session = ds;
@@ -3023,7 +3026,7 @@ static void test_protocol_edges_hostile_direct_geometry(void **state)
     reg.u.reg = (kvs_msg_register_t){.tp_rank = 0, .tp_size = 1,
                                      .pp_rank = 0, .pp_size = 1, .local_heads = d->heads,
                                      .num_pages = EDGE_POOL_PAGES, .layers_total = d->layers};
-    kvs__fingerprint(kvs_manager_layout(d->m), kvs_manager_path(d->m), 0, &reg.u.reg.fp);
+    kvs__fingerprint(kvs_manager_layout(d->m), kvs_manager_path(d->m), &fp_cfg, &reg.u.reg.fp);
     kvs_msg_t bad = reg;
     bad.u.reg.local_heads = d->heads / 2;
     edge_send(cl, x.fab, xc, &bad);
@@ -3462,7 +3465,7 @@ static void test_protocol_edges_hostile_register_pool_overflow(void **state)
     m.u.reg = (kvs_msg_register_t){.tp_rank = 0, .tp_size = 1,
                                    .pp_rank = 0, .pp_size = 1, .local_heads = d->heads,
                                    .num_pages = INT64_MAX, .layers_total = d->layers};
-    kvs__fingerprint(kvs_manager_layout(d->m), kvs_manager_path(d->m), 0, &m.u.reg.fp);
+    kvs__fingerprint(kvs_manager_layout(d->m), kvs_manager_path(d->m), &fp_cfg, &m.u.reg.fp);
     edge_send(cl, x.fab, xc, &m);
     edge_run(cl);
     kvs_msg_t got[4];

@@ -11,6 +11,7 @@
 
 #include <cmocka.h>
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "results.h"
@@ -43,7 +44,7 @@ static void assert_result_is(const kvs_room_result_t *r, uint64_t n)
 static void push_n(kvs__results_t *q, uint64_t n)
 {
     kvs_room_result_t r = result_of(n);
-    kvs__results_push(q, &r);
+    kvs__results_push(q, &r, NULL, 0);
 }
 
 static void test_results_init_zero_cap_is_invalid(void **state)
@@ -178,6 +179,42 @@ static void test_results_wraparound_many_cycles(void **state)
     kvs__results_fini(&q);
 }
 
+/* A result with an aux payload takes the room's buffer and gives the room
+ * the slot's old one: the bytes are never copied, a queue that has seen its
+ * largest payloads allocates no more, and a failed result carries none. */
+static void test_results_aux_swaps_buffers(void **state)
+{
+    kvs__results_t q;
+    assert_int_equal(kvs__results_init(&q, 2), KVS_OK);
+    kvs__aux_buf_t room = {malloc(8), 8};
+    assert_non_null(room.bytes);
+    memcpy(room.bytes, "payload!", 8);
+    uint8_t *const first = room.bytes;
+    kvs_room_result_t r = result_of(1);
+    kvs__results_push(&q, &r, &room, 7);
+    assert_null(room.bytes); /* the slot had none */
+    assert_int_equal(room.cap, 0);
+    /* No aux: the room keeps its buffer, the result has none. */
+    kvs__aux_buf_t other = {malloc(4), 4};
+    r = result_of(2);
+    kvs__results_push(&q, &r, &other, 0);
+    assert_non_null(other.bytes);
+    kvs_room_result_t out[2];
+    assert_int_equal(kvs__results_pop(&q, out, 2), 2);
+    assert_ptr_equal(out[0].aux, first);
+    assert_int_equal(out[0].aux_bytes, 7);
+    assert_memory_equal(out[0].aux, "payload", 7);
+    assert_null(out[1].aux);
+    assert_int_equal(out[1].aux_bytes, 0);
+    /* Slot 0 again: the room gets the first buffer back to reuse. */
+    r = result_of(3);
+    kvs__results_push(&q, &r, &other, 3);
+    assert_ptr_equal(other.bytes, first);
+    assert_int_equal(other.cap, 8);
+    free(other.bytes);
+    kvs__results_fini(&q); /* frees the buffers the slots hold */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -187,6 +224,7 @@ int main(void)
         cmocka_unit_test(test_results_full_drops_oldest),
         cmocka_unit_test(test_results_capacity_one),
         cmocka_unit_test(test_results_wraparound_many_cycles),
+        cmocka_unit_test(test_results_aux_swaps_buffers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

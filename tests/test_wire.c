@@ -22,6 +22,21 @@
 
 #define NTYPES ((uint32_t)KVS_MSG_TYPE_MAX)
 
+/* The counted messages by hand: bytes of their fixed fields (count last),
+ * of one entry, and their bound; 0 for the others. */
+typedef struct counted {
+    uint32_t fixed, each, max;
+} counted_t;
+static counted_t counted(uint32_t type)
+{
+    switch (type) {
+    case KVS_MSG_LAYERS: return (counted_t){12, 32, KVS_WIRE_LAYERS_PER_MSG};
+    case KVS_MSG_PAGES: return (counted_t){20, 8, KVS_WIRE_PAGES_PER_MSG};
+    case KVS_MSG_AUX: return (counted_t){20, 1, KVS_WIRE_AUX_PER_MSG};
+    default: return (counted_t){0, 0, 0};
+    }
+}
+
 #include "xorshift.h"
 
 
@@ -39,6 +54,7 @@ static uint64_t gen_bits(sample_gen_t *g)
     const unsigned i = g->n++;
     return i % 4 == 3 ? edges[(i / 4) % 3] : xorshift64(&g->s);
 }
+static uint8_t gen_u8(sample_gen_t *g) { return (uint8_t)gen_bits(g); }
 static uint32_t gen_u32(sample_gen_t *g) { return (uint32_t)gen_bits(g); }
 static int32_t gen_i32(sample_gen_t *g) { return (int32_t)gen_u32(g); }
 static uint64_t gen_u64(sample_gen_t *g) { return gen_bits(g); }
@@ -72,6 +88,7 @@ static kvs_msg_t sample_msg(kvs_msg_type_t type, uint32_t count, uint64_t seed)
     m.session = gen_u64(g);
 #define GEN_MSG_FIELD(kind, name) p->name = gen_##kind(g);
 #define GEN_ARRAY_none(array)
+#define GEN_ARRAY_u8(array) GEN_ARRAY(array, u8)
 #define GEN_ARRAY_i64(array) GEN_ARRAY(array, i64)
 #define GEN_ARRAY_layer(array) GEN_ARRAY(array, layer)
 #define GEN_ARRAY(array, kind)                                                       \
@@ -102,9 +119,8 @@ static size_t all_cases(sample_case_t *out, size_t cap)
 {
     size_t n = 0;
     for (uint32_t t = 1; t <= NTYPES; t++) {
-        if (t == KVS_MSG_LAYERS || t == KVS_MSG_PAGES) {
-            uint32_t max = t == KVS_MSG_LAYERS ? KVS_WIRE_LAYERS_PER_MSG : KVS_WIRE_PAGES_PER_MSG;
-            uint32_t counts[] = {0, 1, max};
+        if (counted(t).max > 0) {
+            uint32_t counts[] = {0, 1, counted(t).max};
             for (size_t i = 0; i < 3; i++) {
                 assert_true(n < cap);
                 out[n++] = (sample_case_t){(kvs_msg_type_t)t, counts[i]};
@@ -122,9 +138,9 @@ static uint32_t expected_len(kvs_msg_type_t type, uint32_t count)
 {
     /* 24 header bytes, then the payload; the session travels in the header */
     switch (type) {
-    case KVS_MSG_REGISTER: return 24 + 32 + 32 + 88 + 24 + 16 + 8; /* 224 */
+    case KVS_MSG_REGISTER: return 24 + 32 + 32 + 92 + 24 + 16 + 8; /* 228 */
     case KVS_MSG_LAYERS: return 24 + 12 + 32 * count;
-    case KVS_MSG_REGISTER_ACK: return 24 + 8 + 16 + 8 + 16 + 88;
+    case KVS_MSG_REGISTER_ACK: return 24 + 8 + 16 + 8 + 16 + 92;
     case KVS_MSG_ROOM: return 24 + 32;
     case KVS_MSG_PAGES: return 24 + 20 + 8 * count;
     case KVS_MSG_STAGING_REQ: return 24 + 48;
@@ -134,6 +150,7 @@ static uint32_t expected_len(kvs_msg_type_t type, uint32_t count)
     case KVS_MSG_STATUS: return 24 + 40;
     case KVS_MSG_ABORT: return 24 + 16;
     case KVS_MSG_ACK: return 24 + 8;
+    case KVS_MSG_AUX: return 24 + 20 + count;
     default: return 0;
     }
 }
@@ -195,6 +212,7 @@ static void assert_eproto(const uint8_t *bytes, uint32_t len)
 }
 
 #define EQ_FIELD(kind, name) EQ_##kind(x->name, y->name)
+#define EQ_u8(a, b) assert_int_equal(a, b);
 #define EQ_u32(a, b) assert_int_equal(a, b);
 #define EQ_i32(a, b) assert_int_equal(a, b);
 #define EQ_u64(a, b) assert_int_equal(a, b);
@@ -219,6 +237,7 @@ static void assert_msg_equal(const kvs_msg_t *a, const kvs_msg_t *b)
     assert_int_equal(a->seq, b->seq);
     assert_int_equal(a->session, b->session);
 #define EQ_ARRAY_none(array)
+#define EQ_ARRAY_u8(array) EQ_ARRAY(array, u8)
 #define EQ_ARRAY_i64(array) EQ_ARRAY(array, i64)
 #define EQ_ARRAY_layer(array) EQ_ARRAY(array, layer)
 #define EQ_ARRAY(array, kind)                                                        \
@@ -256,6 +275,8 @@ static void test_wire_round_trips_every_type(void **state)
             assert_int_equal(out.u.layers.entries[in.u.layers.count].k_addr, 0);
         if (in.type == KVS_MSG_PAGES && in.u.pages.count < KVS_WIRE_PAGES_PER_MSG)
             assert_int_equal(out.u.pages.ids[KVS_WIRE_PAGES_PER_MSG - 1], 0);
+        if (in.type == KVS_MSG_AUX && in.u.aux.count < KVS_WIRE_AUX_PER_MSG)
+            assert_int_equal(out.u.aux.data[KVS_WIRE_AUX_PER_MSG - 1], 0);
         /* Re-encoding the decoded message gives the same bytes. */
         uint8_t again[KVS_CONTROL_MSG_MAX_BYTES];
         assert_int_equal(encode_ok(&out, again, sizeof again), len);
@@ -268,9 +289,7 @@ static void test_wire_encoded_lengths_are_exact(void **state)
     (void)state;
     uint8_t buf[KVS_CONTROL_MSG_MAX_BYTES];
     for (uint32_t t = 1; t <= NTYPES; t++) {
-        uint32_t max = t == KVS_MSG_LAYERS  ? KVS_WIRE_LAYERS_PER_MSG
-                       : t == KVS_MSG_PAGES ? KVS_WIRE_PAGES_PER_MSG
-                                            : 0;
+        const uint32_t max = counted(t).max;
         for (uint32_t c = 0; c <= max; c++) {
             kvs_msg_t m = sample_msg((kvs_msg_type_t)t, c, 42 + c);
             uint32_t len = encode_ok(&m, buf, sizeof buf);
@@ -281,10 +300,12 @@ static void test_wire_encoded_lengths_are_exact(void **state)
             assert_int_equal(payload, len - KVS_WIRE_HEADER_BYTES);
         }
     }
-    assert_int_equal(expected_len(KVS_MSG_REGISTER, 0), 224);
+    assert_int_equal(expected_len(KVS_MSG_REGISTER, 0), 228);
     /* The largest messages fit a control message. */
     assert_int_equal(expected_len(KVS_MSG_LAYERS, KVS_WIRE_LAYERS_PER_MSG), 3108);
     assert_int_equal(expected_len(KVS_MSG_PAGES, KVS_WIRE_PAGES_PER_MSG), 3884);
+    assert_int_equal(expected_len(KVS_MSG_AUX, KVS_WIRE_AUX_PER_MSG), 4044);
+    assert_true(expected_len(KVS_MSG_AUX, KVS_WIRE_AUX_PER_MSG) <= KVS_CONTROL_MSG_MAX_BYTES);
     assert_true(expected_len(KVS_MSG_LAYERS, KVS_WIRE_LAYERS_PER_MSG) <= KVS_CONTROL_MSG_MAX_BYTES);
     assert_true(expected_len(KVS_MSG_PAGES, KVS_WIRE_PAGES_PER_MSG) <= KVS_CONTROL_MSG_MAX_BYTES);
     /* An exact-size buffer suffices. */
@@ -299,7 +320,7 @@ static void test_wire_golden_watermark(void **state)
     (void)state;
     static const uint8_t golden[] = {
         0x54, 0x53, 0x56, 0x4B,                         /* magic "KVST" LE */
-        0x04, 0x00,                                     /* version 4 */
+        0x05, 0x00,                                     /* version 5 */
         0x09, 0x00,                                     /* type WATERMARK */
         0x10, 0x00, 0x00, 0x00,                         /* payload 16 */
         0x11, 0x22, 0x33, 0x44,                         /* link seq */
@@ -329,7 +350,7 @@ static void test_wire_golden_abort_negative_status(void **state)
 {
     (void)state;
     static const uint8_t golden[] = {
-        0x54, 0x53, 0x56, 0x4B, 0x04, 0x00, 0x0B, 0x00, 0x10, 0x00, 0x00, 0x00,
+        0x54, 0x53, 0x56, 0x4B, 0x05, 0x00, 0x0B, 0x00, 0x10, 0x00, 0x00, 0x00,
         0x07, 0x00, 0x00, 0x00,                         /* link seq 7 */
         0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, /* session = max u64 */
         0x2A, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* room = 42 */
@@ -351,6 +372,36 @@ static void test_wire_golden_abort_negative_status(void **state)
     kvs_msg_t out;
     assert_int_equal(decode_exact(golden, sizeof golden, &out), KVS_OK);
     assert_int_equal(out.u.abort.status, -10);
+    assert_msg_equal(&m, &out);
+}
+
+/* Pins the byte array's encoding: the bytes as they are, after the count. */
+static void test_wire_golden_aux(void **state)
+{
+    (void)state;
+    static const uint8_t golden[] = {
+        0x54, 0x53, 0x56, 0x4B, 0x05, 0x00, 0x0D, 0x00, 0x17, 0x00, 0x00, 0x00,
+        0x03, 0x00, 0x00, 0x00,                         /* link seq 3 */
+        0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* session 1 */
+        0x09, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* room 9 */
+        0x10, 0x27, 0x00, 0x00,                         /* total 10000 */
+        0xA0, 0x0F, 0x00, 0x00,                         /* first 4000 */
+        0x03, 0x00, 0x00, 0x00,                         /* count 3 */
+        0x61, 0x00, 0xFF,                               /* the bytes */
+    };
+    kvs_msg_t m;
+    memset(&m, 0, sizeof m);
+    m.type = KVS_MSG_AUX;
+    m.seq = 3;
+    m.session = 1;
+    m.u.aux = (kvs_msg_aux_t){.room = 9, .total = 10000, .first = 4000, .count = 3,
+                              .data = {0x61, 0x00, 0xFF}};
+    uint8_t buf[64];
+    uint32_t len = encode_ok(&m, buf, sizeof buf);
+    assert_int_equal(len, sizeof golden);
+    assert_memory_equal(buf, golden, sizeof golden);
+    kvs_msg_t out;
+    assert_int_equal(decode_exact(golden, sizeof golden, &out), KVS_OK);
     assert_msg_equal(&m, &out);
 }
 
@@ -446,13 +497,12 @@ static void test_wire_trailing_garbage_is_eproto(void **state)
     }
 }
 
-/* A LAYERS/PAGES message with `count` in its count field and a payload of
- * `entries` entries (the header length agrees with the bytes). */
+/* A LAYERS/PAGES/AUX message with `count` in its count field and a payload
+ * of `entries` entries (the header length agrees with the bytes). */
 static uint32_t craft_counted(uint8_t *buf, uint32_t cap, kvs_msg_type_t type,
                               uint32_t count, uint32_t entries)
 {
-    uint32_t fixed = type == KVS_MSG_LAYERS ? 12 : 20;
-    uint32_t each = type == KVS_MSG_LAYERS ? 32 : 8;
+    const uint32_t fixed = counted(type).fixed, each = counted(type).each;
     uint32_t len = KVS_WIRE_HEADER_BYTES + fixed + entries * each;
     assert_true(len <= cap);
     memset(buf, 0x5C, len);
@@ -470,9 +520,9 @@ static void test_wire_count_over_bound_is_eproto(void **state)
 {
     (void)state;
     uint8_t buf[8192];
-    kvs_msg_type_t types[] = {KVS_MSG_LAYERS, KVS_MSG_PAGES};
-    for (size_t t = 0; t < 2; t++) {
-        uint32_t max = types[t] == KVS_MSG_LAYERS ? KVS_WIRE_LAYERS_PER_MSG : KVS_WIRE_PAGES_PER_MSG;
+    kvs_msg_type_t types[] = {KVS_MSG_LAYERS, KVS_MSG_PAGES, KVS_MSG_AUX};
+    for (size_t t = 0; t < 3; t++) {
+        const uint32_t max = counted(types[t]).max;
         kvs_msg_t out;
         /* Sanity: the crafted form is accepted at the bound. */
         uint32_t len = craft_counted(buf, sizeof buf, types[t], max, max);
@@ -496,7 +546,7 @@ static void test_wire_count_over_bound_is_eproto(void **state)
         len = craft_counted(buf, sizeof buf, types[t], 0, 1);
         assert_eproto(buf, len);
         /* Payload shorter than the fixed part, header agreeing. */
-        for (uint32_t p = 0; p < (types[t] == KVS_MSG_LAYERS ? 12u : 20u); p++) {
+        for (uint32_t p = 0; p < counted(types[t]).fixed; p++) {
             put_le32(buf + 8, p);
             assert_eproto(buf, KVS_WIRE_HEADER_BYTES + p);
         }
@@ -579,6 +629,9 @@ static void test_wire_encode_invalid_is_einval(void **state)
     assert_int_equal(kvs__wire_encode(&m, buf, sizeof buf, &len), KVS_EINVAL);
     m.u.pages.count = UINT32_MAX;
     assert_int_equal(kvs__wire_encode(&m, buf, sizeof buf, &len), KVS_EINVAL);
+    m = sample_msg(KVS_MSG_AUX, KVS_WIRE_AUX_PER_MSG, 13);
+    m.u.aux.count = KVS_WIRE_AUX_PER_MSG + 1;
+    assert_int_equal(kvs__wire_encode(&m, buf, sizeof buf, &len), KVS_EINVAL);
     assert_int_equal(len, 777);
     /* NULL arguments. */
     m = sample_msg(KVS_MSG_ROOM, 0, 12);
@@ -593,7 +646,7 @@ static void test_wire_type_names(void **state)
     const char *names[] = {NULL,          "REGISTER",    "LAYERS",      "REGISTER_ACK",
                            "ROOM",        "PAGES",       "STAGING_REQ", "STAGING_RSP",
                            "CHUNK_READY", "WATERMARK",   "STATUS",      "ABORT",
-                           "ACK"};
+                           "ACK",         "AUX"};
     for (uint32_t t = 1; t <= NTYPES; t++)
         assert_string_equal(kvs__wire_type_name((kvs_msg_type_t)t), names[t]);
     assert_string_equal(kvs__wire_type_name((kvs_msg_type_t)0), "UNKNOWN");
@@ -650,18 +703,16 @@ static void test_wire_random_bytes_never_crash(void **state)
                 put_le32(src + 8, xorshift64(&s) % 8 ? len - KVS_WIRE_HEADER_BYTES
                                                      : (uint32_t)xorshift64(&s));
                 /* Counted types: mostly a count that matches the bytes. */
-                if ((type == KVS_MSG_LAYERS || type == KVS_MSG_PAGES) && xorshift64(&s) % 2) {
-                    uint32_t fixed = type == KVS_MSG_LAYERS ? 20 : 28;
-                    uint32_t each = type == KVS_MSG_LAYERS ? 32 : 8;
-                    if (len >= 12 + fixed)
-                        put_le32(src + 12 + fixed - 4, (len - 12 - fixed) / each);
+                const counted_t c = counted(type);
+                if (c.max > 0 && xorshift64(&s) % 2) {
+                    const uint32_t at = KVS_WIRE_HEADER_BYTES + c.fixed;
+                    if (len >= at)
+                        put_le32(src + at - 4, (len - at) / c.each);
                 }
             }
         } else { /* a valid message, then mutated */
             kvs_msg_type_t type = (kvs_msg_type_t)(1 + xorshift64(&s) % NTYPES);
-            uint32_t max = type == KVS_MSG_LAYERS  ? KVS_WIRE_LAYERS_PER_MSG
-                           : type == KVS_MSG_PAGES ? KVS_WIRE_PAGES_PER_MSG
-                                                   : 0;
+            const uint32_t max = counted(type).max;
             uint32_t count = (uint32_t)(xorshift64(&s) % (max + 1));
             kvs_msg_t m = sample_msg(type, count, xorshift64(&s));
             len = encode_ok(&m, src, sizeof src);
@@ -709,6 +760,7 @@ int main(void)
         cmocka_unit_test(test_wire_encoded_lengths_are_exact),
         cmocka_unit_test(test_wire_golden_watermark),
         cmocka_unit_test(test_wire_golden_abort_negative_status),
+        cmocka_unit_test(test_wire_golden_aux),
         cmocka_unit_test(test_wire_every_truncation_is_eproto),
         cmocka_unit_test(test_wire_flipped_header_fields_are_eproto),
         cmocka_unit_test(test_wire_trailing_garbage_is_eproto),

@@ -511,7 +511,14 @@ typedef struct kvs_manager_config {
     uint32_t max_instances;   /* peer instances (attention groups) known at
                                  once, 0 -> 64 */
     uint32_t max_peers;       /* peer ranks connected at once, 0 -> 256 */
+    /* The largest aux payload a request carries from prefill to decode (the
+     * engine's own per-request bytes: first token, logprobs, hidden state),
+     * at most KVS_AUX_BYTES_MAX; 0 (the default) carries none. Both sides
+     * must agree on it (the fingerprint). */
+    uint32_t max_aux_bytes;
 } kvs_manager_config_t;
+
+#define KVS_AUX_BYTES_MAX (1u << 20)
 
 /* Per layer K and V base device addresses of this rank's KV pool, laid out
  * [token_slot][local_head][dim]. The arrays are copied by the manager. */
@@ -624,6 +631,11 @@ typedef struct kvs_room_result {
     uint64_t bytes;          /* payload bytes written (prefill) / received (decode) */
     uint64_t rdma_writes;    /* writes posted for it */
     uint64_t open_ns, done_ns;
+    /* Decode, on success: the request's aux payload as the prefill gave it
+     * (NULL and 0 when it gave none). Owned by the handler; valid until its
+     * next progress (or step). */
+    const void *aux;
+    uint32_t aux_bytes;
 } kvs_room_result_t;
 
 typedef struct kvs_handler_stats {
@@ -753,6 +765,14 @@ KVS_API int kvs_prefill_room_open(kvs_prefill_t *p, uint64_t room, int64_t total
 /* KV of tokens [0, end_tokens) is computed; final when the prompt is done. */
 KVS_API int kvs_prefill_room_computed(kvs_prefill_t *p, uint64_t room, int64_t end_tokens,
                                       bool final);
+/* The room's aux payload: `bytes` (at most the config's max_aux_bytes)
+ * copied from aux, replacing any given before, and handed to every decode
+ * rank of the room with its result (kvs_room_result_t.aux) once the KV
+ * landed. Give it on every prefill rank of the room, before the final
+ * computed() call: each decode rank hears it from one of them. KVS_ENOENT
+ * for a room not open, KVS_EALREADY after the final computed(). */
+KVS_API int kvs_prefill_room_set_aux(kvs_prefill_t *p, uint64_t room, const void *aux,
+                                     uint32_t bytes);
 /* As kvs_decode_room_state and kvs_decode_room_abort. */
 KVS_API int kvs_prefill_room_state(const kvs_prefill_t *p, uint64_t room, kvs_room_state_t *out);
 KVS_API int kvs_prefill_room_abort(kvs_prefill_t *p, uint64_t room);
@@ -824,11 +844,17 @@ typedef struct kvs_room_desc {
                                     pages; prefill: ceil(total / page_size);
                                     copied */
     int64_t num_pages;
+    const void *aux;             /* prefill: the request's aux payload (see
+                                    kvs_prefill_room_set_aux), copied; decode:
+                                    must be NULL (it arrives with the result) */
+    uint32_t aux_bytes;
 } kvs_room_desc_t;
 
 /* kvs_decode_room_open_peer / kvs_prefill_room_open_peer, with their
  * return convention. */
 KVS_API int kvs_rank_open_room(kvs_rank_t *r, const kvs_room_desc_t *room);
+/* Prefill: kvs_prefill_room_set_aux. A decode rank returns KVS_ESTATE. */
+KVS_API int kvs_rank_set_aux(kvs_rank_t *r, uint64_t room, const void *aux, uint32_t bytes);
 /* Prefill: kvs_prefill_room_computed. A decode rank returns KVS_ESTATE. */
 KVS_API int kvs_rank_computed(kvs_rank_t *r, uint64_t room, int64_t end_tokens, bool final);
 KVS_API int kvs_rank_room_state(const kvs_rank_t *r, uint64_t room, kvs_room_state_t *out);
