@@ -271,6 +271,28 @@ int edge_node_manager(edge_cluster_t *cl, edge_node_t *n, uint64_t session)
                 .user = n,
                 .level = getenv("EDGE_LOG") != NULL ? KVS_LOG_DEBUG : KVS_LOG_WARN}};
     kvs_error_t err = {0};
+    if (o->rank_create) {
+        kvs_kv_layer_t layers[EDGE_MAX_LAYERS];
+        const int64_t elem = n->elem_bytes;
+        for (int64_t l = 0; l < n->layers; l++)
+            layers[l] = (kvs_kv_layer_t){.k_addr = n->k_base[l], .v_addr = n->v_base[l],
+                                         .tokens = EDGE_POOL_PAGES * n->page_size,
+                                         .token_stride_bytes = n->heads * o->head_dim * elem,
+                                         .head_stride_bytes = o->head_dim * elem,
+                                         .elem_stride_bytes = elem};
+        const kvs_rank_config_t rc_cfg = {.manager = mc, .layers = layers};
+        kvs_rank_t *rank = NULL;
+        int rc = kvs_rank_create(&rc_cfg, sim_gpu_device(n->gpu), sim_nic_fabric(n->nic), &rank,
+                                 &err);
+        if (rc != KVS_OK) {
+            print_error("%s: rank: %s\n", n->name, err.msg);
+            return rc;
+        }
+        n->m = kvs_rank_manager(rank);
+        n->rank_owns_manager = true;
+        edge_attach(n, rank);
+        return KVS_OK;
+    }
     int rc = kvs_manager_create(&mc, sim_gpu_device(n->gpu), sim_nic_fabric(n->nic), &n->m, &err);
     if (rc != KVS_OK) {
         print_error("%s: manager: %s\n", n->name, err.msg);
@@ -382,7 +404,7 @@ void edge_destroy(edge_cluster_t *cl)
     for (int i = 0; i < edge_nnodes(cl); i++) {
         edge_node_t *n = &cl->nodes[i];
         kvs_rank_destroy(n->rank);
-        if (n->m != NULL)
+        if (n->m != NULL && !n->rank_owns_manager)
             assert_int_equal(kvs_manager_destroy(n->m), KVS_OK);
         if (n->pool_addr != 0) {
             kvs_device_t *dev = sim_gpu_device(n->gpu);
@@ -401,7 +423,8 @@ void edge_destroy(edge_cluster_t *cl)
 void edge_crash(edge_node_t *n)
 {
     edge_rank_drop(n);
-    assert_int_equal(kvs_manager_destroy(n->m), KVS_OK);
+    if (!n->rank_owns_manager)
+        assert_int_equal(kvs_manager_destroy(n->m), KVS_OK);
     n->m = NULL;
     kvs_device_t *dev = sim_gpu_device(n->gpu);
     assert_int_equal(dev->ops.mem_free(dev, n->pool_addr), KVS_OK);

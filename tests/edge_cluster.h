@@ -67,6 +67,7 @@ typedef struct edge_node {
     sim_nic_t *nic;
     kvs_manager_t *m;
     kvs_rank_t *rank;                /* its manager's handler, driven by drv */
+    bool rank_owns_manager;          /* made by kvs_rank_create (opts.rank_create) */
     kvs_decode_t *dec;               /* the rank's handler (one of the two) */
     kvs_prefill_t *pre;
     sim_driver_t drv;                /* steps the rank as an event loop would */
@@ -118,6 +119,9 @@ typedef struct edge_opts {
     uint32_t max_instances;          /* of every rank, 0: the default */
     bool prefill_learns;             /* prefill ranks leave peer_tp_size 0: they learn
                                         the decode instance at its registration */
+    bool rank_create;                /* every rank made by kvs_rank_create in one
+                                        call (its KV as kvs_kv_layer_t), not step
+                                        by step */
 } edge_opts_t;
 
 /* Called after a node polled results (the node that got them, the new ones). */
