@@ -1,9 +1,9 @@
 /*
  * kernels.h - the C interface of hw/cuda/kernels.cu: one launch of the
  * gather or scatter kernel for a validated descriptor. cuda.c prepares the
- * arguments (device-side copy of the layer bases and page ids, the vector
- * width every address allows) and turns the returned cudaError_t into a
- * kvstage status; kernels.cu knows nothing of kvstage objects. The
+ * arguments (copy_args.c: device-side copy of the layer bases and page ids,
+ * the vector width every address allows) and turns the returned cudaError_t
+ * into a kvstage status; kernels.cu knows nothing of kvstage objects. The
  * kernels' arithmetic is in copy_thread.cuh.
  */
 #ifndef KVS_HW_CUDA_KERNELS_H
