@@ -190,6 +190,8 @@ static int kvc_same(const kvc_side_t *a, uint64_t aa, const kvc_side_t *b, uint6
         rc = b->dev->ops.mem_read(b->dev, ba, buf_b, len);
     if (rc != KVS_OK)
         return kvc_fail(msg, n, "reading back %s failed: %s", what, kvs_status_name(rc));
+    if (len == 0 || memcmp(buf_a, buf_b, len) == 0)
+        return 0;
     for (uint64_t i = 0; i < len; i++)
         if (buf_a[i] != buf_b[i])
             return kvc_fail(msg, n, "%s differs at byte %llu of %llu: %s has 0x%02x, %s 0x%02x",

@@ -13,9 +13,10 @@
  *   device backend runs), writes the layer bases and page ids into the
  *   stream's next descriptor slot (a pinned host buffer), copies it to the
  *   slot's device buffer with cudaMemcpyAsync and launches the kernel
- *   (kernels.cu) on the stream; an event recorded after the launch tells
- *   when the slot may be reused (the slot ring has desc_slots entries, so
- *   reuse waits only when that many copies are in flight).
+ *   (kernels.cu; its arguments from copy_args.c) on the stream; an event
+ *   recorded after the launch tells when the slot may be reused (the slot
+ *   ring has desc_slots entries, so reuse waits only when that many copies
+ *   are in flight).
  * - Events: cudaEvent_t without timing, created on first use of a slot and
  *   reused; event_query maps cudaErrorNotReady to KVS_EAGAIN.
  * - Errors: every CUDA call goes through HW_CUDA_TRY, which turns a
@@ -42,6 +43,7 @@
 #include <kvstage/cuda.h>
 
 #include "alloc_table.h"
+#include "copy_args.h"
 #include "kernels.h"
 #include "slots.h"
 
@@ -378,19 +380,6 @@ static int hw_cuda_slot_prepare(kvs_cuda_device_t *c, hw_cuda_slot_t *sl, size_t
     return KVS_OK;
 }
 
-/* The widest vector (16..1 bytes) dividing every offset and address. */
-static unsigned hw_cuda_vec_bytes(const kvs_copy_desc_t *d, const kvs_copy_shape_t *sh)
-{
-    uint64_t bits = sh->row_bytes | sh->token_bytes | sh->head_off | sh->slot_bytes |
-                    d->staging_addr;
-    for (int64_t j = 0; j < d->layer_count; j++)
-        bits |= d->k_base[d->layer_begin + j] | d->v_base[d->layer_begin + j];
-    unsigned v = 16;
-    while (v > 1 && (bits & (v - 1)) != 0)
-        v /= 2;
-    return v;
-}
-
 static int hw_cuda_enqueue(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d,
                            bool scatter)
 {
@@ -422,38 +411,21 @@ static int hw_cuda_enqueue(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_de
                              what, c->name, (unsigned long long)L, HW_CUDA_MAX_LAYERS);
         goto out;
     }
-    /* Bounded by validated allocations, so no overflow. */
-    const size_t n_words = (size_t)(2 * L + sh.pages_used);
+    const size_t n_words = hw_cuda_copy_words(d, &sh);
     hw_cuda_slot_t *sl = &s->slots[s->next];
     rc = hw_cuda_slot_prepare(c, sl, n_words);
     if (rc != KVS_OK)
         goto out;
     s->next = (s->next + 1) % c->desc_slots;
-    for (uint64_t j = 0; j < L; j++) {
-        sl->host[j] = d->k_base[(uint64_t)d->layer_begin + j];
-        sl->host[L + j] = d->v_base[(uint64_t)d->layer_begin + j];
-    }
-    memcpy(sl->host + 2 * L, d->pages, (size_t)sh.pages_used * sizeof(int64_t));
+    hw_cuda_copy_words_fill(d, &sh, sl->host);
     rc = HW_CUDA_TRY(c, cudaMemcpyAsync(sl->dev, sl->host, n_words * sizeof(uint64_t),
                                         cudaMemcpyHostToDevice, s->s),
                      HW_CUDA_FIX_STICKY);
     if (rc == KVS_OK) {
-        const hw_cuda_copy_args_t a = {
-            .words = sl->dev,
-            .staging = d->staging_addr,
-            .layer_count = L,
-            .page_size = (uint64_t)d->page_size,
-            .tokens = (uint64_t)d->tokens,
-            .slot_begin = (uint64_t)d->staging_slot_begin,
-            .layer_slots = (uint64_t)d->staging_layer_slots,
-            .row_bytes = sh.row_bytes,
-            .token_bytes = sh.token_bytes,
-            .head_off = sh.head_off,
-            .slot_bytes = sh.slot_bytes,
-            .scatter = scatter,
-        };
+        const hw_cuda_copy_args_t a = hw_cuda_copy_args_of(d, &sh, sl->dev, scatter);
         rc = HW_CUDA_TRY(c,
-                         (cudaError_t)hw_cuda_copy_launch(&a, hw_cuda_vec_bytes(d, &sh), s->s),
+                         (cudaError_t)hw_cuda_copy_launch(&a, hw_cuda_copy_vec_bytes(d, &sh),
+                                                         s->s),
                          "the kernel could not be launched; " HW_CUDA_FIX_STICKY);
     }
     /* Whatever was queued may still read the slot: fence it either way. */

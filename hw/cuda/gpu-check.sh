@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # gpu-check.sh - the GPU check of the CUDA backend, for a machine with an
 # NVIDIA GPU (run it whenever one is available; record the numbers in
-# docs/cuda.md). Builds Release in build-gpu-check/, runs test_cuda_device
-# with KVS_EXPECT_GPU=1 (when cmocka is installed), then gpu_check: CUDA
+# docs/cuda.md). Builds Release in build-gpu-check/, runs test_cuda_kernels
+# (the kernels' arithmetic on the CPU) and test_cuda_device with
+# KVS_EXPECT_GPU=1 (when cmocka is installed), then gpu_check: CUDA
 # gather/scatter against the host backend byte for byte on random data, and
 # bandwidth against cudaMemcpy device-to-device (docs/cuda.md shows the
 # output). Every step has a timeout; the whole run stays under 8 minutes on
@@ -18,7 +19,7 @@ tests=OFF
 targets=(gpu_check)
 if [ -f /usr/include/cmocka.h ]; then
   tests=ON
-  targets+=(test_cuda_device)
+  targets+=(test_cuda_kernels test_cuda_device)
 fi
 mkdir -p build-gpu-check
 echo "== build (Release, build-gpu-check/)"
@@ -33,6 +34,8 @@ timeout 240 cmake --build build-gpu-check -j"$(nproc)" --target "${targets[@]}" 
   { tail -n 30 build-gpu-check/build.log; exit 1; }
 status=0
 if [ "$tests" = ON ]; then
+  echo "== test_cuda_kernels (the kernels' arithmetic on the CPU)"
+  timeout 120 build-gpu-check/test_cuda_kernels || status=1
   echo "== test_cuda_device (KVS_EXPECT_GPU=1)"
   KVS_EXPECT_GPU=1 timeout 60 build-gpu-check/test_cuda_device || status=1
 fi

@@ -1,9 +1,10 @@
 /*
  * kernels.h - the C interface of hw/cuda/kernels.cu: one launch of the
  * gather or scatter kernel for a validated descriptor. cuda.c prepares the
- * arguments (device-side copy of the layer bases and page ids, the vector
- * width every address allows) and turns the returned cudaError_t into a
- * kvstage status; kernels.cu knows nothing of kvstage objects.
+ * arguments (copy_args.c: device-side copy of the layer bases and page ids,
+ * the vector width every address allows) and turns the returned cudaError_t
+ * into a kvstage status; kernels.cu knows nothing of kvstage objects. The
+ * kernels' arithmetic is in copy_thread.cuh.
  */
 #ifndef KVS_HW_CUDA_KERNELS_H
 #define KVS_HW_CUDA_KERNELS_H
@@ -16,6 +17,9 @@ extern "C" {
 
 /* Largest grid y extent: layers copied by one launch. */
 #define HW_CUDA_MAX_LAYERS 65535u
+/* Threads per block, and the most blocks along x (threads stride beyond). */
+#define HW_CUDA_THREADS 256u
+#define HW_CUDA_MAX_GRID_X 65535u
 
 typedef struct hw_cuda_copy_args {
     /* Device memory, read by the kernel: [K base of copy layer j at j |
@@ -33,6 +37,13 @@ typedef struct hw_cuda_copy_args {
     uint64_t slot_bytes;   /* tokens * row_bytes */
     int scatter;           /* staging -> pool; else pool -> staging */
 } hw_cuda_copy_args_t;
+
+/* One launch's grid (blocks of HW_CUDA_THREADS threads) and index width
+ * (copy_thread.cuh's hw_cuda_copy_grid_as computes it). */
+typedef struct hw_cuda_grid {
+    uint32_t x, y, z;
+    uint32_t index_bits; /* 32 or 64 */
+} hw_cuda_grid_t;
 
 /*
  * Enqueues one launch covering every layer and K and V on `stream` (a
