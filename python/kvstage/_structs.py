@@ -1,7 +1,7 @@
 """_structs.py - ctypes mirrors of the C structs the package passes to the
-library: kvs_error_t, kvs_layout_params_t, kvs_layout_t, kvs_head_slice_t,
-kvs_writer_t, kvs_model_t (include/kvstage/kvstage.h) and kvs_sim_config_t,
-kvs_sim_instance_t, kvs_sim_report_t (include/kvstage/sim.h). Field names and order are the
+library: the planner's and the rank runtime's (include/kvstage/kvstage.h),
+the simulator's (sim.h), the host device's (host.h), the verbs fabric's
+(verbs.h) and the rank driver's (driver.h). Field names and order are the
 C ones; python/tests/test_abi.py compiles the headers and checks every
 size and offset, so a change on the C side fails a test instead of
 corrupting memory.
@@ -128,8 +128,113 @@ class SimReport(c.Structure):
                 ("instance", SimInstance * (2 * SIM_MAX_INSTANCES))]
 
 
+LOG_FN = c.CFUNCTYPE(None, c.c_void_p, c.c_int, c.c_char_p)  # kvs_log_fn
+AUX_BYTES_MAX = 1 << 20  # KVS_AUX_BYTES_MAX
+VERBS_GID_AUTO = -1  # KVS_VERBS_GID_AUTO
+
+
+class Log(c.Structure):
+    """kvs_log_t"""
+    _fields_ = [("fn", LOG_FN), ("user", c.c_void_p), ("level", enum)]
+
+
+class ManagerConfig(c.Structure):
+    """kvs_manager_config_t"""
+    _fields_ = [("role", enum), ("staging", c.c_bool), ("is_mla", c.c_bool),
+                ("total_heads", i64), ("heads_per_rank", i64), ("head_dim", i64),
+                ("dtype", enum), ("layers", i64), ("page_size", i64),
+                ("tp_rank", i64), ("tp_size", i64), ("pp_rank", i64), ("pp_size", i64),
+                ("peer_tp_size", i64), ("peer_pp_size", i64), ("context_parallel", i64),
+                ("chunk_tokens", i64), ("ring_bytes", u64), ("ring_max_live", u32),
+                ("transfer_workers", u32), ("log", Log), ("path", enum),
+                ("session_id", u64), ("max_rooms", u32), ("max_inflight_writes", u32),
+                ("stall_timeout_ns", u64), ("retry_timeout_ns", u64),
+                ("trace", c.c_void_p), ("trace_ctx", c.c_void_p), ("app_tag", u32),
+                ("model_layers", i64), ("instance_id", u64), ("dp_rank", i64),
+                ("max_instances", u32), ("max_peers", u32), ("max_aux_bytes", u32)]
+
+
+class KvLayer(c.Structure):
+    """kvs_kv_layer_t"""
+    _fields_ = [("k_addr", u64), ("v_addr", u64), ("tokens", i64),
+                ("token_stride_bytes", i64), ("head_stride_bytes", i64),
+                ("elem_stride_bytes", i64)]
+
+
+class RankConfig(c.Structure):
+    """kvs_rank_config_t"""
+    _fields_ = [("manager", ManagerConfig), ("layers", c.POINTER(KvLayer)),
+                ("local_heads", i64)]
+
+
+class Peer(c.Structure):
+    """kvs_peer_t"""
+    _fields_ = [("instance", u64), ("dp_rank", i64)]
+
+
+class InstanceDesc(c.Structure):
+    """kvs_instance_desc_t"""
+    _fields_ = [("id", u64), ("tp_size", i64), ("pp_size", i64), ("dp_size", i64),
+                ("addrs", c.POINTER(c.c_char_p))]
+
+
+class RoomDesc(c.Structure):
+    """kvs_room_desc_t"""
+    _fields_ = [("room", u64), ("peer", Peer), ("base_tokens", i64),
+                ("total_tokens", i64), ("pages", c.POINTER(i64)), ("num_pages", i64),
+                ("aux", c.c_void_p), ("aux_bytes", u32)]
+
+
+class RoomResult(c.Structure):
+    """kvs_room_result_t"""
+    _fields_ = [("room", u64), ("status", c.c_int), ("chunks", i64), ("bytes", u64),
+                ("rdma_writes", u64), ("open_ns", u64), ("done_ns", u64),
+                ("aux", c.c_void_p), ("aux_bytes", u32)]
+
+
+class HandlerStats(c.Structure):
+    """kvs_handler_stats_t"""
+    _fields_ = [(name, u64) for name in (
+        "rdma_writes", "rdma_write_bytes", "msgs_sent", "msgs_received", "msgs_rejected",
+        "copies", "watermark_waits", "ring_peak_bytes", "rooms_ok", "rooms_failed",
+        "msgs_retransmitted", "msgs_duplicate", "peers_lost")]
+
+
+class HostConfig(c.Structure):
+    """kvs_host_config_t"""
+    _fields_ = [("name", c.c_char_p), ("max_allocs", u32), ("max_streams", u32),
+                ("max_events", u32), ("queue_ops", u32), ("copy_threads", u32),
+                ("max_vector_bytes", u32)]
+
+
+class VerbsConfig(c.Structure):
+    """kvs_verbs_config_t"""
+    _fields_ = [("device", c.c_char_p), ("port", c.c_int), ("gid_index", c.c_int),
+                ("bind_addr", c.c_char_p), ("listen_port", c.c_uint16),
+                ("max_conns", u32), ("sq_depth", u32), ("recv_depth", u32),
+                ("send_buf_bytes", u32), ("max_mrs", u32), ("max_mr_pieces", u32),
+                ("max_mr_bytes", u64), ("max_write_bytes", u64), ("max_mtu_bytes", u32),
+                ("connect_timeout_ms", u32), ("dmabuf", c.c_void_p),
+                ("dmabuf_ctx", c.c_void_p), ("near_pci", c.c_char_p),
+                ("sysfs_root", c.c_char_p), ("log", Log)]
+
+
+class VerbsInfo(c.Structure):
+    """kvs_verbs_info_t"""
+    _fields_ = [("device", c.c_char * 64), ("port", c.c_int), ("gid_index", c.c_int),
+                ("gid", c.c_char * 48), ("address", c.c_char * 80), ("mtu_bytes", u32),
+                ("max_mr_bytes", u64), ("max_write_bytes", u64),
+                ("device_reason", c.c_char * 160)]
+
+
 # The C name of each mirror, for the ABI test.
 C_NAMES = {Error: "kvs_error_t", LayoutParams: "kvs_layout_params_t",
            Layout: "kvs_layout_t", HeadSlice: "kvs_head_slice_t",
            Writer: "kvs_writer_t", Model: "kvs_model_t", SimConfig: "kvs_sim_config_t",
-           SimInstance: "kvs_sim_instance_t", SimReport: "kvs_sim_report_t"}
+           SimInstance: "kvs_sim_instance_t", SimReport: "kvs_sim_report_t",
+           Log: "kvs_log_t", ManagerConfig: "kvs_manager_config_t", KvLayer: "kvs_kv_layer_t",
+           RankConfig: "kvs_rank_config_t", Peer: "kvs_peer_t",
+           InstanceDesc: "kvs_instance_desc_t", RoomDesc: "kvs_room_desc_t",
+           RoomResult: "kvs_room_result_t", HandlerStats: "kvs_handler_stats_t",
+           HostConfig: "kvs_host_config_t", VerbsConfig: "kvs_verbs_config_t",
+           VerbsInfo: "kvs_verbs_info_t"}

@@ -17,12 +17,15 @@ CONSTANTS = {"KVS_ERROR_MSG_BYTES": S.ERROR_MSG_BYTES,
              "KVS_SIM_MAX_FAULTS": S.SIM_MAX_FAULTS,
              "KVS_SIM_MAX_INSTANCES": S.SIM_MAX_INSTANCES,
              "KVS_SIM_ROUTER_ROUND_ROBIN": S.SIM_ROUTERS["round-robin"],
-             "KVS_SIM_ROUTER_LEAST_LOADED": S.SIM_ROUTERS["least-loaded"]}
+             "KVS_SIM_ROUTER_LEAST_LOADED": S.SIM_ROUTERS["least-loaded"],
+             "KVS_AUX_BYTES_MAX": S.AUX_BYTES_MAX,
+             "KVS_VERBS_GID_AUTO": S.VERBS_GID_AUTO}
 
 
 def c_program():
     lines = ["#include <stddef.h>", "#include <stdio.h>",
              "#include <kvstage/kvstage.h>", "#include <kvstage/sim.h>",
+             "#include <kvstage/host.h>", "#include <kvstage/verbs.h>",
              "int main(void)", "{"]
     for mirror, cname in S.C_NAMES.items():
         lines.append('    printf("%s size %%zu\\n", sizeof(%s));' % (cname, cname))
