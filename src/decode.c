@@ -170,7 +170,7 @@ static void kvs__room_free(kvs__handler_t *h, kvs__room_t *room, bool destroying
             ch->region_bytes > 0)
             (void)kvs_ring_free(d->ring, ch->alloc.id, NULL);
     }
-    free(r);
+    kvs__blocks_put(&h->blocks, r);
 }
 
 /* A failed room stalled again: the writers that stayed silent (dead, or cut
@@ -443,12 +443,13 @@ static void kvs__on_ack(kvs__handler_t *h, kvs_conn_t *conn, kvs__peer_t *p,
 
 /* The room block: the room, its chunks, both bitmaps and its page list in
  * one allocation. */
-static kvs__droom_t *kvs__droom_alloc(int64_t chunks, int64_t words, int64_t pages)
+static kvs__droom_t *kvs__droom_alloc(kvs_decode_t *d, int64_t chunks, int64_t words,
+                                      int64_t pages)
 {
     const size_t nc = (size_t)(chunks > 0 ? chunks : 1), np = (size_t)(pages > 0 ? pages : 1);
     const size_t bytes = sizeof(kvs__droom_t) + nc * sizeof(kvs__dchunk_t) +
                          (nc + 1) * (size_t)words * sizeof(uint64_t) + np * sizeof(int64_t);
-    kvs__droom_t *r = calloc(1, bytes);
+    kvs__droom_t *r = kvs__blocks_get(&d->h.blocks, bytes);
     if (r == NULL)
         return NULL;
     _Static_assert(sizeof(kvs__droom_t) % alignof(kvs__dchunk_t) == 0 &&
@@ -535,7 +536,7 @@ int kvs_decode_room_open_peer(kvs_decode_t *d, uint64_t room, kvs_peer_t peer,
                           (unsigned long long)room);
     const bool staging = inst->path == KVS_PATH_STAGING;
     const int64_t chunks = staging ? kvs_grid_num_chunks(&inst->lay, num_pages) : 0;
-    kvs__droom_t *r = kvs__droom_alloc(chunks, inst->words, num_pages);
+    kvs__droom_t *r = kvs__droom_alloc(d, chunks, inst->words, num_pages);
     if (r == NULL)
         return KVS__MFAIL(m, KVS_ENOMEM, "allocating room %llu failed", (unsigned long long)room);
     r->base_tokens = base_tokens;
@@ -549,7 +550,7 @@ int kvs_decode_room_open_peer(kvs_decode_t *d, uint64_t room, kvs_peer_t peer,
         rc = kvs__chunk_plan(&inst->lay, m->cfg.tp_rank, inst->decode_stage, base_tokens,
                              total_tokens, i, &plan);
         if (rc != KVS_OK) {
-            free(r);
+            kvs__blocks_put(&d->h.blocks, r);
             return KVS__MFAIL(m, rc, "room %llu: chunk %lld has no place on the grid",
                               (unsigned long long)room, (long long)i);
         }
@@ -560,13 +561,13 @@ int kvs_decode_room_open_peer(kvs_decode_t *d, uint64_t room, kvs_peer_t peer,
     /* Every chunk of every open room may wait for ring space at once. */
     rc = kvs__fifo_reserve(&d->wanted, d->open_chunks + (uint64_t)chunks);
     if (rc != KVS_OK) {
-        free(r);
+        kvs__blocks_put(&d->h.blocks, r);
         return KVS__MFAIL(m, rc, "room %llu: no room to queue its %lld chunks",
                           (unsigned long long)room, (long long)chunks);
     }
     rc = kvs__room_add(&d->h, &r->base, room, inst);
     if (rc != KVS_OK) {
-        free(r);
+        kvs__blocks_put(&d->h.blocks, r);
         return KVS__MFAIL(m, rc, "room table full (%u rooms): raise max_rooms or finish "
                           "requests first", m->cfg.max_rooms);
     }
@@ -791,17 +792,15 @@ static void kvs__on_aux(kvs_decode_t *d, kvs__peer_t *p, const kvs_msg_aux_t *a)
     }
     kvs__room_touch(&d->h, &r->base);
     if (a->first == 0) {
-        if (a->total > r->base.aux.cap) {
-            uint8_t *grown = realloc(r->base.aux.bytes, a->total);
-            if (grown == NULL) {
-                kvs__room_fail(&d->h, &r->base, KVS_ENOMEM, NULL);
-                return;
-            }
-            r->base.aux = (kvs__aux_buf_t){grown, a->total};
+        uint8_t *buf = kvs__blocks_fit(&d->h.blocks, r->base.aux, a->total);
+        if (buf == NULL) {
+            kvs__room_fail(&d->h, &r->base, KVS_ENOMEM, NULL);
+            return;
         }
+        r->base.aux = buf;
         r->base.aux_bytes = a->total;
     }
-    memcpy(r->base.aux.bytes + a->first, a->data, a->count);
+    memcpy(r->base.aux + a->first, a->data, a->count);
     r->base.aux_got += a->count;
 }
 

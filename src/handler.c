@@ -46,7 +46,11 @@ static int kvs__handler_init(kvs__handler_t *h, const kvs__role_t *role, kvs_man
     h->pp_rank = c->pp_rank;
     h->next_check_ns = UINT64_MAX;
     h->cq = calloc(KVS__POLL_BATCH, sizeof *h->cq);
+    /* A room holds a handful of blocks (its own, flows, chunks, pages, aux):
+     * keep those of the rooms a busy handler has open at once, up to 64. */
+    const uint32_t keep = 8u * (c->max_rooms < 64 ? c->max_rooms : 64u);
     if (h->cq == NULL || kvs__table_init(&h->rooms, c->max_rooms) != KVS_OK ||
+        kvs__blocks_init(&h->blocks, keep) != KVS_OK ||
         kvs__results_init(&h->results, 2 * c->max_rooms) != KVS_OK ||
         kvs__insts_init(&h->insts, c->max_instances) != KVS_OK ||
         /* a link per peer rank, and as many again for connections of peers
@@ -67,7 +71,7 @@ static void kvs__handler_fini(kvs__handler_t *h)
     while (h->first != NULL) {
         kvs__room_t *r = h->first;
         h->first = r->next;
-        free(r->aux.bytes);
+        kvs__blocks_put(&h->blocks, r->aux);
         h->role->room_free(h, r, true);
     }
     h->last = NULL;
@@ -85,7 +89,8 @@ static void kvs__handler_fini(kvs__handler_t *h)
     if (h->stream != NULL)
         kvs__dev_stream_destroy(h->dev, h->stream);
     h->stream = NULL;
-    kvs__results_fini(&h->results);
+    kvs__results_fini(&h->results, &h->blocks);
+    kvs__blocks_fini(&h->blocks);
     free(h->cq);
     h->cq = NULL;
 }
@@ -225,14 +230,14 @@ void kvs__room_end(kvs__handler_t *h, kvs__room_t *r, int64_t chunks)
     else
         h->stats.rooms_failed++;
     kvs__room_unlink(h, r);
-    free(r->aux.bytes);
+    kvs__blocks_put(&h->blocks, r->aux);
     h->role->room_free(h, r, false);
 }
 
 void kvs__room_drop(kvs__handler_t *h, kvs__room_t *r)
 {
     kvs__room_unlink(h, r);
-    free(r->aux.bytes);
+    kvs__blocks_put(&h->blocks, r->aux);
     h->role->room_free(h, r, false);
 }
 

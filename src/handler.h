@@ -45,7 +45,7 @@ typedef struct kvs__room {
     /* The aux payload (spec §12): prefill, the bytes to send (aux_bytes);
      * decode, the announced size (aux_bytes) and the bytes come so far
      * (aux_got), handed to the room's result when it ends well. */
-    kvs__aux_buf_t aux;
+    uint8_t *aux;               /* a block of h->blocks, or NULL */
     uint32_t aux_bytes, aux_got;
     struct kvs__room *prev, *next; /* open order */
 } kvs__room_t;
@@ -103,6 +103,7 @@ struct kvs__handler {
     kvs__table_t rooms;         /* id -> kvs__room_t * */
     kvs__room_t *first, *last;  /* open order */
     kvs__results_t results;
+    kvs__blocks_t blocks;       /* freed room parts, reused by the next rooms */
     kvs__links_t links;         /* one reliable link per connection */
     kvs_completion_t *cq;
     kvs_stream_t *stream;       /* staging: the gather or scatter stream */

@@ -62,21 +62,21 @@ static void kvs__room_free(kvs__handler_t *h, kvs__room_t *room, bool destroying
         for (int64_t c = 0; c < r->flows[f].num_chunks; c++)
             if (r->flows[f].chunks[c].event != NULL)
                 kvs__dev_event_destroy(h->dev, r->flows[f].chunks[c].event);
-        free(r->flows[f].chunks);
-        free(r->flows[f].dpages);
+        kvs__blocks_put(&h->blocks, r->flows[f].chunks);
+        kvs__blocks_put(&h->blocks, r->flows[f].dpages);
     }
-    free(r->flows);
-    free(r->pages);
-    free(r);
+    kvs__blocks_put(&h->blocks, r->flows);
+    kvs__blocks_put(&h->blocks, r->pages);
+    kvs__blocks_put(&h->blocks, r);
 }
 
 /* Gives r its flows once its instance is known (a target each). */
-static int kvs__room_bind(kvs__proom_t *r)
+static int kvs__room_bind(kvs_prefill_t *p, kvs__proom_t *r)
 {
     const kvs__inst_t *inst = r->base.inst;
     if (r->flows != NULL || !inst->known)
         return KVS_OK;
-    r->flows = calloc((size_t)inst->npeers, sizeof *r->flows);
+    r->flows = kvs__blocks_get(&p->h.blocks, (size_t)inst->npeers * sizeof *r->flows);
     if (r->flows == NULL)
         return KVS_ENOMEM;
     r->nflows = inst->npeers;
@@ -91,13 +91,13 @@ static kvs__proom_t *kvs__room_get_or_add(kvs_prefill_t *p, uint64_t id, kvs__in
     kvs__room_t *found = kvs__room_get(&p->h, id);
     if (found != NULL)
         return found->inst == inst ? kvs__proom(found) : NULL;
-    kvs__proom_t *r = calloc(1, sizeof *r);
+    kvs__proom_t *r = kvs__blocks_get(&p->h.blocks, sizeof *r);
     if (r == NULL)
         return NULL;
     r->base.inst = inst;
-    if (kvs__room_bind(r) != KVS_OK || kvs__room_add(&p->h, &r->base, id, inst) != KVS_OK) {
-        free(r->flows);
-        free(r);
+    if (kvs__room_bind(p, r) != KVS_OK || kvs__room_add(&p->h, &r->base, id, inst) != KVS_OK) {
+        kvs__blocks_put(&p->h.blocks, r->flows);
+        kvs__blocks_put(&p->h.blocks, r);
         return NULL;
     }
     return r;
@@ -167,7 +167,7 @@ static void kvs__report(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int status
         msg.u.aux.total = aux;
         msg.u.aux.first = first;
         msg.u.aux.count = n;
-        memcpy(msg.u.aux.data, r->base.aux.bytes + first, n);
+        memcpy(msg.u.aux.data, r->base.aux + first, n);
         kvs__send(&p->h, peer, &msg);
     }
     msg = (kvs_msg_t){.type = KVS_MSG_STATUS};
@@ -329,12 +329,13 @@ int kvs_prefill_room_open_peer(kvs_prefill_t *p, uint64_t room, kvs_peer_t peer,
     kvs__inst_t *inst = found != NULL ? found->inst : kvs__inst_get(&p->h, peer);
     if (inst == NULL)
         return m->err.status;
-    int64_t *copy = malloc((size_t)(num_pages > 0 ? num_pages : 1) * sizeof *copy);
+    int64_t *copy = kvs__blocks_get(&p->h.blocks, (size_t)(num_pages > 0 ? num_pages : 1) *
+                                                      sizeof *copy);
     if (copy == NULL)
         return KVS__MFAIL(m, KVS_ENOMEM, "allocating room %llu failed", (unsigned long long)room);
     kvs__proom_t *r = found != NULL ? kvs__proom(found) : kvs__room_get_or_add(p, room, inst);
     if (r == NULL) {
-        free(copy);
+        kvs__blocks_put(&p->h.blocks, copy);
         return KVS__MFAIL(m, KVS_EFULL, "room table full (%u rooms): raise max_rooms or "
                           "finish requests first", m->cfg.max_rooms);
     }
@@ -417,15 +418,14 @@ int kvs_prefill_room_set_aux(kvs_prefill_t *p, uint64_t room, const void *aux, u
         return KVS__MFAIL(m, KVS_EALREADY, "room %llu: its last computed() call was made; "
                           "give the aux payload before it (or at room_open)",
                           (unsigned long long)room);
-    if (bytes > r->base.aux.cap) {
-        uint8_t *grown = realloc(r->base.aux.bytes, bytes);
-        if (grown == NULL)
+    if (bytes > 0) {
+        uint8_t *buf = kvs__blocks_fit(&p->h.blocks, r->base.aux, bytes);
+        if (buf == NULL)
             return KVS__MFAIL(m, KVS_ENOMEM, "room %llu: allocating %u aux bytes failed",
                               (unsigned long long)room, bytes);
-        r->base.aux = (kvs__aux_buf_t){grown, bytes};
+        r->base.aux = buf;
+        memcpy(r->base.aux, aux, bytes);
     }
-    if (bytes > 0)
-        memcpy(r->base.aux.bytes, aux, bytes);
     r->base.aux_bytes = bytes;
     return KVS_OK;
 }
@@ -494,7 +494,7 @@ static int kvs__check_register(kvs_prefill_t *p, const kvs_msg_register_t *g,
         kvs__inst_set_geometry(inst, m, g->tp_size, g->pp_size, false) == KVS_OK &&
         kvs__handler_prepare_path(&p->h, inst->path) == KVS_OK) {
         for (kvs__room_t *r = p->h.first; r != NULL; r = r->next)
-            if (r->inst == inst && kvs__room_bind(kvs__proom(r)) != KVS_OK)
+            if (r->inst == inst && kvs__room_bind(p, kvs__proom(r)) != KVS_OK)
                 kvs__room_fail(&p->h, r, KVS_ENOMEM, NULL);
     }
     if (inst == NULL || !inst->known) {
@@ -635,7 +635,7 @@ static void kvs__on_room(kvs_prefill_t *p, kvs__peer_t *peer, const kvs_msg_room
     fl->cur_t = q->base_tokens;
     kvs__room_touch(&p->h, &r->base);
     if (peer->inst->path != KVS_PATH_STAGING && q->num_pages > 0) {
-        fl->dpages = malloc((size_t)q->num_pages * sizeof *fl->dpages);
+        fl->dpages = kvs__blocks_get(&p->h.blocks, (size_t)q->num_pages * sizeof *fl->dpages);
         if (fl->dpages == NULL)
             kvs__room_fail(&p->h, &r->base, KVS_ENOMEM, NULL);
     }

@@ -32,7 +32,7 @@ void kvs__staging_send_requests(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
     kvs__peer_t *peer = kvs__flow_peer(r, f);
     const kvs__inst_t *inst = r->base.inst;
     fl->num_chunks = kvs_grid_num_chunks(&inst->lay, fl->num_dpages);
-    fl->chunks = calloc((size_t)fl->num_chunks, sizeof *fl->chunks);
+    fl->chunks = kvs__blocks_get(&p->h.blocks, (size_t)fl->num_chunks * sizeof *fl->chunks);
     if (fl->chunks == NULL) {
         fl->num_chunks = 0;
         kvs__room_fail(&p->h, &r->base, KVS_ENOMEM, NULL);

@@ -24,16 +24,16 @@ int kvs__results_init(kvs__results_t *q, uint32_t cap)
     return KVS_OK;
 }
 
-void kvs__results_fini(kvs__results_t *q)
+void kvs__results_fini(kvs__results_t *q, kvs__blocks_t *c)
 {
     for (uint32_t i = 0; q->aux != NULL && i < q->cap; i++)
-        free(q->aux[i].bytes);
+        kvs__blocks_put(c, q->aux[i]);
     free(q->aux);
     free(q->items);
     memset(q, 0, sizeof *q);
 }
 
-void kvs__results_push(kvs__results_t *q, const kvs_room_result_t *r, kvs__aux_buf_t *aux,
+void kvs__results_push(kvs__results_t *q, const kvs_room_result_t *r, uint8_t **aux,
                        uint32_t aux_bytes)
 {
     if (q->count == q->cap) {
@@ -46,10 +46,10 @@ void kvs__results_push(kvs__results_t *q, const kvs_room_result_t *r, kvs__aux_b
     q->items[slot].aux = NULL;
     q->items[slot].aux_bytes = 0;
     if (aux != NULL && aux_bytes > 0) {
-        const kvs__aux_buf_t mine = q->aux[slot];
+        uint8_t *const mine = q->aux[slot];
         q->aux[slot] = *aux;
         *aux = mine;
-        q->items[slot].aux = q->aux[slot].bytes;
+        q->items[slot].aux = q->aux[slot];
         q->items[slot].aux_bytes = aux_bytes;
     }
     q->count++;

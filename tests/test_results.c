@@ -55,7 +55,7 @@ static void test_results_init_zero_cap_is_invalid(void **state)
     assert_null(q.items);
     assert_int_equal(q.cap, 0);
     assert_int_equal(q.count, 0);
-    kvs__results_fini(&q); /* nothing to free, still safe */
+    kvs__results_fini(&q, NULL); /* nothing to free, still safe */
 }
 
 static void test_results_fifo_order(void **state)
@@ -73,7 +73,7 @@ static void test_results_fifo_order(void **state)
     assert_int_equal(q.count, 0);
     assert_int_equal(q.dropped, 0);
     assert_int_equal(kvs__results_pop(&q, out, 8), 0);
-    kvs__results_fini(&q);
+    kvs__results_fini(&q, NULL);
     assert_null(q.items);
 }
 
@@ -98,7 +98,7 @@ static void test_results_pop_less_than_count(void **state)
     assert_result_is(&out[2], 14);
     assert_int_equal(kvs__results_pop(&q, out, 3), 1);
     assert_result_is(&out[0], 15);
-    kvs__results_fini(&q);
+    kvs__results_fini(&q, NULL);
 }
 
 static void test_results_full_drops_oldest(void **state)
@@ -122,7 +122,7 @@ static void test_results_full_drops_oldest(void **state)
     assert_result_is(&out[1], 6);
     assert_result_is(&out[2], 7);
     assert_int_equal(q.dropped, 4); /* popping does not reset it */
-    kvs__results_fini(&q);
+    kvs__results_fini(&q, NULL);
 }
 
 static void test_results_capacity_one(void **state)
@@ -135,7 +135,7 @@ static void test_results_capacity_one(void **state)
     assert_int_equal(kvs__results_pop(&q, out, 2), 1);
     assert_result_is(&out[0], 2);
     assert_int_equal(q.dropped, 1);
-    kvs__results_fini(&q);
+    kvs__results_fini(&q, NULL);
 }
 
 #include "xorshift.h"
@@ -176,29 +176,30 @@ static void test_results_wraparound_many_cycles(void **state)
     }
     assert_true(next_push > 10 * cap);
     assert_true(dropped > 0);
-    kvs__results_fini(&q);
+    kvs__results_fini(&q, NULL);
 }
 
-/* A result with an aux payload takes the room's buffer and gives the room
+/* A result with an aux payload takes the room's block and gives the room
  * the slot's old one: the bytes are never copied, a queue that has seen its
  * largest payloads allocates no more, and a failed result carries none. */
 static void test_results_aux_swaps_buffers(void **state)
 {
     kvs__results_t q;
     assert_int_equal(kvs__results_init(&q, 2), KVS_OK);
-    kvs__aux_buf_t room = {malloc(8), 8};
-    assert_non_null(room.bytes);
-    memcpy(room.bytes, "payload!", 8);
-    uint8_t *const first = room.bytes;
+    kvs__blocks_t cache;
+    assert_int_equal(kvs__blocks_init(&cache, 4), KVS_OK);
+    uint8_t *room = kvs__blocks_get(&cache, 8);
+    assert_non_null(room);
+    memcpy(room, "payload!", 8);
+    uint8_t *const first = room;
     kvs_room_result_t r = result_of(1);
     kvs__results_push(&q, &r, &room, 7);
-    assert_null(room.bytes); /* the slot had none */
-    assert_int_equal(room.cap, 0);
-    /* No aux: the room keeps its buffer, the result has none. */
-    kvs__aux_buf_t other = {malloc(4), 4};
+    assert_null(room); /* the slot had none */
+    /* No aux: the room keeps its block, the result has none. */
+    uint8_t *other = kvs__blocks_get(&cache, 4);
     r = result_of(2);
     kvs__results_push(&q, &r, &other, 0);
-    assert_non_null(other.bytes);
+    assert_non_null(other);
     kvs_room_result_t out[2];
     assert_int_equal(kvs__results_pop(&q, out, 2), 2);
     assert_ptr_equal(out[0].aux, first);
@@ -206,13 +207,15 @@ static void test_results_aux_swaps_buffers(void **state)
     assert_memory_equal(out[0].aux, "payload", 7);
     assert_null(out[1].aux);
     assert_int_equal(out[1].aux_bytes, 0);
-    /* Slot 0 again: the room gets the first buffer back to reuse. */
+    /* Slot 0 again: the room gets the first block back to reuse. */
     r = result_of(3);
     kvs__results_push(&q, &r, &other, 3);
-    assert_ptr_equal(other.bytes, first);
-    assert_int_equal(other.cap, 8);
-    free(other.bytes);
-    kvs__results_fini(&q); /* frees the buffers the slots hold */
+    assert_ptr_equal(other, first);
+    assert_int_equal(kvs__blocks_cap(other), 8);
+    kvs__blocks_put(&cache, other);
+    kvs__results_fini(&q, &cache); /* the slots' blocks go to the cache */
+    assert_int_equal(cache.count, 2);
+    kvs__blocks_fini(&cache);
 }
 
 int main(void)
