@@ -14,9 +14,11 @@
  * arm makes a backend fd readable; anything before it is found by that
  * step. Calls from other threads go the same way through the driver's
  * eventfd: the rank's lock is the driver's mutex, and its unlock, when the
- * caller is not the thread stepping, sets wake_pending and (on the
+ * caller is not the loop's thread (the progress thread, or the thread that
+ * last called kvs_driver_progress), sets wake_pending and (on the
  * transition) writes the eventfd; a step first takes wake_pending, so a
  * call before the step is seen by it and a call after it wakes the sleep.
+ * The loop's own calls wake nothing: it steps after them anyway.
  *
  * What it does not: no clock of its own for deadlines (the rank's and the
  * fabric's are the fabric's now_ns), no retry of a failed step (a backend
@@ -60,12 +62,11 @@ struct kvs_driver {
     /* the progress thread (mu) */
     pthread_t thread;
     bool running;            /* started and not joined */
-    bool thread_known;       /* loop_self is the progress thread's id */
-    pthread_t loop_self;
     int thread_status;       /* why it ended: KVS_OK, or a step's failure */
-    /* the step in progress (mu) */
-    bool stepping;
-    pthread_t stepper;
+    /* the loop's thread: the progress thread, or the last caller of
+     * kvs_driver_progress (mu) */
+    bool owner_known;
+    pthread_t owner;
 
     /* the loop's state (loop) */
     bool idle;               /* the last step found no work and no result */
@@ -101,12 +102,12 @@ static void hw_driver_lock(void *ctx)
     pthread_mutex_lock(&d->mu);
 }
 
-/* Unlocks; a call of a thread other than the one stepping may have made
- * work for the rank: wake the driver. */
+/* Unlocks; a call of a thread other than the loop's may have made work
+ * for the rank: wake the driver. */
 static void hw_driver_unlock(void *ctx)
 {
     kvs_driver_t *d = ctx;
-    const bool own = d->stepping && pthread_equal(d->stepper, pthread_self());
+    const bool own = d->owner_known && pthread_equal(d->owner, pthread_self());
     pthread_mutex_unlock(&d->mu);
     if (!own)
         hw_driver_signal(d);
@@ -245,16 +246,11 @@ static int hw_driver_step(kvs_driver_t *d)
         if (rc != KVS_OK)
             return rc;
     }
-    pthread_mutex_lock(&d->mu);
-    d->stepping = true;
-    d->stepper = pthread_self();
-    pthread_mutex_unlock(&d->mu);
     d->step_results = 0;
     uint64_t next = UINT64_MAX;
     const int work = kvs_rank_step(d->rank, d->on_result != NULL ? hw_driver_on_result : NULL,
                                    d, &next);
     pthread_mutex_lock(&d->mu);
-    d->stepping = false;
     d->stats.steps++;
     if (work == 0 && d->step_results == 0)
         d->stats.idle_steps++;
@@ -351,7 +347,14 @@ int kvs_driver_progress(kvs_driver_t *d)
 {
     if (d == NULL)
         return KVS_EINVAL;
-    if (hw_driver_thread_runs(d))
+    pthread_mutex_lock(&d->mu);
+    const bool running = d->running;
+    if (!running) { /* this thread is the loop's now */
+        d->owner = pthread_self();
+        d->owner_known = true;
+    }
+    pthread_mutex_unlock(&d->mu);
+    if (running)
         return KVS_ERROR_SET(&d->err, KVS_ESTATE, 0, "kvs_driver_progress: the driver's "
                              "progress thread steps this rank: stop it first, or do not "
                              "start it when the caller's loop steps");
@@ -375,8 +378,8 @@ static void *hw_driver_thread(void *arg)
 {
     kvs_driver_t *d = arg;
     pthread_mutex_lock(&d->mu);
-    d->loop_self = pthread_self();
-    d->thread_known = true;
+    d->owner = pthread_self();
+    d->owner_known = true;
     pthread_mutex_unlock(&d->mu);
     int rc = KVS_OK;
     while (!atomic_load(&d->stop)) {
@@ -409,7 +412,7 @@ int kvs_driver_start(kvs_driver_t *d)
     }
     atomic_store(&d->stop, false);
     d->thread_status = KVS_OK;
-    d->thread_known = false;
+    d->owner_known = false; /* until the thread says who it is */
     d->idle = true; /* whatever the caller's loop left: arm again */
     const int e = pthread_create(&d->thread, NULL, hw_driver_thread, d);
     d->running = e == 0;
@@ -428,7 +431,7 @@ int kvs_driver_stop(kvs_driver_t *d)
         return KVS_EINVAL;
     pthread_mutex_lock(&d->mu);
     const bool running = d->running;
-    const bool self = running && d->thread_known && pthread_equal(d->loop_self, pthread_self());
+    const bool self = running && d->owner_known && pthread_equal(d->owner, pthread_self());
     pthread_mutex_unlock(&d->mu);
     if (!running)
         return KVS_OK;
@@ -441,7 +444,7 @@ int kvs_driver_stop(kvs_driver_t *d)
     pthread_join(d->thread, NULL);
     pthread_mutex_lock(&d->mu);
     d->running = false;
-    d->thread_known = false;
+    d->owner_known = false;
     const int rc = d->thread_status;
     pthread_mutex_unlock(&d->mu);
     return rc;

@@ -34,9 +34,12 @@
  * - kvs_rank_* calls on the rank: from any thread, at any time between
  *   kvs_driver_create and kvs_driver_destroy: the driver sets the rank's
  *   lock (kvs_rank_set_lock) to its mutex. A call from a thread other than
- *   the one stepping wakes the driver, so what it changed (a room opened,
- *   a chunk computed, an abort) is progressed at once; on_result runs
- *   outside the lock and may call the rank.
+ *   the loop's (the progress thread; in the caller's loop, the thread that
+ *   last called kvs_driver_progress) wakes the driver, so what it changed
+ *   (a room opened, a chunk computed, an abort) is progressed at once. The
+ *   loop's own calls wake nothing: in the caller's loop, call
+ *   kvs_driver_progress after them before kvs_driver_wait, as a loop does.
+ *   on_result runs outside the lock and may call the rank.
  * - The backends: while a driver exists, use the fabric only through the
  *   rank (the verbs fabric is not thread-safe; its now_ns is); the host and
  *   CUDA devices serialise their own calls (memory allocation, mem_read,
