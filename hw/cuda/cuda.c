@@ -19,11 +19,10 @@
  *   are in flight).
  * - Events: cudaEvent_t without timing, created on first use of a slot and
  *   reused; event_query maps cudaErrorNotReady to KVS_EAGAIN.
- * - Waiting (wait_arm): the device owns an eventfd. event_record queues,
- *   right after the event, a host function (cudaLaunchHostFunc) that runs
- *   on a CUDA thread once everything before it on the stream is done: it
- *   clears wait_armed and, if it was set, writes the eventfd. wait_arm
- *   empties the eventfd and sets wait_armed. The event is complete before
+ * - Waiting (wait_arm): the device's eventfd (hw/common/wait_fd.h).
+ *   event_record queues, right after the event, a host function
+ *   (cudaLaunchHostFunc) that runs on a CUDA thread once everything before
+ *   it on the stream is done and signals it. The event is complete before
  *   its host function runs, so after an arm a recorded event either is
  *   seen complete by the caller's next event_query or writes the eventfd.
  *   The cost is one host function per recorded event (the stream waits for
@@ -58,16 +57,14 @@
 #include "copy_args.h"
 #include "kernels.h"
 #include "slots.h"
+#include "wait_fd.h"
 
 #include <cuda_runtime_api.h>
 #include <errno.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
 
 #define HW_CUDA_DEFAULT_MAX_ALLOCS 4096u
 #define HW_CUDA_DEFAULT_MAX_STREAMS 16u
@@ -112,8 +109,7 @@ struct kvs_cuda_device {
     struct kvs_event *events;
     hw_slots_t stream_slots; /* which of streams[] are free */
     hw_slots_t event_slots;  /* which of events[] are free */
-    int wait_fd;             /* eventfd: readable after an event completed while armed */
-    atomic_bool wait_armed;  /* a waiter wants the next completion written */
+    hw_wait_fd_t wait;       /* readable after an event completed while armed */
 };
 
 static kvs_cuda_device_t *hw_cuda_of(kvs_device_t *dev)
@@ -514,10 +510,7 @@ int kvs_cuda_stream_sync(kvs_device_t *dev, kvs_stream_t *stream)
 static void CUDART_CB hw_cuda_signal(void *arg)
 {
     kvs_cuda_device_t *c = arg;
-    if (atomic_exchange(&c->wait_armed, false)) {
-        const uint64_t one = 1;
-        (void)!write(c->wait_fd, &one, sizeof one);
-    }
+    hw_wait_fd_signal(&c->wait);
 }
 
 static int hw_cuda_wait_arm(kvs_device_t *dev, int *out_fd)
@@ -526,10 +519,7 @@ static int hw_cuda_wait_arm(kvs_device_t *dev, int *out_fd)
     if (out_fd == NULL)
         return kvs_device_fail(dev, KVS_EINVAL, EINVAL, "wait_arm on %s: out_fd is NULL",
                                c->name);
-    uint64_t count;
-    (void)!read(c->wait_fd, &count, sizeof count); /* non-blocking: empty is fine */
-    atomic_store(&c->wait_armed, true);
-    *out_fd = c->wait_fd;
+    *out_fd = hw_wait_fd_arm(&c->wait);
     return KVS_OK;
 }
 
@@ -775,9 +765,8 @@ int kvs_cuda_device_create(const kvs_cuda_config_t *cfg, kvs_cuda_device_t **out
                              "tables; lower max_allocs, max_streams, max_events or "
                              "desc_slots");
     }
-    c->wait_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (c->wait_fd < 0) {
-        const int e = errno;
+    const int e = hw_wait_fd_init(&c->wait);
+    if (e != 0) {
         pthread_mutex_destroy(&c->mu);
         hw_cuda_free_tables(c);
         free(c);
@@ -786,10 +775,9 @@ int kvs_cuda_device_create(const kvs_cuda_config_t *cfg, kvs_cuda_device_t **out
                              "process's open file limit (ulimit -n)",
                              strerror(e));
     }
-    atomic_init(&c->wait_armed, false);
     rc = kvs_device_init(&c->base, &hw_cuda_ops, c->name);
     if (rc != KVS_OK) {
-        close(c->wait_fd);
+        hw_wait_fd_fini(&c->wait);
         pthread_mutex_destroy(&c->mu);
         hw_cuda_free_tables(c);
         free(c);
@@ -821,7 +809,7 @@ void kvs_cuda_device_destroy(kvs_cuda_device_t *c)
         (void)HW_CUDA_TRY(c, cudaFree(c->allocs.entries[i].base), HW_CUDA_FIX_STICKY);
     pthread_mutex_unlock(&c->mu);
     pthread_mutex_destroy(&c->mu);
-    close(c->wait_fd); /* after the synchronize: no host function is left to write it */
+    hw_wait_fd_fini(&c->wait); /* after the synchronize: no host function is left */
     hw_cuda_free_tables(c);
     free(c);
 }

@@ -23,12 +23,9 @@
  *   helper ran its share.
  * - Events. An event remembers its stream slot and the stream's enqueue
  *   sequence at record time; it is complete once done_seq reaches it.
- * - Waiting (wait_arm). The device owns an eventfd. wait_arm empties it and
- *   sets wait_armed; a worker that completes an op clears wait_armed and,
- *   if it was set, writes the eventfd: one write per arm, none while
- *   nobody waits. A worker advances done_seq before it looks at
- *   wait_armed, so an op that completes after an arm either is seen by the
- *   caller's next event_query or writes the eventfd.
+ * - Waiting (wait_arm): the device's eventfd (hw/common/wait_fd.h), which
+ *   a worker signals after it advanced done_seq: an op that completes after
+ *   an arm is seen by the caller's next event_query or writes the eventfd.
  *
  * What it does not: no clock, no modeled time, no partial copies; ops never
  * fail once enqueued (memory stays alive: mem_free drains every stream first).
@@ -56,14 +53,13 @@
 #include "alloc_table.h"
 #include "copy.h"
 #include "slots.h"
+#include "wait_fd.h"
 
 #include <errno.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -130,8 +126,7 @@ struct kvs_host_device {
     struct kvs_event *events;
     hw_slots_t stream_slots; /* which of streams[] are free */
     hw_slots_t event_slots;  /* which of events[] are free */
-    int wait_fd;             /* eventfd: readable after an op completed while armed */
-    atomic_bool wait_armed;  /* a waiter wants the next completion written */
+    hw_wait_fd_t wait;       /* readable after an op completed while armed */
 };
 
 static kvs_host_device_t *hw_host_of(kvs_device_t *dev)
@@ -322,17 +317,6 @@ static void hw_host_run_op(struct kvs_stream *s, const hw_host_copy_t *c)
     s->job = NULL;
 }
 
-/* An op completed (its done_seq already advanced): tell a waiter, once
- * per arm. Any thread; takes no lock. */
-static void hw_host_signal(kvs_host_device_t *h)
-{
-    if (atomic_exchange(&h->wait_armed, false)) {
-        const uint64_t one = 1;
-        /* Cannot fail but for a counter at its maximum: readable anyway. */
-        (void)!write(h->wait_fd, &one, sizeof one);
-    }
-}
-
 static void *hw_host_worker(void *arg)
 {
     struct kvs_stream *s = arg;
@@ -346,7 +330,7 @@ static void *hw_host_worker(void *arg)
         hw_host_run_op(s, &s->ops[s->done_seq % cap].copy);
         s->done_seq++;
         pthread_cond_broadcast(&s->done_cv);
-        hw_host_signal(s->host);
+        hw_wait_fd_signal(&s->host->wait); /* done_seq advanced first */
     }
     /* No more jobs: let the helpers go. */
     s->helpers_stop = true;
@@ -706,12 +690,7 @@ static int hw_host_wait_arm(kvs_device_t *dev, int *out_fd)
     if (out_fd == NULL)
         return kvs_device_fail(dev, KVS_EINVAL, EINVAL, "wait_arm on %s: out_fd is NULL",
                                h->name);
-    uint64_t count;
-    /* Empty it first (non-blocking: EAGAIN when it already is), then arm:
-     * a completion after the store writes it again. */
-    (void)!read(h->wait_fd, &count, sizeof count);
-    atomic_store(&h->wait_armed, true);
-    *out_fd = h->wait_fd;
+    *out_fd = hw_wait_fd_arm(&h->wait);
     return KVS_OK;
 }
 
@@ -844,9 +823,8 @@ int kvs_host_device_create(const kvs_host_config_t *cfg, kvs_host_device_t **out
     for (; inited < h->max_streams; inited++)
         if (!hw_host_slot_init(h, &h->streams[inited], inited))
             goto fail_nomem;
-    h->wait_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (h->wait_fd < 0) {
-        const int e = errno;
+    const int e = hw_wait_fd_init(&h->wait);
+    if (e != 0) {
         hw_host_free_tables(h, inited);
         free(h);
         return KVS_ERROR_SET(err, KVS_EBACKEND, e,
@@ -854,15 +832,14 @@ int kvs_host_device_create(const kvs_host_config_t *cfg, kvs_host_device_t **out
                              "process's open file limit (ulimit -n)",
                              strerror(e));
     }
-    atomic_init(&h->wait_armed, false);
     if (pthread_mutex_init(&h->mu, NULL) != 0) {
-        close(h->wait_fd);
+        hw_wait_fd_fini(&h->wait);
         goto fail_nomem;
     }
     int rc = kvs_device_init(&h->base, &hw_host_ops, h->name);
     if (rc != KVS_OK) {
         pthread_mutex_destroy(&h->mu);
-        close(h->wait_fd);
+        hw_wait_fd_fini(&h->wait);
         hw_host_free_tables(h, inited);
         free(h);
         return KVS_ERROR_SET(err, rc, 0,
@@ -894,7 +871,7 @@ void kvs_host_device_destroy(kvs_host_device_t *h)
         munmap(h->allocs.entries[i].base, (size_t)h->allocs.entries[i].base_bytes);
     pthread_mutex_unlock(&h->mu);
     pthread_mutex_destroy(&h->mu);
-    close(h->wait_fd); /* every worker has been joined: none writes it */
+    hw_wait_fd_fini(&h->wait); /* every worker has been joined: none signals */
     hw_host_free_tables(h, h->max_streams);
     free(h);
 }
