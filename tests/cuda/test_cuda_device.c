@@ -144,6 +144,18 @@ static void test_cuda_device_matches_host_backend(void **state)
     kvs_cuda_device_destroy(c);
 }
 
+/* A gather or scatter of one 4-token page of one 8-element head, one
+ * layer, into a one-slot staging block at staging. */
+static kvs_copy_desc_t one_page(const uint64_t *kb, const uint64_t *vb, const int64_t *pages,
+                                uint64_t staging)
+{
+    return (kvs_copy_desc_t){.k_base = kb, .v_base = vb, .local_heads = 1, .head_dim = 8,
+                             .elem_bytes = 2, .page_size = 4, .pages = pages, .num_pages = 1,
+                             .tokens = 4, .head_start = 0, .num_heads = 1, .layer_begin = 0,
+                             .layer_count = 1, .staging_slot_begin = 0,
+                             .staging_layer_slots = 1, .staging_addr = staging};
+}
+
 static void test_cuda_device_errors_become_statuses(void **state)
 {
     kvs_error_t err;
@@ -172,11 +184,7 @@ static void test_cuda_device_errors_become_statuses(void **state)
     /* A descriptor outside live memory never reaches the GPU. */
     const uint64_t kb[1] = {a}, vb[1] = {a + (1ull << 40)};
     const int64_t pages[1] = {0};
-    kvs_copy_desc_t desc = {.k_base = kb, .v_base = vb, .local_heads = 1, .head_dim = 8,
-                            .elem_bytes = 2, .page_size = 4, .pages = pages, .num_pages = 1,
-                            .tokens = 4, .head_start = 0, .num_heads = 1,
-                            .layer_begin = 0, .layer_count = 1, .staging_slot_begin = 0,
-                            .staging_layer_slots = 1, .staging_addr = a + 1024};
+    kvs_copy_desc_t desc = one_page(kb, vb, pages, a + 1024);
     assert_int_equal(d->ops.gather(d, s, &desc), KVS_ERANGE);
     assert_non_null(strstr(d->last_backend_msg, "V buffer of local layer 0"));
     const uint64_t vb_ok[1] = {a + 2048};
@@ -213,12 +221,7 @@ static void test_cuda_device_wait_fd_signals_events(void **state)
     assert_int_equal(d->ops.stream_create(d, &s), KVS_OK);
     const uint64_t kb[1] = {a}, vb[1] = {a + (256u << 10)};
     const int64_t pages[1] = {0};
-    const kvs_copy_desc_t desc = {.k_base = kb, .v_base = vb, .local_heads = 1,
-                                  .head_dim = 8, .elem_bytes = 2, .page_size = 4,
-                                  .pages = pages, .num_pages = 1, .tokens = 4,
-                                  .head_start = 0, .num_heads = 1, .layer_begin = 0,
-                                  .layer_count = 1, .staging_slot_begin = 0,
-                                  .staging_layer_slots = 1, .staging_addr = a + (512u << 10)};
+    const kvs_copy_desc_t desc = one_page(kb, vb, pages, a + (512u << 10));
     int fd = -1;
     assert_int_equal(d->ops.wait_arm(d, NULL), KVS_EINVAL);
     assert_int_equal(d->ops.wait_arm(d, &fd), KVS_OK);
