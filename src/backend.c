@@ -13,10 +13,21 @@
 /* The size of each version of a table: a version adds slots at the end, so
  * a table of an older version is a prefix of today's. */
 #define KVS__DEVICE_OPS_V1_BYTES offsetof(kvs_device_ops_t, gather_parts)
-#define KVS__DEVICE_OPS_V2_BYTES sizeof(kvs_device_ops_t)
-#define KVS__FABRIC_OPS_V1_BYTES sizeof(kvs_fabric_ops_t)
+#define KVS__DEVICE_OPS_V2_BYTES offsetof(kvs_device_ops_t, wait_arm)
+#define KVS__DEVICE_OPS_V3_BYTES sizeof(kvs_device_ops_t)
+#define KVS__FABRIC_OPS_V1_BYTES offsetof(kvs_fabric_ops_t, wait_arm)
+#define KVS__FABRIC_OPS_V2_BYTES sizeof(kvs_fabric_ops_t)
 _Static_assert(offsetof(kvs_device_ops_t, version) == 0, "version first");
 _Static_assert(offsetof(kvs_fabric_ops_t, version) == 0, "version first");
+/* Each version ends exactly where the next one's slots start: a table
+ * grows at the end only, by the slots its version adds. */
+_Static_assert(KVS__DEVICE_OPS_V2_BYTES ==
+                   KVS__DEVICE_OPS_V1_BYTES + 2 * sizeof(void (*)(void)),
+               "device ops version 2 adds gather_parts and scatter_parts, after mem_read");
+_Static_assert(KVS__DEVICE_OPS_V3_BYTES == KVS__DEVICE_OPS_V2_BYTES + sizeof(void (*)(void)),
+               "device ops version 3 adds wait_arm, last");
+_Static_assert(KVS__FABRIC_OPS_V2_BYTES == KVS__FABRIC_OPS_V1_BYTES + sizeof(void (*)(void)),
+               "fabric ops version 2 adds wait_arm, after now_ns");
 
 /* Defaults of optional slots: "not supported", never a NULL call. */
 static int kvs__dev_no_stream(kvs_device_t *d, kvs_stream_t **o) { return KVS_ENOTSUP; }
@@ -76,6 +87,8 @@ static int kvs__dev_scatter_loop(kvs_device_t *d, kvs_stream_t *s, const kvs_cop
     return kvs__dev_parts_loop(d, s, c, parts, n, true);
 }
 
+static int kvs__dev_no_wait(kvs_device_t *d, int *fd) { return KVS_ENOTSUP; }
+
 static int kvs__net_no_connect(kvs_fabric_t *f, const char *p, kvs_conn_t **o)
 {
     return KVS_ENOTSUP;
@@ -95,6 +108,7 @@ static int kvs__net_no_poll(kvs_fabric_t *f, kvs_completion_t *o, int max)
     return KVS_ENOTSUP;
 }
 static uint64_t kvs__net_no_clock(kvs_fabric_t *f) { return 0; }
+static int kvs__net_no_wait(kvs_fabric_t *f, int *fd, uint64_t *wake_ns) { return KVS_ENOTSUP; }
 
 #define KVS__DEFAULT(slot, fn)                                                 \
     do {                                                                       \
@@ -123,7 +137,8 @@ int kvs_device_init(kvs_device_t *dev, const kvs_device_ops_t *ops, const char *
     if (dev == NULL || ops == NULL)
         return KVS_EINVAL;
     kvs_device_t d = {0};
-    static const size_t version_bytes[] = {KVS__DEVICE_OPS_V1_BYTES, KVS__DEVICE_OPS_V2_BYTES};
+    static const size_t version_bytes[] = {KVS__DEVICE_OPS_V1_BYTES, KVS__DEVICE_OPS_V2_BYTES,
+                                           KVS__DEVICE_OPS_V3_BYTES};
     _Static_assert(sizeof version_bytes / sizeof version_bytes[0] == KVS_DEVICE_OPS_VERSION,
                    "one size per device ops version");
     int rc = kvs__copy_table(&d.ops, sizeof d.ops, ops, ops->version, ops->size, version_bytes,
@@ -143,6 +158,7 @@ int kvs_device_init(kvs_device_t *dev, const kvs_device_ops_t *ops, const char *
     KVS__DEFAULT(d.ops.mem_read, kvs__dev_no_mem_read);
     KVS__DEFAULT(d.ops.gather_parts, kvs__dev_gather_loop);
     KVS__DEFAULT(d.ops.scatter_parts, kvs__dev_scatter_loop);
+    KVS__DEFAULT(d.ops.wait_arm, kvs__dev_no_wait);
     d.name = name != NULL ? name : (ops->name != NULL ? ops->name : "device");
     *dev = d;
     return KVS_OK;
@@ -153,7 +169,7 @@ int kvs_fabric_init(kvs_fabric_t *fab, const kvs_fabric_ops_t *ops, const char *
     if (fab == NULL || ops == NULL)
         return KVS_EINVAL;
     kvs_fabric_t f = {0};
-    static const size_t version_bytes[] = {KVS__FABRIC_OPS_V1_BYTES};
+    static const size_t version_bytes[] = {KVS__FABRIC_OPS_V1_BYTES, KVS__FABRIC_OPS_V2_BYTES};
     _Static_assert(sizeof version_bytes / sizeof version_bytes[0] == KVS_FABRIC_OPS_VERSION,
                    "one size per fabric ops version");
     int rc = kvs__copy_table(&f.ops, sizeof f.ops, ops, ops->version, ops->size, version_bytes,
@@ -168,6 +184,7 @@ int kvs_fabric_init(kvs_fabric_t *fab, const kvs_fabric_ops_t *ops, const char *
     KVS__DEFAULT(f.ops.send, kvs__net_no_send);
     KVS__DEFAULT(f.ops.poll, kvs__net_no_poll);
     KVS__DEFAULT(f.ops.now_ns, kvs__net_no_clock);
+    KVS__DEFAULT(f.ops.wait_arm, kvs__net_no_wait);
     f.name = name != NULL ? name : (ops->name != NULL ? ops->name : "fabric");
     *fab = f;
     return KVS_OK;

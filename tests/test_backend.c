@@ -1,7 +1,9 @@
 /*
  * test_backend.c - binding ops tables: version and size checks (each device
  * ops version needs its own slots: a version-1 table ends at mem_read, a
- * version-2 one holds gather_parts and scatter_parts), required slots,
+ * version-2 one holds gather_parts and scatter_parts, a version-3 one
+ * wait_arm; a fabric table of version 1 ends at now_ns, one of version 2
+ * holds wait_arm), required slots,
  * defaults for optional slots ("not supported", never a NULL call), the
  * default fused copy of a table without parts ops (its check first, then
  * one gather / scatter per part, in order, the part's heads and staging
@@ -58,6 +60,9 @@ static void test_backend_device_defaults_not_supported(void **state)
     assert_int_equal(kvs__dev_event_query(&d, e), KVS_ENOTSUP);
     assert_int_equal(d.ops.mem_write(&d, 0, buf, 4), KVS_ENOTSUP);
     assert_int_equal(d.ops.mem_read(&d, 0, buf, 4), KVS_ENOTSUP);
+    int fd = 3;
+    assert_int_equal(d.ops.wait_arm(&d, &fd), KVS_ENOTSUP);
+    assert_int_equal(fd, 3); /* untouched: there is no fd */
     kvs__dev_event_destroy(&d, e);
     kvs__dev_stream_destroy(&d, s);
     uint64_t a = 0;
@@ -82,6 +87,11 @@ static void test_backend_fabric_defaults_not_supported(void **state)
     assert_int_equal(f.ops.poll(&f, &done, 1), KVS_ENOTSUP);
     f.ops.disconnect(&f, c);
     assert_int_equal(kvs__net_now_ns(&f), 0);
+    int fd = 3;
+    uint64_t wake_ns = 5;
+    assert_int_equal(f.ops.wait_arm(&f, &fd, &wake_ns), KVS_ENOTSUP);
+    assert_int_equal(fd, 3);
+    assert_int_equal(wake_ns, 5);
     kvs_mr_t *mr;
     uint64_t key = 0;
     assert_int_equal(kvs__net_register(&f, NULL, 0, 8, &mr, &key), KVS_OK);
@@ -249,6 +259,8 @@ static int rec_parts_trap(kvs_device_t *d, kvs_stream_t *s, const kvs_copy_desc_
 }
 
 #define DEVICE_OPS_V1_BYTES offsetof(kvs_device_ops_t, gather_parts)
+#define DEVICE_OPS_V2_BYTES offsetof(kvs_device_ops_t, wait_arm)
+#define FABRIC_OPS_V1_BYTES offsetof(kvs_fabric_ops_t, wait_arm)
 
 static const kvs_device_ops_t rec_v1_ops = {.version = 1,
                                             .size = DEVICE_OPS_V1_BYTES,
@@ -419,7 +431,13 @@ static void test_backend_version_sizes(void **state)
     dv.version = 2;
     dv.size = DEVICE_OPS_V1_BYTES;
     assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_EVERSION);
-    dv.size = sizeof(kvs_device_ops_t) - sizeof(void *);
+    dv.size = DEVICE_OPS_V2_BYTES - sizeof(void *);
+    assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_EVERSION);
+    dv.size = DEVICE_OPS_V2_BYTES;
+    assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_OK);
+    /* Version 3 must hold wait_arm: a version-2 size is refused. */
+    dv.version = 3;
+    dv.size = DEVICE_OPS_V2_BYTES;
     assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_EVERSION);
     dv.size = sizeof(kvs_device_ops_t) + 1;
     assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_EVERSION);
@@ -431,6 +449,68 @@ static void test_backend_version_sizes(void **state)
     dv.version = 0;
     dv.size = DEVICE_OPS_V1_BYTES;
     assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_EVERSION);
+}
+
+/* wait_arm slots a table of an older version holds in its struct but not
+ * in its size: never to be called. */
+static int dev_wait_trap(kvs_device_t *d, int *fd)
+{
+    fail_msg("wait_arm of a table older than version 3 was called");
+    return KVS_EBACKEND;
+}
+static int fab_wait_trap(kvs_fabric_t *f, int *fd, uint64_t *wake_ns)
+{
+    fail_msg("wait_arm of a fabric table of version 1 was called");
+    return KVS_EBACKEND;
+}
+static int dev_wait_fd(kvs_device_t *d, int *fd)
+{
+    *fd = 41;
+    return KVS_OK;
+}
+static int fab_wait_fd(kvs_fabric_t *f, int *fd, uint64_t *wake_ns)
+{
+    *fd = 42;
+    *wake_ns = 1000;
+    return KVS_OK;
+}
+
+static void test_backend_older_tables_bind_without_wait_arm(void **state)
+{
+    /* A device table of version 2 (ends at scatter_parts) and a fabric
+     * table of version 1 (ends at now_ns) still bind; their wait_arm is the
+     * default, whatever their struct holds past their size. */
+    kvs_device_ops_t dv = dev_ops;
+    dv.version = 2;
+    dv.size = DEVICE_OPS_V2_BYTES;
+    dv.wait_arm = dev_wait_trap;
+    kvs_device_t d;
+    assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_OK);
+    int fd = -1;
+    assert_int_equal(d.ops.wait_arm(&d, &fd), KVS_ENOTSUP);
+    kvs_fabric_ops_t fv = fab_ops;
+    fv.version = 1;
+    fv.size = FABRIC_OPS_V1_BYTES;
+    fv.wait_arm = fab_wait_trap;
+    kvs_fabric_t f;
+    assert_int_equal(kvs_fabric_init(&f, &fv, NULL), KVS_OK);
+    uint64_t wake_ns = 0;
+    assert_int_equal(f.ops.wait_arm(&f, &fd, &wake_ns), KVS_ENOTSUP);
+    /* Version 2 must hold wait_arm: a version-1 size is refused. */
+    fv.version = 2;
+    assert_int_equal(kvs_fabric_init(&f, &fv, NULL), KVS_EVERSION);
+    /* Tables of today's versions keep the slot they fill. */
+    dv = dev_ops;
+    dv.wait_arm = dev_wait_fd;
+    assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_OK);
+    assert_int_equal(d.ops.wait_arm(&d, &fd), KVS_OK);
+    assert_int_equal(fd, 41);
+    fv = fab_ops;
+    fv.wait_arm = fab_wait_fd;
+    assert_int_equal(kvs_fabric_init(&f, &fv, NULL), KVS_OK);
+    assert_int_equal(f.ops.wait_arm(&f, &fd, &wake_ns), KVS_OK);
+    assert_int_equal(fd, 42);
+    assert_int_equal(wake_ns, 1000);
 }
 
 int main(void)
@@ -447,6 +527,7 @@ int main(void)
         cmocka_unit_test(test_backend_default_fused_copy_refuses_before_any_copy),
         cmocka_unit_test(test_backend_default_fused_copy_stops_at_a_refused_part),
         cmocka_unit_test(test_backend_version_sizes),
+        cmocka_unit_test(test_backend_older_tables_bind_without_wait_arm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

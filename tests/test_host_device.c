@@ -10,7 +10,9 @@
  * empty stream, after the ops before them, surviving their stream's
  * destroy); mem_free draining queued ops; bounded stream and event tables;
  * foreign streams, events and devices; two threads sharing one device;
- * destroy with ops queued and memory live; and byte-for-byte agreement with
+ * destroy with ops queued and memory live; the wait fd (readable after a
+ * completion once armed, one write per arm, nothing while not armed); and
+ * byte-for-byte agreement with
  * the simulated GPU (sim/gpu.c) on random shapes (tests/kv_compare.c, the
  * harness the CUDA checks use against this backend). Random data and shapes
  * come from fixed seeds, printed on failure.
@@ -21,14 +23,17 @@
 #include "gpu.h"
 #include "kv_compare.h"
 
+#include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -657,6 +662,63 @@ static void test_host_device_events(void **state)
     fx_close(&f);
 }
 
+/* Whether fd is readable now (no waiting). */
+static bool readable_now(int fd)
+{
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    const int r = poll(&pfd, 1, 0);
+    assert_true(r >= 0);
+    return r == 1 && (pfd.revents & POLLIN);
+}
+
+static void test_host_device_wait_fd_signals_completions(void **state)
+{
+    fx_t f;
+    fx_open(&f, NULL);
+    const shape_t sh = {16, 2048, 4, 1, 1, 128, 2, 2, 0, 2, 2, 0, 200, 0};
+    uint64_t rng = 11;
+    pool_t p;
+    pool_make(&f, &sh, &p, &rng);
+    kvs_copy_desc_t d = desc_of(&sh, &p);
+    int fd = -1, again = -1;
+    assert_int_equal(f.dev->ops.wait_arm(f.dev, NULL), KVS_EINVAL);
+    assert_non_null(strstr(f.dev->last_backend_msg, "out_fd is NULL"));
+
+    /* Not armed: completions write nothing. */
+    assert_int_equal(f.dev->ops.gather(f.dev, f.s, &d), KVS_OK);
+    assert_int_equal(kvs_host_stream_sync(f.dev, f.s), KVS_OK);
+    assert_int_equal(f.dev->ops.wait_arm(f.dev, &fd), KVS_OK);
+    assert_true(fd >= 0);
+    assert_false(readable_now(fd));
+
+    /* Armed: the op's completion makes it readable; the event after the
+     * op is complete by then. A blocking poll, bounded so a lost wake-up
+     * fails instead of hanging. */
+    kvs_event_t *ev = NULL;
+    assert_int_equal(f.dev->ops.gather(f.dev, f.s, &d), KVS_OK);
+    assert_int_equal(f.dev->ops.event_record(f.dev, f.s, &ev), KVS_OK);
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    assert_int_equal(poll(&pfd, 1, 60000), 1);
+    assert_int_equal(kvs_host_stream_sync(f.dev, f.s), KVS_OK);
+    assert_int_equal(f.dev->ops.event_query(f.dev, ev), KVS_OK);
+    f.dev->ops.event_destroy(f.dev, ev);
+
+    /* The next arm consumes it; the fd is the same. */
+    assert_int_equal(f.dev->ops.wait_arm(f.dev, &again), KVS_OK);
+    assert_int_equal(again, fd);
+    assert_false(readable_now(fd));
+
+    /* Many completions after one arm: one write. */
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(f.dev->ops.gather(f.dev, f.s, &d), KVS_OK);
+    assert_int_equal(kvs_host_stream_sync(f.dev, f.s), KVS_OK);
+    uint64_t count = 0;
+    assert_int_equal(read(fd, &count, sizeof count), (ssize_t)sizeof count);
+    assert_int_equal(count, 1);
+    pool_free(&f, &sh, &p);
+    fx_close(&f);
+}
+
 static void test_host_device_mem_free_drains_streams(void **state)
 {
     fx_t f;
@@ -876,6 +938,7 @@ int main(void)
         cmocka_unit_test(test_host_device_descriptor_validation),
         cmocka_unit_test(test_host_device_stream_runs_ops_in_order),
         cmocka_unit_test(test_host_device_events),
+        cmocka_unit_test(test_host_device_wait_fd_signals_completions),
         cmocka_unit_test(test_host_device_mem_free_drains_streams),
         cmocka_unit_test(test_host_device_stream_table_and_foreign_objects),
         cmocka_unit_test(test_host_device_foreign_device_is_refused),

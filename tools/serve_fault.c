@@ -91,6 +91,12 @@ static uint64_t cli_ff_now_ns(kvs_fabric_t *fab)
     return w->inner->ops.now_ns(w->inner);
 }
 
+static int cli_ff_wait_arm(kvs_fabric_t *fab, int *out_fd, uint64_t *out_wake_ns)
+{
+    cli_fault_fabric_t *w = cli_ff(fab);
+    return cli_ff_ret(w, w->inner->ops.wait_arm(w->inner, out_fd, out_wake_ns));
+}
+
 int cli_fault_fabric_create(kvs_fabric_t *inner, uint64_t fail_write, cli_fault_fabric_t **out)
 {
     if (inner == NULL || out == NULL)
@@ -111,6 +117,7 @@ int cli_fault_fabric_create(kvs_fabric_t *inner, uint64_t fail_write, cli_fault_
         .send = cli_ff_send,
         .poll = cli_ff_poll,
         .now_ns = cli_ff_now_ns,
+        .wait_arm = cli_ff_wait_arm,
     };
     int rc = kvs_fabric_init(&w->base, &ops, "fault");
     if (rc != KVS_OK) {

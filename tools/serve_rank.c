@@ -1,50 +1,65 @@
 /*
  * serve_rank.c - one rank of `kvstage serve` (see serve_rank.h).
  *
- * Set-up follows the library's init order: host device, verbs fabric
- * (prefill rank (t, s) listens on listen_port + s * P + t), KV pool of this
- * rank's layers, manager, staging ring or buffers and their registration,
- * KV buffers, handler. A decode rank then declares every prefill instance
- * of the plan (its geometry and its ranks' addresses), connects to each
- * rank of each that writes to it (its TP writers, at each prefill stage
- * holding its layers) and waits until all of them acknowledged its
- * registration (the handler keeps retrying a prefill that is not up yet),
- * so no room fails for a peer still starting. A refused registration (the
- * processes were given different shapes) never heals: the rank stops at
- * once with the core's message, which names the setting that differs.
+ * Set-up: host device, verbs fabric (prefill rank (t, s) listens on
+ * listen_port + s * P + t), KV pool of this rank's layers, then the rank
+ * itself (kvs_rank_create: manager, staging memory and its registration,
+ * KV layers, handler, in the library's init order) and its driver
+ * (kvstage/driver.h, hw/driver/). What is serve's own stays here: the
+ * workload, the data pattern, the verification, the fault and hold
+ * injection and the messages.
  *
- * The loop: keep max_inflight of the rooms this process serves open (room
- * i's pages are pool pages first_page[i].., reversed on the prefill side so
- * the page lists differ; the decode names the room's prefill instance, a
- * prefill the decode instance 0), progress the handler, take its results,
- * and sleep on the fabric when there was nothing to do (1 ms at most: the
- * host device's copies finish on their own threads and raise no fabric
- * event). A prefill fills the pattern and reports the whole prompt
- * computed, one grid step at a time, as soon as it opens a room (with PP,
- * each stage fills and sends its own layers); under --fault hold-from it
- * opens the rooms from then on but never computes them, and its rank (0, 0)
- * says so on stderr once every room of it before them is over, so a test
- * knows when killing the process catches its rooms open. After the last
- * result, or after the rank stopped, it keeps serving its peer for
- * linger_ns, so the peer's last messages are answered (or told why they
- * were refused) before the fabric closes.
+ * A decode rank then declares every prefill instance of the plan (its
+ * geometry and its ranks' addresses), connects to each rank of each that
+ * writes to it (its TP writers, at each prefill stage holding its layers)
+ * and waits until all of them acknowledged its registration (the handler
+ * keeps retrying a prefill that is not up yet), so no room fails for a
+ * peer still starting; it drives the rank in its own loop for that
+ * (kvs_driver_progress / kvs_driver_wait), since it must look at the rank
+ * after every step. A refused registration (the processes were given
+ * different shapes) never heals: the rank stops at once with the core's
+ * message, which names the setting that differs.
+ *
+ * The run: the driver's progress thread steps the rank and sleeps on the
+ * fabric's and the device's wait fds; this thread keeps max_inflight of
+ * the rooms this process serves open (room i's pages are pool pages
+ * first_page[i].., reversed on the prefill side so the page lists differ;
+ * the decode names the room's prefill instance, a prefill the decode
+ * instance 0), takes the results the driver hands over and checks them.
+ * It sleeps on a condition the results signal, waking every
+ * CLI_SERVE_CHECK_NS to look at the process's stop flag, the time-out and
+ * a refused registration. A prefill fills the pattern and reports the
+ * whole prompt computed, one grid step at a time, as soon as it opens a
+ * room (with PP, each stage fills and sends its own layers); under --fault
+ * hold-from it opens the rooms from then on but never computes them, and
+ * its rank (0, 0) says so on stderr once every room of it before them is
+ * over, so a test knows when killing the process catches its rooms open.
+ * After the last result, or after the rank stopped, the driver keeps
+ * serving its peer for linger_ns, so the peer's last messages are
+ * answered (or told why they were refused) before the fabric closes.
  */
 #include "serve_rank.h"
 
+#include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <kvstage/backend.h>
+#include <kvstage/driver.h>
 #include <kvstage/host.h>
 #include <kvstage/verbs.h>
 
 #include "kvdata.h"
 #include "serve_fault.h"
 
-#define CLI_SERVE_IDLE_WAIT_MS 1
-#define CLI_SERVE_RESULTS 32
+/* How often a rank's thread, waiting for results, looks at the process's
+ * stop flag (a sibling rank failed), the time-out and a refused
+ * registration. The driver's thread does not wake for it. */
+#define CLI_SERVE_CHECK_NS 10000000u
 
 typedef struct cli_rank_ctx {
     cli_serve_rank_t *r;
@@ -55,29 +70,38 @@ typedef struct cli_rank_ctx {
     kvs_fabric_t *verbs;        /* the real fabric */
     cli_fault_fabric_t *fault;  /* wrapper when this rank injects a fault */
     kvs_fabric_t *fab;          /* what the core uses */
-    kvs_manager_t *m;
-    kvs_decode_t *dec;
-    kvs_prefill_t *pre;
+    kvs_rank_t *rank;
+    kvs_driver_t *drv;
     uint64_t pool_addr, layer_bytes;
     uint8_t *pool;
     int64_t layers, heads;
     int64_t first_layer;        /* global id of its stage's first layer */
-    uint64_t *k_base, *v_base;
     int64_t *pages;             /* scratch page list of one room */
     uint32_t served;            /* rooms this process serves */
     uint32_t hold_before, hold_done; /* prefill, --fault hold-from: its rooms
                                         before the held ones, and how many
                                         of them are over */
     bool hold_told;             /* the hold was announced on stderr */
-    bool fabric_failed;         /* progress failed: nothing more to serve */
+    /* What the driver's thread hands over (mu; cv signalled on each). */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;          /* on CLOCK_MONOTONIC */
+    bool sync_ok;               /* mu and cv were made */
+    kvs_room_result_t *inbox;   /* [served + 1]: results not taken yet */
+    kvs_room_result_t *taken;   /* [served + 1]: scratch of this thread */
+    uint32_t inbox_n;
+    bool inbox_overflow;        /* more results than rooms: a protocol error */
+    bool fabric_failed;         /* a step failed: nothing more to serve */
 } cli_rank_ctx_t;
 
 static int cli_rank_fail(cli_rank_ctx_t *c, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* Records the rank's first fatal error and stops the process's other ranks. */
+/* Records the rank's first fatal error and stops the process's other
+ * ranks. Any of the rank's threads (the driver's reports a failed step). */
 static int cli_rank_fail(cli_rank_ctx_t *c, int status, const char *fmt, ...)
 {
+    if (c->sync_ok)
+        pthread_mutex_lock(&c->mu);
     if (c->r->fatal == KVS_OK) {
         va_list ap;
         va_start(ap, fmt);
@@ -85,14 +109,14 @@ static int cli_rank_fail(cli_rank_ctx_t *c, int status, const char *fmt, ...)
         va_end(ap);
         c->r->fatal = status;
     }
+    if (c->sync_ok)
+        pthread_mutex_unlock(&c->mu);
     atomic_store(c->r->stop, true);
     return status;
 }
 
-static bool cli_rank_stopped(const cli_rank_ctx_t *c)
-{
-    return c->r->fatal != KVS_OK || atomic_load(c->r->stop);
-}
+/* This rank failed, or a sibling did (every failure sets the flag). */
+static bool cli_rank_stopped(const cli_rank_ctx_t *c) { return atomic_load(c->r->stop); }
 
 static int64_t cli_rank_pp_size(const cli_rank_ctx_t *c)
 {
@@ -126,9 +150,13 @@ static int64_t cli_rank_writers(const kvs_layout_t *l)
     return l->tp_writers * (l->decode_pp == 1 ? l->prefill_pp : 1);
 }
 
-static const char *cli_mgr_msg(const cli_rank_ctx_t *c)
+/* The rank's last error message, taken under its lock (the driver's thread
+ * may be stepping). */
+static const char *cli_rank_msg(cli_rank_ctx_t *c, kvs_error_t *e)
 {
-    return c->m != NULL ? kvs_manager_last_error(c->m)->msg : "";
+    if (c->drv == NULL || kvs_driver_rank_error(c->drv, e) == KVS_EINVAL)
+        e->msg[0] = '\0';
+    return e->msg;
 }
 
 /* Global head of local head j on a rank of TP tp_size holding `heads`
@@ -148,18 +176,20 @@ static int64_t cli_page(const cli_rank_ctx_t *c, uint32_t i, int64_t j, int64_t 
     return c->r->role == KVS_ROLE_PREFILL ? first + (n - 1 - j) : first + j;
 }
 
+/* Token slot `slot` of page `page`, head `head` of layer `layer`'s K or V. */
 static uint8_t *cli_slot(const cli_rank_ctx_t *c, int64_t layer, int kv, int64_t page,
                          int64_t slot, int64_t head, int64_t head_bytes)
 {
-    const uint64_t addr = (kv ? c->v_base[layer] : c->k_base[layer]) +
-                          (uint64_t)(((page * c->lay->page_size + slot) * c->heads + head) *
-                                     head_bytes);
-    return c->pool + (addr - c->pool_addr);
+    const uint64_t off = (uint64_t)(2 * layer + kv) * c->layer_bytes +
+                         (uint64_t)(((page * c->lay->page_size + slot) * c->heads + head) *
+                                    head_bytes);
+    return c->pool + off;
 }
 
-/* The pattern of room i (prefill: write it; decode: count bad bytes). */
+/* The fabric's clock (verbs: CLOCK_MONOTONIC, safe from any thread). */
 static uint64_t cli_now(cli_rank_ctx_t *c) { return c->fab->ops.now_ns(c->fab); }
 
+/* The pattern of room i (prefill: write it; decode: count bad bytes). */
 static uint64_t cli_rank_pattern(cli_rank_ctx_t *c, uint32_t i, bool check, uint64_t *checked)
 {
     const uint64_t t0 = cli_now(c);
@@ -187,6 +217,89 @@ static uint64_t cli_rank_pattern(cli_rank_ctx_t *c, uint32_t i, bool check, uint
     return bad;
 }
 
+/* ---- what the driver's thread hands over -------------------------------------- */
+
+static void cli_rank_on_result(void *ctx, const kvs_room_result_t *res)
+{
+    cli_rank_ctx_t *c = ctx;
+    pthread_mutex_lock(&c->mu);
+    if (c->inbox_n < c->served + 1)
+        c->inbox[c->inbox_n++] = *res;
+    else
+        c->inbox_overflow = true;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* A step failed: the fabric or the device itself. Nothing more to serve. */
+static void cli_rank_on_error(void *ctx, int status)
+{
+    cli_rank_ctx_t *c = ctx;
+    char who[48];
+    cli_rank_fail(c, status, "%s: progress: %s", cli_rank_name(c, who, sizeof who),
+                  kvs_driver_last_error(c->drv)->msg); /* on the thread that failed */
+    pthread_mutex_lock(&c->mu);
+    c->fabric_failed = true;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static bool cli_rank_fabric_failed(cli_rank_ctx_t *c)
+{
+    pthread_mutex_lock(&c->mu);
+    const bool failed = c->fabric_failed;
+    pthread_mutex_unlock(&c->mu);
+    return failed;
+}
+
+/* Sleeps until the driver hands over a result or fails, at most
+ * CLI_SERVE_CHECK_NS and never past until_ns (the fabric's clock). */
+static void cli_rank_sleep(cli_rank_ctx_t *c, uint64_t until_ns)
+{
+    const uint64_t now = cli_now(c);
+    uint64_t ns = CLI_SERVE_CHECK_NS;
+    if (until_ns <= now)
+        return;
+    if (until_ns - now < ns)
+        ns = until_ns - now;
+    struct timespec at;
+    clock_gettime(CLOCK_MONOTONIC, &at);
+    at.tv_sec += (time_t)(ns / 1000000000u);
+    at.tv_nsec += (long)(ns % 1000000000u);
+    if (at.tv_nsec >= 1000000000L) {
+        at.tv_sec++;
+        at.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&c->mu);
+    while (c->inbox_n == 0 && !c->fabric_failed) {
+        if (pthread_cond_timedwait(&c->cv, &c->mu, &at) == ETIMEDOUT)
+            break;
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* The core names the setting that differs when it refuses a registration;
+ * such a refusal never heals: stop with its message. Returns KVS_OK, or
+ * KVS_EFINGERPRINT after recording why the rank stops. */
+static int cli_rank_refused(cli_rank_ctx_t *c)
+{
+    kvs_error_t e;
+    if (kvs_driver_rank_error(c->drv, &e) != KVS_EFINGERPRINT)
+        return KVS_OK;
+    char who[48];
+    /* The core names the tag; which flags serve hashes into it is ours to say. */
+    return cli_rank_fail(c, KVS_EFINGERPRINT, "%s: %s%s", cli_rank_name(c, who, sizeof who),
+                         e.msg,
+                         strstr(e.msg, "app_tag") != NULL
+                             ? " (serve's app_tag hashes --requests, the prompt lengths of "
+                               "--seed and --prompt-tokens, and the number of prefill "
+                               "instances: --instances on a prefill, the --prefill-instance "
+                               "flags on the decode)"
+                             : "");
+}
+
+/* ---- set-up ------------------------------------------------------------------- */
+
 static int cli_rank_setup(cli_rank_ctx_t *c)
 {
     const cli_serve_plan_t *pl = c->plan;
@@ -196,6 +309,24 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
     cli_rank_name(c, who, sizeof who);
     snprintf(hostname, sizeof hostname, "%c%lld.%lld", decode ? 'd' : 'p', (long long)c->r->tp,
              (long long)c->r->pp);
+    c->inbox = calloc((size_t)c->served + 1, sizeof *c->inbox);
+    c->taken = calloc((size_t)c->served + 1, sizeof *c->taken);
+    if (c->inbox == NULL || c->taken == NULL)
+        return cli_rank_fail(c, KVS_ENOMEM, "%s: result tables", who);
+    pthread_condattr_t ca;
+    bool ok = pthread_condattr_init(&ca) == 0;
+    ok = ok && pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0;
+    if (ok && pthread_mutex_init(&c->mu, NULL) == 0) {
+        if (pthread_cond_init(&c->cv, &ca) == 0)
+            c->sync_ok = true;
+        else
+            pthread_mutex_destroy(&c->mu);
+    }
+    pthread_condattr_destroy(&ca);
+    if (!c->sync_ok)
+        return cli_rank_fail(c, KVS_ENOMEM, "%s: cannot make a mutex and a condition: free "
+                             "memory or lower the TP and PP sizes", who);
+
     kvs_error_t err = {0};
     const kvs_host_config_t hc = {.name = hostname};
     int rc = kvs_host_device_create(&hc, &c->host, &err);
@@ -231,11 +362,12 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
         c->fab = cli_fault_fabric(c->fault);
     }
 
-    /* Its stage's layers: stages need not split evenly (spec §4). */
+    /* Its stage's layers: stages need not split evenly (spec §4). K and V
+     * of each layer side by side in one allocation. */
     (void)kvs_layout_stage_layers(l, c->r->role, c->r->pp, &c->first_layer, &c->layers);
     c->heads = decode ? l->dst_heads : l->src_heads;
-    c->layer_bytes = (uint64_t)pl->pool_pages *
-                     (uint64_t)(l->page_size * c->heads * l->head_dim * l->elem_bytes);
+    const int64_t row_bytes = c->heads * l->head_dim * l->elem_bytes;
+    c->layer_bytes = (uint64_t)pl->pool_pages * (uint64_t)(l->page_size * row_bytes);
     const uint64_t pool_bytes = 2 * (uint64_t)c->layers * c->layer_bytes;
     rc = c->dev->ops.mem_alloc(c->dev, pool_bytes, &c->pool_addr);
     if (rc != KVS_OK)
@@ -243,20 +375,24 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
                              "--prompt-tokens", who, (unsigned long long)pool_bytes,
                              c->dev->last_backend_msg);
     c->pool = kvs_host_ptr(c->dev, c->pool_addr, pool_bytes);
-    c->k_base = calloc((size_t)c->layers, sizeof *c->k_base);
-    c->v_base = calloc((size_t)c->layers, sizeof *c->v_base);
+    kvs_kv_layer_t *kv = calloc((size_t)c->layers, sizeof *kv);
     int64_t max_pages = 1;
     for (uint32_t i = 0; i < pl->requests; i++) {
         const int64_t n = (pl->tokens[i] + l->page_size - 1) / l->page_size;
         max_pages = n > max_pages ? n : max_pages;
     }
     c->pages = calloc((size_t)max_pages, sizeof *c->pages);
-    if (c->pool == NULL || c->k_base == NULL || c->v_base == NULL || c->pages == NULL)
+    if (c->pool == NULL || kv == NULL || c->pages == NULL) {
+        free(kv);
         return cli_rank_fail(c, KVS_ENOMEM, "%s: KV pool tables", who);
-    for (int64_t i = 0; i < c->layers; i++) {
-        c->k_base[i] = c->pool_addr + (uint64_t)(2 * i) * c->layer_bytes;
-        c->v_base[i] = c->pool_addr + (uint64_t)(2 * i + 1) * c->layer_bytes;
     }
+    for (int64_t i = 0; i < c->layers; i++)
+        kv[i] = (kvs_kv_layer_t){.k_addr = c->pool_addr + (uint64_t)(2 * i) * c->layer_bytes,
+                                 .v_addr = c->pool_addr + (uint64_t)(2 * i + 1) * c->layer_bytes,
+                                 .tokens = pl->pool_pages * l->page_size,
+                                 .token_stride_bytes = row_bytes,
+                                 .head_stride_bytes = l->head_dim * l->elem_bytes,
+                                 .elem_stride_bytes = l->elem_bytes};
 
     /* The decode's one ring serves every prefill instance: it stages when
      * any of them has another TP; a pair of equal TP takes the direct path
@@ -264,76 +400,39 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
     bool staging = l->prefill_tp != l->decode_tp;
     for (uint32_t k = 0; decode && k < pl->instances; k++)
         staging = staging || pl->peers[k].tp != l->decode_tp;
-    const kvs_manager_config_t mc = {
-        .role = c->r->role, .staging = staging, .total_heads = l->total_heads,
-        .head_dim = l->head_dim, .dtype = pl->dtype, .layers = c->layers,
-        .model_layers = l->layers,
-        .page_size = l->page_size, .tp_rank = c->r->tp,
-        .tp_size = decode ? l->decode_tp : l->prefill_tp, .pp_rank = c->r->pp,
-        .pp_size = decode ? l->decode_pp : l->prefill_pp,
-        .peer_tp_size = decode ? pl->peers[0].tp : l->decode_tp,
-        .peer_pp_size = decode ? pl->peers[0].pp : l->decode_pp,
-        .chunk_tokens = l->chunk_tokens, .ring_bytes = pl->ring_bytes,
-        .transfer_workers = pl->transfer_workers,
-        .max_rooms = 2 * pl->max_inflight + 16, .stall_timeout_ns = pl->stall_timeout_ns,
-        .app_tag = pl->workload_tag,
-        .instance_id = decode ? 0 : pl->instance,
-        .max_instances = decode ? pl->instances : 0,
-        .log = {.fn = NULL, .level = KVS_LOG_ERROR}};
-    rc = kvs_manager_create(&mc, c->dev, c->fab, &c->m, &err);
+    const kvs_rank_config_t rcfg = {
+        .manager = {
+            .role = c->r->role, .staging = staging, .total_heads = l->total_heads,
+            .head_dim = l->head_dim, .dtype = pl->dtype, .layers = c->layers,
+            .model_layers = l->layers,
+            .page_size = l->page_size, .tp_rank = c->r->tp,
+            .tp_size = decode ? l->decode_tp : l->prefill_tp, .pp_rank = c->r->pp,
+            .pp_size = decode ? l->decode_pp : l->prefill_pp,
+            .peer_tp_size = decode ? pl->peers[0].tp : l->decode_tp,
+            .peer_pp_size = decode ? pl->peers[0].pp : l->decode_pp,
+            .chunk_tokens = l->chunk_tokens, .ring_bytes = pl->ring_bytes,
+            .transfer_workers = pl->transfer_workers,
+            .max_rooms = 2 * pl->max_inflight + 16, .stall_timeout_ns = pl->stall_timeout_ns,
+            .app_tag = pl->workload_tag,
+            .instance_id = decode ? 0 : pl->instance,
+            .max_instances = decode ? pl->instances : 0,
+            .log = {.fn = NULL, .level = KVS_LOG_ERROR}},
+        .layers = kv,
+        .local_heads = c->heads};
+    rc = kvs_rank_create(&rcfg, c->dev, c->fab, &c->rank, &err);
+    free(kv);
     if (rc != KVS_OK)
-        return cli_rank_fail(c, rc, "%s: manager: %s", who, err.msg);
-    const kvs_kv_buffers_t kv = {.num_layers = c->layers, .k_base = c->k_base,
-                                 .v_base = c->v_base, .local_heads = c->heads,
-                                 .page_size = l->page_size, .num_pages = pl->pool_pages};
-    if (staging && (rc = kvs_manager_init_staging(c->m)) == KVS_OK)
-        rc = kvs_manager_register_staging(c->m);
-    if (rc == KVS_OK)
-        rc = kvs_manager_set_kv_buffers(c->m, &kv);
-    if (rc == KVS_OK)
-        rc = decode ? kvs_decode_create(c->m, &c->dec) : kvs_prefill_create(c->m, &c->pre);
+        return cli_rank_fail(c, rc, "%s: %s", who, err.msg);
+    const kvs_driver_config_t dc = {.rank = c->rank, .dev = c->dev, .fab = c->fab,
+                                    .on_result = cli_rank_on_result,
+                                    .on_error = cli_rank_on_error, .ctx = c};
+    rc = kvs_driver_create(&dc, &c->drv, &err);
     if (rc != KVS_OK)
-        return cli_rank_fail(c, rc, "%s: %s (%s)", who, cli_mgr_msg(c), kvs_status_name(rc));
+        return cli_rank_fail(c, rc, "%s: driver: %s", who, err.msg);
     return KVS_OK;
 }
 
-/* Drives the handler once. Returns how much it did (>= 0), or a negative
- * status after recording why the rank stops: the fabric failed, or a
- * registration was refused (the core's message names the setting). */
-static int cli_rank_progress(cli_rank_ctx_t *c)
-{
-    char who[48];
-    const int rc = c->dec != NULL ? kvs_decode_progress(c->dec) : kvs_prefill_progress(c->pre);
-    if (rc < 0) {
-        c->fabric_failed = true;
-        return cli_rank_fail(c, rc, "%s: progress: %s", cli_rank_name(c, who, sizeof who),
-                             cli_mgr_msg(c));
-    }
-    /* The core names the tag; which flags serve hashes into it is ours to say. */
-    if (kvs_manager_last_error(c->m)->status == KVS_EFINGERPRINT)
-        return cli_rank_fail(c, KVS_EFINGERPRINT, "%s: %s%s", cli_rank_name(c, who, sizeof who),
-                             cli_mgr_msg(c),
-                             strstr(cli_mgr_msg(c), "app_tag") != NULL
-                                 ? " (serve's app_tag hashes --requests, the prompt lengths of "
-                                   "--seed and --prompt-tokens, and the number of prefill "
-                                   "instances: --instances on a prefill, the --prefill-instance "
-                                   "flags on the decode)"
-                                 : "");
-    return rc;
-}
-
-/* Sleeps on the fabric for at most ms (never past the handler's deadline). */
-static void cli_rank_idle(cli_rank_ctx_t *c, int ms)
-{
-    const uint64_t at = c->dec != NULL ? kvs_decode_next_deadline_ns(c->dec)
-                                       : kvs_prefill_next_deadline_ns(c->pre);
-    const uint64_t now = cli_now(c);
-    if (at != UINT64_MAX && at <= now)
-        return;
-    if (at != UINT64_MAX && (at - now) / 1000000u < (uint64_t)ms)
-        ms = (int)((at - now) / 1000000u);
-    (void)kvs_verbs_fabric_wait(c->verbs, ms);
-}
+/* ---- the decode's registration, in its own loop ---------------------------------- */
 
 /* "IP:PORT", "[IPv6]:PORT" for an address with colons. */
 static void cli_rank_addr(char *buf, size_t len, const char *ip, unsigned port)
@@ -356,23 +455,24 @@ static int cli_rank_add_instance(cli_rank_ctx_t *c, uint32_t k, const char *who)
         addrs[a] = addr[a];
     }
     if (rc == KVS_OK)
-        rc = kvs_decode_add_instance(c->dec, &(kvs_instance_desc_t){
-                                                 .id = k, .tp_size = in->tp,
-                                                 .pp_size = in->pp, .addrs = addrs});
+        rc = kvs_rank_add_instance(c->rank, &(kvs_instance_desc_t){
+                                                .id = k, .tp_size = in->tp,
+                                                .pp_size = in->pp, .addrs = addrs});
     free(addr);
     free(addrs);
+    kvs_error_t e;
     if (rc != KVS_OK)
         return cli_rank_fail(c, rc, "%s: prefill instance %u (TP %lld, PP %lld at %s:%u..): "
                              "%s", who, k, (long long)in->tp, (long long)in->pp, in->ip,
                              (unsigned)in->port,
-                             rc == KVS_ENOMEM ? kvs_strerror(rc) : cli_mgr_msg(c));
+                             rc == KVS_ENOMEM ? kvs_strerror(rc) : cli_rank_msg(c, &e));
     /* A prefill not up yet fails this; the handler keeps trying it. */
-    (void)kvs_decode_connect_peer(c->dec, (kvs_peer_t){k, 0});
+    (void)kvs_rank_connect(c->rank, (kvs_peer_t){k, 0});
     return KVS_OK;
 }
 
 /* Decode: declare every prefill instance, connect to this rank's writers
- * in each, and wait for their acks. */
+ * in each, and wait for their acks, stepping the rank in this thread. */
 static int cli_rank_connect(cli_rank_ctx_t *c, uint64_t deadline_ns)
 {
     const cli_serve_plan_t *pl = c->plan;
@@ -385,7 +485,7 @@ static int cli_rank_connect(cli_rank_ctx_t *c, uint64_t deadline_ns)
             return rc;
         writers += cli_rank_writers(&pl->peers[k].lay);
     }
-    while (kvs_decode_peers_ready(c->dec) < writers) {
+    while (kvs_rank_peers_ready(c->rank) < writers) {
         if (cli_rank_stopped(c))
             return KVS_EPEER; /* a sibling rank failed and said why */
         if (cli_now(c) > deadline_ns) {
@@ -397,21 +497,32 @@ static int cli_rank_connect(cli_rank_ctx_t *c, uint64_t deadline_ns)
                                        (unsigned)pl->peers[k].port);
                 used += w > 0 ? (size_t)w : 0;
             }
+            kvs_error_t e;
             return cli_rank_fail(c, KVS_ETIMEDOUT, "%s: %lld of %lld prefill ranks (instance "
                                  "%s) acknowledged the registration in time: start every "
                                  "`kvstage serve --role prefill` first, check --peer or "
                                  "--prefill-instance, or raise --timeout-s (last error: %s)",
-                                 who, (long long)kvs_decode_peers_ready(c->dec),
-                                 (long long)writers, where, cli_mgr_msg(c));
+                                 who, (long long)kvs_rank_peers_ready(c->rank),
+                                 (long long)writers, where, cli_rank_msg(c, &e));
         }
-        int rc = cli_rank_progress(c);
-        if (rc < 0)
-            return rc;
-        if (rc == 0)
-            cli_rank_idle(c, 10);
+        int rc = kvs_driver_progress(c->drv);
+        if (rc >= 0 && cli_rank_refused(c) != KVS_OK)
+            return KVS_EFINGERPRINT;
+        /* Its own sleep is bounded, for the stop flag and the time-out. */
+        if (rc == 0 && (rc = kvs_driver_wait(c->drv, CLI_SERVE_CHECK_NS)) == KVS_EAGAIN)
+            rc = KVS_OK;
+        if (rc < 0) {
+            pthread_mutex_lock(&c->mu);
+            c->fabric_failed = true;
+            pthread_mutex_unlock(&c->mu);
+            return cli_rank_fail(c, rc, "%s: progress: %s", who,
+                                 kvs_driver_last_error(c->drv)->msg);
+        }
     }
     return KVS_OK;
 }
+
+/* ---- the run, on the driver's thread -------------------------------------------- */
 
 static int cli_rank_open(cli_rank_ctx_t *c, uint32_t i)
 {
@@ -421,71 +532,73 @@ static int cli_rank_open(cli_rank_ctx_t *c, uint32_t i)
     cli_rank_name(c, who, sizeof who);
     for (int64_t j = 0; j < n; j++)
         c->pages[j] = cli_page(c, i, j, n);
-    if (c->dec != NULL) {
-        const kvs_peer_t peer = {cli_serve_route(c->plan, i), 0};
-        int rc = kvs_decode_room_open_peer(c->dec, i, peer, 0, tokens, c->pages, n);
-        /* EPEER: a writer is away; the room failed and its result comes
-         * from poll_rooms like any other. */
-        if (rc != KVS_OK && rc != KVS_EPEER)
-            return cli_rank_fail(c, rc, "%s: room %u: %s", who, i, cli_mgr_msg(c));
-        return KVS_OK;
-    }
-    const bool hold = c->plan->hold && i >= c->plan->hold_from;
-    if (!hold)
+    const bool decode = c->r->role == KVS_ROLE_DECODE;
+    const bool hold = !decode && c->plan->hold && i >= c->plan->hold_from;
+    if (!decode && !hold)
         cli_rank_pattern(c, i, false, NULL);
-    /* The one decode instance, 0. */
-    int rc = kvs_prefill_room_open_peer(c->pre, i, (kvs_peer_t){0, 0}, tokens, c->pages, n);
-    /* EPEER: a decode rank it writes to is away; the room failed and its
-     * result comes from poll_rooms like any other. */
-    if (rc == KVS_EPEER)
+    /* The decode names the room's prefill instance, a prefill the one
+     * decode instance, 0. */
+    const kvs_room_desc_t room = {
+        .room = i, .peer = {decode ? cli_serve_route(c->plan, i) : 0, 0},
+        .total_tokens = tokens, .pages = c->pages, .num_pages = n};
+    int rc = kvs_rank_open_room(c->rank, &room);
+    kvs_error_t e;
+    /* EPEER: a peer rank is away; the room failed and its result comes
+     * like any other. */
+    if (rc == KVS_EPEER || (decode && rc == KVS_OK))
         return KVS_OK;
     if (rc != KVS_OK)
-        return cli_rank_fail(c, rc, "%s: room %u: %s", who, i, cli_mgr_msg(c));
+        return cli_rank_fail(c, rc, "%s: room %u: %s", who, i, cli_rank_msg(c, &e));
     if (hold) {
         c->r->held = true;
         return KVS_OK; /* never computed: open until the process dies */
     }
     for (int64_t end = 0; end < tokens;) {
         end = end + l->grid_tokens < tokens ? end + l->grid_tokens : tokens;
-        rc = kvs_prefill_room_computed(c->pre, i, end, end == tokens);
+        rc = kvs_rank_computed(c->rank, i, end, end == tokens);
         if (rc == KVS_ENOENT)
             break; /* the room already failed: nothing more to send */
         if (rc != KVS_OK)
-            return cli_rank_fail(c, rc, "%s: room %u computed: %s", who, i, cli_mgr_msg(c));
+            return cli_rank_fail(c, rc, "%s: room %u computed: %s", who, i,
+                                 cli_rank_msg(c, &e));
     }
     return KVS_OK;
 }
 
-/* Takes the handler's results; returns how many. */
+/* Takes the results the driver handed over and checks them; returns how
+ * many, or a negative status after recording why the rank stops. */
 static int cli_rank_results(cli_rank_ctx_t *c, uint32_t *inflight, uint32_t *done)
 {
-    kvs_room_result_t res[CLI_SERVE_RESULTS];
     char who[48];
     cli_rank_name(c, who, sizeof who);
-    int total = 0, got;
-    do {
-        got = c->dec != NULL ? kvs_decode_poll_rooms(c->dec, res, CLI_SERVE_RESULTS)
-                             : kvs_prefill_poll_rooms(c->pre, res, CLI_SERVE_RESULTS);
-        for (int k = 0; k < got; k++) {
-            const uint64_t room = res[k].room;
-            if (room >= c->plan->requests || c->r->status[room] != 1 ||
-                !cli_serve_serves(c->plan, c->r->role, (uint32_t)room))
-                return cli_rank_fail(c, KVS_EPROTO, "%s: a result for room %llu, which is "
-                                     "not open (or reported twice)", who,
-                                     (unsigned long long)room);
-            c->r->status[room] = res[k].status;
-            c->r->payload_bytes += res[k].bytes;
-            if (c->plan->hold && room < c->plan->hold_from)
-                c->hold_done++;
-            if (c->dec != NULL && res[k].status == KVS_OK)
-                c->r->corrupt_bytes += cli_rank_pattern(c, (uint32_t)room, true,
-                                                        &c->r->bytes_verified);
-            (*inflight)--;
-            (*done)++;
-        }
-        total += got > 0 ? got : 0;
-    } while (got == CLI_SERVE_RESULTS);
-    return total;
+    pthread_mutex_lock(&c->mu);
+    const uint32_t got = c->inbox_n;
+    const bool overflow = c->inbox_overflow;
+    memcpy(c->taken, c->inbox, sizeof *c->taken * got);
+    c->inbox_n = 0;
+    pthread_mutex_unlock(&c->mu);
+    if (overflow)
+        return cli_rank_fail(c, KVS_EPROTO, "%s: more results than rooms: one was reported "
+                             "twice", who);
+    for (uint32_t k = 0; k < got; k++) {
+        const kvs_room_result_t *res = &c->taken[k];
+        const uint64_t room = res->room;
+        if (room >= c->plan->requests || c->r->status[room] != 1 ||
+            !cli_serve_serves(c->plan, c->r->role, (uint32_t)room))
+            return cli_rank_fail(c, KVS_EPROTO, "%s: a result for room %llu, which is "
+                                 "not open (or reported twice)", who,
+                                 (unsigned long long)room);
+        c->r->status[room] = res->status;
+        c->r->payload_bytes += res->bytes;
+        if (c->plan->hold && room < c->plan->hold_from)
+            c->hold_done++;
+        if (c->r->role == KVS_ROLE_DECODE && res->status == KVS_OK)
+            c->r->corrupt_bytes += cli_rank_pattern(c, (uint32_t)room, true,
+                                                    &c->r->bytes_verified);
+        (*inflight)--;
+        (*done)++;
+    }
+    return (int)got;
 }
 
 /* --fault hold-from, rank (0, 0): once it holds a room and every room of
@@ -525,47 +638,42 @@ static void cli_rank_loop(cli_rank_ctx_t *c, uint64_t deadline_ns)
             }
             next++;
         }
-        const int rc = cli_rank_progress(c);
-        if (rc < 0)
+        if (cli_rank_refused(c) != KVS_OK)
             return;
         const int got = cli_rank_results(c, &inflight, &done);
+        if (got < 0)
+            return;
         cli_rank_tell_hold(c);
-        if (rc == 0 && got == 0)
-            cli_rank_idle(c, CLI_SERVE_IDLE_WAIT_MS);
+        if (got == 0 && done < c->served)
+            cli_rank_sleep(c, deadline_ns);
     }
     c->r->end_ns = cli_now(c);
 }
 
-/* Keeps answering the peer a little after the rank's end, however it
- * ended (unless the fabric failed): the peer's last acknowledgements, and
- * after a refused registration the REGISTER_ACK that tells the peer why. */
+/* Lets the driver keep answering the peer a little after the rank's end,
+ * however it ended (unless the fabric failed): the peer's last
+ * acknowledgements, and after a refused registration the REGISTER_ACK that
+ * tells the peer why. Late results are taken as before. */
 static void cli_rank_linger(cli_rank_ctx_t *c)
 {
     const uint64_t until = cli_now(c) + c->plan->linger_ns;
-    while (!c->fabric_failed && cli_now(c) < until) {
-        if ((c->dec != NULL ? kvs_decode_progress(c->dec) : kvs_prefill_progress(c->pre)) < 0)
-            break;
+    while (!cli_rank_fabric_failed(c) && cli_now(c) < until) {
         uint32_t ignore_inflight = 0, extra = 0;
         (void)cli_rank_results(c, &ignore_inflight, &extra);
-        cli_rank_idle(c, 5);
+        cli_rank_sleep(c, until);
     }
 }
 
 static void cli_rank_teardown(cli_rank_ctx_t *c)
 {
-    if (c->dec != NULL)
-        kvs_decode_stats(c->dec, &c->r->stats);
-    else if (c->pre != NULL)
-        kvs_prefill_stats(c->pre, &c->r->stats);
+    if (c->drv != NULL) {
+        (void)kvs_driver_stop(c->drv); /* a failure said why when it happened */
+        kvs_rank_stats(c->rank, &c->r->stats);
+    }
     if (c->fault != NULL)
         c->r->spoiled_writes = cli_fault_fabric_spoiled(c->fault);
-    kvs_decode_destroy(c->dec);
-    kvs_prefill_destroy(c->pre);
-    if (c->m != NULL) {
-        int rc = kvs_manager_destroy(c->m);
-        if (rc != KVS_OK)
-            cli_rank_fail(c, rc, "tearing down the manager: %s", kvs_strerror(rc));
-    }
+    kvs_driver_destroy(c->drv);
+    kvs_rank_destroy(c->rank);
     if (c->pool_addr != 0)
         (void)c->dev->ops.mem_free(c->dev, c->pool_addr);
     cli_fault_fabric_destroy(c->fault);
@@ -575,9 +683,13 @@ static void cli_rank_teardown(cli_rank_ctx_t *c)
             cli_rank_fail(c, rc, "tearing down the verbs fabric: %s", kvs_strerror(rc));
     }
     kvs_host_device_destroy(c->host);
-    free(c->k_base);
-    free(c->v_base);
     free(c->pages);
+    free(c->inbox);
+    free(c->taken);
+    if (c->sync_ok) {
+        pthread_cond_destroy(&c->cv);
+        pthread_mutex_destroy(&c->mu);
+    }
 }
 
 void *cli_serve_rank_run(void *arg)
@@ -594,9 +706,17 @@ void *cli_serve_rank_run(void *arg)
     }
     if (cli_rank_setup(&c) == KVS_OK) {
         const uint64_t deadline = cli_now(&c) + c.plan->timeout_ns;
-        if (c.dec == NULL || cli_rank_connect(&c, deadline) == KVS_OK)
+        char who[48];
+        int rc = c.r->role == KVS_ROLE_DECODE ? cli_rank_connect(&c, deadline) : KVS_OK;
+        if (rc == KVS_OK && (rc = kvs_driver_start(c.drv)) != KVS_OK)
+            cli_rank_fail(&c, rc, "%s: %s", cli_rank_name(&c, who, sizeof who),
+                          kvs_driver_last_error(c.drv)->msg);
+        if (rc == KVS_OK)
             cli_rank_loop(&c, deadline);
-        cli_rank_linger(&c);
+        /* The linger needs the thread, also when the decode stopped
+         * before starting it (a refusal is answered meanwhile). */
+        if (!cli_rank_fabric_failed(&c) && (rc == KVS_OK || kvs_driver_start(c.drv) == KVS_OK))
+            cli_rank_linger(&c);
     }
     cli_rank_teardown(&c);
     return NULL;

@@ -1,10 +1,12 @@
 /*
  * serve_rank.h - one rank of `kvstage serve`: a host device, a verbs fabric,
- * the kvstage manager and its prefill or decode handler, and the loop that
- * drives them over the run's requests. Each rank runs on its own thread
- * (a verbs fabric is used by one thread at a time); ranks of one process
- * share only the read-only plan and a stop flag (a rank that fails stops
- * its siblings instead of leaving them to wait out the time-out).
+ * a kvstage rank (kvs_rank_create) on them and its driver (kvstage/driver.h),
+ * and the workload it moves. Each rank runs on its own thread, which opens
+ * the rooms and checks the results, while its driver's progress thread
+ * steps the rank (every rank call goes through the driver's lock; the
+ * verbs fabric is used through the rank only). Ranks of one process share
+ * only the read-only plan and a stop flag (a rank that fails stops its
+ * siblings instead of leaving them to wait out the time-out).
  *
  * A process is one instance (spec §12): every rank of one prefill instance,
  * or of the one decode instance (id 0). Ranks: TP x PP. Rank (tp t, stage

@@ -19,6 +19,17 @@
  *   are in flight).
  * - Events: cudaEvent_t without timing, created on first use of a slot and
  *   reused; event_query maps cudaErrorNotReady to KVS_EAGAIN.
+ * - Waiting (wait_arm): the device's eventfd (hw/common/wait_fd.h).
+ *   event_record queues, right after the event, a host function
+ *   (cudaLaunchHostFunc) that runs on a CUDA thread once everything before
+ *   it on the stream is done and signals it. The event is complete before
+ *   its host function runs, so after an arm a recorded event either is
+ *   seen complete by the caller's next event_query or writes the eventfd.
+ *   The cost is one host function per recorded event (the stream waits for
+ *   it: microseconds), paid whether or not anyone waits. A stream whose
+ *   kernel faulted never runs its host functions: the error surfaces at
+ *   the next event_query the caller makes for another reason (its
+ *   deadline).
  * - Errors: every CUDA call goes through HW_CUDA_TRY, which turns a
  *   cudaError_t into a kvstage status with the call, the CUDA error's name
  *   and text and what to change in the device's last backend message; the
@@ -46,6 +57,7 @@
 #include "copy_args.h"
 #include "kernels.h"
 #include "slots.h"
+#include "wait_fd.h"
 
 #include <cuda_runtime_api.h>
 #include <errno.h>
@@ -97,6 +109,7 @@ struct kvs_cuda_device {
     struct kvs_event *events;
     hw_slots_t stream_slots; /* which of streams[] are free */
     hw_slots_t event_slots;  /* which of events[] are free */
+    hw_wait_fd_t wait;       /* readable after an event completed while armed */
 };
 
 static kvs_cuda_device_t *hw_cuda_of(kvs_device_t *dev)
@@ -492,6 +505,24 @@ int kvs_cuda_stream_sync(kvs_device_t *dev, kvs_stream_t *stream)
 /* Events                                                                    */
 /* ------------------------------------------------------------------------ */
 
+/* The host function queued after every recorded event: runs on a CUDA
+ * thread once the event completed; must call no CUDA function. */
+static void CUDART_CB hw_cuda_signal(void *arg)
+{
+    kvs_cuda_device_t *c = arg;
+    hw_wait_fd_signal(&c->wait);
+}
+
+static int hw_cuda_wait_arm(kvs_device_t *dev, int *out_fd)
+{
+    kvs_cuda_device_t *c = hw_cuda_of(dev);
+    if (out_fd == NULL)
+        return kvs_device_fail(dev, KVS_EINVAL, EINVAL, "wait_arm on %s: out_fd is NULL",
+                               c->name);
+    *out_fd = hw_wait_fd_arm(&c->wait);
+    return KVS_OK;
+}
+
 static int hw_cuda_event_record(kvs_device_t *dev, kvs_stream_t *stream, kvs_event_t **out)
 {
     kvs_cuda_device_t *c = hw_cuda_of(dev);
@@ -517,6 +548,10 @@ static int hw_cuda_event_record(kvs_device_t *dev, kvs_stream_t *stream, kvs_eve
     }
     if (rc == KVS_OK)
         rc = HW_CUDA_TRY(c, cudaEventRecord(ev->ev, stream->s), HW_CUDA_FIX_STICKY);
+    /* After the event: tells a waiter (wait_arm) that it completed. */
+    if (rc == KVS_OK)
+        rc = HW_CUDA_TRY(c, cudaLaunchHostFunc(stream->s, hw_cuda_signal, c),
+                         HW_CUDA_FIX_STICKY);
     if (rc != KVS_OK) {
         hw_slots_put(&c->event_slots, i);
         goto out;
@@ -612,6 +647,7 @@ static const kvs_device_ops_t hw_cuda_ops = {
     .event_destroy = hw_cuda_event_destroy,
     .mem_write = hw_cuda_mem_write,
     .mem_read = hw_cuda_mem_read,
+    .wait_arm = hw_cuda_wait_arm,
 };
 
 #define HW_CUDA_FIX_NO_GPU                                                     \
@@ -729,8 +765,19 @@ int kvs_cuda_device_create(const kvs_cuda_config_t *cfg, kvs_cuda_device_t **out
                              "tables; lower max_allocs, max_streams, max_events or "
                              "desc_slots");
     }
+    const int e = hw_wait_fd_init(&c->wait);
+    if (e != 0) {
+        pthread_mutex_destroy(&c->mu);
+        hw_cuda_free_tables(c);
+        free(c);
+        return KVS_ERROR_SET(err, KVS_EBACKEND, e,
+                             "kvs_cuda_device_create: eventfd failed (%s); raise the "
+                             "process's open file limit (ulimit -n)",
+                             strerror(e));
+    }
     rc = kvs_device_init(&c->base, &hw_cuda_ops, c->name);
     if (rc != KVS_OK) {
+        hw_wait_fd_fini(&c->wait);
         pthread_mutex_destroy(&c->mu);
         hw_cuda_free_tables(c);
         free(c);
@@ -762,6 +809,7 @@ void kvs_cuda_device_destroy(kvs_cuda_device_t *c)
         (void)HW_CUDA_TRY(c, cudaFree(c->allocs.entries[i].base), HW_CUDA_FIX_STICKY);
     pthread_mutex_unlock(&c->mu);
     pthread_mutex_destroy(&c->mu);
+    hw_wait_fd_fini(&c->wait); /* after the synchronize: no host function is left */
     hw_cuda_free_tables(c);
     free(c);
 }

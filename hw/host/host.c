@@ -23,6 +23,9 @@
  *   helper ran its share.
  * - Events. An event remembers its stream slot and the stream's enqueue
  *   sequence at record time; it is complete once done_seq reaches it.
+ * - Waiting (wait_arm): the device's eventfd (hw/common/wait_fd.h), which
+ *   a worker signals after it advanced done_seq: an op that completes after
+ *   an arm is seen by the caller's next event_query or writes the eventfd.
  *
  * What it does not: no clock, no modeled time, no partial copies; ops never
  * fail once enqueued (memory stays alive: mem_free drains every stream first).
@@ -50,6 +53,7 @@
 #include "alloc_table.h"
 #include "copy.h"
 #include "slots.h"
+#include "wait_fd.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -122,6 +126,7 @@ struct kvs_host_device {
     struct kvs_event *events;
     hw_slots_t stream_slots; /* which of streams[] are free */
     hw_slots_t event_slots;  /* which of events[] are free */
+    hw_wait_fd_t wait;       /* readable after an op completed while armed */
 };
 
 static kvs_host_device_t *hw_host_of(kvs_device_t *dev)
@@ -325,6 +330,7 @@ static void *hw_host_worker(void *arg)
         hw_host_run_op(s, &s->ops[s->done_seq % cap].copy);
         s->done_seq++;
         pthread_cond_broadcast(&s->done_cv);
+        hw_wait_fd_signal(&s->host->wait); /* done_seq advanced first */
     }
     /* No more jobs: let the helpers go. */
     s->helpers_stop = true;
@@ -678,6 +684,16 @@ static void hw_host_event_destroy(kvs_device_t *dev, kvs_event_t *ev)
     pthread_mutex_unlock(&h->mu);
 }
 
+static int hw_host_wait_arm(kvs_device_t *dev, int *out_fd)
+{
+    kvs_host_device_t *h = hw_host_of(dev);
+    if (out_fd == NULL)
+        return kvs_device_fail(dev, KVS_EINVAL, EINVAL, "wait_arm on %s: out_fd is NULL",
+                               h->name);
+    *out_fd = hw_wait_fd_arm(&h->wait);
+    return KVS_OK;
+}
+
 /* ------------------------------------------------------------------------ */
 /* The device                                                                */
 /* ------------------------------------------------------------------------ */
@@ -699,6 +715,7 @@ static const kvs_device_ops_t hw_host_ops = {
     .mem_read = hw_host_mem_read,
     .gather_parts = hw_host_gather_parts,
     .scatter_parts = hw_host_scatter_parts,
+    .wait_arm = hw_host_wait_arm,
 };
 
 /* Initialises stream slot s: op ring, helper table, sync objects. On
@@ -806,11 +823,23 @@ int kvs_host_device_create(const kvs_host_config_t *cfg, kvs_host_device_t **out
     for (; inited < h->max_streams; inited++)
         if (!hw_host_slot_init(h, &h->streams[inited], inited))
             goto fail_nomem;
-    if (pthread_mutex_init(&h->mu, NULL) != 0)
+    const int e = hw_wait_fd_init(&h->wait);
+    if (e != 0) {
+        hw_host_free_tables(h, inited);
+        free(h);
+        return KVS_ERROR_SET(err, KVS_EBACKEND, e,
+                             "kvs_host_device_create: eventfd failed (%s); raise the "
+                             "process's open file limit (ulimit -n)",
+                             strerror(e));
+    }
+    if (pthread_mutex_init(&h->mu, NULL) != 0) {
+        hw_wait_fd_fini(&h->wait);
         goto fail_nomem;
+    }
     int rc = kvs_device_init(&h->base, &hw_host_ops, h->name);
     if (rc != KVS_OK) {
         pthread_mutex_destroy(&h->mu);
+        hw_wait_fd_fini(&h->wait);
         hw_host_free_tables(h, inited);
         free(h);
         return KVS_ERROR_SET(err, rc, 0,
@@ -842,6 +871,7 @@ void kvs_host_device_destroy(kvs_host_device_t *h)
         munmap(h->allocs.entries[i].base, (size_t)h->allocs.entries[i].base_bytes);
     pthread_mutex_unlock(&h->mu);
     pthread_mutex_destroy(&h->mu);
+    hw_wait_fd_fini(&h->wait); /* every worker has been joined: none signals */
     hw_host_free_tables(h, h->max_streams);
     free(h);
 }

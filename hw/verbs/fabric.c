@@ -8,7 +8,8 @@
  * device, port and GID; checks the bounds against the device's limits;
  * makes the PD, the completion channel and CQ (sized for every
  * connection's send and receive queues, so it cannot overrun), the
- * non-blocking rdma_cm channel and the listener; and logs the device with
+ * non-blocking rdma_cm channel, the epoll fd over both channels that
+ * wait_arm hands out, and the listener; and logs the device with
  * the reason it was chosen (cfg.log, KVS_LOG_INFO). Every failure unwinds
  * in reverse and says what to change.
  */
@@ -20,7 +21,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <time.h>
+#include <unistd.h>
 
 #define HW_VERBS_DEFAULT_CONNS 16u
 #define HW_VERBS_DEFAULT_SQ 1024u
@@ -79,6 +82,7 @@ static const kvs_fabric_ops_t hw_verbs_ops = {
     .send = hw_verbs_send,
     .poll = hw_verbs_poll,
     .now_ns = hw_verbs_now_ns,
+    .wait_arm = hw_verbs_wait_arm,
 };
 
 /* The table's mr_register is this file's, so that hw_verbs_of can tell a
@@ -221,6 +225,8 @@ static void hw_verbs_free(hw_verbs_fabric_t *f)
                 hw_verbs_conn_free(&f->conns[i]);
     if (f->listener != NULL)
         (void)rdma_destroy_id(f->listener);
+    if (f->wait_fd >= 0)
+        (void)close(f->wait_fd);
     if (f->ch != NULL)
         rdma_destroy_event_channel(f->ch);
     if (f->mrs != NULL)
@@ -301,6 +307,7 @@ int kvs_verbs_fabric_create(const kvs_verbs_config_t *cfg, kvs_fabric_t **out,
     hw_verbs_fabric_t *f = calloc(1, sizeof *f);
     if (f == NULL)
         return KVS_ERROR_SET(err, KVS_ENOMEM, 0, "no memory for a verbs fabric");
+    f->wait_fd = -1;
     int rc = hw_verbs_config(cfg, &f->cfg, err);
     if (rc != KVS_OK) {
         free(f);
@@ -422,6 +429,19 @@ int kvs_verbs_fabric_create(const kvs_verbs_config_t *cfg, kvs_fabric_t **out,
                  e == ENOMEM || e == EAGAIN ? ": raise the locked-memory limit (ulimit -l)"
                  : e == ENODEV || e == ENOENT ? ": load rdma_ucm and check /dev/infiniband"
                                               : "");
+        goto fail;
+    }
+    /* One fd for a driver to sleep on: readable when either channel is. */
+    f->wait_fd = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event cc_ev = {.events = EPOLLIN, .data.fd = f->cc->fd};
+    struct epoll_event ch_ev = {.events = EPOLLIN, .data.fd = f->ch->fd};
+    if (f->wait_fd < 0 || epoll_ctl(f->wait_fd, EPOLL_CTL_ADD, f->cc->fd, &cc_ev) != 0 ||
+        epoll_ctl(f->wait_fd, EPOLL_CTL_ADD, f->ch->fd, &ch_ev) != 0) {
+        const int e = errno;
+        rc = KVS_EBACKEND;
+        snprintf(why, sizeof why, "making the wait fd of %s (epoll) failed: %s%s",
+                 f->device_name, strerror(e),
+                 e == EMFILE || e == ENFILE ? ": raise the open file limit (ulimit -n)" : "");
         goto fail;
     }
     rc = hw_verbs_listen(f, why, sizeof why);

@@ -346,6 +346,11 @@ int hw_verbs_check_conn(hw_verbs_fabric_t *f, kvs_conn_t *conn, const char *op);
 
 int hw_verbs_poll(kvs_fabric_t *fab, kvs_completion_t *out, int max);
 int hw_verbs_wait(hw_verbs_fabric_t *f, int timeout_ms);
+/* The ops table's wait_arm: consumes a pending completion event, arms the
+ * CQ, and gives the epoll fd over both channels and the earliest timer of
+ * a recovering or closing connection (now when poll has something to
+ * report already). */
+int hw_verbs_wait_arm(kvs_fabric_t *fab, int *out_fd, uint64_t *out_wake_ns);
 
 /* ---- the fabric (fabric.c) --------------------------------------------------- */
 
@@ -371,6 +376,7 @@ struct hw_verbs_fabric {
     uint32_t cq_entries;
     bool cq_armed;
     struct rdma_event_channel *ch;
+    int wait_fd;             /* epoll over cc->fd and ch->fd (wait_arm), -1: none */
     struct rdma_cm_id *listener;
     kvs_conn_t *conns;       /* max_conns */
     kvs_mr_t *mrs;           /* max_mrs */

@@ -21,12 +21,21 @@
  * wait(): arms the completion channel, polls once more into a small stash
  * (a completion that arrived before arming raises no event), then sleeps
  * on the completion channel and the rdma_cm channel.
+ *
+ * wait_arm() (the ops slot, for a driver's own sleep): takes a completion
+ * event that already fired (the channel is non-blocking), arms the CQ,
+ * and hands out the fabric's epoll fd over both channels; the caller polls
+ * once more before it sleeps (backend.h), which stands for wait()'s stash.
+ * Its wake time is the earliest timer conn_tick runs (a recovery's
+ * deadline or next reconnect, a close's deadline), or now when poll has
+ * something to report without a new event.
  */
 #include "hw_verbs.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <poll.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -255,27 +264,89 @@ int hw_verbs_poll(kvs_fabric_t *fab, kvs_completion_t *out, int max)
     return n;
 }
 
-int hw_verbs_wait(hw_verbs_fabric_t *f, int timeout_ms)
+/* Whether poll has something to report without a new event: completions
+ * stashed by wait, requests done at the head of a ring (left there when
+ * out was full), a connection's death not told yet. */
+static bool hw_verbs_ready(const hw_verbs_fabric_t *f)
 {
     if (f->nstash > 0)
+        return true;
+    for (uint32_t k = 0; k < f->cfg.max_conns; k++) {
+        const kvs_conn_t *c = &f->conns[k];
+        if (c->sq_used > 0 && c->sq[c->sq_head].state == HW_SQE_DONE)
+            return true;
+        if (hw_verbs_untold_death(c))
+            return true;
+    }
+    return false;
+}
+
+/* Arms the CQ unless it is armed and its event has not fired. */
+static int hw_verbs_arm_cq(hw_verbs_fabric_t *f)
+{
+    if (f->cq_armed)
+        return KVS_OK;
+    int rc = ibv_req_notify_cq(f->cq, 0);
+    if (rc != 0)
+        return kvs_fabric_fail(&f->base, KVS_EBACKEND, rc, "arming the completion queue "
+                               "of %s failed: %s", f->device_name, strerror(rc));
+    f->cq_armed = true;
+    return KVS_OK;
+}
+
+int hw_verbs_wait_arm(kvs_fabric_t *fab, int *out_fd, uint64_t *out_wake_ns)
+{
+    hw_verbs_fabric_t *f = hw_verbs_of(fab);
+    if (out_fd == NULL || out_wake_ns == NULL)
+        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "wait_arm on %s: out_fd and out_wake_ns "
+                               "must not be NULL", f->device_name);
+    /* A fired event keeps the channel readable until it is taken. */
+    struct ibv_cq *cq = NULL;
+    void *ctx = NULL;
+    while (ibv_get_cq_event(f->cc, &cq, &ctx) == 0) {
+        ibv_ack_cq_events(cq, 1);
+        f->cq_armed = false;
+    }
+    int rc = hw_verbs_arm_cq(f);
+    if (rc != KVS_OK)
+        return rc;
+    const uint64_t now = hw_verbs_now_ns(fab);
+    uint64_t wake = hw_verbs_ready(f) ? now : UINT64_MAX;
+    for (uint32_t k = 0; k < f->cfg.max_conns && wake > now; k++) {
+        const kvs_conn_t *c = &f->conns[k];
+        /* the timers of conn_tick, which poll runs */
+        if (c->state == HW_CONN_CLOSING) {
+            if (c->sq_used == 0)
+                wake = now; /* freed at the next tick */
+            else if (c->bye_sent && c->deadline_ns < wake)
+                wake = c->deadline_ns;
+            continue;
+        }
+        if (!c->recovering)
+            continue;
+        if (c->deadline_ns < wake)
+            wake = c->deadline_ns;
+        if (c->state == HW_CONN_RECOVERING && c->active && c->retry_ns < wake)
+            wake = c->retry_ns;
+    }
+    *out_fd = f->wait_fd;
+    *out_wake_ns = wake;
+    return KVS_OK;
+}
+
+int hw_verbs_wait(hw_verbs_fabric_t *f, int timeout_ms)
+{
+    if (hw_verbs_ready(f))
         return KVS_OK;
     for (uint32_t k = 0; k < f->cfg.max_conns; k++) {
         const kvs_conn_t *c = &f->conns[k];
         if (c->state == HW_CONN_RECOVERING || c->state == HW_CONN_CLOSING || c->recovering)
             if (timeout_ms < 0 || timeout_ms > 50)
                 timeout_ms = 50; /* timers of recovery and close run in poll */
-        if (c->sq_used > 0 && c->sq[c->sq_head].state == HW_SQE_DONE)
-            return KVS_OK;
-        if (hw_verbs_untold_death(c))
-            return KVS_OK;
     }
-    if (!f->cq_armed) {
-        int rc = ibv_req_notify_cq(f->cq, 0);
-        if (rc != 0)
-            return kvs_fabric_fail(&f->base, KVS_EBACKEND, rc, "arming the completion queue "
-                                   "of %s failed: %s", f->device_name, strerror(rc));
-        f->cq_armed = true;
-    }
+    int rc = hw_verbs_arm_cq(f);
+    if (rc != KVS_OK)
+        return rc;
     int got = ibv_poll_cq(f->cq, HW_VERBS_STASH, f->stash);
     if (got > 0) {
         f->nstash = got;

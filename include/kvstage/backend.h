@@ -175,11 +175,18 @@ typedef struct kvs_device_ops {
                         const kvs_copy_part_t *parts, int64_t nparts);
     int (*scatter_parts)(kvs_device_t *dev, kvs_stream_t *stream, const kvs_copy_desc_t *desc,
                          const kvs_copy_part_t *parts, int64_t nparts);
+    /* version 3: blocking waits (see "Waiting for completions" below).
+     * Arms the device's completion notification and gives in *out_fd a
+     * file descriptor that becomes readable (POLLIN) when an op enqueued
+     * on any of dev's streams completes after this call. Optional: the
+     * default returns KVS_ENOTSUP (a driver then wakes on a timer). */
+    int (*wait_arm)(kvs_device_t *dev, int *out_fd);
 } kvs_device_ops_t;
 
-/* Version 2 added gather_parts and scatter_parts; tables of version 1 (which
- * end at mem_read) still bind and get the defaults. */
-#define KVS_DEVICE_OPS_VERSION 2u
+/* Version 2 added gather_parts and scatter_parts, version 3 wait_arm;
+ * tables of versions 1 (which end at mem_read) and 2 (at scatter_parts)
+ * still bind and get the defaults. */
+#define KVS_DEVICE_OPS_VERSION 3u
 
 /* The base every device instance embeds first. */
 struct kvs_device {
@@ -248,9 +255,38 @@ typedef struct kvs_fabric_ops {
     /* Returns how many completions it wrote (0..max) or a negative status. */
     int (*poll)(kvs_fabric_t *fab, kvs_completion_t *out, int max);
     uint64_t (*now_ns)(kvs_fabric_t *fab);
+    /* version 2: blocking waits (see "Waiting for completions" below).
+     * Arms the fabric's notification and gives in *out_fd a file
+     * descriptor that becomes readable (POLLIN) when a completion or a
+     * connection event arrives after this call, and in *out_wake_ns the
+     * time (now_ns's clock) by which poll must run again even if the fd
+     * stays quiet (the fabric's own timers: reconnects, close timeouts;
+     * UINT64_MAX: none; now or earlier: something is ready, do not sleep).
+     * Optional: the default returns KVS_ENOTSUP. */
+    int (*wait_arm)(kvs_fabric_t *fab, int *out_fd, uint64_t *out_wake_ns);
 } kvs_fabric_ops_t;
 
-#define KVS_FABRIC_OPS_VERSION 1u
+/* Version 2 added wait_arm; tables of version 1 (which end at now_ns) still
+ * bind and get the default. */
+#define KVS_FABRIC_OPS_VERSION 2u
+
+/*
+ * Waiting for completions (wait_arm, both tables). A loop that must sleep
+ * until a backend has news, instead of spinning on poll and event_query,
+ * follows one rule: arm, then look once more, then sleep.
+ *   1. wait_arm(): from now on any new completion makes the fd readable.
+ *   2. one more poll / event_query (a step of the rank): what completed
+ *      before the arm raised no notification but is found here.
+ *   3. nothing found: poll(2) / epoll the fds until one is readable or the
+ *      earliest deadline (the rank's, the fabric's wake_ns) passes.
+ * The fd belongs to the backend: it stays the same for the instance's life,
+ * the caller must not read, write or close it, and the next wait_arm
+ * consumes its readiness (a readable fd stays readable until then, so a
+ * wake-up is never lost; it may be spurious). wait_arm is called like the
+ * backend's other slots: on a fabric, by the one thread that uses it at a
+ * time. A backend with no such fd (the simulator, test fakes) keeps the
+ * default; a driver then sleeps for a bounded interval at most.
+ */
 
 struct kvs_fabric {
     kvs_fabric_ops_t ops; /* filled copy: optional slots hold defaults */

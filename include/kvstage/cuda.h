@@ -18,6 +18,11 @@
  * synchronous (a write has landed when it returns, so copies queued after
  * it see the bytes) but do not wait for kvstage streams: wait for an event
  * before reading what a copy wrote.
+ *
+ * Waiting (device ops wait_arm, backend.h): the device owns an eventfd that
+ * becomes readable when an event recorded on any of its streams completes
+ * after the last wait_arm (a host function queued after each event writes
+ * it, at most once per arm). wait_arm may be called from any thread.
  */
 #ifndef KVSTAGE_CUDA_H
 #define KVSTAGE_CUDA_H

@@ -22,6 +22,11 @@
  * mem_free waits for every stream to finish its queued ops first (like
  * cudaFree), so no queued op ever reads freed memory; mem_read/mem_write do
  * NOT wait for streams: wait for an event first.
+ *
+ * Waiting (device ops wait_arm, backend.h): the device owns an eventfd that
+ * becomes readable when an op on any of its streams completes after the
+ * last wait_arm; its workers write it at most once per arm. wait_arm may be
+ * called from any thread.
  */
 #ifndef KVSTAGE_HOST_H
 #define KVSTAGE_HOST_H

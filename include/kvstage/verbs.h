@@ -38,6 +38,12 @@
  *   peer (BYE), whose side then fails at once. Other connections are never
  *   touched.
  * - now_ns: CLOCK_MONOTONIC.
+ * - wait_arm: takes a completion event that already fired, arms the
+ *   completion queue and gives one epoll fd, readable when the completion
+ *   channel or the rdma_cm channel is, and as wake time the earliest timer
+ *   of a recovering or closing connection (now when poll has something to
+ *   report already: completions left over when out was full, a connection's
+ *   death). Poll once more after arming before sleeping on it (backend.h).
  *
  * Threads: a fabric is used by one thread at a time (no locks inside);
  * different fabrics are independent.

@@ -9,12 +9,14 @@
  * create succeeds and the tests in the body run: gather/scatter byte for
  * byte against the host backend on random shapes, CUDA errors turned into
  * statuses (device out of memory, unknown frees, bad descriptors), events
- * and streams. Set KVS_EXPECT_GPU=1 where a GPU must be found (the GPU
+ * and streams, and the wait fd readable once an event after wait_arm
+ * completed. Set KVS_EXPECT_GPU=1 where a GPU must be found (the GPU
  * check script does): a failed create then fails the test.
  */
 #include <kvstage/cuda.h>
 #include <kvstage/host.h>
 
+#include <poll.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -142,6 +144,18 @@ static void test_cuda_device_matches_host_backend(void **state)
     kvs_cuda_device_destroy(c);
 }
 
+/* A gather or scatter of one 4-token page of one 8-element head, one
+ * layer, into a one-slot staging block at staging. */
+static kvs_copy_desc_t one_page(const uint64_t *kb, const uint64_t *vb, const int64_t *pages,
+                                uint64_t staging)
+{
+    return (kvs_copy_desc_t){.k_base = kb, .v_base = vb, .local_heads = 1, .head_dim = 8,
+                             .elem_bytes = 2, .page_size = 4, .pages = pages, .num_pages = 1,
+                             .tokens = 4, .head_start = 0, .num_heads = 1, .layer_begin = 0,
+                             .layer_count = 1, .staging_slot_begin = 0,
+                             .staging_layer_slots = 1, .staging_addr = staging};
+}
+
 static void test_cuda_device_errors_become_statuses(void **state)
 {
     kvs_error_t err;
@@ -170,11 +184,7 @@ static void test_cuda_device_errors_become_statuses(void **state)
     /* A descriptor outside live memory never reaches the GPU. */
     const uint64_t kb[1] = {a}, vb[1] = {a + (1ull << 40)};
     const int64_t pages[1] = {0};
-    kvs_copy_desc_t desc = {.k_base = kb, .v_base = vb, .local_heads = 1, .head_dim = 8,
-                            .elem_bytes = 2, .page_size = 4, .pages = pages, .num_pages = 1,
-                            .tokens = 4, .head_start = 0, .num_heads = 1,
-                            .layer_begin = 0, .layer_count = 1, .staging_slot_begin = 0,
-                            .staging_layer_slots = 1, .staging_addr = a + 1024};
+    kvs_copy_desc_t desc = one_page(kb, vb, pages, a + 1024);
     assert_int_equal(d->ops.gather(d, s, &desc), KVS_ERANGE);
     assert_non_null(strstr(d->last_backend_msg, "V buffer of local layer 0"));
     const uint64_t vb_ok[1] = {a + 2048};
@@ -196,6 +206,45 @@ static void test_cuda_device_errors_become_statuses(void **state)
     kvs_cuda_device_destroy(c);
 }
 
+static void test_cuda_device_wait_fd_signals_events(void **state)
+{
+    kvs_error_t err;
+    kvs_cuda_device_t *c = open_gpu(&err);
+    if (c == NULL) {
+        skip();
+        return;
+    }
+    kvs_device_t *d = kvs_cuda_device(c);
+    uint64_t a = 0;
+    assert_int_equal(d->ops.mem_alloc(d, 1u << 20, &a), KVS_OK);
+    kvs_stream_t *s = NULL;
+    assert_int_equal(d->ops.stream_create(d, &s), KVS_OK);
+    const uint64_t kb[1] = {a}, vb[1] = {a + (256u << 10)};
+    const int64_t pages[1] = {0};
+    const kvs_copy_desc_t desc = one_page(kb, vb, pages, a + (512u << 10));
+    int fd = -1;
+    assert_int_equal(d->ops.wait_arm(d, NULL), KVS_EINVAL);
+    assert_int_equal(d->ops.wait_arm(d, &fd), KVS_OK);
+    assert_true(fd >= 0);
+    /* Armed: the event's completion makes the fd readable (bounded: a lost
+     * wake-up fails instead of hanging), and the event is complete then. */
+    assert_int_equal(d->ops.gather(d, s, &desc), KVS_OK);
+    kvs_event_t *ev = NULL;
+    assert_int_equal(d->ops.event_record(d, s, &ev), KVS_OK);
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    assert_int_equal(poll(&pfd, 1, 60000), 1);
+    assert_int_equal(d->ops.event_query(d, ev), KVS_OK);
+    d->ops.event_destroy(d, ev);
+    /* The next arm consumes it; with nothing queued it stays quiet. */
+    int again = -1;
+    assert_int_equal(d->ops.wait_arm(d, &again), KVS_OK);
+    assert_int_equal(again, fd);
+    assert_int_equal(kvs_cuda_stream_sync(d, s), KVS_OK);
+    assert_int_equal(poll(&pfd, 1, 0), 0);
+    d->ops.stream_destroy(d, s);
+    kvs_cuda_device_destroy(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -203,6 +252,7 @@ int main(void)
         cmocka_unit_test(test_cuda_device_foreign_device_is_refused),
         cmocka_unit_test(test_cuda_device_matches_host_backend),
         cmocka_unit_test(test_cuda_device_errors_become_statuses),
+        cmocka_unit_test(test_cuda_device_wait_fd_signals_events),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

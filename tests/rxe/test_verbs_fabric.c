@@ -8,15 +8,19 @@
  * once the fabric has replaced the failed queue pairs, other connections
  * never notice), lose peers (disconnect, destroyed) and fail in bounded
  * time, refuse bad port/GID/address settings with a message naming what
- * to change, and say why they chose their device (by name, the first
- * usable one, or the closest to a PCI bus id of this machine's sysfs).
+ * to change, say why they chose their device (by name, the first
+ * usable one, or the closest to a PCI bus id of this machine's sysfs), and
+ * let a loop sleep on the fd of wait_arm: quiet while nothing happens,
+ * readable when a message arrives.
  *
  * Without a device: exits 77 (ctest skip) saying so, unless
  * KVS_RXE_REQUIRED=1 (the VM, CI), where that is a failure. Every wait is
  * bounded (KVS_TEST_WAIT_S, default 60 s): a hang fails the test.
  */
 #include <dirent.h>
+#include <poll.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -820,6 +824,68 @@ static void test_verbs_fabric_wait_wakes_on_a_message(void **state)
     pair_close(&p);
 }
 
+/* Arms a's wait fd, polls once more (backend.h: arm, look, then sleep) and
+ * sleeps on the fd for at most timeout_ms. Returns whether the fd woke it;
+ * *wake_ns gets the fabric's wake time. */
+static bool arm_and_sleep(pair_t *p, int timeout_ms, uint64_t *wake_ns)
+{
+    int fd = -1;
+    assert_int_equal(p->a.fab->ops.wait_arm(p->a.fab, &fd, wake_ns), KVS_OK);
+    assert_true(fd >= 0);
+    ep_pump(&p->a);
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    const int r = poll(&pfd, 1, timeout_ms);
+    assert_true(r >= 0);
+    return r > 0;
+}
+
+static void test_verbs_fabric_wait_arm_fd_wakes_on_a_message_not_idle(void **state)
+{
+    kvs_verbs_config_t cfg;
+    cfg_default(&cfg);
+    pair_t p;
+    pair_open(&p, &cfg);
+    /* 200 ms with nothing sent: the fd wakes a handful of times at most
+     * (connection events left from the set-up, an old completion event),
+     * not once per poll. Counted, not timed. */
+    const uint64_t until = now_ns() + 200000000u;
+    int wakes = 0, sleeps = 0;
+    uint64_t wake_ns = 0;
+    while (now_ns() < until) {
+        const int left_ms = (int)((until - now_ns()) / 1000000u) + 1;
+        wakes += arm_and_sleep(&p, left_ms, &wake_ns);
+        sleeps++;
+    }
+    if (wakes > 5 || sleeps > 6)
+        fail_msg("idle for 200 ms, the wait fd woke %d times in %d sleeps: it spins", wakes,
+                 sleeps);
+    assert_int_equal(wake_ns, UINT64_MAX); /* no timer of its own */
+    p.a.n = 0;
+    /* A message arrives: the armed fd wakes (bounded, so a lost wake-up
+     * fails instead of hanging) and poll has it. */
+    int fd = -1;
+    assert_int_equal(p.a.fab->ops.wait_arm(p.a.fab, &fd, &wake_ns), KVS_OK);
+    ep_pump(&p.a);
+    assert_int_equal(p.a.n, 0);
+    assert_int_equal(p.b.fab->ops.send(p.b.fab, p.ab, "wake", 4, 6), KVS_OK);
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    assert_int_equal(poll(&pfd, 1, 60000), 1);
+    kvs_completion_t c = take(&p, &p.a, KVS_COMPLETION_RECV, p.ba);
+    assert_int_equal(c.len_bytes, 4);
+    assert_memory_equal(c.msg, "wake", 4);
+    /* Re-armed after the take: quiet again. */
+    assert_int_equal(p.a.fab->ops.wait_arm(p.a.fab, &fd, &wake_ns), KVS_OK);
+    ep_pump(&p.a);
+    assert_int_equal(p.a.n, 0);
+    /* The fd stays the same; NULL out-pointers are refused. */
+    int again = -1;
+    assert_int_equal(p.a.fab->ops.wait_arm(p.a.fab, &again, &wake_ns), KVS_OK);
+    assert_int_equal(again, fd);
+    assert_int_equal(p.a.fab->ops.wait_arm(p.a.fab, NULL, &wake_ns), KVS_EINVAL);
+    assert_non_null(strstr(p.a.fab->last_backend_msg, "must not be NULL"));
+    pair_close(&p);
+}
+
 /* Without a device: skip (77), or fail where one is required. */
 static void require_device(void)
 {
@@ -866,6 +932,7 @@ int main(void)
         cmocka_unit_test(test_verbs_fabric_device_choice_says_why),
         cmocka_unit_test(test_verbs_fabric_registration_asks_the_dmabuf_exporter),
         cmocka_unit_test(test_verbs_fabric_wait_wakes_on_a_message),
+        cmocka_unit_test(test_verbs_fabric_wait_arm_fd_wakes_on_a_message_not_idle),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
