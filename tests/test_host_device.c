@@ -719,6 +719,64 @@ static void test_host_device_wait_fd_signals_completions(void **state)
     fx_close(&f);
 }
 
+/* An engine's KV pool (memory the application allocated) gathered from
+ * once attached, refused before and after, never freed by the device:
+ * not by mem_free, not when the device is destroyed with it attached. */
+static void test_host_device_attached_memory(void **state)
+{
+    (void)state;
+    fx_t f;
+    fx_open(&f, NULL);
+    enum { PS = 4, HEADS = 2, DIM = 4, ELEM = 2, PAGES = 3 };
+    const uint64_t page_bytes = PS * HEADS * DIM * ELEM, layer = PAGES * page_bytes;
+    uint8_t *kv = malloc(2 * layer); /* K then V of one layer */
+    assert_non_null(kv);
+    for (uint64_t i = 0; i < 2 * layer; i++)
+        kv[i] = (uint8_t)(i * 7 + 3);
+    const uint64_t k = (uint64_t)(uintptr_t)kv, v = k + layer;
+    const int64_t pages[] = {1};
+    const uint64_t stg = dev_alloc(&f, 2 * page_bytes);
+    kvs_copy_desc_t d = {.k_base = &k, .v_base = &v, .local_heads = HEADS, .head_dim = DIM,
+                         .elem_bytes = ELEM, .page_size = PS, .pages = pages, .num_pages = 1,
+                         .tokens = PS, .head_start = 0, .num_heads = HEADS,
+                         .layer_begin = 0, .layer_count = 1, .staging_slot_begin = 0,
+                         .staging_layer_slots = 1, .staging_addr = stg};
+    /* Not attached: the copy is refused before it runs. */
+    assert_int_not_equal(f.dev->ops.gather(f.dev, f.s, &d), KVS_OK);
+
+    kvs_error_t err;
+    assert_int_equal(kvs_host_mem_attach(f.dev, kv, 2 * layer, &err), KVS_OK);
+    assert_int_equal(f.dev->ops.gather(f.dev, f.s, &d), KVS_OK);
+    drain(&f);
+    const uint8_t *out = host_of(&f, stg, 2 * page_bytes);
+    assert_memory_equal(out, kv + page_bytes, page_bytes);                 /* K page 1 */
+    assert_memory_equal(out + page_bytes, kv + layer + page_bytes, page_bytes); /* V */
+    assert_ptr_equal(kvs_host_ptr(f.dev, k + 5, 10), kv + 5);
+
+    /* Refusals name what to do, and change nothing. */
+    assert_int_equal(kvs_host_mem_attach(f.dev, kv + 8, 16, &err), KVS_EINVAL);
+    assert_non_null(strstr(err.msg, "overlaps the live attached range"));
+    assert_int_equal(kvs_host_mem_attach(f.dev, kv, 0, &err), KVS_EINVAL);
+    assert_int_equal(f.dev->ops.mem_free(f.dev, k), KVS_EINVAL);
+    assert_non_null(strstr(f.dev->last_backend_msg, "detach it instead"));
+    assert_int_equal(kvs_host_mem_detach(f.dev, kv + 1, &err), KVS_ENOENT);
+    assert_non_null(strstr(err.msg, "is not the start of an attached range"));
+    assert_int_equal(kvs_host_mem_detach(f.dev, (void *)(uintptr_t)stg, &err), KVS_ENOENT);
+    assert_int_equal(kvs_host_mem_attach(NULL, kv, 1, &err), KVS_EINVAL);
+    assert_non_null(strstr(err.msg, "not a host device"));
+
+    /* Detached: copies refuse it again. */
+    assert_int_equal(kvs_host_mem_detach(f.dev, kv, &err), KVS_OK);
+    assert_int_not_equal(f.dev->ops.gather(f.dev, f.s, &d), KVS_OK);
+    assert_null(kvs_host_ptr(f.dev, k, 1));
+
+    /* Attached at destroy: the device leaves it to its owner. */
+    assert_int_equal(kvs_host_mem_attach(f.dev, kv, 2 * layer, NULL), KVS_OK);
+    fx_close(&f);
+    memset(kv, 0, 2 * layer); /* still ours, still mapped */
+    free(kv);
+}
+
 static void test_host_device_mem_free_drains_streams(void **state)
 {
     fx_t f;
@@ -930,6 +988,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_host_device_create_arguments),
+        cmocka_unit_test(test_host_device_attached_memory),
         cmocka_unit_test(test_host_device_memory_alloc_free_bounds),
         cmocka_unit_test(test_host_device_gather_scatter_fixed_shapes),
         cmocka_unit_test(test_host_device_gather_scatter_random_shapes),

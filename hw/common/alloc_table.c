@@ -88,8 +88,61 @@ int hw_alloc_table_remove(hw_alloc_table_t *t, kvs_device_t *dev, uint64_t addr,
                                "mem_free on %s: 0x%llx is not the start of a live allocation "
                                "(never allocated or already freed)",
                                dev->name, (unsigned long long)addr);
+    if (t->entries[i - 1].attached)
+        return kvs_device_fail(dev, KVS_EINVAL, EINVAL,
+                               "mem_free on %s: 0x%llx is the application's memory, attached, "
+                               "not allocated by the device: detach it instead",
+                               dev->name, (unsigned long long)addr);
     *out = t->entries[i - 1];
     memmove(&t->entries[i - 1], &t->entries[i], (size_t)(t->count - i) * sizeof *out);
+    t->count--;
+    return KVS_OK;
+}
+
+int hw_alloc_table_attach(hw_alloc_table_t *t, kvs_device_t *dev, const char *what,
+                          uint64_t addr, uint64_t len_bytes)
+{
+    if (len_bytes == 0 || addr == 0 || len_bytes > UINT64_MAX - addr)
+        return kvs_device_fail(dev, KVS_EINVAL, EINVAL,
+                               "%s on %s: [0x%llx, +%llu) is not a memory range: give a "
+                               "non-NULL address and a length > 0 that stays in the address "
+                               "space",
+                               what, dev->name, (unsigned long long)addr,
+                               (unsigned long long)len_bytes);
+    uint32_t i = hw_alloc_table_upper(t, addr);
+    const hw_alloc_t *clash = NULL;
+    if (i > 0 && t->entries[i - 1].addr + t->entries[i - 1].len_bytes > addr)
+        clash = &t->entries[i - 1];
+    else if (i < t->count && addr + len_bytes > t->entries[i].addr)
+        clash = &t->entries[i];
+    if (clash != NULL)
+        return kvs_device_fail(dev, KVS_EINVAL, EEXIST,
+                               "%s on %s: [0x%llx, +%llu) overlaps the live %s [0x%llx, +%llu); "
+                               "attach each range once (merge overlapping tensors' ranges)",
+                               what, dev->name, (unsigned long long)addr,
+                               (unsigned long long)len_bytes,
+                               clash->attached ? "attached range" : "device allocation",
+                               (unsigned long long)clash->addr,
+                               (unsigned long long)clash->len_bytes);
+    int rc = hw_alloc_table_room(t, dev);
+    if (rc != KVS_OK)
+        return rc;
+    hw_alloc_t a = {.addr = addr, .len_bytes = len_bytes, .attached = true};
+    hw_alloc_table_insert(t, &a);
+    return KVS_OK;
+}
+
+int hw_alloc_table_detach(hw_alloc_table_t *t, kvs_device_t *dev, const char *what,
+                          uint64_t addr)
+{
+    uint32_t i = hw_alloc_table_upper(t, addr);
+    if (i == 0 || t->entries[i - 1].addr != addr || !t->entries[i - 1].attached)
+        return kvs_device_fail(dev, KVS_ENOENT, ENOENT,
+                               "%s on %s: 0x%llx is not the start of an attached range "
+                               "(never attached, already detached, or device memory: free "
+                               "that with mem_free)",
+                               what, dev->name, (unsigned long long)addr);
+    memmove(&t->entries[i - 1], &t->entries[i], (size_t)(t->count - i) * sizeof t->entries[0]);
     t->count--;
     return KVS_OK;
 }

@@ -28,6 +28,8 @@ typedef struct hw_alloc {
     uint64_t len_bytes;  /* as requested, > 0 */
     void *base;          /* what the backend frees (may lie below addr) */
     uint64_t base_bytes; /* its length, where the free call needs one */
+    bool attached;       /* the application's memory (hw_alloc_table_attach):
+                            copies may touch it, the backend never frees it */
 } hw_alloc_t;
 
 typedef struct hw_alloc_table {
@@ -69,5 +71,19 @@ bool hw_alloc_table_holds(void *ctx, uint64_t addr, uint64_t len_bytes);
  * returns it. */
 int hw_alloc_table_remove(hw_alloc_table_t *t, kvs_device_t *dev, uint64_t addr,
                           hw_alloc_t *out);
+
+/* Adds the application's memory [addr, addr + len_bytes) (an engine's KV
+ * pool) as an attached entry, so copies may name it. Records on dev and
+ * returns KVS_EINVAL for len 0 or a range past the address space,
+ * KVS_EINVAL naming the live entry it overlaps, KVS_EFULL when the table
+ * is full (hw_alloc_table_room). what names the caller ("kvs_host_mem_attach"). */
+int hw_alloc_table_attach(hw_alloc_table_t *t, kvs_device_t *dev, const char *what,
+                          uint64_t addr, uint64_t len_bytes);
+
+/* Takes the attached entry starting at addr out of the table. Records on
+ * dev and returns KVS_ENOENT when addr starts no attached entry (or starts
+ * memory the device allocated: free that with mem_free). */
+int hw_alloc_table_detach(hw_alloc_table_t *t, kvs_device_t *dev, const char *what,
+                          uint64_t addr);
 
 #endif

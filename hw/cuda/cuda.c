@@ -473,6 +473,63 @@ void *kvs_cuda_stream_handle(kvs_device_t *dev, kvs_stream_t *stream)
     return h;
 }
 
+/* Copies the detail dev recorded into err (may be NULL); returns rc. */
+static int hw_cuda_report(kvs_device_t *dev, int rc, kvs_error_t *err)
+{
+    if (rc != KVS_OK)
+        (void)kvs_error_set(err, rc, dev->last_backend_code, __FILE__, __LINE__, "%s",
+                            dev->last_backend_msg);
+    return rc;
+}
+
+int kvs_cuda_mem_attach(kvs_device_t *dev, uint64_t addr, uint64_t len_bytes,
+                        kvs_error_t *err)
+{
+    kvs_cuda_device_t *c = kvs_cuda_device_from(dev);
+    if (c == NULL)
+        return kvs_error_set(err, KVS_EINVAL, 0, __FILE__, __LINE__,
+                             "kvs_cuda_mem_attach: dev is not a CUDA device: attach to the "
+                             "device the rank runs on");
+    int rc = hw_cuda_enter(c);
+    if (rc != KVS_OK)
+        return hw_cuda_report(dev, rc, err);
+    /* Only this GPU's memory: the kernels run on it. */
+    struct cudaPointerAttributes at;
+    cudaError_t e = cudaPointerGetAttributes(&at, (const void *)(uintptr_t)addr);
+    if (e != cudaSuccess || at.type != cudaMemoryTypeDevice || at.device != c->ordinal) {
+        (void)cudaGetLastError(); /* not sticky: clear it */
+        rc = kvs_device_fail(dev, KVS_EINVAL, e != cudaSuccess ? (int)e : EINVAL,
+                             "kvs_cuda_mem_attach on %s: 0x%llx is not memory of GPU %d "
+                             "(%s): give the KV pool's tensors on cuda:%d",
+                             c->name, (unsigned long long)addr, c->ordinal,
+                             e != cudaSuccess ? cudaGetErrorString(e)
+                             : at.type == cudaMemoryTypeDevice ? "it is another GPU's"
+                                                                : "it is host memory",
+                             c->ordinal);
+    } else {
+        rc = hw_alloc_table_attach(&c->allocs, dev, "kvs_cuda_mem_attach", addr, len_bytes);
+    }
+    hw_cuda_leave(c);
+    return hw_cuda_report(dev, rc, err);
+}
+
+int kvs_cuda_mem_detach(kvs_device_t *dev, uint64_t addr, kvs_error_t *err)
+{
+    kvs_cuda_device_t *c = kvs_cuda_device_from(dev);
+    if (c == NULL)
+        return kvs_error_set(err, KVS_EINVAL, 0, __FILE__, __LINE__,
+                             "kvs_cuda_mem_detach: dev is not a CUDA device");
+    int rc = hw_cuda_enter(c);
+    if (rc != KVS_OK)
+        return hw_cuda_report(dev, rc, err);
+    rc = hw_alloc_table_detach(&c->allocs, dev, "kvs_cuda_mem_detach", addr);
+    /* Like cudaFree: no queued kernel touches it when this returns. */
+    if (rc == KVS_OK)
+        rc = HW_CUDA_TRY(c, cudaDeviceSynchronize(), HW_CUDA_FIX_STICKY);
+    hw_cuda_leave(c);
+    return hw_cuda_report(dev, rc, err);
+}
+
 int kvs_cuda_stream_sync(kvs_device_t *dev, kvs_stream_t *stream)
 {
     kvs_cuda_device_t *c = kvs_cuda_device_from(dev);
@@ -806,7 +863,8 @@ void kvs_cuda_device_destroy(kvs_cuda_device_t *c)
         if (c->events[i].created)
             (void)HW_CUDA_TRY(c, cudaEventDestroy(c->events[i].ev), HW_CUDA_FIX_STICKY);
     for (uint32_t i = 0; i < c->allocs.count; i++)
-        (void)HW_CUDA_TRY(c, cudaFree(c->allocs.entries[i].base), HW_CUDA_FIX_STICKY);
+        if (!c->allocs.entries[i].attached) /* the application's stays */
+            (void)HW_CUDA_TRY(c, cudaFree(c->allocs.entries[i].base), HW_CUDA_FIX_STICKY);
     pthread_mutex_unlock(&c->mu);
     pthread_mutex_destroy(&c->mu);
     hw_wait_fd_fini(&c->wait); /* after the synchronize: no host function is left */

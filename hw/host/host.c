@@ -252,6 +252,46 @@ static int hw_host_mem_read(kvs_device_t *dev, uint64_t addr, void *dst, uint64_
     return hw_host_mem_copy(dev, addr, dst, len_bytes, false);
 }
 
+/* Copies the detail dev recorded into err (may be NULL); returns rc. */
+static int hw_host_report(kvs_device_t *dev, int rc, kvs_error_t *err)
+{
+    if (rc != KVS_OK)
+        (void)kvs_error_set(err, rc, dev->last_backend_code, __FILE__, __LINE__, "%s",
+                            dev->last_backend_msg);
+    return rc;
+}
+
+int kvs_host_mem_attach(kvs_device_t *dev, const void *ptr, uint64_t len_bytes,
+                        kvs_error_t *err)
+{
+    kvs_host_device_t *h = kvs_host_device_from(dev);
+    if (h == NULL)
+        return kvs_error_set(err, KVS_EINVAL, 0, __FILE__, __LINE__,
+                             "kvs_host_mem_attach: dev is not a host device: attach to the "
+                             "device the rank runs on");
+    pthread_mutex_lock(&h->mu);
+    int rc = hw_alloc_table_attach(&h->allocs, dev, "kvs_host_mem_attach",
+                                   (uint64_t)(uintptr_t)ptr, len_bytes);
+    pthread_mutex_unlock(&h->mu);
+    return hw_host_report(dev, rc, err);
+}
+
+int kvs_host_mem_detach(kvs_device_t *dev, const void *ptr, kvs_error_t *err)
+{
+    kvs_host_device_t *h = kvs_host_device_from(dev);
+    if (h == NULL)
+        return kvs_error_set(err, KVS_EINVAL, 0, __FILE__, __LINE__,
+                             "kvs_host_mem_detach: dev is not a host device");
+    pthread_mutex_lock(&h->mu);
+    int rc = hw_alloc_table_detach(&h->allocs, dev, "kvs_host_mem_detach",
+                                   (uint64_t)(uintptr_t)ptr);
+    /* Like mem_free: no queued op may still touch it when this returns. */
+    if (rc == KVS_OK)
+        hw_host_drain_all(h);
+    pthread_mutex_unlock(&h->mu);
+    return hw_host_report(dev, rc, err);
+}
+
 void *kvs_host_ptr(kvs_device_t *dev, uint64_t addr, uint64_t len_bytes)
 {
     kvs_host_device_t *h = kvs_host_device_from(dev);
@@ -868,7 +908,8 @@ void kvs_host_device_destroy(kvs_host_device_t *h)
         if (h->streams[i].live)
             hw_host_stream_stop(&h->streams[i]);
     for (uint32_t i = 0; i < h->allocs.count; i++)
-        munmap(h->allocs.entries[i].base, (size_t)h->allocs.entries[i].base_bytes);
+        if (!h->allocs.entries[i].attached) /* the application's stays */
+            munmap(h->allocs.entries[i].base, (size_t)h->allocs.entries[i].base_bytes);
     pthread_mutex_unlock(&h->mu);
     pthread_mutex_destroy(&h->mu);
     hw_wait_fd_fini(&h->wait); /* every worker has been joined: none signals */

@@ -56,6 +56,18 @@ KVS_API kvs_device_t *kvs_cuda_device(kvs_cuda_device_t *cuda);
 /* The CUDA device behind dev, or NULL when dev is another backend's. */
 KVS_API kvs_cuda_device_t *kvs_cuda_device_from(kvs_device_t *dev);
 
+/* The application's GPU memory (an engine's KV pool: torch CUDA tensors)
+ * made usable by the device's kernels: [addr, addr + len_bytes) must be
+ * memory of this device's GPU (cudaPointerGetAttributes says so) and
+ * overlap no live range. The device never frees it; the caller keeps it
+ * alive and detaches it before freeing it or destroying the device.
+ * KVS_EINVAL naming what is wrong, KVS_EFULL past max_allocs. */
+KVS_API int kvs_cuda_mem_attach(kvs_device_t *dev, uint64_t addr, uint64_t len_bytes,
+                                kvs_error_t *err);
+/* Removes an attached range after the GPU finished every queued kernel.
+ * KVS_ENOENT when addr starts no attached range. */
+KVS_API int kvs_cuda_mem_detach(kvs_device_t *dev, uint64_t addr, kvs_error_t *err);
+
 /* The cudaStream_t of a stream of dev (for timing or interop), or NULL. */
 KVS_API void *kvs_cuda_stream_handle(kvs_device_t *dev, kvs_stream_t *stream);
 /* Blocks until every op enqueued on stream so far has run. */

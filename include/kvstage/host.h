@@ -66,6 +66,20 @@ KVS_API kvs_device_t *kvs_host_device(kvs_host_device_t *host);
 /* The host device behind dev, or NULL when dev is another backend's. */
 KVS_API kvs_host_device_t *kvs_host_device_from(kvs_device_t *dev);
 
+/* The application's own memory (an engine's KV pool: torch or numpy
+ * arrays) made usable by the device's copies: [ptr, ptr + len_bytes) is
+ * added to the ranges gathers and scatters may touch (its device address
+ * is ptr itself). The device never frees it; the caller keeps it alive and
+ * detaches it (kvs_host_mem_detach) before freeing it or destroying the
+ * device. KVS_EINVAL when the range is empty, NULL or overlaps a live range
+ * (attach each range once: merge overlapping arrays' ranges first), KVS_EFULL
+ * past max_allocs; err (may be NULL) and the device say which. */
+KVS_API int kvs_host_mem_attach(kvs_device_t *dev, const void *ptr, uint64_t len_bytes,
+                                kvs_error_t *err);
+/* Removes a range kvs_host_mem_attach added, waiting for queued copies that
+ * may still touch it. KVS_ENOENT when ptr starts no attached range. */
+KVS_API int kvs_host_mem_detach(kvs_device_t *dev, const void *ptr, kvs_error_t *err);
+
 /* Host pointer of [addr, addr + len_bytes) when it lies inside one live
  * allocation of dev, else NULL. Valid until that allocation is freed. */
 KVS_API void *kvs_host_ptr(kvs_device_t *dev, uint64_t addr, uint64_t len_bytes);
