@@ -9,7 +9,9 @@ library only).
 
 plan() lays out one chunk (the layout planner); simulate() runs one
 deterministic simulated scenario (the engine behind `kvstage sim`); both
-return plain dicts. A failure raises KvstageError with the library's
+return plain dicts. Rank is one rank of a serving engine over its own KV
+buffers (torch tensors or numpy arrays) on real hardware: the host or CUDA
+device and the verbs fabric (see kvstage._rank and docs/embedding.md). A failure raises KvstageError with the library's
 status code, its name and a message naming the argument to change.
 
 The library (libkvstage_sim.so, which brings libkvstage.so) is loaded on
@@ -22,7 +24,8 @@ from ._errors import KvstageError, status_name, strerror
 from ._library import path as library_path
 from ._models import models
 from ._plan import plan
+from ._rank import Rank, RoomResult, RoomState
 from ._simulate import simulate
 
-__all__ = ["KvstageError", "library_path", "models", "plan", "simulate",
-           "status_name", "strerror"]
+__all__ = ["KvstageError", "Rank", "RoomResult", "RoomState", "library_path", "models",
+           "plan", "simulate", "status_name", "strerror"]

@@ -1,5 +1,7 @@
 """_library.py - finds and loads libkvstage_sim (which brings libkvstage with
-it) and declares the C prototypes the package calls.
+it) and declares the C prototypes the package calls; and, for kvstage.Rank,
+the backends' libraries libkvstage_hw (host device, driver, verbs fabric)
+and libkvstage_cuda (CUDA device), looked for next to libkvstage_sim first.
 
 Search order, first hit wins:
   1. $KVSTAGE_LIBRARY: the path of libkvstage_sim.so, or the folder holding
@@ -10,6 +12,9 @@ Search order, first hit wins:
   3. The system's loader path (ctypes.util.find_library, ld.so.cache,
      LD_LIBRARY_PATH).
 The library is loaded on first use, so `import kvstage` never fails.
+The backends' libraries: $KVSTAGE_HW_LIBRARY / $KVSTAGE_CUDA_LIBRARY (the
+file or its folder), else the folder libkvstage_sim came from, else the
+places above.
 """
 
 import ctypes
@@ -95,6 +100,21 @@ def _declare(lib):
         "kvs_model_at": (c.POINTER(S.Model), [c.c_size_t]),
         "kvs_sim_run": (c.c_int, [c.POINTER(S.SimConfig), c.POINTER(S.SimReport),
                                   c.POINTER(S.Error)]),
+        "kvs_dtype_bytes": (c.c_int64, [c.c_int]),
+        "kvs_room_state_name": (c.c_char_p, [c.c_int]),
+        "kvs_rank_create": (c.c_int, [c.POINTER(S.RankConfig), c.c_void_p, c.c_void_p,
+                                      c.POINTER(c.c_void_p), c.POINTER(S.Error)]),
+        "kvs_rank_destroy": (None, [c.c_void_p]),
+        "kvs_rank_last_error": (c.POINTER(S.Error), [c.c_void_p]),
+        "kvs_rank_add_instance": (c.c_int, [c.c_void_p, c.POINTER(S.InstanceDesc)]),
+        "kvs_rank_connect": (c.c_int, [c.c_void_p, S.Peer]),
+        "kvs_rank_open_room": (c.c_int, [c.c_void_p, c.POINTER(S.RoomDesc)]),
+        "kvs_rank_set_aux": (c.c_int, [c.c_void_p, c.c_uint64, c.c_void_p, c.c_uint32]),
+        "kvs_rank_computed": (c.c_int, [c.c_void_p, c.c_uint64, c.c_int64, c.c_bool]),
+        "kvs_rank_room_state": (c.c_int, [c.c_void_p, c.c_uint64, c.POINTER(c.c_int)]),
+        "kvs_rank_abort": (c.c_int, [c.c_void_p, c.c_uint64]),
+        "kvs_rank_stats": (None, [c.c_void_p, c.POINTER(S.HandlerStats)]),
+        "kvs_rank_peers_ready": (c.c_int64, [c.c_void_p]),
     }
     for name, (restype, argtypes) in protos.items():
         fn = getattr(lib, name)
@@ -125,3 +145,104 @@ def path():
     """What was loaded: a file path, or the name the system loader found."""
     load()
     return _loaded[1]
+
+
+# ---- the backends' libraries (kvstage.Rank) ---------------------------------
+
+HW = {"hw": ("KVSTAGE_HW_LIBRARY", "kvstage_hw", ("libkvstage_hw.so", "libkvstage_hw.so.0"),
+             "the host device, the driver and the verbs fabric"),
+      "cuda": ("KVSTAGE_CUDA_LIBRARY", "kvstage_cuda",
+               ("libkvstage_cuda.so", "libkvstage_cuda.so.0"), "the CUDA device")}
+_backends = {}
+
+
+def _declare_hw(lib, which):
+    c = ctypes
+    err = c.POINTER(S.Error)
+    if which == "cuda":
+        protos = {
+            "kvs_cuda_device_create": (c.c_int, [c.POINTER(S.CudaConfig),
+                                                 c.POINTER(c.c_void_p), err]),
+            "kvs_cuda_device_destroy": (None, [c.c_void_p]),
+            "kvs_cuda_device": (c.c_void_p, [c.c_void_p]),
+            "kvs_cuda_mem_attach": (c.c_int, [c.c_void_p, c.c_uint64, c.c_uint64, err]),
+            "kvs_cuda_mem_detach": (c.c_int, [c.c_void_p, c.c_uint64, err]),
+        }
+    else:
+        protos = {
+            "kvs_host_device_create": (c.c_int, [c.POINTER(S.HostConfig),
+                                                 c.POINTER(c.c_void_p), err]),
+            "kvs_host_device_destroy": (None, [c.c_void_p]),
+            "kvs_host_device": (c.c_void_p, [c.c_void_p]),
+            "kvs_host_mem_attach": (c.c_int, [c.c_void_p, c.c_void_p, c.c_uint64, err]),
+            "kvs_host_mem_detach": (c.c_int, [c.c_void_p, c.c_void_p, err]),
+            "kvs_driver_create": (c.c_int, [c.POINTER(S.DriverConfig),
+                                            c.POINTER(c.c_void_p), err]),
+            "kvs_driver_destroy": (None, [c.c_void_p]),
+            "kvs_driver_start": (c.c_int, [c.c_void_p]),
+            "kvs_driver_stop": (c.c_int, [c.c_void_p]),
+            "kvs_driver_running": (c.c_bool, [c.c_void_p]),
+            "kvs_driver_progress": (c.c_int, [c.c_void_p]),
+            "kvs_driver_wait": (c.c_int, [c.c_void_p, c.c_uint64]),
+            "kvs_driver_wake": (None, [c.c_void_p]),
+            "kvs_driver_last_error": (err, [c.c_void_p]),
+            "kvs_driver_rank_error": (c.c_int, [c.c_void_p, err]),
+            "kvs_driver_stats": (None, [c.c_void_p, c.POINTER(S.DriverStats)]),
+        }
+        if hasattr(lib, "kvs_verbs_fabric_create"):
+            protos.update({
+                "kvs_verbs_config_init": (None, [c.POINTER(S.VerbsConfig)]),
+                "kvs_verbs_fabric_create": (c.c_int, [c.POINTER(S.VerbsConfig),
+                                                      c.POINTER(c.c_void_p), err]),
+                "kvs_verbs_fabric_destroy": (c.c_int, [c.c_void_p]),
+                "kvs_verbs_fabric_info": (c.c_int, [c.c_void_p, c.POINTER(S.VerbsInfo)]),
+            })
+    for name, (restype, argtypes) in protos.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+
+
+def load_backend(which):
+    """libkvstage_hw ("hw") or libkvstage_cuda ("cuda"), loaded once; OSError
+    naming where it looked and what to set when it does not load."""
+    env, name, files, what = HW[which]
+    core = load()
+    with _lock:
+        if which in _backends:
+            return _backends[which]
+        value = os.environ.get(env)
+        tried = []
+        if value:
+            if os.path.isdir(value):
+                cands = [os.path.join(value, f) for f in files]
+            else:
+                cands = [value]
+        else:
+            folders = []
+            if os.path.sep in _loaded[1]:
+                folders.append(os.path.dirname(_loaded[1]))
+            cands = [os.path.join(d, f) for d in folders for f in files]
+            cands += [p.replace("kvstage_sim", name) for p in _next_to_package()]
+        target = None
+        for path in cands:
+            tried.append(path)
+            if os.path.exists(path):
+                target = path
+                break
+        if target is None:
+            if value:
+                raise OSError("%s=%s names no %s: point it at the build or install "
+                              "folder that holds it" % (env, value, files[0]))
+            target = ctypes.util.find_library(name) or files[1]
+            tried.append("the system library path")
+        try:
+            lib = ctypes.CDLL(target)
+        except OSError as e:
+            raise OSError("kvstage: cannot load lib%s (%s), which brings %s; looked in: "
+                          "%s. Build it (it is built with libkvstage) or set %s to it or "
+                          "its folder" % (name, e, what, ", ".join(tried), env)) from e
+        del core
+        _declare_hw(lib, which)
+        _backends[which] = lib
+        return lib

@@ -227,6 +227,30 @@ class VerbsInfo(c.Structure):
                 ("device_reason", c.c_char * 160)]
 
 
+class CudaConfig(c.Structure):
+    """kvs_cuda_config_t"""
+    _fields_ = [("ordinal", c.c_int), ("max_allocs", u32), ("max_streams", u32),
+                ("max_events", u32), ("desc_slots", u32)]
+
+
+RESULT_FN = c.CFUNCTYPE(None, c.c_void_p, c.POINTER(RoomResult))  # on_result
+ERROR_FN = c.CFUNCTYPE(None, c.c_void_p, c.c_int)  # on_error
+
+
+class DriverConfig(c.Structure):
+    """kvs_driver_config_t"""
+    _fields_ = [("rank", c.c_void_p), ("dev", c.c_void_p), ("fab", c.c_void_p),
+                ("on_result", RESULT_FN), ("on_error", ERROR_FN), ("ctx", c.c_void_p),
+                ("poll_interval_ns", u64)]
+
+
+class DriverStats(c.Structure):
+    """kvs_driver_stats_t"""
+    _fields_ = [(name, u64) for name in (
+        "steps", "idle_steps", "arms", "sleeps", "wakes_call", "wakes_fabric",
+        "wakes_device", "wakes_deadline", "wakes_timeout", "results")]
+
+
 # The C name of each mirror, for the ABI test.
 C_NAMES = {Error: "kvs_error_t", LayoutParams: "kvs_layout_params_t",
            Layout: "kvs_layout_t", HeadSlice: "kvs_head_slice_t",
@@ -237,4 +261,5 @@ C_NAMES = {Error: "kvs_error_t", LayoutParams: "kvs_layout_params_t",
            InstanceDesc: "kvs_instance_desc_t", RoomDesc: "kvs_room_desc_t",
            RoomResult: "kvs_room_result_t", HandlerStats: "kvs_handler_stats_t",
            HostConfig: "kvs_host_config_t", VerbsConfig: "kvs_verbs_config_t",
-           VerbsInfo: "kvs_verbs_info_t"}
+           VerbsInfo: "kvs_verbs_info_t", CudaConfig: "kvs_cuda_config_t",
+           DriverConfig: "kvs_driver_config_t", DriverStats: "kvs_driver_stats_t"}

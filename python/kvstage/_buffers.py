@@ -1,0 +1,214 @@
+"""_buffers.py - an engine's KV buffers (torch tensors on CPU or CUDA, or
+numpy arrays) checked and described for the rank runtime: per layer a K
+and a V buffer, each [tokens..., heads, head_dim] and C-contiguous, all of
+one dtype, one device and one shape; the layers as kvs_kv_layer_t.
+
+Two ways to hand them over, as engines hold them:
+  k_buffers=[...], v_buffers=[...]  one tensor per layer each (sglang's
+                                    MHATokenToKVPool k_buffer / v_buffer,
+                                    [pool_tokens, heads, head_dim]);
+  kv_caches=[...] or {name: ...}    one tensor per layer holding K and V,
+                                    [2, num_blocks, block_size, heads,
+                                    head_dim] (vLLM's register_kv_caches);
+                                    block_size must be the page size.
+Nothing here touches a C object: a refusal raises KvstageError KVS_EINVAL
+naming the argument (e.g. "k_buffers[3]") and what to change.
+"""
+
+from . import _errors
+
+# kvstage's dtype names by the array libraries' names.
+_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32",
+           "float": "fp32", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8",
+           "float8_e4m3fnuz": "fp8", "float8_e5m2fnuz": "fp8"}
+# Raw storage an engine may use for a dtype its library lacks (numpy has no
+# bfloat16, older torch no fp8): accepted when dtype= names the real one.
+_RAW = {"uint16": ("bf16", "fp16"), "int16": ("bf16", "fp16"), "uint8": ("fp8",),
+        "int8": ("fp8",)}
+_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
+
+
+class Buffer:
+    """One K or V buffer: where it is and what it holds."""
+
+    def __init__(self, obj, name):
+        self.obj = obj
+        self.name = name
+        if hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous"):  # torch
+            self.ptr = int(obj.data_ptr())
+            self.shape = tuple(int(d) for d in obj.shape)
+            self.contiguous = bool(obj.is_contiguous())
+            self.itemsize = int(obj.element_size())
+            self.dtype = str(obj.dtype).replace("torch.", "")
+            dev = obj.device
+            self.device = (dev.type, dev.index if dev.index is not None else 0) \
+                if dev.type == "cuda" else (dev.type, None)
+        elif hasattr(obj, "__array_interface__"):  # numpy and friends
+            ai = obj.__array_interface__
+            self.ptr = int(ai["data"][0])
+            self.shape = tuple(int(d) for d in ai["shape"])
+            self.contiguous = ai.get("strides") is None or bool(obj.flags["C_CONTIGUOUS"])
+            self.itemsize = int(obj.itemsize)
+            self.dtype = str(obj.dtype)
+            self.device = ("cpu", None)
+        else:
+            raise _errors.invalid("%s: a torch tensor or a numpy array, not %s"
+                                  % (name, type(obj).__name__))
+        n = 1
+        for d in self.shape:
+            n *= d
+        self.nbytes = n * self.itemsize
+
+    def where(self):
+        kind, index = self.device
+        return kind if index is None else "%s:%d" % (kind, index)
+
+
+def _kv_dtype(buf, want):
+    """kvstage's dtype name for buf, checked against dtype= (want, or None)."""
+    name = _DTYPES.get(buf.dtype)
+    if name is None and buf.dtype in _RAW:
+        if want is None or want not in _RAW[buf.dtype]:
+            raise _errors.invalid(
+                "%s: dtype %s is raw storage: pass dtype= the KV cache's real dtype (%s)"
+                % (buf.name, buf.dtype, " or ".join(_RAW[buf.dtype])))
+        return want
+    if name is None:
+        raise _errors.invalid("%s: dtype %s is not a KV cache dtype: use bfloat16, "
+                              "float16, float8 or float32" % (buf.name, buf.dtype))
+    if want is not None and want != name:
+        raise _errors.invalid("%s: dtype %s but dtype=%r: give tensors of the model's "
+                              "KV dtype or fix dtype=" % (buf.name, buf.dtype, want))
+    return name
+
+
+def _pairs(k_buffers, v_buffers, kv_caches, page_size):
+    """[(k Buffer, v Buffer)] per layer, from either form."""
+    if kv_caches is not None:
+        if k_buffers is not None or v_buffers is not None:
+            raise _errors.invalid("kv_caches: give either kv_caches or k_buffers and "
+                                  "v_buffers, not both")
+        if isinstance(kv_caches, dict):
+            items = [("kv_caches[%r]" % key, t) for key, t in kv_caches.items()]
+        else:
+            items = [("kv_caches[%d]" % i, t) for i, t in enumerate(kv_caches)]
+        if not items:
+            raise _errors.invalid("kv_caches: empty: give one tensor per layer")
+        out = []
+        for name, t in items:
+            whole = Buffer(t, name)
+            if len(whole.shape) < 4 or whole.shape[0] != 2:
+                raise _errors.invalid(
+                    "%s: shape %s is not [2, num_blocks, block_size, heads, head_dim] "
+                    "(K and V of one layer)" % (name, list(whole.shape)))
+            if not whole.contiguous:
+                raise _errors.invalid("%s: not contiguous: give the cache tensor itself, "
+                                      "not a view with strides (.contiguous() copies)"
+                                      % name)
+            if len(whole.shape) == 5 and whole.shape[2] != page_size:
+                raise _errors.invalid("%s: block_size (dim 2) is %d but page_size is %d: "
+                                      "kvstage's page is the engine's block"
+                                      % (name, whole.shape[2], page_size))
+            out.append((Buffer(t[0], name + "[0]"), Buffer(t[1], name + "[1]")))
+        return out
+    if k_buffers is None or v_buffers is None:
+        raise _errors.invalid("k_buffers, v_buffers: give the KV pool, as k_buffers= and "
+                              "v_buffers= (a tensor per layer each) or kv_caches=")
+    k_buffers, v_buffers = list(k_buffers), list(v_buffers)
+    if not k_buffers:
+        raise _errors.invalid("k_buffers: empty: give one tensor per layer")
+    if len(k_buffers) != len(v_buffers):
+        raise _errors.invalid("v_buffers: %d tensors but k_buffers has %d: one K and one "
+                              "V per layer" % (len(v_buffers), len(k_buffers)))
+    return [(Buffer(k, "k_buffers[%d]" % i), Buffer(v, "v_buffers[%d]" % i))
+            for i, (k, v) in enumerate(zip(k_buffers, v_buffers))]
+
+
+class Pool:
+    """The checked KV pool: its layers, geometry and memory ranges."""
+
+    def __init__(self, k_buffers, v_buffers, kv_caches, page_size, dtype=None,
+                 head_dim=None, heads=None, layers=None):
+        if not isinstance(page_size, int) or page_size <= 0:
+            raise _errors.invalid("page_size: %r: give the KV cache's page (block) size in "
+                                  "tokens, > 0" % (page_size,))
+        pairs = _pairs(k_buffers, v_buffers, kv_caches, page_size)
+        if layers is not None and layers != len(pairs):
+            raise _errors.invalid("layers=%d but the KV pool has %d layers: give this "
+                                  "rank's layers (its pipeline stage's share)"
+                                  % (layers, len(pairs)))
+        first = pairs[0][0]
+        self.buffers = [b for pair in pairs for b in pair]
+        self.dtype = dtype
+        for b in self.buffers:
+            if not b.contiguous:
+                raise _errors.invalid("%s: not contiguous: give the pool's tensor itself, "
+                                      "not a strided view (kvstage copies whole token "
+                                      "rows)" % b.name)
+            if len(b.shape) < 2:
+                raise _errors.invalid("%s: shape %s: need [tokens, heads, head_dim]"
+                                      % (b.name, list(b.shape)))
+            self.dtype = _kv_dtype(b, self.dtype)
+            if b.device != first.device:
+                raise _errors.invalid("%s: on %s but %s is on %s: one rank's KV pool lives "
+                                      "on one device" % (b.name, b.where(), first.name,
+                                                         first.where()))
+            if b.device[0] not in ("cpu", "cuda"):
+                raise _errors.invalid("%s: on %s: kvstage moves KV from CPU or CUDA memory"
+                                      % (b.name, b.where()))
+            if b.shape != first.shape:
+                raise _errors.invalid("%s: shape %s but %s has %s: every layer's K and V "
+                                      "have one shape" % (b.name, list(b.shape), first.name,
+                                                          list(first.shape)))
+            if b.ptr == 0 or b.nbytes == 0:
+                raise _errors.invalid("%s: empty: the KV pool needs memory" % b.name)
+        self.heads, self.head_dim = first.shape[-2], first.shape[-1]
+        if head_dim is not None and head_dim != self.head_dim:
+            raise _errors.invalid("%s: head_dim (last dim) is %d but the model's is %d"
+                                  % (first.name, self.head_dim, head_dim))
+        if heads is not None and heads != self.heads:
+            raise _errors.invalid("%s: %d KV heads (dim -2) but this rank holds %d (the "
+                                  "model's KV heads over tp_size)"
+                                  % (first.name, self.heads, heads))
+        tokens = 1
+        for d in first.shape[:-2]:
+            tokens *= d
+        self.tokens = tokens
+        self.num_pages = tokens // page_size
+        if self.num_pages == 0:
+            raise _errors.invalid("%s: %d token slots, less than one page of %d"
+                                  % (first.name, tokens, page_size))
+        elem = _BYTES[self.dtype]
+        if first.itemsize != elem:
+            raise _errors.invalid("%s: items of %d bytes, but %s has %d"
+                                  % (first.name, first.itemsize, self.dtype, elem))
+        self.device = first.device
+        self.layers = len(pairs)
+        self.elem_bytes = elem
+        self.pairs = pairs
+        # No two buffers may share memory: each layer's K and V are its own.
+        spans = sorted((b.ptr, b.ptr + b.nbytes, b.name) for b in self.buffers)
+        for (s0, e0, n0), (s1, _, n1) in zip(spans, spans[1:]):
+            if s1 < e0:
+                raise _errors.invalid("%s and %s share memory: each layer's K and V need "
+                                      "their own" % (n0, n1))
+
+    def ranges(self):
+        """The memory to attach, as (address, bytes), adjacent buffers merged."""
+        out = []
+        for start, end in sorted((b.ptr, b.ptr + b.nbytes) for b in self.buffers):
+            if out and out[-1][1] == start:
+                out[-1][1] = end
+            else:
+                out.append([start, end])
+        return [(s, e - s) for s, e in out]
+
+    def fill_layers(self, arr):
+        """kvs_kv_layer_t per layer into the ctypes array arr."""
+        row = self.heads * self.head_dim * self.elem_bytes
+        for i, (k, v) in enumerate(self.pairs):
+            arr[i].k_addr, arr[i].v_addr = k.ptr, v.ptr
+            arr[i].tokens = self.tokens
+            arr[i].token_stride_bytes = row
+            arr[i].head_stride_bytes = self.head_dim * self.elem_bytes
+            arr[i].elem_stride_bytes = self.elem_bytes

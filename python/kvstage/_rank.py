@@ -1,0 +1,568 @@
+"""_rank.py - kvstage.Rank: one rank of a serving engine (prefill or
+decode) over the engine's own KV buffers, on the C rank runtime (kvs_rank)
+and the hardware driver (kvs_driver): the host device for CPU tensors, the
+CUDA device for CUDA tensors, the verbs fabric for the network.
+
+    with kvstage.Rank("decode", model="llama-3.1-8b", page_size=16,
+                      tp_rank=0, tp_size=1, k_buffers=ks, v_buffers=vs,
+                      max_aux_bytes=64) as rank:
+        rank.add_instance(0, prefill_addresses, tp_size=2)
+        rank.open_room(7, pages=[3, 9, 4], total_tokens=40, peer=0)
+        rank.start()                  # or call progress() in your loop
+        ... rank.state(7) ... for r in rank.poll(): r.ok, r.aux
+
+Rooms: a room is one request, named by the same id on every rank; it is
+paired with a peer instance (the id the application gives the model
+replica of the other role; 0 with one of each). state() answers in the
+five states engines poll (RoomState, sglang's KVPoll numbers); a finished
+room's state stays readable until poll() has returned its result.
+
+Threads: every method may be called from any thread; with start() a
+background thread (the C driver's) moves the bytes and collects results.
+A failed call raises KvstageError naming what to change; a refused
+constructor leaves nothing behind.
+"""
+
+import collections
+import ctypes
+import enum
+import threading
+
+from . import _buffers
+from . import _errors
+from . import _library
+from . import _structs as S
+
+_ROLES = {"prefill": 0, "decode": 1}
+_MAX_PAGE = (1 << 63) - 1
+
+
+class RoomState(enum.IntEnum):
+    """Where a room stands; the numbers are sglang's KVPoll."""
+    FAILED = 0         # it failed (the result says why)
+    BOOTSTRAPPING = 1  # a peer rank is not connected and registered yet
+    WAITING = 2        # waiting for input: no KV has moved yet
+    TRANSFERRING = 3   # KV is moving
+    SUCCESS = 4        # done
+
+
+class RoomResult:
+    """A finished room: status (0 or a negative kvstage status), ok, state,
+    status_name, chunks, bytes, rdma_writes, open_ns / done_ns (the fabric's
+    clock) and aux (decode, on success: the bytes the prefill gave; b"")."""
+
+    __slots__ = ("room", "status", "status_name", "chunks", "bytes", "rdma_writes",
+                 "open_ns", "done_ns", "aux")
+
+    def __init__(self, r, aux, name):
+        self.room, self.status, self.chunks = int(r.room), int(r.status), int(r.chunks)
+        self.bytes, self.rdma_writes = int(r.bytes), int(r.rdma_writes)
+        self.open_ns, self.done_ns = int(r.open_ns), int(r.done_ns)
+        self.aux = aux
+        self.status_name = name
+
+    @property
+    def ok(self):
+        return self.status == 0
+
+    @property
+    def state(self):
+        return RoomState.SUCCESS if self.status == 0 else RoomState.FAILED
+
+    def __repr__(self):
+        return ("RoomResult(room=%d, %s, bytes=%d, aux=%d bytes)"
+                % (self.room, self.status_name, self.bytes, len(self.aux)))
+
+
+def _u64(name, value, low=0):
+    if not isinstance(value, int) or isinstance(value, bool) or not \
+            low <= value < (1 << 64):
+        raise _errors.invalid("%s: %r: give an integer in [%d, 2^64)" % (name, value, low))
+    return value
+
+
+def _i64(name, value, low=0):
+    if not isinstance(value, int) or isinstance(value, bool) or not \
+            low <= value <= _MAX_PAGE:
+        raise _errors.invalid("%s: %r: give an integer >= %d" % (name, value, low))
+    return value
+
+
+def _bytes_of(name, value):
+    if value is None:
+        return b""
+    try:
+        return bytes(memoryview(value).cast("B"))
+    except TypeError:
+        raise _errors.invalid("%s: %s is not bytes-like: give bytes, bytearray or a "
+                              "buffer" % (name, type(value).__name__)) from None
+
+
+def _ints(name, values):
+    """A list of ints from a list, tuple, range, numpy array or torch tensor."""
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    try:
+        out = [int(v) for v in values]
+    except (TypeError, ValueError):
+        raise _errors.invalid("%s: give a sequence of page ids (ints)" % name) from None
+    return out
+
+
+class Rank:
+    """One rank of a serving engine. See the module docstring.
+
+    role            "prefill" or "decode"
+    page_size       tokens per page (the engine's block size)
+    k_buffers, v_buffers, or kv_caches
+                    the KV pool (see kvstage._buffers): torch tensors on CPU
+                    or CUDA, or numpy arrays; kept referenced by the rank
+    model           a built-in model name (kvstage.models()) giving
+                    total_heads, head_dim and model_layers; or give those
+    tp_rank, tp_size, pp_rank, pp_size
+                    this rank's place in its instance
+    peer_tp_size, peer_pp_size
+                    the default peer instance's (0: decode -> this TP;
+                    prefill -> learned)
+    instance_id, dp_rank
+                    this rank's instance (spec section 12)
+    dtype           "bf16", "fp16", "fp8", "fp32"; default: the tensors'
+    max_aux_bytes   largest aux payload per room (both sides agree), 0: none
+    chunk_tokens, ring_bytes, max_rooms, transfer_workers, stall_timeout_s,
+    app_tag, staging (True)
+                    the manager's knobs (kvs_manager_config_t); 0: default
+    rdma_device, near_pci, bind_addr, listen_port
+                    the verbs fabric: the RDMA device (or the one nearest the
+                    PCI id near_pci), the local IP, the port peers connect to
+    copy_threads    host device: threads per large copy (0: 1)
+    """
+
+    def __init__(self, role, *, page_size, k_buffers=None, v_buffers=None, kv_caches=None,
+                 model=None, total_heads=None, head_dim=None, model_layers=None, layers=None,
+                 tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, peer_tp_size=0, peer_pp_size=0,
+                 instance_id=0, dp_rank=0, dtype=None, max_aux_bytes=0, chunk_tokens=0,
+                 ring_bytes=0, max_rooms=0, transfer_workers=0, stall_timeout_s=0,
+                 app_tag=0, staging=True, rdma_device=None, near_pci=None, bind_addr=None,
+                 listen_port=0, copy_threads=0):
+        self._rank = self._drv = self._dev_obj = self._fab = None
+        self._attached = []
+        if role not in _ROLES:
+            raise _errors.invalid("role: %r: give \"prefill\" or \"decode\"" % (role,))
+        lib = _library.load()
+        hw = _library.load_backend("hw")
+        if not hasattr(hw, "kvs_verbs_fabric_create"):
+            raise _errors.invalid("fabric: this kvstage was built without the verbs fabric "
+                                  "(install libibverbs-dev and librdmacm-dev, rebuild)")
+        if model is not None:
+            m = lib.kvs_model_find(str(model).encode())
+            if not m:
+                raise _errors.invalid("model: %r is not a built-in model: see "
+                                      "kvstage.models(), or give total_heads, head_dim "
+                                      "and model_layers" % (model,))
+            m = m.contents
+            total_heads = m.total_heads if total_heads is None else total_heads
+            head_dim = m.head_dim if head_dim is None else head_dim
+            model_layers = m.layers if model_layers is None else model_layers
+        _i64("tp_size", tp_size, 1)
+        _i64("tp_rank", tp_rank)
+        heads = None
+        if total_heads is not None and total_heads >= tp_size:
+            heads = total_heads // tp_size
+        pool = _buffers.Pool(k_buffers, v_buffers, kv_caches, page_size, dtype=dtype,
+                             head_dim=head_dim, heads=heads, layers=layers)
+        if total_heads is None:
+            total_heads = pool.heads * tp_size
+        code = ctypes.c_int()
+        if lib.kvs_dtype_parse(pool.dtype.encode(), ctypes.byref(code)) != 0:
+            raise _errors.invalid("dtype: %r is not a kvstage dtype" % pool.dtype)
+        aux = _u64("max_aux_bytes", max_aux_bytes)
+        if aux > S.AUX_BYTES_MAX:
+            raise _errors.invalid("max_aux_bytes: %d is over the %d bytes a room can carry"
+                                  % (aux, S.AUX_BYTES_MAX))
+
+        cfg = S.RankConfig()
+        mc = cfg.manager
+        mc.role = _ROLES[role]
+        mc.staging = bool(staging)
+        mc.total_heads = _i64("total_heads", total_heads, 1)
+        mc.head_dim = pool.head_dim
+        mc.dtype = code.value
+        mc.layers = pool.layers
+        mc.page_size = page_size
+        mc.tp_rank, mc.tp_size = tp_rank, tp_size
+        mc.pp_rank, mc.pp_size = _i64("pp_rank", pp_rank), _i64("pp_size", pp_size, 1)
+        mc.peer_tp_size = _i64("peer_tp_size", peer_tp_size)
+        mc.peer_pp_size = _i64("peer_pp_size", peer_pp_size)
+        mc.chunk_tokens = _i64("chunk_tokens", chunk_tokens)
+        mc.ring_bytes = _u64("ring_bytes", ring_bytes)
+        mc.max_rooms = _u64("max_rooms", max_rooms)
+        mc.transfer_workers = _u64("transfer_workers", transfer_workers)
+        if not isinstance(stall_timeout_s, (int, float)) or stall_timeout_s < 0:
+            raise _errors.invalid("stall_timeout_s: %r: give seconds >= 0 (0: 30 s)"
+                                  % (stall_timeout_s,))
+        mc.stall_timeout_ns = int(stall_timeout_s * 1e9)
+        mc.app_tag = _u64("app_tag", app_tag)
+        mc.model_layers = _i64("model_layers", model_layers or 0)
+        mc.instance_id = _u64("instance_id", instance_id)
+        mc.dp_rank = _i64("dp_rank", dp_rank)
+        mc.max_aux_bytes = aux
+        layer_arr = (S.KvLayer * pool.layers)()
+        pool.fill_layers(layer_arr)
+        cfg.layers = layer_arr
+        cfg.local_heads = pool.heads
+
+        self._lib, self._hw, self._pool = lib, hw, pool
+        self.role = role
+        self.page_size = page_size
+        self.num_pages = pool.num_pages
+        self.layers = pool.layers
+        self.local_heads = pool.heads
+        self.head_dim = pool.head_dim
+        self.dtype = pool.dtype
+        self.max_aux_bytes = aux
+        self.device = pool.buffers[0].where()
+        self._lock = threading.Lock()
+        self._results = collections.deque()
+        self._finished = {}
+        self._thread_error = None
+        try:
+            self._make_device(pool, copy_threads)
+            self._make_fabric(rdma_device, near_pci, bind_addr, listen_port)
+            err = S.Error()
+            out = ctypes.c_void_p()
+            rc = lib.kvs_rank_create(ctypes.byref(cfg), self._dev, self._fab,
+                                     ctypes.byref(out), ctypes.byref(err))
+            if rc != 0:
+                _errors.raise_for(rc, err)
+            self._rank = out
+            self._make_driver()
+        except BaseException:
+            self._teardown()
+            raise
+
+    # ---- construction and teardown ------------------------------------------
+
+    def _make_device(self, pool, copy_threads):
+        err = S.Error()
+        out = ctypes.c_void_p()
+        kind, index = pool.device
+        if kind == "cuda":
+            cuda = _library.load_backend("cuda")
+            cc = S.CudaConfig(ordinal=index)
+            rc = cuda.kvs_cuda_device_create(ctypes.byref(cc), ctypes.byref(out),
+                                             ctypes.byref(err))
+            if rc != 0:
+                _errors.raise_for(rc, err)
+            self._dev_obj, self._dev_kind = out, cuda
+            self._dev = cuda.kvs_cuda_device(out)
+            attach = lambda a, n: cuda.kvs_cuda_mem_attach(self._dev, a, n, ctypes.byref(err))
+        else:
+            hc = S.HostConfig(copy_threads=_u64("copy_threads", copy_threads))
+            rc = self._hw.kvs_host_device_create(ctypes.byref(hc), ctypes.byref(out),
+                                                 ctypes.byref(err))
+            if rc != 0:
+                _errors.raise_for(rc, err)
+            self._dev_obj, self._dev_kind = out, None
+            self._dev = self._hw.kvs_host_device(out)
+            attach = lambda a, n: self._hw.kvs_host_mem_attach(self._dev, a, n,
+                                                               ctypes.byref(err))
+        for addr, n in pool.ranges():
+            rc = attach(addr, n)
+            if rc != 0:
+                _errors.raise_for(rc, err)
+            self._attached.append(addr)
+
+    def _make_fabric(self, rdma_device, near_pci, bind_addr, listen_port):
+        vc = S.VerbsConfig()
+        self._hw.kvs_verbs_config_init(ctypes.byref(vc))
+        self._strings = [s.encode() if s is not None else None
+                         for s in (rdma_device, near_pci, bind_addr)]
+        vc.device, vc.near_pci, vc.bind_addr = self._strings
+        if not isinstance(listen_port, int) or not 0 <= listen_port < 65536:
+            raise _errors.invalid("listen_port: %r: give a port in [0, 65536) (0: any)"
+                                  % (listen_port,))
+        vc.listen_port = listen_port
+        err = S.Error()
+        out = ctypes.c_void_p()
+        rc = self._hw.kvs_verbs_fabric_create(ctypes.byref(vc), ctypes.byref(out),
+                                              ctypes.byref(err))
+        if rc != 0:
+            _errors.raise_for(rc, err)
+        self._fab = out
+        info = S.VerbsInfo()
+        if self._hw.kvs_verbs_fabric_info(out, ctypes.byref(info)) == 0:
+            self.address = info.address.decode()
+            self.rdma_device = info.device.decode()
+
+    def _make_driver(self):
+        # The callbacks run on the driver's thread (start()) or inside
+        # progress(); aux is valid only during the call, so it is copied.
+        def on_result(_ctx, res):
+            r = res.contents
+            aux = ctypes.string_at(r.aux, r.aux_bytes) if r.aux and r.aux_bytes else b""
+            name = self._lib.kvs_status_name(r.status).decode()
+            item = RoomResult(r, aux, name)
+            with self._lock:
+                self._results.append(item)
+                self._finished[item.room] = item.state
+
+        def on_error(_ctx, status):
+            self._thread_error = status
+
+        self._on_result = S.RESULT_FN(on_result)
+        self._on_error = S.ERROR_FN(on_error)
+        dc = S.DriverConfig(rank=self._rank, dev=self._dev, fab=self._fab,
+                            on_result=self._on_result, on_error=self._on_error)
+        err = S.Error()
+        out = ctypes.c_void_p()
+        rc = self._hw.kvs_driver_create(ctypes.byref(dc), ctypes.byref(out),
+                                        ctypes.byref(err))
+        if rc != 0:
+            _errors.raise_for(rc, err)
+        self._drv = out
+
+    def _teardown(self):
+        hw = self._hw if hasattr(self, "_hw") else None
+        if self._drv:
+            hw.kvs_driver_destroy(self._drv)  # stops and joins its thread
+            self._drv = None
+        if self._rank:
+            self._lib.kvs_rank_destroy(self._rank)
+            self._rank = None
+        if self._fab:
+            hw.kvs_verbs_fabric_destroy(self._fab)
+            self._fab = None
+        if self._dev_obj:
+            for addr in self._attached:
+                if self._dev_kind is not None:
+                    self._dev_kind.kvs_cuda_mem_detach(self._dev, addr, None)
+                else:
+                    hw.kvs_host_mem_detach(self._dev, addr, None)
+            self._attached = []
+            if self._dev_kind is not None:
+                self._dev_kind.kvs_cuda_device_destroy(self._dev_obj)
+            else:
+                hw.kvs_host_device_destroy(self._dev_obj)
+            self._dev_obj = None
+
+    def close(self):
+        """Stops the background thread, then frees the driver, the rank, the
+        fabric and the device (the KV buffers stay the caller's). Rooms
+        still open are dropped. Safe to call twice."""
+        self._teardown()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # ---- calls ----------------------------------------------------------------
+
+    def _live(self, what):
+        if not self._rank:
+            raise _errors.invalid("%s: the rank is closed" % what)
+
+    def _check(self, rc, what):
+        if rc < 0:
+            err = S.Error()
+            self._hw.kvs_driver_rank_error(self._drv, ctypes.byref(err))
+            detail = err.msg.decode(errors="replace") if err.status == rc and err.msg \
+                else None
+            _errors.raise_for(rc, None, "%s: %s" % (what, detail or _errors.strerror(rc)))
+        return rc
+
+    def add_instance(self, instance, addresses, *, tp_size=None, pp_size=1, dp_size=1):
+        """Decode: declares prefill instance `instance`: the fabric address
+        of each of its ranks ("ip:port"), dp_size x pp_size x tp_size of
+        them, group-major then stage-major. Connections are made on first
+        use (or connect())."""
+        self._live("add_instance")
+        addrs = [str(a) for a in addresses]
+        if tp_size is None:
+            tp_size = len(addrs) // max(1, pp_size * dp_size)
+        arr = (ctypes.c_char_p * max(1, len(addrs)))(*[a.encode() for a in addrs])
+        if len(addrs) != tp_size * pp_size * dp_size:
+            raise _errors.invalid("addresses: %d given but the instance has %d ranks "
+                                  "(tp_size %d x pp_size %d x dp_size %d)"
+                                  % (len(addrs), tp_size * pp_size * dp_size, tp_size,
+                                     pp_size, dp_size))
+        desc = S.InstanceDesc(id=_u64("instance", instance), tp_size=tp_size,
+                              pp_size=pp_size, dp_size=dp_size, addrs=arr)
+        self._check(self._lib.kvs_rank_add_instance(self._rank, ctypes.byref(desc)),
+                    "add_instance(%d)" % instance)
+
+    def connect(self, instance=0, dp_rank=0):
+        """Decode: connects to the ranks of a declared prefill instance that
+        write to this rank, ahead of the first room naming it."""
+        self._live("connect")
+        peer = S.Peer(instance=_u64("instance", instance), dp_rank=_i64("dp_rank", dp_rank))
+        self._check(self._lib.kvs_rank_connect(self._rank, peer), "connect(%d)" % instance)
+
+    @property
+    def peers_ready(self):
+        """Decode: peer ranks connected and registered."""
+        self._live("peers_ready")
+        return int(self._lib.kvs_rank_peers_ready(self._rank))
+
+    def open_room(self, room, pages, *, peer=0, dp_rank=0, total_tokens=None,
+                  base_tokens=0, aux=None):
+        """Opens request `room` paired with instance `peer`. pages: the KV
+        pool pages of the request (decode: of its uncached suffix, after
+        base_tokens; prefill: all of it), as ints, a numpy array or a
+        tensor. total_tokens defaults to the pages' tokens (plus
+        base_tokens). Prefill: aux, the request's aux payload, may be given
+        here or later with set_aux. A room whose peer rank is lost raises
+        KVS_EPEER and its failed result also comes through poll()."""
+        self._live("open_room")
+        _u64("room", room)
+        pages = _ints("pages", pages)
+        for i, p in enumerate(pages):
+            if not 0 <= p < self.num_pages:
+                raise _errors.invalid("pages[%d] = %d is outside the KV pool's %d pages"
+                                      % (i, p, self.num_pages))
+        base = _i64("base_tokens", base_tokens)
+        if total_tokens is None:
+            total_tokens = base + len(pages) * self.page_size
+        total = _i64("total_tokens", total_tokens)
+        blob = _bytes_of("aux", aux)
+        if blob and self.role == "decode":
+            raise _errors.invalid("aux: a decode room receives its aux payload with its "
+                                  "result; give aux on the prefill side")
+        if len(blob) > self.max_aux_bytes:
+            raise _errors.invalid("aux: %d bytes but max_aux_bytes is %d: raise "
+                                  "max_aux_bytes on both sides" % (len(blob),
+                                                                   self.max_aux_bytes))
+        arr = (ctypes.c_int64 * max(1, len(pages)))(*pages)
+        desc = S.RoomDesc(room=room, peer=S.Peer(instance=_u64("peer", peer),
+                                                 dp_rank=_i64("dp_rank", dp_rank)),
+                          base_tokens=base, total_tokens=total, pages=arr,
+                          num_pages=len(pages), aux=ctypes.cast(ctypes.c_char_p(blob),
+                                                                ctypes.c_void_p) if blob
+                          else None, aux_bytes=len(blob))
+        with self._lock:
+            self._finished.pop(room, None)
+        self._check(self._lib.kvs_rank_open_room(self._rank, ctypes.byref(desc)),
+                    "open_room(%d)" % room)
+
+    def set_aux(self, room, aux):
+        """Prefill: the room's aux payload (at most max_aux_bytes), sent
+        with its last chunk; set it before the final computed()."""
+        self._live("set_aux")
+        blob = _bytes_of("aux", aux)
+        if len(blob) > self.max_aux_bytes:
+            raise _errors.invalid("aux: %d bytes but max_aux_bytes is %d: raise "
+                                  "max_aux_bytes on both sides" % (len(blob),
+                                                                   self.max_aux_bytes))
+        self._check(self._lib.kvs_rank_set_aux(self._rank, _u64("room", room), blob,
+                                               len(blob)), "set_aux(%d)" % room)
+
+    def computed(self, room, end_tokens, final=False):
+        """Prefill: the KV of tokens [0, end_tokens) of the room is in the
+        pool (its forward pass wrote it); final: the last call for it."""
+        self._live("computed")
+        self._check(self._lib.kvs_rank_computed(self._rank, _u64("room", room),
+                                                _i64("end_tokens", end_tokens), bool(final)),
+                    "computed(%d)" % room)
+
+    def state(self, room):
+        """The room's RoomState; a finished room's until poll() returned it.
+        KvstageError KVS_ENOENT for a room never opened (or polled)."""
+        self._live("state")
+        out = ctypes.c_int()
+        rc = self._lib.kvs_rank_room_state(self._rank, _u64("room", room), ctypes.byref(out))
+        if rc == 0:
+            return RoomState(out.value)
+        with self._lock:
+            done = self._finished.get(room)
+        if done is not None:
+            return done
+        self._check(rc, "state(%d)" % room)
+
+    def abort(self, room):
+        """Fails the room (KVS_ECANCELED) and tells its peers; its result
+        comes through poll()."""
+        self._live("abort")
+        self._check(self._lib.kvs_rank_abort(self._rank, _u64("room", room)),
+                    "abort(%d)" % room)
+
+    def progress(self):
+        """One step in the caller's loop (not while start() runs): moves
+        what can move, collects finished rooms for poll(). Returns the work
+        it found (0: nothing to do)."""
+        self._live("progress")
+        if self._hw.kvs_driver_running(self._drv):
+            raise _errors.invalid("progress: the background thread runs (start()); "
+                                  "call stop() first or leave progress to it")
+        rc = self._hw.kvs_driver_progress(self._drv)
+        if rc < 0:
+            e = self._hw.kvs_driver_last_error(self._drv).contents
+            _errors.raise_for(rc, e)
+        return rc
+
+    def wait(self, timeout_s=None):
+        """Caller's loop: sleeps until there may be work (a completion, a
+        message, another thread's call, a deadline) or timeout_s passed.
+        True: call progress(); False: the time-out passed."""
+        self._live("wait")
+        ns = (1 << 64) - 1 if timeout_s is None else max(0, int(timeout_s * 1e9))
+        rc = self._hw.kvs_driver_wait(self._drv, ns)
+        if rc == 0:
+            return True
+        if rc == _errors.status_code("KVS_EAGAIN"):
+            return False
+        e = self._hw.kvs_driver_last_error(self._drv).contents
+        _errors.raise_for(rc, e)
+
+    def start(self):
+        """Starts the background thread that moves the bytes; results wait
+        for poll()."""
+        self._live("start")
+        rc = self._hw.kvs_driver_start(self._drv)
+        if rc != 0:
+            e = self._hw.kvs_driver_last_error(self._drv).contents
+            _errors.raise_for(rc, e)
+
+    def stop(self):
+        """Stops the background thread (the rank stays usable)."""
+        if self._drv:
+            rc = self._hw.kvs_driver_stop(self._drv)
+            if rc != 0:
+                e = self._hw.kvs_driver_last_error(self._drv).contents
+                _errors.raise_for(rc, e)
+
+    def poll(self):
+        """The rooms finished since the last call, oldest first, as
+        RoomResult. Raises the background thread's failure, if it ended on
+        one."""
+        if self._thread_error is not None:
+            status, self._thread_error = self._thread_error, None
+            e = self._hw.kvs_driver_last_error(self._drv).contents
+            _errors.raise_for(status, e)
+        with self._lock:
+            out = list(self._results)
+            self._results.clear()
+            for r in out:
+                if self._finished.get(r.room) == r.state:
+                    del self._finished[r.room]
+        return out
+
+    def stats(self):
+        """The rank's counters (kvs_handler_stats_t) and the driver's
+        (prefixed driver_), as a dict."""
+        self._live("stats")
+        hs = S.HandlerStats()
+        self._lib.kvs_rank_stats(self._rank, ctypes.byref(hs))
+        out = {name: int(getattr(hs, name)) for name, _ in S.HandlerStats._fields_}
+        ds = S.DriverStats()
+        self._hw.kvs_driver_stats(self._drv, ctypes.byref(ds))
+        out.update({"driver_" + name: int(getattr(ds, name))
+                    for name, _ in S.DriverStats._fields_})
+        return out

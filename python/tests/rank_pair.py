@@ -1,0 +1,239 @@
+"""rank_pair.py - one side of the two-process kvstage.Rank test
+(test_rank_rxe.py): a prefill instance of TP 2 (two ranks in this process)
+or a decode instance of TP 1, each with torch CPU tensors as its KV pool,
+on the host device and the verbs fabric.
+
+    rank_pair.py prefill DIR      writes DIR/prefill.addrs, serves the rooms
+    rank_pair.py decode DIR       reads it, receives the rooms, checks bytes
+
+Every value the prefill puts in its pool is a function of (room, token,
+layer, K or V, global head, dim); the decode builds the pool it must end
+with from the same function and compares all of it (untouched pages stay
+zero), and every room's aux payload byte for byte. Exits 0 on success and
+writes DIR/<role>.json with what it measured; else says what differed.
+"""
+
+import hashlib
+import json
+import os
+import sys
+import time
+
+import torch
+
+import kvstage
+
+HEADS, DIM, LAYERS, PAGE, POOL_PAGES = 4, 16, 3, 16, 64
+MAX_AUX = 300
+CHUNK = 64  # tokens per chunk: several chunks per room
+PREFILL_TP, DECODE_TP = 2, 1
+# room: (total tokens, decode's cached prefix)
+ROOMS = {11: (40, 0), 12: (130, 0), 13: (96, 32), 14: (16, 0), 15: (257, 0)}
+DEADLINE_S = 240
+
+
+def aux_of(room):
+    """The room's aux payload: 0 to MAX_AUX bytes, all derived from room."""
+    n = (room * 97) % (MAX_AUX + 1) if room != 14 else 0
+    out = b""
+    i = 0
+    while len(out) < n:
+        out += hashlib.sha256(b"%d:%d" % (room, i)).digest()
+        i += 1
+    return out[:n]
+
+
+def values(room, tokens, layer, kv, heads):
+    """int16 values [len(tokens), len(heads), DIM] for these tokens/heads."""
+    t = torch.tensor(tokens, dtype=torch.int64).view(-1, 1, 1)
+    h = torch.tensor(heads, dtype=torch.int64).view(1, -1, 1)
+    d = torch.arange(DIM, dtype=torch.int64).view(1, 1, -1)
+    v = (room * 7919 + t * 131 + layer * 1009 + kv * 50021 + h * 257 + d * 3) % 65521
+    return (v - 32760).to(torch.int16)
+
+
+def pages_by_room(seed, side):
+    """Each room's pages on one side, as an engine's allocator gives them:
+    shuffled, and no page in two live rooms."""
+    g = torch.Generator().manual_seed(seed)
+    free = torch.randperm(POOL_PAGES, generator=g).tolist()
+    out = {}
+    for room, (total, base) in sorted(ROOMS.items()):
+        n = (total - (base if side == "decode" else 0) + PAGE - 1) // PAGE
+        out[room], free = free[:n], free[n:]
+    return out
+
+
+def slots(pages, n):
+    """The pool's token slots of a request's first n tokens on these pages."""
+    i = torch.arange(n)
+    return torch.tensor(pages, dtype=torch.int64)[i // PAGE] * PAGE + i % PAGE
+
+
+def pool():
+    ks = [torch.zeros(POOL_PAGES * PAGE, HEADS, DIM, dtype=torch.float16)
+          for _ in range(LAYERS)]
+    vs = [torch.zeros_like(k) for k in ks]
+    return ks, vs
+
+
+def whose(row, layer, kv):
+    """Which (room, token) a pool slot's values belong to, for messages."""
+    if not row.any():
+        return "zeros"
+    for room, (total, _) in ROOMS.items():
+        for t in range(total):
+            if torch.equal(row, values(room, [t], layer, kv, list(range(HEADS)))[0]):
+                return "room %d token %d" % (room, t)
+    return "no token's values (%s...)" % row[0, :4].tolist()
+
+
+def refused(call, needle):
+    """call raises KvstageError whose text holds needle."""
+    try:
+        call()
+    except kvstage.KvstageError as e:
+        if needle not in str(e):
+            sys.exit("rank_pair: refused with %r, want %r in it" % (str(e), needle))
+        return
+    sys.exit("rank_pair: not refused (want %r)" % needle)
+
+
+def wait_file(path):
+    end = time.time() + DEADLINE_S
+    while not os.path.exists(path):
+        if time.time() > end:
+            sys.exit("rank_pair: %s never came" % path)
+        time.sleep(0.05)
+    with open(path) as f:
+        return f.read()
+
+
+def write_json(path, obj):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.rename(tmp, path)
+
+
+def prefill(folder):
+    local = HEADS // PREFILL_TP
+    ranks, pools = [], []
+    for tp in range(PREFILL_TP):
+        ks = [torch.zeros(POOL_PAGES * PAGE, local, DIM, dtype=torch.float16)
+              for _ in range(LAYERS)]
+        vs = [torch.zeros_like(k) for k in ks]
+        pools.append((ks, vs))
+        ranks.append(kvstage.Rank("prefill", page_size=PAGE, k_buffers=ks, v_buffers=vs,
+                                  total_heads=HEADS, tp_rank=tp, tp_size=PREFILL_TP,
+                                  peer_tp_size=DECODE_TP, chunk_tokens=CHUNK,
+                                  max_aux_bytes=MAX_AUX, ring_bytes=8 << 20,
+                                  bind_addr=os.environ.get("KVS_VERBS_ADDR")))
+    with open(os.path.join(folder, "prefill.addrs.tmp"), "w") as f:
+        f.write("\n".join(r.address for r in ranks))
+    os.rename(os.path.join(folder, "prefill.addrs.tmp"), os.path.join(folder, "prefill.addrs"))
+    refused(lambda: ranks[0].open_room(98, [0], total_tokens=PAGE,
+                                       aux=b"x" * (MAX_AUX + 1)),
+            "aux: 301 bytes but max_aux_bytes is 300")
+    ranks[0].start()  # one rank on the driver's thread, one in this loop
+    for room, (total, _) in sorted(ROOMS.items()):
+        pages = pages_by_room(1, "prefill")[room]
+        for tp, (r, (ks, vs)) in enumerate(zip(ranks, pools)):
+            heads = list(range(tp * local, (tp + 1) * local))
+            for layer in range(LAYERS):
+                for kv, buf in ((0, ks[layer]), (1, vs[layer])):
+                    buf.view(torch.int16)[slots(pages, total)] = \
+                        values(room, list(range(total)), layer, kv, heads)
+            r.open_room(room, pages, total_tokens=total)
+            half = (total // 2) // PAGE * PAGE
+            if half > 0:
+                r.computed(room, half)  # the first half, then the rest with aux
+            r.set_aux(room, aux_of(room))
+            r.computed(room, total, final=True)
+    done = [dict() for _ in ranks]
+    end = time.time() + DEADLINE_S
+    while any(len(d) < len(ROOMS) for d in done):
+        if time.time() > end:
+            sys.exit("rank_pair prefill: rooms not done in %d s: %s" % (DEADLINE_S, done))
+        ranks[1].progress()
+        ranks[1].wait(0.01)
+        for d, r in zip(done, ranks):
+            for res in r.poll():
+                d[res.room] = res
+    bad = [(tp, res) for tp, d in enumerate(done) for res in d.values() if not res.ok]
+    if bad:
+        sys.exit("rank_pair prefill: rooms failed: %s" % bad)
+    stats = [r.stats() for r in ranks]
+    for r in ranks:
+        r.close()
+    write_json(os.path.join(folder, "prefill.json"),
+               {"rdma_writes": [s["rdma_writes"] for s in stats],
+                "bytes": [s["rdma_write_bytes"] for s in stats],
+                "driver_steps": [s["driver_steps"] for s in stats]})
+
+
+def decode(folder):
+    addrs = wait_file(os.path.join(folder, "prefill.addrs")).split("\n")
+    ks, vs = pool()
+    with kvstage.Rank("decode", page_size=PAGE, k_buffers=ks, v_buffers=vs,
+                      total_heads=HEADS, tp_rank=0, tp_size=DECODE_TP, chunk_tokens=CHUNK,
+                      max_aux_bytes=MAX_AUX, ring_bytes=8 << 20,
+                      bind_addr=os.environ.get("KVS_VERBS_ADDR")) as rank:
+        refused(lambda: rank.open_room(99, [1, POOL_PAGES], total_tokens=2 * PAGE),
+                "pages[1] = 64 is outside the KV pool's 64 pages")
+        refused(lambda: rank.state(99), "KVS_ENOENT")  # nothing was opened
+        rank.add_instance(0, addrs, tp_size=PREFILL_TP)
+        rank.connect(0)
+        rank.start()
+        want_k = [torch.zeros_like(k) for k in ks]
+        want_v = [torch.zeros_like(v) for v in vs]
+        all_heads = list(range(HEADS))
+        for room, (total, base) in sorted(ROOMS.items()):
+            pages = pages_by_room(2, "decode")[room]
+            rank.open_room(room, pages, total_tokens=total, base_tokens=base)
+            seen = rank.state(room)
+            if seen not in (kvstage.RoomState.BOOTSTRAPPING, kvstage.RoomState.WAITING,
+                            kvstage.RoomState.TRANSFERRING, kvstage.RoomState.SUCCESS):
+                sys.exit("rank_pair decode: room %d opened in state %r" % (room, seen))
+            for layer in range(LAYERS):
+                for kv, buf in ((0, want_k[layer]), (1, want_v[layer])):
+                    buf.view(torch.int16)[slots(pages, total - base)] = \
+                        values(room, list(range(base, total)), layer, kv, all_heads)
+        results = {}
+        end = time.time() + DEADLINE_S
+        while len(results) < len(ROOMS):
+            if time.time() > end:
+                sys.exit("rank_pair decode: rooms not done in %d s: have %s, states %s"
+                         % (DEADLINE_S, sorted(results),
+                            {r: rank.state(r) for r in ROOMS if r not in results}))
+            for res in rank.poll():
+                results[res.room] = res
+            time.sleep(0.02)
+        for room, res in sorted(results.items()):
+            if not res.ok:
+                sys.exit("rank_pair decode: room %d failed: %s" % (room, res))
+            if res.aux != aux_of(room):
+                sys.exit("rank_pair decode: room %d aux differs: %d bytes, want %d"
+                         % (room, len(res.aux), len(aux_of(room))))
+        rank.stop()
+        for layer in range(LAYERS):
+            for name, got, want in (("K", ks[layer], want_k[layer]),
+                                    ("V", vs[layer], want_v[layer])):
+                if not torch.equal(got.view(torch.int16), want.view(torch.int16)):
+                    diff = (got.view(torch.int16) != want.view(torch.int16)).nonzero()
+                    slot = int(diff[0][0])
+                    sys.exit("rank_pair decode: %s layer %d differs at %d places, first "
+                             "[slot, head, dim] %s; that slot holds %s, want %s"
+                             % (name, layer, len(diff), diff[0].tolist(),
+                                whose(got.view(torch.int16)[slot], layer, name == "V"),
+                                whose(want.view(torch.int16)[slot], layer, name == "V")))
+        stats = rank.stats()
+        write_json(os.path.join(folder, "decode.json"),
+                   {"rooms": len(results), "bytes": sum(r.bytes for r in results.values()),
+                    "aux_bytes": sum(len(r.aux) for r in results.values()),
+                    "checked_bytes": sum(k.numel() * 2 * 2 for k in ks),
+                    "rooms_ok": stats["rooms_ok"], "copies": stats["copies"]})
+
+
+if __name__ == "__main__":
+    {"prefill": prefill, "decode": decode}[sys.argv[1]](sys.argv[2])
