@@ -140,9 +140,12 @@ static int sim_api_check_bounds(const kvs_sim_config_t *c, kvs_error_t *err)
         (rc = sim_api_max_u64(err, "prefill_instances", c->prefill_instances,
                               KVS_SIM_MAX_INSTANCES)) ||
         (rc = sim_api_max_u64(err, "decode_instances", c->decode_instances,
-                              KVS_SIM_MAX_INSTANCES)) ||
-        (rc = sim_api_max_u64(err, "reserved3", c->reserved3, 0)))
+                              KVS_SIM_MAX_INSTANCES)))
         return rc;
+    if (c->max_aux_bytes > KVS_AUX_BYTES_MAX)
+        return SIM_API_FAIL(err, KVS_EINVAL,
+                            "max_aux_bytes is %u: set it to 0..%u (KVS_AUX_BYTES_MAX; 0 = no "
+                            "aux payloads)", c->max_aux_bytes, KVS_AUX_BYTES_MAX);
     /* Each listed instance's sizes, named by field and index. */
     for (uint32_t side = 0; side < 2; side++) {
         const uint32_t n = side == 0 ? c->prefill_instances : c->decode_instances;
@@ -214,6 +217,7 @@ static int sim_api_scenario(const kvs_sim_config_t *c, sim_scenario_config_t *s,
     if (c->decode_instances > 0 && s->shape.decode_pp == 0)
         s->shape.decode_pp = s->topo.decode[0].pp;
     s->router = (sim_router_t)c->router;
+    s->max_aux_bytes = c->max_aux_bytes;
 
     kvs_layout_t lay;
     int rc = kvs_layout_init(&lay, &s->shape, err);
@@ -327,6 +331,8 @@ static void sim_api_write_report(const sim_report_t *r, kvs_sim_report_t *out)
             .requests_ok = ir->requests_ok, .requests_failed = ir->requests_failed,
             .bytes = ir->bytes, .ring_peak_bytes = ir->ring_peak_bytes};
     }
+    p.aux_bytes_verified = r->aux_bytes_verified;
+    p.aux_corrupt_bytes = r->aux_corrupt_bytes;
     if (size > sizeof p)
         memset((unsigned char *)out + sizeof p, 0, size - sizeof p);
     memcpy(out, &p, size < sizeof p ? size : sizeof p);

@@ -2,7 +2,8 @@
  * kvdata.c - the pattern of kvdata.h: a splitmix64 stream seeded from the
  * coordinates, 8 bytes per step. Two coordinates that differ in any field
  * give unrelated vectors, so a head or token landing in the wrong slot is
- * caught, not only missing bytes.
+ * caught, not only missing bytes. Aux payloads are vectors of the same
+ * stream at layer -1, which no KV vector has.
  */
 #include "kvdata.h"
 
@@ -57,4 +58,47 @@ uint64_t sim_kvdata_check(const uint8_t *src, size_t len, const sim_kv_coord_t *
         done += n;
     }
     return bad;
+}
+
+uint32_t sim_kvdata_aux_bytes(uint64_t request, uint32_t max)
+{
+    if (max == 0)
+        return 0;
+    const uint64_t h = sim_kvdata_mix(request ^ 0xA0A0F00DCAFEull);
+    const uint32_t small = max < 256 ? max : 256;
+    switch (request % 4) {
+    case 0:
+        return 0;
+    case 1:
+        return 1 + (uint32_t)(h % small);
+    case 2:
+        return max - (uint32_t)(h % ((uint64_t)max / 2 + 1));
+    default:
+        return max;
+    }
+}
+
+static sim_kv_coord_t sim_kvdata_aux_coord(uint64_t request)
+{
+    return (sim_kv_coord_t){.request = request, .layer = -1};
+}
+
+void sim_kvdata_aux_fill(uint8_t *dst, size_t len, uint64_t request)
+{
+    const sim_kv_coord_t c = sim_kvdata_aux_coord(request);
+    sim_kvdata_fill(dst, len, &c);
+}
+
+uint64_t sim_kvdata_aux_verify(uint64_t request, uint32_t max, const void *aux,
+                               uint32_t aux_bytes, uint64_t *checked)
+{
+    const uint32_t want = sim_kvdata_aux_bytes(request, max);
+    const uint32_t both = want < aux_bytes ? want : aux_bytes;
+    uint64_t wrong = want > aux_bytes ? want - aux_bytes : aux_bytes - want;
+    if (both > 0) {
+        const sim_kv_coord_t c = sim_kvdata_aux_coord(request);
+        wrong += aux != NULL ? sim_kvdata_check(aux, both, &c) : both;
+    }
+    *checked = want > aux_bytes ? want : aux_bytes;
+    return wrong;
 }

@@ -11,6 +11,10 @@
  *   into that instance's KV pools and tells the handlers) -> the handlers
  *   move the KV -> every rank of the pair reports the room -> the decode
  *   ranks' bytes are checked against the pattern -> pages freed.
+ * With max_aux_bytes, the prefill ranks give each request's aux payload
+ * (sim/kvdata.h) at room open, and every decode rank's ok result is
+ * checked against it in the result callback, the only place its bytes are
+ * valid: nothing of it is kept.
  * Ranks make progress only when their GPU or NIC wakes them, like a real
  * event loop. Nothing here reads the wall clock.
  *
@@ -142,6 +146,11 @@ struct sim_scenario {
     uint32_t finished;
     uint64_t first_arrival_ns, last_done_ns;
     uint64_t bytes_verified, corrupt_bytes;
+    uint64_t aux_bytes_verified, aux_corrupt_bytes; /* aux payloads (the
+                                    second also counted in corrupt_bytes) */
+    char aux_error[SIM_AUX_ERROR_BYTES]; /* the first wrong payload */
+    uint8_t *aux_buf;            /* [max_aux_bytes]: the payload of the request
+                                    being opened (the ranks copy it) */
     int fatal;
     char *err;
     size_t err_bytes;
@@ -298,6 +307,28 @@ static uint64_t sim_verify_decode(sim_scenario_t *sc, sim_node_t *n, uint64_t re
                     checked += (uint64_t)hb;
                 }
     return checked;
+}
+
+/* Checks the aux payload of a decode rank's ok result against its
+ * request's (sim/kvdata.h): its length and every byte, while res->aux is
+ * valid (the callback). The first payload with a wrong byte is described
+ * in aux_error, naming the rank and the request. */
+static void sim_verify_aux(sim_scenario_t *sc, const sim_node_t *n, const kvs_room_result_t *res)
+{
+    uint64_t checked = 0;
+    const uint64_t wrong = sim_kvdata_aux_verify(res->room, sc->cfg.max_aux_bytes, res->aux,
+                                                 res->aux_bytes, &checked);
+    sc->aux_bytes_verified += checked;
+    if (wrong == 0)
+        return;
+    if (sc->aux_corrupt_bytes == 0)
+        snprintf(sc->aux_error, sizeof sc->aux_error,
+                 "%s: request %llu's aux payload: %u bytes arrived of %u sent, %llu wrong",
+                 n->name, (unsigned long long)res->room, res->aux_bytes,
+                 sim_kvdata_aux_bytes(res->room, sc->cfg.max_aux_bytes),
+                 (unsigned long long)wrong);
+    sc->aux_corrupt_bytes += wrong;
+    sc->corrupt_bytes += wrong;
 }
 
 /* Spans of a rank's GPU, NIC and core go to its trace process. */
@@ -548,6 +579,8 @@ static void sim_on_result(sim_scenario_t *sc, sim_node_t *n, const kvs_room_resu
     }
     if (n->role == KVS_ROLE_DECODE)
         n->bytes_received += res->bytes;
+    if (n->role == KVS_ROLE_DECODE && res->status == KVS_OK)
+        sim_verify_aux(sc, n, res);
     /* A rank that only learns of a real failure of a rank it talks to
      * (directly or through others: its group) by its own stall timeout was
      * never told: spec §9 wants failures sent at once. Not when a rank
@@ -692,6 +725,10 @@ static int sim_open_rooms(sim_scenario_t *sc, uint32_t i)
             }
         }
     }
+    /* Its aux payload, which the prefill ranks copy at open. */
+    const uint32_t aux_bytes = sim_kvdata_aux_bytes(i, sc->cfg.max_aux_bytes);
+    if (aux_bytes > 0)
+        sim_kvdata_aux_fill(sc->aux_buf, aux_bytes, i);
     /* Decode ranks first, as a serving engine opens them. EPEER: a peer
      * rank of the room is away; the room failed at once and its result
      * comes from the rank's results. */
@@ -700,7 +737,9 @@ static int sim_open_rooms(sim_scenario_t *sc, uint32_t i)
         const kvs_room_desc_t room = {
             .room = i, .peer = side == 0 ? decode : prefill,
             .base_tokens = side == 0 ? 0 : r->base, .total_tokens = r->tokens,
-            .pages = side == 0 ? r->ppages : r->dpages, .num_pages = side == 0 ? np : nd};
+            .pages = side == 0 ? r->ppages : r->dpages, .num_pages = side == 0 ? np : nd,
+            .aux = side == 0 && aux_bytes > 0 ? sc->aux_buf : NULL,
+            .aux_bytes = side == 0 ? aux_bytes : 0};
         for (int64_t k = 0; k < inst->nranks; k++) {
             sim_node_t *n = &inst->nodes[k];
             if (n->down)
@@ -904,6 +943,7 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
          * (64 instances, 256 ranks) hold them. */
         .max_instances = other_insts > 64 ? other_insts : 0,
         .max_peers = other_ranks > 256 ? (uint32_t)other_ranks : 0,
+        .max_aux_bytes = sc->cfg.max_aux_bytes,
         .trace = sc->trace != NULL ? sim_core_span : NULL, .trace_ctx = n,
         .log = {.fn = NULL, .level = KVS_LOG_ERROR}};
     kvs_kv_layer_t *layers = calloc((size_t)n->layers, sizeof *layers);
@@ -1202,6 +1242,11 @@ static int sim_setup(sim_scenario_t *sc)
         return sim_fail(sc, KVS_EINVAL, "prompt tokens need 1 <= min <= max (got %lld:%lld) "
                         "and the cached prefix must be >= 0", (long long)c->prompt_min_tokens,
                         (long long)c->prompt_max_tokens);
+    if (c->max_aux_bytes > KVS_AUX_BYTES_MAX)
+        return sim_fail(sc, KVS_EINVAL, "max_aux_bytes %u is over the limit of %u bytes: set "
+                        "it to 0..%u", c->max_aux_bytes, KVS_AUX_BYTES_MAX, KVS_AUX_BYTES_MAX);
+    if (c->max_aux_bytes > 0 && (sc->aux_buf = malloc(c->max_aux_bytes)) == NULL)
+        return sim_fail(sc, KVS_ENOMEM, "scenario tables");
     const int64_t ps = sc->lay.page_size;
     sc->pool_pages = (int64_t)c->max_inflight * ((c->prompt_max_tokens + ps - 1) / ps) + 1;
     rc = sim_engine_create(c->seed, 1024, &sc->eng);
@@ -1356,6 +1401,9 @@ static void sim_report(sim_scenario_t *sc, sim_report_t *out)
             out->ring_leaked_bytes += kvs_ring_live_bytes(ring);
     }
     out->bytes_verified = sc->bytes_verified;
+    out->aux_bytes_verified = sc->aux_bytes_verified;
+    out->aux_corrupt_bytes = sc->aux_corrupt_bytes;
+    snprintf(out->aux_error, sizeof out->aux_error, "%s", sc->aux_error);
     out->corrupt_bytes = sc->corrupt_bytes;
     out->violations = out->hung_requests + out->ring_leaked_bytes + out->corrupt_bytes +
                       out->unreported_failures + out->collateral_failures;
@@ -1438,6 +1486,7 @@ int sim_scenario_run(const sim_scenario_config_t *cfg, sim_report_t *out, char *
     free(sc->insts);
     free(sc->pairs);
     free(sc->reqs);
+    free(sc->aux_buf);
     free(sc);
     return rc;
 }

@@ -8,7 +8,8 @@
  * prefill and one decode instance. Requests arrive as a Poisson process,
  * are prefilled (modeled forward time, real KV bytes written by a
  * deterministic pattern), moved by the chosen path, and every byte the
- * decode side received is verified.
+ * decode side received is verified; with max_aux_bytes, so is each
+ * request's aux payload on every decode rank.
  *
  * Simulated device memory is real host memory, so a run costs wall time in
  * proportion to the KV bytes it moves and the memory it touches; the
@@ -61,6 +62,8 @@ typedef struct sim_fault {
 } sim_fault_t;
 
 #define SIM_MAX_FAULTS 16
+/* sim_report_t.aux_error, NUL included. */
+#define SIM_AUX_ERROR_BYTES 192
 /* How a request picks its two instances, one per side, at its arrival. */
 typedef enum sim_router {
     SIM_ROUTER_ROUND_ROBIN = 0,    /* each side's instances in turn */
@@ -108,6 +111,11 @@ typedef struct sim_scenario_config {
                                       filled at the end; NULL = not wanted */
     sim_topology_t topo;           /* zero: one instance per side */
     sim_router_t router;
+    uint32_t max_aux_bytes;        /* every rank's manager max_aux_bytes, at most
+                                      KVS_AUX_BYTES_MAX; request i carries an
+                                      aux payload of sim_kvdata_aux_bytes(i,
+                                      this) bytes (sim/kvdata.h), checked on
+                                      every decode rank's ok result; 0 = none */
     /* Called every ~1/64 of the requests finishing: done of total. */
     void (*progress)(void *ctx, uint32_t done, uint32_t total, uint64_t sim_ns);
     void *progress_ctx;
@@ -129,8 +137,14 @@ typedef struct sim_report {
     uint32_t requests_total, requests_ok, requests_failed; /* failed: terminal,
                                       not ok; hung ones are counted apart */
     uint64_t bytes_moved;          /* payload bytes the prefill side wrote */
-    uint64_t bytes_verified;       /* decode bytes compared with the pattern */
-    uint64_t corrupt_bytes;        /* of those, wrong (in requests reported ok) */
+    uint64_t bytes_verified;       /* decode KV bytes compared with the pattern */
+    uint64_t corrupt_bytes;        /* of those, wrong (in requests reported ok),
+                                      plus aux_corrupt_bytes */
+    uint64_t aux_bytes_verified;   /* aux payload bytes compared on the decode
+                                      ranks (each ok result of one) */
+    uint64_t aux_corrupt_bytes;    /* of those, wrong, missing or extra */
+    char aux_error[SIM_AUX_ERROR_BYTES]; /* the first wrong payload: rank,
+                                      request, lengths; "" when none */
     uint64_t ring_leaked_bytes;    /* live in any ring after the run */
     uint32_t hung_requests;        /* never terminal on every rank */
     uint32_t unreported_failures;  /* a rank learned of a peer's failure only

@@ -5,7 +5,8 @@ digest), that every run replays alone (its logged `kvstage sim` command
 gives the same digest and counts as inside the campaign, and run i is the
 same in a campaign of any length), --campaign-faults, the violation report
 and its exit status, the flags a campaign draws (--ring-bytes,
---transfer-workers, --prefill-tokens-per-s, --max-events, --sq-depth),
+--transfer-workers, --prefill-tokens-per-s, --max-events, --sq-depth,
+--aux-bytes),
 clusters of several instances with faults naming one (and no collateral
 failure), and that bad input exits 2 with one stderr line naming the flag.
 
@@ -27,7 +28,8 @@ JSON_KEYS = [
     "runs_with_faults", "requests_total", "requests_ok", "requests_failed",
     "hung_requests", "ring_leaked_bytes", "corrupt_bytes",
     "unreported_failures", "collateral_failures", "failed_without_faults",
-    "setup_errors", "runs_stopped", "runs_with_clusters", "runs_with_sq_depth", "posts_refused", "events",
+    "setup_errors", "runs_stopped", "runs_with_clusters", "runs_with_sq_depth", "posts_refused",
+    "runs_with_aux", "aux_bytes_verified", "aux_corrupt_bytes", "events",
     "max_run_events", "digest", "faults_drawn", "paths_run", "wall_seconds",
     "ms_per_run", "violating_runs", "first_violation", "replay",
 ]
@@ -89,6 +91,9 @@ def test_json_summary(s):
          "json events", args, repr(obj)[:300])
     s.ok(0 < obj.get("runs_with_sq_depth", 0) < 40 and obj.get("posts_refused", 0) > 0,
          "some runs fill their send queues", args, repr(obj)[:600])
+    s.ok(0 < obj.get("runs_with_aux", 0) < 40 and obj.get("aux_bytes_verified", 0) > 0
+         and obj.get("aux_corrupt_bytes") == 0,
+         "some runs carry aux payloads, every byte of them verified", args, repr(obj)[:600])
     s.ok(0 < obj.get("runs_with_clusters", 0) < 40 and obj.get("collateral_failures") == 0,
          "some runs are clusters, none fails a request of an unfaulted pair", args,
          repr(obj)[:600])
@@ -138,9 +143,11 @@ def test_replay(s):
         queued = [r for r in runs if "--sq-depth" in r.get("replay", "")]
         s.ok(len(queued) >= 3, "log has runs with --sq-depth", args,
              "%d of them" % len(queued))
+        aux = [r for r in runs if "--aux-bytes" in r.get("replay", "")]
+        s.ok(len(aux) >= 3, "log has runs with --aux-bytes", args, "%d of them" % len(aux))
         clusters = [r for r in runs if is_cluster(r)]
         s.ok(len(clusters) >= 5, "log has clusters", args, "%d of them" % len(clusters))
-        for r in faulted[:8] + clean[:4] + queued[:2] + clusters[:3]:
+        for r in faulted[:8] + clean[:4] + queued[:2] + aux[:2] + clusters[:3]:
             replay_alone(s, args, r)
         # Run i does not depend on how many runs the campaign has.
         short = os.path.join(tmp, "short.jsonl")

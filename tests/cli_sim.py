@@ -5,7 +5,7 @@ byte, no leaked ring byte), the table, the defaults, determinism (one seed,
 one report; another seed, another digest), the replay command, the trace
 file, the staging path's write count against the slice baseline, and that
 every class of bad input exits 2 with exactly one stderr line naming the
-flag to change.
+flag to change; aux payloads (--aux-bytes) reach every decode rank.
 
 usage: cli_sim.py PATH_TO_KVSTAGE
 Prints one line per failure and a summary "cli_sim: N passed, M failed";
@@ -34,7 +34,8 @@ REQUIRED_KEYS = [
     "decode_ranks", "model", "total_heads", "head_dim", "dtype", "layers",
     "page_size", "chunk_tokens", "prefill_tp", "decode_tp", "prefill_pp",
     "decode_pp", "replay", "hung_requests", "unreported_failures", "violations",
-    "sq_depth", "posts_refused",
+    "sq_depth", "posts_refused", "aux_bytes", "aux_bytes_verified",
+    "aux_corrupt_bytes",
 ]
 
 # Keys derived from the real clock: the only ones two runs may differ in.
@@ -93,7 +94,7 @@ def test_help(s):
         s.expect_ok(" ".join(args), args, [
             "usage: kvstage sim", "--prompt-tokens", "--rate", "--nic-gbps",
             "--path", "--seed", "--trace", "--prefix-tokens",
-            "--max-inflight", "--page-size", "llama-3.1-70b"])
+            "--max-inflight", "--page-size", "--aux-bytes", "llama-3.1-70b"])
 
 
 def test_json_report(s):
@@ -514,6 +515,10 @@ def test_bad_input(s):
         ("sq depth negative", SMALL + ["--sq-depth", "-1"], "--sq-depth"),
         ("sq depth too deep", SMALL + ["--sq-depth", "65536"], "--sq-depth"),
         ("sq depth junk", SMALL + ["--sq-depth", "deep"], "--sq-depth"),
+        ("aux bytes negative", SMALL + ["--aux-bytes", "-1"], "--aux-bytes"),
+        ("aux bytes over the limit", SMALL + ["--aux-bytes", "1048577"], "--aux-bytes"),
+        ("aux bytes junk", SMALL + ["--aux-bytes", "4k"], "--aux-bytes"),
+        ("aux bytes empty", SMALL + ["--aux-bytes="], "--aux-bytes"),
         # Clusters: every prefill instance must pair with every decode one.
         ("empty instance", with_flag("--prefill-tp", "4,,2"), "--prefill-tp"),
         ("instance tp zero", with_flag("--decode-tp", "2,0"), "--decode-tp"),
@@ -617,6 +622,48 @@ def test_sq_depth(s):
                                          "posts refused"])
 
 
+def test_aux_bytes(s):
+    """--aux-bytes N: every request carries an aux payload to every decode
+    rank, checked there byte for byte. SMALL's six requests have payloads
+    of none, 1..256 bytes, N/2..N and N, none, 1..256 (sim/kvdata.h), and
+    its two decode ranks each get every payload: aux_bytes_verified within
+    those bounds means the payloads arrived (a lost or short one counts in
+    aux_corrupt_bytes and fails the run). 0, the default, leaves the run
+    as it was; faults do not lose a payload; a bad value is refused
+    naming the flag and the range."""
+    base = s.expect_json("aux default", SMALL + ["--seed", "3", "--json"])
+    zero = s.expect_json("aux 0", SMALL + ["--seed", "3", "--aux-bytes", "0", "--json"])
+    s.ok(base.get("aux_bytes") == 0 and base.get("aux_bytes_verified") == 0
+         and zero.get("digest") == base.get("digest"), "aux 0 is none", SMALL,
+         "%r vs %r" % (zero.get("digest"), base.get("digest")))
+    n = 9000  # more than two AUX messages' worth
+    args = SMALL + ["--seed", "3", "--aux-bytes", str(n), "--json"]
+    obj = s.expect_json("aux 9000", args)
+    s.expect_clean("aux 9000", args, obj)
+    lo, hi = 2 * (n + (n - n // 2) + 2), 2 * (n + n + 2 * 256)
+    got = obj.get("aux_bytes_verified")
+    s.ok(obj.get("aux_bytes") == n and isinstance(got, int) and lo <= got <= hi
+         and obj.get("aux_corrupt_bytes") == 0, "aux 9000 payloads verified", args,
+         "verified %r, want %d..%d; corrupt %r" % (got, lo, hi,
+                                                   obj.get("aux_corrupt_bytes")))
+    s.ok(obj.get("bytes_verified") == base.get("bytes_verified")
+         and obj.get("digest") != base.get("digest"), "aux 9000 KV bytes as before",
+         args, repr(obj)[:300])
+    again = s.expect_json("aux 9000 again", args)
+    s.ok(again.get("digest") == obj.get("digest"), "aux is seeded", args,
+         "%r vs %r" % (again.get("digest"), obj.get("digest")))
+    args = SMALL + ["--aux-bytes", str(1 << 20), "--fault", "drop:any:0.05",
+                    "--stall-timeout-ms", "2000", "--json"]
+    obj = s.expect_json("aux limit with drops", args)
+    s.expect_clean("aux limit with drops", args, obj)
+    s.ok(obj.get("aux_bytes_verified", 0) >= 3 * (1 << 20)
+         and obj.get("aux_corrupt_bytes") == 0, "aux limit with drops verified", args,
+         repr(obj)[:300])
+    args = SMALL + ["--seed", "3", "--aux-bytes", "300"]
+    s.expect_ok("aux table", args, ["aux payloads", "up to 300 bytes a request",
+                                    "verified on the decode ranks, 0 corrupt"])
+
+
 def main():
     if len(sys.argv) != 2:
         print("usage: cli_sim.py PATH_TO_KVSTAGE", file=sys.stderr)
@@ -625,7 +672,7 @@ def main():
     for test in (test_help, test_json_report, test_table, test_defaults,
                  test_determinism, test_workload_flags, test_topologies,
                  test_cluster, test_router, test_slice_vs_staging, test_trace, test_bad_input, test_faults,
-                 test_sq_depth):
+                 test_sq_depth, test_aux_bytes):
         test(s)
     print("cli_sim: %d passed, %d failed" % (s.passed, s.failed))
     return 1 if s.failed else 0

@@ -5,7 +5,8 @@
  * that must be zero, reserved fields) refuse what they should with
  * KVS_EVERSION or KVS_EINVAL; bad fields and fault strings are named in the
  * error; a larger report is written up to this library's size and zeroed
- * beyond it.
+ * beyond it; aux payloads (max_aux_bytes) are checked on every decode rank
+ * and counted in the report.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,6 +18,7 @@
 
 #include <kvstage/sim.h>
 
+#include "kvdata.h"
 #include "scenario.h"
 
 /* Two layers, TP 2 -> 1, three short prompts: a few MB, milliseconds. */
@@ -294,6 +296,55 @@ static void test_sim_api_cluster(void **state)
     assert_int_equal(old.r.instances, 0xabababab);
 }
 
+/* Aux payloads (max_aux_bytes): every decode rank's ok result is checked
+ * against the payload its request's prefill ranks gave, so the count of
+ * bytes checked is known in advance; a payload lost or cut short would
+ * count in aux_corrupt_bytes and fail the run. KV bytes and their count
+ * are as without aux. */
+static void test_sim_api_aux_payloads(void **state)
+{
+    kvs_sim_report_t none, r;
+    kvs_error_t err;
+    kvs_sim_config_t c = tiny();
+    c.requests = 8;
+    c.decode_tp = 2; /* two decode ranks: every payload goes to both */
+    assert_int_equal(run(&c, &none, &err), KVS_OK);
+    assert_int_equal(none.aux_bytes_verified, 0);
+    assert_int_equal(none.aux_corrupt_bytes, 0);
+
+    const uint32_t limits[] = {1, 9000, KVS_AUX_BYTES_MAX};
+    for (size_t k = 0; k < sizeof limits / sizeof limits[0]; k++) {
+        c.max_aux_bytes = limits[k];
+        assert_int_equal(run(&c, &r, &err), KVS_OK);
+        uint64_t want = 0;
+        for (uint64_t i = 0; i < c.requests; i++)
+            want += 2 * (uint64_t)sim_kvdata_aux_bytes(i, c.max_aux_bytes);
+        assert_true(want > 0);
+        assert_int_equal(r.requests_ok, 8);
+        assert_int_equal(r.aux_bytes_verified, want);
+        assert_int_equal(r.aux_corrupt_bytes, 0);
+        assert_int_equal(r.corrupt_bytes, 0);
+        assert_int_equal(r.violations, 0);
+        assert_int_equal(r.bytes_verified, none.bytes_verified);
+        assert_int_equal(r.bytes_moved, none.bytes_moved);
+        assert_int_not_equal(r.digest, none.digest); /* AUX messages went */
+    }
+    /* Lost messages are sent again: payloads still arrive whole. */
+    const char *faults[] = {"drop:any:0.05"};
+    c.faults = faults;
+    c.nfaults = 1;
+    c.max_aux_bytes = 9000;
+    assert_int_equal(run(&c, &r, &err), KVS_OK);
+    assert_int_equal(r.aux_corrupt_bytes, 0);
+    assert_true(r.aux_bytes_verified > 0);
+    assert_int_equal(r.violations, 0);
+
+    c = tiny();
+    c.max_aux_bytes = KVS_AUX_BYTES_MAX + 1;
+    expect_error(run(&c, &r, &err), &err, KVS_EINVAL,
+                 "max_aux_bytes is 1048577: set it to 0..1048576");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -302,6 +353,7 @@ int main(void)
         cmocka_unit_test(test_sim_api_bad_fields_are_named),
         cmocka_unit_test(test_sim_api_version_and_size_guards),
         cmocka_unit_test(test_sim_api_cluster),
+        cmocka_unit_test(test_sim_api_aux_payloads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,7 +21,9 @@
  * About a quarter of the runs also get send queues that fill (--sq-depth
  * 1-4, with or without faults), so the fabric refuses posts and the core
  * must post them again; that draw comes from a stream of its own, so the
- * rest of every run is drawn as before the knob existed.
+ * rest of every run is drawn as before the knob existed. Another quarter,
+ * drawn from yet another stream, carries aux payloads (--aux-bytes), which
+ * every decode rank checks byte for byte under the run's faults.
  *
  * Faults come from cli_campaign_fault_kinds: one row per `--fault` kind
  * with its odds, its classes and a function that writes a spec. A new kind
@@ -78,6 +80,14 @@
 #define CLI_CAMPAIGN_SQ_PCT 25
 #define CLI_CAMPAIGN_MAX_SQ_DEPTH 4
 #define CLI_CAMPAIGN_KNOB_STREAM (UINT64_C(1) << 63)
+/* Aux payloads: in this share of the runs (percent), --aux-bytes from
+ * the list in cli_campaign_generate, so a run's requests carry payloads of one
+ * byte up to several AUX messages (4000 bytes each) to every decode rank.
+ * Drawn from a stream of its own (the run's index with this bit set), so a
+ * run without them is drawn as before the knob existed. */
+#define CLI_CAMPAIGN_AUX_PCT 25
+#define CLI_CAMPAIGN_MAX_AUX_BYTES 16384
+#define CLI_CAMPAIGN_AUX_STREAM (UINT64_C(1) << 61)
 /* Clusters (spec §12): in this share of the runs (percent), 1..
  * CLI_CAMPAIGN_MAX_INSTANCES instances per side of mixed TP and PP, and
  * the least-loaded router in half of them; drawn from a stream of their own
@@ -491,6 +501,7 @@ static bool cli_campaign_divides(int64_t a, int64_t b)
 typedef struct cli_campaign_draw {
     uint64_t sim_seed;         /* the run's --seed */
     uint32_t sq_depth;         /* its --sq-depth, 0: none */
+    uint32_t aux_bytes;        /* its --aux-bytes, 0: none */
     uint32_t instances;        /* of both sides */
     uint32_t nfaults;
     size_t kinds[CLI_CAMPAIGN_MAX_FAULTS];
@@ -772,6 +783,15 @@ static void cli_campaign_generate(uint64_t seed, uint64_t run,
         draw->sq_depth = (uint32_t)sim_rng_range(&knobs, 1, CLI_CAMPAIGN_MAX_SQ_DEPTH);
         cli_campaign_flag_u64(cmd, "--sq-depth", draw->sq_depth);
     }
+    /* Around one AUX message's size, and a few of them. */
+    static const uint32_t aux_limits[] = {1, 100, 3999, 4000, 4001, 9000,
+                                          CLI_CAMPAIGN_MAX_AUX_BYTES};
+    sim_rng_t aux;
+    sim_rng_init(&aux, seed, run | CLI_CAMPAIGN_AUX_STREAM);
+    if (cli_campaign_pct(&aux, CLI_CAMPAIGN_AUX_PCT)) {
+        draw->aux_bytes = CLI_CAMPAIGN_PICK(&aux, aux_limits);
+        cli_campaign_flag_u64(cmd, "--aux-bytes", draw->aux_bytes);
+    }
     draw->sim_seed = sim_rng_next(&rng);
     cli_campaign_flag_u64(cmd, "--seed", draw->sim_seed);
 }
@@ -792,6 +812,7 @@ typedef struct cli_campaign_totals {
     uint64_t runs_with_clusters; /* more than one instance on a side */
     uint64_t setup_errors, runs_stopped;
     uint64_t runs_with_sq_depth, posts_refused;
+    uint64_t runs_with_aux, aux_bytes_verified, aux_corrupt_bytes;
     uint64_t events, max_run_events;
     uint64_t digest;           /* of every run's digest, in order */
     uint64_t kind_drawn[CLI_CAMPAIGN_KINDS];
@@ -827,6 +848,7 @@ static uint64_t cli_campaign_judge(cli_campaign_totals_t *t, const cli_campaign_
     t->runs++;
     t->runs_with_faults += draw->nfaults > 0;
     t->runs_with_sq_depth += draw->sq_depth > 0;
+    t->runs_with_aux += draw->aux_bytes > 0;
     t->runs_with_clusters += draw->instances > 2;
     for (uint32_t f = 0; f < draw->nfaults; f++)
         t->kind_drawn[draw->kinds[f]]++;
@@ -866,6 +888,8 @@ static uint64_t cli_campaign_judge(cli_campaign_totals_t *t, const cli_campaign_
     t->failed_without_faults += failed_clean;
     t->collateral += collateral;
     t->posts_refused += r->posts_refused;
+    t->aux_bytes_verified += r->aux_bytes_verified;
+    t->aux_corrupt_bytes += r->aux_corrupt_bytes;
     t->events += r->events;
     if (r->events > t->max_run_events)
         t->max_run_events = r->events;
@@ -875,6 +899,7 @@ static uint64_t cli_campaign_judge(cli_campaign_totals_t *t, const cli_campaign_
     cli_campaign_why(why, r->hung_requests, "hung");
     cli_campaign_why(why, r->ring_leaked_bytes, "ring bytes leaked");
     cli_campaign_why(why, r->corrupt_bytes, "corrupt bytes");
+    cli_campaign_why(why, r->aux_corrupt_bytes, "of them in aux payloads");
     cli_campaign_why(why, r->unreported_failures, "unreported failures");
     cli_campaign_why(why, collateral, "collateral failures");
     cli_campaign_why(why, failed_clean, "requests failed without faults");
@@ -979,6 +1004,9 @@ static void cli_campaign_print_json(const cli_campaign_totals_t *t, uint64_t see
     printf(", \"runs_with_clusters\": %" PRIu64, t->runs_with_clusters);
     printf(", \"runs_with_sq_depth\": %" PRIu64 ", \"posts_refused\": %" PRIu64,
            t->runs_with_sq_depth, t->posts_refused);
+    printf(", \"runs_with_aux\": %" PRIu64 ", \"aux_bytes_verified\": %" PRIu64
+           ", \"aux_corrupt_bytes\": %" PRIu64,
+           t->runs_with_aux, t->aux_bytes_verified, t->aux_corrupt_bytes);
     printf(", \"events\": %" PRIu64 ", \"max_run_events\": %" PRIu64
            ", \"digest\": \"%016" PRIx64 "\"",
            t->events, t->max_run_events, t->digest);
@@ -1034,6 +1062,9 @@ static void cli_campaign_print_table(const cli_campaign_totals_t *t, uint64_t se
     printf("\n  %-18s %" PRIu64 " runs with --sq-depth 1-%d, %" PRIu64 " posts refused "
            "(posted again)", "send queues", t->runs_with_sq_depth, CLI_CAMPAIGN_MAX_SQ_DEPTH,
            t->posts_refused);
+    printf("\n  %-18s %" PRIu64 " runs with --aux-bytes 1-%d, %" PRIu64 " bytes verified "
+           "on the decode ranks, %" PRIu64 " corrupt", "aux payloads", t->runs_with_aux,
+           CLI_CAMPAIGN_MAX_AUX_BYTES, t->aux_bytes_verified, t->aux_corrupt_bytes);
     printf("\n  %-18s %" PRIu64 " dispatched (at most %" PRIu64 " in a run), digest %016"
            PRIx64 "\n", "events", t->events, t->max_run_events, t->digest);
     printf("  %-18s %.1f s (%.1f ms per run)\n", "wall time", wall_s,

@@ -94,6 +94,7 @@ enum cli_sim_flag {
     CLI_XF_LATENCY_NS,
     CLI_XF_SQ_DEPTH,
     CLI_XF_ROUTER,
+    CLI_XF_AUX_BYTES,
     CLI_XF_HELP,
     CLI_XF_COUNT
 };
@@ -121,6 +122,7 @@ static const cli_flag_t cli_sim_flags[CLI_XF_COUNT] = {
     [CLI_XF_LATENCY_NS] = {"--latency-ns", true},
     [CLI_XF_SQ_DEPTH] = {"--sq-depth", true},
     [CLI_XF_ROUTER] = {"--router", true},
+    [CLI_XF_AUX_BYTES] = {"--aux-bytes", true},
     [CLI_XF_HELP] = {"--help", false},
 };
 
@@ -156,7 +158,7 @@ void cli_sim_usage(FILE *out)
             "                   [--transfer-workers W] [--prefill-tokens-per-s T]\n"
             "                   [--path PATH] [--seed S] [--json] [--trace FILE]\n"
             "                   [--fault SPEC]... [--stall-timeout-ms N] [--max-events E]\n"
-            "                   [--router round-robin|least-loaded]\n"
+            "                   [--router round-robin|least-loaded] [--aux-bytes N]\n"
             "       kvstage sim --campaign N [--seed S] [--json] [--campaign-log FILE]\n"
             "                   [--campaign-faults KINDS]\n"
             "\n"
@@ -223,6 +225,13 @@ void cli_sim_usage(FILE *out)
             "                      unlimited); a write or send beyond them is refused\n"
             "                      (KVS_EAGAIN, as verbs does) and the core posts it\n"
             "                      again: posts_refused counts them\n"
+            "  --aux-bytes N       every request carries an aux payload (the engine's\n"
+            "                      own bytes: a first token, logprobs) of 0..N bytes,\n"
+            "                      its length fixed by its index (none, a few bytes,\n"
+            "                      N/2 or more, N), from its prefill ranks to every\n"
+            "                      decode rank, checked byte for byte on each: a byte\n"
+            "                      wrong, missing or extra fails the run (0..%u,\n"
+            "                      default 0: none)\n"
             "  --transfer-workers W  prefill staging buffers per rank (1..%d, default %d)\n"
             "  --prefill-tokens-per-s T  forward speed of each prefill instance (default\n"
             "                      %" PRIu64 ")\n"
@@ -293,7 +302,7 @@ void cli_sim_usage(FILE *out)
             d.prompt_min_tokens, d.prompt_max_tokens,
             CLI_SIM_DEFAULT_RATE_MILLI / 1000, CLI_SIM_MAX_INFLIGHT,
             d.max_inflight, CLI_SIM_DEFAULT_RING_MIB, CLI_SIM_DEFAULT_NIC_GBPS,
-            CLI_SIM_MAX_SQ_DEPTH, CLI_SIM_MAX_WORKERS, d.transfer_workers,
+            CLI_SIM_MAX_SQ_DEPTH, KVS_AUX_BYTES_MAX, CLI_SIM_MAX_WORKERS, d.transfer_workers,
             d.prefill_tokens_per_s);
     cli_shape_models_usage(out);
     fprintf(out,
@@ -622,7 +631,10 @@ static int cli_sim_read_values(const char *const *scanned, cli_sim_input_t *in)
     cfg->staging = cfg->path == KVS_PATH_AUTO || cfg->path == KVS_PATH_STAGING;
     cfg->net.link_bytes_per_s = (uint64_t)in->nic_gbps * 1000000000u / 8u;
     /* A fitted link model (tests/rxe/calibrate.sh) overrides the NIC. */
-    int64_t link = 0, per_op = 0, latency = 0, sq_depth = 0;
+    int64_t link = 0, per_op = 0, latency = 0, sq_depth = 0, aux_bytes = 0;
+    if ((rc = cli_sim_number(values, CLI_XF_AUX_BYTES, 0, KVS_AUX_BYTES_MAX, &aux_bytes)) != 0)
+        return rc;
+    cfg->max_aux_bytes = (uint32_t)aux_bytes;
     if ((rc = cli_sim_number(values, CLI_XF_LINK_BYTES, 1, INT64_C(1) << 50, &link)) != 0 ||
         (rc = cli_sim_number(values, CLI_XF_PER_OP_NS, 1, INT64_C(1) << 40, &per_op)) != 0 ||
         (rc = cli_sim_number(values, CLI_XF_LATENCY_NS, 1, INT64_C(1) << 40, &latency)) != 0 ||
@@ -839,6 +851,9 @@ static void cli_sim_print_json(const cli_sim_input_t *in, const sim_report_t *r,
            r->msgs_retransmitted, r->msgs_duplicate, r->peers_lost);
     printf(", \"sq_depth\": %" PRIu32 ", \"posts_refused\": %" PRIu64, cfg->net.sq_depth,
            r->posts_refused);
+    printf(", \"aux_bytes\": %" PRIu32 ", \"aux_bytes_verified\": %" PRIu64
+           ", \"aux_corrupt_bytes\": %" PRIu64, cfg->max_aux_bytes, r->aux_bytes_verified,
+           r->aux_corrupt_bytes);
     printf(", \"ranks_crashed\": %" PRIu32 ", \"ranks_restarted\": %" PRIu32
            ", \"ranks_down_at_start\": %" PRIu32 ", \"init_error\": ",
            r->ranks_crashed, r->ranks_restarted, r->ranks_down_at_start);
@@ -965,6 +980,10 @@ static void cli_sim_print_table(const cli_sim_input_t *in, const sim_report_t *r
            " corrupt\n",
            "bytes", cli_format_bytes((int64_t)r->bytes_moved, a, sizeof a),
            r->bytes_moved, r->bytes_verified, r->corrupt_bytes);
+    if (cfg->max_aux_bytes > 0)
+        printf("  %-18s up to %" PRIu32 " bytes a request, %" PRIu64 " verified on the decode "
+               "ranks, %" PRIu64 " corrupt\n", "aux payloads", cfg->max_aux_bytes,
+               r->aux_bytes_verified, r->aux_corrupt_bytes);
     printf("  %-18s peak %s on one decode rank, %" PRIu64 " bytes leaked, %"
            PRIu64 " watermark waits\n",
            "ring", cli_format_bytes((int64_t)r->ring_peak_bytes, b, sizeof b),
@@ -1035,6 +1054,10 @@ static void cli_sim_report_failure(const sim_report_t *r,
         fprintf(stderr, "kvstage sim: FAILED: %" PRIu64 " corrupt bytes in "
                 "requests reported ok (seed %" PRIu64 ")\n",
                 r->corrupt_bytes, seed);
+    if (r->aux_corrupt_bytes > 0)
+        fprintf(stderr, "kvstage sim: FAILED: %" PRIu64 " of them in aux payloads, which "
+                "must reach every decode rank as the prefill gave them; first: %s (seed %"
+                PRIu64 ")\n", r->aux_corrupt_bytes, r->aux_error, seed);
     if (r->ring_leaked_bytes > 0)
         fprintf(stderr, "kvstage sim: FAILED: %" PRIu64 " ring bytes leaked "
                 "after the run (seed %" PRIu64 ")\n",

@@ -145,7 +145,14 @@ typedef struct kvs_sim_config {
     int64_t decode_instance_tp[KVS_SIM_MAX_INSTANCES];
     int64_t decode_instance_pp[KVS_SIM_MAX_INSTANCES];
     int32_t router;             /* kvs_sim_router_t, 0 = round robin */
-    uint32_t reserved3;         /* must be 0 */
+    /* Aux payloads (kvs_manager_config_t.max_aux_bytes): every rank's
+     * limit, 0..KVS_AUX_BYTES_MAX, 0 = none (was reserved3, which had to
+     * be 0: the same size and the same runs). Each request then carries a
+     * payload of a length in [0, this] fixed by its index (none, a few
+     * bytes, half the limit or more, the limit) from its prefill ranks to
+     * every decode rank of its pair, checked byte for byte on each ok
+     * result (the report's aux_bytes_verified and aux_corrupt_bytes). */
+    uint32_t max_aux_bytes;
 } kvs_sim_config_t;
 
 /* One instance's share of a run (kvs_sim_report_t.instance). */
@@ -210,6 +217,13 @@ typedef struct kvs_sim_report {
     uint32_t instances;          /* entries of instance[]: prefill instances
                                     first, then decode ones */
     kvs_sim_instance_t instance[2 * KVS_SIM_MAX_INSTANCES];
+    /* Aux payloads (config max_aux_bytes; after instance[]: callers with a
+     * shorter size_bytes get what came before). */
+    uint64_t aux_bytes_verified; /* compared on the decode ranks, one payload
+                                    per ok result of each; not in
+                                    bytes_verified */
+    uint64_t aux_corrupt_bytes;  /* of those, wrong, missing or extra; also
+                                    counted in corrupt_bytes (violations) */
 } kvs_sim_report_t;
 
 /* A zeroed config with version and size set. */

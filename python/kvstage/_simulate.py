@@ -14,7 +14,7 @@ _SIZES = ("prefill_tp", "prefill_pp", "decode_tp", "decode_pp")
 # sizes above) are handled apart.
 _SETTABLE = tuple(name for name, _ in S.SimConfig._fields_
                   if name not in ("version", "size_bytes", "reserved0", "reserved1",
-                                  "reserved2", "reserved3", "dtype", "path", "faults",
+                                  "reserved2", "dtype", "path", "faults",
                                   "nfaults", "trace_path", "router", "prefill_instances",
                                   "decode_instances", "prefill_instance_tp",
                                   "prefill_instance_pp", "decode_instance_tp",
@@ -71,8 +71,12 @@ def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
     prompt_min_tokens, prompt_max_tokens, rate_milli_per_s, ring_bytes,
     seed, stall_timeout_ns, net_link_bytes_per_s, net_sq_depth (work
     requests per connection's send queue: a post beyond them is refused and
-    posted again, counted in posts_refused); 0 or absent takes the
-    simulator's default. path: "auto", "staging", "direct" or "slice".
+    posted again, counted in posts_refused), max_aux_bytes (0..1048576:
+    every request carries an aux payload of up to that many bytes to every
+    decode rank, checked byte for byte there and counted in
+    aux_bytes_verified and aux_corrupt_bytes, as `kvstage sim --aux-bytes`;
+    0, the default, carries none); 0 or absent takes the simulator's
+    default. path: "auto", "staging", "direct" or "slice".
     faults: strings as `kvstage sim --fault`, e.g. ["drop:any:0.01"] or
     ["crash:prefill@1:0:20000"]. trace_path: write a Chrome trace-event
     JSON there.
@@ -86,7 +90,8 @@ def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
     The dict has the report's fields (requests_total, requests_ok,
     requests_failed, hung_requests, bytes_moved, bytes_verified,
     corrupt_bytes, ring_leaked_bytes, violations, collateral_failures,
-    rdma_ops, sim_ns, goodput_gbps, latency_p50_us, digest, ...), path, the
+    aux_bytes_verified, aux_corrupt_bytes, rdma_ops, sim_ns, goodput_gbps,
+    latency_p50_us, digest, ...), path, the
     name of the path the handlers ran, and instances: one dict per instance
     (prefill ones first) with id, role, tp, pp, requests_ok,
     requests_failed, bytes and ring_peak_bytes, as `kvstage sim --json`. Requests that fail under injected faults are

@@ -94,7 +94,7 @@ class SimConfig(c.Structure):
                 ("prefill_instance_pp", i64 * SIM_MAX_INSTANCES),
                 ("decode_instance_tp", i64 * SIM_MAX_INSTANCES),
                 ("decode_instance_pp", i64 * SIM_MAX_INSTANCES),
-                ("router", i32), ("reserved3", u32)]
+                ("router", i32), ("max_aux_bytes", u32)]
 
 
 class SimInstance(c.Structure):
@@ -125,7 +125,8 @@ class SimReport(c.Structure):
                 ("reserved", u32), ("init_error", c.c_char * 384),
                 ("posts_refused", u64), ("collateral_failures", u32),
                 ("instances", u32),
-                ("instance", SimInstance * (2 * SIM_MAX_INSTANCES))]
+                ("instance", SimInstance * (2 * SIM_MAX_INSTANCES)),
+                ("aux_bytes_verified", u64), ("aux_corrupt_bytes", u64)]
 
 
 LOG_FN = c.CFUNCTYPE(None, c.c_void_p, c.c_int, c.c_char_p)  # kvs_log_fn

@@ -1,8 +1,9 @@
 """test_simulate.py - kvstage.simulate() runs the same scenario as
 `kvstage sim --json` for the same input (same bytes, same event digest),
 every request of a clean run finishes ok, a seed replays a run exactly,
-faults go through the CLI's syntax, a trace file is written, and bad input
-raises KvstageError naming the field."""
+faults go through the CLI's syntax, aux payloads reach every decode rank,
+a trace file is written, and bad input raises KvstageError naming the
+field."""
 
 import json
 
@@ -131,6 +132,25 @@ def test_send_queue_depth(cli):
     assert run()["posts_refused"] == 0  # unlimited by default
 
 
+def test_aux_payloads(cli):
+    """max_aux_bytes is `kvstage sim --aux-bytes`: every request's aux
+    payload reaches both decode ranks, checked byte for byte; the KV bytes
+    are as without aux, and the digest is the CLI's."""
+    got = run(max_aux_bytes=9000)
+    want = cli("sim", *SMALL_FLAGS, "--aux-bytes", 9000)
+    assert_clean(got, 6)
+    for key in ("aux_bytes_verified", "aux_corrupt_bytes", "bytes_verified"):
+        assert got[key] == want[key], key
+    assert "%016x" % got["digest"] == want["digest"]
+    # Six requests, two decode ranks: none, 1..256, 4500..9000, 9000, none,
+    # 1..256 bytes each (sim/kvdata.h).
+    assert 2 * (9000 + 4500 + 2) <= got["aux_bytes_verified"] <= 2 * (2 * 9000 + 512)
+    assert got["aux_corrupt_bytes"] == 0
+    none = run()
+    assert none["aux_bytes_verified"] == none["aux_corrupt_bytes"] == 0
+    assert got["bytes_verified"] == none["bytes_verified"]
+
+
 def test_trace_file_is_written(tmp_path):
     trace = tmp_path / "run.json"
     run(requests=2, trace_path=trace)
@@ -170,6 +190,9 @@ def test_bad_fields_are_named():
            decode_tp=[2, 2], decode_pp=[1, 2])
     raises("KVS_EHEAD_SPLIT", ["prefill instance 1 (TP 3"], prefill_tp=[4, 3])
     raises("KVS_EINVAL", ["router is 'random'"], router="random")
+    raises("KVS_EINVAL", ["max_aux_bytes is 1048577", "0..1048576"],
+           max_aux_bytes=(1 << 20) + 1)
+    raises("KVS_EINVAL", ["max_aux_bytes is -1"], max_aux_bytes=-1)
 
 
 def test_bad_faults_are_named():
