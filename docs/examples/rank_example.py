@@ -33,12 +33,15 @@ def main():
     dk, dv = kv_pool()
     with kvstage.Rank("prefill", k_buffers=pk, v_buffers=pv, **common) as prefill, \
             kvstage.Rank("decode", k_buffers=dk, v_buffers=dv, **common) as decode:
+        # Driver threads move the bytes from now on. The prefill must be
+        # progressing before the decode connects: connecting waits for it to
+        # accept (here in one process; an engine runs each in its own).
+        prefill.start()
+        decode.start()
         # The decode learns the prefill instance 0 (in an engine: from the
         # bootstrap server) and connects ahead of the first request.
         decode.add_instance(0, [prefill.address])
         decode.connect(0)
-        prefill.start()
-        decode.start()
 
         # One request of 150 tokens; the allocators chose these pages.
         tokens = 150

@@ -50,12 +50,14 @@ def main():
     dk, dv = pool()
     with kvstage.Rank("prefill", k_buffers=pk, v_buffers=pv, **common) as pre, \
             kvstage.Rank("decode", k_buffers=dk, v_buffers=dv, **common) as dec:
+        dec.start()  # the decode on its thread; the prefill is the measured loop
+        pre.start()  # while the decode connects (it waits for the accept)
         dec.add_instance(0, [pre.address])
         dec.connect(0)
-        dec.start()  # the decode on its thread; the prefill is the measured loop
         end = time.time() + 60
         while dec.peers_ready < 1 and time.time() < end:
-            pre.progress()
+            time.sleep(0.01)
+        pre.stop()
         print("bench_progress: %d calls per round, %d rounds, median ns per call"
               % (CALLS, ROUNDS))
         room = 0
