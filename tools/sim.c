@@ -15,6 +15,7 @@
  */
 #include "sim.h"
 
+#include <assert.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdbool.h>
@@ -26,6 +27,7 @@
 #include <unistd.h>
 
 #include <kvstage/kvstage.h>
+#include <kvstage/sim.h>
 
 #include "args.h"
 #include "campaign.h"
@@ -50,18 +52,22 @@
 #define CLI_SIM_DEFAULT_CHUNK_TOKENS 512
 #define CLI_SIM_DEFAULT_RING_MIB 512
 
-/* Input bounds: far above what a run in seconds uses, low enough that no
- * product below overflows 64 bits. */
-#define CLI_SIM_MAX_REQUESTS 1000000
-#define CLI_SIM_MAX_RATE_MILLI (INT64_C(1000000) * 1000) /* 1e6 req/s */
-#define CLI_SIM_MAX_RING_MIB (INT64_C(1) << 30)
-#define CLI_SIM_MAX_NIC_GBPS 100000
-#define CLI_SIM_MAX_INFLIGHT 65536
-#define CLI_SIM_MAX_RING_BYTES (INT64_C(1) << 50)
-#define CLI_SIM_MAX_WORKERS 64
-#define CLI_SIM_MAX_PREFILL_RATE (INT64_C(1) << 40)
-#define CLI_SIM_MAX_EVENTS (INT64_C(1) << 62)
-#define CLI_SIM_MAX_SQ_DEPTH 65535 /* as verbs' sq_depth */
+/* Input bounds: the library's, one set (kvs_sim_config_bound), scaled to
+ * each flag's unit. */
+#define CLI_SIM_MAX(field) cli_sim_bound_max(field)
+#define CLI_SIM_MAX_REQUESTS CLI_SIM_MAX("requests")
+#define CLI_SIM_MAX_RATE_MILLI CLI_SIM_MAX("rate_milli_per_s")
+#define CLI_SIM_MAX_RING_BYTES CLI_SIM_MAX("ring_bytes")
+#define CLI_SIM_MAX_RING_MIB (CLI_SIM_MAX_RING_BYTES / (INT64_C(1) << 20))
+#define CLI_SIM_MAX_LINK_BYTES CLI_SIM_MAX("net_link_bytes_per_s")
+#define CLI_SIM_MAX_NIC_GBPS (CLI_SIM_MAX_LINK_BYTES * 8 / 1000000000)
+#define CLI_SIM_MAX_INFLIGHT CLI_SIM_MAX("max_inflight")
+#define CLI_SIM_MAX_WORKERS CLI_SIM_MAX("transfer_workers")
+#define CLI_SIM_MAX_PREFILL_RATE CLI_SIM_MAX("prefill_tokens_per_s")
+#define CLI_SIM_MAX_EVENTS CLI_SIM_MAX("max_events")
+#define CLI_SIM_MAX_SQ_DEPTH CLI_SIM_MAX("net_sq_depth")
+#define CLI_SIM_MAX_STALL_MS (CLI_SIM_MAX("stall_timeout_ns") / 1000000)
+#define CLI_SIM_MAX_AUX_BYTES CLI_SIM_MAX("max_aux_bytes")
 
 #define CLI_MIB (UINT64_C(1) << 20)
 
@@ -125,6 +131,14 @@ static const cli_flag_t cli_sim_flags[CLI_XF_COUNT] = {
     [CLI_XF_AUX_BYTES] = {"--aux-bytes", true},
     [CLI_XF_HELP] = {"--help", false},
 };
+
+/* The library's largest value of a kvs_sim_config_t field. */
+static int64_t cli_sim_bound_max(const char *field)
+{
+    const kvs_sim_bound_t *b = kvs_sim_config_bound(field);
+    assert(b != NULL && b->max <= (uint64_t)INT64_MAX);
+    return (int64_t)b->max;
+}
 
 /* State of the progress line on stderr. */
 typedef struct cli_sim_progress {
@@ -298,11 +312,12 @@ void cli_sim_usage(FILE *out)
             CLI_SIM_DEFAULT_MODEL, CLI_SHAPE_MAX_HEADS, CLI_SHAPE_MAX_HEAD_DIM,
             CLI_SHAPE_MAX_LAYERS, CLI_SIM_DEFAULT_PAGE_SIZE, CLI_SIM_DEFAULT_CHUNK_TOKENS,
             KVS_DEFAULT_CHUNK_TOKENS, CLI_SIM_DEFAULT_PREFILL_TP,
-            CLI_SIM_DEFAULT_DECODE_TP, CLI_SIM_MAX_REQUESTS, d.requests,
+            CLI_SIM_DEFAULT_DECODE_TP, (int)CLI_SIM_MAX_REQUESTS, d.requests,
             d.prompt_min_tokens, d.prompt_max_tokens,
-            CLI_SIM_DEFAULT_RATE_MILLI / 1000, CLI_SIM_MAX_INFLIGHT,
+            CLI_SIM_DEFAULT_RATE_MILLI / 1000, (int)CLI_SIM_MAX_INFLIGHT,
             d.max_inflight, CLI_SIM_DEFAULT_RING_MIB, CLI_SIM_DEFAULT_NIC_GBPS,
-            CLI_SIM_MAX_SQ_DEPTH, KVS_AUX_BYTES_MAX, CLI_SIM_MAX_WORKERS, d.transfer_workers,
+            (int)CLI_SIM_MAX_SQ_DEPTH, (unsigned)CLI_SIM_MAX_AUX_BYTES, (int)CLI_SIM_MAX_WORKERS,
+            d.transfer_workers,
             d.prefill_tokens_per_s);
     cli_shape_models_usage(out);
     fprintf(out,
@@ -565,7 +580,7 @@ static int cli_sim_read_values(const char *const *scanned, cli_sim_input_t *in)
         (rc = cli_sim_parse_rate(values[CLI_XF_RATE], &cfg->rate_milli_per_s)) != 0)
         return rc;
     int64_t stall_ms = 0, ring_bytes = 0, workers = 0, prefill_rate = 0, max_events = 0;
-    if ((rc = cli_sim_number(values, CLI_XF_STALL_MS, 1, 86400000, &stall_ms)) != 0 ||
+    if ((rc = cli_sim_number(values, CLI_XF_STALL_MS, 1, CLI_SIM_MAX_STALL_MS, &stall_ms)) != 0 ||
         (rc = cli_sim_number(values, CLI_XF_RING_BYTES, 1, CLI_SIM_MAX_RING_BYTES,
                              &ring_bytes)) != 0 ||
         (rc = cli_sim_number(values, CLI_XF_TRANSFER_WORKERS, 1, CLI_SIM_MAX_WORKERS,
@@ -633,12 +648,12 @@ static int cli_sim_read_values(const char *const *scanned, cli_sim_input_t *in)
     cfg->net.link_bytes_per_s = (uint64_t)in->nic_gbps * 1000000000u / 8u;
     /* A fitted link model (tests/rxe/calibrate.sh) overrides the NIC. */
     int64_t link = 0, per_op = 0, latency = 0, sq_depth = 0, aux_bytes = 0;
-    if ((rc = cli_sim_number(values, CLI_XF_AUX_BYTES, 0, KVS_AUX_BYTES_MAX, &aux_bytes)) != 0)
+    if ((rc = cli_sim_number(values, CLI_XF_AUX_BYTES, 0, CLI_SIM_MAX_AUX_BYTES, &aux_bytes)) != 0)
         return rc;
     cfg->max_aux_bytes = (uint32_t)aux_bytes;
-    if ((rc = cli_sim_number(values, CLI_XF_LINK_BYTES, 1, INT64_C(1) << 50, &link)) != 0 ||
-        (rc = cli_sim_number(values, CLI_XF_PER_OP_NS, 1, INT64_C(1) << 40, &per_op)) != 0 ||
-        (rc = cli_sim_number(values, CLI_XF_LATENCY_NS, 1, INT64_C(1) << 40, &latency)) != 0 ||
+    if ((rc = cli_sim_number(values, CLI_XF_LINK_BYTES, 1, CLI_SIM_MAX_LINK_BYTES, &link)) != 0 ||
+        (rc = cli_sim_number(values, CLI_XF_PER_OP_NS, 1, CLI_SIM_MAX("net_per_op_ns"), &per_op)) != 0 ||
+        (rc = cli_sim_number(values, CLI_XF_LATENCY_NS, 1, CLI_SIM_MAX("net_latency_ns"), &latency)) != 0 ||
         (rc = cli_sim_number(values, CLI_XF_SQ_DEPTH, 0, CLI_SIM_MAX_SQ_DEPTH, &sq_depth)) != 0)
         return rc;
     if (values[CLI_XF_LINK_BYTES] != NULL && values[CLI_XF_NIC_GBPS] != NULL)
