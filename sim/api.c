@@ -19,54 +19,109 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "check.h"
 #include "fault_spec.h"
 #include "scenario.h"
 
 _Static_assert(KVS_SIM_MAX_INSTANCES == SIM_MAX_INSTANCES,
                "the public report holds every instance of the scenario's");
+_Static_assert(KVS_SIM_MAX_FAILURE_KINDS == SIM_MAX_FAILURE_KINDS &&
+                   KVS_SIM_FAILURE_DETAIL_BYTES == SIM_FAILURE_DETAIL_BYTES,
+               "the public report holds every failure kind of the scenario's");
 
 /* The sizes of version 1 of the public structs: smaller ones are refused. */
 #define SIM_API_CONFIG_V1_BYTES (offsetof(kvs_sim_config_t, trace_path) + sizeof(const char *))
 #define SIM_API_REPORT_V1_BYTES (offsetof(kvs_sim_report_t, e2e_p99_us) + sizeof(double))
 
-/* The bounds of `kvstage sim`'s flags (tools/sim.c, tools/shape.h): far
- * above any run that ends in reasonable time, low enough that no product
- * the simulator forms overflows 64 bits. */
+/* The bounds of every numeric field: far above any run that ends in
+ * reasonable time, low enough that no product the simulator forms
+ * overflows 64 bits. The one set: kvs_sim_config_bound exports it and
+ * `kvstage sim` scales its flags' limits from it. */
 #define SIM_API_MAX_HEADS 1024
 #define SIM_API_MAX_HEAD_DIM 4096
 #define SIM_API_MAX_LAYERS 4096
 #define SIM_API_MAX_TP 1024
 #define SIM_API_MAX_PP 1024
 #define SIM_API_MAX_TOKENS (INT64_C(1) << 24)
-#define SIM_API_MAX_REQUESTS 1000000u
-#define SIM_API_MAX_INFLIGHT 65536u
-#define SIM_API_MAX_RATE_MILLI (UINT64_C(1000000) * 1000)
-#define SIM_API_MAX_RING_BYTES (UINT64_C(1) << 50)
-#define SIM_API_MAX_LINK_BYTES_PER_S (UINT64_C(100000) * 1000000000u / 8u)
-#define SIM_API_MAX_STALL_NS (UINT64_C(86400) * 1000000000u)
-#define SIM_API_MAX_WORKERS 1024u
-#define SIM_API_MAX_SQ_DEPTH 65535u /* as verbs' sq_depth */
+
+static const kvs_sim_bound_t sim_api_bounds[] = {
+    {"total_heads", 0, SIM_API_MAX_HEADS},
+    {"heads_per_rank", 0, SIM_API_MAX_HEADS},
+    {"heads_per_rank_tp", 0, SIM_API_MAX_TP},
+    {"head_dim", 1, SIM_API_MAX_HEAD_DIM},
+    {"layers", 1, SIM_API_MAX_LAYERS},
+    {"page_size", 1, SIM_API_MAX_TOKENS},
+    {"prefill_tp", 1, SIM_API_MAX_TP},   /* 0 with prefill_instances */
+    {"decode_tp", 1, SIM_API_MAX_TP},    /* 0 with decode_instances */
+    {"prefill_pp", 0, SIM_API_MAX_PP},
+    {"decode_pp", 0, SIM_API_MAX_PP},
+    {"chunk_tokens", 0, SIM_API_MAX_TOKENS},
+    {"prompt_min_tokens", 0, SIM_API_MAX_TOKENS},
+    {"prompt_max_tokens", 0, SIM_API_MAX_TOKENS},
+    {"prefix_max_tokens", 0, SIM_API_MAX_TOKENS},
+    {"requests", 0, 1000000u},
+    {"max_inflight", 0, 65536u},
+    {"rate_milli_per_s", 0, UINT64_C(1000000) * 1000},       /* 1e6 requests/s */
+    {"prefill_tokens_per_s", 0, UINT64_C(1) << 40},
+    {"ring_bytes", 0, UINT64_C(1) << 50},
+    {"transfer_workers", 0, 1024u},
+    {"stall_timeout_ns", 0, UINT64_C(86400) * 1000000000u},  /* a day */
+    {"max_events", 0, UINT64_C(1) << 62},
+    {"net_link_bytes_per_s", 0, UINT64_C(100000) * 1000000000u / 8u}, /* 100 Tb/s */
+    {"net_latency_ns", 0, UINT64_C(1) << 40},
+    {"net_per_op_ns", 0, UINT64_C(1) << 40},
+    {"net_sq_depth", 0, 65535u},                             /* as verbs' sq_depth */
+    {"nfaults", 0, KVS_SIM_MAX_FAULTS},
+    {"prefill_instances", 0, KVS_SIM_MAX_INSTANCES},
+    {"decode_instances", 0, KVS_SIM_MAX_INSTANCES},
+    {"max_aux_bytes", 0, KVS_AUX_BYTES_MAX},
+    {"prefill_instance_tp", 1, SIM_API_MAX_TP},
+    {"prefill_instance_pp", 0, SIM_API_MAX_PP},
+    {"decode_instance_tp", 1, SIM_API_MAX_TP},
+    {"decode_instance_pp", 0, SIM_API_MAX_PP},
+};
+
+const kvs_sim_bound_t *kvs_sim_config_bound(const char *field)
+{
+    for (size_t i = 0; field != NULL && i < sizeof sim_api_bounds / sizeof sim_api_bounds[0];
+         i++)
+        if (strcmp(sim_api_bounds[i].field, field) == 0)
+            return &sim_api_bounds[i];
+    return NULL;
+}
 
 /* A refusal of the caller's config: no backend code behind it. */
 #define SIM_API_FAIL(err, status, ...) KVS_ERROR_SET((err), (status), 0, __VA_ARGS__)
 
-/* field in [min, max] (signed config fields). */
-static int sim_api_range_i64(kvs_error_t *err, const char *field, int64_t v, int64_t min,
-                             int64_t max)
+/* A signed field against its bound; min_override >= 0 lowers the minimum
+ * (a TP size of 0 when the instances are listed). */
+static int sim_api_range_i64(kvs_error_t *err, const char *field, int64_t v, int64_t min_override)
 {
-    if (v >= min && v <= max)
+    const kvs_sim_bound_t *b = kvs_sim_config_bound(field);
+    const int64_t min = min_override >= 0 ? min_override : b->min;
+    if (v >= min && (uint64_t)v <= b->max)
         return KVS_OK;
-    return SIM_API_FAIL(err, KVS_EINVAL, "%s is %lld: set it to %lld..%lld", field,
-                        (long long)v, (long long)min, (long long)max);
+    return SIM_API_FAIL(err, KVS_EINVAL, "%s is %lld: set it to %lld..%llu", field,
+                        (long long)v, (long long)min, (unsigned long long)b->max);
 }
 
-/* field <= max (unsigned config fields, 0 = default). */
-static int sim_api_max_u64(kvs_error_t *err, const char *field, uint64_t v, uint64_t max)
+/* An unsigned field against its bound (0 = default). */
+static int sim_api_max_u64(kvs_error_t *err, const char *field, uint64_t v)
 {
-    if (v <= max)
+    const kvs_sim_bound_t *b = kvs_sim_config_bound(field);
+    if (v <= b->max)
         return KVS_OK;
     return SIM_API_FAIL(err, KVS_EINVAL, "%s is %llu: set it to 0..%llu (0 = default)",
-                        field, (unsigned long long)v, (unsigned long long)max);
+                        field, (unsigned long long)v, (unsigned long long)b->max);
+}
+
+/* A field that must be 0. */
+static int sim_api_zero(kvs_error_t *err, const char *field, uint64_t v)
+{
+    if (v == 0)
+        return KVS_OK;
+    return SIM_API_FAIL(err, KVS_EINVAL, "%s is %llu: it is reserved, set it to 0", field,
+                        (unsigned long long)v);
 }
 
 /* Copies the caller's config (of its own size) into *c, a config of this
@@ -100,52 +155,45 @@ static int sim_api_read_config(const kvs_sim_config_t *cfg, kvs_sim_config_t *c,
 static int sim_api_check_bounds(const kvs_sim_config_t *c, kvs_error_t *err)
 {
     int rc;
-    if ((rc = sim_api_range_i64(err, "total_heads", c->total_heads, 0, SIM_API_MAX_HEADS)) ||
-        (rc = sim_api_range_i64(err, "heads_per_rank", c->heads_per_rank, 0,
-                                SIM_API_MAX_HEADS)) ||
-        (rc = sim_api_range_i64(err, "heads_per_rank_tp", c->heads_per_rank_tp, 0,
-                                SIM_API_MAX_TP)) ||
-        (rc = sim_api_range_i64(err, "head_dim", c->head_dim, 1, SIM_API_MAX_HEAD_DIM)) ||
-        (rc = sim_api_range_i64(err, "layers", c->layers, 1, SIM_API_MAX_LAYERS)) ||
-        (rc = sim_api_range_i64(err, "page_size", c->page_size, 1, SIM_API_MAX_TOKENS)) ||
-        (rc = sim_api_range_i64(err, "prefill_tp", c->prefill_tp,
-                                c->prefill_instances > 0 ? 0 : 1, SIM_API_MAX_TP)) ||
-        (rc = sim_api_range_i64(err, "decode_tp", c->decode_tp,
-                                c->decode_instances > 0 ? 0 : 1, SIM_API_MAX_TP)) ||
-        (rc = sim_api_range_i64(err, "prefill_pp", c->prefill_pp, 0, SIM_API_MAX_PP)) ||
-        (rc = sim_api_range_i64(err, "decode_pp", c->decode_pp, 0, SIM_API_MAX_PP)) ||
-        (rc = sim_api_range_i64(err, "chunk_tokens", c->chunk_tokens, 0, SIM_API_MAX_TOKENS)) ||
-        (rc = sim_api_range_i64(err, "prompt_min_tokens", c->prompt_min_tokens, 0,
-                                SIM_API_MAX_TOKENS)) ||
-        (rc = sim_api_range_i64(err, "prompt_max_tokens", c->prompt_max_tokens, 0,
-                                SIM_API_MAX_TOKENS)) ||
-        (rc = sim_api_range_i64(err, "prefix_max_tokens", c->prefix_max_tokens, 0,
-                                SIM_API_MAX_TOKENS)) ||
-        (rc = sim_api_max_u64(err, "requests", c->requests, SIM_API_MAX_REQUESTS)) ||
-        (rc = sim_api_max_u64(err, "max_inflight", c->max_inflight, SIM_API_MAX_INFLIGHT)) ||
-        (rc = sim_api_max_u64(err, "rate_milli_per_s", c->rate_milli_per_s,
-                              SIM_API_MAX_RATE_MILLI)) ||
-        (rc = sim_api_max_u64(err, "ring_bytes", c->ring_bytes, SIM_API_MAX_RING_BYTES)) ||
-        (rc = sim_api_max_u64(err, "transfer_workers", c->transfer_workers,
-                              SIM_API_MAX_WORKERS)) ||
-        (rc = sim_api_max_u64(err, "stall_timeout_ns", c->stall_timeout_ns,
-                              SIM_API_MAX_STALL_NS)) ||
-        (rc = sim_api_max_u64(err, "net_link_bytes_per_s", c->net_link_bytes_per_s,
-                              SIM_API_MAX_LINK_BYTES_PER_S)) ||
-        (rc = sim_api_max_u64(err, "nfaults", c->nfaults, KVS_SIM_MAX_FAULTS)) ||
-        (rc = sim_api_max_u64(err, "reserved0", c->reserved0, 0)) ||
-        (rc = sim_api_max_u64(err, "reserved1", c->reserved1, 0)) ||
-        (rc = sim_api_max_u64(err, "net_sq_depth", c->net_sq_depth, SIM_API_MAX_SQ_DEPTH)) ||
-        (rc = sim_api_max_u64(err, "reserved2", c->reserved2, 0)) ||
-        (rc = sim_api_max_u64(err, "prefill_instances", c->prefill_instances,
-                              KVS_SIM_MAX_INSTANCES)) ||
-        (rc = sim_api_max_u64(err, "decode_instances", c->decode_instances,
-                              KVS_SIM_MAX_INSTANCES)))
+#define I64(f, min) if ((rc = sim_api_range_i64(err, #f, c->f, (min))) != KVS_OK) return rc
+#define U64(f) if ((rc = sim_api_max_u64(err, #f, c->f)) != KVS_OK) return rc
+    I64(total_heads, -1);
+    I64(heads_per_rank, -1);
+    I64(heads_per_rank_tp, -1);
+    I64(head_dim, -1);
+    I64(layers, -1);
+    I64(page_size, -1);
+    I64(prefill_tp, c->prefill_instances > 0 ? 0 : -1);
+    I64(decode_tp, c->decode_instances > 0 ? 0 : -1);
+    I64(prefill_pp, -1);
+    I64(decode_pp, -1);
+    I64(chunk_tokens, -1);
+    I64(prompt_min_tokens, -1);
+    I64(prompt_max_tokens, -1);
+    I64(prefix_max_tokens, -1);
+    U64(requests);
+    U64(max_inflight);
+    U64(rate_milli_per_s);
+    U64(prefill_tokens_per_s);
+    U64(ring_bytes);
+    U64(transfer_workers);
+    U64(stall_timeout_ns);
+    U64(max_events);
+    U64(net_link_bytes_per_s);
+    U64(net_latency_ns);
+    U64(net_per_op_ns);
+    U64(nfaults);
+    U64(net_sq_depth);
+    U64(prefill_instances);
+    U64(decode_instances);
+    U64(max_aux_bytes);
+#undef I64
+#undef U64
+    if ((rc = sim_api_zero(err, "reserved0", c->reserved0)) != KVS_OK ||
+        (rc = sim_api_zero(err, "reserved1", c->reserved1)) != KVS_OK ||
+        (rc = sim_api_zero(err, "reserved2", c->reserved2)) != KVS_OK ||
+        (rc = sim_api_zero(err, "reserved3", c->reserved3)) != KVS_OK)
         return rc;
-    if (c->max_aux_bytes > KVS_AUX_BYTES_MAX)
-        return SIM_API_FAIL(err, KVS_EINVAL,
-                            "max_aux_bytes is %u: set it to 0..%u (KVS_AUX_BYTES_MAX; 0 = no "
-                            "aux payloads)", c->max_aux_bytes, KVS_AUX_BYTES_MAX);
     /* Each listed instance's sizes, named by field and index. */
     for (uint32_t side = 0; side < 2; side++) {
         const uint32_t n = side == 0 ? c->prefill_instances : c->decode_instances;
@@ -184,7 +232,7 @@ static int sim_api_check_bounds(const kvs_sim_config_t *c, kvs_error_t *err)
 
 /* The public config, checked, as the scenario's. */
 static int sim_api_scenario(const kvs_sim_config_t *c, sim_scenario_config_t *s,
-                            kvs_error_t *err)
+                            sim_topology_t *resolved, uint64_t *ring_needed, kvs_error_t *err)
 {
     memset(s, 0, sizeof *s);
     s->shape.total_heads = c->total_heads;
@@ -275,6 +323,15 @@ static int sim_api_scenario(const kvs_sim_config_t *c, sim_scenario_config_t *s,
     s->max_events = c->max_events;
     s->stall_timeout_ns = c->stall_timeout_ns;
     s->trace_path = c->trace_path;
+    s->progress = c->progress;
+    s->progress_ctx = c->progress_ctx;
+    sim_scenario_defaults(s);
+    /* A ring that cannot hold the workload's regions is refused here, as
+     * the scenario would refuse it, so kvs_sim_config_check says it too. */
+    char why[KVS_ERROR_MSG_BYTES];
+    if ((rc = sim_check_ring(s, &topo, ring_needed, why, sizeof why)) != KVS_OK)
+        return SIM_API_FAIL(err, rc, "%s", why);
+    *resolved = topo;
     return KVS_OK;
 }
 
@@ -333,9 +390,80 @@ static void sim_api_write_report(const sim_report_t *r, kvs_sim_report_t *out)
     }
     p.aux_bytes_verified = r->aux_bytes_verified;
     p.aux_corrupt_bytes = r->aux_corrupt_bytes;
+    p.ok = r->ok;
+    p.failed_without_faults = r->failed_without_faults;
+    p.ring_bytes_needed = r->ring_bytes_needed;
+    p.failures = r->nfailures;
+    p.failures_unlisted = r->failures_unlisted;
+    for (uint32_t i = 0; i < r->nfailures && i < KVS_SIM_MAX_FAILURE_KINDS; i++) {
+        p.failure[i].status = r->failures[i].status;
+        p.failure[i].count = r->failures[i].count;
+        snprintf(p.failure[i].first_detail, sizeof p.failure[i].first_detail, "%s",
+                 r->failures[i].first_detail);
+    }
     if (size > sizeof p)
         memset((unsigned char *)out + sizeof p, 0, size - sizeof p);
     memcpy(out, &p, size < sizeof p ? size : sizeof p);
+}
+
+/* Reads, bounds and converts cfg: what kvs_sim_config_check and
+ * kvs_sim_run share. */
+static int sim_api_prepare(const kvs_sim_config_t *cfg, kvs_sim_config_t *c,
+                           sim_scenario_config_t *s, sim_topology_t *topo,
+                           uint64_t *ring_needed, kvs_error_t *err)
+{
+    *ring_needed = 0;
+    int rc = sim_api_read_config(cfg, c, err);
+    if (rc == KVS_OK)
+        rc = sim_api_check_bounds(c, err);
+    if (rc == KVS_OK)
+        rc = sim_api_scenario(c, s, topo, ring_needed, err);
+    return rc;
+}
+
+int kvs_sim_config_check(const kvs_sim_config_t *cfg, kvs_sim_config_t *resolved,
+                         kvs_error_t *err)
+{
+    if (cfg == NULL)
+        return SIM_API_FAIL(err, KVS_EINVAL, "cfg must not be NULL");
+    kvs_sim_config_t c;
+    sim_scenario_config_t s;
+    sim_topology_t topo;
+    uint64_t ring_needed;
+    int rc = sim_api_prepare(cfg, &c, &s, &topo, &ring_needed, err);
+    if (rc != KVS_OK)
+        return rc;
+    if (resolved != NULL) {
+        /* The scenario's defaults, back in the public fields. */
+        c.requests = s.requests;
+        c.prompt_min_tokens = s.prompt_min_tokens;
+        c.prompt_max_tokens = s.prompt_max_tokens;
+        c.ring_bytes = s.ring_bytes;
+        c.prefill_tokens_per_s = s.prefill_tokens_per_s;
+        c.max_inflight = s.max_inflight;
+        c.transfer_workers = s.transfer_workers;
+        c.max_events = s.max_events;
+        if (c.stall_timeout_ns == 0)
+            c.stall_timeout_ns = KVS_DEFAULT_STALL_TIMEOUT_NS;
+        c.prefill_instances = topo.prefill_instances;
+        c.decode_instances = topo.decode_instances;
+        for (uint32_t i = 0; i < topo.prefill_instances; i++) {
+            c.prefill_instance_tp[i] = topo.prefill[i].tp;
+            c.prefill_instance_pp[i] = topo.prefill[i].pp;
+        }
+        for (uint32_t i = 0; i < topo.decode_instances; i++) {
+            c.decode_instance_tp[i] = topo.decode[i].tp;
+            c.decode_instance_pp[i] = topo.decode[i].pp;
+        }
+        c.prefill_tp = topo.prefill[0].tp;
+        c.prefill_pp = topo.prefill[0].pp;
+        c.decode_tp = topo.decode[0].tp;
+        c.decode_pp = topo.decode[0].pp;
+        *resolved = c;
+    }
+    if (err != NULL)
+        memset(err, 0, sizeof *err);
+    return KVS_OK;
 }
 
 int kvs_sim_run(const kvs_sim_config_t *cfg, kvs_sim_report_t *out, kvs_error_t *err)
@@ -348,17 +476,16 @@ int kvs_sim_run(const kvs_sim_config_t *cfg, kvs_sim_report_t *out, kvs_error_t 
                             "sizeof(kvs_sim_report_t) before the call", out->size_bytes,
                             (size_t)SIM_API_REPORT_V1_BYTES);
     kvs_sim_config_t c;
-    int rc = sim_api_read_config(cfg, &c, err);
-    if (rc == KVS_OK)
-        rc = sim_api_check_bounds(&c, err);
     sim_scenario_config_t s;
-    if (rc == KVS_OK)
-        rc = sim_api_scenario(&c, &s, err);
-    if (rc != KVS_OK)
-        return rc;
-
+    sim_topology_t topo;
     sim_report_t r;
     memset(&r, 0, sizeof r);
+    int rc = sim_api_prepare(cfg, &c, &s, &topo, &r.ring_bytes_needed, err);
+    if (rc != KVS_OK) {
+        if (rc == KVS_EOVERSIZED) /* the size the ring needs, for the caller */
+            sim_api_write_report(&r, out);
+        return rc;
+    }
     char why[KVS_ERROR_MSG_BYTES] = "";
     rc = sim_scenario_run(&s, &r, why, sizeof why);
     sim_api_write_report(&r, out);

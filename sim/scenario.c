@@ -26,6 +26,8 @@
  */
 #include "scenario.h"
 
+#include "check.h"
+
 #include "driver.h"
 #include "engine.h"
 #include "kvdata.h"
@@ -158,6 +160,10 @@ struct sim_scenario {
     bool msg_faults;             /* a drop/dup/delay fault: NICs get the filter */
     uint32_t ranks_crashed, ranks_restarted, ranks_down_at_start;
     uint32_t long_cuts;          /* links down now for a stall timeout or more */
+    uint64_t ring_bytes_needed;  /* check.h: the largest region a request needs */
+    sim_failure_t failures[SIM_MAX_FAILURE_KINDS]; /* first detail of each status;
+                                    counts are taken at the report */
+    uint32_t nfailures;
     char init_error[384];
 };
 
@@ -197,6 +203,29 @@ static int sim_fail(sim_scenario_t *sc, int status, const char *fmt, ...)
     if (sc->eng != NULL) /* setup errors come before the engine exists */
         sim_engine_stop(sc->eng);
     return status;
+}
+
+/* Request i ends with `status` (its first failure), which `who` saw: the
+ * first request of each status leaves its detail for the report. */
+static void sim_request_failed(sim_scenario_t *sc, uint32_t i, int status, const char *who)
+{
+    sim_req_t *r = &sc->reqs[i];
+    if (r->status != KVS_OK || status == KVS_OK)
+        return;
+    r->status = status;
+    for (uint32_t k = 0; k < sc->nfailures; k++)
+        if (sc->failures[k].status == status)
+            return;
+    if (sc->nfailures == SIM_MAX_FAILURE_KINDS)
+        return;
+    sim_failure_t *f = &sc->failures[sc->nfailures++];
+    f->status = status;
+    const uint64_t now = sc->eng != NULL ? sim_engine_now_ns(sc->eng) : 0;
+    snprintf(f->first_detail, sizeof f->first_detail,
+             "request %u (%lld tokens, prefill %u -> decode %u) on %s at %llu.%03llu ms: %s",
+             i, (long long)r->tokens, r->pi != NULL ? r->pi->id : 0,
+             r->di != NULL ? r->di->id : 0, who, (unsigned long long)(now / 1000000u),
+             (unsigned long long)(now / 1000u % 1000u), kvs_strerror(status));
 }
 
 void sim_scenario_defaults(sim_scenario_config_t *c)
@@ -557,8 +586,11 @@ static void sim_report_in(sim_scenario_t *sc, sim_node_t *n, uint32_t i, int sta
         r->ranks_peer++;
     else
         r->ranks_other++;
-    if (r->status == KVS_OK && status != KVS_OK)
-        r->status = status;
+    if (status != KVS_OK && r->status == KVS_OK) {
+        char who[96];
+        snprintf(who, sizeof who, own ? "%s" : "%s, down (crashed or never up)", n->name);
+        sim_request_failed(sc, i, status, who);
+    }
     if (--r->reports_left == 0)
         sim_finish(sc, i);
 }
@@ -719,7 +751,9 @@ static int sim_open_rooms(sim_scenario_t *sc, uint32_t i)
                 n->reported[i] = 1;
                 r->reports_left--;
                 r->ranks_down++;
-                r->status = r->status == KVS_OK ? KVS_EPEER : r->status;
+                char who[96];
+                snprintf(who, sizeof who, "%s, down at its open", n->name);
+                sim_request_failed(sc, i, KVS_EPEER, who);
                 r->untellable = true;
                 down++;
             }
@@ -1122,8 +1156,11 @@ static void sim_node_crash(sim_scenario_t *sc, sim_node_t *n)
         r->untellable = true;
         if (!n->reported[i])
             sim_report_in(sc, n, i, KVS_EPEER, false);
-        else if (n->role == KVS_ROLE_DECODE && r->status == KVS_OK)
-            r->status = KVS_EPEER;
+        else if (n->role == KVS_ROLE_DECODE && r->status == KVS_OK) {
+            char who[96];
+            snprintf(who, sizeof who, "%s, which crashed holding its KV", n->name);
+            sim_request_failed(sc, i, KVS_EPEER, who);
+        }
     }
 }
 
@@ -1245,6 +1282,11 @@ static int sim_setup(sim_scenario_t *sc)
     if (c->max_aux_bytes > KVS_AUX_BYTES_MAX)
         return sim_fail(sc, KVS_EINVAL, "max_aux_bytes %u is over the limit of %u bytes: set "
                         "it to 0..%u", c->max_aux_bytes, KVS_AUX_BYTES_MAX, KVS_AUX_BYTES_MAX);
+    /* A ring that cannot hold the regions of this workload fails its
+     * requests for sure: said now, not after the run. */
+    char why[384];
+    if ((rc = sim_check_ring(c, &sc->topo, &sc->ring_bytes_needed, why, sizeof why)) != KVS_OK)
+        return sim_fail(sc, rc, "%s", why);
     if (c->max_aux_bytes > 0 && (sc->aux_buf = malloc(c->max_aux_bytes)) == NULL)
         return sim_fail(sc, KVS_ENOMEM, "scenario tables");
     const int64_t ps = sc->lay.page_size;
@@ -1352,6 +1394,13 @@ static void sim_report(sim_scenario_t *sc, sim_report_t *out)
              * an instance it struck. */
             if (!r->pi->faulted && !r->di->faulted && r->status != KVS_EOVERSIZED)
                 out->collateral_failures++;
+            uint32_t k = 0;
+            while (k < sc->nfailures && sc->failures[k].status != r->status)
+                k++;
+            if (k < sc->nfailures)
+                sc->failures[k].count++;
+            else
+                out->failures_unlisted++;
         }
     }
     out->latency_p50_us = lat != NULL ? sim_percentile_us(lat, nl, 50) : 0;
@@ -1405,8 +1454,9 @@ static void sim_report(sim_scenario_t *sc, sim_report_t *out)
     out->aux_corrupt_bytes = sc->aux_corrupt_bytes;
     snprintf(out->aux_error, sizeof out->aux_error, "%s", sc->aux_error);
     out->corrupt_bytes = sc->corrupt_bytes;
-    out->violations = out->hung_requests + out->ring_leaked_bytes + out->corrupt_bytes +
-                      out->unreported_failures + out->collateral_failures;
+    out->nfailures = sc->nfailures;
+    memcpy(out->failures, sc->failures, sizeof out->failures);
+    sim_check_report(&sc->cfg, out);
     out->sim_ns = sc->last_done_ns > sc->first_arrival_ns ? sc->last_done_ns - sc->first_arrival_ns : 0;
     out->goodput_gbps = out->sim_ns > 0 ? (double)out->bytes_verified * 8.0 / (double)out->sim_ns : 0;
     const uint64_t nic = sc->cfg.net.link_bytes_per_s > 0 ? sc->cfg.net.link_bytes_per_s : 50000000000ull;
@@ -1460,6 +1510,7 @@ int sim_scenario_run(const sim_scenario_config_t *cfg, sim_report_t *out, char *
     }
     if (sc->nodes != NULL && sc->eng != NULL && sc->pairs != NULL)
         sim_report(sc, out);
+    out->ring_bytes_needed = sc->ring_bytes_needed;
     if (sim_trace_close(sc->trace) != KVS_OK && rc == KVS_OK) {
         rc = KVS_EINVAL;
         if (err != NULL && err_bytes > 0)

@@ -64,6 +64,20 @@ typedef struct sim_fault {
 #define SIM_MAX_FAULTS 16
 /* sim_report_t.aux_error, NUL included. */
 #define SIM_AUX_ERROR_BYTES 192
+/* Kinds of failure a report lists (sim_report_t.failures): statuses past
+ * this many are counted in failures_unlisted. */
+#define SIM_MAX_FAILURE_KINDS 8
+#define SIM_FAILURE_DETAIL_BYTES 256
+
+/* Requests that ended with one status (their first failure), and what the
+ * first of them saw. */
+typedef struct sim_failure {
+    int32_t status;                /* a KVS_E* code */
+    uint32_t count;                /* requests that ended with it */
+    char first_detail[SIM_FAILURE_DETAIL_BYTES]; /* the first such request in
+                                      simulated time: which, where, when, why */
+} sim_failure_t;
+
 /* How a request picks its two instances, one per side, at its arrival. */
 typedef enum sim_router {
     SIM_ROUTER_ROUND_ROBIN = 0,    /* each side's instances in turn */
@@ -156,8 +170,19 @@ typedef struct sim_report {
                                       no fault of the whole cluster); a region
                                       the ring can never hold (KVS_EOVERSIZED)
                                       is not collateral */
+    uint32_t failed_without_faults; /* failed in a run without faults and
+                                      not collateral (a region the ring cannot
+                                      hold): check.h */
     uint64_t violations;           /* hung + leaked + corrupt + unreported +
-                                      collateral */
+                                      collateral + failed without faults */
+    bool ok;                       /* no violation: the run's verdict */
+    uint64_t ring_bytes_needed;    /* the largest staging region a request of
+                                      the workload can need (check.h); 0 when
+                                      nothing stages */
+    sim_failure_t failures[SIM_MAX_FAILURE_KINDS]; /* by first occurrence */
+    uint32_t nfailures;
+    uint32_t failures_unlisted;    /* requests failed with a status past
+                                      SIM_MAX_FAILURE_KINDS others */
     uint32_t ranks_crashed;        /* crash and restart faults that hit a live rank */
     uint32_t ranks_restarted;
     uint32_t ranks_down_at_start;  /* failed their init (hbm-full) */

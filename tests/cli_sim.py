@@ -35,7 +35,7 @@ REQUIRED_KEYS = [
     "page_size", "chunk_tokens", "prefill_tp", "decode_tp", "prefill_pp",
     "decode_pp", "replay", "hung_requests", "unreported_failures", "violations",
     "sq_depth", "posts_refused", "aux_bytes", "aux_bytes_verified",
-    "aux_corrupt_bytes",
+    "aux_corrupt_bytes", "ok", "failures", "failed_without_faults", "ring_bytes_needed",
 ]
 
 # Keys derived from the real clock: the only ones two runs may differ in.
@@ -664,6 +664,41 @@ def test_aux_bytes(s):
                                     "verified on the decode ranks, 0 corrupt"])
 
 
+def test_failures(s):
+    """Why requests failed: counts by status with the first request's
+    detail, in --json (failures) and the table; a ring that can never hold
+    the workload's regions is refused before the run, naming --ring-mib
+    (or --ring-bytes) and the size it needs."""
+    args = SMALL + ["--fault", "crash:prefill:0:2000", "--json"]
+    obj = s.expect_json("failures crash", args)
+    f = obj.get("failures", {})
+    s.ok(obj.get("ok") is True and obj.get("requests_failed", 0) > 0
+         and sum(v.get("count", 0) for v in f.values()) == obj.get("requests_failed")
+         and all(v.get("first_detail", "").startswith("request ") for v in f.values()),
+         "failures by status", args, repr(f)[:300])
+    args = SMALL + ["--stall-timeout-ms", "1"]
+    res = s.run(args)
+    s.ok(res.returncode == 1 and "failures" in res.stdout
+         and "KVS_ETIMEDOUT: request " in res.stdout
+         and "KVS_ETIMEDOUT, the first: request " in res.stderr,
+         "failures table and stderr", args, res.stdout[-600:] + res.stderr[-300:])
+    args = SMALL + ["--stall-timeout-ms", "1", "--json"]
+    res = s.run(args)
+    obj = json.loads(res.stdout) if res.stdout else {}
+    s.ok(res.returncode == 1 and obj.get("ok") is False
+         and "KVS_ETIMEDOUT" in obj.get("failures", {}), "failures json verdict", args,
+         res.stdout[:300])
+    # The default model's region of a 512-token chunk is 80 MiB.
+    res = s.run(["sim", "--ring-mib", "1"])
+    lines = res.stderr.splitlines()
+    s.ok(res.returncode == 2 and res.stdout == "" and len(lines) == 1
+         and lines[0].startswith("kvstage sim: OVERSIZED: a 80 MiB region does not fit "
+                                 "a 1 MiB ring; raise --ring-mib to at least 80"),
+         "oversized before the run", ["sim", "--ring-mib", "1"], res.stderr)
+    s.expect_usage_error("oversized --ring-bytes", SMALL[:-2] + ["--ring-bytes", "4096"],
+                         "--ring-bytes")
+
+
 def main():
     if len(sys.argv) != 2:
         print("usage: cli_sim.py PATH_TO_KVSTAGE", file=sys.stderr)
@@ -672,7 +707,7 @@ def main():
     for test in (test_help, test_json_report, test_table, test_defaults,
                  test_determinism, test_workload_flags, test_topologies,
                  test_cluster, test_router, test_slice_vs_staging, test_trace, test_bad_input, test_faults,
-                 test_sq_depth, test_aux_bytes):
+                 test_sq_depth, test_aux_bytes, test_failures):
         test(s)
     print("cli_sim: %d passed, %d failed" % (s.passed, s.failed))
     return 1 if s.failed else 0

@@ -345,6 +345,83 @@ static void test_sim_api_aux_payloads(void **state)
                  "max_aux_bytes is 1048577: set it to 0..1048576");
 }
 
+/* The verdict is the library's (report.ok), and why requests failed comes
+ * with it: counts by status, each with its first detail. */
+static void test_sim_api_verdict_and_failures(void **state)
+{
+    kvs_sim_report_t r;
+    kvs_error_t err;
+    kvs_sim_config_t c = tiny();
+    assert_int_equal(run(&c, &r, &err), KVS_OK);
+    assert_int_equal(r.ok, 1);
+    assert_int_equal(r.violations, 0);
+    assert_int_equal(r.failures, 0);
+    assert_true(r.ring_bytes_needed > 0 && r.ring_bytes_needed <= c.ring_bytes);
+
+    /* A crash fails its instance's requests: failures, no violation. */
+    const char *crash[] = {"crash:prefill:0:2000"};
+    c.faults = crash;
+    c.nfaults = 1;
+    assert_int_equal(run(&c, &r, &err), KVS_OK);
+    assert_int_equal(r.ok, 1);
+    assert_true(r.requests_failed > 0);
+    assert_int_equal(r.failures, 1);
+    assert_int_equal(r.failure[0].status, KVS_EPEER);
+    assert_int_equal(r.failure[0].count, r.requests_failed);
+    assert_non_null(strstr(r.failure[0].first_detail, "request "));
+
+    /* No fault, a stall timeout below the run's waits: every request fails
+     * though nothing struck it, which the library calls a violation. */
+    c = tiny();
+    c.stall_timeout_ns = 1000;
+    assert_int_equal(run(&c, &r, &err), KVS_OK);
+    assert_int_equal(r.ok, 0);
+    assert_true(r.violations > 0 && r.requests_failed > 0);
+    uint32_t counted = r.failures_unlisted;
+    for (uint32_t k = 0; k < r.failures; k++)
+        counted += r.failure[k].count;
+    assert_int_equal(counted, r.requests_failed);
+
+    /* A ring below the largest region is refused before the run, with the
+     * size it needs; kvs_sim_config_check says the same. */
+    c = tiny();
+    c.ring_bytes = 4096;
+    expect_error(run(&c, &r, &err), &err, KVS_EOVERSIZED, "raise ring_bytes to at least");
+    assert_int_equal(r.events, 0);
+    assert_true(r.ring_bytes_needed > 4096);
+    kvs_sim_config_t resolved;
+    expect_error(kvs_sim_config_check(&c, &resolved, &err), &err, KVS_EOVERSIZED,
+                 "ring_bytes");
+    c.ring_bytes = r.ring_bytes_needed; /* exactly one region fits */
+    assert_int_equal(run(&c, &r, &err), KVS_OK);
+    assert_int_equal(r.ok, 1);
+}
+
+/* kvs_sim_config_check: the defaults filled in, the instances listed;
+ * kvs_sim_config_bound: the one set of bounds. */
+static void test_sim_api_config_check_and_bounds(void **state)
+{
+    kvs_sim_config_t c = tiny(), out;
+    kvs_error_t err;
+    c.requests = 0;
+    c.ring_bytes = 0;
+    assert_int_equal(kvs_sim_config_check(&c, &out, &err), KVS_OK);
+    assert_int_equal(out.requests, 16);
+    assert_int_equal(out.ring_bytes, KVS_DEFAULT_RING_BYTES);
+    assert_int_equal(out.prefill_instances, 1);
+    assert_int_equal(out.prefill_instance_tp[0], 2);
+    assert_int_equal(out.decode_instance_pp[0], 1);
+    c.requests = 2000000;
+    expect_error(kvs_sim_config_check(&c, NULL, &err), &err, KVS_EINVAL, "requests is 2000000");
+
+    const kvs_sim_bound_t *b = kvs_sim_config_bound("requests");
+    assert_non_null(b);
+    assert_int_equal(b->max, 1000000);
+    assert_int_equal(kvs_sim_config_bound("head_dim")->min, 1);
+    assert_null(kvs_sim_config_bound("path"));
+    assert_null(kvs_sim_config_bound(NULL));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -354,6 +431,8 @@ int main(void)
         cmocka_unit_test(test_sim_api_version_and_size_guards),
         cmocka_unit_test(test_sim_api_cluster),
         cmocka_unit_test(test_sim_api_aux_payloads),
+        cmocka_unit_test(test_sim_api_verdict_and_failures),
+        cmocka_unit_test(test_sim_api_config_check_and_bounds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

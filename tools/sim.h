@@ -30,6 +30,7 @@ typedef struct cli_sim_input {
     sim_scenario_config_t cfg; /* after sim_scenario_defaults; trace_path
                                   points into the parsed argv */
     int64_t nic_gbps;
+    bool ring_flag_bytes;      /* the ring came from --ring-bytes */
     bool json;
     bool help;                 /* --help or -h: nothing else was read */
 } cli_sim_input_t;

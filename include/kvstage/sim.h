@@ -39,6 +39,9 @@ extern "C" {
 #define KVS_SIM_MAX_FAULTS 16
 /* Instances per side of a cluster (spec §12). */
 #define KVS_SIM_MAX_INSTANCES 16
+/* Statuses a report lists in failure[] (the rest: failures_unlisted). */
+#define KVS_SIM_MAX_FAILURE_KINDS 8
+#define KVS_SIM_FAILURE_DETAIL_BYTES 256
 
 /* How a request is paired with one instance of each side, at its arrival. */
 typedef enum kvs_sim_router {
@@ -153,6 +156,13 @@ typedef struct kvs_sim_config {
      * every decode rank of its pair, checked byte for byte on each ok
      * result (the report's aux_bytes_verified and aux_corrupt_bytes). */
     uint32_t max_aux_bytes;
+    uint32_t reserved3;          /* must be 0 */
+    /* Progress (after max_aux_bytes: callers with a shorter size_bytes get
+     * none): called about every 1/64 of the requests finishing, with done
+     * of total and the simulated time, on the caller's thread; NULL = none.
+     * `kvstage sim` draws its progress line with it. */
+    void (*progress)(void *ctx, uint32_t done, uint32_t total, uint64_t sim_ns);
+    void *progress_ctx;
 } kvs_sim_config_t;
 
 /* One instance's share of a run (kvs_sim_report_t.instance). */
@@ -167,6 +177,15 @@ typedef struct kvs_sim_instance {
     uint64_t ring_peak_bytes;   /* decode: most ring bytes live on one of its
                                    ranks; prefill: 0 */
 } kvs_sim_instance_t;
+
+/* Requests that ended with one status (kvs_sim_report_t.failure). */
+typedef struct kvs_sim_failure {
+    int32_t status;             /* a KVS_E* code: kvs_status_name names it */
+    uint32_t count;             /* requests whose first failure it was */
+    char first_detail[KVS_SIM_FAILURE_DETAIL_BYTES]; /* the first of them in
+                                   simulated time: request, its pair of
+                                   instances, the rank, when, and why */
+} kvs_sim_failure_t;
 
 /* What a run did. Counts are over the whole cluster. */
 typedef struct kvs_sim_report {
@@ -183,7 +202,9 @@ typedef struct kvs_sim_report {
     uint64_t corrupt_bytes;     /* of those, wrong (in requests reported ok) */
     uint64_t ring_leaked_bytes; /* live in any ring after the run */
     uint64_t violations;        /* hung + leaked + corrupt + unreported
-                                   (+ collateral_failures, below) */
+                                   (+ collateral_failures and
+                                   failed_without_faults, below): ok is
+                                   violations == 0 */
     uint64_t rdma_ops, control_msgs, msgs_rejected, watermark_waits;
     uint64_t ring_peak_bytes;   /* most ring bytes live on one decode rank */
     uint64_t sim_ns;            /* first arrival to last completion */
@@ -224,6 +245,25 @@ typedef struct kvs_sim_report {
                                     bytes_verified */
     uint64_t aux_corrupt_bytes;  /* of those, wrong, missing or extra; also
                                     counted in corrupt_bytes (violations) */
+    /* The verdict and why requests failed (after aux_corrupt_bytes: callers
+     * with a shorter size_bytes get what came before). */
+    uint32_t ok;                 /* 1: the run broke no invariant; the one
+                                    verdict of kvs_sim_run, Python's
+                                    simulate() and `kvstage sim` (exit 0) */
+    uint32_t failed_without_faults; /* requests that failed in a run without
+                                    faults and are not collateral (a region
+                                    the ring cannot hold); in violations */
+    uint64_t ring_bytes_needed;  /* the largest staging region a request of
+                                    this workload can need on one decode
+                                    rank (0: no pair stages); a config whose
+                                    ring_bytes is below it is refused before
+                                    the run with KVS_EOVERSIZED, this field
+                                    still written */
+    uint32_t failures;           /* entries of failure[] */
+    uint32_t failures_unlisted;  /* requests that failed with a status past
+                                    the first KVS_SIM_MAX_FAILURE_KINDS */
+    kvs_sim_failure_t failure[KVS_SIM_MAX_FAILURE_KINDS]; /* by status, in the
+                                    order each first happened */
 } kvs_sim_report_t;
 
 /* A zeroed config with version and size set. */
@@ -246,6 +286,34 @@ static inline void kvs_sim_config_init(kvs_sim_config_t *cfg)
  */
 KVS_API int kvs_sim_run(const kvs_sim_config_t *cfg, kvs_sim_report_t *out,
                         kvs_error_t *err);
+
+/*
+ * Checks cfg as kvs_sim_run does before it runs anything (version, size,
+ * every field's bounds, the shape, the cluster, the fault strings, and a
+ * ring that holds the largest region of the workload), and when resolved
+ * is not NULL writes there the config the run would use: zero fields
+ * given their defaults, both sides' instance lists written out (at least
+ * one instance each). Returns KVS_OK or the status kvs_sim_run would
+ * return, with err (may be NULL) naming the field and what to change.
+ * Borrowed pointers (faults, trace_path, progress_ctx) are copied as they
+ * are.
+ */
+KVS_API int kvs_sim_config_check(const kvs_sim_config_t *cfg, kvs_sim_config_t *resolved,
+                                 kvs_error_t *err);
+
+/* The values one numeric field of kvs_sim_config_t accepts: [min, max]
+ * (signed fields) or [0, max] (unsigned ones; 0 is its default where it
+ * has one). The one set of bounds: kvs_sim_run checks them, `kvstage sim`
+ * scales its flags' limits from them. */
+typedef struct kvs_sim_bound {
+    const char *field;          /* as spelled in kvs_sim_config_t */
+    int64_t min;
+    uint64_t max;
+} kvs_sim_bound_t;
+
+/* The bound of field, or NULL for a field that has none (a pointer, dtype,
+ * path, router, a hardware field free of bounds). Static storage. */
+KVS_API const kvs_sim_bound_t *kvs_sim_config_bound(const char *field);
 
 #ifdef __cplusplus
 }

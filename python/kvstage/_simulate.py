@@ -91,12 +91,16 @@ def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
     requests_failed, hung_requests, bytes_moved, bytes_verified,
     corrupt_bytes, ring_leaked_bytes, violations, collateral_failures,
     aux_bytes_verified, aux_corrupt_bytes, rdma_ops, sim_ns, goodput_gbps,
-    latency_p50_us, digest, ...), path, the
+    latency_p50_us, digest, ...); ok, the run's verdict (True when it broke
+    no invariant: the library's, the same as `kvstage sim`'s exit status);
+    failures, why requests failed: {status name: {"count": n,
+    "first_detail": "..."}} as `kvstage sim --json`; path, the
     name of the path the handlers ran, and instances: one dict per instance
     (prefill ones first) with id, role, tp, pp, requests_ok,
     requests_failed, bytes and ring_peak_bytes, as `kvstage sim --json`. Requests that fail under injected faults are
     counted there; KvstageError is raised only when the run cannot happen
-    (a bad field, named in the message, or no memory for the cluster).
+    (a bad field, named in the message; a ring smaller than the largest
+    region of the workload, KVS_EOVERSIZED; or no memory for the cluster).
     """
     unknown = sorted(set(fields) - set(_SETTABLE))
     if unknown:
@@ -150,8 +154,16 @@ def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
         _errors.raise_for(rc, err)
     out = {}
     for name, _ in S.SimReport._fields_:
-        if name not in ("version", "size_bytes", "reserved", "instances", "instance"):
+        if name not in ("version", "size_bytes", "reserved", "instances", "instance",
+                        "failures", "failures_unlisted", "failure"):
             out[name] = getattr(report, name)
+    out["ok"] = bool(report.ok)
+    # Why requests failed, by status name, as `kvstage sim --json`.
+    out["failures"] = {
+        _errors.status_name(f.status): {
+            "count": f.count, "first_detail": f.first_detail.decode(errors="replace")}
+        for f in report.failure[:report.failures]}
+    out["failures_unlisted"] = report.failures_unlisted
     out["instances"] = [
         {"id": i.id, "role": "decode" if i.role == 1 else "prefill", "tp": i.tp,
          "pp": i.pp, "requests_ok": i.requests_ok, "requests_failed": i.requests_failed,

@@ -13,6 +13,8 @@ ERROR_MSG_BYTES = 256  # KVS_ERROR_MSG_BYTES
 SIM_CONFIG_VERSION = 1  # KVS_SIM_CONFIG_VERSION
 SIM_MAX_FAULTS = 16  # KVS_SIM_MAX_FAULTS
 SIM_MAX_INSTANCES = 16  # KVS_SIM_MAX_INSTANCES
+SIM_MAX_FAILURE_KINDS = 8  # KVS_SIM_MAX_FAILURE_KINDS
+SIM_FAILURE_DETAIL_BYTES = 256  # KVS_SIM_FAILURE_DETAIL_BYTES
 SIM_ROUTERS = {"round-robin": 0, "least-loaded": 1}  # kvs_sim_router_t
 
 i64 = c.c_int64
@@ -94,7 +96,8 @@ class SimConfig(c.Structure):
                 ("prefill_instance_pp", i64 * SIM_MAX_INSTANCES),
                 ("decode_instance_tp", i64 * SIM_MAX_INSTANCES),
                 ("decode_instance_pp", i64 * SIM_MAX_INSTANCES),
-                ("router", i32), ("max_aux_bytes", u32)]
+                ("router", i32), ("max_aux_bytes", u32), ("reserved3", u32),
+                ("progress", c.c_void_p), ("progress_ctx", c.c_void_p)]
 
 
 class SimInstance(c.Structure):
@@ -102,6 +105,12 @@ class SimInstance(c.Structure):
     _fields_ = [("role", i32), ("id", u32), ("tp", i64), ("pp", i64),
                 ("requests_ok", u32), ("requests_failed", u32), ("bytes", u64),
                 ("ring_peak_bytes", u64)]
+
+
+class SimFailure(c.Structure):
+    """kvs_sim_failure_t"""
+    _fields_ = [("status", i32), ("count", u32),
+                ("first_detail", c.c_char * SIM_FAILURE_DETAIL_BYTES)]
 
 
 class SimReport(c.Structure):
@@ -126,7 +135,11 @@ class SimReport(c.Structure):
                 ("posts_refused", u64), ("collateral_failures", u32),
                 ("instances", u32),
                 ("instance", SimInstance * (2 * SIM_MAX_INSTANCES)),
-                ("aux_bytes_verified", u64), ("aux_corrupt_bytes", u64)]
+                ("aux_bytes_verified", u64), ("aux_corrupt_bytes", u64),
+                ("ok", u32), ("failed_without_faults", u32),
+                ("ring_bytes_needed", u64), ("failures", u32),
+                ("failures_unlisted", u32),
+                ("failure", SimFailure * SIM_MAX_FAILURE_KINDS)]
 
 
 LOG_FN = c.CFUNCTYPE(None, c.c_void_p, c.c_int, c.c_char_p)  # kvs_log_fn
@@ -256,7 +269,8 @@ class DriverStats(c.Structure):
 C_NAMES = {Error: "kvs_error_t", LayoutParams: "kvs_layout_params_t",
            Layout: "kvs_layout_t", HeadSlice: "kvs_head_slice_t",
            Writer: "kvs_writer_t", Model: "kvs_model_t", SimConfig: "kvs_sim_config_t",
-           SimInstance: "kvs_sim_instance_t", SimReport: "kvs_sim_report_t",
+           SimInstance: "kvs_sim_instance_t", SimFailure: "kvs_sim_failure_t",
+           SimReport: "kvs_sim_report_t",
            Log: "kvs_log_t", ManagerConfig: "kvs_manager_config_t", KvLayer: "kvs_kv_layer_t",
            RankConfig: "kvs_rank_config_t", Peer: "kvs_peer_t",
            InstanceDesc: "kvs_instance_desc_t", RoomDesc: "kvs_room_desc_t",

@@ -209,3 +209,45 @@ def test_bad_faults_are_named():
 def test_unknown_argument_is_a_type_error():
     with pytest.raises(TypeError, match="ring_mib"):
         run(ring_mib=64)
+
+
+def _cli_json(*args):
+    """`kvstage sim ARGS --json`, whatever its exit status: (status, dict)."""
+    import os
+    import subprocess
+    binary = os.environ["KVSTAGE_CLI"]
+    res = subprocess.run([binary, "sim"] + [str(a) for a in args] + ["--json"],
+                         capture_output=True, text=True, timeout=300)
+    return res.returncode, json.loads(res.stdout)
+
+
+@pytest.mark.parametrize("extra,change,ok", [
+    # A crash fails the requests of its instance: failures, yet no violation.
+    (["--fault", "crash:prefill:0:2000"], dict(faults="crash:prefill:0:2000"), True),
+    # A stall timeout far below the run's own waits, no fault: every request
+    # fails although nothing struck it, a violation for all three.
+    (["--stall-timeout-ms", 1], dict(stall_timeout_ns=10**6), False),
+])
+def test_one_verdict_with_the_cli(extra, change, ok):
+    """The library's verdict (the report's ok), simulate()'s and the CLI's
+    (its exit status and --json ok) are one, with the same failures."""
+    got = run(**change)
+    status, want = _cli_json(*SMALL_FLAGS, *extra)
+    assert got["ok"] is ok and want["ok"] is ok
+    assert status == (0 if ok else 1)
+    assert got["violations"] == want["violations"]
+    assert (got["violations"] == 0) is ok
+    assert got["requests_failed"] == want["requests_failed"] > 0
+    assert got["failures"] == want["failures"]
+    assert sum(f["count"] for f in got["failures"].values()) == got["requests_failed"]
+    for f in got["failures"].values():
+        assert f["first_detail"].startswith("request ")
+
+
+def test_a_ring_too_small_is_refused_before_the_run():
+    """A ring below the largest region of the workload: KVS_EOVERSIZED before
+    anything runs, naming ring_bytes and the size it needs."""
+    with pytest.raises(kvstage.KvstageError) as exc:
+        run(ring_bytes=1 << 20)
+    assert exc.value.name == "KVS_EOVERSIZED"
+    assert "ring_bytes" in str(exc.value) and "at least" in str(exc.value)
