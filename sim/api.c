@@ -136,7 +136,7 @@ static int sim_api_check_bounds(const kvs_sim_config_t *c, kvs_error_t *err)
         (rc = sim_api_max_u64(err, "reserved0", c->reserved0, 0)) ||
         (rc = sim_api_max_u64(err, "reserved1", c->reserved1, 0)) ||
         (rc = sim_api_max_u64(err, "net_sq_depth", c->net_sq_depth, SIM_API_MAX_SQ_DEPTH)) ||
-        (rc = sim_api_max_u64(err, "reserved2", c->reserved2, 0)) ||
+        (rc = sim_api_max_u64(err, "data_mode", c->data_mode, KVS_SIM_DATA_PROVENANCE)) ||
         (rc = sim_api_max_u64(err, "prefill_instances", c->prefill_instances,
                               KVS_SIM_MAX_INSTANCES)) ||
         (rc = sim_api_max_u64(err, "decode_instances", c->decode_instances,
@@ -261,6 +261,8 @@ static int sim_api_scenario(const kvs_sim_config_t *c, sim_scenario_config_t *s,
     s->max_inflight = c->max_inflight;
     s->transfer_workers = c->transfer_workers;
     s->seed = c->seed;
+    s->gpu.data_mode = c->data_mode == KVS_SIM_DATA_PROVENANCE ? SIM_DATA_PROVENANCE
+                                                                : SIM_DATA_BYTES;
     s->gpu.hbm_bytes = c->gpu_hbm_bytes;
     s->gpu.hbm_bytes_per_s = c->gpu_hbm_bytes_per_s;
     s->gpu.launch_ns = c->gpu_launch_ns;
