@@ -128,6 +128,13 @@ typedef struct sim_gpu_op {
     uint32_t next_free;
     bool scatter;
     bool live;
+    /* Provenance mode, a fused scatter of nparts > 1 parts: its earlier
+     * ops are `deferred` (they move nothing) and its last holds every
+     * part and moves them all at once, one rewrite per run of rows. */
+    bool deferred;
+    kvs_copy_part_t *parts;
+    int64_t nparts;
+    size_t parts_cap;
 } sim_gpu_op_t;
 
 struct sim_gpu {
@@ -162,6 +169,9 @@ struct sim_gpu {
     sim_gpu_copy_hook_fn copy_hook;
     void *copy_hook_ctx;
     kvs_copy_part_t *hook_parts; /* [KVS_COPY_PARTS_MAX] while a hook is set */
+    sim_prov_rowsrc_t *rowsrc;   /* fused scatters: [KVS_COPY_PARTS_MAX] */
+    kvs_copy_shape_t *part_shapes; /* ... and their parts' shapes */
+    int64_t *part_order;          /* ... by head_start */
     sim_gpu_wake_fn wake;
     void *wake_ctx;
     sim_span_fn span;
@@ -452,6 +462,85 @@ static int sim_gpu_walk(sim_gpu_t *gpu, const kvs_copy_desc_t *d, const kvs_copy
     return rc;
 }
 
+/* A fused scatter's parts in one pass (provenance mode): for each layer,
+ * K/V and run of pool rows, the rows of every part, ordered by head, in one
+ * copy. sh[i] is part i's checked shape. */
+static int sim_gpu_walk_parts(sim_gpu_t *gpu, const kvs_copy_desc_t *d,
+                              const kvs_copy_part_t *parts, const kvs_copy_shape_t *sh,
+                              int64_t nparts)
+{
+    int64_t *ord = gpu->part_order;
+    for (int64_t i = 0; i < nparts; i++) { /* insertion sort: parts come sorted */
+        int64_t k = i;
+        while (k > 0 && parts[ord[k - 1]].head_start > parts[i].head_start) {
+            ord[k] = ord[k - 1];
+            k--;
+        }
+        ord[k] = i;
+    }
+    const uint64_t ps = (uint64_t)d->page_size, S = (uint64_t)d->staging_layer_slots;
+    const uint64_t T = (uint64_t)d->tokens, tb = sh[0].token_bytes;
+    int rc = KVS_OK;
+    for (int64_t j = 0; j < d->layer_count && rc == KVS_OK; j++) {
+        const int64_t l = d->layer_begin + j;
+        const uint64_t slot = (uint64_t)(d->staging_slot_begin + j);
+        for (uint64_t kv = 0; kv < 2 && rc == KVS_OK; kv++) {
+            const uint64_t base = kv == 0 ? d->k_base[l] : d->v_base[l];
+            for (uint64_t i = 0; i < T && rc == KVS_OK;) {
+                const uint64_t first = (uint64_t)d->pages[i / ps] * ps + i % ps;
+                uint64_t n = ps - i % ps;
+                while (i + n < T && (uint64_t)d->pages[(i + n) / ps] * ps == first + n)
+                    n += ps;
+                if (n > T - i)
+                    n = T - i;
+                for (int64_t q = 0; q < nparts; q++) {
+                    const int64_t p = ord[q];
+                    gpu->rowsrc[q] = (sim_prov_rowsrc_t){
+                        .s0 = parts[p].staging_addr + (kv * S + slot) * sh[p].slot_bytes +
+                              i * sh[p].row_bytes,
+                        .ss = sh[p].row_bytes, .row_bytes = sh[p].row_bytes,
+                        .dst_off = sh[p].head_off};
+                }
+                rc = sim_prov_copy_parts(gpu->prov, base + first * tb, tb, gpu->prov,
+                                         gpu->rowsrc, (size_t)nparts, n);
+                i += n;
+            }
+        }
+    }
+    return rc;
+}
+
+/* The data of a fused scatter's last op: every part that is still in live
+ * memory (all of them, unless memory was freed under the copy). */
+static int sim_gpu_fire_parts(sim_gpu_t *gpu, const sim_gpu_op_t *op)
+{
+    char msg[KVS_ERROR_MSG_BYTES];
+    bool all = true;
+    for (int64_t i = 0; i < op->nparts; i++) {
+        kvs_copy_desc_t one = op->desc;
+        one.head_start = op->parts[i].head_start;
+        one.num_heads = op->parts[i].num_heads;
+        one.staging_addr = op->parts[i].staging_addr;
+        all = all && sim_gpu_check(gpu, &one, "scatter", &gpu->part_shapes[i], msg,
+                                   sizeof msg) == KVS_OK;
+    }
+    if (all)
+        return sim_gpu_walk_parts(gpu, &op->desc, op->parts, gpu->part_shapes, op->nparts);
+    int rc = KVS_OK;
+    for (int64_t i = 0; i < op->nparts && rc == KVS_OK; i++) {
+        kvs_copy_desc_t one = op->desc;
+        one.head_start = op->parts[i].head_start;
+        one.num_heads = op->parts[i].num_heads;
+        one.staging_addr = op->parts[i].staging_addr;
+        kvs_copy_shape_t sh;
+        if (sim_gpu_check(gpu, &one, "scatter", &sh, msg, sizeof msg) == KVS_OK)
+            rc = sim_gpu_walk(gpu, &one, &sh, true, sim_gpu_rows_prov);
+        else
+            gpu->copy_errors++;
+    }
+    return rc;
+}
+
 static void sim_gpu_op_fire(sim_engine_t *eng, void *ctx, uint64_t arg)
 {
     sim_gpu_t *gpu = ctx;
@@ -465,8 +554,12 @@ static void sim_gpu_op_fire(sim_engine_t *eng, void *ctx, uint64_t arg)
     char msg[KVS_ERROR_MSG_BYTES];
     if (sim_gpu_check(gpu, &op->desc, op->scatter ? "scatter" : "gather", &sh, msg,
                       sizeof msg) == KVS_OK) {
-        const int rc = sim_gpu_walk(gpu, &op->desc, &sh, op->scatter,
-                                    gpu->prov != NULL ? sim_gpu_rows_prov : sim_gpu_rows_bytes);
+        int rc = KVS_OK;
+        if (op->nparts > 1)
+            rc = sim_gpu_fire_parts(gpu, op);
+        else if (!op->deferred)
+            rc = sim_gpu_walk(gpu, &op->desc, &sh, op->scatter,
+                              gpu->prov != NULL ? sim_gpu_rows_prov : sim_gpu_rows_bytes);
         if (rc == KVS_OK)
             gpu->copy_bytes += op->bytes;
         else
@@ -542,8 +635,9 @@ static uint64_t sim_gpu_duration(const sim_gpu_t *gpu, uint64_t bytes, uint32_t 
     return ns > UINT64_MAX ? UINT64_MAX : (uint64_t)ns;
 }
 
+/* Enqueues one copy; *out_idx (may be NULL) gets its op slot. */
 static int sim_gpu_enqueue(kvs_device_t *dev, kvs_stream_t *stream,
-                           const kvs_copy_desc_t *d, bool scatter)
+                           const kvs_copy_desc_t *d, bool scatter, uint32_t *out_idx)
 {
     sim_gpu_t *gpu = sim_gpu_of(dev);
     const char *what = scatter ? "scatter" : "gather";
@@ -614,6 +708,10 @@ static int sim_gpu_enqueue(kvs_device_t *dev, kvs_stream_t *stream,
     op->stream = stream->index;
     op->seq = ++stream->enq_seq;
     op->live = true;
+    op->deferred = false;
+    op->nparts = 0;
+    if (out_idx != NULL)
+        *out_idx = idx;
     stream->pending++;
     stream->busy_until_ns = end;
     gpu->ops_pending++;
@@ -622,12 +720,54 @@ static int sim_gpu_enqueue(kvs_device_t *dev, kvs_stream_t *stream,
 
 static int sim_gpu_gather(kvs_device_t *dev, kvs_stream_t *stream, const kvs_copy_desc_t *d)
 {
-    return sim_gpu_enqueue(dev, stream, d, false);
+    return sim_gpu_enqueue(dev, stream, d, false, NULL);
 }
 
 static int sim_gpu_scatter(kvs_device_t *dev, kvs_stream_t *stream, const kvs_copy_desc_t *d)
 {
-    return sim_gpu_enqueue(dev, stream, d, true);
+    return sim_gpu_enqueue(dev, stream, d, true, NULL);
+}
+
+/* Scratch of fused scatters, made on first use. */
+static bool sim_gpu_fuse_ready(sim_gpu_t *gpu, int64_t n)
+{
+    if (n > KVS_COPY_PARTS_MAX)
+        return false;
+    if (gpu->rowsrc == NULL) {
+        gpu->rowsrc = calloc(KVS_COPY_PARTS_MAX, sizeof *gpu->rowsrc);
+        gpu->part_shapes = calloc(KVS_COPY_PARTS_MAX, sizeof *gpu->part_shapes);
+        gpu->part_order = calloc(KVS_COPY_PARTS_MAX, sizeof *gpu->part_order);
+    }
+    return gpu->rowsrc != NULL && gpu->part_shapes != NULL && gpu->part_order != NULL;
+}
+
+/* Gives the last op of a fused scatter every part. */
+static int sim_gpu_op_parts(sim_gpu_op_t *op, const kvs_copy_part_t *parts, int64_t n)
+{
+    if ((size_t)n > op->parts_cap) {
+        kvs_copy_part_t *p = realloc(op->parts, (size_t)n * sizeof *p);
+        if (p == NULL)
+            return KVS_ENOMEM;
+        op->parts = p;
+        op->parts_cap = (size_t)n;
+    }
+    memcpy(op->parts, parts, (size_t)n * sizeof *parts);
+    op->nparts = n;
+    return KVS_OK;
+}
+
+/* A fused scatter that could not be enqueued whole: its ops enqueued so
+ * far (this stream's, from first_op on) move their own parts again. */
+static void sim_gpu_undefer(sim_gpu_t *gpu, const kvs_stream_t *stream, uint32_t first_op)
+{
+    const uint64_t seq0 = gpu->ops[first_op].seq;
+    for (uint32_t i = 0; i < gpu->ops_cap; i++) {
+        sim_gpu_op_t *op = &gpu->ops[i];
+        if (op->live && op->stream == stream->index && op->seq >= seq0) {
+            op->deferred = false;
+            op->nparts = 0;
+        }
+    }
 }
 
 /* As the core's default fused copy (src/backend.c): the parts' shapes
@@ -656,12 +796,30 @@ static int sim_gpu_parts(kvs_device_t *dev, kvs_stream_t *stream, const kvs_copy
                                   NULL, msg, sizeof msg);
     if (rc != KVS_OK)
         return kvs_device_fail(dev, rc, 0, "%s", msg);
+    /* Provenance mode: a scatter of several parts moves them all with its
+     * last op (the same result: scatter parts hold disjoint heads, and
+     * nothing reads the pool rows before the last op completes). */
+    const bool fuse = scatter && gpu->prov != NULL && n > 1 && sim_gpu_fuse_ready(gpu, n);
+    uint32_t first_op = SIM_GPU_NONE;
     for (int64_t i = 0; i < n && rc == KVS_OK; i++) {
         kvs_copy_desc_t one = *d;
         one.head_start = parts[i].head_start;
         one.num_heads = parts[i].num_heads;
         one.staging_addr = parts[i].staging_addr;
-        rc = sim_gpu_enqueue(dev, stream, &one, scatter);
+        uint32_t idx = SIM_GPU_NONE;
+        rc = sim_gpu_enqueue(dev, stream, &one, scatter, &idx);
+        if (rc == KVS_OK && fuse) {
+            sim_gpu_op_t *op = &gpu->ops[idx];
+            if (first_op == SIM_GPU_NONE)
+                first_op = idx;
+            if (i + 1 < n) {
+                op->deferred = true;
+            } else if (sim_gpu_op_parts(op, parts, n) != KVS_OK) {
+                rc = KVS_ENOMEM; /* undone below: each op moves its own part */
+            }
+        }
+        if (rc != KVS_OK && fuse && first_op != SIM_GPU_NONE)
+            sim_gpu_undefer(gpu, stream, first_op);
         if (rc != KVS_OK) {
             memcpy(msg, dev->last_backend_msg, sizeof msg);
             kvs_device_fail(dev, rc, dev->last_backend_code, "%s part %lld: %s", what,
@@ -889,6 +1047,7 @@ void sim_gpu_destroy(sim_gpu_t *gpu)
             (void)rc;
         }
         free(gpu->ops[i].words);
+        free(gpu->ops[i].parts);
     }
     free(gpu->ops);
     for (uint32_t i = 0; i < gpu->num_allocs; i++)
@@ -901,6 +1060,9 @@ void sim_gpu_destroy(sim_gpu_t *gpu)
     free(gpu->streams);
     sim_prov_map_destroy(gpu->prov);
     free(gpu->hook_parts);
+    free(gpu->rowsrc);
+    free(gpu->part_shapes);
+    free(gpu->part_order);
     free(gpu);
 }
 

@@ -44,6 +44,8 @@ struct sim_prov_map {
     sim_prov_list_t src, pieces, old, out;
     uint32_t *stack;        /* subtree build */
     size_t stack_cap;
+    size_t *idx;            /* copy_parts: [2 * idx_cap] cursors */
+    size_t idx_cap;
 };
 
 /* ---- runs ----------------------------------------------------------------- */
@@ -422,6 +424,7 @@ void sim_prov_map_destroy(sim_prov_map_t *m)
     free(m->old.v);
     free(m->out.v);
     free(m->stack);
+    free(m->idx);
     free(m);
 }
 
@@ -442,49 +445,78 @@ int sim_prov_erase(sim_prov_map_t *m, uint64_t addr, uint64_t len_bytes)
     return sim_prov_write(m, &hole);
 }
 
+int sim_prov_copy_parts(sim_prov_map_t *dst, uint64_t d0, uint64_t ds, sim_prov_map_t *src,
+                        const sim_prov_rowsrc_t *parts, size_t nparts, uint64_t rows)
+{
+    if (rows == 0 || nparts == 0)
+        return KVS_OK;
+    if (nparts > dst->idx_cap) {
+        size_t *idx = realloc(dst->idx, 2 * nparts * sizeof *idx);
+        if (idx == NULL)
+            return KVS_ENOMEM;
+        dst->idx = idx;
+        dst->idx_cap = nparts;
+    }
+    size_t *cur = dst->idx, *end = dst->idx + nparts;
+    /* Read every part's rows first: src may be dst. */
+    dst->src.n = 0;
+    int rc = KVS_OK;
+    for (size_t j = 0; j < nparts && rc == KVS_OK; j++) {
+        const sim_prov_rowsrc_t *p = &parts[j];
+        assert(j == 0 || parts[j - 1].dst_off + parts[j - 1].row_bytes <= p->dst_off);
+        assert(rows == 1 || (p->ss >= p->row_bytes && p->dst_off + p->row_bytes <= ds));
+        cur[j] = dst->src.n;
+        if (p->row_bytes > 0)
+            rc = sim_prov_collect(src, src->root, p->s0,
+                                  p->s0 + (rows - 1) * p->ss + p->row_bytes, &dst->src);
+        end[j] = dst->src.n;
+    }
+    dst->pieces.n = 0;
+    const sim_prov_run_t *v = dst->src.v;
+    for (uint64_t i = 0; i < rows && rc == KVS_OK; i++) {
+        for (size_t j = 0; j < nparts && rc == KVS_OK; j++) {
+            const sim_prov_rowsrc_t *p = &parts[j];
+            const uint64_t lo = p->s0 + i * p->ss, hi = lo + p->row_bytes;
+            const uint64_t to = d0 + i * ds + p->dst_off; /* lo lands here */
+            while (cur[j] < end[j] && sim_prov_end(&v[cur[j]]) <= lo)
+                cur[j]++;
+            uint64_t pos = lo;
+            for (size_t q = cur[j]; q < end[j] && v[q].addr < hi && rc == KVS_OK; q++) {
+                if (v[q].addr > pos) {
+                    const sim_prov_run_t hole = {.addr = to + (pos - lo),
+                                                 .len_bytes = v[q].addr - pos,
+                                                 .key = SIM_PROV_HOLE};
+                    rc = sim_prov_emit(&dst->pieces, &hole, false);
+                    pos = v[q].addr;
+                }
+                const uint64_t e = sim_prov_end(&v[q]) < hi ? sim_prov_end(&v[q]) : hi;
+                sim_prov_run_t piece = sim_prov_clip(&v[q], pos - v[q].addr, e - v[q].addr);
+                piece.addr = to + (pos - lo);
+                if (rc == KVS_OK)
+                    rc = sim_prov_emit(&dst->pieces, &piece, false);
+                pos = e;
+            }
+            if (pos < hi && rc == KVS_OK) {
+                const sim_prov_run_t hole = {.addr = to + (pos - lo), .len_bytes = hi - pos,
+                                             .key = SIM_PROV_HOLE};
+                rc = sim_prov_emit(&dst->pieces, &hole, false);
+            }
+        }
+    }
+    const sim_prov_rowsrc_t *last = &parts[nparts - 1];
+    return rc == KVS_OK ? sim_prov_rewrite(dst, d0 + parts[0].dst_off,
+                                           d0 + (rows - 1) * ds + last->dst_off + last->row_bytes,
+                                           &dst->pieces)
+                        : rc;
+}
+
 int sim_prov_copy_rows(sim_prov_map_t *dst, uint64_t d0, uint64_t ds, sim_prov_map_t *src,
                        uint64_t s0, uint64_t ss, uint64_t row_bytes, uint64_t rows)
 {
-    if (rows == 0 || row_bytes == 0)
+    if (row_bytes == 0)
         return KVS_OK;
-    assert(rows == 1 || (ss >= row_bytes && ds >= row_bytes));
-    const uint64_t s_hi = s0 + (rows - 1) * ss + row_bytes;
-    const uint64_t d_hi = d0 + (rows - 1) * ds + row_bytes;
-    /* Read everything first: src may be dst. */
-    dst->src.n = 0;
-    int rc = sim_prov_collect(src, src->root, s0, s_hi, &dst->src);
-    dst->pieces.n = 0;
-    const sim_prov_run_t *v = dst->src.v;
-    const size_t nv = dst->src.n;
-    size_t k = 0;
-    for (uint64_t i = 0; i < rows && rc == KVS_OK; i++) {
-        const uint64_t lo = s0 + i * ss, hi = lo + row_bytes;
-        const uint64_t to = d0 + i * ds; /* lo lands here */
-        while (k < nv && sim_prov_end(&v[k]) <= lo)
-            k++;
-        uint64_t pos = lo;
-        for (size_t q = k; q < nv && v[q].addr < hi && rc == KVS_OK; q++) {
-            if (v[q].addr > pos) {
-                const sim_prov_run_t hole = {.addr = to + (pos - lo),
-                                             .len_bytes = v[q].addr - pos,
-                                             .key = SIM_PROV_HOLE};
-                rc = sim_prov_emit(&dst->pieces, &hole, false);
-                pos = v[q].addr;
-            }
-            const uint64_t e = sim_prov_end(&v[q]) < hi ? sim_prov_end(&v[q]) : hi;
-            sim_prov_run_t p = sim_prov_clip(&v[q], pos - v[q].addr, e - v[q].addr);
-            p.addr = to + (pos - lo);
-            if (rc == KVS_OK)
-                rc = sim_prov_emit(&dst->pieces, &p, false);
-            pos = e;
-        }
-        if (pos < hi && rc == KVS_OK) {
-            const sim_prov_run_t hole = {.addr = to + (pos - lo), .len_bytes = hi - pos,
-                                         .key = SIM_PROV_HOLE};
-            rc = sim_prov_emit(&dst->pieces, &hole, false);
-        }
-    }
-    return rc == KVS_OK ? sim_prov_rewrite(dst, d0, d_hi, &dst->pieces) : rc;
+    const sim_prov_rowsrc_t one = {.s0 = s0, .ss = ss, .row_bytes = row_bytes};
+    return sim_prov_copy_parts(dst, d0, ds, src, &one, 1, rows);
 }
 
 int sim_prov_copy(sim_prov_map_t *dst, uint64_t daddr, sim_prov_map_t *src, uint64_t saddr,

@@ -65,6 +65,17 @@ int sim_prov_copy_rows(sim_prov_map_t *dst, uint64_t d0, uint64_t ds, sim_prov_m
                        uint64_t s0, uint64_t ss, uint64_t row_bytes, uint64_t rows);
 int sim_prov_copy(sim_prov_map_t *dst, uint64_t daddr, sim_prov_map_t *src, uint64_t saddr,
                   uint64_t len_bytes);
+/* One source of sim_prov_copy_parts: rows of row_bytes from s0, ss apart,
+ * landing dst_off bytes into each destination row. */
+typedef struct sim_prov_rowsrc {
+    uint64_t s0, ss, row_bytes, dst_off;
+} sim_prov_rowsrc_t;
+/* Row i of every part (sorted by dst_off, disjoint, all inside ds when
+ * rows > 1) goes to d0 + i * ds + dst_off, in one rewrite: parts that
+ * tile a row (a fused scatter of several writers' heads) leave one run
+ * for all the rows. The same result as a sim_prov_copy_rows per part. */
+int sim_prov_copy_parts(sim_prov_map_t *dst, uint64_t d0, uint64_t ds, sim_prov_map_t *src,
+                        const sim_prov_rowsrc_t *parts, size_t nparts, uint64_t rows);
 /* The bytes of [want->addr, +len) whose origin differs from want's (wrong
  * key, wrong offset, or a hole). */
 uint64_t sim_prov_diff(sim_prov_map_t *m, const sim_prov_run_t *want);
