@@ -75,6 +75,7 @@ static const kvs_sim_bound_t sim_api_bounds[] = {
     {"prefill_instances", 0, KVS_SIM_MAX_INSTANCES},
     {"decode_instances", 0, KVS_SIM_MAX_INSTANCES},
     {"max_aux_bytes", 0, KVS_AUX_BYTES_MAX},
+    {"data_mode", 0, KVS_SIM_DATA_PROVENANCE},               /* kvs_sim_data_mode_t */
     {"prefill_instance_tp", 1, SIM_API_MAX_TP},
     {"prefill_instance_pp", 0, SIM_API_MAX_PP},
     {"decode_instance_tp", 1, SIM_API_MAX_TP},
@@ -187,11 +188,11 @@ static int sim_api_check_bounds(const kvs_sim_config_t *c, kvs_error_t *err)
     U64(prefill_instances);
     U64(decode_instances);
     U64(max_aux_bytes);
+    U64(data_mode);
 #undef I64
 #undef U64
     if ((rc = sim_api_zero(err, "reserved0", c->reserved0)) != KVS_OK ||
         (rc = sim_api_zero(err, "reserved1", c->reserved1)) != KVS_OK ||
-        (rc = sim_api_zero(err, "reserved2", c->reserved2)) != KVS_OK ||
         (rc = sim_api_zero(err, "reserved3", c->reserved3)) != KVS_OK)
         return rc;
     /* Each listed instance's sizes, named by field and index. */
@@ -309,6 +310,8 @@ static int sim_api_scenario(const kvs_sim_config_t *c, sim_scenario_config_t *s,
     s->max_inflight = c->max_inflight;
     s->transfer_workers = c->transfer_workers;
     s->seed = c->seed;
+    s->gpu.data_mode = c->data_mode == KVS_SIM_DATA_PROVENANCE ? SIM_DATA_PROVENANCE
+                                                                : SIM_DATA_BYTES;
     s->gpu.hbm_bytes = c->gpu_hbm_bytes;
     s->gpu.hbm_bytes_per_s = c->gpu_hbm_bytes_per_s;
     s->gpu.launch_ns = c->gpu_launch_ns;

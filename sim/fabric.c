@@ -184,6 +184,8 @@ struct sim_nic {
     uint32_t write_error_num, write_error_den;
     sim_msg_filter_fn msg_filter;
     void *msg_filter_ctx;
+    sim_nic_write_hook_fn write_hook; /* test-only: planted bugs */
+    void *write_hook_ctx;
     sim_nic_wake_fn wake;
     void *wake_ctx;
     sim_span_fn span;
@@ -670,11 +672,9 @@ static sim_nic_t *sim_net_land(sim_net_t *net, uint32_t w, uint64_t off, uint64_
             break;
         }
     }
-    uint8_t *to = NULL;
-    if (mr != NULL && raddr >= wr->remote_addr && raddr >= mr->addr &&
-        seg <= mr->len_bytes && raddr - mr->addr <= mr->len_bytes - seg)
-        to = sim_gpu_host(dst->gpu, raddr, seg);
-    if (to == NULL) {
+    if (mr == NULL || raddr < wr->remote_addr || raddr < mr->addr ||
+        seg > mr->len_bytes || raddr - mr->addr > mr->len_bytes - seg ||
+        !sim_gpu_in_mem(dst->gpu, raddr, seg)) {
         sim_wr_fail(net, w, KVS_EREMOTE, sim_add_sat(now, lat));
         return NULL;
     }
@@ -684,8 +684,7 @@ static sim_nic_t *sim_net_land(sim_net_t *net, uint32_t w, uint64_t off, uint64_
         wr->status = KVS_EPEER;
         return NULL;
     }
-    const uint8_t *from = sim_gpu_host(src->gpu, wr->local_addr + off, seg);
-    if (from == NULL) {
+    if (!sim_gpu_in_mem(src->gpu, wr->local_addr + off, seg)) {
         kvs_fabric_fail(&src->base, KVS_EBACKEND, 0,
                         "NIC %s: source of a write (0x%llx + %llu bytes) was freed while "
                         "the write was in flight",
@@ -694,7 +693,13 @@ static sim_nic_t *sim_net_land(sim_net_t *net, uint32_t w, uint64_t off, uint64_
         sim_wr_fail(net, w, KVS_EBACKEND, sim_add_sat(now, lat));
         return NULL;
     }
-    memmove(to, from, seg);
+    if (sim_gpu_move(dst->gpu, raddr, src->gpu, wr->local_addr + off, seg) != KVS_OK) {
+        kvs_fabric_fail(&src->base, KVS_ENOMEM, 0,
+                        "NIC %s: out of host memory for the provenance of a write",
+                        src->name);
+        sim_wr_fail(net, w, KVS_ENOMEM, sim_add_sat(now, lat));
+        return NULL;
+    }
     wr->landed_bytes += seg;
     if (wr->landed_bytes < wr->len_bytes)
         return NULL;
@@ -898,7 +903,7 @@ static int sim_nic_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t ad
         return kvs_fabric_fail(fab, KVS_EINVAL, 0,
                                "mr_register on %s: GPU %u is not the GPU of this NIC (GPU "
                                "%u)", nic->name, sim_gpu_id(gpu), sim_gpu_id(nic->gpu));
-    if (len_bytes == 0 || sim_gpu_host(gpu, addr, len_bytes) == NULL)
+    if (len_bytes == 0 || !sim_gpu_in_mem(gpu, addr, len_bytes))
         return kvs_fabric_fail(fab, KVS_EINVAL, 0,
                                "mr_register on %s: [0x%llx, +%llu bytes) is not inside one "
                                "live allocation of GPU %u",
@@ -1111,6 +1116,9 @@ static int sim_nic_write(kvs_fabric_t *fab, kvs_conn_t *conn, const kvs_write_de
     sim_nic_t *peer = conn->peer;
     wr->local_addr = desc->local_addr;
     wr->remote_addr = desc->remote_addr;
+    if (nic->write_hook != NULL)
+        nic->write_hook(nic->write_hook_ctx, nic->name, peer->name, &wr->remote_addr,
+                        desc->len_bytes);
     wr->len_bytes = desc->len_bytes;
     wr->rkey = desc->rkey;
     wr->wr_id = desc->wr_id;
@@ -1480,4 +1488,10 @@ sim_rng_t *sim_net_fault_rng(sim_net_t *net) { return &net->fault_rng; }
 void sim_nic_fail_next_writes(sim_nic_t *nic, uint32_t count)
 {
     nic->fail_next_writes = count;
+}
+
+void sim_nic_set_write_hook(sim_nic_t *nic, sim_nic_write_hook_fn fn, void *ctx)
+{
+    nic->write_hook = fn;
+    nic->write_hook_ctx = ctx;
 }

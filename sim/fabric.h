@@ -91,6 +91,11 @@ typedef enum sim_msg_fate {
 typedef sim_msg_fate_t (*sim_msg_filter_fn)(void *ctx, const uint8_t *msg, uint32_t len_bytes,
                                             uint64_t *delay_ns);
 void sim_nic_set_msg_filter(sim_nic_t *nic, sim_msg_filter_fn fn, void *ctx);
+/* Test hook (planted bugs): sees every write posted on this NIC (its name,
+ * the target NIC's, the length) and may change its remote address. */
+typedef void (*sim_nic_write_hook_fn)(void *ctx, const char *nic_name, const char *peer_name,
+                                      uint64_t *remote_addr, uint64_t len_bytes);
+void sim_nic_set_write_hook(sim_nic_t *nic, sim_nic_write_hook_fn fn, void *ctx);
 /* The network's fault stream, for filters that draw (deterministic per seed). */
 sim_rng_t *sim_net_fault_rng(sim_net_t *net);
 

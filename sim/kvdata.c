@@ -3,7 +3,8 @@
  * coordinates, 8 bytes per step. Two coordinates that differ in any field
  * give unrelated vectors, so a head or token landing in the wrong slot is
  * caught, not only missing bytes. Aux payloads are vectors of the same
- * stream at layer -1, which no KV vector has.
+ * stream at layer -1, which no KV vector has. In the provenance mode the
+ * origin of a byte stands for it (see kvdata.h).
  */
 #include "kvdata.h"
 
@@ -101,4 +102,25 @@ uint64_t sim_kvdata_aux_verify(uint64_t request, uint32_t max, const void *aux,
     }
     *checked = want > aux_bytes ? want : aux_bytes;
     return wrong;
+}
+
+uint64_t sim_kvdata_prov_key(uint64_t request, int64_t layer, int kv)
+{
+    return request << 32 | (uint64_t)layer << 1 | (uint64_t)(kv & 1);
+}
+
+sim_prov_run_t sim_kvdata_prov_rows(const sim_kv_coord_t *first, int64_t heads,
+                                    int64_t tokens, int64_t total_heads, int64_t head_bytes,
+                                    uint64_t addr)
+{
+    const uint64_t hb = (uint64_t)head_bytes;
+    sim_prov_run_t r = {
+        .addr = addr,
+        .len_bytes = (uint64_t)tokens * (uint64_t)heads * hb,
+        .key = sim_kvdata_prov_key(first->request, first->layer, first->kv),
+        .off = ((uint64_t)first->token * (uint64_t)total_heads + (uint64_t)first->head) * hb,
+        .row_bytes = (uint64_t)heads * hb,
+        .stride = (uint64_t)total_heads * hb};
+    sim_prov_canon(&r);
+    return r;
 }

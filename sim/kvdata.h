@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "prov.h"
+
 typedef struct sim_kv_coord {
     uint64_t request;
     int64_t layer;   /* global layer */
@@ -23,6 +25,19 @@ typedef struct sim_kv_coord {
 void sim_kvdata_fill(uint8_t *dst, size_t len, const sim_kv_coord_t *c);
 /* Number of the len bytes at src that differ from the vector at c. */
 uint64_t sim_kvdata_check(const uint8_t *src, size_t len, const sim_kv_coord_t *c);
+
+/* The same content in the provenance data mode (sim/prov.h): byte b of the
+ * vector at c has origin key sim_kvdata_prov_key(request, layer, kv) and
+ * offset (token * total_heads + head) * head_bytes + b, so a byte that
+ * lands in the wrong slot, head, token, layer, side or request has the
+ * wrong origin. */
+uint64_t sim_kvdata_prov_key(uint64_t request, int64_t layer, int kv);
+/* The run of `tokens` tokens from first->token, each a row of `heads`
+ * consecutive global heads from first->head, laid out token-major from
+ * addr (a KV pool's page run): one run, whatever the token count. */
+sim_prov_run_t sim_kvdata_prov_rows(const sim_kv_coord_t *first, int64_t heads,
+                                    int64_t tokens, int64_t total_heads, int64_t head_bytes,
+                                    uint64_t addr);
 
 /* The length of request's aux payload under a limit of max bytes, in
  * [0, max]: a hash of the request, not a draw of the run's streams. Every

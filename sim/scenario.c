@@ -295,12 +295,68 @@ static uint8_t *sim_slot(const sim_node_t *n, int64_t layer, int kv, int64_t pag
     return n->pool_host + (addr - n->pool_addr);
 }
 
+/* Tokens from t (< end) whose pool slots follow t's, in a page list that
+ * starts at token `base` (page aligned). */
+static int64_t sim_slot_run(const int64_t *pages, int64_t base, int64_t t, int64_t end,
+                            int64_t ps)
+{
+    const int64_t first = pages[(t - base) / ps] * ps + t % ps;
+    int64_t n = ps - t % ps;
+    while (t + n < end && pages[(t + n - base) / ps] * ps == first + n)
+        n += ps;
+    return n < end - t ? n : end - t;
+}
+
+/* The KV pool address of (local layer, K/V, token t) on node n, its pages
+ * starting at token base. */
+static uint64_t sim_slot_addr(const sim_node_t *n, int64_t layer, int kv, const int64_t *pages,
+                              int64_t base, int64_t t, int64_t ps, int64_t head_bytes)
+{
+    const int64_t slot = pages[(t - base) / ps] * ps + t % ps;
+    return (kv ? n->v_base[layer] : n->k_base[layer]) +
+           (uint64_t)(slot * n->heads * head_bytes);
+}
+
+/* The provenance of node n's rows of tokens [a, b) of a request, layer by
+ * layer, one run per page run: written (prefill) or checked (decode,
+ * returning the bytes that differ). */
+static uint64_t sim_prov_pass(sim_scenario_t *sc, sim_node_t *n, uint64_t req,
+                              const int64_t *pages, int64_t base, int64_t a, int64_t b,
+                              bool check)
+{
+    const kvs_layout_t *l = &sc->lay;
+    const int64_t ps = l->page_size, hb = l->head_dim * l->elem_bytes;
+    sim_prov_map_t *map = sim_gpu_prov(n->gpu);
+    const int64_t g0 = sim_global_head(l->total_heads, n->inst->tp, n->tp, n->heads, 0);
+    uint64_t bad = 0;
+    for (int64_t layer = 0; layer < n->layers; layer++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int64_t t = a; t < b;) {
+                const int64_t cnt = sim_slot_run(pages, base, t, b, ps);
+                const sim_kv_coord_t c = {req, n->first_layer + layer, kv, g0, t};
+                const sim_prov_run_t run = sim_kvdata_prov_rows(
+                    &c, n->heads, cnt, l->total_heads, hb,
+                    sim_slot_addr(n, layer, kv, pages, base, t, ps, hb));
+                if (check)
+                    bad += sim_prov_diff(map, &run);
+                else if (sim_prov_write(map, &run) != KVS_OK)
+                    sim_fail(sc, KVS_ENOMEM, "%s: out of host memory for the provenance "
+                             "of the KV pool", n->name);
+                t += cnt;
+            }
+    return bad;
+}
+
 /* The forward pass of tokens [a, b) on one prefill rank. */
 static void sim_fill_prefill(sim_scenario_t *sc, sim_node_t *n, uint64_t req, int64_t a, int64_t b)
 {
     const kvs_layout_t *l = &sc->lay;
     const int64_t ps = l->page_size, hb = l->head_dim * l->elem_bytes;
     const sim_req_t *r = &sc->reqs[req];
+    if (sim_gpu_prov(n->gpu) != NULL) {
+        sim_prov_pass(sc, n, req, r->ppages, 0, a, b, false);
+        return;
+    }
     for (int64_t layer = 0; layer < n->layers; layer++)
         for (int kv = 0; kv < 2; kv++)
             for (int64_t t = a; t < b; t++)
@@ -321,6 +377,11 @@ static uint64_t sim_verify_decode(sim_scenario_t *sc, sim_node_t *n, uint64_t re
     const kvs_layout_t *l = &sc->lay;
     const int64_t ps = l->page_size, hb = l->head_dim * l->elem_bytes;
     const sim_req_t *r = &sc->reqs[req];
+    if (sim_gpu_prov(n->gpu) != NULL) {
+        *corrupt += sim_prov_pass(sc, n, req, r->dpages, r->base, r->base, r->tokens, true);
+        return 2 * (uint64_t)n->layers * (uint64_t)(r->tokens - r->base) *
+               (uint64_t)(n->heads * hb);
+    }
     uint64_t checked = 0;
     for (int64_t layer = 0; layer < n->layers; layer++)
         for (int kv = 0; kv < 2; kv++)
@@ -932,6 +993,10 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
         rc = sim_nic_create(sc->net, n->name, n->gpu, &n->nic);
     if (rc != KVS_OK)
         return sim_fail(sc, rc, "creating the GPU/NIC of %s failed: %s", n->name, kvs_strerror(rc));
+    if (sc->cfg.copy_hook != NULL)
+        sim_gpu_set_copy_hook(n->gpu, sc->cfg.copy_hook, sc->cfg.hook_ctx);
+    if (sc->cfg.write_hook != NULL)
+        sim_nic_set_write_hook(n->nic, sc->cfg.write_hook, sc->cfg.hook_ctx);
     sim_driver_init(&n->drv, sc->eng, NULL, n, sim_node_result, sim_node_error);
     sim_gpu_set_wake(n->gpu, sim_driver_wake, &n->drv);
     sim_nic_set_wake(n->nic, sim_driver_wake, &n->drv);
@@ -949,7 +1014,8 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
     n->pool_host = sim_gpu_host(n->gpu, n->pool_addr, pool_bytes);
     n->k_base = calloc((size_t)n->layers, sizeof *n->k_base);
     n->v_base = calloc((size_t)n->layers, sizeof *n->v_base);
-    if (n->k_base == NULL || n->v_base == NULL || n->pool_host == NULL)
+    if (n->k_base == NULL || n->v_base == NULL ||
+        (n->pool_host == NULL && sim_gpu_prov(n->gpu) == NULL))
         return sim_fail(sc, KVS_ENOMEM, "%s: KV pool tables", n->name);
     for (int64_t i = 0; i < n->layers; i++) {
         n->k_base[i] = n->pool_addr + (uint64_t)(2 * i) * n->layer_bytes;

@@ -113,7 +113,11 @@ typedef struct sim_scenario_config {
                                       instance, 0 -> 4 */
     uint32_t transfer_workers;     /* prefill staging buffers, 0 -> 4 */
     uint64_t seed;
-    sim_gpu_config_t gpu;          /* zero fields take the H200 defaults */
+    sim_gpu_config_t gpu;          /* zero fields take the H200 defaults;
+                                      data_mode: bytes (every byte moved and
+                                      checked) or provenance (where each byte
+                                      came from: the same events, checks of
+                                      every slot, no KV bytes in memory) */
     sim_net_config_t net;          /* zero fields take the 400 Gb/s defaults;
                                       sq_depth 0: send queues unlimited */
     uint64_t max_events;           /* safety bound, 0 -> 2^40 */
@@ -130,6 +134,12 @@ typedef struct sim_scenario_config {
                                       aux payload of sim_kvdata_aux_bytes(i,
                                       this) bytes (sim/kvdata.h), checked on
                                       every decode rank's ok result; 0 = none */
+    /* Test hooks (planted bugs), installed on every GPU and NIC; NULL =
+     * none. They see and may change copies and writes (sim/gpu.h,
+     * sim/fabric.h). */
+    sim_gpu_copy_hook_fn copy_hook;
+    sim_nic_write_hook_fn write_hook;
+    void *hook_ctx;
     /* Called every ~1/64 of the requests finishing: done of total. */
     void (*progress)(void *ctx, uint32_t done, uint32_t total, uint64_t sim_ns);
     void *progress_ctx;

@@ -100,6 +100,7 @@ enum cli_sim_flag {
     CLI_XF_LATENCY_NS,
     CLI_XF_SQ_DEPTH,
     CLI_XF_ROUTER,
+    CLI_XF_DATA,
     CLI_XF_AUX_BYTES,
     CLI_XF_HELP,
     CLI_XF_COUNT
@@ -128,6 +129,7 @@ static const cli_flag_t cli_sim_flags[CLI_XF_COUNT] = {
     [CLI_XF_LATENCY_NS] = {"--latency-ns", true},
     [CLI_XF_SQ_DEPTH] = {"--sq-depth", true},
     [CLI_XF_ROUTER] = {"--router", true},
+    [CLI_XF_DATA] = {"--data", true},
     [CLI_XF_AUX_BYTES] = {"--aux-bytes", true},
     [CLI_XF_HELP] = {"--help", false},
 };
@@ -173,6 +175,7 @@ void cli_sim_usage(FILE *out)
             "                   [--path PATH] [--seed S] [--json] [--trace FILE]\n"
             "                   [--fault SPEC]... [--stall-timeout-ms N] [--max-events E]\n"
             "                   [--router round-robin|least-loaded] [--aux-bytes N]\n"
+            "                   [--data bytes|provenance]\n"
             "       kvstage sim --campaign N [--seed S] [--json] [--campaign-log FILE]\n"
             "                   [--campaign-faults KINDS]\n"
             "\n"
@@ -246,6 +249,11 @@ void cli_sim_usage(FILE *out)
             "                      decode rank, checked byte for byte on each: a byte\n"
             "                      wrong, missing or extra fails the run (0..%u,\n"
             "                      default 0: none)\n"
+            "  --data MODE         what simulated GPU memory holds: bytes (default: every\n"
+            "                      KV byte, each checked) or provenance (where each\n"
+            "                      byte came from, as runs that grow with copies, not\n"
+            "                      bytes: the same events, times and digest, every KV\n"
+            "                      slot checked, a small part of the memory and time)\n"
             "  --transfer-workers W  prefill staging buffers per rank (1..%d, default %d)\n"
             "  --prefill-tokens-per-s T  forward speed of each prefill instance (default\n"
             "                      %" PRIu64 ")\n"
@@ -634,6 +642,15 @@ static int cli_sim_read_values(const char *const *scanned, cli_sim_input_t *in)
         else if (strcmp(values[CLI_XF_ROUTER], "round-robin") != 0)
             return cli_fail(CLI_SIM_CMD, "--router: unknown router '%s': use round-robin "
                                          "or least-loaded", values[CLI_XF_ROUTER]);
+    }
+
+    cfg->gpu.data_mode = SIM_DATA_BYTES;
+    if (values[CLI_XF_DATA] != NULL) {
+        if (strcmp(values[CLI_XF_DATA], "provenance") == 0)
+            cfg->gpu.data_mode = SIM_DATA_PROVENANCE;
+        else if (strcmp(values[CLI_XF_DATA], "bytes") != 0)
+            return cli_fail(CLI_SIM_CMD, "--data: unknown data mode '%s': use bytes or "
+                                         "provenance", values[CLI_XF_DATA]);
     }
 
     cfg->shape = in->shape.params;

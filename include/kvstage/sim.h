@@ -18,8 +18,10 @@
  * size_bytes yourself) and a report's size_bytes before the call. A config
  * larger than this library knows is refused unless its unknown tail is all
  * zero (KVS_EVERSION); a report is written up to the smaller of the two
- * sizes. Simulated device memory is real host memory: a run costs memory in
- * proportion to the KV bytes in flight and the rings (see docs/simulator.md).
+ * sizes. In the default data mode simulated device memory is real host
+ * memory: a run costs memory in proportion to the KV bytes in flight and
+ * the rings; the provenance mode (data_mode) holds none (see
+ * docs/simulator.md).
  */
 #ifndef KVSTAGE_SIM_H
 #define KVSTAGE_SIM_H
@@ -42,6 +44,21 @@ extern "C" {
 /* Statuses a report lists in failure[] (the rest: failures_unlisted). */
 #define KVS_SIM_MAX_FAILURE_KINDS 8
 #define KVS_SIM_FAILURE_DETAIL_BYTES 256
+
+/* What simulated GPU memory holds (kvs_sim_config_t.data_mode). Both
+ * modes run the same events, times and digest and check every KV slot of
+ * every completed request; they differ in cost and in what a wrong byte
+ * counts as. */
+typedef enum kvs_sim_data_mode {
+    KVS_SIM_DATA_BYTES = 0,      /* real bytes: host memory per simulated HBM
+                                    byte in use, each byte compared */
+    KVS_SIM_DATA_PROVENANCE = 1  /* where each byte came from (request, layer,
+                                    K/V, head, token, offset), as runs whose
+                                    number grows with copy and write
+                                    descriptors, not bytes; every byte of a
+                                    misplaced or missing run counts as
+                                    corrupt */
+} kvs_sim_data_mode_t;
 
 /* How a request is paired with one instance of each side, at its arrival. */
 typedef enum kvs_sim_router {
@@ -131,7 +148,9 @@ typedef struct kvs_sim_config {
                                    to polled completion, 0..65535; a post
                                    beyond it is refused with KVS_EAGAIN and
                                    the core posts it again; 0 = unlimited */
-    uint32_t reserved2;         /* must be 0 */
+    uint32_t data_mode;         /* kvs_sim_data_mode_t, 0 = bytes (was
+                                   reserved2, which had to be 0: the same
+                                   size and the same runs) */
     /* Clusters (spec §12): several instances per side, each with its own
      * TP and PP, GPUs, KV pool and compute queue, every pair able to pair
      * (a decode of PP > 1 pairs only with prefill instances of its PP).

@@ -10,11 +10,11 @@ from . import _structs as S
 # instance (a cluster, spec §12).
 _SIZES = ("prefill_tp", "prefill_pp", "decode_tp", "decode_pp")
 # kvs_sim_config_t fields the caller may set as keyword arguments; dtype,
-# path, faults, trace_path, router and the instance lists (through the
-# sizes above) are handled apart.
+# path, faults, trace_path, router, data (data_mode) and the instance lists
+# (through the sizes above) are handled apart.
 _SETTABLE = tuple(name for name, _ in S.SimConfig._fields_
                   if name not in ("version", "size_bytes", "reserved0", "reserved1",
-                                  "reserved2", "dtype", "path", "faults",
+                                  "data_mode", "dtype", "path", "faults",
                                   "nfaults", "trace_path", "router", "prefill_instances",
                                   "decode_instances", "prefill_instance_tp",
                                   "prefill_instance_pp", "decode_instance_tp",
@@ -59,8 +59,12 @@ def _set_instances(cfg, side, tp, pp):
             array[i] = value
 
 
+# kvs_sim_data_mode_t by name, as `kvstage sim --data`.
+_DATA_MODES = {"bytes": 0, "provenance": 1}
+
+
 def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
-             router=None, **fields):
+             router=None, data=None, **fields):
     """Runs one simulated disaggregated-serving scenario and returns its
     report as a dict.
 
@@ -86,6 +90,11 @@ def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
     decode_tp=[2, 2] (a single value or list of one: the same for every
     instance of that side). router: "round-robin" (default) or
     "least-loaded".
+
+    data: "bytes" (default: simulated memory holds every KV byte, each
+    checked) or "provenance" (it holds where each byte came from, as runs
+    that grow with copy descriptors, not bytes: far less memory and time
+    for the same events, times and digest), as `kvstage sim --data`.
 
     The dict has the report's fields (requests_total, requests_ok,
     requests_failed, hung_requests, bytes_moved, bytes_verified,
@@ -124,6 +133,11 @@ def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
             raise _errors.invalid("router is %r: give one of %s"
                                   % (router, ", ".join(sorted(S.SIM_ROUTERS))))
         cfg.router = S.SIM_ROUTERS[router]
+    if data is not None:
+        if data not in _DATA_MODES:
+            raise _errors.invalid("data is %r: give one of %s"
+                                  % (data, ", ".join(sorted(_DATA_MODES))))
+        cfg.data_mode = _DATA_MODES[data]
     cfg.dtype = _convert.dtype(fields.get("dtype") or "bf16")
     cfg.path = _convert.path(path or "auto")
 

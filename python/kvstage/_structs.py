@@ -90,7 +90,7 @@ class SimConfig(c.Structure):
                 ("net_mtu_bytes", u32), ("net_header_bytes", u32),
                 ("faults", c.POINTER(c.c_char_p)), ("nfaults", u32),
                 ("reserved1", u32), ("trace_path", c.c_char_p),
-                ("net_sq_depth", u32), ("reserved2", u32),
+                ("net_sq_depth", u32), ("data_mode", u32),
                 ("prefill_instances", u32), ("decode_instances", u32),
                 ("prefill_instance_tp", i64 * SIM_MAX_INSTANCES),
                 ("prefill_instance_pp", i64 * SIM_MAX_INSTANCES),

@@ -1,0 +1,288 @@
+/*
+ * test_sim_data.c - the simulator's two data modes (sim/gpu.h): bytes, where
+ * simulated memory holds every KV byte, and provenance, where it holds only
+ * where each byte came from.
+ *
+ * - Mode equality: small runs over the paths (staging, direct, slice), TP
+ *   pairs both ways, replicated heads, pipeline stages, cached prefixes and
+ *   faults give the same report, bit for bit (times, counts, verified
+ *   bytes, event digest), in both modes.
+ * - Planted bugs: two known ways to misplace KV, planted through the test
+ *   hooks of the simulated GPU and NIC (the core is not touched), must be
+ *   caught as corrupt bytes in both modes:
+ *     1. spec §3's modulo head mapping: the decode rank maps its writers'
+ *        heads by `src % rep` where the spec divides (`src / rep`), so a
+ *        replicated head lands in the wrong slot;
+ *     2. an off-by-one writer offset: writers after the first write their
+ *        block one byte past their offset in the region.
+ * The seed of each run is in its config; a failure names the run.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "scenario.h"
+
+#define MS 1000000ull
+
+/* A small Llama-like shape, as test_sim_protocol's. */
+static sim_scenario_config_t small(int64_t p, int64_t d, int64_t heads)
+{
+    sim_scenario_config_t c;
+    memset(&c, 0, sizeof c);
+    c.shape = (kvs_layout_params_t){.total_heads = heads, .head_dim = 64,
+                                    .dtype = KVS_DTYPE_BF16, .layers = 4, .page_size = 16,
+                                    .prefill_tp = p, .decode_tp = d, .chunk_tokens = 256};
+    c.requests = 8;
+    c.prompt_min_tokens = 32;
+    c.prompt_max_tokens = 700;
+    c.rate_milli_per_s = 200000;
+    c.ring_bytes = 8u << 20;
+    c.staging = true;
+    c.max_inflight = 4;
+    c.seed = 42;
+    return c;
+}
+
+static sim_report_t run_mode(sim_scenario_config_t c, sim_data_mode_t mode, const char *what)
+{
+    c.gpu.data_mode = mode;
+    sim_report_t r;
+    char err[256];
+    const int rc = sim_scenario_run(&c, &r, err, sizeof err);
+    if (rc != KVS_OK)
+        fail_msg("%s (%s mode, seed %llu): %s", what,
+                 mode == SIM_DATA_BYTES ? "bytes" : "provenance", (unsigned long long)c.seed,
+                 err);
+    return r;
+}
+
+/* Both modes, the same report; returns it. */
+static sim_report_t same_in_both(const sim_scenario_config_t *c, const char *what)
+{
+    const sim_report_t b = run_mode(*c, SIM_DATA_BYTES, what);
+    const sim_report_t p = run_mode(*c, SIM_DATA_PROVENANCE, what);
+    if (b.digest != p.digest || b.sim_ns != p.sim_ns || b.events != p.events ||
+        b.bytes_verified != p.bytes_verified || b.corrupt_bytes != p.corrupt_bytes ||
+        b.requests_ok != p.requests_ok)
+        fail_msg("%s (seed %llu): bytes mode digest %016llx, %llu ns, %llu events, %llu "
+                 "verified, %llu corrupt, %u ok; provenance mode %016llx, %llu ns, %llu "
+                 "events, %llu verified, %llu corrupt, %u ok",
+                 what, (unsigned long long)c->seed, (unsigned long long)b.digest,
+                 (unsigned long long)b.sim_ns, (unsigned long long)b.events,
+                 (unsigned long long)b.bytes_verified, (unsigned long long)b.corrupt_bytes,
+                 b.requests_ok, (unsigned long long)p.digest, (unsigned long long)p.sim_ns,
+                 (unsigned long long)p.events, (unsigned long long)p.bytes_verified,
+                 (unsigned long long)p.corrupt_bytes, p.requests_ok);
+    assert_memory_equal(&b, &p, sizeof b); /* every count, time and latency */
+    assert_int_equal(b.corrupt_bytes, 0);
+    return b;
+}
+
+/* ---- mode equality ----------------------------------------------------------- */
+
+static void test_sim_data_modes_agree_on_paths(void **state)
+{
+    (void)state;
+    sim_scenario_config_t c = small(4, 2, 8);
+    c.prompt_min_tokens = 1;
+    c.prompt_max_tokens = 1500;
+    c.prefix_max_tokens = 512; /* cached prefixes, page aligned */
+    c.requests = 12;
+    sim_report_t r = same_in_both(&c, "P4 -> D2 staging, prefixes");
+    assert_int_equal(r.path, KVS_PATH_STAGING);
+    assert_int_equal(r.requests_ok, 12);
+    assert_true(r.bytes_verified > 0);
+
+    c = small(2, 4, 8);
+    same_in_both(&c, "P2 -> D4 staging");
+
+    c = small(2, 2, 8);
+    r = same_in_both(&c, "P2 -> D2 direct");
+    assert_int_equal(r.path, KVS_PATH_DIRECT);
+
+    c = small(4, 2, 8);
+    c.path = KVS_PATH_SLICE;
+    c.staging = false;
+    r = same_in_both(&c, "P4 -> D2 slice");
+    assert_int_equal(r.path, KVS_PATH_SLICE);
+}
+
+static void test_sim_data_modes_agree_on_heads_and_stages(void **state)
+{
+    (void)state;
+    sim_scenario_config_t c = small(8, 2, 2); /* prefill ranks share a head */
+    same_in_both(&c, "H2 P8 -> D2");
+    c = small(2, 8, 4); /* decode ranks share a head */
+    same_in_both(&c, "H4 P2 -> D8");
+    c = small(4, 2, 8);
+    c.shape.prefill_pp = 2;
+    same_in_both(&c, "P4xPP2 -> D2");
+    c.shape.decode_pp = 2;
+    same_in_both(&c, "P4xPP2 -> D2xPP2");
+    c = small(2, 4, 8);
+    c.shape.layers = 7;
+    c.shape.prefill_pp = 4;
+    c.path = KVS_PATH_SLICE;
+    c.staging = false;
+    same_in_both(&c, "7 layers, P2xPP4 -> D4 slice");
+}
+
+static void add(sim_scenario_config_t *c, sim_fault_t f)
+{
+    assert_true(c->nfaults < SIM_MAX_FAULTS);
+    c->faults[c->nfaults++] = f;
+}
+
+/* Failed writes land nothing, crashed ranks lose their memory, lost and
+ * late messages change the order of copies: still the same run. */
+static void test_sim_data_modes_agree_under_faults(void **state)
+{
+    (void)state;
+    sim_scenario_config_t c = small(4, 2, 8);
+    c.requests = 16;
+    c.stall_timeout_ns = 200 * MS;
+    add(&c, (sim_fault_t){.kind = SIM_FAULT_WRITE_ERROR, .num = 10, .den = 100});
+    add(&c, (sim_fault_t){.kind = SIM_FAULT_DROP, .msg_type = 0, .num = 5, .den = 100});
+    add(&c, (sim_fault_t){.kind = SIM_FAULT_DELAY, .num = 20, .den = 100, .delay_ns = 2 * MS});
+    sim_report_t r = same_in_both(&c, "write errors, drops, delays");
+    assert_true(r.requests_failed > 0 || r.msgs_retransmitted > 0);
+
+    c = small(4, 2, 8);
+    c.requests = 16;
+    c.rate_milli_per_s = 100000;
+    c.stall_timeout_ns = 200 * MS;
+    add(&c, (sim_fault_t){.kind = SIM_FAULT_RESTART, .role = KVS_ROLE_DECODE, .rank = 0,
+                          .at_ns = 60 * MS});
+    add(&c, (sim_fault_t){.kind = SIM_FAULT_CRASH, .role = KVS_ROLE_PREFILL, .rank = 3,
+                          .at_ns = 120 * MS});
+    add(&c, (sim_fault_t){.kind = SIM_FAULT_SLOW_SCATTER, .role = KVS_ROLE_DECODE, .rank = 1,
+                          .factor = 20});
+    r = same_in_both(&c, "restart, crash, slow scatter");
+    assert_int_equal(r.ranks_crashed, 2);
+}
+
+/* ---- planted bugs -------------------------------------------------------------- */
+
+typedef struct plant {
+    int64_t P, D, H;    /* one instance per side, PP 1 */
+    uint64_t hits;      /* copies or writes the bug changed */
+} plant_t;
+
+/* Spec §3, P > D: writer i of decode rank d is prefill rank src = d*k + i
+ * (k = P / D) and fills heads from ((src / rep) * src_heads) % dst_heads
+ * (rep = P / H prefill ranks share a head). The bug maps by src % rep.
+ * The core hands the decode scatter one part per head range, the last
+ * replica of each; the planted decode takes, for each of its head ranges,
+ * the block of the last writer the modulo mapping sends there. */
+static void plant_modulo_heads(void *ctx, uint32_t gpu_id, bool scatter,
+                               const kvs_copy_desc_t *desc, kvs_copy_part_t *parts,
+                               int64_t nparts)
+{
+    plant_t *pl = ctx;
+    if (!scatter || gpu_id < (uint32_t)pl->P)
+        return; /* decode scatters only */
+    const int64_t d = (int64_t)gpu_id - pl->P, k = pl->P / pl->D;
+    const int64_t src_heads = pl->H / pl->P > 0 ? pl->H / pl->P : 1;
+    const int64_t dst_heads = pl->H / pl->D > 0 ? pl->H / pl->D : 1;
+    const int64_t rep = pl->P / pl->H > 0 ? pl->P / pl->H : 1;
+    const uint64_t writer_bytes = (uint64_t)(desc->tokens * src_heads * desc->head_dim *
+                                             desc->elem_bytes * desc->staging_layer_slots * 2);
+    /* The writer of parts[0] (the core's order: last of its replicas). */
+    int64_t w0 = -1;
+    for (int64_t i = 0; i < k; i++)
+        if (((d * k + i) / rep * src_heads) % dst_heads == parts[0].head_start)
+            w0 = i;
+    assert_true(w0 >= 0);
+    const uint64_t region = parts[0].staging_addr - (uint64_t)w0 * writer_bytes;
+    for (int64_t j = 0; j < nparts; j++) {
+        int64_t w = -1;
+        for (int64_t i = 0; i < k; i++)
+            if (((d * k + i) % rep * src_heads) % dst_heads == parts[j].head_start)
+                w = i; /* modulo, not division */
+        const uint64_t addr = w >= 0 ? region + (uint64_t)w * writer_bytes
+                                     : parts[j].staging_addr;
+        pl->hits += addr != parts[j].staging_addr;
+        parts[j].staging_addr = addr;
+    }
+}
+
+/* Writers after the first (prefill ranks with tp % k != 0) write one byte
+ * past their offset in the region. */
+static void plant_writer_offset(void *ctx, const char *nic, const char *peer,
+                                uint64_t *remote_addr, uint64_t len_bytes)
+{
+    (void)peer;
+    (void)len_bytes;
+    plant_t *pl = ctx;
+    int tp = 0, pp = 0;
+    if (sscanf(nic, "p%d.%d", &tp, &pp) != 2 || tp % (pl->P / pl->D) == 0)
+        return;
+    *remote_addr += 1;
+    pl->hits++;
+}
+
+/* Runs c with the plant in both modes: the bug must show as corrupt
+ * bytes in each. */
+static void caught_in_both(sim_scenario_config_t c, plant_t *pl, const char *what)
+{
+    for (int mode = SIM_DATA_BYTES; mode <= SIM_DATA_PROVENANCE; mode++) {
+        pl->hits = 0;
+        c.hook_ctx = pl;
+        const sim_report_t r = run_mode(c, (sim_data_mode_t)mode, what);
+        const char *name = mode == SIM_DATA_BYTES ? "bytes" : "provenance";
+        if (pl->hits == 0)
+            fail_msg("%s (%s mode): the bug was never planted", what, name);
+        if (r.corrupt_bytes == 0 || r.violations == 0)
+            fail_msg("%s (%s mode, seed %llu): planted %llu times, but %llu corrupt bytes "
+                     "of %llu verified",
+                     what, name, (unsigned long long)c.seed, (unsigned long long)pl->hits,
+                     (unsigned long long)r.corrupt_bytes,
+                     (unsigned long long)r.bytes_verified);
+        print_message("%s, %s mode: %llu of %llu bytes corrupt\n", what, name,
+                      (unsigned long long)r.corrupt_bytes,
+                      (unsigned long long)r.bytes_verified);
+    }
+}
+
+static void test_sim_data_catches_modulo_head_mapping(void **state)
+{
+    (void)state;
+    /* H4, P8 -> D2: prefill ranks 2h and 2h+1 hold head h; decode rank d
+     * holds heads 2d and 2d+1, from writers 0..3 = prefill 4d..4d+3. */
+    sim_scenario_config_t c = small(8, 2, 4);
+    plant_t pl = {.P = 8, .D = 2, .H = 4};
+    c.copy_hook = plant_modulo_heads;
+    caught_in_both(c, &pl, "modulo head mapping, H4 P8 -> D2");
+    /* Without the plant the same run is clean: the hook's model of the
+     * core's parts is right (it changes nothing under division). */
+    sim_scenario_config_t clean = small(8, 2, 4);
+    same_in_both(&clean, "H4 P8 -> D2, no plant");
+}
+
+static void test_sim_data_catches_writer_offset(void **state)
+{
+    (void)state;
+    sim_scenario_config_t c = small(4, 2, 8);
+    plant_t pl = {.P = 4, .D = 2, .H = 8};
+    c.write_hook = plant_writer_offset;
+    caught_in_both(c, &pl, "writer offset + 1, P4 -> D2");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sim_data_modes_agree_on_paths),
+        cmocka_unit_test(test_sim_data_modes_agree_on_heads_and_stages),
+        cmocka_unit_test(test_sim_data_modes_agree_under_faults),
+        cmocka_unit_test(test_sim_data_catches_modulo_head_mapping),
+        cmocka_unit_test(test_sim_data_catches_writer_offset),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
