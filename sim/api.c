@@ -404,6 +404,24 @@ static void sim_api_write_report(const sim_report_t *r, kvs_sim_report_t *out)
         snprintf(p.failure[i].first_detail, sizeof p.failure[i].first_detail, "%s",
                  r->failures[i].first_detail);
     }
+    p.ttft_p50_us = r->e2e_p50_us;
+    p.ttft_p90_us = r->e2e_p90_us;
+    p.ttft_p99_us = r->e2e_p99_us;
+    p.transfer_p50_us = r->transfer_p50_us;
+    p.transfer_p99_us = r->transfer_p99_us;
+    p.ring_p99_bytes = r->ring_p99_bytes;
+    p.nic_util_mean = r->nic_util_mean;
+    p.nic_util_max = r->nic_util_max;
+    p.goodput_fraction = r->goodput_fraction;
+    for (uint32_t i = 0; i < r->ninstances && i < 2 * KVS_SIM_MAX_INSTANCES; i++) {
+        const sim_instance_report_t *ir = &r->instances[i];
+        p.instance_metrics[i] = (kvs_sim_instance_metrics_t){
+            .ttft_p50_us = ir->e2e_p50_us, .ttft_p90_us = ir->e2e_p90_us,
+            .ttft_p99_us = ir->e2e_p99_us, .transfer_p50_us = ir->transfer_p50_us,
+            .transfer_p99_us = ir->transfer_p99_us, .ring_p99_bytes = ir->ring_p99_bytes,
+            .watermark_waits = ir->watermark_waits, .nic_util_mean = ir->nic_util_mean,
+            .nic_util_max = ir->nic_util_max};
+    }
     if (size > sizeof p)
         memset((unsigned char *)out + sizeof p, 0, size - sizeof p);
     memcpy(out, &p, size < sizeof p ? size : sizeof p);

@@ -76,6 +76,8 @@ static void sim_driver_step(sim_engine_t *eng, void *ctx, uint64_t arg)
             d->on_error(d->ctx, rc);
         return;
     }
+    if (d->on_step != NULL)
+        d->on_step(d->ctx);
     if (d->rank == NULL)
         return;
     /* The contract: step again when the clock passes the next deadline. */

@@ -29,6 +29,9 @@ typedef struct sim_driver {
     void (*on_error)(void *ctx, int status);
     /* Optional: the rank's earliest room stall deadline (UINT64_MAX: none). */
     uint64_t (*stall_ns)(const kvs_rank_t *rank);
+    /* Optional: after every step that ran (the scenario samples its ring
+     * there); schedules nothing. */
+    void (*on_step)(void *ctx);
     void *ctx;
     bool wake_pending;
     uint64_t timer_ns;           /* a step already scheduled then, 0: none */

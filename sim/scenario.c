@@ -51,6 +51,11 @@ typedef struct sim_pages {
 typedef struct sim_scenario sim_scenario_t;
 typedef struct sim_inst sim_inst_t;
 
+/* From at_ns on, a decode ring held live_bytes (sim_node_t.ring_changes). */
+typedef struct sim_ring_change {
+    uint64_t at_ns, live_bytes;
+} sim_ring_change_t;
+
 typedef struct sim_node {
     sim_scenario_t *sc;
     sim_inst_t *inst;            /* its instance */
@@ -73,6 +78,11 @@ typedef struct sim_node {
     kvs_handler_stats_t acc;     /* counters of its previous incarnations */
     uint64_t acc_posts_refused;  /* ... and of their NICs */
     uint64_t bytes_received;     /* decode: payload bytes of its room results */
+    /* Decode: its ring's live bytes over time, one entry per change, sampled
+     * after every step (the only place the core changes a ring) and when
+     * the rank goes down: exact, and no event of its own. */
+    sim_ring_change_t *ring_changes;
+    size_t nring_changes, ring_changes_cap;
 } sim_node_t;
 
 /* A model replica: its ranks, KV page pool, admission count and, for a
@@ -112,6 +122,7 @@ typedef struct sim_req {
     uint32_t next_compute;       /* its prefill instance's compute FIFO */
     int64_t tokens, base;
     uint64_t arrival_ns, computed_ns, done_ns;
+    uint64_t first_chunk_ns;     /* its first chunk computed: bytes may move */
     int64_t *ppages, *dpages;    /* ceil(tokens/ps), ceil((tokens-base)/ps) */
     int64_t computed;
     uint64_t opened_ns;
@@ -277,6 +288,31 @@ static void sim_pages_give(sim_pages_t *p, const int64_t *ids, int64_t n)
 
 /* Its GPU or NIC has news, or the scenario told it something: a step. */
 static void sim_node_wake(sim_node_t *n) { sim_driver_wake(&n->drv); }
+
+/* Records a change of n's ring occupancy (0 while the rank is down). An
+ * allocation failure only stops the record; sim_node_ring_p99 then sees
+ * less, never a wrong order. */
+static void sim_node_ring_sample(void *ctx)
+{
+    sim_node_t *n = ctx;
+    if (n->role != KVS_ROLE_DECODE)
+        return;
+    kvs_ring_t *ring = n->rank != NULL ? kvs_manager_ring(kvs_rank_manager(n->rank)) : NULL;
+    const uint64_t live = ring != NULL ? kvs_ring_live_bytes(ring) : 0;
+    const uint64_t last = n->nring_changes > 0 ? n->ring_changes[n->nring_changes - 1].live_bytes : 0;
+    if (live == last)
+        return;
+    if (n->nring_changes == n->ring_changes_cap) {
+        const size_t cap = n->ring_changes_cap > 0 ? 2 * n->ring_changes_cap : 64;
+        sim_ring_change_t *grown = realloc(n->ring_changes, cap * sizeof *grown);
+        if (grown == NULL)
+            return;
+        n->ring_changes = grown;
+        n->ring_changes_cap = cap;
+    }
+    n->ring_changes[n->nring_changes++] =
+        (sim_ring_change_t){.at_ns = sim_engine_now_ns(n->sc->eng), .live_bytes = live};
+}
 
 /* Global head of local head j on a rank of TP tp holding `heads` heads. */
 static int64_t sim_global_head(int64_t total, int64_t tp_size, int64_t rank, int64_t heads,
@@ -757,6 +793,8 @@ static void sim_compute_step(sim_engine_t *eng, void *ctx, uint64_t arg)
         }
         sim_node_wake(n);
     }
+    if (r->computed == 0)
+        r->first_chunk_ns = sim_engine_now_ns(eng);
     r->computed = end;
     if (!final) {
         const int64_t next = end + sc->lay.grid_tokens < r->tokens ? sc->lay.grid_tokens
@@ -998,6 +1036,7 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
     if (sc->cfg.write_hook != NULL)
         sim_nic_set_write_hook(n->nic, sc->cfg.write_hook, sc->cfg.hook_ctx);
     sim_driver_init(&n->drv, sc->eng, NULL, n, sim_node_result, sim_node_error);
+    n->drv.on_step = sim_node_ring_sample;
     sim_gpu_set_wake(n->gpu, sim_driver_wake, &n->drv);
     sim_nic_set_wake(n->nic, sim_driver_wake, &n->drv);
     if (sc->trace != NULL) {
@@ -1095,6 +1134,8 @@ static void sim_node_teardown(sim_node_t *n)
         n->acc_posts_refused += sim_nic_posts_refused(n->nic);
     kvs_rank_destroy(n->rank);
     n->rank = NULL;
+    if (n->sc != NULL && n->sc->eng != NULL)
+        sim_node_ring_sample(n); /* its ring went with it */
     sim_driver_set_rank(&n->drv, NULL);
     if (n->gpu != NULL && n->pool_addr != 0) {
         kvs_device_t *dev = sim_gpu_device(n->gpu);
@@ -1412,6 +1453,123 @@ static double sim_percentile_us(uint64_t *v, size_t n, unsigned pct)
     return (double)v[idx] / 1e3;
 }
 
+static int cmp_ring_change_bytes(const void *a, const void *b)
+{
+    const sim_ring_change_t *x = a, *y = b;
+    return x->live_bytes < y->live_bytes ? -1 : x->live_bytes > y->live_bytes;
+}
+
+/* The time-weighted 99th percentile of n's ring occupancy over [from, to]:
+ * the least live_bytes such that the ring held at most that for 99% of the
+ * window (exact: every change is recorded). Reorders its changes. */
+static uint64_t sim_node_ring_p99(sim_node_t *n, uint64_t from, uint64_t to)
+{
+    if (n->nring_changes == 0 || to <= from)
+        return 0;
+    /* Each change becomes (held for, live): clip to the window. The time
+     * before the first change held 0 bytes. */
+    uint64_t zero_ns = n->ring_changes[0].at_ns > from
+                           ? (n->ring_changes[0].at_ns < to ? n->ring_changes[0].at_ns : to) - from
+                           : 0;
+    for (size_t k = 0; k < n->nring_changes; k++) {
+        const uint64_t start = n->ring_changes[k].at_ns > from ? n->ring_changes[k].at_ns : from;
+        uint64_t end = k + 1 < n->nring_changes ? n->ring_changes[k + 1].at_ns : to;
+        end = end < to ? end : to;
+        n->ring_changes[k].at_ns = end > start ? end - start : 0; /* now: held for */
+    }
+    qsort(n->ring_changes, n->nring_changes, sizeof *n->ring_changes, cmp_ring_change_bytes);
+    /* held above b for at most 1% of the window (rounded down) */
+    const uint64_t need = (to - from) - (to - from) / 100;
+    uint64_t covered = zero_ns;
+    if (covered >= need)
+        return 0;
+    for (size_t k = 0; k < n->nring_changes; k++) {
+        covered += n->ring_changes[k].at_ns;
+        if (covered >= need)
+            return n->ring_changes[k].live_bytes;
+    }
+    return n->ring_changes[n->nring_changes - 1].live_bytes;
+}
+
+/* Percentiles of the ok requests paired with instance inst (NULL: all). */
+static void sim_request_percentiles(const sim_scenario_t *sc, const sim_inst_t *inst,
+                                    uint64_t *e2e, uint64_t *xfer, double e2e_us[3],
+                                    double xfer_us[2])
+{
+    size_t n = 0;
+    for (uint32_t i = 0; i < sc->cfg.requests; i++) {
+        const sim_req_t *r = &sc->reqs[i];
+        if (r->state != SIM_REQ_DONE || r->status != KVS_OK)
+            continue;
+        if (inst != NULL && r->pi != inst && r->di != inst)
+            continue;
+        e2e[n] = r->done_ns - r->arrival_ns;
+        xfer[n++] = r->done_ns - r->first_chunk_ns;
+    }
+    e2e_us[0] = sim_percentile_us(e2e, n, 50);
+    e2e_us[1] = sim_percentile_us(e2e, n, 90);
+    e2e_us[2] = sim_percentile_us(e2e, n, 99);
+    xfer_us[0] = sim_percentile_us(xfer, n, 50);
+    xfer_us[1] = sim_percentile_us(xfer, n, 99);
+}
+
+/* Operator metrics (after the counters: sim_ns, line rate). Reads only
+ * what the run recorded: no event, no change to the digest. */
+static void sim_report_metrics(sim_scenario_t *sc, sim_report_t *out)
+{
+    uint64_t *e2e = calloc(sc->cfg.requests + 1, sizeof *e2e);
+    uint64_t *xfer = calloc(sc->cfg.requests + 1, sizeof *xfer);
+    if (e2e != NULL && xfer != NULL) {
+        double e[3], x[2];
+        sim_request_percentiles(sc, NULL, e2e, xfer, e, x);
+        out->e2e_p90_us = e[1];
+        out->transfer_p50_us = x[0];
+        out->transfer_p99_us = x[1];
+        for (uint32_t k = 0; k < out->ninstances; k++) {
+            sim_instance_report_t *ir = &out->instances[k];
+            sim_request_percentiles(sc, &sc->insts[k], e2e, xfer, e, x);
+            ir->e2e_p50_us = e[0];
+            ir->e2e_p90_us = e[1];
+            ir->e2e_p99_us = e[2];
+            ir->transfer_p50_us = x[0];
+            ir->transfer_p99_us = x[1];
+        }
+    }
+    free(e2e);
+    free(xfer);
+    const uint64_t nic = sc->cfg.net.link_bytes_per_s > 0 ? sc->cfg.net.link_bytes_per_s : 50000000000ull;
+    const double capacity = (double)nic * (double)out->sim_ns / 1e9;
+    const uint64_t from = sc->first_arrival_ns, to = sc->last_done_ns;
+    double util_sum = 0;
+    for (int64_t i = 0; i < sc->nprefill + sc->ndecode; i++) {
+        sim_node_t *n = &sc->nodes[i];
+        if (n->inst == NULL)
+            continue;
+        sim_instance_report_t *ir = &out->instances[n->inst - sc->insts];
+        kvs_handler_stats_t st = {0};
+        kvs_rank_stats(n->rank, &st);
+        ir->watermark_waits += st.watermark_waits + n->acc.watermark_waits;
+        const uint64_t carried = n->role == KVS_ROLE_DECODE
+                                     ? n->bytes_received
+                                     : st.rdma_write_bytes + n->acc.rdma_write_bytes;
+        const double util = capacity > 0 ? (double)carried / capacity : 0;
+        util_sum += util;
+        ir->nic_util_mean += util / (double)n->inst->nranks;
+        if (util > ir->nic_util_max)
+            ir->nic_util_max = util;
+        if (util > out->nic_util_max)
+            out->nic_util_max = util;
+        const uint64_t p99 = sim_node_ring_p99(n, from, to);
+        if (p99 > ir->ring_p99_bytes)
+            ir->ring_p99_bytes = p99;
+        if (p99 > out->ring_p99_bytes)
+            out->ring_p99_bytes = p99;
+    }
+    const int64_t ranks = sc->nprefill + sc->ndecode;
+    out->nic_util_mean = ranks > 0 ? util_sum / (double)ranks : 0;
+    out->goodput_fraction = out->line_rate_gbps > 0 ? out->goodput_gbps / out->line_rate_gbps : 0;
+}
+
 static void sim_report(sim_scenario_t *sc, sim_report_t *out)
 {
     memset(out, 0, sizeof *out);
@@ -1528,6 +1686,7 @@ static void sim_report(sim_scenario_t *sc, sim_report_t *out)
     const uint64_t nic = sc->cfg.net.link_bytes_per_s > 0 ? sc->cfg.net.link_bytes_per_s : 50000000000ull;
     const int64_t nics = sc->nprefill < sc->ndecode ? sc->nprefill : sc->ndecode;
     out->line_rate_gbps = (double)nic * 8.0 / 1e9 * (double)nics;
+    sim_report_metrics(sc, out);
     out->events = sim_engine_events_run(sc->eng);
     out->digest = sim_engine_digest(sc->eng);
     out->ranks_crashed = sc->ranks_crashed;
@@ -1586,6 +1745,7 @@ int sim_scenario_run(const sim_scenario_config_t *cfg, sim_report_t *out, char *
     for (int64_t i = 0; sc->nodes != NULL && i < sc->nprefill + sc->ndecode; i++) {
         sim_node_teardown(&sc->nodes[i]);
         free(sc->nodes[i].reported);
+        free(sc->nodes[i].ring_changes);
     }
     for (uint32_t i = 0; sc->reqs != NULL && i < sc->cfg.requests; i++) {
         free(sc->reqs[i].ppages);

@@ -155,6 +155,15 @@ typedef struct sim_instance_report {
                                       or received (decode) */
     uint64_t ring_peak_bytes;      /* decode: most ring bytes live on one of its
                                       ranks; prefill: 0 */
+    /* Operator metrics of the requests paired with it that ended ok (exact
+     * nearest-rank percentiles of the sorted per-request samples). */
+    double e2e_p50_us, e2e_p90_us, e2e_p99_us; /* arrival -> request done */
+    double transfer_p50_us, transfer_p99_us; /* first chunk computed -> done */
+    uint64_t ring_p99_bytes;       /* decode: time-weighted p99 of ring bytes
+                                      live, the largest over its ranks */
+    uint64_t watermark_waits;      /* over its ranks */
+    double nic_util_mean, nic_util_max; /* over its ranks: payload bytes its
+                                      NIC carried / (line rate x sim_ns) */
 } sim_instance_report_t;
 
 typedef struct sim_report {
@@ -208,6 +217,14 @@ typedef struct sim_report {
     double line_rate_gbps;         /* NIC rate x min(prefill NICs, decode NICs) */
     double latency_p50_us, latency_p99_us; /* prefill done -> request done */
     double e2e_p50_us, e2e_p99_us; /* arrival -> request done */
+    double e2e_p90_us;
+    double transfer_p50_us, transfer_p99_us; /* first chunk computed -> done */
+    uint64_t ring_p99_bytes;       /* time-weighted p99 of ring bytes live on one
+                                      decode rank over [first arrival, last
+                                      completion], the largest over ranks */
+    double nic_util_mean, nic_util_max; /* over every rank: payload bytes its NIC
+                                      carried / (line rate x sim_ns) */
+    double goodput_fraction;       /* goodput_gbps / line_rate_gbps */
     uint64_t ring_peak_bytes;      /* most ring bytes live on one decode rank */
     uint64_t events;               /* engine events dispatched */
     uint64_t digest;               /* engine event-order digest */

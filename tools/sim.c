@@ -14,6 +14,7 @@
  * set up does.
  */
 #include "sim.h"
+#include "sweep.h"
 
 #include <assert.h>
 #include <inttypes.h>
@@ -301,6 +302,12 @@ void cli_sim_usage(FILE *out)
             "                      a lost or late message or a short stall timeout\n"
             "                      with a write error in one run: mixes that cannot\n"
             "                      pass yet (tools/campaign.c says why)\n"
+            "  --sweep KNOB=V1,V2,...  run the workload once per value of one knob:\n"
+            "                      ring-mib, chunk-tokens, rate, path, decode-instances\n"
+            "                      (that many decode instances of the first --decode-tp)\n"
+            "                      or another flag's name; prints a table and its CSV\n"
+            "  --sweep-csv FILE    write the sweep's CSV to FILE instead of stdout\n"
+            "  --sweep-svg FILE    write a chart of p99 TTFT and goodput against the knob\n"
             "  --help              print this help\n"
             "\n"
             "Flags take `--flag value` or `--flag=value`, in any order. On a terminal a\n"
@@ -858,6 +865,59 @@ static const char *cli_sim_sizes(const sim_topology_t *t, kvs_role_t role, bool 
     return buf;
 }
 
+/* What operators read (sim/scenario.h): TTFT, transfer latency, ring
+ * occupancy, watermark waits, NIC utilisation, goodput against line rate. */
+static void cli_sim_print_json_metrics(const sim_report_t *r)
+{
+    cli_sim_json_double("ttft_p50_us", r->e2e_p50_us, 3);
+    cli_sim_json_double("ttft_p90_us", r->e2e_p90_us, 3);
+    cli_sim_json_double("ttft_p99_us", r->e2e_p99_us, 3);
+    cli_sim_json_double("transfer_p50_us", r->transfer_p50_us, 3);
+    cli_sim_json_double("transfer_p99_us", r->transfer_p99_us, 3);
+    printf(", \"ring_p99_bytes\": %" PRIu64, r->ring_p99_bytes);
+    cli_sim_json_double("nic_util_mean", r->nic_util_mean, 6);
+    cli_sim_json_double("nic_util_max", r->nic_util_max, 6);
+    cli_sim_json_double("goodput_fraction", r->goodput_fraction, 6);
+}
+
+static void cli_sim_print_json_instance_metrics(const sim_instance_report_t *ir)
+{
+    printf("\"ttft_p50_us\": %.3f, \"ttft_p90_us\": %.3f, \"ttft_p99_us\": %.3f"
+           ", \"transfer_p50_us\": %.3f, \"transfer_p99_us\": %.3f"
+           ", \"ring_p99_bytes\": %" PRIu64 ", \"watermark_waits\": %" PRIu64
+           ", \"nic_util_mean\": %.6f, \"nic_util_max\": %.6f",
+           ir->e2e_p50_us, ir->e2e_p90_us, ir->e2e_p99_us, ir->transfer_p50_us,
+           ir->transfer_p99_us, ir->ring_p99_bytes, ir->watermark_waits, ir->nic_util_mean,
+           ir->nic_util_max);
+}
+
+static void cli_sim_print_table_metrics(const sim_report_t *r)
+{
+    char a[32];
+    printf("  %-18s p50 %.1f us, p90 %.1f us, p99 %.1f us (arrival -> KV complete at the "
+           "decode)\n", "TTFT", r->e2e_p50_us, r->e2e_p90_us, r->e2e_p99_us);
+    printf("  %-18s p50 %.1f us, p99 %.1f us (first chunk computed -> done)\n",
+           "transfer", r->transfer_p50_us, r->transfer_p99_us);
+    printf("  %-18s p99 %s on one decode rank (time-weighted)\n", "ring occupancy",
+           cli_format_bytes((int64_t)r->ring_p99_bytes, a, sizeof a));
+    printf("  %-18s mean %.1f%%, busiest rank %.1f%% of line rate x simulated time\n",
+           "NIC utilisation", 100.0 * r->nic_util_mean, 100.0 * r->nic_util_max);
+    for (uint32_t k = 0; k < r->ninstances; k++) {
+        const sim_instance_report_t *ir = &r->instances[k];
+        const bool decode = ir->role == KVS_ROLE_DECODE;
+        char label[32];
+        snprintf(label, sizeof label, "%s %" PRIu32, decode ? "decode" : "prefill", ir->id);
+        printf("  %-18s TTFT p50/p90/p99 %.1f/%.1f/%.1f us, transfer p50/p99 %.1f/%.1f us, "
+               "NIC mean/max %.1f%%/%.1f%%, %" PRIu64 " watermark waits", label,
+               ir->e2e_p50_us, ir->e2e_p90_us, ir->e2e_p99_us, ir->transfer_p50_us,
+               ir->transfer_p99_us, 100.0 * ir->nic_util_mean, 100.0 * ir->nic_util_max,
+               ir->watermark_waits);
+        if (decode)
+            printf(", ring p99 %s", cli_format_bytes((int64_t)ir->ring_p99_bytes, a, sizeof a));
+        printf("\n");
+    }
+}
+
 static void cli_sim_print_json(const cli_sim_input_t *in, const sim_report_t *r,
                                double wall_s, const char *replay,
                                const cli_sim_verdict_t *v)
@@ -911,6 +971,7 @@ static void cli_sim_print_json(const cli_sim_input_t *in, const sim_report_t *r,
     cli_sim_json_double("latency_p99_us", r->latency_p99_us, 3);
     cli_sim_json_double("e2e_p50_us", r->e2e_p50_us, 3);
     cli_sim_json_double("e2e_p99_us", r->e2e_p99_us, 3);
+    cli_sim_print_json_metrics(r);
     printf(", \"events\": %" PRIu64 ", \"digest\": \"%016" PRIx64 "\"", r->events,
            r->digest);
     cli_sim_json_double("wall_seconds", wall_s, 6);
@@ -959,10 +1020,13 @@ static void cli_sim_print_json(const cli_sim_input_t *in, const sim_report_t *r,
         const sim_instance_report_t *ir = &r->instances[k];
         printf("%s{\"id\": %" PRIu32 ", \"role\": \"%s\", \"tp\": %" PRId64 ", \"pp\": %"
                PRId64 ", \"requests_ok\": %" PRIu32 ", \"requests_failed\": %" PRIu32
-               ", \"bytes\": %" PRIu64 ", \"ring_peak_bytes\": %" PRIu64 "}",
+               ", \"bytes\": %" PRIu64 ", \"ring_peak_bytes\": %" PRIu64,
                k > 0 ? ", " : "", ir->id, ir->role == KVS_ROLE_DECODE ? "decode" : "prefill",
                ir->tp, ir->pp, ir->requests_ok, ir->requests_failed, ir->bytes,
                ir->ring_peak_bytes);
+        printf(", \"metrics\": {");
+        cli_sim_print_json_instance_metrics(ir);
+        printf("}}");
     }
     printf("]");
     printf(", \"replay\": ");
@@ -1087,6 +1151,7 @@ static void cli_sim_print_table(const cli_sim_input_t *in, const sim_report_t *r
            "transfer latency", r->latency_p50_us, r->latency_p99_us);
     printf("  %-18s p50 %.1f us, p99 %.1f us (arrival -> request done)\n",
            "e2e latency", r->e2e_p50_us, r->e2e_p99_us);
+    cli_sim_print_table_metrics(r);
     printf("  %-18s %" PRIu64 " dispatched, %.0f events/s, digest %016" PRIx64 "\n",
            "events", r->events, wall_s > 0 ? (double)r->events / wall_s : 0.0,
            r->digest);
@@ -1187,11 +1252,44 @@ int cli_sim_parse(int argc, char **argv, cli_sim_input_t *in)
     return 0;
 }
 
+/* One run of `kvstage sim --sweep` (sweep.h): argv as `kvstage sim` takes
+ * it, no output but the row. */
+static int cli_sim_sweep_run(void *ctx, int argc, char **argv, cli_sweep_row_t *row)
+{
+    (void)ctx;
+    cli_sim_input_t in;
+    int rc = cli_sim_parse(argc, argv, &in);
+    if (rc != 0 || in.help)
+        return CLI_EXIT_USAGE;
+    sim_report_t r;
+    memset(&r, 0, sizeof r);
+    char err[512] = "";
+    rc = sim_scenario_run(&in.cfg, &r, err, sizeof err);
+    if (rc != KVS_OK) {
+        cli_fail(CLI_SIM_CMD, "%s (%s)", err[0] != '\0' ? err : kvs_strerror(rc),
+                 kvs_status_name(rc));
+        return CLI_EXIT_USAGE;
+    }
+    *row = (cli_sweep_row_t){
+        .ttft_p50_us = r.e2e_p50_us, .ttft_p90_us = r.e2e_p90_us, .ttft_p99_us = r.e2e_p99_us,
+        .transfer_p99_us = r.transfer_p99_us, .goodput_gbps = r.goodput_gbps,
+        .line_rate_gbps = r.line_rate_gbps, .ring_peak_bytes = r.ring_peak_bytes,
+        .ring_p99_bytes = r.ring_p99_bytes, .watermark_waits = r.watermark_waits,
+        .nic_util_max = r.nic_util_max, .requests_ok = r.requests_ok,
+        .requests_failed = r.requests_failed, .digest = r.digest};
+    return cli_sim_judge(&r, &in.cfg).ok ? 0 : 1;
+}
+
 int cli_sim_main(int argc, char **argv)
 {
     for (int a = 1; a < argc; a++) {
         if (strcmp(argv[a], "--campaign") == 0 || strncmp(argv[a], "--campaign=", 11) == 0)
             return cli_campaign_main(argc, argv);
+    }
+    if (cli_sweep_wanted(argc, argv)) {
+        const cli_sweep_runner_t runner = {.run = cli_sim_sweep_run,
+                                           .default_decode_tp = CLI_SIM_DEFAULT_DECODE_TP};
+        return cli_sweep_main(argc, argv, &runner);
     }
     cli_sim_input_t in;
     int rc = cli_sim_parse(argc, argv, &in);

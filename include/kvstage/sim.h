@@ -197,6 +197,27 @@ typedef struct kvs_sim_instance {
                                    ranks; prefill: 0 */
 } kvs_sim_instance_t;
 
+/* What operators read of one instance (kvs_sim_report_t.instance_metrics,
+ * in the order of instance[]). Percentiles are exact: the nearest rank of
+ * the sorted samples of the requests paired with it that ended ok (0 when
+ * none did). */
+typedef struct kvs_sim_instance_metrics {
+    double ttft_p50_us, ttft_p90_us, ttft_p99_us; /* arrival -> its KV complete
+                                   at the decode (the request done) */
+    double transfer_p50_us, transfer_p99_us; /* its first chunk computed (the
+                                   first byte may move) -> done */
+    uint64_t ring_p99_bytes;    /* decode: time-weighted 99th percentile of
+                                   the bytes live in one rank's ring over the
+                                   run (at most 1% of sim_ns above it), the
+                                   largest over its ranks; prefill: 0 */
+    uint64_t watermark_waits;   /* over its ranks */
+    double nic_util_mean;       /* over its ranks: payload bytes the rank's
+                                   NIC carried (written by a prefill rank,
+                                   received by a decode one) / (line rate x
+                                   sim_ns), 0..1 */
+    double nic_util_max;        /* the busiest of its ranks, same measure */
+} kvs_sim_instance_metrics_t;
+
 /* Requests that ended with one status (kvs_sim_report_t.failure). */
 typedef struct kvs_sim_failure {
     int32_t status;             /* a KVS_E* code: kvs_status_name names it */
@@ -283,6 +304,21 @@ typedef struct kvs_sim_report {
                                     the first KVS_SIM_MAX_FAILURE_KINDS */
     kvs_sim_failure_t failure[KVS_SIM_MAX_FAILURE_KINDS]; /* by status, in the
                                     order each first happened */
+    /* What operators read (after failure[]: callers with a shorter
+     * size_bytes get what came before). Computed from what the run
+     * recorded: they add no event and leave the digest as it was. TTFT is
+     * e2e above (arrival -> KV complete at the decode); its percentiles,
+     * like all here, are exact nearest-rank ones of the ok requests. */
+    double ttft_p50_us, ttft_p90_us, ttft_p99_us;
+    double transfer_p50_us, transfer_p99_us; /* first chunk computed -> done */
+    uint64_t ring_p99_bytes;     /* time-weighted 99th percentile of bytes
+                                    live in one decode rank's ring, the largest
+                                    over ranks (ring_peak_bytes: the most) */
+    double nic_util_mean;        /* over every rank, as in
+                                    kvs_sim_instance_metrics_t */
+    double nic_util_max;         /* the busiest rank's */
+    double goodput_fraction;     /* goodput_gbps / line_rate_gbps */
+    kvs_sim_instance_metrics_t instance_metrics[2 * KVS_SIM_MAX_INSTANCES];
 } kvs_sim_report_t;
 
 /* A zeroed config with version and size set. */

@@ -106,7 +106,11 @@ def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
     "first_detail": "..."}} as `kvstage sim --json`; path, the
     name of the path the handlers ran, and instances: one dict per instance
     (prefill ones first) with id, role, tp, pp, requests_ok,
-    requests_failed, bytes and ring_peak_bytes, as `kvstage sim --json`. Requests that fail under injected faults are
+    requests_failed, bytes, ring_peak_bytes and metrics (ttft_p50_us,
+    ttft_p90_us, ttft_p99_us, transfer_p50_us, transfer_p99_us,
+    ring_p99_bytes, watermark_waits, nic_util_mean, nic_util_max), as
+    `kvstage sim --json`; the whole run's operator metrics are top-level
+    fields of the same names, with goodput_fraction. Requests that fail under injected faults are
     counted there; KvstageError is raised only when the run cannot happen
     (a bad field, named in the message; a ring smaller than the largest
     region of the workload, KVS_EOVERSIZED; or no memory for the cluster).
@@ -169,7 +173,8 @@ def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
     out = {}
     for name, _ in S.SimReport._fields_:
         if name not in ("version", "size_bytes", "reserved", "instances", "instance",
-                        "failures", "failures_unlisted", "failure"):
+                        "failures", "failures_unlisted", "failure",
+                        "instance_metrics"):
             out[name] = getattr(report, name)
     out["ok"] = bool(report.ok)
     # Why requests failed, by status name, as `kvstage sim --json`.
@@ -181,8 +186,10 @@ def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
     out["instances"] = [
         {"id": i.id, "role": "decode" if i.role == 1 else "prefill", "tp": i.tp,
          "pp": i.pp, "requests_ok": i.requests_ok, "requests_failed": i.requests_failed,
-         "bytes": i.bytes, "ring_peak_bytes": i.ring_peak_bytes}
-        for i in report.instance[:report.instances]]
+         "bytes": i.bytes, "ring_peak_bytes": i.ring_peak_bytes,
+         "metrics": {name: getattr(m, name) for name, _ in S.SimInstanceMetrics._fields_}}
+        for i, m in zip(report.instance[:report.instances],
+                        report.instance_metrics[:report.instances])]
     out["init_error"] = report.init_error.decode(errors="replace")
     out["path"] = _convert.path_name(report.path)
     return out

@@ -107,6 +107,15 @@ class SimInstance(c.Structure):
                 ("ring_peak_bytes", u64)]
 
 
+class SimInstanceMetrics(c.Structure):
+    """kvs_sim_instance_metrics_t"""
+    _fields_ = [("ttft_p50_us", c.c_double), ("ttft_p90_us", c.c_double),
+                ("ttft_p99_us", c.c_double), ("transfer_p50_us", c.c_double),
+                ("transfer_p99_us", c.c_double), ("ring_p99_bytes", u64),
+                ("watermark_waits", u64), ("nic_util_mean", c.c_double),
+                ("nic_util_max", c.c_double)]
+
+
 class SimFailure(c.Structure):
     """kvs_sim_failure_t"""
     _fields_ = [("status", i32), ("count", u32),
@@ -139,7 +148,13 @@ class SimReport(c.Structure):
                 ("ok", u32), ("failed_without_faults", u32),
                 ("ring_bytes_needed", u64), ("failures", u32),
                 ("failures_unlisted", u32),
-                ("failure", SimFailure * SIM_MAX_FAILURE_KINDS)]
+                ("failure", SimFailure * SIM_MAX_FAILURE_KINDS),
+                ("ttft_p50_us", c.c_double), ("ttft_p90_us", c.c_double),
+                ("ttft_p99_us", c.c_double), ("transfer_p50_us", c.c_double),
+                ("transfer_p99_us", c.c_double), ("ring_p99_bytes", u64),
+                ("nic_util_mean", c.c_double), ("nic_util_max", c.c_double),
+                ("goodput_fraction", c.c_double),
+                ("instance_metrics", SimInstanceMetrics * (2 * SIM_MAX_INSTANCES))]
 
 
 LOG_FN = c.CFUNCTYPE(None, c.c_void_p, c.c_int, c.c_char_p)  # kvs_log_fn
@@ -270,6 +285,7 @@ C_NAMES = {Error: "kvs_error_t", LayoutParams: "kvs_layout_params_t",
            Layout: "kvs_layout_t", HeadSlice: "kvs_head_slice_t",
            Writer: "kvs_writer_t", Model: "kvs_model_t", SimConfig: "kvs_sim_config_t",
            SimInstance: "kvs_sim_instance_t", SimFailure: "kvs_sim_failure_t",
+           SimInstanceMetrics: "kvs_sim_instance_metrics_t",
            SimReport: "kvs_sim_report_t",
            Log: "kvs_log_t", ManagerConfig: "kvs_manager_config_t", KvLayer: "kvs_kv_layer_t",
            RankConfig: "kvs_rank_config_t", Peer: "kvs_peer_t",
