@@ -85,7 +85,10 @@ CLUSTER = ["sim", "--model", "llama-3.1-8b", "--layers", "4", "--prefill-tp", "8
            "--decode-tp", "2,2", "--requests", "200", "--rate", "0", "--prompt-tokens",
            "64:512", "--ring-mib", "64"]
 INSTANCE_KEYS = ("id", "role", "tp", "pp", "requests_ok", "requests_failed", "bytes",
-                 "ring_peak_bytes")
+                 "ring_peak_bytes", "metrics")
+INSTANCE_METRICS = ("ttft_p50_us", "ttft_p90_us", "ttft_p99_us", "transfer_p50_us",
+                    "transfer_p99_us", "ring_p99_bytes", "watermark_waits", "nic_util_mean",
+                    "nic_util_max")
 
 
 def test_help(s):
@@ -320,8 +323,9 @@ def test_cluster(s):
          and obj.get("prefill_ranks") == 20 and obj.get("decode_ranks") == 4
          and obj.get("router") == "round-robin", "cluster sizes", args, repr(obj)[:400])
     insts = obj.get("instances", [])
-    s.ok(len(insts) == 5 and all(set(i) == set(INSTANCE_KEYS) for i in insts),
-         "cluster lists five instances", args, repr(insts))
+    s.ok(len(insts) == 5 and all(set(i) == set(INSTANCE_KEYS) and
+                                 set(i["metrics"]) == set(INSTANCE_METRICS) for i in insts),
+         "cluster lists five instances, each with its metrics", args, repr(insts))
     want = [("prefill", 0, 8, 67), ("prefill", 1, 8, 67), ("prefill", 2, 4, 66),
             ("decode", 0, 2, 100), ("decode", 1, 2, 100)]
     got = [(i.get("role"), i.get("id"), i.get("tp"), i.get("requests_ok")) for i in insts]
