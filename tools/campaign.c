@@ -263,8 +263,8 @@ static void cli_campaign_draw_msg(sim_rng_t *rng, const char *kind, char *spec, 
     snprintf(spec, cap, "%s:%s:%s", kind, type, prob);
 }
 
-/* Each draw function writes one --fault spec into spec (or, for `stall`,
- * none: spec stays empty) and may set the scene's stall timeout. */
+/* Each draw function writes one --fault spec into spec and may set the
+ * scene's stall timeout. */
 static void cli_campaign_draw_drop(sim_rng_t *rng, cli_campaign_scene_t *s, char *spec,
                                    size_t cap)
 {
@@ -351,13 +351,15 @@ static void cli_campaign_draw_hbm_full(sim_rng_t *rng, cli_campaign_scene_t *s, 
 }
 
 /* A stall timeout shorter than the run's own waits: rooms time out while
- * their peers still make progress (no --fault, only --stall-timeout-ms). */
+ * their peers still make progress. The fault (stall:MS) carries it, so
+ * the run and its replay know the cluster is faulted; --stall-timeout-ms
+ * says the same number. */
 static void cli_campaign_draw_stall(sim_rng_t *rng, cli_campaign_scene_t *s, char *spec,
                                     size_t cap)
 {
     static const uint64_t stalls_ms[] = {1, 2, 5, 10, 20, 50};
-    spec[0] = '\0';
     s->stall_ms = CLI_CAMPAIGN_PICK(rng, stalls_ms);
+    snprintf(spec, cap, "stall:%" PRIu64, s->stall_ms);
 }
 
 /* What a fault does, for the rule below on which faults share a run. */
@@ -871,13 +873,8 @@ static uint64_t cli_campaign_judge(cli_campaign_totals_t *t, const cli_campaign_
     const uint64_t failed_clean = draw->nfaults == 0 ? r->requests_failed : 0;
     /* A request that failed though no fault struck either of its instances
      * (scenario.h): in a run without faults it is a failure without faults,
-     * counted once as that; a short stall timeout (the `stall` kind) is a
-     * fault of the whole cluster that the scenario cannot see as one, so
-     * its runs fail requests anywhere. */
-    bool stall = false;
-    for (uint32_t f = 0; f < draw->nfaults; f++)
-        stall = stall || cli_campaign_fault_kinds[draw->kinds[f]].draw == cli_campaign_draw_stall;
-    const uint64_t collateral = draw->nfaults == 0 || stall ? 0 : r->collateral_failures;
+     * counted once as that. */
+    const uint64_t collateral = draw->nfaults == 0 ? 0 : r->collateral_failures;
     t->requests_total += r->requests_total;
     t->requests_ok += r->requests_ok;
     t->requests_failed += r->requests_failed;
@@ -903,10 +900,10 @@ static uint64_t cli_campaign_judge(cli_campaign_totals_t *t, const cli_campaign_
     cli_campaign_why(why, r->unreported_failures, "unreported failures");
     cli_campaign_why(why, collateral, "collateral failures");
     cli_campaign_why(why, failed_clean, "requests failed without faults");
-    /* The library's verdict (sim/check.h), less what the `stall` kind
-     * excuses: there requests fail anywhere, by design. */
-    return stall ? r->violations - r->collateral_failures - r->failed_without_faults
-                 : r->violations;
+    /* The library's verdict (sim/check.h), nothing excused: a `stall` run
+     * carries its fault (stall:MS, of the whole cluster), so `kvstage sim`
+     * and kvs_sim_run judge its replay alike. */
+    return r->violations;
 }
 
 /* ---- output ----------------------------------------------------------------- */
