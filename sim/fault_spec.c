@@ -14,7 +14,8 @@
 #define SIM_FAULT_FORMS                                                        \
     "drop:TYPE:P, dup:TYPE:P, delay:TYPE:P:MICROS, write-error:P, "            \
     "link-down:RANK:AT_US:FOR_US, slow-scatter:RANK:FACTOR, "                  \
-    "crash:SIDE:N:AT_US, restart:SIDE:N:AT_US or hbm-full:RANK, with RANK "    \
+    "crash:SIDE:N:AT_US, restart:SIDE:N:AT_US, hbm-full:RANK or stall:MS, "  \
+    "with RANK "    \
     "p<tp>[.<pp>][@<instance>] or d<tp>[.<pp>][@<instance>] and SIDE "         \
     "prefill[@<instance>] or decode[@<instance>]"
 /* How RANK reads, for messages. */
@@ -254,6 +255,15 @@ int sim_fault_parse(const char *spec, const sim_topology_t *topo, sim_fault_t *o
             return sim_fault_fail(err, err_bytes, "'%s': use hbm-full:RANK with %s", spec,
                                   SIM_FAULT_RANK_FORM);
         out->kind = SIM_FAULT_HBM_FULL;
+    } else if (strcmp(kind, "stall") == 0) {
+        /* A day at most, as stall_timeout_ns. */
+        uint64_t ms;
+        if (n != 2 || !sim_fault_u64(field[1], &ms) || ms < 1 || ms > UINT64_C(86400000))
+            return sim_fault_fail(err, err_bytes, "'%s': use stall:MS with MS the stall "
+                                  "timeout every rank gets, 1..86400000 ms (e.g. stall:5)",
+                                  spec);
+        out->kind = SIM_FAULT_STALL;
+        out->for_ns = ms * 1000000;
     } else {
         return sim_fault_fail(err, err_bytes, "'%s': unknown fault '%s': use %s", spec, kind,
                               SIM_FAULT_FORMS);

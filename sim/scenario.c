@@ -572,6 +572,16 @@ static sim_node_t *sim_fault_node(sim_scenario_t *sc, uint32_t i, const sim_faul
  * (hbm-full shapes a rank's GPU). */
 static int sim_faults_check(sim_scenario_t *sc)
 {
+    /* A stall fault replaces the run's stall timeout (the shortest, when
+     * several) before anything below or any rank reads it. */
+    bool stall = false;
+    for (uint32_t i = 0; i < sc->cfg.nfaults; i++) {
+        const sim_fault_t *f = &sc->cfg.faults[i];
+        if (f->kind == SIM_FAULT_STALL && (!stall || f->for_ns < sc->cfg.stall_timeout_ns)) {
+            sc->cfg.stall_timeout_ns = f->for_ns;
+            stall = true;
+        }
+    }
     for (uint32_t i = 0; i < sc->cfg.nfaults; i++) {
         const sim_fault_t *f = &sc->cfg.faults[i];
         const bool ranked = f->kind == SIM_FAULT_LINK_DOWN || f->kind == SIM_FAULT_CRASH ||
@@ -620,6 +630,8 @@ static int sim_faults_check(sim_scenario_t *sc)
         case SIM_FAULT_WRITE_ERROR:
         case SIM_FAULT_SLOW_SCATTER:
             break; /* per rank, at its creation */
+        case SIM_FAULT_STALL:
+            break; /* above */
         }
         if (rc != KVS_OK)
             return sim_fail(sc, rc, "scheduling fault %u failed", i);

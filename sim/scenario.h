@@ -41,8 +41,11 @@ typedef enum sim_fault_kind {
                                   connections vanish */
     SIM_FAULT_RESTART = 7,     /* role's rank dies at at_ns (if alive) and comes
                                   back at once with the same session id */
-    SIM_FAULT_HBM_FULL = 8     /* rank's GPU has no memory beyond its KV pool:
+    SIM_FAULT_HBM_FULL = 8,    /* rank's GPU has no memory beyond its KV pool:
                                   its staging memory cannot be allocated */
+    SIM_FAULT_STALL = 9        /* every rank's stall timeout is for_ns, shorter
+                                  than the run's own waits: rooms time out
+                                  while their peers still make progress */
 } sim_fault_kind_t;
 
 /* The rank a fault names: the faults of one rank (link-down,

@@ -341,7 +341,7 @@ def test_bad_input(s):
         ("ring bytes zero", ["sim", "--ring-bytes", "0"], "--ring-bytes"),
         ("transfer workers zero", ["sim", "--transfer-workers", "0"],
          "--transfer-workers"),
-        ("transfer workers too many", ["sim", "--transfer-workers", "65"],
+        ("transfer workers too many", ["sim", "--transfer-workers", "1025"],
          "--transfer-workers"),
         ("prefill speed zero", ["sim", "--prefill-tokens-per-s", "0"],
          "--prefill-tokens-per-s"),

@@ -583,11 +583,24 @@ def test_faults(s):
     obj = s.expect_json("fault hbm-full", args)
     s.ok(obj.get("ranks_down_at_start") == 1 and "--ring-mib" in obj.get("init_error", "")
          and obj.get("violations") == 0, "fault hbm-full names the knob", args, repr(obj)[:400])
+    # A short stall timeout fails requests on healthy peers: alone it is a
+    # violation (collateral: exit 1); carried by the stall fault, which
+    # strikes the whole cluster, the same run passes (the campaign's
+    # `stall` runs replay so).
+    short = SMALL + ["--stall-timeout-ms", "1", "--json"]
+    res = s.run(short)
+    s.ok(res.returncode == 1 and json.loads(res.stdout).get("violations", 0) > 0,
+         "short stall without fault fails", short, res.stdout[-300:])
+    args = SMALL + ["--fault", "stall:1", "--json"]
+    obj = s.expect_json("fault stall", args)
+    s.ok(obj.get("requests_failed", 0) > 0 and obj.get("violations") == 0
+         and obj.get("ok") is True, "fault stall excuses its failures", args, repr(obj)[:400])
     for spec in ("drop:bogus:0.1", "drop:any", "write-error:1.5", "delay:any:0.1",
                  "link-down:p9:1:2", "slow-scatter:d0:0", "crash:prefill:9:10",
                  "crash:router:0:10", "restart:decode:0", "hbm-full:p9", "nonsense",
                  "link-down:p0@1:1:2", "crash:prefill@1:0:10", "crash:prefill@:0:10",
-                 "hbm-full:d0@x", "slow-scatter:p0:2"):
+                 "hbm-full:d0@x", "slow-scatter:p0:2", "stall", "stall:0", "stall:x",
+                 "stall:1:2"):
         s.expect_usage_error("fault " + spec, SMALL + ["--fault", spec], "--fault")
     # Instance-qualified forms name a rank of another instance.
     cl = ["sim", "--model", "llama-3.1-8b", "--layers", "4", "--prefill-tp", "4,2",

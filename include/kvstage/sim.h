@@ -370,6 +370,93 @@ typedef struct kvs_sim_bound {
  * path, router, a hardware field free of bounds). Static storage. */
 KVS_API const kvs_sim_bound_t *kvs_sim_config_bound(const char *field);
 
+/* ---- Campaigns ------------------------------------------------------------
+ * Many small random scenarios, each drawn as a kvs_sim_config_t from
+ * (seed, run index) alone and judged by kvs_sim_run's verdict: the swarm
+ * tester behind `kvstage sim --campaign N`. Deterministic: one config, one
+ * report (digest included). Same ABI rules as above. */
+#define KVS_SIM_CAMPAIGN_CONFIG_VERSION 1
+#define KVS_SIM_CAMPAIGN_REPORT_VERSION 1
+/* Fault kinds a campaign knows (kvs_sim_campaign_fault_name). */
+#define KVS_SIM_CAMPAIGN_MAX_KINDS 16
+#define KVS_SIM_CAMPAIGN_WHY_BYTES 256
+
+typedef struct kvs_sim_campaign_config {
+    uint32_t version;          /* KVS_SIM_CAMPAIGN_CONFIG_VERSION */
+    uint32_t size_bytes;       /* sizeof(kvs_sim_campaign_config_t) */
+    uint64_t runs;             /* 1..100000000 */
+    uint64_t seed;             /* run i is drawn from (seed, i) alone */
+    /* Fault kinds to draw: NULL for every kind, never two that the
+     * campaign keeps apart (mixes no implementation could pass); else
+     * "all", "none" or kinds separated by commas (e.g. "drop,stall"),
+     * which lifts that rule. Borrowed for the call. */
+    const char *faults;
+} kvs_sim_campaign_config_t;
+
+/* One finished run, for the caller's callback. Every pointer is valid
+ * for the callback only. */
+typedef struct kvs_sim_campaign_run {
+    uint64_t index;            /* 0..runs-1 */
+    int32_t status;            /* kvs_sim_run's return */
+    uint32_t nfaults;          /* of config */
+    const kvs_sim_config_t *config; /* as drawn: kvs_sim_run(config) replays
+                                   the run (its faults, borrowed, included) */
+    const kvs_sim_report_t *report; /* all zero when it never ran */
+    uint64_t violations;       /* 0: the run passed */
+    const char *why;           /* the violations in words, "" when none */
+    const char *error;         /* kvs_sim_run's message when status != KVS_OK */
+} kvs_sim_campaign_run_t;
+
+typedef void (*kvs_sim_campaign_fn)(void *ctx, const kvs_sim_campaign_run_t *run);
+
+/* Totals over the runs. */
+typedef struct kvs_sim_campaign_report {
+    uint32_t version;          /* written by the library */
+    uint32_t size_bytes;       /* set by the caller */
+    uint64_t runs, runs_with_faults, runs_with_violations, violations;
+    uint64_t requests_total, requests_ok, requests_failed;
+    uint64_t hung_requests, ring_leaked_bytes, corrupt_bytes, unreported_failures;
+    uint64_t collateral_failures, failed_without_faults;
+    uint64_t setup_errors;     /* drawn configs kvs_sim_run refused: a bug of
+                                  the generator or of a validation */
+    uint64_t runs_stopped;     /* runs the simulator stopped midway */
+    uint64_t runs_with_clusters; /* more than one instance on a side */
+    uint64_t runs_large;       /* of those, large clusters (TP up to 8) */
+    uint64_t runs_with_sq_depth, posts_refused;
+    uint64_t runs_with_aux, aux_bytes_verified, aux_corrupt_bytes;
+    uint64_t runs_provenance;  /* in the provenance data mode */
+    uint64_t events, max_run_events;
+    uint64_t digest;           /* of every run's digest, in order */
+    uint32_t kinds;            /* entries of kind_drawn */
+    uint32_t max_instances;    /* most instances a side is drawn with */
+    uint64_t kind_drawn[KVS_SIM_CAMPAIGN_MAX_KINDS]; /* by fault kind */
+    uint64_t paths[4];         /* runs by kvs_path_t the handlers ran */
+    uint32_t max_sq_depth, max_aux_bytes; /* the largest drawn */
+} kvs_sim_campaign_report_t;
+
+/* A zeroed campaign config with version and size set. */
+static inline void kvs_sim_campaign_config_init(kvs_sim_campaign_config_t *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->version = KVS_SIM_CAMPAIGN_CONFIG_VERSION;
+    cfg->size_bytes = (uint32_t)sizeof *cfg;
+}
+
+/*
+ * Runs the campaign of cfg: calls on_run (may be NULL) with ctx after
+ * each run, on the caller's thread, and fills *out (its size_bytes set
+ * before the call). Returns KVS_OK when the campaign ran, violations or
+ * not (out->violations says); otherwise KVS_EVERSION or KVS_EINVAL (a bad
+ * runs count or faults string) with err (may be NULL) naming the field.
+ */
+KVS_API int kvs_sim_campaign_run(const kvs_sim_campaign_config_t *cfg,
+                                 kvs_sim_campaign_fn on_run, void *ctx,
+                                 kvs_sim_campaign_report_t *out, kvs_error_t *err);
+
+/* The name of fault kind k (as in --fault and kvs_sim_campaign_config_t
+ * .faults), or NULL past the last. Static storage. */
+KVS_API const char *kvs_sim_campaign_fault_name(uint32_t kind);
+
 #ifdef __cplusplus
 }
 #endif
