@@ -811,7 +811,7 @@ static uint64_t sim_campaign_judge(kvs_sim_campaign_report_t *t, const sim_campa
         /* The generator believed the scenario valid: a bug of the generator
          * or of a validation, told apart from a broken invariant. */
         t->setup_errors++;
-        snprintf(why, KVS_SIM_CAMPAIGN_WHY_BYTES, "set-up error (generator or validation bug): %s",
+        snprintf(why, KVS_SIM_CAMPAIGN_WHY_BYTES, "set-up error (generator or validation bug): %.190s",
                  err[0] != '\0' ? err : kvs_strerror(rc));
         return 1;
     }
@@ -820,7 +820,7 @@ static uint64_t sim_campaign_judge(kvs_sim_campaign_report_t *t, const sim_campa
          * room was reported twice, ...): a bug of the core or the sim. */
         t->runs_stopped++;
         snprintf(why, KVS_SIM_CAMPAIGN_WHY_BYTES, "run stopped by the simulator after %" PRIu64
-                 " events: %s", r->events, err[0] != '\0' ? err : kvs_strerror(rc));
+                 " events: %.190s", r->events, err[0] != '\0' ? err : kvs_strerror(rc));
         return 1;
     }
     t->requests_total += r->requests_total;

@@ -590,21 +590,29 @@ static void test_driver_threads_move_rooms_opened_from_another_thread(void **sta
     assert_int_equal(ps.wakes_timeout + ds.wakes_timeout, 0);
 
     /* Nothing to do for 200 ms: each driver sleeps a handful of times, it
-     * does not spin (counted, not timed). */
-    sleep_ms(50); /* the last acknowledgements settle */
-    stats_of(&pre, &ps);
-    stats_of(&dec, &ds);
-    sleep_ms(200);
+     * does not spin (counted, not timed). The last acknowledgements and
+     * retransmissions may still be settling on a loaded machine, so up to
+     * 5 windows are watched: a spinning driver steps thousands of times in
+     * every one of them, a settled one a handful. */
     kvs_driver_stats_t ps2, ds2;
-    stats_of(&pre, &ps2);
-    stats_of(&dec, &ds2);
-    print_message("idle 200 ms: prefill %llu steps %llu sleeps, decode %llu steps %llu sleeps\n",
-                  (unsigned long long)(ps2.steps - ps.steps),
-                  (unsigned long long)(ps2.sleeps - ps.sleeps),
-                  (unsigned long long)(ds2.steps - ds.steps),
-                  (unsigned long long)(ds2.sleeps - ds.sleeps));
-    if (ps2.sleeps - ps.sleeps > 5 || ds2.sleeps - ds.sleeps > 5 ||
-        ps2.steps - ps.steps > 10 || ds2.steps - ds.steps > 10)
+    bool quiet = false;
+    for (int window = 0; window < 5 && !quiet; window++) {
+        sleep_ms(50);
+        stats_of(&pre, &ps);
+        stats_of(&dec, &ds);
+        sleep_ms(200);
+        stats_of(&pre, &ps2);
+        stats_of(&dec, &ds2);
+        print_message("idle 200 ms: prefill %llu steps %llu sleeps, decode %llu steps %llu "
+                      "sleeps\n",
+                      (unsigned long long)(ps2.steps - ps.steps),
+                      (unsigned long long)(ps2.sleeps - ps.sleeps),
+                      (unsigned long long)(ds2.steps - ds.steps),
+                      (unsigned long long)(ds2.sleeps - ds.sleeps));
+        quiet = ps2.sleeps - ps.sleeps <= 5 && ds2.sleeps - ds.sleeps <= 5 &&
+                ps2.steps - ps.steps <= 10 && ds2.steps - ds.steps <= 10;
+    }
+    if (!quiet)
         fail_msg("idle drivers spin: prefill %llu steps, decode %llu steps in 200 ms",
                  (unsigned long long)(ps2.steps - ps.steps),
                  (unsigned long long)(ds2.steps - ds.steps));
