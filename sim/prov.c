@@ -445,6 +445,75 @@ int sim_prov_erase(sim_prov_map_t *m, uint64_t addr, uint64_t len_bytes)
     return sim_prov_write(m, &hole);
 }
 
+/* One part of a row whose origin is affine in the row: row i's bytes
+ * [dst_off, + len) come from origin off + i * step of key, contiguously. */
+typedef struct sim_prov_seg {
+    uint64_t dst_off, len, key, off, step;
+} sim_prov_seg_t;
+
+/* Parts a copy_parts call handles in closed form (more take the row loop). */
+#define SIM_PROV_SEGS_MAX 64
+
+/* copy_parts in closed form, its cost per part instead of per row: when
+ * every part's rows lie inside one source run and each row reads one
+ * contiguous stretch of origins that moves by a fixed step from row to row
+ * (a page run of one rank's heads, gathered or scattered), the pieces are
+ * those the row loop would emit: one rows run when the parts tile the
+ * destination rows, else one piece per row and segment. Returns 1 with
+ * dst->pieces filled, 0 when the copy is not of that form (nothing done),
+ * or an error. */
+static int sim_prov_copy_affine(sim_prov_map_t *dst, uint64_t d0, uint64_t ds,
+                                const sim_prov_rowsrc_t *parts, size_t nparts, uint64_t rows,
+                                const size_t *cur, const size_t *end)
+{
+    sim_prov_seg_t seg[SIM_PROV_SEGS_MAX];
+    size_t ns = 0;
+    for (size_t j = 0; j < nparts; j++) {
+        const sim_prov_rowsrc_t *p = &parts[j];
+        if (p->row_bytes == 0)
+            continue;
+        if (end[j] != cur[j] + 1)
+            return 0;
+        const sim_prov_run_t *r = &dst->src.v[cur[j]];
+        const uint64_t lo = p->s0, hi = p->s0 + (rows - 1) * p->ss + p->row_bytes;
+        if (r->addr > lo || sim_prov_end(r) < hi)
+            return 0;
+        const uint64_t y0 = lo - r->addr;
+        sim_prov_seg_t s = {.dst_off = p->dst_off, .len = p->row_bytes, .key = r->key,
+                            .off = sim_prov_origin(r, y0)};
+        if (r->row_bytes == 0) {
+            s.step = p->ss;
+        } else {
+            const uint64_t R = r->row_bytes;
+            if ((r->phase + y0) % R + p->row_bytes > R || p->ss % R != 0)
+                return 0;
+            s.step = p->ss / R * r->stride;
+        }
+        sim_prov_seg_t *t = ns > 0 ? &seg[ns - 1] : NULL;
+        if (t != NULL && t->key == s.key && t->dst_off + t->len == s.dst_off &&
+            t->off + t->len == s.off && t->step == s.step)
+            t->len += s.len; /* the next heads of the same rows */
+        else
+            seg[ns++] = s;
+    }
+    int rc = KVS_OK;
+    if (ns == 1 && seg[0].len == ds && seg[0].step >= ds) {
+        sim_prov_run_t run = {.addr = d0 + seg[0].dst_off, .len_bytes = rows * ds,
+                              .key = seg[0].key, .off = seg[0].off, .row_bytes = ds,
+                              .stride = seg[0].step};
+        sim_prov_canon(&run);
+        return sim_prov_emit(&dst->pieces, &run, false) == KVS_OK ? 1 : KVS_ENOMEM;
+    }
+    for (uint64_t i = 0; i < rows && rc == KVS_OK; i++)
+        for (size_t k = 0; k < ns && rc == KVS_OK; k++) {
+            const sim_prov_run_t piece = {.addr = d0 + i * ds + seg[k].dst_off,
+                                          .len_bytes = seg[k].len, .key = seg[k].key,
+                                          .off = seg[k].off + i * seg[k].step};
+            rc = sim_prov_emit(&dst->pieces, &piece, false);
+        }
+    return rc == KVS_OK ? 1 : rc;
+}
+
 int sim_prov_copy_parts(sim_prov_map_t *dst, uint64_t d0, uint64_t ds, sim_prov_map_t *src,
                         const sim_prov_rowsrc_t *parts, size_t nparts, uint64_t rows)
 {
@@ -473,6 +542,13 @@ int sim_prov_copy_parts(sim_prov_map_t *dst, uint64_t d0, uint64_t ds, sim_prov_
     }
     dst->pieces.n = 0;
     const sim_prov_run_t *v = dst->src.v;
+    if (rc == KVS_OK && rows > 1 && nparts <= SIM_PROV_SEGS_MAX) {
+        const int fast = sim_prov_copy_affine(dst, d0, ds, parts, nparts, rows, cur, end);
+        if (fast < 0)
+            return fast;
+        if (fast > 0)
+            goto rewrite;
+    }
     for (uint64_t i = 0; i < rows && rc == KVS_OK; i++) {
         for (size_t j = 0; j < nparts && rc == KVS_OK; j++) {
             const sim_prov_rowsrc_t *p = &parts[j];
@@ -503,6 +579,7 @@ int sim_prov_copy_parts(sim_prov_map_t *dst, uint64_t d0, uint64_t ds, sim_prov_
             }
         }
     }
+rewrite:;
     const sim_prov_rowsrc_t *last = &parts[nparts - 1];
     return rc == KVS_OK ? sim_prov_rewrite(dst, d0 + parts[0].dst_off,
                                            d0 + (rows - 1) * ds + last->dst_off + last->row_bytes,
