@@ -46,6 +46,9 @@ struct sim_prov_map {
     size_t stack_cap;
     size_t *idx;            /* copy_parts: [2 * idx_cap] cursors */
     size_t idx_cap;
+    bool batching;          /* between sim_prov_batch_begin and _end */
+    uint64_t batch_lo, batch_hi; /* the hull of the pieces pending, lo == hi
+                                    when none */
 };
 
 /* ---- runs ----------------------------------------------------------------- */
@@ -430,6 +433,7 @@ void sim_prov_map_destroy(sim_prov_map_t *m)
 
 int sim_prov_write(sim_prov_map_t *m, const sim_prov_run_t *r)
 {
+    assert(!m->batching);
     if (r->len_bytes == 0)
         return KVS_OK;
     sim_prov_run_t c = *r;
@@ -514,11 +518,12 @@ static int sim_prov_copy_affine(sim_prov_map_t *dst, uint64_t d0, uint64_t ds,
     return rc == KVS_OK ? 1 : rc;
 }
 
-int sim_prov_copy_parts(sim_prov_map_t *dst, uint64_t d0, uint64_t ds, sim_prov_map_t *src,
-                        const sim_prov_rowsrc_t *parts, size_t nparts, uint64_t rows)
+/* The pieces of a copy_parts, appended to dst->pieces (after those there,
+ * which end at or before this copy's first destination byte). */
+static int sim_prov_parts_pieces(sim_prov_map_t *dst, uint64_t d0, uint64_t ds,
+                                 sim_prov_map_t *src, const sim_prov_rowsrc_t *parts,
+                                 size_t nparts, uint64_t rows)
 {
-    if (rows == 0 || nparts == 0)
-        return KVS_OK;
     if (nparts > dst->idx_cap) {
         size_t *idx = realloc(dst->idx, 2 * nparts * sizeof *idx);
         if (idx == NULL)
@@ -540,14 +545,11 @@ int sim_prov_copy_parts(sim_prov_map_t *dst, uint64_t d0, uint64_t ds, sim_prov_
                                   p->s0 + (rows - 1) * p->ss + p->row_bytes, &dst->src);
         end[j] = dst->src.n;
     }
-    dst->pieces.n = 0;
     const sim_prov_run_t *v = dst->src.v;
     if (rc == KVS_OK && rows > 1 && nparts <= SIM_PROV_SEGS_MAX) {
         const int fast = sim_prov_copy_affine(dst, d0, ds, parts, nparts, rows, cur, end);
-        if (fast < 0)
-            return fast;
-        if (fast > 0)
-            goto rewrite;
+        if (fast != 0)
+            return fast < 0 ? fast : KVS_OK;
     }
     for (uint64_t i = 0; i < rows && rc == KVS_OK; i++) {
         for (size_t j = 0; j < nparts && rc == KVS_OK; j++) {
@@ -579,12 +581,111 @@ int sim_prov_copy_parts(sim_prov_map_t *dst, uint64_t d0, uint64_t ds, sim_prov_
             }
         }
     }
-rewrite:;
+    return rc;
+}
+
+/* The destination hull of a copy_parts. */
+static void sim_prov_parts_hull(uint64_t d0, uint64_t ds, const sim_prov_rowsrc_t *parts,
+                                size_t nparts, uint64_t rows, uint64_t *lo, uint64_t *hi)
+{
     const sim_prov_rowsrc_t *last = &parts[nparts - 1];
-    return rc == KVS_OK ? sim_prov_rewrite(dst, d0 + parts[0].dst_off,
-                                           d0 + (rows - 1) * ds + last->dst_off + last->row_bytes,
-                                           &dst->pieces)
-                        : rc;
+    *lo = d0 + parts[0].dst_off;
+    *hi = d0 + (rows - 1) * ds + last->dst_off + last->row_bytes;
+}
+
+int sim_prov_copy_parts(sim_prov_map_t *dst, uint64_t d0, uint64_t ds, sim_prov_map_t *src,
+                        const sim_prov_rowsrc_t *parts, size_t nparts, uint64_t rows)
+{
+    assert(!dst->batching);
+    if (rows == 0 || nparts == 0)
+        return KVS_OK;
+    dst->pieces.n = 0;
+    const int rc = sim_prov_parts_pieces(dst, d0, ds, src, parts, nparts, rows);
+    uint64_t lo, hi;
+    sim_prov_parts_hull(d0, ds, parts, nparts, rows, &lo, &hi);
+    return rc == KVS_OK ? sim_prov_rewrite(dst, lo, hi, &dst->pieces) : rc;
+}
+
+void sim_prov_batch_begin(sim_prov_map_t *m)
+{
+    assert(!m->batching);
+    m->batching = true;
+    m->pieces.n = 0;
+    m->batch_lo = m->batch_hi = 0;
+}
+
+/* Writes the pieces pending. */
+static int sim_prov_batch_flush(sim_prov_map_t *m)
+{
+    int rc = KVS_OK;
+    if (m->batch_lo < m->batch_hi)
+        rc = sim_prov_rewrite(m, m->batch_lo, m->batch_hi, &m->pieces);
+    m->pieces.n = 0;
+    m->batch_lo = m->batch_hi = 0;
+    return rc;
+}
+
+int sim_prov_batch_end(sim_prov_map_t *m)
+{
+    assert(m->batching);
+    const int rc = sim_prov_batch_flush(m);
+    m->batching = false;
+    return rc;
+}
+
+/* Whether [lo, hi) overlaps the pending hull of m. */
+static bool sim_prov_batch_touches(const sim_prov_map_t *m, uint64_t lo, uint64_t hi)
+{
+    return m->batch_lo < m->batch_hi && lo < m->batch_hi && hi > m->batch_lo;
+}
+
+int sim_prov_batch_copy_parts(sim_prov_map_t *dst, uint64_t d0, uint64_t ds,
+                              sim_prov_map_t *src, const sim_prov_rowsrc_t *parts,
+                              size_t nparts, uint64_t rows)
+{
+    assert(dst->batching);
+    if (rows == 0 || nparts == 0)
+        return KVS_OK;
+    uint64_t lo, hi;
+    sim_prov_parts_hull(d0, ds, parts, nparts, rows, &lo, &hi);
+    /* Pending pieces are written first when this copy lands before their
+     * end, or reads what they write: the result is that of the copies one
+     * after the other. */
+    bool flush = dst->batch_lo < dst->batch_hi && lo < dst->batch_hi;
+    for (size_t j = 0; j < nparts && !flush && src == dst; j++)
+        flush = parts[j].row_bytes > 0 &&
+                sim_prov_batch_touches(dst, parts[j].s0,
+                                       parts[j].s0 + (rows - 1) * parts[j].ss +
+                                           parts[j].row_bytes);
+    int rc = flush ? sim_prov_batch_flush(dst) : KVS_OK;
+    if (rc != KVS_OK)
+        return rc;
+    rc = sim_prov_parts_pieces(dst, d0, ds, src, parts, nparts, rows);
+    if (dst->batch_lo == dst->batch_hi)
+        dst->batch_lo = lo;
+    dst->batch_hi = hi;
+    return rc;
+}
+
+int sim_prov_batch_write(sim_prov_map_t *m, const sim_prov_run_t *r)
+{
+    assert(m->batching);
+    if (r->len_bytes == 0)
+        return KVS_OK;
+    sim_prov_run_t c = *r;
+    sim_prov_canon(&c);
+    if (m->batch_lo < m->batch_hi && c.addr < m->batch_hi) {
+        const int rc = sim_prov_batch_flush(m);
+        if (rc != KVS_OK)
+            return rc;
+    }
+    const int rc = sim_prov_list_push(&m->pieces, &c);
+    if (rc != KVS_OK)
+        return rc;
+    if (m->batch_lo == m->batch_hi)
+        m->batch_lo = c.addr;
+    m->batch_hi = sim_prov_end(&c);
+    return KVS_OK;
 }
 
 int sim_prov_copy_rows(sim_prov_map_t *dst, uint64_t d0, uint64_t ds, sim_prov_map_t *src,
