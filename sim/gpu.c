@@ -172,6 +172,8 @@ struct sim_gpu {
     sim_prov_rowsrc_t *rowsrc;   /* fused scatters: [KVS_COPY_PARTS_MAX] */
     kvs_copy_shape_t *part_shapes; /* ... and their parts' shapes */
     int64_t *part_order;          /* ... by head_start */
+    struct sim_gpu_prun *pruns;   /* a walk's runs of pool slots */
+    size_t pruns_cap;
     sim_gpu_wake_fn wake;
     void *wake_ctx;
     sim_span_fn span;
@@ -422,7 +424,42 @@ static int sim_gpu_rows_bytes(sim_gpu_t *gpu, uint64_t dst, uint64_t ds, uint64_
 static int sim_gpu_rows_prov(sim_gpu_t *gpu, uint64_t dst, uint64_t ds, uint64_t src,
                              uint64_t ss, uint64_t row_bytes, uint64_t rows)
 {
-    return sim_prov_copy_rows(gpu->prov, dst, ds, gpu->prov, src, ss, row_bytes, rows);
+    const sim_prov_rowsrc_t one = {.s0 = src, .ss = ss, .row_bytes = row_bytes};
+    return sim_prov_batch_copy_parts(gpu->prov, dst, ds, gpu->prov, &one, 1, rows);
+}
+
+/* Tokens [i, i + n) of a copy whose pool slots follow each other from
+ * slot `first` (a page, or pages with consecutive ids). */
+typedef struct sim_gpu_prun {
+    uint64_t i, first, n;
+} sim_gpu_prun_t;
+
+/* The runs of d's tokens in gpu->pruns, found once per copy rather than
+ * once per layer and K/V (a long page list costs its length once).
+ * Returns the count, or -1 when out of host memory. */
+static int64_t sim_gpu_pruns(sim_gpu_t *gpu, const kvs_copy_desc_t *d)
+{
+    const uint64_t ps = (uint64_t)d->page_size, T = (uint64_t)d->tokens;
+    size_t k = 0;
+    for (uint64_t i = 0; i < T;) {
+        const uint64_t first = (uint64_t)d->pages[i / ps] * ps + i % ps;
+        uint64_t n = ps - i % ps; /* the rest of this page */
+        while (i + n < T && (uint64_t)d->pages[(i + n) / ps] * ps == first + n)
+            n += ps; /* the next page follows in the pool */
+        if (n > T - i)
+            n = T - i;
+        if (k == gpu->pruns_cap) {
+            const size_t cap = k == 0 ? 64 : 2 * k;
+            sim_gpu_prun_t *v = realloc(gpu->pruns, cap * sizeof *v);
+            if (v == NULL)
+                return -1;
+            gpu->pruns = v;
+            gpu->pruns_cap = cap;
+        }
+        gpu->pruns[k++] = (sim_gpu_prun_t){i, first, n};
+        i += n;
+    }
+    return (int64_t)k;
 }
 
 /* Walks a validated copy, pool -> staging (gather) or back (scatter): for
@@ -433,8 +470,10 @@ static int sim_gpu_walk(sim_gpu_t *gpu, const kvs_copy_desc_t *d, const kvs_copy
 {
     if (sh->payload_bytes == 0)
         return KVS_OK;
-    const uint64_t ps = (uint64_t)d->page_size, S = (uint64_t)d->staging_layer_slots;
-    const uint64_t T = (uint64_t)d->tokens;
+    const uint64_t S = (uint64_t)d->staging_layer_slots;
+    const int64_t nruns = sim_gpu_pruns(gpu, d);
+    if (nruns < 0)
+        return KVS_ENOMEM;
     int rc = KVS_OK;
     for (int64_t j = 0; j < d->layer_count && rc == KVS_OK; j++) {
         const int64_t l = d->layer_begin + j;
@@ -442,20 +481,21 @@ static int sim_gpu_walk(sim_gpu_t *gpu, const kvs_copy_desc_t *d, const kvs_copy
         for (uint64_t kv = 0; kv < 2 && rc == KVS_OK; kv++) {
             const uint64_t base = (kv == 0 ? d->k_base[l] : d->v_base[l]) + sh->head_off;
             const uint64_t blk = d->staging_addr + (kv * S + slot) * sh->slot_bytes;
-            for (uint64_t i = 0; i < T && rc == KVS_OK;) {
-                const uint64_t first = (uint64_t)d->pages[i / ps] * ps + i % ps;
-                uint64_t n = ps - i % ps; /* the rest of this page */
-                while (i + n < T && (uint64_t)d->pages[(i + n) / ps] * ps == first + n)
-                    n += ps; /* the next page follows in the pool */
-                if (n > T - i)
-                    n = T - i;
+            if (gpu->prov != NULL) /* one rewrite per layer and K/V (rows_prov) */
+                sim_prov_batch_begin(gpu->prov);
+            for (int64_t k = 0; k < nruns && rc == KVS_OK; k++) {
+                const uint64_t i = gpu->pruns[k].i, first = gpu->pruns[k].first,
+                               n = gpu->pruns[k].n;
                 const uint64_t pool = base + first * sh->token_bytes;
                 const uint64_t stg = blk + i * sh->row_bytes;
                 rc = scatter ? rows(gpu, pool, sh->token_bytes, stg, sh->row_bytes,
                                     sh->row_bytes, n)
                              : rows(gpu, stg, sh->row_bytes, pool, sh->token_bytes,
                                     sh->row_bytes, n);
-                i += n;
+            }
+            if (gpu->prov != NULL) {
+                const int end = sim_prov_batch_end(gpu->prov);
+                rc = rc != KVS_OK ? rc : end;
             }
         }
     }
@@ -478,21 +518,20 @@ static int sim_gpu_walk_parts(sim_gpu_t *gpu, const kvs_copy_desc_t *d,
         }
         ord[k] = i;
     }
-    const uint64_t ps = (uint64_t)d->page_size, S = (uint64_t)d->staging_layer_slots;
-    const uint64_t T = (uint64_t)d->tokens, tb = sh[0].token_bytes;
+    const uint64_t S = (uint64_t)d->staging_layer_slots, tb = sh[0].token_bytes;
+    const int64_t nruns = sim_gpu_pruns(gpu, d);
+    if (nruns < 0)
+        return KVS_ENOMEM;
     int rc = KVS_OK;
     for (int64_t j = 0; j < d->layer_count && rc == KVS_OK; j++) {
         const int64_t l = d->layer_begin + j;
         const uint64_t slot = (uint64_t)(d->staging_slot_begin + j);
         for (uint64_t kv = 0; kv < 2 && rc == KVS_OK; kv++) {
             const uint64_t base = kv == 0 ? d->k_base[l] : d->v_base[l];
-            for (uint64_t i = 0; i < T && rc == KVS_OK;) {
-                const uint64_t first = (uint64_t)d->pages[i / ps] * ps + i % ps;
-                uint64_t n = ps - i % ps;
-                while (i + n < T && (uint64_t)d->pages[(i + n) / ps] * ps == first + n)
-                    n += ps;
-                if (n > T - i)
-                    n = T - i;
+            sim_prov_batch_begin(gpu->prov); /* one rewrite per layer and K/V */
+            for (int64_t k = 0; k < nruns && rc == KVS_OK; k++) {
+                const uint64_t i = gpu->pruns[k].i, first = gpu->pruns[k].first,
+                               n = gpu->pruns[k].n;
                 for (int64_t q = 0; q < nparts; q++) {
                     const int64_t p = ord[q];
                     gpu->rowsrc[q] = (sim_prov_rowsrc_t){
@@ -501,10 +540,11 @@ static int sim_gpu_walk_parts(sim_gpu_t *gpu, const kvs_copy_desc_t *d,
                         .ss = sh[p].row_bytes, .row_bytes = sh[p].row_bytes,
                         .dst_off = sh[p].head_off};
                 }
-                rc = sim_prov_copy_parts(gpu->prov, base + first * tb, tb, gpu->prov,
-                                         gpu->rowsrc, (size_t)nparts, n);
-                i += n;
+                rc = sim_prov_batch_copy_parts(gpu->prov, base + first * tb, tb, gpu->prov,
+                                               gpu->rowsrc, (size_t)nparts, n);
             }
+            const int end = sim_prov_batch_end(gpu->prov);
+            rc = rc != KVS_OK ? rc : end;
         }
     }
     return rc;
@@ -1063,6 +1103,7 @@ void sim_gpu_destroy(sim_gpu_t *gpu)
     free(gpu->rowsrc);
     free(gpu->part_shapes);
     free(gpu->part_order);
+    free(gpu->pruns);
     free(gpu);
 }
 

@@ -46,6 +46,9 @@ struct sim_prov_map {
     size_t stack_cap;
     size_t *idx;            /* copy_parts: [2 * idx_cap] cursors */
     size_t idx_cap;
+    bool batching;          /* between sim_prov_batch_begin and _end */
+    uint64_t batch_lo, batch_hi; /* the hull of the pieces pending, lo == hi
+                                    when none */
 };
 
 /* ---- runs ----------------------------------------------------------------- */
@@ -430,6 +433,7 @@ void sim_prov_map_destroy(sim_prov_map_t *m)
 
 int sim_prov_write(sim_prov_map_t *m, const sim_prov_run_t *r)
 {
+    assert(!m->batching);
     if (r->len_bytes == 0)
         return KVS_OK;
     sim_prov_run_t c = *r;
@@ -445,11 +449,81 @@ int sim_prov_erase(sim_prov_map_t *m, uint64_t addr, uint64_t len_bytes)
     return sim_prov_write(m, &hole);
 }
 
-int sim_prov_copy_parts(sim_prov_map_t *dst, uint64_t d0, uint64_t ds, sim_prov_map_t *src,
-                        const sim_prov_rowsrc_t *parts, size_t nparts, uint64_t rows)
+/* One part of a row whose origin is affine in the row: row i's bytes
+ * [dst_off, + len) come from origin off + i * step of key, contiguously. */
+typedef struct sim_prov_seg {
+    uint64_t dst_off, len, key, off, step;
+} sim_prov_seg_t;
+
+/* Parts a copy_parts call handles in closed form (more take the row loop). */
+#define SIM_PROV_SEGS_MAX 64
+
+/* copy_parts in closed form, its cost per part instead of per row: when
+ * every part's rows lie inside one source run and each row reads one
+ * contiguous stretch of origins that moves by a fixed step from row to row
+ * (a page run of one rank's heads, gathered or scattered), the pieces are
+ * those the row loop would emit: one rows run when the parts tile the
+ * destination rows, else one piece per row and segment. Returns 1 with
+ * dst->pieces filled, 0 when the copy is not of that form (nothing done),
+ * or an error. */
+static int sim_prov_copy_affine(sim_prov_map_t *dst, uint64_t d0, uint64_t ds,
+                                const sim_prov_rowsrc_t *parts, size_t nparts, uint64_t rows,
+                                const size_t *cur, const size_t *end)
 {
-    if (rows == 0 || nparts == 0)
-        return KVS_OK;
+    sim_prov_seg_t seg[SIM_PROV_SEGS_MAX];
+    size_t ns = 0;
+    for (size_t j = 0; j < nparts; j++) {
+        const sim_prov_rowsrc_t *p = &parts[j];
+        if (p->row_bytes == 0)
+            continue;
+        if (end[j] != cur[j] + 1)
+            return 0;
+        const sim_prov_run_t *r = &dst->src.v[cur[j]];
+        const uint64_t lo = p->s0, hi = p->s0 + (rows - 1) * p->ss + p->row_bytes;
+        if (r->addr > lo || sim_prov_end(r) < hi)
+            return 0;
+        const uint64_t y0 = lo - r->addr;
+        sim_prov_seg_t s = {.dst_off = p->dst_off, .len = p->row_bytes, .key = r->key,
+                            .off = sim_prov_origin(r, y0)};
+        if (r->row_bytes == 0) {
+            s.step = p->ss;
+        } else {
+            const uint64_t R = r->row_bytes;
+            if ((r->phase + y0) % R + p->row_bytes > R || p->ss % R != 0)
+                return 0;
+            s.step = p->ss / R * r->stride;
+        }
+        sim_prov_seg_t *t = ns > 0 ? &seg[ns - 1] : NULL;
+        if (t != NULL && t->key == s.key && t->dst_off + t->len == s.dst_off &&
+            t->off + t->len == s.off && t->step == s.step)
+            t->len += s.len; /* the next heads of the same rows */
+        else
+            seg[ns++] = s;
+    }
+    int rc = KVS_OK;
+    if (ns == 1 && seg[0].len == ds && seg[0].step >= ds) {
+        sim_prov_run_t run = {.addr = d0 + seg[0].dst_off, .len_bytes = rows * ds,
+                              .key = seg[0].key, .off = seg[0].off, .row_bytes = ds,
+                              .stride = seg[0].step};
+        sim_prov_canon(&run);
+        return sim_prov_emit(&dst->pieces, &run, false) == KVS_OK ? 1 : KVS_ENOMEM;
+    }
+    for (uint64_t i = 0; i < rows && rc == KVS_OK; i++)
+        for (size_t k = 0; k < ns && rc == KVS_OK; k++) {
+            const sim_prov_run_t piece = {.addr = d0 + i * ds + seg[k].dst_off,
+                                          .len_bytes = seg[k].len, .key = seg[k].key,
+                                          .off = seg[k].off + i * seg[k].step};
+            rc = sim_prov_emit(&dst->pieces, &piece, false);
+        }
+    return rc == KVS_OK ? 1 : rc;
+}
+
+/* The pieces of a copy_parts, appended to dst->pieces (after those there,
+ * which end at or before this copy's first destination byte). */
+static int sim_prov_parts_pieces(sim_prov_map_t *dst, uint64_t d0, uint64_t ds,
+                                 sim_prov_map_t *src, const sim_prov_rowsrc_t *parts,
+                                 size_t nparts, uint64_t rows)
+{
     if (nparts > dst->idx_cap) {
         size_t *idx = realloc(dst->idx, 2 * nparts * sizeof *idx);
         if (idx == NULL)
@@ -471,8 +545,12 @@ int sim_prov_copy_parts(sim_prov_map_t *dst, uint64_t d0, uint64_t ds, sim_prov_
                                   p->s0 + (rows - 1) * p->ss + p->row_bytes, &dst->src);
         end[j] = dst->src.n;
     }
-    dst->pieces.n = 0;
     const sim_prov_run_t *v = dst->src.v;
+    if (rc == KVS_OK && rows > 1 && nparts <= SIM_PROV_SEGS_MAX) {
+        const int fast = sim_prov_copy_affine(dst, d0, ds, parts, nparts, rows, cur, end);
+        if (fast != 0)
+            return fast < 0 ? fast : KVS_OK;
+    }
     for (uint64_t i = 0; i < rows && rc == KVS_OK; i++) {
         for (size_t j = 0; j < nparts && rc == KVS_OK; j++) {
             const sim_prov_rowsrc_t *p = &parts[j];
@@ -503,11 +581,111 @@ int sim_prov_copy_parts(sim_prov_map_t *dst, uint64_t d0, uint64_t ds, sim_prov_
             }
         }
     }
+    return rc;
+}
+
+/* The destination hull of a copy_parts. */
+static void sim_prov_parts_hull(uint64_t d0, uint64_t ds, const sim_prov_rowsrc_t *parts,
+                                size_t nparts, uint64_t rows, uint64_t *lo, uint64_t *hi)
+{
     const sim_prov_rowsrc_t *last = &parts[nparts - 1];
-    return rc == KVS_OK ? sim_prov_rewrite(dst, d0 + parts[0].dst_off,
-                                           d0 + (rows - 1) * ds + last->dst_off + last->row_bytes,
-                                           &dst->pieces)
-                        : rc;
+    *lo = d0 + parts[0].dst_off;
+    *hi = d0 + (rows - 1) * ds + last->dst_off + last->row_bytes;
+}
+
+int sim_prov_copy_parts(sim_prov_map_t *dst, uint64_t d0, uint64_t ds, sim_prov_map_t *src,
+                        const sim_prov_rowsrc_t *parts, size_t nparts, uint64_t rows)
+{
+    assert(!dst->batching);
+    if (rows == 0 || nparts == 0)
+        return KVS_OK;
+    dst->pieces.n = 0;
+    const int rc = sim_prov_parts_pieces(dst, d0, ds, src, parts, nparts, rows);
+    uint64_t lo, hi;
+    sim_prov_parts_hull(d0, ds, parts, nparts, rows, &lo, &hi);
+    return rc == KVS_OK ? sim_prov_rewrite(dst, lo, hi, &dst->pieces) : rc;
+}
+
+void sim_prov_batch_begin(sim_prov_map_t *m)
+{
+    assert(!m->batching);
+    m->batching = true;
+    m->pieces.n = 0;
+    m->batch_lo = m->batch_hi = 0;
+}
+
+/* Writes the pieces pending. */
+static int sim_prov_batch_flush(sim_prov_map_t *m)
+{
+    int rc = KVS_OK;
+    if (m->batch_lo < m->batch_hi)
+        rc = sim_prov_rewrite(m, m->batch_lo, m->batch_hi, &m->pieces);
+    m->pieces.n = 0;
+    m->batch_lo = m->batch_hi = 0;
+    return rc;
+}
+
+int sim_prov_batch_end(sim_prov_map_t *m)
+{
+    assert(m->batching);
+    const int rc = sim_prov_batch_flush(m);
+    m->batching = false;
+    return rc;
+}
+
+/* Whether [lo, hi) overlaps the pending hull of m. */
+static bool sim_prov_batch_touches(const sim_prov_map_t *m, uint64_t lo, uint64_t hi)
+{
+    return m->batch_lo < m->batch_hi && lo < m->batch_hi && hi > m->batch_lo;
+}
+
+int sim_prov_batch_copy_parts(sim_prov_map_t *dst, uint64_t d0, uint64_t ds,
+                              sim_prov_map_t *src, const sim_prov_rowsrc_t *parts,
+                              size_t nparts, uint64_t rows)
+{
+    assert(dst->batching);
+    if (rows == 0 || nparts == 0)
+        return KVS_OK;
+    uint64_t lo, hi;
+    sim_prov_parts_hull(d0, ds, parts, nparts, rows, &lo, &hi);
+    /* Pending pieces are written first when this copy lands before their
+     * end, or reads what they write: the result is that of the copies one
+     * after the other. */
+    bool flush = dst->batch_lo < dst->batch_hi && lo < dst->batch_hi;
+    for (size_t j = 0; j < nparts && !flush && src == dst; j++)
+        flush = parts[j].row_bytes > 0 &&
+                sim_prov_batch_touches(dst, parts[j].s0,
+                                       parts[j].s0 + (rows - 1) * parts[j].ss +
+                                           parts[j].row_bytes);
+    int rc = flush ? sim_prov_batch_flush(dst) : KVS_OK;
+    if (rc != KVS_OK)
+        return rc;
+    rc = sim_prov_parts_pieces(dst, d0, ds, src, parts, nparts, rows);
+    if (dst->batch_lo == dst->batch_hi)
+        dst->batch_lo = lo;
+    dst->batch_hi = hi;
+    return rc;
+}
+
+int sim_prov_batch_write(sim_prov_map_t *m, const sim_prov_run_t *r)
+{
+    assert(m->batching);
+    if (r->len_bytes == 0)
+        return KVS_OK;
+    sim_prov_run_t c = *r;
+    sim_prov_canon(&c);
+    if (m->batch_lo < m->batch_hi && c.addr < m->batch_hi) {
+        const int rc = sim_prov_batch_flush(m);
+        if (rc != KVS_OK)
+            return rc;
+    }
+    const int rc = sim_prov_list_push(&m->pieces, &c);
+    if (rc != KVS_OK)
+        return rc;
+    if (m->batch_lo == m->batch_hi)
+        m->batch_lo = c.addr;
+    m->batch_hi = sim_prov_end(&c);
+    return KVS_OK;
 }
 
 int sim_prov_copy_rows(sim_prov_map_t *dst, uint64_t d0, uint64_t ds, sim_prov_map_t *src,

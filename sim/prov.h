@@ -76,6 +76,20 @@ typedef struct sim_prov_rowsrc {
  * for all the rows. The same result as a sim_prov_copy_rows per part. */
 int sim_prov_copy_parts(sim_prov_map_t *dst, uint64_t d0, uint64_t ds, sim_prov_map_t *src,
                         const sim_prov_rowsrc_t *parts, size_t nparts, uint64_t rows);
+/* Batches: many writes or copies into one map in one rewrite of their
+ * hull, with the result of making them one after the other. Between
+ * begin and end only sim_prov_batch_* may change the map. A piece that
+ * lands before the end of those pending, or a copy that reads what they
+ * write, first writes them out, so any order is correct; batch what
+ * lands in ascending addresses close together (one layer's K or V of a
+ * page list), since the rewrite also sweeps the runs between the pieces. */
+void sim_prov_batch_begin(sim_prov_map_t *m);
+int sim_prov_batch_write(sim_prov_map_t *m, const sim_prov_run_t *r);
+int sim_prov_batch_copy_parts(sim_prov_map_t *dst, uint64_t d0, uint64_t ds,
+                              sim_prov_map_t *src, const sim_prov_rowsrc_t *parts,
+                              size_t nparts, uint64_t rows);
+/* Writes what is pending; the map is then free for every call again. */
+int sim_prov_batch_end(sim_prov_map_t *m);
 /* The bytes of [want->addr, +len) whose origin differs from want's (wrong
  * key, wrong offset, or a hole). */
 uint64_t sim_prov_diff(sim_prov_map_t *m, const sim_prov_run_t *want);

@@ -35,6 +35,7 @@
 
 #include <kvstage/backend.h>
 
+#include <assert.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,9 +44,11 @@
 /* RNG stream ids: fixed, so adding one never reshuffles the others. */
 enum { SIM_STREAM_ARRIVALS = 1, SIM_STREAM_LENGTHS = 2, SIM_STREAM_PREFIX = 3 };
 
+/* A KV page pool: taken[id] says whether page id is in use; count pages
+ * are free, none below low. */
 typedef struct sim_pages {
-    int64_t *free_ids;
-    int64_t count, cap;
+    uint8_t *taken;
+    int64_t count, cap, low;
 } sim_pages_t;
 
 typedef struct sim_scenario sim_scenario_t;
@@ -153,6 +156,8 @@ struct sim_scenario {
     sim_pair_t *pairs;           /* [npinst * ndinst], prefill-major */
     uint32_t rr_prefill, rr_decode; /* round robin: the next instance */
     int64_t pool_pages;          /* per rank, every instance alike */
+    int64_t *slot_runs;          /* sim_prov_pass: [2 * slot_runs_cap] */
+    size_t slot_runs_cap;
     sim_req_t *reqs;
     uint32_t waiting_first, waiting_last; /* admission list in arrival order
                                     (sim_req_t.next_waiting), UINT32_MAX: empty */
@@ -263,25 +268,44 @@ void sim_scenario_defaults(sim_scenario_config_t *c)
 
 static int sim_pages_init(sim_pages_t *p, int64_t n)
 {
-    p->free_ids = malloc((size_t)n * sizeof *p->free_ids);
-    if (p->free_ids == NULL)
+    p->taken = calloc((size_t)(n > 0 ? n : 1), 1);
+    if (p->taken == NULL)
         return KVS_ENOMEM;
-    for (int64_t i = 0; i < n; i++)
-        p->free_ids[i] = n - 1 - i; /* pop order 0, 1, 2, ... */
     p->count = p->cap = n;
+    p->low = 0;
     return KVS_OK;
 }
 
+/* Takes the n lowest free pages, in ascending order: a request's pages
+ * then form few runs of consecutive ids however requests come and go, so
+ * a copy of its KV (one descriptor walk per run) stays a few runs long
+ * over a long run. (A stack of freed pages, reused last in first out,
+ * left later requests' pages in ever smaller runs.) Which pages a request
+ * gets changes no time or count of the simulation, only addresses. */
 static void sim_pages_take(sim_pages_t *p, int64_t *out, int64_t n)
 {
-    for (int64_t i = 0; i < n; i++)
-        out[i] = p->free_ids[--p->count];
+    assert(n <= p->count);
+    int64_t id = p->low;
+    for (int64_t i = 0; i < n; i++, id++) {
+        while (p->taken[id])
+            id++;
+        p->taken[id] = 1;
+        out[i] = id;
+    }
+    p->count -= n;
+    while (p->low < p->cap && p->taken[p->low])
+        p->low++;
 }
 
 static void sim_pages_give(sim_pages_t *p, const int64_t *ids, int64_t n)
 {
-    for (int64_t i = n - 1; i >= 0; i--)
-        p->free_ids[p->count++] = ids[i];
+    for (int64_t i = 0; i < n; i++) {
+        assert(p->taken[ids[i]]);
+        p->taken[ids[i]] = 0;
+        if (ids[i] < p->low)
+            p->low = ids[i];
+    }
+    p->count += n;
 }
 
 /* ---- node plumbing ----------------------------------------------------------- */
@@ -364,22 +388,45 @@ static uint64_t sim_prov_pass(sim_scenario_t *sc, sim_node_t *n, uint64_t req,
     const int64_t ps = l->page_size, hb = l->head_dim * l->elem_bytes;
     sim_prov_map_t *map = sim_gpu_prov(n->gpu);
     const int64_t g0 = sim_global_head(l->total_heads, n->inst->tp, n->tp, n->heads, 0);
+    /* The runs of slots first, once: a long page list costs its length
+     * once, not once per layer and K/V. */
+    size_t nruns = 0;
+    for (int64_t t = a; t < b; nruns++) {
+        if (nruns == sc->slot_runs_cap) {
+            const size_t cap = nruns == 0 ? 64 : 2 * nruns;
+            int64_t *v = realloc(sc->slot_runs, 2 * cap * sizeof *v);
+            if (v == NULL) {
+                sim_fail(sc, KVS_ENOMEM, "%s: out of host memory for a page list", n->name);
+                return check ? (uint64_t)(b - a) * (uint64_t)(n->heads * hb) : 0;
+            }
+            sc->slot_runs = v;
+            sc->slot_runs_cap = cap;
+        }
+        sc->slot_runs[2 * nruns] = t;
+        sc->slot_runs[2 * nruns + 1] = sim_slot_run(pages, base, t, b, ps);
+        t += sc->slot_runs[2 * nruns + 1];
+    }
     uint64_t bad = 0;
     for (int64_t layer = 0; layer < n->layers; layer++)
-        for (int kv = 0; kv < 2; kv++)
-            for (int64_t t = a; t < b;) {
-                const int64_t cnt = sim_slot_run(pages, base, t, b, ps);
+        for (int kv = 0; kv < 2; kv++) {
+            if (!check) /* one rewrite per layer and K/V */
+                sim_prov_batch_begin(map);
+            for (size_t k = 0; k < nruns; k++) {
+                const int64_t t = sc->slot_runs[2 * k], cnt = sc->slot_runs[2 * k + 1];
                 const sim_kv_coord_t c = {req, n->first_layer + layer, kv, g0, t};
                 const sim_prov_run_t run = sim_kvdata_prov_rows(
                     &c, n->heads, cnt, l->total_heads, hb,
                     sim_slot_addr(n, layer, kv, pages, base, t, ps, hb));
                 if (check)
                     bad += sim_prov_diff(map, &run);
-                else if (sim_prov_write(map, &run) != KVS_OK)
+                else if (sim_prov_batch_write(map, &run) != KVS_OK)
                     sim_fail(sc, KVS_ENOMEM, "%s: out of host memory for the provenance "
                              "of the KV pool", n->name);
-                t += cnt;
             }
+            if (!check && sim_prov_batch_end(map) != KVS_OK)
+                sim_fail(sc, KVS_ENOMEM, "%s: out of host memory for the provenance "
+                         "of the KV pool", n->name);
+        }
     return bad;
 }
 
@@ -1768,13 +1815,14 @@ int sim_scenario_run(const sim_scenario_config_t *cfg, sim_report_t *out, char *
         (void)sim_net_destroy(sc->net);
     sim_engine_destroy(sc->eng);
     for (uint32_t k = 0; sc->insts != NULL && k < sc->npinst + sc->ndinst; k++)
-        free(sc->insts[k].pages.free_ids);
+        free(sc->insts[k].pages.taken);
     for (uint32_t k = 0; sc->pairs != NULL && k < sc->npinst * sc->ndinst; k++)
         free(sc->pairs[k].group);
     free(sc->nodes);
     free(sc->insts);
     free(sc->pairs);
     free(sc->reqs);
+    free(sc->slot_runs);
     free(sc->aux_buf);
     free(sc);
     return rc;
