@@ -201,38 +201,38 @@ static void test_hw_alloc_table_attach_and_detach(void **state)
     fx_open(&f, 3);
     put(&f, 0x1000, 0x100);
     kvs_device_t *d = &f.dev.base;
-    assert_int_equal(hw_alloc_table_attach(&f.t, d, "attach", 0x2000, 0x100), KVS_OK);
+    assert_int_equal(hw_alloc_table_attach(&f.t, d, "attach", 0x2000, 0x100, NULL), KVS_OK);
     assert_true(f.t.entries[1].attached);
     assert_null(f.t.entries[1].base);
     assert_int_equal(start_of(&f, 0x2010, 0x10), 0x2000);
     /* Overlaps, either side, of either kind, are refused by name. */
-    assert_int_equal(hw_alloc_table_attach(&f.t, d, "attach", 0x10ff, 0x10), KVS_EINVAL);
+    assert_int_equal(hw_alloc_table_attach(&f.t, d, "attach", 0x10ff, 0x10, NULL), KVS_EINVAL);
     assert_non_null(strstr(d->last_backend_msg, "overlaps the live device allocation "
                                                 "[0x1000, +256)"));
-    assert_int_equal(hw_alloc_table_attach(&f.t, d, "attach", 0x1f00, 0x101), KVS_EINVAL);
+    assert_int_equal(hw_alloc_table_attach(&f.t, d, "attach", 0x1f00, 0x101, NULL), KVS_EINVAL);
     assert_non_null(strstr(d->last_backend_msg, "overlaps the live attached range [0x2000"));
-    assert_int_equal(hw_alloc_table_attach(&f.t, d, "attach", 0x2000, 0x100), KVS_EINVAL);
-    assert_int_equal(hw_alloc_table_attach(&f.t, d, "attach", 0x5000, 0), KVS_EINVAL);
+    assert_int_equal(hw_alloc_table_attach(&f.t, d, "attach", 0x2000, 0x100, NULL), KVS_EINVAL);
+    assert_int_equal(hw_alloc_table_attach(&f.t, d, "attach", 0x5000, 0, NULL), KVS_EINVAL);
     assert_non_null(strstr(d->last_backend_msg, "is not a memory range"));
-    assert_int_equal(hw_alloc_table_attach(&f.t, d, "attach", 0, 0x10), KVS_EINVAL);
-    assert_int_equal(hw_alloc_table_attach(&f.t, d, "attach", UINT64_MAX - 4, 0x10), KVS_EINVAL);
+    assert_int_equal(hw_alloc_table_attach(&f.t, d, "attach", 0, 0x10, NULL), KVS_EINVAL);
+    assert_int_equal(hw_alloc_table_attach(&f.t, d, "attach", UINT64_MAX - 4, 0x10, NULL), KVS_EINVAL);
     /* Touching ranges are fine; then the table is full. */
-    assert_int_equal(hw_alloc_table_attach(&f.t, d, "attach", 0x1f00, 0x100), KVS_OK);
-    assert_int_equal(hw_alloc_table_attach(&f.t, d, "attach", 0x3000, 0x100), KVS_EFULL);
+    assert_int_equal(hw_alloc_table_attach(&f.t, d, "attach", 0x1f00, 0x100, NULL), KVS_OK);
+    assert_int_equal(hw_alloc_table_attach(&f.t, d, "attach", 0x3000, 0x100, NULL), KVS_EFULL);
     /* mem_free refuses the application's memory; detach refuses the device's. */
     hw_alloc_t out = {.addr = 7};
     assert_int_equal(hw_alloc_table_remove(&f.t, d, 0x2000, &out), KVS_EINVAL);
     assert_non_null(strstr(d->last_backend_msg, "the application's memory, attached"));
     assert_int_equal(out.addr, 7);
-    assert_int_equal(hw_alloc_table_detach(&f.t, d, "detach", 0x1000), KVS_ENOENT);
+    assert_int_equal(hw_alloc_table_detach(&f.t, d, "detach", 0x1000, NULL), KVS_ENOENT);
     assert_non_null(strstr(d->last_backend_msg,
                            "detach on fake-device: 0x1000 is not the start of an attached"));
-    assert_int_equal(hw_alloc_table_detach(&f.t, d, "detach", 0x2010), KVS_ENOENT);
+    assert_int_equal(hw_alloc_table_detach(&f.t, d, "detach", 0x2010, NULL), KVS_ENOENT);
     assert_int_equal(f.t.count, 3);
-    assert_int_equal(hw_alloc_table_detach(&f.t, d, "detach", 0x2000), KVS_OK);
-    assert_int_equal(hw_alloc_table_detach(&f.t, d, "detach", 0x2000), KVS_ENOENT);
+    assert_int_equal(hw_alloc_table_detach(&f.t, d, "detach", 0x2000, NULL), KVS_OK);
+    assert_int_equal(hw_alloc_table_detach(&f.t, d, "detach", 0x2000, NULL), KVS_ENOENT);
     assert_int_equal(start_of(&f, 0x2010, 0x10), NONE);
-    assert_int_equal(hw_alloc_table_detach(&f.t, d, "detach", 0x1f00), KVS_OK);
+    assert_int_equal(hw_alloc_table_detach(&f.t, d, "detach", 0x1f00, NULL), KVS_OK);
     const uint64_t want[] = {0x1000};
     expect_order(&f, want, 1);
     hw_alloc_table_fini(&f.t);

@@ -99,8 +99,16 @@ int hw_alloc_table_remove(hw_alloc_table_t *t, kvs_device_t *dev, uint64_t addr,
     return KVS_OK;
 }
 
-int hw_alloc_table_attach(hw_alloc_table_t *t, kvs_device_t *dev, const char *what,
-                          uint64_t addr, uint64_t len_bytes)
+int hw_device_report(kvs_device_t *dev, int rc, kvs_error_t *err)
+{
+    if (rc != KVS_OK)
+        (void)kvs_error_set(err, rc, dev->last_backend_code, __FILE__, __LINE__, "%s",
+                            dev->last_backend_msg);
+    return rc;
+}
+
+static int hw_alloc_table_attach_range(hw_alloc_table_t *t, kvs_device_t *dev,
+                                       const char *what, uint64_t addr, uint64_t len_bytes)
 {
     if (len_bytes == 0 || addr == 0 || len_bytes > UINT64_MAX - addr)
         return kvs_device_fail(dev, KVS_EINVAL, EINVAL,
@@ -132,8 +140,15 @@ int hw_alloc_table_attach(hw_alloc_table_t *t, kvs_device_t *dev, const char *wh
     return KVS_OK;
 }
 
-int hw_alloc_table_detach(hw_alloc_table_t *t, kvs_device_t *dev, const char *what,
-                          uint64_t addr)
+int hw_alloc_table_attach(hw_alloc_table_t *t, kvs_device_t *dev, const char *what,
+                          uint64_t addr, uint64_t len_bytes, kvs_error_t *err)
+{
+    return hw_device_report(dev, hw_alloc_table_attach_range(t, dev, what, addr, len_bytes),
+                            err);
+}
+
+static int hw_alloc_table_detach_range(hw_alloc_table_t *t, kvs_device_t *dev,
+                                       const char *what, uint64_t addr)
 {
     uint32_t i = hw_alloc_table_upper(t, addr);
     if (i == 0 || t->entries[i - 1].addr != addr || !t->entries[i - 1].attached)
@@ -145,4 +160,10 @@ int hw_alloc_table_detach(hw_alloc_table_t *t, kvs_device_t *dev, const char *wh
     memmove(&t->entries[i - 1], &t->entries[i], (size_t)(t->count - i) * sizeof t->entries[0]);
     t->count--;
     return KVS_OK;
+}
+
+int hw_alloc_table_detach(hw_alloc_table_t *t, kvs_device_t *dev, const char *what,
+                          uint64_t addr, kvs_error_t *err)
+{
+    return hw_device_report(dev, hw_alloc_table_detach_range(t, dev, what, addr), err);
 }

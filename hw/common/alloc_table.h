@@ -73,17 +73,21 @@ int hw_alloc_table_remove(hw_alloc_table_t *t, kvs_device_t *dev, uint64_t addr,
                           hw_alloc_t *out);
 
 /* Adds the application's memory [addr, addr + len_bytes) (an engine's KV
- * pool) as an attached entry, so copies may name it. Records on dev and
- * returns KVS_EINVAL for len 0 or a range past the address space,
+ * pool) as an attached entry, so copies may name it. Records on dev (and
+ * err, may be NULL) and returns KVS_EINVAL for len 0 or a range past the address space,
  * KVS_EINVAL naming the live entry it overlaps, KVS_EFULL when the table
  * is full (hw_alloc_table_room). what names the caller ("kvs_host_mem_attach"). */
 int hw_alloc_table_attach(hw_alloc_table_t *t, kvs_device_t *dev, const char *what,
-                          uint64_t addr, uint64_t len_bytes);
+                          uint64_t addr, uint64_t len_bytes, kvs_error_t *err);
 
 /* Takes the attached entry starting at addr out of the table. Records on
  * dev and returns KVS_ENOENT when addr starts no attached entry (or starts
  * memory the device allocated: free that with mem_free). */
 int hw_alloc_table_detach(hw_alloc_table_t *t, kvs_device_t *dev, const char *what,
-                          uint64_t addr);
+                          uint64_t addr, kvs_error_t *err);
+
+/* Copies the failure dev recorded last into err (may be NULL) when rc is
+ * not KVS_OK, for the public calls that take a kvs_error_t; returns rc. */
+int hw_device_report(kvs_device_t *dev, int rc, kvs_error_t *err);
 
 #endif

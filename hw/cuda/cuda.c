@@ -473,15 +473,6 @@ void *kvs_cuda_stream_handle(kvs_device_t *dev, kvs_stream_t *stream)
     return h;
 }
 
-/* Copies the detail dev recorded into err (may be NULL); returns rc. */
-static int hw_cuda_report(kvs_device_t *dev, int rc, kvs_error_t *err)
-{
-    if (rc != KVS_OK)
-        (void)kvs_error_set(err, rc, dev->last_backend_code, __FILE__, __LINE__, "%s",
-                            dev->last_backend_msg);
-    return rc;
-}
-
 int kvs_cuda_mem_attach(kvs_device_t *dev, uint64_t addr, uint64_t len_bytes,
                         kvs_error_t *err)
 {
@@ -492,7 +483,7 @@ int kvs_cuda_mem_attach(kvs_device_t *dev, uint64_t addr, uint64_t len_bytes,
                              "device the rank runs on");
     int rc = hw_cuda_enter(c);
     if (rc != KVS_OK)
-        return hw_cuda_report(dev, rc, err);
+        return hw_device_report(dev, rc, err);
     /* Only this GPU's memory: the kernels run on it. */
     struct cudaPointerAttributes at;
     cudaError_t e = cudaPointerGetAttributes(&at, (const void *)(uintptr_t)addr);
@@ -507,10 +498,11 @@ int kvs_cuda_mem_attach(kvs_device_t *dev, uint64_t addr, uint64_t len_bytes,
                                                                 : "it is host memory",
                              c->ordinal);
     } else {
-        rc = hw_alloc_table_attach(&c->allocs, dev, "kvs_cuda_mem_attach", addr, len_bytes);
+        rc = hw_alloc_table_attach(&c->allocs, dev, "kvs_cuda_mem_attach", addr, len_bytes,
+                                   NULL);
     }
     hw_cuda_leave(c);
-    return hw_cuda_report(dev, rc, err);
+    return hw_device_report(dev, rc, err);
 }
 
 int kvs_cuda_mem_detach(kvs_device_t *dev, uint64_t addr, kvs_error_t *err)
@@ -521,13 +513,13 @@ int kvs_cuda_mem_detach(kvs_device_t *dev, uint64_t addr, kvs_error_t *err)
                              "kvs_cuda_mem_detach: dev is not a CUDA device");
     int rc = hw_cuda_enter(c);
     if (rc != KVS_OK)
-        return hw_cuda_report(dev, rc, err);
-    rc = hw_alloc_table_detach(&c->allocs, dev, "kvs_cuda_mem_detach", addr);
+        return hw_device_report(dev, rc, err);
+    rc = hw_alloc_table_detach(&c->allocs, dev, "kvs_cuda_mem_detach", addr, NULL);
     /* Like cudaFree: no queued kernel touches it when this returns. */
     if (rc == KVS_OK)
         rc = HW_CUDA_TRY(c, cudaDeviceSynchronize(), HW_CUDA_FIX_STICKY);
     hw_cuda_leave(c);
-    return hw_cuda_report(dev, rc, err);
+    return hw_device_report(dev, rc, err);
 }
 
 int kvs_cuda_stream_sync(kvs_device_t *dev, kvs_stream_t *stream)

@@ -252,15 +252,6 @@ static int hw_host_mem_read(kvs_device_t *dev, uint64_t addr, void *dst, uint64_
     return hw_host_mem_copy(dev, addr, dst, len_bytes, false);
 }
 
-/* Copies the detail dev recorded into err (may be NULL); returns rc. */
-static int hw_host_report(kvs_device_t *dev, int rc, kvs_error_t *err)
-{
-    if (rc != KVS_OK)
-        (void)kvs_error_set(err, rc, dev->last_backend_code, __FILE__, __LINE__, "%s",
-                            dev->last_backend_msg);
-    return rc;
-}
-
 int kvs_host_mem_attach(kvs_device_t *dev, const void *ptr, uint64_t len_bytes,
                         kvs_error_t *err)
 {
@@ -271,9 +262,9 @@ int kvs_host_mem_attach(kvs_device_t *dev, const void *ptr, uint64_t len_bytes,
                              "device the rank runs on");
     pthread_mutex_lock(&h->mu);
     int rc = hw_alloc_table_attach(&h->allocs, dev, "kvs_host_mem_attach",
-                                   (uint64_t)(uintptr_t)ptr, len_bytes);
+                                   (uint64_t)(uintptr_t)ptr, len_bytes, err);
     pthread_mutex_unlock(&h->mu);
-    return hw_host_report(dev, rc, err);
+    return rc;
 }
 
 int kvs_host_mem_detach(kvs_device_t *dev, const void *ptr, kvs_error_t *err)
@@ -284,12 +275,12 @@ int kvs_host_mem_detach(kvs_device_t *dev, const void *ptr, kvs_error_t *err)
                              "kvs_host_mem_detach: dev is not a host device");
     pthread_mutex_lock(&h->mu);
     int rc = hw_alloc_table_detach(&h->allocs, dev, "kvs_host_mem_detach",
-                                   (uint64_t)(uintptr_t)ptr);
+                                   (uint64_t)(uintptr_t)ptr, err);
     /* Like mem_free: no queued op may still touch it when this returns. */
     if (rc == KVS_OK)
         hw_host_drain_all(h);
     pthread_mutex_unlock(&h->mu);
-    return hw_host_report(dev, rc, err);
+    return rc;
 }
 
 void *kvs_host_ptr(kvs_device_t *dev, uint64_t addr, uint64_t len_bytes)
