@@ -287,3 +287,24 @@ out:
     free(stg);
     return ret;
 }
+
+/* page, tokens, local, start, num, dim, elem, pool layers, begin, count,
+ * slots, slot begin, pool pages, parts */
+const kvc_named_shape_t kvc_named_shapes[] = {
+    {"70b P8->D2 prefill: whole rows, 16 B", {16, 1000, 1, 0, 1, 128, 2, 4, 0, 4, 4, 0, 80, 0}},
+    {"70b P8->D2 decode: 1 of 4 heads, 16 B", {16, 1000, 4, 1, 1, 128, 2, 4, 0, 4, 4, 0, 80, 0}},
+    {"head 100 bf16: 200 B rows, 8 B", {16, 777, 3, 1, 1, 100, 2, 3, 1, 2, 3, 1, 64, 0}},
+    {"head 3 fp32: 12 B rows, 4 B", {3, 500, 4, 1, 1, 3, 4, 2, 0, 2, 2, 0, 200, 0}},
+    {"head 33 fp16: 66 B, 2 B", {32, 300, 2, 1, 1, 33, 2, 2, 0, 2, 2, 0, 12, 0}},
+    {"head 3 fp8: 3 B rows, 1 B", {1, 257, 5, 2, 2, 3, 1, 2, 1, 1, 3, 2, 300, 0}},
+    {"no tokens", {16, 0, 2, 0, 2, 128, 2, 2, 0, 2, 2, 0, 4, 0}},
+    /* Fused copies, as the engine calls them (gather_parts, scatter_parts);
+     * odd seeds (0x600 + index) list the parts last first. */
+    {"70b P8->D2 decode, fused: 4 writers of 1 head",
+     {16, 1000, 4, 0, 4, 128, 2, 4, 0, 4, 4, 0, 80, 4}},
+    {"70b P2->D8 prefill, fused: 4 ranks of 1 head",
+     {16, 999, 4, 0, 4, 128, 2, 4, 0, 4, 4, 0, 80, 4}},
+    {"P4->D2 decode, fused: 2 writers of 2 heads",
+     {16, 1000, 4, 0, 4, 128, 2, 2, 0, 2, 2, 0, 80, 2}},
+};
+const size_t kvc_named_shape_count = sizeof kvc_named_shapes / sizeof kvc_named_shapes[0];

@@ -41,6 +41,15 @@ typedef struct kvc_shape {
 
 #define KVC_MAX_PARTS 64
 
+/* Shapes named for what they exercise (row widths, head slices, fused
+ * parts), shared by the GPU check and the kernels' test on the CPU. */
+typedef struct kvc_named_shape {
+    const char *name;
+    kvc_shape_t sh;
+} kvc_named_shape_t;
+extern const kvc_named_shape_t kvc_named_shapes[];
+extern const size_t kvc_named_shape_count;
+
 /* A valid random shape with at most max_pool_pages pages per buffer. */
 kvc_shape_t kvc_random_shape(uint64_t *rng, int64_t max_pool_pages);
 

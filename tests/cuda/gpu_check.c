@@ -67,30 +67,6 @@ static int cmp_float(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-typedef struct named_shape {
-    const char *name;
-    kvc_shape_t sh;
-} named_shape_t;
-
-/* page, tokens, local, start, num, dim, elem, pool layers, begin, count,
- * slots, slot begin, pool pages */
-static const named_shape_t k_shapes[] = {
-    {"70b P8->D2 prefill: whole rows, 16 B", {16, 1000, 1, 0, 1, 128, 2, 4, 0, 4, 4, 0, 80, 0}},
-    {"70b P8->D2 decode: 1 of 4 heads, 16 B", {16, 1000, 4, 1, 1, 128, 2, 4, 0, 4, 4, 0, 80, 0}},
-    {"head 100 bf16: 200 B rows, 8 B", {16, 777, 3, 1, 1, 100, 2, 3, 1, 2, 3, 1, 64, 0}},
-    {"head 3 fp32: 12 B rows, 4 B", {3, 500, 4, 1, 1, 3, 4, 2, 0, 2, 2, 0, 200, 0}},
-    {"head 33 fp16: 66 B, 2 B", {32, 300, 2, 1, 1, 33, 2, 2, 0, 2, 2, 0, 12, 0}},
-    {"head 3 fp8: 3 B rows, 1 B", {1, 257, 5, 2, 2, 3, 1, 2, 1, 1, 3, 2, 300, 0}},
-    {"no tokens", {16, 0, 2, 0, 2, 128, 2, 2, 0, 2, 2, 0, 4, 0}},
-    /* Fused copies, as the engine calls them (gather_parts, scatter_parts);
-     * odd seeds (0x600 + index) list the parts last first. */
-    {"70b P8->D2 decode, fused: 4 writers of 1 head",
-     {16, 1000, 4, 0, 4, 128, 2, 4, 0, 4, 4, 0, 80, 4}},
-    {"70b P2->D8 prefill, fused: 4 ranks of 1 head",
-     {16, 999, 4, 0, 4, 128, 2, 4, 0, 4, 4, 0, 80, 4}},
-    {"P4->D2 decode, fused: 2 writers of 2 heads",
-     {16, 1000, 4, 0, 4, 128, 2, 2, 0, 2, 2, 0, 80, 2}},
-};
 
 /* ---- bandwidth --------------------------------------------------------------- */
 
@@ -224,9 +200,10 @@ int main(int argc, char **argv)
     int bad = 0;
     char msg[256];
     printf("\n== correctness: cuda vs host backend, byte for byte\n");
-    for (size_t i = 0; i < sizeof k_shapes / sizeof k_shapes[0]; i++) {
-        const int r = kvc_compare(&gpu, &cpu, &k_shapes[i].sh, 0x600 + i, msg, sizeof msg);
-        printf("%-44s %s%s%s\n", k_shapes[i].name, r == 0 ? "equal" : "DIFFERENT: ",
+    for (size_t i = 0; i < kvc_named_shape_count; i++) {
+        const int r =
+            kvc_compare(&gpu, &cpu, &kvc_named_shapes[i].sh, 0x600 + i, msg, sizeof msg);
+        printf("%-44s %s%s%s\n", kvc_named_shapes[i].name, r == 0 ? "equal" : "DIFFERENT: ",
                r == 0 ? "" : msg, "");
         bad |= r != 0;
     }

@@ -298,38 +298,16 @@ static void compare(fx_t *f, const kvc_shape_t *sh, const variant_t *v, uint64_t
                  label, v->name, (unsigned long long)seed, (unsigned long long)seed, msg);
 }
 
-/* ---- named shapes -------------------------------------------------------------- */
-
-typedef struct named_shape {
-    const char *name;
-    kvc_shape_t sh;
-} named_shape_t;
-
-/* tests/cuda/gpu_check.c's shapes: page, tokens, local, start, num, dim,
- * elem, pool layers, begin, count, slots, slot begin, pool pages, parts. */
-static const named_shape_t k_shapes[] = {
-    {"70b P8->D2 prefill: whole rows, 16 B", {16, 1000, 1, 0, 1, 128, 2, 4, 0, 4, 4, 0, 80, 0}},
-    {"70b P8->D2 decode: 1 of 4 heads, 16 B", {16, 1000, 4, 1, 1, 128, 2, 4, 0, 4, 4, 0, 80, 0}},
-    {"head 100 bf16: 200 B rows, 8 B", {16, 777, 3, 1, 1, 100, 2, 3, 1, 2, 3, 1, 64, 0}},
-    {"head 3 fp32: 12 B rows, 4 B", {3, 500, 4, 1, 1, 3, 4, 2, 0, 2, 2, 0, 200, 0}},
-    {"head 33 fp16: 66 B, 2 B", {32, 300, 2, 1, 1, 33, 2, 2, 0, 2, 2, 0, 12, 0}},
-    {"head 3 fp8: 3 B rows, 1 B", {1, 257, 5, 2, 2, 3, 1, 2, 1, 1, 3, 2, 300, 0}},
-    {"no tokens", {16, 0, 2, 0, 2, 128, 2, 2, 0, 2, 2, 0, 4, 0}},
-    {"70b P8->D2 decode, fused: 4 writers of 1 head",
-     {16, 1000, 4, 0, 4, 128, 2, 4, 0, 4, 4, 0, 80, 4}},
-    {"70b P2->D8 prefill, fused: 4 ranks of 1 head",
-     {16, 999, 4, 0, 4, 128, 2, 4, 0, 4, 4, 0, 80, 4}},
-    {"P4->D2 decode, fused: 2 writers of 2 heads",
-     {16, 1000, 4, 0, 4, 128, 2, 2, 0, 2, 2, 0, 80, 2}},
-};
+/* ---- named shapes (kvc_named_shapes, tests/kv_compare.c) ------------------------ */
 
 static const variant_t k_as_launched = {"as launched", {0, 0}, 0};
 
 static void test_cuda_kernels_named_shapes_take_every_width(void **state)
 {
     fx_t *f = fx_open();
-    for (size_t i = 0; i < sizeof k_shapes / sizeof k_shapes[0]; i++)
-        compare(f, &k_shapes[i].sh, &k_as_launched, 0x600 + i, k_shapes[i].name);
+    for (size_t i = 0; i < kvc_named_shape_count; i++)
+        compare(f, &kvc_named_shapes[i].sh, &k_as_launched, 0x600 + i,
+                kvc_named_shapes[i].name);
     /* Every vector type the kernels are instantiated for ran. */
     if (f->emu.widths_seen != (16 | 8 | 4 | 2 | 1))
         fail_msg("the named shapes launched vector widths 0x%x, not all of 16, 8, 4, 2 "
@@ -351,8 +329,9 @@ static void test_cuda_kernels_named_shapes_on_unaligned_addresses(void **state)
     fx_t *f = fx_open();
     for (size_t v = 0; v < sizeof shifts / sizeof shifts[0]; v++) {
         f->emu.widths_seen = 0;
-        for (size_t i = 0; i < sizeof k_shapes / sizeof k_shapes[0]; i++)
-            compare(f, &k_shapes[i].sh, &shifts[v], 0x700 + i, k_shapes[i].name);
+        for (size_t i = 0; i < kvc_named_shape_count; i++)
+            compare(f, &kvc_named_shapes[i].sh, &shifts[v], 0x700 + i,
+                    kvc_named_shapes[i].name);
         assert_true(f->emu.widths_seen != 0);
         if (f->emu.widths_seen >= 2 * shifts[v].addr_shift)
             fail_msg("%s: a launch used vectors wider than the addresses allow "
