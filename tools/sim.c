@@ -54,9 +54,9 @@
 #define CLI_SIM_DEFAULT_CHUNK_TOKENS 512
 #define CLI_SIM_DEFAULT_RING_MIB 512
 
-/* Input bounds: the library's, one set (kvs_sim_config_bound), scaled to
- * each flag's unit. */
-#define CLI_SIM_MAX(field) cli_sim_bound_max(field)
+/* Input bounds: the library's, one set (cli_bound_max), scaled to each
+ * flag's unit. */
+#define CLI_SIM_MAX(field) cli_bound_max(field)
 #define CLI_SIM_MAX_REQUESTS CLI_SIM_MAX("requests")
 #define CLI_SIM_MAX_RATE_MILLI CLI_SIM_MAX("rate_milli_per_s")
 #define CLI_SIM_MAX_RING_BYTES CLI_SIM_MAX("ring_bytes")
@@ -136,14 +136,6 @@ static const cli_flag_t cli_sim_flags[CLI_XF_COUNT] = {
     [CLI_XF_HELP] = {"--help", false},
 };
 
-/* The library's largest value of a kvs_sim_config_t field. */
-static int64_t cli_sim_bound_max(const char *field)
-{
-    const kvs_sim_bound_t *b = kvs_sim_config_bound(field);
-    assert(b != NULL && b->max <= (uint64_t)INT64_MAX);
-    return (int64_t)b->max;
-}
-
 /* State of the progress line on stderr. */
 typedef struct cli_sim_progress {
     bool tty;
@@ -210,9 +202,9 @@ void cli_sim_usage(FILE *out)
             "\n"
             "model shape (as for `kvstage plan`; explicit flags override the model):\n"
             "  --model NAME        built-in model (default %s, see below)\n"
-            "  --kv-heads H        total KV heads of the model (1..%d)\n"
-            "  --head-dim HD       head dimension (1..%d)\n"
-            "  --layers L          layers of the whole model (1..%d)\n"
+            "  --kv-heads H        total KV heads of the model (1..%" PRId64 ")\n"
+            "  --head-dim HD       head dimension (1..%" PRId64 ")\n"
+            "  --layers L          layers of the whole model (1..%" PRId64 ")\n"
             "  --dtype T           KV dtype: bf16, fp16, fp8, fp32 (default: the model's)\n"
             "  --page-size PS      tokens per KV page (default %d here, not plan's 1, to\n"
             "                      keep the simulated page lists short)\n"
@@ -530,8 +522,8 @@ static int cli_sim_read_lists(const char *const *values, const char **shape_valu
 {
     static const enum cli_shape_flag flags[4] = {CLI_SF_PREFILL_TP, CLI_SF_PREFILL_PP,
                                                  CLI_SF_DECODE_TP, CLI_SF_DECODE_PP};
-    static const int64_t max[4] = {CLI_SHAPE_MAX_TP, CLI_SHAPE_MAX_PP, CLI_SHAPE_MAX_TP,
-                                   CLI_SHAPE_MAX_PP};
+    const int64_t max[4] = {CLI_SHAPE_MAX_TP, CLI_SHAPE_MAX_PP, CLI_SHAPE_MAX_TP,
+                            CLI_SHAPE_MAX_PP};
     for (int k = 0; k < 4; k++) {
         const int rc = cli_sim_parse_list(cli_sim_flags[flags[k]].name, values[flags[k]],
                                           max[k], &lists[k]);
@@ -630,7 +622,7 @@ static int cli_sim_read_values(const char *const *scanned, cli_sim_input_t *in)
         (rc = cli_sim_number(values, CLI_XF_NIC_GBPS, 1, CLI_SIM_MAX_NIC_GBPS,
                              &in->nic_gbps)) != 0 ||
         (rc = cli_sim_number(values, CLI_XF_PREFIX_TOKENS, 0,
-                             CLI_SHAPE_MAX_TOKENS, &prefix)) != 0 ||
+                             CLI_SIM_MAX("prefix_max_tokens"), &prefix)) != 0 ||
         (rc = cli_sim_number(values, CLI_XF_MAX_INFLIGHT, 1,
                              CLI_SIM_MAX_INFLIGHT, &inflight)) != 0)
         return rc;
