@@ -7,7 +7,9 @@
  * report back field by field. Field-by-field on both sides, so the
  * internal structs may grow (new faults, new knobs) without touching the
  * public ABI: what the public config does not name stays zero, which is
- * the scenario's default.
+ * the scenario's default. kvs_sim_cluster_check and kvs_sim_fault_check
+ * run the first steps of the same checks alone, so a caller that names
+ * its own settings (`kvstage sim`'s flags) can tell which one to change.
  *
  * The only symbols exported from libkvstage_sim are the kvs_sim_* ones
  * (KVS_API); everything else in sim/ is compiled with hidden visibility.
@@ -28,6 +30,10 @@ _Static_assert(KVS_SIM_MAX_INSTANCES == SIM_MAX_INSTANCES,
 _Static_assert(KVS_SIM_MAX_FAILURE_KINDS == SIM_MAX_FAILURE_KINDS &&
                    KVS_SIM_FAILURE_DETAIL_BYTES == SIM_FAILURE_DETAIL_BYTES,
                "the public report holds every failure kind of the scenario's");
+_Static_assert(KVS_SIM_AUX_ERROR_BYTES == SIM_AUX_ERROR_BYTES,
+               "the public report holds the scenario's aux error whole");
+_Static_assert(KVS_SIM_MAX_FAULTS == SIM_MAX_FAULTS,
+               "the public config names as many faults as a scenario holds");
 
 /* The sizes of version 1 of the public structs: smaller ones are refused. */
 #define SIM_API_CONFIG_V1_BYTES (offsetof(kvs_sim_config_t, trace_path) + sizeof(const char *))
@@ -231,10 +237,18 @@ static int sim_api_check_bounds(const kvs_sim_config_t *c, kvs_error_t *err)
     return KVS_OK;
 }
 
-/* The public config, checked, as the scenario's. */
-static int sim_api_scenario(const kvs_sim_config_t *c, sim_scenario_config_t *s,
-                            sim_topology_t *resolved, uint64_t *ring_needed, kvs_error_t *err)
+/* The shape and the instances of c (bounds checked) into s, the shape
+ * planned and the cluster resolved into *topo: what kvs_sim_cluster_check
+ * checks. *bad_prefill and *bad_decode (may be NULL): the pair that cannot
+ * pair, else -1. */
+static int sim_api_cluster(const kvs_sim_config_t *c, sim_scenario_config_t *s,
+                           sim_topology_t *topo, int *bad_prefill, int *bad_decode,
+                           kvs_error_t *err)
 {
+    if (bad_prefill != NULL)
+        *bad_prefill = -1;
+    if (bad_decode != NULL)
+        *bad_decode = -1;
     memset(s, 0, sizeof *s);
     s->shape.total_heads = c->total_heads;
     s->shape.heads_per_rank = c->heads_per_rank;
@@ -265,16 +279,24 @@ static int sim_api_scenario(const kvs_sim_config_t *c, sim_scenario_config_t *s,
         s->shape.decode_tp = s->topo.decode[0].tp;
     if (c->decode_instances > 0 && s->shape.decode_pp == 0)
         s->shape.decode_pp = s->topo.decode[0].pp;
-    s->router = (sim_router_t)c->router;
-    s->max_aux_bytes = c->max_aux_bytes;
 
     kvs_layout_t lay;
-    int rc = kvs_layout_init(&lay, &s->shape, err);
+    const int rc = kvs_layout_init(&lay, &s->shape, err);
     if (rc != KVS_OK)
         return rc;
+    return sim_topology_resolve(&s->shape, &s->topo, topo, bad_prefill, bad_decode, err);
+}
+
+/* The public config, checked, as the scenario's. */
+static int sim_api_scenario(const kvs_sim_config_t *c, sim_scenario_config_t *s,
+                            sim_topology_t *resolved, uint64_t *ring_needed, kvs_error_t *err)
+{
     sim_topology_t topo;
-    if ((rc = sim_topology_resolve(&s->shape, &s->topo, &topo, NULL, NULL, err)) != KVS_OK)
+    int rc = sim_api_cluster(c, s, &topo, NULL, NULL, err);
+    if (rc != KVS_OK)
         return rc;
+    s->router = (sim_router_t)c->router;
+    s->max_aux_bytes = c->max_aux_bytes;
     /* Direct copies pages rank to rank: every pair needs equal TP sizes. */
     for (uint32_t p = 0; c->path == KVS_PATH_DIRECT && p < topo.prefill_instances; p++)
         for (uint32_t d = 0; d < topo.decode_instances; d++)
@@ -413,6 +435,7 @@ static void sim_api_write_report(const sim_report_t *r, kvs_sim_report_t *out)
     p.nic_util_mean = r->nic_util_mean;
     p.nic_util_max = r->nic_util_max;
     p.goodput_fraction = r->goodput_fraction;
+    snprintf(p.aux_error, sizeof p.aux_error, "%s", r->aux_error);
     for (uint32_t i = 0; i < r->ninstances && i < 2 * KVS_SIM_MAX_INSTANCES; i++) {
         const sim_instance_report_t *ir = &r->instances[i];
         p.instance_metrics[i] = (kvs_sim_instance_metrics_t){
@@ -440,6 +463,56 @@ static int sim_api_prepare(const kvs_sim_config_t *cfg, kvs_sim_config_t *c,
     if (rc == KVS_OK)
         rc = sim_api_scenario(c, s, topo, ring_needed, err);
     return rc;
+}
+
+int kvs_sim_cluster_check(const kvs_sim_config_t *cfg, int32_t *bad_prefill,
+                          int32_t *bad_decode, kvs_error_t *err)
+{
+    int bad_p = -1, bad_d = -1;
+    kvs_sim_config_t c;
+    sim_scenario_config_t s;
+    sim_topology_t topo;
+    int rc = cfg != NULL ? sim_api_read_config(cfg, &c, err)
+                         : SIM_API_FAIL(err, KVS_EINVAL, "cfg must not be NULL");
+    if (rc == KVS_OK)
+        rc = sim_api_check_bounds(&c, err);
+    if (rc == KVS_OK)
+        rc = sim_api_cluster(&c, &s, &topo, &bad_p, &bad_d, err);
+    if (bad_prefill != NULL)
+        *bad_prefill = bad_p;
+    if (bad_decode != NULL)
+        *bad_decode = bad_d;
+    if (rc == KVS_OK && err != NULL)
+        memset(err, 0, sizeof *err);
+    return rc;
+}
+
+int kvs_sim_fault_check(const kvs_sim_config_t *cfg, const char *spec, char *why,
+                        size_t why_bytes)
+{
+    kvs_error_t err;
+    memset(&err, 0, sizeof err);
+    kvs_sim_config_t c;
+    sim_scenario_config_t s;
+    sim_topology_t topo;
+    int rc = cfg != NULL ? sim_api_read_config(cfg, &c, &err)
+                         : SIM_API_FAIL(&err, KVS_EINVAL, "cfg must not be NULL");
+    if (rc == KVS_OK) {
+        c.faults = NULL; /* the spec is checked instead of them */
+        c.nfaults = 0;
+        rc = sim_api_check_bounds(&c, &err);
+    }
+    if (rc == KVS_OK)
+        rc = sim_api_cluster(&c, &s, &topo, NULL, NULL, &err);
+    if (rc != KVS_OK) {
+        if (why != NULL && why_bytes > 0)
+            snprintf(why, why_bytes, "%s", err.msg);
+        return rc;
+    }
+    if (why != NULL && why_bytes > 0)
+        why[0] = '\0';
+    sim_fault_t fault;
+    return sim_fault_parse(spec, &topo, &fault, why, why_bytes);
 }
 
 int kvs_sim_config_check(const kvs_sim_config_t *cfg, kvs_sim_config_t *resolved,

@@ -43,7 +43,6 @@
 #include "rng.h"
 #include "topology.h"
 
-#define SIM_CAMPAIGN_MAX_RUNS 100000000
 #define SIM_CAMPAIGN_SPEC_BYTES 96
 /* Faults in a run that has any: 1..this. */
 #define SIM_CAMPAIGN_MAX_FAULTS 4
@@ -874,9 +873,9 @@ int kvs_sim_campaign_run(const kvs_sim_campaign_config_t *cfg, kvs_sim_campaign_
         return SIM_CAMPAIGN_FAIL(err, KVS_EVERSION, "report size_bytes %u: set it to "
                                  "sizeof(kvs_sim_campaign_report_t) before the call",
                                  out->size_bytes);
-    if (cfg->runs < 1 || cfg->runs > SIM_CAMPAIGN_MAX_RUNS)
+    if (cfg->runs < 1 || cfg->runs > KVS_SIM_CAMPAIGN_MAX_RUNS)
         return SIM_CAMPAIGN_FAIL(err, KVS_EINVAL, "runs %" PRIu64 " is out of range: give "
-                                 "1..%d", cfg->runs, SIM_CAMPAIGN_MAX_RUNS);
+                                 "1..%d", cfg->runs, KVS_SIM_CAMPAIGN_MAX_RUNS);
     /* Default: every kind, under sim_campaign_conflicts. */
     sim_campaign_faults_t faults = {.kinds = (1u << SIM_CAMPAIGN_KINDS) - 1u, .conflicts = true};
     int rc;

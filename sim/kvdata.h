@@ -11,15 +11,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <kvstage/sim.h>
+
 #include "prov.h"
 
-typedef struct sim_kv_coord {
-    uint64_t request;
-    int64_t layer;   /* global layer */
-    int kv;          /* 0 = K, 1 = V */
-    int64_t head;    /* global KV head */
-    int64_t token;   /* position in the request */
-} sim_kv_coord_t;
+/* Where a vector sits: request, global layer, K (0) or V (1), global KV
+ * head, token. The public type, so kvs_sim_kv_fill and kvs_sim_kv_check
+ * (api_workload.c) hand it over as it is. */
+typedef kvs_sim_kv_coord_t sim_kv_coord_t;
 
 /* Writes the len bytes of the vector at c. */
 void sim_kvdata_fill(uint8_t *dst, size_t len, const sim_kv_coord_t *c);

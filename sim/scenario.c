@@ -41,9 +41,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* RNG stream ids: fixed, so adding one never reshuffles the others. */
-enum { SIM_STREAM_ARRIVALS = 1, SIM_STREAM_LENGTHS = 2, SIM_STREAM_PREFIX = 3 };
-
 /* A KV page pool: taken[id] says whether page id is in use; count pages
  * are free, none below low. */
 typedef struct sim_pages {

@@ -64,6 +64,12 @@ typedef struct sim_fault {
     uint32_t factor;
 } sim_fault_t;
 
+/* The workload's RNG streams (sim_engine_rng components of the root seed):
+ * fixed, so adding one never reshuffles the others. Request i's prompt
+ * length is the i-th sim_rng_range(min, max) of SIM_STREAM_LENGTHS, which
+ * kvs_sim_prompt_tokens draws the same way for programs outside. */
+enum { SIM_STREAM_ARRIVALS = 1, SIM_STREAM_LENGTHS = 2, SIM_STREAM_PREFIX = 3 };
+
 #define SIM_MAX_FAULTS 16
 /* sim_report_t.aux_error, NUL included. */
 #define SIM_AUX_ERROR_BYTES 192

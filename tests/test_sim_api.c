@@ -6,9 +6,13 @@
  * KVS_EVERSION or KVS_EINVAL; bad fields and fault strings are named in the
  * error; a larger report is written up to this library's size and zeroed
  * beyond it; aux payloads (max_aux_bytes) are checked on every decode rank
- * and counted in the report.
+ * and counted in the report; kvs_sim_cluster_check names the pair of
+ * instances that cannot pair, kvs_sim_fault_check gives a fault string's
+ * whole line; the workload outside the simulator (kvs_sim_prompt_tokens,
+ * kvs_sim_kv_fill and kvs_sim_kv_check) is the run's.
  */
 #include <setjmp.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -95,6 +99,8 @@ static void test_sim_api_run_matches_the_scenario(void **state)
     assert_int_equal(r.sim_ns, want.sim_ns);
     assert_int_equal(r.ring_peak_bytes, want.ring_peak_bytes);
     assert_true(r.latency_p99_us == want.latency_p99_us);
+    assert_string_equal(r.aux_error, "");
+    assert_string_equal(r.aux_error, want.aux_error);
 
     /* Deterministic; another seed, another run. */
     kvs_sim_report_t again;
@@ -422,6 +428,159 @@ static void test_sim_api_config_check_and_bounds(void **state)
     assert_null(kvs_sim_config_bound(NULL));
 }
 
+/* kvs_sim_cluster_check: the checks of kvs_sim_run up to the cluster, with
+ * the pair that cannot pair named by its instances. */
+static void test_sim_api_cluster_check_names_the_pair(void **state)
+{
+    kvs_error_t err;
+    int32_t p = 7, d = 7;
+    kvs_sim_config_t c = tiny();
+    assert_int_equal(kvs_sim_cluster_check(&c, &p, &d, &err), KVS_OK);
+    assert_int_equal(err.status, KVS_OK);
+    assert_int_equal(p, -1);
+    assert_int_equal(d, -1);
+    /* Neither the ring nor the faults are its business. */
+    c.ring_bytes = 4096;
+    const char *bad_fault[] = {"drop:nope:0.1"};
+    c.faults = bad_fault;
+    c.nfaults = 1;
+    assert_int_equal(kvs_sim_cluster_check(&c, NULL, NULL, &err), KVS_OK);
+
+    /* Prefill instance 1 of TP 3 cannot pair with decode instance 1 of TP 2. */
+    c = tiny();
+    c.total_heads = 6;
+    c.prefill_instances = 2;
+    c.prefill_instance_tp[0] = 2;
+    c.prefill_instance_tp[1] = 3;
+    c.decode_instances = 2;
+    c.decode_instance_tp[0] = 1;
+    c.decode_instance_tp[1] = 2;
+    assert_int_equal(kvs_sim_cluster_check(&c, &p, &d, &err), KVS_EHEAD_SPLIT);
+    assert_int_equal(p, 1);
+    assert_int_equal(d, 1);
+    assert_non_null(strstr(err.msg, "prefill instance 1 (TP 3, PP 1) cannot pair with "
+                                    "decode instance 1 (TP 2, PP 1)"));
+    /* ... as kvs_sim_run says it. */
+    kvs_sim_report_t r;
+    expect_error(run(&c, &r, &err), &err, KVS_EHEAD_SPLIT, "prefill instance 1 (TP 3");
+
+    /* A bad field or a shape that cannot be planned names no pair. */
+    c = tiny();
+    c.requests = 2000000;
+    expect_error(kvs_sim_cluster_check(&c, &p, &d, &err), &err, KVS_EINVAL,
+                 "requests is 2000000");
+    assert_int_equal(p, -1);
+    assert_int_equal(d, -1);
+    c = tiny();
+    c.decode_tp = 3; /* 2 heads over 3 ranks */
+    expect_error(kvs_sim_cluster_check(&c, &p, &d, &err), &err, KVS_EHEAD_SPLIT, "");
+    assert_int_equal(p, -1);
+    c.version = 99;
+    expect_error(kvs_sim_cluster_check(&c, NULL, NULL, &err), &err, KVS_EVERSION, "version 99");
+    expect_error(kvs_sim_cluster_check(NULL, &p, &d, &err), &err, KVS_EINVAL, "cfg");
+    assert_int_equal(p, -1);
+}
+
+/* kvs_sim_fault_check: one fault string against the cluster, with the
+ * parser's whole line, which may be longer than a kvs_error_t holds. */
+static void test_sim_api_fault_check_whole_line(void **state)
+{
+    char why[512];
+    kvs_sim_config_t c = tiny();
+    c.prefill_instances = 2;
+    c.prefill_instance_tp[0] = 2;
+    c.prefill_instance_tp[1] = 1;
+    memset(why, 'x', sizeof why);
+    assert_int_equal(kvs_sim_fault_check(&c, "crash:prefill@1:0:10", why, sizeof why), KVS_OK);
+    assert_string_equal(why, "");
+    assert_int_equal(kvs_sim_fault_check(&c, "dup:any:0.5", NULL, 0), KVS_OK);
+    /* Instance 1 has one rank, and there is no instance 2. */
+    assert_int_equal(kvs_sim_fault_check(&c, "crash:prefill@1:1:10", why, sizeof why),
+                     KVS_EINVAL);
+    assert_non_null(strstr(why, "'crash:prefill@1:1:10': use crash:SIDE:N:AT_US with N"));
+    assert_int_equal(kvs_sim_fault_check(&c, "hbm-full:p0@2", why, sizeof why), KVS_EINVAL);
+    assert_true(strncmp(why, "'hbm-full:p0@2': ", 17) == 0);
+    /* The list of forms runs past KVS_ERROR_MSG_BYTES and arrives whole. */
+    assert_int_equal(kvs_sim_fault_check(&c, "bogus", why, sizeof why), KVS_EINVAL);
+    assert_true(strlen(why) >= KVS_ERROR_MSG_BYTES);
+    assert_non_null(strstr(why, "or decode[@<instance>]"));
+    /* A short buffer gets a cut line, still terminated. */
+    char small[16];
+    assert_int_equal(kvs_sim_fault_check(&c, "bogus", small, sizeof small), KVS_EINVAL);
+    assert_string_equal(small, "'bogus': unknow");
+    /* cfg's own faults are not read; cfg's own errors are. */
+    const char *bad[] = {"drop:nope:0.1"};
+    c.faults = bad;
+    c.nfaults = 1;
+    assert_int_equal(kvs_sim_fault_check(&c, "dup:any:0.5", why, sizeof why), KVS_OK);
+    c.prefill_instance_tp[1] = 0;
+    assert_int_equal(kvs_sim_fault_check(&c, "dup:any:0.5", why, sizeof why), KVS_EINVAL);
+    assert_non_null(strstr(why, "prefill_instance_tp[1] is 0"));
+    assert_int_equal(kvs_sim_fault_check(NULL, "dup:any:0.5", why, sizeof why), KVS_EINVAL);
+    assert_int_equal(kvs_sim_fault_check(&c, NULL, why, sizeof why), KVS_EINVAL);
+}
+
+/* The workload for programs outside the simulator: the prompt lengths are
+ * the run's (the bytes it moved add up to them), and the KV pattern is
+ * the one the decode checks. */
+static void test_sim_api_workload_is_the_runs(void **state)
+{
+    kvs_error_t err;
+    kvs_sim_config_t c = tiny();
+    c.requests = 12;
+    int64_t tokens[12], again[12];
+    assert_int_equal(kvs_sim_prompt_tokens(c.seed, c.prompt_min_tokens, c.prompt_max_tokens,
+                                           tokens, 12, &err), KVS_OK);
+    assert_int_equal(err.status, KVS_OK);
+    int64_t sum = 0;
+    bool differ = false;
+    for (size_t i = 0; i < 12; i++) {
+        assert_true(tokens[i] >= 16 && tokens[i] <= 200);
+        differ |= tokens[i] != tokens[0];
+        sum += tokens[i];
+    }
+    assert_true(differ);
+    /* Every token's K and V of both layers and both heads moves once: 2
+     * heads x 64 x 2 bytes x 2 layers x 2 = 1024 bytes a token. */
+    kvs_sim_report_t r;
+    assert_int_equal(run(&c, &r, &err), KVS_OK);
+    assert_int_equal(r.bytes_moved, (uint64_t)sum * 1024);
+    /* A prefix of the draws is the shorter run's; another seed, others. */
+    assert_int_equal(kvs_sim_prompt_tokens(c.seed, 16, 200, again, 5, NULL), KVS_OK);
+    assert_memory_equal(again, tokens, 5 * sizeof tokens[0]);
+    assert_int_equal(kvs_sim_prompt_tokens(c.seed + 1, 16, 200, again, 12, NULL), KVS_OK);
+    assert_memory_not_equal(again, tokens, sizeof tokens);
+    assert_int_equal(kvs_sim_prompt_tokens(1, 64, 64, again, 3, NULL), KVS_OK);
+    assert_true(again[0] == 64 && again[2] == 64);
+    expect_error(kvs_sim_prompt_tokens(1, 0, 64, again, 3, &err), &err, KVS_EINVAL,
+                 "1 <= min_tokens <= max_tokens");
+    expect_error(kvs_sim_prompt_tokens(1, 65, 64, again, 3, &err), &err, KVS_EINVAL, "65:64");
+    expect_error(kvs_sim_prompt_tokens(1, 1, (INT64_C(1) << 24) + 1, again, 3, &err), &err,
+                 KVS_EINVAL, "16777216");
+    expect_error(kvs_sim_prompt_tokens(1, 1, 64, NULL, 3, &err), &err, KVS_EINVAL, "out");
+    assert_int_equal(kvs_sim_prompt_tokens(1, 1, 64, NULL, 0, NULL), KVS_OK);
+
+    /* The pattern: a function of the coordinate, checked byte by byte. */
+    uint8_t v[256], w[256];
+    const kvs_sim_kv_coord_t at = {.request = 3, .layer = 1, .kv = 1, .head = 5, .token = 77};
+    kvs_sim_kv_fill(v, sizeof v, &at);
+    kvs_sim_kv_fill(w, sizeof w, &at);
+    assert_memory_equal(v, w, sizeof v);
+    assert_int_equal(kvs_sim_kv_check(v, sizeof v, &at), 0);
+    /* The simulator's own content (what its decode ranks check). */
+    sim_kvdata_fill(w, sizeof w, &at);
+    assert_memory_equal(v, w, sizeof v);
+    v[10] ^= 1;
+    v[200] ^= 0x80;
+    assert_int_equal(kvs_sim_kv_check(v, sizeof v, &at), 2);
+    kvs_sim_kv_coord_t other = at;
+    other.kv = 0; /* K instead of V: almost every byte differs */
+    assert_true(kvs_sim_kv_check(w, sizeof w, &other) > 200);
+    other = at;
+    other.token = 78;
+    assert_true(kvs_sim_kv_check(w, sizeof w, &other) > 200);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -433,6 +592,9 @@ int main(void)
         cmocka_unit_test(test_sim_api_aux_payloads),
         cmocka_unit_test(test_sim_api_verdict_and_failures),
         cmocka_unit_test(test_sim_api_config_check_and_bounds),
+        cmocka_unit_test(test_sim_api_cluster_check_names_the_pair),
+        cmocka_unit_test(test_sim_api_fault_check_whole_line),
+        cmocka_unit_test(test_sim_api_workload_is_the_runs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,13 +2,24 @@
  * args.c - strict flag scanning and number parsing for the kvstage CLI (see
  * args.h). Accepts `--flag value` and `--flag=value`; everything else that
  * is not a declared flag is an error, reported on exactly one stderr line.
- * Also the shared number parsers and the byte-count formatter.
+ * Also the shared number parsers, the byte-count formatter and the
+ * library's bounds.
  */
 #include "args.h"
 
+#include <assert.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+
+#include <kvstage/sim.h>
+
+int64_t cli_bound_max(const char *field)
+{
+    const kvs_sim_bound_t *b = kvs_sim_config_bound(field);
+    assert(b != NULL && b->max <= (uint64_t)INT64_MAX);
+    return (int64_t)b->max;
+}
 
 int cli_fail(const char *cmd, const char *fmt, ...)
 {

@@ -2,8 +2,9 @@
  * args.h - small helpers shared by the kvstage subcommands: a strict flag
  * scanner (`--flag value` and `--flag=value`), a strict whole-number parser
  * that rejects junk, signs, negatives and overflow, an overflow-checked
- * multiply, a byte-count formatter, and the one-line error report every
- * subcommand uses. A flag that may repeat is taken out of argv first
+ * multiply, a byte-count formatter, the library's bound of a setting (the
+ * one set every flag's limit comes from), and the one-line error report
+ * every subcommand uses. A flag that may repeat is taken out of argv first
  * (cli_args_take_all).
  *
  * They never exit and never allocate; they write at most one line to stderr
@@ -16,6 +17,12 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/* The largest value the library takes for the kvs_sim_config_t field
+ * `field` (kvs_sim_config_bound of <kvstage/sim.h>, the one set of bounds:
+ * kvs_sim_run checks them), which a flag scales to its own unit. The field
+ * must have a bound below 2^63 (asserted). */
+int64_t cli_bound_max(const char *field);
 
 /* Exit status for bad input on the command line. */
 #define CLI_EXIT_USAGE 2

@@ -26,7 +26,6 @@
 #include "sim.h"
 
 #define CLI_CAMPAIGN_CMD "sim"
-#define CLI_CAMPAIGN_MAX_RUNS 100000000
 #define CLI_CAMPAIGN_COUNT(a) (sizeof(a) / sizeof((a)[0]))
 /* Violating runs listed on stderr and in the JSON. */
 #define CLI_CAMPAIGN_LISTED 10
@@ -433,7 +432,7 @@ int cli_campaign_main(int argc, char **argv)
     int64_t runs = 0;
     uint64_t seed = 0;
     if ((rc = cli_parse_i64(CLI_CAMPAIGN_CMD, "--campaign", values[CLI_CF_CAMPAIGN], 1,
-                            CLI_CAMPAIGN_MAX_RUNS, &runs)) != 0)
+                            KVS_SIM_CAMPAIGN_MAX_RUNS, &runs)) != 0)
         return rc;
     if (values[CLI_CF_SEED] != NULL &&
         (rc = cli_parse_u64(CLI_CAMPAIGN_CMD, "--seed", values[CLI_CF_SEED], 0, UINT64_MAX,

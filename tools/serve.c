@@ -21,9 +21,9 @@
 #include <string.h>
 
 #include <kvstage/kvstage.h>
+#include <kvstage/sim.h>
 
 #include "args.h"
-#include "rng.h"
 #include "serve_rank.h"
 #include "shape.h"
 
@@ -31,7 +31,6 @@
 #define CLI_SERVE_MAX_REQUESTS 100000
 #define CLI_SERVE_MAX_RANKS 64
 #define CLI_SERVE_MAX_INSTANCES 64
-#define CLI_SERVE_WORKLOAD_STREAM 2 /* as the simulator's prompt lengths */
 #define CLI_SERVE_INSTANCE_FLAG "--prefill-instance" /* repeated: cli_args_take_all */
 #define CLI_SERVE_NAME_BYTES 64 /* an RDMA device name or bus id, with its NUL */
 
@@ -623,7 +622,8 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
 }
 
 /* The seeded workload: prompt lengths (of every room, so every process
- * draws the same) and the first pool page of each room it serves. */
+ * draws the same; the simulator's of the same seed, kvs_sim_prompt_tokens)
+ * and the first pool page of each room it serves. */
 static int cli_serve_workload(cli_serve_input_t *in, int64_t **tokens, int64_t **first)
 {
     const int64_t ps = in->plan.lay.page_size;
@@ -632,12 +632,12 @@ static int cli_serve_workload(cli_serve_input_t *in, int64_t **tokens, int64_t *
     if (*tokens == NULL || *first == NULL)
         return cli_fail(CLI_SERVE_CMD, "out of memory for %" PRId64 " requests: lower "
                                        "--requests", in->requests);
-    sim_rng_t rng;
-    sim_rng_init(&rng, in->seed, CLI_SERVE_WORKLOAD_STREAM);
+    kvs_error_t err;
+    if (kvs_sim_prompt_tokens(in->seed, in->prompt_min, in->prompt_max, *tokens,
+                              (size_t)in->requests, &err) != KVS_OK)
+        return cli_fail(CLI_SERVE_CMD, "--prompt-tokens: %s", err.msg);
     int64_t pages = 0;
     for (int64_t i = 0; i < in->requests; i++) {
-        (*tokens)[i] = (int64_t)sim_rng_range(&rng, (uint64_t)in->prompt_min,
-                                              (uint64_t)in->prompt_max);
         if (!cli_serve_serves(&in->plan, in->role, (uint32_t)i))
             continue;
         (*first)[i] = pages;

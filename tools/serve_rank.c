@@ -51,9 +51,9 @@
 #include <kvstage/backend.h>
 #include <kvstage/driver.h>
 #include <kvstage/host.h>
+#include <kvstage/sim.h>
 #include <kvstage/verbs.h>
 
-#include "kvdata.h"
 #include "serve_fault.h"
 
 /* How often a rank's thread, waiting for results, looks at the process's
@@ -189,7 +189,9 @@ static uint8_t *cli_slot(const cli_rank_ctx_t *c, int64_t layer, int kv, int64_t
 /* The fabric's clock (verbs: CLOCK_MONOTONIC, safe from any thread). */
 static uint64_t cli_now(cli_rank_ctx_t *c) { return c->fab->ops.now_ns(c->fab); }
 
-/* The pattern of room i (prefill: write it; decode: count bad bytes). */
+/* The pattern of room i, the simulator's (kvs_sim_kv_fill: a function of
+ * request, global layer, K/V, global head and token). Prefill: write it;
+ * decode: count bad bytes. */
 static uint64_t cli_rank_pattern(cli_rank_ctx_t *c, uint32_t i, bool check, uint64_t *checked)
 {
     const uint64_t t0 = cli_now(c);
@@ -202,15 +204,15 @@ static uint64_t cli_rank_pattern(cli_rank_ctx_t *c, uint32_t i, bool check, uint
         for (int kv = 0; kv < 2; kv++)
             for (int64_t t = 0; t < tokens; t++)
                 for (int64_t j = 0; j < c->heads; j++) {
-                    const sim_kv_coord_t at = {
+                    const kvs_sim_kv_coord_t at = {
                         i, c->first_layer + layer, kv,
                         cli_global_head(l->total_heads, tp_size, c->r->tp, c->heads, j), t};
                     uint8_t *p = cli_slot(c, layer, kv, cli_page(c, i, t / ps, n), t % ps, j, hb);
                     if (check) {
-                        bad += sim_kvdata_check(p, (size_t)hb, &at);
+                        bad += kvs_sim_kv_check(p, (size_t)hb, &at);
                         *checked += (uint64_t)hb;
                     } else {
-                        sim_kvdata_fill(p, (size_t)hb, &at);
+                        kvs_sim_kv_fill(p, (size_t)hb, &at);
                     }
                 }
     c->r->pattern_ns += cli_now(c) - t0;

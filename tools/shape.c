@@ -78,7 +78,7 @@ int cli_shape_read(const char *cmd, const char *const *values,
     if ((rc = cli__shape_number(cmd, values, CLI_SF_LAYERS, 1,
                                 CLI_SHAPE_MAX_LAYERS, &p->layers)) != 0 ||
         (rc = cli__shape_number(cmd, values, CLI_SF_PAGE_SIZE, 1,
-                                CLI_SHAPE_MAX_TOKENS, &p->page_size)) != 0 ||
+                                CLI_SHAPE_MAX_PAGE_SIZE, &p->page_size)) != 0 ||
         (rc = cli__shape_number(cmd, values, CLI_SF_PREFILL_TP, 1,
                                 CLI_SHAPE_MAX_TP, &p->prefill_tp)) != 0 ||
         (rc = cli__shape_number(cmd, values, CLI_SF_DECODE_TP, 1,
@@ -88,7 +88,7 @@ int cli_shape_read(const char *cmd, const char *const *values,
         (rc = cli__shape_number(cmd, values, CLI_SF_DECODE_PP, 1,
                                 CLI_SHAPE_MAX_PP, &p->decode_pp)) != 0 ||
         (rc = cli__shape_number(cmd, values, CLI_SF_CHUNK_TOKENS, 0,
-                                CLI_SHAPE_MAX_TOKENS, &p->chunk_tokens)) != 0)
+                                CLI_SHAPE_MAX_CHUNK_TOKENS, &p->chunk_tokens)) != 0)
         return rc;
 
     /* A default model whose every number the flags replace names nothing. */

@@ -21,15 +21,18 @@
 #include "args.h"
 #include "models.h"
 
-/* Upper bounds of the shape inputs, far above any real deployment. They
- * keep the largest staging region below 2^62 bytes:
- * max(H, P) * hd * 4 bytes * layers * 2 (K, V) * G <= 2^10+12+2+12+1+24. */
-#define CLI_SHAPE_MAX_HEADS 1024
-#define CLI_SHAPE_MAX_HEAD_DIM 4096
-#define CLI_SHAPE_MAX_LAYERS 4096
-#define CLI_SHAPE_MAX_TP 1024
-#define CLI_SHAPE_MAX_PP 1024
-#define CLI_SHAPE_MAX_TOKENS (INT64_C(1) << 24)
+/* Upper bounds of the shape inputs: the library's (cli_bound_max), far
+ * above any real deployment and low enough that the largest staging region
+ * stays below 2^62 bytes. int64_t values read at run time, not constants. */
+#define CLI_SHAPE_MAX_HEADS cli_bound_max("total_heads")
+#define CLI_SHAPE_MAX_HEAD_DIM cli_bound_max("head_dim")
+#define CLI_SHAPE_MAX_LAYERS cli_bound_max("layers")
+#define CLI_SHAPE_MAX_PAGE_SIZE cli_bound_max("page_size")
+#define CLI_SHAPE_MAX_TP cli_bound_max("prefill_tp")
+#define CLI_SHAPE_MAX_PP cli_bound_max("prefill_pp")
+#define CLI_SHAPE_MAX_CHUNK_TOKENS cli_bound_max("chunk_tokens")
+/* Tokens of a prompt (--prompt-tokens, plan's --tokens). */
+#define CLI_SHAPE_MAX_TOKENS cli_bound_max("prompt_max_tokens")
 
 enum cli_shape_flag {
     CLI_SF_MODEL,

@@ -1,17 +1,19 @@
 /*
- * sim.c - `kvstage sim`: parses the command line into a
- * sim_scenario_config_t, runs the simulated scenario (sim/scenario.h) and
- * prints a summary table or one JSON object. The simulator decides
- * everything that happens; this file parses, measures wall time (the only
- * real clock here: tools/ is not simulator code), draws a progress line on
- * a terminal, and formats.
+ * sim.c - `kvstage sim`: parses the command line into a kvs_sim_config_t,
+ * runs it with kvs_sim_run (<kvstage/sim.h>, the library's public API: this
+ * file includes no simulator header) and prints a summary table or one
+ * JSON object. The simulator decides everything that happens and the
+ * library checks every field and gives the verdict; this file parses
+ * flags (naming the flag to change, with the library's bounds and checks),
+ * measures wall time (the only real clock here: tools/ is not simulator
+ * code), draws a progress line on a terminal, and formats.
  *
- * Invariants checked on every run: every request finished ok, no corrupt
- * byte, no ring byte leaked, no request failed unless a fault struck one of
- * its two instances (collateral_failures). A run that breaks one exits 1
- * and names it with the seed and the command that replays it. Bad flags
- * exit 2 with one stderr line naming the flag, as a scenario that cannot be
- * set up does.
+ * Invariants checked on every run (the report's ok): every request
+ * finished ok, no corrupt byte, no ring byte leaked, no request failed
+ * unless a fault struck one of its two instances (collateral_failures). A
+ * run that breaks one exits 1 and names it with the seed and the command
+ * that replays it. Bad flags exit 2 with one stderr line naming the flag,
+ * as a scenario that cannot be set up does.
  */
 #include "sim.h"
 #include "sweep.h"
@@ -33,13 +35,12 @@
 #include "args.h"
 #include "campaign.h"
 #include "fault.h"
-#include "scenario.h"
 #include "shape.h"
 
 #define CLI_SIM_CMD "sim"
 
-/* Defaults of the command line that differ from the scenario's own (the
- * rest come from sim_scenario_defaults). Llama-3.1-70B at TP 8 -> 2 is a
+/* Defaults of the command line that differ from the library's own (the
+ * rest are kvs_sim_config_t's zero fields, which kvs_sim_run fills). Llama-3.1-70B at TP 8 -> 2 is a
  * common disaggregated deployment; page size 16 keeps page lists short. */
 #define CLI_SIM_DEFAULT_MODEL "llama-3.1-70b"
 #define CLI_SIM_DEFAULT_PREFILL_TP 8
@@ -53,9 +54,9 @@
 #define CLI_SIM_DEFAULT_CHUNK_TOKENS 512
 #define CLI_SIM_DEFAULT_RING_MIB 512
 
-/* Input bounds: the library's, one set (kvs_sim_config_bound), scaled to
- * each flag's unit. */
-#define CLI_SIM_MAX(field) cli_sim_bound_max(field)
+/* Input bounds: the library's, one set (cli_bound_max), scaled to each
+ * flag's unit. */
+#define CLI_SIM_MAX(field) cli_bound_max(field)
 #define CLI_SIM_MAX_REQUESTS CLI_SIM_MAX("requests")
 #define CLI_SIM_MAX_RATE_MILLI CLI_SIM_MAX("rate_milli_per_s")
 #define CLI_SIM_MAX_RING_BYTES CLI_SIM_MAX("ring_bytes")
@@ -135,14 +136,6 @@ static const cli_flag_t cli_sim_flags[CLI_XF_COUNT] = {
     [CLI_XF_HELP] = {"--help", false},
 };
 
-/* The library's largest value of a kvs_sim_config_t field. */
-static int64_t cli_sim_bound_max(const char *field)
-{
-    const kvs_sim_bound_t *b = kvs_sim_config_bound(field);
-    assert(b != NULL && b->max <= (uint64_t)INT64_MAX);
-    return (int64_t)b->max;
-}
-
 /* State of the progress line on stderr. */
 typedef struct cli_sim_progress {
     bool tty;
@@ -159,11 +152,24 @@ static double cli_sim_elapsed_s(const struct timespec *start)
            (double)(now.tv_nsec - start->tv_nsec) / 1e9;
 }
 
+/* The command line without flags as the library resolves it: the
+ * defaults the usage states. */
+static void cli_sim_defaults(kvs_sim_config_t *d)
+{
+    char cmd[] = CLI_SIM_CMD;
+    char *argv[] = {cmd, NULL};
+    cli_sim_input_t in;
+    int rc = cli_sim_parse(1, argv, &in);
+    if (rc == 0)
+        rc = kvs_sim_config_check(&in.cfg, d, NULL);
+    assert(rc == 0); /* the defaults are a valid run */
+    (void)rc;
+}
+
 void cli_sim_usage(FILE *out)
 {
-    sim_scenario_config_t d;
-    memset(&d, 0, sizeof d);
-    sim_scenario_defaults(&d);
+    kvs_sim_config_t d;
+    cli_sim_defaults(&d);
     fprintf(out,
             "usage: kvstage sim [--model NAME | --kv-heads H --head-dim HD --layers L]\n"
             "                   [--dtype T] [--page-size PS] [--chunk-tokens C]\n"
@@ -196,9 +202,9 @@ void cli_sim_usage(FILE *out)
             "\n"
             "model shape (as for `kvstage plan`; explicit flags override the model):\n"
             "  --model NAME        built-in model (default %s, see below)\n"
-            "  --kv-heads H        total KV heads of the model (1..%d)\n"
-            "  --head-dim HD       head dimension (1..%d)\n"
-            "  --layers L          layers of the whole model (1..%d)\n"
+            "  --kv-heads H        total KV heads of the model (1..%" PRId64 ")\n"
+            "  --head-dim HD       head dimension (1..%" PRId64 ")\n"
+            "  --layers L          layers of the whole model (1..%" PRId64 ")\n"
             "  --dtype T           KV dtype: bf16, fp16, fp8, fp32 (default: the model's)\n"
             "  --page-size PS      tokens per KV page (default %d here, not plan's 1, to\n"
             "                      keep the simulated page lists short)\n"
@@ -430,7 +436,7 @@ static int cli_sim_parse_prompt(const char *text, int64_t *min, int64_t *max)
 /* One of the four parallelism flags: a value, or a comma list of one per
  * instance. */
 typedef struct cli_sim_list {
-    int64_t v[SIM_MAX_INSTANCES];
+    int64_t v[KVS_SIM_MAX_INSTANCES];
     uint32_t n;                /* 0: flag absent */
     char first[24];            /* v[0] as text, for the shape parser */
 } cli_sim_list_t;
@@ -445,10 +451,10 @@ static int cli_sim_parse_list(const char *flag, const char *text, int64_t max,
         const char *comma = strchr(p, ',');
         const size_t len = comma != NULL ? (size_t)(comma - p) : strlen(p);
         char piece[24];
-        if (out->n == SIM_MAX_INSTANCES)
+        if (out->n == KVS_SIM_MAX_INSTANCES)
             return cli_fail(CLI_SIM_CMD, "%s: '%s' lists more than %d instances: give at "
                                          "most %d values, one per instance", flag, text,
-                            SIM_MAX_INSTANCES, SIM_MAX_INSTANCES);
+                            KVS_SIM_MAX_INSTANCES, KVS_SIM_MAX_INSTANCES);
         if (len == 0 || len >= sizeof piece)
             return cli_fail(CLI_SIM_CMD, "%s: '%s' is not a value or a comma list of "
                                          "values (one per instance), like 8 or 8,8,4",
@@ -470,7 +476,7 @@ static int cli_sim_parse_list(const char *flag, const char *text, int64_t max,
  * longer list; the other gives one value for all or one each. */
 static int cli_sim_side(const char *tp_flag, const char *pp_flag, const cli_sim_list_t *tp,
                         const cli_sim_list_t *pp, int64_t tp0, int64_t pp0,
-                        uint32_t *count, sim_instance_shape_t *out)
+                        uint32_t *count, int64_t *tp_out, int64_t *pp_out)
 {
     const uint32_t n = tp->n > pp->n ? tp->n : pp->n;
     const cli_sim_list_t *shorter = tp->n < pp->n ? tp : pp;
@@ -480,21 +486,44 @@ static int cli_sim_side(const char *tp_flag, const char *pp_flag, const cli_sim_
                         shorter == tp ? tp_flag : pp_flag, shorter->n, n,
                         shorter == tp ? pp_flag : tp_flag);
     *count = n > 1 ? n : 0; /* one instance: the shape's, as without lists */
-    for (uint32_t i = 0; i < n; i++)
-        out[i] = (sim_instance_shape_t){
-            tp->n > 1 ? tp->v[i] : tp0, pp->n > 1 ? pp->v[i] : pp0};
+    for (uint32_t i = 0; i < n; i++) {
+        tp_out[i] = tp->n > 1 ? tp->v[i] : tp0;
+        pp_out[i] = pp->n > 1 ? pp->v[i] : pp0;
+    }
     return 0;
 }
 
-/* Reads the four parallelism flags as lists into in->cfg.topo and leaves
- * instance 0's values in *shape_values for the shape parser. */
+/* Instances of a side as the flags list them: at least one, the shape's. */
+static uint32_t cli_sim_count(const cli_sim_input_t *in, bool decode)
+{
+    const uint32_t n = decode ? in->cfg.decode_instances : in->cfg.prefill_instances;
+    return n > 0 ? n : 1;
+}
+
+/* TP and PP sizes of instance i of a side as the flags list them. */
+static void cli_sim_listed(const cli_sim_input_t *in, bool decode, uint32_t i, int64_t *tp,
+                           int64_t *pp)
+{
+    const kvs_sim_config_t *c = &in->cfg;
+    const kvs_layout_params_t *shape = &in->shape.params;
+    if (decode) {
+        *tp = c->decode_instances > 0 ? c->decode_instance_tp[i] : shape->decode_tp;
+        *pp = c->decode_instances > 0 ? c->decode_instance_pp[i] : shape->decode_pp;
+    } else {
+        *tp = c->prefill_instances > 0 ? c->prefill_instance_tp[i] : shape->prefill_tp;
+        *pp = c->prefill_instances > 0 ? c->prefill_instance_pp[i] : shape->prefill_pp;
+    }
+}
+
+/* Reads the four parallelism flags as lists and leaves instance 0's values
+ * in *shape_values for the shape parser. */
 static int cli_sim_read_lists(const char *const *values, const char **shape_values,
                               cli_sim_list_t lists[4])
 {
     static const enum cli_shape_flag flags[4] = {CLI_SF_PREFILL_TP, CLI_SF_PREFILL_PP,
                                                  CLI_SF_DECODE_TP, CLI_SF_DECODE_PP};
-    static const int64_t max[4] = {CLI_SHAPE_MAX_TP, CLI_SHAPE_MAX_PP, CLI_SHAPE_MAX_TP,
-                                   CLI_SHAPE_MAX_PP};
+    const int64_t max[4] = {CLI_SHAPE_MAX_TP, CLI_SHAPE_MAX_PP, CLI_SHAPE_MAX_TP,
+                            CLI_SHAPE_MAX_PP};
     for (int k = 0; k < 4; k++) {
         const int rc = cli_sim_parse_list(cli_sim_flags[flags[k]].name, values[flags[k]],
                                           max[k], &lists[k]);
@@ -506,42 +535,52 @@ static int cli_sim_read_lists(const char *const *values, const char **shape_valu
     return 0;
 }
 
-/* The cluster of the lists, resolved: every pair must pair. */
+/* The shape into the config's fields of it. */
+static void cli_sim_set_shape(const kvs_layout_params_t *p, kvs_sim_config_t *c)
+{
+    c->total_heads = p->total_heads;
+    c->heads_per_rank = p->heads_per_rank;
+    c->heads_per_rank_tp = p->heads_per_rank_tp;
+    c->head_dim = p->head_dim;
+    c->dtype = (int32_t)p->dtype;
+    c->layers = p->layers;
+    c->page_size = p->page_size;
+    c->prefill_tp = p->prefill_tp;
+    c->decode_tp = p->decode_tp;
+    c->prefill_pp = p->prefill_pp;
+    c->decode_pp = p->decode_pp;
+    c->chunk_tokens = p->chunk_tokens;
+}
+
+/* The cluster of the lists into in->cfg, checked by the library: every
+ * pair must pair. */
 static int cli_sim_topology(const cli_sim_list_t lists[4], cli_sim_input_t *in)
 {
     const kvs_layout_params_t *shape = &in->shape.params;
-    sim_topology_t *t = &in->cfg.topo;
+    kvs_sim_config_t *c = &in->cfg;
+    cli_sim_set_shape(shape, c);
     int rc = cli_sim_side("--prefill-tp", "--prefill-pp", &lists[0], &lists[1],
-                          shape->prefill_tp, shape->prefill_pp, &t->prefill_instances,
-                          t->prefill);
+                          shape->prefill_tp, shape->prefill_pp, &c->prefill_instances,
+                          c->prefill_instance_tp, c->prefill_instance_pp);
     if (rc == 0)
         rc = cli_sim_side("--decode-tp", "--decode-pp", &lists[2], &lists[3],
-                          shape->decode_tp, shape->decode_pp, &t->decode_instances,
-                          t->decode);
+                          shape->decode_tp, shape->decode_pp, &c->decode_instances,
+                          c->decode_instance_tp, c->decode_instance_pp);
     if (rc != 0)
         return rc;
-    int bad_p, bad_d;
+    int32_t bad_p, bad_d;
     kvs_error_t err;
     memset(&err, 0, sizeof err);
-    rc = sim_topology_resolve(shape, t, &in->topo, &bad_p, &bad_d, &err);
+    rc = kvs_sim_cluster_check(c, &bad_p, &bad_d, &err);
     if (rc == KVS_OK)
         return 0;
     if (bad_p < 0)
         return cli_fail(CLI_SIM_CMD, "change --prefill-tp, --prefill-pp, --decode-tp or "
                                      "--decode-pp: %s (%s)", err.msg, kvs_status_name(rc));
-    /* The pair's sizes, to name the flag (a side of one instance is the
-     * shape's). */
-    sim_topology_t listed = *t;
-    if (listed.prefill_instances == 0) {
-        listed.prefill_instances = 1;
-        listed.prefill[0] = (sim_instance_shape_t){shape->prefill_tp, shape->prefill_pp};
-    }
-    if (listed.decode_instances == 0) {
-        listed.decode_instances = 1;
-        listed.decode[0] = (sim_instance_shape_t){shape->decode_tp, shape->decode_pp};
-    }
-    const kvs_layout_params_t p =
-        sim_topology_pair(shape, &listed, (uint32_t)bad_p, (uint32_t)bad_d);
+    /* The pair's sizes, to name the flag. */
+    kvs_layout_params_t p = *shape;
+    cli_sim_listed(in, false, (uint32_t)bad_p, &p.prefill_tp, &p.prefill_pp);
+    cli_sim_listed(in, true, (uint32_t)bad_d, &p.decode_tp, &p.decode_pp);
     return cli_fail(CLI_SIM_CMD, "change %s: %s (%s); every prefill instance must pair "
                                  "with every decode instance, since the router may pair "
                                  "any two", cli_shape_flag_for(rc, &p), err.msg,
@@ -549,7 +588,7 @@ static int cli_sim_topology(const cli_sim_list_t lists[4], cli_sim_input_t *in)
 }
 
 /* Fills *in from the scanned flag values: the shape first, then sim's own
- * flags, then sim_scenario_defaults for whatever is still zero. */
+ * flags; what is still zero takes the library's default in kvs_sim_run. */
 static int cli_sim_read_values(const char *const *scanned, cli_sim_input_t *in)
 {
     static const cli_shape_defaults_t defaults = {
@@ -561,7 +600,8 @@ static int cli_sim_read_values(const char *const *scanned, cli_sim_input_t *in)
     };
     int rc;
     memset(in, 0, sizeof *in);
-    sim_scenario_config_t *cfg = &in->cfg;
+    kvs_sim_config_t *cfg = &in->cfg;
+    kvs_sim_config_init(cfg);
     /* The parallelism flags take a list (one value per instance); the
      * shape is read with instance 0's. */
     const char *values[CLI_XF_COUNT];
@@ -582,7 +622,7 @@ static int cli_sim_read_values(const char *const *scanned, cli_sim_input_t *in)
         (rc = cli_sim_number(values, CLI_XF_NIC_GBPS, 1, CLI_SIM_MAX_NIC_GBPS,
                              &in->nic_gbps)) != 0 ||
         (rc = cli_sim_number(values, CLI_XF_PREFIX_TOKENS, 0,
-                             CLI_SHAPE_MAX_TOKENS, &prefix)) != 0 ||
+                             CLI_SIM_MAX("prefix_max_tokens"), &prefix)) != 0 ||
         (rc = cli_sim_number(values, CLI_XF_MAX_INFLIGHT, 1,
                              CLI_SIM_MAX_INFLIGHT, &inflight)) != 0)
         return rc;
@@ -613,12 +653,13 @@ static int cli_sim_read_values(const char *const *scanned, cli_sim_input_t *in)
     cfg->transfer_workers = (uint32_t)workers;
     cfg->prefill_tokens_per_s = (uint64_t)prefill_rate;
     cfg->max_events = (uint64_t)max_events;
-    cfg->path = KVS_PATH_AUTO;
+    kvs_path_t path = KVS_PATH_AUTO;
     if (values[CLI_XF_PATH] != NULL &&
-        kvs_path_parse(values[CLI_XF_PATH], &cfg->path) != KVS_OK)
+        kvs_path_parse(values[CLI_XF_PATH], &path) != KVS_OK)
         return cli_fail(CLI_SIM_CMD, "--path: unknown path '%s': use auto, "
                                      "staging, slice or direct",
                         values[CLI_XF_PATH]);
+    cfg->path = (int32_t)path;
     if (values[CLI_XF_SEED] != NULL &&
         (rc = cli_parse_u64(CLI_SIM_CMD, "--seed", values[CLI_XF_SEED], 0,
                             UINT64_MAX, &cfg->seed)) != 0)
@@ -633,44 +674,43 @@ static int cli_sim_read_values(const char *const *scanned, cli_sim_input_t *in)
     if ((rc = cli_shape_layout(CLI_SIM_CMD, &in->shape, &in->lay)) != 0 ||
         (rc = cli_sim_topology(lists, in)) != 0)
         return rc;
-    for (uint32_t p = 0; cfg->path == KVS_PATH_DIRECT && p < in->topo.prefill_instances; p++)
-        for (uint32_t d = 0; d < in->topo.decode_instances; d++)
-            if (in->topo.prefill[p].tp != in->topo.decode[d].tp)
+    const uint32_t np = cli_sim_count(in, false), nd = cli_sim_count(in, true);
+    for (uint32_t p = 0; path == KVS_PATH_DIRECT && p < np; p++)
+        for (uint32_t d = 0; d < nd; d++) {
+            int64_t ptp, dtp, pp;
+            cli_sim_listed(in, false, p, &ptp, &pp);
+            cli_sim_listed(in, true, d, &dtp, &pp);
+            if (ptp != dtp)
                 return cli_fail(CLI_SIM_CMD, "--path direct needs equal TP sizes (got "
                                              "--prefill-tp %" PRId64 ", --decode-tp %" PRId64
                                              "%s): use --path staging or slice, or equal "
-                                             "TP sizes", in->topo.prefill[p].tp,
-                                in->topo.decode[d].tp,
-                                in->topo.prefill_instances + in->topo.decode_instances > 2
-                                    ? " in a pair of instances" : "");
-    cfg->router = SIM_ROUTER_ROUND_ROBIN;
+                                             "TP sizes", ptp, dtp,
+                                np + nd > 2 ? " in a pair of instances" : "");
+        }
+    cfg->router = KVS_SIM_ROUTER_ROUND_ROBIN;
     if (values[CLI_XF_ROUTER] != NULL) {
         if (strcmp(values[CLI_XF_ROUTER], "least-loaded") == 0)
-            cfg->router = SIM_ROUTER_LEAST_LOADED;
+            cfg->router = KVS_SIM_ROUTER_LEAST_LOADED;
         else if (strcmp(values[CLI_XF_ROUTER], "round-robin") != 0)
             return cli_fail(CLI_SIM_CMD, "--router: unknown router '%s': use round-robin "
                                          "or least-loaded", values[CLI_XF_ROUTER]);
     }
 
-    cfg->gpu.data_mode = SIM_DATA_BYTES;
+    cfg->data_mode = KVS_SIM_DATA_BYTES;
     if (values[CLI_XF_DATA] != NULL) {
         if (strcmp(values[CLI_XF_DATA], "provenance") == 0)
-            cfg->gpu.data_mode = SIM_DATA_PROVENANCE;
+            cfg->data_mode = KVS_SIM_DATA_PROVENANCE;
         else if (strcmp(values[CLI_XF_DATA], "bytes") != 0)
             return cli_fail(CLI_SIM_CMD, "--data: unknown data mode '%s': use bytes or "
                                          "provenance", values[CLI_XF_DATA]);
     }
 
-    cfg->shape = in->shape.params;
     cfg->requests = (uint32_t)requests;
     cfg->ring_bytes = ring_bytes > 0 ? (uint64_t)ring_bytes : (uint64_t)ring_mib * CLI_MIB;
     in->ring_flag_bytes = ring_bytes > 0;
     cfg->prefix_max_tokens = prefix;
     cfg->max_inflight = (uint32_t)inflight;
-    /* Staging buffers exist on both sides unless a run asks for a path that
-     * does without them. */
-    cfg->staging = cfg->path == KVS_PATH_AUTO || cfg->path == KVS_PATH_STAGING;
-    cfg->net.link_bytes_per_s = (uint64_t)in->nic_gbps * 1000000000u / 8u;
+    cfg->net_link_bytes_per_s = (uint64_t)in->nic_gbps * 1000000000u / 8u;
     /* A fitted link model (tests/rxe/calibrate.sh) overrides the NIC. */
     int64_t link = 0, per_op = 0, latency = 0, sq_depth = 0, aux_bytes = 0;
     if ((rc = cli_sim_number(values, CLI_XF_AUX_BYTES, 0, CLI_SIM_MAX_AUX_BYTES, &aux_bytes)) != 0)
@@ -685,11 +725,10 @@ static int cli_sim_read_values(const char *const *scanned, cli_sim_input_t *in)
         return cli_fail(CLI_SIM_CMD, "--link-bytes-per-s and --nic-gbps both set the link "
                                      "rate: give one of them");
     if (link > 0)
-        cfg->net.link_bytes_per_s = (uint64_t)link;
-    cfg->net.per_op_ns = (uint64_t)per_op;
-    cfg->net.latency_ns = (uint64_t)latency;
-    cfg->net.sq_depth = (uint32_t)sq_depth;
-    sim_scenario_defaults(cfg);
+        cfg->net_link_bytes_per_s = (uint64_t)link;
+    cfg->net_per_op_ns = (uint64_t)per_op;
+    cfg->net_latency_ns = (uint64_t)latency;
+    cfg->net_sq_depth = (uint32_t)sq_depth;
     return 0;
 }
 
@@ -828,13 +867,12 @@ typedef struct cli_sim_verdict {
     bool ok;
 } cli_sim_verdict_t;
 
-static cli_sim_verdict_t cli_sim_judge(const sim_report_t *r, const sim_scenario_config_t *cfg)
+static cli_sim_verdict_t cli_sim_judge(const kvs_sim_report_t *r)
 {
     cli_sim_verdict_t v;
-    (void)cfg;
     v.unfinished = r->hung_requests;
-    /* The library's verdict (sim/check.h): the CLI keeps none of its own. */
-    v.ok = r->ok;
+    /* The library's verdict (the report's ok): the CLI keeps none of its own. */
+    v.ok = r->ok != 0;
     return v;
 }
 
@@ -843,22 +881,24 @@ static double cli_sim_pct(double part, double whole)
     return whole > 0 ? 100.0 * part / whole : 0.0;
 }
 
-static const char *cli_sim_router_name(sim_router_t router)
+static const char *cli_sim_router_name(int32_t router)
 {
-    return router == SIM_ROUTER_LEAST_LOADED ? "least-loaded" : "round-robin";
+    return router == KVS_SIM_ROUTER_LEAST_LOADED ? "least-loaded" : "round-robin";
 }
 
-/* "8" or "8,8,4": a side's TP (pp: PP) sizes, one per instance. */
-static const char *cli_sim_sizes(const sim_topology_t *t, kvs_role_t role, bool pp, char *buf,
+/* "8" or "8,8,4": a side's TP (pp: PP) sizes, one per instance, of a
+ * resolved config (kvs_sim_config_check). */
+static const char *cli_sim_sizes(const kvs_sim_config_t *c, kvs_role_t role, bool pp, char *buf,
                                  size_t cap)
 {
-    const uint32_t n = sim_topology_count(t, role);
+    const bool decode = role == KVS_ROLE_DECODE;
+    const uint32_t n = decode ? c->decode_instances : c->prefill_instances;
+    const int64_t *v = decode ? (pp ? c->decode_instance_pp : c->decode_instance_tp)
+                              : (pp ? c->prefill_instance_pp : c->prefill_instance_tp);
     size_t used = 0;
     buf[0] = '\0';
     for (uint32_t i = 0; i < n && used < cap; i++) {
-        const sim_instance_shape_t *s = role == KVS_ROLE_DECODE ? &t->decode[i] : &t->prefill[i];
-        const int w = snprintf(buf + used, cap - used, "%s%" PRId64, i > 0 ? "," : "",
-                               pp ? s->pp : s->tp);
+        const int w = snprintf(buf + used, cap - used, "%s%" PRId64, i > 0 ? "," : "", v[i]);
         if (w < 0)
             break;
         used += (size_t)w;
@@ -866,13 +906,13 @@ static const char *cli_sim_sizes(const sim_topology_t *t, kvs_role_t role, bool 
     return buf;
 }
 
-/* What operators read (sim/scenario.h): TTFT, transfer latency, ring
+/* What operators read (kvs_sim_report_t): TTFT, transfer latency, ring
  * occupancy, watermark waits, NIC utilisation, goodput against line rate. */
-static void cli_sim_print_json_metrics(const sim_report_t *r)
+static void cli_sim_print_json_metrics(const kvs_sim_report_t *r)
 {
-    cli_sim_json_double("ttft_p50_us", r->e2e_p50_us, 3);
-    cli_sim_json_double("ttft_p90_us", r->e2e_p90_us, 3);
-    cli_sim_json_double("ttft_p99_us", r->e2e_p99_us, 3);
+    cli_sim_json_double("ttft_p50_us", r->ttft_p50_us, 3);
+    cli_sim_json_double("ttft_p90_us", r->ttft_p90_us, 3);
+    cli_sim_json_double("ttft_p99_us", r->ttft_p99_us, 3);
     cli_sim_json_double("transfer_p50_us", r->transfer_p50_us, 3);
     cli_sim_json_double("transfer_p99_us", r->transfer_p99_us, 3);
     printf(", \"ring_p99_bytes\": %" PRIu64, r->ring_p99_bytes);
@@ -881,50 +921,52 @@ static void cli_sim_print_json_metrics(const sim_report_t *r)
     cli_sim_json_double("goodput_fraction", r->goodput_fraction, 6);
 }
 
-static void cli_sim_print_json_instance_metrics(const sim_instance_report_t *ir)
+static void cli_sim_print_json_instance_metrics(const kvs_sim_instance_metrics_t *ir)
 {
     printf("\"ttft_p50_us\": %.3f, \"ttft_p90_us\": %.3f, \"ttft_p99_us\": %.3f"
            ", \"transfer_p50_us\": %.3f, \"transfer_p99_us\": %.3f"
            ", \"ring_p99_bytes\": %" PRIu64 ", \"watermark_waits\": %" PRIu64
            ", \"nic_util_mean\": %.6f, \"nic_util_max\": %.6f",
-           ir->e2e_p50_us, ir->e2e_p90_us, ir->e2e_p99_us, ir->transfer_p50_us,
+           ir->ttft_p50_us, ir->ttft_p90_us, ir->ttft_p99_us, ir->transfer_p50_us,
            ir->transfer_p99_us, ir->ring_p99_bytes, ir->watermark_waits, ir->nic_util_mean,
            ir->nic_util_max);
 }
 
-static void cli_sim_print_table_metrics(const sim_report_t *r)
+static void cli_sim_print_table_metrics(const kvs_sim_report_t *r)
 {
     char a[32];
     printf("  %-18s p50 %.1f us, p90 %.1f us, p99 %.1f us (arrival -> KV complete at the "
-           "decode)\n", "TTFT", r->e2e_p50_us, r->e2e_p90_us, r->e2e_p99_us);
+           "decode)\n", "TTFT", r->ttft_p50_us, r->ttft_p90_us, r->ttft_p99_us);
     printf("  %-18s p50 %.1f us, p99 %.1f us (first chunk computed -> done)\n",
            "transfer", r->transfer_p50_us, r->transfer_p99_us);
     printf("  %-18s p99 %s on one decode rank (time-weighted)\n", "ring occupancy",
            cli_format_bytes((int64_t)r->ring_p99_bytes, a, sizeof a));
     printf("  %-18s mean %.1f%%, busiest rank %.1f%% of line rate x simulated time\n",
            "NIC utilisation", 100.0 * r->nic_util_mean, 100.0 * r->nic_util_max);
-    for (uint32_t k = 0; k < r->ninstances; k++) {
-        const sim_instance_report_t *ir = &r->instances[k];
+    for (uint32_t k = 0; k < r->instances; k++) {
+        const kvs_sim_instance_t *ir = &r->instance[k];
+        const kvs_sim_instance_metrics_t *m = &r->instance_metrics[k];
         const bool decode = ir->role == KVS_ROLE_DECODE;
         char label[32];
         snprintf(label, sizeof label, "%s %" PRIu32, decode ? "decode" : "prefill", ir->id);
         printf("  %-18s TTFT p50/p90/p99 %.1f/%.1f/%.1f us, transfer p50/p99 %.1f/%.1f us, "
                "NIC mean/max %.1f%%/%.1f%%, %" PRIu64 " watermark waits", label,
-               ir->e2e_p50_us, ir->e2e_p90_us, ir->e2e_p99_us, ir->transfer_p50_us,
-               ir->transfer_p99_us, 100.0 * ir->nic_util_mean, 100.0 * ir->nic_util_max,
-               ir->watermark_waits);
+               m->ttft_p50_us, m->ttft_p90_us, m->ttft_p99_us, m->transfer_p50_us,
+               m->transfer_p99_us, 100.0 * m->nic_util_mean, 100.0 * m->nic_util_max,
+               m->watermark_waits);
         if (decode)
-            printf(", ring p99 %s", cli_format_bytes((int64_t)ir->ring_p99_bytes, a, sizeof a));
+            printf(", ring p99 %s", cli_format_bytes((int64_t)m->ring_p99_bytes, a, sizeof a));
         printf("\n");
     }
 }
 
-static void cli_sim_print_json(const cli_sim_input_t *in, const sim_report_t *r,
-                               double wall_s, const char *replay,
+/* cfg: the run's config as kvs_sim_config_check resolves it (defaults
+ * filled in, every instance listed). */
+static void cli_sim_print_json(const cli_sim_input_t *in, const kvs_sim_config_t *cfg,
+                               const kvs_sim_report_t *r, double wall_s, const char *replay,
                                const cli_sim_verdict_t *v)
 {
     const kvs_layout_t *lay = &in->lay;
-    const sim_scenario_config_t *cfg = &in->cfg;
     printf("{\"ok\": %s", v->ok ? "true" : "false");
     printf(", \"requests_total\": %" PRIu32 ", \"requests_ok\": %" PRIu32
            ", \"requests_failed\": %" PRIu32 ", \"requests_unfinished\": %" PRIu32,
@@ -938,10 +980,10 @@ static void cli_sim_print_json(const cli_sim_input_t *in, const sim_report_t *r,
            r->hung_requests, r->unreported_failures, r->collateral_failures, r->violations);
     printf(", \"failed_without_faults\": %" PRIu32 ", \"ring_bytes_needed\": %" PRIu64
            ", \"failures\": {", r->failed_without_faults, r->ring_bytes_needed);
-    for (uint32_t k = 0; k < r->nfailures; k++) {
+    for (uint32_t k = 0; k < r->failures; k++) {
         printf("%s\"%s\": {\"count\": %" PRIu32 ", \"first_detail\": ", k > 0 ? ", " : "",
-               kvs_status_name(r->failures[k].status), r->failures[k].count);
-        cli_sim_json_string(r->failures[k].first_detail);
+               kvs_status_name(r->failure[k].status), r->failure[k].count);
+        cli_sim_json_string(r->failure[k].first_detail);
         printf("}");
     }
     printf("}, \"failures_unlisted\": %" PRIu32, r->failures_unlisted);
@@ -953,7 +995,7 @@ static void cli_sim_print_json(const cli_sim_input_t *in, const sim_report_t *r,
     printf(", \"msgs_retransmitted\": %" PRIu64 ", \"msgs_duplicate\": %" PRIu64
            ", \"peers_lost\": %" PRIu64,
            r->msgs_retransmitted, r->msgs_duplicate, r->peers_lost);
-    printf(", \"sq_depth\": %" PRIu32 ", \"posts_refused\": %" PRIu64, cfg->net.sq_depth,
+    printf(", \"sq_depth\": %" PRIu32 ", \"posts_refused\": %" PRIu64, cfg->net_sq_depth,
            r->posts_refused);
     printf(", \"aux_bytes\": %" PRIu32 ", \"aux_bytes_verified\": %" PRIu64
            ", \"aux_corrupt_bytes\": %" PRIu64, cfg->max_aux_bytes, r->aux_bytes_verified,
@@ -979,7 +1021,7 @@ static void cli_sim_print_json(const cli_sim_input_t *in, const sim_report_t *r,
     cli_sim_json_double("events_per_s", wall_s > 0 ? (double)r->events / wall_s : 0,
                         0);
     printf(", \"path\": \"%s\", \"path_requested\": \"%s\", \"seed\": %" PRIu64,
-           kvs_path_name(r->path), kvs_path_name(cfg->path), cfg->seed);
+           kvs_path_name((kvs_path_t)r->path), kvs_path_name((kvs_path_t)cfg->path), cfg->seed);
     printf(", \"prefill_ranks\": %" PRId64 ", \"decode_ranks\": %" PRId64,
            r->prefill_ranks, r->decode_ranks);
     printf(", \"model\": ");
@@ -990,7 +1032,7 @@ static void cli_sim_print_json(const cli_sim_input_t *in, const sim_report_t *r,
     printf(", \"total_heads\": %" PRId64 ", \"head_dim\": %" PRId64
            ", \"dtype\": \"%s\", \"layers\": %" PRId64 ", \"page_size\": %" PRId64
            ", \"chunk_tokens\": %" PRId64,
-           lay->total_heads, lay->head_dim, kvs_dtype_name(cfg->shape.dtype),
+           lay->total_heads, lay->head_dim, kvs_dtype_name(in->shape.params.dtype),
            lay->layers, lay->page_size, lay->chunk_tokens);
     printf(", \"prefill_tp\": %" PRId64 ", \"decode_tp\": %" PRId64
            ", \"prefill_pp\": %" PRId64 ", \"decode_pp\": %" PRId64,
@@ -1004,9 +1046,7 @@ static void cli_sim_print_json(const cli_sim_input_t *in, const sim_report_t *r,
            cfg->ring_bytes, in->nic_gbps);
     printf(", \"transfer_workers\": %" PRIu32 ", \"prefill_tokens_per_s\": %" PRIu64
            ", \"stall_timeout_ns\": %" PRIu64 ", \"faults\": %" PRIu32,
-           cfg->transfer_workers, cfg->prefill_tokens_per_s,
-           cfg->stall_timeout_ns > 0 ? cfg->stall_timeout_ns
-                                     : (uint64_t)KVS_DEFAULT_STALL_TIMEOUT_NS,
+           cfg->transfer_workers, cfg->prefill_tokens_per_s, cfg->stall_timeout_ns,
            cfg->nfaults);
     printf(", \"trace\": ");
     if (cfg->trace_path != NULL)
@@ -1015,10 +1055,9 @@ static void cli_sim_print_json(const cli_sim_input_t *in, const sim_report_t *r,
         printf("null");
     printf(", \"router\": \"%s\", \"prefill_instances\": %" PRIu32
            ", \"decode_instances\": %" PRIu32 ", \"instances\": [",
-           cli_sim_router_name(cfg->router), in->topo.prefill_instances,
-           in->topo.decode_instances);
-    for (uint32_t k = 0; k < r->ninstances; k++) {
-        const sim_instance_report_t *ir = &r->instances[k];
+           cli_sim_router_name(cfg->router), cfg->prefill_instances, cfg->decode_instances);
+    for (uint32_t k = 0; k < r->instances; k++) {
+        const kvs_sim_instance_t *ir = &r->instance[k];
         printf("%s{\"id\": %" PRIu32 ", \"role\": \"%s\", \"tp\": %" PRId64 ", \"pp\": %"
                PRId64 ", \"requests_ok\": %" PRIu32 ", \"requests_failed\": %" PRIu32
                ", \"bytes\": %" PRIu64 ", \"ring_peak_bytes\": %" PRIu64,
@@ -1026,7 +1065,7 @@ static void cli_sim_print_json(const cli_sim_input_t *in, const sim_report_t *r,
                ir->tp, ir->pp, ir->requests_ok, ir->requests_failed, ir->bytes,
                ir->ring_peak_bytes);
         printf(", \"metrics\": {");
-        cli_sim_print_json_instance_metrics(ir);
+        cli_sim_print_json_instance_metrics(&r->instance_metrics[k]);
         printf("}}");
     }
     printf("]");
@@ -1037,50 +1076,50 @@ static void cli_sim_print_json(const cli_sim_input_t *in, const sim_report_t *r,
 
 /* Why requests failed: one line per status, with its count and the first
  * request's detail. */
-static void cli_sim_print_failures(FILE *out, const sim_report_t *r)
+static void cli_sim_print_failures(FILE *out, const kvs_sim_report_t *r)
 {
-    for (uint32_t k = 0; k < r->nfailures; k++)
+    for (uint32_t k = 0; k < r->failures; k++)
         fprintf(out, "  %-18s %" PRIu32 " %s: %s\n", k == 0 ? "failures" : "",
-                r->failures[k].count, kvs_status_name(r->failures[k].status),
-                r->failures[k].first_detail);
+                r->failure[k].count, kvs_status_name(r->failure[k].status),
+                r->failure[k].first_detail);
     if (r->failures_unlisted > 0)
         fprintf(out, "  %-18s %" PRIu32 " more with other statuses\n", "",
                 r->failures_unlisted);
 }
 
-static void cli_sim_print_table(const cli_sim_input_t *in, const sim_report_t *r,
-                                double wall_s, const char *replay)
+/* cfg: as for cli_sim_print_json. */
+static void cli_sim_print_table(const cli_sim_input_t *in, const kvs_sim_config_t *cfg,
+                                const kvs_sim_report_t *r, double wall_s, const char *replay)
 {
     const kvs_layout_t *lay = &in->lay;
-    const sim_scenario_config_t *cfg = &in->cfg;
     char a[32], b[32];
     printf("kvstage sim: %s%s%" PRId64 " layers x %" PRId64 " KV heads x head dim %"
            PRId64 ", %s, page %" PRId64 ", chunk %" PRId64 " tokens\n",
            in->shape.model != NULL ? in->shape.model->name : "",
            in->shape.model != NULL ? ", " : "", lay->layers, lay->total_heads,
-           lay->head_dim, kvs_dtype_name(cfg->shape.dtype), lay->page_size,
+           lay->head_dim, kvs_dtype_name(in->shape.params.dtype), lay->page_size,
            lay->chunk_tokens);
-    const sim_topology_t *t = &in->topo;
-    if (t->prefill_instances == 1 && t->decode_instances == 1) {
+    if (cfg->prefill_instances == 1 && cfg->decode_instances == 1) {
         printf("  prefill TP %" PRId64 " x PP %" PRId64 " -> decode TP %" PRId64
                " x PP %" PRId64 " on %" PRId64 " + %" PRId64 " simulated H200s, %"
                PRId64 " Gb/s NICs, path %s\n",
                lay->prefill_tp, lay->prefill_pp, lay->decode_tp, lay->decode_pp,
-               r->prefill_ranks, r->decode_ranks, in->nic_gbps, kvs_path_name(r->path));
+               r->prefill_ranks, r->decode_ranks, in->nic_gbps,
+               kvs_path_name((kvs_path_t)r->path));
     } else {
-        char sizes[4][SIM_MAX_INSTANCES * 6];
+        char sizes[4][KVS_SIM_MAX_INSTANCES * 6];
         printf("  %" PRIu32 " prefill instance%s (TP %s x PP %s) -> %" PRIu32 " decode "
                "instance%s (TP %s x PP %s), %s router\n"
                "  on %" PRId64 " + %" PRId64 " simulated H200s, %" PRId64
                " Gb/s NICs, path %s\n",
-               t->prefill_instances, t->prefill_instances > 1 ? "s" : "",
-               cli_sim_sizes(t, KVS_ROLE_PREFILL, false, sizes[0], sizeof sizes[0]),
-               cli_sim_sizes(t, KVS_ROLE_PREFILL, true, sizes[1], sizeof sizes[1]),
-               t->decode_instances, t->decode_instances > 1 ? "s" : "",
-               cli_sim_sizes(t, KVS_ROLE_DECODE, false, sizes[2], sizeof sizes[2]),
-               cli_sim_sizes(t, KVS_ROLE_DECODE, true, sizes[3], sizeof sizes[3]),
+               cfg->prefill_instances, cfg->prefill_instances > 1 ? "s" : "",
+               cli_sim_sizes(cfg, KVS_ROLE_PREFILL, false, sizes[0], sizeof sizes[0]),
+               cli_sim_sizes(cfg, KVS_ROLE_PREFILL, true, sizes[1], sizeof sizes[1]),
+               cfg->decode_instances, cfg->decode_instances > 1 ? "s" : "",
+               cli_sim_sizes(cfg, KVS_ROLE_DECODE, false, sizes[2], sizeof sizes[2]),
+               cli_sim_sizes(cfg, KVS_ROLE_DECODE, true, sizes[3], sizeof sizes[3]),
                cli_sim_router_name(cfg->router), r->prefill_ranks, r->decode_ranks,
-               in->nic_gbps, kvs_path_name(r->path));
+               in->nic_gbps, kvs_path_name((kvs_path_t)r->path));
     }
     printf("  %" PRIu32 " requests of %" PRId64 "..%" PRId64 " tokens",
            cfg->requests, cfg->prompt_min_tokens, cfg->prompt_max_tokens);
@@ -1118,8 +1157,8 @@ static void cli_sim_print_table(const cli_sim_input_t *in, const sim_report_t *r
         printf("  %-18s %" PRIu32 " requests failed in a run without faults\n", "",
                r->failed_without_faults);
     cli_sim_print_failures(stdout, r);
-    for (uint32_t k = 0; k < r->ninstances; k++) {
-        const sim_instance_report_t *ir = &r->instances[k];
+    for (uint32_t k = 0; k < r->instances; k++) {
+        const kvs_sim_instance_t *ir = &r->instance[k];
         const bool decode = ir->role == KVS_ROLE_DECODE;
         char label[32];
         snprintf(label, sizeof label, "%s %" PRIu32, decode ? "decode" : "prefill", ir->id);
@@ -1135,10 +1174,10 @@ static void cli_sim_print_table(const cli_sim_input_t *in, const sim_report_t *r
            " rejected, %" PRIu64 " sent again, %" PRIu64 " duplicates dropped)\n",
            "operations", r->rdma_ops, r->control_msgs, r->msgs_rejected,
            r->msgs_retransmitted, r->msgs_duplicate);
-    if (cfg->net.sq_depth > 0)
+    if (cfg->net_sq_depth > 0)
         printf("  %-18s %" PRIu32 " work requests per connection, %" PRIu64
                " posts refused when full (posted again)\n",
-               "send queues", cfg->net.sq_depth, r->posts_refused);
+               "send queues", cfg->net_sq_depth, r->posts_refused);
     if (r->ranks_crashed + r->ranks_restarted + r->ranks_down_at_start > 0)
         printf("  %-18s %" PRIu32 " crashed, %" PRIu32 " restarted, %" PRIu32
                " down from the start%s%s\n", "ranks", r->ranks_crashed, r->ranks_restarted,
@@ -1164,7 +1203,7 @@ static void cli_sim_print_table(const cli_sim_input_t *in, const sim_report_t *r
 }
 
 /* One stderr line per broken invariant, then the replay line. */
-static void cli_sim_report_failure(const sim_report_t *r,
+static void cli_sim_report_failure(const kvs_sim_report_t *r,
                                    const cli_sim_verdict_t *v, uint64_t seed,
                                    const char *replay)
 {
@@ -1172,10 +1211,10 @@ static void cli_sim_report_failure(const sim_report_t *r,
         fprintf(stderr, "kvstage sim: FAILED: %" PRIu32 " of %" PRIu32
                 " requests failed (seed %" PRIu64 ")\n",
                 r->requests_failed, r->requests_total, seed);
-    for (uint32_t k = 0; k < r->nfailures; k++)
+    for (uint32_t k = 0; k < r->failures; k++)
         fprintf(stderr, "kvstage sim: FAILED: %" PRIu32 " %s, the first: %s\n",
-                r->failures[k].count, kvs_status_name(r->failures[k].status),
-                r->failures[k].first_detail);
+                r->failure[k].count, kvs_status_name(r->failure[k].status),
+                r->failure[k].first_detail);
     if (v->unfinished > 0)
         fprintf(stderr, "kvstage sim: FAILED: %" PRIu32 " of %" PRIu32
                 " requests never finished (seed %" PRIu64 ")\n",
@@ -1215,7 +1254,7 @@ int cli_sim_parse(int argc, char **argv, cli_sim_input_t *in)
         }
     }
     /* --fault repeats, which the scanner refuses: take them out first. */
-    const char *faults[SIM_MAX_FAULTS];
+    const char *faults[KVS_SIM_MAX_FAULTS];
     uint32_t nfaults = 0;
     char *rest_argv[argc > 0 ? argc : 1];
     int rest_argc = 0;
@@ -1231,8 +1270,9 @@ int cli_sim_parse(int argc, char **argv, cli_sim_input_t *in)
             rest_argv[rest_argc++] = argv[a];
             continue;
         }
-        if (nfaults == SIM_MAX_FAULTS)
-            return cli_fail(CLI_SIM_CMD, "--fault: at most %d faults per run", SIM_MAX_FAULTS);
+        if (nfaults == KVS_SIM_MAX_FAULTS)
+            return cli_fail(CLI_SIM_CMD, "--fault: at most %d faults per run",
+                            KVS_SIM_MAX_FAULTS);
         faults[nfaults++] = spec;
     }
     int rc = cli_args_scan(CLI_SIM_CMD, cli_sim_flags, CLI_XF_COUNT, rest_argc, rest_argv,
@@ -1246,11 +1286,23 @@ int cli_sim_parse(int argc, char **argv, cli_sim_input_t *in)
     rc = cli_sim_read_values(values, in);
     if (rc != 0)
         return rc;
-    for (uint32_t i = 0; i < nfaults; i++)
-        if ((rc = cli_fault_parse(CLI_SIM_CMD, faults[i], &in->topo, &in->cfg.faults[i])) != 0)
+    for (uint32_t i = 0; i < nfaults; i++) {
+        if ((rc = cli_fault_check(CLI_SIM_CMD, faults[i], &in->cfg)) != 0)
             return rc;
+        in->faults[i] = faults[i];
+    }
+    in->cfg.faults = in->faults;
     in->cfg.nfaults = nfaults;
     return 0;
+}
+
+/* Runs in->cfg through the library into *r (zeroed, its size set first). */
+static int cli_sim_run(const cli_sim_input_t *in, kvs_sim_report_t *r, kvs_error_t *err)
+{
+    memset(r, 0, sizeof *r);
+    r->size_bytes = (uint32_t)sizeof *r;
+    memset(err, 0, sizeof *err);
+    return kvs_sim_run(&in->cfg, r, err);
 }
 
 /* One run of `kvstage sim --sweep` (sweep.h): argv as `kvstage sim` takes
@@ -1262,23 +1314,22 @@ static int cli_sim_sweep_run(void *ctx, int argc, char **argv, cli_sweep_row_t *
     int rc = cli_sim_parse(argc, argv, &in);
     if (rc != 0 || in.help)
         return CLI_EXIT_USAGE;
-    sim_report_t r;
-    memset(&r, 0, sizeof r);
-    char err[512] = "";
-    rc = sim_scenario_run(&in.cfg, &r, err, sizeof err);
+    kvs_sim_report_t r;
+    kvs_error_t err;
+    rc = cli_sim_run(&in, &r, &err);
     if (rc != KVS_OK) {
-        cli_fail(CLI_SIM_CMD, "%s (%s)", err[0] != '\0' ? err : kvs_strerror(rc),
+        cli_fail(CLI_SIM_CMD, "%s (%s)", err.msg[0] != '\0' ? err.msg : kvs_strerror(rc),
                  kvs_status_name(rc));
         return CLI_EXIT_USAGE;
     }
     *row = (cli_sweep_row_t){
-        .ttft_p50_us = r.e2e_p50_us, .ttft_p90_us = r.e2e_p90_us, .ttft_p99_us = r.e2e_p99_us,
+        .ttft_p50_us = r.ttft_p50_us, .ttft_p90_us = r.ttft_p90_us, .ttft_p99_us = r.ttft_p99_us,
         .transfer_p99_us = r.transfer_p99_us, .goodput_gbps = r.goodput_gbps,
         .line_rate_gbps = r.line_rate_gbps, .ring_peak_bytes = r.ring_peak_bytes,
         .ring_p99_bytes = r.ring_p99_bytes, .watermark_waits = r.watermark_waits,
         .nic_util_max = r.nic_util_max, .requests_ok = r.requests_ok,
         .requests_failed = r.requests_failed, .digest = r.digest};
-    return cli_sim_judge(&r, &in.cfg).ok ? 0 : 1;
+    return cli_sim_judge(&r).ok ? 0 : 1;
 }
 
 int cli_sim_main(int argc, char **argv)
@@ -1307,11 +1358,10 @@ int cli_sim_main(int argc, char **argv)
     in.cfg.progress = cli_sim_progress_draw;
     in.cfg.progress_ctx = &progress;
 
-    sim_report_t report;
-    memset(&report, 0, sizeof report);
-    char err[512] = "";
+    kvs_sim_report_t report;
+    kvs_error_t err;
     clock_gettime(CLOCK_MONOTONIC, &progress.start);
-    rc = sim_scenario_run(&in.cfg, &report, err, sizeof err);
+    rc = cli_sim_run(&in, &report, &err);
     double wall_s = cli_sim_elapsed_s(&progress.start);
     cli_sim_progress_clear(&progress);
     char *replay = cli_sim_replay(argc, argv, in.cfg.seed);
@@ -1337,16 +1387,20 @@ int cli_sim_main(int argc, char **argv)
         /* Set-up errors and faults that stop the run: one line, with the
          * seed, since a fault mid-run may depend on it. */
         cli_fail(CLI_SIM_CMD, "%s (%s); seed %" PRIu64 ", replay: %s",
-                 err[0] != '\0' ? err : kvs_strerror(rc), kvs_status_name(rc),
+                 err.msg[0] != '\0' ? err.msg : kvs_strerror(rc), kvs_status_name(rc),
                  in.cfg.seed, replay != NULL ? replay : "(out of memory)");
         free(replay);
         return CLI_EXIT_USAGE;
     }
-    cli_sim_verdict_t verdict = cli_sim_judge(&report, &in.cfg);
+    /* The config the run used, defaults filled in and instances listed. */
+    kvs_sim_config_t resolved;
+    rc = kvs_sim_config_check(&in.cfg, &resolved, NULL);
+    assert(rc == KVS_OK); /* the run took it */
+    cli_sim_verdict_t verdict = cli_sim_judge(&report);
     if (in.json)
-        cli_sim_print_json(&in, &report, wall_s, replay, &verdict);
+        cli_sim_print_json(&in, &resolved, &report, wall_s, replay, &verdict);
     else
-        cli_sim_print_table(&in, &report, wall_s, replay);
+        cli_sim_print_table(&in, &resolved, &report, wall_s, replay);
     fflush(stdout);
     if (!verdict.ok)
         cli_sim_report_failure(&report, &verdict, in.cfg.seed, replay);

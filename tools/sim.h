@@ -1,11 +1,12 @@
 /*
  * sim.h - the `kvstage sim` subcommand: runs one deterministic simulated
- * disaggregated-serving scenario (sim/scenario.h), one instance per side or
- * a cluster of several (--prefill-tp 8,8,4 --decode-tp 2,2), from the
- * command line and
- * reports what moved, how fast, and whether every invariant held, with the
- * seed and the command that replays the run. `kvstage sim --campaign N`
- * hands over to campaign.h.
+ * disaggregated-serving scenario through the library's public API
+ * (<kvstage/sim.h>: kvs_sim_run, whose checks and verdict are the only
+ * ones), one instance per side or a cluster of several (--prefill-tp
+ * 8,8,4 --decode-tp 2,2), from the command line and reports what moved,
+ * how fast, and whether every invariant held, with the seed and the
+ * command that replays the run. `kvstage sim --campaign N` hands over to
+ * campaign.h.
  *
  * The flag parser and the replay command are shared with the campaign, so
  * a campaign run is exactly the `kvstage sim` command it prints.
@@ -17,18 +18,22 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "scenario.h"
+#include <kvstage/sim.h>
+
 #include "shape.h"
 
-/* What a `kvstage sim` command line asks for, after defaults. */
+/* What a `kvstage sim` command line asks for. Not to be copied: cfg.faults
+ * points into faults[]. */
 typedef struct cli_sim_input {
     cli_shape_t shape;         /* with instance 0 of each side */
     kvs_layout_t lay;          /* the shape, validated: the pair of instance 0
                                   of each side */
-    sim_topology_t topo;       /* every instance (--prefill-tp 8,8,4 ...),
-                                  resolved; every pair checked */
-    sim_scenario_config_t cfg; /* after sim_scenario_defaults; trace_path
-                                  points into the parsed argv */
+    kvs_sim_config_t cfg;      /* the run for kvs_sim_run: zero fields take
+                                  the library's defaults; every instance
+                                  listed (--prefill-tp 8,8,4 ...) and every
+                                  pair checked; trace_path and the faults
+                                  point into the parsed argv */
+    const char *faults[KVS_SIM_MAX_FAULTS]; /* cfg.faults, each checked */
     int64_t nic_gbps;
     bool ring_flag_bytes;      /* the ring came from --ring-bytes */
     bool json;

@@ -26,6 +26,7 @@
 #ifndef KVSTAGE_SIM_H
 #define KVSTAGE_SIM_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -44,6 +45,8 @@ extern "C" {
 /* Statuses a report lists in failure[] (the rest: failures_unlisted). */
 #define KVS_SIM_MAX_FAILURE_KINDS 8
 #define KVS_SIM_FAILURE_DETAIL_BYTES 256
+/* kvs_sim_report_t.aux_error, NUL included. */
+#define KVS_SIM_AUX_ERROR_BYTES 192
 
 /* What simulated GPU memory holds (kvs_sim_config_t.data_mode). Both
  * modes run the same events, times and digest and check every KV slot of
@@ -319,6 +322,10 @@ typedef struct kvs_sim_report {
     double nic_util_max;         /* the busiest rank's */
     double goodput_fraction;     /* goodput_gbps / line_rate_gbps */
     kvs_sim_instance_metrics_t instance_metrics[2 * KVS_SIM_MAX_INSTANCES];
+    /* The first wrong aux payload in words: the rank, the request and both
+     * lengths; "" when none (after instance_metrics[]: callers with a
+     * shorter size_bytes get what came before). */
+    char aux_error[KVS_SIM_AUX_ERROR_BYTES];
 } kvs_sim_report_t;
 
 /* A zeroed config with version and size set. */
@@ -370,6 +377,67 @@ typedef struct kvs_sim_bound {
  * path, router, a hardware field free of bounds). Static storage. */
 KVS_API const kvs_sim_bound_t *kvs_sim_config_bound(const char *field);
 
+/*
+ * Checks cfg as far as its cluster, in kvs_sim_run's order: version, size,
+ * every field's bounds, the shape (the layout planner), and every prefill
+ * instance against every decode instance, since the router may pair any
+ * two. Not the path, the fault strings nor the ring: kvs_sim_config_check
+ * checks them. Returns KVS_OK, or the status kvs_sim_run would return with
+ * err (may be NULL) saying what to change. When a pair of instances cannot
+ * pair (the planner's status, e.g. KVS_EHEAD_SPLIT or KVS_EPP_SPLIT),
+ * *bad_prefill and *bad_decode (each may be NULL) are its instances'
+ * indexes, else -1: `kvstage sim` names the flag to change from them.
+ */
+KVS_API int kvs_sim_cluster_check(const kvs_sim_config_t *cfg, int32_t *bad_prefill,
+                                  int32_t *bad_decode, kvs_error_t *err);
+
+/*
+ * Checks one fault string, in the syntax of kvs_sim_config_t.faults and
+ * `kvstage sim --fault`, against the cluster of cfg (cfg's own faults are
+ * not read), as kvs_sim_run reads it. Returns KVS_OK; KVS_EINVAL with one
+ * line in why (why_bytes; may be NULL/0) that starts with the quoted spec
+ * and says what to change, listing the accepted forms (give it 512 bytes:
+ * the line can be longer than KVS_ERROR_MSG_BYTES); or, when cfg itself is
+ * refused, kvs_sim_cluster_check's status with its message in why.
+ */
+KVS_API int kvs_sim_fault_check(const kvs_sim_config_t *cfg, const char *spec, char *why,
+                                size_t why_bytes);
+
+/* ---- The workload, for programs outside the simulator ---------------------
+ * What a run on real devices (`kvstage serve`) shares with the simulator
+ * so that it moves and checks the same bytes: the prompt lengths a seed
+ * gives, and the content of every KV head vector, a function of where the
+ * vector sits alone, so a receiver checks each byte without a copy of what
+ * was sent. Pure: no allocation, no state. */
+
+/* Where a KV head vector sits in a model's KV cache. */
+typedef struct kvs_sim_kv_coord {
+    uint64_t request;           /* the request's index in its run */
+    int64_t layer;              /* global layer: its stage's first + local */
+    int32_t kv;                 /* 0 = K, 1 = V */
+    int64_t head;               /* global KV head */
+    int64_t token;              /* position in the request */
+} kvs_sim_kv_coord_t;
+
+/* Writes the len_bytes bytes of the vector at `at` to dst. */
+KVS_API void kvs_sim_kv_fill(void *dst, size_t len_bytes, const kvs_sim_kv_coord_t *at);
+
+/* The number of the len_bytes bytes at src that differ from the vector at
+ * `at`: 0 when the vector arrived whole and in its place. */
+KVS_API uint64_t kvs_sim_kv_check(const void *src, size_t len_bytes,
+                                  const kvs_sim_kv_coord_t *at);
+
+/*
+ * The prompt lengths of requests 0..n-1 of a run of root seed `seed`, in
+ * tokens, uniform in [min_tokens, max_tokens]: those kvs_sim_run draws for
+ * a config of that seed and those prompt bounds (and n requests or more).
+ * Writes out[0..n). Returns KVS_OK, or KVS_EINVAL with err (may be NULL)
+ * naming the argument: bounds outside 1 <= min_tokens <= max_tokens <=
+ * kvs_sim_config_bound("prompt_max_tokens")->max, or out NULL with n > 0.
+ */
+KVS_API int kvs_sim_prompt_tokens(uint64_t seed, int64_t min_tokens, int64_t max_tokens,
+                                  int64_t *out, size_t n, kvs_error_t *err);
+
 /* ---- Campaigns ------------------------------------------------------------
  * Many small random scenarios, each drawn as a kvs_sim_config_t from
  * (seed, run index) alone and judged by kvs_sim_run's verdict: the swarm
@@ -380,11 +448,13 @@ KVS_API const kvs_sim_bound_t *kvs_sim_config_bound(const char *field);
 /* Fault kinds a campaign knows (kvs_sim_campaign_fault_name). */
 #define KVS_SIM_CAMPAIGN_MAX_KINDS 16
 #define KVS_SIM_CAMPAIGN_WHY_BYTES 256
+/* Runs one campaign takes at most (kvs_sim_campaign_config_t.runs). */
+#define KVS_SIM_CAMPAIGN_MAX_RUNS 100000000
 
 typedef struct kvs_sim_campaign_config {
     uint32_t version;          /* KVS_SIM_CAMPAIGN_CONFIG_VERSION */
     uint32_t size_bytes;       /* sizeof(kvs_sim_campaign_config_t) */
-    uint64_t runs;             /* 1..100000000 */
+    uint64_t runs;             /* 1..KVS_SIM_CAMPAIGN_MAX_RUNS */
     uint64_t seed;             /* run i is drawn from (seed, i) alone */
     /* Fault kinds to draw: NULL for every kind, never two that the
      * campaign keeps apart (mixes no implementation could pass); else

@@ -103,7 +103,8 @@ def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
     latency_p50_us, digest, ...); ok, the run's verdict (True when it broke
     no invariant: the library's, the same as `kvstage sim`'s exit status);
     failures, why requests failed: {status name: {"count": n,
-    "first_detail": "..."}} as `kvstage sim --json`; path, the
+    "first_detail": "..."}} as `kvstage sim --json`; aux_error, the first
+    wrong aux payload in words ("" when none); path, the
     name of the path the handlers ran, and instances: one dict per instance
     (prefill ones first) with id, role, tp, pp, requests_ok,
     requests_failed, bytes, ring_peak_bytes and metrics (ttft_p50_us,
@@ -191,5 +192,6 @@ def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
         for i, m in zip(report.instance[:report.instances],
                         report.instance_metrics[:report.instances])]
     out["init_error"] = report.init_error.decode(errors="replace")
+    out["aux_error"] = report.aux_error.decode(errors="replace")
     out["path"] = _convert.path_name(report.path)
     return out

@@ -15,6 +15,7 @@ SIM_MAX_FAULTS = 16  # KVS_SIM_MAX_FAULTS
 SIM_MAX_INSTANCES = 16  # KVS_SIM_MAX_INSTANCES
 SIM_MAX_FAILURE_KINDS = 8  # KVS_SIM_MAX_FAILURE_KINDS
 SIM_FAILURE_DETAIL_BYTES = 256  # KVS_SIM_FAILURE_DETAIL_BYTES
+SIM_AUX_ERROR_BYTES = 192  # KVS_SIM_AUX_ERROR_BYTES
 SIM_ROUTERS = {"round-robin": 0, "least-loaded": 1}  # kvs_sim_router_t
 
 i64 = c.c_int64
@@ -154,7 +155,8 @@ class SimReport(c.Structure):
                 ("transfer_p99_us", c.c_double), ("ring_p99_bytes", u64),
                 ("nic_util_mean", c.c_double), ("nic_util_max", c.c_double),
                 ("goodput_fraction", c.c_double),
-                ("instance_metrics", SimInstanceMetrics * (2 * SIM_MAX_INSTANCES))]
+                ("instance_metrics", SimInstanceMetrics * (2 * SIM_MAX_INSTANCES)),
+                ("aux_error", c.c_char * SIM_AUX_ERROR_BYTES)]
 
 
 LOG_FN = c.CFUNCTYPE(None, c.c_void_p, c.c_int, c.c_char_p)  # kvs_log_fn
