@@ -3,11 +3,14 @@
  * (nodes in one growable array, linked by index, 0 = none).
  *
  * Every change is a range rewrite: the runs touching [lo, hi) and its two
- * neighbours are split out of the tree (two splits), swept together with
- * the new pieces into a sorted, merged list, and that list is built back
- * into a subtree in linear time and joined (two merges). A copy of many
- * rows therefore costs one rewrite of the destination's hull plus a linear
- * walk of the source's runs in its hull, never a tree operation per row.
+ * neighbours are collected (one walk), swept together with the new pieces
+ * into a sorted, merged list, and that list replaces them. Usually it is as
+ * long as what it replaces, or one run longer or shorter: the nodes are
+ * reused in place and the difference inserted or removed. Otherwise the
+ * range is split out of the tree and the list built back into a subtree in
+ * linear time and joined. A copy of many rows therefore costs one rewrite
+ * of the destination's hull plus a linear walk of the source's runs in its
+ * hull, never a tree operation per row.
  *
  * Invariants: those of prov.h; the tree is a binary search tree on addr
  * and a max-heap on prio; count == nodes reachable from root; free nodes
@@ -44,6 +47,8 @@ struct sim_prov_map {
     sim_prov_list_t src, pieces, old, out;
     uint32_t *stack;        /* subtree build */
     size_t stack_cap;
+    uint32_t *ids;          /* rewrite: the nodes of m->old */
+    size_t ids_n, ids_cap;
     size_t *idx;            /* copy_parts: [2 * idx_cap] cursors */
     size_t idx_cap;
     bool batching;          /* between sim_prov_batch_begin and _end */
@@ -266,32 +271,36 @@ static uint32_t sim_prov_merge(sim_prov_map_t *m, uint32_t l, uint32_t r)
     return r;
 }
 
-/* Appends the runs of subtree t, in order, to l and frees its nodes. */
-static int sim_prov_drain(sim_prov_map_t *m, uint32_t t, sim_prov_list_t *l)
+/* Appends node t's index to m->ids. */
+static int sim_prov_ids_push(sim_prov_map_t *m, uint32_t t)
 {
-    if (t == 0)
-        return KVS_OK;
-    const uint32_t left = m->nodes[t].left, right = m->nodes[t].right;
-    int rc = sim_prov_drain(m, left, l);
-    if (rc == KVS_OK)
-        rc = sim_prov_list_push(l, &m->nodes[t].run);
-    sim_prov_node_free(m, t);
-    if (rc == KVS_OK)
-        rc = sim_prov_drain(m, right, l);
-    return rc;
+    if (m->ids_n == m->ids_cap) {
+        const size_t cap = m->ids_cap == 0 ? 64 : m->ids_cap * 2;
+        uint32_t *v = realloc(m->ids, cap * sizeof *v);
+        if (v == NULL)
+            return KVS_ENOMEM;
+        m->ids = v;
+        m->ids_cap = cap;
+    }
+    m->ids[m->ids_n++] = t;
+    return KVS_OK;
 }
 
-/* Appends the runs of subtree t overlapping [lo, hi), in order. */
-static int sim_prov_collect(const sim_prov_map_t *m, uint32_t t, uint64_t lo, uint64_t hi,
-                            sim_prov_list_t *l)
+/* Appends the runs of subtree t overlapping [lo, hi), in order, to l, and
+ * when ids their nodes' indices to m->ids. */
+static int sim_prov_collect(sim_prov_map_t *m, uint32_t t, uint64_t lo, uint64_t hi,
+                            sim_prov_list_t *l, bool ids)
 {
     while (t != 0) {
         const sim_prov_node_t *n = &m->nodes[t];
         int rc = KVS_OK;
         if (lo < n->run.addr)
-            rc = sim_prov_collect(m, n->left, lo, hi, l);
-        if (rc == KVS_OK && n->run.addr < hi && sim_prov_end(&n->run) > lo)
+            rc = sim_prov_collect(m, n->left, lo, hi, l, ids);
+        if (rc == KVS_OK && n->run.addr < hi && sim_prov_end(&n->run) > lo) {
             rc = sim_prov_list_push(l, &n->run);
+            if (rc == KVS_OK && ids)
+                rc = sim_prov_ids_push(m, t);
+        }
         if (rc != KVS_OK)
             return rc;
         if (sim_prov_end(&n->run) >= hi)
@@ -351,29 +360,50 @@ static int sim_prov_build(sim_prov_map_t *m, const sim_prov_list_t *l, uint32_t 
     return KVS_OK;
 }
 
-/* Replaces what [lo, hi) holds by pieces (sorted, disjoint, inside it;
- * holes erase, bytes between pieces keep their runs). */
-static int sim_prov_rewrite(sim_prov_map_t *m, uint64_t lo, uint64_t hi,
-                            const sim_prov_list_t *pieces)
+/* Puts node x (fresh, children unset) into the tree by its address. */
+static void sim_prov_insert(sim_prov_map_t *m, uint32_t x)
 {
-    if (lo >= hi)
-        return KVS_OK;
-    /* Take the neighbours too, so the new runs merge with them. */
-    uint32_t t = lo > 0 ? sim_prov_find(m, lo - 1) : 0;
-    const uint64_t lo2 = t != 0 ? m->nodes[t].run.addr : lo;
-    t = sim_prov_find(m, hi);
-    const uint64_t hi2 = t != 0 ? sim_prov_end(&m->nodes[t].run) : hi;
-    uint32_t a, b, mid, c;
-    sim_prov_split(m, m->root, lo2, &a, &b);
-    sim_prov_split(m, b, hi2, &mid, &c);
-    m->old.n = 0;
-    m->out.n = 0;
-    int rc = sim_prov_drain(m, mid, &m->old);
+    const uint64_t key = m->nodes[x].run.addr;
+    const uint32_t prio = m->nodes[x].prio;
+    uint32_t *link = &m->root;
+    while (*link != 0 && m->nodes[*link].prio >= prio)
+        link = key < m->nodes[*link].run.addr ? &m->nodes[*link].left : &m->nodes[*link].right;
+    sim_prov_split(m, *link, key, &m->nodes[x].left, &m->nodes[x].right);
+    *link = x;
+}
 
+/* Takes node x out of the tree and frees it. */
+static void sim_prov_remove(sim_prov_map_t *m, uint32_t x)
+{
+    const uint64_t key = m->nodes[x].run.addr;
+    uint32_t *link = &m->root;
+    while (*link != x)
+        link = key < m->nodes[*link].run.addr ? &m->nodes[*link].left : &m->nodes[*link].right;
+    *link = sim_prov_merge(m, m->nodes[x].left, m->nodes[x].right);
+    sim_prov_node_free(m, x);
+}
+
+/* Frees every node of subtree t. */
+static void sim_prov_free_tree(sim_prov_map_t *m, uint32_t t)
+{
+    while (t != 0) {
+        const uint32_t right = m->nodes[t].right;
+        sim_prov_free_tree(m, m->nodes[t].left);
+        sim_prov_node_free(m, t);
+        t = right;
+    }
+}
+
+/* m->out from the old runs m->old (sorted) overlaid by pieces (sorted,
+ * disjoint; holes erase, bytes between pieces keep their runs). */
+static int sim_prov_sweep(sim_prov_map_t *m, const sim_prov_list_t *pieces)
+{
     const sim_prov_run_t *nw = pieces->v;
     const size_t nn = pieces->n;
     size_t j = 0;
     uint64_t covered = 0; /* end of the new pieces emitted so far */
+    int rc = KVS_OK;
+    m->out.n = 0;
     for (size_t i = 0; i < m->old.n && rc == KVS_OK; i++) {
         const sim_prov_run_t *o = &m->old.v[i];
         uint64_t pos = o->addr > covered ? o->addr : covered;
@@ -397,12 +427,58 @@ static int sim_prov_rewrite(sim_prov_map_t *m, uint64_t lo, uint64_t hi,
     }
     for (; j < nn && rc == KVS_OK; j++)
         rc = sim_prov_emit(&m->out, &nw[j], true);
-    uint32_t built = 0;
-    if (rc == KVS_OK)
-        rc = sim_prov_build(m, &m->out, &built);
-    /* On failure the range loses what it held (holes): still a valid map. */
-    m->root = sim_prov_merge(m, sim_prov_merge(m, a, built), c);
     return rc;
+}
+
+/* Node count changes a rewrite makes in place, by single inserts or
+ * removals; a larger change rebuilds the range's subtree. */
+#define SIM_PROV_INPLACE_MAX 4
+
+/* Replaces what [lo, hi) holds by pieces (sorted, disjoint, inside it;
+ * holes erase, bytes between pieces keep their runs). The runs touching
+ * [lo, hi) and its two neighbours (so the new runs merge with them) are
+ * swept with the pieces into m->out. Most rewrites leave as many runs as
+ * they found, or one more or less: those reuse the nodes where they are
+ * (the runs stay in address order, so the tree stays a search tree) and
+ * insert or remove the difference, without splitting the tree. */
+static int sim_prov_rewrite(sim_prov_map_t *m, uint64_t lo, uint64_t hi,
+                            const sim_prov_list_t *pieces)
+{
+    if (lo >= hi)
+        return KVS_OK;
+    m->old.n = 0;
+    m->ids_n = 0;
+    int rc = sim_prov_collect(m, m->root, lo > 0 ? lo - 1 : 0, hi + 1, &m->old, true);
+    if (rc == KVS_OK)
+        rc = sim_prov_sweep(m, pieces);
+    if (rc != KVS_OK)
+        return rc; /* nothing changed */
+    const size_t k = m->ids_n, n = m->out.n;
+    if (n + SIM_PROV_INPLACE_MAX < k || k + SIM_PROV_INPLACE_MAX < n) {
+        const uint64_t lo2 = k > 0 && m->old.v[0].addr < lo ? m->old.v[0].addr : lo;
+        const uint64_t e = k > 0 ? sim_prov_end(&m->old.v[k - 1]) : hi;
+        uint32_t a, b, mid, c, built = 0;
+        sim_prov_split(m, m->root, lo2, &a, &b);
+        sim_prov_split(m, b, e > hi ? e : hi, &mid, &c);
+        sim_prov_free_tree(m, mid);
+        rc = sim_prov_build(m, &m->out, &built);
+        /* On failure the range loses what it held (holes): still a map. */
+        m->root = sim_prov_merge(m, sim_prov_merge(m, a, built), c);
+        return rc;
+    }
+    /* Removals first, while every node still holds its old run. */
+    for (size_t i = n; i < k; i++)
+        sim_prov_remove(m, m->ids[i]);
+    for (size_t i = 0; i < n && i < k; i++)
+        m->nodes[m->ids[i]].run = m->out.v[i];
+    for (size_t i = k; i < n; i++) {
+        uint32_t x;
+        rc = sim_prov_node_new(m, &m->out.v[i], &x);
+        if (rc != KVS_OK)
+            return rc; /* the runs not inserted become holes */
+        sim_prov_insert(m, x);
+    }
+    return KVS_OK;
 }
 
 /* ---- the API ---------------------------------------------------------------- */
@@ -428,6 +504,7 @@ void sim_prov_map_destroy(sim_prov_map_t *m)
     free(m->out.v);
     free(m->stack);
     free(m->idx);
+    free(m->ids);
     free(m);
 }
 
@@ -542,7 +619,8 @@ static int sim_prov_parts_pieces(sim_prov_map_t *dst, uint64_t d0, uint64_t ds,
         cur[j] = dst->src.n;
         if (p->row_bytes > 0)
             rc = sim_prov_collect(src, src->root, p->s0,
-                                  p->s0 + (rows - 1) * p->ss + p->row_bytes, &dst->src);
+                                  p->s0 + (rows - 1) * p->ss + p->row_bytes, &dst->src,
+                                  false);
         end[j] = dst->src.n;
     }
     const sim_prov_run_t *v = dst->src.v;
@@ -735,7 +813,7 @@ uint64_t sim_prov_diff(sim_prov_map_t *m, const sim_prov_run_t *want)
     sim_prov_canon(&w);
     const uint64_t lo = w.addr, hi = sim_prov_end(&w);
     m->src.n = 0;
-    if (sim_prov_collect(m, m->root, lo, hi, &m->src) != KVS_OK)
+    if (sim_prov_collect(m, m->root, lo, hi, &m->src, false) != KVS_OK)
         return w.len_bytes; /* cannot tell: count it all as wrong */
     uint64_t bad = 0, pos = lo;
     for (size_t i = 0; i < m->src.n; i++) {
