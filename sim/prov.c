@@ -1,17 +1,22 @@
 /*
- * prov.c - the provenance maps of prov.h: a treap of runs keyed by address
- * (nodes in one growable array, linked by index, 0 = none).
+ * prov.c - the provenance maps of prov.h: the runs in address order, in a
+ * two-level array: leaves of up to SIM_PROV_LEAF_MAX runs, and an array of
+ * the leaves with each leaf's first address, searched by bisection. A map
+ * of a few thousand runs is a few dozen leaves, so finding an address
+ * touches a few cache lines of the top array and one leaf, and changing a
+ * few runs moves at most one leaf's tail.
  *
  * Every change is a range rewrite: the runs touching [lo, hi) and its two
- * neighbours are split out of the tree (two splits), swept together with
- * the new pieces into a sorted, merged list, and that list is built back
- * into a subtree in linear time and joined (two merges). A copy of many
- * rows therefore costs one rewrite of the destination's hull plus a linear
- * walk of the source's runs in its hull, never a tree operation per row.
+ * neighbours are collected (one search, then a walk), swept together with
+ * the new pieces into a sorted, merged list, and that list replaces them:
+ * inside their leaf when it fits, else the leaves they span are laid out
+ * again. A copy of many rows therefore costs one rewrite of the
+ * destination's hull plus a linear walk of the source's runs in its hull,
+ * never a search per row.
  *
- * Invariants: those of prov.h; the tree is a binary search tree on addr
- * and a max-heap on prio; count == nodes reachable from root; free nodes
- * are chained through `left`.
+ * Invariants: those of prov.h; no leaf is empty; the runs of leaf i come
+ * before those of leaf i + 1; first[i] is leaf i's first address; count
+ * is the runs in all leaves.
  */
 #include "prov.h"
 
@@ -22,11 +27,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct sim_prov_node {
-    sim_prov_run_t run;
-    uint32_t left, right;
-    uint32_t prio;
-} sim_prov_node_t;
+/* A leaf laid out again is filled to 3/4 of SIM_PROV_LEAF_MAX. */
+#define SIM_PROV_LEAF_FILL (SIM_PROV_LEAF_MAX * 3 / 4)
+
+typedef struct sim_prov_leaf {
+    uint32_t n;
+    sim_prov_run_t run[SIM_PROV_LEAF_MAX];
+} sim_prov_leaf_t;
 
 /* A growable array of runs (the map's scratch lists). */
 typedef struct sim_prov_list {
@@ -35,15 +42,13 @@ typedef struct sim_prov_list {
 } sim_prov_list_t;
 
 struct sim_prov_map {
-    sim_prov_node_t *nodes; /* [0] unused: index 0 is "none" */
-    uint32_t cap, used;     /* slots allocated, slots ever handed out */
-    uint32_t free_head;
-    uint32_t root;
+    sim_prov_leaf_t **leaf; /* [nleaves], in address order */
+    uint64_t *first;        /* [nleaves]: leaf[i]->run[0].addr */
+    size_t nleaves, leaves_cap;
     uint64_t count, peak;
-    uint64_t rng;
     sim_prov_list_t src, pieces, old, out;
-    uint32_t *stack;        /* subtree build */
-    size_t stack_cap;
+    sim_prov_leaf_t **spare; /* rewrite: leaves taken out or about to go in */
+    size_t nspare, spare_cap;
     size_t *idx;            /* copy_parts: [2 * idx_cap] cursors */
     size_t idx_cap;
     bool batching;          /* between sim_prov_batch_begin and _end */
@@ -191,189 +196,206 @@ static int sim_prov_emit(sim_prov_list_t *l, const sim_prov_run_t *r, bool drop_
     return sim_prov_list_push(l, r);
 }
 
-/* ---- the tree --------------------------------------------------------------- */
+/* ---- the leaves -------------------------------------------------------------- */
 
-static uint32_t sim_prov_prio(sim_prov_map_t *m)
+/* A position: run i of leaf l (l == nleaves: the end). */
+typedef struct sim_prov_pos {
+    size_t l, i;
+} sim_prov_pos_t;
+
+/* The first run whose end is past x (the run holding x, or the next). */
+static sim_prov_pos_t sim_prov_seek(const sim_prov_map_t *m, uint64_t x)
 {
-    uint64_t x = m->rng;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    m->rng = x;
-    return (uint32_t)(x >> 32);
+    /* The last leaf starting at or before x (leaf 0 when none does). */
+    size_t lo = 0, hi = m->nleaves;
+    while (hi - lo > 1) {
+        const size_t mid = lo + (hi - lo) / 2;
+        if (m->first[mid] <= x)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    if (m->nleaves == 0)
+        return (sim_prov_pos_t){0, 0};
+    const sim_prov_leaf_t *f = m->leaf[lo];
+    /* The first run of the leaf starting after x, then one back. */
+    size_t a = 0, b = f->n;
+    while (a < b) {
+        const size_t mid = a + (b - a) / 2;
+        if (f->run[mid].addr <= x)
+            a = mid + 1;
+        else
+            b = mid;
+    }
+    if (a > 0 && sim_prov_end(&f->run[a - 1]) > x)
+        a--;
+    if (a == f->n)
+        return (sim_prov_pos_t){lo + 1, 0};
+    return (sim_prov_pos_t){lo, a};
 }
 
-static int sim_prov_node_new(sim_prov_map_t *m, const sim_prov_run_t *r, uint32_t *out)
+/* Appends the runs overlapping [lo, hi), in order, to l; *at is where the
+ * first of them is (or where one would go) when at. */
+static int sim_prov_collect(const sim_prov_map_t *m, uint64_t lo, uint64_t hi,
+                            sim_prov_list_t *l, sim_prov_pos_t *at)
 {
-    uint32_t i = m->free_head;
-    if (i != 0) {
-        m->free_head = m->nodes[i].left;
-    } else {
-        if (m->used + 1 >= m->cap) {
-            if (m->cap >= UINT32_MAX / 2)
-                return KVS_ENOMEM;
-            const uint32_t cap = m->cap == 0 ? 256 : m->cap * 2;
-            sim_prov_node_t *n = realloc(m->nodes, (size_t)cap * sizeof *n);
-            if (n == NULL)
-                return KVS_ENOMEM;
-            m->nodes = n;
-            m->cap = cap;
+    sim_prov_pos_t p = sim_prov_seek(m, lo);
+    if (at != NULL)
+        *at = p;
+    for (; p.l < m->nleaves; p.l++, p.i = 0) {
+        const sim_prov_leaf_t *f = m->leaf[p.l];
+        for (; p.i < f->n; p.i++) {
+            if (f->run[p.i].addr >= hi)
+                return KVS_OK;
+            const int rc = sim_prov_list_push(l, &f->run[p.i]);
+            if (rc != KVS_OK)
+                return rc;
         }
-        i = ++m->used;
     }
-    m->nodes[i] = (sim_prov_node_t){.run = *r, .prio = sim_prov_prio(m)};
-    m->count++;
+    return KVS_OK;
+}
+
+/* Room for `more` leaves in the top array, and in the spare list. */
+static int sim_prov_reserve(sim_prov_map_t *m, size_t more)
+{
+    if (m->nleaves + more > m->leaves_cap) {
+        size_t cap = m->leaves_cap == 0 ? 16 : m->leaves_cap;
+        while (cap < m->nleaves + more)
+            cap *= 2;
+        sim_prov_leaf_t **leaf = realloc(m->leaf, cap * sizeof *leaf);
+        if (leaf == NULL)
+            return KVS_ENOMEM;
+        m->leaf = leaf;
+        uint64_t *first = realloc(m->first, cap * sizeof *first);
+        if (first == NULL)
+            return KVS_ENOMEM;
+        m->first = first;
+        m->leaves_cap = cap;
+    }
+    if (m->nspare + more > m->spare_cap) {
+        size_t cap = m->spare_cap == 0 ? 16 : m->spare_cap;
+        while (cap < m->nspare + more)
+            cap *= 2;
+        sim_prov_leaf_t **spare = realloc(m->spare, cap * sizeof *spare);
+        if (spare == NULL)
+            return KVS_ENOMEM;
+        m->spare = spare;
+        m->spare_cap = cap;
+    }
+    return KVS_OK;
+}
+
+static void sim_prov_count(sim_prov_map_t *m, size_t removed, size_t added)
+{
+    m->count = m->count - removed + added;
     if (m->count > m->peak)
         m->peak = m->count;
-    *out = i;
-    return KVS_OK;
 }
 
-static void sim_prov_node_free(sim_prov_map_t *m, uint32_t i)
+/* Replaces the k runs from position p by m->out, laying out again the
+ * leaves they span (with the runs before and after them in those leaves)
+ * when they do not fit in place. On failure the map is unchanged. */
+static int sim_prov_splice(sim_prov_map_t *m, sim_prov_pos_t p, size_t k)
 {
-    m->nodes[i].left = m->free_head;
-    m->free_head = i;
-    m->count--;
-}
-
-/* Splits t into runs with addr < key (*l) and the rest (*r). */
-static void sim_prov_split(sim_prov_map_t *m, uint32_t t, uint64_t key, uint32_t *l, uint32_t *r)
-{
-    if (t == 0) {
-        *l = *r = 0;
-        return;
-    }
-    sim_prov_node_t *n = &m->nodes[t];
-    if (n->run.addr < key) {
-        sim_prov_split(m, n->right, key, &m->nodes[t].right, r);
-        *l = t;
-    } else {
-        sim_prov_split(m, n->left, key, l, &m->nodes[t].left);
-        *r = t;
-    }
-}
-
-/* Joins l and r, every run of l before every run of r. */
-static uint32_t sim_prov_merge(sim_prov_map_t *m, uint32_t l, uint32_t r)
-{
-    if (l == 0 || r == 0)
-        return l != 0 ? l : r;
-    if (m->nodes[l].prio > m->nodes[r].prio) {
-        m->nodes[l].right = sim_prov_merge(m, m->nodes[l].right, r);
-        return l;
-    }
-    m->nodes[r].left = sim_prov_merge(m, l, m->nodes[r].left);
-    return r;
-}
-
-/* Appends the runs of subtree t, in order, to l and frees its nodes. */
-static int sim_prov_drain(sim_prov_map_t *m, uint32_t t, sim_prov_list_t *l)
-{
-    if (t == 0)
+    const size_t n = m->out.n;
+    if (m->nleaves == 0 && n == 0)
         return KVS_OK;
-    const uint32_t left = m->nodes[t].left, right = m->nodes[t].right;
-    int rc = sim_prov_drain(m, left, l);
-    if (rc == KVS_OK)
-        rc = sim_prov_list_push(l, &m->nodes[t].run);
-    sim_prov_node_free(m, t);
-    if (rc == KVS_OK)
-        rc = sim_prov_drain(m, right, l);
-    return rc;
-}
-
-/* Appends the runs of subtree t overlapping [lo, hi), in order. */
-static int sim_prov_collect(const sim_prov_map_t *m, uint32_t t, uint64_t lo, uint64_t hi,
-                            sim_prov_list_t *l)
-{
-    while (t != 0) {
-        const sim_prov_node_t *n = &m->nodes[t];
-        int rc = KVS_OK;
-        if (lo < n->run.addr)
-            rc = sim_prov_collect(m, n->left, lo, hi, l);
-        if (rc == KVS_OK && n->run.addr < hi && sim_prov_end(&n->run) > lo)
-            rc = sim_prov_list_push(l, &n->run);
-        if (rc != KVS_OK)
-            return rc;
-        if (sim_prov_end(&n->run) >= hi)
-            return KVS_OK;
-        t = n->right;
+    /* Insertions at the end of the map go into the last leaf. */
+    if (p.l == m->nleaves && m->nleaves > 0) {
+        p.l--;
+        p.i = m->leaf[p.l]->n;
     }
-    return KVS_OK;
-}
-
-static uint32_t sim_prov_find(const sim_prov_map_t *m, uint64_t x)
-{
-    uint32_t t = m->root;
-    while (t != 0) {
-        const sim_prov_run_t *r = &m->nodes[t].run;
-        if (x < r->addr)
-            t = m->nodes[t].left;
-        else if (x >= sim_prov_end(r))
-            t = m->nodes[t].right;
-        else
-            return t;
+    sim_prov_leaf_t *f = m->nleaves > 0 ? m->leaf[p.l] : NULL;
+    if (f != NULL && p.i + k <= f->n && f->n - k + n <= SIM_PROV_LEAF_MAX &&
+        (n > 0 || k < f->n)) {
+        /* In place: the runs are all in leaf p.l, and it has room. */
+        memmove(&f->run[p.i + n], &f->run[p.i + k], (f->n - p.i - k) * sizeof f->run[0]);
+        memcpy(&f->run[p.i], m->out.v, n * sizeof f->run[0]);
+        f->n = (uint32_t)(f->n - k + n);
+        m->first[p.l] = f->run[0].addr;
+        sim_prov_count(m, k, n);
+        return KVS_OK;
     }
-    return 0;
-}
-
-/* A treap of the sorted runs l (a Cartesian tree on fresh priorities, built
- * with a stack in linear time). */
-static int sim_prov_build(sim_prov_map_t *m, const sim_prov_list_t *l, uint32_t *out)
-{
-    *out = 0;
-    if (l->n > m->stack_cap) {
-        uint32_t *s = realloc(m->stack, l->n * sizeof *s);
-        if (s == NULL)
-            return KVS_ENOMEM;
-        m->stack = s;
-        m->stack_cap = l->n;
-    }
-    size_t top = 0;
-    for (size_t i = 0; i < l->n; i++) {
-        uint32_t x;
-        int rc = sim_prov_node_new(m, &l->v[i], &x);
-        if (rc != KVS_OK) {
-            /* Keep what was built so far: the caller's map stays a tree. */
-            for (size_t j = 1; j < top; j++)
-                m->nodes[m->stack[j - 1]].right = m->stack[j];
-            *out = top > 0 ? m->stack[0] : 0;
-            return rc;
+    /* The leaves [l0, l1) the k runs span, and the runs kept around them. */
+    const size_t l0 = p.l;
+    size_t l1 = l0, left = k, head = p.i, tail = 0;
+    while (l1 < m->nleaves) {
+        const size_t in = m->leaf[l1]->n - (l1 == l0 ? head : 0);
+        if (left <= in) {
+            tail = in - left;
+            l1++;
+            break;
         }
-        uint32_t last = 0;
-        while (top > 0 && m->nodes[m->stack[top - 1]].prio < m->nodes[x].prio)
-            last = m->stack[--top];
-        m->nodes[x].left = last;
-        if (top > 0)
-            m->nodes[m->stack[top - 1]].right = x;
-        m->stack[top++] = x;
+        left -= in;
+        l1++;
     }
-    *out = top > 0 ? m->stack[0] : 0;
+    const size_t total = head + n + tail;
+    const size_t want = total == 0 ? 0
+                        : total <= SIM_PROV_LEAF_MAX
+                            ? 1
+                            : (total + SIM_PROV_LEAF_FILL - 1) / SIM_PROV_LEAF_FILL;
+    const size_t had = l1 - l0;
+    int rc = sim_prov_reserve(m, want > had ? want - had : 0);
+    /* The old leaves' runs, in order, into m->old (it held them already
+     * for the rewrite, but without the head and tail). */
+    m->old.n = 0;
+    for (size_t l = l0, x = 0; l < l1 && rc == KVS_OK; l++) {
+        const sim_prov_leaf_t *g = m->leaf[l];
+        for (size_t i = 0; i < g->n && rc == KVS_OK; i++, x++)
+            if (x < head || x >= head + k)
+                rc = sim_prov_list_push(&m->old, &g->run[i]);
+    }
+    m->nspare = 0;
+    for (size_t i = had; i < want && rc == KVS_OK; i++) {
+        sim_prov_leaf_t *g = malloc(sizeof *g);
+        if (g == NULL)
+            rc = KVS_ENOMEM;
+        else
+            m->spare[m->nspare++] = g;
+    }
+    if (rc != KVS_OK) {
+        while (m->nspare > 0)
+            free(m->spare[--m->nspare]);
+        return rc;
+    }
+    /* Leaves going away are freed; the top array closes or opens. */
+    for (size_t l = l0 + want; l < l1; l++)
+        free(m->leaf[l]);
+    if (want != had) {
+        memmove(&m->leaf[l0 + want], &m->leaf[l1], (m->nleaves - l1) * sizeof m->leaf[0]);
+        memmove(&m->first[l0 + want], &m->first[l1], (m->nleaves - l1) * sizeof m->first[0]);
+        for (size_t i = had; i < want; i++)
+            m->leaf[l0 + i] = m->spare[i - had];
+        m->nleaves = m->nleaves - had + want;
+    }
+    /* Lay the runs out: head (m->old[0, head)), new (m->out), tail. */
+    size_t from = 0;
+    for (size_t l = 0; l < want; l++) {
+        sim_prov_leaf_t *g = m->leaf[l0 + l];
+        const size_t take = total / want + (l < total % want);
+        for (size_t i = 0; i < take; i++, from++) {
+            const sim_prov_run_t *r = from < head       ? &m->old.v[from]
+                                      : from < head + n ? &m->out.v[from - head]
+                                                        : &m->old.v[from - n];
+            g->run[i] = *r;
+        }
+        g->n = (uint32_t)take;
+        m->first[l0 + l] = g->run[0].addr;
+    }
+    sim_prov_count(m, k, n);
     return KVS_OK;
 }
 
-/* Replaces what [lo, hi) holds by pieces (sorted, disjoint, inside it;
- * holes erase, bytes between pieces keep their runs). */
-static int sim_prov_rewrite(sim_prov_map_t *m, uint64_t lo, uint64_t hi,
-                            const sim_prov_list_t *pieces)
+/* m->out from the old runs m->old (sorted) overlaid by pieces (sorted,
+ * disjoint; holes erase, bytes between pieces keep their runs). */
+static int sim_prov_sweep(sim_prov_map_t *m, const sim_prov_list_t *pieces)
 {
-    if (lo >= hi)
-        return KVS_OK;
-    /* Take the neighbours too, so the new runs merge with them. */
-    uint32_t t = lo > 0 ? sim_prov_find(m, lo - 1) : 0;
-    const uint64_t lo2 = t != 0 ? m->nodes[t].run.addr : lo;
-    t = sim_prov_find(m, hi);
-    const uint64_t hi2 = t != 0 ? sim_prov_end(&m->nodes[t].run) : hi;
-    uint32_t a, b, mid, c;
-    sim_prov_split(m, m->root, lo2, &a, &b);
-    sim_prov_split(m, b, hi2, &mid, &c);
-    m->old.n = 0;
-    m->out.n = 0;
-    int rc = sim_prov_drain(m, mid, &m->old);
-
     const sim_prov_run_t *nw = pieces->v;
     const size_t nn = pieces->n;
     size_t j = 0;
     uint64_t covered = 0; /* end of the new pieces emitted so far */
+    int rc = KVS_OK;
+    m->out.n = 0;
     for (size_t i = 0; i < m->old.n && rc == KVS_OK; i++) {
         const sim_prov_run_t *o = &m->old.v[i];
         uint64_t pos = o->addr > covered ? o->addr : covered;
@@ -397,12 +419,24 @@ static int sim_prov_rewrite(sim_prov_map_t *m, uint64_t lo, uint64_t hi,
     }
     for (; j < nn && rc == KVS_OK; j++)
         rc = sim_prov_emit(&m->out, &nw[j], true);
-    uint32_t built = 0;
-    if (rc == KVS_OK)
-        rc = sim_prov_build(m, &m->out, &built);
-    /* On failure the range loses what it held (holes): still a valid map. */
-    m->root = sim_prov_merge(m, sim_prov_merge(m, a, built), c);
     return rc;
+}
+
+/* Replaces what [lo, hi) holds by pieces (sorted, disjoint, inside it;
+ * holes erase, bytes between pieces keep their runs). The runs touching
+ * [lo, hi) and its two neighbours (so the new runs merge with them) are
+ * swept with the pieces into m->out, which takes their place. */
+static int sim_prov_rewrite(sim_prov_map_t *m, uint64_t lo, uint64_t hi,
+                            const sim_prov_list_t *pieces)
+{
+    if (lo >= hi)
+        return KVS_OK;
+    m->old.n = 0;
+    sim_prov_pos_t at;
+    int rc = sim_prov_collect(m, lo > 0 ? lo - 1 : 0, hi + 1, &m->old, &at);
+    if (rc == KVS_OK)
+        rc = sim_prov_sweep(m, pieces);
+    return rc == KVS_OK ? sim_prov_splice(m, at, m->old.n) : rc; /* on failure: unchanged */
 }
 
 /* ---- the API ---------------------------------------------------------------- */
@@ -412,7 +446,6 @@ int sim_prov_map_create(sim_prov_map_t **out)
     sim_prov_map_t *m = calloc(1, sizeof *m);
     if (m == NULL)
         return KVS_ENOMEM;
-    m->rng = 0x9E3779B97F4A7C15ull;
     *out = m;
     return KVS_OK;
 }
@@ -421,12 +454,15 @@ void sim_prov_map_destroy(sim_prov_map_t *m)
 {
     if (m == NULL)
         return;
-    free(m->nodes);
+    for (size_t i = 0; i < m->nleaves; i++)
+        free(m->leaf[i]);
+    free(m->leaf);
+    free(m->first);
+    free(m->spare);
     free(m->src.v);
     free(m->pieces.v);
     free(m->old.v);
     free(m->out.v);
-    free(m->stack);
     free(m->idx);
     free(m);
 }
@@ -541,8 +577,8 @@ static int sim_prov_parts_pieces(sim_prov_map_t *dst, uint64_t d0, uint64_t ds,
         assert(rows == 1 || (p->ss >= p->row_bytes && p->dst_off + p->row_bytes <= ds));
         cur[j] = dst->src.n;
         if (p->row_bytes > 0)
-            rc = sim_prov_collect(src, src->root, p->s0,
-                                  p->s0 + (rows - 1) * p->ss + p->row_bytes, &dst->src);
+            rc = sim_prov_collect(src, p->s0,
+                                  p->s0 + (rows - 1) * p->ss + p->row_bytes, &dst->src, NULL);
         end[j] = dst->src.n;
     }
     const sim_prov_run_t *v = dst->src.v;
@@ -735,7 +771,7 @@ uint64_t sim_prov_diff(sim_prov_map_t *m, const sim_prov_run_t *want)
     sim_prov_canon(&w);
     const uint64_t lo = w.addr, hi = sim_prov_end(&w);
     m->src.n = 0;
-    if (sim_prov_collect(m, m->root, lo, hi, &m->src) != KVS_OK)
+    if (sim_prov_collect(m, lo, hi, &m->src, NULL) != KVS_OK)
         return w.len_bytes; /* cannot tell: count it all as wrong */
     uint64_t bad = 0, pos = lo;
     for (size_t i = 0; i < m->src.n; i++) {
@@ -753,11 +789,29 @@ uint64_t sim_prov_diff(sim_prov_map_t *m, const sim_prov_run_t *want)
 
 int sim_prov_lookup(const sim_prov_map_t *m, uint64_t addr, sim_prov_run_t *out)
 {
-    const uint32_t t = sim_prov_find(m, addr);
-    if (t == 0)
+    const sim_prov_pos_t p = sim_prov_seek(m, addr);
+    if (p.l == m->nleaves || m->leaf[p.l]->run[p.i].addr > addr)
         return 0;
-    *out = m->nodes[t].run;
+    *out = m->leaf[p.l]->run[p.i];
     return 1;
+}
+
+int sim_prov_valid(const sim_prov_map_t *m)
+{
+    uint64_t runs = 0, end = 0;
+    for (size_t l = 0; l < m->nleaves; l++) {
+        const sim_prov_leaf_t *f = m->leaf[l];
+        if (f->n == 0 || f->n > SIM_PROV_LEAF_MAX || m->first[l] != f->run[0].addr)
+            return 0;
+        for (size_t i = 0; i < f->n; i++) {
+            const sim_prov_run_t *r = &f->run[i];
+            if ((runs > 0 && r->addr < end) || r->len_bytes == 0 || r->key == SIM_PROV_HOLE)
+                return 0;
+            end = sim_prov_end(r);
+            runs++;
+        }
+    }
+    return runs == m->count && m->count <= m->peak;
 }
 
 uint64_t sim_prov_runs(const sim_prov_map_t *m) { return m->count; }

@@ -15,8 +15,7 @@
  *
  * What it does not: hold bytes, or know what an origin means; the caller
  * (the simulated GPU, the fabric, the scenario's fill and verification)
- * gives the rules. No global state, no randomness beyond a per-map
- * xorshift that shapes the tree only (never an answer).
+ * gives the rules. No global state, no randomness.
  *
  * Invariants: runs disjoint and sorted by address, none empty, none a hole;
  * a rows run has phase < row_bytes, stride != row_bytes, and spans at
@@ -42,6 +41,9 @@ typedef struct sim_prov_run {
 } sim_prov_run_t;
 
 typedef struct sim_prov_map sim_prov_map_t;
+
+/* Runs one leaf of a map holds (prov.c: the runs are kept in leaves). */
+#define SIM_PROV_LEAF_MAX 64
 
 int sim_prov_map_create(sim_prov_map_t **out);
 /* Frees the map; NULL is a no-op. */
@@ -97,6 +99,8 @@ uint64_t sim_prov_diff(sim_prov_map_t *m, const sim_prov_run_t *want);
 int sim_prov_lookup(const sim_prov_map_t *m, uint64_t addr, sim_prov_run_t *out);
 /* Runs in the map, and the most it ever held. */
 uint64_t sim_prov_runs(const sim_prov_map_t *m);
+/* 1 when the map's invariants hold (for tests). */
+int sim_prov_valid(const sim_prov_map_t *m);
 uint64_t sim_prov_runs_peak(const sim_prov_map_t *m);
 
 #endif

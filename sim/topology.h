@@ -13,7 +13,7 @@
 #include <kvstage/kvstage.h>
 
 /* Instances per side. */
-#define SIM_MAX_INSTANCES 16
+#define SIM_MAX_INSTANCES 32
 
 /* One model replica's parallelism. */
 typedef struct sim_instance_shape {

@@ -526,7 +526,7 @@ def test_bad_input(s):
         # Clusters: every prefill instance must pair with every decode one.
         ("empty instance", with_flag("--prefill-tp", "4,,2"), "--prefill-tp"),
         ("instance tp zero", with_flag("--decode-tp", "2,0"), "--decode-tp"),
-        ("too many instances", with_flag("--decode-tp", ",".join(["2"] * 17)),
+        ("too many instances", with_flag("--decode-tp", ",".join(["2"] * 33)),
          "--decode-tp"),
         ("pp list of another length", with_flag("--prefill-tp", "4,4,2",
                                                 "--prefill-pp", "1,2"), "--prefill-pp"),

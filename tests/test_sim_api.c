@@ -275,7 +275,7 @@ static void test_sim_api_cluster(void **state)
     expect_error(run(&bad, &r, &err), &err, KVS_EINVAL, "prefill_instance_tp[1] is 0");
     bad = c;
     bad.decode_instances = KVS_SIM_MAX_INSTANCES + 1;
-    expect_error(run(&bad, &r, &err), &err, KVS_EINVAL, "decode_instances is 17");
+    expect_error(run(&bad, &r, &err), &err, KVS_EINVAL, "decode_instances is 33");
     bad = c;
     bad.router = 2;
     expect_error(run(&bad, &r, &err), &err, KVS_EINVAL, "router 2 is unknown");

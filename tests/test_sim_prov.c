@@ -226,6 +226,7 @@ static void test_sim_prov_matches_byte_model(void **state)
                     org[d0 + i * ds + x] = o2[s0 + i * ss + x];
                 }
         }
+        assert_true(sim_prov_valid(m));
         for (uint32_t a = 0; a < SPACE; a++) {
             uint64_t k, o;
             byte_at(m, a, &k, &o);
@@ -247,6 +248,8 @@ static void test_sim_prov_matches_byte_model(void **state)
     /* Runs never outnumber bytes, and merge where they can: the model's
      * maximal runs of continuing bytes bound them from above. */
     assert_true(sim_prov_runs(m) <= SPACE);
+    /* Enough runs that changes spanned several leaves. */
+    assert_true(sim_prov_runs_peak(m) > 3 * SIM_PROV_LEAF_MAX);
     free(key);
     free(org);
     free(k2);
@@ -314,6 +317,7 @@ static void test_sim_prov_copy_parts_equals_parts_one_by_one(void **state)
             assert_int_equal(sim_prov_copy_rows(b, d0 + parts[j].dst_off, ds, b, parts[j].s0,
                                                 parts[j].ss, parts[j].row_bytes, rows),
                              KVS_OK);
+        assert_true(sim_prov_valid(a) && sim_prov_valid(b));
         for (uint64_t x = 0; x < 8192 + 512; x++) {
             uint64_t ka, oa, kb, ob;
             byte_at(a, x, &ka, &oa);
@@ -395,6 +399,7 @@ static void test_sim_prov_batch_equals_one_by_one(void **state)
             assert_int_equal(sim_prov_copy_parts(b, d0, ds, b, parts, np, rows), KVS_OK);
         }
         assert_int_equal(sim_prov_batch_end(a), KVS_OK);
+        assert_true(sim_prov_valid(a) && sim_prov_valid(b));
         for (uint64_t x = 0; x < 9728; x++) { /* past every write and copy */
             uint64_t ka, oa, kb, ob;
             byte_at(a, x, &ka, &oa);

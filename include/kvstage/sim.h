@@ -41,7 +41,7 @@ extern "C" {
 /* Faults per run, as `kvstage sim --fault` (repeatable up to this). */
 #define KVS_SIM_MAX_FAULTS 16
 /* Instances per side of a cluster (spec §12). */
-#define KVS_SIM_MAX_INSTANCES 16
+#define KVS_SIM_MAX_INSTANCES 32
 /* Statuses a report lists in failure[] (the rest: failures_unlisted). */
 #define KVS_SIM_MAX_FAILURE_KINDS 8
 #define KVS_SIM_FAILURE_DETAIL_BYTES 256
