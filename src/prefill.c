@@ -252,7 +252,9 @@ int kvs__post_write(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int64_t chunk,
 {
     if (p->ops_used == p->ops_cap)
         return KVS_EAGAIN;
-    uint32_t i = 0;
+    /* The lowest free slot: none below ops_lo is free, so the scan is
+     * short however many writes are in flight. */
+    uint32_t i = p->ops_lo;
     while (p->ops[i].used)
         i++;
     kvs__pop_t *op = &p->ops[i];
@@ -270,6 +272,7 @@ int kvs__post_write(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int64_t chunk,
         return rc;
     }
     p->ops_used++;
+    p->ops_lo = i + 1;
     p->h.stats.rdma_writes++;
     p->h.stats.rdma_write_bytes += len;
     r->base.writes++;
@@ -289,6 +292,8 @@ static void kvs__on_write_done(kvs__handler_t *h, const kvs_completion_t *cqe)
     const kvs__pop_t op = p->ops[i];
     p->ops[i].used = false;
     p->ops_used--;
+    if (i < p->ops_lo)
+        p->ops_lo = i;
     kvs__room_t *room = kvs__room_get(h, op.room);
     if (room == NULL)
         return;
@@ -699,7 +704,10 @@ static int kvs__advance(kvs__handler_t *h)
                 if (!r->flows[f].reqs_sent)
                     kvs__staging_send_requests(p, r, f);
                 kvs__staging_advance(p, r, f);
-            } else {
+            } else if (p->ops_used < p->ops_cap) {
+                /* With every write slot taken it could only stop at its
+                 * first post: hundreds of rooms in flight made that scan
+                 * the cost of each completion. */
                 kvs__direct_advance(p, r, f);
             }
         }

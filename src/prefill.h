@@ -81,6 +81,7 @@ struct kvs_prefill {
     bool *worker_busy;
     kvs__pop_t *ops;             /* in-flight writes */
     uint32_t ops_cap, ops_used;
+    uint32_t ops_lo;             /* every slot below it is used */
     kvs__pgone_t *gone;          /* [max_rooms]: latest rooms ended failed */
     uint32_t gone_next, gone_count;
     kvs__fifo_t gathers;         /* in stream order */
