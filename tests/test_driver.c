@@ -578,16 +578,15 @@ static void test_driver_threads_move_rooms_opened_from_another_thread(void **sta
     /* on_result runs on the driver's thread: stop is refused there. */
     assert_int_equal(dbox.stop_rc, KVS_ESTATE);
 
-    /* Each side slept and was woken by its fabric and its device (the
-     * gathers and scatters finish on the host device's threads). */
+    /* Which source woke each side here depends on how the threads ran
+     * (on a loaded machine a copy can finish before its driver sleeps, or
+     * a retransmission deadline come first), so it is not asserted: the
+     * wait_wakes_on_* tests below check each wake source alone. */
     kvs_driver_stats_t ps, ds;
     stats_of(&pre, &ps);
     stats_of(&dec, &ds);
     assert_int_equal(ds.results, ROOMS);
     assert_int_equal(ps.results, ROOMS);
-    assert_true(ps.wakes_fabric + ds.wakes_fabric > 0);
-    assert_true(ps.wakes_device + ds.wakes_device > 0);
-    assert_int_equal(ps.wakes_timeout + ds.wakes_timeout, 0);
 
     /* Nothing to do for 200 ms: each driver sleeps a handful of times, it
      * does not spin (counted, not timed). The last acknowledgements and
