@@ -20,6 +20,8 @@
 
 #include <kvstage/verbs.h>
 
+#include "net_util.h"
+
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 

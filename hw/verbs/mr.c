@@ -27,31 +27,6 @@
 #define HW_VERBS_KEYS_MAX ((KVS_CONTROL_MSG_MAX_BYTES - HW_VERBS_KEYS_HDR) / 4u)
 #define HW_VERBS_RTABLE_PIECES_MAX (UINT32_C(1) << 20)
 
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++)
-        v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 kvs_mr_t *hw_verbs_mr_of(hw_verbs_fabric_t *f, kvs_mr_t *mr)
 {
     const uintptr_t b = (uintptr_t)f->mrs, q = (uintptr_t)mr;
@@ -75,15 +50,15 @@ static int hw_verbs_keys_send(kvs_conn_t *conn, const kvs_mr_t *mr, uint32_t fir
                               uint32_t count)
 {
     uint8_t msg[KVS_CONTROL_MSG_MAX_BYTES];
-    put32(msg, mr->id);
-    put32(msg + 4, mr->npieces);
-    put32(msg + 8, first);
-    put32(msg + 12, count);
-    put64(msg + 16, mr->addr);
-    put64(msg + 24, mr->piece_bytes);
-    put64(msg + 32, mr->len_bytes);
+    hw_put32(msg, mr->id);
+    hw_put32(msg + 4, mr->npieces);
+    hw_put32(msg + 8, first);
+    hw_put32(msg + 12, count);
+    hw_put64(msg + 16, mr->addr);
+    hw_put64(msg + 24, mr->piece_bytes);
+    hw_put64(msg + 32, mr->len_bytes);
     for (uint32_t i = 0; i < count; i++)
-        put32(msg + HW_VERBS_KEYS_HDR + 4 * i, mr->pieces[first + i]->rkey);
+        hw_put32(msg + HW_VERBS_KEYS_HDR + 4 * i, mr->pieces[first + i]->rkey);
     return hw_verbs_send_internal(conn, HW_VERBS_CTRL_KEYS, msg, HW_VERBS_KEYS_HDR + 4 * count);
 }
 
@@ -128,7 +103,7 @@ static void hw_verbs_keys_broadcast(hw_verbs_fabric_t *f, const kvs_mr_t *mr, bo
         int rc;
         if (drop) {
             uint8_t msg[4];
-            put32(msg, mr->id);
+            hw_put32(msg, mr->id);
             rc = hw_verbs_send_internal(c, HW_VERBS_CTRL_DROP, msg, sizeof msg);
         } else {
             rc = hw_verbs_keys_send_mr(c, mr);
@@ -165,7 +140,7 @@ void hw_verbs_keys_recv(hw_verbs_fabric_t *f, kvs_conn_t *conn, uint32_t kind,
                         const uint8_t *msg, uint32_t len)
 {
     if (kind == HW_VERBS_CTRL_DROP) {
-        hw_verbs_rtable_t *t = len >= 4 ? hw_verbs_rtable_find(conn, get32(msg)) : NULL;
+        hw_verbs_rtable_t *t = len >= 4 ? hw_verbs_rtable_find(conn, hw_get32(msg)) : NULL;
         if (t != NULL)
             hw_verbs_rtable_remove(conn, t);
         return;
@@ -176,9 +151,9 @@ void hw_verbs_keys_recv(hw_verbs_fabric_t *f, kvs_conn_t *conn, uint32_t kind,
                            len);
         return;
     }
-    const uint32_t id = get32(msg), npieces = get32(msg + 4), first = get32(msg + 8),
-                   count = get32(msg + 12);
-    const uint64_t base = get64(msg + 16), piece = get64(msg + 24), total = get64(msg + 32);
+    const uint32_t id = hw_get32(msg), npieces = hw_get32(msg + 4), first = hw_get32(msg + 8),
+                   count = hw_get32(msg + 12);
+    const uint64_t base = hw_get64(msg + 16), piece = hw_get64(msg + 24), total = hw_get64(msg + 32);
     if (npieces < 2 || npieces > HW_VERBS_RTABLE_PIECES_MAX || piece == 0 ||
         count > HW_VERBS_KEYS_MAX || first > npieces || count > npieces - first ||
         len != HW_VERBS_KEYS_HDR + 4 * count || total <= (uint64_t)(npieces - 1) * piece ||
@@ -212,7 +187,7 @@ void hw_verbs_keys_recv(hw_verbs_fabric_t *f, kvs_conn_t *conn, uint32_t kind,
                                  .piece_bytes = piece, .len_bytes = total, .rkeys = keys};
     }
     for (uint32_t i = 0; i < count; i++)
-        t->rkeys[first + i] = get32(msg + HW_VERBS_KEYS_HDR + 4 * i);
+        t->rkeys[first + i] = hw_get32(msg + HW_VERBS_KEYS_HDR + 4 * i);
     t->filled += count;
     return;
 nomem:
