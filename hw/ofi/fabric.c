@@ -279,8 +279,11 @@ static int hw_ofi_getinfo(hw_ofi_fabric_t *f, char *why, size_t why_bytes)
     }
     const char *node = f->cfg.bind_addr;
     int rc = fi_getinfo(HW_OFI_API, node, NULL, node != NULL ? FI_SOURCE : 0, h, &f->info);
-    if (rc != 0 && node != NULL) {
-        /* Shared memory and some others have no IP addresses. */
+    if (node != NULL && (rc != 0 || f->info->addr_format == FI_ADDR_STR)) {
+        /* Shared memory has no IP addresses: it would take the text as the
+         * endpoint's name, the same for every process. */
+        if (rc == 0)
+            fi_freeinfo(f->info);
         f->info = NULL;
         rc = fi_getinfo(HW_OFI_API, NULL, NULL, 0, h, &f->info);
     }
