@@ -293,11 +293,18 @@ static int hw_ofi_getinfo(hw_ofi_fabric_t *f, char *why, size_t why_bytes)
     f->info = NULL;
     char offered[200];
     const int n = kvs_ofi_providers(offered, sizeof offered);
-    snprintf(why, why_bytes, "libfabric offers no provider '%s' here with reliable datagram "
-             "endpoints, RMA writes with 8 bytes of remote CQ data and ordered messages "
-             "(fi_getinfo: %s); %s%s: pass one of those", f->provider_want, fi_strerror(-rc),
-             n > 0 ? "it offers " : "it offers none (install libfabric's providers)",
-             offered);
+    /* The list comes last: a long one is what gets cut (at 255 bytes). */
+    char full[512];
+    snprintf(full, sizeof full, "provider '%s' is not offered here (%s); pass one of those "
+             "libfabric offers with reliable datagram endpoints, RMA writes with 8 bytes of "
+             "remote CQ data and ordered messages: %s", f->provider_want, fi_strerror(-rc),
+             n > 0 ? offered : "none (install libfabric's providers)");
+    size_t len = strlen(full);
+    if (why_bytes > 0) {
+        len = len < why_bytes - 1 ? len : why_bytes - 1;
+        memcpy(why, full, len);
+        why[len] = '\0';
+    }
     return KVS_EINVAL;
 }
 
