@@ -85,7 +85,7 @@ void hw_ofi_conn_free(kvs_conn_t *c)
 {
     hw_ofi_fabric_t *f = c->fab;
     hw_ofi_sock_close(c);
-    hw_ofi_rtables_free(c);
+    hw_rkeys_free(&c->rkeys);
     if (c->state == HW_OFI_CONN_DEAD && !c->down_told && c->user_knows)
         f->deaths--;
     c->state = HW_OFI_CONN_FREE;

@@ -33,6 +33,7 @@
 #include <sys/socket.h>
 
 #include "net_util.h"
+#include "rkeys.h"
 
 #define HW_OFI_WIRE_VERSION 1u
 #define HW_OFI_HDR_BYTES 8u
@@ -66,17 +67,6 @@ struct kvs_mr {
     bool live;
 };
 
-/* A peer's registration, learnt from its KEYS messages. */
-typedef struct hw_ofi_rtable {
-    uint32_t id;
-    uint32_t npieces;
-    uint32_t filled;
-    uint64_t base;
-    uint64_t piece_bytes;
-    uint64_t len_bytes;
-    uint64_t *keys;
-} hw_ofi_rtable_t;
-
 kvs_mr_t *hw_ofi_mr_of(hw_ofi_fabric_t *f, kvs_mr_t *mr);
 int hw_ofi_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
                        uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey);
@@ -100,7 +90,6 @@ void hw_ofi_keys_recv(kvs_conn_t *conn, uint32_t kind, const uint8_t *msg,
 int hw_ofi_keys_push_all(kvs_conn_t *conn);
 /* Send slots pushing every live registration to one peer takes. */
 uint32_t hw_ofi_keys_msgs_all(hw_ofi_fabric_t *f);
-void hw_ofi_rtables_free(kvs_conn_t *conn);
 
 /* ---- connections (boot.c) ------------------------------------------------- */
 
@@ -138,8 +127,7 @@ struct kvs_conn {
     char peer[64];            /* "IP:port" for messages */
     uint8_t hello[HW_OFI_HELLO_BYTES]; /* HELLO: bytes read so far */
     uint32_t hello_got;
-    hw_ofi_rtable_t *rtables; /* the peer's registrations */
-    uint32_t nrtables;
+    hw_rkeys_t rkeys;         /* the peer's registrations (rkeys.h) */
 };
 
 static inline uint32_t hw_ofi_token(const kvs_conn_t *c)

@@ -16,8 +16,10 @@
  * on every connection that is up when it is registered, and to later
  * connections before their first operation (connections carry messages in
  * order, so a peer always holds the keys before any message of ours that
- * names the id). Deregistering sends DROP. A writer resolves (id, address)
- * to (piece key, target address) and post.c splits writes at pieces.
+ * names the id). Deregistering sends DROP. The messages and the peer's
+ * tables are hw/common/rkeys.c's, shared with the verbs fabric. A writer
+ * resolves (id, address) to (piece key, target address) and post.c splits
+ * writes at pieces.
  */
 #include "hw_ofi.h"
 
@@ -26,11 +28,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* KEYS: id, npieces, first, count (u32); base, piece_bytes, len_bytes (u64);
- * then count piece keys (u64). DROP: id (u32). All little-endian. */
-#define HW_OFI_KEYS_HDR 40u
-#define HW_OFI_KEYS_MAX ((KVS_CONTROL_MSG_MAX_BYTES - HW_OFI_KEYS_HDR) / 8u)
-#define HW_OFI_RTABLE_PIECES_MAX (UINT32_C(1) << 20)
+/* KEYS and DROP are hw/common/rkeys.h's, with 8-byte piece keys. */
+#define HW_OFI_KEYS_MAX HW_RKEYS_PER_MSG(8u)
+#define HW_OFI_RTABLE_PIECES_MAX HW_RKEYS_PIECES_MAX
 #define HW_OFI_PAGE 4096u
 
 kvs_mr_t *hw_ofi_mr_of(hw_ofi_fabric_t *f, kvs_mr_t *mr)
@@ -96,39 +96,27 @@ static void hw_ofi_mr_release(kvs_mr_t *mr)
     *mr = (kvs_mr_t){0};
 }
 
-/* One KEYS message: pieces [first, first + count) of mr. */
-static int hw_ofi_keys_send(kvs_conn_t *conn, const kvs_mr_t *mr, uint32_t first,
-                            uint32_t count)
-{
-    uint8_t msg[KVS_CONTROL_MSG_MAX_BYTES];
-    hw_put32(msg, mr->id);
-    hw_put32(msg + 4, mr->npieces);
-    hw_put32(msg + 8, first);
-    hw_put32(msg + 12, count);
-    hw_put64(msg + 16, mr->addr);
-    hw_put64(msg + 24, mr->piece_bytes);
-    hw_put64(msg + 32, mr->len_bytes);
-    for (uint32_t i = 0; i < count; i++)
-        hw_put64(msg + HW_OFI_KEYS_HDR + 8 * i, mr->keys[first + i]);
-    return hw_ofi_send_internal(conn, HW_OFI_MSG_KEYS, msg, HW_OFI_KEYS_HDR + 8 * count);
-}
-
 static uint32_t hw_ofi_keys_msgs(const kvs_mr_t *mr)
 {
     return (mr->npieces + HW_OFI_KEYS_MAX - 1) / HW_OFI_KEYS_MAX;
 }
 
+static uint64_t hw_ofi_piece_key(const void *mr, uint32_t i)
+{
+    return ((const kvs_mr_t *)mr)->keys[i];
+}
+
+static int hw_ofi_keys_send_one(void *conn, const uint8_t *msg, uint32_t len_bytes)
+{
+    return hw_ofi_send_internal(conn, HW_OFI_MSG_KEYS, msg, len_bytes);
+}
+
+/* The KEYS messages of mr (rkeys.c) on conn. */
 static int hw_ofi_keys_send_mr(kvs_conn_t *conn, const kvs_mr_t *mr)
 {
-    for (uint32_t first = 0; first < mr->npieces; first += HW_OFI_KEYS_MAX) {
-        uint32_t count = mr->npieces - first;
-        if (count > HW_OFI_KEYS_MAX)
-            count = HW_OFI_KEYS_MAX;
-        int rc = hw_ofi_keys_send(conn, mr, first, count);
-        if (rc != KVS_OK)
-            return rc;
-    }
-    return KVS_OK;
+    const hw_rkeys_reg_t r = {.id = mr->id, .npieces = mr->npieces, .base = mr->addr,
+                              .piece_bytes = mr->piece_bytes, .len_bytes = mr->len_bytes};
+    return hw_rkeys_send(&r, 8, hw_ofi_piece_key, mr, hw_ofi_keys_send_one, conn);
 }
 
 uint32_t hw_ofi_keys_msgs_all(hw_ofi_fabric_t *f)
@@ -261,82 +249,35 @@ void hw_ofi_mr_free_all(hw_ofi_fabric_t *f)
     f->live_mrs = 0;
 }
 
-static hw_ofi_rtable_t *hw_ofi_rtable_find(kvs_conn_t *conn, uint32_t id)
-{
-    for (uint32_t i = 0; i < conn->nrtables; i++)
-        if (conn->rtables[i].id == id)
-            return &conn->rtables[i];
-    return NULL;
-}
-
 int hw_ofi_rkey_piece(hw_ofi_fabric_t *f, kvs_conn_t *conn, uint64_t rkey, uint64_t raddr,
                       uint64_t *out_addr, uint64_t *out_key, uint64_t *left)
 {
-    hw_ofi_rtable_t *t = rkey <= UINT32_MAX ? hw_ofi_rtable_find(conn, (uint32_t)rkey) : NULL;
-    if (t == NULL || t->filled < t->npieces)
+    const hw_rkeys_entry_t *t = NULL;
+    uint64_t off = 0;
+    const int rc = rkey <= UINT32_MAX ? hw_rkeys_lookup(&conn->rkeys, (uint32_t)rkey, raddr,
+                                                         out_key, &off, left, &t)
+                                      : KVS_ENOENT;
+    if (rc == KVS_ENOENT)
         return kvs_fabric_fail(&f->base, KVS_EREMOTE, 0, "write to %s: remote key 0x%llx is "
                                "no registration %s announced: use the key its mr_register "
                                "gave", conn->peer, (unsigned long long)rkey, conn->peer);
-    if (raddr < t->base || raddr - t->base >= t->len_bytes)
+    if (rc != KVS_OK)
         return kvs_fabric_fail(&f->base, KVS_EREMOTE, 0, "write to %s: remote address 0x%llx "
                                "lies outside registration 0x%llx [0x%llx, +%llu)", conn->peer,
                                (unsigned long long)raddr, (unsigned long long)rkey,
                                (unsigned long long)t->base, (unsigned long long)t->len_bytes);
-    const uint64_t off = raddr - t->base;
-    const uint64_t i = off / t->piece_bytes;
-    const uint64_t end = i + 1 == t->npieces ? t->len_bytes : (i + 1) * t->piece_bytes;
-    *out_key = t->keys[i];
-    *out_addr = (f->mr_mode & FI_MR_VIRT_ADDR) ? raddr : off - i * t->piece_bytes;
-    *left = end - off;
+    *out_addr = (f->mr_mode & FI_MR_VIRT_ADDR) ? raddr : off;
     return KVS_OK;
 }
 
 void hw_ofi_keys_recv(kvs_conn_t *conn, uint32_t kind, const uint8_t *msg, uint32_t len)
 {
     if (kind == HW_OFI_MSG_DROP) {
-        hw_ofi_rtable_t *t = len >= 4 ? hw_ofi_rtable_find(conn, hw_get32(msg)) : NULL;
-        if (t != NULL) {
-            free(t->keys);
-            *t = conn->rtables[--conn->nrtables];
-        }
+        hw_rkeys_drop(&conn->rkeys, msg, len);
         return;
     }
-    if (len < HW_OFI_KEYS_HDR)
-        return;
-    const uint32_t id = hw_get32(msg), npieces = hw_get32(msg + 4);
-    const uint32_t first = hw_get32(msg + 8), count = hw_get32(msg + 12);
-    const uint64_t piece = hw_get64(msg + 24), total = hw_get64(msg + 32);
-    if (npieces == 0 || npieces > HW_OFI_RTABLE_PIECES_MAX || first >= npieces ||
-        count > npieces - first || len < HW_OFI_KEYS_HDR + 8 * count || piece == 0)
-        return; /* malformed: its writes will fail with KVS_EREMOTE */
-    hw_ofi_rtable_t *t = hw_ofi_rtable_find(conn, id);
-    if (t == NULL) {
-        if (conn->nrtables >= conn->fab->cfg.max_mrs)
-            return;
-        hw_ofi_rtable_t *grown = realloc(conn->rtables, (conn->nrtables + 1) * sizeof *grown);
-        uint64_t *keys = calloc(npieces, sizeof *keys);
-        if (grown != NULL)
-            conn->rtables = grown;
-        if (grown == NULL || keys == NULL) {
-            free(keys);
-            return;
-        }
-        t = &conn->rtables[conn->nrtables++];
-        *t = (hw_ofi_rtable_t){.id = id, .npieces = npieces, .base = hw_get64(msg + 16),
-                               .piece_bytes = piece, .len_bytes = total, .keys = keys};
-    }
-    if (t->npieces != npieces)
-        return;
-    for (uint32_t i = 0; i < count; i++)
-        t->keys[first + i] = hw_get64(msg + HW_OFI_KEYS_HDR + 8 * i);
-    t->filled += count;
-}
-
-void hw_ofi_rtables_free(kvs_conn_t *conn)
-{
-    for (uint32_t i = 0; i < conn->nrtables; i++)
-        free(conn->rtables[i].keys);
-    free(conn->rtables);
-    conn->rtables = NULL;
-    conn->nrtables = 0;
+    /* Malformed, or more than max_mrs: its writes fail with KVS_EREMOTE
+     * naming the key, so the table is left as it was. */
+    char why[KVS_ERROR_MSG_BYTES];
+    (void)hw_rkeys_recv(&conn->rkeys, conn->fab->cfg.max_mrs, 8, 1, msg, len, why, sizeof why);
 }

@@ -182,7 +182,7 @@ void hw_verbs_conn_free(kvs_conn_t *c)
     free(c->rbuf);
     free(c->sq);
     hw_verbs_conn_free_prev(c);
-    hw_verbs_rtables_free(c);
+    hw_rkeys_free(&c->rkeys);
     hw_verbs_fabric_t *f = c->fab;
     const uint32_t slot = c->slot, gen = c->gen + 1;
     *c = (kvs_conn_t){.fab = f, .slot = slot, .gen = gen};
