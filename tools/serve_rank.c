@@ -347,6 +347,9 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
     for (uint32_t k = 0; decode && k < pl->instances; k++)
         conns += (uint32_t)cli_rank_writers(&pl->peers[k].lay);
     const kvs_log_t log = {.fn = cli_rank_log, .user = c, .level = kvs_log_level_default()};
+    /* More than the fabrics' default max_conns (16, verbs.h and ofi.h). */
+    const uint32_t max_conns = conns + 4 > 16 ? conns + 4 : 0;
+    char what[128]; /* the fabric and the flags that chose it, for a failure */
     if (pl->ofi) {
 #ifdef KVS_CLI_OFI
         kvs_ofi_config_t oc;
@@ -355,12 +358,13 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
         oc.bind_addr = pl->bind_ip;
         oc.listen_port = port;
         oc.log = log;
-        if (conns + 4 > 16) /* the fabric's default max_conns (ofi.h) */
-            oc.max_conns = conns + 4;
+        oc.max_conns = max_conns != 0 ? max_conns : oc.max_conns;
+        snprintf(what, sizeof what, "ofi fabric (--provider %s)", pl->provider);
         rc = kvs_ofi_fabric_create(&oc, &c->real, &err);
-        if (rc != KVS_OK)
-            return cli_rank_fail(c, rc, "%s: ofi fabric (--provider %s): %s", who,
-                                 pl->provider, err.msg);
+#else
+        snprintf(what, sizeof what, "ofi fabric");
+        snprintf(err.msg, sizeof err.msg, "this kvstage was built without libfabric");
+        rc = KVS_ENOTSUP; /* serve.c refuses --fabric ofi first */
 #endif
     } else {
         kvs_verbs_config_t vc;
@@ -370,15 +374,14 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
         vc.log = log;
         vc.bind_addr = pl->bind_ip;
         vc.listen_port = port;
-        if (conns + 4 > 16) /* the fabric's default max_conns (verbs.h) */
-            vc.max_conns = conns + 4;
+        vc.max_conns = max_conns != 0 ? max_conns : vc.max_conns;
+        snprintf(what, sizeof what, "verbs fabric%s%s%s", vc.near_pci != NULL ?
+                 " (--device-near-gpu " : "", vc.near_pci != NULL ? vc.near_pci : "",
+                 vc.near_pci != NULL ? ")" : "");
         rc = kvs_verbs_fabric_create(&vc, &c->real, &err);
-        if (rc != KVS_OK)
-            return cli_rank_fail(c, rc, "%s: verbs fabric%s%s%s: %s", who,
-                                 vc.near_pci != NULL ? " (--device-near-gpu " : "",
-                                 vc.near_pci != NULL ? vc.near_pci : "",
-                                 vc.near_pci != NULL ? ")" : "", err.msg);
     }
+    if (rc != KVS_OK)
+        return cli_rank_fail(c, rc, "%s: %s: %s", who, what, err.msg);
     c->fab = c->real;
     if (!decode && c->r->tp == 0 && c->r->pp == 0 && pl->fail_write > 0) {
         if ((rc = cli_fault_fabric_create(c->real, pl->fail_write, &c->fault)) != KVS_OK)
