@@ -31,36 +31,8 @@
 
 #include <kvstage/ofi.h>
 
+#include "fabric_pair.h"
 #include "xorshift.h"
-
-#define QCAP 256
-
-typedef struct side {
-    kvs_fabric_t *fab;
-    kvs_completion_t *q; /* QCAP completions polled, not taken yet */
-    int n;
-} side_t;
-
-typedef struct duo {
-    const char *prov;
-    side_t a, b;
-    kvs_conn_t *ab; /* b's connection to a (b connected) */
-    kvs_conn_t *ba; /* a's side of it, learnt from the first message */
-} duo_t;
-
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static uint64_t until_ns(void)
-{
-    const char *s = getenv("KVS_TEST_WAIT_S");
-    const uint64_t secs = s != NULL && atoi(s) > 0 ? (uint64_t)atoi(s) : 60;
-    return mono_ns() + secs * 1000000000u;
-}
 
 static void cfg_for(kvs_ofi_config_t *cfg, const char *prov)
 {
@@ -82,118 +54,52 @@ static bool offered(const char *prov)
     return false;
 }
 
-static void side_open(side_t *s, const kvs_ofi_config_t *cfg)
+/* The ofi fabrics' connect() waits for the peer's poll: nap 1 ms. */
+static void nap(kvs_fabric_t *fab)
 {
-    kvs_error_t err;
-    int rc = kvs_ofi_fabric_create(cfg, &s->fab, &err);
-    if (rc != KVS_OK)
-        fail_msg("kvs_ofi_fabric_create: %s: %s", kvs_status_name(rc), err.msg);
-    s->q = calloc(QCAP, sizeof *s->q);
-    assert_non_null(s->q);
-    s->n = 0;
+    (void)fab;
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
 }
 
-static void side_close(side_t *s)
+static void side_open(fp_side_t *s, const kvs_ofi_config_t *cfg)
+{
+    kvs_error_t err;
+    kvs_fabric_t *fab = NULL;
+    int rc = kvs_ofi_fabric_create(cfg, &fab, &err);
+    if (rc != KVS_OK)
+        fail_msg("kvs_ofi_fabric_create: %s: %s", kvs_status_name(rc), err.msg);
+    fp_side_init(s, fab);
+}
+
+static void side_close(fp_side_t *s)
 {
     if (s->fab != NULL)
         assert_int_equal(kvs_ofi_fabric_destroy(s->fab), KVS_OK);
-    free(s->q);
-    *s = (side_t){0};
-}
-
-static void side_pump(side_t *s)
-{
-    if (s->fab == NULL || s->n == QCAP)
-        return;
-    int got = s->fab->ops.poll(s->fab, s->q + s->n, QCAP - s->n);
-    if (got < 0)
-        fail_msg("poll: %s: %s", kvs_status_name(got), s->fab->last_backend_msg);
-    s->n += got;
-}
-
-/* Takes the first completion of `kind` on conn (any if NULL) from s,
- * polling both sides meanwhile; fails after the deadline. */
-static kvs_completion_t take(duo_t *d, side_t *s, kvs_completion_kind_t kind, kvs_conn_t *conn)
-{
-    const uint64_t until = until_ns();
-    for (;;) {
-        for (int i = 0; i < s->n; i++) {
-            if (s->q[i].kind == kind && (conn == NULL || s->q[i].conn == conn)) {
-                kvs_completion_t c = s->q[i];
-                memmove(&s->q[i], &s->q[i + 1], sizeof s->q[0] * (size_t)(s->n - i - 1));
-                s->n--;
-                return c;
-            }
-        }
-        side_pump(&d->a);
-        side_pump(&d->b);
-        if (mono_ns() > until)
-            fail_msg("no completion of kind %d within the deadline (%d queued)", (int)kind,
-                     s->n);
-    }
-}
-
-typedef struct pumper {
-    side_t *s;
-    volatile int stop;
-} pumper_t;
-
-/* Polls the accepting side while the other one blocks in connect(). */
-static void *pump_thread(void *arg)
-{
-    pumper_t *p = arg;
-    while (!p->stop) {
-        side_pump(p->s);
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
-    return NULL;
-}
-
-static int connect_pumping(side_t *from, side_t *to, kvs_conn_t **out)
-{
-    kvs_ofi_info_t info;
-    assert_int_equal(kvs_ofi_fabric_info(to->fab, &info), KVS_OK);
-    pumper_t p = {.s = to};
-    pthread_t t;
-    assert_int_equal(pthread_create(&t, NULL, pump_thread, &p), 0);
-    int rc = from->fab->ops.connect(from->fab, info.address, out);
-    p.stop = 1;
-    pthread_join(t, NULL);
-    return rc;
+    fp_side_fini(s);
 }
 
 /* b connects to a; one hello b -> a hands a its side of the connection. */
-static void duo_open_cfg(duo_t *d, const kvs_ofi_config_t *cfg)
+static void duo_open_cfg(fp_pair_t *d, const kvs_ofi_config_t *cfg)
 {
-    const char *prov = d->prov;
+    const char *prov = d->name;
     memset(d, 0, sizeof *d);
-    d->prov = prov;
+    d->name = prov;
     side_open(&d->a, cfg);
     side_open(&d->b, cfg);
-    int rc = connect_pumping(&d->b, &d->a, &d->ab);
-    if (rc != KVS_OK)
-        fail_msg("connect: %s: %s", kvs_status_name(rc), d->b.fab->last_backend_msg);
-    assert_int_equal(d->b.fab->ops.send(d->b.fab, d->ab, "hello", 5, 1), KVS_OK);
-    kvs_completion_t c = take(d, &d->a, KVS_COMPLETION_RECV, NULL);
-    assert_int_equal(c.status, KVS_OK);
-    assert_int_equal(c.len_bytes, 5);
-    assert_memory_equal(c.msg, "hello", 5);
-    d->ba = c.conn;
-    assert_non_null(d->ba);
-    c = take(d, &d->b, KVS_COMPLETION_SEND, d->ab);
-    assert_int_equal(c.status, KVS_OK);
-    assert_int_equal(c.wr_id, 1);
+    kvs_ofi_info_t info;
+    assert_int_equal(kvs_ofi_fabric_info(d->a.fab, &info), KVS_OK);
+    fp_pair_connect(d, info.address, nap);
 }
 
-static void duo_open(duo_t *d)
+static void duo_open(fp_pair_t *d)
 {
     kvs_ofi_config_t cfg;
-    cfg_for(&cfg, d->prov);
+    cfg_for(&cfg, d->name);
     duo_open_cfg(d, &cfg);
 }
 
-static void duo_close(duo_t *d)
+static void duo_close(fp_pair_t *d)
 {
     if (d->ab != NULL)
         d->b.fab->ops.disconnect(d->b.fab, d->ab);
@@ -201,47 +107,20 @@ static void duo_close(duo_t *d)
     side_close(&d->a);
 }
 
-typedef struct region {
-    uint8_t *mem;
-    uint64_t len;
-    kvs_mr_t *mr;
-    uint64_t rkey;
-} region_t;
-
-static void region_reg(side_t *s, region_t *r, uint64_t len)
-{
-    r->len = len;
-    r->mem = aligned_alloc(4096, (len + 4095) / 4096 * 4096);
-    assert_non_null(r->mem);
-    memset(r->mem, 0, len);
-    int rc = s->fab->ops.mr_register(s->fab, NULL, (uint64_t)(uintptr_t)r->mem, len, &r->mr,
-                                     &r->rkey);
-    if (rc != KVS_OK)
-        fail_msg("mr_register: %s: %s", kvs_status_name(rc), s->fab->last_backend_msg);
-}
-
-static void region_free(side_t *s, region_t *r)
-{
-    if (r->mr != NULL)
-        assert_int_equal(s->fab->ops.mr_deregister(s->fab, r->mr), KVS_OK);
-    free(r->mem);
-    *r = (region_t){0};
-}
-
 /* a registers a target and tells b (address, key) in a message. */
-static void announce(duo_t *d, region_t *dst)
+static void announce(fp_pair_t *d, fp_region_t *dst)
 {
     uint64_t m[2] = {(uint64_t)(uintptr_t)dst->mem, dst->rkey};
     assert_int_equal(d->a.fab->ops.send(d->a.fab, d->ba, m, sizeof m, 7), KVS_OK);
-    kvs_completion_t c = take(d, &d->b, KVS_COMPLETION_RECV, d->ab);
+    kvs_completion_t c = fp_take(d, &d->b, KVS_COMPLETION_RECV, d->ab);
     assert_int_equal(c.len_bytes, sizeof m);
     assert_memory_equal(c.msg, m, sizeof m);
-    (void)take(d, &d->a, KVS_COMPLETION_SEND, d->ba);
+    (void)fp_take(d, &d->a, KVS_COMPLETION_SEND, d->ba);
 }
 
 /* b writes len random bytes at off of dst with imm; a sees the IMM after
  * every byte landed. */
-static void write_check(duo_t *d, region_t *src, region_t *dst, uint64_t off, uint64_t len,
+static void write_check(fp_pair_t *d, fp_region_t *src, fp_region_t *dst, uint64_t off, uint64_t len,
                         uint32_t imm, uint64_t seed)
 {
     uint64_t s = seed;
@@ -255,11 +134,11 @@ static void write_check(duo_t *d, region_t *src, region_t *dst, uint64_t off, ui
     int rc = d->b.fab->ops.write(d->b.fab, d->ab, &w);
     if (rc != KVS_OK)
         fail_msg("write: %s: %s", kvs_status_name(rc), d->b.fab->last_backend_msg);
-    kvs_completion_t c = take(d, &d->a, KVS_COMPLETION_IMM, d->ba);
+    kvs_completion_t c = fp_take(d, &d->a, KVS_COMPLETION_IMM, d->ba);
     assert_int_equal(c.status, KVS_OK);
     assert_int_equal(c.imm, imm);
     assert_memory_equal(dst->mem + off, src->mem, len);
-    c = take(d, &d->b, KVS_COMPLETION_WRITE, d->ab);
+    c = fp_take(d, &d->b, KVS_COMPLETION_WRITE, d->ab);
     assert_int_equal(c.status, KVS_OK);
     assert_int_equal(c.wr_id, 1000 + imm);
 }
@@ -290,8 +169,8 @@ static void test_ofi_fabric_unknown_provider_refused(void **state)
 
 static void test_ofi_fabric_messages_in_order(void **state)
 {
-    duo_t d = {.prov = *state};
-    if (!offered(d.prov))
+    fp_pair_t d = {.name = *state};
+    if (!offered(d.name))
         skip();
     duo_open(&d);
     static uint8_t big[KVS_CONTROL_MSG_MAX_BYTES + 1];
@@ -301,12 +180,12 @@ static void test_ofi_fabric_messages_in_order(void **state)
         const uint32_t len = i == 63 ? KVS_CONTROL_MSG_MAX_BYTES : 1 + i * 13;
         big[0] = (uint8_t)i;
         assert_int_equal(d.a.fab->ops.send(d.a.fab, d.ba, big, len, i), KVS_OK);
-        kvs_completion_t c = take(&d, &d.b, KVS_COMPLETION_RECV, d.ab);
+        kvs_completion_t c = fp_take(&d, &d.b, KVS_COMPLETION_RECV, d.ab);
         assert_int_equal(c.len_bytes, len);
         assert_memory_equal(c.msg, big, len);
     }
     for (uint32_t i = 0; i < 64; i++)
-        assert_int_equal(take(&d, &d.a, KVS_COMPLETION_SEND, d.ba).wr_id, i);
+        assert_int_equal(fp_take(&d, &d.a, KVS_COMPLETION_SEND, d.ba).wr_id, i);
     /* one byte too many is refused by name */
     assert_int_equal(d.a.fab->ops.send(d.a.fab, d.ba, big, sizeof big, 99), KVS_EINVAL);
     assert_non_null(strstr(d.a.fab->last_backend_msg, "shorten"));
@@ -314,7 +193,7 @@ static void test_ofi_fabric_messages_in_order(void **state)
     for (uint32_t i = 0; i < 100; i++)
         assert_int_equal(d.b.fab->ops.send(d.b.fab, d.ab, &i, sizeof i, i), KVS_OK);
     for (uint32_t i = 0; i < 100; i++) {
-        kvs_completion_t c = take(&d, &d.a, KVS_COMPLETION_RECV, d.ba);
+        kvs_completion_t c = fp_take(&d, &d.a, KVS_COMPLETION_RECV, d.ba);
         uint32_t got;
         memcpy(&got, c.msg, sizeof got);
         assert_int_equal(got, i);
@@ -324,13 +203,13 @@ static void test_ofi_fabric_messages_in_order(void **state)
 
 static void test_ofi_fabric_write_with_data(void **state)
 {
-    duo_t d = {.prov = *state};
-    if (!offered(d.prov))
+    fp_pair_t d = {.name = *state};
+    if (!offered(d.name))
         skip();
     duo_open(&d);
-    region_t src = {0}, dst = {0};
-    region_reg(&d.b, &src, 1u << 20);
-    region_reg(&d.a, &dst, 2u << 20);
+    fp_region_t src = {0}, dst = {0};
+    fp_region_reg(&d.b, &src, 1u << 20);
+    fp_region_reg(&d.a, &dst, 2u << 20);
     announce(&d, &dst);
     write_check(&d, &src, &dst, 0, 1u << 20, 1, 11);
     write_check(&d, &src, &dst, 12345, 777, 2, 12);
@@ -341,52 +220,52 @@ static void test_ofi_fabric_write_with_data(void **state)
                           .rkey = dst.rkey};
     assert_int_equal(d.b.fab->ops.write(d.b.fab, d.ab, &w), KVS_EREMOTE);
     assert_non_null(strstr(d.b.fab->last_backend_msg, "outside"));
-    region_free(&d.a, &dst);
-    region_free(&d.b, &src);
+    fp_region_free(&d.a, &dst);
+    fp_region_free(&d.b, &src);
     duo_close(&d);
 }
 
 static void test_ofi_fabric_write_split(void **state)
 {
-    duo_t d = {.prov = *state};
-    if (!offered(d.prov))
+    fp_pair_t d = {.name = *state};
+    if (!offered(d.name))
         skip();
     kvs_ofi_config_t cfg;
-    cfg_for(&cfg, d.prov);
+    cfg_for(&cfg, d.name);
     cfg.max_mr_bytes = 64u << 10;
     cfg.max_write_bytes = 24u << 10;
     duo_open_cfg(&d, &cfg);
-    region_t src = {0}, dst = {0};
-    region_reg(&d.b, &src, 1u << 20);
-    region_reg(&d.a, &dst, 1u << 20);
+    fp_region_t src = {0}, dst = {0};
+    fp_region_reg(&d.b, &src, 1u << 20);
+    fp_region_reg(&d.a, &dst, 1u << 20);
     kvs_ofi_info_t info;
     assert_int_equal(kvs_ofi_fabric_info(d.a.fab, &info), KVS_OK);
     assert_int_equal(info.max_mr_bytes, 64u << 10);
     announce(&d, &dst);
     write_check(&d, &src, &dst, 0, 1u << 20, 21, 31);
     write_check(&d, &src, &dst, 65536 - 100, 300000, 22, 32);
-    region_free(&d.a, &dst);
-    region_free(&d.b, &src);
+    fp_region_free(&d.a, &dst);
+    fp_region_free(&d.b, &src);
     duo_close(&d);
 }
 
 static void test_ofi_fabric_error_fails_only_its_write(void **state)
 {
-    duo_t d = {.prov = *state};
-    if (!offered(d.prov))
+    fp_pair_t d = {.name = *state};
+    if (!offered(d.name))
         skip();
     duo_open(&d);
-    region_t src = {0}, dst = {0}, gone = {0};
-    region_reg(&d.b, &src, 64u << 10);
-    region_reg(&d.a, &dst, 64u << 10);
-    region_reg(&d.a, &gone, 64u << 10);
+    fp_region_t src = {0}, dst = {0}, gone = {0};
+    fp_region_reg(&d.b, &src, 64u << 10);
+    fp_region_reg(&d.a, &dst, 64u << 10);
+    fp_region_reg(&d.a, &gone, 64u << 10);
     announce(&d, &dst);
     announce(&d, &gone);
     /* a drops `gone`, then says so: the DROP reaches b first (in order) */
     assert_int_equal(d.a.fab->ops.mr_deregister(d.a.fab, gone.mr), KVS_OK);
     gone.mr = NULL;
     assert_int_equal(d.a.fab->ops.send(d.a.fab, d.ba, "dropped", 7, 8), KVS_OK);
-    (void)take(&d, &d.b, KVS_COMPLETION_RECV, d.ab);
+    (void)fp_take(&d, &d.b, KVS_COMPLETION_RECV, d.ab);
     const kvs_write_desc_t w = {.local_addr = (uint64_t)(uintptr_t)src.mem, .local_mr = src.mr,
                                 .len_bytes = 4096, .remote_addr = (uint64_t)(uintptr_t)gone.mem,
                                 .rkey = gone.rkey, .with_imm = true, .imm = 5, .wr_id = 55};
@@ -396,24 +275,24 @@ static void test_ofi_fabric_error_fails_only_its_write(void **state)
     assert_true(kvs_ofi_conn_alive(d.b.fab, d.ab));
     write_check(&d, &src, &dst, 0, 4096, 6, 41);
     assert_int_equal(d.b.fab->ops.send(d.b.fab, d.ab, "after", 5, 3), KVS_OK);
-    kvs_completion_t c = take(&d, &d.a, KVS_COMPLETION_RECV, d.ba);
+    kvs_completion_t c = fp_take(&d, &d.a, KVS_COMPLETION_RECV, d.ba);
     assert_memory_equal(c.msg, "after", 5);
-    region_free(&d.a, &gone);
-    region_free(&d.a, &dst);
-    region_free(&d.b, &src);
+    fp_region_free(&d.a, &gone);
+    fp_region_free(&d.a, &dst);
+    fp_region_free(&d.b, &src);
     duo_close(&d);
 }
 
 static void test_ofi_fabric_peer_lost(void **state)
 {
-    duo_t d = {.prov = *state};
-    if (!offered(d.prov))
+    fp_pair_t d = {.name = *state};
+    if (!offered(d.name))
         skip();
     /* a disconnect: the peer hears BYE */
     duo_open(&d);
     d.b.fab->ops.disconnect(d.b.fab, d.ab);
     d.ab = NULL;
-    kvs_completion_t c = take(&d, &d.a, KVS_COMPLETION_DISCONNECT, d.ba);
+    kvs_completion_t c = fp_take(&d, &d.a, KVS_COMPLETION_DISCONNECT, d.ba);
     assert_int_equal(c.status, KVS_EPEER);
     assert_false(kvs_ofi_conn_alive(d.a.fab, d.ba));
     assert_int_equal(d.a.fab->ops.send(d.a.fab, d.ba, "x", 1, 1), KVS_EPEER);
@@ -424,14 +303,14 @@ static void test_ofi_fabric_peer_lost(void **state)
     duo_open(&d);
     d.ab = NULL;
     side_close(&d.b);
-    c = take(&d, &d.a, KVS_COMPLETION_DISCONNECT, d.ba);
+    c = fp_take(&d, &d.a, KVS_COMPLETION_DISCONNECT, d.ba);
     assert_int_equal(c.status, KVS_EPEER);
     d.a.fab->ops.disconnect(d.a.fab, d.ba);
     duo_close(&d);
 }
 
 typedef struct sender {
-    duo_t *d;
+    fp_pair_t *d;
     uint64_t delay_ns;
 } sender_t;
 
@@ -446,45 +325,45 @@ static void *send_later(void *arg)
 
 static void test_ofi_fabric_wait_fd(void **state)
 {
-    duo_t d = {.prov = *state};
-    if (!offered(d.prov))
+    fp_pair_t d = {.name = *state};
+    if (!offered(d.name))
         skip();
     duo_open(&d);
-    side_pump(&d.a);
+    fp_side_pump(&d.a);
     int fd = -1;
     uint64_t wake = 0;
     /* quiet: arm, poll once more, then the fd stays unreadable */
     assert_int_equal(d.a.fab->ops.wait_arm(d.a.fab, &fd, &wake), KVS_OK);
-    side_pump(&d.a);
+    fp_side_pump(&d.a);
     assert_true(fd >= 0);
     assert_int_equal(d.a.n, 0);
     struct pollfd p = {.fd = fd, .events = POLLIN};
     if (wake != UINT64_MAX) {
         /* a provider without a wait fd (shm): a short timer instead */
-        assert_true(wake <= mono_ns() + 2000000u);
+        assert_true(wake <= fp_now_ns() + 2000000u);
         fprintf(stderr, "test_ofi_fabric: %s has no completion wait fd: wake_ns timer\n",
-                d.prov);
+                d.name);
         duo_close(&d);
         return;
     }
     assert_int_equal(poll(&p, 1, 50), 0);
     /* a message from the other side makes it readable */
     assert_int_equal(d.a.fab->ops.wait_arm(d.a.fab, &fd, &wake), KVS_OK);
-    side_pump(&d.a);
+    fp_side_pump(&d.a);
     sender_t s = {.d = &d, .delay_ns = 20000000};
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, send_later, &s), 0);
-    const uint64_t t0 = mono_ns();
+    const uint64_t t0 = fp_now_ns();
     int ready = 0;
-    while (ready == 0 && mono_ns() - t0 < 5000000000u) {
+    while (ready == 0 && fp_now_ns() - t0 < 5000000000u) {
         /* the sender's side makes progress in its own polls */
         ready = poll(&p, 1, 10);
         if (ready == 0)
-            side_pump(&d.b);
+            fp_side_pump(&d.b);
     }
     pthread_join(t, NULL);
     assert_int_equal(ready, 1);
-    kvs_completion_t c = take(&d, &d.a, KVS_COMPLETION_RECV, d.ba);
+    kvs_completion_t c = fp_take(&d, &d.a, KVS_COMPLETION_RECV, d.ba);
     assert_memory_equal(c.msg, "wake", 4);
     duo_close(&d);
 }
