@@ -13,4 +13,5 @@ apt-get install -y -q --no-install-recommends \
   libcmocka-dev gcovr valgrind python3 python3-pytest python3-torch python3-numpy \
   git ca-certificates \
   libibverbs-dev librdmacm-dev ibverbs-providers rdma-core ibverbs-utils rdmacm-utils \
+  libfabric-dev libfabric-bin \
   perftest iproute2 qemu-system-x86 busybox-static cpio kmod binutils

@@ -40,6 +40,8 @@ enum cli_serve_flag {
     CLI_VF_PEER,
     CLI_VF_DEVICE,
     CLI_VF_DEVICE_NEAR_GPU,
+    CLI_VF_FABRIC,
+    CLI_VF_PROVIDER,
     CLI_VF_REQUESTS,
     CLI_VF_PROMPT_TOKENS,
     CLI_VF_SEED,
@@ -66,6 +68,8 @@ static const cli_flag_t cli_serve_flags[CLI_VF_COUNT] = {
     [CLI_VF_PEER] = {"--peer", true},
     [CLI_VF_DEVICE] = {"--device", true},
     [CLI_VF_DEVICE_NEAR_GPU] = {"--device-near-gpu", true},
+    [CLI_VF_FABRIC] = {"--fabric", true},
+    [CLI_VF_PROVIDER] = {"--provider", true},
     [CLI_VF_REQUESTS] = {"--requests", true},
     [CLI_VF_PROMPT_TOKENS] = {"--prompt-tokens", true},
     [CLI_VF_SEED] = {"--seed", true},
@@ -90,9 +94,9 @@ void cli_serve_usage(FILE *out)
             "usage: kvstage serve --role prefill|decode [flags]\n"
             "\n"
             "Runs every rank of one instance in this process: all the ranks of one prefill\n"
-            "instance, or of the decode instance (one thread, host device and verbs fabric\n"
-            "per rank), and moves a seeded workload through the kvstage protocol over\n"
-            "RDMA. Start the prefill processes first (one per prefill instance), then the\n"
+            "instance, or of the decode instance (one thread, host device and fabric per\n"
+            "rank), and moves a seeded workload through the kvstage protocol over RDMA\n"
+            "(verbs) or libfabric (ofi: tcp, shm, verbs, efa providers). Start the prefill processes first (one per prefill instance), then the\n"
             "decode process with the same shape and workload flags. Room i is paired with\n"
             "prefill instance i %% N (N prefill instances); each prefill serves its own\n"
             "rooms, the decode every room. A prefill writes a deterministic pattern into\n"
@@ -120,6 +124,11 @@ void cli_serve_usage(FILE *out)
             "                        closest on PCIe to this GPU (PCI bus id as\n"
             "                        cudaDeviceGetPCIBusId gives it, e.g. 0000:3b:00.0),\n"
             "                        one for every rank or one per rank as --device\n"
+            "  --fabric verbs|ofi    the ranks' fabric: libibverbs + rdma_cm, or libfabric\n"
+            "                        (verbs)\n"
+            "  --provider NAME       --fabric ofi: the libfabric provider, as fi_info -l\n"
+            "                        names it: tcp, shm, verbs, efa, ... (tcp); every\n"
+            "                        process of a run gives the same\n"
             "shape (as kvstage sim; no default model: give --model or the three sizes):\n"
             "  --model NAME | --kv-heads H --head-dim D --layers L\n"
             "  --dtype T (bf16)  --page-size N (16)  --prefill-tp P (2)  --decode-tp D (1)\n"
@@ -521,6 +530,25 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
                              sizeof in->bind_ip, &in->plan.listen_port)) != 0)
         return rc;
     in->plan.bind_ip = in->bind_ip[0] != '\0' ? in->bind_ip : NULL;
+    const char *fabric = values[CLI_VF_FABRIC] != NULL ? values[CLI_VF_FABRIC] : "verbs";
+    if (strcmp(fabric, "ofi") == 0) {
+#ifndef KVS_CLI_OFI
+        return cli_fail(CLI_SERVE_CMD, "--fabric ofi: this kvstage was built without "
+                                       "libfabric: install libfabric-dev and rebuild");
+#endif
+        in->plan.ofi = true;
+        in->plan.provider = values[CLI_VF_PROVIDER] != NULL ? values[CLI_VF_PROVIDER] : "tcp";
+        if (values[CLI_VF_DEVICE] != NULL || values[CLI_VF_DEVICE_NEAR_GPU] != NULL)
+            return cli_fail(CLI_SERVE_CMD, "--device and --device-near-gpu choose RDMA devices "
+                                           "of --fabric verbs; with --fabric ofi the provider "
+                                           "(--provider) chooses: drop them");
+    } else if (strcmp(fabric, "verbs") != 0) {
+        return cli_fail(CLI_SERVE_CMD, "--fabric '%s' is not a fabric: give verbs or ofi",
+                        fabric);
+    } else if (values[CLI_VF_PROVIDER] != NULL) {
+        return cli_fail(CLI_SERVE_CMD, "--provider names a libfabric provider: give it with "
+                                       "--fabric ofi");
+    }
     if (values[CLI_VF_DEVICE] != NULL && values[CLI_VF_DEVICE_NEAR_GPU] != NULL)
         return cli_fail(CLI_SERVE_CMD, "--device and --device-near-gpu both choose the ranks' "
                                        "RDMA devices: give one of them");

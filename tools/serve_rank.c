@@ -1,7 +1,7 @@
 /*
  * serve_rank.c - one rank of `kvstage serve` (see serve_rank.h).
  *
- * Set-up: host device, verbs fabric (prefill rank (t, s) listens on
+ * Set-up: host device, verbs or ofi fabric (prefill rank (t, s) listens on
  * listen_port + s * P + t), KV pool of this rank's layers, then the rank
  * itself (kvs_rank_create: manager, staging memory and its registration,
  * KV layers, handler, in the library's init order) and its driver
@@ -53,6 +53,9 @@
 #include <kvstage/host.h>
 #include <kvstage/sim.h>
 #include <kvstage/verbs.h>
+#ifdef KVS_CLI_OFI
+#include <kvstage/ofi.h>
+#endif
 
 #include "serve_fault.h"
 
@@ -67,7 +70,7 @@ typedef struct cli_rank_ctx {
     const kvs_layout_t *lay;
     kvs_host_device_t *host;
     kvs_device_t *dev;
-    kvs_fabric_t *verbs;        /* the real fabric */
+    kvs_fabric_t *real;         /* the real fabric (verbs or ofi) */
     cli_fault_fabric_t *fault;  /* wrapper when this rank injects a fault */
     kvs_fabric_t *fab;          /* what the core uses */
     kvs_rank_t *rank;
@@ -135,7 +138,7 @@ static const char *cli_rank_name(const cli_rank_ctx_t *c, char *buf, size_t len)
     return buf;
 }
 
-/* The verbs fabric's log (its device and why): one stderr line, naming
+/* The fabric's log (its device or provider, and why): one stderr line, naming
  * the rank. */
 static void cli_rank_log(void *user, kvs_log_level_t level, const char *msg)
 {
@@ -186,7 +189,7 @@ static uint8_t *cli_slot(const cli_rank_ctx_t *c, int64_t layer, int kv, int64_t
     return c->pool + off;
 }
 
-/* The fabric's clock (verbs: CLOCK_MONOTONIC, safe from any thread). */
+/* The fabric's clock (verbs, ofi: CLOCK_MONOTONIC, safe from any thread). */
 static uint64_t cli_now(cli_rank_ctx_t *c) { return c->fab->ops.now_ns(c->fab); }
 
 /* The pattern of room i, the simulator's (kvs_sim_kv_fill: a function of
@@ -336,30 +339,52 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
         return cli_rank_fail(c, rc, "%s: host device: %s", who, err.msg);
     c->dev = kvs_host_device(c->host);
 
-    kvs_verbs_config_t vc;
-    kvs_verbs_config_init(&vc);
     const int64_t at = c->r->pp * (decode ? l->decode_tp : l->prefill_tp) + c->r->tp;
-    vc.device = pl->devices != NULL ? pl->devices[at] : NULL;
-    vc.near_pci = pl->near_gpus != NULL ? pl->near_gpus[at] : NULL;
-    vc.log = (kvs_log_t){.fn = cli_rank_log, .user = c, .level = kvs_log_level_default()};
-    vc.bind_addr = pl->bind_ip;
-    vc.listen_port = decode ? 0 : (uint16_t)(pl->listen_port + c->r->pp * l->prefill_tp +
-                                             c->r->tp);
+    const uint16_t port = decode ? 0 : (uint16_t)(pl->listen_port + c->r->pp * l->prefill_tp +
+                                                  c->r->tp);
     /* A decode rank keeps one connection per writer of every instance. */
     uint32_t conns = 0;
     for (uint32_t k = 0; decode && k < pl->instances; k++)
         conns += (uint32_t)cli_rank_writers(&pl->peers[k].lay);
-    if (conns + 4 > 16) /* the fabric's default max_conns (verbs.h) */
-        vc.max_conns = conns + 4;
-    rc = kvs_verbs_fabric_create(&vc, &c->verbs, &err);
+    const kvs_log_t log = {.fn = cli_rank_log, .user = c, .level = kvs_log_level_default()};
+    /* More than the fabrics' default max_conns (16, verbs.h and ofi.h). */
+    const uint32_t max_conns = conns + 4 > 16 ? conns + 4 : 0;
+    char what[128]; /* the fabric and the flags that chose it, for a failure */
+    if (pl->ofi) {
+#ifdef KVS_CLI_OFI
+        kvs_ofi_config_t oc;
+        kvs_ofi_config_init(&oc);
+        oc.provider = pl->provider;
+        oc.bind_addr = pl->bind_ip;
+        oc.listen_port = port;
+        oc.log = log;
+        oc.max_conns = max_conns != 0 ? max_conns : oc.max_conns;
+        snprintf(what, sizeof what, "ofi fabric (--provider %s)", pl->provider);
+        rc = kvs_ofi_fabric_create(&oc, &c->real, &err);
+#else
+        snprintf(what, sizeof what, "ofi fabric");
+        snprintf(err.msg, sizeof err.msg, "this kvstage was built without libfabric");
+        rc = KVS_ENOTSUP; /* serve.c refuses --fabric ofi first */
+#endif
+    } else {
+        kvs_verbs_config_t vc;
+        kvs_verbs_config_init(&vc);
+        vc.device = pl->devices != NULL ? pl->devices[at] : NULL;
+        vc.near_pci = pl->near_gpus != NULL ? pl->near_gpus[at] : NULL;
+        vc.log = log;
+        vc.bind_addr = pl->bind_ip;
+        vc.listen_port = port;
+        vc.max_conns = max_conns != 0 ? max_conns : vc.max_conns;
+        snprintf(what, sizeof what, "verbs fabric%s%s%s", vc.near_pci != NULL ?
+                 " (--device-near-gpu " : "", vc.near_pci != NULL ? vc.near_pci : "",
+                 vc.near_pci != NULL ? ")" : "");
+        rc = kvs_verbs_fabric_create(&vc, &c->real, &err);
+    }
     if (rc != KVS_OK)
-        return cli_rank_fail(c, rc, "%s: verbs fabric%s%s%s: %s", who,
-                             vc.near_pci != NULL ? " (--device-near-gpu " : "",
-                             vc.near_pci != NULL ? vc.near_pci : "",
-                             vc.near_pci != NULL ? ")" : "", err.msg);
-    c->fab = c->verbs;
+        return cli_rank_fail(c, rc, "%s: %s: %s", who, what, err.msg);
+    c->fab = c->real;
     if (!decode && c->r->tp == 0 && c->r->pp == 0 && pl->fail_write > 0) {
-        if ((rc = cli_fault_fabric_create(c->verbs, pl->fail_write, &c->fault)) != KVS_OK)
+        if ((rc = cli_fault_fabric_create(c->real, pl->fail_write, &c->fault)) != KVS_OK)
             return cli_rank_fail(c, rc, "%s: fault wrapper: %s", who, kvs_strerror(rc));
         c->fab = cli_fault_fabric(c->fault);
     }
@@ -679,10 +704,17 @@ static void cli_rank_teardown(cli_rank_ctx_t *c)
     if (c->pool_addr != 0)
         (void)c->dev->ops.mem_free(c->dev, c->pool_addr);
     cli_fault_fabric_destroy(c->fault);
-    if (c->verbs != NULL) {
-        int rc = kvs_verbs_fabric_destroy(c->verbs);
+    if (c->real != NULL) {
+        int rc = KVS_OK;
+#ifdef KVS_CLI_OFI
+        if (c->plan->ofi)
+            rc = kvs_ofi_fabric_destroy(c->real);
+#endif
+        if (!c->plan->ofi)
+            rc = kvs_verbs_fabric_destroy(c->real);
         if (rc != KVS_OK)
-            cli_rank_fail(c, rc, "tearing down the verbs fabric: %s", kvs_strerror(rc));
+            cli_rank_fail(c, rc, "tearing down the %s fabric: %s",
+                          c->plan->ofi ? "ofi" : "verbs", kvs_strerror(rc));
     }
     kvs_host_device_destroy(c->host);
     free(c->pages);

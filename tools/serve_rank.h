@@ -1,10 +1,11 @@
 /*
- * serve_rank.h - one rank of `kvstage serve`: a host device, a verbs fabric,
- * a kvstage rank (kvs_rank_create) on them and its driver (kvstage/driver.h),
+ * serve_rank.h - one rank of `kvstage serve`: a host device, a fabric (verbs
+ * or ofi), a kvstage rank (kvs_rank_create) on them and its driver
+ * (kvstage/driver.h),
  * and the workload it moves. Each rank runs on its own thread, which opens
  * the rooms and checks the results, while its driver's progress thread
  * steps the rank (every rank call goes through the driver's lock; the
- * verbs fabric is used through the rank only). Ranks of one process share
+ * fabric is used through the rank only). Ranks of one process share
  * only the read-only plan and a stop flag (a rank that fails stops its
  * siblings instead of leaving them to wait out the time-out).
  *
@@ -67,6 +68,8 @@ typedef struct cli_serve_plan {
     const char *const *near_gpus; /* [ranks]: PCI bus id whose closest RDMA
                                    device rank (t, s) takes, as devices;
                                    NULL: none */
+    bool ofi;                   /* the libfabric fabric, else verbs */
+    const char *provider;       /* ofi: the provider's name */
     const char *bind_ip;        /* this process's address, NULL: the GID's */
     uint16_t listen_port;       /* prefill rank (t, s) listens on listen_port + s * P + t */
     uint64_t fail_write;        /* prefill rank (0, 0): spoil this write (1-based), 0: none */

@@ -182,7 +182,7 @@ void hw_verbs_conn_free(kvs_conn_t *c)
     free(c->rbuf);
     free(c->sq);
     hw_verbs_conn_free_prev(c);
-    hw_verbs_rtables_free(c);
+    hw_rkeys_free(&c->rkeys);
     hw_verbs_fabric_t *f = c->fab;
     const uint32_t slot = c->slot, gen = c->gen + 1;
     *c = (kvs_conn_t){.fab = f, .slot = slot, .gen = gen};
@@ -729,56 +729,12 @@ int hw_verbs_cm_drain(hw_verbs_fabric_t *f)
 /* ---- active side -------------------------------------------------------------- */
 
 /* "a.b.c.d:port", "[v6]:port" or "name:port" -> resolved address. */
-static int hw_verbs_parse_peer(const char *peer, struct sockaddr_storage *out, char *why,
-                               size_t why_bytes)
-{
-    char host[256];
-    const char *colon = strrchr(peer, ':');
-    size_t hlen = colon != NULL ? (size_t)(colon - peer) : 0;
-    if (colon == NULL || hlen == 0 || hlen >= sizeof host || colon[1] == '\0') {
-        snprintf(why, why_bytes, "peer '%s' is not HOST:PORT (IPv6 as [ADDR]:PORT)", peer);
-        return KVS_EINVAL;
-    }
-    const char *h = peer;
-    if (peer[0] == '[' && colon[-1] == ']') {
-        h = peer + 1;
-        hlen -= 2;
-    }
-    memcpy(host, h, hlen);
-    host[hlen] = '\0';
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
-    struct addrinfo *res = NULL;
-    int rc = getaddrinfo(host, colon + 1, &hints, &res);
-    if (rc != 0 || res == NULL) {
-        snprintf(why, why_bytes, "peer '%.100s' cannot be resolved (%s): pass an IP address "
-                 "and a port number", peer, gai_strerror(rc));
-        return KVS_EINVAL;
-    }
-    memcpy(out, res->ai_addr, res->ai_addrlen);
-    freeaddrinfo(res);
-    return KVS_OK;
-}
-
-static int hw_verbs_bind_sockaddr(const char *ip, uint16_t port, struct sockaddr_storage *out)
-{
-    char serv[8];
-    snprintf(serv, sizeof serv, "%u", port);
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE};
-    struct addrinfo *res = NULL;
-    if (getaddrinfo(ip, serv, &hints, &res) != 0 || res == NULL)
-        return KVS_EINVAL;
-    memcpy(out, res->ai_addr, res->ai_addrlen);
-    freeaddrinfo(res);
-    return KVS_OK;
-}
-
 /* A new cm_id asking the peer again (first connect or reconnect). */
 static int hw_verbs_resolve(kvs_conn_t *c, int *err)
 {
     hw_verbs_fabric_t *f = c->fab;
     struct sockaddr_storage src;
-    if (hw_verbs_bind_sockaddr(f->bind_addr, 0, &src) != KVS_OK) {
+    if (hw_net_bind_sockaddr(f->bind_addr, 0, &src) != KVS_OK) {
         *err = EINVAL;
         return KVS_EINVAL;
     }
@@ -805,9 +761,9 @@ int hw_verbs_connect(kvs_fabric_t *fab, const char *peer, kvs_conn_t **out)
                                "NULL", f->device_name);
     struct sockaddr_storage dst, src;
     char why[KVS_ERROR_MSG_BYTES];
-    if (hw_verbs_parse_peer(peer, &dst, why, sizeof why) != KVS_OK)
+    if (hw_net_parse_peer(peer, &dst, why, sizeof why) != KVS_OK)
         return kvs_fabric_fail(fab, KVS_EINVAL, 0, "connect on %s: %s", f->device_name, why);
-    if (hw_verbs_bind_sockaddr(f->bind_addr, 0, &src) != KVS_OK)
+    if (hw_net_bind_sockaddr(f->bind_addr, 0, &src) != KVS_OK)
         return kvs_fabric_fail(fab, KVS_EINVAL, 0, "connect on %s: bind address '%s' is not "
                                "an IP address", f->device_name, f->bind_addr);
     if (src.ss_family != dst.ss_family)
@@ -942,7 +898,7 @@ void hw_verbs_conn_tick(hw_verbs_fabric_t *f)
 int hw_verbs_listen(hw_verbs_fabric_t *f, char *why, size_t why_bytes)
 {
     struct sockaddr_storage sa;
-    if (hw_verbs_bind_sockaddr(f->bind_addr, f->cfg.listen_port, &sa) != KVS_OK) {
+    if (hw_net_bind_sockaddr(f->bind_addr, f->cfg.listen_port, &sa) != KVS_OK) {
         snprintf(why, why_bytes, "bind address '%s' is not an IP address: set bind_addr to "
                  "an IP of the RDMA device's netdev", f->bind_addr);
         return KVS_EINVAL;

@@ -39,34 +39,10 @@ _Static_assert(sizeof(((kvs_verbs_info_t *)0)->device_reason) >= HW_VERBS_REASON
 static int hw_verbs_mr_register_op(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
                                    uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey);
 
-/* Writes one line to the fabric's sink, as the core's objects do: the
- * callback, else stderr; above the sink's level nothing. */
-static void hw_verbs_log(const kvs_log_t *log, kvs_log_level_t level, const char *fmt, ...)
-#if defined(__GNUC__) || defined(__clang__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-static void hw_verbs_log(const kvs_log_t *log, kvs_log_level_t level, const char *fmt, ...)
-{
-    if (level == KVS_LOG_OFF || level > log->level)
-        return;
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    if (log->fn != NULL)
-        log->fn(log->user, level, buf);
-    else
-        fprintf(stderr, "kvstage %s: %s\n", kvs_log_level_name(level), buf);
-}
-
 uint64_t hw_verbs_now_ns(kvs_fabric_t *fab)
 {
     (void)fab;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    return hw_net_now_ns();
 }
 
 static const kvs_fabric_ops_t hw_verbs_ops = {
@@ -247,12 +223,6 @@ static void hw_verbs_free(hw_verbs_fabric_t *f)
     free(f);
 }
 
-static int hw_verbs_nonblock(int fd)
-{
-    const int fl = fcntl(fd, F_GETFL);
-    return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-}
-
 static int hw_verbs_config(const kvs_verbs_config_t *in, kvs_verbs_config_t *c, kvs_error_t *err)
 {
     *c = *in;
@@ -422,7 +392,7 @@ int kvs_verbs_fabric_create(const kvs_verbs_config_t *cfg, kvs_fabric_t **out,
         step = "rdma_create_event_channel";
         f->ch = rdma_create_event_channel();
     }
-    if (f->ch == NULL || hw_verbs_nonblock(f->ch->fd) != 0 || hw_verbs_nonblock(f->cc->fd)) {
+    if (f->ch == NULL || hw_net_nonblock(f->ch->fd) != 0 || hw_net_nonblock(f->cc->fd)) {
         const int e = errno;
         rc = KVS_EBACKEND;
         snprintf(why, sizeof why, "%s on %s failed: %s%s", step, f->device_name, strerror(e),
@@ -455,7 +425,7 @@ int kvs_verbs_fabric_create(const kvs_verbs_config_t *cfg, kvs_fabric_t **out,
                  "backend against this kvstage");
         goto fail;
     }
-    hw_verbs_log(&c->log, KVS_LOG_INFO, "verbs fabric: RDMA device %s port %d GID %d (%s), "
+    hw_net_log(&c->log, KVS_LOG_INFO, "verbs fabric: RDMA device %s port %d GID %d (%s), "
                  "listening on %s: %s", f->device_name, f->port, f->gid_index, f->gid_text,
                  f->address, f->device_reason);
     *out = &f->base;

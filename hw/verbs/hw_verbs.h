@@ -20,6 +20,9 @@
 
 #include <kvstage/verbs.h>
 
+#include "net_util.h"
+#include "rkeys.h"
+
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
@@ -163,17 +166,6 @@ struct kvs_mr {
     bool dmabuf;
 };
 
-/* A peer's split registration, learnt from its KEYS messages. */
-typedef struct hw_verbs_rtable {
-    uint32_t id;
-    uint32_t npieces;
-    uint32_t filled;
-    uint64_t base;
-    uint64_t piece_bytes;
-    uint64_t len_bytes;
-    uint32_t *rkeys;
-} hw_verbs_rtable_t;
-
 kvs_mr_t *hw_verbs_mr_of(hw_verbs_fabric_t *f, kvs_mr_t *mr);
 int hw_verbs_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
                          uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey);
@@ -190,7 +182,6 @@ void hw_verbs_keys_recv(hw_verbs_fabric_t *f, kvs_conn_t *conn, uint32_t kind,
                         const uint8_t *msg, uint32_t len_bytes);
 /* Sends the key tables of every live split registration on conn. */
 int hw_verbs_keys_push_all(hw_verbs_fabric_t *f, kvs_conn_t *conn);
-void hw_verbs_rtables_free(kvs_conn_t *conn);
 
 /* ---- dma-buf (dmabuf.c) ---------------------------------------------------- */
 
@@ -286,9 +277,7 @@ struct kvs_conn {
     uint8_t *prev_rbuf;
     struct ibv_mr *prev_rmr;
     uint32_t prev_gen;
-    /* the peer's split registrations */
-    hw_verbs_rtable_t *rtables;
-    uint32_t nrtables;
+    hw_rkeys_t rkeys;           /* the peer's split registrations (rkeys.h) */
 };
 
 /* Processes every pending rdma_cm event without blocking. */

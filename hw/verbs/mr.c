@@ -9,7 +9,8 @@
  * piece keys travel to peers in KEYS messages: on every connection that is
  * up when it is registered, and to later connections before their first
  * operation (connections carry messages in order, so a peer always holds
- * the keys before any message of ours that could name the handle). The
+ * the keys before any message of ours that could name the handle); the
+ * messages and the peer's tables are hw/common/rkeys.c's, keys 4 bytes. The
  * writer's side resolves (handle, address) to a piece key and splits
  * writes at piece boundaries (post.c). Deregistering sends DROP.
  */
@@ -20,37 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-/* KEYS: id, npieces, first, count (u32); base, piece_bytes, len_bytes (u64);
- * then count piece keys (u32); all little-endian. */
-#define HW_VERBS_KEYS_HDR 40u
-#define HW_VERBS_KEYS_MAX ((KVS_CONTROL_MSG_MAX_BYTES - HW_VERBS_KEYS_HDR) / 4u)
-#define HW_VERBS_RTABLE_PIECES_MAX (UINT32_C(1) << 20)
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++)
-        v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
 
 kvs_mr_t *hw_verbs_mr_of(hw_verbs_fabric_t *f, kvs_mr_t *mr)
 {
@@ -70,34 +40,22 @@ void hw_verbs_mr_piece(const kvs_mr_t *mr, uint64_t addr, uint32_t *lkey, uint64
     *left = piece_end - off;
 }
 
-/* One KEYS message: pieces [first, first + count) of mr. */
-static int hw_verbs_keys_send(kvs_conn_t *conn, const kvs_mr_t *mr, uint32_t first,
-                              uint32_t count)
+static uint64_t hw_verbs_piece_rkey(const void *mr, uint32_t i)
 {
-    uint8_t msg[KVS_CONTROL_MSG_MAX_BYTES];
-    put32(msg, mr->id);
-    put32(msg + 4, mr->npieces);
-    put32(msg + 8, first);
-    put32(msg + 12, count);
-    put64(msg + 16, mr->addr);
-    put64(msg + 24, mr->piece_bytes);
-    put64(msg + 32, mr->len_bytes);
-    for (uint32_t i = 0; i < count; i++)
-        put32(msg + HW_VERBS_KEYS_HDR + 4 * i, mr->pieces[first + i]->rkey);
-    return hw_verbs_send_internal(conn, HW_VERBS_CTRL_KEYS, msg, HW_VERBS_KEYS_HDR + 4 * count);
+    return ((const kvs_mr_t *)mr)->pieces[i]->rkey;
 }
 
+static int hw_verbs_keys_send_one(void *conn, const uint8_t *msg, uint32_t len_bytes)
+{
+    return hw_verbs_send_internal(conn, HW_VERBS_CTRL_KEYS, msg, len_bytes);
+}
+
+/* The KEYS messages of mr (rkeys.c) on conn. */
 static int hw_verbs_keys_send_mr(kvs_conn_t *conn, const kvs_mr_t *mr)
 {
-    for (uint32_t first = 0; first < mr->npieces; first += HW_VERBS_KEYS_MAX) {
-        uint32_t count = mr->npieces - first;
-        if (count > HW_VERBS_KEYS_MAX)
-            count = HW_VERBS_KEYS_MAX;
-        int rc = hw_verbs_keys_send(conn, mr, first, count);
-        if (rc != KVS_OK)
-            return rc;
-    }
-    return KVS_OK;
+    const hw_rkeys_reg_t r = {.id = mr->id, .npieces = mr->npieces, .base = mr->addr,
+                              .piece_bytes = mr->piece_bytes, .len_bytes = mr->len_bytes};
+    return hw_rkeys_send(&r, 4, hw_verbs_piece_rkey, mr, hw_verbs_keys_send_one, conn);
 }
 
 int hw_verbs_keys_push_all(hw_verbs_fabric_t *f, kvs_conn_t *conn)
@@ -128,7 +86,7 @@ static void hw_verbs_keys_broadcast(hw_verbs_fabric_t *f, const kvs_mr_t *mr, bo
         int rc;
         if (drop) {
             uint8_t msg[4];
-            put32(msg, mr->id);
+            hw_put32(msg, mr->id);
             rc = hw_verbs_send_internal(c, HW_VERBS_CTRL_DROP, msg, sizeof msg);
         } else {
             rc = hw_verbs_keys_send_mr(c, mr);
@@ -138,86 +96,24 @@ static void hw_verbs_keys_broadcast(hw_verbs_fabric_t *f, const kvs_mr_t *mr, bo
     }
 }
 
-static hw_verbs_rtable_t *hw_verbs_rtable_find(kvs_conn_t *conn, uint32_t id)
-{
-    for (uint32_t i = 0; i < conn->nrtables; i++)
-        if (conn->rtables[i].id == id)
-            return &conn->rtables[i];
-    return NULL;
-}
-
-static void hw_verbs_rtable_remove(kvs_conn_t *conn, hw_verbs_rtable_t *t)
-{
-    free(t->rkeys);
-    *t = conn->rtables[--conn->nrtables];
-}
-
-void hw_verbs_rtables_free(kvs_conn_t *conn)
-{
-    for (uint32_t i = 0; i < conn->nrtables; i++)
-        free(conn->rtables[i].rkeys);
-    free(conn->rtables);
-    conn->rtables = NULL;
-    conn->nrtables = 0;
-}
-
 void hw_verbs_keys_recv(hw_verbs_fabric_t *f, kvs_conn_t *conn, uint32_t kind,
                         const uint8_t *msg, uint32_t len)
 {
     if (kind == HW_VERBS_CTRL_DROP) {
-        hw_verbs_rtable_t *t = len >= 4 ? hw_verbs_rtable_find(conn, get32(msg)) : NULL;
-        if (t != NULL)
-            hw_verbs_rtable_remove(conn, t);
+        hw_rkeys_drop(&conn->rkeys, msg, len);
         return;
     }
-    if (kind != HW_VERBS_CTRL_KEYS || len < HW_VERBS_KEYS_HDR) {
+    if (kind != HW_VERBS_CTRL_KEYS) {
         hw_verbs_conn_fail(conn, KVS_EPROTO, "connection to %s: unknown fabric message %u of "
                            "%u bytes: the peer runs an incompatible kvstage", conn->peer, kind,
                            len);
         return;
     }
-    const uint32_t id = get32(msg), npieces = get32(msg + 4), first = get32(msg + 8),
-                   count = get32(msg + 12);
-    const uint64_t base = get64(msg + 16), piece = get64(msg + 24), total = get64(msg + 32);
-    if (npieces < 2 || npieces > HW_VERBS_RTABLE_PIECES_MAX || piece == 0 ||
-        count > HW_VERBS_KEYS_MAX || first > npieces || count > npieces - first ||
-        len != HW_VERBS_KEYS_HDR + 4 * count || total <= (uint64_t)(npieces - 1) * piece ||
-        total > (uint64_t)npieces * piece) {
-        hw_verbs_conn_fail(conn, KVS_EPROTO, "connection to %s: malformed key table from the "
-                           "peer: it runs an incompatible kvstage", conn->peer);
-        return;
-    }
-    hw_verbs_rtable_t *t = hw_verbs_rtable_find(conn, id);
-    if (t != NULL && (first == 0 || t->npieces != npieces)) {
-        hw_verbs_rtable_remove(conn, t); /* sent again: start over */
-        t = NULL;
-    }
-    if (t == NULL) {
-        if (conn->nrtables >= f->cfg.max_mrs) {
-            hw_verbs_conn_fail(conn, KVS_EFULL, "connection to %s: the peer has more than %u "
-                               "split registrations: raise max_mrs on this side",
-                               conn->peer, f->cfg.max_mrs);
-            return;
-        }
-        if (conn->rtables == NULL) {
-            conn->rtables = calloc(f->cfg.max_mrs, sizeof *conn->rtables);
-            if (conn->rtables == NULL)
-                goto nomem;
-        }
-        uint32_t *keys = calloc(npieces, sizeof *keys);
-        if (keys == NULL)
-            goto nomem;
-        t = &conn->rtables[conn->nrtables++];
-        *t = (hw_verbs_rtable_t){.id = id, .npieces = npieces, .base = base,
-                                 .piece_bytes = piece, .len_bytes = total, .rkeys = keys};
-    }
-    for (uint32_t i = 0; i < count; i++)
-        t->rkeys[first + i] = get32(msg + HW_VERBS_KEYS_HDR + 4 * i);
-    t->filled += count;
-    return;
-nomem:
-    hw_verbs_conn_fail(conn, KVS_ENOMEM, "connection to %s: no memory for the peer's key "
-                       "table of %u pieces", conn->peer, npieces);
+    /* Only split registrations travel as tables (one piece: its rkey). */
+    char why[KVS_ERROR_MSG_BYTES];
+    const int rc = hw_rkeys_recv(&conn->rkeys, f->cfg.max_mrs, 4, 2, msg, len, why, sizeof why);
+    if (rc != KVS_OK)
+        hw_verbs_conn_fail(conn, rc, "connection to %s: %s", conn->peer, why);
 }
 
 int hw_verbs_rkey_piece(hw_verbs_fabric_t *f, kvs_conn_t *conn, uint64_t rkey, uint64_t raddr,
@@ -234,22 +130,20 @@ int hw_verbs_rkey_piece(hw_verbs_fabric_t *f, kvs_conn_t *conn, uint64_t rkey, u
         return KVS_OK;
     }
     const uint32_t id = (uint32_t)(rkey >> 32) & 0x7fffffffu;
-    const hw_verbs_rtable_t *t = hw_verbs_rtable_find(conn, id);
-    if (t == NULL || t->filled < t->npieces)
+    const hw_rkeys_entry_t *t;
+    uint64_t key, off;
+    const int rc = hw_rkeys_lookup(&conn->rkeys, id, raddr, &key, &off, left, &t);
+    if (rc == KVS_ENOENT)
         return kvs_fabric_fail(&f->base, KVS_EREMOTE, 0, "write on %s: split registration %u "
                                "of the peer is unknown on this connection (deregistered, or "
                                "a key of another peer): use a key the peer sent on this "
                                "connection", conn->peer, id);
-    if (raddr < t->base || raddr - t->base >= t->len_bytes)
+    if (rc != KVS_OK)
         return kvs_fabric_fail(&f->base, KVS_EREMOTE, 0, "write on %s: remote address 0x%llx "
                                "is outside the peer's registration [0x%llx, +%llu): fix the "
                                "offset", conn->peer, (unsigned long long)raddr,
                                (unsigned long long)t->base, (unsigned long long)t->len_bytes);
-    const uint64_t off = raddr - t->base;
-    const uint64_t i = off / t->piece_bytes;
-    const uint64_t end = i + 1 == t->npieces ? t->len_bytes : (i + 1) * t->piece_bytes;
-    *out_rkey = t->rkeys[i];
-    *left = end - off;
+    *out_rkey = (uint32_t)key;
     return KVS_OK;
 }
 

@@ -34,6 +34,10 @@
 # Usage: test_serve.sh KVSTAGE_BINARY   (needs an RDMA device: ctest runs it
 # through run-in-vm.sh; KVS_VERBS_ADDR is the address to use, default the
 # VM's 192.0.2.1). Exits 0 when every check passes.
+# The same runs over another fabric: KVS_SERVE_FABRIC holds the flags every
+# process gets (e.g. "--fabric ofi --provider tcp", with KVS_VERBS_ADDR
+# 127.0.0.1: no RDMA device needed; run 4 then names no device), and
+# KVS_SERVE_PORT_OFFSET moves every port (runs side by side).
 set -uo pipefail
 kvstage=${1:?usage: test_serve.sh KVSTAGE_BINARY}
 addr=${KVS_VERBS_ADDR:-192.0.2.1}
@@ -42,13 +46,17 @@ trap 'rm -rf "$work"' EXIT
 failures=0
 shape=(--kv-heads 4 --head-dim 32 --layers 2 --page-size 16 --chunk-tokens 64
        --requests 12 --prompt-tokens 32:192 --ring-mib 1 --timeout-s 60 --json)
+fabric=${KVS_SERVE_FABRIC:-}
+# shellcheck disable=SC2206
+[ -n "$fabric" ] && shape+=($fabric)
+off=${KVS_SERVE_PORT_OFFSET:-0}
 seed=(--seed 7) # run() passes it to both; refused() takes each side's own
 wait_s=${KVS_TEST_WAIT_S:-60} # bound of a wait inside the test (a hang fails it)
 elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}'; }
 
 # run NAME PORT "PREFILL FLAGS" "DECODE FLAGS" EXPECT_FAILED
 run() {
-  local name=$1 port=$2 pflags=$3 dflags=$4 expect=$5 t0 prc drc
+  local name=$1 port=$(($2 + off)) pflags=$3 dflags=$4 expect=$5 t0 prc drc
   t0=$(date +%s.%N)
   # shellcheck disable=SC2086
   "$kvstage" serve --role prefill --listen "$addr:$port" "${shape[@]}" "${seed[@]}" $pflags \
@@ -95,7 +103,7 @@ PY
 # Both must exit 1 with the refusal's status (KVS_EFINGERPRINT, not
 # KVS_ETIMEDOUT: they stop at once) naming FLAG.
 refused() {
-  local name=$1 port=$2 pflags=$3 dflags=$4 flag=$5 t0 prc drc bad=""
+  local name=$1 port=$(($2 + off)) pflags=$3 dflags=$4 flag=$5 t0 prc drc bad=""
   t0=$(date +%s.%N)
   # shellcheck disable=SC2086
   "$kvstage" serve --role prefill --listen "$addr:$port" "${shape[@]}" $pflags \
@@ -133,7 +141,8 @@ pp21="--prefill-tp 2 --decode-tp 1 --prefill-pp 2 --decode-pp 1"
 # device the tests are told to use, else the only one there is (on a host
 # of several, it runs on automatic choices instead).
 dev=${KVS_VERBS_DEVICE:-}
-[ -n "$dev" ] || [ "$(ls /sys/class/infiniband 2>/dev/null | wc -l)" != 1 ] ||
+[ -n "$fabric" ] && dev="" # --device names devices of the verbs fabric only
+[ -n "$fabric" ] || [ -n "$dev" ] || [ "$(ls /sys/class/infiniband 2>/dev/null | wc -l)" != 1 ] ||
   dev=$(ls /sys/class/infiniband)
 if [ -n "$dev" ]; then
   KVS_LOG_LEVEL=info run pp2d1 18575 "$pp21 --device $dev,$dev,$dev,$dev" "$pp21 --device $dev" 0
@@ -160,7 +169,7 @@ refused workdiffer 18635 "--prefill-tp 2 --decode-tp 1 --seed 1" \
 # TP,PP (instance k listens on PORT + 10k), then the decode naming each
 # with --prefill-instance. Every process must pass with every room ok.
 cluster() {
-  local name=$1 port=$2 common=$3 t0 k=0 drc spec inst=() pids=() rcs=()
+  local name=$1 port=$(($2 + off)) common=$3 t0 k=0 drc spec inst=() pids=() rcs=()
   shift 3
   local n=$#
   t0=$(date +%s.%N)
@@ -221,7 +230,7 @@ PY
 # 1 (TP1); instance 1 holds its rooms from room HOLD on and is killed with
 # SIGKILL once it says so. The decode runs under --expect-lost 1.
 lost() {
-  local name=$1 port=$2 hold=$3 common=$4 tp0=$5 tp1=$6 t0 p0 p1 dpid drc rc0 rc1 waited=0
+  local name=$1 port=$(($2 + off)) hold=$3 common=$4 tp0=$5 tp1=$6 t0 p0 p1 dpid drc rc0 rc1 waited=0
   t0=$(date +%s.%N)
   # shellcheck disable=SC2086
   "$kvstage" serve --role prefill --listen "$addr:$port" --instance 0 --instances 2 \
@@ -249,6 +258,8 @@ lost() {
   local killed_at
   killed_at=$(elapsed "$t0")
   kill -9 "$p1" 2>/dev/null
+  # libfabric's shm leaves a killed process's regions behind (named PID:*)
+  [ -n "$fabric" ] && rm -f /dev/shm/"$p1":* 2>/dev/null
   wait "$p1" 2>/dev/null # bash's "Killed" notice: the kill is the point
   rc1=$?
   wait "$dpid"

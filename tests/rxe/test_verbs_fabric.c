@@ -34,36 +34,8 @@
 
 #include <kvstage/verbs.h>
 
+#include "fabric_pair.h"
 #include "xorshift.h"
-
-#define QCAP 256
-
-/* One side: its fabric and the completions polled but not yet taken. */
-typedef struct ep {
-    kvs_fabric_t *fab;
-    kvs_completion_t *q; /* QCAP */
-    int n;
-} ep_t;
-
-typedef struct pair {
-    ep_t a, b;
-    kvs_conn_t *ab; /* b's connection to a (b connected) */
-    kvs_conn_t *ba; /* a's side of it, learnt from the first message */
-} pair_t;
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static uint64_t deadline(void)
-{
-    const char *s = getenv("KVS_TEST_WAIT_S");
-    const uint64_t secs = s != NULL && atoi(s) > 0 ? (uint64_t)atoi(s) : 60;
-    return now_ns() + secs * 1000000000u;
-}
 
 static void cfg_default(kvs_verbs_config_t *cfg)
 {
@@ -73,139 +45,51 @@ static void cfg_default(kvs_verbs_config_t *cfg)
     cfg->connect_timeout_ms = 5000;
 }
 
-static void ep_open(ep_t *e, const kvs_verbs_config_t *cfg)
+static void ep_open(fp_side_t *e, const kvs_verbs_config_t *cfg)
 {
     kvs_error_t err;
-    int rc = kvs_verbs_fabric_create(cfg, &e->fab, &err);
+    kvs_fabric_t *fab = NULL;
+    int rc = kvs_verbs_fabric_create(cfg, &fab, &err);
     if (rc != KVS_OK)
         fail_msg("kvs_verbs_fabric_create: %s: %s", kvs_status_name(rc), err.msg);
-    e->q = calloc(QCAP, sizeof *e->q);
-    assert_non_null(e->q);
-    e->n = 0;
+    fp_side_init(e, fab);
 }
 
-static void ep_close(ep_t *e)
+static void ep_close(fp_side_t *e)
 {
     if (e->fab != NULL)
         assert_int_equal(kvs_verbs_fabric_destroy(e->fab), KVS_OK);
-    free(e->q);
-    e->fab = NULL;
-    e->q = NULL;
+    fp_side_fini(e);
 }
 
-static void ep_pump(ep_t *e)
-{
-    if (e->n == QCAP)
-        return;
-    int got = e->fab->ops.poll(e->fab, e->q + e->n, QCAP - e->n);
-    if (got < 0)
-        fail_msg("poll: %s: %s", kvs_status_name(got), e->fab->last_backend_msg);
-    e->n += got;
-}
+/* The accepting side sleeps on its fabric's wait between polls. */
+static void wait_10ms(kvs_fabric_t *fab) { (void)kvs_verbs_fabric_wait(fab, 10); }
 
-/* Takes the first completion of `kind` on conn (any conn if NULL) from e,
- * polling both sides meanwhile; fails the test after the deadline. */
-static kvs_completion_t take(pair_t *p, ep_t *e, kvs_completion_kind_t kind, kvs_conn_t *conn)
-{
-    const uint64_t until = deadline();
-    for (;;) {
-        for (int i = 0; i < e->n; i++) {
-            if (e->q[i].kind == kind && (conn == NULL || e->q[i].conn == conn)) {
-                kvs_completion_t c = e->q[i];
-                memmove(&e->q[i], &e->q[i + 1], sizeof e->q[0] * (size_t)(e->n - i - 1));
-                e->n--;
-                return c;
-            }
-        }
-        ep_pump(&p->a);
-        ep_pump(&p->b);
-        if (now_ns() > until)
-            fail_msg("no %d completion within the deadline (%d queued)", (int)kind, e->n);
-    }
-}
-
-typedef struct driver {
-    ep_t *e;
-    volatile int stop;
-} driver_t;
-
-/* Polls the accepting side while the other one blocks in connect(). */
-static void *drive(void *arg)
-{
-    driver_t *d = arg;
-    while (!d->stop) {
-        ep_pump(d->e);
-        (void)kvs_verbs_fabric_wait(d->e->fab, 10);
-    }
-    return NULL;
-}
-
-static int connect_while_driving(ep_t *from, ep_t *to, kvs_conn_t **out)
+/* from connects to to while a thread drives to. */
+static int connect_while_driving(fp_side_t *from, fp_side_t *to, kvs_conn_t **out)
 {
     kvs_verbs_info_t info;
     assert_int_equal(kvs_verbs_fabric_info(to->fab, &info), KVS_OK);
-    driver_t d = {.e = to};
-    pthread_t t;
-    assert_int_equal(pthread_create(&t, NULL, drive, &d), 0);
-    int rc = from->fab->ops.connect(from->fab, info.address, out);
-    d.stop = 1;
-    pthread_join(t, NULL);
-    return rc;
+    return fp_connect(from, to, info.address, wait_10ms, out);
 }
 
-/* b connects to a; one hello each way fixes both sides' conns. */
-static void pair_open(pair_t *p, const kvs_verbs_config_t *cfg)
+/* b connects to a; one hello b -> a fixes both sides' conns. */
+static void pair_open(fp_pair_t *p, const kvs_verbs_config_t *cfg)
 {
     memset(p, 0, sizeof *p);
     ep_open(&p->a, cfg);
     ep_open(&p->b, cfg);
-    int rc = connect_while_driving(&p->b, &p->a, &p->ab);
-    if (rc != KVS_OK)
-        fail_msg("connect: %s: %s", kvs_status_name(rc), p->b.fab->last_backend_msg);
-    assert_int_equal(p->b.fab->ops.send(p->b.fab, p->ab, "hello", 5, 1), KVS_OK);
-    kvs_completion_t c = take(p, &p->a, KVS_COMPLETION_RECV, NULL);
-    assert_int_equal(c.status, KVS_OK);
-    assert_int_equal(c.len_bytes, 5);
-    assert_memory_equal(c.msg, "hello", 5);
-    p->ba = c.conn;
-    assert_non_null(p->ba);
-    c = take(p, &p->b, KVS_COMPLETION_SEND, p->ab);
-    assert_int_equal(c.status, KVS_OK);
-    assert_int_equal(c.wr_id, 1);
+    kvs_verbs_info_t info;
+    assert_int_equal(kvs_verbs_fabric_info(p->a.fab, &info), KVS_OK);
+    fp_pair_connect(p, info.address, wait_10ms);
 }
 
-static void pair_close(pair_t *p)
+static void pair_close(fp_pair_t *p)
 {
     if (p->ab != NULL)
         p->b.fab->ops.disconnect(p->b.fab, p->ab);
     ep_close(&p->b);
     ep_close(&p->a);
-}
-
-/* A registered host buffer. */
-typedef struct buf {
-    uint8_t *mem;
-    uint64_t len;
-    kvs_mr_t *mr;
-    uint64_t rkey;
-} buf_t;
-
-static void buf_reg(ep_t *e, buf_t *b, uint64_t len)
-{
-    b->len = len;
-    b->mem = aligned_alloc(4096, (len + 4095) / 4096 * 4096);
-    assert_non_null(b->mem);
-    memset(b->mem, 0, len);
-    int rc = e->fab->ops.mr_register(e->fab, NULL, (uint64_t)(uintptr_t)b->mem, len, &b->mr,
-                                     &b->rkey);
-    if (rc != KVS_OK)
-        fail_msg("mr_register: %s", e->fab->last_backend_msg);
-}
-
-static void buf_unreg(ep_t *e, buf_t *b)
-{
-    assert_int_equal(e->fab->ops.mr_deregister(e->fab, b->mr), KVS_OK);
-    free(b->mem);
 }
 
 static void fill_random(uint8_t *p, uint64_t n, uint64_t *seed)
@@ -214,7 +98,7 @@ static void fill_random(uint8_t *p, uint64_t n, uint64_t *seed)
         p[i] = (uint8_t)xorshift64(seed);
 }
 
-static int write_at(ep_t *e, kvs_conn_t *conn, buf_t *src, uint64_t soff, uint64_t raddr,
+static int write_at(fp_side_t *e, kvs_conn_t *conn, fp_region_t *src, uint64_t soff, uint64_t raddr,
                     uint64_t rkey, uint64_t len, bool imm, uint32_t imm_val, uint64_t wr_id)
 {
     kvs_write_desc_t w = {.local_addr = (uint64_t)(uintptr_t)src->mem + soff,
@@ -229,7 +113,7 @@ static void test_verbs_fabric_messages_both_ways_in_order(void **state)
 {
     kvs_verbs_config_t cfg;
     cfg_default(&cfg);
-    pair_t p;
+    fp_pair_t p;
     pair_open(&p, &cfg);
     uint32_t mtu_b = kvs_verbs_conn_mtu(p.b.fab, p.ab), mtu_a = kvs_verbs_conn_mtu(p.a.fab, p.ba);
     assert_true(mtu_b >= 256);
@@ -247,33 +131,33 @@ static void test_verbs_fabric_messages_both_ways_in_order(void **state)
         int rc;
         while ((rc = p.b.fab->ops.send(p.b.fab, p.ab, msg, len, 1000 + (uint64_t)i)) ==
                KVS_EAGAIN)
-            ep_pump(&p.b);
+            fp_side_pump(&p.b);
         assert_int_equal(rc, KVS_OK);
         if (i % 16 == 0)
-            ep_pump(&p.a);
+            fp_side_pump(&p.a);
     }
     for (int i = 0; i < count; i++) {
-        kvs_completion_t c = take(&p, &p.a, KVS_COMPLETION_RECV, p.ba);
+        kvs_completion_t c = fp_take(&p, &p.a, KVS_COMPLETION_RECV, p.ba);
         assert_int_equal(c.status, KVS_OK);
         if (c.len_bytes >= 4) {
             int got;
             memcpy(&got, c.msg, sizeof got);
             assert_int_equal(got, i); /* in order */
         }
-        c = take(&p, &p.b, KVS_COMPLETION_SEND, p.ab);
+        c = fp_take(&p, &p.b, KVS_COMPLETION_SEND, p.ab);
         assert_int_equal(c.status, KVS_OK);
         assert_int_equal(c.wr_id, 1000 + (uint64_t)i);
     }
     /* and back, on the accepted side's conn */
     assert_int_equal(p.a.fab->ops.send(p.a.fab, p.ba, "pong", 4, 77), KVS_OK);
-    kvs_completion_t c = take(&p, &p.b, KVS_COMPLETION_RECV, p.ab);
+    kvs_completion_t c = fp_take(&p, &p.b, KVS_COMPLETION_RECV, p.ab);
     assert_int_equal(c.len_bytes, 4);
     assert_memory_equal(c.msg, "pong", 4);
-    c = take(&p, &p.a, KVS_COMPLETION_SEND, p.ba);
+    c = fp_take(&p, &p.a, KVS_COMPLETION_SEND, p.ba);
     assert_int_equal(c.wr_id, 77);
     /* a zero-length message and an oversized one */
     assert_int_equal(p.a.fab->ops.send(p.a.fab, p.ba, NULL, 0, 78), KVS_OK);
-    c = take(&p, &p.b, KVS_COMPLETION_RECV, p.ab);
+    c = fp_take(&p, &p.b, KVS_COMPLETION_RECV, p.ab);
     assert_int_equal(c.len_bytes, 0);
     assert_int_equal(p.a.fab->ops.send(p.a.fab, p.ba, msg, KVS_CONTROL_MSG_MAX_BYTES + 1, 79),
                      KVS_EINVAL);
@@ -281,11 +165,11 @@ static void test_verbs_fabric_messages_both_ways_in_order(void **state)
 }
 
 /* Random writes with immediates from b into a; every byte checked. */
-static void write_and_check(pair_t *p, uint64_t len, uint64_t max_one, uint64_t *seed)
+static void write_and_check(fp_pair_t *p, uint64_t len, uint64_t max_one, uint64_t *seed)
 {
-    buf_t src, dst;
-    buf_reg(&p->b, &src, len);
-    buf_reg(&p->a, &dst, len);
+    fp_region_t src, dst;
+    fp_region_reg(&p->b, &src, len);
+    fp_region_reg(&p->a, &dst, len);
     fill_random(src.mem, len, seed);
     /* a tells b where to write, as the core's REGISTER does */
     uint8_t m[16];
@@ -293,7 +177,7 @@ static void write_and_check(pair_t *p, uint64_t len, uint64_t max_one, uint64_t 
     memcpy(m, &addr, 8);
     memcpy(m + 8, &dst.rkey, 8);
     assert_int_equal(p->a.fab->ops.send(p->a.fab, p->ba, m, sizeof m, 2), KVS_OK);
-    kvs_completion_t c = take(p, &p->b, KVS_COMPLETION_RECV, p->ab);
+    kvs_completion_t c = fp_take(p, &p->b, KVS_COMPLETION_RECV, p->ab);
     uint64_t raddr, rkey;
     memcpy(&raddr, c.msg, 8);
     memcpy(&rkey, c.msg + 8, 8);
@@ -306,27 +190,27 @@ static void write_and_check(pair_t *p, uint64_t len, uint64_t max_one, uint64_t 
         int rc = write_at(&p->b, p->ab, &src, off, raddr + off, rkey, n, true, imm, off);
         if (rc != KVS_OK)
             fail_msg("write: %s: %s", kvs_status_name(rc), p->b.fab->last_backend_msg);
-        c = take(p, &p->a, KVS_COMPLETION_IMM, p->ba);
+        c = fp_take(p, &p->a, KVS_COMPLETION_IMM, p->ba);
         assert_int_equal(c.status, KVS_OK);
         assert_int_equal(c.imm, imm);
         /* the immediate lands after the write's last byte */
         assert_memory_equal(dst.mem + off, src.mem + off, n);
-        c = take(p, &p->b, KVS_COMPLETION_WRITE, p->ab);
+        c = fp_take(p, &p->b, KVS_COMPLETION_WRITE, p->ab);
         assert_int_equal(c.status, KVS_OK);
         assert_int_equal(c.wr_id, off);
         off += n;
         imm++;
     }
     assert_memory_equal(dst.mem, src.mem, len);
-    buf_unreg(&p->b, &src);
-    buf_unreg(&p->a, &dst);
+    fp_region_free(&p->b, &src);
+    fp_region_free(&p->a, &dst);
 }
 
 static void test_verbs_fabric_writes_random_data_with_imm(void **state)
 {
     kvs_verbs_config_t cfg;
     cfg_default(&cfg);
-    pair_t p;
+    fp_pair_t p;
     pair_open(&p, &cfg);
     uint64_t seed = 11;
     write_and_check(&p, 3u << 20, 1u << 20, &seed);
@@ -346,7 +230,7 @@ static void test_verbs_fabric_splits_writes_at_max_write_bytes(void **state)
     kvs_verbs_config_t cfg;
     cfg_default(&cfg);
     cfg.max_write_bytes = 4096 + 100; /* odd: pieces do not line up with pages */
-    pair_t p;
+    fp_pair_t p;
     pair_open(&p, &cfg);
     uint64_t seed = 13;
     write_and_check(&p, 256u << 10, 64u << 10, &seed);
@@ -358,7 +242,7 @@ static void test_verbs_fabric_splits_large_registrations(void **state)
     kvs_verbs_config_t cfg;
     cfg_default(&cfg);
     cfg.max_mr_bytes = 64u << 10; /* a lowered device limit */
-    pair_t p;
+    fp_pair_t p;
     pair_open(&p, &cfg);
     kvs_verbs_info_t info;
     assert_int_equal(kvs_verbs_fabric_info(p.a.fab, &info), KVS_OK);
@@ -366,16 +250,16 @@ static void test_verbs_fabric_splits_large_registrations(void **state)
     /* registered after the connection is up: keys must reach b first */
     uint64_t seed = 17;
     write_and_check(&p, (1u << 20) + 5000, 200u << 10, &seed);
-    buf_t big;
-    buf_reg(&p.a, &big, 300u << 10);
+    fp_region_t big;
+    fp_region_reg(&p.a, &big, 300u << 10);
     assert_true((big.rkey >> 63) != 0); /* a split handle */
-    buf_unreg(&p.a, &big);
+    fp_region_free(&p.a, &big);
     /* a registration bigger than max_mr_pieces pieces is refused, clearly */
     kvs_verbs_config_t small = cfg;
     small.max_mr_pieces = 2;
-    ep_t e;
+    fp_side_t e;
     ep_open(&e, &small);
-    buf_t b = {.len = 1u << 20};
+    fp_region_t b = {.len = 1u << 20};
     b.mem = aligned_alloc(4096, b.len);
     assert_non_null(b.mem);
     assert_int_equal(e.fab->ops.mr_register(e.fab, NULL, (uint64_t)(uintptr_t)b.mem, b.len,
@@ -396,20 +280,20 @@ static void bad_write(int mode, bool writer_accepted)
 {
     kvs_verbs_config_t cfg;
     cfg_default(&cfg);
-    pair_t p;
+    fp_pair_t p;
     pair_open(&p, &cfg);
-    ep_t *w = writer_accepted ? &p.a : &p.b, *t = writer_accepted ? &p.b : &p.a;
+    fp_side_t *w = writer_accepted ? &p.a : &p.b, *t = writer_accepted ? &p.b : &p.a;
     kvs_conn_t *wc = writer_accepted ? p.ba : p.ab, *tc = writer_accepted ? p.ab : p.ba;
     /* a second connection between the same fabrics */
     kvs_conn_t *ab2 = NULL, *ba2 = NULL;
     assert_int_equal(connect_while_driving(&p.b, &p.a, &ab2), KVS_OK);
     assert_int_equal(p.b.fab->ops.send(p.b.fab, ab2, "two", 3, 3), KVS_OK);
-    ba2 = take(&p, &p.a, KVS_COMPLETION_RECV, NULL).conn;
+    ba2 = fp_take(&p, &p.a, KVS_COMPLETION_RECV, NULL).conn;
     assert_non_null(ba2);
     assert_ptr_not_equal(ba2, p.ba);
-    buf_t src, dst;
-    buf_reg(w, &src, 64u << 10);
-    buf_reg(t, &dst, 64u << 10);
+    fp_region_t src, dst;
+    fp_region_reg(w, &src, 64u << 10);
+    fp_region_reg(t, &dst, 64u << 10);
     uint64_t seed = 23 + (uint64_t)mode;
     fill_random(src.mem, src.len, &seed);
     const uint64_t base = (uint64_t)(uintptr_t)dst.mem;
@@ -418,20 +302,20 @@ static void bad_write(int mode, bool writer_accepted)
     assert_int_equal(write_at(w, wc, &src, 0, bad_addr, bad_rkey, 4096, false, 0, 500), KVS_OK);
     /* posted behind it on the same connection */
     assert_int_equal(write_at(w, wc, &src, 0, base, dst.rkey, 4096, false, 0, 501), KVS_OK);
-    kvs_completion_t c = take(&p, w, KVS_COMPLETION_WRITE, wc);
+    kvs_completion_t c = fp_take(&p, w, KVS_COMPLETION_WRITE, wc);
     assert_int_equal(c.wr_id, 500);
     assert_int_equal(c.status, KVS_EREMOTE);
     assert_non_null(strstr(w->fab->last_backend_msg, "remote key or range"));
     /* while the connection recovers, a message from the other side */
     assert_int_equal(t->fab->ops.send(t->fab, tc, "during", 6, 8), KVS_OK);
-    c = take(&p, w, KVS_COMPLETION_WRITE, wc);
+    c = fp_take(&p, w, KVS_COMPLETION_WRITE, wc);
     assert_int_equal(c.wr_id, 501);
     assert_int_equal(c.status, KVS_OK);
     assert_memory_equal(dst.mem, src.mem, 4096);
-    c = take(&p, w, KVS_COMPLETION_RECV, wc);
+    c = fp_take(&p, w, KVS_COMPLETION_RECV, wc);
     assert_int_equal(c.len_bytes, 6);
     assert_memory_equal(c.msg, "during", 6);
-    c = take(&p, t, KVS_COMPLETION_SEND, tc);
+    c = fp_take(&p, t, KVS_COMPLETION_SEND, tc);
     assert_int_equal(c.status, KVS_OK);
     assert_true(kvs_verbs_conn_alive(p.b.fab, p.ab));
     assert_true(kvs_verbs_conn_alive(p.a.fab, p.ba));
@@ -441,22 +325,22 @@ static void bad_write(int mode, bool writer_accepted)
     assert_int_equal(kvs_verbs_conn_recoveries(p.b.fab, ab2), 0);
     /* the same conns, both ways */
     assert_int_equal(w->fab->ops.send(w->fab, wc, "after", 5, 9), KVS_OK);
-    c = take(&p, t, KVS_COMPLETION_RECV, tc);
+    c = fp_take(&p, t, KVS_COMPLETION_RECV, tc);
     assert_int_equal(c.len_bytes, 5);
     assert_int_equal(write_at(w, wc, &src, 1000, base + 1000, dst.rkey, 20000, true, 7, 502),
                      KVS_OK);
-    c = take(&p, t, KVS_COMPLETION_IMM, tc);
+    c = fp_take(&p, t, KVS_COMPLETION_IMM, tc);
     assert_int_equal(c.imm, 7);
-    c = take(&p, w, KVS_COMPLETION_WRITE, wc);
+    c = fp_take(&p, w, KVS_COMPLETION_WRITE, wc);
     assert_int_equal(c.status, KVS_OK);
     assert_memory_equal(dst.mem + 1000, src.mem + 1000, 20000);
     /* the other connection never noticed */
     assert_int_equal(p.b.fab->ops.send(p.b.fab, ab2, "still", 5, 10), KVS_OK);
-    c = take(&p, &p.a, KVS_COMPLETION_RECV, ba2);
+    c = fp_take(&p, &p.a, KVS_COMPLETION_RECV, ba2);
     assert_int_equal(c.len_bytes, 5);
     p.b.fab->ops.disconnect(p.b.fab, ab2);
-    buf_unreg(w, &src);
-    buf_unreg(t, &dst);
+    fp_region_free(w, &src);
+    fp_region_free(t, &dst);
     pair_close(&p);
 }
 
@@ -481,11 +365,11 @@ static void test_verbs_fabric_recovery_keeps_unpolled_messages(void **state)
 {
     kvs_verbs_config_t cfg;
     cfg_default(&cfg);
-    pair_t p;
+    fp_pair_t p;
     pair_open(&p, &cfg);
-    buf_t src, dst;
-    buf_reg(&p.b, &src, 8192);
-    buf_reg(&p.a, &dst, 8192);
+    fp_region_t src, dst;
+    fp_region_reg(&p.b, &src, 8192);
+    fp_region_reg(&p.a, &dst, 8192);
     for (int i = 0; i < 5; i++) {
         char m[8];
         snprintf(m, sizeof m, "m%d", i);
@@ -495,46 +379,46 @@ static void test_verbs_fabric_recovery_keeps_unpolled_messages(void **state)
                               dst.rkey ^ 0x777000u, 4096, false, 0, 30),
                      KVS_OK);
     /* only b runs: its write fails, then it asks a for a new queue pair */
-    const uint64_t until = deadline();
+    const uint64_t until = fp_deadline_ns();
     bool failed = false;
-    while (!failed && now_ns() < until) {
-        ep_pump(&p.b);
+    while (!failed && fp_now_ns() < until) {
+        fp_side_pump(&p.b);
         for (int i = 0; i < p.b.n; i++)
             if (p.b.q[i].kind == KVS_COMPLETION_WRITE && p.b.q[i].wr_id == 30)
                 failed = p.b.q[i].status == KVS_EREMOTE;
     }
     assert_true(failed);
     for (int i = 0; i < 5; i++) {
-        kvs_completion_t c = take(&p, &p.a, KVS_COMPLETION_RECV, p.ba);
+        kvs_completion_t c = fp_take(&p, &p.a, KVS_COMPLETION_RECV, p.ba);
         char m[8];
         snprintf(m, sizeof m, "m%d", i);
         assert_int_equal(c.len_bytes, 3);
         assert_memory_equal(c.msg, m, 3);
     }
     assert_int_equal(p.b.fab->ops.send(p.b.fab, p.ab, "ok", 2, 40), KVS_OK);
-    kvs_completion_t c = take(&p, &p.a, KVS_COMPLETION_RECV, p.ba);
+    kvs_completion_t c = fp_take(&p, &p.a, KVS_COMPLETION_RECV, p.ba);
     assert_int_equal(c.len_bytes, 2);
     /* a counts the recovery when rdma_cm tells it the new queue pair is
      * established, which may come after the first message on that pair. */
-    const uint64_t up_by = deadline();
+    const uint64_t up_by = fp_deadline_ns();
     while (kvs_verbs_conn_recoveries(p.a.fab, p.ba) < 1) {
-        ep_pump(&p.a);
-        ep_pump(&p.b);
-        if (now_ns() > up_by)
+        fp_side_pump(&p.a);
+        fp_side_pump(&p.b);
+        if (fp_now_ns() > up_by)
             fail_msg("a never counted the recovery of its connection to b");
     }
-    buf_unreg(&p.b, &src);
-    buf_unreg(&p.a, &dst);
+    fp_region_free(&p.b, &src);
+    fp_region_free(&p.a, &dst);
     pair_close(&p);
 }
 
-static void wait_dead(pair_t *p, ep_t *e, kvs_conn_t *conn, const char *what)
+static void wait_dead(fp_pair_t *p, fp_side_t *e, kvs_conn_t *conn, const char *what)
 {
-    const uint64_t until = deadline();
+    const uint64_t until = fp_deadline_ns();
     while (kvs_verbs_conn_alive(e->fab, conn)) {
-        ep_pump(&p->a);
-        ep_pump(&p->b);
-        if (now_ns() > until)
+        fp_side_pump(&p->a);
+        fp_side_pump(&p->b);
+        if (fp_now_ns() > until)
             fail_msg("%s was never noticed", what);
     }
 }
@@ -543,22 +427,22 @@ static void test_verbs_fabric_peer_disconnect_fails_posts_cleanly(void **state)
 {
     kvs_verbs_config_t cfg;
     cfg_default(&cfg);
-    pair_t p;
+    fp_pair_t p;
     pair_open(&p, &cfg);
-    const uint64_t t0 = now_ns();
+    const uint64_t t0 = fp_now_ns();
     p.b.fab->ops.disconnect(p.b.fab, p.ab);
     p.ab = NULL;
     assert_int_equal(p.b.fab->ops.send(p.b.fab, NULL, "x", 1, 1), KVS_EINVAL);
     wait_dead(&p, &p.a, p.ba, "a disconnect");
     /* told by BYE: well before a reconnect could have been waited out */
-    assert_true(now_ns() - t0 < (uint64_t)cfg.connect_timeout_ms * 1000000u);
+    assert_true(fp_now_ns() - t0 < (uint64_t)cfg.connect_timeout_ms * 1000000u);
     assert_int_equal(p.a.fab->ops.send(p.a.fab, p.ba, "x", 1, 1), KVS_EPEER);
     assert_non_null(strstr(p.a.fab->last_backend_msg, "disconnected"));
     /* the user hears of it once, as a DISCONNECT completion of that conn */
-    kvs_completion_t d = take(&p, &p.a, KVS_COMPLETION_DISCONNECT, p.ba);
+    kvs_completion_t d = fp_take(&p, &p.a, KVS_COMPLETION_DISCONNECT, p.ba);
     assert_int_equal(d.status, KVS_EPEER);
     for (int i = 0; i < 20; i++) {
-        ep_pump(&p.a);
+        fp_side_pump(&p.a);
         (void)kvs_verbs_fabric_wait(p.a.fab, 5);
     }
     for (int i = 0; i < p.a.n; i++)
@@ -573,28 +457,28 @@ static void test_verbs_fabric_vanished_peer_fails_the_connection(void **state)
     kvs_verbs_config_t cfg;
     cfg_default(&cfg);
     cfg.connect_timeout_ms = 3000;
-    pair_t p;
+    fp_pair_t p;
     pair_open(&p, &cfg);
-    ep_t c;
+    fp_side_t c;
     ep_open(&c, &cfg);
     kvs_conn_t *ca = NULL;
     assert_int_equal(connect_while_driving(&c, &p.a, &ca), KVS_OK);
     assert_int_equal(c.fab->ops.send(c.fab, ca, "bye", 3, 1), KVS_OK);
-    pair_t q = {.a = p.a, .b = c};
-    kvs_conn_t *ac = take(&q, &q.a, KVS_COMPLETION_RECV, NULL).conn;
+    fp_pair_t q = {.a = p.a, .b = c};
+    kvs_conn_t *ac = fp_take(&q, &q.a, KVS_COMPLETION_RECV, NULL).conn;
     p.a = q.a;
     ep_close(&c); /* destroys its connection too, without a BYE */
     wait_dead(&p, &p.a, ac, "a destroyed connecting peer");
     assert_int_equal(p.a.fab->ops.send(p.a.fab, ac, "x", 1, 1), KVS_EPEER);
     assert_non_null(strstr(p.a.fab->last_backend_msg, "not re-established"));
-    assert_int_equal(take(&p, &p.a, KVS_COMPLETION_DISCONNECT, ac).status, KVS_EPEER);
+    assert_int_equal(fp_take(&p, &p.a, KVS_COMPLETION_DISCONNECT, ac).status, KVS_EPEER);
     /* now the accepting side goes away: b's reconnects find no listener */
     kvs_conn_t *ab = p.ab;
     ep_close(&p.a);
-    const uint64_t until = deadline();
+    const uint64_t until = fp_deadline_ns();
     while (kvs_verbs_conn_alive(p.b.fab, ab)) {
-        ep_pump(&p.b);
-        if (now_ns() > until)
+        fp_side_pump(&p.b);
+        if (fp_now_ns() > until)
             fail_msg("a destroyed accepting peer was never noticed");
     }
     assert_int_equal(p.b.fab->ops.send(p.b.fab, ab, "x", 1, 1), KVS_EPEER);
@@ -607,7 +491,7 @@ static void test_verbs_fabric_connect_failures_say_what_to_change(void **state)
 {
     kvs_verbs_config_t cfg;
     cfg_default(&cfg);
-    ep_t a;
+    fp_side_t a;
     ep_open(&a, &cfg);
     kvs_verbs_info_t info;
     assert_int_equal(kvs_verbs_fabric_info(a.fab, &info), KVS_OK);
@@ -649,7 +533,7 @@ static void test_verbs_fabric_bad_settings_on_a_device_say_what_to_change(void *
     assert_int_not_equal(kvs_verbs_fabric_create(&cfg, &fab, &err), KVS_OK);
     assert_non_null(strstr(err.msg, "bind_addr"));
     /* a port already taken */
-    ep_t a;
+    fp_side_t a;
     cfg_default(&cfg);
     ep_open(&a, &cfg);
     kvs_verbs_info_t info;
@@ -689,7 +573,7 @@ static void test_verbs_fabric_device_choice_says_why(void **state)
     cfg_default(&cfg);
     char line[400] = "";
     cfg.log = (kvs_log_t){.fn = log_keep, .user = line, .level = KVS_LOG_INFO};
-    ep_t e;
+    fp_side_t e;
     ep_open(&e, &cfg);
     kvs_verbs_info_t info;
     assert_int_equal(kvs_verbs_fabric_info(e.fab, &info), KVS_OK);
@@ -778,14 +662,14 @@ static void test_verbs_fabric_registration_asks_the_dmabuf_exporter(void **state
     int asked = 0;
     cfg.dmabuf = export_host;
     cfg.dmabuf_ctx = &asked;
-    ep_t e;
+    fp_side_t e;
     ep_open(&e, &cfg);
-    buf_t b;
-    buf_reg(&e, &b, 8192);
+    fp_region_t b;
+    fp_region_reg(&e, &b, 8192);
     assert_int_equal(asked, 1);
     /* live registrations keep the fabric */
     assert_int_equal(kvs_verbs_fabric_destroy(e.fab), KVS_EBUSY);
-    buf_unreg(&e, &b);
+    fp_region_free(&e, &b);
     ep_close(&e);
     cfg.dmabuf = export_fails;
     ep_open(&e, &cfg);
@@ -803,13 +687,13 @@ static void test_verbs_fabric_wait_wakes_on_a_message(void **state)
 {
     kvs_verbs_config_t cfg;
     cfg_default(&cfg);
-    pair_t p;
+    fp_pair_t p;
     pair_open(&p, &cfg);
     /* quiet: after what is pending is drained, wait times out (a wake-up
      * may be spurious: connection events, an old completion event) */
     int rc = KVS_OK;
     for (int i = 0; i < 20 && rc == KVS_OK; i++) {
-        ep_pump(&p.a);
+        fp_side_pump(&p.a);
         rc = kvs_verbs_fabric_wait(p.a.fab, 50);
     }
     assert_int_equal(rc, KVS_EAGAIN);
@@ -819,7 +703,7 @@ static void test_verbs_fabric_wait_wakes_on_a_message(void **state)
     for (int i = 0; i < 100 && rc == KVS_EAGAIN; i++)
         rc = kvs_verbs_fabric_wait(p.a.fab, 100);
     assert_int_equal(rc, KVS_OK);
-    kvs_completion_t c = take(&p, &p.a, KVS_COMPLETION_RECV, p.ba);
+    kvs_completion_t c = fp_take(&p, &p.a, KVS_COMPLETION_RECV, p.ba);
     assert_int_equal(c.len_bytes, 4);
     pair_close(&p);
 }
@@ -827,12 +711,12 @@ static void test_verbs_fabric_wait_wakes_on_a_message(void **state)
 /* Arms a's wait fd, polls once more (backend.h: arm, look, then sleep) and
  * sleeps on the fd for at most timeout_ms. Returns whether the fd woke it;
  * *wake_ns gets the fabric's wake time. */
-static bool arm_and_sleep(pair_t *p, int timeout_ms, uint64_t *wake_ns)
+static bool arm_and_sleep(fp_pair_t *p, int timeout_ms, uint64_t *wake_ns)
 {
     int fd = -1;
     assert_int_equal(p->a.fab->ops.wait_arm(p->a.fab, &fd, wake_ns), KVS_OK);
     assert_true(fd >= 0);
-    ep_pump(&p->a);
+    fp_side_pump(&p->a);
     struct pollfd pfd = {.fd = fd, .events = POLLIN};
     const int r = poll(&pfd, 1, timeout_ms);
     assert_true(r >= 0);
@@ -843,16 +727,16 @@ static void test_verbs_fabric_wait_arm_fd_wakes_on_a_message_not_idle(void **sta
 {
     kvs_verbs_config_t cfg;
     cfg_default(&cfg);
-    pair_t p;
+    fp_pair_t p;
     pair_open(&p, &cfg);
     /* 200 ms with nothing sent: the fd wakes a handful of times at most
      * (connection events left from the set-up, an old completion event),
      * not once per poll. Counted, not timed. */
-    const uint64_t until = now_ns() + 200000000u;
+    const uint64_t until = fp_now_ns() + 200000000u;
     int wakes = 0, sleeps = 0;
     uint64_t wake_ns = 0;
-    while (now_ns() < until) {
-        const int left_ms = (int)((until - now_ns()) / 1000000u) + 1;
+    while (fp_now_ns() < until) {
+        const int left_ms = (int)((until - fp_now_ns()) / 1000000u) + 1;
         wakes += arm_and_sleep(&p, left_ms, &wake_ns);
         sleeps++;
     }
@@ -865,17 +749,17 @@ static void test_verbs_fabric_wait_arm_fd_wakes_on_a_message_not_idle(void **sta
      * fails instead of hanging) and poll has it. */
     int fd = -1;
     assert_int_equal(p.a.fab->ops.wait_arm(p.a.fab, &fd, &wake_ns), KVS_OK);
-    ep_pump(&p.a);
+    fp_side_pump(&p.a);
     assert_int_equal(p.a.n, 0);
     assert_int_equal(p.b.fab->ops.send(p.b.fab, p.ab, "wake", 4, 6), KVS_OK);
     struct pollfd pfd = {.fd = fd, .events = POLLIN};
     assert_int_equal(poll(&pfd, 1, 60000), 1);
-    kvs_completion_t c = take(&p, &p.a, KVS_COMPLETION_RECV, p.ba);
+    kvs_completion_t c = fp_take(&p, &p.a, KVS_COMPLETION_RECV, p.ba);
     assert_int_equal(c.len_bytes, 4);
     assert_memory_equal(c.msg, "wake", 4);
     /* Re-armed after the take: quiet again. */
     assert_int_equal(p.a.fab->ops.wait_arm(p.a.fab, &fd, &wake_ns), KVS_OK);
-    ep_pump(&p.a);
+    fp_side_pump(&p.a);
     assert_int_equal(p.a.n, 0);
     /* The fd stays the same; NULL out-pointers are refused. */
     int again = -1;

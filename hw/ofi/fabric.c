@@ -1,0 +1,544 @@
+/*
+ * fabric.c - the ofi fabric's ops table ("ofi"), create and destroy, the
+ * provider choice and the public helpers of <kvstage/ofi.h>.
+ *
+ * Create asks fi_getinfo for the named provider with what the fabric needs:
+ * an FI_EP_RDM endpoint with FI_MSG and FI_RMA (writes both ways), messages
+ * in order (FI_ORDER_SAS), 8 bytes of remote CQ data (the immediate and the
+ * receiver's connection token), the MR modes it can honour (FI_MR_LOCAL,
+ * VIRT_ADDR, ALLOCATED, PROV_KEY, ENDPOINT; not RAW nor HMEM), contexts it
+ * keeps (FI_CONTEXT, FI_CONTEXT2, FI_RX_CQ_DATA). With bind_addr set, the
+ * endpoint sits on that address (FI_SOURCE), so "127.0.0.1" takes loopback.
+ * A provider that libfabric does not offer so is refused with the names of
+ * those it does. Then: fabric, domain, a table address vector, a completion
+ * queue of the data format with an fd wait object (fi_control FI_GETWAIT;
+ * a provider without one, and shm, whose fd a peer's message never wakes,
+ * get a queue without, and wait_arm then has the driver wake every
+ * millisecond), the endpoint bound to both, the send and
+ * receive rings registered once, every receive posted, the bootstrap
+ * listener and the epoll fds. Every failure unwinds in reverse and says
+ * what to change.
+ */
+#include "hw_ofi.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#define HW_OFI_DEFAULT_CONNS 16u
+#define HW_OFI_DEFAULT_TX 1024u
+#define HW_OFI_DEFAULT_RX 256u
+#define HW_OFI_DEFAULT_SLOTS 512u
+#define HW_OFI_DEFAULT_MRS 1024u
+#define HW_OFI_DEFAULT_TIMEOUT_MS 10000u
+#define HW_OFI_API FI_VERSION(1, 9)
+
+static uint64_t hw_ofi_now_ns(kvs_fabric_t *fab)
+{
+    (void)fab;
+    return hw_net_now_ns();
+}
+
+static const kvs_fabric_ops_t hw_ofi_ops = {
+    .version = KVS_FABRIC_OPS_VERSION,
+    .size = sizeof(kvs_fabric_ops_t),
+    .name = "ofi",
+    .caps = KVS_FABRIC_CAP_WRITE_IMM | KVS_FABRIC_CAP_PER_LAYER_WRITES,
+    .mr_register = hw_ofi_mr_register,
+    .mr_deregister = hw_ofi_mr_deregister,
+    .connect = hw_ofi_connect,
+    .disconnect = hw_ofi_disconnect,
+    .write = hw_ofi_write,
+    .send = hw_ofi_send,
+    .poll = hw_ofi_poll,
+    .now_ns = hw_ofi_now_ns,
+    .wait_arm = hw_ofi_wait_arm,
+};
+
+static hw_ofi_fabric_t *hw_ofi_try(kvs_fabric_t *fab)
+{
+    if (fab == NULL || fab->ops.mr_register != hw_ofi_mr_register)
+        return NULL;
+    return KVS_CONTAINER_OF(fab, hw_ofi_fabric_t, base);
+}
+
+hw_ofi_fabric_t *hw_ofi_of(kvs_fabric_t *fab)
+{
+    return KVS_CONTAINER_OF(fab, hw_ofi_fabric_t, base);
+}
+
+int hw_ofi_status(int fi_rc)
+{
+    switch (fi_rc < 0 ? -fi_rc : fi_rc) {
+    case 0:
+        return KVS_OK;
+    case FI_EAGAIN:
+        return KVS_EAGAIN;
+    case FI_ENOMEM:
+        return KVS_ENOMEM;
+    case FI_EINVAL:
+        return KVS_EINVAL;
+    case FI_ENOSYS:
+    case FI_EOPNOTSUPP:
+        return KVS_ENOTSUP;
+    case FI_EACCES:
+    case FI_EKEYREJECTED:
+    case FI_EREMOTEIO:
+    case FI_EIO:
+        return KVS_EREMOTE;
+    case FI_ECONNREFUSED:
+    case FI_ECONNRESET:
+    case FI_ECONNABORTED:
+    case FI_ENOTCONN:
+    case FI_EHOSTUNREACH:
+    case FI_ESHUTDOWN:
+        return KVS_EPEER;
+    case FI_ETIMEDOUT:
+        return KVS_ETIMEDOUT;
+    case FI_ECANCELED:
+        return KVS_ECANCELED;
+    default:
+        return KVS_EBACKEND;
+    }
+}
+
+/* What the fabric asks of a provider; prov NULL: any. */
+static struct fi_info *hw_ofi_hints(const char *prov)
+{
+    struct fi_info *h = fi_allocinfo();
+    if (h == NULL)
+        return NULL;
+    h->caps = FI_MSG | FI_RMA | FI_SEND | FI_RECV | FI_WRITE | FI_REMOTE_WRITE;
+    h->mode = FI_CONTEXT | FI_CONTEXT2 | FI_RX_CQ_DATA;
+    h->ep_attr->type = FI_EP_RDM;
+    h->tx_attr->msg_order = FI_ORDER_SAS;
+    h->rx_attr->msg_order = FI_ORDER_SAS;
+    h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
+                              FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+    h->domain_attr->cq_data_size = 8;
+    h->domain_attr->threading = FI_THREAD_DOMAIN;
+    h->domain_attr->resource_mgmt = FI_RM_ENABLED;
+    h->domain_attr->av_type = FI_AV_TABLE;
+    if (prov != NULL && (h->fabric_attr->prov_name = strdup(prov)) == NULL) {
+        fi_freeinfo(h);
+        return NULL;
+    }
+    return h;
+}
+
+int kvs_ofi_providers(char *buf, size_t buf_bytes)
+{
+    if (buf_bytes > 0)
+        buf[0] = '\0';
+    struct fi_info *h = hw_ofi_hints(NULL), *list = NULL;
+    if (h == NULL || fi_getinfo(HW_OFI_API, NULL, NULL, 0, h, &list) != 0)
+        list = NULL;
+    fi_freeinfo(h);
+    int n = 0;
+    size_t used = 0;
+    char names[32][32];
+    for (struct fi_info *i = list; i != NULL; i = i->next) {
+        /* "tcp;ofi_rxm" is chosen by "tcp": the core provider's name. */
+        char name[32];
+        snprintf(name, sizeof name, "%s", i->fabric_attr->prov_name);
+        name[strcspn(name, ";")] = '\0';
+        bool seen = false;
+        for (int k = 0; k < n && !seen; k++)
+            seen = strcmp(names[k], name) == 0;
+        if (seen || n == 32)
+            continue;
+        snprintf(names[n++], sizeof names[0], "%s", name);
+        if (buf_bytes > used) {
+            int w = snprintf(buf + used, buf_bytes - used, "%s%s", n > 1 ? ", " : "", name);
+            used += w > 0 ? (size_t)w : 0;
+        }
+    }
+    fi_freeinfo(list);
+    return n;
+}
+
+static void hw_ofi_mr_mode_text(uint64_t mode, char *buf, size_t len)
+{
+    static const struct { uint64_t bit; const char *name; } bits[] = {
+        {FI_MR_LOCAL, "FI_MR_LOCAL"}, {FI_MR_VIRT_ADDR, "FI_MR_VIRT_ADDR"},
+        {FI_MR_ALLOCATED, "FI_MR_ALLOCATED"}, {FI_MR_PROV_KEY, "FI_MR_PROV_KEY"},
+        {FI_MR_ENDPOINT, "FI_MR_ENDPOINT"}};
+    size_t used = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < sizeof bits / sizeof bits[0]; i++) {
+        if ((mode & bits[i].bit) == 0 || used >= len)
+            continue;
+        int w = snprintf(buf + used, len - used, "%s%s", used ? "|" : "", bits[i].name);
+        used += w > 0 ? (size_t)w : 0;
+    }
+    if (buf[0] == '\0')
+        snprintf(buf, len, "none");
+}
+
+static void hw_ofi_free(hw_ofi_fabric_t *f)
+{
+    if (f->conns != NULL)
+        for (uint32_t i = 0; i < f->cfg.max_conns; i++)
+            if (f->conns[i].state != HW_OFI_CONN_FREE)
+                hw_ofi_conn_free(&f->conns[i]);
+    hw_ofi_mr_free_all(f);
+    if (f->ep != NULL)
+        fi_close(&f->ep->fid);
+    if (f->smr != NULL)
+        fi_close(&f->smr->fid);
+    if (f->rmr != NULL)
+        fi_close(&f->rmr->fid);
+    if (f->cq != NULL)
+        fi_close(&f->cq->fid);
+    if (f->av != NULL)
+        fi_close(&f->av->fid);
+    if (f->domain != NULL)
+        fi_close(&f->domain->fid);
+    if (f->fabric != NULL)
+        fi_close(&f->fabric->fid);
+    if (f->info != NULL)
+        fi_freeinfo(f->info);
+    if (f->listen_fd >= 0)
+        close(f->listen_fd);
+    if (f->boot_fd >= 0)
+        close(f->boot_fd);
+    if (f->wait_fd >= 0)
+        close(f->wait_fd);
+    free(f->conns);
+    free(f->mrs);
+    free(f->ops);
+    free(f->op_free);
+    free(f->reqs);
+    free(f->req_free);
+    free(f->backlog);
+    free(f->done);
+    free(f->sbuf);
+    free(f->slot_free);
+    free(f->rbuf);
+    free(f->rx);
+    free(f);
+}
+
+static int hw_ofi_config(const kvs_ofi_config_t *in, hw_ofi_fabric_t *f, kvs_error_t *err)
+{
+    kvs_ofi_config_t *c = &f->cfg;
+    *c = *in;
+    const char *prov = c->provider != NULL && c->provider[0] ? c->provider : "tcp";
+    if (strlen(prov) >= sizeof f->provider_want || strchr(prov, ';') != NULL)
+        return KVS_ERROR_SET(err, KVS_EINVAL, 0, "provider '%.60s' is not a provider name: "
+                             "give one as fi_info -l lists it (tcp, shm, verbs, efa)", prov);
+    snprintf(f->provider_want, sizeof f->provider_want, "%s", prov);
+    c->provider = f->provider_want;
+    if (c->bind_addr != NULL && c->bind_addr[0] != '\0') {
+        if (strlen(c->bind_addr) >= sizeof f->bind_addr)
+            return KVS_ERROR_SET(err, KVS_EINVAL, 0, "bind_addr '%.60s...' is too long: give "
+                                 "an IP address", c->bind_addr);
+        snprintf(f->bind_addr, sizeof f->bind_addr, "%s", c->bind_addr);
+        c->bind_addr = f->bind_addr;
+    } else {
+        c->bind_addr = NULL;
+    }
+    if (c->max_conns == 0)
+        c->max_conns = HW_OFI_DEFAULT_CONNS;
+    if (c->tx_depth == 0)
+        c->tx_depth = HW_OFI_DEFAULT_TX;
+    if (c->recv_depth == 0)
+        c->recv_depth = HW_OFI_DEFAULT_RX;
+    if (c->send_slots == 0)
+        c->send_slots = HW_OFI_DEFAULT_SLOTS;
+    if (c->max_mrs == 0)
+        c->max_mrs = HW_OFI_DEFAULT_MRS;
+    if (c->connect_timeout_ms == 0)
+        c->connect_timeout_ms = HW_OFI_DEFAULT_TIMEOUT_MS;
+    if (c->log.fn == NULL && c->log.level == KVS_LOG_OFF)
+        c->log.level = kvs_log_level_default();
+    const struct { const char *name; uint32_t v; } bounds[] = {
+        {"max_conns", c->max_conns}, {"tx_depth", c->tx_depth},
+        {"recv_depth", c->recv_depth}, {"send_slots", c->send_slots}};
+    for (size_t i = 0; i < sizeof bounds / sizeof bounds[0]; i++)
+        if (bounds[i].v > HW_OFI_MAX_SLOTS)
+            return KVS_ERROR_SET(err, KVS_EINVAL, 0, "%s %u is above %u: lower it",
+                                 bounds[i].name, bounds[i].v, HW_OFI_MAX_SLOTS);
+    if (c->max_mr_bytes != 0 && c->max_mr_bytes < 4096)
+        return KVS_ERROR_SET(err, KVS_EINVAL, 0, "max_mr_bytes %llu is below a page (4096): "
+                             "raise it or leave it 0", (unsigned long long)c->max_mr_bytes);
+    return KVS_OK;
+}
+
+/* fi_getinfo for the named provider; on failure `why` names the
+ * providers that would do. */
+static int hw_ofi_getinfo(hw_ofi_fabric_t *f, char *why, size_t why_bytes)
+{
+    struct fi_info *h = hw_ofi_hints(f->provider_want);
+    if (h == NULL) {
+        snprintf(why, why_bytes, "no memory for fi_getinfo's hints");
+        return KVS_ENOMEM;
+    }
+    const char *node = f->cfg.bind_addr;
+    int rc = fi_getinfo(HW_OFI_API, node, NULL, node != NULL ? FI_SOURCE : 0, h, &f->info);
+    if (node != NULL && (rc != 0 || f->info->addr_format == FI_ADDR_STR)) {
+        /* Shared memory has no IP addresses: it would take the text as the
+         * endpoint's name, the same for every process. */
+        if (rc == 0)
+            fi_freeinfo(f->info);
+        f->info = NULL;
+        rc = fi_getinfo(HW_OFI_API, NULL, NULL, 0, h, &f->info);
+    }
+    fi_freeinfo(h);
+    if (rc == 0 && f->info != NULL)
+        return KVS_OK;
+    f->info = NULL;
+    char offered[200];
+    const int n = kvs_ofi_providers(offered, sizeof offered);
+    /* The list comes last: a long one is what gets cut (at 255 bytes). */
+    char full[512];
+    snprintf(full, sizeof full, "provider '%s' is not offered here (%s); pass one of those "
+             "libfabric offers with reliable datagram endpoints, RMA writes with 8 bytes of "
+             "remote CQ data and ordered messages: %s", f->provider_want, fi_strerror(-rc),
+             n > 0 ? offered : "none (install libfabric's providers)");
+    size_t len = strlen(full);
+    if (why_bytes > 0) {
+        len = len < why_bytes - 1 ? len : why_bytes - 1;
+        memcpy(why, full, len);
+        why[len] = '\0';
+    }
+    return KVS_EINVAL;
+}
+
+void kvs_ofi_config_init(kvs_ofi_config_t *cfg)
+{
+    if (cfg != NULL)
+        *cfg = (kvs_ofi_config_t){0};
+}
+
+/* Allocates the tables and rings, all at create (every one is bounded). */
+static int hw_ofi_tables(hw_ofi_fabric_t *f)
+{
+    const kvs_ofi_config_t *c = &f->cfg;
+    f->conns = calloc(c->max_conns, sizeof *f->conns);
+    f->mrs = calloc(c->max_mrs, sizeof *f->mrs);
+    f->ops = calloc(c->tx_depth, sizeof *f->ops);
+    f->op_free = calloc(c->tx_depth, sizeof *f->op_free);
+    f->reqs = calloc(c->tx_depth, sizeof *f->reqs);
+    f->req_free = calloc(c->tx_depth, sizeof *f->req_free);
+    f->backlog = calloc(c->tx_depth, sizeof *f->backlog);
+    f->done = calloc(c->tx_depth, sizeof *f->done);
+    f->sbuf = calloc(c->send_slots, HW_OFI_MSG_BYTES);
+    f->slot_free = calloc(c->send_slots, sizeof *f->slot_free);
+    f->rbuf = calloc(c->recv_depth, HW_OFI_MSG_BYTES);
+    f->rx = calloc(c->recv_depth, sizeof *f->rx);
+    if (f->conns == NULL || f->mrs == NULL || f->ops == NULL || f->op_free == NULL ||
+        f->reqs == NULL || f->req_free == NULL || f->backlog == NULL || f->done == NULL || f->sbuf == NULL ||
+        f->slot_free == NULL || f->rbuf == NULL || f->rx == NULL)
+        return KVS_ENOMEM;
+    for (uint32_t i = 0; i < c->max_conns; i++)
+        f->conns[i] = (kvs_conn_t){.fab = f, .slot = i, .sock = -1};
+    for (uint32_t i = 0; i < c->tx_depth; i++) {
+        f->op_free[i] = c->tx_depth - 1 - i;
+        f->req_free[i] = c->tx_depth - 1 - i;
+    }
+    f->op_nfree = f->req_nfree = c->tx_depth;
+    for (uint32_t i = 0; i < c->send_slots; i++)
+        f->slot_free[i] = c->send_slots - 1 - i;
+    f->slot_nfree = c->send_slots;
+    for (uint32_t i = 0; i < c->recv_depth; i++)
+        f->rx[i].index = i;
+    f->next_mr_id = 1;
+    f->next_key = 1;
+    return KVS_OK;
+}
+
+/* Fabric, domain, address vector, completion queue and endpoint. */
+static int hw_ofi_open(hw_ofi_fabric_t *f, char *why, size_t why_bytes)
+{
+    struct fi_info *i = f->info;
+    const char *step = "fi_fabric";
+    int rc = fi_fabric(i->fabric_attr, &f->fabric, NULL);
+    if (rc == 0) {
+        step = "fi_domain";
+        rc = fi_domain(f->fabric, i, &f->domain, NULL);
+    }
+    if (rc == 0) {
+        step = "fi_av_open";
+        struct fi_av_attr aa = {.type = FI_AV_TABLE, .count = f->cfg.max_conns};
+        rc = fi_av_open(f->domain, &aa, &f->av, NULL);
+    }
+    if (rc == 0) {
+        step = "fi_cq_open";
+        /* shm signals its fd only inside this process's own progress, never
+         * when a peer writes: it gets the timer. */
+        const bool fd_works = strncmp(i->fabric_attr->prov_name, "shm", 3) != 0;
+        struct fi_cq_attr ca = {.size = (size_t)f->cfg.tx_depth + f->cfg.recv_depth,
+                                .format = FI_CQ_FORMAT_DATA,
+                                .wait_obj = fd_works ? FI_WAIT_FD : FI_WAIT_NONE};
+        rc = fi_cq_open(f->domain, &ca, &f->cq, NULL);
+        if (rc == -FI_ENOSYS || rc == -FI_EINVAL || rc == -FI_EOPNOTSUPP) {
+            ca.wait_obj = FI_WAIT_NONE; /* wait_arm then wakes on a timer */
+            rc = fi_cq_open(f->domain, &ca, &f->cq, NULL);
+        } else if (rc == 0 && fd_works && fi_control(&f->cq->fid, FI_GETWAIT, &f->cq_fd) != 0) {
+            f->cq_fd = -1;
+        }
+    }
+    if (rc == 0) {
+        step = "fi_endpoint";
+        rc = fi_endpoint(f->domain, i, &f->ep, NULL);
+    }
+    if (rc == 0) {
+        step = "fi_ep_bind (address vector)";
+        rc = fi_ep_bind(f->ep, &f->av->fid, 0);
+    }
+    if (rc == 0) {
+        step = "fi_ep_bind (completion queue)";
+        rc = fi_ep_bind(f->ep, &f->cq->fid, FI_TRANSMIT | FI_RECV);
+    }
+    if (rc == 0) {
+        step = "fi_enable";
+        rc = fi_enable(f->ep);
+    }
+    if (rc == 0) {
+        step = "fi_getname";
+        f->ep_name_len = sizeof f->ep_name;
+        rc = fi_getname(&f->ep->fid, f->ep_name, &f->ep_name_len);
+    }
+    if (rc != 0) {
+        snprintf(why, why_bytes, "%s on provider %s failed: %s%s", step, f->name,
+                 fi_strerror(-rc), rc == -FI_ETOOSMALL ? ": its address is too long" : "");
+        return rc == -FI_ENOMEM ? KVS_ENOMEM : KVS_EBACKEND;
+    }
+    return KVS_OK;
+}
+
+/* The epoll fds: boot_fd over the bootstrap sockets, wait_fd over it and
+ * the completion queue's fd. */
+static int hw_ofi_epolls(hw_ofi_fabric_t *f, char *why, size_t why_bytes)
+{
+    f->boot_fd = epoll_create1(EPOLL_CLOEXEC);
+    f->wait_fd = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event be = {.events = EPOLLIN, .data.fd = f->boot_fd};
+    struct epoll_event ce = {.events = EPOLLIN, .data.fd = f->cq_fd};
+    if (f->boot_fd < 0 || f->wait_fd < 0 ||
+        epoll_ctl(f->wait_fd, EPOLL_CTL_ADD, f->boot_fd, &be) != 0 ||
+        (f->cq_fd >= 0 && epoll_ctl(f->wait_fd, EPOLL_CTL_ADD, f->cq_fd, &ce) != 0)) {
+        const int e = errno;
+        snprintf(why, why_bytes, "making the wait fd of %s (epoll) failed: %s%s", f->name,
+                 strerror(e),
+                 e == EMFILE || e == ENFILE ? ": raise the open file limit (ulimit -n)" : "");
+        return KVS_EBACKEND;
+    }
+    return KVS_OK;
+}
+
+int kvs_ofi_fabric_create(const kvs_ofi_config_t *cfg, kvs_fabric_t **out, kvs_error_t *err)
+{
+    if (err != NULL)
+        *err = (kvs_error_t){0};
+    if (cfg == NULL || out == NULL)
+        return KVS_ERROR_SET(err, KVS_EINVAL, 0, "kvs_ofi_fabric_create: cfg and out must "
+                             "not be NULL");
+    hw_ofi_fabric_t *f = calloc(1, sizeof *f);
+    if (f == NULL)
+        return KVS_ERROR_SET(err, KVS_ENOMEM, 0, "no memory for an ofi fabric");
+    f->cq_fd = f->boot_fd = f->wait_fd = f->listen_fd = -1;
+    int rc = hw_ofi_config(cfg, f, err);
+    if (rc != KVS_OK) {
+        free(f);
+        return rc;
+    }
+    char why[KVS_ERROR_MSG_BYTES] = "";
+    if ((rc = hw_ofi_getinfo(f, why, sizeof why)) != KVS_OK)
+        goto fail;
+    snprintf(f->name, sizeof f->name, "ofi:%s", f->info->fabric_attr->prov_name);
+    f->mr_mode = f->info->domain_attr->mr_mode;
+    f->cq_data_bytes = (uint32_t)f->info->domain_attr->cq_data_size;
+    f->max_write_bytes = f->info->ep_attr->max_msg_size;
+    if (f->cfg.max_write_bytes != 0 && f->cfg.max_write_bytes < f->max_write_bytes)
+        f->max_write_bytes = f->cfg.max_write_bytes;
+    f->max_mr_bytes = f->cfg.max_mr_bytes != 0 ? f->cfg.max_mr_bytes : UINT64_MAX;
+    if ((rc = hw_ofi_tables(f)) != KVS_OK) {
+        snprintf(why, sizeof why, "no memory for the fabric's tables: lower max_conns, "
+                 "tx_depth, send_slots, recv_depth or max_mrs");
+        goto fail;
+    }
+    if ((rc = hw_ofi_open(f, why, sizeof why)) != KVS_OK)
+        goto fail;
+    const uint64_t sbytes = (uint64_t)f->cfg.send_slots * HW_OFI_MSG_BYTES;
+    const uint64_t rbytes = (uint64_t)f->cfg.recv_depth * HW_OFI_MSG_BYTES;
+    if ((rc = hw_ofi_mr_own(f, f->sbuf, sbytes, FI_SEND, &f->smr, &f->sdesc, why,
+                            sizeof why)) != KVS_OK ||
+        (rc = hw_ofi_mr_own(f, f->rbuf, rbytes, FI_RECV, &f->rmr, &f->rdesc, why,
+                            sizeof why)) != KVS_OK)
+        goto fail;
+    for (uint32_t i = 0; i < f->cfg.recv_depth; i++) {
+        if ((rc = hw_ofi_post_recv(f, i)) != KVS_OK) {
+            snprintf(why, sizeof why, "posting receive %u of %u on %s failed: lower "
+                     "recv_depth (the provider's rx size is %zu)", i, f->cfg.recv_depth,
+                     f->name, f->info->rx_attr->size);
+            goto fail;
+        }
+    }
+    if ((rc = hw_ofi_epolls(f, why, sizeof why)) != KVS_OK ||
+        (rc = hw_ofi_listen(f, why, sizeof why)) != KVS_OK)
+        goto fail;
+    rc = kvs_fabric_init(&f->base, &hw_ofi_ops, f->name);
+    if (rc != KVS_OK) {
+        snprintf(why, sizeof why, "kvs_fabric_init refused the ofi ops table: rebuild the "
+                 "backend against this kvstage");
+        goto fail;
+    }
+    char modes[96];
+    hw_ofi_mr_mode_text(f->mr_mode, modes, sizeof modes);
+    hw_net_log(&f->cfg.log, KVS_LOG_INFO, "ofi fabric: provider %s, fabric %s, domain %s, "
+               "MR modes %s, bootstrap on %s", f->info->fabric_attr->prov_name,
+               f->info->fabric_attr->name, f->info->domain_attr->name, modes, f->address);
+    *out = &f->base;
+    return KVS_OK;
+fail:
+    hw_ofi_free(f);
+    return KVS_ERROR_SET(err, rc, 0, "%s", why);
+}
+
+int kvs_ofi_fabric_destroy(kvs_fabric_t *fab)
+{
+    if (fab == NULL)
+        return KVS_OK;
+    hw_ofi_fabric_t *f = hw_ofi_try(fab);
+    if (f == NULL)
+        return KVS_EINVAL;
+    if (f->live_mrs > 0)
+        return kvs_fabric_fail(fab, KVS_EBUSY, 0, "destroying fabric %s: %u registrations are "
+                               "live: deregister them first", f->name, f->live_mrs);
+    /* BYE to the peers still there (sending to one whose fabric is gone
+     * may touch memory it unmapped: shm). */
+    hw_ofi_boot_progress(f);
+    for (uint32_t i = 0; i < f->cfg.max_conns; i++)
+        if (f->conns[i].state == HW_OFI_CONN_UP)
+            hw_ofi_disconnect(fab, &f->conns[i]);
+    hw_ofi_free(f);
+    return KVS_OK;
+}
+
+int kvs_ofi_fabric_info(kvs_fabric_t *fab, kvs_ofi_info_t *out)
+{
+    hw_ofi_fabric_t *f = hw_ofi_try(fab);
+    if (f == NULL || out == NULL)
+        return KVS_EINVAL;
+    *out = (kvs_ofi_info_t){.cq_data_bytes = f->cq_data_bytes,
+                            .max_write_bytes = f->max_write_bytes,
+                            .max_mr_bytes = f->max_mr_bytes};
+    snprintf(out->provider, sizeof out->provider, "%s", f->info->fabric_attr->prov_name);
+    snprintf(out->fabric, sizeof out->fabric, "%s", f->info->fabric_attr->name);
+    snprintf(out->domain, sizeof out->domain, "%s", f->info->domain_attr->name);
+    snprintf(out->address, sizeof out->address, "%s", f->address);
+    hw_ofi_mr_mode_text(f->mr_mode, out->mr_mode, sizeof out->mr_mode);
+    return KVS_OK;
+}
+
+bool kvs_ofi_conn_alive(kvs_fabric_t *fab, kvs_conn_t *conn)
+{
+    hw_ofi_fabric_t *f = hw_ofi_try(fab);
+    kvs_conn_t *c = f != NULL ? hw_ofi_conn_of(f, conn) : NULL;
+    return c != NULL && c->state == HW_OFI_CONN_UP;
+}

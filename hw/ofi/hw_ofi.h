@@ -1,0 +1,283 @@
+/*
+ * hw_ofi.h (internal) - the types shared by the files of the ofi fabric
+ * (hw/ofi/): the fabric instance, its connections, registrations, requests
+ * and receive buffers, and the cross-file hw_ofi_ functions.
+ *
+ * Files: fabric.c (provider choice, the ops table, create, destroy),
+ * boot.c (the TCP bootstrap: listener, HELLO, liveness, connection states),
+ * mr.c (registration, split pieces, key tables and their KEYS/DROP
+ * messages), post.c (write, send, the queue of requests the provider
+ * refused for now), poll.c (completions, deaths, wait_arm).
+ *
+ * Every message on the endpoint opens with an 8-byte header: kind (u8),
+ * version (u8), 0 (u16), the receiver's connection token (u32). A token is
+ * slot | generation << 16, so a message or write for a connection that has
+ * since been replaced is dropped. Remote CQ data of a write is token << 32
+ * | imm.
+ */
+#ifndef KVS_HW_OFI_H
+#define KVS_HW_OFI_H
+
+#include <kvstage/ofi.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "net_util.h"
+#include "rkeys.h"
+
+#define HW_OFI_WIRE_VERSION 1u
+#define HW_OFI_HDR_BYTES 8u
+#define HW_OFI_MSG_BYTES (HW_OFI_HDR_BYTES + KVS_CONTROL_MSG_MAX_BYTES)
+#define HW_OFI_NAME_MAX 256u        /* endpoint address bytes (fi_getname) */
+#define HW_OFI_WHY_BYTES 200
+#define HW_OFI_GRACE_NS 200000000u  /* a peer's socket ended: wait this long for its BYE */
+#define HW_OFI_MAX_SLOTS 65535u
+
+/* Kinds of message on the endpoint. */
+enum hw_ofi_kind {
+    HW_OFI_MSG_USER = 0, /* the user's control message */
+    HW_OFI_MSG_KEYS = 1, /* some piece keys of a registration */
+    HW_OFI_MSG_DROP = 2, /* a registration was deregistered */
+    HW_OFI_MSG_BYE = 3   /* the sender disconnects on purpose */
+};
+
+typedef struct hw_ofi_fabric hw_ofi_fabric_t;
+
+/* ---- registrations (mr.c) ------------------------------------------------- */
+
+struct kvs_mr {
+    uint64_t addr;
+    uint64_t len_bytes;
+    uint64_t piece_bytes;   /* every piece but the last */
+    struct fid_mr **pieces;
+    void **descs;           /* fi_mr_desc of each piece */
+    uint64_t *keys;         /* fi_mr_key of each piece */
+    uint32_t npieces;
+    uint32_t id;            /* the handle peers name it by; unique per fabric */
+    bool live;
+};
+
+kvs_mr_t *hw_ofi_mr_of(hw_ofi_fabric_t *f, kvs_mr_t *mr);
+int hw_ofi_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
+                       uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey);
+int hw_ofi_mr_deregister(kvs_fabric_t *fab, kvs_mr_t *mr);
+void hw_ofi_mr_free_all(hw_ofi_fabric_t *f);
+/* Registers a buffer of the fabric's own (send and receive rings) in one
+ * piece; *desc NULL when the provider needs no local descriptors. */
+int hw_ofi_mr_own(hw_ofi_fabric_t *f, void *buf, size_t len, uint64_t access,
+                  struct fid_mr **out, void **desc, char *why, size_t why_bytes);
+/* Local descriptor and bytes left in the piece holding addr (inside mr). */
+void hw_ofi_mr_piece(const kvs_mr_t *mr, uint64_t addr, void **desc, uint64_t *left);
+/* The target address, key and bytes left in the remote piece holding
+ * [raddr, ...) of handle rkey on conn; KVS_EREMOTE with the fabric's
+ * message set when the handle is unknown or raddr lies outside it. */
+int hw_ofi_rkey_piece(hw_ofi_fabric_t *f, kvs_conn_t *conn, uint64_t rkey, uint64_t raddr,
+                      uint64_t *out_addr, uint64_t *out_key, uint64_t *left);
+/* A KEYS or DROP message of the peer. */
+void hw_ofi_keys_recv(kvs_conn_t *conn, uint32_t kind, const uint8_t *msg,
+                      uint32_t len_bytes);
+/* Sends the key tables of every live registration on conn. */
+int hw_ofi_keys_push_all(kvs_conn_t *conn);
+/* Send slots pushing every live registration to one peer takes. */
+uint32_t hw_ofi_keys_msgs_all(hw_ofi_fabric_t *f);
+
+/* ---- connections (boot.c) ------------------------------------------------- */
+
+typedef enum hw_ofi_conn_state {
+    HW_OFI_CONN_FREE = 0,
+    HW_OFI_CONN_HELLO,      /* passive: accepted, reading the peer's HELLO */
+    HW_OFI_CONN_CONNECTING, /* active: HELLO sent, waiting for the answer */
+    HW_OFI_CONN_UP,
+    HW_OFI_CONN_DEAD        /* failed for good: posts return KVS_EPEER */
+} hw_ofi_conn_state_t;
+
+/* HELLO on the bootstrap socket, both ways: magic, version, status (0 or
+ * a refusal, then `name` holds the reason), token, name length (u32 each),
+ * the provider (32 bytes, NUL-padded), the endpoint address. */
+#define HW_OFI_HELLO_MAGIC 0x4f53564bu /* "KVSO" little-endian */
+#define HW_OFI_PROV_BYTES 32u
+#define HW_OFI_HELLO_BYTES (20u + HW_OFI_PROV_BYTES + HW_OFI_NAME_MAX)
+
+struct kvs_conn {
+    hw_ofi_fabric_t *fab;
+    uint32_t slot;
+    uint32_t gen;             /* 16 bits used in tokens; bumped per use of the slot */
+    hw_ofi_conn_state_t state;
+    bool active;              /* we connected; else accepted */
+    bool user_knows;          /* handed to the user (connect, or a completion) */
+    bool peer_gone;           /* its socket ended: DEAD at gone_ns unless BYE first */
+    bool down_told;           /* DEAD: the user got its DISCONNECT completion */
+    bool in_av;               /* peer_addr is in the address vector */
+    int sock;                 /* bootstrap socket, -1: none */
+    uint32_t peer_token;      /* the peer's token for this connection */
+    fi_addr_t peer_addr;
+    uint64_t gone_ns;         /* peer_gone: when to give up waiting for its BYE */
+    int dead_status;          /* why posts fail once DEAD */
+    char why[HW_OFI_WHY_BYTES];
+    char peer[64];            /* "IP:port" for messages */
+    uint8_t hello[HW_OFI_HELLO_BYTES]; /* HELLO: bytes read so far */
+    uint32_t hello_got;
+    hw_rkeys_t rkeys;         /* the peer's registrations (rkeys.h) */
+};
+
+static inline uint32_t hw_ofi_token(const kvs_conn_t *c)
+{
+    return c->slot | (c->gen & 0xffffu) << 16;
+}
+
+int hw_ofi_listen(hw_ofi_fabric_t *f, char *why, size_t why_bytes);
+int hw_ofi_connect(kvs_fabric_t *fab, const char *peer, kvs_conn_t **out);
+void hw_ofi_disconnect(kvs_fabric_t *fab, kvs_conn_t *conn);
+/* Accepts peers, reads HELLOs and notices sockets that ended, without
+ * blocking (epoll over the bootstrap fds). */
+void hw_ofi_boot_progress(hw_ofi_fabric_t *f);
+/* Fails conn for good: `status` and the reason for later posts; poll
+ * reports its pending operations and then DISCONNECT. */
+void hw_ofi_conn_fail(kvs_conn_t *conn, int status, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+/* Frees what conn holds (socket, address, key tables); the slot is FREE. */
+void hw_ofi_conn_free(kvs_conn_t *conn);
+/* The live (not FREE) connection named by a token, or NULL. */
+kvs_conn_t *hw_ofi_conn_by_token(hw_ofi_fabric_t *f, uint32_t token);
+kvs_conn_t *hw_ofi_conn_of(hw_ofi_fabric_t *f, kvs_conn_t *conn);
+/* Peers whose socket ended and whose grace passed become DEAD. */
+void hw_ofi_conn_tick(hw_ofi_fabric_t *f, uint64_t now);
+
+/* ---- requests and posting (post.c) --------------------------------------- */
+
+typedef enum hw_ofi_req_kind {
+    HW_OFI_REQ_FREE = 0,
+    HW_OFI_REQ_WRITE,       /* a piece of a write */
+    HW_OFI_REQ_SEND         /* a message from a send slot */
+} hw_ofi_req_kind_t;
+
+/* One operation of the user (a write or a send) or a fabric-internal send. */
+typedef struct hw_ofi_op {
+    uint64_t wr_id;
+    kvs_conn_t *conn;
+    uint32_t conn_gen;
+    uint32_t outstanding;   /* its requests not completed yet */
+    int32_t deferred;       /* request posted once the others completed, -1: none */
+    int status;             /* first error among its requests */
+    uint8_t kind;           /* KVS_COMPLETION_WRITE or _SEND */
+    bool internal;          /* no user completion */
+    bool reported;          /* completed to the user (EPEER for a dead conn) */
+    bool live;
+} hw_ofi_op_t;
+
+/* One request to the provider. The context comes first: providers that
+ * want FI_CONTEXT / FI_CONTEXT2 use it. */
+typedef struct hw_ofi_req {
+    struct fi_context2 ctx;
+    uint32_t op;            /* index into ops */
+    uint8_t kind;           /* hw_ofi_req_kind_t */
+    bool with_data;
+    uint32_t slot;          /* SEND: its send slot */
+    uint32_t next;          /* WRITE: the op's next request, UINT32_MAX: last */
+    uint32_t len;
+    uint64_t laddr;
+    void *desc;
+    uint64_t raddr, rkey, data;
+} hw_ofi_req_t;
+
+int hw_ofi_write(kvs_fabric_t *fab, kvs_conn_t *conn, const kvs_write_desc_t *desc);
+int hw_ofi_send(kvs_fabric_t *fab, kvs_conn_t *conn, const void *msg, uint32_t len_bytes,
+                uint64_t wr_id);
+/* A fabric-internal message (KEYS, DROP, BYE) on conn. */
+int hw_ofi_send_internal(kvs_conn_t *conn, uint32_t kind, const void *msg,
+                         uint32_t len_bytes);
+/* Posts what waits in the queue, in order, until the provider refuses. */
+void hw_ofi_backlog_flush(hw_ofi_fabric_t *f);
+/* A request completed (status KVS_OK or an error): frees it; when it was
+ * its op's last, the op goes on the done queue (poll reports it). */
+void hw_ofi_req_done(hw_ofi_fabric_t *f, uint32_t req, int status);
+void hw_ofi_op_free(hw_ofi_fabric_t *f, uint32_t op);
+/* Checks that conn can take operations; KVS_EPEER / KVS_EINVAL with the
+ * fabric's message set otherwise. */
+int hw_ofi_check_conn(hw_ofi_fabric_t *f, kvs_conn_t *conn, const char *op);
+
+/* ---- completions (poll.c) ------------------------------------------------- */
+
+int hw_ofi_poll(kvs_fabric_t *fab, kvs_completion_t *out, int max);
+int hw_ofi_wait_arm(kvs_fabric_t *fab, int *out_fd, uint64_t *out_wake_ns);
+/* Posts receive buffer i again. */
+int hw_ofi_post_recv(hw_ofi_fabric_t *f, uint32_t i);
+
+/* ---- the fabric (fabric.c) ------------------------------------------------ */
+
+typedef struct hw_ofi_rx {
+    struct fi_context2 ctx; /* first */
+    uint32_t index;
+} hw_ofi_rx_t;
+
+struct hw_ofi_fabric {
+    kvs_fabric_t base;       /* first: recovered with KVS_CONTAINER_OF */
+    kvs_ofi_config_t cfg;    /* copied; strings point into the owned copies below */
+    char provider_want[32];
+    char bind_addr[64];
+    char name[80];           /* "ofi:tcp;ofi_rxm" for messages */
+    char address[80];        /* "IP:port" of the bootstrap listener */
+    struct fi_info *info;
+    struct fid_fabric *fabric;
+    struct fid_domain *domain;
+    struct fid_av *av;
+    struct fid_cq *cq;
+    struct fid_ep *ep;
+    uint64_t mr_mode;
+    uint32_t cq_data_bytes;
+    uint64_t max_write_bytes;
+    uint64_t max_mr_bytes;
+    uint8_t ep_name[HW_OFI_NAME_MAX];
+    size_t ep_name_len;
+    int cq_fd;               /* fi_control FI_GETWAIT, -1: none */
+    int boot_fd;             /* epoll over the listener and connection sockets */
+    int wait_fd;             /* epoll over cq_fd and boot_fd (wait_arm) */
+    int listen_fd;
+    kvs_conn_t *conns;       /* max_conns */
+    uint32_t deaths;         /* DEAD connections not yet told (poll) */
+    kvs_mr_t *mrs;           /* max_mrs */
+    uint32_t live_mrs;
+    uint32_t next_mr_id;
+    uint64_t next_key;       /* requested keys without FI_MR_PROV_KEY */
+    /* operations and requests: tx_depth each, free lists as stacks */
+    hw_ofi_op_t *ops;
+    uint32_t *op_free;
+    uint32_t op_nfree;
+    hw_ofi_req_t *reqs;
+    uint32_t *req_free;
+    uint32_t req_nfree;
+    uint32_t *backlog;       /* ring of request indices the provider refused for now */
+    uint32_t bl_head, bl_used;
+    uint32_t *done;          /* ring of ops whose requests all completed */
+    uint32_t done_head, done_used;
+    /* control messages: send slots of HW_OFI_MSG_BYTES, one registration */
+    uint8_t *sbuf;
+    struct fid_mr *smr;
+    void *sdesc;
+    uint32_t *slot_free;
+    uint32_t slot_nfree;
+    /* receives */
+    uint8_t *rbuf;
+    struct fid_mr *rmr;
+    void *rdesc;
+    hw_ofi_rx_t *rx;
+};
+
+hw_ofi_fabric_t *hw_ofi_of(kvs_fabric_t *fab);
+/* libfabric's negative return as a kvstage status. */
+int hw_ofi_status(int fi_rc);
+
+#endif

@@ -1,0 +1,283 @@
+/*
+ * mr.c - memory registration of the ofi fabric and the key tables that let
+ * a peer write into it.
+ *
+ * A registration is one or more pieces (fi_mr_reg each): ranges larger
+ * than max_mr_bytes split at page-aligned piece boundaries. The MR modes
+ * the provider asked for are honoured here: FI_MR_PROV_KEY takes the
+ * provider's key, else the fabric requests a fresh one; FI_MR_ENDPOINT binds
+ * each piece to the endpoint and enables it; FI_MR_LOCAL is why every
+ * piece's descriptor is kept (post.c passes them). FI_MR_VIRT_ADDR decides
+ * how a writer addresses a piece (rkey_piece): by virtual address, or by
+ * offset into the piece.
+ *
+ * The remote key handed out is the registration's id, never a provider
+ * key: its base, length, piece size and piece keys travel in KEYS messages
+ * on every connection that is up when it is registered, and to later
+ * connections before their first operation (connections carry messages in
+ * order, so a peer always holds the keys before any message of ours that
+ * names the id). Deregistering sends DROP. The messages and the peer's
+ * tables are hw/common/rkeys.c's, shared with the verbs fabric. A writer
+ * resolves (id, address) to (piece key, target address) and post.c splits
+ * writes at pieces.
+ */
+#include "hw_ofi.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* KEYS and DROP are hw/common/rkeys.h's, with 8-byte piece keys. */
+#define HW_OFI_KEYS_MAX HW_RKEYS_PER_MSG(8u)
+#define HW_OFI_RTABLE_PIECES_MAX HW_RKEYS_PIECES_MAX
+#define HW_OFI_PAGE 4096u
+
+kvs_mr_t *hw_ofi_mr_of(hw_ofi_fabric_t *f, kvs_mr_t *mr)
+{
+    const uintptr_t b = (uintptr_t)f->mrs, q = (uintptr_t)mr;
+    if (mr == NULL || q < b || (q - b) % sizeof *mr != 0 ||
+        (q - b) / sizeof *mr >= f->cfg.max_mrs || !mr->live)
+        return NULL;
+    return mr;
+}
+
+/* One fi_mr_reg with the modes the provider asked for. */
+static int hw_ofi_reg(hw_ofi_fabric_t *f, void *buf, size_t len, uint64_t access,
+                      struct fid_mr **out)
+{
+    const uint64_t key = (f->mr_mode & FI_MR_PROV_KEY) ? 0 : f->next_key++;
+    int rc = fi_mr_reg(f->domain, buf, len, access, 0, key, 0, out, NULL);
+    if (rc == 0 && (f->mr_mode & FI_MR_ENDPOINT)) {
+        rc = fi_mr_bind(*out, &f->ep->fid, 0);
+        if (rc == 0)
+            rc = fi_mr_enable(*out);
+        if (rc != 0) {
+            fi_close(&(*out)->fid);
+            *out = NULL;
+        }
+    }
+    return rc;
+}
+
+int hw_ofi_mr_own(hw_ofi_fabric_t *f, void *buf, size_t len, uint64_t access,
+                  struct fid_mr **out, void **desc, char *why, size_t why_bytes)
+{
+    *desc = NULL;
+    int rc = hw_ofi_reg(f, buf, len, access, out);
+    if (rc != 0) {
+        snprintf(why, why_bytes, "registering %zu bytes of the fabric's message buffers on "
+                 "%s failed: %s%s", len, f->name, fi_strerror(-rc),
+                 rc == -FI_ENOMEM ? ": raise the locked-memory limit (ulimit -l) or lower "
+                                    "send_slots and recv_depth" : "");
+        return hw_ofi_status(rc) == KVS_ENOMEM ? KVS_ENOMEM : KVS_EBACKEND;
+    }
+    *desc = fi_mr_desc(*out);
+    return KVS_OK;
+}
+
+void hw_ofi_mr_piece(const kvs_mr_t *mr, uint64_t addr, void **desc, uint64_t *left)
+{
+    const uint64_t off = addr - mr->addr;
+    const uint64_t i = off / mr->piece_bytes;
+    const uint64_t piece_end = i + 1 == mr->npieces ? mr->len_bytes : (i + 1) * mr->piece_bytes;
+    *desc = mr->descs[i];
+    *left = piece_end - off;
+}
+
+static void hw_ofi_mr_release(kvs_mr_t *mr)
+{
+    for (uint32_t i = 0; mr->pieces != NULL && i < mr->npieces; i++)
+        if (mr->pieces[i] != NULL)
+            fi_close(&mr->pieces[i]->fid);
+    free(mr->pieces);
+    free(mr->descs);
+    free(mr->keys);
+    *mr = (kvs_mr_t){0};
+}
+
+static uint32_t hw_ofi_keys_msgs(const kvs_mr_t *mr)
+{
+    return (mr->npieces + HW_OFI_KEYS_MAX - 1) / HW_OFI_KEYS_MAX;
+}
+
+static uint64_t hw_ofi_piece_key(const void *mr, uint32_t i)
+{
+    return ((const kvs_mr_t *)mr)->keys[i];
+}
+
+static int hw_ofi_keys_send_one(void *conn, const uint8_t *msg, uint32_t len_bytes)
+{
+    return hw_ofi_send_internal(conn, HW_OFI_MSG_KEYS, msg, len_bytes);
+}
+
+/* The KEYS messages of mr (rkeys.c) on conn. */
+static int hw_ofi_keys_send_mr(kvs_conn_t *conn, const kvs_mr_t *mr)
+{
+    const hw_rkeys_reg_t r = {.id = mr->id, .npieces = mr->npieces, .base = mr->addr,
+                              .piece_bytes = mr->piece_bytes, .len_bytes = mr->len_bytes};
+    return hw_rkeys_send(&r, 8, hw_ofi_piece_key, mr, hw_ofi_keys_send_one, conn);
+}
+
+uint32_t hw_ofi_keys_msgs_all(hw_ofi_fabric_t *f)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < f->cfg.max_mrs; i++)
+        if (f->mrs[i].live)
+            n += hw_ofi_keys_msgs(&f->mrs[i]);
+    return n;
+}
+
+int hw_ofi_keys_push_all(kvs_conn_t *conn)
+{
+    hw_ofi_fabric_t *f = conn->fab;
+    for (uint32_t i = 0; i < f->cfg.max_mrs; i++) {
+        if (!f->mrs[i].live)
+            continue;
+        int rc = hw_ofi_keys_send_mr(conn, &f->mrs[i]);
+        if (rc != KVS_OK)
+            return rc;
+    }
+    return KVS_OK;
+}
+
+int hw_ofi_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
+                       uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey)
+{
+    hw_ofi_fabric_t *f = hw_ofi_of(fab);
+    (void)dev; /* host memory: the address is the host's */
+    if (out == NULL || out_rkey == NULL || addr == 0 || len_bytes == 0 ||
+        addr + len_bytes < addr)
+        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "mr_register on %s: need a non-empty "
+                               "range that does not wrap, and out and out_rkey", f->name);
+    kvs_mr_t *mr = NULL;
+    for (uint32_t i = 0; i < f->cfg.max_mrs && mr == NULL; i++)
+        if (!f->mrs[i].live)
+            mr = &f->mrs[i];
+    if (mr == NULL)
+        return kvs_fabric_fail(fab, KVS_EFULL, 0, "mr_register on %s: all %u registrations "
+                               "are live: deregister some or raise max_mrs", f->name,
+                               f->cfg.max_mrs);
+    uint64_t piece = len_bytes;
+    if (piece > f->max_mr_bytes)
+        piece = f->max_mr_bytes / HW_OFI_PAGE * HW_OFI_PAGE;
+    const uint64_t npieces = (len_bytes + piece - 1) / piece;
+    if (npieces > HW_OFI_RTABLE_PIECES_MAX)
+        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "mr_register on %s: %llu bytes would be "
+                               "%llu pieces of max_mr_bytes %llu (at most %u): raise "
+                               "max_mr_bytes", f->name, (unsigned long long)len_bytes,
+                               (unsigned long long)npieces, (unsigned long long)piece,
+                               HW_OFI_RTABLE_PIECES_MAX);
+    /* Every up connection hears of it now: there must be send slots for
+     * all of that before anything is registered. */
+    uint32_t up = 0;
+    for (uint32_t i = 0; i < f->cfg.max_conns; i++)
+        up += f->conns[i].state == HW_OFI_CONN_UP;
+    const uint64_t msgs = (npieces + HW_OFI_KEYS_MAX - 1) / HW_OFI_KEYS_MAX * up;
+    if (msgs > f->slot_nfree || msgs > f->op_nfree || msgs > f->req_nfree)
+        return kvs_fabric_fail(fab, KVS_EAGAIN, 0, "mr_register on %s: its keys need %llu "
+                               "messages to %u peers and %u send slots are free: poll "
+                               "and retry, or raise send_slots", f->name,
+                               (unsigned long long)msgs, up, f->slot_nfree);
+    *mr = (kvs_mr_t){.addr = addr, .len_bytes = len_bytes, .piece_bytes = piece,
+                     .npieces = (uint32_t)npieces, .id = f->next_mr_id++ & 0x7fffffffu};
+    if (mr->id == 0)
+        mr->id = f->next_mr_id++;
+    mr->pieces = calloc(npieces, sizeof *mr->pieces);
+    mr->descs = calloc(npieces, sizeof *mr->descs);
+    mr->keys = calloc(npieces, sizeof *mr->keys);
+    if (mr->pieces == NULL || mr->descs == NULL || mr->keys == NULL) {
+        hw_ofi_mr_release(mr);
+        return kvs_fabric_fail(fab, KVS_ENOMEM, 0, "mr_register on %s: no memory for %llu "
+                               "pieces: raise max_mr_bytes", f->name,
+                               (unsigned long long)npieces);
+    }
+    for (uint32_t i = 0; i < mr->npieces; i++) {
+        const uint64_t off = (uint64_t)i * piece;
+        const uint64_t len = i + 1 == mr->npieces ? len_bytes - off : piece;
+        int rc = hw_ofi_reg(f, (void *)(uintptr_t)(addr + off), len,
+                            FI_WRITE | FI_REMOTE_WRITE | FI_SEND | FI_RECV, &mr->pieces[i]);
+        if (rc != 0) {
+            hw_ofi_mr_release(mr);
+            return kvs_fabric_fail(fab, hw_ofi_status(rc) == KVS_ENOMEM ? KVS_ENOMEM
+                                                                        : KVS_EBACKEND,
+                                   -rc, "mr_register on %s: fi_mr_reg of [0x%llx, +%llu) "
+                                   "(piece %u of %u) failed: %s%s", f->name,
+                                   (unsigned long long)(addr + off), (unsigned long long)len,
+                                   i + 1, mr->npieces, fi_strerror(-rc),
+                                   rc == -FI_ENOMEM ? ": raise the locked-memory limit "
+                                                      "(ulimit -l)" : "");
+        }
+        mr->descs[i] = fi_mr_desc(mr->pieces[i]);
+        mr->keys[i] = fi_mr_key(mr->pieces[i]);
+    }
+    mr->live = true;
+    f->live_mrs++;
+    for (uint32_t i = 0; i < f->cfg.max_conns; i++) {
+        kvs_conn_t *c = &f->conns[i];
+        if (c->state == HW_OFI_CONN_UP && hw_ofi_keys_send_mr(c, mr) != KVS_OK)
+            hw_ofi_conn_fail(c, KVS_EPEER, "sending the keys of a registration to %s failed: "
+                             "%s", c->peer, fab->last_backend_msg);
+    }
+    *out = mr;
+    *out_rkey = mr->id;
+    return KVS_OK;
+}
+
+int hw_ofi_mr_deregister(kvs_fabric_t *fab, kvs_mr_t *mr)
+{
+    hw_ofi_fabric_t *f = hw_ofi_of(fab);
+    kvs_mr_t *m = hw_ofi_mr_of(f, mr);
+    if (m == NULL)
+        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "mr_deregister on %s: not a live "
+                               "registration of this fabric", f->name);
+    uint8_t msg[4];
+    hw_put32(msg, m->id);
+    for (uint32_t i = 0; i < f->cfg.max_conns; i++)
+        if (f->conns[i].state == HW_OFI_CONN_UP) /* best effort: ids are never reused */
+            (void)hw_ofi_send_internal(&f->conns[i], HW_OFI_MSG_DROP, msg, sizeof msg);
+    hw_ofi_mr_release(m);
+    f->live_mrs--;
+    return KVS_OK;
+}
+
+void hw_ofi_mr_free_all(hw_ofi_fabric_t *f)
+{
+    for (uint32_t i = 0; f->mrs != NULL && i < f->cfg.max_mrs; i++)
+        if (f->mrs[i].live)
+            hw_ofi_mr_release(&f->mrs[i]);
+    f->live_mrs = 0;
+}
+
+int hw_ofi_rkey_piece(hw_ofi_fabric_t *f, kvs_conn_t *conn, uint64_t rkey, uint64_t raddr,
+                      uint64_t *out_addr, uint64_t *out_key, uint64_t *left)
+{
+    const hw_rkeys_entry_t *t = NULL;
+    uint64_t off = 0;
+    const int rc = rkey <= UINT32_MAX ? hw_rkeys_lookup(&conn->rkeys, (uint32_t)rkey, raddr,
+                                                         out_key, &off, left, &t)
+                                      : KVS_ENOENT;
+    if (rc == KVS_ENOENT)
+        return kvs_fabric_fail(&f->base, KVS_EREMOTE, 0, "write to %s: remote key 0x%llx is "
+                               "no registration %s announced: use the key its mr_register "
+                               "gave", conn->peer, (unsigned long long)rkey, conn->peer);
+    if (rc != KVS_OK)
+        return kvs_fabric_fail(&f->base, KVS_EREMOTE, 0, "write to %s: remote address 0x%llx "
+                               "lies outside registration 0x%llx [0x%llx, +%llu)", conn->peer,
+                               (unsigned long long)raddr, (unsigned long long)rkey,
+                               (unsigned long long)t->base, (unsigned long long)t->len_bytes);
+    *out_addr = (f->mr_mode & FI_MR_VIRT_ADDR) ? raddr : off;
+    return KVS_OK;
+}
+
+void hw_ofi_keys_recv(kvs_conn_t *conn, uint32_t kind, const uint8_t *msg, uint32_t len)
+{
+    if (kind == HW_OFI_MSG_DROP) {
+        hw_rkeys_drop(&conn->rkeys, msg, len);
+        return;
+    }
+    /* Malformed, or more than max_mrs: its writes fail with KVS_EREMOTE
+     * naming the key, so the table is left as it was. */
+    char why[KVS_ERROR_MSG_BYTES];
+    (void)hw_rkeys_recv(&conn->rkeys, conn->fab->cfg.max_mrs, 8, 1, msg, len, why, sizeof why);
+}

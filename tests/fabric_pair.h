@@ -1,0 +1,77 @@
+/*
+ * fabric_pair.h - the scaffolding the real-fabric tests share
+ * (tests/rxe/test_verbs_fabric.c, tests/ofi/test_ofi_fabric.c): two
+ * fabrics in one process, each with a queue of completions polled but not
+ * taken yet, the connection b opened to a and a's side of it, and
+ * registered host buffers. Nothing here knows which fabric it drives: the
+ * tests create and destroy their fabrics and say how to idle while one
+ * side blocks in connect().
+ *
+ * Every wait is bounded by KVS_TEST_WAIT_S (default 60 s): a hang fails the
+ * test through cmocka's fail_msg.
+ */
+#ifndef KVS_TESTS_FABRIC_PAIR_H
+#define KVS_TESTS_FABRIC_PAIR_H
+
+#include <kvstage/backend.h>
+
+#include <stdint.h>
+
+#define FP_QCAP 256
+
+/* One side: its fabric (the test's) and the completions polled but not
+ * yet taken. */
+typedef struct fp_side {
+    kvs_fabric_t *fab;
+    kvs_completion_t *q; /* FP_QCAP */
+    int n;
+} fp_side_t;
+
+typedef struct fp_pair {
+    const char *name;   /* what the pair runs on (ofi: the provider); the test's */
+    fp_side_t a, b;
+    kvs_conn_t *ab;     /* b's connection to a (b connected) */
+    kvs_conn_t *ba;     /* a's side of it, learnt from the first message */
+} fp_pair_t;
+
+/* A registered host buffer. */
+typedef struct fp_region {
+    uint8_t *mem;
+    uint64_t len;
+    kvs_mr_t *mr;
+    uint64_t rkey;
+} fp_region_t;
+
+/* What a side does between polls while the other blocks in connect()
+ * (sleep on the fabric's wait, or a short nap). */
+typedef void (*fp_idle_fn)(kvs_fabric_t *fab);
+
+uint64_t fp_now_ns(void);
+/* Now plus KVS_TEST_WAIT_S. */
+uint64_t fp_deadline_ns(void);
+
+/* s drives fab (still the caller's to destroy); its queue is allocated. */
+void fp_side_init(fp_side_t *s, kvs_fabric_t *fab);
+/* Frees the queue; s is zero after. */
+void fp_side_fini(fp_side_t *s);
+/* Polls s's fabric into its queue (nothing when full). */
+void fp_side_pump(fp_side_t *s);
+
+/* Takes the first completion of `kind` on conn (any conn if NULL) from s,
+ * polling both sides of p meanwhile; fails the test after the deadline. */
+kvs_completion_t fp_take(fp_pair_t *p, fp_side_t *s, kvs_completion_kind_t kind,
+                         kvs_conn_t *conn);
+
+/* from connects to address (to's) while a thread polls to and idles. */
+int fp_connect(fp_side_t *from, fp_side_t *to, const char *address, fp_idle_fn idle,
+               kvs_conn_t **out);
+
+/* b connects to a at a_address; one hello b -> a gives a its side (ba). */
+void fp_pair_connect(fp_pair_t *p, const char *a_address, fp_idle_fn idle);
+
+/* len zeroed bytes, page-aligned, registered on s. */
+void fp_region_reg(fp_side_t *s, fp_region_t *r, uint64_t len);
+/* Deregisters (when registered) and frees; r is zero after. */
+void fp_region_free(fp_side_t *s, fp_region_t *r);
+
+#endif
