@@ -1,7 +1,8 @@
 """_library.py - finds and loads libkvstage_sim (which brings libkvstage with
 it) and declares the C prototypes the package calls; and, for kvstage.Rank,
-the backends' libraries libkvstage_hw (host device, driver, verbs fabric)
-and libkvstage_cuda (CUDA device), looked for next to libkvstage_sim first.
+the backends' libraries libkvstage_hw (host device, driver, the verbs and
+libfabric fabrics) and libkvstage_cuda (CUDA device), looked for next to
+libkvstage_sim first.
 
 Search order, first hit wins:
   1. $KVSTAGE_LIBRARY: the path of libkvstage_sim.so, or the folder holding
@@ -150,7 +151,7 @@ def path():
 # ---- the backends' libraries (kvstage.Rank) ---------------------------------
 
 HW = {"hw": ("KVSTAGE_HW_LIBRARY", "kvstage_hw", ("libkvstage_hw.so", "libkvstage_hw.so.0"),
-             "the host device, the driver and the verbs fabric"),
+             "the host device, the driver and the verbs and ofi fabrics"),
       "cuda": ("KVSTAGE_CUDA_LIBRARY", "kvstage_cuda",
                ("libkvstage_cuda.so", "libkvstage_cuda.so.0"), "the CUDA device")}
 _backends = {}
@@ -196,6 +197,15 @@ def _declare_hw(lib, which):
                                                       c.POINTER(c.c_void_p), err]),
                 "kvs_verbs_fabric_destroy": (c.c_int, [c.c_void_p]),
                 "kvs_verbs_fabric_info": (c.c_int, [c.c_void_p, c.POINTER(S.VerbsInfo)]),
+            })
+        if hasattr(lib, "kvs_ofi_fabric_create"):
+            protos.update({
+                "kvs_ofi_config_init": (None, [c.POINTER(S.OfiConfig)]),
+                "kvs_ofi_fabric_create": (c.c_int, [c.POINTER(S.OfiConfig),
+                                                    c.POINTER(c.c_void_p), err]),
+                "kvs_ofi_fabric_destroy": (c.c_int, [c.c_void_p]),
+                "kvs_ofi_fabric_info": (c.c_int, [c.c_void_p, c.POINTER(S.OfiInfo)]),
+                "kvs_ofi_providers": (c.c_int, [c.c_char_p, c.c_size_t]),
             })
     for name, (restype, argtypes) in protos.items():
         fn = getattr(lib, name)
