@@ -190,23 +190,20 @@ def _declare_hw(lib, which):
             "kvs_driver_rank_error": (c.c_int, [c.c_void_p, err]),
             "kvs_driver_stats": (None, [c.c_void_p, c.POINTER(S.DriverStats)]),
         }
-        if hasattr(lib, "kvs_verbs_fabric_create"):
+        # Each fabric built in has the same four calls, on its own structs.
+        for fabric, config, info in (("verbs", S.VerbsConfig, S.VerbsInfo),
+                                     ("ofi", S.OfiConfig, S.OfiInfo)):
+            if not hasattr(lib, "kvs_%s_fabric_create" % fabric):
+                continue
             protos.update({
-                "kvs_verbs_config_init": (None, [c.POINTER(S.VerbsConfig)]),
-                "kvs_verbs_fabric_create": (c.c_int, [c.POINTER(S.VerbsConfig),
-                                                      c.POINTER(c.c_void_p), err]),
-                "kvs_verbs_fabric_destroy": (c.c_int, [c.c_void_p]),
-                "kvs_verbs_fabric_info": (c.c_int, [c.c_void_p, c.POINTER(S.VerbsInfo)]),
+                "kvs_%s_config_init" % fabric: (None, [c.POINTER(config)]),
+                "kvs_%s_fabric_create" % fabric: (c.c_int, [c.POINTER(config),
+                                                            c.POINTER(c.c_void_p), err]),
+                "kvs_%s_fabric_destroy" % fabric: (c.c_int, [c.c_void_p]),
+                "kvs_%s_fabric_info" % fabric: (c.c_int, [c.c_void_p, c.POINTER(info)]),
             })
-        if hasattr(lib, "kvs_ofi_fabric_create"):
-            protos.update({
-                "kvs_ofi_config_init": (None, [c.POINTER(S.OfiConfig)]),
-                "kvs_ofi_fabric_create": (c.c_int, [c.POINTER(S.OfiConfig),
-                                                    c.POINTER(c.c_void_p), err]),
-                "kvs_ofi_fabric_destroy": (c.c_int, [c.c_void_p]),
-                "kvs_ofi_fabric_info": (c.c_int, [c.c_void_p, c.POINTER(S.OfiInfo)]),
-                "kvs_ofi_providers": (c.c_int, [c.c_char_p, c.c_size_t]),
-            })
+        if hasattr(lib, "kvs_ofi_providers"):
+            protos["kvs_ofi_providers"] = (c.c_int, [c.c_char_p, c.c_size_t])
     for name, (restype, argtypes) in protos.items():
         fn = getattr(lib, name)
         fn.restype = restype
