@@ -7,7 +7,8 @@ libkvstage_hw where it was built with them:
            machine), "shm" (processes on one host), ...
 
 check() refuses, before anything is made, a fabric this build lacks and
-the arguments of the other fabric; create() makes the fabric, info() says
+the arguments of the other fabric, and check_memory() KV memory the
+fabric cannot register (ofi: host memory only, no FI_HMEM); create() makes the fabric, info() says
 what it chose and destroy() is the create's matching kvs_*_fabric_destroy.
 ofi_providers() lists the providers the ofi fabric can take here. Nothing
 here holds state: the Rank keeps the handle and the name.
@@ -61,6 +62,17 @@ def check(hw, fabric, provider, rdma_device, near_pci, listen_port):
             not 0 <= listen_port < 65536:
         raise _errors.invalid("listen_port: %r: give a port in [0, 65536) (0: any)"
                               % (listen_port,))
+
+
+def check_memory(fabric, pool):
+    """Refuses a KV pool the fabric cannot register, before anything is
+    made: the ofi fabric takes host memory only (it would hand a CUDA
+    address to libfabric as a host one)."""
+    if fabric == "ofi" and pool.device[0] != "cpu":
+        first = pool.buffers[0]
+        raise _errors.invalid("%s: on %s but the ofi fabric registers host memory only: "
+                              "give CPU tensors, or fabric=\"verbs\" for GPU memory"
+                              % (first.name, first.where()))
 
 
 def _text(s):

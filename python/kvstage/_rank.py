@@ -186,6 +186,7 @@ class Rank:
             heads = total_heads // tp_size
         pool = _buffers.Pool(k_buffers, v_buffers, kv_caches, page_size, dtype=dtype,
                              head_dim=head_dim, heads=heads, layers=layers)
+        _fabric.check_memory(fabric, pool)
         if total_heads is None:
             total_heads = pool.heads * tp_size
         code = ctypes.c_int()

@@ -4,8 +4,9 @@ on this machine: no RDMA device, no VM.
 - The choice of fabric: what each fabric cannot take is refused before
   anything is made, naming the argument and what to change (an unknown
   fabric, a provider without fabric="ofi", rdma_device or near_pci with
-  it, an unknown provider with the list of those offered here, a build
-  without the fabric); a rank on ofi tcp says what it chose.
+  it, an unknown provider with the list of those offered here, CUDA
+  tensors, a build without the fabric); a rank on ofi tcp says what it
+  chose.
 - The two-process test of test_rank_rxe.py (rank_pair.py: a prefill
   instance of TP 2 and a decode instance of TP 1, torch CPU tensors,
   several rooms in several chunks with aux payloads, every byte of the
@@ -92,6 +93,37 @@ def test_rank_ofi_tcp_says_what_it_chose():
     finally:
         r.close()
     r.close()  # twice is fine
+
+
+class _CudaLike:
+    """What kvstage reads of a torch CUDA tensor, over a CPU one: no GPU
+    needed, the refusal comes before any device is made."""
+
+    def __init__(self, t):
+        self._t = t
+        self.shape, self.dtype = t.shape, t.dtype
+        self.device = torch.device("cuda", 0)
+
+    def data_ptr(self):
+        return self._t.data_ptr()
+
+    def is_contiguous(self):
+        return True
+
+    def element_size(self):
+        return self._t.element_size()
+
+
+def test_rank_ofi_refuses_cuda_tensors():
+    need_ofi()
+    ks = [_CudaLike(torch.zeros(4 * PAGE, HEADS, DIM, dtype=torch.float16)) for _ in range(2)]
+    vs = [_CudaLike(torch.zeros(4 * PAGE, HEADS, DIM, dtype=torch.float16)) for _ in range(2)]
+    with pytest.raises(kvstage.KvstageError) as e:
+        kvstage.Rank("decode", page_size=PAGE, total_heads=HEADS, k_buffers=ks, v_buffers=vs,
+                     fabric="ofi")
+    assert e.value.name == "KVS_EINVAL", e.value
+    assert ("k_buffers[0]: on cuda:0 but the ofi fabric registers host memory only: give CPU "
+            "tensors, or fabric=\"verbs\"") in e.value.message, e.value.message
 
 
 class _WithoutOfi:
