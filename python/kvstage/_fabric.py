@@ -8,10 +8,11 @@ libkvstage_hw where it was built with them:
 
 check() refuses, before anything is made, a fabric this build lacks and
 the arguments of the other fabric, and check_memory() KV memory the
-fabric cannot register (ofi: host memory only, no FI_HMEM); create() makes the fabric, info() says
-what it chose and destroy() is the create's matching kvs_*_fabric_destroy.
-ofi_providers() lists the providers the ofi fabric can take here. Nothing
-here holds state: the Rank keeps the handle and the name.
+fabric cannot register (ofi: host memory only, no FI_HMEM); create()
+makes the fabric, info() says what it chose and destroy() is the create's
+matching kvs_*_fabric_destroy. ofi_providers() lists the providers the ofi
+fabric can take here. Nothing here holds state: the Rank keeps the handle
+and the name.
 """
 
 import ctypes
