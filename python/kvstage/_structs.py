@@ -1,10 +1,10 @@
 """_structs.py - ctypes mirrors of the C structs the package passes to the
 library: the planner's and the rank runtime's (include/kvstage/kvstage.h),
 the simulator's (sim.h), the host device's (host.h), the verbs fabric's
-(verbs.h), the libfabric fabric's (ofi.h) and the rank driver's (driver.h). Field names and order are the
-C ones; python/tests/test_abi.py compiles the headers and checks every
-size and offset, so a change on the C side fails a test instead of
-corrupting memory.
+(verbs.h), the libfabric fabric's (ofi.h) and the rank driver's
+(driver.h). Field names and order are the C ones; python/tests/test_abi.py
+compiles the headers and checks every size and offset, so a change on the
+C side fails a test instead of corrupting memory.
 """
 
 import ctypes as c
