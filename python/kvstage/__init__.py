@@ -11,8 +11,10 @@ plan() lays out one chunk (the layout planner); simulate() runs one
 deterministic simulated scenario (the engine behind `kvstage sim`); both
 return plain dicts. Rank is one rank of a serving engine over its own KV
 buffers (torch tensors or numpy arrays) on real hardware: the host or CUDA
-device and the verbs fabric (see kvstage._rank and docs/embedding.md). A failure raises KvstageError with the library's
-status code, its name and a message naming the argument to change.
+device, and the verbs fabric or the libfabric one (fabric="ofi", with the
+provider ofi_providers() lists; see kvstage._rank and docs/embedding.md).
+A failure raises KvstageError with the library's status code, its name and
+a message naming the argument to change.
 
 The library (libkvstage_sim.so, which brings libkvstage.so) is loaded on
 first use from $KVSTAGE_LIBRARY (the .so or its folder) if set, else from
@@ -21,6 +23,7 @@ else from the system's library path. library_path() says which.
 """
 
 from ._errors import KvstageError, status_name, strerror
+from ._fabric import ofi_providers
 from ._library import path as library_path
 from ._models import models
 from ._plan import plan
@@ -28,4 +31,4 @@ from ._rank import Rank, RoomResult, RoomState
 from ._simulate import simulate
 
 __all__ = ["KvstageError", "Rank", "RoomResult", "RoomState", "library_path", "models",
-           "plan", "simulate", "status_name", "strerror"]
+           "ofi_providers", "plan", "simulate", "status_name", "strerror"]

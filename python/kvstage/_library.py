@@ -1,7 +1,8 @@
 """_library.py - finds and loads libkvstage_sim (which brings libkvstage with
 it) and declares the C prototypes the package calls; and, for kvstage.Rank,
-the backends' libraries libkvstage_hw (host device, driver, verbs fabric)
-and libkvstage_cuda (CUDA device), looked for next to libkvstage_sim first.
+the backends' libraries libkvstage_hw (host device, driver, the verbs and
+libfabric fabrics) and libkvstage_cuda (CUDA device), looked for next to
+libkvstage_sim first.
 
 Search order, first hit wins:
   1. $KVSTAGE_LIBRARY: the path of libkvstage_sim.so, or the folder holding
@@ -150,7 +151,7 @@ def path():
 # ---- the backends' libraries (kvstage.Rank) ---------------------------------
 
 HW = {"hw": ("KVSTAGE_HW_LIBRARY", "kvstage_hw", ("libkvstage_hw.so", "libkvstage_hw.so.0"),
-             "the host device, the driver and the verbs fabric"),
+             "the host device, the driver and the verbs and ofi fabrics"),
       "cuda": ("KVSTAGE_CUDA_LIBRARY", "kvstage_cuda",
                ("libkvstage_cuda.so", "libkvstage_cuda.so.0"), "the CUDA device")}
 _backends = {}
@@ -189,14 +190,20 @@ def _declare_hw(lib, which):
             "kvs_driver_rank_error": (c.c_int, [c.c_void_p, err]),
             "kvs_driver_stats": (None, [c.c_void_p, c.POINTER(S.DriverStats)]),
         }
-        if hasattr(lib, "kvs_verbs_fabric_create"):
+        # Each fabric built in has the same four calls, on its own structs.
+        for fabric, config, info in (("verbs", S.VerbsConfig, S.VerbsInfo),
+                                     ("ofi", S.OfiConfig, S.OfiInfo)):
+            if not hasattr(lib, "kvs_%s_fabric_create" % fabric):
+                continue
             protos.update({
-                "kvs_verbs_config_init": (None, [c.POINTER(S.VerbsConfig)]),
-                "kvs_verbs_fabric_create": (c.c_int, [c.POINTER(S.VerbsConfig),
-                                                      c.POINTER(c.c_void_p), err]),
-                "kvs_verbs_fabric_destroy": (c.c_int, [c.c_void_p]),
-                "kvs_verbs_fabric_info": (c.c_int, [c.c_void_p, c.POINTER(S.VerbsInfo)]),
+                "kvs_%s_config_init" % fabric: (None, [c.POINTER(config)]),
+                "kvs_%s_fabric_create" % fabric: (c.c_int, [c.POINTER(config),
+                                                            c.POINTER(c.c_void_p), err]),
+                "kvs_%s_fabric_destroy" % fabric: (c.c_int, [c.c_void_p]),
+                "kvs_%s_fabric_info" % fabric: (c.c_int, [c.c_void_p, c.POINTER(info)]),
             })
+        if hasattr(lib, "kvs_ofi_providers"):
+            protos["kvs_ofi_providers"] = (c.c_int, [c.c_char_p, c.c_size_t])
     for name, (restype, argtypes) in protos.items():
         fn = getattr(lib, name)
         fn.restype = restype

@@ -1,12 +1,14 @@
 """_rank.py - kvstage.Rank: one rank of a serving engine (prefill or
 decode) over the engine's own KV buffers, on the C rank runtime (kvs_rank)
 and the hardware driver (kvs_driver): the host device for CPU tensors, the
-CUDA device for CUDA tensors, the verbs fabric for the network.
+CUDA device for CUDA tensors, and for the network the verbs fabric (an
+RDMA NIC; the default) or the libfabric one (fabric="ofi": tcp on any
+machine, shm between processes of one host; see kvstage._fabric).
 
     with kvstage.Rank("decode", model="llama-3.1-8b", page_size=16,
                       tp_rank=0, tp_size=1, k_buffers=ks, v_buffers=vs,
                       max_aux_bytes=64) as rank:
-        rank.add_instance(0, prefill_addresses, tp_size=2)
+        rank.add_instance(0, prefill_addresses, tp_size=2)   # their .address
         rank.open_room(7, pages=[3, 9, 4], total_tokens=40, peer=0)
         rank.start()                  # or call progress() in your loop
         ... rank.state(7) ... for r in rank.poll(): r.ok, r.aux
@@ -30,6 +32,7 @@ import threading
 
 from . import _buffers
 from . import _errors
+from . import _fabric
 from . import _library
 from . import _structs as S
 
@@ -131,10 +134,25 @@ class Rank:
     chunk_tokens, ring_bytes, max_rooms, transfer_workers, stall_timeout_s,
     app_tag, staging (True)
                     the manager's knobs (kvs_manager_config_t); 0: default
-    rdma_device, near_pci, bind_addr, listen_port
-                    the verbs fabric: the RDMA device (or the one nearest the
-                    PCI id near_pci), the local IP, the port peers connect to
+    fabric          "verbs" (the default): libibverbs + rdma_cm on an RDMA
+                    NIC; "ofi": libfabric, on the provider named next
+    provider        fabric="ofi": the libfabric provider as fi_info -l names
+                    it: "tcp" (None: the default; any machine), "shm"
+                    (processes on one host); kvstage.ofi_providers() lists
+                    those offered here. Every rank of a deployment gives the
+                    same fabric and provider
+    bind_addr, listen_port
+                    the local IP (None: any) and the port peers connect to
+                    (0: any free one; .address tells which)
+    rdma_device, near_pci
+                    fabric="verbs" only: the RDMA device, or the one nearest
+                    the PCI id near_pci (the rank's GPU)
     copy_threads    host device: threads per large copy (0: 1)
+
+    What the fabric chose, once made: address (the "IP:port" a decode
+    gives add_instance for this rank), fabric, provider (ofi: as libfabric
+    names it, e.g. "tcp;ofi_rxm"; verbs: None), rdma_device (verbs: the
+    device taken; ofi: None).
     """
 
     def __init__(self, role, *, page_size, k_buffers=None, v_buffers=None, kv_caches=None,
@@ -142,17 +160,15 @@ class Rank:
                  tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, peer_tp_size=0, peer_pp_size=0,
                  instance_id=0, dp_rank=0, dtype=None, max_aux_bytes=0, chunk_tokens=0,
                  ring_bytes=0, max_rooms=0, transfer_workers=0, stall_timeout_s=0,
-                 app_tag=0, staging=True, rdma_device=None, near_pci=None, bind_addr=None,
-                 listen_port=0, copy_threads=0):
+                 app_tag=0, staging=True, fabric="verbs", provider=None, rdma_device=None,
+                 near_pci=None, bind_addr=None, listen_port=0, copy_threads=0):
         self._rank = self._drv = self._dev_obj = self._fab = None
         self._attached = []
         if role not in _ROLES:
             raise _errors.invalid("role: %r: give \"prefill\" or \"decode\"" % (role,))
         lib = _library.load()
         hw = _library.load_backend("hw")
-        if not hasattr(hw, "kvs_verbs_fabric_create"):
-            raise _errors.invalid("fabric: this kvstage was built without the verbs fabric "
-                                  "(install libibverbs-dev and librdmacm-dev, rebuild)")
+        _fabric.check(hw, fabric, provider, rdma_device, near_pci, listen_port)
         if model is not None:
             m = lib.kvs_model_find(str(model).encode())
             if not m:
@@ -170,6 +186,7 @@ class Rank:
             heads = total_heads // tp_size
         pool = _buffers.Pool(k_buffers, v_buffers, kv_caches, page_size, dtype=dtype,
                              head_dim=head_dim, heads=heads, layers=layers)
+        _fabric.check_memory(fabric, pool)
         if total_heads is None:
             total_heads = pool.heads * tp_size
         code = ctypes.c_int()
@@ -213,6 +230,7 @@ class Rank:
 
         self._lib, self._hw, self._pool = lib, hw, pool
         self.role = role
+        self.fabric = fabric
         self.page_size = page_size
         self.num_pages = pool.num_pages
         self.layers = pool.layers
@@ -227,7 +245,12 @@ class Rank:
         self._thread_error = None
         try:
             self._make_device(pool, copy_threads)
-            self._make_fabric(rdma_device, near_pci, bind_addr, listen_port)
+            self._fab = _fabric.create(hw, fabric, provider, rdma_device, near_pci,
+                                       bind_addr, listen_port)
+            chose = _fabric.info(hw, fabric, self._fab)
+            self.address = chose["address"]
+            self.provider = chose["provider"]
+            self.rdma_device = chose["rdma_device"]
             err = S.Error()
             out = ctypes.c_void_p()
             rc = lib.kvs_rank_create(ctypes.byref(cfg), self._dev, self._fab,
@@ -272,28 +295,6 @@ class Rank:
                 _errors.raise_for(rc, err)
             self._attached.append(addr)
 
-    def _make_fabric(self, rdma_device, near_pci, bind_addr, listen_port):
-        vc = S.VerbsConfig()
-        self._hw.kvs_verbs_config_init(ctypes.byref(vc))
-        self._strings = [s.encode() if s is not None else None
-                         for s in (rdma_device, near_pci, bind_addr)]
-        vc.device, vc.near_pci, vc.bind_addr = self._strings
-        if not isinstance(listen_port, int) or not 0 <= listen_port < 65536:
-            raise _errors.invalid("listen_port: %r: give a port in [0, 65536) (0: any)"
-                                  % (listen_port,))
-        vc.listen_port = listen_port
-        err = S.Error()
-        out = ctypes.c_void_p()
-        rc = self._hw.kvs_verbs_fabric_create(ctypes.byref(vc), ctypes.byref(out),
-                                              ctypes.byref(err))
-        if rc != 0:
-            _errors.raise_for(rc, err)
-        self._fab = out
-        info = S.VerbsInfo()
-        if self._hw.kvs_verbs_fabric_info(out, ctypes.byref(info)) == 0:
-            self.address = info.address.decode()
-            self.rdma_device = info.device.decode()
-
     def _make_driver(self):
         # The callbacks run on the driver's thread (start()) or inside
         # progress(); aux is valid only during the call, so it is copied.
@@ -330,7 +331,7 @@ class Rank:
             self._lib.kvs_rank_destroy(self._rank)
             self._rank = None
         if self._fab:
-            hw.kvs_verbs_fabric_destroy(self._fab)
+            _fabric.destroy(hw, self.fabric, self._fab)
             self._fab = None
         if self._dev_obj:
             for addr in self._attached:

@@ -1,10 +1,10 @@
 """_structs.py - ctypes mirrors of the C structs the package passes to the
 library: the planner's and the rank runtime's (include/kvstage/kvstage.h),
 the simulator's (sim.h), the host device's (host.h), the verbs fabric's
-(verbs.h) and the rank driver's (driver.h). Field names and order are the
-C ones; python/tests/test_abi.py compiles the headers and checks every
-size and offset, so a change on the C side fails a test instead of
-corrupting memory.
+(verbs.h), the libfabric fabric's (ofi.h) and the rank driver's
+(driver.h). Field names and order are the C ones; python/tests/test_abi.py
+compiles the headers and checks every size and offset, so a change on the
+C side fails a test instead of corrupting memory.
 """
 
 import ctypes as c
@@ -258,6 +258,23 @@ class VerbsInfo(c.Structure):
                 ("device_reason", c.c_char * 160)]
 
 
+class OfiConfig(c.Structure):
+    """kvs_ofi_config_t"""
+    _fields_ = [("provider", c.c_char_p), ("bind_addr", c.c_char_p),
+                ("listen_port", c.c_uint16), ("max_conns", u32), ("tx_depth", u32),
+                ("recv_depth", u32), ("send_slots", u32), ("max_mrs", u32),
+                ("max_mr_bytes", u64), ("max_write_bytes", u64),
+                ("connect_timeout_ms", u32), ("log", Log)]
+
+
+class OfiInfo(c.Structure):
+    """kvs_ofi_info_t"""
+    _fields_ = [("provider", c.c_char * 64), ("fabric", c.c_char * 64),
+                ("domain", c.c_char * 64), ("address", c.c_char * 80),
+                ("mr_mode", c.c_char * 96), ("cq_data_bytes", u32),
+                ("max_write_bytes", u64), ("max_mr_bytes", u64)]
+
+
 class CudaConfig(c.Structure):
     """kvs_cuda_config_t"""
     _fields_ = [("ordinal", c.c_int), ("max_allocs", u32), ("max_streams", u32),
@@ -294,5 +311,6 @@ C_NAMES = {Error: "kvs_error_t", LayoutParams: "kvs_layout_params_t",
            InstanceDesc: "kvs_instance_desc_t", RoomDesc: "kvs_room_desc_t",
            RoomResult: "kvs_room_result_t", HandlerStats: "kvs_handler_stats_t",
            HostConfig: "kvs_host_config_t", VerbsConfig: "kvs_verbs_config_t",
-           VerbsInfo: "kvs_verbs_info_t", CudaConfig: "kvs_cuda_config_t",
+           VerbsInfo: "kvs_verbs_info_t", OfiConfig: "kvs_ofi_config_t",
+           OfiInfo: "kvs_ofi_info_t", CudaConfig: "kvs_cuda_config_t",
            DriverConfig: "kvs_driver_config_t", DriverStats: "kvs_driver_stats_t"}

@@ -1,10 +1,16 @@
-"""rank_pair.py - one side of the two-process kvstage.Rank test
-(test_rank_rxe.py): a prefill instance of TP 2 (two ranks in this process)
-or a decode instance of TP 1, each with torch CPU tensors as its KV pool,
-on the host device and the verbs fabric.
+"""rank_pair.py - the two-process kvstage.Rank test (test_rank_rxe.py over
+verbs, test_rank_ofi.py over libfabric): one side per process, a prefill
+instance of TP 2 (two ranks in this process) or a decode instance of TP 1,
+each with torch CPU tensors as its KV pool, on the host device and the
+fabric the command line names; and run(), which starts both sides and
+checks what they report.
 
-    rank_pair.py prefill DIR      writes DIR/prefill.addrs, serves the rooms
-    rank_pair.py decode DIR       reads it, receives the rooms, checks bytes
+    rank_pair.py prefill DIR [FABRIC]   writes DIR/prefill.addrs, serves the rooms
+    rank_pair.py decode DIR [FABRIC]    reads it, receives the rooms, checks bytes
+    FABRIC: [--fabric verbs|ofi] [--provider NAME] [--address IP]
+            [--deadline-s S]
+    (verbs by default; --address: every rank's bind_addr, default
+    $KVS_VERBS_ADDR; --deadline-s: how long each wait may take, 240)
 
 Every value the prefill puts in its pool is a function of (room, token,
 layer, K or V, global head, dim); the decode builds the pool it must end
@@ -13,9 +19,11 @@ zero), and every room's aux payload byte for byte. Exits 0 on success and
 writes DIR/<role>.json with what it measured; else says what differed.
 """
 
+import argparse
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -29,7 +37,6 @@ CHUNK = 64  # tokens per chunk: several chunks per room
 PREFILL_TP, DECODE_TP = 2, 1
 # room: (total tokens, decode's cached prefix)
 ROOMS = {11: (40, 0), 12: (130, 0), 13: (96, 32), 14: (16, 0), 15: (257, 0)}
-DEADLINE_S = 240
 
 
 def aux_of(room):
@@ -99,8 +106,8 @@ def refused(call, needle):
     sys.exit("rank_pair: not refused (want %r)" % needle)
 
 
-def wait_file(path):
-    end = time.time() + DEADLINE_S
+def wait_file(path, deadline_s):
+    end = time.time() + deadline_s
     while not os.path.exists(path):
         if time.time() > end:
             sys.exit("rank_pair: %s never came" % path)
@@ -116,7 +123,7 @@ def write_json(path, obj):
     os.rename(tmp, path)
 
 
-def prefill(folder):
+def prefill(folder, fabric, deadline_s):
     local = HEADS // PREFILL_TP
     ranks, pools = [], []
     for tp in range(PREFILL_TP):
@@ -127,8 +134,7 @@ def prefill(folder):
         ranks.append(kvstage.Rank("prefill", page_size=PAGE, k_buffers=ks, v_buffers=vs,
                                   total_heads=HEADS, tp_rank=tp, tp_size=PREFILL_TP,
                                   peer_tp_size=DECODE_TP, chunk_tokens=CHUNK,
-                                  max_aux_bytes=MAX_AUX, ring_bytes=8 << 20,
-                                  bind_addr=os.environ.get("KVS_VERBS_ADDR")))
+                                  max_aux_bytes=MAX_AUX, ring_bytes=8 << 20, **fabric))
     with open(os.path.join(folder, "prefill.addrs.tmp"), "w") as f:
         f.write("\n".join(r.address for r in ranks))
     os.rename(os.path.join(folder, "prefill.addrs.tmp"), os.path.join(folder, "prefill.addrs"))
@@ -151,10 +157,10 @@ def prefill(folder):
             r.set_aux(room, aux_of(room))
             r.computed(room, total, final=True)
     done = [dict() for _ in ranks]
-    end = time.time() + DEADLINE_S
+    end = time.time() + deadline_s
     while any(len(d) < len(ROOMS) for d in done):
         if time.time() > end:
-            sys.exit("rank_pair prefill: rooms not done in %d s: %s" % (DEADLINE_S, done))
+            sys.exit("rank_pair prefill: rooms not done in %d s: %s" % (deadline_s, done))
         ranks[1].progress()
         ranks[1].wait(0.01)
         for d, r in zip(done, ranks):
@@ -167,18 +173,18 @@ def prefill(folder):
     for r in ranks:
         r.close()
     write_json(os.path.join(folder, "prefill.json"),
-               {"rdma_writes": [s["rdma_writes"] for s in stats],
+               {"provider": ranks[0].provider,
+                "rdma_writes": [s["rdma_writes"] for s in stats],
                 "bytes": [s["rdma_write_bytes"] for s in stats],
                 "driver_steps": [s["driver_steps"] for s in stats]})
 
 
-def decode(folder):
-    addrs = wait_file(os.path.join(folder, "prefill.addrs")).split("\n")
+def decode(folder, fabric, deadline_s):
+    addrs = wait_file(os.path.join(folder, "prefill.addrs"), deadline_s).split("\n")
     ks, vs = pool()
     with kvstage.Rank("decode", page_size=PAGE, k_buffers=ks, v_buffers=vs,
                       total_heads=HEADS, tp_rank=0, tp_size=DECODE_TP, chunk_tokens=CHUNK,
-                      max_aux_bytes=MAX_AUX, ring_bytes=8 << 20,
-                      bind_addr=os.environ.get("KVS_VERBS_ADDR")) as rank:
+                      max_aux_bytes=MAX_AUX, ring_bytes=8 << 20, **fabric) as rank:
         refused(lambda: rank.open_room(99, [1, POOL_PAGES], total_tokens=2 * PAGE),
                 "pages[1] = 64 is outside the KV pool's 64 pages")
         refused(lambda: rank.state(99), "KVS_ENOENT")  # nothing was opened
@@ -200,11 +206,11 @@ def decode(folder):
                     buf.view(torch.int16)[slots(pages, total - base)] = \
                         values(room, list(range(base, total)), layer, kv, all_heads)
         results = {}
-        end = time.time() + DEADLINE_S
+        end = time.time() + deadline_s
         while len(results) < len(ROOMS):
             if time.time() > end:
                 sys.exit("rank_pair decode: rooms not done in %d s: have %s, states %s"
-                         % (DEADLINE_S, sorted(results),
+                         % (deadline_s, sorted(results),
                             {r: rank.state(r) for r in ROOMS if r not in results}))
             for res in rank.poll():
                 results[res.room] = res
@@ -229,11 +235,58 @@ def decode(folder):
                                 whose(want.view(torch.int16)[slot], layer, name == "V")))
         stats = rank.stats()
         write_json(os.path.join(folder, "decode.json"),
-                   {"rooms": len(results), "bytes": sum(r.bytes for r in results.values()),
+                   {"provider": rank.provider,
+                    "rooms": len(results), "bytes": sum(r.bytes for r in results.values()),
                     "aux_bytes": sum(len(r.aux) for r in results.values()),
                     "checked_bytes": sum(k.numel() * 2 * 2 for k in ks),
                     "rooms_ok": stats["rooms_ok"], "copies": stats["copies"]})
 
 
+def run(folder, args=(), timeout_s=420):
+    """Runs the prefill and the decode side as two processes, rank_pair.py
+    ROLE folder ARGS, and checks what they report: both exit 0 (the decode
+    found every byte and aux payload as it should be), every room arrived
+    and each prefill rank wrote. Returns (decode.json, prefill.json) as
+    dicts; AssertionError with the processes' output otherwise."""
+    script = os.path.abspath(__file__)
+    procs = {role: subprocess.Popen([sys.executable, script, role, str(folder)] + list(args),
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for role in ("prefill", "decode")}
+    outs = {}
+    for role, p in procs.items():
+        try:
+            outs[role] = p.communicate(timeout=timeout_s)[0].decode(errors="replace")
+        except subprocess.TimeoutExpired:
+            for q in procs.values():
+                q.kill()
+                q.communicate()
+            raise AssertionError("rank_pair %s did not finish in %d s" % (role, timeout_s))
+    for role, p in procs.items():
+        assert p.returncode == 0, "%s exited %d:\n%s" % (role, p.returncode, outs[role])
+    with open(os.path.join(folder, "decode.json")) as f:
+        dec = json.load(f)
+    with open(os.path.join(folder, "prefill.json")) as f:
+        pre = json.load(f)
+    print("decode", dec, "prefill", pre)
+    assert dec["rooms"] == dec["rooms_ok"] == len(ROOMS)
+    assert dec["aux_bytes"] > 0
+    # The decode received what the two prefill ranks wrote, one write per chunk.
+    assert dec["bytes"] > 0 and all(w > 0 for w in pre["rdma_writes"])
+    return dec, pre
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description="one side of the two-process Rank test")
+    p.add_argument("role", choices=("prefill", "decode"))
+    p.add_argument("folder")
+    p.add_argument("--fabric", default="verbs")
+    p.add_argument("--provider")
+    p.add_argument("--address", default=os.environ.get("KVS_VERBS_ADDR"))
+    p.add_argument("--deadline-s", type=float, default=240)
+    a = p.parse_args(argv)
+    fabric = dict(fabric=a.fabric, provider=a.provider, bind_addr=a.address)
+    {"prefill": prefill, "decode": decode}[a.role](a.folder, fabric, a.deadline_s)
+
+
 if __name__ == "__main__":
-    {"prefill": prefill, "decode": decode}[sys.argv[1]](sys.argv[2])
+    main(sys.argv[1:])

@@ -29,6 +29,7 @@ def c_program():
     lines = ["#include <stddef.h>", "#include <stdio.h>",
              "#include <kvstage/kvstage.h>", "#include <kvstage/sim.h>",
              "#include <kvstage/host.h>", "#include <kvstage/verbs.h>",
+             "#include <kvstage/ofi.h>",
              "#include <kvstage/cuda.h>", "#include <kvstage/driver.h>",
              "int main(void)", "{"]
     for mirror, cname in S.C_NAMES.items():

@@ -1,0 +1,160 @@
+"""test_rank_ofi.py - kvstage.Rank on the libfabric fabric (fabric="ofi"),
+on this machine: no RDMA device, no VM.
+
+- The choice of fabric: what each fabric cannot take is refused before
+  anything is made, naming the argument and what to change (an unknown
+  fabric, a provider without fabric="ofi", rdma_device or near_pci with
+  it, an unknown provider with the list of those offered here, CUDA
+  tensors, a build without the fabric); a rank on ofi tcp says what it
+  chose.
+- The two-process test of test_rank_rxe.py (rank_pair.py: a prefill
+  instance of TP 2 and a decode instance of TP 1, torch CPU tensors,
+  several rooms in several chunks with aux payloads, every byte of the
+  decode's pool and every aux payload checked) over the tcp provider on
+  127.0.0.1 and over shm.
+
+Runs in ctest's python_binding (under the ASan preload in a sanitized
+build; the pair's processes inherit it). Where the build has no ofi
+fabric, the tests that need it skip, saying so."""
+
+import pytest
+
+import kvstage
+from kvstage import _library
+
+torch = pytest.importorskip("torch")
+import rank_pair  # noqa: E402 (needs torch)
+
+PAGE, HEADS, DIM = 16, 4, 8
+
+
+def need_ofi():
+    if not hasattr(_library.load_backend("hw"), "kvs_ofi_fabric_create"):
+        pytest.skip("this kvstage was built without libfabric (install libfabric-dev, "
+                    "rebuild): no ofi fabric to test")
+
+
+def rank(**kw):
+    ks = [torch.zeros(4 * PAGE, HEADS, DIM, dtype=torch.float16) for _ in range(2)]
+    vs = [torch.zeros_like(k) for k in ks]
+    return kvstage.Rank("decode", page_size=PAGE, total_heads=HEADS, k_buffers=ks,
+                        v_buffers=vs, **kw)
+
+
+def refused(needles, **kw):
+    """rank(**kw) raises KVS_EINVAL whose message holds every needle."""
+    with pytest.raises(kvstage.KvstageError) as e:
+        rank(**kw).close()
+    assert e.value.name == "KVS_EINVAL", e.value
+    for needle in needles:
+        assert needle in e.value.message, e.value.message
+    return e.value.message
+
+
+def test_rank_fabric_unknown_name_refused():
+    refused(['fabric: \'rdma\' is not a fabric: give "verbs" or "ofi"'], fabric="rdma")
+    refused(["fabric: None is not a fabric"], fabric=None)
+
+
+def test_rank_fabric_provider_needs_ofi():
+    refused(['provider: \'tcp\' names a libfabric provider: give it with fabric="ofi"'],
+            provider="tcp")
+
+
+def test_rank_ofi_refuses_rdma_device_and_near_pci():
+    need_ofi()
+    refused(["rdma_device: 'rxe0' chooses the RDMA device of fabric=\"verbs\"",
+             "drop rdma_device"], fabric="ofi", rdma_device="rxe0")
+    refused(["near_pci: '0000:3b:00.0' chooses the RDMA device", "drop near_pci"],
+            fabric="ofi", provider="tcp", near_pci="0000:3b:00.0")
+
+
+def test_rank_ofi_unknown_provider_lists_those_offered():
+    need_ofi()
+    offered = kvstage.ofi_providers()
+    assert "tcp" in offered and "shm" in offered, offered
+    msg = refused(["provider 'nosuch' is not offered here"], fabric="ofi",
+                  provider="nosuch", bind_addr="127.0.0.1")
+    assert msg.endswith(", ".join(offered)), msg
+    refused(["provider: '': give a libfabric provider's name"], fabric="ofi", provider="")
+    refused(["listen_port: 70000: give a port in [0, 65536)"], fabric="ofi",
+            listen_port=70000)
+
+
+def test_rank_ofi_tcp_says_what_it_chose():
+    need_ofi()
+    r = rank(fabric="ofi", bind_addr="127.0.0.1")
+    try:
+        assert r.fabric == "ofi"
+        assert r.provider.split(";")[0] == "tcp", r.provider  # "tcp;ofi_rxm"
+        assert r.rdma_device is None
+        host, port = r.address.rsplit(":", 1)
+        assert host == "127.0.0.1" and 0 < int(port) < 65536, r.address
+    finally:
+        r.close()
+    r.close()  # twice is fine
+
+
+class _CudaLike:
+    """What kvstage reads of a torch CUDA tensor, over a CPU one: no GPU
+    needed, the refusal comes before any device is made."""
+
+    def __init__(self, t):
+        self._t = t
+        self.shape, self.dtype = t.shape, t.dtype
+        self.device = torch.device("cuda", 0)
+
+    def data_ptr(self):
+        return self._t.data_ptr()
+
+    def is_contiguous(self):
+        return True
+
+    def element_size(self):
+        return self._t.element_size()
+
+
+def test_rank_ofi_refuses_cuda_tensors():
+    need_ofi()
+    ks = [_CudaLike(torch.zeros(4 * PAGE, HEADS, DIM, dtype=torch.float16)) for _ in range(2)]
+    vs = [_CudaLike(torch.zeros(4 * PAGE, HEADS, DIM, dtype=torch.float16)) for _ in range(2)]
+    with pytest.raises(kvstage.KvstageError) as e:
+        kvstage.Rank("decode", page_size=PAGE, total_heads=HEADS, k_buffers=ks, v_buffers=vs,
+                     fabric="ofi")
+    assert e.value.name == "KVS_EINVAL", e.value
+    assert ("k_buffers[0]: on cuda:0 but the ofi fabric registers host memory only: give CPU "
+            "tensors, or fabric=\"verbs\"") in e.value.message, e.value.message
+
+
+class _WithoutOfi:
+    """libkvstage_hw as a build without libfabric exports it."""
+
+    def __init__(self, lib):
+        self._lib = lib
+
+    def __getattr__(self, name):
+        if name.startswith("kvs_ofi_"):
+            raise AttributeError(name)
+        return getattr(self._lib, name)
+
+
+def test_rank_ofi_on_a_build_without_it_says_what_to_install(monkeypatch):
+    hw = _library.load_backend("hw")
+    monkeypatch.setattr(_library, "load_backend", lambda which: _WithoutOfi(hw))
+    want = ["fabric='ofi': this kvstage was built without the ofi fabric",
+            "install libfabric-dev, rebuild"]
+    refused(want, fabric="ofi")
+    with pytest.raises(kvstage.KvstageError) as e:
+        kvstage.ofi_providers()
+    assert all(w in e.value.message for w in want), e.value
+
+
+@pytest.mark.parametrize("provider", ["tcp", "shm"])
+def test_rank_ofi_prefill_tp2_to_decode_tp1(tmp_path, provider):
+    need_ofi()
+    dec, pre = rank_pair.run(tmp_path, ["--fabric", "ofi", "--provider", provider,
+                                        "--address", "127.0.0.1", "--deadline-s", "40"],
+                             timeout_s=100)
+    # The ranks ran on the provider asked for (tcp as libfabric layers it:
+    # "tcp;ofi_rxm").
+    assert dec["provider"].split(";")[0] == pre["provider"].split(";")[0] == provider
