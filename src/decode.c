@@ -107,12 +107,23 @@ static void kvs__broadcast_watermark(kvs_decode_t *d, kvs_watermark_t wm)
     }
 }
 
+/* Keeps the ring figures of the stats current: bytes live now, and the
+ * most ever live at once. */
+static void kvs__note_ring(kvs_decode_t *d)
+{
+    const uint64_t live = kvs_ring_live_bytes(d->ring);
+    d->h.stats.ring_live_bytes = live;
+    if (live > d->h.stats.ring_peak_bytes)
+        d->h.stats.ring_peak_bytes = live;
+}
+
 static void kvs__release_region(kvs_decode_t *d, kvs__dchunk_t *c)
 {
     if (c->region_bytes == 0)
         return;
     kvs_watermark_t wm;
     int rc = kvs_ring_free(d->ring, c->alloc.id, &wm);
+    kvs__note_ring(d);
     if (rc == KVS_OK)
         kvs__broadcast_watermark(d, wm);
 }
@@ -170,6 +181,8 @@ static void kvs__room_free(kvs__handler_t *h, kvs__room_t *room, bool destroying
             ch->region_bytes > 0)
             (void)kvs_ring_free(d->ring, ch->alloc.id, NULL);
     }
+    if (destroying)
+        kvs__note_ring(d);
     kvs__blocks_put(&h->blocks, r);
 }
 
@@ -630,9 +643,7 @@ static int kvs__allocate(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
         return rc;
     }
     c->state = KVS__DCH_ALLOCATED;
-    const uint64_t live = kvs_ring_live_bytes(d->ring);
-    if (live > d->h.stats.ring_peak_bytes)
-        d->h.stats.ring_peak_bytes = live;
+    kvs__note_ring(d);
     for (int64_t i = 0; i < inst->npeers; i++)
         kvs__answer(d, &inst->peers[i], r, chunk, KVS_OK);
     return KVS_OK;

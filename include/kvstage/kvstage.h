@@ -649,6 +649,8 @@ typedef struct kvs_handler_stats {
     uint64_t msgs_retransmitted; /* sent again: not acknowledged in time */
     uint64_t msgs_duplicate;     /* received again (or after a loss): dropped */
     uint64_t peers_lost;         /* connections found dead (peer crashed) */
+    uint64_t ring_live_bytes;    /* decode: ring bytes live now; 0 once every room
+                                    has ended (more is a leak) */
 } kvs_handler_stats_t;
 
 /* Where an open room stands, as serving engines poll a transfer (sglang's
