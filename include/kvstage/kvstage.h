@@ -170,6 +170,15 @@ KVS_API int kvs_log_level_parse(const char *text, kvs_log_level_t *out);
 /* Level from the environment variable KVS_LOG_LEVEL, else KVS_LOG_WARN. */
 KVS_API kvs_log_level_t kvs_log_level_default(void);
 KVS_API const char *kvs_log_level_name(kvs_log_level_t level);
+/* Writes one message to a sink, as kvstage's own objects do: to log->fn,
+ * else to stderr as "kvstage <level>: <message>"; nothing when level is
+ * above log->level (formatting happens only when it passes) or log is NULL.
+ * For backends and tools that log next to the core. */
+KVS_API void kvs_log_write(const kvs_log_t *log, kvs_log_level_t level, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
 
 /* ------------------------------------------------------------------------ */
 /* Data types                                                                */
