@@ -107,12 +107,23 @@ static void kvs__broadcast_watermark(kvs_decode_t *d, kvs_watermark_t wm)
     }
 }
 
+/* Keeps the ring figures of the stats current: bytes live now, and the
+ * most ever live at once. */
+static void kvs__note_ring(kvs_decode_t *d)
+{
+    const uint64_t live = kvs_ring_live_bytes(d->ring);
+    d->h.stats.ring_live_bytes = live;
+    if (live > d->h.stats.ring_peak_bytes)
+        d->h.stats.ring_peak_bytes = live;
+}
+
 static void kvs__release_region(kvs_decode_t *d, kvs__dchunk_t *c)
 {
     if (c->region_bytes == 0)
         return;
     kvs_watermark_t wm;
     int rc = kvs_ring_free(d->ring, c->alloc.id, &wm);
+    kvs__note_ring(d);
     if (rc == KVS_OK)
         kvs__broadcast_watermark(d, wm);
 }
@@ -170,6 +181,8 @@ static void kvs__room_free(kvs__handler_t *h, kvs__room_t *room, bool destroying
             ch->region_bytes > 0)
             (void)kvs_ring_free(d->ring, ch->alloc.id, NULL);
     }
+    if (destroying)
+        kvs__note_ring(d);
     kvs__blocks_put(&h->blocks, r);
 }
 
@@ -337,7 +350,7 @@ int kvs_decode_add_instance(kvs_decode_t *d, const kvs_instance_desc_t *desc)
             return rc;
         }
     }
-    kvs__log(&m->log, KVS_LOG_INFO, "decode %lld: prefill instance %llu (TP %lld, PP %lld, "
+    kvs_log_write(&m->log, KVS_LOG_INFO, "decode %lld: prefill instance %llu (TP %lld, PP %lld, "
              "%lld group(s)) declared", (long long)m->cfg.tp_rank,
              (unsigned long long)desc->id, (long long)desc->tp_size, (long long)pp,
              (long long)dp);
@@ -422,7 +435,7 @@ static void kvs__on_ack(kvs__handler_t *h, kvs_conn_t *conn, kvs__peer_t *p,
             snprintf(why, sizeof why, "%s", kvs_strerror(a->status));
         KVS__MFAIL(h->m, a->status, "prefill %s refused the registration: %s",
                    kvs__peer_name(p, name, sizeof name), why);
-        kvs__log(&h->m->log, KVS_LOG_ERROR, "%s", h->m->err.msg);
+        kvs_log_write(&h->m->log, KVS_LOG_ERROR, "%s", h->m->err.msg);
         /* It never accepted this session, so it ignores our rooms and never
          * writes into them: its (failed) report of every open room is in. */
         kvs__peer_reports_failed(d, p, a->status);
@@ -630,9 +643,7 @@ static int kvs__allocate(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
         return rc;
     }
     c->state = KVS__DCH_ALLOCATED;
-    const uint64_t live = kvs_ring_live_bytes(d->ring);
-    if (live > d->h.stats.ring_peak_bytes)
-        d->h.stats.ring_peak_bytes = live;
+    kvs__note_ring(d);
     for (int64_t i = 0; i < inst->npeers; i++)
         kvs__answer(d, &inst->peers[i], r, chunk, KVS_OK);
     return KVS_OK;
@@ -730,7 +741,7 @@ static void kvs__scatter(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
         rc = KVS_EFULL;
     if (rc != KVS_OK || copy_rc != KVS_OK) {
         const int why = copy_rc != KVS_OK ? copy_rc : rc;
-        kvs__log(&m->log, KVS_LOG_ERROR, "decode %lld: scatter of room %llu chunk %lld "
+        kvs_log_write(&m->log, KVS_LOG_ERROR, "decode %lld: scatter of room %llu chunk %lld "
                  "failed: %s", (long long)m->cfg.tp_rank, (unsigned long long)r->base.id,
                  (long long)chunk, kvs_strerror(why));
         if (rc == KVS_OK) {
@@ -972,7 +983,7 @@ static int kvs__role_init(kvs__handler_t *h)
     if (d->parts == NULL || kvs__fifo_init(&d->scatters, scatters) != KVS_OK ||
         kvs__fifo_init(&d->wanted, queue) != KVS_OK)
         return KVS__MFAIL(m, KVS_ENOMEM, "allocating the decode handler's queues failed");
-    kvs__log(&m->log, KVS_LOG_INFO, "decode %lld: %s path, %lld writer(s) per chunk",
+    kvs_log_write(&m->log, KVS_LOG_INFO, "decode %lld: %s path, %lld writer(s) per chunk",
              (long long)m->cfg.tp_rank, kvs_path_name(m->path),
              (long long)m->layout.expected_arrivals);
     return KVS_OK;

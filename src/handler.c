@@ -200,7 +200,7 @@ void kvs__room_fail(kvs__handler_t *h, kvs__room_t *r, int status, const kvs__pe
         return;
     r->status = status;
     h->role->on_fail(h, r, from);
-    kvs__log(&h->m->log, KVS_LOG_INFO, "%s %lld: room %llu failed: %s",
+    kvs_log_write(&h->m->log, KVS_LOG_INFO, "%s %lld: room %llu failed: %s",
              h->role->role == KVS_ROLE_DECODE ? "decode" : "prefill", (long long)h->tp_rank,
              (unsigned long long)r->id, kvs_strerror(status));
 }
@@ -290,7 +290,7 @@ void kvs__send(kvs__handler_t *h, kvs__peer_t *peer, const kvs_msg_t *msg)
     int rc = kvs__link_send(&h->links, peer->conn, msg);
     if (rc != KVS_OK && rc != KVS_EPEER) {
         char name[96];
-        kvs__log(&h->m->log, KVS_LOG_WARN, "%s %lld: sending %s to %s failed: %s",
+        kvs_log_write(&h->m->log, KVS_LOG_WARN, "%s %lld: sending %s to %s failed: %s",
                  h->role->role == KVS_ROLE_DECODE ? "decode" : "prefill", (long long)h->tp_rank,
                  kvs__wire_type_name(msg->type), kvs__peer_name(peer, name, sizeof name),
                  kvs_strerror(rc));
@@ -303,7 +303,7 @@ void kvs__peer_bind(kvs__handler_t *h, kvs__peer_t *peer, kvs_conn_t *conn)
     /* No slot (a table of 2 * max_peers + 16 links is full): its messages
      * are then refused as from a stranger, and its sends fail and say so. */
     if (kvs__link_bind(&h->links, conn, peer) != KVS_OK)
-        kvs__log(&h->m->log, KVS_LOG_ERROR, "no control link is free for a peer "
+        kvs_log_write(&h->m->log, KVS_LOG_ERROR, "no control link is free for a peer "
                  "connection: raise max_peers");
 }
 
@@ -366,7 +366,7 @@ static void kvs__on_dead(void *ctx, kvs_conn_t *conn, void *owner)
     peer->conn = NULL;
     peer->ready = false;
     char name[96];
-    kvs__log(&h->m->log, KVS_LOG_WARN, "%s %lld: %s %s is unreachable (its connection died): "
+    kvs_log_write(&h->m->log, KVS_LOG_WARN, "%s %lld: %s %s is unreachable (its connection died): "
              "its rooms fail%s",
              h->role->role == KVS_ROLE_DECODE ? "decode" : "prefill", (long long)h->tp_rank,
              h->role->role == KVS_ROLE_DECODE ? "prefill" : "decode",
@@ -392,7 +392,7 @@ static void kvs__reconnect(kvs__handler_t *h)
                 continue;
             if (kvs__peer_connect(h, p) == KVS_OK) {
                 char name[96];
-                kvs__log(&h->m->log, KVS_LOG_INFO, "decode %lld: reconnected to prefill %s "
+                kvs_log_write(&h->m->log, KVS_LOG_INFO, "decode %lld: reconnected to prefill %s "
                          "at '%s'", (long long)h->tp_rank,
                          kvs__peer_name(p, name, sizeof name), p->name);
                 h->role->on_connected(h, p);

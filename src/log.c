@@ -57,7 +57,7 @@ kvs_log_t kvs__log_resolve(const kvs_log_t *user)
     return log;
 }
 
-void kvs__log(const kvs_log_t *log, kvs_log_level_t level, const char *fmt, ...)
+void kvs_log_write(const kvs_log_t *log, kvs_log_level_t level, const char *fmt, ...)
 {
     if (log == NULL || level == KVS_LOG_OFF || level > log->level)
         return;

@@ -167,7 +167,7 @@ int kvs_manager_create(const kvs_manager_config_t *cfg, kvs_device_t *dev,
     m->total_heads = c.total_heads;
     m->heads_per_rank = c.heads_per_rank;
     kvs__error_clear(err);
-    kvs__log(&m->log, KVS_LOG_DEBUG, "%s manager created: tp %lld/%lld pp %lld/%lld staging %s",
+    kvs_log_write(&m->log, KVS_LOG_DEBUG, "%s manager created: tp %lld/%lld pp %lld/%lld staging %s",
              c.role == KVS_ROLE_DECODE ? "decode" : "prefill", (long long)c.tp_rank,
              (long long)c.tp_size, (long long)c.pp_rank, (long long)c.pp_size,
              c.staging ? "on" : "off");
@@ -291,7 +291,7 @@ int kvs_manager_init_staging(kvs_manager_t *m)
     m->ring = ring;
     m->staging_bytes = bytes;
     m->staging_count = count;
-    kvs__log(&m->log, KVS_LOG_INFO, "staging memory: %u buffer(s) of %llu bytes", count,
+    kvs_log_write(&m->log, KVS_LOG_INFO, "staging memory: %u buffer(s) of %llu bytes", count,
              (unsigned long long)bytes);
     return KVS_OK;
 }

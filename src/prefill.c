@@ -447,7 +447,7 @@ static void kvs__refuse(kvs_prefill_t *p, kvs_conn_t *conn, uint64_t session,
                                          .instance = p->h.m->cfg.instance_id,
                                          .dp_rank = p->h.m->cfg.dp_rank, .fp = *fp};
     KVS__MFAIL(p->h.m, status, "refused a decode registration: %s", why);
-    kvs__log(&p->h.m->log, KVS_LOG_ERROR, "prefill %lld: %s", (long long)p->h.tp_rank,
+    kvs_log_write(&p->h.m->log, KVS_LOG_ERROR, "prefill %lld: %s", (long long)p->h.tp_rank,
              p->h.m->err.msg);
     (void)kvs__link_send(&p->h.links, conn, &ack);
 }
@@ -551,7 +551,7 @@ static void kvs__on_register(kvs__handler_t *h, kvs_conn_t *conn, kvs__peer_t *b
     kvs__peer_t *peer = &inst->peers[f];
     if (peer->ready && peer->session != msg->session) {
         char name[96];
-        kvs__log(&h->m->log, KVS_LOG_WARN, "prefill %lld: decode %s re-registered as a new "
+        kvs_log_write(&h->m->log, KVS_LOG_WARN, "prefill %lld: decode %s re-registered as a new "
                  "session: its watermark starts over", (long long)h->tp_rank,
                  kvs__peer_name(peer, name, sizeof name));
     }

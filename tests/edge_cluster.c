@@ -618,6 +618,8 @@ void edge_expect_ring_empty(edge_cluster_t *cl)
         kvs_ring_t *ring = kvs_manager_ring(edge_decode(cl, d)->m);
         if (ring != NULL)
             assert_int_equal(kvs_ring_live_count(ring), 0);
+        /* What the rank reports (kvstage serve's leak check) agrees. */
+        assert_int_equal(edge_stats(edge_decode(cl, d)).ring_live_bytes, 0);
     }
 }
 

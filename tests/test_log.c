@@ -71,14 +71,14 @@ static void test_log_filters_by_level(void **state)
     captured_t c = {0};
     kvs_log_t sink = {.fn = capture, .user = &c, .level = KVS_LOG_INFO};
     kvs_log_t log = kvs__log_resolve(&sink);
-    kvs__log(&log, KVS_LOG_DEBUG, "dropped %d", 1);
+    kvs_log_write(&log, KVS_LOG_DEBUG, "dropped %d", 1);
     assert_int_equal(c.calls, 0);
-    kvs__log(&log, KVS_LOG_INFO, "kept %d", 2);
+    kvs_log_write(&log, KVS_LOG_INFO, "kept %d", 2);
     assert_int_equal(c.calls, 1);
     assert_int_equal(c.level, KVS_LOG_INFO);
     assert_string_equal(c.msg, "kept 2");
-    kvs__log(&log, KVS_LOG_OFF, "never");
-    kvs__log(NULL, KVS_LOG_ERROR, "never");
+    kvs_log_write(&log, KVS_LOG_OFF, "never");
+    kvs_log_write(NULL, KVS_LOG_ERROR, "never");
     assert_int_equal(c.calls, 1);
 }
 
@@ -87,14 +87,14 @@ static void test_log_callback_with_level_off_stays_off(void **state)
     captured_t c = {0};
     kvs_log_t sink = {.fn = capture, .user = &c, .level = KVS_LOG_OFF};
     kvs_log_t log = kvs__log_resolve(&sink);
-    kvs__log(&log, KVS_LOG_ERROR, "muted");
+    kvs_log_write(&log, KVS_LOG_ERROR, "muted");
     assert_int_equal(c.calls, 0);
 }
 
 static void test_log_stderr_sink(void **state)
 {
     kvs_log_t log = {.fn = NULL, .level = KVS_LOG_ERROR};
-    kvs__log(&log, KVS_LOG_ERROR, "test_log: this line on stderr is expected");
+    kvs_log_write(&log, KVS_LOG_ERROR, "test_log: this line on stderr is expected");
 }
 
 int main(void)

@@ -367,6 +367,7 @@ static void test_protocol_edges_ring_live_bound(void **state)
     edge_transfer_ok(cl, rooms, 3);
     const kvs_handler_stats_t ds = edge_stats(edge_decode(cl, 0));
     assert_int_equal(ds.ring_peak_bytes, edge_region_bytes(cl, 16));
+    assert_int_equal(ds.ring_live_bytes, 0);
     assert_int_equal(ds.copies, 9);
     assert_int_equal(ds.rooms_ok, 3);
     edge_destroy(cl);
@@ -1335,6 +1336,7 @@ static void test_protocol_edges_teardown_anywhere(void **state)
         edge_destroy(cl);
     }
     assert_true(total > 20);
+    int seen_live = 0;
     for (uint64_t k = 0; k < total; k += 1 + total / 14) {
         edge_opts_t o = edge_defaults();
         edge_cluster_t *cl = edge_create(&o);
@@ -1345,12 +1347,17 @@ static void test_protocol_edges_teardown_anywhere(void **state)
         if (k > 0)
             sim_engine_run(cl->eng, UINT64_MAX, k);
         edge_node_t *d = edge_decode(cl, 0);
+        /* The rank's stats tell what its ring holds at every point. */
+        const uint64_t live = kvs_ring_live_bytes(kvs_manager_ring(d->m));
+        assert_int_equal(edge_stats(d).ring_live_bytes, live);
+        seen_live += live > 0;
         edge_rank_drop(d);
         if (edge_ring_live_bytes(cl) != 0)
             EDGE_FAIL("after %llu events: the destroyed decode handler left %llu ring bytes",
                       (unsigned long long)k, (unsigned long long)edge_ring_live_bytes(cl));
         edge_destroy(cl);
     }
+    assert_true(seen_live > 0);
 }
 
 /* ---- 17. every remote field out of range, one at a time ----------------------------

@@ -787,6 +787,7 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
     const bool decode = in->role == KVS_ROLE_DECODE;
     uint64_t verified = 0, corrupt = 0, expect_verified = 0, payload = 0, spoiled = 0;
     uint64_t start = UINT64_MAX, end = 0, writes = 0, retrans = 0, dups = 0, pattern = 0;
+    uint64_t ring_live = 0;
     int fatal = KVS_OK;
     for (int64_t k = 0; k < n; k++) {
         verified += ranks[k].bytes_verified;
@@ -797,6 +798,7 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
         writes += ranks[k].stats.rdma_writes;
         retrans += ranks[k].stats.msgs_retransmitted;
         dups += ranks[k].stats.msgs_duplicate;
+        ring_live += ranks[k].stats.ring_live_bytes;
         start = ranks[k].start_ns != 0 && ranks[k].start_ns < start ? ranks[k].start_ns : start;
         end = ranks[k].end_ns > end ? ranks[k].end_ns : end;
         if (ranks[k].fatal != KVS_OK) {
@@ -833,8 +835,9 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
     const bool fault_went = pl->fail_write == 0 || spoiled == 1;
     const bool failed_as_expected = in->expect_lost >= 0 ? instances_pass
                                                           : failed == (uint32_t)in->expect_failed;
+    /* Every room has ended, so a region still live in a decode ring is a leak. */
     const bool pass = fatal == KVS_OK && missing == 0 && failed_as_expected && corrupt == 0 &&
-                      verified_all && fault_went;
+                      verified_all && fault_went && ring_live == 0;
     const char *role = decode ? "decode" : "prefill";
     if (in->json) {
         printf("{\"role\":\"%s\",\"ranks\":%" PRId64 ",\"requests\":%u,\"requests_ok\":%u,"
@@ -857,10 +860,10 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
                "\"corrupt_bytes\":%" PRIu64 ",\"payload_bytes\":%" PRIu64 ","
                "\"rdma_writes\":%" PRIu64 ",\"spoiled_writes\":%" PRIu64 ","
                "\"msgs_retransmitted\":%" PRIu64 ",\"msgs_duplicate\":%" PRIu64 ","
-               "\"wall_s\":%.6f,\"pattern_s\":%.6f,\"goodput_gbytes_per_s\":%.6f,"
+               "\"ring_live_bytes\":%" PRIu64 ",\"wall_s\":%.6f,\"pattern_s\":%.6f,\"goodput_gbytes_per_s\":%.6f,"
                "\"pass\":%s}\n",
                verified, decode ? expect_verified : 0, corrupt, payload, writes, spoiled, retrans,
-               dups, wall_s, (double)pattern / 1e9, gbs, pass ? "true" : "false");
+               dups, ring_live, wall_s, (double)pattern / 1e9, gbs, pass ? "true" : "false");
     } else {
         char b1[32], b2[32];
         if (decode)
@@ -881,6 +884,10 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
                "%s the pattern, busiest rank)\n", wall_s, (double)pattern / 1e9,
                decode ? "checking" : "writing");
         printf("  goodput          %.4f GB/s\n", gbs);
+        if (decode)
+            printf("  ring at the end  %s live%s\n",
+                   cli_format_bytes((int64_t)ring_live, b1, sizeof b1),
+                   ring_live > 0 ? " (leaked: every room has ended)" : "");
         for (uint32_t k = first; decode && pl->instances > 1 && k < last; k++)
             printf("  instance %-7u TP %" PRId64 " PP %" PRId64 ": %u requests, %u ok, %u "
                    "failed%s%s%s\n", k, pl->peers[k].tp, pl->peers[k].pp, tally[k].rooms,

@@ -7,7 +7,6 @@
 
 #include <fcntl.h>
 #include <netdb.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -17,21 +16,6 @@ uint64_t hw_net_now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-void hw_net_log(const kvs_log_t *log, kvs_log_level_t level, const char *fmt, ...)
-{
-    if (level == KVS_LOG_OFF || level > log->level)
-        return;
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    if (log->fn != NULL)
-        log->fn(log->user, level, buf);
-    else
-        fprintf(stderr, "kvstage %s: %s\n", kvs_log_level_name(level), buf);
 }
 
 int hw_net_nonblock(int fd)

@@ -1,7 +1,8 @@
 /*
  * net_util.h - what the network fabrics (hw/verbs, hw/ofi) share that is
  * not RDMA: little-endian field codecs for their internal messages, the
- * clock, the log line, non-blocking fds and parsing of "HOST:PORT" peers.
+ * clock, non-blocking fds and parsing of "HOST:PORT" peers (their log lines
+ * go through the public kvs_log_write).
  *
  * Pure helpers: no state, no allocation that outlives a call.
  */
@@ -41,15 +42,6 @@ static inline uint64_t hw_get64(const uint8_t *p)
 
 /* CLOCK_MONOTONIC in nanoseconds: the fabrics' now_ns. */
 uint64_t hw_net_now_ns(void);
-
-/* Writes one line to a fabric's sink, as the core's objects do: the
- * callback, else stderr ("kvstage <level>: ..."); above the sink's level
- * nothing. */
-void hw_net_log(const kvs_log_t *log, kvs_log_level_t level, const char *fmt, ...)
-#if defined(__GNUC__) || defined(__clang__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
 
 /* Sets O_NONBLOCK on fd; 0 or -1 with errno. */
 int hw_net_nonblock(int fd);

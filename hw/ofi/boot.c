@@ -306,7 +306,7 @@ static void hw_ofi_hello_read(kvs_conn_t *c)
     hw_ofi_hello_make(f, h, rc == KVS_OK ? 0 : 1, hw_ofi_token(c), why);
     const uint64_t deadline = hw_net_now_ns() + (uint64_t)f->cfg.connect_timeout_ms * 1000000u;
     if (hw_ofi_sock_write(c->sock, h, sizeof h, deadline) != 0 || rc != KVS_OK) {
-        hw_net_log(&f->cfg.log, KVS_LOG_WARN, "ofi fabric %s: connection from %s refused: %s",
+        kvs_log_write(&f->cfg.log, KVS_LOG_WARN, "ofi fabric %s: connection from %s refused: %s",
                    f->address, c->peer, rc != KVS_OK ? why : "its socket failed");
         hw_ofi_conn_free(c);
         return;

@@ -490,7 +490,7 @@ int kvs_ofi_fabric_create(const kvs_ofi_config_t *cfg, kvs_fabric_t **out, kvs_e
     }
     char modes[96];
     hw_ofi_mr_mode_text(f->mr_mode, modes, sizeof modes);
-    hw_net_log(&f->cfg.log, KVS_LOG_INFO, "ofi fabric: provider %s, fabric %s, domain %s, "
+    kvs_log_write(&f->cfg.log, KVS_LOG_INFO, "ofi fabric: provider %s, fabric %s, domain %s, "
                "MR modes %s, bootstrap on %s", f->info->fabric_attr->prov_name,
                f->info->fabric_attr->name, f->info->domain_attr->name, modes, f->address);
     *out = &f->base;

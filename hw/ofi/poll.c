@@ -54,7 +54,7 @@ static int64_t hw_ofi_req_index(const hw_ofi_fabric_t *f, const void *ctx)
 static void hw_ofi_repost(hw_ofi_fabric_t *f, uint32_t i)
 {
     if (hw_ofi_post_recv(f, i) != KVS_OK)
-        hw_net_log(&f->cfg.log, KVS_LOG_WARN, "ofi fabric %s: reposting receive %u failed; "
+        kvs_log_write(&f->cfg.log, KVS_LOG_WARN, "ofi fabric %s: reposting receive %u failed; "
                    "%u remain posted", f->name, i, f->cfg.recv_depth - 1);
 }
 

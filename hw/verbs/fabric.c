@@ -425,7 +425,7 @@ int kvs_verbs_fabric_create(const kvs_verbs_config_t *cfg, kvs_fabric_t **out,
                  "backend against this kvstage");
         goto fail;
     }
-    hw_net_log(&c->log, KVS_LOG_INFO, "verbs fabric: RDMA device %s port %d GID %d (%s), "
+    kvs_log_write(&c->log, KVS_LOG_INFO, "verbs fabric: RDMA device %s port %d GID %d (%s), "
                  "listening on %s: %s", f->device_name, f->port, f->gid_index, f->gid_text,
                  f->address, f->device_reason);
     *out = &f->base;

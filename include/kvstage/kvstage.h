@@ -170,6 +170,15 @@ KVS_API int kvs_log_level_parse(const char *text, kvs_log_level_t *out);
 /* Level from the environment variable KVS_LOG_LEVEL, else KVS_LOG_WARN. */
 KVS_API kvs_log_level_t kvs_log_level_default(void);
 KVS_API const char *kvs_log_level_name(kvs_log_level_t level);
+/* Writes one message to a sink, as kvstage's own objects do: to log->fn,
+ * else to stderr as "kvstage <level>: <message>"; nothing when level is
+ * above log->level (formatting happens only when it passes) or log is NULL.
+ * For backends and tools that log next to the core. */
+KVS_API void kvs_log_write(const kvs_log_t *log, kvs_log_level_t level, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
 
 /* ------------------------------------------------------------------------ */
 /* Data types                                                                */
@@ -649,6 +658,8 @@ typedef struct kvs_handler_stats {
     uint64_t msgs_retransmitted; /* sent again: not acknowledged in time */
     uint64_t msgs_duplicate;     /* received again (or after a loss): dropped */
     uint64_t peers_lost;         /* connections found dead (peer crashed) */
+    uint64_t ring_live_bytes;    /* decode: ring bytes live now; 0 once every room
+                                    has ended (more is a leak) */
 } kvs_handler_stats_t;
 
 /* Where an open room stands, as serving engines poll a transfer (sglang's

@@ -31,6 +31,8 @@
 #      decode, every room of instance 0 is ok and verified, every failed room
 #      is instance 1's with KVS_EPEER, its held rooms all failed (none hung),
 #      and the decode exits 0 under --expect-lost 1
+# Every run that moves KV also checks that the decode's ring holds 0 live
+# bytes at the end (every room ended, so anything live leaked).
 # Usage: test_serve.sh KVSTAGE_BINARY   (needs an RDMA device: ctest runs it
 # through run-in-vm.sh; KVS_VERBS_ADDR is the address to use, default the
 # VM's 192.0.2.1). Exits 0 when every check passes.
@@ -85,6 +87,7 @@ for side in (p, d):
     if side["requests_ok"] + expect != side["requests"]:
         bad.append("%s: %d ok of %d" % (side["role"], side["requests_ok"], side["requests"]))
     if not side["pass"]: bad.append("%s did not pass" % side["role"])
+if d["ring_live_bytes"] != 0: bad.append("decode: %d ring bytes still live at the end (leaked)" % d["ring_live_bytes"])
 if d["corrupt_bytes"] != 0 or d["bytes_verified"] != d["bytes_expected"] or d["bytes_verified"] == 0:
     bad.append("decode verified %d of %d bytes, %d corrupt" % (d["bytes_verified"], d["bytes_expected"], d["corrupt_bytes"]))
 rooms = lambda s: sorted(int(r.split(":")[0]) for r in s["failed_rooms"])
@@ -216,6 +219,7 @@ for k, (p, (tp, pp)) in enumerate(zip(ps, specs)):
     if (di["id"], di["tp"], di["pp"], di["requests_ok"]) != (k, tp, pp, p["requests_ok"]) or \
             p["instances"][0]["id"] != k or p["requests"] != (d["requests"] + n - 1 - k) // n:
         bad.append("instance %d: decode sees %s, its prefill %s" % (k, di, p["instances"]))
+if d["ring_live_bytes"] != 0: bad.append("decode: %d ring bytes still live at the end (leaked)" % d["ring_live_bytes"])
 if d["corrupt_bytes"] != 0 or d["bytes_verified"] != d["bytes_expected"] or d["bytes_verified"] == 0:
     bad.append("decode verified %d of %d bytes, %d corrupt" % (d["bytes_verified"], d["bytes_expected"], d["corrupt_bytes"]))
 print("  " + ("; ".join(bad) if bad else "ok"))
@@ -293,6 +297,7 @@ hung = [r for r in range(hold, d["requests"]) if r % 2 == 1 and r not in failed]
 if hung: bad.append("held rooms of instance 1 that did not fail: %s" % hung)
 if i1["requests_failed"] != len(failed) or i1["requests_ok"] + i1["requests_failed"] != i1["requests"]:
     bad.append("instance 1: %s" % i1)
+if d["ring_live_bytes"] != 0: bad.append("decode: %d ring bytes still live at the end (leaked)" % d["ring_live_bytes"])
 if d["corrupt_bytes"] != 0 or d["bytes_verified"] != d["bytes_expected"] or d["bytes_verified"] == 0:
     bad.append("decode verified %d of %d bytes, %d corrupt" % (d["bytes_verified"], d["bytes_expected"], d["corrupt_bytes"]))
 if not d["pass"]: bad.append("decode did not pass under --expect-lost 1")
