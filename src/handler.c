@@ -537,8 +537,10 @@ int kvs__handler_room_abort(kvs__handler_t *h, uint64_t room)
     }                                                                                     \
     void kvs_##role##_stats(const kvs_##role##_t *x, kvs_handler_stats_t *out)            \
     {                                                                                     \
-        if (x != NULL && out != NULL)                                                     \
-            *out = ((const kvs__handler_t *)x)->stats;                                    \
+        if (x == NULL || out == NULL)                                                     \
+            return;                                                                       \
+        *out = ((const kvs__handler_t *)x)->stats;                                        \
+        out->msgs_unacked = kvs__links_unacked(&((const kvs__handler_t *)x)->links);      \
     }                                                                                     \
     kvs__links_t *kvs__##role##_links(kvs_##role##_t *x)                                  \
     {                                                                                     \

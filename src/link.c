@@ -355,3 +355,12 @@ uint32_t kvs__link_unacked(const kvs__links_t *ls, const kvs_conn_t *conn)
     const kvs__link_t *l = conn != NULL ? kvs__link_find(ls, conn) : NULL;
     return l != NULL ? l->q_count : 0;
 }
+
+uint64_t kvs__links_unacked(const kvs__links_t *ls)
+{
+    uint64_t n = 0;
+    for (uint32_t i = 0; i < ls->hi; i++)
+        if (ls->v[i].conn != NULL && !ls->v[i].dead) /* a dead peer takes nothing more */
+            n += ls->v[i].q_count;
+    return n;
+}

@@ -116,6 +116,9 @@ void kvs__link_forget(kvs__links_t *ls, const kvs_conn_t *conn);
 
 /* Messages queued on conn's link and not yet acknowledged. */
 uint32_t kvs__link_unacked(const kvs__links_t *ls, const kvs_conn_t *conn);
+/* The same over every live link: messages the peers have yet to
+ * acknowledge (a dead connection's queue counts for nothing). */
+uint64_t kvs__links_unacked(const kvs__links_t *ls);
 
 /* A handler's links: for tests that speak as the handler on its own
  * connections (a confused or compromised peer). */

@@ -1332,11 +1332,13 @@ static void test_protocol_edges_teardown_anywhere(void **state)
         edge_computed(cl, 2, 36, true);
         edge_run(cl);
         edge_expect_ok(cl, 1, 0, 40);
+        for (int i = 0; i < edge_nnodes(cl); i++) /* every message was acknowledged */
+            assert_int_equal(edge_stats(&cl->nodes[i]).msgs_unacked, 0);
         total = sim_engine_events_run(cl->eng) - before;
         edge_destroy(cl);
     }
     assert_true(total > 20);
-    int seen_live = 0;
+    int seen_live = 0, seen_unacked = 0;
     for (uint64_t k = 0; k < total; k += 1 + total / 14) {
         edge_opts_t o = edge_defaults();
         edge_cluster_t *cl = edge_create(&o);
@@ -1351,6 +1353,7 @@ static void test_protocol_edges_teardown_anywhere(void **state)
         const uint64_t live = kvs_ring_live_bytes(kvs_manager_ring(d->m));
         assert_int_equal(edge_stats(d).ring_live_bytes, live);
         seen_live += live > 0;
+        seen_unacked += edge_stats(d).msgs_unacked > 0;
         edge_rank_drop(d);
         if (edge_ring_live_bytes(cl) != 0)
             EDGE_FAIL("after %llu events: the destroyed decode handler left %llu ring bytes",
@@ -1358,6 +1361,7 @@ static void test_protocol_edges_teardown_anywhere(void **state)
         edge_destroy(cl);
     }
     assert_true(seen_live > 0);
+    assert_true(seen_unacked > 0); /* a rank closed there would lose messages */
 }
 
 /* ---- 17. every remote field out of range, one at a time ----------------------------

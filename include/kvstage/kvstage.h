@@ -660,6 +660,10 @@ typedef struct kvs_handler_stats {
     uint64_t peers_lost;         /* connections found dead (peer crashed) */
     uint64_t ring_live_bytes;    /* decode: ring bytes live now; 0 once every room
                                     has ended (more is a leak) */
+    uint64_t msgs_unacked;       /* control messages sent and not yet acknowledged
+                                    by their peers: 0 once the peers have all this
+                                    side said, so closing it now loses them nothing
+                                    (a decode's last DONE, say) */
 } kvs_handler_stats_t;
 
 /* Where an open room stands, as serving engines poll a transfer (sglang's

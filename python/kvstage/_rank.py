@@ -29,6 +29,7 @@ import collections
 import ctypes
 import enum
 import threading
+import time
 
 from . import _buffers
 from . import _errors
@@ -346,11 +347,32 @@ class Rank:
                 hw.kvs_host_device_destroy(self._dev_obj)
             self._dev_obj = None
 
-    def close(self):
-        """Stops the background thread, then frees the driver, the rank, the
-        fabric and the device (the KV buffers stay the caller's). Rooms
-        still open are dropped. Safe to call twice."""
+    def close(self, linger_s=1.0):
+        """Lingers until the peers have acknowledged every control message
+        this rank sent (stats()["msgs_unacked"] == 0: a decode's last DONE,
+        without which its prefill would fail the room when this side
+        vanishes), at most linger_s seconds, moving them with the
+        background thread or, stopped, with progress(); then stops the
+        thread and frees the driver, the rank, the fabric and the device
+        (the KV buffers stay the caller's). Rooms still open are dropped.
+        Safe to call twice."""
+        if self._rank and self._drv and linger_s and self._thread_error is None:
+            self._linger(time.monotonic() + linger_s)
         self._teardown()
+
+    def _linger(self, until):
+        hs = S.HandlerStats()
+        running = self._hw.kvs_driver_running(self._drv)
+        while time.monotonic() < until:
+            self._lib.kvs_rank_stats(self._rank, ctypes.byref(hs))
+            if hs.msgs_unacked == 0:
+                return
+            if running:
+                time.sleep(0.002)
+            elif self._hw.kvs_driver_progress(self._drv) < 0:
+                return  # the rank failed: nothing more will be acknowledged
+            else:
+                self._hw.kvs_driver_wait(self._drv, 2000000)
 
     def __enter__(self):
         return self
@@ -361,7 +383,7 @@ class Rank:
 
     def __del__(self):
         try:
-            self.close()
+            self.close(linger_s=0)
         except Exception:
             pass
 
