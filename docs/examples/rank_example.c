@@ -112,9 +112,17 @@ static int rank_open(engine_rank_t *e, kvs_role_t role)
     return 0;
 }
 
-/* Whoever creates frees, in the reverse order. */
+/* Whoever creates frees, in the reverse order; first the driver delivers
+ * what the peers have not acknowledged yet (at most 1 s). */
 static void rank_close(engine_rank_t *e)
 {
+    for (int i = 0; i < 100 && e->rank != NULL; i++) {
+        kvs_handler_stats_t st = {0};
+        kvs_rank_stats(e->rank, &st);
+        if (st.msgs_unacked == 0)
+            break;
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
     kvs_driver_destroy(e->drv); /* stops and joins its thread */
     kvs_rank_destroy(e->rank);
     if (e->fab != NULL)
