@@ -23,6 +23,8 @@
  */
 #include "hw_ofi.h"
 
+#include <kvstage/host.h>
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,7 +147,14 @@ int hw_ofi_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
                        uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey)
 {
     hw_ofi_fabric_t *f = hw_ofi_of(fab);
-    (void)dev; /* host memory: the address is the host's */
+    /* Host memory only (no FI_HMEM yet): a device address handed to
+     * libfabric as a host one would read or write the wrong memory. */
+    if (dev != NULL && kvs_host_device_from(dev) == NULL)
+        return kvs_fabric_fail(fab, KVS_ENOTSUP, 0, "mr_register on %s: device %s is not the "
+                               "host device, and the ofi fabric registers host memory only "
+                               "(no FI_HMEM): run the rank on the host device, or take the "
+                               "verbs fabric for GPU memory", f->name,
+                               dev->name != NULL ? dev->name : dev->ops.name);
     if (out == NULL || out_rkey == NULL || addr == 0 || len_bytes == 0 ||
         addr + len_bytes < addr)
         return kvs_fabric_fail(fab, KVS_EINVAL, 0, "mr_register on %s: need a non-empty "

@@ -29,6 +29,7 @@
 
 #include <cmocka.h>
 
+#include <kvstage/host.h>
 #include <kvstage/ofi.h>
 
 #include "fabric_pair.h"
@@ -368,6 +369,35 @@ static void test_ofi_fabric_wait_fd(void **state)
     duo_close(&d);
 }
 
+/* Host memory only: the host device's is registered, another device's
+ * (GPU memory, here a device of another backend) refused by name. */
+static void test_ofi_fabric_host_memory_only(void **state)
+{
+    (void)state;
+    kvs_ofi_config_t cfg;
+    cfg_for(&cfg, "tcp");
+    kvs_fabric_t *fab = NULL;
+    assert_int_equal(kvs_ofi_fabric_create(&cfg, &fab, NULL), KVS_OK);
+    kvs_host_device_t *host = NULL;
+    assert_int_equal(kvs_host_device_create(NULL, &host, NULL), KVS_OK);
+    static uint8_t mem[8192];
+    kvs_mr_t *mr = NULL;
+    uint64_t rkey = 0;
+    assert_int_equal(fab->ops.mr_register(fab, kvs_host_device(host), (uint64_t)(uintptr_t)mem,
+                                          sizeof mem, &mr, &rkey),
+                     KVS_OK);
+    assert_int_equal(fab->ops.mr_deregister(fab, mr), KVS_OK);
+    kvs_device_t other = {.ops = {.name = "cuda"}, .name = "cuda:0"};
+    mr = NULL;
+    assert_int_equal(fab->ops.mr_register(fab, &other, (uint64_t)(uintptr_t)mem, sizeof mem,
+                                          &mr, &rkey),
+                     KVS_ENOTSUP);
+    assert_null(mr);
+    assert_non_null(strstr(fab->last_backend_msg, "cuda:0 is not the host device"));
+    kvs_host_device_destroy(host);
+    assert_int_equal(kvs_ofi_fabric_destroy(fab), KVS_OK);
+}
+
 #define BOTH(fn)                                                                         \
     cmocka_unit_test_prestate_setup_teardown(fn, prov_setup, NULL, (void *)"tcp"),       \
         cmocka_unit_test_prestate_setup_teardown(fn, prov_setup, NULL, (void *)"shm")
@@ -376,6 +406,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ofi_fabric_unknown_provider_refused),
+        cmocka_unit_test(test_ofi_fabric_host_memory_only),
         BOTH(test_ofi_fabric_messages_in_order),
         BOTH(test_ofi_fabric_write_with_data),
         BOTH(test_ofi_fabric_write_split),
