@@ -117,7 +117,10 @@ extern "C" {
                   "lower the load")                                            \
     X(ECANCELED, -31, "the request was aborted by its caller (room abort): "  \
                       "nothing to fix; its peers were told and its memory "    \
-                      "is released once no write can land")
+                      "is released once no write can land")                   \
+    X(EAUTH, -32, "the peer failed authentication (no cluster secret, a "     \
+                  "wrong one, or a replayed registration): give every rank "   \
+                  "the same secret (secret_file / secret_env), or none")
 
 typedef enum kvs_status {
 #define KVS__STATUS_ENUM(name, value, msg) KVS_##name = value,
