@@ -4,7 +4,6 @@
  * between calls, and every buffer that held the secret or a MAC input is
  * wiped before it goes.
  */
-#define _DEFAULT_SOURCE /* explicit_bzero */
 #include "auth.h"
 
 #include <kvstage/kvstage.h>
