@@ -86,38 +86,35 @@ static void test_auth_edges_decode_without_secret_refused(void **state)
     edge_destroy(cl);
 }
 
-/* A decode with the secret, prefills without: they cannot prove it, so
- * the decode refuses them and sends no REGISTER (its ring key stays). */
-static void test_auth_edges_prefill_without_secret_gets_no_key(void **state)
+/* The decode refuses every prefill (it cannot prove the decode's secret),
+ * logging `why`; no REGISTER goes: each prefill received its HELLO only. */
+static void expect_decode_refuses(const char *prefill_env, const char *why)
 {
-    (void)state;
-    edge_opts_t o = opts(NULL, SECRET_A);
+    edge_opts_t o = opts(prefill_env, SECRET_A);
     edge_cluster_t *cl = edge_create(&o);
     edge_run(cl);
     edge_node_t *d = edge_decode(cl, 0);
     assert_int_equal(edge_stats(d).auth_refused, (uint64_t)cl->nprefill);
-    assert_non_null(strstr(d->log_last, "has no cluster secret"));
-    for (int i = 0; i < cl->nprefill; i++) /* the HELLO, nothing after it */
+    assert_non_null(strstr(d->log_last, why));
+    assert_non_null(strstr(d->log_last, "refused the registration of the peer at p"));
+    for (int i = 0; i < cl->nprefill; i++)
         assert_int_equal(edge_stats(edge_prefill(cl, i)).msgs_received, 1);
     assert_int_equal(kvs_decode_peers_ready(d->dec), 0);
     edge_destroy(cl);
 }
 
-/* Different secrets: the prefill's proof fails at the decode, which
- * refuses it, logged with the prefill's address; no REGISTER goes. */
+/* A decode with the secret, prefills without: its ring key stays. */
+static void test_auth_edges_prefill_without_secret_gets_no_key(void **state)
+{
+    (void)state;
+    expect_decode_refuses(NULL, "has no cluster secret");
+}
+
+/* Different secrets: the prefill's proof fails at the decode. */
 static void test_auth_edges_wrong_secret_refused(void **state)
 {
     (void)state;
-    edge_opts_t o = opts(SECRET_B, SECRET_A);
-    edge_cluster_t *cl = edge_create(&o);
-    edge_run(cl);
-    edge_node_t *d = edge_decode(cl, 0);
-    assert_int_equal(edge_stats(d).auth_refused, (uint64_t)cl->nprefill);
-    assert_non_null(strstr(d->log_last, "does not know the cluster secret"));
-    assert_non_null(strstr(d->log_last, "peer at p"));
-    for (int i = 0; i < cl->nprefill; i++)
-        assert_int_equal(edge_stats(edge_prefill(cl, i)).msgs_received, 1);
-    edge_destroy(cl);
+    expect_decode_refuses(SECRET_B, "does not know the cluster secret");
 }
 
 /* A stranger (the intruder NIC) against a prefill with the secret: a bare

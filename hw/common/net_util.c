@@ -20,8 +20,9 @@ uint64_t hw_net_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-int hw_net_random_bytes(void *buf, size_t len_bytes)
+int hw_net_random_bytes(kvs_fabric_t *fab, void *buf, size_t len_bytes)
 {
+    (void)fab;
     uint8_t *p = buf;
     size_t got = 0;
     while (got < len_bytes) {

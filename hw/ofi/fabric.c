@@ -42,12 +42,6 @@ static uint64_t hw_ofi_now_ns(kvs_fabric_t *fab)
     return hw_net_now_ns();
 }
 
-static int hw_ofi_random_bytes(kvs_fabric_t *fab, void *buf, size_t len_bytes)
-{
-    (void)fab;
-    return hw_net_random_bytes(buf, len_bytes);
-}
-
 static int hw_ofi_peer_addr(kvs_fabric_t *fab, kvs_conn_t *conn, char *buf, size_t bytes)
 {
     (void)fab;
@@ -68,7 +62,7 @@ static const kvs_fabric_ops_t hw_ofi_ops = {
     .poll = hw_ofi_poll,
     .now_ns = hw_ofi_now_ns,
     .wait_arm = hw_ofi_wait_arm,
-    .random_bytes = hw_ofi_random_bytes,
+    .random_bytes = hw_net_random_bytes,
     .peer_addr = hw_ofi_peer_addr,
 };
 

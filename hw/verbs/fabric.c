@@ -45,12 +45,6 @@ uint64_t hw_verbs_now_ns(kvs_fabric_t *fab)
     return hw_net_now_ns();
 }
 
-static int hw_verbs_random_bytes(kvs_fabric_t *fab, void *buf, size_t len_bytes)
-{
-    (void)fab;
-    return hw_net_random_bytes(buf, len_bytes);
-}
-
 static int hw_verbs_peer_addr(kvs_fabric_t *fab, kvs_conn_t *conn, char *buf, size_t bytes)
 {
     (void)fab;
@@ -71,7 +65,7 @@ static const kvs_fabric_ops_t hw_verbs_ops = {
     .poll = hw_verbs_poll,
     .now_ns = hw_verbs_now_ns,
     .wait_arm = hw_verbs_wait_arm,
-    .random_bytes = hw_verbs_random_bytes,
+    .random_bytes = hw_net_random_bytes,
     .peer_addr = hw_verbs_peer_addr,
 };
 
