@@ -4,8 +4,8 @@
  * src/channel.c).
  *
  * Every input is decoded twice: as raw bytes (header checks included) and
- * with a valid header built in front of input[1..] (type = input[0] % 14,
- * 0 and 13 being invalid types; link sequence number 1), so most inputs
+ * with a valid header built in front of input[1..] (type = input[0] % 17,
+ * 0 and 16 being invalid types; link sequence number 1), so most inputs
  * reach the payload decoders.
  * Properties, each an abort() when violated:
  * - decode returns KVS_OK or KVS_EPROTO, and leaves *msg untouched on failure;

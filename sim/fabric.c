@@ -109,6 +109,7 @@
 #define SIM_NIL UINT32_MAX
 #define SIM_NET_RKEY_COMPONENT UINT64_C(0x46414252) /* "FABR": the rkey stream */
 #define SIM_NET_FAULT_COMPONENT UINT64_C(0x46415554) /* "FAUT": the fault stream */
+#define SIM_NET_NONCE_COMPONENT UINT64_C(0x4E4F4E43) /* "NONC": registration nonces */
 #define SIM_NET_RKEY_TRIES 64
 #define SIM_NET_RECS_MAX (UINT32_C(1) << 24) /* pending fabric events */
 #define SIM_NET_WRS_MAX (UINT32_C(1) << 22)  /* writes in flight */
@@ -244,6 +245,7 @@ struct sim_net {
     sim_net_config_t cfg;
     sim_rng_t rkey_rng;
     sim_rng_t fault_rng;
+    sim_rng_t nonce_rng; /* random_bytes: deterministic, so a run replays */
     sim_nic_t *nics[SIM_NET_MAX_NICS];
     uint32_t nic_gen[SIM_NET_MAX_NICS];
     uint32_t nic_count;
@@ -1262,6 +1264,30 @@ static uint64_t sim_nic_now_ns(kvs_fabric_t *fab)
     return sim_net_now(sim_nic_of(fab)->net);
 }
 
+/* The nonces of authenticated registration: the net's own stream (its
+ * component id keeps the other streams as they were), so they are
+ * unpredictable to nobody but the seed's holder, and a run replays. */
+static int sim_nic_random_bytes(kvs_fabric_t *fab, void *buf, size_t len_bytes)
+{
+    sim_rng_t *rng = &sim_nic_of(fab)->net->nonce_rng;
+    uint8_t *out = buf;
+    for (size_t i = 0; i < len_bytes; i += 8) {
+        const uint64_t w = sim_rng_next(rng);
+        for (size_t k = 0; k < 8 && i + k < len_bytes; k++)
+            out[i + k] = (uint8_t)(w >> (8u * k));
+    }
+    return KVS_OK;
+}
+
+static int sim_nic_peer_addr(kvs_fabric_t *fab, kvs_conn_t *conn, char *buf, size_t bytes)
+{
+    (void)fab;
+    if (conn == NULL || conn->peer == NULL)
+        return KVS_ENOENT;
+    snprintf(buf, bytes, "%s", conn->peer->name);
+    return KVS_OK;
+}
+
 static const kvs_fabric_ops_t sim_nic_ops = {
     .version = KVS_FABRIC_OPS_VERSION,
     .size = sizeof(kvs_fabric_ops_t),
@@ -1275,6 +1301,8 @@ static const kvs_fabric_ops_t sim_nic_ops = {
     .send = sim_nic_send,
     .poll = sim_nic_poll,
     .now_ns = sim_nic_now_ns,
+    .random_bytes = sim_nic_random_bytes,
+    .peer_addr = sim_nic_peer_addr,
 };
 
 /* ------------------------------------------------------------------------ */
@@ -1314,6 +1342,7 @@ int sim_net_create(sim_engine_t *eng, const sim_net_config_t *cfg, sim_net_t **o
         c->max_conns = 256;
     sim_engine_rng(eng, SIM_NET_RKEY_COMPONENT, &net->rkey_rng);
     sim_engine_rng(eng, SIM_NET_FAULT_COMPONENT, &net->fault_rng);
+    sim_engine_rng(eng, SIM_NET_NONCE_COMPONENT, &net->nonce_rng);
     net->recs_free = SIM_NIL;
     net->wrs_free = SIM_NIL;
     net->msgs_free = SIM_NIL;

@@ -16,7 +16,8 @@
 #define KVS__DEVICE_OPS_V2_BYTES offsetof(kvs_device_ops_t, wait_arm)
 #define KVS__DEVICE_OPS_V3_BYTES sizeof(kvs_device_ops_t)
 #define KVS__FABRIC_OPS_V1_BYTES offsetof(kvs_fabric_ops_t, wait_arm)
-#define KVS__FABRIC_OPS_V2_BYTES sizeof(kvs_fabric_ops_t)
+#define KVS__FABRIC_OPS_V2_BYTES offsetof(kvs_fabric_ops_t, random_bytes)
+#define KVS__FABRIC_OPS_V3_BYTES sizeof(kvs_fabric_ops_t)
 _Static_assert(offsetof(kvs_device_ops_t, version) == 0, "version first");
 _Static_assert(offsetof(kvs_fabric_ops_t, version) == 0, "version first");
 /* Each version ends exactly where the next one's slots start: a table
@@ -28,6 +29,8 @@ _Static_assert(KVS__DEVICE_OPS_V3_BYTES == KVS__DEVICE_OPS_V2_BYTES + sizeof(voi
                "device ops version 3 adds wait_arm, last");
 _Static_assert(KVS__FABRIC_OPS_V2_BYTES == KVS__FABRIC_OPS_V1_BYTES + sizeof(void (*)(void)),
                "fabric ops version 2 adds wait_arm, after now_ns");
+_Static_assert(KVS__FABRIC_OPS_V3_BYTES == KVS__FABRIC_OPS_V2_BYTES + 2 * sizeof(void (*)(void)),
+               "fabric ops version 3 adds random_bytes and peer_addr, after wait_arm");
 
 /* Defaults of optional slots: "not supported", never a NULL call. */
 static int kvs__dev_no_stream(kvs_device_t *d, kvs_stream_t **o) { return KVS_ENOTSUP; }
@@ -109,6 +112,11 @@ static int kvs__net_no_poll(kvs_fabric_t *f, kvs_completion_t *o, int max)
 }
 static uint64_t kvs__net_no_clock(kvs_fabric_t *f) { return 0; }
 static int kvs__net_no_wait(kvs_fabric_t *f, int *fd, uint64_t *wake_ns) { return KVS_ENOTSUP; }
+static int kvs__net_no_random(kvs_fabric_t *f, void *buf, size_t n) { return KVS_ENOTSUP; }
+static int kvs__net_no_peer_addr(kvs_fabric_t *f, kvs_conn_t *c, char *buf, size_t n)
+{
+    return KVS_ENOTSUP;
+}
 
 #define KVS__DEFAULT(slot, fn)                                                 \
     do {                                                                       \
@@ -169,7 +177,8 @@ int kvs_fabric_init(kvs_fabric_t *fab, const kvs_fabric_ops_t *ops, const char *
     if (fab == NULL || ops == NULL)
         return KVS_EINVAL;
     kvs_fabric_t f = {0};
-    static const size_t version_bytes[] = {KVS__FABRIC_OPS_V1_BYTES, KVS__FABRIC_OPS_V2_BYTES};
+    static const size_t version_bytes[] = {KVS__FABRIC_OPS_V1_BYTES, KVS__FABRIC_OPS_V2_BYTES,
+                                           KVS__FABRIC_OPS_V3_BYTES};
     _Static_assert(sizeof version_bytes / sizeof version_bytes[0] == KVS_FABRIC_OPS_VERSION,
                    "one size per fabric ops version");
     int rc = kvs__copy_table(&f.ops, sizeof f.ops, ops, ops->version, ops->size, version_bytes,
@@ -185,6 +194,8 @@ int kvs_fabric_init(kvs_fabric_t *fab, const kvs_fabric_ops_t *ops, const char *
     KVS__DEFAULT(f.ops.poll, kvs__net_no_poll);
     KVS__DEFAULT(f.ops.now_ns, kvs__net_no_clock);
     KVS__DEFAULT(f.ops.wait_arm, kvs__net_no_wait);
+    KVS__DEFAULT(f.ops.random_bytes, kvs__net_no_random);
+    KVS__DEFAULT(f.ops.peer_addr, kvs__net_no_peer_addr);
     f.name = name != NULL ? name : (ops->name != NULL ? ops->name : "fabric");
     *fab = f;
     return KVS_OK;
@@ -298,3 +309,17 @@ int kvs__net_deregister(kvs_fabric_t *fab, kvs_mr_t *mr)
     return fab->ops.mr_deregister(fab, mr);
 }
 uint64_t kvs__net_now_ns(kvs_fabric_t *fab) { return fab->ops.now_ns(fab); }
+int kvs__net_random(kvs_fabric_t *fab, void *buf, size_t len_bytes)
+{
+    return fab->ops.random_bytes(fab, buf, len_bytes);
+}
+const char *kvs__net_peer_addr(kvs_fabric_t *fab, kvs_conn_t *conn, char *buf, size_t bytes)
+{
+    if (bytes == 0)
+        return "";
+    buf[0] = 0;
+    if (fab->ops.peer_addr(fab, conn, buf, bytes) != KVS_OK || buf[0] == 0)
+        snprintf(buf, bytes, "an address fabric '%s' does not report", fab->name);
+    buf[bytes - 1] = 0;
+    return buf;
+}

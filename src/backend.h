@@ -44,5 +44,10 @@ int kvs__net_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
                       uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey);
 int kvs__net_deregister(kvs_fabric_t *fab, kvs_mr_t *mr);
 uint64_t kvs__net_now_ns(kvs_fabric_t *fab);
+/* len_bytes unpredictable bytes (the fabric's random_bytes). */
+int kvs__net_random(kvs_fabric_t *fab, void *buf, size_t len_bytes);
+/* conn's peer address as text for a log line, or words saying the fabric
+ * does not report it; returns buf. */
+const char *kvs__net_peer_addr(kvs_fabric_t *fab, kvs_conn_t *conn, char *buf, size_t bytes);
 
 #endif

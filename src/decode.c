@@ -224,8 +224,9 @@ static void kvs__on_peer_lost(kvs__handler_t *h, kvs__peer_t *peer)
 
 /* ---- registration --------------------------------------------------------------- */
 
-/* REGISTER (+ LAYERS on the direct/slice paths) on peer's connection. */
-static void kvs__register(kvs_decode_t *d, kvs__peer_t *p)
+/* REGISTER (+ LAYERS on the direct/slice paths) on peer's connection;
+ * with a cluster secret, once the prefill proved it (kvs__register). */
+static void kvs__send_register(kvs_decode_t *d, kvs__peer_t *p)
 {
     kvs_manager_t *m = d->h.m;
     const kvs__inst_t *inst = p->inst;
@@ -238,6 +239,7 @@ static void kvs__register(kvs_decode_t *d, kvs__peer_t *p)
         .ring_addr = d->ring_addr, .ring_bytes = d->ring_bytes, .ring_rkey = d->ring_rkey,
         .local_heads = m->kv.local_heads, .num_pages = m->kv.num_pages,
         .layers_total = direct ? m->kv.num_layers : 0};
+    kvs__handshake_sign(&d->h, p, &msg);
     kvs__send(&d->h, p, &msg);
     for (int64_t first = 0; direct && first < m->kv.num_layers; first += KVS_WIRE_LAYERS_PER_MSG) {
         kvs_msg_t lm = {.type = KVS_MSG_LAYERS};
@@ -251,6 +253,28 @@ static void kvs__register(kvs_decode_t *d, kvs__peer_t *p)
         }
         kvs__send(&d->h, p, &lm);
     }
+}
+
+/* Opens peer's new connection: HELLO first with a cluster secret (the
+ * REGISTER follows its CHALLENGE), else the REGISTER at once. */
+static void kvs__register(kvs_decode_t *d, kvs__peer_t *p)
+{
+    if (!kvs__handshake_open(&d->h, p))
+        kvs__send_register(d, p);
+    else if (p->refused == KVS_EAUTH)
+        kvs__peer_reports_failed(d, p, KVS_EAUTH);
+}
+
+/* The prefill's CHALLENGE: it proved the secret (register now), or it did
+ * not (refused, like a refused registration: it never writes). */
+static void kvs__on_challenge(kvs__handler_t *h, kvs_conn_t *conn, kvs__peer_t *peer,
+                              const kvs_msg_t *msg)
+{
+    const int rc = kvs__handshake_on_challenge(h, conn, peer, msg);
+    if (rc == KVS_OK)
+        kvs__send_register(kvs__dec(h), peer);
+    else if (rc == KVS_EAUTH)
+        kvs__peer_reports_failed(kvs__dec(h), peer, KVS_EAUTH);
 }
 
 static void kvs__on_connected(kvs__handler_t *h, kvs__peer_t *peer)
@@ -1000,6 +1024,7 @@ static void kvs__role_fini(kvs__handler_t *h)
 static const kvs__role_t kvs__decode_role = {
     .role = KVS_ROLE_DECODE, .accepts = false, .role_init = kvs__role_init,
     .role_fini = kvs__role_fini, .on_register = kvs__on_ack, .on_connected = kvs__on_connected,
+    .on_challenge = kvs__on_challenge,
     .on_message = kvs__on_message, .advance = kvs__advance, .on_fail = kvs__on_fail,
     .on_stalled = kvs__on_stalled, .on_peer_lost = kvs__on_peer_lost, .room_free = kvs__room_free,
     .room_state = kvs__room_state};

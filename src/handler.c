@@ -60,6 +60,9 @@ static int kvs__handler_init(kvs__handler_t *h, const kvs__role_t *role, kvs_man
                         &h->stats) != KVS_OK)
         return KVS__MFAIL(m, KVS_ENOMEM, "allocating the %s handler's tables failed",
                           role->role == KVS_ROLE_DECODE ? "decode" : "prefill");
+    if (role->accepts && m->secret.len_bytes > 0 &&
+        kvs__handshake_init(&h->hs, h->links.cap) != KVS_OK)
+        return KVS__MFAIL(m, KVS_ENOMEM, "allocating the prefill's challenge table failed");
     /* What the default pair needs is made now; a later pair on another path
      * makes what it needs when it appears. */
     return kvs__handler_prepare_path(h, m->path);
@@ -79,6 +82,7 @@ static void kvs__handler_fini(kvs__handler_t *h)
     kvs__manager_close_kv(h->m, &h->kv_keys);
     h->kv_open = false;
     kvs__links_fini(&h->links);
+    kvs__handshake_fini(&h->hs);
     for (uint32_t i = 0; i < h->insts.count; i++) {
         kvs__inst_t *inst = h->insts.v[i];
         for (int64_t k = 0; k < inst->npeers; k++)
@@ -360,6 +364,7 @@ static void kvs__on_dead(void *ctx, kvs_conn_t *conn, void *owner)
 {
     kvs__handler_t *h = ctx;
     h->fab->ops.disconnect(h->fab, conn); /* the peer hears of it too */
+    kvs__handshake_forget(&h->hs, conn);
     kvs__peer_t *peer = owner;
     if (peer == NULL || peer->conn != conn)
         return; /* a refused or replaced connection */
@@ -419,6 +424,15 @@ static void kvs__on_recv(kvs__handler_t *h, const kvs_completion_t *cqe)
     h->stats.msgs_received++;
     const kvs_msg_type_t binding = h->role->role == KVS_ROLE_DECODE ? KVS_MSG_REGISTER_ACK
                                                                    : KVS_MSG_REGISTER;
+    /* Authenticated registration (handshake.h) opens a connection. */
+    if (msg.type == KVS_MSG_HELLO && h->role->accepts) {
+        kvs__handshake_on_hello(h, cqe->conn, &msg);
+        return;
+    }
+    if (msg.type == KVS_MSG_CHALLENGE && h->role->on_challenge != NULL) {
+        h->role->on_challenge(h, cqe->conn, peer, &msg);
+        return;
+    }
     if (msg.type == binding) {
         h->role->on_register(h, cqe->conn, peer, &msg);
         return;

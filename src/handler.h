@@ -24,6 +24,7 @@
 #ifndef KVS_SRC_HANDLER_H
 #define KVS_SRC_HANDLER_H
 
+#include "handshake.h"
 #include "instance.h"
 #include "link.h"
 #include "manager.h"
@@ -62,6 +63,9 @@ typedef struct kvs__role {
      * the connection's peer, NULL when none is bound to it yet. */
     void (*on_register)(kvs__handler_t *h, kvs_conn_t *conn, kvs__peer_t *peer,
                         const kvs_msg_t *msg);
+    /* A CHALLENGE on conn (decode; NULL for a role that accepts). */
+    void (*on_challenge)(kvs__handler_t *h, kvs_conn_t *conn, kvs__peer_t *peer,
+                         const kvs_msg_t *msg);
     /* The handler made a new connection to peer (decode: a reconnect). */
     void (*on_connected)(kvs__handler_t *h, kvs__peer_t *peer);
     /* Any other message, from a peer that is ready and whose session the
@@ -109,6 +113,7 @@ struct kvs__handler {
     kvs_stream_t *stream;       /* staging: the gather or scatter stream */
     kvs__kv_keys_t kv_keys;     /* direct/slice: KV layers open to peers */
     bool kv_open;
+    kvs__handshake_t hs;        /* prefill: pending challenges (handshake.h) */
     kvs_handler_stats_t stats;
     uint64_t next_check_ns;     /* no room's stall deadline is earlier */
 };

@@ -57,6 +57,10 @@ typedef struct kvs__peer {
     char *name;                  /* decode: its fabric address, NULL unknown */
     uint64_t reconnect_ns, reconnect_wait_ns;
     kvs__target_t tgt;           /* prefill */
+    /* decode, with a cluster secret (handshake.h): its HELLO is out */
+    bool challenged;
+    kvs_b32_t nonce, peer_nonce; /* this side's and the prefill's */
+    uint64_t peer_session;       /* the prefill's, from its CHALLENGE */
 } kvs__peer_t;
 
 struct kvs__inst {

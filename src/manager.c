@@ -101,6 +101,9 @@ static int kvs__check_config(const kvs_manager_config_t *c, const kvs_fabric_t *
     return KVS_OK;
 }
 
+static int kvs__manager_load_secret(kvs_manager_t *m, const kvs_manager_config_t *c,
+                                    kvs_error_t *err);
+
 int kvs_manager_create(const kvs_manager_config_t *cfg, kvs_device_t *dev,
                        kvs_fabric_t *fab, kvs_manager_t **out, kvs_error_t *err)
 {
@@ -161,9 +164,18 @@ int kvs_manager_create(const kvs_manager_config_t *cfg, kvs_device_t *dev,
                          bufs);
     }
     m->cfg = c;
+    m->cfg.secret_file = m->cfg.secret_env = NULL; /* borrowed for create only */
     m->dev = dev;
     m->fab = fab;
     m->log = kvs__log_resolve(&c.log);
+    rc = kvs__manager_load_secret(m, &c, err);
+    if (rc != KVS_OK) {
+        free(m->staging_addr);
+        free(m->staging_mr);
+        free(m->staging_rkey);
+        free(m);
+        return rc;
+    }
     m->total_heads = c.total_heads;
     m->heads_per_rank = c.heads_per_rank;
     kvs__error_clear(err);
@@ -172,6 +184,34 @@ int kvs_manager_create(const kvs_manager_config_t *cfg, kvs_device_t *dev,
              (long long)c.tp_size, (long long)c.pp_rank, (long long)c.pp_size,
              c.staging ? "on" : "off");
     *out = m;
+    return KVS_OK;
+}
+
+/* Reads the cluster secret the config names into m->secret; an open
+ * cluster says so once. A secret needs the fabric's random source for its
+ * nonces. */
+static int kvs__manager_load_secret(kvs_manager_t *m, const kvs_manager_config_t *c,
+                                    kvs_error_t *err)
+{
+    char why[KVS_ERROR_MSG_BYTES];
+    int rc = kvs__secret_load(c->secret_file, c->secret_env, &m->secret, why, sizeof why);
+    if (rc != KVS_OK)
+        return KVS__FAIL(err, rc, "%s", why);
+    const char *role = c->role == KVS_ROLE_DECODE ? "decode" : "prefill";
+    if (m->secret.len_bytes == 0) {
+        kvs_log_write(&m->log, KVS_LOG_INFO, "%s %lld: the cluster is open: no secret is "
+                      "configured, so any process that reaches this rank can register "
+                      "(secret_file / secret_env close it, docs/security.md)", role,
+                      (long long)c->tp_rank);
+        return KVS_OK;
+    }
+    uint8_t probe[1];
+    if (kvs__net_random(m->fab, probe, sizeof probe) != KVS_OK) {
+        kvs__secret_wipe(&m->secret);
+        return KVS__FAIL(err, KVS_ENOTSUP, "fabric '%s' has no random source (random_bytes) "
+                         "for the nonces a cluster secret needs: use a fabric that has one, "
+                         "or no secret", m->fab->name);
+    }
     return KVS_OK;
 }
 
@@ -205,6 +245,7 @@ int kvs_manager_destroy(kvs_manager_t *m)
     free(m->staging_addr);
     free(m->staging_mr);
     free(m->staging_rkey);
+    kvs__secret_wipe(&m->secret);
     free(m);
     return KVS_OK;
 }

@@ -6,6 +6,7 @@
 #define KVS_SRC_MANAGER_H
 
 #include "backend.h"
+#include "auth.h"
 #include "error.h"
 
 /* Records an error on the manager's own detail and returns its status. */
@@ -38,6 +39,7 @@ struct kvs_manager {
     kvs_layout_t layout;       /* valid once a handler exists */
     kvs_path_t path;           /* resolved, valid once a handler exists */
     void *handler;             /* the live decode or prefill handler, if any */
+    kvs__secret_t secret;      /* the cluster secret (len 0: open); wiped at destroy */
 };
 
 /* The layout params of the pair of this rank with a peer instance of TP

@@ -539,6 +539,8 @@ static void kvs__on_register(kvs__handler_t *h, kvs_conn_t *conn, kvs__peer_t *b
     kvs_prefill_t *p = kvs__pre(h);
     const kvs_msg_register_t *g = &msg->u.reg;
     (void)bound; /* a REGISTER on a bound connection comes again after a loss */
+    if (kvs__handshake_check_register(h, conn, msg) != KVS_OK)
+        return; /* refused before anything of this rank goes out */
     kvs_fingerprint_t fp;
     kvs__inst_t *inst = NULL;
     int64_t f = -1;

@@ -32,6 +32,7 @@
 #define WIRE_BYTES_u64 8u
 #define WIRE_BYTES_i64 8u
 #define WIRE_BYTES_none 0u
+#define WIRE_BYTES_b32 32u
 #define WIRE_SIZE(kind, name) +WIRE_BYTES_##kind
 enum { WIRE_BYTES_fp = 0u KVS_WIRE_FP_FIELDS(WIRE_SIZE),
        WIRE_BYTES_layer = 0u KVS_WIRE_LAYER_FIELDS(WIRE_SIZE) };
@@ -204,6 +205,22 @@ static uint32_t wire_count_max(uint32_t type)
     default:
         return 0;
     }
+}
+
+static void wire_put_b32(wire_writer_t *w, kvs_b32_t v)
+{
+    assert(w->end - w->pos >= WIRE_BYTES_b32);
+    memcpy(w->buf + w->pos, v.b, WIRE_BYTES_b32);
+    w->pos += WIRE_BYTES_b32;
+}
+
+static kvs_b32_t wire_get_b32(wire_reader_t *r)
+{
+    assert(r->end - r->pos >= WIRE_BYTES_b32);
+    kvs_b32_t v;
+    memcpy(v.b, r->buf + r->pos, WIRE_BYTES_b32);
+    r->pos += WIRE_BYTES_b32;
+    return v;
 }
 
 /* ---- the composite kinds -------------------------------------------------- */

@@ -20,7 +20,7 @@
 #include <kvstage/backend.h>
 
 #define KVS_WIRE_MAGIC 0x4B565354u /* "KVST" */
-#define KVS_WIRE_VERSION 5u
+#define KVS_WIRE_VERSION 6u /* 6: HELLO, CHALLENGE, REGISTER's proof */
 /* magic u32, version u16, type u16, payload length u32, seq u32, session u64 */
 #define KVS_WIRE_HEADER_BYTES 24u
 /* Layers per LAYERS message and page ids per PAGES message, so a message
@@ -38,7 +38,13 @@
 #define KVS__WT_i64 int64_t
 #define KVS__WT_fp kvs_fingerprint_t
 #define KVS__WT_layer kvs_layer_entry_t
+#define KVS__WT_b32 kvs_b32_t
 #define KVS__WIRE_DECL(kind, name) KVS__WT_##kind name;
+
+/* 32 opaque bytes: a nonce or an HMAC-SHA-256 proof (auth.h). */
+typedef struct kvs_b32 {
+    uint8_t b[32];
+} kvs_b32_t;
 
 /* The compatibility fingerprint (spec §7.1, §12): the model shape, dtype,
  * page size, chunk size, the pair's resolved path and application tag, and
@@ -76,8 +82,22 @@ typedef struct kvs_layer_entry {
     F(fp, fp)                                                                   \
     F(u64, ring_addr) F(u64, ring_bytes) F(u64, ring_rkey) /* 0: staging off */ \
     F(i64, local_heads) F(i64, num_pages)                                       \
-    F(i64, layers_total)  /* LAYERS entries that follow (0 for staging) */
+    F(i64, layers_total)  /* LAYERS entries that follow (0 for staging) */   \
+    F(b32, proof)         /* with a cluster secret: the decode's proof (auth.h); \
+                             zero in an open cluster */
 #define KVS_WIRE_LAYERS_FIELDS(F) F(i64, first) F(u32, count)
+/* Authenticated registration (docs/security.md): a decode with a cluster
+ * secret opens every connection with HELLO and sends its REGISTER (which
+ * carries its keys) only once the CHALLENGE proved the prefill knows the
+ * secret; the REGISTER then carries the decode's proof. */
+#define KVS_WIRE_HELLO_FIELDS(F) /* decode -> prefill */ F(b32, nonce)
+#define KVS_WIRE_CHALLENGE_FIELDS(F) /* prefill -> decode */                    \
+    F(u64, echo)          /* the decode session it answers */                  \
+    F(u32, secured)       /* 1: the prefill has the secret and proves it;       \
+                             0: it has none (an open prefill) */               \
+    F(u32, reserved)                                                            \
+    F(b32, nonce)         /* the prefill's, fresh for this connection */       \
+    F(b32, proof)         /* the prefill's proof; zero when not secured */
 #define KVS_WIRE_REGISTER_ACK_FIELDS(F) /* prefill -> decode */                 \
     F(u64, echo)          /* the decode session it answers */                  \
     F(i64, tp_rank) F(i64, pp_rank) /* of the prefill rank answering */        \
@@ -136,13 +156,15 @@ typedef struct kvs_layer_entry {
     X(STATUS, 10, status, status, none, none, 0)                                        \
     X(ABORT, 11, abort, abort, none, none, 0)                                           \
     X(ACK, 12, ack_link, ack, none, none, 0)                                            \
-    X(AUX, 13, aux, aux, u8, data, KVS_WIRE_AUX_PER_MSG)
+    X(AUX, 13, aux, aux, u8, data, KVS_WIRE_AUX_PER_MSG)                                \
+    X(HELLO, 14, hello, hello, none, none, 0)                                           \
+    X(CHALLENGE, 15, challenge, challenge, none, none, 0)
 
 typedef enum kvs_msg_type {
 #define KVS__WIRE_ENUM(NAME, value, member, type, ELEM, array, max) KVS_MSG_##NAME = value,
     KVS_WIRE_MESSAGES(KVS__WIRE_ENUM)
 #undef KVS__WIRE_ENUM
-    KVS_MSG_TYPE_MAX = 13
+    KVS_MSG_TYPE_MAX = 15
 } kvs_msg_type_t;
 
 #define KVS__WIRE_ARRAY_none(array, max)

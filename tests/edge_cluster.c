@@ -267,6 +267,7 @@ int edge_node_manager(edge_cluster_t *cl, edge_node_t *n, uint64_t session)
         .max_aux_bytes = odd && o->odd_max_aux_set ? o->odd_max_aux : o->max_aux_bytes,
         .instance_id = decode ? 0 : (uint64_t)n->inst, .dp_rank = decode ? 0 : n->dp,
         .max_instances = o->max_instances,
+        .secret_env = decode ? o->decode_secret_env : o->prefill_secret_env,
         .log = {.fn = edge_log,
                 .user = n,
                 .level = getenv("EDGE_LOG") != NULL ? KVS_LOG_DEBUG : KVS_LOG_WARN}};

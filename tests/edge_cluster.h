@@ -122,6 +122,9 @@ typedef struct edge_opts {
     bool rank_create;                /* every rank made by kvs_rank_create in one
                                         call (its KV as kvs_kv_layer_t), not step
                                         by step */
+    /* Cluster secrets (docs/security.md): the environment variable each
+     * role's ranks read theirs from, NULL: none (an open rank). */
+    const char *prefill_secret_env, *decode_secret_env;
 } edge_opts_t;
 
 /* Called after a node polled results (the node that got them, the new ones). */

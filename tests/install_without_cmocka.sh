@@ -13,7 +13,9 @@
 #     and a program built through its pkg-config file runs.
 #
 # usage: install_without_cmocka.sh SOURCE_DIR C_COMPILER CMAKE CMOCKA_INCLUDE_DIR
-#                                  CMOCKA_LIBRARY LIBDIR
+#                                  CMOCKA_LIBRARY LIBDIR NETTLE_INCLUDE_DIR NETTLE_LIBRARY
+# (nettle, which the library requires, is given by the paths this build
+# found: hiding cmocka's folders hides it too on Debian)
 # Prints one line per check; exits 1 naming the first that fails.
 set -euo pipefail
 src=$(cd "$1" && pwd)
@@ -22,6 +24,8 @@ cmake=$3
 cmocka_inc=$4
 cmocka_lib=$5
 libdir=$6
+nettle_inc=$7
+nettle_lib=$8
 work=$(mktemp -d "${TMPDIR:-/tmp}/kvstage-libonly.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 build=$work/build
@@ -44,7 +48,8 @@ ignore=$(printf '%s;' "${hide[@]}")
 ignore=${ignore%;}
 
 if ! "$cmake" -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER="$cc" \
-       -DCMAKE_IGNORE_PATH="$ignore" >"$work/configure.log" 2>&1; then
+       -DCMAKE_IGNORE_PATH="$ignore" -DNETTLE_INCLUDE_DIR="$nettle_inc" \
+       -DNETTLE_LIBRARY="$nettle_lib" >"$work/configure.log" 2>&1; then
   cat "$work/configure.log"
   fail "configuring without cmocka (CMAKE_IGNORE_PATH=$ignore) failed: it must skip the tests"
 fi

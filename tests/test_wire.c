@@ -73,6 +73,15 @@ static kvs_layer_entry_t gen_layer(sample_gen_t *g)
     return v;
 }
 #undef GEN_FIELD
+static kvs_b32_t gen_b32(sample_gen_t *g)
+{
+    kvs_b32_t v;
+    for (unsigned i = 0; i < sizeof v.b; i += 8) {
+        const uint64_t w = gen_bits(g);
+        memcpy(v.b + i, &w, 8);
+    }
+    return v;
+}
 
 /* A message of `type` with every field set from the one description of the
  * message set (wire.h); counted types carry `count` entries. Lengths and
@@ -138,7 +147,7 @@ static uint32_t expected_len(kvs_msg_type_t type, uint32_t count)
 {
     /* 24 header bytes, then the payload; the session travels in the header */
     switch (type) {
-    case KVS_MSG_REGISTER: return 24 + 32 + 32 + 92 + 24 + 16 + 8; /* 228 */
+    case KVS_MSG_REGISTER: return 24 + 32 + 32 + 92 + 24 + 16 + 8 + 32; /* 260 */
     case KVS_MSG_LAYERS: return 24 + 12 + 32 * count;
     case KVS_MSG_REGISTER_ACK: return 24 + 8 + 16 + 8 + 16 + 92;
     case KVS_MSG_ROOM: return 24 + 32;
@@ -151,6 +160,8 @@ static uint32_t expected_len(kvs_msg_type_t type, uint32_t count)
     case KVS_MSG_ABORT: return 24 + 16;
     case KVS_MSG_ACK: return 24 + 8;
     case KVS_MSG_AUX: return 24 + 20 + count;
+    case KVS_MSG_HELLO: return 24 + 32;
+    case KVS_MSG_CHALLENGE: return 24 + 16 + 32 + 32;
     default: return 0;
     }
 }
@@ -219,6 +230,7 @@ static void assert_eproto(const uint8_t *bytes, uint32_t len)
 #define EQ_i64(a, b) assert_int_equal(a, b);
 #define EQ_fp(a, b) assert_fp_equal(&(a), &(b));
 #define EQ_layer(a, b) assert_layer_equal(&(a), &(b));
+#define EQ_b32(p, q) assert_memory_equal((p).b, (q).b, sizeof (p).b);
 
 static void assert_fp_equal(const kvs_fingerprint_t *x, const kvs_fingerprint_t *y)
 {
@@ -300,7 +312,7 @@ static void test_wire_encoded_lengths_are_exact(void **state)
             assert_int_equal(payload, len - KVS_WIRE_HEADER_BYTES);
         }
     }
-    assert_int_equal(expected_len(KVS_MSG_REGISTER, 0), 228);
+    assert_int_equal(expected_len(KVS_MSG_REGISTER, 0), 260);
     /* The largest messages fit a control message. */
     assert_int_equal(expected_len(KVS_MSG_LAYERS, KVS_WIRE_LAYERS_PER_MSG), 3108);
     assert_int_equal(expected_len(KVS_MSG_PAGES, KVS_WIRE_PAGES_PER_MSG), 3884);
@@ -320,7 +332,7 @@ static void test_wire_golden_watermark(void **state)
     (void)state;
     static const uint8_t golden[] = {
         0x54, 0x53, 0x56, 0x4B,                         /* magic "KVST" LE */
-        0x05, 0x00,                                     /* version 5 */
+        0x06, 0x00,                                     /* version 6 */
         0x09, 0x00,                                     /* type WATERMARK */
         0x10, 0x00, 0x00, 0x00,                         /* payload 16 */
         0x11, 0x22, 0x33, 0x44,                         /* link seq */
@@ -350,7 +362,7 @@ static void test_wire_golden_abort_negative_status(void **state)
 {
     (void)state;
     static const uint8_t golden[] = {
-        0x54, 0x53, 0x56, 0x4B, 0x05, 0x00, 0x0B, 0x00, 0x10, 0x00, 0x00, 0x00,
+        0x54, 0x53, 0x56, 0x4B, 0x06, 0x00, 0x0B, 0x00, 0x10, 0x00, 0x00, 0x00,
         0x07, 0x00, 0x00, 0x00,                         /* link seq 7 */
         0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, /* session = max u64 */
         0x2A, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* room = 42 */
@@ -380,7 +392,7 @@ static void test_wire_golden_aux(void **state)
 {
     (void)state;
     static const uint8_t golden[] = {
-        0x54, 0x53, 0x56, 0x4B, 0x05, 0x00, 0x0D, 0x00, 0x17, 0x00, 0x00, 0x00,
+        0x54, 0x53, 0x56, 0x4B, 0x06, 0x00, 0x0D, 0x00, 0x17, 0x00, 0x00, 0x00,
         0x03, 0x00, 0x00, 0x00,                         /* link seq 3 */
         0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* session 1 */
         0x09, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* room 9 */
@@ -646,7 +658,7 @@ static void test_wire_type_names(void **state)
     const char *names[] = {NULL,          "REGISTER",    "LAYERS",      "REGISTER_ACK",
                            "ROOM",        "PAGES",       "STAGING_REQ", "STAGING_RSP",
                            "CHUNK_READY", "WATERMARK",   "STATUS",      "ABORT",
-                           "ACK",         "AUX"};
+                           "ACK",         "AUX",         "HELLO",       "CHALLENGE"};
     for (uint32_t t = 1; t <= NTYPES; t++)
         assert_string_equal(kvs__wire_type_name((kvs_msg_type_t)t), names[t]);
     assert_string_equal(kvs__wire_type_name((kvs_msg_type_t)0), "UNKNOWN");

@@ -57,6 +57,8 @@ enum cli_serve_flag {
     CLI_VF_TIMEOUT_S,
     CLI_VF_LINGER_MS,
     CLI_VF_JSON,
+    CLI_VF_SECRET_FILE,
+    CLI_VF_SECRET_ENV,
     CLI_VF_HELP,
     CLI_VF_COUNT
 };
@@ -85,6 +87,8 @@ static const cli_flag_t cli_serve_flags[CLI_VF_COUNT] = {
     [CLI_VF_TIMEOUT_S] = {"--timeout-s", true},
     [CLI_VF_LINGER_MS] = {"--linger-ms", true},
     [CLI_VF_JSON] = {"--json", false},
+    [CLI_VF_SECRET_FILE] = {"--secret-file", true},
+    [CLI_VF_SECRET_ENV] = {"--secret-env", true},
     [CLI_VF_HELP] = {"--help", false},
 };
 
@@ -158,6 +162,9 @@ void cli_serve_usage(FILE *out)
             "  --timeout-s S         give up after S seconds (60)\n"
             "  --linger-ms N         serve the peer this long after the last result (500)\n"
             "  --json                one JSON object instead of the summary\n"
+            "  --secret-file PATH    the cluster secret, read from PATH; or\n"
+            "  --secret-env NAME     ... from environment variable NAME (never the secret\n"
+            "                        itself on the command line: docs/security.md)\n"
             "\n"
             "Exit status: 0 when every request ended as expected and every byte matched,\n"
             "1 otherwise, 2 for bad flags.\n");
@@ -586,6 +593,9 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
         in->plan.instances = (uint32_t)instances;
         in->plan.instance = (uint32_t)instance;
     }
+    /* The cluster secret is named (a file, a variable), never given. */
+    in->plan.secret_file = values[CLI_VF_SECRET_FILE];
+    in->plan.secret_env = values[CLI_VF_SECRET_ENV];
 
     int64_t ring_mib = 16, inflight = 4, workers = 0, stall_ms = 0, timeout_s = 60,
             linger_ms = 500;

@@ -97,6 +97,18 @@ static int cli_ff_wait_arm(kvs_fabric_t *fab, int *out_fd, uint64_t *out_wake_ns
     return cli_ff_ret(w, w->inner->ops.wait_arm(w->inner, out_fd, out_wake_ns));
 }
 
+static int cli_ff_random_bytes(kvs_fabric_t *fab, void *buf, size_t len_bytes)
+{
+    cli_fault_fabric_t *w = cli_ff(fab);
+    return cli_ff_ret(w, w->inner->ops.random_bytes(w->inner, buf, len_bytes));
+}
+
+static int cli_ff_peer_addr(kvs_fabric_t *fab, kvs_conn_t *conn, char *buf, size_t bytes)
+{
+    cli_fault_fabric_t *w = cli_ff(fab);
+    return w->inner->ops.peer_addr(w->inner, conn, buf, bytes);
+}
+
 int cli_fault_fabric_create(kvs_fabric_t *inner, uint64_t fail_write, cli_fault_fabric_t **out)
 {
     if (inner == NULL || out == NULL)
@@ -118,6 +130,8 @@ int cli_fault_fabric_create(kvs_fabric_t *inner, uint64_t fail_write, cli_fault_
         .poll = cli_ff_poll,
         .now_ns = cli_ff_now_ns,
         .wait_arm = cli_ff_wait_arm,
+        .random_bytes = cli_ff_random_bytes,
+        .peer_addr = cli_ff_peer_addr,
     };
     int rc = kvs_fabric_init(&w->base, &ops, "fault");
     if (rc != KVS_OK) {

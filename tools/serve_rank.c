@@ -441,6 +441,7 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
             .transfer_workers = pl->transfer_workers,
             .max_rooms = 2 * pl->max_inflight + 16, .stall_timeout_ns = pl->stall_timeout_ns,
             .app_tag = pl->workload_tag,
+            .secret_file = pl->secret_file, .secret_env = pl->secret_env,
             .instance_id = decode ? 0 : pl->instance,
             .max_instances = decode ? pl->instances : 0,
             .log = {.fn = NULL, .level = KVS_LOG_ERROR}},

@@ -63,6 +63,8 @@ typedef struct cli_serve_plan {
     uint32_t max_inflight;      /* rooms open at once per rank */
     uint32_t transfer_workers;
     uint64_t stall_timeout_ns;  /* 0: the library's default */
+    const char *secret_file;    /* the cluster secret's file or variable, */
+    const char *secret_env;     /* NULL: none (docs/security.md) */
     const char *const *devices; /* [ranks]: RDMA device of rank (t, s) at
                                    s * TP + t; NULL (all or one): automatic */
     const char *const *near_gpus; /* [ranks]: PCI bus id whose closest RDMA

@@ -5,10 +5,12 @@
 
 #include "net_util.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 uint64_t hw_net_now_ns(void)
@@ -16,6 +18,30 @@ uint64_t hw_net_now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+int hw_net_random_bytes(kvs_fabric_t *fab, void *buf, size_t len_bytes)
+{
+    (void)fab;
+    uint8_t *p = buf;
+    size_t got = 0;
+    while (got < len_bytes) {
+        const ssize_t n = getrandom(p + got, len_bytes - got, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return KVS_EBACKEND;
+        got += (size_t)n;
+    }
+    return KVS_OK;
+}
+
+int hw_net_peer_text(const char *peer, char *buf, size_t bytes)
+{
+    if (peer[0] == 0)
+        return KVS_ENOENT;
+    snprintf(buf, bytes, "%s", peer);
+    return KVS_OK;
 }
 
 int hw_net_nonblock(int fd)

@@ -9,6 +9,7 @@
 #ifndef KVS_HW_NET_UTIL_H
 #define KVS_HW_NET_UTIL_H
 
+#include <kvstage/backend.h>
 #include <kvstage/kvstage.h>
 
 #include <stddef.h>
@@ -42,6 +43,11 @@ static inline uint64_t hw_get64(const uint8_t *p)
 
 /* CLOCK_MONOTONIC in nanoseconds: the fabrics' now_ns. */
 uint64_t hw_net_now_ns(void);
+/* len_bytes from the kernel's generator (getrandom(2)): the fabrics'
+ * random_bytes slot. KVS_EBACKEND if it fails. */
+int hw_net_random_bytes(kvs_fabric_t *fab, void *buf, size_t len_bytes);
+/* Copies a connection's "IP:port" into buf: the fabrics' peer_addr. */
+int hw_net_peer_text(const char *peer, char *buf, size_t bytes);
 
 /* Sets O_NONBLOCK on fd; 0 or -1 with errno. */
 int hw_net_nonblock(int fd);

@@ -42,6 +42,12 @@ static uint64_t hw_ofi_now_ns(kvs_fabric_t *fab)
     return hw_net_now_ns();
 }
 
+static int hw_ofi_peer_addr(kvs_fabric_t *fab, kvs_conn_t *conn, char *buf, size_t bytes)
+{
+    (void)fab;
+    return conn != NULL ? hw_net_peer_text(conn->peer, buf, bytes) : KVS_EINVAL;
+}
+
 static const kvs_fabric_ops_t hw_ofi_ops = {
     .version = KVS_FABRIC_OPS_VERSION,
     .size = sizeof(kvs_fabric_ops_t),
@@ -56,6 +62,8 @@ static const kvs_fabric_ops_t hw_ofi_ops = {
     .poll = hw_ofi_poll,
     .now_ns = hw_ofi_now_ns,
     .wait_arm = hw_ofi_wait_arm,
+    .random_bytes = hw_net_random_bytes,
+    .peer_addr = hw_ofi_peer_addr,
 };
 
 static hw_ofi_fabric_t *hw_ofi_try(kvs_fabric_t *fab)

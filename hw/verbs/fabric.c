@@ -45,6 +45,12 @@ uint64_t hw_verbs_now_ns(kvs_fabric_t *fab)
     return hw_net_now_ns();
 }
 
+static int hw_verbs_peer_addr(kvs_fabric_t *fab, kvs_conn_t *conn, char *buf, size_t bytes)
+{
+    (void)fab;
+    return conn != NULL ? hw_net_peer_text(conn->peer, buf, bytes) : KVS_EINVAL;
+}
+
 static const kvs_fabric_ops_t hw_verbs_ops = {
     .version = KVS_FABRIC_OPS_VERSION,
     .size = sizeof(kvs_fabric_ops_t),
@@ -59,6 +65,8 @@ static const kvs_fabric_ops_t hw_verbs_ops = {
     .poll = hw_verbs_poll,
     .now_ns = hw_verbs_now_ns,
     .wait_arm = hw_verbs_wait_arm,
+    .random_bytes = hw_net_random_bytes,
+    .peer_addr = hw_verbs_peer_addr,
 };
 
 /* The table's mr_register is this file's, so that hw_verbs_of can tell a

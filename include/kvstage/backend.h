@@ -264,11 +264,23 @@ typedef struct kvs_fabric_ops {
      * UINT64_MAX: none; now or earlier: something is ready, do not sleep).
      * Optional: the default returns KVS_ENOTSUP. */
     int (*wait_arm)(kvs_fabric_t *fab, int *out_fd, uint64_t *out_wake_ns);
+    /* version 3: authenticated registration (docs/security.md).
+     * Fills buf with len_bytes unpredictable bytes (the nonces): a real
+     * fabric reads the kernel's generator (getrandom(2)); the simulator
+     * draws from its seeded stream, so a run replays. Optional: the
+     * default returns KVS_ENOTSUP, and a rank given a cluster secret on
+     * such a fabric is refused at create. */
+    int (*random_bytes)(kvs_fabric_t *fab, void *buf, size_t len_bytes);
+    /* Writes conn's peer address as text ("10.0.0.7:7000", a simulated
+     * NIC's name) into buf (bytes, NUL-terminated), for the log line of a
+     * refused peer. Optional: the default returns KVS_ENOTSUP. */
+    int (*peer_addr)(kvs_fabric_t *fab, kvs_conn_t *conn, char *buf, size_t bytes);
 } kvs_fabric_ops_t;
 
-/* Version 2 added wait_arm; tables of version 1 (which end at now_ns) still
- * bind and get the default. */
-#define KVS_FABRIC_OPS_VERSION 2u
+/* Version 2 added wait_arm, version 3 random_bytes and peer_addr; tables
+ * of versions 1 (which end at now_ns) and 2 (at wait_arm) still bind and
+ * get the defaults. */
+#define KVS_FABRIC_OPS_VERSION 3u
 
 /*
  * Waiting for completions (wait_arm, both tables). A loop that must sleep

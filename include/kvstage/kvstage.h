@@ -117,7 +117,10 @@ extern "C" {
                   "lower the load")                                            \
     X(ECANCELED, -31, "the request was aborted by its caller (room abort): "  \
                       "nothing to fix; its peers were told and its memory "    \
-                      "is released once no write can land")
+                      "is released once no write can land")                   \
+    X(EAUTH, -32, "the peer failed authentication (no cluster secret, a "     \
+                  "wrong one, or a replayed registration): give every rank "   \
+                  "the same secret (secret_file / secret_env), or none")
 
 typedef enum kvs_status {
 #define KVS__STATUS_ENUM(name, value, msg) KVS_##name = value,
@@ -525,6 +528,18 @@ typedef struct kvs_manager_config {
      * at most KVS_AUX_BYTES_MAX; 0 (the default) carries none. Both sides
      * must agree on it (the fingerprint). */
     uint32_t max_aux_bytes;
+    /* The cluster secret (docs/security.md): the path of a file holding it
+     * (trailing newlines dropped) or the name of an environment variable
+     * holding it, never the secret itself; at most one of the two, read
+     * once at kvs_manager_create (KVS_EINVAL naming what to change when it
+     * is unreadable, empty or shorter than 16 bytes). With a secret, every
+     * registration proves both sides know it (HMAC-SHA-256 over fresh
+     * nonces), and a peer that cannot is refused (KVS_EAUTH) before any
+     * key, address or KV byte goes to it. Both NULL: an open cluster, as
+     * before; the log says so once. The strings are borrowed during create
+     * only. */
+    const char *secret_file;
+    const char *secret_env;
 } kvs_manager_config_t;
 
 #define KVS_AUX_BYTES_MAX (1u << 20)
@@ -664,6 +679,9 @@ typedef struct kvs_handler_stats {
                                     by their peers: 0 once the peers have all this
                                     side said, so closing it now loses them nothing
                                     (a decode's last DONE, say) */
+    uint64_t auth_refused;       /* registrations refused for authentication (no
+                                    secret, a wrong one, a replay): each logged
+                                    with the peer's address */
 } kvs_handler_stats_t;
 
 /* Where an open room stands, as serving engines poll a transfer (sglang's

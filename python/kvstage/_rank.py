@@ -162,7 +162,8 @@ class Rank:
                  instance_id=0, dp_rank=0, dtype=None, max_aux_bytes=0, chunk_tokens=0,
                  ring_bytes=0, max_rooms=0, transfer_workers=0, stall_timeout_s=0,
                  app_tag=0, staging=True, fabric="verbs", provider=None, rdma_device=None,
-                 near_pci=None, bind_addr=None, listen_port=0, copy_threads=0):
+                 near_pci=None, bind_addr=None, listen_port=0, copy_threads=0,
+                 secret_file=None, secret_env=None):
         self._rank = self._drv = self._dev_obj = self._fab = None
         self._attached = []
         if role not in _ROLES:
@@ -220,6 +221,12 @@ class Rank:
                                   % (stall_timeout_s,))
         mc.stall_timeout_ns = int(stall_timeout_s * 1e9)
         mc.app_tag = _u64("app_tag", app_tag)
+        # The cluster secret is named, never passed (docs/security.md).
+        for key, val in (("secret_file", secret_file), ("secret_env", secret_env)):
+            if val is not None:
+                if not isinstance(val, str) or not val:
+                    raise _errors.invalid("%s: %r: give a path or a variable name" % (key, val))
+                setattr(mc, key, val.encode())
         mc.model_layers = _i64("model_layers", model_layers or 0)
         mc.instance_id = _u64("instance_id", instance_id)
         mc.dp_rank = _i64("dp_rank", dp_rank)

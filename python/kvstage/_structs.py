@@ -182,7 +182,8 @@ class ManagerConfig(c.Structure):
                 ("stall_timeout_ns", u64), ("retry_timeout_ns", u64),
                 ("trace", c.c_void_p), ("trace_ctx", c.c_void_p), ("app_tag", u32),
                 ("model_layers", i64), ("instance_id", u64), ("dp_rank", i64),
-                ("max_instances", u32), ("max_peers", u32), ("max_aux_bytes", u32)]
+                ("max_instances", u32), ("max_peers", u32), ("max_aux_bytes", u32),
+                ("secret_file", c.c_char_p), ("secret_env", c.c_char_p)]
 
 
 class KvLayer(c.Structure):
@@ -228,7 +229,8 @@ class HandlerStats(c.Structure):
     _fields_ = [(name, u64) for name in (
         "rdma_writes", "rdma_write_bytes", "msgs_sent", "msgs_received", "msgs_rejected",
         "copies", "watermark_waits", "ring_peak_bytes", "rooms_ok", "rooms_failed",
-        "msgs_retransmitted", "msgs_duplicate", "peers_lost", "ring_live_bytes", "msgs_unacked")]
+        "msgs_retransmitted", "msgs_duplicate", "peers_lost", "ring_live_bytes", "msgs_unacked",
+        "auth_refused")]
 
 
 class HostConfig(c.Structure):

@@ -1,0 +1,204 @@
+/*
+ * test_auth_edges.c - authenticated registration (docs/security.md,
+ * src/handshake.c) between real handlers on the simulated cluster of
+ * edge_cluster.h: the same secret on both sides works; a decode without
+ * the secret, a prefill without it, a wrong secret, a stranger without
+ * it and a replayed registration are each refused before any key or
+ * address reaches the unproven side, counted (auth_refused) and logged
+ * with the peer's address; with no secret anywhere nothing changes.
+ */
+#define _DEFAULT_SOURCE /* setenv */
+#include "edge_cluster.h"
+
+#include "auth.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define SECRET_A "KVS_TEST_SECRET_A"
+#define SECRET_B "KVS_TEST_SECRET_B"
+
+static int setup(void **state)
+{
+    (void)state;
+    setenv(SECRET_A, "correct horse battery staple 42", 1);
+    setenv(SECRET_B, "another cluster's secret, wrong", 1);
+    return 0;
+}
+
+static edge_opts_t opts(const char *prefill_env, const char *decode_env)
+{
+    edge_opts_t o = edge_defaults();
+    o.prefill_secret_env = prefill_env;
+    o.decode_secret_env = decode_env;
+    return o;
+}
+
+static void test_auth_edges_same_secret_transfers(void **state)
+{
+    (void)state;
+    edge_opts_t o = opts(SECRET_A, SECRET_A);
+    edge_cluster_t *cl = edge_create(&o);
+    edge_run(cl);
+    assert_int_equal(kvs_decode_peers_ready(edge_decode(cl, 0)->dec), 2);
+    const edge_room_t rooms[] = {{1, 0, 40}, {2, 16, 64}};
+    edge_transfer_ok(cl, rooms, 2);
+    for (int i = 0; i < edge_nnodes(cl); i++)
+        assert_int_equal(edge_stats(&cl->nodes[i]).auth_refused, 0);
+    edge_destroy(cl);
+}
+
+static void test_auth_edges_open_cluster_as_before(void **state)
+{
+    (void)state;
+    edge_opts_t o = opts(NULL, NULL);
+    edge_cluster_t *cl = edge_create(&o);
+    edge_run(cl);
+    const edge_room_t rooms[] = {{1, 0, 40}};
+    edge_transfer_ok(cl, rooms, 1);
+    for (int i = 0; i < edge_nnodes(cl); i++)
+        assert_int_equal(edge_stats(&cl->nodes[i]).auth_refused, 0);
+    edge_destroy(cl);
+}
+
+/* A decode without the secret: each prefill refuses its REGISTER, counts
+ * and logs it with the decode's address, and answers with the status
+ * alone (no fingerprint, no instance); the decode's rooms fail. */
+static void test_auth_edges_decode_without_secret_refused(void **state)
+{
+    (void)state;
+    edge_opts_t o = opts(SECRET_A, NULL);
+    edge_cluster_t *cl = edge_create(&o);
+    edge_run(cl);
+    edge_node_t *d = edge_decode(cl, 0);
+    assert_int_equal(kvs_decode_peers_ready(d->dec), 0);
+    for (int i = 0; i < cl->nprefill; i++) {
+        edge_node_t *p = edge_prefill(cl, i);
+        assert_int_equal(edge_stats(p).auth_refused, 1);
+        assert_non_null(strstr(p->log_last, "refused the registration of the peer at d0"));
+    }
+    /* What the decode received: one REGISTER_ACK per prefill, refusals. */
+    assert_int_equal(edge_stats(d).msgs_received, (uint64_t)cl->nprefill);
+    int64_t pages[16];
+    for (int i = 0; i < 16; i++)
+        pages[i] = edge_page(1, i, true);
+    assert_int_equal(kvs_decode_room_open(d->dec, 1, 0, 40, pages, 10), KVS_EAUTH);
+    edge_destroy(cl);
+}
+
+/* The decode refuses every prefill (it cannot prove the decode's secret),
+ * logging `why`; no REGISTER goes: each prefill received its HELLO only. */
+static void expect_decode_refuses(const char *prefill_env, const char *why)
+{
+    edge_opts_t o = opts(prefill_env, SECRET_A);
+    edge_cluster_t *cl = edge_create(&o);
+    edge_run(cl);
+    edge_node_t *d = edge_decode(cl, 0);
+    assert_int_equal(edge_stats(d).auth_refused, (uint64_t)cl->nprefill);
+    assert_non_null(strstr(d->log_last, why));
+    assert_non_null(strstr(d->log_last, "refused the registration of the peer at p"));
+    for (int i = 0; i < cl->nprefill; i++)
+        assert_int_equal(edge_stats(edge_prefill(cl, i)).msgs_received, 1);
+    assert_int_equal(kvs_decode_peers_ready(d->dec), 0);
+    edge_destroy(cl);
+}
+
+/* A decode with the secret, prefills without: its ring key stays. */
+static void test_auth_edges_prefill_without_secret_gets_no_key(void **state)
+{
+    (void)state;
+    expect_decode_refuses(NULL, "has no cluster secret");
+}
+
+/* Different secrets: the prefill's proof fails at the decode. */
+static void test_auth_edges_wrong_secret_refused(void **state)
+{
+    (void)state;
+    expect_decode_refuses(SECRET_B, "does not know the cluster secret");
+}
+
+/* A stranger (the intruder NIC) against a prefill with the secret: a bare
+ * REGISTER, one after a HELLO with no proof, and a REGISTER whose proof
+ * was made for another session's challenge (a replay) are all refused,
+ * each answered with the status alone. */
+static void test_auth_edges_stranger_and_replay_refused(void **state)
+{
+    (void)state;
+    edge_opts_t o = opts(SECRET_A, SECRET_A);
+    edge_cluster_t *cl = edge_create(&o);
+    edge_run(cl);
+    edge_node_t *p = edge_prefill(cl, 0);
+    edge_intruder_t x;
+    edge_intruder_create(cl, &x);
+    kvs_msg_t got[8];
+    kvs_msg_t reg = edge_register_msg(cl);
+
+    /* 1: a captured REGISTER sent bare, on a new connection. */
+    kvs_conn_t *c1 = edge_conn(x.fab, "p0");
+    edge_send(cl, x.fab, c1, &reg);
+    edge_run(cl);
+    assert_int_equal(edge_intruder_recv(cl, &x, got, 8), 1);
+    assert_int_equal(got[0].type, KVS_MSG_REGISTER_ACK);
+    assert_int_equal(got[0].u.ack.status, KVS_EAUTH);
+    assert_int_equal(got[0].u.ack.fp.head_dim, 0);
+    assert_int_equal(got[0].u.ack.instance, 0);
+    assert_int_equal(edge_stats(p).auth_refused, 1);
+    assert_non_null(strstr(p->log_last, "no challenge"));
+
+    /* 2: HELLO, then a REGISTER whose proof is for an older challenge
+     * (made with the right secret: a replay from another session). */
+    kvs_msg_t hello = {.type = KVS_MSG_HELLO};
+    hello.session = reg.session;
+    memset(hello.u.hello.nonce.b, 0x11, 32);
+    edge_send(cl, x.fab, c1, &hello);
+    edge_run(cl);
+    assert_int_equal(edge_intruder_recv(cl, &x, got, 8), 1);
+    assert_int_equal(got[0].type, KVS_MSG_CHALLENGE);
+    assert_int_equal(got[0].u.challenge.secured, 1);
+    kvs__secret_t s;
+    char why[256];
+    assert_int_equal(kvs__secret_load(NULL, SECRET_A, &s, why, sizeof why), KVS_OK);
+    kvs_b32_t old_nonce;
+    memset(old_nonce.b, 0x22, 32);
+    kvs__auth_decode_proof(&s, &hello.u.hello.nonce, &old_nonce, EDGE_PREFILL_SESSION, &reg,
+                           &reg.u.reg.proof);
+    edge_send(cl, x.fab, c1, &reg);
+    edge_run(cl);
+    assert_int_equal(edge_intruder_recv(cl, &x, got, 8), 1);
+    assert_int_equal(got[0].u.ack.status, KVS_EAUTH);
+    assert_int_equal(edge_stats(p).auth_refused, 2);
+    assert_non_null(strstr(p->log_last, "proof does not check"));
+
+    /* 3: the right proof for the live challenge is accepted once; the
+     * same REGISTER sent again (a replay) finds no challenge. */
+    edge_send(cl, x.fab, c1, &hello);
+    edge_run(cl);
+    assert_int_equal(edge_intruder_recv(cl, &x, got, 8), 1);
+    kvs__auth_decode_proof(&s, &hello.u.hello.nonce, &got[0].u.challenge.nonce,
+                           EDGE_PREFILL_SESSION, &reg, &reg.u.reg.proof);
+    kvs__secret_wipe(&s);
+    edge_send(cl, x.fab, c1, &reg);
+    edge_run(cl);
+    assert_int_equal(edge_intruder_recv(cl, &x, got, 8), 1);
+    assert_int_not_equal(got[0].u.ack.status, KVS_EAUTH);
+    assert_int_equal(edge_stats(p).auth_refused, 2);
+    edge_send(cl, x.fab, c1, &reg);
+    edge_run(cl);
+    assert_int_equal(edge_stats(p).auth_refused, 3);
+
+    edge_intruder_destroy(&x);
+    edge_destroy(cl);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_auth_edges_same_secret_transfers),
+        cmocka_unit_test(test_auth_edges_open_cluster_as_before),
+        cmocka_unit_test(test_auth_edges_decode_without_secret_refused),
+        cmocka_unit_test(test_auth_edges_prefill_without_secret_gets_no_key),
+        cmocka_unit_test(test_auth_edges_wrong_secret_refused),
+        cmocka_unit_test(test_auth_edges_stranger_and_replay_refused),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}
