@@ -284,14 +284,22 @@ static void cli_rank_sleep(cli_rank_ctx_t *c, uint64_t until_ns)
 }
 
 /* The core names the setting that differs when it refuses a registration;
- * such a refusal never heals: stop with its message. Returns KVS_OK, or
- * KVS_EFINGERPRINT after recording why the rank stops. */
+ * such a refusal never heals: stop with its message. So does a decode
+ * whose registration failed authentication (KVS_EAUTH: the cluster secrets
+ * differ); a prefill that refused a peer's keeps serving the others.
+ * Returns KVS_OK, or the refusal's status after recording why the rank
+ * stops. */
 static int cli_rank_refused(cli_rank_ctx_t *c)
 {
     kvs_error_t e;
-    if (kvs_driver_rank_error(c->drv, &e) != KVS_EFINGERPRINT)
-        return KVS_OK;
+    const int status = kvs_driver_rank_error(c->drv, &e);
     char who[48];
+    if (status == KVS_EAUTH && c->r->role == KVS_ROLE_DECODE)
+        return cli_rank_fail(c, KVS_EAUTH, "%s: %s (serve: --secret-file or --secret-env on "
+                             "every process, naming the same secret, or on none)",
+                             cli_rank_name(c, who, sizeof who), e.msg);
+    if (status != KVS_EFINGERPRINT)
+        return KVS_OK;
     /* The core names the tag; which flags serve hashes into it is ours to say. */
     return cli_rank_fail(c, KVS_EFINGERPRINT, "%s: %s%s", cli_rank_name(c, who, sizeof who),
                          e.msg,
@@ -534,8 +542,9 @@ static int cli_rank_connect(cli_rank_ctx_t *c, uint64_t deadline_ns)
                                  (long long)writers, where, cli_rank_msg(c, &e));
         }
         int rc = kvs_driver_progress(c->drv);
-        if (rc >= 0 && cli_rank_refused(c) != KVS_OK)
-            return KVS_EFINGERPRINT;
+        const int refused = rc >= 0 ? cli_rank_refused(c) : KVS_OK;
+        if (refused != KVS_OK)
+            return refused;
         /* Its own sleep is bounded, for the stop flag and the time-out. */
         if (rc == 0 && (rc = kvs_driver_wait(c->drv, CLI_SERVE_CHECK_NS)) == KVS_EAGAIN)
             rc = KVS_OK;

@@ -2,7 +2,7 @@
 # test_serve.sh - `kvstage serve` end to end over RDMA: prefill processes and
 # a decode process (separate processes, each running all ranks of one
 # instance) move a seeded workload through the kvstage protocol and the
-# decode checks every byte against the pattern the prefill wrote. Ten runs:
+# decode checks every byte against the pattern the prefill wrote. Thirteen runs:
 #   1. P=2 -> D=1 (two writers per decode region), all requests ok
 #   2. P=1 -> D=2 (one prefill rank feeding two decode ranks), all ok
 #   3. P=2 -> D=1 with the prefill's 3rd RDMA write spoiled (bad remote key):
@@ -31,6 +31,13 @@
 #      decode, every room of instance 0 is ok and verified, every failed room
 #      is instance 1's with KVS_EPEER, its held rooms all failed (none hung),
 #      and the decode exits 0 under --expect-lost 1
+#  11. a cluster secret: the prefill reads it from a file (--secret-file),
+#      the decode from the environment (--secret-env); all ok and verified
+#  12. the prefill has the secret and the decode none: the decode stops at
+#      once (KVS_EAUTH, naming the flags), before any key is sent; the
+#      prefill logs the refusal with the peer's address and keeps serving
+#  13. the decode has the secret and the prefill none: the decode refuses
+#      the prefill's answer and stops the same way
 # Every run that moves KV also checks that the decode's ring holds 0 live
 # bytes at the end (every room ended, so anything live leaked).
 # Usage: test_serve.sh KVSTAGE_BINARY   (needs an RDMA device: ctest runs it
@@ -309,11 +316,58 @@ PY
   fi
 }
 
+# unauth NAME PORT "PREFILL FLAGS" "DECODE FLAGS" PREFILL_LOG: the secrets
+# differ. The decode must exit 1 at once with KVS_EAUTH naming the secret
+# flags; the prefill must still be running (a refused peer does not stop
+# it: it is then killed) and its stderr must show PREFILL_LOG (if given).
+unauth() {
+  local name=$1 port=$(($2 + off)) pflags=$3 dflags=$4 plog=$5 t0 ppid drc bad=""
+  t0=$(date +%s.%N)
+  # shellcheck disable=SC2086
+  "$kvstage" serve --role prefill --listen "$addr:$port" "${shape[@]}" "${seed[@]}" $pflags \
+    >"$work/$name.prefill.json" 2>"$work/$name.prefill.err" &
+  ppid=$!
+  # shellcheck disable=SC2086
+  timeout "$wait_s" "$kvstage" serve --role decode --peer "$addr:$port" "${shape[@]}" \
+    "${seed[@]}" $dflags >"$work/$name.decode.json" 2>"$work/$name.decode.err"
+  drc=$?
+  sleep 0.2
+  kill -0 "$ppid" 2>/dev/null || bad="$bad; the prefill stopped after refusing a peer"
+  kill "$ppid" 2>/dev/null
+  wait "$ppid" 2>/dev/null
+  echo "test_serve: $name: decode exit $drc, $(elapsed "$t0") s"
+  for side in prefill decode; do
+    sed 's/^/  '"$side"' stderr: /' "$work/$name.$side.err"
+  done
+  [ "$drc" = 1 ] || bad="$bad; decode exit $drc, want 1"
+  grep -q "(KVS_EAUTH)" "$work/$name.decode.err" || bad="$bad; the decode did not stop on KVS_EAUTH"
+  grep -q -- "--secret-file or --secret-env" "$work/$name.decode.err" ||
+    bad="$bad; the decode does not name the secret flags"
+  [ -z "$plog" ] || grep -q -- "$plog" "$work/$name.prefill.err" ||
+    bad="$bad; prefill stderr lacks '$plog'"
+  if [ -n "$bad" ]; then
+    echo "  ${bad#; }"
+    failures=$((failures + 1))
+  else
+    echo "  ok"
+  fi
+}
+
 cluster two 18655 "--decode-tp 1" 2,2 1,1
 # The router is part of the workload: a prefill that splits the rooms with
 # another instance, against a decode that knows one, is refused by name.
 refused instdiffer 18695 "--prefill-tp 2 --decode-tp 1 --seed 7 --instances 2" \
   "--prefill-tp 2 --decode-tp 1 --seed 7" --instances
 lost kill 18715 5 "--decode-tp 1 --stall-timeout-ms 60000" 2 4
-echo "test_serve: $failures of 10 runs failed"
+# The cluster secret (never on a command line: a file or a variable).
+printf 'kvstage test secret %s\n' "$$" >"$work/secret"
+export KVS_SERVE_SECRET
+KVS_SERVE_SECRET=$(head -n 1 "$work/secret")
+run secret 18755 "--prefill-tp 2 --decode-tp 1 --secret-file $work/secret" \
+  "--prefill-tp 2 --decode-tp 1 --secret-env KVS_SERVE_SECRET" 0
+unauth nosecret 18775 "--prefill-tp 2 --decode-tp 1 --secret-file $work/secret" \
+  "--prefill-tp 2 --decode-tp 1" "refused the registration of the peer at"
+unauth impostor 18795 "--prefill-tp 2 --decode-tp 1" \
+  "--prefill-tp 2 --decode-tp 1 --secret-env KVS_SERVE_SECRET" ""
+echo "test_serve: $failures of 13 runs failed"
 [ "$failures" = 0 ]
