@@ -158,3 +158,27 @@ def test_rank_ofi_prefill_tp2_to_decode_tp1(tmp_path, provider):
     # The ranks ran on the provider asked for (tcp as libfabric layers it:
     # "tcp;ofi_rxm").
     assert dec["provider"].split(";")[0] == pre["provider"].split(";")[0] == provider
+
+
+def test_rank_secret_is_named_and_checked_at_create(tmp_path, monkeypatch):
+    """The cluster secret comes from a file or a variable the rank is told
+    the name of (docs/security.md); one that is not there or too short is
+    refused at create, naming it; a good one makes a rank."""
+    need_ofi()
+    monkeypatch.delenv("KVS_TEST_NO_SECRET", raising=False)
+    with pytest.raises(kvstage.KvstageError) as e:
+        rank(fabric="ofi", bind_addr="127.0.0.1", secret_env="KVS_TEST_NO_SECRET").close()
+    assert "KVS_TEST_NO_SECRET" in e.value.message, e.value.message
+    short = tmp_path / "short"
+    short.write_text("tiny\n")
+    with pytest.raises(kvstage.KvstageError) as e:
+        rank(fabric="ofi", bind_addr="127.0.0.1", secret_file=str(short)).close()
+    assert str(short) in e.value.message and "tiny" not in e.value.message, e.value.message
+    with pytest.raises(kvstage.KvstageError) as e:
+        rank(fabric="ofi", secret_file=123)
+    assert "secret_file: 123" in e.value.message
+    good = tmp_path / "secret"
+    good.write_text("a cluster secret of some length\n")
+    rank(fabric="ofi", bind_addr="127.0.0.1", secret_file=str(good)).close()
+    monkeypatch.setenv("KVS_TEST_SECRET", "a cluster secret of some length")
+    rank(fabric="ofi", bind_addr="127.0.0.1", secret_env="KVS_TEST_SECRET").close()
