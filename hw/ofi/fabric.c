@@ -335,6 +335,25 @@ static int hw_ofi_getinfo(hw_ofi_fabric_t *f, char *why, size_t why_bytes)
     return KVS_EINVAL;
 }
 
+/* libfabric 1.17's ofi_rxm over verbs, without shared receives, crashes in
+ * fi_close when a message arrived that nobody read yet: closing a
+ * connection it closes the verbs endpoint first, then reads what is
+ * queued and posts the receive buffers again onto the endpoint it closed.
+ * The fabric drains before it closes (hw_ofi_drain), which narrows that
+ * window but cannot shut it: a peer may send until the last moment. With
+ * FI_OFI_RXM_USE_SRX=1 the buffers belong to a shared receive context that
+ * outlives the connections, and the crash is gone (a two-endpoint probe in
+ * the rxe VM crashes every time without it, never with it). */
+static void hw_ofi_check_rxm_verbs(const hw_ofi_fabric_t *f)
+{
+    const char *srx = getenv("FI_OFI_RXM_USE_SRX");
+    if (strcmp(f->info->fabric_attr->prov_name, "verbs;ofi_rxm") == 0 &&
+        (srx == NULL || strcmp(srx, "1") != 0))
+        kvs_log_write(&f->cfg.log, KVS_LOG_WARN, "ofi fabric %s: set FI_OFI_RXM_USE_SRX=1: "
+                      "without it libfabric's ofi_rxm (1.17) can crash when the fabric is "
+                      "destroyed while a message comes in (docs/fabrics.md)", f->address);
+}
+
 void kvs_ofi_config_init(kvs_ofi_config_t *cfg)
 {
     if (cfg != NULL)
@@ -431,8 +450,17 @@ static int hw_ofi_open(hw_ofi_fabric_t *f, char *why, size_t why_bytes)
         rc = fi_getname(&f->ep->fid, f->ep_name, &f->ep_name_len);
     }
     if (rc != 0) {
+        /* ofi_rxm sizes the verbs completion queue of its connections by
+         * FI_UNIVERSE_SIZE, and libfabric (1.17 here; issue 10692, open)
+         * does not cap it at the device's max_cqe: on rxe (32767) the
+         * default fails at fi_enable with EINVAL (libfabric's warning:
+         * "Unable to create verbs CQ"). */
+        const bool cq_cap = rc == -FI_EINVAL && strcmp(step, "fi_enable") == 0 &&
+                            strncmp(i->fabric_attr->prov_name, "verbs", 5) == 0;
         snprintf(why, why_bytes, "%s on provider %s failed: %s%s", step, f->name,
-                 fi_strerror(-rc), rc == -FI_ETOOSMALL ? ": its address is too long" : "");
+                 fi_strerror(-rc), rc == -FI_ETOOSMALL ? ": its address is too long"
+                 : cq_cap ? ": the CQ ofi_rxm asks of verbs may be larger than the device "
+                            "allows (rxe): set FI_UNIVERSE_SIZE=64" : "");
         return rc == -FI_ENOMEM ? KVS_ENOMEM : KVS_EBACKEND;
     }
     return KVS_OK;
@@ -516,6 +544,7 @@ int kvs_ofi_fabric_create(const kvs_ofi_config_t *cfg, kvs_fabric_t **out, kvs_e
                  "backend against this kvstage");
         goto fail;
     }
+    hw_ofi_check_rxm_verbs(f);
     char modes[96];
     hw_ofi_mr_mode_text(f->mr_mode, modes, sizeof modes);
     kvs_log_write(&f->cfg.log, KVS_LOG_INFO, "ofi fabric: provider %s, fabric %s, domain %s, "
@@ -546,6 +575,7 @@ int kvs_ofi_fabric_destroy(kvs_fabric_t *fab)
     for (uint32_t i = 0; i < f->cfg.max_conns; i++)
         if (f->conns[i].state == HW_OFI_CONN_UP)
             hw_ofi_disconnect(fab, &f->conns[i]);
+    hw_ofi_drain(f, hw_net_now_ns() + HW_OFI_DRAIN_NS);
     hw_ofi_free(f);
     return KVS_OK;
 }

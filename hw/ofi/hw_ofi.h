@@ -52,6 +52,7 @@
 #define HW_OFI_NAME_MAX 256u        /* endpoint address bytes (fi_getname) */
 #define HW_OFI_WHY_BYTES 200
 #define HW_OFI_GRACE_NS 200000000u  /* a peer's socket ended: wait this long for its BYE */
+#define HW_OFI_DRAIN_NS 200000000u  /* destroy waits at most this long for its BYEs */
 #define HW_OFI_MAX_SLOTS 65535u
 
 /* Kinds of message on the endpoint. */
@@ -227,6 +228,13 @@ int hw_ofi_poll(kvs_fabric_t *fab, kvs_completion_t *out, int max);
 int hw_ofi_wait_arm(kvs_fabric_t *fab, int *out_fd, uint64_t *out_wake_ns);
 /* Posts receive buffer i again. */
 int hw_ofi_post_recv(hw_ofi_fabric_t *f, uint32_t i);
+/* Before the endpoint closes: polls (reporting nothing) until no request
+ * of ours is in flight and two looks in a row found nothing, or until
+ * deadline_ns. So the BYEs just sent go out, and the provider takes in
+ * what its peers did meanwhile before it tears its connections down
+ * (ofi_rxm over verbs crashes in fi_close on a message left unread:
+ * fabric.c, hw_ofi_check_rxm_verbs). */
+void hw_ofi_drain(hw_ofi_fabric_t *f, uint64_t deadline_ns);
 
 /* ---- the fabric (fabric.c) ------------------------------------------------ */
 

@@ -277,3 +277,17 @@ int hw_ofi_wait_arm(kvs_fabric_t *fab, int *out_fd, uint64_t *out_wake_ns)
     return KVS_OK;
 }
 
+void hw_ofi_drain(hw_ofi_fabric_t *f, uint64_t deadline_ns)
+{
+    kvs_completion_t scratch[4]; /* what poll reports here goes nowhere */
+    bool looked = false;         /* nothing of ours in flight at the last look */
+    while (hw_net_now_ns() < deadline_ns) {
+        const int n = hw_ofi_poll(&f->base, scratch, 4);
+        if (n < 0)
+            return;
+        const bool idle = n == 0 && f->req_nfree == f->cfg.tx_depth;
+        if (idle && looked)
+            return;
+        looked = idle;
+    }
+}
