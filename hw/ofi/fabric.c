@@ -4,18 +4,38 @@
  *
  * Create asks fi_getinfo for the named provider with what the fabric needs:
  * an FI_EP_RDM endpoint with FI_MSG and FI_RMA (writes both ways), messages
- * in order (FI_ORDER_SAS), 8 bytes of remote CQ data (the immediate and the
- * receiver's connection token), the MR modes it can honour (FI_MR_LOCAL,
+ * in order (FI_ORDER_SAS), the MR modes it can honour (FI_MR_LOCAL,
  * VIRT_ADDR, ALLOCATED, PROV_KEY, ENDPOINT; not RAW nor HMEM), contexts it
- * keeps (FI_CONTEXT, FI_CONTEXT2, FI_RX_CQ_DATA). With bind_addr set, the
- * endpoint sits on that address (FI_SOURCE), so "127.0.0.1" takes loopback.
- * A provider that libfabric does not offer so is refused with the names of
- * those it does. Then: fabric, domain, a table address vector, a completion
- * queue of the data format with an fd wait object (fi_control FI_GETWAIT;
- * a provider without one, and shm, whose fd a peer's message never wakes,
- * get a queue without, and wait_arm then has the driver wake every
- * millisecond), the endpoint bound to both, the send and
- * receive rings registered once, every receive posted, the bootstrap
+ * keeps (FI_CONTEXT, FI_CONTEXT2, FI_RX_CQ_DATA). Remote CQ data is not
+ * asked for: with 8 bytes of it (tcp, shm) a write's immediate and the
+ * receiver's connection token ride as the write's CQ data; with fewer
+ * (verbs;ofi_rxm and efa carry 4) the immediate follows the write in a
+ * message (imm_in_msg, hw_ofi.h).
+ *
+ * Why not 4 bytes of CQ data and the completion's source address
+ * (FI_SOURCE, fi_cq_readfrom) to name the connection: ofi_rxm, which
+ * carries verbs (and tcp) as "verbs;ofi_rxm", writes the completion of a
+ * remote write with data with ofi_cq_write, not ofi_cq_write_src
+ * (rxm_handle_remote_write in prov/rxm/src/rxm_cq.c, in 1.17 as in current
+ * sources), and the util queue leaves that slot's source as it was:
+ * fi_cq_readfrom hands out the address of an earlier completion, or 0,
+ * the first peer inserted. So on rxm FI_SOURCE names the wrong connection,
+ * silently (a probe on 1.17, tcp;ofi_rxm here and verbs;ofi_rxm in the rxe
+ * VM: B's write reported as C's, the peer inserted first). efa
+ * does report the source on both its paths (efa_av_reverse_lookup_rdm for
+ * a hardware write with immediate, the peer's fi_addr for an emulated
+ * one), but one way for every provider under 8 bytes is the one tested
+ * here (verbs in the rxe VM, and tcp forced onto it in test_ofi_fabric).
+ *
+ * With bind_addr set, the endpoint sits on that address (FI_SOURCE given
+ * to fi_getinfo: where to bind, not a capability), so "127.0.0.1" takes
+ * loopback. A provider that libfabric does not offer so is refused with
+ * the names of those it does. Then: fabric, domain, a table address
+ * vector, a completion queue of the data format with an fd wait object
+ * (fi_control FI_GETWAIT; a provider without one, and shm, whose fd a
+ * peer's message never wakes, get a queue without, and wait_arm then has
+ * the driver wake every millisecond), the endpoint bound to both, the send
+ * and receive rings registered once, every receive posted, the bootstrap
  * listener and the epoll fds. Every failure unwinds in reverse and says
  * what to change.
  */
@@ -126,7 +146,6 @@ static struct fi_info *hw_ofi_hints(const char *prov)
     h->rx_attr->msg_order = FI_ORDER_SAS;
     h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
                               FI_MR_PROV_KEY | FI_MR_ENDPOINT;
-    h->domain_attr->cq_data_size = 8;
     h->domain_attr->threading = FI_THREAD_DOMAIN;
     h->domain_attr->resource_mgmt = FI_RM_ENABLED;
     h->domain_attr->av_type = FI_AV_TABLE;
@@ -304,8 +323,8 @@ static int hw_ofi_getinfo(hw_ofi_fabric_t *f, char *why, size_t why_bytes)
     /* The list comes last: a long one is what gets cut (at 255 bytes). */
     char full[512];
     snprintf(full, sizeof full, "provider '%s' is not offered here (%s); pass one of those "
-             "libfabric offers with reliable datagram endpoints, RMA writes with 8 bytes of "
-             "remote CQ data and ordered messages: %s", f->provider_want, fi_strerror(-rc),
+             "libfabric offers with reliable datagram endpoints, RMA writes and ordered "
+             "messages: %s", f->provider_want, fi_strerror(-rc),
              n > 0 ? offered : "none (install libfabric's providers)");
     size_t len = strlen(full);
     if (why_bytes > 0) {
@@ -314,6 +333,25 @@ static int hw_ofi_getinfo(hw_ofi_fabric_t *f, char *why, size_t why_bytes)
         why[len] = '\0';
     }
     return KVS_EINVAL;
+}
+
+/* libfabric 1.17's ofi_rxm over verbs, without shared receives, crashes in
+ * fi_close when a message arrived that nobody read yet: closing a
+ * connection it closes the verbs endpoint first, then reads what is
+ * queued and posts the receive buffers again onto the endpoint it closed.
+ * The fabric drains before it closes (hw_ofi_drain), which narrows that
+ * window but cannot shut it: a peer may send until the last moment. With
+ * FI_OFI_RXM_USE_SRX=1 the buffers belong to a shared receive context that
+ * outlives the connections, and the crash is gone (a two-endpoint probe in
+ * the rxe VM crashes every time without it, never with it). */
+static void hw_ofi_check_rxm_verbs(const hw_ofi_fabric_t *f)
+{
+    const char *srx = getenv("FI_OFI_RXM_USE_SRX");
+    if (strcmp(f->info->fabric_attr->prov_name, "verbs;ofi_rxm") == 0 &&
+        (srx == NULL || strcmp(srx, "1") != 0))
+        kvs_log_write(&f->cfg.log, KVS_LOG_WARN, "ofi fabric %s: set FI_OFI_RXM_USE_SRX=1: "
+                      "without it libfabric's ofi_rxm (1.17) can crash when the fabric is "
+                      "destroyed while a message comes in (docs/fabrics.md)", f->address);
 }
 
 void kvs_ofi_config_init(kvs_ofi_config_t *cfg)
@@ -412,8 +450,17 @@ static int hw_ofi_open(hw_ofi_fabric_t *f, char *why, size_t why_bytes)
         rc = fi_getname(&f->ep->fid, f->ep_name, &f->ep_name_len);
     }
     if (rc != 0) {
+        /* ofi_rxm sizes the verbs completion queue of its connections by
+         * FI_UNIVERSE_SIZE, and libfabric (1.17 here; issue 10692, open)
+         * does not cap it at the device's max_cqe: on rxe (32767) the
+         * default fails at fi_enable with EINVAL (libfabric's warning:
+         * "Unable to create verbs CQ"). */
+        const bool cq_cap = rc == -FI_EINVAL && strcmp(step, "fi_enable") == 0 &&
+                            strncmp(i->fabric_attr->prov_name, "verbs", 5) == 0;
         snprintf(why, why_bytes, "%s on provider %s failed: %s%s", step, f->name,
-                 fi_strerror(-rc), rc == -FI_ETOOSMALL ? ": its address is too long" : "");
+                 fi_strerror(-rc), rc == -FI_ETOOSMALL ? ": its address is too long"
+                 : cq_cap ? ": the CQ ofi_rxm asks of verbs may be larger than the device "
+                            "allows (rxe): set FI_UNIVERSE_SIZE=64" : "");
         return rc == -FI_ENOMEM ? KVS_ENOMEM : KVS_EBACKEND;
     }
     return KVS_OK;
@@ -461,6 +508,7 @@ int kvs_ofi_fabric_create(const kvs_ofi_config_t *cfg, kvs_fabric_t **out, kvs_e
     snprintf(f->name, sizeof f->name, "ofi:%s", f->info->fabric_attr->prov_name);
     f->mr_mode = f->info->domain_attr->mr_mode;
     f->cq_data_bytes = (uint32_t)f->info->domain_attr->cq_data_size;
+    f->imm_in_msg = f->cq_data_bytes < 8;
     f->max_write_bytes = f->info->ep_attr->max_msg_size;
     if (f->cfg.max_write_bytes != 0 && f->cfg.max_write_bytes < f->max_write_bytes)
         f->max_write_bytes = f->cfg.max_write_bytes;
@@ -496,11 +544,14 @@ int kvs_ofi_fabric_create(const kvs_ofi_config_t *cfg, kvs_fabric_t **out, kvs_e
                  "backend against this kvstage");
         goto fail;
     }
+    hw_ofi_check_rxm_verbs(f);
     char modes[96];
     hw_ofi_mr_mode_text(f->mr_mode, modes, sizeof modes);
     kvs_log_write(&f->cfg.log, KVS_LOG_INFO, "ofi fabric: provider %s, fabric %s, domain %s, "
-               "MR modes %s, bootstrap on %s", f->info->fabric_attr->prov_name,
-               f->info->fabric_attr->name, f->info->domain_attr->name, modes, f->address);
+                  "MR modes %s, %u bytes of CQ data (immediates %s), bootstrap on %s",
+                  f->info->fabric_attr->prov_name, f->info->fabric_attr->name,
+                  f->info->domain_attr->name, modes, f->cq_data_bytes,
+                  f->imm_in_msg ? "in messages" : "as CQ data", f->address);
     *out = &f->base;
     return KVS_OK;
 fail:
@@ -524,6 +575,7 @@ int kvs_ofi_fabric_destroy(kvs_fabric_t *fab)
     for (uint32_t i = 0; i < f->cfg.max_conns; i++)
         if (f->conns[i].state == HW_OFI_CONN_UP)
             hw_ofi_disconnect(fab, &f->conns[i]);
+    hw_ofi_drain(f, hw_net_now_ns() + HW_OFI_DRAIN_NS);
     hw_ofi_free(f);
     return KVS_OK;
 }

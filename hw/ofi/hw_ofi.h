@@ -12,8 +12,19 @@
  * Every message on the endpoint opens with an 8-byte header: kind (u8),
  * version (u8), 0 (u16), the receiver's connection token (u32). A token is
  * slot | generation << 16, so a message or write for a connection that has
- * since been replaced is dropped. Remote CQ data of a write is token << 32
- * | imm.
+ * since been replaced is dropped.
+ *
+ * The immediate of a write reaches the peer one of two ways, chosen at
+ * create by the provider's remote CQ data (kvs_ofi_info_t.cq_data_bytes):
+ * - 8 bytes or more (tcp, shm): the write's remote CQ data is token << 32
+ *   | imm, so the completion of the write itself names the connection.
+ * - fewer (verbs;ofi_rxm and efa carry 4, iWARP verbs 0): an IMM message,
+ *   posted once every piece of the write completed (delivery complete),
+ *   carries the immediate; its header names the connection. Not the
+ *   source address of the completion (FI_SOURCE): ofi_rxm writes its
+ *   remote-write completions without one, and fi_cq_readfrom then hands
+ *   out whatever address its queue slot held before (fabric.c).
+ * A receiver takes both, whichever way it sends.
  */
 #ifndef KVS_HW_OFI_H
 #define KVS_HW_OFI_H
@@ -35,12 +46,13 @@
 #include "net_util.h"
 #include "rkeys.h"
 
-#define HW_OFI_WIRE_VERSION 1u
+#define HW_OFI_WIRE_VERSION 2u /* 2: IMM messages */
 #define HW_OFI_HDR_BYTES 8u
 #define HW_OFI_MSG_BYTES (HW_OFI_HDR_BYTES + KVS_CONTROL_MSG_MAX_BYTES)
 #define HW_OFI_NAME_MAX 256u        /* endpoint address bytes (fi_getname) */
 #define HW_OFI_WHY_BYTES 200
 #define HW_OFI_GRACE_NS 200000000u  /* a peer's socket ended: wait this long for its BYE */
+#define HW_OFI_DRAIN_NS 200000000u  /* destroy waits at most this long for its BYEs */
 #define HW_OFI_MAX_SLOTS 65535u
 
 /* Kinds of message on the endpoint. */
@@ -48,7 +60,8 @@ enum hw_ofi_kind {
     HW_OFI_MSG_USER = 0, /* the user's control message */
     HW_OFI_MSG_KEYS = 1, /* some piece keys of a registration */
     HW_OFI_MSG_DROP = 2, /* a registration was deregistered */
-    HW_OFI_MSG_BYE = 3   /* the sender disconnects on purpose */
+    HW_OFI_MSG_BYE = 3,  /* the sender disconnects on purpose */
+    HW_OFI_MSG_IMM = 4   /* the immediate of a write whose bytes all landed (u32) */
 };
 
 typedef struct hw_ofi_fabric hw_ofi_fabric_t;
@@ -215,6 +228,13 @@ int hw_ofi_poll(kvs_fabric_t *fab, kvs_completion_t *out, int max);
 int hw_ofi_wait_arm(kvs_fabric_t *fab, int *out_fd, uint64_t *out_wake_ns);
 /* Posts receive buffer i again. */
 int hw_ofi_post_recv(hw_ofi_fabric_t *f, uint32_t i);
+/* Before the endpoint closes: polls (reporting nothing) until no request
+ * of ours is in flight and two looks in a row found nothing, or until
+ * deadline_ns. So the BYEs just sent go out, and the provider takes in
+ * what its peers did meanwhile before it tears its connections down
+ * (ofi_rxm over verbs crashes in fi_close on a message left unread:
+ * fabric.c, hw_ofi_check_rxm_verbs). */
+void hw_ofi_drain(hw_ofi_fabric_t *f, uint64_t deadline_ns);
 
 /* ---- the fabric (fabric.c) ------------------------------------------------ */
 
@@ -238,6 +258,7 @@ struct hw_ofi_fabric {
     struct fid_ep *ep;
     uint64_t mr_mode;
     uint32_t cq_data_bytes;
+    bool imm_in_msg;         /* immediates travel in IMM messages (cq_data_bytes < 8) */
     uint64_t max_write_bytes;
     uint64_t max_mr_bytes;
     uint8_t ep_name[HW_OFI_NAME_MAX];

@@ -7,9 +7,10 @@
  * requests all completed; connections that died (each pending operation
  * of theirs completes with KVS_EPEER, then one DISCONNECT); then the
  * completion queue. A queue entry is a receive (a message: the user's, or
- * the fabric's KEYS, DROP, BYE), a write with remote CQ data that landed
- * here (IMM; the data names the connection by its token), or a request of
- * ours. An error entry fails its request's operation alone; a receive's
+ * the fabric's KEYS, DROP, BYE, or IMM: the immediate of a write on
+ * providers with fewer than 8 bytes of CQ data), a write with remote CQ
+ * data that landed here (IMM; the data names the connection by its token),
+ * or a request of ours. An error entry fails its request's operation alone; a receive's
  * error only reposts the buffer.
  *
  * wait_arm: fi_trywait on the queue (it says when entries are already
@@ -140,6 +141,13 @@ static int hw_ofi_recv(hw_ofi_fabric_t *f, uint32_t i, size_t len, kvs_completio
             c->user_knows = true;
         }
         break;
+    case HW_OFI_MSG_IMM: /* the immediate of a write whose bytes all landed */
+        if (body == 4) {
+            out[n++] = (kvs_completion_t){.kind = KVS_COMPLETION_IMM, .status = KVS_OK,
+                                          .conn = c, .imm = hw_get32(m + HW_OFI_HDR_BYTES)};
+            c->user_knows = true;
+        }
+        break;
     case HW_OFI_MSG_KEYS:
     case HW_OFI_MSG_DROP:
         hw_ofi_keys_recv(c, m[0], m + HW_OFI_HDR_BYTES, body);
@@ -159,7 +167,10 @@ static int hw_ofi_entry(hw_ofi_fabric_t *f, const struct fi_cq_data_entry *e,
 {
     const int64_t rx = hw_ofi_rx_index(f, e->op_context);
     if ((e->flags & FI_REMOTE_CQ_DATA) && (e->flags & (FI_RMA | FI_REMOTE_WRITE))) {
-        kvs_conn_t *c = hw_ofi_conn_by_token(f, (uint32_t)(e->data >> 32));
+        /* token << 32 | imm; with fewer than 8 bytes no token survives (our
+         * peers then send IMM messages instead): dropped */
+        kvs_conn_t *c = f->cq_data_bytes >= 8 ? hw_ofi_conn_by_token(f, (uint32_t)(e->data >> 32))
+                                              : NULL;
         if (c != NULL && c->state == HW_OFI_CONN_UP) {
             out[n++] = (kvs_completion_t){.kind = KVS_COMPLETION_IMM, .status = KVS_OK,
                                           .conn = c, .imm = (uint32_t)e->data};
@@ -264,4 +275,19 @@ int hw_ofi_wait_arm(kvs_fabric_t *fab, int *out_fd, uint64_t *out_wake_ns)
     *out_fd = f->wait_fd;
     *out_wake_ns = wake;
     return KVS_OK;
+}
+
+void hw_ofi_drain(hw_ofi_fabric_t *f, uint64_t deadline_ns)
+{
+    kvs_completion_t scratch[4]; /* what poll reports here goes nowhere */
+    bool looked = false;         /* nothing of ours in flight at the last look */
+    while (hw_net_now_ns() < deadline_ns) {
+        const int n = hw_ofi_poll(&f->base, scratch, 4);
+        if (n < 0)
+            return;
+        const bool idle = n == 0 && f->req_nfree == f->cfg.tx_depth;
+        if (idle && looked)
+            return;
+        looked = idle;
+    }
 }

@@ -10,7 +10,10 @@
  * (KVS_EAGAIN) whole. A write with an immediate that splits posts its
  * last piece, the one carrying the remote CQ data, only once the others
  * completed with FI_DELIVERY_COMPLETE, so the data never arrives before
- * the bytes (providers need not order writes).
+ * the bytes (providers need not order writes). Where the immediate rides
+ * in an IMM message instead (imm_in_msg, hw_ofi.h), that message is the
+ * write's last request, held the same way until every piece landed; it
+ * takes a send slot, and the write completes once it was sent.
  *
  * Order: a request goes to the provider at once unless the backlog holds
  * some, then behind them; poll posts the backlog first. So requests reach
@@ -152,6 +155,30 @@ void hw_ofi_req_done(hw_ofi_fabric_t *f, uint32_t req, int status)
         f->done[(f->done_head + f->done_used++) % f->cfg.tx_depth] = opi;
 }
 
+/* Takes a send slot and a request of op and writes header + msg into the
+ * slot; the request is the caller's to submit (or defer). The caller
+ * checked that a slot and a request are free. */
+static uint32_t hw_ofi_msg_req(hw_ofi_fabric_t *f, kvs_conn_t *c, uint32_t op, uint32_t kind,
+                               const void *msg, uint32_t len_bytes)
+{
+    const uint32_t slot = f->slot_free[--f->slot_nfree];
+    uint8_t *buf = f->sbuf + (size_t)slot * HW_OFI_MSG_BYTES;
+    buf[0] = (uint8_t)kind;
+    buf[1] = HW_OFI_WIRE_VERSION;
+    buf[2] = buf[3] = 0;
+    hw_put32(buf + 4, c->peer_token);
+    if (len_bytes > 0)
+        memcpy(buf + HW_OFI_HDR_BYTES, msg, len_bytes);
+    const uint32_t req = hw_ofi_req_take(f, op, HW_OFI_REQ_SEND);
+    hw_ofi_req_t *r = &f->reqs[req];
+    r->slot = slot;
+    r->next = UINT32_MAX;
+    r->laddr = (uint64_t)(uintptr_t)buf;
+    r->len = HW_OFI_HDR_BYTES + len_bytes;
+    r->desc = f->sdesc;
+    return req;
+}
+
 /* Takes a send slot, an op and a request and posts header + msg. */
 static int hw_ofi_send_msg(hw_ofi_fabric_t *f, kvs_conn_t *c, uint32_t kind, const void *msg,
                            uint32_t len_bytes, uint64_t wr_id, bool internal)
@@ -161,22 +188,8 @@ static int hw_ofi_send_msg(hw_ofi_fabric_t *f, kvs_conn_t *c, uint32_t kind, con
                                "%u requests are in flight: poll and retry, or raise "
                                "send_slots / tx_depth", c->peer, f->cfg.send_slots,
                                f->cfg.tx_depth);
-    const uint32_t slot = f->slot_free[--f->slot_nfree];
-    uint8_t *buf = f->sbuf + (size_t)slot * HW_OFI_MSG_BYTES;
-    buf[0] = (uint8_t)kind;
-    buf[1] = HW_OFI_WIRE_VERSION;
-    buf[2] = buf[3] = 0;
-    hw_put32(buf + 4, c->peer_token);
-    if (len_bytes > 0)
-        memcpy(buf + HW_OFI_HDR_BYTES, msg, len_bytes);
     const uint32_t op = hw_ofi_op_take(f, c, KVS_COMPLETION_SEND, wr_id, internal);
-    const uint32_t req = hw_ofi_req_take(f, op, HW_OFI_REQ_SEND);
-    hw_ofi_req_t *r = &f->reqs[req];
-    r->slot = slot;
-    r->laddr = (uint64_t)(uintptr_t)buf;
-    r->len = HW_OFI_HDR_BYTES + len_bytes;
-    r->desc = f->sdesc;
-    hw_ofi_submit(f, req);
+    hw_ofi_submit(f, hw_ofi_msg_req(f, c, op, kind, msg, len_bytes));
     return KVS_OK;
 }
 
@@ -268,16 +281,28 @@ int hw_ofi_write(kvs_fabric_t *fab, kvs_conn_t *conn, const kvs_write_desc_t *de
     const int64_t n = hw_ofi_write_pieces(f, conn, desc, mr, 0, false, &head);
     if (n < 0)
         return (int)n;
-    if (f->op_nfree == 0 || (uint64_t)n > f->req_nfree)
-        return kvs_fabric_fail(fab, KVS_EAGAIN, 0, "write on %s: %lld requests needed, %u of "
-                               "tx_depth %u free: poll and retry, or raise tx_depth", f->name,
-                               (long long)n, f->req_nfree, f->cfg.tx_depth);
+    /* Without 8 bytes of CQ data the immediate follows in a message. */
+    const bool imm_msg = desc->with_imm && f->imm_in_msg;
+    if (f->op_nfree == 0 || (uint64_t)n + imm_msg > f->req_nfree ||
+        (imm_msg && f->slot_nfree == 0))
+        return kvs_fabric_fail(fab, KVS_EAGAIN, 0, "write on %s: %lld requests%s needed, %u "
+                               "of tx_depth %u free (%u send slots): poll and retry, or raise "
+                               "tx_depth", f->name, (long long)n + imm_msg,
+                               imm_msg ? " and a send slot" : "", f->req_nfree,
+                               f->cfg.tx_depth, f->slot_nfree);
     const uint32_t op = hw_ofi_op_take(f, conn, KVS_COMPLETION_WRITE, desc->wr_id, false);
     (void)hw_ofi_write_pieces(f, conn, desc, mr, op, true, &head);
     uint32_t last = head;
     while (f->reqs[last].next != UINT32_MAX)
         last = f->reqs[last].next;
-    if (desc->with_imm) {
+    if (imm_msg) {
+        uint8_t imm[4];
+        hw_put32(imm, desc->imm);
+        const uint32_t q = hw_ofi_msg_req(f, conn, op, HW_OFI_MSG_IMM, imm, sizeof imm);
+        f->reqs[last].next = q;
+        last = q;
+        f->ops[op].deferred = (int32_t)last; /* sent once every byte landed */
+    } else if (desc->with_imm) {
         hw_ofi_req_t *r = &f->reqs[last];
         r->with_data = true;
         r->data = (uint64_t)conn->peer_token << 32 | desc->imm;

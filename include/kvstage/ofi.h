@@ -3,6 +3,11 @@
  * memory on every machine, verbs and EFA in clusters (built into
  * libkvstage_hw where libfabric is installed).
  *
+ * Tested: tcp and shm anywhere; verbs (verbs;ofi_rxm) on soft-RoCE, where
+ * libfabric 1.17 wants FI_OFI_RXM_USE_SRX=1 and, on rxe,
+ * FI_UNIVERSE_SIZE=64 in the environment (docs/fabrics.md). efa is taken
+ * the way verbs is but has never run (no device).
+ *
  * An ofi fabric is a kvs_fabric_t: one libfabric provider chosen by name,
  * one reliable datagram endpoint (FI_EP_RDM: the provider's, or a utility
  * provider's over it, such as "tcp;ofi_rxm"), one address vector, one
@@ -26,12 +31,17 @@
  *   out is a handle: the registration's base, length and piece keys travel
  *   to every connected peer over the connection (KEYS messages) before any
  *   message sent after the registration, and to later peers at connect.
- * - write: fi_write, fi_writedata when with_imm: the 32-bit immediate and
- *   the receiver's connection token ride as remote CQ data, so a chunk's
- *   arrival completes at the peer with its write (KVS_COMPLETION_IMM).
- *   Split at max_write_bytes and at piece boundaries; the piece carrying
- *   the data goes last, after the others completed at the peer. One
- *   completion for the whole write.
+ * - write: fi_write with FI_DELIVERY_COMPLETE; with_imm, the immediate
+ *   reaches the peer as KVS_COMPLETION_IMM after every byte of the write
+ *   landed, one of two ways (kvs_ofi_info_t.cq_data_bytes says which):
+ *   with 8 bytes of remote CQ data (tcp, shm) the 32-bit immediate and the
+ *   receiver's connection token ride as the write's CQ data; with fewer
+ *   (verbs, efa: 4) a small fabric message carries the immediate once the
+ *   write completed, costing a send slot, a receive at the peer and that
+ *   wait. (The completion's source address cannot name the connection:
+ *   ofi_rxm reports none for remote writes.) Split at max_write_bytes and
+ *   at piece boundaries; what carries the immediate goes last, after the
+ *   others completed at the peer. One completion for the whole write.
  * - send: a control message of at most KVS_CONTROL_MSG_MAX_BYTES with
  *   fi_send, copied at send(), delivered in order (FI_ORDER_SAS) into
  *   receives posted on the endpoint.
@@ -106,7 +116,8 @@ KVS_API void kvs_ofi_config_init(kvs_ofi_config_t *cfg);
  */
 KVS_API int kvs_ofi_fabric_create(const kvs_ofi_config_t *cfg, kvs_fabric_t **out,
                                   kvs_error_t *err);
-/* Closes every connection and frees the fabric. KVS_EBUSY (and nothing
+/* Closes every connection (BYE to the peers still there, polling at most
+ * 200 ms for those to go out) and frees the fabric. KVS_EBUSY (and nothing
  * freed) while registrations are live: deregister them first. NULL is a
  * no-op. */
 KVS_API int kvs_ofi_fabric_destroy(kvs_fabric_t *fab);
@@ -118,7 +129,8 @@ typedef struct kvs_ofi_info {
     char domain[64];
     char address[80];      /* "IP:port" of the bootstrap listener peers connect to */
     char mr_mode[96];      /* "FI_MR_LOCAL|FI_MR_VIRT_ADDR..." or "none" */
-    uint32_t cq_data_bytes;
+    uint32_t cq_data_bytes; /* remote CQ data: from 8 the immediate rides in it,
+                             * below in a message after the write */
     uint64_t max_write_bytes;
     uint64_t max_mr_bytes; /* registrations larger than this are split */
 } kvs_ofi_info_t;

@@ -1,19 +1,28 @@
 /*
- * test_ofi_fabric.c - the libfabric fabric on this machine's providers,
- * no RDMA device needed: every test runs over tcp on 127.0.0.1 and over
- * shm. Two fabrics in this process connect through the TCP bootstrap,
- * exchange control messages both ways (in order, up to the largest size),
- * write random data with immediates (whole, and split by max_write_bytes
- * and by registration pieces) and check every byte; a write with a key the
- * peer dropped (or never gave) is refused alone, naming the key, while the
- * connection carries on; a peer that disconnects or is destroyed gives DISCONNECT in bounded
- * time; wait_arm's fd is quiet while nothing happens and readable when a
- * message arrives (shm, which has no such fd, gives a short wake time); an unknown provider is refused with the list of those
- * offered here.
+ * test_ofi_fabric.c - the libfabric fabric on this machine's providers:
+ * by default over tcp on 127.0.0.1, over shm, and over tcp with the
+ * immediates of writes sent in IMM messages (the way of providers with
+ * fewer than 8 bytes of remote CQ data, verbs;ofi_rxm and efa, forced on
+ * tcp so that every machine runs it); KVS_OFI_PROVIDERS names others
+ * ("verbs" in the rxe VM: test_ofi_fabric_verbs). Two fabrics in this
+ * process connect through the TCP bootstrap, exchange control messages
+ * both ways (in order, up to the largest size), write random data with
+ * immediates (whole, and split by max_write_bytes and by registration
+ * pieces) and check every byte; a write with a key the peer dropped (or
+ * never gave) is refused alone, naming the key, while the connection
+ * carries on; a peer that disconnects or is destroyed gives DISCONNECT in
+ * bounded time; wait_arm's fd is quiet while nothing happens and readable
+ * when a message arrives (shm, which has no such fd, gives a short wake
+ * time). Once, on tcp: an unknown provider is refused with the list of
+ * those offered here, another device's memory is refused by name.
  *
- * A provider missing here (a libfabric built without shm) is a skip in the
- * test's body, said on stderr. Every wait is bounded (KVS_TEST_WAIT_S,
- * default 60 s): a hang fails the test.
+ * KVS_OFI_PROVIDERS: comma-separated providers, each optionally with
+ * "+imm-msg" (force IMM messages); default "tcp,shm,tcp+imm-msg". The
+ * fabrics bind to KVS_OFI_ADDR, else KVS_VERBS_ADDR (the rxe VM sets it),
+ * else 127.0.0.1. A provider of the default list missing here (a
+ * libfabric built without shm) is a skip in the test's body, said on
+ * stderr; one named in KVS_OFI_PROVIDERS that is missing fails. Every wait
+ * is bounded (KVS_TEST_WAIT_S, default 60 s): a hang fails the test.
  */
 #include <poll.h>
 #include <pthread.h>
@@ -33,25 +42,40 @@
 #include <kvstage/ofi.h>
 
 #include "fabric_pair.h"
+#include "hw_ofi.h" /* imm_in_msg, to force IMM messages on tcp */
 #include "xorshift.h"
 
-static void cfg_for(kvs_ofi_config_t *cfg, const char *prov)
+#define MAX_CASES 8
+
+/* What one run of the tests is on (main makes them from KVS_OFI_PROVIDERS). */
+typedef struct ofi_case {
+    char label[48];   /* "tcp", "tcp+imm-msg": names the run */
+    char prov[32];    /* kvs_ofi_config_t.provider */
+    bool imm_in_msg;  /* IMM messages even where the provider has 8 bytes of CQ data */
+    bool required;    /* named in KVS_OFI_PROVIDERS: missing fails instead of skipping */
+    const char *addr; /* bind_addr */
+} ofi_case_t;
+
+static void cfg_for(kvs_ofi_config_t *cfg, const ofi_case_t *oc)
 {
     kvs_ofi_config_init(cfg);
-    cfg->provider = prov;
-    cfg->bind_addr = "127.0.0.1";
+    cfg->provider = oc->prov;
+    cfg->bind_addr = oc->addr;
     cfg->connect_timeout_ms = 5000;
 }
 
-/* Whether libfabric offers prov here; says so on stderr when it does not. */
-static bool offered(const char *prov)
+/* Whether libfabric offers oc's provider here; says so on stderr when it
+ * does not, and fails the test when the provider was asked for. */
+static bool offered(const ofi_case_t *oc)
 {
     char list[256];
     (void)kvs_ofi_providers(list, sizeof list);
     for (char *t = strtok(list, ", "); t != NULL; t = strtok(NULL, ", "))
-        if (strcmp(t, prov) == 0)
+        if (strcmp(t, oc->prov) == 0)
             return true;
-    fprintf(stderr, "test_ofi_fabric: provider %s is not offered here: SKIPPED\n", prov);
+    if (oc->required)
+        fail_msg("provider %s (KVS_OFI_PROVIDERS) is not offered here: %s", oc->prov, list);
+    fprintf(stderr, "test_ofi_fabric: provider %s is not offered here: SKIPPED\n", oc->prov);
     return false;
 }
 
@@ -63,13 +87,15 @@ static void nap(kvs_fabric_t *fab)
     nanosleep(&ts, NULL);
 }
 
-static void side_open(fp_side_t *s, const kvs_ofi_config_t *cfg)
+static void side_open(fp_side_t *s, const kvs_ofi_config_t *cfg, bool imm_in_msg)
 {
     kvs_error_t err;
     kvs_fabric_t *fab = NULL;
     int rc = kvs_ofi_fabric_create(cfg, &fab, &err);
     if (rc != KVS_OK)
         fail_msg("kvs_ofi_fabric_create: %s: %s", kvs_status_name(rc), err.msg);
+    if (imm_in_msg) /* the choice create makes for providers under 8 bytes */
+        hw_ofi_of(fab)->imm_in_msg = true;
     fp_side_init(s, fab);
 }
 
@@ -81,23 +107,22 @@ static void side_close(fp_side_t *s)
 }
 
 /* b connects to a; one hello b -> a hands a its side of the connection. */
-static void duo_open_cfg(fp_pair_t *d, const kvs_ofi_config_t *cfg)
+static void duo_open_cfg(fp_pair_t *d, const ofi_case_t *oc, const kvs_ofi_config_t *cfg)
 {
-    const char *prov = d->name;
     memset(d, 0, sizeof *d);
-    d->name = prov;
-    side_open(&d->a, cfg);
-    side_open(&d->b, cfg);
+    d->name = oc->label;
+    side_open(&d->a, cfg, oc->imm_in_msg);
+    side_open(&d->b, cfg, oc->imm_in_msg);
     kvs_ofi_info_t info;
     assert_int_equal(kvs_ofi_fabric_info(d->a.fab, &info), KVS_OK);
     fp_pair_connect(d, info.address, nap);
 }
 
-static void duo_open(fp_pair_t *d)
+static void duo_open(fp_pair_t *d, const ofi_case_t *oc)
 {
     kvs_ofi_config_t cfg;
-    cfg_for(&cfg, d->name);
-    duo_open_cfg(d, &cfg);
+    cfg_for(&cfg, oc);
+    duo_open_cfg(d, oc, &cfg);
 }
 
 static void duo_close(fp_pair_t *d)
@@ -154,14 +179,16 @@ static void test_ofi_fabric_unknown_provider_refused(void **state)
 {
     (void)state;
     kvs_ofi_config_t cfg;
-    cfg_for(&cfg, "nosuchprov");
+    kvs_ofi_config_init(&cfg);
+    cfg.provider = "nosuchprov";
     kvs_fabric_t *fab = NULL;
     kvs_error_t err;
     assert_int_equal(kvs_ofi_fabric_create(&cfg, &fab, &err), KVS_EINVAL);
     assert_null(fab);
     assert_non_null(strstr(err.msg, "nosuchprov"));
     assert_non_null(strstr(err.msg, "tcp"));
-    if (offered("shm"))
+    const ofi_case_t shm = {.prov = "shm"};
+    if (offered(&shm))
         assert_non_null(strstr(err.msg, "shm"));
     cfg.provider = "tcp;ofi_rxm";
     assert_int_equal(kvs_ofi_fabric_create(&cfg, &fab, &err), KVS_EINVAL);
@@ -170,10 +197,11 @@ static void test_ofi_fabric_unknown_provider_refused(void **state)
 
 static void test_ofi_fabric_messages_in_order(void **state)
 {
-    fp_pair_t d = {.name = *state};
-    if (!offered(d.name))
+    const ofi_case_t *oc = *state;
+    if (!offered(oc))
         skip();
-    duo_open(&d);
+    fp_pair_t d;
+    duo_open(&d, oc);
     static uint8_t big[KVS_CONTROL_MSG_MAX_BYTES + 1];
     for (size_t i = 0; i < sizeof big; i++)
         big[i] = (uint8_t)(i * 7);
@@ -204,10 +232,18 @@ static void test_ofi_fabric_messages_in_order(void **state)
 
 static void test_ofi_fabric_write_with_data(void **state)
 {
-    fp_pair_t d = {.name = *state};
-    if (!offered(d.name))
+    const ofi_case_t *oc = *state;
+    if (!offered(oc))
         skip();
-    duo_open(&d);
+    fp_pair_t d;
+    duo_open(&d, oc);
+    /* the way immediates travel: CQ data from 8 bytes up, else IMM messages */
+    kvs_ofi_info_t info;
+    assert_int_equal(kvs_ofi_fabric_info(d.b.fab, &info), KVS_OK);
+    const bool in_msg = hw_ofi_of(d.b.fab)->imm_in_msg;
+    assert_true(in_msg == (oc->imm_in_msg || info.cq_data_bytes < 8));
+    fprintf(stderr, "test_ofi_fabric: %s: provider %s, %u bytes of CQ data: immediates %s\n",
+            oc->label, info.provider, info.cq_data_bytes, in_msg ? "in messages" : "as CQ data");
     fp_region_t src = {0}, dst = {0};
     fp_region_reg(&d.b, &src, 1u << 20);
     fp_region_reg(&d.a, &dst, 2u << 20);
@@ -228,14 +264,15 @@ static void test_ofi_fabric_write_with_data(void **state)
 
 static void test_ofi_fabric_write_split(void **state)
 {
-    fp_pair_t d = {.name = *state};
-    if (!offered(d.name))
+    const ofi_case_t *oc = *state;
+    if (!offered(oc))
         skip();
     kvs_ofi_config_t cfg;
-    cfg_for(&cfg, d.name);
+    cfg_for(&cfg, oc);
     cfg.max_mr_bytes = 64u << 10;
     cfg.max_write_bytes = 24u << 10;
-    duo_open_cfg(&d, &cfg);
+    fp_pair_t d;
+    duo_open_cfg(&d, oc, &cfg);
     fp_region_t src = {0}, dst = {0};
     fp_region_reg(&d.b, &src, 1u << 20);
     fp_region_reg(&d.a, &dst, 1u << 20);
@@ -252,10 +289,11 @@ static void test_ofi_fabric_write_split(void **state)
 
 static void test_ofi_fabric_error_fails_only_its_write(void **state)
 {
-    fp_pair_t d = {.name = *state};
-    if (!offered(d.name))
+    const ofi_case_t *oc = *state;
+    if (!offered(oc))
         skip();
-    duo_open(&d);
+    fp_pair_t d;
+    duo_open(&d, oc);
     fp_region_t src = {0}, dst = {0}, gone = {0};
     fp_region_reg(&d.b, &src, 64u << 10);
     fp_region_reg(&d.a, &dst, 64u << 10);
@@ -286,11 +324,12 @@ static void test_ofi_fabric_error_fails_only_its_write(void **state)
 
 static void test_ofi_fabric_peer_lost(void **state)
 {
-    fp_pair_t d = {.name = *state};
-    if (!offered(d.name))
+    const ofi_case_t *oc = *state;
+    if (!offered(oc))
         skip();
+    fp_pair_t d;
     /* a disconnect: the peer hears BYE */
-    duo_open(&d);
+    duo_open(&d, oc);
     d.b.fab->ops.disconnect(d.b.fab, d.ab);
     d.ab = NULL;
     kvs_completion_t c = fp_take(&d, &d.a, KVS_COMPLETION_DISCONNECT, d.ba);
@@ -301,7 +340,7 @@ static void test_ofi_fabric_peer_lost(void **state)
     d.a.fab->ops.disconnect(d.a.fab, d.ba);
     duo_close(&d);
     /* a destroyed peer (as a crash: no disconnect): its socket ends */
-    duo_open(&d);
+    duo_open(&d, oc);
     d.ab = NULL;
     side_close(&d.b);
     c = fp_take(&d, &d.a, KVS_COMPLETION_DISCONNECT, d.ba);
@@ -326,10 +365,11 @@ static void *send_later(void *arg)
 
 static void test_ofi_fabric_wait_fd(void **state)
 {
-    fp_pair_t d = {.name = *state};
-    if (!offered(d.name))
+    const ofi_case_t *oc = *state;
+    if (!offered(oc))
         skip();
-    duo_open(&d);
+    fp_pair_t d;
+    duo_open(&d, oc);
     fp_side_pump(&d.a);
     int fd = -1;
     uint64_t wake = 0;
@@ -374,8 +414,9 @@ static void test_ofi_fabric_wait_fd(void **state)
 static void test_ofi_fabric_host_memory_only(void **state)
 {
     (void)state;
+    const ofi_case_t tcp = {.prov = "tcp", .addr = "127.0.0.1"};
     kvs_ofi_config_t cfg;
-    cfg_for(&cfg, "tcp");
+    cfg_for(&cfg, &tcp);
     kvs_fabric_t *fab = NULL;
     assert_int_equal(kvs_ofi_fabric_create(&cfg, &fab, NULL), KVS_OK);
     kvs_host_device_t *host = NULL;
@@ -398,21 +439,69 @@ static void test_ofi_fabric_host_memory_only(void **state)
     assert_int_equal(kvs_ofi_fabric_destroy(fab), KVS_OK);
 }
 
-#define BOTH(fn)                                                                         \
-    cmocka_unit_test_prestate_setup_teardown(fn, prov_setup, NULL, (void *)"tcp"),       \
-        cmocka_unit_test_prestate_setup_teardown(fn, prov_setup, NULL, (void *)"shm")
+/* Cases from KVS_OFI_PROVIDERS ("verbs", "tcp+imm-msg", ...); returns how many. */
+static int cases_make(ofi_case_t *cases, int max)
+{
+    const char *env = getenv("KVS_OFI_PROVIDERS");
+    const bool asked = env != NULL && env[0] != '\0';
+    const char *addr = getenv("KVS_OFI_ADDR");
+    if (addr == NULL || addr[0] == '\0')
+        addr = getenv("KVS_VERBS_ADDR");
+    if (addr == NULL || addr[0] == '\0')
+        addr = "127.0.0.1";
+    char list[256];
+    snprintf(list, sizeof list, "%s", asked ? env : "tcp,shm,tcp+imm-msg");
+    int n = 0;
+    for (char *t = strtok(list, ", "); t != NULL && n < max; t = strtok(NULL, ", ")) {
+        ofi_case_t *c = &cases[n++];
+        *c = (ofi_case_t){.required = asked, .addr = addr};
+        snprintf(c->label, sizeof c->label, "%s", t);
+        char *plus = strchr(t, '+');
+        if (plus != NULL) {
+            if (strcmp(plus, "+imm-msg") != 0) {
+                fprintf(stderr, "test_ofi_fabric: KVS_OFI_PROVIDERS entry '%s': the only "
+                        "option is +imm-msg\n", t);
+                return -1;
+            }
+            c->imm_in_msg = true;
+            *plus = '\0';
+        }
+        snprintf(c->prov, sizeof c->prov, "%s", t);
+    }
+    return n;
+}
 
 int main(void)
 {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ofi_fabric_unknown_provider_refused),
-        cmocka_unit_test(test_ofi_fabric_host_memory_only),
-        BOTH(test_ofi_fabric_messages_in_order),
-        BOTH(test_ofi_fabric_write_with_data),
-        BOTH(test_ofi_fabric_write_split),
-        BOTH(test_ofi_fabric_error_fails_only_its_write),
-        BOTH(test_ofi_fabric_peer_lost),
-        BOTH(test_ofi_fabric_wait_fd),
+    static ofi_case_t cases[MAX_CASES];
+    const int ncases = cases_make(cases, MAX_CASES);
+    if (ncases <= 0)
+        return 1;
+    static const struct {
+        const char *name;
+        CMUnitTestFunction fn;
+    } per_case[] = {
+        {"test_ofi_fabric_messages_in_order", test_ofi_fabric_messages_in_order},
+        {"test_ofi_fabric_write_with_data", test_ofi_fabric_write_with_data},
+        {"test_ofi_fabric_write_split", test_ofi_fabric_write_split},
+        {"test_ofi_fabric_error_fails_only_its_write", test_ofi_fabric_error_fails_only_its_write},
+        {"test_ofi_fabric_peer_lost", test_ofi_fabric_peer_lost},
+        {"test_ofi_fabric_wait_fd", test_ofi_fabric_wait_fd},
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    enum { PER_CASE = sizeof per_case / sizeof per_case[0] };
+    static struct CMUnitTest tests[2 + MAX_CASES * PER_CASE];
+    static char names[MAX_CASES * PER_CASE][112];
+    size_t n = 0;
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_ofi_fabric_unknown_provider_refused);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_ofi_fabric_host_memory_only);
+    for (int c = 0; c < ncases; c++) {
+        for (size_t k = 0; k < PER_CASE; k++) {
+            char *name = names[c * PER_CASE + k];
+            snprintf(name, sizeof names[0], "%s/%s", per_case[k].name, cases[c].label);
+            tests[n++] = (struct CMUnitTest){.name = name, .test_func = per_case[k].fn,
+                                             .setup_func = prov_setup,
+                                             .initial_state = &cases[c]};
+        }
+    }
+    return _cmocka_run_group_tests("test_ofi_fabric", tests, n, NULL, NULL);
 }

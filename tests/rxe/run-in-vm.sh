@@ -9,7 +9,8 @@
 # cmd.sh (what the VM runs), console.log, and status (the command's exit
 # status). The host's / is shared read-only at the same paths, so
 # host-built binaries run unchanged; the command runs as root in the
-# current directory with KVS_*, ASAN_/UBSAN_/LSAN_OPTIONS and CI copied in,
+# current directory with KVS_*, FI_* (libfabric's settings),
+# ASAN_/UBSAN_/LSAN_OPTIONS and CI copied in,
 # plus KVS_RXE_REQUIRED=1 and KVS_VERBS_ADDR=192.0.2.1.
 # Exits with the command's status. When the VM cannot be made or does not
 # finish in KVS_RXE_TIMEOUT seconds (default 300) it says why and exits 1
@@ -53,7 +54,7 @@ rm -f "$results/status" "$results/cmd.sh" "$results/console.log"
   echo "# written by run-in-vm.sh: what the VM runs"
   env | LC_ALL=C sort | while IFS='=' read -r name value; do
     case "$name" in
-      KVS_*|ASAN_OPTIONS|UBSAN_OPTIONS|LSAN_OPTIONS|CI) printf 'export %s=%q\n' "$name" "$value" ;;
+      KVS_*|FI_*|ASAN_OPTIONS|UBSAN_OPTIONS|LSAN_OPTIONS|CI) printf 'export %s=%q\n' "$name" "$value" ;;
     esac
   done
   echo "export KVS_RXE_REQUIRED=1 KVS_VERBS_ADDR=192.0.2.1 HOME=/run/vmtmp TMPDIR=/run/vmtmp"
