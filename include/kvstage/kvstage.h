@@ -664,6 +664,10 @@ typedef struct kvs_handler_stats {
                                     by their peers: 0 once the peers have all this
                                     side said, so closing it now loses them nothing
                                     (a decode's last DONE, say) */
+    uint64_t rtt_smoothed_ns;    /* the smoothed round trip of a control message to
+                                    its ACK (what the retransmission timeout
+                                    follows), the largest over the live
+                                    connections; 0 before the first sample */
 } kvs_handler_stats_t;
 
 /* Where an open room stands, as serving engines poll a transfer (sglang's
