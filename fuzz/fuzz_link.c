@@ -38,8 +38,9 @@
  *   one the round-trip estimator gives (after a sample when cum covers the
  *   message being timed);
  * - the link times one message at a time, from its first post (the first
- *   message posted while none is timed) to the ACK that covers it; a
- *   retransmission pass ends the timing with no sample. The estimator's arithmetic (kvs__rtt_sample and
+ *   message posted while none is timed) to an ACK whose cum is its
+ *   sequence number; an ACK past it, or a retransmission pass, ends the
+ *   timing with no sample. The estimator's arithmetic (kvs__rtt_sample and
  *   kvs__rtt_timeout) is shared with the model, and checked on its own by
  *   tests/test_link.c; what this target checks is which messages make
  *   samples and when the timeout changes;
@@ -401,10 +402,10 @@ static int model_recv(harness_t *h, uint32_t k, const uint8_t *b, uint32_t len, 
         }
         if (l->unsent > mq_count(l))
             l->unsent = mq_count(l);
-        if (moved && l->timed_seq != 0 && l->timed_seq <= cum) {
+        if (moved && l->timed_seq != 0 && l->timed_seq == cum)
             kvs__rtt_sample(&l->rtt, h->fab.now_ns - l->timed_ns);
+        if (moved && l->timed_seq != 0 && l->timed_seq <= cum)
             l->timed_seq = 0;
-        }
         if (moved) {
             l->rto_ns = kvs__rtt_timeout(&l->rtt, h->m.rto_min_ns, h->m.rto_max_ns);
             l->since_ns = h->fab.now_ns;

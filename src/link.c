@@ -241,11 +241,14 @@ static void kvs__link_acked(kvs__links_t *ls, kvs__link_t *l, uint32_t cum)
     if (!moved)
         return;
     const uint64_t now_ns = kvs__link_now(ls);
-    if (l->timed_seq != 0 && (int32_t)(cum - l->timed_seq) >= 0) {
-        /* Sent once and acknowledged: a sample. */
+    if (l->timed_seq != 0 && cum == l->timed_seq) {
+        /* Sent once and acknowledged as the newest the peer has: a sample
+         * (an ACK that covers it and later ones may come late, after its
+         * own was lost and a later message went out: none). */
         kvs__rtt_sample(&l->rtt, now_ns >= l->timed_ns ? now_ns - l->timed_ns : 0);
-        l->timed_seq = 0;
     }
+    if (l->timed_seq != 0 && (int32_t)(cum - l->timed_seq) >= 0)
+        l->timed_seq = 0;
     /* Progress undoes the doubling, sample or not (link.h: why not Karn's
      * kept backoff). */
     l->rto_ns = kvs__rtt_timeout(&l->rtt, ls->rto_min_ns, ls->rto_max_ns);

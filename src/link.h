@@ -13,7 +13,9 @@
  * - a link that sees no ACK within its retransmission timeout sends its
  *   queue again, doubling the timeout up to rto_max;
  * - the timeout follows the path: each link times one message at a time,
- *   from its first post to the ACK that covers it, and keeps a smoothed
+ *   from its first post to an ACK naming it as the newest received (an ACK
+ *   past it ends the timing with no sample: its own ACK may have been
+ *   lost, and the later one measure the wait for a later message), and keeps a smoothed
  *   round trip and its variation from those samples (RFC 6298, in integer
  *   nanoseconds of the fabric's clock). The timeout is then
  *   SRTT + max(rto_min, 4 * RTTVAR), at most rto_max: rto_min plays the

@@ -273,6 +273,18 @@ static void test_link_resend_past_timed_message_is_karn(void **state)
     assert_int_equal(the_link(x)->rtt.samples, 1);
 }
 
+static void test_link_ack_past_timed_message_is_no_sample(void **state)
+{
+    fixture_t *x = *state;
+    send_one(x);          /* 1, timed; its ACK is lost */
+    x->fab.now_ns += 30 * MS;
+    send_one(x);          /* 2, much later */
+    x->fab.now_ns += MS;
+    ack(x, 2);            /* covers 1, but 30 ms is not its round trip */
+    assert_int_equal(the_link(x)->rtt.samples, 0);
+    assert_int_equal(the_link(x)->timed_seq, 0);
+}
+
 static void test_link_forget_starts_again(void **state)
 {
     fixture_t *x = *state;
@@ -299,6 +311,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_link_times_one_message_at_a_time, setup, teardown),
         cmocka_unit_test_setup_teardown(test_link_resend_past_timed_message_is_karn, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_link_ack_past_timed_message_is_no_sample, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_link_forget_starts_again, setup, teardown),
     };
