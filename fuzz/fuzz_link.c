@@ -34,7 +34,16 @@
  * - an ACK for a connection without a link, or with a cum ahead of the last
  *   sequence number sent (serial arithmetic: 1..2^31 ahead), is refused
  *   with KVS_EPROTO and changes nothing; otherwise it drops exactly the
- *   queued messages up to cum, and progress restarts the timeout at rto_min;
+ *   queued messages up to cum, and progress restarts the timeout at the
+ *   one the round-trip estimator gives (after a sample when cum covers the
+ *   message being timed);
+ * - the link times one message at a time, from its first post (the first
+ *   message posted while none is timed) to an ACK whose cum is its
+ *   sequence number; an ACK past it, or a retransmission pass, ends the
+ *   timing with no sample. The estimator's arithmetic (kvs__rtt_sample and
+ *   kvs__rtt_timeout) is shared with the model, and checked on its own by
+ *   tests/test_link.c; what this target checks is which messages make
+ *   samples and when the timeout changes;
  * - a send queues the message encoded with the next sequence number (from
  *   1), wr_id KVS__WR_CONTROL | type, then posts every queued message that
  *   never went out, oldest first, until the fabric refuses one (those wait,
@@ -59,8 +68,9 @@
  * - after every op: kvs__link_unacked of each connection is the model's
  *   count of sent, unacknowledged messages, kvs__links_deadline is the
  *   model's (0 while a death or an ACK not refused is owed, else the
- *   earliest retry time), and the stats counters (sent, duplicate, retransmitted, peers
- *   lost) equal the model's;
+ *   earliest retry time), kvs__links_srtt_max is the model's largest
+ *   smoothed round trip over live links, and the stats counters (sent,
+ *   duplicate, retransmitted, peers lost) equal the model's;
  * - no leak, no out-of-bounds access, no undefined behaviour (ASan, LSan,
  *   UBSan).
  * Sequence numbers stay far below 2^31 (a few thousand ops), so the model
@@ -235,6 +245,9 @@ typedef struct mlink {
     uint32_t unsent;    /* the newest `unsent` queued never went out */
     uint32_t head, n, cap;
     uint64_t rto_ns, retry_ns, since_ns;
+    kvs__rtt_t rtt;
+    uint32_t timed_seq; /* 0: none */
+    uint64_t timed_ns;
 } mlink_t;
 
 typedef struct model {
@@ -329,6 +342,10 @@ static void model_flush(harness_t *h, mlink_t *l)
         const mentry_t *e = &l->q[l->n - l->unsent];
         if (model_post(h, l, e->type, e->bytes, e->len) != KVS_OK)
             break;
+        if (l->timed_seq == 0) {
+            l->timed_seq = e->seq;
+            l->timed_ns = h->fab.now_ns;
+        }
         l->unsent--;
     }
 }
@@ -385,8 +402,12 @@ static int model_recv(harness_t *h, uint32_t k, const uint8_t *b, uint32_t len, 
         }
         if (l->unsent > mq_count(l))
             l->unsent = mq_count(l);
+        if (moved && l->timed_seq != 0 && l->timed_seq == cum)
+            kvs__rtt_sample(&l->rtt, h->fab.now_ns - l->timed_ns);
+        if (moved && l->timed_seq != 0 && l->timed_seq <= cum)
+            l->timed_seq = 0;
         if (moved) {
-            l->rto_ns = h->m.rto_min_ns;
+            l->rto_ns = kvs__rtt_timeout(&l->rtt, h->m.rto_min_ns, h->m.rto_max_ns);
             l->since_ns = h->fab.now_ns;
             l->retry_ns = sat_add(h->fab.now_ns, l->rto_ns);
         }
@@ -429,11 +450,14 @@ static void model_tick(harness_t *h)
         if (mq_count(l) > 0 && now - l->since_ns >= m->give_up_ns)
             l->dead = true;
         if (mq_count(l) > 0 && now >= l->retry_ns && !l->dead) {
+            l->timed_seq = 0;
             for (uint32_t j = 0; j < mq_count(l) && j < KVS__LINK_RESEND_BATCH && !l->dead;
                  j++) {
                 const mentry_t *e = &l->q[l->head + j];
                 if (model_post(h, l, e->type, e->bytes, e->len) != KVS_OK)
                     break;
+                if (e->seq == l->timed_seq)
+                    l->timed_seq = 0;
                 m->retransmitted++;
             }
             const uint64_t twice = sat_add(l->rto_ns, l->rto_ns);
@@ -543,6 +567,11 @@ static void compare(harness_t *h, uint32_t op_index)
         fprintf(stderr, "op %u: deadline %llu, model %llu\n", op_index,
                 (unsigned long long)deadline, (unsigned long long)model_deadline(&h->m));
     CHECK(deadline == model_deadline(&h->m));
+    uint64_t srtt = 0;
+    for (uint32_t i = 0; i < h->m.cap; i++)
+        if (h->m.slot[i].used && !h->m.slot[i].dead && h->m.slot[i].rtt.srtt_ns > srtt)
+            srtt = h->m.slot[i].rtt.srtt_ns;
+    CHECK(kvs__links_srtt_max(&h->ls) == srtt);
     if (h->with_stats) {
         CHECK(h->stats.msgs_sent == h->m.sent);
         CHECK(h->stats.msgs_duplicate == h->m.duplicate);

@@ -111,6 +111,8 @@ static void kvs__broadcast_watermark(kvs_decode_t *d, kvs_watermark_t wm)
  * most ever live at once. */
 static void kvs__note_ring(kvs_decode_t *d)
 {
+    if (d->ring == NULL) /* the direct and slice paths have none */
+        return;
     const uint64_t live = kvs_ring_live_bytes(d->ring);
     d->h.stats.ring_live_bytes = live;
     if (live > d->h.stats.ring_peak_bytes)

@@ -555,6 +555,7 @@ int kvs__handler_room_abort(kvs__handler_t *h, uint64_t room)
             return;                                                                       \
         *out = ((const kvs__handler_t *)x)->stats;                                        \
         out->msgs_unacked = kvs__links_unacked(&((const kvs__handler_t *)x)->links);      \
+        out->rtt_smoothed_ns = kvs__links_srtt_max(&((const kvs__handler_t *)x)->links);  \
     }                                                                                     \
     kvs__links_t *kvs__##role##_links(kvs_##role##_t *x)                                  \
     {                                                                                     \

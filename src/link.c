@@ -1,8 +1,8 @@
 /*
  * link.c - reliable control messages over a fabric connection: sequence
  * numbers, cumulative ACKs, go-back-N retransmission with a doubling
- * timeout, duplicate filtering, dead connections, posts the fabric refused
- * (link.h says why).
+ * timeout that follows the path's round trip, duplicate filtering, dead
+ * connections, posts the fabric refused (link.h says why).
  */
 #include "link.h"
 
@@ -26,6 +26,28 @@ static void kvs__put32(uint8_t *p, uint32_t v)
 static uint32_t kvs__get32(const uint8_t *p)
 {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+void kvs__rtt_sample(kvs__rtt_t *e, uint64_t rtt_ns)
+{
+    if (e->samples++ == 0) {
+        e->srtt_ns = rtt_ns;
+        e->rttvar_ns = rtt_ns / 2;
+        return;
+    }
+    /* Each step is a weighted mean of two values: it cannot overflow. */
+    const uint64_t dev = e->srtt_ns > rtt_ns ? e->srtt_ns - rtt_ns : rtt_ns - e->srtt_ns;
+    e->rttvar_ns = e->rttvar_ns - e->rttvar_ns / 4 + dev / 4;
+    e->srtt_ns = e->srtt_ns - e->srtt_ns / 8 + rtt_ns / 8;
+}
+
+uint64_t kvs__rtt_timeout(const kvs__rtt_t *e, uint64_t rto_min_ns, uint64_t rto_max_ns)
+{
+    if (e->samples == 0)
+        return rto_min_ns;
+    const uint64_t var4 = e->rttvar_ns <= UINT64_MAX / 4 ? 4 * e->rttvar_ns : UINT64_MAX;
+    const uint64_t rto = kvs__sat_add_u64(e->srtt_ns, var4 > rto_min_ns ? var4 : rto_min_ns);
+    return rto < rto_max_ns ? rto : rto_max_ns;
 }
 
 int kvs__links_init(kvs__links_t *ls, kvs_fabric_t *fab, uint32_t cap, uint64_t session,
@@ -120,6 +142,10 @@ static void kvs__link_flush(kvs__links_t *ls, kvs__link_t *l)
         return;
     uint32_t pos = kvs__link_pos(l, l->q_count - l->q_unsent);
     while (l->q_unsent > 0 && kvs__link_post_at(ls, l, pos) == KVS_OK) {
+        if (l->timed_seq == 0) { /* none timed: time this one, sent once so far */
+            l->timed_seq = kvs__get32(l->q + pos);
+            l->timed_ns = kvs__link_now(ls);
+        }
         pos += KVS__LINK_ENTRY_HDR + kvs__get32(l->q + pos + 4);
         l->q_unsent--;
     }
@@ -212,11 +238,22 @@ static void kvs__link_acked(kvs__links_t *ls, kvs__link_t *l, uint32_t cum)
         l->q_start = l->q_end = 0;
     if (l->q_unsent > l->q_count) /* a forged ACK of messages never sent */
         l->q_unsent = l->q_count;
-    if (moved) {
-        l->rto_ns = ls->rto_min_ns;
-        l->waiting_since_ns = kvs__link_now(ls);
-        l->retry_ns = kvs__sat_add_u64(l->waiting_since_ns, l->rto_ns);
+    if (!moved)
+        return;
+    const uint64_t now_ns = kvs__link_now(ls);
+    if (l->timed_seq != 0 && cum == l->timed_seq) {
+        /* Sent once and acknowledged as the newest the peer has: a sample
+         * (an ACK that covers it and later ones may come late, after its
+         * own was lost and a later message went out: none). */
+        kvs__rtt_sample(&l->rtt, now_ns >= l->timed_ns ? now_ns - l->timed_ns : 0);
     }
+    if (l->timed_seq != 0 && (int32_t)(cum - l->timed_seq) >= 0)
+        l->timed_seq = 0;
+    /* Progress undoes the doubling, sample or not (link.h: why not Karn's
+     * kept backoff). */
+    l->rto_ns = kvs__rtt_timeout(&l->rtt, ls->rto_min_ns, ls->rto_max_ns);
+    l->waiting_since_ns = now_ns;
+    l->retry_ns = kvs__sat_add_u64(now_ns, l->rto_ns);
 }
 
 int kvs__link_recv(kvs__links_t *ls, const kvs_completion_t *cqe, kvs_msg_t *msg)
@@ -253,6 +290,10 @@ int kvs__link_recv(kvs__links_t *ls, const kvs_completion_t *cqe, kvs_msg_t *msg
  * the fabric is refusing, and this pass stops at once.) */
 static void kvs__link_resend(kvs__links_t *ls, kvs__link_t *l, uint64_t now_ns)
 {
+    /* Karn: an ACK after this may answer either post of a message, or be
+     * the peer's answer to a duplicate: none is a sample until the next
+     * message timed. */
+    l->timed_seq = 0;
     uint32_t pos = l->q_start;
     for (uint32_t i = 0; i < l->q_count && i < KVS__LINK_RESEND_BATCH && !l->dead; i++) {
         if (kvs__link_post_at(ls, l, pos) != KVS_OK)
@@ -363,4 +404,13 @@ uint64_t kvs__links_unacked(const kvs__links_t *ls)
         if (ls->v[i].conn != NULL && !ls->v[i].dead) /* a dead peer takes nothing more */
             n += ls->v[i].q_count;
     return n;
+}
+
+uint64_t kvs__links_srtt_max(const kvs__links_t *ls)
+{
+    uint64_t m = 0;
+    for (uint32_t i = 0; i < ls->hi; i++)
+        if (ls->v[i].conn != NULL && !ls->v[i].dead && ls->v[i].rtt.srtt_ns > m)
+            m = ls->v[i].rtt.srtt_ns;
+    return m;
 }

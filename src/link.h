@@ -12,6 +12,29 @@
  *   goes back once per progress call;
  * - a link that sees no ACK within its retransmission timeout sends its
  *   queue again, doubling the timeout up to rto_max;
+ * - the timeout follows the path: each link times one message at a time,
+ *   from its first post to an ACK naming it as the newest received (an ACK
+ *   past it ends the timing with no sample: its own ACK may have been
+ *   lost, and the later one measure the wait for a later message), and keeps a smoothed
+ *   round trip and its variation from those samples (RFC 6298, in integer
+ *   nanoseconds of the fabric's clock). The timeout is then
+ *   SRTT + max(rto_min, 4 * RTTVAR), at most rto_max: rto_min plays the
+ *   RFC's clock granularity G (as Linux's TCP floors its variation term),
+ *   so a fast path keeps the configured first timeout plus its round trip,
+ *   and a slow or loaded one (a busy peer answers late) is not resent
+ *   needlessly. Before the first sample the timeout is rto_min (the RFC's
+ *   1 s would stall the first lost REGISTER of a fast path 500 times too
+ *   long; the first answer corrects a short guess at the cost of a
+ *   duplicate or two). Karn's rule: a retransmission ends the timing, as
+ *   an ACK after it may answer either post of a message, or be the peer's
+ *   answer to a duplicate of an older one (a timed message whose ACK was
+ *   lost would otherwise measure the timeout too). Unlike TCP, any ACK progress sets
+ *   the timeout back from its doubled value to the estimator's, sample or
+ *   not: with go-back-N every message behind a lost one is sent again, so
+ *   under loss samples are rare, and a doubling kept until the next one
+ *   held a 20%-loss run with a one-deep send queue at rto_max until every
+ *   request stalled (docs/architecture.md); progress shows the path
+ *   delivers, as the fixed timeout assumed before;
  * - a connection the fabric reports dead (its peer crashed or restarted:
  *   KVS_EPEER), or one whose oldest message went unacknowledged for
  *   give_up_ns (a partition, a peer that stopped), kills the link; the
@@ -41,6 +64,20 @@
 #define KVS__LINK_QUEUE_MAX (64u << 20) /* bytes of unacknowledged messages */
 #define KVS__LINK_RESEND_BATCH 64u      /* messages sent again per timeout */
 
+/* A round-trip estimator (RFC 6298 section 2, integers only): samples is 0
+ * until the first one, which sets SRTT = R and RTTVAR = R / 2; each later
+ * one sets RTTVAR = 3/4 RTTVAR + 1/4 |SRTT - R|, then SRTT = 7/8 SRTT +
+ * 1/8 R. */
+typedef struct kvs__rtt {
+    uint64_t srtt_ns, rttvar_ns;
+    uint64_t samples;
+} kvs__rtt_t;
+
+void kvs__rtt_sample(kvs__rtt_t *e, uint64_t rtt_ns);
+/* The retransmission timeout e gives: rto_min before any sample, else
+ * SRTT + max(rto_min, 4 * RTTVAR) (saturating), at most rto_max. */
+uint64_t kvs__rtt_timeout(const kvs__rtt_t *e, uint64_t rto_min_ns, uint64_t rto_max_ns);
+
 typedef struct kvs__link {
     kvs_conn_t *conn;          /* NULL: a free slot */
     void *owner;               /* the handler's peer on this connection, or NULL */
@@ -55,6 +92,10 @@ typedef struct kvs__link {
                                   post was refused): they go, in order, before
                                   any newer one */
     uint64_t rto_ns, retry_ns; /* current timeout; when the queue goes again */
+    kvs__rtt_t rtt;            /* the path's round trip, from the ACKs */
+    uint32_t timed_seq;        /* the message being timed, 0 for none: posted
+                                  once, at timed_ns, and not acknowledged yet */
+    uint64_t timed_ns;
     uint64_t waiting_since_ns; /* the queue last moved (or became non-empty) */
     /* receiving */
     uint32_t expected;         /* next in-order sequence number */
@@ -119,6 +160,9 @@ uint32_t kvs__link_unacked(const kvs__links_t *ls, const kvs_conn_t *conn);
 /* The same over every live link: messages the peers have yet to
  * acknowledge (a dead connection's queue counts for nothing). */
 uint64_t kvs__links_unacked(const kvs__links_t *ls);
+/* The largest smoothed round trip over the live links, 0 before any
+ * sample (kvs_handler_stats_t.rtt_smoothed_ns). */
+uint64_t kvs__links_srtt_max(const kvs__links_t *ls);
 
 /* A handler's links: for tests that speak as the handler on its own
  * connections (a confused or compromised peer). */

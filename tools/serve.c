@@ -797,7 +797,7 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
     const bool decode = in->role == KVS_ROLE_DECODE;
     uint64_t verified = 0, corrupt = 0, expect_verified = 0, payload = 0, spoiled = 0;
     uint64_t start = UINT64_MAX, end = 0, writes = 0, retrans = 0, dups = 0, pattern = 0;
-    uint64_t ring_live = 0;
+    uint64_t ring_live = 0, rtt = 0;
     int fatal = KVS_OK;
     for (int64_t k = 0; k < n; k++) {
         verified += ranks[k].bytes_verified;
@@ -809,6 +809,7 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
         retrans += ranks[k].stats.msgs_retransmitted;
         dups += ranks[k].stats.msgs_duplicate;
         ring_live += ranks[k].stats.ring_live_bytes;
+        rtt = ranks[k].stats.rtt_smoothed_ns > rtt ? ranks[k].stats.rtt_smoothed_ns : rtt;
         start = ranks[k].start_ns != 0 && ranks[k].start_ns < start ? ranks[k].start_ns : start;
         end = ranks[k].end_ns > end ? ranks[k].end_ns : end;
         if (ranks[k].fatal != KVS_OK) {
@@ -870,10 +871,11 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
                "\"corrupt_bytes\":%" PRIu64 ",\"payload_bytes\":%" PRIu64 ","
                "\"rdma_writes\":%" PRIu64 ",\"spoiled_writes\":%" PRIu64 ","
                "\"msgs_retransmitted\":%" PRIu64 ",\"msgs_duplicate\":%" PRIu64 ","
+               "\"rtt_smoothed_ns\":%" PRIu64 ","
                "\"ring_live_bytes\":%" PRIu64 ",\"wall_s\":%.6f,\"pattern_s\":%.6f,\"goodput_gbytes_per_s\":%.6f,"
                "\"pass\":%s}\n",
                verified, decode ? expect_verified : 0, corrupt, payload, writes, spoiled, retrans,
-               dups, ring_live, wall_s, (double)pattern / 1e9, gbs, pass ? "true" : "false");
+               dups, rtt, ring_live, wall_s, (double)pattern / 1e9, gbs, pass ? "true" : "false");
     } else {
         char b1[32], b2[32];
         if (decode)

@@ -682,6 +682,10 @@ typedef struct kvs_handler_stats {
     uint64_t auth_refused;       /* registrations refused for authentication (no
                                     secret, a wrong one, a replay): each logged
                                     with the peer's address */
+    uint64_t rtt_smoothed_ns;    /* the smoothed round trip of a control message to
+                                    its ACK (what the retransmission timeout
+                                    follows), the largest over the live
+                                    connections; 0 before the first sample */
 } kvs_handler_stats_t;
 
 /* Where an open room stands, as serving engines poll a transfer (sglang's
