@@ -190,6 +190,62 @@ static void test_auth_edges_stranger_and_replay_refused(void **state)
     edge_destroy(cl);
 }
 
+/* Handshake messages out of place are dropped and counted, answered with
+ * nothing: a HELLO or a CHALLENGE nobody asked for at a decode, a
+ * CHALLENGE at a prefill; and a REGISTER from a session other than its
+ * HELLO's finds no challenge. */
+static void test_auth_edges_out_of_place_dropped(void **state)
+{
+    (void)state;
+    edge_opts_t o = opts(SECRET_A, SECRET_A);
+    edge_cluster_t *cl = edge_create(&o);
+    edge_run(cl);
+    edge_node_t *p = edge_prefill(cl, 0), *d = edge_decode(cl, 0);
+    edge_intruder_t x;
+    edge_intruder_create(cl, &x);
+    kvs_msg_t got[8];
+    kvs_msg_t reg = edge_register_msg(cl);
+    kvs_msg_t hello = {.type = KVS_MSG_HELLO};
+    hello.session = reg.session;
+    memset(hello.u.hello.nonce.b, 0x33, 32);
+    kvs_msg_t chal = {.type = KVS_MSG_CHALLENGE};
+    chal.session = reg.session;
+    chal.u.challenge.secured = 1;
+    chal.u.challenge.echo = reg.session;
+
+    kvs_conn_t *cd = edge_conn(x.fab, "d0");
+    const uint64_t d_rejected = edge_stats(d).msgs_rejected;
+    edge_send(cl, x.fab, cd, &hello); /* a decode takes no HELLO */
+    edge_send(cl, x.fab, cd, &chal);  /* nor a CHALLENGE it did not ask for */
+    edge_run(cl);
+    assert_int_equal(edge_intruder_recv(cl, &x, got, 8), 0);
+    assert_int_equal(edge_stats(d).msgs_rejected, d_rejected + 2);
+    assert_int_equal(edge_stats(d).auth_refused, 0);
+
+    kvs_conn_t *cp = edge_conn(x.fab, "p0");
+    const uint64_t p_rejected = edge_stats(p).msgs_rejected;
+    edge_send(cl, x.fab, cp, &chal); /* a prefill takes no CHALLENGE */
+    edge_run(cl);
+    assert_int_equal(edge_intruder_recv(cl, &x, got, 8), 0);
+    assert_int_equal(edge_stats(p).msgs_rejected, p_rejected + 1);
+
+    /* HELLO from one session, REGISTER from another on the same connection. */
+    edge_send(cl, x.fab, cp, &hello);
+    edge_run(cl);
+    assert_int_equal(edge_intruder_recv(cl, &x, got, 8), 1);
+    assert_int_equal(got[0].type, KVS_MSG_CHALLENGE);
+    reg.session = hello.session + 1;
+    edge_send(cl, x.fab, cp, &reg);
+    edge_run(cl);
+    assert_int_equal(edge_intruder_recv(cl, &x, got, 8), 1);
+    assert_int_equal(got[0].u.ack.status, KVS_EAUTH);
+    assert_int_equal(edge_stats(p).auth_refused, 1);
+    assert_non_null(strstr(p->log_last, "no challenge"));
+
+    edge_intruder_destroy(&x);
+    edge_destroy(cl);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -199,6 +255,7 @@ int main(void)
         cmocka_unit_test(test_auth_edges_prefill_without_secret_gets_no_key),
         cmocka_unit_test(test_auth_edges_wrong_secret_refused),
         cmocka_unit_test(test_auth_edges_stranger_and_replay_refused),
+        cmocka_unit_test(test_auth_edges_out_of_place_dropped),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

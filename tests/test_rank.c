@@ -285,6 +285,7 @@ static void test_rank_room_states(void **state)
     edge_open_prefill(cl, 0, 1, 40);
     edge_open_prefill(cl, 1, 1, 40);
     assert_int_equal(state_of(p0, 1), KVS_ROOM_BOOTSTRAPPING); /* no decode yet */
+    assert_int_equal(kvs_rank_room_state(p0, 1, NULL), KVS_EINVAL); /* a room, nowhere to say */
     edge_connect(cl, 0);
     edge_open_decode(cl, 1, 0, 40);
     assert_int_equal(state_of(d, 1), KVS_ROOM_BOOTSTRAPPING); /* not acknowledged yet */
