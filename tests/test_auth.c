@@ -157,9 +157,20 @@ static void test_auth_secret_load(void **state)
     fclose(f);
     assert_int_equal(kvs__secret_load(path, NULL, &s, why, sizeof why), KVS_EINVAL);
     assert_non_null(strstr(why, "nothing"));
+    /* A Windows line end goes too; only the secret's own bytes count. */
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("0123456789abcdef-crlf\r\n", f);
+    fclose(f);
+    assert_int_equal(kvs__secret_load(path, NULL, &s, why, sizeof why), KVS_OK);
+    assert_int_equal(s.len_bytes, strlen("0123456789abcdef-crlf"));
+    kvs__secret_wipe(&s);
     unlink(path);
     assert_int_equal(kvs__secret_load(path, NULL, &s, why, sizeof why), KVS_EINVAL);
     assert_non_null(strstr(why, "cannot be read"));
+    /* A directory opens but does not read. */
+    assert_int_equal(kvs__secret_load("/tmp", NULL, &s, why, sizeof why), KVS_EINVAL);
+    assert_non_null(strstr(why, "/tmp"));
     /* The environment. */
     unsetenv("KVS_TEST_AUTH_SECRET");
     assert_int_equal(kvs__secret_load(NULL, "KVS_TEST_AUTH_SECRET", &s, why, sizeof why),

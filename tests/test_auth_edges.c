@@ -192,8 +192,8 @@ static void test_auth_edges_stranger_and_replay_refused(void **state)
 
 /* Handshake messages out of place are dropped and counted, answered with
  * nothing: a HELLO or a CHALLENGE nobody asked for at a decode, a
- * CHALLENGE at a prefill; and a REGISTER from a session other than its
- * HELLO's finds no challenge. */
+ * CHALLENGE at a prefill, forged ACKs; and a REGISTER from a session
+ * other than its HELLO's finds no challenge. */
 static void test_auth_edges_out_of_place_dropped(void **state)
 {
     (void)state;
@@ -241,6 +241,17 @@ static void test_auth_edges_out_of_place_dropped(void **state)
     assert_int_equal(got[0].u.ack.status, KVS_EAUTH);
     assert_int_equal(edge_stats(p).auth_refused, 1);
     assert_non_null(strstr(p->log_last, "no challenge"));
+
+    /* Forged ACKs: past what the prefill sent on this connection, and on
+     * a connection that never carried a message. Both dropped, counted. */
+    const uint64_t rejected = edge_stats(p).msgs_rejected;
+    kvs_msg_t ack = {.type = KVS_MSG_ACK};
+    ack.u.ack_link.cum = 1000;
+    edge_send(cl, x.fab, cp, &ack);
+    edge_send(cl, x.fab, edge_conn(x.fab, "p0"), &ack);
+    edge_run(cl);
+    assert_int_equal(edge_stats(p).msgs_rejected, rejected + 2);
+    assert_int_equal(edge_intruder_recv(cl, &x, got, 8), 0);
 
     edge_intruder_destroy(&x);
     edge_destroy(cl);

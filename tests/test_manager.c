@@ -260,6 +260,8 @@ static void test_manager_config_guards(void **state)
         {"aux over the limit", prefill_cfg(), 0, KVS_EINVAL,
          "max_aux_bytes 1048577 is over the limit of 1048576 bytes"},
         {"aux at the limit", decode_cfg(), 0, KVS_OK, NULL},
+        {"negative dp rank", decode_cfg(), 0, KVS_EINVAL, "dp_rank -1 must be >= 0"},
+        {"bounds given, not defaulted", decode_cfg(), 0, KVS_OK, NULL},
     };
     g[0].cfg.is_mla = true;
     g[1].cfg.context_parallel = 2;
@@ -293,6 +295,9 @@ static void test_manager_config_guards(void **state)
     g[27].cfg.staging = false;
     g[28].cfg.max_aux_bytes = KVS_AUX_BYTES_MAX + 1;
     g[29].cfg.max_aux_bytes = KVS_AUX_BYTES_MAX;
+    g[30].cfg.dp_rank = -1;
+    g[31].cfg.max_peers = 8;
+    g[31].cfg.retry_timeout_ns = 5000000;
     for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) {
         f->fab.base.ops.caps = g[i].caps;
         kvs_manager_t *m = (kvs_manager_t *)&m;

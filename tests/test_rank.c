@@ -218,6 +218,17 @@ static void test_rank_wrong_role_and_null(void **state)
                                  .pages = pages, .num_pages = 1};
     assert_int_equal(kvs_rank_open_room(p, &bad), KVS_EINVAL);
     assert_non_null(strstr(kvs_rank_last_error(p)->msg, "base_tokens must be 0 (got 4)"));
+    /* A decode rank gives no aux payload: neither bytes nor a length. */
+    const char aux[] = "tok";
+    kvs_room_desc_t with_aux = {.room = 1, .total_tokens = 8, .pages = pages, .num_pages = 1,
+                                .aux = aux, .aux_bytes = sizeof aux};
+    assert_int_equal(kvs_rank_open_room(d, &with_aux), KVS_EINVAL);
+    assert_non_null(strstr(kvs_rank_last_error(d)->msg, "a decode rank gives no aux payload"));
+    with_aux.aux = NULL;
+    assert_int_equal(kvs_rank_open_room(d, &with_aux), KVS_EINVAL);
+    with_aux.aux = aux;
+    with_aux.aux_bytes = 0;
+    assert_int_equal(kvs_rank_open_room(d, &with_aux), KVS_EINVAL);
     /* The decode calls, through the rank. */
     assert_int_equal(kvs_rank_connect(d, (kvs_peer_t){0, 0}), KVS_OK);
     assert_int_equal(kvs_rank_add_instance(d, &inst), KVS_EINVAL); /* no addresses */
