@@ -571,7 +571,7 @@ static int cli_rank_open(cli_rank_ctx_t *c, uint32_t i)
         c->pages[j] = cli_page(c, i, j, n);
     const bool decode = c->r->role == KVS_ROLE_DECODE;
     const bool hold = !decode && c->plan->hold && i >= c->plan->hold_from;
-    if (!decode && !hold)
+    if (!decode && !hold && !c->plan->no_verify)
         cli_rank_pattern(c, i, false, NULL);
     /* The decode names the room's prefill instance, a prefill the one
      * decode instance, 0. */
@@ -629,7 +629,7 @@ static int cli_rank_results(cli_rank_ctx_t *c, uint32_t *inflight, uint32_t *don
         c->r->payload_bytes += res->bytes;
         if (c->plan->hold && room < c->plan->hold_from)
             c->hold_done++;
-        if (c->r->role == KVS_ROLE_DECODE && res->status == KVS_OK)
+        if (c->r->role == KVS_ROLE_DECODE && res->status == KVS_OK && !c->plan->no_verify)
             c->r->corrupt_bytes += cli_rank_pattern(c, (uint32_t)room, true,
                                                     &c->r->bytes_verified);
         (*inflight)--;

@@ -79,6 +79,8 @@ typedef struct cli_serve_plan {
     uint32_t hold_from;
     uint64_t timeout_ns;        /* give up when the run is not over by then */
     uint64_t linger_ns;         /* keep serving the peer this long after the end */
+    bool no_verify;             /* --no-verify: no pattern written or checked (a
+                                   benchmark of the transfer alone) */
     uint32_t workload_tag;      /* hash of the requests, prompt lengths and
                                    prefill instance count: the managers'
                                    app_tag, so every process must run the

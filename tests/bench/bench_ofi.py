@@ -12,7 +12,9 @@ machine. Per repetition and provider (tcp, shm), one after the other:
   bound;
 - a two-process `kvstage serve` (prefill TP 2 -> decode TP 1, 8 KV heads of
   128, bf16, 4 layers, page 16, 128-token chunks: every write 1 MiB;
-  REQUESTS prompts of TOKENS tokens), every byte verified by the decode.
+  REQUESTS prompts of TOKENS tokens), every byte verified by the decode;
+  then the same with --no-verify: the transfer alone, no pattern made or
+  checked.
 Then, per provider, the median of each figure, the ratios, and the link
 model fitted on the medians of fi_pingpong (time per message = latency +
 per-op + bytes / rate; latency the 64-byte time, per-op what is left of the
@@ -89,10 +91,14 @@ def iperf3(port):
     return json.loads(out.stdout)["end"]["sum_received"]["bits_per_second"] / 8
 
 
-def serve(kvstage, prov, port, args, out):
-    """Two serve processes; the decode's and the prefill's JSON reports."""
+def serve(kvstage, prov, port, args, out, verify=True):
+    """Two serve processes; the decode's and the prefill's JSON reports.
+    verify False: --no-verify, the transfer alone (no pattern made or
+    checked)."""
     flags = shape(args.requests, args.tokens) + ["--fabric", "ofi", "--provider", prov,
                                                  "--timeout-s", "300", "--json"]
+    if not verify:
+        flags.append("--no-verify")
     with open(os.path.join(out, "prefill.err"), "w") as perr:
         pre = subprocess.Popen([kvstage, "serve", "--role", "prefill", "--listen",
                                 "%s:%d" % (ADDR, port)] + flags, stdout=subprocess.PIPE,
@@ -105,7 +111,8 @@ def serve(kvstage, prov, port, args, out):
         sys.exit("bench_ofi: serve over %s exited %d/%d:\n%s" %
                  (prov, pre.returncode, dec.returncode, dec.stderr[-2000:]))
     d, p = json.loads(dec.stdout), json.loads(pout)
-    if not d["pass"] or d["corrupt_bytes"] or d["bytes_verified"] != d["bytes_expected"]:
+    if not d["pass"] or d["corrupt_bytes"] or \
+            (verify and d["bytes_verified"] != d["bytes_expected"]):
         sys.exit("bench_ofi: serve over %s did not pass: %s" % (prov, dec.stdout))
     return d, p
 
@@ -152,7 +159,7 @@ def main():
     ports = Ports(args.port)
     print("bench_ofi: load before: %s" % open("/proc/loadavg").read().strip())
     res = {p: {"pp": {s: [] for s in SIZES}, "iperf": [], "wall": [], "check": [],
-               "moved": 0, "writes": 0, "retrans": []} for p in provs}
+               "bare": [], "moved": 0, "writes": 0, "retrans": []} for p in provs}
     for rep in range(1, args.reps + 1):
         for prov in provs:
             r = res[prov]
@@ -165,13 +172,17 @@ def main():
             r["check"].append(d["pattern_s"])
             r["moved"], r["writes"] = d["bytes_verified"], p["rdma_writes"]
             r["retrans"].append(d["msgs_retransmitted"] + p["msgs_retransmitted"])
+            bare, _ = serve(kvstage, prov, ports.take(4), args, out, verify=False)
+            r["bare"].append(bare["wall_s"])
             print("rep %d %s: fi_pingpong 1 MiB %.0f MB/s, 4 MiB %.0f MB/s%s; serve %.3f s "
-                  "(checking %.3f s), %.0f MB/s, %d control messages sent again" %
+                  "(checking %.3f s), %.0f MB/s, %d control messages sent again; "
+                  "--no-verify %.3f s, %.0f MB/s" %
                   (rep, prov, 1048576 / r["pp"][1048576][-1] / 1e6,
                    4194304 / r["pp"][4194304][-1] / 1e6,
                    ", iperf3 %.0f MB/s" % (r["iperf"][-1] / 1e6) if r["iperf"] else "",
                    d["wall_s"], d["pattern_s"], d["bytes_verified"] / d["wall_s"] / 1e6,
-                   r["retrans"][-1]), flush=True)
+                   r["retrans"][-1], bare["wall_s"], bare["payload_bytes"] / bare["wall_s"] / 1e6),
+                  flush=True)
     print("bench_ofi: load after: %s" % open("/proc/loadavg").read().strip())
     for prov in provs:
         r = res[prov]
@@ -188,9 +199,14 @@ def main():
         print("serve / fi_pingpong (best size): %.2f" % (serve_bps / best_pp))
         print("serve / fi_pingpong 1 MiB (serve's write size): %.2f" %
               (serve_bps / (1048576 / med[1048576])))
+        bare_bps = r["moved"] / statistics.median(r["bare"])
+        print("serve --no-verify (the transfer alone): %.3f s, %.1f MB/s; / fi_pingpong "
+              "1 MiB: %.2f" % (statistics.median(r["bare"]), bare_bps / 1e6,
+                               bare_bps / (1048576 / med[1048576])))
         if r["iperf"]:
             ip = statistics.median(r["iperf"])
-            print("iperf3: %.1f MB/s; serve / iperf3: %.2f" % (ip / 1e6, serve_bps / ip))
+            print("iperf3: %.1f MB/s; serve / iperf3: %.2f; --no-verify / iperf3: %.2f"
+                  % (ip / 1e6, serve_bps / ip, bare_bps / ip))
         icpt, rate = fit(med)
         latency = med[64]
         per_op = max(0.0, icpt - latency)

@@ -2,7 +2,7 @@
 # test_serve.sh - `kvstage serve` end to end over RDMA: prefill processes and
 # a decode process (separate processes, each running all ranks of one
 # instance) move a seeded workload through the kvstage protocol and the
-# decode checks every byte against the pattern the prefill wrote. Thirteen runs:
+# decode checks every byte against the pattern the prefill wrote. Fourteen runs:
 #   1. P=2 -> D=1 (two writers per decode region), all requests ok
 #   2. P=1 -> D=2 (one prefill rank feeding two decode ranks), all ok
 #   3. P=2 -> D=1 with the prefill's 3rd RDMA write spoiled (bad remote key):
@@ -38,6 +38,8 @@
 #      prefill logs the refusal with the peer's address and keeps serving
 #  13. the decode has the secret and the prefill none: the decode refuses
 #      the prefill's answer and stops the same way
+#  14. --no-verify (the benchmarks' transfer alone): all ok, every byte
+#      received and nothing checked, said so in the report
 # Every run that moves KV also checks that the decode's ring holds 0 live
 # bytes at the end (every room ended, so anything live leaked).
 # Usage: test_serve.sh KVSTAGE_BINARY   (needs an RDMA device: ctest runs it
@@ -353,6 +355,39 @@ unauth() {
   fi
 }
 
+# transfer_only NAME PORT: both sides --no-verify; all rooms ok, the
+# decode received the whole payload, verified none and says so.
+transfer_only() {
+  local name=$1 port=$(($2 + off)) t0 prc drc
+  t0=$(date +%s.%N)
+  "$kvstage" serve --role prefill --listen "$addr:$port" "${shape[@]}" "${seed[@]}" \
+    --prefill-tp 2 --decode-tp 1 --no-verify >"$work/$name.prefill.json" 2>"$work/$name.prefill.err" &
+  local ppid=$!
+  "$kvstage" serve --role decode --peer "$addr:$port" "${shape[@]}" "${seed[@]}" \
+    --prefill-tp 2 --decode-tp 1 --no-verify >"$work/$name.decode.json" 2>"$work/$name.decode.err"
+  drc=$?
+  wait "$ppid"
+  prc=$?
+  echo "test_serve: $name: prefill exit $prc, decode exit $drc, $(elapsed "$t0") s"
+  if ! python3 - "$work/$name.prefill.json" "$work/$name.decode.json" "$prc" "$drc" <<'PY'
+import json, sys
+p, d = (json.load(open(f)) for f in sys.argv[1:3])
+bad = []
+if sys.argv[3:5] != ["0", "0"]: bad.append("exit codes %s" % sys.argv[3:5])
+for s in (p, d):
+    if not s["pass"] or s["requests_ok"] != s["requests"] or s["verified"]:
+        bad.append("%s: pass %s, %d ok of %d, verified %s" % (s["role"], s["pass"], s["requests_ok"], s["requests"], s["verified"]))
+if d["bytes_verified"] != 0 or d["payload_bytes"] != p["payload_bytes"] or d["payload_bytes"] == 0:
+    bad.append("decode received %d of %d bytes, verified %d" % (d["payload_bytes"], p["payload_bytes"], d["bytes_verified"]))
+if d["ring_live_bytes"] != 0: bad.append("decode: %d ring bytes leaked" % d["ring_live_bytes"])
+print("  " + ("; ".join(bad) if bad else "ok"))
+sys.exit(1 if bad else 0)
+PY
+  then
+    failures=$((failures + 1))
+  fi
+}
+
 cluster two 18655 "--decode-tp 1" 2,2 1,1
 # The router is part of the workload: a prefill that splits the rooms with
 # another instance, against a decode that knows one, is refused by name.
@@ -369,5 +404,6 @@ unauth nosecret 18775 "--prefill-tp 2 --decode-tp 1 --secret-file $work/secret" 
   "--prefill-tp 2 --decode-tp 1" "refused the registration of the peer at"
 unauth impostor 18795 "--prefill-tp 2 --decode-tp 1" \
   "--prefill-tp 2 --decode-tp 1 --secret-env KVS_SERVE_SECRET" ""
-echo "test_serve: $failures of 13 runs failed"
+transfer_only noverify 18815
+echo "test_serve: $failures of 14 runs failed"
 [ "$failures" = 0 ]
