@@ -63,6 +63,8 @@
  * stop flag (a sibling rank failed), the time-out and a refused
  * registration. The driver's thread does not wake for it. */
 #define CLI_SERVE_CHECK_NS 10000000u
+/* How often the linger looks again for unacknowledged messages. */
+#define CLI_SERVE_UNACKED_NS 2000000u
 
 typedef struct cli_rank_ctx {
     cli_serve_rank_t *r;
@@ -138,12 +140,21 @@ static const char *cli_rank_name(const cli_rank_ctx_t *c, char *buf, size_t len)
     return buf;
 }
 
-/* The fabric's log (its device or provider, and why): one stderr line, naming
- * the rank. */
+/* The fabric's and the rank's log: one stderr line, naming the rank. */
 static void cli_rank_log(void *user, kvs_log_level_t level, const char *msg)
 {
     char who[48];
     fprintf(stderr, "kvstage serve: %s: %s\n", cli_rank_name(user, who, sizeof who), msg);
+}
+
+/* The rank's own log (rooms failing, peers lost, refusals): errors only,
+ * unless KVS_LOG_LEVEL asks for more (warn, info, debug), as when chasing
+ * why a room failed. */
+static kvs_log_level_t cli_rank_log_level(void)
+{
+    kvs_log_level_t level = KVS_LOG_ERROR;
+    (void)kvs_log_level_parse(getenv(KVS_LOG_ENV), &level);
+    return level;
 }
 
 /* Prefill ranks that write to one decode rank in a pair: its TP writers at
@@ -452,7 +463,7 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
             .secret_file = pl->secret_file, .secret_env = pl->secret_env,
             .instance_id = decode ? 0 : pl->instance,
             .max_instances = decode ? pl->instances : 0,
-            .log = {.fn = NULL, .level = KVS_LOG_ERROR}},
+            .log = {.fn = cli_rank_log, .user = c, .level = cli_rank_log_level()}},
         .layers = kv,
         .local_heads = c->heads};
     rc = kvs_rank_create(&rcfg, c->dev, c->fab, &c->rank, &err);
@@ -690,14 +701,34 @@ static void cli_rank_loop(cli_rank_ctx_t *c, uint64_t deadline_ns)
 /* Lets the driver keep answering the peer a little after the rank's end,
  * however it ended (unless the fabric failed): the peer's last
  * acknowledgements, and after a refused registration the REGISTER_ACK that
- * tells the peer why. Late results are taken as before. */
+ * tells the peer why. Late results are taken as before. After linger_ns it
+ * goes on, as the library's closing rule asks (docs/embedding.md,
+ * "Closing"), until the live peers acknowledged every control message this
+ * rank sent: a prefill rank that left with its last STATUS unacknowledged
+ * would fail that room at the decode, and through the decode's ABORT at its
+ * sibling ranks still writing it. At most the stall timeout more, after
+ * which the link gives up on a silent peer anyway. */
 static void cli_rank_linger(cli_rank_ctx_t *c)
 {
     const uint64_t until = cli_now(c) + c->plan->linger_ns;
-    while (!cli_rank_fabric_failed(c) && cli_now(c) < until) {
+    const uint64_t stall = c->plan->stall_timeout_ns != 0 ? c->plan->stall_timeout_ns
+                                                          : KVS_DEFAULT_STALL_TIMEOUT_NS;
+    const uint64_t last = until + stall;
+    while (!cli_rank_fabric_failed(c)) {
         uint32_t ignore_inflight = 0, extra = 0;
         (void)cli_rank_results(c, &ignore_inflight, &extra);
-        cli_rank_sleep(c, until);
+        const uint64_t now = cli_now(c);
+        if (now >= last)
+            break;
+        if (now < until) {
+            cli_rank_sleep(c, until);
+            continue;
+        }
+        kvs_handler_stats_t hs;
+        kvs_rank_stats(c->rank, &hs);
+        if (hs.msgs_unacked == 0)
+            break;
+        cli_rank_sleep(c, now + CLI_SERVE_UNACKED_NS);
     }
 }
 
