@@ -428,6 +428,13 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
         max_pages = n > max_pages ? n : max_pages;
     }
     c->pages = calloc((size_t)max_pages, sizeof *c->pages);
+    /* An engine's KV pool is made once and stays resident; a fresh mapping
+     * is not: its pages are zeroed by the kernel on first touch, which on
+     * this machine cost the decode more than the transfer (docs/
+     * performance.md, "libfabric on loopback"). Touched here, before the
+     * run's clock starts. */
+    if (c->pool != NULL)
+        memset(c->pool, 0, (size_t)pool_bytes);
     if (c->pool == NULL || kv == NULL || c->pages == NULL) {
         free(kv);
         return cli_rank_fail(c, KVS_ENOMEM, "%s: KV pool tables", who);
