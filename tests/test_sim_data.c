@@ -215,17 +215,19 @@ static void plant_modulo_heads(void *ctx, uint32_t gpu_id, bool scatter,
 
 /* Writers after the first (prefill ranks with tp % k != 0) write one byte
  * past their offset in the region. */
-static void plant_writer_offset(void *ctx, const char *nic, const char *peer,
-                                uint64_t *remote_addr, uint64_t len_bytes)
+static bool plant_writer_offset(void *ctx, const char *nic, const char *peer,
+                                uint64_t *remote_addr, uint64_t *rkey, uint64_t len_bytes)
 {
     (void)peer;
+    (void)rkey;
     (void)len_bytes;
     plant_t *pl = ctx;
     int tp = 0, pp = 0;
     if (sscanf(nic, "p%d.%d", &tp, &pp) != 2 || tp % (pl->P / pl->D) == 0)
-        return;
+        return false;
     *remote_addr += 1;
     pl->hits++;
+    return true;
 }
 
 /* Runs c with the plant in both modes: the bug must show as corrupt

@@ -294,9 +294,10 @@ typedef struct kvs_fabric_ops {
      * KVS_EREMOTE and changes no byte of the target. A grant is not
      * touched by mr_register, and mr_deregister of an mr with live
      * grants fails (KVS_EBUSY): revoke first. Errors: KVS_EINVAL (a NULL
-     * pointer, a range outside mr, a conn that is not live), KVS_EFULL
-     * (no grant left: revoke some, or raise the fabric's bound), with
-     * the detail recorded by kvs_fabric_fail. */
+     * pointer, an empty range or one outside mr, a conn that is not this
+     * fabric's), KVS_EPEER (conn's peer is gone), KVS_EFULL (no grant
+     * left: revoke some, or raise the fabric's bound), with the detail
+     * recorded by kvs_fabric_fail. */
     int (*key_grant)(kvs_fabric_t *fab, kvs_conn_t *conn, kvs_mr_t *mr, uint64_t addr,
                      uint64_t len_bytes, kvs_grant_t **out, uint64_t *out_rkey);
     /* Revokes grant (from key_grant of this fabric; the pointer is dead
