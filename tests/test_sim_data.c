@@ -274,7 +274,20 @@ static void test_sim_data_catches_writer_offset(void **state)
     sim_scenario_config_t c = small(4, 2, 8);
     plant_t pl = {.P = 4, .D = 2, .H = 8};
     c.write_hook = plant_writer_offset;
+    /* The bytes must land for the check to see them: a fabric without
+     * region-scoped keys (whole-ring key, as verbs and ofi today). */
+    c.net.no_key_grant = true;
     caught_in_both(c, &pl, "writer offset + 1, P4 -> D2");
+    /* With scoped keys the same writes reach one byte past their grant:
+     * the fabric refuses them, not one lands, the requests fail instead. */
+    c.net.no_key_grant = false;
+    pl.hits = 0;
+    c.hook_ctx = &pl;
+    const sim_report_t r = run_mode(c, SIM_DATA_BYTES, "writer offset + 1, scoped keys");
+    assert_true(pl.hits > 0);
+    assert_int_equal(r.corrupt_bytes, 0);
+    assert_int_equal(r.requests_ok, 0);
+    assert_int_equal(r.ring_leaked_bytes, 0);
 }
 
 int main(void)

@@ -230,7 +230,7 @@ class HandlerStats(c.Structure):
         "rdma_writes", "rdma_write_bytes", "msgs_sent", "msgs_received", "msgs_rejected",
         "copies", "watermark_waits", "ring_peak_bytes", "rooms_ok", "rooms_failed",
         "msgs_retransmitted", "msgs_duplicate", "peers_lost", "ring_live_bytes", "msgs_unacked",
-        "auth_refused", "rtt_smoothed_ns")]
+        "auth_refused", "rtt_smoothed_ns", "keys_granted", "keys_revoked")]
 
 
 class HostConfig(c.Structure):
