@@ -85,6 +85,7 @@ void kvs__wkeys_revoke(kvs__handler_t *h, kvs__wkeys_t *k)
                           (long long)h->m->cfg.tp_rank, kvs_status_name(rc),
                           h->fab->last_backend_msg);
         h->stats.keys_revoked++;
+        k->grant[i] = NULL; /* its key stays: a late duplicate request gets the
+                               answer it got first, a key that opens nothing */
     }
-    memset(k, 0, sizeof *k);
 }

@@ -51,7 +51,7 @@ int kvs__wkeys_grant(kvs__ring_keys_t *rk, kvs__handler_t *h, const kvs__peer_t 
                      uint64_t offset, int64_t tokens, kvs__wkeys_t *k);
 
 /* Revokes every grant in k (none may stay live: the region is about to be
- * reused) and zeroes it. */
+ * reused); k keeps the keys, now dead, for duplicate answers. */
 void kvs__wkeys_revoke(kvs__handler_t *h, kvs__wkeys_t *k);
 
 #endif
