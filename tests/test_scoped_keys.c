@@ -76,6 +76,36 @@ static void tap_install(edge_cluster_t *cl, tap_t *t)
         sim_nic_set_write_hook(edge_prefill(cl, i)->nic, tap_hook, t);
 }
 
+/* A registered cluster of o with the tap on its prefill NICs. */
+static edge_cluster_t *tapped_cluster(const edge_opts_t *o, tap_t *tap)
+{
+    edge_cluster_t *cl = edge_create(o);
+    edge_assert_registered(cl);
+    tap_install(cl, tap);
+    return cl;
+}
+
+static void expect_refused(edge_cluster_t *cl, uint64_t room, int bad);
+
+/* With tap's edit set up (edit and its fields), prefill rank `victim`'s
+ * next write goes astray: room [0, 40) is computed on every prefill rank
+ * (only on the victim when alone), the cluster runs, the edit is made and
+ * the room is refused at the victim. */
+static void plant(edge_cluster_t *cl, tap_t *tap, int victim, uint64_t room, bool alone)
+{
+    static const char *const names[] = {"p0", "p1"};
+    assert_true(victim >= 0 && victim < 2 && tap->edit != TAP_NONE);
+    const int done = tap->done;
+    tap->victim = names[victim];
+    if (alone)
+        edge_computed_on(cl, victim, room, 40, true);
+    else
+        edge_computed(cl, room, 40, true);
+    edge_run(cl);
+    assert_int_equal(tap->done, done + 1);
+    expect_refused(cl, room, victim);
+}
+
 /* The first write tap saw from nic (fails when none). */
 static const tap_write_t *tap_first(const tap_t *t, const char *nic, int skip)
 {
@@ -132,10 +162,8 @@ static void test_scoped_keys_one_grant_per_writer_and_region(void **state)
     (void)state;
     edge_opts_t o = edge_defaults();
     o.log_watch = "cannot scope remote keys";
-    edge_cluster_t *cl = edge_create(&o);
-    edge_assert_registered(cl);
     tap_t tap;
-    tap_install(cl, &tap);
+    edge_cluster_t *cl = tapped_cluster(&o, &tap);
     /* 40 tokens: chunks of 16, 16, 8; 48 tokens after a prefix of 16: 16 x 3 */
     const edge_room_t rooms[] = {{1, 0, 40}, {2, 16, 64}};
     edge_transfer_ok(cl, rooms, 2);
@@ -172,25 +200,19 @@ static void test_scoped_keys_one_grant_per_writer_and_region(void **state)
 static void test_scoped_keys_stale_key_after_free_fails(void **state)
 {
     (void)state;
-    edge_opts_t o = edge_defaults();
-    edge_cluster_t *cl = edge_create(&o);
-    edge_assert_registered(cl);
+    const edge_opts_t o = edge_defaults();
     tap_t tap;
-    tap_install(cl, &tap);
+    edge_cluster_t *cl = tapped_cluster(&o, &tap);
     edge_transfer(cl, 1, 0, 40);
     edge_expect_ok(cl, 1, 0, 40);
     const tap_write_t stale = *tap_first(&tap, "p0", 0);
     edge_open(cl, 2, 0, 40);
     edge_open(cl, 3, 0, 40);
     edge_run(cl); /* both have their regions */
-    tap.victim = "p0";
     tap.edit = TAP_REPLAY;
     tap.addr = stale.addr;
     tap.rkey = stale.rkey;
-    edge_computed(cl, 2, 40, true);
-    edge_run(cl);
-    assert_int_equal(tap.done, 1);
-    expect_refused(cl, 2, 0);
+    plant(cl, &tap, 0, 2, false);
     edge_computed(cl, 3, 40, true);
     edge_run(cl);
     edge_expect_ok(cl, 3, 0, 40);
@@ -205,22 +227,16 @@ static void test_scoped_keys_stale_key_after_free_fails(void **state)
 static void test_scoped_keys_write_outside_its_bytes_fails(void **state)
 {
     (void)state;
-    edge_opts_t o = edge_defaults();
-    edge_cluster_t *cl = edge_create(&o);
-    edge_assert_registered(cl);
+    const edge_opts_t o = edge_defaults();
     tap_t tap;
-    tap_install(cl, &tap);
+    edge_cluster_t *cl = tapped_cluster(&o, &tap);
     const uint64_t region = (uint64_t)edge_region_bytes(cl, 16);
     edge_open(cl, 1, 0, 40);
     edge_open(cl, 2, 0, 40);
     edge_run(cl);
-    tap.victim = "p0";
     tap.edit = TAP_SHIFT;
     tap.shift = region; /* chunk 1's region: p0 holds a key to it, another one */
-    edge_computed(cl, 1, 40, true);
-    edge_run(cl);
-    assert_int_equal(tap.done, 1);
-    expect_refused(cl, 1, 0);
+    plant(cl, &tap, 0, 1, false);
     edge_computed(cl, 2, 40, true);
     edge_run(cl);
     edge_expect_ok(cl, 2, 0, 40);
@@ -229,10 +245,7 @@ static void test_scoped_keys_write_outside_its_bytes_fails(void **state)
     edge_run(cl);
     tap.edit = TAP_SHIFT;
     tap.shift = region / 2; /* p1's block of the same region */
-    edge_computed(cl, 3, 40, true);
-    edge_run(cl);
-    assert_int_equal(tap.done, 2);
-    expect_refused(cl, 3, 0);
+    plant(cl, &tap, 0, 3, false);
     assert_int_equal(edge_corrupt(cl, 2, 0, 40), 0);
     expect_clean(cl);
     edge_destroy(cl);
@@ -247,11 +260,9 @@ static void test_scoped_keys_write_outside_its_bytes_fails(void **state)
 static void test_scoped_keys_key_from_another_connection_fails(void **state)
 {
     (void)state;
-    edge_opts_t o = edge_defaults();
-    edge_cluster_t *cl = edge_create(&o);
-    edge_assert_registered(cl);
+    const edge_opts_t o = edge_defaults();
     tap_t tap;
-    tap_install(cl, &tap);
+    edge_cluster_t *cl = tapped_cluster(&o, &tap);
     edge_node_t *d = edge_decode(cl, 0);
     edge_open(cl, 1, 0, 40);
     edge_run(cl);
@@ -282,14 +293,10 @@ static void test_scoped_keys_key_from_another_connection_fails(void **state)
     edge_computed_on(cl, 0, 2, 40, true);
     edge_run(cl);
     assert_true(tap.n > seen && strcmp(tap.w[seen].nic, "p0") == 0);
-    tap.victim = "p1";
     tap.edit = TAP_REPLAY;
     tap.keep_addr = true;
     tap.rkey = tap.w[seen].rkey; /* p0's key of room 2's first region */
-    edge_computed_on(cl, 1, 2, 40, true);
-    edge_run(cl);
-    assert_int_equal(tap.done, 1);
-    expect_refused(cl, 2, 1);
+    plant(cl, &tap, 1, 2, true);
     expect_clean(cl);
     edge_intruder_destroy(&x);
     edge_destroy(cl);
@@ -351,14 +358,12 @@ static void test_scoped_keys_fallback_without_key_grant(void **state)
     edge_opts_t o = edge_defaults();
     o.net.no_key_grant = true;
     o.log_watch = "cannot scope remote keys";
-    edge_cluster_t *cl = edge_create(&o);
-    edge_assert_registered(cl);
+    tap_t tap;
+    edge_cluster_t *cl = tapped_cluster(&o, &tap);
     edge_node_t *d = edge_decode(cl, 0);
     assert_int_equal(d->log_watched, 1);
     for (int i = 0; i < cl->nprefill; i++)
         assert_int_equal(edge_prefill(cl, i)->log_watched, 0);
-    tap_t tap;
-    tap_install(cl, &tap);
     const edge_room_t rooms[] = {{1, 0, 40}, {2, 16, 64}};
     edge_transfer_ok(cl, rooms, 2);
     uint64_t addr = 0, len = 0;

@@ -327,6 +327,22 @@ static void test_wire_encoded_lengths_are_exact(void **state)
 
 /* ---- golden vectors ----------------------------------------------------- */
 
+/* m encodes to exactly golden (n bytes), and golden decodes back to m;
+ * *out (may be NULL) gets the decoded message. */
+static void expect_golden(const kvs_msg_t *m, const uint8_t *golden, uint32_t n, kvs_msg_t *out)
+{
+    uint8_t buf[128];
+    assert_true(n <= sizeof buf);
+    const uint32_t len = encode_ok(m, buf, sizeof buf);
+    assert_int_equal(len, n);
+    assert_memory_equal(buf, golden, n);
+    kvs_msg_t got;
+    assert_int_equal(decode_exact(golden, n, &got), KVS_OK);
+    assert_msg_equal(m, &got);
+    if (out != NULL)
+        *out = got;
+}
+
 static void test_wire_golden_watermark(void **state)
 {
     (void)state;
@@ -347,14 +363,7 @@ static void test_wire_golden_watermark(void **state)
     m.session = 0x0102030405060708u;
     m.u.wm.round = 0x1112131415161718u;
     m.u.wm.offset = 0x800000009ABCDEF0u;
-    uint8_t buf[64];
-    uint32_t len = encode_ok(&m, buf, sizeof buf);
-    assert_int_equal(len, sizeof golden);
-    assert_memory_equal(buf, golden, sizeof golden);
-
-    kvs_msg_t out;
-    assert_int_equal(decode_exact(golden, sizeof golden, &out), KVS_OK);
-    assert_msg_equal(&m, &out);
+    expect_golden(&m, golden, sizeof golden, NULL);
 }
 
 /* Pins the signed encoding: two's complement, little-endian. */
@@ -376,15 +385,9 @@ static void test_wire_golden_abort_negative_status(void **state)
     m.session = UINT64_MAX;
     m.u.abort.room = 42;
     m.u.abort.status = KVS_EOVERSIZED;
-    uint8_t buf[64];
-    uint32_t len = encode_ok(&m, buf, sizeof buf);
-    assert_int_equal(len, sizeof golden);
-    assert_memory_equal(buf, golden, sizeof golden);
-
     kvs_msg_t out;
-    assert_int_equal(decode_exact(golden, sizeof golden, &out), KVS_OK);
+    expect_golden(&m, golden, sizeof golden, &out);
     assert_int_equal(out.u.abort.status, -10);
-    assert_msg_equal(&m, &out);
 }
 
 /* Pins STAGING_RSP (wire version 7): the region, then the two keys of the
@@ -414,13 +417,7 @@ static void test_wire_golden_staging_rsp_keys(void **state)
     m.u.rsp = (kvs_msg_staging_rsp_t){.room = 9, .chunk = 3, .status = KVS_OK,
                                       .offset = 8192, .round = 1, .end = 16384,
                                       .rkey = 0x11223344u, .rkey_v = 0x55667788u};
-    uint8_t buf[128];
-    uint32_t len = encode_ok(&m, buf, sizeof buf);
-    assert_int_equal(len, sizeof golden);
-    assert_memory_equal(buf, golden, sizeof golden);
-    kvs_msg_t out;
-    assert_int_equal(decode_exact(golden, sizeof golden, &out), KVS_OK);
-    assert_msg_equal(&m, &out);
+    expect_golden(&m, golden, sizeof golden, NULL);
 }
 
 /* Pins the byte array's encoding: the bytes as they are, after the count. */
@@ -444,13 +441,7 @@ static void test_wire_golden_aux(void **state)
     m.session = 1;
     m.u.aux = (kvs_msg_aux_t){.room = 9, .total = 10000, .first = 4000, .count = 3,
                               .data = {0x61, 0x00, 0xFF}};
-    uint8_t buf[64];
-    uint32_t len = encode_ok(&m, buf, sizeof buf);
-    assert_int_equal(len, sizeof golden);
-    assert_memory_equal(buf, golden, sizeof golden);
-    kvs_msg_t out;
-    assert_int_equal(decode_exact(golden, sizeof golden, &out), KVS_OK);
-    assert_msg_equal(&m, &out);
+    expect_golden(&m, golden, sizeof golden, NULL);
 }
 
 /* ---- hostile input ------------------------------------------------------ */
