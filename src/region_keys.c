@@ -24,11 +24,11 @@ void kvs__ring_keys_init(kvs__ring_keys_t *rk, kvs__handler_t *h)
     rk->scoped = kvs__net_can_grant(h->fab);
     if (!rk->scoped)
         kvs_log_write(&m->log, KVS_LOG_WARN, "decode %lld: fabric '%s' cannot scope remote "
-                      "keys (no key_grant: fabric ops version %u, 4 has it): every prefill "
-                      "writer gets the key of the whole staging ring and could write into "
-                      "any region (docs/security.md)", (long long)m->cfg.tp_rank,
-                      h->fab->ops.name != NULL ? h->fab->ops.name : h->fab->name,
-                      h->fab->ops.version);
+                      "keys (its ops table fills no key_grant, a slot of fabric ops version "
+                      "4): every prefill writer gets the key of the whole staging ring and "
+                      "could write into any region (docs/security.md)",
+                      (long long)m->cfg.tp_rank,
+                      h->fab->ops.name != NULL ? h->fab->ops.name : h->fab->name);
 }
 
 int kvs__wkeys_grant(kvs__ring_keys_t *rk, kvs__handler_t *h, const kvs__peer_t *peer,
