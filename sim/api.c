@@ -415,6 +415,11 @@ static void sim_api_write_report(const sim_report_t *r, kvs_sim_report_t *out)
     }
     p.aux_bytes_verified = r->aux_bytes_verified;
     p.aux_corrupt_bytes = r->aux_corrupt_bytes;
+    p.keys_granted = r->keys_granted;
+    p.keys_revoked = r->keys_revoked;
+    p.keys_leaked = r->keys_leaked;
+    p.hostile_writes = r->hostile_writes;
+    p.hostile_bytes_landed = r->hostile_bytes_landed;
     p.ok = r->ok;
     p.failed_without_faults = r->failed_without_faults;
     p.ring_bytes_needed = r->ring_bytes_needed;

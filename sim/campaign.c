@@ -29,6 +29,7 @@
  * No clock, no output, no global state: two campaigns of one seed give one
  * report.
  */
+#include <assert.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -94,6 +95,13 @@
  * the runs (percent); a stream of its own. */
 #define SIM_CAMPAIGN_PROVENANCE_PCT 25
 #define SIM_CAMPAIGN_DATA_STREAM (UINT64_C(1) << 59)
+/* Hostile writers (a hostile-write fault: issue 17 item 2): in this share
+ * of the runs with faults (percent), one more fault, from a stream of its
+ * own, so every other draw of a run is what it was before the kind
+ * existed; in every faulted run when the campaign's faults name no other
+ * kind. */
+#define SIM_CAMPAIGN_HOSTILE_PCT 20
+#define SIM_CAMPAIGN_HOSTILE_STREAM (UINT64_C(1) << 58)
 
 static int sim_campaign_fail(kvs_error_t *err, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -177,15 +185,21 @@ static const uint64_t sim_campaign_fault_stalls_ms[] = {2000, 5000, 30000};
 #define SIM_CAMPAIGN_MAX_DELAY_US 50000
 #define SIM_CAMPAIGN_MAX_LINK_DOWN_US 500000
 
-/* "p<tp>.<pp>[@<i>]" or "d<tp>.<pp>[@<i>]", any rank of the cluster (decode
- * only when decode_only): one rank of one instance. */
-static void sim_campaign_rank(sim_rng_t *rng, const sim_campaign_scene_t *s, bool decode_only,
+/* Which ranks sim_campaign_rank draws from. */
+enum { SIM_CAMPAIGN_ANY_RANK, SIM_CAMPAIGN_DECODE_RANK, SIM_CAMPAIGN_PREFILL_RANK };
+
+/* "p<tp>.<pp>[@<i>]" or "d<tp>.<pp>[@<i>]", a rank of the cluster on the
+ * side `which` says (SIM_CAMPAIGN_*_RANK): one rank of one instance. */
+static void sim_campaign_rank(sim_rng_t *rng, const sim_campaign_scene_t *s, int which,
                               char *out, size_t cap)
 {
     const int64_t np = sim_campaign_side_ranks(&s->topo, KVS_ROLE_PREFILL);
     const int64_t nd = sim_campaign_side_ranks(&s->topo, KVS_ROLE_DECODE);
-    const int64_t k = decode_only ? np + (int64_t)sim_rng_below(rng, (uint64_t)nd)
-                                  : (int64_t)sim_rng_below(rng, (uint64_t)(np + nd));
+    const int64_t k = which == SIM_CAMPAIGN_DECODE_RANK
+                          ? np + (int64_t)sim_rng_below(rng, (uint64_t)nd)
+                      : which == SIM_CAMPAIGN_PREFILL_RANK
+                          ? (int64_t)sim_rng_below(rng, (uint64_t)np)
+                          : (int64_t)sim_rng_below(rng, (uint64_t)(np + nd));
     const bool decode = k >= np;
     const kvs_role_t role = decode ? KVS_ROLE_DECODE : KVS_ROLE_PREFILL;
     int64_t idx;
@@ -248,7 +262,7 @@ static void sim_campaign_draw_link_down(sim_rng_t *rng, sim_campaign_scene_t *s,
 {
     static const uint64_t max_for_us[] = {50, 2000, 50000, SIM_CAMPAIGN_MAX_LINK_DOWN_US};
     char rank[32];
-    sim_campaign_rank(rng, s, false, rank, sizeof rank);
+    sim_campaign_rank(rng, s, SIM_CAMPAIGN_ANY_RANK, rank, sizeof rank);
     const uint64_t at_us = sim_rng_range(rng, 0, s->horizon_us);
     const uint64_t for_us = sim_rng_range(rng, 1, SIM_CAMPAIGN_PICK(rng, max_for_us));
     snprintf(spec, cap, "link-down:%s:%" PRIu64 ":%" PRIu64, rank, at_us, for_us);
@@ -259,7 +273,7 @@ static void sim_campaign_draw_slow_scatter(sim_rng_t *rng, sim_campaign_scene_t 
 {
     static const uint64_t factors[] = {2, 10, 100, 1000};
     char rank[32];
-    sim_campaign_rank(rng, s, true, rank, sizeof rank);
+    sim_campaign_rank(rng, s, SIM_CAMPAIGN_DECODE_RANK, rank, sizeof rank);
     snprintf(spec, cap, "slow-scatter:%s:%" PRIu64, rank, SIM_CAMPAIGN_PICK(rng, factors));
 }
 
@@ -296,8 +310,25 @@ static void sim_campaign_draw_hbm_full(sim_rng_t *rng, sim_campaign_scene_t *s, 
                                        size_t cap)
 {
     char rank[32];
-    sim_campaign_rank(rng, s, false, rank, sizeof rank);
+    sim_campaign_rank(rng, s, SIM_CAMPAIGN_ANY_RANK, rank, sizeof rank);
     snprintf(spec, cap, "hbm-full:%s", rank);
+}
+
+/* A prefill rank writes one staged chunk where its keys do not reach: a
+ * region freed since (stale) or past its own bytes (outside), from a
+ * random time in the first quarter of the run on. With region-scoped keys the fabric refuses
+ * it: its request fails cleanly, nothing of it lands. */
+static void sim_campaign_draw_hostile_write(sim_rng_t *rng, sim_campaign_scene_t *s,
+                                            char *spec, size_t cap)
+{
+    char rank[32];
+    sim_campaign_rank(rng, s, SIM_CAMPAIGN_PREFILL_RANK, rank, sizeof rank);
+    const bool stale = sim_rng_below(rng, 2) == 0;
+    /* early in the run, so a stale writer still writes after its region
+     * went back */
+    const uint64_t at_us = sim_rng_range(rng, 0, s->horizon_us / 4);
+    snprintf(spec, cap, "hostile-write:%s:%s:%" PRIu64, rank, stale ? "stale" : "outside",
+             at_us);
 }
 
 /* A stall timeout shorter than the run's own waits: rooms time out while
@@ -318,6 +349,8 @@ enum {
     SIM_CAMPAIGN_ERROR = 1u << 1,   /* a rank fails a request for real */
     SIM_CAMPAIGN_TIMEOUT = 1u << 2, /* stall timeouts fire on healthy rooms */
     SIM_CAMPAIGN_LATE = 1u << 3,    /* control messages arrive late */
+    SIM_CAMPAIGN_HOSTILE = 1u << 4, /* a hostile writer: an ERROR that strikes
+                                       for sure, at one of the run's first writes */
 };
 
 /*
@@ -332,6 +365,14 @@ enum {
  *   found when the link gives up after one stall timeout) arrives after the
  *   ranks that waited on it have timed out.
  * - TIMEOUT with LATE: the same with a notice delayed past the timeout.
+ * - HOSTILE with LOSS: on links that lose half their messages with send
+ *   queues of 1-2 requests, go-back-N barely moves (thousands of
+ *   retransmissions, a handful of writes in 5 s), so the notice of the
+ *   hostile write's failure sits behind the backlog until the other ranks
+ *   time out. write-error does the same when it strikes there (campaign
+ *   run 2382 of seed 1 replays with write-error:0.1 in place of the
+ *   hostile write: 1 unreported failure), but at the odds it is drawn with
+ *   it seldom strikes in such a run; a hostile writer always does.
  * (LOSS and LATE with ERROR were kept apart until control messages were
  * retried and a prefill told a decode whose ROOM was still on the way;
  * they now run together, link-down included.)
@@ -339,11 +380,15 @@ enum {
 static const uint32_t sim_campaign_conflicts[][2] = {
     {SIM_CAMPAIGN_TIMEOUT, SIM_CAMPAIGN_ERROR},
     {SIM_CAMPAIGN_TIMEOUT, SIM_CAMPAIGN_LOSS},
+    {SIM_CAMPAIGN_HOSTILE, SIM_CAMPAIGN_LOSS},
     {SIM_CAMPAIGN_TIMEOUT, SIM_CAMPAIGN_LATE},
 };
 
 /* The kinds a campaign draws, with their odds. A new kind is a row here
- * and a draw function above. */
+ * and a draw function above; one of weight 0 is never picked by weight
+ * but drawn from a stream of its own (hostile-write: see
+ * SIM_CAMPAIGN_HOSTILE_PCT), so the runs drawn before it came stay as
+ * they were. */
 typedef struct sim_campaign_fault_kind {
     const char *name;          /* as in --fault; also the JSON key */
     uint32_t weight;           /* odds relative to the other rows */
@@ -362,7 +407,10 @@ static const sim_campaign_fault_kind_t sim_campaign_fault_kinds[] = {
     {"crash", 2, SIM_CAMPAIGN_ERROR, sim_campaign_draw_crash},
     {"restart", 2, SIM_CAMPAIGN_ERROR, sim_campaign_draw_restart},
     {"hbm-full", 1, SIM_CAMPAIGN_ERROR, sim_campaign_draw_hbm_full},
+    {"hostile-write", 0, SIM_CAMPAIGN_ERROR | SIM_CAMPAIGN_HOSTILE,
+     sim_campaign_draw_hostile_write},
 };
+#define SIM_CAMPAIGN_HOSTILE_KIND 10 /* its row above */
 
 #define SIM_CAMPAIGN_KINDS SIM_CAMPAIGN_COUNT(sim_campaign_fault_kinds)
 
@@ -739,6 +787,20 @@ static void sim_campaign_generate(uint64_t seed, uint64_t run,
         }
         stall_ms = scene.stall_ms != 0 ? scene.stall_ms
                                        : SIM_CAMPAIGN_PICK(&rng, sim_campaign_fault_stalls_ms);
+        /* A hostile writer, from its own stream (SIM_CAMPAIGN_HOSTILE_PCT). */
+        const size_t hk = SIM_CAMPAIGN_HOSTILE_KIND;
+        const sim_campaign_fault_kind_t *hostile_kind = &sim_campaign_fault_kinds[hk];
+        assert(hostile_kind->draw == sim_campaign_draw_hostile_write);
+        sim_rng_t hostile;
+        sim_rng_init(&hostile, seed, run | SIM_CAMPAIGN_HOSTILE_STREAM);
+        const uint64_t pct = faults->kinds == 1u << hk ? 100 : SIM_CAMPAIGN_HOSTILE_PCT;
+        if (draw->nfaults < SIM_CAMPAIGN_MAX_FAULTS && (faults->kinds >> hk & 1u) &&
+            !(faults->conflicts && sim_campaign_conflict(hostile_kind->classes, classes)) &&
+            sim_campaign_pct(&hostile, pct)) {
+            hostile_kind->draw(&hostile, &scene, draw->spec[draw->nfaults],
+                               sizeof draw->spec[draw->nfaults]);
+            draw->kinds[draw->nfaults++] = hk;
+        }
     }
     for (uint32_t f = 0; f < draw->nfaults; f++)
         draw->faults[f] = draw->spec[f];
@@ -834,6 +896,10 @@ static uint64_t sim_campaign_judge(kvs_sim_campaign_report_t *t, const sim_campa
     t->posts_refused += r->posts_refused;
     t->aux_bytes_verified += r->aux_bytes_verified;
     t->aux_corrupt_bytes += r->aux_corrupt_bytes;
+    t->keys_granted += r->keys_granted;
+    t->keys_leaked += r->keys_leaked;
+    t->hostile_writes += r->hostile_writes;
+    t->hostile_bytes_landed += r->hostile_bytes_landed;
     t->events += r->events;
     if (r->events > t->max_run_events)
         t->max_run_events = r->events;
@@ -847,6 +913,8 @@ static uint64_t sim_campaign_judge(kvs_sim_campaign_report_t *t, const sim_campa
     sim_campaign_why(why, r->unreported_failures, "unreported failures");
     sim_campaign_why(why, r->collateral_failures, "collateral failures");
     sim_campaign_why(why, r->failed_without_faults, "requests failed without faults");
+    sim_campaign_why(why, r->keys_leaked, "region-scoped keys leaked");
+    sim_campaign_why(why, r->hostile_bytes_landed, "bytes of hostile writes landed");
     /* The library's verdict (check.h), nothing excused. */
     return r->violations;
 }
@@ -858,6 +926,8 @@ const char *kvs_sim_campaign_fault_name(uint32_t kind)
 
 _Static_assert(SIM_CAMPAIGN_KINDS <= KVS_SIM_CAMPAIGN_MAX_KINDS,
                "a fault kind past kvs_sim_campaign_report_t.kind_drawn");
+_Static_assert(SIM_CAMPAIGN_HOSTILE_KIND < SIM_CAMPAIGN_KINDS,
+               "SIM_CAMPAIGN_HOSTILE_KIND names the hostile-write row");
 
 int kvs_sim_campaign_run(const kvs_sim_campaign_config_t *cfg, kvs_sim_campaign_fn on_run,
                          void *ctx, kvs_sim_campaign_report_t *out, kvs_error_t *err)

@@ -3,7 +3,10 @@
  * it runs, and the violations of a finished run. Invariants of a run
  * (spec §9, §12): every request ends; none fails without a fault, or
  * outside the instances a fault struck; no byte arrives corrupt; no ring
- * byte outlives the run; every failure is told to the peer. The scenario
+ * byte and no region-scoped key outlives the run; no byte of a hostile
+ * writer's write lands (issue 17 item 2: the fabric refuses it, so the
+ * request it belongs to fails cleanly and no other request's bytes
+ * change); every failure is told to the peer. The scenario
  * counts each; this file is the only place that sums them.
  */
 #include "check.h"
@@ -66,6 +69,6 @@ void sim_check_report(const sim_scenario_config_t *cfg, sim_report_t *r)
                                    ? r->requests_failed - r->collateral_failures : 0;
     r->violations = r->hung_requests + r->ring_leaked_bytes + r->corrupt_bytes +
                     r->unreported_failures + r->collateral_failures +
-                    r->failed_without_faults;
+                    r->failed_without_faults + r->keys_leaked + r->hostile_bytes_landed;
     r->ok = r->violations == 0;
 }

@@ -27,7 +27,8 @@ int sim_check_ring(const sim_scenario_config_t *cfg, const sim_topology_t *topo,
 /* Fills r's verdict from its counts: failed_without_faults (requests that
  * failed in a run without faults and are not already collateral),
  * violations (hung + leaked + corrupt + unreported + collateral + failed
- * without faults) and ok (no violation). */
+ * without faults + keys leaked + hostile bytes landed) and ok (no
+ * violation). */
 void sim_check_report(const sim_scenario_config_t *cfg, sim_report_t *r);
 
 #endif

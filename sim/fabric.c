@@ -38,7 +38,11 @@
  *    target NIC, range inside it). The first failing segment fails the whole
  *    write with KVS_EREMOTE: no further bytes of it land, the target gets
  *    nothing, the sender's WRITE completion comes latency_ns later (the
- *    NAK). Otherwise the bytes are copied from the sender GPU's memory AT
+ *    NAK). A key that is no MR's may be a grant's (key_grant): then the
+ *    grant must be live, bound to the connection the write came on, and
+ *    hold the WHOLE write, checked at every segment, so a write that
+ *    reaches outside its grant changes no byte and one landing after the
+ *    revoke stops there. Otherwise the bytes are copied from the sender GPU's memory AT
  *    LAND TIME: the source must stay unchanged until the write completes,
  *    which is the RDMA contract the core must honour anyway.
  * 5. When the last segment lands the target gets an IMM completion (if
@@ -74,8 +78,20 @@
  * event) is fatal for the NIC, as a CQ overrun is in RDMA: from then on
  * poll, write and send return the error.
  *
- * Bounds: at most SIM_NET_MAX_NICS NICs, max_mrs MRs and max_conns conns per
- * NIC, cq_entries completions per NIC (storage grows by doubling up to it),
+ * Grants (key_grant / key_revoke, fabric ops version 4): a grant is one
+ * range of one of the NIC's MRs opened to the peer of one of its
+ * connections (the NIC's side of it, named by pointer and generation, so a
+ * connection disconnected meanwhile matches no write), with a key drawn
+ * from the rkey stream like an MR's: 32 bits, non-zero, unique among the
+ * live MRs and grants of the net. A grant costs no event and no work
+ * request: granting and revoking are table updates (a verbs memory window
+ * bind is a work request on the send queue; its cost is for the real
+ * fabric to measure). An MR with live grants cannot be deregistered
+ * (KVS_EBUSY), as verbs refuses to deregister an MR with bound windows.
+ *
+ * Bounds: at most SIM_NET_MAX_NICS NICs, max_mrs MRs, max_conns conns and
+ * max_grants grants per NIC (grants in pages allocated as used),
+ * cq_entries completions per NIC (storage grows by doubling up to it),
  * and the per-net pools of writes, messages and event records grow by
  * doubling up to fixed caps: no malloc per operation in steady state.
  *
@@ -120,6 +136,7 @@
 #define SIM_NET_MSG_PAGE 64u
 #define SIM_NET_POOL_INITIAL 64u
 #define SIM_NIC_CQ_INITIAL 64u
+#define SIM_NIC_GRANT_PAGE 64u /* grants per page, never moved */
 
 /* ------------------------------------------------------------------------ */
 /* Types                                                                     */
@@ -131,6 +148,16 @@ struct kvs_mr {
     uint64_t addr;
     uint64_t len_bytes;
     uint64_t rkey;
+    bool live;
+};
+
+/* A region-scoped key (key_grant); lives in its NIC's grant pages. */
+struct kvs_grant {
+    kvs_mr_t *mr;        /* the MR of this NIC it opens a range of */
+    kvs_conn_t *conn;    /* this NIC's side of the connection its peer writes on */
+    uint32_t conn_gen;   /* conn's generation at the grant */
+    uint32_t next;       /* free list link */
+    uint64_t addr, len_bytes, rkey;
     bool live;
 };
 
@@ -171,6 +198,11 @@ struct sim_nic {
     kvs_mr_t *mrs;     /* max_mrs */
     uint32_t mr_hwm;   /* one past the highest slot ever used */
     kvs_conn_t *conns; /* max_conns */
+    kvs_grant_t **grant_pages; /* [ceil(max_grants / SIM_NIC_GRANT_PAGE)], NULL until used */
+    uint32_t grants_fresh;     /* slots [0, grants_fresh) were used once */
+    uint32_t grants_free;      /* free list of used slots, SIM_NIL at its end */
+    uint32_t grants_live;
+    uint64_t grants_made, grants_revoked;
     sim_cqe_t *cq;     /* ring, cq_cap <= cfg.cq_entries */
     uint32_t cq_cap, cq_head, cq_len;
     int fatal;         /* 0, or the status every later call returns */
@@ -192,6 +224,7 @@ struct sim_nic {
     sim_span_fn span;
     void *span_ctx;
     uint64_t writes, write_bytes, msgs, posts_refused;
+    uint64_t planted_landed_bytes;
 };
 
 /* A write in flight. Freed when refs (TX list membership + pending events
@@ -208,6 +241,7 @@ typedef struct sim_wr {
     uint32_t next; /* TX list link, or free list link */
     int status;
     bool with_imm, force_fail, failed, in_tx, in_use;
+    bool planted;  /* the write hook marked it (a hostile writer's) */
 } sim_wr_t;
 
 /* A control message in flight, or delivered and waiting in a CQ. */
@@ -320,6 +354,34 @@ static kvs_mr_t *sim_nic_mr_of(const sim_nic_t *nic, kvs_mr_t *mr)
     if (!sim_nic_owns(nic->mrs, sizeof *mr, nic->net->cfg.max_mrs, mr) || !mr->live)
         return NULL;
     return mr;
+}
+
+static kvs_grant_t *sim_nic_grant_at(const sim_nic_t *nic, uint32_t i)
+{
+    assert(i < nic->grants_fresh);
+    return &nic->grant_pages[i / SIM_NIC_GRANT_PAGE][i % SIM_NIC_GRANT_PAGE];
+}
+
+/* The slot of g among this NIC's grants, SIM_NIL when it is none of them. */
+static uint32_t sim_nic_grant_index(const sim_nic_t *nic, const kvs_grant_t *g)
+{
+    const uint32_t pages = (nic->grants_fresh + SIM_NIC_GRANT_PAGE - 1) / SIM_NIC_GRANT_PAGE;
+    for (uint32_t p = 0; p < pages; p++)
+        if (sim_nic_owns(nic->grant_pages[p], sizeof *g, SIM_NIC_GRANT_PAGE, g))
+            return p * SIM_NIC_GRANT_PAGE +
+                   (uint32_t)(g - nic->grant_pages[p]);
+    return SIM_NIL;
+}
+
+/* The live grant of this NIC with key rkey, or NULL. */
+static const kvs_grant_t *sim_nic_grant_by_key(const sim_nic_t *nic, uint64_t rkey)
+{
+    for (uint32_t i = 0; i < nic->grants_fresh; i++) {
+        const kvs_grant_t *g = sim_nic_grant_at(nic, i);
+        if (g->live && g->rkey == rkey)
+            return g;
+    }
+    return NULL;
 }
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -646,6 +708,28 @@ static void sim_net_on_tx(sim_net_t *net, uint32_t w, uint64_t off, uint64_t seg
     sim_nic_tx_kick(src);
 }
 
+/* Whether write wr, which came on dst's connection dst_conn, may put
+ * [raddr, raddr + seg) into dst's memory: its key is an MR's of dst and
+ * the segment lies inside that MR, or it is a live grant's of dst, bound
+ * to dst_conn, that holds the whole write. */
+static bool sim_nic_may_land(const sim_nic_t *dst, const kvs_conn_t *dst_conn,
+                             const sim_wr_t *wr, uint64_t raddr, uint64_t seg)
+{
+    if (raddr < wr->remote_addr || !sim_gpu_in_mem(dst->gpu, raddr, seg))
+        return false;
+    for (uint32_t i = 0; i < dst->mr_hwm; i++) {
+        const kvs_mr_t *mr = &dst->mrs[i];
+        if (mr->live && mr->rkey == wr->rkey)
+            return raddr >= mr->addr && seg <= mr->len_bytes &&
+                   raddr - mr->addr <= mr->len_bytes - seg;
+    }
+    const kvs_grant_t *g = sim_nic_grant_by_key(dst, wr->rkey);
+    if (g == NULL || g->conn != dst_conn || g->conn_gen != dst_conn->gen)
+        return false;
+    return wr->remote_addr >= g->addr && wr->len_bytes <= g->len_bytes &&
+           wr->remote_addr - g->addr <= g->len_bytes - wr->len_bytes;
+}
+
 /* The segment [off, off + seg) of write w leaves the RX port into memory.
  * Returns the NIC to wake (the target, after an IMM), or NULL. */
 static sim_nic_t *sim_net_land(sim_net_t *net, uint32_t w, uint64_t off, uint64_t seg)
@@ -667,16 +751,7 @@ static sim_nic_t *sim_net_land(sim_net_t *net, uint32_t w, uint64_t off, uint64_
         return NULL;
     }
     const uint64_t raddr = wr->remote_addr + off;
-    kvs_mr_t *mr = NULL;
-    for (uint32_t i = 0; i < dst->mr_hwm; i++) {
-        if (dst->mrs[i].live && dst->mrs[i].rkey == wr->rkey) {
-            mr = &dst->mrs[i];
-            break;
-        }
-    }
-    if (mr == NULL || raddr < wr->remote_addr || raddr < mr->addr ||
-        seg > mr->len_bytes || raddr - mr->addr > mr->len_bytes - seg ||
-        !sim_gpu_in_mem(dst->gpu, raddr, seg)) {
+    if (!sim_nic_may_land(dst, dst_conn, wr, raddr, seg)) {
         sim_wr_fail(net, w, KVS_EREMOTE, sim_add_sat(now, lat));
         return NULL;
     }
@@ -703,6 +778,8 @@ static sim_nic_t *sim_net_land(sim_net_t *net, uint32_t w, uint64_t off, uint64_
         return NULL;
     }
     wr->landed_bytes += seg;
+    if (wr->planted)
+        src->planted_landed_bytes += seg;
     if (wr->landed_bytes < wr->len_bytes)
         return NULL;
     /* the last segment: ack to the sender, IMM at the target */
@@ -876,6 +953,7 @@ static sim_nic_t *sim_nic_of(kvs_fabric_t *fab)
     return nic;
 }
 
+/* A key of a live MR or grant anywhere on the net. */
 static bool sim_net_rkey_live(const sim_net_t *net, uint64_t rkey)
 {
     for (uint32_t s = 0; s < SIM_NET_MAX_NICS; s++) {
@@ -885,8 +963,24 @@ static bool sim_net_rkey_live(const sim_net_t *net, uint64_t rkey)
         for (uint32_t i = 0; i < n->mr_hwm; i++)
             if (n->mrs[i].live && n->mrs[i].rkey == rkey)
                 return true;
+        if (sim_nic_grant_by_key(n, rkey) != NULL)
+            return true;
     }
     return false;
+}
+
+/* 32-bit keys as in verbs, drawn from the net's stream: non-sequential,
+ * non-zero, unique among the live MRs and grants of the net; 0 when
+ * SIM_NET_RKEY_TRIES draws found none free. */
+static uint64_t sim_net_draw_rkey(sim_net_t *net)
+{
+    uint64_t rkey = 0;
+    for (int t = 0; t < SIM_NET_RKEY_TRIES && rkey == 0; t++) {
+        rkey = sim_rng_next(&net->rkey_rng) & UINT32_MAX;
+        if (rkey != 0 && sim_net_rkey_live(net, rkey))
+            rkey = 0;
+    }
+    return rkey;
 }
 
 static int sim_nic_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
@@ -922,14 +1016,7 @@ static int sim_nic_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t ad
         return kvs_fabric_fail(fab, KVS_EFULL, 0, "mr_register on %s: all %u MR slots are "
                                                   "in use; deregister some or raise max_mrs",
                                nic->name, net->cfg.max_mrs);
-    /* 32-bit keys as in verbs, drawn from the net's stream: non-sequential,
-     * non-zero, unique among the live MRs of the net. */
-    uint64_t rkey = 0;
-    for (int t = 0; t < SIM_NET_RKEY_TRIES && rkey == 0; t++) {
-        rkey = sim_rng_next(&net->rkey_rng) & UINT32_MAX;
-        if (rkey != 0 && sim_net_rkey_live(net, rkey))
-            rkey = 0;
-    }
+    const uint64_t rkey = sim_net_draw_rkey(net);
     if (rkey == 0)
         return kvs_fabric_fail(fab, KVS_EFULL, 0, "mr_register on %s: no free remote key "
                                                   "found", nic->name);
@@ -949,6 +1036,11 @@ static int sim_nic_mr_deregister(kvs_fabric_t *fab, kvs_mr_t *mr)
     if (sim_nic_mr_of(nic, mr) == NULL)
         return kvs_fabric_fail(fab, KVS_ENOENT, 0, "mr_deregister on %s: not a live MR of "
                                                    "this NIC", nic->name);
+    for (uint32_t i = 0; i < nic->grants_fresh; i++)
+        if (sim_nic_grant_at(nic, i)->live && sim_nic_grant_at(nic, i)->mr == mr)
+            return kvs_fabric_fail(fab, KVS_EBUSY, 0, "mr_deregister on %s: grants "
+                                   "(key_grant) of this MR are live: revoke them first",
+                                   nic->name);
     mr->live = false;
     while (nic->mr_hwm > 0 && !nic->mrs[nic->mr_hwm - 1].live)
         nic->mr_hwm--;
@@ -1118,11 +1210,11 @@ static int sim_nic_write(kvs_fabric_t *fab, kvs_conn_t *conn, const kvs_write_de
     sim_nic_t *peer = conn->peer;
     wr->local_addr = desc->local_addr;
     wr->remote_addr = desc->remote_addr;
-    if (nic->write_hook != NULL)
-        nic->write_hook(nic->write_hook_ctx, nic->name, peer->name, &wr->remote_addr,
-                        desc->len_bytes);
-    wr->len_bytes = desc->len_bytes;
     wr->rkey = desc->rkey;
+    if (nic->write_hook != NULL)
+        wr->planted = nic->write_hook(nic->write_hook_ctx, nic->name, peer->name,
+                                      &wr->remote_addr, &wr->rkey, desc->len_bytes);
+    wr->len_bytes = desc->len_bytes;
     wr->wr_id = desc->wr_id;
     wr->post_ns = sim_engine_now_ns(net->eng);
     wr->with_imm = desc->with_imm;
@@ -1288,21 +1380,108 @@ static int sim_nic_peer_addr(kvs_fabric_t *fab, kvs_conn_t *conn, char *buf, siz
     return KVS_OK;
 }
 
+/* A free grant slot of nic (its page allocated on first use), or SIM_NIL
+ * when max_grants are live or a page cannot be allocated (*why says). */
+static uint32_t sim_nic_grant_slot(sim_nic_t *nic, int *why)
+{
+    if (nic->grants_free != SIM_NIL) {
+        const uint32_t i = nic->grants_free;
+        nic->grants_free = sim_nic_grant_at(nic, i)->next;
+        return i;
+    }
+    *why = KVS_EFULL;
+    if (nic->grants_fresh >= nic->net->cfg.max_grants)
+        return SIM_NIL;
+    kvs_grant_t **page = &nic->grant_pages[nic->grants_fresh / SIM_NIC_GRANT_PAGE];
+    if (*page == NULL && (*page = calloc(SIM_NIC_GRANT_PAGE, sizeof **page)) == NULL) {
+        *why = KVS_ENOMEM;
+        return SIM_NIL;
+    }
+    return nic->grants_fresh++;
+}
+
+static int sim_nic_key_grant(kvs_fabric_t *fab, kvs_conn_t *conn, kvs_mr_t *mr, uint64_t addr,
+                             uint64_t len_bytes, kvs_grant_t **out, uint64_t *out_rkey)
+{
+    sim_nic_t *nic = sim_nic_of(fab);
+    sim_net_t *net = nic->net;
+    if (out == NULL || out_rkey == NULL)
+        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "key_grant on %s: out and out_rkey must "
+                                                   "not be NULL", nic->name);
+    if (sim_nic_mr_of(nic, mr) == NULL)
+        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "key_grant on %s: mr is not a live MR of "
+                                                   "this NIC", nic->name);
+    int rc = sim_nic_check_conn(nic, conn, "key_grant");
+    if (rc != KVS_OK)
+        return rc;
+    if (len_bytes == 0 || addr < mr->addr || len_bytes > mr->len_bytes ||
+        addr - mr->addr > mr->len_bytes - len_bytes)
+        return kvs_fabric_fail(fab, KVS_EINVAL, 0,
+                               "key_grant on %s: [0x%llx, +%llu bytes) is not a non-empty "
+                               "range inside its MR [0x%llx, +%llu bytes)",
+                               nic->name, (unsigned long long)addr,
+                               (unsigned long long)len_bytes, (unsigned long long)mr->addr,
+                               (unsigned long long)mr->len_bytes);
+    const uint64_t rkey = sim_net_draw_rkey(net);
+    if (rkey == 0)
+        return kvs_fabric_fail(fab, KVS_EFULL, 0, "key_grant on %s: no free remote key "
+                                                  "found", nic->name);
+    const uint32_t i = sim_nic_grant_slot(nic, &rc);
+    if (i == SIM_NIL)
+        return kvs_fabric_fail(fab, rc, 0, rc == KVS_EFULL
+                                               ? "key_grant on %s: all %u grants are live: "
+                                                 "revoke some, or raise max_grants"
+                                               : "key_grant on %s: no memory for grants "
+                                                 "(%u at most)",
+                               nic->name, net->cfg.max_grants);
+    kvs_grant_t *g = sim_nic_grant_at(nic, i);
+    *g = (kvs_grant_t){.mr = mr, .conn = conn, .conn_gen = conn->gen, .next = SIM_NIL,
+                       .addr = addr, .len_bytes = len_bytes, .rkey = rkey, .live = true};
+    nic->grants_live++;
+    nic->grants_made++;
+    *out = g;
+    *out_rkey = rkey;
+    return KVS_OK;
+}
+
+static int sim_nic_key_revoke(kvs_fabric_t *fab, kvs_grant_t *grant)
+{
+    sim_nic_t *nic = sim_nic_of(fab);
+    const uint32_t i = sim_nic_grant_index(nic, grant);
+    if (i == SIM_NIL || !grant->live)
+        return kvs_fabric_fail(fab, KVS_ENOENT, 0, "key_revoke on %s: not a live grant of "
+                                                   "this NIC", nic->name);
+    *grant = (kvs_grant_t){.next = nic->grants_free, .live = false};
+    nic->grants_free = i;
+    nic->grants_live--;
+    nic->grants_revoked++;
+    return KVS_OK;
+}
+
+/* Every slot but the grants, shared by both tables below. */
+#define SIM_NIC_OPS_SLOTS                                                      \
+    .name = "sim-nic",                                                         \
+    .caps = KVS_FABRIC_CAP_WRITE_IMM | KVS_FABRIC_CAP_PER_LAYER_WRITES,        \
+    .mr_register = sim_nic_mr_register, .mr_deregister = sim_nic_mr_deregister, \
+    .connect = sim_nic_connect, .disconnect = sim_nic_disconnect,              \
+    .write = sim_nic_write, .send = sim_nic_send, .poll = sim_nic_poll,        \
+    .now_ns = sim_nic_now_ns, .random_bytes = sim_nic_random_bytes,            \
+    .peer_addr = sim_nic_peer_addr
+
 static const kvs_fabric_ops_t sim_nic_ops = {
     .version = KVS_FABRIC_OPS_VERSION,
     .size = sizeof(kvs_fabric_ops_t),
-    .name = "sim-nic",
-    .caps = KVS_FABRIC_CAP_WRITE_IMM | KVS_FABRIC_CAP_PER_LAYER_WRITES,
-    .mr_register = sim_nic_mr_register,
-    .mr_deregister = sim_nic_mr_deregister,
-    .connect = sim_nic_connect,
-    .disconnect = sim_nic_disconnect,
-    .write = sim_nic_write,
-    .send = sim_nic_send,
-    .poll = sim_nic_poll,
-    .now_ns = sim_nic_now_ns,
-    .random_bytes = sim_nic_random_bytes,
-    .peer_addr = sim_nic_peer_addr,
+    SIM_NIC_OPS_SLOTS,
+    .key_grant = sim_nic_key_grant,
+    .key_revoke = sim_nic_key_revoke,
+};
+
+/* sim_net_config_t.no_key_grant: the table of a fabric without grants, of
+ * version 3 as the verbs and ofi fabrics' are today (it ends at peer_addr). */
+static const kvs_fabric_ops_t sim_nic_ops_v3 = {
+    .version = 3,
+    .size = offsetof(kvs_fabric_ops_t, key_grant),
+    SIM_NIC_OPS_SLOTS,
 };
 
 /* ------------------------------------------------------------------------ */
@@ -1340,6 +1519,8 @@ int sim_net_create(sim_engine_t *eng, const sim_net_config_t *cfg, sim_net_t **o
         c->max_mrs = 1024;
     if (c->max_conns == 0)
         c->max_conns = 256;
+    if (c->max_grants == 0)
+        c->max_grants = 65536;
     sim_engine_rng(eng, SIM_NET_RKEY_COMPONENT, &net->rkey_rng);
     sim_engine_rng(eng, SIM_NET_FAULT_COMPONENT, &net->fault_rng);
     sim_engine_rng(eng, SIM_NET_NONCE_COMPONENT, &net->nonce_rng);
@@ -1389,13 +1570,17 @@ int sim_nic_create(sim_net_t *net, const char *name, sim_gpu_t *gpu, sim_nic_t *
     nic->name = malloc(name_len + 1);
     nic->mrs = calloc(net->cfg.max_mrs, sizeof *nic->mrs);
     nic->conns = calloc(net->cfg.max_conns, sizeof *nic->conns);
+    nic->grant_pages = calloc((net->cfg.max_grants + SIM_NIC_GRANT_PAGE - 1) / SIM_NIC_GRANT_PAGE,
+                              sizeof *nic->grant_pages);
     nic->cq_cap = net->cfg.cq_entries < SIM_NIC_CQ_INITIAL ? net->cfg.cq_entries
                                                             : SIM_NIC_CQ_INITIAL;
     nic->cq = malloc((size_t)nic->cq_cap * sizeof *nic->cq);
-    if (nic->name == NULL || nic->mrs == NULL || nic->conns == NULL || nic->cq == NULL)
+    if (nic->name == NULL || nic->mrs == NULL || nic->conns == NULL ||
+        nic->grant_pages == NULL || nic->cq == NULL)
         goto fail;
     memcpy(nic->name, name, name_len + 1);
-    int rc = kvs_fabric_init(&nic->base, &sim_nic_ops, nic->name);
+    int rc = kvs_fabric_init(&nic->base, net->cfg.no_key_grant ? &sim_nic_ops_v3 : &sim_nic_ops,
+                             nic->name);
     assert(rc == KVS_OK);
     (void)rc;
     nic->net = net;
@@ -1403,6 +1588,7 @@ int sim_nic_create(sim_net_t *net, const char *name, sim_gpu_t *gpu, sim_nic_t *
     nic->slot = slot;
     nic->gen = net->nic_gen[slot];
     nic->tx_head = nic->tx_tail = nic->tx_rec = SIM_NIL;
+    nic->grants_free = SIM_NIL;
     nic->link_up = true;
     net->nics[slot] = nic;
     net->nic_count++;
@@ -1410,6 +1596,7 @@ int sim_nic_create(sim_net_t *net, const char *name, sim_gpu_t *gpu, sim_nic_t *
     return KVS_OK;
 fail:
     free(nic->cq);
+    free(nic->grant_pages);
     free(nic->conns);
     free(nic->mrs);
     free(nic->name);
@@ -1463,6 +1650,9 @@ void sim_nic_destroy(sim_nic_t *nic)
     net->nic_gen[nic->slot]++;
     net->nic_count--;
     free(nic->cq);
+    for (uint32_t p = 0; p * SIM_NIC_GRANT_PAGE < net->cfg.max_grants; p++)
+        free(nic->grant_pages[p]); /* live grants go with their NIC, as its MRs */
+    free(nic->grant_pages);
     free(nic->conns);
     free(nic->mrs);
     free(nic->name);
@@ -1497,6 +1687,17 @@ uint64_t sim_nic_write_bytes(const sim_nic_t *nic) { return nic->write_bytes; }
 uint64_t sim_nic_msgs(const sim_nic_t *nic) { return nic->msgs; }
 
 uint64_t sim_nic_posts_refused(const sim_nic_t *nic) { return nic->posts_refused; }
+
+uint32_t sim_nic_grants_live(const sim_nic_t *nic) { return nic->grants_live; }
+
+uint64_t sim_nic_grants_made(const sim_nic_t *nic) { return nic->grants_made; }
+
+uint64_t sim_nic_grants_revoked(const sim_nic_t *nic) { return nic->grants_revoked; }
+
+uint64_t sim_nic_planted_landed_bytes(const sim_nic_t *nic)
+{
+    return nic->planted_landed_bytes;
+}
 
 void sim_nic_set_link_up(sim_nic_t *nic, bool up) { nic->link_up = up; }
 

@@ -15,6 +15,12 @@
  * - memory registration hands out remote keys; a write whose key or range
  *   matches no registration on the target completes with KVS_EREMOTE and
  *   writes nothing;
+ * - key_grant (fabric ops version 4) hands out region-scoped keys: one
+ *   range of an MR, for the peer of one connection, until key_revoke; a
+ *   write under a grant's key that reaches outside its range, comes on
+ *   another connection or lands after the revoke completes with
+ *   KVS_EREMOTE and writes nothing (no_key_grant binds a version-3 table
+ *   instead, as the verbs and ofi fabrics have today);
  * - control messages (SEND/RECV) use their own channel with ctrl_latency_ns
  *   and arrive in order per connection;
  * - completions go to the NIC's bounded completion queue and wake its owner;
@@ -47,6 +53,10 @@ typedef struct sim_net_config {
     uint32_t sq_depth;           /* work requests outstanding per connection
                                     (posted, completion not yet polled);
                                     0 = unlimited */
+    uint32_t max_grants;         /* live key_grant grants per NIC, 0 -> 65536 */
+    bool no_key_grant;           /* NICs bind a version-3 ops table, without
+                                    key_grant / key_revoke: a decode falls back
+                                    to the key of its whole ring */
 } sim_net_config_t;
 
 typedef void (*sim_nic_wake_fn)(void *ctx);
@@ -71,6 +81,14 @@ uint64_t sim_nic_msgs(const sim_nic_t *nic);
 /* Posts (writes and sends) refused with KVS_EAGAIN because the
  * connection's send queue was full (sq_depth). */
 uint64_t sim_nic_posts_refused(const sim_nic_t *nic);
+/* Grants of this NIC's memory (key_grant) live now, made and revoked so
+ * far: what a run leaves live is a leak. */
+uint32_t sim_nic_grants_live(const sim_nic_t *nic);
+uint64_t sim_nic_grants_made(const sim_nic_t *nic);
+uint64_t sim_nic_grants_revoked(const sim_nic_t *nic);
+/* Bytes of planted writes (those a write hook marked) that landed in a
+ * target's memory: with scoped keys a hostile writer's must stay 0. */
+uint64_t sim_nic_planted_landed_bytes(const sim_nic_t *nic);
 /* Fault hooks: a link that is down drops segments and messages (writes then
  * complete with KVS_EPEER); a failed write completes with KVS_EREMOTE. */
 void sim_nic_set_link_up(sim_nic_t *nic, bool up);
@@ -91,10 +109,13 @@ typedef enum sim_msg_fate {
 typedef sim_msg_fate_t (*sim_msg_filter_fn)(void *ctx, const uint8_t *msg, uint32_t len_bytes,
                                             uint64_t *delay_ns);
 void sim_nic_set_msg_filter(sim_nic_t *nic, sim_msg_filter_fn fn, void *ctx);
-/* Test hook (planted bugs): sees every write posted on this NIC (its name,
- * the target NIC's, the length) and may change its remote address. */
-typedef void (*sim_nic_write_hook_fn)(void *ctx, const char *nic_name, const char *peer_name,
-                                      uint64_t *remote_addr, uint64_t len_bytes);
+/* Test hook (planted bugs, hostile writers): sees every write posted on
+ * this NIC (its name, the target NIC's, the length) and may change its
+ * remote address and key. Returns true to mark the write planted: the
+ * bytes of it that land count in sim_nic_planted_landed_bytes. */
+typedef bool (*sim_nic_write_hook_fn)(void *ctx, const char *nic_name, const char *peer_name,
+                                      uint64_t *remote_addr, uint64_t *rkey,
+                                      uint64_t len_bytes);
 void sim_nic_set_write_hook(sim_nic_t *nic, sim_nic_write_hook_fn fn, void *ctx);
 /* The network's fault stream, for filters that draw (deterministic per seed). */
 sim_rng_t *sim_net_fault_rng(sim_net_t *net);

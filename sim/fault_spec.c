@@ -14,7 +14,8 @@
 #define SIM_FAULT_FORMS                                                        \
     "drop:TYPE:P, dup:TYPE:P, delay:TYPE:P:MICROS, write-error:P, "            \
     "link-down:RANK:AT_US:FOR_US, slow-scatter:RANK:FACTOR, "                  \
-    "crash:SIDE:N:AT_US, restart:SIDE:N:AT_US, hbm-full:RANK or stall:MS, "  \
+    "crash:SIDE:N:AT_US, restart:SIDE:N:AT_US, hbm-full:RANK, stall:MS or "  \
+    "hostile-write:RANK:stale|outside:AT_US, "                                 \
     "with RANK "    \
     "p<tp>[.<pp>][@<instance>] or d<tp>[.<pp>][@<instance>] and SIDE "         \
     "prefill[@<instance>] or decode[@<instance>]"
@@ -255,6 +256,21 @@ int sim_fault_parse(const char *spec, const sim_topology_t *topo, sim_fault_t *o
             return sim_fault_fail(err, err_bytes, "'%s': use hbm-full:RANK with %s", spec,
                                   SIM_FAULT_RANK_FORM);
         out->kind = SIM_FAULT_HBM_FULL;
+    } else if (strcmp(kind, "hostile-write") == 0) {
+        uint64_t at;
+        const bool stale = n == 4 && strcmp(field[2], "stale") == 0;
+        const bool outside = n == 4 && strcmp(field[2], "outside") == 0;
+        if (n != 4 || !sim_fault_rank(field[1], topo, out) || out->role != KVS_ROLE_PREFILL ||
+            !(stale || outside) || !sim_fault_u64(field[3], &at))
+            return sim_fault_fail(err, err_bytes, "'%s': use hostile-write:RANK:MODE:AT_US "
+                                  "with RANK p<tp>[.<pp>][@<instance>], a prefill rank of "
+                                  "this cluster (e.g. p1@1), MODE stale (a freed region's "
+                                  "key) or outside (past its own bytes), and AT_US the "
+                                  "microsecond from which its next staged write goes astray",
+                                  spec);
+        out->kind = SIM_FAULT_HOSTILE_WRITE;
+        out->hostile = stale ? SIM_HOSTILE_STALE : SIM_HOSTILE_OUTSIDE;
+        out->at_ns = at * 1000;
     } else if (strcmp(kind, "stall") == 0) {
         /* A day at most, as stall_timeout_ns. */
         uint64_t ms;

@@ -77,6 +77,7 @@ typedef struct sim_node {
     uint8_t *reported;           /* [requests]: this rank's result is in */
     kvs_handler_stats_t acc;     /* counters of its previous incarnations */
     uint64_t acc_posts_refused;  /* ... and of their NICs */
+    uint64_t acc_planted_bytes;
     uint64_t bytes_received;     /* decode: payload bytes of its room results */
     /* Decode: its ring's live bytes over time, one entry per change, sampled
      * after every step (the only place the core changes a ring) and when
@@ -139,6 +140,15 @@ typedef struct sim_req {
     uint32_t ranks_ok, ranks_peer, ranks_other, ranks_down; /* results by kind */
 } sim_req_t;
 
+/* A hostile-write fault as it goes (sim_hostile_t). */
+typedef struct sim_hostile_state {
+    bool kept, fired;
+    char peer[64];               /* stale: the decode NIC of the write kept */
+    uint64_t addr, rkey;         /* ... its target and key */
+    uint32_t *pending;           /* [requests]: those in flight when it was kept */
+    uint32_t npending;
+} sim_hostile_state_t;
+
 struct sim_scenario {
     sim_scenario_config_t cfg;
     sim_topology_t topo;         /* resolved: every instance listed */
@@ -171,6 +181,8 @@ struct sim_scenario {
     size_t err_bytes;
     sim_trace_t *trace;
     bool msg_faults;             /* a drop/dup/delay fault: NICs get the filter */
+    sim_hostile_state_t hostile[SIM_MAX_FAULTS]; /* by fault index */
+    uint32_t hostile_writes;     /* sent astray so far */
     uint32_t ranks_crashed, ranks_restarted, ranks_down_at_start;
     uint32_t long_cuts;          /* links down now for a stall timeout or more */
     uint64_t ring_bytes_needed;  /* check.h: the largest region a request needs */
@@ -573,6 +585,9 @@ static void sim_link_event(sim_engine_t *eng, void *ctx, uint64_t arg)
 /* What the faults set on one rank's GPU and NIC (again after a restart). */
 static sim_node_t *sim_fault_node(sim_scenario_t *sc, uint32_t i, const sim_fault_t *f);
 
+static bool sim_hostile_hook(void *ctx, const char *nic, const char *peer,
+                             uint64_t *remote_addr, uint64_t *rkey, uint64_t len);
+
 static void sim_node_faults(sim_scenario_t *sc, sim_node_t *n)
 {
     if (sc->msg_faults)
@@ -583,7 +598,82 @@ static void sim_node_faults(sim_scenario_t *sc, sim_node_t *n)
             sim_nic_set_write_error(n->nic, f->num, f->den);
         if (f->kind == SIM_FAULT_SLOW_SCATTER && sim_fault_node(sc, i, f) == n)
             sim_gpu_set_scatter_slowdown(n->gpu, f->factor > 0 ? f->factor : 1);
+        if (f->kind == SIM_FAULT_HOSTILE_WRITE && sim_fault_node(sc, i, f) == n)
+            sim_nic_set_write_hook(n->nic, sim_hostile_hook, n); /* calls cfg.write_hook */
     }
+}
+
+/* Whether the pair of instances (pi, di) stages (as sim_check_ring says). */
+static bool sim_pair_stages(const sim_scenario_t *sc, const sim_inst_t *pi, const sim_inst_t *di)
+{
+    return sc->cfg.staging && (sc->cfg.path == KVS_PATH_STAGING ||
+                               (sc->cfg.path == KVS_PATH_AUTO && pi->tp != di->tp));
+}
+
+/* The node whose NIC is named name, or NULL. */
+static const sim_node_t *sim_node_named(const sim_scenario_t *sc, const char *name)
+{
+    for (int64_t k = 0; k < sc->nprefill + sc->ndecode; k++)
+        if (strcmp(sc->nodes[k].name, name) == 0)
+            return &sc->nodes[k];
+    return NULL;
+}
+
+/* Every request in flight when hostile fault h kept its write has ended:
+ * the region of that write was freed. */
+static bool sim_hostile_freed(const sim_scenario_t *sc, const sim_hostile_state_t *h)
+{
+    for (uint32_t k = 0; k < h->npending; k++)
+        if (sc->reqs[h->pending[k]].state != SIM_REQ_DONE)
+            return false;
+    return true;
+}
+
+/* The write hook of a rank a hostile-write fault names (after the test's
+ * own, cfg.write_hook, which sees every write first): the fault's one
+ * write goes astray as sim_hostile_t says, and is marked planted so the
+ * bytes of it that land are counted (a violation). Staged writes only:
+ * the direct and slice paths write into the decode's KV pages under its
+ * whole-pool keys, which are not scoped yet (docs/security.md). */
+static bool sim_hostile_hook(void *ctx, const char *nic, const char *peer,
+                             uint64_t *remote_addr, uint64_t *rkey, uint64_t len)
+{
+    sim_node_t *n = ctx;
+    sim_scenario_t *sc = n->sc;
+    const bool planted = sc->cfg.write_hook != NULL &&
+                         sc->cfg.write_hook(sc->cfg.hook_ctx, nic, peer, remote_addr, rkey, len);
+    const sim_node_t *d = sim_node_named(sc, peer);
+    if (d == NULL || d->role != KVS_ROLE_DECODE || !sim_pair_stages(sc, n->inst, d->inst))
+        return planted;
+    const uint64_t now = sim_engine_now_ns(sc->eng);
+    for (uint32_t i = 0; i < sc->cfg.nfaults; i++) {
+        const sim_fault_t *f = &sc->cfg.faults[i];
+        sim_hostile_state_t *h = &sc->hostile[i];
+        if (f->kind != SIM_FAULT_HOSTILE_WRITE || h->fired || now < f->at_ns ||
+            sim_fault_node(sc, i, f) != n)
+            continue;
+        if (f->hostile == SIM_HOSTILE_OUTSIDE) {
+            *remote_addr += len;
+        } else if (!h->kept) { /* this one goes right; its target and key are kept */
+            h->kept = true;
+            snprintf(h->peer, sizeof h->peer, "%s", peer);
+            h->addr = *remote_addr;
+            h->rkey = *rkey;
+            for (uint32_t k = 0; k < sc->cfg.requests; k++)
+                if (sc->reqs[k].state == SIM_REQ_ADMITTED)
+                    h->pending[h->npending++] = k;
+            continue;
+        } else if (strcmp(peer, h->peer) != 0 || !sim_hostile_freed(sc, h)) {
+            continue;
+        } else {
+            *remote_addr = h->addr;
+            *rkey = h->rkey;
+        }
+        h->fired = true;
+        sc->hostile_writes++;
+        return true;
+    }
+    return planted;
 }
 
 static void sim_crash_event(sim_engine_t *eng, void *ctx, uint64_t arg);
@@ -630,7 +720,7 @@ static int sim_faults_check(sim_scenario_t *sc)
         const sim_fault_t *f = &sc->cfg.faults[i];
         const bool ranked = f->kind == SIM_FAULT_LINK_DOWN || f->kind == SIM_FAULT_CRASH ||
                             f->kind == SIM_FAULT_RESTART || f->kind == SIM_FAULT_SLOW_SCATTER ||
-                            f->kind == SIM_FAULT_HBM_FULL;
+                            f->kind == SIM_FAULT_HBM_FULL || f->kind == SIM_FAULT_HOSTILE_WRITE;
         sim_node_t *n = NULL;
         if (ranked && (n = sim_fault_node(sc, i, f)) == NULL)
             return sc->fatal;
@@ -676,6 +766,14 @@ static int sim_faults_check(sim_scenario_t *sc)
             break; /* per rank, at its creation */
         case SIM_FAULT_STALL:
             break; /* above */
+        case SIM_FAULT_HOSTILE_WRITE:
+            if (n->role != KVS_ROLE_PREFILL)
+                return sim_fail(sc, KVS_EINVAL, "fault %u: a hostile write is a prefill "
+                                "rank's: name one (p<tp>[.<pp>][@<instance>])", i);
+            sc->hostile[i].pending = calloc(sc->cfg.requests, sizeof *sc->hostile[i].pending);
+            if (sc->hostile[i].pending == NULL)
+                rc = KVS_ENOMEM;
+            break; /* the rank's write hook, at its creation */
         }
         if (rc != KVS_OK)
             return sim_fail(sc, rc, "scheduling fault %u failed", i);
@@ -1184,10 +1282,14 @@ static void sim_node_teardown(sim_node_t *n)
     n->acc.msgs_retransmitted += st.msgs_retransmitted;
     n->acc.msgs_duplicate += st.msgs_duplicate;
     n->acc.peers_lost += st.peers_lost;
+    n->acc.keys_granted += st.keys_granted;
+    n->acc.keys_revoked += st.keys_revoked;
     if (st.ring_peak_bytes > n->acc.ring_peak_bytes)
         n->acc.ring_peak_bytes = st.ring_peak_bytes;
-    if (n->nic != NULL)
+    if (n->nic != NULL) {
         n->acc_posts_refused += sim_nic_posts_refused(n->nic);
+        n->acc_planted_bytes += sim_nic_planted_landed_bytes(n->nic);
+    }
     kvs_rank_destroy(n->rank);
     n->rank = NULL;
     if (n->sc != NULL && n->sc->eng != NULL)
@@ -1703,8 +1805,16 @@ static void sim_report(sim_scenario_t *sc, sim_report_t *out)
         st.msgs_retransmitted += n->acc.msgs_retransmitted;
         st.msgs_duplicate += n->acc.msgs_duplicate;
         st.peers_lost += n->acc.peers_lost;
+        st.keys_granted += n->acc.keys_granted;
+        st.keys_revoked += n->acc.keys_revoked;
         if (n->acc.ring_peak_bytes > st.ring_peak_bytes)
             st.ring_peak_bytes = n->acc.ring_peak_bytes;
+        out->keys_granted += st.keys_granted;
+        out->keys_revoked += st.keys_revoked;
+        out->hostile_bytes_landed += n->acc_planted_bytes +
+                                     (n->nic != NULL ? sim_nic_planted_landed_bytes(n->nic) : 0);
+        if (n->role == KVS_ROLE_DECODE && n->nic != NULL) /* a crash takes its grants along */
+            out->keys_leaked += sim_nic_grants_live(n->nic);
         if (n->rank != NULL && out->path == KVS_PATH_AUTO)
             out->path = kvs_manager_path(kvs_rank_manager(n->rank));
         if (n->inst == NULL)
@@ -1734,6 +1844,7 @@ static void sim_report(sim_scenario_t *sc, sim_report_t *out)
     out->aux_corrupt_bytes = sc->aux_corrupt_bytes;
     snprintf(out->aux_error, sizeof out->aux_error, "%s", sc->aux_error);
     out->corrupt_bytes = sc->corrupt_bytes;
+    out->hostile_writes = sc->hostile_writes;
     out->nfailures = sc->nfailures;
     memcpy(out->failures, sc->failures, sizeof out->failures);
     sim_check_report(&sc->cfg, out);
@@ -1821,6 +1932,8 @@ int sim_scenario_run(const sim_scenario_config_t *cfg, sim_report_t *out, char *
     free(sc->reqs);
     free(sc->slot_runs);
     free(sc->aux_buf);
+    for (uint32_t i = 0; i < SIM_MAX_FAULTS; i++)
+        free(sc->hostile[i].pending);
     free(sc);
     return rc;
 }

@@ -43,10 +43,26 @@ typedef enum sim_fault_kind {
                                   back at once with the same session id */
     SIM_FAULT_HBM_FULL = 8,    /* rank's GPU has no memory beyond its KV pool:
                                   its staging memory cannot be allocated */
-    SIM_FAULT_STALL = 9        /* every rank's stall timeout is for_ns, shorter
+    SIM_FAULT_STALL = 9,       /* every rank's stall timeout is for_ns, shorter
                                   than the run's own waits: rooms time out
                                   while their peers still make progress */
+    SIM_FAULT_HOSTILE_WRITE = 10 /* a prefill rank's one staged write at or after
+                                  at_ns goes astray (hostile, below): a stale
+                                  or hostile writer that region-scoped keys
+                                  must stop at the fabric */
 } sim_fault_kind_t;
+
+/* Where a hostile write goes (SIM_FAULT_HOSTILE_WRITE). */
+typedef enum sim_hostile {
+    SIM_HOSTILE_STALE = 0,     /* the rank keeps the target and key of its first
+                                  staged write at or after at_ns and, once every
+                                  request in flight then has ended (that region
+                                  freed), writes its next staged write to the
+                                  same decode rank there, under that key */
+    SIM_HOSTILE_OUTSIDE = 1    /* its first staged write at or after at_ns lands
+                                  its own length past its bytes, under its own
+                                  key: the next writer's block or region */
+} sim_hostile_t;
 
 /* The rank a fault names: the faults of one rank (link-down,
  * slow-scatter, crash, restart, hbm-full) name it by side, instance and
@@ -62,6 +78,7 @@ typedef struct sim_fault {
     int64_t rank;              /* its index in the instance: pp * tp_size + tp */
     uint64_t at_ns, for_ns;
     uint32_t factor;
+    sim_hostile_t hostile;     /* hostile-write faults */
 } sim_fault_t;
 
 /* The workload's RNG streams (sim_engine_rng components of the root seed):
@@ -202,7 +219,8 @@ typedef struct sim_report {
                                       not collateral (a region the ring cannot
                                       hold): check.h */
     uint64_t violations;           /* hung + leaked + corrupt + unreported +
-                                      collateral + failed without faults */
+                                      collateral + failed without faults + keys
+                                      leaked + hostile bytes landed */
     bool ok;                       /* no violation: the run's verdict */
     uint64_t ring_bytes_needed;    /* the largest staging region a request of
                                       the workload can need (check.h); 0 when
@@ -221,6 +239,15 @@ typedef struct sim_report {
     uint64_t peers_lost;           /* connections the handlers found dead */
     uint64_t posts_refused;        /* writes and sends refused with KVS_EAGAIN by
                                       a full send queue (net.sq_depth) */
+    uint64_t keys_granted, keys_revoked; /* region-scoped keys of the decode
+                                      ranks (0 with net.no_key_grant) */
+    uint64_t keys_leaked;          /* grants still live on a decode NIC after the
+                                      run: a violation */
+    uint32_t hostile_writes;       /* writes the hostile-write faults sent astray */
+    uint64_t hostile_bytes_landed; /* bytes of those (or of writes a test's
+                                      write hook marked planted) that landed in
+                                      a decode's memory: a violation (scoped
+                                      keys keep it 0) */
     uint64_t sim_ns;               /* first arrival to last completion */
     double goodput_gbps;           /* bytes_verified over sim time, Gb/s */
     double line_rate_gbps;         /* NIC rate x min(prefill NICs, decode NICs) */

@@ -17,7 +17,8 @@
 #define KVS__DEVICE_OPS_V3_BYTES sizeof(kvs_device_ops_t)
 #define KVS__FABRIC_OPS_V1_BYTES offsetof(kvs_fabric_ops_t, wait_arm)
 #define KVS__FABRIC_OPS_V2_BYTES offsetof(kvs_fabric_ops_t, random_bytes)
-#define KVS__FABRIC_OPS_V3_BYTES sizeof(kvs_fabric_ops_t)
+#define KVS__FABRIC_OPS_V3_BYTES offsetof(kvs_fabric_ops_t, key_grant)
+#define KVS__FABRIC_OPS_V4_BYTES sizeof(kvs_fabric_ops_t)
 _Static_assert(offsetof(kvs_device_ops_t, version) == 0, "version first");
 _Static_assert(offsetof(kvs_fabric_ops_t, version) == 0, "version first");
 /* Each version ends exactly where the next one's slots start: a table
@@ -31,6 +32,8 @@ _Static_assert(KVS__FABRIC_OPS_V2_BYTES == KVS__FABRIC_OPS_V1_BYTES + sizeof(voi
                "fabric ops version 2 adds wait_arm, after now_ns");
 _Static_assert(KVS__FABRIC_OPS_V3_BYTES == KVS__FABRIC_OPS_V2_BYTES + 2 * sizeof(void (*)(void)),
                "fabric ops version 3 adds random_bytes and peer_addr, after wait_arm");
+_Static_assert(KVS__FABRIC_OPS_V4_BYTES == KVS__FABRIC_OPS_V3_BYTES + 2 * sizeof(void (*)(void)),
+               "fabric ops version 4 adds key_grant and key_revoke, after peer_addr");
 
 /* Defaults of optional slots: "not supported", never a NULL call. */
 static int kvs__dev_no_stream(kvs_device_t *d, kvs_stream_t **o) { return KVS_ENOTSUP; }
@@ -117,6 +120,12 @@ static int kvs__net_no_peer_addr(kvs_fabric_t *f, kvs_conn_t *c, char *buf, size
 {
     return KVS_ENOTSUP;
 }
+static int kvs__net_no_grant(kvs_fabric_t *f, kvs_conn_t *c, kvs_mr_t *mr, uint64_t addr,
+                             uint64_t len, kvs_grant_t **out, uint64_t *rkey)
+{
+    return KVS_ENOTSUP;
+}
+static int kvs__net_no_revoke(kvs_fabric_t *f, kvs_grant_t *g) { return KVS_ENOTSUP; }
 
 #define KVS__DEFAULT(slot, fn)                                                 \
     do {                                                                       \
@@ -178,7 +187,7 @@ int kvs_fabric_init(kvs_fabric_t *fab, const kvs_fabric_ops_t *ops, const char *
         return KVS_EINVAL;
     kvs_fabric_t f = {0};
     static const size_t version_bytes[] = {KVS__FABRIC_OPS_V1_BYTES, KVS__FABRIC_OPS_V2_BYTES,
-                                           KVS__FABRIC_OPS_V3_BYTES};
+                                           KVS__FABRIC_OPS_V3_BYTES, KVS__FABRIC_OPS_V4_BYTES};
     _Static_assert(sizeof version_bytes / sizeof version_bytes[0] == KVS_FABRIC_OPS_VERSION,
                    "one size per fabric ops version");
     int rc = kvs__copy_table(&f.ops, sizeof f.ops, ops, ops->version, ops->size, version_bytes,
@@ -196,6 +205,8 @@ int kvs_fabric_init(kvs_fabric_t *fab, const kvs_fabric_ops_t *ops, const char *
     KVS__DEFAULT(f.ops.wait_arm, kvs__net_no_wait);
     KVS__DEFAULT(f.ops.random_bytes, kvs__net_no_random);
     KVS__DEFAULT(f.ops.peer_addr, kvs__net_no_peer_addr);
+    KVS__DEFAULT(f.ops.key_grant, kvs__net_no_grant);
+    KVS__DEFAULT(f.ops.key_revoke, kvs__net_no_revoke);
     f.name = name != NULL ? name : (ops->name != NULL ? ops->name : "fabric");
     *fab = f;
     return KVS_OK;
@@ -307,6 +318,20 @@ int kvs__net_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
 int kvs__net_deregister(kvs_fabric_t *fab, kvs_mr_t *mr)
 {
     return fab->ops.mr_deregister(fab, mr);
+}
+bool kvs__net_can_grant(const kvs_fabric_t *fab)
+{
+    return fab->ops.key_grant != kvs__net_no_grant;
+}
+int kvs__net_key_grant(kvs_fabric_t *fab, kvs_conn_t *conn, kvs_mr_t *mr, uint64_t addr,
+                       uint64_t len_bytes, kvs_grant_t **out, uint64_t *out_rkey)
+{
+    kvs__net_clear_detail(fab);
+    return fab->ops.key_grant(fab, conn, mr, addr, len_bytes, out, out_rkey);
+}
+int kvs__net_key_revoke(kvs_fabric_t *fab, kvs_grant_t *grant)
+{
+    return fab->ops.key_revoke(fab, grant);
 }
 uint64_t kvs__net_now_ns(kvs_fabric_t *fab) { return fab->ops.now_ns(fab); }
 int kvs__net_random(kvs_fabric_t *fab, void *buf, size_t len_bytes)

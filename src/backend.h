@@ -4,7 +4,7 @@
  * kvs_device_init / kvs_fabric_init, so a missing optional slot answers
  * KVS_ENOTSUP instead of crashing. Tracing or fault hooks belong here.
  * The wrappers of calls that acquire or run something (alloc, stream and
- * event creation and queries, gather, scatter, register) clear the
+ * event creation and queries, gather, scatter, register, key_grant) clear the
  * instance's last_backend_code/msg first, so after a failure they describe
  * that call; the release wrappers leave them alone.
  */
@@ -43,6 +43,13 @@ bool kvs__net_has(const kvs_fabric_t *fab, uint32_t cap);
 int kvs__net_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
                       uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey);
 int kvs__net_deregister(kvs_fabric_t *fab, kvs_mr_t *mr);
+/* Whether the fabric fills key_grant (version 4): a decode scopes its
+ * writers' keys to their regions only then. */
+bool kvs__net_can_grant(const kvs_fabric_t *fab);
+/* Region-scoped keys (backend.h, key_grant / key_revoke). */
+int kvs__net_key_grant(kvs_fabric_t *fab, kvs_conn_t *conn, kvs_mr_t *mr, uint64_t addr,
+                       uint64_t len_bytes, kvs_grant_t **out, uint64_t *out_rkey);
+int kvs__net_key_revoke(kvs_fabric_t *fab, kvs_grant_t *grant);
 uint64_t kvs__net_now_ns(kvs_fabric_t *fab);
 /* len_bytes unpredictable bytes (the fabric's random_bytes). */
 int kvs__net_random(kvs_fabric_t *fab, void *buf, size_t len_bytes);

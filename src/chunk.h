@@ -1,7 +1,9 @@
 /*
  * chunk.h (internal) - the one chunk plan both handlers use: where chunk i
- * of a request's transferred suffix lies on the grid (spec §5) and how big
- * its region is in the ring of a given decode rank (spec §4).
+ * of a request's transferred suffix lies on the grid (spec §5), how big
+ * its region is in the ring of a given decode rank (spec §4), and the
+ * bytes of that region each writer writes (the prefill posts those writes,
+ * the decode grants exactly those bytes when it scopes keys).
  */
 #ifndef KVS_SRC_CHUNK_H
 #define KVS_SRC_CHUNK_H
@@ -20,5 +22,21 @@ typedef struct kvs__chunk_plan {
  * (no such chunk) or the layout's error. */
 int kvs__chunk_plan(const kvs_layout_t *lay, int64_t decode_tp, int64_t decode_stage,
                     int64_t base, int64_t total, int64_t index, kvs__chunk_plan_t *out);
+
+/* One write of a writer into a region: bytes [local_off, + len_bytes) of
+ * its staging block go to [remote_off, + len_bytes) of the region. */
+typedef struct kvs__span {
+    uint64_t local_off, remote_off, len_bytes;
+} kvs__span_t;
+
+/* The writes prefill stage `prefill_stage`, TP writer `writer` of a chunk
+ * of `tokens` tokens, makes into the region of decode rank (decode_tp,
+ * decode_stage) (spec §4): one, its whole block, when the stage holds the
+ * region's layers; else two, its K layers then its V layers, at their
+ * global layer slots (prefill PP into a decode of PP 1). *n gets 1 or 2.
+ * The layout's KVS_ERANGE for an index out of range. */
+int kvs__writer_spans(const kvs_layout_t *lay, int64_t decode_tp, int64_t decode_stage,
+                      int64_t writer, int64_t prefill_stage, int64_t tokens,
+                      kvs__span_t out[2], int *n);
 
 #endif

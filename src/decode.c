@@ -14,16 +14,18 @@
  * - room_open: ROOM (+ PAGES on the direct/slice paths) to every writer of
  *   the room's instance;
  * - STAGING_REQ: assign the chunk's region from the one ring every prefill
- *   instance shares (once; duplicates get the same answer) and answer
- *   STAGING_RSP, or OVERSIZED which fails the request; when the ring is at
- *   its live-allocation bound the chunk waits in a FIFO, so requests from
- *   every instance are served in arrival order;
+ *   instance shares (once; duplicates get the same answer), grant each of
+ *   its writers exactly its bytes of it when the fabric scopes keys
+ *   (region_keys.h), and answer STAGING_RSP with them, or OVERSIZED which
+ *   fails the request; when the ring is at its live-allocation bound the
+ *   chunk waits in a FIFO, so requests from every instance are served in
+ *   arrival order;
  * - CHUNK_READY: count arrivals per chunk (each writer x prefill stage once);
  *   when all arrived, scatter every writer's block in one fused copy
  *   (scatter_parts: each token row written once, whole) on the scatter
- *   stream and record an event; when the event completes, free the region
- *   and send the new WATERMARK to every prefill session that writes into the
- *   ring, whatever its instance;
+ *   stream and record an event; when the event completes, revoke the
+ *   region's keys, free the region and send the new WATERMARK to every
+ *   prefill session that writes into the ring, whatever its instance;
  * - STATUS / ABORT: a request is done when every writer reported success and
  *   every chunk was scattered; it fails on the first failure, told to every
  *   writer at once, and its regions are freed once every writer has reported
@@ -47,6 +49,7 @@
 #include "fifo.h"
 #include "handler.h"
 #include "log.h"
+#include "region_keys.h"
 
 #include <assert.h>
 #include <stdalign.h>
@@ -63,6 +66,8 @@ typedef struct kvs__dchunk {
     kvs_ring_alloc_t alloc;
     int64_t arrivals;
     kvs_event_t *event;
+    kvs__wkeys_t *keys;         /* [writers] with scoped keys, else NULL: each
+                                   writer's keys of the region while allocated */
 } kvs__dchunk_t;
 
 typedef struct kvs__droom {
@@ -71,6 +76,7 @@ typedef struct kvs__droom {
     int64_t *pages, num_pages;
     int64_t num_chunks, scattered;
     kvs__dchunk_t *chunks;
+    kvs__wkeys_t *keys;         /* num_chunks * writers, with scoped keys */
     uint64_t *arrived;          /* num_chunks * words bits: writer x stage */
     uint64_t *reported;         /* words bits: writers that sent STATUS/ABORT */
     int64_t reports, reports_ok;
@@ -80,6 +86,7 @@ struct kvs_decode {
     kvs__handler_t h;           /* first */
     kvs_ring_t *ring;           /* the manager's; shared by every instance */
     uint64_t ring_addr, ring_bytes, ring_rkey;
+    kvs__ring_keys_t keys;      /* region-scoped keys (region_keys.h) */
     kvs__fifo_t scatters;       /* in stream order */
     kvs__fifo_t wanted;         /* chunks waiting for ring space, in arrival order */
     kvs_copy_part_t *parts;     /* a chunk's scatter: one part per writer's
@@ -119,10 +126,19 @@ static void kvs__note_ring(kvs_decode_t *d)
         d->h.stats.ring_peak_bytes = live;
 }
 
-static void kvs__release_region(kvs_decode_t *d, kvs__dchunk_t *c)
+/* Revokes every writer's keys of chunk c's region (a no-op without scoped
+ * keys): before the region goes back to the ring. */
+static void kvs__revoke_region(kvs_decode_t *d, const kvs__droom_t *r, kvs__dchunk_t *c)
+{
+    for (int64_t i = 0; c->keys != NULL && i < r->base.inst->npeers; i++)
+        kvs__wkeys_revoke(&d->h, &c->keys[i]);
+}
+
+static void kvs__release_region(kvs_decode_t *d, const kvs__droom_t *r, kvs__dchunk_t *c)
 {
     if (c->region_bytes == 0)
         return;
+    kvs__revoke_region(d, r, c);
     kvs_watermark_t wm;
     int rc = kvs_ring_free(d->ring, c->alloc.id, &wm);
     kvs__note_ring(d);
@@ -145,7 +161,7 @@ static bool kvs__room_try_finish(kvs_decode_t *d, kvs__droom_t *r)
     for (int64_t i = 0; i < r->num_chunks; i++) {
         kvs__dchunk_t *c = &r->chunks[i];
         if (c->state == KVS__DCH_ALLOCATED)
-            kvs__release_region(d, c);
+            kvs__release_region(d, r, c);
         c->state = KVS__DCH_DONE;
     }
     /* A report that is not OK fails the room: an OK room has only OK ones. */
@@ -180,8 +196,10 @@ static void kvs__room_free(kvs__handler_t *h, kvs__room_t *room, bool destroying
          * what the handler took (no watermark to send, the connections go
          * down too). */
         if ((ch->state == KVS__DCH_ALLOCATED || ch->state == KVS__DCH_SCATTERING) &&
-            ch->region_bytes > 0)
+            ch->region_bytes > 0) {
+            kvs__revoke_region(d, r, ch);
             (void)kvs_ring_free(d->ring, ch->alloc.id, NULL);
+        }
     }
     if (destroying)
         kvs__note_ring(d);
@@ -238,7 +256,9 @@ static void kvs__send_register(kvs_decode_t *d, kvs__peer_t *p)
         .tp_rank = m->cfg.tp_rank, .tp_size = m->cfg.tp_size, .pp_rank = m->cfg.pp_rank,
         .pp_size = m->cfg.pp_size, .instance = m->cfg.instance_id, .dp_rank = m->cfg.dp_rank,
         .peer_instance = inst->ref.instance, .peer_dp_rank = inst->ref.dp_rank, .fp = inst->fp,
-        .ring_addr = d->ring_addr, .ring_bytes = d->ring_bytes, .ring_rkey = d->ring_rkey,
+        .ring_addr = d->ring_addr, .ring_bytes = d->ring_bytes,
+        /* With scoped keys the whole ring's key never leaves this rank. */
+        .ring_rkey = d->keys.scoped ? 0 : d->ring_rkey, .scoped_keys = d->keys.scoped,
         .local_heads = m->kv.local_heads, .num_pages = m->kv.num_pages,
         .layers_total = direct ? m->kv.num_layers : 0};
     kvs__handshake_sign(&d->h, p, &msg);
@@ -480,24 +500,29 @@ static void kvs__on_ack(kvs__handler_t *h, kvs_conn_t *conn, kvs__peer_t *p,
 
 /* ---- requests --------------------------------------------------------------- */
 
-/* The room block: the room, its chunks, both bitmaps and its page list in
- * one allocation. */
+/* The room block: the room, its chunks, both bitmaps, its page list and
+ * (with scoped keys) its writers' keys of every chunk in one allocation,
+ * zeroed. */
 static kvs__droom_t *kvs__droom_alloc(kvs_decode_t *d, int64_t chunks, int64_t words,
-                                      int64_t pages)
+                                      int64_t pages, int64_t writers)
 {
     const size_t nc = (size_t)(chunks > 0 ? chunks : 1), np = (size_t)(pages > 0 ? pages : 1);
+    const size_t nk = d->keys.scoped ? (size_t)chunks * (size_t)writers : 0;
     const size_t bytes = sizeof(kvs__droom_t) + nc * sizeof(kvs__dchunk_t) +
-                         (nc + 1) * (size_t)words * sizeof(uint64_t) + np * sizeof(int64_t);
+                         (nc + 1) * (size_t)words * sizeof(uint64_t) + np * sizeof(int64_t) +
+                         nk * sizeof(kvs__wkeys_t);
     kvs__droom_t *r = kvs__blocks_get(&d->h.blocks, bytes);
     if (r == NULL)
         return NULL;
     _Static_assert(sizeof(kvs__droom_t) % alignof(kvs__dchunk_t) == 0 &&
-                       sizeof(kvs__dchunk_t) % alignof(uint64_t) == 0,
+                       sizeof(kvs__dchunk_t) % alignof(uint64_t) == 0 &&
+                       alignof(kvs__wkeys_t) <= alignof(int64_t),
                    "the room block's parts stay aligned");
     r->chunks = (kvs__dchunk_t *)(r + 1);
     r->arrived = (uint64_t *)(r->chunks + nc);
     r->reported = r->arrived + nc * (size_t)words;
     r->pages = (int64_t *)(r->reported + words);
+    r->keys = nk > 0 ? (kvs__wkeys_t *)(void *)(r->pages + np) : NULL;
     return r;
 }
 
@@ -575,7 +600,7 @@ int kvs_decode_room_open_peer(kvs_decode_t *d, uint64_t room, kvs_peer_t peer,
                           (unsigned long long)room);
     const bool staging = inst->path == KVS_PATH_STAGING;
     const int64_t chunks = staging ? kvs_grid_num_chunks(&inst->lay, num_pages) : 0;
-    kvs__droom_t *r = kvs__droom_alloc(d, chunks, inst->words, num_pages);
+    kvs__droom_t *r = kvs__droom_alloc(d, chunks, inst->words, num_pages, inst->npeers);
     if (r == NULL)
         return KVS__MFAIL(m, KVS_ENOMEM, "allocating room %llu failed", (unsigned long long)room);
     r->base_tokens = base_tokens;
@@ -595,7 +620,9 @@ int kvs_decode_room_open_peer(kvs_decode_t *d, uint64_t room, kvs_peer_t peer,
         }
         r->chunks[i] = (kvs__dchunk_t){.tokens = plan.tokens, .page_start = plan.page_start,
                                        .num_pages = plan.num_pages,
-                                       .region_bytes = plan.region_bytes};
+                                       .region_bytes = plan.region_bytes,
+                                       .keys = r->keys != NULL ? r->keys + i * inst->npeers
+                                                               : NULL};
     }
     /* Every chunk of every open room may wait for ring space at once. */
     rc = kvs__fifo_reserve(&d->wanted, d->open_chunks + (uint64_t)chunks);
@@ -648,6 +675,10 @@ static void kvs__answer(kvs_decode_t *d, kvs__peer_t *p, const kvs__droom_t *r, 
         msg.u.rsp.offset = c->alloc.offset;
         msg.u.rsp.round = c->alloc.round;
         msg.u.rsp.end = c->alloc.end;
+        if (c->keys != NULL) { /* this writer's keys of the region, and no other */
+            msg.u.rsp.rkey = c->keys[p->index].rkey[0];
+            msg.u.rsp.rkey_v = c->keys[p->index].rkey[1];
+        }
     }
     kvs__send(&d->h, p, &msg);
 }
@@ -670,6 +701,24 @@ static int kvs__allocate(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
     }
     c->state = KVS__DCH_ALLOCATED;
     kvs__note_ring(d);
+    /* Each writer (connected: a lost one's room fails anyway) gets exactly
+     * its bytes of the region; a grant that fails fails the room, and the
+     * region, held until every writer reported, takes what was granted
+     * back with it. */
+    for (int64_t i = 0; c->keys != NULL && c->region_bytes > 0 && i < inst->npeers && rc == KVS_OK;
+         i++)
+        if (inst->peers[i].conn != NULL)
+            rc = kvs__wkeys_grant(&d->keys, &d->h, &inst->peers[i], c->alloc.offset, c->tokens,
+                                  &c->keys[i]);
+    if (rc != KVS_OK) {
+        kvs_log_write(&d->h.m->log, KVS_LOG_ERROR, "decode %lld: room %llu chunk %lld: %s",
+                      (long long)d->h.m->cfg.tp_rank, (unsigned long long)r->base.id,
+                      (long long)chunk, d->h.m->err.msg);
+        for (int64_t i = 0; i < inst->npeers; i++)
+            kvs__answer(d, &inst->peers[i], r, chunk, rc);
+        kvs__room_fail(&d->h, &r->base, rc, NULL);
+        return rc;
+    }
     for (int64_t i = 0; i < inst->npeers; i++)
         kvs__answer(d, &inst->peers[i], r, chunk, KVS_OK);
     return KVS_OK;
@@ -928,7 +977,7 @@ static int kvs__reap_scatters(kvs_decode_t *d)
             kvs__dev_event_destroy(d->h.dev, c->event);
             c->event = NULL;
             c->state = KVS__DCH_DONE;
-            kvs__release_region(d, c);
+            kvs__release_region(d, r, c);
             kvs__room_touch(&d->h, &r->base);
             if (rc == KVS_OK)
                 r->scattered++;
@@ -999,6 +1048,7 @@ static int kvs__role_init(kvs__handler_t *h)
         d->ring_bytes = m->staging_bytes;
         d->ring_rkey = m->staging_rkey[0];
     }
+    kvs__ring_keys_init(&d->keys, h);
     const uint32_t queue = m->cfg.ring_max_live > m->cfg.max_rooms ? m->cfg.ring_max_live
                                                                     : m->cfg.max_rooms;
     /* A scattering chunk holds a live region, or is the metadata-only chunk

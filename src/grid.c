@@ -6,7 +6,8 @@
  * prefix-cache hit makes the first send larger than G.
  *
  * Pure functions over a validated kvs_layout_t; kvs__chunk_plan (chunk.h)
- * adds the chunk's region size, for the handlers.
+ * adds the chunk's region size, and kvs__writer_spans the bytes of it each
+ * writer writes, for the handlers.
  */
 #include "arith.h"
 #include "chunk.h"
@@ -75,4 +76,31 @@ int kvs__chunk_plan(const kvs_layout_t *lay, int64_t decode_tp, int64_t decode_s
     out->num_pages = ch.num_pages;
     return kvs_layout_region_bytes(lay, decode_tp, decode_stage, out->tokens,
                                    &out->region_bytes);
+}
+
+int kvs__writer_spans(const kvs_layout_t *lay, int64_t decode_tp, int64_t decode_stage,
+                      int64_t writer, int64_t prefill_stage, int64_t tokens,
+                      kvs__span_t out[2], int *n)
+{
+    kvs_writer_t w;
+    int64_t first = 0, count = 0, dfirst = 0, dcount = 0;
+    int rc = kvs_layout_writer(lay, decode_tp, decode_stage, writer, tokens, &w);
+    if (rc == KVS_OK)
+        rc = kvs_layout_stage_layers(lay, KVS_ROLE_PREFILL, prefill_stage, &first, &count);
+    if (rc == KVS_OK)
+        rc = kvs_layout_stage_layers(lay, KVS_ROLE_DECODE, decode_stage, &dfirst, &dcount);
+    if (rc != KVS_OK)
+        return rc;
+    const uint64_t blk = (uint64_t)kvs_layout_layer_block_bytes(lay, tokens, w.heads.num_heads);
+    const uint64_t at = (uint64_t)w.offset_bytes, lp = (uint64_t)count;
+    if (first == dfirst && count == dcount) {
+        out[0] = (kvs__span_t){0, at, 2 * lp * blk};
+        *n = 1;
+        return KVS_OK;
+    }
+    const uint64_t slot = (uint64_t)(first - dfirst), lx = (uint64_t)dcount;
+    out[0] = (kvs__span_t){0, at + slot * blk, lp * blk};             /* K layers */
+    out[1] = (kvs__span_t){lp * blk, at + (lx + slot) * blk, lp * blk}; /* V layers */
+    *n = 2;
+    return KVS_OK;
 }

@@ -37,6 +37,8 @@ typedef struct kvs__target {
                                     the V layers apart (prefill PP) */
     kvs_watermark_t wm;          /* its ring's last watermark */
     uint64_t ring_addr, ring_bytes, ring_rkey;
+    bool scoped_keys;            /* each region's STAGING_RSP carries the keys
+                                    of this rank's writes; ring_rkey is 0 */
     int64_t local_heads, num_pages;
     kvs_layer_entry_t *layers;   /* direct/slice: its KV layers */
     int64_t layers_total, layers_got;

@@ -521,9 +521,11 @@ static int kvs__check_register(kvs_prefill_t *p, const kvs_msg_register_t *g,
     const int64_t page_bytes = l->page_size * l->dst_heads * l->head_dim * l->elem_bytes;
     int64_t dfirst = 0, dlayers = 0;
     (void)kvs_layout_stage_layers(l, KVS_ROLE_DECODE, inst->decode_stage, &dfirst, &dlayers);
+    /* A decode that scopes keys must not hand out its whole ring's. */
     if (inst->path == KVS_PATH_STAGING
             ? (g->ring_bytes == 0 || g->ring_addr + g->ring_bytes < g->ring_addr ||
-               g->layers_total != 0)
+               g->layers_total != 0 || g->scoped_keys > 1 ||
+               (g->scoped_keys == 1 && g->ring_rkey != 0))
             : (g->layers_total != dlayers || g->local_heads != l->dst_heads ||
                g->num_pages <= 0 || g->num_pages > INT64_MAX / page_bytes)) {
         snprintf(why, why_bytes, "decode registration geometry is inconsistent");
@@ -583,6 +585,7 @@ static void kvs__on_register(kvs__handler_t *h, kvs_conn_t *conn, kvs__peer_t *b
     t->ring_addr = g->ring_addr;
     t->ring_bytes = g->ring_bytes;
     t->ring_rkey = g->ring_rkey;
+    t->scoped_keys = g->scoped_keys == 1;
     t->local_heads = g->local_heads;
     t->num_pages = g->num_pages;
     t->layers_total = g->layers_total;

@@ -29,6 +29,8 @@ typedef struct kvs__pchunk {
     int64_t tokens, token_start, token_end, page_start, num_pages;
     int64_t region_bytes;
     uint64_t offset, round, end;
+    uint64_t rkey[2];            /* with scoped keys: the keys of its writes
+                                    (STAGING_RSP's rkey, rkey_v) */
     int32_t worker;              /* staging buffer in use, -1 if none */
     int32_t writes_posted;       /* of the chunk's writes: they go in order */
     int32_t writes_pending;      /* posted, not yet completed */

@@ -6,8 +6,9 @@
  * buffer is free; then one fused gather with the same chunk of the room's
  * other flows that are ready then (the KV pool read once for all of them),
  * ONE write per region (two with prefill PP when the region holds more
- * layers than this stage: the K and the V layers), and CHUNK_READY once the
- * writes completed.
+ * layers than this stage: the K and the V layers), each under the key the
+ * STAGING_RSP gave for it when the decode scopes keys (region_keys.h), and
+ * CHUNK_READY once the writes completed.
  *
  * Invariants: a staging buffer is taken by at most one chunk, from its
  * gather until its last write completed (or the room failed with none in
@@ -19,6 +20,7 @@
 #include "arith.h"
 #include "chunk.h"
 
+#include <assert.h>
 #include <stdlib.h>
 
 bool kvs__staging_flow_done(const kvs__pflow_t *fl)
@@ -78,7 +80,8 @@ void kvs__staging_on_rsp(kvs_prefill_t *p, kvs__peer_t *peer, const kvs_msg_stag
         return;
     }
     if (c->state != KVS__PCH_REQ) {
-        if (c->offset != q->offset || c->round != q->round || c->end != q->end)
+        if (c->offset != q->offset || c->round != q->round || c->end != q->end ||
+            (peer->tgt.scoped_keys && (c->rkey[0] != q->rkey || c->rkey[1] != q->rkey_v)))
             kvs__reject(&p->h); /* a different answer to a duplicate */
         return;
     }
@@ -92,43 +95,40 @@ void kvs__staging_on_rsp(kvs_prefill_t *p, kvs__peer_t *peer, const kvs_msg_stag
     c->offset = q->offset;
     c->round = q->round;
     c->end = q->end;
+    c->rkey[0] = q->rkey;
+    c->rkey[1] = q->rkey_v;
     c->state = KVS__PCH_ALLOC;
     kvs__room_touch(&p->h, room);
 }
 
 /* The gathered block of a chunk goes out: one write, or the K and the V
  * layers of this stage apart when the region holds more layers (prefill
- * PP into a decode of PP 1). Posts, in order, the writes of the chunk not
- * posted yet: when the fabric refuses one (KVS_EAGAIN: its send queue is
- * full) those before it stay in flight and the call is made again later
- * for the rest. */
+ * PP into a decode of PP 1), each under its own key of the region when the
+ * decode scopes keys (else its whole ring's). Posts, in order, the writes
+ * of the chunk not posted yet: when the fabric refuses one (KVS_EAGAIN:
+ * its send queue is full) those before it stay in flight and the call is
+ * made again later for the rest. */
 static int kvs__write_chunk(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int64_t chunk)
 {
     const kvs__inst_t *inst = r->base.inst;
     const kvs__peer_t *peer = kvs__flow_peer(r, f);
     const kvs__target_t *t = &peer->tgt;
     kvs__pchunk_t *c = &r->flows[f].chunks[chunk];
-    kvs_writer_t w;
-    int rc = kvs_layout_writer(&inst->lay, peer->tp_rank, inst->decode_stage, t->writer,
-                               c->tokens, &w);
+    kvs__span_t span[2];
+    int n = 0;
+    int rc = kvs__writer_spans(&inst->lay, peer->tp_rank, inst->decode_stage, t->writer,
+                               p->h.pp_rank, c->tokens, span, &n);
     if (rc != KVS_OK)
         return rc;
-    const uint64_t blk = (uint64_t)kvs_layout_layer_block_bytes(&inst->lay, c->tokens,
-                                                                w.heads.num_heads);
-    const uint64_t lp = (uint64_t)p->h.m->cfg.layers, lx = (uint64_t)t->layer_slots;
-    const uint64_t slot = (uint64_t)t->slot;
+    assert(n == t->writes);
     const uint64_t local = p->h.m->staging_addr[c->worker];
     kvs_mr_t *mr = p->h.m->staging_mr[c->worker];
-    const uint64_t region = t->ring_addr + c->offset + (uint64_t)w.offset_bytes;
-    while (c->writes_posted < t->writes) {
-        if (t->writes == 1) /* the whole block */
-            rc = kvs__post_write(p, r, f, chunk, local, mr, region, t->ring_rkey, 2 * lp * blk);
-        else if (c->writes_posted == 0) /* K layers */
-            rc = kvs__post_write(p, r, f, chunk, local, mr, region + slot * blk, t->ring_rkey,
-                                 lp * blk);
-        else /* V layers */
-            rc = kvs__post_write(p, r, f, chunk, local + lp * blk, mr,
-                                 region + (lx + slot) * blk, t->ring_rkey, lp * blk);
+    const uint64_t region = t->ring_addr + c->offset;
+    while (c->writes_posted < n) {
+        const kvs__span_t *w = &span[c->writes_posted];
+        const uint64_t rkey = t->scoped_keys ? c->rkey[c->writes_posted] : t->ring_rkey;
+        rc = kvs__post_write(p, r, f, chunk, local + w->local_off, mr, region + w->remote_off,
+                             rkey, w->len_bytes);
         if (rc != KVS_OK)
             return rc;
         c->writes_posted++;

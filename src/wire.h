@@ -20,7 +20,9 @@
 #include <kvstage/backend.h>
 
 #define KVS_WIRE_MAGIC 0x4B565354u /* "KVST" */
-#define KVS_WIRE_VERSION 6u /* 6: HELLO, CHALLENGE, REGISTER's proof */
+#define KVS_WIRE_VERSION 7u /* 6: HELLO, CHALLENGE, REGISTER's proof;
+                               7: region-scoped keys (REGISTER's scoped_keys,
+                               STAGING_RSP's rkey and rkey_v) */
 /* magic u32, version u16, type u16, payload length u32, seq u32, session u64 */
 #define KVS_WIRE_HEADER_BYTES 24u
 /* Layers per LAYERS message and page ids per PAGES message, so a message
@@ -80,7 +82,12 @@ typedef struct kvs_layer_entry {
     F(u64, peer_instance) /* the prefill instance it means to register with */ \
     F(i64, peer_dp_rank)  /* ... and that instance's attention group */       \
     F(fp, fp)                                                                   \
-    F(u64, ring_addr) F(u64, ring_bytes) F(u64, ring_rkey) /* 0: staging off */ \
+    F(u64, ring_addr) F(u64, ring_bytes) /* ring_bytes 0: staging off */       \
+    F(u64, ring_rkey)     /* the whole ring's key; 0 when scoped_keys */       \
+    F(u32, scoped_keys)   /* 1: the decode grants each writer its bytes of     \
+                             each region, and STAGING_RSP carries the keys;    \
+                             0: every write uses ring_rkey */                  \
+    F(u32, reserved)                                                            \
     F(i64, local_heads) F(i64, num_pages)                                       \
     F(i64, layers_total)  /* LAYERS entries that follow (0 for staging) */   \
     F(b32, proof)         /* with a cluster secret: the decode's proof (auth.h); \
@@ -118,7 +125,12 @@ typedef struct kvs_layer_entry {
 #define KVS_WIRE_STAGING_RSP_FIELDS(F) /* decode -> prefill */                  \
     F(u64, room) F(i64, chunk)                                                  \
     F(i32, status)        /* KVS_OK, KVS_EOVERSIZED, ... */                    \
-    F(u32, reserved) F(u64, offset) F(u64, round) F(u64, end)
+    F(u32, reserved) F(u64, offset) F(u64, round) F(u64, end)                   \
+    /* With scoped_keys, the keys of the receiving writer's bytes of this      \
+     * region (its grants): rkey for its first write (the whole block, or its  \
+     * K layers when it writes them apart), rkey_v for its V layers then (0    \
+     * otherwise); no key reaches any other byte. 0 without scoped_keys. */   \
+    F(u64, rkey) F(u64, rkey_v)
 #define KVS_WIRE_CHUNK_READY_FIELDS(F) /* prefill -> decode: a writer landed */ \
     F(u64, room) F(i64, chunk) F(i64, page_start) F(i64, pages)                 \
     F(i64, writer) F(i64, stage)

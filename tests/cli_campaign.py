@@ -29,12 +29,13 @@ JSON_KEYS = [
     "hung_requests", "ring_leaked_bytes", "corrupt_bytes",
     "unreported_failures", "collateral_failures", "failed_without_faults",
     "setup_errors", "runs_stopped", "runs_with_clusters", "runs_with_sq_depth", "posts_refused",
-    "runs_with_aux", "aux_bytes_verified", "aux_corrupt_bytes", "events",
+    "runs_with_aux", "aux_bytes_verified", "aux_corrupt_bytes", "keys_granted",
+    "keys_leaked", "hostile_writes", "hostile_bytes_landed", "events",
     "max_run_events", "digest", "faults_drawn", "paths_run", "wall_seconds",
     "ms_per_run", "violating_runs", "first_violation", "replay",
 ]
 KINDS = ["drop", "dup", "delay", "write-error", "link-down", "slow-scatter",
-         "stall", "crash", "restart", "hbm-full"]
+         "stall", "crash", "restart", "hbm-full", "hostile-write"]
 # Keys derived from the real clock: the only ones two campaigns may differ in.
 WALL_KEYS = ("wall_seconds", "ms_per_run")
 

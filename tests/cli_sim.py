@@ -36,6 +36,7 @@ REQUIRED_KEYS = [
     "decode_pp", "replay", "hung_requests", "unreported_failures", "violations",
     "sq_depth", "posts_refused", "aux_bytes", "aux_bytes_verified",
     "aux_corrupt_bytes", "ok", "failures", "failed_without_faults", "ring_bytes_needed",
+    "keys_granted", "keys_revoked", "keys_leaked", "hostile_writes", "hostile_bytes_landed",
 ]
 
 # Keys derived from the real clock: the only ones two runs may differ in.
@@ -579,6 +580,17 @@ def test_faults(s):
              and obj.get("ranks_crashed") == crashed
              and obj.get("ranks_restarted") == restarted, "fault " + spec + " invariants",
              args, repr(obj)[:300])
+    # A hostile writer: the fabric refuses its write (region-scoped keys),
+    # one request fails cleanly and not a byte of the write lands.
+    for mode in ("stale", "outside"):
+        args = SMALL + ["--fault", "hostile-write:p1:%s:0" % mode, "--json"]
+        obj = s.expect_json("fault hostile-write " + mode, args)
+        s.ok(obj.get("violations") == 0 and obj.get("ok") is True
+             and obj.get("hostile_writes") == 1 and obj.get("hostile_bytes_landed") == 0
+             and obj.get("requests_failed") == 1 and obj.get("keys_leaked") == 0
+             and obj.get("keys_granted", 0) > 0
+             and obj.get("keys_granted") == obj.get("keys_revoked"),
+             "fault hostile-write " + mode + " refused", args, repr(obj)[:400])
     args = SMALL + ["--fault", "hbm-full:d1", "--stall-timeout-ms", "500", "--json"]
     obj = s.expect_json("fault hbm-full", args)
     s.ok(obj.get("ranks_down_at_start") == 1 and "--ring-mib" in obj.get("init_error", "")
@@ -600,7 +612,8 @@ def test_faults(s):
                  "crash:router:0:10", "restart:decode:0", "hbm-full:p9", "nonsense",
                  "link-down:p0@1:1:2", "crash:prefill@1:0:10", "crash:prefill@:0:10",
                  "hbm-full:d0@x", "slow-scatter:p0:2", "stall", "stall:0", "stall:x",
-                 "stall:1:2"):
+                 "stall:1:2", "hostile-write:d0:stale:0", "hostile-write:p0:sideways:0",
+                 "hostile-write:p0:stale", "hostile-write:p9:outside:0"):
         s.expect_usage_error("fault " + spec, SMALL + ["--fault", spec], "--fault")
     # Instance-qualified forms name a rank of another instance.
     cl = ["sim", "--model", "llama-3.1-8b", "--layers", "4", "--prefill-tp", "4,2",

@@ -79,6 +79,8 @@ static void edge_log(void *user, kvs_log_level_t level, const char *msg)
         n->log_errors++;
     else if (level == KVS_LOG_WARN)
         n->log_warnings++;
+    if (n->cl->o.log_watch != NULL && strstr(msg, n->cl->o.log_watch) != NULL)
+        n->log_watched++;
     snprintf(n->log_last, sizeof n->log_last, "%s", msg);
     if (getenv("EDGE_LOG") != NULL) /* debugging a test: every line */
         fprintf(stderr, "[%s %llu] %s\n", n->name,
@@ -819,6 +821,8 @@ static void edge_intruder_poll(sim_engine_t *eng, void *ctx, uint64_t arg)
         int n = x->fab->ops.poll(x->fab, cq, 16);
         assert_true(n >= 0);
         for (int i = 0; i < n; i++) {
+            if (cq[i].kind == KVS_COMPLETION_WRITE && cq[i].wr_id < (uint64_t)x->nwrites)
+                x->write_status[cq[i].wr_id] = cq[i].status;
             if (cq[i].kind != KVS_COMPLETION_RECV)
                 continue;
             kvs_msg_t m;
@@ -868,8 +872,32 @@ void edge_intruder_create(edge_cluster_t *cl, edge_intruder_t *x)
 
 void edge_intruder_destroy(edge_intruder_t *x)
 {
+    if (x->mr != NULL)
+        assert_int_equal(x->fab->ops.mr_deregister(x->fab, x->mr), KVS_OK);
     sim_nic_destroy(x->nic);
     sim_gpu_destroy(x->gpu);
+}
+
+int edge_intruder_write(edge_intruder_t *x, const char *peer, uint64_t remote_addr,
+                        uint64_t rkey, uint64_t len)
+{
+    if (x->mr == NULL) {
+        kvs_device_t *dev = sim_gpu_device(x->gpu);
+        uint64_t key = 0;
+        assert_int_equal(dev->ops.mem_alloc(dev, EDGE_INTRUDER_WRITE_MAX, &x->buf), KVS_OK);
+        memset(sim_gpu_host(x->gpu, x->buf, EDGE_INTRUDER_WRITE_MAX), 0xEE,
+               EDGE_INTRUDER_WRITE_MAX);
+        assert_int_equal(x->fab->ops.mr_register(x->fab, dev, x->buf, EDGE_INTRUDER_WRITE_MAX,
+                                                 &x->mr, &key),
+                         KVS_OK);
+    }
+    assert_true(len <= EDGE_INTRUDER_WRITE_MAX && x->nwrites < EDGE_INBOX);
+    const int i = x->nwrites++;
+    x->write_status[i] = 1;
+    const kvs_write_desc_t d = {.local_addr = x->buf, .local_mr = x->mr, .len_bytes = len,
+                                .remote_addr = remote_addr, .rkey = rkey, .wr_id = (uint64_t)i};
+    assert_int_equal(x->fab->ops.write(x->fab, edge_conn(x->fab, peer), &d), KVS_OK);
+    return i;
 }
 
 int edge_intruder_recv(edge_cluster_t *cl, edge_intruder_t *x, kvs_msg_t *out, int max)

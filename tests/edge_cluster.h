@@ -81,6 +81,7 @@ typedef struct edge_node {
     uint8_t *res_aux[EDGE_MAX_RESULTS];
     int nres;
     uint32_t log_errors, log_warnings;
+    uint32_t log_watched;            /* lines that held opts.log_watch */
     char log_last[KVS_ERROR_MSG_BYTES + 64];
 } edge_node_t;
 
@@ -125,6 +126,7 @@ typedef struct edge_opts {
     /* Cluster secrets (docs/security.md): the environment variable each
      * role's ranks read theirs from, NULL: none (an open rank). */
     const char *prefill_secret_env, *decode_secret_env;
+    const char *log_watch;           /* each node counts the log lines holding it */
 } edge_opts_t;
 
 /* Called after a node polled results (the node that got them, the new ones). */
@@ -308,11 +310,26 @@ typedef struct edge_intruder {
     bool wake_pending;
     kvs_msg_t inbox[EDGE_INBOX];
     int ninbox;
+    /* Its writes (edge_intruder_write): a buffer of EDGE_INTRUDER_WRITE_MAX
+     * bytes of 0xEE, registered on first use, and each write's completion
+     * status in the order they came (1 until it came). */
+    uint64_t buf;
+    kvs_mr_t *mr;
+    int nwrites;
+    int write_status[EDGE_INBOX];
 } edge_intruder_t;
+
+#define EDGE_INTRUDER_WRITE_MAX 65536u
 
 void edge_intruder_create(edge_cluster_t *cl, edge_intruder_t *x);
 
 void edge_intruder_destroy(edge_intruder_t *x);
+
+/* The intruder writes len bytes of 0xEE to `peer` at remote_addr under
+ * rkey (its connection to peer); returns the write's index in
+ * x->write_status, which its completion fills. */
+int edge_intruder_write(edge_intruder_t *x, const char *peer, uint64_t remote_addr,
+                        uint64_t rkey, uint64_t len);
 
 /* Control messages the intruder received since the last call. */
 int edge_intruder_recv(edge_cluster_t *cl, edge_intruder_t *x, kvs_msg_t *out, int max);

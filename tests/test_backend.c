@@ -3,7 +3,8 @@
  * ops version needs its own slots: a version-1 table ends at mem_read, a
  * version-2 one holds gather_parts and scatter_parts, a version-3 one
  * wait_arm; a fabric table of version 1 ends at now_ns, one of version 2
- * holds wait_arm), required slots,
+ * holds wait_arm, one of version 3 ends at peer_addr, one of version 4
+ * holds key_grant and key_revoke), required slots,
  * defaults for optional slots ("not supported", never a NULL call), the
  * default fused copy of a table without parts ops (its check first, then
  * one gather / scatter per part, in order, the part's heads and staging
@@ -96,6 +97,12 @@ static void test_backend_fabric_defaults_not_supported(void **state)
     uint64_t key = 0;
     assert_int_equal(kvs__net_register(&f, NULL, 0, 8, &mr, &key), KVS_OK);
     assert_int_equal(key, 7);
+    /* No key_grant: a decode keeps the whole ring's key (security.md). */
+    kvs_grant_t *g = NULL;
+    assert_false(kvs__net_can_grant(&f));
+    assert_int_equal(kvs__net_key_grant(&f, c, mr, 0, 8, &g, &key), KVS_ENOTSUP);
+    assert_null(g);
+    assert_int_equal(kvs__net_key_revoke(&f, g), KVS_ENOTSUP);
     assert_int_equal(kvs__net_deregister(&f, mr), KVS_OK);
 }
 
@@ -261,6 +268,7 @@ static int rec_parts_trap(kvs_device_t *d, kvs_stream_t *s, const kvs_copy_desc_
 #define DEVICE_OPS_V1_BYTES offsetof(kvs_device_ops_t, gather_parts)
 #define DEVICE_OPS_V2_BYTES offsetof(kvs_device_ops_t, wait_arm)
 #define FABRIC_OPS_V1_BYTES offsetof(kvs_fabric_ops_t, wait_arm)
+#define FABRIC_OPS_V3_BYTES offsetof(kvs_fabric_ops_t, key_grant)
 
 static const kvs_device_ops_t rec_v1_ops = {.version = 1,
                                             .size = DEVICE_OPS_V1_BYTES,
@@ -408,6 +416,53 @@ static void test_backend_default_fused_copy_stops_at_a_refused_part(void **state
     assert_int_equal(d->last_backend_code, 42);
 }
 
+static int grant_trap(kvs_fabric_t *f, kvs_conn_t *c, kvs_mr_t *mr, uint64_t addr,
+                      uint64_t len, kvs_grant_t **out, uint64_t *rkey)
+{
+    fail_msg("a version-3 table's key_grant slot was called");
+    return KVS_EBACKEND;
+}
+
+static int grant_ok(kvs_fabric_t *f, kvs_conn_t *c, kvs_mr_t *mr, uint64_t addr,
+                    uint64_t len, kvs_grant_t **out, uint64_t *rkey)
+{
+    *out = (kvs_grant_t *)(void *)f;
+    *rkey = addr + len;
+    return KVS_OK;
+}
+
+static int revoke_ok(kvs_fabric_t *f, kvs_grant_t *g) { return g == (void *)f ? KVS_OK : KVS_ENOENT; }
+
+/* A fabric table of version 3 (the verbs and ofi fabrics' today: it ends
+ * at peer_addr) binds with key_grant / key_revoke defaults, whatever its
+ * struct holds past its size; version 4 must hold both and keeps them. */
+static void test_backend_version_3_fabric_gets_no_key_grant(void **state)
+{
+    kvs_fabric_ops_t fv = fab_ops;
+    fv.version = 3;
+    fv.size = FABRIC_OPS_V3_BYTES;
+    fv.key_grant = grant_trap;
+    kvs_fabric_t f;
+    assert_int_equal(kvs_fabric_init(&f, &fv, NULL), KVS_OK);
+    assert_false(kvs__net_can_grant(&f));
+    kvs_grant_t *g = NULL;
+    uint64_t key = 0;
+    assert_int_equal(kvs__net_key_grant(&f, NULL, NULL, 0, 8, &g, &key), KVS_ENOTSUP);
+    assert_int_equal(kvs__net_key_revoke(&f, g), KVS_ENOTSUP);
+    fv.version = 4;
+    assert_int_equal(kvs_fabric_init(&f, &fv, NULL), KVS_EVERSION);
+    fv.size = sizeof(kvs_fabric_ops_t) - sizeof(void *);
+    assert_int_equal(kvs_fabric_init(&f, &fv, NULL), KVS_EVERSION);
+    fv.size = sizeof(kvs_fabric_ops_t);
+    fv.key_grant = grant_ok;
+    fv.key_revoke = revoke_ok;
+    assert_int_equal(kvs_fabric_init(&f, &fv, NULL), KVS_OK);
+    assert_true(kvs__net_can_grant(&f));
+    assert_int_equal(kvs__net_key_grant(&f, NULL, NULL, 16, 8, &g, &key), KVS_OK);
+    assert_int_equal(key, 24);
+    assert_int_equal(kvs__net_key_revoke(&f, g), KVS_OK);
+}
+
 static void test_backend_version_sizes(void **state)
 {
     kvs_device_t d;
@@ -528,6 +583,7 @@ int main(void)
         cmocka_unit_test(test_backend_default_fused_copy_stops_at_a_refused_part),
         cmocka_unit_test(test_backend_version_sizes),
         cmocka_unit_test(test_backend_older_tables_bind_without_wait_arm),
+        cmocka_unit_test(test_backend_version_3_fabric_gets_no_key_grant),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

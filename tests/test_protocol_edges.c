@@ -1817,9 +1817,11 @@ static void test_protocol_edges_hostile_direct_fields(void **state)
 
 /* More answers of a registered decode to a chunk that has its region (a
  * fresh ring: chunk 0 of room 1 is offset 0, round 0, end 8 KiB): the same
- * answer again is harmless, one that differs in round or end is counted, an
- * answer for chunk -1 is counted. An ABORT without a status fails the room
- * with EPEER. */
+ * answer again (the decode's own, to a STAGING_REQ sent again) is
+ * harmless; one with the right region but other keys (the decode scopes
+ * them: a forger's, or another writer's), one that differs in round or
+ * end, and one for chunk -1 are counted. An ABORT without a status fails
+ * the room with EPEER. */
 static void test_protocol_edges_hostile_rsp_duplicates(void **state)
 {
     (void)state;
@@ -1833,6 +1835,7 @@ static void test_protocol_edges_hostile_rsp_duplicates(void **state)
     edge_open(cl, 1, 0, 40);
     edge_run(cl); /* every chunk has its region; nothing is computed */
     const kvs_handler_stats_t before = edge_stats(p0);
+    const kvs_handler_stats_t d_before = edge_stats(edge_decode(cl, 0));
     const kvs_msg_staging_rsp_t real = {.room = 1, .chunk = 0, .offset = 0, .round = 0,
                                         .end = full};
     kvs_msg_staging_rsp_t a[] = {real, real, real, real};
@@ -1844,8 +1847,18 @@ static void test_protocol_edges_hostile_rsp_duplicates(void **state)
         m.u.rsp = a[i];
         edge_send(cl, dfab, dc, &m);
     }
+    kvs_fabric_t *pfab = sim_nic_fabric(p0->nic);
+    kvs_msg_t again = {.type = KVS_MSG_STAGING_REQ, .session = EDGE_PREFILL_SESSION};
+    again.u.req = (kvs_msg_staging_req_t){.room = 1, .chunk = 0, .pages = 4, .tokens = 16,
+                                          .writer = 0, .stage = 0};
+    edge_send(cl, pfab, edge_conn(pfab, "d0"), &again);
     edge_run(cl);
-    assert_int_equal(edge_stats(p0).msgs_rejected - before.msgs_rejected, 3);
+    assert_int_equal(edge_stats(p0).msgs_rejected - before.msgs_rejected, 4);
+    /* the decode answered the request again, with the same keys */
+    const kvs_handler_stats_t d_after = edge_stats(edge_decode(cl, 0));
+    assert_int_equal(d_after.msgs_rejected, d_before.msgs_rejected);
+    assert_int_equal(d_after.keys_granted, d_before.keys_granted);
+    assert_int_equal(d_after.msgs_received - d_before.msgs_received, 1);
     edge_computed(cl, 1, 40, true);
     edge_run(cl);
     edge_expect_ok(cl, 1, 0, 40);

@@ -500,6 +500,16 @@ static void test_sim_api_fault_check_whole_line(void **state)
     assert_non_null(strstr(why, "'crash:prefill@1:1:10': use crash:SIDE:N:AT_US with N"));
     assert_int_equal(kvs_sim_fault_check(&c, "hbm-full:p0@2", why, sizeof why), KVS_EINVAL);
     assert_true(strncmp(why, "'hbm-full:p0@2': ", 17) == 0);
+    /* A hostile writer is a prefill rank, in one of two modes. */
+    assert_int_equal(kvs_sim_fault_check(&c, "hostile-write:p0@1:outside:10", why, sizeof why),
+                     KVS_OK);
+    assert_int_equal(kvs_sim_fault_check(&c, "hostile-write:p1:stale:0", NULL, 0), KVS_OK);
+    assert_int_equal(kvs_sim_fault_check(&c, "hostile-write:d0:stale:0", why, sizeof why),
+                     KVS_EINVAL);
+    assert_non_null(strstr(why, "a prefill rank of this cluster"));
+    assert_int_equal(kvs_sim_fault_check(&c, "hostile-write:p0:sideways:0", why, sizeof why),
+                     KVS_EINVAL);
+    assert_non_null(strstr(why, "MODE stale"));
     /* The list of forms runs past KVS_ERROR_MSG_BYTES and arrives whole. */
     assert_int_equal(kvs_sim_fault_check(&c, "bogus", why, sizeof why), KVS_EINVAL);
     assert_true(strlen(why) >= KVS_ERROR_MSG_BYTES);

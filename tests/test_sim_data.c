@@ -215,17 +215,19 @@ static void plant_modulo_heads(void *ctx, uint32_t gpu_id, bool scatter,
 
 /* Writers after the first (prefill ranks with tp % k != 0) write one byte
  * past their offset in the region. */
-static void plant_writer_offset(void *ctx, const char *nic, const char *peer,
-                                uint64_t *remote_addr, uint64_t len_bytes)
+static bool plant_writer_offset(void *ctx, const char *nic, const char *peer,
+                                uint64_t *remote_addr, uint64_t *rkey, uint64_t len_bytes)
 {
     (void)peer;
+    (void)rkey;
     (void)len_bytes;
     plant_t *pl = ctx;
     int tp = 0, pp = 0;
     if (sscanf(nic, "p%d.%d", &tp, &pp) != 2 || tp % (pl->P / pl->D) == 0)
-        return;
+        return false;
     *remote_addr += 1;
     pl->hits++;
+    return true;
 }
 
 /* Runs c with the plant in both modes: the bug must show as corrupt
@@ -272,7 +274,20 @@ static void test_sim_data_catches_writer_offset(void **state)
     sim_scenario_config_t c = small(4, 2, 8);
     plant_t pl = {.P = 4, .D = 2, .H = 8};
     c.write_hook = plant_writer_offset;
+    /* The bytes must land for the check to see them: a fabric without
+     * region-scoped keys (whole-ring key, as verbs and ofi today). */
+    c.net.no_key_grant = true;
     caught_in_both(c, &pl, "writer offset + 1, P4 -> D2");
+    /* With scoped keys the same writes reach one byte past their grant:
+     * the fabric refuses them, not one lands, the requests fail instead. */
+    c.net.no_key_grant = false;
+    pl.hits = 0;
+    c.hook_ctx = &pl;
+    const sim_report_t r = run_mode(c, SIM_DATA_BYTES, "writer offset + 1, scoped keys");
+    assert_true(pl.hits > 0);
+    assert_int_equal(r.corrupt_bytes, 0);
+    assert_int_equal(r.requests_ok, 0);
+    assert_int_equal(r.ring_leaked_bytes, 0);
 }
 
 int main(void)

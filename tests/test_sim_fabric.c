@@ -4,11 +4,12 @@
  * writes that land exact bytes at the modeled time, remote access errors,
  * bandwidth sharing on one NIC and on one receiver (incast), the per-op cost
  * of small writes, control messages, completion queue overrun, fault hooks,
- * lifetime and determinism.
+ * region-scoped keys (key_grant / key_revoke), lifetime and determinism.
  *
  * Every test uses a fixed seed, printed when its fixture opens; a run is
  * deterministic, so rerunning the binary replays it.
  */
+#include "backend.h"
 #include "fabric.h"
 #include "fake_backend.h"
 
@@ -1037,6 +1038,137 @@ static size_t scenario(uint64_t seed, uint64_t *out, size_t max, uint64_t *diges
     return n;
 }
 
+/* A write of len bytes from buf[from] + src_off to buf[to] + dst_off on conn
+ * c under key rkey. */
+static int fx_write_key(fx_t *fx, int from, kvs_conn_t *c, int to, uint64_t src_off,
+                        uint64_t dst_off, uint64_t len, uint64_t rkey, uint64_t wr_id)
+{
+    const kvs_write_desc_t d = {.local_addr = fx->buf[from] + src_off,
+                                .local_mr = fx->mr[from], .len_bytes = len,
+                                .remote_addr = fx->buf[to] + dst_off, .rkey = rkey,
+                                .wr_id = wr_id};
+    return fx->fab[from]->ops.write(fx->fab[from], c, &d);
+}
+
+/* key_grant opens exactly one range of nic1's MR to nic0's connection, and
+ * only until key_revoke: a write inside lands; one reaching one page past
+ * the end, one from nic2 (another connection), one on a new connection of
+ * nic0 after the old one was disconnected, and one after the revoke each
+ * complete with KVS_EREMOTE and change no byte. Granting and revoking post
+ * no work request and schedule no event. */
+static void test_sim_fabric_key_grant_scopes_writes(void **state)
+{
+    (void)state;
+    fx_t *fx = fx_open(21, NULL, true);
+    uint64_t s = fx->seed;
+    fx_fill_random(fx, 0, 0, 2 * MIB, &s);
+    fx_fill_random(fx, 2, 0, MIB, &s);
+    kvs_fabric_t *f1 = fx->fab[1];
+    assert_true(kvs__net_can_grant(f1));
+    kvs_conn_t *c01 = fx_connect(fx, 0, 1);
+    kvs_conn_t *c10 = fx_connect(fx, 1, 0); /* nic1's side of the same connection */
+    kvs_conn_t *c21 = fx_connect(fx, 2, 1);
+    const uint64_t events = sim_engine_pending(fx->eng);
+    kvs_grant_t *g = NULL;
+    uint64_t key = 0;
+    assert_int_equal(f1->ops.key_grant(f1, c10, fx->mr[1], fx->buf[1] + 64 * KIB, 64 * KIB,
+                                       &g, &key),
+                     KVS_OK);
+    assert_non_null(g);
+    assert_true(key != 0 && key <= UINT32_MAX);
+    for (int i = 0; i < FX_NICS; i++)
+        assert_int_not_equal(key, fx->rkey[i]); /* unique among the live keys */
+    assert_int_equal(sim_engine_pending(fx->eng), events);
+    assert_int_equal(sim_nic_grants_live(fx->nic[1]), 1);
+    /* 1: exactly the range; 2: one page past its end; 3: from nic2 */
+    assert_int_equal(fx_write_key(fx, 0, c01, 1, 0, 64 * KIB, 64 * KIB, key, 1), KVS_OK);
+    assert_int_equal(fx_write_key(fx, 0, c01, 1, MIB, 68 * KIB, 64 * KIB, key, 2), KVS_OK);
+    assert_int_equal(fx_write_key(fx, 2, c21, 1, 0, 64 * KIB, 64 * KIB, key, 3), KVS_OK);
+    fx_run(fx);
+    assert_int_equal(fx_completion(fx, 0, KVS_COMPLETION_WRITE, 1)->status, KVS_OK);
+    assert_int_equal(fx_completion(fx, 0, KVS_COMPLETION_WRITE, 2)->status, KVS_EREMOTE);
+    assert_int_equal(fx_completion(fx, 2, KVS_COMPLETION_WRITE, 3)->status, KVS_EREMOTE);
+    assert_memory_equal(fx_host(fx, 1, 64 * KIB, 64 * KIB), fx_host(fx, 0, 0, 64 * KIB),
+                        64 * KIB);
+    assert_true(all_zero(fx_host(fx, 1, 128 * KIB, 64 * KIB), 64 * KIB));
+    /* 4: after the revoke, exactly the range again */
+    assert_int_equal(f1->ops.key_revoke(f1, g), KVS_OK);
+    assert_int_equal(sim_nic_grants_live(fx->nic[1]), 0);
+    assert_int_equal(f1->ops.key_revoke(f1, g), KVS_ENOENT);
+    assert_int_equal(fx_write_key(fx, 0, c01, 1, MIB, 64 * KIB, 64 * KIB, key, 4), KVS_OK);
+    /* 5: a grant to a connection that is then disconnected: nic0's next
+     * connection to nic1 is another one */
+    assert_int_equal(f1->ops.key_grant(f1, c10, fx->mr[1], fx->buf[1], 4 * KIB, &g, &key),
+                     KVS_OK);
+    fx->fab[0]->ops.disconnect(fx->fab[0], c01);
+    kvs_conn_t *again = fx_connect(fx, 0, 1);
+    assert_int_equal(fx_write_key(fx, 0, again, 1, MIB, 0, 4 * KIB, key, 5), KVS_OK);
+    fx_run(fx);
+    assert_int_equal(fx_completion(fx, 0, KVS_COMPLETION_WRITE, 4)->status, KVS_EREMOTE);
+    assert_int_equal(fx_completion(fx, 0, KVS_COMPLETION_WRITE, 5)->status, KVS_EREMOTE);
+    assert_memory_equal(fx_host(fx, 1, 64 * KIB, 64 * KIB), fx_host(fx, 0, 0, 64 * KIB),
+                        64 * KIB);
+    assert_true(all_zero(fx_host(fx, 1, 0, 4 * KIB), 4 * KIB));
+    assert_int_equal(recorder_count(&fx->rec[1], KVS_COMPLETION_IMM), 0);
+    /* The grant of the dead connection is revoked like any other. */
+    assert_int_equal(f1->ops.key_revoke(f1, g), KVS_OK);
+    assert_int_equal(sim_nic_grants_made(fx->nic[1]), 2);
+    assert_int_equal(sim_nic_grants_revoked(fx->nic[1]), 2);
+    assert_int_equal(sim_nic_writes(fx->nic[0]), 1);
+    fx_close(fx);
+}
+
+/* What key_grant refuses, and its bound: max_grants live at once. An MR
+ * with a live grant is not deregistered. A NIC of a net with no_key_grant
+ * binds a version-3 table: the core's defaults answer KVS_ENOTSUP. */
+static void test_sim_fabric_key_grant_refusals_and_bound(void **state)
+{
+    (void)state;
+    sim_net_config_t cfg = {.max_grants = 2};
+    fx_t *fx = fx_open(22, &cfg, true);
+    kvs_fabric_t *f1 = fx->fab[1];
+    kvs_conn_t *c10 = fx_connect(fx, 1, 0);
+    kvs_grant_t *g[3] = {NULL, NULL, NULL};
+    uint64_t key[3] = {0, 0, 0};
+    const uint64_t b = fx->buf[1];
+    assert_int_equal(f1->ops.key_grant(f1, c10, fx->mr[1], b, 0, &g[0], &key[0]), KVS_EINVAL);
+    assert_int_equal(f1->ops.key_grant(f1, c10, fx->mr[1], b + FX_BUF_BYTES - 8, 16, &g[0],
+                                       &key[0]),
+                     KVS_EINVAL);
+    assert_non_null(strstr(f1->last_backend_msg, "inside its MR"));
+    assert_int_equal(f1->ops.key_grant(f1, c10, fx->mr[2], b, 8, &g[0], &key[0]), KVS_EINVAL);
+    assert_int_equal(f1->ops.key_grant(f1, fx_connect(fx, 0, 1), fx->mr[1], b, 8, &g[0],
+                                       &key[0]),
+                     KVS_EINVAL); /* nic0's side of the connection */
+    assert_int_equal(f1->ops.key_grant(f1, c10, fx->mr[1], b, 8, NULL, &key[0]), KVS_EINVAL);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(f1->ops.key_grant(f1, c10, fx->mr[1], b + (uint64_t)i * 8, 8, &g[i],
+                                           &key[i]),
+                         KVS_OK);
+    assert_int_not_equal(key[0], key[1]);
+    assert_int_equal(f1->ops.key_grant(f1, c10, fx->mr[1], b, 8, &g[2], &key[2]), KVS_EFULL);
+    assert_non_null(strstr(f1->last_backend_msg, "max_grants"));
+    assert_int_equal(f1->ops.mr_deregister(f1, fx->mr[1]), KVS_EBUSY);
+    assert_int_equal(f1->ops.key_revoke(f1, g[0]), KVS_OK);
+    assert_int_equal(f1->ops.key_grant(f1, c10, fx->mr[1], b, 8, &g[2], &key[2]), KVS_OK);
+    assert_int_equal(f1->ops.key_revoke(f1, g[1]), KVS_OK);
+    assert_int_equal(f1->ops.key_revoke(f1, g[2]), KVS_OK);
+    assert_int_equal(fx->fab[0]->ops.key_revoke(fx->fab[0], g[2]), KVS_ENOENT);
+    assert_int_equal(sim_nic_grants_live(fx->nic[1]), 0);
+    fx_close(fx);
+
+    sim_net_config_t v3 = {.no_key_grant = true};
+    fx = fx_open(23, &v3, true);
+    f1 = fx->fab[1];
+    assert_int_equal(f1->ops.version, 3);
+    assert_false(kvs__net_can_grant(f1));
+    assert_ptr_equal(sim_nic_from_fabric(f1), fx->nic[1]);
+    assert_int_equal(kvs__net_key_grant(f1, fx_connect(fx, 1, 0), fx->mr[1], fx->buf[1], 8,
+                                        &g[0], &key[0]),
+                     KVS_ENOTSUP);
+    fx_close(fx);
+}
+
 static void test_sim_fabric_deterministic(void **state)
 {
     (void)state;
@@ -1078,6 +1210,8 @@ int main(void)
         cmocka_unit_test(test_sim_fabric_destroy_refused_and_mid_flight),
         cmocka_unit_test(test_sim_fabric_loopback),
         cmocka_unit_test(test_sim_fabric_random_ops_complete_once),
+        cmocka_unit_test(test_sim_fabric_key_grant_scopes_writes),
+        cmocka_unit_test(test_sim_fabric_key_grant_refusals_and_bound),
         cmocka_unit_test(test_sim_fabric_deterministic),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

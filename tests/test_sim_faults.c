@@ -446,6 +446,45 @@ static void test_sim_faults_hbm_full(void **state)
     }
 }
 
+/* ---- a hostile writer (region-scoped keys, docs/security.md) ---------- */
+
+/* p1 sends one staged write astray: under the key of a region freed
+ * since (stale), or past its own bytes (outside). The fabric refuses it:
+ * exactly one request fails (KVS_EREMOTE), nothing of the write lands,
+ * every grant is revoked. On a fabric without key_grant (whole-ring key)
+ * the same write lands: a violation, what the scoped keys stop. */
+static void test_sim_faults_hostile_write(void **state)
+{
+    (void)state;
+    const sim_hostile_t modes[] = {SIM_HOSTILE_STALE, SIM_HOSTILE_OUTSIDE};
+    for (size_t k = 0; k < 2; k++) {
+        sim_scenario_config_t c = cluster();
+        add(&c, (sim_fault_t){.kind = SIM_FAULT_HOSTILE_WRITE, .role = KVS_ROLE_PREFILL,
+                              .rank = 1, .at_ns = 20 * MS, .hostile = modes[k]});
+        const char *what = k == 0 ? "hostile write, stale key" : "hostile write, outside";
+        sim_report_t r = run(&c, what);
+        assert_int_equal(r.hostile_writes, 1);
+        assert_int_equal(r.hostile_bytes_landed, 0);
+        assert_int_equal(r.requests_failed, 1);
+        assert_true(r.keys_granted > 0);
+        assert_int_equal(r.keys_granted, r.keys_revoked);
+        assert_int_equal(r.keys_leaked, 0);
+        for (int i = 0; i < NREQ; i++)
+            assert_true(outcomes[i].status == KVS_OK || outcomes[i].status == KVS_EREMOTE);
+
+        c.net.no_key_grant = true;
+        char err[256];
+        memset(outcomes, 0, sizeof outcomes);
+        assert_int_equal(sim_scenario_run(&c, &r, err, sizeof err), KVS_OK);
+        assert_int_equal(r.hostile_writes, 1);
+        assert_int_equal(r.keys_granted, 0);
+        if (r.hostile_bytes_landed == 0 || r.violations == 0)
+            fail_msg("%s without key_grant: %llu bytes landed, %llu violations", what,
+                     (unsigned long long)r.hostile_bytes_landed,
+                     (unsigned long long)r.violations);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -465,6 +504,7 @@ int main(void)
         cmocka_unit_test(test_sim_faults_cluster_crash_one_rank),
         cmocka_unit_test(test_sim_faults_cluster_crash_instance),
         cmocka_unit_test(test_sim_faults_cluster_crash_decode),
+        cmocka_unit_test(test_sim_faults_hostile_write),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -147,13 +147,13 @@ static uint32_t expected_len(kvs_msg_type_t type, uint32_t count)
 {
     /* 24 header bytes, then the payload; the session travels in the header */
     switch (type) {
-    case KVS_MSG_REGISTER: return 24 + 32 + 32 + 92 + 24 + 16 + 8 + 32; /* 260 */
+    case KVS_MSG_REGISTER: return 24 + 32 + 32 + 92 + 24 + 8 + 16 + 8 + 32; /* 268 */
     case KVS_MSG_LAYERS: return 24 + 12 + 32 * count;
     case KVS_MSG_REGISTER_ACK: return 24 + 8 + 16 + 8 + 16 + 92;
     case KVS_MSG_ROOM: return 24 + 32;
     case KVS_MSG_PAGES: return 24 + 20 + 8 * count;
     case KVS_MSG_STAGING_REQ: return 24 + 48;
-    case KVS_MSG_STAGING_RSP: return 24 + 48;
+    case KVS_MSG_STAGING_RSP: return 24 + 64;
     case KVS_MSG_CHUNK_READY: return 24 + 48;
     case KVS_MSG_WATERMARK: return 24 + 16;
     case KVS_MSG_STATUS: return 24 + 40;
@@ -312,7 +312,7 @@ static void test_wire_encoded_lengths_are_exact(void **state)
             assert_int_equal(payload, len - KVS_WIRE_HEADER_BYTES);
         }
     }
-    assert_int_equal(expected_len(KVS_MSG_REGISTER, 0), 260);
+    assert_int_equal(expected_len(KVS_MSG_REGISTER, 0), 268);
     /* The largest messages fit a control message. */
     assert_int_equal(expected_len(KVS_MSG_LAYERS, KVS_WIRE_LAYERS_PER_MSG), 3108);
     assert_int_equal(expected_len(KVS_MSG_PAGES, KVS_WIRE_PAGES_PER_MSG), 3884);
@@ -327,12 +327,28 @@ static void test_wire_encoded_lengths_are_exact(void **state)
 
 /* ---- golden vectors ----------------------------------------------------- */
 
+/* m encodes to exactly golden (n bytes), and golden decodes back to m;
+ * *out (may be NULL) gets the decoded message. */
+static void expect_golden(const kvs_msg_t *m, const uint8_t *golden, uint32_t n, kvs_msg_t *out)
+{
+    uint8_t buf[128];
+    assert_true(n <= sizeof buf);
+    const uint32_t len = encode_ok(m, buf, sizeof buf);
+    assert_int_equal(len, n);
+    assert_memory_equal(buf, golden, n);
+    kvs_msg_t got;
+    assert_int_equal(decode_exact(golden, n, &got), KVS_OK);
+    assert_msg_equal(m, &got);
+    if (out != NULL)
+        *out = got;
+}
+
 static void test_wire_golden_watermark(void **state)
 {
     (void)state;
     static const uint8_t golden[] = {
         0x54, 0x53, 0x56, 0x4B,                         /* magic "KVST" LE */
-        0x06, 0x00,                                     /* version 6 */
+        0x07, 0x00,                                     /* version 7 */
         0x09, 0x00,                                     /* type WATERMARK */
         0x10, 0x00, 0x00, 0x00,                         /* payload 16 */
         0x11, 0x22, 0x33, 0x44,                         /* link seq */
@@ -347,14 +363,7 @@ static void test_wire_golden_watermark(void **state)
     m.session = 0x0102030405060708u;
     m.u.wm.round = 0x1112131415161718u;
     m.u.wm.offset = 0x800000009ABCDEF0u;
-    uint8_t buf[64];
-    uint32_t len = encode_ok(&m, buf, sizeof buf);
-    assert_int_equal(len, sizeof golden);
-    assert_memory_equal(buf, golden, sizeof golden);
-
-    kvs_msg_t out;
-    assert_int_equal(decode_exact(golden, sizeof golden, &out), KVS_OK);
-    assert_msg_equal(&m, &out);
+    expect_golden(&m, golden, sizeof golden, NULL);
 }
 
 /* Pins the signed encoding: two's complement, little-endian. */
@@ -362,7 +371,7 @@ static void test_wire_golden_abort_negative_status(void **state)
 {
     (void)state;
     static const uint8_t golden[] = {
-        0x54, 0x53, 0x56, 0x4B, 0x06, 0x00, 0x0B, 0x00, 0x10, 0x00, 0x00, 0x00,
+        0x54, 0x53, 0x56, 0x4B, 0x07, 0x00, 0x0B, 0x00, 0x10, 0x00, 0x00, 0x00,
         0x07, 0x00, 0x00, 0x00,                         /* link seq 7 */
         0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, /* session = max u64 */
         0x2A, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* room = 42 */
@@ -376,15 +385,39 @@ static void test_wire_golden_abort_negative_status(void **state)
     m.session = UINT64_MAX;
     m.u.abort.room = 42;
     m.u.abort.status = KVS_EOVERSIZED;
-    uint8_t buf[64];
-    uint32_t len = encode_ok(&m, buf, sizeof buf);
-    assert_int_equal(len, sizeof golden);
-    assert_memory_equal(buf, golden, sizeof golden);
-
     kvs_msg_t out;
-    assert_int_equal(decode_exact(golden, sizeof golden, &out), KVS_OK);
+    expect_golden(&m, golden, sizeof golden, &out);
     assert_int_equal(out.u.abort.status, -10);
-    assert_msg_equal(&m, &out);
+}
+
+/* Pins STAGING_RSP (wire version 7): the region, then the two keys of the
+ * receiving writer's bytes of it. */
+static void test_wire_golden_staging_rsp_keys(void **state)
+{
+    (void)state;
+    static const uint8_t golden[] = {
+        0x54, 0x53, 0x56, 0x4B, 0x07, 0x00, 0x07, 0x00, 0x40, 0x00, 0x00, 0x00,
+        0x02, 0x00, 0x00, 0x00,                         /* link seq 2 */
+        0x05, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* session 5 */
+        0x09, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* room 9 */
+        0x03, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* chunk 3 */
+        0x00, 0x00, 0x00, 0x00,                         /* status OK */
+        0x00, 0x00, 0x00, 0x00,                         /* reserved */
+        0x00, 0x20, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* offset 8192 */
+        0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* round 1 */
+        0x00, 0x40, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* end 16384 */
+        0x44, 0x33, 0x22, 0x11, 0x00, 0x00, 0x00, 0x00, /* rkey */
+        0x88, 0x77, 0x66, 0x55, 0x00, 0x00, 0x00, 0x00, /* rkey_v */
+    };
+    kvs_msg_t m;
+    memset(&m, 0, sizeof m);
+    m.type = KVS_MSG_STAGING_RSP;
+    m.seq = 2;
+    m.session = 5;
+    m.u.rsp = (kvs_msg_staging_rsp_t){.room = 9, .chunk = 3, .status = KVS_OK,
+                                      .offset = 8192, .round = 1, .end = 16384,
+                                      .rkey = 0x11223344u, .rkey_v = 0x55667788u};
+    expect_golden(&m, golden, sizeof golden, NULL);
 }
 
 /* Pins the byte array's encoding: the bytes as they are, after the count. */
@@ -392,7 +425,7 @@ static void test_wire_golden_aux(void **state)
 {
     (void)state;
     static const uint8_t golden[] = {
-        0x54, 0x53, 0x56, 0x4B, 0x06, 0x00, 0x0D, 0x00, 0x17, 0x00, 0x00, 0x00,
+        0x54, 0x53, 0x56, 0x4B, 0x07, 0x00, 0x0D, 0x00, 0x17, 0x00, 0x00, 0x00,
         0x03, 0x00, 0x00, 0x00,                         /* link seq 3 */
         0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* session 1 */
         0x09, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* room 9 */
@@ -408,13 +441,7 @@ static void test_wire_golden_aux(void **state)
     m.session = 1;
     m.u.aux = (kvs_msg_aux_t){.room = 9, .total = 10000, .first = 4000, .count = 3,
                               .data = {0x61, 0x00, 0xFF}};
-    uint8_t buf[64];
-    uint32_t len = encode_ok(&m, buf, sizeof buf);
-    assert_int_equal(len, sizeof golden);
-    assert_memory_equal(buf, golden, sizeof golden);
-    kvs_msg_t out;
-    assert_int_equal(decode_exact(golden, sizeof golden, &out), KVS_OK);
-    assert_msg_equal(&m, &out);
+    expect_golden(&m, golden, sizeof golden, NULL);
 }
 
 /* ---- hostile input ------------------------------------------------------ */
@@ -773,6 +800,7 @@ int main(void)
         cmocka_unit_test(test_wire_golden_watermark),
         cmocka_unit_test(test_wire_golden_abort_negative_status),
         cmocka_unit_test(test_wire_golden_aux),
+        cmocka_unit_test(test_wire_golden_staging_rsp_keys),
         cmocka_unit_test(test_wire_every_truncation_is_eproto),
         cmocka_unit_test(test_wire_flipped_header_fields_are_eproto),
         cmocka_unit_test(test_wire_trailing_garbage_is_eproto),

@@ -263,6 +263,9 @@ static void cli_campaign_print_json(const kvs_sim_campaign_report_t *t,
     printf(", \"runs_with_aux\": %" PRIu64 ", \"aux_bytes_verified\": %" PRIu64
            ", \"aux_corrupt_bytes\": %" PRIu64,
            t->runs_with_aux, t->aux_bytes_verified, t->aux_corrupt_bytes);
+    printf(", \"keys_granted\": %" PRIu64 ", \"keys_leaked\": %" PRIu64
+           ", \"hostile_writes\": %" PRIu64 ", \"hostile_bytes_landed\": %" PRIu64,
+           t->keys_granted, t->keys_leaked, t->hostile_writes, t->hostile_bytes_landed);
     printf(", \"events\": %" PRIu64 ", \"max_run_events\": %" PRIu64
            ", \"digest\": \"%016" PRIx64 "\"",
            t->events, t->max_run_events, t->digest);
@@ -327,6 +330,9 @@ static void cli_campaign_print_table(const kvs_sim_campaign_report_t *t,
     printf("\n  %-18s %" PRIu64 " runs with --aux-bytes 1-%d, %" PRIu64 " bytes verified "
            "on the decode ranks, %" PRIu64 " corrupt", "aux payloads", t->runs_with_aux,
            (int)t->max_aux_bytes, t->aux_bytes_verified, t->aux_corrupt_bytes);
+    printf("\n  %-18s %" PRIu64 " granted, %" PRIu64 " leaked; %" PRIu64 " hostile writes "
+           "sent astray, %" PRIu64 " bytes of them landed", "region keys", t->keys_granted,
+           t->keys_leaked, t->hostile_writes, t->hostile_bytes_landed);
     printf("\n  %-18s %" PRIu64 " dispatched (at most %" PRIu64 " in a run), digest %016"
            PRIx64 "\n", "events", t->events, t->max_run_events, t->digest);
     printf("  %-18s %.1f s (%.1f ms per run)\n", "wall time", wall_s,

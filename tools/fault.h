@@ -5,6 +5,7 @@
  *   drop:TYPE:P  dup:TYPE:P  delay:TYPE:P:MICROS  write-error:P
  *   link-down:RANK:AT_US:FOR_US  slow-scatter:RANK:FACTOR
  *   crash:SIDE:N:AT_US  restart:SIDE:N:AT_US  hbm-full:RANK  stall:MS
+ *   hostile-write:RANK:stale|outside:AT_US
  * with RANK p<tp>[.<pp>][@<instance>] or d<tp>[.<pp>][@<instance>] and SIDE
  * prefill[@<instance>] or decode[@<instance>].
  */

@@ -803,7 +803,7 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
     const bool decode = in->role == KVS_ROLE_DECODE;
     uint64_t verified = 0, corrupt = 0, expect_verified = 0, payload = 0, spoiled = 0;
     uint64_t start = UINT64_MAX, end = 0, writes = 0, retrans = 0, dups = 0, pattern = 0;
-    uint64_t ring_live = 0, rtt = 0;
+    uint64_t ring_live = 0, rtt = 0, keys_granted = 0, keys_revoked = 0;
     int fatal = KVS_OK;
     for (int64_t k = 0; k < n; k++) {
         verified += ranks[k].bytes_verified;
@@ -815,6 +815,8 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
         retrans += ranks[k].stats.msgs_retransmitted;
         dups += ranks[k].stats.msgs_duplicate;
         ring_live += ranks[k].stats.ring_live_bytes;
+        keys_granted += ranks[k].stats.keys_granted;
+        keys_revoked += ranks[k].stats.keys_revoked;
         rtt = ranks[k].stats.rtt_smoothed_ns > rtt ? ranks[k].stats.rtt_smoothed_ns : rtt;
         start = ranks[k].start_ns != 0 && ranks[k].start_ns < start ? ranks[k].start_ns : start;
         end = ranks[k].end_ns > end ? ranks[k].end_ns : end;
@@ -854,9 +856,11 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
     const bool fault_went = pl->fail_write == 0 || spoiled == 1;
     const bool failed_as_expected = in->expect_lost >= 0 ? instances_pass
                                                           : failed == (uint32_t)in->expect_failed;
-    /* Every room has ended, so a region still live in a decode ring is a leak. */
+    /* Every room has ended, so a region still live in a decode ring is a
+     * leak, and so is a region-scoped key not revoked. */
     const bool pass = fatal == KVS_OK && missing == 0 && failed_as_expected && corrupt == 0 &&
-                      verified_all && fault_went && ring_live == 0;
+                      verified_all && fault_went && ring_live == 0 &&
+                      keys_granted == keys_revoked;
     const char *role = decode ? "decode" : "prefill";
     if (in->json) {
         printf("{\"role\":\"%s\",\"ranks\":%" PRId64 ",\"requests\":%u,\"requests_ok\":%u,"
@@ -880,10 +884,12 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
                "\"rdma_writes\":%" PRIu64 ",\"spoiled_writes\":%" PRIu64 ","
                "\"msgs_retransmitted\":%" PRIu64 ",\"msgs_duplicate\":%" PRIu64 ","
                "\"rtt_smoothed_ns\":%" PRIu64 ","
-               "\"ring_live_bytes\":%" PRIu64 ",\"wall_s\":%.6f,\"pattern_s\":%.6f,\"goodput_gbytes_per_s\":%.6f,"
+               "\"ring_live_bytes\":%" PRIu64 ",\"keys_granted\":%" PRIu64 ","
+               "\"keys_revoked\":%" PRIu64 ",\"wall_s\":%.6f,\"pattern_s\":%.6f,\"goodput_gbytes_per_s\":%.6f,"
                "\"verified\":%s,\"pass\":%s}\n",
                verified, decode ? expect_verified : 0, corrupt, payload, writes, spoiled, retrans,
-               dups, rtt, ring_live, wall_s, (double)pattern / 1e9, gbs,
+               dups, rtt, ring_live, keys_granted, keys_revoked, wall_s, (double)pattern / 1e9,
+               gbs,
                pl->no_verify ? "false" : "true", pass ? "true" : "false");
     } else {
         char b1[32], b2[32];
@@ -912,6 +918,13 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
             printf("  ring at the end  %s live%s\n",
                    cli_format_bytes((int64_t)ring_live, b1, sizeof b1),
                    ring_live > 0 ? " (leaked: every room has ended)" : "");
+        if (decode && keys_granted == 0)
+            printf("  region keys      none: every writer held the whole ring's key (the "
+                   "fabric has no key_grant, or nothing staged)\n");
+        else if (decode)
+            printf("  region keys      %" PRIu64 " granted, %" PRIu64 " revoked%s\n",
+                   keys_granted, keys_revoked,
+                   keys_granted != keys_revoked ? " (leaked: every room has ended)" : "");
         for (uint32_t k = first; decode && pl->instances > 1 && k < last; k++)
             printf("  instance %-7u TP %" PRId64 " PP %" PRId64 ": %u requests, %u ok, %u "
                    "failed%s%s%s\n", k, pl->peers[k].tp, pl->peers[k].pp, tally[k].rooms,

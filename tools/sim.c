@@ -278,7 +278,9 @@ void cli_sim_usage(FILE *out)
             "  --fault drop:TYPE:P | dup:TYPE:P | delay:TYPE:P:MICROS | write-error:P |\n"
             "          link-down:RANK:AT_US:FOR_US | slow-scatter:RANK:FACTOR |\n"
             "          crash:SIDE:N:AT_US | restart:SIDE:N:AT_US | hbm-full:RANK |\n"
-            "          stall:MS (every rank's stall timeout, whole cluster)\n"
+            "          stall:MS (every rank's stall timeout, whole cluster) |\n"
+            "          hostile-write:RANK:stale|outside:AT_US (a prefill rank's staged\n"
+            "          write goes astray: the fabric must refuse it)\n"
             "                      TYPE register, metadata, staging_req, staging_rsp,\n"
             "                      watermark, chunk_ready, status, abort or any; P a\n"
             "                      probability in [0, 1]; RANK p<tp>[.<pp>][@<i>] or\n"
@@ -1000,6 +1002,10 @@ static void cli_sim_print_json(const cli_sim_input_t *in, const kvs_sim_config_t
     printf(", \"aux_bytes\": %" PRIu32 ", \"aux_bytes_verified\": %" PRIu64
            ", \"aux_corrupt_bytes\": %" PRIu64, cfg->max_aux_bytes, r->aux_bytes_verified,
            r->aux_corrupt_bytes);
+    printf(", \"keys_granted\": %" PRIu64 ", \"keys_revoked\": %" PRIu64
+           ", \"keys_leaked\": %" PRIu64 ", \"hostile_writes\": %" PRIu64
+           ", \"hostile_bytes_landed\": %" PRIu64, r->keys_granted, r->keys_revoked,
+           r->keys_leaked, r->hostile_writes, r->hostile_bytes_landed);
     printf(", \"ranks_crashed\": %" PRIu32 ", \"ranks_restarted\": %" PRIu32
            ", \"ranks_down_at_start\": %" PRIu32 ", \"init_error\": ",
            r->ranks_crashed, r->ranks_restarted, r->ranks_down_at_start);
@@ -1148,6 +1154,12 @@ static void cli_sim_print_table(const cli_sim_input_t *in, const kvs_sim_config_
            PRIu64 " watermark waits\n",
            "ring", cli_format_bytes((int64_t)r->ring_peak_bytes, b, sizeof b),
            r->ring_leaked_bytes, r->watermark_waits);
+    printf("  %-18s %" PRIu64 " granted, %" PRIu64 " revoked, %" PRIu64 " leaked "
+           "(one per writer, write and region)\n", "region keys", r->keys_granted,
+           r->keys_revoked, r->keys_leaked);
+    if (r->hostile_writes > 0)
+        printf("  %-18s %" PRIu64 " sent astray, %" PRIu64 " of their bytes landed\n",
+               "hostile writes", r->hostile_writes, r->hostile_bytes_landed);
     printf("  %-18s %" PRIu64 " violations: %" PRIu32 " hung, %" PRIu64 " leaked, %"
            PRIu64 " corrupt, %" PRIu32 " unreported failures, %" PRIu32 " collateral "
            "failures\n",
@@ -1239,6 +1251,13 @@ static void cli_sim_report_failure(const kvs_sim_report_t *r,
         fprintf(stderr, "kvstage sim: FAILED: %" PRIu32 " requests failed although no "
                 "fault struck either of their instances (seed %" PRIu64 ")\n",
                 r->collateral_failures, seed);
+    if (r->keys_leaked > 0)
+        fprintf(stderr, "kvstage sim: FAILED: %" PRIu64 " region-scoped keys still granted "
+                "after the run (seed %" PRIu64 ")\n", r->keys_leaked, seed);
+    if (r->hostile_bytes_landed > 0)
+        fprintf(stderr, "kvstage sim: FAILED: %" PRIu64 " bytes of hostile writes landed in "
+                "a decode's memory: the fabric must refuse a write outside its writer's "
+                "region-scoped key (seed %" PRIu64 ")\n", r->hostile_bytes_landed, seed);
     fprintf(stderr, "kvstage sim: replay: %s\n",
             replay != NULL ? replay : "(out of memory)");
 }

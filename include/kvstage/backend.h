@@ -31,6 +31,7 @@ typedef struct kvs_stream kvs_stream_t; /* backend-defined */
 typedef struct kvs_event kvs_event_t;   /* backend-defined */
 typedef struct kvs_mr kvs_mr_t;         /* backend-defined */
 typedef struct kvs_conn kvs_conn_t;     /* backend-defined */
+typedef struct kvs_grant kvs_grant_t;   /* backend-defined */
 
 /* ------------------------------------------------------------------------ */
 /* Device                                                                    */
@@ -275,12 +276,41 @@ typedef struct kvs_fabric_ops {
      * NIC's name) into buf (bytes, NUL-terminated), for the log line of a
      * refused peer. Optional: the default returns KVS_ENOTSUP. */
     int (*peer_addr)(kvs_fabric_t *fab, kvs_conn_t *conn, char *buf, size_t bytes);
+    /* version 4: region-scoped remote keys (docs/security.md). Optional:
+     * the defaults return KVS_ENOTSUP, and a decode then hands every
+     * writer the key of its whole staging ring, as before.
+     *
+     * key_grant gives the peer of conn, and only it, remote write access
+     * to exactly [addr, addr + len_bytes) of mr (a registration of this
+     * fabric, of which the range must be part; len_bytes > 0) until the
+     * grant is revoked, like a verbs type-2 memory window bound to conn's
+     * queue pair. *out_rkey gets the key the peer writes with (as
+     * kvs_write_desc_t.rkey) and *out the grant, the fabric's until
+     * key_revoke. A write under that key
+     *   - outside the range (any byte of it),
+     *   - posted on any other connection (of this peer or another), or
+     *   - landing after key_revoke returned
+     * fails at the writer with a KVS_COMPLETION_WRITE of status
+     * KVS_EREMOTE and changes no byte of the target. A grant is not
+     * touched by mr_register, and mr_deregister of an mr with live
+     * grants fails (KVS_EBUSY): revoke first. Errors: KVS_EINVAL (a NULL
+     * pointer, an empty range or one outside mr, a conn that is not this
+     * fabric's), KVS_EPEER (conn's peer is gone), KVS_EFULL (no grant
+     * left: revoke some, or raise the fabric's bound), with the detail
+     * recorded by kvs_fabric_fail. */
+    int (*key_grant)(kvs_fabric_t *fab, kvs_conn_t *conn, kvs_mr_t *mr, uint64_t addr,
+                     uint64_t len_bytes, kvs_grant_t **out, uint64_t *out_rkey);
+    /* Revokes grant (from key_grant of this fabric; the pointer is dead
+     * after the call): from its return on, no write under its key lands.
+     * Also valid after grant's connection died. KVS_ENOENT for a grant
+     * that is not live. */
+    int (*key_revoke)(kvs_fabric_t *fab, kvs_grant_t *grant);
 } kvs_fabric_ops_t;
 
-/* Version 2 added wait_arm, version 3 random_bytes and peer_addr; tables
- * of versions 1 (which end at now_ns) and 2 (at wait_arm) still bind and
- * get the defaults. */
-#define KVS_FABRIC_OPS_VERSION 3u
+/* Version 2 added wait_arm, version 3 random_bytes and peer_addr, version
+ * 4 key_grant and key_revoke; tables of versions 1 (which end at now_ns),
+ * 2 (at wait_arm) and 3 (at peer_addr) still bind and get the defaults. */
+#define KVS_FABRIC_OPS_VERSION 4u
 
 /*
  * Waiting for completions (wait_arm, both tables). A loop that must sleep

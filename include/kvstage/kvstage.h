@@ -686,6 +686,12 @@ typedef struct kvs_handler_stats {
                                     its ACK (what the retransmission timeout
                                     follows), the largest over the live
                                     connections; 0 before the first sample */
+    uint64_t keys_granted;       /* decode: region-scoped keys granted to writers
+                                    (one per region, writer and write; 0 on a
+                                    fabric without key_grant: docs/security.md) */
+    uint64_t keys_revoked;       /* decode: of those, revoked (each before its
+                                    region went back to the ring); equal to
+                                    keys_granted once every room has ended */
 } kvs_handler_stats_t;
 
 /* Where an open room stands, as serving engines poll a transfer (sglang's

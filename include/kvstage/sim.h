@@ -245,8 +245,9 @@ typedef struct kvs_sim_report {
     uint64_t corrupt_bytes;     /* of those, wrong (in requests reported ok) */
     uint64_t ring_leaked_bytes; /* live in any ring after the run */
     uint64_t violations;        /* hung + leaked + corrupt + unreported
-                                   (+ collateral_failures and
-                                   failed_without_faults, below): ok is
+                                   (+ collateral_failures,
+                                   failed_without_faults, keys_leaked and
+                                   hostile_bytes_landed, below): ok is
                                    violations == 0 */
     uint64_t rdma_ops, control_msgs, msgs_rejected, watermark_waits;
     uint64_t ring_peak_bytes;   /* most ring bytes live on one decode rank */
@@ -326,6 +327,15 @@ typedef struct kvs_sim_report {
      * lengths; "" when none (after instance_metrics[]: callers with a
      * shorter size_bytes get what came before). */
     char aux_error[KVS_SIM_AUX_ERROR_BYTES];
+    /* Region-scoped keys and hostile writers (docs/security.md; after
+     * aux_error: callers with a shorter size_bytes get what came before). */
+    uint64_t keys_granted;       /* region-scoped keys the decode ranks granted */
+    uint64_t keys_revoked;       /* ... and revoked */
+    uint64_t keys_leaked;        /* grants still live after the run; in violations */
+    uint64_t hostile_writes;     /* writes the hostile-write faults sent astray */
+    uint64_t hostile_bytes_landed; /* bytes of them that landed in a decode's
+                                    memory; in violations (the fabric must
+                                    refuse every one) */
 } kvs_sim_report_t;
 
 /* A zeroed config with version and size set. */
@@ -502,6 +512,10 @@ typedef struct kvs_sim_campaign_report {
     uint64_t kind_drawn[KVS_SIM_CAMPAIGN_MAX_KINDS]; /* by fault kind */
     uint64_t paths[4];         /* runs by kvs_path_t the handlers ran */
     uint32_t max_sq_depth, max_aux_bytes; /* the largest drawn */
+    uint64_t keys_granted;     /* region-scoped keys granted over the runs */
+    uint64_t keys_leaked;      /* grants live after their run */
+    uint64_t hostile_writes;   /* writes hostile-write faults sent astray */
+    uint64_t hostile_bytes_landed; /* bytes of them that landed (must be 0) */
 } kvs_sim_campaign_report_t;
 
 /* A zeroed campaign config with version and size set. */

@@ -156,7 +156,9 @@ class SimReport(c.Structure):
                 ("nic_util_mean", c.c_double), ("nic_util_max", c.c_double),
                 ("goodput_fraction", c.c_double),
                 ("instance_metrics", SimInstanceMetrics * (2 * SIM_MAX_INSTANCES)),
-                ("aux_error", c.c_char * SIM_AUX_ERROR_BYTES)]
+                ("aux_error", c.c_char * SIM_AUX_ERROR_BYTES),
+                ("keys_granted", u64), ("keys_revoked", u64), ("keys_leaked", u64),
+                ("hostile_writes", u64), ("hostile_bytes_landed", u64)]
 
 
 LOG_FN = c.CFUNCTYPE(None, c.c_void_p, c.c_int, c.c_char_p)  # kvs_log_fn
@@ -230,7 +232,7 @@ class HandlerStats(c.Structure):
         "rdma_writes", "rdma_write_bytes", "msgs_sent", "msgs_received", "msgs_rejected",
         "copies", "watermark_waits", "ring_peak_bytes", "rooms_ok", "rooms_failed",
         "msgs_retransmitted", "msgs_duplicate", "peers_lost", "ring_live_bytes", "msgs_unacked",
-        "auth_refused", "rtt_smoothed_ns")]
+        "auth_refused", "rtt_smoothed_ns", "keys_granted", "keys_revoked")]
 
 
 class HostConfig(c.Structure):
