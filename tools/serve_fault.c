@@ -132,10 +132,8 @@ int cli_fault_fabric_create(kvs_fabric_t *inner, uint64_t fail_write, cli_fault_
         .wait_arm = cli_ff_wait_arm,
         .random_bytes = cli_ff_random_bytes,
         .peer_addr = cli_ff_peer_addr,
-        /* key_grant / key_revoke are not forwarded: the fabrics serve runs
-         * on (verbs, ofi) have none yet, and a wrapper that said it had
-         * them would only answer KVS_ENOTSUP later; a decode behind this
-         * wrapper keeps the whole ring's key (docs/security.md). */
+        /* key_grant / key_revoke are not forwarded: the wrapper sits on a
+         * prefill rank only (serve_rank.c), and grants are the decode's. */
     };
     int rc = kvs_fabric_init(&w->base, &ops, "fault");
     if (rc != KVS_OK) {
