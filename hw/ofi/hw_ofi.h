@@ -66,6 +66,14 @@ enum hw_ofi_kind {
 
 typedef struct hw_ofi_fabric hw_ofi_fabric_t;
 
+/* Whether p points at one of the n elements (each `size` bytes) of table:
+ * how a handle the user passes back is checked before it is used. */
+static inline bool hw_ofi_in_table(const void *table, const void *p, size_t size, uint32_t n)
+{
+    const uintptr_t b = (uintptr_t)table, q = (uintptr_t)p;
+    return p != NULL && q >= b && (q - b) % size == 0 && (q - b) / size < n;
+}
+
 /* ---- registrations (mr.c) ------------------------------------------------- */
 
 struct kvs_mr {

@@ -39,11 +39,7 @@
 
 kvs_mr_t *hw_ofi_mr_of(hw_ofi_fabric_t *f, kvs_mr_t *mr)
 {
-    const uintptr_t b = (uintptr_t)f->mrs, q = (uintptr_t)mr;
-    if (mr == NULL || q < b || (q - b) % sizeof *mr != 0 ||
-        (q - b) / sizeof *mr >= f->cfg.max_mrs || !mr->live)
-        return NULL;
-    return mr;
+    return hw_ofi_in_table(f->mrs, mr, sizeof *mr, f->cfg.max_mrs) && mr->live ? mr : NULL;
 }
 
 int hw_ofi_mr_reg_one(hw_ofi_fabric_t *f, void *buf, size_t len, uint64_t access,

@@ -351,16 +351,23 @@ static void test_ofi_fabric_peer_lost(void **state)
 
 /* ---- region-scoped keys (hw/ofi/grant.c) ---------------------------------- */
 
-/* b writes len bytes of pattern `fill` from src to raddr under rkey on
- * conn: the status of the post, else of its WRITE completion. */
-static int grant_write(fp_pair_t *d, kvs_conn_t *conn, fp_region_t *src, uint64_t raddr,
-                       uint64_t len, uint64_t rkey, uint8_t fill)
+/* b posts len bytes of pattern `fill` from src to raddr under rkey on
+ * conn (wr_id 900 + fill): the status of the post. */
+static int fill_post(fp_pair_t *d, kvs_conn_t *conn, fp_region_t *src, uint64_t raddr,
+                     uint64_t len, uint64_t rkey, uint8_t fill)
 {
     memset(src->mem, fill, len);
     const kvs_write_desc_t w = {.local_addr = (uint64_t)(uintptr_t)src->mem,
                                 .local_mr = src->mr, .len_bytes = len, .remote_addr = raddr,
                                 .rkey = rkey, .wr_id = 900 + fill};
-    int rc = d->b.fab->ops.write(d->b.fab, conn, &w);
+    return d->b.fab->ops.write(d->b.fab, conn, &w);
+}
+
+/* fill_post, then the status of its WRITE completion. */
+static int grant_write(fp_pair_t *d, kvs_conn_t *conn, fp_region_t *src, uint64_t raddr,
+                       uint64_t len, uint64_t rkey, uint8_t fill)
+{
+    int rc = fill_post(d, conn, src, raddr, len, rkey, fill);
     if (rc != KVS_OK)
         return rc;
     kvs_completion_t c = fp_take(d, &d->b, KVS_COMPLETION_WRITE, conn);
@@ -478,11 +485,7 @@ static void test_ofi_fabric_grant_scopes_writes(void **state)
 static int hostile_write(fp_pair_t *d, fp_region_t *src, uint64_t raddr, uint64_t len,
                          uint64_t rkey, uint8_t fill)
 {
-    memset(src->mem, fill, len);
-    const kvs_write_desc_t w = {.local_addr = (uint64_t)(uintptr_t)src->mem,
-                                .local_mr = src->mr, .len_bytes = len, .remote_addr = raddr,
-                                .rkey = rkey, .wr_id = 900 + fill};
-    int rc = d->b.fab->ops.write(d->b.fab, d->ab, &w);
+    int rc = fill_post(d, d->ab, src, raddr, len, rkey, fill);
     if (rc != KVS_OK)
         return rc;
     const uint64_t until = fp_now_ns() + HOSTILE_WAIT_NS;
