@@ -32,11 +32,12 @@
  *   its own libfabric) can write inside the granted range until the
  *   revoke. Never outside it, nor after the revoke.
  * - in flight: progress is manual (only inside this process's own fabric
- *   calls), so nothing lands while key_revoke runs; the provider checks a
- *   write's key when its header arrives. A write whose header was taken
- *   before fi_close and whose payload is still arriving on the socket may
- *   land the rest of that payload during a later poll: at most one
- *   message (<= max_write_bytes) per writer. docs/security.md says so.
+ *   calls), so nothing lands while key_revoke runs. A stream provider
+ *   checks a write's key when its header arrives (our reading of tcp's
+ *   receive path, not a test): a write whose header was taken before
+ *   fi_close and whose payload is still arriving may land the rest of it
+ *   during a later poll, at most one message (<= max_write_bytes) per
+ *   writer. Untested; docs/security.md says so.
  *
  * Invariants: a grant is live iff its registration is open; mr->grants
  * counts the live grants inside mr; live_grants counts them all.
