@@ -154,6 +154,9 @@ void cli_serve_usage(FILE *out)
             "checks:\n"
             "  --fault write-error:N prefill: spoil the remote key of the Nth RDMA write of\n"
             "                        prefill rank 0 (stage 0), so the peer's NIC fails it\n"
+            "  --fault hostile-write:N prefill: move that write 256 KiB past its place,\n"
+            "                        outside its region, under the key it was given: only\n"
+            "                        a region-scoped key (ofi tcp) stops it\n"
             "  --fault hold-from:R   prefill: open its rooms from room R on but never compute\n"
             "                        them; once its rooms before R are over, rank 0 says so\n"
             "                        on stderr (\"holding its rooms\"): kill the process then\n"
@@ -254,15 +257,19 @@ static int cli_serve_prompt(const char *text, int64_t *min, int64_t *max)
     return rc;
 }
 
-/* --fault write-error:N or hold-from:R into the plan. */
+/* --fault write-error:N, hostile-write:N or hold-from:R into the plan. */
 static int cli_serve_fault(const char *text, cli_serve_plan_t *plan)
 {
-    static const char write_error[] = "write-error:", hold_from[] = "hold-from:";
+    static const char write_error[] = "write-error:", hostile_write[] = "hostile-write:",
+                      hold_from[] = "hold-from:";
     int64_t n = 0;
-    if (strncmp(text, write_error, sizeof write_error - 1) == 0) {
-        int rc = cli_parse_i64(CLI_SERVE_CMD, "--fault write-error",
-                               text + sizeof write_error - 1, 1, INT64_C(1) << 40, &n);
+    const bool hostile = strncmp(text, hostile_write, sizeof hostile_write - 1) == 0;
+    if (hostile || strncmp(text, write_error, sizeof write_error - 1) == 0) {
+        int rc = cli_parse_i64(CLI_SERVE_CMD, hostile ? "--fault hostile-write"
+                                                      : "--fault write-error",
+                               strchr(text, ':') + 1, 1, INT64_C(1) << 40, &n);
         plan->fail_write = (uint64_t)n;
+        plan->hostile = hostile;
         return rc;
     }
     if (strncmp(text, hold_from, sizeof hold_from - 1) == 0) {
@@ -273,8 +280,9 @@ static int cli_serve_fault(const char *text, cli_serve_plan_t *plan)
         return rc;
     }
     return cli_fail(CLI_SERVE_CMD, "--fault: unknown fault '%s': serve knows write-error:N "
-                                   "(spoil the Nth RDMA write) and hold-from:R (never compute "
-                                   "the rooms from R on)", text);
+                                   "(spoil the Nth RDMA write), hostile-write:N (move it "
+                                   "outside its region) and hold-from:R (never compute the "
+                                   "rooms from R on)", text);
 }
 
 /* Copies the n bytes at text into buf (len bytes) as a string; false when
@@ -937,8 +945,8 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
         }
         printf("%s\n", failed > 0 ? "" : "-");
         if (pl->fail_write > 0)
-            printf("  spoiled writes   %" PRIu64 " (--fault write-error:%" PRIu64 ")\n", spoiled,
-                   pl->fail_write);
+            printf("  spoiled writes   %" PRIu64 " (--fault %s:%" PRIu64 ")\n", spoiled,
+                   pl->hostile ? "hostile-write" : "write-error", pl->fail_write);
         printf("  result           %s\n", pass ? "PASS" : "FAIL");
     }
     if (!pass && fatal == KVS_OK) {

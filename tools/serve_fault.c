@@ -1,10 +1,11 @@
 /*
  * serve_fault.c - the wrapper fabric of serve_fault.h. Every slot forwards
  * to the inner fabric and copies its error detail back, so the core's
- * messages name the real backend's failure. The spoiled write keeps its
+ * messages name the real backend's failure. A write-error write keeps its
  * address and length and gets a remote key no registration has (the low
  * 16 bits flipped; a split-MR handle, bit 63, is left alone and the next
- * plain key is spoiled instead).
+ * plain key is spoiled instead). A hostile write keeps its key and length
+ * and lands CLI_FAULT_HOSTILE_SHIFT bytes further.
  */
 #include "serve_fault.h"
 
@@ -15,6 +16,7 @@ struct cli_fault_fabric {
     kvs_fabric_t base; /* first: the core sees this */
     kvs_fabric_t *inner;
     uint64_t fail_write, writes, spoiled;
+    cli_fault_kind_t kind;
 };
 
 static cli_fault_fabric_t *cli_ff(kvs_fabric_t *fab)
@@ -66,7 +68,10 @@ static int cli_ff_write(kvs_fabric_t *fab, kvs_conn_t *conn, const kvs_write_des
     w->writes++;
     if (w->fail_write != 0 && w->spoiled == 0 && w->writes >= w->fail_write &&
         (d.rkey >> 63) == 0) {
-        d.rkey ^= 0xffffu;
+        if (w->kind == CLI_FAULT_HOSTILE_WRITE)
+            d.remote_addr += CLI_FAULT_HOSTILE_SHIFT;
+        else
+            d.rkey ^= 0xffffu;
         w->spoiled++;
     }
     return cli_ff_ret(w, w->inner->ops.write(w->inner, conn, &d));
@@ -109,7 +114,8 @@ static int cli_ff_peer_addr(kvs_fabric_t *fab, kvs_conn_t *conn, char *buf, size
     return w->inner->ops.peer_addr(w->inner, conn, buf, bytes);
 }
 
-int cli_fault_fabric_create(kvs_fabric_t *inner, uint64_t fail_write, cli_fault_fabric_t **out)
+int cli_fault_fabric_create(kvs_fabric_t *inner, uint64_t fail_write, cli_fault_kind_t kind,
+                            cli_fault_fabric_t **out)
 {
     if (inner == NULL || out == NULL)
         return KVS_EINVAL;
@@ -132,10 +138,8 @@ int cli_fault_fabric_create(kvs_fabric_t *inner, uint64_t fail_write, cli_fault_
         .wait_arm = cli_ff_wait_arm,
         .random_bytes = cli_ff_random_bytes,
         .peer_addr = cli_ff_peer_addr,
-        /* key_grant / key_revoke are not forwarded: the fabrics serve runs
-         * on (verbs, ofi) have none yet, and a wrapper that said it had
-         * them would only answer KVS_ENOTSUP later; a decode behind this
-         * wrapper keeps the whole ring's key (docs/security.md). */
+        /* key_grant / key_revoke are not forwarded: the wrapper sits on a
+         * prefill rank only (serve_rank.c), and grants are the decode's. */
     };
     int rc = kvs_fabric_init(&w->base, &ops, "fault");
     if (rc != KVS_OK) {
@@ -144,6 +148,7 @@ int cli_fault_fabric_create(kvs_fabric_t *inner, uint64_t fail_write, cli_fault_
     }
     w->inner = inner;
     w->fail_write = fail_write;
+    w->kind = kind;
     *out = w;
     return KVS_OK;
 }

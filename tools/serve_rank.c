@@ -403,7 +403,10 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
         return cli_rank_fail(c, rc, "%s: %s: %s", who, what, err.msg);
     c->fab = c->real;
     if (!decode && c->r->tp == 0 && c->r->pp == 0 && pl->fail_write > 0) {
-        if ((rc = cli_fault_fabric_create(c->real, pl->fail_write, &c->fault)) != KVS_OK)
+        if ((rc = cli_fault_fabric_create(c->real, pl->fail_write,
+                                           pl->hostile ? CLI_FAULT_HOSTILE_WRITE
+                                                       : CLI_FAULT_WRITE_ERROR,
+                                           &c->fault)) != KVS_OK)
             return cli_rank_fail(c, rc, "%s: fault wrapper: %s", who, kvs_strerror(rc));
         c->fab = cli_fault_fabric(c->fault);
     }

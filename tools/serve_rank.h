@@ -75,6 +75,8 @@ typedef struct cli_serve_plan {
     const char *bind_ip;        /* this process's address, NULL: the GID's */
     uint16_t listen_port;       /* prefill rank (t, s) listens on listen_port + s * P + t */
     uint64_t fail_write;        /* prefill rank (0, 0): spoil this write (1-based), 0: none */
+    bool hostile;               /* ... by moving it outside its region (hostile-write),
+                                   else by spoiling its key (write-error) */
     bool hold;                  /* prefill: never compute rooms from hold_from on */
     uint32_t hold_from;
     uint64_t timeout_ns;        /* give up when the run is not over by then */

@@ -53,6 +53,7 @@
 #define HW_OFI_DEFAULT_RX 256u
 #define HW_OFI_DEFAULT_SLOTS 512u
 #define HW_OFI_DEFAULT_MRS 1024u
+#define HW_OFI_DEFAULT_GRANTS 1024u
 #define HW_OFI_DEFAULT_TIMEOUT_MS 10000u
 #define HW_OFI_API FI_VERSION(1, 9)
 
@@ -84,6 +85,8 @@ static const kvs_fabric_ops_t hw_ofi_ops = {
     .wait_arm = hw_ofi_wait_arm,
     .random_bytes = hw_net_random_bytes,
     .peer_addr = hw_ofi_peer_addr,
+    .key_grant = hw_ofi_key_grant,
+    .key_revoke = hw_ofi_key_revoke,
 };
 
 static hw_ofi_fabric_t *hw_ofi_try(kvs_fabric_t *fab)
@@ -211,6 +214,7 @@ static void hw_ofi_free(hw_ofi_fabric_t *f)
         for (uint32_t i = 0; i < f->cfg.max_conns; i++)
             if (f->conns[i].state != HW_OFI_CONN_FREE)
                 hw_ofi_conn_free(&f->conns[i]);
+    hw_ofi_grant_free_all(f);
     hw_ofi_mr_free_all(f);
     if (f->ep != NULL)
         fi_close(&f->ep->fid);
@@ -236,6 +240,7 @@ static void hw_ofi_free(hw_ofi_fabric_t *f)
         close(f->wait_fd);
     free(f->conns);
     free(f->mrs);
+    free(f->grants);
     free(f->ops);
     free(f->op_free);
     free(f->reqs);
@@ -278,6 +283,8 @@ static int hw_ofi_config(const kvs_ofi_config_t *in, hw_ofi_fabric_t *f, kvs_err
         c->send_slots = HW_OFI_DEFAULT_SLOTS;
     if (c->max_mrs == 0)
         c->max_mrs = HW_OFI_DEFAULT_MRS;
+    if (c->max_grants == 0)
+        c->max_grants = HW_OFI_DEFAULT_GRANTS;
     if (c->connect_timeout_ms == 0)
         c->connect_timeout_ms = HW_OFI_DEFAULT_TIMEOUT_MS;
     if (c->log.fn == NULL && c->log.level == KVS_LOG_OFF)
@@ -366,6 +373,7 @@ static int hw_ofi_tables(hw_ofi_fabric_t *f)
     const kvs_ofi_config_t *c = &f->cfg;
     f->conns = calloc(c->max_conns, sizeof *f->conns);
     f->mrs = calloc(c->max_mrs, sizeof *f->mrs);
+    f->grants = calloc(c->max_grants, sizeof *f->grants);
     f->ops = calloc(c->tx_depth, sizeof *f->ops);
     f->op_free = calloc(c->tx_depth, sizeof *f->op_free);
     f->reqs = calloc(c->tx_depth, sizeof *f->reqs);
@@ -376,7 +384,8 @@ static int hw_ofi_tables(hw_ofi_fabric_t *f)
     f->slot_free = calloc(c->send_slots, sizeof *f->slot_free);
     f->rbuf = calloc(c->recv_depth, HW_OFI_MSG_BYTES);
     f->rx = calloc(c->recv_depth, sizeof *f->rx);
-    if (f->conns == NULL || f->mrs == NULL || f->ops == NULL || f->op_free == NULL ||
+    if (f->conns == NULL || f->mrs == NULL || f->grants == NULL || f->ops == NULL ||
+        f->op_free == NULL ||
         f->reqs == NULL || f->req_free == NULL || f->backlog == NULL || f->done == NULL || f->sbuf == NULL ||
         f->slot_free == NULL || f->rbuf == NULL || f->rx == NULL)
         return KVS_ENOMEM;
@@ -515,7 +524,7 @@ int kvs_ofi_fabric_create(const kvs_ofi_config_t *cfg, kvs_fabric_t **out, kvs_e
     f->max_mr_bytes = f->cfg.max_mr_bytes != 0 ? f->cfg.max_mr_bytes : UINT64_MAX;
     if ((rc = hw_ofi_tables(f)) != KVS_OK) {
         snprintf(why, sizeof why, "no memory for the fabric's tables: lower max_conns, "
-                 "tx_depth, send_slots, recv_depth or max_mrs");
+                 "tx_depth, send_slots, recv_depth, max_mrs or max_grants");
         goto fail;
     }
     if ((rc = hw_ofi_open(f, why, sizeof why)) != KVS_OK)
@@ -545,6 +554,7 @@ int kvs_ofi_fabric_create(const kvs_ofi_config_t *cfg, kvs_fabric_t **out, kvs_e
         goto fail;
     }
     hw_ofi_check_rxm_verbs(f);
+    hw_ofi_grant_check(f);
     char modes[96];
     hw_ofi_mr_mode_text(f->mr_mode, modes, sizeof modes);
     kvs_log_write(&f->cfg.log, KVS_LOG_INFO, "ofi fabric: provider %s, fabric %s, domain %s, "

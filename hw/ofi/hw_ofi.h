@@ -6,7 +6,7 @@
  * Files: fabric.c (provider choice, the ops table, create, destroy),
  * boot.c (the TCP bootstrap: listener, HELLO, liveness, connection states),
  * mr.c (registration, split pieces, key tables and their KEYS/DROP
- * messages), post.c (write, send, the queue of requests the provider
+ * messages), grant.c (region-scoped keys: key_grant, key_revoke), post.c (write, send, the queue of requests the provider
  * refused for now), poll.c (completions, deaths, wait_arm).
  *
  * Every message on the endpoint opens with an 8-byte header: kind (u8),
@@ -66,6 +66,14 @@ enum hw_ofi_kind {
 
 typedef struct hw_ofi_fabric hw_ofi_fabric_t;
 
+/* Whether p points at one of the n elements (each `size` bytes) of table:
+ * how a handle the user passes back is checked before it is used. */
+static inline bool hw_ofi_in_table(const void *table, const void *p, size_t size, uint32_t n)
+{
+    const uintptr_t b = (uintptr_t)table, q = (uintptr_t)p;
+    return p != NULL && q >= b && (q - b) % size == 0 && (q - b) / size < n;
+}
+
 /* ---- registrations (mr.c) ------------------------------------------------- */
 
 struct kvs_mr {
@@ -77,6 +85,7 @@ struct kvs_mr {
     uint64_t *keys;         /* fi_mr_key of each piece */
     uint32_t npieces;
     uint32_t id;            /* the handle peers name it by; unique per fabric */
+    uint32_t grants;        /* live grants inside it (grant.c): deregister refuses */
     bool live;
 };
 
@@ -96,6 +105,18 @@ void hw_ofi_mr_piece(const kvs_mr_t *mr, uint64_t addr, void **desc, uint64_t *l
  * message set when the handle is unknown or raddr lies outside it. */
 int hw_ofi_rkey_piece(hw_ofi_fabric_t *f, kvs_conn_t *conn, uint64_t rkey, uint64_t raddr,
                       uint64_t *out_addr, uint64_t *out_key, uint64_t *left);
+/* One fi_mr_reg (and bind, enable) with the modes the provider asked for;
+ * a negative libfabric code on failure. */
+int hw_ofi_mr_reg_one(hw_ofi_fabric_t *f, void *buf, size_t len, uint64_t access,
+                      struct fid_mr **out);
+/* Sends the KEYS messages of r (piece i's key: key_of(ctx, i)) on conn. */
+int hw_ofi_keys_send(kvs_conn_t *conn, const hw_rkeys_reg_t *r, hw_rkeys_key_fn key_of,
+                     const void *ctx);
+/* Sends DROP of registration or grant id on conn (best effort: ids are
+ * never reused, so a DROP lost leaves an entry that opens nothing). */
+void hw_ofi_drop_send(kvs_conn_t *conn, uint32_t id);
+/* The next id of a registration or grant: unique per fabric, never 0. */
+uint32_t hw_ofi_next_id(hw_ofi_fabric_t *f);
 /* A KEYS or DROP message of the peer. */
 void hw_ofi_keys_recv(kvs_conn_t *conn, uint32_t kind, const uint8_t *msg,
                       uint32_t len_bytes);
@@ -103,6 +124,31 @@ void hw_ofi_keys_recv(kvs_conn_t *conn, uint32_t kind, const uint8_t *msg,
 int hw_ofi_keys_push_all(kvs_conn_t *conn);
 /* Send slots pushing every live registration to one peer takes. */
 uint32_t hw_ofi_keys_msgs_all(hw_ofi_fabric_t *f);
+
+/* ---- region-scoped keys (grant.c) ---------------------------------------- */
+
+/* A grant: its own registration of exactly [addr, addr + len_bytes) inside
+ * mr, whose key went to conn's peer only. */
+struct kvs_grant {
+    struct fid_mr *fmr;
+    kvs_mr_t *mr;           /* the registration it lies in (mr->grants counts it) */
+    kvs_conn_t *conn;       /* whose peer holds the key */
+    uint32_t conn_gen;      /* conn's generation then: DROP only to that peer */
+    uint32_t id;            /* the kvstage rkey handed out, in KEYS and DROP */
+    uint64_t addr;
+    uint64_t len_bytes;
+    bool live;
+};
+
+int hw_ofi_key_grant(kvs_fabric_t *fab, kvs_conn_t *conn, kvs_mr_t *mr, uint64_t addr,
+                     uint64_t len_bytes, kvs_grant_t **out, uint64_t *out_rkey);
+int hw_ofi_key_revoke(kvs_fabric_t *fab, kvs_grant_t *grant);
+/* At create: whether the provider's MR checks were verified to refuse a
+ * write outside a registration and after its fi_close; says once (log)
+ * when not, and key_grant then answers KVS_ENOTSUP. */
+void hw_ofi_grant_check(hw_ofi_fabric_t *f);
+/* Closes every live grant (fabric teardown). */
+void hw_ofi_grant_free_all(hw_ofi_fabric_t *f);
 
 /* ---- connections (boot.c) ------------------------------------------------- */
 
@@ -271,6 +317,9 @@ struct hw_ofi_fabric {
     uint32_t deaths;         /* DEAD connections not yet told (poll) */
     kvs_mr_t *mrs;           /* max_mrs */
     uint32_t live_mrs;
+    kvs_grant_t *grants;     /* max_grants */
+    uint32_t live_grants;
+    bool grants_ok;          /* the provider's MR checks were verified (grant.c) */
     uint32_t next_mr_id;
     uint64_t next_key;       /* requested keys without FI_MR_PROV_KEY */
     /* operations and requests: tx_depth each, free lists as stacks */

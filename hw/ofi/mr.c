@@ -16,7 +16,9 @@
  * on every connection that is up when it is registered, and to later
  * connections before their first operation (connections carry messages in
  * order, so a peer always holds the keys before any message of ours that
- * names the id). Deregistering sends DROP. The messages and the peer's
+ * names the id). Deregistering sends DROP, and is refused while grants
+ * (grant.c) inside the registration are live. Grants take their ids from
+ * the same counter, so a peer's table holds both without a clash. The messages and the peer's
  * tables are hw/common/rkeys.c's, shared with the verbs fabric. A writer
  * resolves (id, address) to (piece key, target address) and post.c splits
  * writes at pieces.
@@ -37,15 +39,10 @@
 
 kvs_mr_t *hw_ofi_mr_of(hw_ofi_fabric_t *f, kvs_mr_t *mr)
 {
-    const uintptr_t b = (uintptr_t)f->mrs, q = (uintptr_t)mr;
-    if (mr == NULL || q < b || (q - b) % sizeof *mr != 0 ||
-        (q - b) / sizeof *mr >= f->cfg.max_mrs || !mr->live)
-        return NULL;
-    return mr;
+    return hw_ofi_in_table(f->mrs, mr, sizeof *mr, f->cfg.max_mrs) && mr->live ? mr : NULL;
 }
 
-/* One fi_mr_reg with the modes the provider asked for. */
-static int hw_ofi_reg(hw_ofi_fabric_t *f, void *buf, size_t len, uint64_t access,
+int hw_ofi_mr_reg_one(hw_ofi_fabric_t *f, void *buf, size_t len, uint64_t access,
                       struct fid_mr **out)
 {
     const uint64_t key = (f->mr_mode & FI_MR_PROV_KEY) ? 0 : f->next_key++;
@@ -66,7 +63,7 @@ int hw_ofi_mr_own(hw_ofi_fabric_t *f, void *buf, size_t len, uint64_t access,
                   struct fid_mr **out, void **desc, char *why, size_t why_bytes)
 {
     *desc = NULL;
-    int rc = hw_ofi_reg(f, buf, len, access, out);
+    int rc = hw_ofi_mr_reg_one(f, buf, len, access, out);
     if (rc != 0) {
         snprintf(why, why_bytes, "registering %zu bytes of the fabric's message buffers on "
                  "%s failed: %s%s", len, f->name, fi_strerror(-rc),
@@ -113,12 +110,33 @@ static int hw_ofi_keys_send_one(void *conn, const uint8_t *msg, uint32_t len_byt
     return hw_ofi_send_internal(conn, HW_OFI_MSG_KEYS, msg, len_bytes);
 }
 
+int hw_ofi_keys_send(kvs_conn_t *conn, const hw_rkeys_reg_t *r, hw_rkeys_key_fn key_of,
+                     const void *ctx)
+{
+    return hw_rkeys_send(r, 8, key_of, ctx, hw_ofi_keys_send_one, conn);
+}
+
+void hw_ofi_drop_send(kvs_conn_t *conn, uint32_t id)
+{
+    uint8_t msg[4];
+    hw_put32(msg, id);
+    (void)hw_ofi_send_internal(conn, HW_OFI_MSG_DROP, msg, sizeof msg);
+}
+
+uint32_t hw_ofi_next_id(hw_ofi_fabric_t *f)
+{
+    uint32_t id = f->next_mr_id++ & 0x7fffffffu;
+    if (id == 0)
+        id = f->next_mr_id++;
+    return id;
+}
+
 /* The KEYS messages of mr (rkeys.c) on conn. */
 static int hw_ofi_keys_send_mr(kvs_conn_t *conn, const kvs_mr_t *mr)
 {
     const hw_rkeys_reg_t r = {.id = mr->id, .npieces = mr->npieces, .base = mr->addr,
                               .piece_bytes = mr->piece_bytes, .len_bytes = mr->len_bytes};
-    return hw_rkeys_send(&r, 8, hw_ofi_piece_key, mr, hw_ofi_keys_send_one, conn);
+    return hw_ofi_keys_send(conn, &r, hw_ofi_piece_key, mr);
 }
 
 uint32_t hw_ofi_keys_msgs_all(hw_ofi_fabric_t *f)
@@ -189,9 +207,7 @@ int hw_ofi_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
                                "and retry, or raise send_slots", f->name,
                                (unsigned long long)msgs, up, f->slot_nfree);
     *mr = (kvs_mr_t){.addr = addr, .len_bytes = len_bytes, .piece_bytes = piece,
-                     .npieces = (uint32_t)npieces, .id = f->next_mr_id++ & 0x7fffffffu};
-    if (mr->id == 0)
-        mr->id = f->next_mr_id++;
+                     .npieces = (uint32_t)npieces, .id = hw_ofi_next_id(f)};
     mr->pieces = calloc(npieces, sizeof *mr->pieces);
     mr->descs = calloc(npieces, sizeof *mr->descs);
     mr->keys = calloc(npieces, sizeof *mr->keys);
@@ -204,7 +220,7 @@ int hw_ofi_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
     for (uint32_t i = 0; i < mr->npieces; i++) {
         const uint64_t off = (uint64_t)i * piece;
         const uint64_t len = i + 1 == mr->npieces ? len_bytes - off : piece;
-        int rc = hw_ofi_reg(f, (void *)(uintptr_t)(addr + off), len,
+        int rc = hw_ofi_mr_reg_one(f, (void *)(uintptr_t)(addr + off), len,
                             FI_WRITE | FI_REMOTE_WRITE | FI_SEND | FI_RECV, &mr->pieces[i]);
         if (rc != 0) {
             hw_ofi_mr_release(mr);
@@ -240,11 +256,13 @@ int hw_ofi_mr_deregister(kvs_fabric_t *fab, kvs_mr_t *mr)
     if (m == NULL)
         return kvs_fabric_fail(fab, KVS_EINVAL, 0, "mr_deregister on %s: not a live "
                                "registration of this fabric", f->name);
-    uint8_t msg[4];
-    hw_put32(msg, m->id);
+    if (m->grants > 0)
+        return kvs_fabric_fail(fab, KVS_EBUSY, 0, "mr_deregister on %s: %u region-scoped "
+                               "keys (key_grant) inside it are live: revoke them first",
+                               f->name, m->grants);
     for (uint32_t i = 0; i < f->cfg.max_conns; i++)
-        if (f->conns[i].state == HW_OFI_CONN_UP) /* best effort: ids are never reused */
-            (void)hw_ofi_send_internal(&f->conns[i], HW_OFI_MSG_DROP, msg, sizeof msg);
+        if (f->conns[i].state == HW_OFI_CONN_UP)
+            hw_ofi_drop_send(&f->conns[i], m->id);
     hw_ofi_mr_release(m);
     f->live_mrs--;
     return KVS_OK;
@@ -288,5 +306,7 @@ void hw_ofi_keys_recv(kvs_conn_t *conn, uint32_t kind, const uint8_t *msg, uint3
     /* Malformed, or more than max_mrs: its writes fail with KVS_EREMOTE
      * naming the key, so the table is left as it was. */
     char why[KVS_ERROR_MSG_BYTES];
-    (void)hw_rkeys_recv(&conn->rkeys, conn->fab->cfg.max_mrs, 8, 1, msg, len, why, sizeof why);
+    const kvs_ofi_config_t *cfg = &conn->fab->cfg;
+    (void)hw_rkeys_recv(&conn->rkeys, cfg->max_mrs + cfg->max_grants, 8, 1, msg, len, why,
+                        sizeof why);
 }

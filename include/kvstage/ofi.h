@@ -101,6 +101,9 @@ typedef struct kvs_ofi_config {
     /* Sink of the fabric's log (provider, address) at KVS_LOG_INFO. fn
      * NULL and level 0: stderr at KVS_LOG_LEVEL's level. */
     kvs_log_t log;
+    /* Region-scoped keys live at once (key_grant, hw/ofi/grant.c), and the
+     * grants of a peer this side keeps keys of, beyond max_mrs [1024]. */
+    uint32_t max_grants;
 } kvs_ofi_config_t;
 
 /* Fills cfg with the defaults (all 0). Start every config from it. */

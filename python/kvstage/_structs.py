@@ -268,7 +268,7 @@ class OfiConfig(c.Structure):
                 ("listen_port", c.c_uint16), ("max_conns", u32), ("tx_depth", u32),
                 ("recv_depth", u32), ("send_slots", u32), ("max_mrs", u32),
                 ("max_mr_bytes", u64), ("max_write_bytes", u64),
-                ("connect_timeout_ms", u32), ("log", Log)]
+                ("connect_timeout_ms", u32), ("log", Log), ("max_grants", u32)]
 
 
 class OfiInfo(c.Structure):

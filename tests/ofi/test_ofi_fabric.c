@@ -349,6 +349,297 @@ static void test_ofi_fabric_peer_lost(void **state)
     duo_close(&d);
 }
 
+/* ---- region-scoped keys (hw/ofi/grant.c) ---------------------------------- */
+
+/* b posts len bytes of pattern `fill` from src to raddr under rkey on
+ * conn (wr_id 900 + fill): the status of the post. */
+static int fill_post(fp_pair_t *d, kvs_conn_t *conn, fp_region_t *src, uint64_t raddr,
+                     uint64_t len, uint64_t rkey, uint8_t fill)
+{
+    memset(src->mem, fill, len);
+    const kvs_write_desc_t w = {.local_addr = (uint64_t)(uintptr_t)src->mem,
+                                .local_mr = src->mr, .len_bytes = len, .remote_addr = raddr,
+                                .rkey = rkey, .wr_id = 900 + fill};
+    return d->b.fab->ops.write(d->b.fab, conn, &w);
+}
+
+/* fill_post, then the status of its WRITE completion. */
+static int grant_write(fp_pair_t *d, kvs_conn_t *conn, fp_region_t *src, uint64_t raddr,
+                       uint64_t len, uint64_t rkey, uint8_t fill)
+{
+    int rc = fill_post(d, conn, src, raddr, len, rkey, fill);
+    if (rc != KVS_OK)
+        return rc;
+    kvs_completion_t c = fp_take(d, &d->b, KVS_COMPLETION_WRITE, conn);
+    assert_int_equal(c.wr_id, 900 + fill);
+    return c.status;
+}
+
+/* a grants b [dst + off, +len) and names the key in a message, which
+ * reaches b after the grant's KEYS. */
+static uint64_t grant_give(fp_pair_t *d, fp_region_t *dst, uint64_t off, uint64_t len,
+                           kvs_grant_t **g)
+{
+    uint64_t rkey = 0;
+    int rc = d->a.fab->ops.key_grant(d->a.fab, d->ba, dst->mr,
+                                     (uint64_t)(uintptr_t)dst->mem + off, len, g, &rkey);
+    if (rc != KVS_OK)
+        fail_msg("key_grant: %s: %s", kvs_status_name(rc), d->a.fab->last_backend_msg);
+    assert_int_equal(d->a.fab->ops.send(d->a.fab, d->ba, &rkey, sizeof rkey, 11), KVS_OK);
+    kvs_completion_t c = fp_take(d, &d->b, KVS_COMPLETION_RECV, d->ab);
+    assert_memory_equal(c.msg, &rkey, sizeof rkey);
+    (void)fp_take(d, &d->a, KVS_COMPLETION_SEND, d->ba);
+    return rkey;
+}
+
+/* What a hostile writer does with a provider key it holds: puts into b's
+ * table on conn an entry for id over [base, +len) under that key, as if
+ * the peer had sent it (the honest fabric only ever takes the peer's
+ * KEYS), so b's own range and id checks pass and only the provider's
+ * stand in the way. */
+static void forge_keys(kvs_conn_t *conn, uint32_t id, uint64_t base, uint64_t len, uint64_t key)
+{
+    uint8_t msg[HW_RKEYS_HDR_BYTES + 8];
+    hw_put32(msg, id);
+    hw_put32(msg + 4, 1);
+    hw_put32(msg + 8, 0);
+    hw_put32(msg + 12, 1);
+    hw_put64(msg + 16, base);
+    hw_put64(msg + 24, len);
+    hw_put64(msg + 32, len);
+    hw_put64(msg + 40, key);
+    hw_ofi_keys_recv(conn, HW_OFI_MSG_KEYS, msg, sizeof msg);
+}
+
+/* The provider key b holds for grant id (announced on conn). */
+static uint64_t provider_key(kvs_conn_t *conn, uint32_t id, uint64_t raddr)
+{
+    uint64_t key = 0, off = 0, left = 0;
+    const hw_rkeys_entry_t *t = NULL;
+    assert_int_equal(hw_rkeys_lookup(&conn->rkeys, id, raddr, &key, &off, &left, &t), KVS_OK);
+    return key;
+}
+
+/* Opens d for the grant tests. A provider kvstage has not verified
+ * answers key_grant with KVS_ENOTSUP (said on stderr); the fabric's own
+ * checks are tested there all the same, with grants forced on. */
+static void grant_duo_open(fp_pair_t *d, const ofi_case_t *oc)
+{
+    duo_open(d, oc);
+    hw_ofi_fabric_t *a = hw_ofi_of(d->a.fab);
+    if (!a->grants_ok) {
+        fp_region_t r = {0};
+        fp_region_reg(&d->a, &r, 4096);
+        kvs_grant_t *g = NULL;
+        uint64_t rkey = 0;
+        assert_int_equal(d->a.fab->ops.key_grant(d->a.fab, d->ba, r.mr, (uint64_t)(uintptr_t)r.mem,
+                                                 64, &g, &rkey), KVS_ENOTSUP);
+        fprintf(stderr, "test_ofi_fabric: %s: key_grant is KVS_ENOTSUP (%s); the fabric's "
+                "checks are tested with grants forced on\n", oc->label,
+                d->a.fab->last_backend_msg);
+        fp_region_free(&d->a, &r);
+        a->grants_ok = true;
+    }
+}
+
+/* Inside the grant lands, and only there; outside it, and after the
+ * revoke, b's fabric refuses to post (its table from a's KEYS and DROP). */
+static void test_ofi_fabric_grant_scopes_writes(void **state)
+{
+    const ofi_case_t *oc = *state;
+    if (!offered(oc))
+        skip();
+    fp_pair_t d;
+    grant_duo_open(&d, oc);
+    fp_region_t src = {0}, dst = {0};
+    fp_region_reg(&d.b, &src, 64u << 10);
+    fp_region_reg(&d.a, &dst, 64u << 10);
+    const uint64_t base = (uint64_t)(uintptr_t)dst.mem, off = 8192, len = 4096;
+    kvs_grant_t *g = NULL;
+    const uint64_t rkey = grant_give(&d, &dst, off, len, &g);
+    assert_int_equal(grant_write(&d, d.ab, &src, base + off, len, rkey, 0x11), KVS_OK);
+    for (uint64_t i = 0; i < dst.len; i++)
+        assert_int_equal(dst.mem[i], i >= off && i < off + len ? 0x11 : 0);
+    assert_int_equal(grant_write(&d, d.ab, &src, base + off + len - 64, 128, rkey, 0x22),
+                     KVS_EREMOTE);
+    assert_non_null(strstr(d.b.fab->last_backend_msg, "outside"));
+    assert_int_equal(grant_write(&d, d.ab, &src, base + off - 1, 1, rkey, 0x22), KVS_EREMOTE);
+    assert_int_equal(d.a.fab->ops.key_revoke(d.a.fab, g), KVS_OK);
+    assert_int_equal(d.a.fab->ops.send(d.a.fab, d.ba, "revoked", 7, 12), KVS_OK);
+    (void)fp_take(&d, &d.b, KVS_COMPLETION_RECV, d.ab); /* after the DROP */
+    assert_int_equal(grant_write(&d, d.ab, &src, base + off, 64, rkey, 0x55), KVS_EREMOTE);
+    assert_non_null(strstr(d.b.fab->last_backend_msg, "no registration"));
+    for (uint64_t i = 0; i < dst.len; i++)
+        assert_int_equal(dst.mem[i], i >= off && i < off + len ? 0x11 : 0);
+    assert_int_equal(d.a.fab->ops.key_revoke(d.a.fab, g), KVS_ENOENT);
+    fp_region_free(&d.a, &dst);
+    fp_region_free(&d.b, &src);
+    duo_close(&d);
+}
+
+#define HOSTILE_NO_COMPLETION 1
+#define HOSTILE_WAIT_NS 5000000000ull
+
+/* A hostile writer's write (its table forged): the status of its post or
+ * WRITE completion, or HOSTILE_NO_COMPLETION when none came in 5 s. */
+static int hostile_write(fp_pair_t *d, fp_region_t *src, uint64_t raddr, uint64_t len,
+                         uint64_t rkey, uint8_t fill)
+{
+    int rc = fill_post(d, d->ab, src, raddr, len, rkey, fill);
+    if (rc != KVS_OK)
+        return rc;
+    const uint64_t until = fp_now_ns() + HOSTILE_WAIT_NS;
+    while (fp_now_ns() < until) {
+        fp_side_pump(&d->a);
+        fp_side_pump(&d->b);
+        for (int i = 0; i < d->b.n; i++)
+            if (d->b.q[i].kind == KVS_COMPLETION_WRITE && d->b.q[i].wr_id == 900u + fill) {
+                rc = d->b.q[i].status;
+                memmove(&d->b.q[i], &d->b.q[i + 1], sizeof d->b.q[0] * (size_t)(d->b.n - i - 1));
+                d->b.n--;
+                fprintf(stderr, "test_ofi_fabric: hostile write %#x: %s: %s\n", fill,
+                        kvs_status_name(rc), d->b.fab->last_backend_msg);
+                return rc;
+            }
+    }
+    fprintf(stderr, "test_ofi_fabric: hostile write %#x: no completion in 5 s\n", fill);
+    return HOSTILE_NO_COMPLETION;
+}
+
+/* The provider's own check, past b's: a hostile writer that holds the
+ * grant's provider key and writes outside the range (revoked: false) or
+ * inside it after the revoke (true). No byte of a's memory changes on any
+ * provider; on those kvstage grants on (verified: tcp) the writer gets
+ * KVS_EREMOTE. Each probe on a pair of its own: tcp;ofi_rxm ends the
+ * writer's connection on such a write (its later writes: KVS_EPEER). */
+static void grant_provider_probe(const ofi_case_t *oc, bool revoked)
+{
+    fp_pair_t d;
+    duo_open(&d, oc);
+    const bool verified = hw_ofi_of(d.a.fab)->grants_ok;
+    hw_ofi_of(d.a.fab)->grants_ok = true;
+    fp_region_t src = {0}, dst = {0};
+    fp_region_reg(&d.b, &src, 64u << 10);
+    fp_region_reg(&d.a, &dst, 64u << 10);
+    const uint64_t base = (uint64_t)(uintptr_t)dst.mem, off = 8192, len = 4096;
+    kvs_grant_t *g = NULL;
+    const uint64_t rkey = grant_give(&d, &dst, off, len, &g);
+    const uint64_t key = provider_key(d.ab, (uint32_t)rkey, base + off);
+    int rc;
+    if (!revoked) {
+        forge_keys(d.ab, (uint32_t)rkey, base, dst.len, key);
+        rc = hostile_write(&d, &src, base + off + len - 64, 128, rkey, 0x33);
+    } else {
+        assert_int_equal(d.a.fab->ops.key_revoke(d.a.fab, g), KVS_OK);
+        g = NULL;
+        assert_int_equal(d.a.fab->ops.send(d.a.fab, d.ba, "revoked", 7, 12), KVS_OK);
+        (void)fp_take(&d, &d.b, KVS_COMPLETION_RECV, d.ab);
+        forge_keys(d.ab, (uint32_t)rkey, base + off, len, key);
+        rc = hostile_write(&d, &src, base + off, len, rkey, 0x66);
+    }
+    for (uint64_t i = 0; i < dst.len; i++)
+        if (dst.mem[i] != 0)
+            fail_msg("%s: the provider let a hostile write change byte %llu", oc->label,
+                     (unsigned long long)i);
+    if (verified)
+        assert_int_equal(rc, KVS_EREMOTE);
+    else
+        fprintf(stderr, "test_ofi_fabric: %s (key_grant KVS_ENOTSUP here): no byte changed, "
+                "the writer got %s\n", oc->label,
+                rc == HOSTILE_NO_COMPLETION ? "no completion" : kvs_status_name(rc));
+    if (g != NULL)
+        assert_int_equal(d.a.fab->ops.key_revoke(d.a.fab, g), KVS_OK);
+    fp_region_free(&d.a, &dst);
+    fp_region_free(&d.b, &src);
+    duo_close(&d);
+}
+
+static void test_ofi_fabric_grant_provider_refuses_outside(void **state)
+{
+    const ofi_case_t *oc = *state;
+    if (!offered(oc))
+        skip();
+    grant_provider_probe(oc, false);
+}
+
+static void test_ofi_fabric_grant_provider_refuses_revoked(void **state)
+{
+    const ofi_case_t *oc = *state;
+    if (!offered(oc))
+        skip();
+    grant_provider_probe(oc, true);
+}
+
+/* A grant's id opens nothing on another connection of the same peer: b's
+ * fabric posts only under ids announced on the connection it writes on. */
+static void test_ofi_fabric_grant_other_conn_refused(void **state)
+{
+    const ofi_case_t *oc = *state;
+    if (!offered(oc))
+        skip();
+    fp_pair_t d;
+    grant_duo_open(&d, oc);
+    fp_region_t src = {0}, dst = {0};
+    fp_region_reg(&d.b, &src, 16u << 10);
+    fp_region_reg(&d.a, &dst, 16u << 10);
+    kvs_grant_t *g = NULL;
+    const uint64_t rkey = grant_give(&d, &dst, 0, 4096, &g);
+    kvs_ofi_info_t info;
+    assert_int_equal(kvs_ofi_fabric_info(d.a.fab, &info), KVS_OK);
+    kvs_conn_t *other = NULL;
+    int rc = fp_connect(&d.b, &d.a, info.address, nap, &other);
+    if (rc != KVS_OK)
+        fail_msg("second connect: %s: %s", kvs_status_name(rc), d.b.fab->last_backend_msg);
+    const uint64_t raddr = (uint64_t)(uintptr_t)dst.mem;
+    assert_int_equal(grant_write(&d, other, &src, raddr, 64, rkey, 0x71), KVS_EREMOTE);
+    assert_non_null(strstr(d.b.fab->last_backend_msg, "no registration"));
+    assert_int_equal(grant_write(&d, d.ab, &src, raddr, 64, rkey, 0x72), KVS_OK);
+    assert_int_equal(dst.mem[0], 0x72);
+    assert_int_equal(d.a.fab->ops.key_revoke(d.a.fab, g), KVS_OK);
+    d.b.fab->ops.disconnect(d.b.fab, other);
+    fp_region_free(&d.a, &dst);
+    fp_region_free(&d.b, &src);
+    duo_close(&d);
+}
+
+/* The grant's lifetime: a range outside mr is refused; mr_deregister with
+ * a live grant is KVS_EBUSY; a grant outlives its connection and is still
+ * revoked; a peer destroyed with a grant's key in its table frees it (LSan
+ * checks the process at exit). */
+static void test_ofi_fabric_grant_lifetime(void **state)
+{
+    const ofi_case_t *oc = *state;
+    if (!offered(oc))
+        skip();
+    fp_pair_t d;
+    grant_duo_open(&d, oc);
+    fp_region_t dst = {0};
+    fp_region_reg(&d.a, &dst, 16u << 10);
+    const uint64_t base = (uint64_t)(uintptr_t)dst.mem;
+    kvs_grant_t *g = NULL, *g2 = NULL;
+    uint64_t rkey = 0;
+    kvs_fabric_t *a = d.a.fab;
+    assert_int_equal(a->ops.key_grant(a, d.ba, dst.mr, base + 8192, 8193, &g, &rkey),
+                     KVS_EINVAL);
+    assert_non_null(strstr(a->last_backend_msg, "not inside"));
+    assert_int_equal(a->ops.key_grant(a, d.ba, dst.mr, base, 0, &g, &rkey), KVS_EINVAL);
+    (void)grant_give(&d, &dst, 0, 4096, &g);
+    (void)grant_give(&d, &dst, 4096, 4096, &g2);
+    assert_int_equal(a->ops.mr_deregister(a, dst.mr), KVS_EBUSY);
+    assert_non_null(strstr(a->last_backend_msg, "revoke them first"));
+    assert_int_equal(a->ops.key_revoke(a, g2), KVS_OK);
+    /* b goes away (as a crash) holding g's key */
+    d.ab = NULL;
+    side_close(&d.b);
+    kvs_completion_t c = fp_take(&d, &d.a, KVS_COMPLETION_DISCONNECT, d.ba);
+    assert_int_equal(c.status, KVS_EPEER);
+    assert_int_equal(a->ops.key_revoke(a, g), KVS_OK);
+    assert_int_equal(a->ops.key_revoke(a, g), KVS_ENOENT);
+    a->ops.disconnect(a, d.ba);
+    fp_region_free(&d.a, &dst);
+    duo_close(&d);
+}
+
 typedef struct sender {
     fp_pair_t *d;
     uint64_t delay_ns;
@@ -487,6 +778,13 @@ int main(void)
         {"test_ofi_fabric_error_fails_only_its_write", test_ofi_fabric_error_fails_only_its_write},
         {"test_ofi_fabric_peer_lost", test_ofi_fabric_peer_lost},
         {"test_ofi_fabric_wait_fd", test_ofi_fabric_wait_fd},
+        {"test_ofi_fabric_grant_scopes_writes", test_ofi_fabric_grant_scopes_writes},
+        {"test_ofi_fabric_grant_provider_refuses_outside",
+         test_ofi_fabric_grant_provider_refuses_outside},
+        {"test_ofi_fabric_grant_provider_refuses_revoked",
+         test_ofi_fabric_grant_provider_refuses_revoked},
+        {"test_ofi_fabric_grant_other_conn_refused", test_ofi_fabric_grant_other_conn_refused},
+        {"test_ofi_fabric_grant_lifetime", test_ofi_fabric_grant_lifetime},
     };
     enum { PER_CASE = sizeof per_case / sizeof per_case[0] };
     static struct CMUnitTest tests[2 + MAX_CASES * PER_CASE];
