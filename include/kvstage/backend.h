@@ -290,8 +290,11 @@ typedef struct kvs_fabric_ops {
      *   - outside the range (any byte of it),
      *   - posted on any other connection (of this peer or another), or
      *   - landing after key_revoke returned
-     * fails at the writer with a KVS_COMPLETION_WRITE of status
-     * KVS_EREMOTE and changes no byte of the target. A grant is not
+     * fails at the writer with KVS_EREMOTE and changes no byte of the
+     * target: write() returns it when the writer's fabric refuses the
+     * write itself (a key it never received on that connection, a range
+     * outside what it was told), else the write's KVS_COMPLETION_WRITE
+     * carries it (the target's NIC or provider refused). A grant is not
      * touched by mr_register, and mr_deregister of an mr with live
      * grants fails (KVS_EBUSY): revoke first. Errors: KVS_EINVAL (a NULL
      * pointer, an empty range or one outside mr, a conn that is not this
