@@ -107,6 +107,18 @@ static int write_at(fp_side_t *e, kvs_conn_t *conn, fp_region_t *src, uint64_t s
     return e->fab->ops.write(e->fab, conn, &w);
 }
 
+/* A second connection b -> a between the pair's fabrics; *ba2 a's side. */
+static kvs_conn_t *second_conn(fp_pair_t *p, kvs_conn_t **ba2)
+{
+    kvs_conn_t *ab2 = NULL;
+    assert_int_equal(connect_while_driving(&p->b, &p->a, &ab2), KVS_OK);
+    assert_int_equal(p->b.fab->ops.send(p->b.fab, ab2, "two", 3, 3), KVS_OK);
+    *ba2 = fp_take(p, &p->a, KVS_COMPLETION_RECV, NULL).conn;
+    assert_non_null(*ba2);
+    assert_ptr_not_equal(*ba2, p->ba);
+    return ab2;
+}
+
 /* ---- tests ------------------------------------------------------------------------ */
 
 static void test_verbs_fabric_messages_both_ways_in_order(void **state)
@@ -284,13 +296,7 @@ static void bad_write(int mode, bool writer_accepted)
     pair_open(&p, &cfg);
     fp_side_t *w = writer_accepted ? &p.a : &p.b, *t = writer_accepted ? &p.b : &p.a;
     kvs_conn_t *wc = writer_accepted ? p.ba : p.ab, *tc = writer_accepted ? p.ab : p.ba;
-    /* a second connection between the same fabrics */
-    kvs_conn_t *ab2 = NULL, *ba2 = NULL;
-    assert_int_equal(connect_while_driving(&p.b, &p.a, &ab2), KVS_OK);
-    assert_int_equal(p.b.fab->ops.send(p.b.fab, ab2, "two", 3, 3), KVS_OK);
-    ba2 = fp_take(&p, &p.a, KVS_COMPLETION_RECV, NULL).conn;
-    assert_non_null(ba2);
-    assert_ptr_not_equal(ba2, p.ba);
+    kvs_conn_t *ba2 = NULL, *ab2 = second_conn(&p, &ba2);
     fp_region_t src, dst;
     fp_region_reg(w, &src, 64u << 10);
     fp_region_reg(t, &dst, 64u << 10);
@@ -815,11 +821,8 @@ static void test_verbs_fabric_grant_opens_only_its_range_on_its_connection(void 
     cfg_default(&cfg);
     fp_pair_t p;
     pair_open(&p, &cfg);
-    kvs_conn_t *ab2 = NULL;
-    assert_int_equal(connect_while_driving(&p.b, &p.a, &ab2), KVS_OK);
-    assert_int_equal(p.b.fab->ops.send(p.b.fab, ab2, "two", 3, 3), KVS_OK);
-    kvs_conn_t *ba2 = fp_take(&p, &p.a, KVS_COMPLETION_RECV, NULL).conn;
-    assert_ptr_not_equal(ba2, p.ba);
+    kvs_conn_t *ba2 = NULL, *ab2 = second_conn(&p, &ba2);
+    (void)ba2;
     fp_region_t src, dst;
     fp_region_reg(&p.b, &src, 64u << 10);
     fp_region_reg(&p.a, &dst, 64u << 10);
