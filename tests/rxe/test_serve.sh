@@ -49,6 +49,9 @@
 # process gets (e.g. "--fabric ofi --provider tcp", with KVS_VERBS_ADDR
 # 127.0.0.1: no RDMA device needed; run 4 then names no device), and
 # KVS_SERVE_PORT_OFFSET moves every port (runs side by side).
+# On verbs (no KVS_SERVE_FABRIC) the decode must scope its writers' keys
+# (memory windows: keys_granted > 0 in runs p2d1 to pp2d2); set
+# KVS_SERVE_EXPECT_GRANTS=0 on a device without type-2 memory windows.
 set -uo pipefail
 kvstage=${1:?usage: test_serve.sh KVSTAGE_BINARY}
 addr=${KVS_VERBS_ADDR:-192.0.2.1}
@@ -60,6 +63,7 @@ shape=(--kv-heads 4 --head-dim 32 --layers 2 --page-size 16 --chunk-tokens 64
 fabric=${KVS_SERVE_FABRIC:-}
 # shellcheck disable=SC2206
 [ -n "$fabric" ] && shape+=($fabric)
+expect_grants=${KVS_SERVE_EXPECT_GRANTS:-$([ -z "$fabric" ] && echo 1 || echo 0)}
 off=${KVS_SERVE_PORT_OFFSET:-0}
 seed=(--seed 7) # run() passes it to both; refused() takes each side's own
 wait_s=${KVS_TEST_WAIT_S:-60} # bound of a wait inside the test (a hang fails it)
@@ -84,11 +88,12 @@ run() {
     echo "  $side: $(cat "$work/$name.$side.json")"
     [ -s "$work/$name.$side.err" ] && sed 's/^/  '"$side"' stderr: /' "$work/$name.$side.err"
   done
-  if ! python3 - "$work/$name.prefill.json" "$work/$name.decode.json" "$expect" "$prc" "$drc" <<'PY'
+  if ! python3 - "$work/$name.prefill.json" "$work/$name.decode.json" "$expect" "$prc" "$drc" "$expect_grants" <<'PY'
 import json, sys
 p, d = (json.load(open(f)) for f in sys.argv[1:3])
-expect, prc, drc = (int(x) for x in sys.argv[3:6])
+expect, prc, drc, grants = (int(x) for x in sys.argv[3:7])
 bad = []
+if grants and d["keys_granted"] == 0: bad.append("decode granted no region-scoped key (the fabric fell back to the whole ring's key)")
 if prc != 0 or drc != 0: bad.append("exit codes %d/%d" % (prc, drc))
 for side in (p, d):
     if side["requests_failed"] != expect or side["requests_unfinished"] != 0:
