@@ -3,7 +3,8 @@
  * key_revoke) as verbs type-2 memory windows: one window per grant, over
  * the range of one MR piece, bound to the grant's connection's queue pair,
  * so that only that peer, on that QP, and only inside the range can write
- * under its key (the responder checks the window: range, QP, state).
+ * under its key (the responder checks the window's QP, state and range;
+ * for rxe's range see below).
  *
  * Grant: ibv_alloc_mw(pd, IBV_MW_TYPE_2), then an IBV_WR_BIND_MW work
  * request (key ibv_inc_rkey of the window's) in the connection's send ring,
@@ -36,7 +37,10 @@
  * connection gets a new QP, each bound window of it is invalidated and
  * bound again with the same key on the new QP (IBV_WR_LOCAL_INV then
  * IBV_WR_BIND_MW) ahead of everything waiting in the ring, so the peer's
- * key keeps working. A bind or rebind that fails marks the grant broken:
+ * key keeps working. The replaced QP is destroyed only after that (the
+ * connection keeps it as stale_qp): rxe waits for a destroyed QP's last
+ * reference, and a window bound to it is one, so destroying it first
+ * stalled poll for seconds. A bind or rebind that fails marks the grant broken:
  * its key opens nothing (writes under it fail at the writer with
  * KVS_EREMOTE), which is the safe side, and it is not tried again.
  *
