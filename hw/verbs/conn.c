@@ -152,7 +152,9 @@ static void hw_verbs_conn_drop_qp(kvs_conn_t *c, bool drop_id)
     }
     c->sq_posted = 0;
     c->rq_posted = 0;
-    if (c->qp != NULL)
+    if (c->qp != NULL && c->stale_qp == NULL && hw_verbs_grants_hold(c))
+        c->stale_qp = c->qp; /* destroyed once its windows are rebound (grant.c) */
+    else if (c->qp != NULL)
         (void)ibv_destroy_qp(c->qp);
     c->qp = NULL;
     if (drop_id && c->id != NULL)
@@ -170,6 +172,9 @@ static void hw_verbs_conn_drop_qp(kvs_conn_t *c, bool drop_id)
 
 void hw_verbs_conn_free(kvs_conn_t *c)
 {
+    hw_verbs_grants_conn_gone(c); /* windows before the QP they are bound to */
+    if (c->stale_qp != NULL)
+        (void)ibv_destroy_qp(c->stale_qp);
     if (c->qp != NULL)
         (void)ibv_destroy_qp(c->qp);
     if (c->id != NULL)
@@ -510,6 +515,8 @@ static void hw_verbs_on_request(hw_verbs_fabric_t *f, struct rdma_cm_id *id,
         mtu = hw_verbs_min_mtu(mtu, req.mtu);
     if (err == 0)
         err = hw_verbs_conn_rts(c, mtu, &step);
+    if (err == 0 && c->recovering)
+        hw_verbs_grants_rebind(c); /* before the peer may write again */
     if (err == 0) {
         uint8_t rep[HW_VERBS_PRIV_BYTES];
         struct rdma_conn_param param;
@@ -566,6 +573,8 @@ static void hw_verbs_on_response(kvs_conn_t *c, const uint8_t *priv, size_t len)
     }
     const char *step = "";
     int err = hw_verbs_conn_rts(c, rep.mtu, &step);
+    if (err == 0 && c->recovering)
+        hw_verbs_grants_rebind(c); /* before the peer may write again */
     if (err == 0 && rdma_establish(c->id) != 0) {
         step = "completing the connection (rdma_establish)";
         err = errno != 0 ? errno : EINVAL;

@@ -31,6 +31,8 @@
 #define HW_VERBS_DEFAULT_SBUF (256u * 1024u)
 #define HW_VERBS_DEFAULT_MRS 1024u
 #define HW_VERBS_DEFAULT_PIECES 4096u
+#define HW_VERBS_DEFAULT_GRANTS 1024u
+#define HW_VERBS_RXE_VENDOR_ID 0xffffffu /* soft-RoCE (RXE_VENDOR_ID) */
 #define HW_VERBS_DEFAULT_TIMEOUT_MS 10000u
 
 _Static_assert(sizeof(((kvs_verbs_info_t *)0)->device_reason) >= HW_VERBS_REASON_BYTES,
@@ -67,7 +69,10 @@ static const kvs_fabric_ops_t hw_verbs_ops = {
     .wait_arm = hw_verbs_wait_arm,
     .random_bytes = hw_net_random_bytes,
     .peer_addr = hw_verbs_peer_addr,
+    .key_grant = hw_verbs_key_grant,
+    .key_revoke = hw_verbs_key_revoke,
 };
+_Static_assert(KVS_FABRIC_OPS_VERSION == 4u, "the verbs table fills every slot of version 4");
 
 /* The table's mr_register is this file's, so that hw_verbs_of can tell a
  * verbs fabric by it. */
@@ -207,6 +212,7 @@ static void hw_verbs_free(hw_verbs_fabric_t *f)
         for (uint32_t i = 0; i < f->cfg.max_conns; i++)
             if (f->conns[i].state != HW_CONN_FREE)
                 hw_verbs_conn_free(&f->conns[i]);
+    hw_verbs_grants_free_all(f);
     if (f->listener != NULL)
         (void)rdma_destroy_id(f->listener);
     if (f->wait_fd >= 0)
@@ -228,6 +234,7 @@ static void hw_verbs_free(hw_verbs_fabric_t *f)
     free(f->sges);
     free(f->conns);
     free(f->mrs);
+    free(f->grants);
     free(f);
 }
 
@@ -246,6 +253,8 @@ static int hw_verbs_config(const kvs_verbs_config_t *in, kvs_verbs_config_t *c, 
         c->max_mrs = HW_VERBS_DEFAULT_MRS;
     if (c->max_mr_pieces == 0)
         c->max_mr_pieces = HW_VERBS_DEFAULT_PIECES;
+    if (c->max_grants == 0)
+        c->max_grants = HW_VERBS_DEFAULT_GRANTS;
     if (c->connect_timeout_ms == 0)
         c->connect_timeout_ms = HW_VERBS_DEFAULT_TIMEOUT_MS;
     if (c->max_conns > HW_VERBS_MAX_SLOTS || c->sq_depth > HW_VERBS_MAX_SLOTS ||
@@ -355,6 +364,8 @@ int kvs_verbs_fabric_create(const kvs_verbs_config_t *cfg, kvs_fabric_t **out,
     if (c->max_mtu_bytes != 0 && hw_verbs_mtu_enum(c->max_mtu_bytes) < f->port_mtu)
         f->port_mtu = hw_verbs_mtu_enum(c->max_mtu_bytes);
     f->max_mr_bytes = da.max_mr_size;
+    f->mw_type2 = (da.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0;
+    f->mw_own_mr = da.vendor_id == HW_VERBS_RXE_VENDOR_ID; /* grant.c says why */
     if (c->max_mr_bytes != 0 && c->max_mr_bytes < f->max_mr_bytes)
         f->max_mr_bytes = c->max_mr_bytes;
     f->max_write_bytes = pa.max_msg_sz;
@@ -373,12 +384,14 @@ int kvs_verbs_fabric_create(const kvs_verbs_config_t *cfg, kvs_fabric_t **out,
     f->cq_entries = (uint32_t)cqe;
     f->conns = calloc(c->max_conns, sizeof *f->conns);
     f->mrs = calloc(c->max_mrs, sizeof *f->mrs);
+    f->grants = calloc(c->max_grants, sizeof *f->grants);
     f->wrs = calloc(c->sq_depth, sizeof *f->wrs);
     f->sges = calloc(c->sq_depth, sizeof *f->sges);
-    if (f->conns == NULL || f->mrs == NULL || f->wrs == NULL || f->sges == NULL) {
+    if (f->conns == NULL || f->mrs == NULL || f->grants == NULL || f->wrs == NULL ||
+        f->sges == NULL) {
         rc = KVS_ENOMEM;
         snprintf(why, sizeof why, "no memory for the fabric's tables: lower max_conns, "
-                 "max_mrs or sq_depth");
+                 "max_mrs, max_grants or sq_depth");
         goto fail;
     }
     for (uint32_t i = 0; i < c->max_conns; i++)

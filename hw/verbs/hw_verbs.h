@@ -8,7 +8,8 @@
  * kvstage codes), dmabuf.c (CUDA memory as dma-buf), mr.c (registration,
  * split MRs and their key tables), conn.c (rdma_cm, queue pairs, MTU
  * agreement, recovery), post.c (write, send), poll.c (completions, wait),
- * fabric.c (the ops table, create, destroy).
+ * grant.c (region-scoped keys as type-2 memory windows), fabric.c (the ops
+ * table, create, destroy).
  *
  * Work request ids: bit 63 set for receives; bits 32..47 the generation of
  * the connection's current queue pair, 16..31 the connection's slot, 0..15
@@ -162,6 +163,7 @@ struct kvs_mr {
     struct ibv_mr **pieces;
     uint32_t npieces;
     uint32_t id;           /* unique per fabric, 31 bits */
+    uint32_t grants;       /* live grants (grant.c) into it: deregistering waits */
     bool live;
     bool dmabuf;
 };
@@ -209,8 +211,16 @@ typedef enum hw_verbs_conn_state {
 typedef enum hw_verbs_op_kind {
     HW_OP_WRITE = 0,
     HW_OP_SEND = 1,
-    HW_OP_INTERNAL = 2 /* fabric-internal send: no user completion */
+    HW_OP_INTERNAL = 2, /* fabric-internal send: no user completion */
+    HW_OP_BIND = 3,     /* a memory window bound (grant.c): no user completion */
+    HW_OP_INVAL = 4     /* a memory window invalidated before a rebind (grant.c) */
 } hw_verbs_op_kind_t;
+
+/* Whether requests of this kind end in a completion the user sees. */
+static inline bool hw_verbs_op_reported(uint8_t kind)
+{
+    return kind == HW_OP_WRITE || kind == HW_OP_SEND;
+}
 
 typedef enum hw_verbs_sqe_state {
     HW_SQE_FREE = 0,
@@ -229,6 +239,7 @@ typedef struct hw_verbs_sqe {
     uint32_t len, lkey, rkey, imm;
     uint32_t send_end;     /* send ring head after this one's bytes */
     uint32_t send_bytes;   /* ring bytes it holds (with any skipped tail), 0 for writes */
+    kvs_grant_t *grant;    /* HW_OP_BIND, HW_OP_INVAL: its grant; NULL once revoked */
     int status;            /* DONE: its result */
     uint8_t kind;          /* hw_verbs_op_kind_t */
     uint8_t opcode;        /* enum ibv_wr_opcode */
@@ -240,6 +251,10 @@ struct kvs_conn {
     hw_verbs_fabric_t *fab;
     struct rdma_cm_id *id;
     struct ibv_qp *qp;
+    /* a replaced QP that memory windows are still bound to: destroyed once
+     * they are bound to the new one (rxe waits for a QP's last reference
+     * when it is destroyed; a bound window is one) */
+    struct ibv_qp *stale_qp;
     uint32_t slot;
     uint32_t gen;            /* 16 bits used in work request ids; bumped per QP */
     hw_verbs_conn_state_t state;
@@ -325,6 +340,11 @@ bool hw_verbs_conn_ready(const kvs_conn_t *conn);
 /* Posts every QUEUED and REPOST request in ring order (after a new QP is
  * up). */
 void hw_verbs_sq_flush(kvs_conn_t *conn);
+/* Appends a QUEUED request to conn's ring (the caller checked the room);
+ * *index its ring index. */
+hw_verbs_sqe_t *hw_verbs_sq_push(kvs_conn_t *conn, uint32_t *index);
+/* Posts ring entries [first, first + count) that wait (QUEUED, REPOST). */
+void hw_verbs_sq_post(kvs_conn_t *conn, uint32_t first, uint32_t count);
 /* Ring index i of conn as a work request id. */
 uint64_t hw_verbs_sq_wr_id(const kvs_conn_t *c, uint32_t i);
 /* Checks that conn can take operations; KVS_EPEER / KVS_EINVAL with the
@@ -334,12 +354,52 @@ int hw_verbs_check_conn(hw_verbs_fabric_t *f, kvs_conn_t *conn, const char *op);
 /* ---- completions (poll.c) ---------------------------------------------------- */
 
 int hw_verbs_poll(kvs_fabric_t *fab, kvs_completion_t *out, int max);
+/* Takes what the CQ holds without reporting anything: send-queue
+ * completions are marked in their rings, receives are kept (the stash) for
+ * poll, in order; stops when the stash is full. How many it took, or a
+ * negative status. */
+int hw_verbs_cq_take_sends(hw_verbs_fabric_t *f);
 int hw_verbs_wait(hw_verbs_fabric_t *f, int timeout_ms);
 /* The ops table's wait_arm: consumes a pending completion event, arms the
  * CQ, and gives the epoll fd over both channels and the earliest timer of
  * a recovering or closing connection (now when poll has something to
  * report already). */
 int hw_verbs_wait_arm(kvs_fabric_t *fab, int *out_fd, uint64_t *out_wake_ns);
+
+/* ---- region-scoped keys (grant.c) ------------------------------------------------ */
+
+/* A grant: a type-2 memory window over [addr, addr + len_bytes) of one MR
+ * piece, bound to its connection's queue pair. */
+struct kvs_grant {
+    struct ibv_mw *mw;     /* NULL once its connection was freed (deallocated then) */
+    struct ibv_mr *own_mr; /* soft-RoCE: an MR of exactly the range (grant.c), or NULL */
+    kvs_conn_t *conn;      /* NULL once freed */
+    kvs_mr_t *mr;
+    struct ibv_mr *piece;  /* the MR of mr holding the range */
+    uint64_t addr, len_bytes;
+    uint32_t rkey;         /* the key handed out */
+    uint32_t mw_rkey;      /* the window's key in the device after the last bind that ran */
+    bool live;
+    bool bound;            /* a bind of it ran (on the current QP or a replaced one) */
+    bool broken;           /* a bind or rebind failed: its key opens nothing */
+};
+
+int hw_verbs_key_grant(kvs_fabric_t *fab, kvs_conn_t *conn, kvs_mr_t *mr, uint64_t addr,
+                       uint64_t len_bytes, kvs_grant_t **out, uint64_t *out_rkey);
+int hw_verbs_key_revoke(kvs_fabric_t *fab, kvs_grant_t *grant);
+/* A bind or invalidate of e's grant completed with wc_status (poll.c). */
+void hw_verbs_grant_done(hw_verbs_sqe_t *e, enum ibv_wc_status wc_status);
+/* conn's new QP is in RTS: its bound windows are invalidated and bound to
+ * it again with the same keys, posted at once, ahead of everything waiting
+ * in its ring (conn.c, before the peer learns that the QP is up). */
+void hw_verbs_grants_rebind(kvs_conn_t *conn);
+/* Whether a window is bound to conn's current QP (or may be). */
+bool hw_verbs_grants_hold(const kvs_conn_t *conn);
+/* conn is being freed: its windows are deallocated, its grants stay for
+ * key_revoke (conn.c). */
+void hw_verbs_grants_conn_gone(kvs_conn_t *conn);
+/* Every window, at destroy. */
+void hw_verbs_grants_free_all(hw_verbs_fabric_t *f);
 
 /* ---- the fabric (fabric.c) --------------------------------------------------- */
 
@@ -369,6 +429,10 @@ struct hw_verbs_fabric {
     struct rdma_cm_id *listener;
     kvs_conn_t *conns;       /* max_conns */
     kvs_mr_t *mrs;           /* max_mrs */
+    kvs_grant_t *grants;     /* max_grants */
+    uint32_t live_grants;
+    bool mw_type2;           /* the device binds type-2 memory windows (device_cap_flags) */
+    bool mw_own_mr;          /* its windows do not check their range: one MR per grant */
     uint32_t live_mrs;
     uint32_t next_mr_id;
     struct ibv_send_wr *wrs; /* scratch for one operation: sq_depth */

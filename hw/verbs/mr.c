@@ -216,7 +216,9 @@ int hw_verbs_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
         return kvs_fabric_fail(fab, KVS_ENOMEM, 0, "mr_register on %s: no memory for %llu "
                                "MR handles", f->device_name, (unsigned long long)npieces);
     }
-    const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    /* MW_BIND: key_grant binds memory windows to it (grant.c) */
+    const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                       (f->mw_type2 ? IBV_ACCESS_MW_BIND : 0);
     for (uint64_t i = 0; i < npieces; i++) {
         const uint64_t off = i * piece;
         const uint64_t n = i + 1 == npieces ? len_bytes - off : piece;
@@ -264,6 +266,10 @@ int hw_verbs_mr_deregister(kvs_fabric_t *fab, kvs_mr_t *mr)
     if (hw_verbs_mr_of(f, mr) == NULL)
         return kvs_fabric_fail(fab, KVS_ENOENT, 0, "mr_deregister on %s: not a live "
                                "registration of this fabric", f->device_name);
+    if (mr->grants > 0)
+        return kvs_fabric_fail(fab, KVS_EBUSY, 0, "mr_deregister on %s: %u grants "
+                               "(key_grant) into this registration are live: revoke them "
+                               "first", f->device_name, mr->grants);
     if (mr->npieces > 1)
         hw_verbs_keys_broadcast(f, mr, true);
     hw_verbs_mr_release(mr);

@@ -41,7 +41,11 @@
 
 static const char *hw_verbs_op_name(uint8_t kind)
 {
-    return kind == HW_OP_WRITE ? "write" : kind == HW_OP_SEND ? "send" : "fabric message";
+    return kind == HW_OP_WRITE    ? "write"
+           : kind == HW_OP_SEND   ? "send"
+           : kind == HW_OP_BIND   ? "memory window bind (key_grant)"
+           : kind == HW_OP_INVAL  ? "memory window invalidate (a rebind)"
+                                  : "fabric message";
 }
 
 /* A receive completed: *out filled and true when it is the user's. */
@@ -118,6 +122,8 @@ static void hw_verbs_on_send(hw_verbs_fabric_t *f, const struct ibv_wc *wc)
         return;
     hw_verbs_sqe_t *e = &c->sq[i];
     c->sq_posted--;
+    if ((e->kind == HW_OP_BIND || e->kind == HW_OP_INVAL) && wc->status != IBV_WC_WR_FLUSH_ERR)
+        hw_verbs_grant_done(e, wc->status);
     if (wc->status == IBV_WC_SUCCESS) {
         e->state = HW_SQE_DONE;
         e->status = KVS_OK;
@@ -147,6 +153,25 @@ static void hw_verbs_on_send(hw_verbs_fabric_t *f, const struct ibv_wc *wc)
                          hw_verbs_op_name(e->kind), ibv_wc_status_str(wc->status));
 }
 
+int hw_verbs_cq_take_sends(hw_verbs_fabric_t *f)
+{
+    if (f->nstash == HW_VERBS_STASH)
+        return 0;
+    struct ibv_wc wcs[HW_VERBS_STASH];
+    const int got = ibv_poll_cq(f->cq, HW_VERBS_STASH - f->nstash, wcs);
+    if (got < 0)
+        return kvs_fabric_fail(&f->base, KVS_EBACKEND, got, "polling the completion queue "
+                               "of %s failed (%d): the device is in error; create the "
+                               "fabric again", f->device_name, got);
+    for (int k = 0; k < got; k++) {
+        if (wcs[k].wr_id >> 63)
+            f->stash[f->nstash++] = wcs[k]; /* poll reports it, in order */
+        else
+            hw_verbs_on_send(f, &wcs[k]);
+    }
+    return got;
+}
+
 /* Reports done requests from the head of c's ring, in order, into
  * out[*n..max). */
 static void hw_verbs_retire(kvs_conn_t *c, kvs_completion_t *out, int *n, int max)
@@ -156,7 +181,7 @@ static void hw_verbs_retire(kvs_conn_t *c, kvs_completion_t *out, int *n, int ma
         hw_verbs_sqe_t *e = &c->sq[c->sq_head];
         if (e->state != HW_SQE_DONE)
             break;
-        const bool report = e->last && e->kind != HW_OP_INTERNAL;
+        const bool report = e->last && hw_verbs_op_reported(e->kind);
         if (report && *n >= max)
             break;
         if (c->op_status == KVS_OK && e->status != KVS_OK)

@@ -67,8 +67,7 @@ uint64_t hw_verbs_sq_wr_id(const kvs_conn_t *c, uint32_t i)
 
 static uint32_t hw_verbs_sq_room(const kvs_conn_t *c) { return c->fab->cfg.sq_depth - c->sq_used; }
 
-/* Appends a QUEUED request; the caller checked the room. */
-static hw_verbs_sqe_t *hw_verbs_sq_push(kvs_conn_t *c, uint32_t *index)
+hw_verbs_sqe_t *hw_verbs_sq_push(kvs_conn_t *c, uint32_t *index)
 {
     const uint32_t depth = c->fab->cfg.sq_depth;
     const uint32_t i = (c->sq_head + c->sq_used) % depth;
@@ -81,7 +80,7 @@ static hw_verbs_sqe_t *hw_verbs_sq_push(kvs_conn_t *c, uint32_t *index)
 /* Posts ring entries [first, first + count) that are QUEUED or REPOST, in
  * one chain. A refusal by the QP breaks the connection: those entries go
  * again on the next QP. */
-static void hw_verbs_sq_post(kvs_conn_t *c, uint32_t first, uint32_t count)
+void hw_verbs_sq_post(kvs_conn_t *c, uint32_t first, uint32_t count)
 {
     hw_verbs_fabric_t *f = c->fab;
     const uint32_t depth = f->cfg.sq_depth;
@@ -105,6 +104,19 @@ static void hw_verbs_sq_post(kvs_conn_t *c, uint32_t first, uint32_t count)
         }
         if (e->opcode == IBV_WR_RDMA_WRITE_WITH_IMM || e->opcode == IBV_WR_SEND_WITH_IMM)
             f->wrs[n].imm_data = htonl(e->imm);
+        if (e->opcode == IBV_WR_BIND_MW) {
+            /* the provider finds the window by the key it has now (mw->rkey)
+             * and gives it the new one (bind_mw.rkey) */
+            kvs_grant_t *g = e->grant;
+            g->mw->rkey = g->mw_rkey;
+            f->wrs[n].bind_mw.mw = g->mw;
+            f->wrs[n].bind_mw.rkey = g->rkey;
+            f->wrs[n].bind_mw.bind_info = (struct ibv_mw_bind_info){
+                .mr = g->piece, .addr = g->addr, .length = g->len_bytes,
+                .mw_access_flags = IBV_ACCESS_REMOTE_WRITE};
+        }
+        if (e->opcode == IBV_WR_LOCAL_INV)
+            f->wrs[n].invalidate_rkey = e->rkey;
         if (n > 0)
             f->wrs[n - 1].next = &f->wrs[n];
         n++;

@@ -117,6 +117,9 @@ typedef struct kvs_verbs_config {
     /* Sink of the fabric's log: the device chosen and why, at
      * KVS_LOG_INFO. fn NULL and level 0: stderr at KVS_LOG_LEVEL's level. */
     kvs_log_t log;
+    /* Region-scoped keys (key_grant) live at once, each a type-2 memory
+     * window [1024]. */
+    uint32_t max_grants;
 } kvs_verbs_config_t;
 
 /* Fills cfg with the defaults (gid_index = KVS_VERBS_GID_AUTO, all else 0).

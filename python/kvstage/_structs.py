@@ -251,7 +251,7 @@ class VerbsConfig(c.Structure):
                 ("max_mr_bytes", u64), ("max_write_bytes", u64), ("max_mtu_bytes", u32),
                 ("connect_timeout_ms", u32), ("dmabuf", c.c_void_p),
                 ("dmabuf_ctx", c.c_void_p), ("near_pci", c.c_char_p),
-                ("sysfs_root", c.c_char_p), ("log", Log)]
+                ("sysfs_root", c.c_char_p), ("log", Log), ("max_grants", u32)]
 
 
 class VerbsInfo(c.Structure):

@@ -44,9 +44,10 @@
 #      hostile-write:3: the key it was given, 256 KiB past its place, outside
 #      its region): exactly that request fails, every other is ok and
 #      verified, 0 corrupt bytes, 0 ring bytes leaked, and the decode granted
-#      region-scoped keys. Only on a fabric that scopes keys (ofi with the
-#      tcp provider, hw/ofi/grant.c); elsewhere the write would land in
-#      another request's region, so the run is skipped, saying why.
+#      region-scoped keys. Only on a fabric that scopes keys (verbs: type-2
+#      memory windows; ofi with the tcp provider, hw/ofi/grant.c);
+#      elsewhere the write would land in another request's region, so the
+#      run is skipped, saying why.
 # Every run that moves KV also checks that the decode's ring holds 0 live
 # bytes at the end (every room ended, so anything live leaked).
 # Usage: test_serve.sh KVSTAGE_BINARY   (needs an RDMA device: ctest runs it
@@ -56,6 +57,9 @@
 # process gets (e.g. "--fabric ofi --provider tcp", with KVS_VERBS_ADDR
 # 127.0.0.1: no RDMA device needed; run 4 then names no device), and
 # KVS_SERVE_PORT_OFFSET moves every port (runs side by side).
+# On verbs (no KVS_SERVE_FABRIC) the decode must scope its writers' keys
+# (memory windows: keys_granted > 0 in runs p2d1 to pp2d2); set
+# KVS_SERVE_EXPECT_GRANTS=0 on a device without type-2 memory windows.
 set -uo pipefail
 kvstage=${1:?usage: test_serve.sh KVSTAGE_BINARY}
 addr=${KVS_VERBS_ADDR:-192.0.2.1}
@@ -67,6 +71,13 @@ shape=(--kv-heads 4 --head-dim 32 --layers 2 --page-size 16 --chunk-tokens 64
 fabric=${KVS_SERVE_FABRIC:-}
 # shellcheck disable=SC2206
 [ -n "$fabric" ] && shape+=($fabric)
+# Fabrics that scope keys (verbs: memory windows; ofi: the tcp provider)
+# must grant them in every run that moves KV; elsewhere none is expected.
+scopes=0
+case " $fabric " in
+  "  " | *" --fabric ofi "*"--provider tcp "*) scopes=1 ;;
+esac
+expect_grants=${KVS_SERVE_EXPECT_GRANTS:-$scopes}
 off=${KVS_SERVE_PORT_OFFSET:-0}
 seed=(--seed 7) # run() passes it to both; refused() takes each side's own
 wait_s=${KVS_TEST_WAIT_S:-60} # bound of a wait inside the test (a hang fails it)
@@ -96,11 +107,12 @@ run() {
     [ -s "$work/$name.$side.err" ] && sed 's/^/  '"$side"' stderr: /' "$work/$name.$side.err"
   done
   if ! python3 - "$work/$name.prefill.json" "$work/$name.decode.json" "$expect" "$prc" "$drc" \
-      "${KVS_SERVE_RUN_NEEDS:-}" <<'PY'
+      "$expect_grants" "${KVS_SERVE_RUN_NEEDS:-}" <<'PY'
 import json, sys
 p, d = (json.load(open(f)) for f in sys.argv[1:3])
-expect, prc, drc = (int(x) for x in sys.argv[3:6])
+expect, prc, drc, grants = (int(x) for x in sys.argv[3:7])
 bad = []
+if grants and d["keys_granted"] == 0: bad.append("decode granted no region-scoped key (the fabric fell back to the whole ring's key)")
 if prc != 0 or drc != 0: bad.append("exit codes %d/%d" % (prc, drc))
 for side in (p, d):
     if side["requests_failed"] != expect or side["requests_unfinished"] != 0:
@@ -114,7 +126,7 @@ if d["corrupt_bytes"] != 0 or d["bytes_verified"] != d["bytes_expected"] or d["b
 rooms = lambda s: sorted(int(r.split(":")[0]) for r in s["failed_rooms"])
 if rooms(p) != rooms(d): bad.append("failed rooms differ: prefill %s, decode %s" % (p["failed_rooms"], d["failed_rooms"]))
 if expect and p["spoiled_writes"] != 1: bad.append("the fault was not injected")
-if sys.argv[6] == "scoped" and d["keys_granted"] == 0:
+if sys.argv[7] == "scoped" and d["keys_granted"] == 0:
     bad.append("decode granted no region-scoped keys: the run proves nothing")
 print("  " + ("; ".join(bad) if bad else "ok"))
 sys.exit(1 if bad else 0)
@@ -427,17 +439,16 @@ unauth nosecret 18775 "--prefill-tp 2 --decode-tp 1 --secret-file $work/secret" 
 unauth impostor 18795 "--prefill-tp 2 --decode-tp 1" \
   "--prefill-tp 2 --decode-tp 1 --secret-env KVS_SERVE_SECRET" ""
 transfer_only noverify 18815
-# Run 15 needs region-scoped keys: which fabrics have them is hw/ofi/grant.c's
-# list of verified providers (tcp) and the verbs fabric's version (3: none).
-case " $fabric " in
-  *" --fabric ofi "*"--provider tcp "*)
-    KVS_SERVE_RUN_NEEDS=scoped run hostile 18835 \
-      "--prefill-tp 2 --decode-tp 1 --fault hostile-write:3" "--prefill-tp 2 --decode-tp 1" 1 ;;
-  *)
-    echo "test_serve: hostile: SKIPPED: fabric '${fabric:---fabric verbs}' cannot scope remote" \
-         "keys (verbs: no memory windows yet; ofi: grants only on the tcp provider), so the" \
-         "hostile write would land in another request's region (docs/security.md)"
-    skipped=1 ;;
-esac
-echo "test_serve: $failures of 15 runs failed${skipped:+, $skipped skipped}"
+# Run 15 needs region-scoped keys (verbs memory windows; ofi: the tcp
+# provider only, hw/ofi/grant.c's verified list).
+if [ "$expect_grants" = 1 ]; then
+  KVS_SERVE_RUN_NEEDS=scoped run hostile 18835 \
+    "--prefill-tp 2 --decode-tp 1 --fault hostile-write:3" "--prefill-tp 2 --decode-tp 1" 1
+else
+  echo "test_serve: hostile: SKIPPED: fabric '${fabric:---fabric verbs}' cannot scope remote" \
+       "keys (ofi: grants only on the tcp provider; verbs without type-2 memory windows)," \
+       "so the hostile write would land in another request's region (docs/security.md)"
+  n_skipped=1
+fi
+echo "test_serve: $failures of 15 runs failed${n_skipped:+, $n_skipped skipped}"
 [ "$failures" = 0 ]

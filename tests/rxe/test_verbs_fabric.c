@@ -107,6 +107,18 @@ static int write_at(fp_side_t *e, kvs_conn_t *conn, fp_region_t *src, uint64_t s
     return e->fab->ops.write(e->fab, conn, &w);
 }
 
+/* A second connection b -> a between the pair's fabrics; *ba2 a's side. */
+static kvs_conn_t *second_conn(fp_pair_t *p, kvs_conn_t **ba2)
+{
+    kvs_conn_t *ab2 = NULL;
+    assert_int_equal(connect_while_driving(&p->b, &p->a, &ab2), KVS_OK);
+    assert_int_equal(p->b.fab->ops.send(p->b.fab, ab2, "two", 3, 3), KVS_OK);
+    *ba2 = fp_take(p, &p->a, KVS_COMPLETION_RECV, NULL).conn;
+    assert_non_null(*ba2);
+    assert_ptr_not_equal(*ba2, p->ba);
+    return ab2;
+}
+
 /* ---- tests ------------------------------------------------------------------------ */
 
 static void test_verbs_fabric_messages_both_ways_in_order(void **state)
@@ -284,13 +296,7 @@ static void bad_write(int mode, bool writer_accepted)
     pair_open(&p, &cfg);
     fp_side_t *w = writer_accepted ? &p.a : &p.b, *t = writer_accepted ? &p.b : &p.a;
     kvs_conn_t *wc = writer_accepted ? p.ba : p.ab, *tc = writer_accepted ? p.ab : p.ba;
-    /* a second connection between the same fabrics */
-    kvs_conn_t *ab2 = NULL, *ba2 = NULL;
-    assert_int_equal(connect_while_driving(&p.b, &p.a, &ab2), KVS_OK);
-    assert_int_equal(p.b.fab->ops.send(p.b.fab, ab2, "two", 3, 3), KVS_OK);
-    ba2 = fp_take(&p, &p.a, KVS_COMPLETION_RECV, NULL).conn;
-    assert_non_null(ba2);
-    assert_ptr_not_equal(ba2, p.ba);
+    kvs_conn_t *ba2 = NULL, *ab2 = second_conn(&p, &ba2);
     fp_region_t src, dst;
     fp_region_reg(w, &src, 64u << 10);
     fp_region_reg(t, &dst, 64u << 10);
@@ -770,6 +776,208 @@ static void test_verbs_fabric_wait_arm_fd_wakes_on_a_message_not_idle(void **sta
     pair_close(&p);
 }
 
+/* ---- region-scoped keys (key_grant / key_revoke: type-2 memory windows) ----------- */
+
+/* a grants b (on conn) [off, +len) of dst and tells it the key in a message
+ * posted after the grant (as the core's STAGING_RSP is), which b takes. */
+static uint64_t grant_and_tell(fp_pair_t *p, kvs_conn_t *on, fp_region_t *dst, uint64_t off,
+                               uint64_t len, kvs_grant_t **g)
+{
+    uint64_t rkey = 0;
+    int rc = p->a.fab->ops.key_grant(p->a.fab, on, dst->mr, (uint64_t)(uintptr_t)dst->mem + off,
+                                     len, g, &rkey);
+    if (rc != KVS_OK)
+        fail_msg("key_grant: %s: %s", kvs_status_name(rc), p->a.fab->last_backend_msg);
+    assert_int_equal(p->a.fab->ops.send(p->a.fab, on, &rkey, sizeof rkey, 77), KVS_OK);
+    kvs_completion_t c = fp_take(p, &p->b, KVS_COMPLETION_RECV, NULL);
+    uint64_t told = 0;
+    assert_int_equal(c.len_bytes, sizeof told);
+    memcpy(&told, c.msg, sizeof told);
+    assert_int_equal(told, rkey);
+    c = fp_take(p, &p->a, KVS_COMPLETION_SEND, on);
+    assert_int_equal(c.status, KVS_OK);
+    return rkey;
+}
+
+/* b writes len bytes of src at dst offset off under rkey on conn; returns
+ * the write's status. */
+static int write_status(fp_pair_t *p, kvs_conn_t *conn, fp_region_t *src, fp_region_t *dst,
+                        uint64_t off, uint64_t rkey, uint64_t len, uint64_t wr_id)
+{
+    assert_int_equal(write_at(&p->b, conn, src, off, (uint64_t)(uintptr_t)dst->mem + off, rkey,
+                              len, false, 0, wr_id), KVS_OK);
+    kvs_completion_t c = fp_take(p, &p->b, KVS_COMPLETION_WRITE, conn);
+    assert_int_equal(c.wr_id, wr_id);
+    if (wr_id < 700)
+        printf("  write %llu: %s\n", (unsigned long long)wr_id, kvs_status_name(c.status));
+    return c.status;
+}
+
+/* A grant opens exactly its range, to its connection only, until revoked;
+ * every refused write changes no byte; a recovery keeps the grant working. */
+static void test_verbs_fabric_grant_opens_only_its_range_on_its_connection(void **state)
+{
+    kvs_verbs_config_t cfg;
+    cfg_default(&cfg);
+    fp_pair_t p;
+    pair_open(&p, &cfg);
+    kvs_conn_t *ba2 = NULL, *ab2 = second_conn(&p, &ba2);
+    (void)ba2;
+    fp_region_t src, dst;
+    fp_region_reg(&p.b, &src, 64u << 10);
+    fp_region_reg(&p.a, &dst, 64u << 10);
+    uint64_t seed = 41;
+    fill_random(src.mem, src.len, &seed);
+    memset(dst.mem, 0xee, dst.len);
+    uint8_t *want = malloc(dst.len);
+    assert_non_null(want);
+    memset(want, 0xee, dst.len);
+
+    kvs_grant_t *g = NULL;
+    const uint64_t off = 8192, len = 16384;
+    const uint64_t rkey = grant_and_tell(&p, p.ba, &dst, off, len, &g);
+    assert_int_not_equal(rkey, dst.rkey);
+    /* inside: lands */
+    assert_int_equal(write_status(&p, p.ab, &src, &dst, off, rkey, len, 600), KVS_OK);
+    memcpy(want + off, src.mem + off, len);
+    assert_memory_equal(dst.mem, want, dst.len);
+    /* one byte past the end, or before the start: refused, nothing changes */
+    memset(src.mem, 0x11, src.len);
+    assert_int_equal(write_status(&p, p.ab, &src, &dst, off + len - 4095, rkey, 4096, 601),
+                     KVS_EREMOTE);
+    assert_memory_equal(dst.mem, want, dst.len);
+    assert_int_equal(write_status(&p, p.ab, &src, &dst, off - 1, rkey, 2, 602), KVS_EREMOTE);
+    assert_memory_equal(dst.mem, want, dst.len);
+    /* both QPs were replaced; the window was bound again to the new one */
+    assert_int_equal(write_status(&p, p.ab, &src, &dst, off, rkey, 4096, 603), KVS_OK);
+    assert_true(kvs_verbs_conn_recoveries(p.b.fab, p.ab) >= 1);
+    memcpy(want + off, src.mem + off, 4096);
+    assert_memory_equal(dst.mem, want, dst.len);
+    /* the key on the other connection between the same fabrics: refused */
+    memset(src.mem, 0x22, src.len);
+    assert_int_equal(write_status(&p, ab2, &src, &dst, off, rkey, 4096, 604), KVS_EREMOTE);
+    assert_memory_equal(dst.mem, want, dst.len);
+    /* a registration with live grants stays */
+    assert_int_equal(p.a.fab->ops.mr_deregister(p.a.fab, dst.mr), KVS_EBUSY);
+    assert_non_null(strstr(p.a.fab->last_backend_msg, "revoke them first"));
+    /* revoked: the same write is refused and changes nothing */
+    assert_int_equal(p.a.fab->ops.key_revoke(p.a.fab, g), KVS_OK);
+    assert_int_equal(write_status(&p, p.ab, &src, &dst, off, rkey, 4096, 605), KVS_EREMOTE);
+    assert_memory_equal(dst.mem, want, dst.len);
+    assert_int_equal(p.a.fab->ops.key_revoke(p.a.fab, g), KVS_ENOENT);
+    /* and the registration's own key still works on both connections */
+    assert_int_equal(write_status(&p, p.ab, &src, &dst, 0, dst.rkey, 4096, 606), KVS_OK);
+    assert_int_equal(write_status(&p, ab2, &src, &dst, 4096, dst.rkey, 4096, 607), KVS_OK);
+    memcpy(want, src.mem, 8192);
+    assert_memory_equal(dst.mem, want, dst.len);
+    /* bad arguments say what to change */
+    kvs_grant_t *g2 = NULL;
+    uint64_t k2 = 0;
+    assert_int_equal(p.a.fab->ops.key_grant(p.a.fab, p.ba, dst.mr,
+                                            (uint64_t)(uintptr_t)dst.mem + dst.len - 10, 20,
+                                            &g2, &k2), KVS_EINVAL);
+    assert_non_null(strstr(p.a.fab->last_backend_msg, "not inside its registration"));
+    assert_int_equal(p.a.fab->ops.key_grant(p.a.fab, p.ba, dst.mr,
+                                            (uint64_t)(uintptr_t)dst.mem, 0, &g2, &k2),
+                     KVS_EINVAL);
+    p.b.fab->ops.disconnect(p.b.fab, ab2);
+    free(want);
+    fp_region_free(&p.b, &src);
+    fp_region_free(&p.a, &dst);
+    pair_close(&p);
+}
+
+/* Grants outlive their connection until revoked (their windows are gone). */
+static void test_verbs_fabric_grants_outlive_their_connection_until_revoked(void **state)
+{
+    kvs_verbs_config_t cfg;
+    cfg_default(&cfg);
+    cfg.connect_timeout_ms = 1000;
+    fp_pair_t p;
+    pair_open(&p, &cfg);
+    fp_region_t dst;
+    fp_region_reg(&p.a, &dst, 64u << 10);
+    kvs_grant_t *g = NULL, *h = NULL;
+    (void)grant_and_tell(&p, p.ba, &dst, 0, 4096, &g);
+    (void)grant_and_tell(&p, p.ba, &dst, 4096, 4096, &h);
+    /* the writer goes away for good */
+    p.b.fab->ops.disconnect(p.b.fab, p.ab);
+    p.ab = NULL;
+    kvs_completion_t c = fp_take(&p, &p.a, KVS_COMPLETION_DISCONNECT, p.ba);
+    assert_int_not_equal(c.status, KVS_OK);
+    assert_int_equal(p.a.fab->ops.key_revoke(p.a.fab, g), KVS_OK);
+    /* h stays live: its MR stays, and so does the fabric */
+    assert_int_equal(p.a.fab->ops.mr_deregister(p.a.fab, dst.mr), KVS_EBUSY);
+    assert_int_equal(kvs_verbs_fabric_destroy(p.a.fab), KVS_EBUSY);
+    assert_int_equal(p.a.fab->ops.key_revoke(p.a.fab, h), KVS_OK);
+    fp_region_free(&p.a, &dst);
+    pair_close(&p);
+}
+
+static uint64_t median_ns(uint64_t *v, int n)
+{
+    for (int i = 1; i < n; i++) /* insertion sort: n is small */
+        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+            const uint64_t t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    return v[n / 2];
+}
+
+/* Not a timed assertion: prints what a grant costs here (docs/security.md,
+ * "Cost"). KVS_GRANT_BENCH_N rounds (default 50). */
+static void test_verbs_fabric_grant_cost_is_printed(void **state)
+{
+    kvs_verbs_config_t cfg;
+    cfg_default(&cfg);
+    fp_pair_t p;
+    pair_open(&p, &cfg);
+    fp_region_t src, dst;
+    fp_region_reg(&p.b, &src, 64u << 10);
+    fp_region_reg(&p.a, &dst, 64u << 10);
+    const char *ns = getenv("KVS_GRANT_BENCH_N");
+    int n = ns != NULL ? atoi(ns) : 50;
+    if (n < 3 || n > 10000)
+        n = 50;
+    uint64_t *plain = calloc((size_t)n, 8), *calls = calloc((size_t)n, 8),
+             *round = calloc((size_t)n, 8);
+    assert_true(plain != NULL && calls != NULL && round != NULL);
+    for (int i = 0; i < n; i++) {
+        uint64_t t0 = fp_now_ns();
+        assert_int_equal(write_status(&p, p.ab, &src, &dst, 0, dst.rkey, 4096, 700), KVS_OK);
+        plain[i] = fp_now_ns() - t0;
+        /* grant + revoke calls alone */
+        kvs_grant_t *g = NULL;
+        uint64_t k = 0;
+        t0 = fp_now_ns();
+        assert_int_equal(p.a.fab->ops.key_grant(p.a.fab, p.ba, dst.mr,
+                                                (uint64_t)(uintptr_t)dst.mem, 4096, &g, &k),
+                         KVS_OK);
+        assert_int_equal(p.a.fab->ops.key_revoke(p.a.fab, g), KVS_OK);
+        calls[i] = fp_now_ns() - t0;
+        /* pump a's queue so the cancelled or failed binds retire */
+        fp_side_pump(&p.a);
+        /* the whole use: grant, tell, write under it, revoke */
+        t0 = fp_now_ns();
+        k = grant_and_tell(&p, p.ba, &dst, 0, 4096, &g);
+        assert_int_equal(write_status(&p, p.ab, &src, &dst, 0, k, 4096, 701), KVS_OK);
+        assert_int_equal(p.a.fab->ops.key_revoke(p.a.fab, g), KVS_OK);
+        round[i] = fp_now_ns() - t0;
+    }
+    printf("grant cost over %s, %d rounds, medians: 4 KiB write without grant %.1f us; "
+           "key_grant + key_revoke calls %.1f us; grant + key message + 4 KiB write under "
+           "it + revoke %.1f us; recoveries %u\n",
+           "verbs", n, median_ns(plain, n) / 1e3, median_ns(calls, n) / 1e3,
+           median_ns(round, n) / 1e3, kvs_verbs_conn_recoveries(p.a.fab, p.ba));
+    free(plain);
+    free(calls);
+    free(round);
+    fp_region_free(&p.b, &src);
+    fp_region_free(&p.a, &dst);
+    pair_close(&p);
+}
+
 /* Without a device: skip (77), or fail where one is required. */
 static void require_device(void)
 {
@@ -817,6 +1025,13 @@ int main(void)
         cmocka_unit_test(test_verbs_fabric_registration_asks_the_dmabuf_exporter),
         cmocka_unit_test(test_verbs_fabric_wait_wakes_on_a_message),
         cmocka_unit_test(test_verbs_fabric_wait_arm_fd_wakes_on_a_message_not_idle),
+        cmocka_unit_test(test_verbs_fabric_grant_opens_only_its_range_on_its_connection),
+        cmocka_unit_test(test_verbs_fabric_grants_outlive_their_connection_until_revoked),
+        cmocka_unit_test(test_verbs_fabric_grant_cost_is_printed),
     };
+    /* KVS_TEST_FILTER: run only the tests whose names match (cmocka's
+     * pattern: '*' and '?') */
+    if (getenv("KVS_TEST_FILTER") != NULL)
+        cmocka_set_test_filter(getenv("KVS_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
