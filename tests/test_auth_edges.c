@@ -257,6 +257,43 @@ static void test_auth_edges_out_of_place_dropped(void **state)
     edge_destroy(cl);
 }
 
+/* One millisecond of the cluster: the handshakes take microseconds, and
+ * nothing is sent again before 2 ms (edge_run would wait for the decode's
+ * unanswered HELLO to p0, which it sends again for ever). */
+static void run_1ms(edge_cluster_t *cl)
+{
+    sim_engine_run(cl->eng, sim_engine_now_ns(cl->eng) + 1000000u, EDGE_EVENT_BUDGET);
+}
+
+/* A prefill that skips its challenge: p0 (its handler gone, its NIC
+ * speaking) answers the decode's HELLO with an OK REGISTER_ACK straight
+ * away. The decode never sent p0 a REGISTER, so the answer is forged: it
+ * is dropped and counted, and p0 is not ready (found by fuzz_auth: the
+ * decode took it and sent p0 its watermark). p1 registers as usual. */
+static void test_auth_edges_ack_before_challenge_refused(void **state)
+{
+    (void)state;
+    edge_opts_t o = opts(SECRET_A, SECRET_A);
+    o.no_connect = true;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_node_t *d = edge_decode(cl, 0), *p0 = edge_prefill(cl, 0);
+    edge_rank_drop(p0);
+    edge_connect(cl, 0);
+    run_1ms(cl);
+    assert_int_equal(kvs_decode_peers_ready(d->dec), 1); /* p1 */
+    const uint64_t rejected = edge_stats(d).msgs_rejected;
+    kvs_msg_t ack = {.type = KVS_MSG_REGISTER_ACK};
+    ack.session = EDGE_PREFILL_SESSION;
+    ack.u.ack = (kvs_msg_register_ack_t){.echo = EDGE_DECODE_SESSION, .status = KVS_OK};
+    kvs_fabric_t *p0fab = sim_nic_fabric(p0->nic);
+    edge_send(cl, p0fab, edge_conn(p0fab, "d0"), &ack);
+    run_1ms(cl);
+    assert_int_equal(kvs_decode_peers_ready(d->dec), 1);
+    assert_int_equal(edge_stats(d).msgs_rejected, rejected + 1);
+    assert_int_equal(edge_stats(d).auth_refused, 0);
+    edge_destroy(cl);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -267,6 +304,7 @@ int main(void)
         cmocka_unit_test(test_auth_edges_wrong_secret_refused),
         cmocka_unit_test(test_auth_edges_stranger_and_replay_refused),
         cmocka_unit_test(test_auth_edges_out_of_place_dropped),
+        cmocka_unit_test(test_auth_edges_ack_before_challenge_refused),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
