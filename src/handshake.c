@@ -70,6 +70,10 @@ static void kvs__auth_refuse(kvs__handler_t *h, kvs_conn_t *conn, const char *wh
 
 bool kvs__handshake_open(kvs__handler_t *h, kvs__peer_t *peer)
 {
+    /* A new connection: a HELLO of the last one is not this one's, and a
+     * CHALLENGE to it must not pass here (it would, with the old nonce,
+     * if the random source failed below). */
+    peer->challenged = false;
     if (!kvs__secured(h))
         return false;
     kvs_msg_t msg = {.type = KVS_MSG_HELLO};

@@ -257,12 +257,27 @@ static void test_auth_edges_out_of_place_dropped(void **state)
     edge_destroy(cl);
 }
 
-/* One millisecond of the cluster: the handshakes take microseconds, and
+/* ms milliseconds of the cluster: a handshake takes microseconds, and
  * nothing is sent again before 2 ms (edge_run would wait for the decode's
  * unanswered HELLO to p0, which it sends again for ever). */
-static void run_1ms(edge_cluster_t *cl)
+static void run_ms(edge_cluster_t *cl, uint64_t ms)
 {
-    sim_engine_run(cl->eng, sim_engine_now_ns(cl->eng) + 1000000u, EDGE_EVENT_BUDGET);
+    sim_engine_run(cl->eng, sim_engine_now_ns(cl->eng) + ms * 1000000u, EDGE_EVENT_BUDGET);
+}
+
+/* The control messages waiting at p0's NIC (its handler dropped), ACKs
+ * left out. */
+static int p0_inbox(edge_node_t *p0, kvs_msg_t *out, int max)
+{
+    kvs_fabric_t *fab = sim_nic_fabric(p0->nic);
+    kvs_completion_t cqe;
+    int n = 0;
+    while (fab->ops.poll(fab, &cqe, 1) == 1)
+        if (cqe.kind == KVS_COMPLETION_RECV && n < max &&
+            kvs__wire_decode(cqe.msg, cqe.len_bytes, &out[n]) == KVS_OK &&
+            out[n].type != KVS_MSG_ACK)
+            n++;
+    return n;
 }
 
 /* A prefill that skips its challenge: p0 (its handler gone, its NIC
@@ -279,7 +294,7 @@ static void test_auth_edges_ack_before_challenge_refused(void **state)
     edge_node_t *d = edge_decode(cl, 0), *p0 = edge_prefill(cl, 0);
     edge_rank_drop(p0);
     edge_connect(cl, 0);
-    run_1ms(cl);
+    run_ms(cl, 1);
     assert_int_equal(kvs_decode_peers_ready(d->dec), 1); /* p1 */
     const uint64_t rejected = edge_stats(d).msgs_rejected;
     kvs_msg_t ack = {.type = KVS_MSG_REGISTER_ACK};
@@ -287,10 +302,64 @@ static void test_auth_edges_ack_before_challenge_refused(void **state)
     ack.u.ack = (kvs_msg_register_ack_t){.echo = EDGE_DECODE_SESSION, .status = KVS_OK};
     kvs_fabric_t *p0fab = sim_nic_fabric(p0->nic);
     edge_send(cl, p0fab, edge_conn(p0fab, "d0"), &ack);
-    run_1ms(cl);
+    run_ms(cl, 1);
     assert_int_equal(kvs_decode_peers_ready(d->dec), 1);
     assert_int_equal(edge_stats(d).msgs_rejected, rejected + 1);
     assert_int_equal(edge_stats(d).auth_refused, 0);
+    edge_destroy(cl);
+}
+
+static int random_fails(kvs_fabric_t *fab, void *buf, size_t len_bytes)
+{
+    (void)fab;
+    (void)buf;
+    (void)len_bytes;
+    return KVS_EBACKEND;
+}
+
+/* The decode's connection to p0 dies with its HELLO unanswered, and its
+ * random source fails when it connects again (it refuses p0: no nonce, no
+ * HELLO). The CHALLENGE that answers the old HELLO, sent on the new
+ * connection, gets no REGISTER: the old connection's nonce is not this
+ * one's (found by fuzz_auth: the decode sent its ring key). */
+static void test_auth_edges_old_challenge_on_new_connection(void **state)
+{
+    (void)state;
+    edge_opts_t o = opts(SECRET_A, SECRET_A);
+    o.no_connect = true;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_node_t *d = edge_decode(cl, 0), *p0 = edge_prefill(cl, 0);
+    kvs_fabric_t *p0fab = sim_nic_fabric(p0->nic);
+    edge_rank_drop(p0);
+    edge_connect(cl, 0);
+    run_ms(cl, 1);
+    kvs_msg_t got[8];
+    assert_int_equal(p0_inbox(p0, got, 8), 1);
+    assert_int_equal(got[0].type, KVS_MSG_HELLO);
+
+    /* What a prefill with the secret answers that HELLO with. */
+    kvs_msg_t chal = {.type = KVS_MSG_CHALLENGE};
+    chal.session = EDGE_PREFILL_SESSION;
+    chal.u.challenge.echo = EDGE_DECODE_SESSION;
+    chal.u.challenge.secured = 1;
+    memset(chal.u.challenge.nonce.b, 0x44, 32);
+    kvs__secret_t s;
+    char why[256];
+    assert_int_equal(kvs__secret_load(NULL, SECRET_A, &s, why, sizeof why), KVS_OK);
+    kvs__auth_prefill_proof(&s, &got[0].u.hello.nonce, &chal.u.challenge.nonce,
+                            EDGE_DECODE_SESSION, EDGE_PREFILL_SESSION, &chal.u.challenge.proof);
+    kvs__secret_wipe(&s);
+
+    sim_nic_fabric(d->nic)->ops.random_bytes = random_fails;
+    p0fab->ops.disconnect(p0fab, edge_conn(p0fab, "d0"));
+    run_ms(cl, 5); /* the decode connects again after 2 ms, and refuses p0 */
+    assert_int_equal(edge_stats(d).auth_refused, 1);
+    assert_int_equal(p0_inbox(p0, got, 8), 0);
+
+    edge_send(cl, p0fab, edge_conn(p0fab, "d0"), &chal);
+    run_ms(cl, 1);
+    assert_int_equal(p0_inbox(p0, got, 8), 0); /* no REGISTER */
+    assert_int_equal(kvs_decode_peers_ready(d->dec), 1); /* p1 */
     edge_destroy(cl);
 }
 
@@ -305,6 +374,7 @@ int main(void)
         cmocka_unit_test(test_auth_edges_stranger_and_replay_refused),
         cmocka_unit_test(test_auth_edges_out_of_place_dropped),
         cmocka_unit_test(test_auth_edges_ack_before_challenge_refused),
+        cmocka_unit_test(test_auth_edges_old_challenge_on_new_connection),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
