@@ -11,6 +11,8 @@
 #include "edge_cluster.h"
 
 #include "auth.h"
+#include "fake_backend.h"
+#include "handler.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -363,6 +365,74 @@ static void test_auth_edges_old_challenge_on_new_connection(void **state)
     edge_destroy(cl);
 }
 
+static int random_ok(kvs_fabric_t *fab, void *buf, size_t len_bytes)
+{
+    (void)fab;
+    memset(buf, 0x77, len_bytes);
+    return KVS_OK;
+}
+
+static bool challenge_pending(const kvs__handler_t *h, const kvs_conn_t *conn)
+{
+    for (uint32_t i = 0; i < h->hs.cap; i++)
+        if (h->hs.v[i].conn == conn)
+            return true;
+    return false;
+}
+
+/* A prefill keeps one pending challenge per connection in a table of its
+ * links' size; a HELLO that finds it full drops the oldest challenge (found
+ * by fuzz_auth: it dropped the first slot's, however young). A prefill on
+ * the fake backend, the HELLOs handed to its handshake directly. */
+static void test_auth_edges_full_challenge_table_drops_oldest(void **state)
+{
+    (void)state;
+    fake_device_t dev;
+    fake_fabric_t fab;
+    fake_device_setup(&dev);
+    fake_fabric_setup(&fab, KVS_FABRIC_CAP_WRITE_IMM);
+    fab.base.ops.random_bytes = random_ok;
+    const kvs_manager_config_t c = {
+        .role = KVS_ROLE_PREFILL, .staging = true, .total_heads = 4, .head_dim = 16,
+        .dtype = KVS_DTYPE_BF16, .layers = 2, .page_size = 4, .tp_rank = 0, .tp_size = 2,
+        .pp_size = 1, .peer_tp_size = 1, .chunk_tokens = 16, .transfer_workers = 1,
+        .max_rooms = 4, .max_inflight_writes = 4, .max_peers = 2, .secret_env = SECRET_A,
+        .log = {.level = KVS_LOG_OFF}};
+    const uint64_t k_base[2] = {0x10000, 0x20000}, v_base[2] = {0x30000, 0x40000};
+    const kvs_kv_buffers_t kv = {.num_layers = 2, .k_base = k_base, .v_base = v_base,
+                                 .local_heads = 2, .page_size = 4, .num_pages = 16};
+    kvs_manager_t *m = NULL;
+    kvs_prefill_t *p = NULL;
+    kvs_error_t err;
+    assert_int_equal(kvs_manager_create(&c, &dev.base, &fab.base, &m, &err), KVS_OK);
+    assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_register_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &kv), KVS_OK);
+    assert_int_equal(kvs_prefill_create(m, &p), KVS_OK);
+    kvs__handler_t *h = (kvs__handler_t *)p; /* embedded first */
+
+    char tags[64];
+    const uint32_t cap = h->hs.cap;
+    assert_true(cap >= 3 && cap < sizeof tags);
+    kvs_conn_t *conn[sizeof tags];
+    for (uint32_t i = 0; i <= cap; i++)
+        conn[i] = (kvs_conn_t *)(void *)&tags[i];
+    kvs_msg_t hello = {.type = KVS_MSG_HELLO, .session = 7};
+    for (uint32_t i = 0; i < cap; i++)
+        kvs__handshake_on_hello(h, conn[i], &hello);
+    kvs__handshake_on_hello(h, conn[0], &hello); /* again: now the youngest */
+    kvs__handshake_on_hello(h, conn[cap], &hello); /* full: conn 1's goes */
+    assert_false(challenge_pending(h, conn[1]));
+    assert_true(challenge_pending(h, conn[0]));
+    for (uint32_t i = 2; i <= cap; i++)
+        assert_true(challenge_pending(h, conn[i]));
+
+    kvs_prefill_destroy(p);
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+    assert_int_equal(dev.live_allocs, 0);
+    assert_int_equal(fab.live_mrs, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -375,6 +445,7 @@ int main(void)
         cmocka_unit_test(test_auth_edges_out_of_place_dropped),
         cmocka_unit_test(test_auth_edges_ack_before_challenge_refused),
         cmocka_unit_test(test_auth_edges_old_challenge_on_new_connection),
+        cmocka_unit_test(test_auth_edges_full_challenge_table_drops_oldest),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
