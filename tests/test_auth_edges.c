@@ -282,6 +282,22 @@ static int p0_inbox(edge_node_t *p0, kvs_msg_t *out, int max)
     return n;
 }
 
+/* The secret on both sides, and p0 without its handler: the decode's HELLO
+ * to p0 waits at p0's NIC, p1 registers, and the test speaks as p0. */
+static edge_cluster_t *p0_silent(edge_node_t **d, edge_node_t **p0)
+{
+    edge_opts_t o = opts(SECRET_A, SECRET_A);
+    o.no_connect = true;
+    edge_cluster_t *cl = edge_create(&o);
+    *d = edge_decode(cl, 0);
+    *p0 = edge_prefill(cl, 0);
+    edge_rank_drop(*p0);
+    edge_connect(cl, 0);
+    run_ms(cl, 1);
+    assert_int_equal(kvs_decode_peers_ready((*d)->dec), 1); /* p1 */
+    return cl;
+}
+
 /* A prefill that skips its challenge: p0 (its handler gone, its NIC
  * speaking) answers the decode's HELLO with an OK REGISTER_ACK straight
  * away. The decode never sent p0 a REGISTER, so the answer is forged: it
@@ -290,14 +306,8 @@ static int p0_inbox(edge_node_t *p0, kvs_msg_t *out, int max)
 static void test_auth_edges_ack_before_challenge_refused(void **state)
 {
     (void)state;
-    edge_opts_t o = opts(SECRET_A, SECRET_A);
-    o.no_connect = true;
-    edge_cluster_t *cl = edge_create(&o);
-    edge_node_t *d = edge_decode(cl, 0), *p0 = edge_prefill(cl, 0);
-    edge_rank_drop(p0);
-    edge_connect(cl, 0);
-    run_ms(cl, 1);
-    assert_int_equal(kvs_decode_peers_ready(d->dec), 1); /* p1 */
+    edge_node_t *d, *p0;
+    edge_cluster_t *cl = p0_silent(&d, &p0);
     const uint64_t rejected = edge_stats(d).msgs_rejected;
     kvs_msg_t ack = {.type = KVS_MSG_REGISTER_ACK};
     ack.session = EDGE_PREFILL_SESSION;
@@ -327,14 +337,9 @@ static int random_fails(kvs_fabric_t *fab, void *buf, size_t len_bytes)
 static void test_auth_edges_old_challenge_on_new_connection(void **state)
 {
     (void)state;
-    edge_opts_t o = opts(SECRET_A, SECRET_A);
-    o.no_connect = true;
-    edge_cluster_t *cl = edge_create(&o);
-    edge_node_t *d = edge_decode(cl, 0), *p0 = edge_prefill(cl, 0);
+    edge_node_t *d, *p0;
+    edge_cluster_t *cl = p0_silent(&d, &p0);
     kvs_fabric_t *p0fab = sim_nic_fabric(p0->nic);
-    edge_rank_drop(p0);
-    edge_connect(cl, 0);
-    run_ms(cl, 1);
     kvs_msg_t got[8];
     assert_int_equal(p0_inbox(p0, got, 8), 1);
     assert_int_equal(got[0].type, KVS_MSG_HELLO);
