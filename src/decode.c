@@ -263,6 +263,7 @@ static void kvs__send_register(kvs_decode_t *d, kvs__peer_t *p)
         .layers_total = direct ? m->kv.num_layers : 0};
     kvs__handshake_sign(&d->h, p, &msg);
     kvs__send(&d->h, p, &msg);
+    p->registered = true;
     for (int64_t first = 0; direct && first < m->kv.num_layers; first += KVS_WIRE_LAYERS_PER_MSG) {
         kvs_msg_t lm = {.type = KVS_MSG_LAYERS};
         lm.u.layers.first = first;
@@ -281,6 +282,7 @@ static void kvs__send_register(kvs_decode_t *d, kvs__peer_t *p)
  * REGISTER follows its CHALLENGE), else the REGISTER at once. */
 static void kvs__register(kvs_decode_t *d, kvs__peer_t *p)
 {
+    p->registered = false; /* a new connection: nothing is acknowledged on it yet */
     if (!kvs__handshake_open(&d->h, p))
         kvs__send_register(d, p);
     else if (p->refused == KVS_EAUTH)
@@ -453,7 +455,9 @@ static void kvs__on_ack(kvs__handler_t *h, kvs_conn_t *conn, kvs__peer_t *p,
 {
     kvs_decode_t *d = kvs__dec(h);
     const kvs_msg_register_ack_t *a = &msg->u.ack;
-    if (p == NULL || p->conn != conn || a->echo != h->session) {
+    /* An answer to a REGISTER this connection never carried (with a secret:
+     * from a prefill that skipped its challenge, or failed it) is forged. */
+    if (p == NULL || p->conn != conn || !p->registered || a->echo != h->session) {
         kvs__reject(h);
         return;
     }

@@ -70,6 +70,10 @@ static void kvs__auth_refuse(kvs__handler_t *h, kvs_conn_t *conn, const char *wh
 
 bool kvs__handshake_open(kvs__handler_t *h, kvs__peer_t *peer)
 {
+    /* A new connection: a HELLO of the last one is not this one's, and a
+     * CHALLENGE to it must not pass here (it would, with the old nonce,
+     * if the random source failed below). */
+    peer->challenged = false;
     if (!kvs__secured(h))
         return false;
     kvs_msg_t msg = {.type = KVS_MSG_HELLO};
@@ -136,9 +140,10 @@ void kvs__handshake_on_hello(kvs__handler_t *h, kvs_conn_t *conn, const kvs_msg_
         for (uint32_t i = 0; slot == NULL && i < hs->cap; i++)
             if (hs->v[i].conn == NULL)
                 slot = &hs->v[i];
-        for (uint32_t i = 0; slot == NULL && i < hs->cap; i++) /* full: the oldest goes */
-            if (slot == NULL || hs->v[i].seq < slot->seq)
-                slot = &hs->v[i];
+        if (slot == NULL) /* full: the oldest goes */
+            for (uint32_t i = 0; i < hs->cap; i++)
+                if (slot == NULL || hs->v[i].seq < slot->seq)
+                    slot = &hs->v[i];
         if (slot == NULL || kvs__net_random(h->fab, c->nonce.b, sizeof c->nonce.b) != KVS_OK) {
             kvs__auth_refuse(h, conn, "no challenge could be made (random source failed)");
             return;

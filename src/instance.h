@@ -59,6 +59,9 @@ typedef struct kvs__peer {
     char *name;                  /* decode: its fabric address, NULL unknown */
     uint64_t reconnect_ns, reconnect_wait_ns;
     kvs__target_t tgt;           /* prefill */
+    /* decode: its REGISTER went on conn, so a REGISTER_ACK may come (with a
+     * cluster secret only after the prefill proved it) */
+    bool registered;
     /* decode, with a cluster secret (handshake.h): its HELLO is out */
     bool challenged;
     kvs_b32_t nonce, peer_nonce; /* this side's and the prefill's */

@@ -11,6 +11,8 @@
 #include "edge_cluster.h"
 
 #include "auth.h"
+#include "fake_backend.h"
+#include "handler.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -257,6 +259,185 @@ static void test_auth_edges_out_of_place_dropped(void **state)
     edge_destroy(cl);
 }
 
+/* ms milliseconds of the cluster: a handshake takes microseconds, and
+ * nothing is sent again before 2 ms (edge_run would wait for the decode's
+ * unanswered HELLO to p0, which it sends again for ever). */
+static void run_ms(edge_cluster_t *cl, uint64_t ms)
+{
+    sim_engine_run(cl->eng, sim_engine_now_ns(cl->eng) + ms * 1000000u, EDGE_EVENT_BUDGET);
+}
+
+/* The control messages waiting at p0's NIC (its handler dropped), ACKs
+ * left out. */
+static int p0_inbox(edge_node_t *p0, kvs_msg_t *out, int max)
+{
+    kvs_fabric_t *fab = sim_nic_fabric(p0->nic);
+    kvs_completion_t cqe;
+    int n = 0;
+    while (fab->ops.poll(fab, &cqe, 1) == 1)
+        if (cqe.kind == KVS_COMPLETION_RECV && n < max &&
+            kvs__wire_decode(cqe.msg, cqe.len_bytes, &out[n]) == KVS_OK &&
+            out[n].type != KVS_MSG_ACK)
+            n++;
+    return n;
+}
+
+/* The secret on both sides, and p0 without its handler: the decode's HELLO
+ * to p0 waits at p0's NIC, p1 registers, and the test speaks as p0. */
+static edge_cluster_t *p0_silent(edge_node_t **d, edge_node_t **p0)
+{
+    edge_opts_t o = opts(SECRET_A, SECRET_A);
+    o.no_connect = true;
+    edge_cluster_t *cl = edge_create(&o);
+    *d = edge_decode(cl, 0);
+    *p0 = edge_prefill(cl, 0);
+    edge_rank_drop(*p0);
+    edge_connect(cl, 0);
+    run_ms(cl, 1);
+    assert_int_equal(kvs_decode_peers_ready((*d)->dec), 1); /* p1 */
+    return cl;
+}
+
+/* A prefill that skips its challenge: p0 (its handler gone, its NIC
+ * speaking) answers the decode's HELLO with an OK REGISTER_ACK straight
+ * away. The decode never sent p0 a REGISTER, so the answer is forged: it
+ * is dropped and counted, and p0 is not ready (found by fuzz_auth: the
+ * decode took it and sent p0 its watermark). p1 registers as usual. */
+static void test_auth_edges_ack_before_challenge_refused(void **state)
+{
+    (void)state;
+    edge_node_t *d, *p0;
+    edge_cluster_t *cl = p0_silent(&d, &p0);
+    const uint64_t rejected = edge_stats(d).msgs_rejected;
+    kvs_msg_t ack = {.type = KVS_MSG_REGISTER_ACK};
+    ack.session = EDGE_PREFILL_SESSION;
+    ack.u.ack = (kvs_msg_register_ack_t){.echo = EDGE_DECODE_SESSION, .status = KVS_OK};
+    kvs_fabric_t *p0fab = sim_nic_fabric(p0->nic);
+    edge_send(cl, p0fab, edge_conn(p0fab, "d0"), &ack);
+    run_ms(cl, 1);
+    assert_int_equal(kvs_decode_peers_ready(d->dec), 1);
+    assert_int_equal(edge_stats(d).msgs_rejected, rejected + 1);
+    assert_int_equal(edge_stats(d).auth_refused, 0);
+    edge_destroy(cl);
+}
+
+static int random_fails(kvs_fabric_t *fab, void *buf, size_t len_bytes)
+{
+    (void)fab;
+    (void)buf;
+    (void)len_bytes;
+    return KVS_EBACKEND;
+}
+
+/* The decode's connection to p0 dies with its HELLO unanswered, and its
+ * random source fails when it connects again (it refuses p0: no nonce, no
+ * HELLO). The CHALLENGE that answers the old HELLO, sent on the new
+ * connection, gets no REGISTER: the old connection's nonce is not this
+ * one's (found by fuzz_auth: the decode sent its ring key). */
+static void test_auth_edges_old_challenge_on_new_connection(void **state)
+{
+    (void)state;
+    edge_node_t *d, *p0;
+    edge_cluster_t *cl = p0_silent(&d, &p0);
+    kvs_fabric_t *p0fab = sim_nic_fabric(p0->nic);
+    kvs_msg_t got[8];
+    assert_int_equal(p0_inbox(p0, got, 8), 1);
+    assert_int_equal(got[0].type, KVS_MSG_HELLO);
+
+    /* What a prefill with the secret answers that HELLO with. */
+    kvs_msg_t chal = {.type = KVS_MSG_CHALLENGE};
+    chal.session = EDGE_PREFILL_SESSION;
+    chal.u.challenge.echo = EDGE_DECODE_SESSION;
+    chal.u.challenge.secured = 1;
+    memset(chal.u.challenge.nonce.b, 0x44, 32);
+    kvs__secret_t s;
+    char why[256];
+    assert_int_equal(kvs__secret_load(NULL, SECRET_A, &s, why, sizeof why), KVS_OK);
+    kvs__auth_prefill_proof(&s, &got[0].u.hello.nonce, &chal.u.challenge.nonce,
+                            EDGE_DECODE_SESSION, EDGE_PREFILL_SESSION, &chal.u.challenge.proof);
+    kvs__secret_wipe(&s);
+
+    sim_nic_fabric(d->nic)->ops.random_bytes = random_fails;
+    p0fab->ops.disconnect(p0fab, edge_conn(p0fab, "d0"));
+    run_ms(cl, 5); /* the decode connects again after 2 ms, and refuses p0 */
+    assert_int_equal(edge_stats(d).auth_refused, 1);
+    assert_int_equal(p0_inbox(p0, got, 8), 0);
+
+    edge_send(cl, p0fab, edge_conn(p0fab, "d0"), &chal);
+    run_ms(cl, 1);
+    assert_int_equal(p0_inbox(p0, got, 8), 0); /* no REGISTER */
+    assert_int_equal(kvs_decode_peers_ready(d->dec), 1); /* p1 */
+    edge_destroy(cl);
+}
+
+static int random_ok(kvs_fabric_t *fab, void *buf, size_t len_bytes)
+{
+    (void)fab;
+    memset(buf, 0x77, len_bytes);
+    return KVS_OK;
+}
+
+static bool challenge_pending(const kvs__handler_t *h, const kvs_conn_t *conn)
+{
+    for (uint32_t i = 0; i < h->hs.cap; i++)
+        if (h->hs.v[i].conn == conn)
+            return true;
+    return false;
+}
+
+/* A prefill keeps one pending challenge per connection in a table of its
+ * links' size; a HELLO that finds it full drops the oldest challenge (found
+ * by fuzz_auth: it dropped the first slot's, however young). A prefill on
+ * the fake backend, the HELLOs handed to its handshake directly. */
+static void test_auth_edges_full_challenge_table_drops_oldest(void **state)
+{
+    (void)state;
+    fake_device_t dev;
+    fake_fabric_t fab;
+    fake_device_setup(&dev);
+    fake_fabric_setup(&fab, KVS_FABRIC_CAP_WRITE_IMM);
+    fab.base.ops.random_bytes = random_ok;
+    const kvs_manager_config_t c = {
+        .role = KVS_ROLE_PREFILL, .staging = true, .total_heads = 4, .head_dim = 16,
+        .dtype = KVS_DTYPE_BF16, .layers = 2, .page_size = 4, .tp_rank = 0, .tp_size = 2,
+        .pp_size = 1, .peer_tp_size = 1, .chunk_tokens = 16, .transfer_workers = 1,
+        .max_rooms = 4, .max_inflight_writes = 4, .max_peers = 2, .secret_env = SECRET_A,
+        .log = {.level = KVS_LOG_OFF}};
+    const uint64_t k_base[2] = {0x10000, 0x20000}, v_base[2] = {0x30000, 0x40000};
+    const kvs_kv_buffers_t kv = {.num_layers = 2, .k_base = k_base, .v_base = v_base,
+                                 .local_heads = 2, .page_size = 4, .num_pages = 16};
+    kvs_manager_t *m = NULL;
+    kvs_prefill_t *p = NULL;
+    kvs_error_t err;
+    assert_int_equal(kvs_manager_create(&c, &dev.base, &fab.base, &m, &err), KVS_OK);
+    assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_register_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &kv), KVS_OK);
+    assert_int_equal(kvs_prefill_create(m, &p), KVS_OK);
+    kvs__handler_t *h = (kvs__handler_t *)p; /* embedded first */
+
+    char tags[64];
+    const uint32_t cap = h->hs.cap;
+    assert_true(cap >= 3 && cap < sizeof tags);
+    kvs_conn_t *conn[sizeof tags];
+    for (uint32_t i = 0; i <= cap; i++)
+        conn[i] = (kvs_conn_t *)(void *)&tags[i];
+    kvs_msg_t hello = {.type = KVS_MSG_HELLO, .session = 7};
+    for (uint32_t i = 0; i < cap; i++)
+        kvs__handshake_on_hello(h, conn[i], &hello);
+    kvs__handshake_on_hello(h, conn[0], &hello); /* again: now the youngest */
+    kvs__handshake_on_hello(h, conn[cap], &hello); /* full: conn 1's goes */
+    assert_false(challenge_pending(h, conn[1]));
+    assert_true(challenge_pending(h, conn[0]));
+    for (uint32_t i = 2; i <= cap; i++)
+        assert_true(challenge_pending(h, conn[i]));
+
+    kvs_prefill_destroy(p);
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+    assert_int_equal(dev.live_allocs, 0);
+    assert_int_equal(fab.live_mrs, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -267,6 +448,9 @@ int main(void)
         cmocka_unit_test(test_auth_edges_wrong_secret_refused),
         cmocka_unit_test(test_auth_edges_stranger_and_replay_refused),
         cmocka_unit_test(test_auth_edges_out_of_place_dropped),
+        cmocka_unit_test(test_auth_edges_ack_before_challenge_refused),
+        cmocka_unit_test(test_auth_edges_old_challenge_on_new_connection),
+        cmocka_unit_test(test_auth_edges_full_challenge_table_drops_oldest),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
