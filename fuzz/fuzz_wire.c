@@ -43,16 +43,14 @@ static void local_fingerprint(kvs_fingerprint_t *out)
     kvs__fingerprint(&lay, KVS_PATH_STAGING, &(kvs_manager_config_t){0}, out);
 }
 
-/* The fields kvs__fingerprint_check compares (spec §7.1): all of them. */
+/* The fields kvs__fingerprint_check compares (spec §7.1): all of them,
+ * taken from the wire's own field list, so a field added to the
+ * fingerprint is compared here at once; a check that forgets it is caught. */
 static bool fingerprint_equal(const kvs_fingerprint_t *a, const kvs_fingerprint_t *b)
 {
-    return a->protocol_version == b->protocol_version && a->staging == b->staging &&
-           a->total_heads == b->total_heads && a->head_dim == b->head_dim &&
-           a->layers == b->layers && a->page_size == b->page_size &&
-           a->chunk_tokens == b->chunk_tokens && a->dtype == b->dtype &&
-           a->prefill_tp == b->prefill_tp && a->decode_tp == b->decode_tp &&
-           a->prefill_pp == b->prefill_pp && a->decode_pp == b->decode_pp &&
-           a->app_tag == b->app_tag;
+#define KVS__FUZZ_FP_EQ(kind, name) &&a->name == b->name
+    return true KVS_WIRE_FP_FIELDS(KVS__FUZZ_FP_EQ);
+#undef KVS__FUZZ_FP_EQ
 }
 
 static void check_fingerprint(const kvs_fingerprint_t *theirs, uint32_t short_bytes)
