@@ -125,22 +125,13 @@ static int kvs__link_post_at(kvs__links_t *ls, kvs__link_t *l, uint32_t pos)
     return kvs__link_post(ls, l, bytes, len, type);
 }
 
-/* Byte position of queued message i (0 = the oldest). */
-static uint32_t kvs__link_pos(const kvs__link_t *l, uint32_t i)
-{
-    uint32_t pos = l->q_start;
-    while (i-- > 0)
-        pos += KVS__LINK_ENTRY_HDR + kvs__get32(l->q + pos + 4);
-    return pos;
-}
-
 /* Posts the messages that never went out, oldest first, until the fabric
  * refuses one (its send queue is full: a later tick goes on). */
 static void kvs__link_flush(kvs__links_t *ls, kvs__link_t *l)
 {
     if (l->q_unsent == 0 || l->dead)
         return;
-    uint32_t pos = kvs__link_pos(l, l->q_count - l->q_unsent);
+    uint32_t pos = l->q_unsent_pos;
     while (l->q_unsent > 0 && kvs__link_post_at(ls, l, pos) == KVS_OK) {
         if (l->timed_seq == 0) { /* none timed: time this one, sent once so far */
             l->timed_seq = kvs__get32(l->q + pos);
@@ -149,6 +140,7 @@ static void kvs__link_flush(kvs__links_t *ls, kvs__link_t *l)
         pos += KVS__LINK_ENTRY_HDR + kvs__get32(l->q + pos + 4);
         l->q_unsent--;
     }
+    l->q_unsent_pos = pos;
 }
 
 /* Room for `need` more bytes at the end of the queue: compacts, then grows. */
@@ -159,6 +151,7 @@ static int kvs__link_reserve(kvs__link_t *l, uint32_t need)
     const uint32_t used = l->q_end - l->q_start;
     if (l->q_start > 0 && l->q_cap - used >= need) {
         memmove(l->q, l->q + l->q_start, used);
+        l->q_unsent_pos -= l->q_start;
         l->q_start = 0;
         l->q_end = used;
         return KVS_OK;
@@ -176,6 +169,7 @@ static int kvs__link_reserve(kvs__link_t *l, uint32_t need)
     free(l->q);
     l->q = q;
     l->q_cap = (uint32_t)cap;
+    l->q_unsent_pos -= l->q_start;
     l->q_start = 0;
     l->q_end = used;
     return KVS_OK;
@@ -203,6 +197,8 @@ int kvs__link_send(kvs__links_t *ls, kvs_conn_t *conn, const kvs_msg_t *msg)
     kvs__put32(e, m.seq);
     kvs__put32(e + 4, len);
     memcpy(e + KVS__LINK_ENTRY_HDR, buf, len);
+    if (l->q_unsent == 0)
+        l->q_unsent_pos = l->q_end;
     l->q_end += KVS__LINK_ENTRY_HDR + len;
     if (l->q_count++ == 0) {
         l->waiting_since_ns = kvs__link_now(ls);
@@ -236,8 +232,10 @@ static void kvs__link_acked(kvs__links_t *ls, kvs__link_t *l, uint32_t cum)
     }
     if (l->q_count == 0)
         l->q_start = l->q_end = 0;
-    if (l->q_unsent > l->q_count) /* a forged ACK of messages never sent */
+    if (l->q_unsent >= l->q_count) { /* >: a forged ACK of messages never sent */
         l->q_unsent = l->q_count;
+        l->q_unsent_pos = l->q_start;
+    }
     if (!moved)
         return;
     const uint64_t now_ns = kvs__link_now(ls);

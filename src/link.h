@@ -91,6 +91,8 @@ typedef struct kvs__link {
     uint32_t q_unsent;         /* the newest q_unsent queued are not out (a
                                   post was refused): they go, in order, before
                                   any newer one */
+    uint32_t q_unsent_pos;     /* byte position of the oldest of them (a
+                                  send finds it without walking the queue) */
     uint64_t rto_ns, retry_ns; /* current timeout; when the queue goes again */
     kvs__rtt_t rtt;            /* the path's round trip, from the ACKs */
     uint32_t timed_seq;        /* the message being timed, 0 for none: posted
