@@ -167,7 +167,9 @@ struct harness {
     bool rng_fresh[2];
     step_t st;
     /* captured */
-    post_t out[OUTBOX_MAX];
+    post_t slot[OUTBOX_MAX];   /* the posts kept, in the slots order[] names */
+    uint8_t order[OUTBOX_MAX]; /* slots, oldest post first: [0, nout) in use,
+                                  the rest free (only these bytes move) */
     uint32_t nout;
     kvs_msg_t reg_tmpl;        /* the decode's last REGISTER (or one made alike) */
     bool have_chal;
@@ -245,15 +247,26 @@ static int writer_of(const harness_t *h, uint32_t k)
     return -1;
 }
 
+static post_t *outbox_at(harness_t *h, uint32_t i)
+{
+    return &h->slot[h->order[i]];
+}
+
+/* Takes the post at i out of the order; its slot becomes the first free. */
+static void outbox_remove(harness_t *h, uint32_t i)
+{
+    const uint8_t s = h->order[i];
+    memmove(&h->order[i], &h->order[i + 1], h->nout - i - 1u);
+    h->order[--h->nout] = s;
+}
+
 static void outbox_push(harness_t *h, side_t side, uint32_t conn, const void *b, uint32_t len)
 {
     if (len > OUT_BYTES)
         return;
-    if (h->nout == OUTBOX_MAX) {
-        memmove(&h->out[0], &h->out[1], (OUTBOX_MAX - 1u) * sizeof h->out[0]);
-        h->nout--;
-    }
-    post_t *p = &h->out[h->nout++];
+    if (h->nout == OUTBOX_MAX)
+        outbox_remove(h, 0);
+    post_t *p = outbox_at(h, h->nout++);
     p->side = side;
     p->conn = conn;
     p->len = len;
@@ -263,16 +276,12 @@ static void outbox_push(harness_t *h, side_t side, uint32_t conn, const void *b,
 /* The oldest post of side on conn, -1 when none. */
 static int outbox_find(const harness_t *h, side_t side, uint32_t conn)
 {
-    for (uint32_t i = 0; i < h->nout; i++)
-        if (h->out[i].side == side && h->out[i].conn == conn)
+    for (uint32_t i = 0; i < h->nout; i++) {
+        const post_t *p = &h->slot[h->order[i]];
+        if (p->side == side && p->conn == conn)
             return (int)i;
+    }
     return -1;
-}
-
-static void outbox_remove(harness_t *h, uint32_t i)
-{
-    memmove(&h->out[i], &h->out[i + 1], (h->nout - i - 1u) * sizeof h->out[0]);
-    h->nout--;
 }
 
 static void on_decode_sent(harness_t *h, uint32_t k, const kvs_msg_t *m)
@@ -865,7 +874,7 @@ static void op_relay(harness_t *h, input_t *in, side_t from)
     const int i = outbox_find(h, from, src);
     if (i < 0)
         return;
-    post_t p = h->out[i];
+    post_t p = *outbox_at(h, (uint32_t)i);
     if (!(b & 0x40u))
         outbox_remove(h, (uint32_t)i);
     deliver(h, from == SIDE_D ? SIDE_P : SIDE_D, dst, p.b, p.len);
@@ -1036,6 +1045,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     h->key[SIDE_P] = keys[(mode >> 2) & 3u];
     for (int w = 0; w < WRITERS; w++)
         h->dw[w].conn = -1;
+    for (uint32_t i = 0; i < OUTBOX_MAX; i++)
+        h->order[i] = (uint8_t)i;
     make_side(h, SIDE_D, envs[mode & 3u]);
     make_side(h, SIDE_P, envs[(mode >> 2) & 3u]);
     h->pend_cap = kvs__prefill_links(h->pre)->cap;
