@@ -156,7 +156,14 @@ void cli_serve_usage(FILE *out)
             "                        prefill rank 0 (stage 0), so the peer's NIC fails it\n"
             "  --fault hostile-write:N prefill: move that write 256 KiB past its place,\n"
             "                        outside its region, under the key it was given: only\n"
-            "                        a region-scoped key (ofi tcp) stops it\n"
+            "                        a region-scoped key (verbs, ofi tcp) stops it\n"
+            "  --fault stale-write:N prefill: let that write go, then post it again, as it\n"
+            "                        was, once the rank's rooms are over (its region freed):\n"
+            "                        it must fail with a remote access error (KVS_EREMOTE)\n"
+            "  --fault replay-registration decode: at the end, send what rank 0 sent on its\n"
+            "                        first connection until registered (HELLO, REGISTER)\n"
+            "                        again on a new one: a prefill with --secret-file must\n"
+            "                        refuse it (its auth_refused counts it)\n"
             "  --fault hold-from:R   prefill: open its rooms from room R on but never compute\n"
             "                        them; once its rooms before R are over, rank 0 says so\n"
             "                        on stderr (\"holding its rooms\"): kill the process then\n"
@@ -257,19 +264,43 @@ static int cli_serve_prompt(const char *text, int64_t *min, int64_t *max)
     return rc;
 }
 
-/* --fault write-error:N, hostile-write:N or hold-from:R into the plan. */
+/* The write faults, by name (serve_fault.h). */
+static const struct {
+    const char *name; /* with its colon */
+    const char *flag; /* as an error names it */
+    cli_fault_kind_t kind;
+} cli_serve_write_faults[] = {
+    {"write-error:", "--fault write-error", CLI_FAULT_WRITE_ERROR},
+    {"hostile-write:", "--fault hostile-write", CLI_FAULT_HOSTILE_WRITE},
+    {"stale-write:", "--fault stale-write", CLI_FAULT_STALE_WRITE},
+};
+
+static const char *cli_serve_write_fault_flag(cli_fault_kind_t kind)
+{
+    for (size_t i = 0; i < sizeof cli_serve_write_faults / sizeof cli_serve_write_faults[0]; i++)
+        if (cli_serve_write_faults[i].kind == kind)
+            return cli_serve_write_faults[i].flag;
+    return "--fault";
+}
+
+/* --fault write-error:N, hostile-write:N, stale-write:N or hold-from:R
+ * into the plan. */
 static int cli_serve_fault(const char *text, cli_serve_plan_t *plan)
 {
-    static const char write_error[] = "write-error:", hostile_write[] = "hostile-write:",
-                      hold_from[] = "hold-from:";
+    static const char hold_from[] = "hold-from:";
     int64_t n = 0;
-    const bool hostile = strncmp(text, hostile_write, sizeof hostile_write - 1) == 0;
-    if (hostile || strncmp(text, write_error, sizeof write_error - 1) == 0) {
-        int rc = cli_parse_i64(CLI_SERVE_CMD, hostile ? "--fault hostile-write"
-                                                      : "--fault write-error",
-                               strchr(text, ':') + 1, 1, INT64_C(1) << 40, &n);
+    if (strcmp(text, "replay-registration") == 0) {
+        plan->replay_registration = true;
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof cli_serve_write_faults / sizeof cli_serve_write_faults[0]; i++) {
+        const char *name = cli_serve_write_faults[i].name;
+        if (strncmp(text, name, strlen(name)) != 0)
+            continue;
+        int rc = cli_parse_i64(CLI_SERVE_CMD, cli_serve_write_faults[i].flag,
+                               text + strlen(name), 1, INT64_C(1) << 40, &n);
         plan->fail_write = (uint64_t)n;
-        plan->hostile = hostile;
+        plan->write_fault = cli_serve_write_faults[i].kind;
         return rc;
     }
     if (strncmp(text, hold_from, sizeof hold_from - 1) == 0) {
@@ -281,8 +312,10 @@ static int cli_serve_fault(const char *text, cli_serve_plan_t *plan)
     }
     return cli_fail(CLI_SERVE_CMD, "--fault: unknown fault '%s': serve knows write-error:N "
                                    "(spoil the Nth RDMA write), hostile-write:N (move it "
-                                   "outside its region) and hold-from:R (never compute the "
-                                   "rooms from R on)", text);
+                                   "outside its region), stale-write:N (post it again after "
+                                   "its region was freed), replay-registration (send the "
+                                   "decode's registration again on a new connection) and "
+                                   "hold-from:R (never compute the rooms from R on)", text);
 }
 
 /* Copies the n bytes at text into buf (len bytes) as a string; false when
@@ -651,11 +684,14 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
                             &in->seed)) != 0)
         return rc;
     if (values[CLI_VF_FAULT] != NULL) {
-        if (decode)
-            return cli_fail(CLI_SERVE_CMD, "--fault spoils or holds a prefill's work: give it "
-                                           "to --role prefill");
         if ((rc = cli_serve_fault(values[CLI_VF_FAULT], &in->plan)) != 0)
             return rc;
+        if (decode != in->plan.replay_registration)
+            return cli_fail(CLI_SERVE_CMD, "--fault %s: %s", values[CLI_VF_FAULT],
+                            decode ? "it spoils or holds a prefill's work: give it to --role "
+                                     "prefill (a decode knows replay-registration only)"
+                                   : "it replays a decode's registration: give it to --role "
+                                     "decode");
         if (in->plan.hold && in->plan.hold_from >= in->requests)
             return cli_fail(CLI_SERVE_CMD, "--fault hold-from:%u: there are rooms 0..%" PRId64
                                            " only: give a room below --requests",
@@ -810,6 +846,9 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
     const cli_serve_plan_t *pl = &in->plan;
     const bool decode = in->role == KVS_ROLE_DECODE;
     uint64_t verified = 0, corrupt = 0, expect_verified = 0, payload = 0, spoiled = 0;
+    int stale = 1; /* --fault stale-write: how its second post ended, 1: not made */
+    uint64_t replayed = 0, replay_answers = 0, auth_refused = 0;
+    int replay_status = KVS_OK;
     uint64_t start = UINT64_MAX, end = 0, writes = 0, retrans = 0, dups = 0, pattern = 0;
     uint64_t ring_live = 0, rtt = 0, keys_granted = 0, keys_revoked = 0;
     int fatal = KVS_OK;
@@ -818,6 +857,12 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
         corrupt += ranks[k].corrupt_bytes;
         payload += ranks[k].payload_bytes;
         spoiled += ranks[k].spoiled_writes;
+        stale = ranks[k].stale_status != 1 ? ranks[k].stale_status : stale;
+        replayed += ranks[k].replayed;
+        replay_answers += ranks[k].replay_answers;
+        replay_status = ranks[k].replay_status != KVS_OK ? ranks[k].replay_status
+                                                         : replay_status;
+        auth_refused += ranks[k].stats.auth_refused;
         pattern = ranks[k].pattern_ns > pattern ? ranks[k].pattern_ns : pattern;
         writes += ranks[k].stats.rdma_writes;
         retrans += ranks[k].stats.msgs_retransmitted;
@@ -862,12 +907,23 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
     const double gbs = wall_s > 0 ? (double)moved / wall_s / 1e9 : 0.0;
     const bool verified_all = !decode || pl->no_verify || verified == expect_verified;
     const bool fault_went = pl->fail_write == 0 || spoiled == 1;
+    /* A write after its region was freed must be refused by the decode's
+     * NIC (its key was revoked), not merely fail some other way. */
+    const bool stale_refused = pl->fail_write == 0 || pl->write_fault != CLI_FAULT_STALE_WRITE ||
+                               stale == KVS_EREMOTE;
+    /* A replay is HELLO and REGISTER at least, and the prefill answered. */
+    const bool replay_made = !decode || !pl->replay_registration ||
+                             (replay_status == KVS_OK && replayed >= 2 && replay_answers > 0);
+    char stale_name[48] = "none";
+    if (stale != 1)
+        snprintf(stale_name, sizeof stale_name, "%s", kvs_status_name(stale));
     const bool failed_as_expected = in->expect_lost >= 0 ? instances_pass
                                                           : failed == (uint32_t)in->expect_failed;
     /* Every room has ended, so a region still live in a decode ring is a
      * leak, and so is a region-scoped key not revoked. */
     const bool pass = fatal == KVS_OK && missing == 0 && failed_as_expected && corrupt == 0 &&
-                      verified_all && fault_went && ring_live == 0 &&
+                      verified_all && fault_went && stale_refused && replay_made &&
+                      ring_live == 0 &&
                       keys_granted == keys_revoked;
     const char *role = decode ? "decode" : "prefill";
     if (in->json) {
@@ -890,12 +946,15 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
         printf("],\"bytes_verified\":%" PRIu64 ",\"bytes_expected\":%" PRIu64 ","
                "\"corrupt_bytes\":%" PRIu64 ",\"payload_bytes\":%" PRIu64 ","
                "\"rdma_writes\":%" PRIu64 ",\"spoiled_writes\":%" PRIu64 ","
+               "\"stale_write\":\"%s\",\"replayed\":%" PRIu64 ","
+               "\"replay_answers\":%" PRIu64 ",\"auth_refused\":%" PRIu64 ","
                "\"msgs_retransmitted\":%" PRIu64 ",\"msgs_duplicate\":%" PRIu64 ","
                "\"rtt_smoothed_ns\":%" PRIu64 ","
                "\"ring_live_bytes\":%" PRIu64 ",\"keys_granted\":%" PRIu64 ","
                "\"keys_revoked\":%" PRIu64 ",\"wall_s\":%.6f,\"pattern_s\":%.6f,\"goodput_gbytes_per_s\":%.6f,"
                "\"verified\":%s,\"pass\":%s}\n",
-               verified, decode ? expect_verified : 0, corrupt, payload, writes, spoiled, retrans,
+               verified, decode ? expect_verified : 0, corrupt, payload, writes, spoiled,
+               stale_name, replayed, replay_answers, auth_refused, retrans,
                dups, rtt, ring_live, keys_granted, keys_revoked, wall_s, (double)pattern / 1e9,
                gbs,
                pl->no_verify ? "false" : "true", pass ? "true" : "false");
@@ -945,8 +1004,17 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
         }
         printf("%s\n", failed > 0 ? "" : "-");
         if (pl->fail_write > 0)
-            printf("  spoiled writes   %" PRIu64 " (--fault %s:%" PRIu64 ")\n", spoiled,
-                   pl->hostile ? "hostile-write" : "write-error", pl->fail_write);
+            printf("  spoiled writes   %" PRIu64 " (%s:%" PRIu64 ")%s%s\n", spoiled,
+                   cli_serve_write_fault_flag(pl->write_fault), pl->fail_write,
+                   pl->write_fault == CLI_FAULT_STALE_WRITE ? "; posted again after its "
+                                                              "region was freed: " : "",
+                   pl->write_fault == CLI_FAULT_STALE_WRITE ? stale_name : "");
+        if (decode && pl->replay_registration)
+            printf("  replayed         %" PRIu64 " messages of rank 0's registration on a new "
+                   "connection: %s, %" PRIu64 " answers\n", replayed,
+                   kvs_status_name(replay_status), replay_answers);
+        if (auth_refused > 0)
+            printf("  auth refused     %" PRIu64 " registrations\n", auth_refused);
         printf("  result           %s\n", pass ? "PASS" : "FAIL");
     }
     if (!pass && fatal == KVS_OK) {
@@ -957,10 +1025,13 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
         else
             snprintf(expected, sizeof expected, "expected %" PRId64, in->expect_failed);
         fprintf(stderr, "kvstage serve: %s: %u failed (%s)%s, %u unfinished, %" PRIu64 " corrupt "
-                        "bytes, %" PRIu64 " of %" PRIu64 " bytes verified%s\n",
+                        "bytes, %" PRIu64 " of %" PRIu64 " bytes verified%s%s%s%s\n",
                 role, failed, expected, why, missing, corrupt, verified,
                 decode ? expect_verified : verified,
-                fault_went ? "" : ", the --fault write was never posted");
+                fault_went ? "" : ", the --fault write was never posted",
+                stale_refused ? "" : ", the write posted after its region was freed ended "
+                                     "with ", stale_refused ? "" : stale_name,
+                replay_made ? "" : ", the registration was not replayed (or not answered)");
     }
     for (uint32_t k = 0; k < pl->instances; k++)
         free(tally[k].failed_list);

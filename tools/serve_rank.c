@@ -402,10 +402,12 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
     if (rc != KVS_OK)
         return cli_rank_fail(c, rc, "%s: %s: %s", who, what, err.msg);
     c->fab = c->real;
-    if (!decode && c->r->tp == 0 && c->r->pp == 0 && pl->fail_write > 0) {
-        if ((rc = cli_fault_fabric_create(c->real, pl->fail_write,
-                                           pl->hostile ? CLI_FAULT_HOSTILE_WRITE
-                                                       : CLI_FAULT_WRITE_ERROR,
+    const bool write_fault = !decode && pl->fail_write > 0;
+    const bool replay = decode && pl->replay_registration;
+    if (c->r->tp == 0 && c->r->pp == 0 && (write_fault || replay)) {
+        if ((rc = cli_fault_fabric_create(c->real, write_fault ? pl->fail_write : 0,
+                                           write_fault ? pl->write_fault
+                                                       : CLI_FAULT_REPLAY_REGISTRATION,
                                            &c->fault)) != KVS_OK)
             return cli_rank_fail(c, rc, "%s: fault wrapper: %s", who, kvs_strerror(rc));
         c->fab = cli_fault_fabric(c->fault);
@@ -564,6 +566,9 @@ static int cli_rank_connect(cli_rank_ctx_t *c, uint64_t deadline_ns)
         }
         int rc = kvs_driver_progress(c->drv);
         const int refused = rc >= 0 ? cli_rank_refused(c) : KVS_OK;
+        if (refused == KVS_OK && c->fault != NULL &&
+            kvs_rank_peers_ready(c->rank) >= writers) /* --fault replay-registration */
+            cli_fault_fabric_registered(c->fault);
         if (refused != KVS_OK)
             return refused;
         /* Its own sleep is bounded, for the stop flag and the time-out. */
@@ -724,6 +729,13 @@ static void cli_rank_linger(cli_rank_ctx_t *c)
     const uint64_t stall = c->plan->stall_timeout_ns != 0 ? c->plan->stall_timeout_ns
                                                           : KVS_DEFAULT_STALL_TIMEOUT_NS;
     const uint64_t last = until + stall;
+    if (c->fault != NULL) { /* --fault stale-write, replay-registration: every room is
+                               over now; the driver's thread makes the fault at its
+                               next poll, so wake it (idle, it sleeps until the
+                               fabric has news) */
+        cli_fault_fabric_arm(c->fault);
+        kvs_driver_wake(c->drv);
+    }
     while (!cli_rank_fabric_failed(c)) {
         uint32_t ignore_inflight = 0, extra = 0;
         (void)cli_rank_results(c, &ignore_inflight, &extra);
@@ -736,7 +748,7 @@ static void cli_rank_linger(cli_rank_ctx_t *c)
         }
         kvs_handler_stats_t hs;
         kvs_rank_stats(c->rank, &hs);
-        if (hs.msgs_unacked == 0)
+        if (hs.msgs_unacked == 0 && (c->fault == NULL || cli_fault_fabric_settled(c->fault)))
             break;
         cli_rank_sleep(c, now + CLI_SERVE_UNACKED_NS);
     }
@@ -748,8 +760,13 @@ static void cli_rank_teardown(cli_rank_ctx_t *c)
         (void)kvs_driver_stop(c->drv); /* a failure said why when it happened */
         kvs_rank_stats(c->rank, &c->r->stats);
     }
-    if (c->fault != NULL)
+    c->r->stale_status = 1;
+    if (c->fault != NULL) {
         c->r->spoiled_writes = cli_fault_fabric_spoiled(c->fault);
+        c->r->stale_status = cli_fault_fabric_stale_status(c->fault);
+        c->r->replayed = cli_fault_fabric_replayed(c->fault, &c->r->replay_status,
+                                                   &c->r->replay_answers);
+    }
     kvs_driver_destroy(c->drv);
     kvs_rank_destroy(c->rank);
     if (c->pool_addr != 0)

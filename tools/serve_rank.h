@@ -36,6 +36,8 @@
 
 #include <kvstage/kvstage.h>
 
+#include "serve_fault.h"
+
 /* A prefill instance as the decode process knows it. */
 typedef struct cli_serve_instance {
     const char *ip;             /* its ranks' address */
@@ -75,8 +77,9 @@ typedef struct cli_serve_plan {
     const char *bind_ip;        /* this process's address, NULL: the GID's */
     uint16_t listen_port;       /* prefill rank (t, s) listens on listen_port + s * P + t */
     uint64_t fail_write;        /* prefill rank (0, 0): spoil this write (1-based), 0: none */
-    bool hostile;               /* ... by moving it outside its region (hostile-write),
-                                   else by spoiling its key (write-error) */
+    cli_fault_kind_t write_fault; /* ... how (serve_fault.h) */
+    bool replay_registration;   /* decode rank (0, 0): replay its registration
+                                   on a new connection at the end */
     bool hold;                  /* prefill: never compute rooms from hold_from on */
     uint32_t hold_from;
     uint64_t timeout_ns;        /* give up when the run is not over by then */
@@ -117,6 +120,11 @@ typedef struct cli_serve_rank {
     uint64_t start_ns, end_ns;  /* first room opened, last result in */
     uint64_t pattern_ns;        /* time spent writing or checking the pattern */
     uint64_t spoiled_writes;    /* --fault writes that went out spoiled */
+    int stale_status;           /* --fault stale-write: how its second post
+                                   ended (KVS_OK: it landed), 1: not made */
+    uint32_t replayed, replay_answers; /* --fault replay-registration: messages
+                                   replayed, answers to them */
+    int replay_status;          /* ... KVS_OK, or why it could not be made */
     bool held;                  /* --fault hold-from: it held a room */
     kvs_handler_stats_t stats;
     int fatal;                  /* KVS_OK, or why the rank stopped early */

@@ -48,6 +48,18 @@
 #      memory windows; ofi with the tcp provider, hw/ofi/grant.c);
 #      elsewhere the write would land in another request's region, so the
 #      run is skipped, saying why.
+#  16. P=2 -> D=1 with the prefill's 3rd RDMA write kept and posted again,
+#      unchanged, once the rank's rooms are over and their regions freed
+#      (--fault stale-write:3: the stale writer of the field): the decode's
+#      NIC refuses it with a remote access error (KVS_EREMOTE, its key was
+#      revoked), every request is ok and verified, 0 corrupt bytes, 0 ring
+#      bytes leaked. Skipped where run 15 is, for the same reason.
+#  17. a cluster secret on both sides, and the decode replays its rank 0's
+#      registration at the end (--fault replay-registration: what it sent
+#      on its first connection until registered, HELLO and REGISTER, byte
+#      for byte on a new connection): the prefill refuses it (auth_refused
+#      1, logged with the peer's address: the proof answers the old
+#      connection's challenge), every request is ok and verified.
 # Every run that moves KV also checks that the decode's ring holds 0 live
 # bytes at the end (every room ended, so anything live leaked).
 # Usage: test_serve.sh KVSTAGE_BINARY   (needs an RDMA device: ctest runs it
@@ -126,8 +138,20 @@ if d["corrupt_bytes"] != 0 or d["bytes_verified"] != d["bytes_expected"] or d["b
 rooms = lambda s: sorted(int(r.split(":")[0]) for r in s["failed_rooms"])
 if rooms(p) != rooms(d): bad.append("failed rooms differ: prefill %s, decode %s" % (p["failed_rooms"], d["failed_rooms"]))
 if expect and p["spoiled_writes"] != 1: bad.append("the fault was not injected")
-if sys.argv[7] == "scoped" and d["keys_granted"] == 0:
+if sys.argv[7] in ("scoped", "stale") and d["keys_granted"] == 0:
     bad.append("decode granted no region-scoped keys: the run proves nothing")
+if sys.argv[7] == "replay":
+    if d["replayed"] < 2 or d["replay_answers"] == 0:
+        bad.append("decode replayed %d messages, %d answered: no replay was made" % (d["replayed"], d["replay_answers"]))
+    if p["auth_refused"] != 1: bad.append("prefill refused %d registrations, not the 1 replayed" % p["auth_refused"])
+    err = open(sys.argv[1].replace(".json", ".err")).read()
+    if "refused the registration of the peer at" not in err:
+        bad.append("prefill did not log the refusal with the peer's address")
+elif p["auth_refused"] != 0 or d["auth_refused"] != 0:
+    bad.append("%d/%d registrations refused in a run with no stranger" % (p["auth_refused"], d["auth_refused"]))
+if sys.argv[7] == "stale" and (p["spoiled_writes"] != 1 or p["stale_write"] != "KVS_EREMOTE"):
+    bad.append("the write posted after its region was freed ended with %s (%d posted), not "
+               "the remote access error KVS_EREMOTE" % (p["stale_write"], p["spoiled_writes"]))
 print("  " + ("; ".join(bad) if bad else "ok"))
 sys.exit(1 if bad else 0)
 PY
@@ -439,16 +463,20 @@ unauth nosecret 18775 "--prefill-tp 2 --decode-tp 1 --secret-file $work/secret" 
 unauth impostor 18795 "--prefill-tp 2 --decode-tp 1" \
   "--prefill-tp 2 --decode-tp 1 --secret-env KVS_SERVE_SECRET" ""
 transfer_only noverify 18815
-# Run 15 needs region-scoped keys (verbs memory windows; ofi: the tcp
+KVS_SERVE_RUN_NEEDS=replay run replay 18875 "--prefill-tp 2 --decode-tp 1 --secret-file $work/secret" \
+  "--prefill-tp 2 --decode-tp 1 --secret-env KVS_SERVE_SECRET --fault replay-registration" 0
+# Runs 15 and 16 need region-scoped keys (verbs memory windows; ofi: the tcp
 # provider only, hw/ofi/grant.c's verified list).
 if [ "$expect_grants" = 1 ]; then
   KVS_SERVE_RUN_NEEDS=scoped run hostile 18835 \
     "--prefill-tp 2 --decode-tp 1 --fault hostile-write:3" "--prefill-tp 2 --decode-tp 1" 1
+  KVS_SERVE_RUN_NEEDS=stale run stale 18855 \
+    "--prefill-tp 2 --decode-tp 1 --fault stale-write:3" "--prefill-tp 2 --decode-tp 1" 0
 else
-  echo "test_serve: hostile: SKIPPED: fabric '${fabric:---fabric verbs}' cannot scope remote" \
-       "keys (ofi: grants only on the tcp provider; verbs without type-2 memory windows)," \
-       "so the hostile write would land in another request's region (docs/security.md)"
-  n_skipped=1
+  echo "test_serve: hostile, stale: SKIPPED: fabric '${fabric:---fabric verbs}' cannot scope" \
+       "remote keys (ofi: grants only on the tcp provider; verbs without type-2 memory" \
+       "windows), so these writes would land in another request's region (docs/security.md)"
+  n_skipped=2
 fi
-echo "test_serve: $failures of 15 runs failed${n_skipped:+, $n_skipped skipped}"
+echo "test_serve: $failures of 17 runs failed${n_skipped:+, $n_skipped skipped}"
 [ "$failures" = 0 ]
