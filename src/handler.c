@@ -56,7 +56,7 @@ static int kvs__handler_init(kvs__handler_t *h, const kvs__role_t *role, kvs_man
         /* a link per peer rank, and as many again for connections of peers
          * that restarted or were refused */
         kvs__links_init(&h->links, h->fab, 2 * c->max_peers + 16, h->session,
-                        c->retry_timeout_ns, c->stall_timeout_ns / 32, c->stall_timeout_ns,
+                        m->rto_floor_ns, c->stall_timeout_ns / 32, c->stall_timeout_ns,
                         &h->stats) != KVS_OK)
         return KVS__MFAIL(m, KVS_ENOMEM, "allocating the %s handler's tables failed",
                           role->role == KVS_ROLE_DECODE ? "decode" : "prefill");

@@ -136,8 +136,17 @@ int kvs_manager_create(const kvs_manager_config_t *cfg, kvs_device_t *dev,
         c.max_peers = 256;
     if (c.stall_timeout_ns == 0)
         c.stall_timeout_ns = KVS_DEFAULT_STALL_TIMEOUT_NS;
+    /* Over a reliable fabric, unless the caller chose: a backstop. */
+    const bool rto_default = c.retry_timeout_ns == 0;
     if (c.retry_timeout_ns == 0)
         c.retry_timeout_ns = KVS_DEFAULT_RETRY_TIMEOUT_NS;
+    uint64_t rto_floor_ns = c.retry_timeout_ns;
+    if (rto_default && (fab->ops.caps & KVS_FABRIC_CAP_RELIABLE_SEND)) {
+        const uint64_t cap = c.stall_timeout_ns / 32;
+        rto_floor_ns = KVS_RELIABLE_RETRY_TIMEOUT_NS < cap ? KVS_RELIABLE_RETRY_TIMEOUT_NS : cap;
+        if (rto_floor_ns < c.retry_timeout_ns)
+            rto_floor_ns = c.retry_timeout_ns;
+    }
     if (c.model_layers == 0 && c.layers > 0 && c.pp_size > 0 &&
         __builtin_mul_overflow(c.layers, c.pp_size, &c.model_layers))
         c.model_layers = 0; /* refused by the check */
@@ -164,6 +173,7 @@ int kvs_manager_create(const kvs_manager_config_t *cfg, kvs_device_t *dev,
                          bufs);
     }
     m->cfg = c;
+    m->rto_floor_ns = rto_floor_ns;
     m->cfg.secret_file = m->cfg.secret_env = NULL; /* borrowed for create only */
     m->dev = dev;
     m->fab = fab;

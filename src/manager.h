@@ -14,6 +14,9 @@
 
 struct kvs_manager {
     kvs_manager_config_t cfg;  /* defaults applied */
+    uint64_t rto_floor_ns;     /* the control links' first and lowest
+                                  retransmission timeout (kvstage.h,
+                                  retry_timeout_ns) */
     kvs_device_t *dev;         /* borrowed */
     kvs_fabric_t *fab;         /* borrowed */
     kvs_log_t log;

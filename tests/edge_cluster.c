@@ -274,6 +274,7 @@ int edge_node_manager(edge_cluster_t *cl, edge_node_t *n, uint64_t session)
                 .user = n,
                 .level = getenv("EDGE_LOG") != NULL ? KVS_LOG_DEBUG : KVS_LOG_WARN}};
     kvs_error_t err = {0};
+    sim_nic_fabric(n->nic)->ops.caps |= o->extra_caps;
     if (o->rank_create) {
         kvs_kv_layer_t layers[EDGE_MAX_LAYERS];
         const int64_t elem = n->elem_bytes;

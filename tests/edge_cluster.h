@@ -127,6 +127,8 @@ typedef struct edge_opts {
      * role's ranks read theirs from, NULL: none (an open rank). */
     const char *prefill_secret_env, *decode_secret_env;
     const char *log_watch;           /* each node counts the log lines holding it */
+    uint32_t extra_caps;             /* KVS_FABRIC_CAP_* bits every NIC's fabric
+                                        claims besides its own */
 } edge_opts_t;
 
 /* Called after a node polled results (the node that got them, the new ones). */

@@ -2196,6 +2196,42 @@ static void test_protocol_edges_sq_depth_one(void **state)
     edge_destroy(cl);
 }
 
+/* Control messages that take 10 ms each way: over a fabric that may lose
+ * them (the simulator's), the links' first timeout (2 ms, before any round
+ * trip is measured) sends messages again; over one that claims
+ * KVS_FABRIC_CAP_RELIABLE_SEND (RC, libfabric's reliable endpoints) the
+ * timer is a backstop of KVS_RELIABLE_RETRY_TIMEOUT_NS, and a clean run
+ * sends nothing twice. Both runs move every room whole. */
+static uint64_t edge_slow_control_resent(uint32_t extra_caps)
+{
+    edge_opts_t o = edge_defaults();
+    o.net.ctrl_latency_ns = 10000000;
+    o.extra_caps = extra_caps;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    const edge_room_t rooms[] = {{1, 0, 40}, {2, 8, 44}, {3, 0, 3}};
+    edge_transfer_ok(cl, rooms, 3);
+    uint64_t resent = 0;
+    for (int i = 0; i < edge_nnodes(cl); i++)
+        resent += edge_stats(&cl->nodes[i]).msgs_retransmitted;
+    edge_destroy(cl);
+    return resent;
+}
+
+static void test_protocol_edges_reliable_fabric_backstop(void **state)
+{
+    (void)state;
+    const uint64_t lossy = edge_slow_control_resent(0);
+    if (lossy == 0)
+        EDGE_FAIL("a 20 ms round trip against a 2 ms first timeout resent nothing: the "
+                  "test proves nothing");
+    const uint64_t reliable = edge_slow_control_resent(KVS_FABRIC_CAP_RELIABLE_SEND);
+    if (reliable != 0)
+        EDGE_FAIL("over a reliable fabric %llu messages were sent again (without the "
+                  "capability: %llu)", (unsigned long long)reliable,
+                  (unsigned long long)lossy);
+}
+
 /* A peer that acknowledges messages it never received (a forged ACK)
  * while some wait unsent behind a full send queue: the link drops them as
  * acknowledged and its count of unsent messages stays within its queue
@@ -2964,6 +3000,7 @@ int main(void)
         cmocka_unit_test(test_protocol_edges_short_outage_recovered),
         cmocka_unit_test(test_protocol_edges_long_outage_fails_then_recovers),
         cmocka_unit_test(test_protocol_edges_sq_depth_one),
+        cmocka_unit_test(test_protocol_edges_reliable_fabric_backstop),
         cmocka_unit_test(test_protocol_edges_hostile_ack_of_unsent),
         cmocka_unit_test(test_protocol_edges_wanted_queue_holds_every_chunk),
         cmocka_unit_test(test_protocol_edges_bf16_fp16_refused),

@@ -73,7 +73,8 @@ static const kvs_fabric_ops_t hw_ofi_ops = {
     .version = KVS_FABRIC_OPS_VERSION,
     .size = sizeof(kvs_fabric_ops_t),
     .name = "ofi",
-    .caps = KVS_FABRIC_CAP_WRITE_IMM | KVS_FABRIC_CAP_PER_LAYER_WRITES,
+    .caps = KVS_FABRIC_CAP_WRITE_IMM | KVS_FABRIC_CAP_PER_LAYER_WRITES |
+            KVS_FABRIC_CAP_RELIABLE_SEND, /* FI_EP_RDM, FI_ORDER_SAS */
     .mr_register = hw_ofi_mr_register,
     .mr_deregister = hw_ofi_mr_deregister,
     .connect = hw_ofi_connect,

@@ -57,7 +57,8 @@ static const kvs_fabric_ops_t hw_verbs_ops = {
     .version = KVS_FABRIC_OPS_VERSION,
     .size = sizeof(kvs_fabric_ops_t),
     .name = "verbs",
-    .caps = KVS_FABRIC_CAP_WRITE_IMM | KVS_FABRIC_CAP_PER_LAYER_WRITES,
+    .caps = KVS_FABRIC_CAP_WRITE_IMM | KVS_FABRIC_CAP_PER_LAYER_WRITES |
+            KVS_FABRIC_CAP_RELIABLE_SEND, /* RC */
     .mr_register = hw_verbs_mr_register_op,
     .mr_deregister = hw_verbs_mr_deregister,
     .connect = hw_verbs_connect,

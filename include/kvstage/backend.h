@@ -203,6 +203,14 @@ struct kvs_device {
 
 #define KVS_FABRIC_CAP_WRITE_IMM (1u << 0)      /* RDMA WRITE WITH IMM */
 #define KVS_FABRIC_CAP_PER_LAYER_WRITES (1u << 1) /* many writes per region (PP) */
+/* A SEND the fabric accepted reaches the peer once and in order unless the
+ * connection fails, and a failure is reported (KVS_EPEER, or a DISCONNECT
+ * completion): a reliable connection (verbs RC; libfabric's reliable
+ * endpoints). The core's control links then retransmit only as a backstop,
+ * after at least KVS_RELIABLE_RETRY_TIMEOUT_NS (kvstage.h), so a peer
+ * that answers late is not sent every message twice. A fabric that may
+ * lose or duplicate messages (the simulator's) leaves it clear. */
+#define KVS_FABRIC_CAP_RELIABLE_SEND (1u << 2)
 
 typedef struct kvs_write_desc {
     uint64_t local_addr;

@@ -456,6 +456,11 @@ typedef struct kvs_fabric kvs_fabric_t; /* see <kvstage/backend.h> */
 #define KVS_DEFAULT_RING_MAX_LIVE 4096
 #define KVS_DEFAULT_STALL_TIMEOUT_NS (30ull * 1000000000ull)
 #define KVS_DEFAULT_RETRY_TIMEOUT_NS (2ull * 1000000ull)
+/* The default first retransmission timeout over a fabric with
+ * KVS_FABRIC_CAP_RELIABLE_SEND (never above stall_timeout_ns / 32): there
+ * a message is lost only with its connection, so the timer is a backstop,
+ * floored as TCP floors its own (Linux: 200 ms). */
+#define KVS_RELIABLE_RETRY_TIMEOUT_NS (200ull * 1000000ull)
 
 /* The kv args of spec §8. Zero fields take their default. */
 typedef struct kvs_manager_config {
@@ -494,9 +499,15 @@ typedef struct kvs_manager_config {
                                  told; one more such wait for their reports
                                  and its regions are released. 0 -> 30 s */
     uint64_t retry_timeout_ns;/* a control message not acknowledged within
-                                 this long is sent again, the wait doubling
-                                 up to stall_timeout_ns / 32 (never below
-                                 this); 0 -> 2 ms */
+                                 this long (plus the link's measured round
+                                 trip) is sent again, the wait doubling up
+                                 to stall_timeout_ns / 32 (never below
+                                 this); also the first wait before a lost
+                                 peer is reconnected. 0 -> 2 ms, and for
+                                 the retransmissions over a fabric with
+                                 KVS_FABRIC_CAP_RELIABLE_SEND
+                                 KVS_RELIABLE_RETRY_TIMEOUT_NS (at most
+                                 stall_timeout_ns / 32) */
     /* Optional observer of spans the handlers spend waiting (today:
      * "wait-for-watermark" per chunk), in the fabric's clock; for traces. */
     void (*trace)(void *ctx, const char *what, uint64_t room, int64_t chunk,
