@@ -191,16 +191,17 @@ static void cli_ff_replay(cli_fault_fabric_t *w)
 /* Takes the completions of the replay's connection out of out[0, n). */
 static int cli_ff_take_replay(cli_fault_fabric_t *w, kvs_completion_t *out, int n)
 {
+    const kvs_conn_t *replay = w->replay_conn; /* the whole batch's, even once closed */
     int kept = 0;
     for (int i = 0; i < n; i++) {
-        if (w->replay_conn == NULL || out[i].conn != w->replay_conn) {
+        if (out[i].conn != replay) {
             out[kept++] = out[i];
             continue;
         }
         if (out[i].kind == KVS_COMPLETION_RECV) {
             atomic_fetch_add(&w->answers, 1u); /* the prefill heard the replay */
             atomic_store(&w->replay_settled, true);
-        } else if (out[i].kind == KVS_COMPLETION_DISCONNECT) {
+        } else if (out[i].kind == KVS_COMPLETION_DISCONNECT && w->replay_conn != NULL) {
             w->inner->ops.disconnect(w->inner, w->replay_conn);
             w->replay_conn = NULL;
             atomic_store(&w->replay_settled, true);
