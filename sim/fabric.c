@@ -149,6 +149,7 @@ struct kvs_mr {
     uint64_t len_bytes;
     uint64_t rkey;
     bool live;
+    bool sealed;         /* mr_register_sealed: rkey opens nothing remote */
 };
 
 /* A region-scoped key (key_grant); lives in its NIC's grant pages. */
@@ -709,8 +710,8 @@ static void sim_net_on_tx(sim_net_t *net, uint32_t w, uint64_t off, uint64_t seg
 }
 
 /* Whether write wr, which came on dst's connection dst_conn, may put
- * [raddr, raddr + seg) into dst's memory: its key is an MR's of dst and
- * the segment lies inside that MR, or it is a live grant's of dst, bound
+ * [raddr, raddr + seg) into dst's memory: its key is an MR's of dst that is
+ * not sealed and the segment lies inside that MR, or it is a live grant's of dst, bound
  * to dst_conn, that holds the whole write. */
 static bool sim_nic_may_land(const sim_nic_t *dst, const kvs_conn_t *dst_conn,
                              const sim_wr_t *wr, uint64_t raddr, uint64_t seg)
@@ -720,7 +721,7 @@ static bool sim_nic_may_land(const sim_nic_t *dst, const kvs_conn_t *dst_conn,
     for (uint32_t i = 0; i < dst->mr_hwm; i++) {
         const kvs_mr_t *mr = &dst->mrs[i];
         if (mr->live && mr->rkey == wr->rkey)
-            return raddr >= mr->addr && seg <= mr->len_bytes &&
+            return !mr->sealed && raddr >= mr->addr && seg <= mr->len_bytes &&
                    raddr - mr->addr <= mr->len_bytes - seg;
     }
     const kvs_grant_t *g = sim_nic_grant_by_key(dst, wr->rkey);
@@ -983,8 +984,9 @@ static uint64_t sim_net_draw_rkey(sim_net_t *net)
     return rkey;
 }
 
-static int sim_nic_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
-                               uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey)
+static int sim_nic_mr_register_as(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
+                                  uint64_t len_bytes, bool sealed, kvs_mr_t **out,
+                                  uint64_t *out_rkey)
 {
     sim_nic_t *nic = sim_nic_of(fab);
     sim_net_t *net = nic->net;
@@ -1022,12 +1024,26 @@ static int sim_nic_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t ad
                                                   "found", nic->name);
     kvs_mr_t *mr = &nic->mrs[slot];
     *mr = (kvs_mr_t){.nic = nic, .addr = addr, .len_bytes = len_bytes, .rkey = rkey,
-                     .live = true};
+                     .live = true, .sealed = sealed};
     if (slot + 1 > nic->mr_hwm)
         nic->mr_hwm = slot + 1;
     *out = mr;
     *out_rkey = rkey;
     return KVS_OK;
+}
+
+static int sim_nic_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
+                               uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey)
+{
+    return sim_nic_mr_register_as(fab, dev, addr, len_bytes, false, out, out_rkey);
+}
+
+/* Fabric ops version 5: its key draws from the same stream, so a run's
+ * keys (and digest) do not depend on which registrations are sealed. */
+static int sim_nic_mr_register_sealed(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
+                                      uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey)
+{
+    return sim_nic_mr_register_as(fab, dev, addr, len_bytes, true, out, out_rkey);
 }
 
 static int sim_nic_mr_deregister(kvs_fabric_t *fab, kvs_mr_t *mr)
@@ -1474,10 +1490,11 @@ static const kvs_fabric_ops_t sim_nic_ops = {
     SIM_NIC_OPS_SLOTS,
     .key_grant = sim_nic_key_grant,
     .key_revoke = sim_nic_key_revoke,
+    .mr_register_sealed = sim_nic_mr_register_sealed,
 };
 
 /* sim_net_config_t.no_key_grant: the table of a fabric without grants, of
- * version 3 as the verbs and ofi fabrics' are today (it ends at peer_addr). */
+ * version 3 (it ends at peer_addr). */
 static const kvs_fabric_ops_t sim_nic_ops_v3 = {
     .version = 3,
     .size = offsetof(kvs_fabric_ops_t, key_grant),

@@ -20,7 +20,10 @@
  *   write under a grant's key that reaches outside its range, comes on
  *   another connection or lands after the revoke completes with
  *   KVS_EREMOTE and writes nothing (no_key_grant binds a version-3 table
- *   instead, as the verbs and ofi fabrics have today);
+ *   instead, a fabric without grants);
+ * - mr_register_sealed (version 5) registers memory whose own key opens
+ *   nothing remote: a write under it completes with KVS_EREMOTE, and only
+ *   grants open the memory;
  * - control messages (SEND/RECV) use their own channel with ctrl_latency_ns
  *   and arrive in order per connection;
  * - completions go to the NIC's bounded completion queue and wake its owner;

@@ -18,7 +18,8 @@
 #define KVS__FABRIC_OPS_V1_BYTES offsetof(kvs_fabric_ops_t, wait_arm)
 #define KVS__FABRIC_OPS_V2_BYTES offsetof(kvs_fabric_ops_t, random_bytes)
 #define KVS__FABRIC_OPS_V3_BYTES offsetof(kvs_fabric_ops_t, key_grant)
-#define KVS__FABRIC_OPS_V4_BYTES sizeof(kvs_fabric_ops_t)
+#define KVS__FABRIC_OPS_V4_BYTES offsetof(kvs_fabric_ops_t, mr_register_sealed)
+#define KVS__FABRIC_OPS_V5_BYTES sizeof(kvs_fabric_ops_t)
 _Static_assert(offsetof(kvs_device_ops_t, version) == 0, "version first");
 _Static_assert(offsetof(kvs_fabric_ops_t, version) == 0, "version first");
 /* Each version ends exactly where the next one's slots start: a table
@@ -34,6 +35,8 @@ _Static_assert(KVS__FABRIC_OPS_V3_BYTES == KVS__FABRIC_OPS_V2_BYTES + 2 * sizeof
                "fabric ops version 3 adds random_bytes and peer_addr, after wait_arm");
 _Static_assert(KVS__FABRIC_OPS_V4_BYTES == KVS__FABRIC_OPS_V3_BYTES + 2 * sizeof(void (*)(void)),
                "fabric ops version 4 adds key_grant and key_revoke, after peer_addr");
+_Static_assert(KVS__FABRIC_OPS_V5_BYTES == KVS__FABRIC_OPS_V4_BYTES + sizeof(void (*)(void)),
+               "fabric ops version 5 adds mr_register_sealed, after key_revoke");
 
 /* Defaults of optional slots: "not supported", never a NULL call. */
 static int kvs__dev_no_stream(kvs_device_t *d, kvs_stream_t **o) { return KVS_ENOTSUP; }
@@ -126,6 +129,11 @@ static int kvs__net_no_grant(kvs_fabric_t *f, kvs_conn_t *c, kvs_mr_t *mr, uint6
     return KVS_ENOTSUP;
 }
 static int kvs__net_no_revoke(kvs_fabric_t *f, kvs_grant_t *g) { return KVS_ENOTSUP; }
+static int kvs__net_no_seal(kvs_fabric_t *f, kvs_device_t *d, uint64_t addr, uint64_t len,
+                            kvs_mr_t **out, uint64_t *rkey)
+{
+    return KVS_ENOTSUP;
+}
 
 #define KVS__DEFAULT(slot, fn)                                                 \
     do {                                                                       \
@@ -187,7 +195,8 @@ int kvs_fabric_init(kvs_fabric_t *fab, const kvs_fabric_ops_t *ops, const char *
         return KVS_EINVAL;
     kvs_fabric_t f = {0};
     static const size_t version_bytes[] = {KVS__FABRIC_OPS_V1_BYTES, KVS__FABRIC_OPS_V2_BYTES,
-                                           KVS__FABRIC_OPS_V3_BYTES, KVS__FABRIC_OPS_V4_BYTES};
+                                           KVS__FABRIC_OPS_V3_BYTES, KVS__FABRIC_OPS_V4_BYTES,
+                                           KVS__FABRIC_OPS_V5_BYTES};
     _Static_assert(sizeof version_bytes / sizeof version_bytes[0] == KVS_FABRIC_OPS_VERSION,
                    "one size per fabric ops version");
     int rc = kvs__copy_table(&f.ops, sizeof f.ops, ops, ops->version, ops->size, version_bytes,
@@ -207,6 +216,7 @@ int kvs_fabric_init(kvs_fabric_t *fab, const kvs_fabric_ops_t *ops, const char *
     KVS__DEFAULT(f.ops.peer_addr, kvs__net_no_peer_addr);
     KVS__DEFAULT(f.ops.key_grant, kvs__net_no_grant);
     KVS__DEFAULT(f.ops.key_revoke, kvs__net_no_revoke);
+    KVS__DEFAULT(f.ops.mr_register_sealed, kvs__net_no_seal);
     f.name = name != NULL ? name : (ops->name != NULL ? ops->name : "fabric");
     *fab = f;
     return KVS_OK;
@@ -314,6 +324,12 @@ int kvs__net_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
 {
     kvs__net_clear_detail(fab);
     return fab->ops.mr_register(fab, dev, addr, len_bytes, out, out_rkey);
+}
+int kvs__net_register_sealed(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
+                             uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey)
+{
+    kvs__net_clear_detail(fab);
+    return fab->ops.mr_register_sealed(fab, dev, addr, len_bytes, out, out_rkey);
 }
 int kvs__net_deregister(kvs_fabric_t *fab, kvs_mr_t *mr)
 {

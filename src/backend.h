@@ -42,6 +42,10 @@ void kvs__dev_event_destroy(kvs_device_t *dev, kvs_event_t *ev);
 bool kvs__net_has(const kvs_fabric_t *fab, uint32_t cap);
 int kvs__net_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
                       uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey);
+/* A registration whose own key opens nothing remote; only grants do
+ * (mr_register_sealed, version 5; KVS_ENOTSUP where the fabric has none). */
+int kvs__net_register_sealed(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
+                             uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey);
 int kvs__net_deregister(kvs_fabric_t *fab, kvs_mr_t *mr);
 /* Whether the fabric fills key_grant (version 4): a decode scopes its
  * writers' keys to their regions only then. */

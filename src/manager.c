@@ -356,8 +356,24 @@ int kvs_manager_register_staging(kvs_manager_t *m)
                           "initialise the staging memory first");
     if (m->registered)
         return KVS__MFAIL(m, KVS_EALREADY, "staging memory already registered");
+    /* Where the fabric grants region-scoped keys, no key to the whole of
+     * the staging memory need exist: seal it, so that only grants open it
+     * (a prefill's buffers are sources and never written remotely). */
+    m->staging_sealed = kvs__net_can_grant(m->fab);
     for (uint32_t i = 0; i < m->staging_count; i++) {
-        int rc = kvs__net_register(m->fab, m->dev, m->staging_addr[i], m->staging_bytes,
+        int rc = KVS_ENOTSUP;
+        if (m->staging_sealed)
+            rc = kvs__net_register_sealed(m->fab, m->dev, m->staging_addr[i], m->staging_bytes,
+                                          &m->staging_mr[i], &m->staging_rkey[i]);
+        if (rc == KVS_ENOTSUP && m->staging_sealed && i == 0) {
+            m->staging_sealed = false;
+            kvs_log_write(&m->log, KVS_LOG_INFO, "fabric '%s' cannot seal a registration "
+                          "(mr_register_sealed, fabric ops version 5): the staging memory's "
+                          "own key stays valid at the fabric, though it is never sent "
+                          "(docs/security.md)", m->fab->name);
+        }
+        if (!m->staging_sealed)
+            rc = kvs__net_register(m->fab, m->dev, m->staging_addr[i], m->staging_bytes,
                                    &m->staging_mr[i], &m->staging_rkey[i]);
         if (rc != KVS_OK) {
             for (uint32_t j = 0; j < i; j++) {

@@ -32,6 +32,8 @@ struct kvs_manager {
     kvs_mr_t **staging_mr;     /* same length; NULL until registered */
     uint64_t *staging_rkey;
     bool registered;
+    bool staging_sealed;       /* registered with mr_register_sealed: its own key
+                                  opens nothing remote, only grants do */
     kvs_ring_t *ring;          /* decode only */
 
     /* Published KV buffers (copies of the caller's arrays). */

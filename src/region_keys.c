@@ -2,7 +2,8 @@
  * region_keys.c - region-scoped remote keys of the decode's ring
  * (region_keys.h): one grant per (region, writer, write) through the
  * fabric's key_grant, revoked before the region is reused; the whole
- * ring's key where the fabric has no grants.
+ * ring's key where the fabric has no grants (where it has, the ring is
+ * sealed, manager.c, and no whole-ring key opens anything).
  */
 #include "region_keys.h"
 
@@ -47,7 +48,8 @@ int kvs__wkeys_grant(kvs__ring_keys_t *rk, kvs__handler_t *h, const kvs__peer_t 
         rc = kvs__net_key_grant(h->fab, peer->conn, rk->mr,
                                 rk->ring_addr + offset + span[i].remote_off, span[i].len_bytes,
                                 &k->grant[i], &k->rkey[i]);
-        if (rc == KVS_ENOTSUP) { /* this fabric declines after all: as without grants */
+        if (rc == KVS_ENOTSUP && !m->staging_sealed) { /* declined after all: as without
+                                                          grants */
             k->grant[i] = NULL;
             k->rkey[i] = rk->ring_rkey;
             if (!rk->fallback_told)
@@ -62,9 +64,11 @@ int kvs__wkeys_grant(kvs__ring_keys_t *rk, kvs__handler_t *h, const kvs__peer_t 
             char name[96];
             k->grant[i] = NULL;
             return kvs__error_set(&m->err, rc, h->fab->last_backend_code, __FILE__, __LINE__,
-                                  "granting prefill %s its %llu bytes of a region failed: %s",
-                                  kvs__peer_name(peer, name, sizeof name),
+                                  "granting prefill %s its %llu bytes of a region failed%s: "
+                                  "%s", kvs__peer_name(peer, name, sizeof name),
                                   (unsigned long long)span[i].len_bytes,
+                                  rc == KVS_ENOTSUP ? " (the ring is sealed: no key of its "
+                                                      "own to fall back to)" : "",
                                   h->fab->last_backend_msg[0] ? h->fab->last_backend_msg
                                                               : kvs_strerror(rc));
         }

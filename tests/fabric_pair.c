@@ -119,16 +119,27 @@ void fp_pair_connect(fp_pair_t *p, const char *a_address, fp_idle_fn idle)
     assert_int_equal(c.wr_id, 1);
 }
 
-void fp_region_reg(fp_side_t *s, fp_region_t *r, uint64_t len)
+static int fp_region_reg_as(fp_side_t *s, fp_region_t *r, uint64_t len, bool sealed)
 {
     r->len = len;
     r->mem = aligned_alloc(4096, (len + 4095) / 4096 * 4096);
     assert_non_null(r->mem);
     memset(r->mem, 0, len);
-    int rc = s->fab->ops.mr_register(s->fab, NULL, (uint64_t)(uintptr_t)r->mem, len, &r->mr,
-                                     &r->rkey);
+    const uint64_t addr = (uint64_t)(uintptr_t)r->mem;
+    return sealed ? s->fab->ops.mr_register_sealed(s->fab, NULL, addr, len, &r->mr, &r->rkey)
+                  : s->fab->ops.mr_register(s->fab, NULL, addr, len, &r->mr, &r->rkey);
+}
+
+void fp_region_reg(fp_side_t *s, fp_region_t *r, uint64_t len)
+{
+    int rc = fp_region_reg_as(s, r, len, false);
     if (rc != KVS_OK)
         fail_msg("mr_register: %s: %s", kvs_status_name(rc), s->fab->last_backend_msg);
+}
+
+int fp_region_reg_sealed(fp_side_t *s, fp_region_t *r, uint64_t len)
+{
+    return fp_region_reg_as(s, r, len, true);
 }
 
 void fp_region_free(fp_side_t *s, fp_region_t *r)

@@ -71,6 +71,9 @@ void fp_pair_connect(fp_pair_t *p, const char *a_address, fp_idle_fn idle);
 
 /* len zeroed bytes, page-aligned, registered on s. */
 void fp_region_reg(fp_side_t *s, fp_region_t *r, uint64_t len);
+/* The same, registered with mr_register_sealed (its own key opens
+ * nothing remote); returns the status, the fabric's detail on failure. */
+int fp_region_reg_sealed(fp_side_t *s, fp_region_t *r, uint64_t len);
 /* Deregisters (when registered) and frees; r is zero after. */
 void fp_region_free(fp_side_t *s, fp_region_t *r);
 

@@ -269,6 +269,7 @@ static int rec_parts_trap(kvs_device_t *d, kvs_stream_t *s, const kvs_copy_desc_
 #define DEVICE_OPS_V2_BYTES offsetof(kvs_device_ops_t, wait_arm)
 #define FABRIC_OPS_V1_BYTES offsetof(kvs_fabric_ops_t, wait_arm)
 #define FABRIC_OPS_V3_BYTES offsetof(kvs_fabric_ops_t, key_grant)
+#define FABRIC_OPS_V4_BYTES offsetof(kvs_fabric_ops_t, mr_register_sealed)
 
 static const kvs_device_ops_t rec_v1_ops = {.version = 1,
                                             .size = DEVICE_OPS_V1_BYTES,
@@ -433,9 +434,9 @@ static int grant_ok(kvs_fabric_t *f, kvs_conn_t *c, kvs_mr_t *mr, uint64_t addr,
 
 static int revoke_ok(kvs_fabric_t *f, kvs_grant_t *g) { return g == (void *)f ? KVS_OK : KVS_ENOENT; }
 
-/* A fabric table of version 3 (the verbs and ofi fabrics' today: it ends
- * at peer_addr) binds with key_grant / key_revoke defaults, whatever its
- * struct holds past its size; version 4 must hold both and keeps them. */
+/* A fabric table of version 3 (it ends at peer_addr) binds with key_grant
+ * / key_revoke defaults, whatever its struct holds past its size; version
+ * 4 must hold both and keeps them. */
 static void test_backend_version_3_fabric_gets_no_key_grant(void **state)
 {
     kvs_fabric_ops_t fv = fab_ops;
@@ -451,9 +452,9 @@ static void test_backend_version_3_fabric_gets_no_key_grant(void **state)
     assert_int_equal(kvs__net_key_revoke(&f, g), KVS_ENOTSUP);
     fv.version = 4;
     assert_int_equal(kvs_fabric_init(&f, &fv, NULL), KVS_EVERSION);
-    fv.size = sizeof(kvs_fabric_ops_t) - sizeof(void *);
+    fv.size = FABRIC_OPS_V4_BYTES - sizeof(void *);
     assert_int_equal(kvs_fabric_init(&f, &fv, NULL), KVS_EVERSION);
-    fv.size = sizeof(kvs_fabric_ops_t);
+    fv.size = FABRIC_OPS_V4_BYTES;
     fv.key_grant = grant_ok;
     fv.key_revoke = revoke_ok;
     assert_int_equal(kvs_fabric_init(&f, &fv, NULL), KVS_OK);
@@ -461,6 +462,49 @@ static void test_backend_version_3_fabric_gets_no_key_grant(void **state)
     assert_int_equal(kvs__net_key_grant(&f, NULL, NULL, 16, 8, &g, &key), KVS_OK);
     assert_int_equal(key, 24);
     assert_int_equal(kvs__net_key_revoke(&f, g), KVS_OK);
+}
+
+static int seal_trap(kvs_fabric_t *f, kvs_device_t *d, uint64_t addr, uint64_t len,
+                     kvs_mr_t **out, uint64_t *rkey)
+{
+    fail_msg("a version-4 table's mr_register_sealed slot was called");
+    return KVS_EBACKEND;
+}
+
+static int seal_ok(kvs_fabric_t *f, kvs_device_t *d, uint64_t addr, uint64_t len,
+                   kvs_mr_t **out, uint64_t *rkey)
+{
+    *out = (kvs_mr_t *)(void *)f;
+    *rkey = addr ^ len;
+    return KVS_OK;
+}
+
+/* Version 5 adds mr_register_sealed: a version-4 table binds without it
+ * (KVS_ENOTSUP: the decode registers its ring as before), whatever lies
+ * past its size; a version-5 table must hold it and keeps it. */
+static void test_backend_version_4_fabric_gets_no_sealed_register(void **state)
+{
+    kvs_fabric_ops_t fv = fab_ops;
+    fv.version = 4;
+    fv.size = FABRIC_OPS_V4_BYTES;
+    fv.key_grant = grant_ok;
+    fv.key_revoke = revoke_ok;
+    fv.mr_register_sealed = seal_trap;
+    kvs_fabric_t f;
+    assert_int_equal(kvs_fabric_init(&f, &fv, NULL), KVS_OK);
+    assert_true(kvs__net_can_grant(&f));
+    kvs_mr_t *mr = NULL;
+    uint64_t key = 0;
+    assert_int_equal(kvs__net_register_sealed(&f, NULL, 64, 8, &mr, &key), KVS_ENOTSUP);
+    assert_null(mr);
+    fv.version = 5;
+    assert_int_equal(kvs_fabric_init(&f, &fv, NULL), KVS_EVERSION);
+    fv.size = sizeof(kvs_fabric_ops_t);
+    fv.mr_register_sealed = seal_ok;
+    assert_int_equal(kvs_fabric_init(&f, &fv, NULL), KVS_OK);
+    assert_int_equal(kvs__net_register_sealed(&f, NULL, 64, 8, &mr, &key), KVS_OK);
+    assert_ptr_equal(mr, &f);
+    assert_int_equal(key, 64 ^ 8);
 }
 
 static void test_backend_version_sizes(void **state)
@@ -584,6 +628,7 @@ int main(void)
         cmocka_unit_test(test_backend_version_sizes),
         cmocka_unit_test(test_backend_older_tables_bind_without_wait_arm),
         cmocka_unit_test(test_backend_version_3_fabric_gets_no_key_grant),
+        cmocka_unit_test(test_backend_version_4_fabric_gets_no_sealed_register),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1678,8 +1678,10 @@ static void test_protocol_edges_fused_copy_refused_part_way(void **state)
  * (its session, its connection) that names another ring key. The prefill
  * cannot check a key, the fabric does: p0's writes to d0 fail (EREMOTE),
  * not one byte of d0's ring changes, the room fails and its regions go
- * back. With the right key again the next room moves. Prefill TP 1 ->
- * decode TP 2, so p0 is the only writer of d0's ring. */
+ * back. The ring's own key, named the same way (a REGISTER that says the
+ * keys are not scoped), opens nothing either: the ring is sealed. With the
+ * decode's real registration again (scoped) the next room moves. Prefill
+ * TP 1 -> decode TP 2, so p0 is the only writer of d0's ring. */
 static void test_protocol_edges_hostile_ring_key(void **state)
 {
     (void)state;
@@ -1694,30 +1696,35 @@ static void test_protocol_edges_hostile_ring_key(void **state)
     kvs_msg_t reg = edge_register_msg(cl);
     reg.session = EDGE_DECODE_SESSION;
     const uint64_t real_key = reg.u.reg.ring_rkey;
-    reg.u.reg.ring_rkey = real_key ^ 0x5a5au;
-    edge_send(cl, dfab, dc, &reg);
-    edge_run(cl);
-    edge_assert_registered(cl);
-
     const uint8_t *ring = sim_gpu_host(d->gpu, reg.u.reg.ring_addr, reg.u.reg.ring_bytes);
     assert_non_null(ring);
     uint8_t *copy = malloc((size_t)reg.u.reg.ring_bytes);
     assert_non_null(copy);
-    memcpy(copy, ring, (size_t)reg.u.reg.ring_bytes);
-    edge_transfer(cl, 1, 0, 40);
-    edge_expect(d, 1, KVS_EREMOTE);
-    edge_expect(edge_prefill(cl, 0), 1, KVS_EREMOTE);
-    edge_expect_ring_empty(cl);
-    if (memcmp(copy, ring, (size_t)reg.u.reg.ring_bytes) != 0)
-        EDGE_FAIL("a write with a key the decode never registered changed its ring");
+    const uint64_t keys[] = {real_key ^ 0x5a5au, real_key};
+    for (uint64_t room = 1; room <= 2; room++) {
+        reg.u.reg.ring_rkey = keys[room - 1];
+        reg.u.reg.scoped_keys = 0;
+        edge_send(cl, dfab, dc, &reg);
+        edge_run(cl);
+        edge_assert_registered(cl);
+        memcpy(copy, ring, (size_t)reg.u.reg.ring_bytes);
+        edge_transfer(cl, room, 0, 40);
+        edge_expect(d, room, KVS_EREMOTE);
+        edge_expect(edge_prefill(cl, 0), room, KVS_EREMOTE);
+        edge_expect_ring_empty(cl);
+        if (memcmp(copy, ring, (size_t)reg.u.reg.ring_bytes) != 0)
+            EDGE_FAIL("a write under %s changed the decode's ring",
+                      room == 1 ? "a key it never registered" : "its sealed ring's own key");
+    }
     free(copy);
     assert_int_equal(edge_stats(d).copies, 0);
 
-    reg.u.reg.ring_rkey = real_key;
+    reg.u.reg.ring_rkey = 0;
+    reg.u.reg.scoped_keys = 1;
     edge_send(cl, dfab, dc, &reg);
     edge_run(cl);
-    edge_transfer(cl, 2, 0, 40);
-    edge_expect_ok(cl, 2, 0, 40);
+    edge_transfer(cl, 3, 0, 40);
+    edge_expect_ok(cl, 3, 0, 40);
     edge_expect_ring_empty(cl);
     edge_destroy(cl);
 }

@@ -9,8 +9,8 @@
  * that reaches past its bytes (into the next region, or its sibling's block
  * of the same region), and one with another connection's key each fail at
  * the writer (KVS_EREMOTE); only that request fails, every other request's
- * bytes arrive whole, no ring byte and no grant outlives the rooms. A
- * fabric without key_grant (a version-3 table) falls back to the whole
+ * bytes arrive whole, no ring byte and no grant outlives the rooms. The
+ * ring is sealed, so its own key opens nothing. A fabric without key_grant (a version-3 table) falls back to the whole
  * ring's key, says so once, and then cannot stop the same stale write.
  *
  * The wrong writes are planted by a write hook on the prefill NICs (the
@@ -302,6 +302,47 @@ static void test_scoped_keys_key_from_another_connection_fails(void **state)
     edge_destroy(cl);
 }
 
+/* The ring is sealed (fabric ops version 5, mr_register_sealed): its own
+ * key, which the decode never sends, opens nothing either. p0 writing its
+ * own bytes of room 1 under it is refused like any wrong key, and so is a
+ * stranger writing under it; room 2, open beside them, moves whole. */
+static void test_scoped_keys_ring_own_key_opens_nothing(void **state)
+{
+    (void)state;
+    const edge_opts_t o = edge_defaults();
+    tap_t tap;
+    edge_cluster_t *cl = tapped_cluster(&o, &tap);
+    edge_node_t *d = edge_decode(cl, 0);
+    uint64_t addr = 0, len = 0;
+    const uint64_t whole = ring_rkey(cl, &addr, &len);
+    edge_open(cl, 1, 0, 40);
+    edge_open(cl, 2, 0, 40);
+    edge_run(cl);
+    tap.edit = TAP_REPLAY;
+    tap.keep_addr = true;
+    tap.rkey = whole;
+    plant(cl, &tap, 0, 1, false);
+
+    const uint8_t *ring = sim_gpu_host(d->gpu, addr, len);
+    uint8_t *before = malloc((size_t)len);
+    assert_non_null(before);
+    memcpy(before, ring, (size_t)len);
+    edge_intruder_t x;
+    edge_intruder_create(cl, &x);
+    const int w = edge_intruder_write(&x, "d0", addr, whole, 4096);
+    edge_run(cl);
+    assert_int_equal(x.write_status[w], KVS_EREMOTE);
+    if (memcmp(before, ring, (size_t)len) != 0)
+        EDGE_FAIL("a stranger's write under the ring's own key changed the ring");
+    free(before);
+    edge_computed(cl, 2, 40, true);
+    edge_run(cl);
+    edge_expect_ok(cl, 2, 0, 40);
+    expect_clean(cl);
+    edge_intruder_destroy(&x);
+    edge_destroy(cl);
+}
+
 /* Grants go back on every way a room ends: a write error, an abort by the
  * decode, a prefill rank lost mid-room, and the decode handler destroyed
  * with regions still assigned. */
@@ -394,6 +435,7 @@ int main(void)
         cmocka_unit_test(test_scoped_keys_stale_key_after_free_fails),
         cmocka_unit_test(test_scoped_keys_write_outside_its_bytes_fails),
         cmocka_unit_test(test_scoped_keys_key_from_another_connection_fails),
+        cmocka_unit_test(test_scoped_keys_ring_own_key_opens_nothing),
         cmocka_unit_test(test_scoped_keys_revoked_on_every_path),
         cmocka_unit_test(test_scoped_keys_fallback_without_key_grant),
     };

@@ -1118,6 +1118,48 @@ static void test_sim_fabric_key_grant_scopes_writes(void **state)
     fx_close(fx);
 }
 
+/* mr_register_sealed (fabric ops version 5): the registration's own key
+ * opens nothing remote (a write under it completes with KVS_EREMOTE and
+ * changes no byte), while a grant into it opens its range as usual; the
+ * key still draws from the one rkey stream and is unique. */
+static void test_sim_fabric_sealed_mr_opens_only_by_grant(void **state)
+{
+    (void)state;
+    fx_t *fx = fx_open(23, NULL, true);
+    uint64_t s = fx->seed;
+    fx_fill_random(fx, 0, 0, MIB, &s);
+    kvs_fabric_t *f1 = fx->fab[1];
+    kvs_conn_t *c01 = fx_connect(fx, 0, 1);
+    kvs_conn_t *c10 = fx_connect(fx, 1, 0);
+    kvs_mr_t *sealed = NULL;
+    uint64_t own = 0;
+    assert_int_equal(f1->ops.mr_register_sealed(f1, fx->dev[1], fx->buf[1] + 256 * KIB,
+                                                128 * KIB, &sealed, &own),
+                     KVS_OK);
+    assert_true(own != 0 && own <= UINT32_MAX);
+    for (int i = 0; i < FX_NICS; i++)
+        assert_int_not_equal(own, fx->rkey[i]);
+    kvs_grant_t *g = NULL;
+    uint64_t key = 0;
+    assert_int_equal(f1->ops.key_grant(f1, c10, sealed, fx->buf[1] + 256 * KIB, 64 * KIB,
+                                       &g, &key),
+                     KVS_OK);
+    assert_int_equal(fx_write_key(fx, 0, c01, 1, 0, 256 * KIB, 64 * KIB, own, 1), KVS_OK);
+    assert_int_equal(fx_write_key(fx, 0, c01, 1, 0, 320 * KIB, 4 * KIB, own, 2), KVS_OK);
+    assert_int_equal(fx_write_key(fx, 0, c01, 1, 0, 256 * KIB, 64 * KIB, key, 3), KVS_OK);
+    fx_run(fx);
+    assert_int_equal(fx_completion(fx, 0, KVS_COMPLETION_WRITE, 1)->status, KVS_EREMOTE);
+    assert_int_equal(fx_completion(fx, 0, KVS_COMPLETION_WRITE, 2)->status, KVS_EREMOTE);
+    assert_int_equal(fx_completion(fx, 0, KVS_COMPLETION_WRITE, 3)->status, KVS_OK);
+    assert_memory_equal(fx_host(fx, 1, 256 * KIB, 64 * KIB), fx_host(fx, 0, 0, 64 * KIB),
+                        64 * KIB);
+    assert_true(all_zero(fx_host(fx, 1, 320 * KIB, 64 * KIB), 64 * KIB));
+    assert_int_equal(f1->ops.mr_deregister(f1, sealed), KVS_EBUSY);
+    assert_int_equal(f1->ops.key_revoke(f1, g), KVS_OK);
+    assert_int_equal(f1->ops.mr_deregister(f1, sealed), KVS_OK);
+    fx_close(fx);
+}
+
 /* What key_grant refuses, and its bound: max_grants live at once. An MR
  * with a live grant is not deregistered. A NIC of a net with no_key_grant
  * binds a version-3 table: the core's defaults answer KVS_ENOTSUP. */
@@ -1211,6 +1253,7 @@ int main(void)
         cmocka_unit_test(test_sim_fabric_loopback),
         cmocka_unit_test(test_sim_fabric_random_ops_complete_once),
         cmocka_unit_test(test_sim_fabric_key_grant_scopes_writes),
+        cmocka_unit_test(test_sim_fabric_sealed_mr_opens_only_by_grant),
         cmocka_unit_test(test_sim_fabric_key_grant_refusals_and_bound),
         cmocka_unit_test(test_sim_fabric_deterministic),
     };

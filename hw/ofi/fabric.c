@@ -88,6 +88,7 @@ static const kvs_fabric_ops_t hw_ofi_ops = {
     .peer_addr = hw_ofi_peer_addr,
     .key_grant = hw_ofi_key_grant,
     .key_revoke = hw_ofi_key_revoke,
+    .mr_register_sealed = hw_ofi_mr_register_sealed,
 };
 
 static hw_ofi_fabric_t *hw_ofi_try(kvs_fabric_t *fab)

@@ -87,11 +87,14 @@ struct kvs_mr {
     uint32_t id;            /* the handle peers name it by; unique per fabric */
     uint32_t grants;        /* live grants inside it (grant.c): deregister refuses */
     bool live;
+    bool sealed;            /* mr_register_sealed: no FI_REMOTE_WRITE, keys never sent */
 };
 
 kvs_mr_t *hw_ofi_mr_of(hw_ofi_fabric_t *f, kvs_mr_t *mr);
 int hw_ofi_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
                        uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey);
+int hw_ofi_mr_register_sealed(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
+                              uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey);
 int hw_ofi_mr_deregister(kvs_fabric_t *fab, kvs_mr_t *mr);
 void hw_ofi_mr_free_all(hw_ofi_fabric_t *f);
 /* Registers a buffer of the fabric's own (send and receive rings) in one

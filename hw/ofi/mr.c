@@ -22,6 +22,10 @@
  * tables are hw/common/rkeys.c's, shared with the verbs fabric. A writer
  * resolves (id, address) to (piece key, target address) and post.c splits
  * writes at pieces.
+ *
+ * A sealed registration (mr_register_sealed, where grants work) is made
+ * without FI_REMOTE_WRITE and its keys are never sent: no peer can name it,
+ * and the provider refuses a forged key to it; only grants open it.
  */
 #include "hw_ofi.h"
 
@@ -152,7 +156,7 @@ int hw_ofi_keys_push_all(kvs_conn_t *conn)
 {
     hw_ofi_fabric_t *f = conn->fab;
     for (uint32_t i = 0; i < f->cfg.max_mrs; i++) {
-        if (!f->mrs[i].live)
+        if (!f->mrs[i].live || f->mrs[i].sealed)
             continue;
         int rc = hw_ofi_keys_send_mr(conn, &f->mrs[i]);
         if (rc != KVS_OK)
@@ -161,8 +165,12 @@ int hw_ofi_keys_push_all(kvs_conn_t *conn)
     return KVS_OK;
 }
 
-int hw_ofi_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
-                       uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey)
+/* sealed (mr_register_sealed): registered without FI_REMOTE_WRITE and its
+ * keys never sent, so only grants (grant.c, registrations of their own)
+ * open it to a writer. */
+static int hw_ofi_mr_register_as(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
+                                 uint64_t len_bytes, bool sealed, kvs_mr_t **out,
+                                 uint64_t *out_rkey)
 {
     hw_ofi_fabric_t *f = hw_ofi_of(fab);
     /* Host memory only (no FI_HMEM yet): a device address handed to
@@ -198,7 +206,7 @@ int hw_ofi_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
     /* Every up connection hears of it now: there must be send slots for
      * all of that before anything is registered. */
     uint32_t up = 0;
-    for (uint32_t i = 0; i < f->cfg.max_conns; i++)
+    for (uint32_t i = 0; i < f->cfg.max_conns && !sealed; i++)
         up += f->conns[i].state == HW_OFI_CONN_UP;
     const uint64_t msgs = (npieces + HW_OFI_KEYS_MAX - 1) / HW_OFI_KEYS_MAX * up;
     if (msgs > f->slot_nfree || msgs > f->op_nfree || msgs > f->req_nfree)
@@ -207,7 +215,7 @@ int hw_ofi_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
                                "and retry, or raise send_slots", f->name,
                                (unsigned long long)msgs, up, f->slot_nfree);
     *mr = (kvs_mr_t){.addr = addr, .len_bytes = len_bytes, .piece_bytes = piece,
-                     .npieces = (uint32_t)npieces, .id = hw_ofi_next_id(f)};
+                     .npieces = (uint32_t)npieces, .id = hw_ofi_next_id(f), .sealed = sealed};
     mr->pieces = calloc(npieces, sizeof *mr->pieces);
     mr->descs = calloc(npieces, sizeof *mr->descs);
     mr->keys = calloc(npieces, sizeof *mr->keys);
@@ -221,7 +229,8 @@ int hw_ofi_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
         const uint64_t off = (uint64_t)i * piece;
         const uint64_t len = i + 1 == mr->npieces ? len_bytes - off : piece;
         int rc = hw_ofi_mr_reg_one(f, (void *)(uintptr_t)(addr + off), len,
-                            FI_WRITE | FI_REMOTE_WRITE | FI_SEND | FI_RECV, &mr->pieces[i]);
+                                   FI_WRITE | (sealed ? 0 : FI_REMOTE_WRITE) | FI_SEND |
+                                       FI_RECV, &mr->pieces[i]);
         if (rc != 0) {
             hw_ofi_mr_release(mr);
             return kvs_fabric_fail(fab, hw_ofi_status(rc) == KVS_ENOMEM ? KVS_ENOMEM
@@ -238,7 +247,7 @@ int hw_ofi_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
     }
     mr->live = true;
     f->live_mrs++;
-    for (uint32_t i = 0; i < f->cfg.max_conns; i++) {
+    for (uint32_t i = 0; i < f->cfg.max_conns && !sealed; i++) {
         kvs_conn_t *c = &f->conns[i];
         if (c->state == HW_OFI_CONN_UP && hw_ofi_keys_send_mr(c, mr) != KVS_OK)
             hw_ofi_conn_fail(c, KVS_EPEER, "sending the keys of a registration to %s failed: "
@@ -247,6 +256,22 @@ int hw_ofi_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
     *out = mr;
     *out_rkey = mr->id;
     return KVS_OK;
+}
+
+int hw_ofi_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
+                       uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey)
+{
+    return hw_ofi_mr_register_as(fab, dev, addr, len_bytes, false, out, out_rkey);
+}
+
+int hw_ofi_mr_register_sealed(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
+                              uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey)
+{
+    hw_ofi_fabric_t *f = hw_ofi_of(fab);
+    if (!f->grants_ok) /* no grant could ever open it */
+        return kvs_fabric_fail(fab, KVS_ENOTSUP, 0, "mr_register_sealed on %s: key_grant "
+                               "is not supported on this provider", f->name);
+    return hw_ofi_mr_register_as(fab, dev, addr, len_bytes, true, out, out_rkey);
 }
 
 int hw_ofi_mr_deregister(kvs_fabric_t *fab, kvs_mr_t *mr)
@@ -260,7 +285,7 @@ int hw_ofi_mr_deregister(kvs_fabric_t *fab, kvs_mr_t *mr)
         return kvs_fabric_fail(fab, KVS_EBUSY, 0, "mr_deregister on %s: %u region-scoped "
                                "keys (key_grant) inside it are live: revoke them first",
                                f->name, m->grants);
-    for (uint32_t i = 0; i < f->cfg.max_conns; i++)
+    for (uint32_t i = 0; i < f->cfg.max_conns && !m->sealed; i++)
         if (f->conns[i].state == HW_OFI_CONN_UP)
             hw_ofi_drop_send(&f->conns[i], m->id);
     hw_ofi_mr_release(m);

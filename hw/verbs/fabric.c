@@ -72,15 +72,16 @@ static const kvs_fabric_ops_t hw_verbs_ops = {
     .peer_addr = hw_verbs_peer_addr,
     .key_grant = hw_verbs_key_grant,
     .key_revoke = hw_verbs_key_revoke,
+    .mr_register_sealed = hw_verbs_mr_register_sealed,
 };
-_Static_assert(KVS_FABRIC_OPS_VERSION == 4u, "the verbs table fills every slot of version 4");
+_Static_assert(KVS_FABRIC_OPS_VERSION == 5u, "the verbs table fills every slot of version 5");
 
 /* The table's mr_register is this file's, so that hw_verbs_of can tell a
  * verbs fabric by it. */
 static int hw_verbs_mr_register_op(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
                                    uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey)
 {
-    return hw_verbs_mr_register(fab, dev, addr, len_bytes, out, out_rkey);
+    return hw_verbs_mr_register(fab, dev, addr, len_bytes, false, out, out_rkey);
 }
 
 static hw_verbs_fabric_t *hw_verbs_try(kvs_fabric_t *fab)

@@ -143,9 +143,10 @@ int hw_verbs_key_grant(kvs_fabric_t *fab, kvs_conn_t *conn, kvs_mr_t *mr, uint64
                                    "over device memory (dma-buf) is not supported",
                                    f->device_name);
         errno = 0;
+        /* no remote access of its own: its rkey is never sent, and only
+         * the window bound over it (to conn's queue pair) opens it */
         own = ibv_reg_mr(f->pd, (void *)(uintptr_t)addr, len_bytes,
-                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                             IBV_ACCESS_MW_BIND);
+                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
         if (own == NULL) {
             const int err = errno != 0 ? errno : EINVAL;
             return kvs_fabric_fail(fab, KVS_EBACKEND, err, "key_grant on %s: ibv_reg_mr of "

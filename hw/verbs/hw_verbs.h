@@ -169,8 +169,12 @@ struct kvs_mr {
 };
 
 kvs_mr_t *hw_verbs_mr_of(hw_verbs_fabric_t *f, kvs_mr_t *mr);
+/* sealed: without remote access of its own, only memory windows open it
+ * (mr_register_sealed); never split into pieces. */
 int hw_verbs_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
-                         uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey);
+                         uint64_t len_bytes, bool sealed, kvs_mr_t **out, uint64_t *out_rkey);
+int hw_verbs_mr_register_sealed(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
+                                uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey);
 int hw_verbs_mr_deregister(kvs_fabric_t *fab, kvs_mr_t *mr);
 void hw_verbs_mr_free_all(hw_verbs_fabric_t *f);
 /* Local key and bytes left in the piece holding addr (inside mr). */

@@ -157,7 +157,7 @@ static void hw_verbs_mr_release(kvs_mr_t *mr)
 }
 
 int hw_verbs_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
-                         uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey)
+                         uint64_t len_bytes, bool sealed, kvs_mr_t **out, uint64_t *out_rkey)
 {
     hw_verbs_fabric_t *f = hw_verbs_of(fab);
     if (out == NULL || out_rkey == NULL || len_bytes == 0 || addr == 0 ||
@@ -186,6 +186,12 @@ int hw_verbs_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
     if (piece > len_bytes)
         piece = len_bytes;
     const uint64_t npieces = len_bytes / piece + (len_bytes % piece != 0);
+    if (sealed && npieces > 1) /* a window covers one MR: grants could not cross pieces */
+        return kvs_fabric_fail(fab, KVS_ENOTSUP, 0, "mr_register_sealed on %s: %llu bytes "
+                               "need %llu MRs of at most %llu bytes (max_mr_bytes) and a "
+                               "split registration is not sealed: raise max_mr_bytes",
+                               f->device_name, (unsigned long long)len_bytes,
+                               (unsigned long long)npieces, (unsigned long long)piece);
     if (npieces > f->cfg.max_mr_pieces)
         return kvs_fabric_fail(fab, KVS_EINVAL, 0, "mr_register on %s: %llu bytes need %llu "
                                "MRs of at most %llu bytes (max_mr_bytes), more than "
@@ -216,8 +222,11 @@ int hw_verbs_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
         return kvs_fabric_fail(fab, KVS_ENOMEM, 0, "mr_register on %s: no memory for %llu "
                                "MR handles", f->device_name, (unsigned long long)npieces);
     }
-    /* MW_BIND: key_grant binds memory windows to it (grant.c) */
-    const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+    /* MW_BIND: key_grant binds memory windows to it (grant.c). Sealed: no
+     * remote access of its own, so its rkey opens nothing; a window bound
+     * over it still may grant remote writes, which need only local write
+     * on the MR (the verbs spec's rule for binds, and rxe's). */
+    const int access = IBV_ACCESS_LOCAL_WRITE | (sealed ? 0 : IBV_ACCESS_REMOTE_WRITE) |
                        (f->mw_type2 ? IBV_ACCESS_MW_BIND : 0);
     for (uint64_t i = 0; i < npieces; i++) {
         const uint64_t off = i * piece;
@@ -258,6 +267,16 @@ int hw_verbs_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
     *out = mr;
     *out_rkey = mr->rkey;
     return KVS_OK;
+}
+
+int hw_verbs_mr_register_sealed(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
+                                uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey)
+{
+    hw_verbs_fabric_t *f = hw_verbs_of(fab);
+    if (!f->mw_type2) /* no grant could ever open it */
+        return kvs_fabric_fail(fab, KVS_ENOTSUP, 0, "mr_register_sealed on %s: the device "
+                               "has no type-2 memory windows", f->device_name);
+    return hw_verbs_mr_register(fab, dev, addr, len_bytes, true, out, out_rkey);
 }
 
 int hw_verbs_mr_deregister(kvs_fabric_t *fab, kvs_mr_t *mr)

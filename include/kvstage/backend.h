@@ -316,12 +316,27 @@ typedef struct kvs_fabric_ops {
      * Also valid after grant's connection died. KVS_ENOENT for a grant
      * that is not live. */
     int (*key_revoke)(kvs_fabric_t *fab, kvs_grant_t *grant);
+    /* version 5: sealed registrations (docs/security.md). Registers
+     * [addr, addr + len_bytes) like mr_register, except that the
+     * registration's own key opens nothing to a remote writer: a write
+     * under it fails at the writer with KVS_EREMOTE and changes no byte,
+     * and only key_grant grants into the registration open it (verbs: an
+     * MR without remote write access, windows bound over it). *out_rkey
+     * gets that key all the same (local use, logs, tests). A decode
+     * registers its staging ring so when the fabric grants keys, so that
+     * no key to the whole ring exists at all. Optional: the default
+     * returns KVS_ENOTSUP, as should a fabric whose key_grant would answer
+     * KVS_ENOTSUP (a registration no grant can open is no use); the
+     * decode then registers with mr_register. */
+    int (*mr_register_sealed)(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
+                              uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey);
 } kvs_fabric_ops_t;
 
 /* Version 2 added wait_arm, version 3 random_bytes and peer_addr, version
- * 4 key_grant and key_revoke; tables of versions 1 (which end at now_ns),
- * 2 (at wait_arm) and 3 (at peer_addr) still bind and get the defaults. */
-#define KVS_FABRIC_OPS_VERSION 4u
+ * 4 key_grant and key_revoke, version 5 mr_register_sealed; tables of
+ * versions 1 (which end at now_ns), 2 (at wait_arm), 3 (at peer_addr) and
+ * 4 (at key_revoke) still bind and get the defaults. */
+#define KVS_FABRIC_OPS_VERSION 5u
 
 /*
  * Waiting for completions (wait_arm, both tables). A loop that must sleep

@@ -579,6 +579,58 @@ static void test_ofi_fabric_grant_provider_refuses_revoked(void **state)
     grant_provider_probe(oc, true);
 }
 
+/* A sealed registration (mr_register_sealed: no FI_REMOTE_WRITE, its keys
+ * never sent): b's table never hears of its id, so b's fabric refuses to
+ * post under it, and a grant into it opens its range as usual. Where the
+ * provider is verified (tcp), a hostile writer that forges a table entry
+ * with the sealed MR's own provider key is refused by the provider and no
+ * byte changes. On the other providers mr_register_sealed answers
+ * KVS_ENOTSUP (the decode registers as before); the fabric's side is tested
+ * there with grants forced on. */
+static void test_ofi_fabric_sealed_registration_opens_only_by_grant(void **state)
+{
+    const ofi_case_t *oc = *state;
+    if (!offered(oc))
+        skip();
+    fp_pair_t d;
+    duo_open(&d, oc);
+    hw_ofi_fabric_t *a = hw_ofi_of(d.a.fab);
+    const bool verified = a->grants_ok;
+    fp_region_t src = {0}, dst = {0};
+    int rc = fp_region_reg_sealed(&d.a, &dst, 64u << 10);
+    if (!verified) {
+        assert_int_equal(rc, KVS_ENOTSUP);
+        assert_non_null(strstr(d.a.fab->last_backend_msg, "not supported"));
+        free(dst.mem);
+        dst = (fp_region_t){0};
+        a->grants_ok = true;
+        rc = fp_region_reg_sealed(&d.a, &dst, 64u << 10);
+    }
+    if (rc != KVS_OK)
+        fail_msg("mr_register_sealed: %s: %s", kvs_status_name(rc), d.a.fab->last_backend_msg);
+    fp_region_reg(&d.b, &src, 64u << 10);
+    const uint64_t base = (uint64_t)(uintptr_t)dst.mem, off = 8192, len = 4096;
+    assert_int_equal(grant_write(&d, d.ab, &src, base, 64, dst.rkey, 0x41), KVS_EREMOTE);
+    assert_non_null(strstr(d.b.fab->last_backend_msg, "no registration"));
+    kvs_grant_t *g = NULL;
+    const uint64_t rkey = grant_give(&d, &dst, off, len, &g);
+    assert_int_equal(grant_write(&d, d.ab, &src, base + off, len, rkey, 0x42), KVS_OK);
+    for (uint64_t i = 0; i < dst.len; i++)
+        assert_int_equal(dst.mem[i], i >= off && i < off + len ? 0x42 : 0);
+    if (verified) {
+        const kvs_mr_t *m = hw_ofi_mr_of(a, dst.mr);
+        assert_non_null(m);
+        forge_keys(d.ab, m->id, base, dst.len, m->keys[0]);
+        assert_int_equal(hostile_write(&d, &src, base, 4096, dst.rkey, 0x43), KVS_EREMOTE);
+        for (uint64_t i = 0; i < dst.len; i++)
+            assert_int_equal(dst.mem[i], i >= off && i < off + len ? 0x42 : 0);
+    }
+    assert_int_equal(d.a.fab->ops.key_revoke(d.a.fab, g), KVS_OK);
+    fp_region_free(&d.a, &dst);
+    fp_region_free(&d.b, &src);
+    duo_close(&d);
+}
+
 /* A grant's id opens nothing on another connection of the same peer: b's
  * fabric posts only under ids announced on the connection it writes on. */
 static void test_ofi_fabric_grant_other_conn_refused(void **state)
@@ -793,6 +845,8 @@ int main(void)
         {"test_ofi_fabric_grant_provider_refuses_revoked",
          test_ofi_fabric_grant_provider_refuses_revoked},
         {"test_ofi_fabric_grant_other_conn_refused", test_ofi_fabric_grant_other_conn_refused},
+        {"test_ofi_fabric_sealed_registration_opens_only_by_grant",
+         test_ofi_fabric_sealed_registration_opens_only_by_grant},
         {"test_ofi_fabric_grant_lifetime", test_ofi_fabric_grant_lifetime},
     };
     enum { PER_CASE = sizeof per_case / sizeof per_case[0] };

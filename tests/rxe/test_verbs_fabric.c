@@ -887,6 +887,49 @@ static void test_verbs_fabric_grant_opens_only_its_range_on_its_connection(void 
     pair_close(&p);
 }
 
+/* A sealed registration (mr_register_sealed: an MR without remote write
+ * access): its own key opens nothing, on either connection, and changes no
+ * byte; a grant into it opens its range as into any registration. */
+static void test_verbs_fabric_sealed_registration_opens_only_by_grant(void **state)
+{
+    kvs_verbs_config_t cfg;
+    cfg_default(&cfg);
+    fp_pair_t p;
+    pair_open(&p, &cfg);
+    kvs_conn_t *ba2 = NULL, *ab2 = second_conn(&p, &ba2);
+    (void)ba2;
+    fp_region_t src, dst;
+    fp_region_reg(&p.b, &src, 64u << 10);
+    const int rc = fp_region_reg_sealed(&p.a, &dst, 64u << 10);
+    if (rc != KVS_OK)
+        fail_msg("mr_register_sealed: %s: %s", kvs_status_name(rc), p.a.fab->last_backend_msg);
+    uint64_t seed = 43;
+    fill_random(src.mem, src.len, &seed);
+    uint8_t *want = calloc(1, dst.len);
+    assert_non_null(want);
+    /* its own key: refused on both connections, nothing changes */
+    assert_int_equal(write_status(&p, p.ab, &src, &dst, 0, dst.rkey, 4096, 610), KVS_EREMOTE);
+    assert_memory_equal(dst.mem, want, dst.len);
+    assert_int_equal(write_status(&p, ab2, &src, &dst, 4096, dst.rkey, 4096, 611),
+                     KVS_EREMOTE);
+    assert_memory_equal(dst.mem, want, dst.len);
+    /* a grant into it opens exactly its range (after the QPs' recovery) */
+    kvs_grant_t *g = NULL;
+    const uint64_t off = 16384, len = 8192;
+    const uint64_t rkey = grant_and_tell(&p, p.ba, &dst, off, len, &g);
+    assert_int_equal(write_status(&p, p.ab, &src, &dst, off, rkey, len, 612), KVS_OK);
+    memcpy(want + off, src.mem + off, len);
+    assert_memory_equal(dst.mem, want, dst.len);
+    assert_int_equal(write_status(&p, p.ab, &src, &dst, off + len, rkey, 64, 613), KVS_EREMOTE);
+    assert_memory_equal(dst.mem, want, dst.len);
+    assert_int_equal(p.a.fab->ops.key_revoke(p.a.fab, g), KVS_OK);
+    p.b.fab->ops.disconnect(p.b.fab, ab2);
+    free(want);
+    fp_region_free(&p.b, &src);
+    fp_region_free(&p.a, &dst);
+    pair_close(&p);
+}
+
 /* Grants outlive their connection until revoked (their windows are gone). */
 static void test_verbs_fabric_grants_outlive_their_connection_until_revoked(void **state)
 {
@@ -1026,6 +1069,7 @@ int main(void)
         cmocka_unit_test(test_verbs_fabric_wait_wakes_on_a_message),
         cmocka_unit_test(test_verbs_fabric_wait_arm_fd_wakes_on_a_message_not_idle),
         cmocka_unit_test(test_verbs_fabric_grant_opens_only_its_range_on_its_connection),
+        cmocka_unit_test(test_verbs_fabric_sealed_registration_opens_only_by_grant),
         cmocka_unit_test(test_verbs_fabric_grants_outlive_their_connection_until_revoked),
         cmocka_unit_test(test_verbs_fabric_grant_cost_is_printed),
     };
