@@ -147,6 +147,30 @@ void fake_device_setup(fake_device_t *dev)
     dev->next_addr = 0x100000000ull;
 }
 
+static int fake_key_grant(kvs_fabric_t *base, kvs_conn_t *conn, kvs_mr_t *mr, uint64_t addr,
+                          uint64_t len_bytes, kvs_grant_t **out, uint64_t *rkey)
+{
+    return kvs_fabric_fail(base, KVS_EINVAL, 0, "fake: grants nothing");
+}
+
+static int fake_mr_register_sealed(kvs_fabric_t *base, kvs_device_t *dev, uint64_t addr,
+                                   uint64_t len_bytes, kvs_mr_t **out, uint64_t *rkey)
+{
+    fake_fabric_t *f = KVS_CONTAINER_OF(base, fake_fabric_t, base);
+    f->sealed_calls++;
+    if (f->seal_status != 0)
+        return f->seal_status;
+    f->register_calls--; /* counted as a sealed registration only */
+    return fake_mr_register(base, dev, addr, len_bytes, out, rkey);
+}
+
+void fake_fabric_grant_keys(fake_fabric_t *fab, bool seal)
+{
+    fab->base.ops.key_grant = fake_key_grant;
+    if (seal)
+        fab->base.ops.mr_register_sealed = fake_mr_register_sealed;
+}
+
 void fake_fabric_setup(fake_fabric_t *fab, uint32_t caps)
 {
     memset(fab, 0, sizeof *fab);

@@ -30,10 +30,15 @@ typedef struct fake_fabric {
     int register_calls;
     int live_mrs;
     uint64_t next_rkey;
+    int sealed_calls;     /* mr_register_sealed (after fake_fabric_grant_keys) */
+    int seal_status;      /* what it returns instead of registering, 0 = registers */
 } fake_fabric_t;
 
 /* Binds the fakes; caps are the fabric's KVS_FABRIC_CAP_* bits. */
 void fake_device_setup(fake_device_t *dev);
 void fake_fabric_setup(fake_fabric_t *fab, uint32_t caps);
+/* Gives fab a key_grant (which refuses every grant, KVS_EINVAL) and, with
+ * seal, an mr_register_sealed, as a fabric that scopes keys has. */
+void fake_fabric_grant_keys(fake_fabric_t *fab, bool seal);
 
 #endif

@@ -906,10 +906,64 @@ static void test_manager_logs_through_callback(void **state)
     assert_int_equal(kvs_manager_destroy(m), KVS_OK);
 }
 
+typedef struct said {
+    int cannot_seal;
+} said_t;
+
+static void watch_seal(void *user, kvs_log_level_t level, const char *msg)
+{
+    if (level == KVS_LOG_INFO && strstr(msg, "cannot seal a registration") != NULL)
+        ((said_t *)user)->cannot_seal++;
+}
+
+/* Where the fabric grants region-scoped keys the staging memory is
+ * registered sealed (mr_register_sealed), on both roles; where it grants
+ * but cannot seal (KVS_ENOTSUP), the manager says so once and registers
+ * as before; a fabric without grants is never asked to seal. */
+static void test_manager_seals_staging_where_keys_are_granted(void **state)
+{
+    fixture_t *f = *state;
+    said_t said = {0};
+    kvs_manager_config_t c = decode_cfg();
+    c.log = (kvs_log_t){.fn = watch_seal, .user = &said, .level = KVS_LOG_INFO};
+    kvs_manager_t *m = make(f, &c);
+    assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_register_staging(m), KVS_OK);
+    assert_int_equal(f->fab.sealed_calls, 0); /* no key_grant: not asked */
+    assert_int_equal(f->fab.register_calls, 1);
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+
+    fake_fabric_grant_keys(&f->fab, true);
+    const kvs_manager_config_t roles[] = {decode_cfg(), prefill_cfg()};
+    for (int i = 0; i < 2; i++) {
+        const int calls = f->fab.register_calls, sealed = f->fab.sealed_calls;
+        m = make(f, &roles[i]);
+        assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+        assert_int_equal(kvs_manager_register_staging(m), KVS_OK);
+        assert_true(f->fab.sealed_calls > sealed);
+        assert_int_equal(f->fab.register_calls, calls); /* none unsealed */
+        assert_int_equal(f->fab.live_mrs, f->fab.sealed_calls - sealed);
+        assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+        assert_int_equal(f->fab.live_mrs, 0);
+    }
+
+    f->fab.seal_status = KVS_ENOTSUP;
+    m = make(f, &c);
+    assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+    const int calls = f->fab.register_calls;
+    assert_int_equal(kvs_manager_register_staging(m), KVS_OK);
+    assert_int_equal(said.cannot_seal, 1);
+    assert_int_equal(f->fab.register_calls, calls + 1);
+    assert_int_equal(f->fab.live_mrs, 1);
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_manager_decode_init_in_order, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manager_seals_staging_where_keys_are_granted,
+                                        setup, teardown),
         cmocka_unit_test_setup_teardown(test_manager_decode_without_allocator, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manager_decode_without_kv_buffers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manager_decode_without_registration, setup, teardown),
