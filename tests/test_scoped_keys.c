@@ -154,6 +154,25 @@ static uint64_t ring_rkey(edge_cluster_t *cl, uint64_t *addr, uint64_t *len)
     return rkey;
 }
 
+/* A stranger (the intruder NIC x) writes len bytes at raddr of d0 under
+ * rkey: refused (KVS_EREMOTE), and not a byte of d0's ring changes. */
+static void expect_stranger_refused(edge_cluster_t *cl, edge_intruder_t *x, uint64_t raddr,
+                                    uint64_t rkey, uint64_t len, const char *what)
+{
+    uint64_t addr = 0, bytes = 0;
+    (void)ring_rkey(cl, &addr, &bytes);
+    const uint8_t *ring = sim_gpu_host(edge_decode(cl, 0)->gpu, addr, bytes);
+    uint8_t *before = malloc((size_t)bytes);
+    assert_non_null(before);
+    memcpy(before, ring, (size_t)bytes);
+    const int w = edge_intruder_write(x, "d0", raddr, rkey, len);
+    edge_run(cl);
+    assert_int_equal(x->write_status[w], KVS_EREMOTE);
+    if (memcmp(before, ring, (size_t)bytes) != 0)
+        EDGE_FAIL("a stranger's write under %s changed the ring", what);
+    free(before);
+}
+
 /* One grant per writer and region, each write under its own key (never the
  * ring's, which the decode no longer sends), no extra write per region, and
  * every grant revoked once the rooms ended. */
@@ -263,26 +282,14 @@ static void test_scoped_keys_key_from_another_connection_fails(void **state)
     const edge_opts_t o = edge_defaults();
     tap_t tap;
     edge_cluster_t *cl = tapped_cluster(&o, &tap);
-    edge_node_t *d = edge_decode(cl, 0);
     edge_open(cl, 1, 0, 40);
     edge_run(cl);
     edge_computed_on(cl, 0, 1, 40, true);
     edge_run(cl);
     const tap_write_t k = *tap_first(&tap, "p0", 0);
-    uint64_t addr = 0, len = 0;
-    (void)ring_rkey(cl, &addr, &len);
-    const uint8_t *ring = sim_gpu_host(d->gpu, addr, len);
-    uint8_t *before = malloc((size_t)len);
-    assert_non_null(before);
-    memcpy(before, ring, (size_t)len);
     edge_intruder_t x;
     edge_intruder_create(cl, &x);
-    const int w = edge_intruder_write(&x, "d0", k.addr, k.rkey, k.len);
-    edge_run(cl);
-    assert_int_equal(x.write_status[w], KVS_EREMOTE);
-    if (memcmp(before, ring, (size_t)len) != 0)
-        EDGE_FAIL("a stranger's write under p0's key changed the ring");
-    free(before);
+    expect_stranger_refused(cl, &x, k.addr, k.rkey, k.len, "p0's key");
     edge_computed_on(cl, 1, 1, 40, true);
     edge_run(cl);
     edge_expect_ok(cl, 1, 0, 40);
@@ -312,7 +319,6 @@ static void test_scoped_keys_ring_own_key_opens_nothing(void **state)
     const edge_opts_t o = edge_defaults();
     tap_t tap;
     edge_cluster_t *cl = tapped_cluster(&o, &tap);
-    edge_node_t *d = edge_decode(cl, 0);
     uint64_t addr = 0, len = 0;
     const uint64_t whole = ring_rkey(cl, &addr, &len);
     edge_open(cl, 1, 0, 40);
@@ -323,18 +329,9 @@ static void test_scoped_keys_ring_own_key_opens_nothing(void **state)
     tap.rkey = whole;
     plant(cl, &tap, 0, 1, false);
 
-    const uint8_t *ring = sim_gpu_host(d->gpu, addr, len);
-    uint8_t *before = malloc((size_t)len);
-    assert_non_null(before);
-    memcpy(before, ring, (size_t)len);
     edge_intruder_t x;
     edge_intruder_create(cl, &x);
-    const int w = edge_intruder_write(&x, "d0", addr, whole, 4096);
-    edge_run(cl);
-    assert_int_equal(x.write_status[w], KVS_EREMOTE);
-    if (memcmp(before, ring, (size_t)len) != 0)
-        EDGE_FAIL("a stranger's write under the ring's own key changed the ring");
-    free(before);
+    expect_stranger_refused(cl, &x, addr, whole, 4096, "the ring's own key");
     edge_computed(cl, 2, 40, true);
     edge_run(cl);
     edge_expect_ok(cl, 2, 0, 40);
