@@ -8,6 +8,8 @@
 # (fuzz/fuzz_*.c, clang + ASan + UBSan, build-fuzz/) for KVS_FUZZ_SECONDS
 # (default 15) from its seed corpus. The verbs tests (ctest label rxe) run
 # in a soft-RoCE qemu VM (tests/rxe/run-in-vm.sh) in their own phase.
+# Every build here is made with -DKVS_WERROR=ON (gcc and clang, tests
+# included): warnings fail CI, never a user's build, where it is off.
 # Set KVS_SKIP_DEPS=1 to skip the package install on a machine that has them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,17 +22,17 @@ fi
 
 echo "== build: gcc, ASan+UBSan"
 rm -rf build-test
-cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Debug -DKVS_SANITIZE=ON
+cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Debug -DKVS_SANITIZE=ON -DKVS_WERROR=ON
 cmake --build build-test -j"$jobs"
 
-echo "== build: gcc Release -Werror (the main job's build; -O3 finds other warnings)"
+echo "== build: gcc Release -Werror, tests included (docs/install.md's build; -O3 finds other warnings)"
 rm -rf build-release
-cmake -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DKVS_TESTS=OFF >/dev/null
+cmake -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DKVS_WERROR=ON >/dev/null
 cmake --build build-release -j"$jobs"
 
 echo "== build: clang -Werror"
 rm -rf build-clang
-CC=clang cmake -S . -B build-clang -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+CC=clang cmake -S . -B build-clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVS_WERROR=ON >/dev/null
 cmake --build build-clang -j"$jobs"
 
 echo "== ctest (ASan+UBSan)"
@@ -59,9 +61,10 @@ rxe_passed=$(grep -cE '^ *[0-9]+/[0-9]+ Test +#[0-9]+: .* Passed' build-test/rxe
 # assert() conditions are invariants, not behaviour to cover.
 echo "== coverage of src/ (gcc Debug + gcov, no sanitizers; gcovr)"
 rm -rf build-cov
-cmake -S . -B build-cov -DCMAKE_BUILD_TYPE=Debug -DKVS_COVERAGE=ON >/dev/null
+cmake -S . -B build-cov -DCMAKE_BUILD_TYPE=Debug -DKVS_COVERAGE=ON -DKVS_WERROR=ON >/dev/null
 cmake --build build-cov -j"$jobs"
-if ! (cd build-cov && ctest -j"$jobs" -LE rxe --output-on-failure) >build-cov/ctest.log 2>&1; then
+# (label build: tests that build a tree of their own, nothing to count here)
+if ! (cd build-cov && ctest -j"$jobs" -LE 'rxe|build' --output-on-failure) >build-cov/ctest.log 2>&1; then
   status=1
   echo "run-all: ctest failed in the coverage build: see build-cov/ctest.log"
 fi
@@ -71,7 +74,7 @@ gcovr -r "$root" --filter "$root/src/" --object-directory build-cov \
 
 echo "== valgrind memcheck (unit tests, plain Debug build)"
 rm -rf build-valgrind
-cmake -S . -B build-valgrind -DCMAKE_BUILD_TYPE=Debug >/dev/null
+cmake -S . -B build-valgrind -DCMAKE_BUILD_TYPE=Debug -DKVS_WERROR=ON >/dev/null
 cmake --build build-valgrind -j"$jobs"
 vg_passed=0 vg_failed=0
 for t in build-valgrind/test_*; do
@@ -106,7 +109,7 @@ echo "== fuzz (libFuzzer, clang, ASan+UBSan, ${fuzz_seconds}s each)"
 rm -rf build-fuzz
 fuzz_built=0
 if CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVS_SANITIZE=ON \
-     -DKVS_FUZZ=ON -DKVS_TESTS=OFF -DKVS_FUZZ_SECONDS="$fuzz_seconds" >/dev/null &&
+     -DKVS_FUZZ=ON -DKVS_TESTS=OFF -DKVS_WERROR=ON -DKVS_FUZZ_SECONDS="$fuzz_seconds" >/dev/null &&
    cmake --build build-fuzz -j"$jobs"; then
   fuzz_built=1
   (cd build-fuzz && ctest -L fuzz -j"$jobs" --output-on-failure) 2>&1 |

@@ -858,7 +858,13 @@ int main(void)
     for (int c = 0; c < ncases; c++) {
         for (size_t k = 0; k < PER_CASE; k++) {
             char *name = names[c * PER_CASE + k];
-            snprintf(name, sizeof names[0], "%s/%s", per_case[k].name, cases[c].label);
+            int len = snprintf(name, sizeof names[0], "%s/%s", per_case[k].name,
+                               cases[c].label);
+            if (len < 0 || (size_t)len >= sizeof names[0]) {
+                fprintf(stderr, "test_ofi_fabric: test name %s/%s is longer than %zu bytes\n",
+                        per_case[k].name, cases[c].label, sizeof names[0] - 1);
+                return 1;
+            }
             tests[n++] = (struct CMUnitTest){.name = name, .test_func = per_case[k].fn,
                                              .setup_func = prov_setup,
                                              .initial_state = &cases[c]};
