@@ -15,33 +15,38 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 jobs=$(nproc)
+# Each phase's heading shows the seconds since the start: CI's time is a
+# budget (docs/testing.md), and this is where it goes.
+phase() {
+  echo "== $* [${SECONDS}s]"
+}
 
 if [ "${KVS_SKIP_DEPS:-0}" != 1 ]; then
   tools/install-deps.sh
 fi
 
-echo "== build: gcc, ASan+UBSan"
+phase "build: gcc, ASan+UBSan"
 rm -rf build-test
 cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Debug -DKVS_SANITIZE=ON -DKVS_WERROR=ON
 cmake --build build-test -j"$jobs"
 
-echo "== build: gcc Release -Werror, tests included (docs/install.md's build; -O3 finds other warnings)"
+phase "build: gcc Release -Werror, tests included (docs/install.md's build; -O3 finds other warnings)"
 rm -rf build-release
 cmake -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DKVS_WERROR=ON >/dev/null
 cmake --build build-release -j"$jobs"
 
-echo "== build: clang -Werror"
+phase "build: clang -Werror"
 rm -rf build-clang
 CC=clang cmake -S . -B build-clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVS_WERROR=ON >/dev/null
 cmake --build build-clang -j"$jobs"
 
-echo "== ctest (ASan+UBSan)"
+phase "ctest (ASan+UBSan)"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 status=0
 (cd build-test && ctest -j"$jobs" -LE rxe --output-on-failure) 2>&1 | tee build-test/ctest.log || status=$?
 
-echo "== rxe (soft-RoCE in qemu)"
+phase "rxe (soft-RoCE in qemu)"
 # The verbs tests (ctest label rxe) on a real RDMA stack: tests/rxe/run-in-vm.sh
 # boots Debian's kernel with rdma_rxe in qemu (or runs them directly where
 # this machine has an RDMA device). KVS_RXE_REQUIRED=1: a VM that cannot
@@ -59,7 +64,7 @@ rxe_passed=$(grep -cE '^ *[0-9]+/[0-9]+ Test +#[0-9]+: .* Passed' build-test/rxe
 # overflow, bool loads, nonnull arguments) compile to branches gcov counts
 # and that no passing test can take (about 300 of src/'s branches), and
 # assert() conditions are invariants, not behaviour to cover.
-echo "== coverage of src/ (gcc Debug + gcov, no sanitizers; gcovr)"
+phase "coverage of src/ (gcc Debug + gcov, no sanitizers; gcovr)"
 rm -rf build-cov
 cmake -S . -B build-cov -DCMAKE_BUILD_TYPE=Debug -DKVS_COVERAGE=ON -DKVS_WERROR=ON >/dev/null
 cmake --build build-cov -j"$jobs"
@@ -72,7 +77,7 @@ gcovr -r "$root" --filter "$root/src/" --object-directory build-cov \
   --exclude-branches-by-pattern '.*\bassert\(' \
   --print-summary --fail-under-line 90 --fail-under-branch 90 build-cov || status=$?
 
-echo "== valgrind memcheck (unit tests, plain Debug build)"
+phase "valgrind memcheck (unit tests, plain Debug build)"
 rm -rf build-valgrind
 cmake -S . -B build-valgrind -DCMAKE_BUILD_TYPE=Debug -DKVS_WERROR=ON >/dev/null
 cmake --build build-valgrind -j"$jobs"
@@ -105,7 +110,7 @@ if ! [[ $fuzz_seconds =~ ^[1-9][0-9]*$ ]]; then
   echo "run-all: KVS_FUZZ_SECONDS must be a positive number of seconds" >&2
   exit 2
 fi
-echo "== fuzz (libFuzzer, clang, ASan+UBSan, ${fuzz_seconds}s each)"
+phase "fuzz (libFuzzer, clang, ASan+UBSan, ${fuzz_seconds}s each)"
 rm -rf build-fuzz
 fuzz_built=0
 if CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVS_SANITIZE=ON \
@@ -144,5 +149,6 @@ else
 fi
 echo "valgrind: $vg_passed passed, $vg_failed failed"
 echo "rxe: $rxe_passed passed, $rxe_failed failed"
+echo "run-all: ${SECONDS}s in all"
 echo "$((passed + fuzz_passed + vg_passed + rxe_passed)) passed, $((failed + fuzz_failed + vg_failed + rxe_failed)) failed"
 exit "$status"
