@@ -1,8 +1,10 @@
 /*
  * models.c - built-in model shapes by name (kvs_model_find): what the layout
  * planner needs from a well-known model. The numbers are the models'
- * published configs (num_key_value_heads, head dim = hidden_size /
- * num_attention_heads, num_hidden_layers); the KV dtype is the usual bf16.
+ * published configs (num_key_value_heads; head_dim where the config gives
+ * one, as Qwen3's and Llama 4's do, else hidden_size / num_attention_heads;
+ * num_hidden_layers); the KV dtype is the usual bf16. A MoE model's KV is
+ * that of its attention layers alone: experts hold no KV.
  * Add a model by adding a row; names stay lower case. Read-only static
  * data: no state.
  */
@@ -21,6 +23,21 @@ static const kvs_model_t kvs__models[] = {
      "Qwen2.5 1.5B: 2 KV heads, replicated at TP > 2"},
     {"chatglm3-6b", 2, 128, 28, KVS_DTYPE_BF16,
      "ChatGLM3 6B: 2 KV groups, replicated at TP > 2"},
+    {"llama-3.2-1b", 8, 64, 16, KVS_DTYPE_BF16, "Llama 3.2 1B: head dim 64"},
+    {"llama-3.2-3b", 8, 128, 28, KVS_DTYPE_BF16, "Llama 3.2 3B"},
+    {"llama-3.3-70b", 8, 128, 80, KVS_DTYPE_BF16, "Llama 3.3 70B: Llama 3.1 70B's shape"},
+    {"llama-4-scout", 8, 128, 48, KVS_DTYPE_BF16,
+     "Llama 4 Scout 17B-16E (MoE); chunked attention layers pooled in full"},
+    {"llama-4-maverick", 8, 128, 48, KVS_DTYPE_BF16,
+     "Llama 4 Maverick 17B-128E (MoE); chunked attention layers pooled in full"},
+    {"qwen3-0.6b", 8, 128, 28, KVS_DTYPE_BF16, "Qwen3 0.6B: head dim 128 > hidden / heads"},
+    {"qwen3-8b", 8, 128, 36, KVS_DTYPE_BF16, "Qwen3 8B"},
+    {"qwen3-14b", 8, 128, 40, KVS_DTYPE_BF16, "Qwen3 14B"},
+    {"qwen3-32b", 8, 128, 64, KVS_DTYPE_BF16, "Qwen3 32B"},
+    {"qwen3-30b-a3b", 4, 128, 48, KVS_DTYPE_BF16,
+     "Qwen3 30B-A3B (MoE): 4 KV heads, replicated at TP 8"},
+    {"qwen3-235b-a22b", 4, 128, 94, KVS_DTYPE_BF16,
+     "Qwen3 235B-A22B (MoE): 4 KV heads, replicated at TP 8"},
 };
 
 #define KVS__MODEL_COUNT (sizeof kvs__models / sizeof kvs__models[0])

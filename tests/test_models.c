@@ -27,6 +27,29 @@ static void test_models_known_shape(void **state)
     assert_true(strlen(m->note) > 0);
 }
 
+/* Shapes a config's other fields would get wrong: Qwen3 0.6B's head_dim
+ * (128) is not hidden_size / num_attention_heads (64); MoE models keep the
+ * KV of their attention layers only (Qwen3 235B: 4 KV heads over 94
+ * layers; Llama 4 Scout: 8 over 48). */
+static void test_models_current_families_shapes(void **state)
+{
+    const struct {
+        const char *name;
+        int64_t heads, head_dim, layers;
+    } want[] = {
+        {"qwen3-0.6b", 8, 128, 28},      {"qwen3-32b", 8, 128, 64},
+        {"qwen3-235b-a22b", 4, 128, 94}, {"qwen3-30b-a3b", 4, 128, 48},
+        {"llama-4-scout", 8, 128, 48},   {"llama-3.2-1b", 8, 64, 16},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const kvs_model_t *m = kvs_model_find(want[i].name);
+        assert_non_null(m);
+        assert_int_equal(m->total_heads, want[i].heads);
+        assert_int_equal(m->head_dim, want[i].head_dim);
+        assert_int_equal(m->layers, want[i].layers);
+    }
+}
+
 static void test_models_lookup_ignores_case(void **state)
 {
     assert_ptr_equal(kvs_model_find("Qwen2.5-7B"), kvs_model_find("qwen2.5-7b"));
@@ -67,6 +90,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_models_known_shape),
+        cmocka_unit_test(test_models_current_families_shapes),
         cmocka_unit_test(test_models_lookup_ignores_case),
         cmocka_unit_test(test_models_unknown_is_null),
         cmocka_unit_test(test_models_names_unique_lower_case_and_plannable),
