@@ -585,7 +585,7 @@ int kvs_decode_room_open_peer(kvs_decode_t *d, uint64_t room, kvs_peer_t peer,
         msg.u.abort = (kvs_msg_abort_t){.room = room, .status = status};
         for (int64_t i = 0; i < inst->npeers; i++)
             kvs__send(&d->h, &inst->peers[i], &msg);
-        kvs__room_reject(&d->h, room, status);
+        kvs__room_reject(&d->h, room, inst->ref, status);
         return status;
     }
     const int64_t want_pages = kvs__ceil_div(total_tokens - base_tokens, ps);

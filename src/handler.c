@@ -228,6 +228,8 @@ void kvs__room_end(kvs__handler_t *h, kvs__room_t *r, int64_t chunks)
     kvs_room_result_t res = {.room = r->id, .status = r->status, .chunks = chunks,
                              .bytes = r->bytes, .rdma_writes = r->writes,
                              .open_ns = r->open_ns, .done_ns = kvs__now(h)};
+    if (r->inst != NULL)
+        res.peer = r->inst->ref;
     kvs__results_push(&h->results, &res, &r->aux, r->status == KVS_OK ? r->aux_got : 0);
     if (r->status == KVS_OK)
         h->stats.rooms_ok++;
@@ -245,10 +247,11 @@ void kvs__room_drop(kvs__handler_t *h, kvs__room_t *r)
     h->role->room_free(h, r, false);
 }
 
-void kvs__room_reject(kvs__handler_t *h, uint64_t id, int status)
+void kvs__room_reject(kvs__handler_t *h, uint64_t id, kvs_peer_t peer, int status)
 {
     const uint64_t now = kvs__now(h);
-    kvs_room_result_t res = {.room = id, .status = status, .open_ns = now, .done_ns = now};
+    kvs_room_result_t res = {.room = id, .status = status, .open_ns = now, .done_ns = now,
+                             .peer = peer};
     kvs__results_push(&h->results, &res, NULL, 0);
     h->stats.rooms_failed++;
 }
@@ -519,6 +522,17 @@ int kvs__handler_room_state(const kvs__handler_t *h, uint64_t room, kvs_room_sta
     return KVS_OK;
 }
 
+void kvs__handler_room_counts(const kvs__handler_t *h, uint64_t counts[KVS__ROOM_STATES])
+{
+    for (int i = 0; i < KVS__ROOM_STATES; i++)
+        counts[i] = 0;
+    for (const kvs__room_t *r = h->first; r != NULL; r = r->next) {
+        const kvs_room_state_t st =
+            r->status != KVS_OK ? KVS_ROOM_FAILED : h->role->room_state(h, r);
+        counts[(unsigned)st < KVS__ROOM_STATES ? st : KVS_ROOM_FAILED]++;
+    }
+}
+
 int kvs__handler_room_abort(kvs__handler_t *h, uint64_t room)
 {
     kvs__room_t *r = kvs__room_get(h, room);
@@ -570,6 +584,11 @@ int kvs__handler_room_abort(kvs__handler_t *h, uint64_t room)
     {                                                                                     \
         return x != NULL ? kvs__handler_room_state((const kvs__handler_t *)x, room, out)   \
                          : KVS_EINVAL;                                                    \
+    }                                                                                     \
+    void kvs__##role##_room_counts(const kvs_##role##_t *x,                               \
+                                   uint64_t counts[KVS__ROOM_STATES])                     \
+    {                                                                                     \
+        kvs__handler_room_counts((const kvs__handler_t *)x, counts);                      \
     }                                                                                     \
     int kvs_##role##_room_abort(kvs_##role##_t *x, uint64_t room)                         \
     {                                                                                     \

@@ -28,6 +28,7 @@
 #include "instance.h"
 #include "link.h"
 #include "manager.h"
+#include "metrics.h"
 #include "results.h"
 #include "table.h"
 
@@ -149,8 +150,9 @@ void kvs__room_fail(kvs__handler_t *h, kvs__room_t *r, int status, const kvs__pe
 void kvs__room_end(kvs__handler_t *h, kvs__room_t *r, int64_t chunks);
 /* Removes and frees r without a result (nobody asked for it). */
 void kvs__room_drop(kvs__handler_t *h, kvs__room_t *r);
-/* A result for a room that never opened (refused at open). */
-void kvs__room_reject(kvs__handler_t *h, uint64_t id, int status);
+/* A result for a room that never opened (refused at open), counted for
+ * the peer instance it named. */
+void kvs__room_reject(kvs__handler_t *h, uint64_t id, kvs_peer_t peer, int status);
 
 /* ---- peers and messages ---- */
 
@@ -202,6 +204,8 @@ static inline uint64_t kvs__handler_stall_ns(const kvs__handler_t *h)
 }
 int kvs__handler_poll_rooms(kvs__handler_t *h, kvs_room_result_t *out, int max);
 int kvs__handler_room_state(const kvs__handler_t *h, uint64_t room, kvs_room_state_t *out);
+/* The open rooms by kvs_room_state_t (FAILED: failed, result not yet out). */
+void kvs__handler_room_counts(const kvs__handler_t *h, uint64_t counts[KVS__ROOM_STATES]);
 /* Fails room with KVS_ECANCELED (its peers are told); KVS_ENOENT. */
 int kvs__handler_room_abort(kvs__handler_t *h, uint64_t room);
 

@@ -10,6 +10,7 @@
  */
 #include "error.h"
 #include "manager.h"
+#include "metrics.h"
 
 #include <stdlib.h>
 
@@ -20,6 +21,7 @@ struct kvs_rank {
     bool owns_manager;           /* made by kvs_rank_create, not the caller's */
     kvs_decode_t *dec;           /* one of the two is set */
     kvs_prefill_t *pre;
+    kvs__metrics_t *metrics;     /* every result that leaves the rank */
     void (*lock)(void *ctx);
     void (*unlock)(void *ctx);
     void *lock_ctx;
@@ -50,6 +52,19 @@ static int64_t kvs__rank_heads(const kvs_rank_config_t *cfg)
     return 0;
 }
 
+/* The handler of the manager's role and the rank's metrics (one per peer
+ * instance the manager can know, and "other"). */
+static int kvs__rank_handler_create(kvs_rank_t *r)
+{
+    const kvs_manager_config_t *c = &r->m->cfg;
+    int rc = c->role == KVS_ROLE_DECODE ? kvs_decode_create(r->m, &r->dec)
+                                        : kvs_prefill_create(r->m, &r->pre);
+    if (rc == KVS_OK && (rc = kvs__metrics_create(c->max_instances, &r->metrics)) != KVS_OK)
+        KVS__MFAIL(r->m, rc, "allocating the rank's metrics (%u peer instances) failed",
+                   (unsigned)c->max_instances);
+    return rc;
+}
+
 int kvs_rank_create(const kvs_rank_config_t *cfg, kvs_device_t *dev, kvs_fabric_t *fab,
                     kvs_rank_t **out, kvs_error_t *err)
 {
@@ -78,8 +93,7 @@ int kvs_rank_create(const kvs_rank_config_t *cfg, kvs_device_t *dev, kvs_fabric_
     r->owns_manager = true;
     if (rc == KVS_OK) {
         step = cfg->manager.role == KVS_ROLE_DECODE ? "decode_create" : "prefill_create";
-        rc = cfg->manager.role == KVS_ROLE_DECODE ? kvs_decode_create(r->m, &r->dec)
-                                                  : kvs_prefill_create(r->m, &r->pre);
+        rc = kvs__rank_handler_create(r);
     }
     if (rc != KVS_OK) {
         const kvs_error_t *e = kvs_manager_last_error(r->m);
@@ -101,10 +115,9 @@ int kvs_rank_create_on(kvs_manager_t *m, kvs_rank_t **out)
     if (r == NULL)
         return KVS__MFAIL(m, KVS_ENOMEM, "allocating the rank failed");
     r->m = m;
-    const int rc = m->cfg.role == KVS_ROLE_DECODE ? kvs_decode_create(m, &r->dec)
-                                                  : kvs_prefill_create(m, &r->pre);
+    const int rc = kvs__rank_handler_create(r);
     if (rc != KVS_OK) {
-        free(r);
+        kvs_rank_destroy(r); /* not the manager: the caller's */
         return rc;
     }
     *out = r;
@@ -117,6 +130,7 @@ void kvs_rank_destroy(kvs_rank_t *r)
         return;
     kvs_decode_destroy(r->dec);
     kvs_prefill_destroy(r->pre);
+    kvs__metrics_destroy(r->metrics);
     if (r->owns_manager)
         (void)kvs_manager_destroy(r->m); /* its handler is gone: cannot be busy */
     free(r);
@@ -265,10 +279,14 @@ static int kvs__rank_progress(kvs_rank_t *r)
     return r->dec != NULL ? kvs_decode_progress(r->dec) : kvs_prefill_progress(r->pre);
 }
 
+/* Every result leaves the rank here: the metrics count it. */
 static int kvs__rank_poll(kvs_rank_t *r, kvs_room_result_t *out, int max)
 {
-    return r->dec != NULL ? kvs_decode_poll_rooms(r->dec, out, max)
-                          : kvs_prefill_poll_rooms(r->pre, out, max);
+    const int got = r->dec != NULL ? kvs_decode_poll_rooms(r->dec, out, max)
+                                   : kvs_prefill_poll_rooms(r->pre, out, max);
+    for (int i = 0; i < got; i++)
+        kvs__metrics_observe(r->metrics, &out[i]);
+    return got;
 }
 
 static uint64_t kvs__rank_deadline(const kvs_rank_t *r)
@@ -332,6 +350,57 @@ void kvs_rank_stats(const kvs_rank_t *r, kvs_handler_stats_t *out)
     else
         kvs_prefill_stats(r->pre, out);
     kvs__rank_unlock(r);
+}
+
+int kvs_rank_metrics(kvs_rank_t *const *ranks, size_t n, char *buf, size_t cap,
+                     size_t *len_out)
+{
+    if ((ranks == NULL && n > 0) || (buf == NULL && cap > 0) || len_out == NULL)
+        return KVS_EINVAL;
+    enum { KVS__METRICS_RANKS_MAX = 4096 };
+    if (n > KVS__METRICS_RANKS_MAX)
+        return KVS_ERANGE;
+    kvs__metrics_rank_t *view = calloc(n > 0 ? n : 1, sizeof *view);
+    if (view == NULL)
+        return KVS_ENOMEM;
+    int rc = KVS_OK;
+    kvs__metrics_t **snap = calloc(n > 0 ? n : 1, sizeof *snap);
+    if (snap == NULL)
+        rc = KVS_ENOMEM;
+    for (size_t i = 0; i < n && rc == KVS_OK; i++) {
+        const kvs_rank_t *r = ranks[i];
+        if (r == NULL) {
+            rc = KVS_EINVAL;
+            break;
+        }
+        if ((rc = kvs__metrics_create_like(r->metrics, &snap[i])) != KVS_OK)
+            break;
+        const kvs_manager_config_t *c = &r->m->cfg;
+        kvs__metrics_rank_t *v = &view[i];
+        *v = (kvs__metrics_rank_t){.m = snap[i], .role = c->role, .instance = c->instance_id,
+                                   .dp_rank = c->dp_rank, .tp_rank = c->tp_rank,
+                                   .pp_rank = c->pp_rank};
+        kvs__rank_lock(r);
+        kvs__metrics_copy(snap[i], r->metrics);
+        if (r->dec != NULL) {
+            kvs_decode_stats(r->dec, &v->stats);
+            kvs__decode_room_counts(r->dec, v->rooms);
+        } else {
+            kvs_prefill_stats(r->pre, &v->stats);
+            kvs__prefill_room_counts(r->pre, v->rooms);
+        }
+        v->ring_bytes = r->m->ring != NULL ? kvs_ring_size_bytes(r->m->ring) : 0;
+        kvs__rank_unlock(r);
+    }
+    /* Each rank's numbers are one snapshot, taken under its lock; the text
+     * is made outside every lock. */
+    if (rc == KVS_OK)
+        rc = kvs__metrics_render(view, n, buf, cap, len_out);
+    for (size_t i = 0; snap != NULL && i < n; i++)
+        kvs__metrics_destroy(snap[i]);
+    free(snap);
+    free(view);
+    return rc;
 }
 
 int64_t kvs_rank_peers_ready(const kvs_rank_t *r)

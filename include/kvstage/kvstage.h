@@ -658,6 +658,16 @@ KVS_API void kvs_decode_destroy(kvs_decode_t *d);
 
 typedef struct kvs_prefill kvs_prefill_t;
 
+/* The peer instance a room is paired with (spec §12): the id the
+ * application gives the model replica of the other role, and with attention
+ * data parallelism the attention group that serves the room (0 otherwise).
+ * A group behaves as an instance of TP attn_tp. {0, 0} is the default peer
+ * instance, whose geometry the config's peer_tp_size / peer_pp_size give. */
+typedef struct kvs_peer {
+    uint64_t instance;
+    int64_t dp_rank;
+} kvs_peer_t;
+
 /* The end of one request on one rank. */
 typedef struct kvs_room_result {
     uint64_t room;
@@ -671,6 +681,9 @@ typedef struct kvs_room_result {
      * next progress (or step). */
     const void *aux;
     uint32_t aux_bytes;
+    /* The peer instance (and attention group) the room was paired with;
+     * metrics count rooms per peer instance by it. */
+    kvs_peer_t peer;
 } kvs_room_result_t;
 
 typedef struct kvs_handler_stats {
@@ -721,15 +734,6 @@ typedef enum kvs_room_state {
 /* "failed", "bootstrapping", "waiting", "transferring", "success". */
 KVS_API const char *kvs_room_state_name(kvs_room_state_t state);
 
-/* The peer instance a room is paired with (spec §12): the id the
- * application gives the model replica of the other role, and with attention
- * data parallelism the attention group that serves the room (0 otherwise).
- * A group behaves as an instance of TP attn_tp. {0, 0} is the default peer
- * instance, whose geometry the config's peer_tp_size / peer_pp_size give. */
-typedef struct kvs_peer {
-    uint64_t instance;
-    int64_t dp_rank;
-} kvs_peer_t;
 
 /* A prefill instance as a decode rank learns it from the application (the
  * original system's table of prefill instances keyed by address). */
@@ -929,6 +933,23 @@ KVS_API uint64_t kvs_rank_next_deadline_ns(const kvs_rank_t *r);
 KVS_API void kvs_rank_stats(const kvs_rank_t *r, kvs_handler_stats_t *out);
 /* Decode: peer ranks registered and acknowledged; prefill: 0. */
 KVS_API int64_t kvs_rank_peers_ready(const kvs_rank_t *r);
+
+/* Metrics of n ranks (a process's ranks, one scrape) as Prometheus text,
+ * exposition format 0.0.4, each family once (docs/operations.md lists
+ * them): per peer instance the time from a room's open to its end and the
+ * bytes it moved (histograms, rooms that succeeded) and the rooms ended by
+ * terminal status (KVS_OK or why they failed); per rank the open rooms by
+ * state, the handler's counters (kvs_handler_stats_t: writes,
+ * retransmissions, peers lost...), the ring's size, live and peak bytes.
+ * Every sample is labelled role, instance, dp_rank, tp_rank, pp_rank. Each
+ * rank's numbers are a snapshot taken under its lock (safe while a driver
+ * steps it); rooms of more peer instances than max_instances count as
+ * peer_instance="other". Writes at most cap bytes, NUL-terminated when cap
+ * > 0; *len_out gets the text's length. KVS_ERANGE when it did not fit
+ * (call again with *len_out + 1 bytes), KVS_EINVAL for a NULL rank, buf
+ * (with cap > 0) or len_out, KVS_ENOMEM. */
+KVS_API int kvs_rank_metrics(kvs_rank_t *const *ranks, size_t n, char *buf, size_t cap,
+                             size_t *len_out);
 
 /* A lock the rank takes around every call above but create and destroy,
  * for a driver that steps the rank on its own thread while the caller's

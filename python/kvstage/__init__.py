@@ -27,8 +27,9 @@ from ._fabric import ofi_providers
 from ._library import path as library_path
 from ._models import models
 from ._plan import plan
-from ._rank import Rank, RoomResult, RoomState
+from ._rank import Rank, RoomResult, RoomState, metrics_text
 from ._simulate import simulate
 
-__all__ = ["KvstageError", "Rank", "RoomResult", "RoomState", "library_path", "models",
-           "ofi_providers", "plan", "simulate", "status_name", "strerror"]
+__all__ = ["KvstageError", "Rank", "RoomResult", "RoomState", "library_path",
+           "metrics_text", "models", "ofi_providers", "plan", "simulate", "status_name",
+           "strerror"]

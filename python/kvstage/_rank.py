@@ -53,10 +53,11 @@ class RoomState(enum.IntEnum):
 class RoomResult:
     """A finished room: status (0 or a negative kvstage status), ok, state,
     status_name, chunks, bytes, rdma_writes, open_ns / done_ns (the fabric's
-    clock) and aux (decode, on success: the bytes the prefill gave; b"")."""
+    clock), aux (decode, on success: the bytes the prefill gave; b"") and
+    peer, the (instance, dp_rank) of the other side it was paired with."""
 
     __slots__ = ("room", "status", "status_name", "chunks", "bytes", "rdma_writes",
-                 "open_ns", "done_ns", "aux")
+                 "open_ns", "done_ns", "aux", "peer")
 
     def __init__(self, r, aux, name):
         self.room, self.status, self.chunks = int(r.room), int(r.status), int(r.chunks)
@@ -64,6 +65,7 @@ class RoomResult:
         self.open_ns, self.done_ns = int(r.open_ns), int(r.done_ns)
         self.aux = aux
         self.status_name = name
+        self.peer = (int(r.peer.instance), int(r.peer.dp_rank))
 
     @property
     def ok(self):
@@ -584,6 +586,15 @@ class Rank:
                     del self._finished[r.room]
         return out
 
+    def metrics(self):
+        """The rank's metrics as Prometheus text (exposition format 0.0.4):
+        rooms' transfer time and bytes per peer instance, rooms ended by
+        status, open rooms by state, the counters of stats(); what an
+        engine's /metrics endpoint serves (docs/operations.md). Ranks of one
+        process: kvstage.metrics_text(rank, rank, ...)."""
+        self._live("metrics")
+        return metrics_text(self)
+
     def stats(self):
         """The rank's counters (kvs_handler_stats_t) and the driver's
         (prefixed driver_), as a dict."""
@@ -596,3 +607,25 @@ class Rank:
         out.update({"driver_" + name: int(getattr(ds, name))
                     for name, _ in S.DriverStats._fields_})
         return out
+
+
+def metrics_text(*ranks):
+    """The metrics of several open Ranks of this process as one Prometheus
+    exposition (each metric family once, every rank's samples under it)."""
+    if not ranks:
+        raise _errors.invalid("metrics_text: give at least one Rank")
+    for r in ranks:
+        if not isinstance(r, Rank) or not r._rank:
+            raise _errors.invalid("metrics_text: %r is not an open kvstage.Rank" % (r,))
+    lib = ranks[0]._lib
+    arr = (ctypes.c_void_p * len(ranks))(*[r._rank for r in ranks])
+    need = ctypes.c_size_t(0)
+    cap = 1 << 16
+    while True:
+        buf = ctypes.create_string_buffer(cap)
+        rc = lib.kvs_rank_metrics(arr, len(ranks), buf, cap, ctypes.byref(need))
+        if rc == 0:
+            return buf.value.decode()
+        if rc != _errors.status_code("KVS_ERANGE") or need.value + 1 <= cap:
+            _errors.raise_for(rc, None, "kvs_rank_metrics: %s" % _errors.strerror(rc))
+        cap = need.value + 1

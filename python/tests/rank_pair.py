@@ -170,13 +170,15 @@ def prefill(folder, fabric, deadline_s):
     if bad:
         sys.exit("rank_pair prefill: rooms failed: %s" % bad)
     stats = [r.stats() for r in ranks]
+    metrics = kvstage.metrics_text(*ranks)
     for r in ranks:
         r.close()
     write_json(os.path.join(folder, "prefill.json"),
                {"provider": ranks[0].provider,
                 "rdma_writes": [s["rdma_writes"] for s in stats],
                 "bytes": [s["rdma_write_bytes"] for s in stats],
-                "driver_steps": [s["driver_steps"] for s in stats]})
+                "driver_steps": [s["driver_steps"] for s in stats],
+                "metrics": metrics})
 
 
 def decode(folder, fabric, deadline_s):
@@ -235,7 +237,8 @@ def decode(folder, fabric, deadline_s):
                                 whose(want.view(torch.int16)[slot], layer, name == "V")))
         stats = rank.stats()
         write_json(os.path.join(folder, "decode.json"),
-                   {"provider": rank.provider,
+                   {"provider": rank.provider, "metrics": rank.metrics(),
+                    "peers": sorted({r.peer for r in results.values()}),
                     "rooms": len(results), "bytes": sum(r.bytes for r in results.values()),
                     "aux_bytes": sum(len(r.aux) for r in results.values()),
                     "checked_bytes": sum(k.numel() * 2 * 2 for k in ks),

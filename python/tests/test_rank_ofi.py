@@ -158,6 +158,41 @@ def test_rank_ofi_prefill_tp2_to_decode_tp1(tmp_path, provider):
     # The ranks ran on the provider asked for (tcp as libfabric layers it:
     # "tcp;ofi_rxm").
     assert dec["provider"].split(";")[0] == pre["provider"].split(";")[0] == provider
+    check_metrics(dec, pre)
+
+
+def samples(text):
+    """{(name, frozenset(labels)): value} of a Prometheus exposition, read by
+    the Prometheus project's own parser (Debian's python3-prometheus-client)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            key = (s.name, frozenset(s.labels.items()))
+            assert key not in out, "sample %s twice" % (key,)
+            out[key] = s.value
+    return out
+
+
+def check_metrics(dec, pre):
+    """What the ranks' metrics say agrees with what they did: the decode's
+    rooms and bytes per peer instance, the prefill ranks' writes."""
+    d = samples(dec["metrics"])
+    assert dec["peers"] == [[0, 0]]
+    rank = {"role": "decode", "instance": "0", "dp_rank": "0", "tp_rank": "0", "pp_rank": "0"}
+    peer = dict(rank, peer_instance="0", peer_dp_rank="0")
+    assert d[("kvstage_rooms_ended_total", frozenset(dict(peer, status="KVS_OK").items()))] \
+        == dec["rooms_ok"] == dec["rooms"]
+    assert d[("kvstage_room_transfer_bytes_sum", frozenset(peer.items()))] == dec["bytes"] > 0
+    assert d[("kvstage_room_transfer_seconds_count", frozenset(peer.items()))] == dec["rooms"]
+    assert d[("kvstage_room_transfer_seconds_bucket",
+              frozenset(dict(peer, le="+Inf").items()))] == dec["rooms"]
+    assert d[("kvstage_ring_live_bytes", frozenset(rank.items()))] == 0
+    p = samples(pre["metrics"])
+    for tp, writes in enumerate(pre["rdma_writes"]):
+        labels = {"role": "prefill", "instance": "0", "dp_rank": "0", "tp_rank": str(tp),
+                  "pp_rank": "0"}
+        assert p[("kvstage_rdma_writes_total", frozenset(labels.items()))] == writes > 0
 
 
 def test_rank_secret_is_named_and_checked_at_create(tmp_path, monkeypatch):
