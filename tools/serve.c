@@ -24,6 +24,7 @@
 #include <kvstage/sim.h>
 
 #include "args.h"
+#include "serve_metrics.h"
 #include "serve_rank.h"
 #include "shape.h"
 
@@ -60,6 +61,8 @@ enum cli_serve_flag {
     CLI_VF_NO_VERIFY,
     CLI_VF_SECRET_FILE,
     CLI_VF_SECRET_ENV,
+    CLI_VF_METRICS,
+    CLI_VF_METRICS_HOLD_MS,
     CLI_VF_HELP,
     CLI_VF_COUNT
 };
@@ -91,6 +94,8 @@ static const cli_flag_t cli_serve_flags[CLI_VF_COUNT] = {
     [CLI_VF_NO_VERIFY] = {"--no-verify", false},
     [CLI_VF_SECRET_FILE] = {"--secret-file", true},
     [CLI_VF_SECRET_ENV] = {"--secret-env", true},
+    [CLI_VF_METRICS] = {"--metrics", true},
+    [CLI_VF_METRICS_HOLD_MS] = {"--metrics-hold-ms", true},
     [CLI_VF_HELP] = {"--help", false},
 };
 
@@ -180,6 +185,12 @@ void cli_serve_usage(FILE *out)
             "  --secret-file PATH    the cluster secret, read from PATH; or\n"
             "  --secret-env NAME     ... from environment variable NAME (never the secret\n"
             "                        itself on the command line: docs/security.md)\n"
+            "metrics:\n"
+            "  --metrics IP:PORT     serve GET /metrics over HTTP: every rank of this process\n"
+            "                        in Prometheus text (docs/operations.md); PORT 0: any free\n"
+            "                        port; stderr says where (\"metrics at http://...\")\n"
+            "  --metrics-hold-ms N   keep the ranks and the endpoint up N ms after the run,\n"
+            "                        for a last scrape (0)\n"
             "\n"
             "Exit status: 0 when every request ended as expected and every byte matched,\n"
             "1 otherwise, 2 for bad flags.\n");
@@ -199,6 +210,8 @@ typedef struct cli_serve_input {
     int64_t expect_lost;        /* decode: the instance expected lost, -1: none */
     uint64_t seed;
     bool json;
+    char metrics_ip[64];        /* --metrics, "" when not given */
+    uint16_t metrics_port;
 } cli_serve_input_t;
 
 static int cli_serve_number(const char *const *values, enum cli_serve_flag f, int64_t min,
@@ -210,9 +223,10 @@ static int cli_serve_number(const char *const *values, enum cli_serve_flag f, in
 }
 
 /* "IP:PORT" or "[IPv6]:PORT" into ip and *port; port may be omitted when
- * !need_port. */
-static int cli_serve_addr(const char *flag, const char *text, bool need_port, char *ip,
-                          size_t ip_len, uint16_t *port)
+ * !need_port. A rank's port leaves room for the ports of the ranks after
+ * it (+ s*P + t); port_min 0 takes "any port" (the metrics endpoint). */
+static int cli_serve_addr_in(const char *flag, const char *text, bool need_port, char *ip,
+                             size_t ip_len, uint16_t *port, int64_t port_min, int64_t port_max)
 {
     const char *colon = strrchr(text, ':');
     const char *close = strrchr(text, ']');
@@ -234,13 +248,19 @@ static int cli_serve_addr(const char *flag, const char *text, bool need_port, ch
     ip[n] = '\0';
     int64_t p = 0;
     if (colon != NULL) {
-        int rc = cli_parse_i64(CLI_SERVE_CMD, flag, colon + 1, 1, 65535 - CLI_SERVE_MAX_RANKS,
-                               &p);
+        int rc = cli_parse_i64(CLI_SERVE_CMD, flag, colon + 1, port_min, port_max, &p);
         if (rc != 0)
             return rc;
     }
     *port = (uint16_t)p;
     return 0;
+}
+
+static int cli_serve_addr(const char *flag, const char *text, bool need_port, char *ip,
+                          size_t ip_len, uint16_t *port)
+{
+    return cli_serve_addr_in(flag, text, need_port, ip, ip_len, port, 1,
+                             65535 - CLI_SERVE_MAX_RANKS);
 }
 
 static int cli_serve_prompt(const char *text, int64_t *min, int64_t *max)
@@ -644,7 +664,7 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
     in->plan.secret_env = values[CLI_VF_SECRET_ENV];
 
     int64_t ring_mib = 16, inflight = 4, workers = 0, stall_ms = 0, timeout_s = 60,
-            linger_ms = 500;
+            linger_ms = 500, metrics_hold_ms = 0;
     in->requests = 8;
     in->prompt_min = 64;
     in->prompt_max = 256;
@@ -661,8 +681,17 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
         (rc = cli_serve_number(values, CLI_VF_EXPECT_LOST, 0, CLI_SERVE_MAX_INSTANCES - 1,
                                &in->expect_lost)) != 0 ||
         (rc = cli_serve_number(values, CLI_VF_TIMEOUT_S, 1, 86400, &timeout_s)) != 0 ||
-        (rc = cli_serve_number(values, CLI_VF_LINGER_MS, 0, 600000, &linger_ms)) != 0)
+        (rc = cli_serve_number(values, CLI_VF_LINGER_MS, 0, 600000, &linger_ms)) != 0 ||
+        (rc = cli_serve_number(values, CLI_VF_METRICS_HOLD_MS, 0, 600000, &metrics_hold_ms)) !=
+            0)
         return rc;
+    if (values[CLI_VF_METRICS] != NULL &&
+        (rc = cli_serve_addr_in("--metrics", values[CLI_VF_METRICS], true, in->metrics_ip,
+                                sizeof in->metrics_ip, &in->metrics_port, 0, 65535)) != 0)
+        return rc;
+    if (values[CLI_VF_METRICS_HOLD_MS] != NULL && values[CLI_VF_METRICS] == NULL)
+        return cli_fail(CLI_SERVE_CMD, "--metrics-hold-ms keeps the metrics endpoint up: "
+                                       "give --metrics IP:PORT too, or drop it");
     if (in->expect_lost >= (int64_t)in->plan.instances)
         return cli_fail(CLI_SERVE_CMD, "--expect-lost %" PRId64 " names no prefill instance: "
                                        "the instances are 0..%u", in->expect_lost,
@@ -706,6 +735,7 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
     in->plan.stall_timeout_ns = (uint64_t)stall_ms * 1000000u;
     in->plan.timeout_ns = (uint64_t)timeout_s * 1000000000u;
     in->plan.linger_ns = (uint64_t)linger_ms * 1000000u;
+    in->plan.metrics_hold_ns = (uint64_t)metrics_hold_ms * 1000000u;
     return 0;
 }
 
@@ -1067,6 +1097,21 @@ int cli_serve_main(int argc, char **argv)
     atomic_bool stop;
     atomic_init(&stop, false);
     rc = ranks != NULL && threads != NULL && status != NULL ? 0 : 1;
+    cli_metrics_t *metrics = NULL;
+    if (rc == 0 && in.metrics_ip[0] != '\0') {
+        char why[256];
+        uint16_t port = 0;
+        if (cli_metrics_start(in.metrics_ip, in.metrics_port, (size_t)n, &metrics, &port, why,
+                              sizeof why) != 0) {
+            fprintf(stderr, "kvstage serve: %s\n", why);
+            rc = 2;
+        } else {
+            const bool v6 = strchr(in.metrics_ip, ':') != NULL;
+            fprintf(stderr, "kvstage serve: metrics at http://%s%s%s:%u/metrics\n",
+                    v6 ? "[" : "", in.metrics_ip, v6 ? "]" : "", (unsigned)port);
+            in.plan.metrics = metrics;
+        }
+    }
     int64_t started = 0;
     for (int64_t k = 0; rc == 0 && k < n; k++) {
         /* Rank k is TP rank k % TP of stage k / TP, as in the simulator. */
@@ -1081,10 +1126,11 @@ int cli_serve_main(int argc, char **argv)
     }
     for (int64_t k = 0; k < started; k++)
         pthread_join(threads[k], NULL);
-    if (rc != 0)
+    cli_metrics_stop(metrics);
+    if (rc == 1)
         fprintf(stderr, "kvstage serve: could not start %" PRId64 " rank threads: lower the "
                         "TP and PP sizes or raise the process limits\n", n);
-    else
+    else if (rc == 0)
         rc = cli_serve_report(&in, ranks, n);
     free(status);
     free(threads);

@@ -38,6 +38,7 @@
  * serving its peer for linger_ns, so the peer's last messages are
  * answered (or told why they were refused) before the fabric closes.
  */
+#include "serve_metrics.h"
 #include "serve_rank.h"
 
 #include <errno.h>
@@ -488,6 +489,7 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
     rc = kvs_driver_create(&dc, &c->drv, &err);
     if (rc != KVS_OK)
         return cli_rank_fail(c, rc, "%s: driver: %s", who, err.msg);
+    cli_metrics_add(c->plan->metrics, c->rank);
     return KVS_OK;
 }
 
@@ -766,6 +768,14 @@ static void cli_rank_teardown(cli_rank_ctx_t *c)
         c->r->stale_status = cli_fault_fabric_stale_status(c->fault);
         c->r->replayed = cli_fault_fabric_replayed(c->fault, &c->r->replay_status,
                                                    &c->r->replay_answers);
+    }
+    if (c->drv != NULL && c->plan->metrics != NULL) {
+        /* --metrics-hold-ms: the rank's final numbers stay up for a scrape. */
+        struct timespec left = {.tv_sec = (time_t)(c->plan->metrics_hold_ns / 1000000000u),
+                                .tv_nsec = (long)(c->plan->metrics_hold_ns % 1000000000u)};
+        while (nanosleep(&left, &left) != 0 && errno == EINTR)
+            ;
+        cli_metrics_remove(c->plan->metrics, c->rank);
     }
     kvs_driver_destroy(c->drv);
     kvs_rank_destroy(c->rank);

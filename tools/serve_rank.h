@@ -86,6 +86,8 @@ typedef struct cli_serve_plan {
     uint64_t linger_ns;         /* keep serving the peer this long after the end */
     bool no_verify;             /* --no-verify: no pattern written or checked (a
                                    benchmark of the transfer alone) */
+    struct cli_metrics *metrics; /* --metrics: ranks join it (serve_metrics.h), NULL */
+    uint64_t metrics_hold_ns;   /* keep the ranks up this long after the run */
     uint32_t workload_tag;      /* hash of the requests, prompt lengths and
                                    prefill instance count: the managers'
                                    app_tag, so every process must run the

@@ -2,7 +2,7 @@
 # test_serve.sh - `kvstage serve` end to end over RDMA: prefill processes and
 # a decode process (separate processes, each running all ranks of one
 # instance) move a seeded workload through the kvstage protocol and the
-# decode checks every byte against the pattern the prefill wrote. Fourteen runs:
+# decode checks every byte against the pattern the prefill wrote. Eighteen runs:
 #   1. P=2 -> D=1 (two writers per decode region), all requests ok
 #   2. P=1 -> D=2 (one prefill rank feeding two decode ranks), all ok
 #   3. P=2 -> D=1 with the prefill's 3rd RDMA write spoiled (bad remote key):
@@ -60,6 +60,14 @@
 #      for byte on a new connection): the prefill refuses it (auth_refused
 #      1, logged with the peer's address: the proof answers the old
 #      connection's challenge), every request is ok and verified.
+#  18. P=2 -> D=1 with --metrics on both processes (port 0: the kernel's
+#      pick, read from stderr) and --metrics-hold-ms: curl scrapes each
+#      endpoint until the decode's ended rooms reach --requests; the
+#      Prometheus project's parser (python3-prometheus-client) reads both
+#      texts (each sample once), and their numbers agree with the JSON
+#      reports: rooms ended KVS_OK per side, the transfer histograms' counts
+#      and byte sums equal to each side's payload bytes, the prefill ranks'
+#      writes; a path other than /metrics gets 404.
 # Every run that moves KV also checks that the decode's ring holds 0 live
 # bytes at the end (every room ended, so anything live leaked).
 # Usage: test_serve.sh KVSTAGE_BINARY   (needs an RDMA device: ctest runs it
@@ -478,5 +486,107 @@ else
        "windows), so these writes would land in another request's region (docs/security.md)"
   n_skipped=2
 fi
-echo "test_serve: $failures of 17 runs failed${n_skipped:+, $n_skipped skipped}"
+# metrics NAME PORT: run 18 (above).
+metrics() {
+  skipped "$1" && return 0
+  local name=$1 port=$(($2 + off)) t0 prc drc dport pport bad="" i
+  t0=$(date +%s.%N)
+  # The Python that has Debian's python3-prometheus-client (a python3
+  # earlier on PATH, pyenv's say, may not).
+  local py=""
+  for py in python3 /usr/bin/python3 ""; do
+    [ -n "$py" ] && "$py" -c 'import prometheus_client' 2>/dev/null && break
+  done
+  if [ -z "$py" ]; then
+    echo "test_serve: $name: FAILED: no python3 can import prometheus_client: install" \
+         "python3-prometheus-client (tools/install-deps.sh does)"
+    failures=$((failures + 1))
+    return 0
+  fi
+  local flags=(--prefill-tp 2 --decode-tp 1 --metrics "$addr:0" --metrics-hold-ms 2000)
+  "$kvstage" serve --role prefill --listen "$addr:$port" "${shape[@]}" "${seed[@]}" \
+    "${flags[@]}" >"$work/$name.prefill.json" 2>"$work/$name.prefill.err" &
+  local ppid=$!
+  "$kvstage" serve --role decode --peer "$addr:$port" "${shape[@]}" "${seed[@]}" \
+    "${flags[@]}" >"$work/$name.decode.json" 2>"$work/$name.decode.err" &
+  local dpid=$!
+  endpoint() { sed -n 's|^kvstage serve: metrics at \(http://.*/metrics\)$|\1|p' "$1"; }
+  for ((i = 0; i < wait_s * 10; i++)); do
+    dport=$(endpoint "$work/$name.decode.err")
+    pport=$(endpoint "$work/$name.prefill.err")
+    [ -n "$dport" ] && [ -n "$pport" ] && break
+    sleep 0.1
+  done
+  # Scrape until the decode has ended every room (the hold keeps it up).
+  for ((i = 0; i < wait_s * 10; i++)); do
+    curl -sf "$dport" >"$work/$name.decode.prom" 2>/dev/null &&
+      python3 - "$work/$name.decode.prom" "${shape[@]}" <<'PY' && break
+import sys
+need = int(sys.argv[sys.argv.index("--requests") + 1])
+got = sum(float(l.rsplit(" ", 1)[1]) for l in open(sys.argv[1])
+          if l.startswith("kvstage_rooms_ended_total{"))
+sys.exit(0 if got >= need else 1)
+PY
+    sleep 0.1
+  done
+  curl -sf "$pport" >"$work/$name.prefill.prom" || bad="$bad; curl $pport failed"
+  local notfound
+  notfound=$(curl -s -o /dev/null -w '%{http_code}' "${dport%/metrics}/other")
+  [ "$notfound" = 404 ] || bad="$bad; GET /other answered $notfound, not 404"
+  wait "$dpid"
+  drc=$?
+  wait "$ppid"
+  prc=$?
+  echo "test_serve: $name: prefill exit $prc, decode exit $drc, $(elapsed "$t0") s"
+  [ "$prc" = 0 ] && [ "$drc" = 0 ] || bad="$bad; exit codes $prc/$drc"
+  if ! "$py" - "$work/$name" <<'PY'
+import json, sys
+from prometheus_client.parser import text_string_to_metric_families
+base = sys.argv[1]
+bad = []
+def samples(side):
+    out = {}
+    for fam in text_string_to_metric_families(open(base + "." + side + ".prom").read()):
+        for s in fam.samples:
+            key = (s.name, frozenset(s.labels.items()))
+            if key in out:
+                bad.append("%s: sample %s twice" % (side, key))
+            out[key] = s.value
+    return out
+def total(m, name, **want):
+    return sum(v for (n, labels), v in m.items() if n == name
+               and all(dict(labels).get(k) == w for k, w in want.items()))
+for side in ("decode", "prefill"):
+    rep = json.load(open(base + "." + side + ".json"))
+    m = samples(side)
+    ok = total(m, "kvstage_rooms_ended_total", role=side, status="KVS_OK")
+    ranks = rep["ranks"]
+    if ok != rep["requests_ok"] * ranks or ok == 0:
+        bad.append("%s: %d rooms ended KVS_OK in the metrics, %d ok x %d ranks in its report"
+                   % (side, ok, rep["requests_ok"], ranks))
+    if total(m, "kvstage_room_transfer_seconds_count", role=side) != ok:
+        bad.append("%s: the transfer-time histogram counts %d rooms, not %d"
+                   % (side, total(m, "kvstage_room_transfer_seconds_count", role=side), ok))
+    if total(m, "kvstage_room_transfer_bytes_sum", role=side) != rep["payload_bytes"]:
+        bad.append("%s: %d bytes in the histogram, %d in its report" % (
+            side, total(m, "kvstage_room_transfer_bytes_sum", role=side), rep["payload_bytes"]))
+    if side == "prefill" and total(m, "kvstage_rdma_writes_total") != rep["rdma_writes"]:
+        bad.append("prefill: %d writes in the metrics, %d in its report"
+                   % (total(m, "kvstage_rdma_writes_total"), rep["rdma_writes"]))
+    print("  %s: %d samples, %d rooms ok, %d bytes" % (side, len(m), ok, rep["payload_bytes"]))
+print("  " + ("; ".join(bad) if bad else "ok"))
+sys.exit(1 if bad else 0)
+PY
+  then
+    bad="$bad; the metrics disagree with the reports (above)"
+  fi
+  if [ -n "$bad" ]; then
+    echo "  ${bad#; }"
+    for side in prefill decode; do sed 's/^/  '"$side"' stderr: /' "$work/$name.$side.err"; done
+    failures=$((failures + 1))
+  fi
+}
+metrics metrics 18895
+
+echo "test_serve: $failures of 18 runs failed${n_skipped:+, $n_skipped skipped}"
 [ "$failures" = 0 ]
