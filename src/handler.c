@@ -387,6 +387,35 @@ static void kvs__on_dead(void *ctx, kvs_conn_t *conn, void *owner)
     h->role->on_peer_lost(h, peer);
 }
 
+int kvs__handler_instance_lost(kvs__handler_t *h, kvs_peer_t ref)
+{
+    kvs__inst_t *inst = kvs__insts_find(&h->insts, ref);
+    const char *other = h->role->role == KVS_ROLE_DECODE ? "prefill" : "decode";
+    if (inst == NULL)
+        return KVS__MFAIL(h->m, KVS_ENOENT, "%s instance %llu group %lld is not known to this "
+                          "rank: nothing to fail", other, (unsigned long long)ref.instance,
+                          (long long)ref.dp_rank);
+    kvs_log_write(&h->m->log, KVS_LOG_WARN, "%s %lld: %s instance %llu group %lld is gone, as "
+                  "its application said (a discovery lease lapsed): its rooms fail%s",
+                  h->role->role == KVS_ROLE_DECODE ? "decode" : "prefill", (long long)h->tp_rank,
+                  other, (unsigned long long)ref.instance, (long long)ref.dp_rank,
+                  h->role->role == KVS_ROLE_DECODE ? ", reconnecting on the next room" : "");
+    for (int64_t i = 0; i < inst->npeers; i++) {
+        kvs__peer_t *peer = &inst->peers[i];
+        if (peer->conn != NULL) {
+            kvs__handshake_forget(&h->hs, peer->conn);
+            kvs__peer_drop(h, peer); /* the peer hears of it too */
+        }
+        peer->ready = false;
+        if (peer->name != NULL)
+            kvs__peer_schedule_reconnect(h, peer);
+        else
+            peer->lost = true;
+        h->role->on_peer_lost(h, peer);
+    }
+    return KVS_OK;
+}
+
 /* Lost peers with an address whose wait is over: connect again; the role
  * hears of it as of a new connection (it registers). */
 static void kvs__reconnect(kvs__handler_t *h)
@@ -589,6 +618,11 @@ int kvs__handler_room_abort(kvs__handler_t *h, uint64_t room)
                                    uint64_t counts[KVS__ROOM_STATES])                     \
     {                                                                                     \
         kvs__handler_room_counts((const kvs__handler_t *)x, counts);                      \
+    }                                                                                     \
+    int kvs_##role##_instance_lost(kvs_##role##_t *x, kvs_peer_t peer)                    \
+    {                                                                                     \
+        return x != NULL ? kvs__handler_instance_lost((kvs__handler_t *)x, peer)           \
+                         : KVS_EINVAL;                                                    \
     }                                                                                     \
     int kvs_##role##_room_abort(kvs_##role##_t *x, uint64_t room)                         \
     {                                                                                     \

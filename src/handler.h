@@ -206,6 +206,11 @@ int kvs__handler_poll_rooms(kvs__handler_t *h, kvs_room_result_t *out, int max);
 int kvs__handler_room_state(const kvs__handler_t *h, uint64_t room, kvs_room_state_t *out);
 /* The open rooms by kvs_room_state_t (FAILED: failed, result not yet out). */
 void kvs__handler_room_counts(const kvs__handler_t *h, uint64_t counts[KVS__ROOM_STATES]);
+/* The application says instance ref is gone (its discovery lease lapsed):
+ * its connections are dropped, its rooms fail with KVS_EPEER as when the
+ * fabric finds them dead, and the decode reconnects on its next room.
+ * KVS_ENOENT for an instance this rank does not know. */
+int kvs__handler_instance_lost(kvs__handler_t *h, kvs_peer_t ref);
 /* Fails room with KVS_ECANCELED (its peers are told); KVS_ENOENT. */
 int kvs__handler_room_abort(kvs__handler_t *h, uint64_t room);
 

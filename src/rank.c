@@ -273,6 +273,17 @@ int kvs_rank_abort(kvs_rank_t *r, uint64_t room)
     return rc;
 }
 
+int kvs_rank_instance_lost(kvs_rank_t *r, kvs_peer_t peer)
+{
+    if (r == NULL)
+        return KVS_EINVAL;
+    kvs__rank_lock(r);
+    const int rc = r->dec != NULL ? kvs_decode_instance_lost(r->dec, peer)
+                                  : kvs_prefill_instance_lost(r->pre, peer);
+    kvs__rank_unlock(r);
+    return rc;
+}
+
 /* Unlocked: the callers hold the lock. */
 static int kvs__rank_progress(kvs_rank_t *r)
 {

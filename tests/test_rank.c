@@ -344,6 +344,40 @@ static void test_rank_abort(void **state)
     }
 }
 
+/* The application says the peer instance is gone (its discovery lease
+ * lapsed) while its connections still stand: its open rooms fail with
+ * KVS_EPEER on every rank at once (no stall timeout), nothing leaks, and
+ * the next room naming it connects again and moves every byte. Said on a
+ * prefill rank of a decode instance, the same rooms fail there and the
+ * decode hears of it. An instance nobody declared is KVS_ENOENT. */
+static void test_rank_instance_lost(void **state)
+{
+    (void)state;
+    for (int side = 0; side < 2; side++) {
+        edge_opts_t o = edge_defaults();
+        o.rank_create = true;
+        edge_cluster_t *cl = edge_create(&o);
+        edge_open(cl, 1, 0, 40);
+        edge_open(cl, 2, 0, 40);
+        edge_computed(cl, 1, 16, false);
+        edge_run(cl);
+        edge_node_t *n = side == 0 ? edge_decode(cl, 0) : edge_prefill(cl, 1);
+        assert_int_equal(kvs_rank_instance_lost(n->rank, (kvs_peer_t){0, 0}), KVS_OK);
+        edge_wake(n);
+        edge_run(cl); /* before any stall timeout */
+        edge_expect_all(cl, 1, KVS_EPEER);
+        edge_expect_all(cl, 2, KVS_EPEER);
+        edge_expect_ring_empty(cl);
+        edge_transfer(cl, 3, 0, 40);
+        edge_expect_ok(cl, 3, 0, 40);
+        assert_int_equal(kvs_rank_instance_lost(n->rank, (kvs_peer_t){7, 0}), KVS_ENOENT);
+        if (strstr(kvs_rank_last_error(n->rank)->msg, "instance 7") == NULL)
+            fail_msg("\"%s\" does not name instance 7", kvs_rank_last_error(n->rank)->msg);
+        assert_int_equal(kvs_rank_instance_lost(NULL, (kvs_peer_t){0, 0}), KVS_EINVAL);
+        edge_destroy(cl);
+    }
+}
+
 /* ---- the step, and the caller's lock ------------------------------------------- */
 
 typedef struct lock_probe {
@@ -445,6 +479,7 @@ int main(void)
         cmocka_unit_test(test_rank_wrong_role_and_null),
         cmocka_unit_test(test_rank_room_states),
         cmocka_unit_test(test_rank_abort),
+        cmocka_unit_test(test_rank_instance_lost),
         cmocka_unit_test(test_rank_lock_and_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -917,6 +917,17 @@ KVS_API int kvs_rank_set_aux(kvs_rank_t *r, uint64_t room, const void *aux, uint
 KVS_API int kvs_rank_computed(kvs_rank_t *r, uint64_t room, int64_t end_tokens, bool final);
 KVS_API int kvs_rank_room_state(const kvs_rank_t *r, uint64_t room, kvs_room_state_t *out);
 KVS_API int kvs_rank_abort(kvs_rank_t *r, uint64_t room);
+/* The application learned (from its discovery: a lease that lapsed) that
+ * the peer instance (attention group) is gone, before any connection of it
+ * died: every open room paired with it fails now with KVS_EPEER on this
+ * rank and its peers are told, its connections are dropped, and, on a
+ * decode, the next room naming it connects again (a restarted instance at
+ * the same addresses is used without more calls). KVS_ENOENT for an
+ * instance this rank does not know. kvs_decode_instance_lost and
+ * kvs_prefill_instance_lost are the same on a handler. */
+KVS_API int kvs_rank_instance_lost(kvs_rank_t *r, kvs_peer_t peer);
+KVS_API int kvs_decode_instance_lost(kvs_decode_t *d, kvs_peer_t peer);
+KVS_API int kvs_prefill_instance_lost(kvs_prefill_t *p, kvs_peer_t peer);
 
 /* One step of the rank's loop: progress (poll the backends, advance every
  * room), then each finished room's result to on_result (results stay for
