@@ -11,7 +11,7 @@ apt-get update -q
 apt-get install -y -q --no-install-recommends \
   build-essential cmake clang libclang-rt-14-dev pkg-config \
   libcmocka-dev nettle-dev gcovr valgrind python3 python3-pytest python3-torch python3-numpy \
-  python3-prometheus-client curl \
+  python3-prometheus-client curl etcd-server \
   git ca-certificates \
   libibverbs-dev librdmacm-dev ibverbs-providers rdma-core ibverbs-utils rdmacm-utils \
   libfabric-dev libfabric-bin \

@@ -28,8 +28,9 @@ from ._library import path as library_path
 from ._models import models
 from ._plan import plan
 from ._rank import Rank, RoomResult, RoomState, metrics_text
+from .discovery import Discovery
 from ._simulate import simulate
 
-__all__ = ["KvstageError", "Rank", "RoomResult", "RoomState", "library_path",
+__all__ = ["Discovery", "KvstageError", "Rank", "RoomResult", "RoomState", "library_path",
            "metrics_text", "models", "ofi_providers", "plan", "simulate", "status_name",
            "strerror"]

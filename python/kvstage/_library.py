@@ -116,6 +116,7 @@ def _declare(lib):
         "kvs_rank_abort": (c.c_int, [c.c_void_p, c.c_uint64]),
         "kvs_rank_stats": (None, [c.c_void_p, c.POINTER(S.HandlerStats)]),
         "kvs_rank_peers_ready": (c.c_int64, [c.c_void_p]),
+        "kvs_rank_instance_lost": (c.c_int, [c.c_void_p, S.Peer]),
         "kvs_rank_metrics": (c.c_int, [c.POINTER(c.c_void_p), c.c_size_t, c.c_char_p,
                                        c.c_size_t, c.POINTER(c.c_size_t)]),
     }

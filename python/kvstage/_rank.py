@@ -151,6 +151,13 @@ class Rank:
                     fabric="verbs" only: the RDMA device, or the one nearest
                     the PCI id near_pci (the rank's GPU)
     copy_threads    host device: threads per large copy (0: 1)
+    discovery       a kvstage.Discovery (etcd, shared by the process's
+                    ranks): the rank publishes itself there under the
+                    process's lease; a decode rank declares a prefill
+                    instance it has not met when a room first names it,
+                    waiting at most discovery_wait_s for all its ranks, and
+                    fails that instance's rooms (instance_lost) once its
+                    lease lapses (docs/operations.md)
 
     What the fabric chose, once made: address (the "IP:port" a decode
     gives add_instance for this rank), fabric, provider (ofi: as libfabric
@@ -165,9 +172,12 @@ class Rank:
                  ring_bytes=0, max_rooms=0, transfer_workers=0, stall_timeout_s=0,
                  app_tag=0, staging=True, fabric="verbs", provider=None, rdma_device=None,
                  near_pci=None, bind_addr=None, listen_port=0, copy_threads=0,
-                 secret_file=None, secret_env=None):
+                 secret_file=None, secret_env=None, discovery=None, discovery_wait_s=10.0):
         self._rank = self._drv = self._dev_obj = self._fab = None
         self._attached = []
+        self._discovery = self._published = None
+        self._declared = {}     # decode: (instance, dp_rank) -> addresses, by discovery
+        self._gone = set()      # ... of those, the ones whose records vanished
         if role not in _ROLES:
             raise _errors.invalid("role: %r: give \"prefill\" or \"decode\"" % (role,))
         lib = _library.load()
@@ -269,6 +279,13 @@ class Rank:
                 _errors.raise_for(rc, err)
             self._rank = out
             self._make_driver()
+            if discovery is not None:
+                self._join(discovery, discovery_wait_s, dict(
+                    role=role, instance=instance_id, dp_rank=dp_rank, pp_rank=pp_rank,
+                    tp_rank=tp_rank, tp_size=tp_size, pp_size=pp_size, address=self.address,
+                    shape=dict(total_heads=total_heads, head_dim=pool.head_dim,
+                               model_layers=model_layers or pool.layers * pp_size,
+                               page_size=page_size, dtype=pool.dtype)))
         except BaseException:
             self._teardown()
             raise
@@ -332,7 +349,65 @@ class Rank:
             _errors.raise_for(rc, err)
         self._drv = out
 
+    def _join(self, discovery, wait_s, record):
+        from .discovery import Discovery
+        if not isinstance(discovery, Discovery):
+            raise _errors.invalid("discovery: %r: give a kvstage.Discovery" % (discovery,))
+        if not isinstance(wait_s, (int, float)) or wait_s < 0:
+            raise _errors.invalid("discovery_wait_s: %r: give seconds >= 0" % (wait_s,))
+        self._discovery, self._discovery_wait_s = discovery, float(wait_s)
+        self._shape = record["shape"]
+        self._published = discovery.publish(record)
+        if self.role == "decode":
+            discovery.follow(self)
+
+    def _discover(self, ref):
+        """Decode: declares the prefill group ref from the discovery's records
+        the first time a room names it."""
+        if ref in self._declared:
+            return
+        found = self._discovery.wait_instance("prefill", ref, self._discovery_wait_s)
+        if found is None:
+            raise _errors.invalid(
+                "open_room: prefill instance %d group %d has no complete record in %s "
+                "after %.1f s: is it running with the same discovery and cluster?"
+                % (ref[0], ref[1], self._discovery.url, self._discovery_wait_s))
+        for field, mine in self._shape.items():
+            theirs = found["shape"].get(field)
+            if theirs is not None and theirs != mine:
+                raise _errors.invalid(
+                    "open_room: prefill instance %d serves %s=%r, this decode %r: give "
+                    "both sides the same model shape" % (ref[0], field, theirs, mine))
+        if found["dp_size"] > 1 or ref[1] > 0:
+            # Groups of one instance are declared together (add_instance takes
+            # them all): wait for every group of the instance.
+            raise _errors.invalid("open_room: discovery of attention-data-parallel prefill "
+                                  "instances is not supported yet: declare instance %d with "
+                                  "add_instance" % ref[0])
+        self.add_instance(ref[0], found["addresses"], tp_size=found["tp_size"],
+                          pp_size=found["pp_size"])
+        self._declared[ref] = found["addresses"]
+
+    def _discovery_seen(self, present):
+        """The discovery's follower thread: the complete prefill groups now.
+        A declared group that vanished is lost: its rooms fail at once."""
+        for ref in list(self._declared):
+            if ref not in present and ref not in self._gone:
+                self._gone.add(ref)
+                if self._rank:
+                    self.instance_lost(ref[0], ref[1])
+            elif ref in present and ref in self._gone:
+                self._gone.discard(ref)  # back: its next room reconnects
+
     def _teardown(self):
+        if self._discovery is not None:
+            self._discovery.unfollow(self)
+            if self._published is not None:
+                try:
+                    self._discovery.unpublish(self._published)
+                except Exception:
+                    pass  # the lease takes it with it
+            self._discovery = self._published = None
         hw = self._hw if hasattr(self, "_hw") else None
         if self._drv:
             hw.kvs_driver_destroy(self._drv)  # stops and joins its thread
@@ -479,10 +554,22 @@ class Rank:
                           num_pages=len(pages), aux=ctypes.cast(ctypes.c_char_p(blob),
                                                                 ctypes.c_void_p) if blob
                           else None, aux_bytes=len(blob))
+        if self._discovery is not None and self.role == "decode":
+            self._discover((peer, dp_rank))
         with self._lock:
             self._finished.pop(room, None)
         self._check(self._lib.kvs_rank_open_room(self._rank, ctypes.byref(desc)),
                     "open_room(%d)" % room)
+
+    def instance_lost(self, instance, dp_rank=0):
+        """The peer instance (attention group) is gone, as the application
+        learned (a discovery lease lapsed): its open rooms fail now with
+        KVS_EPEER, its connections are dropped, and a decode connects again
+        on the next room naming it."""
+        self._live("instance_lost")
+        peer = S.Peer(instance=_u64("instance", instance), dp_rank=_i64("dp_rank", dp_rank))
+        self._check(self._lib.kvs_rank_instance_lost(self._rank, peer),
+                    "instance_lost(%d)" % instance)
 
     def set_aux(self, room, aux):
         """Prefill: the room's aux payload (at most max_aux_bytes), sent

@@ -1,0 +1,147 @@
+"""test_discovery.py - kvstage.Discovery against a real etcd (Debian's
+etcd-server, started here on loopback ports), and a cluster whose processes
+find each other through it (discovery_cluster.py): a prefill instance that
+joins after the decode started is used without a restart, and one that
+hangs (SIGSTOP: its sockets stay up, its lease is no longer renewed) fails
+exactly its open room with KVS_EPEER within the lease time, long before the
+stall timeout, while every other room moves every byte.
+"""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+import kvstage
+from kvstage.discovery import Etcd
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def etcd(tmp_path):
+    exe = shutil.which("etcd")
+    if exe is None:
+        pytest.fail("etcd is not installed: install etcd-server (tools/install-deps.sh does)")
+    client, peer = free_port(), free_port()
+    url = "http://127.0.0.1:%d" % client
+    log = open(tmp_path / "etcd.log", "w")
+    proc = subprocess.Popen(
+        [exe, "--data-dir", str(tmp_path / "etcd"), "--name", "kvstage-test",
+         "--listen-client-urls", url, "--advertise-client-urls", url,
+         "--listen-peer-urls", "http://127.0.0.1:%d" % peer,
+         "--initial-advertise-peer-urls", "http://127.0.0.1:%d" % peer,
+         "--initial-cluster", "kvstage-test=http://127.0.0.1:%d" % peer],
+        stdout=log, stderr=subprocess.STDOUT)
+    try:
+        end = time.time() + 20
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1).read()
+                break
+            except OSError:
+                if time.time() > end or proc.poll() is not None:
+                    pytest.fail("etcd did not start: %s" % open(tmp_path / "etcd.log").read())
+                time.sleep(0.1)
+        yield "etcd://127.0.0.1:%d" % client
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+
+
+def test_discovery_lease_lapses_without_keepalive(etcd):
+    """A record under a lease stays while the lease is renewed and is gone
+    once it is not, within its TTL; a revoked lease takes it at once."""
+    e = Etcd(["http://" + etcd.split("://", 1)[1]])
+    lease = e.grant(2)
+    e.put("/kvstage/t/a", "1", lease)
+    assert e.range_prefix("/kvstage/t/") == {"/kvstage/t/a": "1"}
+    for _ in range(3):
+        time.sleep(1)
+        assert e.keepalive(lease) > 0
+    assert "/kvstage/t/a" in e.range_prefix("/kvstage/t/")
+    end = time.time() + 6
+    while e.range_prefix("/kvstage/t/") and time.time() < end:
+        time.sleep(0.1)
+    assert e.range_prefix("/kvstage/t/") == {}
+    assert e.keepalive(lease) == 0
+    lease = e.grant(30)
+    e.put("/kvstage/t/b", "2", lease)
+    e.revoke(lease)
+    assert e.range_prefix("/kvstage/t/") == {}
+
+
+def test_discovery_refuses_bad_arguments(etcd):
+    with pytest.raises(kvstage.KvstageError, match="etcd://HOST:PORT"):
+        kvstage.Discovery("127.0.0.1:2379")
+    with pytest.raises(kvstage.KvstageError, match="ttl_s"):
+        kvstage.Discovery(etcd, ttl_s=1)
+    with pytest.raises(kvstage.KvstageError, match="is etcd running there"):
+        kvstage.Discovery("etcd://127.0.0.1:%d" % free_port()).publish(
+            dict(role="prefill", instance=0, dp_rank=0, pp_rank=0, tp_rank=0))
+
+
+def test_discovery_cluster_join_and_lapse(etcd, tmp_path):
+    from discovery_cluster import HELD, ROOMS, STALL_S, TTL_S, POLL_S
+    script = os.path.join(HERE, "discovery_cluster.py")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [HERE] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+
+    def start(*args):
+        return subprocess.Popen([sys.executable, script, *args[:1], str(tmp_path), etcd,
+                                 *args[1:]], env=env)
+
+    procs = []
+    try:
+        procs.append(start("prefill", "--instance", "0", "--tp", "2"))
+        dec = start("decode")
+        procs.append(dec)
+        # Instance 1 joins while the decode runs: its rooms wait for it.
+        time.sleep(1.0)
+        late = start("prefill", "--instance", "1", "--tp", "1", "--hold", str(HELD))
+        procs.append(late)
+        held = tmp_path / "held-1"
+        end = time.time() + 60
+        while not held.exists():
+            assert time.time() < end and late.poll() is None, "instance 1 never held its room"
+            time.sleep(0.05)
+        late.send_signal(signal.SIGSTOP)  # hung: sockets up, lease not renewed
+        stopped = time.time()
+        assert dec.wait(timeout=60) == 0
+        assert procs[0].wait(timeout=60) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+    out = json.load(open(tmp_path / "decode.json"))
+    rooms = out["rooms"]
+    assert sorted(int(r) for r in rooms) == sorted(ROOMS)
+    for room, (instance, _) in ROOMS.items():
+        got = rooms[str(room)]
+        assert got["instance"] == instance
+        if room == HELD:
+            assert got["status"] == "KVS_EPEER", got
+            took = got["at"] - stopped
+            # Within the lease time (plus a poll and etcd's expiry tick), far
+            # from the stall timeout that would fail it otherwise.
+            assert took < TTL_S + POLL_S + 1.5, "failed %.2f s after the hang" % took
+            assert took < STALL_S / 10
+        else:
+            assert got["status"] == "KVS_OK", (room, got)
+            assert got["bytes_checked"] > 0
+    print("held room failed %.2f s after its instance hung (lease %d s)"
+          % (rooms[str(HELD)]["at"] - stopped, TTL_S))
