@@ -24,6 +24,7 @@
 #include <kvstage/sim.h>
 
 #include "args.h"
+#include "serve_discovery.h"
 #include "serve_metrics.h"
 #include "serve_rank.h"
 #include "shape.h"
@@ -63,6 +64,9 @@ enum cli_serve_flag {
     CLI_VF_SECRET_ENV,
     CLI_VF_METRICS,
     CLI_VF_METRICS_HOLD_MS,
+    CLI_VF_DISCOVERY,
+    CLI_VF_DISCOVERY_CLUSTER,
+    CLI_VF_DISCOVERY_TTL_S,
     CLI_VF_HELP,
     CLI_VF_COUNT
 };
@@ -96,6 +100,9 @@ static const cli_flag_t cli_serve_flags[CLI_VF_COUNT] = {
     [CLI_VF_SECRET_ENV] = {"--secret-env", true},
     [CLI_VF_METRICS] = {"--metrics", true},
     [CLI_VF_METRICS_HOLD_MS] = {"--metrics-hold-ms", true},
+    [CLI_VF_DISCOVERY] = {"--discovery", true},
+    [CLI_VF_DISCOVERY_CLUSTER] = {"--discovery-cluster", true},
+    [CLI_VF_DISCOVERY_TTL_S] = {"--discovery-ttl-s", true},
     [CLI_VF_HELP] = {"--help", false},
 };
 
@@ -191,6 +198,15 @@ void cli_serve_usage(FILE *out)
             "                        port; stderr says where (\"metrics at http://...\")\n"
             "  --metrics-hold-ms N   keep the ranks and the endpoint up N ms after the run,\n"
             "                        for a last scrape (0)\n"
+            "discovery (etcd; docs/operations.md):\n"
+            "  --discovery etcd://HOST:PORT[,HOST:PORT...]\n"
+            "                        every rank publishes itself there under this process's\n"
+            "                        lease; a decode takes --instances N and finds prefill\n"
+            "                        instances 0..N-1 there (waiting for those not up yet)\n"
+            "                        instead of --peer/--prefill-instance, and fails an\n"
+            "                        instance's rooms once its lease lapses\n"
+            "  --discovery-cluster NAME  the cluster's name in etcd (default)\n"
+            "  --discovery-ttl-s S   the lease's TTL: a process silent this long is gone (5)\n"
             "\n"
             "Exit status: 0 when every request ended as expected and every byte matched,\n"
             "1 otherwise, 2 for bad flags.\n");
@@ -212,6 +228,9 @@ typedef struct cli_serve_input {
     bool json;
     char metrics_ip[64];        /* --metrics, "" when not given */
     uint16_t metrics_port;
+    cli_disc_t *disc;           /* --discovery, NULL when not given */
+    char disc_text[CLI_SERVE_MAX_INSTANCES][128]; /* decode: the instances it found,
+                                   as --prefill-instance texts */
 } cli_serve_input_t;
 
 static int cli_serve_number(const char *const *values, enum cli_serve_flag f, int64_t min,
@@ -527,6 +546,63 @@ static int cli_serve_not_here(const char *const *values, enum cli_serve_flag f,
                     role, why);
 }
 
+/* --discovery: opens it; a decode waits for prefill instances 0..N-1
+ * (--instances N) and makes of each the --prefill-instance text it would
+ * have been given. */
+static int cli_serve_discover(cli_serve_input_t *in, const char *const *values,
+                              const char **given, size_t *count)
+{
+    const bool decode = in->role == KVS_ROLE_DECODE;
+    if (decode && (*count > 0 || values[CLI_VF_PEER] != NULL))
+        return cli_fail(CLI_SERVE_CMD, "--discovery finds the prefill instances: drop --peer "
+                                       "and %s", CLI_SERVE_INSTANCE_FLAG);
+    int64_t ttl_s = 5, instances = 1, timeout_s = 60;
+    int rc;
+    if ((rc = cli_serve_number(values, CLI_VF_DISCOVERY_TTL_S, 2, 3600, &ttl_s)) != 0 ||
+        (rc = cli_serve_number(values, CLI_VF_INSTANCES, 1, CLI_SERVE_MAX_INSTANCES,
+                               &instances)) != 0 ||
+        (rc = cli_serve_number(values, CLI_VF_TIMEOUT_S, 1, 86400, &timeout_s)) != 0)
+        return rc;
+    char why[512];
+    const char *cluster = values[CLI_VF_DISCOVERY_CLUSTER] != NULL
+                              ? values[CLI_VF_DISCOVERY_CLUSTER] : "default";
+    if (cli_disc_open(values[CLI_VF_DISCOVERY], cluster, ttl_s, &in->disc, why, sizeof why) != 0)
+        return cli_fail(CLI_SERVE_CMD, "%s", why);
+    in->plan.disc = in->disc;
+    if (!decode)
+        return 0;
+    if (values[CLI_VF_INSTANCES] == NULL)
+        return cli_fail(CLI_SERVE_CMD, "--role decode --discovery needs --instances N: the "
+                                       "prefill instances 0..N-1 that rooms are spread over");
+    const kvs_layout_params_t *sp = &in->shape.params;
+    for (int64_t k = 0; k < instances; k++) {
+        cli_disc_instance_t x;
+        if (cli_disc_wait_instance(in->disc, (uint64_t)k, timeout_s * 1000, &x, why,
+                                   sizeof why) != 0)
+            return cli_fail(CLI_SERVE_CMD, "--discovery: %s", why);
+        const struct {
+            const char *flag;
+            int64_t theirs, mine;
+        } same[] = {{"--kv-heads", x.total_heads, sp->total_heads},
+                    {"--head-dim", x.head_dim, sp->head_dim},
+                    {"--layers", x.model_layers, sp->layers},
+                    {"--page-size", x.page_size, sp->page_size}};
+        for (size_t f = 0; f < sizeof same / sizeof same[0]; f++)
+            if (same[f].theirs != 0 && same[f].theirs != same[f].mine)
+                return cli_fail(CLI_SERVE_CMD, "--discovery: prefill instance %" PRId64 " serves "
+                                               "%s %" PRId64 ", this decode %" PRId64 ": give "
+                                               "both the same %s", k, same[f].flag,
+                                same[f].theirs, same[f].mine, same[f].flag);
+        const bool v6 = strchr(x.ip, ':') != NULL;
+        snprintf(in->disc_text[k], sizeof in->disc_text[k], "%" PRId64 "=%s%s%s:%u,%" PRId64
+                 ",%" PRId64, k, v6 ? "[" : "", x.ip, v6 ? "]" : "", (unsigned)x.port,
+                 x.tp_size, x.pp_size);
+        given[k] = in->disc_text[k];
+    }
+    *count = (size_t)instances;
+    return 0;
+}
+
 static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *help)
 {
     const char *given[CLI_SERVE_MAX_INSTANCES];
@@ -561,6 +637,13 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
                                        "each prefill instance is): a prefill gives its own "
                                        "--instance, --instances, --prefill-tp and "
                                        "--prefill-pp", CLI_SERVE_INSTANCE_FLAG);
+    if (values[CLI_VF_DISCOVERY] != NULL) {
+        if ((rc = cli_serve_discover(in, values, given, &count)) != 0)
+            return rc;
+    } else if (values[CLI_VF_DISCOVERY_CLUSTER] != NULL || values[CLI_VF_DISCOVERY_TTL_S] != NULL) {
+        return cli_fail(CLI_SERVE_CMD, "--discovery-cluster and --discovery-ttl-s go with "
+                                       "--discovery etcd://HOST:PORT: give it, or drop them");
+    }
     if (decode && count > 0) {
         /* Each pair is checked first, naming its instance; the shape's
          * prefill sizes are then instance 0's, whose pair is fine. */
@@ -593,10 +676,15 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
                                  decode ? "the decode's instances are its --prefill-instance "
                                           "flags"
                                         : "the decode connects to the prefill")) != 0 ||
-        (rc = cli_serve_not_here(values, decode ? CLI_VF_INSTANCES : CLI_VF_EXPECT_LOST,
-                                 decode ? "prefill" : "decode",
-                                 decode ? "the decode counts its --prefill-instance flags"
-                                        : "the decode sees a prefill instance lost")) != 0)
+        (in->disc == NULL &&
+         (rc = cli_serve_not_here(values, decode ? CLI_VF_INSTANCES : CLI_VF_EXPECT_LOST,
+                                  decode ? "prefill" : "decode",
+                                  decode ? "the decode counts its --prefill-instance flags; "
+                                           "with --discovery it takes --instances"
+                                         : "the decode sees a prefill instance lost")) != 0) ||
+        (in->disc != NULL && !decode &&
+         (rc = cli_serve_not_here(values, CLI_VF_EXPECT_LOST, "decode",
+                                  "the decode sees a prefill instance lost")) != 0))
         return rc;
     if (values[CLI_VF_LISTEN] != NULL &&
         (rc = cli_serve_addr("--listen", values[CLI_VF_LISTEN], !decode, in->bind_ip,
@@ -1075,14 +1163,15 @@ int cli_serve_main(int argc, char **argv)
     memset(&in, 0, sizeof in);
     bool help = false;
     int rc = cli_serve_read(argc, argv, &in, &help);
-    if (rc != 0)
+    if (rc != 0 || help) {
+        cli_disc_close(in.disc);
+        if (help)
+            cli_serve_usage(stdout);
         return rc;
-    if (help) {
-        cli_serve_usage(stdout);
-        return 0;
     }
     int64_t *tokens = NULL, *first = NULL;
     if ((rc = cli_serve_workload(&in, &tokens, &first)) != 0) {
+        cli_disc_close(in.disc);
         free(tokens);
         free(first);
         return rc;
@@ -1127,6 +1216,7 @@ int cli_serve_main(int argc, char **argv)
     for (int64_t k = 0; k < started; k++)
         pthread_join(threads[k], NULL);
     cli_metrics_stop(metrics);
+    cli_disc_close(in.disc);
     if (rc == 1)
         fprintf(stderr, "kvstage serve: could not start %" PRId64 " rank threads: lower the "
                         "TP and PP sizes or raise the process limits\n", n);

@@ -38,6 +38,7 @@
  * serving its peer for linger_ns, so the peer's last messages are
  * answered (or told why they were refused) before the fabric closes.
  */
+#include "serve_discovery.h"
 #include "serve_metrics.h"
 #include "serve_rank.h"
 
@@ -490,6 +491,24 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
     if (rc != KVS_OK)
         return cli_rank_fail(c, rc, "%s: driver: %s", who, err.msg);
     cli_metrics_add(c->plan->metrics, c->rank);
+    if (pl->disc != NULL) {
+        /* --discovery: this rank in etcd, as kvstage.Discovery writes it. */
+        char addr[96] = "", why[512];
+        if (!decode)
+            snprintf(addr, sizeof addr, "%s:%u", pl->bind_ip != NULL ? pl->bind_ip : "",
+                     (unsigned)(pl->listen_port + c->r->pp * l->prefill_tp + c->r->tp));
+        const cli_disc_record_t rec = {
+            .role = decode ? "decode" : "prefill", .instance = decode ? 0 : pl->instance,
+            .pp_rank = c->r->pp, .tp_rank = c->r->tp,
+            .tp_size = decode ? l->decode_tp : l->prefill_tp,
+            .pp_size = decode ? l->decode_pp : l->prefill_pp, .address = addr,
+            .total_heads = l->total_heads, .head_dim = l->head_dim, .model_layers = l->layers,
+            .page_size = l->page_size, .dtype = kvs_dtype_name(l->dtype)};
+        if (cli_disc_publish(pl->disc, &rec, why, sizeof why) != 0)
+            return cli_rank_fail(c, KVS_EBACKEND, "%s: --discovery: %s", who, why);
+        if (decode)
+            cli_disc_follow(pl->disc, c->rank);
+    }
     return KVS_OK;
 }
 
@@ -769,6 +788,8 @@ static void cli_rank_teardown(cli_rank_ctx_t *c)
         c->r->replayed = cli_fault_fabric_replayed(c->fault, &c->r->replay_status,
                                                    &c->r->replay_answers);
     }
+    if (c->drv != NULL && c->plan->disc != NULL)
+        cli_disc_unfollow(c->plan->disc, c->rank); /* no-op for a prefill rank */
     if (c->drv != NULL && c->plan->metrics != NULL) {
         /* --metrics-hold-ms: the rank's final numbers stay up for a scrape. */
         struct timespec left = {.tv_sec = (time_t)(c->plan->metrics_hold_ns / 1000000000u),

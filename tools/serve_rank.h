@@ -87,6 +87,8 @@ typedef struct cli_serve_plan {
     bool no_verify;             /* --no-verify: no pattern written or checked (a
                                    benchmark of the transfer alone) */
     struct cli_metrics *metrics; /* --metrics: ranks join it (serve_metrics.h), NULL */
+    struct cli_disc *disc;      /* --discovery: ranks publish themselves there and a
+                                   decode's ranks follow it (serve_discovery.h), NULL */
     uint64_t metrics_hold_ns;   /* keep the ranks up this long after the run */
     uint32_t workload_tag;      /* hash of the requests, prompt lengths and
                                    prefill instance count: the managers'

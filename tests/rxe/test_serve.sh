@@ -2,7 +2,7 @@
 # test_serve.sh - `kvstage serve` end to end over RDMA: prefill processes and
 # a decode process (separate processes, each running all ranks of one
 # instance) move a seeded workload through the kvstage protocol and the
-# decode checks every byte against the pattern the prefill wrote. Eighteen runs:
+# decode checks every byte against the pattern the prefill wrote. Nineteen runs:
 #   1. P=2 -> D=1 (two writers per decode region), all requests ok
 #   2. P=1 -> D=2 (one prefill rank feeding two decode ranks), all ok
 #   3. P=2 -> D=1 with the prefill's 3rd RDMA write spoiled (bad remote key):
@@ -68,6 +68,13 @@
 #      reports: rooms ended KVS_OK per side, the transfer histograms' counts
 #      and byte sums equal to each side's payload bytes, the prefill ranks'
 #      writes; a path other than /metrics gets 404.
+#  19. run 10 found through etcd (--discovery; etcd started here on the
+#      test's ports): no address on the decode's command line (--instances 2),
+#      instance 1 started after the decode (found when it publishes), holding
+#      its rooms from room 5 on, then frozen (SIGSTOP: its sockets stay up,
+#      its lease stops being renewed) instead of killed: its lease lapses,
+#      the decode fails its rooms (KVS_EPEER) as run 10 requires, says the
+#      lease lapsed, and ends long before the 60 s stall timeout would.
 # Every run that moves KV also checks that the decode's ring holds 0 live
 # bytes at the end (every room ended, so anything live leaked).
 # Usage: test_serve.sh KVSTAGE_BINARY   (needs an RDMA device: ctest runs it
@@ -302,6 +309,44 @@ PY
 # lost NAME PORT HOLD "COMMON FLAGS" TP0 TP1: prefill instances 0 (TP0) and
 # 1 (TP1); instance 1 holds its rooms from room HOLD on and is killed with
 # SIGKILL once it says so. The decode runs under --expect-lost 1.
+# lost_check NAME HOLD DECODE_RC PREFILL0_RC PREFILL1_RC: runs 10 and 19:
+# instance 1 lost mid-run, its held rooms (and only its) failed with
+# KVS_EPEER, instance 0 untouched, nothing hung or leaked.
+lost_check() {
+  if ! python3 - "$work/$1" "$2" "$3" "$4" "$5" <<'PY'
+import json, sys
+base, hold, drc, rc0, rc1 = sys.argv[1], *(int(x) for x in sys.argv[2:6])
+bad = []
+held = "holding its rooms" in open(base + ".prefill1.err").read()
+if not held: bad.append("instance 1 never said it holds its rooms")
+if (drc, rc0, rc1) != (0, 0, 137): bad.append("exit codes decode %d, prefill %d/%d (want 0, 0/137)" % (drc, rc0, rc1))
+d = json.load(open(base + ".decode.json"))
+p0 = json.load(open(base + ".prefill0.json"))
+if not p0["pass"] or p0["requests_ok"] != p0["requests"]:
+    bad.append("prefill 0: %d ok of %d" % (p0["requests_ok"], p0["requests"]))
+i0, i1 = d["instances"]
+failed = {int(r.split(":")[0]): r.split(":")[1] for r in d["failed_rooms"]}
+if d["requests_unfinished"]: bad.append("decode: %d rooms hung" % d["requests_unfinished"])
+if i0["requests_failed"] or i0["requests_ok"] != i0["requests"] or i0["requests_ok"] != p0["requests_ok"]:
+    bad.append("instance 0 (alive): %s" % i0)
+other = sorted(r for r in failed if r % 2 != 1 or failed[r] != "KVS_EPEER")
+if other: bad.append("failed rooms not of instance 1 or not KVS_EPEER: %s" % other)
+hung = [r for r in range(hold, d["requests"]) if r % 2 == 1 and r not in failed]
+if hung: bad.append("held rooms of instance 1 that did not fail: %s" % hung)
+if i1["requests_failed"] != len(failed) or i1["requests_ok"] + i1["requests_failed"] != i1["requests"]:
+    bad.append("instance 1: %s" % i1)
+if d["ring_live_bytes"] != 0: bad.append("decode: %d ring bytes still live at the end (leaked)" % d["ring_live_bytes"])
+if d["corrupt_bytes"] != 0 or d["bytes_verified"] != d["bytes_expected"] or d["bytes_verified"] == 0:
+    bad.append("decode verified %d of %d bytes, %d corrupt" % (d["bytes_verified"], d["bytes_expected"], d["corrupt_bytes"]))
+if not d["pass"]: bad.append("decode did not pass under --expect-lost 1")
+print("  " + ("; ".join(bad) if bad else "ok (instance 1: %d ok, failed %s)" % (i1["requests_ok"], i1["failed_rooms"])))
+sys.exit(1 if bad else 0)
+PY
+  then
+    failures=$((failures + 1))
+  fi
+}
+
 lost() {
   skipped "$1" && return 0
   local name=$1 port=$(($2 + off)) hold=$3 common=$4 tp0=$5 tp1=$6 t0 p0 p1 dpid drc rc0 rc1 waited=0
@@ -348,38 +393,7 @@ lost() {
     echo "  $side: $(cat "$work/$name.$side.json")"
     [ -s "$work/$name.$side.err" ] && sed 's/^/  '"$side"' stderr: /' "$work/$name.$side.err"
   done
-  if ! python3 - "$work/$name" "$hold" "$drc" "$rc0" "$rc1" <<'PY'
-import json, sys
-base, hold, drc, rc0, rc1 = sys.argv[1], *(int(x) for x in sys.argv[2:6])
-bad = []
-held = "holding its rooms" in open(base + ".prefill1.err").read()
-if not held: bad.append("instance 1 never said it holds its rooms")
-if (drc, rc0, rc1) != (0, 0, 137): bad.append("exit codes decode %d, prefill %d/%d (want 0, 0/137)" % (drc, rc0, rc1))
-d = json.load(open(base + ".decode.json"))
-p0 = json.load(open(base + ".prefill0.json"))
-if not p0["pass"] or p0["requests_ok"] != p0["requests"]:
-    bad.append("prefill 0: %d ok of %d" % (p0["requests_ok"], p0["requests"]))
-i0, i1 = d["instances"]
-failed = {int(r.split(":")[0]): r.split(":")[1] for r in d["failed_rooms"]}
-if d["requests_unfinished"]: bad.append("decode: %d rooms hung" % d["requests_unfinished"])
-if i0["requests_failed"] or i0["requests_ok"] != i0["requests"] or i0["requests_ok"] != p0["requests_ok"]:
-    bad.append("instance 0 (alive): %s" % i0)
-other = sorted(r for r in failed if r % 2 != 1 or failed[r] != "KVS_EPEER")
-if other: bad.append("failed rooms not of instance 1 or not KVS_EPEER: %s" % other)
-hung = [r for r in range(hold, d["requests"]) if r % 2 == 1 and r not in failed]
-if hung: bad.append("held rooms of instance 1 that did not fail: %s" % hung)
-if i1["requests_failed"] != len(failed) or i1["requests_ok"] + i1["requests_failed"] != i1["requests"]:
-    bad.append("instance 1: %s" % i1)
-if d["ring_live_bytes"] != 0: bad.append("decode: %d ring bytes still live at the end (leaked)" % d["ring_live_bytes"])
-if d["corrupt_bytes"] != 0 or d["bytes_verified"] != d["bytes_expected"] or d["bytes_verified"] == 0:
-    bad.append("decode verified %d of %d bytes, %d corrupt" % (d["bytes_verified"], d["bytes_expected"], d["corrupt_bytes"]))
-if not d["pass"]: bad.append("decode did not pass under --expect-lost 1")
-print("  " + ("; ".join(bad) if bad else "ok (instance 1: %d ok, failed %s)" % (i1["requests_ok"], i1["failed_rooms"])))
-sys.exit(1 if bad else 0)
-PY
-  then
-    failures=$((failures + 1))
-  fi
+  lost_check "$name" "$hold" "$drc" "$rc0" "$rc1"
 }
 
 # unauth NAME PORT "PREFILL FLAGS" "DECODE FLAGS" PREFILL_LOG: the secrets
@@ -588,5 +602,88 @@ PY
 }
 metrics metrics 18895
 
-echo "test_serve: $failures of 18 runs failed${n_skipped:+, $n_skipped skipped}"
+# discovered NAME PORT HOLD: run 19 (above).
+discovered() {
+  skipped "$1" && return 0
+  local name=$1 port=$(($2 + off)) hold=$3 t0 p0 p1 dpid drc rc0 rc1 e waited=0
+  t0=$(date +%s.%N)
+  if ! command -v etcd >/dev/null; then
+    echo "test_serve: $name: FAILED: etcd is not installed: install etcd-server" \
+         "(tools/install-deps.sh does)"
+    failures=$((failures + 1))
+    return 0
+  fi
+  local client="$addr:$((port + 40))"
+  etcd --data-dir "$work/$name.etcd" --name kvs --listen-client-urls "http://$client" \
+    --advertise-client-urls "http://$client" --listen-peer-urls "http://$addr:$((port + 41))" \
+    --initial-advertise-peer-urls "http://$addr:$((port + 41))" \
+    --initial-cluster "kvs=http://$addr:$((port + 41))" >"$work/$name.etcd.log" 2>&1 &
+  e=$!
+  until curl -sf "http://$client/health" >/dev/null 2>&1; do
+    if [ "$waited" -ge $((wait_s * 10)) ] || ! kill -0 "$e" 2>/dev/null; then
+      echo "test_serve: $name: FAILED: etcd did not start:"
+      sed 's/^/  etcd: /' "$work/$name.etcd.log" | tail -n 20
+      failures=$((failures + 1))
+      kill "$e" 2>/dev/null
+      return 0
+    fi
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+  local -x KVS_LOG_LEVEL=${KVS_LOG_LEVEL:-warn}
+  local disc=(--discovery "etcd://$client" --discovery-ttl-s 2 --stall-timeout-ms 60000)
+  "$kvstage" serve --role prefill --listen "$addr:$port" --instance 0 --instances 2 \
+    --prefill-tp 2 "${shape[@]}" "${seed[@]}" "${disc[@]}" \
+    >"$work/$name.prefill0.json" 2>"$work/$name.prefill0.err" &
+  p0=$!
+  "$kvstage" serve --role decode --instances 2 --expect-lost 1 "${shape[@]}" "${seed[@]}" \
+    "${disc[@]}" >"$work/$name.decode.json" 2>"$work/$name.decode.err" &
+  dpid=$!
+  sleep 1 # instance 1 joins after the decode started
+  "$kvstage" serve --role prefill --listen "$addr:$((port + 10))" --instance 1 --instances 2 \
+    --prefill-tp 1 --fault "hold-from:$hold" "${shape[@]}" "${seed[@]}" "${disc[@]}" \
+    >"$work/$name.prefill1.json" 2>"$work/$name.prefill1.err" &
+  p1=$!
+  waited=0
+  until grep -q "holding its rooms" "$work/$name.prefill1.err"; do
+    if [ "$waited" -ge $((wait_s * 10)) ] || ! kill -0 "$p1" 2>/dev/null; then
+      break
+    fi
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+  kill -STOP "$p1" 2>/dev/null
+  local frozen
+  frozen=$(date +%s.%N)
+  wait "$dpid"
+  drc=$?
+  local took
+  took=$(elapsed "$frozen")
+  wait "$p0"
+  rc0=$?
+  kill -9 "$p1" 2>/dev/null
+  [ -n "$fabric" ] && rm -f /dev/shm/"$p1":* 2>/dev/null
+  wait "$p1" 2>/dev/null
+  rc1=$?
+  kill "$e" 2>/dev/null
+  wait "$e" 2>/dev/null
+  echo "test_serve: $name: prefill exits $rc0/$rc1, decode exit $drc $took s after instance 1 froze, $(elapsed "$t0") s"
+  for side in prefill0 prefill1 decode; do
+    echo "  $side: $(cat "$work/$name.$side.json")"
+    [ -s "$work/$name.$side.err" ] && sed 's/^/  '"$side"' stderr: /' "$work/$name.$side.err"
+  done
+  local bad=""
+  grep -q "prefill instance 1 is gone (its lease lapsed)" "$work/$name.decode.err" ||
+    bad="the decode never said instance 1's lease lapsed"
+  awk -v t="$took" 'BEGIN { exit !(t < 30) }' ||
+    bad="${bad:+$bad; }the decode ended $took s after the freeze: as late as the stall timeout"
+  if [ -n "$bad" ]; then
+    echo "  $bad"
+    failures=$((failures + 1))
+  fi
+  lost_check "$name" "$hold" "$drc" "$rc0" "$rc1"
+}
+discovered discovery 18915 5
+
+echo "test_serve: $failures of 19 runs failed${n_skipped:+, $n_skipped skipped}"
 [ "$failures" = 0 ]
