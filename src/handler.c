@@ -200,13 +200,31 @@ int kvs__room_add(kvs__handler_t *h, kvs__room_t *r, uint64_t id, kvs__inst_t *i
 
 void kvs__room_fail(kvs__handler_t *h, kvs__room_t *r, int status, const kvs__peer_t *from)
 {
+    kvs__room_fail_told(h, r, status, from, from);
+}
+
+void kvs__room_fail_told(kvs__handler_t *h, kvs__room_t *r, int status, const kvs__peer_t *from,
+                         const kvs__peer_t *teller)
+{
     if (r->status != KVS_OK)
         return;
+    /* The reason, from what the room was doing when it failed. */
+    const kvs_room_state_t was = h->role->room_state(h, r);
+    char who[96] = "", quiet[48] = "";
+    if (teller != NULL)
+        kvs__peer_name(teller, who, sizeof who);
+    if (status == KVS_ETIMEDOUT)
+        snprintf(quiet, sizeof quiet, " with no progress for %llu ms",
+                 (unsigned long long)((kvs__now(h) - r->last_ns) / 1000000u));
+    if (snprintf(r->reason, sizeof r->reason, "%s while %s%s%s%s", kvs_status_name(status),
+                 kvs_room_state_name(was), quiet, teller != NULL ? "; reported by " : "",
+                 who) >= (int)sizeof r->reason)
+        memcpy(r->reason + sizeof r->reason - 4, "...", 4);
     r->status = status;
     h->role->on_fail(h, r, from);
-    kvs_log_write(&h->m->log, KVS_LOG_INFO, "%s %lld: room %llu failed: %s",
+    kvs_log_write(&h->m->log, KVS_LOG_INFO, "%s %lld: room %llu failed: %s: %s",
              h->role->role == KVS_ROLE_DECODE ? "decode" : "prefill", (long long)h->tp_rank,
-             (unsigned long long)r->id, kvs_strerror(status));
+             (unsigned long long)r->id, r->reason, kvs_strerror(status));
 }
 
 static void kvs__room_unlink(kvs__handler_t *h, kvs__room_t *r)
@@ -230,6 +248,8 @@ void kvs__room_end(kvs__handler_t *h, kvs__room_t *r, int64_t chunks)
                              .open_ns = r->open_ns, .done_ns = kvs__now(h)};
     if (r->inst != NULL)
         res.peer = r->inst->ref;
+    if (r->status != KVS_OK)
+        memcpy(res.reason, r->reason, sizeof res.reason);
     kvs__results_push(&h->results, &res, &r->aux, r->status == KVS_OK ? r->aux_got : 0);
     if (r->status == KVS_OK)
         h->stats.rooms_ok++;
@@ -252,6 +272,11 @@ void kvs__room_reject(kvs__handler_t *h, uint64_t id, kvs_peer_t peer, int statu
     const uint64_t now = kvs__now(h);
     kvs_room_result_t res = {.room = id, .status = status, .open_ns = now, .done_ns = now,
                              .peer = peer};
+    /* Refused at open: the refusal's own words, when they are about it. */
+    const kvs_error_t *e = &h->m->err;
+    if (snprintf(res.reason, sizeof res.reason, "%s at open: %s", kvs_status_name(status),
+                 e->status == status ? e->msg : kvs_strerror(status)) >= (int)sizeof res.reason)
+        memcpy(res.reason + sizeof res.reason - 4, "...", 4); /* cut: whole in the log */
     kvs__results_push(&h->results, &res, NULL, 0);
     h->stats.rooms_failed++;
 }
@@ -400,6 +425,10 @@ int kvs__handler_instance_lost(kvs__handler_t *h, kvs_peer_t ref)
                   h->role->role == KVS_ROLE_DECODE ? "decode" : "prefill", (long long)h->tp_rank,
                   other, (unsigned long long)ref.instance, (long long)ref.dp_rank,
                   h->role->role == KVS_ROLE_DECODE ? ", reconnecting on the next room" : "");
+    /* The rooms fail first, as they stand (their reasons say so), then the
+     * connections go. */
+    for (int64_t i = 0; i < inst->npeers; i++)
+        h->role->on_peer_lost(h, &inst->peers[i]);
     for (int64_t i = 0; i < inst->npeers; i++) {
         kvs__peer_t *peer = &inst->peers[i];
         if (peer->conn != NULL) {
@@ -411,7 +440,6 @@ int kvs__handler_instance_lost(kvs__handler_t *h, kvs_peer_t ref)
             kvs__peer_schedule_reconnect(h, peer);
         else
             peer->lost = true;
-        h->role->on_peer_lost(h, peer);
     }
     return KVS_OK;
 }

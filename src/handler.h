@@ -49,6 +49,7 @@ typedef struct kvs__room {
      * (aux_got), handed to the room's result when it ends well. */
     uint8_t *aux;               /* a block of h->blocks, or NULL */
     uint32_t aux_bytes, aux_got;
+    char reason[KVS_REASON_BYTES]; /* why it failed, set with status */
     struct kvs__room *prev, *next; /* open order */
 } kvs__room_t;
 
@@ -145,6 +146,10 @@ void kvs__room_touch(kvs__handler_t *h, kvs__room_t *r);
 /* Fails r with status unless it failed already (the first failure wins),
  * then role->on_fail tells the peers except `from`. */
 void kvs__room_fail(kvs__handler_t *h, kvs__room_t *r, int status, const kvs__peer_t *from);
+/* As kvs__room_fail, with the peer that told of the failure named in the
+ * room's reason apart from `from` (whom on_fail does not tell). */
+void kvs__room_fail_told(kvs__handler_t *h, kvs__room_t *r, int status, const kvs__peer_t *from,
+                         const kvs__peer_t *teller);
 /* Ends r: its result (chunks, writes) goes to the caller, the stats count
  * it, and it is removed and freed. */
 void kvs__room_end(kvs__handler_t *h, kvs__room_t *r, int64_t chunks);

@@ -677,8 +677,9 @@ static void kvs__on_message(kvs__handler_t *h, kvs__peer_t *peer, const kvs_msg_
          * the room table) so the open fails at once; unopened, it expires. */
         kvs__proom_t *r = kvs__room_get_or_add(p, msg->u.abort.room, peer->inst);
         if (r != NULL)
-            kvs__room_fail(h, &r->base,
-                           msg->u.abort.status != KVS_OK ? msg->u.abort.status : KVS_EPEER, NULL);
+            kvs__room_fail_told(h, &r->base,
+                                msg->u.abort.status != KVS_OK ? msg->u.abort.status : KVS_EPEER,
+                                NULL, peer);
         else
             kvs__reject(h);
         break;

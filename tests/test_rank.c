@@ -319,6 +319,14 @@ static void test_rank_room_states(void **state)
 
 /* An abort on either side ends the room KVS_ECANCELED on every rank, while
  * the rooms beside it finish whole. */
+static void expect_reason(const kvs_room_result_t *res, const char *says)
+{
+    assert_non_null(res);
+    if (strncmp(res->reason, says, strlen(says)) != 0)
+        fail_msg("room %llu's reason \"%s\" does not start \"%s\"",
+                 (unsigned long long)res->room, res->reason, says);
+}
+
 static void test_rank_abort(void **state)
 {
     (void)state;
@@ -336,7 +344,13 @@ static void test_rank_abort(void **state)
         edge_wake(n);
         edge_run(cl);
         edge_expect_all(cl, 1, KVS_ECANCELED);
+        /* Each side's result says why: the status, what the room was
+         * doing, and on the side that did not abort, who reported it. */
+        const edge_node_t *other = side == 0 ? edge_prefill(cl, 1) : edge_decode(cl, 0);
+        expect_reason(edge_result(n, 1), "KVS_ECANCELED while transferring");
+        expect_reason(edge_result(other, 1), "KVS_ECANCELED while transferring; reported by");
         edge_expect_ok(cl, 2, 0, 40);
+        assert_string_equal(edge_result(n, 2)->reason, "");
         edge_expect_ring_empty(cl);
         /* Ended: nothing left to abort. */
         assert_int_equal(kvs_rank_abort(n->rank, 1), KVS_ENOENT);
@@ -367,6 +381,8 @@ static void test_rank_instance_lost(void **state)
         edge_run(cl); /* before any stall timeout */
         edge_expect_all(cl, 1, KVS_EPEER);
         edge_expect_all(cl, 2, KVS_EPEER);
+        expect_reason(edge_result(n, 1), "KVS_EPEER while transferring");
+        expect_reason(edge_result(n, 2), "KVS_EPEER while "); /* prefetched: its state varies */
         edge_expect_ring_empty(cl);
         edge_transfer(cl, 3, 0, 40);
         edge_expect_ok(cl, 3, 0, 40);

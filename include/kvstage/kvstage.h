@@ -668,6 +668,8 @@ typedef struct kvs_peer {
     int64_t dp_rank;
 } kvs_peer_t;
 
+#define KVS_REASON_BYTES 192
+
 /* The end of one request on one rank. */
 typedef struct kvs_room_result {
     uint64_t room;
@@ -684,6 +686,11 @@ typedef struct kvs_room_result {
     /* The peer instance (and attention group) the room was paired with;
      * metrics count rooms per peer instance by it. */
     kvs_peer_t peer;
+    /* Why it failed, in words ("" when it succeeded): the refusal at open,
+     * or the status, what the room was doing then (bootstrapping, waiting,
+     * transferring), how long it had been silent for a stall, and the peer
+     * that reported the failure; kvs_strerror(status) says what to change. */
+    char reason[KVS_REASON_BYTES];
 } kvs_room_result_t;
 
 typedef struct kvs_handler_stats {

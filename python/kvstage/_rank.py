@@ -53,11 +53,12 @@ class RoomState(enum.IntEnum):
 class RoomResult:
     """A finished room: status (0 or a negative kvstage status), ok, state,
     status_name, chunks, bytes, rdma_writes, open_ns / done_ns (the fabric's
-    clock), aux (decode, on success: the bytes the prefill gave; b"") and
-    peer, the (instance, dp_rank) of the other side it was paired with."""
+    clock), aux (decode, on success: the bytes the prefill gave; b""),
+    peer, the (instance, dp_rank) of the other side it was paired with, and
+    reason: why it failed, in words ("" when ok)."""
 
     __slots__ = ("room", "status", "status_name", "chunks", "bytes", "rdma_writes",
-                 "open_ns", "done_ns", "aux", "peer")
+                 "open_ns", "done_ns", "aux", "peer", "reason")
 
     def __init__(self, r, aux, name):
         self.room, self.status, self.chunks = int(r.room), int(r.status), int(r.chunks)
@@ -66,6 +67,7 @@ class RoomResult:
         self.aux = aux
         self.status_name = name
         self.peer = (int(r.peer.instance), int(r.peer.dp_rank))
+        self.reason = r.reason.decode(errors="replace")
 
     @property
     def ok(self):
@@ -76,8 +78,9 @@ class RoomResult:
         return RoomState.SUCCESS if self.status == 0 else RoomState.FAILED
 
     def __repr__(self):
-        return ("RoomResult(room=%d, %s, bytes=%d, aux=%d bytes)"
-                % (self.room, self.status_name, self.bytes, len(self.aux)))
+        return ("RoomResult(room=%d, %s, bytes=%d, aux=%d bytes%s)"
+                % (self.room, self.status_name, self.bytes, len(self.aux),
+                   ", " + self.reason if self.reason else ""))
 
 
 def _u64(name, value, low=0):

@@ -223,7 +223,8 @@ class RoomResult(c.Structure):
     """kvs_room_result_t"""
     _fields_ = [("room", u64), ("status", c.c_int), ("chunks", i64), ("bytes", u64),
                 ("rdma_writes", u64), ("open_ns", u64), ("done_ns", u64),
-                ("aux", c.c_void_p), ("aux_bytes", u32), ("peer", Peer)]
+                ("aux", c.c_void_p), ("aux_bytes", u32), ("peer", Peer),
+                ("reason", c.c_char * 192)]
 
 
 class HandlerStats(c.Structure):
