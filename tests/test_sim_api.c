@@ -62,6 +62,52 @@ static void expect_error(int rc, const kvs_error_t *err, int status, const char 
         fail_msg("message '%s' lacks '%s'", err->msg, words);
 }
 
+/* Issue 25 item 8: regions of more than 4 GiB move. The issue's own shape
+ * (40 KV heads, head dim 256, 128 layers, P8 -> D4, 8192-token chunks: 10
+ * GiB per decode rank and chunk, 5 GiB per writer), in provenance mode so
+ * that no KV byte is held, with prefill PP on both sides and PP 2 into 1:
+ * every slot of every request checked, the regions past 2^32 bytes, and a
+ * ring too small for them refused before the run, naming both knobs. */
+static void test_sim_api_regions_past_4gib_move(void **state)
+{
+    (void)state;
+    const int64_t pps[][2] = {{1, 1}, {2, 2}, {2, 1}};
+    for (size_t i = 0; i < sizeof pps / sizeof pps[0]; i++) {
+        kvs_sim_config_t c;
+        kvs_sim_config_init(&c);
+        c.total_heads = 40;
+        c.head_dim = 256;
+        c.layers = 128;
+        c.page_size = 16;
+        c.chunk_tokens = 8192;
+        c.prefill_tp = 8;
+        c.decode_tp = 4;
+        c.prefill_pp = pps[i][0];
+        c.decode_pp = pps[i][1];
+        c.requests = 2;
+        c.prompt_min_tokens = 8192 + 16;
+        c.prompt_max_tokens = 2 * 8192;
+        c.ring_bytes = 24ull << 30; /* two full regions; the H200's HBM holds the pool */
+        c.data_mode = KVS_SIM_DATA_PROVENANCE;
+        c.seed = 3;
+        kvs_sim_report_t r;
+        kvs_error_t err;
+        const int rc = run(&c, &r, &err);
+        if (rc != KVS_OK)
+            fail_msg("PP %lld -> %lld: %s: %s", (long long)pps[i][0], (long long)pps[i][1],
+                     kvs_status_name(rc), err.msg);
+        assert_int_equal(r.requests_ok, 2);
+        assert_int_equal(r.violations, 0);
+        assert_true(r.ring_bytes_needed > (UINT64_C(1) << 32));
+        assert_true(r.bytes_verified >= 2 * r.ring_bytes_needed);
+        /* Too small a ring: refused before any room opens, naming both knobs. */
+        c.ring_bytes = 4096ull << 20;
+        expect_error(run(&c, &r, &err), &err, KVS_EOVERSIZED, "raise ring_bytes to at least");
+        if (strstr(err.msg, "chunk_tokens") == NULL)
+            fail_msg("'%s' does not name chunk_tokens", err.msg);
+    }
+}
+
 static void test_sim_api_run_matches_the_scenario(void **state)
 {
     kvs_sim_config_t c = tiny();
@@ -605,6 +651,7 @@ int main(void)
         cmocka_unit_test(test_sim_api_cluster_check_names_the_pair),
         cmocka_unit_test(test_sim_api_fault_check_whole_line),
         cmocka_unit_test(test_sim_api_workload_is_the_runs),
+        cmocka_unit_test(test_sim_api_regions_past_4gib_move),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
