@@ -176,6 +176,16 @@ static void test_metrics_text_length_contract(void **state)
     kvs__metrics_destroy(m);
     assert_int_equal(kvs_rank_metrics(NULL, 1, small, sizeof small, &len), KVS_EINVAL);
     assert_int_equal(kvs_rank_metrics(NULL, 0, small, sizeof small, NULL), KVS_EINVAL);
+    assert_int_equal(kvs_rank_metrics(NULL, 0, NULL, 1, &len), KVS_EINVAL);
+    kvs_rank_t *none[] = {NULL};
+    assert_int_equal(kvs_rank_metrics(none, 1, small, sizeof small, &len), KVS_EINVAL);
+    assert_int_equal(kvs_rank_metrics(none, 4097, small, sizeof small, &len), KVS_ERANGE);
+    /* No rank: an exposition of families without samples. */
+    assert_int_equal(kvs_rank_metrics(NULL, 0, small, sizeof small, &len), KVS_ERANGE);
+    assert_true(len > 0);
+    kvs__metrics_t *bad = (kvs__metrics_t *)&bad;
+    assert_int_equal(kvs__metrics_create(0, &bad), KVS_ENOMEM);
+    assert_null(bad);
 }
 
 /* Ranks that moved KV (and had one room aborted) report it: rooms by
