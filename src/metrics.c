@@ -204,63 +204,74 @@ static void kvs__seconds(kvs__text_t *t, uint64_t ns)
     kvs__put(t, "%" PRIu64 ".%09" PRIu64, ns / UINT64_C(1000000000), ns % UINT64_C(1000000000));
 }
 
-static void kvs__time_histogram(kvs__text_t *t, const kvs__metrics_rank_t *ranks, size_t n)
+/* One histogram family: its bounds and the counts and sum of a peer. */
+typedef struct kvs__hist {
+    const char *name, *help;
+    size_t buckets;                                  /* bounds, +Inf apart */
+    void (*le)(kvs__text_t *t, size_t b);            /* bound b as le="..." */
+    const uint64_t *(*counts)(const kvs__peer_metrics_t *p); /* [buckets + 1] */
+    void (*sum)(kvs__text_t *t, const kvs__peer_metrics_t *p);
+} kvs__hist_t;
+
+static void kvs__time_le(kvs__text_t *t, size_t b) { kvs__put(t, "%s", kvs__time_bounds[b].le); }
+static void kvs__bytes_le(kvs__text_t *t, size_t b)
 {
-    const char *name = "kvstage_room_transfer_seconds";
-    kvs__family(t, name, "histogram",
-                "Time from a room's open to its end on this rank, rooms that succeeded, "
-                "by peer instance.");
-    for (size_t r = 0; r < n; r++) {
-        for (size_t i = 0; i < kvs__peers_shown(ranks[r].m); i++) {
-            const kvs__peer_metrics_t *p = kvs__peer_at(ranks[r].m, i);
-            uint64_t below = 0;
-            for (size_t b = 0; b <= KVS__TIME_BUCKETS; b++) {
-                below += p->time_count[b];
-                kvs__put(t, "%s_bucket{", name);
-                kvs__rank_labels(t, &ranks[r]);
-                kvs__peer_labels(t, p);
-                kvs__put(t, ",le=\"%s\"} %" PRIu64 "\n",
-                         b < KVS__TIME_BUCKETS ? kvs__time_bounds[b].le : "+Inf", below);
-            }
-            kvs__put(t, "%s_sum{", name);
-            kvs__rank_labels(t, &ranks[r]);
-            kvs__peer_labels(t, p);
-            kvs__put(t, "} ");
-            kvs__seconds(t, p->time_sum_ns);
-            kvs__put(t, "\n%s_count{", name);
-            kvs__rank_labels(t, &ranks[r]);
-            kvs__peer_labels(t, p);
-            kvs__put(t, "} %" PRIu64 "\n", p->ok_rooms);
-        }
-    }
+    kvs__put(t, "%" PRIu64, kvs__bytes_bound(b));
+}
+static const uint64_t *kvs__time_counts(const kvs__peer_metrics_t *p) { return p->time_count; }
+static const uint64_t *kvs__bytes_counts(const kvs__peer_metrics_t *p) { return p->bytes_count; }
+static void kvs__time_sum(kvs__text_t *t, const kvs__peer_metrics_t *p)
+{
+    kvs__seconds(t, p->time_sum_ns);
+}
+static void kvs__bytes_sum(kvs__text_t *t, const kvs__peer_metrics_t *p)
+{
+    kvs__put(t, "%" PRIu64, p->bytes_sum);
 }
 
-static void kvs__bytes_histogram(kvs__text_t *t, const kvs__metrics_rank_t *ranks, size_t n)
+static const kvs__hist_t kvs__hists[] = {
+    {"kvstage_room_transfer_seconds",
+     "Time from a room's open to its end on this rank, rooms that succeeded, by peer instance.",
+     KVS__TIME_BUCKETS, kvs__time_le, kvs__time_counts, kvs__time_sum},
+    {"kvstage_room_transfer_bytes",
+     "KV bytes a room moved on this rank (written by a prefill rank, received by a decode "
+     "rank), rooms that succeeded, by peer instance.",
+     KVS__BYTES_BUCKETS, kvs__bytes_le, kvs__bytes_counts, kvs__bytes_sum},
+};
+
+/* The samples' labels: the rank's, the peer's. */
+static void kvs__labels(kvs__text_t *t, const kvs__metrics_rank_t *r, const kvs__peer_metrics_t *p)
 {
-    const char *name = "kvstage_room_transfer_bytes";
-    kvs__family(t, name, "histogram",
-                "KV bytes a room moved on this rank (written by a prefill rank, received "
-                "by a decode rank), rooms that succeeded, by peer instance.");
+    kvs__rank_labels(t, r);
+    kvs__peer_labels(t, p);
+}
+
+static void kvs__histogram(kvs__text_t *t, const kvs__hist_t *h, const kvs__metrics_rank_t *ranks,
+                           size_t n)
+{
+    kvs__family(t, h->name, "histogram", h->help);
     for (size_t r = 0; r < n; r++) {
         for (size_t i = 0; i < kvs__peers_shown(ranks[r].m); i++) {
             const kvs__peer_metrics_t *p = kvs__peer_at(ranks[r].m, i);
+            const uint64_t *counts = h->counts(p);
             uint64_t below = 0;
-            for (size_t b = 0; b <= KVS__BYTES_BUCKETS; b++) {
-                below += p->bytes_count[b];
-                kvs__put(t, "%s_bucket{", name);
-                kvs__rank_labels(t, &ranks[r]);
-                kvs__peer_labels(t, p);
-                if (b < KVS__BYTES_BUCKETS)
-                    kvs__put(t, ",le=\"%" PRIu64 "\"} %" PRIu64 "\n", kvs__bytes_bound(b), below);
+            for (size_t b = 0; b <= h->buckets; b++) {
+                below += counts[b];
+                kvs__put(t, "%s_bucket{", h->name);
+                kvs__labels(t, &ranks[r], p);
+                kvs__put(t, ",le=\"");
+                if (b < h->buckets)
+                    h->le(t, b);
                 else
-                    kvs__put(t, ",le=\"+Inf\"} %" PRIu64 "\n", below);
+                    kvs__put(t, "+Inf");
+                kvs__put(t, "\"} %" PRIu64 "\n", below);
             }
-            kvs__put(t, "%s_sum{", name);
-            kvs__rank_labels(t, &ranks[r]);
-            kvs__peer_labels(t, p);
-            kvs__put(t, "} %" PRIu64 "\n%s_count{", p->bytes_sum, name);
-            kvs__rank_labels(t, &ranks[r]);
-            kvs__peer_labels(t, p);
+            kvs__put(t, "%s_sum{", h->name);
+            kvs__labels(t, &ranks[r], p);
+            kvs__put(t, "} ");
+            h->sum(t, p);
+            kvs__put(t, "\n%s_count{", h->name);
+            kvs__labels(t, &ranks[r], p);
             kvs__put(t, "} %" PRIu64 "\n", p->ok_rooms);
         }
     }
@@ -280,8 +291,7 @@ static void kvs__ended(kvs__text_t *t, const kvs__metrics_rank_t *ranks, size_t 
                 if (p->ended[c] == 0 && !(c < KVS__NCODES && kvs__codes[c] == KVS_OK))
                     continue;
                 kvs__put(t, "%s{", name);
-                kvs__rank_labels(t, &ranks[r]);
-                kvs__peer_labels(t, p);
+                kvs__labels(t, &ranks[r], p);
                 kvs__put(t, ",status=\"%s\"} %" PRIu64 "\n",
                          c < KVS__NCODES ? kvs_status_name(kvs__codes[c]) : "KVS_UNKNOWN",
                          p->ended[c]);
@@ -360,8 +370,8 @@ int kvs__metrics_render(const kvs__metrics_rank_t *ranks, size_t n, char *buf, s
     kvs__text_t t = {.buf = buf, .cap = cap};
     if (cap > 0)
         buf[0] = '\0';
-    kvs__time_histogram(&t, ranks, n);
-    kvs__bytes_histogram(&t, ranks, n);
+    for (size_t h = 0; h < sizeof kvs__hists / sizeof kvs__hists[0]; h++)
+        kvs__histogram(&t, &kvs__hists[h], ranks, n);
     kvs__ended(&t, ranks, n);
     kvs__open_rooms(&t, ranks, n);
 #define KVS__STAT_RENDER(field, name, type, help)                                             \

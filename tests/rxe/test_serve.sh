@@ -309,6 +309,20 @@ PY
 # lost NAME PORT HOLD "COMMON FLAGS" TP0 TP1: prefill instances 0 (TP0) and
 # 1 (TP1); instance 1 holds its rooms from room HOLD on and is killed with
 # SIGKILL once it says so. The decode runs under --expect-lost 1.
+# wait_held ERR PID: until the prefill says it holds its rooms (its stderr
+# ERR), it exits, or wait_s passed. Upper bound only: a prefill that never
+# holds fails the run's checks.
+wait_held() {
+  local waited=0
+  until grep -q "holding its rooms" "$1"; do
+    if [ "$waited" -ge $((wait_s * 10)) ] || ! kill -0 "$2" 2>/dev/null; then
+      return 0
+    fi
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+}
+
 # lost_check NAME HOLD DECODE_RC PREFILL0_RC PREFILL1_RC: runs 10 and 19:
 # instance 1 lost mid-run, its held rooms (and only its) failed with
 # KVS_EPEER, instance 0 untouched, nothing hung or leaked.
@@ -349,7 +363,7 @@ PY
 
 lost() {
   skipped "$1" && return 0
-  local name=$1 port=$(($2 + off)) hold=$3 common=$4 tp0=$5 tp1=$6 t0 p0 p1 dpid drc rc0 rc1 waited=0
+  local name=$1 port=$(($2 + off)) hold=$3 common=$4 tp0=$5 tp1=$6 t0 p0 p1 dpid drc rc0 rc1
   t0=$(date +%s.%N)
   # The ranks' warnings (peers lost, rooms failed) go to stderr, printed
   # below: a room failed that should not have is then explained.
@@ -369,14 +383,7 @@ lost() {
     --prefill-instance "1=$addr:$((port + 10)),$tp1" --expect-lost 1 "${shape[@]}" \
     "${seed[@]}" $common >"$work/$name.decode.json" 2>"$work/$name.decode.err" &
   dpid=$!
-  # Upper bound only: a prefill that never holds fails the run.
-  until grep -q "holding its rooms" "$work/$name.prefill1.err"; do
-    if [ "$waited" -ge $((wait_s * 10)) ] || ! kill -0 "$p1" 2>/dev/null; then
-      break
-    fi
-    sleep 0.1
-    waited=$((waited + 1))
-  done
+  wait_held "$work/$name.prefill1.err" "$p1"
   local killed_at
   killed_at=$(elapsed "$t0")
   kill -9 "$p1" 2>/dev/null
@@ -644,14 +651,7 @@ discovered() {
     --prefill-tp 1 --fault "hold-from:$hold" "${shape[@]}" "${seed[@]}" "${disc[@]}" \
     >"$work/$name.prefill1.json" 2>"$work/$name.prefill1.err" &
   p1=$!
-  waited=0
-  until grep -q "holding its rooms" "$work/$name.prefill1.err"; do
-    if [ "$waited" -ge $((wait_s * 10)) ] || ! kill -0 "$p1" 2>/dev/null; then
-      break
-    fi
-    sleep 0.1
-    waited=$((waited + 1))
-  done
+  wait_held "$work/$name.prefill1.err" "$p1"
   kill -STOP "$p1" 2>/dev/null
   local frozen
   frozen=$(date +%s.%N)
