@@ -106,6 +106,11 @@
  * (unlimited: nothing is refused), so the bookkeeping is checked in every
  * run. No event, no draw: a limit changes only what the core does.
  *
+ * Write size: with max_write_bytes set (fabric ops version 6), a write of
+ * more bytes is refused at post (KVS_EINVAL), as a NIC refuses a message
+ * over its port's max_msg_sz, and the slot reports the limit so the core
+ * posts pieces; 0 (the default) takes any length.
+ *
  * Counters: sim_nic_writes / sim_nic_write_bytes count writes of this NIC
  * that completed successfully and their bytes; sim_nic_msgs counts control
  * messages accepted by send(); sim_nic_posts_refused counts the posts a
@@ -1214,6 +1219,12 @@ static int sim_nic_write(kvs_fabric_t *fab, kvs_conn_t *conn, const kvs_write_de
                                (unsigned long long)desc->len_bytes,
                                (unsigned long long)mr->addr,
                                (unsigned long long)mr->len_bytes);
+    if (net->cfg.max_write_bytes != 0 && desc->len_bytes > net->cfg.max_write_bytes)
+        return kvs_fabric_fail(fab, KVS_EINVAL, 0,
+                               "write on %s: %llu bytes, more than the %llu one write takes "
+                               "(max_write_bytes): write it in pieces",
+                               nic->name, (unsigned long long)desc->len_bytes,
+                               (unsigned long long)net->cfg.max_write_bytes);
     rc = sim_nic_check_sq(nic, conn, "write");
     if (rc != KVS_OK)
         return rc;
@@ -1484,6 +1495,12 @@ static int sim_nic_key_revoke(kvs_fabric_t *fab, kvs_grant_t *grant)
     .now_ns = sim_nic_now_ns, .random_bytes = sim_nic_random_bytes,            \
     .peer_addr = sim_nic_peer_addr
 
+static uint64_t sim_nic_max_write_bytes(kvs_fabric_t *fab)
+{
+    const uint64_t n = sim_nic_of(fab)->net->cfg.max_write_bytes;
+    return n != 0 ? n : UINT64_MAX;
+}
+
 static const kvs_fabric_ops_t sim_nic_ops = {
     .version = KVS_FABRIC_OPS_VERSION,
     .size = sizeof(kvs_fabric_ops_t),
@@ -1491,6 +1508,7 @@ static const kvs_fabric_ops_t sim_nic_ops = {
     .key_grant = sim_nic_key_grant,
     .key_revoke = sim_nic_key_revoke,
     .mr_register_sealed = sim_nic_mr_register_sealed,
+    .max_write_bytes = sim_nic_max_write_bytes,
 };
 
 /* sim_net_config_t.no_key_grant: the table of a fabric without grants, of

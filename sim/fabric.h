@@ -60,6 +60,11 @@ typedef struct sim_net_config {
     bool no_key_grant;           /* NICs bind a version-3 ops table, without
                                     key_grant / key_revoke: a decode falls back
                                     to the key of its whole ring */
+    uint64_t max_write_bytes;    /* the most bytes one write takes (the ops
+                                    table's max_write_bytes): a longer one is
+                                    refused (KVS_EINVAL), as a NIC refuses a
+                                    message over its port's max_msg_sz;
+                                    0 = no limit */
 } sim_net_config_t;
 
 typedef void (*sim_nic_wake_fn)(void *ctx);

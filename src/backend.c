@@ -19,7 +19,8 @@
 #define KVS__FABRIC_OPS_V2_BYTES offsetof(kvs_fabric_ops_t, random_bytes)
 #define KVS__FABRIC_OPS_V3_BYTES offsetof(kvs_fabric_ops_t, key_grant)
 #define KVS__FABRIC_OPS_V4_BYTES offsetof(kvs_fabric_ops_t, mr_register_sealed)
-#define KVS__FABRIC_OPS_V5_BYTES sizeof(kvs_fabric_ops_t)
+#define KVS__FABRIC_OPS_V5_BYTES offsetof(kvs_fabric_ops_t, max_write_bytes)
+#define KVS__FABRIC_OPS_V6_BYTES sizeof(kvs_fabric_ops_t)
 _Static_assert(offsetof(kvs_device_ops_t, version) == 0, "version first");
 _Static_assert(offsetof(kvs_fabric_ops_t, version) == 0, "version first");
 /* Each version ends exactly where the next one's slots start: a table
@@ -37,6 +38,8 @@ _Static_assert(KVS__FABRIC_OPS_V4_BYTES == KVS__FABRIC_OPS_V3_BYTES + 2 * sizeof
                "fabric ops version 4 adds key_grant and key_revoke, after peer_addr");
 _Static_assert(KVS__FABRIC_OPS_V5_BYTES == KVS__FABRIC_OPS_V4_BYTES + sizeof(void (*)(void)),
                "fabric ops version 5 adds mr_register_sealed, after key_revoke");
+_Static_assert(KVS__FABRIC_OPS_V6_BYTES == KVS__FABRIC_OPS_V5_BYTES + sizeof(void (*)(void)),
+               "fabric ops version 6 adds max_write_bytes, after mr_register_sealed");
 
 /* Defaults of optional slots: "not supported", never a NULL call. */
 static int kvs__dev_no_stream(kvs_device_t *d, kvs_stream_t **o) { return KVS_ENOTSUP; }
@@ -134,6 +137,7 @@ static int kvs__net_no_seal(kvs_fabric_t *f, kvs_device_t *d, uint64_t addr, uin
 {
     return KVS_ENOTSUP;
 }
+static uint64_t kvs__net_no_write_limit(kvs_fabric_t *f) { return UINT64_MAX; }
 
 #define KVS__DEFAULT(slot, fn)                                                 \
     do {                                                                       \
@@ -196,7 +200,7 @@ int kvs_fabric_init(kvs_fabric_t *fab, const kvs_fabric_ops_t *ops, const char *
     kvs_fabric_t f = {0};
     static const size_t version_bytes[] = {KVS__FABRIC_OPS_V1_BYTES, KVS__FABRIC_OPS_V2_BYTES,
                                            KVS__FABRIC_OPS_V3_BYTES, KVS__FABRIC_OPS_V4_BYTES,
-                                           KVS__FABRIC_OPS_V5_BYTES};
+                                           KVS__FABRIC_OPS_V5_BYTES, KVS__FABRIC_OPS_V6_BYTES};
     _Static_assert(sizeof version_bytes / sizeof version_bytes[0] == KVS_FABRIC_OPS_VERSION,
                    "one size per fabric ops version");
     int rc = kvs__copy_table(&f.ops, sizeof f.ops, ops, ops->version, ops->size, version_bytes,
@@ -217,6 +221,7 @@ int kvs_fabric_init(kvs_fabric_t *fab, const kvs_fabric_ops_t *ops, const char *
     KVS__DEFAULT(f.ops.key_grant, kvs__net_no_grant);
     KVS__DEFAULT(f.ops.key_revoke, kvs__net_no_revoke);
     KVS__DEFAULT(f.ops.mr_register_sealed, kvs__net_no_seal);
+    KVS__DEFAULT(f.ops.max_write_bytes, kvs__net_no_write_limit);
     f.name = name != NULL ? name : (ops->name != NULL ? ops->name : "fabric");
     *fab = f;
     return KVS_OK;
@@ -350,6 +355,11 @@ int kvs__net_key_revoke(kvs_fabric_t *fab, kvs_grant_t *grant)
     return fab->ops.key_revoke(fab, grant);
 }
 uint64_t kvs__net_now_ns(kvs_fabric_t *fab) { return fab->ops.now_ns(fab); }
+uint64_t kvs__net_max_write_bytes(kvs_fabric_t *fab)
+{
+    const uint64_t n = fab->ops.max_write_bytes(fab);
+    return n == 0 ? UINT64_MAX : n;
+}
 int kvs__net_random(kvs_fabric_t *fab, void *buf, size_t len_bytes)
 {
     return fab->ops.random_bytes(fab, buf, len_bytes);

@@ -55,6 +55,9 @@ int kvs__net_key_grant(kvs_fabric_t *fab, kvs_conn_t *conn, kvs_mr_t *mr, uint64
                        uint64_t len_bytes, kvs_grant_t **out, uint64_t *out_rkey);
 int kvs__net_key_revoke(kvs_fabric_t *fab, kvs_grant_t *grant);
 uint64_t kvs__net_now_ns(kvs_fabric_t *fab);
+/* The most bytes one write takes on fab (its max_write_bytes; UINT64_MAX
+ * when it has no limit, a 0 read as that too). */
+uint64_t kvs__net_max_write_bytes(kvs_fabric_t *fab);
 /* len_bytes unpredictable bytes (the fabric's random_bytes). */
 int kvs__net_random(kvs_fabric_t *fab, void *buf, size_t len_bytes);
 /* conn's peer address as text for a log line, or words saying the fabric

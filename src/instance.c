@@ -7,6 +7,7 @@
 #include "instance.h"
 
 #include "channel.h"
+#include "chunk.h"
 #include "error.h"
 
 #include <stdlib.h>
@@ -97,6 +98,85 @@ static void kvs__plan_writers(kvs__inst_t *inst, const kvs_manager_t *m)
     }
 }
 
+/* Writes of at most `most` bytes that n bytes take (most > 0). */
+static uint64_t kvs__pieces(uint64_t n, uint64_t most) { return n / most + (n % most != 0); }
+
+/* Staging: the writes of a full chunk of this prefill rank into the region
+ * of target decode rank dtp: each of its spans (its block, or its K and V
+ * layers apart) cut into pieces of at most the fabric's max_write_bytes.
+ * *block_bytes gets the bytes it writes per full chunk. */
+static int kvs__target_pieces(const kvs_layout_t *l, const kvs_manager_t *m, int64_t dstage,
+                              int64_t dtp, int64_t *pieces, uint64_t *block_bytes)
+{
+    int64_t writer = 0;
+    kvs__span_t span[2];
+    int n = 0;
+    int rc = kvs_layout_writer_index(l, m->cfg.tp_rank, dtp, &writer);
+    if (rc == KVS_OK)
+        rc = kvs__writer_spans(l, dtp, dstage, writer, m->cfg.pp_rank, l->grid_tokens, span, &n);
+    if (rc != KVS_OK)
+        return rc;
+    const uint64_t most = kvs__net_max_write_bytes(m->fab);
+    uint64_t total = 0, bytes = 0;
+    for (int i = 0; i < n; i++) {
+        total += kvs__pieces(span[i].len_bytes, most);
+        bytes += span[i].len_bytes;
+    }
+    *pieces = total > INT64_MAX ? INT64_MAX : (int64_t)total;
+    *block_bytes = bytes;
+    return KVS_OK;
+}
+
+/* Prefill side, before a pair's plan is made: every write this rank would
+ * post to it fits the fabric's max_write_bytes. Staging cuts a writer's
+ * block into pieces, and a full chunk's pieces must fit the write slots
+ * (max_inflight_writes: a chunk's gather waits until all of them are free,
+ * so more could never go); the direct and slice paths cut page runs at a
+ * token, so one token's head row must fit one write. */
+static int kvs__check_write_sizes(const kvs_layout_t *l, kvs_path_t path, kvs_manager_t *m,
+                                  int64_t dstage)
+{
+    const uint64_t most = kvs__net_max_write_bytes(m->fab);
+    if (most == UINT64_MAX)
+        return KVS_OK;
+    const uint32_t slots = m->cfg.max_inflight_writes >= 2 ? m->cfg.max_inflight_writes : 2;
+    for (int64_t i = 0; i < l->targets_per_prefill; i++) {
+        int64_t dtp = 0;
+        (void)kvs_layout_target(l, m->cfg.tp_rank, i, &dtp);
+        if (path != KVS_PATH_STAGING) {
+            kvs_head_slice_t hs;
+            (void)kvs_head_slice(l->total_heads, l->prefill_tp, l->decode_tp, m->cfg.tp_rank,
+                                 dtp, &hs);
+            const uint64_t row = (uint64_t)(hs.num_heads * l->head_dim * l->elem_bytes);
+            if (row > most)
+                return KVS__MFAIL(m, KVS_ERANGE, "one token's %lld heads are %llu bytes, more "
+                                  "than one write of fabric '%s' takes (max_write_bytes "
+                                  "%llu): the %s path cannot cut them; use a fabric with "
+                                  "larger writes or the staging path",
+                                  (long long)hs.num_heads, (unsigned long long)row,
+                                  m->fab->name, (unsigned long long)most,
+                                  path == KVS_PATH_DIRECT ? "direct" : "slice");
+            continue;
+        }
+        int64_t pieces = 0;
+        uint64_t bytes = 0;
+        int rc = kvs__target_pieces(l, m, dstage, dtp, &pieces, &bytes);
+        if (rc != KVS_OK)
+            return KVS__MFAIL(m, rc, "planning the writes to decode rank %lld failed",
+                              (long long)dtp);
+        if (pieces > (int64_t)slots)
+            return KVS__MFAIL(m, KVS_ERANGE, "a full chunk of %lld tokens is %llu bytes "
+                              "from this rank to decode rank %lld: %lld writes of at most "
+                              "%llu bytes (fabric '%s' max_write_bytes), more than "
+                              "max_inflight_writes %u: raise max_inflight_writes to %lld or "
+                              "lower chunk_tokens",
+                              (long long)l->grid_tokens, (unsigned long long)bytes,
+                              (long long)dtp, (long long)pieces, (unsigned long long)most,
+                              m->fab->name, slots, (long long)pieces);
+    }
+    return KVS_OK;
+}
+
 /* Prefill side: the decode ranks this rank writes to, and where its stage's
  * layers go in their regions. */
 static void kvs__plan_targets(kvs__inst_t *inst, const kvs_manager_t *m)
@@ -115,6 +195,11 @@ static void kvs__plan_targets(kvs__inst_t *inst, const kvs_manager_t *m)
         p->tgt.slot = first - dfirst;
         p->tgt.layer_slots = dcount;
         p->tgt.writes = first == dfirst && count == dcount ? 1 : 2;
+        uint64_t bytes = 0;
+        p->tgt.pieces = p->tgt.writes;
+        if (inst->path == KVS_PATH_STAGING)
+            (void)kvs__target_pieces(l, m, inst->decode_stage, p->tp_rank, &p->tgt.pieces,
+                                     &bytes);
     }
 }
 
@@ -127,6 +212,10 @@ int kvs__inst_set_geometry(kvs__inst_t *inst, kvs_manager_t *m, int64_t tp_size,
     if (rc != KVS_OK)
         return rc;
     const bool decode = m->cfg.role == KVS_ROLE_DECODE;
+    if (!decode && (rc = kvs__check_write_sizes(&lay, path, m,
+                                                lay.decode_pp == 1 ? 0 : m->cfg.pp_rank)) !=
+                       KVS_OK)
+        return rc;
     const int64_t n = decode ? lay.tp_writers * (lay.decode_pp == 1 ? lay.prefill_pp : 1)
                              : lay.targets_per_prefill;
     kvs__peer_t *peers = calloc((size_t)n, sizeof *peers);

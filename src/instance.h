@@ -33,8 +33,12 @@ typedef struct kvs__target {
     int64_t slot;                /* staging: the first layer slot this rank's
                                     stage fills in a region */
     int64_t layer_slots;         /* ... of the decode stage's layer slots */
-    int32_t writes;              /* staging: writes per chunk: 1, or the K and
+    int32_t writes;              /* staging: spans per chunk: 1, or the K and
                                     the V layers apart (prefill PP) */
+    int64_t pieces;              /* staging: writes per full chunk: each span
+                                    cut into pieces of at most the fabric's
+                                    max_write_bytes (<= max_inflight_writes,
+                                    checked when the pair is planned) */
     kvs_watermark_t wm;          /* its ring's last watermark */
     uint64_t ring_addr, ring_bytes, ring_rkey;
     bool scoped_keys;            /* each region's STAGING_RSP carries the keys

@@ -32,8 +32,9 @@ typedef struct kvs__pchunk {
     uint64_t rkey[2];            /* with scoped keys: the keys of its writes
                                     (STAGING_RSP's rkey, rkey_v) */
     int32_t worker;              /* staging buffer in use, -1 if none */
-    int32_t writes_posted;       /* of the chunk's writes: they go in order */
-    int32_t writes_pending;      /* posted, not yet completed */
+    int64_t writes_posted;       /* of the chunk's writes (pieces of its spans,
+                                    target.pieces at most): they go in order */
+    int64_t writes_pending;      /* posted, not yet completed */
     kvs_event_t *event;
 } kvs__pchunk_t;
 

@@ -85,6 +85,11 @@ void kvs__direct_advance(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
                        fl->dpages[di + k] == fl->dpages[di] + k)
                     k++;
                 fl->run_tokens = ((pi + k) * ps < fl->total ? (pi + k) * ps : fl->total) - tok;
+                /* no longer than one write of the fabric takes (a token's
+                 * row fits one: checked when the pair was planned) */
+                const uint64_t most = kvs__net_max_write_bytes(p->h.fab) / (uint64_t)(nh * hb);
+                if (most < (uint64_t)fl->run_tokens)
+                    fl->run_tokens = most > 0 ? (int64_t)most : 1;
             }
         }
         /* this stage's layer cur_l is the decode's layer slot + cur_l */

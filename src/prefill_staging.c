@@ -8,7 +8,10 @@
  * ONE write per region (two with prefill PP when the region holds more
  * layers than this stage: the K and the V layers), each under the key the
  * STAGING_RSP gave for it when the decode scopes keys (region_keys.h), and
- * CHUNK_READY once the writes completed.
+ * CHUNK_READY once the writes completed. A fabric whose max_write_bytes is
+ * below a write's bytes gets it as the fewest pieces of at most that many
+ * bytes, in order, under the same key; the chunk is ready once the last
+ * piece completed, and a failed piece fails the room like a failed write.
  *
  * Invariants: a staging buffer is taken by at most one chunk, from its
  * gather until its last write completed (or the room failed with none in
@@ -124,16 +127,29 @@ static int kvs__write_chunk(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int64_
     const uint64_t local = p->h.m->staging_addr[c->worker];
     kvs_mr_t *mr = p->h.m->staging_mr[c->worker];
     const uint64_t region = t->ring_addr + c->offset;
-    while (c->writes_posted < n) {
-        const kvs__span_t *w = &span[c->writes_posted];
-        const uint64_t rkey = t->scoped_keys ? c->rkey[c->writes_posted] : t->ring_rkey;
-        rc = kvs__post_write(p, r, f, chunk, local + w->local_off, mr, region + w->remote_off,
-                             rkey, w->len_bytes);
-        if (rc != KVS_OK)
-            return rc;
-        c->writes_posted++;
-        c->writes_pending++;
+    const uint64_t most = kvs__net_max_write_bytes(p->h.fab);
+    int64_t k = 0; /* the piece's index in the chunk's writes */
+    for (int s = 0; s < n; s++) {
+        const kvs__span_t *w = &span[s];
+        const uint64_t rkey = t->scoped_keys ? c->rkey[s] : t->ring_rkey;
+        const uint64_t pieces = w->len_bytes / most + (w->len_bytes % most != 0);
+        if (c->writes_posted >= k + (int64_t)pieces) {
+            k += (int64_t)pieces;
+            continue; /* this span went out already */
+        }
+        for (uint64_t off = (uint64_t)(c->writes_posted - k) * most; off < w->len_bytes;
+             off += most) {
+            const uint64_t len = w->len_bytes - off < most ? w->len_bytes - off : most;
+            rc = kvs__post_write(p, r, f, chunk, local + w->local_off + off, mr,
+                                 region + w->remote_off + off, rkey, len);
+            if (rc != KVS_OK)
+                return rc;
+            c->writes_posted++;
+            c->writes_pending++;
+        }
+        k += (int64_t)pieces;
     }
+    assert(k <= t->pieces);
     return KVS_OK;
 }
 
@@ -205,7 +221,7 @@ static bool kvs__gather_chunk(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int6
     kvs__pchunk_t *c = &r->flows[f].chunks[i];
     if (p->gather_blocked)
         return false;
-    const int64_t writes = kvs__flow_peer(r, f)->tgt.writes; /* the same for every flow */
+    const int64_t writes = kvs__flow_peer(r, f)->tgt.pieces; /* the same for every flow */
     const int64_t by_slots = (int64_t)p->ops_cap / writes;
     const int64_t most = kvs__min_i64(p->fuse_cap, by_slots > 0 ? by_slots : 1);
     int64_t n = 0;

@@ -270,6 +270,7 @@ static int rec_parts_trap(kvs_device_t *d, kvs_stream_t *s, const kvs_copy_desc_
 #define FABRIC_OPS_V1_BYTES offsetof(kvs_fabric_ops_t, wait_arm)
 #define FABRIC_OPS_V3_BYTES offsetof(kvs_fabric_ops_t, key_grant)
 #define FABRIC_OPS_V4_BYTES offsetof(kvs_fabric_ops_t, mr_register_sealed)
+#define FABRIC_OPS_V5_BYTES offsetof(kvs_fabric_ops_t, max_write_bytes)
 
 static const kvs_device_ops_t rec_v1_ops = {.version = 1,
                                             .size = DEVICE_OPS_V1_BYTES,
@@ -612,6 +613,40 @@ static void test_backend_older_tables_bind_without_wait_arm(void **state)
     assert_int_equal(wake_ns, 1000);
 }
 
+static uint64_t write_limit_trap(kvs_fabric_t *f)
+{
+    fail_msg("max_write_bytes of a fabric table of version 5 was called");
+    return 1;
+}
+static uint64_t write_limit_4k(kvs_fabric_t *f) { return 4096; }
+static uint64_t write_limit_zero(kvs_fabric_t *f) { return 0; }
+
+/* Version 6 adds max_write_bytes: a version-5 table binds without it (no
+ * limit, one write per block as before), whatever lies past its size; a
+ * version-6 table keeps it, and a 0 it answers reads as no limit. */
+static void test_backend_version_5_fabric_has_no_write_limit(void **state)
+{
+    kvs_fabric_ops_t fv = fab_ops;
+    fv.version = 5;
+    fv.size = FABRIC_OPS_V5_BYTES;
+    fv.max_write_bytes = write_limit_trap;
+    kvs_fabric_t f;
+    assert_int_equal(kvs_fabric_init(&f, &fv, NULL), KVS_OK);
+    assert_int_equal(kvs__net_max_write_bytes(&f), UINT64_MAX);
+    fv.version = 6;
+    assert_int_equal(kvs_fabric_init(&f, &fv, NULL), KVS_EVERSION);
+    fv.size = sizeof(kvs_fabric_ops_t);
+    fv.max_write_bytes = write_limit_4k;
+    assert_int_equal(kvs_fabric_init(&f, &fv, NULL), KVS_OK);
+    assert_int_equal(kvs__net_max_write_bytes(&f), 4096);
+    fv.max_write_bytes = write_limit_zero;
+    assert_int_equal(kvs_fabric_init(&f, &fv, NULL), KVS_OK);
+    assert_int_equal(kvs__net_max_write_bytes(&f), UINT64_MAX);
+    fv.max_write_bytes = NULL; /* optional: the default */
+    assert_int_equal(kvs_fabric_init(&f, &fv, NULL), KVS_OK);
+    assert_int_equal(kvs__net_max_write_bytes(&f), UINT64_MAX);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -629,6 +664,7 @@ int main(void)
         cmocka_unit_test(test_backend_older_tables_bind_without_wait_arm),
         cmocka_unit_test(test_backend_version_3_fabric_gets_no_key_grant),
         cmocka_unit_test(test_backend_version_4_fabric_gets_no_sealed_register),
+        cmocka_unit_test(test_backend_version_5_fabric_has_no_write_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2203,6 +2203,174 @@ static void test_protocol_edges_sq_depth_one(void **state)
     edge_destroy(cl);
 }
 
+/* ---- fabrics with a write size limit (fabric ops version 6) ------------------ */
+
+/* Every write a prefill NIC posts, as its hook sees it. */
+#define EDGE_PIECES_MAX 256
+typedef struct edge_pieces {
+    int n;
+    uint64_t addr[EDGE_PIECES_MAX], len[EDGE_PIECES_MAX];
+    int spoil;              /* the write (1-based) whose key is spoiled, 0: none */
+    int seen;
+} edge_pieces_t;
+
+static bool edge_pieces_hook(void *ctx, const char *nic, const char *peer, uint64_t *remote_addr,
+                             uint64_t *rkey, uint64_t len)
+{
+    edge_pieces_t *w = ctx;
+    if (++w->seen == w->spoil)
+        *rkey ^= 0x5a5a5a5aull; /* no MR or grant has it: the target NIC refuses */
+    if (w->n < EDGE_PIECES_MAX) {
+        w->addr[w->n] = *remote_addr;
+        w->len[w->n++] = len;
+    }
+    return false;
+}
+
+/* A fabric that takes at most 1000 bytes a write: each prefill rank's
+ * 4 KiB block of a full chunk (P2 -> D1: 2 layers x K/V x 16 tokens x 2
+ * heads x 16 x 2 bytes) goes as 5 pieces (4 x 1000 + 96), a partial
+ * chunk's block as fewer; each piece lands at its place, none overlaps
+ * another, together they are the block, and every byte of every room is
+ * right (the decode scattered only after the last piece of every writer). */
+static void test_protocol_edges_write_pieces(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.net.max_write_bytes = 1000;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_pieces_t seen[2] = {{0}, {0}};
+    for (int i = 0; i < 2; i++)
+        sim_nic_set_write_hook(edge_prefill(cl, i)->nic, edge_pieces_hook, &seen[i]);
+    /* 40 tokens: chunks of 16, 16 and 8 tokens (blocks of 4096, 4096, 2048) */
+    const edge_room_t rooms[] = {{1, 0, 40}, {2, 8, 44}};
+    edge_transfer_ok(cl, rooms, 2);
+    for (int i = 0; i < 2; i++) {
+        const kvs_handler_stats_t st = edge_stats(edge_prefill(cl, i));
+        /* room 1: 5 + 5 + 3 pieces; room 2 (36 tokens: 16, 16, 4): 5 + 5 + 2 */
+        assert_int_equal(st.rdma_writes, 25);
+        assert_int_equal(seen[i].n, 25);
+        uint64_t bytes = 0;
+        for (int a = 0; a < seen[i].n; a++) {
+            assert_true(seen[i].len[a] > 0 && seen[i].len[a] <= 1000);
+            bytes += seen[i].len[a];
+            for (int b = 0; b < a; b++)
+                if (seen[i].addr[a] < seen[i].addr[b] + seen[i].len[b] &&
+                    seen[i].addr[b] < seen[i].addr[a] + seen[i].len[a] &&
+                    (a < 13) == (b < 13)) /* one room's pieces never overlap */
+                    EDGE_FAIL("p%d: pieces %d and %d overlap", i, b, a);
+        }
+        assert_int_equal(bytes, st.rdma_write_bytes);
+        assert_int_equal(bytes, (4096 + 4096 + 2048) + (4096 + 4096 + 1024));
+    }
+    edge_destroy(cl);
+}
+
+/* A piece of a writer's block fails (its key spoiled: the target NIC
+ * refuses it): the room fails on every rank, cleanly, and the region is
+ * freed only after every piece of it completed. On a slow link the other
+ * pieces of p0 and p1's block are still in flight when the failure is
+ * known; no ring byte may change after the decode ended the room. */
+static void test_protocol_edges_write_piece_fails(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.net.max_write_bytes = 1000;
+    o.net.link_bytes_per_s = 50000000; /* 50 MB/s: a 1000-byte piece takes 20 us */
+    edge_cluster_t *cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_node_t *d = edge_decode(cl, 0);
+    uint64_t ring_addr = 0, ring_len = 0;
+    assert_int_equal(kvs_manager_staging_buffer(d->m, 0, &ring_addr, &ring_len, NULL), KVS_OK);
+    edge_snap_t snap = {.room = 1, .node = d, .mem = sim_gpu_host(d->gpu, ring_addr, ring_len),
+                        .len = (size_t)ring_len, .copy = malloc((size_t)ring_len)};
+    assert_non_null(snap.mem);
+    assert_non_null(snap.copy);
+    cl->on_result = edge_snap_on_result;
+    cl->on_result_ctx = &snap;
+    edge_pieces_t seen = {.spoil = 3}; /* the third piece of the first chunk */
+    sim_nic_set_write_hook(edge_prefill(cl, 0)->nic, edge_pieces_hook, &seen);
+
+    edge_transfer(cl, 1, 0, 40);
+    edge_expect_all(cl, 1, KVS_EREMOTE);
+    edge_expect_ring_empty(cl);
+    edge_expect_decode_last(cl, 1);
+    assert_true(seen.seen >= 5); /* the pieces after the spoiled one went out too */
+    const size_t changed = edge_snap_changed(&snap);
+    if (changed != 0)
+        EDGE_FAIL("%zu ring bytes were written after the decode ended room 1 and freed its "
+                  "regions", changed);
+    cl->on_result = NULL;
+    free(snap.copy);
+
+    /* The handlers and the staging buffers survive: the next room is whole. */
+    seen.spoil = 0;
+    edge_transfer(cl, 2, 0, 40);
+    edge_expect_ok(cl, 2, 0, 40);
+    edge_expect_ring_empty(cl);
+    edge_destroy(cl);
+}
+
+/* A full chunk whose pieces could never all hold a write slot is refused
+ * when the prefill rank plans the pair (its handler's creation here, a
+ * decode instance's registration otherwise), before any room opens, with a
+ * message that names the limit and the knobs; at the bound it runs. */
+static void test_protocol_edges_write_pieces_refused(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.no_handlers = true;
+    o.max_inflight_writes = 8;
+    o.net.max_write_bytes = 500; /* 4096 bytes: 9 pieces, one slot short */
+    edge_cluster_t *cl = edge_create(&o);
+    for (int i = 0; i < cl->nprefill; i++) {
+        edge_node_t *n = edge_prefill(cl, i);
+        kvs_rank_t *rank = NULL;
+        assert_int_equal(kvs_rank_create_on(n->m, &rank), KVS_ERANGE);
+        assert_null(rank);
+        const char *msg = kvs_manager_last_error(n->m)->msg;
+        if (strstr(msg, "9 writes of at most 500 bytes") == NULL ||
+            strstr(msg, "max_write_bytes") == NULL ||
+            strstr(msg, "max_inflight_writes 8: raise max_inflight_writes to 9") == NULL ||
+            strstr(msg, "lower chunk_tokens") == NULL)
+            EDGE_FAIL("%s: the refusal does not name the limit and the knobs: %s", n->name,
+                      msg);
+    }
+    edge_destroy(cl);
+
+    o = edge_defaults();
+    o.max_inflight_writes = 8;
+    o.net.max_write_bytes = 512; /* 8 pieces: fits */
+    cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_transfer(cl, 1, 0, 40);
+    edge_expect_ok(cl, 1, 0, 40);
+    edge_expect_ring_empty(cl);
+    assert_int_equal(edge_stats(edge_prefill(cl, 0)).rdma_writes, 8 + 8 + 4);
+    edge_destroy(cl);
+
+    /* The direct path cuts page runs at a token: a token's row must fit. */
+    o = edge_defaults();
+    o.prefill_tp = 1;
+    o.staging = false;
+    o.no_handlers = true;
+    o.net.max_write_bytes = 100; /* a token of 4 heads x 16 x 2 bytes is 128 */
+    cl = edge_create(&o);
+    kvs_rank_t *rank = NULL;
+    assert_int_equal(kvs_rank_create_on(edge_prefill(cl, 0)->m, &rank), KVS_ERANGE);
+    assert_non_null(strstr(kvs_manager_last_error(edge_prefill(cl, 0)->m)->msg,
+                           "more than one write of fabric"));
+    edge_destroy(cl);
+    o.no_handlers = false;
+    o.net.max_write_bytes = 300; /* runs of 2 tokens */
+    cl = edge_create(&o);
+    edge_assert_registered(cl);
+    edge_transfer(cl, 1, 0, 40);
+    edge_expect_ok(cl, 1, 0, 40);
+    edge_destroy(cl);
+}
+
 /* Control messages that take 10 ms each way: over a fabric that may lose
  * them (the simulator's), the links' first timeout (2 ms, before any round
  * trip is measured) sends messages again; over one that claims
@@ -3007,6 +3175,9 @@ int main(void)
         cmocka_unit_test(test_protocol_edges_short_outage_recovered),
         cmocka_unit_test(test_protocol_edges_long_outage_fails_then_recovers),
         cmocka_unit_test(test_protocol_edges_sq_depth_one),
+        cmocka_unit_test(test_protocol_edges_write_pieces),
+        cmocka_unit_test(test_protocol_edges_write_piece_fails),
+        cmocka_unit_test(test_protocol_edges_write_pieces_refused),
         cmocka_unit_test(test_protocol_edges_reliable_fabric_backstop),
         cmocka_unit_test(test_protocol_edges_hostile_ack_of_unsent),
         cmocka_unit_test(test_protocol_edges_wanted_queue_holds_every_chunk),

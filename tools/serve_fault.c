@@ -271,6 +271,12 @@ static int cli_ff_key_revoke(kvs_fabric_t *fab, kvs_grant_t *grant)
     return cli_ff_ret(w, w->inner->ops.key_revoke(w->inner, grant));
 }
 
+static uint64_t cli_ff_max_write_bytes(kvs_fabric_t *fab)
+{
+    cli_fault_fabric_t *w = cli_ff(fab);
+    return w->inner->ops.max_write_bytes(w->inner);
+}
+
 int cli_fault_fabric_create(kvs_fabric_t *inner, uint64_t fail_write, cli_fault_kind_t kind,
                             cli_fault_fabric_t **out)
 {
@@ -297,6 +303,7 @@ int cli_fault_fabric_create(kvs_fabric_t *inner, uint64_t fail_write, cli_fault_
         .peer_addr = cli_ff_peer_addr,
         .key_grant = cli_ff_key_grant, /* a decode's (replay-registration) */
         .key_revoke = cli_ff_key_revoke,
+        .max_write_bytes = cli_ff_max_write_bytes, /* the inner fabric's limit */
     };
     int rc = kvs_fabric_init(&w->base, &ops, "fault");
     if (rc != KVS_OK) {

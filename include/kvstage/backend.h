@@ -330,13 +330,24 @@ typedef struct kvs_fabric_ops {
      * decode then registers with mr_register. */
     int (*mr_register_sealed)(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
                               uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey);
+    /* version 6: the most bytes one write() takes (a port's max_msg_sz, a
+     * provider's max_msg_size, a simulated NIC's limit), constant for the
+     * fabric's life; write() of more may be refused. The prefill then posts
+     * a writer's block as the fewest writes of at most this many bytes,
+     * each a piece of its region under the same key, and its CHUNK_READY
+     * goes once every piece completed. A fabric that cuts a long write
+     * into work requests itself (verbs, ofi) need not have the slot.
+     * Optional: the default returns UINT64_MAX (no limit: one write per
+     * block, as before); 0 means the same. */
+    uint64_t (*max_write_bytes)(kvs_fabric_t *fab);
 } kvs_fabric_ops_t;
 
 /* Version 2 added wait_arm, version 3 random_bytes and peer_addr, version
- * 4 key_grant and key_revoke, version 5 mr_register_sealed; tables of
- * versions 1 (which end at now_ns), 2 (at wait_arm), 3 (at peer_addr) and
- * 4 (at key_revoke) still bind and get the defaults. */
-#define KVS_FABRIC_OPS_VERSION 5u
+ * 4 key_grant and key_revoke, version 5 mr_register_sealed, version 6
+ * max_write_bytes; tables of versions 1 (which end at now_ns), 2 (at
+ * wait_arm), 3 (at peer_addr), 4 (at key_revoke) and 5 (at
+ * mr_register_sealed) still bind and get the defaults. */
+#define KVS_FABRIC_OPS_VERSION 6u
 
 /*
  * Waiting for completions (wait_arm, both tables). A loop that must sleep
