@@ -524,7 +524,7 @@ metrics() {
     failures=$((failures + 1))
     return 0
   fi
-  local flags=(--prefill-tp 2 --decode-tp 1 --metrics "$addr:0" --metrics-hold-ms 2000)
+  local flags=(--prefill-tp 2 --decode-tp 1 --metrics "$addr:0" --metrics-hold-ms 5000)
   "$kvstage" serve --role prefill --listen "$addr:$port" "${shape[@]}" "${seed[@]}" \
     "${flags[@]}" >"$work/$name.prefill.json" 2>"$work/$name.prefill.err" &
   local ppid=$!
@@ -538,22 +538,30 @@ metrics() {
     [ -n "$dport" ] && [ -n "$pport" ] && break
     sleep 0.1
   done
-  # Scrape until the decode has ended every room (the hold keeps it up).
-  for ((i = 0; i < wait_s * 10; i++)); do
-    curl -sf "$dport" >"$work/$name.decode.prom" 2>/dev/null &&
-      python3 - "$work/$name.decode.prom" "${shape[@]}" <<'PY' && break
-import sys
-need = int(sys.argv[sys.argv.index("--requests") + 1])
-got = sum(float(l.rsplit(" ", 1)[1]) for l in open(sys.argv[1])
-          if l.startswith("kvstage_rooms_ended_total{"))
-sys.exit(0 if got >= need else 1)
-PY
-    sleep 0.1
+  # Scrape each endpoint until its ranks have ended every room (rooms
+  # ended, summed over the ranks: the decode's 1 rank x --requests, the
+  # prefill's 2 ranks x --requests); the holds keep them up meanwhile.
+  local requests="" notfound="" dok=0 pok=0
+  for ((i = 0; i < ${#shape[@]}; i++)); do
+    [ "${shape[$i]}" = --requests ] && requests=${shape[$((i + 1))]}
   done
-  curl -sf "$pport" >"$work/$name.prefill.prom" || bad="$bad; curl $pport failed"
-  local notfound
-  notfound=$(curl -s -o /dev/null -w '%{http_code}' "${dport%/metrics}/other")
-  [ "$notfound" = 404 ] || bad="$bad; GET /other answered $notfound, not 404"
+  complete() { # FILE N: the text's rooms_ended_total samples add up to N
+    awk -v n="$2" '/^kvstage_rooms_ended_total[{]/ { s += $NF } END { exit !(s >= n) }' "$1"
+  }
+  for ((i = 0; i < wait_s * 10 && (dok == 0 || pok == 0); i++)); do
+    if [ "$dok" = 0 ] && curl -sf "$dport" >"$work/$name.decode.prom" 2>/dev/null; then
+      [ -n "$notfound" ] ||
+        notfound=$(curl -s -o /dev/null -w '%{http_code}' "${dport%/metrics}/other")
+      complete "$work/$name.decode.prom" "$requests" && dok=1
+    fi
+    if [ "$pok" = 0 ] && curl -sf "$pport" >"$work/$name.prefill.prom" 2>/dev/null; then
+      complete "$work/$name.prefill.prom" $((2 * requests)) && pok=1
+    fi
+    [ "$dok" = 1 ] && [ "$pok" = 1 ] || sleep 0.1
+  done
+  [ "$dok" = 1 ] || bad="$bad; the decode's metrics never showed its $requests rooms ended"
+  [ "$pok" = 1 ] || bad="$bad; the prefill's metrics never showed its rooms ended"
+  [ "$notfound" = 404 ] || bad="$bad; GET /other answered '$notfound', not 404"
   wait "$dpid"
   drc=$?
   wait "$ppid"
