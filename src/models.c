@@ -3,6 +3,8 @@
  * planner needs from a well-known model. The numbers are the models'
  * published configs (num_key_value_heads, head dim = hidden_size /
  * num_attention_heads, num_hidden_layers); the KV dtype is the usual bf16.
+ * An MLA model (kind KVS_KV_MLA) has one "head": its latent of
+ * kv_lora_rank + qk_rope_head_dim elements.
  * Add a model by adding a row; names stay lower case. Read-only static
  * data: no state.
  */
@@ -11,16 +13,22 @@
 #include <ctype.h>
 
 static const kvs_model_t kvs__models[] = {
-    {"llama-3.1-8b", 8, 128, 32, KVS_DTYPE_BF16, "Llama 3.1 8B"},
-    {"llama-3.1-70b", 8, 128, 80, KVS_DTYPE_BF16, "Llama 3.1 70B"},
-    {"llama-3.1-405b", 8, 128, 126, KVS_DTYPE_BF16, "Llama 3.1 405B"},
+    {"llama-3.1-8b", 8, 128, 32, KVS_DTYPE_BF16, "Llama 3.1 8B", KVS_KV_GQA},
+    {"llama-3.1-70b", 8, 128, 80, KVS_DTYPE_BF16, "Llama 3.1 70B", KVS_KV_GQA},
+    {"llama-3.1-405b", 8, 128, 126, KVS_DTYPE_BF16, "Llama 3.1 405B", KVS_KV_GQA},
     {"qwen2.5-7b", 4, 128, 28, KVS_DTYPE_BF16,
-     "Qwen2.5 7B: 4 KV heads, replicated at TP 8"},
-    {"qwen2.5-72b", 8, 128, 80, KVS_DTYPE_BF16, "Qwen2.5 72B"},
+     "Qwen2.5 7B: 4 KV heads, replicated at TP 8", KVS_KV_GQA},
+    {"qwen2.5-72b", 8, 128, 80, KVS_DTYPE_BF16, "Qwen2.5 72B", KVS_KV_GQA},
     {"qwen2.5-1.5b", 2, 128, 28, KVS_DTYPE_BF16,
-     "Qwen2.5 1.5B: 2 KV heads, replicated at TP > 2"},
+     "Qwen2.5 1.5B: 2 KV heads, replicated at TP > 2", KVS_KV_GQA},
     {"chatglm3-6b", 2, 128, 28, KVS_DTYPE_BF16,
-     "ChatGLM3 6B: 2 KV groups, replicated at TP > 2"},
+     "ChatGLM3 6B: 2 KV groups, replicated at TP > 2", KVS_KV_GQA},
+    /* MLA: kv_lora_rank 512 + qk_rope_head_dim 64 = one 576-element latent
+     * per token and layer, the same on every TP rank (kind KVS_KV_MLA). */
+    {"deepseek-v3", 1, 576, 61, KVS_DTYPE_BF16,
+     "DeepSeek-V3: MLA, one 576-element latent per token (512 + 64 rope)", KVS_KV_MLA},
+    {"kimi-k2", 1, 576, 61, KVS_DTYPE_BF16,
+     "Kimi K2: MLA as DeepSeek-V3, one 576-element latent per token", KVS_KV_MLA},
 };
 
 #define KVS__MODEL_COUNT (sizeof kvs__models / sizeof kvs__models[0])
