@@ -468,6 +468,18 @@ int kvs_layout_source_index(const kvs_layout_t *lay, int64_t prefill_rank,
     return KVS_OK;
 }
 
+int kvs_layout_source_rank(const kvs_layout_t *lay, int64_t decode_rank, int64_t source_index,
+                           int64_t *out_prefill_rank)
+{
+    if (lay == NULL || out_prefill_rank == NULL)
+        return KVS_EINVAL;
+    if (decode_rank < 0 || decode_rank >= lay->decode_tp || source_index < 0 ||
+        source_index >= lay->tp_sources)
+        return KVS_ERANGE;
+    *out_prefill_rank = kvs__writer_rank(lay, decode_rank, source_index);
+    return KVS_OK;
+}
+
 int kvs_layout_writer_index(const kvs_layout_t *lay, int64_t prefill_rank,
                             int64_t decode_rank, int64_t *out_index)
 {

@@ -386,6 +386,11 @@ KVS_API int kvs_layout_writer_index(const kvs_layout_t *lay, int64_t prefill_ran
  * out of range. A source j < tp_writers is writer j. */
 KVS_API int kvs_layout_source_index(const kvs_layout_t *lay, int64_t prefill_rank,
                                     int64_t decode_rank, int64_t *out_index);
+/* The inverse: the prefill rank of source j (0 <= j < tp_sources) of
+ * decode rank d. KVS_EINVAL for a NULL argument, KVS_ERANGE for d or j out
+ * of range. */
+KVS_API int kvs_layout_source_rank(const kvs_layout_t *lay, int64_t decode_rank,
+                                   int64_t source_index, int64_t *out_prefill_rank);
 /* Bytes of one layer block (one K, V or latent layer) of one writer. */
 KVS_API int64_t kvs_layout_layer_block_bytes(const kvs_layout_t *lay,
                                              int64_t tokens, int64_t num_heads);
