@@ -658,7 +658,9 @@ KVS_API int kvs_kv_layers_from_ptrs(const uint64_t *ptrs, const uint64_t *lens,
  * guards (context parallelism, chunk size, the default chunk of 8192
  * included, PP on a fabric without per-layer writes) are checked here when
  * staging is on; that `layers` is stage pp_rank's share of model_layers
- * (KVS_EPP_SPLIT) always. */
+ * (KVS_EPP_SPLIT) and an MLA kind's heads are 0 or 1 (KVS_EMLA) always; a
+ * one-plane kind's staging on a device of ops version < 4 is refused
+ * (KVS_ENOTSUP). */
 KVS_API int kvs_manager_create(const kvs_manager_config_t *cfg, kvs_device_t *dev,
                                kvs_fabric_t *fab, kvs_manager_t **out,
                                kvs_error_t *err);
