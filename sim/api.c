@@ -82,6 +82,7 @@ static const kvs_sim_bound_t sim_api_bounds[] = {
     {"decode_instances", 0, KVS_SIM_MAX_INSTANCES},
     {"max_aux_bytes", 0, KVS_AUX_BYTES_MAX},
     {"data_mode", 0, KVS_SIM_DATA_PROVENANCE},               /* kvs_sim_data_mode_t */
+    {"kv_kind", 0, KVS_KV_MLA},                              /* kvs_kv_kind_t */
     {"prefill_instance_tp", 1, SIM_API_MAX_TP},
     {"prefill_instance_pp", 0, SIM_API_MAX_PP},
     {"decode_instance_tp", 1, SIM_API_MAX_TP},
@@ -195,9 +196,13 @@ static int sim_api_check_bounds(const kvs_sim_config_t *c, kvs_error_t *err)
     U64(decode_instances);
     U64(max_aux_bytes);
     U64(data_mode);
+    if (c->kv_kind < 0 || (rc = sim_api_max_u64(err, "kv_kind", (uint64_t)c->kv_kind)) != KVS_OK)
+        return c->kv_kind < 0 ? SIM_API_FAIL(err, KVS_EINVAL, "kv_kind %d must be 0 (gqa) or "
+                                             "1 (mla)", (int)c->kv_kind) : rc;
 #undef I64
 #undef U64
-    if ((rc = sim_api_zero(err, "reserved0", c->reserved0)) != KVS_OK ||
+    if ((rc = sim_api_zero(err, "reserved4", c->reserved4)) != KVS_OK ||
+        (rc = sim_api_zero(err, "reserved0", c->reserved0)) != KVS_OK ||
         (rc = sim_api_zero(err, "reserved1", c->reserved1)) != KVS_OK ||
         (rc = sim_api_zero(err, "reserved3", c->reserved3)) != KVS_OK)
         return rc;
@@ -262,6 +267,7 @@ static int sim_api_cluster(const kvs_sim_config_t *c, sim_scenario_config_t *s,
     s->shape.prefill_pp = c->prefill_pp;
     s->shape.decode_pp = c->decode_pp;
     s->shape.chunk_tokens = c->chunk_tokens;
+    s->shape.kind = (kvs_kv_kind_t)c->kv_kind;
     /* The instances: with a list, 0 sizes of the shape are instance 0's. */
     s->topo.prefill_instances = c->prefill_instances;
     s->topo.decode_instances = c->decode_instances;

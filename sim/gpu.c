@@ -463,8 +463,9 @@ static int64_t sim_gpu_pruns(sim_gpu_t *gpu, const kvs_copy_desc_t *d)
 }
 
 /* Walks a validated copy, pool -> staging (gather) or back (scatter): for
- * each layer and K/V, the tokens whose pool slots follow each other (a
- * page, or pages with consecutive ids) are one run of rows. */
+ * each layer and K/V (K alone with one plane: MLA), the tokens whose pool
+ * slots follow each other (a page, or pages with consecutive ids) are one
+ * run of rows. */
 static int sim_gpu_walk(sim_gpu_t *gpu, const kvs_copy_desc_t *d, const kvs_copy_shape_t *sh,
                         bool scatter, sim_gpu_rows_fn rows)
 {
@@ -478,7 +479,7 @@ static int sim_gpu_walk(sim_gpu_t *gpu, const kvs_copy_desc_t *d, const kvs_copy
     for (int64_t j = 0; j < d->layer_count && rc == KVS_OK; j++) {
         const int64_t l = d->layer_begin + j;
         const uint64_t slot = (uint64_t)(d->staging_slot_begin + j);
-        for (uint64_t kv = 0; kv < 2 && rc == KVS_OK; kv++) {
+        for (uint64_t kv = 0; kv < sh->planes && rc == KVS_OK; kv++) {
             const uint64_t base = (kv == 0 ? d->k_base[l] : d->v_base[l]) + sh->head_off;
             const uint64_t blk = d->staging_addr + (kv * S + slot) * sh->slot_bytes;
             if (gpu->prov != NULL) /* one rewrite per layer and K/V (rows_prov) */
@@ -526,7 +527,7 @@ static int sim_gpu_walk_parts(sim_gpu_t *gpu, const kvs_copy_desc_t *d,
     for (int64_t j = 0; j < d->layer_count && rc == KVS_OK; j++) {
         const int64_t l = d->layer_begin + j;
         const uint64_t slot = (uint64_t)(d->staging_slot_begin + j);
-        for (uint64_t kv = 0; kv < 2 && rc == KVS_OK; kv++) {
+        for (uint64_t kv = 0; kv < sh[0].planes && rc == KVS_OK; kv++) {
             const uint64_t base = kv == 0 ? d->k_base[l] : d->v_base[l];
             sim_prov_batch_begin(gpu->prov); /* one rewrite per layer and K/V */
             for (int64_t k = 0; k < nruns && rc == KVS_OK; k++) {
@@ -719,7 +720,7 @@ static int sim_gpu_enqueue(kvs_device_t *dev, kvs_stream_t *stream,
     uint64_t L = (uint64_t)d->layer_count;
     for (uint64_t j = 0; j < L; j++) {
         op->words[j] = d->k_base[(uint64_t)d->layer_begin + j];
-        op->words[L + j] = d->v_base[(uint64_t)d->layer_begin + j];
+        op->words[L + j] = sh.planes == 2 ? d->v_base[(uint64_t)d->layer_begin + j] : 0;
     }
     int64_t *pages = (int64_t *)(void *)(op->words + 2 * L);
     for (uint64_t i = 0; i < sh.pages_used; i++)

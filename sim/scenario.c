@@ -417,7 +417,7 @@ static uint64_t sim_prov_pass(sim_scenario_t *sc, sim_node_t *n, uint64_t req,
     }
     uint64_t bad = 0;
     for (int64_t layer = 0; layer < n->layers; layer++)
-        for (int kv = 0; kv < 2; kv++) {
+        for (int kv = 0; kv < l->planes; kv++) {
             if (!check) /* one rewrite per layer and K/V */
                 sim_prov_batch_begin(map);
             for (size_t k = 0; k < nruns; k++) {
@@ -450,7 +450,7 @@ static void sim_fill_prefill(sim_scenario_t *sc, sim_node_t *n, uint64_t req, in
         return;
     }
     for (int64_t layer = 0; layer < n->layers; layer++)
-        for (int kv = 0; kv < 2; kv++)
+        for (int kv = 0; kv < l->planes; kv++) /* K and V, or MLA's latent */
             for (int64_t t = a; t < b; t++)
                 for (int64_t j = 0; j < n->heads; j++) {
                     sim_kv_coord_t c = {req, n->first_layer + layer, kv,
@@ -471,12 +471,12 @@ static uint64_t sim_verify_decode(sim_scenario_t *sc, sim_node_t *n, uint64_t re
     const sim_req_t *r = &sc->reqs[req];
     if (sim_gpu_prov(n->gpu) != NULL) {
         *corrupt += sim_prov_pass(sc, n, req, r->dpages, r->base, r->base, r->tokens, true);
-        return 2 * (uint64_t)n->layers * (uint64_t)(r->tokens - r->base) *
+        return (uint64_t)l->planes * (uint64_t)n->layers * (uint64_t)(r->tokens - r->base) *
                (uint64_t)(n->heads * hb);
     }
     uint64_t checked = 0;
     for (int64_t layer = 0; layer < n->layers; layer++)
-        for (int kv = 0; kv < 2; kv++)
+        for (int kv = 0; kv < l->planes; kv++)
             for (int64_t t = r->base; t < r->tokens; t++)
                 for (int64_t j = 0; j < n->heads; j++) {
                     sim_kv_coord_t c = {req, n->first_layer + layer, kv,
@@ -1176,7 +1176,7 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
     n->heads = decode ? l->dst_heads : l->src_heads;
     n->layer_bytes = (uint64_t)sc->pool_pages * (uint64_t)(l->page_size * n->heads *
                                                             l->head_dim * l->elem_bytes);
-    const uint64_t pool_bytes = 2 * (uint64_t)n->layers * n->layer_bytes;
+    const uint64_t pool_bytes = (uint64_t)l->planes * (uint64_t)n->layers * n->layer_bytes;
     sim_gpu_config_t gc = sc->cfg.gpu;
     if (n->hbm_full)
         gc.hbm_bytes = pool_bytes; /* the KV pool fills it */
@@ -1210,14 +1210,17 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
     if (n->k_base == NULL || n->v_base == NULL ||
         (n->pool_host == NULL && sim_gpu_prov(n->gpu) == NULL))
         return sim_fail(sc, KVS_ENOMEM, "%s: KV pool tables", n->name);
+    /* Layer i's planes back to back: K then V, or MLA's latent alone (no
+     * V: v_base stays 0). */
     for (int64_t i = 0; i < n->layers; i++) {
-        n->k_base[i] = n->pool_addr + (uint64_t)(2 * i) * n->layer_bytes;
-        n->v_base[i] = n->pool_addr + (uint64_t)(2 * i + 1) * n->layer_bytes;
+        n->k_base[i] = n->pool_addr + (uint64_t)(l->planes * i) * n->layer_bytes;
+        n->v_base[i] = l->planes == 2 ? n->k_base[i] + n->layer_bytes : 0;
     }
 
     const bool staging = sc->cfg.staging || sc->cfg.path == KVS_PATH_STAGING;
     kvs_manager_config_t mc = {
         .role = n->role, .staging = staging, .total_heads = l->total_heads,
+        .kv_kind = l->kind,
         .head_dim = l->head_dim, .dtype = sc->cfg.shape.dtype, .layers = n->layers,
         .model_layers = l->layers,
         .page_size = l->page_size, .tp_rank = n->tp, .tp_size = n->inst->tp,

@@ -15,6 +15,7 @@
 #define KVS__DEVICE_OPS_V1_BYTES offsetof(kvs_device_ops_t, gather_parts)
 #define KVS__DEVICE_OPS_V2_BYTES offsetof(kvs_device_ops_t, wait_arm)
 #define KVS__DEVICE_OPS_V3_BYTES sizeof(kvs_device_ops_t)
+#define KVS__DEVICE_OPS_V4_BYTES sizeof(kvs_device_ops_t) /* no slot: reads desc planes */
 #define KVS__FABRIC_OPS_V1_BYTES offsetof(kvs_fabric_ops_t, wait_arm)
 #define KVS__FABRIC_OPS_V2_BYTES offsetof(kvs_fabric_ops_t, random_bytes)
 #define KVS__FABRIC_OPS_V3_BYTES offsetof(kvs_fabric_ops_t, key_grant)
@@ -167,7 +168,7 @@ int kvs_device_init(kvs_device_t *dev, const kvs_device_ops_t *ops, const char *
         return KVS_EINVAL;
     kvs_device_t d = {0};
     static const size_t version_bytes[] = {KVS__DEVICE_OPS_V1_BYTES, KVS__DEVICE_OPS_V2_BYTES,
-                                           KVS__DEVICE_OPS_V3_BYTES};
+                                           KVS__DEVICE_OPS_V3_BYTES, KVS__DEVICE_OPS_V4_BYTES};
     _Static_assert(sizeof version_bytes / sizeof version_bytes[0] == KVS_DEVICE_OPS_VERSION,
                    "one size per device ops version");
     int rc = kvs__copy_table(&d.ops, sizeof d.ops, ops, ops->version, ops->size, version_bytes,
@@ -286,27 +287,41 @@ void kvs__dev_stream_destroy(kvs_device_t *dev, kvs_stream_t *stream)
 {
     dev->ops.stream_destroy(dev, stream);
 }
-int kvs__dev_gather(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d)
+bool kvs__dev_has_planes(const kvs_device_t *dev) { return dev->ops.version >= 4; }
+
+/* A copy of one plane per layer goes only to a backend that reads planes
+ * (device ops version 4): an older one would copy a V from v_base. */
+static int kvs__dev_copy_check(kvs_device_t *dev, const kvs_copy_desc_t *d, const char *what)
 {
     kvs__dev_clear_detail(dev);
-    return dev->ops.gather(dev, s, d);
+    if (d != NULL && d->planes == 1 && !kvs__dev_has_planes(dev))
+        return kvs_device_fail(dev, KVS_ENOTSUP, 0, "%s on %s: a copy of one plane per "
+                               "layer (MLA) needs device ops version 4, the backend binds "
+                               "version %u: rebuild it against this kvstage", what, dev->name,
+                               dev->ops.version);
+    return KVS_OK;
+}
+int kvs__dev_gather(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d)
+{
+    const int rc = kvs__dev_copy_check(dev, d, "gather");
+    return rc != KVS_OK ? rc : dev->ops.gather(dev, s, d);
 }
 int kvs__dev_scatter(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d)
 {
-    kvs__dev_clear_detail(dev);
-    return dev->ops.scatter(dev, s, d);
+    const int rc = kvs__dev_copy_check(dev, d, "scatter");
+    return rc != KVS_OK ? rc : dev->ops.scatter(dev, s, d);
 }
 int kvs__dev_gather_parts(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d,
                           const kvs_copy_part_t *parts, int64_t nparts)
 {
-    kvs__dev_clear_detail(dev);
-    return dev->ops.gather_parts(dev, s, d, parts, nparts);
+    const int rc = kvs__dev_copy_check(dev, d, "gather_parts");
+    return rc != KVS_OK ? rc : dev->ops.gather_parts(dev, s, d, parts, nparts);
 }
 int kvs__dev_scatter_parts(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d,
                            const kvs_copy_part_t *parts, int64_t nparts)
 {
-    kvs__dev_clear_detail(dev);
-    return dev->ops.scatter_parts(dev, s, d, parts, nparts);
+    const int rc = kvs__dev_copy_check(dev, d, "scatter_parts");
+    return rc != KVS_OK ? rc : dev->ops.scatter_parts(dev, s, d, parts, nparts);
 }
 int kvs__dev_event_record(kvs_device_t *dev, kvs_stream_t *s, kvs_event_t **out)
 {

@@ -17,6 +17,9 @@ int kvs__dev_alloc(kvs_device_t *dev, uint64_t len_bytes, uint64_t *out_addr);
 int kvs__dev_free(kvs_device_t *dev, uint64_t addr);
 int kvs__dev_stream_create(kvs_device_t *dev, kvs_stream_t **out);
 void kvs__dev_stream_destroy(kvs_device_t *dev, kvs_stream_t *stream);
+/* Whether the device's copies read kvs_copy_desc_t.planes (device ops
+ * version 4): copies of one plane per layer (MLA) go only to such a device. */
+bool kvs__dev_has_planes(const kvs_device_t *dev);
 int kvs__dev_gather(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d);
 int kvs__dev_scatter(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d);
 int kvs__dev_gather_parts(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d,

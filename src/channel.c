@@ -27,6 +27,7 @@ void kvs__fingerprint(const kvs_layout_t *lay, kvs_path_t path, const kvs_manage
     *out = (kvs_fingerprint_t){
         .protocol_version = KVS_WIRE_VERSION,
         .staging = (uint32_t)path,
+        .kv_kind = (uint32_t)lay->kind,
         .total_heads = lay->total_heads,
         .head_dim = lay->head_dim,
         .layers = lay->layers,
@@ -51,8 +52,12 @@ int kvs__fingerprint_check(const kvs_fingerprint_t *mine, const kvs_fingerprint_
     } f[] = {
         {"protocol version", mine->protocol_version, theirs->protocol_version},
         {"transfer path (staging on/off, --path)", mine->staging, theirs->staging},
+        /* Before the shape: a GQA side and an MLA side differ in heads and
+         * head dim too, and the kind is what to fix. */
+        {"KV kind (0 gqa: K and V per layer, 1 mla: one latent per layer; kv_kind, "
+         "--model / --mla-latent-dim)", mine->kv_kind, theirs->kv_kind},
         {"total KV heads", mine->total_heads, theirs->total_heads},
-        {"head dim", mine->head_dim, theirs->head_dim},
+        {"head dim (MLA: the latent dim, --mla-latent-dim)", mine->head_dim, theirs->head_dim},
         {"model layers", mine->layers, theirs->layers},
         {"page size", mine->page_size, theirs->page_size},
         {"chunk tokens", mine->chunk_tokens, theirs->chunk_tokens},

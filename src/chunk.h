@@ -33,7 +33,8 @@ typedef struct kvs__span {
  * of `tokens` tokens, makes into the region of decode rank (decode_tp,
  * decode_stage) (spec §4): one, its whole block, when the stage holds the
  * region's layers; else two, its K layers then its V layers, at their
- * global layer slots (prefill PP into a decode of PP 1). *n gets 1 or 2.
+ * global layer slots (prefill PP into a decode of PP 1); one with one
+ * plane per layer (MLA: its layers' slots are one range). *n gets 1 or 2.
  * The layout's KVS_ERANGE for an index out of range. */
 int kvs__writer_spans(const kvs_layout_t *lay, int64_t decode_tp, int64_t decode_stage,
                       int64_t writer, int64_t prefill_stage, int64_t tokens,

@@ -86,8 +86,13 @@ int kvs_copy_desc_check(const kvs_copy_desc_t *d, const char *what, const char *
                       "layer slots [%lld, +%lld) outside the %lld slots of the staging block",
                       (long long)d->staging_slot_begin, (long long)d->layer_count,
                       (long long)d->staging_layer_slots);
-    if (d->layer_count > 0 && (d->k_base == NULL || d->v_base == NULL))
-        KVS__COPY_BAD(KVS_EINVAL, "k_base or v_base is NULL");
+    if (d->planes < 0 || d->planes > 2)
+        KVS__COPY_BAD(KVS_EINVAL, "planes %lld must be 1 (K only), 2 (K and V) or 0 (2)",
+                      (long long)d->planes);
+    const uint64_t planes = d->planes == 1 ? 1 : 2;
+    if (d->layer_count > 0 && (d->k_base == NULL || (planes == 2 && d->v_base == NULL)))
+        KVS__COPY_BAD(KVS_EINVAL, planes == 2 ? "k_base or v_base is NULL"
+                                              : "k_base is NULL");
     if (d->tokens > 0 && d->pages == NULL)
         KVS__COPY_BAD(KVS_EINVAL, "pages is NULL");
 
@@ -98,12 +103,13 @@ int kvs_copy_desc_check(const kvs_copy_desc_t *d, const char *what, const char *
         !kvs__copy_mul(head_bytes, (uint64_t)d->head_start, &sh->head_off) ||
         !kvs__copy_mul(sh->row_bytes, (uint64_t)d->tokens, &sh->slot_bytes) ||
         !kvs__copy_mul(sh->slot_bytes, (uint64_t)d->layer_count, &sh->payload_bytes) ||
-        !kvs__copy_mul(sh->payload_bytes, 2, &sh->payload_bytes) ||
+        !kvs__copy_mul(sh->payload_bytes, planes, &sh->payload_bytes) ||
         !kvs__copy_mul(sh->slot_bytes, (uint64_t)d->staging_layer_slots, &sh->block_bytes) ||
-        !kvs__copy_mul(sh->block_bytes, 2, &sh->block_bytes))
+        !kvs__copy_mul(sh->block_bytes, planes, &sh->block_bytes))
         KVS__COPY_BAD(KVS_ERANGE,
                       "sizes overflow 64 bits; lower head_dim, elem_bytes, local_heads, "
                       "tokens, layer_count or staging_layer_slots");
+    sh->planes = planes;
     const uint64_t ps = (uint64_t)d->page_size, tokens = (uint64_t)d->tokens;
     sh->pages_used = tokens / ps + (tokens % ps != 0);
 
@@ -132,7 +138,7 @@ int kvs_copy_desc_check(const kvs_copy_desc_t *d, const char *what, const char *
     if (sh->payload_bytes != 0) {
         for (int64_t j = 0; j < d->layer_count; j++) {
             const int64_t l = d->layer_begin + j;
-            for (int kv = 0; kv < 2; kv++) {
+            for (uint64_t kv = 0; kv < planes; kv++) {
                 const uint64_t base = kv == 0 ? d->k_base[l] : d->v_base[l];
                 uint64_t lo;
                 if (!kvs__copy_add(base, sh->pool_lo, &lo) ||
@@ -149,12 +155,13 @@ int kvs_copy_desc_check(const kvs_copy_desc_t *d, const char *what, const char *
         }
         if (!in_mem(ctx, d->staging_addr, sh->block_bytes))
             KVS__COPY_BAD(KVS_ERANGE,
-                          "staging block [0x%llx, +%llu) (%lld slots of %llu bytes, K and "
-                          "V) is not inside one live allocation",
+                          "staging block [0x%llx, +%llu) (%lld slots of %llu bytes, %s) "
+                          "is not inside one live allocation",
                           (unsigned long long)d->staging_addr,
                           (unsigned long long)sh->block_bytes,
                           (long long)d->staging_layer_slots,
-                          (unsigned long long)sh->slot_bytes);
+                          (unsigned long long)sh->slot_bytes,
+                          planes == 2 ? "K and V" : "one plane");
     }
 #undef KVS__COPY_BAD
     return KVS_OK;
@@ -165,7 +172,7 @@ int kvs_copy_desc_check(const kvs_copy_desc_t *d, const char *what, const char *
 static uint64_t kvs__copy_block_bytes(const kvs_copy_desc_t *d, int64_t num_heads)
 {
     return (uint64_t)d->head_dim * (uint64_t)d->elem_bytes * (uint64_t)num_heads *
-           (uint64_t)d->tokens * (uint64_t)d->staging_layer_slots * 2;
+           (uint64_t)d->tokens * (uint64_t)d->staging_layer_slots * (d->planes == 1 ? 1u : 2u);
 }
 
 int kvs_copy_parts_check(const kvs_copy_desc_t *d, const kvs_copy_part_t *parts, int64_t nparts,

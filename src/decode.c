@@ -272,7 +272,8 @@ static void kvs__send_register(kvs_decode_t *d, kvs__peer_t *p)
         for (uint32_t i = 0; i < lm.u.layers.count; i++) {
             const int64_t l = first + i;
             lm.u.layers.entries[i] = (kvs_layer_entry_t){
-                m->k_base[l], d->h.kv_keys.k_rkey[l], m->v_base[l], d->h.kv_keys.v_rkey[l]};
+                m->k_base[l], d->h.kv_keys.k_rkey[l], m->v_base != NULL ? m->v_base[l] : 0,
+                d->h.kv_keys.v_rkey[l]}; /* no V with one plane per layer (MLA) */
         }
         kvs__send(&d->h, p, &lm);
     }
@@ -342,8 +343,9 @@ int kvs_decode_connect(kvs_decode_t *d, const char *peer, int64_t prefill_tp_ran
     const int64_t idx = kvs__inst_writer_peer(inst, m->cfg.tp_rank, prefill_tp_rank,
                                               prefill_pp_rank);
     if (idx < 0)
-        return KVS__MFAIL(m, KVS_EINVAL, "prefill rank tp %lld pp %lld does not write to "
-                          "decode rank tp %lld pp %lld: connect only this rank's writers",
+        return KVS__MFAIL(m, KVS_EINVAL, "prefill rank tp %lld pp %lld takes no part in the "
+                          "rooms of decode rank tp %lld pp %lld: connect only this rank's "
+                          "writers (and with MLA the ranks that report to it)",
                           (long long)prefill_tp_rank, (long long)prefill_pp_rank,
                           (long long)m->cfg.tp_rank, (long long)m->cfg.pp_rank);
     kvs__peer_t *p = &inst->peers[idx];
@@ -699,7 +701,8 @@ static int kvs__allocate(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
         return rc;
     if (rc != KVS_OK) {
         for (int64_t i = 0; i < inst->npeers; i++)
-            kvs__answer(d, &inst->peers[i], r, chunk, rc);
+            if (!inst->peers[i].silent)
+                kvs__answer(d, &inst->peers[i], r, chunk, rc);
         kvs__room_fail(&d->h, &r->base, rc, NULL);
         return rc;
     }
@@ -711,7 +714,7 @@ static int kvs__allocate(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
      * back with it. */
     for (int64_t i = 0; c->keys != NULL && c->region_bytes > 0 && i < inst->npeers && rc == KVS_OK;
          i++)
-        if (inst->peers[i].conn != NULL)
+        if (inst->peers[i].conn != NULL && !inst->peers[i].silent) /* silent: no bytes */
             rc = kvs__wkeys_grant(&d->keys, &d->h, &inst->peers[i], c->alloc.offset, c->tokens,
                                   &c->keys[i]);
     if (rc != KVS_OK) {
@@ -719,12 +722,14 @@ static int kvs__allocate(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
                       (long long)d->h.m->cfg.tp_rank, (unsigned long long)r->base.id,
                       (long long)chunk, d->h.m->err.msg);
         for (int64_t i = 0; i < inst->npeers; i++)
-            kvs__answer(d, &inst->peers[i], r, chunk, rc);
+            if (!inst->peers[i].silent)
+                kvs__answer(d, &inst->peers[i], r, chunk, rc);
         kvs__room_fail(&d->h, &r->base, rc, NULL);
         return rc;
     }
     for (int64_t i = 0; i < inst->npeers; i++)
-        kvs__answer(d, &inst->peers[i], r, chunk, KVS_OK);
+        if (!inst->peers[i].silent) /* its writers asked; the others write nothing */
+            kvs__answer(d, &inst->peers[i], r, chunk, KVS_OK);
     return KVS_OK;
 }
 
@@ -738,7 +743,7 @@ static kvs__droom_t *kvs__room_of(kvs_decode_t *d, const kvs__peer_t *p, uint64_
 static void kvs__on_staging_req(kvs_decode_t *d, kvs__peer_t *p, const kvs_msg_staging_req_t *q)
 {
     kvs__droom_t *r = kvs__room_of(d, p, q->room);
-    if (r == NULL || p->inst->path != KVS_PATH_STAGING) {
+    if (r == NULL || p->inst->path != KVS_PATH_STAGING || p->silent) {
         kvs__reject(&d->h);
         kvs_msg_t msg = {.type = KVS_MSG_STAGING_RSP};
         msg.u.rsp = (kvs_msg_staging_rsp_t){.room = q->room, .chunk = q->chunk,
@@ -781,7 +786,8 @@ static void kvs__scatter(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
         .page_size = lay->page_size, .pages = r->pages + c->page_start,
         .num_pages = c->num_pages, .tokens = c->tokens,
         .layer_begin = 0, .layer_count = m->cfg.layers,
-        .staging_slot_begin = 0, .staging_layer_slots = m->cfg.layers};
+        .staging_slot_begin = 0, .staging_layer_slots = m->cfg.layers,
+        .planes = lay->planes};
     /* One fused scatter of every writer's block, so each token row of the
      * pool is written once, whole (KVS_COPY_PARTS_MAX parts at a time).
      * Writers that replicate a head (prefill TP > heads) are consecutive and
@@ -862,7 +868,7 @@ static void kvs__on_chunk_ready(kvs_decode_t *d, kvs__peer_t *p, const kvs_msg_c
     }
     kvs__bit_set(bits, idx);
     kvs__room_touch(&d->h, &r->base);
-    if (++c->arrivals == inst->npeers && r->base.status == KVS_OK) {
+    if (++c->arrivals == inst->lay.expected_arrivals && r->base.status == KVS_OK) {
         r->base.bytes += (uint64_t)c->region_bytes;
         kvs__scatter(d, r, q->chunk);
     }
@@ -914,13 +920,13 @@ static void kvs__on_report(kvs_decode_t *d, kvs__peer_t *p, const kvs_msg_status
     else
         kvs__room_fail(&d->h, &r->base, status, NULL);
     int64_t first_layer = 0, layers = 0; /* the layers this writer's stage wrote */
-    if (inst->path != KVS_PATH_STAGING && status == KVS_OK &&
+    if (inst->path != KVS_PATH_STAGING && status == KVS_OK && !p->silent &&
         kvs_layout_stage_layers(&inst->lay, KVS_ROLE_PREFILL, p->pp_rank, &first_layer,
                                 &layers) == KVS_OK)
         r->base.bytes += (uint64_t)(r->total - r->base_tokens) *
                          (uint64_t)d->h.m->kv.local_heads * (uint64_t)inst->lay.head_dim *
-                         (uint64_t)inst->lay.elem_bytes * (uint64_t)layers * 2 /
-                         (uint64_t)inst->lay.tp_writers;
+                         (uint64_t)inst->lay.elem_bytes * (uint64_t)layers *
+                         (uint64_t)inst->lay.planes / (uint64_t)inst->lay.tp_writers;
     kvs__room_try_finish(d, r);
 }
 

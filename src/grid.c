@@ -94,11 +94,16 @@ int kvs__writer_spans(const kvs_layout_t *lay, int64_t decode_tp, int64_t decode
     const uint64_t blk = (uint64_t)kvs_layout_layer_block_bytes(lay, tokens, w.heads.num_heads);
     const uint64_t at = (uint64_t)w.offset_bytes, lp = (uint64_t)count;
     if (first == dfirst && count == dcount) {
-        out[0] = (kvs__span_t){0, at, 2 * lp * blk};
+        out[0] = (kvs__span_t){0, at, (uint64_t)lay->planes * lp * blk};
         *n = 1;
         return KVS_OK;
     }
     const uint64_t slot = (uint64_t)(first - dfirst), lx = (uint64_t)dcount;
+    if (lay->planes == 1) { /* one plane (MLA): its layers' slots, one range */
+        out[0] = (kvs__span_t){0, at + slot * blk, lp * blk};
+        *n = 1;
+        return KVS_OK;
+    }
     out[0] = (kvs__span_t){0, at + slot * blk, lp * blk};             /* K layers */
     out[1] = (kvs__span_t){lp * blk, at + (lx + slot) * blk, lp * blk}; /* V layers */
     *n = 2;

@@ -81,19 +81,22 @@ kvs__inst_t *kvs__insts_add(kvs__insts_t *t, kvs_manager_t *m, kvs_peer_t ref)
     return inst;
 }
 
-/* Decode side: the prefill ranks that write to this rank. */
+/* Decode side: the prefill ranks that take part in this rank's rooms:
+ * source j of stage s is peer j * stages + s; sources past the writers
+ * (MLA) are silent. */
 static void kvs__plan_writers(kvs__inst_t *inst, const kvs_manager_t *m)
 {
     const kvs_layout_t *l = &inst->lay;
     inst->stages = l->decode_pp == 1 ? l->prefill_pp : 1;
     inst->first_stage = l->decode_pp == 1 ? 0 : m->cfg.pp_rank;
-    for (int64_t w = 0; w < l->tp_writers; w++) {
-        kvs_writer_t wr;
-        (void)kvs_layout_writer(l, m->cfg.tp_rank, inst->decode_stage, w, 0, &wr);
+    for (int64_t w = 0; w < l->tp_sources; w++) {
+        int64_t rank = 0;
+        (void)kvs_layout_source_rank(l, m->cfg.tp_rank, w, &rank);
         for (int64_t s = 0; s < inst->stages; s++) {
             kvs__peer_t *p = &inst->peers[w * inst->stages + s];
-            p->tp_rank = wr.prefill_rank;
+            p->tp_rank = rank;
             p->pp_rank = inst->first_stage + s;
+            p->silent = w >= l->tp_writers;
         }
     }
 }
@@ -189,12 +192,16 @@ static void kvs__plan_targets(kvs__inst_t *inst, const kvs_manager_t *m)
         kvs__peer_t *p = &inst->peers[i];
         (void)kvs_layout_target(l, m->cfg.tp_rank, i, &p->tp_rank);
         p->pp_rank = inst->decode_stage;
-        (void)kvs_layout_writer_index(l, m->cfg.tp_rank, p->tp_rank, &p->tgt.writer);
+        p->tgt.writer = -1;
+        if (kvs_layout_writer_index(l, m->cfg.tp_rank, p->tp_rank, &p->tgt.writer) != KVS_OK)
+            p->silent = true; /* an MLA source that only reports */
         (void)kvs_head_slice(l->total_heads, l->prefill_tp, l->decode_tp, m->cfg.tp_rank,
                              p->tp_rank, &p->tgt.heads);
         p->tgt.slot = first - dfirst;
         p->tgt.layer_slots = dcount;
-        p->tgt.writes = first == dfirst && count == dcount ? 1 : 2;
+        /* One write of its block, or K and V apart with prefill PP; one
+         * plane per layer is one contiguous range of layer slots either way. */
+        p->tgt.writes = (first == dfirst && count == dcount) || l->planes == 1 ? 1 : 2;
         uint64_t bytes = 0;
         p->tgt.pieces = p->tgt.writes;
         if (inst->path == KVS_PATH_STAGING)
@@ -216,7 +223,7 @@ int kvs__inst_set_geometry(kvs__inst_t *inst, kvs_manager_t *m, int64_t tp_size,
                                                 lay.decode_pp == 1 ? 0 : m->cfg.pp_rank)) !=
                        KVS_OK)
         return rc;
-    const int64_t n = decode ? lay.tp_writers * (lay.decode_pp == 1 ? lay.prefill_pp : 1)
+    const int64_t n = decode ? lay.tp_sources * (lay.decode_pp == 1 ? lay.prefill_pp : 1)
                              : lay.targets_per_prefill;
     kvs__peer_t *peers = calloc((size_t)n, sizeof *peers);
     if (peers == NULL)
@@ -286,7 +293,7 @@ int64_t kvs__inst_writer_peer(const kvs__inst_t *inst, int64_t decode_tp, int64_
                               int64_t prefill_stage)
 {
     int64_t writer;
-    if (kvs_layout_writer_index(&inst->lay, prefill_tp, decode_tp, &writer) != KVS_OK ||
+    if (kvs_layout_source_index(&inst->lay, prefill_tp, decode_tp, &writer) != KVS_OK ||
         prefill_stage < inst->first_stage || prefill_stage >= inst->first_stage + inst->stages)
         return -1;
     return writer * inst->stages + (prefill_stage - inst->first_stage);

@@ -9,9 +9,10 @@
  * as an instance of TP attn_tp), so a kvs__inst_t is one (instance id,
  * attention group). Its plan: the pair's layout (spec §3-§5) and path, this
  * side's fingerprint of the pair, and its peer ranks: on the decode side the
- * prefill ranks that write to this rank (writers x stages), on the prefill
- * side the decode ranks this rank writes to (targets), each with what this
- * rank needs of it.
+ * prefill ranks that take part in this rank's rooms (sources x stages: the
+ * writers, and with MLA the ranks that only report), on the prefill side
+ * the decode ranks in whose rooms this rank takes part (targets), each with
+ * what this rank needs of it.
  *
  * The decode learns an instance's geometry from the application (given up
  * front: kvs_decode_add_instance, or the config's peer sizes for the
@@ -28,7 +29,8 @@ typedef struct kvs__inst kvs__inst_t;
 
 /* What a prefill rank knows of a decode rank it writes to. */
 typedef struct kvs__target {
-    int64_t writer;              /* this rank's writer index in its regions */
+    int64_t writer;              /* this rank's writer index in its regions;
+                                    -1 when it only reports (silent) */
     kvs_head_slice_t heads;      /* the heads this rank copies for it */
     int64_t slot;                /* staging: the first layer slot this rank's
                                     stage fills in a region */
@@ -53,6 +55,10 @@ typedef struct kvs__peer {
     kvs__inst_t *inst;
     int64_t index;               /* in inst->peers */
     int64_t tp_rank, pp_rank;    /* in its instance's attention group */
+    bool silent;                 /* takes part in the pair's rooms (ROOM,
+                                    STATUS, ABORT) but no bytes move between
+                                    this rank and it: an MLA source other than
+                                    the one that writes (kvs_layout_t.tp_sources) */
     kvs_conn_t *conn;            /* NULL until connected, and while lost */
     uint64_t session;            /* the peer's session, once it registered or
                                     acknowledged */
@@ -120,7 +126,7 @@ int kvs__inst_set_geometry(kvs__inst_t *inst, kvs_manager_t *m, int64_t tp_size,
 int kvs__inst_set_addrs(kvs__inst_t *inst, kvs_manager_t *m, const char *const *addrs);
 
 /* Decode: the peer index of the prefill rank (tp, stage) in inst, or -1
- * when it does not write to this rank. */
+ * when it takes no part in this rank's rooms. */
 int64_t kvs__inst_writer_peer(const kvs__inst_t *inst, int64_t decode_tp, int64_t prefill_tp,
                               int64_t prefill_stage);
 /* Prefill: the peer index of decode rank (tp, pp) in inst, or -1 when this

@@ -80,9 +80,14 @@ static int kvs__check_layer(kvs_manager_t *m, const kvs_kv_layer_t *l, int64_t i
                               (long long)i, strides[k].name, (long long)strides[k].got,
                               (long long)heads, (long long)hd, (long long)elem,
                               kvs_dtype_name(m->cfg.dtype), (long long)strides[k].want);
-    if (l->k_addr == 0 || l->v_addr == 0)
+    const bool one_plane = kvs_kv_kind_planes(m->cfg.kv_kind) == 1;
+    if (l->k_addr == 0 || (l->v_addr == 0 && !one_plane))
         return KVS__MFAIL(m, KVS_EINVAL, "layer %lld: its %s address is 0", (long long)i,
                           l->k_addr == 0 ? "K" : "V");
+    if (one_plane && l->v_addr != 0)
+        return KVS__MFAIL(m, KVS_EMLA, "layer %lld: kv_kind %s keeps one buffer per layer "
+                          "(its latent, as k_addr): pass v_addr 0", (long long)i,
+                          kvs_kv_kind_name(m->cfg.kv_kind));
     if (l->tokens != tokens)
         return KVS__MFAIL(m, KVS_EINVAL, "layer %lld: %lld token slots, but layer 0 has %lld: "
                           "every layer of a pool holds the same slots", (long long)i,
@@ -117,7 +122,9 @@ int kvs_manager_set_kv_layers(kvs_manager_t *m, const kvs_kv_layer_t *layers,
             k[i] = layers[i].k_addr;
             v[i] = layers[i].v_addr;
         }
-        const kvs_kv_buffers_t kv = {.num_layers = num_layers, .k_base = k, .v_base = v,
+        const bool one_plane = kvs_kv_kind_planes(m->cfg.kv_kind) == 1;
+        const kvs_kv_buffers_t kv = {.num_layers = num_layers, .k_base = k,
+                                     .v_base = one_plane ? NULL : v,
                                      .local_heads = local_heads, .page_size = ps,
                                      .num_pages = tokens / ps};
         rc = kvs_manager_set_kv_buffers(m, &kv); /* copies the arrays */

@@ -12,6 +12,12 @@
  *
  * Replicated heads (H < TP) map ranks sharing a head by integer division,
  * never by modulo (spec §3: modulo silently corrupts attention).
+ *
+ * Kinds (kvs_kv_kind_t): the table below says, per kind, how many planes a
+ * layer has and whether its bytes are the same on every TP rank. MLA is
+ * replicated: one latent "head", one writer per decode rank (source 0 of
+ * its tp_sources, decode d <- prefill d * P / D), the other sources of a
+ * room take part without writing (docs/kinds/mla.md).
  */
 #include "arith.h"
 #include "error.h"
@@ -63,6 +69,54 @@ const char *kvs_dtype_name(kvs_dtype_t dtype)
         if (kvs__dtypes[i].dtype == dtype)
             return kvs__dtypes[i].name;
     return "unknown";
+}
+
+/* The kinds of KV layer (kvstage.h): what the planner, the copies and the
+ * fingerprint need of each. A new kind is a row here. */
+static const struct {
+    kvs_kv_kind_t kind;
+    const char *name;
+    int64_t planes;   /* buffers per layer */
+    bool replicated;  /* the same bytes on every TP rank: one source each */
+} kvs__kinds[] = {{KVS_KV_GQA, "gqa", 2, false}, {KVS_KV_MLA, "mla", 1, true}};
+
+#define KVS__KIND_COUNT (sizeof kvs__kinds / sizeof kvs__kinds[0])
+
+int kvs_kv_kind_parse(const char *name, kvs_kv_kind_t *out)
+{
+    if (name == NULL || out == NULL)
+        return KVS_EINVAL;
+    for (size_t i = 0; i < KVS__KIND_COUNT; i++) {
+        if (strcmp(kvs__kinds[i].name, name) == 0) {
+            *out = kvs__kinds[i].kind;
+            return KVS_OK;
+        }
+    }
+    return KVS_EINVAL;
+}
+
+const char *kvs_kv_kind_name(kvs_kv_kind_t kind)
+{
+    for (size_t i = 0; i < KVS__KIND_COUNT; i++)
+        if (kvs__kinds[i].kind == kind)
+            return kvs__kinds[i].name;
+    return "unknown";
+}
+
+int64_t kvs_kv_kind_planes(kvs_kv_kind_t kind)
+{
+    for (size_t i = 0; i < KVS__KIND_COUNT; i++)
+        if (kvs__kinds[i].kind == kind)
+            return kvs__kinds[i].planes;
+    return 0;
+}
+
+static bool kvs__kind_replicated(kvs_kv_kind_t kind)
+{
+    for (size_t i = 0; i < KVS__KIND_COUNT; i++)
+        if (kvs__kinds[i].kind == kind)
+            return kvs__kinds[i].replicated;
+    return false;
 }
 
 int kvs_path_parse(const char *name, kvs_path_t *out)
@@ -222,13 +276,29 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
     if (elem_bytes == 0)
         return KVS__FAIL(err, KVS_EDTYPE, "dtype %d unknown: use bf16, fp16, fp8 or fp32",
                          (int)p->dtype);
+    const int64_t planes = kvs_kv_kind_planes(p->kind);
+    if (planes == 0)
+        return KVS__FAIL(err, KVS_EINVAL, "kind %d unknown: use KVS_KV_GQA (K and V) or "
+                         "KVS_KV_MLA (one latent per layer)", (int)p->kind);
 
     kvs_layout_t l = {0};
     const int64_t heads_tp = p->heads_per_rank_tp > 0 ? p->heads_per_rank_tp : p->prefill_tp;
-    if (kvs_heads_resolve(p->total_heads, p->heads_per_rank, heads_tp, &l.total_heads) != KVS_OK)
+    if (kvs__kind_replicated(p->kind)) {
+        /* One vector per token, the same on every rank: one "head". */
+        if (p->total_heads > 1 || p->heads_per_rank > 1)
+            return KVS__FAIL(err, KVS_EMLA, "an MLA model keeps one latent per token: "
+                             "total_heads %lld and heads_per_rank %lld must be 0 or 1; "
+                             "pass the latent dim as head_dim",
+                             (long long)p->total_heads, (long long)p->heads_per_rank);
+        l.total_heads = 1;
+    } else if (kvs_heads_resolve(p->total_heads, p->heads_per_rank, heads_tp,
+                                 &l.total_heads) != KVS_OK) {
         return KVS__FAIL(err, KVS_EHEADS,
                          "total KV heads unresolvable: pass total_heads (the "
                          "model's KV heads) or heads_per_rank, either > 0");
+    }
+    l.kind = p->kind;
+    l.planes = planes;
 
     l.head_dim = p->head_dim;
     l.elem_bytes = elem_bytes;
@@ -280,7 +350,9 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
     /* The most layers a stage holds: the last stage's (spec §4). */
     l.decode_layers = kvs__ceil_div(l.layers, l.decode_pp);
     l.prefill_layers = kvs__ceil_div(l.layers, l.prefill_pp);
-    l.tp_writers = l.prefill_tp > l.decode_tp ? l.prefill_tp / l.decode_tp : 1;
+    l.tp_sources = l.prefill_tp > l.decode_tp ? l.prefill_tp / l.decode_tp : 1;
+    /* A replicated kind needs one copy: source 0 writes, the rest report. */
+    l.tp_writers = kvs__kind_replicated(l.kind) ? 1 : l.tp_sources;
     l.targets_per_prefill = l.decode_tp > l.prefill_tp ? l.decode_tp / l.prefill_tp : 1;
     l.path = l.prefill_tp == l.decode_tp ? KVS_PATH_DIRECT : KVS_PATH_STAGING; /* auto */
 
@@ -288,7 +360,7 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
     int64_t max_bytes = l.grid_tokens;
     if (!kvs__mul(&max_bytes, kvs__region_heads(&l)) || !kvs__mul(&max_bytes, l.head_dim) ||
         !kvs__mul(&max_bytes, l.elem_bytes) || !kvs__mul(&max_bytes, l.decode_layers) ||
-        !kvs__mul(&max_bytes, 2) || !kvs__mul(&max_bytes, l.tp_writers))
+        !kvs__mul(&max_bytes, l.planes) || !kvs__mul(&max_bytes, l.tp_writers))
         return KVS__FAIL(err, KVS_ERANGE,
                          "a chunk region overflows 64 bits: lower chunk_tokens, "
                          "head_dim or layers");
@@ -308,11 +380,15 @@ int64_t kvs_layout_layer_block_bytes(const kvs_layout_t *lay, int64_t tokens,
     return tokens * num_heads * lay->head_dim * lay->elem_bytes;
 }
 
-/* Prefill rank of writer i of decode rank d (valid i, d). */
+/* Prefill rank of source i of decode rank d (valid i < tp_sources, d):
+ * d's sources are [d * P / D, + P / D) when P > D, else the one prefill
+ * rank d / (D / P). Writer i is source i. With MLA (one writer) decode d
+ * thus takes its latent from prefill rank d * P / D either way: spread
+ * over the prefill ranks, each feeding as many decode ranks as any other. */
 static int64_t kvs__writer_rank(const kvs_layout_t *lay, int64_t d, int64_t i)
 {
     if (lay->prefill_tp > lay->decode_tp)
-        return d * lay->tp_writers + i;
+        return d * lay->tp_sources + i;
     return d / lay->targets_per_prefill;
 }
 
@@ -334,7 +410,7 @@ int kvs_layout_writer(const kvs_layout_t *lay, int64_t decode_rank, int64_t deco
     /* Every writer of a region copies the same number of heads, so writer
      * i starts after i equal blocks. */
     out->len_bytes = kvs_layout_layer_block_bytes(lay, tokens, out->heads.num_heads) *
-                     slots * 2;
+                     slots * lay->planes;
     out->offset_bytes = writer_index * out->len_bytes;
     return KVS_OK;
 }
@@ -359,7 +435,7 @@ int64_t kvs_layout_max_region_bytes(const kvs_layout_t *lay)
      * whatever the decode rank; the largest is a decode stage's of the most
      * layers (decode_layers). kvs_layout_init checked it fits in int64. */
     return kvs_layout_layer_block_bytes(lay, lay->grid_tokens, kvs__region_heads(lay)) *
-           lay->decode_layers * 2 * lay->tp_writers;
+           lay->decode_layers * lay->planes * lay->tp_writers;
 }
 
 int kvs_layout_target(const kvs_layout_t *lay, int64_t prefill_rank, int64_t i,
@@ -371,13 +447,13 @@ int kvs_layout_target(const kvs_layout_t *lay, int64_t prefill_rank, int64_t i,
         i >= lay->targets_per_prefill)
         return KVS_ERANGE;
     if (lay->prefill_tp > lay->decode_tp)
-        *out_decode_rank = prefill_rank / lay->tp_writers;
+        *out_decode_rank = prefill_rank / lay->tp_sources;
     else
         *out_decode_rank = prefill_rank * lay->targets_per_prefill + i;
     return KVS_OK;
 }
 
-int kvs_layout_writer_index(const kvs_layout_t *lay, int64_t prefill_rank,
+int kvs_layout_source_index(const kvs_layout_t *lay, int64_t prefill_rank,
                             int64_t decode_rank, int64_t *out_index)
 {
     if (lay == NULL || out_index == NULL)
@@ -385,8 +461,35 @@ int kvs_layout_writer_index(const kvs_layout_t *lay, int64_t prefill_rank,
     if (prefill_rank < 0 || prefill_rank >= lay->prefill_tp || decode_rank < 0 ||
         decode_rank >= lay->decode_tp)
         return KVS_ERANGE;
-    const int64_t i = prefill_rank % lay->tp_writers;
+    const int64_t i = prefill_rank % lay->tp_sources;
     if (kvs__writer_rank(lay, decode_rank, i) != prefill_rank)
+        return KVS_ENOENT;
+    *out_index = i;
+    return KVS_OK;
+}
+
+int kvs_layout_source_rank(const kvs_layout_t *lay, int64_t decode_rank, int64_t source_index,
+                           int64_t *out_prefill_rank)
+{
+    if (lay == NULL || out_prefill_rank == NULL)
+        return KVS_EINVAL;
+    if (decode_rank < 0 || decode_rank >= lay->decode_tp || source_index < 0 ||
+        source_index >= lay->tp_sources)
+        return KVS_ERANGE;
+    *out_prefill_rank = kvs__writer_rank(lay, decode_rank, source_index);
+    return KVS_OK;
+}
+
+int kvs_layout_writer_index(const kvs_layout_t *lay, int64_t prefill_rank,
+                            int64_t decode_rank, int64_t *out_index)
+{
+    if (out_index == NULL)
+        return KVS_EINVAL;
+    int64_t i = 0;
+    const int rc = kvs_layout_source_index(lay, prefill_rank, decode_rank, &i);
+    if (rc != KVS_OK)
+        return rc;
+    if (i >= lay->tp_writers) /* a source that only reports (MLA) */
         return KVS_ENOENT;
     *out_index = i;
     return KVS_OK;

@@ -18,8 +18,8 @@
 #include <string.h>
 
 
-static int kvs__check_config(const kvs_manager_config_t *c, const kvs_fabric_t *fab,
-                             kvs_error_t *err)
+static int kvs__check_config(const kvs_manager_config_t *c, const kvs_device_t *dev,
+                             const kvs_fabric_t *fab, kvs_error_t *err)
 {
     if (c->role != KVS_ROLE_PREFILL && c->role != KVS_ROLE_DECODE)
         return KVS__FAIL(err, KVS_EINVAL, "role %d unknown: use KVS_ROLE_PREFILL or "
@@ -50,6 +50,14 @@ static int kvs__check_config(const kvs_manager_config_t *c, const kvs_fabric_t *
         return KVS__FAIL(err, KVS_EINVAL, "dp_rank %lld must be >= 0: the attention group "
                          "of this rank in its instance (0 without DP attention)",
                          (long long)c->dp_rank);
+    if (kvs_kv_kind_planes(c->kv_kind) == 0)
+        return KVS__FAIL(err, KVS_EINVAL, "kv_kind %d unknown: use KVS_KV_GQA (K and V per "
+                         "layer) or KVS_KV_MLA (one latent per layer)", (int)c->kv_kind);
+    if (c->kv_kind == KVS_KV_MLA && (c->total_heads > 1 || c->heads_per_rank > 1))
+        return KVS__FAIL(err, KVS_EMLA, "kv_kind mla keeps one latent per token: "
+                         "total_heads %lld and heads_per_rank %lld must be 0 or 1; pass the "
+                         "latent dim (576 for DeepSeek-V3) as head_dim",
+                         (long long)c->total_heads, (long long)c->heads_per_rank);
     /* This rank's pool holds its stage's share of the model (spec §4). */
     int64_t first_layer = 0, stage_layers = 0;
     if (c->model_layers == 0) /* create's default, layers * pp_size, overflowed */
@@ -73,9 +81,13 @@ static int kvs__check_config(const kvs_manager_config_t *c, const kvs_fabric_t *
                          (long long)(first_layer + stage_layers - 1), (long long)stage_layers);
     if (!c->staging)
         return KVS_OK;
-    /* Staging-only guards of spec §8. */
-    if (c->is_mla)
-        return KVS__FAIL(err, KVS_EMLA, NULL);
+    /* Staging-only guards of spec §8. (MLA, refused here once, is moved:
+     * one writer per decode rank, docs/kinds/mla.md.) */
+    if (kvs_kv_kind_planes(c->kv_kind) == 1 && !kvs__dev_has_planes(dev))
+        return KVS__FAIL(err, KVS_ENOTSUP, "kv_kind %s stages one plane per layer, which "
+                         "device '%s' (device ops version %u) cannot copy: use a backend "
+                         "of device ops version 4 or turn staging off",
+                         kvs_kv_kind_name(c->kv_kind), dev->name, dev->ops.version);
     if (c->context_parallel > 1)
         return KVS__FAIL(err, KVS_ECONTEXT_PARALLEL, "staging with prefill context "
                          "parallelism %lld: set it to 1 or turn staging off",
@@ -150,10 +162,12 @@ int kvs_manager_create(const kvs_manager_config_t *cfg, kvs_device_t *dev,
     if (c.model_layers == 0 && c.layers > 0 && c.pp_size > 0 &&
         __builtin_mul_overflow(c.layers, c.pp_size, &c.model_layers))
         c.model_layers = 0; /* refused by the check */
+    if (c.is_mla && c.kv_kind == KVS_KV_GQA) /* the deprecated flag */
+        c.kv_kind = KVS_KV_MLA;
     if (c.session_id == 0) /* distinct per (role, pp, tp) of one deployment */
         c.session_id = ((uint64_t)c.role + 1) << 56 | (uint64_t)c.pp_rank << 32 |
                        (uint64_t)c.tp_rank;
-    int rc = kvs__check_config(&c, fab, err);
+    int rc = kvs__check_config(&c, dev, fab, err);
     if (rc != KVS_OK)
         return rc;
 
@@ -268,6 +282,8 @@ const kvs_error_t *kvs_manager_last_error(const kvs_manager_t *m)
 /* Heads on this rank, from what is known now; 0 when unresolvable. */
 static int64_t kvs__local_heads(const kvs_manager_t *m)
 {
+    if (m->cfg.kv_kind == KVS_KV_MLA) /* one latent, on every rank */
+        return 1;
     if (m->heads_per_rank > 0)
         return m->heads_per_rank;
     if (m->total_heads > 0)
@@ -276,14 +292,15 @@ static int64_t kvs__local_heads(const kvs_manager_t *m)
 }
 
 /* Bytes of one prefill staging buffer: F * ps * (one token across all of
- * this rank's layers, K and V). 0 on overflow. */
+ * this rank's layers, each plane: K and V, or MLA's latent). 0 on overflow. */
 static uint64_t kvs__prefill_buffer_bytes(const kvs_manager_t *m, int64_t heads)
 {
     const kvs_manager_config_t *c = &m->cfg;
     const int64_t chunk = c->chunk_tokens > 0 ? c->chunk_tokens : KVS_DEFAULT_CHUNK_TOKENS;
     const int64_t pages = chunk / c->page_size > 0 ? chunk / c->page_size : 1;
     int64_t bytes = pages * c->page_size;
-    const int64_t factors[] = {heads, c->head_dim, kvs_dtype_bytes(c->dtype), c->layers, 2};
+    const int64_t factors[] = {heads, c->head_dim, kvs_dtype_bytes(c->dtype), c->layers,
+                               kvs_kv_kind_planes(c->kv_kind)};
     for (size_t i = 0; i < sizeof factors / sizeof factors[0]; i++)
         if (__builtin_mul_overflow(bytes, factors[i], &bytes))
             return 0;
@@ -399,9 +416,14 @@ int kvs_manager_set_kv_buffers(kvs_manager_t *m, const kvs_kv_buffers_t *kv)
 {
     if (m == NULL)
         return KVS_EINVAL;
-    if (kv == NULL || kv->k_base == NULL || kv->v_base == NULL)
+    const bool one_plane = kvs_kv_kind_planes(m->cfg.kv_kind) == 1;
+    if (kv == NULL || kv->k_base == NULL || (kv->v_base == NULL && !one_plane))
         return KVS__MFAIL(m, KVS_EINVAL, "kv buffers and their k_base/v_base arrays "
                           "must not be NULL");
+    if (one_plane && kv->v_base != NULL)
+        return KVS__MFAIL(m, KVS_EMLA, "kv buffers: kv_kind %s keeps one buffer per layer "
+                          "(its latent, as k_base): pass v_base NULL",
+                          kvs_kv_kind_name(m->cfg.kv_kind));
     if (m->kv_published)
         return KVS__MFAIL(m, KVS_EALREADY, "kv buffers already published: "
                           "set_kv_buffer_tensors() runs once per manager");
@@ -422,14 +444,15 @@ int kvs_manager_set_kv_buffers(kvs_manager_t *m, const kvs_kv_buffers_t *kv)
                           "is %lld: make them agree", (long long)kv->local_heads,
                           (long long)m->heads_per_rank);
     const size_t n = (size_t)kv->num_layers;
-    uint64_t *k = malloc(n * sizeof *k), *v = malloc(n * sizeof *v);
-    if (k == NULL || v == NULL) {
+    uint64_t *k = malloc(n * sizeof *k), *v = one_plane ? NULL : malloc(n * sizeof *v);
+    if (k == NULL || (v == NULL && !one_plane)) {
         free(k);
         free(v);
         return KVS__MFAIL(m, KVS_ENOMEM, "copying %zu layer addresses failed", n);
     }
     memcpy(k, kv->k_base, n * sizeof *k);
-    memcpy(v, kv->v_base, n * sizeof *v);
+    if (v != NULL)
+        memcpy(v, kv->v_base, n * sizeof *v);
     m->k_base = k;
     m->v_base = v;
     m->kv = *kv;
@@ -445,6 +468,10 @@ int kvs_manager_set_heads(kvs_manager_t *m, int64_t total_heads, int64_t heads_p
         return KVS_EINVAL;
     if (total_heads < 0 || heads_per_rank < 0)
         return KVS__MFAIL(m, KVS_EINVAL, "head counts must be >= 0 (0 = unknown)");
+    if (m->cfg.kv_kind == KVS_KV_MLA && (total_heads > 1 || heads_per_rank > 1))
+        return KVS__MFAIL(m, KVS_EMLA, "kv_kind mla keeps one latent per token: total_heads "
+                          "%lld and heads_per_rank %lld must be 0 or 1",
+                          (long long)total_heads, (long long)heads_per_rank);
     if (m->handler != NULL)
         return KVS__MFAIL(m, KVS_ESTATE, "heads are fixed once a handler exists: set "
                           "them before kvs_decode_create/kvs_prefill_create");
@@ -510,6 +537,7 @@ kvs_layout_params_t kvs__manager_layout_params(const kvs_manager_t *m, int64_t p
         .prefill_pp = decode ? peer_pp : c->pp_size,
         .decode_pp = decode ? c->pp_size : peer_pp,
         .chunk_tokens = c->chunk_tokens,
+        .kind = c->kv_kind,
     };
     return p;
 }
@@ -627,7 +655,7 @@ void kvs__manager_close_kv(kvs_manager_t *m, kvs__kv_keys_t *keys)
     for (int64_t l = 0; keys->k_mr != NULL && l < m->kv.num_layers; l++) {
         if (keys->k_mr[l] != NULL)
             (void)kvs__net_deregister(m->fab, keys->k_mr[l]);
-        if (keys->v_mr[l] != NULL)
+        if (keys->v_mr[l] != NULL) /* none with one plane per layer */
             (void)kvs__net_deregister(m->fab, keys->v_mr[l]);
     }
     free(keys->k_mr);
@@ -653,7 +681,7 @@ int kvs__manager_open_kv(kvs_manager_t *m, kvs__kv_keys_t *keys)
     for (size_t l = 0; l < layers; l++) {
         int rc = kvs__net_register(m->fab, m->dev, m->k_base[l], bytes, &keys->k_mr[l],
                                    &keys->k_rkey[l]);
-        if (rc == KVS_OK)
+        if (rc == KVS_OK && m->v_base != NULL)
             rc = kvs__net_register(m->fab, m->dev, m->v_base[l], bytes, &keys->v_mr[l],
                                    &keys->v_rkey[l]);
         if (rc != KVS_OK) {

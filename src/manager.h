@@ -39,7 +39,7 @@ struct kvs_manager {
     /* Published KV buffers (copies of the caller's arrays). */
     bool kv_published;
     kvs_kv_buffers_t kv;
-    uint64_t *k_base, *v_base;
+    uint64_t *k_base, *v_base;  /* v_base NULL with one plane per layer (MLA) */
 
     kvs_layout_t layout;       /* valid once a handler exists */
     kvs_path_t path;           /* resolved, valid once a handler exists */

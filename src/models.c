@@ -4,7 +4,8 @@
  * published configs (num_key_value_heads; head_dim where the config gives
  * one, as Qwen3's and Llama 4's do, else hidden_size / num_attention_heads;
  * num_hidden_layers); the KV dtype is the usual bf16. A MoE model's KV is
- * that of its attention layers alone: experts hold no KV.
+ * that of its attention layers alone: experts hold no KV. An MLA model (kind KVS_KV_MLA) has one "head": its latent of
+ * kv_lora_rank + qk_rope_head_dim elements.
  * Add a model by adding a row; names stay lower case. Read-only static
  * data: no state.
  */
@@ -13,31 +14,39 @@
 #include <ctype.h>
 
 static const kvs_model_t kvs__models[] = {
-    {"llama-3.1-8b", 8, 128, 32, KVS_DTYPE_BF16, "Llama 3.1 8B"},
-    {"llama-3.1-70b", 8, 128, 80, KVS_DTYPE_BF16, "Llama 3.1 70B"},
-    {"llama-3.1-405b", 8, 128, 126, KVS_DTYPE_BF16, "Llama 3.1 405B"},
+    {"llama-3.1-8b", 8, 128, 32, KVS_DTYPE_BF16, "Llama 3.1 8B", KVS_KV_GQA},
+    {"llama-3.1-70b", 8, 128, 80, KVS_DTYPE_BF16, "Llama 3.1 70B", KVS_KV_GQA},
+    {"llama-3.1-405b", 8, 128, 126, KVS_DTYPE_BF16, "Llama 3.1 405B", KVS_KV_GQA},
     {"qwen2.5-7b", 4, 128, 28, KVS_DTYPE_BF16,
-     "Qwen2.5 7B: 4 KV heads, replicated at TP 8"},
-    {"qwen2.5-72b", 8, 128, 80, KVS_DTYPE_BF16, "Qwen2.5 72B"},
+     "Qwen2.5 7B: 4 KV heads, replicated at TP 8", KVS_KV_GQA},
+    {"qwen2.5-72b", 8, 128, 80, KVS_DTYPE_BF16, "Qwen2.5 72B", KVS_KV_GQA},
     {"qwen2.5-1.5b", 2, 128, 28, KVS_DTYPE_BF16,
-     "Qwen2.5 1.5B: 2 KV heads, replicated at TP > 2"},
+     "Qwen2.5 1.5B: 2 KV heads, replicated at TP > 2", KVS_KV_GQA},
     {"chatglm3-6b", 2, 128, 28, KVS_DTYPE_BF16,
-     "ChatGLM3 6B: 2 KV groups, replicated at TP > 2"},
-    {"llama-3.2-1b", 8, 64, 16, KVS_DTYPE_BF16, "Llama 3.2 1B: head dim 64"},
-    {"llama-3.2-3b", 8, 128, 28, KVS_DTYPE_BF16, "Llama 3.2 3B"},
-    {"llama-3.3-70b", 8, 128, 80, KVS_DTYPE_BF16, "Llama 3.3 70B: Llama 3.1 70B's shape"},
+     "ChatGLM3 6B: 2 KV groups, replicated at TP > 2", KVS_KV_GQA},
+    {"llama-3.2-1b", 8, 64, 16, KVS_DTYPE_BF16, "Llama 3.2 1B: head dim 64", KVS_KV_GQA},
+    {"llama-3.2-3b", 8, 128, 28, KVS_DTYPE_BF16, "Llama 3.2 3B", KVS_KV_GQA},
+    {"llama-3.3-70b", 8, 128, 80, KVS_DTYPE_BF16, "Llama 3.3 70B: Llama 3.1 70B's shape",
+     KVS_KV_GQA},
     {"llama-4-scout", 8, 128, 48, KVS_DTYPE_BF16,
-     "Llama 4 Scout 17B-16E (MoE); chunked attention layers pooled in full"},
+     "Llama 4 Scout 17B-16E (MoE); chunked attention layers pooled in full", KVS_KV_GQA},
     {"llama-4-maverick", 8, 128, 48, KVS_DTYPE_BF16,
-     "Llama 4 Maverick 17B-128E (MoE); chunked attention layers pooled in full"},
-    {"qwen3-0.6b", 8, 128, 28, KVS_DTYPE_BF16, "Qwen3 0.6B: head dim 128 > hidden / heads"},
-    {"qwen3-8b", 8, 128, 36, KVS_DTYPE_BF16, "Qwen3 8B"},
-    {"qwen3-14b", 8, 128, 40, KVS_DTYPE_BF16, "Qwen3 14B"},
-    {"qwen3-32b", 8, 128, 64, KVS_DTYPE_BF16, "Qwen3 32B"},
+     "Llama 4 Maverick 17B-128E (MoE); chunked attention layers pooled in full", KVS_KV_GQA},
+    {"qwen3-0.6b", 8, 128, 28, KVS_DTYPE_BF16, "Qwen3 0.6B: head dim 128 > hidden / heads",
+     KVS_KV_GQA},
+    {"qwen3-8b", 8, 128, 36, KVS_DTYPE_BF16, "Qwen3 8B", KVS_KV_GQA},
+    {"qwen3-14b", 8, 128, 40, KVS_DTYPE_BF16, "Qwen3 14B", KVS_KV_GQA},
+    {"qwen3-32b", 8, 128, 64, KVS_DTYPE_BF16, "Qwen3 32B", KVS_KV_GQA},
     {"qwen3-30b-a3b", 4, 128, 48, KVS_DTYPE_BF16,
-     "Qwen3 30B-A3B (MoE): 4 KV heads, replicated at TP 8"},
+     "Qwen3 30B-A3B (MoE): 4 KV heads, replicated at TP 8", KVS_KV_GQA},
     {"qwen3-235b-a22b", 4, 128, 94, KVS_DTYPE_BF16,
-     "Qwen3 235B-A22B (MoE): 4 KV heads, replicated at TP 8"},
+     "Qwen3 235B-A22B (MoE): 4 KV heads, replicated at TP 8", KVS_KV_GQA},
+    /* MLA: kv_lora_rank 512 + qk_rope_head_dim 64 = one 576-element latent
+     * per token and layer, the same on every TP rank (kind KVS_KV_MLA). */
+    {"deepseek-v3", 1, 576, 61, KVS_DTYPE_BF16,
+     "DeepSeek-V3: MLA, one 576-element latent per token (512 + 64 rope)", KVS_KV_MLA},
+    {"kimi-k2", 1, 576, 61, KVS_DTYPE_BF16,
+     "Kimi K2: MLA as DeepSeek-V3, one 576-element latent per token", KVS_KV_MLA},
 };
 
 #define KVS__MODEL_COUNT (sizeof kvs__models / sizeof kvs__models[0])

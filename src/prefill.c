@@ -23,7 +23,9 @@
  *   layer keys are known, one write per page run x layer x K/V (direct) or
  *   per token x layer x K/V when heads are sliced.
  * When every chunk (or write) of a flow is done the rank reports STATUS to
- * that decode. A failure fails the whole room, is told to every decode of
+ * that decode. A silent flow (MLA: a decode rank whose latent another
+ * prefill rank of the room writes) moves nothing and reports once the
+ * prompt is computed (final), so its decode completes the room. A failure fails the whole room, is told to every decode of
  * the room at once, and is reported only after the writes already posted
  * completed, so the decode frees no region a write can still land in. A
  * decode whose connection dies is lost: the rooms paired with its instance
@@ -198,7 +200,8 @@ static bool kvs__room_try_finish(kvs_prefill_t *p, kvs__proom_t *r)
                 if (kvs__flow_busy(fl) == 0)
                     kvs__report(p, r, f, r->base.status);
             } else if (r->opened && r->final && fl->known &&
-                       (staging ? kvs__staging_flow_done(fl) : kvs__direct_flow_done(fl))) {
+                       (kvs__flow_peer(r, f)->silent ||
+                        (staging ? kvs__staging_flow_done(fl) : kvs__direct_flow_done(fl)))) {
                 kvs__report(p, r, f, KVS_OK);
             }
         }
@@ -704,8 +707,8 @@ static int kvs__advance(kvs__handler_t *h)
         const bool staging = room->inst->path == KVS_PATH_STAGING;
         for (int64_t f = 0; f < r->nflows; f++) {
             if (!r->opened || !r->flows[f].known || !kvs__flow_peer(r, f)->ready ||
-                room->status != KVS_OK)
-                continue;
+                room->status != KVS_OK || kvs__flow_peer(r, f)->silent)
+                continue; /* a silent flow (MLA) moves nothing: it only reports */
             if (staging) {
                 if (!r->flows[f].reqs_sent)
                     kvs__staging_send_requests(p, r, f);

@@ -110,7 +110,7 @@ void kvs__direct_advance(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
             return;
         }
         fl->writes_pending++;
-        if (++fl->cur_kv == 2) {
+        if (++fl->cur_kv == lay->planes) { /* K and V, or MLA's latent alone */
             fl->cur_kv = 0;
             if (++fl->cur_l == lp) {
                 fl->cur_l = 0;

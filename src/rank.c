@@ -45,6 +45,8 @@ static int64_t kvs__rank_heads(const kvs_rank_config_t *cfg)
     const kvs_manager_config_t *c = &cfg->manager;
     if (cfg->local_heads > 0)
         return cfg->local_heads;
+    if (c->kv_kind == KVS_KV_MLA || c->is_mla) /* one latent on every rank */
+        return 1;
     if (c->heads_per_rank > 0)
         return c->heads_per_rank;
     if (c->total_heads > 0 && c->tp_size > 0)

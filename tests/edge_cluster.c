@@ -207,7 +207,7 @@ static int edge_node_setup(edge_cluster_t *cl, edge_node_t *n, kvs_role_t role, 
     const kvs_dtype_t dtype = odd && o->odd_dtype_set ? o->odd_dtype : o->dtype;
     n->elem_bytes = kvs_dtype_bytes(dtype);
     const int64_t tp_size = decode ? o->decode_tp : edge_inst_tp(cl, inst);
-    n->heads = o->heads >= tp_size ? o->heads / tp_size : 1;
+    n->heads = odd && o->odd_mla ? 1 : o->heads >= tp_size ? o->heads / tp_size : 1;
     n->layers = odd && o->odd_pp > 0 ? o->layers / o->odd_pp : o->layers;
     assert_true(n->layers <= EDGE_MAX_LAYERS);
 
@@ -253,8 +253,10 @@ int edge_node_manager(edge_cluster_t *cl, edge_node_t *n, uint64_t session)
     const int64_t tp = n->tp, tp_size = decode ? o->decode_tp : edge_inst_tp(cl, n->inst);
     const kvs_role_t role = n->role;
     const bool staging = o->staging && !(odd && o->odd_slice);
+    const bool mla = odd && o->odd_mla;
     kvs_manager_config_t mc = {
-        .role = role, .staging = staging, .total_heads = o->heads, .head_dim = o->head_dim,
+        .role = role, .staging = staging, .total_heads = mla ? 0 : o->heads,
+        .kv_kind = mla ? KVS_KV_MLA : KVS_KV_GQA, .head_dim = o->head_dim,
         .dtype = dtype, .layers = n->layers, .page_size = n->page_size, .tp_rank = tp,
         .tp_size = tp_size, .pp_rank = 0, .pp_size = odd && o->odd_pp > 0 ? o->odd_pp : 1,
         .peer_tp_size = decode ? o->prefill_tp
@@ -279,7 +281,8 @@ int edge_node_manager(edge_cluster_t *cl, edge_node_t *n, uint64_t session)
         kvs_kv_layer_t layers[EDGE_MAX_LAYERS];
         const int64_t elem = n->elem_bytes;
         for (int64_t l = 0; l < n->layers; l++)
-            layers[l] = (kvs_kv_layer_t){.k_addr = n->k_base[l], .v_addr = n->v_base[l],
+            layers[l] = (kvs_kv_layer_t){.k_addr = n->k_base[l],
+                                         .v_addr = mla ? 0 : n->v_base[l],
                                          .tokens = EDGE_POOL_PAGES * n->page_size,
                                          .token_stride_bytes = n->heads * o->head_dim * elem,
                                          .head_stride_bytes = o->head_dim * elem,
@@ -306,7 +309,8 @@ int edge_node_manager(edge_cluster_t *cl, edge_node_t *n, uint64_t session)
      * -> handler. */
     if (staging && (rc = kvs_manager_init_staging(n->m)) == KVS_OK)
         rc = kvs_manager_register_staging(n->m);
-    kvs_kv_buffers_t kv = {.num_layers = n->layers, .k_base = n->k_base, .v_base = n->v_base,
+    kvs_kv_buffers_t kv = {.num_layers = n->layers, .k_base = n->k_base,
+                           .v_base = mla ? NULL : n->v_base,
                            .local_heads = n->heads, .page_size = n->page_size,
                            .num_pages = EDGE_POOL_PAGES};
     if (rc == KVS_OK)
@@ -323,12 +327,12 @@ void edge_connect(edge_cluster_t *cl, int d)
 {
     edge_node_t *n = edge_decode(cl, d);
     const kvs_layout_t *lay = kvs_manager_layout(n->m);
-    for (int64_t i = 0; i < lay->tp_writers; i++) {
-        kvs_writer_t w;
-        assert_int_equal(kvs_layout_writer(lay, n->tp, 0, i, 0, &w), KVS_OK);
+    for (int64_t i = 0; i < lay->tp_sources; i++) { /* writers, and MLA's silent ranks */
+        int64_t rank = 0;
+        assert_int_equal(kvs_layout_source_rank(lay, n->tp, i, &rank), KVS_OK);
         char peer[16];
-        snprintf(peer, sizeof peer, "p%lld", (long long)w.prefill_rank);
-        int rc = kvs_decode_connect(n->dec, peer, w.prefill_rank, 0);
+        snprintf(peer, sizeof peer, "p%lld", (long long)rank);
+        int rc = kvs_decode_connect(n->dec, peer, rank, 0);
         if (rc != KVS_OK)
             EDGE_FAIL("%s: connect %s: %s", n->name, peer, kvs_manager_last_error(n->m)->msg);
     }

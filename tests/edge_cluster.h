@@ -105,6 +105,8 @@ typedef struct edge_opts {
     int64_t odd_pp;                  /* 0: same; else stage 0 of this many (its layers) */
     int64_t odd_decode_tp;           /* 0: same; else the decode TP they believe in */
     uint32_t odd_app_tag;            /* their kvs_manager_config_t.app_tag (others 0) */
+    bool odd_mla;                    /* kv_kind MLA: one latent buffer per layer of
+                                        head_dim elements, one head */
     uint32_t max_aux_bytes;          /* of every rank */
     bool odd_max_aux_set;            /* ... but theirs is odd_max_aux */
     uint32_t odd_max_aux;

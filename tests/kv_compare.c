@@ -113,7 +113,7 @@ static kvs_copy_desc_t kvc_desc(const kvc_shape_t *sh, const kvc_pool_t *p,
 {
     return (kvs_copy_desc_t){
         .k_base = p->k,
-        .v_base = p->v,
+        .v_base = sh->planes == 1 ? NULL : p->v, /* one plane: never read */
         .local_heads = sh->local_heads,
         .head_dim = sh->head_dim,
         .elem_bytes = sh->elem_bytes,
@@ -128,6 +128,7 @@ static kvs_copy_desc_t kvc_desc(const kvc_shape_t *sh, const kvc_pool_t *p,
         .staging_slot_begin = sh->slot_begin,
         .staging_layer_slots = sh->slots,
         .staging_addr = p->stg,
+        .planes = sh->planes,
     };
 }
 
@@ -289,22 +290,26 @@ out:
 }
 
 /* page, tokens, local, start, num, dim, elem, pool layers, begin, count,
- * slots, slot begin, pool pages, parts */
+ * slots, slot begin, pool pages, parts, planes */
 const kvc_named_shape_t kvc_named_shapes[] = {
-    {"70b P8->D2 prefill: whole rows, 16 B", {16, 1000, 1, 0, 1, 128, 2, 4, 0, 4, 4, 0, 80, 0}},
-    {"70b P8->D2 decode: 1 of 4 heads, 16 B", {16, 1000, 4, 1, 1, 128, 2, 4, 0, 4, 4, 0, 80, 0}},
-    {"head 100 bf16: 200 B rows, 8 B", {16, 777, 3, 1, 1, 100, 2, 3, 1, 2, 3, 1, 64, 0}},
-    {"head 3 fp32: 12 B rows, 4 B", {3, 500, 4, 1, 1, 3, 4, 2, 0, 2, 2, 0, 200, 0}},
-    {"head 33 fp16: 66 B, 2 B", {32, 300, 2, 1, 1, 33, 2, 2, 0, 2, 2, 0, 12, 0}},
-    {"head 3 fp8: 3 B rows, 1 B", {1, 257, 5, 2, 2, 3, 1, 2, 1, 1, 3, 2, 300, 0}},
-    {"no tokens", {16, 0, 2, 0, 2, 128, 2, 2, 0, 2, 2, 0, 4, 0}},
+    {"70b P8->D2 prefill: whole rows, 16 B", {16, 1000, 1, 0, 1, 128, 2, 4, 0, 4, 4, 0, 80, 0, 0}},
+    {"70b P8->D2 decode: 1 of 4 heads, 16 B", {16, 1000, 4, 1, 1, 128, 2, 4, 0, 4, 4, 0, 80, 0, 0}},
+    {"head 100 bf16: 200 B rows, 8 B", {16, 777, 3, 1, 1, 100, 2, 3, 1, 2, 3, 1, 64, 0, 0}},
+    {"head 3 fp32: 12 B rows, 4 B", {3, 500, 4, 1, 1, 3, 4, 2, 0, 2, 2, 0, 200, 0, 0}},
+    {"head 33 fp16: 66 B, 2 B", {32, 300, 2, 1, 1, 33, 2, 2, 0, 2, 2, 0, 12, 0, 0}},
+    {"head 3 fp8: 3 B rows, 1 B", {1, 257, 5, 2, 2, 3, 1, 2, 1, 1, 3, 2, 300, 0, 0}},
+    {"no tokens", {16, 0, 2, 0, 2, 128, 2, 2, 0, 2, 2, 0, 4, 0, 0}},
     /* Fused copies, as the engine calls them (gather_parts, scatter_parts);
      * odd seeds (0x600 + index) list the parts last first. */
     {"70b P8->D2 decode, fused: 4 writers of 1 head",
-     {16, 1000, 4, 0, 4, 128, 2, 4, 0, 4, 4, 0, 80, 4}},
+     {16, 1000, 4, 0, 4, 128, 2, 4, 0, 4, 4, 0, 80, 4, 0}},
     {"70b P2->D8 prefill, fused: 4 ranks of 1 head",
-     {16, 999, 4, 0, 4, 128, 2, 4, 0, 4, 4, 0, 80, 4}},
+     {16, 999, 4, 0, 4, 128, 2, 4, 0, 4, 4, 0, 80, 4, 0}},
     {"P4->D2 decode, fused: 2 writers of 2 heads",
-     {16, 1000, 4, 0, 4, 128, 2, 2, 0, 2, 2, 0, 80, 2}},
+     {16, 1000, 4, 0, 4, 128, 2, 2, 0, 2, 2, 0, 80, 2, 0}},
+    /* One plane per layer: MLA's 576-element bf16 latent, K only (V must
+     * stay untouched on both sides). */
+    {"MLA latent 576 bf16: 1152 B rows, one plane", {64, 1000, 1, 0, 1, 576, 2, 3, 0, 3, 3, 0, 20, 0, 1}},
+    {"MLA latent fp8, fused: 1 part, one plane", {16, 333, 1, 0, 1, 576, 1, 2, 1, 1, 2, 1, 30, 1, 1}},
 };
 const size_t kvc_named_shape_count = sizeof kvc_named_shapes / sizeof kvc_named_shapes[0];

@@ -37,6 +37,8 @@ typedef struct kvc_shape {
                            parts splitting the heads, each with its own slice
                            of the staging block, in reverse order for odd
                            seeds (what the engine calls) */
+    int64_t planes;     /* the descriptor's: 0 (K and V) or 1 (K only: MLA;
+                           the V buffers must come out untouched) */
 } kvc_shape_t;
 
 #define KVC_MAX_PARTS 64

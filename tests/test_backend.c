@@ -324,7 +324,7 @@ static void expect_call(const rec_fx_t *f, int i, bool scatter, const kvs_copy_p
     want.num_heads = p->num_heads;
     want.staging_addr = p->staging_addr;
     /* Every field 8 bytes wide: no padding to differ. */
-    _Static_assert(sizeof(kvs_copy_desc_t) == 16 * 8, "desc fields all 8 bytes");
+    _Static_assert(sizeof(kvs_copy_desc_t) == 17 * 8, "desc fields all 8 bytes");
     if (memcmp(&c->desc, &want, sizeof want) != 0)
         fail_msg("call %d: heads [%lld, +%lld) at 0x%llx, want part [%lld, +%lld) at 0x%llx "
                  "and the rest of the descriptor unchanged",
@@ -508,6 +508,48 @@ static void test_backend_version_4_fabric_gets_no_sealed_register(void **state)
     assert_int_equal(key, 64 ^ 8);
 }
 
+/* Version 4 adds no slot: it says the copies read the descriptor's
+ * planes. A copy of one plane per layer (MLA) never reaches an older table
+ * (it would copy a V from v_base); a version-4 table gets it as it is. */
+static void test_backend_one_plane_copy_needs_version_4(void **state)
+{
+    rec_fx_t f;
+    rec_fx_init(&f); /* a version-1 table */
+    kvs_device_t *d = &f.r.base;
+    kvs_copy_desc_t one = f.desc;
+    one.planes = 1;
+    one.v_base = NULL;
+    one.head_start = 0;
+    one.num_heads = 4;
+    assert_false(kvs__dev_has_planes(d));
+    assert_int_equal(kvs__dev_gather(d, f.stream, &one), KVS_ENOTSUP);
+    assert_non_null(strstr(d->last_backend_msg, "device ops version 4"));
+    assert_int_equal(kvs__dev_scatter(d, f.stream, &one), KVS_ENOTSUP);
+    const kvs_copy_part_t p = {0, 4, 0x1000};
+    assert_int_equal(kvs__dev_gather_parts(d, f.stream, &one, &p, 1), KVS_ENOTSUP);
+    assert_int_equal(kvs__dev_scatter_parts(d, f.stream, &one, &p, 1), KVS_ENOTSUP);
+    assert_int_equal(f.r.n, 0); /* nothing reached the backend */
+    /* Two planes still go to it. */
+    one.planes = 0;
+    one.v_base = f.v;
+    assert_int_equal(kvs__dev_gather(d, f.stream, &one), KVS_OK);
+    assert_int_equal(f.r.n, 1);
+
+    kvs_device_ops_t v4 = rec_v1_ops;
+    v4.version = 4;
+    v4.size = sizeof(kvs_device_ops_t);
+    v4.gather_parts = NULL;
+    v4.scatter_parts = NULL;
+    assert_int_equal(kvs_device_init(d, &v4, NULL), KVS_OK);
+    assert_true(kvs__dev_has_planes(d));
+    f.r.n = 0;
+    one.planes = 1;
+    one.v_base = NULL;
+    assert_int_equal(kvs__dev_gather(d, f.stream, &one), KVS_OK);
+    assert_int_equal(f.r.n, 1);
+    assert_int_equal(f.r.calls[0].desc.planes, 1);
+}
+
 static void test_backend_version_sizes(void **state)
 {
     kvs_device_t d;
@@ -543,6 +585,13 @@ static void test_backend_version_sizes(void **state)
     assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_EVERSION);
     dv.size = sizeof(kvs_device_ops_t);
     assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_OK);
+    /* Version 4 adds no slot: version 3's size. */
+    dv.version = 4;
+    assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_OK);
+    assert_int_equal(d.ops.version, 4);
+    dv.size = DEVICE_OPS_V2_BYTES;
+    assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_EVERSION);
+    dv.size = sizeof(kvs_device_ops_t);
     /* No table of a version this core does not know binds. */
     dv.version = KVS_DEVICE_OPS_VERSION + 1;
     assert_int_equal(kvs_device_init(&d, &dv, NULL), KVS_EVERSION);
@@ -660,6 +709,7 @@ int main(void)
         cmocka_unit_test(test_backend_version_1_table_gets_the_default_fused_copy),
         cmocka_unit_test(test_backend_default_fused_copy_refuses_before_any_copy),
         cmocka_unit_test(test_backend_default_fused_copy_stops_at_a_refused_part),
+        cmocka_unit_test(test_backend_one_plane_copy_needs_version_4),
         cmocka_unit_test(test_backend_version_sizes),
         cmocka_unit_test(test_backend_older_tables_bind_without_wait_arm),
         cmocka_unit_test(test_backend_version_3_fabric_gets_no_key_grant),

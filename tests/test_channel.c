@@ -159,6 +159,7 @@ static void test_channel_fingerprint_check_names_each_field(void **state)
         {"decode PP size (--decode-pp)", 1, 2},
         {"application tag (app_tag; serve: --seed/--requests/--prompt-tokens)", 0, 7},
         {"largest aux payload (max_aux_bytes)", 0, 64},
+        {"KV kind (0 gqa", KVS_KV_GQA, KVS_KV_MLA},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kvs_fingerprint_t theirs = mine;
@@ -176,7 +177,8 @@ static void test_channel_fingerprint_check_names_each_field(void **state)
         case 10: theirs.prefill_pp = cases[i].theirs; break;
         case 11: theirs.decode_pp = cases[i].theirs; break;
         case 12: theirs.app_tag = (uint32_t)cases[i].theirs; break;
-        default: theirs.max_aux_bytes = (uint32_t)cases[i].theirs; break;
+        case 13: theirs.max_aux_bytes = (uint32_t)cases[i].theirs; break;
+        default: theirs.kv_kind = (uint32_t)cases[i].theirs; break;
         }
         char why[256] = "";
         assert_int_equal(kvs__fingerprint_check(&mine, &theirs, why, sizeof why),
@@ -188,6 +190,35 @@ static void test_channel_fingerprint_check_names_each_field(void **state)
             fail_msg("field %s: why = \"%s\", wanted its name and \"%s\"", cases[i].name,
                      why, values);
     }
+}
+
+/* An MLA side (one latent of 576 per token) and a GQA side differ in kind,
+ * heads and head dim: the kind, what to fix, is named; two MLA sides of
+ * other latent dims differ in head dim, named as the latent dim. */
+static void test_channel_fingerprint_mla_against_gqa_names_the_kind(void **state)
+{
+    kvs_layout_t gqa = layout_sample(), mla;
+    kvs_layout_params_t prm = {.head_dim = 576, .dtype = KVS_DTYPE_FP32, .layers = 80,
+                               .page_size = 16, .prefill_tp = 4, .decode_tp = 2,
+                               .prefill_pp = 2, .chunk_tokens = 4096, .kind = KVS_KV_MLA};
+    assert_int_equal(kvs_layout_init(&mla, &prm, NULL), KVS_OK);
+    kvs_fingerprint_t a, b;
+    kvs__fingerprint(&gqa, KVS_PATH_STAGING, &(kvs_manager_config_t){0}, &a);
+    kvs__fingerprint(&mla, KVS_PATH_STAGING, &(kvs_manager_config_t){0}, &b);
+    assert_int_equal(b.kv_kind, KVS_KV_MLA);
+    assert_int_equal(b.head_dim, 576);
+    assert_int_equal(b.total_heads, 1);
+    char why[256] = "";
+    assert_int_equal(kvs__fingerprint_check(&a, &b, why, sizeof why), KVS_EFINGERPRINT);
+    assert_non_null(strstr(why, "KV kind"));
+    assert_non_null(strstr(why, "this side 0, peer 1"));
+    kvs_layout_t other;
+    prm.head_dim = 512;
+    assert_int_equal(kvs_layout_init(&other, &prm, NULL), KVS_OK);
+    kvs__fingerprint(&other, KVS_PATH_STAGING, &(kvs_manager_config_t){0}, &a);
+    assert_int_equal(kvs__fingerprint_check(&a, &b, why, sizeof why), KVS_EFINGERPRINT);
+    assert_non_null(strstr(why, "latent dim"));
+    assert_non_null(strstr(why, "this side 512, peer 576"));
 }
 
 static void test_channel_fingerprint_check_reports_first_difference(void **state)
@@ -387,6 +418,7 @@ int main(void)
         cmocka_unit_test(test_channel_fingerprint_fills_each_field),
         cmocka_unit_test(test_channel_fingerprint_check_equal_is_ok),
         cmocka_unit_test(test_channel_fingerprint_check_names_each_field),
+        cmocka_unit_test(test_channel_fingerprint_mla_against_gqa_names_the_kind),
         cmocka_unit_test(test_channel_fingerprint_check_reports_first_difference),
         cmocka_unit_test(test_channel_fingerprint_check_app_tag_fits),
         cmocka_unit_test(test_channel_fingerprint_check_truncates_why),

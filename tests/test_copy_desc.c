@@ -197,6 +197,39 @@ static void test_copy_desc_accepts_and_reports_the_shape(void **state)
     expect_refused(&f, &d, KVS_ERANGE, "K buffer of local layer 1");
 }
 
+/* One plane per layer (MLA's latent): K only, half the block and payload,
+ * v_base never read, and no V buffer asked for. */
+static void test_copy_desc_one_plane_copies_k_only(void **state)
+{
+    fx_t f;
+    fx_init(&f);
+    kvs_copy_desc_t d = f.good;
+    d.planes = 1;
+    d.v_base = NULL;
+    assert_int_equal(check(&f, &d), KVS_OK);
+    assert_int_equal(f.sh.planes, 1);
+    assert_int_equal(f.sh.block_bytes, 1152 / 2);
+    assert_int_equal(f.sh.payload_bytes, 768 / 2);
+    assert_int_equal(f.mem.asked, 3); /* K of both layers, then the block */
+    /* The zero of descriptors made before the field: K and V. */
+    d = f.good;
+    assert_int_equal(d.planes, 0);
+    assert_int_equal(check(&f, &d), KVS_OK);
+    assert_int_equal(f.sh.planes, 2);
+    d.planes = 2;
+    assert_int_equal(check(&f, &d), KVS_OK);
+    assert_int_equal(f.sh.block_bytes, 1152);
+    /* Two planes still need a V base; a count other than 0, 1, 2 is refused. */
+    d.v_base = NULL;
+    expect_refused(&f, &d, KVS_EINVAL, "k_base or v_base is NULL");
+    REFUSED(planes, 3, KVS_EINVAL, "planes 3");
+    REFUSED(planes, -1, KVS_EINVAL, "planes -1");
+    d = f.good;
+    d.planes = 1;
+    d.k_base = NULL;
+    expect_refused(&f, &d, KVS_EINVAL, "k_base is NULL");
+}
+
 static void test_copy_desc_nothing_to_move_asks_nothing(void **state)
 {
     fx_t f;
@@ -661,6 +694,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_copy_desc_accepts_and_reports_the_shape),
+        cmocka_unit_test(test_copy_desc_one_plane_copies_k_only),
         cmocka_unit_test(test_copy_desc_nothing_to_move_asks_nothing),
         cmocka_unit_test(test_copy_desc_refuses_null_and_non_positive_sizes),
         cmocka_unit_test(test_copy_desc_refuses_negative_counts),

@@ -213,7 +213,8 @@ static void ref_offsets(const shape_t *sh, const pool_t *p, int64_t j, int kv, i
  * bytes before, copied slots replaced); then scatter that block into pool B
  * and compare every B buffer with its bytes before, the copied heads
  * replaced. */
-static void round_trip_on(const shape_t *sh, uint64_t seed, const kvs_host_config_t *cfg)
+static void round_trip_planes(const shape_t *sh, uint64_t seed, const kvs_host_config_t *cfg,
+                              int planes)
 {
     fx_t f;
     fx_open(&f, cfg);
@@ -228,10 +229,13 @@ static void round_trip_on(const shape_t *sh, uint64_t seed, const kvs_host_confi
     assert_non_null(want);
     memcpy(want, host_of(&f, a.stg, a.stg_bytes), a.stg_bytes);
     kvs_copy_desc_t d = desc_of(sh, &a);
+    d.planes = planes;
+    if (planes == 1)
+        d.v_base = NULL; /* one plane: V is never read, its half of staging stays */
     assert_int_equal(f.dev->ops.gather(f.dev, f.s, &d), KVS_OK);
     drain(&f);
     for (int64_t j = 0; j < sh->layer_count; j++)
-        for (int kv = 0; kv < 2; kv++) {
+        for (int kv = 0; kv < planes; kv++) {
             const int64_t l = sh->layer_begin + j;
             const uint8_t *pool = host_of(&f, kv == 0 ? a.k[l] : a.v[l], a.layer_bytes);
             for (int64_t i = 0; i < sh->tokens; i++)
@@ -246,6 +250,9 @@ static void round_trip_on(const shape_t *sh, uint64_t seed, const kvs_host_confi
 
     kvs_copy_desc_t ds = desc_of(sh, &b);
     ds.staging_addr = a.stg;
+    ds.planes = planes;
+    if (planes == 1)
+        ds.v_base = NULL;
     uint8_t *before[2][MAX_LAYERS];
     for (int64_t l = 0; l < sh->pool_layers; l++)
         for (int kv = 0; kv < 2; kv++) {
@@ -261,7 +268,7 @@ static void round_trip_on(const shape_t *sh, uint64_t seed, const kvs_host_confi
         for (int kv = 0; kv < 2; kv++) {
             uint8_t *exp = before[kv][l];
             const int64_t j = l - sh->layer_begin;
-            if (j >= 0 && j < sh->layer_count)
+            if (j >= 0 && j < sh->layer_count && kv < planes) /* V untouched with one */
                 for (int64_t i = 0; i < sh->tokens; i++)
                     for (int64_t h = 0; h < sh->num_heads; h++) {
                         uint64_t so, po;
@@ -279,6 +286,11 @@ static void round_trip_on(const shape_t *sh, uint64_t seed, const kvs_host_confi
     pool_free(&f, sh, &a);
     pool_free(&f, sh, &b);
     fx_close(&f);
+}
+
+static void round_trip_on(const shape_t *sh, uint64_t seed, const kvs_host_config_t *cfg)
+{
+    round_trip_planes(sh, seed, cfg, 2);
 }
 
 static void round_trip(const shape_t *sh, uint64_t seed) { round_trip_on(sh, seed, NULL); }
@@ -405,6 +417,24 @@ static void test_host_device_gather_scatter_random_shapes(void **state)
         shape_t sh = random_shape(&r);
         round_trip(&sh, seed);
     }
+}
+
+/* MLA's layers: one plane (planes 1), so the copies move K alone; the
+ * pools' V buffers and the V half of the staging block must stay as they
+ * were. Random shapes, and one of whole 576-element bf16 latents. */
+static void test_host_device_one_plane_copies(void **state)
+{
+    uint64_t rng = 0x3A1A;
+    for (int i = 0; i < 30; i++) {
+        const uint64_t seed = xorshift64(&rng);
+        uint64_t r = seed;
+        shape_t sh = random_shape(&r);
+        round_trip_planes(&sh, seed, NULL, 1);
+    }
+    /* page size, tokens, local heads, head start, heads, head dim, elem,
+     * pool layers, layer begin, count, slots, slot begin, pool pages, order */
+    const shape_t latent = {16, 100, 1, 0, 1, 576, 2, 3, 0, 3, 3, 0, 12, 0};
+    round_trip_planes(&latent, 0x576, NULL, 1);
 }
 
 static void test_host_device_gather_scatter_streaming_path(void **state)
@@ -992,6 +1022,7 @@ int main(void)
         cmocka_unit_test(test_host_device_memory_alloc_free_bounds),
         cmocka_unit_test(test_host_device_gather_scatter_fixed_shapes),
         cmocka_unit_test(test_host_device_gather_scatter_random_shapes),
+        cmocka_unit_test(test_host_device_one_plane_copies),
         cmocka_unit_test(test_host_device_gather_scatter_streaming_path),
         cmocka_unit_test(test_host_device_copy_threads_split_ops),
         cmocka_unit_test(test_host_device_descriptor_validation),

@@ -187,6 +187,134 @@ static void test_layout_equal_tp_is_direct(void **state)
     assert_int_equal(kvs_layout_writer_index(&l, 2, 3, &idx), KVS_ENOENT);
 }
 
+/* DeepSeek-V3's shape: one 576-element latent per token and layer. */
+static kvs_layout_params_t mla(int64_t p, int64_t d)
+{
+    kvs_layout_params_t prm = {.head_dim = 576, .dtype = KVS_DTYPE_BF16, .layers = 61,
+                               .page_size = 64, .prefill_tp = p, .decode_tp = d,
+                               .chunk_tokens = 8192, .kind = KVS_KV_MLA};
+    return prm;
+}
+
+static void test_layout_mla_one_writer_spread_over_prefill(void **state)
+{
+    (void)state;
+    kvs_layout_params_t prm = mla(8, 2);
+    kvs_layout_t l;
+    assert_int_equal(kvs_layout_init(&l, &prm, NULL), KVS_OK);
+    assert_int_equal(l.kind, KVS_KV_MLA);
+    assert_int_equal(l.planes, 1);
+    assert_int_equal(l.total_heads, 1);
+    assert_int_equal(l.src_heads, 1);
+    assert_int_equal(l.dst_heads, 1);
+    assert_int_equal(l.tp_writers, 1);
+    assert_int_equal(l.tp_sources, 4);
+    assert_int_equal(l.expected_arrivals, 1);
+    /* decode d takes its latent from prefill d * P / D, once: no V, one
+     * writer, the whole latent. */
+    for (int64_t d = 0; d < 2; d++) {
+        kvs_writer_t w;
+        assert_int_equal(kvs_layout_writer(&l, d, 0, 0, 8192, &w), KVS_OK);
+        assert_int_equal(w.prefill_rank, d * 4);
+        assert_int_equal(w.heads.src_start, 0);
+        assert_int_equal(w.heads.num_heads, 1);
+        assert_int_equal(w.heads.dst_start, 0);
+        assert_int_equal(w.offset_bytes, 0);
+        assert_int_equal(w.len_bytes, 8192LL * 576 * 2 * 61);
+        assert_int_equal(kvs_layout_writer(&l, d, 0, 1, 8192, &w), KVS_ERANGE);
+    }
+    assert_int_equal(kvs_layout_max_region_bytes(&l), 8192LL * 576 * 2 * 61);
+    /* Prefill 5 takes part in decode 1's rooms (source 1) but writes
+     * nothing; prefill 4 is its writer. */
+    int64_t idx = -1, d = -1;
+    assert_int_equal(kvs_layout_source_index(&l, 5, 1, &idx), KVS_OK);
+    assert_int_equal(idx, 1);
+    assert_int_equal(kvs_layout_writer_index(&l, 5, 1, &idx), KVS_ENOENT);
+    assert_int_equal(kvs_layout_writer_index(&l, 4, 1, &idx), KVS_OK);
+    assert_int_equal(idx, 0);
+    assert_int_equal(kvs_layout_source_index(&l, 5, 0, &idx), KVS_ENOENT);
+    assert_int_equal(kvs_layout_source_index(&l, 8, 0, &idx), KVS_ERANGE);
+    assert_int_equal(kvs_layout_target(&l, 5, 0, &d), KVS_OK);
+    assert_int_equal(d, 1);
+}
+
+static void test_layout_mla_p_lt_d_and_equal(void **state)
+{
+    (void)state;
+    kvs_layout_params_t prm = mla(2, 8);
+    kvs_layout_t l;
+    assert_int_equal(kvs_layout_init(&l, &prm, NULL), KVS_OK);
+    assert_int_equal(l.tp_writers, 1);
+    assert_int_equal(l.tp_sources, 1);
+    assert_int_equal(l.targets_per_prefill, 4);
+    assert_int_equal(l.path, KVS_PATH_STAGING);
+    for (int64_t d = 0; d < 8; d++) {
+        kvs_writer_t w;
+        assert_int_equal(kvs_layout_writer(&l, d, 0, 0, 64, &w), KVS_OK);
+        assert_int_equal(w.prefill_rank, d / 4); /* = d * P / D */
+        assert_int_equal(w.len_bytes, 64LL * 576 * 2 * 61);
+    }
+    prm = mla(4, 4);
+    assert_int_equal(kvs_layout_init(&l, &prm, NULL), KVS_OK);
+    assert_int_equal(l.path, KVS_PATH_DIRECT);
+    int64_t idx;
+    assert_int_equal(kvs_layout_writer_index(&l, 3, 3, &idx), KVS_OK);
+    assert_int_equal(kvs_layout_source_index(&l, 2, 3, &idx), KVS_ENOENT);
+}
+
+static void test_layout_mla_pp_and_fp8(void **state)
+{
+    (void)state;
+    kvs_layout_params_t prm = mla(4, 2);
+    prm.prefill_pp = 2; /* 61 layers: 30 / 31 */
+    prm.dtype = KVS_DTYPE_FP8;
+    kvs_layout_t l;
+    assert_int_equal(kvs_layout_init(&l, &prm, NULL), KVS_OK);
+    assert_int_equal(l.expected_arrivals, 2); /* one writer x 2 stages */
+    assert_int_equal(l.decode_layers, 61);
+    kvs_writer_t w;
+    assert_int_equal(kvs_layout_writer(&l, 1, 0, 0, 128, &w), KVS_OK);
+    assert_int_equal(w.prefill_rank, 2);
+    assert_int_equal(w.len_bytes, 128LL * 576 * 1 * 61);
+}
+
+static void test_layout_mla_rejects_heads(void **state)
+{
+    (void)state;
+    kvs_layout_params_t prm = mla(8, 2);
+    kvs_layout_t l;
+    kvs_error_t err = {0};
+    prm.total_heads = 128; /* DeepSeek's attention heads are not KV heads */
+    assert_int_equal(kvs_layout_init(&l, &prm, &err), KVS_EMLA);
+    assert_non_null(strstr(err.msg, "total_heads"));
+    prm.total_heads = 1;
+    prm.heads_per_rank = 2;
+    assert_int_equal(kvs_layout_init(&l, &prm, &err), KVS_EMLA);
+    assert_non_null(strstr(err.msg, "heads_per_rank"));
+    prm.heads_per_rank = 1;
+    assert_int_equal(kvs_layout_init(&l, &prm, NULL), KVS_OK);
+    prm.kind = (kvs_kv_kind_t)7;
+    assert_int_equal(kvs_layout_init(&l, &prm, &err), KVS_EINVAL);
+    assert_non_null(strstr(err.msg, "kind"));
+}
+
+static void test_layout_kind_names_round_trip(void **state)
+{
+    (void)state;
+    kvs_kv_kind_t k;
+    assert_int_equal(kvs_kv_kind_parse("mla", &k), KVS_OK);
+    assert_int_equal(k, KVS_KV_MLA);
+    assert_string_equal(kvs_kv_kind_name(k), "mla");
+    assert_int_equal(kvs_kv_kind_parse("gqa", &k), KVS_OK);
+    assert_int_equal(k, KVS_KV_GQA);
+    assert_int_equal(kvs_kv_kind_planes(KVS_KV_GQA), 2);
+    assert_int_equal(kvs_kv_kind_planes(KVS_KV_MLA), 1);
+    assert_int_equal(kvs_kv_kind_planes((kvs_kv_kind_t)9), 0);
+    assert_string_equal(kvs_kv_kind_name((kvs_kv_kind_t)9), "unknown");
+    assert_int_equal(kvs_kv_kind_parse("MLA", &k), KVS_EINVAL);
+    assert_int_equal(kvs_kv_kind_parse(NULL, &k), KVS_EINVAL);
+}
+
 static void test_layout_pp_arrivals_and_layers(void **state)
 {
     kvs_layout_params_t prm = llama70b(4, 2);
@@ -671,6 +799,11 @@ int main(void)
         cmocka_unit_test(test_layout_rank_mapping_p_gt_d),
         cmocka_unit_test(test_layout_rank_mapping_p_lt_d),
         cmocka_unit_test(test_layout_equal_tp_is_direct),
+        cmocka_unit_test(test_layout_mla_one_writer_spread_over_prefill),
+        cmocka_unit_test(test_layout_mla_p_lt_d_and_equal),
+        cmocka_unit_test(test_layout_mla_pp_and_fp8),
+        cmocka_unit_test(test_layout_mla_rejects_heads),
+        cmocka_unit_test(test_layout_kind_names_round_trip),
         cmocka_unit_test(test_layout_pp_arrivals_and_layers),
         cmocka_unit_test(test_layout_pp_stage_layers_split),
         cmocka_unit_test(test_layout_uneven_pp_to_decode_pp1),

@@ -223,7 +223,8 @@ static void test_manager_config_guards(void **state)
 {
     fixture_t *f = *state;
     guard_case_t g[] = {
-        {"mla", decode_cfg(), 0, KVS_EMLA, "MLA"},
+        {"mla with GQA heads", decode_cfg(), 0, KVS_EMLA,
+         "total_heads 8 and heads_per_rank 0 must be 0 or 1"},
         {"context parallel", prefill_cfg(), 0, KVS_ECONTEXT_PARALLEL,
          "context parallelism 2"},
         {"chunk not multiple", prefill_cfg(), 0, KVS_ECHUNK,
@@ -241,7 +242,7 @@ static void test_manager_config_guards(void **state)
         {"tp rank", decode_cfg(), 0, KVS_EINVAL, "tp_rank 2 must lie in [0, tp_size 2)"},
         {"pp rank", decode_cfg(), 0, KVS_EINVAL, "pp_rank -1 must lie in [0, pp_size 1)"},
         {"negative peer", decode_cfg(), 0, KVS_EINVAL, "peer_tp_size"},
-        {"mla without staging", decode_cfg(), 0, KVS_OK, NULL},
+        {"mla staging (no longer refused)", decode_cfg(), 0, KVS_OK, NULL},
         {"head_dim", decode_cfg(), 0, KVS_EINVAL, "head_dim, layers and page_size"},
         {"layers", decode_cfg(), 0, KVS_EINVAL, "(got 128, -8, 16)"},
         {"tp size", decode_cfg(), 0, KVS_EINVAL, "tp_size 0"},
@@ -276,8 +277,9 @@ static void test_manager_config_guards(void **state)
     g[10].cfg.tp_rank = 2;
     g[11].cfg.pp_rank = -1;
     g[12].cfg.peer_tp_size = -1;
-    g[13].cfg.is_mla = true;
-    g[13].cfg.staging = false;
+    g[13].cfg.kv_kind = KVS_KV_MLA;
+    g[13].cfg.total_heads = 0;
+    g[13].cfg.head_dim = 576;
     g[14].cfg.head_dim = 0;
     g[15].cfg.layers = -8;
     g[16].cfg.tp_size = 0;
@@ -501,6 +503,66 @@ static void test_manager_prefill_buffers(void **state)
     assert_int_equal(f->fab.live_mrs, KVS_DEFAULT_TRANSFER_WORKERS);
     kvs_decode_t *d;
     assert_int_equal(kvs_decode_create(m, &d), KVS_ESTATE);
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+}
+
+/* An MLA pool: one latent buffer per layer (v_base NULL), one "head", a
+ * staging buffer of one plane, and the plan of one writer per decode rank:
+ * prefill 3 of TP 8 takes part in decode 0's rooms without writing. */
+static void test_manager_mla_one_buffer_per_layer(void **state)
+{
+    fixture_t *f = *state;
+    kvs_manager_config_t c = prefill_cfg();
+    c.kv_kind = KVS_KV_MLA;
+    c.total_heads = 0;
+    c.head_dim = 576;
+    kvs_manager_t *m = make(f, &c);
+    assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+    uint64_t addr, len, rkey;
+    assert_int_equal(kvs_manager_staging_buffer(m, 0, &addr, &len, &rkey), KVS_OK);
+    assert_int_equal(len, 64u * 1 * 576 * 2 * LAYERS * 1); /* one plane, not K and V */
+    assert_int_equal(kvs_manager_register_staging(m), KVS_OK);
+    kvs_kv_buffers_t kv = f->kv;
+    kv.local_heads = 1;
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &kv), KVS_EMLA);
+    assert_non_null(strstr(kvs_manager_last_error(m)->msg, "pass v_base NULL"));
+    assert_int_equal(kvs_manager_set_heads(m, 8, 0), KVS_EMLA);
+    kv.v_base = NULL;
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &kv), KVS_OK);
+    kvs_prefill_t *p = NULL;
+    assert_int_equal(kvs_prefill_create(m, &p), KVS_OK);
+    const kvs_layout_t *l = kvs_manager_layout(m);
+    assert_int_equal(l->kind, KVS_KV_MLA);
+    assert_int_equal(l->planes, 1);
+    assert_int_equal(l->tp_writers, 1);
+    assert_int_equal(l->tp_sources, 4);
+    int64_t idx;
+    assert_int_equal(kvs_layout_writer_index(l, 3, 0, &idx), KVS_ENOENT);
+    assert_int_equal(kvs_layout_source_index(l, 3, 0, &idx), KVS_OK);
+    assert_int_equal(idx, 3);
+    kvs_prefill_destroy(p);
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+
+    /* The deprecated flag is the kind; a device whose copies predate one
+     * plane per layer (device ops version 3) cannot stage it. */
+    c = decode_cfg();
+    c.is_mla = true;
+    c.total_heads = 1;
+    c.head_dim = 576;
+    f->dev.base.ops.version = 3;
+    kvs_error_t e;
+    assert_int_equal(kvs_manager_create(&c, &f->dev.base, &f->fab.base, &m, &e), KVS_ENOTSUP);
+    assert_non_null(strstr(e.msg, "device ops version 3"));
+    f->dev.base.ops.version = KVS_DEVICE_OPS_VERSION;
+    m = make(f, &c);
+    assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_register_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &kv), KVS_OK);
+    kvs_decode_t *d = NULL;
+    assert_int_equal(kvs_decode_create(m, &d), KVS_OK);
+    assert_int_equal(kvs_manager_layout(m)->kind, KVS_KV_MLA);
+    assert_int_equal(kvs_manager_layout(m)->expected_arrivals, 1); /* 1 writer of 4 */
+    kvs_decode_destroy(d);
     assert_int_equal(kvs_manager_destroy(m), KVS_OK);
 }
 
@@ -977,6 +1039,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_manager_kv_buffer_validation, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manager_staging_off, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manager_prefill_buffers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manager_mla_one_buffer_per_layer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manager_prefill_needs_heads_to_size_buffers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manager_alloc_failure_at_each_call, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manager_register_failure_at_each_call, setup, teardown),

@@ -79,11 +79,28 @@ static void test_models_names_unique_lower_case_and_plannable(void **state)
             assert_string_not_equal(kvs_model_at(j)->name, m->name);
         kvs_layout_params_t p = {.total_heads = m->total_heads, .head_dim = m->head_dim,
                                  .dtype = m->dtype, .layers = m->layers, .page_size = 16,
-                                 .prefill_tp = 8, .decode_tp = 2};
+                                 .prefill_tp = 8, .decode_tp = 2, .kind = m->kind};
         kvs_layout_t lay;
         assert_int_equal(kvs_layout_init(&lay, &p, NULL), KVS_OK);
         assert_int_equal(lay.total_heads, m->total_heads);
     }
+}
+
+static void test_models_mla_rows_are_one_latent_per_token(void **state)
+{
+    (void)state;
+    const char *names[] = {"deepseek-v3", "kimi-k2"};
+    for (size_t i = 0; i < 2; i++) {
+        const kvs_model_t *m = kvs_model_find(names[i]);
+        assert_non_null(m);
+        assert_int_equal(m->kind, KVS_KV_MLA);
+        assert_int_equal(m->total_heads, 1);
+        assert_int_equal(m->head_dim, 512 + 64); /* kv_lora_rank + qk_rope_head_dim */
+        assert_int_equal(m->layers, 61);
+        assert_int_equal(m->dtype, KVS_DTYPE_BF16);
+    }
+    /* The GQA rows keep their zero kind. */
+    assert_int_equal(kvs_model_find("llama-3.1-70b")->kind, KVS_KV_GQA);
 }
 
 int main(void)
@@ -94,6 +111,7 @@ int main(void)
         cmocka_unit_test(test_models_lookup_ignores_case),
         cmocka_unit_test(test_models_unknown_is_null),
         cmocka_unit_test(test_models_names_unique_lower_case_and_plannable),
+        cmocka_unit_test(test_models_mla_rows_are_one_latent_per_token),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -296,6 +296,17 @@ static void test_protocol_edges_fingerprint_mismatch(void **state)
     edge_expect_decode_last(cl, 1);
     edge_destroy(cl);
 
+    /* p1 an MLA rank (one latent per layer) against a GQA decode: the
+     * kind is named, before the heads that differ as well. */
+    o = edge_defaults();
+    o.odd_rank = 1;
+    o.odd_mla = true;
+    cl = edge_create(&o);
+    edge_expect_refused(cl, 1, 1, "KV kind (0 gqa: K and V per layer, 1 mla: one latent per "
+                                  "layer; kv_kind, --model / --mla-latent-dim) differs: this "
+                                  "side 1, peer 0");
+    edge_destroy(cl);
+
     /* p1 in fp32 against bf16. */
     o = edge_defaults();
     o.odd_rank = 1;
@@ -393,7 +404,7 @@ static void test_protocol_edges_decode_args(void **state)
     assert_int_equal(kvs_decode_connect(dec, "p2", 2, 0), KVS_EINVAL);
     assert_int_equal(kvs_decode_connect(dec, "p0", -1, 0), KVS_EINVAL);
     assert_int_equal(kvs_decode_connect(dec, "p0", 0, 1), KVS_EINVAL);
-    assert_non_null(strstr(err->msg, "does not write to decode rank"));
+    assert_non_null(strstr(err->msg, "takes no part in the rooms of decode rank"));
     assert_int_equal(kvs_decode_connect(dec, "p0", 0, 0), KVS_OK);
     assert_int_equal(kvs_decode_room_open(dec, 1, 0, 8, pages, 2), KVS_ESTATE);
     assert_int_equal(kvs_decode_connect(dec, "p0", 0, 0), KVS_EALREADY);
@@ -717,7 +728,8 @@ static void test_protocol_edges_hostile_to_prefill(void **state)
     assert_int_equal(got[0].u.ack.tp_rank, 0);
     const kvs_error_t *err = kvs_manager_last_error(p->m);
     assert_int_equal(err->status, KVS_EFINGERPRINT);
-    assert_non_null(strstr(err->msg, "head dim differs: this side 16, peer 32"));
+    assert_non_null(strstr(err->msg, "head dim (MLA: the latent dim, --mla-latent-dim) "
+                                     "differs: this side 16, peer 32"));
     assert_int_equal(p->log_errors, 1);
 
     /* A good fingerprint from a decode rank this prefill does not serve. */

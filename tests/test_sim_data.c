@@ -14,7 +14,12 @@
  *        heads by `src % rep` where the spec divides (`src / rep`), so a
  *        replicated head lands in the wrong slot;
  *     2. an off-by-one writer offset: writers after the first write their
- *        block one byte past their offset in the region.
+ *        block one byte past their offset in the region;
+ *     3. MLA (one latent per token and layer, one writer per decode rank):
+ *        the decode scatters each token from the next token's row, or each
+ *        layer from the next layer's slot.
+ * - MLA moves every byte in both modes at P > D, P < D, P = D (direct),
+ *   slice, and with pipeline stages.
  * The seed of each run is in its config; a failure names the run.
  */
 #include <setjmp.h>
@@ -290,6 +295,98 @@ static void test_sim_data_catches_writer_offset(void **state)
     assert_int_equal(r.ring_leaked_bytes, 0);
 }
 
+/* ---- MLA: one latent per token and layer, one writer per decode rank ------- */
+
+/* DeepSeek-V3's latent (576 elements, bf16) on a small model. */
+static sim_scenario_config_t small_mla(int64_t p, int64_t d)
+{
+    sim_scenario_config_t c = small(p, d, 0);
+    c.shape.head_dim = 576;
+    c.shape.kind = KVS_KV_MLA;
+    return c;
+}
+
+static void test_sim_data_mla_every_byte_in_both_modes(void **state)
+{
+    (void)state;
+    static const struct {
+        int64_t p, d, pp, dpp;
+        kvs_path_t path;
+        const char *what;
+    } runs[] = {
+        {4, 2, 1, 1, KVS_PATH_AUTO, "MLA P4 -> D2 staging (2 ranks only report)"},
+        {8, 2, 1, 1, KVS_PATH_AUTO, "MLA P8 -> D2 staging"},
+        {2, 4, 1, 1, KVS_PATH_AUTO, "MLA P2 -> D4 staging"},
+        {2, 2, 1, 1, KVS_PATH_AUTO, "MLA P2 -> D2 direct"},
+        {4, 2, 1, 1, KVS_PATH_SLICE, "MLA P4 -> D2 slice"},
+        {4, 2, 2, 1, KVS_PATH_AUTO, "MLA P4xPP2 -> D2"},
+        {4, 2, 2, 2, KVS_PATH_AUTO, "MLA P4xPP2 -> D2xPP2"},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        sim_scenario_config_t c = small_mla(runs[i].p, runs[i].d);
+        c.shape.prefill_pp = runs[i].pp;
+        c.shape.decode_pp = runs[i].dpp;
+        c.path = runs[i].path;
+        c.staging = runs[i].path != KVS_PATH_SLICE;
+        c.prefix_max_tokens = 128;
+        const sim_report_t r = same_in_both(&c, runs[i].what);
+        if (r.requests_ok != c.requests || r.violations != 0)
+            fail_msg("%s: %u of %u ok, %llu violations", runs[i].what, r.requests_ok,
+                     c.requests, (unsigned long long)r.violations);
+        /* Every decode rank checked one plane: the latent, never a V. */
+        assert_true(r.bytes_verified > 0);
+        assert_int_equal(r.bytes_verified % (576 * 2), 0);
+    }
+    /* One writer: as many staged writes as chunks (x stages), where GQA's
+     * P4 -> D2 makes two per chunk. */
+    sim_scenario_config_t c = small_mla(4, 2);
+    const sim_report_t mla = run_mode(c, SIM_DATA_PROVENANCE, "MLA P4 -> D2 ops");
+    c = small(4, 2, 8);
+    const sim_report_t gqa = run_mode(c, SIM_DATA_PROVENANCE, "GQA P4 -> D2 ops");
+    assert_true(mla.rdma_ops < gqa.rdma_ops);
+}
+
+/* The decode scatters each token's latent from the next token's row of
+ * the region (an off-by-one row): every token but the last gets its
+ * neighbour's latent. */
+static void plant_mla_wrong_row(void *ctx, uint32_t gpu_id, bool scatter,
+                                const kvs_copy_desc_t *desc, kvs_copy_part_t *parts,
+                                int64_t nparts)
+{
+    plant_t *pl = ctx;
+    if (!scatter || gpu_id < (uint32_t)pl->P || desc->tokens < 2)
+        return;
+    assert_int_equal(desc->planes, 1);
+    assert_int_equal(nparts, 1); /* one writer per decode rank */
+    parts[0].staging_addr += (uint64_t)(desc->head_dim * desc->elem_bytes);
+    pl->hits++;
+}
+
+/* The decode scatters layer j from the staging slot of layer j + 1: the
+ * latent of the wrong layer. */
+static void plant_mla_wrong_layer(void *ctx, uint32_t gpu_id, bool scatter,
+                                  const kvs_copy_desc_t *desc, kvs_copy_part_t *parts,
+                                  int64_t nparts)
+{
+    plant_t *pl = ctx;
+    (void)nparts;
+    if (!scatter || gpu_id < (uint32_t)pl->P || desc->tokens == 0)
+        return;
+    parts[0].staging_addr += (uint64_t)(desc->tokens * desc->head_dim * desc->elem_bytes);
+    pl->hits++;
+}
+
+static void test_sim_data_catches_mla_wrong_row_and_layer(void **state)
+{
+    (void)state;
+    sim_scenario_config_t c = small_mla(4, 2);
+    plant_t pl = {.P = 4, .D = 2, .H = 1};
+    c.copy_hook = plant_mla_wrong_row;
+    caught_in_both(c, &pl, "MLA latent of the next token, P4 -> D2");
+    c.copy_hook = plant_mla_wrong_layer;
+    caught_in_both(c, &pl, "MLA latent of the next layer, P4 -> D2");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -298,6 +395,8 @@ int main(void)
         cmocka_unit_test(test_sim_data_modes_agree_under_faults),
         cmocka_unit_test(test_sim_data_catches_modulo_head_mapping),
         cmocka_unit_test(test_sim_data_catches_writer_offset),
+        cmocka_unit_test(test_sim_data_mla_every_byte_in_both_modes),
+        cmocka_unit_test(test_sim_data_catches_mla_wrong_row_and_layer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

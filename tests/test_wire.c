@@ -147,9 +147,10 @@ static uint32_t expected_len(kvs_msg_type_t type, uint32_t count)
 {
     /* 24 header bytes, then the payload; the session travels in the header */
     switch (type) {
-    case KVS_MSG_REGISTER: return 24 + 32 + 32 + 92 + 24 + 8 + 16 + 8 + 32; /* 268 */
+    /* the fingerprint: 100 bytes (92 before wire version 8 added kv_kind) */
+    case KVS_MSG_REGISTER: return 24 + 32 + 32 + 100 + 24 + 8 + 16 + 8 + 32; /* 276 */
     case KVS_MSG_LAYERS: return 24 + 12 + 32 * count;
-    case KVS_MSG_REGISTER_ACK: return 24 + 8 + 16 + 8 + 16 + 92;
+    case KVS_MSG_REGISTER_ACK: return 24 + 8 + 16 + 8 + 16 + 100;
     case KVS_MSG_ROOM: return 24 + 32;
     case KVS_MSG_PAGES: return 24 + 20 + 8 * count;
     case KVS_MSG_STAGING_REQ: return 24 + 48;
@@ -312,7 +313,7 @@ static void test_wire_encoded_lengths_are_exact(void **state)
             assert_int_equal(payload, len - KVS_WIRE_HEADER_BYTES);
         }
     }
-    assert_int_equal(expected_len(KVS_MSG_REGISTER, 0), 268);
+    assert_int_equal(expected_len(KVS_MSG_REGISTER, 0), 276);
     /* The largest messages fit a control message. */
     assert_int_equal(expected_len(KVS_MSG_LAYERS, KVS_WIRE_LAYERS_PER_MSG), 3108);
     assert_int_equal(expected_len(KVS_MSG_PAGES, KVS_WIRE_PAGES_PER_MSG), 3884);
@@ -348,7 +349,7 @@ static void test_wire_golden_watermark(void **state)
     (void)state;
     static const uint8_t golden[] = {
         0x54, 0x53, 0x56, 0x4B,                         /* magic "KVST" LE */
-        0x07, 0x00,                                     /* version 7 */
+        0x08, 0x00,                                     /* version 8 */
         0x09, 0x00,                                     /* type WATERMARK */
         0x10, 0x00, 0x00, 0x00,                         /* payload 16 */
         0x11, 0x22, 0x33, 0x44,                         /* link seq */
@@ -371,7 +372,7 @@ static void test_wire_golden_abort_negative_status(void **state)
 {
     (void)state;
     static const uint8_t golden[] = {
-        0x54, 0x53, 0x56, 0x4B, 0x07, 0x00, 0x0B, 0x00, 0x10, 0x00, 0x00, 0x00,
+        0x54, 0x53, 0x56, 0x4B, 0x08, 0x00, 0x0B, 0x00, 0x10, 0x00, 0x00, 0x00,
         0x07, 0x00, 0x00, 0x00,                         /* link seq 7 */
         0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, /* session = max u64 */
         0x2A, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* room = 42 */
@@ -390,13 +391,13 @@ static void test_wire_golden_abort_negative_status(void **state)
     assert_int_equal(out.u.abort.status, -10);
 }
 
-/* Pins STAGING_RSP (wire version 7): the region, then the two keys of the
+/* Pins STAGING_RSP (wire version 7, unchanged in 8): the region, then the two keys of the
  * receiving writer's bytes of it. */
 static void test_wire_golden_staging_rsp_keys(void **state)
 {
     (void)state;
     static const uint8_t golden[] = {
-        0x54, 0x53, 0x56, 0x4B, 0x07, 0x00, 0x07, 0x00, 0x40, 0x00, 0x00, 0x00,
+        0x54, 0x53, 0x56, 0x4B, 0x08, 0x00, 0x07, 0x00, 0x40, 0x00, 0x00, 0x00,
         0x02, 0x00, 0x00, 0x00,                         /* link seq 2 */
         0x05, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* session 5 */
         0x09, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* room 9 */
@@ -425,7 +426,7 @@ static void test_wire_golden_aux(void **state)
 {
     (void)state;
     static const uint8_t golden[] = {
-        0x54, 0x53, 0x56, 0x4B, 0x07, 0x00, 0x0D, 0x00, 0x17, 0x00, 0x00, 0x00,
+        0x54, 0x53, 0x56, 0x4B, 0x08, 0x00, 0x0D, 0x00, 0x17, 0x00, 0x00, 0x00,
         0x03, 0x00, 0x00, 0x00,                         /* link seq 3 */
         0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* session 1 */
         0x09, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* room 9 */

@@ -96,6 +96,9 @@ void cli_plan_usage(FILE *out)
             "  --model NAME       built-in model shape (see below); explicit flags override it\n"
             "  --kv-heads H       total KV heads of the model (1..%" PRId64 ")\n"
             "  --head-dim HD      head dimension (1..%" PRId64 ")\n"
+            "  --mla-latent-dim N an MLA model: one latent of N elements per token and layer\n"
+            "                     (576 for DeepSeek-V3), the same on every TP rank; in place\n"
+            "                     of --kv-heads and --head-dim\n"
             "  --layers L         layers of the whole model (1..%" PRId64 ")\n"
             "  --dtype T          KV dtype: bf16, fp16, fp8, fp32 (default bf16)\n"
             "  --page-size PS     tokens per KV page (default %d)\n"
@@ -247,10 +250,12 @@ static void cli_plan_json(const cli_plan_input_t *in, const kvs_layout_t *lay,
     printf(", \"src_heads\": %" PRId64 ", \"dst_heads\": %" PRId64
            ", \"decode_layers\": %" PRId64 ", \"prefill_layers\": %" PRId64
            ", \"tp_writers\": %" PRId64 ", \"expected_arrivals\": %" PRId64
-           ", \"targets_per_prefill\": %" PRId64,
+           ", \"targets_per_prefill\": %" PRId64 ", \"kv_kind\": \"%s\""
+           ", \"planes\": %" PRId64 ", \"tp_sources\": %" PRId64,
            lay->src_heads, lay->dst_heads, lay->decode_layers,
            lay->prefill_layers, lay->tp_writers, lay->expected_arrivals,
-           lay->targets_per_prefill);
+           lay->targets_per_prefill, kvs_kv_kind_name(lay->kind), lay->planes,
+           lay->tp_sources);
     cli_plan_json_stages("prefill_stages", o->stages[KVS_ROLE_PREFILL], lay->prefill_pp,
                          false);
     cli_plan_json_stages("decode_stages", o->stages[KVS_ROLE_DECODE], lay->decode_pp, true);
@@ -384,10 +389,16 @@ static void cli_plan_table(const cli_plan_input_t *in, const kvs_layout_t *lay,
     const bool uneven_decode = dstages[0].num_layers != lay->decode_layers;
     printf("kvstage plan%s%s\n", in->shape.model != NULL ? ": " : "",
            in->shape.model != NULL ? in->shape.model->name : "");
-    printf("  model    %" PRId64 " KV heads x head dim %" PRId64 ", %s (%" PRId64
-           " bytes), %" PRId64 " layers\n",
-           lay->total_heads, lay->head_dim, kvs_dtype_name(in->shape.params.dtype),
-           lay->elem_bytes, lay->layers);
+    if (lay->kind == KVS_KV_MLA)
+        printf("  model    MLA: one latent of %" PRId64 " elements per token and layer, the "
+               "same on every TP rank, %s (%" PRId64 " bytes), %" PRId64 " layers\n",
+               lay->head_dim, kvs_dtype_name(in->shape.params.dtype), lay->elem_bytes,
+               lay->layers);
+    else
+        printf("  model    %" PRId64 " KV heads x head dim %" PRId64 ", %s (%" PRId64
+               " bytes), %" PRId64 " layers\n",
+               lay->total_heads, lay->head_dim, kvs_dtype_name(in->shape.params.dtype),
+               lay->elem_bytes, lay->layers);
     cli_plan_table_side(lay, KVS_ROLE_PREFILL, o->stages[KVS_ROLE_PREFILL]);
     cli_plan_table_side(lay, KVS_ROLE_DECODE, dstages);
     printf("  grid     page size %" PRId64 ", chunk %" PRId64 " tokens -> G = %"
@@ -401,13 +412,27 @@ static void cli_plan_table(const cli_plan_input_t *in, const kvs_layout_t *lay,
     }
     printf("  path     staging: gather on prefill, one write per writer, "
            "scatter on decode\n");
-    printf("  chunk    T = %" PRId64 " tokens; each region holds %" PRId64
-           " writer(s) x [K layers 0..%" PRId64 " | V layers 0..%" PRId64
-           "]; a chunk completes after %" PRId64 " arrival(s) (%" PRId64
-           " TP writer(s) x %" PRId64 " prefill stage(s) per decode stage)\n",
-           tokens, lay->tp_writers, lay->decode_layers - 1,
-           lay->decode_layers - 1, lay->expected_arrivals, lay->tp_writers,
-           lay->prefill_pp / lay->decode_pp);
+    if (lay->planes == 1)
+        printf("  chunk    T = %" PRId64 " tokens; each region holds %" PRId64
+               " writer(s) x [latent layers 0..%" PRId64 "]; a chunk completes after %"
+               PRId64 " arrival(s) (%" PRId64 " TP writer(s) x %" PRId64 " prefill "
+               "stage(s) per decode stage)\n",
+               tokens, lay->tp_writers, lay->decode_layers - 1, lay->expected_arrivals,
+               lay->tp_writers, lay->prefill_pp / lay->decode_pp);
+    else
+        printf("  chunk    T = %" PRId64 " tokens; each region holds %" PRId64
+               " writer(s) x [K layers 0..%" PRId64 " | V layers 0..%" PRId64
+               "]; a chunk completes after %" PRId64 " arrival(s) (%" PRId64
+               " TP writer(s) x %" PRId64 " prefill stage(s) per decode stage)\n",
+               tokens, lay->tp_writers, lay->decode_layers - 1,
+               lay->decode_layers - 1, lay->expected_arrivals, lay->tp_writers,
+               lay->prefill_pp / lay->decode_pp);
+    if (lay->tp_sources > lay->tp_writers)
+        printf("  sources  MLA: the latent is the same on every prefill rank: decode rank d "
+               "takes it once, from prefill rank d * %" PRId64 " / %" PRId64 "; the other "
+               "%" PRId64 " prefill rank(s) of its room write nothing and report their "
+               "status\n", lay->prefill_tp, lay->decode_tp,
+               lay->tp_sources - lay->tp_writers);
     if (lay->targets_per_prefill > 1)
         printf("  fan-out  each prefill rank serves %" PRId64 " decode ranks, "
                "one gather and one region each\n",

@@ -652,6 +652,10 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
         in->shape.params.prefill_tp = in->peers[0].tp;
         in->shape.params.prefill_pp = in->peers[0].pp;
     }
+    if (in->shape.params.kind != KVS_KV_GQA)
+        return cli_fail(CLI_SERVE_CMD, "--model / --mla-latent-dim: serve moves K and V "
+                                       "layers only; run an MLA model (%s) with `kvstage "
+                                       "sim` for now", kvs_kv_kind_name(in->shape.params.kind));
     if ((rc = cli_shape_layout(CLI_SERVE_CMD, &in->shape, &in->plan.lay)) != 0)
         return rc;
     const kvs_layout_t *l = &in->plan.lay;

@@ -64,7 +64,24 @@ int cli_shape_read(const char *cmd, const char *const *values,
         p->head_dim = out->model->head_dim;
         p->layers = out->model->layers;
         p->dtype = out->model->dtype;
+        p->kind = out->model->kind;
     }
+    /* An MLA model by its latent: one "head" of that many elements. */
+    if (values[CLI_SF_MLA_LATENT_DIM] != NULL) {
+        if (values[CLI_SF_HEAD_DIM] != NULL)
+            return cli_fail(cmd, "--mla-latent-dim and --head-dim: give one; an MLA "
+                                 "model's head dim is its latent dim");
+        if ((rc = cli__shape_number(cmd, values, CLI_SF_MLA_LATENT_DIM, 1,
+                                    CLI_SHAPE_MAX_HEAD_DIM, &p->head_dim)) != 0)
+            return rc;
+        p->kind = KVS_KV_MLA;
+        p->total_heads = 0;
+    }
+    if (p->kind == KVS_KV_MLA && values[CLI_SF_KV_HEADS] != NULL &&
+        strcmp(values[CLI_SF_KV_HEADS], "1") != 0)
+        return cli_fail(cmd, "--kv-heads %s: an MLA model keeps one latent per token: drop "
+                             "--kv-heads (or give 1), or drop --mla-latent-dim / the MLA "
+                             "--model", values[CLI_SF_KV_HEADS]);
 
     if ((rc = cli__shape_number(cmd, values, CLI_SF_KV_HEADS, 1,
                                 CLI_SHAPE_MAX_HEADS, &p->total_heads)) != 0 ||
@@ -91,9 +108,11 @@ int cli_shape_read(const char *cmd, const char *const *values,
                                 CLI_SHAPE_MAX_CHUNK_TOKENS, &p->chunk_tokens)) != 0)
         return rc;
 
-    /* A default model whose every number the flags replace names nothing. */
-    if (!explicit_model && values[CLI_SF_KV_HEADS] != NULL &&
-        values[CLI_SF_HEAD_DIM] != NULL && values[CLI_SF_LAYERS] != NULL)
+    /* A default model whose every number the flags replace names nothing
+     * (an MLA latent replaces both its heads and its head dim). */
+    if (!explicit_model && values[CLI_SF_LAYERS] != NULL &&
+        ((values[CLI_SF_KV_HEADS] != NULL && values[CLI_SF_HEAD_DIM] != NULL) ||
+         values[CLI_SF_MLA_LATENT_DIM] != NULL))
         out->model = NULL;
 
     static const struct {
@@ -106,6 +125,8 @@ int cli_shape_read(const char *cmd, const char *const *values,
     };
     const int64_t *required_value[] = {&p->total_heads, &p->head_dim, &p->layers};
     for (size_t i = 0; i < sizeof required / sizeof required[0]; i++) {
+        if (i == 0 && p->kind == KVS_KV_MLA)
+            continue; /* one latent: no KV heads to give */
         if (*required_value[i] == 0)
             return cli_fail(cmd, "%s is required (%s) unless --model names a "
                                  "built-in model",
@@ -145,6 +166,8 @@ const char *cli_shape_flag_for(int status, const kvs_layout_params_t *p)
         return "--dtype";
     case KVS_EHEADS:
         return "--kv-heads";
+    case KVS_EMLA:
+        return "--kv-heads (an MLA model has one latent per token)";
     default:
         return "the shape flags";
     }
@@ -183,8 +206,8 @@ void cli_shape_models_usage(FILE *out)
 {
     for (size_t i = 0; i < cli_model_count(); i++) {
         const cli_model_t *m = cli_model_at(i);
-        fprintf(out, "  %-16s %3" PRId64 " %4" PRId64 " %4" PRId64 "  %-5s %s\n",
+        fprintf(out, "  %-16s %3" PRId64 " %4" PRId64 " %4" PRId64 "  %-5s %-3s %s\n",
                 m->name, m->total_heads, m->head_dim, m->layers,
-                kvs_dtype_name(m->dtype), m->note);
+                kvs_dtype_name(m->dtype), kvs_kv_kind_name(m->kind), m->note);
     }
 }

@@ -2,7 +2,8 @@
  * shape.h - the model-shape flags every subcommand that lays out KV cache
  * shares (`plan`, `sim`): --model, --kv-heads, --head-dim, --dtype,
  * --layers, --page-size, --prefill-tp, --decode-tp, --prefill-pp,
- * --decode-pp, --chunk-tokens. One place parses them into
+ * --decode-pp, --chunk-tokens, --mla-latent-dim (an MLA model: one latent
+ * of that many elements per token and layer, kind KVS_KV_MLA). One place parses them into
  * kvs_layout_params_t, applies the subcommand's defaults, and turns a
  * kvs_layout_init failure into one line naming the flag to change.
  *
@@ -46,6 +47,7 @@ enum cli_shape_flag {
     CLI_SF_PREFILL_PP,
     CLI_SF_DECODE_PP,
     CLI_SF_CHUNK_TOKENS,
+    CLI_SF_MLA_LATENT_DIM,
     CLI_SF_COUNT
 };
 
@@ -62,7 +64,8 @@ enum cli_shape_flag {
     [CLI_SF_DECODE_TP] = {"--decode-tp", true},                                \
     [CLI_SF_PREFILL_PP] = {"--prefill-pp", true},                              \
     [CLI_SF_DECODE_PP] = {"--decode-pp", true},                                \
-    [CLI_SF_CHUNK_TOKENS] = {"--chunk-tokens", true}
+    [CLI_SF_CHUNK_TOKENS] = {"--chunk-tokens", true},                          \
+    [CLI_SF_MLA_LATENT_DIM] = {"--mla-latent-dim", true}
 
 /* What a subcommand assumes for the shape flags it is not given. */
 typedef struct cli_shape_defaults {

@@ -204,6 +204,9 @@ void cli_sim_usage(FILE *out)
             "  --model NAME        built-in model (default %s, see below)\n"
             "  --kv-heads H        total KV heads of the model (1..%" PRId64 ")\n"
             "  --head-dim HD       head dimension (1..%" PRId64 ")\n"
+            "  --mla-latent-dim N  an MLA model: one latent of N elements per token and\n"
+            "                      layer (576 for DeepSeek-V3), the same on every TP rank;\n"
+            "                      in place of --kv-heads and --head-dim\n"
             "  --layers L          layers of the whole model (1..%" PRId64 ")\n"
             "  --dtype T           KV dtype: bf16, fp16, fp8, fp32 (default: the model's)\n"
             "  --page-size PS      tokens per KV page (default %d here, not plan's 1, to\n"
@@ -552,6 +555,7 @@ static void cli_sim_set_shape(const kvs_layout_params_t *p, kvs_sim_config_t *c)
     c->prefill_pp = p->prefill_pp;
     c->decode_pp = p->decode_pp;
     c->chunk_tokens = p->chunk_tokens;
+    c->kv_kind = (int32_t)p->kind;
 }
 
 /* The cluster of the lists into in->cfg, checked by the library: every
@@ -1099,12 +1103,20 @@ static void cli_sim_print_table(const cli_sim_input_t *in, const kvs_sim_config_
 {
     const kvs_layout_t *lay = &in->lay;
     char a[32], b[32];
-    printf("kvstage sim: %s%s%" PRId64 " layers x %" PRId64 " KV heads x head dim %"
-           PRId64 ", %s, page %" PRId64 ", chunk %" PRId64 " tokens\n",
-           in->shape.model != NULL ? in->shape.model->name : "",
-           in->shape.model != NULL ? ", " : "", lay->layers, lay->total_heads,
-           lay->head_dim, kvs_dtype_name(in->shape.params.dtype), lay->page_size,
-           lay->chunk_tokens);
+    if (lay->kind == KVS_KV_MLA)
+        printf("kvstage sim: %s%s%" PRId64 " layers x MLA latent %" PRId64
+               " (one per token, on every TP rank), %s, page %" PRId64 ", chunk %" PRId64
+               " tokens\n",
+               in->shape.model != NULL ? in->shape.model->name : "",
+               in->shape.model != NULL ? ", " : "", lay->layers, lay->head_dim,
+               kvs_dtype_name(in->shape.params.dtype), lay->page_size, lay->chunk_tokens);
+    else
+        printf("kvstage sim: %s%s%" PRId64 " layers x %" PRId64 " KV heads x head dim %"
+               PRId64 ", %s, page %" PRId64 ", chunk %" PRId64 " tokens\n",
+               in->shape.model != NULL ? in->shape.model->name : "",
+               in->shape.model != NULL ? ", " : "", lay->layers, lay->total_heads,
+               lay->head_dim, kvs_dtype_name(in->shape.params.dtype), lay->page_size,
+               lay->chunk_tokens);
     if (cfg->prefill_instances == 1 && cfg->decode_instances == 1) {
         printf("  prefill TP %" PRId64 " x PP %" PRId64 " -> decode TP %" PRId64
                " x PP %" PRId64 " on %" PRId64 " + %" PRId64 " simulated H200s, %"

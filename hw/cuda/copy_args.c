@@ -18,7 +18,7 @@ void hw_cuda_copy_words_fill(const kvs_copy_desc_t *d, const kvs_copy_shape_t *s
     const uint64_t L = (uint64_t)d->layer_count;
     for (uint64_t j = 0; j < L; j++) {
         words[j] = d->k_base[(uint64_t)d->layer_begin + j];
-        words[L + j] = d->v_base[(uint64_t)d->layer_begin + j];
+        words[L + j] = sh->planes != 1 ? d->v_base[(uint64_t)d->layer_begin + j] : 0;
     }
     if (sh->pages_used > 0)
         memcpy(words + 2 * L, d->pages, (size_t)sh->pages_used * sizeof(int64_t));
@@ -40,6 +40,7 @@ hw_cuda_copy_args_t hw_cuda_copy_args_of(const kvs_copy_desc_t *d, const kvs_cop
         .head_off = sh->head_off,
         .slot_bytes = sh->slot_bytes,
         .scatter = scatter,
+        .planes = sh->planes == 1 ? 1u : 2u,
     };
 }
 
@@ -48,7 +49,8 @@ unsigned hw_cuda_copy_vec_bytes(const kvs_copy_desc_t *d, const kvs_copy_shape_t
     uint64_t bits = sh->row_bytes | sh->token_bytes | sh->head_off | sh->slot_bytes |
                     d->staging_addr;
     for (int64_t j = 0; j < d->layer_count; j++)
-        bits |= d->k_base[d->layer_begin + j] | d->v_base[d->layer_begin + j];
+        bits |= d->k_base[d->layer_begin + j] |
+                (sh->planes != 1 ? d->v_base[d->layer_begin + j] : 0);
     unsigned v = 16;
     while (v > 1 && (bits & (v - 1)) != 0)
         v /= 2;

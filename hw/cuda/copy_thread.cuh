@@ -38,7 +38,8 @@
 
 /* The launch geometry of one copy in V-byte vectors: x blocks walk a
  * layer's tokens x row vectors (at most HW_CUDA_MAX_GRID_X, each thread
- * then strides), y the layers, z K and V; 32-bit indices when no thread's
+ * then strides), y the layers, z K and V (K alone with one plane); 32-bit
+ * indices when no thread's
  * idx + stride can wrap. */
 template <typename V>
 __host__ inline hw_cuda_grid_t hw_cuda_copy_grid_as(const hw_cuda_copy_args_t &a)
@@ -50,7 +51,7 @@ __host__ inline hw_cuda_grid_t hw_cuda_copy_grid_as(const hw_cuda_copy_args_t &a
     hw_cuda_grid_t g;
     g.x = (uint32_t)gx;
     g.y = (uint32_t)a.layer_count;
-    g.z = 2;
+    g.z = a.planes == 1 ? 1u : 2u;
     g.index_bits = n + gx * HW_CUDA_THREADS <= UINT32_MAX ? 32u : 64u;
     return g;
 }

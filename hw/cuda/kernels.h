@@ -23,7 +23,8 @@ extern "C" {
 
 typedef struct hw_cuda_copy_args {
     /* Device memory, read by the kernel: [K base of copy layer j at j |
-     * V base at layer_count + j | page ids (int64_t) after them]. */
+     * V base at layer_count + j (0 and never read with one plane) | page
+     * ids (int64_t) after them]. */
     const uint64_t *words;
     uint64_t staging;      /* device address of the staging block */
     uint64_t layer_count;  /* 1..HW_CUDA_MAX_LAYERS */
@@ -36,6 +37,7 @@ typedef struct hw_cuda_copy_args {
     uint64_t head_off;     /* bytes from a slot's start to head_start */
     uint64_t slot_bytes;   /* tokens * row_bytes */
     int scatter;           /* staging -> pool; else pool -> staging */
+    uint32_t planes;       /* 2: K and V (grid z 2); 1: K only (MLA) */
 } hw_cuda_copy_args_t;
 
 /* One launch's grid (blocks of HW_CUDA_THREADS threads) and index width
@@ -46,8 +48,9 @@ typedef struct hw_cuda_grid {
 } hw_cuda_grid_t;
 
 /*
- * Enqueues one launch covering every layer and K and V on `stream` (a
- * cudaStream_t): grid (x: vectors of a layer's rows, y: layer, z: K/V).
+ * Enqueues one launch covering every layer and K and V (K alone with one
+ * plane) on `stream` (a cudaStream_t): grid (x: vectors of a layer's rows,
+ * y: layer, z: K/V, of extent planes).
  * vec_bytes (16, 8, 4, 2 or 1) must divide row_bytes, token_bytes,
  * head_off, slot_bytes and every address; 16 gives 16-byte vector loads and
  * stores. Returns the cudaError_t of the launch (cudaGetLastError right

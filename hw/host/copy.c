@@ -636,7 +636,7 @@ uint64_t hw_host_copy_bytes(const hw_host_copy_t *c)
 {
     uint64_t n = 0;
     for (uint64_t k = 0; k < c->nparts; k++)
-        n += c->parts[k].slot_bytes * c->layer_count * 2;
+        n += c->parts[k].slot_bytes * c->layer_count * c->planes;
     return n;
 }
 
@@ -651,7 +651,7 @@ void hw_host_copy_part(const hw_host_copy_t *c, unsigned part, unsigned parts)
     const bool whole = c->nparts == 1 && c->parts[0].row_bytes == c->token_bytes;
     const hw_host_mover_t m = hw_host_mover_pick(hw_host_copy_bytes(c), c->max_vector_bytes);
     const hw_host_mover_t plain = {0};
-    const uint64_t n = 2 * c->layer_count;
+    const uint64_t n = c->planes * c->layer_count;
     const uint64_t b_end = (part + 1) * n / parts;
     for (uint64_t b = part * n / parts; b < b_end; b++) {
         const uint64_t kv = b / c->layer_count, j = b % c->layer_count;

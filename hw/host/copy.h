@@ -35,9 +35,11 @@ typedef struct hw_host_copy {
     uint64_t layer_slots;       /* S: slots per K (and per V) half of a block */
     uint64_t token_bytes;       /* stride of token slots in the pool */
     uint32_t max_vector_bytes;  /* widest streaming store: 16, 32 or 64 */
+    uint64_t planes;            /* 2: K and V; 1: K only (MLA: pool[L + j] is
+                                 * never read, the block has S slots) */
 } hw_host_copy_t;
 
-/* Payload bytes of the copy: every part's slot of every layer, K and V. */
+/* Payload bytes of the copy: every part's slot of every layer, of each plane. */
 uint64_t hw_host_copy_bytes(const hw_host_copy_t *c);
 
 /* Performs the copy. For each part q: layer j, K (kv 0) or V (kv 1), token
@@ -49,7 +51,7 @@ void hw_host_copy_run(const hw_host_copy_t *c);
 
 /* Performs share `part` of `parts` (0 <= part < parts) of the copy: the
  * (K/V, layer) buffers kv * layer_count + j in [part * n / parts,
- * (part + 1) * n / parts) with n = 2 * layer_count. The shares of one copy
+ * (part + 1) * n / parts) with n = planes * layer_count. The shares of one copy
  * touch disjoint bytes and may run on different threads at once. */
 void hw_host_copy_part(const hw_host_copy_t *c, unsigned part, unsigned parts);
 

@@ -501,6 +501,7 @@ static int hw_host_enqueue(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_de
     const uint64_t part_words = sizeof(hw_host_copy_part_t) / sizeof(uint64_t);
     _Static_assert(sizeof(hw_host_copy_part_t) % sizeof(uint64_t) == 0, "parts fill words");
     const uint64_t n_words = 2 * L + pages_used + (uint64_t)nparts * part_words;
+    const uint64_t planes = d->planes == 1 ? 1 : 2; /* as the check read it */
 
     pthread_mutex_lock(&s->mu);
     while (s->enq_seq - s->done_seq == h->queue_ops)
@@ -520,13 +521,14 @@ static int hw_host_enqueue(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_de
         op->words = w;
         op->words_cap = (size_t)n_words;
     }
-    /* Snapshot: pointers to copy layer j's K at [j] and V at [L + j], at
-     * their first token slot; the page ids and the parts after them. */
+    /* Snapshot: pointers to copy layer j's K at [j] and V at [L + j] (NULL
+     * with one plane: never read), at their first token slot; the page ids
+     * and the parts after them. */
     uint8_t **pool = (uint8_t **)(void *)op->words;
     for (uint64_t j = 0; j < L; j++) {
         const uint64_t l = (uint64_t)d->layer_begin + j;
         pool[j] = (uint8_t *)(uintptr_t)d->k_base[l];
-        pool[L + j] = (uint8_t *)(uintptr_t)d->v_base[l];
+        pool[L + j] = planes == 2 ? (uint8_t *)(uintptr_t)d->v_base[l] : NULL;
     }
     int64_t *pages = (int64_t *)(void *)(op->words + 2 * L);
     if (pages_used > 0)
@@ -554,6 +556,7 @@ static int hw_host_enqueue(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_de
         .layer_slots = (uint64_t)d->staging_layer_slots,
         .token_bytes = (uint64_t)d->local_heads * head_bytes,
         .max_vector_bytes = h->max_vector_bytes,
+        .planes = planes,
     };
     s->enq_seq++;
     pthread_cond_signal(&s->work_cv);

@@ -46,7 +46,11 @@ typedef struct kvs_grant kvs_grant_t;   /* backend-defined */
  *     [K slot 0 | ... | K slot S-1 | V slot 0 | ... | V slot S-1]
  * with S = staging_layer_slots, each slot tokens * num_heads * head_dim *
  * elem_bytes bytes, token-major [token][head][dim]. Local layer
- * layer_begin + j goes to slot staging_slot_begin + j.
+ * layer_begin + j goes to slot staging_slot_begin + j. With planes 1 (one
+ * buffer per layer: MLA's latent, kvs_kv_kind_t) the layer has no V: the
+ * block is [K slot 0 | ... | K slot S-1] and v_base is not read (may be
+ * NULL). A backend reads `planes` only from device ops version 4 on; the
+ * core never hands a planes-1 copy to an older backend (KVS_ENOTSUP).
  */
 typedef struct kvs_copy_desc {
     const uint64_t *k_base;      /* per local layer, device addresses */
@@ -65,6 +69,9 @@ typedef struct kvs_copy_desc {
     int64_t staging_slot_begin;
     int64_t staging_layer_slots; /* S */
     uint64_t staging_addr;       /* device address of the staging block */
+    int64_t planes;              /* buffers per layer: 2 (K and V) or 1 (K
+                                    only); 0 means 2 (descriptors made
+                                    before the field existed) */
 } kvs_copy_desc_t;
 
 /*
@@ -78,10 +85,13 @@ typedef struct kvs_copy_shape {
     uint64_t token_bytes;   /* local_heads * head_dim * elem_bytes: one pool slot */
     uint64_t head_off;      /* head_start * head_dim * elem_bytes */
     uint64_t slot_bytes;    /* tokens * row_bytes: one staging layer slot */
-    uint64_t block_bytes;   /* slot_bytes * staging_layer_slots * 2: the block */
+    uint64_t block_bytes;   /* slot_bytes * staging_layer_slots * planes: the block */
     uint64_t pool_lo;       /* bytes [pool_lo, pool_hi) of every layer buffer */
     uint64_t pool_hi;       /*   copied: the pages used, first copied head on */
-    uint64_t payload_bytes; /* slot_bytes * layer_count * 2: bytes copied */
+    uint64_t payload_bytes; /* slot_bytes * layer_count * planes: bytes copied */
+    uint64_t planes;        /* 1 or 2 (desc's planes, 0 taken as 2): plane kv
+                               of layer j is k_base (kv 0) or v_base (kv 1)
+                               and staging slot kv * S + slot_begin + j */
 } kvs_copy_shape_t;
 
 /* The backend's answer to "does [addr, addr + len_bytes) lie inside one live
@@ -186,8 +196,11 @@ typedef struct kvs_device_ops {
 
 /* Version 2 added gather_parts and scatter_parts, version 3 wait_arm;
  * tables of versions 1 (which end at mem_read) and 2 (at scatter_parts)
- * still bind and get the defaults. */
-#define KVS_DEVICE_OPS_VERSION 3u
+ * still bind and get the defaults. Version 4 adds no slot: it says the
+ * copies read kvs_copy_desc_t.planes (layers of one buffer, MLA); a table
+ * of an older version binds, and a manager of a one-plane kind refuses it
+ * (KVS_ENOTSUP). */
+#define KVS_DEVICE_OPS_VERSION 4u
 
 /* The base every device instance embeds first. */
 struct kvs_device {

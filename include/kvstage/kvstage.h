@@ -80,9 +80,11 @@ extern "C" {
     X(EHEAD_SPLIT, -16, "heads or TP sizes do not divide: total KV heads "    \
                         "must be a multiple or a divisor of each TP size, "    \
                         "and one TP size a multiple of the other")             \
-    X(EMLA, -17, "staging requested with an MLA model: MLA keeps the full "   \
-                 "latent KV on every rank, nothing to slice; turn staging "    \
-                 "off")                                                        \
+    X(EMLA, -17, "MLA geometry inconsistent: an MLA model keeps one "        \
+                 "latent per token and layer, the same on every TP rank; "     \
+                 "pass total_heads and heads_per_rank 0 or 1, head_dim the "   \
+                 "latent dim (kv_lora_rank + qk_rope_head_dim, 576 for "       \
+                 "DeepSeek-V3) and no V buffers")                              \
     X(ECONTEXT_PARALLEL, -18, "staging with prefill context parallelism: "    \
                               "it rewrites chunk indices; set prefill CP to " \
                               "1 or turn staging off")                         \
@@ -194,6 +196,30 @@ typedef enum kvs_dtype {
     KVS_DTYPE_FP32 = 3
 } kvs_dtype_t;
 
+/* What one layer of the KV cache holds: its kind. A kind says how many
+ * planes (buffers) a layer has and whether they split by head over TP; the
+ * layout planner, the copies and the fingerprint read it from one table
+ * (src/layout.c), so a new kind (FP8 scale planes, hybrid state buffers)
+ * is a new value and a row there. */
+typedef enum kvs_kv_kind {
+    /* Grouped-query attention (and MHA): a K and a V buffer per layer, each
+     * [token_slot][local_head][head_dim]; KV heads split over TP (spec §3). */
+    KVS_KV_GQA = 0,
+    /* Multi-head latent attention (DeepSeek-V3, Kimi K2): ONE buffer per
+     * layer holding one latent vector per token ([token_slot][1][head_dim],
+     * head_dim = kv_lora_rank + qk_rope_head_dim, 576), no V, and the same
+     * latent on every TP rank: a decode rank takes it from one prefill rank
+     * (docs/kinds/mla.md). Heads are 1. */
+    KVS_KV_MLA = 1
+} kvs_kv_kind_t;
+
+/* "gqa", "mla" -> kind; KVS_EINVAL otherwise. */
+KVS_API int kvs_kv_kind_parse(const char *name, kvs_kv_kind_t *out);
+/* "gqa", "mla"; "unknown" for another value. */
+KVS_API const char *kvs_kv_kind_name(kvs_kv_kind_t kind);
+/* Planes (buffers) per layer: 2 (K, V) for GQA, 1 for MLA; 0 when unknown. */
+KVS_API int64_t kvs_kv_kind_planes(kvs_kv_kind_t kind);
+
 /* Bytes per element; 0 for an unknown dtype. */
 KVS_API int64_t kvs_dtype_bytes(kvs_dtype_t dtype);
 /* "bf16", "fp16", "fp8", "fp32" -> dtype; KVS_EDTYPE otherwise. */
@@ -253,6 +279,9 @@ typedef struct kvs_layout_params {
     int64_t prefill_pp;     /* Pp, 0 -> 1; at most layers (need not divide them) */
     int64_t decode_pp;      /* Dp, 0 -> 1; must be 1 or Pp */
     int64_t chunk_tokens;   /* C, 0 -> 8192; floored to whole pages (G) */
+    /* What a layer holds (0: GQA). With KVS_KV_MLA, head_dim is the latent
+     * dim and total_heads / heads_per_rank must be 0 or 1 (KVS_EMLA). */
+    kvs_kv_kind_t kind;
 } kvs_layout_params_t;
 
 typedef enum kvs_path {
@@ -289,6 +318,14 @@ typedef struct kvs_layout {
     int64_t expected_arrivals;/* W * (Dp == 1 ? Pp : 1) */
     int64_t targets_per_prefill; /* decode ranks one prefill rank serves */
     kvs_path_t path;          /* STAGING when P != D, else DIRECT */
+    kvs_kv_kind_t kind;       /* what a layer holds */
+    int64_t planes;           /* buffers per layer: 2 (K, V), 1 (MLA) */
+    int64_t tp_sources;       /* prefill TP ranks that take part in a decode
+                                 rank's rooms: P > D ? P / D : 1. Writers
+                                 0..W-1 are sources 0..W-1; with GQA every
+                                 source writes (W = sources), with MLA only
+                                 source 0 (W = 1): the others report their
+                                 status and write nothing */
 } kvs_layout_t;
 
 /* Validates params and derives the plan. On error returns its code and, when
@@ -315,8 +352,8 @@ typedef struct kvs_writer {
     int64_t prefill_rank;   /* prefill TP rank that writes it */
     kvs_head_slice_t heads;
     int64_t offset_bytes;   /* from the start of the region */
-    int64_t len_bytes;      /* T * nh * hd * s * Lx * 2, Lx the layers of
-                               the region's decode stage */
+    int64_t len_bytes;      /* T * nh * hd * s * Lx * planes, Lx the layers
+                               of the region's decode stage */
 } kvs_writer_t;
 
 /* Writer i of the region of decode rank d at decode stage e (its layer
@@ -339,10 +376,22 @@ KVS_API int64_t kvs_layout_max_region_bytes(const kvs_layout_t *lay);
 KVS_API int kvs_layout_target(const kvs_layout_t *lay, int64_t prefill_rank,
                               int64_t i, int64_t *out_decode_rank);
 /* Writer index of prefill rank r inside decode rank d's region; KVS_ENOENT
- * when r does not write to d. */
+ * when r does not write to d (with MLA: when r is not the one source of d's
+ * latent, kvs_layout_source_index). */
 KVS_API int kvs_layout_writer_index(const kvs_layout_t *lay, int64_t prefill_rank,
                                     int64_t decode_rank, int64_t *out_index);
-/* Bytes of one layer block (one K or V layer) of one writer. */
+/* Index of prefill rank r among the tp_sources prefill ranks that take part
+ * in decode rank d's rooms (writers and, with MLA, the ranks that only
+ * report); KVS_ENOENT when r takes no part in them, KVS_ERANGE for a rank
+ * out of range. A source j < tp_writers is writer j. */
+KVS_API int kvs_layout_source_index(const kvs_layout_t *lay, int64_t prefill_rank,
+                                    int64_t decode_rank, int64_t *out_index);
+/* The inverse: the prefill rank of source j (0 <= j < tp_sources) of
+ * decode rank d. KVS_EINVAL for a NULL argument, KVS_ERANGE for d or j out
+ * of range. */
+KVS_API int kvs_layout_source_rank(const kvs_layout_t *lay, int64_t decode_rank,
+                                   int64_t source_index, int64_t *out_prefill_rank);
+/* Bytes of one layer block (one K, V or latent layer) of one writer. */
 KVS_API int64_t kvs_layout_layer_block_bytes(const kvs_layout_t *lay,
                                              int64_t tokens, int64_t num_heads);
 
@@ -359,6 +408,8 @@ typedef struct kvs_model {
     int64_t layers;
     kvs_dtype_t dtype;    /* KV cache dtype as usually served */
     const char *note;     /* one short line for a model list */
+    kvs_kv_kind_t kind;   /* what a layer holds; with KVS_KV_MLA total_heads
+                             is 1 and head_dim the latent dim */
 } kvs_model_t;
 
 /* The model called `name` (ASCII case-insensitive); NULL if unknown. */
@@ -466,7 +517,8 @@ typedef struct kvs_fabric kvs_fabric_t; /* see <kvstage/backend.h> */
 typedef struct kvs_manager_config {
     kvs_role_t role;
     bool staging;             /* staging on/off; must match on both sides */
-    bool is_mla;              /* MLA model: staging is refused */
+    bool is_mla;              /* deprecated: true is kv_kind = KVS_KV_MLA
+                                 (once refused staging: KVS_EMLA) */
     int64_t total_heads;      /* model's total KV heads, 0 if unknown */
     int64_t heads_per_rank;   /* KV heads on this rank, 0 if unknown */
     int64_t head_dim;
@@ -551,16 +603,23 @@ typedef struct kvs_manager_config {
      * only. */
     const char *secret_file;
     const char *secret_env;
+    /* What a layer of the KV pool holds (kvs_kv_kind_t; 0: GQA, K and V).
+     * KVS_KV_MLA: one latent buffer per layer (set_kv_buffers' v_base NULL,
+     * kvs_kv_layer_t.v_addr 0), head_dim the latent dim, heads 0 or 1 (else
+     * KVS_EMLA). Both sides must agree (the fingerprint). */
+    kvs_kv_kind_t kv_kind;
 } kvs_manager_config_t;
 
 #define KVS_AUX_BYTES_MAX (1u << 20)
 
 /* Per layer K and V base device addresses of this rank's KV pool, laid out
- * [token_slot][local_head][dim]. The arrays are copied by the manager. */
+ * [token_slot][local_head][dim]. The arrays are copied by the manager. A
+ * pool of one plane per layer (MLA) gives its latent buffers as k_base and
+ * v_base NULL. */
 typedef struct kvs_kv_buffers {
     int64_t num_layers;       /* entries in k_base / v_base */
     const uint64_t *k_base;
-    const uint64_t *v_base;
+    const uint64_t *v_base;   /* NULL for MLA */
     int64_t local_heads;
     int64_t page_size;
     int64_t num_pages;        /* pages in each layer buffer */
@@ -573,7 +632,8 @@ typedef struct kvs_kv_buffers {
  * = the dtype's size, head = head_dim elements, token = heads heads) and
  * refuses others, naming the layer and the stride. */
 typedef struct kvs_kv_layer {
-    uint64_t k_addr, v_addr;     /* device addresses of token slot 0 */
+    uint64_t k_addr, v_addr;     /* device addresses of token slot 0; MLA:
+                                    the latent buffer as k_addr, v_addr 0 */
     int64_t tokens;              /* token slots of each of the two buffers */
     int64_t token_stride_bytes;  /* from one token slot to the next */
     int64_t head_stride_bytes;   /* from one head to the next */
@@ -595,10 +655,12 @@ KVS_API int kvs_kv_layers_from_ptrs(const uint64_t *ptrs, const uint64_t *lens,
 
 /* Creates a KV manager. dev and fab are borrowed and must outlive it. On
  * error nothing is allocated; err (may be NULL) gets the detail. Config
- * guards (MLA, context parallelism, chunk size, the default chunk of 8192
+ * guards (context parallelism, chunk size, the default chunk of 8192
  * included, PP on a fabric without per-layer writes) are checked here when
  * staging is on; that `layers` is stage pp_rank's share of model_layers
- * (KVS_EPP_SPLIT) always. */
+ * (KVS_EPP_SPLIT) and an MLA kind's heads are 0 or 1 (KVS_EMLA) always; a
+ * one-plane kind's staging on a device of ops version < 4 is refused
+ * (KVS_ENOTSUP). */
 KVS_API int kvs_manager_create(const kvs_manager_config_t *cfg, kvs_device_t *dev,
                                kvs_fabric_t *fab, kvs_manager_t **out,
                                kvs_error_t *err);

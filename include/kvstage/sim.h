@@ -185,6 +185,12 @@ typedef struct kvs_sim_config {
      * `kvstage sim` draws its progress line with it. */
     void (*progress)(void *ctx, uint32_t done, uint32_t total, uint64_t sim_ns);
     void *progress_ctx;
+    /* What a layer of the KV cache holds (kvs_kv_kind_t, 0 = GQA: K and V;
+     * after progress_ctx: a shorter size_bytes leaves it GQA). KVS_KV_MLA:
+     * one latent of head_dim elements per token and layer, the same on
+     * every TP rank; total_heads and heads_per_rank 0 or 1. */
+    int32_t kv_kind;
+    uint32_t reserved4;          /* must be 0 */
 } kvs_sim_config_t;
 
 /* One instance's share of a run (kvs_sim_report_t.instance). */

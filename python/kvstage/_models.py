@@ -6,15 +6,37 @@ explicitly overrides it, as `kvstage plan --model` does."""
 from . import _convert, _errors, _library
 
 
+_KINDS = ("gqa", "mla")  # kvs_kv_kind_t by value
+
+
+def kind_name(value):
+    """kvs_kv_kind_t as "gqa" or "mla"."""
+    return _KINDS[value] if 0 <= value < len(_KINDS) else "unknown"
+
+
+def kind_value(kind):
+    """"gqa" / "mla" (or 0 / 1, or None for gqa) as kvs_kv_kind_t; KvstageError
+    (KVS_EINVAL) naming the argument otherwise."""
+    if kind is None:
+        return 0
+    if isinstance(kind, str) and kind in _KINDS:
+        return _KINDS.index(kind)
+    if isinstance(kind, int) and not isinstance(kind, bool) and 0 <= kind < len(_KINDS):
+        return kind
+    raise _errors.invalid("kind is %r: give 'gqa' (K and V per layer) or 'mla' (one "
+                          "latent per layer)" % (kind,))
+
+
 def _as_dict(m):
     return {"name": m.name.decode(), "total_heads": m.total_heads,
             "head_dim": m.head_dim, "layers": m.layers,
-            "dtype": _convert.dtype_name(m.dtype), "note": m.note.decode()}
+            "dtype": _convert.dtype_name(m.dtype), "note": m.note.decode(),
+            "kind": kind_name(m.kind)}
 
 
 def models():
     """Every built-in model as a dict: name, total_heads, head_dim, layers,
-    dtype, note."""
+    dtype, note, kind ("gqa", or "mla": one latent of head_dim per token)."""
     lib = _library.load()
     return [_as_dict(lib.kvs_model_at(i).contents) for i in range(lib.kvs_model_count())]
 
@@ -41,7 +63,7 @@ def shape(model, fields):
     if model is None:
         return None, out
     m = find(model)
-    for key in ("total_heads", "head_dim", "layers", "dtype"):
+    for key in ("total_heads", "head_dim", "layers", "dtype", "kind"):
         if out.get(key) is None:
             out[key] = m[key]
     return m["name"], out

@@ -14,7 +14,7 @@ _LAYOUT = ("total_heads", "head_dim", "elem_bytes", "layers", "page_size",
            "prefill_tp", "decode_tp", "prefill_pp", "decode_pp", "chunk_tokens",
            "grid_tokens", "chunk_pages", "src_heads", "dst_heads", "decode_layers",
            "prefill_layers", "tp_writers", "expected_arrivals",
-           "targets_per_prefill")
+           "targets_per_prefill", "planes", "tp_sources")
 
 
 _ROLE_PREFILL, _ROLE_DECODE = 0, 1  # kvs_role_t
@@ -39,17 +39,20 @@ def layout_params(fields):
         value = fields.get(key)
         _convert.set_int(params, key, 0 if value is None else value)
     params.dtype = _convert.dtype(fields.get("dtype") or "bf16")
+    params.kind = _models.kind_value(fields.get("kind"))
     return params
 
 
-def plan(model=None, *, prefill_tp, decode_tp, page_size, total_heads=None,
+def plan(model=None, *, prefill_tp, decode_tp, page_size, total_heads=None, kind=None,
          heads_per_rank=None, heads_per_rank_tp=None, head_dim=None, layers=None,
          dtype=None, prefill_pp=None, decode_pp=None, chunk_tokens=None,
          tokens=None):
     """Plans the staging transfer of one chunk (spec sections 3-5).
 
     model: a built-in model name (see models()); it fills total_heads,
-    head_dim, layers and dtype, and explicit arguments override it.
+    head_dim, layers, dtype and kind, and explicit arguments override it.
+    kind: "gqa" (K and V per layer, the default) or "mla" (one latent of
+    head_dim elements per token and layer, the same on every TP rank).
     Zero or None takes the planner's default (prefill_pp, decode_pp: 1;
     chunk_tokens: 8192; dtype: bf16). tokens: the chunk to lay out,
     1..grid_tokens (default: a full chunk of grid_tokens).
@@ -75,7 +78,7 @@ def plan(model=None, *, prefill_tp, decode_tp, page_size, total_heads=None,
         "heads_per_rank_tp": heads_per_rank_tp, "head_dim": head_dim,
         "layers": layers, "dtype": dtype, "page_size": page_size,
         "prefill_tp": prefill_tp, "decode_tp": decode_tp, "prefill_pp": prefill_pp,
-        "decode_pp": decode_pp, "chunk_tokens": chunk_tokens})
+        "decode_pp": decode_pp, "chunk_tokens": chunk_tokens, "kind": kind})
     params = layout_params(fields)
     lib = _library.load()
     lay = S.Layout()
@@ -97,6 +100,7 @@ def plan(model=None, *, prefill_tp, decode_tp, page_size, total_heads=None,
     for key in _LAYOUT:
         out[key] = getattr(lay, key)
     out["dtype"] = _convert.dtype_name(lay.dtype)
+    out["kv_kind"] = _models.kind_name(lay.kind)
     out["tokens"] = tokens
     staging = _convert.path_name(lay.path) == "staging"
     out["path"] = "staging" if staging else "direct"

@@ -144,6 +144,7 @@ def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
                                   % (data, ", ".join(sorted(_DATA_MODES))))
         cfg.data_mode = _DATA_MODES[data]
     cfg.dtype = _convert.dtype(fields.get("dtype") or "bf16")
+    cfg.kv_kind = _models.kind_value(fields.get("kind"))  # an MLA model's, or gqa
     cfg.path = _convert.path(path or "auto")
 
     if isinstance(faults, (str, bytes)):

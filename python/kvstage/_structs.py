@@ -38,7 +38,7 @@ class LayoutParams(c.Structure):
                 ("heads_per_rank_tp", i64), ("head_dim", i64), ("dtype", enum),
                 ("layers", i64), ("page_size", i64), ("prefill_tp", i64),
                 ("decode_tp", i64), ("prefill_pp", i64), ("decode_pp", i64),
-                ("chunk_tokens", i64)]
+                ("chunk_tokens", i64), ("kind", enum)]
 
 
 class Layout(c.Structure):
@@ -50,7 +50,8 @@ class Layout(c.Structure):
                 ("chunk_pages", i64), ("src_heads", i64), ("dst_heads", i64),
                 ("decode_layers", i64), ("prefill_layers", i64),
                 ("tp_writers", i64), ("expected_arrivals", i64),
-                ("targets_per_prefill", i64), ("path", enum)]
+                ("targets_per_prefill", i64), ("path", enum), ("kind", enum),
+                ("planes", i64), ("tp_sources", i64)]
 
 
 class HeadSlice(c.Structure):
@@ -67,7 +68,8 @@ class Writer(c.Structure):
 class Model(c.Structure):
     """kvs_model_t"""
     _fields_ = [("name", c.c_char_p), ("total_heads", i64), ("head_dim", i64),
-                ("layers", i64), ("dtype", enum), ("note", c.c_char_p)]
+                ("layers", i64), ("dtype", enum), ("note", c.c_char_p),
+                ("kind", enum)]
 
 
 class SimConfig(c.Structure):
@@ -98,7 +100,8 @@ class SimConfig(c.Structure):
                 ("decode_instance_tp", i64 * SIM_MAX_INSTANCES),
                 ("decode_instance_pp", i64 * SIM_MAX_INSTANCES),
                 ("router", i32), ("max_aux_bytes", u32), ("reserved3", u32),
-                ("progress", c.c_void_p), ("progress_ctx", c.c_void_p)]
+                ("progress", c.c_void_p), ("progress_ctx", c.c_void_p),
+                ("kv_kind", i32), ("reserved4", u32)]
 
 
 class SimInstance(c.Structure):
@@ -185,7 +188,8 @@ class ManagerConfig(c.Structure):
                 ("trace", c.c_void_p), ("trace_ctx", c.c_void_p), ("app_tag", u32),
                 ("model_layers", i64), ("instance_id", u64), ("dp_rank", i64),
                 ("max_instances", u32), ("max_peers", u32), ("max_aux_bytes", u32),
-                ("secret_file", c.c_char_p), ("secret_env", c.c_char_p)]
+                ("secret_file", c.c_char_p), ("secret_env", c.c_char_p),
+                ("kv_kind", enum)]
 
 
 class KvLayer(c.Structure):

@@ -32,6 +32,13 @@ CASES = [
           decode_tp=4, page_size=64, prefill_pp=3),
      ["--model", "llama-3.1-405b", "--layers", 42, "--dtype", "fp32",
       "--prefill-tp", 16, "--decode-tp", 4, "--page-size", 64, "--prefill-pp", 3]),
+    # MLA: one latent per token, one writer per decode rank (docs/kinds/mla.md).
+    (dict(model="deepseek-v3", prefill_tp=8, decode_tp=2, page_size=64),
+     ["--model", "deepseek-v3", "--prefill-tp", 8, "--decode-tp", 2, "--page-size", 64]),
+    (dict(kind="mla", head_dim=576, layers=12, prefill_tp=2, decode_tp=4, page_size=16,
+          prefill_pp=2),
+     ["--mla-latent-dim", 576, "--layers", 12, "--prefill-tp", 2, "--decode-tp", 4,
+      "--page-size", 16, "--prefill-pp", 2]),
     # Uneven pipeline splits (spec §4): 80 layers over 3 stages, 26 / 27 / 27.
     (dict(model="llama-3.1-70b", prefill_tp=8, decode_tp=2, page_size=16,
           prefill_pp=3),
@@ -58,7 +65,8 @@ def test_plan_equals_cli_json(cli, kwargs, flags):
                       "chunk_pages", "tokens", "path", "src_heads", "dst_heads",
                       "decode_layers", "prefill_layers", "tp_writers",
                       "expected_arrivals", "targets_per_prefill", "decode_ranks",
-                      "prefill_stages", "decode_stages"}
+                      "prefill_stages", "decode_stages", "kv_kind", "planes",
+                      "tp_sources"}
     for key in sorted(shared):
         assert got[key] == want[key], key
     if want["path"] == "staging":

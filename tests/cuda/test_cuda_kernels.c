@@ -175,18 +175,18 @@ static int emu_copy(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d
      * write each vector of the destination exactly once (else a GPU's
      * threads race, whatever bytes the CPU's order left). */
     const uint64_t want =
-        (uint64_t)d->tokens * (sh.row_bytes / vec) * (uint64_t)d->layer_count * 2;
-    if (res.grid.y != (uint32_t)d->layer_count || res.grid.z != 2 || res.grid.x < 1 ||
+        (uint64_t)d->tokens * (sh.row_bytes / vec) * (uint64_t)d->layer_count * sh.planes;
+    if (res.grid.y != (uint32_t)d->layer_count || res.grid.z != sh.planes || res.grid.x < 1 ||
         res.grid.x > HW_CUDA_MAX_GRID_X || res.moves != want || res.moves_distinct != want)
         return kvs_device_fail(dev, KVS_EBACKEND, 0,
                                "%s on %s: grid (%u, %u, %u) of %u-byte vectors made %llu "
                                "moves to %llu distinct vectors; %llu vectors, each written "
-                               "once, by a grid (1..%u, %lld, 2): fix copy_thread.cuh",
+                               "once, by a grid (1..%u, %lld, %llu): fix copy_thread.cuh",
                                what, dev->name, res.grid.x, res.grid.y, res.grid.z, vec,
                                (unsigned long long)res.moves,
                                (unsigned long long)res.moves_distinct,
                                (unsigned long long)want, HW_CUDA_MAX_GRID_X,
-                               (long long)d->layer_count);
+                               (long long)d->layer_count, (unsigned long long)sh.planes);
     e->widths_seen |= vec;
     e->launches++;
     return KVS_OK;
@@ -500,6 +500,25 @@ static void test_cuda_kernels_copy_args(void **state)
     assert_int_equal(hw_cuda_copy_vec_bytes(&d, &sh), 2);
     sh.row_bytes = 3;
     assert_int_equal(hw_cuda_copy_vec_bytes(&d, &sh), 1);
+
+    /* One plane (MLA): no V base is read, none is written to the words
+     * (0 in its place), and the grid has one z. */
+    d = (kvs_copy_desc_t){.k_base = k, .v_base = NULL, .layer_begin = 1, .layer_count = 2,
+                          .pages = pages, .page_size = 4, .tokens = 10,
+                          .staging_slot_begin = 1, .staging_layer_slots = 3,
+                          .staging_addr = 0x9000, .planes = 1};
+    sh = (kvs_copy_shape_t){.pages_used = 3, .row_bytes = 64, .token_bytes = 256,
+                            .head_off = 128, .slot_bytes = 640, .planes = 1};
+    memset(w, 0xAA, sizeof w);
+    hw_cuda_copy_words_fill(&d, &sh, w);
+    const uint64_t want1[8] = {0x2000, 0x3000, 0, 0, 7, 2, 5, 0xAAAAAAAAAAAAAAAAull};
+    assert_memory_equal(w, want1, sizeof want1);
+    const hw_cuda_copy_args_t a1 = hw_cuda_copy_args_of(&d, &sh, w, false);
+    assert_int_equal(a1.planes, 1);
+    assert_int_equal(hw_cuda_copy_vec_bytes(&d, &sh), 16);
+    hw_cuda_grid_t g;
+    assert_int_equal(emu_copy_grid(&a1, 16, &g), 0);
+    assert_int_equal(g.z, 1);
 }
 
 int main(void)
