@@ -411,7 +411,9 @@ int kvs_decode_add_instance(kvs_decode_t *d, const kvs_instance_desc_t *desc)
  * those lost whose wait before the next try is over (a restarted instance
  * is connected again by the next room that names it, or by the handler's
  * own retries, whichever comes first; until it acknowledges, rooms naming
- * it fail at once). Returns the first failure. */
+ * it fail at once). A writer parked by kvs_decode_instance_lost is
+ * connected here only, and the room that asked waits for its registration
+ * as on a first connect. Returns the first failure. */
 static int kvs__connect_inst(kvs_decode_t *d, kvs__inst_t *inst)
 {
     int first = KVS_OK;
@@ -423,7 +425,10 @@ static int kvs__connect_inst(kvs_decode_t *d, kvs__inst_t *inst)
         if (p->name == NULL)
             return KVS__MFAIL(d->h.m, KVS_ESTATE, "connect every prefill writer first "
                               "(kvs_decode_connect): %lld expected", (long long)inst->npeers);
+        const bool asked = p->parked;
         const int rc = kvs__connect_peer(d, p);
+        if (rc == KVS_OK && asked)
+            p->lost = false;
         if (first == KVS_OK)
             first = rc;
     }

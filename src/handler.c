@@ -362,6 +362,7 @@ static void kvs__peer_schedule_reconnect(kvs__handler_t *h, kvs__peer_t *peer)
 int kvs__peer_connect(kvs__handler_t *h, kvs__peer_t *peer)
 {
     kvs_conn_t *conn = NULL;
+    peer->parked = false; /* tried now: retried on the timer if it fails */
     int rc = h->fab->ops.connect(h->fab, peer->name, &conn);
     if (rc != KVS_OK) {
         kvs__peer_schedule_reconnect(h, peer);
@@ -436,10 +437,13 @@ int kvs__handler_instance_lost(kvs__handler_t *h, kvs_peer_t ref)
             kvs__peer_drop(h, peer); /* the peer hears of it too */
         }
         peer->ready = false;
-        if (peer->name != NULL)
-            kvs__peer_schedule_reconnect(h, peer);
-        else
-            peer->lost = true;
+        peer->lost = true;
+        /* The decode connects again when a room names the instance, never
+         * on its own timer: the instance is gone, and a connect to a
+         * process that is stopped rather than dead blocks until the
+         * fabric's connect_timeout_ms. */
+        peer->parked = peer->name != NULL;
+        peer->reconnect_ns = 0;
     }
     return KVS_OK;
 }
@@ -453,7 +457,8 @@ static void kvs__reconnect(kvs__handler_t *h)
         kvs__inst_t *inst = h->insts.v[i];
         for (int64_t k = 0; k < inst->npeers; k++) {
             kvs__peer_t *p = &inst->peers[k];
-            if (!p->lost || p->conn != NULL || p->name == NULL || now < p->reconnect_ns)
+            if (!p->lost || p->parked || p->conn != NULL || p->name == NULL ||
+                now < p->reconnect_ns)
                 continue;
             if (kvs__peer_connect(h, p) == KVS_OK) {
                 char name[96];
@@ -544,7 +549,8 @@ uint64_t kvs__handler_deadline(const kvs__handler_t *h)
         const kvs__inst_t *inst = h->insts.v[i];
         for (int64_t k = 0; k < inst->npeers; k++) {
             const kvs__peer_t *p = &inst->peers[k];
-            if (p->lost && p->conn == NULL && p->name != NULL && p->reconnect_ns < t)
+            if (p->lost && !p->parked && p->conn == NULL && p->name != NULL &&
+                p->reconnect_ns < t)
                 t = p->reconnect_ns;
         }
     }

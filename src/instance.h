@@ -65,6 +65,11 @@ typedef struct kvs__peer {
     bool ready;                  /* decode: its REGISTER_ACK accepted us;
                                     prefill: its REGISTER was accepted */
     bool lost;                   /* its connection died; until it is back */
+    bool parked;                 /* decode: lost because the application said its
+                                    instance is gone (kvs_decode_instance_lost):
+                                    no timed reconnects, the next room naming it
+                                    connects (a connect to a frozen process
+                                    would hold the rank for connect_timeout_ms) */
     int refused;                 /* decode: status of a refused registration */
     char *name;                  /* decode: its fabric address, NULL unknown */
     uint64_t reconnect_ns, reconnect_wait_ns;

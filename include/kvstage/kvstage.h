@@ -991,7 +991,10 @@ KVS_API int kvs_rank_abort(kvs_rank_t *r, uint64_t room);
  * died: every open room paired with it fails now with KVS_EPEER on this
  * rank and its peers are told, its connections are dropped, and, on a
  * decode, the next room naming it connects again (a restarted instance at
- * the same addresses is used without more calls). KVS_ENOENT for an
+ * the same addresses is used without more calls) and waits for its
+ * registration; nothing reconnects to it before (a connect to a process
+ * that is stopped, not dead, would hold the rank until the fabric's
+ * connect_timeout_ms). KVS_ENOENT for an
  * instance this rank does not know. kvs_decode_instance_lost and
  * kvs_prefill_instance_lost are the same on a handler. */
 KVS_API int kvs_rank_instance_lost(kvs_rank_t *r, kvs_peer_t peer);
