@@ -13,10 +13,14 @@ Fails, naming the doc and what to change, when
   - a status code of the X-macro list (include/kvstage/kvstage.h) has no
     heading "### `KVS_NAME` (value)" in docs/troubleshooting.md, or a
     heading there names a code that no longer exists or another value;
-  - a page of docs/ is not linked from the index, docs/README.md.
+  - a page of docs/ is not linked from the index, docs/README.md;
+  - a source file of src/, sim/, hw/, tools/ or python/kvstage/, or a
+    test file of tests/ or python/tests/, is not named in tests/README.md
+    (by its path, a glob of paths, or, for a test, its ctest name).
 
 usage: docs_check.py SOURCE_DIR
 """
+import fnmatch
 import glob
 import os
 import re
@@ -34,11 +38,36 @@ def exists(root, path):
     return os.path.exists(os.path.join(root, pattern))
 
 
+def unmapped(root):
+    """Files tests/README.md does not name: a newcomer looks there first."""
+    text = open(os.path.join(root, "tests/README.md"), encoding="utf-8").read()
+    ticked = set(re.findall(r"`([^`\s]+)`", text))
+    globs = [t for t in ticked if "*" in t and "<" not in t]
+    stems = {t for t in ticked if "/" not in t}
+    sources = [f for pat in ("src/*.c", "sim/*.c", "hw/*/*.c", "tools/*.c",
+                             "python/kvstage/**/*.py")
+               for f in glob.glob(pat, recursive=True)
+               if os.path.basename(f) != "__init__.py"]
+    tests = [f for pat in ("tests/*.c", "tests/*.py", "tests/*.sh", "tests/*/*.c",
+                           "tests/*/*.cu", "tests/*/*.py", "tests/*/*.sh", "python/tests/*.py")
+             for f in glob.glob(pat)]
+    problems = []
+    for f in sorted(set(sources) | set(tests)):
+        stem = os.path.splitext(os.path.basename(f))[0]
+        named = (f in ticked or any(fnmatch.fnmatch(f, g) for g in globs) or
+                 (f in tests and stem in stems) or
+                 (f.startswith("python/") and os.path.basename(f) in stems))
+        if not named:
+            problems.append(f"tests/README.md: does not name {f}: say where it is tested "
+                            "(or, for a test, what it tests)")
+    return problems
+
+
 def main():
     root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else ".")
     os.chdir(root)
     problems = []
-    docs = ["README.md"] + sorted(glob.glob("docs/**/*.md", recursive=True))
+    docs = ["README.md", "tests/README.md"] + sorted(glob.glob("docs/**/*.md", recursive=True))
 
     for doc in docs:
         text = open(doc, encoding="utf-8").read()
@@ -100,6 +129,8 @@ def main():
         base = os.path.basename(page)
         if base != "README.md" and f"({base}" not in index:
             problems.append(f"docs/README.md: the index does not link {base}")
+
+    problems += unmapped(root)
 
     for p in problems:
         print("docs_check: " + p)
