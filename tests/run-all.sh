@@ -85,20 +85,40 @@ phase "valgrind memcheck (unit tests, gcc RelWithDebInfo -O2 -Werror)"
 rm -rf build-valgrind
 cmake -S . -B build-valgrind -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVS_WERROR=ON >/dev/null
 cmake --build build-valgrind -j"$jobs"
-vg_passed=0 vg_failed=0
-for t in build-valgrind/test_*; do
+# Valgrind serialises a process's threads onto one core, so the tests run
+# $jobs at a time (xargs -P), each with its own log and result file.
+vg_one() {
+  local t=$1 name
   name=$(basename "$t")
-  # test_sim_protocol and test_sim_faults move real KV bytes end to end: minutes under
-  # valgrind; ASan+UBSan cover it above.
-  [ "$name" = test_sim_protocol ] || [ "$name" = test_sim_faults ] && continue
-  # test_verbs_fabric needs an RDMA device: it runs in the rxe phase's VM.
-  [ "$name" = test_verbs_fabric ] && continue
   # Every run has a time limit: a hang fails the run instead of stalling
   # it (valgrind's serialised threads once exposed a lost wake-up in
   # hw/host this way).
   if timeout 900 valgrind --error-exitcode=9 --leak-check=full \
        --errors-for-leak-kinds=definite,indirect \
        -q "$t" >/dev/null 2>"build-valgrind/$name.memcheck.log"; then
+    echo ok >"build-valgrind/$name.vg"
+  else
+    echo failed >"build-valgrind/$name.vg"
+  fi
+}
+export -f vg_one
+vg_tests=()
+for t in build-valgrind/test_*; do
+  [ -x "$t" ] && [ -f "$t" ] || continue
+  name=$(basename "$t")
+  # test_sim_protocol and test_sim_faults move real KV bytes end to end: minutes under
+  # valgrind; ASan+UBSan cover it above.
+  [ "$name" = test_sim_protocol ] || [ "$name" = test_sim_faults ] && continue
+  # test_verbs_fabric needs an RDMA device: it runs in the rxe phase's VM.
+  [ "$name" = test_verbs_fabric ] && continue
+  rm -f "build-valgrind/$name.vg"
+  vg_tests+=("$t")
+done
+printf '%s\n' "${vg_tests[@]}" | xargs -P "$jobs" -I{} bash -c 'vg_one "$1"' _ {}
+vg_passed=0 vg_failed=0
+for t in "${vg_tests[@]}"; do
+  name=$(basename "$t")
+  if [ "$(cat "build-valgrind/$name.vg" 2>/dev/null)" = ok ]; then
     vg_passed=$((vg_passed + 1))
   else
     vg_failed=$((vg_failed + 1))
