@@ -41,7 +41,11 @@ fi
 command -v qemu-system-x86_64 >/dev/null ||
   cannot "qemu-system-x86_64 not found: install qemu-system-x86 (tools/install-deps.sh)"
 cache=${KVS_RXE_CACHE:-$here/../../build-rxe}
-boot=$("$here/build-initramfs.sh" "$cache") || cannot "could not build the VM's kernel and initramfs (see above)"
+mkdir -p "$cache" || cannot "cannot create $cache (KVS_RXE_CACHE)"
+# One builder at a time (ctest -j runs several VMs): the others wait, then
+# find the cache made.
+boot=$(flock "$cache/.lock" "$here/build-initramfs.sh" "$cache") ||
+  cannot "could not build the VM's kernel and initramfs (see above)"
 
 mkdir -p "$results" || cannot "cannot create $results"
 results=$(cd "$results" && pwd)
