@@ -362,6 +362,44 @@ int kvs_decode_connect(kvs_decode_t *d, const char *peer, int64_t prefill_tp_ran
     return kvs__connect_peer(d, p);
 }
 
+/* An instance declared again: the same geometry at new addresses (it came
+ * back elsewhere: a restarted pod, another port), taken only while none of
+ * its ranks is connected; its next room connects to them. */
+static int kvs__redeclare(kvs_decode_t *d, const kvs_instance_desc_t *desc, int64_t pp,
+                          int64_t dp)
+{
+    kvs_manager_t *m = d->h.m;
+    const unsigned long long id = (unsigned long long)desc->id;
+    int64_t have = 0;
+    while (kvs__inst_find(&d->h, (kvs_peer_t){desc->id, have}) != NULL)
+        have++;
+    const kvs__inst_t *g0 = kvs__inst_find(&d->h, (kvs_peer_t){desc->id, 0});
+    if (have != dp || g0->tp_size != desc->tp_size || g0->pp_size != pp)
+        return KVS__MFAIL(m, KVS_EALREADY, "prefill instance %llu is declared already as "
+                          "TP %lld x PP %lld x %lld group(s), not TP %lld x PP %lld x %lld: an "
+                          "instance of another shape needs an id of its own", id,
+                          (long long)g0->tp_size, (long long)g0->pp_size, (long long)have,
+                          (long long)desc->tp_size, (long long)pp, (long long)dp);
+    for (int64_t g = 0; g < dp; g++) {
+        const kvs__inst_t *inst = kvs__inst_find(&d->h, (kvs_peer_t){desc->id, g});
+        for (int64_t i = 0; i < inst->npeers; i++)
+            if (inst->peers[i].conn != NULL)
+                return KVS__MFAIL(m, KVS_EALREADY, "prefill instance %llu is declared already "
+                                  "and connected: its new addresses are taken once it is "
+                                  "gone (kvs_decode_instance_lost first)", id);
+    }
+    for (int64_t g = 0; g < dp; g++) {
+        kvs__inst_t *inst = kvs__inst_find(&d->h, (kvs_peer_t){desc->id, g});
+        const int rc = kvs__inst_readdress(inst, m, desc->addrs + g * pp * desc->tp_size);
+        if (rc != KVS_OK)
+            return rc; /* groups before g have their new addresses: call again */
+    }
+    kvs_log_write(&m->log, KVS_LOG_INFO, "decode %lld: prefill instance %llu declared again: "
+                  "its next room connects to %s...", (long long)m->cfg.tp_rank, id,
+                  desc->addrs[0]);
+    return KVS_OK;
+}
+
 int kvs_decode_add_instance(kvs_decode_t *d, const kvs_instance_desc_t *desc)
 {
     if (d == NULL)
@@ -373,19 +411,18 @@ int kvs_decode_add_instance(kvs_decode_t *d, const kvs_instance_desc_t *desc)
                           "dp_size >= 0 (0 means 1) and the addresses of its ranks");
     const int64_t pp = desc->pp_size > 0 ? desc->pp_size : 1;
     const int64_t dp = desc->dp_size > 0 ? desc->dp_size : 1;
-    if (kvs__inst_find(&d->h, (kvs_peer_t){desc->id, 0}) != NULL)
-        return KVS__MFAIL(m, KVS_EALREADY, "prefill instance %llu is declared already",
-                          (unsigned long long)desc->id);
-    if (dp > (int64_t)(d->h.insts.cap - d->h.insts.count))
-        return KVS__MFAIL(m, KVS_EFULL, "prefill instance %llu has %lld attention groups "
-                          "and %u more fit: raise max_instances",
-                          (unsigned long long)desc->id, (long long)dp,
-                          d->h.insts.cap - d->h.insts.count);
     for (int64_t a = 0; a < dp * pp * desc->tp_size; a++)
         if (desc->addrs[a] == NULL)
             return KVS__MFAIL(m, KVS_EINVAL, "prefill instance %llu: address %lld is NULL: "
                               "give every rank's address", (unsigned long long)desc->id,
                               (long long)a);
+    if (kvs__inst_find(&d->h, (kvs_peer_t){desc->id, 0}) != NULL)
+        return kvs__redeclare(d, desc, pp, dp);
+    if (dp > (int64_t)(d->h.insts.cap - d->h.insts.count))
+        return KVS__MFAIL(m, KVS_EFULL, "prefill instance %llu has %lld attention groups "
+                          "and %u more fit: raise max_instances",
+                          (unsigned long long)desc->id, (long long)dp,
+                          d->h.insts.cap - d->h.insts.count);
     for (int64_t g = 0; g < dp; g++) {
         kvs__inst_t *inst = kvs__insts_add(&d->h.insts, m, (kvs_peer_t){desc->id, g});
         int rc = inst != NULL ? kvs__inst_set_geometry(inst, m, desc->tp_size, pp, true)

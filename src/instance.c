@@ -289,6 +289,43 @@ int kvs__inst_set_addrs(kvs__inst_t *inst, kvs_manager_t *m, const char *const *
     return KVS_OK;
 }
 
+int kvs__inst_readdress(kvs__inst_t *inst, kvs_manager_t *m, const char *const *addrs)
+{
+    const int64_t n = inst->pp_size * inst->tp_size;
+    char **copy = calloc((size_t)n, sizeof *copy);
+    char **names = calloc((size_t)inst->npeers + 1, sizeof *names);
+    bool ok = copy != NULL && names != NULL;
+    for (int64_t a = 0; ok && a < n; a++)
+        ok = (copy[a] = kvs__strdup(addrs[a])) != NULL;
+    for (int64_t i = 0; ok && i < inst->npeers; i++)
+        ok = (names[i] = kvs__strdup(addrs[inst->peers[i].pp_rank * inst->tp_size +
+                                           inst->peers[i].tp_rank])) != NULL;
+    if (!ok) { /* nothing changed */
+        for (int64_t a = 0; copy != NULL && a < n; a++)
+            free(copy[a]);
+        for (int64_t i = 0; names != NULL && i < inst->npeers; i++)
+            free(names[i]);
+        free(copy);
+        free(names);
+        return KVS__MFAIL(m, KVS_ENOMEM, "copying the new addresses of instance %llu failed",
+                          (unsigned long long)inst->ref.instance);
+    }
+    for (int64_t a = 0; inst->addrs != NULL && a < n; a++)
+        free(inst->addrs[a]);
+    free(inst->addrs);
+    inst->addrs = copy;
+    for (int64_t i = 0; i < inst->npeers; i++) {
+        kvs__peer_t *p = &inst->peers[i];
+        free(p->name);
+        p->name = names[i];
+        p->lost = p->parked = p->ready = false;
+        p->refused = KVS_OK;
+        p->reconnect_ns = p->reconnect_wait_ns = 0;
+    }
+    free(names);
+    return KVS_OK;
+}
+
 int64_t kvs__inst_writer_peer(const kvs__inst_t *inst, int64_t decode_tp, int64_t prefill_tp,
                               int64_t prefill_stage)
 {

@@ -129,6 +129,10 @@ int kvs__inst_set_geometry(kvs__inst_t *inst, kvs_manager_t *m, int64_t tp_size,
 /* Copies the addresses of the group's ranks (pp_size * tp_size strings,
  * stage-major) and names the peers from them. */
 int kvs__inst_set_addrs(kvs__inst_t *inst, kvs_manager_t *m, const char *const *addrs);
+/* Decode: replaces the addresses of a declared group whose peers are all
+ * unconnected (the instance came back elsewhere): all or nothing; each
+ * peer is as if never connected (tried by the next room naming it). */
+int kvs__inst_readdress(kvs__inst_t *inst, kvs_manager_t *m, const char *const *addrs);
 
 /* Decode: the peer index of the prefill rank (tp, stage) in inst, or -1
  * when it takes no part in this rank's rooms. */

@@ -414,6 +414,92 @@ static void test_rank_instance_lost(void **state)
     }
 }
 
+/* A prefill instance declared again (discovery saw it come back, maybe at
+ * other addresses): refused, naming what to do, while it is connected or
+ * when its shape differs; once it is gone its new addresses replace the
+ * old ones whole. Declared where nothing listens, its next room fails
+ * KVS_EPEER at once; declared again at the right addresses, the next room
+ * connects to them and moves every byte. */
+static void decode_open_alone(edge_node_t *d, uint64_t room, int inst, int *rc_out)
+{
+    int64_t pages[16];
+    const int64_t np = (40 + d->page_size - 1) / d->page_size;
+    assert_true(np <= 16);
+    for (int64_t i = 0; i < np; i++)
+        pages[i] = edge_page(room, i, true);
+    *rc_out = kvs_decode_room_open_peer(d->dec, room, (kvs_peer_t){(uint64_t)inst, 0}, 0, 40,
+                                        pages, np);
+    edge_wake(d);
+}
+
+static void expect_error_says(edge_node_t *n, const char *says)
+{
+    const char *msg = kvs_manager_last_error(n->m)->msg;
+    if (strstr(msg, says) == NULL)
+        fail_msg("\"%s\" does not say \"%s\"", msg, says);
+}
+
+static void test_rank_instance_redeclared(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_two_instances();
+    edge_cluster_t *cl = edge_create(&o);
+    edge_node_t *d = edge_decode(cl, 0);
+    assert_int_equal(cl->ndecode, 1);
+    const int64_t tp = o.inst_tp[1];
+    const char *right[8], *wrong[8];
+    char nowhere[8][32];
+    for (int64_t t = 0; t < tp; t++) {
+        right[t] = edge_group_node(cl, 1, 0, t)->name;
+        snprintf(nowhere[t], sizeof nowhere[t], "nowhere%lld", (long long)t);
+        wrong[t] = nowhere[t];
+    }
+    edge_open_inst(cl, 1, 1, 0, 40);
+    edge_computed_inst(cl, 1, 1, 40);
+    edge_run(cl);
+    edge_expect_inst_ok(cl, 1, 1, 0, 40);
+
+    kvs_instance_desc_t desc = {.id = 1, .tp_size = tp, .addrs = right};
+    assert_int_equal(kvs_decode_add_instance(d->dec, &desc), KVS_EALREADY);
+    expect_error_says(d, "kvs_decode_instance_lost first");
+    desc.tp_size = tp / 2;
+    assert_int_equal(kvs_decode_add_instance(d->dec, &desc), KVS_EALREADY);
+    expect_error_says(d, "an id of its own");
+
+    assert_int_equal(kvs_decode_instance_lost(d->dec, (kvs_peer_t){1, 0}), KVS_OK);
+    edge_run(cl);
+    desc = (kvs_instance_desc_t){.id = 1, .tp_size = tp, .addrs = wrong};
+    assert_int_equal(kvs_decode_add_instance(d->dec, &desc), KVS_OK);
+    int rc = KVS_OK;
+    decode_open_alone(d, 2, 1, &rc);
+    assert_int_equal(rc, KVS_EPEER); /* nothing listens there */
+    edge_run(cl);
+    edge_expect(d, 2, KVS_EPEER);
+
+    desc.addrs = right;
+    assert_int_equal(kvs_decode_add_instance(d->dec, &desc), KVS_OK);
+    decode_open_alone(d, 3, 1, &rc);
+    assert_int_equal(rc, KVS_OK);
+    assert_int_equal(state_of(d->rank, 3), KVS_ROOM_BOOTSTRAPPING);
+    edge_run(cl); /* registered before the prefill ranks hear of the room */
+    for (int64_t t = 0; t < tp; t++) {
+        edge_node_t *p = edge_group_node(cl, 1, 0, t);
+        int64_t pages[16];
+        const int64_t np = (40 + p->page_size - 1) / p->page_size;
+        assert_true(np <= 16);
+        for (int64_t k = 0; k < np; k++)
+            pages[k] = edge_page(3, k, false);
+        edge_fill(p, 3, 40);
+        assert_int_equal(kvs_prefill_room_open(p->pre, 3, 40, pages, np), KVS_OK);
+        edge_wake(p);
+    }
+    edge_computed_inst(cl, 1, 3, 40);
+    edge_run(cl);
+    edge_expect_inst_ok(cl, 1, 3, 0, 40);
+    edge_expect_ring_empty(cl);
+    edge_destroy(cl);
+}
+
 /* ---- the step, and the caller's lock ------------------------------------------- */
 
 typedef struct lock_probe {
@@ -516,6 +602,7 @@ int main(void)
         cmocka_unit_test(test_rank_room_states),
         cmocka_unit_test(test_rank_abort),
         cmocka_unit_test(test_rank_instance_lost),
+        cmocka_unit_test(test_rank_instance_redeclared),
         cmocka_unit_test(test_rank_lock_and_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -821,7 +821,12 @@ typedef struct kvs_instance_desc {
  * writers and region sizes are computed here, once) and its ranks'
  * addresses. Connections are made on first use (a room naming the
  * instance) or ahead of time (kvs_decode_connect_peer), and kept.
- * KVS_EALREADY for an id declared before, KVS_EHEAD_SPLIT / KVS_EPP_SPLIT
+ * An id declared before may be declared again with the same shape while
+ * none of its ranks is connected (it is gone: kvs_decode_instance_lost, or
+ * its connections died): its new addresses replace the old ones and its
+ * next room connects to them (an instance back at another address, or an
+ * address given wrong). KVS_EALREADY for an id declared before while it is
+ * connected or with another shape, KVS_EHEAD_SPLIT / KVS_EPP_SPLIT
  * when the instance cannot pair with this rank, KVS_EFULL past
  * max_instances. */
 KVS_API int kvs_decode_add_instance(kvs_decode_t *d, const kvs_instance_desc_t *desc);

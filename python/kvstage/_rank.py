@@ -181,6 +181,7 @@ class Rank:
         self._discovery = self._published = None
         self._declared = {}     # decode: (instance, dp_rank) -> addresses, by discovery
         self._gone = set()      # ... of those, the ones whose records vanished
+        self._seen_mu = threading.Lock()  # both: the follower's thread and open_room
         if role not in _ROLES:
             raise _errors.invalid("role: %r: give \"prefill\" or \"decode\"" % (role,))
         lib = _library.load()
@@ -366,8 +367,13 @@ class Rank:
 
     def _discover(self, ref):
         """Decode: declares the prefill group ref from the discovery's records
-        the first time a room names it."""
+        the first time a room names it. A group gone from them is looked up
+        again: back (maybe elsewhere), its room uses it."""
         if ref in self._declared:
+            if ref in self._gone:
+                found = self._discovery.instances("prefill").get(ref)
+                if found is not None:
+                    self._discovery_seen({ref: found}, only=ref)
             return
         found = self._discovery.wait_instance("prefill", ref, self._discovery_wait_s)
         if found is None:
@@ -391,16 +397,25 @@ class Rank:
                           pp_size=found["pp_size"])
         self._declared[ref] = found["addresses"]
 
-    def _discovery_seen(self, present):
-        """The discovery's follower thread: the complete prefill groups now.
-        A declared group that vanished is lost: its rooms fail at once."""
-        for ref in list(self._declared):
-            if ref not in present and ref not in self._gone:
-                self._gone.add(ref)
-                if self._rank:
-                    self.instance_lost(ref[0], ref[1])
-            elif ref in present and ref in self._gone:
-                self._gone.discard(ref)  # back: its next room reconnects
+    def _discovery_seen(self, present, only=None):
+        """The discovery's follower thread (and _discover): the complete
+        prefill groups now ({ref: record}). A declared group that vanished
+        is lost: its rooms fail at once. Back at other addresses (a
+        restarted pod), it is declared again there; either way its next
+        room connects."""
+        with self._seen_mu:
+            for ref in [only] if only is not None else list(self._declared):
+                if ref not in present and ref not in self._gone:
+                    self._gone.add(ref)
+                    if self._rank:
+                        self.instance_lost(ref[0], ref[1])
+                elif ref in present and ref in self._gone:
+                    found = present[ref]
+                    if found["addresses"] != self._declared[ref] and self._rank:
+                        self.add_instance(ref[0], found["addresses"],
+                                          tp_size=found["tp_size"], pp_size=found["pp_size"])
+                        self._declared[ref] = found["addresses"]
+                    self._gone.discard(ref)
 
     def _teardown(self):
         if self._discovery is not None:

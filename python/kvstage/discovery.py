@@ -248,7 +248,7 @@ class Discovery:
     def _follow_loop(self):
         while not self._stop.wait(self.poll_s):
             try:
-                present = set(self.instances("prefill"))
+                present = self.instances("prefill")
             except Exception as e:
                 self._error("follow: %s" % e)
                 continue

@@ -3,16 +3,20 @@ through etcd (kvstage.Discovery), for test_discovery.py. Every rank runs
 over libfabric tcp on 127.0.0.1 with torch CPU tensors; no address is given
 on any command line: only the etcd URL.
 
-    discovery_cluster.py prefill DIR ETCD --instance K --tp N [--hold R]
+    discovery_cluster.py prefill DIR ETCD --instance K --tp N [--hold R] [--after]
         publishes TP N ranks of prefill instance K, serves its rooms (ROOMS),
         writing each room's pattern; with --hold R it opens room R and never
         computes it, then writes DIR/held-K and waits (the test stops it).
+        With --after it is the instance restarted (at new addresses: the
+        fabric's ports are the system's) and serves AFTER instead.
     discovery_cluster.py decode DIR ETCD
         opens every room of ROOMS, each paired with its instance, which it
         finds in etcd when the room first names it (instance 1 is started
-        after the decode); checks every byte of every room that ends ok,
-        writes DIR/decode.json: each room's status, seconds and the time a
-        held room failed.
+        after the decode); once they all ended writes DIR/held-failed,
+        waits for instance 1 back at other addresses and opens AFTER's
+        rooms; checks every byte of every room that ends ok, writes
+        DIR/decode.json: each room's status, seconds and the time a held
+        room failed.
 
 The pattern is rank_pair.py's: a function of (room, token, layer, K/V,
 global head, dim) that the decode recomputes.
@@ -34,6 +38,7 @@ STALL_S = 60  # far above what a lost instance may take to fail its rooms
 # room: (instance, total tokens)
 ROOMS = {11: (0, 40), 12: (0, 96), 13: (0, 130), 21: (1, 64), 22: (1, 33), 24: (1, 80)}
 HELD = 24
+AFTER = {31: (1, 50), 32: (1, 70)}  # served by instance 1 restarted elsewhere
 
 
 def pages_of(room, total):
@@ -63,7 +68,7 @@ def write_json(path, obj):
     os.rename(path + ".tmp", path)
 
 
-def prefill(folder, etcd, instance, tp_size, hold):
+def prefill(folder, etcd, instance, tp_size, hold, after):
     disc = discovery(etcd)
     local = HEADS // tp_size
     ranks, pools = [], []
@@ -76,9 +81,10 @@ def prefill(folder, etcd, instance, tp_size, hold):
                                   tp_size=tp_size, instance_id=instance, **common(disc)))
     for r in ranks:
         r.start()
-    mine = sorted(room for room, (inst, _) in ROOMS.items() if inst == instance)
+    rooms = AFTER if after else ROOMS
+    mine = sorted(room for room, (inst, _) in rooms.items() if inst == instance)
     for room in mine:
-        total = ROOMS[room][1]
+        total = rooms[room][1]
         pages = pages_of(room, total)
         for tp, (r, (ks, vs)) in enumerate(zip(ranks, pools)):
             heads = list(range(tp * local, (tp + 1) * local))
@@ -118,26 +124,44 @@ def decode(folder, etcd):
     rank = kvstage.Rank("decode", k_buffers=ks, v_buffers=vs, tp_size=1, ring_bytes=4 << 20,
                         **common(disc))
     rank.start()
-    opened = {}
-    for room in sorted(ROOMS):
-        instance, total = ROOMS[room]
-        rank.open_room(room, pages_of(room, total), peer=instance, total_tokens=total)
-        opened[room] = time.time()
-    results = {}
-    end = time.time() + 60
-    while len(results) < len(ROOMS):
+    opened, results = {}, {}
+
+    def open_all(rooms):
+        for room in sorted(rooms):
+            instance, total = rooms[room]
+            rank.open_room(room, pages_of(room, total), peer=instance, total_tokens=total)
+            opened[room] = time.time()
+
+    def wait_all(rooms):
+        end = time.time() + 60
+        while any(room not in results for room in rooms):
+            if time.time() > end:
+                sys.exit("discovery_cluster decode: rooms without a result: %s"
+                         % sorted(set(rooms) - set(results)))
+            time.sleep(0.02)
+            for res in rank.poll():
+                results[res.room] = (res, time.time())
+
+    open_all(ROOMS)  # instance 1 is there: its first room waited for it
+    old = disc.instances().get((1, 0), {}).get("addresses")
+    wait_all(ROOMS)
+    open(os.path.join(folder, "held-failed"), "w").close()
+    end = time.time() + 30  # the test restarts instance 1 now
+    while True:
+        back = disc.instances().get((1, 0))
+        if back is not None and back["addresses"] != old:
+            break
         if time.time() > end:
-            sys.exit("discovery_cluster decode: rooms without a result: %s"
-                     % sorted(set(ROOMS) - set(results)))
-        time.sleep(0.02)
-        for res in rank.poll():
-            results[res.room] = (res, time.time())
-    out = {"rooms": {}, "errors": disc.errors}
+            sys.exit("discovery_cluster decode: instance 1 did not come back at new addresses")
+        time.sleep(0.05)
+    open_all(AFTER)
+    wait_all(AFTER)
+    out = {"rooms": {}, "errors": disc.errors, "moved": [old, back["addresses"]]}
     for room, (res, at) in sorted(results.items()):
         entry = {"status": res.status_name, "instance": res.peer[0],
                  "seconds": at - opened[room], "at": at}
         if res.ok:
-            total = ROOMS[room][1]
+            total = {**ROOMS, **AFTER}[room][1]
             idx = slots(pages_of(room, total), total)
             for layer in range(LAYERS):
                 for kv, buf in ((0, ks[layer]), (1, vs[layer])):
@@ -160,9 +184,10 @@ def main(argv):
     ap.add_argument("--instance", type=int, default=0)
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--hold", type=int, default=None)
+    ap.add_argument("--after", action="store_true")
     a = ap.parse_args(argv)
     if a.role == "prefill":
-        prefill(a.folder, a.etcd, a.instance, a.tp, a.hold)
+        prefill(a.folder, a.etcd, a.instance, a.tp, a.hold, a.after)
     else:
         decode(a.folder, a.etcd)
 

@@ -4,7 +4,9 @@ find each other through it (discovery_cluster.py): a prefill instance that
 joins after the decode started is used without a restart, and one that
 hangs (SIGSTOP: its sockets stay up, its lease is no longer renewed) fails
 exactly its open room with KVS_EPEER within the lease time, long before the
-stall timeout, while every other room moves every byte.
+stall timeout, while every other room moves every byte; restarted at other
+addresses (as a pod is), the same instance serves the decode's next rooms
+without a restart of the decode.
 """
 import json
 import os
@@ -95,7 +97,7 @@ def test_discovery_refuses_bad_arguments(etcd):
 
 
 def test_discovery_cluster_join_and_lapse(etcd, tmp_path):
-    from discovery_cluster import HELD, ROOMS, STALL_S, TTL_S, POLL_S
+    from discovery_cluster import AFTER, HELD, ROOMS, STALL_S, TTL_S, POLL_S
     script = os.path.join(HERE, "discovery_cluster.py")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [HERE] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
@@ -120,8 +122,17 @@ def test_discovery_cluster_join_and_lapse(etcd, tmp_path):
             time.sleep(0.05)
         late.send_signal(signal.SIGSTOP)  # hung: sockets up, lease not renewed
         stopped = time.time()
+        failed = tmp_path / "held-failed"
+        while not failed.exists():
+            assert time.time() < stopped + 60 and dec.poll() is None, \
+                "the decode never ended the held room"
+            time.sleep(0.05)
+        # Instance 1 restarted: a new process, new ports, the same id.
+        again = start("prefill", "--instance", "1", "--tp", "1", "--after")
+        procs.append(again)
         assert dec.wait(timeout=60) == 0
         assert procs[0].wait(timeout=60) == 0
+        assert again.wait(timeout=60) == 0
     finally:
         for p in procs:
             if p.poll() is None:
@@ -129,8 +140,10 @@ def test_discovery_cluster_join_and_lapse(etcd, tmp_path):
                 p.wait()
     out = json.load(open(tmp_path / "decode.json"))
     rooms = out["rooms"]
-    assert sorted(int(r) for r in rooms) == sorted(ROOMS)
-    for room, (instance, _) in ROOMS.items():
+    assert sorted(int(r) for r in rooms) == sorted({**ROOMS, **AFTER})
+    old, new = out["moved"]
+    assert old and new and old != new, out["moved"]
+    for room, (instance, _) in {**ROOMS, **AFTER}.items():
         got = rooms[str(room)]
         assert got["instance"] == instance
         if room == HELD:
