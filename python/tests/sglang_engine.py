@@ -252,7 +252,7 @@ def decode(folder):
     want_k = [torch.zeros_like(k) for k in kbuf]
     want_v = [torch.zeros_like(v) for v in vbuf]
     want_meta = metadata_buffers()
-    out = {"rooms": {}}
+    out = {"rooms": {}, "plan": {str(room): p for room, p in PLAN.items()}}
     recv = {}
     for i, (room, (name, n, what)) in enumerate(sorted(PLAN.items())):
         r = ks.KVReceiver(mgr, addr[name], room)
