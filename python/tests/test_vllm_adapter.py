@@ -1,0 +1,172 @@
+"""test_vllm_adapter.py - kvstage.vllm.KVStageConnector, driven as vLLM's
+scheduler, model runner and executor drive a KV connector
+(vllm_engine.py), in real processes over libfabric tcp on 127.0.0.1 with
+torch CPU KV caches:
+
+- two prefill instances of different TP, A (TP 2) and B (TP 1), into one
+  decode (TP 1): heterogeneous TP, a request with a locally cached prefix,
+  partial last blocks; every byte of the decode's caches checked
+  (untouched slots stay zero);
+- a decode request aborted mid-load keeps its blocks (delay_free) until
+  its room ended, and is then reported for freeing; the prefill reports
+  it sent (its blocks freed) too;
+- B killed (SIGKILL) while the decode waits on one of its requests: that
+  request is reported received with its blocks in the load errors, within
+  a bound, never hangs; a request A serves after the kill arrives whole;
+- the connector's refusals (roles, options, ports), naming what to change.
+
+ctest python_vllm (TIMEOUT in CMakeLists.txt)."""
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import types
+
+import pytest
+
+import kvstage
+from kvstage import _library
+from kvstage.vllm import KVConnectorRole, KVStageConnector
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+KILL_BOUND_S = 8
+
+
+def need_ofi():
+    if not hasattr(_library.load_backend("hw"), "kvs_ofi_fabric_create"):
+        pytest.skip("this kvstage was built without libfabric (install libfabric-dev, "
+                    "rebuild): no ofi fabric to test the vLLM connector on")
+
+
+def free_ports(n):
+    """A base port with the n ports from it free on 127.0.0.1 now."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n > 65535:
+            continue
+        try:
+            held = []
+            for p in range(base, base + n):
+                t = socket.socket()
+                held.append(t)
+                t.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for t in held:
+                t.close()
+    raise AssertionError("no %d consecutive free ports on 127.0.0.1" % n)
+
+
+def test_vllm_two_prefills_abort_and_kill(tmp_path):
+    need_ofi()
+    if importlib.util.find_spec("torch") is None:  # the engines' need; not imported here
+        pytest.skip("torch is not installed (install python3-torch): the harness's KV "
+                    "caches are torch tensors")
+    env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    script = os.path.join(HERE, "vllm_engine.py")
+
+    def start(*args):
+        return subprocess.Popen([sys.executable, script] + [str(a) for a in args], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    procs = {"A": start("prefill", tmp_path, "A", free_ports(2)),
+             "B": start("prefill", tmp_path, "B", free_ports(1)),
+             "decode": start("decode", tmp_path)}
+    try:
+        end = time.time() + 60
+        while not (tmp_path / "kill_now").exists():
+            for name, p in procs.items():
+                if p.poll() is not None:
+                    raise AssertionError("%s exited %d before the kill:\n%s" % (
+                        name, p.returncode, p.communicate()[0].decode(errors="replace")))
+            assert time.time() < end, "the decode never asked for the kill"
+            time.sleep(0.02)
+        procs["B"].send_signal(signal.SIGKILL)
+        procs["B"].wait()
+        (tmp_path / "killed.tmp").write_text(repr(time.time()))
+        os.rename(tmp_path / "killed.tmp", tmp_path / "killed")
+        outs = {}
+        for name in ("A", "decode"):
+            outs[name] = procs[name].communicate(timeout=60)[0].decode(errors="replace")
+            assert procs[name].returncode == 0, "%s exited %d:\n%s" % (
+                name, procs[name].returncode, outs[name])
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    dec = json.loads((tmp_path / "decode.json").read_text())
+    pre_a = json.loads((tmp_path / "A.json").read_text())
+    print("decode", dec, "A", pre_a)
+    for name, text in outs.items():
+        print("---- %s\n%s" % (name, text))  # their time stamps, under pytest -s
+    assert dec["received"] == ["a1", "a2", "a4", "b1", "b2"], dec
+    assert dec["freed"] == ["a3"] and dec["abort_delay_free"] is True, dec
+    # Exactly the killed prefill's request failed: its blocks, no others.
+    assert dec["load_errors"] == dec["b2_blocks"], dec
+    assert dec["b2_failed_after_s"] < KILL_BOUND_S, dec
+    assert pre_a["sent"] == ["a1", "a2", "a3", "a4"], pre_a
+    assert dec["checked_bytes"] > 0
+
+
+# ---- the connector's refusals, in this process -------------------------------------------
+
+def config(**ktc):
+    base = dict(kv_role="kv_producer", kv_ip="127.0.0.1", kv_port=20000, engine_id="e",
+                kv_connector_extra_config={})
+    base.update(ktc)
+    return types.SimpleNamespace(
+        kv_transfer_config=types.SimpleNamespace(**base),
+        parallel_config=types.SimpleNamespace(tensor_parallel_size=2, rank=1),
+        cache_config=types.SimpleNamespace(block_size=16))
+
+
+def refused(needle, role=KVConnectorRole.SCHEDULER, **ktc):
+    with pytest.raises(kvstage.KvstageError) as e:
+        KVStageConnector(config(**ktc), role)
+    assert needle in e.value.message, e.value
+    return e.value
+
+
+def test_vllm_connector_refusals():
+    refused('kv_role: \'kv_both\': the kvstage connector takes "kv_producer"', kv_role="kv_both")
+    refused("kv_connector_extra_config: 'fabrik' is not a kvstage option",
+            kv_connector_extra_config={"fabrik": "ofi"})
+    refused("kv_connector_extra_config['ring_bytes']: '1M': give a number",
+            kv_connector_extra_config={"ring_bytes": "1M"})
+    refused("kv_port: 0: a prefill's worker t listens on kv_port + t", kv_port=0)
+    refused("engine_id: empty", engine_id="")
+    c = KVStageConnector(config(kv_role="kv_consumer", kv_port=0), KVConnectorRole.WORKER)
+    assert (c.side, c.tp_rank, c.tp_size) == ("decode", 1, 2)
+    c.bind_connector_metadata(c.build_connector_meta(None))
+    with pytest.raises(kvstage.KvstageError) as e:
+        c.start_load_kv(None)
+    assert "start_load_kv: no KV caches yet" in e.value.message, e.value
+
+
+def test_vllm_scheduler_side_without_transfer_params():
+    """A request that is not a disaggregated one is left to vLLM."""
+    sched = KVStageConnector(config(kv_role="kv_consumer", kv_port=0),
+                             KVConnectorRole.SCHEDULER)
+    req = types.SimpleNamespace(request_id="r", prompt_token_ids=[1] * 40,
+                                kv_transfer_params=None)
+    assert sched.get_num_new_matched_tokens(req, 0) == (0, False)
+    sched.update_state_after_alloc(req, None, 0)
+    assert sched.request_finished(req, [1, 2, 3]) == (False, None)
+    req.kv_transfer_params = {"do_remote_prefill": True, "kvstage_room": 5}
+    assert sched.get_num_new_matched_tokens(req, 16) == (24, True)
+
+    class Blocks:
+        def get_block_ids(self):
+            return ([1, 2, 3],)
+    with pytest.raises(kvstage.KvstageError) as e:
+        sched.update_state_after_alloc(req, Blocks(), 24)
+    assert "kv_transfer_params lack kvstage_instance, kvstage_addresses" in e.value.message
