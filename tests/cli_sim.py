@@ -32,7 +32,7 @@ REQUIRED_KEYS = [
     "e2e_p50_us", "e2e_p99_us", "ring_peak_bytes", "watermark_waits",
     "msgs_rejected", "digest", "path", "seed", "prefill_ranks",
     "decode_ranks", "model", "total_heads", "head_dim", "dtype", "layers",
-    "page_size", "chunk_tokens", "prefill_tp", "decode_tp", "prefill_pp",
+    "page_size", "decode_page_size", "chunk_tokens", "prefill_tp", "decode_tp", "prefill_pp",
     "decode_pp", "replay", "hung_requests", "unreported_failures", "violations",
     "sq_depth", "posts_refused", "aux_bytes", "aux_bytes_verified",
     "aux_corrupt_bytes", "ok", "failures", "failed_without_faults", "ring_bytes_needed",
