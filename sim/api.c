@@ -87,6 +87,7 @@ static const kvs_sim_bound_t sim_api_bounds[] = {
     {"prefill_instance_pp", 0, SIM_API_MAX_PP},
     {"decode_instance_tp", 1, SIM_API_MAX_TP},
     {"decode_instance_pp", 0, SIM_API_MAX_PP},
+    {"decode_page_size", 0, SIM_API_MAX_TOKENS},             /* 0: page_size */
 };
 
 const kvs_sim_bound_t *kvs_sim_config_bound(const char *field)
@@ -171,6 +172,7 @@ static int sim_api_check_bounds(const kvs_sim_config_t *c, kvs_error_t *err)
     I64(head_dim, -1);
     I64(layers, -1);
     I64(page_size, -1);
+    I64(decode_page_size, -1);
     I64(prefill_tp, c->prefill_instances > 0 ? 0 : -1);
     I64(decode_tp, c->decode_instances > 0 ? 0 : -1);
     I64(prefill_pp, -1);
@@ -268,6 +270,7 @@ static int sim_api_cluster(const kvs_sim_config_t *c, sim_scenario_config_t *s,
     s->shape.decode_pp = c->decode_pp;
     s->shape.chunk_tokens = c->chunk_tokens;
     s->shape.kind = (kvs_kv_kind_t)c->kv_kind;
+    s->shape.decode_page_size = c->decode_page_size;
     /* The instances: with a list, 0 sizes of the shape are instance 0's. */
     s->topo.prefill_instances = c->prefill_instances;
     s->topo.decode_instances = c->decode_instances;

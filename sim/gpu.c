@@ -827,10 +827,13 @@ static int sim_gpu_parts(kvs_device_t *dev, kvs_stream_t *stream, const kvs_copy
 {
     sim_gpu_t *gpu = sim_gpu_of(dev);
     const char *what = scatter ? "scatter_parts" : "gather_parts";
+    kvs_copy_desc_t hook_desc; /* the hook's copy: ops snapshot its pages */
     if (gpu->copy_hook != NULL && parts != NULL && n > 0 && n <= KVS_COPY_PARTS_MAX) {
         memcpy(gpu->hook_parts, parts, (size_t)n * sizeof *parts);
-        gpu->copy_hook(gpu->copy_hook_ctx, gpu->id, scatter, d, gpu->hook_parts, n);
+        hook_desc = *d;
+        gpu->copy_hook(gpu->copy_hook_ctx, gpu->id, scatter, &hook_desc, gpu->hook_parts, n);
         parts = gpu->hook_parts;
+        d = &hook_desc;
     }
     char msg[KVS_ERROR_MSG_BYTES];
     int rc = kvs_copy_parts_check(d, parts, n, scatter, what, dev->name, sim_gpu_any_mem, NULL,

@@ -81,10 +81,12 @@ void sim_gpu_set_span(sim_gpu_t *gpu, sim_span_fn fn, void *ctx);
 /* Fault hook: multiplies the modeled time of scatters (1 = normal). */
 void sim_gpu_set_scatter_slowdown(sim_gpu_t *gpu, uint32_t factor);
 /* Test hook (planted bugs): sees every fused copy (the core's gather_parts
- * and scatter_parts) before it is checked and may change its parts; then
- * the copy runs as the core's default runs it, one op per part. */
+ * and scatter_parts) before it is checked and may change its parts and a
+ * copy of its descriptor (e.g. point pages at a list of its own, read
+ * before the hook's next call); then the copy runs as the core's default
+ * runs it, one op per part. */
 typedef void (*sim_gpu_copy_hook_fn)(void *ctx, uint32_t gpu_id, bool scatter,
-                                     const kvs_copy_desc_t *desc, kvs_copy_part_t *parts,
+                                     kvs_copy_desc_t *desc, kvs_copy_part_t *parts,
                                      int64_t nparts);
 void sim_gpu_set_copy_hook(sim_gpu_t *gpu, sim_gpu_copy_hook_fn fn, void *ctx);
 

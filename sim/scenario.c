@@ -67,6 +67,8 @@ typedef struct sim_node {
     kvs_rank_t *rank;            /* NULL while down */
     sim_driver_t drv;            /* steps the rank on the engine */
     uint64_t pool_addr, layer_bytes;
+    int64_t ps;                  /* tokens per page of its KV pool: its side's
+                                    (kvs_layout_t page_size or decode_page_size) */
     uint8_t *pool_host;          /* host view of the whole KV pool */
     int64_t layers, heads;       /* local */
     int64_t first_layer;         /* global id of its stage's first layer */
@@ -356,6 +358,16 @@ static int64_t sim_global_head(int64_t total, int64_t tp_size, int64_t rank, int
     return rank / (tp_size / total); /* replicated: ranks sharing a head */
 }
 
+static int64_t sim_gcd(int64_t a, int64_t b)
+{
+    while (b != 0) {
+        const int64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
 static uint8_t *sim_slot(const sim_node_t *n, int64_t layer, int kv, int64_t page, int64_t slot,
                          int64_t head, int64_t ps, int64_t head_bytes)
 {
@@ -394,7 +406,7 @@ static uint64_t sim_prov_pass(sim_scenario_t *sc, sim_node_t *n, uint64_t req,
                               bool check)
 {
     const kvs_layout_t *l = &sc->lay;
-    const int64_t ps = l->page_size, hb = l->head_dim * l->elem_bytes;
+    const int64_t ps = n->ps, hb = l->head_dim * l->elem_bytes;
     sim_prov_map_t *map = sim_gpu_prov(n->gpu);
     const int64_t g0 = sim_global_head(l->total_heads, n->inst->tp, n->tp, n->heads, 0);
     /* The runs of slots first, once: a long page list costs its length
@@ -443,7 +455,7 @@ static uint64_t sim_prov_pass(sim_scenario_t *sc, sim_node_t *n, uint64_t req,
 static void sim_fill_prefill(sim_scenario_t *sc, sim_node_t *n, uint64_t req, int64_t a, int64_t b)
 {
     const kvs_layout_t *l = &sc->lay;
-    const int64_t ps = l->page_size, hb = l->head_dim * l->elem_bytes;
+    const int64_t ps = n->ps, hb = l->head_dim * l->elem_bytes;
     const sim_req_t *r = &sc->reqs[req];
     if (sim_gpu_prov(n->gpu) != NULL) {
         sim_prov_pass(sc, n, req, r->ppages, 0, a, b, false);
@@ -467,7 +479,7 @@ static uint64_t sim_verify_decode(sim_scenario_t *sc, sim_node_t *n, uint64_t re
                                   uint64_t *corrupt)
 {
     const kvs_layout_t *l = &sc->lay;
-    const int64_t ps = l->page_size, hb = l->head_dim * l->elem_bytes;
+    const int64_t ps = n->ps, hb = l->head_dim * l->elem_bytes;
     const sim_req_t *r = &sc->reqs[req];
     if (sim_gpu_prov(n->gpu) != NULL) {
         *corrupt += sim_prov_pass(sc, n, req, r->dpages, r->base, r->base, r->tokens, true);
@@ -803,9 +815,9 @@ static void sim_finish(sim_scenario_t *sc, uint32_t i)
     }
     sim_trace_span(sc->trace, 0, "requests", r->status == KVS_OK ? "transfer" : "transfer (failed)",
                    r->computed_ns, now);
-    const int64_t ps = sc->lay.page_size;
+    const int64_t ps = sc->lay.page_size, dps = sc->lay.decode_page_size;
     sim_pages_give(&r->pi->pages, r->ppages, (r->tokens + ps - 1) / ps);
-    sim_pages_give(&r->di->pages, r->dpages, (r->tokens - r->base + ps - 1) / ps);
+    sim_pages_give(&r->di->pages, r->dpages, (r->tokens - r->base + dps - 1) / dps);
     free(r->ppages);
     free(r->dpages);
     r->ppages = r->dpages = NULL;
@@ -988,8 +1000,8 @@ static void sim_finish_event(sim_engine_t *eng, void *ctx, uint64_t arg)
 static int sim_open_rooms(sim_scenario_t *sc, uint32_t i)
 {
     sim_req_t *r = &sc->reqs[i];
-    const int64_t ps = sc->lay.page_size;
-    const int64_t np = (r->tokens + ps - 1) / ps, nd = (r->tokens - r->base + ps - 1) / ps;
+    const int64_t ps = sc->lay.page_size, dps = sc->lay.decode_page_size;
+    const int64_t np = (r->tokens + ps - 1) / ps, nd = (r->tokens - r->base + dps - 1) / dps;
     const kvs_peer_t prefill = {r->pi->id, 0}, decode = {r->di->id, 0};
     /* A rank that is down takes no part: its (failed) result is in now, and
      * the others learn of it by their connections to it. */
@@ -1058,7 +1070,7 @@ static bool sim_inst_fits(const sim_scenario_t *sc, const sim_inst_t *inst, int6
  * instance per side: the first that does not fit stops admission. */
 static void sim_try_admit(sim_scenario_t *sc)
 {
-    const int64_t ps = sc->lay.page_size;
+    const int64_t ps = sc->lay.page_size, dps = sc->lay.decode_page_size;
     uint32_t held[2] = {0, 0}; /* instances held back, by side: bitmaps */
     const uint32_t all[2] = {(uint32_t)((1ull << sc->npinst) - 1),
                              (uint32_t)((1ull << sc->ndinst) - 1)};
@@ -1068,7 +1080,7 @@ static void sim_try_admit(sim_scenario_t *sc)
             return; /* nothing later can go */
         sim_req_t *r = &sc->reqs[i];
         const uint32_t next = r->next_waiting;
-        const int64_t np = (r->tokens + ps - 1) / ps, nd = (r->tokens - r->base + ps - 1) / ps;
+        const int64_t np = (r->tokens + ps - 1) / ps, nd = (r->tokens - r->base + dps - 1) / dps;
         const uint32_t pbit = 1u << r->pi->id, dbit = 1u << r->di->id;
         if ((held[0] & pbit) || (held[1] & dbit) || !sim_inst_fits(sc, r->pi, np) ||
             !sim_inst_fits(sc, r->di, nd)) {
@@ -1174,7 +1186,8 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
     /* Its stage's layers: stages need not split evenly (spec §4). */
     kvs_layout_stage_layers(l, n->role, n->pp, &n->first_layer, &n->layers);
     n->heads = decode ? l->dst_heads : l->src_heads;
-    n->layer_bytes = (uint64_t)sc->pool_pages * (uint64_t)(l->page_size * n->heads *
+    n->ps = decode ? l->decode_page_size : l->page_size;
+    n->layer_bytes = (uint64_t)sc->pool_pages * (uint64_t)(n->ps * n->heads *
                                                             l->head_dim * l->elem_bytes);
     const uint64_t pool_bytes = (uint64_t)l->planes * (uint64_t)n->layers * n->layer_bytes;
     sim_gpu_config_t gc = sc->cfg.gpu;
@@ -1223,7 +1236,8 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
         .kv_kind = l->kind,
         .head_dim = l->head_dim, .dtype = sc->cfg.shape.dtype, .layers = n->layers,
         .model_layers = l->layers,
-        .page_size = l->page_size, .tp_rank = n->tp, .tp_size = n->inst->tp,
+        .page_size = n->ps, .peer_page_size = decode ? l->page_size : l->decode_page_size,
+        .tp_rank = n->tp, .tp_size = n->inst->tp,
         .pp_rank = n->pp, .pp_size = n->inst->pp,
         .peer_tp_size = peer0->tp, .peer_pp_size = peer0->pp,
         .chunk_tokens = sc->cfg.shape.chunk_tokens, .ring_bytes = sc->cfg.ring_bytes,
@@ -1247,7 +1261,7 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
         return sim_fail(sc, KVS_ENOMEM, "%s: KV pool tables", n->name);
     for (int64_t i = 0; i < n->layers; i++)
         layers[i] = (kvs_kv_layer_t){.k_addr = n->k_base[i], .v_addr = n->v_base[i],
-                                     .tokens = sc->pool_pages * l->page_size,
+                                     .tokens = sc->pool_pages * n->ps,
                                      .token_stride_bytes = n->heads * l->head_dim * l->elem_bytes,
                                      .head_stride_bytes = l->head_dim * l->elem_bytes,
                                      .elem_stride_bytes = l->elem_bytes};
@@ -1557,7 +1571,12 @@ static int sim_setup(sim_scenario_t *sc)
         return sim_fail(sc, rc, "%s", why);
     if (c->max_aux_bytes > 0 && (sc->aux_buf = malloc(c->max_aux_bytes)) == NULL)
         return sim_fail(sc, KVS_ENOMEM, "scenario tables");
-    const int64_t ps = sc->lay.page_size;
+    /* Pages of the smaller size on both sides (the same count when the
+     * sizes are equal); a cached prefix starts a page of each side. */
+    const int64_t ps = sc->lay.page_size < sc->lay.decode_page_size ? sc->lay.page_size
+                                                                    : sc->lay.decode_page_size;
+    const int64_t unit = sc->lay.page_size / sim_gcd(sc->lay.page_size, sc->lay.decode_page_size) *
+                         sc->lay.decode_page_size;
     sc->pool_pages = (int64_t)c->max_inflight * ((c->prompt_max_tokens + ps - 1) / ps) + 1;
     rc = sim_engine_create(c->seed, 1024, &sc->eng);
     if (rc == KVS_OK)
@@ -1588,7 +1607,8 @@ static int sim_setup(sim_scenario_t *sc)
         r->tokens = (int64_t)sim_rng_range(&lengths, (uint64_t)c->prompt_min_tokens,
                                            (uint64_t)c->prompt_max_tokens);
         const int64_t pmax = c->prefix_max_tokens < r->tokens ? c->prefix_max_tokens : r->tokens;
-        r->base = pmax > 0 ? (int64_t)sim_rng_range(&prefix, 0, (uint64_t)(pmax / ps)) * ps : 0;
+        r->base = pmax > 0 ? (int64_t)sim_rng_range(&prefix, 0, (uint64_t)(pmax / unit)) * unit
+                           : 0;
         r->arrival_ns = t;
         if ((rc = sim_engine_at(sc->eng, t, sim_arrive, sc, i, NULL)) != KVS_OK)
             return sim_fail(sc, rc, "scheduling arrivals failed");

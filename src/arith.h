@@ -12,6 +12,17 @@ static inline int64_t kvs__ceil_div(int64_t a, int64_t b) { return a / b + (a % 
 
 static inline int64_t kvs__min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+/* gcd of a, b > 0. */
+static inline int64_t kvs__gcd_i64(int64_t a, int64_t b)
+{
+    while (b != 0) {
+        const int64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
 /* a + b, or UINT64_MAX where that would wrap: a deadline that far away is
  * never reached, instead of wrapping to one that is already past. */
 static inline uint64_t kvs__sat_add_u64(uint64_t a, uint64_t b)

@@ -31,7 +31,8 @@ void kvs__fingerprint(const kvs_layout_t *lay, kvs_path_t path, const kvs_manage
         .total_heads = lay->total_heads,
         .head_dim = lay->head_dim,
         .layers = lay->layers,
-        .page_size = lay->page_size,
+        .prefill_page_size = lay->page_size,
+        .decode_page_size = lay->decode_page_size,
         .chunk_tokens = lay->chunk_tokens,
         .prefill_tp = lay->prefill_tp,
         .decode_tp = lay->decode_tp,
@@ -46,38 +47,48 @@ void kvs__fingerprint(const kvs_layout_t *lay, kvs_path_t path, const kvs_manage
 int kvs__fingerprint_check(const kvs_fingerprint_t *mine, const kvs_fingerprint_t *theirs,
                            char *why, size_t why_bytes)
 {
+    /* What to change when a page size differs: each side declares both. */
+    static const char ps_hint[] =
+        "declare the same two sizes on both sides (page_size and peer_page_size; "
+        "--page-size / --decode-page-size)";
     const struct {
         const char *name;
         int64_t a, b;
+        const char *hint; /* NULL: run both sides with the same setting */
     } f[] = {
-        {"protocol version", mine->protocol_version, theirs->protocol_version},
-        {"transfer path (staging on/off, --path)", mine->staging, theirs->staging},
+        {"protocol version", mine->protocol_version, theirs->protocol_version, NULL},
+        {"transfer path (staging on/off, --path)", mine->staging, theirs->staging, NULL},
         /* Before the shape: a GQA side and an MLA side differ in heads and
          * head dim too, and the kind is what to fix. */
         {"KV kind (0 gqa: K and V per layer, 1 mla: one latent per layer; kv_kind, "
-         "--model / --mla-latent-dim)", mine->kv_kind, theirs->kv_kind},
-        {"total KV heads", mine->total_heads, theirs->total_heads},
-        {"head dim (MLA: the latent dim, --mla-latent-dim)", mine->head_dim, theirs->head_dim},
-        {"model layers", mine->layers, theirs->layers},
-        {"page size", mine->page_size, theirs->page_size},
-        {"chunk tokens", mine->chunk_tokens, theirs->chunk_tokens},
-        {"dtype (0 bf16, 1 fp16, 2 fp8, 3 fp32)", mine->dtype, theirs->dtype},
+         "--model / --mla-latent-dim)", mine->kv_kind, theirs->kv_kind, NULL},
+        {"total KV heads", mine->total_heads, theirs->total_heads, NULL},
+        {"head dim (MLA: the latent dim, --mla-latent-dim)", mine->head_dim, theirs->head_dim,
+         NULL},
+        {"model layers", mine->layers, theirs->layers, NULL},
+        /* Each side declares both (its own and its peer's): they may
+         * differ, but must be agreed (docs/kinds/page-sizes.md). */
+        {"prefill page size", mine->prefill_page_size, theirs->prefill_page_size, ps_hint},
+        {"decode page size", mine->decode_page_size, theirs->decode_page_size, ps_hint},
+        {"chunk tokens", mine->chunk_tokens, theirs->chunk_tokens, NULL},
+        {"dtype (0 bf16, 1 fp16, 2 fp8, 3 fp32)", mine->dtype, theirs->dtype, NULL},
         /* Both sides must agree on the whole layout: which ranks write to
          * which, how many writers a chunk waits for, whose layers. */
-        {"prefill TP size (--prefill-tp)", mine->prefill_tp, theirs->prefill_tp},
-        {"decode TP size (--decode-tp)", mine->decode_tp, theirs->decode_tp},
-        {"prefill PP size (--prefill-pp)", mine->prefill_pp, theirs->prefill_pp},
-        {"decode PP size (--decode-pp)", mine->decode_pp, theirs->decode_pp},
+        {"prefill TP size (--prefill-tp)", mine->prefill_tp, theirs->prefill_tp, NULL},
+        {"decode TP size (--decode-tp)", mine->decode_tp, theirs->decode_tp, NULL},
+        {"prefill PP size (--prefill-pp)", mine->prefill_pp, theirs->prefill_pp, NULL},
+        {"decode PP size (--decode-pp)", mine->decode_pp, theirs->decode_pp, NULL},
         /* What else the application needs both sides to share. */
         {"application tag (app_tag; serve: --seed/--requests/--prompt-tokens)",
-         mine->app_tag, theirs->app_tag},
-        {"largest aux payload (max_aux_bytes)", mine->max_aux_bytes, theirs->max_aux_bytes},
+         mine->app_tag, theirs->app_tag, NULL},
+        {"largest aux payload (max_aux_bytes)", mine->max_aux_bytes, theirs->max_aux_bytes,
+         NULL},
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
         if (f[i].a != f[i].b) {
-            snprintf(why, why_bytes, "%s differs: this side %lld, peer %lld; run both "
-                     "sides with the same setting", f[i].name, (long long)f[i].a,
-                     (long long)f[i].b);
+            snprintf(why, why_bytes, "%s differs: this side %lld, peer %lld; %s", f[i].name,
+                     (long long)f[i].a, (long long)f[i].b,
+                     f[i].hint != NULL ? f[i].hint : "run both sides with the same setting");
             return KVS_EFINGERPRINT;
         }
     }

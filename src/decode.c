@@ -595,7 +595,9 @@ int kvs_decode_room_open_peer(kvs_decode_t *d, uint64_t room, kvs_peer_t peer,
     int rc = kvs__connect_inst(d, inst);
     if (rc == KVS_ESTATE)
         return rc;
-    const int64_t ps = inst->lay.page_size;
+    /* This rank's pages; the prefix must also start a prefill page (the
+     * grid's chunks start on both sides' pages: docs/kinds/page-sizes.md). */
+    const int64_t ps = inst->lay.decode_page_size, pps = inst->lay.page_size;
     const kvs__peer_t *lost = NULL;
     for (int64_t i = 0; i < inst->npeers; i++) {
         const kvs__peer_t *p = &inst->peers[i];
@@ -612,7 +614,7 @@ int kvs_decode_room_open_peer(kvs_decode_t *d, uint64_t room, kvs_peer_t peer,
     if (base_tokens < 0 || total_tokens < base_tokens || (pages == NULL && num_pages > 0))
         return KVS__MFAIL(m, KVS_EINVAL, "room %llu: need 0 <= base_tokens <= total_tokens "
                           "and a page list", (unsigned long long)room);
-    if (base_tokens % ps != 0 || lost != NULL) {
+    if (base_tokens % ps != 0 || base_tokens % pps != 0 || lost != NULL) {
         const int status = lost != NULL ? KVS_EPEER : KVS_EPREFIX_ALIGN;
         char name[96];
         if (lost != NULL)
@@ -620,10 +622,15 @@ int kvs_decode_room_open_peer(kvs_decode_t *d, uint64_t room, kvs_peer_t peer,
                        "died or was never made; reconnecting): the request fails now, retry "
                        "it once the instance's writers are back", (unsigned long long)room,
                        kvs__peer_name(lost, name, sizeof name));
-        else
+        else if (ps == pps)
             KVS__MFAIL(m, KVS_EPREFIX_ALIGN, "room %llu: cached prefix %lld is not a multiple "
                        "of the page size %lld", (unsigned long long)room,
                        (long long)base_tokens, (long long)ps);
+        else
+            KVS__MFAIL(m, KVS_EPREFIX_ALIGN, "room %llu: cached prefix %lld is not a multiple "
+                       "of both page sizes (this decode's %lld, the prefill's %lld): cache "
+                       "a prefix of whole pages on both sides", (unsigned long long)room,
+                       (long long)base_tokens, (long long)ps, (long long)pps);
         /* The prefill ranks hold this request too: tell them at once. */
         kvs_msg_t msg = {.type = KVS_MSG_ABORT};
         msg.u.abort = (kvs_msg_abort_t){.room = room, .status = status};
@@ -825,7 +832,7 @@ static void kvs__scatter(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
     const kvs_copy_desc_t desc = {
         .k_base = m->k_base, .v_base = m->v_base, .local_heads = m->kv.local_heads,
         .head_dim = lay->head_dim, .elem_bytes = lay->elem_bytes,
-        .page_size = lay->page_size, .pages = r->pages + c->page_start,
+        .page_size = lay->decode_page_size, .pages = r->pages + c->page_start,
         .num_pages = c->num_pages, .tokens = c->tokens,
         .layer_begin = 0, .layer_count = m->cfg.layers,
         .staging_slot_begin = 0, .staging_layer_slots = m->cfg.layers,

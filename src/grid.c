@@ -5,6 +5,11 @@
  * sends are floored to the grid so chunk ids are stable even when a
  * prefix-cache hit makes the first send larger than G.
  *
+ * With different page sizes on the two sides (docs/kinds/page-sizes.md)
+ * the grid's pages are the decode's (F = G / decode_page_size) and G is a
+ * multiple of both sizes; base must then be aligned to both, so every chunk
+ * starts on a page boundary of each side.
+ *
  * Pure functions over a validated kvs_layout_t; kvs__chunk_plan (chunk.h)
  * adds the chunk's region size, and kvs__writer_spans the bytes of it each
  * writer writes, for the handlers.
@@ -29,7 +34,7 @@ int kvs_grid_send(const kvs_layout_t *lay, int64_t base, int64_t start,
 {
     if (lay == NULL || out == NULL || base < 0 || start < base || end < start)
         return KVS_EINVAL;
-    if (base % lay->page_size != 0)
+    if (base % lay->page_size != 0 || base % lay->decode_page_size != 0)
         return KVS_EPREFIX_ALIGN;
     const int64_t g = lay->grid_tokens;
     if ((start - base) % g != 0)
@@ -48,9 +53,9 @@ int kvs_grid_chunk(const kvs_layout_t *lay, int64_t base, int64_t total_end,
 {
     if (lay == NULL || out == NULL || base < 0 || total_end < base)
         return KVS_EINVAL;
-    if (base % lay->page_size != 0)
+    if (base % lay->page_size != 0 || base % lay->decode_page_size != 0)
         return KVS_EPREFIX_ALIGN;
-    const int64_t pages = kvs__ceil_div(total_end - base, lay->page_size);
+    const int64_t pages = kvs__ceil_div(total_end - base, lay->decode_page_size);
     if (index < 0 || index >= kvs_grid_num_chunks(lay, pages))
         return KVS_ERANGE;
     const int64_t f = lay->chunk_pages, g = lay->grid_tokens;

@@ -266,6 +266,9 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
         (rc = kvs__check_positive(err, p->prefill_tp, "prefill_tp")) != KVS_OK ||
         (rc = kvs__check_positive(err, p->decode_tp, "decode_tp")) != KVS_OK)
         return rc;
+    if (p->decode_page_size < 0)
+        return KVS__FAIL(err, KVS_EINVAL, "decode_page_size %lld must be >= 0 (0: the same "
+                         "as page_size)", (long long)p->decode_page_size);
     if (p->prefill_pp < 0 || p->decode_pp < 0)
         return KVS__FAIL(err, KVS_EINVAL,
                          "prefill_pp and decode_pp must be >= 1 (0 means 1)");
@@ -305,6 +308,7 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
     l.dtype = p->dtype;
     l.layers = p->layers;
     l.page_size = p->page_size;
+    l.decode_page_size = p->decode_page_size > 0 ? p->decode_page_size : p->page_size;
     l.prefill_tp = p->prefill_tp;
     l.decode_tp = p->decode_tp;
     l.prefill_pp = p->prefill_pp > 0 ? p->prefill_pp : 1;
@@ -336,14 +340,20 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
 
     /* The grid floors C to whole pages (spec §2: G = max(1, C / ps) * ps);
      * the manager's init guard (spec §8) is what refuses a C that is not a
-     * multiple of the page size when staging is on. */
+     * multiple of the page size when staging is on. With two page sizes the
+     * unit is their lcm, so a chunk covers whole pages on both sides. */
     if (p->chunk_tokens < 0)
         return KVS__FAIL(err, KVS_ECHUNK,
                          "chunk_tokens %lld must be >= 0 (0 means %d)",
                          (long long)p->chunk_tokens, KVS_DEFAULT_CHUNK_TOKENS);
     l.chunk_tokens = p->chunk_tokens > 0 ? p->chunk_tokens : KVS_DEFAULT_CHUNK_TOKENS;
-    l.chunk_pages = kvs__max64(1, l.chunk_tokens / l.page_size);
-    l.grid_tokens = l.chunk_pages * l.page_size;
+    int64_t unit = l.page_size / kvs__gcd_i64(l.page_size, l.decode_page_size);
+    if (!kvs__mul(&unit, l.decode_page_size))
+        return KVS__FAIL(err, KVS_ERANGE, "the lcm of page sizes %lld (prefill) and %lld "
+                         "(decode) overflows 64 bits: use page sizes that divide one another",
+                         (long long)l.page_size, (long long)l.decode_page_size);
+    l.grid_tokens = kvs__max64(1, l.chunk_tokens / unit) * unit;
+    l.chunk_pages = l.grid_tokens / l.decode_page_size;
 
     l.src_heads = kvs__max64(1, l.total_heads / l.prefill_tp);
     l.dst_heads = kvs__max64(1, l.total_heads / l.decode_tp);

@@ -42,6 +42,10 @@ static int kvs__check_config(const kvs_manager_config_t *c, const kvs_device_t *
         return KVS__FAIL(err, KVS_EINVAL, "peer_tp_size, peer_pp_size, context_parallel, "
                          "total_heads, heads_per_rank and model_layers must be >= 0 "
                          "(0 = default/unknown)");
+    if (c->peer_page_size < 0)
+        return KVS__FAIL(err, KVS_EINVAL, "peer_page_size %lld must be >= 0 (0: the peer's "
+                         "pages are of page_size %lld tokens too)",
+                         (long long)c->peer_page_size, (long long)c->page_size);
     if (c->max_aux_bytes > KVS_AUX_BYTES_MAX)
         return KVS__FAIL(err, KVS_EINVAL, "max_aux_bytes %u is over the limit of %u bytes: "
                          "carry a larger result out of band", c->max_aux_bytes,
@@ -103,6 +107,15 @@ static int kvs__check_config(const kvs_manager_config_t *c, const kvs_device_t *
                          "%lld, or a page_size dividing %d", KVS_DEFAULT_CHUNK_TOKENS,
                          (long long)c->page_size, (long long)c->page_size,
                          KVS_DEFAULT_CHUNK_TOKENS);
+    /* A chunk covers whole pages on both sides (docs/kinds/page-sizes.md). */
+    const int64_t peer_ps = c->peer_page_size > 0 ? c->peer_page_size : c->page_size;
+    const int64_t chunk = c->chunk_tokens > 0 ? c->chunk_tokens : KVS_DEFAULT_CHUNK_TOKENS;
+    if (chunk % peer_ps != 0)
+        return KVS__FAIL(err, KVS_ECHUNK, "chunk_tokens %lld%s must be a multiple of the "
+                         "peer's page size %lld (peer_page_size) as well as of page_size "
+                         "%lld: pass chunk_tokens as a multiple of both",
+                         (long long)chunk, c->chunk_tokens > 0 ? "" : " (the default)",
+                         (long long)peer_ps, (long long)c->page_size);
     const int64_t prefill_pp = c->role == KVS_ROLE_PREFILL ? c->pp_size : c->peer_pp_size;
     if (prefill_pp > 1 && !kvs__net_has(fab, KVS_FABRIC_CAP_PER_LAYER_WRITES))
         return KVS__FAIL(err, KVS_EPP_WRITES, "prefill PP %lld needs per-layer writes "
@@ -531,7 +544,9 @@ kvs_layout_params_t kvs__manager_layout_params(const kvs_manager_t *m, int64_t p
         .head_dim = c->head_dim,
         .dtype = c->dtype,
         .layers = c->model_layers,
-        .page_size = c->page_size,
+        .page_size = decode && c->peer_page_size > 0 ? c->peer_page_size : c->page_size,
+        .decode_page_size = decode || c->peer_page_size == 0 ? c->page_size
+                                                             : c->peer_page_size,
         .prefill_tp = decode ? peer_tp : c->tp_size,
         .decode_tp = decode ? c->tp_size : peer_tp,
         .prefill_pp = decode ? peer_pp : c->pp_size,

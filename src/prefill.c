@@ -521,7 +521,7 @@ static int kvs__check_register(kvs_prefill_t *p, const kvs_msg_register_t *g,
      * allocation); a direct one sends its layers, heads and a pool whose
      * layer size fits in 64 bits (page addresses are computed from it). */
     const kvs_layout_t *l = &inst->lay;
-    const int64_t page_bytes = l->page_size * l->dst_heads * l->head_dim * l->elem_bytes;
+    const int64_t page_bytes = l->decode_page_size * l->dst_heads * l->head_dim * l->elem_bytes;
     int64_t dfirst = 0, dlayers = 0;
     (void)kvs_layout_stage_layers(l, KVS_ROLE_DECODE, inst->decode_stage, &dfirst, &dlayers);
     /* A decode that scopes keys must not hand out its whole ring's. */
@@ -607,11 +607,14 @@ static void kvs__on_register(kvs__handler_t *h, kvs_conn_t *conn, kvs__peer_t *b
 
 static void kvs__on_room(kvs_prefill_t *p, kvs__peer_t *peer, const kvs_msg_room_t *q)
 {
-    const int64_t ps = p->h.m->cfg.page_size;
+    /* The decode's page ids, in its page size; the prefix is aligned to
+     * both sides' pages (the grid starts there). */
+    const int64_t ps = peer->inst->lay.decode_page_size;
     const int64_t f = peer->index;
     /* More pages than the decode's pool holds cannot be real (and on the
      * direct path would size our page list). */
     if (q->base_tokens < 0 || q->total_tokens < q->base_tokens || q->base_tokens % ps != 0 ||
+        q->base_tokens % peer->inst->lay.page_size != 0 ||
         q->num_pages != kvs__ceil_div(q->total_tokens - q->base_tokens, ps) ||
         q->num_pages > peer->tgt.num_pages) {
         kvs__reject(&p->h);

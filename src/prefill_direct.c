@@ -13,6 +13,8 @@
  */
 #include "prefill.h"
 
+#include "arith.h"
+
 #include <string.h>
 
 bool kvs__direct_flow_done(const kvs__pflow_t *fl)
@@ -60,6 +62,29 @@ static uint64_t kvs__slot_addr(uint64_t base, int64_t page, int64_t slot, int64_
     return base + (uint64_t)(((page * ps + slot) * heads + head) * head_bytes);
 }
 
+/* The end of the longest token run from `tok` that is contiguous in both
+ * pools: it stops at total, or at a page boundary of either side where the
+ * next page is not the one after (prefill pages of ps tokens from token 0,
+ * decode pages of dps tokens from base). With one page size this is the
+ * longest run of pages consecutive on both sides. */
+static int64_t kvs__direct_run(const int64_t *pages, int64_t ps, const int64_t *dpages,
+                               int64_t dps, int64_t base, int64_t tok, int64_t total)
+{
+    int64_t end = tok;
+    for (;;) {
+        const int64_t pend = (end / ps + 1) * ps;
+        const int64_t dend = base + ((end - base) / dps + 1) * dps;
+        end = kvs__min_i64(kvs__min_i64(pend, dend), total);
+        if (end >= total)
+            return total;
+        if (end % ps == 0 && pages[end / ps] != pages[end / ps - 1] + 1)
+            return end;
+        const int64_t d = end - base;
+        if (d % dps == 0 && dpages[d / dps] != dpages[d / dps - 1] + 1)
+            return end;
+    }
+}
+
 void kvs__direct_advance(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
 {
     kvs__pflow_t *fl = &r->flows[f];
@@ -69,22 +94,22 @@ void kvs__direct_advance(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
     if (!r->final || fl->posted_all || fl->dpages_got < fl->num_dpages ||
         t->layers_got < t->layers_total)
         return;
-    const int64_t ps = lay->page_size, lp = m->cfg.layers;
+    /* This rank's pages are of ps tokens, the decode's of dps (the same
+     * unless the two sides declared different sizes). */
+    const int64_t ps = lay->page_size, dps = lay->decode_page_size, lp = m->cfg.layers;
     const int64_t hb = lay->head_dim * lay->elem_bytes;
     const int64_t nh = t->heads.num_heads;
     const bool sliced = nh != m->kv.local_heads || nh != t->local_heads;
     while (r->base.status == KVS_OK && fl->cur_t < fl->total) {
         const int64_t tok = fl->cur_t;
-        const int64_t pi = tok / ps, di = (tok - fl->base) / ps, slot = tok % ps;
+        const int64_t pi = tok / ps, slot = tok % ps;
+        const int64_t di = (tok - fl->base) / dps, dslot = (tok - fl->base) % dps;
         if (fl->run_tokens == 0) {
             if (sliced) {
                 fl->run_tokens = 1;
-            } else { /* the longest run of pages consecutive on both sides */
-                int64_t k = 1;
-                while ((pi + k) * ps < fl->total && r->pages[pi + k] == r->pages[pi] + k &&
-                       fl->dpages[di + k] == fl->dpages[di] + k)
-                    k++;
-                fl->run_tokens = ((pi + k) * ps < fl->total ? (pi + k) * ps : fl->total) - tok;
+            } else {
+                fl->run_tokens = kvs__direct_run(r->pages, ps, fl->dpages, dps, fl->base, tok,
+                                                 fl->total) - tok;
                 /* no longer than one write of the fabric takes (a token's
                  * row fits one: checked when the pair was planned) */
                 const uint64_t most = kvs__net_max_write_bytes(p->h.fab) / (uint64_t)(nh * hb);
@@ -98,7 +123,7 @@ void kvs__direct_advance(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
         const uint64_t src = kvs__slot_addr(v ? m->v_base[fl->cur_l] : m->k_base[fl->cur_l],
                                             r->pages[pi], slot, ps, m->kv.local_heads,
                                             t->heads.src_start, hb);
-        const uint64_t dst = kvs__slot_addr(v ? e->v_addr : e->k_addr, fl->dpages[di], slot, ps,
+        const uint64_t dst = kvs__slot_addr(v ? e->v_addr : e->k_addr, fl->dpages[di], dslot, dps,
                                             t->local_heads, t->heads.dst_start, hb);
         const uint64_t len = (uint64_t)(sliced ? nh * hb : fl->run_tokens * nh * hb);
         kvs_mr_t *mr = v ? p->h.kv_keys.v_mr[fl->cur_l] : p->h.kv_keys.k_mr[fl->cur_l];

@@ -20,10 +20,12 @@
 #include <kvstage/backend.h>
 
 #define KVS_WIRE_MAGIC 0x4B565354u /* "KVST" */
-#define KVS_WIRE_VERSION 8u /* 6: HELLO, CHALLENGE, REGISTER's proof;
+#define KVS_WIRE_VERSION 9u /* 6: HELLO, CHALLENGE, REGISTER's proof;
                                7: region-scoped keys (REGISTER's scoped_keys,
                                STAGING_RSP's rkey and rkey_v);
-                               8: the fingerprint's kv_kind (MLA) */
+                               8: the fingerprint's kv_kind (MLA);
+                               9: the fingerprint's prefill_page_size and
+                               decode_page_size (different page sizes) */
 /* magic u32, version u16, type u16, payload length u32, seq u32, session u64 */
 #define KVS_WIRE_HEADER_BYTES 24u
 /* Layers per LAYERS message and page ids per PAGES message, so a message
@@ -50,15 +52,17 @@ typedef struct kvs_b32 {
 } kvs_b32_t;
 
 /* The compatibility fingerprint (spec §7.1, §12): the model shape (its KV
- * kind, heads and head dim: with MLA the latent dim), dtype, page size,
- * chunk size, the pair's resolved path and application tag, and the four
- * sizes of the pair's layout as the sender sees them. */
+ * kind, heads and head dim: with MLA the latent dim), dtype, both sides'
+ * page sizes, chunk size, the pair's resolved path and application tag, and
+ * the four sizes of the pair's layout as the sender sees them. */
 #define KVS_WIRE_FP_FIELDS(F)                                                  \
     F(u32, protocol_version)                                                   \
     F(u32, staging) /* the pair's kvs_path_t */                                \
     F(u32, kv_kind) /* kvs_kv_kind_t: GQA 0, MLA 1 */                          \
     F(u32, reserved)                                                           \
-    F(i64, total_heads) F(i64, head_dim) F(i64, layers) F(i64, page_size)      \
+    F(i64, total_heads) F(i64, head_dim) F(i64, layers)                        \
+    F(i64, prefill_page_size) F(i64, decode_page_size) /* tokens per page of   \
+                             each side, as the sender declared them */       \
     F(i64, chunk_tokens)                                                       \
     F(i64, prefill_tp) F(i64, decode_tp) F(i64, prefill_pp) F(i64, decode_pp)  \
     F(u32, dtype)                                                              \

@@ -70,6 +70,12 @@ def test_bad_input(s):
                                           "--chunk-tokens", "0"],
          "--chunk-tokens"),
         ("decode pp 0", DECODE + ["--decode-pp", "0"], "--decode-pp"),
+        # One page size per serve run: another decode size is refused by name
+        # (kvstage sim runs it).
+        ("decode page size differs", DECODE + ["--decode-page-size", "64"],
+         "--decode-page-size"),
+        ("decode page size differs, prefill", PREFILL + ["--decode-page-size", "32"],
+         "--decode-page-size"),
         # TP x PP ranks of one process: each side's product is bounded, on
         # both roles alike (so the two processes refuse the same shapes).
         ("prefill ranks over 64",

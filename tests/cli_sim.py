@@ -32,7 +32,7 @@ REQUIRED_KEYS = [
     "e2e_p50_us", "e2e_p99_us", "ring_peak_bytes", "watermark_waits",
     "msgs_rejected", "digest", "path", "seed", "prefill_ranks",
     "decode_ranks", "model", "total_heads", "head_dim", "dtype", "layers",
-    "page_size", "chunk_tokens", "prefill_tp", "decode_tp", "prefill_pp",
+    "page_size", "decode_page_size", "chunk_tokens", "prefill_tp", "decode_tp", "prefill_pp",
     "decode_pp", "replay", "hung_requests", "unreported_failures", "violations",
     "sq_depth", "posts_refused", "aux_bytes", "aux_bytes_verified",
     "aux_corrupt_bytes", "ok", "failures", "failed_without_faults", "ring_bytes_needed",
@@ -409,6 +409,27 @@ def test_slice_vs_staging(s):
          "staging %r, slice %r" % (st, sl))
 
 
+def test_page_sizes(s):
+    """A decode with other pages than the prefill: every byte moves, either way."""
+    base = SMALL + ["--seed", "5", "--json", "--prefix-tokens", "200"]
+    same = s.expect_json("one page size", base)
+    for ps, dps in (("16", "64"), ("64", "16")):
+        for path in ("staging", "slice"):
+            args = base + ["--page-size", ps, "--decode-page-size", dps, "--path", path]
+            obj = s.expect_json("pages %s -> %s %s" % (ps, dps, path), args)
+            s.expect_clean("pages %s -> %s %s" % (ps, dps, path), args, obj)
+            s.ok(obj.get("page_size") == int(ps) and obj.get("decode_page_size") == int(dps),
+                 "the report names both page sizes", args,
+                 "%r %r" % (obj.get("page_size"), obj.get("decode_page_size")))
+            s.ok(obj.get("bytes_verified", 0) > 0
+                 and obj.get("requests_ok") == same.get("requests_ok"),
+                 "every request moves and is verified", args,
+                 "%r verified, %r ok" % (obj.get("bytes_verified"), obj.get("requests_ok")))
+    s.ok(same.get("decode_page_size") == same.get("page_size"),
+         "one page size reports the same size twice", base,
+         "%r %r" % (same.get("page_size"), same.get("decode_page_size")))
+
+
 def test_trace(s):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "run trace.json")  # a space, to be quoted
@@ -541,6 +562,11 @@ def test_bad_input(s):
         ("direct across instances", with_flag("--prefill-tp", "2,4", "--decode-tp", "2",
                                               "--path", "direct"), "--path"),
         ("unknown router", SMALL + ["--router", "random"], "--router"),
+        # Different page sizes: a chunk covers whole pages of both sides.
+        ("chunk not multiple of decode page", SMALL + ["--decode-page-size", "48"],
+         "--decode-page-size"),
+        ("decode page zero", SMALL + ["--decode-page-size", "0"], "--decode-page-size"),
+        ("decode page junk", SMALL + ["--decode-page-size", "big"], "--decode-page-size"),
     ]
     for name, args, flag in cases:
         s.expect_usage_error(name, args, flag)
@@ -736,7 +762,8 @@ def main():
     s = Suite(sys.argv[1])
     for test in (test_help, test_json_report, test_table, test_defaults,
                  test_determinism, test_workload_flags, test_topologies,
-                 test_cluster, test_router, test_slice_vs_staging, test_trace, test_bad_input, test_faults,
+                 test_cluster, test_router, test_slice_vs_staging, test_page_sizes,
+                 test_trace, test_bad_input, test_faults,
                  test_sq_depth, test_aux_bytes, test_failures):
         test(s)
     print("cli_sim: %d passed, %d failed" % (s.passed, s.failed))

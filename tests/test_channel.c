@@ -99,7 +99,8 @@ static void test_channel_fingerprint_fills_each_field(void **state)
     assert_int_equal(fp.total_heads, 8);
     assert_int_equal(fp.head_dim, 128);
     assert_int_equal(fp.layers, 80);
-    assert_int_equal(fp.page_size, 16);
+    assert_int_equal(fp.prefill_page_size, 16);
+    assert_int_equal(fp.decode_page_size, 16); /* 0 in the params: the same */
     assert_int_equal(fp.chunk_tokens, 4096);
     assert_int_equal(fp.prefill_tp, 4);
     assert_int_equal(fp.decode_tp, 2);
@@ -150,7 +151,7 @@ static void test_channel_fingerprint_check_names_each_field(void **state)
         {"total KV heads", 8, 16},
         {"head dim", 128, 64},
         {"model layers", 80, 40},
-        {"page size", 16, 32},
+        {"prefill page size", 16, 32},
         {"chunk tokens", 4096, 8192},
         {"dtype", KVS_DTYPE_FP32, KVS_DTYPE_FP8},
         {"prefill TP size (--prefill-tp)", 4, 8},
@@ -159,6 +160,7 @@ static void test_channel_fingerprint_check_names_each_field(void **state)
         {"decode PP size (--decode-pp)", 1, 2},
         {"application tag (app_tag; serve: --seed/--requests/--prompt-tokens)", 0, 7},
         {"largest aux payload (max_aux_bytes)", 0, 64},
+        {"decode page size", 16, 64},
         {"KV kind (0 gqa", KVS_KV_GQA, KVS_KV_MLA},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -169,7 +171,7 @@ static void test_channel_fingerprint_check_names_each_field(void **state)
         case 2: theirs.total_heads = cases[i].theirs; break;
         case 3: theirs.head_dim = cases[i].theirs; break;
         case 4: theirs.layers = cases[i].theirs; break;
-        case 5: theirs.page_size = cases[i].theirs; break;
+        case 5: theirs.prefill_page_size = cases[i].theirs; break;
         case 6: theirs.chunk_tokens = cases[i].theirs; break;
         case 7: theirs.dtype = (uint32_t)cases[i].theirs; break;
         case 8: theirs.prefill_tp = cases[i].theirs; break;
@@ -178,6 +180,7 @@ static void test_channel_fingerprint_check_names_each_field(void **state)
         case 11: theirs.decode_pp = cases[i].theirs; break;
         case 12: theirs.app_tag = (uint32_t)cases[i].theirs; break;
         case 13: theirs.max_aux_bytes = (uint32_t)cases[i].theirs; break;
+        case 14: theirs.decode_page_size = cases[i].theirs; break;
         default: theirs.kv_kind = (uint32_t)cases[i].theirs; break;
         }
         char why[256] = "";
@@ -227,7 +230,7 @@ static void test_channel_fingerprint_check_reports_first_difference(void **state
     kvs_fingerprint_t mine, theirs;
     kvs__fingerprint(&lay, KVS_PATH_STAGING, &(kvs_manager_config_t){0}, &mine);
     theirs = mine;
-    theirs.page_size = 64;
+    theirs.prefill_page_size = 64;
     theirs.total_heads = 32;
     theirs.dtype = 1;
     char why[256];

@@ -613,6 +613,59 @@ static void test_layout_grid_floors_chunk_to_pages(void **state)
     assert_int_equal(l.grid_tokens, 16);
 }
 
+/* Different page sizes (docs/kinds/page-sizes.md): G is a multiple of
+ * lcm(prefill ps, decode ps), F counts decode pages, and chunk i starts on
+ * a page boundary of both sides. */
+static void test_layout_grid_two_page_sizes(void **state)
+{
+    kvs_layout_params_t prm = llama70b(8, 2);
+    kvs_layout_t l;
+    prm.page_size = 16; /* prefill 16 -> decode 64 */
+    prm.decode_page_size = 64;
+    prm.chunk_tokens = 200; /* floored to lcm 64: 3 x 64 */
+    assert_int_equal(kvs_layout_init(&l, &prm, NULL), KVS_OK);
+    assert_int_equal(l.page_size, 16);
+    assert_int_equal(l.decode_page_size, 64);
+    assert_int_equal(l.grid_tokens, 192);
+    assert_int_equal(l.chunk_pages, 3);
+    prm.page_size = 64; /* 64 -> 16: the same grid, F of 16-token pages */
+    prm.decode_page_size = 16;
+    assert_int_equal(kvs_layout_init(&l, &prm, NULL), KVS_OK);
+    assert_int_equal(l.grid_tokens, 192);
+    assert_int_equal(l.chunk_pages, 12);
+    prm.page_size = 6; /* neither divides the other: lcm 24 */
+    prm.decode_page_size = 8;
+    prm.chunk_tokens = 10; /* under one lcm: one lcm */
+    assert_int_equal(kvs_layout_init(&l, &prm, NULL), KVS_OK);
+    assert_int_equal(l.grid_tokens, 24);
+    assert_int_equal(l.chunk_pages, 3);
+    /* the grid: base aligned to both; pages are the decode's */
+    kvs_chunk_t ch;
+    assert_int_equal(kvs_grid_chunk(&l, 24, 24 + 50, 1, &ch), KVS_OK);
+    assert_int_equal(ch.page_start, 3);
+    assert_int_equal(ch.num_pages, 3);
+    assert_int_equal(ch.token_start, 48);
+    assert_int_equal(ch.token_end, 72);
+    assert_int_equal(kvs_grid_num_chunks(&l, 7), 3); /* 50 tokens: 7 pages of 8 */
+    assert_int_equal(kvs_grid_chunk(&l, 8, 100, 0, &ch), KVS_EPREFIX_ALIGN); /* not of 6 */
+    assert_int_equal(kvs_grid_chunk(&l, 6, 100, 0, &ch), KVS_EPREFIX_ALIGN); /* not of 8 */
+    kvs_send_t snd;
+    assert_int_equal(kvs_grid_send(&l, 12, 12, 100, false, &snd), KVS_EPREFIX_ALIGN);
+    /* equal sizes: 0 and the same size give the same plan */
+    kvs_layout_t a, b;
+    prm = llama70b(8, 2);
+    assert_int_equal(kvs_layout_init(&a, &prm, NULL), KVS_OK);
+    prm.decode_page_size = prm.page_size;
+    assert_int_equal(kvs_layout_init(&b, &prm, NULL), KVS_OK);
+    assert_memory_equal(&a, &b, sizeof a);
+    assert_int_equal(a.decode_page_size, a.page_size);
+    prm.decode_page_size = -1;
+    assert_int_equal(kvs_layout_init(&a, &prm, NULL), KVS_EINVAL);
+    prm.page_size = INT64_MAX / 2; /* lcm overflows */
+    prm.decode_page_size = INT64_MAX / 2 - 1;
+    assert_int_equal(kvs_layout_init(&a, &prm, NULL), KVS_ERANGE);
+}
+
 static void test_layout_writer_rejects_out_of_range(void **state)
 {
     kvs_layout_params_t prm = llama70b(8, 2);
@@ -812,6 +865,7 @@ int main(void)
         cmocka_unit_test(test_layout_rejects_invalid_params),
         cmocka_unit_test(test_layout_default_chunk_with_odd_page),
         cmocka_unit_test(test_layout_grid_floors_chunk_to_pages),
+        cmocka_unit_test(test_layout_grid_two_page_sizes),
         cmocka_unit_test(test_layout_writer_rejects_out_of_range),
         cmocka_unit_test(test_layout_region_overflow_at_each_factor),
         cmocka_unit_test(test_layout_max_region_is_every_ranks_region),

@@ -263,7 +263,22 @@ static void test_manager_config_guards(void **state)
         {"aux at the limit", decode_cfg(), 0, KVS_OK, NULL},
         {"negative dp rank", decode_cfg(), 0, KVS_EINVAL, "dp_rank -1 must be >= 0"},
         {"bounds given, not defaulted", decode_cfg(), 0, KVS_OK, NULL},
+        /* Different page sizes: the chunk covers whole pages of both sides. */
+        {"negative peer page size", decode_cfg(), 0, KVS_EINVAL,
+         "peer_page_size -16 must be >= 0"},
+        {"chunk not whole peer pages", prefill_cfg(), 0, KVS_ECHUNK,
+         "chunk_tokens 64 must be a multiple of the peer's page size 48"},
+        {"default chunk not whole peer pages", decode_cfg(), 0, KVS_ECHUNK,
+         "chunk_tokens 8192 (the default) must be a multiple of the peer's page size 24"},
+        {"peer pages of 64", prefill_cfg(), 0, KVS_OK, NULL},
+        {"peer pages of 24, no staging: not checked", decode_cfg(), 0, KVS_OK, NULL},
     };
+    g[32].cfg.peer_page_size = -16;
+    g[33].cfg.peer_page_size = 48; /* chunk_tokens 64 */
+    g[34].cfg.peer_page_size = 24;
+    g[35].cfg.peer_page_size = 64;
+    g[36].cfg.peer_page_size = 24;
+    g[36].cfg.staging = false;
     g[0].cfg.is_mla = true;
     g[1].cfg.context_parallel = 2;
     g[2].cfg.chunk_tokens = 100;

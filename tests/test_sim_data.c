@@ -20,6 +20,9 @@
  *        layer from the next layer's slot.
  * - MLA moves every byte in both modes at P > D, P < D, P = D (direct),
  *   slice, and with pipeline stages.
+ * - Different page sizes on the two sides (16 -> 64, 64 -> 16, 48 -> 32)
+ *   move every byte in both modes on every path; a planted wrong decode
+ *   page mapping (a chunk's first two decode pages swapped) is caught.
  * The seed of each run is in its config; a failure names the run.
  */
 #include <setjmp.h>
@@ -187,7 +190,7 @@ typedef struct plant {
  * replica of each; the planted decode takes, for each of its head ranges,
  * the block of the last writer the modulo mapping sends there. */
 static void plant_modulo_heads(void *ctx, uint32_t gpu_id, bool scatter,
-                               const kvs_copy_desc_t *desc, kvs_copy_part_t *parts,
+                               kvs_copy_desc_t *desc, kvs_copy_part_t *parts,
                                int64_t nparts)
 {
     plant_t *pl = ctx;
@@ -350,7 +353,7 @@ static void test_sim_data_mla_every_byte_in_both_modes(void **state)
  * the region (an off-by-one row): every token but the last gets its
  * neighbour's latent. */
 static void plant_mla_wrong_row(void *ctx, uint32_t gpu_id, bool scatter,
-                                const kvs_copy_desc_t *desc, kvs_copy_part_t *parts,
+                                kvs_copy_desc_t *desc, kvs_copy_part_t *parts,
                                 int64_t nparts)
 {
     plant_t *pl = ctx;
@@ -365,7 +368,7 @@ static void plant_mla_wrong_row(void *ctx, uint32_t gpu_id, bool scatter,
 /* The decode scatters layer j from the staging slot of layer j + 1: the
  * latent of the wrong layer. */
 static void plant_mla_wrong_layer(void *ctx, uint32_t gpu_id, bool scatter,
-                                  const kvs_copy_desc_t *desc, kvs_copy_part_t *parts,
+                                  kvs_copy_desc_t *desc, kvs_copy_part_t *parts,
                                   int64_t nparts)
 {
     plant_t *pl = ctx;
@@ -387,6 +390,96 @@ static void test_sim_data_catches_mla_wrong_row_and_layer(void **state)
     caught_in_both(c, &pl, "MLA latent of the next layer, P4 -> D2");
 }
 
+/* ---- different page sizes on the two sides (docs/kinds/page-sizes.md) ---- */
+
+static void test_sim_data_two_page_sizes_every_byte_in_both_modes(void **state)
+{
+    (void)state;
+    static const struct {
+        int64_t p, d, pp, dpp, ps, dps, chunk;
+        kvs_path_t path;
+        const char *what;
+    } runs[] = {
+        {4, 2, 1, 1, 16, 64, 256, KVS_PATH_AUTO, "pages 16 -> 64, P4 -> D2 staging"},
+        {2, 4, 1, 1, 64, 16, 256, KVS_PATH_AUTO, "pages 64 -> 16, P2 -> D4 staging"},
+        {4, 2, 1, 1, 48, 32, 192, KVS_PATH_AUTO, "pages 48 -> 32 (lcm 96), P4 -> D2"},
+        {2, 2, 1, 1, 16, 64, 256, KVS_PATH_AUTO, "pages 16 -> 64, P2 -> D2 direct"},
+        {2, 2, 1, 1, 48, 32, 192, KVS_PATH_AUTO, "pages 48 -> 32, P2 -> D2 direct"},
+        {4, 2, 1, 1, 64, 16, 256, KVS_PATH_SLICE, "pages 64 -> 16, P4 -> D2 slice"},
+        {4, 2, 2, 1, 16, 64, 256, KVS_PATH_AUTO, "pages 16 -> 64, P4xPP2 -> D2"},
+        {4, 2, 2, 2, 64, 16, 256, KVS_PATH_AUTO, "pages 64 -> 16, P4xPP2 -> D2xPP2"},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        sim_scenario_config_t c = small(runs[i].p, runs[i].d, 8);
+        c.shape.prefill_pp = runs[i].pp;
+        c.shape.decode_pp = runs[i].dpp;
+        c.shape.page_size = runs[i].ps;
+        c.shape.decode_page_size = runs[i].dps;
+        c.shape.chunk_tokens = runs[i].chunk;
+        c.path = runs[i].path;
+        c.staging = runs[i].path != KVS_PATH_SLICE;
+        c.prompt_min_tokens = 1;
+        c.prefix_max_tokens = 300; /* aligned to both page sizes */
+        const sim_report_t r = same_in_both(&c, runs[i].what);
+        if (r.requests_ok != c.requests || r.violations != 0 || r.bytes_verified == 0)
+            fail_msg("%s: %u of %u ok, %llu violations, %llu bytes verified", runs[i].what,
+                     r.requests_ok, c.requests, (unsigned long long)r.violations,
+                     (unsigned long long)r.bytes_verified);
+    }
+    /* Equal sizes, given or not, are the same run byte for byte. */
+    sim_scenario_config_t c = small(4, 2, 8);
+    const sim_report_t zero = run_mode(c, SIM_DATA_PROVENANCE, "decode_page_size 0");
+    c.shape.decode_page_size = c.shape.page_size;
+    const sim_report_t same = run_mode(c, SIM_DATA_PROVENANCE, "decode_page_size 16");
+    assert_memory_equal(&zero, &same, sizeof zero);
+}
+
+/* The decode maps a chunk's token rows to the wrong pages of its own: the
+ * rows of the chunk's first decode page go to its second and back (what
+ * a scatter that indexes decode pages by the prefill's page size, or
+ * misplaces a prefill page that spans two decode pages, does). */
+typedef struct plant_pages {
+    plant_t pl;
+    int64_t swapped[1024];
+} plant_pages_t;
+
+static void plant_swapped_decode_pages(void *ctx, uint32_t gpu_id, bool scatter,
+                                       kvs_copy_desc_t *desc, kvs_copy_part_t *parts,
+                                       int64_t nparts)
+{
+    (void)parts;
+    (void)nparts;
+    plant_pages_t *pp = ctx;
+    if (!scatter || gpu_id < (uint32_t)pp->pl.P || desc->num_pages < 2 ||
+        desc->tokens <= desc->page_size || desc->num_pages > 1024)
+        return;
+    memcpy(pp->swapped, desc->pages, (size_t)desc->num_pages * sizeof *desc->pages);
+    pp->swapped[0] = desc->pages[1];
+    pp->swapped[1] = desc->pages[0];
+    desc->pages = pp->swapped;
+    pp->pl.hits++;
+}
+
+static void test_sim_data_catches_wrong_decode_page(void **state)
+{
+    (void)state;
+    static const struct {
+        int64_t ps, dps;
+        const char *what;
+    } runs[] = {
+        {16, 64, "rows to the wrong decode page, pages 16 -> 64"},
+        {64, 16, "rows to the wrong decode page, pages 64 -> 16"},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        sim_scenario_config_t c = small(4, 2, 8);
+        c.shape.page_size = runs[i].ps;
+        c.shape.decode_page_size = runs[i].dps;
+        plant_pages_t pp = {.pl = {.P = 4, .D = 2, .H = 8}};
+        c.copy_hook = plant_swapped_decode_pages;
+        caught_in_both(c, &pp.pl, runs[i].what);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -397,6 +490,8 @@ int main(void)
         cmocka_unit_test(test_sim_data_catches_writer_offset),
         cmocka_unit_test(test_sim_data_mla_every_byte_in_both_modes),
         cmocka_unit_test(test_sim_data_catches_mla_wrong_row_and_layer),
+        cmocka_unit_test(test_sim_data_two_page_sizes_every_byte_in_both_modes),
+        cmocka_unit_test(test_sim_data_catches_wrong_decode_page),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

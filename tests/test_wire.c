@@ -147,10 +147,11 @@ static uint32_t expected_len(kvs_msg_type_t type, uint32_t count)
 {
     /* 24 header bytes, then the payload; the session travels in the header */
     switch (type) {
-    /* the fingerprint: 100 bytes (92 before wire version 8 added kv_kind) */
-    case KVS_MSG_REGISTER: return 24 + 32 + 32 + 100 + 24 + 8 + 16 + 8 + 32; /* 276 */
+    /* the fingerprint: 108 bytes (92 before wire version 8 added kv_kind,
+     * 100 before version 9 gave each side's page size) */
+    case KVS_MSG_REGISTER: return 24 + 32 + 32 + 108 + 24 + 8 + 16 + 8 + 32; /* 284 */
     case KVS_MSG_LAYERS: return 24 + 12 + 32 * count;
-    case KVS_MSG_REGISTER_ACK: return 24 + 8 + 16 + 8 + 16 + 100;
+    case KVS_MSG_REGISTER_ACK: return 24 + 8 + 16 + 8 + 16 + 108;
     case KVS_MSG_ROOM: return 24 + 32;
     case KVS_MSG_PAGES: return 24 + 20 + 8 * count;
     case KVS_MSG_STAGING_REQ: return 24 + 48;
@@ -313,7 +314,7 @@ static void test_wire_encoded_lengths_are_exact(void **state)
             assert_int_equal(payload, len - KVS_WIRE_HEADER_BYTES);
         }
     }
-    assert_int_equal(expected_len(KVS_MSG_REGISTER, 0), 276);
+    assert_int_equal(expected_len(KVS_MSG_REGISTER, 0), 284);
     /* The largest messages fit a control message. */
     assert_int_equal(expected_len(KVS_MSG_LAYERS, KVS_WIRE_LAYERS_PER_MSG), 3108);
     assert_int_equal(expected_len(KVS_MSG_PAGES, KVS_WIRE_PAGES_PER_MSG), 3884);
@@ -349,7 +350,7 @@ static void test_wire_golden_watermark(void **state)
     (void)state;
     static const uint8_t golden[] = {
         0x54, 0x53, 0x56, 0x4B,                         /* magic "KVST" LE */
-        0x08, 0x00,                                     /* version 8 */
+        0x09, 0x00,                                     /* version 9 */
         0x09, 0x00,                                     /* type WATERMARK */
         0x10, 0x00, 0x00, 0x00,                         /* payload 16 */
         0x11, 0x22, 0x33, 0x44,                         /* link seq */
@@ -372,7 +373,7 @@ static void test_wire_golden_abort_negative_status(void **state)
 {
     (void)state;
     static const uint8_t golden[] = {
-        0x54, 0x53, 0x56, 0x4B, 0x08, 0x00, 0x0B, 0x00, 0x10, 0x00, 0x00, 0x00,
+        0x54, 0x53, 0x56, 0x4B, 0x09, 0x00, 0x0B, 0x00, 0x10, 0x00, 0x00, 0x00,
         0x07, 0x00, 0x00, 0x00,                         /* link seq 7 */
         0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, /* session = max u64 */
         0x2A, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* room = 42 */
@@ -397,7 +398,7 @@ static void test_wire_golden_staging_rsp_keys(void **state)
 {
     (void)state;
     static const uint8_t golden[] = {
-        0x54, 0x53, 0x56, 0x4B, 0x08, 0x00, 0x07, 0x00, 0x40, 0x00, 0x00, 0x00,
+        0x54, 0x53, 0x56, 0x4B, 0x09, 0x00, 0x07, 0x00, 0x40, 0x00, 0x00, 0x00,
         0x02, 0x00, 0x00, 0x00,                         /* link seq 2 */
         0x05, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* session 5 */
         0x09, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* room 9 */
@@ -426,7 +427,7 @@ static void test_wire_golden_aux(void **state)
 {
     (void)state;
     static const uint8_t golden[] = {
-        0x54, 0x53, 0x56, 0x4B, 0x08, 0x00, 0x0D, 0x00, 0x17, 0x00, 0x00, 0x00,
+        0x54, 0x53, 0x56, 0x4B, 0x09, 0x00, 0x0D, 0x00, 0x17, 0x00, 0x00, 0x00,
         0x03, 0x00, 0x00, 0x00,                         /* link seq 3 */
         0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* session 1 */
         0x09, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* room 9 */

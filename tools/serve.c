@@ -656,6 +656,16 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
         return cli_fail(CLI_SERVE_CMD, "--model / --mla-latent-dim: serve moves K and V "
                                        "layers only; run an MLA model (%s) with `kvstage "
                                        "sim` for now", kvs_kv_kind_name(in->shape.params.kind));
+    /* Its ranks allocate, fill and check pools of one page size, and
+     * discovery records carry one: different sizes run in `kvstage sim`. */
+    const int64_t dps = in->shape.params.decode_page_size;
+    if (dps > 0 && dps != in->shape.params.page_size)
+        return cli_fail(CLI_SERVE_CMD, "--decode-page-size %" PRId64 ": serve runs both sides "
+                                       "with one page size (--page-size %" PRId64 "): drop "
+                                       "--decode-page-size or give it --page-size's value; "
+                                       "run different page sizes with `kvstage sim "
+                                       "--decode-page-size` for now", dps,
+                        in->shape.params.page_size);
     if ((rc = cli_shape_layout(CLI_SERVE_CMD, &in->shape, &in->plan.lay)) != 0)
         return rc;
     const kvs_layout_t *l = &in->plan.lay;

@@ -96,6 +96,8 @@ int cli_shape_read(const char *cmd, const char *const *values,
                                 CLI_SHAPE_MAX_LAYERS, &p->layers)) != 0 ||
         (rc = cli__shape_number(cmd, values, CLI_SF_PAGE_SIZE, 1,
                                 CLI_SHAPE_MAX_PAGE_SIZE, &p->page_size)) != 0 ||
+        (rc = cli__shape_number(cmd, values, CLI_SF_DECODE_PAGE_SIZE, 1,
+                                CLI_SHAPE_MAX_PAGE_SIZE, &p->decode_page_size)) != 0 ||
         (rc = cli__shape_number(cmd, values, CLI_SF_PREFILL_TP, 1,
                                 CLI_SHAPE_MAX_TP, &p->prefill_tp)) != 0 ||
         (rc = cli__shape_number(cmd, values, CLI_SF_DECODE_TP, 1,
@@ -161,7 +163,9 @@ const char *cli_shape_flag_for(int status, const kvs_layout_params_t *p)
             return "--decode-pp";
         return "--prefill-pp (or --layers)"; /* fewer layers than stages */
     case KVS_ECHUNK:
-        return "--chunk-tokens (or --page-size)";
+        return p->decode_page_size > 0 && p->decode_page_size != p->page_size
+                   ? "--chunk-tokens (or --page-size / --decode-page-size)"
+                   : "--chunk-tokens (or --page-size)";
     case KVS_EDTYPE:
         return "--dtype";
     case KVS_EHEADS:
@@ -190,6 +194,23 @@ int cli_shape_layout(const char *cmd, const cli_shape_t *shape,
                         p->chunk_tokens > 0 ? "" : "0 means ", chunk,
                         p->chunk_tokens > 0 ? " is" : ", which is", p->page_size,
                         p->page_size, fit);
+    }
+    /* Different page sizes: a chunk covers whole pages of each side. */
+    const int64_t dps = p->decode_page_size;
+    if (dps > 0 && chunk % dps != 0) {
+        int64_t a = p->page_size, b = dps; /* lcm: the smallest chunk that fits */
+        while (b != 0) {
+            const int64_t t = a % b;
+            a = b;
+            b = t;
+        }
+        return cli_fail(cmd, "--chunk-tokens: %s%" PRId64 "%s not a multiple of "
+                             "--decode-page-size %" PRId64 ": give --chunk-tokens a multiple "
+                             "of both page sizes (of %" PRId64 "), or another "
+                             "--decode-page-size",
+                        p->chunk_tokens > 0 ? "" : "0 means ", chunk,
+                        p->chunk_tokens > 0 ? " is" : ", which is", dps,
+                        p->page_size / a * dps);
     }
     kvs_error_t err;
     memset(&err, 0, sizeof err);

@@ -48,6 +48,7 @@ enum cli_shape_flag {
     CLI_SF_DECODE_PP,
     CLI_SF_CHUNK_TOKENS,
     CLI_SF_MLA_LATENT_DIM,
+    CLI_SF_DECODE_PAGE_SIZE,
     CLI_SF_COUNT
 };
 
@@ -65,7 +66,8 @@ enum cli_shape_flag {
     [CLI_SF_PREFILL_PP] = {"--prefill-pp", true},                              \
     [CLI_SF_DECODE_PP] = {"--decode-pp", true},                                \
     [CLI_SF_CHUNK_TOKENS] = {"--chunk-tokens", true},                          \
-    [CLI_SF_MLA_LATENT_DIM] = {"--mla-latent-dim", true}
+    [CLI_SF_MLA_LATENT_DIM] = {"--mla-latent-dim", true},                     \
+    [CLI_SF_DECODE_PAGE_SIZE] = {"--decode-page-size", true}
 
 /* What a subcommand assumes for the shape flags it is not given. */
 typedef struct cli_shape_defaults {
@@ -100,7 +102,8 @@ int cli_shape_read(const char *cmd, const char *const *values,
 /*
  * Validates the shape through the library's planner (kvs_layout_init) into
  * *lay, after the rule the planner leaves to the manager (spec §8): the
- * chunk size, 8192 when 0, is a multiple of the page size. On failure
+ * chunk size, 8192 when 0, is a multiple of the page size (of both page
+ * sizes with --decode-page-size). On failure
  * prints one line naming the flag to change and returns CLI_EXIT_USAGE; 0
  * on success.
  */

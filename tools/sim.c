@@ -172,7 +172,8 @@ void cli_sim_usage(FILE *out)
     cli_sim_defaults(&d);
     fprintf(out,
             "usage: kvstage sim [--model NAME | --kv-heads H --head-dim HD --layers L]\n"
-            "                   [--dtype T] [--page-size PS] [--chunk-tokens C]\n"
+            "                   [--dtype T] [--page-size PS] [--decode-page-size DPS]\n"
+            "                   [--chunk-tokens C]\n"
             "                   [--prefill-tp P[,P...]] [--decode-tp D[,D...]]\n"
             "                   [--prefill-pp PP[,PP...]] [--decode-pp DP[,DP...]]\n"
             "                   [--requests N] [--prompt-tokens MIN:MAX]\n"
@@ -211,7 +212,11 @@ void cli_sim_usage(FILE *out)
             "  --dtype T           KV dtype: bf16, fp16, fp8, fp32 (default: the model's)\n"
             "  --page-size PS      tokens per KV page (default %d here, not plan's 1, to\n"
             "                      keep the simulated page lists short)\n"
-            "  --chunk-tokens C    chunked-prefill size, a multiple of PS (default %d\n"
+            "  --decode-page-size DPS  tokens per page of every decode instance's KV\n"
+            "                      pool when it differs from PS (then PS is the\n"
+            "                      prefill's); chunks cover whole pages of both sides\n"
+            "                      (default: PS; docs/kinds/page-sizes.md)\n"
+            "  --chunk-tokens C    chunked-prefill size, a multiple of PS (and DPS) (default %d\n"
             "                      here to keep simulated memory small; 0 means %d)\n"
             "  --prefill-tp P[,P...]  prefill attention TP size (default %d); a comma\n"
             "                      list makes one prefill instance per value\n"
@@ -556,6 +561,7 @@ static void cli_sim_set_shape(const kvs_layout_params_t *p, kvs_sim_config_t *c)
     c->decode_pp = p->decode_pp;
     c->chunk_tokens = p->chunk_tokens;
     c->kv_kind = (int32_t)p->kind;
+    c->decode_page_size = p->decode_page_size;
 }
 
 /* The cluster of the lists into in->cfg, checked by the library: every
@@ -1041,9 +1047,9 @@ static void cli_sim_print_json(const cli_sim_input_t *in, const kvs_sim_config_t
         printf("null");
     printf(", \"total_heads\": %" PRId64 ", \"head_dim\": %" PRId64
            ", \"dtype\": \"%s\", \"layers\": %" PRId64 ", \"page_size\": %" PRId64
-           ", \"chunk_tokens\": %" PRId64,
+           ", \"decode_page_size\": %" PRId64 ", \"chunk_tokens\": %" PRId64,
            lay->total_heads, lay->head_dim, kvs_dtype_name(in->shape.params.dtype),
-           lay->layers, lay->page_size, lay->chunk_tokens);
+           lay->layers, lay->page_size, lay->decode_page_size, lay->chunk_tokens);
     printf(", \"prefill_tp\": %" PRId64 ", \"decode_tp\": %" PRId64
            ", \"prefill_pp\": %" PRId64 ", \"decode_pp\": %" PRId64,
            lay->prefill_tp, lay->decode_tp, lay->prefill_pp, lay->decode_pp);
@@ -1102,20 +1108,25 @@ static void cli_sim_print_table(const cli_sim_input_t *in, const kvs_sim_config_
                                 const kvs_sim_report_t *r, double wall_s, const char *replay)
 {
     const kvs_layout_t *lay = &in->lay;
-    char a[32], b[32];
+    char a[32], b[32], page[48];
+    if (lay->decode_page_size != lay->page_size) /* prefill -> decode */
+        snprintf(page, sizeof page, "%" PRId64 " -> %" PRId64, lay->page_size,
+                 lay->decode_page_size);
+    else
+        snprintf(page, sizeof page, "%" PRId64, lay->page_size);
     if (lay->kind == KVS_KV_MLA)
         printf("kvstage sim: %s%s%" PRId64 " layers x MLA latent %" PRId64
-               " (one per token, on every TP rank), %s, page %" PRId64 ", chunk %" PRId64
+               " (one per token, on every TP rank), %s, page %s, chunk %" PRId64
                " tokens\n",
                in->shape.model != NULL ? in->shape.model->name : "",
                in->shape.model != NULL ? ", " : "", lay->layers, lay->head_dim,
-               kvs_dtype_name(in->shape.params.dtype), lay->page_size, lay->chunk_tokens);
+               kvs_dtype_name(in->shape.params.dtype), page, lay->chunk_tokens);
     else
         printf("kvstage sim: %s%s%" PRId64 " layers x %" PRId64 " KV heads x head dim %"
-               PRId64 ", %s, page %" PRId64 ", chunk %" PRId64 " tokens\n",
+               PRId64 ", %s, page %s, chunk %" PRId64 " tokens\n",
                in->shape.model != NULL ? in->shape.model->name : "",
                in->shape.model != NULL ? ", " : "", lay->layers, lay->total_heads,
-               lay->head_dim, kvs_dtype_name(in->shape.params.dtype), lay->page_size,
+               lay->head_dim, kvs_dtype_name(in->shape.params.dtype), page,
                lay->chunk_tokens);
     if (cfg->prefill_instances == 1 && cfg->decode_instances == 1) {
         printf("  prefill TP %" PRId64 " x PP %" PRId64 " -> decode TP %" PRId64

@@ -282,6 +282,11 @@ typedef struct kvs_layout_params {
     /* What a layer holds (0: GQA). With KVS_KV_MLA, head_dim is the latent
      * dim and total_heads / heads_per_rank must be 0 or 1 (KVS_EMLA). */
     kvs_kv_kind_t kind;
+    /* Tokens per page of the decode's KV pool, 0: page_size (then page_size
+     * is both sides'). Otherwise page_size is the prefill's; the grid G is a
+     * multiple of lcm(page_size, decode_page_size), so every chunk covers
+     * whole pages on both sides (docs/kinds/page-sizes.md). */
+    int64_t decode_page_size;
 } kvs_layout_params_t;
 
 typedef enum kvs_path {
@@ -303,8 +308,10 @@ typedef struct kvs_layout {
     kvs_dtype_t dtype;
     int64_t prefill_tp, decode_tp, prefill_pp, decode_pp;
     int64_t chunk_tokens;     /* C after defaulting */
-    int64_t grid_tokens;      /* G = max(1, C / ps) * ps */
-    int64_t chunk_pages;      /* F = G / ps */
+    int64_t grid_tokens;      /* G = max(1, C / lcm) * lcm, lcm of the two
+                                 sides' page sizes (ps when equal) */
+    int64_t chunk_pages;      /* F = G / decode_page_size: decode pages of
+                                 a chunk (the grid's pages are the decode's) */
     int64_t src_heads;        /* heads on a prefill rank: max(1, H / P) */
     int64_t dst_heads;        /* heads on a decode rank: max(1, H / D) */
     int64_t decode_layers;    /* the most layers one decode stage holds:
@@ -326,6 +333,9 @@ typedef struct kvs_layout {
                                  source writes (W = sources), with MLA only
                                  source 0 (W = 1): the others report their
                                  status and write nothing */
+    int64_t decode_page_size; /* tokens per decode page (page_size is the
+                                 prefill's); equal to page_size unless the
+                                 params gave another */
 } kvs_layout_t;
 
 /* Validates params and derives the plan. On error returns its code and, when
@@ -608,6 +618,11 @@ typedef struct kvs_manager_config {
      * kvs_kv_layer_t.v_addr 0), head_dim the latent dim, heads 0 or 1 (else
      * KVS_EMLA). Both sides must agree (the fingerprint). */
     kvs_kv_kind_t kv_kind;
+    /* Tokens per page of the peer side's KV pool (the decode's on a
+     * prefill, the prefill's on a decode), 0: page_size. Both sides declare
+     * both sizes and the fingerprint compares them; with different sizes the
+     * chunk grid is a multiple of their lcm (docs/kinds/page-sizes.md). */
+    int64_t peer_page_size;
 } kvs_manager_config_t;
 
 #define KVS_AUX_BYTES_MAX (1u << 20)

@@ -191,6 +191,10 @@ typedef struct kvs_sim_config {
      * every TP rank; total_heads and heads_per_rank 0 or 1. */
     int32_t kv_kind;
     uint32_t reserved4;          /* must be 0 */
+    /* Tokens per page of every decode instance's KV pool (after reserved4: a
+     * shorter size_bytes leaves it 0), 1..2^24; 0: page_size. page_size is
+     * then the prefill's; chunk_tokens must be a multiple of both. */
+    int64_t decode_page_size;
 } kvs_sim_config_t;
 
 /* One instance's share of a run (kvs_sim_report_t.instance). */

@@ -38,7 +38,8 @@ class LayoutParams(c.Structure):
                 ("heads_per_rank_tp", i64), ("head_dim", i64), ("dtype", enum),
                 ("layers", i64), ("page_size", i64), ("prefill_tp", i64),
                 ("decode_tp", i64), ("prefill_pp", i64), ("decode_pp", i64),
-                ("chunk_tokens", i64), ("kind", enum)]
+                ("chunk_tokens", i64), ("kind", enum),
+                ("decode_page_size", i64)]
 
 
 class Layout(c.Structure):
@@ -51,7 +52,7 @@ class Layout(c.Structure):
                 ("decode_layers", i64), ("prefill_layers", i64),
                 ("tp_writers", i64), ("expected_arrivals", i64),
                 ("targets_per_prefill", i64), ("path", enum), ("kind", enum),
-                ("planes", i64), ("tp_sources", i64)]
+                ("planes", i64), ("tp_sources", i64), ("decode_page_size", i64)]
 
 
 class HeadSlice(c.Structure):
@@ -101,7 +102,7 @@ class SimConfig(c.Structure):
                 ("decode_instance_pp", i64 * SIM_MAX_INSTANCES),
                 ("router", i32), ("max_aux_bytes", u32), ("reserved3", u32),
                 ("progress", c.c_void_p), ("progress_ctx", c.c_void_p),
-                ("kv_kind", i32), ("reserved4", u32)]
+                ("kv_kind", i32), ("reserved4", u32), ("decode_page_size", i64)]
 
 
 class SimInstance(c.Structure):
@@ -189,7 +190,7 @@ class ManagerConfig(c.Structure):
                 ("model_layers", i64), ("instance_id", u64), ("dp_rank", i64),
                 ("max_instances", u32), ("max_peers", u32), ("max_aux_bytes", u32),
                 ("secret_file", c.c_char_p), ("secret_env", c.c_char_p),
-                ("kv_kind", enum)]
+                ("kv_kind", enum), ("peer_page_size", i64)]
 
 
 class KvLayer(c.Structure):
