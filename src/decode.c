@@ -362,6 +362,18 @@ int kvs_decode_connect(kvs_decode_t *d, const char *peer, int64_t prefill_tp_ran
     return kvs__connect_peer(d, p);
 }
 
+/* True (m->err set) when one of the n addresses of desc is NULL. */
+static bool kvs__null_addr(kvs_decode_t *d, const kvs_instance_desc_t *desc, int64_t n)
+{
+    for (int64_t a = 0; a < n; a++)
+        if (desc->addrs[a] == NULL) {
+            KVS__MFAIL(d->h.m, KVS_EINVAL, "prefill instance %llu: address %lld is NULL: "
+                       "give every rank's address", (unsigned long long)desc->id, (long long)a);
+            return true;
+        }
+    return false;
+}
+
 /* An instance declared again: the same geometry at new addresses (it came
  * back elsewhere: a restarted pod, another port), taken only while none of
  * its ranks is connected; its next room connects to them. */
@@ -388,6 +400,8 @@ static int kvs__redeclare(kvs_decode_t *d, const kvs_instance_desc_t *desc, int6
                                   "and connected: its new addresses are taken once it is "
                                   "gone (kvs_decode_instance_lost first)", id);
     }
+    if (kvs__null_addr(d, desc, dp * pp * desc->tp_size))
+        return m->err.status;
     for (int64_t g = 0; g < dp; g++) {
         kvs__inst_t *inst = kvs__inst_find(&d->h, (kvs_peer_t){desc->id, g});
         const int rc = kvs__inst_readdress(inst, m, desc->addrs + g * pp * desc->tp_size);
@@ -411,11 +425,6 @@ int kvs_decode_add_instance(kvs_decode_t *d, const kvs_instance_desc_t *desc)
                           "dp_size >= 0 (0 means 1) and the addresses of its ranks");
     const int64_t pp = desc->pp_size > 0 ? desc->pp_size : 1;
     const int64_t dp = desc->dp_size > 0 ? desc->dp_size : 1;
-    for (int64_t a = 0; a < dp * pp * desc->tp_size; a++)
-        if (desc->addrs[a] == NULL)
-            return KVS__MFAIL(m, KVS_EINVAL, "prefill instance %llu: address %lld is NULL: "
-                              "give every rank's address", (unsigned long long)desc->id,
-                              (long long)a);
     if (kvs__inst_find(&d->h, (kvs_peer_t){desc->id, 0}) != NULL)
         return kvs__redeclare(d, desc, pp, dp);
     if (dp > (int64_t)(d->h.insts.cap - d->h.insts.count))
@@ -423,6 +432,8 @@ int kvs_decode_add_instance(kvs_decode_t *d, const kvs_instance_desc_t *desc)
                           "and %u more fit: raise max_instances",
                           (unsigned long long)desc->id, (long long)dp,
                           d->h.insts.cap - d->h.insts.count);
+    if (kvs__null_addr(d, desc, dp * pp * desc->tp_size))
+        return m->err.status;
     for (int64_t g = 0; g < dp; g++) {
         kvs__inst_t *inst = kvs__insts_add(&d->h.insts, m, (kvs_peer_t){desc->id, g});
         int rc = inst != NULL ? kvs__inst_set_geometry(inst, m, desc->tp_size, pp, true)

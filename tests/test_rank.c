@@ -468,7 +468,11 @@ static void test_rank_instance_redeclared(void **state)
 
     assert_int_equal(kvs_decode_instance_lost(d->dec, (kvs_peer_t){1, 0}), KVS_OK);
     edge_run(cl);
-    desc = (kvs_instance_desc_t){.id = 1, .tp_size = tp, .addrs = wrong};
+    const char *holes[8] = {"x0", NULL, "x2", "x3", "x4", "x5", "x6", "x7"};
+    desc = (kvs_instance_desc_t){.id = 1, .tp_size = tp, .addrs = holes};
+    assert_int_equal(kvs_decode_add_instance(d->dec, &desc), KVS_EINVAL);
+    expect_error_says(d, "address 1 is NULL");
+    desc.addrs = wrong;
     assert_int_equal(kvs_decode_add_instance(d->dec, &desc), KVS_OK);
     int rc = KVS_OK;
     decode_open_alone(d, 2, 1, &rc);
