@@ -350,6 +350,36 @@ static void test_copy_desc_refuses_sizes_overflowing_64_bits(void **state)
     REFUSED(elem_bytes, INT64_MAX, KVS_ERANGE, "sizes overflow 64 bits");
     /* Only the staging block's size overflows: every slot of it counts. */
     REFUSED(staging_layer_slots, INT64_MAX / 64, KVS_ERANGE, "sizes overflow 64 bits");
+    /* Each product on its own: a token row of every copied head, a token
+     * slot of every local head, a layer's slot, the payload (one plane and
+     * both), the staging block with both planes. */
+    kvs_copy_desc_t d = f.good;
+    d.local_heads = d.num_heads = INT64_MAX / 4; /* 16 bytes a head */
+    d.head_start = 0;
+    expect_refused(&f, &d, KVS_ERANGE, "sizes overflow 64 bits");
+    d = f.good;
+    d.local_heads = INT64_MAX / 4;
+    expect_refused(&f, &d, KVS_ERANGE, "sizes overflow 64 bits");
+    d = f.good;
+    d.page_size = INT64_MAX; /* the page capacity overflows: not checked */
+    d.tokens = INT64_MAX / 2;
+    expect_refused(&f, &d, KVS_ERANGE, "sizes overflow 64 bits");
+    const uint64_t slot = 192; /* 6 tokens x 32 bytes */
+    d = f.good;
+    d.layer_count = (int64_t)(UINT64_MAX / slot);
+    d.staging_slot_begin = 0;
+    d.staging_layer_slots = d.layer_count;
+    d.layer_begin = 0;
+    d.planes = 1;
+    d.layer_count++; /* one slot more than a 64-bit payload holds */
+    d.staging_layer_slots++;
+    expect_refused(&f, &d, KVS_ERANGE, "sizes overflow 64 bits");
+    d.layer_count = d.staging_layer_slots = (int64_t)(UINT64_MAX / slot / 2 + 1);
+    d.planes = 2; /* one plane fits, two do not */
+    expect_refused(&f, &d, KVS_ERANGE, "sizes overflow 64 bits");
+    d = f.good;
+    d.staging_layer_slots = (int64_t)(UINT64_MAX / slot / 2 + 1);
+    expect_refused(&f, &d, KVS_ERANGE, "sizes overflow 64 bits");
 }
 
 static void test_copy_desc_refuses_bad_page_ids(void **state)

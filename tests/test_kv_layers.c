@@ -124,6 +124,23 @@ static void test_kv_layers_from_ptrs_refusals(void **state)
     assert_int_equal(kvs_kv_layers_from_ptrs(a.ptrs, a.lens, a.items, 6, PAGE, HEADS, DIM,
                                              KVS_DTYPE_BF16, NULL, LAYERS, NULL),
                      KVS_EINVAL);
+    /* Each argument on its own. */
+    assert_int_equal(kvs_kv_layers_from_ptrs(a.ptrs, NULL, a.items, 6, PAGE, HEADS, DIM,
+                                             KVS_DTYPE_BF16, a.out, LAYERS, &err),
+                     KVS_EINVAL);
+    assert_non_null(strstr(err.msg, "ptrs, lens, item_lens and out must not be NULL"));
+    assert_int_equal(kvs_kv_layers_from_ptrs(a.ptrs, a.lens, NULL, 6, PAGE, HEADS, DIM,
+                                             KVS_DTYPE_BF16, a.out, LAYERS, &err),
+                     KVS_EINVAL);
+    assert_non_null(strstr(err.msg, "must not be NULL"));
+    assert_int_equal(kvs_kv_layers_from_ptrs(a.ptrs, a.lens, a.items, 6, 0, HEADS, DIM,
+                                             KVS_DTYPE_BF16, a.out, LAYERS, &err),
+                     KVS_EINVAL);
+    assert_non_null(strstr(err.msg, "(got 0, 4, 128, "));
+    assert_int_equal(kvs_kv_layers_from_ptrs(a.ptrs, a.lens, a.items, 6, PAGE, HEADS, -1,
+                                             KVS_DTYPE_BF16, a.out, LAYERS, &err),
+                     KVS_EINVAL);
+    assert_non_null(strstr(err.msg, "(got 16, 4, -1, "));
 }
 
 int main(void)

@@ -236,6 +236,21 @@ static void test_layout_mla_one_writer_spread_over_prefill(void **state)
     assert_int_equal(kvs_layout_source_index(&l, 8, 0, &idx), KVS_ERANGE);
     assert_int_equal(kvs_layout_target(&l, 5, 0, &d), KVS_OK);
     assert_int_equal(d, 1);
+    /* Each argument of the source lookups on its own. */
+    assert_int_equal(kvs_layout_source_index(NULL, 5, 1, &idx), KVS_EINVAL);
+    assert_int_equal(kvs_layout_source_index(&l, 5, 1, NULL), KVS_EINVAL);
+    assert_int_equal(kvs_layout_source_index(&l, -1, 1, &idx), KVS_ERANGE);
+    assert_int_equal(kvs_layout_source_index(&l, 5, -1, &idx), KVS_ERANGE);
+    assert_int_equal(kvs_layout_source_index(&l, 5, 2, &idx), KVS_ERANGE);
+    int64_t p = -1;
+    assert_int_equal(kvs_layout_source_rank(&l, 1, 1, &p), KVS_OK);
+    assert_int_equal(p, 5);
+    assert_int_equal(kvs_layout_source_rank(NULL, 1, 1, &p), KVS_EINVAL);
+    assert_int_equal(kvs_layout_source_rank(&l, 1, 1, NULL), KVS_EINVAL);
+    assert_int_equal(kvs_layout_source_rank(&l, -1, 1, &p), KVS_ERANGE);
+    assert_int_equal(kvs_layout_source_rank(&l, 2, 1, &p), KVS_ERANGE);
+    assert_int_equal(kvs_layout_source_rank(&l, 1, -1, &p), KVS_ERANGE);
+    assert_int_equal(kvs_layout_source_rank(&l, 1, l.tp_sources, &p), KVS_ERANGE);
 }
 
 static void test_layout_mla_p_lt_d_and_equal(void **state)
@@ -313,6 +328,7 @@ static void test_layout_kind_names_round_trip(void **state)
     assert_string_equal(kvs_kv_kind_name((kvs_kv_kind_t)9), "unknown");
     assert_int_equal(kvs_kv_kind_parse("MLA", &k), KVS_EINVAL);
     assert_int_equal(kvs_kv_kind_parse(NULL, &k), KVS_EINVAL);
+    assert_int_equal(kvs_kv_kind_parse("mla", NULL), KVS_EINVAL);
 }
 
 static void test_layout_pp_arrivals_and_layers(void **state)
