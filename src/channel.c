@@ -83,6 +83,9 @@ int kvs__fingerprint_check(const kvs_fingerprint_t *mine, const kvs_fingerprint_
          mine->app_tag, theirs->app_tag, NULL},
         {"largest aux payload (max_aux_bytes)", mine->max_aux_bytes, theirs->max_aux_bytes,
          NULL},
+        /* 0 in this protocol version: a peer that sets it speaks another. */
+        {"reserved field (0 in this protocol version)", mine->reserved, theirs->reserved,
+         NULL},
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
         if (f[i].a != f[i].b) {

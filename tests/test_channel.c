@@ -162,6 +162,7 @@ static void test_channel_fingerprint_check_names_each_field(void **state)
         {"largest aux payload (max_aux_bytes)", 0, 64},
         {"decode page size", 16, 64},
         {"KV kind (0 gqa", KVS_KV_GQA, KVS_KV_MLA},
+        {"reserved field (0 in this protocol version)", 0, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kvs_fingerprint_t theirs = mine;
@@ -181,7 +182,8 @@ static void test_channel_fingerprint_check_names_each_field(void **state)
         case 12: theirs.app_tag = (uint32_t)cases[i].theirs; break;
         case 13: theirs.max_aux_bytes = (uint32_t)cases[i].theirs; break;
         case 14: theirs.decode_page_size = cases[i].theirs; break;
-        default: theirs.kv_kind = (uint32_t)cases[i].theirs; break;
+        case 15: theirs.kv_kind = (uint32_t)cases[i].theirs; break;
+        default: theirs.reserved = (uint32_t)cases[i].theirs; break;
         }
         char why[256] = "";
         assert_int_equal(kvs__fingerprint_check(&mine, &theirs, why, sizeof why),
