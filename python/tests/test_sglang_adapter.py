@@ -16,82 +16,35 @@ processes over libfabric tcp on 127.0.0.1 with torch CPU tensors:
 
 ctest python_sglang (TIMEOUT in CMakeLists.txt)."""
 
-import importlib.util
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 import types
 
 import pytest
 
 import kvstage
-from kvstage import _library
 import kvstage.sglang as ks
 from kvstage.sglang import bootstrap as ks_bootstrap
+from engine_procs import need_ofi_and_torch, run_with_kill
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KILL_BOUND_S = 8  # heartbeat 0.3 s x 2 misses, or the fabric's own EPEER, far under this
 
 
-def need_ofi():
-    if not hasattr(_library.load_backend("hw"), "kvs_ofi_fabric_create"):
-        pytest.skip("this kvstage was built without libfabric (install libfabric-dev, "
-                    "rebuild): no ofi fabric to test the sglang backend on")
-
-
-def need_torch():
-    """The engine processes need torch; this one does not import it (under
-    ASan its import alone takes seconds)."""
-    if importlib.util.find_spec("torch") is None:
-        pytest.skip("torch is not installed (install python3-torch): the harness's KV "
-                    "pools are torch tensors")
-
-
 def test_sglang_two_prefills_abort_and_kill(tmp_path):
-    need_ofi()
-    need_torch()
+    need_ofi_and_torch("the sglang backend")
     env = dict(os.environ, KVSTAGE_FABRIC="ofi", KVSTAGE_PROVIDER="tcp",
                KVSTAGE_BIND_ADDR="127.0.0.1", KVSTAGE_HEARTBEAT_S="0.3",
                KVSTAGE_HEARTBEAT_MISSES="2", KVSTAGE_BOOTSTRAP_TIMEOUT_S="20",
                PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
     script = os.path.join(HERE, "sglang_engine.py")
 
-    def start(*args):
-        return subprocess.Popen([sys.executable, script] + [str(a) for a in args], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    procs = {"A": start("prefill", tmp_path, "A"), "B": start("prefill", tmp_path, "B"),
-             "decode": start("decode", tmp_path)}
-    try:
-        end = time.time() + 60
-        while not (tmp_path / "kill_now").exists():
-            for name, p in procs.items():
-                if p.poll() is not None:
-                    raise AssertionError("%s exited %d before the kill:\n%s" % (
-                        name, p.returncode, p.communicate()[0].decode(errors="replace")))
-            assert time.time() < end, "the decode never asked for the kill"
-            time.sleep(0.02)
-        procs["B"].send_signal(signal.SIGKILL)
-        procs["B"].wait()
-        (tmp_path / "killed.tmp").write_text(repr(time.time()))
-        os.rename(tmp_path / "killed.tmp", tmp_path / "killed")
-        outs = {}
-        for name in ("A", "decode"):
-            outs[name] = procs[name].communicate(timeout=60)[0].decode(errors="replace")
-            assert procs[name].returncode == 0, "%s exited %d:\n%s" % (
-                name, procs[name].returncode, outs[name])
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
+    run_with_kill(script, env, tmp_path, {"A": ["prefill", tmp_path, "A"],
+                                          "B": ["prefill", tmp_path, "B"],
+                                          "decode": ["decode", tmp_path]})
     dec = json.loads((tmp_path / "decode.json").read_text())
     pre_a = json.loads((tmp_path / "A.json").read_text())
     print("decode", dec, "A", pre_a)
-    for name, text in outs.items():
-        print("---- %s\n%s" % (name, text))  # their time stamps, under pytest -s
     plan = {int(room): tuple(p) for room, p in dec["plan"].items()}
     assert len(plan) == 8, plan
     for room, (name, _, what) in plan.items():

@@ -17,30 +17,19 @@ torch CPU KV caches:
 
 ctest python_vllm (TIMEOUT in CMakeLists.txt)."""
 
-import importlib.util
 import json
 import os
-import signal
 import socket
-import subprocess
-import sys
-import time
 import types
 
 import pytest
 
 import kvstage
-from kvstage import _library
 from kvstage.vllm import KVConnectorRole, KVStageConnector
+from engine_procs import need_ofi_and_torch, run_with_kill
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KILL_BOUND_S = 8
-
-
-def need_ofi():
-    if not hasattr(_library.load_backend("hw"), "kvs_ofi_fabric_create"):
-        pytest.skip("this kvstage was built without libfabric (install libfabric-dev, "
-                    "rebuild): no ofi fabric to test the vLLM connector on")
 
 
 def free_ports(n):
@@ -67,47 +56,16 @@ def free_ports(n):
 
 
 def test_vllm_two_prefills_abort_and_kill(tmp_path):
-    need_ofi()
-    if importlib.util.find_spec("torch") is None:  # the engines' need; not imported here
-        pytest.skip("torch is not installed (install python3-torch): the harness's KV "
-                    "caches are torch tensors")
+    need_ofi_and_torch("the vLLM connector")
     env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
     script = os.path.join(HERE, "vllm_engine.py")
 
-    def start(*args):
-        return subprocess.Popen([sys.executable, script] + [str(a) for a in args], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    procs = {"A": start("prefill", tmp_path, "A", free_ports(2)),
-             "B": start("prefill", tmp_path, "B", free_ports(1)),
-             "decode": start("decode", tmp_path)}
-    try:
-        end = time.time() + 60
-        while not (tmp_path / "kill_now").exists():
-            for name, p in procs.items():
-                if p.poll() is not None:
-                    raise AssertionError("%s exited %d before the kill:\n%s" % (
-                        name, p.returncode, p.communicate()[0].decode(errors="replace")))
-            assert time.time() < end, "the decode never asked for the kill"
-            time.sleep(0.02)
-        procs["B"].send_signal(signal.SIGKILL)
-        procs["B"].wait()
-        (tmp_path / "killed.tmp").write_text(repr(time.time()))
-        os.rename(tmp_path / "killed.tmp", tmp_path / "killed")
-        outs = {}
-        for name in ("A", "decode"):
-            outs[name] = procs[name].communicate(timeout=60)[0].decode(errors="replace")
-            assert procs[name].returncode == 0, "%s exited %d:\n%s" % (
-                name, procs[name].returncode, outs[name])
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
+    run_with_kill(script, env, tmp_path, {"A": ["prefill", tmp_path, "A", free_ports(2)],
+                                          "B": ["prefill", tmp_path, "B", free_ports(1)],
+                                          "decode": ["decode", tmp_path]})
     dec = json.loads((tmp_path / "decode.json").read_text())
     pre_a = json.loads((tmp_path / "A.json").read_text())
     print("decode", dec, "A", pre_a)
-    for name, text in outs.items():
-        print("---- %s\n%s" % (name, text))  # their time stamps, under pytest -s
     assert dec["received"] == ["a1", "a2", "a4", "b1", "b2"], dec
     assert dec["freed"] == ["a3"] and dec["abort_delay_free"] is True, dec
     # Exactly the killed prefill's request failed: its blocks, no others.
