@@ -404,7 +404,7 @@ static int kvs__redeclare(kvs_decode_t *d, const kvs_instance_desc_t *desc, int6
         return m->err.status;
     for (int64_t g = 0; g < dp; g++) {
         kvs__inst_t *inst = kvs__inst_find(&d->h, (kvs_peer_t){desc->id, g});
-        const int rc = kvs__inst_readdress(inst, m, desc->addrs + g * pp * desc->tp_size);
+        const int rc = kvs__inst_set_addrs(inst, m, desc->addrs + g * pp * desc->tp_size);
         if (rc != KVS_OK)
             return rc; /* groups before g have their new addresses: call again */
     }

@@ -264,35 +264,6 @@ int kvs__inst_set_addrs(kvs__inst_t *inst, kvs_manager_t *m, const char *const *
 {
     const int64_t n = inst->pp_size * inst->tp_size;
     char **copy = calloc((size_t)n, sizeof *copy);
-    if (copy == NULL)
-        return KVS__MFAIL(m, KVS_ENOMEM, "copying the addresses of instance %llu failed",
-                          (unsigned long long)inst->ref.instance);
-    for (int64_t a = 0; a < n; a++) {
-        copy[a] = kvs__strdup(addrs[a]);
-        if (copy[a] == NULL) {
-            while (a-- > 0)
-                free(copy[a]);
-            free(copy);
-            return KVS__MFAIL(m, KVS_ENOMEM, "copying the addresses of instance %llu failed",
-                              (unsigned long long)inst->ref.instance);
-        }
-    }
-    inst->addrs = copy;
-    for (int64_t i = 0; i < inst->npeers; i++) {
-        kvs__peer_t *p = &inst->peers[i];
-        if (p->name == NULL)
-            p->name = kvs__strdup(copy[p->pp_rank * inst->tp_size + p->tp_rank]);
-        if (p->name == NULL)
-            return KVS__MFAIL(m, KVS_ENOMEM, "copying the addresses of instance %llu failed",
-                              (unsigned long long)inst->ref.instance);
-    }
-    return KVS_OK;
-}
-
-int kvs__inst_readdress(kvs__inst_t *inst, kvs_manager_t *m, const char *const *addrs)
-{
-    const int64_t n = inst->pp_size * inst->tp_size;
-    char **copy = calloc((size_t)n, sizeof *copy);
     char **names = calloc((size_t)inst->npeers + 1, sizeof *names);
     bool ok = copy != NULL && names != NULL;
     for (int64_t a = 0; ok && a < n; a++)
@@ -307,7 +278,7 @@ int kvs__inst_readdress(kvs__inst_t *inst, kvs_manager_t *m, const char *const *
             free(names[i]);
         free(copy);
         free(names);
-        return KVS__MFAIL(m, KVS_ENOMEM, "copying the new addresses of instance %llu failed",
+        return KVS__MFAIL(m, KVS_ENOMEM, "copying the addresses of instance %llu failed",
                           (unsigned long long)inst->ref.instance);
     }
     for (int64_t a = 0; inst->addrs != NULL && a < n; a++)

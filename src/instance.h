@@ -127,12 +127,11 @@ void kvs__insts_pop(kvs__insts_t *t);
 int kvs__inst_set_geometry(kvs__inst_t *inst, kvs_manager_t *m, int64_t tp_size,
                            int64_t pp_size, bool declared);
 /* Copies the addresses of the group's ranks (pp_size * tp_size strings,
- * stage-major) and names the peers from them. */
+ * stage-major) and names the peers from them, replacing any before (a
+ * group declared again, its peers all unconnected: the instance came back
+ * elsewhere). All or nothing; each peer is as if never connected (tried
+ * by the next room naming it). */
 int kvs__inst_set_addrs(kvs__inst_t *inst, kvs_manager_t *m, const char *const *addrs);
-/* Decode: replaces the addresses of a declared group whose peers are all
- * unconnected (the instance came back elsewhere): all or nothing; each
- * peer is as if never connected (tried by the next room naming it). */
-int kvs__inst_readdress(kvs__inst_t *inst, kvs_manager_t *m, const char *const *addrs);
 
 /* Decode: the peer index of the prefill rank (tp, stage) in inst, or -1
  * when it takes no part in this rank's rooms. */
