@@ -123,6 +123,10 @@ class Rank:
 
     role            "prefill" or "decode"
     page_size       tokens per page (the engine's block size)
+    peer_page_size  tokens per page of the other side's pool when it pages
+                    differently (a prefill's decode, a decode's prefill;
+                    0: page_size). Both sides give both sizes; the chunk is
+                    then whole pages of each (docs/kinds/page-sizes.md)
     k_buffers, v_buffers, or kv_caches
                     the KV pool (see kvstage._buffers): torch tensors on CPU
                     or CUDA, or numpy arrays; kept referenced by the rank
@@ -168,8 +172,9 @@ class Rank:
     device taken; ofi: None).
     """
 
-    def __init__(self, role, *, page_size, k_buffers=None, v_buffers=None, kv_caches=None,
-                 model=None, total_heads=None, head_dim=None, model_layers=None, layers=None,
+    def __init__(self, role, *, page_size, peer_page_size=0, k_buffers=None, v_buffers=None,
+                 kv_caches=None, model=None, total_heads=None, head_dim=None,
+                 model_layers=None, layers=None,
                  tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, peer_tp_size=0, peer_pp_size=0,
                  instance_id=0, dp_rank=0, dtype=None, max_aux_bytes=0, chunk_tokens=0,
                  ring_bytes=0, max_rooms=0, transfer_workers=0, stall_timeout_s=0,
@@ -224,6 +229,7 @@ class Rank:
         mc.dtype = code.value
         mc.layers = pool.layers
         mc.page_size = page_size
+        mc.peer_page_size = _i64("peer_page_size", peer_page_size)
         mc.tp_rank, mc.tp_size = tp_rank, tp_size
         mc.pp_rank, mc.pp_size = _i64("pp_rank", pp_rank), _i64("pp_size", pp_size, 1)
         mc.peer_tp_size = _i64("peer_tp_size", peer_tp_size)
@@ -256,6 +262,7 @@ class Rank:
         self.role = role
         self.fabric = fabric
         self.page_size = page_size
+        self.peer_page_size = peer_page_size or page_size
         self.num_pages = pool.num_pages
         self.layers = pool.layers
         self.local_heads = pool.heads

@@ -8,9 +8,11 @@ checks what they report.
     rank_pair.py prefill DIR [FABRIC]   writes DIR/prefill.addrs, serves the rooms
     rank_pair.py decode DIR [FABRIC]    reads it, receives the rooms, checks bytes
     FABRIC: [--fabric verbs|ofi] [--provider NAME] [--address IP]
-            [--deadline-s S]
+            [--deadline-s S] [--decode-page N]
     (verbs by default; --address: every rank's bind_addr, default
-    $KVS_VERBS_ADDR; --deadline-s: how long each wait may take, 240)
+    $KVS_VERBS_ADDR; --deadline-s: how long each wait may take, 240;
+    --decode-page: the decode's page size, 16 like the prefill's by
+    default; both processes are given the same)
 
 Every value the prefill puts in its pool is a function of (room, token,
 layer, K or V, global head, dim); the decode builds the pool it must end
@@ -22,6 +24,7 @@ writes DIR/<role>.json with what it measured; else says what differed.
 import argparse
 import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -31,12 +34,26 @@ import torch
 
 import kvstage
 
-HEADS, DIM, LAYERS, PAGE, POOL_PAGES = 4, 16, 3, 16, 64
+HEADS, DIM, LAYERS, PAGE, POOL_TOKENS = 4, 16, 3, 16, 1024
 MAX_AUX = 300
 CHUNK = 64  # tokens per chunk: several chunks per room
 PREFILL_TP, DECODE_TP = 2, 1
+# Tokens per page of each side's pool (--decode-page sets the decode's).
+PAGES = {"prefill": PAGE, "decode": PAGE}
 # room: (total tokens, decode's cached prefix)
 ROOMS = {11: (40, 0), 12: (130, 0), 13: (96, 32), 14: (16, 0), 15: (257, 0)}
+
+
+def use_decode_page(size):
+    """The decode pages by `size`: a cached prefix must then be whole pages
+    of both sides, so room 13's is 64 tokens (of 160) when 32 is not."""
+    PAGES["decode"] = size
+    if 32 % size != 0:
+        ROOMS[13] = (160, 64)
+
+
+def pool_pages(side):
+    return POOL_TOKENS // PAGES[side]
 
 
 def aux_of(room):
@@ -63,22 +80,25 @@ def pages_by_room(seed, side):
     """Each room's pages on one side, as an engine's allocator gives them:
     shuffled, and no page in two live rooms."""
     g = torch.Generator().manual_seed(seed)
-    free = torch.randperm(POOL_PAGES, generator=g).tolist()
+    free = torch.randperm(pool_pages(side), generator=g).tolist()
     out = {}
+    ps = PAGES[side]
     for room, (total, base) in sorted(ROOMS.items()):
-        n = (total - (base if side == "decode" else 0) + PAGE - 1) // PAGE
+        n = (total - (base if side == "decode" else 0) + ps - 1) // ps
         out[room], free = free[:n], free[n:]
     return out
 
 
-def slots(pages, n):
-    """The pool's token slots of a request's first n tokens on these pages."""
+def slots(pages, n, side):
+    """The pool's token slots of a request's first n tokens on these pages
+    of one side (its page size)."""
+    ps = PAGES[side]
     i = torch.arange(n)
-    return torch.tensor(pages, dtype=torch.int64)[i // PAGE] * PAGE + i % PAGE
+    return torch.tensor(pages, dtype=torch.int64)[i // ps] * ps + i % ps
 
 
 def pool():
-    ks = [torch.zeros(POOL_PAGES * PAGE, HEADS, DIM, dtype=torch.float16)
+    ks = [torch.zeros(POOL_TOKENS, HEADS, DIM, dtype=torch.float16)
           for _ in range(LAYERS)]
     vs = [torch.zeros_like(k) for k in ks]
     return ks, vs
@@ -127,18 +147,19 @@ def prefill(folder, fabric, deadline_s):
     local = HEADS // PREFILL_TP
     ranks, pools = [], []
     for tp in range(PREFILL_TP):
-        ks = [torch.zeros(POOL_PAGES * PAGE, local, DIM, dtype=torch.float16)
+        ks = [torch.zeros(POOL_TOKENS, local, DIM, dtype=torch.float16)
               for _ in range(LAYERS)]
         vs = [torch.zeros_like(k) for k in ks]
         pools.append((ks, vs))
-        ranks.append(kvstage.Rank("prefill", page_size=PAGE, k_buffers=ks, v_buffers=vs,
+        ranks.append(kvstage.Rank("prefill", page_size=PAGES["prefill"],
+                                  peer_page_size=PAGES["decode"], k_buffers=ks, v_buffers=vs,
                                   total_heads=HEADS, tp_rank=tp, tp_size=PREFILL_TP,
                                   peer_tp_size=DECODE_TP, chunk_tokens=CHUNK,
                                   max_aux_bytes=MAX_AUX, ring_bytes=8 << 20, **fabric))
     with open(os.path.join(folder, "prefill.addrs.tmp"), "w") as f:
         f.write("\n".join(r.address for r in ranks))
     os.rename(os.path.join(folder, "prefill.addrs.tmp"), os.path.join(folder, "prefill.addrs"))
-    refused(lambda: ranks[0].open_room(98, [0], total_tokens=PAGE,
+    refused(lambda: ranks[0].open_room(98, [0], total_tokens=PAGES["prefill"],
                                        aux=b"x" * (MAX_AUX + 1)),
             "aux: 301 bytes but max_aux_bytes is 300")
     ranks[0].start()  # one rank on the driver's thread, one in this loop
@@ -148,10 +169,11 @@ def prefill(folder, fabric, deadline_s):
             heads = list(range(tp * local, (tp + 1) * local))
             for layer in range(LAYERS):
                 for kv, buf in ((0, ks[layer]), (1, vs[layer])):
-                    buf.view(torch.int16)[slots(pages, total)] = \
+                    buf.view(torch.int16)[slots(pages, total, "prefill")] = \
                         values(room, list(range(total)), layer, kv, heads)
             r.open_room(room, pages, total_tokens=total)
-            half = (total // 2) // PAGE * PAGE
+            unit = math.lcm(PAGES["prefill"], PAGES["decode"])  # whole pages of both
+            half = (total // 2) // unit * unit
             if half > 0:
                 r.computed(room, half)  # the first half, then the rest with aux
             r.set_aux(room, aux_of(room))
@@ -174,7 +196,7 @@ def prefill(folder, fabric, deadline_s):
     for r in ranks:
         r.close()
     write_json(os.path.join(folder, "prefill.json"),
-               {"provider": ranks[0].provider,
+               {"provider": ranks[0].provider, "page_size": ranks[0].page_size,
                 "rdma_writes": [s["rdma_writes"] for s in stats],
                 "bytes": [s["rdma_write_bytes"] for s in stats],
                 "driver_steps": [s["driver_steps"] for s in stats],
@@ -184,11 +206,14 @@ def prefill(folder, fabric, deadline_s):
 def decode(folder, fabric, deadline_s):
     addrs = wait_file(os.path.join(folder, "prefill.addrs"), deadline_s).split("\n")
     ks, vs = pool()
-    with kvstage.Rank("decode", page_size=PAGE, k_buffers=ks, v_buffers=vs,
+    dps = PAGES["decode"]
+    with kvstage.Rank("decode", page_size=dps, peer_page_size=PAGES["prefill"],
+                      k_buffers=ks, v_buffers=vs,
                       total_heads=HEADS, tp_rank=0, tp_size=DECODE_TP, chunk_tokens=CHUNK,
                       max_aux_bytes=MAX_AUX, ring_bytes=8 << 20, **fabric) as rank:
-        refused(lambda: rank.open_room(99, [1, POOL_PAGES], total_tokens=2 * PAGE),
-                "pages[1] = 64 is outside the KV pool's 64 pages")
+        n = pool_pages("decode")
+        refused(lambda: rank.open_room(99, [1, n], total_tokens=2 * dps),
+                "pages[1] = %d is outside the KV pool's %d pages" % (n, n))
         refused(lambda: rank.state(99), "KVS_ENOENT")  # nothing was opened
         rank.add_instance(0, addrs, tp_size=PREFILL_TP)
         rank.connect(0)
@@ -205,7 +230,7 @@ def decode(folder, fabric, deadline_s):
                 sys.exit("rank_pair decode: room %d opened in state %r" % (room, seen))
             for layer in range(LAYERS):
                 for kv, buf in ((0, want_k[layer]), (1, want_v[layer])):
-                    buf.view(torch.int16)[slots(pages, total - base)] = \
+                    buf.view(torch.int16)[slots(pages, total - base, "decode")] = \
                         values(room, list(range(base, total)), layer, kv, all_heads)
         results = {}
         end = time.time() + deadline_s
@@ -238,6 +263,7 @@ def decode(folder, fabric, deadline_s):
         stats = rank.stats()
         write_json(os.path.join(folder, "decode.json"),
                    {"provider": rank.provider, "metrics": rank.metrics(),
+                    "page_size": rank.page_size,
                     "peers": sorted({r.peer for r in results.values()}),
                     "rooms": len(results), "bytes": sum(r.bytes for r in results.values()),
                     "aux_bytes": sum(len(r.aux) for r in results.values()),
@@ -286,7 +312,9 @@ def main(argv):
     p.add_argument("--provider")
     p.add_argument("--address", default=os.environ.get("KVS_VERBS_ADDR"))
     p.add_argument("--deadline-s", type=float, default=240)
+    p.add_argument("--decode-page", type=int, default=PAGE)
     a = p.parse_args(argv)
+    use_decode_page(a.decode_page)
     fabric = dict(fabric=a.fabric, provider=a.provider, bind_addr=a.address)
     {"prefill": prefill, "decode": decode}[a.role](a.folder, fabric, a.deadline_s)
 
