@@ -35,6 +35,7 @@ from . import _buffers
 from . import _errors
 from . import _fabric
 from . import _library
+from . import _models
 from . import _structs as S
 
 _ROLES = {"prefill": 0, "decode": 1}
@@ -129,9 +130,16 @@ class Rank:
                     then whole pages of each (docs/kinds/page-sizes.md)
     k_buffers, v_buffers, or kv_caches
                     the KV pool (see kvstage._buffers): torch tensors on CPU
-                    or CUDA, or numpy arrays; kept referenced by the rank
+                    or CUDA, or numpy arrays; kept referenced by the rank.
+                    An MLA pool is k_buffers alone: one latent tensor per
+                    layer, [pool_tokens, 1, latent_dim]
     model           a built-in model name (kvstage.models()) giving
-                    total_heads, head_dim and model_layers; or give those
+                    total_heads, head_dim, model_layers and kind; or give
+                    those
+    kind            "gqa" (K and V per layer, the default) or "mla" (one
+                    latent per token and layer, the same on every TP rank;
+                    one prefill rank writes it to each decode rank and the
+                    others report their status only: docs/kinds/mla.md)
     tp_rank, tp_size, pp_rank, pp_size
                     this rank's place in its instance
     peer_tp_size, peer_pp_size
@@ -173,7 +181,7 @@ class Rank:
     """
 
     def __init__(self, role, *, page_size, peer_page_size=0, k_buffers=None, v_buffers=None,
-                 kv_caches=None, model=None, total_heads=None, head_dim=None,
+                 kv_caches=None, model=None, kind=None, total_heads=None, head_dim=None,
                  model_layers=None, layers=None,
                  tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, peer_tp_size=0, peer_pp_size=0,
                  instance_id=0, dp_rank=0, dtype=None, max_aux_bytes=0, chunk_tokens=0,
@@ -202,13 +210,19 @@ class Rank:
             total_heads = m.total_heads if total_heads is None else total_heads
             head_dim = m.head_dim if head_dim is None else head_dim
             model_layers = m.layers if model_layers is None else model_layers
+            kind = m.kind if kind is None else kind
+        kv_kind = _models.kind_value(kind)
         _i64("tp_size", tp_size, 1)
         _i64("tp_rank", tp_rank)
         heads = None
-        if total_heads is not None and total_heads >= tp_size:
+        if kv_kind == 1:  # MLA: one latent "head" on every rank
+            total_heads = 1 if total_heads is None else total_heads
+            heads = 1
+        elif total_heads is not None and total_heads >= tp_size:
             heads = total_heads // tp_size
         pool = _buffers.Pool(k_buffers, v_buffers, kv_caches, page_size, dtype=dtype,
-                             head_dim=head_dim, heads=heads, layers=layers)
+                             head_dim=head_dim, heads=heads, layers=layers,
+                             planes=1 if kv_kind == 1 else 2)
         _fabric.check_memory(fabric, pool)
         if total_heads is None:
             total_heads = pool.heads * tp_size
@@ -225,6 +239,7 @@ class Rank:
         mc.role = _ROLES[role]
         mc.staging = bool(staging)
         mc.total_heads = _i64("total_heads", total_heads, 1)
+        mc.kv_kind = kv_kind
         mc.head_dim = pool.head_dim
         mc.dtype = code.value
         mc.layers = pool.layers
@@ -262,6 +277,7 @@ class Rank:
         self.role = role
         self.fabric = fabric
         self.page_size = page_size
+        self.kind = _models.kind_name(kv_kind)
         self.peer_page_size = peer_page_size or page_size
         self.num_pages = pool.num_pages
         self.layers = pool.layers

@@ -14,7 +14,8 @@ on this machine: no RDMA device, no VM.
   127.0.0.1 and over shm.
 - The same pair over tcp with the decode paging its pool by 64 tokens and
   the prefill by 16 (peer_page_size), every byte checked; a bad
-  peer_page_size refused by name.
+  peer_page_size refused by name; and with an MLA pool (kind="mla"): one
+  latent per layer, written by prefill rank 0 alone.
 
 Runs in ctest's python_binding (under the ASan preload in a sanitized
 build; the pair's processes inherit it). Where the build has no ofi
@@ -177,6 +178,19 @@ def test_rank_ofi_decode_pages_of_another_size(tmp_path, decode_page):
                              timeout_s=100)
     assert dec["page_size"] == decode_page and pre["page_size"] == rank_pair.PAGE
     check_metrics(dec, pre)
+
+
+def test_rank_ofi_mla_prefill_tp2_to_decode_tp1(tmp_path):
+    """The pair with an MLA pool (kind="mla", k_buffers alone): the latent is
+    the same on both prefill ranks, rank 0 writes it and rank 1 only reports
+    (rank_pair checks its writes are 0), and every byte of the decode's pool
+    is checked."""
+    need_ofi()
+    dec, pre = rank_pair.run(tmp_path, ["--fabric", "ofi", "--provider", "tcp",
+                                        "--address", "127.0.0.1", "--deadline-s", "40",
+                                        "--mla"], timeout_s=100)
+    assert dec["kind"] == pre["kind"] == "mla"
+    assert dec["rooms"] == dec["rooms_ok"] == len(rank_pair.ROOMS)
 
 
 def test_rank_peer_page_size_refused_by_name():
