@@ -11,7 +11,8 @@
  *
  * A decode rank then declares every prefill instance of the plan (its
  * geometry and its ranks' addresses), connects to each rank of each that
- * writes to it (its TP writers, at each prefill stage holding its layers)
+ * takes part in its rooms (its TP sources, at each prefill stage holding
+ * its layers: with MLA the writer and the silent ones that only report)
  * and waits until all of them acknowledged its registration (the handler
  * keeps retrying a prefill that is not up yet), so no room fails for a
  * peer still starting; it drives the rank in its own loop for that
@@ -167,7 +168,7 @@ static kvs_log_level_t cli_rank_log_level(void)
  * ones it registers with: its TP sources at every prefill stage that holds
  * its layers (with GQA every source writes; with MLA one does and the
  * others report their status only). */
-static int64_t cli_rank_writers(const kvs_layout_t *l)
+static int64_t cli_rank_sources(const kvs_layout_t *l)
 {
     return l->tp_sources * (l->decode_pp == 1 ? l->prefill_pp : 1);
 }
@@ -378,10 +379,10 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
     const int64_t at = c->r->pp * (decode ? l->decode_tp : l->prefill_tp) + c->r->tp;
     const uint16_t port = decode ? 0 : (uint16_t)(pl->listen_port + c->r->pp * l->prefill_tp +
                                                   c->r->tp);
-    /* A decode rank keeps one connection per writer of every instance. */
+    /* A decode rank keeps one connection per source of every instance. */
     uint32_t conns = 0;
     for (uint32_t k = 0; decode && k < pl->instances; k++)
-        conns += (uint32_t)cli_rank_writers(&pl->peers[k].lay);
+        conns += (uint32_t)cli_rank_sources(&pl->peers[k].lay);
     const kvs_log_t log = {.fn = cli_rank_log, .user = c, .level = kvs_log_level_default()};
     /* More than the fabrics' default max_conns (16, verbs.h and ofi.h). */
     const uint32_t max_conns = conns + 4 > 16 ? conns + 4 : 0;
@@ -577,21 +578,21 @@ static int cli_rank_add_instance(cli_rank_ctx_t *c, uint32_t k, const char *who)
     return KVS_OK;
 }
 
-/* Decode: declare every prefill instance, connect to this rank's writers
+/* Decode: declare every prefill instance, connect to this rank's sources
  * in each, and wait for their acks, stepping the rank in this thread. */
 static int cli_rank_connect(cli_rank_ctx_t *c, uint64_t deadline_ns)
 {
     const cli_serve_plan_t *pl = c->plan;
     char who[48];
     cli_rank_name(c, who, sizeof who);
-    int64_t writers = 0;
+    int64_t sources = 0;
     for (uint32_t k = 0; k < pl->instances; k++) {
         int rc = cli_rank_add_instance(c, k, who);
         if (rc != KVS_OK)
             return rc;
-        writers += cli_rank_writers(&pl->peers[k].lay);
+        sources += cli_rank_sources(&pl->peers[k].lay);
     }
-    while (kvs_rank_peers_ready(c->rank) < writers) {
+    while (kvs_rank_peers_ready(c->rank) < sources) {
         if (cli_rank_stopped(c))
             return KVS_EPEER; /* a sibling rank failed and said why */
         if (cli_now(c) > deadline_ns) {
@@ -609,12 +610,12 @@ static int cli_rank_connect(cli_rank_ctx_t *c, uint64_t deadline_ns)
                                  "`kvstage serve --role prefill` first, check --peer or "
                                  "--prefill-instance, or raise --timeout-s (last error: %s)",
                                  who, (long long)kvs_rank_peers_ready(c->rank),
-                                 (long long)writers, where, cli_rank_msg(c, &e));
+                                 (long long)sources, where, cli_rank_msg(c, &e));
         }
         int rc = kvs_driver_progress(c->drv);
         const int refused = rc >= 0 ? cli_rank_refused(c) : KVS_OK;
         if (refused == KVS_OK && c->fault != NULL &&
-            kvs_rank_peers_ready(c->rank) >= writers) /* --fault replay-registration */
+            kvs_rank_peers_ready(c->rank) >= sources) /* --fault replay-registration */
             cli_fault_fabric_registered(c->fault);
         if (refused != KVS_OK)
             return refused;
