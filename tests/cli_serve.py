@@ -36,7 +36,8 @@ def test_help(s):
                  "--prefill-instance K=IP:PORT,TP[,PP]", "--instances N",
                  "--instance K", "--expect-lost K", "hold-from:R",
                  "i % N", "--device NAME[,NAME...]",
-                 "--device-near-gpu BUSID[,BUSID...]", "entry s*TP + t"])
+                 "--device-near-gpu BUSID[,BUSID...]", "entry s*TP + t",
+                 "--mla-latent-dim N", "--decode-page-size N", "swap-pages"])
 
 
 def test_bad_input(s):
@@ -54,6 +55,8 @@ def test_bad_input(s):
          "give it to --role prefill"),
         ("replay on prefill", PREFILL + ["--fault", "replay-registration"],
          "give it to --role decode"),
+        ("swap-pages on prefill", PREFILL + ["--fault", "swap-pages"],
+         "give it to --role decode"),
         ("stale-write not a number", PREFILL + ["--fault", "stale-write:x"],
          "--fault stale-write"),
         ("listen without port", ["serve", "--role", "prefill", "--listen",
@@ -70,12 +73,18 @@ def test_bad_input(s):
                                           "--chunk-tokens", "0"],
          "--chunk-tokens"),
         ("decode pp 0", DECODE + ["--decode-pp", "0"], "--decode-pp"),
-        # One page size per serve run: another decode size is refused by name
-        # (kvstage sim runs it).
-        ("decode page size differs", DECODE + ["--decode-page-size", "64"],
+        # Two page sizes: the chunk must be whole pages of both (serve moves
+        # them, tests/ofi/test_serve_kinds.py); the sizes are whole numbers.
+        ("chunk not a multiple of the decode page",
+         DECODE + ["--decode-page-size", "48"], "--decode-page-size 48"),
+        ("chunk not a multiple of the decode page, prefill",
+         PREFILL + ["--decode-page-size", "48"], "--chunk-tokens"),
+        ("decode page size 0", DECODE + ["--decode-page-size", "0"],
          "--decode-page-size"),
-        ("decode page size differs, prefill", PREFILL + ["--decode-page-size", "32"],
-         "--decode-page-size"),
+        # An MLA model is one latent per token: no KV heads.
+        ("mla with kv heads", ["serve", "--role", "decode", "--peer",
+                               "192.0.2.1:18515", "--mla-latent-dim", "576",
+                               "--layers", "4", "--kv-heads", "4"], "--kv-heads"),
         # TP x PP ranks of one process: each side's product is bounded, on
         # both roles alike (so the two processes refuse the same shapes).
         ("prefill ranks over 64",

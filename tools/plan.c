@@ -236,9 +236,10 @@ static void cli_plan_json(const cli_plan_input_t *in, const kvs_layout_t *lay,
         printf("null");
     printf(", \"total_heads\": %" PRId64 ", \"head_dim\": %" PRId64
            ", \"dtype\": \"%s\", \"elem_bytes\": %" PRId64
-           ", \"layers\": %" PRId64 ", \"page_size\": %" PRId64,
+           ", \"layers\": %" PRId64 ", \"page_size\": %" PRId64
+           ", \"decode_page_size\": %" PRId64,
            lay->total_heads, lay->head_dim, kvs_dtype_name(in->shape.params.dtype),
-           lay->elem_bytes, lay->layers, lay->page_size);
+           lay->elem_bytes, lay->layers, lay->page_size, lay->decode_page_size);
     printf(", \"prefill_tp\": %" PRId64 ", \"decode_tp\": %" PRId64
            ", \"prefill_pp\": %" PRId64 ", \"decode_pp\": %" PRId64,
            lay->prefill_tp, lay->decode_tp, lay->prefill_pp, lay->decode_pp);

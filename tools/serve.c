@@ -149,7 +149,11 @@ void cli_serve_usage(FILE *out)
             "                        process of a run gives the same\n"
             "shape (as kvstage sim; no default model: give --model or the three sizes):\n"
             "  --model NAME | --kv-heads H --head-dim D --layers L\n"
+            "  --mla-latent-dim N    an MLA model: one latent of N elements per token and\n"
+            "                        layer (instead of --kv-heads and --head-dim)\n"
             "  --dtype T (bf16)  --page-size N (16)  --prefill-tp P (2)  --decode-tp D (1)\n"
+            "  --decode-page-size N  the decode's page size (--page-size's), one for every\n"
+            "                        prefill instance; --page-size is then the prefill's\n"
             "  --prefill-pp Pp (1)  --decode-pp Dp (1 or Pp)  --chunk-tokens C (64)\n"
             "  (each process runs TP x PP ranks of its instance; stage s holds L/PP layers,\n"
             "  the last L%%PP stages one more; a prefill's --prefill-tp/--prefill-pp are\n"
@@ -176,6 +180,10 @@ void cli_serve_usage(FILE *out)
             "                        first connection until registered (HELLO, REGISTER)\n"
             "                        again on a new one: a prefill with --secret-file must\n"
             "                        refuse it (its auth_refused counts it)\n"
+            "  --fault swap-pages    decode: give the core every room's page list with its\n"
+            "                        first two pages swapped but check the rows where the\n"
+            "                        unswapped list puts them: a wrong page mapping that\n"
+            "                        the check must catch (the run fails, corrupt bytes)\n"
             "  --fault hold-from:R   prefill: open its rooms from room R on but never compute\n"
             "                        them; once its rooms before R are over, rank 0 says so\n"
             "                        on stderr (\"holding its rooms\"): kill the process then\n"
@@ -332,6 +340,10 @@ static int cli_serve_fault(const char *text, cli_serve_plan_t *plan)
         plan->replay_registration = true;
         return 0;
     }
+    if (strcmp(text, "swap-pages") == 0) {
+        plan->swap_pages = true;
+        return 0;
+    }
     for (size_t i = 0; i < sizeof cli_serve_write_faults / sizeof cli_serve_write_faults[0]; i++) {
         const char *name = cli_serve_write_faults[i].name;
         if (strncmp(text, name, strlen(name)) != 0)
@@ -353,7 +365,8 @@ static int cli_serve_fault(const char *text, cli_serve_plan_t *plan)
                                    "(spoil the Nth RDMA write), hostile-write:N (move it "
                                    "outside its region), stale-write:N (post it again after "
                                    "its region was freed), replay-registration (send the "
-                                   "decode's registration again on a new connection) and "
+                                   "decode's registration again on a new connection), "
+                                   "swap-pages (scatter to the decode's pages swapped) and "
                                    "hold-from:R (never compute the rooms from R on)", text);
 }
 
@@ -652,20 +665,6 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
         in->shape.params.prefill_tp = in->peers[0].tp;
         in->shape.params.prefill_pp = in->peers[0].pp;
     }
-    if (in->shape.params.kind != KVS_KV_GQA)
-        return cli_fail(CLI_SERVE_CMD, "--model / --mla-latent-dim: serve moves K and V "
-                                       "layers only; run an MLA model (%s) with `kvstage "
-                                       "sim` for now", kvs_kv_kind_name(in->shape.params.kind));
-    /* Its ranks allocate, fill and check pools of one page size, and
-     * discovery records carry one: different sizes run in `kvstage sim`. */
-    const int64_t dps = in->shape.params.decode_page_size;
-    if (dps > 0 && dps != in->shape.params.page_size)
-        return cli_fail(CLI_SERVE_CMD, "--decode-page-size %" PRId64 ": serve runs both sides "
-                                       "with one page size (--page-size %" PRId64 "): drop "
-                                       "--decode-page-size or give it --page-size's value; "
-                                       "run different page sizes with `kvstage sim "
-                                       "--decode-page-size` for now", dps,
-                        in->shape.params.page_size);
     if ((rc = cli_shape_layout(CLI_SERVE_CMD, &in->shape, &in->plan.lay)) != 0)
         return rc;
     const kvs_layout_t *l = &in->plan.lay;
@@ -817,12 +816,13 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
     if (values[CLI_VF_FAULT] != NULL) {
         if ((rc = cli_serve_fault(values[CLI_VF_FAULT], &in->plan)) != 0)
             return rc;
-        if (decode != in->plan.replay_registration)
+        if (decode != (in->plan.replay_registration || in->plan.swap_pages))
             return cli_fail(CLI_SERVE_CMD, "--fault %s: %s", values[CLI_VF_FAULT],
                             decode ? "it spoils or holds a prefill's work: give it to --role "
-                                     "prefill (a decode knows replay-registration only)"
-                                   : "it replays a decode's registration: give it to --role "
-                                     "decode");
+                                     "prefill (a decode knows replay-registration and "
+                                     "swap-pages only)"
+                                   : "it is a decode's (it replays its registration or swaps "
+                                     "its pages): give it to --role decode");
         if (in->plan.hold && in->plan.hold_from >= in->requests)
             return cli_fail(CLI_SERVE_CMD, "--fault hold-from:%u: there are rooms 0..%" PRId64
                                            " only: give a room below --requests",
@@ -843,10 +843,12 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
 
 /* The seeded workload: prompt lengths (of every room, so every process
  * draws the same; the simulator's of the same seed, kvs_sim_prompt_tokens)
- * and the first pool page of each room it serves. */
+ * and the first pool page of each room it serves, in pages of its own side's
+ * size. */
 static int cli_serve_workload(cli_serve_input_t *in, int64_t **tokens, int64_t **first)
 {
-    const int64_t ps = in->plan.lay.page_size;
+    const int64_t ps = in->role == KVS_ROLE_DECODE ? in->plan.lay.decode_page_size
+                                                   : in->plan.lay.page_size;
     *tokens = calloc((size_t)in->requests, sizeof **tokens);
     *first = calloc((size_t)in->requests, sizeof **first);
     if (*tokens == NULL || *first == NULL)
@@ -886,11 +888,12 @@ static int cli_serve_workload(cli_serve_input_t *in, int64_t **tokens, int64_t *
 
 /* Bytes the decode ranks of a process hold together for room i: what their
  * verification checks (every decode TP rank, every layer of the model over
- * its stages, whichever way they split). */
+ * its stages, whichever way they split, each plane: K and V, or MLA's
+ * latent). */
 static uint64_t cli_serve_room_bytes(const kvs_layout_t *l, int64_t tokens)
 {
-    return (uint64_t)(tokens * l->dst_heads * l->head_dim * l->elem_bytes * 2 * l->layers *
-                      l->decode_tp);
+    return (uint64_t)(tokens * l->dst_heads * l->head_dim * l->elem_bytes * l->planes *
+                      l->layers * l->decode_tp);
 }
 
 /* What became of the rooms paired with one prefill instance. */
@@ -978,6 +981,7 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
     const cli_serve_plan_t *pl = &in->plan;
     const bool decode = in->role == KVS_ROLE_DECODE;
     uint64_t verified = 0, corrupt = 0, expect_verified = 0, payload = 0, spoiled = 0;
+    uint64_t swapped = 0; /* --fault swap-pages: rooms given swapped pages */
     int stale = 1; /* --fault stale-write: how its second post ended, 1: not made */
     uint64_t replayed = 0, replay_answers = 0, auth_refused = 0;
     int replay_status = KVS_OK;
@@ -989,6 +993,7 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
         corrupt += ranks[k].corrupt_bytes;
         payload += ranks[k].payload_bytes;
         spoiled += ranks[k].spoiled_writes;
+        swapped += ranks[k].swapped_rooms;
         stale = ranks[k].stale_status != 1 ? ranks[k].stale_status : stale;
         replayed += ranks[k].replayed;
         replay_answers += ranks[k].replay_answers;
@@ -1038,7 +1043,8 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
     const uint64_t moved = decode && !pl->no_verify ? verified : payload;
     const double gbs = wall_s > 0 ? (double)moved / wall_s / 1e9 : 0.0;
     const bool verified_all = !decode || pl->no_verify || verified == expect_verified;
-    const bool fault_went = pl->fail_write == 0 || spoiled == 1;
+    const bool fault_went = (pl->fail_write == 0 || spoiled == 1) &&
+                            (!pl->swap_pages || swapped > 0);
     /* A write after its region was freed must be refused by the decode's
      * NIC (its key was revoked), not merely fail some other way. */
     const bool stale_refused = pl->fail_write == 0 || pl->write_fault != CLI_FAULT_STALE_WRITE ||
@@ -1078,6 +1084,7 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
         printf("],\"bytes_verified\":%" PRIu64 ",\"bytes_expected\":%" PRIu64 ","
                "\"corrupt_bytes\":%" PRIu64 ",\"payload_bytes\":%" PRIu64 ","
                "\"rdma_writes\":%" PRIu64 ",\"spoiled_writes\":%" PRIu64 ","
+               "\"swapped_rooms\":%" PRIu64 ","
                "\"stale_write\":\"%s\",\"replayed\":%" PRIu64 ","
                "\"replay_answers\":%" PRIu64 ",\"auth_refused\":%" PRIu64 ","
                "\"msgs_retransmitted\":%" PRIu64 ",\"msgs_duplicate\":%" PRIu64 ","
@@ -1086,6 +1093,7 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
                "\"keys_revoked\":%" PRIu64 ",\"wall_s\":%.6f,\"pattern_s\":%.6f,\"goodput_gbytes_per_s\":%.6f,"
                "\"verified\":%s,\"pass\":%s}\n",
                verified, decode ? expect_verified : 0, corrupt, payload, writes, spoiled,
+               swapped,
                stale_name, replayed, replay_answers, auth_refused, retrans,
                dups, rtt, ring_live, keys_granted, keys_revoked, wall_s, (double)pattern / 1e9,
                gbs,
@@ -1141,6 +1149,9 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
                    pl->write_fault == CLI_FAULT_STALE_WRITE ? "; posted again after its "
                                                               "region was freed: " : "",
                    pl->write_fault == CLI_FAULT_STALE_WRITE ? stale_name : "");
+        if (decode && pl->swap_pages)
+            printf("  swapped pages    %" PRIu64 " rooms given their first two pages swapped "
+                   "(--fault swap-pages): their rows must show up as corrupt\n", swapped);
         if (decode && pl->replay_registration)
             printf("  replayed         %" PRIu64 " messages of rank 0's registration on a new "
                    "connection: %s, %" PRIu64 " answers\n", replayed,
@@ -1160,7 +1171,9 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
                         "bytes, %" PRIu64 " of %" PRIu64 " bytes verified%s%s%s%s\n",
                 role, failed, expected, why, missing, corrupt, verified,
                 decode ? expect_verified : verified,
-                fault_went ? "" : ", the --fault write was never posted",
+                fault_went ? "" : pl->swap_pages ? ", no room had two pages to swap "
+                                                   "(--fault swap-pages)"
+                                                 : ", the --fault write was never posted",
                 stale_refused ? "" : ", the write posted after its region was freed ended "
                                      "with ", stale_refused ? "" : stale_name,
                 replay_made ? "" : ", the registration was not replayed (or not answered)");

@@ -11,7 +11,8 @@
  *
  * A decode rank then declares every prefill instance of the plan (its
  * geometry and its ranks' addresses), connects to each rank of each that
- * writes to it (its TP writers, at each prefill stage holding its layers)
+ * takes part in its rooms (its TP sources, at each prefill stage holding
+ * its layers: with MLA the writer and the silent ones that only report)
  * and waits until all of them acknowledged its registration (the handler
  * keeps retrying a prefill that is not up yet), so no room fails for a
  * peer still starting; it drives the rank in its own loop for that
@@ -82,6 +83,10 @@ typedef struct cli_rank_ctx {
     uint64_t pool_addr, layer_bytes;
     uint8_t *pool;
     int64_t layers, heads;
+    int64_t ps;                 /* tokens per page of its own pool: the
+                                   prefill's page_size, the decode's
+                                   decode_page_size */
+    int64_t planes;             /* buffers per layer: 2 (K, V), 1 (MLA) */
     int64_t first_layer;        /* global id of its stage's first layer */
     int64_t *pages;             /* scratch page list of one room */
     uint32_t served;            /* rooms this process serves */
@@ -159,11 +164,13 @@ static kvs_log_level_t cli_rank_log_level(void)
     return level;
 }
 
-/* Prefill ranks that write to one decode rank in a pair: its TP writers at
- * every prefill stage that holds its layers. */
-static int64_t cli_rank_writers(const kvs_layout_t *l)
+/* Prefill ranks that take part in one decode rank's rooms in a pair, the
+ * ones it registers with: its TP sources at every prefill stage that holds
+ * its layers (with GQA every source writes; with MLA one does and the
+ * others report their status only). */
+static int64_t cli_rank_sources(const kvs_layout_t *l)
 {
-    return l->tp_writers * (l->decode_pp == 1 ? l->prefill_pp : 1);
+    return l->tp_sources * (l->decode_pp == 1 ? l->prefill_pp : 1);
 }
 
 /* The rank's last error message, taken under its lock (the driver's thread
@@ -185,20 +192,26 @@ static int64_t cli_global_head(int64_t total, int64_t tp_size, int64_t rank, int
     return rank / (tp_size / total);
 }
 
-/* Page j of room i on this rank. */
+/* Page j of room i on this rank (n pages of its own size). */
 static int64_t cli_page(const cli_rank_ctx_t *c, uint32_t i, int64_t j, int64_t n)
 {
     const int64_t first = c->plan->first_page[i];
     return c->r->role == KVS_ROLE_PREFILL ? first + (n - 1 - j) : first + j;
 }
 
-/* Token slot `slot` of page `page`, head `head` of layer `layer`'s K or V. */
+/* Pages of room i on this rank: its prompt in pages of this side's size. */
+static int64_t cli_room_pages(const cli_rank_ctx_t *c, uint32_t i)
+{
+    return (c->plan->tokens[i] + c->ps - 1) / c->ps;
+}
+
+/* Token slot `slot` of page `page` (this side's page size), head `head` of
+ * layer `layer`'s plane kv (K or V; MLA: the latent, kv 0). */
 static uint8_t *cli_slot(const cli_rank_ctx_t *c, int64_t layer, int kv, int64_t page,
                          int64_t slot, int64_t head, int64_t head_bytes)
 {
-    const uint64_t off = (uint64_t)(2 * layer + kv) * c->layer_bytes +
-                         (uint64_t)(((page * c->lay->page_size + slot) * c->heads + head) *
-                                    head_bytes);
+    const uint64_t off = (uint64_t)(c->planes * layer + kv) * c->layer_bytes +
+                         (uint64_t)(((page * c->ps + slot) * c->heads + head) * head_bytes);
     return c->pool + off;
 }
 
@@ -206,18 +219,21 @@ static uint8_t *cli_slot(const cli_rank_ctx_t *c, int64_t layer, int kv, int64_t
 static uint64_t cli_now(cli_rank_ctx_t *c) { return c->fab->ops.now_ns(c->fab); }
 
 /* The pattern of room i, the simulator's (kvs_sim_kv_fill: a function of
- * request, global layer, K/V, global head and token). Prefill: write it;
- * decode: count bad bytes. */
+ * request, global layer, K/V, global head and token; MLA's latent is plane
+ * 0 of head 0 on every rank). Prefill: write it; decode: count bad bytes.
+ * Token t sits in the room's page t / ps at slot t % ps, ps this side's own
+ * page size, so a decode whose pages are not the prefill's checks its rows
+ * where its own page list put them. */
 static uint64_t cli_rank_pattern(cli_rank_ctx_t *c, uint32_t i, bool check, uint64_t *checked)
 {
     const uint64_t t0 = cli_now(c);
     const kvs_layout_t *l = c->lay;
-    const int64_t ps = l->page_size, hb = l->head_dim * l->elem_bytes, tokens = c->plan->tokens[i];
-    const int64_t n = (tokens + ps - 1) / ps;
+    const int64_t ps = c->ps, hb = l->head_dim * l->elem_bytes, tokens = c->plan->tokens[i];
+    const int64_t n = cli_room_pages(c, i);
     const int64_t tp_size = c->r->role == KVS_ROLE_DECODE ? l->decode_tp : l->prefill_tp;
     uint64_t bad = 0;
     for (int64_t layer = 0; layer < c->layers; layer++)
-        for (int kv = 0; kv < 2; kv++)
+        for (int kv = 0; kv < (int)c->planes; kv++)
             for (int64_t t = 0; t < tokens; t++)
                 for (int64_t j = 0; j < c->heads; j++) {
                     const kvs_sim_kv_coord_t at = {
@@ -363,10 +379,10 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
     const int64_t at = c->r->pp * (decode ? l->decode_tp : l->prefill_tp) + c->r->tp;
     const uint16_t port = decode ? 0 : (uint16_t)(pl->listen_port + c->r->pp * l->prefill_tp +
                                                   c->r->tp);
-    /* A decode rank keeps one connection per writer of every instance. */
+    /* A decode rank keeps one connection per source of every instance. */
     uint32_t conns = 0;
     for (uint32_t k = 0; decode && k < pl->instances; k++)
-        conns += (uint32_t)cli_rank_writers(&pl->peers[k].lay);
+        conns += (uint32_t)cli_rank_sources(&pl->peers[k].lay);
     const kvs_log_t log = {.fn = cli_rank_log, .user = c, .level = kvs_log_level_default()};
     /* More than the fabrics' default max_conns (16, verbs.h and ofi.h). */
     const uint32_t max_conns = conns + 4 > 16 ? conns + 4 : 0;
@@ -415,13 +431,16 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
         c->fab = cli_fault_fabric(c->fault);
     }
 
-    /* Its stage's layers: stages need not split evenly (spec §4). K and V
-     * of each layer side by side in one allocation. */
+    /* Its stage's layers: stages need not split evenly (spec §4). The
+     * planes of each layer (K and V, or MLA's latent alone) side by side in
+     * one allocation, in pages of this side's size. */
     (void)kvs_layout_stage_layers(l, c->r->role, c->r->pp, &c->first_layer, &c->layers);
     c->heads = decode ? l->dst_heads : l->src_heads;
+    c->ps = decode ? l->decode_page_size : l->page_size;
+    c->planes = l->planes;
     const int64_t row_bytes = c->heads * l->head_dim * l->elem_bytes;
-    c->layer_bytes = (uint64_t)pl->pool_pages * (uint64_t)(l->page_size * row_bytes);
-    const uint64_t pool_bytes = 2 * (uint64_t)c->layers * c->layer_bytes;
+    c->layer_bytes = (uint64_t)pl->pool_pages * (uint64_t)(c->ps * row_bytes);
+    const uint64_t pool_bytes = (uint64_t)c->planes * (uint64_t)c->layers * c->layer_bytes;
     rc = c->dev->ops.mem_alloc(c->dev, pool_bytes, &c->pool_addr);
     if (rc != KVS_OK)
         return cli_rank_fail(c, rc, "%s: KV pool of %llu bytes: %s: lower --requests or "
@@ -431,7 +450,7 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
     kvs_kv_layer_t *kv = calloc((size_t)c->layers, sizeof *kv);
     int64_t max_pages = 1;
     for (uint32_t i = 0; i < pl->requests; i++) {
-        const int64_t n = (pl->tokens[i] + l->page_size - 1) / l->page_size;
+        const int64_t n = cli_room_pages(c, i);
         max_pages = n > max_pages ? n : max_pages;
     }
     c->pages = calloc((size_t)max_pages, sizeof *c->pages);
@@ -446,10 +465,15 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
         free(kv);
         return cli_rank_fail(c, KVS_ENOMEM, "%s: KV pool tables", who);
     }
+    /* MLA publishes its latent as K and no V (v_addr 0). */
     for (int64_t i = 0; i < c->layers; i++)
-        kv[i] = (kvs_kv_layer_t){.k_addr = c->pool_addr + (uint64_t)(2 * i) * c->layer_bytes,
-                                 .v_addr = c->pool_addr + (uint64_t)(2 * i + 1) * c->layer_bytes,
-                                 .tokens = pl->pool_pages * l->page_size,
+        kv[i] = (kvs_kv_layer_t){.k_addr = c->pool_addr +
+                                           (uint64_t)(c->planes * i) * c->layer_bytes,
+                                 .v_addr = c->planes == 2 ? c->pool_addr +
+                                                                (uint64_t)(2 * i + 1) *
+                                                                    c->layer_bytes
+                                                          : 0,
+                                 .tokens = pl->pool_pages * c->ps,
                                  .token_stride_bytes = row_bytes,
                                  .head_stride_bytes = l->head_dim * l->elem_bytes,
                                  .elem_stride_bytes = l->elem_bytes};
@@ -463,9 +487,12 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
     const kvs_rank_config_t rcfg = {
         .manager = {
             .role = c->r->role, .staging = staging, .total_heads = l->total_heads,
+            .kv_kind = l->kind,
             .head_dim = l->head_dim, .dtype = pl->dtype, .layers = c->layers,
             .model_layers = l->layers,
-            .page_size = l->page_size, .tp_rank = c->r->tp,
+            /* Its own page size and the other side's. */
+            .page_size = c->ps, .peer_page_size = decode ? l->page_size : l->decode_page_size,
+            .tp_rank = c->r->tp,
             .tp_size = decode ? l->decode_tp : l->prefill_tp, .pp_rank = c->r->pp,
             .pp_size = decode ? l->decode_pp : l->prefill_pp,
             .peer_tp_size = decode ? pl->peers[0].tp : l->decode_tp,
@@ -503,7 +530,7 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
             .tp_size = decode ? l->decode_tp : l->prefill_tp,
             .pp_size = decode ? l->decode_pp : l->prefill_pp, .address = addr,
             .total_heads = l->total_heads, .head_dim = l->head_dim, .model_layers = l->layers,
-            .page_size = l->page_size, .dtype = kvs_dtype_name(l->dtype)};
+            .page_size = c->ps, .dtype = kvs_dtype_name(l->dtype)};
         if (cli_disc_publish(pl->disc, &rec, why, sizeof why) != 0)
             return cli_rank_fail(c, KVS_EBACKEND, "%s: --discovery: %s", who, why);
         if (decode)
@@ -551,21 +578,21 @@ static int cli_rank_add_instance(cli_rank_ctx_t *c, uint32_t k, const char *who)
     return KVS_OK;
 }
 
-/* Decode: declare every prefill instance, connect to this rank's writers
+/* Decode: declare every prefill instance, connect to this rank's sources
  * in each, and wait for their acks, stepping the rank in this thread. */
 static int cli_rank_connect(cli_rank_ctx_t *c, uint64_t deadline_ns)
 {
     const cli_serve_plan_t *pl = c->plan;
     char who[48];
     cli_rank_name(c, who, sizeof who);
-    int64_t writers = 0;
+    int64_t sources = 0;
     for (uint32_t k = 0; k < pl->instances; k++) {
         int rc = cli_rank_add_instance(c, k, who);
         if (rc != KVS_OK)
             return rc;
-        writers += cli_rank_writers(&pl->peers[k].lay);
+        sources += cli_rank_sources(&pl->peers[k].lay);
     }
-    while (kvs_rank_peers_ready(c->rank) < writers) {
+    while (kvs_rank_peers_ready(c->rank) < sources) {
         if (cli_rank_stopped(c))
             return KVS_EPEER; /* a sibling rank failed and said why */
         if (cli_now(c) > deadline_ns) {
@@ -583,12 +610,12 @@ static int cli_rank_connect(cli_rank_ctx_t *c, uint64_t deadline_ns)
                                  "`kvstage serve --role prefill` first, check --peer or "
                                  "--prefill-instance, or raise --timeout-s (last error: %s)",
                                  who, (long long)kvs_rank_peers_ready(c->rank),
-                                 (long long)writers, where, cli_rank_msg(c, &e));
+                                 (long long)sources, where, cli_rank_msg(c, &e));
         }
         int rc = kvs_driver_progress(c->drv);
         const int refused = rc >= 0 ? cli_rank_refused(c) : KVS_OK;
         if (refused == KVS_OK && c->fault != NULL &&
-            kvs_rank_peers_ready(c->rank) >= writers) /* --fault replay-registration */
+            kvs_rank_peers_ready(c->rank) >= sources) /* --fault replay-registration */
             cli_fault_fabric_registered(c->fault);
         if (refused != KVS_OK)
             return refused;
@@ -611,12 +638,21 @@ static int cli_rank_connect(cli_rank_ctx_t *c, uint64_t deadline_ns)
 static int cli_rank_open(cli_rank_ctx_t *c, uint32_t i)
 {
     const kvs_layout_t *l = c->lay;
-    const int64_t tokens = c->plan->tokens[i], n = (tokens + l->page_size - 1) / l->page_size;
+    const int64_t tokens = c->plan->tokens[i], n = cli_room_pages(c, i);
     char who[48];
     cli_rank_name(c, who, sizeof who);
     for (int64_t j = 0; j < n; j++)
         c->pages[j] = cli_page(c, i, j, n);
     const bool decode = c->r->role == KVS_ROLE_DECODE;
+    if (decode && c->plan->swap_pages && n >= 2) {
+        /* --fault swap-pages: the core scatters rows 0.. into the second
+         * page and the next ones into the first; the check (cli_page) still
+         * looks for them where the room's list puts them. */
+        const int64_t p0 = c->pages[0];
+        c->pages[0] = c->pages[1];
+        c->pages[1] = p0;
+        c->r->swapped_rooms++;
+    }
     const bool hold = !decode && c->plan->hold && i >= c->plan->hold_from;
     if (!decode && !hold && !c->plan->no_verify)
         cli_rank_pattern(c, i, false, NULL);

@@ -25,7 +25,11 @@
  * writes sim/kvdata's pattern into its KV pool before it tells the handler
  * a chunk is computed; the decode checks every byte it received against the
  * same pattern (a pattern of global heads, so the prefill's TP is no part
- * of it).
+ * of it). Each side pages its pool by its own page size (the decode by the
+ * layout's decode_page_size) and checks token t in its room's page t / ps;
+ * an MLA pool holds one plane per layer (the latent, head 0 on every rank,
+ * published with v_addr 0), and a decode rank registers with every source
+ * of its rooms, the silent ones that only report their status included.
  */
 #ifndef KVSTAGE_TOOLS_SERVE_RANK_H
 #define KVSTAGE_TOOLS_SERVE_RANK_H
@@ -80,6 +84,10 @@ typedef struct cli_serve_plan {
     cli_fault_kind_t write_fault; /* ... how (serve_fault.h) */
     bool replay_registration;   /* decode rank (0, 0): replay its registration
                                    on a new connection at the end */
+    bool swap_pages;            /* decode: give the core each room's pages with
+                                   the first two swapped, check the unswapped
+                                   list (--fault swap-pages: a wrong page
+                                   mapping the check must catch) */
     bool hold;                  /* prefill: never compute rooms from hold_from on */
     uint32_t hold_from;
     uint64_t timeout_ns;        /* give up when the run is not over by then */
@@ -124,6 +132,8 @@ typedef struct cli_serve_rank {
     uint64_t start_ns, end_ns;  /* first room opened, last result in */
     uint64_t pattern_ns;        /* time spent writing or checking the pattern */
     uint64_t spoiled_writes;    /* --fault writes that went out spoiled */
+    uint64_t swapped_rooms;     /* --fault swap-pages: rooms opened with two
+                                   pages swapped */
     int stale_status;           /* --fault stale-write: how its second post
                                    ended (KVS_OK: it landed), 1: not made */
     uint32_t replayed, replay_answers; /* --fault replay-registration: messages

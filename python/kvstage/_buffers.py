@@ -1,12 +1,16 @@
 """_buffers.py - an engine's KV buffers (torch tensors on CPU or CUDA, or
 numpy arrays) checked and described for the rank runtime: per layer a K
-and a V buffer, each [tokens..., heads, head_dim] and C-contiguous, all of
-one dtype, one device and one shape; the layers as kvs_kv_layer_t.
+and a V buffer (an MLA pool: one latent buffer), each [tokens..., heads,
+head_dim] and C-contiguous, all of one dtype, one device and one shape;
+the layers as kvs_kv_layer_t (MLA: the latent as K, v_addr 0).
 
-Two ways to hand them over, as engines hold them:
+Three ways to hand them over, as engines hold them:
   k_buffers=[...], v_buffers=[...]  one tensor per layer each (sglang's
                                     MHATokenToKVPool k_buffer / v_buffer,
                                     [pool_tokens, heads, head_dim]);
+  k_buffers=[...] alone, MLA        one latent tensor per layer (sglang's
+                                    MLATokenToKVPool kv_buffer,
+                                    [pool_tokens, 1, latent_dim]);
   kv_caches=[...] or {name: ...}    one tensor per layer holding K and V,
                                     [2, num_blocks, block_size, heads,
                                     head_dim] (vLLM's register_kv_caches);
@@ -82,8 +86,23 @@ def _kv_dtype(buf, want):
     return name
 
 
-def _pairs(k_buffers, v_buffers, kv_caches, page_size):
-    """[(k Buffer, v Buffer)] per layer, from either form."""
+def _latents(k_buffers, v_buffers, kv_caches):
+    """[(latent Buffer, None)] per layer of an MLA pool: k_buffers alone."""
+    if v_buffers is not None or kv_caches is not None:
+        raise _errors.invalid("%s: an MLA pool holds one latent per layer: give it as "
+                              "k_buffers= alone (sglang's kv_buffer), no V"
+                              % ("v_buffers" if v_buffers is not None else "kv_caches"))
+    if k_buffers is None or not list(k_buffers):
+        raise _errors.invalid("k_buffers: give the MLA pool's latent buffers, one tensor "
+                              "per layer [pool_tokens, 1, latent_dim]")
+    return [(Buffer(k, "k_buffers[%d]" % i), None) for i, k in enumerate(k_buffers)]
+
+
+def _pairs(k_buffers, v_buffers, kv_caches, page_size, planes=2):
+    """[(k Buffer, v Buffer)] per layer, from either form; with planes 1
+    (MLA) [(latent Buffer, None)]."""
+    if planes == 1:
+        return _latents(k_buffers, v_buffers, kv_caches)
     if kv_caches is not None:
         if k_buffers is not None or v_buffers is not None:
             raise _errors.invalid("kv_caches: give either kv_caches or k_buffers and "
@@ -128,17 +147,17 @@ class Pool:
     """The checked KV pool: its layers, geometry and memory ranges."""
 
     def __init__(self, k_buffers, v_buffers, kv_caches, page_size, dtype=None,
-                 head_dim=None, heads=None, layers=None):
+                 head_dim=None, heads=None, layers=None, planes=2):
         if not isinstance(page_size, int) or page_size <= 0:
             raise _errors.invalid("page_size: %r: give the KV cache's page (block) size in "
                                   "tokens, > 0" % (page_size,))
-        pairs = _pairs(k_buffers, v_buffers, kv_caches, page_size)
+        pairs = _pairs(k_buffers, v_buffers, kv_caches, page_size, planes)
         if layers is not None and layers != len(pairs):
             raise _errors.invalid("layers=%d but the KV pool has %d layers: give this "
                                   "rank's layers (its pipeline stage's share)"
                                   % (layers, len(pairs)))
         first = pairs[0][0]
-        self.buffers = [b for pair in pairs for b in pair]
+        self.buffers = [b for pair in pairs for b in pair if b is not None]
         self.dtype = dtype
         for b in self.buffers:
             if not b.contiguous:
@@ -207,7 +226,7 @@ class Pool:
         """kvs_kv_layer_t per layer into the ctypes array arr."""
         row = self.heads * self.head_dim * self.elem_bytes
         for i, (k, v) in enumerate(self.pairs):
-            arr[i].k_addr, arr[i].v_addr = k.ptr, v.ptr
+            arr[i].k_addr, arr[i].v_addr = k.ptr, v.ptr if v is not None else 0
             arr[i].tokens = self.tokens
             arr[i].token_stride_bytes = row
             arr[i].head_stride_bytes = self.head_dim * self.elem_bytes

@@ -9,12 +9,12 @@ from . import _structs as S
 
 _SHAPE = ("total_heads", "heads_per_rank", "heads_per_rank_tp", "head_dim",
           "layers", "page_size", "prefill_tp", "decode_tp", "prefill_pp",
-          "decode_pp", "chunk_tokens")
+          "decode_pp", "chunk_tokens", "decode_page_size")
 _LAYOUT = ("total_heads", "head_dim", "elem_bytes", "layers", "page_size",
            "prefill_tp", "decode_tp", "prefill_pp", "decode_pp", "chunk_tokens",
            "grid_tokens", "chunk_pages", "src_heads", "dst_heads", "decode_layers",
            "prefill_layers", "tp_writers", "expected_arrivals",
-           "targets_per_prefill", "planes", "tp_sources")
+           "targets_per_prefill", "planes", "tp_sources", "decode_page_size")
 
 
 _ROLE_PREFILL, _ROLE_DECODE = 0, 1  # kvs_role_t
@@ -46,13 +46,16 @@ def layout_params(fields):
 def plan(model=None, *, prefill_tp, decode_tp, page_size, total_heads=None, kind=None,
          heads_per_rank=None, heads_per_rank_tp=None, head_dim=None, layers=None,
          dtype=None, prefill_pp=None, decode_pp=None, chunk_tokens=None,
-         tokens=None):
+         tokens=None, decode_page_size=None):
     """Plans the staging transfer of one chunk (spec sections 3-5).
 
     model: a built-in model name (see models()); it fills total_heads,
     head_dim, layers, dtype and kind, and explicit arguments override it.
     kind: "gqa" (K and V per layer, the default) or "mla" (one latent of
     head_dim elements per token and layer, the same on every TP rank).
+    decode_page_size: tokens per page of the decode's KV pool when it is
+    not page_size (which is then the prefill's); the chunk grid is then a
+    multiple of both sizes' lcm (docs/kinds/page-sizes.md).
     Zero or None takes the planner's default (prefill_pp, decode_pp: 1;
     chunk_tokens: 8192; dtype: bf16). tokens: the chunk to lay out,
     1..grid_tokens (default: a full chunk of grid_tokens).
@@ -78,7 +81,8 @@ def plan(model=None, *, prefill_tp, decode_tp, page_size, total_heads=None, kind
         "heads_per_rank_tp": heads_per_rank_tp, "head_dim": head_dim,
         "layers": layers, "dtype": dtype, "page_size": page_size,
         "prefill_tp": prefill_tp, "decode_tp": decode_tp, "prefill_pp": prefill_pp,
-        "decode_pp": decode_pp, "chunk_tokens": chunk_tokens, "kind": kind})
+        "decode_pp": decode_pp, "chunk_tokens": chunk_tokens, "kind": kind,
+        "decode_page_size": decode_page_size})
     params = layout_params(fields)
     lib = _library.load()
     lay = S.Layout()

@@ -35,6 +35,7 @@ from . import _buffers
 from . import _errors
 from . import _fabric
 from . import _library
+from . import _models
 from . import _structs as S
 
 _ROLES = {"prefill": 0, "decode": 1}
@@ -123,11 +124,22 @@ class Rank:
 
     role            "prefill" or "decode"
     page_size       tokens per page (the engine's block size)
+    peer_page_size  tokens per page of the other side's pool when it pages
+                    differently (a prefill's decode, a decode's prefill;
+                    0: page_size). Both sides give both sizes; the chunk is
+                    then whole pages of each (docs/kinds/page-sizes.md)
     k_buffers, v_buffers, or kv_caches
                     the KV pool (see kvstage._buffers): torch tensors on CPU
-                    or CUDA, or numpy arrays; kept referenced by the rank
+                    or CUDA, or numpy arrays; kept referenced by the rank.
+                    An MLA pool is k_buffers alone: one latent tensor per
+                    layer, [pool_tokens, 1, latent_dim]
     model           a built-in model name (kvstage.models()) giving
-                    total_heads, head_dim and model_layers; or give those
+                    total_heads, head_dim, model_layers and kind; or give
+                    those
+    kind            "gqa" (K and V per layer, the default) or "mla" (one
+                    latent per token and layer, the same on every TP rank;
+                    one prefill rank writes it to each decode rank and the
+                    others report their status only: docs/kinds/mla.md)
     tp_rank, tp_size, pp_rank, pp_size
                     this rank's place in its instance
     peer_tp_size, peer_pp_size
@@ -168,8 +180,9 @@ class Rank:
     device taken; ofi: None).
     """
 
-    def __init__(self, role, *, page_size, k_buffers=None, v_buffers=None, kv_caches=None,
-                 model=None, total_heads=None, head_dim=None, model_layers=None, layers=None,
+    def __init__(self, role, *, page_size, peer_page_size=0, k_buffers=None, v_buffers=None,
+                 kv_caches=None, model=None, kind=None, total_heads=None, head_dim=None,
+                 model_layers=None, layers=None,
                  tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, peer_tp_size=0, peer_pp_size=0,
                  instance_id=0, dp_rank=0, dtype=None, max_aux_bytes=0, chunk_tokens=0,
                  ring_bytes=0, max_rooms=0, transfer_workers=0, stall_timeout_s=0,
@@ -197,13 +210,19 @@ class Rank:
             total_heads = m.total_heads if total_heads is None else total_heads
             head_dim = m.head_dim if head_dim is None else head_dim
             model_layers = m.layers if model_layers is None else model_layers
+            kind = m.kind if kind is None else kind
+        kv_kind = _models.kind_value(kind)
         _i64("tp_size", tp_size, 1)
         _i64("tp_rank", tp_rank)
         heads = None
-        if total_heads is not None and total_heads >= tp_size:
+        if kv_kind == 1:  # MLA: one latent "head" on every rank
+            total_heads = 1 if total_heads is None else total_heads
+            heads = 1
+        elif total_heads is not None and total_heads >= tp_size:
             heads = total_heads // tp_size
         pool = _buffers.Pool(k_buffers, v_buffers, kv_caches, page_size, dtype=dtype,
-                             head_dim=head_dim, heads=heads, layers=layers)
+                             head_dim=head_dim, heads=heads, layers=layers,
+                             planes=1 if kv_kind == 1 else 2)
         _fabric.check_memory(fabric, pool)
         if total_heads is None:
             total_heads = pool.heads * tp_size
@@ -220,10 +239,12 @@ class Rank:
         mc.role = _ROLES[role]
         mc.staging = bool(staging)
         mc.total_heads = _i64("total_heads", total_heads, 1)
+        mc.kv_kind = kv_kind
         mc.head_dim = pool.head_dim
         mc.dtype = code.value
         mc.layers = pool.layers
         mc.page_size = page_size
+        mc.peer_page_size = _i64("peer_page_size", peer_page_size)
         mc.tp_rank, mc.tp_size = tp_rank, tp_size
         mc.pp_rank, mc.pp_size = _i64("pp_rank", pp_rank), _i64("pp_size", pp_size, 1)
         mc.peer_tp_size = _i64("peer_tp_size", peer_tp_size)
@@ -256,6 +277,8 @@ class Rank:
         self.role = role
         self.fabric = fabric
         self.page_size = page_size
+        self.kind = _models.kind_name(kv_kind)
+        self.peer_page_size = peer_page_size or page_size
         self.num_pages = pool.num_pages
         self.layers = pool.layers
         self.local_heads = pool.heads

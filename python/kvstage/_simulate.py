@@ -71,7 +71,10 @@ def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
     model: a built-in model name (see models()) filling total_heads,
     head_dim, layers and dtype; explicit arguments override it. Every other
     keyword is a field of kvs_sim_config_t (include/kvstage/sim.h), e.g.
-    page_size, prefill_tp, decode_tp (required), chunk_tokens, requests,
+    page_size, decode_page_size (the decode's pages when they are not
+    page_size's, which is then the prefill's: docs/kinds/page-sizes.md, as
+    `kvstage sim --decode-page-size`), prefill_tp, decode_tp (required),
+    chunk_tokens, requests,
     prompt_min_tokens, prompt_max_tokens, rate_milli_per_s, ring_bytes,
     seed, stall_timeout_ns, net_link_bytes_per_s, net_sq_depth (work
     requests per connection's send queue: a post beyond them is refused and

@@ -8,9 +8,13 @@ checks what they report.
     rank_pair.py prefill DIR [FABRIC]   writes DIR/prefill.addrs, serves the rooms
     rank_pair.py decode DIR [FABRIC]    reads it, receives the rooms, checks bytes
     FABRIC: [--fabric verbs|ofi] [--provider NAME] [--address IP]
-            [--deadline-s S]
+            [--deadline-s S] [--decode-page N] [--mla]
     (verbs by default; --address: every rank's bind_addr, default
-    $KVS_VERBS_ADDR; --deadline-s: how long each wait may take, 240)
+    $KVS_VERBS_ADDR; --deadline-s: how long each wait may take, 240;
+    --decode-page: the decode's page size, 16 like the prefill's by
+    default; --mla: an MLA pool, one latent "head" per layer and no V, the
+    same on both prefill ranks, of which rank 0 writes and rank 1 only
+    reports; both processes are given the same)
 
 Every value the prefill puts in its pool is a function of (room, token,
 layer, K or V, global head, dim); the decode builds the pool it must end
@@ -22,6 +26,7 @@ writes DIR/<role>.json with what it measured; else says what differed.
 import argparse
 import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -31,12 +36,44 @@ import torch
 
 import kvstage
 
-HEADS, DIM, LAYERS, PAGE, POOL_PAGES = 4, 16, 3, 16, 64
+HEADS, DIM, LAYERS, PAGE, POOL_TOKENS = 4, 16, 3, 16, 1024
 MAX_AUX = 300
 CHUNK = 64  # tokens per chunk: several chunks per room
 PREFILL_TP, DECODE_TP = 2, 1
+# Tokens per page of each side's pool (--decode-page sets the decode's).
+PAGES = {"prefill": PAGE, "decode": PAGE}
+# What a layer holds (--mla: one latent, kvstage's head 0, no V).
+KV = {"mla": False, "heads": HEADS}
 # room: (total tokens, decode's cached prefix)
 ROOMS = {11: (40, 0), 12: (130, 0), 13: (96, 32), 14: (16, 0), 15: (257, 0)}
+
+
+def use_decode_page(size):
+    """The decode pages by `size`: a cached prefix must then be whole pages
+    of both sides, so room 13's is 64 tokens (of 160) when 32 is not."""
+    PAGES["decode"] = size
+    if 32 % size != 0:
+        ROOMS[13] = (160, 64)
+
+
+def use_mla():
+    KV["mla"], KV["heads"] = True, 1
+
+
+def planes(k, v):
+    """(kv, buffer) of one layer's planes: K and V, or MLA's latent alone."""
+    return ((0, k),) if KV["mla"] else ((0, k), (1, v))
+
+
+def rank_kv(ks, vs, heads):
+    """The Rank keywords of a pool: its buffers and what they hold."""
+    if KV["mla"]:
+        return dict(k_buffers=ks, kind="mla")
+    return dict(k_buffers=ks, v_buffers=vs, total_heads=heads)
+
+
+def pool_pages(side):
+    return POOL_TOKENS // PAGES[side]
 
 
 def aux_of(room):
@@ -63,22 +100,25 @@ def pages_by_room(seed, side):
     """Each room's pages on one side, as an engine's allocator gives them:
     shuffled, and no page in two live rooms."""
     g = torch.Generator().manual_seed(seed)
-    free = torch.randperm(POOL_PAGES, generator=g).tolist()
+    free = torch.randperm(pool_pages(side), generator=g).tolist()
     out = {}
+    ps = PAGES[side]
     for room, (total, base) in sorted(ROOMS.items()):
-        n = (total - (base if side == "decode" else 0) + PAGE - 1) // PAGE
+        n = (total - (base if side == "decode" else 0) + ps - 1) // ps
         out[room], free = free[:n], free[n:]
     return out
 
 
-def slots(pages, n):
-    """The pool's token slots of a request's first n tokens on these pages."""
+def slots(pages, n, side):
+    """The pool's token slots of a request's first n tokens on these pages
+    of one side (its page size)."""
+    ps = PAGES[side]
     i = torch.arange(n)
-    return torch.tensor(pages, dtype=torch.int64)[i // PAGE] * PAGE + i % PAGE
+    return torch.tensor(pages, dtype=torch.int64)[i // ps] * ps + i % ps
 
 
 def pool():
-    ks = [torch.zeros(POOL_PAGES * PAGE, HEADS, DIM, dtype=torch.float16)
+    ks = [torch.zeros(POOL_TOKENS, KV["heads"], DIM, dtype=torch.float16)
           for _ in range(LAYERS)]
     vs = [torch.zeros_like(k) for k in ks]
     return ks, vs
@@ -90,7 +130,7 @@ def whose(row, layer, kv):
         return "zeros"
     for room, (total, _) in ROOMS.items():
         for t in range(total):
-            if torch.equal(row, values(room, [t], layer, kv, list(range(HEADS)))[0]):
+            if torch.equal(row, values(room, [t], layer, kv, list(range(KV["heads"])))[0]):
                 return "room %d token %d" % (room, t)
     return "no token's values (%s...)" % row[0, :4].tolist()
 
@@ -124,34 +164,36 @@ def write_json(path, obj):
 
 
 def prefill(folder, fabric, deadline_s):
-    local = HEADS // PREFILL_TP
+    local = max(1, KV["heads"] // PREFILL_TP)  # MLA: the one latent on each
     ranks, pools = [], []
     for tp in range(PREFILL_TP):
-        ks = [torch.zeros(POOL_PAGES * PAGE, local, DIM, dtype=torch.float16)
+        ks = [torch.zeros(POOL_TOKENS, local, DIM, dtype=torch.float16)
               for _ in range(LAYERS)]
         vs = [torch.zeros_like(k) for k in ks]
         pools.append((ks, vs))
-        ranks.append(kvstage.Rank("prefill", page_size=PAGE, k_buffers=ks, v_buffers=vs,
-                                  total_heads=HEADS, tp_rank=tp, tp_size=PREFILL_TP,
+        ranks.append(kvstage.Rank("prefill", page_size=PAGES["prefill"],
+                                  peer_page_size=PAGES["decode"], **rank_kv(ks, vs, HEADS),
+                                  tp_rank=tp, tp_size=PREFILL_TP,
                                   peer_tp_size=DECODE_TP, chunk_tokens=CHUNK,
                                   max_aux_bytes=MAX_AUX, ring_bytes=8 << 20, **fabric))
     with open(os.path.join(folder, "prefill.addrs.tmp"), "w") as f:
         f.write("\n".join(r.address for r in ranks))
     os.rename(os.path.join(folder, "prefill.addrs.tmp"), os.path.join(folder, "prefill.addrs"))
-    refused(lambda: ranks[0].open_room(98, [0], total_tokens=PAGE,
+    refused(lambda: ranks[0].open_room(98, [0], total_tokens=PAGES["prefill"],
                                        aux=b"x" * (MAX_AUX + 1)),
             "aux: 301 bytes but max_aux_bytes is 300")
     ranks[0].start()  # one rank on the driver's thread, one in this loop
     for room, (total, _) in sorted(ROOMS.items()):
         pages = pages_by_room(1, "prefill")[room]
         for tp, (r, (ks, vs)) in enumerate(zip(ranks, pools)):
-            heads = list(range(tp * local, (tp + 1) * local))
+            heads = [0] if KV["mla"] else list(range(tp * local, (tp + 1) * local))
             for layer in range(LAYERS):
-                for kv, buf in ((0, ks[layer]), (1, vs[layer])):
-                    buf.view(torch.int16)[slots(pages, total)] = \
+                for kv, buf in planes(ks[layer], vs[layer]):
+                    buf.view(torch.int16)[slots(pages, total, "prefill")] = \
                         values(room, list(range(total)), layer, kv, heads)
             r.open_room(room, pages, total_tokens=total)
-            half = (total // 2) // PAGE * PAGE
+            unit = math.lcm(PAGES["prefill"], PAGES["decode"])  # whole pages of both
+            half = (total // 2) // unit * unit
             if half > 0:
                 r.computed(room, half)  # the first half, then the rest with aux
             r.set_aux(room, aux_of(room))
@@ -174,7 +216,8 @@ def prefill(folder, fabric, deadline_s):
     for r in ranks:
         r.close()
     write_json(os.path.join(folder, "prefill.json"),
-               {"provider": ranks[0].provider,
+               {"provider": ranks[0].provider, "page_size": ranks[0].page_size,
+                "kind": ranks[0].kind,
                 "rdma_writes": [s["rdma_writes"] for s in stats],
                 "bytes": [s["rdma_write_bytes"] for s in stats],
                 "driver_steps": [s["driver_steps"] for s in stats],
@@ -184,18 +227,21 @@ def prefill(folder, fabric, deadline_s):
 def decode(folder, fabric, deadline_s):
     addrs = wait_file(os.path.join(folder, "prefill.addrs"), deadline_s).split("\n")
     ks, vs = pool()
-    with kvstage.Rank("decode", page_size=PAGE, k_buffers=ks, v_buffers=vs,
-                      total_heads=HEADS, tp_rank=0, tp_size=DECODE_TP, chunk_tokens=CHUNK,
+    dps = PAGES["decode"]
+    with kvstage.Rank("decode", page_size=dps, peer_page_size=PAGES["prefill"],
+                      **rank_kv(ks, vs, HEADS), tp_rank=0, tp_size=DECODE_TP,
+                      chunk_tokens=CHUNK,
                       max_aux_bytes=MAX_AUX, ring_bytes=8 << 20, **fabric) as rank:
-        refused(lambda: rank.open_room(99, [1, POOL_PAGES], total_tokens=2 * PAGE),
-                "pages[1] = 64 is outside the KV pool's 64 pages")
+        n = pool_pages("decode")
+        refused(lambda: rank.open_room(99, [1, n], total_tokens=2 * dps),
+                "pages[1] = %d is outside the KV pool's %d pages" % (n, n))
         refused(lambda: rank.state(99), "KVS_ENOENT")  # nothing was opened
         rank.add_instance(0, addrs, tp_size=PREFILL_TP)
         rank.connect(0)
         rank.start()
         want_k = [torch.zeros_like(k) for k in ks]
         want_v = [torch.zeros_like(v) for v in vs]
-        all_heads = list(range(HEADS))
+        all_heads = list(range(KV["heads"]))
         for room, (total, base) in sorted(ROOMS.items()):
             pages = pages_by_room(2, "decode")[room]
             rank.open_room(room, pages, total_tokens=total, base_tokens=base)
@@ -204,8 +250,8 @@ def decode(folder, fabric, deadline_s):
                             kvstage.RoomState.TRANSFERRING, kvstage.RoomState.SUCCESS):
                 sys.exit("rank_pair decode: room %d opened in state %r" % (room, seen))
             for layer in range(LAYERS):
-                for kv, buf in ((0, want_k[layer]), (1, want_v[layer])):
-                    buf.view(torch.int16)[slots(pages, total - base)] = \
+                for kv, buf in planes(want_k[layer], want_v[layer]):
+                    buf.view(torch.int16)[slots(pages, total - base, "decode")] = \
                         values(room, list(range(base, total)), layer, kv, all_heads)
         results = {}
         end = time.time() + deadline_s
@@ -226,7 +272,7 @@ def decode(folder, fabric, deadline_s):
         rank.stop()
         for layer in range(LAYERS):
             for name, got, want in (("K", ks[layer], want_k[layer]),
-                                    ("V", vs[layer], want_v[layer])):
+                                    ("V", vs[layer], want_v[layer]))[:len(planes(0, 0))]:
                 if not torch.equal(got.view(torch.int16), want.view(torch.int16)):
                     diff = (got.view(torch.int16) != want.view(torch.int16)).nonzero()
                     slot = int(diff[0][0])
@@ -238,10 +284,11 @@ def decode(folder, fabric, deadline_s):
         stats = rank.stats()
         write_json(os.path.join(folder, "decode.json"),
                    {"provider": rank.provider, "metrics": rank.metrics(),
+                    "page_size": rank.page_size, "kind": rank.kind,
                     "peers": sorted({r.peer for r in results.values()}),
                     "rooms": len(results), "bytes": sum(r.bytes for r in results.values()),
                     "aux_bytes": sum(len(r.aux) for r in results.values()),
-                    "checked_bytes": sum(k.numel() * 2 * 2 for k in ks),
+                    "checked_bytes": sum(k.numel() * 2 * len(planes(0, 0)) for k in ks),
                     "rooms_ok": stats["rooms_ok"], "copies": stats["copies"]})
 
 
@@ -273,8 +320,13 @@ def run(folder, args=(), timeout_s=420):
     print("decode", dec, "prefill", pre)
     assert dec["rooms"] == dec["rooms_ok"] == len(ROOMS)
     assert dec["aux_bytes"] > 0
-    # The decode received what the two prefill ranks wrote, one write per chunk.
-    assert dec["bytes"] > 0 and all(w > 0 for w in pre["rdma_writes"])
+    # The decode received what the two prefill ranks wrote, one write per
+    # chunk; with MLA rank 0 alone wrote, rank 1 only reported.
+    assert dec["bytes"] > 0
+    if "--mla" in args:
+        assert pre["rdma_writes"][0] > 0 and pre["rdma_writes"][1:] == [0], pre
+    else:
+        assert all(w > 0 for w in pre["rdma_writes"]), pre
     return dec, pre
 
 
@@ -286,7 +338,12 @@ def main(argv):
     p.add_argument("--provider")
     p.add_argument("--address", default=os.environ.get("KVS_VERBS_ADDR"))
     p.add_argument("--deadline-s", type=float, default=240)
+    p.add_argument("--decode-page", type=int, default=PAGE)
+    p.add_argument("--mla", action="store_true")
     a = p.parse_args(argv)
+    use_decode_page(a.decode_page)
+    if a.mla:
+        use_mla()
     fabric = dict(fabric=a.fabric, provider=a.provider, bind_addr=a.address)
     {"prefill": prefill, "decode": decode}[a.role](a.folder, fabric, a.deadline_s)
 

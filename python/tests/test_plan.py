@@ -39,6 +39,16 @@ CASES = [
           prefill_pp=2),
      ["--mla-latent-dim", 576, "--layers", 12, "--prefill-tp", 2, "--decode-tp", 4,
       "--page-size", 16, "--prefill-pp", 2]),
+    # Different page sizes (docs/kinds/page-sizes.md): the grid is a multiple
+    # of lcm(16, 64) and of lcm(48, 32) = 96, chunk_pages the decode's pages.
+    (dict(model="llama-3.1-8b", prefill_tp=4, decode_tp=2, page_size=16,
+          decode_page_size=64, chunk_tokens=512),
+     ["--model", "llama-3.1-8b", "--prefill-tp", 4, "--decode-tp", 2, "--page-size", 16,
+      "--decode-page-size", 64, "--chunk-tokens", 512]),
+    (dict(model="llama-3.1-8b", prefill_tp=2, decode_tp=2, page_size=48,
+          decode_page_size=32, chunk_tokens=192),
+     ["--model", "llama-3.1-8b", "--prefill-tp", 2, "--decode-tp", 2, "--page-size", 48,
+      "--decode-page-size", 32, "--chunk-tokens", 192]),
     # Uneven pipeline splits (spec §4): 80 layers over 3 stages, 26 / 27 / 27.
     (dict(model="llama-3.1-70b", prefill_tp=8, decode_tp=2, page_size=16,
           prefill_pp=3),
@@ -66,7 +76,7 @@ def test_plan_equals_cli_json(cli, kwargs, flags):
                       "decode_layers", "prefill_layers", "tp_writers",
                       "expected_arrivals", "targets_per_prefill", "decode_ranks",
                       "prefill_stages", "decode_stages", "kv_kind", "planes",
-                      "tp_sources"}
+                      "tp_sources", "decode_page_size"}
     for key in sorted(shared):
         assert got[key] == want[key], key
     if want["path"] == "staging":
@@ -102,6 +112,25 @@ def test_plan_uneven_pipeline_split():
     assert p["decode_stages"] == [{"stage": 0, "first_layer": 0, "num_layers": 80,
                                    "region_bytes": 1342177280}]
     assert p["expected_arrivals"] == 12
+
+
+def test_plan_decode_page_size():
+    """decode_page_size: 0 or None is page_size's; another gives the lcm
+    grid and chunk_pages in decode pages; a chunk not a multiple of both
+    sizes is floored to the lcm, and a negative size is refused by name."""
+    base = dict(model="llama-3.1-8b", prefill_tp=4, decode_tp=2, page_size=16,
+                chunk_tokens=512)
+    p = kvstage.plan(**base)
+    assert (p["decode_page_size"], p["grid_tokens"], p["chunk_pages"]) == (16, 512, 32)
+    assert kvstage.plan(decode_page_size=0, **base)["decode_page_size"] == 16
+    p = kvstage.plan(decode_page_size=64, **base)
+    assert (p["page_size"], p["decode_page_size"], p["grid_tokens"], p["chunk_pages"]) == \
+        (16, 64, 512, 8)
+    p = kvstage.plan(**dict(base, page_size=48, decode_page_size=32, chunk_tokens=200))
+    assert (p["grid_tokens"], p["chunk_pages"]) == (192, 6)
+    with pytest.raises(kvstage.KvstageError) as e:
+        kvstage.plan(decode_page_size=-1, **base)
+    assert "decode_page_size" in str(e.value)
 
 
 def test_explicit_arguments_override_the_model(cli):

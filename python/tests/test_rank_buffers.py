@@ -156,3 +156,24 @@ def test_numpy_arrays():
         kvstage.Rank("decode", page_size=PAGE, total_heads=HEADS,
                      k_buffers=[np.zeros((TOKENS, HEADS, DIM), np.int64)], v_buffers=ks[:1])
     assert "k_buffers[0]: dtype int64" in e.value.message
+
+
+def test_mla_pool_is_one_latent_per_layer():
+    """kind="mla" (or an MLA model): k_buffers alone, one latent "head" per
+    token; a V, a vLLM-style cache or more than one head is refused by name,
+    and a good latent pool gets to the fabric."""
+    ks, vs = pool(heads=1, dim=576)
+    mla = dict(kind="mla", total_heads=None)
+    refused("v_buffers: an MLA pool holds one latent per layer", k_buffers=ks, v_buffers=vs,
+            **mla)
+    refused("kv_caches: an MLA pool holds one latent per layer",
+            kv_caches=[torch.zeros(2, 4, PAGE, 1, 576, dtype=torch.float16)], **mla)
+    refused("k_buffers: give the MLA pool's latent buffers", **mla)
+    wide, _ = pool(heads=2, dim=576)
+    refused("k_buffers[0]: 2 KV heads (dim -2) but this rank holds 1", k_buffers=wide, **mla)
+    refused("kind is 'mha': give 'gqa'", kind="mha", k_buffers=ks, v_buffers=vs)
+    for kw in (dict(kind="mla"), dict(model="deepseek-v3", layers=LAYERS, model_layers=LAYERS)):
+        try:
+            kvstage.Rank("decode", page_size=PAGE, k_buffers=ks, **kw).close()
+        except kvstage.KvstageError as e:
+            assert e.name == "KVS_EBACKEND" and "RDMA device" in e.message, e

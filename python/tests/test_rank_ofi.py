@@ -12,6 +12,10 @@ on this machine: no RDMA device, no VM.
   several rooms in several chunks with aux payloads, every byte of the
   decode's pool and every aux payload checked) over the tcp provider on
   127.0.0.1 and over shm.
+- The same pair over tcp with the decode paging its pool by 64 tokens and
+  the prefill by 16 (peer_page_size), every byte checked; a bad
+  peer_page_size refused by name; and with an MLA pool (kind="mla"): one
+  latent per layer, written by prefill rank 0 alone.
 
 Runs in ctest's python_binding (under the ASan preload in a sanitized
 build; the pair's processes inherit it). Where the build has no ofi
@@ -159,6 +163,47 @@ def test_rank_ofi_prefill_tp2_to_decode_tp1(tmp_path, provider):
     # "tcp;ofi_rxm").
     assert dec["provider"].split(";")[0] == pre["provider"].split(";")[0] == provider
     check_metrics(dec, pre)
+
+
+@pytest.mark.parametrize("decode_page", [64])
+def test_rank_ofi_decode_pages_of_another_size(tmp_path, decode_page):
+    """The same pair with the decode's pool in pages of 64 tokens and the
+    prefill's in pages of 16 (peer_page_size on both): every byte of the
+    decode's pool lands where its own page list puts it (rank_pair checks
+    the whole pool), with a cached prefix of 64 tokens."""
+    need_ofi()
+    dec, pre = rank_pair.run(tmp_path, ["--fabric", "ofi", "--provider", "tcp",
+                                        "--address", "127.0.0.1", "--deadline-s", "40",
+                                        "--decode-page", str(decode_page)],
+                             timeout_s=100)
+    assert dec["page_size"] == decode_page and pre["page_size"] == rank_pair.PAGE
+    check_metrics(dec, pre)
+
+
+def test_rank_ofi_mla_prefill_tp2_to_decode_tp1(tmp_path):
+    """The pair with an MLA pool (kind="mla", k_buffers alone): the latent is
+    the same on both prefill ranks, rank 0 writes it and rank 1 only reports
+    (rank_pair checks its writes are 0), and every byte of the decode's pool
+    is checked."""
+    need_ofi()
+    dec, pre = rank_pair.run(tmp_path, ["--fabric", "ofi", "--provider", "tcp",
+                                        "--address", "127.0.0.1", "--deadline-s", "40",
+                                        "--mla"], timeout_s=100)
+    assert dec["kind"] == pre["kind"] == "mla"
+    assert dec["rooms"] == dec["rooms_ok"] == len(rank_pair.ROOMS)
+
+
+def test_rank_peer_page_size_refused_by_name():
+    """A negative peer_page_size, and a chunk that is no whole number of
+    the peer's pages, are refused at create, naming what to change."""
+    need_ofi()
+    with pytest.raises(kvstage.KvstageError) as e:
+        rank(fabric="ofi", bind_addr="127.0.0.1", peer_page_size=-1).close()
+    assert "peer_page_size: -1" in e.value.message, e.value.message
+    with pytest.raises(kvstage.KvstageError) as e:
+        rank(fabric="ofi", bind_addr="127.0.0.1", peer_page_size=48, chunk_tokens=64).close()
+    assert e.value.name == "KVS_ECHUNK", e.value
+    assert "peer_page_size" in e.value.message, e.value.message
 
 
 def samples(text):

@@ -72,6 +72,25 @@ def test_direct_path_and_pipeline_stages(cli):
     assert "%016x" % got["digest"] == want["digest"]
 
 
+@pytest.mark.parametrize("ps,dps,path", [(16, 64, "staging"), (64, 16, "slice")])
+def test_decode_page_size_equals_cli(cli, ps, dps, path):
+    """decode_page_size: the decode's pool in pages of another size, every
+    byte verified, the same run as `kvstage sim --decode-page-size`."""
+    got = run(page_size=ps, decode_page_size=dps, path=path, requests=4)
+    flags = list(SMALL_FLAGS)
+    flags[flags.index("--page-size") + 1] = ps
+    flags[flags.index("--requests") + 1] = 4
+    want = cli("sim", *flags, "--decode-page-size", dps, "--path", path)
+    assert_clean(got, 4)
+    for key in SAME_AS_CLI:
+        assert got[key] == want[key], key
+    assert "%016x" % got["digest"] == want["digest"]
+    # The size reaches the managers: with staging, a chunk that is no whole
+    # number of the decode's pages is refused, naming both sizes.
+    raises("KVS_ECHUNK", ["peer's page size 48", "page_size %d" % ps],
+           page_size=ps, decode_page_size=48, path="staging", requests=4)
+
+
 def test_cluster_equals_cli(cli):
     """A cluster (lists of TP sizes, one per instance) runs as `kvstage sim`
     with comma lists: same digest, same per-instance counts."""

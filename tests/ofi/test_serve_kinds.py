@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""test_serve_kinds.py - `kvstage serve` moving the KV kinds beyond GQA at
+equal page sizes, between two processes over libfabric (ofi tcp on
+127.0.0.1, no RDMA device needed), every byte checked by the decode:
+
+  mla_p4d2   an MLA model (--mla-latent-dim 576, 4 layers), P=4 -> D=2: one
+             writer per decode rank (prefill 0 and 2), the other two prefill
+             ranks silent (they report their status and write nothing)
+  mla_p2d4   the same at P=2 -> D=4: each prefill rank feeds two decode ranks
+  ps16_64    GQA with 16-token prefill pages and 64-token decode pages, P=2 ->
+             D=1 (staging: the gather pages by 16, the scatter by 64)
+  ps64_16    64-token prefill pages into 16-token decode pages, P=2 -> D=2 (the
+             direct path: token runs cut at either side's page boundary)
+  *_swap     ps16_64 and mla_p4d2 again with the decode's planted wrong page
+             mapping (--fault swap-pages: the core scatters each room into its
+             first two pages swapped, the check looks where the room's list
+             puts them): the decode must see corrupt bytes and exit 1, so the
+             runs above cannot pass with rows in the wrong pages
+
+Each run: both processes exit 0, every room ok on both sides, the decode
+verified exactly the bytes its rooms hold (bytes_expected: every token,
+layer, plane and decode rank) with 0 corrupt, and its ring is empty at the
+end. Ports PORT.. (default 14515; ranks take PORT + s*P + t, 20 ports a
+run), two runs at a time.
+
+usage: test_serve_kinds.py PATH_TO_KVSTAGE [--port PORT] [--only NAME...]
+Exits 0 when every check passes.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ADDR = "127.0.0.1"
+COMMON = ["--fabric", "ofi", "--provider", "tcp", "--requests", "8",
+          "--prompt-tokens", "32:192", "--seed", "7", "--ring-mib", "4",
+          "--timeout-s", "60", "--json"]
+MLA = ["--mla-latent-dim", "576", "--layers", "4", "--page-size", "16",
+       "--chunk-tokens", "64"]
+GQA = ["--kv-heads", "4", "--head-dim", "32", "--layers", "2"]
+
+# name, shape flags, decode's own flags, whether the decode must fail
+RUNS = [
+    ("mla_p4d2", MLA + ["--prefill-tp", "4", "--decode-tp", "2"], [], False),
+    ("mla_p2d4", MLA + ["--prefill-tp", "2", "--decode-tp", "4"], [], False),
+    ("ps16_64", GQA + ["--page-size", "16", "--decode-page-size", "64",
+                       "--chunk-tokens", "64", "--prefill-tp", "2",
+                       "--decode-tp", "1"], [], False),
+    ("ps64_16", GQA + ["--page-size", "64", "--decode-page-size", "16",
+                       "--chunk-tokens", "64", "--prefill-tp", "2",
+                       "--decode-tp", "2"], [], False),
+    ("ps16_64_swap", GQA + ["--page-size", "16", "--decode-page-size", "64",
+                            "--chunk-tokens", "64", "--prefill-tp", "2",
+                            "--decode-tp", "1"],
+     ["--fault", "swap-pages"], True),
+    ("mla_p4d2_swap", MLA + ["--prefill-tp", "4", "--decode-tp", "2"],
+     ["--fault", "swap-pages"], True),
+]
+
+
+def run(kvstage, work, name, port, shape, dflags, planted, say):
+    t0 = time.monotonic()
+    out = {}
+    with open(os.path.join(work, name + ".prefill.json"), "w") as pj, \
+            open(os.path.join(work, name + ".prefill.err"), "w") as pe:
+        prefill = subprocess.Popen(
+            [kvstage, "serve", "--role", "prefill", "--listen",
+             "%s:%d" % (ADDR, port)] + shape + COMMON, stdout=pj, stderr=pe)
+        d = subprocess.run(
+            [kvstage, "serve", "--role", "decode", "--peer", "%s:%d" % (ADDR, port)]
+            + shape + COMMON + dflags, capture_output=True, text=True, timeout=120)
+        try:
+            prc = prefill.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            prefill.kill()
+            prc = prefill.wait()
+    drc = d.returncode
+    with open(os.path.join(work, name + ".prefill.json")) as f:
+        ptext = f.read()
+    with open(os.path.join(work, name + ".prefill.err")) as f:
+        perr = f.read()
+    say("test_serve_kinds: %s: prefill exit %d, decode exit %d, %.1f s"
+        % (name, prc, drc, time.monotonic() - t0))
+    bad = []
+    try:
+        out["prefill"] = json.loads(ptext)
+        out["decode"] = json.loads(d.stdout)
+    except ValueError:
+        bad.append("no JSON report (prefill %r, decode %r)" % (ptext[:200], d.stdout[:200]))
+    if bad:
+        pass
+    elif planted:
+        dec = out["decode"]
+        if drc != 1:
+            bad.append("decode exit %d with its pages swapped, not 1" % drc)
+        if dec["swapped_rooms"] == 0:
+            bad.append("no room was given swapped pages: the check proves nothing")
+        if dec["corrupt_bytes"] == 0:
+            bad.append("rows scattered into swapped pages were not seen as corrupt")
+        if dec["pass"]:
+            bad.append("decode passed with its pages swapped")
+        if prc != 0:
+            bad.append("prefill exit %d (its side moved every room)" % prc)
+    else:
+        if prc != 0 or drc != 0:
+            bad.append("exit codes %d/%d" % (prc, drc))
+        for side in ("prefill", "decode"):
+            r = out[side]
+            if r["requests_ok"] != r["requests"] or r["requests_failed"] != 0 \
+                    or r["requests_unfinished"] != 0 or not r["pass"]:
+                bad.append("%s: %d ok of %d, %d failed, %d unfinished, pass %s"
+                           % (side, r["requests_ok"], r["requests"], r["requests_failed"],
+                              r["requests_unfinished"], r["pass"]))
+        dec = out["decode"]
+        if dec["corrupt_bytes"] != 0 or dec["bytes_verified"] == 0 \
+                or dec["bytes_verified"] != dec["bytes_expected"]:
+            bad.append("decode verified %d of %d bytes, %d corrupt"
+                       % (dec["bytes_verified"], dec["bytes_expected"], dec["corrupt_bytes"]))
+        if dec["ring_live_bytes"] != 0:
+            bad.append("decode: %d ring bytes live at the end (leaked)" % dec["ring_live_bytes"])
+    if bad:
+        say("  prefill: " + ptext.strip())
+        say("  decode: " + d.stdout.strip())
+        for line in (perr + d.stderr).splitlines():
+            say("  stderr: " + line)
+    say("  " + ("; ".join(bad) if bad else "ok"))
+    return not bad
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("kvstage")
+    ap.add_argument("--port", type=int, default=14515)
+    ap.add_argument("--only", nargs="*", default=None)
+    a = ap.parse_args()
+    chosen = [(k, r) for k, r in enumerate(RUNS) if not a.only or r[0] in a.only]
+    results = {}
+    with tempfile.TemporaryDirectory() as work:
+        def one(k, name, shape, dflags, planted):
+            lines = []
+            # 20 ports a run: its ranks' (at most 4 here) and room to spare.
+            ok = run(a.kvstage, work, name, a.port + 20 * k, shape, dflags, planted,
+                     lines.append)
+            results[k] = (ok, lines)
+        # Two runs at a time (each process mostly waits: start-up, the
+        # fabric's connection, the linger), each run's lines kept together.
+        for i in range(0, len(chosen), 2):
+            threads = [threading.Thread(target=one, args=(k,) + tuple(r))
+                       for k, r in chosen[i:i + 2]]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    failed = 0
+    for k, _ in chosen:
+        ok, lines = results.get(k, (False, ["test_serve_kinds: run %d did not report" % k]))
+        print("\n".join(lines))
+        failed += not ok
+    print("test_serve_kinds: %d of %d runs failed" % (failed, len(chosen)))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
