@@ -39,7 +39,7 @@ class LayoutParams(c.Structure):
                 ("layers", i64), ("page_size", i64), ("prefill_tp", i64),
                 ("decode_tp", i64), ("prefill_pp", i64), ("decode_pp", i64),
                 ("chunk_tokens", i64), ("kind", enum),
-                ("decode_page_size", i64)]
+                ("decode_page_size", i64), ("prefill_cp", i64)]
 
 
 class Layout(c.Structure):
@@ -52,7 +52,8 @@ class Layout(c.Structure):
                 ("decode_layers", i64), ("prefill_layers", i64),
                 ("tp_writers", i64), ("expected_arrivals", i64),
                 ("targets_per_prefill", i64), ("path", enum), ("kind", enum),
-                ("planes", i64), ("tp_sources", i64), ("decode_page_size", i64)]
+                ("planes", i64), ("tp_sources", i64), ("decode_page_size", i64),
+                ("prefill_cp", i64), ("cp_align_tokens", i64)]
 
 
 class HeadSlice(c.Structure):
