@@ -94,8 +94,9 @@ static int kvs__check_config(const kvs_manager_config_t *c, const kvs_device_t *
                          kvs_kv_kind_name(c->kv_kind), dev->name, dev->ops.version);
     if (c->context_parallel > 1)
         return KVS__FAIL(err, KVS_ECONTEXT_PARALLEL, "staging with prefill context "
-                         "parallelism %lld: set it to 1 or turn staging off",
-                         (long long)c->context_parallel);
+                         "parallelism %lld: the handlers do not run it yet (the layout "
+                         "plans it: docs/kinds/context-parallel.md); set context_parallel "
+                         "to 1 or turn staging off", (long long)c->context_parallel);
     if (c->chunk_tokens < 0 || (c->chunk_tokens > 0 && c->chunk_tokens % c->page_size != 0))
         return KVS__FAIL(err, KVS_ECHUNK, "chunk_tokens %lld must be a positive multiple "
                          "of page_size %lld (or 0 for %d)", (long long)c->chunk_tokens,

@@ -76,6 +76,8 @@ def test_bad_input(s):
          "--decode-page-size"),
         ("decode page size differs, prefill", PREFILL + ["--decode-page-size", "32"],
          "--decode-page-size"),
+        # Nor prefill context parallelism (kvstage plan --prefill-cp plans it).
+        ("prefill cp", PREFILL + ["--prefill-cp", "2"], "--prefill-cp"),
         # TP x PP ranks of one process: each side's product is bounded, on
         # both roles alike (so the two processes refuse the same shapes).
         ("prefill ranks over 64",
