@@ -85,9 +85,9 @@ extern "C" {
                  "pass total_heads and heads_per_rank 0 or 1, head_dim the "   \
                  "latent dim (kv_lora_rank + qk_rope_head_dim, 576 for "       \
                  "DeepSeek-V3) and no V buffers")                              \
-    X(ECONTEXT_PARALLEL, -18, "staging with prefill context parallelism: "    \
-                              "it rewrites chunk indices; set prefill CP to " \
-                              "1 or turn staging off")                         \
+    X(ECONTEXT_PARALLEL, -18, "prefill context parallelism: the handlers do " \
+                              "not move it yet (the layout plans it); set "   \
+                              "prefill CP to 1")                               \
     X(ECHUNK, -19, "chunked-prefill size must be positive (or 0 for 8192) "   \
                    "and a multiple of the page size: change --chunk-tokens")   \
     X(EPP_WRITES, -20, "prefill PP > 1 needs per-layer writes, which this "   \
@@ -605,7 +605,10 @@ typedef struct kvs_manager_config {
                                  registers (given: a registration of another
                                  TP is refused) */
     int64_t peer_pp_size;     /* PP of the default peer instance, 0: 1 */
-    int64_t context_parallel; /* prefill CP size, 0 -> 1 */
+    int64_t context_parallel; /* prefill CP size, 0 -> 1; > 1 is refused
+                                 (KVS_ECONTEXT_PARALLEL) on every path: the
+                                 handlers do not move it yet, the layout
+                                 plans it (kvs_layout_params_t.prefill_cp) */
     int64_t chunk_tokens;     /* C, 0 -> 8192 */
     uint64_t ring_bytes;      /* decode ring, 0 -> 4096 MiB */
     uint32_t ring_max_live;   /* live ring allocations, 0 -> 4096 */
@@ -731,10 +734,11 @@ KVS_API int kvs_kv_layers_from_ptrs(const uint64_t *ptrs, const uint64_t *lens,
 
 /* Creates a KV manager. dev and fab are borrowed and must outlive it. On
  * error nothing is allocated; err (may be NULL) gets the detail. Config
- * guards (context parallelism, chunk size, the default chunk of 8192
- * included, PP on a fabric without per-layer writes) are checked here when
- * staging is on; that `layers` is stage pp_rank's share of model_layers
- * (KVS_EPP_SPLIT) and an MLA kind's heads are 0 or 1 (KVS_EMLA) always; a
+ * guards (chunk size, the default chunk of 8192 included, PP on a fabric
+ * without per-layer writes) are checked here when staging is on; that
+ * `layers` is stage pp_rank's share of model_layers (KVS_EPP_SPLIT), an MLA
+ * kind's heads are 0 or 1 (KVS_EMLA) and context parallelism is 1
+ * (KVS_ECONTEXT_PARALLEL) always; a
  * one-plane kind's staging on a device of ops version < 4 is refused
  * (KVS_ENOTSUP). */
 KVS_API int kvs_manager_create(const kvs_manager_config_t *cfg, kvs_device_t *dev,
