@@ -67,6 +67,18 @@ class Writer(c.Structure):
                 ("offset_bytes", i64), ("len_bytes", i64)]
 
 
+class Chunk(c.Structure):
+    """kvs_chunk_t"""
+    _fields_ = [("index", i64), ("page_start", i64), ("num_pages", i64),
+                ("token_start", i64), ("token_end", i64)]
+
+
+class CpPart(c.Structure):
+    """kvs_cp_part_t"""
+    _fields_ = [("cp_rank", i64), ("token_start", i64), ("token_end", i64),
+                ("local_token_start", i64), ("offset_bytes", i64), ("len_bytes", i64)]
+
+
 class Model(c.Structure):
     """kvs_model_t"""
     _fields_ = [("name", c.c_char_p), ("total_heads", i64), ("head_dim", i64),
@@ -313,7 +325,8 @@ class DriverStats(c.Structure):
 # The C name of each mirror, for the ABI test.
 C_NAMES = {Error: "kvs_error_t", LayoutParams: "kvs_layout_params_t",
            Layout: "kvs_layout_t", HeadSlice: "kvs_head_slice_t",
-           Writer: "kvs_writer_t", Model: "kvs_model_t", SimConfig: "kvs_sim_config_t",
+           Writer: "kvs_writer_t", Chunk: "kvs_chunk_t", CpPart: "kvs_cp_part_t",
+           Model: "kvs_model_t", SimConfig: "kvs_sim_config_t",
            SimInstance: "kvs_sim_instance_t", SimFailure: "kvs_sim_failure_t",
            SimInstanceMetrics: "kvs_sim_instance_metrics_t",
            SimReport: "kvs_sim_report_t",
