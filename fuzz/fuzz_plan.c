@@ -27,7 +27,16 @@
  * - kvs_grid_send / kvs_grid_chunk / kvs_grid_num_chunks on base, start and
  *   end derived from the input (huge ones included): non-final sends end on
  *   the grid, final sends end at end with >= 1 chunk, consecutive sends
- *   number their chunks without gaps, chunks tile the suffix.
+ *   number their chunks without gaps, chunks tile the suffix;
+ * - prefill context parallelism (src/context_parallel.c), on the same plan
+ *   with a CP size drawn last (negative: KVS_EINVAL naming prefill_cp): for
+ *   a request length drawn from the input, the CP ranges are contiguous,
+ *   tile [0, total) in rank order, start on cp_align_tokens and are equal
+ *   but for the last non-empty one; for chunks of a suffix [base, total),
+ *   the parts of the CP ranks kvs_layout_cp_writers names tile the chunk
+ *   in token order, each at (its start - the chunk's) region bytes per
+ *   token, its rows at its start - its range's, and every other CP rank
+ *   gets KVS_ENOENT; the arrivals are those CP ranks x expected_arrivals.
  */
 #include <kvstage/kvstage.h>
 
@@ -536,6 +545,105 @@ static void check_grid(const kvs_layout_t *l, input_t *in)
     }
 }
 
+/* Context parallelism on plan *base_lay with a CP size from the input. */
+static void check_cp(const kvs_layout_params_t *params, const kvs_layout_t *base_lay,
+                     input_t *in)
+{
+    kvs_layout_params_t p = *params;
+    p.prefill_cp = pick(in, 16);
+    kvs_layout_t l;
+    kvs_error_t err;
+    memset(&err, 0, sizeof err);
+    const int rc = kvs_layout_init(&l, &p, &err);
+    if (p.prefill_cp < 0) {
+        CHECK(rc == KVS_EINVAL && strstr(err.msg, "prefill_cp") != NULL);
+        return;
+    }
+    CHECK(rc == KVS_OK);
+    const int64_t CP = p.prefill_cp ? p.prefill_cp : 1, A = l.cp_align_tokens;
+    CHECK(l.prefill_cp == CP && base_lay->prefill_cp == 1 && A == base_lay->cp_align_tokens);
+    CHECK(A % l.page_size == 0 && A % l.decode_page_size == 0 && l.grid_tokens % A == 0);
+    /* The rest of the plan does not depend on CP. */
+    CHECK(l.grid_tokens == base_lay->grid_tokens && l.tp_writers == base_lay->tp_writers &&
+          l.expected_arrivals == base_lay->expected_arrivals &&
+          kvs_layout_max_region_bytes(&l) == kvs_layout_max_region_bytes(base_lay));
+
+    int64_t total;
+    switch (in_u8(in) % 4u) {
+    case 0:
+        total = 0;
+        break;
+    case 1:
+        total = INT64_MAX - in_u8(in);
+        break;
+    default:
+        total = (int64_t)in_u16(in) * (1 + in_u8(in) % 8u);
+        break;
+    }
+    /* The ranges, for the first and last ranks and a few between. */
+    int64_t s = 0, e = 0, per = -1;
+    const int64_t walk = CP <= 64 ? CP : 64;
+    for (int64_t k = 0; k < walk; k++) {
+        const int64_t c = k < walk - 1 ? k : CP - 1;
+        CHECK(kvs_layout_cp_range(&l, total, c, &s, &e) == KVS_OK);
+        CHECK(0 <= s && s <= e && e <= total);
+        if (s < total)
+            CHECK(s % A == 0);
+        if (c == 0)
+            CHECK(s == 0);
+        if (c == 0 && e < total)
+            per = e;
+        if (c == CP - 1 && total > 0)
+            CHECK(e == total); /* the ranges reach the end */
+        if (per > 0 && s < total && c <= INT64_MAX / per)
+            CHECK(s == c * per && (e == total || e - s == per));
+    }
+    CHECK(kvs_layout_cp_range(&l, total, CP, &s, &e) == KVS_ERANGE);
+    CHECK(kvs_layout_cp_range(&l, -1, 0, &s, &e) == KVS_EINVAL);
+
+    /* Chunks of a suffix from a prefix aligned to both page sizes. */
+    int64_t base = 0;
+    if (total > 0 && __builtin_mul_overflow((int64_t)(in_u16(in) % 4u), A, &base))
+        return;
+    if (base > total || base % l.page_size != 0 || base % l.decode_page_size != 0)
+        return;
+    int64_t per_token = 0;
+    CHECK(kvs_layout_region_bytes(&l, 0, 0, 1, &per_token) == KVS_OK);
+    const int64_t pages = ceil_div(total - base, l.decode_page_size);
+    const int64_t nchunks = kvs_grid_num_chunks(&l, pages);
+    const int64_t picks[3] = {0, in_u16(in) % nchunks, nchunks - 1};
+    for (unsigned k = 0; k < 3u; k++) {
+        kvs_chunk_t ch;
+        CHECK(kvs_grid_chunk(&l, base, total, picks[k], &ch) == KVS_OK);
+        int64_t first = -1, count = 0;
+        CHECK(kvs_layout_cp_writers(&l, total, &ch, &first, &count) == KVS_OK);
+        CHECK(first >= 0 && count >= 1 && first <= CP - count);
+        CHECK(kvs_layout_chunk_arrivals(&l, total, &ch) == count * l.expected_arrivals);
+        int64_t at = ch.token_start;
+        for (int64_t c = first; c - first < count && c - first < 64; c++) {
+            kvs_cp_part_t part;
+            CHECK(kvs_layout_cp_part(&l, 0, 0, total, &ch, c, &part) == KVS_OK);
+            CHECK(part.cp_rank == c && part.token_start == at);
+            CHECK(part.token_end > part.token_start || ch.token_end == ch.token_start);
+            CHECK(part.offset_bytes == (part.token_start - ch.token_start) * per_token);
+            CHECK(part.len_bytes == (part.token_end - part.token_start) * per_token);
+            CHECK(kvs_layout_cp_range(&l, total, c, &s, &e) == KVS_OK);
+            if (part.token_end > part.token_start)
+                CHECK(part.local_token_start == part.token_start - s &&
+                      part.token_start >= s && part.token_end <= e);
+            at = part.token_end;
+        }
+        if (count <= 64)
+            CHECK(at == ch.token_end); /* the parts tile the chunk */
+        kvs_cp_part_t none;
+        if (first > 0)
+            CHECK(kvs_layout_cp_part(&l, 0, 0, total, &ch, first - 1, &none) == KVS_ENOENT);
+        if (first + count < CP)
+            CHECK(kvs_layout_cp_part(&l, 0, 0, total, &ch, first + count, &none) ==
+                  KVS_ENOENT);
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     input_t in = {.p = data, .left = size};
@@ -595,5 +703,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     check_layout_stages(&l);
     check_writers(&l, &in);
     check_grid(&l, &in);
+    check_cp(&p, &l, &in);
     return 0;
 }

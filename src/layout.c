@@ -18,6 +18,11 @@
  * replicated: one latent "head", one writer per decode rank (source 0 of
  * its tp_sources, decode d <- prefill d * P / D), the other sources of a
  * room take part without writing (docs/kinds/mla.md).
+ *
+ * Prefill context parallelism (prefill_cp) changes nothing here: every CP
+ * rank has the same heads, TP and PP, so a writer of this file is a TP
+ * writer of one CP rank's part of a region; src/context_parallel.c says
+ * which tokens each CP rank holds and where its part goes.
  */
 #include "arith.h"
 #include "error.h"
@@ -269,6 +274,9 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
     if (p->decode_page_size < 0)
         return KVS__FAIL(err, KVS_EINVAL, "decode_page_size %lld must be >= 0 (0: the same "
                          "as page_size)", (long long)p->decode_page_size);
+    if (p->prefill_cp < 0)
+        return KVS__FAIL(err, KVS_EINVAL, "prefill_cp %lld must be >= 1 (0 means 1): the "
+                         "prefill's context-parallel ranks", (long long)p->prefill_cp);
     if (p->prefill_pp < 0 || p->decode_pp < 0)
         return KVS__FAIL(err, KVS_EINVAL,
                          "prefill_pp and decode_pp must be >= 1 (0 means 1)");
@@ -354,6 +362,10 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
                          (long long)l.page_size, (long long)l.decode_page_size);
     l.grid_tokens = kvs__max64(1, l.chunk_tokens / unit) * unit;
     l.chunk_pages = l.grid_tokens / l.decode_page_size;
+    /* Context parallelism: CP ranges start on the grid's unit, so a CP part
+     * of a chunk starts a page on both sides (src/context_parallel.c). */
+    l.prefill_cp = p->prefill_cp > 0 ? p->prefill_cp : 1;
+    l.cp_align_tokens = unit;
 
     l.src_heads = kvs__max64(1, l.total_heads / l.prefill_tp);
     l.dst_heads = kvs__max64(1, l.total_heads / l.decode_tp);

@@ -83,6 +83,14 @@ static int kvs__check_config(const kvs_manager_config_t *c, const kvs_device_t *
                          (long long)c->model_layers, (long long)c->pp_size,
                          (long long)stage_layers, (long long)first_layer,
                          (long long)(first_layer + stage_layers - 1), (long long)stage_layers);
+    /* Spec §8 refuses prefill CP with staging; no path here moves it yet
+     * (a CP rank on the direct or slice path would write its own range as
+     * if it were the whole request), so it is refused on every path. */
+    if (c->context_parallel > 1)
+        return KVS__FAIL(err, KVS_ECONTEXT_PARALLEL, "prefill context parallelism %lld: the "
+                         "handlers do not move it yet on any path (the layout plans it: "
+                         "docs/kinds/context-parallel.md); set context_parallel to 1",
+                         (long long)c->context_parallel);
     if (!c->staging)
         return KVS_OK;
     /* Staging-only guards of spec §8. (MLA, refused here once, is moved:
@@ -92,10 +100,6 @@ static int kvs__check_config(const kvs_manager_config_t *c, const kvs_device_t *
                          "device '%s' (device ops version %u) cannot copy: use a backend "
                          "of device ops version 4 or turn staging off",
                          kvs_kv_kind_name(c->kv_kind), dev->name, dev->ops.version);
-    if (c->context_parallel > 1)
-        return KVS__FAIL(err, KVS_ECONTEXT_PARALLEL, "staging with prefill context "
-                         "parallelism %lld: set it to 1 or turn staging off",
-                         (long long)c->context_parallel);
     if (c->chunk_tokens < 0 || (c->chunk_tokens > 0 && c->chunk_tokens % c->page_size != 0))
         return KVS__FAIL(err, KVS_ECHUNK, "chunk_tokens %lld must be a positive multiple "
                          "of page_size %lld (or 0 for %d)", (long long)c->chunk_tokens,

@@ -279,13 +279,50 @@ def test_bad_input(s):
          "tokens message", with_flag("--tokens", "8193"), repr(res.stderr))
 
 
+def test_context_parallel(s):
+    """--prefill-cp: each CP rank's range and, per chunk, its parts and
+    writers (docs/kinds/context-parallel.md), worked by hand."""
+    args = ["plan", "--kv-heads", "8", "--head-dim", "128", "--layers", "4",
+            "--prefill-tp", "4", "--decode-tp", "2", "--page-size", "16",
+            "--chunk-tokens", "4096", "--prefill-cp", "2", "--request-tokens", "10000"]
+    # 10000 over 2: 5000 -> 5008 (pages of 16); chunk 1 [4096, 8192) meets both
+    s.expect_ok("cp table", args, ["prefill CP 2", "CP rank 0 holds [0, 5008)",
+                                   "CP rank 1 holds [5008, 10000)", "[4096, 5008)"])
+    obj = s.expect_json("cp json", args + ["--json"])
+    cp = obj.get("context_parallel") or {}
+    s.ok(obj.get("prefill_cp") == 2 and cp.get("ranges") == [[0, 5008], [5008, 10000]],
+         "cp json ranges", args, repr(cp)[:300])
+    chunks = cp.get("chunks") or []
+    s.ok([c.get("arrivals") for c in chunks] == [2, 4, 2], "cp json arrivals", args,
+         repr(chunks)[:300])
+    if len(chunks) == 3:
+        parts = chunks[1]["parts"]
+        # 912 tokens of CP 0 (local row 4096), then CP 1's from region-token 912;
+        # a region token is 2 writers x 2 heads x 128 x 2 B x 4 layers x 2
+        per_token = 2 * 2 * 128 * 2 * 4 * 2
+        s.ok([(p["cp_rank"], p["local_token_start"], p["offset"]) for p in parts] ==
+             [(0, 4096, 0), (1, 0, 912 * per_token)], "cp json parts", args,
+             repr(parts)[:300])
+        s.ok([w["writer_index"] for w in parts[1]["writers"]] == [2, 3] and
+             [w["prefill_rank"] for w in parts[1]["writers"]] == [0, 1],
+             "cp json writers", args, repr(parts[1])[:300])
+    # without CP the JSON says 1 and lists no CP parts
+    plain = s.expect_json("cp 1 json", args[:-4] + ["--json"])
+    s.ok(plain.get("prefill_cp") == 1 and "context_parallel" not in plain,
+         "cp 1 json", args, repr(plain)[:200])
+    s.expect_usage_error("cp 0", args[:-4] + ["--prefill-cp", "0"], "--prefill-cp")
+    s.expect_usage_error("request without cp", args[:-4] + ["--request-tokens", "100"],
+                         "--request-tokens")
+
+
 def main():
     if len(sys.argv) != 2:
         print("usage: cli_plan.py PATH_TO_KVSTAGE", file=sys.stderr)
         return 2
     s = Suite(sys.argv[1])
     for test in (test_help_and_dispatch, test_table, test_json,
-                 test_overrides_and_forms, test_ring_advice, test_bad_input):
+                 test_overrides_and_forms, test_ring_advice, test_bad_input,
+                 test_context_parallel):
         test(s)
     print("cli_plan: %d passed, %d failed" % (s.passed, s.failed))
     return 1 if s.failed else 0

@@ -85,6 +85,8 @@ def test_bad_input(s):
         ("mla with kv heads", ["serve", "--role", "decode", "--peer",
                                "192.0.2.1:18515", "--mla-latent-dim", "576",
                                "--layers", "4", "--kv-heads", "4"], "--kv-heads"),
+        # Nor prefill context parallelism (kvstage plan --prefill-cp plans it).
+        ("prefill cp", PREFILL + ["--prefill-cp", "2"], "--prefill-cp"),
         # TP x PP ranks of one process: each side's product is bounded, on
         # both roles alike (so the two processes refuse the same shapes).
         ("prefill ranks over 64",

@@ -567,6 +567,8 @@ def test_bad_input(s):
          "--decode-page-size"),
         ("decode page zero", SMALL + ["--decode-page-size", "0"], "--decode-page-size"),
         ("decode page junk", SMALL + ["--decode-page-size", "big"], "--decode-page-size"),
+        # The simulated ranks do not run prefill CP yet: refused by name.
+        ("prefill cp", SMALL + ["--prefill-cp", "2"], "--prefill-cp"),
     ]
     for name, args, flag in cases:
         s.expect_usage_error(name, args, flag)

@@ -272,6 +272,9 @@ static void test_manager_config_guards(void **state)
          "chunk_tokens 8192 (the default) must be a multiple of the peer's page size 24"},
         {"peer pages of 64", prefill_cfg(), 0, KVS_OK, NULL},
         {"peer pages of 24, no staging: not checked", decode_cfg(), 0, KVS_OK, NULL},
+        /* No path moves prefill CP yet: refused without staging too. */
+        {"context parallel, no staging", prefill_cfg(), 0, KVS_ECONTEXT_PARALLEL,
+         "context parallelism 3: the handlers do not move it yet on any path"},
     };
     g[32].cfg.peer_page_size = -16;
     g[33].cfg.peer_page_size = 48; /* chunk_tokens 64 */
@@ -279,6 +282,8 @@ static void test_manager_config_guards(void **state)
     g[35].cfg.peer_page_size = 64;
     g[36].cfg.peer_page_size = 24;
     g[36].cfg.staging = false;
+    g[37].cfg.context_parallel = 3;
+    g[37].cfg.staging = false;
     g[0].cfg.is_mla = true;
     g[1].cfg.context_parallel = 2;
     g[2].cfg.chunk_tokens = 100;

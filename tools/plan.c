@@ -38,12 +38,15 @@
 #define CLI_MIB (INT64_C(1) << 20)
 #define CLI_PLAN_DEFAULT_PAGE_SIZE 1
 #define CLI_PLAN_DEFAULT_RING_MIB ((int64_t)(KVS_DEFAULT_RING_BYTES >> 20))
+/* Chunks of a request whose CP writers are listed (--prefill-cp). */
+#define CLI_PLAN_MAX_CP_CHUNKS 64
 /* Chunks in flight the ring advice aims at when only one fits. */
 #define CLI_PLAN_SUGGESTED_CHUNKS 4
 
 /* The shape flags (shape.h) come first, then plan's own. */
 enum cli_plan_flag {
     CLI_PF_TOKENS = CLI_SF_COUNT,
+    CLI_PF_REQUEST_TOKENS,
     CLI_PF_RING_MIB,
     CLI_PF_JSON,
     CLI_PF_HELP,
@@ -53,6 +56,7 @@ enum cli_plan_flag {
 static const cli_flag_t cli_plan_flags[CLI_PF_COUNT] = {
     CLI_SHAPE_FLAG_DEFS,
     [CLI_PF_TOKENS] = {"--tokens", true},
+    [CLI_PF_REQUEST_TOKENS] = {"--request-tokens", true},
     [CLI_PF_RING_MIB] = {"--ring-mib", true},
     [CLI_PF_JSON] = {"--json", false},
     [CLI_PF_HELP] = {"--help", false},
@@ -62,6 +66,9 @@ static const cli_flag_t cli_plan_flags[CLI_PF_COUNT] = {
 typedef struct cli_plan_input {
     cli_shape_t shape;        /* shape.model is NULL without --model */
     int64_t tokens;           /* 0: a full chunk (G tokens) */
+    int64_t request_tokens;   /* with --prefill-cp: the request whose chunks
+                                 the CP writers are listed for; 0: CP x G +
+                                 G / 2 */
     int64_t ring_mib;
     bool json;
 } cli_plan_input_t;
@@ -85,8 +92,9 @@ void cli_plan_usage(FILE *out)
             "usage: kvstage plan --prefill-tp P --decode-tp D\n"
             "                    (--model NAME | --kv-heads H --head-dim HD --layers L)\n"
             "                    [--dtype bf16|fp16|fp8|fp32] [--page-size PS]\n"
-            "                    [--prefill-pp PP] [--decode-pp DP]\n"
-            "                    [--chunk-tokens C] [--tokens T] [--ring-mib M] [--json]\n"
+            "                    [--prefill-pp PP] [--decode-pp DP] [--prefill-cp CP]\n"
+            "                    [--chunk-tokens C] [--tokens T] [--request-tokens R]\n"
+            "                    [--ring-mib M] [--json]\n"
             "\n"
             "Plans the staging transfer of one chunk of KV cache from prefill ranks to\n"
             "decode ranks (spec sections 3-5): for each decode rank, which prefill ranks\n"
@@ -107,10 +115,15 @@ void cli_plan_usage(FILE *out)
             "  --prefill-pp PP    prefill pipeline stages, at most L (default 1); L need\n"
             "                     not divide: stages hold L/PP layers, the last L%%PP one more\n"
             "  --decode-pp DP     decode pipeline stages, 1 or PP (default 1)\n"
+            "  --prefill-cp CP    prefill context-parallel ranks (default 1): each holds one\n"
+            "                     contiguous token range of a request; lists which CP rank\n"
+            "                     writes which rows of each chunk's region\n"
             "  --chunk-tokens C   chunked-prefill size, a multiple of PS; 0 means %d\n"
             "                     (default 0, so PS must divide %d); the grid width\n"
             "                     is G = C tokens, C/PS pages\n"
             "  --tokens T         tokens of the chunk to lay out, 1..G (default G)\n"
+            "  --request-tokens R with --prefill-cp: the request whose chunks are listed\n"
+            "                     (default CP x G + G/2)\n"
             "  --ring-mib M       decode staging ring size in MiB (default %" PRId64 ")\n"
             "  --json             print one JSON object instead of the table\n"
             "  --help             print this help\n"
@@ -158,8 +171,14 @@ static int cli_plan_read(const char *const *values, cli_plan_input_t *in)
     if ((rc = cli_plan_number(values, CLI_PF_TOKENS, 1, CLI_SHAPE_MAX_TOKENS,
                               &in->tokens)) != 0 ||
         (rc = cli_plan_number(values, CLI_PF_RING_MIB, 1, CLI_PLAN_MAX_RING_MIB,
-                              &in->ring_mib)) != 0)
+                              &in->ring_mib)) != 0 ||
+        (rc = cli_plan_number(values, CLI_PF_REQUEST_TOKENS, 1, CLI_SHAPE_MAX_TOKENS,
+                              &in->request_tokens)) != 0)
         return rc;
+    if (in->request_tokens != 0 && in->shape.params.prefill_cp <= 1)
+        return cli_fail(CLI_PLAN_CMD, "--request-tokens: it lists the chunks of a request "
+                                      "split over prefill CP ranks: give --prefill-cp 2 or "
+                                      "more, or drop --request-tokens");
     return 0;
 }
 
@@ -201,6 +220,7 @@ typedef struct cli_plan_stage {
 /* What the plan prints besides the layout itself. */
 typedef struct cli_plan_out {
     int64_t tokens;
+    int64_t request_tokens;         /* prefill CP > 1: the request listed */
     int64_t region_stage;           /* the decode stage region/writers are for */
     const int64_t *region;          /* [decode_tp] */
     const kvs_writer_t *writers;    /* [decode_tp * tp_writers] */
@@ -220,6 +240,115 @@ static void cli_plan_json_stages(const char *key, const cli_plan_stage_t *st, in
         printf("}");
     }
     printf("]");
+}
+
+/* Prefill context parallelism: which CP rank holds which tokens of a
+ * request of o->request_tokens, and for each chunk of it (from a cached
+ * prefix of 0) the CP parts of decode rank 0's region and their writers,
+ * region-wide index c * W + j (docs/kinds/context-parallel.md). JSON: one
+ * "context_parallel" member; text: a table. */
+static int cli_plan_cp(const kvs_layout_t *lay, const cli_plan_out_t *o, bool json)
+{
+    const int64_t total = o->request_tokens, stage = o->region_stage;
+    const int64_t pages = total / lay->decode_page_size + (total % lay->decode_page_size != 0);
+    const int64_t nchunks = kvs_grid_num_chunks(lay, pages);
+    const int64_t shown = nchunks < CLI_PLAN_MAX_CP_CHUNKS ? nchunks : CLI_PLAN_MAX_CP_CHUNKS;
+    char a[32];
+    if (json)
+        printf(", \"context_parallel\": {\"request_tokens\": %" PRId64 ", \"decode_rank\": 0"
+               ", \"decode_stage\": %" PRId64 ", \"ranges\": [", total, stage);
+    else
+        printf("\ncontext parallel: prefill CP %" PRId64 ", each CP rank one contiguous "
+               "range of a request (a multiple of %" PRId64 " tokens), with the prefill's "
+               "TP and PP;\na chunk's writers are its TP writers x the CP ranks whose "
+               "range meets it (writer c x %" PRId64 " + j)\nrequest of %" PRId64
+               " tokens (--request-tokens), decode rank 0:\n ",
+               lay->prefill_cp, lay->cp_align_tokens, lay->tp_writers, total);
+    for (int64_t c = 0; c < lay->prefill_cp; c++) {
+        int64_t cs = 0, ce = 0;
+        int rc = kvs_layout_cp_range(lay, total, c, &cs, &ce);
+        if (rc != KVS_OK)
+            return cli_plan_internal("kvs_layout_cp_range", rc);
+        if (json)
+            printf("%s[%" PRId64 ", %" PRId64 "]", c == 0 ? "" : ", ", cs, ce);
+        else
+            printf(" CP rank %" PRId64 " holds [%" PRId64 ", %" PRId64 ")%s", c, cs, ce,
+                   c + 1 < lay->prefill_cp ? "," : "\n");
+    }
+    if (json)
+        printf("], \"chunks\": [");
+    else
+        printf("  %-5s  %-24s  %-8s  %-3s  %-24s  %-10s  %-6s  %-12s  %s\n", "chunk",
+               "tokens", "arrivals", "CP", "rows (in its pages)", "local", "writer",
+               "prefill rank", "offset");
+    for (int64_t i = 0; i < shown; i++) {
+        kvs_chunk_t ch;
+        int64_t first = 0, count = 0;
+        int rc = kvs_grid_chunk(lay, 0, total, i, &ch);
+        if (rc == KVS_OK)
+            rc = kvs_layout_cp_writers(lay, total, &ch, &first, &count);
+        if (rc != KVS_OK)
+            return cli_plan_internal("kvs_layout_cp_writers", rc);
+        const int64_t arrivals = kvs_layout_chunk_arrivals(lay, total, &ch);
+        if (json)
+            printf("%s{\"chunk\": %" PRId64 ", \"token_start\": %" PRId64 ", \"token_end\": %"
+                   PRId64 ", \"arrivals\": %" PRId64 ", \"parts\": [", i == 0 ? "" : ", ", i,
+                   ch.token_start, ch.token_end, arrivals);
+        for (int64_t c = first; c < first + count; c++) {
+            kvs_cp_part_t part;
+            if ((rc = kvs_layout_cp_part(lay, 0, stage, total, &ch, c, &part)) != KVS_OK)
+                return cli_plan_internal("kvs_layout_cp_part", rc);
+            const int64_t n = part.token_end - part.token_start;
+            if (json)
+                printf("%s{\"cp_rank\": %" PRId64 ", \"token_start\": %" PRId64
+                       ", \"token_end\": %" PRId64 ", \"local_token_start\": %" PRId64
+                       ", \"offset\": %" PRId64 ", \"bytes\": %" PRId64 ", \"writers\": [",
+                       c == first ? "" : ", ", c, part.token_start, part.token_end,
+                       part.local_token_start, part.offset_bytes, part.len_bytes);
+            for (int64_t j = 0; j < lay->tp_writers; j++) {
+                kvs_writer_t w;
+                if ((rc = kvs_layout_writer(lay, 0, stage, j, n, &w)) != KVS_OK)
+                    return cli_plan_internal("kvs_layout_writer", rc);
+                const int64_t at = part.offset_bytes + w.offset_bytes;
+                if (json) {
+                    printf("%s{\"writer_index\": %" PRId64 ", \"prefill_rank\": %" PRId64
+                           ", \"offset\": %" PRId64 ", \"bytes\": %" PRId64 "}",
+                           j == 0 ? "" : ", ", c * lay->tp_writers + j, w.prefill_rank, at,
+                           w.len_bytes);
+                    continue;
+                }
+                char toks[48] = "", rows[48] = "", local[24] = "";
+                if (c == first && j == 0)
+                    snprintf(toks, sizeof toks, "[%" PRId64 ", %" PRId64 ")", ch.token_start,
+                             ch.token_end);
+                if (j == 0) {
+                    snprintf(rows, sizeof rows, "[%" PRId64 ", %" PRId64 ")",
+                             part.token_start, part.token_end);
+                    snprintf(local, sizeof local, "%" PRId64, part.local_token_start);
+                }
+                char num[24] = "", arr[24] = "", cp[24] = "";
+                if (c == first && j == 0) {
+                    snprintf(num, sizeof num, "%" PRId64, i);
+                    snprintf(arr, sizeof arr, "%" PRId64, arrivals);
+                }
+                if (j == 0)
+                    snprintf(cp, sizeof cp, "%" PRId64, c);
+                printf("  %-5s  %-24s  %-8s  %-3s  %-24s  %-10s  %6" PRId64 "  %12" PRId64
+                       "  %s (%" PRId64 ")\n", num, toks, arr, cp, rows, local,
+                       c * lay->tp_writers + j, w.prefill_rank,
+                       cli_format_bytes(at, a, sizeof a), at);
+            }
+            if (json)
+                printf("]}");
+        }
+        if (json)
+            printf("]}");
+    }
+    if (json)
+        printf("], \"chunks_left_out\": %" PRId64 "}", nchunks - shown);
+    else if (nchunks > shown)
+        printf("  (%" PRId64 " more chunk(s) left out)\n", nchunks - shown);
+    return 0;
 }
 
 static void cli_plan_json(const cli_plan_input_t *in, const kvs_layout_t *lay,
@@ -257,6 +386,7 @@ static void cli_plan_json(const cli_plan_input_t *in, const kvs_layout_t *lay,
            lay->prefill_layers, lay->tp_writers, lay->expected_arrivals,
            lay->targets_per_prefill, kvs_kv_kind_name(lay->kind), lay->planes,
            lay->tp_sources);
+    printf(", \"prefill_cp\": %" PRId64, lay->prefill_cp);
     cli_plan_json_stages("prefill_stages", o->stages[KVS_ROLE_PREFILL], lay->prefill_pp,
                          false);
     cli_plan_json_stages("decode_stages", o->stages[KVS_ROLE_DECODE], lay->decode_pp, true);
@@ -294,6 +424,8 @@ static void cli_plan_json(const cli_plan_input_t *in, const kvs_layout_t *lay,
                ring->suggested_ring_mib, CLI_PLAN_SUGGESTED_CHUNKS,
                ring->max_chunk_tokens);
     }
+    if (lay->prefill_cp > 1)
+        (void)cli_plan_cp(lay, o, true);
     printf("}\n");
 }
 
@@ -564,16 +696,25 @@ int cli_plan_main(int argc, char **argv)
     }
     /* Regions and writers of the last decode stage: it holds the most
      * layers (spec §4), so its regions are the largest. */
-    const cli_plan_out_t o = {.tokens = tokens, .region_stage = lay.decode_pp - 1,
+    /* With CP, a request whose ranges straddle chunks unless one is given:
+     * CP x G + G / 2 (both at most the shape bounds: no overflow). */
+    const int64_t request = in.request_tokens != 0
+                                ? in.request_tokens
+                                : lay.prefill_cp * lay.grid_tokens + lay.grid_tokens / 2;
+    const cli_plan_out_t o = {.tokens = tokens, .request_tokens = request,
+                              .region_stage = lay.decode_pp - 1,
                               .region = region, .writers = writers,
                               .stages = {[KVS_ROLE_PREFILL] = pst, [KVS_ROLE_DECODE] = dst}};
     rc = cli_plan_fill(&lay, tokens, o.region_stage, pst, dst, region, writers);
     if (rc != 0)
         goto out;
-    if (in.json)
+    if (in.json) {
         cli_plan_json(&in, &lay, &ring, &o);
-    else
+    } else {
         cli_plan_table(&in, &lay, &ring, &o);
+        if (lay.prefill_cp > 1)
+            rc = cli_plan_cp(&lay, &o, false);
+    }
 out:
     free(dst);
     free(pst);

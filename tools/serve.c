@@ -665,6 +665,15 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
         in->shape.params.prefill_tp = in->peers[0].tp;
         in->shape.params.prefill_pp = in->peers[0].pp;
     }
+    /* The handlers do not run prefill context parallelism yet (they would
+     * need CP ranks in registrations, rooms and arrivals): `kvstage plan
+     * --prefill-cp` shows the plan (docs/kinds/context-parallel.md). */
+    if (in->shape.params.prefill_cp > 1)
+        return cli_fail(CLI_SERVE_CMD, "--prefill-cp %" PRId64 ": serve's ranks do not run "
+                                       "prefill context parallelism yet: drop --prefill-cp "
+                                       "(or give 1); `kvstage plan --prefill-cp` shows which "
+                                       "CP rank writes which rows",
+                        in->shape.params.prefill_cp);
     if ((rc = cli_shape_layout(CLI_SERVE_CMD, &in->shape, &in->plan.lay)) != 0)
         return rc;
     const kvs_layout_t *l = &in->plan.lay;

@@ -50,6 +50,7 @@ int cli_shape_read(const char *cmd, const char *const *values,
     p->decode_tp = defaults->decode_tp;
     p->prefill_pp = 1;
     p->decode_pp = 1;
+    p->prefill_cp = 1;
     p->chunk_tokens = defaults->chunk_tokens;
 
     const char *model_name = values[CLI_SF_MODEL];
@@ -106,6 +107,8 @@ int cli_shape_read(const char *cmd, const char *const *values,
                                 CLI_SHAPE_MAX_PP, &p->prefill_pp)) != 0 ||
         (rc = cli__shape_number(cmd, values, CLI_SF_DECODE_PP, 1,
                                 CLI_SHAPE_MAX_PP, &p->decode_pp)) != 0 ||
+        (rc = cli__shape_number(cmd, values, CLI_SF_PREFILL_CP, 1,
+                                CLI_SHAPE_MAX_TP, &p->prefill_cp)) != 0 ||
         (rc = cli__shape_number(cmd, values, CLI_SF_CHUNK_TOKENS, 0,
                                 CLI_SHAPE_MAX_CHUNK_TOKENS, &p->chunk_tokens)) != 0)
         return rc;
@@ -170,6 +173,10 @@ const char *cli_shape_flag_for(int status, const kvs_layout_params_t *p)
         return "--dtype";
     case KVS_EHEADS:
         return "--kv-heads";
+    case KVS_EINVAL:
+        if (p->prefill_cp < 0)
+            return "--prefill-cp";
+        return "the shape flags";
     case KVS_EMLA:
         return "--kv-heads (an MLA model has one latent per token)";
     default:

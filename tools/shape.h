@@ -3,7 +3,8 @@
  * shares (`plan`, `sim`): --model, --kv-heads, --head-dim, --dtype,
  * --layers, --page-size, --prefill-tp, --decode-tp, --prefill-pp,
  * --decode-pp, --chunk-tokens, --mla-latent-dim (an MLA model: one latent
- * of that many elements per token and layer, kind KVS_KV_MLA). One place parses them into
+ * of that many elements per token and layer, kind KVS_KV_MLA), --prefill-cp
+ * (prefill context-parallel ranks, docs/kinds/context-parallel.md). One place parses them into
  * kvs_layout_params_t, applies the subcommand's defaults, and turns a
  * kvs_layout_init failure into one line naming the flag to change.
  *
@@ -49,6 +50,7 @@ enum cli_shape_flag {
     CLI_SF_CHUNK_TOKENS,
     CLI_SF_MLA_LATENT_DIM,
     CLI_SF_DECODE_PAGE_SIZE,
+    CLI_SF_PREFILL_CP,
     CLI_SF_COUNT
 };
 
@@ -67,7 +69,8 @@ enum cli_shape_flag {
     [CLI_SF_DECODE_PP] = {"--decode-pp", true},                                \
     [CLI_SF_CHUNK_TOKENS] = {"--chunk-tokens", true},                          \
     [CLI_SF_MLA_LATENT_DIM] = {"--mla-latent-dim", true},                     \
-    [CLI_SF_DECODE_PAGE_SIZE] = {"--decode-page-size", true}
+    [CLI_SF_DECODE_PAGE_SIZE] = {"--decode-page-size", true},                \
+    [CLI_SF_PREFILL_CP] = {"--prefill-cp", true}
 
 /* What a subcommand assumes for the shape flags it is not given. */
 typedef struct cli_shape_defaults {

@@ -85,9 +85,9 @@ extern "C" {
                  "pass total_heads and heads_per_rank 0 or 1, head_dim the "   \
                  "latent dim (kv_lora_rank + qk_rope_head_dim, 576 for "       \
                  "DeepSeek-V3) and no V buffers")                              \
-    X(ECONTEXT_PARALLEL, -18, "staging with prefill context parallelism: "    \
-                              "it rewrites chunk indices; set prefill CP to " \
-                              "1 or turn staging off")                         \
+    X(ECONTEXT_PARALLEL, -18, "prefill context parallelism: the handlers do " \
+                              "not move it yet (the layout plans it); set "   \
+                              "prefill CP to 1")                               \
     X(ECHUNK, -19, "chunked-prefill size must be positive (or 0 for 8192) "   \
                    "and a multiple of the page size: change --chunk-tokens")   \
     X(EPP_WRITES, -20, "prefill PP > 1 needs per-layer writes, which this "   \
@@ -287,6 +287,12 @@ typedef struct kvs_layout_params {
      * multiple of lcm(page_size, decode_page_size), so every chunk covers
      * whole pages on both sides (docs/kinds/page-sizes.md). */
     int64_t decode_page_size;
+    /* Prefill context-parallel ranks, 0 -> 1: each holds one contiguous
+     * token range of a request (kvs_layout_cp_range), with the same heads,
+     * TP and PP as the others; a decode region's writers are its TP writers
+     * x the CP ranks whose range meets the chunk
+     * (docs/kinds/context-parallel.md). */
+    int64_t prefill_cp;
 } kvs_layout_params_t;
 
 typedef enum kvs_path {
@@ -322,7 +328,9 @@ typedef struct kvs_layout {
                                  ceil(layers / Pp). Both are layers / PP
                                  when the split is even */
     int64_t tp_writers;       /* W = P > D ? P / D : 1 */
-    int64_t expected_arrivals;/* W * (Dp == 1 ? Pp : 1) */
+    int64_t expected_arrivals;/* W * (Dp == 1 ? Pp : 1): of one CP rank's
+                                 part; a chunk's own with prefill_cp > 1:
+                                 kvs_layout_chunk_arrivals */
     int64_t targets_per_prefill; /* decode ranks one prefill rank serves */
     kvs_path_t path;          /* STAGING when P != D, else DIRECT */
     kvs_kv_kind_t kind;       /* what a layer holds */
@@ -336,6 +344,11 @@ typedef struct kvs_layout {
     int64_t decode_page_size; /* tokens per decode page (page_size is the
                                  prefill's); equal to page_size unless the
                                  params gave another */
+    int64_t prefill_cp;       /* prefill context-parallel ranks (>= 1) */
+    int64_t cp_align_tokens;  /* a CP rank's range starts at a multiple of
+                                 this: lcm of the two page sizes (the grid's
+                                 unit), so every CP part of a chunk starts a
+                                 page on both sides */
 } kvs_layout_t;
 
 /* Validates params and derives the plan. On error returns its code and, when
@@ -461,6 +474,54 @@ KVS_API int kvs_grid_chunk(const kvs_layout_t *lay, int64_t base,
 /* ceil(pages / F), at least 1. */
 KVS_API int64_t kvs_grid_num_chunks(const kvs_layout_t *lay, int64_t pages);
 
+/* Context parallelism (docs/kinds/context-parallel.md). A request of
+ * total_tokens tokens is split over the prefill_cp CP ranks in contiguous
+ * ranges of `per` = ceil(total / CP) rounded up to cp_align_tokens tokens:
+ * CP rank c holds [min(total, c * per), min(total, (c + 1) * per)), empty
+ * for the last ranks of a short prompt. A CP rank's pages hold its range
+ * only: token t at its page (t - start) / page_size. KVS_EINVAL for a NULL
+ * argument or total < 0, KVS_ERANGE for c outside [0, prefill_cp). */
+KVS_API int kvs_layout_cp_range(const kvs_layout_t *lay, int64_t total_tokens,
+                                int64_t cp_rank, int64_t *out_start, int64_t *out_end);
+
+/* What one CP rank writes into one chunk's region. The region of a chunk
+ * of tokens [ts, te) is its CP parts in token order, each laid out as a
+ * whole region of its tokens (its TP writers, spec §4): the part of tokens
+ * [a, b) starts (a - ts) x the region's bytes per token in, so with
+ * prefill_cp 1 the one part is the region of spec §4, byte for byte. */
+typedef struct kvs_cp_part {
+    int64_t cp_rank;
+    int64_t token_start, token_end; /* [a, b): absolute, inside the chunk */
+    int64_t local_token_start;      /* a - the CP rank's range start: where
+                                       its rows start in its own pages */
+    int64_t offset_bytes;           /* from the start of the region */
+    int64_t len_bytes;              /* all its TP writers' bytes */
+} kvs_cp_part_t;
+
+/* The part of CP rank c in the region of decode rank d at decode stage e
+ * for `chunk` of a request of total_tokens. KVS_ENOENT when c's range does
+ * not meet the chunk (it writes nothing into it); an empty chunk (the
+ * metadata-only send) is CP rank 0's, a part of 0 tokens. KVS_EINVAL for a
+ * NULL argument, KVS_ERANGE for d, e or c out of range or a chunk that is
+ * not one of [0, total_tokens) (longer than G, or reversed). */
+KVS_API int kvs_layout_cp_part(const kvs_layout_t *lay, int64_t decode_rank,
+                               int64_t decode_stage, int64_t total_tokens,
+                               const kvs_chunk_t *chunk, int64_t cp_rank,
+                               kvs_cp_part_t *out);
+/* The CP ranks whose ranges meet `chunk` (they are consecutive): the first
+ * and how many (>= 1). A chunk's writers are tp_writers x that many, each
+ * writer j of CP rank c known by its region-wide index c * tp_writers + j,
+ * and its expected arrivals that many x tp_writers x (Dp == 1 ? Pp : 1)
+ * (kvs_layout_chunk_arrivals). Errors as kvs_layout_cp_part. */
+KVS_API int kvs_layout_cp_writers(const kvs_layout_t *lay, int64_t total_tokens,
+                                  const kvs_chunk_t *chunk, int64_t *out_first_cp,
+                                  int64_t *out_count);
+/* The arrivals a decode stage waits for before it scatters `chunk`
+ * (expected_arrivals when prefill_cp is 1); 0 for a chunk not of [0,
+ * total_tokens) or a NULL argument. */
+KVS_API int64_t kvs_layout_chunk_arrivals(const kvs_layout_t *lay, int64_t total_tokens,
+                                          const kvs_chunk_t *chunk);
+
 /* ------------------------------------------------------------------------ */
 /* Staging ring allocator (spec §6), thread-safe                             */
 /* ------------------------------------------------------------------------ */
@@ -544,7 +605,10 @@ typedef struct kvs_manager_config {
                                  registers (given: a registration of another
                                  TP is refused) */
     int64_t peer_pp_size;     /* PP of the default peer instance, 0: 1 */
-    int64_t context_parallel; /* prefill CP size, 0 -> 1 */
+    int64_t context_parallel; /* prefill CP size, 0 -> 1; > 1 is refused
+                                 (KVS_ECONTEXT_PARALLEL) on every path: the
+                                 handlers do not move it yet, the layout
+                                 plans it (kvs_layout_params_t.prefill_cp) */
     int64_t chunk_tokens;     /* C, 0 -> 8192 */
     uint64_t ring_bytes;      /* decode ring, 0 -> 4096 MiB */
     uint32_t ring_max_live;   /* live ring allocations, 0 -> 4096 */
@@ -670,10 +734,11 @@ KVS_API int kvs_kv_layers_from_ptrs(const uint64_t *ptrs, const uint64_t *lens,
 
 /* Creates a KV manager. dev and fab are borrowed and must outlive it. On
  * error nothing is allocated; err (may be NULL) gets the detail. Config
- * guards (context parallelism, chunk size, the default chunk of 8192
- * included, PP on a fabric without per-layer writes) are checked here when
- * staging is on; that `layers` is stage pp_rank's share of model_layers
- * (KVS_EPP_SPLIT) and an MLA kind's heads are 0 or 1 (KVS_EMLA) always; a
+ * guards (chunk size, the default chunk of 8192 included, PP on a fabric
+ * without per-layer writes) are checked here when staging is on; that
+ * `layers` is stage pp_rank's share of model_layers (KVS_EPP_SPLIT), an MLA
+ * kind's heads are 0 or 1 (KVS_EMLA) and context parallelism is 1
+ * (KVS_ECONTEXT_PARALLEL) always; a
  * one-plane kind's staging on a device of ops version < 4 is refused
  * (KVS_ENOTSUP). */
 KVS_API int kvs_manager_create(const kvs_manager_config_t *cfg, kvs_device_t *dev,

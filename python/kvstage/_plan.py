@@ -9,7 +9,7 @@ from . import _structs as S
 
 _SHAPE = ("total_heads", "heads_per_rank", "heads_per_rank_tp", "head_dim",
           "layers", "page_size", "prefill_tp", "decode_tp", "prefill_pp",
-          "decode_pp", "chunk_tokens", "decode_page_size")
+          "decode_pp", "chunk_tokens", "decode_page_size", "prefill_cp")
 _LAYOUT = ("total_heads", "head_dim", "elem_bytes", "layers", "page_size",
            "prefill_tp", "decode_tp", "prefill_pp", "decode_pp", "chunk_tokens",
            "grid_tokens", "chunk_pages", "src_heads", "dst_heads", "decode_layers",
@@ -18,6 +18,61 @@ _LAYOUT = ("total_heads", "head_dim", "elem_bytes", "layers", "page_size",
 
 
 _ROLE_PREFILL, _ROLE_DECODE = 0, 1  # kvs_role_t
+_MAX_CP_CHUNKS = 64  # chunks listed, as `kvstage plan --prefill-cp`
+
+
+def _check(rc, what):
+    if rc != 0:
+        _errors.raise_for(rc, detail=what)
+
+
+def _context_parallel(lib, lay, stage, total):
+    """The CP ranges of a request of `total` tokens and, per chunk of decode
+    rank 0's regions at `stage`, its arrivals and CP parts with their
+    writers (docs/kinds/context-parallel.md): `kvstage plan --json`'s
+    context_parallel member."""
+    ref = ctypes.byref
+    ranges = []
+    for c in range(lay.prefill_cp):
+        start, end = ctypes.c_int64(), ctypes.c_int64()
+        _check(lib.kvs_layout_cp_range(ref(lay), total, c, ref(start), ref(end)),
+               "kvs_layout_cp_range(CP rank %d)" % c)
+        ranges.append([start.value, end.value])
+    pages = -(-total // lay.decode_page_size)
+    nchunks = lib.kvs_grid_num_chunks(ref(lay), pages)
+    chunks = []
+    for i in range(min(nchunks, _MAX_CP_CHUNKS)):
+        ch = S.Chunk()
+        first, count = ctypes.c_int64(), ctypes.c_int64()
+        _check(lib.kvs_grid_chunk(ref(lay), 0, total, i, ref(ch)), "kvs_grid_chunk(%d)" % i)
+        _check(lib.kvs_layout_cp_writers(ref(lay), total, ref(ch), ref(first), ref(count)),
+               "kvs_layout_cp_writers(chunk %d)" % i)
+        parts = []
+        for c in range(first.value, first.value + count.value):
+            part = S.CpPart()
+            _check(lib.kvs_layout_cp_part(ref(lay), 0, stage, total, ref(ch), c, ref(part)),
+                   "kvs_layout_cp_part(chunk %d, CP rank %d)" % (i, c))
+            writers = []
+            for j in range(lay.tp_writers):
+                w = S.Writer()
+                _check(lib.kvs_layout_writer(ref(lay), 0, stage, j,
+                                             part.token_end - part.token_start, ref(w)),
+                       "kvs_layout_writer(CP rank %d, writer %d)" % (c, j))
+                writers.append({"writer_index": c * lay.tp_writers + j,
+                                "prefill_rank": w.prefill_rank,
+                                "offset": part.offset_bytes + w.offset_bytes,
+                                "bytes": w.len_bytes})
+            parts.append({"cp_rank": c, "token_start": part.token_start,
+                          "token_end": part.token_end,
+                          "local_token_start": part.local_token_start,
+                          "offset": part.offset_bytes, "bytes": part.len_bytes,
+                          "writers": writers})
+        chunks.append({"chunk": i, "token_start": ch.token_start, "token_end": ch.token_end,
+                       "arrivals": lib.kvs_layout_chunk_arrivals(ref(lay), total, ref(ch)),
+                       "parts": parts})
+    return {"request_tokens": total, "decode_rank": 0, "decode_stage": stage,
+            "ranges": ranges, "chunks": chunks,
+            "chunks_left_out": nchunks - len(chunks)}
 
 
 def _region_bytes(lib, lay, decode_rank, decode_stage, tokens):
@@ -46,7 +101,7 @@ def layout_params(fields):
 def plan(model=None, *, prefill_tp, decode_tp, page_size, total_heads=None, kind=None,
          heads_per_rank=None, heads_per_rank_tp=None, head_dim=None, layers=None,
          dtype=None, prefill_pp=None, decode_pp=None, chunk_tokens=None,
-         tokens=None, decode_page_size=None):
+         tokens=None, decode_page_size=None, prefill_cp=None, request_tokens=None):
     """Plans the staging transfer of one chunk (spec sections 3-5).
 
     model: a built-in model name (see models()); it fills total_heads,
@@ -62,6 +117,13 @@ def plan(model=None, *, prefill_tp, decode_tp, page_size, total_heads=None, kind
 
     Layers need not divide by the PP sizes: stage s of PP holds
     layers // PP layers, the last layers % PP stages one more (spec §4).
+
+    prefill_cp: prefill context-parallel ranks (default 1), each holding one
+    contiguous token range of a request; with 2 or more the dict has
+    context_parallel: for a request of request_tokens (default CP x
+    grid_tokens + grid_tokens // 2) each CP rank's range and, per chunk of
+    decode rank 0's regions, its arrivals and CP parts with their writers
+    (docs/kinds/context-parallel.md). Every plan has prefill_cp.
 
     Returns a dict: the resolved shape and parallelism, the derived layout
     (grid_tokens, chunk_pages, src_heads, dst_heads, tp_writers,
@@ -82,7 +144,7 @@ def plan(model=None, *, prefill_tp, decode_tp, page_size, total_heads=None, kind
         "layers": layers, "dtype": dtype, "page_size": page_size,
         "prefill_tp": prefill_tp, "decode_tp": decode_tp, "prefill_pp": prefill_pp,
         "decode_pp": decode_pp, "chunk_tokens": chunk_tokens, "kind": kind,
-        "decode_page_size": decode_page_size})
+        "decode_page_size": decode_page_size, "prefill_cp": prefill_cp})
     params = layout_params(fields)
     lib = _library.load()
     lay = S.Layout()
@@ -146,4 +208,17 @@ def plan(model=None, *, prefill_tp, decode_tp, page_size, total_heads=None, kind
         ranks.append({"decode_rank": d, "decode_stage": stage, "region_bytes": region,
                       "expected_arrivals": lay.expected_arrivals, "writers": writers})
     out["decode_ranks"] = ranks
+    out["prefill_cp"] = lay.prefill_cp
+    if request_tokens is not None and lay.prefill_cp <= 1:
+        raise _errors.invalid(
+            "request_tokens is %r: it lists the chunks of a request split over prefill "
+            "CP ranks: give prefill_cp 2 or more, or drop request_tokens" % (request_tokens,))
+    if lay.prefill_cp > 1:
+        if request_tokens is None:
+            request_tokens = lay.prefill_cp * lay.grid_tokens + lay.grid_tokens // 2
+        if isinstance(request_tokens, bool) or not isinstance(request_tokens, int) or \
+                not 1 <= request_tokens <= 1 << 24:
+            raise _errors.invalid("request_tokens is %r: give 1..%d tokens"
+                                  % (request_tokens, 1 << 24))
+        out["context_parallel"] = _context_parallel(lib, lay, stage, request_tokens)
     return out

@@ -39,7 +39,7 @@ class LayoutParams(c.Structure):
                 ("layers", i64), ("page_size", i64), ("prefill_tp", i64),
                 ("decode_tp", i64), ("prefill_pp", i64), ("decode_pp", i64),
                 ("chunk_tokens", i64), ("kind", enum),
-                ("decode_page_size", i64)]
+                ("decode_page_size", i64), ("prefill_cp", i64)]
 
 
 class Layout(c.Structure):
@@ -52,7 +52,8 @@ class Layout(c.Structure):
                 ("decode_layers", i64), ("prefill_layers", i64),
                 ("tp_writers", i64), ("expected_arrivals", i64),
                 ("targets_per_prefill", i64), ("path", enum), ("kind", enum),
-                ("planes", i64), ("tp_sources", i64), ("decode_page_size", i64)]
+                ("planes", i64), ("tp_sources", i64), ("decode_page_size", i64),
+                ("prefill_cp", i64), ("cp_align_tokens", i64)]
 
 
 class HeadSlice(c.Structure):
@@ -64,6 +65,18 @@ class Writer(c.Structure):
     """kvs_writer_t"""
     _fields_ = [("writer_index", i64), ("prefill_rank", i64), ("heads", HeadSlice),
                 ("offset_bytes", i64), ("len_bytes", i64)]
+
+
+class Chunk(c.Structure):
+    """kvs_chunk_t"""
+    _fields_ = [("index", i64), ("page_start", i64), ("num_pages", i64),
+                ("token_start", i64), ("token_end", i64)]
+
+
+class CpPart(c.Structure):
+    """kvs_cp_part_t"""
+    _fields_ = [("cp_rank", i64), ("token_start", i64), ("token_end", i64),
+                ("local_token_start", i64), ("offset_bytes", i64), ("len_bytes", i64)]
 
 
 class Model(c.Structure):
@@ -312,7 +325,8 @@ class DriverStats(c.Structure):
 # The C name of each mirror, for the ABI test.
 C_NAMES = {Error: "kvs_error_t", LayoutParams: "kvs_layout_params_t",
            Layout: "kvs_layout_t", HeadSlice: "kvs_head_slice_t",
-           Writer: "kvs_writer_t", Model: "kvs_model_t", SimConfig: "kvs_sim_config_t",
+           Writer: "kvs_writer_t", Chunk: "kvs_chunk_t", CpPart: "kvs_cp_part_t",
+           Model: "kvs_model_t", SimConfig: "kvs_sim_config_t",
            SimInstance: "kvs_sim_instance_t", SimFailure: "kvs_sim_failure_t",
            SimInstanceMetrics: "kvs_sim_instance_metrics_t",
            SimReport: "kvs_sim_report_t",

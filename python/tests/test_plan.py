@@ -49,6 +49,17 @@ CASES = [
           decode_page_size=32, chunk_tokens=192),
      ["--model", "llama-3.1-8b", "--prefill-tp", 2, "--decode-tp", 2, "--page-size", 48,
       "--decode-page-size", 32, "--chunk-tokens", 192]),
+    # Prefill context parallelism (docs/kinds/context-parallel.md): the CP
+    # ranges and each chunk's CP parts and writers, GQA with PP and MLA.
+    (dict(model="llama-3.1-70b", prefill_tp=4, decode_tp=2, page_size=16,
+          chunk_tokens=4096, prefill_cp=2, request_tokens=10000, prefill_pp=2),
+     ["--model", "llama-3.1-70b", "--prefill-tp", 4, "--decode-tp", 2, "--page-size", 16,
+      "--chunk-tokens", 4096, "--prefill-cp", 2, "--request-tokens", 10000,
+      "--prefill-pp", 2]),
+    (dict(model="deepseek-v3", prefill_tp=2, decode_tp=4, page_size=64, prefill_cp=4,
+          chunk_tokens=1024),
+     ["--model", "deepseek-v3", "--prefill-tp", 2, "--decode-tp", 4, "--page-size", 64,
+      "--prefill-cp", 4, "--chunk-tokens", 1024]),
     # Uneven pipeline splits (spec §4): 80 layers over 3 stages, 26 / 27 / 27.
     (dict(model="llama-3.1-70b", prefill_tp=8, decode_tp=2, page_size=16,
           prefill_pp=3),
@@ -76,7 +87,9 @@ def test_plan_equals_cli_json(cli, kwargs, flags):
                       "decode_layers", "prefill_layers", "tp_writers",
                       "expected_arrivals", "targets_per_prefill", "decode_ranks",
                       "prefill_stages", "decode_stages", "kv_kind", "planes",
-                      "tp_sources", "decode_page_size"}
+                      "tp_sources", "decode_page_size", "prefill_cp"}
+    if kwargs.get("prefill_cp", 1) > 1:
+        assert "context_parallel" in shared
     for key in sorted(shared):
         assert got[key] == want[key], key
     if want["path"] == "staging":
@@ -186,6 +199,20 @@ def test_sizes_that_do_not_split():
     raises("KVS_EPP_SPLIT", ["2 layers cannot fill 3 prefill stages"],
            **with_(layers=2, prefill_pp=3))
     raises("KVS_ECHUNK", ["chunk_tokens -5"], **with_(chunk_tokens=-5))
+
+
+def test_context_parallel_arguments():
+    raises("KVS_EINVAL", ["prefill_cp", ">= 1"], **with_(prefill_cp=-1))
+    raises("KVS_EINVAL", ["request_tokens", "prefill_cp 2 or more"],
+           **with_(request_tokens=100))
+    raises("KVS_EINVAL", ["request_tokens"], **with_(prefill_cp=2, request_tokens=0))
+    # 1000 tokens over CP 4 in pages of 16: 256 each, the last 232
+    got = kvstage.plan(**with_(prefill_cp=4, request_tokens=1000, chunk_tokens=512))
+    cp = got["context_parallel"]
+    assert cp["ranges"] == [[0, 256], [256, 512], [512, 768], [768, 1000]]
+    assert [c["arrivals"] for c in cp["chunks"]] == [8, 8]  # 2 CP ranks x 4 writers
+    assert [w["writer_index"] for w in cp["chunks"][1]["parts"][1]["writers"]] == \
+        [12, 13, 14, 15]
 
 
 def test_bad_names_and_values():
