@@ -663,6 +663,13 @@ typedef struct kvs_manager_config {
      * both sizes and the fingerprint compares them; with different sizes the
      * chunk grid is a multiple of their lcm (docs/kinds/page-sizes.md). */
     int64_t peer_page_size;
+    /* Scale planes of an FP8 KV cache (kvs_kv_scales_t, 0: none; dtype must
+     * be fp8): a scale buffer beside each K and V buffer
+     * (kvs_kv_buffers_t.ks_base / vs_base), moved with the rows of its
+     * heads on every path. Both sides must agree (the fingerprint). See
+     * docs/kinds/fp8-scales.md. */
+    kvs_kv_scales_t kv_scales;
+    int64_t scale_block;      /* elements per scale, per-block only; 0 -> 32 */
 } kvs_manager_config_t;
 
 #define KVS_AUX_BYTES_MAX (1u << 20)
@@ -678,6 +685,11 @@ typedef struct kvs_kv_buffers {
     int64_t local_heads;
     int64_t page_size;
     int64_t num_pages;        /* pages in each layer buffer */
+    /* With kv_scales: per layer the scale buffers of K and of V, laid out
+     * [token_slot][local_head][scale bytes of a head] (4 per-token, head_dim
+     * / block per-block); vs_base NULL for MLA. NULL without scales. */
+    const uint64_t *ks_base;
+    const uint64_t *vs_base;
 } kvs_kv_buffers_t;
 
 /* One layer of this rank's KV pool as an engine holds it: a K and a V
@@ -693,6 +705,9 @@ typedef struct kvs_kv_layer {
     int64_t token_stride_bytes;  /* from one token slot to the next */
     int64_t head_stride_bytes;   /* from one head to the next */
     int64_t elem_stride_bytes;   /* from one element to the next */
+    uint64_t ks_addr, vs_addr;   /* with kv_scales: the scale buffers of K and
+                                    V (contiguous [tokens, heads, scale
+                                    bytes]); MLA: vs_addr 0. 0 without */
 } kvs_kv_layer_t;
 
 /* An engine's flat list of KV buffers into per-layer descriptors: n_ptrs =
