@@ -656,6 +656,15 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
         return cli_fail(CLI_SERVE_CMD, "--model / --mla-latent-dim: serve moves K and V "
                                        "layers only; run an MLA model (%s) with `kvstage "
                                        "sim` for now", kvs_kv_kind_name(in->shape.params.kind));
+    /* Its ranks allocate, fill and check K and V pools without scale
+     * buffers: FP8 scale planes run in `kvstage sim`. */
+    if (in->shape.params.kv_scales != KVS_KV_SCALES_NONE)
+        return cli_fail(CLI_SERVE_CMD, "--kv-scales %s: serve's ranks allocate and check K "
+                                       "and V pools without scale buffers: drop --kv-scales "
+                                       "(or give none); run FP8 scale planes with `kvstage "
+                                       "sim --dtype fp8 --kv-scales %s` for now",
+                        kvs_kv_scales_name(in->shape.params.kv_scales),
+                        kvs_kv_scales_name(in->shape.params.kv_scales));
     /* Its ranks allocate, fill and check pools of one page size, and
      * discovery records carry one: different sizes run in `kvstage sim`. */
     const int64_t dps = in->shape.params.decode_page_size;

@@ -72,6 +72,22 @@ def test_direct_path_and_pipeline_stages(cli):
     assert "%016x" % got["digest"] == want["digest"]
 
 
+@pytest.mark.parametrize("scales", ["per-token", "per-block:64"])
+def test_fp8_scale_planes_equal_cli(cli, scales):
+    """kv_scales moves and verifies every scale slot, as `kvstage sim --kv-scales`."""
+    got = run(dtype="fp8", kv_scales=scales)
+    want = cli("sim", *SMALL_FLAGS, "--dtype", "fp8", "--kv-scales", scales)
+    assert_clean(got, 6)
+    for key in SAME_AS_CLI:
+        assert got[key] == want[key], key
+    assert "%016x" % got["digest"] == want["digest"]
+    plain = run(dtype="fp8")
+    per_head = 4 if scales == "per-token" else 2  # fp32, or 128 / 64 e8m0 bytes
+    assert got["bytes_verified"] * 128 == plain["bytes_verified"] * (128 + per_head)
+    with pytest.raises(kvstage.KvstageError, match="kv_scales"):
+        run(kv_scales=scales)  # bf16: scale planes belong to an fp8 cache
+
+
 def test_cluster_equals_cli(cli):
     """A cluster (lists of TP sizes, one per instance) runs as `kvstage sim`
     with comma lists: same digest, same per-instance counts."""
