@@ -18,7 +18,9 @@
  * - for every decode rank d and writer i (when D * W <= 4096) at a decode
  *   stage e drawn from the input (and the last stage, which holds the most
  *   layers): the writer exists, offsets are contiguous, lengths are
- *   T*nh*hd*s*Lx*2 with Lx the layers of stage e, the region
+ *   T*nh*(hd*s + scale bytes)*Lx*2 with Lx the layers of stage e (scale
+ *   planes drawn last: none, per-token, per-block of any block, or an
+ *   unknown kind, refused as the rules say), the region
  *   is the last offset + len, the head ranges lie inside [0, src_heads) and
  *   [0, dst_heads), copy the same global heads on both sides (heads of a
  *   rank counted by integer division when replicated), and together cover
@@ -136,6 +138,17 @@ static int violation_of(int status)
     }
 }
 
+/* Bytes of one head's scales in a token row (0 without scale planes), for
+ * params whose scales are valid. */
+static int64_t scale_bytes_of(const kvs_layout_params_t *p)
+{
+    if (p->kv_scales == KVS_KV_SCALES_PER_TOKEN)
+        return 4; /* fp32 */
+    if (p->kv_scales == KVS_KV_SCALES_PER_BLOCK)
+        return p->head_dim / (p->scale_block > 0 ? p->scale_block : 32); /* e8m0 */
+    return 0;
+}
+
 /* Every rule p breaks; a rule is only judged when what it needs is valid.
  * *heads gets H when it resolves. */
 static int violations(const kvs_layout_params_t *p, int64_t *heads)
@@ -151,6 +164,19 @@ static int violations(const kvs_layout_params_t *p, int64_t *heads)
         v |= V_EDTYPE;
     if (p->chunk_tokens < 0)
         v |= V_ECHUNK;
+    /* Scale planes (docs/kinds/fp8-scales.md): a known kind, fp8 only, and
+     * with per-block a block dividing the head. */
+    if (p->kv_scales != KVS_KV_SCALES_NONE) {
+        if (p->kv_scales != KVS_KV_SCALES_PER_TOKEN && p->kv_scales != KVS_KV_SCALES_PER_BLOCK)
+            v |= V_EINVAL;
+        else if (p->dtype != KVS_DTYPE_FP8)
+            v |= V_EDTYPE;
+        else if (p->scale_block < 0 ||
+                 (p->kv_scales == KVS_KV_SCALES_PER_BLOCK &&
+                  (p->head_dim <= 0 ||
+                   p->head_dim % (p->scale_block > 0 ? p->scale_block : 32) != 0)))
+            v |= V_EINVAL;
+    }
 
     /* H: the model's total, else per-rank heads x that TP (both bounded to
      * 32 bits by kvs_heads_resolve), else unresolvable. */
@@ -186,8 +212,8 @@ static int violations(const kvs_layout_params_t *p, int64_t *heads)
         const int64_t dp = p->decode_pp ? p->decode_pp : 1;
         i128 bytes = G;
         bytes = sat_mul(bytes, nh);
-        bytes = sat_mul(bytes, p->head_dim);
-        bytes = sat_mul(bytes, elem);
+        /* a head's row and its scales */
+        bytes = sat_mul(bytes, (i128)p->head_dim * elem + scale_bytes_of(p));
         bytes = sat_mul(bytes, ceil_div(p->layers, dp)); /* the largest stage */
         bytes = sat_mul(bytes, 2);
         bytes = sat_mul(bytes, W);
@@ -354,7 +380,8 @@ static void check_writers(const kvs_layout_t *l, input_t *in)
             CHECK(w.offset_bytes == sum); /* contiguous */
             const int64_t nh = w.heads.num_heads;
             CHECK(nh == nh_want);
-            const i128 len = (i128)T * nh * l->head_dim * l->elem_bytes * Lx * 2;
+            const i128 len =
+                (i128)T * nh * (l->head_dim * l->elem_bytes + l->scale_bytes) * Lx * 2;
             CHECK((i128)w.len_bytes == len);
             CHECK(kvs_layout_layer_block_bytes(l, T, nh) * Lx * 2 == w.len_bytes);
             CHECK(w.heads.src_start >= 0 && w.heads.src_start + nh <= l->src_heads);
@@ -385,7 +412,7 @@ static void check_writers(const kvs_layout_t *l, input_t *in)
         }
         int64_t region = -1;
         CHECK(kvs_layout_region_bytes(l, d, e, T, &region) == KVS_OK && region == sum);
-        CHECK(sum == T * W * nh_want * l->head_dim * l->elem_bytes * Lx * 2);
+        CHECK(sum == T * W * nh_want * (l->head_dim * l->elem_bytes + l->scale_bytes) * Lx * 2);
 
         /* The writers cover every head of d: merge the sorted spans. */
         qsort(spans, (size_t)W, sizeof spans[0], span_cmp);
@@ -661,6 +688,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     p.prefill_pp = pick(&in, 8);
     p.decode_pp = pick(&in, 8);
     p.chunk_tokens = pick(&in, 70000);
+    /* Last, so inputs of before scale planes read as none. */
+    p.kv_scales = (kvs_kv_scales_t)(in_u8(&in) % 4u); /* 3: unknown */
+    p.scale_block = p.kv_scales == KVS_KV_SCALES_PER_BLOCK ? pick(&in, 256) : 0;
 
     int64_t H = 0;
     const int broken = violations(&p, &H);
@@ -687,6 +717,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const int64_t Pp = p.prefill_pp ? p.prefill_pp : 1, Dp = p.decode_pp ? p.decode_pp : 1;
     CHECK(l.total_heads == H && l.head_dim == p.head_dim && l.dtype == p.dtype);
     CHECK(l.elem_bytes == kvs_dtype_bytes(p.dtype) && l.layers == p.layers);
+    CHECK(l.kv_scales == p.kv_scales && l.scale_bytes == scale_bytes_of(&p));
     CHECK(l.page_size == p.page_size && l.prefill_tp == P && l.decode_tp == D);
     CHECK(l.prefill_pp == Pp && l.decode_pp == Dp && l.chunk_tokens == C);
     CHECK(l.grid_tokens == max64(1, C / p.page_size) * p.page_size);

@@ -271,6 +271,8 @@ static int sim_api_cluster(const kvs_sim_config_t *c, sim_scenario_config_t *s,
     s->shape.chunk_tokens = c->chunk_tokens;
     s->shape.kind = (kvs_kv_kind_t)c->kv_kind;
     s->shape.decode_page_size = c->decode_page_size;
+    s->shape.kv_scales = (kvs_kv_scales_t)c->kv_scales;
+    s->shape.scale_block = (int64_t)c->scale_block;
     /* The instances: with a list, 0 sizes of the shape are instance 0's. */
     s->topo.prefill_instances = c->prefill_instances;
     s->topo.decode_instances = c->decode_instances;

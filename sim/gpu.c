@@ -462,16 +462,53 @@ static int64_t sim_gpu_pruns(sim_gpu_t *gpu, const kvs_copy_desc_t *d)
     return (int64_t)k;
 }
 
+/* A copy moves, per layer, its planes' KV rows (K, V; K alone with one
+ * plane) and, with scales, then their scale rows: sub-plane q < planes is
+ * plane q's KV, q >= planes the scales of plane q - planes. */
+typedef struct sim_gpu_subplane {
+    uint64_t base;        /* the pool buffer of the layer */
+    uint64_t token_bytes; /* one pool slot */
+    uint64_t row_bytes;   /* one token's copied row */
+    uint64_t head_off;    /* the first copied head in a slot */
+    uint64_t slot_off;    /* from the staging block to this sub-plane's rows */
+} sim_gpu_subplane_t;
+
+static uint64_t sim_gpu_subplanes(const kvs_copy_shape_t *sh)
+{
+    return sh->scale_row_bytes > 0 ? 2 * sh->planes : sh->planes;
+}
+
+static sim_gpu_subplane_t sim_gpu_subplane(const kvs_copy_desc_t *d, const kvs_copy_shape_t *sh,
+                                           uint64_t q, int64_t l, uint64_t slot)
+{
+    const bool scale = q >= sh->planes;
+    const uint64_t kv = scale ? q - sh->planes : q;
+    const uint64_t S = (uint64_t)d->staging_layer_slots;
+    sim_gpu_subplane_t sp = {.slot_off = (kv * S + slot) * sh->slot_bytes};
+    if (scale) {
+        sp.base = kv == 0 ? d->ks_base[l] : d->vs_base[l];
+        sp.token_bytes = sh->scale_token_bytes;
+        sp.row_bytes = sh->scale_row_bytes;
+        sp.head_off = sh->scale_head_off;
+        sp.slot_off += sh->scale_off;
+    } else {
+        sp.base = kv == 0 ? d->k_base[l] : d->v_base[l];
+        sp.token_bytes = sh->token_bytes;
+        sp.row_bytes = sh->row_bytes;
+        sp.head_off = sh->head_off;
+    }
+    return sp;
+}
+
 /* Walks a validated copy, pool -> staging (gather) or back (scatter): for
- * each layer and K/V (K alone with one plane: MLA), the tokens whose pool
- * slots follow each other (a page, or pages with consecutive ids) are one
- * run of rows. */
+ * each layer and K/V (K alone with one plane: MLA), then their scale
+ * planes, the tokens whose pool slots follow each other (a page, or pages
+ * with consecutive ids) are one run of rows. */
 static int sim_gpu_walk(sim_gpu_t *gpu, const kvs_copy_desc_t *d, const kvs_copy_shape_t *sh,
                         bool scatter, sim_gpu_rows_fn rows)
 {
     if (sh->payload_bytes == 0)
         return KVS_OK;
-    const uint64_t S = (uint64_t)d->staging_layer_slots;
     const int64_t nruns = sim_gpu_pruns(gpu, d);
     if (nruns < 0)
         return KVS_ENOMEM;
@@ -479,20 +516,21 @@ static int sim_gpu_walk(sim_gpu_t *gpu, const kvs_copy_desc_t *d, const kvs_copy
     for (int64_t j = 0; j < d->layer_count && rc == KVS_OK; j++) {
         const int64_t l = d->layer_begin + j;
         const uint64_t slot = (uint64_t)(d->staging_slot_begin + j);
-        for (uint64_t kv = 0; kv < sh->planes && rc == KVS_OK; kv++) {
-            const uint64_t base = (kv == 0 ? d->k_base[l] : d->v_base[l]) + sh->head_off;
-            const uint64_t blk = d->staging_addr + (kv * S + slot) * sh->slot_bytes;
+        for (uint64_t q = 0; q < sim_gpu_subplanes(sh) && rc == KVS_OK; q++) {
+            const sim_gpu_subplane_t sp = sim_gpu_subplane(d, sh, q, l, slot);
+            const uint64_t base = sp.base + sp.head_off;
+            const uint64_t blk = d->staging_addr + sp.slot_off;
             if (gpu->prov != NULL) /* one rewrite per layer and K/V (rows_prov) */
                 sim_prov_batch_begin(gpu->prov);
             for (int64_t k = 0; k < nruns && rc == KVS_OK; k++) {
                 const uint64_t i = gpu->pruns[k].i, first = gpu->pruns[k].first,
                                n = gpu->pruns[k].n;
-                const uint64_t pool = base + first * sh->token_bytes;
-                const uint64_t stg = blk + i * sh->row_bytes;
-                rc = scatter ? rows(gpu, pool, sh->token_bytes, stg, sh->row_bytes,
-                                    sh->row_bytes, n)
-                             : rows(gpu, stg, sh->row_bytes, pool, sh->token_bytes,
-                                    sh->row_bytes, n);
+                const uint64_t pool = base + first * sp.token_bytes;
+                const uint64_t stg = blk + i * sp.row_bytes;
+                rc = scatter ? rows(gpu, pool, sp.token_bytes, stg, sp.row_bytes,
+                                    sp.row_bytes, n)
+                             : rows(gpu, stg, sp.row_bytes, pool, sp.token_bytes,
+                                    sp.row_bytes, n);
             }
             if (gpu->prov != NULL) {
                 const int end = sim_prov_batch_end(gpu->prov);
@@ -519,7 +557,6 @@ static int sim_gpu_walk_parts(sim_gpu_t *gpu, const kvs_copy_desc_t *d,
         }
         ord[k] = i;
     }
-    const uint64_t S = (uint64_t)d->staging_layer_slots, tb = sh[0].token_bytes;
     const int64_t nruns = sim_gpu_pruns(gpu, d);
     if (nruns < 0)
         return KVS_ENOMEM;
@@ -527,19 +564,20 @@ static int sim_gpu_walk_parts(sim_gpu_t *gpu, const kvs_copy_desc_t *d,
     for (int64_t j = 0; j < d->layer_count && rc == KVS_OK; j++) {
         const int64_t l = d->layer_begin + j;
         const uint64_t slot = (uint64_t)(d->staging_slot_begin + j);
-        for (uint64_t kv = 0; kv < sh[0].planes && rc == KVS_OK; kv++) {
-            const uint64_t base = kv == 0 ? d->k_base[l] : d->v_base[l];
+        for (uint64_t sq = 0; sq < sim_gpu_subplanes(&sh[0]) && rc == KVS_OK; sq++) {
+            const sim_gpu_subplane_t sp0 = sim_gpu_subplane(d, &sh[0], sq, l, slot);
+            const uint64_t base = sp0.base, tb = sp0.token_bytes;
             sim_prov_batch_begin(gpu->prov); /* one rewrite per layer and K/V */
             for (int64_t k = 0; k < nruns && rc == KVS_OK; k++) {
                 const uint64_t i = gpu->pruns[k].i, first = gpu->pruns[k].first,
                                n = gpu->pruns[k].n;
                 for (int64_t q = 0; q < nparts; q++) {
                     const int64_t p = ord[q];
+                    const sim_gpu_subplane_t sp = sim_gpu_subplane(d, &sh[p], sq, l, slot);
                     gpu->rowsrc[q] = (sim_prov_rowsrc_t){
-                        .s0 = parts[p].staging_addr + (kv * S + slot) * sh[p].slot_bytes +
-                              i * sh[p].row_bytes,
-                        .ss = sh[p].row_bytes, .row_bytes = sh[p].row_bytes,
-                        .dst_off = sh[p].head_off};
+                        .s0 = parts[p].staging_addr + sp.slot_off + i * sp.row_bytes,
+                        .ss = sp.row_bytes, .row_bytes = sp.row_bytes,
+                        .dst_off = sp.head_off};
                 }
                 rc = sim_prov_batch_copy_parts(gpu->prov, base + first * tb, tb, gpu->prov,
                                                gpu->rowsrc, (size_t)nparts, n);
@@ -693,7 +731,7 @@ static int sim_gpu_enqueue(kvs_device_t *dev, kvs_stream_t *stream,
         return kvs_device_fail(dev, rc, rc == KVS_ERANGE ? ERANGE : EINVAL, "%s", msg);
 
     uint64_t n_words = 0;
-    if (__builtin_mul_overflow((uint64_t)d->layer_count, 2, &n_words) ||
+    if (__builtin_mul_overflow((uint64_t)d->layer_count, 4, &n_words) ||
         __builtin_add_overflow(n_words, sh.pages_used, &n_words) ||
         n_words > SIZE_MAX / sizeof(uint64_t))
         return kvs_device_fail(dev, KVS_ERANGE, ERANGE, "%s on gpu %u: descriptor too large",
@@ -715,19 +753,26 @@ static int sim_gpu_enqueue(kvs_device_t *dev, kvs_stream_t *stream,
         op->words = w;
         op->words_cap = (size_t)n_words;
     }
-    /* Snapshot: layer j's bases at [j] and [L + j], pages after them; the
-     * copy indexes k_base[layer_begin + j], so the arrays are shifted. */
+    /* Snapshot: layer j's bases at [j] and [L + j], its scale buffers' at
+     * [2L + j] and [3L + j], pages after them; the copy indexes
+     * k_base[layer_begin + j], so the arrays are shifted. */
     uint64_t L = (uint64_t)d->layer_count;
+    const bool scales = sh.scale_row_bytes > 0;
     for (uint64_t j = 0; j < L; j++) {
-        op->words[j] = d->k_base[(uint64_t)d->layer_begin + j];
-        op->words[L + j] = sh.planes == 2 ? d->v_base[(uint64_t)d->layer_begin + j] : 0;
+        const uint64_t l = (uint64_t)d->layer_begin + j;
+        op->words[j] = d->k_base[l];
+        op->words[L + j] = sh.planes == 2 ? d->v_base[l] : 0;
+        op->words[2 * L + j] = scales ? d->ks_base[l] : 0;
+        op->words[3 * L + j] = scales && sh.planes == 2 ? d->vs_base[l] : 0;
     }
-    int64_t *pages = (int64_t *)(void *)(op->words + 2 * L);
+    int64_t *pages = (int64_t *)(void *)(op->words + 4 * L);
     for (uint64_t i = 0; i < sh.pages_used; i++)
         pages[i] = d->pages[i];
     op->desc = *d;
     op->desc.k_base = op->words;
     op->desc.v_base = op->words + L;
+    op->desc.ks_base = op->words + 2 * L;
+    op->desc.vs_base = op->words + 3 * L;
     op->desc.layer_begin = 0;
     op->desc.pages = pages;
     op->desc.num_pages = (int64_t)sh.pages_used;

@@ -2,7 +2,8 @@
  * kvdata.c - the pattern of kvdata.h: a splitmix64 stream seeded from the
  * coordinates, 8 bytes per step. Two coordinates that differ in any field
  * give unrelated vectors, so a head or token landing in the wrong slot is
- * caught, not only missing bytes. Aux payloads are vectors of the same
+ * caught, not only missing bytes. Scale vectors (kv 2 and 3) take a
+ * stream of their own. Aux payloads are vectors of the same
  * stream at layer -1, which no KV vector has. In the provenance mode the
  * origin of a byte stands for it (see kvdata.h).
  */
@@ -22,6 +23,8 @@ static uint64_t sim_kvdata_seed(const sim_kv_coord_t *c)
     uint64_t s = sim_kvdata_mix(c->request + 0x9E3779B97F4A7C15ull);
     s = sim_kvdata_mix(s ^ (uint64_t)c->layer);
     s = sim_kvdata_mix(s ^ ((uint64_t)c->head << 1 | (uint64_t)(c->kv & 1)));
+    if (c->kv >= 2) /* a scale vector: unrelated to its K or V row's */
+        s = sim_kvdata_mix(s ^ 0x5CA1E5ull);
     return sim_kvdata_mix(s ^ (uint64_t)c->token);
 }
 
@@ -106,7 +109,9 @@ uint64_t sim_kvdata_aux_verify(uint64_t request, uint32_t max, const void *aux,
 
 uint64_t sim_kvdata_prov_key(uint64_t request, int64_t layer, int kv)
 {
-    return request << 32 | (uint64_t)layer << 1 | (uint64_t)(kv & 1);
+    /* bit 31 marks scale planes (kv 2, 3); layers stay below 2^30 */
+    return request << 32 | (uint64_t)(kv >> 1 & 1) << 31 | (uint64_t)layer << 1 |
+           (uint64_t)(kv & 1);
 }
 
 sim_prov_run_t sim_kvdata_prov_rows(const sim_kv_coord_t *first, int64_t heads,

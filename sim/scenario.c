@@ -73,6 +73,8 @@ typedef struct sim_node {
     int64_t layers, heads;       /* local */
     int64_t first_layer;         /* global id of its stage's first layer */
     uint64_t *k_base, *v_base;
+    uint64_t *ks_base, *vs_base; /* scale buffers (kv_scales), else NULL */
+    uint64_t scale_layer_bytes;  /* bytes of one scale buffer, 0 without */
     uint32_t gpu_id;
     bool down;                   /* crashed, or failed its init: no handler */
     bool hbm_full;               /* its GPU holds the KV pool and nothing more */
@@ -368,10 +370,35 @@ static int64_t sim_gcd(int64_t a, int64_t b)
     return a;
 }
 
+/* Buffer kv of a local layer: 0 K, 1 V, 2 and 3 their scales. */
+static uint64_t sim_base(const sim_node_t *n, int64_t layer, int kv)
+{
+    const uint64_t *const bases[] = {n->k_base, n->v_base, n->ks_base, n->vs_base};
+    return bases[kv][layer];
+}
+
+/* The buffers of a layer, in the order they are walked: its planes (K and
+ * V, or MLA's latent), then with scales each plane's scales; buffer q is
+ * kv sim_buf_kv, of sim_buf_bytes a head. */
+static int sim_bufs(const kvs_layout_t *l)
+{
+    return (int)l->planes * (l->scale_bytes > 0 ? 2 : 1);
+}
+
+static int sim_buf_kv(const kvs_layout_t *l, int q)
+{
+    return q < l->planes ? q : 2 + (q - (int)l->planes);
+}
+
+static int64_t sim_buf_bytes(const kvs_layout_t *l, int q)
+{
+    return q < l->planes ? l->head_dim * l->elem_bytes : l->scale_bytes;
+}
+
 static uint8_t *sim_slot(const sim_node_t *n, int64_t layer, int kv, int64_t page, int64_t slot,
                          int64_t head, int64_t ps, int64_t head_bytes)
 {
-    const uint64_t addr = (kv ? n->v_base[layer] : n->k_base[layer]) +
+    const uint64_t addr = sim_base(n, layer, kv) +
                           (uint64_t)(((page * ps + slot) * n->heads + head) * head_bytes);
     return n->pool_host + (addr - n->pool_addr);
 }
@@ -394,8 +421,7 @@ static uint64_t sim_slot_addr(const sim_node_t *n, int64_t layer, int kv, const 
                               int64_t base, int64_t t, int64_t ps, int64_t head_bytes)
 {
     const int64_t slot = pages[(t - base) / ps] * ps + t % ps;
-    return (kv ? n->v_base[layer] : n->k_base[layer]) +
-           (uint64_t)(slot * n->heads * head_bytes);
+    return sim_base(n, layer, kv) + (uint64_t)(slot * n->heads * head_bytes);
 }
 
 /* The provenance of node n's rows of tokens [a, b) of a request, layer by
@@ -406,7 +432,7 @@ static uint64_t sim_prov_pass(sim_scenario_t *sc, sim_node_t *n, uint64_t req,
                               bool check)
 {
     const kvs_layout_t *l = &sc->lay;
-    const int64_t ps = n->ps, hb = l->head_dim * l->elem_bytes;
+    const int64_t ps = n->ps;
     sim_prov_map_t *map = sim_gpu_prov(n->gpu);
     const int64_t g0 = sim_global_head(l->total_heads, n->inst->tp, n->tp, n->heads, 0);
     /* The runs of slots first, once: a long page list costs its length
@@ -418,7 +444,8 @@ static uint64_t sim_prov_pass(sim_scenario_t *sc, sim_node_t *n, uint64_t req,
             int64_t *v = realloc(sc->slot_runs, 2 * cap * sizeof *v);
             if (v == NULL) {
                 sim_fail(sc, KVS_ENOMEM, "%s: out of host memory for a page list", n->name);
-                return check ? (uint64_t)(b - a) * (uint64_t)(n->heads * hb) : 0;
+                return check ? (uint64_t)(b - a) * (uint64_t)(n->heads * sim_buf_bytes(l, 0))
+                             : 0;
             }
             sc->slot_runs = v;
             sc->slot_runs_cap = cap;
@@ -429,7 +456,9 @@ static uint64_t sim_prov_pass(sim_scenario_t *sc, sim_node_t *n, uint64_t req,
     }
     uint64_t bad = 0;
     for (int64_t layer = 0; layer < n->layers; layer++)
-        for (int kv = 0; kv < l->planes; kv++) {
+        for (int q = 0; q < sim_bufs(l); q++) { /* K, V (or latent), scales */
+            const int kv = sim_buf_kv(l, q);
+            const int64_t hb = sim_buf_bytes(l, q);
             if (!check) /* one rewrite per layer and K/V */
                 sim_prov_batch_begin(map);
             for (size_t k = 0; k < nruns; k++) {
@@ -455,21 +484,22 @@ static uint64_t sim_prov_pass(sim_scenario_t *sc, sim_node_t *n, uint64_t req,
 static void sim_fill_prefill(sim_scenario_t *sc, sim_node_t *n, uint64_t req, int64_t a, int64_t b)
 {
     const kvs_layout_t *l = &sc->lay;
-    const int64_t ps = n->ps, hb = l->head_dim * l->elem_bytes;
+    const int64_t ps = n->ps;
     const sim_req_t *r = &sc->reqs[req];
     if (sim_gpu_prov(n->gpu) != NULL) {
         sim_prov_pass(sc, n, req, r->ppages, 0, a, b, false);
         return;
     }
     for (int64_t layer = 0; layer < n->layers; layer++)
-        for (int kv = 0; kv < l->planes; kv++) /* K and V, or MLA's latent */
-            for (int64_t t = a; t < b; t++)
+        for (int q = 0; q < sim_bufs(l); q++) /* K and V, or MLA's latent; scales */
+            for (int64_t t = a, kv = sim_buf_kv(l, q), hb = sim_buf_bytes(l, q); t < b; t++)
                 for (int64_t j = 0; j < n->heads; j++) {
-                    sim_kv_coord_t c = {req, n->first_layer + layer, kv,
+                    sim_kv_coord_t c = {req, n->first_layer + layer, (int32_t)kv,
                                         sim_global_head(l->total_heads, n->inst->tp, n->tp,
                                                         n->heads, j),
                                         t};
-                    sim_kvdata_fill(sim_slot(n, layer, kv, r->ppages[t / ps], t % ps, j, ps, hb),
+                    sim_kvdata_fill(sim_slot(n, layer, (int)kv, r->ppages[t / ps], t % ps, j, ps,
+                                             hb),
                                     (size_t)hb, &c);
                 }
 }
@@ -479,24 +509,30 @@ static uint64_t sim_verify_decode(sim_scenario_t *sc, sim_node_t *n, uint64_t re
                                   uint64_t *corrupt)
 {
     const kvs_layout_t *l = &sc->lay;
-    const int64_t ps = n->ps, hb = l->head_dim * l->elem_bytes;
+    const int64_t ps = n->ps;
     const sim_req_t *r = &sc->reqs[req];
+    /* A token's rows of every buffer of a layer (K and V, or the latent;
+     * with scales their scales too), on this rank's heads. */
+    int64_t row_bytes = 0;
+    for (int q = 0; q < sim_bufs(l); q++)
+        row_bytes += n->heads * sim_buf_bytes(l, q);
     if (sim_gpu_prov(n->gpu) != NULL) {
         *corrupt += sim_prov_pass(sc, n, req, r->dpages, r->base, r->base, r->tokens, true);
-        return (uint64_t)l->planes * (uint64_t)n->layers * (uint64_t)(r->tokens - r->base) *
-               (uint64_t)(n->heads * hb);
+        return (uint64_t)n->layers * (uint64_t)(r->tokens - r->base) * (uint64_t)row_bytes;
     }
     uint64_t checked = 0;
     for (int64_t layer = 0; layer < n->layers; layer++)
-        for (int kv = 0; kv < l->planes; kv++)
-            for (int64_t t = r->base; t < r->tokens; t++)
+        for (int q = 0; q < sim_bufs(l); q++)
+            for (int64_t t = r->base, kv = sim_buf_kv(l, q), hb = sim_buf_bytes(l, q);
+                 t < r->tokens; t++)
                 for (int64_t j = 0; j < n->heads; j++) {
-                    sim_kv_coord_t c = {req, n->first_layer + layer, kv,
+                    sim_kv_coord_t c = {req, n->first_layer + layer, (int32_t)kv,
                                         sim_global_head(l->total_heads, n->inst->tp, n->tp,
                                                         n->heads, j),
                                         t};
                     *corrupt += sim_kvdata_check(
-                        sim_slot(n, layer, kv, r->dpages[(t - r->base) / ps], t % ps, j, ps, hb),
+                        sim_slot(n, layer, (int)kv, r->dpages[(t - r->base) / ps], t % ps, j, ps,
+                                 hb),
                         (size_t)hb, &c);
                     checked += (uint64_t)hb;
                 }
@@ -1189,7 +1225,12 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
     n->ps = decode ? l->decode_page_size : l->page_size;
     n->layer_bytes = (uint64_t)sc->pool_pages * (uint64_t)(n->ps * n->heads *
                                                             l->head_dim * l->elem_bytes);
-    const uint64_t pool_bytes = (uint64_t)l->planes * (uint64_t)n->layers * n->layer_bytes;
+    /* Scale buffers (kv_scales) after every KV buffer of the pool. */
+    n->scale_layer_bytes = (uint64_t)sc->pool_pages * (uint64_t)(n->ps * n->heads *
+                                                                  l->scale_bytes);
+    const uint64_t kv_bytes = (uint64_t)l->planes * (uint64_t)n->layers * n->layer_bytes;
+    const uint64_t pool_bytes =
+        kv_bytes + (uint64_t)l->planes * (uint64_t)n->layers * n->scale_layer_bytes;
     sim_gpu_config_t gc = sc->cfg.gpu;
     if (n->hbm_full)
         gc.hbm_bytes = pool_bytes; /* the KV pool fills it */
@@ -1220,7 +1261,9 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
     n->pool_host = sim_gpu_host(n->gpu, n->pool_addr, pool_bytes);
     n->k_base = calloc((size_t)n->layers, sizeof *n->k_base);
     n->v_base = calloc((size_t)n->layers, sizeof *n->v_base);
-    if (n->k_base == NULL || n->v_base == NULL ||
+    n->ks_base = calloc((size_t)n->layers, sizeof *n->ks_base);
+    n->vs_base = calloc((size_t)n->layers, sizeof *n->vs_base);
+    if (n->k_base == NULL || n->v_base == NULL || n->ks_base == NULL || n->vs_base == NULL ||
         (n->pool_host == NULL && sim_gpu_prov(n->gpu) == NULL))
         return sim_fail(sc, KVS_ENOMEM, "%s: KV pool tables", n->name);
     /* Layer i's planes back to back: K then V, or MLA's latent alone (no
@@ -1228,12 +1271,17 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
     for (int64_t i = 0; i < n->layers; i++) {
         n->k_base[i] = n->pool_addr + (uint64_t)(l->planes * i) * n->layer_bytes;
         n->v_base[i] = l->planes == 2 ? n->k_base[i] + n->layer_bytes : 0;
+        if (l->scale_bytes > 0) { /* layer i's scale planes, after all the KV */
+            n->ks_base[i] = n->pool_addr + kv_bytes +
+                            (uint64_t)(l->planes * i) * n->scale_layer_bytes;
+            n->vs_base[i] = l->planes == 2 ? n->ks_base[i] + n->scale_layer_bytes : 0;
+        }
     }
 
     const bool staging = sc->cfg.staging || sc->cfg.path == KVS_PATH_STAGING;
     kvs_manager_config_t mc = {
         .role = n->role, .staging = staging, .total_heads = l->total_heads,
-        .kv_kind = l->kind,
+        .kv_kind = l->kind, .kv_scales = l->kv_scales, .scale_block = l->scale_block,
         .head_dim = l->head_dim, .dtype = sc->cfg.shape.dtype, .layers = n->layers,
         .model_layers = l->layers,
         .page_size = n->ps, .peer_page_size = decode ? l->page_size : l->decode_page_size,
@@ -1264,7 +1312,8 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
                                      .tokens = sc->pool_pages * n->ps,
                                      .token_stride_bytes = n->heads * l->head_dim * l->elem_bytes,
                                      .head_stride_bytes = l->head_dim * l->elem_bytes,
-                                     .elem_stride_bytes = l->elem_bytes};
+                                     .elem_stride_bytes = l->elem_bytes,
+                                     .ks_addr = n->ks_base[i], .vs_addr = n->vs_base[i]};
     const kvs_rank_config_t rcfg = {.manager = mc, .layers = layers, .local_heads = n->heads};
     kvs_error_t err = {0};
     rc = kvs_rank_create(&rcfg, dev, sim_nic_fabric(n->nic), &n->rank, &err);
@@ -1320,11 +1369,13 @@ static void sim_node_teardown(sim_node_t *n)
     sim_gpu_destroy(n->gpu);
     free(n->k_base);
     free(n->v_base);
+    free(n->ks_base);
+    free(n->vs_base);
     n->nic = NULL;
     n->gpu = NULL;
     n->pool_addr = 0;
     n->pool_host = NULL;
-    n->k_base = n->v_base = NULL;
+    n->k_base = n->v_base = n->ks_base = n->vs_base = NULL;
 }
 
 /* Decode rank n declares every prefill instance (the addresses of its

@@ -16,6 +16,7 @@
 #define KVS__DEVICE_OPS_V2_BYTES offsetof(kvs_device_ops_t, wait_arm)
 #define KVS__DEVICE_OPS_V3_BYTES sizeof(kvs_device_ops_t)
 #define KVS__DEVICE_OPS_V4_BYTES sizeof(kvs_device_ops_t) /* no slot: reads desc planes */
+#define KVS__DEVICE_OPS_V5_BYTES sizeof(kvs_device_ops_t) /* no slot: reads scale planes */
 #define KVS__FABRIC_OPS_V1_BYTES offsetof(kvs_fabric_ops_t, wait_arm)
 #define KVS__FABRIC_OPS_V2_BYTES offsetof(kvs_fabric_ops_t, random_bytes)
 #define KVS__FABRIC_OPS_V3_BYTES offsetof(kvs_fabric_ops_t, key_grant)
@@ -168,7 +169,8 @@ int kvs_device_init(kvs_device_t *dev, const kvs_device_ops_t *ops, const char *
         return KVS_EINVAL;
     kvs_device_t d = {0};
     static const size_t version_bytes[] = {KVS__DEVICE_OPS_V1_BYTES, KVS__DEVICE_OPS_V2_BYTES,
-                                           KVS__DEVICE_OPS_V3_BYTES, KVS__DEVICE_OPS_V4_BYTES};
+                                           KVS__DEVICE_OPS_V3_BYTES, KVS__DEVICE_OPS_V4_BYTES,
+                                           KVS__DEVICE_OPS_V5_BYTES};
     _Static_assert(sizeof version_bytes / sizeof version_bytes[0] == KVS_DEVICE_OPS_VERSION,
                    "one size per device ops version");
     int rc = kvs__copy_table(&d.ops, sizeof d.ops, ops, ops->version, ops->size, version_bytes,
@@ -288,12 +290,20 @@ void kvs__dev_stream_destroy(kvs_device_t *dev, kvs_stream_t *stream)
     dev->ops.stream_destroy(dev, stream);
 }
 bool kvs__dev_has_planes(const kvs_device_t *dev) { return dev->ops.version >= 4; }
+bool kvs__dev_has_scales(const kvs_device_t *dev) { return dev->ops.version >= 5; }
 
 /* A copy of one plane per layer goes only to a backend that reads planes
- * (device ops version 4): an older one would copy a V from v_base. */
+ * (device ops version 4): an older one would copy a V from v_base. One with
+ * scale planes only to a backend that reads them (version 5): an older one
+ * would move the KV rows and leave the scales behind. */
 static int kvs__dev_copy_check(kvs_device_t *dev, const kvs_copy_desc_t *d, const char *what)
 {
     kvs__dev_clear_detail(dev);
+    if (d != NULL && d->scale_bytes != 0 && !kvs__dev_has_scales(dev))
+        return kvs_device_fail(dev, KVS_ENOTSUP, 0, "%s on %s: a copy with scale planes "
+                               "(FP8 KV with scales, kv_scales) needs device ops version 5, "
+                               "the backend binds version %u: rebuild it against this "
+                               "kvstage", what, dev->name, dev->ops.version);
     if (d != NULL && d->planes == 1 && !kvs__dev_has_planes(dev))
         return kvs_device_fail(dev, KVS_ENOTSUP, 0, "%s on %s: a copy of one plane per "
                                "layer (MLA) needs device ops version 4, the backend binds "

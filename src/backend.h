@@ -20,6 +20,9 @@ void kvs__dev_stream_destroy(kvs_device_t *dev, kvs_stream_t *stream);
 /* Whether the device's copies read kvs_copy_desc_t.planes (device ops
  * version 4): copies of one plane per layer (MLA) go only to such a device. */
 bool kvs__dev_has_planes(const kvs_device_t *dev);
+/* Whether the device's copies read the scale planes of kvs_copy_desc_t
+ * (device ops version 5): copies with scales go only to such a device. */
+bool kvs__dev_has_scales(const kvs_device_t *dev);
 int kvs__dev_gather(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d);
 int kvs__dev_scatter(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d);
 int kvs__dev_gather_parts(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d,

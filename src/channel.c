@@ -41,6 +41,8 @@ void kvs__fingerprint(const kvs_layout_t *lay, kvs_path_t path, const kvs_manage
         .dtype = (uint32_t)lay->dtype, /* bf16 and fp16 share a size, not a format */
         .app_tag = cfg->app_tag,
         .max_aux_bytes = cfg->max_aux_bytes,
+        .kv_scales = (uint32_t)lay->kv_scales,
+        .scale_block = (uint32_t)lay->scale_block,
     };
 }
 
@@ -72,6 +74,12 @@ int kvs__fingerprint_check(const kvs_fingerprint_t *mine, const kvs_fingerprint_
         {"decode page size", mine->decode_page_size, theirs->decode_page_size, ps_hint},
         {"chunk tokens", mine->chunk_tokens, theirs->chunk_tokens, NULL},
         {"dtype (0 bf16, 1 fp16, 2 fp8, 3 fp32)", mine->dtype, theirs->dtype, NULL},
+        /* An FP8 side with scale planes against one without would move
+         * rows whose scales never arrive (docs/kinds/fp8-scales.md). */
+        {"KV scales (0 none, 1 per-token, 2 per-block; kv_scales, --kv-scales)",
+         mine->kv_scales, theirs->kv_scales, NULL},
+        {"scale block (elements per e8m0 scale; scale_block, --kv-scales per-block:N)",
+         mine->scale_block, theirs->scale_block, NULL},
         /* Both sides must agree on the whole layout: which ranks write to
          * which, how many writers a chunk waits for, whose layers. */
         {"prefill TP size (--prefill-tp)", mine->prefill_tp, theirs->prefill_tp, NULL},

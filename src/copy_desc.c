@@ -26,13 +26,13 @@ static bool kvs__copy_add(uint64_t a, uint64_t b, uint64_t *out)
     return !__builtin_add_overflow(a, b, out);
 }
 
-/* Byte offset of token slot `slot` (page * page_size + t) in a layer buffer,
- * at the first copied head. */
-static bool kvs__copy_pool_off(const kvs_copy_shape_t *sh, uint64_t slot, uint64_t *out)
+/* Byte offset of token slot `slot` (page * page_size + t) in a buffer of
+ * token_bytes a slot, at the first copied head (head_off). */
+static bool kvs__copy_pool_off(uint64_t token_bytes, uint64_t head_off, uint64_t slot,
+                               uint64_t *out)
 {
     uint64_t off;
-    return kvs__copy_mul(slot, sh->token_bytes, &off) &&
-           kvs__copy_add(off, sh->head_off, out);
+    return kvs__copy_mul(slot, token_bytes, &off) && kvs__copy_add(off, head_off, out);
 }
 
 int kvs_copy_desc_check(const kvs_copy_desc_t *d, const char *what, const char *dev_name,
@@ -95,45 +95,74 @@ int kvs_copy_desc_check(const kvs_copy_desc_t *d, const char *what, const char *
                                               : "k_base is NULL");
     if (d->tokens > 0 && d->pages == NULL)
         KVS__COPY_BAD(KVS_EINVAL, "pages is NULL");
+    if (d->scale_bytes < 0)
+        KVS__COPY_BAD(KVS_EINVAL, "scale_bytes %lld must not be negative (0: no scale planes)",
+                      (long long)d->scale_bytes);
+    const bool scales = d->scale_bytes > 0;
+    if (scales && d->layer_count > 0 &&
+        (d->ks_base == NULL || (planes == 2 && d->vs_base == NULL)))
+        KVS__COPY_BAD(KVS_EINVAL, planes == 2 ? "scale_bytes %lld but ks_base or vs_base is "
+                                                "NULL: pass the scale buffers of K and V"
+                                              : "scale_bytes %lld but ks_base is NULL: pass "
+                                                "the scale buffers",
+                      (long long)d->scale_bytes);
 
     uint64_t head_bytes;
     if (!kvs__copy_mul((uint64_t)d->head_dim, (uint64_t)d->elem_bytes, &head_bytes) ||
         !kvs__copy_mul(head_bytes, (uint64_t)d->num_heads, &sh->row_bytes) ||
         !kvs__copy_mul(head_bytes, (uint64_t)d->local_heads, &sh->token_bytes) ||
         !kvs__copy_mul(head_bytes, (uint64_t)d->head_start, &sh->head_off) ||
-        !kvs__copy_mul(sh->row_bytes, (uint64_t)d->tokens, &sh->slot_bytes) ||
+        !kvs__copy_mul((uint64_t)d->scale_bytes, (uint64_t)d->num_heads,
+                       &sh->scale_row_bytes) ||
+        !kvs__copy_mul((uint64_t)d->scale_bytes, (uint64_t)d->local_heads,
+                       &sh->scale_token_bytes) ||
+        !kvs__copy_mul((uint64_t)d->scale_bytes, (uint64_t)d->head_start,
+                       &sh->scale_head_off) ||
+        !kvs__copy_mul(sh->row_bytes, (uint64_t)d->tokens, &sh->scale_off) ||
+        !kvs__copy_add(sh->row_bytes, sh->scale_row_bytes, &sh->slot_bytes) ||
+        !kvs__copy_mul(sh->slot_bytes, (uint64_t)d->tokens, &sh->slot_bytes) ||
         !kvs__copy_mul(sh->slot_bytes, (uint64_t)d->layer_count, &sh->payload_bytes) ||
         !kvs__copy_mul(sh->payload_bytes, planes, &sh->payload_bytes) ||
         !kvs__copy_mul(sh->slot_bytes, (uint64_t)d->staging_layer_slots, &sh->block_bytes) ||
         !kvs__copy_mul(sh->block_bytes, planes, &sh->block_bytes))
         KVS__COPY_BAD(KVS_ERANGE,
-                      "sizes overflow 64 bits; lower head_dim, elem_bytes, local_heads, "
-                      "tokens, layer_count or staging_layer_slots");
+                      "sizes overflow 64 bits; lower head_dim, elem_bytes, scale_bytes, "
+                      "local_heads, tokens, layer_count or staging_layer_slots");
     sh->planes = planes;
     const uint64_t ps = (uint64_t)d->page_size, tokens = (uint64_t)d->tokens;
     sh->pages_used = tokens / ps + (tokens % ps != 0);
 
     /* The byte range every layer buffer must hold: from the lowest first
      * slot to the highest last slot of the pages used. */
-    sh->pool_lo = UINT64_MAX;
-    sh->pool_hi = 0;
+    sh->pool_lo = sh->scale_pool_lo = UINT64_MAX;
+    sh->pool_hi = sh->scale_pool_hi = 0;
     for (uint64_t i = 0; i < sh->pages_used; i++) {
         const int64_t p = d->pages[i];
         const uint64_t in_page = tokens - i * ps < ps ? tokens - i * ps : ps;
-        uint64_t first, last, lo, hi;
+        uint64_t first, last, lo, hi, slo = 0, shi = 0;
         if (p < 0 || !kvs__copy_mul((uint64_t)p, ps, &first) ||
             !kvs__copy_add(first, in_page - 1, &last) ||
-            !kvs__copy_pool_off(sh, first, &lo) || !kvs__copy_pool_off(sh, last, &hi) ||
-            !kvs__copy_add(hi, sh->row_bytes, &hi))
+            !kvs__copy_pool_off(sh->token_bytes, sh->head_off, first, &lo) ||
+            !kvs__copy_pool_off(sh->token_bytes, sh->head_off, last, &hi) ||
+            !kvs__copy_add(hi, sh->row_bytes, &hi) ||
+            !kvs__copy_pool_off(sh->scale_token_bytes, sh->scale_head_off, first, &slo) ||
+            !kvs__copy_pool_off(sh->scale_token_bytes, sh->scale_head_off, last, &shi) ||
+            !kvs__copy_add(shi, sh->scale_row_bytes, &shi))
             KVS__COPY_BAD(KVS_ERANGE, "page id %lld (entry %llu) is out of range",
                           (long long)p, (unsigned long long)i);
         if (lo < sh->pool_lo)
             sh->pool_lo = lo;
         if (hi > sh->pool_hi)
             sh->pool_hi = hi;
+        if (slo < sh->scale_pool_lo)
+            sh->scale_pool_lo = slo;
+        if (shi > sh->scale_pool_hi)
+            sh->scale_pool_hi = shi;
     }
     if (sh->pages_used == 0)
         sh->pool_lo = 0;
+    if (sh->pages_used == 0 || !scales)
+        sh->scale_pool_lo = sh->scale_pool_hi = 0;
 
     if (sh->payload_bytes != 0) {
         for (int64_t j = 0; j < d->layer_count; j++) {
@@ -151,6 +180,20 @@ int kvs_copy_desc_check(const kvs_copy_desc_t *d, const char *what, const char *
                                   kv == 0 ? "K" : "V", (long long)l,
                                   (unsigned long long)base, (unsigned long long)sh->pool_lo,
                                   (unsigned long long)sh->pool_hi);
+                if (!scales)
+                    continue;
+                const uint64_t sbase = kv == 0 ? d->ks_base[l] : d->vs_base[l];
+                if (!kvs__copy_add(sbase, sh->scale_pool_lo, &lo) ||
+                    sbase > UINT64_MAX - sh->scale_pool_hi ||
+                    !in_mem(ctx, lo, sh->scale_pool_hi - sh->scale_pool_lo))
+                    KVS__COPY_BAD(KVS_ERANGE,
+                                  "%s scale buffer of local layer %lld (0x%llx) does not "
+                                  "hold bytes [%llu, %llu) of the pages copied: not "
+                                  "allocated, freed or too small",
+                                  kv == 0 ? "K" : "V", (long long)l,
+                                  (unsigned long long)sbase,
+                                  (unsigned long long)sh->scale_pool_lo,
+                                  (unsigned long long)sh->scale_pool_hi);
             }
         }
         if (!in_mem(ctx, d->staging_addr, sh->block_bytes))
@@ -171,8 +214,9 @@ int kvs_copy_desc_check(const kvs_copy_desc_t *d, const char *what, const char *
  * these products overflows). */
 static uint64_t kvs__copy_block_bytes(const kvs_copy_desc_t *d, int64_t num_heads)
 {
-    return (uint64_t)d->head_dim * (uint64_t)d->elem_bytes * (uint64_t)num_heads *
-           (uint64_t)d->tokens * (uint64_t)d->staging_layer_slots * (d->planes == 1 ? 1u : 2u);
+    return ((uint64_t)d->head_dim * (uint64_t)d->elem_bytes + (uint64_t)d->scale_bytes) *
+           (uint64_t)num_heads * (uint64_t)d->tokens * (uint64_t)d->staging_layer_slots *
+           (d->planes == 1 ? 1u : 2u);
 }
 
 int kvs_copy_parts_check(const kvs_copy_desc_t *d, const kvs_copy_part_t *parts, int64_t nparts,

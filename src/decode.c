@@ -271,9 +271,15 @@ static void kvs__send_register(kvs_decode_t *d, kvs__peer_t *p)
         lm.u.layers.count = (uint32_t)(n < KVS_WIRE_LAYERS_PER_MSG ? n : KVS_WIRE_LAYERS_PER_MSG);
         for (uint32_t i = 0; i < lm.u.layers.count; i++) {
             const int64_t l = first + i;
+            const kvs__kv_keys_t *kk = &d->h.kv_keys;
             lm.u.layers.entries[i] = (kvs_layer_entry_t){
-                m->k_base[l], d->h.kv_keys.k_rkey[l], m->v_base != NULL ? m->v_base[l] : 0,
-                d->h.kv_keys.v_rkey[l]}; /* no V with one plane per layer (MLA) */
+                .k_addr = m->k_base[l], .k_rkey = kk->k_rkey[l],
+                .v_addr = m->v_base != NULL ? m->v_base[l] : 0, /* none with MLA */
+                .v_rkey = kk->v_rkey[l],
+                .ks_addr = m->ks_base != NULL ? m->ks_base[l] : 0, /* kv_scales */
+                .ks_rkey = kk->ks_rkey[l],
+                .vs_addr = m->vs_base != NULL ? m->vs_base[l] : 0,
+                .vs_rkey = kk->vs_rkey[l]};
         }
         kvs__send(&d->h, p, &lm);
     }
@@ -847,7 +853,8 @@ static void kvs__scatter(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
         .num_pages = c->num_pages, .tokens = c->tokens,
         .layer_begin = 0, .layer_count = m->cfg.layers,
         .staging_slot_begin = 0, .staging_layer_slots = m->cfg.layers,
-        .planes = lay->planes};
+        .planes = lay->planes, .ks_base = m->ks_base, .vs_base = m->vs_base,
+        .scale_bytes = lay->scale_bytes};
     /* One fused scatter of every writer's block, so each token row of the
      * pool is written once, whole (KVS_COPY_PARTS_MAX parts at a time).
      * Writers that replicate a head (prefill TP > heads) are consecutive and
@@ -984,8 +991,9 @@ static void kvs__on_report(kvs_decode_t *d, kvs__peer_t *p, const kvs_msg_status
         kvs_layout_stage_layers(&inst->lay, KVS_ROLE_PREFILL, p->pp_rank, &first_layer,
                                 &layers) == KVS_OK)
         r->base.bytes += (uint64_t)(r->total - r->base_tokens) *
-                         (uint64_t)d->h.m->kv.local_heads * (uint64_t)inst->lay.head_dim *
-                         (uint64_t)inst->lay.elem_bytes * (uint64_t)layers *
+                         (uint64_t)d->h.m->kv.local_heads *
+                         (uint64_t)(inst->lay.head_dim * inst->lay.elem_bytes +
+                                    inst->lay.scale_bytes) * (uint64_t)layers *
                          (uint64_t)inst->lay.planes / (uint64_t)inst->lay.tp_writers;
     kvs__room_try_finish(d, r);
 }

@@ -88,6 +88,17 @@ static int kvs__check_layer(kvs_manager_t *m, const kvs_kv_layer_t *l, int64_t i
         return KVS__MFAIL(m, KVS_EMLA, "layer %lld: kv_kind %s keeps one buffer per layer "
                           "(its latent, as k_addr): pass v_addr 0", (long long)i,
                           kvs_kv_kind_name(m->cfg.kv_kind));
+    const bool scales = m->scale_bytes > 0;
+    if (scales && (l->ks_addr == 0 || (l->vs_addr == 0 && !one_plane)))
+        return KVS__MFAIL(m, KVS_EINVAL, "layer %lld: kv_scales %s needs its scale buffers: "
+                          "its %s address is 0", (long long)i,
+                          kvs_kv_scales_name(m->cfg.kv_scales),
+                          l->ks_addr == 0 ? "K scale" : "V scale");
+    if ((!scales && (l->ks_addr != 0 || l->vs_addr != 0)) || (one_plane && l->vs_addr != 0))
+        return KVS__MFAIL(m, KVS_EINVAL, "layer %lld: a %s scale address is given, but %s: "
+                          "pass it 0, or set kv_scales (--kv-scales)", (long long)i,
+                          l->ks_addr != 0 && !scales ? "K" : "V",
+                          scales ? "one plane per layer has no V" : "kv_scales is none");
     if (l->tokens != tokens)
         return KVS__MFAIL(m, KVS_EINVAL, "layer %lld: %lld token slots, but layer 0 has %lld: "
                           "every layer of a pool holds the same slots", (long long)i,
@@ -116,22 +127,31 @@ int kvs_manager_set_kv_layers(kvs_manager_t *m, const kvs_kv_layer_t *layers,
     }
     uint64_t *k = malloc((size_t)num_layers * sizeof *k);
     uint64_t *v = malloc((size_t)num_layers * sizeof *v);
+    uint64_t *ks = malloc((size_t)num_layers * sizeof *ks);
+    uint64_t *vs = malloc((size_t)num_layers * sizeof *vs);
     int rc = KVS_ENOMEM;
-    if (k != NULL && v != NULL) {
+    if (k != NULL && v != NULL && ks != NULL && vs != NULL) {
         for (int64_t i = 0; i < num_layers; i++) {
             k[i] = layers[i].k_addr;
             v[i] = layers[i].v_addr;
+            ks[i] = layers[i].ks_addr;
+            vs[i] = layers[i].vs_addr;
         }
         const bool one_plane = kvs_kv_kind_planes(m->cfg.kv_kind) == 1;
+        const bool scales = m->scale_bytes > 0;
         const kvs_kv_buffers_t kv = {.num_layers = num_layers, .k_base = k,
                                      .v_base = one_plane ? NULL : v,
                                      .local_heads = local_heads, .page_size = ps,
-                                     .num_pages = tokens / ps};
+                                     .num_pages = tokens / ps,
+                                     .ks_base = scales ? ks : NULL,
+                                     .vs_base = scales && !one_plane ? vs : NULL};
         rc = kvs_manager_set_kv_buffers(m, &kv); /* copies the arrays */
     } else {
         KVS__MFAIL(m, rc, "copying %lld layer addresses failed", (long long)num_layers);
     }
     free(k);
     free(v);
+    free(ks);
+    free(vs);
     return rc;
 }

@@ -23,6 +23,11 @@
  * rank has the same heads, TP and PP, so a writer of this file is a TP
  * writer of one CP rank's part of a region; src/context_parallel.c says
  * which tokens each CP rank holds and where its part goes.
+ *
+ * Scale planes (kvs_kv_scales_t, docs/kinds/fp8-scales.md) ride in the same
+ * layer slots: a slot of T tokens and nh heads holds T * nh KV rows, then
+ * their T * nh scale rows of scale_bytes a head, so the head slicing, the
+ * writer offsets and the PP spans stay those of the KV alone.
  */
 #include "arith.h"
 #include "error.h"
@@ -32,6 +37,70 @@
 #include <string.h>
 
 static int64_t kvs__max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* Scale planes (kvs_kv_scales_t): the name and the bytes a head's scales
+ * take in one token row. Per-token is one fp32 a head; per-block is MXFP8's
+ * e8m0, one byte per block of elements. */
+int kvs_kv_scales_parse(const char *spec, kvs_kv_scales_t *out, int64_t *out_block)
+{
+    if (spec == NULL || out == NULL || out_block == NULL)
+        return KVS_EINVAL;
+    if (strcmp(spec, "none") == 0 || strcmp(spec, "per-token") == 0) {
+        *out = spec[0] == 'n' ? KVS_KV_SCALES_NONE : KVS_KV_SCALES_PER_TOKEN;
+        *out_block = 0;
+        return KVS_OK;
+    }
+    static const char block[] = "per-block";
+    if (strncmp(spec, block, sizeof block - 1) != 0)
+        return KVS_EINVAL;
+    const char *rest = spec + sizeof block - 1;
+    int64_t n = KVS_DEFAULT_SCALE_BLOCK;
+    if (*rest == ':') {
+        n = 0;
+        if (rest[1] == '\0')
+            return KVS_EINVAL;
+        for (const char *c = rest + 1; *c != '\0'; c++) {
+            if (*c < '0' || *c > '9' || n > (INT32_MAX - 9) / 10)
+                return KVS_EINVAL;
+            n = n * 10 + (*c - '0');
+        }
+        if (n <= 0)
+            return KVS_EINVAL;
+    } else if (*rest != '\0') {
+        return KVS_EINVAL;
+    }
+    *out = KVS_KV_SCALES_PER_BLOCK;
+    *out_block = n;
+    return KVS_OK;
+}
+
+const char *kvs_kv_scales_name(kvs_kv_scales_t scales)
+{
+    switch (scales) {
+    case KVS_KV_SCALES_NONE:
+        return "none";
+    case KVS_KV_SCALES_PER_TOKEN:
+        return "per-token";
+    case KVS_KV_SCALES_PER_BLOCK:
+        return "per-block";
+    }
+    return "unknown";
+}
+
+int64_t kvs_kv_scales_head_bytes(kvs_kv_scales_t scales, int64_t block, int64_t head_dim)
+{
+    switch (scales) {
+    case KVS_KV_SCALES_NONE:
+        return 0;
+    case KVS_KV_SCALES_PER_TOKEN:
+        return 4; /* fp32 */
+    case KVS_KV_SCALES_PER_BLOCK: {
+        const int64_t b = block > 0 ? block : KVS_DEFAULT_SCALE_BLOCK;
+        return head_dim > 0 && head_dim % b == 0 ? head_dim / b : 0; /* e8m0 */
+    }
+    }
+    return 0;
+}
 
 int64_t kvs_dtype_bytes(kvs_dtype_t dtype)
 {
@@ -292,6 +361,26 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
         return KVS__FAIL(err, KVS_EINVAL, "kind %d unknown: use KVS_KV_GQA (K and V) or "
                          "KVS_KV_MLA (one latent per layer)", (int)p->kind);
 
+    int64_t scale_bytes = 0;
+    if (p->kv_scales != KVS_KV_SCALES_NONE) {
+        if (p->kv_scales != KVS_KV_SCALES_PER_TOKEN && p->kv_scales != KVS_KV_SCALES_PER_BLOCK)
+            return KVS__FAIL(err, KVS_EINVAL, "kv_scales %d unknown: use none, per-token or "
+                             "per-block (--kv-scales)", (int)p->kv_scales);
+        if (p->dtype != KVS_DTYPE_FP8)
+            return KVS__FAIL(err, KVS_EDTYPE, "kv_scales %s needs dtype fp8 (got %s): scale "
+                             "planes belong to an FP8 KV cache (--dtype fp8, or --kv-scales "
+                             "none)", kvs_kv_scales_name(p->kv_scales),
+                             kvs_dtype_name(p->dtype));
+        if (p->scale_block < 0 ||
+            (p->kv_scales == KVS_KV_SCALES_PER_BLOCK &&
+             kvs_kv_scales_head_bytes(p->kv_scales, p->scale_block, p->head_dim) == 0))
+            return KVS__FAIL(err, KVS_EINVAL, "scale_block %lld must divide head_dim %lld "
+                             "(0 means %d): one e8m0 scale per block of a head "
+                             "(--kv-scales per-block:N)", (long long)p->scale_block,
+                             (long long)p->head_dim, KVS_DEFAULT_SCALE_BLOCK);
+        scale_bytes = kvs_kv_scales_head_bytes(p->kv_scales, p->scale_block, p->head_dim);
+    }
+
     kvs_layout_t l = {0};
     const int64_t heads_tp = p->heads_per_rank_tp > 0 ? p->heads_per_rank_tp : p->prefill_tp;
     if (kvs__kind_replicated(p->kind)) {
@@ -310,6 +399,12 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
     }
     l.kind = p->kind;
     l.planes = planes;
+
+    l.kv_scales = p->kv_scales;
+    l.scale_block = p->kv_scales == KVS_KV_SCALES_PER_BLOCK
+                        ? (p->scale_block > 0 ? p->scale_block : KVS_DEFAULT_SCALE_BLOCK)
+                        : 0;
+    l.scale_bytes = scale_bytes;
 
     l.head_dim = p->head_dim;
     l.elem_bytes = elem_bytes;
@@ -379,9 +474,11 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
     l.path = l.prefill_tp == l.decode_tp ? KVS_PATH_DIRECT : KVS_PATH_STAGING; /* auto */
 
     /* The largest region (a full chunk) must be representable. */
-    int64_t max_bytes = l.grid_tokens;
-    if (!kvs__mul(&max_bytes, kvs__region_heads(&l)) || !kvs__mul(&max_bytes, l.head_dim) ||
-        !kvs__mul(&max_bytes, l.elem_bytes) || !kvs__mul(&max_bytes, l.decode_layers) ||
+    int64_t max_bytes = l.grid_tokens, head_bytes = l.head_dim;
+    if (!kvs__mul(&head_bytes, l.elem_bytes) ||
+        __builtin_add_overflow(head_bytes, l.scale_bytes, &head_bytes) ||
+        !kvs__mul(&max_bytes, kvs__region_heads(&l)) || !kvs__mul(&max_bytes, head_bytes) ||
+        !kvs__mul(&max_bytes, l.decode_layers) ||
         !kvs__mul(&max_bytes, l.planes) || !kvs__mul(&max_bytes, l.tp_writers))
         return KVS__FAIL(err, KVS_ERANGE,
                          "a chunk region overflows 64 bits: lower chunk_tokens, "
@@ -399,7 +496,8 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
 int64_t kvs_layout_layer_block_bytes(const kvs_layout_t *lay, int64_t tokens,
                                      int64_t num_heads)
 {
-    return tokens * num_heads * lay->head_dim * lay->elem_bytes;
+    /* the KV rows, then (with scales) their scale rows */
+    return tokens * num_heads * (lay->head_dim * lay->elem_bytes + lay->scale_bytes);
 }
 
 /* Prefill rank of source i of decode rank d (valid i < tp_sources, d):

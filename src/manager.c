@@ -62,6 +62,28 @@ static int kvs__check_config(const kvs_manager_config_t *c, const kvs_device_t *
                          "total_heads %lld and heads_per_rank %lld must be 0 or 1; pass the "
                          "latent dim (576 for DeepSeek-V3) as head_dim",
                          (long long)c->total_heads, (long long)c->heads_per_rank);
+    if (c->kv_scales != KVS_KV_SCALES_NONE) {
+        if (c->kv_scales != KVS_KV_SCALES_PER_TOKEN && c->kv_scales != KVS_KV_SCALES_PER_BLOCK)
+            return KVS__FAIL(err, KVS_EINVAL, "kv_scales %d unknown: use none, per-token or "
+                             "per-block (--kv-scales)", (int)c->kv_scales);
+        if (c->dtype != KVS_DTYPE_FP8)
+            return KVS__FAIL(err, KVS_EDTYPE, "kv_scales %s needs dtype fp8 (got %s): pass "
+                             "dtype fp8 or kv_scales none (--kv-scales)",
+                             kvs_kv_scales_name(c->kv_scales), kvs_dtype_name(c->dtype));
+        if (c->scale_block < 0 ||
+            kvs_kv_scales_head_bytes(c->kv_scales, c->scale_block, c->head_dim) == 0)
+            return KVS__FAIL(err, KVS_EINVAL, "scale_block %lld must divide head_dim %lld "
+                             "(0 means %d): one e8m0 scale per block of a head "
+                             "(--kv-scales per-block:N)", (long long)c->scale_block,
+                             (long long)c->head_dim, KVS_DEFAULT_SCALE_BLOCK);
+        /* Every path's copies move the scales: a staging gather or scatter
+         * needs a device that reads them. */
+        if (c->staging && !kvs__dev_has_scales(dev))
+            return KVS__FAIL(err, KVS_ENOTSUP, "kv_scales %s stages scale planes, which "
+                             "device '%s' (device ops version %u) cannot copy: use a backend "
+                             "of device ops version 5, or turn staging off",
+                             kvs_kv_scales_name(c->kv_scales), dev->name, dev->ops.version);
+    }
     /* This rank's pool holds its stage's share of the model (spec §4). */
     int64_t first_layer = 0, stage_layers = 0;
     if (c->model_layers == 0) /* create's default, layers * pp_size, overflowed */
@@ -219,6 +241,11 @@ int kvs_manager_create(const kvs_manager_config_t *cfg, kvs_device_t *dev,
     }
     m->total_heads = c.total_heads;
     m->heads_per_rank = c.heads_per_rank;
+    m->scale_bytes = kvs_kv_scales_head_bytes(c.kv_scales, c.scale_block, c.head_dim);
+    if (c.kv_scales == KVS_KV_SCALES_PER_BLOCK && c.scale_block == 0)
+        m->cfg.scale_block = KVS_DEFAULT_SCALE_BLOCK;
+    else if (c.kv_scales != KVS_KV_SCALES_PER_BLOCK)
+        m->cfg.scale_block = 0;
     kvs__error_clear(err);
     kvs_log_write(&m->log, KVS_LOG_DEBUG, "%s manager created: tp %lld/%lld pp %lld/%lld staging %s",
              c.role == KVS_ROLE_DECODE ? "decode" : "prefill", (long long)c.tp_rank,
@@ -283,6 +310,8 @@ int kvs_manager_destroy(kvs_manager_t *m)
     kvs__release_staging(m);
     free(m->k_base);
     free(m->v_base);
+    free(m->ks_base);
+    free(m->vs_base);
     free(m->staging_addr);
     free(m->staging_mr);
     free(m->staging_rkey);
@@ -316,8 +345,11 @@ static uint64_t kvs__prefill_buffer_bytes(const kvs_manager_t *m, int64_t heads)
     const int64_t chunk = c->chunk_tokens > 0 ? c->chunk_tokens : KVS_DEFAULT_CHUNK_TOKENS;
     const int64_t pages = chunk / c->page_size > 0 ? chunk / c->page_size : 1;
     int64_t bytes = pages * c->page_size;
-    const int64_t factors[] = {heads, c->head_dim, kvs_dtype_bytes(c->dtype), c->layers,
-                               kvs_kv_kind_planes(c->kv_kind)};
+    int64_t head_bytes = 0; /* a head's row and, with scales, its scales */
+    if (__builtin_mul_overflow(c->head_dim, kvs_dtype_bytes(c->dtype), &head_bytes) ||
+        __builtin_add_overflow(head_bytes, m->scale_bytes, &head_bytes))
+        return 0;
+    const int64_t factors[] = {heads, head_bytes, c->layers, kvs_kv_kind_planes(c->kv_kind)};
     for (size_t i = 0; i < sizeof factors / sizeof factors[0]; i++)
         if (__builtin_mul_overflow(bytes, factors[i], &bytes))
             return 0;
@@ -441,6 +473,17 @@ int kvs_manager_set_kv_buffers(kvs_manager_t *m, const kvs_kv_buffers_t *kv)
         return KVS__MFAIL(m, KVS_EMLA, "kv buffers: kv_kind %s keeps one buffer per layer "
                           "(its latent, as k_base): pass v_base NULL",
                           kvs_kv_kind_name(m->cfg.kv_kind));
+    const bool scales = m->scale_bytes > 0;
+    if (scales && (kv->ks_base == NULL || (kv->vs_base == NULL && !one_plane)))
+        return KVS__MFAIL(m, KVS_EINVAL, "kv buffers: kv_scales %s needs the scale buffers "
+                          "of every layer: pass ks_base%s", kvs_kv_scales_name(m->cfg.kv_scales),
+                          one_plane ? "" : " and vs_base");
+    if (!scales && (kv->ks_base != NULL || kv->vs_base != NULL))
+        return KVS__MFAIL(m, KVS_EINVAL, "kv buffers: ks_base / vs_base given, but kv_scales "
+                          "is none: set config.kv_scales (--kv-scales) or pass them NULL");
+    if (scales && one_plane && kv->vs_base != NULL)
+        return KVS__MFAIL(m, KVS_EMLA, "kv buffers: kv_kind %s keeps one buffer per layer: "
+                          "pass vs_base NULL", kvs_kv_kind_name(m->cfg.kv_kind));
     if (m->kv_published)
         return KVS__MFAIL(m, KVS_EALREADY, "kv buffers already published: "
                           "set_kv_buffer_tensors() runs once per manager");
@@ -462,19 +505,32 @@ int kvs_manager_set_kv_buffers(kvs_manager_t *m, const kvs_kv_buffers_t *kv)
                           (long long)m->heads_per_rank);
     const size_t n = (size_t)kv->num_layers;
     uint64_t *k = malloc(n * sizeof *k), *v = one_plane ? NULL : malloc(n * sizeof *v);
-    if (k == NULL || (v == NULL && !one_plane)) {
+    uint64_t *ks = scales ? malloc(n * sizeof *ks) : NULL;
+    uint64_t *vs = scales && !one_plane ? malloc(n * sizeof *vs) : NULL;
+    if (k == NULL || (v == NULL && !one_plane) || (scales && ks == NULL) ||
+        (scales && !one_plane && vs == NULL)) {
         free(k);
         free(v);
+        free(ks);
+        free(vs);
         return KVS__MFAIL(m, KVS_ENOMEM, "copying %zu layer addresses failed", n);
     }
     memcpy(k, kv->k_base, n * sizeof *k);
     if (v != NULL)
         memcpy(v, kv->v_base, n * sizeof *v);
+    if (ks != NULL)
+        memcpy(ks, kv->ks_base, n * sizeof *ks);
+    if (vs != NULL)
+        memcpy(vs, kv->vs_base, n * sizeof *vs);
     m->k_base = k;
     m->v_base = v;
+    m->ks_base = ks;
+    m->vs_base = vs;
     m->kv = *kv;
     m->kv.k_base = k;
     m->kv.v_base = v;
+    m->kv.ks_base = ks;
+    m->kv.vs_base = vs;
     m->kv_published = true;
     return KVS_OK;
 }
@@ -557,6 +613,8 @@ kvs_layout_params_t kvs__manager_layout_params(const kvs_manager_t *m, int64_t p
         .decode_pp = decode ? c->pp_size : peer_pp,
         .chunk_tokens = c->chunk_tokens,
         .kind = c->kv_kind,
+        .kv_scales = c->kv_scales,
+        .scale_block = c->scale_block,
     };
     return p;
 }
@@ -669,18 +727,28 @@ uint64_t kvs__manager_layer_bytes(const kvs_manager_t *m)
            (uint64_t)kvs_dtype_bytes(m->cfg.dtype);
 }
 
+/* Bytes of one scale buffer of this rank's pool (0 without scales). */
+static uint64_t kvs__manager_scale_layer_bytes(const kvs_manager_t *m)
+{
+    return (uint64_t)m->kv.num_pages * (uint64_t)m->kv.page_size *
+           (uint64_t)m->kv.local_heads * (uint64_t)m->scale_bytes;
+}
+
 void kvs__manager_close_kv(kvs_manager_t *m, kvs__kv_keys_t *keys)
 {
-    for (int64_t l = 0; keys->k_mr != NULL && l < m->kv.num_layers; l++) {
-        if (keys->k_mr[l] != NULL)
-            (void)kvs__net_deregister(m->fab, keys->k_mr[l]);
-        if (keys->v_mr[l] != NULL) /* none with one plane per layer */
-            (void)kvs__net_deregister(m->fab, keys->v_mr[l]);
-    }
+    kvs_mr_t **const *all[] = {&keys->k_mr, &keys->v_mr, &keys->ks_mr, &keys->vs_mr};
+    for (size_t b = 0; b < sizeof all / sizeof all[0]; b++)
+        for (int64_t l = 0; *all[b] != NULL && l < m->kv.num_layers; l++)
+            if ((*all[b])[l] != NULL) /* no V with one plane, no scales without */
+                (void)kvs__net_deregister(m->fab, (*all[b])[l]);
     free(keys->k_mr);
     free(keys->v_mr);
     free(keys->k_rkey);
     free(keys->v_rkey);
+    free(keys->ks_mr);
+    free(keys->vs_mr);
+    free(keys->ks_rkey);
+    free(keys->vs_rkey);
     memset(keys, 0, sizeof *keys);
 }
 
@@ -691,8 +759,13 @@ int kvs__manager_open_kv(kvs_manager_t *m, kvs__kv_keys_t *keys)
     keys->v_mr = calloc(layers, sizeof *keys->v_mr);
     keys->k_rkey = calloc(layers, sizeof *keys->k_rkey);
     keys->v_rkey = calloc(layers, sizeof *keys->v_rkey);
+    keys->ks_mr = calloc(layers, sizeof *keys->ks_mr);
+    keys->vs_mr = calloc(layers, sizeof *keys->vs_mr);
+    keys->ks_rkey = calloc(layers, sizeof *keys->ks_rkey);
+    keys->vs_rkey = calloc(layers, sizeof *keys->vs_rkey);
     if (keys->k_mr == NULL || keys->v_mr == NULL || keys->k_rkey == NULL ||
-        keys->v_rkey == NULL) {
+        keys->v_rkey == NULL || keys->ks_mr == NULL || keys->vs_mr == NULL ||
+        keys->ks_rkey == NULL || keys->vs_rkey == NULL) {
         kvs__manager_close_kv(m, keys);
         return KVS__MFAIL(m, KVS_ENOMEM, "allocating the KV registration tables failed");
     }
@@ -703,6 +776,13 @@ int kvs__manager_open_kv(kvs_manager_t *m, kvs__kv_keys_t *keys)
         if (rc == KVS_OK && m->v_base != NULL)
             rc = kvs__net_register(m->fab, m->dev, m->v_base[l], bytes, &keys->v_mr[l],
                                    &keys->v_rkey[l]);
+        const uint64_t sbytes = kvs__manager_scale_layer_bytes(m);
+        if (rc == KVS_OK && m->ks_base != NULL)
+            rc = kvs__net_register(m->fab, m->dev, m->ks_base[l], sbytes, &keys->ks_mr[l],
+                                   &keys->ks_rkey[l]);
+        if (rc == KVS_OK && m->vs_base != NULL)
+            rc = kvs__net_register(m->fab, m->dev, m->vs_base[l], sbytes, &keys->vs_mr[l],
+                                   &keys->vs_rkey[l]);
         if (rc != KVS_OK) {
             kvs__manager_close_kv(m, keys);
             return kvs__error_set(&m->err, rc == KVS_ENOTSUP ? rc : KVS_EBACKEND,

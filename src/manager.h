@@ -40,6 +40,8 @@ struct kvs_manager {
     bool kv_published;
     kvs_kv_buffers_t kv;
     uint64_t *k_base, *v_base;  /* v_base NULL with one plane per layer (MLA) */
+    uint64_t *ks_base, *vs_base; /* scale buffers (kv_scales), else NULL */
+    int64_t scale_bytes;        /* one head's scales in a token row, 0: none */
 
     kvs_layout_t layout;       /* valid once a handler exists */
     kvs_path_t path;           /* resolved, valid once a handler exists */
@@ -71,10 +73,13 @@ void *kvs__manager_handler_new(kvs_manager_t *m, kvs_role_t role, size_t bytes, 
 typedef struct kvs__kv_keys {
     kvs_mr_t **k_mr, **v_mr;
     uint64_t *k_rkey, *v_rkey;
+    kvs_mr_t **ks_mr, **vs_mr; /* the scale buffers' (kv_scales), else NULL */
+    uint64_t *ks_rkey, *vs_rkey;
 } kvs__kv_keys_t;
 
-/* Registers every K and V layer buffer, all or nothing: on error *keys is
- * left zeroed and m->err says why. */
+/* Registers every K and V layer buffer (and with kv_scales their scale
+ * buffers), all or nothing: on error *keys is left zeroed and m->err says
+ * why. */
 int kvs__manager_open_kv(kvs_manager_t *m, kvs__kv_keys_t *keys);
 /* Deregisters and frees; a zeroed *keys is a no-op. */
 void kvs__manager_close_kv(kvs_manager_t *m, kvs__kv_keys_t *keys);

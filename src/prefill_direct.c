@@ -4,7 +4,8 @@
  * KV layer keys (LAYERS) are known, this rank writes its KV straight into
  * the decode's pages: one write per run of pages consecutive on both sides
  * x layer x K/V (direct: the same heads on both sides), or one per token x
- * layer x K/V when heads are sliced (the slice path, the baseline that
+ * layer x K/V when heads are sliced; with kv_scales each run's scale rows
+ * follow its K and V rows, one write per scale buffer (the slice path, the baseline that
  * staging is measured against), at most max_inflight_writes in flight.
  *
  * The cursor of a flow (token, layer, K/V) only moves forward; a write the
@@ -60,6 +61,31 @@ static uint64_t kvs__slot_addr(uint64_t base, int64_t page, int64_t slot, int64_
                                int64_t heads, int64_t head, int64_t head_bytes)
 {
     return base + (uint64_t)(((page * ps + slot) * heads + head) * head_bytes);
+}
+
+/* Buffer q of a layer as the direct path writes it: q < planes is plane q
+ * (K, V), q >= planes the scale buffer of plane q - planes (kv_scales):
+ * this rank's source, the decode's destination, and their geometry. */
+typedef struct kvs__direct_buf {
+    uint64_t src, dst;
+    int64_t head_bytes; /* one head of one token row in that buffer */
+    kvs_mr_t *mr;
+    uint64_t rkey;
+} kvs__direct_buf_t;
+
+static kvs__direct_buf_t kvs__direct_buf(const kvs_prefill_t *p, const kvs_layer_entry_t *e,
+                                         int64_t l, int64_t q, int64_t planes, int64_t hb,
+                                         int64_t scale_bytes)
+{
+    const kvs_manager_t *m = p->h.m;
+    const kvs__kv_keys_t *kk = &p->h.kv_keys;
+    const bool v = q % planes != 0, scale = q >= planes;
+    if (scale)
+        return (kvs__direct_buf_t){v ? m->vs_base[l] : m->ks_base[l], v ? e->vs_addr : e->ks_addr,
+                                   scale_bytes, v ? kk->vs_mr[l] : kk->ks_mr[l],
+                                   v ? e->vs_rkey : e->ks_rkey};
+    return (kvs__direct_buf_t){v ? m->v_base[l] : m->k_base[l], v ? e->v_addr : e->k_addr, hb,
+                               v ? kk->v_mr[l] : kk->k_mr[l], v ? e->v_rkey : e->k_rkey};
 }
 
 /* The end of the longest token run from `tok` that is contiguous in both
@@ -119,15 +145,15 @@ void kvs__direct_advance(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
         }
         /* this stage's layer cur_l is the decode's layer slot + cur_l */
         const kvs_layer_entry_t *e = &t->layers[t->slot + fl->cur_l];
-        const bool v = fl->cur_kv != 0;
-        const uint64_t src = kvs__slot_addr(v ? m->v_base[fl->cur_l] : m->k_base[fl->cur_l],
-                                            r->pages[pi], slot, ps, m->kv.local_heads,
-                                            t->heads.src_start, hb);
-        const uint64_t dst = kvs__slot_addr(v ? e->v_addr : e->k_addr, fl->dpages[di], dslot, dps,
-                                            t->local_heads, t->heads.dst_start, hb);
-        const uint64_t len = (uint64_t)(sliced ? nh * hb : fl->run_tokens * nh * hb);
-        kvs_mr_t *mr = v ? p->h.kv_keys.v_mr[fl->cur_l] : p->h.kv_keys.k_mr[fl->cur_l];
-        int rc = kvs__post_write(p, r, f, -1, src, mr, dst, v ? e->v_rkey : e->k_rkey, len);
+        const kvs__direct_buf_t b = kvs__direct_buf(p, e, fl->cur_l, fl->cur_kv, lay->planes, hb,
+                                                    lay->scale_bytes);
+        const uint64_t src = kvs__slot_addr(b.src, r->pages[pi], slot, ps, m->kv.local_heads,
+                                            t->heads.src_start, b.head_bytes);
+        const uint64_t dst = kvs__slot_addr(b.dst, fl->dpages[di], dslot, dps, t->local_heads,
+                                            t->heads.dst_start, b.head_bytes);
+        const uint64_t len =
+            (uint64_t)(sliced ? nh * b.head_bytes : fl->run_tokens * nh * b.head_bytes);
+        int rc = kvs__post_write(p, r, f, -1, src, b.mr, dst, b.rkey, len);
         if (rc == KVS_EAGAIN)
             return;
         if (rc != KVS_OK) {
@@ -135,7 +161,8 @@ void kvs__direct_advance(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
             return;
         }
         fl->writes_pending++;
-        if (++fl->cur_kv == lay->planes) { /* K and V, or MLA's latent alone */
+        /* K and V (or MLA's latent alone), then with kv_scales their scales */
+        if (++fl->cur_kv == lay->planes * (lay->scale_bytes > 0 ? 2 : 1)) {
             fl->cur_kv = 0;
             if (++fl->cur_l == lp) {
                 fl->cur_l = 0;

@@ -261,7 +261,8 @@ static bool kvs__gather_chunk(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int6
         .pages = r->pages + c->token_start / ps, .num_pages = kvs__ceil_div(c->tokens, ps),
         .tokens = c->tokens, .layer_begin = 0, .layer_count = m->cfg.layers,
         .staging_slot_begin = 0, .staging_layer_slots = m->cfg.layers,
-        .planes = inst->lay.planes};
+        .planes = inst->lay.planes, .ks_base = m->ks_base, .vs_base = m->vs_base,
+        .scale_bytes = inst->lay.scale_bytes};
     const int copy_rc = kvs__dev_gather_parts(p->h.dev, p->h.stream, &desc, p->fuse_parts, n);
     /* One event per chunk, each complete when the fused copy is. Recorded
      * after a refused copy too: one refused part-way may have left its first

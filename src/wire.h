@@ -20,17 +20,20 @@
 #include <kvstage/backend.h>
 
 #define KVS_WIRE_MAGIC 0x4B565354u /* "KVST" */
-#define KVS_WIRE_VERSION 9u /* 6: HELLO, CHALLENGE, REGISTER's proof;
+#define KVS_WIRE_VERSION 10u /* 6: HELLO, CHALLENGE, REGISTER's proof;
                                7: region-scoped keys (REGISTER's scoped_keys,
                                STAGING_RSP's rkey and rkey_v);
                                8: the fingerprint's kv_kind (MLA);
                                9: the fingerprint's prefill_page_size and
-                               decode_page_size (different page sizes) */
+                               decode_page_size (different page sizes);
+                               10: the fingerprint's kv_scales and
+                               scale_block, LAYERS' scale buffers (FP8
+                               KV with scales) */
 /* magic u32, version u16, type u16, payload length u32, seq u32, session u64 */
 #define KVS_WIRE_HEADER_BYTES 24u
 /* Layers per LAYERS message and page ids per PAGES message, so a message
  * always fits KVS_CONTROL_MSG_MAX_BYTES. */
-#define KVS_WIRE_LAYERS_PER_MSG 96u
+#define KVS_WIRE_LAYERS_PER_MSG 48u
 #define KVS_WIRE_PAGES_PER_MSG 480u
 /* Bytes of a request's aux payload per AUX message. */
 #define KVS_WIRE_AUX_PER_MSG 4000u
@@ -52,8 +55,8 @@ typedef struct kvs_b32 {
 } kvs_b32_t;
 
 /* The compatibility fingerprint (spec §7.1, §12): the model shape (its KV
- * kind, heads and head dim: with MLA the latent dim), dtype, both sides'
- * page sizes, chunk size, the pair's resolved path and application tag, and
+ * kind, heads and head dim: with MLA the latent dim), dtype and its scale
+ * planes, both sides' page sizes, chunk size, the pair's resolved path and application tag, and
  * the four sizes of the pair's layout as the sender sees them. */
 #define KVS_WIRE_FP_FIELDS(F)                                                  \
     F(u32, protocol_version)                                                   \
@@ -67,13 +70,18 @@ typedef struct kvs_b32 {
     F(i64, prefill_tp) F(i64, decode_tp) F(i64, prefill_pp) F(i64, decode_pp)  \
     F(u32, dtype)                                                              \
     F(u32, app_tag) /* kvs_manager_config_t.app_tag */                      \
-    F(u32, max_aux_bytes) /* kvs_manager_config_t.max_aux_bytes */
+    F(u32, max_aux_bytes) /* kvs_manager_config_t.max_aux_bytes */           \
+    F(u32, kv_scales)   /* kvs_kv_scales_t: none 0, per-token 1, per-block 2 */ \
+    F(u32, scale_block) /* elements per scale (per-block), else 0 */
 typedef struct kvs_fingerprint {
     KVS_WIRE_FP_FIELDS(KVS__WIRE_DECL)
 } kvs_fingerprint_t;
 
-/* A decode KV layer as the direct and slice paths write it. */
-#define KVS_WIRE_LAYER_FIELDS(F) F(u64, k_addr) F(u64, k_rkey) F(u64, v_addr) F(u64, v_rkey)
+/* A decode KV layer as the direct and slice paths write it: its K and V
+ * buffers and, with kv_scales, their scale buffers (0 without). */
+#define KVS_WIRE_LAYER_FIELDS(F)                                               \
+    F(u64, k_addr) F(u64, k_rkey) F(u64, v_addr) F(u64, v_rkey)                \
+    F(u64, ks_addr) F(u64, ks_rkey) F(u64, vs_addr) F(u64, vs_rkey)
 typedef struct kvs_layer_entry {
     KVS_WIRE_LAYER_FIELDS(KVS__WIRE_DECL)
 } kvs_layer_entry_t;

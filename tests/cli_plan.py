@@ -315,6 +315,27 @@ def test_context_parallel(s):
                          "--request-tokens")
 
 
+def test_kv_scales(s):
+    """FP8 scale planes: each head's scales ride in its writer's layer slots."""
+    args = ["plan", "--model", "llama-3.1-70b", "--prefill-tp", "8", "--decode-tp", "2",
+            "--dtype", "fp8"]
+    plain = s.expect_json("fp8 plan", args + ["--json"])
+    obj = s.expect_json("per-token plan", args + ["--kv-scales", "per-token", "--json"])
+    s.ok(obj.get("kv_scales") == "per-token" and obj.get("scale_bytes") == 4,
+         "json names the scales", args, repr(obj.get("kv_scales")))
+    # head dim 128 fp8: each region grows by 4 bytes per head and token
+    a = plain.get("decode_ranks", [{}])[0].get("region_bytes", 0)
+    b = obj.get("decode_ranks", [{}])[0].get("region_bytes", 0)
+    s.ok(a > 0 and b * 128 == a * 132, "region holds the scale rows", args, "%r %r" % (a, b))
+    s.expect_ok("per-block table", args + ["--kv-scales", "per-block"],
+                ["scales   per-block: 4 byte(s) of scales per head"])
+    s.expect_usage_error("scales need fp8", ["plan", "--model", "llama-3.1-70b",
+                                             "--prefill-tp", "8", "--decode-tp", "2",
+                                             "--kv-scales", "per-token"], "--kv-scales")
+    s.expect_usage_error("block must divide the head", args + ["--kv-scales", "per-block:96"],
+                         "--kv-scales")
+
+
 def main():
     if len(sys.argv) != 2:
         print("usage: cli_plan.py PATH_TO_KVSTAGE", file=sys.stderr)
@@ -322,7 +343,7 @@ def main():
     s = Suite(sys.argv[1])
     for test in (test_help_and_dispatch, test_table, test_json,
                  test_overrides_and_forms, test_ring_advice, test_bad_input,
-                 test_context_parallel):
+                 test_context_parallel, test_kv_scales):
         test(s)
     print("cli_plan: %d passed, %d failed" % (s.passed, s.failed))
     return 1 if s.failed else 0

@@ -87,6 +87,10 @@ def test_bad_input(s):
                                "--layers", "4", "--kv-heads", "4"], "--kv-heads"),
         # Nor prefill context parallelism (kvstage plan --prefill-cp plans it).
         ("prefill cp", PREFILL + ["--prefill-cp", "2"], "--prefill-cp"),
+        # FP8 scale planes run in kvstage sim; serve refuses them by name.
+        ("kv scales", DECODE + ["--dtype", "fp8", "--kv-scales", "per-token"], "--kv-scales"),
+        ("kv scales, prefill", PREFILL + ["--dtype", "fp8", "--kv-scales", "per-block"],
+         "--kv-scales"),
         # TP x PP ranks of one process: each side's product is bounded, on
         # both roles alike (so the two processes refuse the same shapes).
         ("prefill ranks over 64",

@@ -430,6 +430,38 @@ def test_page_sizes(s):
          "%r %r" % (same.get("page_size"), same.get("decode_page_size")))
 
 
+def test_kv_scales(s):
+    """FP8 with scale planes: every scale slot moves and is verified, on each path."""
+    base = SMALL + ["--seed", "7", "--json", "--dtype", "fp8", "--prefix-tokens", "200"]
+    plain = s.expect_json("fp8 without scales", base)
+    for scales, per_head in (("per-token", 4), ("per-block", 4), ("per-block:64", 2)):
+        for path in ("staging", "slice"):
+            args = base + ["--kv-scales", scales, "--path", path]
+            obj = s.expect_json("scales %s %s" % (scales, path), args)
+            s.expect_clean("scales %s %s" % (scales, path), args, obj)
+            s.ok(obj.get("kv_scales") == scales.split(":")[0]
+                 and obj.get("scale_bytes") == per_head,
+                 "the report names the scales", args,
+                 "%r %r" % (obj.get("kv_scales"), obj.get("scale_bytes")))
+            # head dim 128 in fp8: 128 bytes a head, and its scales besides
+            s.ok(obj.get("bytes_verified", 0) * 128
+                 == plain.get("bytes_verified", 0) * (128 + per_head),
+                 "every scale slot is verified with its rows", args,
+                 "%r with scales, %r without" % (obj.get("bytes_verified"),
+                                                 plain.get("bytes_verified")))
+    s.ok(plain.get("kv_scales") == "none" and plain.get("scale_bytes") == 0,
+         "no scales by default", base, repr(plain.get("kv_scales")))
+    cases = [
+        ("scales need fp8", SMALL + ["--kv-scales", "per-token"], "--kv-scales"),
+        ("block must divide the head", SMALL + ["--dtype", "fp8", "--kv-scales",
+                                                "per-block:48"], "--kv-scales"),
+        ("unknown scales", SMALL + ["--dtype", "fp8", "--kv-scales", "per-tensor"],
+         "--kv-scales"),
+    ]
+    for name, args, flag in cases:
+        s.expect_usage_error(name, args, flag)
+
+
 def test_trace(s):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "run trace.json")  # a space, to be quoted
@@ -765,6 +797,7 @@ def main():
     for test in (test_help, test_json_report, test_table, test_defaults,
                  test_determinism, test_workload_flags, test_topologies,
                  test_cluster, test_router, test_slice_vs_staging, test_page_sizes,
+                 test_kv_scales,
                  test_trace, test_bad_input, test_faults,
                  test_sq_depth, test_aux_bytes, test_failures):
         test(s)

@@ -227,7 +227,9 @@ static int edge_node_setup(edge_cluster_t *cl, edge_node_t *n, kvs_role_t role, 
     kvs_device_t *dev = sim_gpu_device(n->gpu);
     n->layer_bytes = (uint64_t)(EDGE_POOL_PAGES * n->page_size * n->heads * o->head_dim *
                                 n->elem_bytes);
-    n->pool_bytes = 2 * (uint64_t)n->layers * n->layer_bytes;
+    const bool scales = odd && o->odd_scales; /* 4 bytes a head, after the KV */
+    const uint64_t scale_layer_bytes = (uint64_t)(EDGE_POOL_PAGES * n->page_size * n->heads * 4);
+    n->pool_bytes = 2 * (uint64_t)n->layers * (n->layer_bytes + (scales ? scale_layer_bytes : 0));
     rc = dev->ops.mem_alloc(dev, n->pool_bytes, &n->pool_addr);
     if (rc != KVS_OK)
         return rc;
@@ -237,6 +239,9 @@ static int edge_node_setup(edge_cluster_t *cl, edge_node_t *n, kvs_role_t role, 
     for (int64_t l = 0; l < n->layers; l++) {
         n->k_base[l] = n->pool_addr + (uint64_t)(2 * l) * n->layer_bytes;
         n->v_base[l] = n->pool_addr + (uint64_t)(2 * l + 1) * n->layer_bytes;
+        const uint64_t sb = n->pool_addr + 2 * (uint64_t)n->layers * n->layer_bytes;
+        n->ks_base[l] = scales ? sb + (uint64_t)(2 * l) * scale_layer_bytes : 0;
+        n->vs_base[l] = scales ? sb + (uint64_t)(2 * l + 1) * scale_layer_bytes : 0;
     }
 
     return edge_node_manager(cl, n, (decode ? EDGE_DECODE_SESSION : EDGE_PREFILL_SESSION) +
@@ -253,8 +258,9 @@ int edge_node_manager(edge_cluster_t *cl, edge_node_t *n, uint64_t session)
     const int64_t tp = n->tp, tp_size = decode ? o->decode_tp : edge_inst_tp(cl, n->inst);
     const kvs_role_t role = n->role;
     const bool staging = o->staging && !(odd && o->odd_slice);
-    const bool mla = odd && o->odd_mla;
+    const bool mla = odd && o->odd_mla, scales = odd && o->odd_scales;
     kvs_manager_config_t mc = {
+        .kv_scales = scales ? KVS_KV_SCALES_PER_TOKEN : KVS_KV_SCALES_NONE,
         .role = role, .staging = staging, .total_heads = mla ? 0 : o->heads,
         .kv_kind = mla ? KVS_KV_MLA : KVS_KV_GQA, .head_dim = o->head_dim,
         .dtype = dtype, .layers = n->layers, .page_size = n->page_size, .tp_rank = tp,
@@ -286,7 +292,9 @@ int edge_node_manager(edge_cluster_t *cl, edge_node_t *n, uint64_t session)
                                          .tokens = EDGE_POOL_PAGES * n->page_size,
                                          .token_stride_bytes = n->heads * o->head_dim * elem,
                                          .head_stride_bytes = o->head_dim * elem,
-                                         .elem_stride_bytes = elem};
+                                         .elem_stride_bytes = elem,
+                                         .ks_addr = n->ks_base[l],
+                                         .vs_addr = mla ? 0 : n->vs_base[l]};
         const kvs_rank_config_t rc_cfg = {.manager = mc, .layers = layers};
         kvs_rank_t *rank = NULL;
         int rc = kvs_rank_create(&rc_cfg, sim_gpu_device(n->gpu), sim_nic_fabric(n->nic), &rank,
@@ -312,7 +320,9 @@ int edge_node_manager(edge_cluster_t *cl, edge_node_t *n, uint64_t session)
     kvs_kv_buffers_t kv = {.num_layers = n->layers, .k_base = n->k_base,
                            .v_base = mla ? NULL : n->v_base,
                            .local_heads = n->heads, .page_size = n->page_size,
-                           .num_pages = EDGE_POOL_PAGES};
+                           .num_pages = EDGE_POOL_PAGES,
+                           .ks_base = scales ? n->ks_base : NULL,
+                           .vs_base = scales && !mla ? n->vs_base : NULL};
     if (rc == KVS_OK)
         rc = kvs_manager_set_kv_buffers(n->m, &kv);
     kvs_rank_t *rank = NULL;

@@ -75,6 +75,7 @@ typedef struct edge_node {
     uint64_t pool_addr, layer_bytes, pool_bytes;
     uint8_t *pool_host;
     uint64_t k_base[EDGE_MAX_LAYERS], v_base[EDGE_MAX_LAYERS];
+    uint64_t ks_base[EDGE_MAX_LAYERS], vs_base[EDGE_MAX_LAYERS]; /* odd_scales */
     bool crashed;                    /* edge_crash took it down */
     int progress_rc;                 /* first failure of a step */
     kvs_room_result_t res[EDGE_MAX_RESULTS]; /* their aux: copies in res_aux */
@@ -107,6 +108,8 @@ typedef struct edge_opts {
     uint32_t odd_app_tag;            /* their kvs_manager_config_t.app_tag (others 0) */
     bool odd_mla;                    /* kv_kind MLA: one latent buffer per layer of
                                         head_dim elements, one head */
+    bool odd_scales;                 /* kv_scales per-token (dtype must be fp8):
+                                        a scale buffer beside each K and V */
     uint32_t max_aux_bytes;          /* of every rank */
     bool odd_max_aux_set;            /* ... but theirs is odd_max_aux */
     uint32_t odd_max_aux;

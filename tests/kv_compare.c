@@ -14,6 +14,7 @@
 
 typedef struct kvc_pool {
     uint64_t k[KVC_MAX_LAYERS], v[KVC_MAX_LAYERS];
+    uint64_t ks[KVC_MAX_LAYERS], vs[KVC_MAX_LAYERS]; /* scale buffers, or 0 */
     uint64_t stg;
 } kvc_pool_t;
 
@@ -50,6 +51,8 @@ kvc_shape_t kvc_random_shape(uint64_t *rng, int64_t max_pool_pages)
     s.slot_begin = xorshift_range(rng, 0, 2);
     s.slots = s.slot_begin + s.layer_count + xorshift_range(rng, 0, 2);
     s.parts = xorshift_range(rng, 0, 2) == 0 ? xorshift_range(rng, 1, s.num_heads) : 0;
+    static const int64_t scales[] = {0, 0, 1, 4, 3};
+    s.scale_bytes = scales[xorshift_range(rng, 0, 4)];
     return s;
 }
 
@@ -63,9 +66,17 @@ static uint64_t kvc_layer_bytes(const kvc_shape_t *sh)
     return (uint64_t)(sh->pool_pages * sh->page_size * sh->local_heads) * kvc_head_bytes(sh);
 }
 
+/* Bytes of one scale buffer (0 without scales). */
+static uint64_t kvc_scale_layer_bytes(const kvc_shape_t *sh)
+{
+    return (uint64_t)(sh->pool_pages * sh->page_size * sh->local_heads * sh->scale_bytes);
+}
+
+/* A staging block: every slot's KV rows and, with scales, their scale rows. */
 static uint64_t kvc_stg_bytes(const kvc_shape_t *sh)
 {
-    return (uint64_t)(sh->tokens * sh->num_heads * sh->slots * 2) * kvc_head_bytes(sh);
+    return (uint64_t)(sh->tokens * sh->num_heads * sh->slots * 2) *
+           (kvc_head_bytes(sh) + (uint64_t)sh->scale_bytes);
 }
 
 static void kvc_pool_free(const kvc_side_t *s, const kvc_shape_t *sh, kvc_pool_t *p)
@@ -75,6 +86,10 @@ static void kvc_pool_free(const kvc_side_t *s, const kvc_shape_t *sh, kvc_pool_t
             (void)s->dev->ops.mem_free(s->dev, p->k[l]);
         if (p->v[l] != 0)
             (void)s->dev->ops.mem_free(s->dev, p->v[l]);
+        if (p->ks[l] != 0)
+            (void)s->dev->ops.mem_free(s->dev, p->ks[l]);
+        if (p->vs[l] != 0)
+            (void)s->dev->ops.mem_free(s->dev, p->vs[l]);
     }
     if (p->stg != 0)
         (void)s->dev->ops.mem_free(s->dev, p->stg);
@@ -82,19 +97,26 @@ static void kvc_pool_free(const kvc_side_t *s, const kvc_shape_t *sh, kvc_pool_t
 }
 
 /* Allocates one side's pool and staging block and writes the same bytes
- * (layers from `layers`, staging from `stg`). */
+ * (layers from `layers`: K and V of layer l at 2l and 2l + 1, their scale
+ * buffers at 2 * pool_layers + 2l and + 1; staging from `stg`). */
 static int kvc_pool_make(const kvc_side_t *s, const kvc_shape_t *sh, kvc_pool_t *p,
                          uint8_t *const *layers, const uint8_t *stg, char *msg, size_t n)
 {
     memset(p, 0, sizeof *p);
     kvs_device_t *d = s->dev;
     const uint64_t lb = kvc_layer_bytes(sh), sb = kvc_stg_bytes(sh);
+    const uint64_t slb = kvc_scale_layer_bytes(sh);
     for (int64_t l = 0; l < sh->pool_layers; l++)
-        for (int kv = 0; kv < 2; kv++) {
-            uint64_t *a = kv == 0 ? &p->k[l] : &p->v[l];
-            int rc = d->ops.mem_alloc(d, lb, a);
+        for (int kv = 0; kv < (slb > 0 ? 4 : 2); kv++) {
+            uint64_t *a = kv == 0 ? &p->k[l] : kv == 1 ? &p->v[l] : kv == 2 ? &p->ks[l]
+                                                                          : &p->vs[l];
+            const uint64_t len = kv < 2 ? lb : slb;
+            int rc = d->ops.mem_alloc(d, len, a);
             if (rc == KVS_OK)
-                rc = d->ops.mem_write(d, *a, layers[2 * l + kv], lb);
+                rc = d->ops.mem_write(d, *a,
+                                      layers[kv < 2 ? 2 * l + kv
+                                                    : 2 * sh->pool_layers + 2 * l + kv - 2],
+                                      len);
             if (rc != KVS_OK)
                 return kvc_fail(msg, n, "%s: pool setup failed: %s (%s)", d->name,
                                 kvs_status_name(rc), d->last_backend_msg);
@@ -129,6 +151,9 @@ static kvs_copy_desc_t kvc_desc(const kvc_shape_t *sh, const kvc_pool_t *p,
         .staging_layer_slots = sh->slots,
         .staging_addr = p->stg,
         .planes = sh->planes,
+        .ks_base = sh->scale_bytes > 0 ? p->ks : NULL,
+        .vs_base = sh->scale_bytes > 0 && sh->planes != 1 ? p->vs : NULL,
+        .scale_bytes = sh->scale_bytes,
     };
 }
 
@@ -145,7 +170,7 @@ static int64_t kvc_parts(const kvc_shape_t *sh, const kvs_copy_desc_t *d, int re
         out[reverse ? n - 1 - k : k] = (kvs_copy_part_t){
             .head_start = sh->head_start + lo, .num_heads = hi - lo,
             .staging_addr = d->staging_addr + off};
-        off += (uint64_t)(sh->tokens * (hi - lo) * sh->slots * 2 * hb);
+        off += (uint64_t)(sh->tokens * (hi - lo) * sh->slots * 2 * (hb + sh->scale_bytes));
     }
     return n;
 }
@@ -213,11 +238,12 @@ int kvc_compare(const kvc_side_t *a, const kvc_side_t *b, const kvc_shape_t *sh,
     const int reverse = (int)(seed & 1);
     uint64_t rng = seed | 1;
     const uint64_t lb = kvc_layer_bytes(sh), sb = kvc_stg_bytes(sh);
+    const uint64_t slb = kvc_scale_layer_bytes(sh);
     const int64_t num_pages = (sh->tokens + sh->page_size - 1) / sh->page_size;
     int ret = -1;
-    uint8_t *layers[2 * KVC_MAX_LAYERS] = {0};
-    uint8_t *stg = malloc(sb + 1), *buf_a = malloc((lb > sb ? lb : sb) + 1),
-            *buf_b = malloc((lb > sb ? lb : sb) + 1);
+    uint8_t *layers[4 * KVC_MAX_LAYERS] = {0};
+    const uint64_t most = lb > sb ? (lb > slb ? lb : slb) : (sb > slb ? sb : slb);
+    uint8_t *stg = malloc(sb + 1), *buf_a = malloc(most + 1), *buf_b = malloc(most + 1);
     int64_t *perm = malloc((size_t)sh->pool_pages * sizeof *perm);
     kvc_pool_t pa, pb;
     memset(&pa, 0, sizeof pa);
@@ -226,12 +252,13 @@ int kvc_compare(const kvc_side_t *a, const kvc_side_t *b, const kvc_shape_t *sh,
         kvc_fail(msg, msg_bytes, "out of host memory");
         goto out;
     }
-    for (int64_t i = 0; i < 2 * sh->pool_layers; i++) {
-        if ((layers[i] = malloc(lb + 1)) == NULL) {
+    for (int64_t i = 0; i < (slb > 0 ? 4 : 2) * sh->pool_layers; i++) {
+        const uint64_t len = i < 2 * sh->pool_layers ? lb : slb;
+        if ((layers[i] = malloc(len + 1)) == NULL) {
             kvc_fail(msg, msg_bytes, "out of host memory");
             goto out;
         }
-        xorshift_fill(layers[i], lb, &rng);
+        xorshift_fill(layers[i], len, &rng);
     }
     xorshift_fill(stg, sb, &rng);
     for (int64_t i = 0; i < sh->pool_pages; i++)
@@ -268,19 +295,24 @@ int kvc_compare(const kvc_side_t *a, const kvc_side_t *b, const kvc_shape_t *sh,
         kvc_run(b, sh, &db, 1, reverse, msg, msg_bytes) != 0)
         goto out;
     for (int64_t l = 0; l < sh->pool_layers; l++)
-        for (int kv = 0; kv < 2; kv++) {
+        for (int kv = 0; kv < (slb > 0 ? 4 : 2); kv++) {
+            static const char *const names[] = {"K", "V", "K scale", "V scale"};
             char what[64];
-            snprintf(what, sizeof what, "%s buffer of layer %lld after scatter",
-                     kv == 0 ? "K" : "V", (long long)l);
-            if (kvc_same(a, kv == 0 ? pa.k[l] : pa.v[l], b, kv == 0 ? pb.k[l] : pb.v[l], lb,
-                         buf_a, buf_b, what, msg, msg_bytes) != 0)
+            snprintf(what, sizeof what, "%s buffer of layer %lld after scatter", names[kv],
+                     (long long)l);
+            const uint64_t ua = kv == 0 ? pa.k[l] : kv == 1 ? pa.v[l] : kv == 2 ? pa.ks[l]
+                                                                                : pa.vs[l];
+            const uint64_t ub = kv == 0 ? pb.k[l] : kv == 1 ? pb.v[l] : kv == 2 ? pb.ks[l]
+                                                                                : pb.vs[l];
+            if (kvc_same(a, ua, b, ub, kv < 2 ? lb : slb, buf_a, buf_b, what, msg,
+                         msg_bytes) != 0)
                 goto out;
         }
     ret = 0;
 out:
     kvc_pool_free(a, sh, &pa);
     kvc_pool_free(b, sh, &pb);
-    for (int64_t i = 0; i < 2 * KVC_MAX_LAYERS; i++)
+    for (int64_t i = 0; i < 4 * KVC_MAX_LAYERS; i++)
         free(layers[i]);
     free(perm);
     free(buf_b);
@@ -290,26 +322,35 @@ out:
 }
 
 /* page, tokens, local, start, num, dim, elem, pool layers, begin, count,
- * slots, slot begin, pool pages, parts, planes */
+ * slots, slot begin, pool pages, parts, planes, scale bytes */
 const kvc_named_shape_t kvc_named_shapes[] = {
-    {"70b P8->D2 prefill: whole rows, 16 B", {16, 1000, 1, 0, 1, 128, 2, 4, 0, 4, 4, 0, 80, 0, 0}},
-    {"70b P8->D2 decode: 1 of 4 heads, 16 B", {16, 1000, 4, 1, 1, 128, 2, 4, 0, 4, 4, 0, 80, 0, 0}},
-    {"head 100 bf16: 200 B rows, 8 B", {16, 777, 3, 1, 1, 100, 2, 3, 1, 2, 3, 1, 64, 0, 0}},
-    {"head 3 fp32: 12 B rows, 4 B", {3, 500, 4, 1, 1, 3, 4, 2, 0, 2, 2, 0, 200, 0, 0}},
-    {"head 33 fp16: 66 B, 2 B", {32, 300, 2, 1, 1, 33, 2, 2, 0, 2, 2, 0, 12, 0, 0}},
-    {"head 3 fp8: 3 B rows, 1 B", {1, 257, 5, 2, 2, 3, 1, 2, 1, 1, 3, 2, 300, 0, 0}},
-    {"no tokens", {16, 0, 2, 0, 2, 128, 2, 2, 0, 2, 2, 0, 4, 0, 0}},
+    {"70b P8->D2 prefill: whole rows, 16 B", {16, 1000, 1, 0, 1, 128, 2, 4, 0, 4, 4, 0, 80, 0, 0, 0}},
+    {"70b P8->D2 decode: 1 of 4 heads, 16 B", {16, 1000, 4, 1, 1, 128, 2, 4, 0, 4, 4, 0, 80, 0, 0, 0}},
+    {"head 100 bf16: 200 B rows, 8 B", {16, 777, 3, 1, 1, 100, 2, 3, 1, 2, 3, 1, 64, 0, 0, 0}},
+    {"head 3 fp32: 12 B rows, 4 B", {3, 500, 4, 1, 1, 3, 4, 2, 0, 2, 2, 0, 200, 0, 0, 0}},
+    {"head 33 fp16: 66 B, 2 B", {32, 300, 2, 1, 1, 33, 2, 2, 0, 2, 2, 0, 12, 0, 0, 0}},
+    {"head 3 fp8: 3 B rows, 1 B", {1, 257, 5, 2, 2, 3, 1, 2, 1, 1, 3, 2, 300, 0, 0, 0}},
+    {"no tokens", {16, 0, 2, 0, 2, 128, 2, 2, 0, 2, 2, 0, 4, 0, 0, 0}},
     /* Fused copies, as the engine calls them (gather_parts, scatter_parts);
      * odd seeds (0x600 + index) list the parts last first. */
     {"70b P8->D2 decode, fused: 4 writers of 1 head",
-     {16, 1000, 4, 0, 4, 128, 2, 4, 0, 4, 4, 0, 80, 4, 0}},
+     {16, 1000, 4, 0, 4, 128, 2, 4, 0, 4, 4, 0, 80, 4, 0, 0}},
     {"70b P2->D8 prefill, fused: 4 ranks of 1 head",
-     {16, 999, 4, 0, 4, 128, 2, 4, 0, 4, 4, 0, 80, 4, 0}},
+     {16, 999, 4, 0, 4, 128, 2, 4, 0, 4, 4, 0, 80, 4, 0, 0}},
     {"P4->D2 decode, fused: 2 writers of 2 heads",
-     {16, 1000, 4, 0, 4, 128, 2, 2, 0, 2, 2, 0, 80, 2, 0}},
+     {16, 1000, 4, 0, 4, 128, 2, 2, 0, 2, 2, 0, 80, 2, 0, 0}},
     /* One plane per layer: MLA's 576-element bf16 latent, K only (V must
      * stay untouched on both sides). */
-    {"MLA latent 576 bf16: 1152 B rows, one plane", {64, 1000, 1, 0, 1, 576, 2, 3, 0, 3, 3, 0, 20, 0, 1}},
-    {"MLA latent fp8, fused: 1 part, one plane", {16, 333, 1, 0, 1, 576, 1, 2, 1, 1, 2, 1, 30, 1, 1}},
+    {"MLA latent 576 bf16: 1152 B rows, one plane", {64, 1000, 1, 0, 1, 576, 2, 3, 0, 3, 3, 0, 20, 0, 1, 0}},
+    {"MLA latent fp8, fused: 1 part, one plane", {16, 333, 1, 0, 1, 576, 1, 2, 1, 1, 2, 1, 30, 1, 1, 0}},
+    /* FP8 KV with scale planes (docs/kinds/fp8-scales.md): per-token fp32
+     * (4 B a head) and MXFP8 e8m0 per 32 elements (head 128: 4 B a head). */
+    {"fp8 per-token scales P8->D2 decode: 1 of 4 heads",
+     {16, 1000, 4, 1, 1, 128, 1, 4, 0, 4, 4, 0, 80, 0, 0, 4}},
+    {"fp8 per-token scales, fused: 4 writers of 1 head",
+     {16, 999, 4, 0, 4, 128, 1, 4, 0, 4, 4, 0, 80, 4, 0, 4}},
+    {"fp8 MXFP8 head 64: 2 B of scales, 3 of 5 heads",
+     {3, 500, 5, 2, 3, 64, 1, 2, 1, 1, 3, 2, 200, 0, 0, 2}},
+    {"fp8 latent with scales, one plane", {16, 333, 1, 0, 1, 576, 1, 2, 1, 1, 2, 1, 30, 1, 1, 18}},
 };
 const size_t kvc_named_shape_count = sizeof kvc_named_shapes / sizeof kvc_named_shapes[0];

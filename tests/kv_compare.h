@@ -39,6 +39,9 @@ typedef struct kvc_shape {
                            seeds (what the engine calls) */
     int64_t planes;     /* the descriptor's: 0 (K and V) or 1 (K only: MLA;
                            the V buffers must come out untouched) */
+    int64_t scale_bytes; /* the descriptor's: 0, or a scale buffer beside
+                            each K and V buffer with this many bytes a head
+                            (FP8 KV with scales), compared as well */
 } kvc_shape_t;
 
 #define KVC_MAX_PARTS 64

@@ -324,7 +324,7 @@ static void expect_call(const rec_fx_t *f, int i, bool scatter, const kvs_copy_p
     want.num_heads = p->num_heads;
     want.staging_addr = p->staging_addr;
     /* Every field 8 bytes wide: no padding to differ. */
-    _Static_assert(sizeof(kvs_copy_desc_t) == 17 * 8, "desc fields all 8 bytes");
+    _Static_assert(sizeof(kvs_copy_desc_t) == 20 * 8, "desc fields all 8 bytes");
     if (memcmp(&c->desc, &want, sizeof want) != 0)
         fail_msg("call %d: heads [%lld, +%lld) at 0x%llx, want part [%lld, +%lld) at 0x%llx "
                  "and the rest of the descriptor unchanged",
@@ -550,6 +550,52 @@ static void test_backend_one_plane_copy_needs_version_4(void **state)
     assert_int_equal(f.r.calls[0].desc.planes, 1);
 }
 
+/* Device ops version 5 says the copies read the scale planes. A copy with
+ * scales never reaches an older table (version 4 here): it would move the
+ * KV rows and leave the scales behind. */
+static void test_backend_scale_copy_needs_version_5(void **state)
+{
+    rec_fx_t f;
+    rec_fx_init(&f);
+    kvs_device_t *d = &f.r.base;
+    kvs_device_ops_t v4 = rec_v1_ops;
+    v4.version = 4;
+    v4.size = sizeof(kvs_device_ops_t);
+    v4.gather_parts = NULL;
+    v4.scatter_parts = NULL;
+    assert_int_equal(kvs_device_init(d, &v4, NULL), KVS_OK);
+    assert_false(kvs__dev_has_scales(d));
+    uint64_t ks[4] = {0}, vs[4] = {0};
+    kvs_copy_desc_t one = f.desc;
+    one.head_start = 0;
+    one.num_heads = 4;
+    one.ks_base = ks;
+    one.vs_base = vs;
+    one.scale_bytes = 4;
+    assert_int_equal(kvs__dev_gather(d, f.stream, &one), KVS_ENOTSUP);
+    assert_non_null(strstr(d->last_backend_msg, "device ops version 5"));
+    assert_non_null(strstr(d->last_backend_msg, "kv_scales"));
+    assert_int_equal(kvs__dev_scatter(d, f.stream, &one), KVS_ENOTSUP);
+    const kvs_copy_part_t p = {0, 4, 0x1000};
+    assert_int_equal(kvs__dev_gather_parts(d, f.stream, &one, &p, 1), KVS_ENOTSUP);
+    assert_int_equal(kvs__dev_scatter_parts(d, f.stream, &one, &p, 1), KVS_ENOTSUP);
+    assert_int_equal(f.r.n, 0); /* nothing reached the backend */
+    /* Without scales it still goes. */
+    one.scale_bytes = 0;
+    assert_int_equal(kvs__dev_gather(d, f.stream, &one), KVS_OK);
+    assert_int_equal(f.r.n, 1);
+
+    kvs_device_ops_t v5 = v4;
+    v5.version = 5;
+    assert_int_equal(kvs_device_init(d, &v5, NULL), KVS_OK);
+    assert_true(kvs__dev_has_scales(d));
+    f.r.n = 0;
+    one.scale_bytes = 4;
+    assert_int_equal(kvs__dev_scatter(d, f.stream, &one), KVS_OK);
+    assert_int_equal(f.r.n, 1);
+    assert_int_equal(f.r.calls[0].desc.scale_bytes, 4);
+}
+
 static void test_backend_version_sizes(void **state)
 {
     kvs_device_t d;
@@ -710,6 +756,7 @@ int main(void)
         cmocka_unit_test(test_backend_default_fused_copy_refuses_before_any_copy),
         cmocka_unit_test(test_backend_default_fused_copy_stops_at_a_refused_part),
         cmocka_unit_test(test_backend_one_plane_copy_needs_version_4),
+        cmocka_unit_test(test_backend_scale_copy_needs_version_5),
         cmocka_unit_test(test_backend_version_sizes),
         cmocka_unit_test(test_backend_older_tables_bind_without_wait_arm),
         cmocka_unit_test(test_backend_version_3_fabric_gets_no_key_grant),

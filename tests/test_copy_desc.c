@@ -36,8 +36,8 @@
 
 /* The fake backend memory: live ranges, and how often it was asked. */
 typedef struct mem {
-    uint64_t addr[2 * LAYERS + 2];
-    uint64_t len_bytes[2 * LAYERS + 2];
+    uint64_t addr[4 * LAYERS + 3];
+    uint64_t len_bytes[4 * LAYERS + 3];
     unsigned n;
     unsigned asked;
 } mem_t;
@@ -156,6 +156,91 @@ static void expect_refused(fx_t *f, const kvs_copy_desc_t *d, int status, const 
         d_.field = (value);                                                    \
         expect_refused(&f, &d_, (status), (needle));                           \
     } while (0)
+
+/* Scale planes (FP8 KV with scales): 4 bytes a head (per-token fp32) of
+ * the same heads and tokens, after each slot's KV rows.
+ *   scale rows 2 x 4 = 8 bytes a token, slots of 16, heads at 4;
+ *   slot 6 * (32 + 8) = 240 bytes, scales at 6 * 32 = 192; block 240 * 3 *
+ *   2 = 1440, payload 240 * 2 * 2 = 960;
+ *   page 3: scale slots 12..15 -> [12*16+4, 15*16+4+8) = [196, 252)
+ *   page 1: scale slots 4..5   -> [4*16+4, 5*16+4+8)   = [68, 92) */
+#define KS_BASE(l) (0x100000ull * ((l) + 1) + 0x20000ull)
+#define VS_BASE(l) (0x100000ull * ((l) + 1) + 0x30000ull)
+#define SCALE_STAGING_ADDR 0xb00000ull
+static void test_copy_desc_scale_planes_move_with_their_rows(void **state)
+{
+    fx_t f;
+    fx_init(&f);
+    uint64_t ks[LAYERS], vs[LAYERS];
+    for (int l = 0; l < LAYERS; l++) {
+        ks[l] = KS_BASE(l);
+        vs[l] = VS_BASE(l);
+        mem_add(&f.mem, ks[l], 256);
+        mem_add(&f.mem, vs[l], 256);
+    }
+    mem_add(&f.mem, SCALE_STAGING_ADDR, 1440);
+    kvs_copy_desc_t d = f.good;
+    d.ks_base = ks;
+    d.vs_base = vs;
+    d.scale_bytes = 4;
+    d.staging_addr = SCALE_STAGING_ADDR;
+    assert_int_equal(check(&f, &d), KVS_OK);
+    assert_int_equal(f.sh.row_bytes, 32); /* the KV rows as without scales */
+    assert_int_equal(f.sh.head_off, 16);
+    assert_int_equal(f.sh.scale_row_bytes, 8);
+    assert_int_equal(f.sh.scale_token_bytes, 16);
+    assert_int_equal(f.sh.scale_head_off, 4);
+    assert_int_equal(f.sh.scale_off, 192);
+    assert_int_equal(f.sh.slot_bytes, 240);
+    assert_int_equal(f.sh.block_bytes, 1440);
+    assert_int_equal(f.sh.payload_bytes, 960);
+    assert_int_equal(f.sh.scale_pool_lo, 68);
+    assert_int_equal(f.sh.scale_pool_hi, 252);
+    /* K, V and their scale buffers of both layers, then the block. */
+    assert_int_equal(f.mem.asked, 9);
+    /* The block grew by the scale rows: the old 1152-byte one is too small. */
+    kvs_copy_desc_t small = d;
+    small.staging_addr = STAGING_ADDR;
+    expect_refused(&f, &small, KVS_ERANGE, "staging block");
+
+    /* A scale buffer need hold only the bytes the pages touch. */
+    f.mem.len_bytes[2 * LAYERS + 2 + 2] = 252; /* layer 1's K scales */
+    assert_int_equal(check(&f, &d), KVS_OK);
+    f.mem.len_bytes[2 * LAYERS + 2 + 2] = 251;
+    expect_refused(&f, &d, KVS_ERANGE, "K scale buffer of local layer 1");
+    f.mem.len_bytes[2 * LAYERS + 2 + 2] = 256;
+    f.mem.len_bytes[2 * LAYERS + 2 + 5] = 100; /* layer 2's V scales */
+    expect_refused(&f, &d, KVS_ERANGE, "V scale buffer of local layer 2");
+    f.mem.len_bytes[2 * LAYERS + 2 + 5] = 256;
+
+    /* Refusals: a negative size, missing buffers. */
+    kvs_copy_desc_t bad = d;
+    bad.scale_bytes = -1;
+    expect_refused(&f, &bad, KVS_EINVAL, "scale_bytes -1 must not be negative");
+    bad = d;
+    bad.ks_base = NULL;
+    expect_refused(&f, &bad, KVS_EINVAL, "ks_base or vs_base is NULL");
+    bad = d;
+    bad.vs_base = NULL;
+    expect_refused(&f, &bad, KVS_EINVAL, "ks_base or vs_base is NULL");
+    /* One plane reads no V scales; half the block. */
+    bad = d;
+    bad.planes = 1;
+    bad.v_base = NULL;
+    bad.vs_base = NULL;
+    assert_int_equal(check(&f, &bad), KVS_OK);
+    assert_int_equal(f.sh.block_bytes, 720);
+    assert_int_equal(f.sh.payload_bytes, 480);
+    bad.ks_base = NULL;
+    expect_refused(&f, &bad, KVS_EINVAL, "ks_base is NULL");
+    /* Without scales the scale fields stay zero and are never read. */
+    bad = f.good;
+    bad.ks_base = (const uint64_t *)(uintptr_t)1;
+    assert_int_equal(check(&f, &bad), KVS_OK);
+    assert_int_equal(f.sh.slot_bytes, 192);
+    assert_int_equal(f.sh.scale_row_bytes, 0);
+    assert_int_equal(f.sh.scale_pool_hi, 0);
+}
 
 static void test_copy_desc_accepts_and_reports_the_shape(void **state)
 {
@@ -725,6 +810,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_copy_desc_accepts_and_reports_the_shape),
         cmocka_unit_test(test_copy_desc_one_plane_copies_k_only),
+        cmocka_unit_test(test_copy_desc_scale_planes_move_with_their_rows),
         cmocka_unit_test(test_copy_desc_nothing_to_move_asks_nothing),
         cmocka_unit_test(test_copy_desc_refuses_null_and_non_positive_sizes),
         cmocka_unit_test(test_copy_desc_refuses_negative_counts),

@@ -97,11 +97,14 @@ typedef struct shape {
     int64_t pool_layers, layer_begin, layer_count, slots, slot_begin;
     int64_t pool_pages; /* pages in every layer buffer */
     int page_order;     /* 0 shuffled, 1 ascending (runs merge), 2 descending */
+    int64_t scale_bytes; /* 0, or a scale buffer beside each K and V of this
+                            many bytes a head (FP8 KV with scales) */
 } shape_t;
 
 typedef struct pool {
     uint64_t k[MAX_LAYERS], v[MAX_LAYERS];
-    uint64_t layer_bytes;
+    uint64_t ks[MAX_LAYERS], vs[MAX_LAYERS]; /* scale buffers (scale_bytes > 0) */
+    uint64_t layer_bytes, scale_layer_bytes;
     uint64_t stg, stg_bytes;
     int64_t pages[MAX_PAGES];
     int64_t num_pages;
@@ -112,9 +115,10 @@ static uint64_t head_bytes(const shape_t *sh)
     return (uint64_t)(sh->head_dim * sh->elem_bytes);
 }
 
+/* A staging slot: its KV rows, then their scale rows. */
 static uint64_t slot_bytes(const shape_t *sh)
 {
-    return (uint64_t)(sh->tokens * sh->num_heads) * head_bytes(sh);
+    return (uint64_t)(sh->tokens * sh->num_heads) * (head_bytes(sh) + (uint64_t)sh->scale_bytes);
 }
 
 static void pool_make(fx_t *f, const shape_t *sh, pool_t *p, uint64_t *rng)
@@ -128,6 +132,14 @@ static void pool_make(fx_t *f, const shape_t *sh, pool_t *p, uint64_t *rng)
         p->v[l] = dev_alloc(f, p->layer_bytes);
         xorshift_fill(host_of(f, p->k[l], p->layer_bytes), p->layer_bytes, rng);
         xorshift_fill(host_of(f, p->v[l], p->layer_bytes), p->layer_bytes, rng);
+    }
+    p->scale_layer_bytes =
+        (uint64_t)(sh->pool_pages * sh->page_size * sh->local_heads * sh->scale_bytes);
+    for (int64_t l = 0; sh->scale_bytes > 0 && l < sh->pool_layers; l++) {
+        p->ks[l] = dev_alloc(f, p->scale_layer_bytes);
+        p->vs[l] = dev_alloc(f, p->scale_layer_bytes);
+        xorshift_fill(host_of(f, p->ks[l], p->scale_layer_bytes), p->scale_layer_bytes, rng);
+        xorshift_fill(host_of(f, p->vs[l], p->scale_layer_bytes), p->scale_layer_bytes, rng);
     }
     p->stg_bytes = slot_bytes(sh) * (uint64_t)sh->slots * 2;
     p->stg = dev_alloc(f, p->stg_bytes > 0 ? p->stg_bytes : 1);
@@ -168,6 +180,10 @@ static void pool_free(fx_t *f, const shape_t *sh, pool_t *p)
     for (int64_t l = 0; l < sh->pool_layers; l++) {
         assert_int_equal(f->dev->ops.mem_free(f->dev, p->k[l]), KVS_OK);
         assert_int_equal(f->dev->ops.mem_free(f->dev, p->v[l]), KVS_OK);
+        if (sh->scale_bytes > 0) {
+            assert_int_equal(f->dev->ops.mem_free(f->dev, p->ks[l]), KVS_OK);
+            assert_int_equal(f->dev->ops.mem_free(f->dev, p->vs[l]), KVS_OK);
+        }
     }
     assert_int_equal(f->dev->ops.mem_free(f->dev, p->stg), KVS_OK);
 }
@@ -191,22 +207,37 @@ static kvs_copy_desc_t desc_of(const shape_t *sh, const pool_t *p)
         .staging_slot_begin = sh->slot_begin,
         .staging_layer_slots = sh->slots,
         .staging_addr = p->stg,
+        .ks_base = sh->scale_bytes > 0 ? p->ks : NULL,
+        .vs_base = sh->scale_bytes > 0 ? p->vs : NULL,
+        .scale_bytes = sh->scale_bytes,
     };
 }
 
 /*
  * The naive reference, straight from backend.h: staging offset and pool
- * offset of (copy layer j, kv, token i, head h), one head's bytes each.
+ * offset of (copy layer j, kv, token i, head h), one head's bytes each;
+ * kv 2 and 3 are the scales of K and of V (scale_bytes a head, after the
+ * slot's KV rows).
  */
 static void ref_offsets(const shape_t *sh, const pool_t *p, int64_t j, int kv, int64_t i,
                         int64_t h, uint64_t *stg_off, uint64_t *pool_off)
 {
-    const int64_t slot = kv * sh->slots + sh->slot_begin + j;
+    const bool scale = kv >= 2;
+    const uint64_t hb = scale ? (uint64_t)sh->scale_bytes : head_bytes(sh);
+    const int64_t slot = (kv % 2) * sh->slots + sh->slot_begin + j;
     *stg_off = (uint64_t)slot * slot_bytes(sh) +
-               (uint64_t)(i * sh->num_heads + h) * head_bytes(sh);
+               (scale ? (uint64_t)(sh->tokens * sh->num_heads) * head_bytes(sh) : 0) +
+               (uint64_t)(i * sh->num_heads + h) * hb;
     const int64_t page = p->pages[i / sh->page_size];
     const int64_t tslot = page * sh->page_size + i % sh->page_size;
-    *pool_off = (uint64_t)(tslot * sh->local_heads + sh->head_start + h) * head_bytes(sh);
+    *pool_off = (uint64_t)(tslot * sh->local_heads + sh->head_start + h) * hb;
+}
+
+/* Buffer kv (K, V, K scales, V scales) of pool layer l and its bytes. */
+static uint64_t ref_buffer(const pool_t *p, int kv, int64_t l, uint64_t *len)
+{
+    *len = kv < 2 ? p->layer_bytes : p->scale_layer_bytes;
+    return kv == 0 ? p->k[l] : kv == 1 ? p->v[l] : kv == 2 ? p->ks[l] : p->vs[l];
 }
 
 /* Gather from pool A and compare the staging block with the reference (the
@@ -223,21 +254,28 @@ static void round_trip_planes(const shape_t *sh, uint64_t seed, const kvs_host_c
     pool_make(&f, sh, &a, &rng);
     pool_make(&f, sh, &b, &rng);
     memcpy(b.pages, a.pages, sizeof b.pages); /* same page ids, other buffers */
-    const uint64_t hb = head_bytes(sh);
+    const int buffers = sh->scale_bytes > 0 ? 4 : 2; /* K, V and their scales */
 
     uint8_t *want = malloc(a.stg_bytes + 1);
     assert_non_null(want);
     memcpy(want, host_of(&f, a.stg, a.stg_bytes), a.stg_bytes);
     kvs_copy_desc_t d = desc_of(sh, &a);
     d.planes = planes;
-    if (planes == 1)
+    if (planes == 1) {
         d.v_base = NULL; /* one plane: V is never read, its half of staging stays */
+        d.vs_base = NULL;
+    }
     assert_int_equal(f.dev->ops.gather(f.dev, f.s, &d), KVS_OK);
     drain(&f);
     for (int64_t j = 0; j < sh->layer_count; j++)
-        for (int kv = 0; kv < planes; kv++) {
+        for (int kv = 0; kv < buffers; kv++) {
+            if (kv % 2 >= planes)
+                continue; /* V (or its scales) with one plane */
             const int64_t l = sh->layer_begin + j;
-            const uint8_t *pool = host_of(&f, kv == 0 ? a.k[l] : a.v[l], a.layer_bytes);
+            uint64_t len;
+            const uint64_t buf = ref_buffer(&a, kv, l, &len);
+            const uint8_t *pool = host_of(&f, buf, len);
+            const uint64_t hb = kv < 2 ? head_bytes(sh) : (uint64_t)sh->scale_bytes;
             for (int64_t i = 0; i < sh->tokens; i++)
                 for (int64_t h = 0; h < sh->num_heads; h++) {
                     uint64_t so, po;
@@ -251,35 +289,41 @@ static void round_trip_planes(const shape_t *sh, uint64_t seed, const kvs_host_c
     kvs_copy_desc_t ds = desc_of(sh, &b);
     ds.staging_addr = a.stg;
     ds.planes = planes;
-    if (planes == 1)
+    if (planes == 1) {
         ds.v_base = NULL;
-    uint8_t *before[2][MAX_LAYERS];
+        ds.vs_base = NULL;
+    }
+    uint8_t *before[4][MAX_LAYERS];
     for (int64_t l = 0; l < sh->pool_layers; l++)
-        for (int kv = 0; kv < 2; kv++) {
-            before[kv][l] = malloc(b.layer_bytes);
+        for (int kv = 0; kv < buffers; kv++) {
+            uint64_t len;
+            const uint64_t buf = ref_buffer(&b, kv, l, &len);
+            before[kv][l] = malloc(len + 1);
             assert_non_null(before[kv][l]);
-            memcpy(before[kv][l], host_of(&f, kv == 0 ? b.k[l] : b.v[l], b.layer_bytes),
-                   b.layer_bytes);
+            memcpy(before[kv][l], host_of(&f, buf, len), len);
         }
     assert_int_equal(f.dev->ops.scatter(f.dev, f.s, &ds), KVS_OK);
     drain(&f);
     const uint8_t *stg = host_of(&f, a.stg, a.stg_bytes);
+    static const char *const names[] = {"K", "V", "K scales", "V scales"};
     for (int64_t l = 0; l < sh->pool_layers; l++)
-        for (int kv = 0; kv < 2; kv++) {
+        for (int kv = 0; kv < buffers; kv++) {
             uint8_t *exp = before[kv][l];
             const int64_t j = l - sh->layer_begin;
-            if (j >= 0 && j < sh->layer_count && kv < planes) /* V untouched with one */
+            const uint64_t hb = kv < 2 ? head_bytes(sh) : (uint64_t)sh->scale_bytes;
+            if (j >= 0 && j < sh->layer_count && kv % 2 < planes) /* V untouched with one */
                 for (int64_t i = 0; i < sh->tokens; i++)
                     for (int64_t h = 0; h < sh->num_heads; h++) {
                         uint64_t so, po;
                         ref_offsets(sh, &b, j, kv, i, h, &so, &po);
                         memcpy(exp + po, stg + so, hb);
                     }
-            if (memcmp(host_of(&f, kv == 0 ? b.k[l] : b.v[l], b.layer_bytes), exp,
-                       b.layer_bytes) != 0)
+            uint64_t len;
+            const uint64_t buf = ref_buffer(&b, kv, l, &len);
+            if (memcmp(host_of(&f, buf, len), exp, len) != 0)
                 fail_msg("scatter into %s of layer %lld differs from the reference "
                          "(seed %llu)",
-                         kv == 0 ? "K" : "V", (long long)l, (unsigned long long)seed);
+                         names[kv], (long long)l, (unsigned long long)seed);
             free(exp);
         }
     free(want);
@@ -396,13 +440,13 @@ static void test_host_device_gather_scatter_fixed_shapes(void **state)
     /* page, tokens, local, start, num, dim, elem, pool layers, begin, count,
      * slots, slot begin, pool pages, order */
     const shape_t shapes[] = {
-        {16, 40, 4, 1, 2, 64, 2, 3, 1, 2, 3, 1, 8, 0},  /* strided, partial page */
-        {16, 64, 2, 0, 2, 128, 2, 2, 0, 2, 2, 0, 8, 1}, /* whole rows, runs merge */
-        {16, 48, 2, 0, 2, 128, 2, 2, 0, 2, 2, 0, 8, 2}, /* whole rows, descending */
-        {4, 13, 1, 0, 1, 3, 1, 1, 0, 1, 1, 0, 5, 1},    /* 3-byte rows */
-        {1, 7, 8, 7, 1, 1, 4, 2, 1, 1, 4, 2, 9, 0},     /* page of one token */
-        {16, 0, 4, 0, 4, 8, 2, 2, 0, 2, 2, 0, 2, 0},    /* no tokens */
-        {16, 32, 4, 0, 4, 8, 2, 2, 0, 0, 2, 0, 2, 0},   /* no layers */
+        {16, 40, 4, 1, 2, 64, 2, 3, 1, 2, 3, 1, 8, 0, 0},  /* strided, partial page */
+        {16, 64, 2, 0, 2, 128, 2, 2, 0, 2, 2, 0, 8, 1, 0}, /* whole rows, runs merge */
+        {16, 48, 2, 0, 2, 128, 2, 2, 0, 2, 2, 0, 8, 2, 0}, /* whole rows, descending */
+        {4, 13, 1, 0, 1, 3, 1, 1, 0, 1, 1, 0, 5, 1, 0},    /* 3-byte rows */
+        {1, 7, 8, 7, 1, 1, 4, 2, 1, 1, 4, 2, 9, 0, 0},     /* page of one token */
+        {16, 0, 4, 0, 4, 8, 2, 2, 0, 2, 2, 0, 2, 0, 0},    /* no tokens */
+        {16, 32, 4, 0, 4, 8, 2, 2, 0, 0, 2, 0, 2, 0, 0},   /* no layers */
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         round_trip(&shapes[i], 0x1234 + i);
@@ -433,8 +477,41 @@ static void test_host_device_one_plane_copies(void **state)
     }
     /* page size, tokens, local heads, head start, heads, head dim, elem,
      * pool layers, layer begin, count, slots, slot begin, pool pages, order */
-    const shape_t latent = {16, 100, 1, 0, 1, 576, 2, 3, 0, 3, 3, 0, 12, 0};
+    const shape_t latent = {16, 100, 1, 0, 1, 576, 2, 3, 0, 3, 3, 0, 12, 0, 0};
     round_trip_planes(&latent, 0x576, NULL, 1);
+}
+
+/* FP8 KV with scale planes: the copies move each copied head's scales
+ * (per-token fp32: 4 bytes; MXFP8 e8m0 per 32 elements: head_dim / 32)
+ * with its rows, into the slot's scale rows, and touch no other scale.
+ * Random shapes with 1..8 bytes of scales a head, with two planes and one,
+ * and the engine's shapes: a P8->D2 decode taking 1 of 4 heads, whole
+ * rows (page runs), and MXFP8 of head 128. */
+static void test_host_device_scale_plane_copies(void **state)
+{
+    uint64_t rng = 0x5CA1E;
+    for (int i = 0; i < 40; i++) {
+        const uint64_t seed = xorshift64(&rng);
+        uint64_t r = seed;
+        shape_t sh = random_shape(&r);
+        sh.scale_bytes = 1 + (int64_t)(xorshift64(&r) % 8);
+        round_trip_planes(&sh, seed, NULL, i % 3 == 2 ? 1 : 2);
+    }
+    /* page, tokens, local, start, num, dim, elem, pool layers, begin, count,
+     * slots, slot begin, pool pages, order, scale bytes */
+    const shape_t shapes[] = {
+        {16, 100, 4, 1, 1, 128, 1, 2, 0, 2, 2, 0, 12, 0, 4}, /* per-token, 1 of 4 heads */
+        {16, 64, 2, 0, 2, 128, 1, 2, 0, 2, 2, 0, 8, 1, 4},   /* whole rows: page runs */
+        {16, 40, 4, 2, 2, 128, 1, 3, 1, 2, 3, 1, 8, 2, 4},   /* MXFP8 head 128, 2 heads */
+        {16, 33, 1, 0, 1, 576, 1, 2, 0, 2, 2, 0, 4, 0, 18},  /* MXFP8 latent, 576 / 32 */
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        round_trip_planes(&shapes[i], 0x5C0 + i, NULL, i == 3 ? 1 : 2);
+    /* Streamed copies (4 MiB and up) take the same scale rows. */
+    kvs_host_config_t cfg = {0};
+    cfg.copy_threads = 2;
+    const shape_t big = {64, 4096, 8, 0, 8, 128, 1, 2, 0, 2, 2, 0, 64, 1, 4};
+    round_trip_planes(&big, 0x5CB, &cfg, 2);
 }
 
 static void test_host_device_gather_scatter_streaming_path(void **state)
@@ -447,12 +524,12 @@ static void test_host_device_gather_scatter_streaming_path(void **state)
      * stream a line and copy the tail, or fall back to memcpy where the
      * row's start is not aligned for the widest stores. */
     const shape_t shapes[] = {
-        {16, 4096, 4, 1, 1, 128, 2, 2, 0, 2, 2, 0, 260, 0}, /* strided: rows path */
-        {4, 16000, 3, 1, 1, 36, 2, 2, 0, 2, 2, 0, 4096, 0},
-        {16, 12000, 4, 2, 1, 48, 2, 2, 0, 2, 2, 0, 800, 0},
-        {16, 4096, 1, 0, 1, 128, 2, 2, 0, 2, 2, 0, 260, 1},
-        {3, 6000, 3, 0, 3, 36, 2, 2, 0, 2, 2, 0, 2100, 0},
-        {3, 6000, 3, 0, 3, 36, 2, 2, 0, 2, 2, 0, 2100, 1},
+        {16, 4096, 4, 1, 1, 128, 2, 2, 0, 2, 2, 0, 260, 0, 0}, /* strided: rows path */
+        {4, 16000, 3, 1, 1, 36, 2, 2, 0, 2, 2, 0, 4096, 0, 0},
+        {16, 12000, 4, 2, 1, 48, 2, 2, 0, 2, 2, 0, 800, 0, 0},
+        {16, 4096, 1, 0, 1, 128, 2, 2, 0, 2, 2, 0, 260, 1, 0},
+        {3, 6000, 3, 0, 3, 36, 2, 2, 0, 2, 2, 0, 2100, 0, 0},
+        {3, 6000, 3, 0, 3, 36, 2, 2, 0, 2, 2, 0, 2100, 1, 0},
     };
     /* Each streaming kernel this CPU runs: 16-, 32- and 64-byte stores
      * (the widest one the CPU lacks falls back to the next). */
@@ -476,9 +553,9 @@ static void test_host_device_gather_scatter_streaming_path(void **state)
 static void test_host_device_copy_threads_split_ops(void **state)
 {
     const shape_t shapes[] = {
-        {16, 4096, 4, 1, 1, 128, 2, 4, 0, 4, 4, 0, 260, 0},
-        {3, 6000, 3, 0, 3, 36, 2, 2, 0, 2, 2, 0, 2100, 1},
-        {16, 2048, 2, 0, 2, 128, 2, 1, 0, 1, 1, 0, 130, 0},
+        {16, 4096, 4, 1, 1, 128, 2, 4, 0, 4, 4, 0, 260, 0, 0},
+        {3, 6000, 3, 0, 3, 36, 2, 2, 0, 2, 2, 0, 2100, 1, 0},
+        {16, 2048, 2, 0, 2, 128, 2, 1, 0, 1, 1, 0, 130, 0, 0},
     };
     const kvs_host_config_t three = {.copy_threads = 3}, five = {.copy_threads = 5};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
@@ -509,7 +586,7 @@ static void test_host_device_descriptor_validation(void **state)
 {
     fx_t f;
     fx_open(&f, NULL);
-    const shape_t sh = {4, 8, 4, 1, 2, 4, 2, 3, 1, 2, 3, 1, 4, 0};
+    const shape_t sh = {4, 8, 4, 1, 2, 4, 2, 3, 1, 2, 3, 1, 4, 0, 0};
     uint64_t rng = 16;
     pool_t p;
     pool_make(&f, &sh, &p, &rng);
@@ -626,11 +703,11 @@ static void ordered_chain(const kvs_host_config_t *cfg, const shape_t *shp, int 
 static void test_host_device_stream_runs_ops_in_order(void **state)
 {
     const kvs_host_config_t cfg = {.queue_ops = 2};
-    const shape_t sh = {4, 24, 2, 1, 1, 8, 2, 1, 0, 1, 1, 0, 8, 0};
+    const shape_t sh = {4, 24, 2, 1, 1, 8, 2, 1, 0, 1, 1, 0, 8, 0, 0};
     ordered_chain(&cfg, &sh, 20);
     /* Ops large enough to be split between three threads. */
     const kvs_host_config_t split = {.queue_ops = 2, .copy_threads = 3};
-    const shape_t big = {16, 8192, 2, 1, 1, 64, 2, 1, 0, 1, 1, 0, 1024, 0};
+    const shape_t big = {16, 8192, 2, 1, 1, 64, 2, 1, 0, 1, 1, 0, 1024, 0, 0};
     ordered_chain(&split, &big, 4);
 }
 
@@ -645,7 +722,7 @@ static void test_host_device_events(void **state)
     assert_int_equal(f.dev->ops.event_query(f.dev, e1), KVS_OK);
 
     /* After a copy: pending or done, done once waited for, with the bytes. */
-    const shape_t sh = {16, 2048, 4, 1, 1, 128, 2, 2, 0, 2, 2, 0, 200, 0};
+    const shape_t sh = {16, 2048, 4, 1, 1, 128, 2, 2, 0, 2, 2, 0, 200, 0, 0};
     uint64_t rng = 5;
     pool_t p;
     pool_make(&f, &sh, &p, &rng);
@@ -705,7 +782,7 @@ static void test_host_device_wait_fd_signals_completions(void **state)
 {
     fx_t f;
     fx_open(&f, NULL);
-    const shape_t sh = {16, 2048, 4, 1, 1, 128, 2, 2, 0, 2, 2, 0, 200, 0};
+    const shape_t sh = {16, 2048, 4, 1, 1, 128, 2, 2, 0, 2, 2, 0, 200, 0, 0};
     uint64_t rng = 11;
     pool_t p;
     pool_make(&f, &sh, &p, &rng);
@@ -811,7 +888,7 @@ static void test_host_device_mem_free_drains_streams(void **state)
 {
     fx_t f;
     fx_open(&f, NULL);
-    const shape_t sh = {16, 2048, 4, 1, 2, 128, 2, 2, 0, 2, 2, 0, 256, 0};
+    const shape_t sh = {16, 2048, 4, 1, 2, 128, 2, 2, 0, 2, 2, 0, 256, 0, 0};
     uint64_t rng = 9;
     pool_t p;
     pool_make(&f, &sh, &p, &rng);
@@ -848,7 +925,7 @@ static void test_host_device_stream_table_and_foreign_objects(void **state)
     assert_int_equal(f.dev->ops.stream_create(f.dev, &s2), KVS_OK);
 
     /* Streams and events of another device are refused. */
-    const shape_t sh = {4, 8, 2, 0, 1, 4, 2, 1, 0, 1, 1, 0, 4, 0};
+    const shape_t sh = {4, 8, 2, 0, 1, 4, 2, 1, 0, 1, 1, 0, 4, 0, 0};
     uint64_t rng = 3;
     pool_t p;
     pool_make(&f, &sh, &p, &rng);
@@ -955,7 +1032,7 @@ static void test_host_device_destroy_with_work_queued(void **state)
 {
     fx_t f;
     fx_open(&f, NULL);
-    const shape_t sh = {16, 1024, 2, 0, 1, 128, 2, 2, 0, 2, 2, 0, 128, 0};
+    const shape_t sh = {16, 1024, 2, 0, 1, 128, 2, 2, 0, 2, 2, 0, 128, 0, 0};
     uint64_t rng = 21;
     pool_t p, q;
     pool_make(&f, &sh, &p, &rng);
@@ -1023,6 +1100,7 @@ int main(void)
         cmocka_unit_test(test_host_device_gather_scatter_fixed_shapes),
         cmocka_unit_test(test_host_device_gather_scatter_random_shapes),
         cmocka_unit_test(test_host_device_one_plane_copies),
+        cmocka_unit_test(test_host_device_scale_plane_copies),
         cmocka_unit_test(test_host_device_gather_scatter_streaming_path),
         cmocka_unit_test(test_host_device_copy_threads_split_ops),
         cmocka_unit_test(test_host_device_descriptor_validation),

@@ -117,6 +117,86 @@ static void test_layout_llama70b_p8_d2(void **state)
     assert_int_equal(kvs_layout_layer_block_bytes(&l, 100, 1), 100 * 128 * 2);
 }
 
+/* FP8 KV with scale planes: each layer slot holds its KV rows, then one
+ * scale row per (token, head): 4 bytes (per-token fp32) or head_dim / 32
+ * (MXFP8 e8m0). The heads, writers and offsets are the KV's. */
+static void test_layout_fp8_scales(void **state)
+{
+    kvs_kv_scales_t sc;
+    int64_t block = -1;
+    assert_int_equal(kvs_kv_scales_parse("none", &sc, &block), KVS_OK);
+    assert_int_equal(sc, KVS_KV_SCALES_NONE);
+    assert_int_equal(block, 0);
+    assert_int_equal(kvs_kv_scales_parse("per-token", &sc, &block), KVS_OK);
+    assert_int_equal(sc, KVS_KV_SCALES_PER_TOKEN);
+    assert_int_equal(kvs_kv_scales_parse("per-block", &sc, &block), KVS_OK);
+    assert_int_equal(sc, KVS_KV_SCALES_PER_BLOCK);
+    assert_int_equal(block, 32);
+    assert_int_equal(kvs_kv_scales_parse("per-block:16", &sc, &block), KVS_OK);
+    assert_int_equal(block, 16);
+    const char *bad[] = {"per-block:", "per-block:0", "per-block:x", "per-block16",
+                         "per-token:4", "per-block:99999999999", "", "fp8"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_int_equal(kvs_kv_scales_parse(bad[i], &sc, &block), KVS_EINVAL);
+    assert_int_equal(kvs_kv_scales_parse(NULL, &sc, &block), KVS_EINVAL);
+    assert_string_equal(kvs_kv_scales_name(KVS_KV_SCALES_PER_BLOCK), "per-block");
+    assert_string_equal(kvs_kv_scales_name((kvs_kv_scales_t)7), "unknown");
+    assert_int_equal(kvs_kv_scales_head_bytes(KVS_KV_SCALES_NONE, 0, 128), 0);
+    assert_int_equal(kvs_kv_scales_head_bytes(KVS_KV_SCALES_PER_TOKEN, 0, 128), 4);
+    assert_int_equal(kvs_kv_scales_head_bytes(KVS_KV_SCALES_PER_BLOCK, 0, 128), 4);
+    assert_int_equal(kvs_kv_scales_head_bytes(KVS_KV_SCALES_PER_BLOCK, 16, 128), 8);
+    assert_int_equal(kvs_kv_scales_head_bytes(KVS_KV_SCALES_PER_BLOCK, 48, 128), 0);
+
+    /* Llama-3-70B in fp8, P8 -> D2, per-token scales: a writer's layer
+     * block is 8192 tokens x 1 head x (128 + 4) bytes. */
+    kvs_layout_params_t prm = llama70b(8, 2);
+    prm.dtype = KVS_DTYPE_FP8;
+    kvs_layout_t l;
+    assert_int_equal(kvs_layout_init(&l, &prm, NULL), KVS_OK);
+    const int64_t plain = kvs_layout_max_region_bytes(&l);
+    prm.kv_scales = KVS_KV_SCALES_PER_TOKEN;
+    assert_int_equal(kvs_layout_init(&l, &prm, NULL), KVS_OK);
+    assert_int_equal(l.scale_bytes, 4);
+    assert_int_equal(l.scale_block, 0);
+    assert_int_equal(kvs_layout_layer_block_bytes(&l, 8192, 1), 8192 * 132);
+    kvs_writer_t w;
+    assert_int_equal(kvs_layout_writer(&l, 1, 0, 2, 8192, &w), KVS_OK);
+    assert_int_equal(w.heads.dst_start, 2); /* the heads do not change */
+    assert_int_equal(w.len_bytes, 8192ll * 132 * 80 * 2);
+    assert_int_equal(w.offset_bytes, 2 * w.len_bytes);
+    assert_int_equal(kvs_layout_max_region_bytes(&l), plain / 128 * 132);
+    int64_t region;
+    assert_int_equal(kvs_layout_region_bytes(&l, 1, 0, 100, &region), KVS_OK);
+    assert_int_equal(region, 4ll * 100 * 132 * 80 * 2);
+
+    /* MXFP8: one e8m0 byte per 32 elements, 4 a head of 128; per 16, 8. */
+    prm.kv_scales = KVS_KV_SCALES_PER_BLOCK;
+    assert_int_equal(kvs_layout_init(&l, &prm, NULL), KVS_OK);
+    assert_int_equal(l.scale_block, 32);
+    assert_int_equal(l.scale_bytes, 4);
+    prm.scale_block = 16;
+    assert_int_equal(kvs_layout_init(&l, &prm, NULL), KVS_OK);
+    assert_int_equal(l.scale_bytes, 8);
+    assert_int_equal(kvs_layout_layer_block_bytes(&l, 10, 2), 10 * 2 * 136);
+
+    /* Refusals, naming what to change. */
+    kvs_error_t err;
+    prm.scale_block = 48;
+    assert_int_equal(kvs_layout_init(&l, &prm, &err), KVS_EINVAL);
+    assert_non_null(strstr(err.msg, "scale_block 48 must divide head_dim 128"));
+    assert_non_null(strstr(err.msg, "--kv-scales per-block:N"));
+    prm.scale_block = -1;
+    assert_int_equal(kvs_layout_init(&l, &prm, &err), KVS_EINVAL);
+    prm.scale_block = 0;
+    prm.dtype = KVS_DTYPE_BF16;
+    assert_int_equal(kvs_layout_init(&l, &prm, &err), KVS_EDTYPE);
+    assert_non_null(strstr(err.msg, "kv_scales per-block needs dtype fp8 (got bf16)"));
+    prm.dtype = KVS_DTYPE_FP8;
+    prm.kv_scales = (kvs_kv_scales_t)9;
+    assert_int_equal(kvs_layout_init(&l, &prm, &err), KVS_EINVAL);
+    assert_non_null(strstr(err.msg, "kv_scales 9 unknown"));
+}
+
 static void test_layout_spec_chunk_size_decode_tp1(void **state)
 {
     /* spec §11: Llama-3-70B, decode TP1, 8192 tokens = 2.5 GiB */
@@ -888,6 +968,7 @@ int main(void)
         cmocka_unit_test(test_layout_lookups_check_each_argument),
         cmocka_unit_test(test_layout_path_names_round_trip),
         cmocka_unit_test(test_layout_dtypes),
+        cmocka_unit_test(test_layout_fp8_scales),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -586,6 +586,80 @@ static void test_manager_mla_one_buffer_per_layer(void **state)
     assert_int_equal(kvs_manager_destroy(m), KVS_OK);
 }
 
+/* FP8 KV with scale planes: the config is checked (fp8, a block dividing
+ * head_dim, a device that copies scales when staging), the staging buffer
+ * holds each head's scales after its rows, and the scale buffers must be
+ * published with the KV, and only then. */
+static void test_manager_fp8_scale_planes(void **state)
+{
+    fixture_t *f = *state;
+    kvs_manager_config_t c = prefill_cfg();
+    c.kv_scales = KVS_KV_SCALES_PER_TOKEN;
+    kvs_manager_t *m = NULL;
+    kvs_error_t e;
+    assert_int_equal(kvs_manager_create(&c, &f->dev.base, &f->fab.base, &m, &e), KVS_EDTYPE);
+    assert_non_null(strstr(e.msg, "kv_scales per-token needs dtype fp8 (got bf16)"));
+    c.dtype = KVS_DTYPE_FP8;
+    c.kv_scales = KVS_KV_SCALES_PER_BLOCK;
+    c.scale_block = 48;
+    assert_int_equal(kvs_manager_create(&c, &f->dev.base, &f->fab.base, &m, &e), KVS_EINVAL);
+    assert_non_null(strstr(e.msg, "scale_block 48 must divide head_dim 128"));
+    c.scale_block = 0; /* 32: 4 bytes a head of 128 */
+    f->dev.base.ops.version = 4;
+    assert_int_equal(kvs_manager_create(&c, &f->dev.base, &f->fab.base, &m, &e), KVS_ENOTSUP);
+    assert_non_null(strstr(e.msg, "device ops version 4"));
+    f->dev.base.ops.version = KVS_DEVICE_OPS_VERSION;
+    m = make(f, &c);
+    assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+    uint64_t addr, len, rkey;
+    assert_int_equal(kvs_manager_staging_buffer(m, 0, &addr, &len, &rkey), KVS_OK);
+    assert_int_equal(len, 64u * 1 * (128 + 4) * LAYERS * 2); /* rows and their scales */
+    assert_int_equal(kvs_manager_register_staging(m), KVS_OK);
+    kvs_kv_buffers_t kv = f->kv;
+    kv.local_heads = 1;
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &kv), KVS_EINVAL);
+    assert_non_null(strstr(kvs_manager_last_error(m)->msg, "pass ks_base and vs_base"));
+    uint64_t ks[LAYERS], vs[LAYERS];
+    for (int i = 0; i < LAYERS; i++) {
+        ks[i] = 0x10000000u + 0x1000u * (uint64_t)i;
+        vs[i] = 0x20000000u + 0x1000u * (uint64_t)i;
+    }
+    kv.ks_base = ks;
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &kv), KVS_EINVAL);
+    kv.vs_base = vs;
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &kv), KVS_OK);
+    ks[0] = 0; /* copied: the caller's arrays may change */
+    kvs_prefill_t *p = NULL;
+    assert_int_equal(kvs_prefill_create(m, &p), KVS_OK);
+    const kvs_layout_t *l = kvs_manager_layout(m);
+    assert_int_equal(l->kv_scales, KVS_KV_SCALES_PER_BLOCK);
+    assert_int_equal(l->scale_block, 32);
+    assert_int_equal(l->scale_bytes, 4);
+    kvs_prefill_destroy(p);
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+
+    /* Scale buffers without kv_scales are refused, not ignored. */
+    c = prefill_cfg();
+    m = make(f, &c);
+    kv = f->kv;
+    kv.local_heads = 1;
+    kv.ks_base = ks;
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &kv), KVS_EINVAL);
+    assert_non_null(strstr(kvs_manager_last_error(m)->msg, "kv_scales is none"));
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+
+    /* Without staging an older device is fine: the direct and slice paths
+     * write the scale buffers over the fabric. */
+    c = prefill_cfg();
+    c.staging = false;
+    c.dtype = KVS_DTYPE_FP8;
+    c.kv_scales = KVS_KV_SCALES_PER_TOKEN;
+    f->dev.base.ops.version = 4;
+    m = make(f, &c);
+    f->dev.base.ops.version = KVS_DEVICE_OPS_VERSION;
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+}
+
 static void test_manager_prefill_needs_heads_to_size_buffers(void **state)
 {
     fixture_t *f = *state;
@@ -1060,6 +1134,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_manager_staging_off, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manager_prefill_buffers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manager_mla_one_buffer_per_layer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manager_fp8_scale_planes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manager_prefill_needs_heads_to_size_buffers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manager_alloc_failure_at_each_call, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manager_register_failure_at_each_call, setup, teardown),

@@ -307,6 +307,17 @@ static void test_protocol_edges_fingerprint_mismatch(void **state)
                                   "side 1, peer 0");
     edge_destroy(cl);
 
+    /* p1 an FP8 rank with per-token scale planes against an FP8 decode
+     * without: the scales would never arrive, so the flag is named. */
+    o = edge_defaults();
+    o.dtype = KVS_DTYPE_FP8;
+    o.odd_rank = 1;
+    o.odd_scales = true;
+    cl = edge_create(&o);
+    edge_expect_refused(cl, 1, 1, "KV scales (0 none, 1 per-token, 2 per-block; kv_scales, "
+                                  "--kv-scales) differs: this side 1, peer 0");
+    edge_destroy(cl);
+
     /* p1 in fp32 against bf16. */
     o = edge_defaults();
     o.odd_rank = 1;

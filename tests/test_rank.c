@@ -164,6 +164,47 @@ static void test_rank_create_refusals(void **state)
     assert_null(r);
 }
 
+/* FP8 KV with scale planes from per-layer descriptors: each layer gives
+ * its K and V scale buffers (ks_addr, vs_addr); a missing one, or one
+ * given without kv_scales, is named; with them the rank is made and its
+ * layout sized with the scale rows. */
+static void test_rank_create_with_scale_planes(void **state)
+{
+    (void)state;
+    fixture_t f;
+    for (int role = 0; role < 2; role++) {
+        const kvs_role_t rl = role == 0 ? KVS_ROLE_DECODE : KVS_ROLE_PREFILL;
+        kvs_rank_config_t cfg = fixture_cfg(&f, rl);
+        /* a scale address without kv_scales */
+        f.layers[1].ks_addr = 0x900000u;
+        expect_create_refused(&f, &cfg, KVS_EINVAL, "layer 1: a K scale address is given, "
+                                                    "but kv_scales is none");
+        cfg = fixture_cfg(&f, rl);
+        cfg.manager.dtype = KVS_DTYPE_FP8;
+        cfg.manager.kv_scales = KVS_KV_SCALES_PER_TOKEN;
+        for (int l = 0; l < 2; l++) {
+            f.layers[l].token_stride_bytes = 4 * 128;
+            f.layers[l].head_stride_bytes = 128;
+            f.layers[l].elem_stride_bytes = 1;
+            f.layers[l].ks_addr = 0x1000000u * (uint64_t)(2 * l + 1);
+            f.layers[l].vs_addr = 0x1000000u * (uint64_t)(2 * l + 2);
+        }
+        f.layers[0].vs_addr = 0;
+        expect_create_refused(&f, &cfg, KVS_EINVAL, "layer 0: kv_scales per-token needs its "
+                                                    "scale buffers: its V scale address is 0");
+        f.layers[0].vs_addr = 0x2000000u;
+        kvs_rank_t *r = NULL;
+        kvs_error_t err = {0};
+        assert_int_equal(kvs_rank_create(&cfg, &f.dev.base, &f.fab.base, &r, &err), KVS_OK);
+        const kvs_layout_t *l = kvs_manager_layout(kvs_rank_manager(r));
+        assert_int_equal(l->scale_bytes, 4);
+        assert_int_equal(kvs_layout_layer_block_bytes(l, 10, 1), 10 * (128 + 4));
+        kvs_rank_destroy(r);
+        assert_int_equal(f.dev.live_allocs, 0);
+        assert_int_equal(f.fab.live_mrs, 0);
+    }
+}
+
 /* A rank on the caller's manager leaves it to the caller, who can make
  * another rank on it; its handler's guards apply. */
 static void test_rank_create_on(void **state)
@@ -602,6 +643,7 @@ int main(void)
         cmocka_unit_test(test_rank_create_moves_kv),
         cmocka_unit_test(test_rank_create_refusals),
         cmocka_unit_test(test_rank_create_on),
+        cmocka_unit_test(test_rank_create_with_scale_planes),
         cmocka_unit_test(test_rank_wrong_role_and_null),
         cmocka_unit_test(test_rank_room_states),
         cmocka_unit_test(test_rank_abort),

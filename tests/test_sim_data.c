@@ -390,6 +390,130 @@ static void test_sim_data_catches_mla_wrong_row_and_layer(void **state)
     caught_in_both(c, &pl, "MLA latent of the next layer, P4 -> D2");
 }
 
+/* ---- FP8 KV with scale planes (docs/kinds/fp8-scales.md) ------------------ */
+
+/* The small model in fp8 with scale planes: per-token (one fp32 per token
+ * and head, 4 bytes) or per-block (one e8m0 byte per 32 elements: 2 bytes
+ * a head of 64). */
+static sim_scenario_config_t small_fp8(int64_t p, int64_t d, int64_t heads,
+                                       kvs_kv_scales_t scales)
+{
+    sim_scenario_config_t c = small(p, d, heads);
+    c.shape.dtype = KVS_DTYPE_FP8;
+    c.shape.kv_scales = scales;
+    return c;
+}
+
+static void test_sim_data_fp8_scales_every_byte_in_both_modes(void **state)
+{
+    (void)state;
+    static const struct {
+        int64_t p, d, pp, dpp, heads;
+        kvs_kv_scales_t scales;
+        kvs_kv_kind_t kind;
+        kvs_path_t path;
+        const char *what;
+    } runs[] = {
+        {4, 2, 1, 1, 8, KVS_KV_SCALES_PER_TOKEN, KVS_KV_GQA, KVS_PATH_AUTO,
+         "per-token scales, P4 -> D2 staging"},
+        {2, 4, 1, 1, 8, KVS_KV_SCALES_PER_TOKEN, KVS_KV_GQA, KVS_PATH_AUTO,
+         "per-token scales, P2 -> D4 staging"},
+        {8, 2, 1, 1, 4, KVS_KV_SCALES_PER_BLOCK, KVS_KV_GQA, KVS_PATH_AUTO,
+         "MXFP8 scales, H4 P8 -> D2 (heads replicated)"},
+        {2, 2, 1, 1, 8, KVS_KV_SCALES_PER_TOKEN, KVS_KV_GQA, KVS_PATH_AUTO,
+         "per-token scales, P2 -> D2 direct"},
+        {2, 2, 1, 1, 8, KVS_KV_SCALES_PER_BLOCK, KVS_KV_GQA, KVS_PATH_STAGING,
+         "MXFP8 scales, P2 -> D2 staging"},
+        {4, 2, 1, 1, 8, KVS_KV_SCALES_PER_BLOCK, KVS_KV_GQA, KVS_PATH_SLICE,
+         "MXFP8 scales, P4 -> D2 slice"},
+        {4, 2, 2, 1, 8, KVS_KV_SCALES_PER_TOKEN, KVS_KV_GQA, KVS_PATH_AUTO,
+         "per-token scales, P4xPP2 -> D2"},
+        {4, 2, 2, 2, 8, KVS_KV_SCALES_PER_BLOCK, KVS_KV_GQA, KVS_PATH_AUTO,
+         "MXFP8 scales, P4xPP2 -> D2xPP2"},
+        {4, 2, 1, 1, 0, KVS_KV_SCALES_PER_BLOCK, KVS_KV_MLA, KVS_PATH_AUTO,
+         "MXFP8 scales of an MLA latent, P4 -> D2"},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        sim_scenario_config_t c = small_fp8(runs[i].p, runs[i].d, runs[i].heads, runs[i].scales);
+        c.shape.kind = runs[i].kind;
+        if (runs[i].kind == KVS_KV_MLA)
+            c.shape.head_dim = 576;
+        c.shape.prefill_pp = runs[i].pp;
+        c.shape.decode_pp = runs[i].dpp;
+        c.path = runs[i].path;
+        c.staging = runs[i].path != KVS_PATH_SLICE;
+        c.prefix_max_tokens = 128;
+        const sim_report_t r = same_in_both(&c, runs[i].what);
+        if (r.requests_ok != c.requests || r.violations != 0 || r.corrupt_bytes != 0)
+            fail_msg("%s: %u of %u ok, %llu violations, %llu corrupt", runs[i].what,
+                     r.requests_ok, c.requests, (unsigned long long)r.violations,
+                     (unsigned long long)r.corrupt_bytes);
+        /* Every scale slot was checked as well as every K/V slot: the same
+         * run without scales verifies hd bytes a head where this one
+         * verifies hd + scale bytes. */
+        sim_scenario_config_t plain = c;
+        plain.shape.kv_scales = KVS_KV_SCALES_NONE;
+        const sim_report_t q = run_mode(plain, SIM_DATA_PROVENANCE, runs[i].what);
+        const uint64_t hd = (uint64_t)c.shape.head_dim;
+        const uint64_t sb = runs[i].scales == KVS_KV_SCALES_PER_TOKEN ? 4 : hd / 32;
+        assert_true(q.bytes_verified > 0);
+        if (r.bytes_verified * hd != q.bytes_verified * (hd + sb))
+            fail_msg("%s: %llu bytes verified with scales, %llu without: want x %llu / %llu",
+                     runs[i].what, (unsigned long long)r.bytes_verified,
+                     (unsigned long long)q.bytes_verified, (unsigned long long)(hd + sb),
+                     (unsigned long long)hd);
+    }
+}
+
+/* Plants that move only the scales: the decode's scatter writes them
+ * through scale buffers shifted by one head (each head gets its
+ * neighbour's scales) or by one token slot (each token the scales of the
+ * token before it); the K and V rows stay right. */
+typedef struct plant_scales {
+    plant_t base;     /* first: caught_in_both counts its hits */
+    uint64_t shift;   /* bytes: scale_bytes (a head) or local heads x that */
+    bool by_token;
+    uint64_t ks[16], vs[16];
+} plant_scales_t;
+
+static void plant_scale_shift(void *ctx, uint32_t gpu_id, bool scatter, kvs_copy_desc_t *desc,
+                              kvs_copy_part_t *parts, int64_t nparts)
+{
+    plant_scales_t *pl = ctx;
+    (void)parts;
+    (void)nparts;
+    if (!scatter || gpu_id < (uint32_t)pl->base.P || desc->tokens == 0)
+        return;
+    assert_true(desc->scale_bytes > 0);
+    assert_true(desc->layer_count <= 16);
+    const uint64_t shift = (uint64_t)desc->scale_bytes *
+                           (pl->by_token ? (uint64_t)desc->local_heads : 1u);
+    for (int64_t j = 0; j < desc->layer_count; j++) {
+        pl->ks[desc->layer_begin + j] = desc->ks_base[desc->layer_begin + j] + shift;
+        pl->vs[desc->layer_begin + j] = desc->vs_base[desc->layer_begin + j] + shift;
+    }
+    desc->ks_base = pl->ks;
+    desc->vs_base = pl->vs;
+    pl->base.hits++;
+}
+
+static void test_sim_data_catches_scale_of_wrong_head_or_token(void **state)
+{
+    (void)state;
+    for (int by_token = 0; by_token < 2; by_token++) {
+        sim_scenario_config_t c = small_fp8(4, 2, 8, KVS_KV_SCALES_PER_TOKEN);
+        plant_scales_t pl = {.base = {.P = 4, .D = 2, .H = 8}, .by_token = by_token != 0};
+        c.copy_hook = plant_scale_shift;
+        caught_in_both(c, &pl.base, by_token ? "scales of the previous token row, P4 -> D2"
+                                             : "scales of the next head, P4 -> D2");
+    }
+    /* The same run without the plant is clean. */
+    sim_scenario_config_t c = small_fp8(4, 2, 8, KVS_KV_SCALES_PER_TOKEN);
+    const sim_report_t r = same_in_both(&c, "per-token scales, no plant");
+    assert_int_equal(r.corrupt_bytes, 0);
+    assert_int_equal(r.requests_ok, c.requests);
+}
+
 /* ---- different page sizes on the two sides (docs/kinds/page-sizes.md) ---- */
 
 static void test_sim_data_two_page_sizes_every_byte_in_both_modes(void **state)
@@ -490,6 +614,8 @@ int main(void)
         cmocka_unit_test(test_sim_data_catches_writer_offset),
         cmocka_unit_test(test_sim_data_mla_every_byte_in_both_modes),
         cmocka_unit_test(test_sim_data_catches_mla_wrong_row_and_layer),
+        cmocka_unit_test(test_sim_data_fp8_scales_every_byte_in_both_modes),
+        cmocka_unit_test(test_sim_data_catches_scale_of_wrong_head_or_token),
         cmocka_unit_test(test_sim_data_two_page_sizes_every_byte_in_both_modes),
         cmocka_unit_test(test_sim_data_catches_wrong_decode_page),
     };

@@ -93,7 +93,8 @@ void cli_plan_usage(FILE *out)
             "                    (--model NAME | --kv-heads H --head-dim HD --layers L)\n"
             "                    [--dtype bf16|fp16|fp8|fp32] [--page-size PS]\n"
             "                    [--prefill-pp PP] [--decode-pp DP] [--prefill-cp CP]\n"
-            "                    [--chunk-tokens C] [--tokens T] [--request-tokens R]\n"
+            "                    [--chunk-tokens C] [--kv-scales S] [--tokens T]\n"
+            "                    [--request-tokens R]\n"
             "                    [--ring-mib M] [--json]\n"
             "\n"
             "Plans the staging transfer of one chunk of KV cache from prefill ranks to\n"
@@ -118,6 +119,9 @@ void cli_plan_usage(FILE *out)
             "  --prefill-cp CP    prefill context-parallel ranks (default 1): each holds one\n"
             "                     contiguous token range of a request; lists which CP rank\n"
             "                     writes which rows of each chunk's region\n"
+            "  --kv-scales S      FP8 KV with scale planes (needs --dtype fp8): none\n"
+            "                     (default), per-token (one fp32 per token and head) or\n"
+            "                     per-block[:N] (MXFP8: one e8m0 byte per N elements, 32)\n"
             "  --chunk-tokens C   chunked-prefill size, a multiple of PS; 0 means %d\n"
             "                     (default 0, so PS must divide %d); the grid width\n"
             "                     is G = C tokens, C/PS pages\n"
@@ -387,6 +391,8 @@ static void cli_plan_json(const cli_plan_input_t *in, const kvs_layout_t *lay,
            lay->targets_per_prefill, kvs_kv_kind_name(lay->kind), lay->planes,
            lay->tp_sources);
     printf(", \"prefill_cp\": %" PRId64, lay->prefill_cp);
+    printf(", \"kv_scales\": \"%s\", \"scale_block\": %" PRId64 ", \"scale_bytes\": %" PRId64,
+           kvs_kv_scales_name(lay->kv_scales), lay->scale_block, lay->scale_bytes);
     cli_plan_json_stages("prefill_stages", o->stages[KVS_ROLE_PREFILL], lay->prefill_pp,
                          false);
     cli_plan_json_stages("decode_stages", o->stages[KVS_ROLE_DECODE], lay->decode_pp, true);
@@ -532,6 +538,14 @@ static void cli_plan_table(const cli_plan_input_t *in, const kvs_layout_t *lay,
                " bytes), %" PRId64 " layers\n",
                lay->total_heads, lay->head_dim, kvs_dtype_name(in->shape.params.dtype),
                lay->elem_bytes, lay->layers);
+    if (lay->kv_scales != KVS_KV_SCALES_NONE) /* docs/kinds/fp8-scales.md */
+        printf("  scales   %s: %" PRId64 " byte(s) of scales per head and token (%s) beside "
+               "each K%s buffer, sliced by head with their rows; each layer slot of a "
+               "region holds its rows, then their scale rows\n",
+               kvs_kv_scales_name(lay->kv_scales), lay->scale_bytes,
+               lay->kv_scales == KVS_KV_SCALES_PER_TOKEN ? "one fp32"
+                                                        : "one e8m0 byte per block",
+               lay->planes == 2 ? " and V" : "");
     cli_plan_table_side(lay, KVS_ROLE_PREFILL, o->stages[KVS_ROLE_PREFILL]);
     cli_plan_table_side(lay, KVS_ROLE_DECODE, dstages);
     printf("  grid     page size %" PRId64 ", chunk %" PRId64 " tokens -> G = %"

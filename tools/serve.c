@@ -674,6 +674,15 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
                                        "(or give 1); `kvstage plan --prefill-cp` shows which "
                                        "CP rank writes which rows",
                         in->shape.params.prefill_cp);
+    /* Its ranks allocate, fill and check K and V pools without scale
+     * buffers: FP8 scale planes run in `kvstage sim`. */
+    if (in->shape.params.kv_scales != KVS_KV_SCALES_NONE)
+        return cli_fail(CLI_SERVE_CMD, "--kv-scales %s: serve's ranks allocate and check K "
+                                       "and V pools without scale buffers: drop --kv-scales "
+                                       "(or give none); run FP8 scale planes with `kvstage "
+                                       "sim --dtype fp8 --kv-scales %s` for now",
+                        kvs_kv_scales_name(in->shape.params.kv_scales),
+                        kvs_kv_scales_name(in->shape.params.kv_scales));
     if ((rc = cli_shape_layout(CLI_SERVE_CMD, &in->shape, &in->plan.lay)) != 0)
         return rc;
     const kvs_layout_t *l = &in->plan.lay;

@@ -113,6 +113,14 @@ int cli_shape_read(const char *cmd, const char *const *values,
                                 CLI_SHAPE_MAX_CHUNK_TOKENS, &p->chunk_tokens)) != 0)
         return rc;
 
+    /* FP8 KV with scale planes (docs/kinds/fp8-scales.md): none,
+     * per-token or per-block[:N]; the planner checks the dtype and block. */
+    if (values[CLI_SF_KV_SCALES] != NULL &&
+        kvs_kv_scales_parse(values[CLI_SF_KV_SCALES], &p->kv_scales, &p->scale_block) != KVS_OK)
+        return cli_fail(cmd, "--kv-scales: unknown scales '%s': use none, per-token (one "
+                             "fp32 per token and head) or per-block[:N] (one e8m0 byte per N "
+                             "elements, 32 by default)", values[CLI_SF_KV_SCALES]);
+
     /* A default model whose every number the flags replace names nothing
      * (an MLA latent replaces both its heads and its head dim). */
     if (!explicit_model && values[CLI_SF_LAYERS] != NULL &&
@@ -170,7 +178,7 @@ const char *cli_shape_flag_for(int status, const kvs_layout_params_t *p)
                    ? "--chunk-tokens (or --page-size / --decode-page-size)"
                    : "--chunk-tokens (or --page-size)";
     case KVS_EDTYPE:
-        return "--dtype";
+        return p->kv_scales != KVS_KV_SCALES_NONE ? "--dtype (or --kv-scales)" : "--dtype";
     case KVS_EHEADS:
         return "--kv-heads";
     case KVS_EINVAL:
@@ -179,6 +187,9 @@ const char *cli_shape_flag_for(int status, const kvs_layout_params_t *p)
         return "the shape flags";
     case KVS_EMLA:
         return "--kv-heads (an MLA model has one latent per token)";
+    case KVS_EINVAL:
+        return p->kv_scales != KVS_KV_SCALES_NONE ? "--kv-scales (or --head-dim)"
+                                                  : "the shape flags";
     default:
         return "the shape flags";
     }

@@ -51,6 +51,7 @@ enum cli_shape_flag {
     CLI_SF_MLA_LATENT_DIM,
     CLI_SF_DECODE_PAGE_SIZE,
     CLI_SF_PREFILL_CP,
+    CLI_SF_KV_SCALES,
     CLI_SF_COUNT
 };
 
@@ -70,7 +71,8 @@ enum cli_shape_flag {
     [CLI_SF_CHUNK_TOKENS] = {"--chunk-tokens", true},                          \
     [CLI_SF_MLA_LATENT_DIM] = {"--mla-latent-dim", true},                     \
     [CLI_SF_DECODE_PAGE_SIZE] = {"--decode-page-size", true},                \
-    [CLI_SF_PREFILL_CP] = {"--prefill-cp", true}
+    [CLI_SF_PREFILL_CP] = {"--prefill-cp", true},                      \
+    [CLI_SF_KV_SCALES] = {"--kv-scales", true}
 
 /* What a subcommand assumes for the shape flags it is not given. */
 typedef struct cli_shape_defaults {

@@ -173,7 +173,7 @@ void cli_sim_usage(FILE *out)
     fprintf(out,
             "usage: kvstage sim [--model NAME | --kv-heads H --head-dim HD --layers L]\n"
             "                   [--dtype T] [--page-size PS] [--decode-page-size DPS]\n"
-            "                   [--chunk-tokens C]\n"
+            "                   [--chunk-tokens C] [--kv-scales S]\n"
             "                   [--prefill-tp P[,P...]] [--decode-tp D[,D...]]\n"
             "                   [--prefill-pp PP[,PP...]] [--decode-pp DP[,DP...]]\n"
             "                   [--requests N] [--prompt-tokens MIN:MAX]\n"
@@ -216,6 +216,11 @@ void cli_sim_usage(FILE *out)
             "                      pool when it differs from PS (then PS is the\n"
             "                      prefill's); chunks cover whole pages of both sides\n"
             "                      (default: PS; docs/kinds/page-sizes.md)\n"
+            "  --kv-scales S       FP8 KV with scale planes (needs --dtype fp8): none\n"
+            "                      (default), per-token (one fp32 per token and head) or\n"
+            "                      per-block[:N] (MXFP8: one e8m0 byte per N elements,\n"
+            "                      32); moved and verified with their rows\n"
+            "                      (docs/kinds/fp8-scales.md)\n"
             "  --chunk-tokens C    chunked-prefill size, a multiple of PS (and DPS) (default %d\n"
             "                      here to keep simulated memory small; 0 means %d)\n"
             "  --prefill-tp P[,P...]  prefill attention TP size (default %d); a comma\n"
@@ -562,6 +567,8 @@ static void cli_sim_set_shape(const kvs_layout_params_t *p, kvs_sim_config_t *c)
     c->chunk_tokens = p->chunk_tokens;
     c->kv_kind = (int32_t)p->kind;
     c->decode_page_size = p->decode_page_size;
+    c->kv_scales = (int32_t)p->kv_scales;
+    c->scale_block = (uint32_t)p->scale_block;
 }
 
 /* The cluster of the lists into in->cfg, checked by the library: every
@@ -1058,6 +1065,8 @@ static void cli_sim_print_json(const cli_sim_input_t *in, const kvs_sim_config_t
            ", \"decode_page_size\": %" PRId64 ", \"chunk_tokens\": %" PRId64,
            lay->total_heads, lay->head_dim, kvs_dtype_name(in->shape.params.dtype),
            lay->layers, lay->page_size, lay->decode_page_size, lay->chunk_tokens);
+    printf(", \"kv_scales\": \"%s\", \"scale_block\": %" PRId64 ", \"scale_bytes\": %" PRId64,
+           kvs_kv_scales_name(lay->kv_scales), lay->scale_block, lay->scale_bytes);
     printf(", \"prefill_tp\": %" PRId64 ", \"decode_tp\": %" PRId64
            ", \"prefill_pp\": %" PRId64 ", \"decode_pp\": %" PRId64,
            lay->prefill_tp, lay->decode_tp, lay->prefill_pp, lay->decode_pp);
@@ -1122,20 +1131,29 @@ static void cli_sim_print_table(const cli_sim_input_t *in, const kvs_sim_config_
                  lay->decode_page_size);
     else
         snprintf(page, sizeof page, "%" PRId64, lay->page_size);
+    char dtype[96]; /* the dtype, and its scale planes (docs/kinds/fp8-scales.md) */
+    if (lay->kv_scales == KVS_KV_SCALES_PER_BLOCK)
+        snprintf(dtype, sizeof dtype, "%s + e8m0 scale per %" PRId64 " elements (%" PRId64
+                 " B a head)", kvs_dtype_name(in->shape.params.dtype), lay->scale_block,
+                 lay->scale_bytes);
+    else if (lay->kv_scales == KVS_KV_SCALES_PER_TOKEN)
+        snprintf(dtype, sizeof dtype, "%s + fp32 scale per token and head",
+                 kvs_dtype_name(in->shape.params.dtype));
+    else
+        snprintf(dtype, sizeof dtype, "%s", kvs_dtype_name(in->shape.params.dtype));
     if (lay->kind == KVS_KV_MLA)
         printf("kvstage sim: %s%s%" PRId64 " layers x MLA latent %" PRId64
                " (one per token, on every TP rank), %s, page %s, chunk %" PRId64
                " tokens\n",
                in->shape.model != NULL ? in->shape.model->name : "",
-               in->shape.model != NULL ? ", " : "", lay->layers, lay->head_dim,
-               kvs_dtype_name(in->shape.params.dtype), page, lay->chunk_tokens);
+               in->shape.model != NULL ? ", " : "", lay->layers, lay->head_dim, dtype, page,
+               lay->chunk_tokens);
     else
         printf("kvstage sim: %s%s%" PRId64 " layers x %" PRId64 " KV heads x head dim %"
                PRId64 ", %s, page %s, chunk %" PRId64 " tokens\n",
                in->shape.model != NULL ? in->shape.model->name : "",
                in->shape.model != NULL ? ", " : "", lay->layers, lay->total_heads,
-               lay->head_dim, kvs_dtype_name(in->shape.params.dtype), page,
-               lay->chunk_tokens);
+               lay->head_dim, dtype, page, lay->chunk_tokens);
     if (cfg->prefill_instances == 1 && cfg->decode_instances == 1) {
         printf("  prefill TP %" PRId64 " x PP %" PRId64 " -> decode TP %" PRId64
                " x PP %" PRId64 " on %" PRId64 " + %" PRId64 " simulated H200s, %"

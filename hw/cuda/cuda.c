@@ -441,6 +441,13 @@ static int hw_cuda_enqueue(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_de
                                                          s->s),
                          "the kernel could not be launched; " HW_CUDA_FIX_STICKY);
     }
+    if (rc == KVS_OK && sh.scale_row_bytes > 0) { /* the scale rows, same stream */
+        const hw_cuda_copy_args_t a = hw_cuda_copy_scale_args_of(d, &sh, sl->dev, scatter);
+        rc = HW_CUDA_TRY(c,
+                         (cudaError_t)hw_cuda_copy_launch(
+                             &a, hw_cuda_copy_scale_vec_bytes(d, &sh), s->s),
+                         "the scale kernel could not be launched; " HW_CUDA_FIX_STICKY);
+    }
     /* Whatever was queued may still read the slot: fence it either way. */
     int rc_ev = HW_CUDA_TRY(c, cudaEventRecord(sl->done, s->s), HW_CUDA_FIX_STICKY);
     if (rc_ev == KVS_OK)

@@ -35,7 +35,8 @@ typedef struct hw_cuda_copy_args {
     uint64_t row_bytes;    /* bytes per token copied */
     uint64_t token_bytes;  /* stride of token slots in the pool */
     uint64_t head_off;     /* bytes from a slot's start to head_start */
-    uint64_t slot_bytes;   /* tokens * row_bytes */
+    uint64_t slot_bytes;   /* from one staging slot to the next: tokens *
+                              (row_bytes + scale rows' bytes) */
     int scatter;           /* staging -> pool; else pool -> staging */
     uint32_t planes;       /* 2: K and V (grid z 2); 1: K only (MLA) */
 } hw_cuda_copy_args_t;

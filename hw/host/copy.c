@@ -456,7 +456,7 @@ static inline void hw_host_rowpf_step(hw_host_rowpf_t *k)
             hw_host_rowpf_step(pf);                                                           \
             for (uint64_t k = 0; k < c->nparts; k++) {                                        \
                 const uint64_t row = q[k].row_bytes;                                          \
-                uint8_t *st = q[k].staging + blk_index * q[k].slot_bytes + tok * row;         \
+                uint8_t *st = q[k].staging + blk_index * q[k].slot_stride + tok * row;         \
                 uint8_t *dst = c->scatter ? kv + q[k].head_off : st;                          \
                 const uint8_t *src = c->scatter ? st : kv + q[k].head_off;                    \
                 const uint64_t lines =                                                        \
@@ -492,7 +492,7 @@ HW_HOST_PAGE_ROWS(hw_host_page_rows_avx512, __attribute__((target("avx512f"))),
         for (uint64_t r = 0; r < ps; r++)                                                     \
             for (uint64_t k = 0; k < c->nparts; k++) {                                        \
                 const hw_host_copy_part_t *q = &c->parts[k];                                  \
-                uint8_t *st = q->staging + blk_index * q->slot_bytes + (tok + r) * q->row_bytes; \
+                uint8_t *st = q->staging + blk_index * q->slot_stride + (tok + r) * q->row_bytes; \
                 uint8_t *kv[HW_HOST_MAX_STREAMS], *blk[HW_HOST_MAX_STREAMS];                  \
                 for (int i = 0; i < count; i++) {                                             \
                     kv[i] = page[i] + r * tb + q->head_off;                                   \
@@ -562,7 +562,7 @@ static bool hw_host_rows_n_fits(const hw_host_copy_t *c, const hw_host_mover_t *
         if (c->scatter)
             bits |= (uintptr_t)q->head_off;
         else
-            bits |= (uintptr_t)(q->staging + blk_index * q->slot_bytes);
+            bits |= (uintptr_t)(q->staging + blk_index * q->slot_stride);
     }
     return (bits & m->align_mask) == 0;
 }
@@ -619,7 +619,7 @@ static void hw_host_copy_rows(const hw_host_copy_t *c, const hw_host_mover_t *m,
             hw_host_rowpf_step(&pf);
             for (uint64_t k = 0; k < np; k++) {
                 const uint64_t row = q[k].row_bytes;
-                uint8_t *st = q[k].staging + blk_index * q[k].slot_bytes + (done + t) * row;
+                uint8_t *st = q[k].staging + blk_index * q[k].slot_stride + (done + t) * row;
                 if (c->scatter)
                     hw_host_move(m, kv + q[k].head_off, st, row);
                 else
@@ -658,7 +658,7 @@ void hw_host_copy_part(const hw_host_copy_t *c, unsigned part, unsigned parts)
         const uint64_t blk_index = kv * c->layer_slots + c->slot_begin + j;
         if (whole)
             hw_host_copy_runs(c, &m, c->pool[b],
-                              c->parts[0].staging + blk_index * c->parts[0].slot_bytes);
+                              c->parts[0].staging + blk_index * c->parts[0].slot_stride);
         else
             hw_host_copy_rows(c, row_sum >= HW_HOST_STREAM_MIN_ROW_BYTES ? &m : &plain,
                               c->pool[b], blk_index);

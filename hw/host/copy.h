@@ -18,7 +18,9 @@ typedef struct hw_host_copy_part {
     uint8_t *staging;           /* start of the part's staging block */
     uint64_t head_off;          /* bytes from a token slot's start to its heads */
     uint64_t row_bytes;         /* bytes copied per token */
-    uint64_t slot_bytes;        /* tokens * row_bytes */
+    uint64_t slot_bytes;        /* tokens * row_bytes: the bytes copied per slot */
+    uint64_t slot_stride;       /* from one staging slot to the next: slot_bytes,
+                                 * more when the slot also holds scale rows */
 } hw_host_copy_part_t;
 
 typedef struct hw_host_copy {
@@ -45,7 +47,7 @@ uint64_t hw_host_copy_bytes(const hw_host_copy_t *c);
 /* Performs the copy. For each part q: layer j, K (kv 0) or V (kv 1), token
  * i goes between pool[kv * layer_count + j] + (pages[i / ps] * ps + i % ps)
  * * token_bytes + q.head_off and q.staging + ((kv * S + slot_begin + j) *
- * q.slot_bytes) + i * q.row_bytes. The parts of a scatter write disjoint
+ * q.slot_stride) + i * q.row_bytes. The parts of a scatter write disjoint
  * heads, those of a gather disjoint staging blocks. */
 void hw_host_copy_run(const hw_host_copy_t *c);
 

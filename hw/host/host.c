@@ -75,7 +75,11 @@
 
 typedef struct hw_host_op {
     hw_host_copy_t copy; /* its pool, pages and parts point into words */
-    uint64_t *words;     /* [pool pointers 2 * layer_count | pages | parts] */
+    hw_host_copy_t scales; /* its scale rows (scales.nparts 0: none), run
+                              after copy: the same pages, scale buffers and
+                              each slot's scale rows */
+    uint64_t *words;     /* [pool pointers 2 * layer_count | pages | parts |
+                            scale pointers 2 * layer_count | scale parts] */
     size_t words_cap;
 } hw_host_op_t;
 
@@ -358,7 +362,10 @@ static void *hw_host_worker(void *arg)
             pthread_cond_wait(&s->work_cv, &s->mu);
         if (s->done_seq == s->enq_seq)
             break; /* stopped and drained */
-        hw_host_run_op(s, &s->ops[s->done_seq % cap].copy);
+        const hw_host_op_t *op = &s->ops[s->done_seq % cap];
+        hw_host_run_op(s, &op->copy);
+        if (op->scales.nparts > 0) /* the scale rows of the same tokens and heads */
+            hw_host_run_op(s, &op->scales);
         s->done_seq++;
         pthread_cond_broadcast(&s->done_cv);
         hw_wait_fd_signal(&s->host->wait); /* done_seq advanced first */
@@ -500,8 +507,11 @@ static int hw_host_enqueue(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_de
     const uint64_t head_bytes = (uint64_t)d->head_dim * (uint64_t)d->elem_bytes;
     const uint64_t part_words = sizeof(hw_host_copy_part_t) / sizeof(uint64_t);
     _Static_assert(sizeof(hw_host_copy_part_t) % sizeof(uint64_t) == 0, "parts fill words");
-    const uint64_t n_words = 2 * L + pages_used + (uint64_t)nparts * part_words;
+    const bool scales = d->scale_bytes > 0;
+    const uint64_t n_words = (2 * L + (uint64_t)nparts * part_words) * (scales ? 2 : 1) +
+                             pages_used;
     const uint64_t planes = d->planes == 1 ? 1 : 2; /* as the check read it */
+    const uint64_t sb = (uint64_t)d->scale_bytes;
 
     pthread_mutex_lock(&s->mu);
     while (s->enq_seq - s->done_seq == h->queue_ops)
@@ -536,11 +546,33 @@ static int hw_host_enqueue(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_de
     hw_host_copy_part_t *cp = (hw_host_copy_part_t *)(void *)(op->words + 2 * L + pages_used);
     for (int64_t k = 0; k < nparts; k++) {
         const uint64_t row = (uint64_t)parts[k].num_heads * head_bytes;
+        const uint64_t srow = (uint64_t)parts[k].num_heads * sb;
         cp[k] = (hw_host_copy_part_t){
             .staging = (uint8_t *)(uintptr_t)parts[k].staging_addr,
             .head_off = (uint64_t)parts[k].head_start * head_bytes,
             .row_bytes = row,
             .slot_bytes = row * tokens,
+            .slot_stride = (row + srow) * tokens,
+        };
+    }
+    /* With scales: pointers to layer j's K scales at [j] and V scales at
+     * [L + j], and the parts' scale rows, at the end of each slot. */
+    uint8_t **spool = (uint8_t **)(void *)(op->words + 2 * L + pages_used +
+                                           (uint64_t)nparts * part_words);
+    hw_host_copy_part_t *sp = (hw_host_copy_part_t *)(void *)(spool + 2 * L);
+    for (uint64_t j = 0; scales && j < L; j++) {
+        const uint64_t l = (uint64_t)d->layer_begin + j;
+        spool[j] = (uint8_t *)(uintptr_t)d->ks_base[l];
+        spool[L + j] = planes == 2 ? (uint8_t *)(uintptr_t)d->vs_base[l] : NULL;
+    }
+    for (int64_t k = 0; scales && k < nparts; k++) {
+        const uint64_t srow = (uint64_t)parts[k].num_heads * sb;
+        sp[k] = (hw_host_copy_part_t){
+            .staging = cp[k].staging + cp[k].slot_bytes,
+            .head_off = (uint64_t)parts[k].head_start * sb,
+            .row_bytes = srow,
+            .slot_bytes = srow * tokens,
+            .slot_stride = cp[k].slot_stride,
         };
     }
     op->copy = (hw_host_copy_t){
@@ -558,6 +590,14 @@ static int hw_host_enqueue(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_de
         .max_vector_bytes = h->max_vector_bytes,
         .planes = planes,
     };
+    op->scales = op->copy;
+    op->scales.nparts = 0;
+    if (scales) {
+        op->scales.pool = spool;
+        op->scales.parts = sp;
+        op->scales.nparts = (uint64_t)nparts;
+        op->scales.token_bytes = (uint64_t)d->local_heads * sb;
+    }
     s->enq_seq++;
     pthread_cond_signal(&s->work_cv);
     pthread_mutex_unlock(&s->mu);

@@ -51,6 +51,17 @@ typedef struct kvs_grant kvs_grant_t;   /* backend-defined */
  * block is [K slot 0 | ... | K slot S-1] and v_base is not read (may be
  * NULL). A backend reads `planes` only from device ops version 4 on; the
  * core never hands a planes-1 copy to an older backend (KVS_ENOTSUP).
+ *
+ * Scale planes (FP8 KV with scales, docs/kinds/fp8-scales.md): with
+ * scale_bytes > 0 each plane of a layer has a scale buffer beside it
+ * (ks_base for K, vs_base for V), laid out [token_slot][local_head]
+ * [scale_bytes], and the copy moves the scales of the same heads and
+ * tokens with their rows: a staging slot is then tokens * num_heads *
+ * head_dim * elem_bytes bytes of KV rows followed by tokens * num_heads *
+ * scale_bytes bytes of their scale rows, token-major [token][head]
+ * [scale_bytes]. A backend reads the scale fields only from device ops
+ * version 5 on; the core never hands a copy with scales to an older one
+ * (KVS_ENOTSUP).
  */
 typedef struct kvs_copy_desc {
     const uint64_t *k_base;      /* per local layer, device addresses */
@@ -72,6 +83,10 @@ typedef struct kvs_copy_desc {
     int64_t planes;              /* buffers per layer: 2 (K and V) or 1 (K
                                     only); 0 means 2 (descriptors made
                                     before the field existed) */
+    /* device ops version 5: scale planes (0 / NULL: none) */
+    const uint64_t *ks_base;     /* per local layer: K's scale buffer */
+    const uint64_t *vs_base;     /* per local layer: V's (not read with planes 1) */
+    int64_t scale_bytes;         /* one head's scales in one token row; 0: none */
 } kvs_copy_desc_t;
 
 /*
@@ -84,7 +99,9 @@ typedef struct kvs_copy_shape {
     uint64_t row_bytes;     /* num_heads * head_dim * elem_bytes: one token's copy */
     uint64_t token_bytes;   /* local_heads * head_dim * elem_bytes: one pool slot */
     uint64_t head_off;      /* head_start * head_dim * elem_bytes */
-    uint64_t slot_bytes;    /* tokens * row_bytes: one staging layer slot */
+    uint64_t slot_bytes;    /* tokens * (row_bytes + scale_row_bytes): one
+                               staging layer slot, its KV rows then their
+                               scale rows */
     uint64_t block_bytes;   /* slot_bytes * staging_layer_slots * planes: the block */
     uint64_t pool_lo;       /* bytes [pool_lo, pool_hi) of every layer buffer */
     uint64_t pool_hi;       /*   copied: the pages used, first copied head on */
@@ -92,6 +109,14 @@ typedef struct kvs_copy_shape {
     uint64_t planes;        /* 1 or 2 (desc's planes, 0 taken as 2): plane kv
                                of layer j is k_base (kv 0) or v_base (kv 1)
                                and staging slot kv * S + slot_begin + j */
+    /* Scale planes (desc scale_bytes > 0; all 0 without): the same tokens
+     * and heads of ks_base / vs_base, at scale_off in each staging slot. */
+    uint64_t scale_row_bytes;   /* num_heads * scale_bytes: one token's scales */
+    uint64_t scale_token_bytes; /* local_heads * scale_bytes: one scale slot */
+    uint64_t scale_head_off;    /* head_start * scale_bytes */
+    uint64_t scale_off;         /* tokens * row_bytes: where a slot's scale rows start */
+    uint64_t scale_pool_lo;     /* bytes [lo, hi) of every scale buffer */
+    uint64_t scale_pool_hi;     /*   copied */
 } kvs_copy_shape_t;
 
 /* The backend's answer to "does [addr, addr + len_bytes) lie inside one live
@@ -199,8 +224,10 @@ typedef struct kvs_device_ops {
  * still bind and get the defaults. Version 4 adds no slot: it says the
  * copies read kvs_copy_desc_t.planes (layers of one buffer, MLA); a table
  * of an older version binds, and a manager of a one-plane kind refuses it
- * (KVS_ENOTSUP). */
-#define KVS_DEVICE_OPS_VERSION 4u
+ * (KVS_ENOTSUP). Version 5 adds no slot either: the copies read the scale
+ * planes (kvs_copy_desc_t.scale_bytes, ks_base, vs_base); a manager with
+ * scale planes refuses an older table (KVS_ENOTSUP). */
+#define KVS_DEVICE_OPS_VERSION 5u
 
 /* The base every device instance embeds first. */
 struct kvs_device {

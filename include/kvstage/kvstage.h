@@ -213,6 +213,31 @@ typedef enum kvs_kv_kind {
     KVS_KV_MLA = 1
 } kvs_kv_kind_t;
 
+/* Scale planes of an FP8 KV cache (docs/kinds/fp8-scales.md). With scales
+ * every layer's K (and V) buffer has a scale buffer beside it, laid out as
+ * the KV rows are, [token_slot][local_head][scale bytes of one head], so a
+ * head's scales split over TP with its head and move with its rows. */
+typedef enum kvs_kv_scales {
+    KVS_KV_SCALES_NONE = 0,      /* no scale planes (per-tensor scales, or none) */
+    /* One fp32 scale per (token, head) row of K and of V: 4 bytes a head. */
+    KVS_KV_SCALES_PER_TOKEN = 1,
+    /* MXFP8 (OCP MX v1.0): one e8m0 byte per scale_block elements (32) of a
+     * head: head_dim / scale_block bytes a head. */
+    KVS_KV_SCALES_PER_BLOCK = 2
+} kvs_kv_scales_t;
+
+/* "none", "per-token", "per-block" (block 32) or "per-block:N" -> scales
+ * and block (0 unless per-block); KVS_EINVAL otherwise. */
+KVS_API int kvs_kv_scales_parse(const char *spec, kvs_kv_scales_t *out, int64_t *out_block);
+/* "none", "per-token", "per-block"; "unknown" for another value. */
+KVS_API const char *kvs_kv_scales_name(kvs_kv_scales_t scales);
+/* Bytes of one head's scales in one token row: 0 (none), 4 (per-token),
+ * head_dim / block (per-block; block 0 means 32); 0 when the value is
+ * unknown or the block does not divide head_dim. */
+KVS_API int64_t kvs_kv_scales_head_bytes(kvs_kv_scales_t scales, int64_t block,
+                                         int64_t head_dim);
+#define KVS_DEFAULT_SCALE_BLOCK 32
+
 /* "gqa", "mla" -> kind; KVS_EINVAL otherwise. */
 KVS_API int kvs_kv_kind_parse(const char *name, kvs_kv_kind_t *out);
 /* "gqa", "mla"; "unknown" for another value. */
@@ -293,6 +318,11 @@ typedef struct kvs_layout_params {
      * x the CP ranks whose range meets the chunk
      * (docs/kinds/context-parallel.md). */
     int64_t prefill_cp;
+    /* Scale planes beside each K / V buffer (0: none). Only with dtype fp8
+     * (KVS_EDTYPE otherwise); per-block needs scale_block (0: 32) to divide
+     * head_dim (KVS_EINVAL). */
+    kvs_kv_scales_t kv_scales;
+    int64_t scale_block;    /* elements per scale, per-block only; 0 -> 32 */
 } kvs_layout_params_t;
 
 typedef enum kvs_path {
@@ -349,6 +379,12 @@ typedef struct kvs_layout {
                                  this: lcm of the two page sizes (the grid's
                                  unit), so every CP part of a chunk starts a
                                  page on both sides */
+    kvs_kv_scales_t kv_scales; /* scale planes beside K / V (0: none) */
+    int64_t scale_block;      /* elements per scale (per-block), else 0 */
+    int64_t scale_bytes;      /* bytes of one head's scales in a token row:
+                                 0, 4 (per-token) or head_dim / scale_block.
+                                 A staging layer slot holds its T * nh KV
+                                 rows, then their T * nh scale rows */
 } kvs_layout_t;
 
 /* Validates params and derives the plan. On error returns its code and, when
@@ -375,8 +411,10 @@ typedef struct kvs_writer {
     int64_t prefill_rank;   /* prefill TP rank that writes it */
     kvs_head_slice_t heads;
     int64_t offset_bytes;   /* from the start of the region */
-    int64_t len_bytes;      /* T * nh * hd * s * Lx * planes, Lx the layers
-                               of the region's decode stage */
+    int64_t len_bytes;      /* T * nh * (hd * s + scale_bytes) * Lx * planes,
+                               Lx the layers of the region's decode stage:
+                               each layer slot its KV rows then their scale
+                               rows (scale_bytes 0 without scales) */
 } kvs_writer_t;
 
 /* Writer i of the region of decode rank d at decode stage e (its layer
@@ -414,7 +452,9 @@ KVS_API int kvs_layout_source_index(const kvs_layout_t *lay, int64_t prefill_ran
  * of range. */
 KVS_API int kvs_layout_source_rank(const kvs_layout_t *lay, int64_t decode_rank,
                                    int64_t source_index, int64_t *out_prefill_rank);
-/* Bytes of one layer block (one K, V or latent layer) of one writer. */
+/* Bytes of one layer block (one K, V or latent layer) of one writer:
+ * tokens * num_heads * (head_dim * elem_bytes + scale_bytes), its KV rows
+ * then, with scales, their scale rows. */
 KVS_API int64_t kvs_layout_layer_block_bytes(const kvs_layout_t *lay,
                                              int64_t tokens, int64_t num_heads);
 
@@ -687,6 +727,13 @@ typedef struct kvs_manager_config {
      * both sizes and the fingerprint compares them; with different sizes the
      * chunk grid is a multiple of their lcm (docs/kinds/page-sizes.md). */
     int64_t peer_page_size;
+    /* Scale planes of an FP8 KV cache (kvs_kv_scales_t, 0: none; dtype must
+     * be fp8): a scale buffer beside each K and V buffer
+     * (kvs_kv_buffers_t.ks_base / vs_base), moved with the rows of its
+     * heads on every path. Both sides must agree (the fingerprint). See
+     * docs/kinds/fp8-scales.md. */
+    kvs_kv_scales_t kv_scales;
+    int64_t scale_block;      /* elements per scale, per-block only; 0 -> 32 */
 } kvs_manager_config_t;
 
 #define KVS_AUX_BYTES_MAX (1u << 20)
@@ -702,6 +749,11 @@ typedef struct kvs_kv_buffers {
     int64_t local_heads;
     int64_t page_size;
     int64_t num_pages;        /* pages in each layer buffer */
+    /* With kv_scales: per layer the scale buffers of K and of V, laid out
+     * [token_slot][local_head][scale bytes of a head] (4 per-token, head_dim
+     * / block per-block); vs_base NULL for MLA. NULL without scales. */
+    const uint64_t *ks_base;
+    const uint64_t *vs_base;
 } kvs_kv_buffers_t;
 
 /* One layer of this rank's KV pool as an engine holds it: a K and a V
@@ -717,6 +769,9 @@ typedef struct kvs_kv_layer {
     int64_t token_stride_bytes;  /* from one token slot to the next */
     int64_t head_stride_bytes;   /* from one head to the next */
     int64_t elem_stride_bytes;   /* from one element to the next */
+    uint64_t ks_addr, vs_addr;   /* with kv_scales: the scale buffers of K and
+                                    V (contiguous [tokens, heads, scale
+                                    bytes]); MLA: vs_addr 0. 0 without */
 } kvs_kv_layer_t;
 
 /* An engine's flat list of KV buffers into per-layer descriptors: n_ptrs =

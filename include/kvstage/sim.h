@@ -195,6 +195,13 @@ typedef struct kvs_sim_config {
      * shorter size_bytes leaves it 0), 1..2^24; 0: page_size. page_size is
      * then the prefill's; chunk_tokens must be a multiple of both. */
     int64_t decode_page_size;
+    /* Scale planes of an FP8 KV cache (kvs_kv_scales_t, 0: none; after
+     * decode_page_size: a shorter size_bytes leaves none): a scale buffer
+     * beside every K and V buffer, filled and verified slot by slot like
+     * the KV (dtype must be fp8; docs/kinds/fp8-scales.md). scale_block:
+     * elements per scale with per-block, 0: 32. */
+    int32_t kv_scales;
+    uint32_t scale_block;
 } kvs_sim_config_t;
 
 /* One instance's share of a run (kvs_sim_report_t.instance). */
@@ -434,7 +441,8 @@ KVS_API int kvs_sim_fault_check(const kvs_sim_config_t *cfg, const char *spec, c
 typedef struct kvs_sim_kv_coord {
     uint64_t request;           /* the request's index in its run */
     int64_t layer;              /* global layer: its stage's first + local */
-    int32_t kv;                 /* 0 = K, 1 = V */
+    int32_t kv;                 /* 0 = K, 1 = V; 2, 3: the scales of K, of V
+                                   (FP8 KV with scale planes) */
     int64_t head;               /* global KV head */
     int64_t token;              /* position in the request */
 } kvs_sim_kv_coord_t;

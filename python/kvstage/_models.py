@@ -14,6 +14,32 @@ def kind_name(value):
     return _KINDS[value] if 0 <= value < len(_KINDS) else "unknown"
 
 
+_SCALES = ("none", "per-token", "per-block")
+
+
+def scales_value(scales):
+    """kv_scales as (kvs_kv_scales_t, scale_block): "none" (or None), "per-token"
+    (one fp32 per token and head), "per-block" or "per-block:N" (MXFP8: one
+    e8m0 byte per N elements, 32 by default); KvstageError (KVS_EINVAL)
+    naming the argument otherwise. The planner checks the dtype (fp8) and
+    that N divides head_dim."""
+    if scales is None:
+        return 0, 0
+    if isinstance(scales, str):
+        name, _, block = scales.partition(":")
+        if name in _SCALES and (not block or (name == "per-block" and block.isdigit()
+                                              and int(block) > 0)):
+            return _SCALES.index(name), int(block) if block else 0
+    raise _errors.invalid("kv_scales is %r: give 'none', 'per-token' (one fp32 per token "
+                          "and head) or 'per-block[:N]' (one e8m0 byte per N elements, "
+                          "32 by default)" % (scales,))
+
+
+def scales_name(value):
+    """kvs_kv_scales_t as its name ("none", "per-token", "per-block")."""
+    return _SCALES[value] if 0 <= value < len(_SCALES) else "unknown"
+
+
 def kind_value(kind):
     """"gqa" / "mla" (or 0 / 1, or None for gqa) as kvs_kv_kind_t; KvstageError
     (KVS_EINVAL) naming the argument otherwise."""

@@ -95,13 +95,15 @@ def layout_params(fields):
         _convert.set_int(params, key, 0 if value is None else value)
     params.dtype = _convert.dtype(fields.get("dtype") or "bf16")
     params.kind = _models.kind_value(fields.get("kind"))
+    params.kv_scales, params.scale_block = _models.scales_value(fields.get("kv_scales"))
     return params
 
 
 def plan(model=None, *, prefill_tp, decode_tp, page_size, total_heads=None, kind=None,
          heads_per_rank=None, heads_per_rank_tp=None, head_dim=None, layers=None,
          dtype=None, prefill_pp=None, decode_pp=None, chunk_tokens=None,
-         tokens=None, decode_page_size=None, prefill_cp=None, request_tokens=None):
+         tokens=None, decode_page_size=None, prefill_cp=None, request_tokens=None,
+         kv_scales=None):
     """Plans the staging transfer of one chunk (spec sections 3-5).
 
     model: a built-in model name (see models()); it fills total_heads,
@@ -111,6 +113,10 @@ def plan(model=None, *, prefill_tp, decode_tp, page_size, total_heads=None, kind
     decode_page_size: tokens per page of the decode's KV pool when it is
     not page_size (which is then the prefill's); the chunk grid is then a
     multiple of both sizes' lcm (docs/kinds/page-sizes.md).
+    kv_scales: FP8 KV with scale planes (dtype "fp8"): None or "none",
+    "per-token" (one fp32 per token and head) or "per-block[:N]" (MXFP8: one
+    e8m0 byte per N elements, 32); each layer slot of a region then holds
+    its rows and their scale rows (docs/kinds/fp8-scales.md).
     Zero or None takes the planner's default (prefill_pp, decode_pp: 1;
     chunk_tokens: 8192; dtype: bf16). tokens: the chunk to lay out,
     1..grid_tokens (default: a full chunk of grid_tokens).
@@ -144,7 +150,8 @@ def plan(model=None, *, prefill_tp, decode_tp, page_size, total_heads=None, kind
         "layers": layers, "dtype": dtype, "page_size": page_size,
         "prefill_tp": prefill_tp, "decode_tp": decode_tp, "prefill_pp": prefill_pp,
         "decode_pp": decode_pp, "chunk_tokens": chunk_tokens, "kind": kind,
-        "decode_page_size": decode_page_size, "prefill_cp": prefill_cp})
+        "decode_page_size": decode_page_size, "prefill_cp": prefill_cp,
+        "kv_scales": kv_scales})
     params = layout_params(fields)
     lib = _library.load()
     lay = S.Layout()
@@ -167,6 +174,9 @@ def plan(model=None, *, prefill_tp, decode_tp, page_size, total_heads=None, kind
         out[key] = getattr(lay, key)
     out["dtype"] = _convert.dtype_name(lay.dtype)
     out["kv_kind"] = _models.kind_name(lay.kind)
+    out["kv_scales"] = _models.scales_name(lay.kv_scales)
+    out["scale_block"] = lay.scale_block
+    out["scale_bytes"] = lay.scale_bytes
     out["tokens"] = tokens
     staging = _convert.path_name(lay.path) == "staging"
     out["path"] = "staging" if staging else "direct"

@@ -83,7 +83,9 @@ def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
     decode rank, checked byte for byte there and counted in
     aux_bytes_verified and aux_corrupt_bytes, as `kvstage sim --aux-bytes`;
     0, the default, carries none); 0 or absent takes the simulator's
-    default. path: "auto", "staging", "direct" or "slice".
+    default. path: "auto", "staging", "direct" or "slice". kv_scales:
+    "none", "per-token" or "per-block[:N]" as for plan() (with dtype "fp8"):
+    every scale slot is moved and verified with its rows.
     faults: strings as `kvstage sim --fault`, e.g. ["drop:any:0.01"] or
     ["crash:prefill@1:0:20000"]. trace_path: write a Chrome trace-event
     JSON there.
@@ -125,6 +127,7 @@ def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
                         "model, dtype, path, faults, trace_path, router, %s"
                         % (", ".join(unknown), ", ".join(_SETTABLE)))
     fields["dtype"] = dtype
+    scales = fields.pop("kv_scales", None)
     _, fields = _models.shape(model, fields)
 
     cfg = S.SimConfig()
@@ -148,6 +151,9 @@ def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
         cfg.data_mode = _DATA_MODES[data]
     cfg.dtype = _convert.dtype(fields.get("dtype") or "bf16")
     cfg.kv_kind = _models.kind_value(fields.get("kind"))  # an MLA model's, or gqa
+    cfg.kv_scales, block = _models.scales_value(scales)
+    if fields.get("scale_block") is None:
+        cfg.scale_block = block
     cfg.path = _convert.path(path or "auto")
 
     if isinstance(faults, (str, bytes)):

@@ -39,7 +39,8 @@ class LayoutParams(c.Structure):
                 ("layers", i64), ("page_size", i64), ("prefill_tp", i64),
                 ("decode_tp", i64), ("prefill_pp", i64), ("decode_pp", i64),
                 ("chunk_tokens", i64), ("kind", enum),
-                ("decode_page_size", i64), ("prefill_cp", i64)]
+                ("decode_page_size", i64), ("prefill_cp", i64),
+                ("kv_scales", enum), ("scale_block", i64)]
 
 
 class Layout(c.Structure):
@@ -53,7 +54,8 @@ class Layout(c.Structure):
                 ("tp_writers", i64), ("expected_arrivals", i64),
                 ("targets_per_prefill", i64), ("path", enum), ("kind", enum),
                 ("planes", i64), ("tp_sources", i64), ("decode_page_size", i64),
-                ("prefill_cp", i64), ("cp_align_tokens", i64)]
+                ("prefill_cp", i64), ("cp_align_tokens", i64),
+                ("kv_scales", enum), ("scale_block", i64), ("scale_bytes", i64)]
 
 
 class HeadSlice(c.Structure):
@@ -115,7 +117,8 @@ class SimConfig(c.Structure):
                 ("decode_instance_pp", i64 * SIM_MAX_INSTANCES),
                 ("router", i32), ("max_aux_bytes", u32), ("reserved3", u32),
                 ("progress", c.c_void_p), ("progress_ctx", c.c_void_p),
-                ("kv_kind", i32), ("reserved4", u32), ("decode_page_size", i64)]
+                ("kv_kind", i32), ("reserved4", u32), ("decode_page_size", i64),
+                ("kv_scales", i32), ("scale_block", u32)]
 
 
 class SimInstance(c.Structure):
@@ -203,14 +206,15 @@ class ManagerConfig(c.Structure):
                 ("model_layers", i64), ("instance_id", u64), ("dp_rank", i64),
                 ("max_instances", u32), ("max_peers", u32), ("max_aux_bytes", u32),
                 ("secret_file", c.c_char_p), ("secret_env", c.c_char_p),
-                ("kv_kind", enum), ("peer_page_size", i64)]
+                ("kv_kind", enum), ("peer_page_size", i64), ("kv_scales", enum),
+                ("scale_block", i64)]
 
 
 class KvLayer(c.Structure):
     """kvs_kv_layer_t"""
     _fields_ = [("k_addr", u64), ("v_addr", u64), ("tokens", i64),
                 ("token_stride_bytes", i64), ("head_stride_bytes", i64),
-                ("elem_stride_bytes", i64)]
+                ("elem_stride_bytes", i64), ("ks_addr", u64), ("vs_addr", u64)]
 
 
 class RankConfig(c.Structure):

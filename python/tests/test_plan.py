@@ -60,6 +60,16 @@ CASES = [
           chunk_tokens=1024),
      ["--model", "deepseek-v3", "--prefill-tp", 2, "--decode-tp", 4, "--page-size", 64,
       "--prefill-cp", 4, "--chunk-tokens", 1024]),
+    # FP8 scale planes ride in each layer slot (docs/kinds/fp8-scales.md).
+    (dict(model="llama-3.1-70b", dtype="fp8", kv_scales="per-token", prefill_tp=8,
+          decode_tp=2, page_size=16),
+     ["--model", "llama-3.1-70b", "--dtype", "fp8", "--kv-scales", "per-token",
+      "--prefill-tp", 8, "--decode-tp", 2, "--page-size", 16]),
+    (dict(model="llama-3.1-8b", dtype="fp8", kv_scales="per-block:64", prefill_tp=2,
+          decode_tp=4, page_size=16, prefill_pp=2, tokens=100),
+     ["--model", "llama-3.1-8b", "--dtype", "fp8", "--kv-scales", "per-block:64",
+      "--prefill-tp", 2, "--decode-tp", 4, "--page-size", 16, "--prefill-pp", 2,
+      "--tokens", 100]),
     # Uneven pipeline splits (spec §4): 80 layers over 3 stages, 26 / 27 / 27.
     (dict(model="llama-3.1-70b", prefill_tp=8, decode_tp=2, page_size=16,
           prefill_pp=3),
@@ -87,7 +97,8 @@ def test_plan_equals_cli_json(cli, kwargs, flags):
                       "decode_layers", "prefill_layers", "tp_writers",
                       "expected_arrivals", "targets_per_prefill", "decode_ranks",
                       "prefill_stages", "decode_stages", "kv_kind", "planes",
-                      "tp_sources", "decode_page_size", "prefill_cp"}
+                      "tp_sources", "decode_page_size", "prefill_cp", "kv_scales",
+                      "scale_block", "scale_bytes"}
     if kwargs.get("prefill_cp", 1) > 1:
         assert "context_parallel" in shared
     for key in sorted(shared):
@@ -233,3 +244,16 @@ def test_error_carries_code_name_and_message():
     assert (e.code, e.name) == (-16, "KVS_EHEAD_SPLIT")
     assert str(e).startswith("KVS_EHEAD_SPLIT (-16): ")
     assert "multiple" in kvstage.strerror(e.code)
+
+
+def test_plan_kv_scales_refused_by_name():
+    """Scale planes need fp8 and a block dividing the head; a bad name is named."""
+    with pytest.raises(kvstage.KvstageError, match="kv_scales per-token needs dtype fp8"):
+        kvstage.plan("llama-3.1-8b", prefill_tp=2, decode_tp=1, page_size=16,
+                     kv_scales="per-token")
+    with pytest.raises(kvstage.KvstageError, match="scale_block 48 must divide"):
+        kvstage.plan("llama-3.1-8b", prefill_tp=2, decode_tp=1, page_size=16, dtype="fp8",
+                     kv_scales="per-block:48")
+    with pytest.raises(kvstage.KvstageError, match="kv_scales is 'per-tensor'"):
+        kvstage.plan("llama-3.1-8b", prefill_tp=2, decode_tp=1, page_size=16, dtype="fp8",
+                     kv_scales="per-tensor")

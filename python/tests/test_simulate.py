@@ -89,6 +89,20 @@ def test_decode_page_size_equals_cli(cli, ps, dps, path):
     # number of the decode's pages is refused, naming both sizes.
     raises("KVS_ECHUNK", ["peer's page size 48", "page_size %d" % ps],
            page_size=ps, decode_page_size=48, path="staging", requests=4)
+@pytest.mark.parametrize("scales", ["per-token", "per-block:64"])
+def test_fp8_scale_planes_equal_cli(cli, scales):
+    """kv_scales moves and verifies every scale slot, as `kvstage sim --kv-scales`."""
+    got = run(dtype="fp8", kv_scales=scales)
+    want = cli("sim", *SMALL_FLAGS, "--dtype", "fp8", "--kv-scales", scales)
+    assert_clean(got, 6)
+    for key in SAME_AS_CLI:
+        assert got[key] == want[key], key
+    assert "%016x" % got["digest"] == want["digest"]
+    plain = run(dtype="fp8")
+    per_head = 4 if scales == "per-token" else 2  # fp32, or 128 / 64 e8m0 bytes
+    assert got["bytes_verified"] * 128 == plain["bytes_verified"] * (128 + per_head)
+    with pytest.raises(kvstage.KvstageError, match="kv_scales"):
+        run(kv_scales=scales)  # bf16: scale planes belong to an fp8 cache
 
 
 def test_cluster_equals_cli(cli):

@@ -138,8 +138,45 @@ static bool emu_holds(void *ctx, uint64_t addr, uint64_t len_bytes)
     return kvs_host_ptr(e->inner, addr, len_bytes) != NULL;
 }
 
-/* hw_cuda_enqueue of cuda.c, with the emulated grid for the launch: runs
- * before it returns, after what the stream already holds. */
+/* One emulated launch of a (the KV rows, or with scales their scale rows,
+ * `rows` naming which), checked: the grid covers every layer and K and V
+ * of the copy, and its threads write each vector of the destination
+ * exactly once (else a GPU's threads race, whatever bytes the CPU's order
+ * left). */
+static int emu_launch(emu_device_t *e, const kvs_copy_desc_t *d, const kvs_copy_shape_t *sh,
+                      const hw_cuda_copy_args_t *a, unsigned vec, const char *what,
+                      const char *rows)
+{
+    kvs_device_t *dev = &e->base;
+    emu_result_t res;
+    const int rc = emu_copy_run(a, vec, &e->how, &res);
+    if (rc != 0)
+        return kvs_device_fail(dev, KVS_EBACKEND, rc,
+                               "%s on %s (%s): the emulated launch of %u-byte vectors "
+                               "returned cudaError_t %d; the kernels take 16, 8, 4, 2 or 1",
+                               what, dev->name, rows, vec, rc);
+    const uint64_t want =
+        (uint64_t)d->tokens * (a->row_bytes / vec) * (uint64_t)d->layer_count * sh->planes;
+    if (res.grid.y != (uint32_t)d->layer_count || res.grid.z != sh->planes || res.grid.x < 1 ||
+        res.grid.x > HW_CUDA_MAX_GRID_X || res.moves != want || res.moves_distinct != want)
+        return kvs_device_fail(dev, KVS_EBACKEND, 0,
+                               "%s on %s (%s): grid (%u, %u, %u) of %u-byte vectors made "
+                               "%llu moves to %llu distinct vectors; %llu vectors, each "
+                               "written once, by a grid (1..%u, %lld, %llu): fix "
+                               "copy_thread.cuh",
+                               what, dev->name, rows, res.grid.x, res.grid.y, res.grid.z, vec,
+                               (unsigned long long)res.moves,
+                               (unsigned long long)res.moves_distinct,
+                               (unsigned long long)want, HW_CUDA_MAX_GRID_X,
+                               (long long)d->layer_count, (unsigned long long)sh->planes);
+    e->widths_seen |= vec;
+    e->launches++;
+    return KVS_OK;
+}
+
+/* hw_cuda_enqueue of cuda.c, with the emulated grid for the launches (the
+ * KV rows, then with scale planes their scale rows): runs before it
+ * returns, after what the stream already holds. */
 static int emu_copy(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d,
                     bool scatter)
 {
@@ -156,40 +193,20 @@ static int emu_copy(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d
     rc = emu_pass(e, kvs_host_stream_sync(e->inner, s));
     if (rc != KVS_OK)
         return rc;
-    /* Exactly the words the kernel may read: ASan sees an overrun here. */
+    /* Exactly the words the kernels may read: ASan sees an overrun here. */
     const size_t n_words = hw_cuda_copy_words(d, &sh);
     uint64_t *words = malloc(n_words * sizeof *words);
     assert_non_null(words);
     hw_cuda_copy_words_fill(d, &sh, words);
     const hw_cuda_copy_args_t a = hw_cuda_copy_args_of(d, &sh, words, scatter);
-    const unsigned vec = hw_cuda_copy_vec_bytes(d, &sh);
-    emu_result_t res;
-    rc = emu_copy_run(&a, vec, &e->how, &res);
+    rc = emu_launch(e, d, &sh, &a, hw_cuda_copy_vec_bytes(d, &sh), what, "KV rows");
+    if (rc == KVS_OK && sh.scale_row_bytes > 0) {
+        const hw_cuda_copy_args_t sa = hw_cuda_copy_scale_args_of(d, &sh, words, scatter);
+        rc = emu_launch(e, d, &sh, &sa, hw_cuda_copy_scale_vec_bytes(d, &sh), what,
+                        "scale rows");
+    }
     free(words);
-    if (rc != 0)
-        return kvs_device_fail(dev, KVS_EBACKEND, rc,
-                               "%s on %s: the emulated launch of %u-byte vectors returned "
-                               "cudaError_t %d; the kernels take 16, 8, 4, 2 or 1",
-                               what, dev->name, vec, rc);
-    /* The grid covers every layer and K and V of the copy, and its threads
-     * write each vector of the destination exactly once (else a GPU's
-     * threads race, whatever bytes the CPU's order left). */
-    const uint64_t want =
-        (uint64_t)d->tokens * (sh.row_bytes / vec) * (uint64_t)d->layer_count * sh.planes;
-    if (res.grid.y != (uint32_t)d->layer_count || res.grid.z != sh.planes || res.grid.x < 1 ||
-        res.grid.x > HW_CUDA_MAX_GRID_X || res.moves != want || res.moves_distinct != want)
-        return kvs_device_fail(dev, KVS_EBACKEND, 0,
-                               "%s on %s: grid (%u, %u, %u) of %u-byte vectors made %llu "
-                               "moves to %llu distinct vectors; %llu vectors, each written "
-                               "once, by a grid (1..%u, %lld, %llu): fix copy_thread.cuh",
-                               what, dev->name, res.grid.x, res.grid.y, res.grid.z, vec,
-                               (unsigned long long)res.moves,
-                               (unsigned long long)res.moves_distinct,
-                               (unsigned long long)want, HW_CUDA_MAX_GRID_X,
-                               (long long)d->layer_count, (unsigned long long)sh.planes);
-    e->widths_seen |= vec;
-    e->launches++;
-    return KVS_OK;
+    return rc;
 }
 
 static int emu_gather(kvs_device_t *dev, kvs_stream_t *s, const kvs_copy_desc_t *d)
