@@ -184,12 +184,10 @@ const char *cli_shape_flag_for(int status, const kvs_layout_params_t *p)
     case KVS_EINVAL:
         if (p->prefill_cp < 0)
             return "--prefill-cp";
-        return "the shape flags";
-    case KVS_EMLA:
-        return "--kv-heads (an MLA model has one latent per token)";
-    case KVS_EINVAL:
         return p->kv_scales != KVS_KV_SCALES_NONE ? "--kv-scales (or --head-dim)"
                                                   : "the shape flags";
+    case KVS_EMLA:
+        return "--kv-heads (an MLA model has one latent per token)";
     default:
         return "the shape flags";
     }
