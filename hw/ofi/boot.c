@@ -212,7 +212,7 @@ static int hw_ofi_hello_take(kvs_conn_t *c, const uint8_t *h, char *why, size_t 
     int rc = fi_av_insert(f->av, h + 20 + HW_OFI_PROV_BYTES, 1, &c->peer_addr, 0, NULL);
     if (rc != 1) {
         snprintf(why, why_bytes, "inserting the endpoint address of %s into the address "
-                 "vector failed: %s", c->peer, fi_strerror(rc < 0 ? -rc : FI_EINVAL));
+                 "vector failed: %s", c->peer, f->lib.strerror(rc < 0 ? -rc : FI_EINVAL));
         return KVS_EBACKEND;
     }
     c->in_av = true;

@@ -139,9 +139,9 @@ int hw_ofi_status(int fi_rc)
 }
 
 /* What the fabric asks of a provider; prov NULL: any. */
-static struct fi_info *hw_ofi_hints(const char *prov)
+static struct fi_info *hw_ofi_hints(const hw_ofi_lib_t *lib, const char *prov)
 {
-    struct fi_info *h = fi_allocinfo();
+    struct fi_info *h = lib->dupinfo(NULL); /* fi_allocinfo() */
     if (h == NULL)
         return NULL;
     h->caps = FI_MSG | FI_RMA | FI_SEND | FI_RECV | FI_WRITE | FI_REMOTE_WRITE;
@@ -155,7 +155,7 @@ static struct fi_info *hw_ofi_hints(const char *prov)
     h->domain_attr->resource_mgmt = FI_RM_ENABLED;
     h->domain_attr->av_type = FI_AV_TABLE;
     if (prov != NULL && (h->fabric_attr->prov_name = strdup(prov)) == NULL) {
-        fi_freeinfo(h);
+        lib->freeinfo(h);
         return NULL;
     }
     return h;
@@ -165,10 +165,14 @@ int kvs_ofi_providers(char *buf, size_t buf_bytes)
 {
     if (buf_bytes > 0)
         buf[0] = '\0';
-    struct fi_info *h = hw_ofi_hints(NULL), *list = NULL;
-    if (h == NULL || fi_getinfo(HW_OFI_API, NULL, NULL, 0, h, &list) != 0)
+    hw_ofi_lib_t lib;
+    char why[HW_OFI_WHY_BYTES];
+    if (hw_ofi_lib_open(&lib, why, sizeof why) != KVS_OK)
+        return 0;
+    struct fi_info *h = hw_ofi_hints(&lib, NULL), *list = NULL;
+    if (h == NULL || lib.getinfo(HW_OFI_API, NULL, NULL, 0, h, &list) != 0)
         list = NULL;
-    fi_freeinfo(h);
+    lib.freeinfo(h);
     int n = 0;
     size_t used = 0;
     char names[32][32];
@@ -188,7 +192,7 @@ int kvs_ofi_providers(char *buf, size_t buf_bytes)
             used += w > 0 ? (size_t)w : 0;
         }
     }
-    fi_freeinfo(list);
+    lib.freeinfo(list);
     return n;
 }
 
@@ -233,7 +237,7 @@ static void hw_ofi_free(hw_ofi_fabric_t *f)
     if (f->fabric != NULL)
         fi_close(&f->fabric->fid);
     if (f->info != NULL)
-        fi_freeinfo(f->info);
+        f->lib.freeinfo(f->info);
     if (f->listen_fd >= 0)
         close(f->listen_fd);
     if (f->boot_fd >= 0)
@@ -308,22 +312,22 @@ static int hw_ofi_config(const kvs_ofi_config_t *in, hw_ofi_fabric_t *f, kvs_err
  * providers that would do. */
 static int hw_ofi_getinfo(hw_ofi_fabric_t *f, char *why, size_t why_bytes)
 {
-    struct fi_info *h = hw_ofi_hints(f->provider_want);
+    struct fi_info *h = hw_ofi_hints(&f->lib, f->provider_want);
     if (h == NULL) {
         snprintf(why, why_bytes, "no memory for fi_getinfo's hints");
         return KVS_ENOMEM;
     }
     const char *node = f->cfg.bind_addr;
-    int rc = fi_getinfo(HW_OFI_API, node, NULL, node != NULL ? FI_SOURCE : 0, h, &f->info);
+    int rc = f->lib.getinfo(HW_OFI_API, node, NULL, node != NULL ? FI_SOURCE : 0, h, &f->info);
     if (node != NULL && (rc != 0 || f->info->addr_format == FI_ADDR_STR)) {
         /* Shared memory has no IP addresses: it would take the text as the
          * endpoint's name, the same for every process. */
         if (rc == 0)
-            fi_freeinfo(f->info);
+            f->lib.freeinfo(f->info);
         f->info = NULL;
-        rc = fi_getinfo(HW_OFI_API, NULL, NULL, 0, h, &f->info);
+        rc = f->lib.getinfo(HW_OFI_API, NULL, NULL, 0, h, &f->info);
     }
-    fi_freeinfo(h);
+    f->lib.freeinfo(h);
     if (rc == 0 && f->info != NULL)
         return KVS_OK;
     f->info = NULL;
@@ -333,7 +337,7 @@ static int hw_ofi_getinfo(hw_ofi_fabric_t *f, char *why, size_t why_bytes)
     char full[512];
     snprintf(full, sizeof full, "provider '%s' is not offered here (%s); pass one of those "
              "libfabric offers with reliable datagram endpoints, RMA writes and ordered "
-             "messages: %s", f->provider_want, fi_strerror(-rc),
+             "messages: %s", f->provider_want, f->lib.strerror(-rc),
              n > 0 ? offered : "none (install libfabric's providers)");
     size_t len = strlen(full);
     if (why_bytes > 0) {
@@ -413,7 +417,7 @@ static int hw_ofi_open(hw_ofi_fabric_t *f, char *why, size_t why_bytes)
 {
     struct fi_info *i = f->info;
     const char *step = "fi_fabric";
-    int rc = fi_fabric(i->fabric_attr, &f->fabric, NULL);
+    int rc = f->lib.fabric(i->fabric_attr, &f->fabric, NULL);
     if (rc == 0) {
         step = "fi_domain";
         rc = fi_domain(f->fabric, i, &f->domain, NULL);
@@ -469,7 +473,7 @@ static int hw_ofi_open(hw_ofi_fabric_t *f, char *why, size_t why_bytes)
         const bool cq_cap = rc == -FI_EINVAL && strcmp(step, "fi_enable") == 0 &&
                             strncmp(i->fabric_attr->prov_name, "verbs", 5) == 0;
         snprintf(why, why_bytes, "%s on provider %s failed: %s%s", step, f->name,
-                 fi_strerror(-rc), rc == -FI_ETOOSMALL ? ": its address is too long"
+                 f->lib.strerror(-rc), rc == -FI_ETOOSMALL ? ": its address is too long"
                  : cq_cap ? ": the CQ ofi_rxm asks of verbs may be larger than the device "
                             "allows (rxe): set FI_UNIVERSE_SIZE=64" : "");
         return rc == -FI_ENOMEM ? KVS_ENOMEM : KVS_EBACKEND;
@@ -514,7 +518,8 @@ int kvs_ofi_fabric_create(const kvs_ofi_config_t *cfg, kvs_fabric_t **out, kvs_e
         return rc;
     }
     char why[KVS_ERROR_MSG_BYTES] = "";
-    if ((rc = hw_ofi_getinfo(f, why, sizeof why)) != KVS_OK)
+    if ((rc = hw_ofi_lib_open(&f->lib, why, sizeof why)) != KVS_OK ||
+        (rc = hw_ofi_getinfo(f, why, sizeof why)) != KVS_OK)
         goto fail;
     snprintf(f->name, sizeof f->name, "ofi:%s", f->info->fabric_attr->prov_name);
     f->mr_mode = f->info->domain_attr->mr_mode;

@@ -132,7 +132,7 @@ int hw_ofi_key_grant(kvs_fabric_t *fab, kvs_conn_t *conn, kvs_mr_t *mr, uint64_t
                                                                      : KVS_EBACKEND,
                                -rc, "key_grant on %s: fi_mr_reg of [0x%llx, +%llu) failed: "
                                "%s%s", f->name, (unsigned long long)addr,
-                               (unsigned long long)len_bytes, fi_strerror(-rc),
+                               (unsigned long long)len_bytes, f->lib.strerror(-rc),
                                rc == -FI_ENOMEM ? ": raise the locked-memory limit "
                                                   "(ulimit -l)" : "");
     *g = (kvs_grant_t){.fmr = fmr, .mr = mr, .conn = conn, .conn_gen = conn->gen,

@@ -3,7 +3,8 @@
  * (hw/ofi/): the fabric instance, its connections, registrations, requests
  * and receive buffers, and the cross-file hw_ofi_ functions.
  *
- * Files: fabric.c (provider choice, the ops table, create, destroy),
+ * Files: lib.c (libfabric, opened at create), fabric.c (provider choice,
+ * the ops table, create, destroy),
  * boot.c (the TCP bootstrap: listener, HELLO, liveness, connection states),
  * mr.c (registration, split pieces, key tables and their KEYS/DROP
  * messages), grant.c (region-scoped keys: key_grant, key_revoke), post.c (write, send, the queue of requests the provider
@@ -54,6 +55,23 @@
 #define HW_OFI_GRACE_NS 200000000u  /* a peer's socket ended: wait this long for its BYE */
 #define HW_OFI_DRAIN_NS 200000000u  /* destroy waits at most this long for its BYEs */
 #define HW_OFI_MAX_SLOTS 65535u
+
+/* ---- libfabric itself (lib.c) ------------------------------------------ */
+
+/* The libfabric functions the fabric calls, from libfabric.so.1 opened at
+ * create (lib.c says why it is not linked). */
+typedef struct hw_ofi_lib {
+    int (*getinfo)(uint32_t version, const char *node, const char *service, uint64_t flags,
+                   const struct fi_info *hints, struct fi_info **info);
+    void (*freeinfo)(struct fi_info *info);
+    struct fi_info *(*dupinfo)(const struct fi_info *info);
+    int (*fabric)(struct fi_fabric_attr *attr, struct fid_fabric **fabric, void *context);
+    const char *(*strerror)(int errnum);
+} hw_ofi_lib_t;
+
+/* Opens libfabric (once per process it loads; later opens find it) and
+ * fills lib. KVS_EBACKEND with `why` saying what to install otherwise. */
+int hw_ofi_lib_open(hw_ofi_lib_t *lib, char *why, size_t why_bytes);
 
 /* Kinds of message on the endpoint. */
 enum hw_ofi_kind {
@@ -299,6 +317,7 @@ struct hw_ofi_fabric {
     char bind_addr[64];
     char name[80];           /* "ofi:tcp;ofi_rxm" for messages */
     char address[80];        /* "IP:port" of the bootstrap listener */
+    hw_ofi_lib_t lib;        /* libfabric's functions (lib.c) */
     struct fi_info *info;
     struct fid_fabric *fabric;
     struct fid_domain *domain;

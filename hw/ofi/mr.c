@@ -70,7 +70,7 @@ int hw_ofi_mr_own(hw_ofi_fabric_t *f, void *buf, size_t len, uint64_t access,
     int rc = hw_ofi_mr_reg_one(f, buf, len, access, out);
     if (rc != 0) {
         snprintf(why, why_bytes, "registering %zu bytes of the fabric's message buffers on "
-                 "%s failed: %s%s", len, f->name, fi_strerror(-rc),
+                 "%s failed: %s%s", len, f->name, f->lib.strerror(-rc),
                  rc == -FI_ENOMEM ? ": raise the locked-memory limit (ulimit -l) or lower "
                                     "send_slots and recv_depth" : "");
         return hw_ofi_status(rc) == KVS_ENOMEM ? KVS_ENOMEM : KVS_EBACKEND;
@@ -238,7 +238,7 @@ static int hw_ofi_mr_register_as(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t 
                                    -rc, "mr_register on %s: fi_mr_reg of [0x%llx, +%llu) "
                                    "(piece %u of %u) failed: %s%s", f->name,
                                    (unsigned long long)(addr + off), (unsigned long long)len,
-                                   i + 1, mr->npieces, fi_strerror(-rc),
+                                   i + 1, mr->npieces, f->lib.strerror(-rc),
                                    rc == -FI_ENOMEM ? ": raise the locked-memory limit "
                                                       "(ulimit -l)" : "");
         }

@@ -213,7 +213,7 @@ static void hw_ofi_error_entry(hw_ofi_fabric_t *f)
     const char *pe = fi_cq_strerror(f->cq, e.prov_errno, e.err_data, detail, sizeof detail);
     (void)kvs_fabric_fail(&f->base, status, e.err, "%s to %s failed: %s (provider: %s)%s",
                           r->kind == HW_OFI_REQ_WRITE ? "write" : "send", op->conn->peer,
-                          fi_strerror(e.err), pe != NULL ? pe : "?",
+                          f->lib.strerror(e.err), pe != NULL ? pe : "?",
                           status == KVS_EREMOTE ? ": check the remote key and range" : "");
     hw_ofi_req_done(f, (uint32_t)req, status);
 }
@@ -242,7 +242,7 @@ int hw_ofi_poll(kvs_fabric_t *fab, kvs_completion_t *out, int max)
         if (got < 0)
             return kvs_fabric_fail(fab, KVS_EBACKEND, (int)-got, "poll on %s: fi_cq_read "
                                    "failed: %s; the fabric cannot go on: destroy it",
-                                   f->name, fi_strerror((int)-got));
+                                   f->name, f->lib.strerror((int)-got));
         for (ssize_t k = 0; k < got; k++)
             n = hw_ofi_entry(f, &es[k], out, n);
         n = hw_ofi_drain_done(f, out, n, max);
