@@ -167,33 +167,24 @@ int kvs_copy_desc_check(const kvs_copy_desc_t *d, const char *what, const char *
     if (sh->payload_bytes != 0) {
         for (int64_t j = 0; j < d->layer_count; j++) {
             const int64_t l = d->layer_begin + j;
-            for (uint64_t kv = 0; kv < planes; kv++) {
-                const uint64_t base = kv == 0 ? d->k_base[l] : d->v_base[l];
+            /* each plane's buffer, then (kv_scales) its scale buffer */
+            for (uint64_t q = 0; q < planes * (scales ? 2u : 1u); q++) {
+                const uint64_t kv = scales ? q / 2 : q;
+                const bool sc = scales && q % 2 == 1;
+                const uint64_t base = sc ? (kv == 0 ? d->ks_base[l] : d->vs_base[l])
+                                         : (kv == 0 ? d->k_base[l] : d->v_base[l]);
+                const uint64_t plo = sc ? sh->scale_pool_lo : sh->pool_lo;
+                const uint64_t phi = sc ? sh->scale_pool_hi : sh->pool_hi;
                 uint64_t lo;
-                if (!kvs__copy_add(base, sh->pool_lo, &lo) ||
-                    base > UINT64_MAX - sh->pool_hi ||
-                    !in_mem(ctx, lo, sh->pool_hi - sh->pool_lo))
+                if (!kvs__copy_add(base, plo, &lo) || base > UINT64_MAX - phi ||
+                    !in_mem(ctx, lo, phi - plo))
                     KVS__COPY_BAD(KVS_ERANGE,
-                                  "%s buffer of local layer %lld (0x%llx) does not hold "
+                                  "%s%s buffer of local layer %lld (0x%llx) does not hold "
                                   "bytes [%llu, %llu) of the pages copied: not allocated, "
                                   "freed or too small",
-                                  kv == 0 ? "K" : "V", (long long)l,
-                                  (unsigned long long)base, (unsigned long long)sh->pool_lo,
-                                  (unsigned long long)sh->pool_hi);
-                if (!scales)
-                    continue;
-                const uint64_t sbase = kv == 0 ? d->ks_base[l] : d->vs_base[l];
-                if (!kvs__copy_add(sbase, sh->scale_pool_lo, &lo) ||
-                    sbase > UINT64_MAX - sh->scale_pool_hi ||
-                    !in_mem(ctx, lo, sh->scale_pool_hi - sh->scale_pool_lo))
-                    KVS__COPY_BAD(KVS_ERANGE,
-                                  "%s scale buffer of local layer %lld (0x%llx) does not "
-                                  "hold bytes [%llu, %llu) of the pages copied: not "
-                                  "allocated, freed or too small",
-                                  kv == 0 ? "K" : "V", (long long)l,
-                                  (unsigned long long)sbase,
-                                  (unsigned long long)sh->scale_pool_lo,
-                                  (unsigned long long)sh->scale_pool_hi);
+                                  kv == 0 ? "K" : "V", sc ? " scale" : "", (long long)l,
+                                  (unsigned long long)base, (unsigned long long)plo,
+                                  (unsigned long long)phi);
             }
         }
         if (!in_mem(ctx, d->staging_addr, sh->block_bytes))
