@@ -665,15 +665,10 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
         in->shape.params.prefill_tp = in->peers[0].tp;
         in->shape.params.prefill_pp = in->peers[0].pp;
     }
-    /* The handlers do not run prefill context parallelism yet (they would
-     * need CP ranks in registrations, rooms and arrivals): `kvstage plan
-     * --prefill-cp` shows the plan (docs/kinds/context-parallel.md). */
-    if (in->shape.params.prefill_cp > 1)
-        return cli_fail(CLI_SERVE_CMD, "--prefill-cp %" PRId64 ": serve's ranks do not run "
-                                       "prefill context parallelism yet: drop --prefill-cp "
-                                       "(or give 1); `kvstage plan --prefill-cp` shows which "
-                                       "CP rank writes which rows",
-                        in->shape.params.prefill_cp);
+    /* the handlers do not run prefill CP yet (CP ranks in registrations,
+     * rooms and arrivals) */
+    if ((rc = cli_shape_refuse_cp(CLI_SERVE_CMD, "serve's ranks", &in->shape)) != 0)
+        return rc;
     /* Its ranks allocate, fill and check K and V pools without scale
      * buffers: FP8 scale planes run in `kvstage sim`. */
     if (in->shape.params.kv_scales != KVS_KV_SCALES_NONE)

@@ -115,6 +115,15 @@ int cli_shape_read(const char *cmd, const char *const *values,
 int cli_shape_layout(const char *cmd, const cli_shape_t *shape,
                      kvs_layout_t *lay);
 
+/*
+ * The commands whose ranks run transfers (sim, serve) refuse prefill
+ * context parallelism above 1 until the handlers move it (`kvstage plan
+ * --prefill-cp` plans it, docs/kinds/context-parallel.md): prints one line
+ * naming --prefill-cp and what `who` (e.g. "serve's ranks") cannot do, and
+ * returns CLI_EXIT_USAGE; 0 when CP is 1.
+ */
+int cli_shape_refuse_cp(const char *cmd, const char *who, const cli_shape_t *shape);
+
 /* The flag to change for a kvs_layout_init failure (status) of params p,
  * e.g. "--decode-pp" or "--prefill-tp (or --kv-heads)"; the library's
  * detail says why. Static storage. */

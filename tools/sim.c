@@ -631,14 +631,8 @@ static int cli_sim_read_values(const char *const *scanned, cli_sim_input_t *in)
     in->json = values[CLI_XF_JSON] != NULL;
     if ((rc = cli_shape_read(CLI_SIM_CMD, values, &defaults, &in->shape)) != 0)
         return rc;
-    /* The handlers do not run prefill context parallelism yet: the plan
-     * does (docs/kinds/context-parallel.md). */
-    if (in->shape.params.prefill_cp > 1)
-        return cli_fail(CLI_SIM_CMD, "--prefill-cp %" PRId64 ": the simulated ranks do not "
-                                     "run prefill context parallelism yet: drop --prefill-cp "
-                                     "(or give 1); `kvstage plan --prefill-cp` shows which CP "
-                                     "rank writes which rows of each region",
-                        in->shape.params.prefill_cp);
+    if ((rc = cli_shape_refuse_cp(CLI_SIM_CMD, "the simulated ranks", &in->shape)) != 0)
+        return rc;
 
     int64_t requests = 0, ring_mib = CLI_SIM_DEFAULT_RING_MIB, prefix = 0, inflight = 0;
     in->nic_gbps = CLI_SIM_DEFAULT_NIC_GBPS;
