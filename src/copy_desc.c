@@ -13,6 +13,7 @@
  */
 #include "backend.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -35,19 +36,33 @@ static bool kvs__copy_pool_off(uint64_t token_bytes, uint64_t head_off, uint64_t
     return kvs__copy_mul(slot, token_bytes, &off) && kvs__copy_add(off, head_off, out);
 }
 
+/* Writes "<what> on <dev>: <detail>" into msg, clears the shape (after the
+ * message, which may read it) and returns status: every refusal of
+ * kvs_copy_desc_check goes through here. */
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((format(printf, 7, 8)))
+#endif
+static int kvs__copy_bad(int status, kvs_copy_shape_t *sh, char *msg, size_t msg_bytes,
+                         const char *what, const char *dev_name, const char *fmt, ...)
+{
+    const int n = snprintf(msg, msg_bytes, "%s on %s: ", what, dev_name);
+    if ((size_t)n < msg_bytes) { /* (a negative n: nothing after the prefix) */
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg + n, msg_bytes - (size_t)n, fmt, ap);
+        va_end(ap);
+    }
+    memset(sh, 0, sizeof *sh);
+    return status;
+}
+
 int kvs_copy_desc_check(const kvs_copy_desc_t *d, const char *what, const char *dev_name,
                         kvs_copy_mem_fn in_mem, void *ctx, kvs_copy_shape_t *sh, char *msg,
                         size_t msg_bytes)
 {
     memset(sh, 0, sizeof *sh);
 #define KVS__COPY_BAD(status, ...)                                              \
-    do {                                                                       \
-        int n_ = snprintf(msg, msg_bytes, "%s on %s: ", what, dev_name);       \
-        if (n_ > 0 && (size_t)n_ < msg_bytes)                                  \
-            snprintf(msg + n_, msg_bytes - (size_t)n_, __VA_ARGS__);           \
-        memset(sh, 0, sizeof *sh); /* after the message, which may use it */   \
-        return (status);                                                       \
-    } while (0)
+    return kvs__copy_bad((status), sh, msg, msg_bytes, what, dev_name, __VA_ARGS__)
     if (d == NULL)
         KVS__COPY_BAD(KVS_EINVAL, "descriptor is NULL");
     if (d->local_heads <= 0 || d->head_dim <= 0 || d->elem_bytes <= 0 || d->page_size <= 0)

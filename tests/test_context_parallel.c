@@ -90,12 +90,19 @@ static void test_context_parallel_rejects_bad_arguments(void **state)
     assert_int_equal(kvs_layout_cp_range(NULL, 10, 0, &s, &e), KVS_EINVAL);
     assert_int_equal(kvs_layout_cp_range(&l, -1, 0, &s, &e), KVS_EINVAL);
     assert_int_equal(kvs_layout_cp_range(&l, 10, 0, NULL, &e), KVS_EINVAL);
+    assert_int_equal(kvs_layout_cp_range(&l, 10, 0, &s, NULL), KVS_EINVAL);
     assert_int_equal(kvs_layout_cp_range(&l, 10, 2, &s, &e), KVS_ERANGE);
     assert_int_equal(kvs_layout_cp_range(&l, 10, -1, &s, &e), KVS_ERANGE);
     kvs_chunk_t ch = {.token_start = 0, .token_end = 64};
     kvs_cp_part_t part;
     assert_int_equal(kvs_layout_cp_part(&l, 0, 0, 100, &ch, 0, NULL), KVS_EINVAL);
     assert_int_equal(kvs_layout_cp_part(&l, 0, 0, 100, NULL, 0, &part), KVS_EINVAL);
+    assert_int_equal(kvs_layout_cp_part(NULL, 0, 0, 100, &ch, 0, &part), KVS_EINVAL);
+    assert_int_equal(kvs_layout_cp_part(&l, 0, 0, -1, &ch, 0, &part), KVS_ERANGE);
+    assert_int_equal(kvs_layout_cp_part(&l, 0, 0, 100, &ch, -1, &part), KVS_ERANGE);
+    ch.token_start = -1; /* a chunk starting before the request */
+    assert_int_equal(kvs_layout_cp_part(&l, 0, 0, 100, &ch, 0, &part), KVS_ERANGE);
+    ch.token_start = 0;
     assert_int_equal(kvs_layout_cp_part(&l, 2, 0, 100, &ch, 0, &part), KVS_ERANGE);
     assert_int_equal(kvs_layout_cp_part(&l, 0, 1, 100, &ch, 0, &part), KVS_ERANGE);
     assert_int_equal(kvs_layout_cp_part(&l, 0, 0, 100, &ch, 2, &part), KVS_ERANGE);
@@ -105,6 +112,9 @@ static void test_context_parallel_rejects_bad_arguments(void **state)
     ch = (kvs_chunk_t){.token_start = 10, .token_end = 5};
     assert_int_equal(kvs_layout_cp_writers(&l, 1000, &ch, &first, &count), KVS_ERANGE);
     assert_int_equal(kvs_layout_cp_writers(&l, 1000, &ch, NULL, &count), KVS_EINVAL);
+    assert_int_equal(kvs_layout_cp_writers(NULL, 1000, &ch, &first, &count), KVS_EINVAL);
+    assert_int_equal(kvs_layout_cp_writers(&l, 1000, NULL, &first, &count), KVS_EINVAL);
+    assert_int_equal(kvs_layout_cp_writers(&l, 1000, &ch, &first, NULL), KVS_EINVAL);
     assert_int_equal(kvs_layout_chunk_arrivals(&l, 1000, &ch), 0);
     assert_int_equal(kvs_layout_chunk_arrivals(NULL, 1000, &ch), 0);
 }

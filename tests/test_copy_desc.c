@@ -467,6 +467,56 @@ static void test_copy_desc_refuses_sizes_overflowing_64_bits(void **state)
     expect_refused(&f, &d, KVS_ERANGE, "sizes overflow 64 bits");
 }
 
+/* The scale planes' sizes and byte offsets are checked as the KV rows'
+ * are: each product that can pass 64 bits on its own is refused. */
+static void test_copy_desc_refuses_scale_sizes_overflowing_64_bits(void **state)
+{
+    fx_t f;
+    fx_init(&f);
+    uint64_t ks[LAYERS], vs[LAYERS];
+    for (int l = 0; l < LAYERS; l++) {
+        ks[l] = KS_BASE(l);
+        vs[l] = VS_BASE(l);
+    }
+    kvs_copy_desc_t base = f.good;
+    base.ks_base = ks;
+    base.vs_base = vs;
+    /* a scale row of every copied head: 4 x 2^62 */
+    kvs_copy_desc_t d = base;
+    d.num_heads = 4;
+    d.head_start = 0;
+    d.scale_bytes = INT64_C(1) << 62;
+    expect_refused(&f, &d, KVS_ERANGE, "sizes overflow 64 bits; lower head_dim, elem_bytes, "
+                                        "scale_bytes");
+    /* the copied heads' scale row fits (2 x 2^62), a token's (4 heads) does not */
+    d = base;
+    d.scale_bytes = INT64_C(1) << 62;
+    expect_refused(&f, &d, KVS_ERANGE, "sizes overflow 64 bits");
+    /* each row fits, a KV row and its scale row together do not:
+     * 3 x 2^62 + 2^62 */
+    d = base;
+    d.local_heads = d.num_heads = 1;
+    d.head_start = 0;
+    d.head_dim = INT64_C(1) << 62;
+    d.elem_bytes = 3;
+    d.tokens = 1;
+    d.scale_bytes = INT64_C(1) << 62;
+    expect_refused(&f, &d, KVS_ERANGE, "sizes overflow 64 bits");
+    /* a page whose KV bytes fit but whose scale bytes do not: page 2^30 of
+     * 4 tokens is KV byte 2^38 but scale byte 2^74 */
+    int64_t far[2] = {3, INT64_C(1) << 30};
+    d = base;
+    d.scale_bytes = INT64_C(1) << 40;
+    d.pages = far;
+    expect_refused(&f, &d, KVS_ERANGE, "page id 1073741824 (entry 1) is out of range");
+    /* the page count times its size passes 64 bits: no token limit from it,
+     * the page ids still checked */
+    d = f.good;
+    d.num_pages = INT64_MAX;
+    d.page_size = 4;
+    assert_int_equal(check(&f, &d), KVS_OK);
+}
+
 static void test_copy_desc_refuses_bad_page_ids(void **state)
 {
     fx_t f;
@@ -820,6 +870,7 @@ int main(void)
         cmocka_unit_test(test_copy_desc_refuses_staging_slots_outside_the_block),
         cmocka_unit_test(test_copy_desc_refuses_null_bases_and_pages),
         cmocka_unit_test(test_copy_desc_refuses_sizes_overflowing_64_bits),
+        cmocka_unit_test(test_copy_desc_refuses_scale_sizes_overflowing_64_bits),
         cmocka_unit_test(test_copy_desc_refuses_bad_page_ids),
         cmocka_unit_test(test_copy_desc_refuses_layer_buffers_not_in_memory),
         cmocka_unit_test(test_copy_desc_refuses_staging_block_not_in_memory),

@@ -193,12 +193,57 @@ static void test_rank_create_with_scale_planes(void **state)
         expect_create_refused(&f, &cfg, KVS_EINVAL, "layer 0: kv_scales per-token needs its "
                                                     "scale buffers: its V scale address is 0");
         f.layers[0].vs_addr = 0x2000000u;
+        f.layers[1].ks_addr = 0;
+        expect_create_refused(&f, &cfg, KVS_EINVAL, "layer 1: kv_scales per-token needs its "
+                                                    "scale buffers: its K scale address is 0");
+        f.layers[1].ks_addr = 0x3000000u;
         kvs_rank_t *r = NULL;
         kvs_error_t err = {0};
         assert_int_equal(kvs_rank_create(&cfg, &f.dev.base, &f.fab.base, &r, &err), KVS_OK);
         const kvs_layout_t *l = kvs_manager_layout(kvs_rank_manager(r));
         assert_int_equal(l->scale_bytes, 4);
         assert_int_equal(kvs_layout_layer_block_bytes(l, 10, 1), 10 * (128 + 4));
+        kvs_rank_destroy(r);
+        assert_int_equal(f.dev.live_allocs, 0);
+        assert_int_equal(f.fab.live_mrs, 0);
+    }
+}
+
+/* MLA keeps one latent buffer per layer (k_addr): a V buffer or a V scale
+ * buffer given with it is named, and without them the rank is made. */
+static void test_rank_create_mla_one_buffer_per_layer(void **state)
+{
+    (void)state;
+    fixture_t f;
+    for (int role = 0; role < 2; role++) {
+        const kvs_role_t rl = role == 0 ? KVS_ROLE_DECODE : KVS_ROLE_PREFILL;
+        kvs_rank_config_t cfg = fixture_cfg(&f, rl);
+        cfg.manager.kv_kind = KVS_KV_MLA;
+        cfg.manager.total_heads = 1;
+        cfg.manager.head_dim = 576;
+        for (int l = 0; l < 2; l++) {
+            f.layers[l].token_stride_bytes = 576 * 2;
+            f.layers[l].head_stride_bytes = 576 * 2;
+        }
+        expect_create_refused(&f, &cfg, KVS_EMLA, "layer 0: kv_kind mla keeps one buffer per "
+                                                  "layer (its latent, as k_addr): pass v_addr 0");
+        f.layers[0].v_addr = f.layers[1].v_addr = 0;
+        /* with scale planes: the latent's K scale buffer only */
+        cfg.manager.dtype = KVS_DTYPE_FP8;
+        cfg.manager.kv_scales = KVS_KV_SCALES_PER_TOKEN;
+        for (int l = 0; l < 2; l++) {
+            f.layers[l].token_stride_bytes = f.layers[l].head_stride_bytes = 576;
+            f.layers[l].elem_stride_bytes = 1;
+            f.layers[l].ks_addr = 0x1000000u * (uint64_t)(l + 1);
+        }
+        f.layers[1].vs_addr = 0x4000000u;
+        expect_create_refused(&f, &cfg, KVS_EINVAL, "layer 1: a V scale address is given, but "
+                                                    "one plane per layer has no V");
+        f.layers[1].vs_addr = 0;
+        kvs_rank_t *r = NULL;
+        kvs_error_t err = {0};
+        assert_int_equal(kvs_rank_create(&cfg, &f.dev.base, &f.fab.base, &r, &err), KVS_OK);
+        assert_int_equal(kvs_manager_layout(kvs_rank_manager(r))->scale_bytes, 4);
         kvs_rank_destroy(r);
         assert_int_equal(f.dev.live_allocs, 0);
         assert_int_equal(f.fab.live_mrs, 0);
@@ -644,6 +689,7 @@ int main(void)
         cmocka_unit_test(test_rank_create_refusals),
         cmocka_unit_test(test_rank_create_on),
         cmocka_unit_test(test_rank_create_with_scale_planes),
+        cmocka_unit_test(test_rank_create_mla_one_buffer_per_layer),
         cmocka_unit_test(test_rank_wrong_role_and_null),
         cmocka_unit_test(test_rank_room_states),
         cmocka_unit_test(test_rank_abort),
