@@ -849,6 +849,7 @@ static void op_to_decode(harness_t *h, input_t *in)
         m->session = pick_session(in, SESSION_P);
         m->u.ack.echo = pick_session(in, SESSION_D);
         m->u.ack.status = statuses[in_u8(in) % 4u];
+        m->u.ack.cp_size = 1; /* CP rank 0 of 1, as the decode expects */
         break;
     }
     case 2:

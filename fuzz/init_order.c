@@ -299,7 +299,7 @@ static void io_fabric_setup(io_fabric_t *f, side_t side)
         msg.type = KVS_MSG_REGISTER_ACK;
         msg.session = 99;
         msg.u.ack = (kvs_msg_register_ack_t){.echo = 77, .tp_rank = 0, .pp_rank = 0,
-                                             .status = KVS_OK};
+                                             .status = KVS_OK, .cp_size = 1};
     } else {
         msg.type = KVS_MSG_REGISTER;
         msg.session = 77;

@@ -43,6 +43,7 @@ void kvs__fingerprint(const kvs_layout_t *lay, kvs_path_t path, const kvs_manage
         .max_aux_bytes = cfg->max_aux_bytes,
         .kv_scales = (uint32_t)lay->kv_scales,
         .scale_block = (uint32_t)lay->scale_block,
+        .prefill_cp = lay->prefill_cp,
     };
 }
 
@@ -86,6 +87,10 @@ int kvs__fingerprint_check(const kvs_fingerprint_t *mine, const kvs_fingerprint_
         {"decode TP size (--decode-tp)", mine->decode_tp, theirs->decode_tp, NULL},
         {"prefill PP size (--prefill-pp)", mine->prefill_pp, theirs->prefill_pp, NULL},
         {"decode PP size (--decode-pp)", mine->decode_pp, theirs->decode_pp, NULL},
+        /* How many CP ranks write a request, and so which token ranges
+         * each holds (docs/kinds/context-parallel.md). */
+        {"prefill CP size (context_parallel, kvs_instance_desc_t.cp_size; --prefill-cp)",
+         mine->prefill_cp, theirs->prefill_cp, NULL},
         /* What else the application needs both sides to share. */
         {"application tag (app_tag; serve: --seed/--requests/--prompt-tokens)",
          mine->app_tag, theirs->app_tag, NULL},

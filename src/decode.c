@@ -426,9 +426,16 @@ int kvs_decode_add_instance(kvs_decode_t *d, const kvs_instance_desc_t *desc)
         return KVS_EINVAL;
     kvs_manager_t *m = d->h.m;
     if (desc == NULL || desc->addrs == NULL || desc->tp_size <= 0 || desc->pp_size < 0 ||
-        desc->dp_size < 0)
-        return KVS__MFAIL(m, KVS_EINVAL, "an instance needs tp_size > 0, pp_size and "
-                          "dp_size >= 0 (0 means 1) and the addresses of its ranks");
+        desc->dp_size < 0 || desc->cp_size < 0)
+        return KVS__MFAIL(m, KVS_EINVAL, "an instance needs tp_size > 0, pp_size, dp_size "
+                          "and cp_size >= 0 (0 means 1) and the addresses of its ranks");
+    /* The handlers do not move prefill CP yet (docs/kinds/context-parallel.md):
+     * refused by name before anything is declared. */
+    if (desc->cp_size > 1)
+        return KVS__MFAIL(m, KVS_ECONTEXT_PARALLEL, "prefill instance %llu has cp_size %lld: "
+                          "the handlers do not move prefill context parallelism yet; "
+                          "declare cp_size 1 (or 0)", (unsigned long long)desc->id,
+                          (long long)desc->cp_size);
     const int64_t pp = desc->pp_size > 0 ? desc->pp_size : 1;
     const int64_t dp = desc->dp_size > 0 ? desc->dp_size : 1;
     if (kvs__inst_find(&d->h, (kvs_peer_t){desc->id, 0}) != NULL)
@@ -522,17 +529,29 @@ static void kvs__on_ack(kvs__handler_t *h, kvs_conn_t *conn, kvs__peer_t *p,
         kvs__reject(h);
         return;
     }
-    if (a->status != KVS_OK) {
+    /* An acceptance from a rank of another CP rank (or CP size) than the
+     * one this address stands for would write other tokens' rows here. */
+    const bool cp_wrong = a->status == KVS_OK &&
+                          (a->cp_rank != p->cp_rank || a->cp_size != p->inst->lay.prefill_cp);
+    if (a->status != KVS_OK || cp_wrong) {
         if (p->ready) { /* contradicts the acceptance we hold: stale or forged */
             kvs__reject(h);
             return;
         }
-        p->refused = a->status;
+        const int status = cp_wrong ? KVS_EINVAL : a->status;
+        p->refused = status;
         /* The prefill sends its fingerprint and its instance: name the
          * field that differs, or the instance the address really reaches. */
         char why[200], name[96];
         const kvs_peer_t meant = p->inst->ref;
-        if (a->status == KVS_EINVAL && (a->instance != meant.instance || a->dp_rank != meant.dp_rank))
+        if (cp_wrong)
+            snprintf(why, sizeof why, "its address '%s' reaches context-parallel rank %lld of "
+                     "%lld, not rank %lld of %lld: fix that rank's address (the instance's "
+                     "addresses are one group per CP rank) or its cp_rank",
+                     p->name != NULL ? p->name : "?", (long long)a->cp_rank,
+                     (long long)a->cp_size, (long long)p->cp_rank,
+                     (long long)p->inst->lay.prefill_cp);
+        else if (a->status == KVS_EINVAL && (a->instance != meant.instance || a->dp_rank != meant.dp_rank))
             snprintf(why, sizeof why, "its address '%s' reaches prefill instance %llu group %lld, "
                      "not instance %llu group %lld: fix that rank's address",
                      p->name != NULL ? p->name : "?", (unsigned long long)a->instance,
@@ -544,12 +563,14 @@ static void kvs__on_ack(kvs__handler_t *h, kvs_conn_t *conn, kvs__peer_t *p,
         else if (a->status != KVS_EFINGERPRINT ||
                  kvs__fingerprint_check(&p->inst->fp, &a->fp, why, sizeof why) == KVS_OK)
             snprintf(why, sizeof why, "%s", kvs_strerror(a->status));
-        KVS__MFAIL(h->m, a->status, "prefill %s refused the registration: %s",
-                   kvs__peer_name(p, name, sizeof name), why);
+        KVS__MFAIL(h->m, status, "prefill %s %s the registration: %s",
+                   kvs__peer_name(p, name, sizeof name), cp_wrong ? "cannot take" : "refused",
+                   why);
         kvs_log_write(&h->m->log, KVS_LOG_ERROR, "%s", h->m->err.msg);
-        /* It never accepted this session, so it ignores our rooms and never
-         * writes into them: its (failed) report of every open room is in. */
-        kvs__peer_reports_failed(d, p, a->status);
+        /* It never accepted this session (or is not the rank meant), so no
+         * room of ours goes to it and it never writes into one: its (failed)
+         * report of every open room is in. */
+        kvs__peer_reports_failed(d, p, status);
         return;
     }
     p->ready = true;

@@ -55,6 +55,8 @@ typedef struct kvs__peer {
     kvs__inst_t *inst;
     int64_t index;               /* in inst->peers */
     int64_t tp_rank, pp_rank;    /* in its instance's attention group */
+    int64_t cp_rank;             /* its prefill context-parallel rank (0 on
+                                    the prefill side, and with CP 1) */
     bool silent;                 /* takes part in the pair's rooms (ROOM,
                                     STATUS, ABORT) but no bytes move between
                                     this rank and it: an MLA source other than

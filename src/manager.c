@@ -105,6 +105,12 @@ static int kvs__check_config(const kvs_manager_config_t *c, const kvs_device_t *
                          (long long)c->model_layers, (long long)c->pp_size,
                          (long long)stage_layers, (long long)first_layer,
                          (long long)(first_layer + stage_layers - 1), (long long)stage_layers);
+    if (c->cp_rank < 0 || c->cp_rank >= (c->context_parallel > 0 ? c->context_parallel : 1) ||
+        (c->role == KVS_ROLE_DECODE && c->cp_rank != 0))
+        return KVS__FAIL(err, KVS_EINVAL, "cp_rank %lld must lie in [0, context_parallel "
+                         "%lld) on a prefill rank and be 0 on a decode rank",
+                         (long long)c->cp_rank,
+                         (long long)(c->context_parallel > 0 ? c->context_parallel : 1));
     /* Spec §8 refuses prefill CP with staging; no path here moves it yet
      * (a CP rank on the direct or slice path would write its own range as
      * if it were the whole request), so it is refused on every path. */
@@ -615,6 +621,7 @@ kvs_layout_params_t kvs__manager_layout_params(const kvs_manager_t *m, int64_t p
         .kind = c->kv_kind,
         .kv_scales = c->kv_scales,
         .scale_block = c->scale_block,
+        .prefill_cp = c->context_parallel,
     };
     return p;
 }

@@ -448,7 +448,9 @@ static void kvs__refuse(kvs_prefill_t *p, kvs_conn_t *conn, uint64_t session,
     ack.u.ack = (kvs_msg_register_ack_t){.echo = session, .tp_rank = p->h.tp_rank,
                                          .pp_rank = p->h.pp_rank, .status = status,
                                          .instance = p->h.m->cfg.instance_id,
-                                         .dp_rank = p->h.m->cfg.dp_rank, .fp = *fp};
+                                         .dp_rank = p->h.m->cfg.dp_rank, .fp = *fp,
+                                         .cp_rank = p->h.m->cfg.cp_rank,
+                                         .cp_size = p->h.m->cfg.context_parallel};
     KVS__MFAIL(p->h.m, status, "refused a decode registration: %s", why);
     kvs_log_write(&p->h.m->log, KVS_LOG_ERROR, "prefill %lld: %s", (long long)p->h.tp_rank,
              p->h.m->err.msg);
@@ -599,7 +601,9 @@ static void kvs__on_register(kvs__handler_t *h, kvs_conn_t *conn, kvs__peer_t *b
     ack.u.ack = (kvs_msg_register_ack_t){.echo = msg->session, .tp_rank = h->tp_rank,
                                          .pp_rank = h->pp_rank, .status = KVS_OK,
                                          .instance = h->m->cfg.instance_id,
-                                         .dp_rank = h->m->cfg.dp_rank, .fp = fp};
+                                         .dp_rank = h->m->cfg.dp_rank, .fp = fp,
+                                         .cp_rank = h->m->cfg.cp_rank,
+                                         .cp_size = h->m->cfg.context_parallel};
     kvs__send(h, peer, &ack);
 }
 

@@ -108,6 +108,7 @@ static void test_channel_fingerprint_fills_each_field(void **state)
     assert_int_equal(fp.decode_pp, 1);
     assert_int_equal(fp.dtype, KVS_DTYPE_FP32); /* the format, not its size */
     assert_int_equal(fp.app_tag, 0);
+    assert_int_equal(fp.prefill_cp, 1); /* 0 in the params: one CP rank */
 
     kvs__fingerprint(&lay, KVS_PATH_DIRECT, &(kvs_manager_config_t){0}, &fp);
     assert_int_equal(fp.staging, (uint32_t)KVS_PATH_DIRECT);
@@ -162,6 +163,8 @@ static void test_channel_fingerprint_check_names_each_field(void **state)
         {"largest aux payload (max_aux_bytes)", 0, 64},
         {"decode page size", 16, 64},
         {"KV kind (0 gqa", KVS_KV_GQA, KVS_KV_MLA},
+        {"prefill CP size (context_parallel, kvs_instance_desc_t.cp_size; --prefill-cp)", 1,
+         2},
         {"reserved field (0 in this protocol version)", 0, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -183,6 +186,7 @@ static void test_channel_fingerprint_check_names_each_field(void **state)
         case 13: theirs.max_aux_bytes = (uint32_t)cases[i].theirs; break;
         case 14: theirs.decode_page_size = cases[i].theirs; break;
         case 15: theirs.kv_kind = (uint32_t)cases[i].theirs; break;
+        case 16: theirs.prefill_cp = cases[i].theirs; break;
         default: theirs.reserved = (uint32_t)cases[i].theirs; break;
         }
         char why[256] = "";

@@ -275,7 +275,16 @@ static void test_manager_config_guards(void **state)
         /* No path moves prefill CP yet: refused without staging too. */
         {"context parallel, no staging", prefill_cfg(), 0, KVS_ECONTEXT_PARALLEL,
          "context parallelism 3: the handlers do not move it yet on any path"},
+        /* A prefill rank's CP rank lies in its CP size; a decode has none. */
+        {"cp rank past the CP size", prefill_cfg(), 0, KVS_EINVAL,
+         "cp_rank 1 must lie in [0, context_parallel 1)"},
+        {"negative cp rank", prefill_cfg(), 0, KVS_EINVAL, "cp_rank -1 must lie in"},
+        {"cp rank on a decode", decode_cfg(), 0, KVS_EINVAL, "be 0 on a decode rank"},
     };
+    g[38].cfg.cp_rank = 1;
+    g[39].cfg.cp_rank = -1;
+    g[40].cfg.context_parallel = 2;
+    g[40].cfg.cp_rank = 1;
     g[32].cfg.peer_page_size = -16;
     g[33].cfg.peer_page_size = 48; /* chunk_tokens 64 */
     g[34].cfg.peer_page_size = 24;

@@ -742,6 +742,21 @@ static void test_protocol_edges_hostile_to_prefill(void **state)
     assert_non_null(strstr(err->msg, "head dim (MLA: the latent dim, --mla-latent-dim) "
                                      "differs: this side 16, peer 32"));
     assert_int_equal(p->log_errors, 1);
+    /* A decode expecting a prefill of 2 CP ranks: refused naming the CP
+     * size, and the answer says which CP rank of how many this one is. */
+    m = edge_register_msg(cl);
+    m.u.reg.fp.prefill_cp = 2;
+    edge_send(cl, x.fab, xc, &m);
+    edge_run(cl);
+    assert_int_equal(edge_intruder_recv(cl, &x, got, 8), 1);
+    assert_int_equal(got[0].u.ack.status, KVS_EFINGERPRINT);
+    assert_int_equal(got[0].u.ack.fp.prefill_cp, 1);
+    assert_int_equal(got[0].u.ack.cp_rank, 0);
+    assert_int_equal(got[0].u.ack.cp_size, 1);
+    assert_non_null(strstr(err->msg, "prefill CP size (context_parallel, "
+                                     "kvs_instance_desc_t.cp_size; --prefill-cp) differs: "
+                                     "this side 1, peer 2"));
+    assert_int_equal(p->log_errors, 2);
 
     /* A good fingerprint from a decode rank this prefill does not serve. */
     m = edge_register_msg(cl);
@@ -2912,6 +2927,47 @@ static void test_protocol_edges_instance_api_errors(void **state)
     edge_destroy(cl);
 }
 
+/* A prefill rank that accepts a decode's registration but is another CP
+ * rank (or of another CP size) than the address the decode used stands
+ * for would write other tokens' rows: the decode takes it as a refusal,
+ * naming both CP ranks; an instance declared with CP ranks is refused by
+ * name, since the handlers do not move prefill CP yet. */
+static void test_protocol_edges_cp_rank_misaddressed(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.no_connect = true;
+    edge_cluster_t *cl = edge_create(&o);
+    edge_node_t *d = edge_decode(cl, 0);
+    const char *addrs[2] = {"p0", "p1"};
+    const kvs_instance_desc_t cp2 = {.id = 3, .tp_size = 2, .addrs = addrs, .cp_size = 2};
+    assert_int_equal(kvs_decode_add_instance(d->dec, &cp2), KVS_ECONTEXT_PARALLEL);
+    assert_non_null(strstr(kvs_manager_last_error(d->m)->msg, "cp_size 2"));
+    const kvs_instance_desc_t bad = {.id = 3, .tp_size = 2, .addrs = addrs, .cp_size = -1};
+    assert_int_equal(kvs_decode_add_instance(d->dec, &bad), KVS_EINVAL);
+    assert_non_null(strstr(kvs_manager_last_error(d->m)->msg, "cp_size >= 0"));
+
+    edge_intruder_t x;
+    edge_intruder_create(cl, &x);
+    assert_int_equal(kvs_decode_connect(d->dec, "intruder", 0, 0), KVS_OK);
+    edge_run(cl);
+    kvs_msg_t got[4];
+    assert_int_equal(edge_intruder_recv(cl, &x, got, 4), 1);
+    assert_int_equal(got[0].type, KVS_MSG_REGISTER);
+    kvs_msg_t m = {.type = KVS_MSG_REGISTER_ACK, .session = EDGE_PREFILL_SESSION};
+    m.u.ack = (kvs_msg_register_ack_t){.echo = got[0].session, .status = KVS_OK,
+                                       .fp = got[0].u.reg.fp, .cp_rank = 1, .cp_size = 1};
+    edge_send(cl, x.fab, edge_conn(x.fab, "d0"), &m);
+    edge_run(cl);
+    assert_int_equal(kvs_decode_peers_ready(d->dec), 0);
+    const kvs_error_t *err = kvs_manager_last_error(d->m);
+    assert_int_equal(err->status, KVS_EINVAL);
+    assert_non_null(strstr(err->msg, "cannot take the registration: its address 'intruder' "
+                                     "reaches context-parallel rank 1 of 1, not rank 0 of 1"));
+    edge_intruder_destroy(&x);
+    edge_destroy(cl);
+}
+
 /* A decode that declares an instance with the addresses of another
  * instance's ranks is refused at its connect, naming both: the fabric keeps
  * one connection per address, and handing it to the second would give it
@@ -3180,6 +3236,7 @@ int main(void)
         cmocka_unit_test(test_protocol_edges_decode_args),
         cmocka_unit_test(test_protocol_edges_prefill_args),
         cmocka_unit_test(test_protocol_edges_hostile_to_decode),
+        cmocka_unit_test(test_protocol_edges_cp_rank_misaddressed),
         cmocka_unit_test(test_protocol_edges_hostile_to_prefill),
         cmocka_unit_test(test_protocol_edges_empty_request),
         cmocka_unit_test(test_protocol_edges_direct_write_error),

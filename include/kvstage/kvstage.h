@@ -645,10 +645,13 @@ typedef struct kvs_manager_config {
                                  registers (given: a registration of another
                                  TP is refused) */
     int64_t peer_pp_size;     /* PP of the default peer instance, 0: 1 */
-    int64_t context_parallel; /* prefill CP size, 0 -> 1; > 1 is refused
-                                 (KVS_ECONTEXT_PARALLEL) on every path: the
-                                 handlers do not move it yet, the layout
-                                 plans it (kvs_layout_params_t.prefill_cp) */
+    int64_t context_parallel; /* prefill CP size, 0 -> 1: a prefill rank's
+                                 own instance's, a decode rank's default
+                                 peer instance's; in the fingerprint. > 1
+                                 is refused (KVS_ECONTEXT_PARALLEL) on every
+                                 path: the handlers do not move it yet, the
+                                 layout plans it (kvs_layout_params_t.
+                                 prefill_cp); see cp_rank */
     int64_t chunk_tokens;     /* C, 0 -> 8192 */
     uint64_t ring_bytes;      /* decode ring, 0 -> 4096 MiB */
     uint32_t ring_max_live;   /* live ring allocations, 0 -> 4096 */
@@ -734,6 +737,10 @@ typedef struct kvs_manager_config {
      * docs/kinds/fp8-scales.md. */
     kvs_kv_scales_t kv_scales;
     int64_t scale_block;      /* elements per scale, per-block only; 0 -> 32 */
+    /* A prefill rank's context-parallel rank in [0, context_parallel): the
+     * token range of each request it holds (kvs_layout_cp_range); carried
+     * in its REGISTER_ACK. 0 on a decode rank. */
+    int64_t cp_rank;
 } kvs_manager_config_t;
 
 #define KVS_AUX_BYTES_MAX (1u << 20)
@@ -950,6 +957,10 @@ typedef struct kvs_instance_desc {
      * rank (group g, stage s, tp t) at (g * pp_size + s) * tp_size + t.
      * Copied; required. */
     const char *const *addrs;
+    /* Its prefill context-parallel ranks, 0 -> 1; in the fingerprint (a
+     * prefill of another CP size is refused, KVS_EFINGERPRINT). > 1 is
+     * refused (KVS_ECONTEXT_PARALLEL): the handlers do not move it yet. */
+    int64_t cp_size;
 } kvs_instance_desc_t;
 
 /* Decode: declares a prefill instance: its geometry (each pair's layout,

@@ -207,7 +207,7 @@ class ManagerConfig(c.Structure):
                 ("max_instances", u32), ("max_peers", u32), ("max_aux_bytes", u32),
                 ("secret_file", c.c_char_p), ("secret_env", c.c_char_p),
                 ("kv_kind", enum), ("peer_page_size", i64), ("kv_scales", enum),
-                ("scale_block", i64)]
+                ("scale_block", i64), ("cp_rank", i64)]
 
 
 class KvLayer(c.Structure):
@@ -231,7 +231,7 @@ class Peer(c.Structure):
 class InstanceDesc(c.Structure):
     """kvs_instance_desc_t"""
     _fields_ = [("id", u64), ("tp_size", i64), ("pp_size", i64), ("dp_size", i64),
-                ("addrs", c.POINTER(c.c_char_p))]
+                ("addrs", c.POINTER(c.c_char_p)), ("cp_size", i64)]
 
 
 class RoomDesc(c.Structure):
