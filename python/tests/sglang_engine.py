@@ -11,7 +11,10 @@ schedulers call a backend (the call order is docs/embedding.md's,
         -> forward (writes the KV and the metadata) -> send(chunk)... ->
         poll until Success/Failed. Writes DIR/NAME.port, DIR/NAME.json.
     sglang_engine.py decode DIR         one decode rank: per request
-        KVReceiver -> poll -> init(pages, aux_index) -> poll until done;
+        KVReceiver -> poll -> init(pages, aux_index) -> poll until done
+        (every other request in newer sglang's order: init(prefill_dp_rank)
+        -> poll -> send_metadata(pages, aux_index, state_indices,
+        decode_prefix_len), one of them with a 2-page cached prefix);
         aborts one; checks every byte of the pool and every metadata item;
         after the test kills instance B, times how long B's requests take
         to fail. Writes DIR/decode.json.
@@ -33,7 +36,6 @@ import types
 
 import torch
 
-import kvstage
 import kvstage.sglang as ks
 from kvstage.sglang import bootstrap as ks_bootstrap
 from rank_pair import values
@@ -47,6 +49,7 @@ BASE = 0x5EED000000000000  # bootstrap_room is a random 63-bit int in sglang
 PLAN = {BASE + 1: ("A", 3, "ok"), BASE + 2: ("A", 5, "ok"), BASE + 3: ("A", 2, "abort"),
         BASE + 4: ("A", 4, "after_kill"), BASE + 5: ("B", 4, "ok"),
         BASE + 6: ("B", 3, "ok"), BASE + 7: ("B", 2, "held"), BASE + 8: ("B", 1, "held")}
+PREFIX_PAGES = {BASE + 2: 2}  # a decode-side prefix-cache hit: these pages are not moved
 DEADLINE_S = 40
 
 try:  # pragma: no cover - sglang is not installed here
@@ -167,6 +170,10 @@ def prefill_rank(folder, name, server_args, engine_rank, report):
         s = ks.KVSender(mgr, addr, room, [tp_rank], 0)
         state = poll_until(s, (ks.KVPoll.WaitingForInput,), "sender %x bootstrap" % room)
         pages, aux_index = alloc(n), free_slot.pop(0)
+        # newer sglang asks how much of the prompt the decode holds and sends
+        # the pages after it: 0 here, kvstage skips the decode's prefix itself
+        if s.pop_decode_prefix_len() != 0:
+            raise AssertionError("pop_decode_prefix_len: %d" % s.pop_decode_prefix_len())
         s.init(n, aux_index)
         senders[room] = (s, pages, what)
         report[room] = {"first_poll": state}
@@ -185,9 +192,17 @@ def prefill_rank(folder, name, server_args, engine_rank, report):
         ids, hidden = metadata(room)
         meta[0][s.aux_index], meta[1][s.aux_index] = ids, hidden
         for at in range(0, len(pages), CHUNK_PAGES):  # chunked prefill
-            s.send(torch.tensor(pages[at:at + CHUNK_PAGES], dtype=torch.int32).numpy())
+            chunk = torch.tensor(pages[at:at + CHUNK_PAGES], dtype=torch.int32).numpy()
+            if at + CHUNK_PAGES >= len(pages):
+                # newer sglang: the last chunk carries one state index list per
+                # state type of the pool: none for a plain KV pool
+                s.send(chunk, state_indices=[])
+            else:
+                s.send(chunk)
         final = poll_until(s, (ks.KVPoll.Success, ks.KVPoll.Failed), "sender %x" % room)
         report[room]["final"] = final
+        m = s.get_transfer_metric()
+        report[room]["metric"] = [m.transfer_latency_s, m.transfer_total_bytes]
         say("prefill %s engine rank %d: room %x ended %d" % (name, engine_rank, room, final))
         if final == ks.KVPoll.Failed:
             try:
@@ -259,15 +274,26 @@ def decode(folder):
         first = r.poll()
         if first != ks.KVPoll.WaitingForInput:
             sys.exit("sglang_engine decode: receiver %x polled %d before init" % (room, first))
-        pages = alloc(n)
-        r.init(torch.tensor(pages, dtype=torch.int64).numpy(), i)
+        prefix = PREFIX_PAGES.get(room, 0)  # pages the decode's own cache holds
+        pages = alloc(n - prefix)
+        if i % 2 == 0:  # sglang's receiver: init(kv_indices, aux_index)
+            r.init(torch.tensor(pages, dtype=torch.int64).numpy(), i)
+        else:  # newer sglang: init(prefill_dp_rank), then send_metadata
+            r.init(prefill_dp_rank=dp_of(room, name))
+            again = r.poll()
+            if again != ks.KVPoll.WaitingForInput:
+                sys.exit("sglang_engine decode: receiver %x polled %d after init(dp)"
+                         % (room, again))
+            r.send_metadata(torch.tensor(pages, dtype=torch.int32).numpy(), i, None,
+                            decode_prefix_len=prefix * PAGE)
         recv[room] = (r, pages, i)
         if what in ("ok", "after_kill"):
             all_heads = list(range(HEADS))
             for layer in range(LAYERS):
                 for kv, buf in ((0, want_k[layer]), (1, want_v[layer])):
                     buf.view(torch.int16)[slots(pages)] = \
-                        values(tag(room), list(range(n * PAGE)), layer, kv, all_heads)
+                        values(tag(room), list(range(prefix * PAGE, n * PAGE)), layer, kv,
+                               all_heads)
             want_meta[0][i], want_meta[1][i] = metadata(room)
     out["fetches_before_kill"] = {n: fetched.count(a) for n, a in addr.items()}
     # The abort: the request is cancelled on the decode before its prefill sent it.
@@ -302,6 +328,25 @@ def decode(folder):
     say("decode: receivers initialised")
     finish([room for room, p in PLAN.items() if p[2] in ("ok", "abort")])
     say("decode: the rooms before the kill ended")
+    # Refused by name, nothing opened: a DP rank the prefill does not have,
+    # and state buffers (a hybrid model's) this backend does not move.
+    bad = {}
+    r = ks.KVReceiver(mgr, addr["A"], BASE + 97)
+    r.init(prefill_dp_rank=1)
+    r.send_metadata(torch.tensor(alloc(1)).numpy(), SLOTS - 2)
+    r2 = ks.KVReceiver(mgr, addr["A"], BASE + 98)
+    r2.init(prefill_dp_rank=0)
+    r2.send_metadata(torch.tensor(alloc(1)).numpy(), SLOTS - 3,
+                     [torch.tensor([5]).numpy()])
+    for name, rx in (("dp", r), ("state", r2)):
+        if rx.poll() != ks.KVPoll.Failed:
+            sys.exit("sglang_engine decode: the %s receiver polled %d" % (name, rx.poll()))
+        try:
+            rx.failure_exception()
+        except ks.KVTransferError as e:
+            bad[name] = str(e)
+        rx.clear()
+    out["refused"] = bad
     for r in range(INSTANCES["B"]["tp_size"]):
         wait_for(os.path.join(folder, "B.holding.%d" % r), "B's ranks holding their rooms")
     write(os.path.join(folder, "kill_now"), "")

@@ -7,6 +7,11 @@ processes over libfabric tcp on 127.0.0.1 with torch CPU tensors:
   1), each found through its HTTP bootstrap server, asked once and cached;
   chunked sends, metadata items; every byte of the decode's pool and every
   metadata item checked (untouched pages stay zero);
+- both receiver interfaces of sglang, request by request: init(kv_indices,
+  aux_index), and the newer init(prefill_dp_rank) + send_metadata(...,
+  decode_prefix_len) with one request's first 2 pages cached on the
+  decode (not moved: the senders' get_transfer_metric() bytes say so);
+  a DP rank the prefill lacks and state buffers are refused by name;
 - an abort on the decode fails the request on both sides (KVS_ECANCELED);
 - B killed (SIGKILL) while it holds two requests: exactly those fail on
   the decode, within a bound, never hang; a request A sends after the kill
@@ -33,6 +38,7 @@ KILL_BOUND_S = 8  # heartbeat 0.3 s x 2 misses, or the fabric's own EPEER, far u
 
 def test_sglang_two_prefills_abort_and_kill(tmp_path):
     need_ofi_and_torch("the sglang backend")
+    import sglang_engine  # torch: only once the check above passed
     env = dict(os.environ, KVSTAGE_FABRIC="ofi", KVSTAGE_PROVIDER="tcp",
                KVSTAGE_BIND_ADDR="127.0.0.1", KVSTAGE_HEARTBEAT_S="0.3",
                KVSTAGE_HEARTBEAT_MISSES="2", KVSTAGE_BOOTSTRAP_TIMEOUT_S="20",
@@ -68,11 +74,22 @@ def test_sglang_two_prefills_abort_and_kill(tmp_path):
                 assert r["final"] == ks.KVPoll.Failed and "KVS_ECANCELED" in r["error"], r
             else:
                 assert r["final"] == ks.KVPoll.Success, (hex(room), r)
+                # get_transfer_metric: this rank's 2 of 4 heads of the tokens
+                # the decode lacked (a cached prefix is not moved)
+                n, prefix = plan[room][1], sglang_engine.PREFIX_PAGES.get(room, 0)
+                want = (n - prefix) * sglang_engine.PAGE * sglang_engine.LAYERS * 2 * 2 * \
+                    sglang_engine.DIM * 2
+                latency_s, moved = r["metric"]
+                assert moved == want and 0 <= latency_s < 60, (hex(room), r, want)
     # The decode asked each bootstrap server once while both were up.
     assert dec["fetches_before_kill"] == {"A": 1, "B": 1}, dec
     assert dec["held_failed_after_s"] < KILL_BOUND_S, dec
     assert dec["late_failed_after_s"] < 3, dec
     assert dec["checked_bytes"] > 0
+    assert "init: prefill_dp_rank 1, but the prefill at 127.0.0.1:" in dec["refused"]["dp"], dec
+    assert "has 1 attention DP group(s)" in dec["refused"]["dp"], dec
+    assert "state_indices ['ndarray']: this backend moves KV pages only" in \
+        dec["refused"]["state"], dec
 
 
 # ---- the backend's refusals, in this process ---------------------------------------------

@@ -4,10 +4,15 @@ kvstage's backend implements, KVPoll's numbers, KVArgs' fields), so the
 backend runs and is tested where sglang is not installed.
 
 The stand-ins follow sglang's python/sglang/srt/disaggregation/base/conn.py
-(the interface whose receiver takes init(kv_indices, aux_index)); they add
-nothing sglang's do not have."""
+as of its commit 0094505 (the receiver's init(prefill_dp_rank) then
+send_metadata(kv_indices, aux_index, state_indices, decode_prefix_len); the
+sender's send(kv_indices, state_indices, token_position_offset) and
+get_transfer_metric() -> KVTransferMetric); they add nothing sglang's do
+not have. kvstage's classes take the older receiver call too
+(init(kv_indices, aux_index)), so both sglang generations drive them."""
 
 import abc
+import dataclasses
 
 try:  # pragma: no cover - sglang is not installed where kvstage is tested
     from sglang.srt.disaggregation.base.conn import (BaseKVBootstrapServer, BaseKVManager,
@@ -41,13 +46,20 @@ except ImportError:
 
     class BaseKVSender(abc.ABC):
         @abc.abstractmethod
-        def __init__(self, mgr, bootstrap_addr, bootstrap_room, dest_tp_ranks, pp_rank): ...
+        def __init__(self, mgr, bootstrap_addr, bootstrap_room, dest_tp_ranks, pp_rank,
+                     req_has_disagg_prefill_dp_rank=False): ...
 
         @abc.abstractmethod
         def init(self, num_kv_indices, aux_index=None): ...
 
         @abc.abstractmethod
-        def send(self, kv_indices): ...
+        def send(self, kv_indices, state_indices=None, token_position_offset=0): ...
+
+        def pop_decode_prefix_len(self):
+            return 0
+
+        @abc.abstractmethod
+        def get_transfer_metric(self): ...
 
         @abc.abstractmethod
         def poll(self): ...
@@ -60,7 +72,11 @@ except ImportError:
         def __init__(self, mgr, bootstrap_addr, bootstrap_room=None): ...
 
         @abc.abstractmethod
-        def init(self, kv_indices, aux_index=None): ...
+        def init(self, prefill_dp_rank): ...
+
+        @abc.abstractmethod
+        def send_metadata(self, kv_indices, aux_index=None, state_indices=None,
+                          decode_prefix_len=None): ...
 
         @abc.abstractmethod
         def poll(self): ...
@@ -71,3 +87,14 @@ except ImportError:
     class BaseKVBootstrapServer(abc.ABC):
         @abc.abstractmethod
         def __init__(self, host, port): ...
+
+
+try:  # pragma: no cover - sglang is not installed where kvstage is tested
+    from sglang.srt.disaggregation.base.conn import KVTransferMetric
+except ImportError:  # older sglang, or none
+    @dataclasses.dataclass
+    class KVTransferMetric:
+        """A sender's transfer figures (None: not known)."""
+        transfer_latency_s: float = None
+        alloc_latency_s: float = None
+        transfer_total_bytes: int = None

@@ -27,20 +27,30 @@ rooms fail (Rank.instance_lost: KVS_EPEER), receivers waiting on it report
 Failed, and the next receiver naming it asks its bootstrap server once
 more (it may have come back) and fails at once if it does not answer.
 
+Both receiver interfaces of sglang work: init(kv_indices, aux_index), and
+the newer init(prefill_dp_rank) + send_metadata(kv_indices, aux_index,
+state_indices, decode_prefix_len), where the DP rank sglang picked replaces
+bootstrap_room % dp_size and decode_prefix_len (the decode's own prefix
+cache hit) is the room's base_tokens. The sender's pop_decode_prefix_len()
+stays 0: sglang hands kvstage every page, and kvstage's prefill skips the
+decode's cached prefix itself when the decode's room says how long it is.
+
 What it does not do: one decode instance (decode DP 1) per prefill, since
 a prefill room is paired with decode instance 0; PP; MLA pools (give
-k_buffers only through the core API); state (mamba/SWA) buffers."""
+k_buffers only through the core API); state (mamba/SWA/DSA) buffers: a
+request whose state_indices name one fails, saying so."""
 
 import collections
 import ctypes
+import numbers
 import os
 import threading
 import time
 
 from .. import _errors
-from .._rank import Rank, RoomState
+from .._rank import Rank
 from . import bootstrap as _bootstrap
-from ._base import BaseKVManager, BaseKVReceiver, BaseKVSender, KVPoll
+from ._base import BaseKVManager, BaseKVReceiver, BaseKVSender, KVPoll, KVTransferMetric
 
 _RESULTS_MAX = 65536  # finished rooms remembered for late polls
 
@@ -388,10 +398,20 @@ def _why(result):
     return "%s%s" % (result.status_name, ": " + result.reason if result.reason else "")
 
 
+def _no_state(state_indices, what):
+    """None when state_indices asks for no state buffer (None, [] or only
+    None entries: a model without mamba/SWA/DSA state), else why not."""
+    if state_indices is None or all(i is None for i in state_indices):
+        return None
+    return ("%s: state_indices %r: this backend moves KV pages only, no state buffers "
+            "(mamba, SWA, DSA); serve this model with another transfer backend"
+            % (what, [type(i).__name__ if i is not None else None for i in state_indices]))
+
+
 class KVSender(BaseKVSender):
     """Prefill: one request's KV to its decode. init(num_kv_indices,
     aux_index), then send(kv_indices) per chunk of the chunked prefill;
-    poll() -> KVPoll."""
+    poll() -> KVPoll; get_transfer_metric() once it ended."""
 
     def __init__(self, mgr, bootstrap_addr, bootstrap_room, dest_tp_ranks=None, pp_rank=0,
                  *args, **kwargs):
@@ -412,11 +432,19 @@ class KVSender(BaseKVSender):
         self.mgr.check_aux_index(aux_index)
         self.num_kv_indices, self.aux_index = num_kv_indices, aux_index
 
-    def send(self, kv_indices, *args, **kwargs):
-        """One chunk's pages; the room goes out with the last of them."""
+    def send(self, kv_indices, state_indices=None, token_position_offset=0):
+        """One chunk's pages; the room goes out with the last of them. A
+        request that asks for state buffers, or for a token position offset,
+        fails (poll() says Failed, failure_exception() why)."""
         if self.num_kv_indices is None:
             raise _errors.invalid("send: call init(num_kv_indices, aux_index) first")
         if self.error is not None or self.opened:
+            return
+        self.error = _no_state(state_indices, "send")
+        if self.error is None and token_position_offset:
+            self.error = ("send: token_position_offset %r: this backend sends a request's "
+                          "pages from its first token (offset 0)" % (token_position_offset,))
+        if self.error is not None:
             return
         chunk = [int(i) for i in (kv_indices.tolist() if hasattr(kv_indices, "tolist")
                                   else kv_indices)]
@@ -453,6 +481,17 @@ class KVSender(BaseKVSender):
         raise KVTransferError(self.room, _why(done) if done is not None and not done.ok
                               else self.error or "not failed (poll() is %d)" % self.poll())
 
+    def get_transfer_metric(self):
+        """The ended room's figures: latency from open to done on the
+        fabric's clock, and the KV bytes this rank wrote; None until it
+        ended (or for a room that never opened)."""
+        done = self.mgr.result(self.room) if self.opened else None
+        if done is None:
+            return KVTransferMetric()
+        return KVTransferMetric(
+            transfer_latency_s=max(0, done.done_ns - done.open_ns) / 1e9,
+            transfer_total_bytes=done.bytes)
+
     def abort(self):
         if self.opened:
             try:
@@ -468,9 +507,11 @@ class KVSender(BaseKVSender):
 
 class KVReceiver(BaseKVReceiver):
     """Decode: one request's KV from the prefill instance at
-    bootstrap_addr ("host:port" of its bootstrap server). init(kv_indices,
-    aux_index) once its pages are allocated; poll() -> KVPoll; on Success
-    the KV is in the pages and the metadata at aux_index."""
+    bootstrap_addr ("host:port" of its bootstrap server). Once its pages
+    are allocated: init(kv_indices, aux_index), or (newer sglang)
+    init(prefill_dp_rank) then send_metadata(kv_indices, aux_index,
+    state_indices, decode_prefix_len); poll() -> KVPoll; on Success the KV
+    is in the pages and the metadata at aux_index."""
 
     def __init__(self, mgr, bootstrap_addr, bootstrap_room=None, *args, **kwargs):
         mgr._need_rank("KVReceiver")
@@ -481,23 +522,56 @@ class KVReceiver(BaseKVReceiver):
         self.opened = False
         self.aux_done = False
         self.error = None
+        self.dp_rank = None  # init(prefill_dp_rank); else bootstrap_room % dp_size
         self.inst = None
         try:
             self.inst = mgr.instance(bootstrap_addr)
         except _errors.KvstageError as e:
             self.error = e.message
 
-    def init(self, kv_indices, aux_index=None):
+    def init(self, *args, **kwargs):
+        """sglang's two receiver interfaces: init(kv_indices, aux_index), the
+        pages and the metadata slot at once; or, in newer sglang,
+        init(prefill_dp_rank) and then send_metadata(...)."""
+        if "prefill_dp_rank" in kwargs or (len(args) == 1 and not kwargs and
+                                           isinstance(args[0], numbers.Integral)):
+            dp = kwargs["prefill_dp_rank"] if "prefill_dp_rank" in kwargs else args[0]
+            return self._choose_dp(dp)
+        return self._open(*args, **kwargs)
+
+    def _choose_dp(self, dp):
+        if not isinstance(dp, numbers.Integral) or dp < 0:
+            raise _errors.invalid("init: prefill_dp_rank %r: give the prefill's attention DP "
+                                  "rank (>= 0)" % (dp,))
+        if self.error is None and dp >= self.inst.dp_size:
+            self.error = ("init: prefill_dp_rank %d, but the prefill at %s has %d attention "
+                          "DP group(s)" % (dp, self.bootstrap_addr, self.inst.dp_size))
+        self.dp_rank = int(dp)
+
+    def send_metadata(self, kv_indices, aux_index=None, state_indices=None,
+                      decode_prefix_len=None):
+        """Newer sglang: after init(prefill_dp_rank), the pages of the
+        request's uncached suffix, its metadata slot, and how many tokens
+        the decode already holds (its prefix-cache hit: kvstage moves only
+        the tokens after it)."""
+        if self.dp_rank is None:
+            raise _errors.invalid("send_metadata: call init(prefill_dp_rank) first")
+        if self.error is None:
+            self.error = _no_state(state_indices, "send_metadata")
+        self._open(kv_indices, aux_index, base_tokens=decode_prefix_len or 0)
+
+    def _open(self, kv_indices, aux_index=None, base_tokens=0):
         if self.error is not None:
             return
         self.mgr.check_aux_index(aux_index)
         pages = kv_indices.tolist() if hasattr(kv_indices, "tolist") else list(kv_indices)
         self.aux_index = aux_index
         self.opened = True
+        dp = self.dp_rank if self.dp_rank is not None else self.room % self.inst.dp_size
         try:
-            self.mgr.rank.open_room(self.room, pages, total_tokens=len(pages) *
-                                    self.mgr.page_size, peer=self.inst.id,
-                                    dp_rank=self.room % self.inst.dp_size)
+            self.mgr.rank.open_room(self.room, pages, base_tokens=int(base_tokens),
+                                    total_tokens=int(base_tokens) + len(pages) *
+                                    self.mgr.page_size, peer=self.inst.id, dp_rank=dp)
         except _errors.KvstageError as e:
             self.error = str(e)
 
