@@ -16,8 +16,10 @@
  * run's index with one high bit set: no run index has it), so a run
  * without them is drawn as before they existed: clusters of 1-4 instances
  * per side (SIM_CAMPAIGN_CLUSTER_PCT), send queues that fill, aux
- * payloads, large clusters (up to 4 x 4 instances, TP up to 8) and the
- * provenance data mode.
+ * payloads, large clusters (up to 4 x 4 instances, TP up to 8), the
+ * provenance data mode and the model kinds of docs/kinds/ (an MLA latent,
+ * two page sizes, FP8 scale planes; SIM_CAMPAIGN_MLA_PCT), which change
+ * the shape drawn before them and nothing else.
  *
  * Faults come from sim_campaign_fault_kinds: one row per fault kind with
  * its odds, its classes and a function that writes a spec. By default
@@ -33,6 +35,7 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,6 +105,17 @@
  * kind. */
 #define SIM_CAMPAIGN_HOSTILE_PCT 20
 #define SIM_CAMPAIGN_HOSTILE_STREAM (UINT64_C(1) << 58)
+/* Model kinds (docs/kinds/, issue 25): an MLA latent in place of K and V
+ * in this share of the runs (percent), a decode page size other than the
+ * prefill's in this share, scale planes (FP8) in this share, per-token or
+ * per-block alike; any of them together. Drawn from a stream of their own
+ * and applied to the shape drawn as before (heads, dtype, page and chunk
+ * sizes), after the cluster, so every other draw of a run is what it was
+ * before the kinds, and a campaign of kinds "none" is the one of before. */
+#define SIM_CAMPAIGN_MLA_PCT 20
+#define SIM_CAMPAIGN_PAGES_PCT 20
+#define SIM_CAMPAIGN_SCALES_PCT 20
+#define SIM_CAMPAIGN_MODEL_STREAM (UINT64_C(1) << 57)
 
 static int sim_campaign_fail(kvs_error_t *err, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -491,6 +505,120 @@ static int sim_campaign_parse_faults(const char *text, sim_campaign_faults_t *ou
     return 0;
 }
 
+/* The model kinds (SIM_CAMPAIGN_MLA_PCT ...): bit k of a run's kinds for
+ * row k. Scale planes are one draw: per-token or per-block, never both. */
+enum {
+    SIM_CAMPAIGN_MLA,
+    SIM_CAMPAIGN_PAGES,
+    SIM_CAMPAIGN_PER_TOKEN,
+    SIM_CAMPAIGN_PER_BLOCK,
+    SIM_CAMPAIGN_MODEL_KINDS
+};
+static const char *const sim_campaign_model_names[SIM_CAMPAIGN_MODEL_KINDS] = {
+    [SIM_CAMPAIGN_MLA] = "mla",
+    [SIM_CAMPAIGN_PAGES] = "page-sizes",
+    [SIM_CAMPAIGN_PER_TOKEN] = "per-token",
+    [SIM_CAMPAIGN_PER_BLOCK] = "per-block",
+};
+#define SIM_CAMPAIGN_ALL_MODELS ((1u << SIM_CAMPAIGN_MODEL_KINDS) - 1u)
+#define SIM_CAMPAIGN_SCALES (1u << SIM_CAMPAIGN_PER_TOKEN | 1u << SIM_CAMPAIGN_PER_BLOCK)
+
+/* The model kinds of a campaign. */
+typedef struct sim_campaign_models {
+    uint32_t kinds;            /* bit k: sim_campaign_model_names[k] may be drawn */
+    bool at_least_one;         /* named: every run draws one of them at least */
+} sim_campaign_models_t;
+
+/* "all", "none", or model kinds separated by commas -> *out. */
+static int sim_campaign_parse_models(const char *text, sim_campaign_models_t *out,
+                                     kvs_error_t *err)
+{
+    out->at_least_one = false;
+    if (strcmp(text, "all") == 0) {
+        out->kinds = SIM_CAMPAIGN_ALL_MODELS;
+        return 0;
+    }
+    out->kinds = 0;
+    if (strcmp(text, "none") == 0)
+        return 0;
+    out->at_least_one = true;
+    for (const char *p = text;;) {
+        const char *comma = strchr(p, ',');
+        const size_t len = comma != NULL ? (size_t)(comma - p) : strlen(p);
+        size_t k = 0;
+        while (k < SIM_CAMPAIGN_MODEL_KINDS &&
+               !(strlen(sim_campaign_model_names[k]) == len &&
+                 strncmp(sim_campaign_model_names[k], p, len) == 0))
+            k++;
+        if (k == SIM_CAMPAIGN_MODEL_KINDS)
+            return SIM_CAMPAIGN_FAIL(err, KVS_EINVAL, "kinds: unknown model kind '%.*s': give "
+                                     "all, none (GQA only), or kinds separated by commas out "
+                                     "of mla, page-sizes, per-token, per-block", (int)len, p);
+        out->kinds |= 1u << k;
+        if (comma == NULL)
+            break;
+        p = comma + 1;
+    }
+    return 0;
+}
+
+/* A run's model kinds, from its own stream: each at its odds, scales as
+ * one draw (per-token or per-block); with kinds named, one of them at
+ * least (drawn uniformly when the odds gave none). The draws are the same
+ * whatever the campaign allows, so a kind left out leaves the others as
+ * they were. */
+static uint32_t sim_campaign_draw_models(sim_rng_t *rng, const sim_campaign_models_t *m)
+{
+    uint32_t got = 0;
+    if (sim_campaign_pct(rng, SIM_CAMPAIGN_MLA_PCT))
+        got |= 1u << SIM_CAMPAIGN_MLA;
+    if (sim_campaign_pct(rng, SIM_CAMPAIGN_PAGES_PCT))
+        got |= 1u << SIM_CAMPAIGN_PAGES;
+    if (sim_campaign_pct(rng, SIM_CAMPAIGN_SCALES_PCT))
+        got |= 1u << (sim_rng_below(rng, 2) == 0 ? SIM_CAMPAIGN_PER_TOKEN
+                                                  : SIM_CAMPAIGN_PER_BLOCK);
+    got &= m->kinds;
+    if (got == 0 && m->at_least_one) {
+        uint32_t named[SIM_CAMPAIGN_MODEL_KINDS], n = 0;
+        for (uint32_t k = 0; k < SIM_CAMPAIGN_MODEL_KINDS; k++)
+            if (m->kinds >> k & 1u)
+                named[n++] = k;
+        got = 1u << named[sim_rng_below(rng, n)];
+    }
+    return got;
+}
+
+/* Prefill and decode page sizes drawn for a run of two page sizes: the
+ * pairs of issue 25 (16 -> 64, 64 -> 16), others where one divides the
+ * other, either way round, and one of lcm 48 not a power of two. */
+static const int64_t sim_campaign_page_pairs[][2] = {
+    {16, 64}, {64, 16}, {16, 32}, {32, 16}, {4, 16}, {16, 4},
+    {2, 8}, {8, 2}, {1, 4}, {4, 1}, {16, 48}, {48, 16},
+};
+
+/* Elements per e8m0 scale drawn for per-block runs: those dividing the
+ * head dim (1 always does). */
+static int64_t sim_campaign_draw_block(sim_rng_t *rng, int64_t head_dim)
+{
+    static const int64_t blocks[] = {32, 16, 8, 4, 2, 1};
+    int64_t fit[SIM_CAMPAIGN_COUNT(blocks)];
+    size_t n = 0;
+    for (size_t i = 0; i < SIM_CAMPAIGN_COUNT(blocks); i++)
+        if (head_dim % blocks[i] == 0)
+            fit[n++] = blocks[i];
+    return fit[sim_rng_below(rng, n)];
+}
+
+static int64_t sim_campaign_gcd(int64_t a, int64_t b)
+{
+    while (b != 0) {
+        const int64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
 /* Two sizes plan together when the larger is a multiple of the smaller:
  * TP sizes of the two sides, and heads over a TP (split or replicated). */
 static bool sim_campaign_divides(int64_t a, int64_t b)
@@ -573,6 +701,7 @@ typedef struct sim_campaign_draw {
     uint32_t aux_bytes;        /* its max_aux_bytes, 0: none */
     uint32_t instances;        /* of both sides */
     bool large;                /* a large cluster */
+    uint32_t models;           /* bit k: model kind k (SIM_CAMPAIGN_MLA ...) */
     uint32_t nfaults;
     size_t kinds[SIM_CAMPAIGN_MAX_FAULTS];
 } sim_campaign_draw_t;
@@ -583,7 +712,8 @@ typedef struct sim_campaign_draw {
  * kvs_sim_run sets it up: a refusal is a set-up error).
  */
 static void sim_campaign_generate(uint64_t seed, uint64_t run,
-                                  const sim_campaign_faults_t *faults, sim_campaign_draw_t *draw)
+                                  const sim_campaign_faults_t *faults,
+                                  const sim_campaign_models_t *models, sim_campaign_draw_t *draw)
 {
     sim_rng_t rng;
     sim_rng_init(&rng, seed, run);
@@ -629,11 +759,11 @@ static void sim_campaign_generate(uint64_t seed, uint64_t run,
     const int64_t head_dim = SIM_CAMPAIGN_PICK(&rng, head_dims);
     static const kvs_dtype_t dtypes[] = {KVS_DTYPE_BF16, KVS_DTYPE_FP16, KVS_DTYPE_FP8,
                                          KVS_DTYPE_FP32};
-    const kvs_dtype_t dtype = SIM_CAMPAIGN_PICK(&rng, dtypes);
+    kvs_dtype_t dtype = SIM_CAMPAIGN_PICK(&rng, dtypes);
     static const int64_t page_sizes[] = {1, 2, 4, 8, 16};
-    const int64_t ps = SIM_CAMPAIGN_PICK(&rng, page_sizes);
+    int64_t ps = SIM_CAMPAIGN_PICK(&rng, page_sizes);
     static const int64_t chunk_pages[] = {1, 2, 3, 4, 8, 16};
-    const int64_t chunk = ps * SIM_CAMPAIGN_PICK(&rng, chunk_pages);
+    int64_t chunk = ps * SIM_CAMPAIGN_PICK(&rng, chunk_pages);
 
     /* The cluster: instance 0 of each side is the one drawn above; more
      * instances, and the router, come from a stream of their own. */
@@ -661,6 +791,39 @@ static void sim_campaign_generate(uint64_t seed, uint64_t run,
         draw->large = topo.prefill_instances > 1 || topo.decode_instances > 1;
     }
     draw->instances = topo.prefill_instances + topo.decode_instances;
+
+    /* Model kinds (SIM_CAMPAIGN_MLA_PCT ...), from a stream of their own,
+     * applied to the shape drawn above: MLA keeps one latent of head_dim
+     * elements (one "head", on every TP rank: every cluster drawn pairs);
+     * two page sizes take a pair of the table and the smallest chunk of
+     * whole pages on both sides at least as long as the one drawn; scale
+     * planes make the KV fp8. */
+    sim_rng_t model;
+    sim_rng_init(&model, seed, run | SIM_CAMPAIGN_MODEL_STREAM);
+    draw->models = sim_campaign_draw_models(&model, models);
+    kvs_kv_kind_t kind = KVS_KV_GQA;
+    int64_t dps = 0;
+    kvs_kv_scales_t scales = KVS_KV_SCALES_NONE;
+    int64_t scale_block = 0;
+    if (draw->models >> SIM_CAMPAIGN_MLA & 1u) {
+        kind = KVS_KV_MLA;
+        heads = 1;
+    }
+    if (draw->models >> SIM_CAMPAIGN_PAGES & 1u) {
+        const size_t pair = sim_rng_below(&model, SIM_CAMPAIGN_COUNT(sim_campaign_page_pairs));
+        ps = sim_campaign_page_pairs[pair][0];
+        dps = sim_campaign_page_pairs[pair][1];
+        const int64_t unit = ps / sim_campaign_gcd(ps, dps) * dps;
+        chunk = (chunk + unit - 1) / unit * unit;
+    }
+    if (draw->models & SIM_CAMPAIGN_SCALES) {
+        dtype = KVS_DTYPE_FP8;
+        scales = draw->models >> SIM_CAMPAIGN_PER_TOKEN & 1u ? KVS_KV_SCALES_PER_TOKEN
+                                                              : KVS_KV_SCALES_PER_BLOCK;
+        if (scales == KVS_KV_SCALES_PER_BLOCK)
+            scale_block = sim_campaign_draw_block(&model, head_dim);
+    }
+
     bool same_tp = true;
     int64_t max_tp = 1, pair_ranks = 1;
     for (uint32_t p = 0; p < topo.prefill_instances; p++)
@@ -689,8 +852,10 @@ static void sim_campaign_generate(uint64_t seed, uint64_t run,
     if (hi > 48 * chunk)
         hi = lo > 48 * chunk ? lo : 48 * chunk;
     /* (a request's ranks are those of its pair of instances) */
+    const int64_t buffers = (kind == KVS_KV_MLA ? 1 : 2) *
+                            (scales != KVS_KV_SCALES_NONE ? 2 : 1); /* a layer's */
     const int64_t per_request = (hi + chunk - 1) / chunk * pair_ranks * 8 +
-                                (path == KVS_PATH_SLICE ? hi * layers * 2 * max_tp : 0);
+                                (path == KVS_PATH_SLICE ? hi * layers * buffers * max_tp : 0);
     int64_t max_requests = SIM_CAMPAIGN_COST / per_request;
     max_requests = max_requests < 1 ? 1 : max_requests > 12 ? 12 : max_requests;
     /* A cluster gets a request per instance at least, as the cost allows,
@@ -715,6 +880,10 @@ static void sim_campaign_generate(uint64_t seed, uint64_t run,
         .prefill_tp = ptp, .decode_tp = dtp, .prefill_pp = ppp, .decode_pp = dpp,
         .chunk_tokens = chunk};
     params.dtype = dtype;
+    params.kind = kind;
+    params.decode_page_size = dps;
+    params.kv_scales = scales;
+    params.scale_block = scale_block;
     int64_t region = 4096; /* of the pair with the largest */
     for (uint32_t p = 0; p < topo.prefill_instances; p++)
         for (uint32_t d = 0; d < topo.decode_instances; d++) {
@@ -736,6 +905,10 @@ static void sim_campaign_generate(uint64_t seed, uint64_t run,
     cfg->dtype = (int32_t)dtype;
     cfg->page_size = ps;
     cfg->chunk_tokens = chunk;
+    cfg->kv_kind = (int32_t)kind;
+    cfg->decode_page_size = dps;
+    cfg->kv_scales = (int32_t)scales;
+    cfg->scale_block = (uint32_t)scale_block;
     cfg->prefill_instances = topo.prefill_instances;
     cfg->decode_instances = topo.decode_instances;
     for (uint32_t i = 0; i < topo.prefill_instances; i++) {
@@ -868,6 +1041,9 @@ static uint64_t sim_campaign_judge(kvs_sim_campaign_report_t *t, const sim_campa
     t->runs_provenance += draw->cfg.data_mode == KVS_SIM_DATA_PROVENANCE;
     for (uint32_t f = 0; f < draw->nfaults; f++)
         t->kind_drawn[draw->kinds[f]]++;
+    for (uint32_t k = 0; k < SIM_CAMPAIGN_MODEL_KINDS; k++)
+        t->model_kind_runs[k] += draw->models >> k & 1u;
+    t->runs_model_combined += (draw->models & (draw->models - 1u)) != 0;
     if (rc != KVS_OK && r->events == 0) {
         /* The generator believed the scenario valid: a bug of the generator
          * or of a validation, told apart from a broken invariant. */
@@ -924,6 +1100,13 @@ const char *kvs_sim_campaign_fault_name(uint32_t kind)
     return kind < SIM_CAMPAIGN_KINDS ? sim_campaign_fault_kinds[kind].name : NULL;
 }
 
+const char *kvs_sim_campaign_model_kind_name(uint32_t kind)
+{
+    return kind < SIM_CAMPAIGN_MODEL_KINDS ? sim_campaign_model_names[kind] : NULL;
+}
+
+_Static_assert(SIM_CAMPAIGN_MODEL_KINDS <= KVS_SIM_CAMPAIGN_MAX_MODEL_KINDS,
+               "a model kind past kvs_sim_campaign_report_t.model_kind_runs");
 _Static_assert(SIM_CAMPAIGN_KINDS <= KVS_SIM_CAMPAIGN_MAX_KINDS,
                "a fault kind past kvs_sim_campaign_report_t.kind_drawn");
 _Static_assert(SIM_CAMPAIGN_HOSTILE_KIND < SIM_CAMPAIGN_KINDS,
@@ -935,7 +1118,7 @@ int kvs_sim_campaign_run(const kvs_sim_campaign_config_t *cfg, kvs_sim_campaign_
     if (cfg == NULL || out == NULL)
         return SIM_CAMPAIGN_FAIL(err, KVS_EINVAL, "cfg and out must not be NULL");
     if (cfg->version != KVS_SIM_CAMPAIGN_CONFIG_VERSION ||
-        cfg->size_bytes < sizeof(kvs_sim_campaign_config_t))
+        cfg->size_bytes < offsetof(kvs_sim_campaign_config_t, kinds))
         return SIM_CAMPAIGN_FAIL(err, KVS_EVERSION, "campaign config version %u, size_bytes "
                                  "%u: use kvs_sim_campaign_config_init", cfg->version,
                                  cfg->size_bytes);
@@ -951,6 +1134,14 @@ int kvs_sim_campaign_run(const kvs_sim_campaign_config_t *cfg, kvs_sim_campaign_
     int rc;
     if (cfg->faults != NULL && (rc = sim_campaign_parse_faults(cfg->faults, &faults, err)) != 0)
         return rc;
+    /* Default: every model kind at its odds (a caller of before kinds
+     * existed, whose config ends at faults, gets the same). */
+    sim_campaign_models_t models = {.kinds = SIM_CAMPAIGN_ALL_MODELS, .at_least_one = false};
+    const char *kinds = cfg->size_bytes >= offsetof(kvs_sim_campaign_config_t, kinds) +
+                                               sizeof cfg->kinds
+                            ? cfg->kinds : NULL;
+    if (kinds != NULL && (rc = sim_campaign_parse_models(kinds, &models, err)) != 0)
+        return rc;
     const uint32_t size = out->size_bytes;
     memset(out, 0, sizeof *out);
     out->version = KVS_SIM_CAMPAIGN_REPORT_VERSION;
@@ -959,6 +1150,7 @@ int kvs_sim_campaign_run(const kvs_sim_campaign_config_t *cfg, kvs_sim_campaign_
     out->max_instances = SIM_CAMPAIGN_MAX_INSTANCES;
     out->max_sq_depth = SIM_CAMPAIGN_MAX_SQ_DEPTH;
     out->max_aux_bytes = SIM_CAMPAIGN_MAX_AUX_BYTES;
+    out->model_kinds = SIM_CAMPAIGN_MODEL_KINDS;
     sim_campaign_draw_t *draw = malloc(sizeof *draw);
     kvs_sim_report_t *report = malloc(sizeof *report);
     if (draw == NULL || report == NULL) {
@@ -967,7 +1159,7 @@ int kvs_sim_campaign_run(const kvs_sim_campaign_config_t *cfg, kvs_sim_campaign_
         return SIM_CAMPAIGN_FAIL(err, KVS_ENOMEM, "out of memory for one run's tables");
     }
     for (uint64_t i = 0; i < cfg->runs; i++) {
-        sim_campaign_generate(cfg->seed, i, &faults, draw);
+        sim_campaign_generate(cfg->seed, i, &faults, &models, draw);
         memset(report, 0, sizeof *report);
         report->size_bytes = (uint32_t)sizeof *report;
         kvs_error_t run_err = {0};

@@ -3,7 +3,8 @@
 and the table, determinism (one seed, one output; another seed, another
 digest), that every run replays alone (its logged `kvstage sim` command
 gives the same digest and counts as inside the campaign, and run i is the
-same in a campaign of any length), --campaign-faults, the violation report
+same in a campaign of any length), --campaign-faults, --campaign-kinds
+(model kinds drawn from a stream of their own), the violation report
 and its exit status, the flags a campaign draws (--ring-bytes,
 --transfer-workers, --prefill-tokens-per-s, --max-events, --sq-depth,
 --aux-bytes),
@@ -31,9 +32,14 @@ JSON_KEYS = [
     "setup_errors", "runs_stopped", "runs_with_clusters", "runs_with_sq_depth", "posts_refused",
     "runs_with_aux", "aux_bytes_verified", "aux_corrupt_bytes", "keys_granted",
     "keys_leaked", "hostile_writes", "hostile_bytes_landed", "events",
-    "max_run_events", "digest", "faults_drawn", "paths_run", "wall_seconds",
+    "max_run_events", "digest", "faults_drawn", "model_kinds",
+    "runs_model_combined", "paths_run", "wall_seconds",
     "ms_per_run", "violating_runs", "first_violation", "replay",
 ]
+MODEL_KINDS = ["gqa", "mla", "page-sizes", "per-token", "per-block"]
+# The flag each model kind puts in a run's replay.
+MODEL_FLAGS = {"mla": "--mla-latent-dim", "page-sizes": "--decode-page-size",
+               "per-token": "--kv-scales per-token", "per-block": "--kv-scales per-block:"}
 KINDS = ["drop", "dup", "delay", "write-error", "link-down", "slow-scatter",
          "stall", "crash", "restart", "hbm-full", "hostile-write"]
 # Keys derived from the real clock: the only ones two campaigns may differ in.
@@ -236,6 +242,55 @@ def test_fault_kinds(s):
          "only the kinds asked for", args, repr(drawn))
 
 
+def test_model_kinds(s):
+    """Model kinds (docs/kinds/): each run draws MLA, two page sizes and
+    scale planes at their odds, from a stream of their own, so a run that
+    drew none is the run of --campaign-kinds none (the campaign of before);
+    --campaign-kinds names the kinds to draw, one at least in every run;
+    the replay of a kind's run names its flags and gives the same run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "all.jsonl")
+        args = ["sim", "--campaign", "40", "--seed", "2", "--campaign-log", log]
+        obj, _ = campaign_json(s, "kinds campaign", args)
+        kinds = obj.get("model_kinds", {})
+        s.ok(sorted(kinds) == sorted(MODEL_KINDS) and kinds.get("gqa", 0) < 40
+             and all(kinds.get(k, 0) > 0 for k in MODEL_KINDS),
+             "every model kind drawn", args, repr(kinds))
+        runs = read_log(log) if os.path.exists(log) else []
+        for kind, flag in MODEL_FLAGS.items():
+            have = [r for r in runs if flag in r.get("replay", "")]
+            s.ok(len(have) == kinds.get(kind), "log: %s runs name %s" % (kind, flag), args,
+                 "%d vs %r" % (len(have), kinds.get(kind)))
+            for r in have[:1]:
+                replay_alone(s, args, r)
+        plain_log = os.path.join(tmp, "none.jsonl")
+        plain_args = ["sim", "--campaign", "40", "--seed", "2", "--campaign-kinds", "none",
+                      "--campaign-log", plain_log]
+        plain, _ = campaign_json(s, "kinds none", plain_args)
+        s.ok(plain.get("model_kinds", {}).get("gqa") == 40
+             and plain.get("runs_model_combined") == 0
+             and plain.get("replay", "").endswith("--campaign-kinds none"),
+             "kinds none: GQA only", plain_args, repr(plain.get("model_kinds")))
+        before = read_log(plain_log) if os.path.exists(plain_log) else []
+        same = [(a, b) for a, b in zip(runs, before)
+                if not any(f in a.get("replay", "") for f in MODEL_FLAGS.values())]
+        s.ok(len(before) == 40 and 0 < len(same) < 40
+             and all(a["replay"] == b["replay"] and a["digest"] == b["digest"]
+                     for a, b in same),
+             "a run without kinds is the run of kinds none", plain_args,
+             "%d runs compared" % len(same))
+        only_args = ["sim", "--campaign", "12", "--seed", "2", "--campaign-kinds",
+                     "page-sizes,per-block"]
+        only, _ = campaign_json(s, "kinds named", only_args)
+        got = only.get("model_kinds", {})
+        s.ok(got.get("gqa") == 12 and got.get("mla") == 0 and got.get("per-token") == 0
+             and got.get("page-sizes", 0) + got.get("per-block", 0)
+             - only.get("runs_model_combined", 0) == 12,
+             "only the kinds named, one in every run", only_args, repr(got))
+    s.expect_ok("table kinds", ["sim", "--campaign", "6", "--seed", "2"],
+                ["model kinds        gqa "])
+
+
 def test_violations(s):
     """Short stall timeouts mixed with loss, lateness and real failures (off
     by default: the judge cannot tell a notice that had no time to arrive
@@ -332,6 +387,9 @@ def test_bad_input(s):
         ("campaign empty kind", ["sim", "--campaign", "3",
                                  "--campaign-faults", "drop,"],
          "--campaign-faults"),
+        ("campaign unknown model kind", ["sim", "--campaign", "3",
+                                         "--campaign-kinds", "mla,moe"],
+         "--campaign-kinds"),
         ("campaign log unwritable", ["sim", "--campaign", "3",
                                      "--campaign-log", "/nonexistent-dir/x"],
          "--campaign-log"),
@@ -355,6 +413,7 @@ def test_bad_input(s):
 def test_help(s):
     s.expect_ok("help lists campaigns", ["sim", "--help"], [
         "--campaign N", "--campaign-log FILE", "--campaign-faults KINDS",
+        "--campaign-kinds KINDS",
         "--ring-bytes", "--transfer-workers", "--prefill-tokens-per-s",
         "--max-events"])
     for args in (["sim", "--campaign", "3", "--help"],
@@ -368,7 +427,8 @@ def main():
         return 2
     s = Suite(sys.argv[1], timeout_s=600)
     for test in (test_help, test_json_summary, test_table, test_determinism,
-                 test_replay, test_clusters, test_fault_kinds, test_violations,
+                 test_replay, test_clusters, test_fault_kinds, test_model_kinds,
+                 test_violations,
                  test_sim_flags, test_bad_input):
         test(s)
     print("cli_campaign: %d passed, %d failed" % (s.passed, s.failed))

@@ -37,7 +37,8 @@ def test_help(s):
                  "--instance K", "--expect-lost K", "hold-from:R",
                  "i % N", "--device NAME[,NAME...]",
                  "--device-near-gpu BUSID[,BUSID...]", "entry s*TP + t",
-                 "--mla-latent-dim N", "--decode-page-size N", "swap-pages"])
+                 "--mla-latent-dim N", "--decode-page-size N", "swap-pages",
+                 "--kv-scales S", "shift-scales"])
 
 
 def test_bad_input(s):
@@ -87,10 +88,20 @@ def test_bad_input(s):
                                "--layers", "4", "--kv-heads", "4"], "--kv-heads"),
         # Nor prefill context parallelism (kvstage plan --prefill-cp plans it).
         ("prefill cp", PREFILL + ["--prefill-cp", "2"], "--prefill-cp"),
-        # FP8 scale planes run in kvstage sim; serve refuses them by name.
-        ("kv scales", DECODE + ["--dtype", "fp8", "--kv-scales", "per-token"], "--kv-scales"),
-        ("kv scales, prefill", PREFILL + ["--dtype", "fp8", "--kv-scales", "per-block"],
+        # FP8 scale planes: the dtype and the block are checked by name; the
+        # planted wrong scale mapping needs scales and two layers a stage.
+        ("kv scales not fp8", DECODE + ["--kv-scales", "per-token"], "--kv-scales"),
+        ("kv scales block", PREFILL + ["--dtype", "fp8", "--kv-scales", "per-block:64"],
          "--kv-scales"),
+        ("kv scales unknown", DECODE + ["--dtype", "fp8", "--kv-scales", "per-row"],
+         "--kv-scales"),
+        ("shift-scales without scales", DECODE + ["--fault", "shift-scales"],
+         "--kv-scales"),
+        ("shift-scales, one layer a stage",
+         DECODE + ["--dtype", "fp8", "--kv-scales", "per-token", "--decode-pp", "4",
+                   "--prefill-pp", "4", "--fault", "shift-scales"], "--layers"),
+        ("shift-scales on prefill", PREFILL + ["--dtype", "fp8", "--kv-scales", "per-token",
+                                               "--fault", "shift-scales"], "--role decode"),
         # TP x PP ranks of one process: each side's product is bounded, on
         # both roles alike (so the two processes refuse the same shapes).
         ("prefill ranks over 64",

@@ -3,7 +3,8 @@
  * (kvs_sim_campaign_run, <kvstage/sim.h>), not the CLI: every run reaches
  * the callback in order, each drawn config replays alone through
  * kvs_sim_run to the same digest and verdict, the totals add up, the whole
- * campaign is deterministic, and bad configs are refused naming the field.
+ * campaign is deterministic, model kinds leave the other draws of a run as
+ * they were, and bad configs are refused naming the field.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -96,6 +97,104 @@ static void test_sim_campaign_runs_replay_and_add_up(void **state)
     assert_int_not_equal(r2.digest, r.digest);
 }
 
+/* The runs of two campaigns of one seed, by index. */
+typedef struct kinds_seen {
+    uint64_t digest[RUNS];
+    int32_t kv_kind[RUNS], kv_scales[RUNS];
+    int64_t decode_page_size[RUNS];
+    int32_t dtype[RUNS];
+} kinds_seen_t;
+
+static void on_run_kinds(void *ctx, const kvs_sim_campaign_run_t *run)
+{
+    kinds_seen_t *s = ctx;
+    assert_int_equal(run->status, KVS_OK);
+    assert_int_equal(run->violations, 0);
+    s->digest[run->index] = run->report->digest;
+    s->kv_kind[run->index] = run->config->kv_kind;
+    s->kv_scales[run->index] = run->config->kv_scales;
+    s->decode_page_size[run->index] = run->config->decode_page_size;
+    s->dtype[run->index] = run->config->dtype;
+}
+
+static uint32_t model_kind(const char *name)
+{
+    uint32_t k = 0;
+    while (kvs_sim_campaign_model_kind_name(k) != NULL &&
+           strcmp(kvs_sim_campaign_model_kind_name(k), name) != 0)
+        k++;
+    assert_non_null(kvs_sim_campaign_model_kind_name(k));
+    return k;
+}
+
+/* Model kinds (docs/kinds/) come from a stream of their own: a run that
+ * drew none is the run of a campaign of kinds "none", digest for digest;
+ * "none" draws none; naming kinds draws only those, one at least in every
+ * run, and the drawn config carries it (an MLA latent, fp8 with scales). */
+static void test_sim_campaign_model_kinds(void **state)
+{
+    (void)state;
+    kvs_sim_campaign_config_t cfg;
+    kvs_sim_campaign_config_init(&cfg);
+    cfg.runs = RUNS;
+    cfg.seed = 1;
+    kvs_error_t err;
+    kinds_seen_t all, none, mla;
+    memset(&all, 0, sizeof all);
+    memset(&none, 0, sizeof none);
+    memset(&mla, 0, sizeof mla);
+    kvs_sim_campaign_report_t r;
+    report_init(&r);
+    assert_int_equal(kvs_sim_campaign_run(&cfg, on_run_kinds, &all, &r, &err), KVS_OK);
+    assert_int_equal(r.model_kinds, 4);
+    uint64_t plain = 0, with_kind = 0;
+    for (uint32_t k = 0; k < r.model_kinds; k++)
+        with_kind += r.model_kind_runs[k];
+    assert_true(with_kind > 0);
+    cfg.kinds = "none";
+    kvs_sim_campaign_report_t rn;
+    report_init(&rn);
+    assert_int_equal(kvs_sim_campaign_run(&cfg, on_run_kinds, &none, &rn, &err), KVS_OK);
+    for (uint32_t k = 0; k < rn.model_kinds; k++)
+        assert_int_equal(rn.model_kind_runs[k], 0);
+    assert_int_equal(rn.runs_model_combined, 0);
+    for (uint32_t i = 0; i < RUNS; i++) {
+        assert_int_equal(none.kv_kind[i], KVS_KV_GQA);
+        assert_int_equal(none.kv_scales[i], KVS_KV_SCALES_NONE);
+        assert_int_equal(none.decode_page_size[i], 0);
+        if (all.kv_kind[i] == KVS_KV_GQA && all.kv_scales[i] == KVS_KV_SCALES_NONE &&
+            all.decode_page_size[i] == 0) {
+            assert_int_equal(all.digest[i], none.digest[i]);
+            plain++;
+        }
+    }
+    assert_true(plain > 0 && plain < RUNS);
+    cfg.kinds = "mla,per-token";
+    report_init(&r);
+    assert_int_equal(kvs_sim_campaign_run(&cfg, on_run_kinds, &mla, &r, &err), KVS_OK);
+    assert_int_equal(r.model_kind_runs[model_kind("page-sizes")], 0);
+    assert_int_equal(r.model_kind_runs[model_kind("per-block")], 0);
+    for (uint32_t i = 0; i < RUNS; i++) {
+        assert_true(mla.kv_kind[i] == KVS_KV_MLA || mla.kv_scales[i] == KVS_KV_SCALES_PER_TOKEN);
+        assert_int_equal(mla.decode_page_size[i], 0);
+        if (mla.kv_scales[i] != KVS_KV_SCALES_NONE)
+            assert_int_equal(mla.dtype[i], KVS_DTYPE_FP8);
+    }
+    assert_int_equal(r.model_kind_runs[model_kind("mla")] +
+                         r.model_kind_runs[model_kind("per-token")] - r.runs_model_combined,
+                     RUNS);
+    /* A caller built before kinds existed (its config ends at faults)
+     * gets every kind, as NULL does. */
+    cfg.kinds = NULL;
+    cfg.runs = 4;
+    cfg.size_bytes = (uint32_t)offsetof(kvs_sim_campaign_config_t, kinds);
+    kvs_sim_campaign_report_t old;
+    report_init(&old);
+    memset(&none, 0, sizeof none);
+    assert_int_equal(kvs_sim_campaign_run(&cfg, on_run_kinds, &none, &old, &err), KVS_OK);
+    assert_memory_equal(none.digest, all.digest, 4 * sizeof none.digest[0]);
+}
+
 static void test_sim_campaign_refuses_bad_configs(void **state)
 {
     (void)state;
@@ -112,6 +211,15 @@ static void test_sim_campaign_refuses_bad_configs(void **state)
     assert_int_equal(kvs_sim_campaign_run(&cfg, NULL, NULL, &r, &err), KVS_EINVAL);
     assert_non_null(strstr(err.msg, "no-such-kind"));
     cfg.faults = NULL;
+    cfg.kinds = "mla,moe";
+    assert_int_equal(kvs_sim_campaign_run(&cfg, NULL, NULL, &r, &err), KVS_EINVAL);
+    assert_non_null(strstr(err.msg, "kinds: unknown model kind 'moe'"));
+    cfg.kinds = "mla,";
+    assert_int_equal(kvs_sim_campaign_run(&cfg, NULL, NULL, &r, &err), KVS_EINVAL);
+    cfg.kinds = NULL;
+    cfg.size_bytes = (uint32_t)offsetof(kvs_sim_campaign_config_t, faults);
+    assert_int_equal(kvs_sim_campaign_run(&cfg, NULL, NULL, &r, &err), KVS_EVERSION);
+    cfg.size_bytes = (uint32_t)sizeof cfg;
     cfg.version = KVS_SIM_CAMPAIGN_CONFIG_VERSION + 1;
     assert_int_equal(kvs_sim_campaign_run(&cfg, NULL, NULL, &r, &err), KVS_EVERSION);
     /* Every fault kind has a name, and the list ends. */
@@ -120,12 +228,18 @@ static void test_sim_campaign_refuses_bad_configs(void **state)
         k++;
     assert_true(k > 5 && k <= KVS_SIM_CAMPAIGN_MAX_KINDS);
     assert_null(kvs_sim_campaign_fault_name(KVS_SIM_CAMPAIGN_MAX_KINDS));
+    k = 0;
+    while (kvs_sim_campaign_model_kind_name(k) != NULL)
+        k++;
+    assert_true(k == 4 && k <= KVS_SIM_CAMPAIGN_MAX_MODEL_KINDS);
+    assert_null(kvs_sim_campaign_model_kind_name(KVS_SIM_CAMPAIGN_MAX_MODEL_KINDS));
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sim_campaign_runs_replay_and_add_up),
+        cmocka_unit_test(test_sim_campaign_model_kinds),
         cmocka_unit_test(test_sim_campaign_refuses_bad_configs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

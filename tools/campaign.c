@@ -42,6 +42,7 @@ enum cli_campaign_flag {
     CLI_CF_JSON,
     CLI_CF_LOG,
     CLI_CF_FAULTS,
+    CLI_CF_KINDS,
     CLI_CF_HELP,
     CLI_CF_COUNT
 };
@@ -52,6 +53,7 @@ static const cli_flag_t cli_campaign_flags[CLI_CF_COUNT] = {
     [CLI_CF_JSON] = {"--json", false},
     [CLI_CF_LOG] = {"--campaign-log", true},
     [CLI_CF_FAULTS] = {"--campaign-faults", true},
+    [CLI_CF_KINDS] = {"--campaign-kinds", true},
     [CLI_CF_HELP] = {"--help", false},
 };
 
@@ -98,11 +100,24 @@ static char *cli_campaign_replay(const kvs_sim_config_t *c)
 {
     cli_campaign_text_t t = {.used = 0};
     t.used = (size_t)snprintf(t.buf, sizeof t.buf, "kvstage sim");
-    cli_campaign_put_u64(&t, "--kv-heads", (uint64_t)c->total_heads);
-    cli_campaign_put_u64(&t, "--head-dim", (uint64_t)c->head_dim);
+    if (c->kv_kind == KVS_KV_MLA) {
+        cli_campaign_put_u64(&t, "--mla-latent-dim", (uint64_t)c->head_dim);
+    } else {
+        cli_campaign_put_u64(&t, "--kv-heads", (uint64_t)c->total_heads);
+        cli_campaign_put_u64(&t, "--head-dim", (uint64_t)c->head_dim);
+    }
     cli_campaign_put_u64(&t, "--layers", (uint64_t)c->layers);
     cli_campaign_put(&t, "--dtype", kvs_dtype_name((kvs_dtype_t)c->dtype));
+    if (c->kv_scales != KVS_KV_SCALES_NONE) {
+        char scales[48];
+        snprintf(scales, sizeof scales, "%s", kvs_kv_scales_name((kvs_kv_scales_t)c->kv_scales));
+        if (c->kv_scales == KVS_KV_SCALES_PER_BLOCK && c->scale_block > 0)
+            snprintf(scales, sizeof scales, "per-block:%" PRIu32, c->scale_block);
+        cli_campaign_put(&t, "--kv-scales", scales);
+    }
     cli_campaign_put_u64(&t, "--page-size", (uint64_t)c->page_size);
+    if (c->decode_page_size > 0)
+        cli_campaign_put_u64(&t, "--decode-page-size", (uint64_t)c->decode_page_size);
     cli_campaign_put_u64(&t, "--chunk-tokens", (uint64_t)c->chunk_tokens);
     cli_campaign_put_sizes(&t, "--prefill-tp", c->prefill_instances, c->prefill_instance_tp);
     cli_campaign_put_sizes(&t, "--decode-tp", c->decode_instances, c->decode_instance_tp);
@@ -236,6 +251,15 @@ static void cli_campaign_json_listed(const cli_campaign_listed_t *l)
     printf("}");
 }
 
+/* Runs of GQA: those that did not draw the MLA kind. */
+static uint64_t cli_campaign_gqa_runs(const kvs_sim_campaign_report_t *t)
+{
+    for (uint32_t k = 0; k < t->model_kinds; k++)
+        if (strcmp(kvs_sim_campaign_model_kind_name(k), "mla") == 0)
+            return t->runs - t->model_kind_runs[k];
+    return t->runs;
+}
+
 static void cli_campaign_print_json(const kvs_sim_campaign_report_t *t,
                                      const cli_campaign_listed_t *listed, uint32_t nlisted,
                                      uint64_t seed,
@@ -273,7 +297,12 @@ static void cli_campaign_print_json(const kvs_sim_campaign_report_t *t,
     for (uint32_t k = 0; k < t->kinds; k++)
         printf("%s\"%s\": %" PRIu64, k > 0 ? ", " : "", kvs_sim_campaign_fault_name(k),
                t->kind_drawn[k]);
-    printf("}, \"paths_run\": {");
+    printf("}, \"model_kinds\": {\"gqa\": %" PRIu64, cli_campaign_gqa_runs(t));
+    for (uint32_t k = 0; k < t->model_kinds; k++)
+        printf(", \"%s\": %" PRIu64, kvs_sim_campaign_model_kind_name(k),
+               t->model_kind_runs[k]);
+    printf("}, \"runs_model_combined\": %" PRIu64, t->runs_model_combined);
+    printf(", \"paths_run\": {");
     for (size_t p = 1; p < CLI_CAMPAIGN_COUNT(t->paths); p++)
         printf("%s\"%s\": %" PRIu64, p > 1 ? ", " : "", kvs_path_name((kvs_path_t)p),
                t->paths[p]);
@@ -317,6 +346,10 @@ static void cli_campaign_print_table(const kvs_sim_campaign_report_t *t,
            t->runs_large, (int)t->max_instances);
     printf("  %-18s %" PRIu64 " runs in the provenance data mode\n", "data",
            t->runs_provenance);
+    printf("  %-18s gqa %" PRIu64, "model kinds", cli_campaign_gqa_runs(t));
+    for (uint32_t k = 0; k < t->model_kinds; k++)
+        printf(", %s %" PRIu64, kvs_sim_campaign_model_kind_name(k), t->model_kind_runs[k]);
+    printf(" (runs; %" PRIu64 " of two kinds or more)\n", t->runs_model_combined);
     printf("  %-18s", "faults drawn");
     for (uint32_t k = 0; k < t->kinds; k++)
         printf("%s %s %" PRIu64, k > 0 ? "," : "", kvs_sim_campaign_fault_name(k),
@@ -423,8 +456,8 @@ int cli_campaign_main(int argc, char **argv)
         if (!known)
             return cli_fail(CLI_CAMPAIGN_CMD, "%.*s cannot be given with --campaign: a "
                             "campaign draws every scenario flag itself; give only "
-                            "--campaign N, --seed S, --json, --campaign-log FILE and "
-                            "--campaign-faults KINDS",
+                            "--campaign N, --seed S, --json, --campaign-log FILE, "
+                            "--campaign-faults KINDS and --campaign-kinds KINDS",
                             (int)len, argv[a]);
     }
     int rc = cli_args_scan(CLI_CAMPAIGN_CMD, cli_campaign_flags, CLI_CF_COUNT, argc, argv, 1,
@@ -449,6 +482,7 @@ int cli_campaign_main(int argc, char **argv)
     cfg.runs = (uint64_t)runs;
     cfg.seed = seed;
     cfg.faults = values[CLI_CF_FAULTS];
+    cfg.kinds = values[CLI_CF_KINDS];
     cli_campaign_state_t *st = calloc(1, sizeof *st);
     if (st == NULL)
         return cli_fail(CLI_CAMPAIGN_CMD, "out of memory for the campaign's tables");
@@ -481,15 +515,19 @@ int cli_campaign_main(int argc, char **argv)
     if (rc != KVS_OK) {
         free(st);
         const bool faults = strncmp(err.msg, "faults: ", 8) == 0;
-        return cli_fail(CLI_CAMPAIGN_CMD, "%s%s", faults ? "--campaign-faults: " : "",
-                        faults ? err.msg + 8 : err.msg);
+        const bool kinds = strncmp(err.msg, "kinds: ", 7) == 0;
+        return cli_fail(CLI_CAMPAIGN_CMD, "%s%s",
+                        faults ? "--campaign-faults: " : kinds ? "--campaign-kinds: " : "",
+                        faults ? err.msg + 8 : kinds ? err.msg + 7 : err.msg);
     }
 
     /* This campaign's own command (without its output flags). */
-    char self[256];
-    snprintf(self, sizeof self, "kvstage sim --campaign %" PRId64 " --seed %" PRIu64 "%s%s",
+    char self[512];
+    snprintf(self, sizeof self, "kvstage sim --campaign %" PRId64 " --seed %" PRIu64 "%s%s%s%s",
              runs, seed, values[CLI_CF_FAULTS] != NULL ? " --campaign-faults " : "",
-             values[CLI_CF_FAULTS] != NULL ? values[CLI_CF_FAULTS] : "");
+             values[CLI_CF_FAULTS] != NULL ? values[CLI_CF_FAULTS] : "",
+             values[CLI_CF_KINDS] != NULL ? " --campaign-kinds " : "",
+             values[CLI_CF_KINDS] != NULL ? values[CLI_CF_KINDS] : "");
     const cli_campaign_listed_t *listed = st->listed;
     const uint32_t nlisted = st->nlisted;
     if (values[CLI_CF_JSON] != NULL)

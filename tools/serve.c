@@ -154,6 +154,10 @@ void cli_serve_usage(FILE *out)
             "  --dtype T (bf16)  --page-size N (16)  --prefill-tp P (2)  --decode-tp D (1)\n"
             "  --decode-page-size N  the decode's page size (--page-size's), one for every\n"
             "                        prefill instance; --page-size is then the prefill's\n"
+            "  --kv-scales S         FP8 KV with scale planes (with --dtype fp8): none,\n"
+            "                        per-token or per-block[:N]; each rank keeps a scale\n"
+            "                        buffer beside every K and V buffer, moved and checked\n"
+            "                        with the rows\n"
             "  --prefill-pp Pp (1)  --decode-pp Dp (1 or Pp)  --chunk-tokens C (64)\n"
             "  (each process runs TP x PP ranks of its instance; stage s holds L/PP layers,\n"
             "  the last L%%PP stages one more; a prefill's --prefill-tp/--prefill-pp are\n"
@@ -184,6 +188,9 @@ void cli_serve_usage(FILE *out)
             "                        first two pages swapped but check the rows where the\n"
             "                        unswapped list puts them: a wrong page mapping that\n"
             "                        the check must catch (the run fails, corrupt bytes)\n"
+            "  --fault shift-scales  decode, with --kv-scales: publish each layer's scale\n"
+            "                        buffers as the next layer's but check the scales where\n"
+            "                        they belong: a wrong scale mapping the check must catch\n"
             "  --fault hold-from:R   prefill: open its rooms from room R on but never compute\n"
             "                        them; once its rooms before R are over, rank 0 says so\n"
             "                        on stderr (\"holding its rooms\"): kill the process then\n"
@@ -344,6 +351,10 @@ static int cli_serve_fault(const char *text, cli_serve_plan_t *plan)
         plan->swap_pages = true;
         return 0;
     }
+    if (strcmp(text, "shift-scales") == 0) {
+        plan->shift_scales = true;
+        return 0;
+    }
     for (size_t i = 0; i < sizeof cli_serve_write_faults / sizeof cli_serve_write_faults[0]; i++) {
         const char *name = cli_serve_write_faults[i].name;
         if (strncmp(text, name, strlen(name)) != 0)
@@ -366,7 +377,8 @@ static int cli_serve_fault(const char *text, cli_serve_plan_t *plan)
                                    "outside its region), stale-write:N (post it again after "
                                    "its region was freed), replay-registration (send the "
                                    "decode's registration again on a new connection), "
-                                   "swap-pages (scatter to the decode's pages swapped) and "
+                                   "swap-pages (scatter to the decode's pages swapped), "
+                                   "shift-scales (scales to the decode's next layer) and "
                                    "hold-from:R (never compute the rooms from R on)", text);
 }
 
@@ -669,18 +681,10 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
      * rooms and arrivals) */
     if ((rc = cli_shape_refuse_cp(CLI_SERVE_CMD, "serve's ranks", &in->shape)) != 0)
         return rc;
-    /* Its ranks allocate, fill and check K and V pools without scale
-     * buffers: FP8 scale planes run in `kvstage sim`. */
-    if (in->shape.params.kv_scales != KVS_KV_SCALES_NONE)
-        return cli_fail(CLI_SERVE_CMD, "--kv-scales %s: serve's ranks allocate and check K "
-                                       "and V pools without scale buffers: drop --kv-scales "
-                                       "(or give none); run FP8 scale planes with `kvstage "
-                                       "sim --dtype fp8 --kv-scales %s` for now",
-                        kvs_kv_scales_name(in->shape.params.kv_scales),
-                        kvs_kv_scales_name(in->shape.params.kv_scales));
     if ((rc = cli_shape_layout(CLI_SERVE_CMD, &in->shape, &in->plan.lay)) != 0)
         return rc;
     const kvs_layout_t *l = &in->plan.lay;
+
     /* Each process bounds both sides' TP x PP, so a shape one of them
      * refuses is refused by the other too. */
     const int64_t pranks = l->prefill_tp * l->prefill_pp, dranks = l->decode_tp * l->decode_pp;
@@ -829,17 +833,28 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
     if (values[CLI_VF_FAULT] != NULL) {
         if ((rc = cli_serve_fault(values[CLI_VF_FAULT], &in->plan)) != 0)
             return rc;
-        if (decode != (in->plan.replay_registration || in->plan.swap_pages))
+        if (decode != (in->plan.replay_registration || in->plan.swap_pages ||
+                       in->plan.shift_scales))
             return cli_fail(CLI_SERVE_CMD, "--fault %s: %s", values[CLI_VF_FAULT],
                             decode ? "it spoils or holds a prefill's work: give it to --role "
-                                     "prefill (a decode knows replay-registration and "
-                                     "swap-pages only)"
-                                   : "it is a decode's (it replays its registration or swaps "
-                                     "its pages): give it to --role decode");
+                                     "prefill (a decode knows replay-registration, "
+                                     "swap-pages and shift-scales only)"
+                                   : "it is a decode's (it replays its registration, swaps "
+                                     "its pages or shifts its scales): give it to --role "
+                                     "decode");
         if (in->plan.hold && in->plan.hold_from >= in->requests)
             return cli_fail(CLI_SERVE_CMD, "--fault hold-from:%u: there are rooms 0..%" PRId64
                                            " only: give a room below --requests",
                             in->plan.hold_from, in->requests - 1);
+        /* --fault shift-scales moves scales a layer off: it needs them, and
+         * two layers on every decode stage. */
+        if (in->plan.shift_scales && (l->kv_scales == KVS_KV_SCALES_NONE ||
+                                      l->layers / l->decode_pp < 2))
+            return cli_fail(CLI_SERVE_CMD, "--fault shift-scales: it publishes each layer's "
+                                           "scale buffers as the next layer's: give --kv-scales "
+                                           "(with --dtype fp8) and --layers of at least 2 per "
+                                           "decode stage (--layers %" PRId64 ", --decode-pp %"
+                                           PRId64 ")", l->layers, l->decode_pp);
     }
     in->json = values[CLI_VF_JSON] != NULL;
     in->plan.no_verify = values[CLI_VF_NO_VERIFY] != NULL;
@@ -905,8 +920,9 @@ static int cli_serve_workload(cli_serve_input_t *in, int64_t **tokens, int64_t *
  * latent). */
 static uint64_t cli_serve_room_bytes(const kvs_layout_t *l, int64_t tokens)
 {
-    return (uint64_t)(tokens * l->dst_heads * l->head_dim * l->elem_bytes * l->planes *
-                      l->layers * l->decode_tp);
+    /* every row's bytes and, with kv_scales, its scales' */
+    return (uint64_t)(tokens * l->dst_heads * (l->head_dim * l->elem_bytes + l->scale_bytes) *
+                      l->planes * l->layers * l->decode_tp);
 }
 
 /* What became of the rooms paired with one prefill instance. */

@@ -87,6 +87,9 @@ typedef struct cli_rank_ctx {
                                    prefill's page_size, the decode's
                                    decode_page_size */
     int64_t planes;             /* buffers per layer: 2 (K, V), 1 (MLA) */
+    int64_t scale_bytes;        /* of one head's scales in a token row, 0: none */
+    uint64_t scale_base;        /* pool offset of the scale buffers (after the KV) */
+    uint64_t scale_layer_bytes; /* one scale buffer: [slot][head][scale_bytes] */
     int64_t first_layer;        /* global id of its stage's first layer */
     int64_t *pages;             /* scratch page list of one room */
     uint32_t served;            /* rooms this process serves */
@@ -215,12 +218,24 @@ static uint8_t *cli_slot(const cli_rank_ctx_t *c, int64_t layer, int kv, int64_t
     return c->pool + off;
 }
 
+/* The scales of that head's row (kv_scales): its plane's scale buffer,
+ * laid out as the KV buffer is, [slot][head][scale_bytes]. */
+static uint8_t *cli_scale_slot(const cli_rank_ctx_t *c, int64_t layer, int kv, int64_t page,
+                               int64_t slot, int64_t head)
+{
+    const uint64_t off = c->scale_base +
+                         (uint64_t)(c->planes * layer + kv) * c->scale_layer_bytes +
+                         (uint64_t)(((page * c->ps + slot) * c->heads + head) * c->scale_bytes);
+    return c->pool + off;
+}
+
 /* The fabric's clock (verbs, ofi: CLOCK_MONOTONIC, safe from any thread). */
 static uint64_t cli_now(cli_rank_ctx_t *c) { return c->fab->ops.now_ns(c->fab); }
 
 /* The pattern of room i, the simulator's (kvs_sim_kv_fill: a function of
  * request, global layer, K/V, global head and token; MLA's latent is plane
- * 0 of head 0 on every rank). Prefill: write it; decode: count bad bytes.
+ * 0 of head 0 on every rank; a row's scales, with kv_scales, are planes 2
+ * and 3, K's and V's). Prefill: write it; decode: count bad bytes.
  * Token t sits in the room's page t / ps at slot t % ps, ps this side's own
  * page size, so a decode whose pages are not the prefill's checks its rows
  * where its own page list put them. */
@@ -232,21 +247,27 @@ static uint64_t cli_rank_pattern(cli_rank_ctx_t *c, uint32_t i, bool check, uint
     const int64_t n = cli_room_pages(c, i);
     const int64_t tp_size = c->r->role == KVS_ROLE_DECODE ? l->decode_tp : l->prefill_tp;
     uint64_t bad = 0;
-    for (int64_t layer = 0; layer < c->layers; layer++)
-        for (int kv = 0; kv < (int)c->planes; kv++)
-            for (int64_t t = 0; t < tokens; t++)
-                for (int64_t j = 0; j < c->heads; j++) {
-                    const kvs_sim_kv_coord_t at = {
-                        i, c->first_layer + layer, kv,
-                        cli_global_head(l->total_heads, tp_size, c->r->tp, c->heads, j), t};
-                    uint8_t *p = cli_slot(c, layer, kv, cli_page(c, i, t / ps, n), t % ps, j, hb);
-                    if (check) {
-                        bad += kvs_sim_kv_check(p, (size_t)hb, &at);
-                        *checked += (uint64_t)hb;
-                    } else {
-                        kvs_sim_kv_fill(p, (size_t)hb, &at);
+    /* sc 0: the KV rows; sc 1: their scales */
+    for (int sc = 0; sc < (c->scale_bytes > 0 ? 2 : 1); sc++)
+        for (int64_t layer = 0; layer < c->layers; layer++)
+            for (int kv = 0; kv < (int)c->planes; kv++)
+                for (int64_t t = 0; t < tokens; t++)
+                    for (int64_t j = 0; j < c->heads; j++) {
+                        const kvs_sim_kv_coord_t at = {
+                            i, c->first_layer + layer, sc * 2 + kv,
+                            cli_global_head(l->total_heads, tp_size, c->r->tp, c->heads, j),
+                            t};
+                        const int64_t page = cli_page(c, i, t / ps, n);
+                        const int64_t len = sc ? c->scale_bytes : hb;
+                        uint8_t *p = sc ? cli_scale_slot(c, layer, kv, page, t % ps, j)
+                                        : cli_slot(c, layer, kv, page, t % ps, j, hb);
+                        if (check) {
+                            bad += kvs_sim_kv_check(p, (size_t)len, &at);
+                            *checked += (uint64_t)len;
+                        } else {
+                            kvs_sim_kv_fill(p, (size_t)len, &at);
+                        }
                     }
-                }
     c->r->pattern_ns += cli_now(c) - t0;
     return bad;
 }
@@ -433,14 +454,20 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
 
     /* Its stage's layers: stages need not split evenly (spec §4). The
      * planes of each layer (K and V, or MLA's latent alone) side by side in
-     * one allocation, in pages of this side's size. */
+     * one allocation, in pages of this side's size; with kv_scales their
+     * scale buffers after them, in the same order and pages. */
     (void)kvs_layout_stage_layers(l, c->r->role, c->r->pp, &c->first_layer, &c->layers);
     c->heads = decode ? l->dst_heads : l->src_heads;
     c->ps = decode ? l->decode_page_size : l->page_size;
     c->planes = l->planes;
+    c->scale_bytes = l->scale_bytes;
     const int64_t row_bytes = c->heads * l->head_dim * l->elem_bytes;
     c->layer_bytes = (uint64_t)pl->pool_pages * (uint64_t)(c->ps * row_bytes);
-    const uint64_t pool_bytes = (uint64_t)c->planes * (uint64_t)c->layers * c->layer_bytes;
+    c->scale_base = (uint64_t)c->planes * (uint64_t)c->layers * c->layer_bytes;
+    c->scale_layer_bytes = (uint64_t)pl->pool_pages *
+                           (uint64_t)(c->ps * c->heads * c->scale_bytes);
+    const uint64_t pool_bytes = c->scale_base +
+                                (uint64_t)c->planes * (uint64_t)c->layers * c->scale_layer_bytes;
     rc = c->dev->ops.mem_alloc(c->dev, pool_bytes, &c->pool_addr);
     if (rc != KVS_OK)
         return cli_rank_fail(c, rc, "%s: KV pool of %llu bytes: %s: lower --requests or "
@@ -465,8 +492,14 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
         free(kv);
         return cli_rank_fail(c, KVS_ENOMEM, "%s: KV pool tables", who);
     }
-    /* MLA publishes its latent as K and no V (v_addr 0). */
-    for (int64_t i = 0; i < c->layers; i++)
+    /* MLA publishes its latent as K and no V (v_addr 0), and a scale
+     * buffer for K alone. */
+    const uint64_t scales_at = c->pool_addr + c->scale_base;
+    for (int64_t i = 0; i < c->layers; i++) {
+        /* --fault shift-scales: the decode publishes the next layer's
+         * scale buffers as this layer's, so the scales land a layer off
+         * where the check (cli_scale_slot) looks for them. */
+        const int64_t si = decode && pl->shift_scales ? (i + 1) % c->layers : i;
         kv[i] = (kvs_kv_layer_t){.k_addr = c->pool_addr +
                                            (uint64_t)(c->planes * i) * c->layer_bytes,
                                  .v_addr = c->planes == 2 ? c->pool_addr +
@@ -477,6 +510,13 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
                                  .token_stride_bytes = row_bytes,
                                  .head_stride_bytes = l->head_dim * l->elem_bytes,
                                  .elem_stride_bytes = l->elem_bytes};
+        if (c->scale_bytes > 0) {
+            kv[i].ks_addr = scales_at + (uint64_t)(c->planes * si) * c->scale_layer_bytes;
+            kv[i].vs_addr = c->planes == 2 ? scales_at + (uint64_t)(2 * si + 1) *
+                                                             c->scale_layer_bytes
+                                           : 0;
+        }
+    }
 
     /* The decode's one ring serves every prefill instance: it stages when
      * any of them has another TP; a pair of equal TP takes the direct path
@@ -492,6 +532,8 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
             .model_layers = l->layers,
             /* Its own page size and the other side's. */
             .page_size = c->ps, .peer_page_size = decode ? l->page_size : l->decode_page_size,
+            /* FP8 scale planes: a scale buffer beside each K and V buffer. */
+            .kv_scales = l->kv_scales, .scale_block = l->scale_block,
             .tp_rank = c->r->tp,
             .tp_size = decode ? l->decode_tp : l->prefill_tp, .pp_rank = c->r->pp,
             .pp_size = decode ? l->decode_pp : l->prefill_pp,

@@ -88,6 +88,11 @@ typedef struct cli_serve_plan {
                                    the first two swapped, check the unswapped
                                    list (--fault swap-pages: a wrong page
                                    mapping the check must catch) */
+    bool shift_scales;          /* decode, with kv_scales: publish each layer's
+                                   scale buffers as the next layer's, check
+                                   them where they belong (--fault
+                                   shift-scales: a wrong scale mapping the
+                                   check must catch) */
     bool hold;                  /* prefill: never compute rooms from hold_from on */
     uint32_t hold_from;
     uint64_t timeout_ns;        /* give up when the run is not over by then */

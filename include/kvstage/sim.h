@@ -478,6 +478,8 @@ KVS_API int kvs_sim_prompt_tokens(uint64_t seed, int64_t min_tokens, int64_t max
 #define KVS_SIM_CAMPAIGN_WHY_BYTES 256
 /* Runs one campaign takes at most (kvs_sim_campaign_config_t.runs). */
 #define KVS_SIM_CAMPAIGN_MAX_RUNS 100000000
+/* Model kinds a campaign knows (kvs_sim_campaign_model_kind_name). */
+#define KVS_SIM_CAMPAIGN_MAX_MODEL_KINDS 8
 
 typedef struct kvs_sim_campaign_config {
     uint32_t version;          /* KVS_SIM_CAMPAIGN_CONFIG_VERSION */
@@ -489,6 +491,15 @@ typedef struct kvs_sim_campaign_config {
      * "all", "none" or kinds separated by commas (e.g. "drop,stall"),
      * which lifts that rule. Borrowed for the call. */
     const char *faults;
+    /* Model kinds to draw (docs/kinds/; after faults: a shorter size_bytes
+     * means NULL): NULL or "all" for every kind at its odds, each from a
+     * stream of its own, so the other draws of a run are what they were
+     * before kinds were drawn; "none" for GQA with one page size and no
+     * scale planes in every run (the campaign of before); else kinds
+     * separated by commas out of kvs_sim_campaign_model_kind_name's (e.g.
+     * "mla,per-token"): only those, and at least one in every run.
+     * Borrowed for the call. */
+    const char *kinds;
 } kvs_sim_campaign_config_t;
 
 /* One finished run, for the caller's callback. Every pointer is valid
@@ -534,6 +545,12 @@ typedef struct kvs_sim_campaign_report {
     uint64_t keys_leaked;      /* grants live after their run */
     uint64_t hostile_writes;   /* writes hostile-write faults sent astray */
     uint64_t hostile_bytes_landed; /* bytes of them that landed (must be 0) */
+    uint32_t model_kinds;      /* entries of model_kind_runs */
+    uint32_t reserved0;        /* 0 */
+    /* Runs by model kind (kvs_sim_campaign_model_kind_name): MLA, two page
+     * sizes, scale planes; a run may have several. */
+    uint64_t model_kind_runs[KVS_SIM_CAMPAIGN_MAX_MODEL_KINDS];
+    uint64_t runs_model_combined; /* runs of two model kinds or more */
 } kvs_sim_campaign_report_t;
 
 /* A zeroed campaign config with version and size set. */
@@ -558,6 +575,11 @@ KVS_API int kvs_sim_campaign_run(const kvs_sim_campaign_config_t *cfg,
 /* The name of fault kind k (as in --fault and kvs_sim_campaign_config_t
  * .faults), or NULL past the last. Static storage. */
 KVS_API const char *kvs_sim_campaign_fault_name(uint32_t kind);
+
+/* The name of model kind k (as in kvs_sim_campaign_config_t.kinds and
+ * `--campaign-kinds`: "mla", "page-sizes", "per-token", "per-block"), or
+ * NULL past the last. Static storage. */
+KVS_API const char *kvs_sim_campaign_model_kind_name(uint32_t kind);
 
 #ifdef __cplusplus
 }

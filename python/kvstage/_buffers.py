@@ -15,6 +15,12 @@ Three ways to hand them over, as engines hold them:
                                     [2, num_blocks, block_size, heads,
                                     head_dim] (vLLM's register_kv_caches);
                                     block_size must be the page size.
+With FP8 scale planes (kv_scales, docs/kinds/fp8-scales.md) a scale buffer
+beside each K and V buffer: ks_buffers=[...], vs_buffers=[...] (MLA:
+ks_buffers alone), one tensor per layer, C-contiguous, of exactly
+pool_tokens x heads x scale bytes of a head (e.g. [pool_tokens, heads] fp32
+for per-token, [pool_tokens, heads, head_dim / N] uint8 for per-block:N),
+token-major as the KV rows, on the KV's device.
 Nothing here touches a C object: a refusal raises KvstageError KVS_EINVAL
 naming the argument (e.g. "k_buffers[3]") and what to change.
 """
@@ -143,11 +149,26 @@ def _pairs(k_buffers, v_buffers, kv_caches, page_size, planes=2):
             for i, (k, v) in enumerate(zip(k_buffers, v_buffers))]
 
 
+def _scale_bytes(kind, block, head_dim):
+    """Bytes of one head's scales in a token row (kvs_kv_scales_head_bytes):
+    0 (none), 4 (per-token fp32), head_dim / block (per-block, 0 -> 32);
+    KVS_EINVAL naming kv_scales when the block does not divide head_dim."""
+    if kind == 0:
+        return 0
+    if kind == 1:
+        return 4
+    b = block or 32
+    if head_dim % b != 0:
+        raise _errors.invalid("kv_scales: per-block:%d needs the block to divide head_dim %d: "
+                              "give per-block:N with N dividing it" % (b, head_dim))
+    return head_dim // b
+
+
 class Pool:
     """The checked KV pool: its layers, geometry and memory ranges."""
 
     def __init__(self, k_buffers, v_buffers, kv_caches, page_size, dtype=None,
-                 head_dim=None, heads=None, layers=None, planes=2):
+                 head_dim=None, heads=None, layers=None, planes=2, scales=None):
         if not isinstance(page_size, int) or page_size <= 0:
             raise _errors.invalid("page_size: %r: give the KV cache's page (block) size in "
                                   "tokens, > 0" % (page_size,))
@@ -205,17 +226,72 @@ class Pool:
         self.layers = len(pairs)
         self.elem_bytes = elem
         self.pairs = pairs
+        self.scale_pairs = self._scale_pairs(scales, planes)
         # No two buffers may share memory: each layer's K and V are its own.
-        spans = sorted((b.ptr, b.ptr + b.nbytes, b.name) for b in self.buffers)
+        spans = sorted((b.ptr, b.ptr + b.nbytes, b.name) for b in self.all_buffers())
         for (s0, e0, n0), (s1, _, n1) in zip(spans, spans[1:]):
             if s1 < e0:
                 raise _errors.invalid("%s and %s share memory: each layer's K and V need "
                                       "their own" % (n0, n1))
 
+    def _scale_pairs(self, scales, planes):
+        """[(ks Buffer, vs Buffer or None)] per layer from scales =
+        (kvs_kv_scales_t, scale_block, ks_buffers, vs_buffers), or [] without
+        scale planes."""
+        kind, block, ks_buffers, vs_buffers = scales if scales is not None else (0, 0, None, None)
+        self.scale_bytes = _scale_bytes(kind, block, self.head_dim)
+        scale_bytes = self.scale_bytes
+        if scale_bytes == 0:
+            for name, given in (("ks_buffers", ks_buffers), ("vs_buffers", vs_buffers)):
+                if given is not None:
+                    raise _errors.invalid("%s: scale buffers without kv_scales: give kv_scales="
+                                          "'per-token' or 'per-block[:N]' (with dtype fp8), "
+                                          "or drop them" % name)
+            return []
+        if ks_buffers is None or (planes == 2 and vs_buffers is None):
+            raise _errors.invalid("ks_buffers%s: kv_scales needs a scale buffer beside each "
+                                  "%s buffer, one tensor per layer"
+                                  % (", vs_buffers" if planes == 2 else "",
+                                     "K and V" if planes == 2 else "latent"))
+        if planes == 1 and vs_buffers is not None:
+            raise _errors.invalid("vs_buffers: an MLA pool has no V: give its latent's scales "
+                                  "as ks_buffers= alone")
+        named = [("ks_buffers", list(ks_buffers))]
+        if planes == 2:
+            named.append(("vs_buffers", list(vs_buffers)))
+        want = self.tokens * self.heads * scale_bytes
+        out = []
+        for name, bufs in named:
+            if len(bufs) != self.layers:
+                raise _errors.invalid("%s: %d tensors but the KV pool has %d layers: one scale "
+                                      "buffer per layer" % (name, len(bufs), self.layers))
+            col = []
+            for i, t in enumerate(bufs):
+                b = Buffer(t, "%s[%d]" % (name, i))
+                if not b.contiguous:
+                    raise _errors.invalid("%s: not contiguous: give the scale tensor itself, "
+                                          "not a strided view" % b.name)
+                if b.device != self.device:
+                    raise _errors.invalid("%s: on %s but the KV pool is on %s: a rank's scales "
+                                          "live with its KV" % (b.name, b.where(),
+                                                                self.buffers[0].where()))
+                if b.ptr == 0 or b.nbytes != want:
+                    raise _errors.invalid("%s: %d bytes, want %d: pool_tokens %d x heads %d x "
+                                          "%d scale bytes of a head" % (b.name, b.nbytes, want,
+                                                                        self.tokens, self.heads,
+                                                                        scale_bytes))
+                col.append(b)
+            out.append(col)
+        return [(k, out[1][i] if planes == 2 else None) for i, k in enumerate(out[0])]
+
+    def all_buffers(self):
+        """The KV buffers, then the scale buffers."""
+        return self.buffers + [b for pair in self.scale_pairs for b in pair if b is not None]
+
     def ranges(self):
         """The memory to attach, as (address, bytes), adjacent buffers merged."""
         out = []
-        for start, end in sorted((b.ptr, b.ptr + b.nbytes) for b in self.buffers):
+        for start, end in sorted((b.ptr, b.ptr + b.nbytes) for b in self.all_buffers()):
             if out and out[-1][1] == start:
                 out[-1][1] = end
             else:
@@ -231,3 +307,5 @@ class Pool:
             arr[i].token_stride_bytes = row
             arr[i].head_stride_bytes = self.head_dim * self.elem_bytes
             arr[i].elem_stride_bytes = self.elem_bytes
+        for i, (ks, vs) in enumerate(self.scale_pairs):
+            arr[i].ks_addr, arr[i].vs_addr = ks.ptr, vs.ptr if vs is not None else 0

@@ -136,6 +136,15 @@ class Rank:
     model           a built-in model name (kvstage.models()) giving
                     total_heads, head_dim, model_layers and kind; or give
                     those
+    kv_scales, ks_buffers, vs_buffers
+                    FP8 KV with scale planes (dtype "fp8"; docs/kinds/
+                    fp8-scales.md): kv_scales "per-token" (one fp32 per token
+                    and head) or "per-block[:N]" (one e8m0 byte per N
+                    elements, 32 by default), and one scale tensor per layer
+                    beside each K and V buffer (MLA: ks_buffers alone) of
+                    pool_tokens x heads x a head's scale bytes, token-major;
+                    the scales of a row move with it. Both sides give the
+                    same kv_scales
     kind            "gqa" (K and V per layer, the default) or "mla" (one
                     latent per token and layer, the same on every TP rank;
                     one prefill rank writes it to each decode rank and the
@@ -188,7 +197,8 @@ class Rank:
                  ring_bytes=0, max_rooms=0, transfer_workers=0, stall_timeout_s=0,
                  app_tag=0, staging=True, fabric="verbs", provider=None, rdma_device=None,
                  near_pci=None, bind_addr=None, listen_port=0, copy_threads=0,
-                 secret_file=None, secret_env=None, discovery=None, discovery_wait_s=10.0):
+                 secret_file=None, secret_env=None, discovery=None, discovery_wait_s=10.0,
+                 kv_scales=None, ks_buffers=None, vs_buffers=None):
         self._rank = self._drv = self._dev_obj = self._fab = None
         self._attached = []
         self._discovery = self._published = None
@@ -220,9 +230,11 @@ class Rank:
             heads = 1
         elif total_heads is not None and total_heads >= tp_size:
             heads = total_heads // tp_size
+        scales, block = _models.scales_value(kv_scales)
         pool = _buffers.Pool(k_buffers, v_buffers, kv_caches, page_size, dtype=dtype,
                              head_dim=head_dim, heads=heads, layers=layers,
-                             planes=1 if kv_kind == 1 else 2)
+                             planes=1 if kv_kind == 1 else 2,
+                             scales=(scales, block, ks_buffers, vs_buffers))
         _fabric.check_memory(fabric, pool)
         if total_heads is None:
             total_heads = pool.heads * tp_size
@@ -268,6 +280,7 @@ class Rank:
         mc.instance_id = _u64("instance_id", instance_id)
         mc.dp_rank = _i64("dp_rank", dp_rank)
         mc.max_aux_bytes = aux
+        mc.kv_scales, mc.scale_block = scales, block
         layer_arr = (S.KvLayer * pool.layers)()
         pool.fill_layers(layer_arr)
         cfg.layers = layer_arr
@@ -278,6 +291,7 @@ class Rank:
         self.fabric = fabric
         self.page_size = page_size
         self.kind = _models.kind_name(kv_kind)
+        self.kv_scales = _models.scales_name(scales)
         self.peer_page_size = peer_page_size or page_size
         self.num_pages = pool.num_pages
         self.layers = pool.layers

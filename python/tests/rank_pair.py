@@ -8,13 +8,17 @@ checks what they report.
     rank_pair.py prefill DIR [FABRIC]   writes DIR/prefill.addrs, serves the rooms
     rank_pair.py decode DIR [FABRIC]    reads it, receives the rooms, checks bytes
     FABRIC: [--fabric verbs|ofi] [--provider NAME] [--address IP]
-            [--deadline-s S] [--decode-page N] [--mla]
+            [--deadline-s S] [--decode-page N] [--mla] [--scales [--shift-scales]]
     (verbs by default; --address: every rank's bind_addr, default
     $KVS_VERBS_ADDR; --deadline-s: how long each wait may take, 240;
     --decode-page: the decode's page size, 16 like the prefill's by
     default; --mla: an MLA pool, one latent "head" per layer and no V, the
     same on both prefill ranks, of which rank 0 writes and rank 1 only
-    reports; both processes are given the same)
+    reports; --scales: an fp8 pool with per-token scale planes, a scale
+    tensor beside every K and V tensor, whose every byte is checked too;
+    both processes are given the same; --shift-scales, to the decode: a
+    planted wrong mapping, each layer's scale tensors handed to the Rank as
+    the next layer's, which the check must catch)
 
 Every value the prefill puts in its pool is a function of (room, token,
 layer, K or V, global head, dim); the decode builds the pool it must end
@@ -44,6 +48,9 @@ PREFILL_TP, DECODE_TP = 2, 1
 PAGES = {"prefill": PAGE, "decode": PAGE}
 # What a layer holds (--mla: one latent, kvstage's head 0, no V).
 KV = {"mla": False, "heads": HEADS}
+# FP8 scale planes (--scales): per-token, 4 bytes a head and token, and
+# the KV pool in bytes (fp8), 2 * DIM of them a head (viewed as DIM int16).
+SCALES = {"on": False, "bytes": 4, "shift": False}
 # room: (total tokens, decode's cached prefix)
 ROOMS = {11: (40, 0), 12: (130, 0), 13: (96, 32), 14: (16, 0), 15: (257, 0)}
 
@@ -60,16 +67,50 @@ def use_mla():
     KV["mla"], KV["heads"] = True, 1
 
 
+def use_scales():
+    SCALES["on"] = True
+
+
+def kv_tensor(heads):
+    """One zeroed K or V tensor of the pool: fp16, or with --scales fp8 bytes
+    (2 * DIM a head, so that viewed as int16 it holds DIM values too)."""
+    if SCALES["on"]:
+        return torch.zeros(POOL_TOKENS, heads, 2 * DIM, dtype=torch.uint8)
+    return torch.zeros(POOL_TOKENS, heads, DIM, dtype=torch.float16)
+
+
+def scale_tensors(heads):
+    """A layer's scale tensors (--scales): K's and V's (MLA: the latent's),
+    [POOL_TOKENS, heads, 4] bytes each; () without scales."""
+    if not SCALES["on"]:
+        return []
+    return [torch.zeros(POOL_TOKENS, heads, SCALES["bytes"], dtype=torch.uint8)
+            for _ in range(LAYERS * (1 if KV["mla"] else 2))]
+
+
+def scale_planes(ss, layer):
+    """(kv, buffer) of one layer's scale planes: kv 2 (K's), 3 (V's)."""
+    n = 1 if KV["mla"] else 2
+    return tuple((2 + kv, ss[layer * n + kv]) for kv in range(n)) if ss else ()
+
+
 def planes(k, v):
     """(kv, buffer) of one layer's planes: K and V, or MLA's latent alone."""
     return ((0, k),) if KV["mla"] else ((0, k), (1, v))
 
 
-def rank_kv(ks, vs, heads):
+def rank_kv(ks, vs, heads, ss=()):
     """The Rank keywords of a pool: its buffers and what they hold."""
-    if KV["mla"]:
-        return dict(k_buffers=ks, kind="mla")
-    return dict(k_buffers=ks, v_buffers=vs, total_heads=heads)
+    out = dict(k_buffers=ks, kind="mla") if KV["mla"] else \
+        dict(k_buffers=ks, v_buffers=vs, total_heads=heads)
+    if SCALES["on"]:
+        n = 1 if KV["mla"] else 2
+        if SCALES["shift"]:  # --shift-scales: layer i gets layer i+1's
+            ss = ss[n:] + ss[:n]
+        out.update(dtype="fp8", kv_scales="per-token", ks_buffers=ss[0::n])
+        if n == 2:
+            out["vs_buffers"] = ss[1::n]
+    return out
 
 
 def pool_pages(side):
@@ -87,11 +128,12 @@ def aux_of(room):
     return out[:n]
 
 
-def values(room, tokens, layer, kv, heads):
-    """int16 values [len(tokens), len(heads), DIM] for these tokens/heads."""
+def values(room, tokens, layer, kv, heads, dim=DIM):
+    """int16 values [len(tokens), len(heads), dim] for these tokens/heads
+    (kv 0, 1: K, V; 2, 3: their scales, dim 2)."""
     t = torch.tensor(tokens, dtype=torch.int64).view(-1, 1, 1)
     h = torch.tensor(heads, dtype=torch.int64).view(1, -1, 1)
-    d = torch.arange(DIM, dtype=torch.int64).view(1, 1, -1)
+    d = torch.arange(dim, dtype=torch.int64).view(1, 1, -1)
     v = (room * 7919 + t * 131 + layer * 1009 + kv * 50021 + h * 257 + d * 3) % 65521
     return (v - 32760).to(torch.int16)
 
@@ -118,10 +160,9 @@ def slots(pages, n, side):
 
 
 def pool():
-    ks = [torch.zeros(POOL_TOKENS, KV["heads"], DIM, dtype=torch.float16)
-          for _ in range(LAYERS)]
+    ks = [kv_tensor(KV["heads"]) for _ in range(LAYERS)]
     vs = [torch.zeros_like(k) for k in ks]
-    return ks, vs
+    return ks, vs, scale_tensors(KV["heads"])
 
 
 def whose(row, layer, kv):
@@ -167,12 +208,13 @@ def prefill(folder, fabric, deadline_s):
     local = max(1, KV["heads"] // PREFILL_TP)  # MLA: the one latent on each
     ranks, pools = [], []
     for tp in range(PREFILL_TP):
-        ks = [torch.zeros(POOL_TOKENS, local, DIM, dtype=torch.float16)
-              for _ in range(LAYERS)]
+        ks = [kv_tensor(local) for _ in range(LAYERS)]
         vs = [torch.zeros_like(k) for k in ks]
-        pools.append((ks, vs))
+        ss = scale_tensors(local)
+        pools.append((ks, vs, ss))
         ranks.append(kvstage.Rank("prefill", page_size=PAGES["prefill"],
-                                  peer_page_size=PAGES["decode"], **rank_kv(ks, vs, HEADS),
+                                  peer_page_size=PAGES["decode"],
+                                  **rank_kv(ks, vs, HEADS, ss),
                                   tp_rank=tp, tp_size=PREFILL_TP,
                                   peer_tp_size=DECODE_TP, chunk_tokens=CHUNK,
                                   max_aux_bytes=MAX_AUX, ring_bytes=8 << 20, **fabric))
@@ -185,12 +227,13 @@ def prefill(folder, fabric, deadline_s):
     ranks[0].start()  # one rank on the driver's thread, one in this loop
     for room, (total, _) in sorted(ROOMS.items()):
         pages = pages_by_room(1, "prefill")[room]
-        for tp, (r, (ks, vs)) in enumerate(zip(ranks, pools)):
+        for tp, (r, (ks, vs, ss)) in enumerate(zip(ranks, pools)):
             heads = [0] if KV["mla"] else list(range(tp * local, (tp + 1) * local))
             for layer in range(LAYERS):
-                for kv, buf in planes(ks[layer], vs[layer]):
-                    buf.view(torch.int16)[slots(pages, total, "prefill")] = \
-                        values(room, list(range(total)), layer, kv, heads)
+                for kv, buf in planes(ks[layer], vs[layer]) + scale_planes(ss, layer):
+                    view = buf.view(torch.int16)
+                    view[slots(pages, total, "prefill")] = \
+                        values(room, list(range(total)), layer, kv, heads, view.shape[-1])
             r.open_room(room, pages, total_tokens=total)
             unit = math.lcm(PAGES["prefill"], PAGES["decode"])  # whole pages of both
             half = (total // 2) // unit * unit
@@ -226,10 +269,10 @@ def prefill(folder, fabric, deadline_s):
 
 def decode(folder, fabric, deadline_s):
     addrs = wait_file(os.path.join(folder, "prefill.addrs"), deadline_s).split("\n")
-    ks, vs = pool()
+    ks, vs, ss = pool()
     dps = PAGES["decode"]
     with kvstage.Rank("decode", page_size=dps, peer_page_size=PAGES["prefill"],
-                      **rank_kv(ks, vs, HEADS), tp_rank=0, tp_size=DECODE_TP,
+                      **rank_kv(ks, vs, HEADS, ss), tp_rank=0, tp_size=DECODE_TP,
                       chunk_tokens=CHUNK,
                       max_aux_bytes=MAX_AUX, ring_bytes=8 << 20, **fabric) as rank:
         n = pool_pages("decode")
@@ -241,6 +284,7 @@ def decode(folder, fabric, deadline_s):
         rank.start()
         want_k = [torch.zeros_like(k) for k in ks]
         want_v = [torch.zeros_like(v) for v in vs]
+        want_s = [torch.zeros_like(x) for x in ss]
         all_heads = list(range(KV["heads"]))
         for room, (total, base) in sorted(ROOMS.items()):
             pages = pages_by_room(2, "decode")[room]
@@ -250,9 +294,12 @@ def decode(folder, fabric, deadline_s):
                             kvstage.RoomState.TRANSFERRING, kvstage.RoomState.SUCCESS):
                 sys.exit("rank_pair decode: room %d opened in state %r" % (room, seen))
             for layer in range(LAYERS):
-                for kv, buf in planes(want_k[layer], want_v[layer]):
-                    buf.view(torch.int16)[slots(pages, total - base, "decode")] = \
-                        values(room, list(range(base, total)), layer, kv, all_heads)
+                for kv, buf in planes(want_k[layer], want_v[layer]) + \
+                        scale_planes(want_s, layer):
+                    view = buf.view(torch.int16)
+                    view[slots(pages, total - base, "decode")] = \
+                        values(room, list(range(base, total)), layer, kv, all_heads,
+                               view.shape[-1])
         results = {}
         end = time.time() + deadline_s
         while len(results) < len(ROOMS):
@@ -281,6 +328,13 @@ def decode(folder, fabric, deadline_s):
                              % (name, layer, len(diff), diff[0].tolist(),
                                 whose(got.view(torch.int16)[slot], layer, name == "V"),
                                 whose(want.view(torch.int16)[slot], layer, name == "V")))
+            # The scales of every row (--scales), K's then V's.
+            for (kv, got), (_, want) in zip(scale_planes(ss, layer), scale_planes(want_s, layer)):
+                if not torch.equal(got, want):
+                    diff = (got != want).nonzero()
+                    sys.exit("rank_pair decode: %s scales of layer %d differ at %d bytes, "
+                             "first [slot, head, byte] %s"
+                             % ("KV"[kv - 2], layer, len(diff), diff[0].tolist()))
         stats = rank.stats()
         write_json(os.path.join(folder, "decode.json"),
                    {"provider": rank.provider, "metrics": rank.metrics(),
@@ -288,7 +342,9 @@ def decode(folder, fabric, deadline_s):
                     "peers": sorted({r.peer for r in results.values()}),
                     "rooms": len(results), "bytes": sum(r.bytes for r in results.values()),
                     "aux_bytes": sum(len(r.aux) for r in results.values()),
-                    "checked_bytes": sum(k.numel() * 2 * len(planes(0, 0)) for k in ks),
+                    "checked_bytes": sum(k.numel() * k.element_size() * len(planes(0, 0))
+                                         for k in ks) + sum(x.numel() for x in ss),
+                    "kv_scales": rank.kv_scales,
                     "rooms_ok": stats["rooms_ok"], "copies": stats["copies"]})
 
 
@@ -340,10 +396,15 @@ def main(argv):
     p.add_argument("--deadline-s", type=float, default=240)
     p.add_argument("--decode-page", type=int, default=PAGE)
     p.add_argument("--mla", action="store_true")
+    p.add_argument("--scales", action="store_true")
+    p.add_argument("--shift-scales", action="store_true")
     a = p.parse_args(argv)
     use_decode_page(a.decode_page)
     if a.mla:
         use_mla()
+    if a.scales:
+        use_scales()
+    SCALES["shift"] = a.shift_scales and a.role == "decode"
     fabric = dict(fabric=a.fabric, provider=a.provider, bind_addr=a.address)
     {"prefill": prefill, "decode": decode}[a.role](a.folder, fabric, a.deadline_s)
 

@@ -12,6 +12,9 @@ on this machine: no RDMA device, no VM.
   several rooms in several chunks with aux payloads, every byte of the
   decode's pool and every aux payload checked) over the tcp provider on
   127.0.0.1 and over shm.
+- The pair with an fp8 pool and per-token scale planes (kv_scales,
+  ks_buffers, vs_buffers; GQA and MLA), every KV and scale byte checked;
+  scale buffers refused by name where they do not fit.
 - The same pair over tcp with the decode paging its pool by 64 tokens and
   the prefill by 16 (peer_page_size), every byte checked; a bad
   peer_page_size refused by name; and with an MLA pool (kind="mla"): one
@@ -191,6 +194,75 @@ def test_rank_ofi_mla_prefill_tp2_to_decode_tp1(tmp_path):
                                         "--mla"], timeout_s=100)
     assert dec["kind"] == pre["kind"] == "mla"
     assert dec["rooms"] == dec["rooms_ok"] == len(rank_pair.ROOMS)
+
+
+@pytest.mark.parametrize("mla", [False, True])
+def test_rank_ofi_fp8_scales_prefill_tp2_to_decode_tp1(tmp_path, mla):
+    """The pair with an fp8 pool and per-token scale planes (kv_scales=
+    "per-token", a scale tensor beside every K and V tensor, or beside the
+    MLA latent alone): the scales of each row move with it, and rank_pair
+    checks every byte of the decode's KV and scale tensors."""
+    need_ofi()
+    dec, pre = rank_pair.run(tmp_path, ["--fabric", "ofi", "--provider", "tcp",
+                                        "--address", "127.0.0.1", "--deadline-s", "40",
+                                        "--scales"] + (["--mla"] if mla else []),
+                             timeout_s=100)
+    assert dec["kv_scales"] == "per-token"
+    assert dec["rooms"] == dec["rooms_ok"] == len(rank_pair.ROOMS)
+
+
+def test_rank_ofi_fp8_scales_shifted_are_caught(tmp_path):
+    """The planted wrong scale mapping (the decode hands the Rank each
+    layer's scale tensors as the next layer's): every row arrives, the
+    scales land a layer off, and the decode's check fails the pair."""
+    need_ofi()
+    with pytest.raises(AssertionError) as e:
+        rank_pair.run(tmp_path, ["--fabric", "ofi", "--provider", "tcp", "--address",
+                                 "127.0.0.1", "--deadline-s", "40", "--scales",
+                                 "--shift-scales"], timeout_s=100)
+    assert "decode exited 1" in str(e.value) and "scales of layer" in str(e.value), e.value
+
+
+def test_rank_scale_buffers_refused_by_name():
+    """Scale buffers are checked at create, naming the argument: without
+    kv_scales, missing, of the wrong size, a V's for an MLA pool; and a
+    block that does not divide the head dim."""
+    need_ofi()
+    ks = [torch.zeros(4 * PAGE, HEADS, DIM, dtype=torch.uint8) for _ in range(2)]
+    vs = [torch.zeros_like(k) for k in ks]
+
+    def scales(nbytes=4, n=2):
+        return [torch.zeros(4 * PAGE, HEADS, nbytes, dtype=torch.uint8) for _ in range(n)]
+
+    def make(**kw):
+        kvstage.Rank("decode", page_size=PAGE, total_heads=HEADS, k_buffers=ks,
+                     v_buffers=vs, dtype="fp8", fabric="ofi", bind_addr="127.0.0.1",
+                     **kw).close()
+
+    cases = [
+        (dict(ks_buffers=scales(), vs_buffers=scales()), "ks_buffers: scale buffers without "
+         "kv_scales"),
+        (dict(kv_scales="per-token"), "ks_buffers, vs_buffers: kv_scales needs a scale buffer"),
+        (dict(kv_scales="per-token", ks_buffers=scales(), vs_buffers=scales(n=1)),
+         "vs_buffers: 1 tensors but the KV pool has 2 layers"),
+        (dict(kv_scales="per-token", ks_buffers=scales(2), vs_buffers=scales()),
+         "ks_buffers[0]: 512 bytes, want 1024"),
+        (dict(kv_scales="per-block:3", ks_buffers=scales(), vs_buffers=scales()),
+         "kv_scales: per-block:3 needs the block to divide head_dim 8"),
+    ]
+    for kw, needle in cases:
+        with pytest.raises(kvstage.KvstageError) as e:
+            make(**kw)
+        assert e.value.name == "KVS_EINVAL", e.value
+        assert needle in e.value.message, e.value.message
+    with pytest.raises(kvstage.KvstageError) as e:
+        kvstage.Rank("decode", page_size=PAGE, kind="mla", k_buffers=[k[:, :1] .contiguous()
+                                                                     for k in ks],
+                     dtype="fp8", kv_scales="per-token", ks_buffers=scales(),
+                     vs_buffers=scales(), fabric="ofi", bind_addr="127.0.0.1")
+    assert "vs_buffers: an MLA pool has no V" in e.value.message, e.value.message
+    # per-block:8 on head dim 8: one byte a head and token
+    make(kv_scales="per-block:8", ks_buffers=scales(1), vs_buffers=scales(1))
 
 
 def test_rank_peer_page_size_refused_by_name():

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""test_serve_kinds.py - `kvstage serve` moving the KV kinds beyond GQA at
-equal page sizes, between two processes over libfabric (ofi tcp on
+"""test_serve_kinds.py - `kvstage serve` moving the KV kinds beyond GQA (MLA,
+two page sizes, FP8 scale planes) between two processes over libfabric (ofi tcp on
 127.0.0.1, no RDMA device needed), every byte checked by the decode:
 
   mla_p4d2   an MLA model (--mla-latent-dim 576, 4 layers), P=4 -> D=2: one
@@ -11,11 +11,22 @@ equal page sizes, between two processes over libfabric (ofi tcp on
              D=1 (staging: the gather pages by 16, the scatter by 64)
   ps64_16    64-token prefill pages into 16-token decode pages, P=2 -> D=2 (the
              direct path: token runs cut at either side's page boundary)
+  fp8t_p2d1  FP8 GQA with per-token scale planes (--kv-scales per-token), P=2
+             -> D=1 (staging: each row's scales in the same copy and write)
+  fp8b_p2d2  FP8 with per-block:16 scales and 64 -> 16-token pages, P=2 ->
+             D=2 (the direct path: a run's rows, then its scale rows)
+  fp8b_mla   an FP8 MLA latent with per-block scales (one scale buffer a
+             layer), P=4 -> D=2
   *_swap     ps16_64 and mla_p4d2 again with the decode's planted wrong page
              mapping (--fault swap-pages: the core scatters each room into its
              first two pages swapped, the check looks where the room's list
              puts them): the decode must see corrupt bytes and exit 1, so the
              runs above cannot pass with rows in the wrong pages
+  fp8t_shift fp8t_p2d1 again with the decode's planted wrong scale mapping
+             (--fault shift-scales: each layer's scale buffers published as
+             the next layer's, the check looks where they belong): corrupt
+             bytes and exit 1, so the fp8 runs cannot pass with scales in
+             the wrong buffers
 
 Each run: both processes exit 0, every room ok on both sides, the decode
 verified exactly the bytes its rooms hold (bytes_expected: every token,
@@ -43,6 +54,8 @@ COMMON = ["--fabric", "ofi", "--provider", "tcp", "--requests", "8",
 MLA = ["--mla-latent-dim", "576", "--layers", "4", "--page-size", "16",
        "--chunk-tokens", "64"]
 GQA = ["--kv-heads", "4", "--head-dim", "32", "--layers", "2"]
+FP8T = GQA + ["--dtype", "fp8", "--kv-scales", "per-token", "--page-size", "16",
+              "--chunk-tokens", "64", "--prefill-tp", "2", "--decode-tp", "1"]
 
 # name, shape flags, decode's own flags, whether the decode must fail
 RUNS = [
@@ -60,6 +73,14 @@ RUNS = [
      ["--fault", "swap-pages"], True),
     ("mla_p4d2_swap", MLA + ["--prefill-tp", "4", "--decode-tp", "2"],
      ["--fault", "swap-pages"], True),
+    ("fp8t_p2d1", FP8T, [], False),
+    ("fp8b_p2d2", GQA + ["--dtype", "fp8", "--kv-scales", "per-block:16",
+                         "--page-size", "64", "--decode-page-size", "16",
+                         "--chunk-tokens", "64", "--prefill-tp", "2",
+                         "--decode-tp", "2"], [], False),
+    ("fp8b_mla", MLA + ["--dtype", "fp8", "--kv-scales", "per-block",
+                        "--prefill-tp", "4", "--decode-tp", "2"], [], False),
+    ("fp8t_shift", FP8T, ["--fault", "shift-scales"], True),
 ]
 
 
@@ -96,14 +117,15 @@ def run(kvstage, work, name, port, shape, dflags, planted, say):
         pass
     elif planted:
         dec = out["decode"]
+        what = "scales shifted a layer" if "shift-scales" in dflags else "pages swapped"
         if drc != 1:
-            bad.append("decode exit %d with its pages swapped, not 1" % drc)
-        if dec["swapped_rooms"] == 0:
+            bad.append("decode exit %d with its %s, not 1" % (drc, what))
+        if "swap-pages" in dflags and dec["swapped_rooms"] == 0:
             bad.append("no room was given swapped pages: the check proves nothing")
         if dec["corrupt_bytes"] == 0:
-            bad.append("rows scattered into swapped pages were not seen as corrupt")
+            bad.append("bytes moved with the decode's %s were not seen as corrupt" % what)
         if dec["pass"]:
-            bad.append("decode passed with its pages swapped")
+            bad.append("decode passed with its %s" % what)
         if prc != 0:
             bad.append("prefill exit %d (its side moved every room)" % prc)
     else:
