@@ -25,23 +25,11 @@
 #include <kvstage/kvstage.h>
 
 #include "fuzz_support.h"
+#include "wire_fixture.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* The local side of a registration: 8 KV heads, P=4 -> D=2, staging. */
-static void local_fingerprint(kvs_fingerprint_t *out)
-{
-    const kvs_layout_params_t params = {.total_heads = 8, .head_dim = 128,
-                                        .dtype = KVS_DTYPE_BF16, .layers = 32,
-                                        .page_size = 16, .prefill_tp = 4,
-                                        .decode_tp = 2, .chunk_tokens = 512};
-    kvs_layout_t lay;
-    kvs_error_t err;
-    CHECK(kvs_layout_init(&lay, &params, &err) == KVS_OK);
-    kvs__fingerprint(&lay, KVS_PATH_STAGING, &(kvs_manager_config_t){0}, out);
-}
 
 /* The fields kvs__fingerprint_check compares (spec §7.1): all of them,
  * taken from the wire's own field list, so a field added to the
@@ -56,7 +44,7 @@ static bool fingerprint_equal(const kvs_fingerprint_t *a, const kvs_fingerprint_
 static void check_fingerprint(const kvs_fingerprint_t *theirs, uint32_t short_bytes)
 {
     kvs_fingerprint_t mine;
-    local_fingerprint(&mine);
+    CHECK(wire_local_fingerprint(&mine));
     const bool equal = fingerprint_equal(&mine, theirs);
 
     char why[256];
