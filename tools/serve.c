@@ -669,6 +669,8 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
      * rooms and arrivals) */
     if ((rc = cli_shape_refuse_cp(CLI_SERVE_CMD, "serve's ranks", &in->shape)) != 0)
         return rc;
+    if ((rc = cli_shape_refuse_hybrid(CLI_SERVE_CMD, "serve's ranks", &in->shape)) != 0)
+        return rc;
     /* Its ranks allocate, fill and check K and V pools without scale
      * buffers: FP8 scale planes run in `kvstage sim`. */
     if (in->shape.params.kv_scales != KVS_KV_SCALES_NONE)
