@@ -87,6 +87,8 @@ def test_bad_input(s):
                                "--layers", "4", "--kv-heads", "4"], "--kv-heads"),
         # Nor prefill context parallelism (kvstage plan --prefill-cp plans it).
         ("prefill cp", PREFILL + ["--prefill-cp", "2"], "--prefill-cp"),
+        # Nor window or state layers (kvstage plan lays them out).
+        ("hybrid model", PREFILL + ["--model", "gpt-oss-20b"], "--full-attn-every"),
         # FP8 scale planes run in kvstage sim; serve refuses them by name.
         ("kv scales", DECODE + ["--dtype", "fp8", "--kv-scales", "per-token"], "--kv-scales"),
         ("kv scales, prefill", PREFILL + ["--dtype", "fp8", "--kv-scales", "per-block"],

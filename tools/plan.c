@@ -406,10 +406,11 @@ static void cli_plan_json(const cli_plan_input_t *in, const kvs_layout_t *lay,
            kvs_kv_scales_name(lay->kv_scales), lay->scale_block, lay->scale_bytes);
     printf(", \"full_attn_every\": %" PRId64 ", \"other_layers\": \"%s\""
            ", \"window_tokens\": %" PRId64 ", \"state_heads\": %" PRId64
-           ", \"state_conv_bytes\": %" PRId64 ", \"state_ssm_bytes\": %" PRId64
-           ", \"request_tokens\": %" PRId64,
+           ", \"state_conv_bytes\": %" PRId64 ", \"state_ssm_bytes\": %" PRId64,
            lay->full_attn_every, kvs_layer_kind_name(lay->other_layers), lay->window_tokens,
-           lay->state_heads, lay->state_conv_bytes, lay->state_ssm_bytes, o->request_tokens);
+           lay->state_heads, lay->state_conv_bytes, lay->state_ssm_bytes);
+    if (lay->full_attn_every > 1) /* the listed chunk is this request's last */
+        printf(", \"request_tokens\": %" PRId64, o->request_tokens);
     cli_plan_json_stages("prefill_stages", o->stages[KVS_ROLE_PREFILL], lay->prefill_pp,
                          false);
     cli_plan_json_stages("decode_stages", o->stages[KVS_ROLE_DECODE], lay->decode_pp, true);
