@@ -109,3 +109,18 @@ def shape(model, fields):
         else:
             out["window_tokens"] = None
     return m["name"], out
+
+
+def refuse_hybrid(model, who):
+    """KvstageError (KVS_EINVAL) when `model` names a hybrid model (window
+    or state layers, docs/kinds/hybrid.md): `who` does not move them yet,
+    and running it as full attention would move the wrong bytes."""
+    if model is None:
+        return
+    m = find(model)
+    if m["full_attn_every"] > 1:
+        raise _errors.invalid(
+            "model '%s' has %s layers (full attention every %d-th layer): %s do not move "
+            "window or state layers yet; kvstage.plan(model=%r, ...) lays them out "
+            "(docs/kinds/hybrid.md)" % (m["name"], m["other_layers"], m["full_attn_every"],
+                                        who, m["name"]))
