@@ -253,6 +253,8 @@ int kvs_layout_hybrid_writer(const kvs_layout_t *lay, int64_t decode_rank,
     kvs__slice(lay, lay->total_heads, r % lay->prefill_tp, decode_rank, &out->w.heads);
     out->w.writer_index = writer_index;
     out->w.prefill_rank = r;
+    out->token_start = ts;
+    out->tokens = te - ts;
 
     int64_t full, other;
     kvs__count(lay, first, slots, &full, &other);
@@ -282,6 +284,47 @@ int kvs_layout_hybrid_writer(const kvs_layout_t *lay, int64_t decode_rank,
      * other, so writer i starts after i equal blocks. */
     out->w.len_bytes = out->kv_bytes + out->state_bytes;
     out->w.offset_bytes = writer_index * out->w.len_bytes;
+    return KVS_OK;
+}
+
+int kvs_layout_hybrid_slot(const kvs_layout_t *lay, const kvs_hybrid_writer_t *hw,
+                           int64_t decode_stage, int64_t layer, int64_t plane,
+                           kvs_hybrid_slot_t *out)
+{
+    int64_t first, n, full, other;
+    if (lay == NULL || hw == NULL || out == NULL)
+        return KVS_EINVAL;
+    if (kvs_layout_stage_layers(lay, KVS_ROLE_DECODE, decode_stage, &first, &n) != KVS_OK ||
+        layer < first || layer >= first + n || plane < 0 || plane >= lay->planes)
+        return KVS_ERANGE;
+    const kvs_layer_kind_t kind = kvs__kind_of(lay, layer);
+    memset(out, 0, sizeof *out);
+    out->kind = kind;
+    /* the stage's layers before this one, by kind */
+    kvs__count(lay, first, layer - first, &full, &other);
+    if (kind == KVS_LAYER_STATE) {
+        if (plane != 0 || hw->state_layers == 0) /* one state, no V */
+            return KVS_ENOENT;
+        out->len_bytes = hw->state_heads.num_heads * lay->state_head_bytes;
+        out->offset_bytes = hw->state_offset_bytes + other * out->len_bytes;
+        return KVS_OK;
+    }
+    const int64_t row = kvs_layout_layer_block_bytes(lay, 1, hw->w.heads.num_heads);
+    /* per plane: the slots of the layers before this one (window slots
+     * only where the window meets the chunk), planes one after another */
+    const int64_t windows_before = hw->window_slots > 0 ? other : 0;
+    out->offset_bytes = plane * (hw->kv_bytes / lay->planes) +
+                        (full * hw->tokens + windows_before * hw->window_tokens) * row;
+    if (kind == KVS_LAYER_WINDOW) {
+        if (hw->window_slots == 0)
+            return KVS_ENOENT;
+        out->token_start = hw->window_token_start;
+        out->rows = hw->window_tokens;
+    } else {
+        out->token_start = hw->token_start;
+        out->rows = hw->tokens;
+    }
+    out->len_bytes = out->rows * row;
     return KVS_OK;
 }
 

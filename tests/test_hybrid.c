@@ -3,8 +3,11 @@
  * hand-worked cases: layer kinds of gpt-oss and Qwen3-Next; the window's
  * tokens, page-aligned; each writer's slots, state part and offsets for
  * P > D, P < D, P = D and with PP; the state heads' split over TP checked
- * head by head against the global heads each rank holds (and a planted
- * wrong head or request slot caught by that check); every refusal.
+ * head by head against the global heads each rank holds; a byte model of
+ * whole transfers (gather, one block per writer, scatter) that checks
+ * every KV slot and state byte, with planted bugs (state of the wrong head
+ * or request slot, a window row from out of the window) caught; every
+ * refusal.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -286,6 +289,229 @@ static void test_hybrid_state_heads_cover_every_decode_head(void **state)
     }
 }
 
+/* A byte model of a hybrid transfer, on the planner alone: every prefill
+ * rank gathers each chunk's rows and (last chunk) state into its writer
+ * block where kvs_layout_hybrid_slot says, every decode rank scatters its
+ * region into its KV pool and into the request's state slot; then every KV
+ * slot of a full layer, every in-window slot of a window layer (and none
+ * out of it) and every state byte is checked. A bug planted in the model's
+ * scatter or gather must be caught. */
+enum { BUG_NONE, BUG_STATE_HEAD, BUG_STATE_SLOT, BUG_WINDOW_ROW };
+
+#define M_TOKENS 200
+#define M_SLOTS 4
+
+static uint8_t kv_value(int64_t req, int64_t layer, int64_t plane, int64_t head, int64_t t,
+                        int64_t b)
+{
+    return (uint8_t)(1 + (req * 131 + layer * 31 + plane * 17 + head * 7 + t * 3 + b) % 251);
+}
+
+static uint8_t state_value(int64_t req, int64_t layer, int64_t head, int64_t b)
+{
+    return (uint8_t)(1 + (req * 101 + layer * 29 + head * 13 + b * 5 + 77) % 251);
+}
+
+/* Global head of local head j on a rank of a side with `tp` ranks holding
+ * `per` heads each of `heads` (replicated when heads < tp). */
+static int64_t global_head(int64_t heads, int64_t tp, int64_t per, int64_t rank, int64_t j)
+{
+    return heads >= tp ? rank * per + j : rank / (tp / heads);
+}
+
+/* Runs requests of the given token counts through the model; returns the
+ * wrong bytes found. */
+static int64_t run_model(const kvs_layout_t *lay, const int64_t *totals, int64_t nreq, int bug)
+{
+    const int64_t hb = lay->head_dim * lay->elem_bytes;
+    const int64_t nh = lay->dst_heads, snh = lay->state_dst_heads;
+    const int64_t kv_bytes = lay->decode_tp * lay->layers * lay->planes * M_TOKENS * nh * hb;
+    const int64_t st_bytes = lay->decode_tp * M_SLOTS * lay->layers * (snh > 0 ? snh : 1) *
+                             (lay->state_head_bytes > 0 ? lay->state_head_bytes : 1);
+    uint8_t *kv = test_malloc((size_t)kv_bytes);
+    uint8_t *st = test_malloc((size_t)st_bytes);
+    int64_t wrong = 0;
+#define KV_AT(d, l, q, t, k) \
+    (kv + ((((((d) * lay->layers + (l)) * lay->planes + (q)) * M_TOKENS + (t)) * nh + (k)) * hb))
+#define ST_AT(d, slot, l, k) \
+    (st + (((((d) * M_SLOTS + (slot)) * lay->layers + (l)) * snh + (k)) * lay->state_head_bytes))
+    for (int64_t req = 0; req < nreq; req++) {
+        const int64_t total = totals[req], slot = (req * 3 + 1) % M_SLOTS;
+        memset(kv, 0, (size_t)kv_bytes);
+        memset(st, 0, (size_t)st_bytes);
+        const int64_t pages = (total + lay->decode_page_size - 1) / lay->decode_page_size;
+        const int64_t nchunks = kvs_grid_num_chunks(lay, pages);
+        for (int64_t c = 0; c < nchunks; c++) {
+            kvs_chunk_t ch;
+            assert_int_equal(kvs_grid_chunk(lay, 0, total, c, &ch), KVS_OK);
+            for (int64_t d = 0; d < lay->decode_tp; d++) {
+                for (int64_t e = 0; e < lay->decode_pp; e++) {
+                    int64_t first, n;
+                    assert_int_equal(kvs_layout_stage_layers(lay, KVS_ROLE_DECODE, e, &first,
+                                                             &n), KVS_OK);
+                    for (int64_t i = 0; i < lay->tp_writers; i++) {
+                        kvs_hybrid_writer_t w;
+                        assert_int_equal(kvs_layout_hybrid_writer(lay, d, e, i, total, &ch, &w),
+                                         KVS_OK);
+                        uint8_t *blk = test_calloc(1, (size_t)w.w.len_bytes + 1);
+                        const int64_t r = w.w.prefill_rank;
+                        /* gather: the prefill rank's rows and state */
+                        for (int64_t l = first; l < first + n; l++) {
+                            for (int64_t q = 0; q < lay->planes; q++) {
+                                kvs_hybrid_slot_t sl;
+                                const int rc = kvs_layout_hybrid_slot(lay, &w, e, l, q, &sl);
+                                if (rc == KVS_ENOENT)
+                                    continue;
+                                assert_int_equal(rc, KVS_OK);
+                                assert_true(sl.offset_bytes + sl.len_bytes <= w.w.len_bytes);
+                                if (sl.kind == KVS_LAYER_STATE) {
+                                    for (int64_t j = 0; j < w.state_heads.num_heads; j++) {
+                                        const int64_t g = global_head(
+                                            lay->state_heads, lay->prefill_tp,
+                                            lay->state_src_heads, r,
+                                            w.state_heads.src_start + j);
+                                        for (int64_t b = 0; b < lay->state_head_bytes; b++)
+                                            blk[sl.offset_bytes + j * lay->state_head_bytes + b] =
+                                                state_value(req, l, g, b);
+                                    }
+                                    continue;
+                                }
+                                for (int64_t t = 0; t < sl.rows; t++) {
+                                    int64_t tok = sl.token_start + t;
+                                    if (bug == BUG_WINDOW_ROW && sl.kind == KVS_LAYER_WINDOW &&
+                                        t == 0 && tok >= lay->window_tokens)
+                                        tok -= lay->window_tokens; /* out of the window */
+                                    for (int64_t j = 0; j < w.w.heads.num_heads; j++) {
+                                        const int64_t g = global_head(
+                                            lay->total_heads, lay->prefill_tp, lay->src_heads,
+                                            r, w.w.heads.src_start + j);
+                                        for (int64_t b = 0; b < hb; b++)
+                                            blk[sl.offset_bytes +
+                                                (t * w.w.heads.num_heads + j) * hb + b] =
+                                                kv_value(req, l, q, g, tok, b);
+                                    }
+                                }
+                            }
+                        }
+                        /* scatter: into the decode's pool and state slot */
+                        for (int64_t l = first; l < first + n; l++) {
+                            for (int64_t q = 0; q < lay->planes; q++) {
+                                kvs_hybrid_slot_t sl;
+                                if (kvs_layout_hybrid_slot(lay, &w, e, l, q, &sl) != KVS_OK)
+                                    continue;
+                                if (sl.kind == KVS_LAYER_STATE) {
+                                    const int64_t to = bug == BUG_STATE_SLOT
+                                                           ? (slot + 1) % M_SLOTS : slot;
+                                    for (int64_t j = 0; j < w.state_heads.num_heads; j++) {
+                                        int64_t k = w.state_heads.dst_start + j;
+                                        if (bug == BUG_STATE_HEAD)
+                                            k = (k + 1) % snh;
+                                        memcpy(ST_AT(d, to, l, k),
+                                               blk + sl.offset_bytes +
+                                                   j * lay->state_head_bytes,
+                                               (size_t)lay->state_head_bytes);
+                                    }
+                                    continue;
+                                }
+                                for (int64_t t = 0; t < sl.rows; t++)
+                                    for (int64_t j = 0; j < w.w.heads.num_heads; j++)
+                                        memcpy(KV_AT(d, l, q, sl.token_start + t,
+                                                     w.w.heads.dst_start + j),
+                                               blk + sl.offset_bytes +
+                                                   (t * w.w.heads.num_heads + j) * hb,
+                                               (size_t)hb);
+                            }
+                        }
+                        test_free(blk);
+                    }
+                }
+            }
+        }
+        /* check every decode rank's pool and its state slot */
+        for (int64_t d = 0; d < lay->decode_tp; d++) {
+            for (int64_t l = 0; l < lay->layers; l++) {
+                kvs_layer_kind_t kind;
+                int64_t ws, we;
+                assert_int_equal(kvs_layout_layer_kind(lay, l, &kind), KVS_OK);
+                assert_int_equal(kvs_layout_layer_tokens(lay, l, total, &ws, &we), KVS_OK);
+                if (kind == KVS_LAYER_STATE) {
+                    for (int64_t k = 0; k < snh; k++) {
+                        const int64_t g = global_head(lay->state_heads, lay->decode_tp,
+                                                      lay->state_dst_heads, d, k);
+                        for (int64_t b = 0; b < lay->state_head_bytes; b++)
+                            wrong += ST_AT(d, slot, l, k)[b] != state_value(req, l, g, b);
+                    }
+                    continue;
+                }
+                for (int64_t q = 0; q < lay->planes; q++)
+                    for (int64_t t = 0; t < total; t++)
+                        for (int64_t k = 0; k < nh; k++) {
+                            const int64_t g = global_head(lay->total_heads, lay->decode_tp,
+                                                          lay->dst_heads, d, k);
+                            for (int64_t b = 0; b < hb; b++) {
+                                const uint8_t want =
+                                    t >= ws ? kv_value(req, l, q, g, t, b) : 0;
+                                wrong += KV_AT(d, l, q, t, k)[b] != want;
+                            }
+                        }
+            }
+        }
+    }
+#undef KV_AT
+#undef ST_AT
+    test_free(kv);
+    test_free(st);
+    return wrong;
+}
+
+static void test_hybrid_byte_model_moves_every_slot_and_state_byte(void **state)
+{
+    (void)state;
+    /* P > D, P < D, P = D, replicated heads, PP (Dp 1 and Dp = Pp), two
+     * page sizes; window and state layers */
+    static const struct {
+        int64_t p, d, pp, dp, every, window, sheads, ps, dps;
+    } shapes[] = {
+        {4, 2, 1, 1, 2, 12, 0, 4, 0},  {2, 4, 1, 1, 2, 12, 0, 4, 0},
+        {2, 2, 1, 1, 3, 20, 0, 4, 0},  {4, 2, 2, 1, 2, 12, 0, 4, 0},
+        {2, 4, 2, 2, 2, 12, 0, 4, 8},  {8, 2, 1, 1, 2, 12, 0, 4, 0},
+        {4, 2, 1, 1, 4, 0, 8, 4, 0},   {2, 4, 1, 1, 4, 0, 8, 4, 0},
+        {2, 2, 1, 1, 4, 0, 8, 4, 0},   {4, 2, 2, 2, 4, 0, 8, 4, 0},
+        {2, 4, 2, 1, 3, 0, 2, 4, 8},   {8, 1, 1, 1, 2, 0, 4, 4, 0},
+    };
+    static const int64_t totals[] = {5, 37, 64, 150};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        kvs_layout_params_t p = {.total_heads = 4, .head_dim = 2, .dtype = KVS_DTYPE_BF16,
+                                 .layers = 8, .page_size = shapes[s].ps,
+                                 .decode_page_size = shapes[s].dps,
+                                 .prefill_tp = shapes[s].p, .decode_tp = shapes[s].d,
+                                 .prefill_pp = shapes[s].pp, .decode_pp = shapes[s].dp,
+                                 .chunk_tokens = 32, .full_attn_every = shapes[s].every};
+        if (shapes[s].window > 0) {
+            p.other_layers = KVS_LAYER_WINDOW;
+            p.window_tokens = shapes[s].window;
+        } else {
+            p.other_layers = KVS_LAYER_STATE;
+            p.state_heads = shapes[s].sheads;
+            p.state_conv_bytes = 3;
+            p.state_ssm_bytes = 5;
+        }
+        kvs_layout_t lay;
+        assert_int_equal(kvs_layout_init(&lay, &p, NULL), KVS_OK);
+        const int64_t bad = run_model(&lay, totals, 4, BUG_NONE);
+        if (bad != 0)
+            fail_msg("shape %zu: %lld wrong bytes", s, (long long)bad);
+        /* the planted bugs of this kind of layer are caught */
+        if (shapes[s].window > 0) {
+            assert_true(run_model(&lay, totals, 4, BUG_WINDOW_ROW) > 0);
+        } else {
+            if (lay.state_dst_heads > 1)
+                assert_true(run_model(&lay, totals, 4, BUG_STATE_HEAD) > 0);
+            assert_true(run_model(&lay, totals, 4, BUG_STATE_SLOT) > 0);
+        }
+    }
+}
+
 static void test_hybrid_refusals(void **state)
 {
     (void)state;
@@ -377,6 +603,7 @@ int main(void)
         cmocka_unit_test(test_hybrid_window_writer),
         cmocka_unit_test(test_hybrid_state_writer),
         cmocka_unit_test(test_hybrid_state_heads_cover_every_decode_head),
+        cmocka_unit_test(test_hybrid_byte_model_moves_every_slot_and_state_byte),
         cmocka_unit_test(test_hybrid_refusals),
         cmocka_unit_test(test_hybrid_models),
     };

@@ -643,6 +643,8 @@ KVS_API int kvs_layout_layer_tokens(const kvs_layout_t *lay, int64_t layer,
 typedef struct kvs_hybrid_writer {
     kvs_writer_t w;            /* heads, offset and len of the whole block */
     kvs_head_slice_t state_heads; /* state heads this writer copies */
+    int64_t token_start;       /* the chunk's first token (absolute) */
+    int64_t tokens;            /* T: rows of a full slot */
     int64_t full_slots;        /* full layers of the stage (slots of T rows) */
     int64_t window_slots;      /* window layers of the stage with rows here */
     int64_t window_token_start;/* first token of a window slot (absolute) */
@@ -664,6 +666,28 @@ KVS_API int kvs_layout_hybrid_writer(const kvs_layout_t *lay, int64_t decode_ran
                                      int64_t decode_stage, int64_t writer_index,
                                      int64_t total_tokens, const kvs_chunk_t *chunk,
                                      kvs_hybrid_writer_t *out);
+/* Where one layer's bytes are in a writer block (kvs_layout_hybrid_writer's
+ * out, for the same decode stage). For a full or window layer and plane
+ * (0 K, 1 V): its slot, rows of tokens [token_start, token_start + rows),
+ * token-major [row][head of the writer's heads][head bytes]; for a state
+ * layer (plane 0): its part of the state, [state head of the writer's
+ * state heads][state_head_bytes], rows 0. */
+typedef struct kvs_hybrid_slot {
+    kvs_layer_kind_t kind;
+    int64_t offset_bytes; /* from the writer block's start */
+    int64_t token_start, rows;
+    int64_t len_bytes;
+} kvs_hybrid_slot_t;
+
+/* The slot of global layer `layer` of decode stage e, plane `plane`, in a
+ * writer block hw of that stage. KVS_ENOENT when the layer has no bytes in
+ * the block (a window layer whose window misses the chunk, a state layer
+ * outside the last chunk or with plane 1: a state is one part); KVS_EINVAL
+ * for a NULL argument, KVS_ERANGE for a layer outside the stage or a plane
+ * outside [0, planes). */
+KVS_API int kvs_layout_hybrid_slot(const kvs_layout_t *lay, const kvs_hybrid_writer_t *hw,
+                                   int64_t decode_stage, int64_t layer, int64_t plane,
+                                   kvs_hybrid_slot_t *out);
 /* Bytes of one request's state on one rank of `role` for the layers of
  * `stage`: state layers x that side's state heads x state_head_bytes (the
  * per-request state slot). 0 without state layers. KVS_EINVAL / KVS_ERANGE

@@ -89,7 +89,8 @@ class CpPart(c.Structure):
 
 class HybridWriter(c.Structure):
     """kvs_hybrid_writer_t"""
-    _fields_ = [("w", Writer), ("state_heads", HeadSlice), ("full_slots", i64),
+    _fields_ = [("w", Writer), ("state_heads", HeadSlice), ("token_start", i64),
+                ("tokens", i64), ("full_slots", i64),
                 ("window_slots", i64), ("window_token_start", i64),
                 ("window_tokens", i64), ("kv_bytes", i64), ("state_layers", i64),
                 ("state_offset_bytes", i64), ("state_bytes", i64)]
