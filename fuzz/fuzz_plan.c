@@ -38,7 +38,12 @@
  *   the parts of the CP ranks kvs_layout_cp_writers names tile the chunk
  *   in token order, each at (its start - the chunk's) region bytes per
  *   token, its rows at its start - its range's, and every other CP rank
- *   gets KVS_ENOENT; the arrivals are those CP ranks x expected_arrivals.
+ *   gets KVS_ENOENT; the arrivals are those CP ranks x expected_arrivals;
+ * - hybrid layers (src/hybrid.c), on the same plan with a layer pattern
+ *   drawn last: refused exactly by its rules; otherwise each writer's
+ *   slots and state part tile its block in layer order, window slots hold
+ *   the chunk's rows inside the page-aligned window, the state rides in the
+ *   request's last chunk only, and no region exceeds the largest.
  */
 #include <kvstage/kvstage.h>
 
@@ -671,6 +676,139 @@ static void check_cp(const kvs_layout_params_t *params, const kvs_layout_t *base
     }
 }
 
+/* What kvs_layout_init must say of a layer pattern on a plan that is
+ * otherwise good: KVS_OK, or the code of the rule it breaks (ERANGE, the
+ * size bound, is checked apart). */
+static int hybrid_expected(const kvs_layout_params_t *p, const kvs_layout_t *l)
+{
+    const bool fields = p->other_layers != KVS_LAYER_FULL || p->window_tokens != 0 ||
+                        p->state_heads != 0 || p->state_conv_bytes != 0 ||
+                        p->state_ssm_bytes != 0;
+    if (p->full_attn_every < 0)
+        return KVS_EINVAL;
+    if (p->full_attn_every <= 1)
+        return fields ? KVS_EINVAL : KVS_OK;
+    if (p->other_layers == KVS_LAYER_WINDOW)
+        return p->window_tokens <= 0 || p->state_heads != 0 || p->state_conv_bytes != 0 ||
+                       p->state_ssm_bytes != 0
+                   ? KVS_EINVAL
+                   : KVS_OK;
+    if (p->other_layers != KVS_LAYER_STATE || p->window_tokens != 0 || p->state_heads <= 0 ||
+        p->state_conv_bytes < 0 || p->state_ssm_bytes < 0 ||
+        (i128)p->state_conv_bytes + p->state_ssm_bytes <= 0 ||
+        (i128)p->state_conv_bytes + p->state_ssm_bytes > INT64_MAX)
+        return KVS_EINVAL;
+    if (!nested(p->state_heads, l->prefill_tp) || !nested(p->state_heads, l->decode_tp))
+        return KVS_EHEAD_SPLIT;
+    return KVS_OK;
+}
+
+/* Hybrid layers (src/hybrid.c) on plan *base_lay with a layer pattern
+ * drawn last: refused exactly by the rules; otherwise, for chunks of a
+ * request drawn from the input, each writer's slots and state part tile
+ * its block in layer order, window slots hold the chunk's rows inside the
+ * page-aligned window, the state rides in the last chunk only, writers are
+ * contiguous and no region exceeds kvs_layout_max_region_bytes. */
+static void check_hybrid(const kvs_layout_params_t *params, const kvs_layout_t *base_lay,
+                         input_t *in)
+{
+    if (base_lay->kind != KVS_KV_GQA)
+        return;
+    kvs_layout_params_t p = *params;
+    p.full_attn_every = pick(in, 8);
+    p.other_layers = (kvs_layer_kind_t)(in_u8(in) % 4u); /* 3: unknown */
+    if (in_u8(in) % 2u)
+        p.window_tokens = pick(in, 1000);
+    if (in_u8(in) % 2u) {
+        p.state_heads = pick(in, 64);
+        p.state_conv_bytes = pick(in, 4096);
+        p.state_ssm_bytes = pick(in, 70000);
+    }
+    kvs_layout_t l;
+    kvs_error_t err;
+    memset(&err, 0, sizeof err);
+    const int rc = kvs_layout_init(&l, &p, &err);
+    const int want = hybrid_expected(&p, base_lay);
+    if (want != KVS_OK || rc != KVS_OK) {
+        CHECK(rc == want || (want == KVS_OK && rc == KVS_ERANGE));
+        CHECK(err.status == rc && err.msg[0] != '\0');
+        return;
+    }
+    const bool hybrid = p.full_attn_every > 1;
+    CHECK(l.full_attn_every == (hybrid ? p.full_attn_every : 0));
+    CHECK(l.grid_tokens == base_lay->grid_tokens && l.tp_writers == base_lay->tp_writers);
+    const int64_t max_region = kvs_layout_max_region_bytes(&l);
+    CHECK(max_region > 0);
+    if (!hybrid)
+        return;
+    kvs_writer_t old;
+    CHECK(kvs_layout_writer(&l, 0, 0, 0, 1, &old) == KVS_ENOTSUP);
+
+    const int64_t total = (int64_t)in_u16(in) * (1 + in_u8(in) % 4u);
+    const int64_t pages = ceil_div(total, l.decode_page_size);
+    const int64_t nchunks = kvs_grid_num_chunks(&l, pages);
+    const int64_t picks[3] = {0, in_u16(in) % nchunks, nchunks - 1};
+    const int64_t e = in_u8(in) % l.decode_pp, d = in_u8(in) % l.decode_tp;
+    int64_t first = 0, n = 0;
+    CHECK(kvs_layout_stage_layers(&l, KVS_ROLE_DECODE, e, &first, &n) == KVS_OK);
+    if (n > 256) /* a stage of 2^40 layers fits a 1-token grid: walk small ones */
+        return;
+    for (unsigned k = 0; k < 3u; k++) {
+        kvs_chunk_t ch;
+        CHECK(kvs_grid_chunk(&l, 0, total, picks[k], &ch) == KVS_OK);
+        const bool last = ch.token_end == total;
+        int64_t at = 0;
+        for (int64_t i = 0; i < l.tp_writers && i < 64; i++) {
+            kvs_hybrid_writer_t w;
+            CHECK(kvs_layout_hybrid_writer(&l, d, e, i, total, &ch, &w) == KVS_OK);
+            CHECK(w.w.offset_bytes == at && w.w.len_bytes == w.kv_bytes + w.state_bytes);
+            CHECK(w.state_offset_bytes == w.kv_bytes && (w.state_bytes == 0 || last));
+            CHECK(w.w.heads.num_heads >= 1 && w.w.heads.src_start + w.w.heads.num_heads <=
+                                                  l.src_heads);
+            at += w.w.len_bytes;
+            /* the slots tile each plane's part, then the state part */
+            int64_t kv_at = 0, st_at = w.kv_bytes;
+            for (int64_t q = 0; q < l.planes; q++) {
+                for (int64_t layer = first; layer < first + n; layer++) {
+                    kvs_hybrid_slot_t sl;
+                    const int src = kvs_layout_hybrid_slot(&l, &w, e, layer, q, &sl);
+                    kvs_layer_kind_t kind;
+                    int64_t ws, we;
+                    CHECK(kvs_layout_layer_kind(&l, layer, &kind) == KVS_OK);
+                    CHECK(kvs_layout_layer_tokens(&l, layer, total, &ws, &we) == KVS_OK);
+                    CHECK(we == total && ws <= we);
+                    if (kind == KVS_LAYER_STATE) {
+                        CHECK(ws == total);
+                        if (src == KVS_ENOENT) {
+                            CHECK(q > 0 || !last);
+                            continue;
+                        }
+                        CHECK(src == KVS_OK && q == 0 && sl.offset_bytes == st_at);
+                        CHECK(sl.len_bytes == w.state_heads.num_heads * l.state_head_bytes);
+                        st_at += sl.len_bytes;
+                        continue;
+                    }
+                    const int64_t a = max64(ch.token_start, ws);
+                    if (src == KVS_ENOENT) {
+                        CHECK(kind == KVS_LAYER_WINDOW && a >= ch.token_end);
+                        continue;
+                    }
+                    CHECK(src == KVS_OK && sl.kind == kind && sl.offset_bytes == kv_at);
+                    CHECK(sl.token_start == (kind == KVS_LAYER_FULL ? ch.token_start : a));
+                    CHECK(sl.token_start + sl.rows == ch.token_end);
+                    if (kind == KVS_LAYER_WINDOW && ws > 0) /* page-aligned window */
+                        CHECK(ws % l.cp_align_tokens == 0 && ws <= total - l.window_tokens &&
+                              total - l.window_tokens - ws < l.cp_align_tokens);
+                    kv_at += sl.len_bytes;
+                }
+            }
+            CHECK(kv_at == w.kv_bytes && st_at == w.kv_bytes + w.state_bytes);
+        }
+        if (l.tp_writers <= 64)
+            CHECK(at <= max_region);
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     input_t in = {.p = data, .left = size};
@@ -735,5 +873,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     check_writers(&l, &in);
     check_grid(&l, &in);
     check_cp(&p, &l, &in);
+    check_hybrid(&p, &l, &in);
     return 0;
 }

@@ -78,6 +78,13 @@ static size_t make_seeds(seed_t *s, size_t cap)
     m = SEED("register_cp", REGISTER);
     m->u.reg = reg;
     m->u.reg.fp.prefill_cp = 2;
+    m = SEED("register_hybrid", REGISTER); /* Qwen3-Next's layer pattern */
+    m->u.reg = reg;
+    m->u.reg.fp.full_attn_every = 4;
+    m->u.reg.fp.other_layers = KVS_LAYER_STATE;
+    m->u.reg.fp.state_heads = 16;
+    m->u.reg.fp.state_conv_bytes = 3072;
+    m->u.reg.fp.state_ssm_bytes = 65536;
     m = SEED("fingerprint_reserved", REGISTER); /* a reserved field set */
     m->u.reg = reg;
     m->u.reg.fp.reserved = 1;

@@ -44,6 +44,12 @@ void kvs__fingerprint(const kvs_layout_t *lay, kvs_path_t path, const kvs_manage
         .kv_scales = (uint32_t)lay->kv_scales,
         .scale_block = (uint32_t)lay->scale_block,
         .prefill_cp = lay->prefill_cp,
+        .full_attn_every = (uint32_t)lay->full_attn_every,
+        .other_layers = (uint32_t)lay->other_layers,
+        .window_tokens = lay->window_tokens,
+        .state_heads = lay->state_heads,
+        .state_conv_bytes = lay->state_conv_bytes,
+        .state_ssm_bytes = lay->state_ssm_bytes,
     };
 }
 
@@ -81,6 +87,20 @@ int kvs__fingerprint_check(const kvs_fingerprint_t *mine, const kvs_fingerprint_
          mine->kv_scales, theirs->kv_scales, NULL},
         {"scale block (elements per e8m0 scale; scale_block, --kv-scales per-block:N)",
          mine->scale_block, theirs->scale_block, NULL},
+        /* A hybrid model's layer pattern: which layers move all their
+         * pages, which a window's, which a state (docs/kinds/hybrid.md). */
+        {"full attention every k-th layer (0: all; full_attn_every, --full-attn-every)",
+         mine->full_attn_every, theirs->full_attn_every, NULL},
+        {"other layers' kind (1 window, 2 state; other_layers, --window / --state-heads)",
+         mine->other_layers, theirs->other_layers, NULL},
+        {"sliding window tokens (window_tokens, --window)", mine->window_tokens,
+         theirs->window_tokens, NULL},
+        {"state heads (state_heads, --state-heads)", mine->state_heads, theirs->state_heads,
+         NULL},
+        {"conv state bytes per head (state_conv_bytes, --state-bytes C+S)",
+         mine->state_conv_bytes, theirs->state_conv_bytes, NULL},
+        {"recurrent state bytes per head (state_ssm_bytes, --state-bytes C+S)",
+         mine->state_ssm_bytes, theirs->state_ssm_bytes, NULL},
         /* Both sides must agree on the whole layout: which ranks write to
          * which, how many writers a chunk waits for, whose layers. */
         {"prefill TP size (--prefill-tp)", mine->prefill_tp, theirs->prefill_tp, NULL},

@@ -28,9 +28,14 @@
  * layer slots: a slot of T tokens and nh heads holds T * nh KV rows, then
  * their T * nh scale rows of scale_bytes a head, so the head slicing, the
  * writer offsets and the PP spans stay those of the KV alone.
+ *
+ * Hybrid layers (window and state layers, full_attn_every > 1) are
+ * src/hybrid.c's: their blocks depend on the chunk's place in the request,
+ * so kvs_layout_writer refuses such a layout (kvs_layout_hybrid_writer).
  */
 #include "arith.h"
 #include "error.h"
+#include "hybrid.h"
 
 #include <kvstage/kvstage.h>
 
@@ -489,6 +494,9 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
      * most W * Lx, which the region bound above keeps inside int64 (huge
      * PP sizes overflowed here). */
     l.expected_arrivals = l.tp_writers * (l.decode_pp == 1 ? l.prefill_pp : 1);
+    /* Window and state layers (src/hybrid.c), checked against the rest. */
+    if ((rc = kvs__hybrid_init(&l, p, err)) != KVS_OK)
+        return rc;
     *out = l;
     return KVS_OK;
 }
@@ -522,6 +530,8 @@ int kvs_layout_writer(const kvs_layout_t *lay, int64_t decode_rank, int64_t deco
         writer_index >= lay->tp_writers || tokens < 0 || tokens > lay->grid_tokens ||
         kvs_layout_stage_layers(lay, KVS_ROLE_DECODE, decode_stage, &first, &slots) != KVS_OK)
         return KVS_ERANGE;
+    if (kvs__hybrid(lay))
+        return KVS_ENOTSUP; /* a chunk's blocks: kvs_layout_hybrid_writer */
     const int64_t r = kvs__writer_rank(lay, decode_rank, writer_index);
     kvs__head_slice(lay->total_heads, lay->prefill_tp, lay->decode_tp, r, decode_rank,
                     &out->heads);
@@ -554,6 +564,8 @@ int64_t kvs_layout_max_region_bytes(const kvs_layout_t *lay)
     /* Every region of a full chunk has W writers of kvs__region_heads heads,
      * whatever the decode rank; the largest is a decode stage's of the most
      * layers (decode_layers). kvs_layout_init checked it fits in int64. */
+    if (kvs__hybrid(lay))
+        return kvs__hybrid_max_region_bytes(lay);
     return kvs_layout_layer_block_bytes(lay, lay->grid_tokens, kvs__region_heads(lay)) *
            lay->decode_layers * lay->planes * lay->tp_writers;
 }

@@ -20,7 +20,7 @@
 #include <kvstage/backend.h>
 
 #define KVS_WIRE_MAGIC 0x4B565354u /* "KVST" */
-#define KVS_WIRE_VERSION 11u /* 6: HELLO, CHALLENGE, REGISTER's proof;
+#define KVS_WIRE_VERSION 12u /* 6: HELLO, CHALLENGE, REGISTER's proof;
                                7: region-scoped keys (REGISTER's scoped_keys,
                                STAGING_RSP's rkey and rkey_v);
                                8: the fingerprint's kv_kind (MLA);
@@ -31,7 +31,9 @@
                                KV with scales);
                                11: the fingerprint's prefill_cp,
                                REGISTER_ACK's cp_rank and cp_size (prefill
-                               context parallelism) */
+                               context parallelism);
+                               12: the fingerprint's layer pattern
+                               (hybrid models: window and state layers) */
 /* magic u32, version u16, type u16, payload length u32, seq u32, session u64 */
 #define KVS_WIRE_HEADER_BYTES 24u
 /* Layers per LAYERS message and page ids per PAGES message, so a message
@@ -59,7 +61,9 @@ typedef struct kvs_b32 {
 
 /* The compatibility fingerprint (spec §7.1, §12): the model shape (its KV
  * kind, heads and head dim: with MLA the latent dim), dtype and its scale
- * planes, both sides' page sizes, the prefill's context parallelism, chunk size, the pair's resolved path and application tag, and
+ * planes, both sides' page sizes, the prefill's context parallelism, the
+ * layer pattern of a hybrid model, chunk size, the pair's resolved path and
+ * application tag, and
  * the four sizes of the pair's layout as the sender sees them. */
 #define KVS_WIRE_FP_FIELDS(F)                                                  \
     F(u32, protocol_version)                                                   \
@@ -75,8 +79,12 @@ typedef struct kvs_b32 {
     F(u32, app_tag) /* kvs_manager_config_t.app_tag */                      \
     F(u32, max_aux_bytes) /* kvs_manager_config_t.max_aux_bytes */           \
     F(u32, kv_scales)   /* kvs_kv_scales_t: none 0, per-token 1, per-block 2 */ \
-    F(u32, scale_block) /* elements per scale (per-block), else 0 */         \
-    F(i64, prefill_cp)  /* prefill context-parallel ranks (>= 1) */
+    F(u32, scale_block) /* elements per scale (per-block), else 0 */          \
+    F(i64, prefill_cp)  /* prefill context-parallel ranks (>= 1) */           \
+    F(u32, full_attn_every) /* hybrid: every k-th layer full, else 0 */       \
+    F(u32, other_layers)    /* kvs_layer_kind_t of the others */              \
+    F(i64, window_tokens) F(i64, state_heads)                                  \
+    F(i64, state_conv_bytes) F(i64, state_ssm_bytes)
 typedef struct kvs_fingerprint {
     KVS_WIRE_FP_FIELDS(KVS__WIRE_DECL)
 } kvs_fingerprint_t;

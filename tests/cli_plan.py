@@ -336,6 +336,45 @@ def test_kv_scales(s):
                          "--kv-scales")
 
 
+def test_hybrid(s):
+    """Hybrid models: window layers send the last window's rows, state layers
+    a per-request state in the request's last chunk (docs/kinds/hybrid.md)."""
+    s.expect_ok("qwen3-next table", ["plan", "--model", "qwen3-next-80b-a3b", "--prefill-tp",
+                                     "8", "--decode-tp", "2"],
+                ["layers   12 full attention (layer l when (l + 1) % 4 == 0) + 36 state",
+                 "state    16 state heads x (3072 conv + 65536 ssm) bytes",
+                 "100.71 MiB (105603072)"])
+    s.expect_ok("gpt-oss table", ["plan", "--model", "gpt-oss-120b", "--prefill-tp", "4",
+                                  "--decode-tp", "8", "--page-size", "16", "--chunk-tokens",
+                                  "2048", "--tokens", "1808", "--request-tokens", "10000"],
+                ["18 full attention", "tokens [9872, 10000) of this 10000-token request",
+                 "8.51 MiB (8921088)"])
+    args = ["plan", "--kv-heads", "8", "--head-dim", "128", "--layers", "8", "--prefill-tp",
+            "2", "--decode-tp", "2", "--page-size", "16", "--chunk-tokens", "256", "--json"]
+    obj = s.expect_json("explicit pattern", args + ["--full-attn-every", "4", "--state-heads",
+                                                    "4", "--state-bytes", "100+900"])
+    # 2 full layers x 256 tokens x 4 heads x 256 bytes x K/V, then 6 state
+    # layers x 2 state heads a rank (4 over TP 2) x 1000 bytes
+    want = 2 * 256 * 4 * 256 * 2 + 6 * 2 * 1000
+    got = obj.get("decode_ranks", [{}])[0].get("region_bytes")
+    s.ok(got == want and obj.get("other_layers") == "state", "explicit state pattern", args,
+         "%r, want %r" % (got, want))
+    for name, extra, flag in [
+            ("window and state", ["--full-attn-every", "2", "--window", "64", "--state-heads",
+                                  "2", "--state-bytes", "8"], "--window and --state-heads"),
+            ("state heads need bytes", ["--full-attn-every", "2", "--state-heads", "2"],
+             "--state-bytes"),
+            ("bad state bytes", ["--full-attn-every", "2", "--state-heads", "2",
+                                 "--state-bytes", "1+x"], "--state-bytes"),
+            ("state bytes alone", ["--state-bytes", "8"], "--state-bytes"),
+            ("window without pattern", ["--window", "64"], "--full-attn-every"),
+            ("state heads do not split", ["--full-attn-every", "2", "--state-heads", "3",
+                                          "--state-bytes", "8"], "--state-heads"),
+            ("with prefill cp", ["--full-attn-every", "2", "--window", "64", "--prefill-cp",
+                                 "2"], "--full-attn-every")]:
+        s.expect_usage_error(name, args + extra, flag)
+
+
 def main():
     if len(sys.argv) != 2:
         print("usage: cli_plan.py PATH_TO_KVSTAGE", file=sys.stderr)
@@ -343,7 +382,7 @@ def main():
     s = Suite(sys.argv[1])
     for test in (test_help_and_dispatch, test_table, test_json,
                  test_overrides_and_forms, test_ring_advice, test_bad_input,
-                 test_context_parallel, test_kv_scales):
+                 test_context_parallel, test_kv_scales, test_hybrid):
         test(s)
     print("cli_plan: %d passed, %d failed" % (s.passed, s.failed))
     return 1 if s.failed else 0

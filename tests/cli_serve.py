@@ -88,6 +88,8 @@ def test_bad_input(s):
                                "--layers", "4", "--kv-heads", "4"], "--kv-heads"),
         # Nor prefill context parallelism (kvstage plan --prefill-cp plans it).
         ("prefill cp", PREFILL + ["--prefill-cp", "2"], "--prefill-cp"),
+        # Nor window or state layers (kvstage plan lays them out).
+        ("hybrid model", PREFILL + ["--model", "gpt-oss-20b"], "--full-attn-every"),
         # FP8 scale planes: the dtype and the block are checked by name; the
         # planted wrong scale mapping needs scales and two layers a stage.
         ("kv scales not fp8", DECODE + ["--kv-scales", "per-token"], "--kv-scales"),

@@ -601,6 +601,11 @@ def test_bad_input(s):
         ("decode page junk", SMALL + ["--decode-page-size", "big"], "--decode-page-size"),
         # The simulated ranks do not run prefill CP yet: refused by name.
         ("prefill cp", SMALL + ["--prefill-cp", "2"], "--prefill-cp"),
+        # Nor window or state layers yet (kvstage plan lays them out).
+        ("hybrid model", [a if a != "llama-3.1-8b" else "qwen3-next-80b-a3b" for a in SMALL],
+         "--full-attn-every"),
+        ("window layers", SMALL + ["--full-attn-every", "2", "--window", "128"],
+         "--full-attn-every"),
     ]
     for name, args, flag in cases:
         s.expect_usage_error(name, args, flag)

@@ -201,6 +201,63 @@ static void test_channel_fingerprint_check_names_each_field(void **state)
     }
 }
 
+/* A hybrid model's layer pattern is in the fingerprint: a side that
+ * moves every page of every layer and one that moves a window's (or a
+ * state) are refused by name, as are two windows or two state sizes. */
+static void test_channel_fingerprint_names_the_layer_pattern(void **state)
+{
+    (void)state;
+    kvs_layout_params_t prm = {.total_heads = 8, .head_dim = 64, .layers = 36,
+                               .page_size = 16, .prefill_tp = 4, .decode_tp = 2,
+                               .chunk_tokens = 4096};
+    const kvs_manager_config_t none = {0};
+    kvs_layout_t full, win, win64, st, st2;
+    assert_int_equal(kvs_layout_init(&full, &prm, NULL), KVS_OK);
+    prm.full_attn_every = 2;
+    prm.other_layers = KVS_LAYER_WINDOW;
+    prm.window_tokens = 128;
+    assert_int_equal(kvs_layout_init(&win, &prm, NULL), KVS_OK);
+    prm.window_tokens = 64;
+    assert_int_equal(kvs_layout_init(&win64, &prm, NULL), KVS_OK);
+    prm.full_attn_every = 4;
+    prm.other_layers = KVS_LAYER_STATE;
+    prm.window_tokens = 0;
+    prm.state_heads = 16;
+    prm.state_conv_bytes = 3072;
+    prm.state_ssm_bytes = 65536;
+    assert_int_equal(kvs_layout_init(&st, &prm, NULL), KVS_OK);
+    prm.state_conv_bytes = 0;
+    prm.state_ssm_bytes = 65536 + 3072; /* the same sum, split otherwise */
+    assert_int_equal(kvs_layout_init(&st2, &prm, NULL), KVS_OK);
+    const struct {
+        const kvs_layout_t *a, *b;
+        const char *name;
+    } cases[] = {
+        {&full, &win, "full attention every k-th layer (0: all; full_attn_every, "
+                      "--full-attn-every) differs: this side 0, peer 2"},
+        {&win, &win64, "sliding window tokens (window_tokens, --window) differs: this side "
+                       "128, peer 64"},
+        {&st, &st2, "conv state bytes per head (state_conv_bytes, --state-bytes C+S) "
+                    "differs: this side 3072, peer 0"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kvs_fingerprint_t a, b;
+        kvs__fingerprint(cases[i].a, KVS_PATH_STAGING, &none, &a);
+        kvs__fingerprint(cases[i].b, KVS_PATH_STAGING, &none, &b);
+        char why[256] = "";
+        assert_int_equal(kvs__fingerprint_check(&a, &b, why, sizeof why), KVS_EFINGERPRINT);
+        if (strstr(why, cases[i].name) == NULL)
+            fail_msg("case %zu: why = \"%s\", wanted \"%s\"", i, why, cases[i].name);
+        assert_int_equal(kvs__fingerprint_check(&a, &a, why, sizeof why), KVS_OK);
+    }
+    kvs_fingerprint_t a;
+    kvs__fingerprint(&st, KVS_PATH_STAGING, &none, &a);
+    assert_int_equal(a.full_attn_every, 4);
+    assert_int_equal(a.other_layers, KVS_LAYER_STATE);
+    assert_int_equal(a.state_heads, 16);
+    assert_int_equal(a.state_ssm_bytes, 65536);
+}
+
 /* An MLA side (one latent of 576 per token) and a GQA side differ in kind,
  * heads and head dim: the kind, what to fix, is named; two MLA sides of
  * other latent dims differ in head dim, named as the latent dim. */
@@ -427,6 +484,7 @@ int main(void)
         cmocka_unit_test(test_channel_fingerprint_fills_each_field),
         cmocka_unit_test(test_channel_fingerprint_check_equal_is_ok),
         cmocka_unit_test(test_channel_fingerprint_check_names_each_field),
+        cmocka_unit_test(test_channel_fingerprint_names_the_layer_pattern),
         cmocka_unit_test(test_channel_fingerprint_mla_against_gqa_names_the_kind),
         cmocka_unit_test(test_channel_fingerprint_check_reports_first_difference),
         cmocka_unit_test(test_channel_fingerprint_check_app_tag_fits),

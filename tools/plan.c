@@ -94,7 +94,8 @@ void cli_plan_usage(FILE *out)
             "                    [--dtype bf16|fp16|fp8|fp32] [--page-size PS]\n"
             "                    [--prefill-pp PP] [--decode-pp DP] [--prefill-cp CP]\n"
             "                    [--chunk-tokens C] [--kv-scales S] [--tokens T]\n"
-            "                    [--request-tokens R]\n"
+            "                    [--request-tokens R] [--full-attn-every K\n"
+            "                    (--window W | --state-heads H --state-bytes C+S)]\n"
             "                    [--ring-mib M] [--json]\n"
             "\n"
             "Plans the staging transfer of one chunk of KV cache from prefill ranks to\n"
@@ -127,7 +128,15 @@ void cli_plan_usage(FILE *out)
             "                     is G = C tokens, C/PS pages\n"
             "  --tokens T         tokens of the chunk to lay out, 1..G (default G)\n"
             "  --request-tokens R with --prefill-cp: the request whose chunks are listed\n"
-            "                     (default CP x G + G/2)\n"
+            "                     (default CP x G + G/2); with hybrid layers: the request\n"
+            "                     whose last chunk (its last T tokens) is listed (default T)\n"
+            "  --full-attn-every K hybrid: layer l is full attention when (l+1) %% K == 0,\n"
+            "                     the others window or state layers (docs/kinds/hybrid.md)\n"
+            "  --window W         the other layers are sliding-window layers of W tokens\n"
+            "  --state-heads H    the other layers are state layers (linear attention /\n"
+            "                     SSM) of H state heads, split over TP like KV heads\n"
+            "  --state-bytes C+S  bytes of one state head's conv (C) and recurrent (S)\n"
+            "                     state of one request (or one number: all recurrent)\n"
             "  --ring-mib M       decode staging ring size in MiB (default %" PRId64 ")\n"
             "  --json             print one JSON object instead of the table\n"
             "  --help             print this help\n"
@@ -179,10 +188,12 @@ static int cli_plan_read(const char *const *values, cli_plan_input_t *in)
         (rc = cli_plan_number(values, CLI_PF_REQUEST_TOKENS, 1, CLI_SHAPE_MAX_TOKENS,
                               &in->request_tokens)) != 0)
         return rc;
-    if (in->request_tokens != 0 && in->shape.params.prefill_cp <= 1)
+    if (in->request_tokens != 0 && in->shape.params.prefill_cp <= 1 &&
+        in->shape.params.full_attn_every <= 1)
         return cli_fail(CLI_PLAN_CMD, "--request-tokens: it lists the chunks of a request "
-                                      "split over prefill CP ranks: give --prefill-cp 2 or "
-                                      "more, or drop --request-tokens");
+                                      "split over prefill CP ranks, or the last chunk of a "
+                                      "hybrid model's request: give --prefill-cp 2 or more "
+                                      "(or a hybrid model), or drop --request-tokens");
     return 0;
 }
 
@@ -393,6 +404,13 @@ static void cli_plan_json(const cli_plan_input_t *in, const kvs_layout_t *lay,
     printf(", \"prefill_cp\": %" PRId64, lay->prefill_cp);
     printf(", \"kv_scales\": \"%s\", \"scale_block\": %" PRId64 ", \"scale_bytes\": %" PRId64,
            kvs_kv_scales_name(lay->kv_scales), lay->scale_block, lay->scale_bytes);
+    printf(", \"full_attn_every\": %" PRId64 ", \"other_layers\": \"%s\""
+           ", \"window_tokens\": %" PRId64 ", \"state_heads\": %" PRId64
+           ", \"state_conv_bytes\": %" PRId64 ", \"state_ssm_bytes\": %" PRId64,
+           lay->full_attn_every, kvs_layer_kind_name(lay->other_layers), lay->window_tokens,
+           lay->state_heads, lay->state_conv_bytes, lay->state_ssm_bytes);
+    if (lay->full_attn_every > 1) /* the listed chunk is this request's last */
+        printf(", \"request_tokens\": %" PRId64, o->request_tokens);
     cli_plan_json_stages("prefill_stages", o->stages[KVS_ROLE_PREFILL], lay->prefill_pp,
                          false);
     cli_plan_json_stages("decode_stages", o->stages[KVS_ROLE_DECODE], lay->decode_pp, true);
@@ -515,6 +533,40 @@ static void cli_plan_table_side(const kvs_layout_t *lay, kvs_role_t role,
     cli_plan_table_stages(lay, role, st);
 }
 
+/* The layer pattern and what each kind moves (docs/kinds/hybrid.md). */
+static void cli_plan_table_hybrid(const kvs_layout_t *lay, const cli_plan_out_t *o)
+{
+    char a[32];
+    const int64_t full = lay->layers / lay->full_attn_every;
+    printf("  layers   %" PRId64 " full attention (layer l when (l + 1) %% %" PRId64
+           " == 0) + %" PRId64 " %s\n", full, lay->full_attn_every, lay->layers - full,
+           lay->other_layers == KVS_LAYER_WINDOW ? "sliding-window" : "state (no KV pages)");
+    if (lay->other_layers == KVS_LAYER_WINDOW) {
+        int64_t ws = 0, we = 0;
+        (void)kvs_layout_layer_tokens(lay, 0, o->request_tokens, &ws, &we);
+        printf("  window   %" PRId64 " tokens: a window layer sends the rows of tokens [%"
+               PRId64 ", %" PRId64 ") of this %" PRId64 "-token request (the last %" PRId64
+               ", from a multiple of %" PRId64 "); its other pages are never written\n",
+               lay->window_tokens, ws, we, o->request_tokens, lay->window_tokens,
+               lay->cp_align_tokens);
+    } else {
+        int64_t pslot = 0, dslot = 0;
+        (void)kvs_layout_state_slot_bytes(lay, KVS_ROLE_PREFILL, 0, &pslot);
+        (void)kvs_layout_state_slot_bytes(lay, KVS_ROLE_DECODE, o->region_stage, &dslot);
+        printf("  state    %" PRId64 " state heads x (%" PRId64 " conv + %" PRId64 " ssm) "
+               "bytes per layer and request, split over TP as heads are (%" PRId64 " per "
+               "prefill rank, %" PRId64 " per decode rank); carried after the KV rows of "
+               "each writer's block in the request's last chunk; a decode rank's state "
+               "slot %s (%" PRId64 " bytes)\n", lay->state_heads, lay->state_conv_bytes,
+               lay->state_ssm_bytes, lay->state_src_heads, lay->state_dst_heads,
+               cli_format_bytes(dslot, a, sizeof a), dslot);
+        (void)pslot;
+    }
+    printf("  chunk    listed: the last %" PRId64 " tokens of a %" PRId64 "-token request "
+           "(--request-tokens); layer slots of the layers with rows in it\n", o->tokens,
+           o->request_tokens);
+}
+
 static void cli_plan_table(const cli_plan_input_t *in, const kvs_layout_t *lay,
                            const cli_plan_ring_t *ring, const cli_plan_out_t *o)
 {
@@ -546,6 +598,8 @@ static void cli_plan_table(const cli_plan_input_t *in, const kvs_layout_t *lay,
                lay->kv_scales == KVS_KV_SCALES_PER_TOKEN ? "one fp32"
                                                         : "one e8m0 byte per block",
                lay->planes == 2 ? " and V" : "");
+    if (lay->full_attn_every > 1)
+        cli_plan_table_hybrid(lay, o);
     cli_plan_table_side(lay, KVS_ROLE_PREFILL, o->stages[KVS_ROLE_PREFILL]);
     cli_plan_table_side(lay, KVS_ROLE_DECODE, dstages);
     printf("  grid     page size %" PRId64 ", chunk %" PRId64 " tokens -> G = %"
@@ -559,7 +613,13 @@ static void cli_plan_table(const cli_plan_input_t *in, const kvs_layout_t *lay,
     }
     printf("  path     staging: gather on prefill, one write per writer, "
            "scatter on decode\n");
-    if (lay->planes == 1)
+    if (lay->full_attn_every > 1)
+        printf("  chunk    T = %" PRId64 " tokens; each region holds %" PRId64
+               " writer(s) x [K slots | V slots | state]: a slot per full layer and per "
+               "window layer with rows in the chunk, the state in a request's last chunk; "
+               "a chunk completes after %" PRId64 " arrival(s)\n",
+               tokens, lay->tp_writers, lay->expected_arrivals);
+    else if (lay->planes == 1)
         printf("  chunk    T = %" PRId64 " tokens; each region holds %" PRId64
                " writer(s) x [latent layers 0..%" PRId64 "]; a chunk completes after %"
                PRId64 " arrival(s) (%" PRId64 " TP writer(s) x %" PRId64 " prefill "
@@ -618,7 +678,27 @@ static void cli_plan_table(const cli_plan_input_t *in, const kvs_layout_t *lay,
  * pst[prefill_pp] and dst[decode_pp], then every decode rank's region and
  * writers at decode stage `stage` for `tokens` tokens into
  * region[decode_tp] and writers[decode_tp * tp_writers]. */
-static int cli_plan_fill(const kvs_layout_t *lay, int64_t tokens, int64_t stage,
+/* The region of decode rank d at stage e for the last chunk (its last
+ * `tokens` tokens) of a hybrid model's request of `request` tokens, and
+ * its writers' blocks into w[tp_writers] unless w is NULL. */
+static int cli_plan_hybrid_region(const kvs_layout_t *lay, int64_t d, int64_t e,
+                                  int64_t tokens, int64_t request, int64_t *bytes,
+                                  kvs_writer_t *w)
+{
+    const kvs_chunk_t chunk = {.token_start = request - tokens, .token_end = request};
+    kvs_hybrid_writer_t hw;
+    for (int64_t i = 0; i < lay->tp_writers; i++) {
+        const int rc = kvs_layout_hybrid_writer(lay, d, e, i, request, &chunk, &hw);
+        if (rc != KVS_OK)
+            return cli_plan_internal("kvs_layout_hybrid_writer", rc);
+        if (w != NULL)
+            w[i] = hw.w;
+        *bytes = hw.w.offset_bytes + hw.w.len_bytes;
+    }
+    return 0;
+}
+
+static int cli_plan_fill(const kvs_layout_t *lay, int64_t tokens, int64_t request, int64_t stage,
                          cli_plan_stage_t *pst, cli_plan_stage_t *dst,
                          int64_t *region, kvs_writer_t *writers)
 {
@@ -633,10 +713,22 @@ static int cli_plan_fill(const kvs_layout_t *lay, int64_t tokens, int64_t stage,
         if ((rc = kvs_layout_stage_layers(lay, KVS_ROLE_DECODE, e, &dst[e].first_layer,
                                           &dst[e].num_layers)) != KVS_OK)
             return cli_plan_internal("kvs_layout_stage_layers", rc);
+        if (lay->full_attn_every > 1) {
+            if ((rc = cli_plan_hybrid_region(lay, 0, e, tokens, request, &dst[e].region_bytes,
+                                             NULL)) != 0)
+                return rc;
+            continue;
+        }
         if ((rc = kvs_layout_region_bytes(lay, 0, e, tokens, &dst[e].region_bytes)) != KVS_OK)
             return cli_plan_internal("kvs_layout_region_bytes", rc);
     }
     for (int64_t d = 0; d < lay->decode_tp; d++) {
+        if (lay->full_attn_every > 1) {
+            if ((rc = cli_plan_hybrid_region(lay, d, stage, tokens, request, &region[d],
+                                             &writers[d * lay->tp_writers])) != 0)
+                return rc;
+            continue;
+        }
         rc = kvs_layout_region_bytes(lay, d, stage, tokens, &region[d]);
         if (rc != KVS_OK)
             return cli_plan_internal("kvs_layout_region_bytes", rc);
@@ -712,14 +804,25 @@ int cli_plan_main(int argc, char **argv)
      * layers (spec §4), so its regions are the largest. */
     /* With CP, a request whose ranges straddle chunks unless one is given:
      * CP x G + G / 2 (both at most the shape bounds: no overflow). */
-    const int64_t request = in.request_tokens != 0
-                                ? in.request_tokens
+    /* Hybrid layers: the listed chunk is the last of a request (default
+     * one chunk of T tokens), so it carries the window's rows and the
+     * state (docs/kinds/hybrid.md). */
+    const int64_t request = in.request_tokens != 0 ? in.request_tokens
+                            : lay.full_attn_every > 1
+                                ? tokens
                                 : lay.prefill_cp * lay.grid_tokens + lay.grid_tokens / 2;
+    if (lay.full_attn_every > 1 && request < tokens) {
+        rc = cli_fail(CLI_PLAN_CMD, "--request-tokens: %" PRId64 " is fewer than the "
+                                    "chunk's %" PRId64 " tokens (--tokens): the listed chunk "
+                                    "is the request's last", request, tokens);
+        goto out;
+    }
     const cli_plan_out_t o = {.tokens = tokens, .request_tokens = request,
                               .region_stage = lay.decode_pp - 1,
                               .region = region, .writers = writers,
                               .stages = {[KVS_ROLE_PREFILL] = pst, [KVS_ROLE_DECODE] = dst}};
-    rc = cli_plan_fill(&lay, tokens, o.region_stage, pst, dst, region, writers);
+    rc = cli_plan_fill(&lay, tokens, o.request_tokens, o.region_stage, pst, dst, region,
+                       writers);
     if (rc != 0)
         goto out;
     if (in.json) {

@@ -681,6 +681,8 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
      * rooms and arrivals) */
     if ((rc = cli_shape_refuse_cp(CLI_SERVE_CMD, "serve's ranks", &in->shape)) != 0)
         return rc;
+    if ((rc = cli_shape_refuse_hybrid(CLI_SERVE_CMD, "serve's ranks", &in->shape)) != 0)
+        return rc;
     if ((rc = cli_shape_layout(CLI_SERVE_CMD, &in->shape, &in->plan.lay)) != 0)
         return rc;
     const kvs_layout_t *l = &in->plan.lay;

@@ -38,6 +38,67 @@ static int cli__shape_model_fail(const char *cmd, const char *name)
                     name, names);
 }
 
+/* The layer pattern flags over the model's (docs/kinds/hybrid.md):
+ * --full-attn-every K, then --window W or --state-heads H with
+ * --state-bytes CONV+SSM (or one number, all recurrent). A --window
+ * replaces a model's state layers and --state-heads its window; the
+ * planner checks the rest. */
+static int cli__shape_hybrid(const char *cmd, const char *const *values,
+                             kvs_layout_params_t *p)
+{
+    int rc;
+    if ((rc = cli__shape_number(cmd, values, CLI_SF_FULL_ATTN_EVERY, 0,
+                                CLI_SHAPE_MAX_LAYERS, &p->full_attn_every)) != 0)
+        return rc;
+    if (values[CLI_SF_WINDOW] != NULL && values[CLI_SF_STATE_HEADS] != NULL)
+        return cli_fail(cmd, "--window and --state-heads: give one; the layers that are "
+                             "not full attention are all window layers or all state layers");
+    if (values[CLI_SF_WINDOW] != NULL) {
+        if ((rc = cli__shape_number(cmd, values, CLI_SF_WINDOW, 1, CLI_SHAPE_MAX_TOKENS,
+                                    &p->window_tokens)) != 0)
+            return rc;
+        p->other_layers = KVS_LAYER_WINDOW;
+        p->state_heads = p->state_conv_bytes = p->state_ssm_bytes = 0;
+    }
+    if (values[CLI_SF_STATE_HEADS] != NULL) {
+        if ((rc = cli__shape_number(cmd, values, CLI_SF_STATE_HEADS, 1, CLI_SHAPE_MAX_HEADS,
+                                    &p->state_heads)) != 0)
+            return rc;
+        p->other_layers = KVS_LAYER_STATE;
+        p->window_tokens = 0;
+        if (values[CLI_SF_STATE_BYTES] == NULL)
+            return cli_fail(cmd, "--state-heads needs --state-bytes CONV+SSM: the bytes of "
+                                 "one state head's conv and recurrent state of one request");
+    }
+    const char *sb = values[CLI_SF_STATE_BYTES];
+    if (sb != NULL) {
+        if (p->other_layers != KVS_LAYER_STATE)
+            return cli_fail(cmd, "--state-bytes %s without state layers: give --state-heads "
+                                 "(or a hybrid --model with state layers)", sb);
+        char conv[32] = "", ssm[32] = "";
+        const char *plus = strchr(sb, '+');
+        const size_t n = plus != NULL ? (size_t)(plus - sb) : 0;
+        if (plus != NULL && (n == 0 || n >= sizeof conv || strlen(plus + 1) >= sizeof ssm))
+            return cli_fail(cmd, "--state-bytes: '%s' is not CONV+SSM or N (bytes of one "
+                                 "state head of one request)", sb);
+        if (plus != NULL) {
+            memcpy(conv, sb, n);
+            snprintf(ssm, sizeof ssm, "%s", plus + 1);
+            if ((rc = cli_parse_i64(cmd, "--state-bytes (conv part)", conv, 0, INT32_MAX,
+                                    &p->state_conv_bytes)) != 0 ||
+                (rc = cli_parse_i64(cmd, "--state-bytes (ssm part)", ssm, 0, INT32_MAX,
+                                    &p->state_ssm_bytes)) != 0)
+                return rc;
+        } else {
+            p->state_conv_bytes = 0;
+            if ((rc = cli_parse_i64(cmd, "--state-bytes", sb, 1, INT32_MAX,
+                                    &p->state_ssm_bytes)) != 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
 int cli_shape_read(const char *cmd, const char *const *values,
                    const cli_shape_defaults_t *defaults, cli_shape_t *out)
 {
@@ -66,6 +127,13 @@ int cli_shape_read(const char *cmd, const char *const *values,
         p->layers = out->model->layers;
         p->dtype = out->model->dtype;
         p->kind = out->model->kind;
+        /* Hybrid layers (docs/kinds/hybrid.md): the model's pattern. */
+        p->full_attn_every = out->model->full_attn_every;
+        p->other_layers = out->model->other_layers;
+        p->window_tokens = out->model->window_tokens;
+        p->state_heads = out->model->state_heads;
+        p->state_conv_bytes = out->model->state_conv_bytes;
+        p->state_ssm_bytes = out->model->state_ssm_bytes;
     }
     /* An MLA model by its latent: one "head" of that many elements. */
     if (values[CLI_SF_MLA_LATENT_DIM] != NULL) {
@@ -121,6 +189,9 @@ int cli_shape_read(const char *cmd, const char *const *values,
                              "fp32 per token and head) or per-block[:N] (one e8m0 byte per N "
                              "elements, 32 by default)", values[CLI_SF_KV_SCALES]);
 
+    if ((rc = cli__shape_hybrid(cmd, values, p)) != 0)
+        return rc;
+
     /* A default model whose every number the flags replace names nothing
      * (an MLA latent replaces both its heads and its head dim). */
     if (!explicit_model && values[CLI_SF_LAYERS] != NULL &&
@@ -164,6 +235,12 @@ const char *cli_shape_flag_for(int status, const kvs_layout_params_t *p)
 {
     switch (status) {
     case KVS_EHEAD_SPLIT:
+        if (p->full_attn_every > 1 && p->state_heads > 0 &&
+            cli__shape_divides(p->total_heads, p->prefill_tp) &&
+            cli__shape_divides(p->total_heads, p->decode_tp) &&
+            (!cli__shape_divides(p->state_heads, p->prefill_tp) ||
+             !cli__shape_divides(p->state_heads, p->decode_tp)))
+            return "--state-heads (or the TP sizes)";
         if (!cli__shape_divides(p->total_heads, p->prefill_tp))
             return "--prefill-tp (or --kv-heads)";
         if (!cli__shape_divides(p->total_heads, p->decode_tp))
@@ -184,6 +261,9 @@ const char *cli_shape_flag_for(int status, const kvs_layout_params_t *p)
     case KVS_EINVAL:
         if (p->prefill_cp < 0)
             return "--prefill-cp";
+        if (p->full_attn_every != 0 || p->window_tokens != 0 || p->state_heads != 0 ||
+            p->state_conv_bytes != 0 || p->state_ssm_bytes != 0)
+            return "--full-attn-every / --window / --state-heads / --state-bytes";
         return p->kv_scales != KVS_KV_SCALES_NONE ? "--kv-scales (or --head-dim)"
                                                   : "the shape flags";
     case KVS_EMLA:
@@ -258,4 +338,20 @@ int cli_shape_refuse_cp(const char *cmd, const char *who, const cli_shape_t *sha
                          "parallelism yet: drop --prefill-cp (or give 1); `kvstage plan "
                          "--prefill-cp` shows which CP rank writes which rows of each region",
                     cp, who);
+}
+
+int cli_shape_refuse_hybrid(const char *cmd, const char *who, const cli_shape_t *shape)
+{
+    const kvs_layout_params_t *p = &shape->params;
+    if (p->full_attn_every <= 1)
+        return 0;
+    return cli_fail(cmd, "--full-attn-every %" PRId64 " (%s layers%s%s): %s do not move "
+                         "window or state layers yet: `kvstage plan` shows which rows and "
+                         "state bytes each writer sends (docs/kinds/hybrid.md); give "
+                         "--full-attn-every 1 to run every layer as full attention",
+                    p->full_attn_every, kvs_layer_kind_name(p->other_layers),
+                    shape->model != NULL && shape->model->full_attn_every > 1 ? ", --model " : "",
+                    shape->model != NULL && shape->model->full_attn_every > 1
+                        ? shape->model->name : "",
+                    who);
 }

@@ -52,6 +52,10 @@ enum cli_shape_flag {
     CLI_SF_DECODE_PAGE_SIZE,
     CLI_SF_PREFILL_CP,
     CLI_SF_KV_SCALES,
+    CLI_SF_FULL_ATTN_EVERY,
+    CLI_SF_WINDOW,
+    CLI_SF_STATE_HEADS,
+    CLI_SF_STATE_BYTES,
     CLI_SF_COUNT
 };
 
@@ -72,7 +76,11 @@ enum cli_shape_flag {
     [CLI_SF_MLA_LATENT_DIM] = {"--mla-latent-dim", true},                     \
     [CLI_SF_DECODE_PAGE_SIZE] = {"--decode-page-size", true},                \
     [CLI_SF_PREFILL_CP] = {"--prefill-cp", true},                      \
-    [CLI_SF_KV_SCALES] = {"--kv-scales", true}
+    [CLI_SF_KV_SCALES] = {"--kv-scales", true},                                \
+    [CLI_SF_FULL_ATTN_EVERY] = {"--full-attn-every", true},                    \
+    [CLI_SF_WINDOW] = {"--window", true},                                      \
+    [CLI_SF_STATE_HEADS] = {"--state-heads", true},                            \
+    [CLI_SF_STATE_BYTES] = {"--state-bytes", true}
 
 /* What a subcommand assumes for the shape flags it is not given. */
 typedef struct cli_shape_defaults {
@@ -123,6 +131,11 @@ int cli_shape_layout(const char *cmd, const cli_shape_t *shape,
  * returns CLI_EXIT_USAGE; 0 when CP is 1.
  */
 int cli_shape_refuse_cp(const char *cmd, const char *who, const cli_shape_t *shape);
+
+/* 0 for a shape of full attention layers alone; otherwise prints that
+ * `who` do not move window or state layers yet (docs/kinds/hybrid.md),
+ * naming --full-attn-every and the model, and returns the usage code. */
+int cli_shape_refuse_hybrid(const char *cmd, const char *who, const cli_shape_t *shape);
 
 /* The flag to change for a kvs_layout_init failure (status) of params p,
  * e.g. "--decode-pp" or "--prefill-tp (or --kv-heads)"; the library's

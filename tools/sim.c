@@ -638,6 +638,8 @@ static int cli_sim_read_values(const char *const *scanned, cli_sim_input_t *in)
         return rc;
     if ((rc = cli_shape_refuse_cp(CLI_SIM_CMD, "the simulated ranks", &in->shape)) != 0)
         return rc;
+    if ((rc = cli_shape_refuse_hybrid(CLI_SIM_CMD, "the simulated ranks", &in->shape)) != 0)
+        return rc;
 
     int64_t requests = 0, ring_mib = CLI_SIM_DEFAULT_RING_MIB, prefix = 0, inflight = 0;
     in->nic_gbps = CLI_SIM_DEFAULT_NIC_GBPS;

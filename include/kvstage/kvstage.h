@@ -245,6 +245,27 @@ KVS_API const char *kvs_kv_kind_name(kvs_kv_kind_t kind);
 /* Planes (buffers) per layer: 2 (K, V) for GQA, 1 for MLA; 0 when unknown. */
 KVS_API int64_t kvs_kv_kind_planes(kvs_kv_kind_t kind);
 
+/* What one layer of a hybrid model is (docs/kinds/hybrid.md). A model's
+ * layers are all full attention unless kvs_layout_params_t.full_attn_every
+ * says which are, the others being one kind: sliding-window attention
+ * (gpt-oss) or a linear-attention / SSM state layer (Qwen3-Next's Gated
+ * DeltaNet, Mamba). */
+typedef enum kvs_layer_kind {
+    KVS_LAYER_FULL = 0,   /* attention over every token: all its pages move */
+    /* Attention over the last window_tokens tokens: only the pages holding
+     * the request's last window_tokens tokens move (kvs_layout_layer_tokens). */
+    KVS_LAYER_WINDOW = 1,
+    /* No KV pages: one fixed-size state per request and state head (conv
+     * state, then recurrent state), split over TP by state head and carried
+     * in the request's last chunk (kvs_layout_hybrid_writer). */
+    KVS_LAYER_STATE = 2
+} kvs_layer_kind_t;
+
+/* "full", "window", "state" -> kind; KVS_EINVAL otherwise. */
+KVS_API int kvs_layer_kind_parse(const char *name, kvs_layer_kind_t *out);
+/* "full", "window", "state"; "unknown" for another value. */
+KVS_API const char *kvs_layer_kind_name(kvs_layer_kind_t kind);
+
 /* Bytes per element; 0 for an unknown dtype. */
 KVS_API int64_t kvs_dtype_bytes(kvs_dtype_t dtype);
 /* "bf16", "fp16", "fp8", "fp32" -> dtype; KVS_EDTYPE otherwise. */
@@ -323,6 +344,19 @@ typedef struct kvs_layout_params {
      * head_dim (KVS_EINVAL). */
     kvs_kv_scales_t kv_scales;
     int64_t scale_block;    /* elements per scale, per-block only; 0 -> 32 */
+    /* Hybrid models (docs/kinds/hybrid.md). 0 (or 1): every layer is full
+     * attention and the fields below must be 0. k > 1: layer l is full
+     * attention when (l + 1) % k == 0 and of kind other_layers otherwise
+     * (gpt-oss: k 2, window 128; Qwen3-Next: k 4, state). GQA only. */
+    int64_t full_attn_every;
+    kvs_layer_kind_t other_layers; /* KVS_LAYER_WINDOW or KVS_LAYER_STATE */
+    int64_t window_tokens;  /* W of a window layer, > 0 with WINDOW */
+    /* State layers: heads of a state layer, split over TP as KV heads are
+     * (multiple or divisor of each TP), and the bytes one head's state of
+     * one request takes: its conv part, then its recurrent (SSM) part. */
+    int64_t state_heads;
+    int64_t state_conv_bytes;
+    int64_t state_ssm_bytes;
 } kvs_layout_params_t;
 
 typedef enum kvs_path {
@@ -385,6 +419,16 @@ typedef struct kvs_layout {
                                  0, 4 (per-token) or head_dim / scale_block.
                                  A staging layer slot holds its T * nh KV
                                  rows, then their T * nh scale rows */
+    /* Hybrid layers (docs/kinds/hybrid.md): as the params gave them, 0 for
+     * a model of full attention only (full_attn_every 0). */
+    int64_t full_attn_every;
+    kvs_layer_kind_t other_layers;
+    int64_t window_tokens;
+    int64_t state_heads;
+    int64_t state_head_bytes; /* conv + ssm bytes of one state head */
+    int64_t state_conv_bytes, state_ssm_bytes;
+    int64_t state_src_heads;  /* state heads on a prefill rank */
+    int64_t state_dst_heads;  /* state heads on a decode rank */
 } kvs_layout_t;
 
 /* Validates params and derives the plan. On error returns its code and, when
@@ -420,7 +464,9 @@ typedef struct kvs_writer {
 /* Writer i of the region of decode rank d at decode stage e (its layer
  * slots Lx are that stage's layers, kvs_layout_stage_layers) for a chunk of
  * `tokens` tokens (0..G). KVS_EINVAL for a NULL lay or out, KVS_ERANGE for
- * d, e, i or tokens out of range. */
+ * d, e, i or tokens out of range.
+ * KVS_ENOTSUP for a hybrid layout (full_attn_every > 1): its blocks depend
+ * on the chunk's place in the request, kvs_layout_hybrid_writer. */
 KVS_API int kvs_layout_writer(const kvs_layout_t *lay, int64_t decode_rank,
                               int64_t decode_stage, int64_t writer_index,
                               int64_t tokens, kvs_writer_t *out);
@@ -430,7 +476,9 @@ KVS_API int kvs_layout_region_bytes(const kvs_layout_t *lay, int64_t decode_rank
                                     int64_t decode_stage, int64_t tokens,
                                     int64_t *out_bytes);
 /* The largest region over all decode ranks and decode stages for a full
- * chunk (G tokens): that of a stage holding decode_layers layers. */
+ * chunk (G tokens): that of a stage holding decode_layers layers.
+ * Hybrid: the largest over the stages of G rows in every full and window
+ * layer slot plus the state part (an upper bound of any chunk's region). */
 KVS_API int64_t kvs_layout_max_region_bytes(const kvs_layout_t *lay);
 /* Decode rank that prefill rank r serves as its i-th target
  * (0 <= i < targets_per_prefill). */
@@ -473,6 +521,12 @@ typedef struct kvs_model {
     const char *note;     /* one short line for a model list */
     kvs_kv_kind_t kind;   /* what a layer holds; with KVS_KV_MLA total_heads
                              is 1 and head_dim the latent dim */
+    /* Hybrid layers (kvs_layout_params_t's fields of the same names; 0 for
+     * a model of full attention only). */
+    int64_t full_attn_every;
+    kvs_layer_kind_t other_layers;
+    int64_t window_tokens;
+    int64_t state_heads, state_conv_bytes, state_ssm_bytes;
 } kvs_model_t;
 
 /* The model called `name` (ASCII case-insensitive); NULL if unknown. */
@@ -561,6 +615,85 @@ KVS_API int kvs_layout_cp_writers(const kvs_layout_t *lay, int64_t total_tokens,
  * total_tokens) or a NULL argument. */
 KVS_API int64_t kvs_layout_chunk_arrivals(const kvs_layout_t *lay, int64_t total_tokens,
                                           const kvs_chunk_t *chunk);
+
+/* Hybrid layers (src/hybrid.c, docs/kinds/hybrid.md) ----------------------- */
+
+/* The kind of global layer `layer` (KVS_LAYER_FULL for every layer of a
+ * non-hybrid layout). KVS_EINVAL for a NULL argument, KVS_ERANGE for a
+ * layer outside [0, layers). */
+KVS_API int kvs_layout_layer_kind(const kvs_layout_t *lay, int64_t layer,
+                                  kvs_layer_kind_t *out);
+/* The tokens of a request of total_tokens tokens whose rows of layer
+ * `layer` move: [0, total) for a full layer; for a window layer those of
+ * the pages that hold its last window_tokens tokens, the window start
+ * floored to the grid unit (cp_align_tokens: a page of both sides):
+ * [floor(max(0, total - W) / u) * u, total); an empty range [total, total)
+ * for a state layer (it has no pages). Errors as kvs_layout_layer_kind,
+ * and KVS_EINVAL for total_tokens < 0. */
+KVS_API int kvs_layout_layer_tokens(const kvs_layout_t *lay, int64_t layer,
+                                    int64_t total_tokens, int64_t *out_start,
+                                    int64_t *out_end);
+
+/* One writer's block of a hybrid region. A writer block holds, per plane
+ * (K then V), one slot per layer of the decode stage that has rows in the
+ * chunk (full layers; window layers whose window meets the chunk), in layer
+ * order, each of the slot's tokens x nh heads rows; then, in the request's
+ * last chunk alone, the state part: per state layer of the stage, in layer
+ * order, state_nh state heads of state_head_bytes (conv, then ssm). */
+typedef struct kvs_hybrid_writer {
+    kvs_writer_t w;            /* heads, offset and len of the whole block */
+    kvs_head_slice_t state_heads; /* state heads this writer copies */
+    int64_t token_start;       /* the chunk's first token (absolute) */
+    int64_t tokens;            /* T: rows of a full slot */
+    int64_t full_slots;        /* full layers of the stage (slots of T rows) */
+    int64_t window_slots;      /* window layers of the stage with rows here */
+    int64_t window_token_start;/* first token of a window slot (absolute) */
+    int64_t window_tokens;     /* rows of a window slot (0: no window slot) */
+    int64_t kv_bytes;          /* bytes of the slots */
+    int64_t state_layers;      /* state layers of the stage (in the state
+                                  part of the last chunk, else 0) */
+    int64_t state_offset_bytes;/* from the block's start: kv_bytes */
+    int64_t state_bytes;       /* state_layers x state_nh x state_head_bytes */
+} kvs_hybrid_writer_t;
+
+/* Writer i of decode rank d's region at decode stage e for `chunk` of a
+ * request of total_tokens tokens (the suffix's chunks, kvs_grid_chunk; a
+ * chunk ending at total_tokens is the last and carries the state). Also
+ * right for a layout of full layers alone (then the block is
+ * kvs_layout_writer's). KVS_EINVAL for a NULL argument, KVS_ERANGE as
+ * kvs_layout_writer and for a chunk not inside [0, total_tokens). */
+KVS_API int kvs_layout_hybrid_writer(const kvs_layout_t *lay, int64_t decode_rank,
+                                     int64_t decode_stage, int64_t writer_index,
+                                     int64_t total_tokens, const kvs_chunk_t *chunk,
+                                     kvs_hybrid_writer_t *out);
+/* Where one layer's bytes are in a writer block (kvs_layout_hybrid_writer's
+ * out, for the same decode stage). For a full or window layer and plane
+ * (0 K, 1 V): its slot, rows of tokens [token_start, token_start + rows),
+ * token-major [row][head of the writer's heads][head bytes]; for a state
+ * layer (plane 0): its part of the state, [state head of the writer's
+ * state heads][state_head_bytes], rows 0. */
+typedef struct kvs_hybrid_slot {
+    kvs_layer_kind_t kind;
+    int64_t offset_bytes; /* from the writer block's start */
+    int64_t token_start, rows;
+    int64_t len_bytes;
+} kvs_hybrid_slot_t;
+
+/* The slot of global layer `layer` of decode stage e, plane `plane`, in a
+ * writer block hw of that stage. KVS_ENOENT when the layer has no bytes in
+ * the block (a window layer whose window misses the chunk, a state layer
+ * outside the last chunk or with plane 1: a state is one part); KVS_EINVAL
+ * for a NULL argument, KVS_ERANGE for a layer outside the stage or a plane
+ * outside [0, planes). */
+KVS_API int kvs_layout_hybrid_slot(const kvs_layout_t *lay, const kvs_hybrid_writer_t *hw,
+                                   int64_t decode_stage, int64_t layer, int64_t plane,
+                                   kvs_hybrid_slot_t *out);
+/* Bytes of one request's state on one rank of `role` for the layers of
+ * `stage`: state layers x that side's state heads x state_head_bytes (the
+ * per-request state slot). 0 without state layers. KVS_EINVAL / KVS_ERANGE
+ * as kvs_layout_stage_layers. */
+KVS_API int kvs_layout_state_slot_bytes(const kvs_layout_t *lay, kvs_role_t role,
+                                        int64_t stage, int64_t *out_bytes);
 
 /* ------------------------------------------------------------------------ */
 /* Staging ring allocator (spec §6), thread-safe                             */

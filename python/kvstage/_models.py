@@ -53,11 +53,17 @@ def kind_value(kind):
                           "latent per layer)" % (kind,))
 
 
+_LAYER_KINDS = ("full", "window", "state")  # kvs_layer_kind_t
+
+
 def _as_dict(m):
     return {"name": m.name.decode(), "total_heads": m.total_heads,
             "head_dim": m.head_dim, "layers": m.layers,
             "dtype": _convert.dtype_name(m.dtype), "note": m.note.decode(),
-            "kind": kind_name(m.kind)}
+            "kind": kind_name(m.kind), "full_attn_every": m.full_attn_every,
+            "other_layers": _LAYER_KINDS[m.other_layers], "window_tokens": m.window_tokens,
+            "state_heads": m.state_heads,
+            "state_bytes": (m.state_conv_bytes, m.state_ssm_bytes)}
 
 
 def models():
@@ -92,4 +98,29 @@ def shape(model, fields):
     for key in ("total_heads", "head_dim", "layers", "dtype", "kind"):
         if out.get(key) is None:
             out[key] = m[key]
+    # a hybrid model's layer pattern (docs/kinds/hybrid.md), unless the
+    # caller gave one of its own
+    if m["full_attn_every"] > 1 and all(out.get(k) is None for k in (
+            "full_attn_every", "window_tokens", "state_heads", "state_bytes")):
+        for key in ("full_attn_every", "window_tokens", "state_heads", "state_bytes"):
+            out[key] = m[key]
+        if m["other_layers"] == "window":
+            out["state_heads"] = out["state_bytes"] = None
+        else:
+            out["window_tokens"] = None
     return m["name"], out
+
+
+def refuse_hybrid(model, who):
+    """KvstageError (KVS_EINVAL) when `model` names a hybrid model (window
+    or state layers, docs/kinds/hybrid.md): `who` does not move them yet,
+    and running it as full attention would move the wrong bytes."""
+    if model is None:
+        return
+    m = find(model)
+    if m["full_attn_every"] > 1:
+        raise _errors.invalid(
+            "model '%s' has %s layers (full attention every %d-th layer): %s do not move "
+            "window or state layers yet; kvstage.plan(model=%r, ...) lays them out "
+            "(docs/kinds/hybrid.md)" % (m["name"], m["other_layers"], m["full_attn_every"],
+                                        who, m["name"]))

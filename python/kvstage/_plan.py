@@ -96,14 +96,65 @@ def layout_params(fields):
     params.dtype = _convert.dtype(fields.get("dtype") or "bf16")
     params.kind = _models.kind_value(fields.get("kind"))
     params.kv_scales, params.scale_block = _models.scales_value(fields.get("kv_scales"))
+    _hybrid_params(params, fields)
     return params
+
+
+def _hybrid_params(params, fields):
+    """The layer pattern of a hybrid model (docs/kinds/hybrid.md):
+    full_attn_every, then window_tokens (window layers) or state_heads with
+    state_bytes (conv, ssm) or one number (state layers)."""
+    every, window = fields.get("full_attn_every"), fields.get("window_tokens")
+    heads, sbytes = fields.get("state_heads"), fields.get("state_bytes")
+    _convert.set_int(params, "full_attn_every", every or 0)
+    if window is not None and heads is not None:
+        raise _errors.invalid("window_tokens and state_heads: give one; the layers that "
+                              "are not full attention are all window or all state layers")
+    if window is not None:
+        params.other_layers = 1  # KVS_LAYER_WINDOW
+        _convert.set_int(params, "window_tokens", window)
+    if heads is not None:
+        params.other_layers = 2  # KVS_LAYER_STATE
+        _convert.set_int(params, "state_heads", heads)
+        if isinstance(sbytes, int) and not isinstance(sbytes, bool):
+            sbytes = (0, sbytes)
+        if not isinstance(sbytes, (tuple, list)) or len(sbytes) != 2:
+            raise _errors.invalid("state_bytes is %r: give (conv, ssm) bytes of one state "
+                                  "head of one request, or one number" % (sbytes,))
+        _convert.set_int(params, "state_conv_bytes", sbytes[0])
+        _convert.set_int(params, "state_ssm_bytes", sbytes[1])
+    elif sbytes is not None:
+        raise _errors.invalid("state_bytes without state_heads: give state_heads too")
+
+
+def _hybrid_writers(lib, lay, d, stage, tokens, request):
+    """Region bytes and writers of decode rank d at `stage` for the last
+    chunk (its last `tokens` tokens) of a hybrid model's request of
+    `request` tokens (kvs_layout_hybrid_writer)."""
+    ch = S.Chunk(token_start=request - tokens, token_end=request)
+    region, writers = 0, []
+    for i in range(lay.tp_writers):
+        hw = S.HybridWriter()
+        _check(lib.kvs_layout_hybrid_writer(ctypes.byref(lay), d, stage, i, request,
+                                            ctypes.byref(ch), ctypes.byref(hw)),
+               "kvs_layout_hybrid_writer(decode rank %d, stage %d, writer %d)"
+               % (d, stage, i))
+        w = hw.w
+        region = w.offset_bytes + w.len_bytes
+        writers.append({"writer_index": w.writer_index, "prefill_rank": w.prefill_rank,
+                        "src_head_start": w.heads.src_start,
+                        "dst_head_start": w.heads.dst_start,
+                        "num_heads": w.heads.num_heads,
+                        "offset": w.offset_bytes, "bytes": w.len_bytes})
+    return region, writers
 
 
 def plan(model=None, *, prefill_tp, decode_tp, page_size, total_heads=None, kind=None,
          heads_per_rank=None, heads_per_rank_tp=None, head_dim=None, layers=None,
          dtype=None, prefill_pp=None, decode_pp=None, chunk_tokens=None,
          tokens=None, decode_page_size=None, prefill_cp=None, request_tokens=None,
-         kv_scales=None):
+         kv_scales=None, full_attn_every=None, window_tokens=None, state_heads=None,
+         state_bytes=None):
     """Plans the staging transfer of one chunk (spec sections 3-5).
 
     model: a built-in model name (see models()); it fills total_heads,
@@ -117,6 +168,14 @@ def plan(model=None, *, prefill_tp, decode_tp, page_size, total_heads=None, kind
     "per-token" (one fp32 per token and head) or "per-block[:N]" (MXFP8: one
     e8m0 byte per N elements, 32); each layer slot of a region then holds
     its rows and their scale rows (docs/kinds/fp8-scales.md).
+    full_attn_every, window_tokens, state_heads, state_bytes: a hybrid
+    model's layers (docs/kinds/hybrid.md; gpt-oss and qwen3-next-80b-a3b
+    give theirs): layer l is full attention when (l + 1) % full_attn_every
+    == 0, the others window layers of window_tokens tokens or state layers
+    of state_heads heads of state_bytes (conv, ssm) a request. The regions
+    listed are then those of the last chunk (its last `tokens` tokens) of a
+    request of request_tokens (default tokens): a writer's bytes are its
+    slots' rows, then the state of its state heads.
     Zero or None takes the planner's default (prefill_pp, decode_pp: 1;
     chunk_tokens: 8192; dtype: bf16). tokens: the chunk to lay out,
     1..grid_tokens (default: a full chunk of grid_tokens).
@@ -151,7 +210,9 @@ def plan(model=None, *, prefill_tp, decode_tp, page_size, total_heads=None, kind
         "prefill_tp": prefill_tp, "decode_tp": decode_tp, "prefill_pp": prefill_pp,
         "decode_pp": decode_pp, "chunk_tokens": chunk_tokens, "kind": kind,
         "decode_page_size": decode_page_size, "prefill_cp": prefill_cp,
-        "kv_scales": kv_scales})
+        "kv_scales": kv_scales, "full_attn_every": full_attn_every,
+        "window_tokens": window_tokens, "state_heads": state_heads,
+        "state_bytes": state_bytes})
     params = layout_params(fields)
     lib = _library.load()
     lay = S.Layout()
@@ -169,6 +230,12 @@ def plan(model=None, *, prefill_tp, decode_tp, page_size, total_heads=None, kind
             "width grid_tokens; raise chunk_tokens to plan bigger chunks"
             % (tokens, lay.grid_tokens))
 
+    hybrid = lay.full_attn_every > 1
+    request = request_tokens if hybrid and request_tokens is not None else tokens
+    if hybrid and (isinstance(request, bool) or not isinstance(request, int) or
+                   not tokens <= request <= 1 << 40):
+        raise _errors.invalid("request_tokens is %r: give at least tokens (%d): the chunk "
+                              "listed is the request's last" % (request, tokens))
     out = {"model": name}
     for key in _LAYOUT:
         out[key] = getattr(lay, key)
@@ -193,13 +260,20 @@ def plan(model=None, *, prefill_tp, decode_tp, page_size, total_heads=None, kind
                 _errors.raise_for(rc, detail="kvs_layout_stage_layers(%s stage %d)"
                                   % (key, e))
             stage = {"stage": e, "first_layer": first.value, "num_layers": count.value}
-            if role == _ROLE_DECODE:
+            if role == _ROLE_DECODE and hybrid:
+                stage["region_bytes"] = _hybrid_writers(lib, lay, 0, e, tokens, request)[0]
+            elif role == _ROLE_DECODE:
                 stage["region_bytes"] = _region_bytes(lib, lay, 0, e, tokens)
             stages.append(stage)
         out[key] = stages
     stage = lay.decode_pp - 1  # the last decode stage holds the most layers
     ranks = []
     for d in range(lay.decode_tp):
+        if hybrid:
+            region, writers = _hybrid_writers(lib, lay, d, stage, tokens, request)
+            ranks.append({"decode_rank": d, "decode_stage": stage, "region_bytes": region,
+                          "expected_arrivals": lay.expected_arrivals, "writers": writers})
+            continue
         region = _region_bytes(lib, lay, d, stage, tokens)
         writers = []
         for i in range(lay.tp_writers):
@@ -219,6 +293,15 @@ def plan(model=None, *, prefill_tp, decode_tp, page_size, total_heads=None, kind
                       "expected_arrivals": lay.expected_arrivals, "writers": writers})
     out["decode_ranks"] = ranks
     out["prefill_cp"] = lay.prefill_cp
+    out["full_attn_every"] = lay.full_attn_every
+    out["other_layers"] = ("full", "window", "state")[lay.other_layers]
+    out["window_tokens"] = lay.window_tokens
+    out["state_heads"] = lay.state_heads
+    out["state_conv_bytes"] = lay.state_conv_bytes
+    out["state_ssm_bytes"] = lay.state_ssm_bytes
+    if hybrid:
+        out["request_tokens"] = request
+        return out
     if request_tokens is not None and lay.prefill_cp <= 1:
         raise _errors.invalid(
             "request_tokens is %r: it lists the chunks of a request split over prefill "

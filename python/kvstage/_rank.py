@@ -210,6 +210,8 @@ class Rank:
         lib = _library.load()
         hw = _library.load_backend("hw")
         _fabric.check(hw, fabric, provider, rdma_device, near_pci, listen_port)
+        if model is not None and lib.kvs_model_find(str(model).encode()):
+            _models.refuse_hybrid(str(model), "kvstage.Rank's ranks")
         if model is not None:
             m = lib.kvs_model_find(str(model).encode())
             if not m:

@@ -128,6 +128,7 @@ def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
                         % (", ".join(unknown), ", ".join(_SETTABLE)))
     fields["dtype"] = dtype
     scales = fields.pop("kv_scales", None)
+    _models.refuse_hybrid(model, "the simulated ranks")
     _, fields = _models.shape(model, fields)
 
     cfg = S.SimConfig()

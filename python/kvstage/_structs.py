@@ -40,7 +40,9 @@ class LayoutParams(c.Structure):
                 ("decode_tp", i64), ("prefill_pp", i64), ("decode_pp", i64),
                 ("chunk_tokens", i64), ("kind", enum),
                 ("decode_page_size", i64), ("prefill_cp", i64),
-                ("kv_scales", enum), ("scale_block", i64)]
+                ("kv_scales", enum), ("scale_block", i64),
+                ("full_attn_every", i64), ("other_layers", enum), ("window_tokens", i64),
+                ("state_heads", i64), ("state_conv_bytes", i64), ("state_ssm_bytes", i64)]
 
 
 class Layout(c.Structure):
@@ -55,7 +57,11 @@ class Layout(c.Structure):
                 ("targets_per_prefill", i64), ("path", enum), ("kind", enum),
                 ("planes", i64), ("tp_sources", i64), ("decode_page_size", i64),
                 ("prefill_cp", i64), ("cp_align_tokens", i64),
-                ("kv_scales", enum), ("scale_block", i64), ("scale_bytes", i64)]
+                ("kv_scales", enum), ("scale_block", i64), ("scale_bytes", i64),
+                ("full_attn_every", i64), ("other_layers", enum), ("window_tokens", i64),
+                ("state_heads", i64), ("state_head_bytes", i64),
+                ("state_conv_bytes", i64), ("state_ssm_bytes", i64),
+                ("state_src_heads", i64), ("state_dst_heads", i64)]
 
 
 class HeadSlice(c.Structure):
@@ -81,11 +87,22 @@ class CpPart(c.Structure):
                 ("local_token_start", i64), ("offset_bytes", i64), ("len_bytes", i64)]
 
 
+class HybridWriter(c.Structure):
+    """kvs_hybrid_writer_t"""
+    _fields_ = [("w", Writer), ("state_heads", HeadSlice), ("token_start", i64),
+                ("tokens", i64), ("full_slots", i64),
+                ("window_slots", i64), ("window_token_start", i64),
+                ("window_tokens", i64), ("kv_bytes", i64), ("state_layers", i64),
+                ("state_offset_bytes", i64), ("state_bytes", i64)]
+
+
 class Model(c.Structure):
     """kvs_model_t"""
     _fields_ = [("name", c.c_char_p), ("total_heads", i64), ("head_dim", i64),
                 ("layers", i64), ("dtype", enum), ("note", c.c_char_p),
-                ("kind", enum)]
+                ("kind", enum), ("full_attn_every", i64), ("other_layers", enum),
+                ("window_tokens", i64), ("state_heads", i64),
+                ("state_conv_bytes", i64), ("state_ssm_bytes", i64)]
 
 
 class SimConfig(c.Structure):

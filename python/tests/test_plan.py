@@ -70,6 +70,21 @@ CASES = [
      ["--model", "llama-3.1-8b", "--dtype", "fp8", "--kv-scales", "per-block:64",
       "--prefill-tp", 2, "--decode-tp", 4, "--page-size", 16, "--prefill-pp", 2,
       "--tokens", 100]),
+    # Hybrid models (docs/kinds/hybrid.md): window layers send the last
+    # window's rows, state layers a per-request state in the last chunk.
+    (dict(model="gpt-oss-120b", prefill_tp=4, decode_tp=8, page_size=16,
+          chunk_tokens=2048, tokens=1808, request_tokens=10000),
+     ["--model", "gpt-oss-120b", "--prefill-tp", 4, "--decode-tp", 8, "--page-size", 16,
+      "--chunk-tokens", 2048, "--tokens", 1808, "--request-tokens", 10000]),
+    (dict(model="qwen3-next-80b-a3b", prefill_tp=8, decode_tp=2, page_size=16,
+          prefill_pp=2, decode_pp=2),
+     ["--model", "qwen3-next-80b-a3b", "--prefill-tp", 8, "--decode-tp", 2,
+      "--page-size", 16, "--prefill-pp", 2, "--decode-pp", 2]),
+    (dict(total_heads=8, head_dim=128, layers=10, prefill_tp=2, decode_tp=4, page_size=16,
+          chunk_tokens=512, full_attn_every=5, state_heads=8, state_bytes=(1024, 8192)),
+     ["--kv-heads", 8, "--head-dim", 128, "--layers", 10, "--prefill-tp", 2,
+      "--decode-tp", 4, "--page-size", 16, "--chunk-tokens", 512, "--full-attn-every", 5,
+      "--state-heads", 8, "--state-bytes", "1024+8192"]),
     # Uneven pipeline splits (spec §4): 80 layers over 3 stages, 26 / 27 / 27.
     (dict(model="llama-3.1-70b", prefill_tp=8, decode_tp=2, page_size=16,
           prefill_pp=3),
@@ -257,3 +272,28 @@ def test_plan_kv_scales_refused_by_name():
     with pytest.raises(kvstage.KvstageError, match="kv_scales is 'per-tensor'"):
         kvstage.plan("llama-3.1-8b", prefill_tp=2, decode_tp=1, page_size=16, dtype="fp8",
                      kv_scales="per-tensor")
+
+
+def test_plan_hybrid_numbers():
+    # Qwen3-Next P8 -> D2, one 8192-token chunk: 12 full layers of one head
+    # of 256 bf16 (K and V), 36 state layers of 2 state heads of 68608 bytes
+    got = kvstage.plan(model="qwen3-next-80b-a3b", prefill_tp=8, decode_tp=2, page_size=1)
+    assert got["full_attn_every"] == 4 and got["other_layers"] == "state"
+    w = got["decode_ranks"][1]["writers"][3]
+    assert w["prefill_rank"] == 7
+    assert w["bytes"] == 12 * 8192 * 512 * 2 + 36 * 2 * 68608
+    # gpt-oss: only the window's pages of a window layer
+    got = kvstage.plan(model="gpt-oss-20b", prefill_tp=2, decode_tp=2, page_size=16,
+                       chunk_tokens=1024, request_tokens=5000, tokens=904)
+    assert got["window_tokens"] == 128 and got["request_tokens"] == 5000
+    # 12 full slots of 904 rows, 12 window slots of 5000 - 4864 = 136 rows
+    assert got["decode_ranks"][0]["region_bytes"] == (12 * 904 + 12 * 136) * 4 * 128 * 2
+    raises("KVS_EINVAL", ["window_tokens and state_heads"],
+           **dict(model="gpt-oss-20b", prefill_tp=2, decode_tp=2, page_size=16,
+                  full_attn_every=2, window_tokens=128, state_heads=4))
+    raises("KVS_EINVAL", ["request_tokens"],
+           **dict(model="gpt-oss-20b", prefill_tp=2, decode_tp=2, page_size=16,
+                  request_tokens=10))
+    raises("KVS_EHEAD_SPLIT", ["--state-heads"],
+           **dict(model="qwen3-next-80b-a3b", prefill_tp=4, decode_tp=2, page_size=16,
+                  full_attn_every=4, state_heads=6, state_bytes=100))

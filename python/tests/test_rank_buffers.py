@@ -177,3 +177,9 @@ def test_mla_pool_is_one_latent_per_layer():
             kvstage.Rank("decode", page_size=PAGE, k_buffers=ks, **kw).close()
         except kvstage.KvstageError as e:
             assert e.name == "KVS_EBACKEND" and "RDMA device" in e.message, e
+
+
+def test_hybrid_model_refused_by_name():
+    # a Rank does not move window or state layers yet (docs/kinds/hybrid.md)
+    ks, vs = pool()
+    refused("window or state layers", model="gpt-oss-120b", k_buffers=ks, v_buffers=vs)

@@ -288,3 +288,11 @@ def test_a_ring_too_small_is_refused_before_the_run():
         run(ring_bytes=1 << 20)
     assert exc.value.name == "KVS_EOVERSIZED"
     assert "ring_bytes" in str(exc.value) and "at least" in str(exc.value)
+
+
+def test_hybrid_models_are_refused_by_name():
+    # window and state layers are planned (kvstage.plan) but not simulated:
+    # running gpt-oss or Qwen3-Next as full attention would move other bytes
+    raises("KVS_EINVAL", ["qwen3-next-80b-a3b", "state layers", "kvstage.plan"],
+           model="qwen3-next-80b-a3b")
+    raises("KVS_EINVAL", ["gpt-oss-20b", "window"], model="gpt-oss-20b")

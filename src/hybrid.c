@@ -1,0 +1,369 @@
+/*
+ * hybrid.c - the layout of hybrid models (docs/kinds/hybrid.md): which
+ * layers are full attention, sliding-window attention or state layers
+ * (linear attention / SSM), which tokens of each move, and where a writer's
+ * rows and per-request state go in a decode rank's region.
+ *
+ * Pure functions over a validated kvs_layout_t: no allocation, no state.
+ * The layer pattern is a period: layer l is full attention when
+ * (l + 1) % full_attn_every == 0, of kind other_layers otherwise (gpt-oss
+ * alternates window and full from a window layer 0; Qwen3-Next has three
+ * Gated DeltaNet layers, then a full one). A layout of full layers alone
+ * (full_attn_every 0 or 1) is spec §4's, byte for byte.
+ *
+ * A writer block of a hybrid region is spec §4's with the empty slots left
+ * out: per plane, the slots of the stage's layers that have rows in the
+ * chunk, then (in the last chunk of the request alone) the state part, so
+ * a chunk still costs one write per writer. State heads split over TP with
+ * the KV heads' formula (spec §3) applied to state_heads.
+ */
+#include "hybrid.h"
+
+#include "arith.h"
+#include "error.h"
+
+#include <string.h>
+
+static const struct {
+    const char *name;
+    kvs_layer_kind_t kind;
+} kvs__layer_kinds[] = {
+    {"full", KVS_LAYER_FULL},
+    {"window", KVS_LAYER_WINDOW},
+    {"state", KVS_LAYER_STATE},
+};
+
+int kvs_layer_kind_parse(const char *name, kvs_layer_kind_t *out)
+{
+    if (name == NULL || out == NULL)
+        return KVS_EINVAL;
+    for (size_t i = 0; i < sizeof kvs__layer_kinds / sizeof kvs__layer_kinds[0]; i++) {
+        if (strcmp(name, kvs__layer_kinds[i].name) == 0) {
+            *out = kvs__layer_kinds[i].kind;
+            return KVS_OK;
+        }
+    }
+    return KVS_EINVAL;
+}
+
+const char *kvs_layer_kind_name(kvs_layer_kind_t kind)
+{
+    for (size_t i = 0; i < sizeof kvs__layer_kinds / sizeof kvs__layer_kinds[0]; i++) {
+        if (kvs__layer_kinds[i].kind == kind)
+            return kvs__layer_kinds[i].name;
+    }
+    return "unknown";
+}
+
+/* a and b divide one another (both > 0). */
+static int kvs__divides(int64_t a, int64_t b)
+{
+    return a >= b ? a % b == 0 : b % a == 0;
+}
+
+static int64_t kvs__max(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* The kind of layer l of a validated layout. */
+static kvs_layer_kind_t kvs__kind_of(const kvs_layout_t *lay, int64_t l)
+{
+    if (!kvs__hybrid(lay) || (l + 1) % lay->full_attn_every == 0)
+        return KVS_LAYER_FULL;
+    return lay->other_layers;
+}
+
+/* Layers of each kind among [first, first + n). */
+static void kvs__count(const kvs_layout_t *lay, int64_t first, int64_t n, int64_t *full,
+                       int64_t *other)
+{
+    *full = 0;
+    *other = 0;
+    if (!kvs__hybrid(lay)) {
+        *full = n;
+        return;
+    }
+    /* full layers in [0, x): floor(x / k) */
+    const int64_t k = lay->full_attn_every;
+    *full = (first + n) / k - first / k;
+    *other = n - *full;
+}
+
+int kvs__hybrid_init(kvs_layout_t *l, const kvs_layout_params_t *p, kvs_error_t *err)
+{
+    const int hybrid = p->full_attn_every > 1;
+    if (p->full_attn_every < 0)
+        return KVS__FAIL(err, KVS_EINVAL, "full_attn_every %lld must be >= 0 (0 or 1: every "
+                         "layer full attention; k: every k-th, --full-attn-every)",
+                         (long long)p->full_attn_every);
+    if (!hybrid) {
+        if (p->other_layers != KVS_LAYER_FULL || p->window_tokens != 0 ||
+            p->state_heads != 0 || p->state_conv_bytes != 0 || p->state_ssm_bytes != 0)
+            return KVS__FAIL(err, KVS_EINVAL, "window_tokens / state_heads / state bytes given "
+                             "with every layer full attention: set full_attn_every > 1 "
+                             "(--full-attn-every) or drop them");
+        return KVS_OK;
+    }
+    if (l->kind != KVS_KV_GQA)
+        return KVS__FAIL(err, KVS_EINVAL, "full_attn_every %lld: hybrid layers need kind gqa "
+                         "(got %s): drop --full-attn-every or the MLA model",
+                         (long long)p->full_attn_every, kvs_kv_kind_name(l->kind));
+    if (l->prefill_cp > 1)
+        return KVS__FAIL(err, KVS_EINVAL, "full_attn_every %lld with prefill_cp %lld: hybrid "
+                         "layers are not planned with prefill context parallelism (a CP "
+                         "rank's state is of its range alone): drop --prefill-cp or "
+                         "--full-attn-every", (long long)p->full_attn_every,
+                         (long long)l->prefill_cp);
+    l->full_attn_every = p->full_attn_every;
+    l->other_layers = p->other_layers;
+    if (p->other_layers == KVS_LAYER_WINDOW) {
+        if (p->window_tokens <= 0)
+            return KVS__FAIL(err, KVS_EINVAL, "window_tokens %lld must be > 0 for window "
+                             "layers (--window)", (long long)p->window_tokens);
+        if (p->state_heads != 0 || p->state_conv_bytes != 0 || p->state_ssm_bytes != 0)
+            return KVS__FAIL(err, KVS_EINVAL, "state_heads / state bytes given with window "
+                             "layers: a layer pattern has one other kind (--window or "
+                             "--state-heads, not both)");
+        l->window_tokens = p->window_tokens;
+    } else if (p->other_layers == KVS_LAYER_STATE) {
+        if (p->window_tokens != 0)
+            return KVS__FAIL(err, KVS_EINVAL, "window_tokens given with state layers: a "
+                             "layer pattern has one other kind (--window or --state-heads, "
+                             "not both)");
+        if (p->state_heads <= 0 || p->state_conv_bytes < 0 || p->state_ssm_bytes < 0 ||
+            __builtin_add_overflow(p->state_conv_bytes, p->state_ssm_bytes,
+                                   &l->state_head_bytes) ||
+            l->state_head_bytes <= 0)
+            return KVS__FAIL(err, KVS_EINVAL, "state layers need state_heads > 0 and state "
+                             "bytes per head (conv + ssm) > 0 (--state-heads, --state-bytes)");
+        if (!kvs__divides(p->state_heads, l->prefill_tp) ||
+            !kvs__divides(p->state_heads, l->decode_tp))
+            return KVS__FAIL(err, KVS_EHEAD_SPLIT, "%lld state heads do not split over "
+                             "prefill TP %lld and decode TP %lld: state heads must be a "
+                             "multiple or a divisor of each TP (--state-heads)",
+                             (long long)p->state_heads, (long long)l->prefill_tp,
+                             (long long)l->decode_tp);
+        l->state_heads = p->state_heads;
+        l->state_conv_bytes = p->state_conv_bytes;
+        l->state_ssm_bytes = p->state_ssm_bytes;
+        l->state_src_heads = kvs__max(1, p->state_heads / l->prefill_tp);
+        l->state_dst_heads = kvs__max(1, p->state_heads / l->decode_tp);
+    } else {
+        return KVS__FAIL(err, KVS_EINVAL, "other_layers %d: use KVS_LAYER_WINDOW (--window) "
+                         "or KVS_LAYER_STATE (--state-heads) for the layers that are not "
+                         "full attention", (int)p->other_layers);
+    }
+    /* The largest region must fit in int64: every slot of G rows plus the
+     * state part, bounded by all layers of the model. */
+    const int64_t nh = l->prefill_tp > l->decode_tp ? l->src_heads : l->dst_heads;
+    const int64_t snh = l->prefill_tp > l->decode_tp ? l->state_src_heads : l->state_dst_heads;
+    int64_t row = l->head_dim, kv = l->grid_tokens, st = snh, total = 0;
+    if (__builtin_mul_overflow(row, l->elem_bytes, &row) ||
+        __builtin_add_overflow(row, l->scale_bytes, &row) ||
+        __builtin_mul_overflow(kv, nh, &kv) || __builtin_mul_overflow(kv, row, &kv) ||
+        __builtin_mul_overflow(kv, l->planes, &kv) ||
+        __builtin_mul_overflow(kv, l->layers, &kv) ||
+        __builtin_mul_overflow(st, l->state_head_bytes, &st) ||
+        __builtin_mul_overflow(st, l->layers, &st) ||
+        __builtin_add_overflow(kv, st, &total) ||
+        __builtin_mul_overflow(total, l->tp_writers, &total))
+        return KVS__FAIL(err, KVS_ERANGE, "a hybrid chunk region overflows 64 bits: lower "
+                         "chunk_tokens, state bytes or layers");
+    return KVS_OK;
+}
+
+int kvs_layout_layer_kind(const kvs_layout_t *lay, int64_t layer, kvs_layer_kind_t *out)
+{
+    if (lay == NULL || out == NULL)
+        return KVS_EINVAL;
+    if (layer < 0 || layer >= lay->layers)
+        return KVS_ERANGE;
+    *out = kvs__kind_of(lay, layer);
+    return KVS_OK;
+}
+
+/* First token of the window of a request of `total` tokens: the last W
+ * tokens' first, floored to the grid unit (a page on both sides). */
+static int64_t kvs__window_start(const kvs_layout_t *lay, int64_t total)
+{
+    const int64_t first = total > lay->window_tokens ? total - lay->window_tokens : 0;
+    return first / lay->cp_align_tokens * lay->cp_align_tokens;
+}
+
+int kvs_layout_layer_tokens(const kvs_layout_t *lay, int64_t layer, int64_t total_tokens,
+                            int64_t *out_start, int64_t *out_end)
+{
+    kvs_layer_kind_t kind;
+    if (out_start == NULL || out_end == NULL || total_tokens < 0)
+        return KVS_EINVAL;
+    const int rc = kvs_layout_layer_kind(lay, layer, &kind);
+    if (rc != KVS_OK)
+        return rc;
+    *out_end = total_tokens;
+    if (kind == KVS_LAYER_FULL)
+        *out_start = 0;
+    else if (kind == KVS_LAYER_WINDOW)
+        *out_start = kvs__window_start(lay, total_tokens);
+    else
+        *out_start = total_tokens;
+    return KVS_OK;
+}
+
+/* Prefill rank of writer i of decode rank d (layout.c's rule). */
+static int64_t kvs__writer_rank(const kvs_layout_t *lay, int64_t d, int64_t i)
+{
+    if (lay->prefill_tp > lay->decode_tp)
+        return d * lay->tp_sources + i;
+    return d / lay->targets_per_prefill;
+}
+
+/* The spec §3 formula for `heads` heads (layout.c's, on state heads). */
+static void kvs__slice(const kvs_layout_t *lay, int64_t heads, int64_t src, int64_t dst,
+                       kvs_head_slice_t *out)
+{
+    const int64_t p = lay->prefill_tp, d = lay->decode_tp;
+    const int64_t src_heads = kvs__max(1, heads / p), dst_heads = kvs__max(1, heads / d);
+    if (p > d) {
+        const int64_t rep = kvs__max(1, p / heads);
+        out->num_heads = src_heads;
+        out->src_start = 0;
+        out->dst_start = ((src / rep) * src_heads) % dst_heads;
+    } else {
+        const int64_t rep = kvs__max(1, d / heads);
+        out->num_heads = dst_heads;
+        out->dst_start = 0;
+        out->src_start = ((dst / rep) * dst_heads) % src_heads;
+    }
+}
+
+int kvs_layout_hybrid_writer(const kvs_layout_t *lay, int64_t decode_rank,
+                             int64_t decode_stage, int64_t writer_index,
+                             int64_t total_tokens, const kvs_chunk_t *chunk,
+                             kvs_hybrid_writer_t *out)
+{
+    if (lay == NULL || chunk == NULL || out == NULL)
+        return KVS_EINVAL;
+    int64_t first, slots;
+    const int64_t ts = chunk->token_start, te = chunk->token_end;
+    if (decode_rank < 0 || decode_rank >= lay->decode_tp || writer_index < 0 ||
+        writer_index >= lay->tp_writers || total_tokens < 0 || ts < 0 || te < ts ||
+        te > total_tokens || te - ts > lay->grid_tokens ||
+        kvs_layout_stage_layers(lay, KVS_ROLE_DECODE, decode_stage, &first, &slots) != KVS_OK)
+        return KVS_ERANGE;
+    memset(out, 0, sizeof *out);
+    const int64_t r = kvs__writer_rank(lay, decode_rank, writer_index);
+    kvs__slice(lay, lay->total_heads, r % lay->prefill_tp, decode_rank, &out->w.heads);
+    out->w.writer_index = writer_index;
+    out->w.prefill_rank = r;
+    out->token_start = ts;
+    out->tokens = te - ts;
+
+    int64_t full, other;
+    kvs__count(lay, first, slots, &full, &other);
+    out->full_slots = full;
+    const int64_t t = te - ts;
+    const int64_t row = kvs_layout_layer_block_bytes(lay, 1, out->w.heads.num_heads);
+    out->kv_bytes = full * t * row;
+    if (kvs__hybrid(lay) && lay->other_layers == KVS_LAYER_WINDOW && other > 0) {
+        const int64_t ws = kvs__max(ts, kvs__window_start(lay, total_tokens));
+        if (ws < te) {
+            out->window_slots = other;
+            out->window_token_start = ws;
+            out->window_tokens = te - ws;
+            out->kv_bytes += other * (te - ws) * row;
+        }
+    }
+    out->kv_bytes *= lay->planes;
+    out->state_offset_bytes = out->kv_bytes;
+    if (kvs__hybrid(lay) && lay->other_layers == KVS_LAYER_STATE) {
+        kvs__slice(lay, lay->state_heads, r % lay->prefill_tp, decode_rank, &out->state_heads);
+        if (te == total_tokens) { /* the last chunk carries the state */
+            out->state_layers = other;
+            out->state_bytes = other * out->state_heads.num_heads * lay->state_head_bytes;
+        }
+    }
+    /* Every writer of a region copies as many heads and state heads as any
+     * other, so writer i starts after i equal blocks. */
+    out->w.len_bytes = out->kv_bytes + out->state_bytes;
+    out->w.offset_bytes = writer_index * out->w.len_bytes;
+    return KVS_OK;
+}
+
+int kvs_layout_hybrid_slot(const kvs_layout_t *lay, const kvs_hybrid_writer_t *hw,
+                           int64_t decode_stage, int64_t layer, int64_t plane,
+                           kvs_hybrid_slot_t *out)
+{
+    int64_t first, n, full, other;
+    if (lay == NULL || hw == NULL || out == NULL)
+        return KVS_EINVAL;
+    if (kvs_layout_stage_layers(lay, KVS_ROLE_DECODE, decode_stage, &first, &n) != KVS_OK ||
+        layer < first || layer >= first + n || plane < 0 || plane >= lay->planes)
+        return KVS_ERANGE;
+    const kvs_layer_kind_t kind = kvs__kind_of(lay, layer);
+    memset(out, 0, sizeof *out);
+    out->kind = kind;
+    /* the stage's layers before this one, by kind */
+    kvs__count(lay, first, layer - first, &full, &other);
+    if (kind == KVS_LAYER_STATE) {
+        if (plane != 0 || hw->state_layers == 0) /* one state, no V */
+            return KVS_ENOENT;
+        out->len_bytes = hw->state_heads.num_heads * lay->state_head_bytes;
+        out->offset_bytes = hw->state_offset_bytes + other * out->len_bytes;
+        return KVS_OK;
+    }
+    const int64_t row = kvs_layout_layer_block_bytes(lay, 1, hw->w.heads.num_heads);
+    /* per plane: the slots of the layers before this one (window slots
+     * only where the window meets the chunk), planes one after another */
+    const int64_t windows_before = hw->window_slots > 0 ? other : 0;
+    out->offset_bytes = plane * (hw->kv_bytes / lay->planes) +
+                        (full * hw->tokens + windows_before * hw->window_tokens) * row;
+    if (kind == KVS_LAYER_WINDOW) {
+        if (hw->window_slots == 0)
+            return KVS_ENOENT;
+        out->token_start = hw->window_token_start;
+        out->rows = hw->window_tokens;
+    } else {
+        out->token_start = hw->token_start;
+        out->rows = hw->tokens;
+    }
+    out->len_bytes = out->rows * row;
+    return KVS_OK;
+}
+
+int kvs_layout_state_slot_bytes(const kvs_layout_t *lay, kvs_role_t role, int64_t stage,
+                                int64_t *out_bytes)
+{
+    int64_t first, n, full, other;
+    if (out_bytes == NULL)
+        return KVS_EINVAL;
+    const int rc = kvs_layout_stage_layers(lay, role, stage, &first, &n);
+    if (rc != KVS_OK)
+        return rc;
+    *out_bytes = 0;
+    if (!kvs__hybrid(lay) || lay->other_layers != KVS_LAYER_STATE)
+        return KVS_OK;
+    kvs__count(lay, first, n, &full, &other);
+    const int64_t heads = role == KVS_ROLE_PREFILL ? lay->state_src_heads : lay->state_dst_heads;
+    *out_bytes = other * heads * lay->state_head_bytes;
+    return KVS_OK;
+}
+
+int64_t kvs__hybrid_max_region_bytes(const kvs_layout_t *lay)
+{
+    const int64_t nh = lay->prefill_tp > lay->decode_tp ? lay->src_heads : lay->dst_heads;
+    const int64_t snh = lay->prefill_tp > lay->decode_tp ? lay->state_src_heads
+                                                         : lay->state_dst_heads;
+    int64_t best = 0;
+    for (int64_t e = 0; e < lay->decode_pp; e++) {
+        int64_t first, n, full, other;
+        if (kvs_layout_stage_layers(lay, KVS_ROLE_DECODE, e, &first, &n) != KVS_OK)
+            continue;
+        kvs__count(lay, first, n, &full, &other);
+        const int64_t window_rows =
+            lay->other_layers == KVS_LAYER_WINDOW ? other * lay->grid_tokens : 0;
+        const int64_t kv = (full * lay->grid_tokens + window_rows) * lay->planes *
+                           kvs_layout_layer_block_bytes(lay, 1, nh);
+        const int64_t st =
+            lay->other_layers == KVS_LAYER_STATE ? other * snh * lay->state_head_bytes : 0;
+        best = kvs__max(best, (kv + st) * lay->tp_writers);
+    }
+    return best;
+}

@@ -1,0 +1,22 @@
+/*
+ * hybrid.h (internal) - what src/layout.c asks of src/hybrid.c: checking a
+ * hybrid model's layer pattern into a layout, and the largest region of one.
+ */
+#ifndef KVS_SRC_HYBRID_H
+#define KVS_SRC_HYBRID_H
+
+#include <kvstage/kvstage.h>
+
+/* Checks p's layer pattern against the rest of *l (heads, TPs, kind and
+ * grid already set) and fills l's hybrid fields; on error its code with
+ * err naming the field to change. */
+int kvs__hybrid_init(kvs_layout_t *l, const kvs_layout_params_t *p, kvs_error_t *err);
+
+/* True for a layout with window or state layers. */
+static inline int kvs__hybrid(const kvs_layout_t *lay) { return lay->full_attn_every > 1; }
+
+/* kvs_layout_max_region_bytes of a hybrid layout (checked to fit by
+ * kvs__hybrid_init). */
+int64_t kvs__hybrid_max_region_bytes(const kvs_layout_t *lay);
+
+#endif

@@ -1,0 +1,611 @@
+/*
+ * test_hybrid.c - the layout of hybrid models (src/hybrid.c) against
+ * hand-worked cases: layer kinds of gpt-oss and Qwen3-Next; the window's
+ * tokens, page-aligned; each writer's slots, state part and offsets for
+ * P > D, P < D, P = D and with PP; the state heads' split over TP checked
+ * head by head against the global heads each rank holds; a byte model of
+ * whole transfers (gather, one block per writer, scatter) that checks
+ * every KV slot and state byte, with planted bugs (state of the wrong head
+ * or request slot, a window row from out of the window) caught; every
+ * refusal.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include <kvstage/kvstage.h>
+
+static kvs_layout_params_t gpt_oss(int64_t layers, int64_t p, int64_t d)
+{
+    return (kvs_layout_params_t){.total_heads = 8, .head_dim = 64, .layers = layers,
+                                 .page_size = 16, .prefill_tp = p, .decode_tp = d,
+                                 .chunk_tokens = 2048, .full_attn_every = 2,
+                                 .other_layers = KVS_LAYER_WINDOW, .window_tokens = 128};
+}
+
+static kvs_layout_params_t qwen3_next(int64_t p, int64_t d)
+{
+    return (kvs_layout_params_t){.total_heads = 2, .head_dim = 256, .layers = 48,
+                                 .page_size = 16, .prefill_tp = p, .decode_tp = d,
+                                 .chunk_tokens = 8192, .full_attn_every = 4,
+                                 .other_layers = KVS_LAYER_STATE, .state_heads = 16,
+                                 .state_conv_bytes = 3072, .state_ssm_bytes = 65536};
+}
+
+static void test_hybrid_layer_kinds(void **state)
+{
+    (void)state;
+    kvs_layout_t lay;
+    kvs_layer_kind_t k;
+    kvs_layout_params_t p = gpt_oss(36, 4, 2);
+    assert_int_equal(kvs_layout_init(&lay, &p, NULL), KVS_OK);
+    /* gpt-oss: layer 0 a window layer, layer 1 full, alternating */
+    for (int64_t l = 0; l < 36; l++) {
+        assert_int_equal(kvs_layout_layer_kind(&lay, l, &k), KVS_OK);
+        assert_int_equal(k, l % 2 == 1 ? KVS_LAYER_FULL : KVS_LAYER_WINDOW);
+    }
+    assert_int_equal(kvs_layout_layer_kind(&lay, 36, &k), KVS_ERANGE);
+    assert_int_equal(kvs_layout_layer_kind(&lay, -1, &k), KVS_ERANGE);
+    assert_int_equal(kvs_layout_layer_kind(NULL, 0, &k), KVS_EINVAL);
+    p = qwen3_next(8, 2);
+    assert_int_equal(kvs_layout_init(&lay, &p, NULL), KVS_OK);
+    /* Qwen3-Next: layers 3, 7, ..., 47 full, the others state */
+    int64_t full = 0;
+    for (int64_t l = 0; l < 48; l++) {
+        assert_int_equal(kvs_layout_layer_kind(&lay, l, &k), KVS_OK);
+        assert_int_equal(k, l % 4 == 3 ? KVS_LAYER_FULL : KVS_LAYER_STATE);
+        full += k == KVS_LAYER_FULL;
+    }
+    assert_int_equal(full, 12);
+    /* a layout of full layers alone */
+    p = (kvs_layout_params_t){.total_heads = 8, .head_dim = 128, .layers = 4, .page_size = 16,
+                              .prefill_tp = 2, .decode_tp = 1};
+    assert_int_equal(kvs_layout_init(&lay, &p, NULL), KVS_OK);
+    assert_int_equal(kvs_layout_layer_kind(&lay, 2, &k), KVS_OK);
+    assert_int_equal(k, KVS_LAYER_FULL);
+    /* names */
+    assert_string_equal(kvs_layer_kind_name(KVS_LAYER_WINDOW), "window");
+    assert_string_equal(kvs_layer_kind_name((kvs_layer_kind_t)9), "unknown");
+    assert_int_equal(kvs_layer_kind_parse("state", &k), KVS_OK);
+    assert_int_equal(k, KVS_LAYER_STATE);
+    assert_int_equal(kvs_layer_kind_parse("mamba", &k), KVS_EINVAL);
+}
+
+static void test_hybrid_window_tokens_are_page_aligned(void **state)
+{
+    (void)state;
+    kvs_layout_t lay;
+    kvs_layout_params_t p = gpt_oss(24, 2, 2);
+    assert_int_equal(kvs_layout_init(&lay, &p, NULL), KVS_OK);
+    int64_t s, e;
+    /* 10000 - 128 = 9872 = 617 pages of 16: already on a page */
+    assert_int_equal(kvs_layout_layer_tokens(&lay, 0, 10000, &s, &e), KVS_OK);
+    assert_int_equal(s, 9872);
+    assert_int_equal(e, 10000);
+    /* 1000 - 128 = 872 -> page 54 starts at 864: the page holding token 872 */
+    assert_int_equal(kvs_layout_layer_tokens(&lay, 2, 1000, &s, &e), KVS_OK);
+    assert_int_equal(s, 864);
+    /* a request shorter than the window: all of it */
+    assert_int_equal(kvs_layout_layer_tokens(&lay, 0, 100, &s, &e), KVS_OK);
+    assert_int_equal(s, 0);
+    assert_int_equal(e, 100);
+    /* a full layer: all of it */
+    assert_int_equal(kvs_layout_layer_tokens(&lay, 1, 1000, &s, &e), KVS_OK);
+    assert_int_equal(s, 0);
+    /* two page sizes: the unit is their lcm (16 and 48: 48) */
+    p.decode_page_size = 48;
+    p.chunk_tokens = 2304;
+    assert_int_equal(kvs_layout_init(&lay, &p, NULL), KVS_OK);
+    assert_int_equal(kvs_layout_layer_tokens(&lay, 0, 1000, &s, &e), KVS_OK);
+    assert_int_equal(s, 864); /* 872 / 48 = 18 -> 864 */
+    assert_int_equal(kvs_layout_layer_tokens(&lay, 0, 1010, &s, &e), KVS_OK);
+    assert_int_equal(s, 864); /* 882 / 48 = 18 */
+    /* a state layer has no pages */
+    p = qwen3_next(2, 2);
+    assert_int_equal(kvs_layout_init(&lay, &p, NULL), KVS_OK);
+    assert_int_equal(kvs_layout_layer_tokens(&lay, 0, 1000, &s, &e), KVS_OK);
+    assert_int_equal(s, 1000);
+    assert_int_equal(e, 1000);
+    assert_int_equal(kvs_layout_layer_tokens(&lay, 0, -1, &s, &e), KVS_EINVAL);
+}
+
+/* gpt-oss-120b P4 -> D8, page 16, G 2048, a request of 10000 tokens:
+ * 1 head of 64 x 2 bytes = 128 bytes a row; 18 full + 18 window layers. */
+static void test_hybrid_window_writer(void **state)
+{
+    (void)state;
+    kvs_layout_t lay;
+    kvs_layout_params_t p = gpt_oss(36, 4, 8);
+    assert_int_equal(kvs_layout_init(&lay, &p, NULL), KVS_OK);
+    kvs_hybrid_writer_t w;
+    /* the last chunk, [8192, 10000): 1808 rows in every full slot, the
+     * window's 128 (9872..) in every window slot */
+    kvs_chunk_t c = {.index = 4, .token_start = 8192, .token_end = 10000};
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, 3, 0, 0, 10000, &c, &w), KVS_OK);
+    assert_int_equal(w.w.prefill_rank, 1);
+    assert_int_equal(w.w.heads.src_start, 1);
+    assert_int_equal(w.full_slots, 18);
+    assert_int_equal(w.window_slots, 18);
+    assert_int_equal(w.window_token_start, 9872);
+    assert_int_equal(w.window_tokens, 128);
+    assert_int_equal(w.kv_bytes, (18 * 1808 + 18 * 128) * 128 * 2);
+    assert_int_equal(w.state_bytes, 0);
+    assert_int_equal(w.w.len_bytes, 8921088);
+    /* an earlier chunk: no window slot at all */
+    c = (kvs_chunk_t){.index = 3, .token_start = 6144, .token_end = 8192};
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, 3, 0, 0, 10000, &c, &w), KVS_OK);
+    assert_int_equal(w.window_slots, 0);
+    assert_int_equal(w.window_tokens, 0);
+    assert_int_equal(w.w.len_bytes, 18 * 2048 * 128 * 2);
+    /* a window across two chunks: 8200 tokens, window [8064, 8200) */
+    c = (kvs_chunk_t){.index = 3, .token_start = 6144, .token_end = 8192};
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, 0, 0, 0, 8200, &c, &w), KVS_OK);
+    assert_int_equal(w.window_token_start, 8064);
+    assert_int_equal(w.window_tokens, 128);
+    c = (kvs_chunk_t){.index = 4, .token_start = 8192, .token_end = 8200};
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, 0, 0, 0, 8200, &c, &w), KVS_OK);
+    assert_int_equal(w.window_token_start, 8192);
+    assert_int_equal(w.window_tokens, 8);
+    assert_int_equal(w.w.len_bytes, (18 * 8 + 18 * 8) * 128 * 2);
+    /* the largest region bounds every chunk's: 36 slots of G rows */
+    assert_int_equal(kvs_layout_max_region_bytes(&lay), 36 * 2048 * 128 * 2);
+    /* a hybrid layout's blocks need the chunk: the old call refuses */
+    kvs_writer_t old;
+    int64_t bytes;
+    assert_int_equal(kvs_layout_writer(&lay, 0, 0, 0, 16, &old), KVS_ENOTSUP);
+    assert_int_equal(kvs_layout_region_bytes(&lay, 0, 0, 16, &bytes), KVS_ENOTSUP);
+    /* a chunk not inside the request */
+    c = (kvs_chunk_t){.token_start = 9000, .token_end = 10001};
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, 0, 0, 0, 10000, &c, &w), KVS_ERANGE);
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, 0, 0, 0, 10000, NULL, &w), KVS_EINVAL);
+}
+
+/* Qwen3-Next P8 -> D2, one 8192-token chunk that is the whole request:
+ * 12 full layers of 1 head x 256 x 2 bytes, 36 state layers of 2 state
+ * heads (16 / 8) of 68608 bytes. */
+static void test_hybrid_state_writer(void **state)
+{
+    (void)state;
+    kvs_layout_t lay;
+    kvs_layout_params_t p = qwen3_next(8, 2);
+    assert_int_equal(kvs_layout_init(&lay, &p, NULL), KVS_OK);
+    assert_int_equal(lay.state_src_heads, 2);
+    assert_int_equal(lay.state_dst_heads, 8);
+    assert_int_equal(lay.state_head_bytes, 68608);
+    kvs_hybrid_writer_t w;
+    kvs_chunk_t c = {.token_start = 0, .token_end = 8192};
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, 1, 0, 3, 8192, &c, &w), KVS_OK);
+    assert_int_equal(w.w.prefill_rank, 7);
+    /* prefill 7 holds state heads 14, 15 = decode 1's local 6, 7 */
+    assert_int_equal(w.state_heads.src_start, 0);
+    assert_int_equal(w.state_heads.num_heads, 2);
+    assert_int_equal(w.state_heads.dst_start, 6);
+    assert_int_equal(w.full_slots, 12);
+    assert_int_equal(w.kv_bytes, 12 * 8192 * 512 * 2);
+    assert_int_equal(w.state_layers, 36);
+    assert_int_equal(w.state_offset_bytes, w.kv_bytes);
+    assert_int_equal(w.state_bytes, 36 * 2 * 68608);
+    assert_int_equal(w.w.len_bytes, 105603072);
+    assert_int_equal(w.w.offset_bytes, 3 * 105603072);
+    /* a chunk that is not the last carries no state */
+    kvs_chunk_t first = {.token_start = 0, .token_end = 8192};
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, 1, 0, 3, 9000, &first, &w), KVS_OK);
+    assert_int_equal(w.state_bytes, 0);
+    assert_int_equal(w.w.len_bytes, 12 * 8192 * 512 * 2);
+    /* the state slots: 36 layers x the side's state heads */
+    int64_t bytes;
+    assert_int_equal(kvs_layout_state_slot_bytes(&lay, KVS_ROLE_DECODE, 0, &bytes), KVS_OK);
+    assert_int_equal(bytes, 36 * 8 * 68608);
+    assert_int_equal(kvs_layout_state_slot_bytes(&lay, KVS_ROLE_PREFILL, 0, &bytes), KVS_OK);
+    assert_int_equal(bytes, 36 * 2 * 68608);
+    assert_int_equal(kvs_layout_max_region_bytes(&lay), 4 * 105603072);
+
+    /* P2 -> D4: decode 3 holds state heads 12..15 = prefill 1's local 4..7 */
+    p = qwen3_next(2, 4);
+    assert_int_equal(kvs_layout_init(&lay, &p, NULL), KVS_OK);
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, 3, 0, 0, 100, &(kvs_chunk_t){0, 0, 7, 0, 100},
+                                              &w), KVS_OK);
+    assert_int_equal(w.w.prefill_rank, 1);
+    assert_int_equal(w.state_heads.src_start, 4);
+    assert_int_equal(w.state_heads.num_heads, 4);
+    assert_int_equal(w.state_heads.dst_start, 0);
+
+    /* PP 3 = 3: decode stage 1 holds layers 16..31: full 19, 23, 27, 31 */
+    p = qwen3_next(2, 2);
+    p.prefill_pp = p.decode_pp = 3;
+    assert_int_equal(kvs_layout_init(&lay, &p, NULL), KVS_OK);
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, 0, 1, 0, 100, &(kvs_chunk_t){0, 0, 7, 0, 100},
+                                              &w), KVS_OK);
+    assert_int_equal(w.full_slots, 4);
+    assert_int_equal(w.state_layers, 12);
+    assert_int_equal(w.state_bytes, 12 * 8 * 68608);
+    assert_int_equal(w.kv_bytes, 4 * 100 * 2 * 256 * 2);
+}
+
+/* Checks that decode rank d's writers give each of its state heads exactly
+ * once, from a prefill rank holding that same global head; shift (a planted
+ * bug) moves one writer's heads by one. Returns the number of wrong heads. */
+static int check_state_cover(const kvs_layout_t *lay, int64_t d, int shift)
+{
+    int wrong = 0;
+    int seen[64] = {0};
+    const int64_t h = lay->state_heads;
+    for (int64_t i = 0; i < lay->tp_writers; i++) {
+        kvs_hybrid_writer_t w;
+        if (kvs_layout_hybrid_writer(lay, d, 0, i, 16, &(kvs_chunk_t){0, 0, 1, 0, 16}, &w) !=
+            KVS_OK)
+            return 1000;
+        const int64_t r = w.w.prefill_rank;
+        if (shift && i == lay->tp_writers - 1)
+            w.state_heads.dst_start = (w.state_heads.dst_start + 1) % lay->state_dst_heads;
+        for (int64_t j = 0; j < w.state_heads.num_heads; j++) {
+            /* global heads: rank r holds [r * n / rep ...) with replication */
+            const int64_t src_global =
+                h >= lay->prefill_tp ? r * lay->state_src_heads + w.state_heads.src_start + j
+                                     : r / (lay->prefill_tp / h);
+            const int64_t dst_global =
+                h >= lay->decode_tp ? d * lay->state_dst_heads + w.state_heads.dst_start + j
+                                    : d / (lay->decode_tp / h);
+            const int64_t local = w.state_heads.dst_start + j;
+            if (src_global != dst_global || local >= lay->state_dst_heads)
+                wrong++;
+            else
+                seen[local]++;
+        }
+    }
+    for (int64_t j = 0; j < lay->state_dst_heads; j++)
+        wrong += seen[j] != 1 && h >= lay->prefill_tp;
+    return wrong;
+}
+
+static void test_hybrid_state_heads_cover_every_decode_head(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][3] = {
+        /* state heads, P, D */
+        {16, 8, 2}, {16, 2, 8}, {16, 4, 4}, {16, 16, 1}, {16, 1, 16}, {4, 8, 2}, {4, 2, 8},
+        {8, 4, 2}, {32, 8, 1},
+    };
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        kvs_layout_params_t p = qwen3_next(shapes[s][1], shapes[s][2]);
+        p.total_heads = 16;
+        p.state_heads = shapes[s][0];
+        kvs_layout_t lay;
+        assert_int_equal(kvs_layout_init(&lay, &p, NULL), KVS_OK);
+        for (int64_t d = 0; d < lay.decode_tp; d++) {
+            if (check_state_cover(&lay, d, 0) != 0)
+                fail_msg("state heads %lld P%lld D%lld: decode %lld gets a wrong head",
+                         (long long)shapes[s][0], (long long)shapes[s][1],
+                         (long long)shapes[s][2], (long long)d);
+        }
+        /* the planted wrong head is caught wherever a decode rank holds
+         * more than one state head */
+        if (lay.state_dst_heads > 1 && lay.state_heads >= lay.prefill_tp)
+            assert_true(check_state_cover(&lay, 0, 1) > 0);
+    }
+}
+
+/* A byte model of a hybrid transfer, on the planner alone: every prefill
+ * rank gathers each chunk's rows and (last chunk) state into its writer
+ * block where kvs_layout_hybrid_slot says, every decode rank scatters its
+ * region into its KV pool and into the request's state slot; then every KV
+ * slot of a full layer, every in-window slot of a window layer (and none
+ * out of it) and every state byte is checked. A bug planted in the model's
+ * scatter or gather must be caught. */
+enum { BUG_NONE, BUG_STATE_HEAD, BUG_STATE_SLOT, BUG_WINDOW_ROW };
+
+#define M_TOKENS 200
+#define M_SLOTS 4
+
+static uint8_t kv_value(int64_t req, int64_t layer, int64_t plane, int64_t head, int64_t t,
+                        int64_t b)
+{
+    return (uint8_t)(1 + (req * 131 + layer * 31 + plane * 17 + head * 7 + t * 3 + b) % 251);
+}
+
+static uint8_t state_value(int64_t req, int64_t layer, int64_t head, int64_t b)
+{
+    return (uint8_t)(1 + (req * 101 + layer * 29 + head * 13 + b * 5 + 77) % 251);
+}
+
+/* Global head of local head j on a rank of a side with `tp` ranks holding
+ * `per` heads each of `heads` (replicated when heads < tp). */
+static int64_t global_head(int64_t heads, int64_t tp, int64_t per, int64_t rank, int64_t j)
+{
+    return heads >= tp ? rank * per + j : rank / (tp / heads);
+}
+
+/* Runs requests of the given token counts through the model; returns the
+ * wrong bytes found. */
+static int64_t run_model(const kvs_layout_t *lay, const int64_t *totals, int64_t nreq, int bug)
+{
+    const int64_t hb = lay->head_dim * lay->elem_bytes;
+    const int64_t nh = lay->dst_heads, snh = lay->state_dst_heads;
+    const int64_t kv_bytes = lay->decode_tp * lay->layers * lay->planes * M_TOKENS * nh * hb;
+    const int64_t st_bytes = lay->decode_tp * M_SLOTS * lay->layers * (snh > 0 ? snh : 1) *
+                             (lay->state_head_bytes > 0 ? lay->state_head_bytes : 1);
+    uint8_t *kv = test_malloc((size_t)kv_bytes);
+    uint8_t *st = test_malloc((size_t)st_bytes);
+    int64_t wrong = 0;
+#define KV_AT(d, l, q, t, k) \
+    (kv + ((((((d) * lay->layers + (l)) * lay->planes + (q)) * M_TOKENS + (t)) * nh + (k)) * hb))
+#define ST_AT(d, slot, l, k) \
+    (st + (((((d) * M_SLOTS + (slot)) * lay->layers + (l)) * snh + (k)) * lay->state_head_bytes))
+    for (int64_t req = 0; req < nreq; req++) {
+        const int64_t total = totals[req], slot = (req * 3 + 1) % M_SLOTS;
+        memset(kv, 0, (size_t)kv_bytes);
+        memset(st, 0, (size_t)st_bytes);
+        const int64_t pages = (total + lay->decode_page_size - 1) / lay->decode_page_size;
+        const int64_t nchunks = kvs_grid_num_chunks(lay, pages);
+        for (int64_t c = 0; c < nchunks; c++) {
+            kvs_chunk_t ch;
+            assert_int_equal(kvs_grid_chunk(lay, 0, total, c, &ch), KVS_OK);
+            for (int64_t d = 0; d < lay->decode_tp; d++) {
+                for (int64_t e = 0; e < lay->decode_pp; e++) {
+                    int64_t first, n;
+                    assert_int_equal(kvs_layout_stage_layers(lay, KVS_ROLE_DECODE, e, &first,
+                                                             &n), KVS_OK);
+                    for (int64_t i = 0; i < lay->tp_writers; i++) {
+                        kvs_hybrid_writer_t w;
+                        assert_int_equal(kvs_layout_hybrid_writer(lay, d, e, i, total, &ch, &w),
+                                         KVS_OK);
+                        uint8_t *blk = test_calloc(1, (size_t)w.w.len_bytes + 1);
+                        const int64_t r = w.w.prefill_rank;
+                        /* gather: the prefill rank's rows and state */
+                        for (int64_t l = first; l < first + n; l++) {
+                            for (int64_t q = 0; q < lay->planes; q++) {
+                                kvs_hybrid_slot_t sl;
+                                const int rc = kvs_layout_hybrid_slot(lay, &w, e, l, q, &sl);
+                                if (rc == KVS_ENOENT)
+                                    continue;
+                                assert_int_equal(rc, KVS_OK);
+                                assert_true(sl.offset_bytes + sl.len_bytes <= w.w.len_bytes);
+                                if (sl.kind == KVS_LAYER_STATE) {
+                                    for (int64_t j = 0; j < w.state_heads.num_heads; j++) {
+                                        const int64_t g = global_head(
+                                            lay->state_heads, lay->prefill_tp,
+                                            lay->state_src_heads, r,
+                                            w.state_heads.src_start + j);
+                                        for (int64_t b = 0; b < lay->state_head_bytes; b++)
+                                            blk[sl.offset_bytes + j * lay->state_head_bytes + b] =
+                                                state_value(req, l, g, b);
+                                    }
+                                    continue;
+                                }
+                                for (int64_t t = 0; t < sl.rows; t++) {
+                                    int64_t tok = sl.token_start + t;
+                                    if (bug == BUG_WINDOW_ROW && sl.kind == KVS_LAYER_WINDOW &&
+                                        t == 0 && tok >= lay->window_tokens)
+                                        tok -= lay->window_tokens; /* out of the window */
+                                    for (int64_t j = 0; j < w.w.heads.num_heads; j++) {
+                                        const int64_t g = global_head(
+                                            lay->total_heads, lay->prefill_tp, lay->src_heads,
+                                            r, w.w.heads.src_start + j);
+                                        for (int64_t b = 0; b < hb; b++)
+                                            blk[sl.offset_bytes +
+                                                (t * w.w.heads.num_heads + j) * hb + b] =
+                                                kv_value(req, l, q, g, tok, b);
+                                    }
+                                }
+                            }
+                        }
+                        /* scatter: into the decode's pool and state slot */
+                        for (int64_t l = first; l < first + n; l++) {
+                            for (int64_t q = 0; q < lay->planes; q++) {
+                                kvs_hybrid_slot_t sl;
+                                if (kvs_layout_hybrid_slot(lay, &w, e, l, q, &sl) != KVS_OK)
+                                    continue;
+                                if (sl.kind == KVS_LAYER_STATE) {
+                                    const int64_t to = bug == BUG_STATE_SLOT
+                                                           ? (slot + 1) % M_SLOTS : slot;
+                                    for (int64_t j = 0; j < w.state_heads.num_heads; j++) {
+                                        int64_t k = w.state_heads.dst_start + j;
+                                        if (bug == BUG_STATE_HEAD)
+                                            k = (k + 1) % snh;
+                                        memcpy(ST_AT(d, to, l, k),
+                                               blk + sl.offset_bytes +
+                                                   j * lay->state_head_bytes,
+                                               (size_t)lay->state_head_bytes);
+                                    }
+                                    continue;
+                                }
+                                for (int64_t t = 0; t < sl.rows; t++)
+                                    for (int64_t j = 0; j < w.w.heads.num_heads; j++)
+                                        memcpy(KV_AT(d, l, q, sl.token_start + t,
+                                                     w.w.heads.dst_start + j),
+                                               blk + sl.offset_bytes +
+                                                   (t * w.w.heads.num_heads + j) * hb,
+                                               (size_t)hb);
+                            }
+                        }
+                        test_free(blk);
+                    }
+                }
+            }
+        }
+        /* check every decode rank's pool and its state slot */
+        for (int64_t d = 0; d < lay->decode_tp; d++) {
+            for (int64_t l = 0; l < lay->layers; l++) {
+                kvs_layer_kind_t kind;
+                int64_t ws, we;
+                assert_int_equal(kvs_layout_layer_kind(lay, l, &kind), KVS_OK);
+                assert_int_equal(kvs_layout_layer_tokens(lay, l, total, &ws, &we), KVS_OK);
+                if (kind == KVS_LAYER_STATE) {
+                    for (int64_t k = 0; k < snh; k++) {
+                        const int64_t g = global_head(lay->state_heads, lay->decode_tp,
+                                                      lay->state_dst_heads, d, k);
+                        for (int64_t b = 0; b < lay->state_head_bytes; b++)
+                            wrong += ST_AT(d, slot, l, k)[b] != state_value(req, l, g, b);
+                    }
+                    continue;
+                }
+                for (int64_t q = 0; q < lay->planes; q++)
+                    for (int64_t t = 0; t < total; t++)
+                        for (int64_t k = 0; k < nh; k++) {
+                            const int64_t g = global_head(lay->total_heads, lay->decode_tp,
+                                                          lay->dst_heads, d, k);
+                            for (int64_t b = 0; b < hb; b++) {
+                                const uint8_t want =
+                                    t >= ws ? kv_value(req, l, q, g, t, b) : 0;
+                                wrong += KV_AT(d, l, q, t, k)[b] != want;
+                            }
+                        }
+            }
+        }
+    }
+#undef KV_AT
+#undef ST_AT
+    test_free(kv);
+    test_free(st);
+    return wrong;
+}
+
+static void test_hybrid_byte_model_moves_every_slot_and_state_byte(void **state)
+{
+    (void)state;
+    /* P > D, P < D, P = D, replicated heads, PP (Dp 1 and Dp = Pp), two
+     * page sizes; window and state layers */
+    static const struct {
+        int64_t p, d, pp, dp, every, window, sheads, ps, dps;
+    } shapes[] = {
+        {4, 2, 1, 1, 2, 12, 0, 4, 0},  {2, 4, 1, 1, 2, 12, 0, 4, 0},
+        {2, 2, 1, 1, 3, 20, 0, 4, 0},  {4, 2, 2, 1, 2, 12, 0, 4, 0},
+        {2, 4, 2, 2, 2, 12, 0, 4, 8},  {8, 2, 1, 1, 2, 12, 0, 4, 0},
+        {4, 2, 1, 1, 4, 0, 8, 4, 0},   {2, 4, 1, 1, 4, 0, 8, 4, 0},
+        {2, 2, 1, 1, 4, 0, 8, 4, 0},   {4, 2, 2, 2, 4, 0, 8, 4, 0},
+        {2, 4, 2, 1, 3, 0, 2, 4, 8},   {8, 1, 1, 1, 2, 0, 4, 4, 0},
+    };
+    static const int64_t totals[] = {5, 37, 64, 150};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        kvs_layout_params_t p = {.total_heads = 4, .head_dim = 2, .dtype = KVS_DTYPE_BF16,
+                                 .layers = 8, .page_size = shapes[s].ps,
+                                 .decode_page_size = shapes[s].dps,
+                                 .prefill_tp = shapes[s].p, .decode_tp = shapes[s].d,
+                                 .prefill_pp = shapes[s].pp, .decode_pp = shapes[s].dp,
+                                 .chunk_tokens = 32, .full_attn_every = shapes[s].every};
+        if (shapes[s].window > 0) {
+            p.other_layers = KVS_LAYER_WINDOW;
+            p.window_tokens = shapes[s].window;
+        } else {
+            p.other_layers = KVS_LAYER_STATE;
+            p.state_heads = shapes[s].sheads;
+            p.state_conv_bytes = 3;
+            p.state_ssm_bytes = 5;
+        }
+        kvs_layout_t lay;
+        assert_int_equal(kvs_layout_init(&lay, &p, NULL), KVS_OK);
+        const int64_t bad = run_model(&lay, totals, 4, BUG_NONE);
+        if (bad != 0)
+            fail_msg("shape %zu: %lld wrong bytes", s, (long long)bad);
+        /* the planted bugs of this kind of layer are caught */
+        if (shapes[s].window > 0) {
+            assert_true(run_model(&lay, totals, 4, BUG_WINDOW_ROW) > 0);
+        } else {
+            if (lay.state_dst_heads > 1)
+                assert_true(run_model(&lay, totals, 4, BUG_STATE_HEAD) > 0);
+            assert_true(run_model(&lay, totals, 4, BUG_STATE_SLOT) > 0);
+        }
+    }
+}
+
+static void test_hybrid_refusals(void **state)
+{
+    (void)state;
+    kvs_layout_t lay;
+    kvs_error_t err;
+    kvs_layout_params_t p = gpt_oss(24, 2, 2);
+    p.window_tokens = 0;
+    memset(&err, 0, sizeof err);
+    assert_int_equal(kvs_layout_init(&lay, &p, &err), KVS_EINVAL);
+    assert_non_null(strstr(err.msg, "--window"));
+    /* a window without a pattern */
+    p = gpt_oss(24, 2, 2);
+    p.full_attn_every = 0;
+    assert_int_equal(kvs_layout_init(&lay, &p, &err), KVS_EINVAL);
+    assert_non_null(strstr(err.msg, "full_attn_every"));
+    p.full_attn_every = -1;
+    assert_int_equal(kvs_layout_init(&lay, &p, &err), KVS_EINVAL);
+    /* both kinds at once */
+    p = gpt_oss(24, 2, 2);
+    p.state_heads = 4;
+    assert_int_equal(kvs_layout_init(&lay, &p, &err), KVS_EINVAL);
+    p = qwen3_next(2, 2);
+    p.window_tokens = 4;
+    assert_int_equal(kvs_layout_init(&lay, &p, &err), KVS_EINVAL);
+    /* other layers of kind full */
+    p = qwen3_next(2, 2);
+    p.other_layers = KVS_LAYER_FULL;
+    assert_int_equal(kvs_layout_init(&lay, &p, &err), KVS_EINVAL);
+    /* state without bytes or heads */
+    p = qwen3_next(2, 2);
+    p.state_conv_bytes = p.state_ssm_bytes = 0;
+    assert_int_equal(kvs_layout_init(&lay, &p, &err), KVS_EINVAL);
+    assert_non_null(strstr(err.msg, "--state-bytes"));
+    p = qwen3_next(2, 2);
+    p.state_heads = 0;
+    assert_int_equal(kvs_layout_init(&lay, &p, &err), KVS_EINVAL);
+    /* state heads that do not split over TP */
+    p = qwen3_next(4, 2);
+    p.state_heads = 6;
+    assert_int_equal(kvs_layout_init(&lay, &p, &err), KVS_EHEAD_SPLIT);
+    assert_non_null(strstr(err.msg, "--state-heads"));
+    /* MLA and prefill CP are not planned with hybrid layers */
+    p = qwen3_next(2, 2);
+    p.kind = KVS_KV_MLA;
+    p.total_heads = 1;
+    p.head_dim = 576;
+    assert_int_equal(kvs_layout_init(&lay, &p, &err), KVS_EINVAL);
+    assert_non_null(strstr(err.msg, "gqa"));
+    p = gpt_oss(24, 2, 2);
+    p.prefill_cp = 2;
+    assert_int_equal(kvs_layout_init(&lay, &p, &err), KVS_EINVAL);
+    assert_non_null(strstr(err.msg, "--prefill-cp"));
+    /* a region that overflows */
+    p = qwen3_next(2, 2);
+    p.state_ssm_bytes = INT64_MAX / 2;
+    assert_int_equal(kvs_layout_init(&lay, &p, &err), KVS_ERANGE);
+}
+
+static void test_hybrid_models(void **state)
+{
+    (void)state;
+    const kvs_model_t *m = kvs_model_find("gpt-oss-120b");
+    assert_non_null(m);
+    assert_int_equal(m->layers, 36);
+    assert_int_equal(m->full_attn_every, 2);
+    assert_int_equal(m->other_layers, KVS_LAYER_WINDOW);
+    assert_int_equal(m->window_tokens, 128);
+    m = kvs_model_find("gpt-oss-20b");
+    assert_non_null(m);
+    assert_int_equal(m->layers, 24);
+    m = kvs_model_find("Qwen3-Next-80B-A3B");
+    assert_non_null(m);
+    assert_int_equal(m->total_heads, 2);
+    assert_int_equal(m->head_dim, 256);
+    assert_int_equal(m->full_attn_every, 4);
+    assert_int_equal(m->state_heads, 16);
+    assert_int_equal(m->state_conv_bytes + m->state_ssm_bytes, 68608);
+    /* a model of full layers alone has no pattern */
+    m = kvs_model_find("llama-3.1-8b");
+    assert_int_equal(m->full_attn_every, 0);
+    assert_int_equal(m->window_tokens, 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hybrid_layer_kinds),
+        cmocka_unit_test(test_hybrid_window_tokens_are_page_aligned),
+        cmocka_unit_test(test_hybrid_window_writer),
+        cmocka_unit_test(test_hybrid_state_writer),
+        cmocka_unit_test(test_hybrid_state_heads_cover_every_decode_head),
+        cmocka_unit_test(test_hybrid_byte_model_moves_every_slot_and_state_byte),
+        cmocka_unit_test(test_hybrid_refusals),
+        cmocka_unit_test(test_hybrid_models),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
