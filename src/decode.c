@@ -346,7 +346,7 @@ int kvs_decode_connect(kvs_decode_t *d, const char *peer, int64_t prefill_tp_ran
     kvs__inst_t *inst = kvs__inst_get(&d->h, (kvs_peer_t){0, 0});
     if (inst == NULL)
         return m->err.status;
-    const int64_t idx = kvs__inst_writer_peer(inst, m->cfg.tp_rank, prefill_tp_rank,
+    const int64_t idx = kvs__inst_writer_peer(inst, m->cfg.tp_rank, 0, prefill_tp_rank,
                                               prefill_pp_rank);
     if (idx < 0)
         return KVS__MFAIL(m, KVS_EINVAL, "prefill rank tp %lld pp %lld takes no part in the "
@@ -384,7 +384,7 @@ static bool kvs__null_addr(kvs_decode_t *d, const kvs_instance_desc_t *desc, int
  * back elsewhere: a restarted pod, another port), taken only while none of
  * its ranks is connected; its next room connects to them. */
 static int kvs__redeclare(kvs_decode_t *d, const kvs_instance_desc_t *desc, int64_t pp,
-                          int64_t dp)
+                          int64_t cp, int64_t dp)
 {
     kvs_manager_t *m = d->h.m;
     const unsigned long long id = (unsigned long long)desc->id;
@@ -392,12 +392,13 @@ static int kvs__redeclare(kvs_decode_t *d, const kvs_instance_desc_t *desc, int6
     while (kvs__inst_find(&d->h, (kvs_peer_t){desc->id, have}) != NULL)
         have++;
     const kvs__inst_t *g0 = kvs__inst_find(&d->h, (kvs_peer_t){desc->id, 0});
-    if (have != dp || g0->tp_size != desc->tp_size || g0->pp_size != pp)
+    if (have != dp || g0->tp_size != desc->tp_size || g0->pp_size != pp || g0->cp_size != cp)
         return KVS__MFAIL(m, KVS_EALREADY, "prefill instance %llu is declared already as "
-                          "TP %lld x PP %lld x %lld group(s), not TP %lld x PP %lld x %lld: an "
-                          "instance of another shape needs an id of its own", id,
-                          (long long)g0->tp_size, (long long)g0->pp_size, (long long)have,
-                          (long long)desc->tp_size, (long long)pp, (long long)dp);
+                          "TP %lld x PP %lld x CP %lld x %lld group(s), not TP %lld x PP %lld "
+                          "x CP %lld x %lld: an instance of another shape needs an id of its "
+                          "own", id, (long long)g0->tp_size, (long long)g0->pp_size,
+                          (long long)g0->cp_size, (long long)have, (long long)desc->tp_size,
+                          (long long)pp, (long long)cp, (long long)dp);
     for (int64_t g = 0; g < dp; g++) {
         const kvs__inst_t *inst = kvs__inst_find(&d->h, (kvs_peer_t){desc->id, g});
         for (int64_t i = 0; i < inst->npeers; i++)
@@ -406,11 +407,11 @@ static int kvs__redeclare(kvs_decode_t *d, const kvs_instance_desc_t *desc, int6
                                   "and connected: its new addresses are taken once it is "
                                   "gone (kvs_decode_instance_lost first)", id);
     }
-    if (kvs__null_addr(d, desc, dp * pp * desc->tp_size))
+    if (kvs__null_addr(d, desc, dp * cp * pp * desc->tp_size))
         return m->err.status;
     for (int64_t g = 0; g < dp; g++) {
         kvs__inst_t *inst = kvs__inst_find(&d->h, (kvs_peer_t){desc->id, g});
-        const int rc = kvs__inst_set_addrs(inst, m, desc->addrs + g * pp * desc->tp_size);
+        const int rc = kvs__inst_set_addrs(inst, m, desc->addrs + g * cp * pp * desc->tp_size);
         if (rc != KVS_OK)
             return rc; /* groups before g have their new addresses: call again */
     }
@@ -438,21 +439,22 @@ int kvs_decode_add_instance(kvs_decode_t *d, const kvs_instance_desc_t *desc)
                           (long long)desc->cp_size);
     const int64_t pp = desc->pp_size > 0 ? desc->pp_size : 1;
     const int64_t dp = desc->dp_size > 0 ? desc->dp_size : 1;
+    const int64_t cp = desc->cp_size > 0 ? desc->cp_size : 1;
     if (kvs__inst_find(&d->h, (kvs_peer_t){desc->id, 0}) != NULL)
-        return kvs__redeclare(d, desc, pp, dp);
+        return kvs__redeclare(d, desc, pp, cp, dp);
     if (dp > (int64_t)(d->h.insts.cap - d->h.insts.count))
         return KVS__MFAIL(m, KVS_EFULL, "prefill instance %llu has %lld attention groups "
                           "and %u more fit: raise max_instances",
                           (unsigned long long)desc->id, (long long)dp,
                           d->h.insts.cap - d->h.insts.count);
-    if (kvs__null_addr(d, desc, dp * pp * desc->tp_size))
+    if (kvs__null_addr(d, desc, dp * cp * pp * desc->tp_size))
         return m->err.status;
     for (int64_t g = 0; g < dp; g++) {
         kvs__inst_t *inst = kvs__insts_add(&d->h.insts, m, (kvs_peer_t){desc->id, g});
-        int rc = inst != NULL ? kvs__inst_set_geometry(inst, m, desc->tp_size, pp, true)
+        int rc = inst != NULL ? kvs__inst_set_geometry(inst, m, desc->tp_size, pp, cp, true)
                               : m->err.status;
         if (rc == KVS_OK)
-            rc = kvs__inst_set_addrs(inst, m, desc->addrs + g * pp * desc->tp_size);
+            rc = kvs__inst_set_addrs(inst, m, desc->addrs + g * cp * pp * desc->tp_size);
         if (rc == KVS_OK)
             rc = kvs__handler_prepare_path(&d->h, inst->path);
         if (rc != KVS_OK) {

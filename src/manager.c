@@ -599,7 +599,7 @@ const kvs_layout_t *kvs_manager_layout(const kvs_manager_t *m)
 }
 
 kvs_layout_params_t kvs__manager_layout_params(const kvs_manager_t *m, int64_t peer_tp,
-                                               int64_t peer_pp)
+                                               int64_t peer_pp, int64_t peer_cp)
 {
     const kvs_manager_config_t *c = &m->cfg;
     const bool decode = c->role == KVS_ROLE_DECODE;
@@ -621,20 +621,20 @@ kvs_layout_params_t kvs__manager_layout_params(const kvs_manager_t *m, int64_t p
         .kind = c->kv_kind,
         .kv_scales = c->kv_scales,
         .scale_block = c->scale_block,
-        .prefill_cp = c->context_parallel,
+        .prefill_cp = decode ? (peer_cp > 0 ? peer_cp : 1) : c->context_parallel,
     };
     return p;
 }
 
-int kvs__manager_pair(kvs_manager_t *m, int64_t peer_tp, int64_t peer_pp, kvs_layout_t *lay,
-                      kvs_path_t *path)
+int kvs__manager_pair(kvs_manager_t *m, int64_t peer_tp, int64_t peer_pp, int64_t peer_cp,
+                      kvs_layout_t *lay, kvs_path_t *path)
 {
     const bool decode = m->cfg.role == KVS_ROLE_DECODE;
     if (peer_tp <= 0 || peer_pp <= 0)
         return KVS__MFAIL(m, KVS_EINVAL, "the %s instance's TP and PP sizes must be > 0 (got "
                           "%lld, %lld)", decode ? "prefill" : "decode", (long long)peer_tp,
                           (long long)peer_pp);
-    kvs_layout_params_t p = kvs__manager_layout_params(m, peer_tp, peer_pp);
+    kvs_layout_params_t p = kvs__manager_layout_params(m, peer_tp, peer_pp, peer_cp);
     int rc = kvs_layout_init(lay, &p, &m->err);
     if (rc != KVS_OK)
         return rc;
@@ -701,7 +701,7 @@ int kvs__manager_handler_check(kvs_manager_t *m, kvs_role_t role, kvs_layout_t *
     /* The default peer instance's pair: a handler exists only if this rank's
      * own geometry pairs with it (the decode's default is its own TP). */
     return kvs__manager_pair(m, m->cfg.peer_tp_size > 0 ? m->cfg.peer_tp_size : m->cfg.tp_size,
-                             m->cfg.peer_pp_size, lay, path);
+                             m->cfg.peer_pp_size, m->cfg.context_parallel, lay, path);
 }
 
 void *kvs__manager_handler_new(kvs_manager_t *m, kvs_role_t role, size_t bytes, int *rc)

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "channel.h"
+#include "instance.h"
 #include "kvdata.h"
 #include "link.h"
 
@@ -2968,6 +2969,53 @@ static void test_protocol_edges_cp_rank_misaddressed(void **state)
     edge_destroy(cl);
 }
 
+/* The decode's plan of a prefill instance with CP ranks (the piece the
+ * staging path builds on; kvs_decode_add_instance still refuses cp_size >
+ * 1): one peer per (CP rank, TP source, stage), CP rank c's source j of
+ * stage s at (c * tp_sources + j) * stages + s, each named from its CP
+ * rank's group of addresses and carrying its cp_rank (kvs__on_ack compares
+ * it); the layout's prefill_cp is the instance's. An index that ignored
+ * the CP rank would give two CP ranks one peer (seen twice) and name it
+ * from the wrong group. */
+static void test_protocol_edges_cp_decode_peer_plan(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.no_connect = true;
+    edge_cluster_t *cl = edge_create(&o);
+    kvs_manager_t *m = edge_decode(cl, 0)->m; /* decode TP 1 */
+    kvs__insts_t t;
+    assert_int_equal(kvs__insts_init(&t, 2), KVS_OK);
+    kvs__inst_t *inst = kvs__insts_add(&t, m, (kvs_peer_t){7, 0});
+    assert_non_null(inst);
+    /* prefill TP 2 x CP 2: 2 writers per CP rank, 4 peers */
+    assert_int_equal(kvs__inst_set_geometry(inst, m, 2, 1, 2, true), KVS_OK);
+    assert_int_equal(inst->cp_size, 2);
+    assert_int_equal(inst->lay.prefill_cp, 2);
+    assert_int_equal(inst->npeers, 4);
+    const char *addrs[4] = {"c0t0", "c0t1", "c1t0", "c1t1"};
+    assert_int_equal(kvs__inst_set_addrs(inst, m, addrs), KVS_OK);
+    bool seen[4] = {false, false, false, false};
+    for (int64_t c = 0; c < 2; c++)
+        for (int64_t tp = 0; tp < 2; tp++) {
+            const int64_t i = kvs__inst_writer_peer(inst, 0, c, tp, 0);
+            assert_true(i >= 0 && i < 4);
+            assert_false(seen[i]); /* one peer per (CP rank, TP rank) */
+            seen[i] = true;
+            const kvs__peer_t *p = &inst->peers[i];
+            assert_int_equal(p->cp_rank, c);
+            assert_int_equal(p->tp_rank, tp);
+            assert_false(p->silent);
+            char want[8];
+            snprintf(want, sizeof want, "c%lldt%lld", (long long)c, (long long)tp);
+            assert_string_equal(p->name, want);
+        }
+    assert_int_equal(kvs__inst_writer_peer(inst, 0, 2, 0, 0), -1); /* no CP rank 2 */
+    assert_int_equal(kvs__inst_writer_peer(inst, 0, -1, 0, 0), -1);
+    kvs__insts_fini(&t);
+    edge_destroy(cl);
+}
+
 /* A decode that declares an instance with the addresses of another
  * instance's ranks is refused at its connect, naming both: the fabric keeps
  * one connection per address, and handing it to the second would give it
@@ -3237,6 +3285,7 @@ int main(void)
         cmocka_unit_test(test_protocol_edges_prefill_args),
         cmocka_unit_test(test_protocol_edges_hostile_to_decode),
         cmocka_unit_test(test_protocol_edges_cp_rank_misaddressed),
+        cmocka_unit_test(test_protocol_edges_cp_decode_peer_plan),
         cmocka_unit_test(test_protocol_edges_hostile_to_prefill),
         cmocka_unit_test(test_protocol_edges_empty_request),
         cmocka_unit_test(test_protocol_edges_direct_write_error),

@@ -953,9 +953,11 @@ typedef struct kvs_instance_desc {
     int64_t tp_size;          /* TP of one attention group (attn_tp) */
     int64_t pp_size;          /* 0 -> 1 */
     int64_t dp_size;          /* attention groups, 0 -> 1 */
-    /* The fabric address of every rank: dp_size * pp_size * tp_size strings,
-     * rank (group g, stage s, tp t) at (g * pp_size + s) * tp_size + t.
-     * Copied; required. */
+    /* The fabric address of every rank: dp_size * cp_size * pp_size *
+     * tp_size strings, rank (group g, CP rank c, stage s, tp t) at
+     * ((g * cp_size + c) * pp_size + s) * tp_size + t: one group of
+     * addresses per CP rank (with cp_size 1, (g * pp_size + s) * tp_size
+     * + t). Copied; required. */
     const char *const *addrs;
     /* Its prefill context-parallel ranks, 0 -> 1; in the fingerprint (a
      * prefill of another CP size is refused, KVS_EFINGERPRINT). > 1 is
