@@ -446,13 +446,6 @@ int kvs_decode_add_instance(kvs_decode_t *d, const kvs_instance_desc_t *desc)
         desc->dp_size < 0 || desc->cp_size < 0)
         return KVS__MFAIL(m, KVS_EINVAL, "an instance needs tp_size > 0, pp_size, dp_size "
                           "and cp_size >= 0 (0 means 1) and the addresses of its ranks");
-    /* The handlers do not move prefill CP yet (docs/kinds/context-parallel.md):
-     * refused by name before anything is declared. */
-    if (desc->cp_size > 1)
-        return KVS__MFAIL(m, KVS_ECONTEXT_PARALLEL, "prefill instance %llu has cp_size %lld: "
-                          "the handlers do not move prefill context parallelism yet; "
-                          "declare cp_size 1 (or 0)", (unsigned long long)desc->id,
-                          (long long)desc->cp_size);
     const int64_t pp = desc->pp_size > 0 ? desc->pp_size : 1;
     const int64_t dp = desc->dp_size > 0 ? desc->dp_size : 1;
     const int64_t cp = desc->cp_size > 0 ? desc->cp_size : 1;
