@@ -3028,9 +3028,12 @@ static void test_protocol_edges_cp_decode_peer_plan(void **state)
  * checked. Chunks straddle the ranges (16-token chunks, ranges of 20 or
  * 36 tokens), a cached prefix leaves CP rank 0 a part of one chunk only,
  * and the last CP rank of a short prompt holds nothing. */
-static void cp_staging_case(int64_t ptp, int64_t dtp, int64_t cp, int64_t base, int64_t total)
+static void cp_staging_case(int64_t ptp, int64_t dtp, int64_t cp, int64_t base, int64_t total,
+                            uint64_t ring_bytes)
 {
     edge_opts_t o = edge_defaults();
+    if (ring_bytes > 0)
+        o.ring_bytes = ring_bytes;
     o.prefill_tp = 1; /* the default instance, unused here */
     o.decode_tp = dtp;
     o.path = KVS_PATH_STAGING;
@@ -3076,11 +3079,16 @@ static void cp_staging_case(int64_t ptp, int64_t dtp, int64_t cp, int64_t base, 
 static void test_protocol_edges_cp_staging_every_byte(void **state)
 {
     (void)state;
-    cp_staging_case(2, 1, 2, 0, 40);  /* ranges [0,20) [20,40) */
-    cp_staging_case(2, 2, 2, 0, 72);  /* ranges [0,36) [36,72) */
-    cp_staging_case(2, 1, 2, 16, 40); /* a cached prefix */
-    cp_staging_case(4, 2, 2, 0, 40);
-    cp_staging_case(1, 1, 4, 0, 10);  /* short: [0,4) [4,8) [8,10), CP rank 3 nothing */
+    cp_staging_case(2, 1, 2, 0, 40, 0);  /* ranges [0,20) [20,40) */
+    cp_staging_case(2, 2, 2, 0, 72, 0);  /* ranges [0,36) [36,72) */
+    cp_staging_case(2, 1, 2, 16, 40, 0); /* a cached prefix */
+    cp_staging_case(4, 2, 2, 0, 40, 0);
+    cp_staging_case(1, 1, 4, 0, 10, 0);  /* short: [0,4) [4,8) [8,10), CP rank 3 nothing */
+    /* Rings of two full regions (8 KiB each) and of one, for five chunks:
+     * CP rank 1 asks for the later chunks while rank 0 still writes the
+     * first, and every region is reused; no wait may form a cycle. */
+    cp_staging_case(2, 1, 2, 0, 72, 16u << 10);
+    cp_staging_case(2, 1, 2, 0, 72, 8u << 10);
 }
 
 /* A decode that declares an instance with the addresses of another
