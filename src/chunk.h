@@ -40,4 +40,14 @@ int kvs__writer_spans(const kvs_layout_t *lay, int64_t decode_tp, int64_t decode
                       int64_t writer, int64_t prefill_stage, int64_t tokens,
                       kvs__span_t out[2], int *n);
 
+/* The same writes for one CP part of a chunk (prefill context parallelism,
+ * docs/kinds/context-parallel.md): TP writer `writer` of the part's CP rank
+ * writes its block of a region of the part's tokens, placed at the part's
+ * offset in the chunk's region. Its staging block holds the part's tokens
+ * only (local offsets from 0); with CP 1 the one part is the chunk and the
+ * spans are kvs__writer_spans'. Errors as kvs__writer_spans. */
+int kvs__part_spans(const kvs_layout_t *lay, int64_t decode_tp, int64_t decode_stage,
+                    int64_t writer, int64_t prefill_stage, const kvs_cp_part_t *part,
+                    kvs__span_t out[2], int *n);
+
 #endif

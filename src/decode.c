@@ -62,9 +62,12 @@ enum { KVS__DCH_IDLE, KVS__DCH_WANTED, KVS__DCH_ALLOCATED, KVS__DCH_SCATTERING, 
 typedef struct kvs__dchunk {
     uint8_t state;
     int64_t tokens, page_start, num_pages;
+    int64_t token_start;        /* its first token in the request */
     int64_t region_bytes;
     kvs_ring_alloc_t alloc;
-    int64_t arrivals;
+    int64_t arrivals, want;     /* writes arrived, and that it waits for (every
+                                   writer of each CP rank that meets it) */
+    int64_t first_cp, ncp;      /* the prefill CP ranks that write it */
     kvs_event_t *event;
     kvs__wkeys_t *keys;         /* [writers] with scoped keys, else NULL: each
                                    writer's keys of the region while allocated */
@@ -99,6 +102,19 @@ static kvs__droom_t *kvs__droom(kvs__room_t *r) { return (kvs__droom_t *)r; }
 
 static bool kvs__bit(const uint64_t *bits, int64_t i) { return (bits[i / 64] >> (i % 64)) & 1u; }
 static void kvs__bit_set(uint64_t *bits, int64_t i) { bits[i / 64] |= 1ull << (i % 64); }
+
+/* Chunk index i of a room as the layout names it. */
+static kvs_chunk_t kvs__dchunk_of(const kvs__dchunk_t *c, int64_t i)
+{
+    return (kvs_chunk_t){.index = i, .page_start = c->page_start, .num_pages = c->num_pages,
+                         .token_start = c->token_start, .token_end = c->token_start + c->tokens};
+}
+
+/* Peer p's CP rank writes chunk c (always with CP 1). */
+static bool kvs__dchunk_writer(const kvs__dchunk_t *c, const kvs__peer_t *p)
+{
+    return p->cp_rank >= c->first_cp && p->cp_rank < c->first_cp + c->ncp;
+}
 
 /* ---- rooms -------------------------------------------------------------------- */
 
@@ -346,7 +362,7 @@ int kvs_decode_connect(kvs_decode_t *d, const char *peer, int64_t prefill_tp_ran
     kvs__inst_t *inst = kvs__inst_get(&d->h, (kvs_peer_t){0, 0});
     if (inst == NULL)
         return m->err.status;
-    const int64_t idx = kvs__inst_writer_peer(inst, m->cfg.tp_rank, prefill_tp_rank,
+    const int64_t idx = kvs__inst_writer_peer(inst, m->cfg.tp_rank, 0, prefill_tp_rank,
                                               prefill_pp_rank);
     if (idx < 0)
         return KVS__MFAIL(m, KVS_EINVAL, "prefill rank tp %lld pp %lld takes no part in the "
@@ -384,7 +400,7 @@ static bool kvs__null_addr(kvs_decode_t *d, const kvs_instance_desc_t *desc, int
  * back elsewhere: a restarted pod, another port), taken only while none of
  * its ranks is connected; its next room connects to them. */
 static int kvs__redeclare(kvs_decode_t *d, const kvs_instance_desc_t *desc, int64_t pp,
-                          int64_t dp)
+                          int64_t cp, int64_t dp)
 {
     kvs_manager_t *m = d->h.m;
     const unsigned long long id = (unsigned long long)desc->id;
@@ -392,12 +408,13 @@ static int kvs__redeclare(kvs_decode_t *d, const kvs_instance_desc_t *desc, int6
     while (kvs__inst_find(&d->h, (kvs_peer_t){desc->id, have}) != NULL)
         have++;
     const kvs__inst_t *g0 = kvs__inst_find(&d->h, (kvs_peer_t){desc->id, 0});
-    if (have != dp || g0->tp_size != desc->tp_size || g0->pp_size != pp)
+    if (have != dp || g0->tp_size != desc->tp_size || g0->pp_size != pp || g0->cp_size != cp)
         return KVS__MFAIL(m, KVS_EALREADY, "prefill instance %llu is declared already as "
-                          "TP %lld x PP %lld x %lld group(s), not TP %lld x PP %lld x %lld: an "
-                          "instance of another shape needs an id of its own", id,
-                          (long long)g0->tp_size, (long long)g0->pp_size, (long long)have,
-                          (long long)desc->tp_size, (long long)pp, (long long)dp);
+                          "TP %lld x PP %lld x CP %lld x %lld group(s), not TP %lld x PP %lld "
+                          "x CP %lld x %lld: an instance of another shape needs an id of its "
+                          "own", id, (long long)g0->tp_size, (long long)g0->pp_size,
+                          (long long)g0->cp_size, (long long)have, (long long)desc->tp_size,
+                          (long long)pp, (long long)cp, (long long)dp);
     for (int64_t g = 0; g < dp; g++) {
         const kvs__inst_t *inst = kvs__inst_find(&d->h, (kvs_peer_t){desc->id, g});
         for (int64_t i = 0; i < inst->npeers; i++)
@@ -406,11 +423,11 @@ static int kvs__redeclare(kvs_decode_t *d, const kvs_instance_desc_t *desc, int6
                                   "and connected: its new addresses are taken once it is "
                                   "gone (kvs_decode_instance_lost first)", id);
     }
-    if (kvs__null_addr(d, desc, dp * pp * desc->tp_size))
+    if (kvs__null_addr(d, desc, dp * cp * pp * desc->tp_size))
         return m->err.status;
     for (int64_t g = 0; g < dp; g++) {
         kvs__inst_t *inst = kvs__inst_find(&d->h, (kvs_peer_t){desc->id, g});
-        const int rc = kvs__inst_set_addrs(inst, m, desc->addrs + g * pp * desc->tp_size);
+        const int rc = kvs__inst_set_addrs(inst, m, desc->addrs + g * cp * pp * desc->tp_size);
         if (rc != KVS_OK)
             return rc; /* groups before g have their new addresses: call again */
     }
@@ -429,30 +446,24 @@ int kvs_decode_add_instance(kvs_decode_t *d, const kvs_instance_desc_t *desc)
         desc->dp_size < 0 || desc->cp_size < 0)
         return KVS__MFAIL(m, KVS_EINVAL, "an instance needs tp_size > 0, pp_size, dp_size "
                           "and cp_size >= 0 (0 means 1) and the addresses of its ranks");
-    /* The handlers do not move prefill CP yet (docs/kinds/context-parallel.md):
-     * refused by name before anything is declared. */
-    if (desc->cp_size > 1)
-        return KVS__MFAIL(m, KVS_ECONTEXT_PARALLEL, "prefill instance %llu has cp_size %lld: "
-                          "the handlers do not move prefill context parallelism yet; "
-                          "declare cp_size 1 (or 0)", (unsigned long long)desc->id,
-                          (long long)desc->cp_size);
     const int64_t pp = desc->pp_size > 0 ? desc->pp_size : 1;
     const int64_t dp = desc->dp_size > 0 ? desc->dp_size : 1;
+    const int64_t cp = desc->cp_size > 0 ? desc->cp_size : 1;
     if (kvs__inst_find(&d->h, (kvs_peer_t){desc->id, 0}) != NULL)
-        return kvs__redeclare(d, desc, pp, dp);
+        return kvs__redeclare(d, desc, pp, cp, dp);
     if (dp > (int64_t)(d->h.insts.cap - d->h.insts.count))
         return KVS__MFAIL(m, KVS_EFULL, "prefill instance %llu has %lld attention groups "
                           "and %u more fit: raise max_instances",
                           (unsigned long long)desc->id, (long long)dp,
                           d->h.insts.cap - d->h.insts.count);
-    if (kvs__null_addr(d, desc, dp * pp * desc->tp_size))
+    if (kvs__null_addr(d, desc, dp * cp * pp * desc->tp_size))
         return m->err.status;
     for (int64_t g = 0; g < dp; g++) {
         kvs__inst_t *inst = kvs__insts_add(&d->h.insts, m, (kvs_peer_t){desc->id, g});
-        int rc = inst != NULL ? kvs__inst_set_geometry(inst, m, desc->tp_size, pp, true)
+        int rc = inst != NULL ? kvs__inst_set_geometry(inst, m, desc->tp_size, pp, cp, true)
                               : m->err.status;
         if (rc == KVS_OK)
-            rc = kvs__inst_set_addrs(inst, m, desc->addrs + g * pp * desc->tp_size);
+            rc = kvs__inst_set_addrs(inst, m, desc->addrs + g * cp * pp * desc->tp_size);
         if (rc == KVS_OK)
             rc = kvs__handler_prepare_path(&d->h, inst->path);
         if (rc != KVS_OK) {
@@ -713,9 +724,20 @@ int kvs_decode_room_open_peer(kvs_decode_t *d, uint64_t room, kvs_peer_t peer,
         }
         r->chunks[i] = (kvs__dchunk_t){.tokens = plan.tokens, .page_start = plan.page_start,
                                        .num_pages = plan.num_pages,
+                                       .token_start = plan.token_start,
                                        .region_bytes = plan.region_bytes,
                                        .keys = r->keys != NULL ? r->keys + i * inst->npeers
                                                                : NULL};
+        const kvs_chunk_t ch = kvs__dchunk_of(&r->chunks[i], i);
+        kvs__dchunk_t *c = &r->chunks[i];
+        c->want = kvs_layout_chunk_arrivals(&inst->lay, total_tokens, &ch);
+        if (c->want <= 0 ||
+            kvs_layout_cp_writers(&inst->lay, total_tokens, &ch, &c->first_cp, &c->ncp) !=
+                KVS_OK) {
+            kvs__blocks_put(&d->h.blocks, r);
+            return KVS__MFAIL(m, KVS_ERANGE, "room %llu: chunk %lld has no prefill CP rank "
+                              "to write it", (unsigned long long)room, (long long)i);
+        }
     }
     /* Every chunk of every open room may wait for ring space at once. */
     rc = kvs__fifo_reserve(&d->wanted, d->open_chunks + (uint64_t)chunks);
@@ -788,7 +810,7 @@ static int kvs__allocate(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
         return rc;
     if (rc != KVS_OK) {
         for (int64_t i = 0; i < inst->npeers; i++)
-            if (!inst->peers[i].silent)
+            if (!inst->peers[i].silent && kvs__dchunk_writer(c, &inst->peers[i]))
                 kvs__answer(d, &inst->peers[i], r, chunk, rc);
         kvs__room_fail(&d->h, &r->base, rc, NULL);
         return rc;
@@ -799,23 +821,35 @@ static int kvs__allocate(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
      * its bytes of the region; a grant that fails fails the room, and the
      * region, held until every writer reported, takes what was granted
      * back with it. */
+    const kvs_chunk_t ch = kvs__dchunk_of(c, chunk);
     for (int64_t i = 0; c->keys != NULL && c->region_bytes > 0 && i < inst->npeers && rc == KVS_OK;
-         i++)
-        if (inst->peers[i].conn != NULL && !inst->peers[i].silent) /* silent: no bytes */
-            rc = kvs__wkeys_grant(&d->keys, &d->h, &inst->peers[i], c->alloc.offset, c->tokens,
-                                  &c->keys[i]);
+         i++) {
+        const kvs__peer_t *p = &inst->peers[i];
+        kvs_cp_part_t part;
+        if (p->conn == NULL || p->silent || !kvs__dchunk_writer(c, p)) /* no bytes */
+            continue;
+        rc = kvs_layout_cp_part(&inst->lay, d->h.m->cfg.tp_rank, inst->decode_stage, r->total,
+                                &ch, p->cp_rank, &part);
+        if (rc == KVS_OK)
+            rc = kvs__wkeys_grant(&d->keys, &d->h, p, c->alloc.offset, &part, &c->keys[i]);
+        else
+            KVS__MFAIL(d->h.m, rc, "chunk %lld has no part of prefill CP rank %lld",
+                       (long long)chunk, (long long)p->cp_rank);
+    }
     if (rc != KVS_OK) {
         kvs_log_write(&d->h.m->log, KVS_LOG_ERROR, "decode %lld: room %llu chunk %lld: %s",
                       (long long)d->h.m->cfg.tp_rank, (unsigned long long)r->base.id,
                       (long long)chunk, d->h.m->err.msg);
         for (int64_t i = 0; i < inst->npeers; i++)
-            if (!inst->peers[i].silent)
+            if (!inst->peers[i].silent && kvs__dchunk_writer(c, &inst->peers[i]))
                 kvs__answer(d, &inst->peers[i], r, chunk, rc);
         kvs__room_fail(&d->h, &r->base, rc, NULL);
         return rc;
     }
+    /* its writers asked; the others (silent, or of CP ranks not meeting
+     * it) write nothing */
     for (int64_t i = 0; i < inst->npeers; i++)
-        if (!inst->peers[i].silent) /* its writers asked; the others write nothing */
+        if (!inst->peers[i].silent && kvs__dchunk_writer(c, &inst->peers[i]))
             kvs__answer(d, &inst->peers[i], r, chunk, KVS_OK);
     return KVS_OK;
 }
@@ -839,7 +873,8 @@ static void kvs__on_staging_req(kvs_decode_t *d, kvs__peer_t *p, const kvs_msg_s
         return;
     }
     if (q->chunk < 0 || q->chunk >= r->num_chunks ||
-        q->tokens != r->chunks[q->chunk].tokens || q->pages != r->chunks[q->chunk].num_pages) {
+        q->tokens != r->chunks[q->chunk].tokens || q->pages != r->chunks[q->chunk].num_pages ||
+        !kvs__dchunk_writer(&r->chunks[q->chunk], p)) {
         kvs__reject(&d->h);
         kvs__room_fail(&d->h, &r->base, KVS_EPROTO, NULL);
         return;
@@ -867,44 +902,59 @@ static void kvs__scatter(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
     const kvs__inst_t *inst = r->base.inst;
     const kvs_layout_t *lay = &inst->lay;
     kvs__dchunk_t *c = &r->chunks[chunk];
-    const kvs_copy_desc_t desc = {
-        .k_base = m->k_base, .v_base = m->v_base, .local_heads = m->kv.local_heads,
-        .head_dim = lay->head_dim, .elem_bytes = lay->elem_bytes,
-        .page_size = lay->decode_page_size, .pages = r->pages + c->page_start,
-        .num_pages = c->num_pages, .tokens = c->tokens,
-        .layer_begin = 0, .layer_count = m->cfg.layers,
-        .staging_slot_begin = 0, .staging_layer_slots = m->cfg.layers,
-        .planes = lay->planes, .ks_base = m->ks_base, .vs_base = m->vs_base,
-        .scale_bytes = lay->scale_bytes};
-    /* One fused scatter of every writer's block, so each token row of the
-     * pool is written once, whole (KVS_COPY_PARTS_MAX parts at a time).
-     * Writers that replicate a head (prefill TP > heads) are consecutive and
-     * wrote the same bytes: the later one's block replaces the earlier's
-     * part, so the last is scattered, as when each writer's block was
-     * scattered in turn. */
+    const kvs_chunk_t ch = kvs__dchunk_of(c, chunk);
+    /* One fused scatter of every writer's block per CP part of the chunk
+     * (with CP 1 the one part is the chunk), so each token row of the pool
+     * is written once, whole (KVS_COPY_PARTS_MAX parts at a time). A part
+     * is a region of its own tokens at its offset (context-parallel.md),
+     * scattered to the decode pages from its first token on: it starts a
+     * decode page (its range and the chunk both do). Writers that
+     * replicate a head (prefill TP > heads) are consecutive and wrote the
+     * same bytes: the later one's block replaces the earlier's part, so the
+     * last is scattered, as when each writer's block was scattered in
+     * turn. */
     int rc = KVS_OK;
-    int64_t n = 0;
-    for (int64_t i = 0; i < lay->tp_writers && rc == KVS_OK && c->tokens > 0; i++) {
-        kvs_writer_t w;
-        rc = kvs_layout_writer(lay, m->cfg.tp_rank, inst->decode_stage, i, c->tokens, &w);
+    for (int64_t cp = c->first_cp; cp < c->first_cp + c->ncp && rc == KVS_OK && c->tokens > 0;
+         cp++) {
+        kvs_cp_part_t at;
+        rc = kvs_layout_cp_part(lay, m->cfg.tp_rank, inst->decode_stage, r->total, &ch, cp, &at);
         if (rc != KVS_OK)
             break;
-        const kvs_copy_part_t part = {
-            .head_start = w.heads.dst_start, .num_heads = w.heads.num_heads,
-            .staging_addr = d->ring_addr + c->alloc.offset + (uint64_t)w.offset_bytes};
-        if (n > 0 && d->parts[n - 1].head_start == part.head_start) {
-            d->parts[n - 1] = part; /* a replica */
-            continue;
+        const int64_t tokens = at.token_end - at.token_start;
+        const int64_t skip = (at.token_start - c->token_start) / lay->decode_page_size;
+        const kvs_copy_desc_t desc = {
+            .k_base = m->k_base, .v_base = m->v_base, .local_heads = m->kv.local_heads,
+            .head_dim = lay->head_dim, .elem_bytes = lay->elem_bytes,
+            .page_size = lay->decode_page_size, .pages = r->pages + c->page_start + skip,
+            .num_pages = kvs__ceil_div(tokens, lay->decode_page_size), .tokens = tokens,
+            .layer_begin = 0, .layer_count = m->cfg.layers,
+            .staging_slot_begin = 0, .staging_layer_slots = m->cfg.layers,
+            .planes = lay->planes, .ks_base = m->ks_base, .vs_base = m->vs_base,
+            .scale_bytes = lay->scale_bytes};
+        int64_t n = 0;
+        for (int64_t i = 0; i < lay->tp_writers && rc == KVS_OK; i++) {
+            kvs_writer_t w;
+            rc = kvs_layout_writer(lay, m->cfg.tp_rank, inst->decode_stage, i, tokens, &w);
+            if (rc != KVS_OK)
+                break;
+            const kvs_copy_part_t part = {
+                .head_start = w.heads.dst_start, .num_heads = w.heads.num_heads,
+                .staging_addr = d->ring_addr + c->alloc.offset + (uint64_t)at.offset_bytes +
+                                (uint64_t)w.offset_bytes};
+            if (n > 0 && d->parts[n - 1].head_start == part.head_start) {
+                d->parts[n - 1] = part; /* a replica */
+                continue;
+            }
+            if (n == KVS_COPY_PARTS_MAX) {
+                rc = kvs__dev_scatter_parts(d->h.dev, d->h.stream, &desc, d->parts, n);
+                n = 0;
+            }
+            if (rc == KVS_OK)
+                d->parts[n++] = part;
         }
-        if (n == KVS_COPY_PARTS_MAX) {
+        if (rc == KVS_OK && n > 0)
             rc = kvs__dev_scatter_parts(d->h.dev, d->h.stream, &desc, d->parts, n);
-            n = 0;
-        }
-        if (rc == KVS_OK)
-            d->parts[n++] = part;
     }
-    if (rc == KVS_OK && n > 0)
-        rc = kvs__dev_scatter_parts(d->h.dev, d->h.stream, &desc, d->parts, n);
     /* The event is recorded even after a refused copy: one refused part-way
      * may have left its first parts enqueued (the core's default copy runs
      * one op per part), and the region must stay allocated until they ran. */
@@ -937,11 +987,18 @@ static void kvs__on_chunk_ready(kvs_decode_t *d, kvs__peer_t *p, const kvs_msg_c
     const kvs__inst_t *inst = p->inst;
     /* Range checked before they are combined: a hostile writer or stage
      * must not overflow the index. */
-    const bool in_range = q->writer >= 0 && q->writer < inst->lay.tp_writers &&
+    const int64_t W = inst->lay.tp_writers;
+    const bool in_range = q->writer >= 0 && q->writer < inst->lay.prefill_cp * W &&
                           q->stage >= inst->first_stage &&
                           q->stage < inst->first_stage + inst->stages;
-    const int64_t idx = in_range ? q->writer * inst->stages + (q->stage - inst->first_stage) : -1;
+    /* writer c * W + j is TP writer j of CP rank c: peer (c * tp_sources +
+     * j) * stages + s (instance.h) */
+    const int64_t idx = in_range ? ((q->writer / W) * inst->lay.tp_sources + q->writer % W) *
+                                           inst->stages +
+                                       (q->stage - inst->first_stage)
+                                 : -1;
     if (r == NULL || q->chunk < 0 || q->chunk >= r->num_chunks || idx != p->index ||
+        !kvs__dchunk_writer(&r->chunks[q->chunk], p) ||
         r->chunks[q->chunk].state != KVS__DCH_ALLOCATED ||
         q->page_start != r->chunks[q->chunk].page_start ||
         q->pages != r->chunks[q->chunk].num_pages) {
@@ -956,7 +1013,7 @@ static void kvs__on_chunk_ready(kvs_decode_t *d, kvs__peer_t *p, const kvs_msg_c
     }
     kvs__bit_set(bits, idx);
     kvs__room_touch(&d->h, &r->base);
-    if (++c->arrivals == inst->lay.expected_arrivals && r->base.status == KVS_OK) {
+    if (++c->arrivals == c->want && r->base.status == KVS_OK) {
         r->base.bytes += (uint64_t)c->region_bytes;
         kvs__scatter(d, r, q->chunk);
     }

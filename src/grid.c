@@ -12,7 +12,8 @@
  *
  * Pure functions over a validated kvs_layout_t; kvs__chunk_plan (chunk.h)
  * adds the chunk's region size, and kvs__writer_spans the bytes of it each
- * writer writes, for the handlers.
+ * writer writes, for the handlers (kvs__part_spans: those of one CP part's
+ * writer, with prefill context parallelism).
  */
 #include "arith.h"
 #include "chunk.h"
@@ -112,5 +113,22 @@ int kvs__writer_spans(const kvs_layout_t *lay, int64_t decode_tp, int64_t decode
     out[0] = (kvs__span_t){0, at + slot * blk, lp * blk};             /* K layers */
     out[1] = (kvs__span_t){lp * blk, at + (lx + slot) * blk, lp * blk}; /* V layers */
     *n = 2;
+    return KVS_OK;
+}
+
+int kvs__part_spans(const kvs_layout_t *lay, int64_t decode_tp, int64_t decode_stage,
+                    int64_t writer, int64_t prefill_stage, const kvs_cp_part_t *part,
+                    kvs__span_t out[2], int *n)
+{
+    if (part->offset_bytes < 0 || part->token_end < part->token_start)
+        return KVS_ERANGE;
+    int rc = kvs__writer_spans(lay, decode_tp, decode_stage, writer, prefill_stage,
+                               part->token_end - part->token_start, out, n);
+    if (rc != KVS_OK)
+        return rc;
+    /* The part's region lies whole inside the chunk's (kvs_layout_cp_part):
+     * its offset plus any span end stays below the chunk's region bytes. */
+    for (int i = 0; i < *n; i++)
+        out[i].remote_off += (uint64_t)part->offset_bytes;
     return KVS_OK;
 }

@@ -141,7 +141,8 @@ kvs__inst_t *kvs__inst_get(kvs__handler_t *h, kvs_peer_t ref)
     const int64_t tp = m->cfg.peer_tp_size > 0 ? m->cfg.peer_tp_size
                        : decode                ? m->cfg.tp_size
                                                : 0;
-    if (tp > 0 && (kvs__inst_set_geometry(inst, m, tp, m->cfg.peer_pp_size, true) != KVS_OK ||
+    if (tp > 0 && (kvs__inst_set_geometry(inst, m, tp, m->cfg.peer_pp_size,
+                                                m->cfg.context_parallel, true) != KVS_OK ||
                    kvs__handler_prepare_path(h, inst->path) != KVS_OK)) {
         kvs__insts_pop(&h->insts);
         return NULL;

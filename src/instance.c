@@ -35,7 +35,7 @@ static void kvs__inst_free_plan(kvs__inst_t *inst)
 static void kvs__inst_free(kvs__inst_t *inst)
 {
     kvs__inst_free_plan(inst);
-    for (int64_t a = 0; inst->addrs != NULL && a < inst->pp_size * inst->tp_size; a++)
+    for (int64_t a = 0; inst->addrs != NULL && a < inst->naddrs; a++)
         free(inst->addrs[a]);
     free(inst->addrs);
     free(inst);
@@ -82,23 +82,26 @@ kvs__inst_t *kvs__insts_add(kvs__insts_t *t, kvs_manager_t *m, kvs_peer_t ref)
 }
 
 /* Decode side: the prefill ranks that take part in this rank's rooms:
- * source j of stage s is peer j * stages + s; sources past the writers
- * (MLA) are silent. */
+ * source j of stage s of CP rank c is peer (c * tp_sources + j) * stages
+ * + s (each CP rank has the prefill's TP and PP and writes its own token
+ * range); sources past the writers (MLA) are silent. */
 static void kvs__plan_writers(kvs__inst_t *inst, const kvs_manager_t *m)
 {
     const kvs_layout_t *l = &inst->lay;
     inst->stages = l->decode_pp == 1 ? l->prefill_pp : 1;
     inst->first_stage = l->decode_pp == 1 ? 0 : m->cfg.pp_rank;
-    for (int64_t w = 0; w < l->tp_sources; w++) {
-        int64_t rank = 0;
-        (void)kvs_layout_source_rank(l, m->cfg.tp_rank, w, &rank);
-        for (int64_t s = 0; s < inst->stages; s++) {
-            kvs__peer_t *p = &inst->peers[w * inst->stages + s];
-            p->tp_rank = rank;
-            p->pp_rank = inst->first_stage + s;
-            p->silent = w >= l->tp_writers;
+    for (int64_t c = 0; c < l->prefill_cp; c++)
+        for (int64_t w = 0; w < l->tp_sources; w++) {
+            int64_t rank = 0;
+            (void)kvs_layout_source_rank(l, m->cfg.tp_rank, w, &rank);
+            for (int64_t s = 0; s < inst->stages; s++) {
+                kvs__peer_t *p = &inst->peers[(c * l->tp_sources + w) * inst->stages + s];
+                p->cp_rank = c;
+                p->tp_rank = rank;
+                p->pp_rank = inst->first_stage + s;
+                p->silent = w >= l->tp_writers;
+            }
         }
-    }
 }
 
 /* Writes of at most `most` bytes that n bytes take (most > 0). */
@@ -211,11 +214,11 @@ static void kvs__plan_targets(kvs__inst_t *inst, const kvs_manager_t *m)
 }
 
 int kvs__inst_set_geometry(kvs__inst_t *inst, kvs_manager_t *m, int64_t tp_size,
-                           int64_t pp_size, bool declared)
+                           int64_t pp_size, int64_t cp_size, bool declared)
 {
     kvs_layout_t lay;
     kvs_path_t path;
-    int rc = kvs__manager_pair(m, tp_size, pp_size, &lay, &path);
+    int rc = kvs__manager_pair(m, tp_size, pp_size, cp_size, &lay, &path);
     if (rc != KVS_OK)
         return rc;
     const bool decode = m->cfg.role == KVS_ROLE_DECODE;
@@ -223,7 +226,10 @@ int kvs__inst_set_geometry(kvs__inst_t *inst, kvs_manager_t *m, int64_t tp_size,
                                                 lay.decode_pp == 1 ? 0 : m->cfg.pp_rank)) !=
                        KVS_OK)
         return rc;
-    const int64_t n = decode ? lay.tp_sources * (lay.decode_pp == 1 ? lay.prefill_pp : 1)
+    /* prefill_cp x tp_sources x Pp stays within the region bound of
+     * kvs_layout_init times the CP size, both validated: no overflow. */
+    const int64_t n = decode ? lay.prefill_cp * lay.tp_sources *
+                                   (lay.decode_pp == 1 ? lay.prefill_pp : 1)
                              : lay.targets_per_prefill;
     kvs__peer_t *peers = calloc((size_t)n, sizeof *peers);
     if (peers == NULL)
@@ -232,6 +238,7 @@ int kvs__inst_set_geometry(kvs__inst_t *inst, kvs_manager_t *m, int64_t tp_size,
     kvs__inst_free_plan(inst);
     inst->tp_size = tp_size;
     inst->pp_size = pp_size;
+    inst->cp_size = lay.prefill_cp;
     inst->lay = lay;
     inst->path = path;
     inst->declared = declared;
@@ -262,14 +269,15 @@ static char *kvs__strdup(const char *s)
 
 int kvs__inst_set_addrs(kvs__inst_t *inst, kvs_manager_t *m, const char *const *addrs)
 {
-    const int64_t n = inst->pp_size * inst->tp_size;
+    const int64_t n = inst->cp_size * inst->pp_size * inst->tp_size;
     char **copy = calloc((size_t)n, sizeof *copy);
     char **names = calloc((size_t)inst->npeers + 1, sizeof *names);
     bool ok = copy != NULL && names != NULL;
     for (int64_t a = 0; ok && a < n; a++)
         ok = (copy[a] = kvs__strdup(addrs[a])) != NULL;
     for (int64_t i = 0; ok && i < inst->npeers; i++)
-        ok = (names[i] = kvs__strdup(addrs[inst->peers[i].pp_rank * inst->tp_size +
+        ok = (names[i] = kvs__strdup(addrs[(inst->peers[i].cp_rank * inst->pp_size +
+                                            inst->peers[i].pp_rank) * inst->tp_size +
                                            inst->peers[i].tp_rank])) != NULL;
     if (!ok) { /* nothing changed */
         for (int64_t a = 0; copy != NULL && a < n; a++)
@@ -281,10 +289,11 @@ int kvs__inst_set_addrs(kvs__inst_t *inst, kvs_manager_t *m, const char *const *
         return KVS__MFAIL(m, KVS_ENOMEM, "copying the addresses of instance %llu failed",
                           (unsigned long long)inst->ref.instance);
     }
-    for (int64_t a = 0; inst->addrs != NULL && a < n; a++)
+    for (int64_t a = 0; inst->addrs != NULL && a < inst->naddrs; a++)
         free(inst->addrs[a]);
     free(inst->addrs);
     inst->addrs = copy;
+    inst->naddrs = n;
     for (int64_t i = 0; i < inst->npeers; i++) {
         kvs__peer_t *p = &inst->peers[i];
         free(p->name);
@@ -297,14 +306,16 @@ int kvs__inst_set_addrs(kvs__inst_t *inst, kvs_manager_t *m, const char *const *
     return KVS_OK;
 }
 
-int64_t kvs__inst_writer_peer(const kvs__inst_t *inst, int64_t decode_tp, int64_t prefill_tp,
-                              int64_t prefill_stage)
+int64_t kvs__inst_writer_peer(const kvs__inst_t *inst, int64_t decode_tp, int64_t prefill_cp,
+                              int64_t prefill_tp, int64_t prefill_stage)
 {
     int64_t writer;
     if (kvs_layout_source_index(&inst->lay, prefill_tp, decode_tp, &writer) != KVS_OK ||
+        prefill_cp < 0 || prefill_cp >= inst->lay.prefill_cp ||
         prefill_stage < inst->first_stage || prefill_stage >= inst->first_stage + inst->stages)
         return -1;
-    return writer * inst->stages + (prefill_stage - inst->first_stage);
+    return (prefill_cp * inst->lay.tp_sources + writer) * inst->stages +
+           (prefill_stage - inst->first_stage);
 }
 
 int64_t kvs__inst_target_peer(const kvs__inst_t *inst, int64_t decode_tp, int64_t decode_pp)

@@ -9,8 +9,10 @@
  * as an instance of TP attn_tp), so a kvs__inst_t is one (instance id,
  * attention group). Its plan: the pair's layout (spec §3-§5) and path, this
  * side's fingerprint of the pair, and its peer ranks: on the decode side the
- * prefill ranks that take part in this rank's rooms (sources x stages: the
- * writers, and with MLA the ranks that only report), on the prefill side
+ * prefill ranks that take part in this rank's rooms (CP ranks x sources x
+ * stages: the writers, and with MLA the ranks that only report; each CP
+ * rank writes its own token range, docs/kinds/context-parallel.md), on the
+ * prefill side
  * the decode ranks in whose rooms this rank takes part (targets), each with
  * what this rank needs of it.
  *
@@ -91,6 +93,8 @@ struct kvs__inst {
     bool declared;               /* the geometry was given, not learned: a
                                     registration must agree with it */
     int64_t tp_size, pp_size;    /* of the peer group */
+    int64_t cp_size;             /* the prefill's CP ranks (>= 1): on a decode
+                                    its peer group's, on a prefill its own */
     kvs_layout_t lay;            /* the pair's layout */
     kvs_path_t path;             /* the pair's path */
     kvs_fingerprint_t fp;        /* this side's fingerprint of the pair */
@@ -100,8 +104,10 @@ struct kvs__inst {
                                     rank, the first of them */
     int64_t npeers, words;       /* peer ranks; bitmap words over them */
     kvs__peer_t *peers;          /* [npeers] */
-    char **addrs;                /* decode: [pp_size * tp_size] addresses of
-                                    the group's ranks (stage-major), or NULL */
+    char **addrs;                /* decode: [cp_size * pp_size * tp_size]
+                                    addresses of the group's ranks (CP rank,
+                                    then stage, then TP rank), or NULL */
+    int64_t naddrs;              /* strings in addrs */
     int64_t rooms;               /* open rooms paired with it */
 };
 
@@ -122,23 +128,26 @@ kvs__inst_t *kvs__insts_add(kvs__insts_t *t, kvs_manager_t *m, kvs_peer_t ref);
 /* Removes the instance added last (it has no connection yet). */
 void kvs__insts_pop(kvs__insts_t *t);
 
-/* Sets the geometry of inst (tp_size, pp_size of the peer group) and
- * computes the pair's plan from the manager: layout, path, fingerprint,
- * peer ranks. All or nothing: on failure m->err names what to change and
- * inst stays unknown. */
+/* Sets the geometry of inst (tp_size, pp_size of the peer group; on a
+ * decode cp_size, the prefill group's CP ranks, 0: 1; unused on a prefill,
+ * whose CP size is its own) and computes the pair's plan from the manager:
+ * layout, path, fingerprint, peer ranks. A decode's peers are CP rank c's
+ * source j of stage s at (c * tp_sources + j) * stages + s. All or nothing:
+ * on failure m->err names what to change and inst stays unknown. */
 int kvs__inst_set_geometry(kvs__inst_t *inst, kvs_manager_t *m, int64_t tp_size,
-                           int64_t pp_size, bool declared);
-/* Copies the addresses of the group's ranks (pp_size * tp_size strings,
- * stage-major) and names the peers from them, replacing any before (a
+                           int64_t pp_size, int64_t cp_size, bool declared);
+/* Copies the addresses of the group's ranks (cp_size * pp_size * tp_size
+ * strings: rank (c, s, t) at (c * pp_size + s) * tp_size + t, one group of
+ * addresses per CP rank) and names the peers from them, replacing any before (a
  * group declared again, its peers all unconnected: the instance came back
  * elsewhere). All or nothing; each peer is as if never connected (tried
  * by the next room naming it). */
 int kvs__inst_set_addrs(kvs__inst_t *inst, kvs_manager_t *m, const char *const *addrs);
 
-/* Decode: the peer index of the prefill rank (tp, stage) in inst, or -1
- * when it takes no part in this rank's rooms. */
-int64_t kvs__inst_writer_peer(const kvs__inst_t *inst, int64_t decode_tp, int64_t prefill_tp,
-                              int64_t prefill_stage);
+/* Decode: the peer index of the prefill rank (cp, tp, stage) in inst, or
+ * -1 when it takes no part in this rank's rooms. */
+int64_t kvs__inst_writer_peer(const kvs__inst_t *inst, int64_t decode_tp, int64_t prefill_cp,
+                              int64_t prefill_tp, int64_t prefill_stage);
 /* Prefill: the peer index of decode rank (tp, pp) in inst, or -1 when this
  * rank does not write to it. */
 int64_t kvs__inst_target_peer(const kvs__inst_t *inst, int64_t decode_tp, int64_t decode_pp);

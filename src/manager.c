@@ -111,13 +111,24 @@ static int kvs__check_config(const kvs_manager_config_t *c, const kvs_device_t *
                          "%lld) on a prefill rank and be 0 on a decode rank",
                          (long long)c->cp_rank,
                          (long long)(c->context_parallel > 0 ? c->context_parallel : 1));
-    /* Spec §8 refuses prefill CP with staging; no path here moves it yet
-     * (a CP rank on the direct or slice path would write its own range as
-     * if it were the whole request), so it is refused on every path. */
-    if (c->context_parallel > 1)
-        return KVS__FAIL(err, KVS_ECONTEXT_PARALLEL, "prefill context parallelism %lld: the "
-                         "handlers do not move it yet on any path (the layout plans it: "
-                         "docs/kinds/context-parallel.md); set context_parallel to 1",
+    /* Spec §8 refuses prefill CP with staging; here the staging path moves
+     * it (docs/kinds/context-parallel.md) and the direct and slice paths do
+     * not yet (a CP rank there would write its own range as if it were the
+     * whole request): refused unless staging is on (the pair's path is
+     * checked again once resolved, kvs__manager_pair). A decode pairs with
+     * CP ranks of a declared instance only: kvs_decode_connect has no CP
+     * rank to name. */
+    if (c->context_parallel > 1 && c->role == KVS_ROLE_DECODE)
+        return KVS__FAIL(err, KVS_ECONTEXT_PARALLEL, "context_parallel %lld on a decode rank: "
+                         "declare the prefill instance with kvs_decode_add_instance and its "
+                         "cp_size instead (the default instance has no CP ranks to connect); "
+                         "set context_parallel to 1", (long long)c->context_parallel);
+    if (c->context_parallel > 1 &&
+        (!c->staging || c->path == KVS_PATH_DIRECT || c->path == KVS_PATH_SLICE))
+        return KVS__FAIL(err, KVS_ECONTEXT_PARALLEL, "prefill context parallelism %lld moves "
+                         "on the staging path only (the direct and slice paths do not move "
+                         "it yet: docs/kinds/context-parallel.md); turn staging on with path "
+                         "auto or staging, or set context_parallel to 1",
                          (long long)c->context_parallel);
     if (!c->staging)
         return KVS_OK;
@@ -599,7 +610,7 @@ const kvs_layout_t *kvs_manager_layout(const kvs_manager_t *m)
 }
 
 kvs_layout_params_t kvs__manager_layout_params(const kvs_manager_t *m, int64_t peer_tp,
-                                               int64_t peer_pp)
+                                               int64_t peer_pp, int64_t peer_cp)
 {
     const kvs_manager_config_t *c = &m->cfg;
     const bool decode = c->role == KVS_ROLE_DECODE;
@@ -621,20 +632,20 @@ kvs_layout_params_t kvs__manager_layout_params(const kvs_manager_t *m, int64_t p
         .kind = c->kv_kind,
         .kv_scales = c->kv_scales,
         .scale_block = c->scale_block,
-        .prefill_cp = c->context_parallel,
+        .prefill_cp = decode ? (peer_cp > 0 ? peer_cp : 1) : c->context_parallel,
     };
     return p;
 }
 
-int kvs__manager_pair(kvs_manager_t *m, int64_t peer_tp, int64_t peer_pp, kvs_layout_t *lay,
-                      kvs_path_t *path)
+int kvs__manager_pair(kvs_manager_t *m, int64_t peer_tp, int64_t peer_pp, int64_t peer_cp,
+                      kvs_layout_t *lay, kvs_path_t *path)
 {
     const bool decode = m->cfg.role == KVS_ROLE_DECODE;
     if (peer_tp <= 0 || peer_pp <= 0)
         return KVS__MFAIL(m, KVS_EINVAL, "the %s instance's TP and PP sizes must be > 0 (got "
                           "%lld, %lld)", decode ? "prefill" : "decode", (long long)peer_tp,
                           (long long)peer_pp);
-    kvs_layout_params_t p = kvs__manager_layout_params(m, peer_tp, peer_pp);
+    kvs_layout_params_t p = kvs__manager_layout_params(m, peer_tp, peer_pp, peer_cp);
     int rc = kvs_layout_init(lay, &p, &m->err);
     if (rc != KVS_OK)
         return rc;
@@ -660,6 +671,12 @@ int kvs__manager_pair(kvs_manager_t *m, int64_t peer_tp, int64_t peer_pp, kvs_la
     if (want != KVS_PATH_STAGING && want != KVS_PATH_DIRECT && want != KVS_PATH_SLICE)
         return KVS__MFAIL(m, KVS_EINVAL, "path %d unknown: use auto, staging, direct or "
                           "slice", (int)want);
+    if (want != KVS_PATH_STAGING && lay->prefill_cp > 1)
+        return KVS__MFAIL(m, KVS_ECONTEXT_PARALLEL, "prefill context parallelism %lld moves on "
+                          "the staging path only and this pair takes the %s path (equal TP "
+                          "%lld): set path to staging", (long long)lay->prefill_cp,
+                          want == KVS_PATH_DIRECT ? "direct" : "slice",
+                          (long long)lay->prefill_tp);
     if (want == KVS_PATH_STAGING && lay->prefill_pp > 1 &&
         !kvs__net_has(m->fab, KVS_FABRIC_CAP_PER_LAYER_WRITES))
         return KVS__MFAIL(m, KVS_EPP_WRITES, "prefill PP %lld needs per-layer writes "
@@ -701,7 +718,7 @@ int kvs__manager_handler_check(kvs_manager_t *m, kvs_role_t role, kvs_layout_t *
     /* The default peer instance's pair: a handler exists only if this rank's
      * own geometry pairs with it (the decode's default is its own TP). */
     return kvs__manager_pair(m, m->cfg.peer_tp_size > 0 ? m->cfg.peer_tp_size : m->cfg.tp_size,
-                             m->cfg.peer_pp_size, lay, path);
+                             m->cfg.peer_pp_size, m->cfg.context_parallel, lay, path);
 }
 
 void *kvs__manager_handler_new(kvs_manager_t *m, kvs_role_t role, size_t bytes, int *rc)

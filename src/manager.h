@@ -50,13 +50,15 @@ struct kvs_manager {
 };
 
 /* The layout params of the pair of this rank with a peer instance of TP
- * peer_tp and PP peer_pp. */
+ * peer_tp and PP peer_pp. The prefill's CP size: on a decode the peer
+ * instance's, peer_cp (0: 1); on a prefill its own (context_parallel),
+ * peer_cp unused. */
 kvs_layout_params_t kvs__manager_layout_params(const kvs_manager_t *m, int64_t peer_tp,
-                                               int64_t peer_pp);
+                                               int64_t peer_pp, int64_t peer_cp);
 /* The layout and path of that pair, checked against this rank (its heads,
  * the path setting). On error m->err names what to change. */
-int kvs__manager_pair(kvs_manager_t *m, int64_t peer_tp, int64_t peer_pp, kvs_layout_t *lay,
-                      kvs_path_t *path);
+int kvs__manager_pair(kvs_manager_t *m, int64_t peer_tp, int64_t peer_pp, int64_t peer_cp,
+                      kvs_layout_t *lay, kvs_path_t *path);
 
 /* The guards every handler creation runs (spec §8): role, one handler per
  * manager, staging memory initialised and registered, KV buffers published,

@@ -486,7 +486,7 @@ static int kvs__check_register(kvs_prefill_t *p, const kvs_msg_register_t *g,
         /* Learned from this registration once it checks out. */
         kvs_layout_t lay;
         kvs_path_t path;
-        int rc = kvs__manager_pair(m, g->tp_size, g->pp_size, &lay, &path);
+        int rc = kvs__manager_pair(m, g->tp_size, g->pp_size, 0, &lay, &path);
         if (rc != KVS_OK) {
             snprintf(why, why_bytes, "decode instance %llu (TP %lld, PP %lld) cannot pair "
                      "with this rank: %s", (unsigned long long)g->instance,
@@ -501,7 +501,7 @@ static int kvs__check_register(kvs_prefill_t *p, const kvs_msg_register_t *g,
     if (inst == NULL)
         inst = kvs__insts_add(&p->h.insts, m, ref);
     if (inst != NULL && !inst->known &&
-        kvs__inst_set_geometry(inst, m, g->tp_size, g->pp_size, false) == KVS_OK &&
+        kvs__inst_set_geometry(inst, m, g->tp_size, g->pp_size, 0, false) == KVS_OK &&
         kvs__handler_prepare_path(&p->h, inst->path) == KVS_OK) {
         for (kvs__room_t *r = p->h.first; r != NULL; r = r->next)
             if (r->inst == inst && kvs__room_bind(p, kvs__proom(r)) != KVS_OK)

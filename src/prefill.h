@@ -28,6 +28,9 @@ typedef struct kvs__pchunk {
     uint64_t wait_ns;            /* when it started waiting */
     int64_t tokens, token_start, token_end, page_start, num_pages;
     int64_t region_bytes;
+    kvs_cp_part_t part;          /* this rank's CP part of it: the rows it
+                                    gathers and where they go (the chunk at
+                                    offset 0 with CP 1) */
     uint64_t offset, round, end;
     uint64_t rkey[2];            /* with scoped keys: the keys of its writes
                                     (STAGING_RSP's rkey, rkey_v) */

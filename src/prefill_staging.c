@@ -26,6 +26,13 @@
 #include <assert.h>
 #include <stdlib.h>
 
+/* This rank's writer index in a region: TP writer j of CP rank c is
+ * c * W + j (docs/kinds/context-parallel.md; j with CP 1). */
+static int64_t kvs__cp_writer(const kvs_prefill_t *p, const kvs__peer_t *peer)
+{
+    return p->h.m->cfg.cp_rank * peer->inst->lay.tp_writers + peer->tgt.writer;
+}
+
 bool kvs__staging_flow_done(const kvs__pflow_t *fl)
 {
     return fl->reqs_sent && fl->chunks_done == fl->num_chunks;
@@ -59,11 +66,28 @@ void kvs__staging_send_requests(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
         c->num_pages = plan.num_pages;
         c->region_bytes = plan.region_bytes;
         c->worker = -1;
+        /* This CP rank's part of the chunk; a chunk its range does not
+         * meet is written by other CP ranks: done here at once. */
+        const kvs_chunk_t ch = {.index = i, .page_start = plan.page_start,
+                                .num_pages = plan.num_pages, .token_start = plan.token_start,
+                                .token_end = plan.token_end};
+        const int rc = kvs_layout_cp_part(&inst->lay, peer->tp_rank, inst->decode_stage,
+                                          fl->total, &ch, p->h.m->cfg.cp_rank, &c->part);
+        if (rc == KVS_ENOENT) {
+            c->state = KVS__PCH_DONE;
+            fl->chunks_done++;
+            continue;
+        }
+        if (rc != KVS_OK) {
+            kvs__room_fail(&p->h, &r->base, KVS_ERANGE, NULL);
+            return;
+        }
         c->state = KVS__PCH_REQ;
         kvs_msg_t msg = {.type = KVS_MSG_STAGING_REQ};
         msg.u.req = (kvs_msg_staging_req_t){.room = r->base.id, .chunk = i,
                                             .pages = plan.num_pages, .tokens = plan.tokens,
-                                            .writer = peer->tgt.writer, .stage = p->h.pp_rank};
+                                            .writer = kvs__cp_writer(p, peer),
+                                            .stage = p->h.pp_rank};
         kvs__send(&p->h, peer, &msg);
     }
 }
@@ -119,8 +143,8 @@ static int kvs__write_chunk(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int64_
     kvs__pchunk_t *c = &r->flows[f].chunks[chunk];
     kvs__span_t span[2];
     int n = 0;
-    int rc = kvs__writer_spans(&inst->lay, peer->tp_rank, inst->decode_stage, t->writer,
-                               p->h.pp_rank, c->tokens, span, &n);
+    int rc = kvs__part_spans(&inst->lay, peer->tp_rank, inst->decode_stage, t->writer,
+                             p->h.pp_rank, &c->part, span, &n);
     if (rc != KVS_OK)
         return rc;
     assert(n == t->writes);
@@ -164,7 +188,8 @@ static void kvs__chunk_ready(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int64
     kvs_msg_t msg = {.type = KVS_MSG_CHUNK_READY};
     msg.u.ready = (kvs_msg_chunk_ready_t){.room = r->base.id, .chunk = chunk,
                                           .page_start = c->page_start, .pages = c->num_pages,
-                                          .writer = peer->tgt.writer, .stage = p->h.pp_rank};
+                                          .writer = kvs__cp_writer(p, peer),
+                                          .stage = p->h.pp_rank};
     kvs__send(&p->h, peer, &msg);
 }
 
@@ -197,8 +222,9 @@ static bool kvs__can_join(const kvs__proom_t *r, int64_t g, int64_t i, const kvs
     if (!fl->known || !fl->reqs_sent || !peer->ready || peer->lost || i >= fl->num_chunks)
         return false;
     const kvs__pchunk_t *cg = &fl->chunks[i];
-    if (cg->state != KVS__PCH_ALLOC || cg->token_start != c->token_start ||
-        cg->tokens != c->tokens || !kvs_ring_ready(peer->tgt.wm, cg->round, cg->end))
+    if (cg->state != KVS__PCH_ALLOC || cg->part.token_start != c->part.token_start ||
+        cg->part.token_end != c->part.token_end ||
+        !kvs_ring_ready(peer->tgt.wm, cg->round, cg->end))
         return false;
     for (int64_t j = 0; j < i; j++)
         if (fl->chunks[j].state == KVS__PCH_ALLOC)
@@ -254,12 +280,16 @@ static bool kvs__gather_chunk(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int6
     for (int64_t k = 0; k < n; k++)
         p->worker_busy[p->fuse_workers[k]] = false;
     p->gather_blocked = false;
+    /* This CP rank's rows of the chunk (all of it with CP 1): its page list
+     * is indexed by the request's token, and its range starts a page
+     * (kvs_layout_cp_range), so the part's first row starts one. */
     const int64_t ps = inst->lay.page_size;
+    const int64_t rows = c->part.token_end - c->part.token_start;
     const kvs_copy_desc_t desc = {
         .k_base = m->k_base, .v_base = m->v_base, .local_heads = m->kv.local_heads,
         .head_dim = inst->lay.head_dim, .elem_bytes = inst->lay.elem_bytes, .page_size = ps,
-        .pages = r->pages + c->token_start / ps, .num_pages = kvs__ceil_div(c->tokens, ps),
-        .tokens = c->tokens, .layer_begin = 0, .layer_count = m->cfg.layers,
+        .pages = r->pages + c->part.token_start / ps, .num_pages = kvs__ceil_div(rows, ps),
+        .tokens = rows, .layer_begin = 0, .layer_count = m->cfg.layers,
         .staging_slot_begin = 0, .staging_layer_slots = m->cfg.layers,
         .planes = inst->lay.planes, .ks_base = m->ks_base, .vs_base = m->vs_base,
         .scale_bytes = inst->lay.scale_bytes};
@@ -321,7 +351,7 @@ void kvs__staging_advance(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
         }
         if (c->state != KVS__PCH_ALLOC)
             continue;
-        if (c->token_end > r->computed && !r->final)
+        if (c->part.token_end > r->computed && !r->final)
             break; /* later chunks are not computed either */
         if (c->tokens == 0) { /* metadata-only: nothing to move */
             kvs__chunk_ready(p, r, f, i);

@@ -33,17 +33,20 @@ void kvs__ring_keys_init(kvs__ring_keys_t *rk, kvs__handler_t *h)
 }
 
 int kvs__wkeys_grant(kvs__ring_keys_t *rk, kvs__handler_t *h, const kvs__peer_t *peer,
-                     uint64_t offset, int64_t tokens, kvs__wkeys_t *k)
+                     uint64_t offset, const kvs_cp_part_t *part, kvs__wkeys_t *k)
 {
     kvs_manager_t *m = h->m;
     const kvs__inst_t *inst = peer->inst;
     kvs__span_t span[2];
     int n = 0;
-    int rc = kvs__writer_spans(&inst->lay, m->cfg.tp_rank, inst->decode_stage,
-                               peer->index / inst->stages, peer->pp_rank, tokens, span, &n);
+    /* peer (c * tp_sources + j) * stages + s is TP writer j (instance.h) */
+    int rc = kvs__part_spans(&inst->lay, m->cfg.tp_rank, inst->decode_stage,
+                             (peer->index / inst->stages) % inst->lay.tp_sources, peer->pp_rank,
+                             part, span, &n);
     if (rc != KVS_OK)
-        return KVS__MFAIL(m, rc, "the bytes of writer %lld in a region of %lld tokens are "
-                          "not on the layout", (long long)peer->index, (long long)tokens);
+        return KVS__MFAIL(m, rc, "the bytes of writer %lld in a region part of %lld tokens "
+                          "are not on the layout", (long long)peer->index,
+                          (long long)(part->token_end - part->token_start));
     for (int i = 0; i < n; i++) {
         rc = kvs__net_key_grant(h->fab, peer->conn, rk->mr,
                                 rk->ring_addr + offset + span[i].remote_off, span[i].len_bytes,

@@ -72,6 +72,19 @@ static int edge_inst_dp(const edge_cluster_t *cl, int inst)
     return inst == 0 || cl->o.inst_dp[inst] == 0 ? 1 : (int)cl->o.inst_dp[inst];
 }
 
+/* The prefill CP ranks of instance inst. */
+static int64_t edge_inst_cp(const edge_cluster_t *cl, int inst)
+{
+    return inst == 0 || cl->o.inst_cp[inst] == 0 ? 1 : cl->o.inst_cp[inst];
+}
+
+/* The node groups of instance inst: its attention groups, or its CP ranks
+ * (a node's dp is then its CP rank). */
+static int edge_inst_groups(const edge_cluster_t *cl, int inst)
+{
+    return edge_inst_cp(cl, inst) > 1 ? (int)edge_inst_cp(cl, inst) : edge_inst_dp(cl, inst);
+}
+
 static void edge_log(void *user, kvs_log_level_t level, const char *msg)
 {
     edge_node_t *n = user;
@@ -197,7 +210,7 @@ static int edge_node_setup(edge_cluster_t *cl, edge_node_t *n, kvs_role_t role, 
     n->inst = inst;
     n->dp = dp;
     n->tp = tp;
-    if (inst > 0 && edge_inst_dp(cl, inst) > 1)
+    if (inst > 0 && edge_inst_groups(cl, inst) > 1)
         snprintf(n->name, sizeof n->name, "i%dg%dp%lld", inst, dp, (long long)tp);
     else if (inst > 0)
         snprintf(n->name, sizeof n->name, "i%dp%lld", inst, (long long)tp);
@@ -275,7 +288,10 @@ int edge_node_manager(edge_cluster_t *cl, edge_node_t *n, uint64_t session)
         .max_inflight_writes = o->max_inflight_writes,
         .session_id = session, .app_tag = odd ? o->odd_app_tag : 0,
         .max_aux_bytes = odd && o->odd_max_aux_set ? o->odd_max_aux : o->max_aux_bytes,
-        .instance_id = decode ? 0 : (uint64_t)n->inst, .dp_rank = decode ? 0 : n->dp,
+        .instance_id = decode ? 0 : (uint64_t)n->inst,
+        .dp_rank = decode || edge_inst_cp(cl, n->inst) > 1 ? 0 : n->dp,
+        .context_parallel = decode ? 0 : edge_inst_cp(cl, n->inst),
+        .cp_rank = decode || edge_inst_cp(cl, n->inst) == 1 ? 0 : n->dp,
         .max_instances = o->max_instances,
         .secret_env = decode ? o->decode_secret_env : o->prefill_secret_env,
         .log = {.fn = edge_log,
@@ -349,16 +365,17 @@ void edge_connect(edge_cluster_t *cl, int d)
     for (int inst = 1; inst < cl->o.instances; inst++) {
         char names[EDGE_MAX_NODES][32];
         const char *addrs[EDGE_MAX_NODES];
-        const int64_t tp = edge_inst_tp(cl, inst);
+        const int64_t tp = edge_inst_tp(cl, inst), cp = edge_inst_cp(cl, inst);
         const int dp = edge_inst_dp(cl, inst);
-        for (int g = 0; g < dp; g++)
+        /* groups in address order: attention groups, or CP ranks */
+        for (int g = 0; g < edge_inst_groups(cl, inst); g++)
             for (int64_t t = 0; t < tp; t++) {
                 const edge_node_t *p = edge_group_node(cl, inst, g, t);
                 snprintf(names[g * tp + t], sizeof names[0], "%s", p->name);
                 addrs[g * tp + t] = names[g * tp + t];
             }
         const kvs_instance_desc_t desc = {.id = (uint64_t)inst, .tp_size = tp, .dp_size = dp,
-                                          .addrs = addrs};
+                                          .addrs = addrs, .cp_size = cp};
         int rc = kvs_decode_add_instance(n->dec, &desc);
         for (int g = 0; g < dp && rc == KVS_OK; g++)
             rc = kvs_decode_connect_peer(n->dec, (kvs_peer_t){(uint64_t)inst, g});
@@ -377,7 +394,7 @@ edge_cluster_t *edge_create(const edge_opts_t *o)
     cl->ndecode = (int)o->decode_tp;
     assert_true(o->instances <= EDGE_MAX_INSTANCES);
     for (int inst = 1; inst < o->instances; inst++)
-        cl->nextra += (int)o->inst_tp[inst] * (o->inst_dp[inst] > 0 ? (int)o->inst_dp[inst] : 1);
+        cl->nextra += (int)o->inst_tp[inst] * edge_inst_groups(cl, inst);
     assert_true(edge_nnodes(cl) <= EDGE_MAX_NODES);
     assert_int_equal(sim_engine_create(EDGE_SEED, 256, &cl->eng), KVS_OK);
     assert_int_equal(sim_net_create(cl->eng, &o->net, &cl->net), KVS_OK);
@@ -389,7 +406,7 @@ edge_cluster_t *edge_create(const edge_opts_t *o)
                                  0, 0, decode ? i - cl->nprefill : i, (uint32_t)i);
         } else {
             rc = edge_node_setup(cl, &cl->nodes[i], KVS_ROLE_PREFILL, inst, g, tp, (uint32_t)i);
-            if (++tp == edge_inst_tp(cl, inst) && (tp = 0, ++g == edge_inst_dp(cl, inst))) {
+            if (++tp == edge_inst_tp(cl, inst) && (tp = 0, ++g == edge_inst_groups(cl, inst))) {
                 inst++;
                 g = 0;
             }
@@ -485,12 +502,14 @@ static uint8_t *edge_slot(const edge_node_t *n, int64_t layer, int kv, int64_t p
     return n->pool_host + (addr - n->pool_addr);
 }
 
-void edge_fill(edge_node_t *n, uint64_t room, int64_t total)
+void edge_fill(edge_node_t *n, uint64_t room, int64_t total) { edge_fill_range(n, room, 0, total); }
+
+void edge_fill_range(edge_node_t *n, uint64_t room, int64_t start, int64_t end)
 {
     const size_t hb = (size_t)(n->cl->o.head_dim * n->elem_bytes);
     for (int64_t l = 0; l < n->layers; l++)
         for (int kv = 0; kv < 2; kv++)
-            for (int64_t t = 0; t < total; t++)
+            for (int64_t t = start; t < end; t++)
                 for (int64_t j = 0; j < n->heads; j++) {
                     sim_kv_coord_t c = {room, l, kv, edge_global_head(n, j), t};
                     sim_kvdata_fill(edge_slot(n, l, kv, edge_page(room, t / n->page_size, false),

@@ -122,6 +122,9 @@ typedef struct edge_opts {
     int64_t inst_tp[EDGE_MAX_INSTANCES];
     int64_t inst_dp[EDGE_MAX_INSTANCES]; /* attention groups of inst_tp ranks each
                                           (DP attention), 0 -> 1 */
+    int64_t inst_cp[EDGE_MAX_INSTANCES]; /* prefill CP ranks of inst_tp ranks each
+                                          (docs/kinds/context-parallel.md), 0 -> 1;
+                                          with inst_dp 0: node.dp is the CP rank */
     uint32_t max_instances;          /* of every rank, 0: the default */
     bool prefill_learns;             /* prefill ranks leave peer_tp_size 0: they learn
                                         the decode instance at its registration */
@@ -224,6 +227,9 @@ int64_t edge_page(uint64_t room, int64_t i, bool decode);
 
 /* The forward pass of tokens [0, total) of a room on one prefill rank. */
 void edge_fill(edge_node_t *n, uint64_t room, int64_t total);
+/* Fills tokens [start, end) only (a prefill CP rank's range); the rest of
+ * the room's pages stay as they were. */
+void edge_fill_range(edge_node_t *n, uint64_t room, int64_t start, int64_t end);
 
 void edge_open_decode(edge_cluster_t *cl, uint64_t room, int64_t base, int64_t total);
 

@@ -8,7 +8,9 @@
  * would, and every byte must be written exactly once with the right
  * token's bytes. Two planted bugs (a CP rank gathering the wrong token
  * range, one placing its part by its own range instead of the chunk) must
- * be caught.
+ * be caught. The writers place their blocks with kvs__part_spans, the
+ * writes the staging handlers post; the decode reads back by the layout's
+ * formulas alone.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -20,6 +22,8 @@
 #include <string.h>
 
 #include <kvstage/kvstage.h>
+
+#include "chunk.h"
 
 static kvs_layout_params_t small_gqa(int64_t p, int64_t d, int64_t cp)
 {
@@ -266,6 +270,11 @@ static int64_t model_run(const model_case_t *mc, plant_t plant, int64_t *verifie
                         for (int64_t j = 0; j < l.tp_writers; j++) {
                             kvs_writer_t w;
                             assert_int_equal(kvs_layout_writer(&l, d, e, j, n, &w), KVS_OK);
+                            /* where the handlers' writes put its block */
+                            kvs__span_t span[2];
+                            int ns = 0;
+                            assert_int_equal(kvs__part_spans(&l, d, e, j, s, &part, span, &ns),
+                                             KVS_OK);
                             arrivals++;
                             const int64_t nh = w.heads.num_heads;
                             for (int64_t pl = 0; pl < l.planes; pl++)
@@ -273,10 +282,19 @@ static int64_t model_run(const model_case_t *mc, plant_t plant, int64_t *verifie
                                     for (int64_t k = 0; k < n; k++)
                                         for (int64_t h = 0; h < nh; h++)
                                             for (int64_t x = 0; x < hd; x++) {
-                                                const int64_t o =
-                                                    at + w.offset_bytes +
-                                                    (((pl * dcount + ly - dfirst) * n + k) * nh +
-                                                     h) * hd + x;
+                                                /* its byte in its staging block:
+                                                 * planes, its layers, token-major */
+                                                const uint64_t loc = (uint64_t)(
+                                                    (((pl * count + ly - first) * n + k) * nh +
+                                                     h) * hd + x);
+                                                int64_t o = -1;
+                                                for (int q = 0; q < ns; q++)
+                                                    if (loc >= span[q].local_off &&
+                                                        loc - span[q].local_off <
+                                                            span[q].len_bytes)
+                                                        o = (int64_t)(span[q].remote_off + loc -
+                                                                      span[q].local_off) +
+                                                            (at - part.offset_bytes);
                                                 if (o < 0 || o >= rbytes) {
                                                     bad++;
                                                     continue;

@@ -225,8 +225,10 @@ static void test_manager_config_guards(void **state)
     guard_case_t g[] = {
         {"mla with GQA heads", decode_cfg(), 0, KVS_EMLA,
          "total_heads 8 and heads_per_rank 0 must be 0 or 1"},
-        {"context parallel", prefill_cfg(), 0, KVS_ECONTEXT_PARALLEL,
-         "context parallelism 2"},
+        /* A decode pairs with CP ranks of a declared instance only. */
+        {"context parallel on a decode", decode_cfg(), 0, KVS_ECONTEXT_PARALLEL,
+         "context_parallel 2 on a decode rank: declare the prefill instance with "
+         "kvs_decode_add_instance"},
         {"chunk not multiple", prefill_cfg(), 0, KVS_ECHUNK,
          "chunk_tokens 100 must be a positive multiple of page_size 16"},
         {"chunk negative", decode_cfg(), 0, KVS_ECHUNK, "chunk_tokens -16"},
@@ -272,9 +274,9 @@ static void test_manager_config_guards(void **state)
          "chunk_tokens 8192 (the default) must be a multiple of the peer's page size 24"},
         {"peer pages of 64", prefill_cfg(), 0, KVS_OK, NULL},
         {"peer pages of 24, no staging: not checked", decode_cfg(), 0, KVS_OK, NULL},
-        /* No path moves prefill CP yet: refused without staging too. */
+        /* Prefill CP moves on the staging path only. */
         {"context parallel, no staging", prefill_cfg(), 0, KVS_ECONTEXT_PARALLEL,
-         "context parallelism 3: the handlers do not move it yet on any path"},
+         "context parallelism 3 moves on the staging path only"},
         /* A prefill rank's CP rank lies in its CP size; a decode has none. */
         {"cp rank past the CP size", prefill_cfg(), 0, KVS_EINVAL,
          "cp_rank 1 must lie in [0, context_parallel 1)"},

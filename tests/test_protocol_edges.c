@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "channel.h"
+#include "instance.h"
 #include "kvdata.h"
 #include "link.h"
 
@@ -2940,9 +2941,13 @@ static void test_protocol_edges_cp_rank_misaddressed(void **state)
     edge_cluster_t *cl = edge_create(&o);
     edge_node_t *d = edge_decode(cl, 0);
     const char *addrs[2] = {"p0", "p1"};
-    const kvs_instance_desc_t cp2 = {.id = 3, .tp_size = 2, .addrs = addrs, .cp_size = 2};
+    /* TP 1 x CP 2 into this TP 1 decode: the direct path, which does not
+     * move CP */
+    const kvs_instance_desc_t cp2 = {.id = 3, .tp_size = 1, .addrs = addrs, .cp_size = 2};
     assert_int_equal(kvs_decode_add_instance(d->dec, &cp2), KVS_ECONTEXT_PARALLEL);
-    assert_non_null(strstr(kvs_manager_last_error(d->m)->msg, "cp_size 2"));
+    assert_non_null(strstr(kvs_manager_last_error(d->m)->msg,
+                           "moves on the staging path only and this pair takes the direct "
+                           "path"));
     const kvs_instance_desc_t bad = {.id = 3, .tp_size = 2, .addrs = addrs, .cp_size = -1};
     assert_int_equal(kvs_decode_add_instance(d->dec, &bad), KVS_EINVAL);
     assert_non_null(strstr(kvs_manager_last_error(d->m)->msg, "cp_size >= 0"));
@@ -2966,6 +2971,124 @@ static void test_protocol_edges_cp_rank_misaddressed(void **state)
                                      "reaches context-parallel rank 1 of 1, not rank 0 of 1"));
     edge_intruder_destroy(&x);
     edge_destroy(cl);
+}
+
+/* The decode's plan of a prefill instance with CP ranks (the piece the
+ * staging path builds on; kvs_decode_add_instance still refuses cp_size >
+ * 1): one peer per (CP rank, TP source, stage), CP rank c's source j of
+ * stage s at (c * tp_sources + j) * stages + s, each named from its CP
+ * rank's group of addresses and carrying its cp_rank (kvs__on_ack compares
+ * it); the layout's prefill_cp is the instance's. An index that ignored
+ * the CP rank would give two CP ranks one peer (seen twice) and name it
+ * from the wrong group. */
+static void test_protocol_edges_cp_decode_peer_plan(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.no_connect = true;
+    edge_cluster_t *cl = edge_create(&o);
+    kvs_manager_t *m = edge_decode(cl, 0)->m; /* decode TP 1 */
+    kvs__insts_t t;
+    assert_int_equal(kvs__insts_init(&t, 2), KVS_OK);
+    kvs__inst_t *inst = kvs__insts_add(&t, m, (kvs_peer_t){7, 0});
+    assert_non_null(inst);
+    /* prefill TP 2 x CP 2: 2 writers per CP rank, 4 peers */
+    assert_int_equal(kvs__inst_set_geometry(inst, m, 2, 1, 2, true), KVS_OK);
+    assert_int_equal(inst->cp_size, 2);
+    assert_int_equal(inst->lay.prefill_cp, 2);
+    assert_int_equal(inst->npeers, 4);
+    const char *addrs[4] = {"c0t0", "c0t1", "c1t0", "c1t1"};
+    assert_int_equal(kvs__inst_set_addrs(inst, m, addrs), KVS_OK);
+    bool seen[4] = {false, false, false, false};
+    for (int64_t c = 0; c < 2; c++)
+        for (int64_t tp = 0; tp < 2; tp++) {
+            const int64_t i = kvs__inst_writer_peer(inst, 0, c, tp, 0);
+            assert_true(i >= 0 && i < 4);
+            assert_false(seen[i]); /* one peer per (CP rank, TP rank) */
+            seen[i] = true;
+            const kvs__peer_t *p = &inst->peers[i];
+            assert_int_equal(p->cp_rank, c);
+            assert_int_equal(p->tp_rank, tp);
+            assert_false(p->silent);
+            char want[8];
+            snprintf(want, sizeof want, "c%lldt%lld", (long long)c, (long long)tp);
+            assert_string_equal(p->name, want);
+        }
+    assert_int_equal(kvs__inst_writer_peer(inst, 0, 2, 0, 0), -1); /* no CP rank 2 */
+    assert_int_equal(kvs__inst_writer_peer(inst, 0, -1, 0, 0), -1);
+    kvs__insts_fini(&t);
+    edge_destroy(cl);
+}
+
+/* Prefill context parallelism end to end on the staging path: instance 1
+ * of TP ptp x CP cp into the decode ranks. Each CP rank's pool holds its
+ * own range's tokens only (the rest of its pages zero), so a rank that
+ * gathered another range's rows, or wrote its part at another offset,
+ * leaves wrong bytes on the decode; every byte of every decode rank is
+ * checked. Chunks straddle the ranges (16-token chunks, ranges of 20 or
+ * 36 tokens), a cached prefix leaves CP rank 0 a part of one chunk only,
+ * and the last CP rank of a short prompt holds nothing. */
+static void cp_staging_case(int64_t ptp, int64_t dtp, int64_t cp, int64_t base, int64_t total,
+                            uint64_t ring_bytes)
+{
+    edge_opts_t o = edge_defaults();
+    if (ring_bytes > 0)
+        o.ring_bytes = ring_bytes;
+    o.prefill_tp = 1; /* the default instance, unused here */
+    o.decode_tp = dtp;
+    o.path = KVS_PATH_STAGING;
+    o.instances = 2;
+    o.inst_tp[1] = ptp;
+    o.inst_cp[1] = cp;
+    edge_cluster_t *cl = edge_create(&o);
+    const uint64_t room = 5;
+    edge_open_group(cl, 1, 0, room, base, total); /* fills whole requests: redone below */
+    for (int64_t c = 0; c < cp; c++)
+        for (int64_t t = 0; t < ptp; t++) {
+            edge_node_t *n = edge_group_node(cl, 1, (int)c, t);
+            if (c > 0) { /* edge_open_group opened group 0 only */
+                int64_t pages[EDGE_ROOM_SLOT_PAGES];
+                const int64_t np = (total + n->page_size - 1) / n->page_size;
+                for (int64_t k = 0; k < np; k++)
+                    pages[k] = edge_page(room, k, false);
+                assert_int_equal(kvs_prefill_room_open(n->pre, room, total, pages, np), KVS_OK);
+            }
+            memset(n->pool_host, 0, n->pool_bytes);
+            int64_t cs, ce;
+            assert_int_equal(kvs_layout_cp_range(kvs_manager_layout(n->m), total, c, &cs, &ce),
+                             KVS_OK);
+            edge_fill_range(n, room, cs, ce);
+            assert_int_equal(kvs_prefill_room_computed(n->pre, room, total, true), KVS_OK);
+            edge_wake(n);
+        }
+    edge_run(cl);
+    for (int d = 0; d < cl->ndecode; d++)
+        edge_expect(edge_decode(cl, d), room, KVS_OK);
+    for (int64_t c = 0; c < cp; c++)
+        for (int64_t t = 0; t < ptp; t++)
+            edge_expect(edge_group_node(cl, 1, (int)c, t), room, KVS_OK);
+    const uint64_t bad = edge_corrupt(cl, room, base, total);
+    if (bad != 0)
+        EDGE_FAIL("P%lld CP%lld -> D%lld, tokens [%lld, %lld): %llu corrupt bytes",
+                  (long long)ptp, (long long)cp, (long long)dtp, (long long)base,
+                  (long long)total, (unsigned long long)bad);
+    edge_expect_ring_empty(cl);
+    edge_destroy(cl);
+}
+
+static void test_protocol_edges_cp_staging_every_byte(void **state)
+{
+    (void)state;
+    cp_staging_case(2, 1, 2, 0, 40, 0);  /* ranges [0,20) [20,40) */
+    cp_staging_case(2, 2, 2, 0, 72, 0);  /* ranges [0,36) [36,72) */
+    cp_staging_case(2, 1, 2, 16, 40, 0); /* a cached prefix */
+    cp_staging_case(4, 2, 2, 0, 40, 0);
+    cp_staging_case(1, 1, 4, 0, 10, 0);  /* short: [0,4) [4,8) [8,10), CP rank 3 nothing */
+    /* Rings of two full regions (8 KiB each) and of one, for five chunks:
+     * CP rank 1 asks for the later chunks while rank 0 still writes the
+     * first, and every region is reused; no wait may form a cycle. */
+    cp_staging_case(2, 1, 2, 0, 72, 16u << 10);
+    cp_staging_case(2, 1, 2, 0, 72, 8u << 10);
 }
 
 /* A decode that declares an instance with the addresses of another
@@ -3237,6 +3360,8 @@ int main(void)
         cmocka_unit_test(test_protocol_edges_prefill_args),
         cmocka_unit_test(test_protocol_edges_hostile_to_decode),
         cmocka_unit_test(test_protocol_edges_cp_rank_misaddressed),
+        cmocka_unit_test(test_protocol_edges_cp_decode_peer_plan),
+        cmocka_unit_test(test_protocol_edges_cp_staging_every_byte),
         cmocka_unit_test(test_protocol_edges_hostile_to_prefill),
         cmocka_unit_test(test_protocol_edges_empty_request),
         cmocka_unit_test(test_protocol_edges_direct_write_error),

@@ -85,9 +85,10 @@ extern "C" {
                  "pass total_heads and heads_per_rank 0 or 1, head_dim the "   \
                  "latent dim (kv_lora_rank + qk_rope_head_dim, 576 for "       \
                  "DeepSeek-V3) and no V buffers")                              \
-    X(ECONTEXT_PARALLEL, -18, "prefill context parallelism: the handlers do " \
-                              "not move it yet (the layout plans it); set "   \
-                              "prefill CP to 1")                               \
+    X(ECONTEXT_PARALLEL, -18, "prefill context parallelism moves on the "     \
+                              "staging path only (not direct or slice, nor a " \
+                              "decode's default instance): use staging or "   \
+                              "set prefill CP to 1")                           \
     X(ECHUNK, -19, "chunked-prefill size must be positive (or 0 for 8192) "   \
                    "and a multiple of the page size: change --chunk-tokens")   \
     X(EPP_WRITES, -20, "prefill PP > 1 needs per-layer writes, which this "   \
@@ -779,12 +780,13 @@ typedef struct kvs_manager_config {
                                  TP is refused) */
     int64_t peer_pp_size;     /* PP of the default peer instance, 0: 1 */
     int64_t context_parallel; /* prefill CP size, 0 -> 1: a prefill rank's
-                                 own instance's, a decode rank's default
-                                 peer instance's; in the fingerprint. > 1
-                                 is refused (KVS_ECONTEXT_PARALLEL) on every
-                                 path: the handlers do not move it yet, the
-                                 layout plans it (kvs_layout_params_t.
-                                 prefill_cp); see cp_rank */
+                                 own instance's (kvs_layout_params_t.
+                                 prefill_cp); in the fingerprint. > 1 moves
+                                 on the staging path only, else
+                                 KVS_ECONTEXT_PARALLEL; a decode rank
+                                 declares CP instances with
+                                 kvs_instance_desc_t.cp_size (> 1 here on a
+                                 decode: KVS_ECONTEXT_PARALLEL); see cp_rank */
     int64_t chunk_tokens;     /* C, 0 -> 8192 */
     uint64_t ring_bytes;      /* decode ring, 0 -> 4096 MiB */
     uint32_t ring_max_live;   /* live ring allocations, 0 -> 4096 */
@@ -932,8 +934,8 @@ KVS_API int kvs_kv_layers_from_ptrs(const uint64_t *ptrs, const uint64_t *lens,
  * guards (chunk size, the default chunk of 8192 included, PP on a fabric
  * without per-layer writes) are checked here when staging is on; that
  * `layers` is stage pp_rank's share of model_layers (KVS_EPP_SPLIT), an MLA
- * kind's heads are 0 or 1 (KVS_EMLA) and context parallelism is 1
- * (KVS_ECONTEXT_PARALLEL) always; a
+ * kind's heads are 0 or 1 (KVS_EMLA) and context parallelism > 1 has
+ * staging on and is on a prefill (KVS_ECONTEXT_PARALLEL) always; a
  * one-plane kind's staging on a device of ops version < 4 is refused
  * (KVS_ENOTSUP). */
 KVS_API int kvs_manager_create(const kvs_manager_config_t *cfg, kvs_device_t *dev,
@@ -1086,13 +1088,18 @@ typedef struct kvs_instance_desc {
     int64_t tp_size;          /* TP of one attention group (attn_tp) */
     int64_t pp_size;          /* 0 -> 1 */
     int64_t dp_size;          /* attention groups, 0 -> 1 */
-    /* The fabric address of every rank: dp_size * pp_size * tp_size strings,
-     * rank (group g, stage s, tp t) at (g * pp_size + s) * tp_size + t.
-     * Copied; required. */
+    /* The fabric address of every rank: dp_size * cp_size * pp_size *
+     * tp_size strings, rank (group g, CP rank c, stage s, tp t) at
+     * ((g * cp_size + c) * pp_size + s) * tp_size + t: one group of
+     * addresses per CP rank (with cp_size 1, (g * pp_size + s) * tp_size
+     * + t). Copied; required. */
     const char *const *addrs;
     /* Its prefill context-parallel ranks, 0 -> 1; in the fingerprint (a
-     * prefill of another CP size is refused, KVS_EFINGERPRINT). > 1 is
-     * refused (KVS_ECONTEXT_PARALLEL): the handlers do not move it yet. */
+     * prefill of another CP size is refused, KVS_EFINGERPRINT). > 1 moves
+     * on the staging path only: a pair that takes the direct or slice path
+     * is refused (KVS_ECONTEXT_PARALLEL). Each CP rank's prefill room
+     * lists the request's pages by token (ceil(total / page_size) ids) and
+     * reads only those of its range (kvs_layout_cp_range). */
     int64_t cp_size;
 } kvs_instance_desc_t;
 
