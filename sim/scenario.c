@@ -360,16 +360,6 @@ static int64_t sim_global_head(int64_t total, int64_t tp_size, int64_t rank, int
     return rank / (tp_size / total); /* replicated: ranks sharing a head */
 }
 
-static int64_t sim_gcd(int64_t a, int64_t b)
-{
-    while (b != 0) {
-        const int64_t t = a % b;
-        a = b;
-        b = t;
-    }
-    return a;
-}
-
 /* Buffer kv of a local layer: 0 K, 1 V, 2 and 3 their scales. */
 static uint64_t sim_base(const sim_node_t *n, int64_t layer, int kv)
 {
@@ -1626,8 +1616,9 @@ static int sim_setup(sim_scenario_t *sc)
      * sizes are equal); a cached prefix starts a page of each side. */
     const int64_t ps = sc->lay.page_size < sc->lay.decode_page_size ? sc->lay.page_size
                                                                     : sc->lay.decode_page_size;
-    const int64_t unit = sc->lay.page_size / sim_gcd(sc->lay.page_size, sc->lay.decode_page_size) *
-                         sc->lay.decode_page_size;
+    /* a cached prefix starts a page of both sides: the lcm of the page
+     * sizes, the grid's unit the layout keeps (kvstage.h) */
+    const int64_t unit = sc->lay.cp_align_tokens;
     sc->pool_pages = (int64_t)c->max_inflight * ((c->prompt_max_tokens + ps - 1) / ps) + 1;
     rc = sim_engine_create(c->seed, 1024, &sc->eng);
     if (rc == KVS_OK)

@@ -167,17 +167,26 @@ static void expect_refused(fx_t *f, const kvs_copy_desc_t *d, int status, const 
 #define KS_BASE(l) (0x100000ull * ((l) + 1) + 0x20000ull)
 #define VS_BASE(l) (0x100000ull * ((l) + 1) + 0x30000ull)
 #define SCALE_STAGING_ADDR 0xb00000ull
+
+/* Each layer's K and V scale buffers; with mem, live (256 bytes each). */
+static void scale_buffers(uint64_t *ks, uint64_t *vs, mem_t *mem)
+{
+    for (int l = 0; l < LAYERS; l++) {
+        ks[l] = KS_BASE(l);
+        vs[l] = VS_BASE(l);
+        if (mem != NULL) {
+            mem_add(mem, ks[l], 256);
+            mem_add(mem, vs[l], 256);
+        }
+    }
+}
+
 static void test_copy_desc_scale_planes_move_with_their_rows(void **state)
 {
     fx_t f;
     fx_init(&f);
     uint64_t ks[LAYERS], vs[LAYERS];
-    for (int l = 0; l < LAYERS; l++) {
-        ks[l] = KS_BASE(l);
-        vs[l] = VS_BASE(l);
-        mem_add(&f.mem, ks[l], 256);
-        mem_add(&f.mem, vs[l], 256);
-    }
+    scale_buffers(ks, vs, &f.mem);
     mem_add(&f.mem, SCALE_STAGING_ADDR, 1440);
     kvs_copy_desc_t d = f.good;
     d.ks_base = ks;
@@ -474,10 +483,7 @@ static void test_copy_desc_refuses_scale_sizes_overflowing_64_bits(void **state)
     fx_t f;
     fx_init(&f);
     uint64_t ks[LAYERS], vs[LAYERS];
-    for (int l = 0; l < LAYERS; l++) {
-        ks[l] = KS_BASE(l);
-        vs[l] = VS_BASE(l);
-    }
+    scale_buffers(ks, vs, NULL);
     kvs_copy_desc_t base = f.good;
     base.ks_base = ks;
     base.vs_base = vs;
