@@ -677,8 +677,9 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
         in->shape.params.prefill_tp = in->peers[0].tp;
         in->shape.params.prefill_pp = in->peers[0].pp;
     }
-    /* the handlers do not run prefill CP yet (CP ranks in registrations,
-     * rooms and arrivals) */
+    /* the core moves prefill CP on the staging path, but serve's ranks do
+     * not yet start one prefill process per CP rank nor declare an
+     * instance's address groups per CP rank */
     if ((rc = cli_shape_refuse_cp(CLI_SERVE_CMD, "serve's ranks", &in->shape)) != 0)
         return rc;
     if ((rc = cli_shape_refuse_hybrid(CLI_SERVE_CMD, "serve's ranks", &in->shape)) != 0)
