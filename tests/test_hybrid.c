@@ -512,6 +512,79 @@ static void test_hybrid_byte_model_moves_every_slot_and_state_byte(void **state)
     }
 }
 
+/* Every argument of the hybrid calls checked: NULLs are KVS_EINVAL,
+ * numbers outside the layout KVS_ERANGE, and a layout without the pattern
+ * has no state slot (0 bytes) and full layers only. */
+static void test_hybrid_arguments(void **state)
+{
+    (void)state;
+    kvs_layout_t lay;
+    kvs_layout_params_t p = gpt_oss(24, 2, 2);
+    assert_int_equal(kvs_layout_init(&lay, &p, NULL), KVS_OK);
+    kvs_layer_kind_t k;
+    assert_int_equal(kvs_layer_kind_parse(NULL, &k), KVS_EINVAL);
+    assert_int_equal(kvs_layer_kind_parse("window", NULL), KVS_EINVAL);
+    int64_t a, b;
+    assert_int_equal(kvs_layout_layer_tokens(&lay, 0, 100, NULL, &b), KVS_EINVAL);
+    assert_int_equal(kvs_layout_layer_tokens(&lay, 0, 100, &a, NULL), KVS_EINVAL);
+    assert_int_equal(kvs_layout_layer_tokens(&lay, 0, -1, &a, &b), KVS_EINVAL);
+    assert_int_equal(kvs_layout_layer_tokens(&lay, 24, 100, &a, &b), KVS_ERANGE);
+    assert_int_equal(kvs_layout_layer_tokens(NULL, 0, 100, &a, &b), KVS_EINVAL);
+    assert_int_equal(kvs_layout_layer_kind(&lay, 0, NULL), KVS_EINVAL);
+    assert_int_equal(kvs_layout_layer_kind(&lay, -1, &k), KVS_ERANGE);
+
+    kvs_hybrid_writer_t w;
+    kvs_chunk_t c = {.index = 0, .token_start = 0, .token_end = 100};
+    assert_int_equal(kvs_layout_hybrid_writer(NULL, 0, 0, 0, 100, &c, &w), KVS_EINVAL);
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, 0, 0, 0, 100, &c, NULL), KVS_EINVAL);
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, -1, 0, 0, 100, &c, &w), KVS_ERANGE);
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, 2, 0, 0, 100, &c, &w), KVS_ERANGE);
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, 0, 0, -1, 100, &c, &w), KVS_ERANGE);
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, 0, 0, 1, 100, &c, &w), KVS_ERANGE);
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, 0, 0, 0, -1, &c, &w), KVS_ERANGE);
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, 0, 1, 0, 100, &c, &w), KVS_ERANGE);
+    c.token_start = -1; /* before the request */
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, 0, 0, 0, 100, &c, &w), KVS_ERANGE);
+    c = (kvs_chunk_t){.token_start = 50, .token_end = 40}; /* backwards */
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, 0, 0, 0, 100, &c, &w), KVS_ERANGE);
+    c = (kvs_chunk_t){.token_start = 0, .token_end = 4096}; /* longer than the grid */
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, 0, 0, 0, 5000, &c, &w), KVS_ERANGE);
+
+    c = (kvs_chunk_t){.token_start = 0, .token_end = 100};
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, 0, 0, 0, 100, &c, &w), KVS_OK);
+    kvs_hybrid_slot_t slot;
+    assert_int_equal(kvs_layout_hybrid_slot(NULL, &w, 0, 0, 0, &slot), KVS_EINVAL);
+    assert_int_equal(kvs_layout_hybrid_slot(&lay, NULL, 0, 0, 0, &slot), KVS_EINVAL);
+    assert_int_equal(kvs_layout_hybrid_slot(&lay, &w, 0, 0, 0, NULL), KVS_EINVAL);
+    assert_int_equal(kvs_layout_hybrid_slot(&lay, &w, 1, 0, 0, &slot), KVS_ERANGE);
+    assert_int_equal(kvs_layout_hybrid_slot(&lay, &w, 0, -1, 0, &slot), KVS_ERANGE);
+    assert_int_equal(kvs_layout_hybrid_slot(&lay, &w, 0, 24, 0, &slot), KVS_ERANGE);
+    assert_int_equal(kvs_layout_hybrid_slot(&lay, &w, 0, 0, -1, &slot), KVS_ERANGE);
+    assert_int_equal(kvs_layout_hybrid_slot(&lay, &w, 0, 0, 2, &slot), KVS_ERANGE);
+
+    int64_t bytes = -1;
+    assert_int_equal(kvs_layout_state_slot_bytes(&lay, KVS_ROLE_DECODE, 0, NULL), KVS_EINVAL);
+    assert_int_equal(kvs_layout_state_slot_bytes(&lay, KVS_ROLE_DECODE, 1, &bytes),
+                     KVS_ERANGE);
+    /* window layers, and a dense layout: no state slot */
+    assert_int_equal(kvs_layout_state_slot_bytes(&lay, KVS_ROLE_DECODE, 0, &bytes), KVS_OK);
+    assert_int_equal(bytes, 0);
+    kvs_layout_t dense;
+    p = gpt_oss(24, 2, 2);
+    p.full_attn_every = 0;
+    p.other_layers = KVS_LAYER_FULL;
+    p.window_tokens = 0;
+    assert_int_equal(kvs_layout_init(&dense, &p, NULL), KVS_OK);
+    bytes = -1;
+    assert_int_equal(kvs_layout_state_slot_bytes(&dense, KVS_ROLE_PREFILL, 0, &bytes), KVS_OK);
+    assert_int_equal(bytes, 0);
+    assert_int_equal(kvs_layout_layer_kind(&dense, 23, &k), KVS_OK);
+    assert_int_equal(k, KVS_LAYER_FULL);
+    assert_int_equal(kvs_layout_layer_tokens(&dense, 5, 1000, &a, &b), KVS_OK);
+    assert_int_equal(a, 0);
+    assert_int_equal(b, 1000);
+}
+
 static void test_hybrid_refusals(void **state)
 {
     (void)state;
@@ -604,6 +677,7 @@ int main(void)
         cmocka_unit_test(test_hybrid_state_writer),
         cmocka_unit_test(test_hybrid_state_heads_cover_every_decode_head),
         cmocka_unit_test(test_hybrid_byte_model_moves_every_slot_and_state_byte),
+        cmocka_unit_test(test_hybrid_arguments),
         cmocka_unit_test(test_hybrid_refusals),
         cmocka_unit_test(test_hybrid_models),
     };
