@@ -233,7 +233,9 @@ def decode(folder):
     heads = list(range(HEADS))
     reqs, blocks_of, recvd, freed, out = {}, {}, {}, set(), {"requests": {}}
     aborted = killed_at = None
-    end = time.time() + DEADLINE_S * 2
+    # under run_with_kill's 60 s per process, so a stuck run says what it
+    # still waited for instead of being killed silent
+    end = time.time() + DEADLINE_S + 10
     while len(recvd) + len(freed & {"a3"}) < len(PLAN):
         if time.time() > end:
             sys.exit("vllm_engine decode: not done in time: received %s, freed %s"
