@@ -215,23 +215,13 @@ static int64_t kvs__writer_rank(const kvs_layout_t *lay, int64_t d, int64_t i)
     return d / lay->targets_per_prefill;
 }
 
-/* The spec §3 formula for `heads` heads (layout.c's, on state heads). */
+/* The spec §3 slice for `heads` heads (KV heads, or state heads): the
+ * layout's own kvs_head_slice; its arguments are checked by the callers
+ * (heads and TPs > 0 by kvs_layout_init, ranks by the range checks). */
 static void kvs__slice(const kvs_layout_t *lay, int64_t heads, int64_t src, int64_t dst,
                        kvs_head_slice_t *out)
 {
-    const int64_t p = lay->prefill_tp, d = lay->decode_tp;
-    const int64_t src_heads = kvs__max(1, heads / p), dst_heads = kvs__max(1, heads / d);
-    if (p > d) {
-        const int64_t rep = kvs__max(1, p / heads);
-        out->num_heads = src_heads;
-        out->src_start = 0;
-        out->dst_start = ((src / rep) * src_heads) % dst_heads;
-    } else {
-        const int64_t rep = kvs__max(1, d / heads);
-        out->num_heads = dst_heads;
-        out->dst_start = 0;
-        out->src_start = ((dst / rep) * dst_heads) % src_heads;
-    }
+    (void)kvs_head_slice(heads, lay->prefill_tp, lay->decode_tp, src, dst, out);
 }
 
 int kvs_layout_hybrid_writer(const kvs_layout_t *lay, int64_t decode_rank,
