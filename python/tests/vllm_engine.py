@@ -225,6 +225,20 @@ def prefill(folder, name, port):
 
 # ---- decode ----------------------------------------------------------------------------
 
+def open_rooms(eng):
+    """What a stuck decode still holds: each connector room's request,
+    whether it was aborted, and its state on the rank."""
+    out = []
+    w = eng.workers[0]
+    for room, (req_id, _, aborted) in sorted(w._rooms.items()):
+        try:
+            state = w.rank.state(room).name
+        except Exception as e:  # noqa: B902 - said, not raised
+            state = repr(e)
+        out.append("%s%s: %s" % (req_id, " (aborted)" if aborted else "", state))
+    return out
+
+
 def decode(folder):
     eng = Engine("kv_consumer", DECODE_TP, "decode-0", 0)
     say("decode: worker made")
@@ -236,10 +250,18 @@ def decode(folder):
     # under run_with_kill's 60 s per process, so a stuck run says what it
     # still waited for instead of being killed silent
     end = time.time() + DEADLINE_S + 10
+
+    def absorb(step_out):
+        sending, recving = step_out
+        now = time.time()
+        for rid in recving:
+            recvd[rid[len("decode-"):]] = now
+        freed.update(rid[len("decode-"):] for rid in sending)
+
     while len(recvd) + len(freed & {"a3"}) < len(PLAN):
         if time.time() > end:
-            sys.exit("vllm_engine decode: not done in time: received %s, freed %s"
-                     % (sorted(recvd), sorted(freed)))
+            sys.exit("vllm_engine decode: not done in time: received %s, freed %s; "
+                     "rooms still open %s" % (sorted(recvd), sorted(freed), open_rooms(eng)))
         for req_id, (_, n, base, what) in sorted(PLAN.items()):
             path = os.path.join(folder, "params." + req_id)
             if req_id in reqs or not os.path.exists(path):
@@ -259,11 +281,7 @@ def decode(folder):
             reqs[req_id], blocks_of[req_id] = req, blocks
             if what in ("ok", "after_kill"):
                 fill(want, req_id, blocks, 0, n, heads)
-        sending, recving = eng.step()
-        now = time.time()
-        for rid in recving:
-            recvd[rid[len("decode-"):]] = now
-        freed |= {rid[len("decode-"):] for rid in sending}
+        absorb(eng.step())
         if "a3" in reqs and aborted is None and \
                 reqs["a3"].kv_transfer_params["kvstage_room"] in eng.workers[0]._rooms:
             # Cancelled mid-load: the scheduler finishes it; the next step aborts it.
@@ -271,8 +289,9 @@ def decode(folder):
             req.status = RequestStatus.FINISHED_ABORTED
             delay, params = eng.sched.request_finished(req, blocks_of["a3"])
             out["abort_delay_free"] = delay
-            eng.step()
-            aborted = now
+            # This step's report counts too: a3's room may end in it.
+            absorb(eng.step())
+            aborted = time.time()
             write(os.path.join(folder, "aborted"), "")
             say("decode: a3 aborted")
         if killed_at is None and os.path.exists(os.path.join(folder, "B.holding")) and \
