@@ -13,6 +13,8 @@ torch CPU KV caches:
 - B killed (SIGKILL) while the decode waits on one of its requests: that
   request is reported received with its blocks in the load errors, within
   a bound, never hangs; a request A serves after the kill arrives whole;
+- a request the rank refuses with nothing opened (its room table full) is
+  reported at once, never held;
 - the connector's refusals (roles, options, ports), naming what to change.
 
 ctest python_vllm (TIMEOUT in CMakeLists.txt)."""
@@ -108,6 +110,35 @@ def test_vllm_connector_refusals():
     with pytest.raises(kvstage.KvstageError) as e:
         c.start_load_kv(None)
     assert "start_load_kv: no KV caches yet" in e.value.message, e.value
+
+
+def test_vllm_room_table_full_fails_the_request_at_once():
+    """A room the rank refuses with nothing opened (its room table full)
+    is reported at once, never held: the prefill's as sent (vLLM frees its
+    blocks), with the others still moving."""
+    need_ofi_and_torch("the vLLM connector")
+    import numpy as np
+    port = free_ports(1)
+    cfg = config(kv_port=port, kv_connector_extra_config={
+        "fabric": "ofi", "provider": "tcp", "max_rooms": 1})
+    cfg.parallel_config = types.SimpleNamespace(tensor_parallel_size=1, rank=0)
+    sched = KVStageConnector(cfg, KVConnectorRole.SCHEDULER)
+    worker = KVStageConnector(cfg, KVConnectorRole.WORKER)
+    worker.register_kv_caches({"l0": np.zeros((2, 8, 16, 2, 8), dtype=np.float16)})
+    try:
+        for rid in ("r1", "r2"):
+            req = types.SimpleNamespace(request_id=rid, prompt_token_ids=[1] * 20,
+                                        kv_transfer_params={"do_remote_decode": True},
+                                        status=types.SimpleNamespace(name="FINISHED_LENGTH_CAPPED"))
+            assert sched.request_finished(req, [0, 1] if rid == "r1" else [2, 3])[0]
+        worker.bind_connector_metadata(sched.build_connector_meta(None))
+        worker.start_load_kv(None)
+        sent, recvd = worker.get_finished(set())
+        # r1 holds the only room (its decode never comes); r2 found none.
+        assert sent == {"r2"} and recvd is None, (sent, recvd)
+        assert [r[0] for r in worker._rooms.values()] == ["r1"], worker._rooms
+    finally:
+        worker.shutdown()
 
 
 def test_vllm_scheduler_side_without_transfer_params():

@@ -35,18 +35,26 @@ than one decode instance per prefill (a prefill room is paired with
 decode instance 0); PP; MLA caches; the hybrid allocator (HMA).
 
 Options: kv_connector_extra_config {"fabric": "verbs"|"ofi", "provider",
-"ring_bytes", "chunk_tokens", "stall_timeout_s"}; the fabric binds to
+"ring_bytes", "chunk_tokens", "max_rooms", "stall_timeout_s"}; the fabric binds to
 kv_ip."""
 
 import hashlib
+import logging
 import threading
 
 from .. import _errors
 from .._rank import Rank
 from ._base import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole
 
+_log = logging.getLogger("kvstage.vllm")
+
 _EXTRA = {"fabric": str, "provider": str, "ring_bytes": int, "chunk_tokens": int,
-          "stall_timeout_s": (int, float)}
+          "max_rooms": int, "stall_timeout_s": (int, float)}
+# Refusals of open_room after which the rank still delivers the room's
+# failed result through poll() (a decode whose prefill writer is lost, a
+# prefix not on both sides' pages); after any other the rank holds
+# nothing, and the connector reports the request itself.
+_RESULT_FOLLOWS = ("KVS_EPEER", "KVS_EPREFIX_ALIGN")
 
 
 def id63(text):
@@ -142,7 +150,7 @@ class KVStageConnector(KVConnectorBase_V1):
                     bind_addr=self.kv_ip,
                     listen_port=self.kv_port + self.tp_rank if self.side == "prefill" else 0,
                     ring_bytes=e.get("ring_bytes", 0), chunk_tokens=e.get("chunk_tokens", 0),
-                    stall_timeout_s=e.get("stall_timeout_s", 0))
+                    max_rooms=e.get("max_rooms", 0), stall_timeout_s=e.get("stall_timeout_s", 0))
         try:
             rank.start()
         except BaseException:
@@ -194,7 +202,18 @@ class KVStageConnector(KVConnectorBase_V1):
         except _errors.KvstageError as e:
             if e.name == "KVS_EINVAL":
                 raise  # the caller's mistake, not the peer's
-            # Otherwise its failed result comes through poll(): reported then.
+            if self.side == "decode" and e.name in _RESULT_FOLLOWS:
+                return  # its failed result comes through poll(): reported then
+            # Refused with nothing open on the rank (its room table full, ...):
+            # no result will come, so it is reported failed now, never held.
+            _log.warning("kvstage connector: request %s: %s", req_id, e)
+            with self._mu:
+                self._rooms.pop(room, None)
+                if self.side == "prefill":
+                    self._sent.add(req_id)
+                else:
+                    self._recvd.add(req_id)
+                    self._load_errors.update(blocks)
 
     def wait_for_layer_load(self, layer_name):
         """Nothing to wait for: a request is scheduled only once
