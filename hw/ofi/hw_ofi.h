@@ -368,8 +368,15 @@ struct hw_ofi_fabric {
     hw_ofi_rx_t *rx;
 };
 
-hw_ofi_fabric_t *hw_ofi_of(kvs_fabric_t *fab);
-/* libfabric's negative return as a kvstage status. */
+/* The ops table's entries are called with this backend's fabric only:
+ * they recover it without a check (public calls taking any kvs_fabric_t
+ * check first: hw_ofi_try in fabric.c). Inline, so the files under
+ * fabric.c do not call back up into it. */
+static inline hw_ofi_fabric_t *hw_ofi_of(kvs_fabric_t *fab)
+{
+    return KVS_CONTAINER_OF(fab, hw_ofi_fabric_t, base);
+}
+/* libfabric's negative return as a kvstage status (status.c). */
 int hw_ofi_status(int fi_rc);
 
 #endif

@@ -103,7 +103,7 @@ static int hw_verbs_priv_get(const uint8_t *p, size_t len, hw_verbs_priv_t *v)
 /* A token no other connection of either side is likely to have. */
 static uint64_t hw_verbs_token(const kvs_conn_t *c)
 {
-    uint64_t x = hw_verbs_now_ns(&c->fab->base) ^ (uint64_t)getpid() << 40 ^
+    uint64_t x = hw_net_now_ns() ^ (uint64_t)getpid() << 40 ^
                  (uint64_t)(uintptr_t)c ^ (uint64_t)c->gen << 20;
     x += 0x9e3779b97f4a7c15u; /* splitmix64 finaliser */
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9u;
@@ -257,7 +257,7 @@ void hw_verbs_conn_broken(kvs_conn_t *c, int status, const char *fmt, ...)
     if (setting_up || unseen || c->peer_bye) {
         hw_verbs_conn_vfail(c, status, fmt, ap);
     } else if (c->state == HW_CONN_UP || c->state == HW_CONN_ACCEPTING || c->recovering) {
-        const uint64_t now = hw_verbs_now_ns(&c->fab->base);
+        const uint64_t now = hw_net_now_ns();
         if (!c->recovering) { /* a fresh failure: the clock for recovery starts */
             vsnprintf(c->why, sizeof c->why, fmt, ap);
             c->deadline_ns = now + (uint64_t)c->fab->cfg.connect_timeout_ms * 1000000u;
@@ -655,7 +655,7 @@ static void hw_verbs_on_event(hw_verbs_fabric_t *f, const hw_verbs_event_t *e)
                                f->device_name, f->device_name);
             break;
         }
-        if (rdma_resolve_route(c->id, (int)hw_verbs_ms_left(c, hw_verbs_now_ns(&f->base))) != 0)
+        if (rdma_resolve_route(c->id, (int)hw_verbs_ms_left(c, hw_net_now_ns())) != 0)
             hw_verbs_conn_broken(c, hw_verbs_errno_status(errno), "connecting to %s: "
                                  "rdma_resolve_route failed: %s", c->peer, strerror(errno));
         break;
@@ -753,7 +753,7 @@ static int hw_verbs_resolve(kvs_conn_t *c, int *err)
         return hw_verbs_errno_status(*err);
     }
     c->state = HW_CONN_RESOLVING;
-    const uint32_t ms = hw_verbs_ms_left(c, hw_verbs_now_ns(&f->base));
+    const uint32_t ms = hw_verbs_ms_left(c, hw_net_now_ns());
     if (rdma_resolve_addr(c->id, (struct sockaddr *)&src, (struct sockaddr *)&c->dst,
                           (int)ms) != 0) {
         *err = errno;
@@ -790,7 +790,7 @@ int hw_verbs_connect(kvs_fabric_t *fab, const char *peer, kvs_conn_t **out)
     c->dst = dst;
     c->token = hw_verbs_token(c);
     snprintf(c->peer, sizeof c->peer, "%s", peer);
-    c->deadline_ns = hw_verbs_now_ns(fab) + (uint64_t)f->cfg.connect_timeout_ms * 1000000u;
+    c->deadline_ns = hw_net_now_ns() + (uint64_t)f->cfg.connect_timeout_ms * 1000000u;
     int err = 0;
     int rc = hw_verbs_resolve(c, &err);
     if (rc != KVS_OK) {
@@ -805,7 +805,7 @@ int hw_verbs_connect(kvs_fabric_t *fab, const char *peer, kvs_conn_t **out)
             break;
         if (c->state != HW_CONN_RESOLVING && c->state != HW_CONN_CONNECTING)
             break;
-        const uint64_t now = hw_verbs_now_ns(fab);
+        const uint64_t now = hw_net_now_ns();
         if (now >= c->deadline_ns) {
             hw_verbs_conn_fail(c, KVS_ETIMEDOUT, "connecting to %s: no answer within %u ms: "
                                "check that the peer runs and listens on that address and "
@@ -848,7 +848,7 @@ void hw_verbs_disconnect(kvs_fabric_t *fab, kvs_conn_t *conn)
         c->state = HW_CONN_CLOSING;
         c->bye_sent = true;
         c->recovering = false;
-        c->deadline_ns = hw_verbs_now_ns(fab) + (uint64_t)f->cfg.connect_timeout_ms * 1000000u;
+        c->deadline_ns = hw_net_now_ns() + (uint64_t)f->cfg.connect_timeout_ms * 1000000u;
         snprintf(c->why, sizeof c->why, "connection to %s was disconnected by this side",
                  c->peer);
         return;
@@ -865,7 +865,7 @@ void hw_verbs_disconnect(kvs_fabric_t *fab, kvs_conn_t *conn)
 
 void hw_verbs_conn_tick(hw_verbs_fabric_t *f)
 {
-    const uint64_t now = hw_verbs_now_ns(&f->base);
+    const uint64_t now = hw_net_now_ns();
     for (uint32_t i = 0; i < f->cfg.max_conns; i++) {
         kvs_conn_t *c = &f->conns[i];
         if (c->state == HW_CONN_CLOSING) {

@@ -79,7 +79,7 @@ static const kvs_fabric_ops_t hw_verbs_ops = {
 _Static_assert(KVS_FABRIC_OPS_VERSION == 6u,
                "the verbs table fills every slot of version 6 but max_write_bytes");
 
-/* The table's mr_register is this file's, so that hw_verbs_of can tell a
+/* The table's mr_register is this file's, so that hw_verbs_try can tell a
  * verbs fabric by it. */
 static int hw_verbs_mr_register_op(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
                                    uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey)
@@ -93,8 +93,6 @@ static hw_verbs_fabric_t *hw_verbs_try(kvs_fabric_t *fab)
         return NULL;
     return KVS_CONTAINER_OF(fab, hw_verbs_fabric_t, base);
 }
-
-hw_verbs_fabric_t *hw_verbs_of(kvs_fabric_t *fab) { return hw_verbs_try(fab); }
 
 void kvs_verbs_config_init(kvs_verbs_config_t *cfg)
 {

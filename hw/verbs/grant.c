@@ -209,8 +209,8 @@ static bool hw_verbs_grant_in_flight(const kvs_grant_t *g)
  * goes on anyway: the key dies either way, the QP may recover. */
 static void hw_verbs_grant_settle(hw_verbs_fabric_t *f, const kvs_grant_t *g)
 {
-    const uint64_t until = hw_verbs_now_ns(&f->base) + HW_VERBS_GRANT_SETTLE_NS;
-    while (hw_verbs_grant_in_flight(g) && hw_verbs_now_ns(&f->base) < until)
+    const uint64_t until = hw_net_now_ns() + HW_VERBS_GRANT_SETTLE_NS;
+    while (hw_verbs_grant_in_flight(g) && hw_net_now_ns() < until)
         if (hw_verbs_cq_take_sends(f) < 0 || f->nstash == HW_VERBS_STASH)
             break;
 }

@@ -446,7 +446,14 @@ struct hw_verbs_fabric {
     hw_verbs_cuda_t *cuda;
 };
 
-hw_verbs_fabric_t *hw_verbs_of(kvs_fabric_t *fab);
+/* The ops table's entries are called with this backend's fabric only:
+ * they recover it without a check (public calls taking any kvs_fabric_t
+ * check first: hw_verbs_try in fabric.c). Inline, so the files under
+ * fabric.c do not call back up into it. */
+static inline hw_verbs_fabric_t *hw_verbs_of(kvs_fabric_t *fab)
+{
+    return KVS_CONTAINER_OF(fab, hw_verbs_fabric_t, base);
+}
 uint64_t hw_verbs_now_ns(kvs_fabric_t *fab);
 
 #endif

@@ -335,7 +335,7 @@ int hw_verbs_wait_arm(kvs_fabric_t *fab, int *out_fd, uint64_t *out_wake_ns)
     int rc = hw_verbs_arm_cq(f);
     if (rc != KVS_OK)
         return rc;
-    const uint64_t now = hw_verbs_now_ns(fab);
+    const uint64_t now = hw_net_now_ns();
     uint64_t wake = hw_verbs_ready(f) ? now : UINT64_MAX;
     for (uint32_t k = 0; k < f->cfg.max_conns && wake > now; k++) {
         const kvs_conn_t *c = &f->conns[k];
