@@ -152,52 +152,6 @@ static void test_protocol_edges_write_error(void **state)
     edge_destroy(cl);
 }
 
-/* Snapshot of a memory range taken when a chosen room's result appears. */
-typedef struct edge_snap {
-    uint64_t room;
-    edge_node_t *node;      /* whose result triggers it */
-    const uint8_t *mem;     /* watched range */
-    size_t len;
-    uint8_t *copy;
-    bool taken;
-} edge_snap_t;
-
-static void edge_snap_on_result(edge_cluster_t *cl, edge_node_t *n, const kvs_room_result_t *r)
-{
-    edge_snap_t *s = cl->on_result_ctx;
-    if (n != s->node || r->room != s->room || s->taken)
-        return;
-    memcpy(s->copy, s->mem, s->len);
-    s->taken = true;
-}
-
-/* Bytes of the watched range that changed after the snapshot. */
-static size_t edge_snap_changed(const edge_snap_t *s)
-{
-    assert_true(s->taken);
-    size_t changed = 0;
-    for (size_t i = 0; i < s->len; i++)
-        changed += s->copy[i] != s->mem[i];
-    return changed;
-}
-
-/* Every prefill rank that ended the room ended it no later than the decode:
- * a decode that ends (and frees) a room before a writer is done lets that
- * writer's in-flight writes land in memory it has handed back (spec §9). */
-static void edge_expect_decode_last(edge_cluster_t *cl, uint64_t room)
-{
-    const kvs_room_result_t *d = edge_result(edge_decode(cl, 0), room);
-    assert_non_null(d);
-    for (int i = 0; i < cl->nprefill; i++) {
-        const kvs_room_result_t *p = edge_result(edge_prefill(cl, i), room);
-        if (p != NULL && p->done_ns > d->done_ns)
-            EDGE_FAIL("room %llu: the decode ended it at %llu ns, before %s finished its "
-                      "writes at %llu ns", (unsigned long long)room,
-                      (unsigned long long)d->done_ns, edge_prefill(cl, i)->name,
-                      (unsigned long long)p->done_ns);
-    }
-}
-
 /* spec §9 "first error frees blocks while sibling writes are still
  * landing": on a slow link p1's writes are still in flight when the failure
  * of p0's write reaches it; the decode must not free the regions until p1's
@@ -3333,7 +3287,6 @@ static void test_protocol_edges_decode_names_the_instance_it_reached(void **stat
     assert_int_equal(kvs_decode_peers_ready(d->dec), 0);
     edge_destroy(cl);
 }
-
 int main(void)
 {
     print_message("test_protocol_edges: seed %llu\n", (unsigned long long)EDGE_SEED);
