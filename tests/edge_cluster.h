@@ -1,6 +1,7 @@
 /*
  * edge_cluster.h - a tiny simulated cluster for tests of the handlers and
- * the rank runtime (test_protocol_edges.c, test_rank.c): one engine, sim
+ * the rank runtime (test_decode.c, test_prefill*.c, test_handler.c,
+ * test_instance.c, test_link.c, test_rank.c, ...): one engine, sim
  * GPUs and NICs, the real managers and handlers created in the init order
  * of spec §8, each rank driven by a sim_driver_t (wake callbacks that
  * schedule one engine event per rank, as a real event loop would).
