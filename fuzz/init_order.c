@@ -18,7 +18,8 @@
  *
  * Prints "init-order: N orders checked, M mismatches" and the first
  * mismatches; exits 1 on any. It does not exercise the protocol beyond that
- * first message (test_protocol_edges.c and the simulator do).
+ * first message (tests/test_decode.c, test_prefill*.c, test_handler.c,
+ * test_instance.c and the simulator do).
  */
 #include <kvstage/backend.h>
 

@@ -964,3 +964,37 @@ kvs_msg_t edge_register_msg(edge_cluster_t *cl)
     g->num_pages = EDGE_POOL_PAGES;
     return msg;
 }
+
+/* ---- watching for writes after a room ended ---------------------------------- */
+
+void edge_snap_on_result(edge_cluster_t *cl, edge_node_t *n, const kvs_room_result_t *r)
+{
+    edge_snap_t *s = cl->on_result_ctx;
+    if (n != s->node || r->room != s->room || s->taken)
+        return;
+    memcpy(s->copy, s->mem, s->len);
+    s->taken = true;
+}
+
+size_t edge_snap_changed(const edge_snap_t *s)
+{
+    assert_true(s->taken);
+    size_t changed = 0;
+    for (size_t i = 0; i < s->len; i++)
+        changed += s->copy[i] != s->mem[i];
+    return changed;
+}
+
+void edge_expect_decode_last(edge_cluster_t *cl, uint64_t room)
+{
+    const kvs_room_result_t *d = edge_result(edge_decode(cl, 0), room);
+    assert_non_null(d);
+    for (int i = 0; i < cl->nprefill; i++) {
+        const kvs_room_result_t *p = edge_result(edge_prefill(cl, i), room);
+        if (p != NULL && p->done_ns > d->done_ns)
+            EDGE_FAIL("room %llu: the decode ended it at %llu ns, before %s finished its "
+                      "writes at %llu ns", (unsigned long long)room,
+                      (unsigned long long)d->done_ns, edge_prefill(cl, i)->name,
+                      (unsigned long long)p->done_ns);
+    }
+}

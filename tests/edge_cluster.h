@@ -1,6 +1,7 @@
 /*
  * edge_cluster.h - a tiny simulated cluster for tests of the handlers and
- * the rank runtime (test_protocol_edges.c, test_rank.c): one engine, sim
+ * the rank runtime (test_decode.c, test_prefill*.c, test_handler.c,
+ * test_instance.c, test_link.c, test_rank.c, ...): one engine, sim
  * GPUs and NICs, the real managers and handlers created in the init order
  * of spec §8, each rank driven by a sim_driver_t (wake callbacks that
  * schedule one engine event per rank, as a real event loop would).
@@ -10,7 +11,9 @@
  * region is 8 KiB); options add prefill instances, odd ranks and faults.
  * Helpers open rooms on every rank, fill the prefill pools with a pattern,
  * run the engine to quiescence and check results, rings and every byte;
- * an intruder NIC speaks raw protocol for the hostile tests.
+ * an intruder NIC speaks raw protocol for the hostile tests; a snapshot of
+ * memory taken when a room ends, and the decode-ends-last check, watch for
+ * writes that land after a room ended (spec §9).
  *
  * Nothing here is random except the sim fabric's remote keys, drawn from the
  * engine seed; EDGE_FAIL prints the seed with every failure.
@@ -349,5 +352,28 @@ int edge_intruder_recv(edge_cluster_t *cl, edge_intruder_t *x, kvs_msg_t *out, i
 
 /* The REGISTER decode rank 0 of this cluster sends, as a template. */
 kvs_msg_t edge_register_msg(edge_cluster_t *cl);
+
+/* ---- watching for writes after a room ended (spec §9) ---- */
+
+/* Snapshot of a memory range taken when a chosen room's result appears:
+ * set cl->on_result = edge_snap_on_result and cl->on_result_ctx to it. */
+typedef struct edge_snap {
+    uint64_t room;
+    edge_node_t *node;      /* whose result triggers it */
+    const uint8_t *mem;     /* watched range */
+    size_t len;
+    uint8_t *copy;
+    bool taken;
+} edge_snap_t;
+
+void edge_snap_on_result(edge_cluster_t *cl, edge_node_t *n, const kvs_room_result_t *r);
+
+/* Bytes of the watched range that changed after the snapshot. */
+size_t edge_snap_changed(const edge_snap_t *s);
+
+/* Every prefill rank that ended the room ended it no later than the decode:
+ * a decode that ends (and frees) a room before a writer is done lets that
+ * writer's in-flight writes land in memory it has handed back (spec §9). */
+void edge_expect_decode_last(edge_cluster_t *cl, uint64_t room);
 
 #endif
