@@ -90,8 +90,8 @@
           "writes and sends refused by a full send queue (net_sq_depth)")                           \
     /* Clusters. */                                                                                 \
     FIELD(u32, collateral_failures, 0,                                                              \
-          "requests failed although neither of their instances was faulted (not "                   \
-          "KVS_EOVERSIZED); in violations")                                                         \
+          "requests failed although neither of their instances was faulted (no fault on a "        \
+          "rank of either, none of the whole cluster); KVS_EOVERSIZED is not; in violations")                                                         \
     FIELD(u32, instances, -1, "entries of instance[]: prefill instances, then decode ones")         \
     ARRAY(kvs_sim_instance_t, instance, 2 * KVS_SIM_MAX_INSTANCES, "each instance's share")         \
     /* Aux payloads (config max_aux_bytes). */                                                      \
@@ -100,11 +100,14 @@
     FIELD(u64, aux_corrupt_bytes, 0,                                                                \
           "of those, wrong, missing or extra; also in corrupt_bytes")                               \
     /* The verdict and why requests failed. */                                                      \
-    FIELD(u32, ok, -1, "1: the run broke no invariant (violations == 0)")                           \
+    FIELD(u32, ok, -1,                                                                              \
+          "1: the run broke no invariant (violations == 0); the one verdict of kvs_sim_run, "     \
+          "Python's simulate() and `kvstage sim` (exit 0)")                           \
     FIELD(u32, failed_without_faults, 0,                                                            \
           "requests failed in a run without faults, not collateral; in violations")                 \
     FIELD(u64, ring_bytes_needed, 0,                                                                \
-          "the largest staging region a request can need on one decode rank (0: none stages)")     \
+          "the largest staging region a request can need on one decode rank (0: none stages); "  \
+          "a ring_bytes below it is refused before the run (KVS_EOVERSIZED), this still set")     \
     FIELD(u32, failures, -1, "entries of failure[]")                                                \
     FIELD(u32, failures_unlisted, 0,                                                                \
           "requests failed with a status past the first KVS_SIM_MAX_FAILURE_KINDS")                 \
