@@ -4,7 +4,8 @@
  * `kvstage sim`'s flags, the shape through the layout planner, the fault
  * specs through sim/fault_spec.h), copies it field by field into the
  * internal sim_scenario_config_t, runs sim_scenario_run and copies the
- * report back field by field. Field-by-field on both sides, so the
+ * report back (its scalars by the one list of kvstage/sim_report_fields.h,
+ * its arrays field by field). Field-by-field on both sides, so the
  * internal structs may grow (new faults, new knobs) without touching the
  * public ABI: what the public config does not name stays zero, which is
  * the scenario's default. kvs_sim_cluster_check and kvs_sim_fault_check
@@ -380,86 +381,35 @@ static void sim_api_write_report(const sim_report_t *r, kvs_sim_report_t *out)
     memset(&p, 0, sizeof p);
     p.version = KVS_SIM_REPORT_VERSION;
     p.size_bytes = size;
-    p.requests_total = r->requests_total;
-    p.requests_ok = r->requests_ok;
-    p.requests_failed = r->requests_failed;
-    p.hung_requests = r->hung_requests;
-    p.unreported_failures = r->unreported_failures;
-    p.path = (int32_t)r->path;
-    p.bytes_moved = r->bytes_moved;
-    p.bytes_verified = r->bytes_verified;
-    p.corrupt_bytes = r->corrupt_bytes;
-    p.ring_leaked_bytes = r->ring_leaked_bytes;
-    p.violations = r->violations;
-    p.rdma_ops = r->rdma_ops;
-    p.control_msgs = r->control_msgs;
-    p.msgs_rejected = r->msgs_rejected;
-    p.watermark_waits = r->watermark_waits;
-    p.ring_peak_bytes = r->ring_peak_bytes;
-    p.sim_ns = r->sim_ns;
-    p.events = r->events;
-    p.digest = r->digest;
-    p.prefill_ranks = r->prefill_ranks;
-    p.decode_ranks = r->decode_ranks;
-    p.goodput_gbps = r->goodput_gbps;
-    p.line_rate_gbps = r->line_rate_gbps;
-    p.latency_p50_us = r->latency_p50_us;
-    p.latency_p99_us = r->latency_p99_us;
-    p.e2e_p50_us = r->e2e_p50_us;
-    p.e2e_p99_us = r->e2e_p99_us;
-    p.msgs_retransmitted = r->msgs_retransmitted;
-    p.msgs_duplicate = r->msgs_duplicate;
-    p.peers_lost = r->peers_lost;
-    p.ranks_crashed = r->ranks_crashed;
-    p.ranks_restarted = r->ranks_restarted;
-    p.ranks_down_at_start = r->ranks_down_at_start;
+    /* Every scalar result, by the one list (kvstage/sim_report_fields.h);
+     * the arrays below by hand, their element types differ. */
+#define SIM_API_HEAD(code, name, meaning)
+#define SIM_API_FIELD(code, name, json, meaning) p.name = r->name;
+#define SIM_API_ARRAY(elem, name, count, meaning)
+    KVS_SIM_REPORT_FIELDS(SIM_API_HEAD, SIM_API_FIELD, SIM_API_ARRAY)
+#undef SIM_API_HEAD
+#undef SIM_API_FIELD
+#undef SIM_API_ARRAY
     snprintf(p.init_error, sizeof p.init_error, "%s", r->init_error);
-    p.posts_refused = r->posts_refused;
-    p.collateral_failures = r->collateral_failures;
-    p.instances = r->ninstances;
-    for (uint32_t i = 0; i < r->ninstances && i < 2 * KVS_SIM_MAX_INSTANCES; i++) {
-        const sim_instance_report_t *ir = &r->instances[i];
+    snprintf(p.aux_error, sizeof p.aux_error, "%s", r->aux_error);
+    for (uint32_t i = 0; i < r->instances && i < 2 * KVS_SIM_MAX_INSTANCES; i++) {
+        const sim_instance_report_t *ir = &r->instance[i];
         p.instance[i] = (kvs_sim_instance_t){
             .role = (int32_t)ir->role, .id = ir->id, .tp = ir->tp, .pp = ir->pp,
             .requests_ok = ir->requests_ok, .requests_failed = ir->requests_failed,
             .bytes = ir->bytes, .ring_peak_bytes = ir->ring_peak_bytes};
-    }
-    p.aux_bytes_verified = r->aux_bytes_verified;
-    p.aux_corrupt_bytes = r->aux_corrupt_bytes;
-    p.keys_granted = r->keys_granted;
-    p.keys_revoked = r->keys_revoked;
-    p.keys_leaked = r->keys_leaked;
-    p.hostile_writes = r->hostile_writes;
-    p.hostile_bytes_landed = r->hostile_bytes_landed;
-    p.ok = r->ok;
-    p.failed_without_faults = r->failed_without_faults;
-    p.ring_bytes_needed = r->ring_bytes_needed;
-    p.failures = r->nfailures;
-    p.failures_unlisted = r->failures_unlisted;
-    for (uint32_t i = 0; i < r->nfailures && i < KVS_SIM_MAX_FAILURE_KINDS; i++) {
-        p.failure[i].status = r->failures[i].status;
-        p.failure[i].count = r->failures[i].count;
-        snprintf(p.failure[i].first_detail, sizeof p.failure[i].first_detail, "%s",
-                 r->failures[i].first_detail);
-    }
-    p.ttft_p50_us = r->e2e_p50_us;
-    p.ttft_p90_us = r->e2e_p90_us;
-    p.ttft_p99_us = r->e2e_p99_us;
-    p.transfer_p50_us = r->transfer_p50_us;
-    p.transfer_p99_us = r->transfer_p99_us;
-    p.ring_p99_bytes = r->ring_p99_bytes;
-    p.nic_util_mean = r->nic_util_mean;
-    p.nic_util_max = r->nic_util_max;
-    p.goodput_fraction = r->goodput_fraction;
-    snprintf(p.aux_error, sizeof p.aux_error, "%s", r->aux_error);
-    for (uint32_t i = 0; i < r->ninstances && i < 2 * KVS_SIM_MAX_INSTANCES; i++) {
-        const sim_instance_report_t *ir = &r->instances[i];
         p.instance_metrics[i] = (kvs_sim_instance_metrics_t){
             .ttft_p50_us = ir->e2e_p50_us, .ttft_p90_us = ir->e2e_p90_us,
             .ttft_p99_us = ir->e2e_p99_us, .transfer_p50_us = ir->transfer_p50_us,
             .transfer_p99_us = ir->transfer_p99_us, .ring_p99_bytes = ir->ring_p99_bytes,
             .watermark_waits = ir->watermark_waits, .nic_util_mean = ir->nic_util_mean,
             .nic_util_max = ir->nic_util_max};
+    }
+    for (uint32_t i = 0; i < r->failures && i < KVS_SIM_MAX_FAILURE_KINDS; i++) {
+        p.failure[i].status = r->failure[i].status;
+        p.failure[i].count = r->failure[i].count;
+        snprintf(p.failure[i].first_detail, sizeof p.failure[i].first_detail, "%s",
+                 r->failure[i].first_detail);
     }
     if (size > sizeof p)
         memset((unsigned char *)out + sizeof p, 0, size - sizeof p);

@@ -1740,16 +1740,18 @@ static void sim_request_percentiles(const sim_scenario_t *sc, const sim_inst_t *
  * what the run recorded: no event, no change to the digest. */
 static void sim_report_metrics(sim_scenario_t *sc, sim_report_t *out)
 {
+    out->ttft_p50_us = out->e2e_p50_us; /* TTFT is e2e: arrival -> KV complete */
+    out->ttft_p99_us = out->e2e_p99_us;
     uint64_t *e2e = calloc(sc->cfg.requests + 1, sizeof *e2e);
     uint64_t *xfer = calloc(sc->cfg.requests + 1, sizeof *xfer);
     if (e2e != NULL && xfer != NULL) {
         double e[3], x[2];
         sim_request_percentiles(sc, NULL, e2e, xfer, e, x);
-        out->e2e_p90_us = e[1];
+        out->ttft_p90_us = e[1];
         out->transfer_p50_us = x[0];
         out->transfer_p99_us = x[1];
-        for (uint32_t k = 0; k < out->ninstances; k++) {
-            sim_instance_report_t *ir = &out->instances[k];
+        for (uint32_t k = 0; k < out->instances; k++) {
+            sim_instance_report_t *ir = &out->instance[k];
             sim_request_percentiles(sc, &sc->insts[k], e2e, xfer, e, x);
             ir->e2e_p50_us = e[0];
             ir->e2e_p90_us = e[1];
@@ -1768,7 +1770,7 @@ static void sim_report_metrics(sim_scenario_t *sc, sim_report_t *out)
         sim_node_t *n = &sc->nodes[i];
         if (n->inst == NULL)
             continue;
-        sim_instance_report_t *ir = &out->instances[n->inst - sc->insts];
+        sim_instance_report_t *ir = &out->instance[n->inst - sc->insts];
         kvs_handler_stats_t st = {0};
         kvs_rank_stats(n->rank, &st);
         ir->watermark_waits += st.watermark_waits + n->acc.watermark_waits;
@@ -1803,10 +1805,10 @@ static void sim_report(sim_scenario_t *sc, sim_report_t *out)
     uint64_t *e2e = calloc(sc->cfg.requests + 1, sizeof *e2e);
     size_t nl = 0;
     /* Per instance: prefill ones first, then decode ones. */
-    out->ninstances = sc->npinst + sc->ndinst;
-    for (uint32_t k = 0; k < out->ninstances; k++) {
+    out->instances = sc->npinst + sc->ndinst;
+    for (uint32_t k = 0; k < out->instances; k++) {
         const sim_inst_t *inst = &sc->insts[k];
-        out->instances[k] = (sim_instance_report_t){
+        out->instance[k] = (sim_instance_report_t){
             .role = inst->role, .id = inst->id, .tp = inst->tp, .pp = inst->pp};
     }
     for (uint32_t i = 0; i < sc->cfg.requests; i++) {
@@ -1821,8 +1823,8 @@ static void sim_report(sim_scenario_t *sc, sim_report_t *out)
                 .ranks_ok = r->ranks_ok, .ranks_peer = r->ranks_peer,
                 .ranks_other = r->ranks_other, .ranks_down = r->ranks_down};
         out->unreported_failures += r->unreported;
-        sim_instance_report_t *pr = r->pi != NULL ? &out->instances[r->pi - sc->insts] : NULL;
-        sim_instance_report_t *dr = r->di != NULL ? &out->instances[r->di - sc->insts] : NULL;
+        sim_instance_report_t *pr = r->pi != NULL ? &out->instance[r->pi - sc->insts] : NULL;
+        sim_instance_report_t *dr = r->di != NULL ? &out->instance[r->di - sc->insts] : NULL;
         if (r->state != SIM_REQ_DONE) {
             out->hung_requests++;
         } else if (r->status == KVS_OK) {
@@ -1884,7 +1886,7 @@ static void sim_report(sim_scenario_t *sc, sim_report_t *out)
             out->path = kvs_manager_path(kvs_rank_manager(n->rank));
         if (n->inst == NULL)
             continue; /* set-up stopped before its instance was built */
-        sim_instance_report_t *ir = &out->instances[n->inst - sc->insts];
+        sim_instance_report_t *ir = &out->instance[n->inst - sc->insts];
         ir->bytes += n->role == KVS_ROLE_DECODE ? n->bytes_received : st.rdma_write_bytes;
         if (n->role == KVS_ROLE_DECODE && st.ring_peak_bytes > ir->ring_peak_bytes)
             ir->ring_peak_bytes = st.ring_peak_bytes;
@@ -1910,8 +1912,8 @@ static void sim_report(sim_scenario_t *sc, sim_report_t *out)
     snprintf(out->aux_error, sizeof out->aux_error, "%s", sc->aux_error);
     out->corrupt_bytes = sc->corrupt_bytes;
     out->hostile_writes = sc->hostile_writes;
-    out->nfailures = sc->nfailures;
-    memcpy(out->failures, sc->failures, sizeof out->failures);
+    out->failures = sc->nfailures;
+    memcpy(out->failure, sc->failures, sizeof out->failure);
     sim_check_report(&sc->cfg, out);
     out->sim_ns = sc->last_done_ns > sc->first_arrival_ns ? sc->last_done_ns - sc->first_arrival_ns : 0;
     out->goodput_gbps = out->sim_ns > 0 ? (double)out->bytes_verified * 8.0 / (double)out->sim_ns : 0;

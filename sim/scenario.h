@@ -23,6 +23,7 @@
 #define KVS_SIM_SCENARIO_H
 
 #include <kvstage/kvstage.h>
+#include <kvstage/sim_report_fields.h>
 
 #include "fabric.h"
 #include "gpu.h"
@@ -90,7 +91,7 @@ enum { SIM_STREAM_ARRIVALS = 1, SIM_STREAM_LENGTHS = 2, SIM_STREAM_PREFIX = 3 };
 #define SIM_MAX_FAULTS 16
 /* sim_report_t.aux_error, NUL included. */
 #define SIM_AUX_ERROR_BYTES 192
-/* Kinds of failure a report lists (sim_report_t.failures): statuses past
+/* Kinds of failure a report lists (sim_report_t.failure): statuses past
  * this many are counted in failures_unlisted. */
 #define SIM_MAX_FAILURE_KINDS 8
 #define SIM_FAILURE_DETAIL_BYTES 256
@@ -192,83 +193,29 @@ typedef struct sim_instance_report {
                                       NIC carried / (line rate x sim_ns) */
 } sim_instance_report_t;
 
+/* A run's report: its scalar results are the public report's, generated
+ * from the one list (kvstage/sim_report_fields.h: names, types, meanings;
+ * sim/api.c copies them by the same list); its arrays are the
+ * simulator's own. path holds a kvs_path_t, ok a bool (0 or 1). TTFT is
+ * e2e (arrival -> request done): ttft_p50_us and ttft_p99_us equal
+ * e2e_p50_us and e2e_p99_us. */
+#define SIM_REPORT_HEAD(code, name, meaning)
+#define SIM_REPORT_FIELD(code, name, json, meaning) KVS_SIM_REPORT_CTYPE(code) name;
+#define SIM_REPORT_ARRAY(elem, name, count, meaning)
 typedef struct sim_report {
-    uint32_t requests_total, requests_ok, requests_failed; /* failed: terminal,
-                                      not ok; hung ones are counted apart */
-    uint64_t bytes_moved;          /* payload bytes the prefill side wrote */
-    uint64_t bytes_verified;       /* decode KV bytes compared with the pattern */
-    uint64_t corrupt_bytes;        /* of those, wrong (in requests reported ok),
-                                      plus aux_corrupt_bytes */
-    uint64_t aux_bytes_verified;   /* aux payload bytes compared on the decode
-                                      ranks (each ok result of one) */
-    uint64_t aux_corrupt_bytes;    /* of those, wrong, missing or extra */
+    KVS_SIM_REPORT_FIELDS(SIM_REPORT_HEAD, SIM_REPORT_FIELD, SIM_REPORT_ARRAY)
     char aux_error[SIM_AUX_ERROR_BYTES]; /* the first wrong payload: rank,
                                       request, lengths; "" when none */
-    uint64_t ring_leaked_bytes;    /* live in any ring after the run */
-    uint32_t hung_requests;        /* never terminal on every rank */
-    uint32_t unreported_failures;  /* a rank learned of a peer's failure only
-                                      by its own stall timeout (not told), though
-                                      nothing stopped the telling (no crash, no
-                                      rank down, no outage of a stall timeout) */
-    uint32_t collateral_failures;  /* failed although neither of its instances
-                                      was faulted (no fault on a rank of either,
-                                      no fault of the whole cluster); a region
-                                      the ring can never hold (KVS_EOVERSIZED)
-                                      is not collateral */
-    uint32_t failed_without_faults; /* failed in a run without faults and
-                                      not collateral (a region the ring cannot
-                                      hold): check.h */
-    uint64_t violations;           /* hung + leaked + corrupt + unreported +
-                                      collateral + failed without faults + keys
-                                      leaked + hostile bytes landed */
-    bool ok;                       /* no violation: the run's verdict */
-    uint64_t ring_bytes_needed;    /* the largest staging region a request of
-                                      the workload can need (check.h); 0 when
-                                      nothing stages */
-    sim_failure_t failures[SIM_MAX_FAILURE_KINDS]; /* by first occurrence */
-    uint32_t nfailures;
-    uint32_t failures_unlisted;    /* requests failed with a status past
-                                      SIM_MAX_FAILURE_KINDS others */
-    uint32_t ranks_crashed;        /* crash and restart faults that hit a live rank */
-    uint32_t ranks_restarted;
-    uint32_t ranks_down_at_start;  /* failed their init (hbm-full) */
-    char init_error[384];          /* the first such failure, as the rank saw it */
-    uint64_t rdma_ops, control_msgs, msgs_rejected, watermark_waits;
-    uint64_t msgs_retransmitted;   /* control messages sent again (not acked in time) */
-    uint64_t msgs_duplicate;       /* received twice or after a loss: dropped */
-    uint64_t peers_lost;           /* connections the handlers found dead */
-    uint64_t posts_refused;        /* writes and sends refused with KVS_EAGAIN by
-                                      a full send queue (net.sq_depth) */
-    uint64_t keys_granted, keys_revoked; /* region-scoped keys of the decode
-                                      ranks (0 with net.no_key_grant) */
-    uint64_t keys_leaked;          /* grants still live on a decode NIC after the
-                                      run: a violation */
-    uint32_t hostile_writes;       /* writes the hostile-write faults sent astray */
-    uint64_t hostile_bytes_landed; /* bytes of those (or of writes a test's
-                                      write hook marked planted) that landed in
-                                      a decode's memory: a violation (scoped
-                                      keys keep it 0) */
-    uint64_t sim_ns;               /* first arrival to last completion */
-    double goodput_gbps;           /* bytes_verified over sim time, Gb/s */
-    double line_rate_gbps;         /* NIC rate x min(prefill NICs, decode NICs) */
-    double latency_p50_us, latency_p99_us; /* prefill done -> request done */
-    double e2e_p50_us, e2e_p99_us; /* arrival -> request done */
-    double e2e_p90_us;
-    double transfer_p50_us, transfer_p99_us; /* first chunk computed -> done */
-    uint64_t ring_p99_bytes;       /* time-weighted p99 of ring bytes live on one
-                                      decode rank over [first arrival, last
-                                      completion], the largest over ranks */
-    double nic_util_mean, nic_util_max; /* over every rank: payload bytes its NIC
-                                      carried / (line rate x sim_ns) */
-    double goodput_fraction;       /* goodput_gbps / line_rate_gbps */
-    uint64_t ring_peak_bytes;      /* most ring bytes live on one decode rank */
-    uint64_t events;               /* engine events dispatched */
-    uint64_t digest;               /* engine event-order digest */
-    kvs_path_t path;               /* the path the handlers ran */
-    int64_t prefill_ranks, decode_ranks; /* over every instance */
-    uint32_t ninstances;           /* prefill instances, then decode ones */
-    sim_instance_report_t instances[2 * SIM_MAX_INSTANCES];
+    char init_error[384];          /* the first init failure, as the rank saw it */
+    sim_failure_t failure[SIM_MAX_FAILURE_KINDS]; /* by first occurrence; the
+                                      count is failures */
+    sim_instance_report_t instance[2 * SIM_MAX_INSTANCES]; /* prefill
+                                      instances, then decode ones; the count
+                                      is instances */
 } sim_report_t;
+#undef SIM_REPORT_HEAD
+#undef SIM_REPORT_FIELD
+#undef SIM_REPORT_ARRAY
 
 /* Fills the defaults documented above into cfg (zero fields only). */
 void sim_scenario_defaults(sim_scenario_config_t *cfg);

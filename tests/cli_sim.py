@@ -39,6 +39,17 @@ REQUIRED_KEYS = [
     "keys_granted", "keys_revoked", "keys_leaked", "hostile_writes", "hostile_bytes_landed",
 ]
 
+
+def report_list_fields():
+    """The scalar results of the report's one list
+    (include/kvstage/sim_report_fields.h): FIELD(code, name, json, ...)."""
+    header = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "include",
+                          "kvstage", "sim_report_fields.h")
+    with open(header) as f:
+        text = f.read()
+    return re.findall(r"\bFIELD\((?:u32|i32|u64|i64|f64), (\w+), -?\d+,", text)
+
+
 # Keys derived from the real clock: the only ones two runs may differ in.
 WALL_KEYS = ("wall_seconds", "events_per_s")
 
@@ -106,6 +117,10 @@ def test_json_report(s):
     obj = s.expect_json("small json", args)
     for key in REQUIRED_KEYS:
         s.ok(key in obj, "json key " + key, args, "missing")
+    fields = report_list_fields()
+    s.ok(len(fields) > 50, "the report's list read", args, repr(fields))
+    for key in fields + ["aux_error", "init_error"]:
+        s.ok(key in obj, "json key " + key + " of the report's list", args, "missing")
     s.expect_clean("small json", args, obj)
     s.ok(obj.get("requests_total") == 6, "small json requests_total", args,
          repr(obj.get("requests_total")))

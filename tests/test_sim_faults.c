@@ -370,8 +370,8 @@ static void test_sim_faults_cluster_crash_one_rank(void **state)
     const int failed = expect_instance_lost(1, 1, 60 * MS, "crash p1@1 at 60 ms");
     assert_true(failed > 0 && failed < NREQ / 3);
     assert_int_equal(r.requests_failed, failed);
-    assert_int_equal(r.instances[1].requests_failed, failed);
-    assert_int_equal(r.instances[0].requests_failed + r.instances[2].requests_failed, 0);
+    assert_int_equal(r.instance[1].requests_failed, failed);
+    assert_int_equal(r.instance[0].requests_failed + r.instance[2].requests_failed, 0);
     assert_true(r.peers_lost > 0);
 }
 
@@ -412,7 +412,7 @@ static void test_sim_faults_cluster_crash_decode(void **state)
         failed += fails;
     }
     assert_true(failed > 0);
-    assert_int_equal(r.instances[4].requests_failed, 0); /* decode instance 1 */
+    assert_int_equal(r.instance[4].requests_failed, 0); /* decode instance 1 */
 }
 
 /* A rank whose HBM is full cannot allocate its staging memory: it says so,

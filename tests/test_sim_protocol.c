@@ -218,11 +218,11 @@ static void test_sim_protocol_cluster_all_ok(void **state)
     assert_int_equal(r.bytes_moved, r.bytes_verified);
     assert_int_equal(r.prefill_ranks, 20);
     assert_int_equal(r.decode_ranks, 4);
-    assert_int_equal(r.ninstances, 5);
+    assert_int_equal(r.instances, 5);
     const int64_t tps[5] = {8, 8, 4, 2, 2};
     uint64_t written = 0, received = 0, peak = 0;
     for (uint32_t k = 0; k < 5; k++) {
-        const sim_instance_report_t *ir = &r.instances[k];
+        const sim_instance_report_t *ir = &r.instance[k];
         const bool decode = k >= 3;
         assert_int_equal(ir->role, decode ? KVS_ROLE_DECODE : KVS_ROLE_PREFILL);
         assert_int_equal(ir->id, decode ? k - 3 : k);
@@ -345,9 +345,9 @@ static void test_sim_protocol_router_round_robin(void **state)
         assert_int_equal(out[i].prefill_instance, i % 3);
         assert_int_equal(out[i].decode_instance, i % 2);
     }
-    assert_int_equal(r.instances[0].requests_ok, 7);
-    assert_int_equal(r.instances[2].requests_ok, 6);
-    assert_int_equal(r.instances[3].requests_ok, 10);
+    assert_int_equal(r.instance[0].requests_ok, 7);
+    assert_int_equal(r.instance[2].requests_ok, 6);
+    assert_int_equal(r.instance[3].requests_ok, 10);
 }
 
 static void test_sim_protocol_staging_beats_slice(void **state)

@@ -934,19 +934,51 @@ static const char *cli_sim_sizes(const kvs_sim_config_t *c, kvs_role_t role, boo
     return buf;
 }
 
-/* What operators read (kvs_sim_report_t): TTFT, transfer latency, ring
- * occupancy, watermark waits, NIC utilisation, goodput against line rate. */
-static void cli_sim_print_json_metrics(const kvs_sim_report_t *r)
+/* One scalar of the report as a JSON key, with json (its column of
+ * kvstage/sim_report_fields.h): decimals for a double, 0 for an integer,
+ * -1 for a key cli_sim_print_json writes in its own way. */
+static void cli_sim_json_u32(const char *key, uint32_t v, int json)
 {
-    cli_sim_json_double("ttft_p50_us", r->ttft_p50_us, 3);
-    cli_sim_json_double("ttft_p90_us", r->ttft_p90_us, 3);
-    cli_sim_json_double("ttft_p99_us", r->ttft_p99_us, 3);
-    cli_sim_json_double("transfer_p50_us", r->transfer_p50_us, 3);
-    cli_sim_json_double("transfer_p99_us", r->transfer_p99_us, 3);
-    printf(", \"ring_p99_bytes\": %" PRIu64, r->ring_p99_bytes);
-    cli_sim_json_double("nic_util_mean", r->nic_util_mean, 6);
-    cli_sim_json_double("nic_util_max", r->nic_util_max, 6);
-    cli_sim_json_double("goodput_fraction", r->goodput_fraction, 6);
+    if (json >= 0)
+        printf(", \"%s\": %" PRIu32, key, v);
+}
+
+static void cli_sim_json_i32(const char *key, int32_t v, int json)
+{
+    if (json >= 0)
+        printf(", \"%s\": %" PRId32, key, v);
+}
+
+static void cli_sim_json_u64(const char *key, uint64_t v, int json)
+{
+    if (json >= 0)
+        printf(", \"%s\": %" PRIu64, key, v);
+}
+
+static void cli_sim_json_i64(const char *key, int64_t v, int json)
+{
+    if (json >= 0)
+        printf(", \"%s\": %" PRId64, key, v);
+}
+
+static void cli_sim_json_f64(const char *key, double v, int json)
+{
+    if (json >= 0)
+        cli_sim_json_double(key, v, json);
+}
+
+/* Every scalar result of the report, by the one list
+ * (kvstage/sim_report_fields.h), in struct order: a field added there is
+ * a key here. */
+static void cli_sim_print_json_fields(const kvs_sim_report_t *r)
+{
+#define CLI_SIM_JSON_HEAD(code, name, meaning)
+#define CLI_SIM_JSON_FIELD(code, name, json, meaning) cli_sim_json_##code(#name, r->name, json);
+#define CLI_SIM_JSON_ARRAY(elem, name, count, meaning)
+    KVS_SIM_REPORT_FIELDS(CLI_SIM_JSON_HEAD, CLI_SIM_JSON_FIELD, CLI_SIM_JSON_ARRAY)
+#undef CLI_SIM_JSON_HEAD
+#undef CLI_SIM_JSON_FIELD
+#undef CLI_SIM_JSON_ARRAY
 }
 
 static void cli_sim_print_json_instance_metrics(const kvs_sim_instance_metrics_t *ir)
@@ -996,66 +1028,33 @@ static void cli_sim_print_json(const cli_sim_input_t *in, const kvs_sim_config_t
 {
     const kvs_layout_t *lay = &in->lay;
     printf("{\"ok\": %s", v->ok ? "true" : "false");
-    printf(", \"requests_total\": %" PRIu32 ", \"requests_ok\": %" PRIu32
-           ", \"requests_failed\": %" PRIu32 ", \"requests_unfinished\": %" PRIu32,
-           r->requests_total, r->requests_ok, r->requests_failed, v->unfinished);
-    printf(", \"bytes_moved\": %" PRIu64 ", \"bytes_verified\": %" PRIu64
-           ", \"corrupt_bytes\": %" PRIu64 ", \"ring_leaked_bytes\": %" PRIu64,
-           r->bytes_moved, r->bytes_verified, r->corrupt_bytes,
-           r->ring_leaked_bytes);
-    printf(", \"hung_requests\": %" PRIu32 ", \"unreported_failures\": %" PRIu32
-           ", \"collateral_failures\": %" PRIu32 ", \"violations\": %" PRIu64,
-           r->hung_requests, r->unreported_failures, r->collateral_failures, r->violations);
-    printf(", \"failed_without_faults\": %" PRIu32 ", \"ring_bytes_needed\": %" PRIu64
-           ", \"failures\": {", r->failed_without_faults, r->ring_bytes_needed);
+    cli_sim_print_json_fields(r);
+    /* The rest: the list's arrays and its fields of json -1 (ok above: the
+     * CLI's verdict), and what the CLI derives or echoes. */
+    printf(", \"requests_unfinished\": %" PRIu32 ", \"failures\": {", v->unfinished);
     for (uint32_t k = 0; k < r->failures; k++) {
         printf("%s\"%s\": {\"count\": %" PRIu32 ", \"first_detail\": ", k > 0 ? ", " : "",
                kvs_status_name(r->failure[k].status), r->failure[k].count);
         cli_sim_json_string(r->failure[k].first_detail);
         printf("}");
     }
-    printf("}, \"failures_unlisted\": %" PRIu32, r->failures_unlisted);
-    printf(", \"rdma_ops\": %" PRIu64 ", \"control_msgs\": %" PRIu64
-           ", \"msgs_rejected\": %" PRIu64 ", \"watermark_waits\": %" PRIu64
-           ", \"ring_peak_bytes\": %" PRIu64,
-           r->rdma_ops, r->control_msgs, r->msgs_rejected, r->watermark_waits,
-           r->ring_peak_bytes);
-    printf(", \"msgs_retransmitted\": %" PRIu64 ", \"msgs_duplicate\": %" PRIu64
-           ", \"peers_lost\": %" PRIu64,
-           r->msgs_retransmitted, r->msgs_duplicate, r->peers_lost);
-    printf(", \"sq_depth\": %" PRIu32 ", \"posts_refused\": %" PRIu64, cfg->net_sq_depth,
-           r->posts_refused);
-    printf(", \"aux_bytes\": %" PRIu32 ", \"aux_bytes_verified\": %" PRIu64
-           ", \"aux_corrupt_bytes\": %" PRIu64, cfg->max_aux_bytes, r->aux_bytes_verified,
-           r->aux_corrupt_bytes);
-    printf(", \"keys_granted\": %" PRIu64 ", \"keys_revoked\": %" PRIu64
-           ", \"keys_leaked\": %" PRIu64 ", \"hostile_writes\": %" PRIu64
-           ", \"hostile_bytes_landed\": %" PRIu64, r->keys_granted, r->keys_revoked,
-           r->keys_leaked, r->hostile_writes, r->hostile_bytes_landed);
-    printf(", \"ranks_crashed\": %" PRIu32 ", \"ranks_restarted\": %" PRIu32
-           ", \"ranks_down_at_start\": %" PRIu32 ", \"init_error\": ",
-           r->ranks_crashed, r->ranks_restarted, r->ranks_down_at_start);
+    printf("}");
+    printf(", \"sq_depth\": %" PRIu32 ", \"aux_bytes\": %" PRIu32, cfg->net_sq_depth,
+           cfg->max_aux_bytes);
+    printf(", \"init_error\": ");
     cli_sim_json_string(r->init_error);
-    printf(", \"sim_ns\": %" PRIu64 ", \"sim_seconds\": %" PRIu64 ".%09" PRIu64,
-           r->sim_ns, r->sim_ns / 1000000000u, r->sim_ns % 1000000000u);
-    cli_sim_json_double("goodput_gbps", r->goodput_gbps, 6);
-    cli_sim_json_double("line_rate_gbps", r->line_rate_gbps, 6);
+    printf(", \"aux_error\": ");
+    cli_sim_json_string(r->aux_error);
+    printf(", \"sim_seconds\": %" PRIu64 ".%09" PRIu64, r->sim_ns / 1000000000u,
+           r->sim_ns % 1000000000u);
     cli_sim_json_double("goodput_pct", cli_sim_pct(r->goodput_gbps,
                                                    r->line_rate_gbps), 3);
-    cli_sim_json_double("latency_p50_us", r->latency_p50_us, 3);
-    cli_sim_json_double("latency_p99_us", r->latency_p99_us, 3);
-    cli_sim_json_double("e2e_p50_us", r->e2e_p50_us, 3);
-    cli_sim_json_double("e2e_p99_us", r->e2e_p99_us, 3);
-    cli_sim_print_json_metrics(r);
-    printf(", \"events\": %" PRIu64 ", \"digest\": \"%016" PRIx64 "\"", r->events,
-           r->digest);
+    printf(", \"digest\": \"%016" PRIx64 "\"", r->digest);
     cli_sim_json_double("wall_seconds", wall_s, 6);
     cli_sim_json_double("events_per_s", wall_s > 0 ? (double)r->events / wall_s : 0,
                         0);
     printf(", \"path\": \"%s\", \"path_requested\": \"%s\", \"seed\": %" PRIu64,
            kvs_path_name((kvs_path_t)r->path), kvs_path_name((kvs_path_t)cfg->path), cfg->seed);
-    printf(", \"prefill_ranks\": %" PRId64 ", \"decode_ranks\": %" PRId64,
-           r->prefill_ranks, r->decode_ranks);
     printf(", \"model\": ");
     if (in->shape.model != NULL)
         cli_sim_json_string(in->shape.model->name);

@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include <kvstage/kvstage.h>
+#include <kvstage/sim_report_fields.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -247,113 +248,44 @@ typedef struct kvs_sim_failure {
                                    instances, the rank, when, and why */
 } kvs_sim_failure_t;
 
-/* What a run did. Counts are over the whole cluster. */
+/* What a run did. Counts are over the whole cluster. Its members, their
+ * order, types and meanings are the list of kvstage/sim_report_fields.h
+ * (KVS_SIM_REPORT_FIELDS): read each field's meaning there. */
+#define KVS__SIM_REPORT_HEAD(code, name, meaning) KVS_SIM_REPORT_CTYPE(code) name;
+#define KVS__SIM_REPORT_FIELD(code, name, json, meaning) KVS_SIM_REPORT_CTYPE(code) name;
+#define KVS__SIM_REPORT_ARRAY(elem, name, count, meaning) elem name[count];
 typedef struct kvs_sim_report {
-    uint32_t version;           /* written by the library */
-    uint32_t size_bytes;        /* set by the caller: sizeof(kvs_sim_report_t) */
-    uint32_t requests_total, requests_ok;
-    uint32_t requests_failed;   /* terminal, not ok (hung ones apart) */
-    uint32_t hung_requests;     /* never terminal on every rank */
-    uint32_t unreported_failures; /* a rank learned of a peer's failure only
-                                     by its own stall timeout */
-    int32_t path;               /* kvs_path_t the handlers ran */
-    uint64_t bytes_moved;       /* payload bytes the prefill side wrote */
-    uint64_t bytes_verified;    /* decode bytes compared with the pattern */
-    uint64_t corrupt_bytes;     /* of those, wrong (in requests reported ok) */
-    uint64_t ring_leaked_bytes; /* live in any ring after the run */
-    uint64_t violations;        /* hung + leaked + corrupt + unreported
-                                   (+ collateral_failures,
-                                   failed_without_faults, keys_leaked and
-                                   hostile_bytes_landed, below): ok is
-                                   violations == 0 */
-    uint64_t rdma_ops, control_msgs, msgs_rejected, watermark_waits;
-    uint64_t ring_peak_bytes;   /* most ring bytes live on one decode rank */
-    uint64_t sim_ns;            /* first arrival to last completion */
-    uint64_t events;            /* engine events dispatched */
-    uint64_t digest;            /* engine event-order digest: one seed, one digest */
-    int64_t prefill_ranks, decode_ranks;
-    double goodput_gbps;        /* bytes_verified over sim time, Gb/s */
-    double line_rate_gbps;      /* NIC rate x min(prefill NICs, decode NICs) */
-    double latency_p50_us, latency_p99_us; /* prefill done -> request done */
-    double e2e_p50_us, e2e_p99_us;         /* arrival -> request done */
-    /* (after the version 1 prefix: callers with a shorter size_bytes get
-     * the prefix only) */
-    uint64_t msgs_retransmitted; /* control messages sent again */
-    uint64_t msgs_duplicate;     /* received twice or after a loss: dropped */
-    uint64_t peers_lost;         /* connections the handlers found dead */
-    uint32_t ranks_crashed, ranks_restarted;
-    uint32_t ranks_down_at_start; /* failed their init (hbm-full) */
-    uint32_t reserved;
-    char init_error[384];        /* the first such failure, NUL-terminated */
-    uint64_t posts_refused;      /* writes and sends refused by a full send
-                                    queue (net_sq_depth) */
-    /* Clusters (after posts_refused: callers with a shorter size_bytes get
-     * what came before). */
-    uint32_t collateral_failures; /* requests that failed although neither of
-                                     their instances was faulted (no fault on
-                                     a rank of either, none of the whole
-                                     cluster: message or write faults); a
-                                     region the ring can never hold
-                                     (KVS_EOVERSIZED) is not collateral.
-                                     Counted in violations */
-    uint32_t instances;          /* entries of instance[]: prefill instances
-                                    first, then decode ones */
-    kvs_sim_instance_t instance[2 * KVS_SIM_MAX_INSTANCES];
-    /* Aux payloads (config max_aux_bytes; after instance[]: callers with a
-     * shorter size_bytes get what came before). */
-    uint64_t aux_bytes_verified; /* compared on the decode ranks, one payload
-                                    per ok result of each; not in
-                                    bytes_verified */
-    uint64_t aux_corrupt_bytes;  /* of those, wrong, missing or extra; also
-                                    counted in corrupt_bytes (violations) */
-    /* The verdict and why requests failed (after aux_corrupt_bytes: callers
-     * with a shorter size_bytes get what came before). */
-    uint32_t ok;                 /* 1: the run broke no invariant; the one
-                                    verdict of kvs_sim_run, Python's
-                                    simulate() and `kvstage sim` (exit 0) */
-    uint32_t failed_without_faults; /* requests that failed in a run without
-                                    faults and are not collateral (a region
-                                    the ring cannot hold); in violations */
-    uint64_t ring_bytes_needed;  /* the largest staging region a request of
-                                    this workload can need on one decode
-                                    rank (0: no pair stages); a config whose
-                                    ring_bytes is below it is refused before
-                                    the run with KVS_EOVERSIZED, this field
-                                    still written */
-    uint32_t failures;           /* entries of failure[] */
-    uint32_t failures_unlisted;  /* requests that failed with a status past
-                                    the first KVS_SIM_MAX_FAILURE_KINDS */
-    kvs_sim_failure_t failure[KVS_SIM_MAX_FAILURE_KINDS]; /* by status, in the
-                                    order each first happened */
-    /* What operators read (after failure[]: callers with a shorter
-     * size_bytes get what came before). Computed from what the run
-     * recorded: they add no event and leave the digest as it was. TTFT is
-     * e2e above (arrival -> KV complete at the decode); its percentiles,
-     * like all here, are exact nearest-rank ones of the ok requests. */
-    double ttft_p50_us, ttft_p90_us, ttft_p99_us;
-    double transfer_p50_us, transfer_p99_us; /* first chunk computed -> done */
-    uint64_t ring_p99_bytes;     /* time-weighted 99th percentile of bytes
-                                    live in one decode rank's ring, the largest
-                                    over ranks (ring_peak_bytes: the most) */
-    double nic_util_mean;        /* over every rank, as in
-                                    kvs_sim_instance_metrics_t */
-    double nic_util_max;         /* the busiest rank's */
-    double goodput_fraction;     /* goodput_gbps / line_rate_gbps */
-    kvs_sim_instance_metrics_t instance_metrics[2 * KVS_SIM_MAX_INSTANCES];
-    /* The first wrong aux payload in words: the rank, the request and both
-     * lengths; "" when none (after instance_metrics[]: callers with a
-     * shorter size_bytes get what came before). */
-    char aux_error[KVS_SIM_AUX_ERROR_BYTES];
-    /* Region-scoped keys and hostile writers (docs/security.md; after
-     * aux_error: callers with a shorter size_bytes get what came before). */
-    uint64_t keys_granted;       /* region-scoped keys the decode ranks granted */
-    uint64_t keys_revoked;       /* ... and revoked */
-    uint64_t keys_leaked;        /* grants still live after the run; in violations */
-    uint64_t hostile_writes;     /* writes the hostile-write faults sent astray */
-    uint64_t hostile_bytes_landed; /* bytes of them that landed in a decode's
-                                    memory; in violations (the fabric must
-                                    refuse every one) */
+    KVS_SIM_REPORT_FIELDS(KVS__SIM_REPORT_HEAD, KVS__SIM_REPORT_FIELD, KVS__SIM_REPORT_ARRAY)
 } kvs_sim_report_t;
+#undef KVS__SIM_REPORT_HEAD
+#undef KVS__SIM_REPORT_FIELD
+#undef KVS__SIM_REPORT_ARRAY
+
+/* One member of kvs_sim_report_t, as kvs_sim_report_field() describes it:
+ * what a language binding builds its mirror from. */
+typedef struct kvs_sim_report_field {
+    const char *name;           /* as spelled in kvs_sim_report_t */
+    const char *type;           /* scalars: "u32", "i32", "u64", "i64", "f64";
+                                   arrays: their element type's C name
+                                   ("char", "kvs_sim_instance_t", ...) */
+    uint32_t offset;            /* offsetof(kvs_sim_report_t, name) */
+    uint32_t size_bytes;        /* the whole member's size */
+    uint32_t count;             /* elements: 1 for a scalar */
+    int32_t json;               /* decimals `kvstage sim --json` prints a
+                                   double with, 0 for an integer, -1 where it
+                                   writes the key in its own way */
+    uint32_t head;              /* 1: version, size_bytes, reserved (not a
+                                   result of the run) */
+    uint32_t reserved0;         /* 0 */
+    const char *meaning;        /* one line */
+} kvs_sim_report_field_t;
+
+/* Member i of kvs_sim_report_t in struct order, or NULL past the last;
+ * static storage. A binding that builds its mirror from these has the
+ * report's one description (kvstage/sim_report_fields.h). */
+KVS_API const kvs_sim_report_field_t *kvs_sim_report_field(uint32_t i);
+/* sizeof(kvs_sim_report_t) in this library. */
+KVS_API uint32_t kvs_sim_report_size(void);
 
 /* A zeroed config with version and size set. */
 static inline void kvs_sim_config_init(kvs_sim_config_t *cfg)

@@ -121,6 +121,8 @@ def _declare(lib):
         "kvs_model_at": (c.POINTER(S.Model), [c.c_size_t]),
         "kvs_sim_run": (c.c_int, [c.POINTER(S.SimConfig), c.POINTER(S.SimReport),
                                   c.POINTER(S.Error)]),
+        "kvs_sim_report_field": (c.POINTER(S.SimReportField), [c.c_uint32]),
+        "kvs_sim_report_size": (c.c_uint32, []),
         "kvs_dtype_bytes": (c.c_int64, [c.c_int]),
         "kvs_room_state_name": (c.c_char_p, [c.c_int]),
         "kvs_rank_create": (c.c_int, [c.POINTER(S.RankConfig), c.c_void_p, c.c_void_p,
@@ -161,6 +163,8 @@ def load():
                               "%s. Set %s to the path of libkvstage_sim.so or its "
                               "folder" % (e, where, ENV)) from e
             _declare(lib)
+            if not S.SIM_REPORT_FIELDS:
+                S.build_sim_report(lib.kvs_sim_report_field, lib.kvs_sim_report_size())
             _loaded = (lib, target)
         return _loaded[0]
 

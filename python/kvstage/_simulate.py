@@ -175,18 +175,18 @@ def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
         trace = str(trace_path).encode()
         cfg.trace_path = trace
 
+    lib = _library.load()  # before SimReport: loading gives it its fields
     report = S.SimReport()
     report.size_bytes = ctypes.sizeof(report)
     err = S.Error()
-    rc = _library.load().kvs_sim_run(ctypes.byref(cfg), ctypes.byref(report),
-                                     ctypes.byref(err))
+    rc = lib.kvs_sim_run(ctypes.byref(cfg), ctypes.byref(report), ctypes.byref(err))
     if rc != 0:
         _errors.raise_for(rc, err)
+    # Every scalar result the library lists (kvstage/sim_report_fields.h),
+    # then the arrays and the fields that read better converted.
     out = {}
-    for name, _ in S.SimReport._fields_:
-        if name not in ("version", "size_bytes", "reserved", "instances", "instance",
-                        "failures", "failures_unlisted", "failure",
-                        "instance_metrics"):
+    for name, ctype, _, head, _ in S.SIM_REPORT_FIELDS:
+        if not head and ctype in ("u32", "i32", "u64", "i64", "f64"):
             out[name] = getattr(report, name)
     out["ok"] = bool(report.ok)
     # Why requests failed, by status name, as `kvstage sim --json`.

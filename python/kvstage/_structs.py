@@ -161,41 +161,65 @@ class SimFailure(c.Structure):
 
 
 class SimReport(c.Structure):
-    """kvs_sim_report_t"""
-    _fields_ = [("version", u32), ("size_bytes", u32),
-                ("requests_total", u32), ("requests_ok", u32),
-                ("requests_failed", u32), ("hung_requests", u32),
-                ("unreported_failures", u32), ("path", i32),
-                ("bytes_moved", u64), ("bytes_verified", u64),
-                ("corrupt_bytes", u64), ("ring_leaked_bytes", u64),
-                ("violations", u64), ("rdma_ops", u64), ("control_msgs", u64),
-                ("msgs_rejected", u64), ("watermark_waits", u64),
-                ("ring_peak_bytes", u64), ("sim_ns", u64), ("events", u64),
-                ("digest", u64), ("prefill_ranks", i64), ("decode_ranks", i64),
-                ("goodput_gbps", c.c_double), ("line_rate_gbps", c.c_double),
-                ("latency_p50_us", c.c_double), ("latency_p99_us", c.c_double),
-                ("e2e_p50_us", c.c_double), ("e2e_p99_us", c.c_double),
-                ("msgs_retransmitted", u64), ("msgs_duplicate", u64),
-                ("peers_lost", u64), ("ranks_crashed", u32),
-                ("ranks_restarted", u32), ("ranks_down_at_start", u32),
-                ("reserved", u32), ("init_error", c.c_char * 384),
-                ("posts_refused", u64), ("collateral_failures", u32),
-                ("instances", u32),
-                ("instance", SimInstance * (2 * SIM_MAX_INSTANCES)),
-                ("aux_bytes_verified", u64), ("aux_corrupt_bytes", u64),
-                ("ok", u32), ("failed_without_faults", u32),
-                ("ring_bytes_needed", u64), ("failures", u32),
-                ("failures_unlisted", u32),
-                ("failure", SimFailure * SIM_MAX_FAILURE_KINDS),
-                ("ttft_p50_us", c.c_double), ("ttft_p90_us", c.c_double),
-                ("ttft_p99_us", c.c_double), ("transfer_p50_us", c.c_double),
-                ("transfer_p99_us", c.c_double), ("ring_p99_bytes", u64),
-                ("nic_util_mean", c.c_double), ("nic_util_max", c.c_double),
-                ("goodput_fraction", c.c_double),
-                ("instance_metrics", SimInstanceMetrics * (2 * SIM_MAX_INSTANCES)),
-                ("aux_error", c.c_char * SIM_AUX_ERROR_BYTES),
-                ("keys_granted", u64), ("keys_revoked", u64), ("keys_leaked", u64),
-                ("hostile_writes", u64), ("hostile_bytes_landed", u64)]
+    """kvs_sim_report_t. Its fields are not written here: the library
+    describes them (kvs_sim_report_field, from the one list of
+    kvstage/sim_report_fields.h) and _library.load() calls
+    build_sim_report() before anything uses the struct."""
+
+
+class SimReportField(c.Structure):
+    """kvs_sim_report_field_t"""
+    _fields_ = [("name", c.c_char_p), ("type", c.c_char_p), ("offset", u32),
+                ("size_bytes", u32), ("count", u32), ("json", i32), ("head", u32),
+                ("reserved0", u32), ("meaning", c.c_char_p)]
+
+
+# kvs_sim_report_field_t.type -> ctypes: the scalars' codes and the
+# element types of the report's arrays.
+_REPORT_TYPES = {"u32": u32, "i32": i32, "u64": u64, "i64": i64, "f64": c.c_double,
+                 "char": c.c_char, "kvs_sim_instance_t": SimInstance,
+                 "kvs_sim_failure_t": SimFailure,
+                 "kvs_sim_instance_metrics_t": SimInstanceMetrics}
+
+# The report's fields as the library listed them: (name, type, json,
+# head, meaning) in struct order; filled by build_sim_report().
+SIM_REPORT_FIELDS = []
+
+
+def build_sim_report(field_at, size):
+    """Gives SimReport the fields the library lists: field_at(i) is
+    kvs_sim_report_field (a SimReportField pointer, NULL past the last),
+    size is kvs_sim_report_size(). Raises OSError when ctypes lays a field
+    out elsewhere than the library says (a library and a package that do
+    not belong together)."""
+    fields, listed = [], []
+    i = 0
+    while True:
+        f = field_at(i)
+        if not f:
+            break
+        f = f.contents
+        name, ctype = f.name.decode(), f.type.decode()
+        if ctype not in _REPORT_TYPES:
+            raise OSError("kvstage: the library's kvs_sim_report_t has %s of type %s, "
+                          "which this package does not know: install the package that "
+                          "came with the library" % (name, ctype))
+        t = _REPORT_TYPES[ctype]
+        fields.append((name, t * f.count if f.count != 1 or ctype == "char" else t))
+        listed.append((name, ctype, f.json, bool(f.head), f.meaning.decode(),
+                       f.offset, f.size_bytes))
+        i += 1
+    SimReport._fields_ = fields
+    for name, ctype, _, _, _, offset, nbytes in listed:
+        got = getattr(SimReport, name)
+        if got.offset != offset or got.size != nbytes:
+            raise OSError("kvstage: kvs_sim_report_t.%s is at %d (%d bytes) in the "
+                          "library but %d (%d bytes) here" % (name, offset, nbytes,
+                                                              got.offset, got.size))
+    if c.sizeof(SimReport) != size:
+        raise OSError("kvstage: kvs_sim_report_t is %d bytes in the library, %d here"
+                      % (size, c.sizeof(SimReport)))
+    SIM_REPORT_FIELDS[:] = [entry[:5] for entry in listed]
 
 
 LOG_FN = c.CFUNCTYPE(None, c.c_void_p, c.c_int, c.c_char_p)  # kvs_log_fn

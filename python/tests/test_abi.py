@@ -10,7 +10,12 @@ import subprocess
 
 import pytest
 
+from kvstage import _library
 from kvstage import _structs as S
+
+# SimReport takes its fields from the library (kvs_sim_report_field): the
+# mirror checked below is the one the library built.
+_library.load()
 
 CONSTANTS = {"KVS_ERROR_MSG_BYTES": S.ERROR_MSG_BYTES,
              "KVS_SIM_CONFIG_VERSION": S.SIM_CONFIG_VERSION,
