@@ -41,15 +41,6 @@
 
 #define HW_OFI_LISTENER_KEY UINT64_MAX
 
-kvs_conn_t *hw_ofi_conn_of(hw_ofi_fabric_t *f, kvs_conn_t *conn)
-{
-    const uintptr_t b = (uintptr_t)f->conns, q = (uintptr_t)conn;
-    if (conn == NULL || q < b || (q - b) % sizeof *conn != 0 ||
-        (q - b) / sizeof *conn >= f->cfg.max_conns || conn->state == HW_OFI_CONN_FREE)
-        return NULL;
-    return conn;
-}
-
 kvs_conn_t *hw_ofi_conn_by_token(hw_ofi_fabric_t *f, uint32_t token)
 {
     const uint32_t slot = token & 0xffffu;

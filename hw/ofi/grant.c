@@ -78,7 +78,7 @@ static uint64_t hw_ofi_grant_key(const void *grant, uint32_t piece)
 
 static kvs_grant_t *hw_ofi_grant_of(hw_ofi_fabric_t *f, kvs_grant_t *g)
 {
-    return hw_ofi_in_table(f->grants, g, sizeof *g, f->cfg.max_grants) && g->live ? g : NULL;
+    return hw_in_table(f->grants, g, sizeof *g, f->cfg.max_grants) && g->live ? g : NULL;
 }
 
 int hw_ofi_key_grant(kvs_fabric_t *fab, kvs_conn_t *conn, kvs_mr_t *mr, uint64_t addr,

@@ -44,6 +44,7 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
+#include "handles.h"
 #include "net_util.h"
 #include "rkeys.h"
 
@@ -84,14 +85,6 @@ enum hw_ofi_kind {
 
 typedef struct hw_ofi_fabric hw_ofi_fabric_t;
 
-/* Whether p points at one of the n elements (each `size` bytes) of table:
- * how a handle the user passes back is checked before it is used. */
-static inline bool hw_ofi_in_table(const void *table, const void *p, size_t size, uint32_t n)
-{
-    const uintptr_t b = (uintptr_t)table, q = (uintptr_t)p;
-    return p != NULL && q >= b && (q - b) % size == 0 && (q - b) / size < n;
-}
-
 /* ---- registrations (mr.c) ------------------------------------------------- */
 
 struct kvs_mr {
@@ -108,7 +101,6 @@ struct kvs_mr {
     bool sealed;            /* mr_register_sealed: no FI_REMOTE_WRITE, keys never sent */
 };
 
-kvs_mr_t *hw_ofi_mr_of(hw_ofi_fabric_t *f, kvs_mr_t *mr);
 int hw_ofi_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
                        uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey);
 int hw_ofi_mr_register_sealed(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
@@ -119,13 +111,6 @@ void hw_ofi_mr_free_all(hw_ofi_fabric_t *f);
  * piece; *desc NULL when the provider needs no local descriptors. */
 int hw_ofi_mr_own(hw_ofi_fabric_t *f, void *buf, size_t len, uint64_t access,
                   struct fid_mr **out, void **desc, char *why, size_t why_bytes);
-/* Local descriptor and bytes left in the piece holding addr (inside mr). */
-void hw_ofi_mr_piece(const kvs_mr_t *mr, uint64_t addr, void **desc, uint64_t *left);
-/* The target address, key and bytes left in the remote piece holding
- * [raddr, ...) of handle rkey on conn; KVS_EREMOTE with the fabric's
- * message set when the handle is unknown or raddr lies outside it. */
-int hw_ofi_rkey_piece(hw_ofi_fabric_t *f, kvs_conn_t *conn, uint64_t rkey, uint64_t raddr,
-                      uint64_t *out_addr, uint64_t *out_key, uint64_t *left);
 /* One fi_mr_reg (and bind, enable) with the modes the provider asked for;
  * a negative libfabric code on failure. */
 int hw_ofi_mr_reg_one(hw_ofi_fabric_t *f, void *buf, size_t len, uint64_t access,
@@ -232,7 +217,6 @@ void hw_ofi_conn_fail(kvs_conn_t *conn, int status, const char *fmt, ...)
 void hw_ofi_conn_free(kvs_conn_t *conn);
 /* The live (not FREE) connection named by a token, or NULL. */
 kvs_conn_t *hw_ofi_conn_by_token(hw_ofi_fabric_t *f, uint32_t token);
-kvs_conn_t *hw_ofi_conn_of(hw_ofi_fabric_t *f, kvs_conn_t *conn);
 /* Peers whose socket ended and whose grace passed become DEAD. */
 void hw_ofi_conn_tick(hw_ofi_fabric_t *f, uint64_t now);
 
@@ -375,6 +359,27 @@ struct hw_ofi_fabric {
 static inline hw_ofi_fabric_t *hw_ofi_of(kvs_fabric_t *fab)
 {
     return KVS_CONTAINER_OF(fab, hw_ofi_fabric_t, base);
+}
+/* The user's handles checked against the fabric's tables, and the piece
+ * of a registration an address falls in: inline (hw/common/handles.h), so
+ * every file of the fabric uses them without calling the others. */
+static inline kvs_conn_t *hw_ofi_conn_of(hw_ofi_fabric_t *f, kvs_conn_t *conn)
+{
+    return hw_in_table(f->conns, conn, sizeof *conn, f->cfg.max_conns) &&
+                   conn->state != HW_OFI_CONN_FREE
+               ? conn
+               : NULL;
+}
+static inline kvs_mr_t *hw_ofi_mr_of(hw_ofi_fabric_t *f, kvs_mr_t *mr)
+{
+    return hw_in_table(f->mrs, mr, sizeof *mr, f->cfg.max_mrs) && mr->live ? mr : NULL;
+}
+/* Local descriptor and bytes left in the piece holding addr (inside mr). */
+static inline void hw_ofi_mr_piece(const kvs_mr_t *mr, uint64_t addr, void **desc,
+                                   uint64_t *left)
+{
+    *desc = mr->descs[hw_piece_at(addr - mr->addr, mr->piece_bytes, mr->npieces,
+                                  mr->len_bytes, left)];
 }
 /* libfabric's negative return as a kvstage status (status.c). */
 int hw_ofi_status(int fi_rc);

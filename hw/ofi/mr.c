@@ -8,8 +8,8 @@
  * provider's key, else the fabric requests a fresh one; FI_MR_ENDPOINT binds
  * each piece to the endpoint and enables it; FI_MR_LOCAL is why every
  * piece's descriptor is kept (post.c passes them). FI_MR_VIRT_ADDR decides
- * how a writer addresses a piece (rkey_piece): by virtual address, or by
- * offset into the piece.
+ * how a writer addresses a piece (post.c's rkey_piece): by virtual address,
+ * or by offset into the piece.
  *
  * The remote key handed out is the registration's id, never a provider
  * key: its base, length, piece size and piece keys travel in KEYS messages
@@ -40,11 +40,6 @@
 #define HW_OFI_KEYS_MAX HW_RKEYS_PER_MSG(8u)
 #define HW_OFI_RTABLE_PIECES_MAX HW_RKEYS_PIECES_MAX
 #define HW_OFI_PAGE 4096u
-
-kvs_mr_t *hw_ofi_mr_of(hw_ofi_fabric_t *f, kvs_mr_t *mr)
-{
-    return hw_ofi_in_table(f->mrs, mr, sizeof *mr, f->cfg.max_mrs) && mr->live ? mr : NULL;
-}
 
 int hw_ofi_mr_reg_one(hw_ofi_fabric_t *f, void *buf, size_t len, uint64_t access,
                       struct fid_mr **out)
@@ -77,15 +72,6 @@ int hw_ofi_mr_own(hw_ofi_fabric_t *f, void *buf, size_t len, uint64_t access,
     }
     *desc = fi_mr_desc(*out);
     return KVS_OK;
-}
-
-void hw_ofi_mr_piece(const kvs_mr_t *mr, uint64_t addr, void **desc, uint64_t *left)
-{
-    const uint64_t off = addr - mr->addr;
-    const uint64_t i = off / mr->piece_bytes;
-    const uint64_t piece_end = i + 1 == mr->npieces ? mr->len_bytes : (i + 1) * mr->piece_bytes;
-    *desc = mr->descs[i];
-    *left = piece_end - off;
 }
 
 static void hw_ofi_mr_release(kvs_mr_t *mr)
@@ -299,27 +285,6 @@ void hw_ofi_mr_free_all(hw_ofi_fabric_t *f)
         if (f->mrs[i].live)
             hw_ofi_mr_release(&f->mrs[i]);
     f->live_mrs = 0;
-}
-
-int hw_ofi_rkey_piece(hw_ofi_fabric_t *f, kvs_conn_t *conn, uint64_t rkey, uint64_t raddr,
-                      uint64_t *out_addr, uint64_t *out_key, uint64_t *left)
-{
-    const hw_rkeys_entry_t *t = NULL;
-    uint64_t off = 0;
-    const int rc = rkey <= UINT32_MAX ? hw_rkeys_lookup(&conn->rkeys, (uint32_t)rkey, raddr,
-                                                         out_key, &off, left, &t)
-                                      : KVS_ENOENT;
-    if (rc == KVS_ENOENT)
-        return kvs_fabric_fail(&f->base, KVS_EREMOTE, 0, "write to %s: remote key 0x%llx is "
-                               "no registration %s announced: use the key its mr_register "
-                               "gave", conn->peer, (unsigned long long)rkey, conn->peer);
-    if (rc != KVS_OK)
-        return kvs_fabric_fail(&f->base, KVS_EREMOTE, 0, "write to %s: remote address 0x%llx "
-                               "lies outside registration 0x%llx [0x%llx, +%llu)", conn->peer,
-                               (unsigned long long)raddr, (unsigned long long)rkey,
-                               (unsigned long long)t->base, (unsigned long long)t->len_bytes);
-    *out_addr = (f->mr_mode & FI_MR_VIRT_ADDR) ? raddr : off;
-    return KVS_OK;
 }
 
 void hw_ofi_keys_recv(kvs_conn_t *conn, uint32_t kind, const uint8_t *msg, uint32_t len)

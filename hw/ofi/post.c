@@ -214,6 +214,31 @@ int hw_ofi_send(kvs_fabric_t *fab, kvs_conn_t *conn, const void *msg, uint32_t l
 
 /* Walks the pieces of a write: calls emit (when not NULL) for each and
  * returns how many there are, or a negative status (fabric message set). */
+/* The target address, key and bytes left in the remote piece holding
+ * [raddr, ...) of handle rkey on conn; KVS_EREMOTE with the fabric's
+ * message set when the handle is unknown or raddr lies outside it. */
+static int hw_ofi_rkey_piece(hw_ofi_fabric_t *f, kvs_conn_t *conn, uint64_t rkey,
+                             uint64_t raddr, uint64_t *out_addr, uint64_t *out_key,
+                             uint64_t *left)
+{
+    const hw_rkeys_entry_t *t = NULL;
+    uint64_t off = 0;
+    const int rc = rkey <= UINT32_MAX ? hw_rkeys_lookup(&conn->rkeys, (uint32_t)rkey, raddr,
+                                                         out_key, &off, left, &t)
+                                      : KVS_ENOENT;
+    if (rc == KVS_ENOENT)
+        return kvs_fabric_fail(&f->base, KVS_EREMOTE, 0, "write to %s: remote key 0x%llx is "
+                               "no registration %s announced: use the key its mr_register "
+                               "gave", conn->peer, (unsigned long long)rkey, conn->peer);
+    if (rc != KVS_OK)
+        return kvs_fabric_fail(&f->base, KVS_EREMOTE, 0, "write to %s: remote address 0x%llx "
+                               "lies outside registration 0x%llx [0x%llx, +%llu)", conn->peer,
+                               (unsigned long long)raddr, (unsigned long long)rkey,
+                               (unsigned long long)t->base, (unsigned long long)t->len_bytes);
+    *out_addr = (f->mr_mode & FI_MR_VIRT_ADDR) ? raddr : off;
+    return KVS_OK;
+}
+
 static int64_t hw_ofi_write_pieces(hw_ofi_fabric_t *f, kvs_conn_t *c, const kvs_write_desc_t *d,
                                    const kvs_mr_t *mr, uint32_t op, bool take, uint32_t *head)
 {
@@ -222,7 +247,7 @@ static int64_t hw_ofi_write_pieces(hw_ofi_fabric_t *f, kvs_conn_t *c, const kvs_
     uint64_t done = 0;
     while (done < d->len_bytes) {
         void *desc;
-        uint64_t lleft, rleft, raddr, rkey;
+        uint64_t lleft, rleft = 0, raddr = 0, rkey = 0; /* set when rc is KVS_OK */
         hw_ofi_mr_piece(mr, d->local_addr + done, &desc, &lleft);
         int rc = hw_ofi_rkey_piece(f, c, d->rkey, d->remote_addr + done, &raddr, &rkey, &rleft);
         if (rc != KVS_OK)

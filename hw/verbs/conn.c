@@ -121,15 +121,6 @@ kvs_conn_t *hw_verbs_conn_at(hw_verbs_fabric_t *f, uint32_t slot, uint32_t gen)
     return c->state != HW_CONN_FREE && (c->gen & 0xffffu) == gen ? c : NULL;
 }
 
-kvs_conn_t *hw_verbs_conn_of(hw_verbs_fabric_t *f, kvs_conn_t *conn)
-{
-    const uintptr_t b = (uintptr_t)f->conns, q = (uintptr_t)conn;
-    if (conn == NULL || q < b || (q - b) % sizeof *conn != 0 ||
-        (q - b) / sizeof *conn >= f->cfg.max_conns || conn->state == HW_CONN_FREE)
-        return NULL;
-    return conn;
-}
-
 static void hw_verbs_conn_free_prev(kvs_conn_t *c)
 {
     if (c->prev_rmr != NULL)

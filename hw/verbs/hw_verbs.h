@@ -21,6 +21,7 @@
 
 #include <kvstage/verbs.h>
 
+#include "handles.h"
 #include "net_util.h"
 #include "rkeys.h"
 
@@ -168,7 +169,6 @@ struct kvs_mr {
     bool dmabuf;
 };
 
-kvs_mr_t *hw_verbs_mr_of(hw_verbs_fabric_t *f, kvs_mr_t *mr);
 /* sealed: without remote access of its own, only memory windows open it
  * (mr_register_sealed); never split into pieces. */
 int hw_verbs_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
@@ -177,12 +177,6 @@ int hw_verbs_mr_register_sealed(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t a
                                 uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey);
 int hw_verbs_mr_deregister(kvs_fabric_t *fab, kvs_mr_t *mr);
 void hw_verbs_mr_free_all(hw_verbs_fabric_t *f);
-/* Local key and bytes left in the piece holding addr (inside mr). */
-void hw_verbs_mr_piece(const kvs_mr_t *mr, uint64_t addr, uint32_t *lkey, uint64_t *left);
-/* Remote key and bytes left in the remote piece holding raddr; KVS_EREMOTE
- * when a split key is unknown on conn or raddr lies outside it. */
-int hw_verbs_rkey_piece(hw_verbs_fabric_t *f, kvs_conn_t *conn, uint64_t rkey, uint64_t raddr,
-                        uint32_t *out_rkey, uint64_t *left);
 /* Handles a KEYS or DROP message of the peer. */
 void hw_verbs_keys_recv(hw_verbs_fabric_t *f, kvs_conn_t *conn, uint32_t kind,
                         const uint8_t *msg, uint32_t len_bytes);
@@ -323,7 +317,6 @@ void hw_verbs_conn_fail(kvs_conn_t *conn, int status, const char *fmt, ...)
 void hw_verbs_conn_free(kvs_conn_t *conn);
 /* The conn in slot/gen, or NULL. */
 kvs_conn_t *hw_verbs_conn_at(hw_verbs_fabric_t *f, uint32_t slot, uint32_t gen);
-kvs_conn_t *hw_verbs_conn_of(hw_verbs_fabric_t *f, kvs_conn_t *conn);
 int hw_verbs_listen(hw_verbs_fabric_t *f, char *why, size_t why_bytes);
 int hw_verbs_post_recv(kvs_conn_t *conn, uint32_t index);
 /* Recovery and close timers, reconnect attempts; called by poll. */
@@ -455,5 +448,27 @@ static inline hw_verbs_fabric_t *hw_verbs_of(kvs_fabric_t *fab)
     return KVS_CONTAINER_OF(fab, hw_verbs_fabric_t, base);
 }
 uint64_t hw_verbs_now_ns(kvs_fabric_t *fab);
+
+/* The user's handles checked against the fabric's tables, and the piece
+ * of a registration an address falls in: inline (hw/common/handles.h), so
+ * every file of the fabric uses them without calling the others. */
+static inline kvs_conn_t *hw_verbs_conn_of(hw_verbs_fabric_t *f, kvs_conn_t *conn)
+{
+    return hw_in_table(f->conns, conn, sizeof *conn, f->cfg.max_conns) &&
+                   conn->state != HW_CONN_FREE
+               ? conn
+               : NULL;
+}
+static inline kvs_mr_t *hw_verbs_mr_of(hw_verbs_fabric_t *f, kvs_mr_t *mr)
+{
+    return hw_in_table(f->mrs, mr, sizeof *mr, f->cfg.max_mrs) && mr->live ? mr : NULL;
+}
+/* Local key and bytes left in the piece holding addr (inside mr). */
+static inline void hw_verbs_mr_piece(const kvs_mr_t *mr, uint64_t addr, uint32_t *lkey,
+                                     uint64_t *left)
+{
+    *lkey = mr->pieces[hw_piece_at(addr - mr->addr, mr->piece_bytes, mr->npieces,
+                                   mr->len_bytes, left)]->lkey;
+}
 
 #endif

@@ -22,24 +22,6 @@
 #include <string.h>
 #include <unistd.h>
 
-kvs_mr_t *hw_verbs_mr_of(hw_verbs_fabric_t *f, kvs_mr_t *mr)
-{
-    const uintptr_t b = (uintptr_t)f->mrs, q = (uintptr_t)mr;
-    if (mr == NULL || q < b || (q - b) % sizeof *mr != 0 ||
-        (q - b) / sizeof *mr >= f->cfg.max_mrs || !mr->live)
-        return NULL;
-    return mr;
-}
-
-void hw_verbs_mr_piece(const kvs_mr_t *mr, uint64_t addr, uint32_t *lkey, uint64_t *left)
-{
-    const uint64_t off = addr - mr->addr;
-    const uint64_t i = off / mr->piece_bytes;
-    const uint64_t piece_end = i + 1 == mr->npieces ? mr->len_bytes : (i + 1) * mr->piece_bytes;
-    *lkey = mr->pieces[i]->lkey;
-    *left = piece_end - off;
-}
-
 static uint64_t hw_verbs_piece_rkey(const void *mr, uint32_t i)
 {
     return ((const kvs_mr_t *)mr)->pieces[i]->rkey;
@@ -114,37 +96,6 @@ void hw_verbs_keys_recv(hw_verbs_fabric_t *f, kvs_conn_t *conn, uint32_t kind,
     const int rc = hw_rkeys_recv(&conn->rkeys, f->cfg.max_mrs, 4, 2, msg, len, why, sizeof why);
     if (rc != KVS_OK)
         hw_verbs_conn_fail(conn, rc, "connection to %s: %s", conn->peer, why);
-}
-
-int hw_verbs_rkey_piece(hw_verbs_fabric_t *f, kvs_conn_t *conn, uint64_t rkey, uint64_t raddr,
-                        uint32_t *out_rkey, uint64_t *left)
-{
-    if ((rkey & HW_VERBS_RKEY_SPLIT) == 0) {
-        if (rkey > UINT32_MAX)
-            return kvs_fabric_fail(&f->base, KVS_EINVAL, 0, "write on %s: remote key 0x%llx "
-                                   "is not one a verbs fabric hands out: pass the key the "
-                                   "peer's mr_register returned", conn->peer,
-                                   (unsigned long long)rkey);
-        *out_rkey = (uint32_t)rkey;
-        *left = UINT64_MAX;
-        return KVS_OK;
-    }
-    const uint32_t id = (uint32_t)(rkey >> 32) & 0x7fffffffu;
-    const hw_rkeys_entry_t *t;
-    uint64_t key, off;
-    const int rc = hw_rkeys_lookup(&conn->rkeys, id, raddr, &key, &off, left, &t);
-    if (rc == KVS_ENOENT)
-        return kvs_fabric_fail(&f->base, KVS_EREMOTE, 0, "write on %s: split registration %u "
-                               "of the peer is unknown on this connection (deregistered, or "
-                               "a key of another peer): use a key the peer sent on this "
-                               "connection", conn->peer, id);
-    if (rc != KVS_OK)
-        return kvs_fabric_fail(&f->base, KVS_EREMOTE, 0, "write on %s: remote address 0x%llx "
-                               "is outside the peer's registration [0x%llx, +%llu): fix the "
-                               "offset", conn->peer, (unsigned long long)raddr,
-                               (unsigned long long)t->base, (unsigned long long)t->len_bytes);
-    *out_rkey = (uint32_t)key;
-    return KVS_OK;
 }
 
 static void hw_verbs_mr_release(kvs_mr_t *mr)

@@ -244,6 +244,39 @@ int hw_verbs_send(kvs_fabric_t *fab, kvs_conn_t *conn, const void *msg, uint32_t
     return hw_verbs_post_msg(conn, HW_OP_SEND, 0, msg, len_bytes, wr_id);
 }
 
+/* Remote key and bytes left in the remote piece holding raddr; KVS_EREMOTE
+ * when a split key is unknown on conn or raddr lies outside it. */
+static int hw_verbs_rkey_piece(hw_verbs_fabric_t *f, kvs_conn_t *conn, uint64_t rkey,
+                               uint64_t raddr, uint32_t *out_rkey, uint64_t *left)
+{
+    if ((rkey & HW_VERBS_RKEY_SPLIT) == 0) {
+        if (rkey > UINT32_MAX)
+            return kvs_fabric_fail(&f->base, KVS_EINVAL, 0, "write on %s: remote key 0x%llx "
+                                   "is not one a verbs fabric hands out: pass the key the "
+                                   "peer's mr_register returned", conn->peer,
+                                   (unsigned long long)rkey);
+        *out_rkey = (uint32_t)rkey;
+        *left = UINT64_MAX;
+        return KVS_OK;
+    }
+    const uint32_t id = (uint32_t)(rkey >> 32) & 0x7fffffffu;
+    const hw_rkeys_entry_t *t;
+    uint64_t key, off;
+    const int rc = hw_rkeys_lookup(&conn->rkeys, id, raddr, &key, &off, left, &t);
+    if (rc == KVS_ENOENT)
+        return kvs_fabric_fail(&f->base, KVS_EREMOTE, 0, "write on %s: split registration %u "
+                               "of the peer is unknown on this connection (deregistered, or "
+                               "a key of another peer): use a key the peer sent on this "
+                               "connection", conn->peer, id);
+    if (rc != KVS_OK)
+        return kvs_fabric_fail(&f->base, KVS_EREMOTE, 0, "write on %s: remote address 0x%llx "
+                               "is outside the peer's registration [0x%llx, +%llu): fix the "
+                               "offset", conn->peer, (unsigned long long)raddr,
+                               (unsigned long long)t->base, (unsigned long long)t->len_bytes);
+    *out_rkey = (uint32_t)key;
+    return KVS_OK;
+}
+
 static uint64_t hw_verbs_min64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
 int hw_verbs_write(kvs_fabric_t *fab, kvs_conn_t *conn, const kvs_write_desc_t *desc)
