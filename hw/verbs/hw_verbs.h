@@ -177,9 +177,11 @@ int hw_verbs_mr_register_sealed(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t a
                                 uint64_t len_bytes, kvs_mr_t **out, uint64_t *out_rkey);
 int hw_verbs_mr_deregister(kvs_fabric_t *fab, kvs_mr_t *mr);
 void hw_verbs_mr_free_all(hw_verbs_fabric_t *f);
-/* Handles a KEYS or DROP message of the peer. */
-void hw_verbs_keys_recv(hw_verbs_fabric_t *f, kvs_conn_t *conn, uint32_t kind,
-                        const uint8_t *msg, uint32_t len_bytes);
+/* Handles a KEYS or DROP message of the peer. A message the connection
+ * cannot go on after (an unknown kind, a malformed or overfull table)
+ * returns its status with why filled; the caller fails the connection. */
+int hw_verbs_keys_recv(hw_verbs_fabric_t *f, kvs_conn_t *conn, uint32_t kind,
+                       const uint8_t *msg, uint32_t len_bytes, char *why, size_t why_bytes);
 /* Sends the key tables of every live split registration on conn. */
 int hw_verbs_keys_push_all(hw_verbs_fabric_t *f, kvs_conn_t *conn);
 

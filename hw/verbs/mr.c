@@ -78,24 +78,20 @@ static void hw_verbs_keys_broadcast(hw_verbs_fabric_t *f, const kvs_mr_t *mr, bo
     }
 }
 
-void hw_verbs_keys_recv(hw_verbs_fabric_t *f, kvs_conn_t *conn, uint32_t kind,
-                        const uint8_t *msg, uint32_t len)
+int hw_verbs_keys_recv(hw_verbs_fabric_t *f, kvs_conn_t *conn, uint32_t kind,
+                       const uint8_t *msg, uint32_t len, char *why, size_t why_bytes)
 {
     if (kind == HW_VERBS_CTRL_DROP) {
         hw_rkeys_drop(&conn->rkeys, msg, len);
-        return;
+        return KVS_OK;
     }
     if (kind != HW_VERBS_CTRL_KEYS) {
-        hw_verbs_conn_fail(conn, KVS_EPROTO, "connection to %s: unknown fabric message %u of "
-                           "%u bytes: the peer runs an incompatible kvstage", conn->peer, kind,
-                           len);
-        return;
+        snprintf(why, why_bytes, "unknown fabric message %u of %u bytes: the peer runs an "
+                 "incompatible kvstage", kind, len);
+        return KVS_EPROTO;
     }
     /* Only split registrations travel as tables (one piece: its rkey). */
-    char why[KVS_ERROR_MSG_BYTES];
-    const int rc = hw_rkeys_recv(&conn->rkeys, f->cfg.max_mrs, 4, 2, msg, len, why, sizeof why);
-    if (rc != KVS_OK)
-        hw_verbs_conn_fail(conn, rc, "connection to %s: %s", conn->peer, why);
+    return hw_rkeys_recv(&conn->rkeys, f->cfg.max_mrs, 4, 2, msg, len, why, why_bytes);
 }
 
 static void hw_verbs_mr_release(kvs_mr_t *mr)

@@ -89,7 +89,10 @@ static bool hw_verbs_on_recv(hw_verbs_fabric_t *f, const struct ibv_wc *wc,
             hw_verbs_conn_bye(c);
             return false;
         }
-        hw_verbs_keys_recv(f, c, kind, buf, wc->byte_len);
+        char why[KVS_ERROR_MSG_BYTES];
+        const int rc = hw_verbs_keys_recv(f, c, kind, buf, wc->byte_len, why, sizeof why);
+        if (rc != KVS_OK)
+            hw_verbs_conn_fail(c, rc, "connection to %s: %s", c->peer, why);
     } else {
         out->kind = KVS_COMPLETION_RECV;
         out->status = KVS_OK;
