@@ -368,7 +368,9 @@ def run(folder, args=(), timeout_s=420):
                 q.communicate()
             raise AssertionError("rank_pair %s did not finish in %d s" % (role, timeout_s))
     for role, p in procs.items():
-        assert p.returncode == 0, "%s exited %d:\n%s" % (role, p.returncode, outs[role])
+        other = "decode" if role == "prefill" else "prefill"
+        assert p.returncode == 0, "%s exited %d:\n%s\n---- and the %s (exit %d):\n%s" % (
+            role, p.returncode, outs[role], other, procs[other].returncode, outs[other])
     with open(os.path.join(folder, "decode.json")) as f:
         dec = json.load(f)
     with open(os.path.join(folder, "prefill.json")) as f:
