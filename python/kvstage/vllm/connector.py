@@ -207,6 +207,11 @@ class KVStageConnector(KVConnectorBase_V1):
             # Refused with nothing open on the rank (its room table full, ...):
             # no result will come, so it is reported failed now, never held.
             _log.warning("kvstage connector: request %s: %s", req_id, e)
+            if self.side == "prefill":
+                try:  # opened, then computed() refused: nothing may read the blocks now
+                    self.rank.abort(room)
+                except _errors.KvstageError:
+                    pass  # never opened (the usual case): nothing to release
             with self._mu:
                 self._rooms.pop(room, None)
                 if self.side == "prefill":
