@@ -11,8 +11,10 @@
  * and their refusals (twice, from on_result, progress and wait while the
  * thread runs); kvs_driver_wait in the caller's loop wakes on a message
  * (the fabric's fd), on a copy (the device's fd), on a call from another
- * thread (not on the loop's own calls) and at the rank's deadline (a
- * room's stall timeout), and a
+ * thread (not on the loop's own calls; none is lost while another thread
+ * calls without pause, the race that once left the progress thread asleep
+ * through kvs_driver_stop) and at the rank's deadline (a room's stall
+ * timeout), and a
  * fabric without wait_arm (a version-1 table) is polled on
  * poll_interval_ns. No spinning: over 200 ms with nothing to do, a driver
  * sleeps a handful of times (wake-ups are counted; nothing here asserts
@@ -26,6 +28,7 @@
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -777,6 +780,58 @@ static void test_driver_wait_wakes_on_a_call_from_another_thread(void **state)
     hub_free(h);
 }
 
+/* The other thread of test_driver_no_call_is_lost: rank calls, one after
+ * another, until stopped. */
+typedef struct caller {
+    kvs_rank_t *rank;
+    atomic_bool stop;
+} caller_t;
+
+static void *call_until_stopped(void *arg)
+{
+    caller_t *c = arg;
+    while (!atomic_load(&c->stop)) {
+        kvs_handler_stats_t st;
+        kvs_rank_stats(c->rank, &st);
+    }
+    return NULL;
+}
+
+/* While another thread makes call after call, the loop's every wait must
+ * end within a call or two: a call that lands while the loop's thread takes
+ * the previous wake-up (between clearing the pending flag and draining the
+ * eventfd) must not leave the flag set with nothing to read, or no later
+ * call writes the eventfd and the wait sleeps through them all. The wait's
+ * time-out is far beyond any call, so a lost wake-up shows as a wait that
+ * ran out (KVS_EAGAIN) instead of a hang. Many rounds: the window is a few
+ * instructions wide. */
+static void test_driver_no_call_is_lost(void **state)
+{
+    loop_hub_t *h = hub_new();
+    node_t pre;
+    node_open(&pre, h, KVS_ROLE_PREFILL, "p0", true, 0, NULL);
+    settle(&pre);
+    caller_t c = {.rank = pre.rank};
+    atomic_init(&c.stop, false);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, call_until_stopped, &c), 0);
+    int lost = 0;
+    for (int round = 1; round <= 20000 && lost == 0; round++)
+        if (kvs_driver_progress(pre.drv) < 0 ||
+            kvs_driver_wait(pre.drv, 5000000000u) == KVS_EAGAIN)
+            lost = round;
+    atomic_store(&c.stop, true);
+    pthread_join(t, NULL);
+    kvs_driver_stats_t st;
+    stats_of(&pre, &st);
+    node_close(&pre);
+    hub_free(h);
+    if (lost != 0)
+        fail_msg("round %d: the loop's wait slept 5 s through another thread's calls "
+                 "(%llu sleeps, %llu woken by a call)", lost,
+                 (unsigned long long)st.sleeps, (unsigned long long)st.wakes_call);
+}
+
 static void test_driver_wait_wakes_at_the_rank_deadline(void **state)
 {
     loop_hub_t *h = hub_new();
@@ -833,6 +888,7 @@ int main(void)
         cmocka_unit_test(test_driver_wait_wakes_on_a_message),
         cmocka_unit_test(test_driver_wait_wakes_on_a_copy),
         cmocka_unit_test(test_driver_wait_wakes_on_a_call_from_another_thread),
+        cmocka_unit_test(test_driver_no_call_is_lost),
         cmocka_unit_test(test_driver_wait_wakes_at_the_rank_deadline),
         cmocka_unit_test(test_driver_polls_a_fabric_without_wait_arm),
     };

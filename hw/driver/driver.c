@@ -237,9 +237,17 @@ static int hw_driver_arm(kvs_driver_t *d)
  * results (>= 0) or a negative status, with d->err set. */
 static int hw_driver_step(kvs_driver_t *d)
 {
-    /* A call before this point is seen by this step. */
-    if (atomic_exchange(&d->wake_pending, false))
+    /* A call before this point is seen by this step. Drain, then clear:
+     * the other order loses a wake-up. A call that sets the flag and
+     * writes the eventfd between the clear and the drain would have its
+     * write drained and leave the flag set, so that no later call writes
+     * the eventfd (a set flag means "written already") and the next sleep
+     * sleeps through them. Drained first, a call in between finds the flag
+     * set and writes nothing, and this step, after the clear, sees it. */
+    if (atomic_load(&d->wake_pending)) {
         hw_driver_drain(d);
+        atomic_store(&d->wake_pending, false);
+    }
     const bool arm = d->idle;
     if (arm) {
         const int rc = hw_driver_arm(d);
