@@ -28,17 +28,25 @@ writes DIR/<role>.json with what it measured; else says what differed.
 """
 
 import argparse
+import faulthandler
 import hashlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
 
-import torch
+if __name__ == "__main__":
+    # run() sends SIGUSR1 to a side that ran past its time: print every
+    # thread's Python stack (to stdout, which run() reads) before it is
+    # killed; registered before torch loads, which takes seconds.
+    faulthandler.register(signal.SIGUSR1, file=sys.stdout, all_threads=True)
 
-import kvstage
+import torch  # noqa: E402
+
+import kvstage  # noqa: E402
 
 HEADS, DIM, LAYERS, PAGE, POOL_TOKENS = 4, 16, 3, 16, 1024
 MAX_AUX = 300
@@ -348,6 +356,49 @@ def decode(folder, fabric, deadline_s):
                     "rooms_ok": stats["rooms_ok"], "copies": stats["copies"]})
 
 
+def threads_of(pid):
+    """One line per thread of a live process: its name, state, kernel wait
+    channel and the system call it is in (from /proc), so that a hang shows
+    where the native code waits (futex: a lock or condition variable; poll,
+    epoll_wait: the network)."""
+    lines = []
+    try:
+        tids = sorted(os.listdir("/proc/%d/task" % pid), key=int)
+    except OSError:
+        return "  (gone)"
+    for tid in tids:
+        info = []
+        for name in ("comm", "wchan", "syscall"):
+            try:
+                with open("/proc/%d/task/%s/%s" % (pid, tid, name)) as f:
+                    info.append(f.read().strip().split(" ")[0] or "-")
+            except OSError:
+                info.append("?")
+        lines.append("  thread %s %s: wchan %s, syscall %s" % (tid, *info))
+    return "\n".join(lines)
+
+
+def stop_hung(procs):
+    """Stops both sides of a pair that ran past its time and returns what
+    each was doing: its threads (threads_of), then its Python stacks, which
+    SIGUSR1 makes it print (main() registers faulthandler for it), then
+    everything it printed."""
+    native = {}
+    for role, q in procs.items():
+        if q.poll() is None:
+            native[role] = threads_of(q.pid)
+            q.send_signal(signal.SIGUSR1)
+    time.sleep(2)
+    report = []
+    for role, q in procs.items():
+        if q.poll() is None:
+            q.kill()
+        out = q.communicate()[0].decode(errors="replace")
+        report.append("---- %s (exit %s)\n%s\n%s" % (role, q.returncode,
+                                                    native.get(role, "  (had exited)"), out))
+    return "\n".join(report)
+
+
 def run(folder, args=(), timeout_s=420):
     """Runs the prefill and the decode side as two processes, rank_pair.py
     ROLE folder ARGS, and checks what they report: both exit 0 (the decode
@@ -363,10 +414,8 @@ def run(folder, args=(), timeout_s=420):
         try:
             outs[role] = p.communicate(timeout=timeout_s)[0].decode(errors="replace")
         except subprocess.TimeoutExpired:
-            for q in procs.values():
-                q.kill()
-                q.communicate()
-            raise AssertionError("rank_pair %s did not finish in %d s" % (role, timeout_s))
+            raise AssertionError("rank_pair %s did not finish in %d s; where each side "
+                                 "was:\n%s" % (role, timeout_s, stop_hung(procs))) from None
     for role, p in procs.items():
         other = "decode" if role == "prefill" else "prefill"
         assert p.returncode == 0, "%s exited %d:\n%s\n---- and the %s (exit %d):\n%s" % (
