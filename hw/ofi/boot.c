@@ -18,10 +18,10 @@
  * connection at the BYE, or HW_OFI_GRACE_NS after the socket ended when no
  * BYE comes (a crash), so messages already on their way are still taken.
  *
- * Invariants: a slot is FREE or holds one connection; tokens carry the
- * slot's generation, so nothing addressed to an earlier use of a slot is
- * taken by a later one; sockets of HELLO and UP connections are in
- * boot_fd, keyed by slot (the listener by UINT64_MAX).
+ * The slots themselves, their tokens and failing one are conn.c's.
+ *
+ * Invariants: sockets of HELLO and UP connections are in boot_fd, keyed by
+ * slot (the listener by UINT64_MAX).
  */
 #define _GNU_SOURCE /* accept4 */
 
@@ -32,7 +32,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,67 +39,6 @@
 #include <unistd.h>
 
 #define HW_OFI_LISTENER_KEY UINT64_MAX
-
-kvs_conn_t *hw_ofi_conn_by_token(hw_ofi_fabric_t *f, uint32_t token)
-{
-    const uint32_t slot = token & 0xffffu;
-    if (slot >= f->cfg.max_conns)
-        return NULL;
-    kvs_conn_t *c = &f->conns[slot];
-    return c->state != HW_OFI_CONN_FREE && hw_ofi_token(c) == token ? c : NULL;
-}
-
-static kvs_conn_t *hw_ofi_conn_alloc(hw_ofi_fabric_t *f)
-{
-    for (uint32_t i = 0; i < f->cfg.max_conns; i++) {
-        kvs_conn_t *c = &f->conns[i];
-        if (c->state == HW_OFI_CONN_FREE) {
-            const uint32_t gen = c->gen + 1;
-            *c = (kvs_conn_t){.fab = f, .slot = i, .gen = gen, .sock = -1};
-            return c;
-        }
-    }
-    return NULL;
-}
-
-static void hw_ofi_sock_close(kvs_conn_t *c)
-{
-    if (c->sock < 0)
-        return;
-    (void)epoll_ctl(c->fab->boot_fd, EPOLL_CTL_DEL, c->sock, NULL);
-    close(c->sock);
-    c->sock = -1;
-}
-
-void hw_ofi_conn_free(kvs_conn_t *c)
-{
-    hw_ofi_fabric_t *f = c->fab;
-    hw_ofi_sock_close(c);
-    hw_rkeys_free(&c->rkeys);
-    if (c->state == HW_OFI_CONN_DEAD && !c->down_told && c->user_knows)
-        f->deaths--;
-    c->state = HW_OFI_CONN_FREE;
-    /* The address stays in the vector: requests still in the provider may
-     * name it, and a peer that comes back is inserted again. */
-}
-
-void hw_ofi_conn_fail(kvs_conn_t *c, int status, const char *fmt, ...)
-{
-    if (c->state == HW_OFI_CONN_DEAD || c->state == HW_OFI_CONN_FREE)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(c->why, sizeof c->why, fmt, ap);
-    va_end(ap);
-    hw_ofi_sock_close(c);
-    if (!c->user_knows) { /* never handed out: nobody to tell */
-        hw_ofi_conn_free(c);
-        return;
-    }
-    c->state = HW_OFI_CONN_DEAD;
-    c->dead_status = status;
-    c->fab->deaths++;
-}
 
 static void hw_ofi_sockaddr_text(const struct sockaddr_storage *ss, char *buf, size_t len)
 {
@@ -316,7 +254,7 @@ static void hw_ofi_sock_event(kvs_conn_t *c, uint32_t events)
         return;
     const char *what = n == 0 ? "closed its end" : n > 0 ? "sent bytes on the bootstrap socket"
                                                          : strerror(errno);
-    hw_ofi_sock_close(c);
+    hw_ofi_conn_sock_close(c);
     if (c->state != HW_OFI_CONN_UP || c->peer_gone)
         return;
     c->peer_gone = true;

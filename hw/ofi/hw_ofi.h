@@ -206,6 +206,13 @@ void hw_ofi_disconnect(kvs_fabric_t *fab, kvs_conn_t *conn);
 /* Accepts peers, reads HELLOs and notices sockets that ended, without
  * blocking (epoll over the bootstrap fds). */
 void hw_ofi_boot_progress(hw_ofi_fabric_t *f);
+/* ---- the connection table (conn.c) -------------------------------------- */
+
+/* A FREE slot made a new connection (next generation, no socket), or NULL
+ * when every slot is taken. */
+kvs_conn_t *hw_ofi_conn_alloc(hw_ofi_fabric_t *f);
+/* Closes conn's bootstrap socket, if it has one, and stops watching it. */
+void hw_ofi_conn_sock_close(kvs_conn_t *conn);
 /* Fails conn for good: `status` and the reason for later posts; poll
  * reports its pending operations and then DISCONNECT. */
 void hw_ofi_conn_fail(kvs_conn_t *conn, int status, const char *fmt, ...)
