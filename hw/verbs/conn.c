@@ -3,7 +3,8 @@
  * connect, passive accept, one RC queue pair per connection driven through
  * INIT/RTR/RTS by the fabric itself (rdma_init_qp_attr + ibv_modify_qp), so
  * that both sides can set the agreed path MTU, a short RNR timer and an
- * explicit GID index; the rdma_cm event loop; recovery, failure, teardown.
+ * explicit GID index; the rdma_cm event loop; recovery and teardown (how a
+ * connection breaks or fails is conn_fail.c's).
  *
  * Handshake: the request carries {magic, version, this side's MTU, a token
  * naming the connection, flags}; the accepting side takes the smallest of
@@ -38,7 +39,6 @@
 #include <errno.h>
 #include <netdb.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,8 +49,6 @@
 #define HW_VERBS_RETRY 7          /* transport retries before a peer counts as gone */
 #define HW_VERBS_MIN_RNR_TIMER 12 /* 0.64 ms before resending into a full receive queue */
 #define HW_VERBS_FLAG_RECONNECT 1u
-#define HW_VERBS_FLUSH_WAIT_NS 200000000u  /* for the old QP's flushes before replacing it */
-#define HW_VERBS_RETRY_WAIT_NS 200000000u  /* between reconnect attempts */
 
 enum hw_verbs_reject {
     HW_REJ_VERSION = 1,
@@ -197,78 +195,6 @@ static kvs_conn_t *hw_verbs_conn_alloc(hw_verbs_fabric_t *f)
     if (reclaim != NULL)
         hw_verbs_conn_free(reclaim);
     return reclaim;
-}
-
-static void hw_verbs_qp_error(kvs_conn_t *c)
-{
-    if (c->qp != NULL) {
-        struct ibv_qp_attr attr = {.qp_state = IBV_QPS_ERR};
-        (void)ibv_modify_qp(c->qp, &attr, IBV_QP_STATE);
-    }
-}
-
-static void hw_verbs_conn_vfail(kvs_conn_t *c, int status, const char *fmt, va_list ap)
-{
-    if (c->state == HW_CONN_DEAD || c->state == HW_CONN_CLOSING || c->state == HW_CONN_FREE)
-        return;
-    c->state = HW_CONN_DEAD;
-    c->recovering = false;
-    c->dead_status = status;
-    vsnprintf(c->why, sizeof c->why, fmt, ap);
-    hw_verbs_qp_error(c);
-    /* what never reached a QP completes now; what did completes as flushed */
-    const uint32_t depth = c->fab->cfg.sq_depth;
-    for (uint32_t k = 0; k < c->sq_used; k++) {
-        hw_verbs_sqe_t *e = &c->sq[(c->sq_head + k) % depth];
-        if (e->state == HW_SQE_QUEUED || e->state == HW_SQE_REPOST ||
-            (e->state == HW_SQE_POSTED && c->qp == NULL)) {
-            e->state = HW_SQE_DONE;
-            e->status = KVS_EPEER;
-        }
-    }
-    if (c->qp == NULL)
-        c->sq_posted = 0;
-}
-
-void hw_verbs_conn_fail(kvs_conn_t *c, int status, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    hw_verbs_conn_vfail(c, status, fmt, ap);
-    va_end(ap);
-}
-
-void hw_verbs_conn_broken(kvs_conn_t *c, int status, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    const bool setting_up = !c->recovering && (c->state == HW_CONN_RESOLVING ||
-                                               c->state == HW_CONN_CONNECTING);
-    const bool unseen = !c->active && !c->user_knows;
-    if (setting_up || unseen || c->peer_bye) {
-        hw_verbs_conn_vfail(c, status, fmt, ap);
-    } else if (c->state == HW_CONN_UP || c->state == HW_CONN_ACCEPTING || c->recovering) {
-        const uint64_t now = hw_net_now_ns();
-        if (!c->recovering) { /* a fresh failure: the clock for recovery starts */
-            vsnprintf(c->why, sizeof c->why, fmt, ap);
-            c->deadline_ns = now + (uint64_t)c->fab->cfg.connect_timeout_ms * 1000000u;
-            c->retry_ns = now + HW_VERBS_FLUSH_WAIT_NS;
-        } else { /* a reconnect attempt failed: try again a little later */
-            c->retry_ns = now + HW_VERBS_RETRY_WAIT_NS;
-        }
-        c->state = HW_CONN_RECOVERING;
-        c->recovering = true;
-        hw_verbs_qp_error(c);
-    }
-    (void)status;
-    va_end(ap);
-}
-
-void hw_verbs_conn_bye(kvs_conn_t *c)
-{
-    c->peer_bye = true;
-    hw_verbs_conn_fail(c, KVS_EPEER, "connection to %s: the peer disconnected: connect again",
-                       c->peer);
 }
 
 /* ---- queue pair ------------------------------------------------------------- */

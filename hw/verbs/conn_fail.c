@@ -1,0 +1,85 @@
+/*
+ * conn_fail.c - how a verbs connection fails: broken for a while
+ * (RECOVERING: its queue pair goes to the error state, a new one replaces
+ * it and the flushed requests go again, conn.c's recovery) or for good
+ * (DEAD: what never reached a queue pair completes with KVS_EPEER, later
+ * posts say why). It calls nothing else of the fabric, so that posting
+ * (post.c), grants (grant.c) and completions (poll.c) can fail a
+ * connection without calling into the connection manager that calls them.
+ */
+#include "hw_verbs.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+void hw_verbs_qp_error(kvs_conn_t *c)
+{
+    if (c->qp != NULL) {
+        struct ibv_qp_attr attr = {.qp_state = IBV_QPS_ERR};
+        (void)ibv_modify_qp(c->qp, &attr, IBV_QP_STATE);
+    }
+}
+
+static void hw_verbs_conn_vfail(kvs_conn_t *c, int status, const char *fmt, va_list ap)
+{
+    if (c->state == HW_CONN_DEAD || c->state == HW_CONN_CLOSING || c->state == HW_CONN_FREE)
+        return;
+    c->state = HW_CONN_DEAD;
+    c->recovering = false;
+    c->dead_status = status;
+    vsnprintf(c->why, sizeof c->why, fmt, ap);
+    hw_verbs_qp_error(c);
+    /* what never reached a QP completes now; what did completes as flushed */
+    const uint32_t depth = c->fab->cfg.sq_depth;
+    for (uint32_t k = 0; k < c->sq_used; k++) {
+        hw_verbs_sqe_t *e = &c->sq[(c->sq_head + k) % depth];
+        if (e->state == HW_SQE_QUEUED || e->state == HW_SQE_REPOST ||
+            (e->state == HW_SQE_POSTED && c->qp == NULL)) {
+            e->state = HW_SQE_DONE;
+            e->status = KVS_EPEER;
+        }
+    }
+    if (c->qp == NULL)
+        c->sq_posted = 0;
+}
+
+void hw_verbs_conn_fail(kvs_conn_t *c, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    hw_verbs_conn_vfail(c, status, fmt, ap);
+    va_end(ap);
+}
+
+void hw_verbs_conn_broken(kvs_conn_t *c, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    const bool setting_up = !c->recovering && (c->state == HW_CONN_RESOLVING ||
+                                               c->state == HW_CONN_CONNECTING);
+    const bool unseen = !c->active && !c->user_knows;
+    if (setting_up || unseen || c->peer_bye) {
+        hw_verbs_conn_vfail(c, status, fmt, ap);
+    } else if (c->state == HW_CONN_UP || c->state == HW_CONN_ACCEPTING || c->recovering) {
+        const uint64_t now = hw_net_now_ns();
+        if (!c->recovering) { /* a fresh failure: the clock for recovery starts */
+            vsnprintf(c->why, sizeof c->why, fmt, ap);
+            c->deadline_ns = now + (uint64_t)c->fab->cfg.connect_timeout_ms * 1000000u;
+            c->retry_ns = now + HW_VERBS_FLUSH_WAIT_NS;
+        } else { /* a reconnect attempt failed: try again a little later */
+            c->retry_ns = now + HW_VERBS_RETRY_WAIT_NS;
+        }
+        c->state = HW_CONN_RECOVERING;
+        c->recovering = true;
+        hw_verbs_qp_error(c);
+    }
+    (void)status;
+    va_end(ap);
+}
+
+void hw_verbs_conn_bye(kvs_conn_t *c)
+{
+    c->peer_bye = true;
+    hw_verbs_conn_fail(c, KVS_EPEER, "connection to %s: the peer disconnected: connect again",
+                       c->peer);
+}
