@@ -15,7 +15,7 @@
  * key_grant returns) leaves only after the window is bound, and no fence is
  * needed (IBV_SEND_FENCE orders a request behind earlier RDMA READs and
  * atomics, of which there are none). The bind's completion is the
- * fabric's (poll.c passes it here), never the user's.
+ * fabric's (poll.c marks the grant bound or broken), never the user's.
  *
  * Revoke: ibv_dealloc_mw, not IBV_WR_LOCAL_INV. A local invalidate takes
  * effect when the send queue reaches it, and key_revoke would have to wait
@@ -264,22 +264,6 @@ int hw_verbs_key_revoke(kvs_fabric_t *fab, kvs_grant_t *grant)
     f->live_grants--;
     *g = (kvs_grant_t){0};
     return rc;
-}
-
-void hw_verbs_grant_done(hw_verbs_sqe_t *e, enum ibv_wc_status wc_status)
-{
-    kvs_grant_t *g = e->grant;
-    if (g == NULL)
-        return; /* revoked meanwhile */
-    if (wc_status == IBV_WC_SUCCESS) {
-        if (e->kind == HW_OP_BIND) {
-            g->mw_rkey = g->rkey;
-            g->bound = true;
-        }
-        return;
-    }
-    g->bound = false;
-    g->broken = true;
 }
 
 void hw_verbs_grants_rebind(kvs_conn_t *c)

@@ -7,7 +7,8 @@
  * sit on PCIe, read from sysfs), status.c (verbs codes to
  * kvstage codes), dmabuf.c (CUDA memory as dma-buf), mr.c (registration,
  * split MRs and their key tables), conn.c (rdma_cm, queue pairs, MTU
- * agreement, recovery), post.c (write, send), poll.c (completions, wait),
+ * agreement, recovery), conn_fail.c (a connection broken or failed),
+ * post.c (write, send), sq.c (the send queue), poll.c (completions, wait),
  * grant.c (region-scoped keys as type-2 memory windows), fabric.c (the ops
  * table, create, destroy).
  *
@@ -299,6 +300,22 @@ struct kvs_conn {
 int hw_verbs_cm_drain(hw_verbs_fabric_t *f);
 int hw_verbs_connect(kvs_fabric_t *fab, const char *peer, kvs_conn_t **out);
 void hw_verbs_disconnect(kvs_fabric_t *fab, kvs_conn_t *conn);
+/* Frees a conn and everything it holds. */
+void hw_verbs_conn_free(kvs_conn_t *conn);
+/* The conn in slot/gen, or NULL. */
+kvs_conn_t *hw_verbs_conn_at(hw_verbs_fabric_t *f, uint32_t slot, uint32_t gen);
+int hw_verbs_listen(hw_verbs_fabric_t *f, char *why, size_t why_bytes);
+int hw_verbs_post_recv(kvs_conn_t *conn, uint32_t index);
+/* Recovery and close timers, reconnect attempts; called by poll. */
+void hw_verbs_conn_tick(hw_verbs_fabric_t *f);
+
+/* ---- failing a connection (conn_fail.c) ------------------------------------ */
+
+#define HW_VERBS_FLUSH_WAIT_NS 200000000u /* for the old QP's flushes before replacing it */
+#define HW_VERBS_RETRY_WAIT_NS 200000000u /* between reconnect attempts */
+
+/* Moves conn's QP, if it has one, to the error state: its requests flush. */
+void hw_verbs_qp_error(kvs_conn_t *conn);
 /* The connection's QP failed (an error completion, the peer's disconnect):
  * RECOVERING, a new QP replaces it and the flushed requests go again; the
  * first reason is kept for messages. Connections that cannot recover (still
@@ -315,22 +332,27 @@ void hw_verbs_conn_fail(kvs_conn_t *conn, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
-/* Frees a conn and everything it holds. */
-void hw_verbs_conn_free(kvs_conn_t *conn);
-/* The conn in slot/gen, or NULL. */
-kvs_conn_t *hw_verbs_conn_at(hw_verbs_fabric_t *f, uint32_t slot, uint32_t gen);
-int hw_verbs_listen(hw_verbs_fabric_t *f, char *why, size_t why_bytes);
-int hw_verbs_post_recv(kvs_conn_t *conn, uint32_t index);
-/* Recovery and close timers, reconnect attempts; called by poll. */
-void hw_verbs_conn_tick(hw_verbs_fabric_t *f);
 /* A BYE from the peer: it disconnected on purpose. */
 void hw_verbs_conn_bye(kvs_conn_t *conn);
 
-/* ---- posting (post.c) -------------------------------------------------------- */
+/* ---- write and send (post.c) ------------------------------------------------ */
 
 int hw_verbs_write(kvs_fabric_t *fab, kvs_conn_t *conn, const kvs_write_desc_t *desc);
 int hw_verbs_send(kvs_fabric_t *fab, kvs_conn_t *conn, const void *msg, uint32_t len_bytes,
                   uint64_t wr_id);
+/* Checks that conn can take operations; KVS_EPEER / KVS_EINVAL with the
+ * fabric's message set otherwise. */
+int hw_verbs_check_conn(hw_verbs_fabric_t *f, kvs_conn_t *conn, const char *op);
+
+/* ---- the send queue (sq.c) ------------------------------------------------- */
+
+/* One SEND of msg (len bytes, copied into the send buffer), SEND WITH IMM
+ * `imm` when kind is HW_OP_INTERNAL; KVS_EAGAIN when the ring or the
+ * buffer is full. */
+int hw_verbs_post_msg(kvs_conn_t *conn, hw_verbs_op_kind_t kind, uint32_t imm,
+                      const void *msg, uint32_t len, uint64_t wr_id);
+/* Free entries of conn's ring. */
+uint32_t hw_verbs_sq_room(const kvs_conn_t *conn);
 /* Posts a fabric-internal message (KEYS, DROP, BYE) on conn. */
 int hw_verbs_send_internal(kvs_conn_t *conn, uint32_t kind, const void *msg,
                            uint32_t len_bytes);
@@ -346,10 +368,6 @@ hw_verbs_sqe_t *hw_verbs_sq_push(kvs_conn_t *conn, uint32_t *index);
 void hw_verbs_sq_post(kvs_conn_t *conn, uint32_t first, uint32_t count);
 /* Ring index i of conn as a work request id. */
 uint64_t hw_verbs_sq_wr_id(const kvs_conn_t *c, uint32_t i);
-/* Checks that conn can take operations; KVS_EPEER / KVS_EINVAL with the
- * fabric's message set otherwise. */
-int hw_verbs_check_conn(hw_verbs_fabric_t *f, kvs_conn_t *conn, const char *op);
-
 /* ---- completions (poll.c) ---------------------------------------------------- */
 
 int hw_verbs_poll(kvs_fabric_t *fab, kvs_completion_t *out, int max);
@@ -386,8 +404,6 @@ struct kvs_grant {
 int hw_verbs_key_grant(kvs_fabric_t *fab, kvs_conn_t *conn, kvs_mr_t *mr, uint64_t addr,
                        uint64_t len_bytes, kvs_grant_t **out, uint64_t *out_rkey);
 int hw_verbs_key_revoke(kvs_fabric_t *fab, kvs_grant_t *grant);
-/* A bind or invalidate of e's grant completed with wc_status (poll.c). */
-void hw_verbs_grant_done(hw_verbs_sqe_t *e, enum ibv_wc_status wc_status);
 /* conn's new QP is in RTS: its bound windows are invalidated and bound to
  * it again with the same keys, posted at once, ahead of everything waiting
  * in its ring (conn.c, before the peer learns that the QP is up). */

@@ -114,6 +114,24 @@ static bool hw_verbs_on_recv(hw_verbs_fabric_t *f, const struct ibv_wc *wc,
     return user;
 }
 
+/* A bind or invalidate completed: its grant (if not revoked meanwhile) is
+ * bound with the new key, or broken. */
+static void hw_verbs_grant_done(hw_verbs_sqe_t *e, enum ibv_wc_status wc_status)
+{
+    kvs_grant_t *g = e->grant;
+    if (g == NULL)
+        return; /* revoked meanwhile */
+    if (wc_status == IBV_WC_SUCCESS) {
+        if (e->kind == HW_OP_BIND) {
+            g->mw_rkey = g->rkey;
+            g->bound = true;
+        }
+        return;
+    }
+    g->bound = false;
+    g->broken = true;
+}
+
 /* A send-queue request completed: mark it; reporting is retire()'s. */
 static void hw_verbs_on_send(hw_verbs_fabric_t *f, const struct ibv_wc *wc)
 {
