@@ -14,11 +14,13 @@
  * completion once armed, one write per arm, nothing while not armed); and
  * byte-for-byte agreement with
  * the simulated GPU (sim/gpu.c) on random shapes (tests/kv_compare.c, the
- * harness the CUDA checks use against this backend). Random data and shapes
- * come from fixed seeds, printed on failure.
+ * harness the CUDA checks use against this backend). Then the device
+ * contract every backend meets (tests/device_contract.c) on a host device.
+ * Random data and shapes come from fixed seeds, printed on failure.
  */
 #include <kvstage/host.h>
 
+#include "device_contract.h"
 #include "engine.h"
 #include "gpu.h"
 #include "kv_compare.h"
@@ -1091,6 +1093,30 @@ static void test_host_device_matches_sim_gpu(void **state)
     fx_close(&f);
 }
 
+/* ---- the device contract (tests/device_contract.c) on this backend -------- */
+
+static kvs_device_t *host_contract_open(void **ctx)
+{
+    kvs_host_device_t *h = NULL;
+    kvs_error_t err;
+    assert_int_equal(kvs_host_device_create(NULL, &h, &err), KVS_OK);
+    *ctx = h;
+    return kvs_host_device(h);
+}
+
+static void host_contract_close(void *ctx, kvs_device_t *dev)
+{
+    (void)dev;
+    kvs_host_device_destroy(ctx);
+}
+
+static const dc_backend_t host_contract = {
+    .name = "the host device",
+    .open = host_contract_open,
+    .wait = wait_host,
+    .close = host_contract_close,
+};
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1114,5 +1140,6 @@ int main(void)
         cmocka_unit_test(test_host_device_destroy_with_work_queued),
         cmocka_unit_test(test_host_device_matches_sim_gpu),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    const int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    return failed + dc_run(&host_contract);
 }

@@ -4,11 +4,16 @@
  * against a naive reference copy written here, over several shapes; the
  * timing model (bytes invisible before an op's end, FIFO streams, exact
  * durations, overlapping streams, scatter slowdown); events, wake callback,
- * descriptor validation, mem_read/mem_write bounds, bounded tables, memory
- * freed under an op in flight, destroy with ops pending, and from_device on
- * a foreign device. Every random fill uses a fixed seed, printed on failure.
+ * descriptor validation, bounded tables, memory freed under an op in
+ * flight, destroy with ops pending, and from_device on a foreign device.
+ * Then the device contract every backend meets (tests/device_contract.c:
+ * memory bounds, copies against a reference, order, refusals, events,
+ * wait_arm) on the simulated GPU, its engine run to let copies land.
+ * Every random fill uses a fixed seed, printed on failure.
  */
 #include "gpu.h"
+
+#include "device_contract.h"
 
 #include <kvstage/backend.h>
 
@@ -811,32 +816,6 @@ static void test_sim_gpu_snapshot_taken_at_enqueue(void **state)
     fx_close(&f);
 }
 
-static void test_sim_gpu_mem_read_write_bounds(void **state)
-{
-    fx_t f;
-    fx_open(&f, NULL, 0);
-    uint64_t a = dev_alloc(&f, 64);
-    uint8_t buf[65];
-    for (int i = 0; i < 65; i++)
-        buf[i] = (uint8_t)i;
-    assert_int_equal(f.dev->ops.mem_write(f.dev, a, buf, 64), KVS_OK);
-    assert_int_equal(f.dev->ops.mem_write(f.dev, a + 1, buf, 64), KVS_ERANGE);
-    assert_non_null(strstr(f.dev->last_backend_msg, "mem_write"));
-    assert_int_equal(f.dev->ops.mem_write(f.dev, a, buf, 65), KVS_ERANGE);
-    assert_int_equal(f.dev->ops.mem_write(f.dev, a - 1, buf, 1), KVS_ERANGE);
-    assert_int_equal(f.dev->ops.mem_write(f.dev, a, NULL, 1), KVS_EINVAL);
-    assert_int_equal(f.dev->ops.mem_write(f.dev, a + 60, buf, UINT64_MAX), KVS_ERANGE);
-    uint8_t out[64] = {0};
-    assert_int_equal(f.dev->ops.mem_read(f.dev, a + 16, out, 48), KVS_OK);
-    assert_memory_equal(out, buf + 16, 48);
-    assert_int_equal(f.dev->ops.mem_read(f.dev, a + 16, out, 49), KVS_ERANGE);
-    assert_non_null(strstr(f.dev->last_backend_msg, "mem_read"));
-    assert_int_equal(f.dev->ops.mem_read(f.dev, a, NULL, 1), KVS_EINVAL);
-    assert_int_equal(f.dev->ops.mem_free(f.dev, a), KVS_OK);
-    assert_int_equal(f.dev->ops.mem_read(f.dev, a, out, 1), KVS_ERANGE);
-    fx_close(&f);
-}
-
 static void test_sim_gpu_destroy_with_ops_pending(void **state)
 {
     fx_t f;
@@ -898,6 +877,47 @@ static void test_sim_gpu_create_arguments(void **state)
     sim_engine_destroy(eng);
 }
 
+/* ---- the device contract (tests/device_contract.c) on this backend -------- */
+
+typedef struct sim_contract {
+    sim_engine_t *eng;
+    sim_gpu_t *gpu;
+} sim_contract_t;
+
+static kvs_device_t *sim_contract_open(void **ctx)
+{
+    sim_contract_t *c = calloc(1, sizeof *c);
+    assert_non_null(c);
+    assert_int_equal(sim_engine_create(0xDC, 64, &c->eng), KVS_OK);
+    assert_int_equal(sim_gpu_create(c->eng, NULL, 0, &c->gpu), KVS_OK);
+    *ctx = c;
+    return sim_gpu_device(c->gpu);
+}
+
+/* The simulated GPU copies when its engine runs. */
+static int sim_contract_wait(void *ctx, kvs_device_t *dev, kvs_event_t *ev)
+{
+    sim_contract_t *c = ctx;
+    sim_engine_run(c->eng, UINT64_MAX, 0);
+    return dev->ops.event_query(dev, ev);
+}
+
+static void sim_contract_close(void *ctx, kvs_device_t *dev)
+{
+    sim_contract_t *c = ctx;
+    (void)dev;
+    sim_gpu_destroy(c->gpu);
+    sim_engine_destroy(c->eng);
+    free(c);
+}
+
+static const dc_backend_t sim_contract = {
+    .name = "the simulated GPU",
+    .open = sim_contract_open,
+    .wait = sim_contract_wait,
+    .close = sim_contract_close,
+};
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -918,10 +938,10 @@ int main(void)
         cmocka_unit_test(test_sim_gpu_descriptor_validation),
         cmocka_unit_test(test_sim_gpu_memory_freed_in_flight_copies_nothing),
         cmocka_unit_test(test_sim_gpu_snapshot_taken_at_enqueue),
-        cmocka_unit_test(test_sim_gpu_mem_read_write_bounds),
         cmocka_unit_test(test_sim_gpu_destroy_with_ops_pending),
         cmocka_unit_test(test_sim_gpu_from_device_foreign_is_null),
         cmocka_unit_test(test_sim_gpu_create_arguments),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    const int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    return failed + dc_run(&sim_contract);
 }

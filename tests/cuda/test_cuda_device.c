@@ -10,8 +10,10 @@
  * byte against the host backend on random shapes, CUDA errors turned into
  * statuses (device out of memory, unknown frees, bad descriptors), events
  * and streams, and the wait fd readable once an event after wait_arm
- * completed. Set KVS_EXPECT_GPU=1 where a GPU must be found (the GPU
- * check script does): a failed create then fails the test.
+ * completed. Then the device contract every backend meets
+ * (tests/device_contract.c) on GPU 0; without a GPU its tests skip. Set
+ * KVS_EXPECT_GPU=1 where a GPU must be found (the GPU check script does):
+ * a failed create then fails the test.
  */
 #include <kvstage/cuda.h>
 #include <kvstage/host.h>
@@ -27,6 +29,7 @@
 
 #include <cmocka.h>
 
+#include "device_contract.h"
 #include "kv_compare.h"
 #include "xorshift.h"
 
@@ -245,6 +248,37 @@ static void test_cuda_device_wait_fd_signals_events(void **state)
     kvs_cuda_device_destroy(c);
 }
 
+/* ---- the device contract (tests/device_contract.c) on this backend -------- */
+
+/* GPU 0, or NULL without one: the contract's tests then skip (and with
+ * KVS_EXPECT_GPU=1 fail, through open_gpu). */
+static kvs_device_t *cuda_contract_open(void **ctx)
+{
+    kvs_error_t err;
+    kvs_cuda_device_t *c = open_gpu(&err);
+    *ctx = c;
+    return c != NULL ? kvs_cuda_device(c) : NULL;
+}
+
+static int cuda_contract_wait(void *ctx, kvs_device_t *dev, kvs_event_t *ev)
+{
+    (void)ctx;
+    return kvs_cuda_event_wait(dev, ev);
+}
+
+static void cuda_contract_close(void *ctx, kvs_device_t *dev)
+{
+    (void)dev;
+    kvs_cuda_device_destroy(ctx);
+}
+
+static const dc_backend_t cuda_contract = {
+    .name = "CUDA GPU 0",
+    .open = cuda_contract_open,
+    .wait = cuda_contract_wait,
+    .close = cuda_contract_close,
+};
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -254,5 +288,6 @@ int main(void)
         cmocka_unit_test(test_cuda_device_errors_become_statuses),
         cmocka_unit_test(test_cuda_device_wait_fd_signals_events),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    const int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    return failed + dc_run(&cuda_contract);
 }
