@@ -7,7 +7,10 @@
  * 64-bit pattern. Properties, each an abort() when violated:
  * - kvs_layout_init returns KVS_OK exactly when no rule of the spec is
  *   broken; otherwise a documented code (EINVAL, EDTYPE, EHEADS, EHEAD_SPLIT,
- *   EPP_SPLIT, ECHUNK, ERANGE) of a rule that IS broken, with err.msg set;
+ *   EPP_SPLIT, ECHUNK, ERANGE) of a rule that IS broken, with err.msg set
+ *   (ERANGE also for layers over KVS_MAX_LAYERS or a TP or PP over
+ *   KVS_MAX_PARALLEL: the plan walks them, and 2^35 stages once held the
+ *   fuzzer in one loop for minutes);
  * - a plan's derived sizes follow spec §2-§3 (G = max(1, C/ps)*ps, F*ps = G,
  *   src/dst heads, writers, arrivals, targets, path);
  * - kvs_pp_stage_layers on any (layers, pp, stage): EINVAL / ERANGE exactly
@@ -199,6 +202,12 @@ static int violations(const kvs_layout_params_t *p, int64_t *heads)
     if (H > 0 && P > 0 && D > 0 &&
         (!nested(P, D) || !nested(H, P) || !nested(H, D)))
         v |= V_EHEAD_SPLIT;
+
+    /* Bounds of the model and the deployment (kvstage.h). */
+    if (p->layers > KVS_MAX_LAYERS || p->prefill_tp > KVS_MAX_PARALLEL ||
+        p->decode_tp > KVS_MAX_PARALLEL || p->prefill_pp > KVS_MAX_PARALLEL ||
+        p->decode_pp > KVS_MAX_PARALLEL)
+        v |= V_ERANGE;
 
     if (p->layers > 0 && p->prefill_pp >= 0 && p->decode_pp >= 0) {
         const int64_t pp = p->prefill_pp ? p->prefill_pp : 1;

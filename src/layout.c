@@ -354,6 +354,21 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
     if (p->prefill_pp < 0 || p->decode_pp < 0)
         return KVS__FAIL(err, KVS_EINVAL,
                          "prefill_pp and decode_pp must be >= 1 (0 means 1)");
+    /* Bounded, because the plan walks layers and stages (a layout of 2^35
+     * stages once kept the fuzzer in one loop for minutes). */
+    if (p->layers > KVS_MAX_LAYERS)
+        return KVS__FAIL(err, KVS_ERANGE, "layers %lld: at most %d (KVS_MAX_LAYERS); pass "
+                         "the model's layer count", (long long)p->layers, KVS_MAX_LAYERS);
+    const struct {
+        const char *name;
+        int64_t v;
+    } ranks[] = {{"prefill_tp", p->prefill_tp}, {"decode_tp", p->decode_tp},
+                 {"prefill_pp", p->prefill_pp}, {"decode_pp", p->decode_pp}};
+    for (size_t i = 0; i < sizeof ranks / sizeof ranks[0]; i++)
+        if (ranks[i].v > KVS_MAX_PARALLEL)
+            return KVS__FAIL(err, KVS_ERANGE, "%s %lld: at most %d ranks (KVS_MAX_PARALLEL); "
+                             "pass the deployment's size", ranks[i].name,
+                             (long long)ranks[i].v, KVS_MAX_PARALLEL);
     if (p->total_heads < 0 || p->heads_per_rank < 0 || p->heads_per_rank_tp < 0)
         return KVS__FAIL(err, KVS_EINVAL, "total_heads, heads_per_rank and heads_per_rank_tp "
                          "must be >= 0 (0 = unknown)");

@@ -638,6 +638,13 @@ static void test_layout_rejects_invalid_params(void **state)
         {"heads_per_rank negative", ok, KVS_EINVAL, "heads_per_rank"},
         {"heads_per_rank_tp negative", ok, KVS_EINVAL, "heads_per_rank_tp"},
         {"layers vs pp, both pp", ok, KVS_EPP_SPLIT, "at most 3"},
+        {"layers over the bound", ok, KVS_ERANGE, "at most 65536 (KVS_MAX_LAYERS)"},
+        {"prefill_tp over the bound", ok, KVS_ERANGE, "prefill_tp 131072: at most 65536"},
+        {"decode_tp over the bound", ok, KVS_ERANGE, "decode_tp"},
+        {"prefill_pp over the bound", ok, KVS_ERANGE, "prefill_pp"},
+        /* What fuzz_plan found: 2^35 layers, stages and ranks, accepted,
+         * then walked stage by stage (minutes in one call). */
+        {"2^35 of everything", ok, KVS_ERANGE, "KVS_MAX_LAYERS"},
     };
     cases[0].p.head_dim = 0;
     cases[1].p.layers = -1;
@@ -663,6 +670,16 @@ static void test_layout_rejects_invalid_params(void **state)
     cases[18].p.layers = 3;
     cases[18].p.prefill_pp = 4;
     cases[18].p.decode_pp = 4;
+    cases[19].p.layers = KVS_MAX_LAYERS + 1;
+    cases[20].p.prefill_tp = 2 * KVS_MAX_PARALLEL;
+    cases[20].p.decode_tp = 2; /* nested: only the bound is broken */
+    cases[20].p.total_heads = 8;
+    cases[21].p.decode_tp = 2 * KVS_MAX_PARALLEL;
+    cases[22].p.layers = KVS_MAX_LAYERS;
+    cases[22].p.prefill_pp = KVS_MAX_PARALLEL + 1;
+    cases[23].p.layers = (int64_t)1 << 35;
+    cases[23].p.prefill_tp = cases[23].p.decode_tp = (int64_t)1 << 35;
+    cases[23].p.prefill_pp = cases[23].p.decode_pp = (int64_t)1 << 35;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kvs_layout_t l;
         kvs_error_t e = {0};

@@ -278,6 +278,11 @@ KVS_API const char *kvs_dtype_name(kvs_dtype_t dtype);
 /* ------------------------------------------------------------------------ */
 
 #define KVS_DEFAULT_CHUNK_TOKENS 8192
+/* The largest model and parallelism a layout takes (kvs_layout_init
+ * refuses more with KVS_ERANGE): the plan walks layers and pipeline
+ * stages, and no deployment comes near these. */
+#define KVS_MAX_LAYERS 65536
+#define KVS_MAX_PARALLEL 65536 /* prefill and decode TP and PP */
 
 /* The two sides of a transfer. */
 typedef enum kvs_role { KVS_ROLE_PREFILL = 0, KVS_ROLE_DECODE = 1 } kvs_role_t;
@@ -319,10 +324,10 @@ typedef struct kvs_layout_params {
     int64_t heads_per_rank_tp; /* TP that heads_per_rank refers to; 0: prefill_tp */
     int64_t head_dim;       /* hd > 0 */
     kvs_dtype_t dtype;
-    int64_t layers;         /* layers of the whole model, > 0 */
+    int64_t layers;         /* layers of the whole model, in [1, KVS_MAX_LAYERS] */
     int64_t page_size;      /* tokens per page, > 0 */
-    int64_t prefill_tp;     /* P > 0 */
-    int64_t decode_tp;      /* D > 0 */
+    int64_t prefill_tp;     /* P in [1, KVS_MAX_PARALLEL] */
+    int64_t decode_tp;      /* D in [1, KVS_MAX_PARALLEL] */
     int64_t prefill_pp;     /* Pp, 0 -> 1; at most layers (need not divide them) */
     int64_t decode_pp;      /* Dp, 0 -> 1; must be 1 or Pp */
     int64_t chunk_tokens;   /* C, 0 -> 8192; floored to whole pages (G) */
