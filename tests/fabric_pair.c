@@ -32,6 +32,7 @@ uint64_t fp_deadline_ns(void)
 void fp_side_init(fp_side_t *s, kvs_fabric_t *fab)
 {
     s->fab = fab;
+    s->mem = NULL; /* host memory unless the test sets it */
     s->q = calloc(FP_QCAP, sizeof *s->q);
     assert_non_null(s->q);
     s->n = 0;
@@ -66,6 +67,8 @@ kvs_completion_t fp_take(fp_pair_t *p, fp_side_t *s, kvs_completion_kind_t kind,
                 return c;
             }
         }
+        if (p->step != NULL)
+            p->step(p->step_ctx);
         fp_side_pump(&p->a);
         fp_side_pump(&p->b);
         if (fp_now_ns() > until)
@@ -122,12 +125,18 @@ void fp_pair_connect(fp_pair_t *p, const char *a_address, fp_idle_fn idle)
 static int fp_region_reg_as(fp_side_t *s, fp_region_t *r, uint64_t len, bool sealed)
 {
     r->len = len;
-    r->mem = aligned_alloc(4096, (len + 4095) / 4096 * 4096);
-    assert_non_null(r->mem);
-    memset(r->mem, 0, len);
-    const uint64_t addr = (uint64_t)(uintptr_t)r->mem;
-    return sealed ? s->fab->ops.mr_register_sealed(s->fab, NULL, addr, len, &r->mr, &r->rkey)
-                  : s->fab->ops.mr_register(s->fab, NULL, addr, len, &r->mr, &r->rkey);
+    kvs_device_t *dev = NULL;
+    if (s->mem != NULL) {
+        s->mem->alloc(s->mem->ctx, len, &r->addr, &r->mem);
+        dev = s->mem->dev;
+    } else {
+        r->mem = aligned_alloc(4096, (len + 4095) / 4096 * 4096);
+        assert_non_null(r->mem);
+        memset(r->mem, 0, len);
+        r->addr = (uint64_t)(uintptr_t)r->mem;
+    }
+    return sealed ? s->fab->ops.mr_register_sealed(s->fab, dev, r->addr, len, &r->mr, &r->rkey)
+                  : s->fab->ops.mr_register(s->fab, dev, r->addr, len, &r->mr, &r->rkey);
 }
 
 void fp_region_reg(fp_side_t *s, fp_region_t *r, uint64_t len)
@@ -146,6 +155,9 @@ void fp_region_free(fp_side_t *s, fp_region_t *r)
 {
     if (r->mr != NULL)
         assert_int_equal(s->fab->ops.mr_deregister(s->fab, r->mr), KVS_OK);
-    free(r->mem);
+    if (s->mem != NULL && r->mem != NULL)
+        s->mem->release(s->mem->ctx, r->addr);
+    else
+        free(r->mem);
     *r = (fp_region_t){0};
 }

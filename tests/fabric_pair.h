@@ -19,12 +19,23 @@
 
 #define FP_QCAP 256
 
+/* Memory of a side that is not plain host memory (the simulator's GPU):
+ * alloc gives len zeroed bytes at a device address and a host view of
+ * them, release frees them. */
+typedef struct fp_memory {
+    kvs_device_t *dev; /* registrations name it */
+    void *ctx;
+    void (*alloc)(void *ctx, uint64_t len, uint64_t *addr, uint8_t **mem);
+    void (*release)(void *ctx, uint64_t addr);
+} fp_memory_t;
+
 /* One side: its fabric (the test's) and the completions polled but not
- * yet taken. */
+ * yet taken; mem NULL: registrations are of host memory. */
 typedef struct fp_side {
     kvs_fabric_t *fab;
     kvs_completion_t *q; /* FP_QCAP */
     int n;
+    const fp_memory_t *mem;
 } fp_side_t;
 
 typedef struct fp_pair {
@@ -32,11 +43,17 @@ typedef struct fp_pair {
     fp_side_t a, b;
     kvs_conn_t *ab;     /* b's connection to a (b connected) */
     kvs_conn_t *ba;     /* a's side of it, learnt from the first message */
+    /* Called before each poll of fp_take (the simulator runs its engine);
+     * NULL for real fabrics, which move on their own. */
+    void (*step)(void *ctx);
+    void *step_ctx;
 } fp_pair_t;
 
-/* A registered host buffer. */
+/* A registered buffer: mem is the host's view of it, addr the address
+ * the fabric knows (the same for host memory). */
 typedef struct fp_region {
     uint8_t *mem;
+    uint64_t addr;
     uint64_t len;
     kvs_mr_t *mr;
     uint64_t rkey;
@@ -69,7 +86,8 @@ int fp_connect(fp_side_t *from, fp_side_t *to, const char *address, fp_idle_fn i
 /* b connects to a at a_address; one hello b -> a gives a its side (ba). */
 void fp_pair_connect(fp_pair_t *p, const char *a_address, fp_idle_fn idle);
 
-/* len zeroed bytes, page-aligned, registered on s. */
+/* len zeroed bytes, page-aligned (host memory) or from s->mem, registered
+ * on s. */
 void fp_region_reg(fp_side_t *s, fp_region_t *r, uint64_t len);
 /* The same, registered with mr_register_sealed (its own key opens
  * nothing remote); returns the status, the fabric's detail on failure. */

@@ -5,6 +5,8 @@
  * bandwidth sharing on one NIC and on one receiver (incast), the per-op cost
  * of small writes, control messages, completion queue overrun, fault hooks,
  * region-scoped keys (key_grant / key_revoke), lifetime and determinism.
+ * Then the fabric contract every backend meets (tests/fabric_contract.c)
+ * on two simulated NICs, the engine run before each poll.
  *
  * Every test uses a fixed seed, printed when its fixture opens; a run is
  * deterministic, so rerunning the binary replays it.
@@ -12,6 +14,8 @@
 #include "backend.h"
 #include "fabric.h"
 #include "fake_backend.h"
+
+#include "fabric_contract.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -1228,6 +1232,94 @@ static void test_sim_fabric_deterministic(void **state)
     assert_memory_equal(a + 3, c + 3, (na - 3) * sizeof a[0]); /* same times */
 }
 
+/* ---- the fabric contract (tests/fabric_contract.c) on this backend -------- */
+
+/* Two NICs "a" and "b" on their own GPUs; regions are GPU memory, seen
+ * through sim_gpu_host; fp_take runs the engine before each poll. */
+typedef struct sim_duo {
+    sim_engine_t *eng;
+    sim_net_t *net;
+    sim_gpu_t *gpu[2];
+    sim_nic_t *nic[2];
+    fp_memory_t mem[2];
+} sim_duo_t;
+
+static void sim_duo_alloc(void *ctx, uint64_t len, uint64_t *addr, uint8_t **mem)
+{
+    sim_gpu_t *gpu = ctx;
+    kvs_device_t *dev = sim_gpu_device(gpu);
+    assert_int_equal(dev->ops.mem_alloc(dev, len, addr), KVS_OK);
+    *mem = sim_gpu_host(gpu, *addr, len);
+    assert_non_null(*mem);
+    memset(*mem, 0, len);
+}
+
+static void sim_duo_release(void *ctx, uint64_t addr)
+{
+    kvs_device_t *dev = sim_gpu_device(ctx);
+    assert_int_equal(dev->ops.mem_free(dev, addr), KVS_OK);
+}
+
+static void sim_duo_step(void *ctx) { sim_engine_run(ctx, UINT64_MAX, 0); }
+
+static bool sim_contract_open(void *ctx, fp_pair_t *p)
+{
+    (void)ctx;
+    sim_duo_t *d = calloc(1, sizeof *d);
+    assert_non_null(d);
+    assert_int_equal(sim_engine_create(0xFC, 64, &d->eng), KVS_OK);
+    assert_int_equal(sim_net_create(d->eng, NULL, &d->net), KVS_OK);
+    fp_side_t *sides[2] = {&p->a, &p->b};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(sim_gpu_create(d->eng, NULL, (uint32_t)i, &d->gpu[i]), KVS_OK);
+        assert_int_equal(sim_nic_create(d->net, i == 0 ? "a" : "b", d->gpu[i], &d->nic[i]),
+                         KVS_OK);
+        d->mem[i] = (fp_memory_t){.dev = sim_gpu_device(d->gpu[i]), .ctx = d->gpu[i],
+                                  .alloc = sim_duo_alloc, .release = sim_duo_release};
+        fp_side_init(sides[i], sim_nic_fabric(d->nic[i]));
+        sides[i]->mem = &d->mem[i];
+    }
+    p->name = "the simulated NIC";
+    p->step = sim_duo_step;
+    p->step_ctx = d->eng;
+    /* Connections by name are made at once; a hello hands a its side. */
+    assert_int_equal(p->b.fab->ops.connect(p->b.fab, "a", &p->ab), KVS_OK);
+    assert_int_equal(p->b.fab->ops.send(p->b.fab, p->ab, "hello", 5, 1), KVS_OK);
+    p->ba = fp_take(p, &p->a, KVS_COMPLETION_RECV, NULL).conn;
+    assert_non_null(p->ba);
+    (void)fp_take(p, &p->b, KVS_COMPLETION_SEND, p->ab);
+    return true;
+}
+
+static void sim_contract_close(void *ctx, fp_pair_t *p)
+{
+    (void)ctx;
+    sim_duo_t *d = (sim_duo_t *)((char *)p->a.mem - offsetof(sim_duo_t, mem));
+    for (int i = 0; i < 2; i++)
+        sim_nic_destroy(d->nic[i]);
+    fp_side_fini(&p->a);
+    fp_side_fini(&p->b);
+    assert_int_equal(sim_net_destroy(d->net), KVS_OK);
+    for (int i = 0; i < 2; i++)
+        sim_gpu_destroy(d->gpu[i]);
+    sim_engine_destroy(d->eng);
+    free(d);
+}
+
+static bool sim_contract_grants(void *ctx, fp_pair_t *p)
+{
+    (void)ctx;
+    (void)p;
+    return true;
+}
+
+static const fc_backend_t sim_contract = {
+    .name = "the simulated NIC",
+    .open = sim_contract_open,
+    .close = sim_contract_close,
+    .grants = sim_contract_grants,
+};
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1257,5 +1349,6 @@ int main(void)
         cmocka_unit_test(test_sim_fabric_key_grant_refusals_and_bound),
         cmocka_unit_test(test_sim_fabric_deterministic),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    const int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    return failed + fc_run(&sim_contract);
 }

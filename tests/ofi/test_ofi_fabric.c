@@ -5,8 +5,9 @@
  * fewer than 8 bytes of remote CQ data, verbs;ofi_rxm and efa, forced on
  * tcp so that every machine runs it); KVS_OFI_PROVIDERS names others
  * ("verbs" in the rxe VM: test_ofi_fabric_verbs). Two fabrics in this
- * process connect through the TCP bootstrap, exchange control messages
- * both ways (in order, up to the largest size), write random data with
+ * process connect through the TCP bootstrap and, after the fabric
+ * contract every backend meets (tests/fabric_contract.c, run last on each
+ * provider), write random data with
  * immediates (whole, and split by max_write_bytes and by registration
  * pieces) and check every byte; a write with a key the peer dropped (or
  * never gave) is refused alone, naming the key, while the connection
@@ -41,6 +42,7 @@
 #include <kvstage/host.h>
 #include <kvstage/ofi.h>
 
+#include "fabric_contract.h"
 #include "fabric_pair.h"
 #include "hw_ofi.h" /* imm_in_msg, to force IMM messages on tcp */
 #include "xorshift.h"
@@ -193,41 +195,6 @@ static void test_ofi_fabric_unknown_provider_refused(void **state)
     cfg.provider = "tcp;ofi_rxm";
     assert_int_equal(kvs_ofi_fabric_create(&cfg, &fab, &err), KVS_EINVAL);
     assert_non_null(strstr(err.msg, "provider name"));
-}
-
-static void test_ofi_fabric_messages_in_order(void **state)
-{
-    const ofi_case_t *oc = *state;
-    if (!offered(oc))
-        skip();
-    fp_pair_t d;
-    duo_open(&d, oc);
-    static uint8_t big[KVS_CONTROL_MSG_MAX_BYTES + 1];
-    for (size_t i = 0; i < sizeof big; i++)
-        big[i] = (uint8_t)(i * 7);
-    for (uint32_t i = 0; i < 64; i++) {
-        const uint32_t len = i == 63 ? KVS_CONTROL_MSG_MAX_BYTES : 1 + i * 13;
-        big[0] = (uint8_t)i;
-        assert_int_equal(d.a.fab->ops.send(d.a.fab, d.ba, big, len, i), KVS_OK);
-        kvs_completion_t c = fp_take(&d, &d.b, KVS_COMPLETION_RECV, d.ab);
-        assert_int_equal(c.len_bytes, len);
-        assert_memory_equal(c.msg, big, len);
-    }
-    for (uint32_t i = 0; i < 64; i++)
-        assert_int_equal(fp_take(&d, &d.a, KVS_COMPLETION_SEND, d.ba).wr_id, i);
-    /* one byte too many is refused by name */
-    assert_int_equal(d.a.fab->ops.send(d.a.fab, d.ba, big, sizeof big, 99), KVS_EINVAL);
-    assert_non_null(strstr(d.a.fab->last_backend_msg, "shorten"));
-    /* messages b -> a too, many in flight before any poll */
-    for (uint32_t i = 0; i < 100; i++)
-        assert_int_equal(d.b.fab->ops.send(d.b.fab, d.ab, &i, sizeof i, i), KVS_OK);
-    for (uint32_t i = 0; i < 100; i++) {
-        kvs_completion_t c = fp_take(&d, &d.a, KVS_COMPLETION_RECV, d.ba);
-        uint32_t got;
-        memcpy(&got, c.msg, sizeof got);
-        assert_int_equal(got, i);
-    }
-    duo_close(&d);
 }
 
 static void test_ofi_fabric_write_with_data(void **state)
@@ -823,6 +790,32 @@ static int cases_make(ofi_case_t *cases, int max)
     return n;
 }
 
+/* ---- the fabric contract (tests/fabric_contract.c) on each provider ------- */
+
+static bool ofi_contract_open(void *ctx, fp_pair_t *p)
+{
+    const ofi_case_t *oc = ctx;
+    if (!offered(oc))
+        return false;
+    duo_open(p, oc);
+    return true;
+}
+
+static void ofi_contract_close(void *ctx, fp_pair_t *p)
+{
+    (void)ctx;
+    if (p->ba != NULL && p->ab == NULL) /* b disconnected: a lets its side go */
+        p->a.fab->ops.disconnect(p->a.fab, p->ba);
+    duo_close(p);
+}
+
+/* Grants where libfabric's provider was verified to keep them (grant.c). */
+static bool ofi_contract_grants(void *ctx, fp_pair_t *p)
+{
+    (void)ctx;
+    return hw_ofi_of(p->a.fab)->grants_ok;
+}
+
 int main(void)
 {
     static ofi_case_t cases[MAX_CASES];
@@ -833,7 +826,6 @@ int main(void)
         const char *name;
         CMUnitTestFunction fn;
     } per_case[] = {
-        {"test_ofi_fabric_messages_in_order", test_ofi_fabric_messages_in_order},
         {"test_ofi_fabric_write_with_data", test_ofi_fabric_write_with_data},
         {"test_ofi_fabric_write_split", test_ofi_fabric_write_split},
         {"test_ofi_fabric_error_fails_only_its_write", test_ofi_fabric_error_fails_only_its_write},
@@ -870,5 +862,15 @@ int main(void)
                                              .initial_state = &cases[c]};
         }
     }
-    return _cmocka_run_group_tests("test_ofi_fabric", tests, n, NULL, NULL);
+    int failed = _cmocka_run_group_tests("test_ofi_fabric", tests, n, NULL, NULL);
+    static fc_backend_t contract[MAX_CASES];
+    static char contract_names[MAX_CASES][64]; /* "libfabric " and a label */
+    for (int c = 0; c < ncases; c++) {
+        snprintf(contract_names[c], sizeof contract_names[0], "libfabric %.47s", cases[c].label);
+        contract[c] = (fc_backend_t){.name = contract_names[c], .ctx = &cases[c],
+                                     .open = ofi_contract_open, .close = ofi_contract_close,
+                                     .grants = ofi_contract_grants};
+        failed += fc_run(&contract[c]);
+    }
+    return failed;
 }

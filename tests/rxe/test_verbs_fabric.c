@@ -11,7 +11,8 @@
  * to change, say why they chose their device (by name, the first
  * usable one, or the closest to a PCI bus id of this machine's sysfs), and
  * let a loop sleep on the fd of wait_arm: quiet while nothing happens,
- * readable when a message arrives.
+ * readable when a message arrives. Then the fabric contract every backend
+ * meets (tests/fabric_contract.c) on this device.
  *
  * Without a device: exits 77 (ctest skip) saying so, unless
  * KVS_RXE_REQUIRED=1 (the VM, CI), where that is a failure. Every wait is
@@ -34,6 +35,7 @@
 
 #include <kvstage/verbs.h>
 
+#include "fabric_contract.h"
 #include "fabric_pair.h"
 #include "xorshift.h"
 
@@ -1048,6 +1050,49 @@ static void require_device(void)
     exit(77);
 }
 
+/* ---- the fabric contract (tests/fabric_contract.c) on this device --------- */
+
+static bool verbs_contract_open(void *ctx, fp_pair_t *p)
+{
+    (void)ctx;
+    kvs_verbs_config_t cfg;
+    cfg_default(&cfg);
+    pair_open(p, &cfg);
+    p->name = "verbs";
+    return true;
+}
+
+static void verbs_contract_close(void *ctx, fp_pair_t *p)
+{
+    (void)ctx;
+    if (p->ba != NULL && p->ab == NULL) /* b disconnected: a lets its side go */
+        p->a.fab->ops.disconnect(p->a.fab, p->ba);
+    pair_close(p);
+}
+
+/* Region-scoped keys need type-2 memory windows: a sealed registration
+ * says whether the device has them. */
+static bool verbs_contract_grants(void *ctx, fp_pair_t *p)
+{
+    (void)ctx;
+    fp_region_t r = {0};
+    fp_side_t *a = &p->a;
+    const int rc = fp_region_reg_sealed(a, &r, 4096);
+    if (rc != KVS_OK && rc != KVS_ENOTSUP)
+        fail_msg("mr_register_sealed: %s: %s", kvs_status_name(rc), a->fab->last_backend_msg);
+    if (rc != KVS_OK)
+        r.mr = NULL;
+    fp_region_free(a, &r);
+    return rc == KVS_OK;
+}
+
+static const fc_backend_t verbs_contract = {
+    .name = "verbs",
+    .open = verbs_contract_open,
+    .close = verbs_contract_close,
+    .grants = verbs_contract_grants,
+};
+
 int main(void)
 {
     require_device();
@@ -1077,5 +1122,6 @@ int main(void)
      * pattern: '*' and '?') */
     if (getenv("KVS_TEST_FILTER") != NULL)
         cmocka_set_test_filter(getenv("KVS_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    const int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    return failed + fc_run(&verbs_contract);
 }
