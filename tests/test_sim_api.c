@@ -24,6 +24,7 @@
 
 #include "kvdata.h"
 #include "scenario.h"
+#include "wire.h"
 
 /* Two layers, TP 2 -> 1, three short prompts: a few MB, milliseconds. */
 static kvs_sim_config_t tiny(void)
@@ -106,6 +107,33 @@ static void test_sim_api_regions_past_4gib_move(void **state)
         if (strstr(err.msg, "chunk_tokens") == NULL)
             fail_msg("'%s' does not name chunk_tokens", err.msg);
     }
+}
+
+/* A decode room sends its page list on the direct and slice paths in
+ * PAGES messages of at most KVS_WIRE_PAGES_PER_MSG ids (480): rooms of
+ * 1200 pages (one token a page: three messages) move whole, every byte
+ * verified where the decode's page list puts it. */
+static void test_sim_api_direct_rooms_of_many_page_messages(void **state)
+{
+    (void)state;
+    kvs_sim_config_t c = tiny();
+    c.prefill_tp = c.decode_tp = 1;
+    c.path = KVS_PATH_DIRECT;
+    c.page_size = 1;
+    c.requests = 2;
+    c.prompt_min_tokens = c.prompt_max_tokens = 2 * KVS_WIRE_PAGES_PER_MSG + 240;
+    kvs_sim_report_t r;
+    kvs_error_t err;
+    const int rc = run(&c, &r, &err);
+    if (rc != KVS_OK)
+        fail_msg("rooms of 1200 pages: %s: %s", kvs_status_name(rc), err.msg);
+    assert_int_equal(r.path, KVS_PATH_DIRECT);
+    assert_int_equal(r.requests_ok, 2);
+    assert_int_equal(r.violations, 0);
+    assert_int_equal(r.corrupt_bytes, 0);
+    /* rooms x tokens x layers x K and V x heads x head_dim x 2 bytes */
+    assert_true(r.bytes_verified >= (uint64_t)2 * 1200 * c.layers * 2 * c.total_heads *
+                                        c.head_dim * 2);
 }
 
 static void test_sim_api_run_matches_the_scenario(void **state)
@@ -640,6 +668,7 @@ static void test_sim_api_workload_is_the_runs(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sim_api_direct_rooms_of_many_page_messages),
         cmocka_unit_test(test_sim_api_run_matches_the_scenario),
         cmocka_unit_test(test_sim_api_faults_in_cli_syntax),
         cmocka_unit_test(test_sim_api_bad_fields_are_named),
