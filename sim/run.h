@@ -1,0 +1,234 @@
+/*
+ * run.h (internal) - the state of one simulated run (sim_scenario_run of
+ * scenario.h), shared by the files that make a run: scenario.c (the
+ * cluster's life, the workload and router, faults, the run loop),
+ * verify.c (the KV pattern written into prefill pools and checked in
+ * decode pools), report.c (the report and its metrics) and run.c (failing
+ * the run or a request, the KV page pools). Calls go one way:
+ * scenario.c -> verify.c, report.c -> run.c.
+ */
+#ifndef KVS_SIM_RUN_H
+#define KVS_SIM_RUN_H
+
+#include "scenario.h"
+
+#include "check.h"
+#include "driver.h"
+#include "engine.h"
+#include "kvdata.h"
+#include "trace.h"
+
+#include <kvstage/backend.h>
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* A KV page pool: taken[id] says whether page id is in use; count pages
+ * are free, none below low. */
+typedef struct sim_pages {
+    uint8_t *taken;
+    int64_t count, cap, low;
+} sim_pages_t;
+
+typedef struct sim_scenario sim_scenario_t;
+typedef struct sim_inst sim_inst_t;
+
+/* From at_ns on, a decode ring held live_bytes (sim_node_t.ring_changes). */
+typedef struct sim_ring_change {
+    uint64_t at_ns, live_bytes;
+} sim_ring_change_t;
+
+typedef struct sim_node {
+    sim_scenario_t *sc;
+    sim_inst_t *inst;            /* its instance */
+    kvs_role_t role;
+    int64_t tp, pp;              /* in its instance */
+    char name[64];                /* its NIC's address too */
+    sim_gpu_t *gpu;
+    sim_nic_t *nic;
+    kvs_rank_t *rank;            /* NULL while down */
+    sim_driver_t drv;            /* steps the rank on the engine */
+    uint64_t pool_addr, layer_bytes;
+    int64_t ps;                  /* tokens per page of its KV pool: its side's
+                                    (kvs_layout_t page_size or decode_page_size) */
+    uint8_t *pool_host;          /* host view of the whole KV pool */
+    int64_t layers, heads;       /* local */
+    int64_t first_layer;         /* global id of its stage's first layer */
+    uint64_t *k_base, *v_base;
+    uint64_t *ks_base, *vs_base; /* scale buffers (kv_scales), else NULL */
+    uint64_t scale_layer_bytes;  /* bytes of one scale buffer, 0 without */
+    uint32_t gpu_id;
+    bool down;                   /* crashed, or failed its init: no handler */
+    bool hbm_full;               /* its GPU holds the KV pool and nothing more */
+    uint8_t *reported;           /* [requests]: this rank's result is in */
+    kvs_handler_stats_t acc;     /* counters of its previous incarnations */
+    uint64_t acc_posts_refused;  /* ... and of their NICs */
+    uint64_t acc_planted_bytes;
+    uint64_t bytes_received;     /* decode: payload bytes of its room results */
+    /* Decode: its ring's live bytes over time, one entry per change, sampled
+     * after every step (the only place the core changes a ring) and when
+     * the rank goes down: exact, and no event of its own. */
+    sim_ring_change_t *ring_changes;
+    size_t nring_changes, ring_changes_cap;
+} sim_node_t;
+
+/* A model replica: its ranks, KV page pool, admission count and, for a
+ * prefill instance, its compute queue (instances compute in parallel). */
+struct sim_inst {
+    kvs_role_t role;
+    uint32_t id;                 /* index within its side */
+    int64_t tp, pp;
+    sim_node_t *nodes;           /* its tp * pp ranks, stage-major */
+    int64_t nranks;
+    sim_pages_t pages;
+    uint32_t admitted;           /* requests admitted, not ended */
+    uint32_t routed;             /* requests routed to it, not ended: its
+                                    load as the router sees it */
+    uint32_t compute_first, compute_last; /* prefill: forward-pass FIFO
+                                    (sim_req_t.next_compute), UINT32_MAX: empty */
+    bool computing;
+    bool faulted;                /* a fault struck one of its ranks or the
+                                    whole cluster */
+};
+
+/* What a pair of instances shares: its layout and the groups of its ranks
+ * that talk to each other. */
+typedef struct sim_pair {
+    kvs_layout_t lay;
+    int64_t *group;              /* [prefill ranks + decode ranks of the pair]:
+                                    ranks that talk to each other, directly or
+                                    through one another (bit index, < 64) */
+    int64_t ngroups;
+} sim_pair_t;
+
+typedef enum { SIM_REQ_WAITING, SIM_REQ_ADMITTED, SIM_REQ_DONE } sim_req_state_t;
+
+typedef struct sim_req {
+    sim_inst_t *pi, *di;         /* its instances (the router's pick) */
+    uint32_t next_waiting;       /* admission list, UINT32_MAX: last */
+    uint32_t next_compute;       /* its prefill instance's compute FIFO */
+    int64_t tokens, base;
+    uint64_t arrival_ns, computed_ns, done_ns;
+    uint64_t first_chunk_ns;     /* its first chunk computed: bytes may move */
+    int64_t *ppages, *dpages;    /* ceil(tokens/ps), ceil((tokens-base)/ps) */
+    int64_t computed;
+    uint64_t opened_ns;
+    int64_t reports_left;
+    int status;
+    bool unreported;             /* a rank timed out after a peer failed */
+    uint64_t failed_groups;      /* bit g: a rank of group g failed it for real */
+    uint64_t timed_out_groups;   /* bit g: a rank of group g timed out on it */
+    uint64_t *failed_ns;         /* [groups], when; NULL until the first such */
+    bool untellable;             /* a rank of it crashed, was down, or was cut off
+                                    for a stall timeout or more: nobody could tell
+                                    it, so its timeouts are expected */
+    sim_req_state_t state;
+    uint32_t ranks_ok, ranks_peer, ranks_other, ranks_down; /* results by kind */
+} sim_req_t;
+
+/* A hostile-write fault as it goes (sim_hostile_t). */
+typedef struct sim_hostile_state {
+    bool kept, fired;
+    char peer[64];               /* stale: the decode NIC of the write kept */
+    uint64_t addr, rkey;         /* ... its target and key */
+    uint32_t *pending;           /* [requests]: those in flight when it was kept */
+    uint32_t npending;
+} sim_hostile_state_t;
+
+struct sim_scenario {
+    sim_scenario_config_t cfg;
+    sim_topology_t topo;         /* resolved: every instance listed */
+    kvs_layout_t lay;            /* pair (0, 0): what every pair shares (model
+                                    shape, page size, grid) */
+    sim_engine_t *eng;
+    sim_net_t *net;
+    sim_node_t *nodes;           /* prefill instances' ranks, then decode ones' */
+    int64_t nprefill, ndecode;   /* over every instance */
+    sim_inst_t *insts;           /* prefill instances, then decode ones */
+    uint32_t npinst, ndinst;
+    sim_pair_t *pairs;           /* [npinst * ndinst], prefill-major */
+    uint32_t rr_prefill, rr_decode; /* round robin: the next instance */
+    int64_t pool_pages;          /* per rank, every instance alike */
+    int64_t *slot_runs;          /* sim_prov_pass: [2 * slot_runs_cap] */
+    size_t slot_runs_cap;
+    sim_req_t *reqs;
+    uint32_t waiting_first, waiting_last; /* admission list in arrival order
+                                    (sim_req_t.next_waiting), UINT32_MAX: empty */
+    uint32_t finished;
+    uint64_t first_arrival_ns, last_done_ns;
+    uint64_t bytes_verified, corrupt_bytes;
+    uint64_t aux_bytes_verified, aux_corrupt_bytes; /* aux payloads (the
+                                    second also counted in corrupt_bytes) */
+    char aux_error[SIM_AUX_ERROR_BYTES]; /* the first wrong payload */
+    uint8_t *aux_buf;            /* [max_aux_bytes]: the payload of the request
+                                    being opened (the ranks copy it) */
+    int fatal;
+    char *err;
+    size_t err_bytes;
+    sim_trace_t *trace;
+    bool msg_faults;             /* a drop/dup/delay fault: NICs get the filter */
+    sim_hostile_state_t hostile[SIM_MAX_FAULTS]; /* by fault index */
+    uint32_t hostile_writes;     /* sent astray so far */
+    uint32_t ranks_crashed, ranks_restarted, ranks_down_at_start;
+    uint32_t long_cuts;          /* links down now for a stall timeout or more */
+    uint64_t ring_bytes_needed;  /* check.h: the largest region a request needs */
+    sim_failure_t failures[SIM_MAX_FAILURE_KINDS]; /* first detail of each status;
+                                    counts are taken at the report */
+    uint32_t nfailures;
+    char init_error[384];
+};
+
+static inline sim_inst_t *sim_prefill_inst(sim_scenario_t *sc, uint32_t i) { return &sc->insts[i]; }
+static inline sim_inst_t *sim_decode_inst(sim_scenario_t *sc, uint32_t i)
+{
+    return &sc->insts[sc->npinst + i];
+}
+static inline sim_pair_t *sim_pair_of(sim_scenario_t *sc, const sim_req_t *r)
+{
+    return &sc->pairs[r->pi->id * sc->ndinst + r->di->id];
+}
+/* Node n's index among the ranks of its pair (prefill ranks first). */
+static inline int64_t sim_pair_index(const sim_req_t *r, const sim_node_t *n)
+{
+    return n->role == KVS_ROLE_PREFILL ? n - r->pi->nodes : r->pi->nranks + (n - r->di->nodes);
+}
+/* Node n is a rank of request r's pair. */
+static inline bool sim_in_pair(const sim_req_t *r, const sim_node_t *n)
+{
+    return n->inst == r->pi || n->inst == r->di;
+}
+
+/* ---- run.c ------------------------------------------------------------------- */
+
+/* Fails the run (the first status and message win) and stops the engine. */
+int sim_fail(sim_scenario_t *sc, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Request i ends with `status` (its first failure), which `who` saw: the
+ * first request of each status leaves its detail for the report. */
+void sim_request_failed(sim_scenario_t *sc, uint32_t i, int status, const char *who);
+/* A pool of n free pages; KVS_ENOMEM. */
+int sim_pages_init(sim_pages_t *p, int64_t n);
+/* Takes n free pages (the caller checked there are) into out. */
+void sim_pages_take(sim_pages_t *p, int64_t *out, int64_t n);
+/* Gives pages ids back. */
+void sim_pages_give(sim_pages_t *p, const int64_t *ids, int64_t n);
+
+/* ---- verify.c ---------------------------------------------------------------- */
+
+/* Writes the pattern of tokens [a, b) of request req into prefill node n's
+ * pool (bytes or provenance, as the run's data mode says). */
+void sim_fill_prefill(sim_scenario_t *sc, sim_node_t *n, uint64_t req, int64_t a, int64_t b);
+/* Checks decode node n's rows of request req against the pattern: the
+ * bytes compared, and in *corrupt those that differ. */
+uint64_t sim_verify_decode(sim_scenario_t *sc, sim_node_t *n, uint64_t req,
+                           uint64_t *corrupt);
+/* Checks an ok result's aux payload against the request's (the only place
+ * its bytes are valid). */
+void sim_verify_aux(sim_scenario_t *sc, const sim_node_t *n, const kvs_room_result_t *res);
+
+/* ---- report.c ---------------------------------------------------------------- */
+
+/* The run's report: counts, verdict inputs, metrics, per instance. */
+void sim_report_fill(sim_scenario_t *sc, sim_report_t *out);
+
+#endif
