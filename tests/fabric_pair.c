@@ -54,6 +54,14 @@ void fp_side_pump(fp_side_t *s)
     s->n += got;
 }
 
+void fp_pair_pump(fp_pair_t *p)
+{
+    if (p->step != NULL)
+        p->step(p->step_ctx);
+    fp_side_pump(&p->a);
+    fp_side_pump(&p->b);
+}
+
 kvs_completion_t fp_take(fp_pair_t *p, fp_side_t *s, kvs_completion_kind_t kind,
                          kvs_conn_t *conn)
 {
@@ -67,10 +75,7 @@ kvs_completion_t fp_take(fp_pair_t *p, fp_side_t *s, kvs_completion_kind_t kind,
                 return c;
             }
         }
-        if (p->step != NULL)
-            p->step(p->step_ctx);
-        fp_side_pump(&p->a);
-        fp_side_pump(&p->b);
+        fp_pair_pump(p);
         if (fp_now_ns() > until)
             fail_msg("no completion of kind %d within the deadline (%d queued)", (int)kind,
                      s->n);

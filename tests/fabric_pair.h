@@ -74,6 +74,10 @@ void fp_side_fini(fp_side_t *s);
 /* Polls s's fabric into its queue (nothing when full). */
 void fp_side_pump(fp_side_t *s);
 
+/* One turn of the pair: its step (the simulator's engine), then a poll of
+ * both sides into their queues. */
+void fp_pair_pump(fp_pair_t *p);
+
 /* Takes the first completion of `kind` on conn (any conn if NULL) from s,
  * polling both sides of p meanwhile; fails the test after the deadline. */
 kvs_completion_t fp_take(fp_pair_t *p, fp_side_t *s, kvs_completion_kind_t kind,

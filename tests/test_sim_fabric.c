@@ -1260,7 +1260,11 @@ static void sim_duo_release(void *ctx, uint64_t addr)
     assert_int_equal(dev->ops.mem_free(dev, addr), KVS_OK);
 }
 
-static void sim_duo_step(void *ctx) { sim_engine_run(ctx, UINT64_MAX, 0); }
+static void sim_duo_step(void *ctx)
+{
+    sim_duo_t *d = ctx;
+    sim_engine_run(d->eng, UINT64_MAX, 0);
+}
 
 static bool sim_contract_open(void *ctx, fp_pair_t *p)
 {
@@ -1281,7 +1285,7 @@ static bool sim_contract_open(void *ctx, fp_pair_t *p)
     }
     p->name = "the simulated NIC";
     p->step = sim_duo_step;
-    p->step_ctx = d->eng;
+    p->step_ctx = d; /* close finds the duo here */
     /* Connections by name are made at once; a hello hands a its side. */
     assert_int_equal(p->b.fab->ops.connect(p->b.fab, "a", &p->ab), KVS_OK);
     assert_int_equal(p->b.fab->ops.send(p->b.fab, p->ab, "hello", 5, 1), KVS_OK);
@@ -1294,7 +1298,7 @@ static bool sim_contract_open(void *ctx, fp_pair_t *p)
 static void sim_contract_close(void *ctx, fp_pair_t *p)
 {
     (void)ctx;
-    sim_duo_t *d = (sim_duo_t *)((char *)p->a.mem - offsetof(sim_duo_t, mem));
+    sim_duo_t *d = p->step_ctx;
     for (int i = 0; i < 2; i++)
         sim_nic_destroy(d->nic[i]);
     fp_side_fini(&p->a);
