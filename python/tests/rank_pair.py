@@ -357,10 +357,11 @@ def decode(folder, fabric, deadline_s):
 
 
 def threads_of(pid):
-    """One line per thread of a live process: its name, state, kernel wait
-    channel and the system call it is in (from /proc), so that a hang shows
-    where the native code waits (futex: a lock or condition variable; poll,
-    epoll_wait: the network)."""
+    """One line per thread of a live process: its name, kernel wait channel
+    and the number of the system call it is in ("running" when on a CPU),
+    from /proc, so that a hang shows where the native code waits (x86-64:
+    202 futex, a lock or condition variable; 7 poll, 271 ppoll, 232
+    epoll_wait, the network or a driver's sleep)."""
     lines = []
     try:
         tids = sorted(os.listdir("/proc/%d/task" % pid), key=int)
@@ -381,7 +382,7 @@ def threads_of(pid):
 def stop_hung(procs):
     """Stops both sides of a pair that ran past its time and returns what
     each was doing: its threads (threads_of), then its Python stacks, which
-    SIGUSR1 makes it print (main() registers faulthandler for it), then
+    SIGUSR1 makes it print (faulthandler, registered when it starts), then
     everything it printed."""
     native = {}
     for role, q in procs.items():
