@@ -62,6 +62,7 @@ static const kvs_sim_bound_t sim_api_bounds[] = {
     {"decode_tp", 1, SIM_API_MAX_TP},    /* 0 with decode_instances */
     {"prefill_pp", 0, SIM_API_MAX_PP},
     {"decode_pp", 0, SIM_API_MAX_PP},
+    {"prefill_cp", 0, SIM_API_MAX_TP},
     {"chunk_tokens", 0, SIM_API_MAX_TOKENS},
     {"prompt_min_tokens", 0, SIM_API_MAX_TOKENS},
     {"prompt_max_tokens", 0, SIM_API_MAX_TOKENS},
@@ -178,6 +179,7 @@ static int sim_api_check_bounds(const kvs_sim_config_t *c, kvs_error_t *err)
     I64(decode_tp, c->decode_instances > 0 ? 0 : -1);
     I64(prefill_pp, -1);
     I64(decode_pp, -1);
+    I64(prefill_cp, -1);
     I64(chunk_tokens, -1);
     I64(prompt_min_tokens, -1);
     I64(prompt_max_tokens, -1);
@@ -269,6 +271,7 @@ static int sim_api_cluster(const kvs_sim_config_t *c, sim_scenario_config_t *s,
     s->shape.decode_tp = c->decode_tp;
     s->shape.prefill_pp = c->prefill_pp;
     s->shape.decode_pp = c->decode_pp;
+    s->shape.prefill_cp = c->prefill_cp;
     s->shape.chunk_tokens = c->chunk_tokens;
     s->shape.kind = (kvs_kv_kind_t)c->kv_kind;
     s->shape.decode_page_size = c->decode_page_size;

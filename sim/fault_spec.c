@@ -17,12 +17,13 @@
     "crash:SIDE:N:AT_US, restart:SIDE:N:AT_US, hbm-full:RANK, stall:MS or "  \
     "hostile-write:RANK:stale|outside:AT_US, "                                 \
     "with RANK "    \
-    "p<tp>[.<pp>][@<instance>] or d<tp>[.<pp>][@<instance>] and SIDE "         \
+    "p<tp>[.<pp>][c<cp>][@<instance>] or d<tp>[.<pp>][@<instance>] and SIDE "  \
     "prefill[@<instance>] or decode[@<instance>]"
 /* How RANK reads, for messages. */
 #define SIM_FAULT_RANK_FORM                                                    \
-    "RANK p<tp>[.<pp>][@<instance>] or d<tp>[.<pp>][@<instance>] of this "     \
-    "cluster (e.g. p3, d1.0, p3@1: TP rank 3 of prefill instance 1)"
+    "RANK p<tp>[.<pp>][c<cp>][@<instance>] or d<tp>[.<pp>][@<instance>] of "   \
+    "this cluster (e.g. p3, d1.0, p3@1: TP rank 3 of prefill instance 1; "      \
+    "p3.0c1: TP rank 3 of CP rank 1)"
 #define SIM_FAULT_MAX_FIELDS 5
 
 static const struct {
@@ -99,7 +100,9 @@ static bool sim_fault_instance(const char *text, uint32_t count, uint32_t *out,
     return true;
 }
 
-/* "p3", "d1.0", "p3@1", "d0.1@2" -> side, instance and index in it. */
+/* "p3", "d1.0", "p3@1", "d0.1@2", "p3.0c1" (CP rank 1 of a prefill with
+ * CP) -> side, instance and index in it: (cp * pp_size + pp) * tp_size +
+ * tp, the rank's simulated name. */
 static bool sim_fault_rank(const char *text, const sim_topology_t *topo, sim_fault_t *out)
 {
     const bool decode = text[0] == 'd';
@@ -116,6 +119,13 @@ static bool sim_fault_rank(const char *text, const sim_topology_t *topo, sim_fau
             return false;
         pp = strtol(s, &end, 10);
     }
+    long cp = 0;
+    if (*end == 'c' && !decode) {
+        const char *s = end + 1;
+        if (*s < '0' || *s > '9')
+            return false;
+        cp = strtol(s, &end, 10);
+    }
     const kvs_role_t role = decode ? KVS_ROLE_DECODE : KVS_ROLE_PREFILL;
     uint32_t inst;
     const char *rest;
@@ -123,11 +133,12 @@ static bool sim_fault_rank(const char *text, const sim_topology_t *topo, sim_fau
         *rest != '\0')
         return false;
     const sim_instance_shape_t *s = decode ? &topo->decode[inst] : &topo->prefill[inst];
-    if (tp < 0 || tp >= s->tp || pp < 0 || pp >= s->pp)
+    const long cps = decode || topo->prefill_cp < 1 ? 1 : (long)topo->prefill_cp;
+    if (tp < 0 || tp >= s->tp || pp < 0 || pp >= s->pp || cp < 0 || cp >= cps)
         return false;
     out->role = role;
     out->instance = inst;
-    out->rank = pp * s->tp + tp;
+    out->rank = (cp * s->pp + pp) * s->tp + tp;
     return true;
 }
 
@@ -240,10 +251,10 @@ int sim_fault_parse(const char *spec, const sim_topology_t *topo, sim_fault_t *o
                                       "prefill[@<instance>] or decode[@<instance>] of this "
                                       "cluster (%u prefill, %u decode instances; e.g. "
                                       "prefill@1) and N the rank's index in that instance "
-                                      "(pp * tp_size + tp)", spec, kind,
+                                      "((cp * pp_size + pp) * tp_size + tp)", spec, kind,
                                       topo->prefill_instances, topo->decode_instances);
             return sim_fault_fail(err, err_bytes, "'%s': use %s:SIDE:N:AT_US with N the "
-                                  "rank's index in its instance (pp * tp_size + tp), "
+                                  "rank's index in its instance ((cp * pp_size + pp) * tp_size + tp), "
                                   "0..%lld here", spec, kind, (long long)count - 1);
         }
         out->kind = kind[0] == 'c' ? SIM_FAULT_CRASH : SIM_FAULT_RESTART;

@@ -43,6 +43,7 @@ typedef struct sim_node {
     sim_inst_t *inst;            /* its instance */
     kvs_role_t role;
     int64_t tp, pp;              /* in its instance */
+    int64_t cp;                  /* its CP rank (prefill; 0 on a decode) */
     char name[64];                /* its NIC's address too */
     sim_gpu_t *gpu;
     sim_nic_t *nic;
@@ -78,7 +79,9 @@ struct sim_inst {
     kvs_role_t role;
     uint32_t id;                 /* index within its side */
     int64_t tp, pp;
-    sim_node_t *nodes;           /* its tp * pp ranks, stage-major */
+    int64_t cp;                  /* CP ranks (prefill; 1 on a decode) */
+    sim_node_t *nodes;           /* its cp * pp * tp ranks: CP rank c's stage
+                                    s's TP rank t at (c * pp + s) * tp + t */
     int64_t nranks;
     sim_pages_t pages;
     uint32_t admitted;           /* requests admitted, not ended */
@@ -110,8 +113,12 @@ typedef struct sim_req {
     int64_t tokens, base;
     uint64_t arrival_ns, computed_ns, done_ns;
     uint64_t first_chunk_ns;     /* its first chunk computed: bytes may move */
-    int64_t *ppages, *dpages;    /* ceil(tokens/ps), ceil((tokens-base)/ps) */
-    int64_t computed;
+    int64_t *ppages, *dpages;    /* ceil(tokens/ps), ceil((tokens-base)/ps);
+                                    with prefill CP every CP rank takes the
+                                    whole list, by token, and holds the rows
+                                    of its range only */
+    int64_t computed;            /* tokens into each CP rank's range (the
+                                    request's tokens without CP) */
     uint64_t opened_ns;
     int64_t reports_left;
     int status;

@@ -486,8 +486,32 @@ static void sim_node_error(void *ctx, int status)
              kvs_rank_last_error(n->rank)->msg);
 }
 
+/* The tokens [*start, *end) of request r that prefill node n computes and
+ * holds: its CP rank's range (kvs_layout_cp_range), all of them without
+ * CP. */
+static void sim_node_range(const sim_scenario_t *sc, const sim_node_t *n, const sim_req_t *r,
+                           int64_t *start, int64_t *end)
+{
+    *start = 0;
+    *end = r->tokens;
+    if (n->inst->cp > 1)
+        (void)kvs_layout_cp_range(&sc->lay, r->tokens, n->cp, start, end);
+}
+
+/* Tokens in request r's longest CP range (CP rank 0's; the request without
+ * CP): the forward pass's length, its CP ranks computing in parallel. */
+static int64_t sim_compute_span(const sim_scenario_t *sc, const sim_req_t *r)
+{
+    int64_t start = 0, end = r->tokens;
+    if (r->pi->cp > 1)
+        (void)kvs_layout_cp_range(&sc->lay, r->tokens, 0, &start, &end);
+    return end - start;
+}
+
 /* One forward-pass step of the request at the head of its prefill
- * instance's compute FIFO. */
+ * instance's compute FIFO: each CP rank computes the next grid's tokens
+ * of its own range, and is told the request's tokens it has computed
+ * (its range's end once it is done: its last call, final). */
 static void sim_compute_step(sim_engine_t *eng, void *ctx, uint64_t arg)
 {
     sim_scenario_t *sc = ctx;
@@ -501,15 +525,22 @@ static void sim_compute_step(sim_engine_t *eng, void *ctx, uint64_t arg)
         sim_compute_next(sc, pi);
         return;
     }
-    const int64_t end = r->computed + sc->lay.grid_tokens < r->tokens
-                            ? r->computed + sc->lay.grid_tokens : r->tokens;
-    const bool final = end == r->tokens;
+    const int64_t span = sim_compute_span(sc, r);
+    const int64_t end = r->computed + sc->lay.grid_tokens < span
+                            ? r->computed + sc->lay.grid_tokens : span;
+    const bool final = end == span;
     for (int64_t p = 0; p < pi->nranks; p++) {
         sim_node_t *n = &pi->nodes[p];
-        if (n->down)
-            continue;
-        sim_fill_prefill(sc, n, i, r->computed, end);
-        int rc = kvs_rank_computed(n->rank, i, end, final);
+        int64_t start, stop;
+        sim_node_range(sc, n, r, &start, &stop);
+        const int64_t a = start + r->computed < stop ? start + r->computed : stop;
+        const int64_t b = start + end < stop ? start + end : stop;
+        if (n->down || (r->computed > 0 && a == stop))
+            continue; /* down, or its range was done and told before */
+        if (a < b)
+            sim_fill_prefill(sc, n, i, a, b);
+        const bool done = b == stop;
+        int rc = kvs_rank_computed(n->rank, i, done ? r->tokens : b, done);
         if (rc == KVS_ENOENT)
             continue; /* this rank already ended the room (it failed): nothing to send */
         if (rc != KVS_OK) {
@@ -522,8 +553,8 @@ static void sim_compute_step(sim_engine_t *eng, void *ctx, uint64_t arg)
         r->first_chunk_ns = sim_engine_now_ns(eng);
     r->computed = end;
     if (!final) {
-        const int64_t next = end + sc->lay.grid_tokens < r->tokens ? sc->lay.grid_tokens
-                                                                    : r->tokens - end;
+        const int64_t next = end + sc->lay.grid_tokens < span ? sc->lay.grid_tokens
+                                                               : span - end;
         const uint64_t dt = (uint64_t)next * 1000000000ull / sc->cfg.prefill_tokens_per_s;
         sim_engine_after(eng, dt, sim_compute_step, sc, i, NULL);
         return;
@@ -542,8 +573,8 @@ static void sim_compute_next(sim_scenario_t *sc, sim_inst_t *pi)
     if (pi->compute_first == UINT32_MAX)
         pi->compute_last = UINT32_MAX;
     pi->computing = true;
-    const sim_req_t *r = &sc->reqs[i];
-    const int64_t first = sc->lay.grid_tokens < r->tokens ? sc->lay.grid_tokens : r->tokens;
+    const int64_t span = sim_compute_span(sc, &sc->reqs[i]);
+    const int64_t first = sc->lay.grid_tokens < span ? sc->lay.grid_tokens : span;
     const uint64_t dt = (uint64_t)first * 1000000000ull / sc->cfg.prefill_tokens_per_s;
     if (sim_engine_after(sc->eng, dt, sim_compute_step, sc, i, NULL) != KVS_OK)
         sim_fail(sc, KVS_ENOMEM, "scheduling a forward pass failed");
@@ -810,6 +841,9 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
         .page_size = n->ps, .peer_page_size = decode ? l->page_size : l->decode_page_size,
         .tp_rank = n->tp, .tp_size = n->inst->tp,
         .pp_rank = n->pp, .pp_size = n->inst->pp,
+        /* A prefill's CP rank and size; a decode learns its peers' CP size
+         * from their instances (sim_connect_node), its own config has none. */
+        .context_parallel = decode || n->inst->cp == 1 ? 0 : n->inst->cp, .cp_rank = n->cp,
         .peer_tp_size = peer0->tp, .peer_pp_size = peer0->pp,
         .chunk_tokens = sc->cfg.shape.chunk_tokens, .ring_bytes = sc->cfg.ring_bytes,
         .transfer_workers = sc->cfg.transfer_workers, .path = sc->cfg.path,
@@ -819,7 +853,7 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
          * default's formula, instance 0 unchanged). */
         .instance_id = n->inst->id,
         .session_id = ((uint64_t)n->role + 1) << 56 | (uint64_t)n->inst->id << 44 |
-                      (uint64_t)n->pp << 32 | (uint64_t)n->tp,
+                      (uint64_t)n->pp << 32 | (uint64_t)n->cp << 20 | (uint64_t)n->tp,
         /* Every rank of the other side may be its peer; 0: the defaults
          * (64 instances, 256 ranks) hold them. */
         .max_instances = other_insts > 64 ? other_insts : 0,
@@ -913,11 +947,11 @@ static int sim_connect_node(sim_scenario_t *sc, sim_node_t *n)
             return sim_fail(sc, KVS_ENOMEM, "scenario tables");
         bool down = false;
         for (int64_t k = 0; k < pi->nranks; k++) {
-            addrs[k] = pi->nodes[k].name; /* stage-major, as the handler wants */
+            addrs[k] = pi->nodes[k].name; /* CP- then stage-major, as the handler wants */
             down = down || pi->nodes[k].down;
         }
         const kvs_instance_desc_t desc = {.id = pi->id, .tp_size = pi->tp, .pp_size = pi->pp,
-                                          .dp_size = 1, .addrs = addrs};
+                                          .dp_size = 1, .cp_size = pi->cp, .addrs = addrs};
         int rc = kvs_rank_add_instance(n->rank, &desc);
         free(addrs);
         if (rc == KVS_OK)
@@ -947,6 +981,7 @@ static int sim_pair_groups(sim_scenario_t *sc, const sim_inst_t *pi, const sim_i
     const kvs_layout_t *l = &pair->lay;
     const int64_t nodes = pi->nranks + di->nranks;
     const int64_t stages = l->prefill_pp / l->decode_pp;
+    const int64_t cp_ranks = l->prefill_tp * l->prefill_pp; /* ranks of one CP rank */
     int64_t *parent = malloc((size_t)nodes * sizeof *parent);
     pair->group = malloc((size_t)nodes * sizeof *pair->group);
     if (parent == NULL || pair->group == NULL) {
@@ -961,11 +996,14 @@ static int sim_pair_groups(sim_scenario_t *sc, const sim_inst_t *pi, const sim_i
         for (int64_t i = 0; i < l->tp_writers; i++) {
             kvs_writer_t w;
             kvs_layout_writer(l, n->tp, n->pp, i, 0, &w);
-            for (int64_t s = first; s < first + stages; s++) {
-                const int64_t a = sim_group_root(parent, pi->nranks + d);
-                const int64_t b = sim_group_root(parent, s * l->prefill_tp + w.prefill_rank);
-                parent[a] = b;
-            }
+            for (int64_t c = 0; c < l->prefill_cp; c++) /* every CP rank writes to it */
+                for (int64_t s = first; s < first + stages; s++) {
+                    const int64_t a = sim_group_root(parent, pi->nranks + d);
+                    const int64_t b = sim_group_root(parent, c * cp_ranks +
+                                                                 s * l->prefill_tp +
+                                                                 w.prefill_rank);
+                    parent[a] = b;
+                }
         }
     }
     int64_t next = 0;
@@ -1070,7 +1108,8 @@ static int sim_build_cluster(sim_scenario_t *sc)
         inst->id = decode ? k - sc->npinst : k;
         inst->tp = shape->tp;
         inst->pp = shape->pp;
-        inst->nranks = shape->tp * shape->pp;
+        inst->cp = decode ? 1 : sc->topo.prefill_cp;
+        inst->nranks = sim_topology_ranks(&sc->topo, inst->role, inst->id);
         *(decode ? &sc->ndecode : &sc->nprefill) += inst->nranks;
         inst->compute_first = inst->compute_last = UINT32_MAX;
         if (sim_pages_init(&inst->pages, sc->pool_pages) != KVS_OK)
@@ -1088,14 +1127,17 @@ static int sim_build_cluster(sim_scenario_t *sc)
             n->inst = inst;
             n->role = inst->role;
             n->tp = j % inst->tp;
-            n->pp = j / inst->tp;
+            n->pp = j / inst->tp % inst->pp;
+            n->cp = j / (inst->tp * inst->pp);
             const char side = inst->role == KVS_ROLE_DECODE ? 'd' : 'p';
-            if (inst->id == 0)
-                snprintf(n->name, sizeof n->name, "%c%lld.%lld", side, (long long)n->tp,
-                         (long long)n->pp);
-            else
-                snprintf(n->name, sizeof n->name, "%c%lld.%lld@%u", side, (long long)n->tp,
-                         (long long)n->pp, inst->id);
+            /* "p<tp>.<pp>", "c<cp>" with CP, "@<instance>" past instance 0 */
+            char cp[24] = "", at[16] = "";
+            if (inst->cp > 1)
+                snprintf(cp, sizeof cp, "c%lld", (long long)n->cp);
+            if (inst->id > 0)
+                snprintf(at, sizeof at, "@%u", inst->id);
+            snprintf(n->name, sizeof n->name, "%c%lld.%lld%s%s", side, (long long)n->tp,
+                     (long long)n->pp, cp, at);
             n->reported = calloc(c->requests, 1);
             if (n->reported == NULL)
                 return sim_fail(sc, KVS_ENOMEM, "scenario tables");

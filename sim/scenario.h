@@ -76,7 +76,9 @@ typedef struct sim_fault {
     uint64_t delay_ns;
     kvs_role_t role;           /* the rank's side */
     uint32_t instance;         /* its instance within the side, 0.. */
-    int64_t rank;              /* its index in the instance: pp * tp_size + tp */
+    int64_t rank;              /* its index in the instance: (cp * pp_size +
+                                  pp) * tp_size + tp, cp its CP rank (0 on a
+                                  decode or without CP) */
     uint64_t at_ns, for_ns;
     uint32_t factor;
     sim_hostile_t hostile;     /* hostile-write faults */

@@ -81,6 +81,7 @@ int sim_topology_resolve(const kvs_layout_params_t *shape, const sim_topology_t 
                                &t.decode_instances, err);
     if (rc != KVS_OK)
         return rc;
+    t.prefill_cp = shape->prefill_cp > 1 ? shape->prefill_cp : 1;
     for (uint32_t p = 0; p < t.prefill_instances; p++)
         for (uint32_t d = 0; d < t.decode_instances; d++) {
             const kvs_layout_params_t params = sim_topology_pair(shape, &t, p, d);

@@ -29,10 +29,16 @@ typedef struct sim_instance_shape {
 typedef struct sim_topology {
     uint32_t prefill_instances, decode_instances;
     sim_instance_shape_t prefill[SIM_MAX_INSTANCES], decode[SIM_MAX_INSTANCES];
+    int64_t prefill_cp;        /* every prefill instance's context-parallel
+                                  ranks (the shape's prefill_cp; 0 -> 1):
+                                  each holds one token range of a request
+                                  with the instance's TP and PP
+                                  (docs/kinds/context-parallel.md) */
 } sim_topology_t;
 
 /* The cluster of shape and topo in *out: every side with its instances
- * listed (at least one; PP 0 made 1), each pair's layout checked by the
+ * listed (at least one; PP 0 made 1), the prefill CP size the shape's
+ * (topo's is not read), each pair's layout checked by the
  * planner. Returns KVS_OK, or a status with err (may be NULL) naming what
  * to change: KVS_EINVAL for a count or size out of bounds or an instance 0
  * that is not the shape's, the planner's status (e.g. KVS_EHEAD_SPLIT,
@@ -47,13 +53,15 @@ int sim_topology_resolve(const kvs_layout_params_t *shape, const sim_topology_t 
 kvs_layout_params_t sim_topology_pair(const kvs_layout_params_t *shape,
                                       const sim_topology_t *topo, uint32_t p, uint32_t d);
 
-/* Ranks of instance i of a side of a resolved topology. */
+/* Ranks of instance i of a side of a resolved topology: TP x PP, and
+ * x CP on the prefill side. */
 static inline int64_t sim_topology_ranks(const sim_topology_t *topo, kvs_role_t role,
                                          uint32_t i)
 {
-    const sim_instance_shape_t *s =
-        role == KVS_ROLE_DECODE ? &topo->decode[i] : &topo->prefill[i];
-    return s->tp * s->pp;
+    if (role == KVS_ROLE_DECODE)
+        return topo->decode[i].tp * topo->decode[i].pp;
+    const int64_t cp = topo->prefill_cp > 1 ? topo->prefill_cp : 1;
+    return topo->prefill[i].tp * topo->prefill[i].pp * cp;
 }
 
 /* Instances of a side of a resolved topology. */

@@ -445,6 +445,34 @@ def test_page_sizes(s):
          "%r %r" % (same.get("page_size"), same.get("decode_page_size")))
 
 
+def test_prefill_cp(s):
+    """Prefill context parallelism: CP ranks of the prefill's TP each hold one
+    token range and write it into the decode's regions; every byte moves and
+    is verified, MLA and pipeline stages too (docs/kinds/context-parallel.md)."""
+    base = [a if a != "64:512" else "1:900" for a in SMALL] + [
+        "--seed", "9", "--json", "--prefix-tokens", "200"]
+    plain = s.expect_json("without CP", base)
+    for extra in (["--prefill-cp", "2"], ["--prefill-cp", "3", "--prefill-pp", "2"],
+                  ["--prefill-cp", "2", "--data", "provenance"]):
+        args = base + extra
+        obj = s.expect_json(" ".join(extra), args)
+        s.expect_clean(" ".join(extra), args, obj)
+        cp = int(extra[1])
+        pp = int(extra[3]) if "--prefill-pp" in extra else 1
+        s.ok(obj.get("prefill_cp") == cp and obj.get("prefill_ranks") == 4 * pp * cp,
+             "the report names the CP size and counts every CP rank", args,
+             "%r %r" % (obj.get("prefill_cp"), obj.get("prefill_ranks")))
+        s.ok(obj.get("bytes_verified") == plain.get("bytes_verified")
+             and obj.get("requests_ok") == plain.get("requests_ok"),
+             "the same bytes reach the decode as without CP", args,
+             "%r verified, %r ok" % (obj.get("bytes_verified"), obj.get("requests_ok")))
+    s.ok(plain.get("prefill_cp") == 1, "CP 1 by default", base, repr(plain.get("prefill_cp")))
+    table = s.run(SMALL + ["--prefill-cp", "2"])
+    s.ok(table.returncode == 0 and "x CP 2" in table.stdout and " 8 + 2 " in table.stdout,
+         "the table names the CP size and the GPUs", SMALL + ["--prefill-cp", "2"],
+         table.stdout[:400])
+
+
 def test_kv_scales(s):
     """FP8 with scale planes: every scale slot moves and is verified, on each path."""
     base = SMALL + ["--seed", "7", "--json", "--dtype", "fp8", "--prefix-tokens", "200"]
@@ -614,8 +642,8 @@ def test_bad_input(s):
          "--decode-page-size"),
         ("decode page zero", SMALL + ["--decode-page-size", "0"], "--decode-page-size"),
         ("decode page junk", SMALL + ["--decode-page-size", "big"], "--decode-page-size"),
-        # The simulated ranks do not run prefill CP yet: refused by name.
-        ("prefill cp", SMALL + ["--prefill-cp", "2"], "--prefill-cp"),
+        ("prefill cp junk", SMALL + ["--prefill-cp", "two"], "--prefill-cp"),
+        ("prefill cp negative", SMALL + ["--prefill-cp", "-2"], "--prefill-cp"),
         # Nor window or state layers yet (kvstage plan lays them out).
         ("hybrid model", [a if a != "llama-3.1-8b" else "qwen3-next-80b-a3b" for a in SMALL],
          "--full-attn-every"),
@@ -817,7 +845,7 @@ def main():
     for test in (test_help, test_json_report, test_table, test_defaults,
                  test_determinism, test_workload_flags, test_topologies,
                  test_cluster, test_router, test_slice_vs_staging, test_page_sizes,
-                 test_kv_scales,
+                 test_kv_scales, test_prefill_cp,
                  test_trace, test_bad_input, test_faults,
                  test_sq_depth, test_aux_bytes, test_failures):
         test(s)

@@ -176,7 +176,7 @@ void cli_sim_usage(FILE *out)
             "                   [--chunk-tokens C] [--kv-scales S]\n"
             "                   [--prefill-tp P[,P...]] [--decode-tp D[,D...]]\n"
             "                   [--prefill-pp PP[,PP...]] [--decode-pp DP[,DP...]]\n"
-            "                   [--requests N] [--prompt-tokens MIN:MAX]\n"
+            "                   [--prefill-cp CP] [--requests N] [--prompt-tokens MIN:MAX]\n"
             "                   [--prefix-tokens MAX] [--rate R] [--max-inflight N]\n"
             "                   [--ring-mib M | --ring-bytes B] [--nic-gbps G]\n"
             "                   [--transfer-workers W] [--prefill-tokens-per-s T]\n"
@@ -232,6 +232,10 @@ void cli_sim_usage(FILE *out)
             "  --decode-pp DP[,DP...]   decode pipeline stages, 1 or PP (default 1); a\n"
             "                      decode instance of DP > 1 pairs only with prefill\n"
             "                      instances of PP DP, and every pair must pair\n"
+            "  --prefill-cp CP     prefill context-parallel ranks of every prefill\n"
+            "                      instance (default 1): each of its TP x PP, holding one\n"
+            "                      token range of a request and computing it in parallel;\n"
+            "                      moved on the staging path (docs/kinds/context-parallel.md)\n"
             "  --router R          round-robin (default: each side's instances in turn)\n"
             "                      or least-loaded (fewest requests in flight, ties to\n"
             "                      the lowest index); instances are numbered 0.. per side\n"
@@ -296,10 +300,11 @@ void cli_sim_usage(FILE *out)
             "          write goes astray: the fabric must refuse it)\n"
             "                      TYPE register, metadata, staging_req, staging_rsp,\n"
             "                      watermark, chunk_ready, status, abort or any; P a\n"
-            "                      probability in [0, 1]; RANK p<tp>[.<pp>][@<i>] or\n"
-            "                      d<tp>[.<pp>][@<i>]: a rank of instance i (0 without @),\n"
-            "                      e.g. p3@1; SIDE prefill[@<i>] or decode[@<i>] and N\n"
-            "                      the rank's index in that instance (pp * tp + tp rank).\n"
+            "                      probability in [0, 1]; RANK p<tp>[.<pp>][c<cp>][@<i>]\n"
+            "                      or d<tp>[.<pp>][@<i>]: a rank of instance i (0 without\n"
+            "                      @) and CP rank cp (0 without c), e.g. p3@1; SIDE\n"
+            "                      prefill[@<i>] or decode[@<i>] and N the rank's index\n"
+            "                      in that instance ((cp * pp + pp) * tp + tp rank).\n"
             "                      Message and write faults strike the whole cluster\n"
             "  --stall-timeout-ms N  a request with no progress this long fails\n"
             "                      (default 30000)\n"
@@ -569,6 +574,7 @@ static void cli_sim_set_shape(const kvs_layout_params_t *p, kvs_sim_config_t *c)
     c->decode_tp = p->decode_tp;
     c->prefill_pp = p->prefill_pp;
     c->decode_pp = p->decode_pp;
+    c->prefill_cp = p->prefill_cp;
     c->chunk_tokens = p->chunk_tokens;
     c->kv_kind = (int32_t)p->kind;
     c->decode_page_size = p->decode_page_size;
@@ -635,8 +641,6 @@ static int cli_sim_read_values(const char *const *scanned, cli_sim_input_t *in)
         return rc;
     in->json = values[CLI_XF_JSON] != NULL;
     if ((rc = cli_shape_read(CLI_SIM_CMD, values, &defaults, &in->shape)) != 0)
-        return rc;
-    if ((rc = cli_shape_refuse_cp(CLI_SIM_CMD, "the simulated ranks", &in->shape)) != 0)
         return rc;
     if ((rc = cli_shape_refuse_hybrid(CLI_SIM_CMD, "the simulated ranks", &in->shape)) != 0)
         return rc;
@@ -1068,8 +1072,9 @@ static void cli_sim_print_json(const cli_sim_input_t *in, const kvs_sim_config_t
     printf(", \"kv_scales\": \"%s\", \"scale_block\": %" PRId64 ", \"scale_bytes\": %" PRId64,
            kvs_kv_scales_name(lay->kv_scales), lay->scale_block, lay->scale_bytes);
     printf(", \"prefill_tp\": %" PRId64 ", \"decode_tp\": %" PRId64
-           ", \"prefill_pp\": %" PRId64 ", \"decode_pp\": %" PRId64,
-           lay->prefill_tp, lay->decode_tp, lay->prefill_pp, lay->decode_pp);
+           ", \"prefill_pp\": %" PRId64 ", \"decode_pp\": %" PRId64
+           ", \"prefill_cp\": %" PRId64,
+           lay->prefill_tp, lay->decode_tp, lay->prefill_pp, lay->decode_pp, lay->prefill_cp);
     printf(", \"requests\": %" PRIu32 ", \"prompt_min_tokens\": %" PRId64
            ", \"prompt_max_tokens\": %" PRId64 ", \"prefix_max_tokens\": %" PRId64
            ", \"rate_milli_per_s\": %" PRIu64 ", \"max_inflight\": %" PRIu32
@@ -1154,22 +1159,25 @@ static void cli_sim_print_table(const cli_sim_input_t *in, const kvs_sim_config_
                in->shape.model != NULL ? in->shape.model->name : "",
                in->shape.model != NULL ? ", " : "", lay->layers, lay->total_heads,
                lay->head_dim, dtype, page, lay->chunk_tokens);
+    char cp[40] = ""; /* every prefill instance's CP ranks */
+    if (lay->prefill_cp > 1)
+        snprintf(cp, sizeof cp, " x CP %" PRId64, lay->prefill_cp);
     if (cfg->prefill_instances == 1 && cfg->decode_instances == 1) {
-        printf("  prefill TP %" PRId64 " x PP %" PRId64 " -> decode TP %" PRId64
+        printf("  prefill TP %" PRId64 " x PP %" PRId64 "%s -> decode TP %" PRId64
                " x PP %" PRId64 " on %" PRId64 " + %" PRId64 " simulated H200s, %"
                PRId64 " Gb/s NICs, path %s\n",
-               lay->prefill_tp, lay->prefill_pp, lay->decode_tp, lay->decode_pp,
+               lay->prefill_tp, lay->prefill_pp, cp, lay->decode_tp, lay->decode_pp,
                r->prefill_ranks, r->decode_ranks, in->nic_gbps,
                kvs_path_name((kvs_path_t)r->path));
     } else {
         char sizes[4][KVS_SIM_MAX_INSTANCES * 6];
-        printf("  %" PRIu32 " prefill instance%s (TP %s x PP %s) -> %" PRIu32 " decode "
+        printf("  %" PRIu32 " prefill instance%s (TP %s x PP %s%s) -> %" PRIu32 " decode "
                "instance%s (TP %s x PP %s), %s router\n"
                "  on %" PRId64 " + %" PRId64 " simulated H200s, %" PRId64
                " Gb/s NICs, path %s\n",
                cfg->prefill_instances, cfg->prefill_instances > 1 ? "s" : "",
                cli_sim_sizes(cfg, KVS_ROLE_PREFILL, false, sizes[0], sizeof sizes[0]),
-               cli_sim_sizes(cfg, KVS_ROLE_PREFILL, true, sizes[1], sizeof sizes[1]),
+               cli_sim_sizes(cfg, KVS_ROLE_PREFILL, true, sizes[1], sizeof sizes[1]), cp,
                cfg->decode_instances, cfg->decode_instances > 1 ? "s" : "",
                cli_sim_sizes(cfg, KVS_ROLE_DECODE, false, sizes[2], sizeof sizes[2]),
                cli_sim_sizes(cfg, KVS_ROLE_DECODE, true, sizes[3], sizeof sizes[3]),

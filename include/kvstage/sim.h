@@ -203,6 +203,13 @@ typedef struct kvs_sim_config {
      * elements per scale with per-block, 0: 32. */
     int32_t kv_scales;
     uint32_t scale_block;
+    /* Prefill context parallelism (after scale_block: a shorter size_bytes
+     * leaves 1), 0..1024, 0 -> 1: every prefill instance has this many CP
+     * ranks, each of its TP x PP, each holding and writing one contiguous
+     * token range of a request (kvs_layout_cp_range); they compute their
+     * ranges in parallel, each at prefill_tokens_per_s. Moved on the
+     * staging path (docs/kinds/context-parallel.md). */
+    int64_t prefill_cp;
 } kvs_sim_config_t;
 
 /* One instance's share of a run (kvs_sim_report_t.instance). */

@@ -135,7 +135,7 @@ class SimConfig(c.Structure):
                 ("router", i32), ("max_aux_bytes", u32), ("reserved3", u32),
                 ("progress", c.c_void_p), ("progress_ctx", c.c_void_p),
                 ("kv_kind", i32), ("reserved4", u32), ("decode_page_size", i64),
-                ("kv_scales", i32), ("scale_block", u32)]
+                ("kv_scales", i32), ("scale_block", u32), ("prefill_cp", i64)]
 
 
 class SimInstance(c.Structure):

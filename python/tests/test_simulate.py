@@ -105,6 +105,22 @@ def test_fp8_scale_planes_equal_cli(cli, scales):
         run(kv_scales=scales)  # bf16: scale planes belong to an fp8 cache
 
 
+def test_prefill_context_parallel_equals_cli(cli):
+    """prefill_cp: CP ranks each hold one token range of a request and write
+    it into the decode's regions, every byte verified, the same run as
+    `kvstage sim --prefill-cp` (docs/kinds/context-parallel.md)."""
+    got = run(prefill_cp=2)
+    want = cli("sim", *SMALL_FLAGS, "--prefill-cp", 2)
+    assert_clean(got, 6)
+    for key in SAME_AS_CLI:
+        assert got[key] == want[key], key
+    assert "%016x" % got["digest"] == want["digest"]
+    assert got["prefill_ranks"] == 8
+    assert got["bytes_verified"] == run()["bytes_verified"]
+    # Equal TP takes the direct path, which does not move CP: named.
+    raises("KVS_ECONTEXT_PARALLEL", ["path"], prefill_tp=2, prefill_cp=2, requests=2)
+
+
 def test_cluster_equals_cli(cli):
     """A cluster (lists of TP sizes, one per instance) runs as `kvstage sim`
     with comma lists: same digest, same per-instance counts."""
