@@ -145,11 +145,12 @@ static int64_t kvs__flow_busy(const kvs__pflow_t *fl)
 
 /* Whether this rank is the one that gives flow f's decode rank the room's aux
  * payload: the decode hears it from its peer 0, the writer 0 of the first
- * prefill stage that writes to it (instance.c). */
+ * prefill stage that writes to it, of CP rank 0 (instance.c). */
 static bool kvs__flow_carries_aux(const kvs_prefill_t *p, const kvs__proom_t *r, int64_t f)
 {
     const kvs__inst_t *inst = r->base.inst;
-    return inst->peers[f].tgt.writer == 0 && (inst->lay.decode_pp > 1 || p->h.pp_rank == 0);
+    return inst->peers[f].tgt.writer == 0 && (inst->lay.decode_pp > 1 || p->h.pp_rank == 0) &&
+           p->h.m->cfg.cp_rank == 0;
 }
 
 static void kvs__report(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int status)

@@ -764,6 +764,60 @@ void edge_expect_inst_ok(edge_cluster_t *cl, int inst, uint64_t room, int64_t ba
                   inst, (unsigned long long)bad);
 }
 
+void edge_cp_transfer(edge_cluster_t *cl, int inst, uint64_t room, int64_t base,
+                      int64_t total, const void *aux, uint32_t aux_bytes)
+{
+    edge_open_group(cl, inst, 0, room, base, total); /* fills whole requests: redone below */
+    for (int64_t c = 0; c < edge_inst_cp(cl, inst); c++)
+        for (int64_t t = 0; t < edge_inst_tp(cl, inst); t++) {
+            edge_node_t *n = edge_group_node(cl, inst, (int)c, t);
+            if (c > 0) { /* edge_open_group opened group 0 only */
+                int64_t pages[EDGE_ROOM_SLOT_PAGES];
+                const int64_t np = edge_pages(total, n->page_size);
+                for (int64_t k = 0; k < np; k++)
+                    pages[k] = edge_page(room, k, false);
+                assert_int_equal(kvs_prefill_room_open(n->pre, room, total, pages, np), KVS_OK);
+            }
+            memset(n->pool_host, 0, n->pool_bytes);
+            int64_t cs, ce;
+            assert_int_equal(kvs_layout_cp_range(kvs_manager_layout(n->m), total, c, &cs, &ce),
+                             KVS_OK);
+            edge_fill_range(n, room, cs, ce);
+            if (aux_bytes > 0 && kvs_prefill_room_set_aux(n->pre, room, aux, aux_bytes) != KVS_OK)
+                EDGE_FAIL("%s: set_aux %llu: %s", n->name, (unsigned long long)room,
+                          kvs_manager_last_error(n->m)->msg);
+            assert_int_equal(kvs_prefill_room_computed(n->pre, room, total, true), KVS_OK);
+            edge_wake(n);
+        }
+    edge_run(cl);
+}
+
+void edge_cp_expect_ok(edge_cluster_t *cl, int inst, uint64_t room, int64_t base,
+                       int64_t total, const void *aux, uint32_t aux_bytes, const char *what)
+{
+    for (int d = 0; d < cl->ndecode; d++) {
+        edge_node_t *n = edge_decode(cl, d);
+        const kvs_room_result_t *r = edge_expect(n, room, KVS_OK);
+        const uint8_t *got = n->res_aux[r - n->res]; /* the copy edge_on_result kept */
+        if (r->aux_bytes != aux_bytes || (aux_bytes > 0 && memcmp(got, aux, aux_bytes) != 0))
+            EDGE_FAIL("%s: %s got %u aux bytes, not the %u every prefill rank gave", what,
+                      n->name, r->aux_bytes, aux_bytes);
+        const kvs_layout_t *lay = kvs_manager_layout(n->m);
+        const uint64_t want = (uint64_t)((total - base) * n->heads * cl->o.head_dim *
+                                         n->elem_bytes * n->layers * lay->planes);
+        if (r->bytes != want)
+            EDGE_FAIL("%s: %s counted %llu bytes received, not %llu", what, n->name,
+                      (unsigned long long)r->bytes, (unsigned long long)want);
+    }
+    for (int64_t c = 0; c < edge_inst_cp(cl, inst); c++)
+        for (int64_t t = 0; t < edge_inst_tp(cl, inst); t++)
+            edge_expect(edge_group_node(cl, inst, (int)c, t), room, KVS_OK);
+    const uint64_t bad = edge_corrupt(cl, room, base, total);
+    if (bad != 0)
+        EDGE_FAIL("%s, tokens [%lld, %lld): %llu corrupt bytes on the decode side", what,
+                  (long long)base, (long long)total, (unsigned long long)bad);
+}
+
 edge_opts_t edge_two_instances(void)
 {
     edge_opts_t o = edge_defaults();

@@ -297,6 +297,20 @@ void edge_expect_inst(edge_cluster_t *cl, int inst, uint64_t room, int status);
 void edge_expect_inst_ok(edge_cluster_t *cl, int inst, uint64_t room, int64_t base,
                                 int64_t total);
 
+/* Prefill context parallelism (inst_cp): opens a room of tokens [base,
+ * total) paired with instance inst on every decode rank and on every CP
+ * rank of the instance, each CP rank's pool holding its own range's tokens
+ * only (kvs_layout_cp_range; the rest of its pool zero), gives aux (unless
+ * aux_bytes is 0) on every prefill rank, computes it (final) and runs. */
+void edge_cp_transfer(edge_cluster_t *cl, int inst, uint64_t room, int64_t base,
+                      int64_t total, const void *aux, uint32_t aux_bytes);
+/* After edge_cp_transfer: every decode rank and every CP rank reported the
+ * room OK, each decode rank got the aux payload and counted the bytes of
+ * [base, total) once, and every byte of [base, total) on every decode rank
+ * is right. `what` names the case in failures. */
+void edge_cp_expect_ok(edge_cluster_t *cl, int inst, uint64_t room, int64_t base,
+                       int64_t total, const void *aux, uint32_t aux_bytes, const char *what);
+
 /* Opts of the default cluster plus a second prefill instance of TP 4. */
 edge_opts_t edge_two_instances(void);
 
