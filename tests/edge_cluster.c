@@ -220,7 +220,8 @@ static int edge_node_setup(edge_cluster_t *cl, edge_node_t *n, kvs_role_t role, 
     const kvs_dtype_t dtype = odd && o->odd_dtype_set ? o->odd_dtype : o->dtype;
     n->elem_bytes = kvs_dtype_bytes(dtype);
     const int64_t tp_size = decode ? o->decode_tp : edge_inst_tp(cl, inst);
-    n->heads = odd && o->odd_mla ? 1 : o->heads >= tp_size ? o->heads / tp_size : 1;
+    n->mla = o->mla;
+    n->heads = (odd && o->odd_mla) || o->mla ? 1 : o->heads >= tp_size ? o->heads / tp_size : 1;
     n->layers = odd && o->odd_pp > 0 ? o->layers / o->odd_pp : o->layers;
     assert_true(n->layers <= EDGE_MAX_LAYERS);
 
@@ -271,7 +272,7 @@ int edge_node_manager(edge_cluster_t *cl, edge_node_t *n, uint64_t session)
     const int64_t tp = n->tp, tp_size = decode ? o->decode_tp : edge_inst_tp(cl, n->inst);
     const kvs_role_t role = n->role;
     const bool staging = o->staging && !(odd && o->odd_slice);
-    const bool mla = odd && o->odd_mla, scales = odd && o->odd_scales;
+    const bool mla = (odd && o->odd_mla) || o->mla, scales = odd && o->odd_scales;
     kvs_manager_config_t mc = {
         .kv_scales = scales ? KVS_KV_SCALES_PER_TOKEN : KVS_KV_SCALES_NONE,
         .role = role, .staging = staging, .total_heads = mla ? 0 : o->heads,
@@ -490,8 +491,12 @@ int64_t edge_page(uint64_t room, int64_t i, bool decode)
 
 static int64_t edge_pages(int64_t tokens, int64_t ps) { return (tokens + ps - 1) / ps; }
 
-/* Global head of local head j of a rank (heads are not replicated here). */
-static int64_t edge_global_head(const edge_node_t *n, int64_t j) { return n->tp * n->heads + j; }
+/* Global head of local head j of a rank (heads are not replicated here;
+ * an MLA latent is one head, the same on every TP rank). */
+static int64_t edge_global_head(const edge_node_t *n, int64_t j)
+{
+    return n->mla ? 0 : n->tp * n->heads + j;
+}
 
 static uint8_t *edge_slot(const edge_node_t *n, int64_t layer, int kv, int64_t page,
                           int64_t slot, int64_t head)
@@ -508,7 +513,7 @@ void edge_fill_range(edge_node_t *n, uint64_t room, int64_t start, int64_t end)
 {
     const size_t hb = (size_t)(n->cl->o.head_dim * n->elem_bytes);
     for (int64_t l = 0; l < n->layers; l++)
-        for (int kv = 0; kv < 2; kv++)
+        for (int kv = 0; kv < (n->mla ? 1 : 2); kv++)
             for (int64_t t = start; t < end; t++)
                 for (int64_t j = 0; j < n->heads; j++) {
                     sim_kv_coord_t c = {room, l, kv, edge_global_head(n, j), t};
@@ -525,7 +530,7 @@ uint64_t edge_corrupt(edge_cluster_t *cl, uint64_t room, int64_t base, int64_t t
         edge_node_t *n = edge_decode(cl, d);
         const size_t hb = (size_t)(cl->o.head_dim * n->elem_bytes);
         for (int64_t l = 0; l < n->layers; l++)
-            for (int kv = 0; kv < 2; kv++)
+            for (int kv = 0; kv < (n->mla ? 1 : 2); kv++)
                 for (int64_t t = base; t < total; t++)
                     for (int64_t j = 0; j < n->heads; j++) {
                         sim_kv_coord_t c = {room, l, kv, edge_global_head(n, j), t};

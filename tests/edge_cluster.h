@@ -75,6 +75,7 @@ typedef struct edge_node {
     kvs_prefill_t *pre;
     sim_driver_t drv;                /* steps the rank as an event loop would */
     int64_t page_size, heads, layers, elem_bytes;
+    bool mla;                        /* opts.mla: one plane, its one head global 0 */
     uint64_t pool_addr, layer_bytes, pool_bytes;
     uint8_t *pool_host;
     uint64_t k_base[EDGE_MAX_LAYERS], v_base[EDGE_MAX_LAYERS];
@@ -111,6 +112,10 @@ typedef struct edge_opts {
     uint32_t odd_app_tag;            /* their kvs_manager_config_t.app_tag (others 0) */
     bool odd_mla;                    /* kv_kind MLA: one latent buffer per layer of
                                         head_dim elements, one head */
+    bool mla;                        /* every rank kv_kind MLA (a latent buffer of
+                                        head_dim elements per layer, one head, the
+                                        same on every TP rank): what moves and is
+                                        checked is that one plane */
     bool odd_scales;                 /* kv_scales per-token (dtype must be fp8):
                                         a scale buffer beside each K and V */
     uint32_t max_aux_bytes;          /* of every rank */

@@ -335,9 +335,11 @@ static void test_prefill_direct_hostile_direct_room_pages_overflow(void **state)
 /* A cluster whose instance 1 is TP ptp x CP cp, staging off, path `path`
  * (auto: direct with equal TP, slice otherwise), into decode TP dtp; the
  * default instance (unused) pairs with the decode on the same path. */
-static edge_cluster_t *cp_direct_cluster(kvs_path_t path, int64_t ptp, int64_t dtp, int64_t cp)
+static edge_cluster_t *cp_direct_cluster(kvs_path_t path, int64_t ptp, int64_t dtp, int64_t cp,
+                                         bool mla)
 {
     edge_opts_t o = edge_defaults();
+    o.mla = mla;
     o.staging = false;
     o.path = path;
     o.prefill_tp = path == KVS_PATH_DIRECT ? dtp : 1;
@@ -359,18 +361,18 @@ static edge_cluster_t *cp_direct_cluster(kvs_path_t path, int64_t ptp, int64_t d
  * only (the rest zero), so a rank that wrote another range, or read its
  * rows from the wrong place, leaves wrong bytes; every byte of every
  * decode rank is checked, and the bytes each decode counts. */
-static void cp_direct_case(kvs_path_t path, int64_t ptp, int64_t dtp, int64_t cp, int64_t base,
-                           int64_t total)
+static void cp_direct_case_of(kvs_path_t path, int64_t ptp, int64_t dtp, int64_t cp,
+                              int64_t base, int64_t total, bool mla)
 {
-    edge_cluster_t *cl = cp_direct_cluster(path, ptp, dtp, cp);
+    edge_cluster_t *cl = cp_direct_cluster(path, ptp, dtp, cp, mla);
     const uint64_t room = 5;
     const char aux[] = "cp-aux";
     edge_cp_transfer(cl, 1, room, base, total, aux, sizeof aux);
     char what[96];
-    snprintf(what, sizeof what, "%s P%lld CP%lld -> D%lld",
+    snprintf(what, sizeof what, "%s%s P%lld CP%lld -> D%lld",
              kvs_manager_path(edge_group_node(cl, 1, 0, 0)->m) == KVS_PATH_DIRECT ? "direct"
                                                                                 : "slice",
-             (long long)ptp, (long long)cp, (long long)dtp);
+             mla ? " MLA" : "", (long long)ptp, (long long)cp, (long long)dtp);
     edge_cp_expect_ok(cl, 1, room, base, total, aux, sizeof aux, what);
     /* the CP ranks wrote their ranges once: the bytes posted add up to the
      * room's (each decode rank's heads once per token and layer) */
@@ -386,6 +388,12 @@ static void cp_direct_case(kvs_path_t path, int64_t ptp, int64_t dtp, int64_t cp
     edge_destroy(cl);
 }
 
+static void cp_direct_case(kvs_path_t path, int64_t ptp, int64_t dtp, int64_t cp, int64_t base,
+                           int64_t total)
+{
+    cp_direct_case_of(path, ptp, dtp, cp, base, total, false);
+}
+
 static void test_prefill_direct_cp_every_byte(void **state)
 {
     (void)state;
@@ -398,6 +406,10 @@ static void test_prefill_direct_cp_every_byte(void **state)
     cp_direct_case(KVS_PATH_AUTO, 4, 2, 2, 16, 40);   /* slice with a prefix */
     cp_direct_case(KVS_PATH_AUTO, 1, 1, 4, 0, 10);    /* [0,4) [4,8) [8,10), rank 3 nothing */
     cp_direct_case(KVS_PATH_AUTO, 1, 1, 4, 0, 3);     /* ranks 1 to 3 nothing */
+    /* MLA: each decode rank's latent from one source per CP rank, the
+     * others silent (they only report) */
+    cp_direct_case_of(KVS_PATH_DIRECT, 2, 2, 2, 0, 40, true);
+    cp_direct_case_of(KVS_PATH_SLICE, 4, 2, 2, 16, 40, true);
 }
 
 /* The decode counts a CP room done only once every CP rank reported: one
@@ -407,7 +419,7 @@ static void test_prefill_direct_cp_waits_for_every_rank(void **state)
 {
     (void)state;
     for (int64_t last = 1; last <= 3; last += 2) { /* CP rank 1 holds [4,8), 3 nothing */
-        edge_cluster_t *cl = cp_direct_cluster(KVS_PATH_AUTO, 1, 1, 4);
+        edge_cluster_t *cl = cp_direct_cluster(KVS_PATH_AUTO, 1, 1, 4, false);
         const uint64_t room = 6;
         const int64_t total = 10;
         edge_open_group(cl, 1, 0, room, 0, total);

@@ -724,10 +724,11 @@ static void test_prefill_staging_write_pieces_refused(void **state)
  * and the last CP rank of a short prompt holds nothing. Every prefill
  * rank gives the room's aux payload, as the API asks: each decode rank
  * must hear it once, from CP rank 0. */
-static void cp_staging_case(int64_t ptp, int64_t dtp, int64_t cp, int64_t base, int64_t total,
-                            uint64_t ring_bytes)
+static void cp_staging_case_of(int64_t ptp, int64_t dtp, int64_t cp, int64_t base,
+                               int64_t total, uint64_t ring_bytes, bool mla)
 {
     edge_opts_t o = edge_defaults();
+    o.mla = mla;
     if (ring_bytes > 0)
         o.ring_bytes = ring_bytes;
     o.prefill_tp = 1; /* the default instance, unused here */
@@ -742,11 +743,17 @@ static void cp_staging_case(int64_t ptp, int64_t dtp, int64_t cp, int64_t base, 
     const char aux[] = "cp-aux";
     edge_cp_transfer(cl, 1, room, base, total, aux, sizeof aux);
     char what[64];
-    snprintf(what, sizeof what, "staging P%lld CP%lld -> D%lld", (long long)ptp, (long long)cp,
-             (long long)dtp);
+    snprintf(what, sizeof what, "staging%s P%lld CP%lld -> D%lld", mla ? " MLA" : "",
+             (long long)ptp, (long long)cp, (long long)dtp);
     edge_cp_expect_ok(cl, 1, room, base, total, aux, sizeof aux, what);
     edge_expect_ring_empty(cl);
     edge_destroy(cl);
+}
+
+static void cp_staging_case(int64_t ptp, int64_t dtp, int64_t cp, int64_t base, int64_t total,
+                            uint64_t ring_bytes)
+{
+    cp_staging_case_of(ptp, dtp, cp, base, total, ring_bytes, false);
 }
 
 static void test_prefill_staging_cp_staging_every_byte(void **state)
@@ -762,6 +769,12 @@ static void test_prefill_staging_cp_staging_every_byte(void **state)
      * first, and every region is reused; no wait may form a cycle. */
     cp_staging_case(2, 1, 2, 0, 72, 16u << 10);
     cp_staging_case(2, 1, 2, 0, 72, 8u << 10);
+    /* MLA (docs/kinds/mla.md): one writer per decode rank, the latent
+     * source of that rank in each CP rank's TP group; the other sources
+     * only report. */
+    cp_staging_case_of(4, 2, 2, 0, 40, 0, true);
+    cp_staging_case_of(4, 2, 2, 16, 72, 0, true);
+    cp_staging_case_of(2, 1, 4, 0, 10, 0, true); /* CP rank 3 nothing */
 }
 
 int main(void)
