@@ -1065,10 +1065,13 @@ static void kvs__on_report(kvs_decode_t *d, kvs__peer_t *p, const kvs_msg_status
     else
         kvs__room_fail(&d->h, &r->base, status, NULL);
     int64_t first_layer = 0, layers = 0; /* the layers this writer's stage wrote */
-    if (inst->path != KVS_PATH_STAGING && status == KVS_OK && !p->silent &&
+    int64_t cs = r->base_tokens, ce = r->total; /* ... of the tokens of its CP rank */
+    (void)kvs_layout_cp_range(&inst->lay, r->total, p->cp_rank, &cs, &ce);
+    const int64_t tokens = ce - (cs > r->base_tokens ? cs : r->base_tokens);
+    if (inst->path != KVS_PATH_STAGING && status == KVS_OK && !p->silent && tokens > 0 &&
         kvs_layout_stage_layers(&inst->lay, KVS_ROLE_PREFILL, p->pp_rank, &first_layer,
                                 &layers) == KVS_OK)
-        r->base.bytes += (uint64_t)(r->total - r->base_tokens) *
+        r->base.bytes += (uint64_t)tokens *
                          (uint64_t)d->h.m->kv.local_heads *
                          (uint64_t)(inst->lay.head_dim * inst->lay.elem_bytes +
                                     inst->lay.scale_bytes) * (uint64_t)layers *

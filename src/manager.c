@@ -111,25 +111,15 @@ static int kvs__check_config(const kvs_manager_config_t *c, const kvs_device_t *
                          "%lld) on a prefill rank and be 0 on a decode rank",
                          (long long)c->cp_rank,
                          (long long)(c->context_parallel > 0 ? c->context_parallel : 1));
-    /* Spec §8 refuses prefill CP with staging; here the staging path moves
-     * it (docs/kinds/context-parallel.md) and the direct and slice paths do
-     * not yet (a CP rank there would write its own range as if it were the
-     * whole request): refused unless staging is on (the pair's path is
-     * checked again once resolved, kvs__manager_pair). A decode pairs with
-     * CP ranks of a declared instance only: kvs_decode_connect has no CP
-     * rank to name. */
+    /* Spec §8 refuses prefill CP with staging; here every path moves it,
+     * each CP rank writing its own token range
+     * (docs/kinds/context-parallel.md). A decode pairs with CP ranks of a
+     * declared instance only: kvs_decode_connect has no CP rank to name. */
     if (c->context_parallel > 1 && c->role == KVS_ROLE_DECODE)
         return KVS__FAIL(err, KVS_ECONTEXT_PARALLEL, "context_parallel %lld on a decode rank: "
                          "declare the prefill instance with kvs_decode_add_instance and its "
                          "cp_size instead (the default instance has no CP ranks to connect); "
                          "set context_parallel to 1", (long long)c->context_parallel);
-    if (c->context_parallel > 1 &&
-        (!c->staging || c->path == KVS_PATH_DIRECT || c->path == KVS_PATH_SLICE))
-        return KVS__FAIL(err, KVS_ECONTEXT_PARALLEL, "prefill context parallelism %lld moves "
-                         "on the staging path only (the direct and slice paths do not move "
-                         "it yet: docs/kinds/context-parallel.md); turn staging on with path "
-                         "auto or staging, or set context_parallel to 1",
-                         (long long)c->context_parallel);
     if (!c->staging)
         return KVS_OK;
     /* Staging-only guards of spec §8. (MLA, refused here once, is moved:
@@ -671,12 +661,6 @@ int kvs__manager_pair(kvs_manager_t *m, int64_t peer_tp, int64_t peer_pp, int64_
     if (want != KVS_PATH_STAGING && want != KVS_PATH_DIRECT && want != KVS_PATH_SLICE)
         return KVS__MFAIL(m, KVS_EINVAL, "path %d unknown: use auto, staging, direct or "
                           "slice", (int)want);
-    if (want != KVS_PATH_STAGING && lay->prefill_cp > 1)
-        return KVS__MFAIL(m, KVS_ECONTEXT_PARALLEL, "prefill context parallelism %lld moves on "
-                          "the staging path only and this pair takes the %s path (equal TP "
-                          "%lld): set path to staging", (long long)lay->prefill_cp,
-                          want == KVS_PATH_DIRECT ? "direct" : "slice",
-                          (long long)lay->prefill_tp);
     if (want == KVS_PATH_STAGING && lay->prefill_pp > 1 &&
         !kvs__net_has(m->fab, KVS_FABRIC_CAP_PER_LAYER_WRITES))
         return KVS__MFAIL(m, KVS_EPP_WRITES, "prefill PP %lld needs per-layer writes "

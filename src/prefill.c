@@ -145,11 +145,12 @@ static int64_t kvs__flow_busy(const kvs__pflow_t *fl)
 
 /* Whether this rank is the one that gives flow f's decode rank the room's aux
  * payload: the decode hears it from its peer 0, the writer 0 of the first
- * prefill stage that writes to it (instance.c). */
+ * prefill stage that writes to it, of CP rank 0 (instance.c). */
 static bool kvs__flow_carries_aux(const kvs_prefill_t *p, const kvs__proom_t *r, int64_t f)
 {
     const kvs__inst_t *inst = r->base.inst;
-    return inst->peers[f].tgt.writer == 0 && (inst->lay.decode_pp > 1 || p->h.pp_rank == 0);
+    return inst->peers[f].tgt.writer == 0 && (inst->lay.decode_pp > 1 || p->h.pp_rank == 0) &&
+           p->h.m->cfg.cp_rank == 0;
 }
 
 static void kvs__report(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int status)
@@ -652,7 +653,13 @@ static void kvs__on_room(kvs_prefill_t *p, kvs__peer_t *peer, const kvs_msg_room
     fl->base = q->base_tokens;
     fl->total = q->total_tokens;
     fl->num_dpages = q->num_pages;
-    fl->cur_t = q->base_tokens;
+    /* This CP rank's tokens of the room past the prefix (every token with
+     * CP 1): the direct and slice paths write those only. */
+    int64_t cs = q->base_tokens, ce = q->total_tokens;
+    (void)kvs_layout_cp_range(&peer->inst->lay, q->total_tokens, p->h.m->cfg.cp_rank, &cs, &ce);
+    fl->tok_start = cs > q->base_tokens ? cs : q->base_tokens;
+    fl->tok_end = ce > fl->tok_start ? ce : fl->tok_start;
+    fl->cur_t = fl->tok_start;
     kvs__room_touch(&p->h, &r->base);
     if (peer->inst->path != KVS_PATH_STAGING && q->num_pages > 0) {
         fl->dpages = kvs__blocks_get(&p->h.blocks, (size_t)q->num_pages * sizeof *fl->dpages);
@@ -745,7 +752,7 @@ static kvs_room_state_t kvs__room_state(const kvs__handler_t *h, const kvs__room
         const kvs__pflow_t *fl = &r->flows[f];
         if (!fl->known || !room->inst->peers[f].ready)
             return KVS_ROOM_BOOTSTRAPPING;
-        moving = moving || fl->writes_pending > 0 || fl->chunks_done > 0 || fl->cur_t > fl->base;
+        moving = moving || fl->writes_pending > 0 || fl->chunks_done > 0 || fl->cur_t > fl->tok_start;
         for (int64_t c = 0; c < fl->num_chunks; c++)
             moving = moving || fl->chunks[c].state >= KVS__PCH_GATHER;
     }

@@ -48,6 +48,10 @@ typedef struct kvs__pflow {
     int64_t *dpages, num_dpages, dpages_got;
     int64_t num_chunks, chunks_done;
     kvs__pchunk_t *chunks;
+    /* direct/slice: the tokens this rank writes, [tok_start, tok_end):
+     * its CP rank's range past the cached prefix (all of [base, total)
+     * with CP 1; empty for a range inside the prefix or past the prompt) */
+    int64_t tok_start, tok_end;
     /* direct/slice cursor: token, layer, K/V */
     int64_t cur_t, cur_l, run_tokens;
     int cur_kv;

@@ -8,6 +8,15 @@
  * follow its K and V rows, one write per scale buffer (the slice path, the baseline that
  * staging is measured against), at most max_inflight_writes in flight.
  *
+ * With prefill context parallelism (docs/kinds/context-parallel.md) a CP
+ * rank writes the tokens of its own range only (kvs_layout_cp_range, past
+ * the cached prefix: the flow's [tok_start, tok_end)), read from its pages
+ * as the staging gather reads them (the page list is by the request's
+ * token, and a range starts a page on both sides); the decode's pages are
+ * addressed by absolute token as without CP. A CP rank whose range is
+ * empty writes nothing and reports once the prompt is computed: the decode
+ * counts every CP rank's report before the room is done.
+ *
  * The cursor of a flow (token, layer, K/V) only moves forward; a write the
  * fabric refuses for now is posted again from the same place by a later
  * progress call.
@@ -89,20 +98,20 @@ static kvs__direct_buf_t kvs__direct_buf(const kvs_prefill_t *p, const kvs_layer
 }
 
 /* The end of the longest token run from `tok` that is contiguous in both
- * pools: it stops at total, or at a page boundary of either side where the
+ * pools: it stops at `end` (the last token this rank writes + 1), or at a page boundary of either side where the
  * next page is not the one after (prefill pages of ps tokens from token 0,
  * decode pages of dps tokens from base). With one page size this is the
  * longest run of pages consecutive on both sides. */
 static int64_t kvs__direct_run(const int64_t *pages, int64_t ps, const int64_t *dpages,
-                               int64_t dps, int64_t base, int64_t tok, int64_t total)
+                               int64_t dps, int64_t base, int64_t tok, int64_t last)
 {
     int64_t end = tok;
     for (;;) {
         const int64_t pend = (end / ps + 1) * ps;
         const int64_t dend = base + ((end - base) / dps + 1) * dps;
-        end = kvs__min_i64(kvs__min_i64(pend, dend), total);
-        if (end >= total)
-            return total;
+        end = kvs__min_i64(kvs__min_i64(pend, dend), last);
+        if (end >= last)
+            return last;
         if (end % ps == 0 && pages[end / ps] != pages[end / ps - 1] + 1)
             return end;
         const int64_t d = end - base;
@@ -126,7 +135,8 @@ void kvs__direct_advance(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
     const int64_t hb = lay->head_dim * lay->elem_bytes;
     const int64_t nh = t->heads.num_heads;
     const bool sliced = nh != m->kv.local_heads || nh != t->local_heads;
-    while (r->base.status == KVS_OK && fl->cur_t < fl->total) {
+    /* Only this CP rank's tokens (all of them with CP 1). */
+    while (r->base.status == KVS_OK && fl->cur_t < fl->tok_end) {
         const int64_t tok = fl->cur_t;
         const int64_t pi = tok / ps, slot = tok % ps;
         const int64_t di = (tok - fl->base) / dps, dslot = (tok - fl->base) % dps;
@@ -135,7 +145,7 @@ void kvs__direct_advance(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
                 fl->run_tokens = 1;
             } else {
                 fl->run_tokens = kvs__direct_run(r->pages, ps, fl->dpages, dps, fl->base, tok,
-                                                 fl->total) - tok;
+                                                 fl->tok_end) - tok;
                 /* no longer than one write of the fabric takes (a token's
                  * row fits one: checked when the pair was planned) */
                 const uint64_t most = kvs__net_max_write_bytes(p->h.fab) / (uint64_t)(nh * hb);
@@ -171,5 +181,5 @@ void kvs__direct_advance(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
             }
         }
     }
-    fl->posted_all = fl->cur_t >= fl->total || r->base.status != KVS_OK;
+    fl->posted_all = fl->cur_t >= fl->tok_end || r->base.status != KVS_OK;
 }

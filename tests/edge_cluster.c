@@ -220,7 +220,8 @@ static int edge_node_setup(edge_cluster_t *cl, edge_node_t *n, kvs_role_t role, 
     const kvs_dtype_t dtype = odd && o->odd_dtype_set ? o->odd_dtype : o->dtype;
     n->elem_bytes = kvs_dtype_bytes(dtype);
     const int64_t tp_size = decode ? o->decode_tp : edge_inst_tp(cl, inst);
-    n->heads = odd && o->odd_mla ? 1 : o->heads >= tp_size ? o->heads / tp_size : 1;
+    n->mla = o->mla;
+    n->heads = (odd && o->odd_mla) || o->mla ? 1 : o->heads >= tp_size ? o->heads / tp_size : 1;
     n->layers = odd && o->odd_pp > 0 ? o->layers / o->odd_pp : o->layers;
     assert_true(n->layers <= EDGE_MAX_LAYERS);
 
@@ -271,7 +272,7 @@ int edge_node_manager(edge_cluster_t *cl, edge_node_t *n, uint64_t session)
     const int64_t tp = n->tp, tp_size = decode ? o->decode_tp : edge_inst_tp(cl, n->inst);
     const kvs_role_t role = n->role;
     const bool staging = o->staging && !(odd && o->odd_slice);
-    const bool mla = odd && o->odd_mla, scales = odd && o->odd_scales;
+    const bool mla = (odd && o->odd_mla) || o->mla, scales = odd && o->odd_scales;
     kvs_manager_config_t mc = {
         .kv_scales = scales ? KVS_KV_SCALES_PER_TOKEN : KVS_KV_SCALES_NONE,
         .role = role, .staging = staging, .total_heads = mla ? 0 : o->heads,
@@ -490,8 +491,12 @@ int64_t edge_page(uint64_t room, int64_t i, bool decode)
 
 static int64_t edge_pages(int64_t tokens, int64_t ps) { return (tokens + ps - 1) / ps; }
 
-/* Global head of local head j of a rank (heads are not replicated here). */
-static int64_t edge_global_head(const edge_node_t *n, int64_t j) { return n->tp * n->heads + j; }
+/* Global head of local head j of a rank (heads are not replicated here;
+ * an MLA latent is one head, the same on every TP rank). */
+static int64_t edge_global_head(const edge_node_t *n, int64_t j)
+{
+    return n->mla ? 0 : n->tp * n->heads + j;
+}
 
 static uint8_t *edge_slot(const edge_node_t *n, int64_t layer, int kv, int64_t page,
                           int64_t slot, int64_t head)
@@ -508,7 +513,7 @@ void edge_fill_range(edge_node_t *n, uint64_t room, int64_t start, int64_t end)
 {
     const size_t hb = (size_t)(n->cl->o.head_dim * n->elem_bytes);
     for (int64_t l = 0; l < n->layers; l++)
-        for (int kv = 0; kv < 2; kv++)
+        for (int kv = 0; kv < (n->mla ? 1 : 2); kv++)
             for (int64_t t = start; t < end; t++)
                 for (int64_t j = 0; j < n->heads; j++) {
                     sim_kv_coord_t c = {room, l, kv, edge_global_head(n, j), t};
@@ -525,7 +530,7 @@ uint64_t edge_corrupt(edge_cluster_t *cl, uint64_t room, int64_t base, int64_t t
         edge_node_t *n = edge_decode(cl, d);
         const size_t hb = (size_t)(cl->o.head_dim * n->elem_bytes);
         for (int64_t l = 0; l < n->layers; l++)
-            for (int kv = 0; kv < 2; kv++)
+            for (int kv = 0; kv < (n->mla ? 1 : 2); kv++)
                 for (int64_t t = base; t < total; t++)
                     for (int64_t j = 0; j < n->heads; j++) {
                         sim_kv_coord_t c = {room, l, kv, edge_global_head(n, j), t};
@@ -762,6 +767,60 @@ void edge_expect_inst_ok(edge_cluster_t *cl, int inst, uint64_t room, int64_t ba
     if (bad != 0)
         EDGE_FAIL("room %llu of instance %d: %llu corrupt bytes", (unsigned long long)room,
                   inst, (unsigned long long)bad);
+}
+
+void edge_cp_transfer(edge_cluster_t *cl, int inst, uint64_t room, int64_t base,
+                      int64_t total, const void *aux, uint32_t aux_bytes)
+{
+    edge_open_group(cl, inst, 0, room, base, total); /* fills whole requests: redone below */
+    for (int64_t c = 0; c < edge_inst_cp(cl, inst); c++)
+        for (int64_t t = 0; t < edge_inst_tp(cl, inst); t++) {
+            edge_node_t *n = edge_group_node(cl, inst, (int)c, t);
+            if (c > 0) { /* edge_open_group opened group 0 only */
+                int64_t pages[EDGE_ROOM_SLOT_PAGES];
+                const int64_t np = edge_pages(total, n->page_size);
+                for (int64_t k = 0; k < np; k++)
+                    pages[k] = edge_page(room, k, false);
+                assert_int_equal(kvs_prefill_room_open(n->pre, room, total, pages, np), KVS_OK);
+            }
+            memset(n->pool_host, 0, n->pool_bytes);
+            int64_t cs, ce;
+            assert_int_equal(kvs_layout_cp_range(kvs_manager_layout(n->m), total, c, &cs, &ce),
+                             KVS_OK);
+            edge_fill_range(n, room, cs, ce);
+            if (aux_bytes > 0 && kvs_prefill_room_set_aux(n->pre, room, aux, aux_bytes) != KVS_OK)
+                EDGE_FAIL("%s: set_aux %llu: %s", n->name, (unsigned long long)room,
+                          kvs_manager_last_error(n->m)->msg);
+            assert_int_equal(kvs_prefill_room_computed(n->pre, room, total, true), KVS_OK);
+            edge_wake(n);
+        }
+    edge_run(cl);
+}
+
+void edge_cp_expect_ok(edge_cluster_t *cl, int inst, uint64_t room, int64_t base,
+                       int64_t total, const void *aux, uint32_t aux_bytes, const char *what)
+{
+    for (int d = 0; d < cl->ndecode; d++) {
+        edge_node_t *n = edge_decode(cl, d);
+        const kvs_room_result_t *r = edge_expect(n, room, KVS_OK);
+        const uint8_t *got = n->res_aux[r - n->res]; /* the copy edge_on_result kept */
+        if (r->aux_bytes != aux_bytes || (aux_bytes > 0 && memcmp(got, aux, aux_bytes) != 0))
+            EDGE_FAIL("%s: %s got %u aux bytes, not the %u every prefill rank gave", what,
+                      n->name, r->aux_bytes, aux_bytes);
+        const kvs_layout_t *lay = kvs_manager_layout(n->m);
+        const uint64_t want = (uint64_t)((total - base) * n->heads * cl->o.head_dim *
+                                         n->elem_bytes * n->layers * lay->planes);
+        if (r->bytes != want)
+            EDGE_FAIL("%s: %s counted %llu bytes received, not %llu", what, n->name,
+                      (unsigned long long)r->bytes, (unsigned long long)want);
+    }
+    for (int64_t c = 0; c < edge_inst_cp(cl, inst); c++)
+        for (int64_t t = 0; t < edge_inst_tp(cl, inst); t++)
+            edge_expect(edge_group_node(cl, inst, (int)c, t), room, KVS_OK);
+    const uint64_t bad = edge_corrupt(cl, room, base, total);
+    if (bad != 0)
+        EDGE_FAIL("%s, tokens [%lld, %lld): %llu corrupt bytes on the decode side", what,
+                  (long long)base, (long long)total, (unsigned long long)bad);
 }
 
 edge_opts_t edge_two_instances(void)

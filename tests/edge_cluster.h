@@ -75,6 +75,7 @@ typedef struct edge_node {
     kvs_prefill_t *pre;
     sim_driver_t drv;                /* steps the rank as an event loop would */
     int64_t page_size, heads, layers, elem_bytes;
+    bool mla;                        /* opts.mla: one plane, its one head global 0 */
     uint64_t pool_addr, layer_bytes, pool_bytes;
     uint8_t *pool_host;
     uint64_t k_base[EDGE_MAX_LAYERS], v_base[EDGE_MAX_LAYERS];
@@ -111,6 +112,10 @@ typedef struct edge_opts {
     uint32_t odd_app_tag;            /* their kvs_manager_config_t.app_tag (others 0) */
     bool odd_mla;                    /* kv_kind MLA: one latent buffer per layer of
                                         head_dim elements, one head */
+    bool mla;                        /* every rank kv_kind MLA (a latent buffer of
+                                        head_dim elements per layer, one head, the
+                                        same on every TP rank): what moves and is
+                                        checked is that one plane */
     bool odd_scales;                 /* kv_scales per-token (dtype must be fp8):
                                         a scale buffer beside each K and V */
     uint32_t max_aux_bytes;          /* of every rank */
@@ -296,6 +301,20 @@ void edge_expect_inst(edge_cluster_t *cl, int inst, uint64_t room, int status);
  * of [base, total) arrived. */
 void edge_expect_inst_ok(edge_cluster_t *cl, int inst, uint64_t room, int64_t base,
                                 int64_t total);
+
+/* Prefill context parallelism (inst_cp): opens a room of tokens [base,
+ * total) paired with instance inst on every decode rank and on every CP
+ * rank of the instance, each CP rank's pool holding its own range's tokens
+ * only (kvs_layout_cp_range; the rest of its pool zero), gives aux (unless
+ * aux_bytes is 0) on every prefill rank, computes it (final) and runs. */
+void edge_cp_transfer(edge_cluster_t *cl, int inst, uint64_t room, int64_t base,
+                      int64_t total, const void *aux, uint32_t aux_bytes);
+/* After edge_cp_transfer: every decode rank and every CP rank reported the
+ * room OK, each decode rank got the aux payload and counted the bytes of
+ * [base, total) once, and every byte of [base, total) on every decode rank
+ * is right. `what` names the case in failures. */
+void edge_cp_expect_ok(edge_cluster_t *cl, int inst, uint64_t room, int64_t base,
+                       int64_t total, const void *aux, uint32_t aux_bytes, const char *what);
 
 /* Opts of the default cluster plus a second prefill instance of TP 4. */
 edge_opts_t edge_two_instances(void);

@@ -175,8 +175,9 @@ static void test_instance_api_errors(void **state)
 /* A prefill rank that accepts a decode's registration but is another CP
  * rank (or of another CP size) than the address the decode used stands
  * for would write other tokens' rows: the decode takes it as a refusal,
- * naming both CP ranks; an instance declared with CP ranks is refused by
- * name, since the handlers do not move prefill CP yet. */
+ * naming both CP ranks. An instance of CP ranks that pairs on the direct
+ * path is declared (its CP ranks each write their own range:
+ * test_prefill_direct_cp_every_byte), and a CP size below 0 is refused. */
 static void test_instance_cp_rank_misaddressed(void **state)
 {
     (void)state;
@@ -185,14 +186,10 @@ static void test_instance_cp_rank_misaddressed(void **state)
     edge_cluster_t *cl = edge_create(&o);
     edge_node_t *d = edge_decode(cl, 0);
     const char *addrs[2] = {"p0", "p1"};
-    /* TP 1 x CP 2 into this TP 1 decode: the direct path, which does not
-     * move CP */
+    /* TP 1 x CP 2 into this TP 1 decode: the direct path, which moves CP */
     const kvs_instance_desc_t cp2 = {.id = 3, .tp_size = 1, .addrs = addrs, .cp_size = 2};
-    assert_int_equal(kvs_decode_add_instance(d->dec, &cp2), KVS_ECONTEXT_PARALLEL);
-    assert_non_null(strstr(kvs_manager_last_error(d->m)->msg,
-                           "moves on the staging path only and this pair takes the direct "
-                           "path"));
-    const kvs_instance_desc_t bad = {.id = 3, .tp_size = 2, .addrs = addrs, .cp_size = -1};
+    assert_int_equal(kvs_decode_add_instance(d->dec, &cp2), KVS_OK);
+    const kvs_instance_desc_t bad = {.id = 4, .tp_size = 2, .addrs = addrs, .cp_size = -1};
     assert_int_equal(kvs_decode_add_instance(d->dec, &bad), KVS_EINVAL);
     assert_non_null(strstr(kvs_manager_last_error(d->m)->msg, "cp_size >= 0"));
 
@@ -217,9 +214,9 @@ static void test_instance_cp_rank_misaddressed(void **state)
     edge_destroy(cl);
 }
 
-/* The decode's plan of a prefill instance with CP ranks (the piece the
- * staging path builds on; kvs_decode_add_instance still refuses cp_size >
- * 1): one peer per (CP rank, TP source, stage), CP rank c's source j of
+/* The decode's plan of a prefill instance with CP ranks (the piece every
+ * path builds on; kvs_decode_add_instance with cp_size > 1 makes it): one
+ * peer per (CP rank, TP source, stage), CP rank c's source j of
  * stage s at (c * tp_sources + j) * stages + s, each named from its CP
  * rank's group of addresses and carrying its cp_rank (kvs__on_ack compares
  * it); the layout's prefill_cp is the instance's. An index that ignored

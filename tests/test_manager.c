@@ -274,9 +274,9 @@ static void test_manager_config_guards(void **state)
          "chunk_tokens 8192 (the default) must be a multiple of the peer's page size 24"},
         {"peer pages of 64", prefill_cfg(), 0, KVS_OK, NULL},
         {"peer pages of 24, no staging: not checked", decode_cfg(), 0, KVS_OK, NULL},
-        /* Prefill CP moves on the staging path only. */
-        {"context parallel, no staging", prefill_cfg(), 0, KVS_ECONTEXT_PARALLEL,
-         "context parallelism 3 moves on the staging path only"},
+        /* Prefill CP moves on every path: staging off, a CP rank takes the
+         * slice (or direct) path. */
+        {"context parallel, no staging", prefill_cfg(), 0, KVS_OK, NULL},
         /* A prefill rank's CP rank lies in its CP size; a decode has none. */
         {"cp rank past the CP size", prefill_cfg(), 0, KVS_EINVAL,
          "cp_rank 1 must lie in [0, context_parallel 1)"},

@@ -4,7 +4,9 @@
  * path (no byte lands in the decode's KV pool after it ended the room), and
  * the decode's LAYERS, PAGES, ROOM and REGISTER fields the direct path
  * trusts, each out of range in turn (counted and dropped, the room failed
- * before any write, or the registration refused).
+ * before any write, or the registration refused); and prefill context
+ * parallelism on both paths, every byte (each CP rank writes its own range;
+ * the decode waits for every CP rank, an empty range's too).
  *
  * Each test asserts the exact outcome on the tiny simulated cluster of
  * edge_cluster.h (real core, simulated GPUs and NICs, driven step by step):
@@ -328,6 +330,134 @@ static void test_prefill_direct_hostile_direct_room_pages_overflow(void **state)
     edge_destroy(cl);
 }
 
+/* ---- prefill context parallelism on the direct and slice paths --------------- */
+
+/* A cluster whose instance 1 is TP ptp x CP cp, staging off, path `path`
+ * (auto: direct with equal TP, slice otherwise), into decode TP dtp; the
+ * default instance (unused) pairs with the decode on the same path. */
+static edge_cluster_t *cp_direct_cluster(kvs_path_t path, int64_t ptp, int64_t dtp, int64_t cp,
+                                         bool mla)
+{
+    edge_opts_t o = edge_defaults();
+    o.mla = mla;
+    o.staging = false;
+    o.path = path;
+    o.prefill_tp = path == KVS_PATH_DIRECT ? dtp : 1;
+    o.decode_tp = dtp;
+    o.instances = 2;
+    o.inst_tp[1] = ptp;
+    o.inst_cp[1] = cp;
+    o.max_aux_bytes = 64;
+    edge_cluster_t *cl = edge_create(&o);
+    const kvs_path_t want = ptp == dtp && path != KVS_PATH_SLICE ? KVS_PATH_DIRECT
+                                                                 : KVS_PATH_SLICE;
+    for (int64_t t = 0; t < ptp; t++)
+        assert_int_equal(kvs_manager_path(edge_group_node(cl, 1, 0, t)->m), want);
+    return cl;
+}
+
+/* Every CP rank writes its own range's tokens straight into the decode's
+ * pages, read from its own pages; each CP rank's pool holds its range
+ * only (the rest zero), so a rank that wrote another range, or read its
+ * rows from the wrong place, leaves wrong bytes; every byte of every
+ * decode rank is checked, and the bytes each decode counts. */
+static void cp_direct_case_of(kvs_path_t path, int64_t ptp, int64_t dtp, int64_t cp,
+                              int64_t base, int64_t total, bool mla)
+{
+    edge_cluster_t *cl = cp_direct_cluster(path, ptp, dtp, cp, mla);
+    const uint64_t room = 5;
+    const char aux[] = "cp-aux";
+    edge_cp_transfer(cl, 1, room, base, total, aux, sizeof aux);
+    char what[96];
+    snprintf(what, sizeof what, "%s%s P%lld CP%lld -> D%lld",
+             kvs_manager_path(edge_group_node(cl, 1, 0, 0)->m) == KVS_PATH_DIRECT ? "direct"
+                                                                                : "slice",
+             mla ? " MLA" : "", (long long)ptp, (long long)cp, (long long)dtp);
+    edge_cp_expect_ok(cl, 1, room, base, total, aux, sizeof aux, what);
+    /* the CP ranks wrote their ranges once: the bytes posted add up to the
+     * room's (each decode rank's heads once per token and layer) */
+    uint64_t posted = 0, want = 0;
+    for (int64_t c = 0; c < cp; c++)
+        for (int64_t t = 0; t < ptp; t++)
+            posted += edge_result(edge_group_node(cl, 1, (int)c, t), room)->bytes;
+    for (int d = 0; d < cl->ndecode; d++)
+        want += edge_result(edge_decode(cl, d), room)->bytes;
+    if (posted != want)
+        EDGE_FAIL("%s: the CP ranks wrote %llu bytes, the decode ranks hold %llu", what,
+                  (unsigned long long)posted, (unsigned long long)want);
+    edge_destroy(cl);
+}
+
+static void cp_direct_case(kvs_path_t path, int64_t ptp, int64_t dtp, int64_t cp, int64_t base,
+                           int64_t total)
+{
+    cp_direct_case_of(path, ptp, dtp, cp, base, total, false);
+}
+
+static void test_prefill_direct_cp_every_byte(void **state)
+{
+    (void)state;
+    cp_direct_case(KVS_PATH_DIRECT, 2, 2, 2, 0, 40);  /* ranges [0,20) [20,40) */
+    cp_direct_case(KVS_PATH_DIRECT, 2, 2, 2, 0, 72);  /* [0,36) [36,72) */
+    cp_direct_case(KVS_PATH_SLICE, 4, 2, 2, 0, 40);   /* heads sliced, a write a token */
+    cp_direct_case(KVS_PATH_SLICE, 2, 1, 2, 0, 72);
+    cp_direct_case(KVS_PATH_AUTO, 2, 2, 2, 16, 40);   /* a prefix: CP rank 0 writes [16,20) */
+    cp_direct_case(KVS_PATH_AUTO, 2, 2, 2, 24, 40);   /* CP rank 0's range all cached */
+    cp_direct_case(KVS_PATH_AUTO, 4, 2, 2, 16, 40);   /* slice with a prefix */
+    cp_direct_case(KVS_PATH_AUTO, 1, 1, 4, 0, 10);    /* [0,4) [4,8) [8,10), rank 3 nothing */
+    cp_direct_case(KVS_PATH_AUTO, 1, 1, 4, 0, 3);     /* ranks 1 to 3 nothing */
+    /* MLA: each decode rank's latent from one source per CP rank, the
+     * others silent (they only report) */
+    cp_direct_case_of(KVS_PATH_DIRECT, 2, 2, 2, 0, 40, true);
+    cp_direct_case_of(KVS_PATH_SLICE, 4, 2, 2, 16, 40, true);
+}
+
+/* The decode counts a CP room done only once every CP rank reported: one
+ * whose range holds tokens, and one whose range is empty, each computed
+ * last, keep the room open on every decode rank until they are. */
+static void test_prefill_direct_cp_waits_for_every_rank(void **state)
+{
+    (void)state;
+    for (int64_t last = 1; last <= 3; last += 2) { /* CP rank 1 holds [4,8), 3 nothing */
+        edge_cluster_t *cl = cp_direct_cluster(KVS_PATH_AUTO, 1, 1, 4, false);
+        const uint64_t room = 6;
+        const int64_t total = 10;
+        edge_open_group(cl, 1, 0, room, 0, total);
+        for (int64_t c = 0; c < 4; c++) {
+            edge_node_t *n = edge_group_node(cl, 1, (int)c, 0);
+            int64_t pages[EDGE_ROOM_SLOT_PAGES];
+            const int64_t np = (total + n->page_size - 1) / n->page_size;
+            for (int64_t k = 0; k < np; k++)
+                pages[k] = edge_page(room, k, false);
+            if (c > 0)
+                assert_int_equal(kvs_prefill_room_open(n->pre, room, total, pages, np), KVS_OK);
+            int64_t cs, ce;
+            memset(n->pool_host, 0, n->pool_bytes);
+            assert_int_equal(kvs_layout_cp_range(kvs_manager_layout(n->m), total, c, &cs, &ce),
+                             KVS_OK);
+            edge_fill_range(n, room, cs, ce);
+            if (c != last)
+                assert_int_equal(kvs_prefill_room_computed(n->pre, room, total, true), KVS_OK);
+            edge_wake(n);
+        }
+        edge_run(cl);
+        edge_node_t *d = edge_decode(cl, 0);
+        if (edge_result(d, room) != NULL)
+            EDGE_FAIL("the decode ended room %llu before CP rank %lld (of %s) reported",
+                      (unsigned long long)room, (long long)last,
+                      last == 3 ? "an empty range" : "tokens [4,8)");
+        kvs_room_state_t st;
+        assert_int_equal(kvs_decode_room_state(d->dec, room, &st), KVS_OK);
+        assert_int_equal(st, KVS_ROOM_TRANSFERRING);
+        edge_node_t *n = edge_group_node(cl, 1, (int)last, 0);
+        assert_int_equal(kvs_prefill_room_computed(n->pre, room, total, true), KVS_OK);
+        edge_wake(n);
+        edge_run(cl);
+        edge_cp_expect_ok(cl, 1, room, 0, total, NULL, 0, "direct P1 CP4 -> D1");
+        edge_destroy(cl);
+    }
+}
+
 int main(void)
 {
     print_message("test_prefill_direct: seed %llu\n", (unsigned long long)EDGE_SEED);
@@ -340,6 +470,8 @@ int main(void)
         cmocka_unit_test(test_prefill_direct_hostile_direct_fields),
         cmocka_unit_test(test_prefill_direct_hostile_direct_geometry),
         cmocka_unit_test(test_prefill_direct_hostile_direct_room_pages_overflow),
+        cmocka_unit_test(test_prefill_direct_cp_every_byte),
+        cmocka_unit_test(test_prefill_direct_cp_waits_for_every_rank),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

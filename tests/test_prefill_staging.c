@@ -721,11 +721,14 @@ static void test_prefill_staging_write_pieces_refused(void **state)
  * leaves wrong bytes on the decode; every byte of every decode rank is
  * checked. Chunks straddle the ranges (16-token chunks, ranges of 20 or
  * 36 tokens), a cached prefix leaves CP rank 0 a part of one chunk only,
- * and the last CP rank of a short prompt holds nothing. */
-static void cp_staging_case(int64_t ptp, int64_t dtp, int64_t cp, int64_t base, int64_t total,
-                            uint64_t ring_bytes)
+ * and the last CP rank of a short prompt holds nothing. Every prefill
+ * rank gives the room's aux payload, as the API asks: each decode rank
+ * must hear it once, from CP rank 0. */
+static void cp_staging_case_of(int64_t ptp, int64_t dtp, int64_t cp, int64_t base,
+                               int64_t total, uint64_t ring_bytes, bool mla)
 {
     edge_opts_t o = edge_defaults();
+    o.mla = mla;
     if (ring_bytes > 0)
         o.ring_bytes = ring_bytes;
     o.prefill_tp = 1; /* the default instance, unused here */
@@ -734,40 +737,23 @@ static void cp_staging_case(int64_t ptp, int64_t dtp, int64_t cp, int64_t base, 
     o.instances = 2;
     o.inst_tp[1] = ptp;
     o.inst_cp[1] = cp;
+    o.max_aux_bytes = 64;
     edge_cluster_t *cl = edge_create(&o);
     const uint64_t room = 5;
-    edge_open_group(cl, 1, 0, room, base, total); /* fills whole requests: redone below */
-    for (int64_t c = 0; c < cp; c++)
-        for (int64_t t = 0; t < ptp; t++) {
-            edge_node_t *n = edge_group_node(cl, 1, (int)c, t);
-            if (c > 0) { /* edge_open_group opened group 0 only */
-                int64_t pages[EDGE_ROOM_SLOT_PAGES];
-                const int64_t np = (total + n->page_size - 1) / n->page_size;
-                for (int64_t k = 0; k < np; k++)
-                    pages[k] = edge_page(room, k, false);
-                assert_int_equal(kvs_prefill_room_open(n->pre, room, total, pages, np), KVS_OK);
-            }
-            memset(n->pool_host, 0, n->pool_bytes);
-            int64_t cs, ce;
-            assert_int_equal(kvs_layout_cp_range(kvs_manager_layout(n->m), total, c, &cs, &ce),
-                             KVS_OK);
-            edge_fill_range(n, room, cs, ce);
-            assert_int_equal(kvs_prefill_room_computed(n->pre, room, total, true), KVS_OK);
-            edge_wake(n);
-        }
-    edge_run(cl);
-    for (int d = 0; d < cl->ndecode; d++)
-        edge_expect(edge_decode(cl, d), room, KVS_OK);
-    for (int64_t c = 0; c < cp; c++)
-        for (int64_t t = 0; t < ptp; t++)
-            edge_expect(edge_group_node(cl, 1, (int)c, t), room, KVS_OK);
-    const uint64_t bad = edge_corrupt(cl, room, base, total);
-    if (bad != 0)
-        EDGE_FAIL("P%lld CP%lld -> D%lld, tokens [%lld, %lld): %llu corrupt bytes",
-                  (long long)ptp, (long long)cp, (long long)dtp, (long long)base,
-                  (long long)total, (unsigned long long)bad);
+    const char aux[] = "cp-aux";
+    edge_cp_transfer(cl, 1, room, base, total, aux, sizeof aux);
+    char what[64];
+    snprintf(what, sizeof what, "staging%s P%lld CP%lld -> D%lld", mla ? " MLA" : "",
+             (long long)ptp, (long long)cp, (long long)dtp);
+    edge_cp_expect_ok(cl, 1, room, base, total, aux, sizeof aux, what);
     edge_expect_ring_empty(cl);
     edge_destroy(cl);
+}
+
+static void cp_staging_case(int64_t ptp, int64_t dtp, int64_t cp, int64_t base, int64_t total,
+                            uint64_t ring_bytes)
+{
+    cp_staging_case_of(ptp, dtp, cp, base, total, ring_bytes, false);
 }
 
 static void test_prefill_staging_cp_staging_every_byte(void **state)
@@ -783,6 +769,12 @@ static void test_prefill_staging_cp_staging_every_byte(void **state)
      * first, and every region is reused; no wait may form a cycle. */
     cp_staging_case(2, 1, 2, 0, 72, 16u << 10);
     cp_staging_case(2, 1, 2, 0, 72, 8u << 10);
+    /* MLA (docs/kinds/mla.md): one writer per decode rank, the latent
+     * source of that rank in each CP rank's TP group; the other sources
+     * only report. */
+    cp_staging_case_of(4, 2, 2, 0, 40, 0, true);
+    cp_staging_case_of(4, 2, 2, 16, 72, 0, true);
+    cp_staging_case_of(2, 1, 4, 0, 10, 0, true); /* CP rank 3 nothing */
 }
 
 int main(void)

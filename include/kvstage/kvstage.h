@@ -85,10 +85,10 @@ extern "C" {
                  "pass total_heads and heads_per_rank 0 or 1, head_dim the "   \
                  "latent dim (kv_lora_rank + qk_rope_head_dim, 576 for "       \
                  "DeepSeek-V3) and no V buffers")                              \
-    X(ECONTEXT_PARALLEL, -18, "prefill context parallelism moves on the "     \
-                              "staging path only (not direct or slice, nor a " \
-                              "decode's default instance): use staging or "   \
-                              "set prefill CP to 1")                           \
+    X(ECONTEXT_PARALLEL, -18, "prefill context parallelism is a prefill "     \
+                              "instance's: a decode rank declares it with "   \
+                              "kvs_instance_desc_t.cp_size, not "             \
+                              "context_parallel (set that to 1)")             \
     X(ECHUNK, -19, "chunked-prefill size must be positive (or 0 for 8192) "   \
                    "and a multiple of the page size: change --chunk-tokens")   \
     X(EPP_WRITES, -20, "prefill PP > 1 needs per-layer writes, which this "   \
@@ -787,8 +787,8 @@ typedef struct kvs_manager_config {
     int64_t context_parallel; /* prefill CP size, 0 -> 1: a prefill rank's
                                  own instance's (kvs_layout_params_t.
                                  prefill_cp); in the fingerprint. > 1 moves
-                                 on the staging path only, else
-                                 KVS_ECONTEXT_PARALLEL; a decode rank
+                                 on every path, each CP rank writing its
+                                 own token range; a decode rank
                                  declares CP instances with
                                  kvs_instance_desc_t.cp_size (> 1 here on a
                                  decode: KVS_ECONTEXT_PARALLEL); see cp_rank */
@@ -939,8 +939,8 @@ KVS_API int kvs_kv_layers_from_ptrs(const uint64_t *ptrs, const uint64_t *lens,
  * guards (chunk size, the default chunk of 8192 included, PP on a fabric
  * without per-layer writes) are checked here when staging is on; that
  * `layers` is stage pp_rank's share of model_layers (KVS_EPP_SPLIT), an MLA
- * kind's heads are 0 or 1 (KVS_EMLA) and context parallelism > 1 has
- * staging on and is on a prefill (KVS_ECONTEXT_PARALLEL) always; a
+ * kind's heads are 0 or 1 (KVS_EMLA) and context parallelism > 1 is on a
+ * prefill (KVS_ECONTEXT_PARALLEL) always; a
  * one-plane kind's staging on a device of ops version < 4 is refused
  * (KVS_ENOTSUP). */
 KVS_API int kvs_manager_create(const kvs_manager_config_t *cfg, kvs_device_t *dev,
@@ -1100,9 +1100,10 @@ typedef struct kvs_instance_desc {
      * + t). Copied; required. */
     const char *const *addrs;
     /* Its prefill context-parallel ranks, 0 -> 1; in the fingerprint (a
-     * prefill of another CP size is refused, KVS_EFINGERPRINT). > 1 moves
-     * on the staging path only: a pair that takes the direct or slice path
-     * is refused (KVS_ECONTEXT_PARALLEL). Each CP rank's prefill room
+     * prefill of another CP size is refused, KVS_EFINGERPRINT). Moves on
+     * every path: each CP rank writes its own range's tokens, and a room
+     * is done once every CP rank reported (those whose range is empty
+     * too). Each CP rank's prefill room
      * lists the request's pages by token (ceil(total / page_size) ids) and
      * reads only those of its range (kvs_layout_cp_range). */
     int64_t cp_size;
