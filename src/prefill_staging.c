@@ -338,6 +338,10 @@ void kvs__staging_advance(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
 {
     kvs__pflow_t *fl = &r->flows[f];
     const kvs__peer_t *peer = kvs__flow_peer(r, f);
+    /* Once a gather waits for a buffer, the scan goes on for the writes
+     * still to post alone: with CP a later chunk may hold the buffer an
+     * earlier one waits for, and it frees it only once its writes went. */
+    bool gathers_wait = false;
     for (int64_t i = 0; i < fl->num_chunks && r->base.status == KVS_OK; i++) {
         kvs__pchunk_t *c = &fl->chunks[i];
         if (c->unposted) {
@@ -349,7 +353,7 @@ void kvs__staging_advance(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
                                                               completion will */
             continue;
         }
-        if (c->state != KVS__PCH_ALLOC)
+        if (c->state != KVS__PCH_ALLOC || gathers_wait)
             continue;
         if (c->part.token_end > r->computed && !r->final)
             break; /* later chunks are not computed either */
@@ -363,10 +367,22 @@ void kvs__staging_advance(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
                 c->wait_ns = kvs__now(&p->h);
             }
             c->waited = true;
-            break; /* regions are handed out in ring order: later ones wait too */
+            /* Without CP a flow's regions are handed out in ring order:
+             * later ones wait too. With CP the decode hands out a chunk's
+             * region when its first writer asks, so another CP rank's
+             * requests may place a later chunk of this rank before an
+             * earlier one in the ring; that later chunk, which the other
+             * CP rank shares, may be what keeps the earlier one's place
+             * taken: it goes now if it can (else both wait for ever). */
+            if (r->base.inst->lay.prefill_cp > 1)
+                continue;
+            break;
         }
-        if (!kvs__gather_chunk(p, r, f, i))
-            return;
+        if (!kvs__gather_chunk(p, r, f, i)) {
+            if (r->base.inst->lay.prefill_cp == 1)
+                return; /* later chunks were not gathered either: none to post */
+            gathers_wait = true;
+        }
     }
 }
 

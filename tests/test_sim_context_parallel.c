@@ -9,8 +9,8 @@
  *   for bit, 0 corrupt): P4 CP2 -> D2, P2 CP4 -> D4, P2 CP3 -> D2, equal TP
  *   on the staging path, replicated heads, prefill PP with CP (to decode
  *   PP 1 and 2), MLA with CP (with PP too), two page sizes, FP8 scale
- *   planes, cached prefixes, and prompts so short that CP ranks hold
- *   nothing.
+ *   planes, the direct and slice paths (GQA and MLA), cached prefixes, and
+ *   prompts so short that CP ranks hold nothing.
  * - Planted bugs in a CP rank, through the simulated GPU's and NIC's test
  *   hooks (the core is not touched), caught as corrupt bytes in both
  *   modes: it gathers the rows of a chunk that straddles two ranges from
@@ -21,6 +21,9 @@
  *   it and the requests fail instead.
  * - A CP rank that crashes fails its requests only and breaks no
  *   invariant; the fault names it by its index in its instance.
+ * - A small ring whose regions the decode hands out as CP ranks ask, out
+ *   of chunk order, and one staging buffer that a later chunk may hold
+ *   while an earlier one waits: no request waits for ever.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -32,6 +35,7 @@
 #include <string.h>
 
 #include "scenario.h"
+#include "sim_run.h"
 
 #define MS 1000000ull
 
@@ -50,30 +54,17 @@ static sim_scenario_config_t small_cp(int64_t p, int64_t cp, int64_t d, int64_t 
     c.rate_milli_per_s = 200000;
     c.ring_bytes = 8u << 20;
     c.staging = true;
-    c.path = KVS_PATH_STAGING;
+    c.path = KVS_PATH_STAGING; /* tests of the other paths set theirs */
     c.max_inflight = 4;
     c.seed = 17;
     return c;
 }
 
-static sim_report_t run_mode(sim_scenario_config_t c, sim_data_mode_t mode, const char *what)
-{
-    c.gpu.data_mode = mode;
-    sim_report_t r;
-    char err[384];
-    const int rc = sim_scenario_run(&c, &r, err, sizeof err);
-    if (rc != KVS_OK)
-        fail_msg("%s (%s mode, seed %llu): %s", what,
-                 mode == SIM_DATA_BYTES ? "bytes" : "provenance", (unsigned long long)c.seed,
-                 err);
-    return r;
-}
-
 /* Both modes give the same report, every request ok, every byte right. */
 static sim_report_t clean_in_both(const sim_scenario_config_t *c, const char *what)
 {
-    const sim_report_t b = run_mode(*c, SIM_DATA_BYTES, what);
-    const sim_report_t p = run_mode(*c, SIM_DATA_PROVENANCE, what);
+    const sim_report_t b = sim_run_mode(*c, SIM_DATA_BYTES, what);
+    const sim_report_t p = sim_run_mode(*c, SIM_DATA_PROVENANCE, what);
     if (b.digest != p.digest || b.bytes_verified != p.bytes_verified ||
         b.corrupt_bytes != 0 || p.corrupt_bytes != 0 || b.requests_ok != c->requests ||
         b.violations != 0)
@@ -85,7 +76,8 @@ static sim_report_t clean_in_both(const sim_scenario_config_t *c, const char *wh
                  (unsigned long long)p.digest, (unsigned long long)p.bytes_verified,
                  (unsigned long long)p.corrupt_bytes);
     assert_memory_equal(&b, &p, sizeof b);
-    assert_int_equal(b.path, KVS_PATH_STAGING);
+    if (c->path != KVS_PATH_AUTO)
+        assert_int_equal(b.path, c->path);
     const int64_t pp = c->shape.prefill_pp > 0 ? c->shape.prefill_pp : 1;
     assert_int_equal(b.prefill_ranks, c->shape.prefill_tp * pp * c->shape.prefill_cp);
     assert_true(b.bytes_verified > 0);
@@ -100,20 +92,31 @@ static void test_sim_cp_every_byte_in_both_modes(void **state)
         kvs_kv_kind_t kind;
         kvs_kv_scales_t scales;
         const char *what;
+        kvs_path_t path; /* 0 (auto) -> staging */
     } runs[] = {
-        {4, 2, 2, 8, 1, 1, 16, 16, KVS_KV_GQA, KVS_KV_SCALES_NONE, "P4 CP2 -> D2"},
-        {2, 4, 4, 8, 1, 1, 16, 16, KVS_KV_GQA, KVS_KV_SCALES_NONE, "P2 CP4 -> D4"},
-        {2, 3, 2, 8, 1, 1, 16, 16, KVS_KV_GQA, KVS_KV_SCALES_NONE, "P2 CP3 -> D2 (equal TP)"},
+        {4, 2, 2, 8, 1, 1, 16, 16, KVS_KV_GQA, KVS_KV_SCALES_NONE, "P4 CP2 -> D2", KVS_PATH_AUTO},
+        {2, 4, 4, 8, 1, 1, 16, 16, KVS_KV_GQA, KVS_KV_SCALES_NONE, "P2 CP4 -> D4", KVS_PATH_AUTO},
+        {2, 3, 2, 8, 1, 1, 16, 16, KVS_KV_GQA, KVS_KV_SCALES_NONE, "P2 CP3 -> D2 (equal TP)", KVS_PATH_AUTO},
         {8, 2, 2, 4, 1, 1, 16, 16, KVS_KV_GQA, KVS_KV_SCALES_NONE,
-         "H4 P8 CP2 -> D2 (replicated heads)"},
-        {2, 2, 2, 8, 2, 1, 16, 16, KVS_KV_GQA, KVS_KV_SCALES_NONE, "P2xPP2 CP2 -> D2"},
-        {2, 2, 2, 8, 2, 2, 16, 16, KVS_KV_GQA, KVS_KV_SCALES_NONE, "P2xPP2 CP2 -> D2xPP2"},
-        {4, 2, 2, 0, 1, 1, 16, 16, KVS_KV_MLA, KVS_KV_SCALES_NONE, "MLA P4 CP2 -> D2"},
-        {2, 2, 4, 0, 2, 1, 16, 16, KVS_KV_MLA, KVS_KV_SCALES_NONE, "MLA P2xPP2 CP2 -> D4"},
-        {4, 2, 2, 8, 1, 1, 16, 64, KVS_KV_GQA, KVS_KV_SCALES_NONE, "pages 16 -> 64, P4 CP2 -> D2"},
-        {2, 2, 4, 8, 1, 1, 64, 16, KVS_KV_GQA, KVS_KV_SCALES_NONE, "pages 64 -> 16, P2 CP2 -> D4"},
+         "H4 P8 CP2 -> D2 (replicated heads)", KVS_PATH_AUTO},
+        {2, 2, 2, 8, 2, 1, 16, 16, KVS_KV_GQA, KVS_KV_SCALES_NONE, "P2xPP2 CP2 -> D2", KVS_PATH_AUTO},
+        {2, 2, 2, 8, 2, 2, 16, 16, KVS_KV_GQA, KVS_KV_SCALES_NONE, "P2xPP2 CP2 -> D2xPP2", KVS_PATH_AUTO},
+        {4, 2, 2, 0, 1, 1, 16, 16, KVS_KV_MLA, KVS_KV_SCALES_NONE, "MLA P4 CP2 -> D2", KVS_PATH_AUTO},
+        {2, 2, 4, 0, 2, 1, 16, 16, KVS_KV_MLA, KVS_KV_SCALES_NONE, "MLA P2xPP2 CP2 -> D4", KVS_PATH_AUTO},
+        {4, 2, 2, 8, 1, 1, 16, 64, KVS_KV_GQA, KVS_KV_SCALES_NONE, "pages 16 -> 64, P4 CP2 -> D2", KVS_PATH_AUTO},
+        {2, 2, 4, 8, 1, 1, 64, 16, KVS_KV_GQA, KVS_KV_SCALES_NONE, "pages 64 -> 16, P2 CP2 -> D4", KVS_PATH_AUTO},
         {4, 2, 2, 8, 1, 1, 16, 16, KVS_KV_GQA, KVS_KV_SCALES_PER_TOKEN,
-         "FP8 per-token scales, P4 CP2 -> D2"},
+         "FP8 per-token scales, P4 CP2 -> D2", KVS_PATH_AUTO},
+        {2, 2, 2, 8, 1, 1, 16, 16, KVS_KV_GQA, KVS_KV_SCALES_NONE, "P2 CP2 -> D2 direct",
+         KVS_PATH_DIRECT},
+        {2, 4, 2, 8, 1, 1, 16, 64, KVS_KV_GQA, KVS_KV_SCALES_NONE,
+         "P2 CP4 -> D2 direct, pages 16 -> 64", KVS_PATH_DIRECT},
+        {4, 2, 2, 8, 1, 1, 16, 16, KVS_KV_GQA, KVS_KV_SCALES_NONE, "P4 CP2 -> D2 slice",
+         KVS_PATH_SLICE},
+        {4, 2, 2, 0, 1, 1, 16, 16, KVS_KV_MLA, KVS_KV_SCALES_NONE, "MLA P4 CP2 -> D2 slice",
+         KVS_PATH_SLICE},
+        {2, 2, 4, 8, 2, 1, 16, 16, KVS_KV_GQA, KVS_KV_SCALES_NONE, "P2xPP2 CP2 -> D4 slice",
+         KVS_PATH_SLICE},
     };
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         sim_scenario_config_t c = small_cp(runs[i].p, runs[i].cp, runs[i].d, runs[i].heads);
@@ -128,6 +131,10 @@ static void test_sim_cp_every_byte_in_both_modes(void **state)
         if (runs[i].scales != KVS_KV_SCALES_NONE)
             c.shape.dtype = KVS_DTYPE_FP8;
         c.prefix_max_tokens = 320; /* cached prefixes, aligned to both page sizes */
+        if (runs[i].path != KVS_PATH_AUTO) {
+            c.path = runs[i].path;
+            c.staging = runs[i].path != KVS_PATH_SLICE;
+        }
         clean_in_both(&c, runs[i].what);
     }
 }
@@ -144,9 +151,63 @@ static void test_sim_cp_ranks_with_nothing(void **state)
     c.prompt_max_tokens = 40;
     const sim_report_t r = clean_in_both(&c, "P2 CP4 -> D2, prompts of 17..40 tokens");
     c.shape.prefill_cp = 1;
-    const sim_report_t one = run_mode(c, SIM_DATA_PROVENANCE, "the same without CP");
+    const sim_report_t one = sim_run_mode(c, SIM_DATA_PROVENANCE, "the same without CP");
     assert_int_equal(r.bytes_verified, one.bytes_verified);
     assert_int_equal(one.requests_ok, c.requests);
+}
+
+/* A ring of four regions, a straddling chunk and send queues of one post
+ * (the campaign's find): CP 1 asks for its chunks 6.. as CP 0 asks for
+ * 0.., so the decode's ring hands out chunk 6 (both ranks write it) before
+ * CP 0's chunks 2..5, whose places then wait for chunk 6 to be freed. CP 0
+ * must write chunk 6 while its earlier chunks wait for the watermark;
+ * before it did, each request timed out. */
+static void test_sim_cp_ring_order_across_cp_ranks(void **state)
+{
+    (void)state;
+    sim_scenario_config_t c = small_cp(2, 2, 1, 2);
+    c.shape.layers = 1;
+    c.shape.page_size = 4;
+    c.shape.chunk_tokens = 8; /* 100 tokens: CP 1 holds [52, 100), chunk 6 is [48, 56) */
+    c.requests = 3;
+    c.prompt_min_tokens = c.prompt_max_tokens = 100;
+    c.ring_bytes = 4 * 8 * 2 * 64 * 2 * 2; /* four regions of 8 tokens */
+    c.transfer_workers = 1;
+    c.max_inflight = 1;
+    c.rate_milli_per_s = 0;
+    c.net.sq_depth = 1;
+    c.stall_timeout_ns = 2000 * MS;
+    clean_in_both(&c, "P2 CP2 -> D1, a ring of four regions, send queues of one");
+}
+
+/* With a chunk allowed past one that waits for the watermark (above), a
+ * later chunk may take the one staging buffer, have its write refused by
+ * a full send queue and wait to post it again, while the earlier chunk's
+ * gather waits for that buffer: the scan must still reach the later
+ * chunk's write (the campaign's find; before, requests timed out). */
+static void test_sim_cp_buffer_held_by_a_later_chunk(void **state)
+{
+    (void)state;
+    sim_scenario_config_t c = small_cp(2, 4, 1, 2);
+    c.shape.head_dim = 16;
+    c.shape.layers = 10;
+    c.shape.dtype = KVS_DTYPE_FP16;
+    c.shape.page_size = 1;
+    c.shape.chunk_tokens = 16;
+    c.shape.prefill_pp = 3;
+    c.requests = 3;
+    c.prompt_min_tokens = 146;
+    c.prompt_max_tokens = 393;
+    c.rate_milli_per_s = 20000;
+    c.max_inflight = 6;
+    c.transfer_workers = 1;
+    c.prefill_tokens_per_s = 262144;
+    c.ring_bytes = 364337;
+    c.net.link_bytes_per_s = 25000000000ull / 8;
+    c.net.sq_depth = 1;
+    c.stall_timeout_ns = 2000 * MS;
+    c.seed = 1;
+    clean_in_both(&c, "P2xPP3 CP4 -> D1, one staging buffer, send queues of one");
 }
 
 /* ---- planted bugs -------------------------------------------------------------- */
@@ -225,25 +286,11 @@ static bool plant_wrong_offset(void *ctx, const char *nic, const char *peer,
     return true;
 }
 
-/* Runs c with the plant in both modes: the bug must show as corrupt bytes
- * in each; without it the same run is clean. */
+/* Runs c with the plant in both modes (sim_run_caught_in_both); without
+ * it the same run is clean. */
 static void caught_in_both(sim_scenario_config_t c, plant_t *pl, const char *what)
 {
-    for (int mode = SIM_DATA_BYTES; mode <= SIM_DATA_PROVENANCE; mode++) {
-        pl->hits = 0;
-        const sim_report_t r = run_mode(c, (sim_data_mode_t)mode, what);
-        const char *name = mode == SIM_DATA_BYTES ? "bytes" : "provenance";
-        if (pl->hits == 0)
-            fail_msg("%s (%s mode): the bug was never planted", what, name);
-        if (r.corrupt_bytes == 0 || r.violations == 0)
-            fail_msg("%s (%s mode): planted %llu times, but %llu corrupt bytes of %llu "
-                     "verified", what, name, (unsigned long long)pl->hits,
-                     (unsigned long long)r.corrupt_bytes,
-                     (unsigned long long)r.bytes_verified);
-        print_message("%s, %s mode: %llu of %llu bytes corrupt\n", what, name,
-                      (unsigned long long)r.corrupt_bytes,
-                      (unsigned long long)r.bytes_verified);
-    }
+    sim_run_caught_in_both(c, &pl->hits, what);
     c.copy_hook = NULL;
     c.write_hook = NULL;
     clean_in_both(&c, "the planted run, unplanted");
@@ -272,7 +319,7 @@ static void test_sim_cp_catches_wrong_offset(void **state)
      * nothing lands, the requests fail instead, and nothing leaks. */
     c.net.no_key_grant = false;
     pl.hits = 0;
-    const sim_report_t r = run_mode(c, SIM_DATA_BYTES, "wrong offset, scoped keys");
+    const sim_report_t r = sim_run_mode(c, SIM_DATA_BYTES, "wrong offset, scoped keys");
     assert_true(pl.hits > 0);
     assert_int_equal(r.corrupt_bytes, 0);
     assert_int_equal(r.requests_ok, 0);
@@ -293,7 +340,7 @@ static void test_sim_cp_rank_crash_fails_its_requests_only(void **state)
     c.faults[0] = (sim_fault_t){.kind = SIM_FAULT_CRASH, .role = KVS_ROLE_PREFILL, .rank = 6,
                                 .at_ns = 20 * MS};
     c.nfaults = 1;
-    const sim_report_t r = run_mode(c, SIM_DATA_PROVENANCE, "CP 1's rank 2 crashes");
+    const sim_report_t r = sim_run_mode(c, SIM_DATA_PROVENANCE, "CP 1's rank 2 crashes");
     assert_int_equal(r.ranks_crashed, 1);
     assert_true(r.requests_failed > 0);
     assert_int_equal(r.hung_requests, 0);
@@ -303,18 +350,15 @@ static void test_sim_cp_rank_crash_fails_its_requests_only(void **state)
         fail_msg("a CP rank's crash broke %llu invariants", (unsigned long long)r.violations);
 }
 
-/* Equal TP with CP resolves to the direct path, which does not move CP:
- * refused before any request, naming what to set. */
-static void test_sim_cp_direct_refused_by_name(void **state)
+/* Equal TP with CP and path auto resolves to the direct path, which
+ * moves CP too: every CP rank writes its range's runs. */
+static void test_sim_cp_auto_takes_direct(void **state)
 {
     (void)state;
     sim_scenario_config_t c = small_cp(2, 2, 2, 8);
     c.path = KVS_PATH_AUTO;
-    sim_report_t r;
-    char err[384];
-    const int rc = sim_scenario_run(&c, &r, err, sizeof err);
-    assert_int_equal(rc, KVS_ECONTEXT_PARALLEL);
-    assert_non_null(strstr(err, "path"));
+    const sim_report_t r = clean_in_both(&c, "P2 CP2 -> D2, path auto");
+    assert_int_equal(r.path, KVS_PATH_DIRECT);
 }
 
 int main(void)
@@ -322,10 +366,12 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sim_cp_every_byte_in_both_modes),
         cmocka_unit_test(test_sim_cp_ranks_with_nothing),
+        cmocka_unit_test(test_sim_cp_ring_order_across_cp_ranks),
+        cmocka_unit_test(test_sim_cp_buffer_held_by_a_later_chunk),
         cmocka_unit_test(test_sim_cp_catches_wrong_range),
         cmocka_unit_test(test_sim_cp_catches_wrong_offset),
         cmocka_unit_test(test_sim_cp_rank_crash_fails_its_requests_only),
-        cmocka_unit_test(test_sim_cp_direct_refused_by_name),
+        cmocka_unit_test(test_sim_cp_auto_takes_direct),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

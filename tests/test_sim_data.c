@@ -36,6 +36,7 @@
 #include <string.h>
 
 #include "scenario.h"
+#include "sim_run.h"
 
 #define MS 1000000ull
 
@@ -58,24 +59,11 @@ static sim_scenario_config_t small(int64_t p, int64_t d, int64_t heads)
     return c;
 }
 
-static sim_report_t run_mode(sim_scenario_config_t c, sim_data_mode_t mode, const char *what)
-{
-    c.gpu.data_mode = mode;
-    sim_report_t r;
-    char err[256];
-    const int rc = sim_scenario_run(&c, &r, err, sizeof err);
-    if (rc != KVS_OK)
-        fail_msg("%s (%s mode, seed %llu): %s", what,
-                 mode == SIM_DATA_BYTES ? "bytes" : "provenance", (unsigned long long)c.seed,
-                 err);
-    return r;
-}
-
 /* Both modes, the same report; returns it. */
 static sim_report_t same_in_both(const sim_scenario_config_t *c, const char *what)
 {
-    const sim_report_t b = run_mode(*c, SIM_DATA_BYTES, what);
-    const sim_report_t p = run_mode(*c, SIM_DATA_PROVENANCE, what);
+    const sim_report_t b = sim_run_mode(*c, SIM_DATA_BYTES, what);
+    const sim_report_t p = sim_run_mode(*c, SIM_DATA_PROVENANCE, what);
     if (b.digest != p.digest || b.sim_ns != p.sim_ns || b.events != p.events ||
         b.bytes_verified != p.bytes_verified || b.corrupt_bytes != p.corrupt_bytes ||
         b.requests_ok != p.requests_ok)
@@ -238,27 +226,11 @@ static bool plant_writer_offset(void *ctx, const char *nic, const char *peer,
     return true;
 }
 
-/* Runs c with the plant in both modes: the bug must show as corrupt
- * bytes in each. */
+/* Runs c with the plant pl (its hook context) in both modes. */
 static void caught_in_both(sim_scenario_config_t c, plant_t *pl, const char *what)
 {
-    for (int mode = SIM_DATA_BYTES; mode <= SIM_DATA_PROVENANCE; mode++) {
-        pl->hits = 0;
-        c.hook_ctx = pl;
-        const sim_report_t r = run_mode(c, (sim_data_mode_t)mode, what);
-        const char *name = mode == SIM_DATA_BYTES ? "bytes" : "provenance";
-        if (pl->hits == 0)
-            fail_msg("%s (%s mode): the bug was never planted", what, name);
-        if (r.corrupt_bytes == 0 || r.violations == 0)
-            fail_msg("%s (%s mode, seed %llu): planted %llu times, but %llu corrupt bytes "
-                     "of %llu verified",
-                     what, name, (unsigned long long)c.seed, (unsigned long long)pl->hits,
-                     (unsigned long long)r.corrupt_bytes,
-                     (unsigned long long)r.bytes_verified);
-        print_message("%s, %s mode: %llu of %llu bytes corrupt\n", what, name,
-                      (unsigned long long)r.corrupt_bytes,
-                      (unsigned long long)r.bytes_verified);
-    }
+    c.hook_ctx = pl;
+    sim_run_caught_in_both(c, &pl->hits, what);
 }
 
 static void test_sim_data_catches_modulo_head_mapping(void **state)
@@ -291,7 +263,7 @@ static void test_sim_data_catches_writer_offset(void **state)
     c.net.no_key_grant = false;
     pl.hits = 0;
     c.hook_ctx = &pl;
-    const sim_report_t r = run_mode(c, SIM_DATA_BYTES, "writer offset + 1, scoped keys");
+    const sim_report_t r = sim_run_mode(c, SIM_DATA_BYTES, "writer offset + 1, scoped keys");
     assert_true(pl.hits > 0);
     assert_int_equal(r.corrupt_bytes, 0);
     assert_int_equal(r.requests_ok, 0);
@@ -343,9 +315,9 @@ static void test_sim_data_mla_every_byte_in_both_modes(void **state)
     /* One writer: as many staged writes as chunks (x stages), where GQA's
      * P4 -> D2 makes two per chunk. */
     sim_scenario_config_t c = small_mla(4, 2);
-    const sim_report_t mla = run_mode(c, SIM_DATA_PROVENANCE, "MLA P4 -> D2 ops");
+    const sim_report_t mla = sim_run_mode(c, SIM_DATA_PROVENANCE, "MLA P4 -> D2 ops");
     c = small(4, 2, 8);
-    const sim_report_t gqa = run_mode(c, SIM_DATA_PROVENANCE, "GQA P4 -> D2 ops");
+    const sim_report_t gqa = sim_run_mode(c, SIM_DATA_PROVENANCE, "GQA P4 -> D2 ops");
     assert_true(mla.rdma_ops < gqa.rdma_ops);
 }
 
@@ -453,7 +425,7 @@ static void test_sim_data_fp8_scales_every_byte_in_both_modes(void **state)
          * verifies hd + scale bytes. */
         sim_scenario_config_t plain = c;
         plain.shape.kv_scales = KVS_KV_SCALES_NONE;
-        const sim_report_t q = run_mode(plain, SIM_DATA_PROVENANCE, runs[i].what);
+        const sim_report_t q = sim_run_mode(plain, SIM_DATA_PROVENANCE, runs[i].what);
         const uint64_t hd = (uint64_t)c.shape.head_dim;
         const uint64_t sb = runs[i].scales == KVS_KV_SCALES_PER_TOKEN ? 4 : hd / 32;
         assert_true(q.bytes_verified > 0);
@@ -552,9 +524,9 @@ static void test_sim_data_two_page_sizes_every_byte_in_both_modes(void **state)
     }
     /* Equal sizes, given or not, are the same run byte for byte. */
     sim_scenario_config_t c = small(4, 2, 8);
-    const sim_report_t zero = run_mode(c, SIM_DATA_PROVENANCE, "decode_page_size 0");
+    const sim_report_t zero = sim_run_mode(c, SIM_DATA_PROVENANCE, "decode_page_size 0");
     c.shape.decode_page_size = c.shape.page_size;
-    const sim_report_t same = run_mode(c, SIM_DATA_PROVENANCE, "decode_page_size 16");
+    const sim_report_t same = sim_run_mode(c, SIM_DATA_PROVENANCE, "decode_page_size 16");
     assert_memory_equal(&zero, &same, sizeof zero);
 }
 

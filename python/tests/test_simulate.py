@@ -117,8 +117,10 @@ def test_prefill_context_parallel_equals_cli(cli):
     assert "%016x" % got["digest"] == want["digest"]
     assert got["prefill_ranks"] == 8
     assert got["bytes_verified"] == run()["bytes_verified"]
-    # Equal TP takes the direct path, which does not move CP: named.
-    raises("KVS_ECONTEXT_PARALLEL", ["path"], prefill_tp=2, prefill_cp=2, requests=2)
+    # Equal TP takes the direct path, which moves CP too.
+    direct = run(prefill_tp=2, decode_tp=2, prefill_cp=2, requests=2)
+    assert_clean(direct, 2)
+    assert direct["path"] == "direct"
 
 
 def test_cluster_equals_cli(cli):

@@ -1,0 +1,43 @@
+/*
+ * sim_run.c - running a simulated scenario from a cmocka test (sim_run.h).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "sim_run.h"
+
+sim_report_t sim_run_mode(sim_scenario_config_t c, sim_data_mode_t mode, const char *what)
+{
+    c.gpu.data_mode = mode;
+    sim_report_t r;
+    char err[384];
+    const int rc = sim_scenario_run(&c, &r, err, sizeof err);
+    if (rc != KVS_OK)
+        fail_msg("%s (%s mode, seed %llu): %s", what,
+                 mode == SIM_DATA_BYTES ? "bytes" : "provenance", (unsigned long long)c.seed,
+                 err);
+    return r;
+}
+
+void sim_run_caught_in_both(sim_scenario_config_t c, uint64_t *hits, const char *what)
+{
+    for (int mode = SIM_DATA_BYTES; mode <= SIM_DATA_PROVENANCE; mode++) {
+        *hits = 0;
+        const sim_report_t r = sim_run_mode(c, (sim_data_mode_t)mode, what);
+        const char *name = mode == SIM_DATA_BYTES ? "bytes" : "provenance";
+        if (*hits == 0)
+            fail_msg("%s (%s mode): the bug was never planted", what, name);
+        if (r.corrupt_bytes == 0 || r.violations == 0)
+            fail_msg("%s (%s mode, seed %llu): planted %llu times, but %llu corrupt bytes "
+                     "of %llu verified",
+                     what, name, (unsigned long long)c.seed, (unsigned long long)*hits,
+                     (unsigned long long)r.corrupt_bytes,
+                     (unsigned long long)r.bytes_verified);
+        print_message("%s, %s mode: %llu of %llu bytes corrupt\n", what, name,
+                      (unsigned long long)r.corrupt_bytes,
+                      (unsigned long long)r.bytes_verified);
+    }
+}

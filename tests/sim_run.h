@@ -1,0 +1,22 @@
+/*
+ * sim_run.h - running a simulated scenario from a cmocka test: one data
+ * mode, or a planted bug in both (tests/test_sim_data.c,
+ * tests/test_sim_context_parallel.c). A run that cannot happen fails the
+ * test, naming the run, its mode and seed.
+ */
+#ifndef KVS_TESTS_SIM_RUN_H
+#define KVS_TESTS_SIM_RUN_H
+
+#include <stdint.h>
+
+#include "scenario.h"
+
+/* Runs c in data mode `mode`; its report. */
+sim_report_t sim_run_mode(sim_scenario_config_t c, sim_data_mode_t mode, const char *what);
+
+/* Runs c, whose hooks plant a bug and count each change in *hits, in both
+ * data modes: the bug must have been planted and show as corrupt bytes
+ * and violations in each. */
+void sim_run_caught_in_both(sim_scenario_config_t c, uint64_t *hits, const char *what);
+
+#endif
