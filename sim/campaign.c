@@ -116,6 +116,15 @@
 #define SIM_CAMPAIGN_PAGES_PCT 20
 #define SIM_CAMPAIGN_SCALES_PCT 20
 #define SIM_CAMPAIGN_MODEL_STREAM (UINT64_C(1) << 57)
+/* Prefill context parallelism (docs/kinds/context-parallel.md): 2..4 CP
+ * ranks on every prefill instance, in this share of the runs (percent),
+ * as many as keep the cluster within SIM_CAMPAIGN_MAX_CP_RANKS ranks (2
+ * always do: clusters are drawn with at most half as many), on whichever
+ * path the run draws. A stream of its own, so a run without it is what it
+ * was before the kind. */
+#define SIM_CAMPAIGN_CP_PCT 15
+#define SIM_CAMPAIGN_MAX_CP_RANKS (2 * SIM_CAMPAIGN_MAX_LARGE_RANKS)
+#define SIM_CAMPAIGN_CP_STREAM (UINT64_C(1) << 56)
 
 static int sim_campaign_fail(kvs_error_t *err, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -202,8 +211,9 @@ static const uint64_t sim_campaign_fault_stalls_ms[] = {2000, 5000, 30000};
 /* Which ranks sim_campaign_rank draws from. */
 enum { SIM_CAMPAIGN_ANY_RANK, SIM_CAMPAIGN_DECODE_RANK, SIM_CAMPAIGN_PREFILL_RANK };
 
-/* "p<tp>.<pp>[@<i>]" or "d<tp>.<pp>[@<i>]", a rank of the cluster on the
- * side `which` says (SIM_CAMPAIGN_*_RANK): one rank of one instance. */
+/* "p<tp>.<pp>[c<cp>][@<i>]" or "d<tp>.<pp>[@<i>]", a rank of the cluster
+ * on the side `which` says (SIM_CAMPAIGN_*_RANK): one rank of one
+ * instance (of one CP rank with prefill CP). */
 static void sim_campaign_rank(sim_rng_t *rng, const sim_campaign_scene_t *s, int which,
                               char *out, size_t cap)
 {
@@ -218,10 +228,12 @@ static void sim_campaign_rank(sim_rng_t *rng, const sim_campaign_scene_t *s, int
     const kvs_role_t role = decode ? KVS_ROLE_DECODE : KVS_ROLE_PREFILL;
     int64_t idx;
     const uint32_t inst = sim_campaign_locate(&s->topo, role, decode ? k - np : k, &idx);
-    const int64_t tp = decode ? s->topo.decode[inst].tp : s->topo.prefill[inst].tp;
-    char at[16];
-    snprintf(out, cap, "%c%" PRId64 ".%" PRId64 "%s", decode ? 'd' : 'p', idx % tp, idx / tp,
-             sim_campaign_at(inst, at, sizeof at));
+    const sim_instance_shape_t *sh = decode ? &s->topo.decode[inst] : &s->topo.prefill[inst];
+    char at[16], cp[24] = "";
+    if (!decode && s->topo.prefill_cp > 1)
+        snprintf(cp, sizeof cp, "c%" PRId64, idx / (sh->tp * sh->pp));
+    snprintf(out, cap, "%c%" PRId64 ".%" PRId64 "%s%s", decode ? 'd' : 'p', idx % sh->tp,
+             idx / sh->tp % sh->pp, cp, sim_campaign_at(inst, at, sizeof at));
 }
 
 static const char *const sim_campaign_probs[] = {"0.001", "0.01", "0.05", "0.2", "0.5", "1"};
@@ -512,6 +524,7 @@ enum {
     SIM_CAMPAIGN_PAGES,
     SIM_CAMPAIGN_PER_TOKEN,
     SIM_CAMPAIGN_PER_BLOCK,
+    SIM_CAMPAIGN_CP,
     SIM_CAMPAIGN_MODEL_KINDS
 };
 static const char *const sim_campaign_model_names[SIM_CAMPAIGN_MODEL_KINDS] = {
@@ -519,6 +532,7 @@ static const char *const sim_campaign_model_names[SIM_CAMPAIGN_MODEL_KINDS] = {
     [SIM_CAMPAIGN_PAGES] = "page-sizes",
     [SIM_CAMPAIGN_PER_TOKEN] = "per-token",
     [SIM_CAMPAIGN_PER_BLOCK] = "per-block",
+    [SIM_CAMPAIGN_CP] = "context-parallel",
 };
 #define SIM_CAMPAIGN_ALL_MODELS ((1u << SIM_CAMPAIGN_MODEL_KINDS) - 1u)
 #define SIM_CAMPAIGN_SCALES (1u << SIM_CAMPAIGN_PER_TOKEN | 1u << SIM_CAMPAIGN_PER_BLOCK)
@@ -553,7 +567,8 @@ static int sim_campaign_parse_models(const char *text, sim_campaign_models_t *ou
         if (k == SIM_CAMPAIGN_MODEL_KINDS)
             return SIM_CAMPAIGN_FAIL(err, KVS_EINVAL, "kinds: unknown model kind '%.*s': give "
                                      "all, none (GQA only), or kinds separated by commas out "
-                                     "of mla, page-sizes, per-token, per-block", (int)len, p);
+                                     "of mla, page-sizes, per-token, per-block, context-parallel",
+                                     (int)len, p);
         out->kinds |= 1u << k;
         if (comma == NULL)
             break;
@@ -563,13 +578,16 @@ static int sim_campaign_parse_models(const char *text, sim_campaign_models_t *ou
 }
 
 /* A run's model kinds, from its own stream: each at its odds, scales as
- * one draw (per-token or per-block); with kinds named, one of them at
- * least (drawn uniformly when the odds gave none). The draws are the same
- * whatever the campaign allows, so a kind left out leaves the others as
- * they were. */
-static uint32_t sim_campaign_draw_models(sim_rng_t *rng, const sim_campaign_models_t *m)
+ * one draw (per-token or per-block), CP from a stream of its own (cp);
+ * with kinds named, one of them at least (drawn uniformly when the odds
+ * gave none). The draws are the same whatever the campaign allows, so a
+ * kind left out leaves the others as they were. */
+static uint32_t sim_campaign_draw_models(sim_rng_t *rng, sim_rng_t *cp,
+                                         const sim_campaign_models_t *m)
 {
     uint32_t got = 0;
+    if (sim_campaign_pct(cp, SIM_CAMPAIGN_CP_PCT))
+        got |= 1u << SIM_CAMPAIGN_CP;
     if (sim_campaign_pct(rng, SIM_CAMPAIGN_MLA_PCT))
         got |= 1u << SIM_CAMPAIGN_MLA;
     if (sim_campaign_pct(rng, SIM_CAMPAIGN_PAGES_PCT))
@@ -798,9 +816,10 @@ static void sim_campaign_generate(uint64_t seed, uint64_t run,
      * two page sizes take a pair of the table and the smallest chunk of
      * whole pages on both sides at least as long as the one drawn; scale
      * planes make the KV fp8. */
-    sim_rng_t model;
+    sim_rng_t model, cp_rng;
     sim_rng_init(&model, seed, run | SIM_CAMPAIGN_MODEL_STREAM);
-    draw->models = sim_campaign_draw_models(&model, models);
+    sim_rng_init(&cp_rng, seed, run | SIM_CAMPAIGN_CP_STREAM);
+    draw->models = sim_campaign_draw_models(&model, &cp_rng, models);
     kvs_kv_kind_t kind = KVS_KV_GQA;
     int64_t dps = 0;
     kvs_kv_scales_t scales = KVS_KV_SCALES_NONE;
@@ -822,6 +841,17 @@ static void sim_campaign_generate(uint64_t seed, uint64_t run,
                                                               : KVS_KV_SCALES_PER_BLOCK;
         if (scales == KVS_KV_SCALES_PER_BLOCK)
             scale_block = sim_campaign_draw_block(&model, head_dim);
+    }
+
+    /* CP: 2..4 ranks of every prefill instance's TP x PP, fewer where the
+     * cluster would pass SIM_CAMPAIGN_MAX_CP_RANKS. */
+    if (draw->models >> SIM_CAMPAIGN_CP & 1u) {
+        int64_t cp = (int64_t)sim_rng_range(&cp_rng, 2, 4);
+        const int64_t prefill = sim_campaign_side_ranks(&topo, KVS_ROLE_PREFILL);
+        const int64_t decode = sim_campaign_side_ranks(&topo, KVS_ROLE_DECODE);
+        while (cp > 2 && prefill * cp + decode > SIM_CAMPAIGN_MAX_CP_RANKS)
+            cp--;
+        topo.prefill_cp = cp;
     }
 
     bool same_tp = true;
@@ -878,7 +908,7 @@ static void sim_campaign_generate(uint64_t seed, uint64_t run,
     kvs_layout_params_t params = {
         .total_heads = heads, .head_dim = head_dim, .layers = layers, .page_size = ps,
         .prefill_tp = ptp, .decode_tp = dtp, .prefill_pp = ppp, .decode_pp = dpp,
-        .chunk_tokens = chunk};
+        .chunk_tokens = chunk, .prefill_cp = topo.prefill_cp};
     params.dtype = dtype;
     params.kind = kind;
     params.decode_page_size = dps;
@@ -909,6 +939,7 @@ static void sim_campaign_generate(uint64_t seed, uint64_t run,
     cfg->decode_page_size = dps;
     cfg->kv_scales = (int32_t)scales;
     cfg->scale_block = (uint32_t)scale_block;
+    cfg->prefill_cp = topo.prefill_cp > 1 ? topo.prefill_cp : 0;
     cfg->prefill_instances = topo.prefill_instances;
     cfg->decode_instances = topo.decode_instances;
     for (uint32_t i = 0; i < topo.prefill_instances; i++) {

@@ -103,6 +103,7 @@ typedef struct kinds_seen {
     int32_t kv_kind[RUNS], kv_scales[RUNS];
     int64_t decode_page_size[RUNS];
     int32_t dtype[RUNS];
+    int64_t prefill_cp[RUNS];
 } kinds_seen_t;
 
 static void on_run_kinds(void *ctx, const kvs_sim_campaign_run_t *run)
@@ -115,6 +116,7 @@ static void on_run_kinds(void *ctx, const kvs_sim_campaign_run_t *run)
     s->kv_scales[run->index] = run->config->kv_scales;
     s->decode_page_size[run->index] = run->config->decode_page_size;
     s->dtype[run->index] = run->config->dtype;
+    s->prefill_cp[run->index] = run->config->prefill_cp;
 }
 
 static uint32_t model_kind(const char *name)
@@ -146,7 +148,7 @@ static void test_sim_campaign_model_kinds(void **state)
     kvs_sim_campaign_report_t r;
     report_init(&r);
     assert_int_equal(kvs_sim_campaign_run(&cfg, on_run_kinds, &all, &r, &err), KVS_OK);
-    assert_int_equal(r.model_kinds, 4);
+    assert_int_equal(r.model_kinds, 5);
     uint64_t plain = 0, with_kind = 0;
     for (uint32_t k = 0; k < r.model_kinds; k++)
         with_kind += r.model_kind_runs[k];
@@ -162,8 +164,9 @@ static void test_sim_campaign_model_kinds(void **state)
         assert_int_equal(none.kv_kind[i], KVS_KV_GQA);
         assert_int_equal(none.kv_scales[i], KVS_KV_SCALES_NONE);
         assert_int_equal(none.decode_page_size[i], 0);
+        assert_int_equal(none.prefill_cp[i], 0);
         if (all.kv_kind[i] == KVS_KV_GQA && all.kv_scales[i] == KVS_KV_SCALES_NONE &&
-            all.decode_page_size[i] == 0) {
+            all.decode_page_size[i] == 0 && all.prefill_cp[i] == 0) {
             assert_int_equal(all.digest[i], none.digest[i]);
             plain++;
         }
@@ -174,15 +177,30 @@ static void test_sim_campaign_model_kinds(void **state)
     assert_int_equal(kvs_sim_campaign_run(&cfg, on_run_kinds, &mla, &r, &err), KVS_OK);
     assert_int_equal(r.model_kind_runs[model_kind("page-sizes")], 0);
     assert_int_equal(r.model_kind_runs[model_kind("per-block")], 0);
+    assert_int_equal(r.model_kind_runs[model_kind("context-parallel")], 0);
     for (uint32_t i = 0; i < RUNS; i++) {
         assert_true(mla.kv_kind[i] == KVS_KV_MLA || mla.kv_scales[i] == KVS_KV_SCALES_PER_TOKEN);
         assert_int_equal(mla.decode_page_size[i], 0);
+        assert_int_equal(mla.prefill_cp[i], 0);
         if (mla.kv_scales[i] != KVS_KV_SCALES_NONE)
             assert_int_equal(mla.dtype[i], KVS_DTYPE_FP8);
     }
     assert_int_equal(r.model_kind_runs[model_kind("mla")] +
                          r.model_kind_runs[model_kind("per-token")] - r.runs_model_combined,
                      RUNS);
+    /* Prefill CP alone: 2..4 CP ranks in every run (these clusters fit
+     * the rank bound), GQA with one page size otherwise. */
+    kinds_seen_t cp;
+    memset(&cp, 0, sizeof cp);
+    cfg.kinds = "context-parallel";
+    report_init(&r);
+    assert_int_equal(kvs_sim_campaign_run(&cfg, on_run_kinds, &cp, &r, &err), KVS_OK);
+    assert_int_equal(r.model_kind_runs[model_kind("context-parallel")], RUNS);
+    for (uint32_t i = 0; i < RUNS; i++) {
+        assert_true(cp.prefill_cp[i] >= 2 && cp.prefill_cp[i] <= 4);
+        assert_int_equal(cp.kv_kind[i], KVS_KV_GQA);
+        assert_int_equal(cp.decode_page_size[i], 0);
+    }
     /* A caller built before kinds existed (its config ends at faults)
      * gets every kind, as NULL does. */
     cfg.kinds = NULL;
@@ -231,7 +249,7 @@ static void test_sim_campaign_refuses_bad_configs(void **state)
     k = 0;
     while (kvs_sim_campaign_model_kind_name(k) != NULL)
         k++;
-    assert_true(k == 4 && k <= KVS_SIM_CAMPAIGN_MAX_MODEL_KINDS);
+    assert_true(k == 5 && k <= KVS_SIM_CAMPAIGN_MAX_MODEL_KINDS);
     assert_null(kvs_sim_campaign_model_kind_name(KVS_SIM_CAMPAIGN_MAX_MODEL_KINDS));
 }
 

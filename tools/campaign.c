@@ -123,6 +123,8 @@ static char *cli_campaign_replay(const kvs_sim_config_t *c)
     cli_campaign_put_sizes(&t, "--decode-tp", c->decode_instances, c->decode_instance_tp);
     cli_campaign_put_sizes(&t, "--prefill-pp", c->prefill_instances, c->prefill_instance_pp);
     cli_campaign_put_sizes(&t, "--decode-pp", c->decode_instances, c->decode_instance_pp);
+    if (c->prefill_cp > 1)
+        cli_campaign_put_u64(&t, "--prefill-cp", (uint64_t)c->prefill_cp);
     if (c->router == KVS_SIM_ROUTER_LEAST_LOADED)
         cli_campaign_put(&t, "--router", "least-loaded");
     cli_campaign_put_u64(&t, "--requests", c->requests);

@@ -207,8 +207,8 @@ typedef struct kvs_sim_config {
      * leaves 1), 0..1024, 0 -> 1: every prefill instance has this many CP
      * ranks, each of its TP x PP, each holding and writing one contiguous
      * token range of a request (kvs_layout_cp_range); they compute their
-     * ranges in parallel, each at prefill_tokens_per_s. Moved on the
-     * staging path (docs/kinds/context-parallel.md). */
+     * ranges in parallel, each at prefill_tokens_per_s. Every path moves
+     * it (docs/kinds/context-parallel.md). */
     int64_t prefill_cp;
 } kvs_sim_config_t;
 

@@ -75,8 +75,8 @@ def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
     page_size's, which is then the prefill's: docs/kinds/page-sizes.md, as
     `kvstage sim --decode-page-size`), prefill_tp, decode_tp (required),
     prefill_cp (prefill context-parallel ranks, each of prefill_tp x
-    prefill_pp and holding one token range of a request, on the staging
-    path: docs/kinds/context-parallel.md, as `kvstage sim --prefill-cp`),
+    prefill_pp and holding one token range of a request:
+    docs/kinds/context-parallel.md, as `kvstage sim --prefill-cp`),
     chunk_tokens, requests,
     prompt_min_tokens, prompt_max_tokens, rate_milli_per_s, ring_bytes,
     seed, stall_timeout_ns, net_link_bytes_per_s, net_sq_depth (work
