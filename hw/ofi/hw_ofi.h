@@ -368,7 +368,7 @@ static inline hw_ofi_fabric_t *hw_ofi_of(kvs_fabric_t *fab)
     return KVS_CONTAINER_OF(fab, hw_ofi_fabric_t, base);
 }
 /* The user's handles checked against the fabric's tables, and the piece
- * of a registration an address falls in: inline (hw/common/handles.h), so
+ * of a registration an address falls in: inline (hw/net/handles.h), so
  * every file of the fabric uses them without calling the others. */
 static inline kvs_conn_t *hw_ofi_conn_of(hw_ofi_fabric_t *f, kvs_conn_t *conn)
 {

@@ -19,7 +19,7 @@
  * names the id). Deregistering sends DROP, and is refused while grants
  * (grant.c) inside the registration are live. Grants take their ids from
  * the same counter, so a peer's table holds both without a clash. The messages and the peer's
- * tables are hw/common/rkeys.c's, shared with the verbs fabric. A writer
+ * tables are hw/net/rkeys.c's, shared with the verbs fabric. A writer
  * resolves (id, address) to (piece key, target address) and post.c splits
  * writes at pieces.
  *
@@ -36,7 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* KEYS and DROP are hw/common/rkeys.h's, with 8-byte piece keys. */
+/* KEYS and DROP are hw/net/rkeys.h's, with 8-byte piece keys. */
 #define HW_OFI_KEYS_MAX HW_RKEYS_PER_MSG(8u)
 #define HW_OFI_RTABLE_PIECES_MAX HW_RKEYS_PIECES_MAX
 #define HW_OFI_PAGE 4096u

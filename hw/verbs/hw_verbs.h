@@ -468,7 +468,7 @@ static inline hw_verbs_fabric_t *hw_verbs_of(kvs_fabric_t *fab)
 uint64_t hw_verbs_now_ns(kvs_fabric_t *fab);
 
 /* The user's handles checked against the fabric's tables, and the piece
- * of a registration an address falls in: inline (hw/common/handles.h), so
+ * of a registration an address falls in: inline (hw/net/handles.h), so
  * every file of the fabric uses them without calling the others. */
 static inline kvs_conn_t *hw_verbs_conn_of(hw_verbs_fabric_t *f, kvs_conn_t *conn)
 {

@@ -10,7 +10,7 @@
  * up when it is registered, and to later connections before their first
  * operation (connections carry messages in order, so a peer always holds
  * the keys before any message of ours that could name the handle); the
- * messages and the peer's tables are hw/common/rkeys.c's, keys 4 bytes. The
+ * messages and the peer's tables are hw/net/rkeys.c's, keys 4 bytes. The
  * writer's side resolves (handle, address) to a piece key and splits
  * writes at piece boundaries (post.c). Deregistering sends DROP.
  */
