@@ -106,7 +106,8 @@ def main(argv):
     new = [p for p in found if p not in known]
     gone = sorted(known - set(found))
     for a, b in new:
-        below = "hw/common" if a.startswith("hw/") else "a file of its own"
+        below = ("hw/net" if a.startswith(("hw/verbs", "hw/ofi")) else "hw/common"
+                 if a.startswith("hw/") else "a file of its own")
         print("call_graph: %s and %s now call each other (%s -> %s; %s -> %s): make the "
               "calls run one way (what both need belongs below both, in %s)"
               % (a, b, a, ", ".join(sorted(calls[a][b])), b, ", ".join(sorted(calls[b][a])),

@@ -1,5 +1,5 @@
 /*
- * test_hw_handles.c - hw/common/handles.h, the arithmetic both network
+ * test_hw_handles.c - hw/net/handles.h, the arithmetic both network
  * fabrics check handles and split registrations with: a pointer is a
  * handle only at an element's start inside the table (never NULL, below,
  * between two elements or past the end); every byte of a split

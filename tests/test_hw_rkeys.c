@@ -1,5 +1,5 @@
 /*
- * test_hw_rkeys.c - the remote-key tables of hw/common/rkeys.c that the
+ * test_hw_rkeys.c - the remote-key tables of hw/net/rkeys.c that the
  * verbs (4-byte keys) and ofi (8-byte keys) fabrics share: a registration
  * of many pieces travels in as many KEYS messages as fit and resolves, on
  * the receiving side, (id, address) to the right piece key, offset and

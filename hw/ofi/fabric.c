@@ -367,7 +367,9 @@ static int hw_ofi_tables(hw_ofi_fabric_t *f)
     f->slot_nfree = c->send_slots;
     for (uint32_t i = 0; i < c->recv_depth; i++)
         f->rx[i].index = i;
-    f->next_mr_id = 1;
+    /* 4096: pieces split at the smallest page (max_mr_bytes is at least
+     * that: hw_ofi_config) */
+    hw_net_mrs_init(&f->mrt, &f->base, f->name, f->mrs, sizeof *f->mrs, c->max_mrs, 4096);
     f->next_key = 1;
     return KVS_OK;
 }
@@ -543,9 +545,9 @@ int kvs_ofi_fabric_destroy(kvs_fabric_t *fab)
     hw_ofi_fabric_t *f = hw_ofi_try(fab);
     if (f == NULL)
         return KVS_EINVAL;
-    if (f->live_mrs > 0)
+    if (f->mrt.live > 0)
         return kvs_fabric_fail(fab, KVS_EBUSY, 0, "destroying fabric %s: %u registrations are "
-                               "live: deregister them first", f->name, f->live_mrs);
+                               "live: deregister them first", f->name, f->mrt.live);
     /* BYE to the peers still there (sending to one whose fabric is gone
      * may touch memory it unmapped: shm). */
     hw_ofi_boot_progress(f);

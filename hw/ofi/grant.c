@@ -39,7 +39,7 @@
  *   during a later poll, at most one message (<= max_write_bytes) per
  *   writer. Untested; docs/security.md says so.
  *
- * Invariants: a grant is live iff its registration is open; mr->grants
+ * Invariants: a grant is live iff its registration is open; mr->net.grants
  * counts the live grants inside mr; live_grants counts them all.
  */
 #include "hw_ofi.h"
@@ -95,12 +95,11 @@ int hw_ofi_key_grant(kvs_fabric_t *fab, kvs_conn_t *conn, kvs_mr_t *mr, uint64_t
     if (out == NULL || out_rkey == NULL)
         return kvs_fabric_fail(fab, KVS_EINVAL, 0, "key_grant on %s: out and out_rkey must "
                                "not be NULL", f->name);
-    const kvs_mr_t *m = hw_ofi_mr_of(f, mr);
-    if (m == NULL)
+    if (hw_net_mrs_of(&f->mrt, mr) == NULL)
         return kvs_fabric_fail(fab, KVS_EINVAL, 0, "key_grant on %s: mr is not a live "
                                "registration of this fabric", f->name);
-    if (len_bytes == 0 || addr < m->addr || addr - m->addr > m->len_bytes ||
-        len_bytes > m->len_bytes - (addr - m->addr))
+    const hw_net_mr_t *m = &mr->net;
+    if (len_bytes == 0 || !hw_net_mr_holds(m, addr, len_bytes))
         return kvs_fabric_fail(fab, KVS_EINVAL, 0, "key_grant on %s: [0x%llx, +%llu) is "
                                "empty or not inside the registration [0x%llx, +%llu)",
                                f->name, (unsigned long long)addr,
@@ -136,7 +135,7 @@ int hw_ofi_key_grant(kvs_fabric_t *fab, kvs_conn_t *conn, kvs_mr_t *mr, uint64_t
                                rc == -FI_ENOMEM ? ": raise the locked-memory limit "
                                                   "(ulimit -l)" : "");
     *g = (kvs_grant_t){.fmr = fmr, .mr = mr, .conn = conn, .conn_gen = conn->gen,
-                       .id = hw_ofi_next_id(f), .addr = addr, .len_bytes = len_bytes,
+                       .id = hw_net_mrs_next_id(&f->mrt), .addr = addr, .len_bytes = len_bytes,
                        .live = true};
     const hw_rkeys_reg_t r = {.id = g->id, .npieces = 1, .base = addr,
                               .piece_bytes = len_bytes, .len_bytes = len_bytes};
@@ -146,7 +145,7 @@ int hw_ofi_key_grant(kvs_fabric_t *fab, kvs_conn_t *conn, kvs_mr_t *mr, uint64_t
         *g = (kvs_grant_t){0};
         return rc;
     }
-    mr->grants++;
+    mr->net.grants++;
     f->live_grants++;
     *out = g;
     *out_rkey = g->id;
@@ -157,7 +156,7 @@ int hw_ofi_key_grant(kvs_fabric_t *fab, kvs_conn_t *conn, kvs_mr_t *mr, uint64_t
 static void hw_ofi_grant_close(hw_ofi_fabric_t *f, kvs_grant_t *g)
 {
     fi_close(&g->fmr->fid);
-    g->mr->grants--;
+    g->mr->net.grants--;
     f->live_grants--;
     *g = (kvs_grant_t){0};
 }

@@ -45,6 +45,7 @@
 #include <sys/socket.h>
 
 #include "handles.h"
+#include "mr_table.h"
 #include "net_util.h"
 #include "rkeys.h"
 
@@ -87,17 +88,13 @@ typedef struct hw_ofi_fabric hw_ofi_fabric_t;
 
 /* ---- registrations (mr.c) ------------------------------------------------- */
 
+/* net.id is the handle peers name it by; net.grants counts the live
+ * grants inside it (grant.c). */
 struct kvs_mr {
-    uint64_t addr;
-    uint64_t len_bytes;
-    uint64_t piece_bytes;   /* every piece but the last */
+    hw_net_mr_t net;        /* first: the table's part (hw/net/mr_table.h) */
     struct fid_mr **pieces;
     void **descs;           /* fi_mr_desc of each piece */
     uint64_t *keys;         /* fi_mr_key of each piece */
-    uint32_t npieces;
-    uint32_t id;            /* the handle peers name it by; unique per fabric */
-    uint32_t grants;        /* live grants inside it (grant.c): deregister refuses */
-    bool live;
     bool sealed;            /* mr_register_sealed: no FI_REMOTE_WRITE, keys never sent */
 };
 
@@ -121,8 +118,6 @@ int hw_ofi_keys_send(kvs_conn_t *conn, const hw_rkeys_reg_t *r, hw_rkeys_key_fn 
 /* Sends DROP of registration or grant id on conn (best effort: ids are
  * never reused, so a DROP lost leaves an entry that opens nothing). */
 void hw_ofi_drop_send(kvs_conn_t *conn, uint32_t id);
-/* The next id of a registration or grant: unique per fabric, never 0. */
-uint32_t hw_ofi_next_id(hw_ofi_fabric_t *f);
 /* A KEYS or DROP message of the peer. */
 void hw_ofi_keys_recv(kvs_conn_t *conn, uint32_t kind, const uint8_t *msg,
                       uint32_t len_bytes);
@@ -329,11 +324,10 @@ struct hw_ofi_fabric {
     kvs_conn_t *conns;       /* max_conns */
     uint32_t deaths;         /* DEAD connections not yet told (poll) */
     kvs_mr_t *mrs;           /* max_mrs */
-    uint32_t live_mrs;
+    hw_net_mrs_t mrt;        /* the table over mrs (ids: grants' too) */
     kvs_grant_t *grants;     /* max_grants */
     uint32_t live_grants;
     bool grants_ok;          /* the provider's MR checks were verified (grant.c) */
-    uint32_t next_mr_id;
     uint64_t next_key;       /* requested keys without FI_MR_PROV_KEY */
     /* operations and requests: tx_depth each, free lists as stacks */
     hw_ofi_op_t *ops;
@@ -367,9 +361,10 @@ static inline hw_ofi_fabric_t *hw_ofi_of(kvs_fabric_t *fab)
 {
     return KVS_CONTAINER_OF(fab, hw_ofi_fabric_t, base);
 }
-/* The user's handles checked against the fabric's tables, and the piece
- * of a registration an address falls in: inline (hw/common/handles.h), so
- * every file of the fabric uses them without calling the others. */
+/* The user's connection checked against the fabric's table, and the piece
+ * of a registration an address falls in: inline (hw/net/handles.h), so
+ * every file of the fabric uses them without calling the others
+ * (registrations: hw_net_mrs_of). */
 static inline kvs_conn_t *hw_ofi_conn_of(hw_ofi_fabric_t *f, kvs_conn_t *conn)
 {
     return hw_in_table(f->conns, conn, sizeof *conn, f->cfg.max_conns) &&
@@ -377,16 +372,12 @@ static inline kvs_conn_t *hw_ofi_conn_of(hw_ofi_fabric_t *f, kvs_conn_t *conn)
                ? conn
                : NULL;
 }
-static inline kvs_mr_t *hw_ofi_mr_of(hw_ofi_fabric_t *f, kvs_mr_t *mr)
-{
-    return hw_in_table(f->mrs, mr, sizeof *mr, f->cfg.max_mrs) && mr->live ? mr : NULL;
-}
 /* Local descriptor and bytes left in the piece holding addr (inside mr). */
 static inline void hw_ofi_mr_piece(const kvs_mr_t *mr, uint64_t addr, void **desc,
                                    uint64_t *left)
 {
-    *desc = mr->descs[hw_piece_at(addr - mr->addr, mr->piece_bytes, mr->npieces,
-                                  mr->len_bytes, left)];
+    *desc = mr->descs[hw_piece_at(addr - mr->net.addr, mr->net.piece_bytes, mr->net.npieces,
+                                  mr->net.len_bytes, left)];
 }
 /* libfabric's negative return as a kvstage status (status.c). */
 int hw_ofi_status(int fi_rc);

@@ -9,7 +9,9 @@
  * each piece to the endpoint and enables it; FI_MR_LOCAL is why every
  * piece's descriptor is kept (post.c passes them). FI_MR_VIRT_ADDR decides
  * how a writer addresses a piece (post.c's rkey_piece): by virtual address,
- * or by offset into the piece.
+ * or by offset into the piece. The slots, ids, piece sizes and the checks
+ * of mr_register and mr_deregister are hw/net/mr_table.c's, shared with the
+ * verbs fabric.
  *
  * The remote key handed out is the registration's id, never a provider
  * key: its base, length, piece size and piece keys travel in KEYS messages
@@ -19,7 +21,7 @@
  * names the id). Deregistering sends DROP, and is refused while grants
  * (grant.c) inside the registration are live. Grants take their ids from
  * the same counter, so a peer's table holds both without a clash. The messages and the peer's
- * tables are hw/common/rkeys.c's, shared with the verbs fabric. A writer
+ * tables are hw/net/rkeys.c's, shared with the verbs fabric. A writer
  * resolves (id, address) to (piece key, target address) and post.c splits
  * writes at pieces.
  *
@@ -36,10 +38,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* KEYS and DROP are hw/common/rkeys.h's, with 8-byte piece keys. */
+/* KEYS and DROP are hw/net/rkeys.h's, with 8-byte piece keys. */
 #define HW_OFI_KEYS_MAX HW_RKEYS_PER_MSG(8u)
-#define HW_OFI_RTABLE_PIECES_MAX HW_RKEYS_PIECES_MAX
-#define HW_OFI_PAGE 4096u
 
 int hw_ofi_mr_reg_one(hw_ofi_fabric_t *f, void *buf, size_t len, uint64_t access,
                       struct fid_mr **out)
@@ -76,7 +76,7 @@ int hw_ofi_mr_own(hw_ofi_fabric_t *f, void *buf, size_t len, uint64_t access,
 
 static void hw_ofi_mr_release(kvs_mr_t *mr)
 {
-    for (uint32_t i = 0; mr->pieces != NULL && i < mr->npieces; i++)
+    for (uint32_t i = 0; mr->pieces != NULL && i < mr->net.npieces; i++)
         if (mr->pieces[i] != NULL)
             fi_close(&mr->pieces[i]->fid);
     free(mr->pieces);
@@ -87,7 +87,7 @@ static void hw_ofi_mr_release(kvs_mr_t *mr)
 
 static uint32_t hw_ofi_keys_msgs(const kvs_mr_t *mr)
 {
-    return (mr->npieces + HW_OFI_KEYS_MAX - 1) / HW_OFI_KEYS_MAX;
+    return (mr->net.npieces + HW_OFI_KEYS_MAX - 1) / HW_OFI_KEYS_MAX;
 }
 
 static uint64_t hw_ofi_piece_key(const void *mr, uint32_t i)
@@ -113,19 +113,12 @@ void hw_ofi_drop_send(kvs_conn_t *conn, uint32_t id)
     (void)hw_ofi_send_internal(conn, HW_OFI_MSG_DROP, msg, sizeof msg);
 }
 
-uint32_t hw_ofi_next_id(hw_ofi_fabric_t *f)
-{
-    uint32_t id = f->next_mr_id++ & 0x7fffffffu;
-    if (id == 0)
-        id = f->next_mr_id++;
-    return id;
-}
-
 /* The KEYS messages of mr (rkeys.c) on conn. */
 static int hw_ofi_keys_send_mr(kvs_conn_t *conn, const kvs_mr_t *mr)
 {
-    const hw_rkeys_reg_t r = {.id = mr->id, .npieces = mr->npieces, .base = mr->addr,
-                              .piece_bytes = mr->piece_bytes, .len_bytes = mr->len_bytes};
+    const hw_rkeys_reg_t r = {.id = mr->net.id, .npieces = mr->net.npieces,
+                              .base = mr->net.addr, .piece_bytes = mr->net.piece_bytes,
+                              .len_bytes = mr->net.len_bytes};
     return hw_ofi_keys_send(conn, &r, hw_ofi_piece_key, mr);
 }
 
@@ -133,7 +126,7 @@ uint32_t hw_ofi_keys_msgs_all(hw_ofi_fabric_t *f)
 {
     uint32_t n = 0;
     for (uint32_t i = 0; i < f->cfg.max_mrs; i++)
-        if (f->mrs[i].live)
+        if (f->mrs[i].net.live)
             n += hw_ofi_keys_msgs(&f->mrs[i]);
     return n;
 }
@@ -142,7 +135,7 @@ int hw_ofi_keys_push_all(kvs_conn_t *conn)
 {
     hw_ofi_fabric_t *f = conn->fab;
     for (uint32_t i = 0; i < f->cfg.max_mrs; i++) {
-        if (!f->mrs[i].live || f->mrs[i].sealed)
+        if (!f->mrs[i].net.live || f->mrs[i].sealed)
             continue;
         int rc = hw_ofi_keys_send_mr(conn, &f->mrs[i]);
         if (rc != KVS_OK)
@@ -167,28 +160,14 @@ static int hw_ofi_mr_register_as(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t 
                                "(no FI_HMEM): run the rank on the host device, or take the "
                                "verbs fabric for GPU memory", f->name,
                                dev->name != NULL ? dev->name : dev->ops.name);
-    if (out == NULL || out_rkey == NULL || addr == 0 || len_bytes == 0 ||
-        addr + len_bytes < addr)
-        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "mr_register on %s: need a non-empty "
-                               "range that does not wrap, and out and out_rkey", f->name);
     kvs_mr_t *mr = NULL;
-    for (uint32_t i = 0; i < f->cfg.max_mrs && mr == NULL; i++)
-        if (!f->mrs[i].live)
-            mr = &f->mrs[i];
-    if (mr == NULL)
-        return kvs_fabric_fail(fab, KVS_EFULL, 0, "mr_register on %s: all %u registrations "
-                               "are live: deregister some or raise max_mrs", f->name,
-                               f->cfg.max_mrs);
-    uint64_t piece = len_bytes;
-    if (piece > f->max_mr_bytes)
-        piece = f->max_mr_bytes / HW_OFI_PAGE * HW_OFI_PAGE;
-    const uint64_t npieces = (len_bytes + piece - 1) / piece;
-    if (npieces > HW_OFI_RTABLE_PIECES_MAX)
-        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "mr_register on %s: %llu bytes would be "
-                               "%llu pieces of max_mr_bytes %llu (at most %u): raise "
-                               "max_mr_bytes", f->name, (unsigned long long)len_bytes,
-                               (unsigned long long)npieces, (unsigned long long)piece,
-                               HW_OFI_RTABLE_PIECES_MAX);
+    hw_net_mr_t plan;
+    int rc = hw_net_mr_plan(&f->mrt, out != NULL && out_rkey != NULL, addr, len_bytes,
+                            f->max_mr_bytes, HW_RKEYS_PIECES_MAX, "raise max_mr_bytes", &mr,
+                            &plan);
+    if (rc != KVS_OK)
+        return rc;
+    const uint64_t npieces = plan.npieces;
     /* Every up connection hears of it now: there must be send slots for
      * all of that before anything is registered. */
     uint32_t up = 0;
@@ -200,8 +179,7 @@ static int hw_ofi_mr_register_as(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t 
                                "messages to %u peers and %u send slots are free: poll "
                                "and retry, or raise send_slots", f->name,
                                (unsigned long long)msgs, up, f->slot_nfree);
-    *mr = (kvs_mr_t){.addr = addr, .len_bytes = len_bytes, .piece_bytes = piece,
-                     .npieces = (uint32_t)npieces, .id = hw_ofi_next_id(f), .sealed = sealed};
+    *mr = (kvs_mr_t){.net = plan, .sealed = sealed};
     mr->pieces = calloc(npieces, sizeof *mr->pieces);
     mr->descs = calloc(npieces, sizeof *mr->descs);
     mr->keys = calloc(npieces, sizeof *mr->keys);
@@ -211,12 +189,12 @@ static int hw_ofi_mr_register_as(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t 
                                "pieces: raise max_mr_bytes", f->name,
                                (unsigned long long)npieces);
     }
-    for (uint32_t i = 0; i < mr->npieces; i++) {
-        const uint64_t off = (uint64_t)i * piece;
-        const uint64_t len = i + 1 == mr->npieces ? len_bytes - off : piece;
-        int rc = hw_ofi_mr_reg_one(f, (void *)(uintptr_t)(addr + off), len,
-                                   FI_WRITE | (sealed ? 0 : FI_REMOTE_WRITE) | FI_SEND |
-                                       FI_RECV, &mr->pieces[i]);
+    for (uint32_t i = 0; i < plan.npieces; i++) {
+        const uint64_t off = (uint64_t)i * plan.piece_bytes;
+        const uint64_t len = i + 1 == plan.npieces ? len_bytes - off : plan.piece_bytes;
+        rc = hw_ofi_mr_reg_one(f, (void *)(uintptr_t)(addr + off), len,
+                               FI_WRITE | (sealed ? 0 : FI_REMOTE_WRITE) | FI_SEND | FI_RECV,
+                               &mr->pieces[i]);
         if (rc != 0) {
             hw_ofi_mr_release(mr);
             return kvs_fabric_fail(fab, hw_ofi_status(rc) == KVS_ENOMEM ? KVS_ENOMEM
@@ -224,15 +202,14 @@ static int hw_ofi_mr_register_as(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t 
                                    -rc, "mr_register on %s: fi_mr_reg of [0x%llx, +%llu) "
                                    "(piece %u of %u) failed: %s%s", f->name,
                                    (unsigned long long)(addr + off), (unsigned long long)len,
-                                   i + 1, mr->npieces, f->lib.strerror(-rc),
+                                   i + 1, plan.npieces, f->lib.strerror(-rc),
                                    rc == -FI_ENOMEM ? ": raise the locked-memory limit "
                                                       "(ulimit -l)" : "");
         }
         mr->descs[i] = fi_mr_desc(mr->pieces[i]);
         mr->keys[i] = fi_mr_key(mr->pieces[i]);
     }
-    mr->live = true;
-    f->live_mrs++;
+    hw_net_mr_open(&f->mrt, &mr->net);
     for (uint32_t i = 0; i < f->cfg.max_conns && !sealed; i++) {
         kvs_conn_t *c = &f->conns[i];
         if (c->state == HW_OFI_CONN_UP && hw_ofi_keys_send_mr(c, mr) != KVS_OK)
@@ -240,7 +217,7 @@ static int hw_ofi_mr_register_as(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t 
                              "%s", c->peer, fab->last_backend_msg);
     }
     *out = mr;
-    *out_rkey = mr->id;
+    *out_rkey = mr->net.id;
     return KVS_OK;
 }
 
@@ -263,28 +240,23 @@ int hw_ofi_mr_register_sealed(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t add
 int hw_ofi_mr_deregister(kvs_fabric_t *fab, kvs_mr_t *mr)
 {
     hw_ofi_fabric_t *f = hw_ofi_of(fab);
-    kvs_mr_t *m = hw_ofi_mr_of(f, mr);
-    if (m == NULL)
-        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "mr_deregister on %s: not a live "
-                               "registration of this fabric", f->name);
-    if (m->grants > 0)
-        return kvs_fabric_fail(fab, KVS_EBUSY, 0, "mr_deregister on %s: %u region-scoped "
-                               "keys (key_grant) inside it are live: revoke them first",
-                               f->name, m->grants);
-    for (uint32_t i = 0; i < f->cfg.max_conns && !m->sealed; i++)
+    const int rc = hw_net_mr_close_check(&f->mrt, mr);
+    if (rc != KVS_OK)
+        return rc;
+    for (uint32_t i = 0; i < f->cfg.max_conns && !mr->sealed; i++)
         if (f->conns[i].state == HW_OFI_CONN_UP)
-            hw_ofi_drop_send(&f->conns[i], m->id);
-    hw_ofi_mr_release(m);
-    f->live_mrs--;
+            hw_ofi_drop_send(&f->conns[i], mr->net.id);
+    hw_net_mr_close(&f->mrt, &mr->net);
+    hw_ofi_mr_release(mr);
     return KVS_OK;
 }
 
 void hw_ofi_mr_free_all(hw_ofi_fabric_t *f)
 {
     for (uint32_t i = 0; f->mrs != NULL && i < f->cfg.max_mrs; i++)
-        if (f->mrs[i].live)
+        if (f->mrs[i].net.live)
             hw_ofi_mr_release(&f->mrs[i]);
-    f->live_mrs = 0;
+    f->mrt.live = 0;
 }
 
 void hw_ofi_keys_recv(kvs_conn_t *conn, uint32_t kind, const uint8_t *msg, uint32_t len)

@@ -282,26 +282,12 @@ static int64_t hw_ofi_write_pieces(hw_ofi_fabric_t *f, kvs_conn_t *c, const kvs_
 int hw_ofi_write(kvs_fabric_t *fab, kvs_conn_t *conn, const kvs_write_desc_t *desc)
 {
     hw_ofi_fabric_t *f = hw_ofi_of(fab);
-    if (desc == NULL || desc->len_bytes == 0)
-        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "write on %s: %s", f->name,
-                               desc == NULL ? "desc is NULL" : "zero bytes: write at least one");
-    int rc = hw_ofi_check_conn(f, conn, "write");
+    kvs_mr_t *mr = NULL;
+    int rc = hw_net_write_check(&f->mrt, desc, &mr);
+    if (rc == KVS_OK)
+        rc = hw_ofi_check_conn(f, conn, "write");
     if (rc != KVS_OK)
         return rc;
-    const kvs_mr_t *mr = hw_ofi_mr_of(f, desc->local_mr);
-    if (mr == NULL)
-        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "write on %s: local_mr is not a live "
-                               "registration of this fabric", f->name);
-    if (desc->local_addr < mr->addr || desc->local_addr - mr->addr > mr->len_bytes ||
-        desc->len_bytes > mr->len_bytes - (desc->local_addr - mr->addr))
-        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "write on %s: source [0x%llx, +%llu) is "
-                               "not inside local_mr [0x%llx, +%llu)", f->name,
-                               (unsigned long long)desc->local_addr,
-                               (unsigned long long)desc->len_bytes,
-                               (unsigned long long)mr->addr, (unsigned long long)mr->len_bytes);
-    if (desc->remote_addr + desc->len_bytes < desc->remote_addr)
-        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "write on %s: the remote range wraps",
-                               f->name);
     uint32_t head = UINT32_MAX;
     const int64_t n = hw_ofi_write_pieces(f, conn, desc, mr, 0, false, &head);
     if (n < 0)

@@ -399,7 +399,9 @@ int kvs_verbs_fabric_create(const kvs_verbs_config_t *cfg, kvs_fabric_t **out,
     }
     for (uint32_t i = 0; i < c->max_conns; i++)
         f->conns[i] = (kvs_conn_t){.fab = f, .slot = i};
-    f->next_mr_id = 1;
+    const long page = sysconf(_SC_PAGESIZE); /* split registrations' pieces: whole pages */
+    hw_net_mrs_init(&f->mrt, &f->base, f->device_name, f->mrs, sizeof *f->mrs, c->max_mrs,
+                    page > 0 ? (uint64_t)page : 4096);
 
     const char *step = "ibv_alloc_pd";
     errno = 0;
@@ -466,9 +468,9 @@ int kvs_verbs_fabric_destroy(kvs_fabric_t *fab)
     hw_verbs_fabric_t *f = hw_verbs_try(fab);
     if (f == NULL)
         return KVS_EINVAL;
-    if (f->live_mrs > 0)
+    if (f->mrt.live > 0)
         return kvs_fabric_fail(fab, KVS_EBUSY, 0, "destroying fabric %s: %u registrations are "
-                               "live: deregister them first", f->device_name, f->live_mrs);
+                               "live: deregister them first", f->device_name, f->mrt.live);
     hw_verbs_free(f);
     return KVS_OK;
 }

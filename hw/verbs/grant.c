@@ -98,28 +98,28 @@ int hw_verbs_key_grant(kvs_fabric_t *fab, kvs_conn_t *conn, kvs_mr_t *mr, uint64
     int rc = hw_verbs_check_conn(f, conn, "key_grant");
     if (rc != KVS_OK)
         return rc;
-    kvs_mr_t *m = hw_verbs_mr_of(f, mr);
-    if (m == NULL)
+    if (hw_net_mrs_of(&f->mrt, mr) == NULL)
         return kvs_fabric_fail(fab, KVS_EINVAL, 0, "key_grant on %s: mr is not a live "
                                "registration of this fabric", f->device_name);
-    if (addr < m->addr || len_bytes > m->len_bytes || addr - m->addr > m->len_bytes - len_bytes)
+    kvs_mr_t *m = mr;
+    if (!hw_net_mr_holds(&m->net, addr, len_bytes))
         return kvs_fabric_fail(fab, KVS_EINVAL, 0, "key_grant on %s: [0x%llx, +%llu) is not "
                                "inside its registration [0x%llx, +%llu): grant part of mr",
                                f->device_name, (unsigned long long)addr,
-                               (unsigned long long)len_bytes, (unsigned long long)m->addr,
-                               (unsigned long long)m->len_bytes);
+                               (unsigned long long)len_bytes, (unsigned long long)m->net.addr,
+                               (unsigned long long)m->net.len_bytes);
     if (!f->mw_type2)
         return kvs_fabric_fail(fab, KVS_ENOTSUP, 0, "key_grant on %s: the device does not "
                                "report type-2 memory windows (IBV_DEVICE_MEM_WINDOW_TYPE_2B): "
                                "no region-scoped keys on it", f->device_name);
-    const uint64_t i = (addr - m->addr) / m->piece_bytes;
-    if ((addr + len_bytes - 1 - m->addr) / m->piece_bytes != i)
+    const uint64_t i = (addr - m->net.addr) / m->net.piece_bytes;
+    if ((addr + len_bytes - 1 - m->net.addr) / m->net.piece_bytes != i)
         return kvs_fabric_fail(fab, KVS_ENOTSUP, 0, "key_grant on %s: [0x%llx, +%llu) "
                                "crosses a piece boundary of a split registration (pieces of "
                                "%llu bytes) and a memory window covers one MR: raise "
                                "max_mr_bytes", f->device_name, (unsigned long long)addr,
                                (unsigned long long)len_bytes,
-                               (unsigned long long)m->piece_bytes);
+                               (unsigned long long)m->net.piece_bytes);
     kvs_grant_t *g = NULL;
     for (uint32_t k = 0; k < f->cfg.max_grants; k++) {
         if (!f->grants[k].live) {
@@ -181,7 +181,7 @@ int hw_verbs_key_grant(kvs_fabric_t *fab, kvs_conn_t *conn, kvs_mr_t *mr, uint64
     e->grant = g;
     if (hw_verbs_conn_ready(conn))
         hw_verbs_sq_post(conn, idx, 1);
-    m->grants++;
+    m->net.grants++;
     f->live_grants++;
     *out = g;
     *out_rkey = g->rkey;
@@ -260,7 +260,7 @@ int hw_verbs_key_revoke(kvs_fabric_t *fab, kvs_grant_t *grant)
                                      "could not be deallocated", g->conn->peer);
         }
     }
-    g->mr->grants--;
+    g->mr->net.grants--;
     f->live_grants--;
     *g = (kvs_grant_t){0};
     return rc;
@@ -356,7 +356,7 @@ void hw_verbs_grants_free_all(hw_verbs_fabric_t *f)
         if (g->live)
             (void)hw_verbs_grant_release(g);
         if (g->live)
-            g->mr->grants--;
+            g->mr->net.grants--;
         *g = (kvs_grant_t){0};
     }
     f->live_grants = 0;

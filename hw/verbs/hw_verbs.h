@@ -23,6 +23,7 @@
 #include <kvstage/verbs.h>
 
 #include "handles.h"
+#include "mr_table.h"
 #include "net_util.h"
 #include "rkeys.h"
 
@@ -157,16 +158,12 @@ int hw_verbs_errno_status(int err);
 
 /* ---- registrations (mr.c) ------------------------------------------------- */
 
+/* net.id names a split registration in its rkey; net.grants counts the
+ * live grants (grant.c) into it. */
 struct kvs_mr {
-    uint64_t addr;
-    uint64_t len_bytes;
-    uint64_t piece_bytes;  /* every piece but the last */
+    hw_net_mr_t net;       /* first: the table's part (hw/net/mr_table.h) */
     uint64_t rkey;         /* what the peer writes with */
     struct ibv_mr **pieces;
-    uint32_t npieces;
-    uint32_t id;           /* unique per fabric, 31 bits */
-    uint32_t grants;       /* live grants (grant.c) into it: deregistering waits */
-    bool live;
     bool dmabuf;
 };
 
@@ -444,12 +441,11 @@ struct hw_verbs_fabric {
     struct rdma_cm_id *listener;
     kvs_conn_t *conns;       /* max_conns */
     kvs_mr_t *mrs;           /* max_mrs */
+    hw_net_mrs_t mrt;        /* the table over mrs */
     kvs_grant_t *grants;     /* max_grants */
     uint32_t live_grants;
     bool mw_type2;           /* the device binds type-2 memory windows (device_cap_flags) */
     bool mw_own_mr;          /* its windows do not check their range: one MR per grant */
-    uint32_t live_mrs;
-    uint32_t next_mr_id;
     struct ibv_send_wr *wrs; /* scratch for one operation: sq_depth */
     struct ibv_sge *sges;
     struct ibv_wc stash[HW_VERBS_STASH]; /* polled by wait, reported by poll */
@@ -467,9 +463,10 @@ static inline hw_verbs_fabric_t *hw_verbs_of(kvs_fabric_t *fab)
 }
 uint64_t hw_verbs_now_ns(kvs_fabric_t *fab);
 
-/* The user's handles checked against the fabric's tables, and the piece
- * of a registration an address falls in: inline (hw/common/handles.h), so
- * every file of the fabric uses them without calling the others. */
+/* The user's connection checked against the fabric's table, and the piece
+ * of a registration an address falls in: inline (hw/net/handles.h), so
+ * every file of the fabric uses them without calling the others
+ * (registrations: hw_net_mrs_of). */
 static inline kvs_conn_t *hw_verbs_conn_of(hw_verbs_fabric_t *f, kvs_conn_t *conn)
 {
     return hw_in_table(f->conns, conn, sizeof *conn, f->cfg.max_conns) &&
@@ -477,16 +474,12 @@ static inline kvs_conn_t *hw_verbs_conn_of(hw_verbs_fabric_t *f, kvs_conn_t *con
                ? conn
                : NULL;
 }
-static inline kvs_mr_t *hw_verbs_mr_of(hw_verbs_fabric_t *f, kvs_mr_t *mr)
-{
-    return hw_in_table(f->mrs, mr, sizeof *mr, f->cfg.max_mrs) && mr->live ? mr : NULL;
-}
 /* Local key and bytes left in the piece holding addr (inside mr). */
 static inline void hw_verbs_mr_piece(const kvs_mr_t *mr, uint64_t addr, uint32_t *lkey,
                                      uint64_t *left)
 {
-    *lkey = mr->pieces[hw_piece_at(addr - mr->addr, mr->piece_bytes, mr->npieces,
-                                   mr->len_bytes, left)]->lkey;
+    *lkey = mr->pieces[hw_piece_at(addr - mr->net.addr, mr->net.piece_bytes, mr->net.npieces,
+                                   mr->net.len_bytes, left)]->lkey;
 }
 
 #endif

@@ -2,7 +2,9 @@
  * mr.c - memory registration of the verbs fabric: host memory through
  * ibv_reg_mr, device memory through a dma-buf (dmabuf.c or the config's
  * exporter) and ibv_reg_dmabuf_mr; ranges larger than max_mr_bytes split
- * into page-aligned pieces, one MR each.
+ * into page-aligned pieces, one MR each. The slots, ids, piece sizes and
+ * the checks of mr_register and mr_deregister are hw/net/mr_table.c's,
+ * shared with the ofi fabric.
  *
  * A registration of one piece hands out its MR's rkey. A split one hands
  * out a handle (HW_VERBS_RKEY_SPLIT | id << 32 | first piece's rkey) and its
@@ -10,7 +12,7 @@
  * up when it is registered, and to later connections before their first
  * operation (connections carry messages in order, so a peer always holds
  * the keys before any message of ours that could name the handle); the
- * messages and the peer's tables are hw/common/rkeys.c's, keys 4 bytes. The
+ * messages and the peer's tables are hw/net/rkeys.c's, keys 4 bytes. The
  * writer's side resolves (handle, address) to a piece key and splits
  * writes at piece boundaries (post.c). Deregistering sends DROP.
  */
@@ -35,8 +37,9 @@ static int hw_verbs_keys_send_one(void *conn, const uint8_t *msg, uint32_t len_b
 /* The KEYS messages of mr (rkeys.c) on conn. */
 static int hw_verbs_keys_send_mr(kvs_conn_t *conn, const kvs_mr_t *mr)
 {
-    const hw_rkeys_reg_t r = {.id = mr->id, .npieces = mr->npieces, .base = mr->addr,
-                              .piece_bytes = mr->piece_bytes, .len_bytes = mr->len_bytes};
+    const hw_rkeys_reg_t r = {.id = mr->net.id, .npieces = mr->net.npieces,
+                              .base = mr->net.addr, .piece_bytes = mr->net.piece_bytes,
+                              .len_bytes = mr->net.len_bytes};
     return hw_rkeys_send(&r, 4, hw_verbs_piece_rkey, mr, hw_verbs_keys_send_one, conn);
 }
 
@@ -44,7 +47,7 @@ int hw_verbs_keys_push_all(hw_verbs_fabric_t *f, kvs_conn_t *conn)
 {
     for (uint32_t i = 0; i < f->cfg.max_mrs; i++) {
         const kvs_mr_t *mr = &f->mrs[i];
-        if (mr->live && mr->npieces > 1) {
+        if (mr->net.live && mr->net.npieces > 1) {
             int rc = hw_verbs_keys_send_mr(conn, mr);
             if (rc != KVS_OK)
                 return rc;
@@ -68,7 +71,7 @@ static void hw_verbs_keys_broadcast(hw_verbs_fabric_t *f, const kvs_mr_t *mr, bo
         int rc;
         if (drop) {
             uint8_t msg[4];
-            hw_put32(msg, mr->id);
+            hw_put32(msg, mr->net.id);
             rc = hw_verbs_send_internal(c, HW_VERBS_CTRL_DROP, msg, sizeof msg);
         } else {
             rc = hw_verbs_keys_send_mr(c, mr);
@@ -96,7 +99,7 @@ int hw_verbs_keys_recv(hw_verbs_fabric_t *f, kvs_conn_t *conn, uint32_t kind,
 
 static void hw_verbs_mr_release(kvs_mr_t *mr)
 {
-    for (uint32_t i = 0; i < mr->npieces; i++)
+    for (uint32_t i = 0; mr->pieces != NULL && i < mr->net.npieces; i++)
         if (mr->pieces[i] != NULL)
             (void)ibv_dereg_mr(mr->pieces[i]);
     free(mr->pieces);
@@ -107,60 +110,34 @@ int hw_verbs_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
                          uint64_t len_bytes, bool sealed, kvs_mr_t **out, uint64_t *out_rkey)
 {
     hw_verbs_fabric_t *f = hw_verbs_of(fab);
-    if (out == NULL || out_rkey == NULL || len_bytes == 0 || addr == 0 ||
-        addr + len_bytes < addr)
-        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "mr_register on %s: %s", f->device_name,
-                               out == NULL || out_rkey == NULL ? "out and out_rkey must not "
-                                                                 "be NULL"
-                               : len_bytes == 0 ? "len_bytes is 0: register a non-empty range"
-                                                : "the address range is NULL or wraps");
     kvs_mr_t *mr = NULL;
-    for (uint32_t i = 0; i < f->cfg.max_mrs; i++) {
-        if (!f->mrs[i].live) {
-            mr = &f->mrs[i];
-            break;
-        }
-    }
-    if (mr == NULL)
-        return kvs_fabric_fail(fab, KVS_EFULL, 0, "mr_register on %s: all %u registrations "
-                               "are in use: deregister some or raise max_mrs", f->device_name,
-                               f->cfg.max_mrs);
-    const long page = sysconf(_SC_PAGESIZE);
-    const uint64_t page_bytes = page > 0 ? (uint64_t)page : 4096;
-    uint64_t piece = f->max_mr_bytes / page_bytes * page_bytes;
-    if (piece == 0)
-        piece = page_bytes;
-    if (piece > len_bytes)
-        piece = len_bytes;
-    const uint64_t npieces = len_bytes / piece + (len_bytes % piece != 0);
+    hw_net_mr_t plan;
+    int rc = hw_net_mr_plan(&f->mrt, out != NULL && out_rkey != NULL, addr, len_bytes,
+                            f->max_mr_bytes, f->cfg.max_mr_pieces,
+                            "raise max_mr_pieces or register less", &mr, &plan);
+    if (rc != KVS_OK)
+        return rc;
+    const uint64_t npieces = plan.npieces, piece = plan.piece_bytes;
     if (sealed && npieces > 1) /* a window covers one MR: grants could not cross pieces */
         return kvs_fabric_fail(fab, KVS_ENOTSUP, 0, "mr_register_sealed on %s: %llu bytes "
                                "need %llu MRs of at most %llu bytes (max_mr_bytes) and a "
                                "split registration is not sealed: raise max_mr_bytes",
                                f->device_name, (unsigned long long)len_bytes,
                                (unsigned long long)npieces, (unsigned long long)piece);
-    if (npieces > f->cfg.max_mr_pieces)
-        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "mr_register on %s: %llu bytes need %llu "
-                               "MRs of at most %llu bytes (max_mr_bytes), more than "
-                               "max_mr_pieces %u: raise max_mr_pieces or register less",
-                               f->device_name, (unsigned long long)len_bytes,
-                               (unsigned long long)npieces, (unsigned long long)piece,
-                               f->cfg.max_mr_pieces);
     int fd = -1;
     uint64_t fd_off = 0;
     char why[KVS_ERROR_MSG_BYTES] = "";
     const kvs_verbs_dmabuf_fn exporter = f->cfg.dmabuf != NULL ? f->cfg.dmabuf
                                                                : hw_verbs_cuda_dmabuf;
     void *exporter_ctx = f->cfg.dmabuf != NULL ? f->cfg.dmabuf_ctx : (void *)f->cuda;
-    int rc = exporter(exporter_ctx, dev, addr, len_bytes, &fd, &fd_off, why, sizeof why);
+    rc = exporter(exporter_ctx, dev, addr, len_bytes, &fd, &fd_off, why, sizeof why);
     if (rc != KVS_OK && rc != KVS_ENOTSUP)
         return kvs_fabric_fail(fab, rc, 0, "mr_register on %s: %s", f->device_name, why);
     if (rc == KVS_ENOTSUP && why[0] != '\0')
         return kvs_fabric_fail(fab, KVS_ENOTSUP, 0, "mr_register on %s: %s", f->device_name,
                                why);
     const bool dmabuf = rc == KVS_OK;
-    *mr = (kvs_mr_t){.addr = addr, .len_bytes = len_bytes, .piece_bytes = piece,
-                     .npieces = (uint32_t)npieces, .dmabuf = dmabuf};
+    *mr = (kvs_mr_t){.net = plan, .dmabuf = dmabuf};
     mr->pieces = calloc(npieces, sizeof *mr->pieces);
     if (mr->pieces == NULL) {
         if (fd >= 0)
@@ -203,12 +180,10 @@ int hw_verbs_mr_register(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t addr,
     }
     if (fd >= 0)
         close(fd); /* the MRs hold their own reference to the dma-buf */
-    mr->id = f->next_mr_id;
-    f->next_mr_id = (f->next_mr_id + 1) & 0x7fffffffu;
+    hw_net_mr_open(&f->mrt, &mr->net);
     mr->rkey = npieces == 1 ? mr->pieces[0]->rkey
-                            : HW_VERBS_RKEY_SPLIT | (uint64_t)mr->id << 32 | mr->pieces[0]->rkey;
-    mr->live = true;
-    f->live_mrs++;
+                            : HW_VERBS_RKEY_SPLIT | (uint64_t)mr->net.id << 32 |
+                                  mr->pieces[0]->rkey;
     if (npieces > 1)
         hw_verbs_keys_broadcast(f, mr, false);
     *out = mr;
@@ -229,24 +204,20 @@ int hw_verbs_mr_register_sealed(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t a
 int hw_verbs_mr_deregister(kvs_fabric_t *fab, kvs_mr_t *mr)
 {
     hw_verbs_fabric_t *f = hw_verbs_of(fab);
-    if (hw_verbs_mr_of(f, mr) == NULL)
-        return kvs_fabric_fail(fab, KVS_ENOENT, 0, "mr_deregister on %s: not a live "
-                               "registration of this fabric", f->device_name);
-    if (mr->grants > 0)
-        return kvs_fabric_fail(fab, KVS_EBUSY, 0, "mr_deregister on %s: %u grants "
-                               "(key_grant) into this registration are live: revoke them "
-                               "first", f->device_name, mr->grants);
-    if (mr->npieces > 1)
+    const int rc = hw_net_mr_close_check(&f->mrt, mr);
+    if (rc != KVS_OK)
+        return rc;
+    if (mr->net.npieces > 1)
         hw_verbs_keys_broadcast(f, mr, true);
+    hw_net_mr_close(&f->mrt, &mr->net);
     hw_verbs_mr_release(mr);
-    f->live_mrs--;
     return KVS_OK;
 }
 
 void hw_verbs_mr_free_all(hw_verbs_fabric_t *f)
 {
     for (uint32_t i = 0; i < f->cfg.max_mrs; i++)
-        if (f->mrs[i].live)
+        if (f->mrs[i].net.live)
             hw_verbs_mr_release(&f->mrs[i]);
-    f->live_mrs = 0;
+    f->mrt.live = 0;
 }

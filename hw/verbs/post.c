@@ -114,23 +114,10 @@ int hw_verbs_write(kvs_fabric_t *fab, kvs_conn_t *conn, const kvs_write_desc_t *
     if (rc != KVS_OK)
         return rc;
     kvs_conn_t *c = conn;
-    if (desc == NULL || desc->len_bytes == 0)
-        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "write on %s: %s", f->device_name,
-                               desc == NULL ? "desc is NULL" : "len_bytes is 0");
-    const kvs_mr_t *mr = hw_verbs_mr_of(f, desc->local_mr);
-    if (mr == NULL)
-        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "write on %s: local_mr is not a live "
-                               "registration of this fabric", f->device_name);
-    if (desc->local_addr < mr->addr || desc->len_bytes > mr->len_bytes ||
-        desc->local_addr - mr->addr > mr->len_bytes - desc->len_bytes)
-        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "write on %s: source [0x%llx, +%llu) is "
-                               "outside its registration [0x%llx, +%llu)", f->device_name,
-                               (unsigned long long)desc->local_addr,
-                               (unsigned long long)desc->len_bytes,
-                               (unsigned long long)mr->addr, (unsigned long long)mr->len_bytes);
-    if (desc->remote_addr + desc->len_bytes < desc->remote_addr)
-        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "write on %s: the remote range wraps",
-                               f->device_name);
+    kvs_mr_t *mr = NULL;
+    rc = hw_net_write_check(&f->mrt, desc, &mr);
+    if (rc != KVS_OK)
+        return rc;
     rc = hw_verbs_ensure_keys(f, c);
     if (rc != KVS_OK)
         return rc;

@@ -585,9 +585,9 @@ static void test_ofi_fabric_sealed_registration_opens_only_by_grant(void **state
     for (uint64_t i = 0; i < dst.len; i++)
         assert_int_equal(dst.mem[i], i >= off && i < off + len ? 0x42 : 0);
     if (verified) {
-        const kvs_mr_t *m = hw_ofi_mr_of(a, dst.mr);
+        const kvs_mr_t *m = hw_net_mrs_of(&a->mrt, dst.mr);
         assert_non_null(m);
-        forge_keys(d.ab, m->id, base, dst.len, m->keys[0]);
+        forge_keys(d.ab, m->net.id, base, dst.len, m->keys[0]);
         assert_int_equal(hostile_write(&d, &src, base, 4096, dst.rkey, 0x43), KVS_EREMOTE);
         for (uint64_t i = 0; i < dst.len; i++)
             assert_int_equal(dst.mem[i], i >= off && i < off + len ? 0x42 : 0);
