@@ -47,7 +47,7 @@
 #include "rng.h"
 #include "topology.h"
 
-#define SIM_CAMPAIGN_SPEC_BYTES 96
+#define SIM_CAMPAIGN_SPEC_BYTES 128
 /* Faults in a run that has any: 1..this. */
 #define SIM_CAMPAIGN_MAX_FAULTS 4
 /* Engine events one run may dispatch: over 10x what the largest draw
@@ -229,11 +229,12 @@ static void sim_campaign_rank(sim_rng_t *rng, const sim_campaign_scene_t *s, int
     int64_t idx;
     const uint32_t inst = sim_campaign_locate(&s->topo, role, decode ? k - np : k, &idx);
     const sim_instance_shape_t *sh = decode ? &s->topo.decode[inst] : &s->topo.prefill[inst];
-    char at[16], cp[24] = "";
+    /* (ints: a drawn cluster's sizes are small, and a name fits rank[64]) */
+    char at[16], cp[16] = "";
     if (!decode && s->topo.prefill_cp > 1)
-        snprintf(cp, sizeof cp, "c%" PRId64, idx / (sh->tp * sh->pp));
-    snprintf(out, cap, "%c%" PRId64 ".%" PRId64 "%s%s", decode ? 'd' : 'p', idx % sh->tp,
-             idx / sh->tp % sh->pp, cp, sim_campaign_at(inst, at, sizeof at));
+        snprintf(cp, sizeof cp, "c%d", (int)(idx / (sh->tp * sh->pp)));
+    snprintf(out, cap, "%c%d.%d%s%s", decode ? 'd' : 'p', (int)(idx % sh->tp),
+             (int)(idx / sh->tp % sh->pp), cp, sim_campaign_at(inst, at, sizeof at));
 }
 
 static const char *const sim_campaign_probs[] = {"0.001", "0.01", "0.05", "0.2", "0.5", "1"};
@@ -287,7 +288,7 @@ static void sim_campaign_draw_link_down(sim_rng_t *rng, sim_campaign_scene_t *s,
                                         size_t cap)
 {
     static const uint64_t max_for_us[] = {50, 2000, 50000, SIM_CAMPAIGN_MAX_LINK_DOWN_US};
-    char rank[32];
+    char rank[64];
     sim_campaign_rank(rng, s, SIM_CAMPAIGN_ANY_RANK, rank, sizeof rank);
     const uint64_t at_us = sim_rng_range(rng, 0, s->horizon_us);
     const uint64_t for_us = sim_rng_range(rng, 1, SIM_CAMPAIGN_PICK(rng, max_for_us));
@@ -298,7 +299,7 @@ static void sim_campaign_draw_slow_scatter(sim_rng_t *rng, sim_campaign_scene_t 
                                            char *spec, size_t cap)
 {
     static const uint64_t factors[] = {2, 10, 100, 1000};
-    char rank[32];
+    char rank[64];
     sim_campaign_rank(rng, s, SIM_CAMPAIGN_DECODE_RANK, rank, sizeof rank);
     snprintf(spec, cap, "slow-scatter:%s:%" PRIu64, rank, SIM_CAMPAIGN_PICK(rng, factors));
 }
@@ -335,7 +336,7 @@ static void sim_campaign_draw_restart(sim_rng_t *rng, sim_campaign_scene_t *s, c
 static void sim_campaign_draw_hbm_full(sim_rng_t *rng, sim_campaign_scene_t *s, char *spec,
                                        size_t cap)
 {
-    char rank[32];
+    char rank[64];
     sim_campaign_rank(rng, s, SIM_CAMPAIGN_ANY_RANK, rank, sizeof rank);
     snprintf(spec, cap, "hbm-full:%s", rank);
 }
@@ -347,7 +348,7 @@ static void sim_campaign_draw_hbm_full(sim_rng_t *rng, sim_campaign_scene_t *s, 
 static void sim_campaign_draw_hostile_write(sim_rng_t *rng, sim_campaign_scene_t *s,
                                             char *spec, size_t cap)
 {
-    char rank[32];
+    char rank[64];
     sim_campaign_rank(rng, s, SIM_CAMPAIGN_PREFILL_RANK, rank, sizeof rank);
     const bool stale = sim_rng_below(rng, 2) == 0;
     /* early in the run, so a stale writer still writes after its region
