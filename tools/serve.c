@@ -122,7 +122,8 @@ void cli_serve_usage(FILE *out)
             "\n"
             "addresses and instances:\n"
             "  --listen IP:PORT      prefill: prefill rank t of stage s listens on\n"
-            "                        IP:PORT + s*P + t (required);\n"
+            "                        IP:PORT + s*P + t, of CP rank c on IP:PORT +\n"
+            "                        (c*Pp + s)*P + t with --prefill-cp (required);\n"
             "                        decode: IP is the local address to use (port ignored)\n"
             "  --instance K          prefill: this process is prefill instance K (0)\n"
             "  --instances N         prefill: the prefill instances rooms are spread over (1)\n"
@@ -159,6 +160,12 @@ void cli_serve_usage(FILE *out)
             "                        buffer beside every K and V buffer, moved and checked\n"
             "                        with the rows\n"
             "  --prefill-pp Pp (1)  --decode-pp Dp (1 or Pp)  --chunk-tokens C (64)\n"
+            "  --prefill-cp C (1)    prefill context parallelism: every prefill instance\n"
+            "                        runs C x Pp x P ranks, CP rank c computing (and filling\n"
+            "                        its KV pool with) its own range of each prompt's tokens\n"
+            "                        only (docs/kinds/context-parallel.md); give every\n"
+            "                        process the same C (not with --discovery, nor --metrics\n"
+            "                        on a prefill)\n"
             "  (each process runs TP x PP ranks of its instance; stage s holds L/PP layers,\n"
             "  the last L%%PP stages one more; a prefill's --prefill-tp/--prefill-pp are\n"
             "  its own; give every process the same model, page, chunk and decode flags:\n"
@@ -420,17 +427,19 @@ static int cli_serve_instance(cli_serve_input_t *in, const char *text, bool *see
         rc = cli_parse_i64(CLI_SERVE_CMD, "--prefill-instance TP", tp, 1, CLI_SHAPE_MAX_TP, &t);
     if (rc == 0)
         rc = cli_parse_i64(CLI_SERVE_CMD, "--prefill-instance PP", pp, 1, CLI_SHAPE_MAX_PP, &p);
-    if (rc == 0 && t * p > CLI_SERVE_MAX_RANKS)
-        rc = cli_fail(CLI_SERVE_CMD, "%s %" PRId64 ": TP x PP = %" PRId64 " ranks in one "
-                                     "process is more than %d: lower its TP or PP",
-                      flag, k, t * p, CLI_SERVE_MAX_RANKS);
+    const int64_t cp = in->shape.params.prefill_cp;
+    if (rc == 0 && t * p * cp > CLI_SERVE_MAX_RANKS)
+        rc = cli_fail(CLI_SERVE_CMD, "%s %" PRId64 ": TP x PP x CP = %" PRId64 " ranks in one "
+                                     "process is more than %d: lower its TP or PP (or "
+                                     "--prefill-cp)", flag, k, t * p * cp, CLI_SERVE_MAX_RANKS);
     uint16_t port = 0;
     if (rc == 0)
         rc = cli_serve_addr(flag, addr, true, in->peer_ip[k], sizeof in->peer_ip[k], &port);
     if (rc != 0)
         return rc;
     seen[k] = true;
-    in->peers[k] = (cli_serve_instance_t){.ip = in->peer_ip[k], .port = port, .tp = t, .pp = p};
+    in->peers[k] = (cli_serve_instance_t){.ip = in->peer_ip[k], .port = port, .tp = t, .pp = p,
+                                          .cp = cp};
     return 0;
 }
 
@@ -494,12 +503,13 @@ static int cli_serve_instances(cli_serve_input_t *in, const char *const *values,
     for (size_t a = 0; a < count; a++)
         for (size_t b = a + 1; b < count; b++) {
             const cli_serve_instance_t *x = &in->peers[a], *y = &in->peers[b];
-            const int64_t xe = x->port + x->tp * x->pp, ye = y->port + y->tp * y->pp;
+            const int64_t xe = x->port + x->tp * x->pp * x->cp,
+                          ye = y->port + y->tp * y->pp * y->cp;
             if (strcmp(x->ip, y->ip) == 0 && x->port < ye && y->port < xe)
                 return cli_fail(CLI_SERVE_CMD, "%s %zu and %zu both listen on %s ports "
                                                "%u..%" PRId64 " and %u..%" PRId64 ": give each "
                                                "instance its own ports (its ranks take PORT.."
-                                               "PORT + TP x PP - 1)", CLI_SERVE_INSTANCE_FLAG,
+                                               "PORT + TP x PP x CP - 1)", CLI_SERVE_INSTANCE_FLAG,
                                 a, b, x->ip, (unsigned)x->port, xe - 1, (unsigned)y->port,
                                 ye - 1);
         }
@@ -509,16 +519,16 @@ static int cli_serve_instances(cli_serve_input_t *in, const char *const *values,
 }
 
 /* --device or --device-near-gpu (flag f): one entry for every rank of this
- * process, or one per rank in rank order (rank t of stage s is entry
- * s*TP + t; TP x PP ranks), into in->rank_list, which points into
- * in->rank_text. */
+ * process, or one per rank in rank order (rank t of stage s of CP rank c is
+ * entry (c*PP + s)*TP + t; CP x TP x PP ranks, CP 1 on a decode), into
+ * in->rank_list, which points into in->rank_text. */
 static int cli_serve_rank_list(cli_serve_input_t *in, const char *const *values,
-                               enum cli_serve_flag f, int64_t tp, int64_t pp)
+                               enum cli_serve_flag f, int64_t tp, int64_t pp, int64_t cp)
 {
     const char *flag = cli_serve_flags[f].name, *text = values[f];
     const char *what = f == CLI_VF_DEVICE ? "RDMA device name" : "PCI bus id";
     const char *role = in->role == KVS_ROLE_DECODE ? "decode" : "prefill";
-    const int64_t ranks = tp * pp;
+    const int64_t ranks = tp * pp * cp;
     const size_t len = strlen(text);
     if (len >= sizeof in->rank_text)
         return cli_fail(CLI_SERVE_CMD, "%s: the list is %zu characters long: give one %s per "
@@ -548,6 +558,13 @@ static int cli_serve_rank_list(cli_serve_input_t *in, const char *const *values,
     if (count == 1)
         for (int64_t k = 1; k < ranks; k++)
             in->rank_list[k] = in->rank_list[0];
+    else if (count != ranks && cp > 1)
+        return cli_fail(CLI_SERVE_CMD, "%s: %" PRId64 " entries for the %" PRId64 " ranks of "
+                                       "this %s (TP %" PRId64 " x PP %" PRId64 " x CP %" PRId64
+                                       "): give one %s per rank in rank order (rank t of "
+                                       "stage s of CP rank c is entry (c*PP + s)*TP + t), or "
+                                       "one for all", flag, count, ranks, role, tp, pp, cp,
+                        what);
     else if (count != ranks)
         return cli_fail(CLI_SERVE_CMD, "%s: %" PRId64 " entries for the %" PRId64 " rank%s of "
                                        "this %s (TP %" PRId64 " x PP %" PRId64 "): give one %s "
@@ -662,6 +679,23 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
                                        "each prefill instance is): a prefill gives its own "
                                        "--instance, --instances, --prefill-tp and "
                                        "--prefill-pp", CLI_SERVE_INSTANCE_FLAG);
+    /* Prefill CP (docs/kinds/context-parallel.md): a prefill process runs
+     * its instance's CP x PP x TP ranks; the decode declares every
+     * instance with that CP size. A discovery record names no CP rank, and
+     * the metrics label a rank by its TP and PP ranks only (its CP ranks'
+     * samples would collide): neither takes CP yet. */
+    const int64_t cp = in->shape.params.prefill_cp;
+    if (cp > 1 && values[CLI_VF_DISCOVERY] != NULL)
+        return cli_fail(CLI_SERVE_CMD, "--prefill-cp %" PRId64 " with --discovery: a "
+                                       "discovery record names no CP rank yet, so a decode "
+                                       "could not order an instance's CP ranks: drop "
+                                       "--discovery (give the decode --peer or %s) or drop "
+                                       "--prefill-cp", cp, CLI_SERVE_INSTANCE_FLAG);
+    if (cp > 1 && !decode && values[CLI_VF_METRICS] != NULL)
+        return cli_fail(CLI_SERVE_CMD, "--prefill-cp %" PRId64 " with --metrics on a prefill: "
+                                       "the metrics label a rank by its TP and PP ranks only, "
+                                       "so its CP ranks' samples would collide: drop --metrics "
+                                       "(or --prefill-cp)", cp);
     if (values[CLI_VF_DISCOVERY] != NULL) {
         if ((rc = cli_serve_discover(in, values, given, &count)) != 0)
             return rc;
@@ -677,11 +711,6 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
         in->shape.params.prefill_tp = in->peers[0].tp;
         in->shape.params.prefill_pp = in->peers[0].pp;
     }
-    /* the core moves prefill CP on the staging path, but serve's ranks do
-     * not yet start one prefill process per CP rank nor declare an
-     * instance's address groups per CP rank */
-    if ((rc = cli_shape_refuse_cp(CLI_SERVE_CMD, "serve's ranks", &in->shape)) != 0)
-        return rc;
     if ((rc = cli_shape_refuse_hybrid(CLI_SERVE_CMD, "serve's ranks", &in->shape)) != 0)
         return rc;
     if ((rc = cli_shape_layout(CLI_SERVE_CMD, &in->shape, &in->plan.lay)) != 0)
@@ -690,11 +719,12 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
 
     /* Each process bounds both sides' TP x PP, so a shape one of them
      * refuses is refused by the other too. */
-    const int64_t pranks = l->prefill_tp * l->prefill_pp, dranks = l->decode_tp * l->decode_pp;
+    const int64_t pranks = l->prefill_tp * l->prefill_pp * l->prefill_cp,
+                  dranks = l->decode_tp * l->decode_pp;
     if (pranks > CLI_SERVE_MAX_RANKS)
-        return cli_fail(CLI_SERVE_CMD, "prefill TP x PP = %" PRId64 " ranks in one process is "
-                                       "more than %d: lower --prefill-tp or --prefill-pp",
-                        pranks, CLI_SERVE_MAX_RANKS);
+        return cli_fail(CLI_SERVE_CMD, "prefill TP x PP x CP = %" PRId64 " ranks in one process "
+                                       "is more than %d: lower --prefill-tp, --prefill-pp or "
+                                       "--prefill-cp", pranks, CLI_SERVE_MAX_RANKS);
     if (dranks > CLI_SERVE_MAX_RANKS)
         return cli_fail(CLI_SERVE_CMD, "decode TP x PP = %" PRId64 " ranks in one process is "
                                        "more than %d: lower --decode-tp or --decode-pp",
@@ -750,7 +780,8 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
         if (values[f] != NULL &&
             (rc = cli_serve_rank_list(in, values, (enum cli_serve_flag)f,
                                       decode ? l->decode_tp : l->prefill_tp,
-                                      decode ? l->decode_pp : l->prefill_pp)) != 0)
+                                      decode ? l->decode_pp : l->prefill_pp,
+                                      decode ? 1 : l->prefill_cp)) != 0)
             return rc;
     if (decode && count == 0) {
         /* --peer: one prefill instance, of the shape's prefill sizes. */
@@ -760,7 +791,8 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
                                            "for each prefill instance",
                             CLI_SERVE_INSTANCE_FLAG);
         in->peers[0] = (cli_serve_instance_t){.ip = in->peer_ip[0], .tp = l->prefill_tp,
-                                              .pp = l->prefill_pp, .lay = *l};
+                                              .pp = l->prefill_pp, .cp = l->prefill_cp,
+                                              .lay = *l};
         in->plan.instances = 1;
         in->plan.peers = in->peers;
         if ((rc = cli_serve_addr("--peer", values[CLI_VF_PEER], true, in->peer_ip[0],
@@ -1097,9 +1129,10 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
                       keys_granted == keys_revoked;
     const char *role = decode ? "decode" : "prefill";
     if (in->json) {
-        printf("{\"role\":\"%s\",\"ranks\":%" PRId64 ",\"requests\":%u,\"requests_ok\":%u,"
+        printf("{\"role\":\"%s\",\"ranks\":%" PRId64 ",\"prefill_cp\":%" PRId64 ","
+               "\"requests\":%u,\"requests_ok\":%u,"
                "\"requests_failed\":%u,\"requests_unfinished\":%u,\"failed_rooms\":[",
-               role, n, rooms, ok, failed, missing);
+               role, n, pl->lay.prefill_cp, rooms, ok, failed, missing);
         for (uint32_t k = first, listed = 0; k < last; k++) {
             printf("%s%s", listed > 0 && tally[k].used > 0 ? "," : "", tally[k].failed_list);
             listed += tally[k].used > 0;
@@ -1108,9 +1141,11 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
         for (uint32_t k = first; k < last; k++) {
             const int64_t tp = decode ? pl->peers[k].tp : pl->lay.prefill_tp;
             const int64_t pp = decode ? pl->peers[k].pp : pl->lay.prefill_pp;
-            printf("%s{\"id\":%u,\"tp\":%" PRId64 ",\"pp\":%" PRId64 ",\"requests\":%u,"
+            const int64_t cp = decode ? pl->peers[k].cp : pl->lay.prefill_cp;
+            printf("%s{\"id\":%u,\"tp\":%" PRId64 ",\"pp\":%" PRId64 ",\"cp\":%" PRId64 ","
+                   "\"requests\":%u,"
                    "\"requests_ok\":%u,\"requests_failed\":%u,\"requests_unfinished\":%u,"
-                   "\"failed_rooms\":[%s]}", k > first ? "," : "", k, tp, pp, tally[k].rooms,
+                   "\"failed_rooms\":[%s]}", k > first ? "," : "", k, tp, pp, cp, tally[k].rooms,
                    tally[k].ok, tally[k].failed, tally[k].missing, tally[k].failed_list);
         }
         printf("],\"bytes_verified\":%" PRIu64 ",\"bytes_expected\":%" PRIu64 ","
@@ -1131,14 +1166,16 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
                gbs,
                pl->no_verify ? "false" : "true", pass ? "true" : "false");
     } else {
-        char b1[32], b2[32];
+        char b1[32], b2[32], cp_text[40] = "";
+        if (pl->lay.prefill_cp > 1)
+            snprintf(cp_text, sizeof cp_text, " (prefill CP %" PRId64 ")", pl->lay.prefill_cp);
         if (decode)
-            printf("kvstage serve: decode, %" PRId64 " rank(s), %u requests: %u ok, %u failed, "
-                   "%u unfinished\n", n, rooms, ok, failed, missing);
+            printf("kvstage serve: decode, %" PRId64 " rank(s)%s, %u requests: %u ok, %u failed, "
+                   "%u unfinished\n", n, cp_text, rooms, ok, failed, missing);
         else
-            printf("kvstage serve: prefill instance %u of %u, %" PRId64 " rank(s), %u requests: "
-                   "%u ok, %u failed, %u unfinished\n", pl->instance, pl->instances, n, rooms,
-                   ok, failed, missing);
+            printf("kvstage serve: prefill instance %u of %u, %" PRId64 " rank(s)%s, %u "
+                   "requests: %u ok, %u failed, %u unfinished\n", pl->instance, pl->instances,
+                   n, cp_text, rooms, ok, failed, missing);
         if (decode && pl->no_verify)
             printf("  bytes received   %s, not checked (--no-verify)\n",
                    cli_format_bytes((int64_t)payload, b1, sizeof b1));
@@ -1165,8 +1202,9 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
                    keys_granted, keys_revoked,
                    keys_granted != keys_revoked ? " (leaked: every room has ended)" : "");
         for (uint32_t k = first; decode && pl->instances > 1 && k < last; k++)
-            printf("  instance %-7u TP %" PRId64 " PP %" PRId64 ": %u requests, %u ok, %u "
-                   "failed%s%s%s\n", k, pl->peers[k].tp, pl->peers[k].pp, tally[k].rooms,
+            printf("  instance %-7u TP %" PRId64 " PP %" PRId64 " CP %" PRId64 ": %u requests, "
+                   "%u ok, %u failed%s%s%s\n", k, pl->peers[k].tp, pl->peers[k].pp,
+                   pl->peers[k].cp, tally[k].rooms,
                    tally[k].ok, tally[k].failed, tally[k].failed > 0 ? " (" : "",
                    tally[k].failed_list, tally[k].failed > 0 ? ")" : "");
         printf("  failed rooms     ");
@@ -1238,7 +1276,8 @@ int cli_serve_main(int argc, char **argv)
     const kvs_layout_t *l = &in.plan.lay;
     const bool decode = in.role == KVS_ROLE_DECODE;
     const int64_t tp = decode ? l->decode_tp : l->prefill_tp;
-    const int64_t n = tp * (decode ? l->decode_pp : l->prefill_pp);
+    const int64_t pp = decode ? l->decode_pp : l->prefill_pp;
+    const int64_t n = tp * pp * (decode ? 1 : l->prefill_cp);
     cli_serve_rank_t *ranks = calloc((size_t)n, sizeof *ranks);
     pthread_t *threads = calloc((size_t)n, sizeof *threads);
     int *status = calloc((size_t)n * in.plan.requests, sizeof *status);
@@ -1262,9 +1301,10 @@ int cli_serve_main(int argc, char **argv)
     }
     int64_t started = 0;
     for (int64_t k = 0; rc == 0 && k < n; k++) {
-        /* Rank k is TP rank k % TP of stage k / TP, as in the simulator. */
+        /* Rank k is TP rank k % TP of stage k / TP % PP of CP rank
+         * k / (TP x PP), as in the simulator. */
         ranks[k] = (cli_serve_rank_t){.plan = &in.plan, .role = in.role, .tp = k % tp,
-                                      .pp = k / tp, .stop = &stop,
+                                      .pp = k / tp % pp, .cp = k / (tp * pp), .stop = &stop,
                                       .status = status + (size_t)k * in.plan.requests};
         if (pthread_create(&threads[k], NULL, cli_serve_rank_run, &ranks[k]) != 0) {
             rc = 1;
@@ -1278,7 +1318,7 @@ int cli_serve_main(int argc, char **argv)
     cli_disc_close(in.disc);
     if (rc == 1)
         fprintf(stderr, "kvstage serve: could not start %" PRId64 " rank threads: lower the "
-                        "TP and PP sizes or raise the process limits\n", n);
+                        "TP, PP and CP sizes or raise the process limits\n", n);
     else if (rc == 0)
         rc = cli_serve_report(&in, ranks, n);
     free(status);

@@ -1,8 +1,8 @@
 /*
  * serve_rank.c - one rank of `kvstage serve` (see serve_rank.h).
  *
- * Set-up: host device, verbs or ofi fabric (prefill rank (t, s) listens on
- * listen_port + s * P + t), KV pool of this rank's layers, then the rank
+ * Set-up: host device, verbs or ofi fabric (prefill rank (t, s) of CP rank c
+ * listens on listen_port + (c * Pp + s) * P + t), KV pool of this rank's layers, then the rank
  * itself (kvs_rank_create: manager, staging memory and its registration,
  * KV layers, handler, in the library's init order) and its driver
  * (kvstage/driver.h, hw/driver/). What is serve's own stays here: the
@@ -27,6 +27,10 @@
  * first_page[i].., reversed on the prefill side so the page lists differ;
  * the decode names the room's prefill instance, a prefill the decode
  * instance 0), takes the results the driver hands over and checks them.
+ * With prefill CP each CP rank fills the pattern of its own token range
+ * only (kvs_layout_cp_range: a short prompt leaves the last ones nothing)
+ * in the pages the room's list puts those tokens in, and reports the
+ * room's tokens computed as a rank without CP does.
  * It sleeps on a condition the results signal, waking every
  * CLI_SERVE_CHECK_NS to look at the process's stop flag, the time-out and
  * a refused registration. A prefill fills the pattern and reports the
@@ -138,16 +142,35 @@ static int64_t cli_rank_pp_size(const cli_rank_ctx_t *c)
     return c->r->role == KVS_ROLE_DECODE ? c->lay->decode_pp : c->lay->prefill_pp;
 }
 
-/* "prefill rank 1", or "prefill rank 1 stage 0" when the role has PP > 1. */
+/* The prefill's CP size on this rank's side: its own, 1 on a decode. */
+static int64_t cli_rank_cp_size(const cli_rank_ctx_t *c)
+{
+    return c->r->role == KVS_ROLE_DECODE ? 1 : c->lay->prefill_cp;
+}
+
+/* "prefill rank 1", "prefill rank 1 stage 0" when the role has PP > 1,
+ * "prefill rank 1 cp 1" (or "... stage 0 cp 1") with prefill CP. */
 static const char *cli_rank_name(const cli_rank_ctx_t *c, char *buf, size_t len)
 {
     const char *role = c->r->role == KVS_ROLE_DECODE ? "decode" : "prefill";
+    char cp[32] = "";
+    if (cli_rank_cp_size(c) > 1)
+        snprintf(cp, sizeof cp, " cp %lld", (long long)c->r->cp);
     if (cli_rank_pp_size(c) > 1)
-        snprintf(buf, len, "%s rank %lld stage %lld", role, (long long)c->r->tp,
-                 (long long)c->r->pp);
+        snprintf(buf, len, "%s rank %lld stage %lld%s", role, (long long)c->r->tp,
+                 (long long)c->r->pp, cp);
     else
-        snprintf(buf, len, "%s rank %lld", role, (long long)c->r->tp);
+        snprintf(buf, len, "%s rank %lld%s", role, (long long)c->r->tp, cp);
     return buf;
+}
+
+/* This rank's index in its instance: (c * PP + s) * TP + t, the order of
+ * its port, its --device entry and kvs_instance_desc_t.addrs. */
+static int64_t cli_rank_index(const cli_rank_ctx_t *c)
+{
+    const bool decode = c->r->role == KVS_ROLE_DECODE;
+    const int64_t tp = decode ? c->lay->decode_tp : c->lay->prefill_tp;
+    return (c->r->cp * cli_rank_pp_size(c) + c->r->pp) * tp + c->r->tp;
 }
 
 /* The fabric's and the rank's log: one stderr line, naming the rank. */
@@ -170,10 +193,11 @@ static kvs_log_level_t cli_rank_log_level(void)
 /* Prefill ranks that take part in one decode rank's rooms in a pair, the
  * ones it registers with: its TP sources at every prefill stage that holds
  * its layers (with GQA every source writes; with MLA one does and the
- * others report their status only). */
+ * others report their status only), of every CP rank. */
 static int64_t cli_rank_sources(const kvs_layout_t *l)
 {
-    return l->tp_sources * (l->decode_pp == 1 ? l->prefill_pp : 1);
+    return l->tp_sources * (l->decode_pp == 1 ? l->prefill_pp : 1) *
+           (l->prefill_cp > 1 ? l->prefill_cp : 1);
 }
 
 /* The rank's last error message, taken under its lock (the driver's thread
@@ -246,12 +270,18 @@ static uint64_t cli_rank_pattern(cli_rank_ctx_t *c, uint32_t i, bool check, uint
     const int64_t ps = c->ps, hb = l->head_dim * l->elem_bytes, tokens = c->plan->tokens[i];
     const int64_t n = cli_room_pages(c, i);
     const int64_t tp_size = c->r->role == KVS_ROLE_DECODE ? l->decode_tp : l->prefill_tp;
+    /* A prefill CP rank holds its range of the room's tokens only; the
+     * decode holds them all. */
+    int64_t from = 0, to = tokens;
+    if (!check && cli_rank_cp_size(c) > 1 &&
+        kvs_layout_cp_range(l, tokens, c->r->cp, &from, &to) != KVS_OK)
+        from = to = 0; /* not reached: the layout and the rank agree */
     uint64_t bad = 0;
     /* sc 0: the KV rows; sc 1: their scales */
     for (int sc = 0; sc < (c->scale_bytes > 0 ? 2 : 1); sc++)
         for (int64_t layer = 0; layer < c->layers; layer++)
             for (int kv = 0; kv < (int)c->planes; kv++)
-                for (int64_t t = 0; t < tokens; t++)
+                for (int64_t t = from; t < to; t++)
                     for (int64_t j = 0; j < c->heads; j++) {
                         const kvs_sim_kv_coord_t at = {
                             i, c->first_layer + layer, sc * 2 + kv,
@@ -370,8 +400,8 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
     const bool decode = c->r->role == KVS_ROLE_DECODE;
     char who[48], hostname[48];
     cli_rank_name(c, who, sizeof who);
-    snprintf(hostname, sizeof hostname, "%c%lld.%lld", decode ? 'd' : 'p', (long long)c->r->tp,
-             (long long)c->r->pp);
+    snprintf(hostname, sizeof hostname, "%c%lld.%lldc%lld", decode ? 'd' : 'p',
+             (long long)c->r->tp, (long long)c->r->pp, (long long)c->r->cp);
     c->inbox = calloc((size_t)c->served + 1, sizeof *c->inbox);
     c->taken = calloc((size_t)c->served + 1, sizeof *c->taken);
     if (c->inbox == NULL || c->taken == NULL)
@@ -397,9 +427,8 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
         return cli_rank_fail(c, rc, "%s: host device: %s", who, err.msg);
     c->dev = kvs_host_device(c->host);
 
-    const int64_t at = c->r->pp * (decode ? l->decode_tp : l->prefill_tp) + c->r->tp;
-    const uint16_t port = decode ? 0 : (uint16_t)(pl->listen_port + c->r->pp * l->prefill_tp +
-                                                  c->r->tp);
+    const int64_t at = cli_rank_index(c);
+    const uint16_t port = decode ? 0 : (uint16_t)(pl->listen_port + at);
     /* A decode rank keeps one connection per source of every instance. */
     uint32_t conns = 0;
     for (uint32_t k = 0; decode && k < pl->instances; k++)
@@ -443,7 +472,7 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
     c->fab = c->real;
     const bool write_fault = !decode && pl->fail_write > 0;
     const bool replay = decode && pl->replay_registration;
-    if (c->r->tp == 0 && c->r->pp == 0 && (write_fault || replay)) {
+    if (c->r->tp == 0 && c->r->pp == 0 && c->r->cp == 0 && (write_fault || replay)) {
         if ((rc = cli_fault_fabric_create(c->real, write_fault ? pl->fail_write : 0,
                                            write_fault ? pl->write_fault
                                                        : CLI_FAULT_REPLAY_REGISTRATION,
@@ -546,6 +575,10 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
             .secret_file = pl->secret_file, .secret_env = pl->secret_env,
             .instance_id = decode ? 0 : pl->instance,
             .max_instances = decode ? pl->instances : 0,
+            /* A prefill's CP rank; a decode declares each instance's CP
+             * size with the instance (cli_rank_add_instance). */
+            .context_parallel = decode ? 1 : l->prefill_cp,
+            .cp_rank = decode ? 0 : c->r->cp,
             .log = {.fn = cli_rank_log, .user = c, .level = cli_rank_log_level()}},
         .layers = kv,
         .local_heads = c->heads};
@@ -565,7 +598,7 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
         char addr[96] = "", why[512];
         if (!decode)
             snprintf(addr, sizeof addr, "%s:%u", pl->bind_ip != NULL ? pl->bind_ip : "",
-                     (unsigned)(pl->listen_port + c->r->pp * l->prefill_tp + c->r->tp));
+                     (unsigned)(pl->listen_port + cli_rank_index(c)));
         const cli_disc_record_t rec = {
             .role = decode ? "decode" : "prefill", .instance = decode ? 0 : pl->instance,
             .pp_rank = c->r->pp, .tp_rank = c->r->tp,
@@ -589,13 +622,13 @@ static void cli_rank_addr(char *buf, size_t len, const char *ip, unsigned port)
     snprintf(buf, len, strchr(ip, ':') != NULL ? "[%s]:%u" : "%s:%u", ip, port);
 }
 
-/* Decode: declares prefill instance k (its geometry and the addresses of
- * all its ranks, stage-major) and connects to its ranks that write to this
+/* Decode: declares prefill instance k (its geometry, its CP size and the
+ * addresses of all its ranks, CP rank-major, then stage-major) and connects to its ranks that write to this
  * rank; a rank not up yet is retried by the handler. */
 static int cli_rank_add_instance(cli_rank_ctx_t *c, uint32_t k, const char *who)
 {
     const cli_serve_instance_t *in = &c->plan->peers[k];
-    const int64_t n = in->tp * in->pp;
+    const int64_t n = in->cp * in->tp * in->pp;
     char(*addr)[80] = calloc((size_t)n, sizeof *addr);
     const char **addrs = calloc((size_t)n, sizeof *addrs);
     int rc = addr != NULL && addrs != NULL ? KVS_OK : KVS_ENOMEM;
@@ -606,13 +639,15 @@ static int cli_rank_add_instance(cli_rank_ctx_t *c, uint32_t k, const char *who)
     if (rc == KVS_OK)
         rc = kvs_rank_add_instance(c->rank, &(kvs_instance_desc_t){
                                                 .id = k, .tp_size = in->tp,
-                                                .pp_size = in->pp, .addrs = addrs});
+                                                .pp_size = in->pp, .cp_size = in->cp,
+                                                .addrs = addrs});
     free(addr);
     free(addrs);
     kvs_error_t e;
     if (rc != KVS_OK)
-        return cli_rank_fail(c, rc, "%s: prefill instance %u (TP %lld, PP %lld at %s:%u..): "
-                             "%s", who, k, (long long)in->tp, (long long)in->pp, in->ip,
+        return cli_rank_fail(c, rc, "%s: prefill instance %u (TP %lld, PP %lld, CP %lld at "
+                             "%s:%u..): %s", who, k, (long long)in->tp, (long long)in->pp,
+                             (long long)in->cp, in->ip,
                              (unsigned)in->port,
                              rc == KVS_ENOMEM ? kvs_strerror(rc) : cli_rank_msg(c, &e));
     /* A prefill not up yet fails this; the handler keeps trying it. */
@@ -769,7 +804,7 @@ static int cli_rank_results(cli_rank_ctx_t *c, uint32_t *inflight, uint32_t *don
 static void cli_rank_tell_hold(cli_rank_ctx_t *c)
 {
     if (!c->r->held || c->hold_told || c->hold_done < c->hold_before || c->r->tp != 0 ||
-        c->r->pp != 0)
+        c->r->pp != 0 || c->r->cp != 0)
         return;
     c->hold_told = true;
     fprintf(stderr, "kvstage serve: prefill instance %u: its rooms before %u are over; "

@@ -13,10 +13,16 @@
  * or of the one decode instance (id 0). Ranks: TP x PP. Rank (tp t, stage
  * s) holds stage s's layers of the model (kvs_layout_stage_layers: the last
  * layers % PP stages hold one more); prefill rank (t, s) listens on
- * listen_port + s * P + t. A decode rank declares every prefill instance
- * of the plan and connects to the ranks of each that write to it (its TP
- * writers at every prefill stage holding its layers: all of them when the
- * decode has PP 1, stage s alone when its PP is the instance's).
+ * listen_port + s * P + t. With prefill context parallelism
+ * (--prefill-cp C, docs/kinds/context-parallel.md) a prefill process runs
+ * C x PP x TP ranks, rank (t, s) of CP rank c listening on listen_port +
+ * (c * PP + s) * P + t (the order of kvs_instance_desc_t.addrs); each CP
+ * rank computes, and fills its pool for, its token range of every room
+ * only (kvs_layout_cp_range). A decode rank declares every prefill instance
+ * of the plan (with its CP size) and connects to the ranks of each that
+ * write to it (its TP writers at every prefill stage holding its layers:
+ * all of them when the decode has PP 1, stage s alone when its PP is the
+ * instance's; those of every CP rank).
  *
  * The workload is a pure function of the plan (the seed drew the prompt
  * lengths; the router pairs room i with prefill instance i % instances), so
@@ -45,8 +51,10 @@
 /* A prefill instance as the decode process knows it. */
 typedef struct cli_serve_instance {
     const char *ip;             /* its ranks' address */
-    uint16_t port;              /* rank (t, s) listens on port + s * tp + t */
+    uint16_t port;              /* rank (t, s) of CP rank c listens on
+                                   port + (c * pp + s) * tp + t */
     int64_t tp, pp;
+    int64_t cp;                 /* its CP ranks (--prefill-cp; 1: none) */
     kvs_layout_t lay;           /* its pair with the decode */
 } cli_serve_instance_t;
 
@@ -71,15 +79,17 @@ typedef struct cli_serve_plan {
     uint64_t stall_timeout_ns;  /* 0: the library's default */
     const char *secret_file;    /* the cluster secret's file or variable, */
     const char *secret_env;     /* NULL: none (docs/security.md) */
-    const char *const *devices; /* [ranks]: RDMA device of rank (t, s) at
-                                   s * TP + t; NULL (all or one): automatic */
+    const char *const *devices; /* [ranks]: RDMA device of rank (t, s) of CP
+                                   rank c at (c * PP + s) * TP + t; NULL (all
+                                   or one): automatic */
     const char *const *near_gpus; /* [ranks]: PCI bus id whose closest RDMA
                                    device rank (t, s) takes, as devices;
                                    NULL: none */
     bool ofi;                   /* the libfabric fabric, else verbs */
     const char *provider;       /* ofi: the provider's name */
     const char *bind_ip;        /* this process's address, NULL: the GID's */
-    uint16_t listen_port;       /* prefill rank (t, s) listens on listen_port + s * P + t */
+    uint16_t listen_port;       /* prefill rank (t, s) of CP rank c listens on
+                                   listen_port + (c * Pp + s) * P + t */
     uint64_t fail_write;        /* prefill rank (0, 0): spoil this write (1-based), 0: none */
     cli_fault_kind_t write_fault; /* ... how (serve_fault.h) */
     bool replay_registration;   /* decode rank (0, 0): replay its registration
@@ -128,6 +138,7 @@ typedef struct cli_serve_rank {
     const cli_serve_plan_t *plan;
     kvs_role_t role;
     int64_t tp, pp;             /* TP rank and pipeline stage */
+    int64_t cp;                 /* prefill: its context-parallel rank (0: none) */
     atomic_bool *stop;          /* shared by the process's ranks: set by one that failed */
     /* results */
     int *status;                /* [requests]: KVS_OK, a failure, or 1: no

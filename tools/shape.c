@@ -329,17 +329,6 @@ void cli_shape_models_usage(FILE *out)
     }
 }
 
-int cli_shape_refuse_cp(const char *cmd, const char *who, const cli_shape_t *shape)
-{
-    const int64_t cp = shape->params.prefill_cp;
-    if (cp <= 1)
-        return 0;
-    return cli_fail(cmd, "--prefill-cp %" PRId64 ": %s do not run prefill context "
-                         "parallelism yet: drop --prefill-cp (or give 1); `kvstage plan "
-                         "--prefill-cp` shows which CP rank writes which rows of each region",
-                    cp, who);
-}
-
 int cli_shape_refuse_hybrid(const char *cmd, const char *who, const cli_shape_t *shape)
 {
     const kvs_layout_params_t *p = &shape->params;

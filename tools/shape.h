@@ -123,15 +123,6 @@ int cli_shape_read(const char *cmd, const char *const *values,
 int cli_shape_layout(const char *cmd, const cli_shape_t *shape,
                      kvs_layout_t *lay);
 
-/*
- * The commands whose ranks run transfers (sim, serve) refuse prefill
- * context parallelism above 1 until the handlers move it (`kvstage plan
- * --prefill-cp` plans it, docs/kinds/context-parallel.md): prints one line
- * naming --prefill-cp and what `who` (e.g. "serve's ranks") cannot do, and
- * returns CLI_EXIT_USAGE; 0 when CP is 1.
- */
-int cli_shape_refuse_cp(const char *cmd, const char *who, const cli_shape_t *shape);
-
 /* 0 for a shape of full attention layers alone; otherwise prints that
  * `who` do not move window or state layers yet (docs/kinds/hybrid.md),
  * naming --full-attn-every and the model, and returns the usage code. */
