@@ -31,7 +31,7 @@ INST = "--prefill-instance"
 
 def test_help(s):
     s.expect_ok("serve --help", ["serve", "--help"],
-                ["usage: kvstage serve", "--prefill-pp", "--decode-pp",
+                ["usage: kvstage serve", "--prefill-pp", "--decode-pp", "--prefill-cp",
                  "IP:PORT + s*P + t", "refused, naming the flag",
                  "--prefill-instance K=IP:PORT,TP[,PP]", "--instances N",
                  "--instance K", "--expect-lost K", "hold-from:R",
@@ -86,8 +86,19 @@ def test_bad_input(s):
         ("mla with kv heads", ["serve", "--role", "decode", "--peer",
                                "192.0.2.1:18515", "--mla-latent-dim", "576",
                                "--layers", "4", "--kv-heads", "4"], "--kv-heads"),
-        # Nor prefill context parallelism (kvstage plan --prefill-cp plans it).
-        ("prefill cp", PREFILL + ["--prefill-cp", "2"], "--prefill-cp"),
+        # Prefill context parallelism: a CP size of at least 1, its ranks
+        # bounded as TP x PP's, not with discovery (a record names no CP
+        # rank) nor a prefill's metrics (CP ranks share TP and PP labels).
+        ("prefill cp 0", PREFILL + ["--prefill-cp", "0"], "--prefill-cp"),
+        ("prefill cp junk", DECODE + ["--prefill-cp", "two"], "--prefill-cp"),
+        ("prefill cp ranks over 64",
+         PREFILL + ["--prefill-tp", "8", "--prefill-pp", "4", "--prefill-cp", "4"],
+         "--prefill-cp"),
+        ("prefill cp with discovery",
+         PREFILL + ["--prefill-cp", "2", "--discovery", "etcd://192.0.2.1:2379"],
+         "--discovery"),
+        ("prefill cp with prefill metrics",
+         PREFILL + ["--prefill-cp", "2", "--metrics", "127.0.0.1:0"], "--metrics"),
         # Nor window or state layers (kvstage plan lays them out).
         ("hybrid model", PREFILL + ["--model", "gpt-oss-20b"], "--full-attn-every"),
         # FP8 scale planes: the dtype and the block are checked by name; the
@@ -152,6 +163,13 @@ def test_instance_flags(s):
          DECODE[:3] + [INST, "0=192.0.2.1:18515,1,5"] + SHAPE, INST),
         ("instance ranks over 64",
          DECODE[:3] + [INST, "0=192.0.2.1:18515,32,4"] + SHAPE, INST),
+        ("instance ranks over 64 with cp",
+         DECODE[:3] + [INST, "0=192.0.2.1:18515,8,4", "--prefill-cp", "4"]
+         + SHAPE, "TP x PP x CP = 128"),
+        # An instance's ranks take PORT.. PORT + TP x PP x CP - 1.
+        ("instances on the same ports with cp",
+         DECODE[:3] + [INST, "0=192.0.2.1:18515,2", INST,
+                       "1=192.0.2.1:18517,1", "--prefill-cp", "2"] + SHAPE, INST),
         ("instance and peer", CLUSTER + ["--peer", "192.0.2.1:1"], "--peer"),
         ("instance and prefill-tp", CLUSTER + ["--prefill-tp", "2"],
          "--prefill-tp"),
@@ -189,8 +207,8 @@ def test_instance_flags(s):
 
 def test_device_lists(s):
     """--device and --device-near-gpu: one entry for every rank of the
-    process or one per rank (TP x PP of its role), never empty, never
-    both."""
+    process or one per rank (TP x PP of its role, x CP on a prefill), never
+    empty, never both."""
     pp2 = PREFILL + ["--prefill-pp", "2"]  # 4 ranks: TP 2 x PP 2
     cases = [
         ("device list shorter than the ranks", pp2 + ["--device", "a,b,c"],
@@ -215,6 +233,9 @@ def test_device_lists(s):
          "--device-near-gpu: 2 entries for the 4 ranks"),
         ("near gpu entry empty", PREFILL + ["--device-near-gpu", ","],
          "--device-near-gpu: entry 1"),
+        ("device list counts the cp ranks",
+         pp2 + ["--prefill-cp", "2", "--device", "a,b,c,d"],
+         "--device: 4 entries for the 8 ranks of this prefill (TP 2 x PP 2 x CP 2)"),
     ]
     for name, args, text in cases:
         s.expect_usage_error(name, args, text)
@@ -230,6 +251,19 @@ def test_device_lists(s):
                     "t%ds%d): verbs config: near_pci 't%ds%d' is not a PCI bus "
                     "id" % (t, st, t, st, t, st))
             s.ok(want in res.stderr, "near gpu per rank", args,
+                 "stderr lacks %r: %r" % (want, res.stderr[:1200]))
+    # With CP, rank (t, s) of CP rank c takes entry (c*PP + s)*TP + t.
+    args = PREFILL + ["--prefill-cp", "2", "--device-near-gpu", "t0c0,t1c0,t0c1,t1c1",
+                      "--json"]
+    res = s.run(args)
+    s.ok(res.returncode == 1, "near gpu per cp rank", args,
+         "want exit 1, got %d (stderr %r)" % (res.returncode, res.stderr[:300]))
+    for t in range(2):
+        for c in range(2):
+            want = ("prefill rank %d cp %d: verbs fabric (--device-near-gpu "
+                    "t%dc%d): verbs config: near_pci 't%dc%d' is not a PCI bus "
+                    "id" % (t, c, t, c, t, c))
+            s.ok(want in res.stderr, "near gpu per cp rank", args,
                  "stderr lacks %r: %r" % (want, res.stderr[:1200]))
     # One entry: every rank takes it.
     args = pp2 + ["--device-near-gpu", "gpu0"]

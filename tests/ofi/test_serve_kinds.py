@@ -27,6 +27,17 @@ two page sizes, FP8 scale planes) between two processes over libfabric (ofi tcp 
              the next layer's, the check looks where they belong): corrupt
              bytes and exit 1, so the fp8 runs cannot pass with scales in
              the wrong buffers
+  cp_*       prefill context parallelism (--prefill-cp, docs/kinds/
+             context-parallel.md): each CP rank fills its KV pool for its
+             own token range of each prompt only, so a row the decode gets
+             from any other CP rank, or from outside the range, is corrupt.
+             cp_p2d1 P2 CP2 -> D1 (staging), cp_p2d2 P2 CP2 -> D2 (the direct
+             path), cp_pp P2xPP2 CP2 -> D1, cp_mla MLA P4 CP2 -> D2,
+             cp_short_direct P1 CP4 -> D1 and cp_short_staging P2 CP4 -> D1
+             with prompts of 3 to 20 tokens (16-token ranges: CP ranks 2 and
+             3 hold nothing, rank 1 at most 4 tokens), and cp_p2d2_swap
+             cp_p2d2 with the decode's wrong page mapping (must fail); both
+             sides' reports name the CP size, the prefill's ranks TP x PP x CP
 
 Each run: both processes exit 0, every room ok on both sides, the decode
 verified exactly the bytes its rooms hold (bytes_expected: every token,
@@ -49,8 +60,8 @@ import time
 
 ADDR = "127.0.0.1"
 COMMON = ["--fabric", "ofi", "--provider", "tcp", "--requests", "8",
-          "--prompt-tokens", "32:192", "--seed", "7", "--ring-mib", "4",
-          "--timeout-s", "60", "--json"]
+          "--seed", "7", "--ring-mib", "4", "--timeout-s", "60", "--json"]
+PROMPT = ["--prompt-tokens", "32:192"]  # unless a run gives its own
 MLA = ["--mla-latent-dim", "576", "--layers", "4", "--page-size", "16",
        "--chunk-tokens", "64"]
 GQA = ["--kv-heads", "4", "--head-dim", "32", "--layers", "2"]
@@ -81,20 +92,43 @@ RUNS = [
     ("fp8b_mla", MLA + ["--dtype", "fp8", "--kv-scales", "per-block",
                         "--prefill-tp", "4", "--decode-tp", "2"], [], False),
     ("fp8t_shift", FP8T, ["--fault", "shift-scales"], True),
+    ("cp_p2d1", GQA + ["--page-size", "16", "--chunk-tokens", "64", "--prefill-tp", "2",
+                       "--decode-tp", "1", "--prefill-cp", "2"], [], False),
+    ("cp_p2d2", GQA + ["--page-size", "16", "--chunk-tokens", "64", "--prefill-tp", "2",
+                       "--decode-tp", "2", "--prefill-cp", "2"], [], False),
+    ("cp_pp", GQA + ["--page-size", "16", "--chunk-tokens", "64", "--prefill-tp", "2",
+                     "--prefill-pp", "2", "--decode-tp", "1", "--prefill-cp", "2"], [], False),
+    ("cp_mla", MLA + ["--prefill-tp", "4", "--decode-tp", "2", "--prefill-cp", "2"], [],
+     False),
+    ("cp_short_direct", GQA + ["--page-size", "16", "--chunk-tokens", "64", "--prefill-tp",
+                               "1", "--decode-tp", "1", "--prefill-cp", "4",
+                               "--prompt-tokens", "3:20"], [], False),
+    ("cp_short_staging", GQA + ["--page-size", "16", "--chunk-tokens", "64", "--prefill-tp",
+                                "2", "--decode-tp", "1", "--prefill-cp", "4",
+                                "--prompt-tokens", "3:20"], [], False),
+    ("cp_p2d2_swap", GQA + ["--page-size", "16", "--chunk-tokens", "64", "--prefill-tp", "2",
+                            "--decode-tp", "2", "--prefill-cp", "2"],
+     ["--fault", "swap-pages"], True),
 ]
+
+
+def flag(shape, name, default):
+    """The value of flag name in shape, as an int, or default."""
+    return int(shape[shape.index(name) + 1]) if name in shape else default
 
 
 def run(kvstage, work, name, port, shape, dflags, planted, say):
     t0 = time.monotonic()
     out = {}
+    common = COMMON + ([] if "--prompt-tokens" in shape else PROMPT)
     with open(os.path.join(work, name + ".prefill.json"), "w") as pj, \
             open(os.path.join(work, name + ".prefill.err"), "w") as pe:
         prefill = subprocess.Popen(
             [kvstage, "serve", "--role", "prefill", "--listen",
-             "%s:%d" % (ADDR, port)] + shape + COMMON, stdout=pj, stderr=pe)
+             "%s:%d" % (ADDR, port)] + shape + common, stdout=pj, stderr=pe)
         d = subprocess.run(
             [kvstage, "serve", "--role", "decode", "--peer", "%s:%d" % (ADDR, port)]
-            + shape + COMMON + dflags, capture_output=True, text=True, timeout=120)
+            + shape + common + dflags, capture_output=True, text=True, timeout=120)
         try:
             prc = prefill.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -145,6 +179,17 @@ def run(kvstage, work, name, port, shape, dflags, planted, say):
                        % (dec["bytes_verified"], dec["bytes_expected"], dec["corrupt_bytes"]))
         if dec["ring_live_bytes"] != 0:
             bad.append("decode: %d ring bytes live at the end (leaked)" % dec["ring_live_bytes"])
+    if not bad:
+        # Both sides name the prefill's CP size; the prefill runs TP x PP x CP ranks.
+        cp = flag(shape, "--prefill-cp", 1)
+        want = flag(shape, "--prefill-tp", 2) * flag(shape, "--prefill-pp", 1) * cp
+        for side in ("prefill", "decode"):
+            r = out[side]
+            if r["prefill_cp"] != cp or r["instances"][0]["cp"] != cp:
+                bad.append("%s: prefill_cp %d, instance cp %d, not %d"
+                           % (side, r["prefill_cp"], r["instances"][0]["cp"], cp))
+        if out["prefill"]["ranks"] != want:
+            bad.append("prefill ran %d ranks, not %d" % (out["prefill"]["ranks"], want))
     if bad:
         say("  prefill: " + ptext.strip())
         say("  decode: " + d.stdout.strip())
