@@ -75,6 +75,13 @@
 #      its lease stops being renewed) instead of killed: its lease lapses,
 #      the decode fails its rooms (KVS_EPEER) as run 10 requires, says the
 #      lease lapsed, and ends long before the 60 s stall timeout would.
+#  20. run 8 with prefill context parallelism (--prefill-cp 2 on every
+#      process, docs/kinds/context-parallel.md): instance 0 runs TP 2 x PP 2
+#      x CP 2 ranks, instance 1 TP 1 x CP 2, each CP rank filling its pool
+#      for its own token range only; every room ok, every byte verified,
+#      and every report names CP 2 for each instance.
+#  21. a CP 2 prefill against a decode given no --prefill-cp: both stop at
+#      once (the registration is refused), exit 1 and name --prefill-cp.
 # Every run that moves KV also checks that the decode's ring holds 0 live
 # bytes at the end (every room ended, so anything live leaked).
 # Usage: test_serve.sh KVSTAGE_BINARY   (needs an RDMA device: ctest runs it
@@ -295,6 +302,10 @@ for k, (p, (tp, pp)) in enumerate(zip(ps, specs)):
     if (di["id"], di["tp"], di["pp"], di["requests_ok"]) != (k, tp, pp, p["requests_ok"]) or \
             p["instances"][0]["id"] != k or p["requests"] != (d["requests"] + n - 1 - k) // n:
         bad.append("instance %d: decode sees %s, its prefill %s" % (k, di, p["instances"]))
+    if p["prefill_cp"] != d["prefill_cp"] or p["instances"][0]["cp"] != di["cp"] or \
+            di["cp"] != d["prefill_cp"]:
+        bad.append("instance %d: the decode's CP size %d (%d), its prefill's %d (%d)"
+                   % (k, d["prefill_cp"], di["cp"], p["prefill_cp"], p["instances"][0]["cp"]))
 if d["ring_live_bytes"] != 0: bad.append("decode: %d ring bytes still live at the end (leaked)" % d["ring_live_bytes"])
 if d["corrupt_bytes"] != 0 or d["bytes_verified"] != d["bytes_expected"] or d["bytes_verified"] == 0:
     bad.append("decode verified %d of %d bytes, %d corrupt" % (d["bytes_verified"], d["bytes_expected"], d["corrupt_bytes"]))
@@ -692,6 +703,12 @@ discovered() {
   lost_check "$name" "$hold" "$drc" "$rc0" "$rc1"
 }
 discovered discovery 18915 5
+# Prefill context parallelism: run 8's instances with two CP ranks each
+# (instance 0's 8 ranks take PORT..PORT + 7, instance 1's PORT + 10..), and
+# a decode that expects none refused by name.
+cluster twocp 18975 "--decode-tp 1 --prefill-cp 2" 2,2 1,1
+refused cpdiffer 18995 "--prefill-tp 2 --decode-tp 1 --prefill-cp 2 --seed 7" \
+  "--prefill-tp 2 --decode-tp 1 --seed 7" --prefill-cp
 
-echo "test_serve: $failures of 19 runs failed${n_skipped:+, $n_skipped skipped}"
+echo "test_serve: $failures of 21 runs failed${n_skipped:+, $n_skipped skipped}"
 [ "$failures" = 0 ]
