@@ -128,6 +128,8 @@ def _declare(lib):
         "kvs_rank_create": (c.c_int, [c.POINTER(S.RankConfig), c.c_void_p, c.c_void_p,
                                       c.POINTER(c.c_void_p), c.POINTER(S.Error)]),
         "kvs_rank_destroy": (None, [c.c_void_p]),
+        "kvs_rank_manager": (c.c_void_p, [c.c_void_p]),
+        "kvs_manager_layout": (c.POINTER(S.Layout), [c.c_void_p]),
         "kvs_rank_last_error": (c.POINTER(S.Error), [c.c_void_p]),
         "kvs_rank_add_instance": (c.c_int, [c.c_void_p, c.POINTER(S.InstanceDesc)]),
         "kvs_rank_connect": (c.c_int, [c.c_void_p, S.Peer]),

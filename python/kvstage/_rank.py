@@ -151,6 +151,14 @@ class Rank:
                     others report their status only: docs/kinds/mla.md)
     tp_rank, tp_size, pp_rank, pp_size
                     this rank's place in its instance
+    context_parallel, cp_rank
+                    prefill: its instance's context-parallel size and this
+                    rank's CP rank (docs/kinds/context-parallel.md). Each CP
+                    rank holds one token range of every request
+                    (cp_range()); it opens the room with the request's
+                    whole page list and fills only its range's rows. A
+                    decode declares the CP size of a prefill instance with
+                    add_instance(cp_size=)
     peer_tp_size, peer_pp_size
                     the default peer instance's (0: decode -> this TP;
                     prefill -> learned)
@@ -193,6 +201,7 @@ class Rank:
                  kv_caches=None, model=None, kind=None, total_heads=None, head_dim=None,
                  model_layers=None, layers=None,
                  tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, peer_tp_size=0, peer_pp_size=0,
+                 context_parallel=1, cp_rank=0,
                  instance_id=0, dp_rank=0, dtype=None, max_aux_bytes=0, chunk_tokens=0,
                  ring_bytes=0, max_rooms=0, transfer_workers=0, stall_timeout_s=0,
                  app_tag=0, staging=True, fabric="verbs", provider=None, rdma_device=None,
@@ -263,6 +272,8 @@ class Rank:
         mc.pp_rank, mc.pp_size = _i64("pp_rank", pp_rank), _i64("pp_size", pp_size, 1)
         mc.peer_tp_size = _i64("peer_tp_size", peer_tp_size)
         mc.peer_pp_size = _i64("peer_pp_size", peer_pp_size)
+        mc.context_parallel = _i64("context_parallel", context_parallel, 1)
+        mc.cp_rank = _i64("cp_rank", cp_rank)
         mc.chunk_tokens = _i64("chunk_tokens", chunk_tokens)
         mc.ring_bytes = _u64("ring_bytes", ring_bytes)
         mc.max_rooms = _u64("max_rooms", max_rooms)
@@ -294,6 +305,7 @@ class Rank:
         self.page_size = page_size
         self.kind = _models.kind_name(kv_kind)
         self.kv_scales = _models.scales_name(scales)
+        self.context_parallel, self._cp_rank = context_parallel, cp_rank
         self.peer_page_size = peer_page_size or page_size
         self.num_pages = pool.num_pages
         self.layers = pool.layers
@@ -543,23 +555,29 @@ class Rank:
             _errors.raise_for(rc, None, "%s: %s" % (what, detail or _errors.strerror(rc)))
         return rc
 
-    def add_instance(self, instance, addresses, *, tp_size=None, pp_size=1, dp_size=1):
+    def add_instance(self, instance, addresses, *, tp_size=None, pp_size=1, dp_size=1,
+                     cp_size=1):
         """Decode: declares prefill instance `instance`: the fabric address
-        of each of its ranks ("ip:port"), dp_size x pp_size x tp_size of
-        them, group-major then stage-major. Connections are made on first
-        use (or connect())."""
+        of each of its ranks ("ip:port"), dp_size x cp_size x pp_size x
+        tp_size of them, group-major, then CP rank, then stage. cp_size:
+        its context-parallel ranks. Connections are made on first use (or
+        connect())."""
         self._live("add_instance")
         addrs = [str(a) for a in addresses]
+        # 0 means 1 for each (as in kvs_instance_desc_t)
+        others = 1
+        for key, val in (("pp_size", pp_size), ("dp_size", dp_size), ("cp_size", cp_size)):
+            others *= max(1, _i64(key, val))
         if tp_size is None:
-            tp_size = len(addrs) // max(1, pp_size * dp_size)
+            tp_size = len(addrs) // others
         arr = (ctypes.c_char_p * max(1, len(addrs)))(*[a.encode() for a in addrs])
-        if len(addrs) != tp_size * pp_size * dp_size:
+        if len(addrs) != tp_size * others:
             raise _errors.invalid("addresses: %d given but the instance has %d ranks "
-                                  "(tp_size %d x pp_size %d x dp_size %d)"
-                                  % (len(addrs), tp_size * pp_size * dp_size, tp_size,
-                                     pp_size, dp_size))
+                                  "(tp_size %d x pp_size %d x cp_size %d x dp_size %d)"
+                                  % (len(addrs), tp_size * others, tp_size, pp_size,
+                                     cp_size, dp_size))
         desc = S.InstanceDesc(id=_u64("instance", instance), tp_size=tp_size,
-                              pp_size=pp_size, dp_size=dp_size, addrs=arr)
+                              pp_size=pp_size, dp_size=dp_size, addrs=arr, cp_size=cp_size)
         self._check(self._lib.kvs_rank_add_instance(self._rank, ctypes.byref(desc)),
                     "add_instance(%d)" % instance)
 
@@ -639,6 +657,20 @@ class Rank:
                                                                    self.max_aux_bytes))
         self._check(self._lib.kvs_rank_set_aux(self._rank, _u64("room", room), blob,
                                                len(blob)), "set_aux(%d)" % room)
+
+    def cp_range(self, total_tokens):
+        """The tokens [start, end) of a request of total_tokens that this
+        rank holds: its context-parallel rank's range (a prefill of
+        context_parallel > 1; empty for the last CP ranks of a short
+        prompt), else all of them."""
+        self._live("cp_range")
+        lay = self._lib.kvs_manager_layout(self._lib.kvs_rank_manager(self._rank))
+        start, end = ctypes.c_int64(), ctypes.c_int64()
+        self._check(self._lib.kvs_layout_cp_range(lay, _i64("total_tokens", total_tokens),
+                                                  self._cp_rank, ctypes.byref(start),
+                                                  ctypes.byref(end)),
+                    "cp_range(%d)" % total_tokens)
+        return int(start.value), int(end.value)
 
     def computed(self, room, end_tokens, final=False):
         """Prefill: the KV of tokens [0, end_tokens) of the room is in the

@@ -9,6 +9,7 @@ checks what they report.
     rank_pair.py decode DIR [FABRIC]    reads it, receives the rooms, checks bytes
     FABRIC: [--fabric verbs|ofi] [--provider NAME] [--address IP]
             [--deadline-s S] [--decode-page N] [--mla] [--scales [--shift-scales]]
+            [--prefill-cp N [--cp-addrs-swapped]]
     (verbs by default; --address: every rank's bind_addr, default
     $KVS_VERBS_ADDR; --deadline-s: how long each wait may take, 240;
     --decode-page: the decode's page size, 16 like the prefill's by
@@ -18,7 +19,13 @@ checks what they report.
     tensor beside every K and V tensor, whose every byte is checked too;
     both processes are given the same; --shift-scales, to the decode: a
     planted wrong mapping, each layer's scale tensors handed to the Rank as
-    the next layer's, which the check must catch)
+    the next layer's, which the check must catch; --prefill-cp N: the
+    prefill instance has N context-parallel ranks of TP 2 (2N ranks in its
+    process), each holding and filling only its token range of every room
+    (Rank.cp_range), and the decode declares it with cp_size N;
+    --cp-addrs-swapped, to the decode: a planted mistake, the addresses of
+    CP rank 0 TP rank 1 and CP rank 1 TP rank 0 given in each other's
+    place, which the registration must refuse by name)
 
 Every value the prefill puts in its pool is a function of (room, token,
 layer, K or V, global head, dim); the decode builds the pool it must end
@@ -52,6 +59,9 @@ HEADS, DIM, LAYERS, PAGE, POOL_TOKENS = 4, 16, 3, 16, 1024
 MAX_AUX = 300
 CHUNK = 64  # tokens per chunk: several chunks per room
 PREFILL_TP, DECODE_TP = 2, 1
+# Context parallelism of the prefill instance (--prefill-cp), and the
+# decode's planted address mistake (--cp-addrs-swapped).
+CP = {"size": 1, "swap": False}
 # Tokens per page of each side's pool (--decode-page sets the decode's).
 PAGES = {"prefill": PAGE, "decode": PAGE}
 # What a layer holds (--mla: one latent, kvstage's head 0, no V).
@@ -214,18 +224,22 @@ def write_json(path, obj):
 
 def prefill(folder, fabric, deadline_s):
     local = max(1, KV["heads"] // PREFILL_TP)  # MLA: the one latent on each
-    ranks, pools = [], []
-    for tp in range(PREFILL_TP):
-        ks = [kv_tensor(local) for _ in range(LAYERS)]
-        vs = [torch.zeros_like(k) for k in ks]
-        ss = scale_tensors(local)
-        pools.append((ks, vs, ss))
-        ranks.append(kvstage.Rank("prefill", page_size=PAGES["prefill"],
-                                  peer_page_size=PAGES["decode"],
-                                  **rank_kv(ks, vs, HEADS, ss),
-                                  tp_rank=tp, tp_size=PREFILL_TP,
-                                  peer_tp_size=DECODE_TP, chunk_tokens=CHUNK,
-                                  max_aux_bytes=MAX_AUX, ring_bytes=8 << 20, **fabric))
+    ranks, pools, tps = [], [], []
+    # CP rank c, TP rank tp at c * PREFILL_TP + tp (add_instance's order)
+    for c in range(CP["size"]):
+        for tp in range(PREFILL_TP):
+            ks = [kv_tensor(local) for _ in range(LAYERS)]
+            vs = [torch.zeros_like(k) for k in ks]
+            ss = scale_tensors(local)
+            pools.append((ks, vs, ss))
+            tps.append(tp)
+            ranks.append(kvstage.Rank("prefill", page_size=PAGES["prefill"],
+                                      peer_page_size=PAGES["decode"],
+                                      **rank_kv(ks, vs, HEADS, ss),
+                                      tp_rank=tp, tp_size=PREFILL_TP,
+                                      context_parallel=CP["size"], cp_rank=c,
+                                      peer_tp_size=DECODE_TP, chunk_tokens=CHUNK,
+                                      max_aux_bytes=MAX_AUX, ring_bytes=8 << 20, **fabric))
     with open(os.path.join(folder, "prefill.addrs.tmp"), "w") as f:
         f.write("\n".join(r.address for r in ranks))
     os.rename(os.path.join(folder, "prefill.addrs.tmp"), os.path.join(folder, "prefill.addrs"))
@@ -235,13 +249,17 @@ def prefill(folder, fabric, deadline_s):
     ranks[0].start()  # one rank on the driver's thread, one in this loop
     for room, (total, _) in sorted(ROOMS.items()):
         pages = pages_by_room(1, "prefill")[room]
-        for tp, (r, (ks, vs, ss)) in enumerate(zip(ranks, pools)):
+        for tp, r, (ks, vs, ss) in zip(tps, ranks, pools):
             heads = [0] if KV["mla"] else list(range(tp * local, (tp + 1) * local))
+            # A CP rank holds the rows of its range only, where the room's
+            # page list (the request's, by token) puts them.
+            start, end = r.cp_range(total)
             for layer in range(LAYERS):
                 for kv, buf in planes(ks[layer], vs[layer]) + scale_planes(ss, layer):
                     view = buf.view(torch.int16)
-                    view[slots(pages, total, "prefill")] = \
-                        values(room, list(range(total)), layer, kv, heads, view.shape[-1])
+                    view[slots(pages, total, "prefill")[start:end]] = \
+                        values(room, list(range(start, end)), layer, kv, heads,
+                               view.shape[-1])
             r.open_room(room, pages, total_tokens=total)
             unit = math.lcm(PAGES["prefill"], PAGES["decode"])  # whole pages of both
             half = (total // 2) // unit * unit
@@ -251,6 +269,8 @@ def prefill(folder, fabric, deadline_s):
             r.computed(room, total, final=True)
     done = [dict() for _ in ranks]
     end = time.time() + deadline_s
+    for r in ranks[2:]:
+        r.start()
     while any(len(d) < len(ROOMS) for d in done):
         if time.time() > end:
             sys.exit("rank_pair prefill: rooms not done in %d s: %s" % (deadline_s, done))
@@ -287,7 +307,9 @@ def decode(folder, fabric, deadline_s):
         refused(lambda: rank.open_room(99, [1, n], total_tokens=2 * dps),
                 "pages[1] = %d is outside the KV pool's %d pages" % (n, n))
         refused(lambda: rank.state(99), "KVS_ENOENT")  # nothing was opened
-        rank.add_instance(0, addrs, tp_size=PREFILL_TP)
+        if CP["swap"]:  # planted: CP 0 TP 1 and CP 1 TP 0 in each other's place
+            addrs[1], addrs[PREFILL_TP] = addrs[PREFILL_TP], addrs[1]
+        rank.add_instance(0, addrs, tp_size=PREFILL_TP, cp_size=CP["size"])
         rank.connect(0)
         rank.start()
         want_k = [torch.zeros_like(k) for k in ks]
@@ -450,7 +472,10 @@ def main(argv):
     p.add_argument("--mla", action="store_true")
     p.add_argument("--scales", action="store_true")
     p.add_argument("--shift-scales", action="store_true")
+    p.add_argument("--prefill-cp", type=int, default=1)
+    p.add_argument("--cp-addrs-swapped", action="store_true")
     a = p.parse_args(argv)
+    CP["size"], CP["swap"] = a.prefill_cp, a.cp_addrs_swapped
     use_decode_page(a.decode_page)
     if a.mla:
         use_mla()

@@ -19,6 +19,9 @@ on this machine: no RDMA device, no VM.
   the prefill by 16 (peer_page_size), every byte checked; a bad
   peer_page_size refused by name; and with an MLA pool (kind="mla"): one
   latent per layer, written by prefill rank 0 alone.
+- The pair with prefill context parallelism (two CP ranks of TP 2, each
+  filling only its range, Rank.cp_range; add_instance(cp_size=2)), every
+  byte checked; addresses given out of CP order are refused.
 
 Runs in ctest's python_binding (under the ASan preload in a sanitized
 build; the pair's processes inherit it). Where the build has no ofi
@@ -221,6 +224,53 @@ def test_rank_ofi_fp8_scales_shifted_are_caught(tmp_path):
                                  "127.0.0.1", "--deadline-s", "40", "--scales",
                                  "--shift-scales"], timeout_s=100)
     assert "decode exited 1" in str(e.value) and "scales of layer" in str(e.value), e.value
+
+
+def test_rank_ofi_prefill_cp2_tp2_to_decode_tp1(tmp_path):
+    """The pair with a prefill instance of two context-parallel ranks of TP
+    2 (context_parallel=2, cp_rank; four Rank objects): each fills only the
+    rows of its range (Rank.cp_range) and writes them, the decode declares
+    the instance with cp_size=2 and checks every byte of its pool, the
+    short room (16 tokens) included, whose range is CP rank 0's alone."""
+    need_ofi()
+    dec, pre = rank_pair.run(tmp_path, ["--fabric", "ofi", "--provider", "tcp",
+                                        "--address", "127.0.0.1", "--deadline-s", "40",
+                                        "--prefill-cp", "2"], timeout_s=100)
+    # Every CP rank wrote (run() checks each rank's writes are > 0).
+    assert len(pre["rdma_writes"]) == 4, pre
+    assert dec["rooms"] == dec["rooms_ok"] == len(rank_pair.ROOMS)
+
+
+def test_rank_ofi_prefill_cp_addresses_out_of_order_refused(tmp_path):
+    """The planted mistake: the decode gives the addresses of CP rank 0 TP
+    rank 1 and CP rank 1 TP rank 0 in each other's place. The registration
+    is refused and the decode fails instead of scattering a range's rows as
+    another's, naming the address and what to fix."""
+    need_ofi()
+    with pytest.raises(AssertionError) as e:
+        rank_pair.run(tmp_path, ["--fabric", "ofi", "--provider", "tcp", "--address",
+                                 "127.0.0.1", "--deadline-s", "20", "--prefill-cp", "2",
+                                 "--cp-addrs-swapped"], timeout_s=100)
+    # Both sides fail their rooms; the decode says which address reached
+    # which CP rank and what to fix.
+    msg = str(e.value)
+    assert "decode (exit 1)" in msg or "decode exited 1" in msg, msg
+    assert "reaches context-parallel rank 1 of 2, not rank 0 of 2" in msg, msg
+    assert "fix that rank's address" in msg, msg
+
+
+def test_rank_cp_range_and_cp_size_checked():
+    """cp_range() without CP is the whole request; add_instance counts the
+    CP ranks' addresses and names cp_size."""
+    need_ofi()
+    with rank(fabric="ofi", provider="tcp", bind_addr="127.0.0.1") as r:
+        assert r.cp_range(100) == (0, 100)
+        with pytest.raises(kvstage.KvstageError) as e:
+            r.add_instance(0, ["127.0.0.1:1"] * 3, tp_size=2, cp_size=2)
+        assert "cp_size 2" in e.value.message, e.value.message
+    with pytest.raises(kvstage.KvstageError) as e:
+        rank(fabric="ofi", provider="tcp", context_parallel=0).close()
+    assert "context_parallel" in e.value.message, e.value.message
 
 
 def test_rank_scale_buffers_refused_by_name():
