@@ -173,6 +173,8 @@ static void kvs__rank_labels(kvs__text_t *t, const kvs__metrics_rank_t *r)
                 "\",pp_rank=\"%" PRId64 "\"",
              r->role == KVS_ROLE_DECODE ? "decode" : "prefill", r->instance, r->dp_rank,
              r->tp_rank, r->pp_rank);
+    if (r->cp_size > 1)
+        kvs__put(t, ",cp_rank=\"%" PRId64 "\"", r->cp_rank);
 }
 
 static void kvs__peer_labels(kvs__text_t *t, const kvs__peer_metrics_t *p)

@@ -40,6 +40,9 @@ typedef struct kvs__metrics_rank {
     kvs_role_t role;
     uint64_t instance;
     int64_t dp_rank, tp_rank, pp_rank;
+    /* A prefill CP rank's (context_parallel > 1): labelled cp_rank, so the
+     * CP ranks of one TP and PP rank are told apart; 0 or 1: no label. */
+    int64_t cp_size, cp_rank;
     kvs_handler_stats_t stats;
     uint64_t rooms[KVS__ROOM_STATES]; /* open rooms by state */
     uint64_t ring_bytes;              /* decode: the ring's size; prefill: 0 */

@@ -392,7 +392,8 @@ int kvs_rank_metrics(kvs_rank_t *const *ranks, size_t n, char *buf, size_t cap,
         kvs__metrics_rank_t *v = &view[i];
         *v = (kvs__metrics_rank_t){.m = snap[i], .role = c->role, .instance = c->instance_id,
                                    .dp_rank = c->dp_rank, .tp_rank = c->tp_rank,
-                                   .pp_rank = c->pp_rank};
+                                   .pp_rank = c->pp_rank, .cp_size = c->context_parallel,
+                                   .cp_rank = c->cp_rank};
         kvs__rank_lock(r);
         kvs__metrics_copy(snap[i], r->metrics);
         if (r->dec != NULL) {

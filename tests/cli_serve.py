@@ -88,7 +88,8 @@ def test_bad_input(s):
                                "--layers", "4", "--kv-heads", "4"], "--kv-heads"),
         # Prefill context parallelism: a CP size of at least 1, its ranks
         # bounded as TP x PP's, not with discovery (a record names no CP
-        # rank) nor a prefill's metrics (CP ranks share TP and PP labels).
+        # rank). (A prefill's metrics label its CP ranks: test_serve's
+        # metricscp run.)
         ("prefill cp 0", PREFILL + ["--prefill-cp", "0"], "--prefill-cp"),
         ("prefill cp junk", DECODE + ["--prefill-cp", "two"], "--prefill-cp"),
         ("prefill cp ranks over 64",
@@ -97,8 +98,6 @@ def test_bad_input(s):
         ("prefill cp with discovery",
          PREFILL + ["--prefill-cp", "2", "--discovery", "etcd://192.0.2.1:2379"],
          "--discovery"),
-        ("prefill cp with prefill metrics",
-         PREFILL + ["--prefill-cp", "2", "--metrics", "127.0.0.1:0"], "--metrics"),
         # Nor window or state layers (kvstage plan lays them out).
         ("hybrid model", PREFILL + ["--model", "gpt-oss-20b"], "--full-attn-every"),
         # FP8 scale planes: the dtype and the block are checked by name; the

@@ -245,6 +245,81 @@ static void test_metrics_ranks_report_transfers(void **state)
     edge_destroy(cl);
 }
 
+/* Every sample of the text (a line not starting '#') is named and labelled
+ * once: no two lines share what comes before the value. */
+static void expect_no_sample_twice(const char *t)
+{
+    size_t n = 0, cap = 0;
+    char **keys = NULL;
+    for (const char *line = t; *line != '\0';) {
+        const char *end = strchr(line, '\n');
+        const size_t len = end != NULL ? (size_t)(end - line) : strlen(line);
+        size_t key = len; /* up to the last space: the name and labels */
+        while (key > 0 && line[key - 1] != ' ')
+            key--;
+        if (line[0] != '#' && key > 0) {
+            if (n == cap) {
+                cap = cap ? 2 * cap : 64;
+                keys = realloc(keys, cap * sizeof *keys);
+                assert_non_null(keys);
+            }
+            keys[n] = calloc(1, key);
+            assert_non_null(keys[n]);
+            memcpy(keys[n], line, key - 1);
+            for (size_t i = 0; i < n; i++)
+                if (strcmp(keys[i], keys[n]) == 0)
+                    fail_msg("sample twice: %s", keys[n]);
+            n++;
+        }
+        line += len + (end != NULL);
+    }
+    for (size_t i = 0; i < n; i++)
+        free(keys[i]);
+    free(keys);
+}
+
+/* A prefill instance of CP 2 x TP 2: its CP ranks have the same TP and PP
+ * ranks two by two, so each sample carries cp_rank; a rank without CP
+ * (instance 0's) carries none, as before. */
+static void test_metrics_cp_ranks_labelled_apart(void **state)
+{
+    (void)state;
+    edge_opts_t o = edge_defaults();
+    o.decode_tp = 1;
+    o.prefill_tp = 1;
+    o.instances = 2;
+    o.inst_tp[1] = 2;
+    o.inst_cp[1] = 2;
+    o.max_aux_bytes = 64;
+    edge_cluster_t *cl = edge_create(&o);
+    const char aux[] = "cp";
+    edge_cp_transfer(cl, 1, 4, 0, 70, aux, sizeof aux);
+    edge_cp_expect_ok(cl, 1, 4, 0, 70, aux, sizeof aux, "P2 CP2 -> D1");
+    kvs_rank_t *ranks[5] = {edge_prefill(cl, 0)->rank};
+    for (int c = 0; c < 2; c++)
+        for (int64_t t = 0; t < 2; t++)
+            ranks[1 + 2 * c + t] = edge_group_node(cl, 1, c, t)->rank;
+    size_t len = 0;
+    assert_int_equal(kvs_rank_metrics(ranks, 5, NULL, 0, &len), KVS_ERANGE);
+    char *t = malloc(len + 1);
+    assert_non_null(t);
+    assert_int_equal(kvs_rank_metrics(ranks, 5, t, len + 1, &len), KVS_OK);
+    expect_no_sample_twice(t);
+    assert_int_equal(count_of(t, "kvstage_rdma_writes_total{"), 5);
+    for (int c = 0; c < 2; c++)
+        for (int64_t tp = 0; tp < 2; tp++) {
+            char line[256];
+            LINE("kvstage_rooms_ended_total{role=\"prefill\",instance=\"1\",dp_rank=\"0\","
+                 "tp_rank=\"%lld\",pp_rank=\"0\",cp_rank=\"%d\",peer_instance=\"0\","
+                 "peer_dp_rank=\"0\",status=\"KVS_OK\"} 1", (long long)tp, c);
+            expect_line(t, line);
+        }
+    expect_line(t, "kvstage_rdma_writes_total{role=\"prefill\",instance=\"0\",dp_rank=\"0\","
+                   "tp_rank=\"0\",pp_rank=\"0\"} 0");
+    free(t);
+    edge_destroy(cl);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -252,6 +327,7 @@ int main(void)
         cmocka_unit_test(test_metrics_peer_table_bounded),
         cmocka_unit_test(test_metrics_text_length_contract),
         cmocka_unit_test(test_metrics_ranks_report_transfers),
+        cmocka_unit_test(test_metrics_cp_ranks_labelled_apart),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -681,9 +681,9 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
                                        "--prefill-pp", CLI_SERVE_INSTANCE_FLAG);
     /* Prefill CP (docs/kinds/context-parallel.md): a prefill process runs
      * its instance's CP x PP x TP ranks; the decode declares every
-     * instance with that CP size. A discovery record names no CP rank, and
-     * the metrics label a rank by its TP and PP ranks only (its CP ranks'
-     * samples would collide): neither takes CP yet. */
+     * instance with that CP size (the metrics label each CP rank's
+     * samples cp_rank). A discovery record names no CP rank: it does not
+     * take CP yet. */
     const int64_t cp = in->shape.params.prefill_cp;
     if (cp > 1 && values[CLI_VF_DISCOVERY] != NULL)
         return cli_fail(CLI_SERVE_CMD, "--prefill-cp %" PRId64 " with --discovery: a "
@@ -691,11 +691,6 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
                                        "could not order an instance's CP ranks: drop "
                                        "--discovery (give the decode --peer or %s) or drop "
                                        "--prefill-cp", cp, CLI_SERVE_INSTANCE_FLAG);
-    if (cp > 1 && !decode && values[CLI_VF_METRICS] != NULL)
-        return cli_fail(CLI_SERVE_CMD, "--prefill-cp %" PRId64 " with --metrics on a prefill: "
-                                       "the metrics label a rank by its TP and PP ranks only, "
-                                       "so its CP ranks' samples would collide: drop --metrics "
-                                       "(or --prefill-cp)", cp);
     if (values[CLI_VF_DISCOVERY] != NULL) {
         if ((rc = cli_serve_discover(in, values, given, &count)) != 0)
             return rc;

@@ -2,7 +2,7 @@
 # test_serve.sh - `kvstage serve` end to end over RDMA: prefill processes and
 # a decode process (separate processes, each running all ranks of one
 # instance) move a seeded workload through the kvstage protocol and the
-# decode checks every byte against the pattern the prefill wrote. Nineteen runs:
+# decode checks every byte against the pattern the prefill wrote. 22 runs:
 #   1. P=2 -> D=1 (two writers per decode region), all requests ok
 #   2. P=1 -> D=2 (one prefill rank feeding two decode ranks), all ok
 #   3. P=2 -> D=1 with the prefill's 3rd RDMA write spoiled (bad remote key):
@@ -82,6 +82,9 @@
 #      and every report names CP 2 for each instance.
 #  21. a CP 2 prefill against a decode given no --prefill-cp: both stop at
 #      once (the registration is refused), exit 1 and name --prefill-cp.
+#  22. run 18 with --prefill-cp 2 (four prefill ranks, two of each TP rank):
+#      the same checks, each sample once, and every prefill sample labelled
+#      with its CP rank (cp_rank 0 and 1; the decode's with none).
 # Every run that moves KV also checks that the decode's ring holds 0 live
 # bytes at the end (every room ended, so anything live leaked).
 # Usage: test_serve.sh KVSTAGE_BINARY   (needs an RDMA device: ctest runs it
@@ -518,10 +521,11 @@ else
        "windows), so these writes would land in another request's region (docs/security.md)"
   n_skipped=2
 fi
-# metrics NAME PORT: run 18 (above).
+# metrics NAME PORT [CP]: run 18 (above); CP > 1: run 22, its prefill
+# instance of CP x TP 2 ranks, each CP rank's samples labelled cp_rank.
 metrics() {
   skipped "$1" && return 0
-  local name=$1 port=$(($2 + off)) t0 prc drc dport pport bad="" i
+  local name=$1 port=$(($2 + off)) cp=${3:-1} t0 prc drc dport pport bad="" i
   t0=$(date +%s.%N)
   # The Python that has Debian's python3-prometheus-client (a python3
   # earlier on PATH, pyenv's say, may not).
@@ -535,7 +539,8 @@ metrics() {
     failures=$((failures + 1))
     return 0
   fi
-  local flags=(--prefill-tp 2 --decode-tp 1 --metrics "$addr:0" --metrics-hold-ms 5000)
+  local flags=(--prefill-tp 2 --decode-tp 1 --prefill-cp "$cp" --metrics "$addr:0"
+               --metrics-hold-ms 5000)
   "$kvstage" serve --role prefill --listen "$addr:$port" "${shape[@]}" "${seed[@]}" \
     "${flags[@]}" >"$work/$name.prefill.json" 2>"$work/$name.prefill.err" &
   local ppid=$!
@@ -551,7 +556,7 @@ metrics() {
   done
   # Scrape each endpoint until its ranks have ended every room (rooms
   # ended, summed over the ranks: the decode's 1 rank x --requests, the
-  # prefill's 2 ranks x --requests); the holds keep them up meanwhile.
+  # prefill's CP x 2 ranks x --requests); the holds keep them up meanwhile.
   local requests="" notfound="" dok=0 pok=0
   for ((i = 0; i < ${#shape[@]}; i++)); do
     [ "${shape[$i]}" = --requests ] && requests=${shape[$((i + 1))]}
@@ -566,7 +571,7 @@ metrics() {
       complete "$work/$name.decode.prom" "$requests" && dok=1
     fi
     if [ "$pok" = 0 ] && curl -sf "$pport" >"$work/$name.prefill.prom" 2>/dev/null; then
-      complete "$work/$name.prefill.prom" $((2 * requests)) && pok=1
+      complete "$work/$name.prefill.prom" $((2 * cp * requests)) && pok=1
     fi
     [ "$dok" = 1 ] && [ "$pok" = 1 ] || sleep 0.1
   done
@@ -579,10 +584,10 @@ metrics() {
   prc=$?
   echo "test_serve: $name: prefill exit $prc, decode exit $drc, $(elapsed "$t0") s"
   [ "$prc" = 0 ] && [ "$drc" = 0 ] || bad="$bad; exit codes $prc/$drc"
-  if ! "$py" - "$work/$name" <<'PY'
+  if ! "$py" - "$work/$name" "$cp" <<'PY'
 import json, sys
 from prometheus_client.parser import text_string_to_metric_families
-base = sys.argv[1]
+base, cp = sys.argv[1], int(sys.argv[2])
 bad = []
 def samples(side):
     out = {}
@@ -613,6 +618,13 @@ for side in ("decode", "prefill"):
     if side == "prefill" and total(m, "kvstage_rdma_writes_total") != rep["rdma_writes"]:
         bad.append("prefill: %d writes in the metrics, %d in its report"
                    % (total(m, "kvstage_rdma_writes_total"), rep["rdma_writes"]))
+    # With CP each prefill rank's samples say its CP rank; without, none.
+    labelled = {dict(labels).get("cp_rank") for (n, labels) in m
+                if n == "kvstage_rdma_writes_total"}
+    want = {str(c) for c in range(cp)} if side == "prefill" and cp > 1 else {None}
+    if labelled != want:
+        bad.append("%s: cp_rank labels %s, want %s" % (side, sorted(map(str, labelled)),
+                                                       sorted(map(str, want))))
     print("  %s: %d samples, %d rooms ok, %d bytes" % (side, len(m), ok, rep["payload_bytes"]))
 print("  " + ("; ".join(bad) if bad else "ok"))
 sys.exit(1 if bad else 0)
@@ -627,6 +639,7 @@ PY
   fi
 }
 metrics metrics 18895
+metrics metricscp 19015 2
 
 # discovered NAME PORT HOLD: run 19 (above).
 discovered() {
@@ -710,5 +723,5 @@ cluster twocp 18975 "--decode-tp 1 --prefill-cp 2" 2,2 1,1
 refused cpdiffer 18995 "--prefill-tp 2 --decode-tp 1 --prefill-cp 2 --seed 7" \
   "--prefill-tp 2 --decode-tp 1 --seed 7" --prefill-cp
 
-echo "test_serve: $failures of 21 runs failed${n_skipped:+, $n_skipped skipped}"
+echo "test_serve: $failures of 22 runs failed${n_skipped:+, $n_skipped skipped}"
 [ "$failures" = 0 ]
