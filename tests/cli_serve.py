@@ -87,17 +87,14 @@ def test_bad_input(s):
                                "192.0.2.1:18515", "--mla-latent-dim", "576",
                                "--layers", "4", "--kv-heads", "4"], "--kv-heads"),
         # Prefill context parallelism: a CP size of at least 1, its ranks
-        # bounded as TP x PP's, not with discovery (a record names no CP
-        # rank). (A prefill's metrics label its CP ranks: test_serve's
-        # metricscp run.)
+        # bounded as TP x PP's. (A prefill's metrics label its CP ranks and
+        # its discovery records carry them: test_serve's metricscp and
+        # discoverycp runs.)
         ("prefill cp 0", PREFILL + ["--prefill-cp", "0"], "--prefill-cp"),
         ("prefill cp junk", DECODE + ["--prefill-cp", "two"], "--prefill-cp"),
         ("prefill cp ranks over 64",
          PREFILL + ["--prefill-tp", "8", "--prefill-pp", "4", "--prefill-cp", "4"],
          "--prefill-cp"),
-        ("prefill cp with discovery",
-         PREFILL + ["--prefill-cp", "2", "--discovery", "etcd://192.0.2.1:2379"],
-         "--discovery"),
         # Nor window or state layers (kvstage plan lays them out).
         ("hybrid model", PREFILL + ["--model", "gpt-oss-20b"], "--full-attn-every"),
         # FP8 scale planes: the dtype and the block are checked by name; the

@@ -628,7 +628,8 @@ static int cli_serve_discover(cli_serve_input_t *in, const char *const *values,
         } same[] = {{"--kv-heads", x.total_heads, sp->total_heads},
                     {"--head-dim", x.head_dim, sp->head_dim},
                     {"--layers", x.model_layers, sp->layers},
-                    {"--page-size", x.page_size, sp->page_size}};
+                    {"--page-size", x.page_size, sp->page_size},
+                    {"--prefill-cp", x.cp_size, sp->prefill_cp > 1 ? sp->prefill_cp : 1}};
         for (size_t f = 0; f < sizeof same / sizeof same[0]; f++)
             if (same[f].theirs != 0 && same[f].theirs != same[f].mine)
                 return cli_fail(CLI_SERVE_CMD, "--discovery: prefill instance %" PRId64 " serves "
@@ -682,15 +683,7 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
     /* Prefill CP (docs/kinds/context-parallel.md): a prefill process runs
      * its instance's CP x PP x TP ranks; the decode declares every
      * instance with that CP size (the metrics label each CP rank's
-     * samples cp_rank). A discovery record names no CP rank: it does not
-     * take CP yet. */
-    const int64_t cp = in->shape.params.prefill_cp;
-    if (cp > 1 && values[CLI_VF_DISCOVERY] != NULL)
-        return cli_fail(CLI_SERVE_CMD, "--prefill-cp %" PRId64 " with --discovery: a "
-                                       "discovery record names no CP rank yet, so a decode "
-                                       "could not order an instance's CP ranks: drop "
-                                       "--discovery (give the decode --peer or %s) or drop "
-                                       "--prefill-cp", cp, CLI_SERVE_INSTANCE_FLAG);
+     * samples cp_rank; a discovery record carries its CP rank and size). */
     if (values[CLI_VF_DISCOVERY] != NULL) {
         if ((rc = cli_serve_discover(in, values, given, &count)) != 0)
             return rc;

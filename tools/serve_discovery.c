@@ -7,7 +7,9 @@
  *
  * The JSON read here is etcd's answers and the records kvstage writes (by
  * this file or by json.dumps in Python): flat fields, numbers bare or in
- * quotes, strings without escapes (base64, addresses, names).
+ * quotes, strings without escapes (base64, addresses, names). A record
+ * without cp_rank and cp_size is that of a rank without context
+ * parallelism (CP rank 0 of 1).
  */
 #include "serve_discovery.h"
 
@@ -439,21 +441,22 @@ static void *cli_disc_keep(void *arg)
 typedef struct cli_disc_seen {
     const char *root;
     int64_t ranks[CLI_DISC_INSTANCES];  /* records of group 0 per instance */
-    int64_t want[CLI_DISC_INSTANCES];   /* its TP x PP, from a record */
+    int64_t want[CLI_DISC_INSTANCES];   /* its CP x TP x PP, from a record */
 } cli_disc_seen_t;
 
 static void cli_disc_count(void *ctx, const char *key, const char *value)
 {
     cli_disc_seen_t *s = ctx;
     const char *end = value + strlen(value);
-    int64_t inst = -1, dp = -1, tp = 0, pp = 0;
+    int64_t inst = -1, dp = -1, tp = 0, pp = 0, cp = 1;
     if (!cli_json_int(value, end, "instance", &inst) || !cli_json_int(value, end, "dp_rank", &dp) ||
         !cli_json_int(value, end, "tp_size", &tp) || !cli_json_int(value, end, "pp_size", &pp) ||
         inst < 0 || inst >= CLI_DISC_INSTANCES || dp != 0)
         return;
+    (void)cli_json_int(value, end, "cp_size", &cp);
     (void)key;
     s->ranks[inst]++;
-    s->want[inst] = tp * pp;
+    s->want[inst] = tp * pp * (cp > 1 ? cp : 1);
 }
 
 static void *cli_disc_follow_run(void *arg)
@@ -578,18 +581,24 @@ void cli_disc_close(cli_disc_t *d)
 int cli_disc_publish(cli_disc_t *d, const cli_disc_record_t *rec, char *err, size_t err_len)
 {
     cli_disc_pub_t pub;
+    /* Keys as Python's Discovery.publish writes them: a CP rank's (CP size
+     * > 1) ends with its CP rank. */
+    const int64_t cp_size = rec->cp_size > 1 ? rec->cp_size : 1;
     int n = snprintf(pub.key, sizeof pub.key, "%s%s/%" PRIu64 "/%" PRId64 "/%" PRId64 "/%" PRId64,
                      d->root, rec->role, rec->instance, rec->dp_rank, rec->pp_rank, rec->tp_rank);
+    if (n >= 0 && (size_t)n < sizeof pub.key && cp_size > 1)
+        n += snprintf(pub.key + n, sizeof pub.key - (size_t)n, "/%" PRId64, rec->cp_rank);
     const int m = snprintf(
         pub.value, sizeof pub.value,
-        "{\"address\": \"%s\", \"dp_rank\": %" PRId64 ", \"instance\": %" PRIu64
+        "{\"address\": \"%s\", \"cp_rank\": %" PRId64 ", \"cp_size\": %" PRId64
+        ", \"dp_rank\": %" PRId64 ", \"instance\": %" PRIu64
         ", \"pp_rank\": %" PRId64 ", \"pp_size\": %" PRId64 ", \"role\": \"%s\", \"shape\": "
         "{\"dtype\": \"%s\", \"head_dim\": %" PRId64 ", \"model_layers\": %" PRId64
         ", \"page_size\": %" PRId64 ", \"total_heads\": %" PRId64 "}, \"tp_rank\": %" PRId64
         ", \"tp_size\": %" PRId64 "}",
-        rec->address, rec->dp_rank, rec->instance, rec->pp_rank, rec->pp_size, rec->role,
-        rec->dtype, rec->head_dim, rec->model_layers, rec->page_size, rec->total_heads,
-        rec->tp_rank, rec->tp_size);
+        rec->address, rec->cp_rank, cp_size, rec->dp_rank, rec->instance, rec->pp_rank,
+        rec->pp_size, rec->role, rec->dtype, rec->head_dim, rec->model_layers, rec->page_size,
+        rec->total_heads, rec->tp_rank, rec->tp_size);
     if (n < 0 || (size_t)n >= sizeof pub.key || m < 0 || (size_t)m >= sizeof pub.value) {
         cli_disc_say(err, err_len, "a discovery record is too long");
         return -1;
@@ -629,19 +638,24 @@ static void cli_disc_collect(void *ctx, const char *key, const char *value)
 {
     cli_disc_group_t *g = ctx;
     const char *end = value + strlen(value);
-    int64_t inst = -1, dp = -1, pr = -1, tr = -1;
+    int64_t inst = -1, dp = -1, pr = -1, tr = -1, cr = 0;
     cli_disc_instance_t *x = &g->inst;
     char addr[64];
     if (!cli_json_int(value, end, "instance", &inst) || (uint64_t)inst != g->instance ||
         !cli_json_int(value, end, "dp_rank", &dp) || dp != 0)
         return;
     (void)key;
+    x->cp_size = 1; /* a record without CP */
+    (void)cli_json_int(value, end, "cp_size", &x->cp_size);
+    (void)cli_json_int(value, end, "cp_rank", &cr);
     if (!cli_json_int(value, end, "pp_rank", &pr) || !cli_json_int(value, end, "tp_rank", &tr) ||
         !cli_json_int(value, end, "tp_size", &x->tp_size) ||
         !cli_json_int(value, end, "pp_size", &x->pp_size) ||
         !cli_json_str(value, end, "address", addr, sizeof addr) || x->tp_size < 1 ||
-        x->pp_size < 1 || tr < 0 || tr >= x->tp_size || pr < 0 || pr >= x->pp_size ||
-        x->tp_size * x->pp_size > CLI_SERVE_GROUP_RANKS) {
+        x->pp_size < 1 || x->cp_size < 1 || tr < 0 || tr >= x->tp_size || pr < 0 ||
+        pr >= x->pp_size || cr < 0 || cr >= x->cp_size ||
+        x->tp_size * x->pp_size > CLI_SERVE_GROUP_RANKS ||
+        x->tp_size * x->pp_size * x->cp_size > CLI_SERVE_GROUP_RANKS) {
         g->bad = true;
         snprintf(g->why, sizeof g->why, "a record of it does not parse: %.160s", value);
         return;
@@ -651,7 +665,7 @@ static void cli_disc_collect(void *ctx, const char *key, const char *value)
     (void)cli_json_int(value, end, "model_layers", &x->model_layers);
     (void)cli_json_int(value, end, "page_size", &x->page_size);
     (void)cli_json_str(value, end, "dtype", x->dtype, sizeof x->dtype);
-    const int64_t i = pr * x->tp_size + tr;
+    const int64_t i = (cr * x->pp_size + pr) * x->tp_size + tr;
     snprintf(g->addr[i], sizeof g->addr[i], "%s", addr);
     g->count++;
 }
@@ -673,13 +687,13 @@ int cli_disc_wait_instance(cli_disc_t *d, uint64_t k, int64_t timeout_ms,
         g->instance = k;
         if (cli_disc_range(d, prefix, cli_disc_collect, g, err, err_len) != 0)
             break;
-        const int64_t want = g->inst.tp_size * g->inst.pp_size;
+        const int64_t want = g->inst.tp_size * g->inst.pp_size * g->inst.cp_size;
         if (g->bad) {
             cli_disc_say(err, err_len, "prefill instance %" PRIu64 ": %s", k, g->why);
             break;
         }
         if (want > 0 && g->count == want) {
-            /* serve's ports: rank (t, s) at PORT + s * TP + t */
+            /* serve's ports: rank (t, s, c) at PORT + (c * PP + s) * TP + t */
             const char *colon = strrchr(g->addr[0], ':');
             int64_t port = colon != NULL ? strtoll(colon + 1, NULL, 10) : 0;
             bool ok = colon != NULL && port > 0 && (size_t)(colon - g->addr[0]) < sizeof out->ip;
@@ -691,9 +705,9 @@ int cli_disc_wait_instance(cli_disc_t *d, uint64_t k, int64_t timeout_ms,
             }
             if (!ok) {
                 cli_disc_say(err, err_len, "prefill instance %" PRIu64 ": its ranks are at %s "
-                             "... which are not one address with ports PORT + s*TP + t, as a "
-                             "serve prefill's: give the decode --prefill-instance flags", k,
-                             g->addr[0]);
+                             "... which are not one address with ports PORT + (c*PP + s)*TP + "
+                             "t, as a serve prefill's: give the decode --prefill-instance "
+                             "flags", k, g->addr[0]);
                 break;
             }
             *out = g->inst;

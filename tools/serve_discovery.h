@@ -32,6 +32,7 @@ typedef struct cli_disc_record {
     const char *role;          /* "prefill" or "decode" */
     uint64_t instance;
     int64_t dp_rank, pp_rank, tp_rank, tp_size, pp_size;
+    int64_t cp_rank, cp_size;  /* a prefill's context parallelism; 0 -> 1 */
     const char *address;       /* "IP:PORT" a decode connects to ("" for a decode) */
     int64_t total_heads, head_dim, model_layers, page_size;
     const char *dtype;
@@ -40,8 +41,9 @@ typedef struct cli_disc_record {
 /* A prefill instance (attention group 0) once all its ranks published. */
 typedef struct cli_disc_instance {
     char ip[64];
-    uint16_t port;             /* rank (t, s) at port + s * tp + t, as serve's */
-    int64_t tp_size, pp_size;
+    uint16_t port;             /* rank (t, s, c) at port + (c * pp + s) * tp + t,
+                                  as serve's */
+    int64_t tp_size, pp_size, cp_size;
     int64_t total_heads, head_dim, model_layers, page_size;
     char dtype[16];
 } cli_disc_instance_t;

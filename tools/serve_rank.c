@@ -601,7 +601,8 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
                      (unsigned)(pl->listen_port + cli_rank_index(c)));
         const cli_disc_record_t rec = {
             .role = decode ? "decode" : "prefill", .instance = decode ? 0 : pl->instance,
-            .pp_rank = c->r->pp, .tp_rank = c->r->tp,
+            .pp_rank = c->r->pp, .tp_rank = c->r->tp, .cp_rank = c->r->cp,
+            .cp_size = cli_rank_cp_size(c),
             .tp_size = decode ? l->decode_tp : l->prefill_tp,
             .pp_size = decode ? l->decode_pp : l->prefill_pp, .address = addr,
             .total_heads = l->total_heads, .head_dim = l->head_dim, .model_layers = l->layers,

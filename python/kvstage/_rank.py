@@ -337,7 +337,8 @@ class Rank:
             if discovery is not None:
                 self._join(discovery, discovery_wait_s, dict(
                     role=role, instance=instance_id, dp_rank=dp_rank, pp_rank=pp_rank,
-                    tp_rank=tp_rank, tp_size=tp_size, pp_size=pp_size, address=self.address,
+                    tp_rank=tp_rank, tp_size=tp_size, pp_size=pp_size,
+                    cp_rank=cp_rank, cp_size=context_parallel, address=self.address,
                     shape=dict(total_heads=total_heads, head_dim=pool.head_dim,
                                model_layers=model_layers or pool.layers * pp_size,
                                page_size=page_size, dtype=pool.dtype)))
@@ -445,7 +446,7 @@ class Rank:
                                   "instances is not supported yet: declare instance %d with "
                                   "add_instance" % ref[0])
         self.add_instance(ref[0], found["addresses"], tp_size=found["tp_size"],
-                          pp_size=found["pp_size"])
+                          pp_size=found["pp_size"], cp_size=found["cp_size"])
         self._declared[ref] = found["addresses"]
 
     def _discovery_seen(self, present, only=None):
@@ -464,7 +465,8 @@ class Rank:
                     found = present[ref]
                     if found["addresses"] != self._declared[ref] and self._rank:
                         self.add_instance(ref[0], found["addresses"],
-                                          tp_size=found["tp_size"], pp_size=found["pp_size"])
+                                          tp_size=found["tp_size"], pp_size=found["pp_size"],
+                                          cp_size=found["cp_size"])
                         self._declared[ref] = found["addresses"]
                     self._gone.discard(ref)
 

@@ -16,8 +16,10 @@ again on its next room.
 etcd's v3 API through its JSON gateway (etcd >= 3.4, Debian's
 etcd-server), standard library only: no client package is needed.
 
-Keys: {prefix}/{cluster}/{role}/{instance}/{dp_rank}/{pp_rank}/{tp_rank};
-values: JSON objects (docs/operations.md, "Finding peers").
+Keys: {prefix}/{cluster}/{role}/{instance}/{dp_rank}/{pp_rank}/{tp_rank},
+and /{cp_rank} after them for a rank of a context-parallel prefill
+(cp_size > 1); values: JSON objects (docs/operations.md, "Finding peers").
+A record without cp_rank and cp_size is a rank without CP.
 """
 import base64
 import json
@@ -178,9 +180,12 @@ class Discovery:
 
     def publish(self, record):
         """Publishes one rank's record (a dict with role, instance, dp_rank,
-        pp_rank, tp_rank) under this process's lease."""
+        pp_rank, tp_rank, and cp_rank with cp_size > 1) under this
+        process's lease."""
         key = "%s%s/%d/%d/%d/%d" % (self.root, record["role"], record["instance"],
                                    record["dp_rank"], record["pp_rank"], record["tp_rank"])
+        if record.get("cp_size", 1) > 1:
+            key += "/%d" % record["cp_rank"]
         value = json.dumps(record, sort_keys=True)
         with self._mu:
             self._ensure_lease()
@@ -196,9 +201,10 @@ class Discovery:
     # ---- finding ------------------------------------------------------------------
 
     def instances(self, role="prefill"):
-        """{(instance, dp_rank): {"tp_size", "pp_size", "dp_size", "addresses",
-        "shape"}} of the complete attention groups of `role` (every rank of
-        the group published), addresses in stage-major, then TP order."""
+        """{(instance, dp_rank): {"tp_size", "pp_size", "cp_size", "dp_size",
+        "addresses", "shape"}} of the complete attention groups of `role`
+        (every rank of the group published), addresses in CP-rank-major,
+        then stage, then TP order (add_instance's)."""
         groups = {}
         for key, value in self.etcd.range_prefix(self.root + role + "/").items():
             try:
@@ -206,15 +212,16 @@ class Discovery:
             except ValueError:
                 continue
             g = groups.setdefault((int(rec["instance"]), int(rec["dp_rank"])), {})
-            g[(int(rec["pp_rank"]), int(rec["tp_rank"]))] = rec
+            g[(int(rec.get("cp_rank", 0)), int(rec["pp_rank"]), int(rec["tp_rank"]))] = rec
         out = {}
         for ref, ranks in groups.items():
             any_rec = next(iter(ranks.values()))
             tp, pp = int(any_rec["tp_size"]), int(any_rec["pp_size"])
-            want = [(s, t) for s in range(pp) for t in range(tp)]
+            cp = int(any_rec.get("cp_size", 1))
+            want = [(c, s, t) for c in range(cp) for s in range(pp) for t in range(tp)]
             if sorted(ranks) != want:
                 continue  # still joining, or leaving
-            out[ref] = {"tp_size": tp, "pp_size": pp,
+            out[ref] = {"tp_size": tp, "pp_size": pp, "cp_size": cp,
                         "dp_size": sum(1 for g in groups if g[0] == ref[0]),
                         "addresses": [ranks[k]["address"] for k in want],
                         "shape": any_rec.get("shape", {})}

@@ -6,7 +6,9 @@ hangs (SIGSTOP: its sockets stay up, its lease is no longer renewed) fails
 exactly its open room with KVS_EPEER within the lease time, long before the
 stall timeout, while every other room moves every byte; restarted at other
 addresses (as a pod is), the same instance serves the decode's next rooms
-without a restart of the decode.
+without a restart of the decode. A prefill instance of two
+context-parallel ranks is found and declared with its CP size, every
+byte checked.
 """
 import json
 import os
@@ -158,3 +160,78 @@ def test_discovery_cluster_join_and_lapse(etcd, tmp_path):
             assert got["bytes_checked"] > 0
     print("held room failed %.2f s after its instance hung (lease %d s)"
           % (rooms[str(HELD)]["at"] - stopped, TTL_S))
+
+
+def test_discovery_cp_prefill_instance(etcd):
+    """A prefill instance of two context-parallel ranks (TP 1 each) found
+    through etcd: each CP rank publishes its cp_rank and cp_size, the
+    decode's lookup orders the addresses by CP rank and declares the
+    instance with cp_size 2 on the room that first names it, and every byte
+    of two rooms (one split over both CP ranks, one short enough to be CP
+    rank 0's alone) arrives where the decode's pages put it."""
+    pytest.importorskip("torch")
+    import torch
+    from discovery_cluster import DIM, HEADS, LAYERS, PAGE, POOL_PAGES, common, discovery, \
+        pages_of, slots
+    from rank_pair import values
+    disc = discovery(etcd)
+    rooms = {41: 130, 43: 12}
+
+    def pool():
+        ks = [torch.zeros(POOL_PAGES * PAGE, HEADS, DIM, dtype=torch.float16)
+              for _ in range(LAYERS)]
+        return ks, [torch.zeros_like(k) for k in ks]
+
+    made = []
+    try:
+        pre = []
+        for c in range(2):
+            ks, vs = pool()
+            r = kvstage.Rank("prefill", k_buffers=ks, v_buffers=vs, instance_id=3,
+                             context_parallel=2, cp_rank=c, **common(disc))
+            made.append(r)
+            pre.append((r, ks, vs))
+        found = disc.instances().get((3, 0))
+        assert found is not None and found["cp_size"] == 2, found
+        assert found["addresses"] == [r.address for r, _, _ in pre], found
+        ks, vs = pool()
+        dec = kvstage.Rank("decode", k_buffers=ks, v_buffers=vs, ring_bytes=4 << 20,
+                           **common(disc))
+        made.append(dec)
+        for r in made:
+            r.start()
+        held = {}
+        for room, total in rooms.items():
+            for r, pks, pvs in pre:
+                start, end = r.cp_range(total)
+                held[(room, r)] = end - start
+                idx = slots(pages_of(room, total), total)[start:end]
+                for layer in range(LAYERS):
+                    for kv, buf in ((0, pks[layer]), (1, pvs[layer])):
+                        buf.view(torch.int16)[idx] = values(room, list(range(start, end)),
+                                                            layer, kv, list(range(HEADS)))
+                r.open_room(room, pages_of(room, total), total_tokens=total)
+                r.computed(room, total, final=True)
+            dec.open_room(room, pages_of(room, total), peer=3, total_tokens=total)
+        # Room 41 is split over both CP ranks; room 43 is CP rank 0's alone.
+        assert all(held[(41, r)] > 0 for r, _, _ in pre), held
+        assert held[(43, pre[1][0])] == 0, held
+        results = {}
+        end = time.time() + 60
+        while len(results) < len(rooms):
+            assert time.time() < end, "rooms without a result: %s" % (set(rooms) - set(results))
+            time.sleep(0.02)
+            for res in dec.poll():
+                results[res.room] = res
+        for room, total in rooms.items():
+            assert results[room].ok, results[room]
+            idx = slots(pages_of(room, total), total)
+            for layer in range(LAYERS):
+                for kv, buf in ((0, ks[layer]), (1, vs[layer])):
+                    want = values(room, list(range(total)), layer, kv, list(range(HEADS)))
+                    assert torch.equal(buf.view(torch.int16)[idx], want), (room, layer, kv)
+        assert disc.errors == [], disc.errors
+    finally:
+        for r in made:
+            r.close()
+        disc.close()

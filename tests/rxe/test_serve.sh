@@ -2,7 +2,7 @@
 # test_serve.sh - `kvstage serve` end to end over RDMA: prefill processes and
 # a decode process (separate processes, each running all ranks of one
 # instance) move a seeded workload through the kvstage protocol and the
-# decode checks every byte against the pattern the prefill wrote. 22 runs:
+# decode checks every byte against the pattern the prefill wrote. 23 runs:
 #   1. P=2 -> D=1 (two writers per decode region), all requests ok
 #   2. P=1 -> D=2 (one prefill rank feeding two decode ranks), all ok
 #   3. P=2 -> D=1 with the prefill's 3rd RDMA write spoiled (bad remote key):
@@ -85,6 +85,9 @@
 #  22. run 18 with --prefill-cp 2 (four prefill ranks, two of each TP rank):
 #      the same checks, each sample once, and every prefill sample labelled
 #      with its CP rank (cp_rank 0 and 1; the decode's with none).
+#  23. run 19 with --prefill-cp 2 on every process: each CP rank's record
+#      carries its cp_rank and cp_size, the decode orders the addresses by
+#      CP rank and declares each instance with CP 2; the same outcome.
 # Every run that moves KV also checks that the decode's ring holds 0 live
 # bytes at the end (every room ended, so anything live leaked).
 # Usage: test_serve.sh KVSTAGE_BINARY   (needs an RDMA device: ctest runs it
@@ -642,9 +645,13 @@ metrics metrics 18895
 metrics metricscp 19015 2
 
 # discovered NAME PORT HOLD: run 19 (above).
+# discovered NAME PORT HOLD [FLAGS]: run 19 (above); FLAGS (run 23: --prefill-cp
+# 2) go to every process.
 discovered() {
   skipped "$1" && return 0
   local name=$1 port=$(($2 + off)) hold=$3 t0 p0 p1 dpid drc rc0 rc1 e waited=0
+  local -a more
+  read -r -a more <<<"${4:-}"
   t0=$(date +%s.%N)
   if ! command -v etcd >/dev/null; then
     echo "test_serve: $name: FAILED: etcd is not installed: install etcd-server" \
@@ -670,7 +677,8 @@ discovered() {
     waited=$((waited + 1))
   done
   local -x KVS_LOG_LEVEL=${KVS_LOG_LEVEL:-warn}
-  local disc=(--discovery "etcd://$client" --discovery-ttl-s 2 --stall-timeout-ms 60000)
+  local disc=(--discovery "etcd://$client" --discovery-ttl-s 2 --stall-timeout-ms 60000
+              "${more[@]}")
   "$kvstage" serve --role prefill --listen "$addr:$port" --instance 0 --instances 2 \
     --prefill-tp 2 "${shape[@]}" "${seed[@]}" "${disc[@]}" \
     >"$work/$name.prefill0.json" 2>"$work/$name.prefill0.err" &
@@ -722,6 +730,9 @@ discovered discovery 18915 5
 cluster twocp 18975 "--decode-tp 1 --prefill-cp 2" 2,2 1,1
 refused cpdiffer 18995 "--prefill-tp 2 --decode-tp 1 --prefill-cp 2 --seed 7" \
   "--prefill-tp 2 --decode-tp 1 --seed 7" --prefill-cp
+# Run 19 with two CP ranks per instance, found through etcd (instance 0's
+# 4 ranks at PORT.., instance 1's 2 at PORT + 10..).
+discovered discoverycp 19035 5 "--prefill-cp 2"
 
-echo "test_serve: $failures of 22 runs failed${n_skipped:+, $n_skipped skipped}"
+echo "test_serve: $failures of 23 runs failed${n_skipped:+, $n_skipped skipped}"
 [ "$failures" = 0 ]
