@@ -32,8 +32,12 @@
  * Hybrid layers (window and state layers, full_attn_every > 1) are
  * src/hybrid.c's: their blocks depend on the chunk's place in the request,
  * so kvs_layout_writer refuses such a layout (kvs_layout_hybrid_writer).
+ *
+ * A draft model's layers (draft_layers > 0, src/draft.c) end each writer
+ * block: the same writers and head slices, the draft's own head dim.
  */
 #include "arith.h"
+#include "draft.h"
 #include "error.h"
 #include "hybrid.h"
 
@@ -512,6 +516,9 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
     /* Window and state layers (src/hybrid.c), checked against the rest. */
     if ((rc = kvs__hybrid_init(&l, p, err)) != KVS_OK)
         return rc;
+    /* A draft model's layers (src/draft.c), after the model's are sized. */
+    if ((rc = kvs__draft_init(&l, p, err)) != KVS_OK)
+        return rc;
     *out = l;
     return KVS_OK;
 }
@@ -555,7 +562,8 @@ int kvs_layout_writer(const kvs_layout_t *lay, int64_t decode_rank, int64_t deco
     /* Every writer of a region copies the same number of heads, so writer
      * i starts after i equal blocks. */
     out->len_bytes = kvs_layout_layer_block_bytes(lay, tokens, out->heads.num_heads) *
-                     slots * lay->planes;
+                         slots * lay->planes +
+                     kvs_layout_draft_part_bytes(lay, tokens, out->heads.num_heads);
     out->offset_bytes = writer_index * out->len_bytes;
     return KVS_OK;
 }
@@ -581,8 +589,11 @@ int64_t kvs_layout_max_region_bytes(const kvs_layout_t *lay)
      * layers (decode_layers). kvs_layout_init checked it fits in int64. */
     if (kvs__hybrid(lay))
         return kvs__hybrid_max_region_bytes(lay);
-    return kvs_layout_layer_block_bytes(lay, lay->grid_tokens, kvs__region_heads(lay)) *
-           lay->decode_layers * lay->planes * lay->tp_writers;
+    const int64_t heads = kvs__region_heads(lay);
+    return (kvs_layout_layer_block_bytes(lay, lay->grid_tokens, heads) * lay->decode_layers *
+                lay->planes +
+            kvs_layout_draft_part_bytes(lay, lay->grid_tokens, heads)) *
+           lay->tp_writers;
 }
 
 int kvs_layout_target(const kvs_layout_t *lay, int64_t prefill_rank, int64_t i,

@@ -375,6 +375,34 @@ def test_hybrid(s):
         s.expect_usage_error(name, args + extra, flag)
 
 
+def test_draft(s):
+    """A draft model's layers end each writer's block (docs/kinds/draft.md):
+    the table and the JSON by hand, each bad flag naming itself."""
+    s.expect_ok("eagle table", ["plan", "--model", "llama-3.1-8b", "--prefill-tp", "4",
+                                "--decode-tp", "2", "--page-size", "16", "--draft-layers", "1"],
+                ["draft    1 draft layer(s) of head dim 128",
+                 "8.00 MiB (8388608 bytes) of each writer's block",
+                 "| draft K | draft V]", "region 528.00 MiB (553648128 bytes)"])
+    args = ["plan", "--kv-heads", "8", "--head-dim", "128", "--layers", "8", "--prefill-tp",
+            "4", "--decode-tp", "2", "--page-size", "16", "--chunk-tokens", "256", "--json"]
+    obj = s.expect_json("draft json", args + ["--draft-layers", "2", "--draft-head-dim", "64"])
+    # 2 writers of 2 heads: 256 x 2 x (128 x 8 + 64 x 2) x 2 bytes x K/V each
+    want = 2 * 256 * 2 * (128 * 8 + 64 * 2) * 2 * 2
+    got = obj.get("decode_ranks", [{}])[0].get("region_bytes")
+    part = obj.get("draft_part_bytes")
+    s.ok(got == want and part == 256 * 2 * 64 * 2 * 2 * 2 and obj.get("draft_layers") == 2,
+         "draft json", args, "region %r, want %r; draft part %r" % (got, want, part))
+    for name, extra, flag in [
+            ("draft heads differ", ["--draft-layers", "1", "--draft-kv-heads", "4"],
+             "--draft-kv-heads"),
+            ("draft head dim alone", ["--draft-head-dim", "64"], "--draft-layers"),
+            ("draft with pp", ["--draft-layers", "1", "--prefill-pp", "2"], "--draft-layers"),
+            ("draft layers junk", ["--draft-layers", "one"], "--draft-layers"),
+            ("draft head dim zero", ["--draft-layers", "1", "--draft-head-dim", "0"],
+             "--draft-head-dim")]:
+        s.expect_usage_error(name, args + extra, flag)
+
+
 def main():
     if len(sys.argv) != 2:
         print("usage: cli_plan.py PATH_TO_KVSTAGE", file=sys.stderr)
@@ -382,7 +410,7 @@ def main():
     s = Suite(sys.argv[1])
     for test in (test_help_and_dispatch, test_table, test_json,
                  test_overrides_and_forms, test_ring_advice, test_bad_input,
-                 test_context_parallel, test_kv_scales, test_hybrid):
+                 test_context_parallel, test_kv_scales, test_hybrid, test_draft):
         test(s)
     print("cli_plan: %d passed, %d failed" % (s.passed, s.failed))
     return 1 if s.failed else 0

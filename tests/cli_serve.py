@@ -97,6 +97,7 @@ def test_bad_input(s):
          "--prefill-cp"),
         # Nor window or state layers (kvstage plan lays them out).
         ("hybrid model", PREFILL + ["--model", "gpt-oss-20b"], "--full-attn-every"),
+        ("draft layers", DECODE + ["--draft-layers", "1"], "--draft-layers"),
         # FP8 scale planes: the dtype and the block are checked by name; the
         # planted wrong scale mapping needs scales and two layers a stage.
         ("kv scales not fp8", DECODE + ["--kv-scales", "per-token"], "--kv-scales"),

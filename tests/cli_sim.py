@@ -649,6 +649,8 @@ def test_bad_input(s):
          "--full-attn-every"),
         ("window layers", SMALL + ["--full-attn-every", "2", "--window", "128"],
          "--full-attn-every"),
+        # Nor a draft model's layers (kvstage plan lays them out).
+        ("draft layers", SMALL + ["--draft-layers", "1"], "--draft-layers"),
     ]
     for name, args, flag in cases:
         s.expect_usage_error(name, args, flag)

@@ -137,6 +137,11 @@ void cli_plan_usage(FILE *out)
             "                     SSM) of H state heads, split over TP like KV heads\n"
             "  --state-bytes C+S  bytes of one state head's conv (C) and recurrent (S)\n"
             "                     state of one request (or one number: all recurrent)\n"
+            "  --draft-layers N   a draft model's layers (speculative decoding: EAGLE's 1,\n"
+            "                     MTP's 1) moved with the model's, after its layer slots in\n"
+            "                     each writer's block (docs/kinds/draft.md)\n"
+            "  --draft-head-dim D the draft's head dim (default the model's)\n"
+            "  --draft-kv-heads H the draft's KV heads: the model's (checked)\n"
             "  --ring-mib M       decode staging ring size in MiB (default %" PRId64 ")\n"
             "  --json             print one JSON object instead of the table\n"
             "  --help             print this help\n"
@@ -411,6 +416,11 @@ static void cli_plan_json(const cli_plan_input_t *in, const kvs_layout_t *lay,
            lay->state_heads, lay->state_conv_bytes, lay->state_ssm_bytes);
     if (lay->full_attn_every > 1) /* the listed chunk is this request's last */
         printf(", \"request_tokens\": %" PRId64, o->request_tokens);
+    printf(", \"draft_layers\": %" PRId64 ", \"draft_head_dim\": %" PRId64
+           ", \"draft_part_bytes\": %" PRId64, lay->draft_layers, lay->draft_head_dim,
+           kvs_layout_draft_part_bytes(lay, o->tokens,
+                                       lay->prefill_tp > lay->decode_tp ? lay->src_heads
+                                                                        : lay->dst_heads));
     cli_plan_json_stages("prefill_stages", o->stages[KVS_ROLE_PREFILL], lay->prefill_pp,
                          false);
     cli_plan_json_stages("decode_stages", o->stages[KVS_ROLE_DECODE], lay->decode_pp, true);
@@ -600,6 +610,16 @@ static void cli_plan_table(const cli_plan_input_t *in, const kvs_layout_t *lay,
                lay->planes == 2 ? " and V" : "");
     if (lay->full_attn_every > 1)
         cli_plan_table_hybrid(lay, o);
+    if (lay->draft_layers > 0) { /* docs/kinds/draft.md */
+        const int64_t part = kvs_layout_draft_part_bytes(
+            lay, o->tokens, lay->prefill_tp > lay->decode_tp ? lay->src_heads : lay->dst_heads);
+        printf("  draft    %" PRId64 " draft layer(s) of %s %" PRId64 ", the model's "
+               "heads split the same way: they end each writer's block, [%s] slots after "
+               "the model's, %s (%" PRId64 " bytes) of each writer's block here\n",
+               lay->draft_layers, lay->planes == 1 ? "latent dim" : "head dim",
+               lay->draft_head_dim, lay->planes == 1 ? "draft latent" : "draft K | draft V",
+               cli_format_bytes(part, a, sizeof a), part);
+    }
     cli_plan_table_side(lay, KVS_ROLE_PREFILL, o->stages[KVS_ROLE_PREFILL]);
     cli_plan_table_side(lay, KVS_ROLE_DECODE, dstages);
     printf("  grid     page size %" PRId64 ", chunk %" PRId64 " tokens -> G = %"
@@ -621,19 +641,20 @@ static void cli_plan_table(const cli_plan_input_t *in, const kvs_layout_t *lay,
                tokens, lay->tp_writers, lay->expected_arrivals);
     else if (lay->planes == 1)
         printf("  chunk    T = %" PRId64 " tokens; each region holds %" PRId64
-               " writer(s) x [latent layers 0..%" PRId64 "]; a chunk completes after %"
+               " writer(s) x [latent layers 0..%" PRId64 "%s]; a chunk completes after %"
                PRId64 " arrival(s) (%" PRId64 " TP writer(s) x %" PRId64 " prefill "
                "stage(s) per decode stage)\n",
-               tokens, lay->tp_writers, lay->decode_layers - 1, lay->expected_arrivals,
+               tokens, lay->tp_writers, lay->decode_layers - 1,
+               lay->draft_layers > 0 ? " | draft latent layers" : "", lay->expected_arrivals,
                lay->tp_writers, lay->prefill_pp / lay->decode_pp);
     else
         printf("  chunk    T = %" PRId64 " tokens; each region holds %" PRId64
                " writer(s) x [K layers 0..%" PRId64 " | V layers 0..%" PRId64
-               "]; a chunk completes after %" PRId64 " arrival(s) (%" PRId64
+               "%s]; a chunk completes after %" PRId64 " arrival(s) (%" PRId64
                " TP writer(s) x %" PRId64 " prefill stage(s) per decode stage)\n",
                tokens, lay->tp_writers, lay->decode_layers - 1,
-               lay->decode_layers - 1, lay->expected_arrivals, lay->tp_writers,
-               lay->prefill_pp / lay->decode_pp);
+               lay->decode_layers - 1, lay->draft_layers > 0 ? " | draft K | draft V" : "",
+               lay->expected_arrivals, lay->tp_writers, lay->prefill_pp / lay->decode_pp);
     if (lay->tp_sources > lay->tp_writers)
         printf("  sources  MLA: the latent is the same on every prefill rank: decode rank d "
                "takes it once, from prefill rank d * %" PRId64 " / %" PRId64 "; the other "

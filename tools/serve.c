@@ -699,7 +699,8 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
         in->shape.params.prefill_tp = in->peers[0].tp;
         in->shape.params.prefill_pp = in->peers[0].pp;
     }
-    if ((rc = cli_shape_refuse_hybrid(CLI_SERVE_CMD, "serve's ranks", &in->shape)) != 0)
+    if ((rc = cli_shape_refuse_hybrid(CLI_SERVE_CMD, "serve's ranks", &in->shape)) != 0 ||
+        (rc = cli_shape_refuse_draft(CLI_SERVE_CMD, "serve's ranks", &in->shape)) != 0)
         return rc;
     if ((rc = cli_shape_layout(CLI_SERVE_CMD, &in->shape, &in->plan.lay)) != 0)
         return rc;

@@ -191,6 +191,15 @@ int cli_shape_read(const char *cmd, const char *const *values,
 
     if ((rc = cli__shape_hybrid(cmd, values, p)) != 0)
         return rc;
+    /* A draft model's layers (docs/kinds/draft.md); the planner checks
+     * that they fit the model. */
+    if ((rc = cli__shape_number(cmd, values, CLI_SF_DRAFT_LAYERS, 0, CLI_SHAPE_MAX_LAYERS,
+                                &p->draft_layers)) != 0 ||
+        (rc = cli__shape_number(cmd, values, CLI_SF_DRAFT_HEAD_DIM, 1,
+                                CLI_SHAPE_MAX_HEAD_DIM, &p->draft_head_dim)) != 0 ||
+        (rc = cli__shape_number(cmd, values, CLI_SF_DRAFT_KV_HEADS, 1, CLI_SHAPE_MAX_HEADS,
+                                &p->draft_kv_heads)) != 0)
+        return rc;
 
     /* A default model whose every number the flags replace names nothing
      * (an MLA latent replaces both its heads and its head dim). */
@@ -258,9 +267,13 @@ const char *cli_shape_flag_for(int status, const kvs_layout_params_t *p)
         return p->kv_scales != KVS_KV_SCALES_NONE ? "--dtype (or --kv-scales)" : "--dtype";
     case KVS_EHEADS:
         return "--kv-heads";
+    case KVS_ENOTSUP:
+        return p->draft_layers > 0 ? "--draft-layers (or --draft-kv-heads)" : "the shape flags";
     case KVS_EINVAL:
         if (p->prefill_cp < 0)
             return "--prefill-cp";
+        if (p->draft_layers == 0 && (p->draft_head_dim != 0 || p->draft_kv_heads != 0))
+            return "--draft-layers (or --draft-head-dim / --draft-kv-heads)";
         if (p->full_attn_every != 0 || p->window_tokens != 0 || p->state_heads != 0 ||
             p->state_conv_bytes != 0 || p->state_ssm_bytes != 0)
             return "--full-attn-every / --window / --state-heads / --state-bytes";
@@ -343,4 +356,15 @@ int cli_shape_refuse_hybrid(const char *cmd, const char *who, const cli_shape_t 
                     shape->model != NULL && shape->model->full_attn_every > 1
                         ? shape->model->name : "",
                     who);
+}
+
+int cli_shape_refuse_draft(const char *cmd, const char *who, const cli_shape_t *shape)
+{
+    const kvs_layout_params_t *p = &shape->params;
+    if (p->draft_layers == 0)
+        return 0;
+    return cli_fail(cmd, "--draft-layers %" PRId64 ": %s do not move a draft model's layers "
+                         "yet: `kvstage plan` shows where they go in each writer's block "
+                         "(docs/kinds/draft.md); drop --draft-layers",
+                    p->draft_layers, who);
 }

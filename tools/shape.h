@@ -4,7 +4,9 @@
  * --layers, --page-size, --prefill-tp, --decode-tp, --prefill-pp,
  * --decode-pp, --chunk-tokens, --mla-latent-dim (an MLA model: one latent
  * of that many elements per token and layer, kind KVS_KV_MLA), --prefill-cp
- * (prefill context-parallel ranks, docs/kinds/context-parallel.md). One place parses them into
+ * (prefill context-parallel ranks, docs/kinds/context-parallel.md), the
+ * hybrid layer pattern and a draft model's layers (--draft-layers,
+ * --draft-head-dim, --draft-kv-heads: docs/kinds/draft.md). One place parses them into
  * kvs_layout_params_t, applies the subcommand's defaults, and turns a
  * kvs_layout_init failure into one line naming the flag to change.
  *
@@ -56,6 +58,9 @@ enum cli_shape_flag {
     CLI_SF_WINDOW,
     CLI_SF_STATE_HEADS,
     CLI_SF_STATE_BYTES,
+    CLI_SF_DRAFT_LAYERS,
+    CLI_SF_DRAFT_HEAD_DIM,
+    CLI_SF_DRAFT_KV_HEADS,
     CLI_SF_COUNT
 };
 
@@ -80,7 +85,10 @@ enum cli_shape_flag {
     [CLI_SF_FULL_ATTN_EVERY] = {"--full-attn-every", true},                    \
     [CLI_SF_WINDOW] = {"--window", true},                                      \
     [CLI_SF_STATE_HEADS] = {"--state-heads", true},                            \
-    [CLI_SF_STATE_BYTES] = {"--state-bytes", true}
+    [CLI_SF_STATE_BYTES] = {"--state-bytes", true},                            \
+    [CLI_SF_DRAFT_LAYERS] = {"--draft-layers", true},                          \
+    [CLI_SF_DRAFT_HEAD_DIM] = {"--draft-head-dim", true},                      \
+    [CLI_SF_DRAFT_KV_HEADS] = {"--draft-kv-heads", true}
 
 /* What a subcommand assumes for the shape flags it is not given. */
 typedef struct cli_shape_defaults {
@@ -127,6 +135,11 @@ int cli_shape_layout(const char *cmd, const cli_shape_t *shape,
  * `who` do not move window or state layers yet (docs/kinds/hybrid.md),
  * naming --full-attn-every and the model, and returns the usage code. */
 int cli_shape_refuse_hybrid(const char *cmd, const char *who, const cli_shape_t *shape);
+
+/* 0 for a shape without a draft model; otherwise prints that `who` do not
+ * move a draft's layers yet (docs/kinds/draft.md), naming --draft-layers,
+ * and returns the usage code. */
+int cli_shape_refuse_draft(const char *cmd, const char *who, const cli_shape_t *shape);
 
 /* The flag to change for a kvs_layout_init failure (status) of params p,
  * e.g. "--decode-pp" or "--prefill-tp (or --kv-heads)"; the library's

@@ -643,7 +643,8 @@ static int cli_sim_read_values(const char *const *scanned, cli_sim_input_t *in)
     in->json = values[CLI_XF_JSON] != NULL;
     if ((rc = cli_shape_read(CLI_SIM_CMD, values, &defaults, &in->shape)) != 0)
         return rc;
-    if ((rc = cli_shape_refuse_hybrid(CLI_SIM_CMD, "the simulated ranks", &in->shape)) != 0)
+    if ((rc = cli_shape_refuse_hybrid(CLI_SIM_CMD, "the simulated ranks", &in->shape)) != 0 ||
+        (rc = cli_shape_refuse_draft(CLI_SIM_CMD, "the simulated ranks", &in->shape)) != 0)
         return rc;
 
     int64_t requests = 0, ring_mib = CLI_SIM_DEFAULT_RING_MIB, prefix = 0, inflight = 0;

@@ -363,6 +363,17 @@ typedef struct kvs_layout_params {
     int64_t state_heads;
     int64_t state_conv_bytes;
     int64_t state_ssm_bytes;
+    /* Draft KV of speculative decoding (docs/kinds/draft.md): the layers of
+     * a draft model (EAGLE / EAGLE3's one layer, DeepSeek's MTP layer, a
+     * small standalone model) whose KV cache the decode needs as well,
+     * indexed by the same pages. 0: no draft (the fields below must be 0).
+     * The draft's layers move in the same regions, after the model's layer
+     * slots, written by the same writers: its KV heads must split as the
+     * model's (draft_kv_heads 0 or total_heads; an MLA draft is one latent),
+     * of its own head_dim (draft_head_dim, 0: head_dim), in the model's dtype. */
+    int64_t draft_layers;
+    int64_t draft_head_dim;
+    int64_t draft_kv_heads;
 } kvs_layout_params_t;
 
 typedef enum kvs_path {
@@ -435,6 +446,12 @@ typedef struct kvs_layout {
     int64_t state_conv_bytes, state_ssm_bytes;
     int64_t state_src_heads;  /* state heads on a prefill rank */
     int64_t state_dst_heads;  /* state heads on a decode rank */
+    /* Draft KV (docs/kinds/draft.md): 0 layers without a draft. A writer
+     * block is the model's layer slots (K slots, then V slots), then the
+     * draft's (K slots, then V slots), each slot [row][writer's heads]
+     * [draft_head_dim x elem_bytes]: kvs_layout_draft_part_bytes. */
+    int64_t draft_layers;
+    int64_t draft_head_dim;   /* head_dim after defaulting; 0 without draft */
 } kvs_layout_t;
 
 /* Validates params and derives the plan. On error returns its code and, when
@@ -464,7 +481,8 @@ typedef struct kvs_writer {
     int64_t len_bytes;      /* T * nh * (hd * s + scale_bytes) * Lx * planes,
                                Lx the layers of the region's decode stage:
                                each layer slot its KV rows then their scale
-                               rows (scale_bytes 0 without scales) */
+                               rows (scale_bytes 0 without scales); plus
+                               the draft part (kvs_layout_draft_part_bytes) */
 } kvs_writer_t;
 
 /* Writer i of the region of decode rank d at decode stage e (its layer
@@ -511,6 +529,12 @@ KVS_API int kvs_layout_source_rank(const kvs_layout_t *lay, int64_t decode_rank,
  * then, with scales, their scale rows. */
 KVS_API int64_t kvs_layout_layer_block_bytes(const kvs_layout_t *lay,
                                              int64_t tokens, int64_t num_heads);
+/* Bytes of the draft part that ends a writer block of `tokens` rows and
+ * num_heads heads (kvs_writer_t.len_bytes counts it): draft_layers x planes
+ * slots of tokens * num_heads * draft_head_dim * elem_bytes, K's then V's;
+ * it starts at len_bytes minus this. 0 without a draft. */
+KVS_API int64_t kvs_layout_draft_part_bytes(const kvs_layout_t *lay, int64_t tokens,
+                                            int64_t num_heads);
 
 /* ------------------------------------------------------------------------ */
 /* Built-in model shapes                                                     */

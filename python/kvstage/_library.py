@@ -96,6 +96,8 @@ def _declare(lib):
         "kvs_layout_region_bytes": (c.c_int, [c.POINTER(S.Layout), c.c_int64, c.c_int64,
                                               c.c_int64, c.POINTER(c.c_int64)]),
         "kvs_layout_max_region_bytes": (c.c_int64, [c.POINTER(S.Layout)]),
+        "kvs_layout_draft_part_bytes": (c.c_int64, [c.POINTER(S.Layout), c.c_int64,
+                                                    c.c_int64]),
         "kvs_grid_num_chunks": (c.c_int64, [c.POINTER(S.Layout), c.c_int64]),
         "kvs_grid_chunk": (c.c_int, [c.POINTER(S.Layout), c.c_int64, c.c_int64, c.c_int64,
                                      c.POINTER(S.Chunk)]),

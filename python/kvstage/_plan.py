@@ -9,7 +9,8 @@ from . import _structs as S
 
 _SHAPE = ("total_heads", "heads_per_rank", "heads_per_rank_tp", "head_dim",
           "layers", "page_size", "prefill_tp", "decode_tp", "prefill_pp",
-          "decode_pp", "chunk_tokens", "decode_page_size", "prefill_cp")
+          "decode_pp", "chunk_tokens", "decode_page_size", "prefill_cp",
+          "draft_layers", "draft_head_dim", "draft_kv_heads")
 _LAYOUT = ("total_heads", "head_dim", "elem_bytes", "layers", "page_size",
            "prefill_tp", "decode_tp", "prefill_pp", "decode_pp", "chunk_tokens",
            "grid_tokens", "chunk_pages", "src_heads", "dst_heads", "decode_layers",
@@ -154,7 +155,7 @@ def plan(model=None, *, prefill_tp, decode_tp, page_size, total_heads=None, kind
          dtype=None, prefill_pp=None, decode_pp=None, chunk_tokens=None,
          tokens=None, decode_page_size=None, prefill_cp=None, request_tokens=None,
          kv_scales=None, full_attn_every=None, window_tokens=None, state_heads=None,
-         state_bytes=None):
+         state_bytes=None, draft_layers=None, draft_head_dim=None, draft_kv_heads=None):
     """Plans the staging transfer of one chunk (spec sections 3-5).
 
     model: a built-in model name (see models()); it fills total_heads,
@@ -176,6 +177,12 @@ def plan(model=None, *, prefill_tp, decode_tp, page_size, total_heads=None, kind
     listed are then those of the last chunk (its last `tokens` tokens) of a
     request of request_tokens (default tokens): a writer's bytes are its
     slots' rows, then the state of its state heads.
+    draft_layers, draft_head_dim, draft_kv_heads: a draft model's layers
+    (speculative decoding, docs/kinds/draft.md), moved after the model's in
+    each writer's block; its heads are the model's (draft_kv_heads is
+    checked), its head dim draft_head_dim (default head_dim). The dict has
+    draft_layers, draft_head_dim and draft_part_bytes (of each writer's
+    block of `tokens` rows).
     Zero or None takes the planner's default (prefill_pp, decode_pp: 1;
     chunk_tokens: 8192; dtype: bf16). tokens: the chunk to lay out,
     1..grid_tokens (default: a full chunk of grid_tokens).
@@ -212,7 +219,8 @@ def plan(model=None, *, prefill_tp, decode_tp, page_size, total_heads=None, kind
         "decode_page_size": decode_page_size, "prefill_cp": prefill_cp,
         "kv_scales": kv_scales, "full_attn_every": full_attn_every,
         "window_tokens": window_tokens, "state_heads": state_heads,
-        "state_bytes": state_bytes})
+        "state_bytes": state_bytes, "draft_layers": draft_layers,
+        "draft_head_dim": draft_head_dim, "draft_kv_heads": draft_kv_heads})
     params = layout_params(fields)
     lib = _library.load()
     lay = S.Layout()
@@ -299,6 +307,11 @@ def plan(model=None, *, prefill_tp, decode_tp, page_size, total_heads=None, kind
     out["state_heads"] = lay.state_heads
     out["state_conv_bytes"] = lay.state_conv_bytes
     out["state_ssm_bytes"] = lay.state_ssm_bytes
+    out["draft_layers"] = lay.draft_layers
+    out["draft_head_dim"] = lay.draft_head_dim
+    out["draft_part_bytes"] = lib.kvs_layout_draft_part_bytes(
+        ctypes.byref(lay), tokens,
+        lay.src_heads if lay.prefill_tp > lay.decode_tp else lay.dst_heads)
     if hybrid:
         out["request_tokens"] = request
         return out

@@ -42,7 +42,8 @@ class LayoutParams(c.Structure):
                 ("decode_page_size", i64), ("prefill_cp", i64),
                 ("kv_scales", enum), ("scale_block", i64),
                 ("full_attn_every", i64), ("other_layers", enum), ("window_tokens", i64),
-                ("state_heads", i64), ("state_conv_bytes", i64), ("state_ssm_bytes", i64)]
+                ("state_heads", i64), ("state_conv_bytes", i64), ("state_ssm_bytes", i64),
+                ("draft_layers", i64), ("draft_head_dim", i64), ("draft_kv_heads", i64)]
 
 
 class Layout(c.Structure):
@@ -61,7 +62,8 @@ class Layout(c.Structure):
                 ("full_attn_every", i64), ("other_layers", enum), ("window_tokens", i64),
                 ("state_heads", i64), ("state_head_bytes", i64),
                 ("state_conv_bytes", i64), ("state_ssm_bytes", i64),
-                ("state_src_heads", i64), ("state_dst_heads", i64)]
+                ("state_src_heads", i64), ("state_dst_heads", i64),
+                ("draft_layers", i64), ("draft_head_dim", i64)]
 
 
 class HeadSlice(c.Structure):

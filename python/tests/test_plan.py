@@ -85,6 +85,20 @@ CASES = [
      ["--kv-heads", 8, "--head-dim", 128, "--layers", 10, "--prefill-tp", 2,
       "--decode-tp", 4, "--page-size", 16, "--chunk-tokens", 512, "--full-attn-every", 5,
       "--state-heads", 8, "--state-bytes", "1024+8192"]),
+    # Draft KV (docs/kinds/draft.md): an EAGLE layer of the model's shape, a
+    # standalone draft of its own head dim, DeepSeek's MTP latent with CP.
+    (dict(model="llama-3.1-8b", prefill_tp=4, decode_tp=2, page_size=16, draft_layers=1),
+     ["--model", "llama-3.1-8b", "--prefill-tp", 4, "--decode-tp", 2, "--page-size", 16,
+      "--draft-layers", 1]),
+    (dict(model="llama-3.1-70b", prefill_tp=2, decode_tp=8, page_size=16, tokens=100,
+          draft_layers=16, draft_head_dim=64, draft_kv_heads=8),
+     ["--model", "llama-3.1-70b", "--prefill-tp", 2, "--decode-tp", 8, "--page-size", 16,
+      "--tokens", 100, "--draft-layers", 16, "--draft-head-dim", 64,
+      "--draft-kv-heads", 8]),
+    (dict(model="deepseek-v3", prefill_tp=8, decode_tp=4, page_size=64, prefill_cp=2,
+          chunk_tokens=1024, draft_layers=1),
+     ["--model", "deepseek-v3", "--prefill-tp", 8, "--decode-tp", 4, "--page-size", 64,
+      "--prefill-cp", 2, "--chunk-tokens", 1024, "--draft-layers", 1]),
     # Uneven pipeline splits (spec §4): 80 layers over 3 stages, 26 / 27 / 27.
     (dict(model="llama-3.1-70b", prefill_tp=8, decode_tp=2, page_size=16,
           prefill_pp=3),
@@ -113,7 +127,10 @@ def test_plan_equals_cli_json(cli, kwargs, flags):
                       "expected_arrivals", "targets_per_prefill", "decode_ranks",
                       "prefill_stages", "decode_stages", "kv_kind", "planes",
                       "tp_sources", "decode_page_size", "prefill_cp", "kv_scales",
-                      "scale_block", "scale_bytes"}
+                      "scale_block", "scale_bytes", "draft_layers", "draft_head_dim",
+                      "draft_part_bytes"}
+    if kwargs.get("draft_layers"):
+        assert got["draft_part_bytes"] > 0
     if kwargs.get("prefill_cp", 1) > 1:
         assert "context_parallel" in shared
     for key in sorted(shared):
@@ -297,3 +314,13 @@ def test_plan_hybrid_numbers():
     raises("KVS_EHEAD_SPLIT", ["--state-heads"],
            **dict(model="qwen3-next-80b-a3b", prefill_tp=4, decode_tp=2, page_size=16,
                   full_attn_every=4, state_heads=6, state_bytes=100))
+
+
+def test_plan_draft_refused_by_name():
+    """A draft whose heads do not split as the model's, or with PP, is
+    refused naming the argument (docs/kinds/draft.md)."""
+    base = dict(model="llama-3.1-8b", prefill_tp=4, decode_tp=2, page_size=16)
+    raises("KVS_ENOTSUP", ["draft_kv_heads 4", "--draft-kv-heads"], draft_layers=1,
+           draft_kv_heads=4, **base)
+    raises("KVS_ENOTSUP", ["pipeline parallelism"], draft_layers=1, prefill_pp=2, **base)
+    raises("KVS_EINVAL", ["draft_layers is 0"], draft_head_dim=64, **base)

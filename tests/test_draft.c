@@ -1,0 +1,365 @@
+/*
+ * test_draft.c - the layout of a draft model's KV (src/draft.c,
+ * docs/kinds/draft.md): writer blocks worked by hand (GQA P > D, P < D, MLA,
+ * a draft head dim of its own); a byte model of whole requests (gather by
+ * the planner's writers, one block per writer, scatter by the formula the
+ * doc gives) that checks every byte of the model's and the draft's layers
+ * on every decode rank and that every region byte is written once, at
+ * P > D, P < D, P = D, replicated heads, MLA and prefill context
+ * parallelism, with a planted bug (the draft part at the block's start)
+ * caught; every refusal by name; and a layout without a draft unchanged.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <kvstage/kvstage.h>
+
+static kvs_layout_params_t llama(int64_t p, int64_t d, int64_t draft_layers)
+{
+    return (kvs_layout_params_t){.total_heads = 8, .head_dim = 128, .layers = 32,
+                                 .page_size = 16, .prefill_tp = p, .decode_tp = d,
+                                 .chunk_tokens = 64, .draft_layers = draft_layers};
+}
+
+static kvs_layout_t init_ok(const kvs_layout_params_t *p)
+{
+    kvs_layout_t l;
+    kvs_error_t err = {0};
+    const int rc = kvs_layout_init(&l, p, &err);
+    if (rc != KVS_OK)
+        fail_msg("kvs_layout_init: %s (%s)", err.msg, kvs_status_name(rc));
+    return l;
+}
+
+/* Writer blocks by hand: the model's slots as before, then the draft's. */
+static void test_draft_writer_blocks_by_hand(void **state)
+{
+    (void)state;
+    /* Llama 3.1 8B + EAGLE (one layer of the model's shape), P4 -> D2, 16
+     * tokens: 2 heads a writer; model 16 x 2 x 128 x 2 B x 32 layers x K,V =
+     * 524288 B, draft 16 x 2 x 128 x 2 x 1 x 2 = 16384 B. */
+    kvs_layout_params_t p = llama(4, 2, 1);
+    kvs_layout_t l = init_ok(&p);
+    assert_int_equal(l.draft_layers, 1);
+    assert_int_equal(l.draft_head_dim, 128);
+    assert_int_equal(kvs_layout_draft_part_bytes(&l, 16, 2), 16384);
+    kvs_writer_t w;
+    assert_int_equal(kvs_layout_writer(&l, 1, 0, 1, 16, &w), KVS_OK);
+    assert_int_equal(w.prefill_rank, 3);
+    assert_int_equal(w.len_bytes, 524288 + 16384);
+    assert_int_equal(w.offset_bytes, 524288 + 16384);
+    int64_t region;
+    assert_int_equal(kvs_layout_region_bytes(&l, 1, 0, 16, &region), KVS_OK);
+    assert_int_equal(region, 2 * (524288 + 16384));
+    /* A full chunk of 64 tokens: the largest region counts the draft. */
+    assert_int_equal(kvs_layout_max_region_bytes(&l), 4 * 2 * (524288 + 16384));
+
+    /* A standalone draft of its own head dim (64) and 16 layers, P1 -> D2:
+     * 4 heads a writer, 16 x 4 x 64 x 2 x 16 x 2 = 262144 B of draft. */
+    p = llama(1, 2, 16);
+    p.draft_head_dim = 64;
+    p.draft_kv_heads = 8;
+    l = init_ok(&p);
+    assert_int_equal(kvs_layout_writer(&l, 1, 0, 0, 16, &w), KVS_OK);
+    assert_int_equal(w.heads.src_start, 4);
+    assert_int_equal(w.len_bytes, 16 * 4 * 128 * 2 * 32 * 2 + 262144);
+
+    /* MLA (DeepSeek-V3 + its MTP layer): one latent, one writer. */
+    p = (kvs_layout_params_t){.head_dim = 576, .layers = 61, .page_size = 64,
+                              .prefill_tp = 8, .decode_tp = 4, .chunk_tokens = 64,
+                              .kind = KVS_KV_MLA, .draft_layers = 1};
+    l = init_ok(&p);
+    assert_int_equal(l.tp_writers, 1);
+    assert_int_equal(kvs_layout_draft_part_bytes(&l, 64, 1), 64 * 576 * 2);
+    assert_int_equal(kvs_layout_writer(&l, 3, 0, 0, 64, &w), KVS_OK);
+    assert_int_equal(w.len_bytes, 64 * 576 * 2 * 61 + 64 * 576 * 2);
+
+    /* Without a draft nothing changes, and the draft part is 0. */
+    p = llama(4, 2, 0);
+    l = init_ok(&p);
+    assert_int_equal(kvs_layout_draft_part_bytes(&l, 16, 2), 0);
+    assert_int_equal(kvs_layout_writer(&l, 1, 0, 1, 16, &w), KVS_OK);
+    assert_int_equal(w.len_bytes, 524288);
+    assert_int_equal(kvs_layout_draft_part_bytes(NULL, 16, 2), 0);
+}
+
+/* ---- the byte model ------------------------------------------------------ */
+
+/* One byte of (draft or model, layer, plane, global head, token, byte). */
+static uint8_t value(int draft, int64_t layer, int64_t plane, int64_t head, int64_t token,
+                     int64_t b)
+{
+    uint64_t v = (uint64_t)draft * 0x9e3779b97f4a7c15ull ^ (uint64_t)layer * 1000003u ^
+                 (uint64_t)plane * 7919u ^ (uint64_t)head * 104729u ^
+                 (uint64_t)token * 15485863u ^ (uint64_t)b * 2654435761u;
+    v ^= v >> 29;
+    return (uint8_t)(v * 0xbf58476d1ce4e5b9ull >> 56);
+}
+
+/* The global head of local head j on a rank of a side of tp ranks. */
+static int64_t global_head(const kvs_layout_t *l, int64_t tp, int64_t rank, int64_t j)
+{
+    if (l->total_heads >= tp)
+        return rank * (l->total_heads / tp) + j;
+    return rank / (tp / l->total_heads);
+}
+
+typedef struct {
+    const kvs_layout_t *l;
+    uint8_t *region;   /* one chunk's region of one decode rank */
+    int64_t bytes;
+    uint8_t *written;  /* how many times each region byte was written */
+    int planted;       /* gather the draft part at the block's start */
+} model_t;
+
+/* Writer w's block of a region part of `tokens` tokens from token t0, as the
+ * planner places it: the model's slots, then the draft part at len minus
+ * kvs_layout_draft_part_bytes. */
+static void gather(model_t *m, int64_t base, const kvs_writer_t *w, int64_t t0, int64_t tokens)
+{
+    const kvs_layout_t *l = m->l;
+    const int64_t nh = w->heads.num_heads, s = l->elem_bytes;
+    const int64_t src = w->prefill_rank;
+    int64_t at = base + w->offset_bytes;
+    const int64_t draft_at = base + w->offset_bytes + w->len_bytes -
+                             kvs_layout_draft_part_bytes(l, tokens, nh);
+    for (int draft = 0; draft < 2; draft++) {
+        const int64_t layers = draft ? l->draft_layers : l->layers;
+        const int64_t hd = draft ? l->draft_head_dim : l->head_dim;
+        if (draft)
+            at = m->planted ? base + w->offset_bytes : draft_at;
+        for (int64_t p = 0; p < l->planes; p++)
+            for (int64_t layer = 0; layer < layers; layer++)
+                for (int64_t t = 0; t < tokens; t++)
+                    for (int64_t j = 0; j < nh; j++) {
+                        const int64_t h =
+                            global_head(l, l->prefill_tp, src, w->heads.src_start + j);
+                        for (int64_t b = 0; b < hd * s; b++, at++) {
+                            assert_true(at >= 0 && at < m->bytes);
+                            m->region[at] = value(draft, layer, p, h, t0 + t, b);
+                            m->written[at]++;
+                        }
+                    }
+    }
+}
+
+/* Decode rank d's pools: [draft][plane][layer][token][local head][hd * s]. */
+typedef struct {
+    uint8_t *pool[2];
+    int64_t heads, tokens;
+} pools_t;
+
+static int64_t pool_at(const kvs_layout_t *l, const pools_t *pl, int draft, int64_t p,
+                       int64_t layer, int64_t t, int64_t j)
+{
+    const int64_t layers = draft ? l->draft_layers : l->layers;
+    const int64_t hb = (draft ? l->draft_head_dim : l->head_dim) * l->elem_bytes;
+    return (((p * layers + layer) * pl->tokens + t) * pl->heads + j) * hb;
+}
+
+/* The doc's formula, written apart from the planner's: writer i's block at
+ * i x blk, blk = T nh (hd s L + dhd s Ld) planes; the model's slot of
+ * (plane p, layer l) at (p L + l) T nh hd s; the draft's at the model's
+ * bytes + (p Ld + l) T nh dhd s. */
+static void scatter(const model_t *m, int64_t base, int64_t d, int64_t t0, int64_t tokens,
+                    pools_t *pl)
+{
+    const kvs_layout_t *l = m->l;
+    const int64_t s = l->elem_bytes;
+    for (int64_t i = 0; i < l->tp_writers; i++) {
+        kvs_writer_t w;
+        assert_int_equal(kvs_layout_writer(l, d, 0, i, tokens, &w), KVS_OK);
+        const int64_t nh = w.heads.num_heads;
+        const int64_t model = tokens * nh * l->head_dim * s * l->layers * l->planes;
+        const int64_t blk = model + tokens * nh * l->draft_head_dim * s * l->draft_layers *
+                                        l->planes;
+        for (int draft = 0; draft < 2; draft++) {
+            const int64_t layers = draft ? l->draft_layers : l->layers;
+            const int64_t hd = draft ? l->draft_head_dim : l->head_dim;
+            for (int64_t p = 0; p < l->planes; p++)
+                for (int64_t layer = 0; layer < layers; layer++)
+                    for (int64_t t = 0; t < tokens; t++)
+                        for (int64_t j = 0; j < nh; j++) {
+                            const int64_t from = base + i * blk + (draft ? model : 0) +
+                                                 ((p * layers + layer) * tokens * nh +
+                                                  t * nh + j) * hd * s;
+                            memcpy(pl->pool[draft] + pool_at(l, pl, draft, p, layer, t0 + t,
+                                                             w.heads.dst_start + j),
+                                   m->region + from, (size_t)(hd * s));
+                        }
+        }
+    }
+}
+
+/* Moves a request of `total` tokens to every decode rank, chunk by chunk
+ * and CP part by CP part; returns the bytes that differ from the values
+ * (0: every byte of both pools right) and checks that every region byte is
+ * written once. */
+static int64_t move_request(const kvs_layout_t *l, int64_t total, int planted)
+{
+    int64_t bad = 0;
+    const int64_t dheads = l->dst_heads;
+    for (int64_t d = 0; d < l->decode_tp; d++) {
+        pools_t pl = {.heads = dheads, .tokens = total};
+        for (int draft = 0; draft < 2; draft++) {
+            const int64_t layers = draft ? l->draft_layers : l->layers;
+            const int64_t hd = draft ? l->draft_head_dim : l->head_dim;
+            pl.pool[draft] = calloc((size_t)(l->planes * layers * total * dheads * hd *
+                                             l->elem_bytes) + 1, 1);
+            assert_non_null(pl.pool[draft]);
+        }
+        for (int64_t t0 = 0; t0 < total; t0 += l->grid_tokens) {
+            const kvs_chunk_t ch = {.token_start = t0,
+                                    .token_end = t0 + l->grid_tokens < total
+                                                     ? t0 + l->grid_tokens : total};
+            int64_t bytes;
+            assert_int_equal(kvs_layout_region_bytes(l, d, 0, ch.token_end - ch.token_start,
+                                                     &bytes), KVS_OK);
+            model_t m = {.l = l, .region = calloc((size_t)bytes + 1, 1), .bytes = bytes,
+                         .written = calloc((size_t)bytes + 1, 1), .planted = planted};
+            assert_non_null(m.region);
+            assert_non_null(m.written);
+            for (int64_t c = 0; c < l->prefill_cp; c++) {
+                kvs_cp_part_t part;
+                const int rc = kvs_layout_cp_part(l, d, 0, total, &ch, c, &part);
+                if (rc == KVS_ENOENT)
+                    continue;
+                assert_int_equal(rc, KVS_OK);
+                const int64_t n = part.token_end - part.token_start;
+                for (int64_t i = 0; i < l->tp_writers; i++) {
+                    kvs_writer_t w;
+                    assert_int_equal(kvs_layout_writer(l, d, 0, i, n, &w), KVS_OK);
+                    gather(&m, part.offset_bytes, &w, part.token_start, n);
+                }
+            }
+            for (int64_t b = 0; b < bytes && !planted; b++)
+                if (m.written[b] != 1)
+                    fail_msg("decode rank %lld, chunk at %lld: region byte %lld written %d "
+                             "times", (long long)d, (long long)t0, (long long)b,
+                             m.written[b]);
+            for (int64_t c = 0; c < l->prefill_cp; c++) {
+                kvs_cp_part_t part;
+                if (kvs_layout_cp_part(l, d, 0, total, &ch, c, &part) != KVS_OK)
+                    continue;
+                scatter(&m, part.offset_bytes, d, part.token_start,
+                        part.token_end - part.token_start, &pl);
+            }
+            free(m.region);
+            free(m.written);
+        }
+        for (int draft = 0; draft < 2; draft++) {
+            const int64_t layers = draft ? l->draft_layers : l->layers;
+            const int64_t hb = (draft ? l->draft_head_dim : l->head_dim) * l->elem_bytes;
+            for (int64_t p = 0; p < l->planes; p++)
+                for (int64_t layer = 0; layer < layers; layer++)
+                    for (int64_t t = 0; t < total; t++)
+                        for (int64_t j = 0; j < dheads; j++) {
+                            const int64_t h = global_head(l, l->decode_tp, d, j);
+                            const uint8_t *got =
+                                pl.pool[draft] + pool_at(l, &pl, draft, p, layer, t, j);
+                            for (int64_t b = 0; b < hb; b++)
+                                bad += got[b] != value(draft, layer, p, h, t, b);
+                        }
+            free(pl.pool[draft]);
+        }
+    }
+    return bad;
+}
+
+static void test_draft_byte_model_moves_every_byte(void **state)
+{
+    (void)state;
+    static const struct {
+        int64_t heads, p, d, cp, dhd, dlayers;
+        kvs_kv_kind_t kind;
+    } cases[] = {
+        {4, 4, 2, 1, 0, 1, KVS_KV_GQA},   /* P > D, EAGLE-like */
+        {4, 1, 2, 1, 8, 3, KVS_KV_GQA},   /* P < D, a draft head dim of its own */
+        {4, 2, 2, 1, 0, 2, KVS_KV_GQA},   /* P = D (planned; the direct path) */
+        {2, 4, 2, 1, 16, 1, KVS_KV_GQA},  /* heads replicated on the prefill */
+        {2, 2, 4, 1, 0, 1, KVS_KV_GQA},   /* heads replicated on the decode */
+        {1, 4, 2, 1, 12, 1, KVS_KV_MLA},  /* MLA + an MTP layer */
+        {4, 2, 1, 2, 0, 1, KVS_KV_GQA},   /* prefill CP 2 */
+        {4, 1, 2, 3, 8, 2, KVS_KV_GQA},   /* prefill CP 3, P < D */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const kvs_layout_params_t p = {
+            .total_heads = cases[k].kind == KVS_KV_MLA ? 0 : cases[k].heads,
+            .head_dim = cases[k].kind == KVS_KV_MLA ? 20 : 8, .dtype = KVS_DTYPE_BF16,
+            .layers = 3, .page_size = 4, .prefill_tp = cases[k].p, .decode_tp = cases[k].d,
+            .chunk_tokens = 8, .kind = cases[k].kind, .prefill_cp = cases[k].cp,
+            .draft_layers = cases[k].dlayers, .draft_head_dim = cases[k].dhd};
+        const kvs_layout_t l = init_ok(&p);
+        for (int64_t total = 1; total <= 21; total += 5) {
+            const int64_t bad = move_request(&l, total, 0);
+            if (bad != 0)
+                fail_msg("case %zu, %lld tokens: %lld bytes wrong", k, (long long)total,
+                         (long long)bad);
+        }
+        /* The planted bug: the draft part gathered at its block's start
+         * (over the model's first slots) is caught. */
+        assert_true(move_request(&l, 13, 1) > 0);
+    }
+}
+
+/* Every refusal names its field; a layout stays untouched. */
+static void test_draft_refusals(void **state)
+{
+    (void)state;
+    static const struct {
+        int64_t draft_layers, draft_head_dim, draft_kv_heads, pp;
+        kvs_kv_scales_t scales;
+        int64_t full_attn_every;
+        int status;
+        const char *needle;
+    } cases[] = {
+        {-1, 0, 0, 1, KVS_KV_SCALES_NONE, 0, KVS_EINVAL, "must be >= 0"},
+        {0, 64, 0, 1, KVS_KV_SCALES_NONE, 0, KVS_EINVAL, "but draft_layers is 0"},
+        {0, 0, 8, 1, KVS_KV_SCALES_NONE, 0, KVS_EINVAL, "--draft-layers N"},
+        {KVS_MAX_LAYERS + 1, 0, 0, 1, KVS_KV_SCALES_NONE, 0, KVS_ERANGE, "KVS_MAX_LAYERS"},
+        {1, 0, 4, 1, KVS_KV_SCALES_NONE, 0, KVS_ENOTSUP, "give 8 or 0 (--draft-kv-heads)"},
+        {1, 0, 0, 2, KVS_KV_SCALES_NONE, 0, KVS_ENOTSUP, "pipeline parallelism"},
+        {1, 0, 0, 1, KVS_KV_SCALES_PER_TOKEN, 0, KVS_ENOTSUP, "kv_scales per-token"},
+        {1, 0, 0, 1, KVS_KV_SCALES_NONE, 2, KVS_ENOTSUP, "hybrid model"},
+        {1, INT64_MAX / 4, 0, 1, KVS_KV_SCALES_NONE, 0, KVS_ERANGE, "overflows 64 bits"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        kvs_layout_params_t p = llama(4, 2, cases[k].draft_layers);
+        p.draft_head_dim = cases[k].draft_head_dim;
+        p.draft_kv_heads = cases[k].draft_kv_heads;
+        p.prefill_pp = p.decode_pp = cases[k].pp;
+        p.kv_scales = cases[k].scales;
+        if (cases[k].scales != KVS_KV_SCALES_NONE)
+            p.dtype = KVS_DTYPE_FP8;
+        if (cases[k].full_attn_every > 1) {
+            p.full_attn_every = cases[k].full_attn_every;
+            p.other_layers = KVS_LAYER_WINDOW;
+            p.window_tokens = 128;
+        }
+        kvs_layout_t l;
+        memset(&l, 0xab, sizeof l);
+        const kvs_layout_t before = l;
+        kvs_error_t err = {0};
+        const int rc = kvs_layout_init(&l, &p, &err);
+        if (rc != cases[k].status || strstr(err.msg, cases[k].needle) == NULL)
+            fail_msg("case %zu: %s '%s', want %s naming '%s'", k, kvs_status_name(rc), err.msg,
+                     kvs_status_name(cases[k].status), cases[k].needle);
+        assert_memory_equal(&l, &before, sizeof l);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_draft_writer_blocks_by_hand),
+        cmocka_unit_test(test_draft_byte_model_moves_every_byte),
+        cmocka_unit_test(test_draft_refusals),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
