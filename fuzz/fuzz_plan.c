@@ -46,7 +46,10 @@
  *   drawn last: refused exactly by its rules; otherwise each writer's
  *   slots and state part tile its block in layer order, window slots hold
  *   the chunk's rows inside the page-aligned window, the state rides in the
- *   request's last chunk only, and no region exceeds the largest.
+ *   request's last chunk only, and no region exceeds the largest;
+ * - a draft model's layers (src/draft.c), drawn last: refused by its rules,
+ *   or every writer's block grows by exactly the draft part, its writer,
+ *   heads and offsets otherwise those of the plan without a draft.
  */
 #include <kvstage/kvstage.h>
 
@@ -818,6 +821,81 @@ static void check_hybrid(const kvs_layout_params_t *params, const kvs_layout_t *
     }
 }
 
+/* What kvs_layout_init must say of a draft on a plan that is otherwise
+ * good (src/draft.c): KVS_OK, or a code of a rule it breaks. *alt gets a
+ * second code when two rules are broken (the order of the checks is the
+ * file's to choose). The size bound (ERANGE) is judged by the caller. */
+static int draft_expected(const kvs_layout_params_t *p, const kvs_layout_t *l, int *alt)
+{
+    *alt = -1;
+    if (p->draft_layers < 0 || p->draft_head_dim < 0 || p->draft_kv_heads < 0)
+        return KVS_EINVAL;
+    if (p->draft_layers == 0)
+        return p->draft_head_dim != 0 || p->draft_kv_heads != 0 ? KVS_EINVAL : KVS_OK;
+    if (p->draft_layers > KVS_MAX_LAYERS)
+        return KVS_ERANGE;
+    if ((p->draft_kv_heads != 0 && p->draft_kv_heads != l->total_heads) ||
+        l->prefill_pp > 1 || l->decode_pp > 1 || l->kv_scales != KVS_KV_SCALES_NONE ||
+        l->full_attn_every > 1)
+        return KVS_ENOTSUP;
+    *alt = KVS_ERANGE; /* a good draft may still overflow the region */
+    return KVS_OK;
+}
+
+/* A draft model's layers on plan *base_lay, drawn last (docs/kinds/draft.md):
+ * refused by its rules, or each writer's block grows by exactly
+ * T * nh * draft_head_dim * s * draft_layers * planes, the writers, heads
+ * and offsets staying contiguous and the region the largest's. */
+static void check_draft(const kvs_layout_params_t *params, const kvs_layout_t *base_lay,
+                        input_t *in)
+{
+    kvs_layout_params_t p = *params;
+    p.draft_layers = pick(in, 8);
+    if (in_u8(in) % 2u)
+        p.draft_head_dim = pick(in, 1024);
+    if (in_u8(in) % 2u)
+        p.draft_kv_heads = in_u8(in) % 2u ? base_lay->total_heads : pick(in, 64);
+    kvs_layout_t l;
+    kvs_error_t err;
+    memset(&err, 0, sizeof err);
+    const int rc = kvs_layout_init(&l, &p, &err);
+    int alt;
+    const int want = draft_expected(&p, base_lay, &alt);
+    if (rc != KVS_OK) {
+        CHECK(rc == want || rc == alt);
+        CHECK(err.status == rc && err.msg[0] != '\0');
+        return;
+    }
+    CHECK(want == KVS_OK);
+    const int64_t dl = p.draft_layers;
+    const int64_t dhd = dl > 0 ? (p.draft_head_dim > 0 ? p.draft_head_dim : l.head_dim) : 0;
+    CHECK(l.draft_layers == dl && l.draft_head_dim == dhd);
+    /* Nothing else of the plan depends on the draft. */
+    CHECK(l.grid_tokens == base_lay->grid_tokens && l.tp_writers == base_lay->tp_writers &&
+          l.expected_arrivals == base_lay->expected_arrivals &&
+          l.src_heads == base_lay->src_heads && l.dst_heads == base_lay->dst_heads);
+    const int64_t nh = l.prefill_tp > l.decode_tp ? l.src_heads : l.dst_heads;
+    const int64_t G = l.grid_tokens;
+    const int64_t part = G * nh * dhd * l.elem_bytes * dl * l.planes;
+    CHECK(kvs_layout_draft_part_bytes(&l, G, nh) == part);
+    CHECK(kvs_layout_max_region_bytes(&l) ==
+          kvs_layout_max_region_bytes(base_lay) + part * l.tp_writers);
+    const int64_t tokens = 1 + (int64_t)in_u16(in) % G;
+    const int64_t d = in_u8(in) % l.decode_tp;
+    int64_t at = 0;
+    for (int64_t i = 0; i < l.tp_writers && i < 64; i++) {
+        kvs_writer_t w, b;
+        CHECK(kvs_layout_writer(&l, d, 0, i, tokens, &w) == KVS_OK);
+        CHECK(kvs_layout_writer(base_lay, d, 0, i, tokens, &b) == KVS_OK);
+        CHECK(w.prefill_rank == b.prefill_rank && w.heads.src_start == b.heads.src_start &&
+              w.heads.dst_start == b.heads.dst_start && w.heads.num_heads == b.heads.num_heads);
+        const int64_t dp = tokens * w.heads.num_heads * dhd * l.elem_bytes * dl * l.planes;
+        CHECK(kvs_layout_draft_part_bytes(&l, tokens, w.heads.num_heads) == dp);
+        CHECK(w.len_bytes == b.len_bytes + dp && w.offset_bytes == at);
+        at += w.len_bytes;
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     input_t in = {.p = data, .left = size};
@@ -883,5 +961,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     check_grid(&l, &in);
     check_cp(&p, &l, &in);
     check_hybrid(&p, &l, &in);
+    check_draft(&p, &l, &in);
     return 0;
 }
