@@ -348,6 +348,9 @@ static void hw_verbs_conn_up(kvs_conn_t *c)
     if (c->recovering) {
         c->recovering = false;
         c->recoveries++;
+        kvs_log_write(&c->fab->cfg.log, KVS_LOG_INFO, "verbs fabric: connection to %s "
+                      "re-established after %.1f ms (recovery %u)", c->peer,
+                      (double)(hw_net_now_ns() - c->broken_ns) / 1e6, c->recoveries);
         hw_verbs_sq_flush(c);
     }
 }

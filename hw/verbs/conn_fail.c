@@ -66,6 +66,13 @@ void hw_verbs_conn_broken(kvs_conn_t *c, int status, const char *fmt, ...)
             vsnprintf(c->why, sizeof c->why, fmt, ap);
             c->deadline_ns = now + (uint64_t)c->fab->cfg.connect_timeout_ms * 1000000u;
             c->retry_ns = now + HW_VERBS_FLUSH_WAIT_NS;
+            c->broken_ns = now;
+            /* Said once per failure, so a stall behind it can be told apart
+             * from a slow peer in the log. */
+            kvs_log_write(&c->fab->cfg.log, KVS_LOG_WARN, "verbs fabric: %s: a new queue "
+                          "pair replaces it; %s within %u ms", c->why,
+                          c->active ? "reconnecting" : "waiting for the peer to reconnect",
+                          c->fab->cfg.connect_timeout_ms);
         } else { /* a reconnect attempt failed: try again a little later */
             c->retry_ns = now + HW_VERBS_RETRY_WAIT_NS;
         }

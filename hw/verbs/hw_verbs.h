@@ -265,6 +265,7 @@ struct kvs_conn {
     bool down_told;          /* DEAD: the user got its DISCONNECT completion */
     uint64_t token;          /* names the connection in a reconnect request */
     uint32_t recoveries;     /* QPs replaced after a failure */
+    uint64_t broken_ns;      /* when the current failure began (hw_net_now_ns) */
     int op_status;           /* first error among the current operation's requests */
     int dead_status;         /* why posts fail once DEAD */
     char why[HW_VERBS_WHY_BYTES];
