@@ -581,6 +581,12 @@ static void cli_sim_set_shape(const kvs_layout_params_t *p, kvs_sim_config_t *c)
     c->decode_page_size = p->decode_page_size;
     c->kv_scales = (int32_t)p->kv_scales;
     c->scale_block = (uint32_t)p->scale_block;
+    c->full_attn_every = p->full_attn_every;
+    c->other_layers = (int32_t)p->other_layers;
+    c->window_tokens = p->window_tokens;
+    c->state_heads = p->state_heads;
+    c->state_conv_bytes = p->state_conv_bytes;
+    c->state_ssm_bytes = p->state_ssm_bytes;
 }
 
 /* The cluster of the lists into in->cfg, checked by the library: every
@@ -642,8 +648,6 @@ static int cli_sim_read_values(const char *const *scanned, cli_sim_input_t *in)
         return rc;
     in->json = values[CLI_XF_JSON] != NULL;
     if ((rc = cli_shape_read(CLI_SIM_CMD, values, &defaults, &in->shape)) != 0)
-        return rc;
-    if ((rc = cli_shape_refuse_hybrid(CLI_SIM_CMD, "the simulated ranks", &in->shape)) != 0)
         return rc;
 
     int64_t requests = 0, ring_mib = CLI_SIM_DEFAULT_RING_MIB, prefix = 0, inflight = 0;
@@ -707,6 +711,11 @@ static int cli_sim_read_values(const char *const *scanned, cli_sim_input_t *in)
     if ((rc = cli_shape_layout(CLI_SIM_CMD, &in->shape, &in->lay)) != 0 ||
         (rc = cli_sim_topology(lists, in)) != 0)
         return rc;
+    if (in->lay.full_attn_every > 1 && (path == KVS_PATH_DIRECT || path == KVS_PATH_SLICE))
+        return cli_fail(CLI_SIM_CMD, "--path %s does not move hybrid layers (--full-attn-every "
+                        "%" PRId64 ", %s layers): use --path staging or auto",
+                        path == KVS_PATH_DIRECT ? "direct" : "slice", in->lay.full_attn_every,
+                        kvs_layer_kind_name(in->lay.other_layers));
     const uint32_t np = cli_sim_count(in, false), nd = cli_sim_count(in, true);
     for (uint32_t p = 0; path == KVS_PATH_DIRECT && p < np; p++)
         for (uint32_t d = 0; d < nd; d++) {

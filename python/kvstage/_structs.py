@@ -135,7 +135,10 @@ class SimConfig(c.Structure):
                 ("router", i32), ("max_aux_bytes", u32), ("reserved3", u32),
                 ("progress", c.c_void_p), ("progress_ctx", c.c_void_p),
                 ("kv_kind", i32), ("reserved4", u32), ("decode_page_size", i64),
-                ("kv_scales", i32), ("scale_block", u32), ("prefill_cp", i64)]
+                ("kv_scales", i32), ("scale_block", u32), ("prefill_cp", i64),
+                ("full_attn_every", i64), ("other_layers", i32), ("reserved5", u32),
+                ("window_tokens", i64), ("state_heads", i64), ("state_conv_bytes", i64),
+                ("state_ssm_bytes", i64)]
 
 
 class SimInstance(c.Structure):
