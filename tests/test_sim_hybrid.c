@@ -10,8 +10,9 @@
  *   layers, every slot of full layers, every state byte in the request's
  *   state slot, and no page of a window layer before its window holding
  *   the request's bytes; at P > D, P < D, P = D (path auto stages a
- *   hybrid layout), replicated heads and state heads, PP, two page sizes,
- *   cached prefixes and FP8 scale planes.
+ *   hybrid layout), replicated heads and state heads, PP (with stages of
+ *   a window layer alone, whose early chunks have empty blocks), two page
+ *   sizes, cached prefixes and FP8 scale planes.
  * - Planted bugs through the simulated GPU's copy hook (the core is not
  *   touched), caught as corrupt bytes in both modes: a state scattered to
  *   the next state head or into the next request's slot, a window row
@@ -130,6 +131,19 @@ static void test_sim_hybrid_every_byte_in_both_modes(void **state)
         c.path = runs[i].path;
         clean_in_both(&c, runs[i].what);
     }
+}
+
+/* PP 4 of 4 layers, every other one full: stages 0 and 2 hold a window
+ * layer alone, so a chunk before the window has an empty block there (no
+ * bytes, its CHUNK_READY alone) and the last chunk's block the window. */
+static void test_sim_hybrid_stage_of_window_layers_alone(void **state)
+{
+    (void)state;
+    sim_scenario_config_t c = small_hybrid(2, 2, 8, KVS_LAYER_WINDOW);
+    c.shape.layers = 4;
+    c.shape.prefill_pp = c.shape.decode_pp = 4;
+    c.prompt_min_tokens = 600;
+    clean_in_both(&c, "window, P2xPP4 -> D2xPP4, stages of a window layer alone");
 }
 
 /* A window layer moves its window alone: fewer bytes than the same model
@@ -318,6 +332,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sim_hybrid_every_byte_in_both_modes),
+        cmocka_unit_test(test_sim_hybrid_stage_of_window_layers_alone),
         cmocka_unit_test(test_sim_hybrid_moves_less_than_full),
         cmocka_unit_test(test_sim_hybrid_catches_state_to_next_head),
         cmocka_unit_test(test_sim_hybrid_catches_state_to_next_slot),
