@@ -529,6 +529,20 @@ def test_hybrid(s):
              and prov.get("bytes_verified") == obj.get("bytes_verified")
              and prov.get("corrupt_bytes") == 0, name + " the same in both data modes",
              args, "%r %r" % (prov.get("digest"), obj.get("digest")))
+    pattern = ("full_attn_every", "other_layers", "window_tokens", "state_heads",
+               "state_conv_bytes", "state_ssm_bytes")
+    want = {"full layers": [0, "full", 0, 0, 0, 0], "window flags": [2, "window", 128, 0, 0, 0],
+            "state flags": [4, "state", 0, 8, 64, 192]}
+    for name, extra in (("full layers", []),
+                        ("window flags", ["--full-attn-every", "2", "--window", "128"]),
+                        ("state flags", ["--full-attn-every", "4", "--state-heads", "8",
+                                         "--state-bytes", "64+192"])):
+        obj = s.expect_json(name + " json", window + extra)
+        s.ok([obj.get(k) for k in pattern] == want[name], name + " names its pattern",
+             window + extra, repr([obj.get(k) for k in pattern]))
+        table = s.run([a for a in window if a != "--json"] + extra)
+        s.ok(table.returncode == 0 and ("  layers " in table.stdout) == bool(extra),
+             name + " table names its pattern", window + extra, table.stdout[:300])
     full = s.expect_json("full layers", window)
     win = s.expect_json("window", window + ["--full-attn-every", "2", "--window", "128"])
     s.ok(0 < win.get("bytes_verified", 0) < full.get("bytes_verified", 0),

@@ -1081,6 +1081,11 @@ static void cli_sim_print_json(const cli_sim_input_t *in, const kvs_sim_config_t
            lay->layers, lay->page_size, lay->decode_page_size, lay->chunk_tokens);
     printf(", \"kv_scales\": \"%s\", \"scale_block\": %" PRId64 ", \"scale_bytes\": %" PRId64,
            kvs_kv_scales_name(lay->kv_scales), lay->scale_block, lay->scale_bytes);
+    printf(", \"full_attn_every\": %" PRId64 ", \"other_layers\": \"%s\""
+           ", \"window_tokens\": %" PRId64 ", \"state_heads\": %" PRId64
+           ", \"state_conv_bytes\": %" PRId64 ", \"state_ssm_bytes\": %" PRId64,
+           lay->full_attn_every, kvs_layer_kind_name(lay->other_layers), lay->window_tokens,
+           lay->state_heads, lay->state_conv_bytes, lay->state_ssm_bytes);
     printf(", \"prefill_tp\": %" PRId64 ", \"decode_tp\": %" PRId64
            ", \"prefill_pp\": %" PRId64 ", \"decode_pp\": %" PRId64
            ", \"prefill_cp\": %" PRId64,
@@ -1169,6 +1174,14 @@ static void cli_sim_print_table(const cli_sim_input_t *in, const kvs_sim_config_
                in->shape.model != NULL ? in->shape.model->name : "",
                in->shape.model != NULL ? ", " : "", lay->layers, lay->total_heads,
                lay->head_dim, dtype, page, lay->chunk_tokens);
+    if (lay->full_attn_every > 1 && lay->other_layers == KVS_LAYER_WINDOW)
+        printf("  layers             full attention every %" PRId64 "-th layer, the others "
+               "a window of %" PRId64 " tokens\n", lay->full_attn_every, lay->window_tokens);
+    else if (lay->full_attn_every > 1)
+        printf("  layers             full attention every %" PRId64 "-th layer, the others "
+               "state layers of %" PRId64 " state heads x (%" PRId64 " + %" PRId64
+               ") B a request\n", lay->full_attn_every, lay->state_heads,
+               lay->state_conv_bytes, lay->state_ssm_bytes);
     char cp[40] = ""; /* every prefill instance's CP ranks */
     if (lay->prefill_cp > 1)
         snprintf(cp, sizeof cp, " x CP %" PRId64, lay->prefill_cp);
