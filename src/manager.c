@@ -347,8 +347,27 @@ static int64_t kvs__local_heads(const kvs_manager_t *m)
     return 0;
 }
 
+/* The most state bytes one writer block of this prefill rank carries (a
+ * hybrid model's last chunk, docs/kinds/hybrid.md): a state part per layer
+ * of its stage at most, each of its local state heads at most (a writer
+ * copies a slice of them). 0 without state layers; -1 on overflow. */
+static int64_t kvs__prefill_state_bytes(const kvs_manager_config_t *c)
+{
+    if (c->full_attn_every <= 1 || c->other_layers != KVS_LAYER_STATE ||
+        c->state_heads < 0 || c->state_conv_bytes < 0 || c->state_ssm_bytes < 0)
+        return 0; /* none, or a pattern the pairing refuses by name */
+    const int64_t heads = c->state_heads >= c->tp_size ? c->state_heads / c->tp_size : 1;
+    int64_t bytes = 0;
+    if (__builtin_add_overflow(c->state_conv_bytes, c->state_ssm_bytes, &bytes) ||
+        __builtin_mul_overflow(bytes, heads, &bytes) ||
+        __builtin_mul_overflow(bytes, c->layers, &bytes))
+        return -1;
+    return bytes;
+}
+
 /* Bytes of one prefill staging buffer: F * ps * (one token across all of
- * this rank's layers, each plane: K and V, or MLA's latent). 0 on overflow. */
+ * this rank's layers, each plane: K and V, or MLA's latent), and a hybrid
+ * model's state part. 0 on overflow. */
 static uint64_t kvs__prefill_buffer_bytes(const kvs_manager_t *m, int64_t heads)
 {
     const kvs_manager_config_t *c = &m->cfg;
@@ -363,6 +382,9 @@ static uint64_t kvs__prefill_buffer_bytes(const kvs_manager_t *m, int64_t heads)
     for (size_t i = 0; i < sizeof factors / sizeof factors[0]; i++)
         if (__builtin_mul_overflow(bytes, factors[i], &bytes))
             return 0;
+    const int64_t state = kvs__prefill_state_bytes(c);
+    if (state < 0 || __builtin_add_overflow(bytes, state, &bytes))
+        return 0;
     return (uint64_t)bytes;
 }
 

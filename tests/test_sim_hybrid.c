@@ -12,7 +12,8 @@
  *   the request's bytes; at P > D, P < D, P = D (path auto stages a
  *   hybrid layout), replicated heads and state heads, PP (with stages of
  *   a window layer alone, whose early chunks have empty blocks), two page
- *   sizes, cached prefixes and FP8 scale planes.
+ *   sizes, cached prefixes, FP8 scale planes and a state larger than a
+ *   chunk's rows.
  * - Planted bugs through the simulated GPU's copy hook (the core is not
  *   touched), caught as corrupt bytes in both modes: a state scattered to
  *   the next state head or into the next request's slot, a window row
@@ -144,6 +145,20 @@ static void test_sim_hybrid_stage_of_window_layers_alone(void **state)
     c.shape.prefill_pp = c.shape.decode_pp = 4;
     c.prompt_min_tokens = 600;
     clean_in_both(&c, "window, P2xPP4 -> D2xPP4, stages of a window layer alone");
+}
+
+/* A state larger than a chunk's rows (Qwen3-Next's 68608 bytes a state
+ * head, chunks of 16 tokens): the prefill staging buffers hold the state
+ * part besides the rows. */
+static void test_sim_hybrid_state_larger_than_a_chunk(void **state)
+{
+    (void)state;
+    sim_scenario_config_t c = small_hybrid(4, 2, 8, KVS_LAYER_STATE);
+    c.shape.chunk_tokens = 16;
+    c.shape.state_conv_bytes = 3072;
+    c.shape.state_ssm_bytes = 65536;
+    c.prompt_max_tokens = 100;
+    clean_in_both(&c, "state of 68608 bytes a head, chunks of 16 tokens, P4 -> D2");
 }
 
 /* A window layer moves its window alone: fewer bytes than the same model
@@ -333,6 +348,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sim_hybrid_every_byte_in_both_modes),
         cmocka_unit_test(test_sim_hybrid_stage_of_window_layers_alone),
+        cmocka_unit_test(test_sim_hybrid_state_larger_than_a_chunk),
         cmocka_unit_test(test_sim_hybrid_moves_less_than_full),
         cmocka_unit_test(test_sim_hybrid_catches_state_to_next_head),
         cmocka_unit_test(test_sim_hybrid_catches_state_to_next_slot),
