@@ -913,7 +913,9 @@ static int kvs__scatter_hybrid(kvs_decode_t *d, const kvs__droom_t *r, int64_t c
         .chunk = kvs__dchunk_of(c, chunk), .pages = r->pages + c->page_start,
         .state_slot = r->base.has_state_slot ? r->base.state_slot : -1};
     int rc = KVS_OK;
-    /* in groups of as many blocks as d->parts holds */
+    /* in groups of 64 blocks: a later group's copies run after an earlier
+     * one's on the stream, so of writers replicating a head the last still
+     * lands last */
     kvs__hyb_block_t blocks[64];
     for (int64_t i0 = 0; i0 < lay->tp_writers && rc == KVS_OK; i0 += 64) {
         const int64_t n = kvs__min_i64(64, lay->tp_writers - i0);
