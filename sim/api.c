@@ -207,6 +207,7 @@ static int sim_api_check_bounds(const kvs_sim_config_t *c, kvs_error_t *err)
 #undef I64
 #undef U64
     if ((rc = sim_api_zero(err, "reserved4", c->reserved4)) != KVS_OK ||
+        (rc = sim_api_zero(err, "reserved5", c->reserved5)) != KVS_OK ||
         (rc = sim_api_zero(err, "reserved0", c->reserved0)) != KVS_OK ||
         (rc = sim_api_zero(err, "reserved1", c->reserved1)) != KVS_OK ||
         (rc = sim_api_zero(err, "reserved3", c->reserved3)) != KVS_OK)
@@ -277,6 +278,12 @@ static int sim_api_cluster(const kvs_sim_config_t *c, sim_scenario_config_t *s,
     s->shape.decode_page_size = c->decode_page_size;
     s->shape.kv_scales = (kvs_kv_scales_t)c->kv_scales;
     s->shape.scale_block = (int64_t)c->scale_block;
+    s->shape.full_attn_every = c->full_attn_every;
+    s->shape.other_layers = (kvs_layer_kind_t)c->other_layers;
+    s->shape.window_tokens = c->window_tokens;
+    s->shape.state_heads = c->state_heads;
+    s->shape.state_conv_bytes = c->state_conv_bytes;
+    s->shape.state_ssm_bytes = c->state_ssm_bytes;
     /* The instances: with a list, 0 sizes of the shape are instance 0's. */
     s->topo.prefill_instances = c->prefill_instances;
     s->topo.decode_instances = c->decode_instances;
@@ -312,6 +319,13 @@ static int sim_api_scenario(const kvs_sim_config_t *c, sim_scenario_config_t *s,
         return rc;
     s->router = (sim_router_t)c->router;
     s->max_aux_bytes = c->max_aux_bytes;
+    /* Hybrid layers move on the staging path only (auto picks it). */
+    if (c->full_attn_every > 1 && (c->path == KVS_PATH_DIRECT || c->path == KVS_PATH_SLICE))
+        return SIM_API_FAIL(err, KVS_EINVAL,
+                            "path %s does not move hybrid layers (full_attn_every %lld: "
+                            "window or state layers): use path staging or auto",
+                            c->path == KVS_PATH_DIRECT ? "direct" : "slice",
+                            (long long)c->full_attn_every);
     /* Direct copies pages rank to rank: every pair needs equal TP sizes. */
     for (uint32_t p = 0; c->path == KVS_PATH_DIRECT && p < topo.prefill_instances; p++)
         for (uint32_t d = 0; d < topo.decode_instances; d++)

@@ -23,9 +23,10 @@ int sim_check_ring(const sim_scenario_config_t *cfg, const sim_topology_t *topo,
     int64_t need_tokens = 0;
     for (uint32_t p = 0; cfg->staging && p < topo->prefill_instances; p++)
         for (uint32_t d = 0; d < topo->decode_instances; d++) {
+            const bool hybrid = cfg->shape.full_attn_every > 1; /* auto stages it */
             const bool stages = cfg->path == KVS_PATH_STAGING ||
                                 (cfg->path == KVS_PATH_AUTO &&
-                                 topo->prefill[p].tp != topo->decode[d].tp);
+                                 (topo->prefill[p].tp != topo->decode[d].tp || hybrid));
             if (!stages)
                 continue;
             const kvs_layout_params_t params = sim_topology_pair(&cfg->shape, topo, p, d);
@@ -33,6 +34,14 @@ int sim_check_ring(const sim_scenario_config_t *cfg, const sim_topology_t *topo,
             kvs_error_t lerr = {0};
             if (kvs_layout_init(&lay, &params, &lerr) != KVS_OK)
                 continue; /* the topology check names it */
+            if (hybrid) { /* a region's size depends on its chunk's place: the largest */
+                const uint64_t bytes = (uint64_t)kvs_layout_max_region_bytes(&lay);
+                if (bytes > need) {
+                    need = bytes;
+                    need_tokens = lay.grid_tokens;
+                }
+                continue;
+            }
             /* A chunk moves min(G, what is left) tokens: the longest
              * prompt without a cached prefix, up to a full chunk. */
             const int64_t tokens = cfg->prompt_max_tokens < lay.grid_tokens

@@ -58,6 +58,12 @@ typedef struct sim_node {
     uint64_t *k_base, *v_base;
     uint64_t *ks_base, *vs_base; /* scale buffers (kv_scales), else NULL */
     uint64_t scale_layer_bytes;  /* bytes of one scale buffer, 0 without */
+    /* State layers (docs/kinds/hybrid.md): per local layer its state
+     * buffer, [request][local state head][state head bytes] (0 for other
+     * layers), after the scales; NULL without state layers. A request's
+     * state slot is its index. */
+    uint64_t *state_base;
+    int64_t state_heads;         /* local state heads */
     uint32_t gpu_id;
     bool down;                   /* crashed, or failed its init: no handler */
     bool hbm_full;               /* its GPU holds the KV pool and nothing more */

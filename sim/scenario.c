@@ -178,7 +178,8 @@ static void sim_node_faults(sim_scenario_t *sc, sim_node_t *n)
 static bool sim_pair_stages(const sim_scenario_t *sc, const sim_inst_t *pi, const sim_inst_t *di)
 {
     return sc->cfg.staging && (sc->cfg.path == KVS_PATH_STAGING ||
-                               (sc->cfg.path == KVS_PATH_AUTO && pi->tp != di->tp));
+                               (sc->cfg.path == KVS_PATH_AUTO &&
+                                (pi->tp != di->tp || sc->lay.full_attn_every > 1)));
 }
 
 /* The node whose NIC is named name, or NULL. */
@@ -628,7 +629,7 @@ static int sim_open_rooms(sim_scenario_t *sc, uint32_t i)
             .base_tokens = side == 0 ? 0 : r->base, .total_tokens = r->tokens,
             .pages = side == 0 ? r->ppages : r->dpages, .num_pages = side == 0 ? np : nd,
             .aux = side == 0 && aux_bytes > 0 ? sc->aux_buf : NULL,
-            .aux_bytes = side == 0 ? aux_bytes : 0};
+            .aux_bytes = side == 0 ? aux_bytes : 0, .state_slot = i};
         for (int64_t k = 0; k < inst->nranks; k++) {
             sim_node_t *n = &inst->nodes[k];
             if (n->down)
@@ -783,8 +784,20 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
     n->scale_layer_bytes = (uint64_t)sc->pool_pages * (uint64_t)(n->ps * n->heads *
                                                                   l->scale_bytes);
     const uint64_t kv_bytes = (uint64_t)l->planes * (uint64_t)n->layers * n->layer_bytes;
-    const uint64_t pool_bytes =
-        kv_bytes + (uint64_t)l->planes * (uint64_t)n->layers * n->scale_layer_bytes;
+    const uint64_t scales_bytes = (uint64_t)l->planes * (uint64_t)n->layers * n->scale_layer_bytes;
+    /* State buffers (state layers), a slot per request, after the scales. */
+    const bool state = l->full_attn_every > 1 && l->other_layers == KVS_LAYER_STATE;
+    n->state_heads = state ? (decode ? l->state_dst_heads : l->state_src_heads) : 0;
+    const uint64_t state_layer_bytes = (uint64_t)sc->cfg.requests *
+                                       (uint64_t)(n->state_heads * l->state_head_bytes);
+    int64_t state_layers = 0;
+    for (int64_t i = 0; state && i < n->layers; i++) {
+        kvs_layer_kind_t kind = KVS_LAYER_FULL;
+        (void)kvs_layout_layer_kind(l, n->first_layer + i, &kind);
+        state_layers += kind == KVS_LAYER_STATE;
+    }
+    const uint64_t pool_bytes = kv_bytes + scales_bytes +
+                                (uint64_t)state_layers * state_layer_bytes;
     sim_gpu_config_t gc = sc->cfg.gpu;
     if (n->hbm_full)
         gc.hbm_bytes = pool_bytes; /* the KV pool fills it */
@@ -817,7 +830,9 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
     n->v_base = calloc((size_t)n->layers, sizeof *n->v_base);
     n->ks_base = calloc((size_t)n->layers, sizeof *n->ks_base);
     n->vs_base = calloc((size_t)n->layers, sizeof *n->vs_base);
+    n->state_base = state ? calloc((size_t)n->layers, sizeof *n->state_base) : NULL;
     if (n->k_base == NULL || n->v_base == NULL || n->ks_base == NULL || n->vs_base == NULL ||
+        (state && n->state_base == NULL) ||
         (n->pool_host == NULL && sim_gpu_prov(n->gpu) == NULL))
         return sim_fail(sc, KVS_ENOMEM, "%s: KV pool tables", n->name);
     /* Layer i's planes back to back: K then V, or MLA's latent alone (no
@@ -831,11 +846,21 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
             n->vs_base[i] = l->planes == 2 ? n->ks_base[i] + n->scale_layer_bytes : 0;
         }
     }
+    for (int64_t i = 0, k = 0; state && i < n->layers; i++) {
+        kvs_layer_kind_t kind = KVS_LAYER_FULL;
+        (void)kvs_layout_layer_kind(l, n->first_layer + i, &kind);
+        if (kind == KVS_LAYER_STATE)
+            n->state_base[i] = n->pool_addr + kv_bytes + scales_bytes +
+                               (uint64_t)(k++) * state_layer_bytes;
+    }
 
     const bool staging = sc->cfg.staging || sc->cfg.path == KVS_PATH_STAGING;
     kvs_manager_config_t mc = {
         .role = n->role, .staging = staging, .total_heads = l->total_heads,
         .kv_kind = l->kind, .kv_scales = l->kv_scales, .scale_block = l->scale_block,
+        .full_attn_every = l->full_attn_every, .other_layers = l->other_layers,
+        .window_tokens = l->window_tokens, .state_heads = l->state_heads,
+        .state_conv_bytes = l->state_conv_bytes, .state_ssm_bytes = l->state_ssm_bytes,
         .head_dim = l->head_dim, .dtype = sc->cfg.shape.dtype, .layers = n->layers,
         .model_layers = l->layers,
         .page_size = n->ps, .peer_page_size = decode ? l->page_size : l->decode_page_size,
@@ -871,7 +896,9 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
                                      .head_stride_bytes = l->head_dim * l->elem_bytes,
                                      .elem_stride_bytes = l->elem_bytes,
                                      .ks_addr = n->ks_base[i], .vs_addr = n->vs_base[i]};
-    const kvs_rank_config_t rcfg = {.manager = mc, .layers = layers, .local_heads = n->heads};
+    const kvs_rank_config_t rcfg = {.manager = mc, .layers = layers, .local_heads = n->heads,
+                                    .state_base = n->state_base,
+                                    .state_slots = state ? (int64_t)sc->cfg.requests : 0};
     kvs_error_t err = {0};
     rc = kvs_rank_create(&rcfg, dev, sim_nic_fabric(n->nic), &n->rank, &err);
     free(layers);
@@ -928,11 +955,12 @@ static void sim_node_teardown(sim_node_t *n)
     free(n->v_base);
     free(n->ks_base);
     free(n->vs_base);
+    free(n->state_base);
     n->nic = NULL;
     n->gpu = NULL;
     n->pool_addr = 0;
     n->pool_host = NULL;
-    n->k_base = n->v_base = n->ks_base = n->vs_base = NULL;
+    n->k_base = n->v_base = n->ks_base = n->vs_base = n->state_base = NULL;
 }
 
 /* Decode rank n declares every prefill instance (the addresses of its
@@ -994,8 +1022,12 @@ static int sim_pair_groups(sim_scenario_t *sc, const sim_inst_t *pi, const sim_i
         const sim_node_t *n = &di->nodes[d];
         const int64_t first = l->decode_pp == 1 ? 0 : n->pp;
         for (int64_t i = 0; i < l->tp_writers; i++) {
-            kvs_writer_t w;
-            kvs_layout_writer(l, n->tp, n->pp, i, 0, &w);
+            /* its prefill rank (kvs_layout_writer's; a hybrid layout's
+             * blocks differ by chunk, its writers do not) */
+            kvs_hybrid_writer_t hw;
+            const kvs_chunk_t none = {0};
+            (void)kvs_layout_hybrid_writer(l, n->tp, n->pp, i, 0, &none, &hw);
+            const kvs_writer_t w = hw.w;
             for (int64_t c = 0; c < l->prefill_cp; c++) /* every CP rank writes to it */
                 for (int64_t s = first; s < first + stages; s++) {
                     const int64_t a = sim_group_root(parent, pi->nranks + d);

@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+static int64_t sim_max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
+
 /* Global head of local head j on a rank of TP tp holding `heads` heads. */
 static int64_t sim_global_head(int64_t total, int64_t tp_size, int64_t rank, int64_t heads,
                                int64_t j)
@@ -76,9 +78,31 @@ static uint64_t sim_slot_addr(const sim_node_t *n, int64_t layer, int kv, const 
     return sim_base(n, layer, kv) + (uint64_t)(slot * n->heads * head_bytes);
 }
 
+/* The kind of node n's local layer `layer` (full for a model of full
+ * layers alone). */
+static kvs_layer_kind_t sim_layer_kind(const kvs_layout_t *l, const sim_node_t *n,
+                                       int64_t layer)
+{
+    kvs_layer_kind_t kind = KVS_LAYER_FULL;
+    (void)kvs_layout_layer_kind(l, n->first_layer + layer, &kind);
+    return kind;
+}
+
+/* The first token of a request of `total` tokens whose rows of local
+ * layer `layer` a decode rank holds (kvs_layout_layer_tokens: 0 for a full
+ * layer, the page-aligned window start for a window layer). */
+static int64_t sim_layer_first(const kvs_layout_t *l, const sim_node_t *n, int64_t layer,
+                               int64_t total)
+{
+    int64_t start = 0, end = 0;
+    (void)kvs_layout_layer_tokens(l, n->first_layer + layer, total, &start, &end);
+    return start;
+}
+
 /* The provenance of node n's rows of tokens [a, b) of a request, layer by
  * layer, one run per page run: written (prefill) or checked (decode,
- * returning the bytes that differ). */
+ * returning the bytes that differ; a window layer's rows from its window's
+ * first page on). State layers have no rows. */
 static uint64_t sim_prov_pass(sim_scenario_t *sc, sim_node_t *n, uint64_t req,
                               const int64_t *pages, int64_t base, int64_t a, int64_t b,
                               bool check)
@@ -107,14 +131,23 @@ static uint64_t sim_prov_pass(sim_scenario_t *sc, sim_node_t *n, uint64_t req,
         t += sc->slot_runs[2 * nruns + 1];
     }
     uint64_t bad = 0;
-    for (int64_t layer = 0; layer < n->layers; layer++)
+    for (int64_t layer = 0; layer < n->layers; layer++) {
+        if (sim_layer_kind(l, n, layer) == KVS_LAYER_STATE)
+            continue;
+        const int64_t from = check ? sim_layer_first(l, n, layer, sc->reqs[req].tokens) : a;
         for (int q = 0; q < sim_bufs(l); q++) { /* K, V (or latent), scales */
             const int kv = sim_buf_kv(l, q);
             const int64_t hb = sim_buf_bytes(l, q);
             if (!check) /* one rewrite per layer and K/V */
                 sim_prov_batch_begin(map);
             for (size_t k = 0; k < nruns; k++) {
-                const int64_t t = sc->slot_runs[2 * k], cnt = sc->slot_runs[2 * k + 1];
+                int64_t t = sc->slot_runs[2 * k], cnt = sc->slot_runs[2 * k + 1];
+                if (t + cnt <= from)
+                    continue; /* before the window */
+                if (t < from) { /* the run's slots are consecutive */
+                    cnt -= from - t;
+                    t = from;
+                }
                 const sim_kv_coord_t c = {req, n->first_layer + layer, kv, g0, t};
                 const sim_prov_run_t run = sim_kvdata_prov_rows(
                     &c, n->heads, cnt, l->total_heads, hb,
@@ -129,6 +162,105 @@ static uint64_t sim_prov_pass(sim_scenario_t *sc, sim_node_t *n, uint64_t req,
                 sim_fail(sc, KVS_ENOMEM, "%s: out of host memory for the provenance "
                          "of the KV pool", n->name);
         }
+    }
+    return bad;
+}
+
+/* The state of request req in local state layer `layer` of node n, local
+ * state head j: its address, and its coordinate (the K vector of token 0
+ * of that layer and global state head, of state_head_bytes: a state layer
+ * has no K rows, so no other vector has it). */
+static uint64_t sim_state_addr(const sim_node_t *n, const kvs_layout_t *l, uint64_t req,
+                               int64_t layer, int64_t j)
+{
+    return n->state_base[layer] +
+           (uint64_t)(((int64_t)req * n->state_heads + j) * l->state_head_bytes);
+}
+
+static sim_kv_coord_t sim_state_coord(const sim_node_t *n, const kvs_layout_t *l, uint64_t req,
+                                      int64_t layer, int64_t j)
+{
+    return (sim_kv_coord_t){req, n->first_layer + layer, 0,
+                            sim_global_head(l->state_heads, n->inst->tp, n->tp, n->state_heads,
+                                            j),
+                            0};
+}
+
+/* The request's state in every state layer of node n: written (prefill, at
+ * the end of its prompt) or checked (decode; returns the bytes that differ
+ * and adds the bytes checked to *checked), in either data mode. */
+static uint64_t sim_state_pass(sim_scenario_t *sc, sim_node_t *n, uint64_t req, bool check,
+                               uint64_t *checked)
+{
+    const kvs_layout_t *l = &sc->lay;
+    sim_prov_map_t *map = sim_gpu_prov(n->gpu);
+    const int64_t hb = l->state_head_bytes;
+    uint64_t bad = 0;
+    for (int64_t layer = 0; n->state_base != NULL && layer < n->layers; layer++) {
+        if (sim_layer_kind(l, n, layer) != KVS_LAYER_STATE)
+            continue;
+        if (map != NULL) { /* the slot's state heads are consecutive global heads */
+            const sim_kv_coord_t c = sim_state_coord(n, l, req, layer, 0);
+            const sim_prov_run_t run = sim_kvdata_prov_rows(
+                &c, n->state_heads, 1, l->state_heads, hb, sim_state_addr(n, l, req, layer, 0));
+            if (check)
+                bad += sim_prov_diff(map, &run);
+            else if (sim_prov_write(map, &run) != KVS_OK)
+                sim_fail(sc, KVS_ENOMEM, "%s: out of host memory for the provenance of the "
+                         "state buffers", n->name);
+        }
+        for (int64_t j = 0; map == NULL && j < n->state_heads; j++) {
+            const sim_kv_coord_t c = sim_state_coord(n, l, req, layer, j);
+            uint8_t *at = n->pool_host + (sim_state_addr(n, l, req, layer, j) - n->pool_addr);
+            if (check)
+                bad += sim_kvdata_check(at, (size_t)hb, &c);
+            else
+                sim_kvdata_fill(at, (size_t)hb, &c);
+        }
+        if (checked != NULL)
+            *checked += (uint64_t)(n->state_heads * hb);
+    }
+    return bad;
+}
+
+/* A window layer's decode pages before its window must not be written for
+ * this request (the engine never reads them): each of their vectors (rows,
+ * in the provenance mode) that holds the request's own bytes counts as
+ * corrupt, whole. Returns those bytes. */
+static uint64_t sim_check_before_window(sim_scenario_t *sc, sim_node_t *n, uint64_t req)
+{
+    const kvs_layout_t *l = &sc->lay;
+    const sim_req_t *r = &sc->reqs[req];
+    sim_prov_map_t *map = sim_gpu_prov(n->gpu);
+    uint64_t bad = 0;
+    for (int64_t layer = 0; layer < n->layers; layer++) {
+        if (sim_layer_kind(l, n, layer) != KVS_LAYER_WINDOW)
+            continue;
+        const int64_t ws = sim_layer_first(l, n, layer, r->tokens);
+        for (int q = 0; q < sim_bufs(l); q++)
+            for (int64_t t = r->base, kv = sim_buf_kv(l, q), hb = sim_buf_bytes(l, q); t < ws;
+                 t++) {
+                const int64_t g0 = sim_global_head(l->total_heads, n->inst->tp, n->tp,
+                                                   n->heads, 0);
+                if (map != NULL) {
+                    const sim_kv_coord_t c = {req, n->first_layer + layer, (int32_t)kv, g0, t};
+                    const sim_prov_run_t run = sim_kvdata_prov_rows(
+                        &c, n->heads, 1, l->total_heads, hb,
+                        sim_slot_addr(n, layer, (int)kv, r->dpages, r->base, t, n->ps, hb));
+                    bad += sim_prov_diff(map, &run) == 0 ? run.len_bytes : 0;
+                    continue;
+                }
+                for (int64_t j = 0; j < n->heads; j++) {
+                    const sim_kv_coord_t c = {
+                        req, n->first_layer + layer, (int32_t)kv,
+                        sim_global_head(l->total_heads, n->inst->tp, n->tp, n->heads, j), t};
+                    const uint8_t *at = sim_slot(n, layer, (int)kv,
+                                                 r->dpages[(t - r->base) / n->ps], t % n->ps, j,
+                                                 n->ps, hb);
+                    bad += sim_kvdata_check(at, (size_t)hb, &c) == 0 ? (uint64_t)hb : 0;
+                }
+            }
+    }
     return bad;
 }
 
@@ -138,12 +270,15 @@ void sim_fill_prefill(sim_scenario_t *sc, sim_node_t *n, uint64_t req, int64_t a
     const kvs_layout_t *l = &sc->lay;
     const int64_t ps = n->ps;
     const sim_req_t *r = &sc->reqs[req];
+    if (b == r->tokens) /* the prompt's end: its state */
+        sim_state_pass(sc, n, req, false, NULL);
     if (sim_gpu_prov(n->gpu) != NULL) {
         sim_prov_pass(sc, n, req, r->ppages, 0, a, b, false);
         return;
     }
     for (int64_t layer = 0; layer < n->layers; layer++)
-        for (int q = 0; q < sim_bufs(l); q++) /* K and V, or MLA's latent; scales */
+        for (int q = 0; q < sim_bufs(l) && sim_layer_kind(l, n, layer) != KVS_LAYER_STATE;
+             q++) /* K and V, or MLA's latent; scales; a state layer has no rows */
             for (int64_t t = a, kv = sim_buf_kv(l, q), hb = sim_buf_bytes(l, q); t < b; t++)
                 for (int64_t j = 0; j < n->heads; j++) {
                     sim_kv_coord_t c = {req, n->first_layer + layer, (int32_t)kv,
@@ -168,14 +303,22 @@ uint64_t sim_verify_decode(sim_scenario_t *sc, sim_node_t *n, uint64_t req,
     int64_t row_bytes = 0;
     for (int q = 0; q < sim_bufs(l); q++)
         row_bytes += n->heads * sim_buf_bytes(l, q);
+    uint64_t checked = 0;
+    *corrupt += sim_state_pass(sc, n, req, true, &checked) + sim_check_before_window(sc, n, req);
     if (sim_gpu_prov(n->gpu) != NULL) {
         *corrupt += sim_prov_pass(sc, n, req, r->dpages, r->base, r->base, r->tokens, true);
-        return (uint64_t)n->layers * (uint64_t)(r->tokens - r->base) * (uint64_t)row_bytes;
+        for (int64_t layer = 0; layer < n->layers; layer++) {
+            const int64_t from = sim_layer_first(l, n, layer, r->tokens);
+            if (sim_layer_kind(l, n, layer) != KVS_LAYER_STATE)
+                checked += (uint64_t)(r->tokens - (from > r->base ? from : r->base)) *
+                           (uint64_t)row_bytes;
+        }
+        return checked;
     }
-    uint64_t checked = 0;
     for (int64_t layer = 0; layer < n->layers; layer++)
-        for (int q = 0; q < sim_bufs(l); q++)
-            for (int64_t t = r->base, kv = sim_buf_kv(l, q), hb = sim_buf_bytes(l, q);
+        for (int q = 0; q < sim_bufs(l) && sim_layer_kind(l, n, layer) != KVS_LAYER_STATE; q++)
+            for (int64_t t = sim_max_i64(r->base, sim_layer_first(l, n, layer, r->tokens)),
+                         kv = sim_buf_kv(l, q), hb = sim_buf_bytes(l, q);
                  t < r->tokens; t++)
                 for (int64_t j = 0; j < n->heads; j++) {
                     sim_kv_coord_t c = {req, n->first_layer + layer, (int32_t)kv,

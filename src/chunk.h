@@ -35,7 +35,9 @@ typedef struct kvs__span {
  * region's layers; else two, its K layers then its V layers, at their
  * global layer slots (prefill PP into a decode of PP 1); one with one
  * plane per layer (MLA: its layers' slots are one range). *n gets 1 or 2.
- * The layout's KVS_ERANGE for an index out of range. */
+ * The layout's KVS_ERANGE for an index out of range. A hybrid layout's
+ * blocks depend on the chunk's place: only tokens grid_tokens is answered,
+ * with the largest block (kvs__part_spans gives each chunk's). */
 int kvs__writer_spans(const kvs_layout_t *lay, int64_t decode_tp, int64_t decode_stage,
                       int64_t writer, int64_t prefill_stage, int64_t tokens,
                       kvs__span_t out[2], int *n);
@@ -45,9 +47,12 @@ int kvs__writer_spans(const kvs_layout_t *lay, int64_t decode_tp, int64_t decode
  * writes its block of a region of the part's tokens, placed at the part's
  * offset in the chunk's region. Its staging block holds the part's tokens
  * only (local offsets from 0); with CP 1 the one part is the chunk and the
- * spans are kvs__writer_spans'. Errors as kvs__writer_spans. */
+ * spans are kvs__writer_spans'. A hybrid layout's block depends on the
+ * chunk's place in the request of `total` tokens (kvs_layout_hybrid_writer:
+ * one span, the whole block; KVS_ENOTSUP for a prefill stage that does not
+ * hold the decode stage's layers). Errors as kvs__writer_spans. */
 int kvs__part_spans(const kvs_layout_t *lay, int64_t decode_tp, int64_t decode_stage,
-                    int64_t writer, int64_t prefill_stage, const kvs_cp_part_t *part,
-                    kvs__span_t out[2], int *n);
+                    int64_t writer, int64_t prefill_stage, int64_t total,
+                    const kvs_cp_part_t *part, kvs__span_t out[2], int *n);
 
 #endif

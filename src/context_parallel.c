@@ -22,6 +22,7 @@
  * writer's block of its part.
  */
 #include "arith.h"
+#include "hybrid.h"
 
 #include <kvstage/kvstage.h>
 
@@ -71,8 +72,20 @@ int kvs_layout_cp_part(const kvs_layout_t *lay, int64_t decode_rank, int64_t dec
         return KVS_EINVAL;
     int64_t per_token = 0, cs = 0, ce = 0;
     if (!kvs__cp_chunk_ok(lay, total_tokens, chunk) || cp_rank < 0 ||
-        cp_rank >= lay->prefill_cp ||
-        kvs_layout_region_bytes(lay, decode_rank, decode_stage, 1, &per_token) != KVS_OK)
+        cp_rank >= lay->prefill_cp)
+        return KVS_ERANGE;
+    if (kvs__hybrid(lay)) { /* never with CP (kvs__hybrid_init): the chunk, whole */
+        kvs_hybrid_writer_t last;
+        if (kvs_layout_hybrid_writer(lay, decode_rank, decode_stage, lay->tp_writers - 1,
+                                     total_tokens, chunk, &last) != KVS_OK)
+            return KVS_ERANGE;
+        *out = (kvs_cp_part_t){.cp_rank = 0, .token_start = chunk->token_start,
+                               .token_end = chunk->token_end,
+                               .local_token_start = chunk->token_start,
+                               .len_bytes = last.w.offset_bytes + last.w.len_bytes};
+        return KVS_OK;
+    }
+    if (kvs_layout_region_bytes(lay, decode_rank, decode_stage, 1, &per_token) != KVS_OK)
         return KVS_ERANGE;
     (void)kvs_layout_cp_range(lay, total_tokens, cp_rank, &cs, &ce);
     const int64_t ts = chunk->token_start, te = chunk->token_end;

@@ -48,6 +48,8 @@
 #include "error.h"
 #include "fifo.h"
 #include "handler.h"
+#include "hybrid.h"
+#include "hybrid_copy.h"
 #include "log.h"
 #include "region_keys.h"
 
@@ -831,7 +833,8 @@ static int kvs__allocate(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
         rc = kvs_layout_cp_part(&inst->lay, d->h.m->cfg.tp_rank, inst->decode_stage, r->total,
                                 &ch, p->cp_rank, &part);
         if (rc == KVS_OK)
-            rc = kvs__wkeys_grant(&d->keys, &d->h, p, c->alloc.offset, &part, &c->keys[i]);
+            rc = kvs__wkeys_grant(&d->keys, &d->h, p, c->alloc.offset, r->total, &part,
+                                  &c->keys[i]);
         else
             KVS__MFAIL(d->h.m, rc, "chunk %lld has no part of prefill CP rank %lld",
                        (long long)chunk, (long long)p->cp_rank);
@@ -896,6 +899,42 @@ static void kvs__on_staging_req(kvs_decode_t *d, kvs__peer_t *p, const kvs_msg_s
     }
 }
 
+/* A hybrid layout's scatter of chunk `chunk` (never with CP): every
+ * writer's block of its region (hybrid_copy.h), the window rows into the
+ * chunk's pages and the state into the room's state slot. */
+static int kvs__scatter_hybrid(kvs_decode_t *d, const kvs__droom_t *r, int64_t chunk)
+{
+    const kvs_manager_t *m = d->h.m;
+    const kvs__inst_t *inst = r->base.inst;
+    const kvs_layout_t *lay = &inst->lay;
+    const kvs__dchunk_t *c = &r->chunks[chunk];
+    const kvs__hyb_copy_t hc = {
+        .role = KVS_ROLE_DECODE, .lay = lay, .stage = inst->decode_stage, .total = r->total,
+        .chunk = kvs__dchunk_of(c, chunk), .pages = r->pages + c->page_start,
+        .state_slot = r->base.has_state_slot ? r->base.state_slot : -1};
+    int rc = KVS_OK;
+    /* in groups of 64 blocks: a later group's copies run after an earlier
+     * one's on the stream, so of writers replicating a head the last still
+     * lands last */
+    kvs__hyb_block_t blocks[64];
+    for (int64_t i0 = 0; i0 < lay->tp_writers && rc == KVS_OK; i0 += 64) {
+        const int64_t n = kvs__min_i64(64, lay->tp_writers - i0);
+        for (int64_t k = 0; k < n; k++) {
+            kvs_hybrid_writer_t hw;
+            rc = kvs_layout_hybrid_writer(lay, m->cfg.tp_rank, inst->decode_stage, i0 + k,
+                                          r->total, &hc.chunk, &hw);
+            if (rc != KVS_OK)
+                return rc;
+            blocks[k] = (kvs__hyb_block_t){m->cfg.tp_rank, i0 + k,
+                                           d->ring_addr + c->alloc.offset +
+                                               (uint64_t)hw.w.offset_bytes};
+        }
+        rc = kvs__hybrid_copy(d->h.dev, d->h.stream, m, &hc, blocks, n, d->parts,
+                              KVS_COPY_PARTS_MAX);
+    }
+    return rc;
+}
+
 static void kvs__scatter(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
 {
     kvs_manager_t *m = d->h.m;
@@ -913,9 +952,10 @@ static void kvs__scatter(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
      * same bytes: the later one's block replaces the earlier's part, so the
      * last is scattered, as when each writer's block was scattered in
      * turn. */
-    int rc = KVS_OK;
-    for (int64_t cp = c->first_cp; cp < c->first_cp + c->ncp && rc == KVS_OK && c->tokens > 0;
-         cp++) {
+    const bool hybrid = kvs__hybrid(lay);
+    int rc = hybrid ? kvs__scatter_hybrid(d, r, chunk) : KVS_OK;
+    for (int64_t cp = c->first_cp;
+         cp < c->first_cp + c->ncp && rc == KVS_OK && c->tokens > 0 && !hybrid; cp++) {
         kvs_cp_part_t at;
         rc = kvs_layout_cp_part(lay, m->cfg.tp_rank, inst->decode_stage, r->total, &ch, cp, &at);
         if (rc != KVS_OK)

@@ -18,6 +18,7 @@
 #include "arith.h"
 #include "chunk.h"
 #include "error.h"
+#include "hybrid.h"
 
 #include <kvstage/kvstage.h>
 
@@ -80,14 +81,59 @@ int kvs__chunk_plan(const kvs_layout_t *lay, int64_t decode_tp, int64_t decode_s
     out->token_end = ch.token_end;
     out->page_start = ch.page_start;
     out->num_pages = ch.num_pages;
+    if (kvs__hybrid(lay)) { /* writer blocks of the chunk's place in the request */
+        kvs_hybrid_writer_t last;
+        rc = kvs_layout_hybrid_writer(lay, decode_tp, decode_stage, lay->tp_writers - 1, total,
+                                      &ch, &last);
+        out->region_bytes = last.w.offset_bytes + last.w.len_bytes;
+        return rc;
+    }
     return kvs_layout_region_bytes(lay, decode_tp, decode_stage, out->tokens,
                                    &out->region_bytes);
+}
+
+/* Hybrid: a prefill stage writes its whole writer block, one span (the
+ * stage holds the decode stage's layers: the manager refuses other PP
+ * pairs); for a chunk of tokens (grid_tokens: the largest block, sized
+ * for the largest region, kvs__hybrid_max_region_bytes). */
+static int kvs__hybrid_span(const kvs_layout_t *lay, int64_t decode_tp, int64_t decode_stage,
+                            int64_t writer, int64_t prefill_stage, int64_t total,
+                            const kvs_cp_part_t *part, kvs__span_t out[2], int *n)
+{
+    int64_t first = 0, count = 0, dfirst = 0, dcount = 0;
+    int rc = kvs_layout_stage_layers(lay, KVS_ROLE_PREFILL, prefill_stage, &first, &count);
+    if (rc == KVS_OK)
+        rc = kvs_layout_stage_layers(lay, KVS_ROLE_DECODE, decode_stage, &dfirst, &dcount);
+    if (rc != KVS_OK)
+        return rc;
+    if (first > dfirst || first + count < dfirst + dcount)
+        return KVS_ENOTSUP;
+    if (part == NULL) {
+        const int64_t most = kvs__hybrid_max_region_bytes(lay) / lay->tp_writers;
+        out[0] = (kvs__span_t){0, (uint64_t)(writer * most), (uint64_t)most};
+        *n = 1;
+        return KVS_OK;
+    }
+    const kvs_chunk_t ch = {.token_start = part->token_start, .token_end = part->token_end};
+    kvs_hybrid_writer_t hw;
+    rc = kvs_layout_hybrid_writer(lay, decode_tp, decode_stage, writer, total, &ch, &hw);
+    if (rc != KVS_OK)
+        return rc;
+    out[0] = (kvs__span_t){0, (uint64_t)(part->offset_bytes + hw.w.offset_bytes),
+                           (uint64_t)hw.w.len_bytes};
+    *n = 1;
+    return KVS_OK;
 }
 
 int kvs__writer_spans(const kvs_layout_t *lay, int64_t decode_tp, int64_t decode_stage,
                       int64_t writer, int64_t prefill_stage, int64_t tokens,
                       kvs__span_t out[2], int *n)
 {
+    if (kvs__hybrid(lay))
+        return tokens == lay->grid_tokens
+                   ? kvs__hybrid_span(lay, decode_tp, decode_stage, writer, prefill_stage, 0,
+                                      NULL, out, n)
+                   : KVS_ENOTSUP; /* a block's size depends on its place: part_spans */
     kvs_writer_t w;
     int64_t first = 0, count = 0, dfirst = 0, dcount = 0;
     int rc = kvs_layout_writer(lay, decode_tp, decode_stage, writer, tokens, &w);
@@ -117,11 +163,14 @@ int kvs__writer_spans(const kvs_layout_t *lay, int64_t decode_tp, int64_t decode
 }
 
 int kvs__part_spans(const kvs_layout_t *lay, int64_t decode_tp, int64_t decode_stage,
-                    int64_t writer, int64_t prefill_stage, const kvs_cp_part_t *part,
-                    kvs__span_t out[2], int *n)
+                    int64_t writer, int64_t prefill_stage, int64_t total,
+                    const kvs_cp_part_t *part, kvs__span_t out[2], int *n)
 {
     if (part->offset_bytes < 0 || part->token_end < part->token_start)
         return KVS_ERANGE;
+    if (kvs__hybrid(lay))
+        return kvs__hybrid_span(lay, decode_tp, decode_stage, writer, prefill_stage, total,
+                                part, out, n);
     int rc = kvs__writer_spans(lay, decode_tp, decode_stage, writer, prefill_stage,
                                part->token_end - part->token_start, out, n);
     if (rc != KVS_OK)

@@ -261,6 +261,27 @@ void kvs__room_end(kvs__handler_t *h, kvs__room_t *r, int64_t chunks)
     h->role->room_free(h, r, false);
 }
 
+int kvs__room_set_state_slot(kvs__handler_t *h, uint64_t id, int64_t slot)
+{
+    kvs_manager_t *m = h->m;
+    kvs__room_t *r = kvs__room_get(h, id);
+    if (m->state_base == NULL)
+        return KVS__MFAIL(m, KVS_EINVAL, "room %llu: a state slot on a manager without state "
+                          "layers: set config.full_attn_every and other_layers state, or "
+                          "give none", (unsigned long long)id);
+    if (r == NULL)
+        return KVS__MFAIL(m, KVS_ENOENT, "room %llu is not open on this rank",
+                          (unsigned long long)id);
+    if (slot < 0 || slot >= m->kv.state_slots)
+        return KVS__MFAIL(m, KVS_ERANGE, "room %llu: state slot %lld outside the %lld slots "
+                          "of the state buffers (kv buffers' state_slots)",
+                          (unsigned long long)id, (long long)slot,
+                          (long long)m->kv.state_slots);
+    r->state_slot = slot;
+    r->has_state_slot = true;
+    return KVS_OK;
+}
+
 void kvs__room_drop(kvs__handler_t *h, kvs__room_t *r)
 {
     kvs__room_unlink(h, r);
@@ -662,6 +683,11 @@ int kvs__handler_room_abort(kvs__handler_t *h, uint64_t room)
     int kvs_##role##_room_abort(kvs_##role##_t *x, uint64_t room)                         \
     {                                                                                     \
         return x != NULL ? kvs__handler_room_abort((kvs__handler_t *)x, room) : KVS_EINVAL; \
+    }                                                                                     \
+    int kvs_##role##_room_set_state_slot(kvs_##role##_t *x, uint64_t room, int64_t slot)  \
+    {                                                                                     \
+        return x != NULL ? kvs__room_set_state_slot((kvs__handler_t *)x, room, slot)      \
+                         : KVS_EINVAL;                                                    \
     }
 
 KVS__HANDLER_CALLS(decode)

@@ -51,6 +51,10 @@ typedef struct kvs__room {
     uint32_t aux_bytes, aux_got;
     char reason[KVS_REASON_BYTES]; /* why it failed, set with status */
     struct kvs__room *prev, *next; /* open order */
+    /* Hybrid models with state layers: the request's slot in the state
+     * buffers, once given (kvs_*_room_set_state_slot). */
+    bool has_state_slot;
+    int64_t state_slot;
 } kvs__room_t;
 
 /* The role part of a handler. */
@@ -153,6 +157,9 @@ void kvs__room_fail_told(kvs__handler_t *h, kvs__room_t *r, int status, const kv
 /* Ends r: its result (chunks, writes) goes to the caller, the stats count
  * it, and it is removed and freed. */
 void kvs__room_end(kvs__handler_t *h, kvs__room_t *r, int64_t chunks);
+/* kvs_decode_room_set_state_slot / kvs_prefill_room_set_state_slot: the
+ * slot of room `id` in the state buffers; errors in h->m's error. */
+int kvs__room_set_state_slot(kvs__handler_t *h, uint64_t id, int64_t slot);
 /* Removes and frees r without a result (nobody asked for it). */
 void kvs__room_drop(kvs__handler_t *h, kvs__room_t *r);
 /* A result for a room that never opened (refused at open), counted for

@@ -109,6 +109,13 @@ static int kvs__check_layer(kvs_manager_t *m, const kvs_kv_layer_t *l, int64_t i
 int kvs_manager_set_kv_layers(kvs_manager_t *m, const kvs_kv_layer_t *layers,
                               int64_t num_layers, int64_t local_heads)
 {
+    return kvs__manager_set_kv_layers(m, layers, num_layers, local_heads, NULL, 0);
+}
+
+int kvs__manager_set_kv_layers(kvs_manager_t *m, const kvs_kv_layer_t *layers,
+                               int64_t num_layers, int64_t local_heads,
+                               const uint64_t *state_base, int64_t state_slots)
+{
     if (m == NULL)
         return KVS_EINVAL;
     if (layers == NULL || num_layers != m->cfg.layers)
@@ -144,7 +151,8 @@ int kvs_manager_set_kv_layers(kvs_manager_t *m, const kvs_kv_layer_t *layers,
                                      .local_heads = local_heads, .page_size = ps,
                                      .num_pages = tokens / ps,
                                      .ks_base = scales ? ks : NULL,
-                                     .vs_base = scales && !one_plane ? vs : NULL};
+                                     .vs_base = scales && !one_plane ? vs : NULL,
+                                     .state_base = state_base, .state_slots = state_slots};
         rc = kvs_manager_set_kv_buffers(m, &kv); /* copies the arrays */
     } else {
         KVS__MFAIL(m, rc, "copying %lld layer addresses failed", (long long)num_layers);

@@ -11,6 +11,8 @@
  */
 #include "manager.h"
 
+#include "hybrid.h"
+
 #include "error.h"
 #include "log.h"
 
@@ -319,6 +321,7 @@ int kvs_manager_destroy(kvs_manager_t *m)
     free(m->v_base);
     free(m->ks_base);
     free(m->vs_base);
+    free(m->state_base);
     free(m->staging_addr);
     free(m->staging_mr);
     free(m->staging_rkey);
@@ -344,8 +347,27 @@ static int64_t kvs__local_heads(const kvs_manager_t *m)
     return 0;
 }
 
+/* The most state bytes one writer block of this prefill rank carries (a
+ * hybrid model's last chunk, docs/kinds/hybrid.md): a state part per layer
+ * of its stage at most, each of its local state heads at most (a writer
+ * copies a slice of them). 0 without state layers; -1 on overflow. */
+static int64_t kvs__prefill_state_bytes(const kvs_manager_config_t *c)
+{
+    if (c->full_attn_every <= 1 || c->other_layers != KVS_LAYER_STATE ||
+        c->state_heads < 0 || c->state_conv_bytes < 0 || c->state_ssm_bytes < 0)
+        return 0; /* none, or a pattern the pairing refuses by name */
+    const int64_t heads = c->state_heads >= c->tp_size ? c->state_heads / c->tp_size : 1;
+    int64_t bytes = 0;
+    if (__builtin_add_overflow(c->state_conv_bytes, c->state_ssm_bytes, &bytes) ||
+        __builtin_mul_overflow(bytes, heads, &bytes) ||
+        __builtin_mul_overflow(bytes, c->layers, &bytes))
+        return -1;
+    return bytes;
+}
+
 /* Bytes of one prefill staging buffer: F * ps * (one token across all of
- * this rank's layers, each plane: K and V, or MLA's latent). 0 on overflow. */
+ * this rank's layers, each plane: K and V, or MLA's latent), and a hybrid
+ * model's state part. 0 on overflow. */
 static uint64_t kvs__prefill_buffer_bytes(const kvs_manager_t *m, int64_t heads)
 {
     const kvs_manager_config_t *c = &m->cfg;
@@ -360,6 +382,9 @@ static uint64_t kvs__prefill_buffer_bytes(const kvs_manager_t *m, int64_t heads)
     for (size_t i = 0; i < sizeof factors / sizeof factors[0]; i++)
         if (__builtin_mul_overflow(bytes, factors[i], &bytes))
             return 0;
+    const int64_t state = kvs__prefill_state_bytes(c);
+    if (state < 0 || __builtin_add_overflow(bytes, state, &bytes))
+        return 0;
     return (uint64_t)bytes;
 }
 
@@ -485,6 +510,16 @@ int kvs_manager_set_kv_buffers(kvs_manager_t *m, const kvs_kv_buffers_t *kv)
         return KVS__MFAIL(m, KVS_EINVAL, "kv buffers: kv_scales %s needs the scale buffers "
                           "of every layer: pass ks_base%s", kvs_kv_scales_name(m->cfg.kv_scales),
                           one_plane ? "" : " and vs_base");
+    const bool state = m->cfg.full_attn_every > 1 && m->cfg.other_layers == KVS_LAYER_STATE;
+    if (state && (kv->state_base == NULL || kv->state_slots <= 0))
+        return KVS__MFAIL(m, KVS_EINVAL, "kv buffers: the layer pattern has state layers "
+                          "(other_layers state): pass state_base, a state buffer per layer, "
+                          "and state_slots > 0 (got %lld) with kvs_manager_set_kv_buffers",
+                          (long long)kv->state_slots);
+    if (!state && (kv->state_base != NULL || kv->state_slots != 0))
+        return KVS__MFAIL(m, KVS_EINVAL, "kv buffers: state_base / state_slots given, but the "
+                          "layer pattern has no state layers: set config.full_attn_every "
+                          "and other_layers state (--state-heads), or pass NULL and 0");
     if (!scales && (kv->ks_base != NULL || kv->vs_base != NULL))
         return KVS__MFAIL(m, KVS_EINVAL, "kv buffers: ks_base / vs_base given, but kv_scales "
                           "is none: set config.kv_scales (--kv-scales) or pass them NULL");
@@ -514,12 +549,14 @@ int kvs_manager_set_kv_buffers(kvs_manager_t *m, const kvs_kv_buffers_t *kv)
     uint64_t *k = malloc(n * sizeof *k), *v = one_plane ? NULL : malloc(n * sizeof *v);
     uint64_t *ks = scales ? malloc(n * sizeof *ks) : NULL;
     uint64_t *vs = scales && !one_plane ? malloc(n * sizeof *vs) : NULL;
+    uint64_t *st = state ? malloc(n * sizeof *st) : NULL;
     if (k == NULL || (v == NULL && !one_plane) || (scales && ks == NULL) ||
-        (scales && !one_plane && vs == NULL)) {
+        (scales && !one_plane && vs == NULL) || (state && st == NULL)) {
         free(k);
         free(v);
         free(ks);
         free(vs);
+        free(st);
         return KVS__MFAIL(m, KVS_ENOMEM, "copying %zu layer addresses failed", n);
     }
     memcpy(k, kv->k_base, n * sizeof *k);
@@ -529,6 +566,8 @@ int kvs_manager_set_kv_buffers(kvs_manager_t *m, const kvs_kv_buffers_t *kv)
         memcpy(ks, kv->ks_base, n * sizeof *ks);
     if (vs != NULL)
         memcpy(vs, kv->vs_base, n * sizeof *vs);
+    if (st != NULL)
+        memcpy(st, kv->state_base, n * sizeof *st);
     m->k_base = k;
     m->v_base = v;
     m->ks_base = ks;
@@ -538,6 +577,8 @@ int kvs_manager_set_kv_buffers(kvs_manager_t *m, const kvs_kv_buffers_t *kv)
     m->kv.v_base = v;
     m->kv.ks_base = ks;
     m->kv.vs_base = vs;
+    m->state_base = st;
+    m->kv.state_base = st;
     m->kv_published = true;
     return KVS_OK;
 }
@@ -623,6 +664,12 @@ kvs_layout_params_t kvs__manager_layout_params(const kvs_manager_t *m, int64_t p
         .kv_scales = c->kv_scales,
         .scale_block = c->scale_block,
         .prefill_cp = decode ? (peer_cp > 0 ? peer_cp : 1) : c->context_parallel,
+        .full_attn_every = c->full_attn_every,
+        .other_layers = c->other_layers,
+        .window_tokens = c->window_tokens,
+        .state_heads = c->state_heads,
+        .state_conv_bytes = c->state_conv_bytes,
+        .state_ssm_bytes = c->state_ssm_bytes,
     };
     return p;
 }
@@ -647,8 +694,10 @@ int kvs__manager_pair(kvs_manager_t *m, int64_t peer_tp, int64_t peer_pp, int64_
                           (long long)lay->total_heads, (long long)m->cfg.tp_size,
                           (long long)heads);
     kvs_path_t want = m->cfg.path;
+    const bool hybrid = kvs__hybrid(lay);
     if (want == KVS_PATH_AUTO)
-        want = lay->prefill_tp == lay->decode_tp ? KVS_PATH_DIRECT
+        want = lay->prefill_tp == lay->decode_tp && !(hybrid && m->cfg.staging)
+                   ? KVS_PATH_DIRECT
                : m->cfg.staging                  ? KVS_PATH_STAGING
                                                  : KVS_PATH_SLICE;
     if (want == KVS_PATH_STAGING && !m->cfg.staging)
@@ -661,6 +710,20 @@ int kvs__manager_pair(kvs_manager_t *m, int64_t peer_tp, int64_t peer_pp, int64_
     if (want != KVS_PATH_STAGING && want != KVS_PATH_DIRECT && want != KVS_PATH_SLICE)
         return KVS__MFAIL(m, KVS_EINVAL, "path %d unknown: use auto, staging, direct or "
                           "slice", (int)want);
+    /* Hybrid layers move by the staging copies alone (a writer block of
+     * slots and a state part, docs/kinds/hybrid.md). */
+    if (hybrid && want != KVS_PATH_STAGING)
+        return KVS__MFAIL(m, KVS_ENOTSUP, "the %s path does not move hybrid layers "
+                          "(full_attn_every %lld: window or state layers): use the staging "
+                          "path (config.staging on, path staging or auto)",
+                          want == KVS_PATH_DIRECT ? "direct" : "slice",
+                          (long long)lay->full_attn_every);
+    if (hybrid && lay->prefill_pp > 1 && lay->prefill_pp != lay->decode_pp)
+        return KVS__MFAIL(m, KVS_ENOTSUP, "hybrid layers (full_attn_every %lld) move with "
+                          "prefill PP 1 or equal to the decode's (got prefill PP %lld, decode "
+                          "PP %lld): a prefill stage writes a whole writer block",
+                          (long long)lay->full_attn_every, (long long)lay->prefill_pp,
+                          (long long)lay->decode_pp);
     if (want == KVS_PATH_STAGING && lay->prefill_pp > 1 &&
         !kvs__net_has(m->fab, KVS_FABRIC_CAP_PER_LAYER_WRITES))
         return KVS__MFAIL(m, KVS_EPP_WRITES, "prefill PP %lld needs per-layer writes "

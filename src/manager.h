@@ -41,6 +41,7 @@ struct kvs_manager {
     kvs_kv_buffers_t kv;
     uint64_t *k_base, *v_base;  /* v_base NULL with one plane per layer (MLA) */
     uint64_t *ks_base, *vs_base; /* scale buffers (kv_scales), else NULL */
+    uint64_t *state_base;       /* state buffers (state layers), else NULL */
     int64_t scale_bytes;        /* one head's scales in a token row, 0: none */
 
     kvs_layout_t layout;       /* valid once a handler exists */
@@ -48,6 +49,12 @@ struct kvs_manager {
     void *handler;             /* the live decode or prefill handler, if any */
     kvs__secret_t secret;      /* the cluster secret (len 0: open); wiped at destroy */
 };
+
+/* kvs_manager_set_kv_layers with state buffers (kvs_kv_buffers_t's
+ * state_base and state_slots; NULL and 0 without state layers). */
+int kvs__manager_set_kv_layers(kvs_manager_t *m, const kvs_kv_layer_t *layers,
+                               int64_t num_layers, int64_t local_heads,
+                               const uint64_t *state_base, int64_t state_slots);
 
 /* The layout params of the pair of this rank with a peer instance of TP
  * peer_tp and PP peer_pp. The prefill's CP size: on a decode the peer

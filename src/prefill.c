@@ -773,9 +773,10 @@ static int kvs__role_init(kvs__handler_t *h)
     p->fuse_flows = calloc((size_t)p->fuse_cap, sizeof *p->fuse_flows);
     p->fuse_workers = calloc((size_t)p->fuse_cap, sizeof *p->fuse_workers);
     p->fuse_parts = calloc((size_t)p->fuse_cap, sizeof *p->fuse_parts);
+    p->fuse_blocks = calloc((size_t)p->fuse_cap, sizeof *p->fuse_blocks);
     p->gone = calloc(m->cfg.max_rooms, sizeof *p->gone);
     if (p->gone == NULL || p->worker_busy == NULL || p->ops == NULL || p->fuse_flows == NULL ||
-        p->fuse_workers == NULL || p->fuse_parts == NULL ||
+        p->fuse_workers == NULL || p->fuse_parts == NULL || p->fuse_blocks == NULL ||
         kvs__fifo_init(&p->gathers, slots) != KVS_OK)
         return KVS__MFAIL(m, KVS_ENOMEM, "allocating the prefill handler's tables failed");
     /* The default decode instance, when the config gives its geometry. */
@@ -794,6 +795,7 @@ static void kvs__role_fini(kvs__handler_t *h)
     free(p->fuse_flows);
     free(p->fuse_workers);
     free(p->fuse_parts);
+    free(p->fuse_blocks);
 }
 
 static const kvs__role_t kvs__prefill_role = {

@@ -16,6 +16,7 @@
 
 #include "fifo.h"
 #include "handler.h"
+#include "hybrid_copy.h"
 
 enum { KVS__PCH_NONE, KVS__PCH_REQ, KVS__PCH_ALLOC, KVS__PCH_GATHER, KVS__PCH_WRITE,
        KVS__PCH_DONE };
@@ -100,6 +101,7 @@ struct kvs_prefill {
     int64_t *fuse_flows;
     int32_t *fuse_workers;
     kvs_copy_part_t *fuse_parts;
+    kvs__hyb_block_t *fuse_blocks; /* a hybrid layout's: each flow's writer block */
     int64_t fuse_cap;
     bool gather_blocked;         /* this progress pass: a gather waits for
                                     buffers or write slots, so later chunks

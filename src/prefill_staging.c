@@ -22,6 +22,8 @@
 
 #include "arith.h"
 #include "chunk.h"
+#include "hybrid.h"
+#include "hybrid_copy.h"
 
 #include <assert.h>
 #include <stdlib.h>
@@ -144,7 +146,7 @@ static int kvs__write_chunk(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int64_
     kvs__span_t span[2];
     int n = 0;
     int rc = kvs__part_spans(&inst->lay, peer->tp_rank, inst->decode_stage, t->writer,
-                             p->h.pp_rank, &c->part, span, &n);
+                             p->h.pp_rank, r->flows[f].total, &c->part, span, &n);
     if (rc != KVS_OK)
         return rc;
     assert(n == t->writes);
@@ -232,6 +234,49 @@ static bool kvs__can_join(const kvs__proom_t *r, int64_t g, int64_t i, const kvs
     return true;
 }
 
+/* The fused gather of chunk c (of the flows whose parts are fuse_parts[0,
+ * n)): every layer of this rank's stage, one slot each. */
+static int kvs__gather_parts(kvs_prefill_t *p, const kvs__proom_t *r, const kvs__pchunk_t *c,
+                             int64_t n)
+{
+    const kvs_manager_t *m = p->h.m;
+    const kvs_layout_t *lay = &r->base.inst->lay;
+    const int64_t ps = lay->page_size;
+    const int64_t rows = c->part.token_end - c->part.token_start;
+    const kvs_copy_desc_t desc = {
+        .k_base = m->k_base, .v_base = m->v_base, .local_heads = m->kv.local_heads,
+        .head_dim = lay->head_dim, .elem_bytes = lay->elem_bytes, .page_size = ps,
+        .pages = r->pages + c->part.token_start / ps, .num_pages = kvs__ceil_div(rows, ps),
+        .tokens = rows, .layer_begin = 0, .layer_count = m->cfg.layers,
+        .staging_slot_begin = 0, .staging_layer_slots = m->cfg.layers,
+        .planes = lay->planes, .ks_base = m->ks_base, .vs_base = m->vs_base,
+        .scale_bytes = lay->scale_bytes};
+    return kvs__dev_gather_parts(p->h.dev, p->h.stream, &desc, p->fuse_parts, n);
+}
+
+/* The same for a hybrid layout: each flow's writer block of chunk i
+ * (hybrid_copy.h), the flows fuse_flows[0, n) into their buffers. */
+static int kvs__gather_hybrid(kvs_prefill_t *p, const kvs__proom_t *r, int64_t f, int64_t i,
+                              int64_t n)
+{
+    const kvs_manager_t *m = p->h.m;
+    const kvs__inst_t *inst = r->base.inst;
+    const kvs__pchunk_t *c = &r->flows[f].chunks[i];
+    for (int64_t k = 0; k < n; k++) {
+        const kvs__peer_t *peer = kvs__flow_peer(r, p->fuse_flows[k]);
+        p->fuse_blocks[k] = (kvs__hyb_block_t){peer->tp_rank, kvs__cp_writer(p, peer),
+                                               m->staging_addr[p->fuse_workers[k]]};
+    }
+    const kvs__hyb_copy_t hc = {
+        .role = KVS_ROLE_PREFILL, .lay = &inst->lay, .stage = inst->decode_stage,
+        .total = r->flows[f].total,
+        .chunk = {.index = i, .token_start = c->part.token_start,
+                  .token_end = c->part.token_end},
+        .pages = r->pages, .state_slot = r->base.has_state_slot ? r->base.state_slot : -1};
+    return kvs__hybrid_copy(p->h.dev, p->h.stream, m, &hc, p->fuse_blocks, n, p->fuse_parts,
+                            p->fuse_cap);
+}
+
 /* Gathers chunk i of flow f, and of every other flow of the room that can
  * join it now, in one fused copy (each token row of the KV pool read once
  * for all the decode ranks it feeds), one staging buffer per flow. It waits
@@ -283,17 +328,8 @@ static bool kvs__gather_chunk(kvs_prefill_t *p, kvs__proom_t *r, int64_t f, int6
     /* This CP rank's rows of the chunk (all of it with CP 1): its page list
      * is indexed by the request's token, and its range starts a page
      * (kvs_layout_cp_range), so the part's first row starts one. */
-    const int64_t ps = inst->lay.page_size;
-    const int64_t rows = c->part.token_end - c->part.token_start;
-    const kvs_copy_desc_t desc = {
-        .k_base = m->k_base, .v_base = m->v_base, .local_heads = m->kv.local_heads,
-        .head_dim = inst->lay.head_dim, .elem_bytes = inst->lay.elem_bytes, .page_size = ps,
-        .pages = r->pages + c->part.token_start / ps, .num_pages = kvs__ceil_div(rows, ps),
-        .tokens = rows, .layer_begin = 0, .layer_count = m->cfg.layers,
-        .staging_slot_begin = 0, .staging_layer_slots = m->cfg.layers,
-        .planes = inst->lay.planes, .ks_base = m->ks_base, .vs_base = m->vs_base,
-        .scale_bytes = inst->lay.scale_bytes};
-    const int copy_rc = kvs__dev_gather_parts(p->h.dev, p->h.stream, &desc, p->fuse_parts, n);
+    const int copy_rc = kvs__hybrid(&inst->lay) ? kvs__gather_hybrid(p, r, f, i, n)
+                                                : kvs__gather_parts(p, r, c, n);
     /* One event per chunk, each complete when the fused copy is. Recorded
      * after a refused copy too: one refused part-way may have left its first
      * parts enqueued (the core's default copy runs one op per part), and
@@ -357,7 +393,8 @@ void kvs__staging_advance(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
             continue;
         if (c->part.token_end > r->computed && !r->final)
             break; /* later chunks are not computed either */
-        if (c->tokens == 0) { /* metadata-only: nothing to move */
+        if (c->region_bytes == 0) { /* metadata-only (or a hybrid chunk with no
+                                       bytes for this stage): nothing to move */
             kvs__chunk_ready(p, r, f, i);
             continue;
         }

@@ -89,8 +89,9 @@ int kvs_rank_create(const kvs_rank_config_t *cfg, kvs_device_t *dev, kvs_fabric_
     }
     if (rc == KVS_OK) {
         step = "set_kv_layers";
-        rc = kvs_manager_set_kv_layers(r->m, cfg->layers, cfg->manager.layers,
-                                       kvs__rank_heads(cfg));
+        rc = kvs__manager_set_kv_layers(r->m, cfg->layers, cfg->manager.layers,
+                                        kvs__rank_heads(cfg), cfg->state_base,
+                                        cfg->state_slots);
     }
     r->owns_manager = true;
     if (rc == KVS_OK) {
@@ -205,6 +206,12 @@ int kvs_rank_open_room(kvs_rank_t *r, const kvs_room_desc_t *room)
         return KVS__FAIL(&r->m->err, KVS_EINVAL, "room %llu: a decode rank gives no aux "
                          "payload (it arrives with the room's result): leave aux NULL",
                          (unsigned long long)room->room);
+    const bool state = r->m->state_base != NULL;
+    if (state && (room->state_slot < 0 || room->state_slot >= r->m->kv.state_slots))
+        return KVS__FAIL(&r->m->err, KVS_ERANGE, "room %llu: state slot %lld outside the "
+                         "%lld slots of the state buffers (state_slots)",
+                         (unsigned long long)room->room, (long long)room->state_slot,
+                         (long long)r->m->kv.state_slots);
     kvs__rank_lock(r);
     /* Checked before the room opens, so a refused payload opens nothing. */
     int rc = KVS_OK;
@@ -217,6 +224,10 @@ int kvs_rank_open_room(kvs_rank_t *r, const kvs_room_desc_t *room)
                             : kvs_prefill_room_open_peer(r->pre, room->room, room->peer,
                                                          room->total_tokens, room->pages,
                                                          room->num_pages);
+    if (rc == KVS_OK && state) /* in range: checked above */
+        rc = r->dec != NULL ? kvs_decode_room_set_state_slot(r->dec, room->room, room->state_slot)
+                            : kvs_prefill_room_set_state_slot(r->pre, room->room,
+                                                              room->state_slot);
     if (rc == KVS_OK && r->pre != NULL && room->aux_bytes > 0) {
         rc = kvs_prefill_room_set_aux(r->pre, room->room, room->aux, room->aux_bytes);
         if (rc != KVS_OK) { /* no memory for it: the room goes too */

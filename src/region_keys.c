@@ -33,7 +33,8 @@ void kvs__ring_keys_init(kvs__ring_keys_t *rk, kvs__handler_t *h)
 }
 
 int kvs__wkeys_grant(kvs__ring_keys_t *rk, kvs__handler_t *h, const kvs__peer_t *peer,
-                     uint64_t offset, const kvs_cp_part_t *part, kvs__wkeys_t *k)
+                     uint64_t offset, int64_t total, const kvs_cp_part_t *part,
+                     kvs__wkeys_t *k)
 {
     kvs_manager_t *m = h->m;
     const kvs__inst_t *inst = peer->inst;
@@ -42,7 +43,7 @@ int kvs__wkeys_grant(kvs__ring_keys_t *rk, kvs__handler_t *h, const kvs__peer_t 
     /* peer (c * tp_sources + j) * stages + s is TP writer j (instance.h) */
     int rc = kvs__part_spans(&inst->lay, m->cfg.tp_rank, inst->decode_stage,
                              (peer->index / inst->stages) % inst->lay.tp_sources, peer->pp_rank,
-                             part, span, &n);
+                             total, part, span, &n);
     if (rc != KVS_OK)
         return KVS__MFAIL(m, rc, "the bytes of writer %lld in a region part of %lld tokens "
                           "are not on the layout", (long long)peer->index,

@@ -44,12 +44,14 @@ void kvs__ring_keys_init(kvs__ring_keys_t *rk, kvs__handler_t *h);
 /* Grants writer `peer` of inst (connected) its bytes of the region at
  * ring offset `offset` into *k (zeroed by the caller): its TP writer's
  * block of `part`, the CP part of the chunk its CP rank writes (with CP 1
- * the whole chunk, offset 0; kvs__part_spans). A grant the fabric refuses with KVS_ENOTSUP falls back to
+ * the whole chunk, offset 0; kvs__part_spans, of a request of `total`
+ * tokens). A grant the fabric refuses with KVS_ENOTSUP falls back to
  * the whole ring's key for that write (logged once). Any other failure
  * returns its status with m->err naming it; what was granted stays in *k
  * for kvs__wkeys_revoke. */
 int kvs__wkeys_grant(kvs__ring_keys_t *rk, kvs__handler_t *h, const kvs__peer_t *peer,
-                     uint64_t offset, const kvs_cp_part_t *part, kvs__wkeys_t *k);
+                     uint64_t offset, int64_t total, const kvs_cp_part_t *part,
+                     kvs__wkeys_t *k);
 
 /* Revokes every grant in k (none may stay live: the region is about to be
  * reused); k keeps the keys, now dead, for duplicate answers. */

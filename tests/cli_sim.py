@@ -505,6 +505,62 @@ def test_kv_scales(s):
         s.expect_usage_error(name, args, flag)
 
 
+def test_hybrid(s):
+    """Hybrid models on the staging path: window rows and each request's state
+    move and are verified in both data modes, the same run bit for bit; a
+    window moves fewer bytes than full layers; direct and slice refuse them
+    naming --path (docs/kinds/hybrid.md)."""
+    window = [a if a != "64:512" else "300:900" for a in SMALL] + [
+        "--seed", "8", "--json", "--prefix-tokens", "200"]
+    qwen = [a if a != "llama-3.1-8b" else "qwen3-next-80b-a3b" for a in window]
+    for name, args in (("gpt-oss-20b", [a if a != "llama-3.1-8b" else "gpt-oss-20b"
+                                        for a in window]),
+                       ("window flags", window + ["--full-attn-every", "2",
+                                                  "--window", "128"]),
+                       ("qwen3-next-80b-a3b", qwen),
+                       ("state flags", window + ["--full-attn-every", "4",
+                                                 "--state-heads", "8",
+                                                 "--state-bytes", "64+192"])):
+        obj = s.expect_json(name, args)
+        s.expect_clean(name, args, obj, exact=name != "qwen3-next-80b-a3b")
+        s.ok(obj.get("path") == "staging", name + " stages", args, repr(obj.get("path")))
+        prov = s.expect_json(name + " provenance", args + ["--data", "provenance"])
+        s.ok(prov.get("digest") == obj.get("digest")
+             and prov.get("bytes_verified") == obj.get("bytes_verified")
+             and prov.get("corrupt_bytes") == 0, name + " the same in both data modes",
+             args, "%r %r" % (prov.get("digest"), obj.get("digest")))
+    pattern = ("full_attn_every", "other_layers", "window_tokens", "state_heads",
+               "state_conv_bytes", "state_ssm_bytes")
+    want = {"full layers": [0, "full", 0, 0, 0, 0], "window flags": [2, "window", 128, 0, 0, 0],
+            "state flags": [4, "state", 0, 8, 64, 192]}
+    for name, extra in (("full layers", []),
+                        ("window flags", ["--full-attn-every", "2", "--window", "128"]),
+                        ("state flags", ["--full-attn-every", "4", "--state-heads", "8",
+                                         "--state-bytes", "64+192"])):
+        obj = s.expect_json(name + " json", window + extra)
+        s.ok([obj.get(k) for k in pattern] == want[name], name + " names its pattern",
+             window + extra, repr([obj.get(k) for k in pattern]))
+        table = s.run([a for a in window if a != "--json"] + extra)
+        s.ok(table.returncode == 0 and ("  layers " in table.stdout) == bool(extra),
+             name + " table names its pattern", window + extra, table.stdout[:300])
+    full = s.expect_json("full layers", window)
+    win = s.expect_json("window", window + ["--full-attn-every", "2", "--window", "128"])
+    s.ok(0 < win.get("bytes_verified", 0) < full.get("bytes_verified", 0),
+         "a window moves less than full layers", window,
+         "%r vs %r" % (win.get("bytes_verified"), full.get("bytes_verified")))
+    equal = list(window)
+    equal[equal.index("--prefill-tp") + 1] = "2"  # TP 2 -> 2
+    eq = s.expect_json("equal TP", equal + ["--full-attn-every", "2", "--window", "128"])
+    s.expect_clean("equal TP", equal, eq)
+    s.ok(eq.get("path") == "staging" and eq.get("prefill_tp") == eq.get("decode_tp"),
+         "path auto stages a hybrid layout at equal TP", equal,
+         "%r %r %r" % (eq.get("path"), eq.get("prefill_tp"), eq.get("decode_tp")))
+    for path in ("direct", "slice"):
+        s.expect_usage_error("hybrid on the %s path" % path,
+                             equal + ["--full-attn-every", "2", "--window", "128",
+                                      "--path", path], "--path")
+
+
 def test_trace(s):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "run trace.json")  # a space, to be quoted
@@ -644,11 +700,6 @@ def test_bad_input(s):
         ("decode page junk", SMALL + ["--decode-page-size", "big"], "--decode-page-size"),
         ("prefill cp junk", SMALL + ["--prefill-cp", "two"], "--prefill-cp"),
         ("prefill cp negative", SMALL + ["--prefill-cp", "-2"], "--prefill-cp"),
-        # Nor window or state layers yet (kvstage plan lays them out).
-        ("hybrid model", [a if a != "llama-3.1-8b" else "qwen3-next-80b-a3b" for a in SMALL],
-         "--full-attn-every"),
-        ("window layers", SMALL + ["--full-attn-every", "2", "--window", "128"],
-         "--full-attn-every"),
         # Nor a draft model's layers (kvstage plan lays them out).
         ("draft layers", SMALL + ["--draft-layers", "1"], "--draft-layers"),
     ]
@@ -847,7 +898,7 @@ def main():
     for test in (test_help, test_json_report, test_table, test_defaults,
                  test_determinism, test_workload_flags, test_topologies,
                  test_cluster, test_router, test_slice_vs_staging, test_page_sizes,
-                 test_kv_scales, test_prefill_cp,
+                 test_kv_scales, test_prefill_cp, test_hybrid,
                  test_trace, test_bad_input, test_faults,
                  test_sq_depth, test_aux_bytes, test_failures):
         test(s)

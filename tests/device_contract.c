@@ -308,15 +308,29 @@ static void dc_pool_check(dc_fx_t *f, const dc_pool_t *p, const char *what, uint
     free(got);
 }
 
+/* The copies of a hybrid model's state (src/hybrid_copy.c): a state
+ * buffer as a pool of one-token pages, elem_bytes 1 and head_dim the bytes
+ * of one state head (Qwen3-Next's 3072 + 65536, and an odd 1000 + 1), one
+ * token, the page list the request's slot; two of four state heads. */
+static const dc_shape_t dc_state_shapes[] = {
+    {.ps = 1, .tokens = 1, .local_heads = 4, .head_start = 1, .num_heads = 2,
+     .head_dim = 3072 + 65536, .elem = 1, .layers = 1, .layer_count = 1, .slots = 1,
+     .planes = 1, .pool_pages = 6},
+    {.ps = 1, .tokens = 1, .local_heads = 4, .head_start = 2, .num_heads = 2,
+     .head_dim = 1001, .elem = 1, .layers = 2, .layer_begin = 1, .layer_count = 1,
+     .slots = 1, .planes = 1, .pool_pages = 9},
+};
+
 static void dc_copies_match_reference(void **state)
 {
     dc_fx_t f;
     dc_open(&f, state);
     uint64_t rng = 0xDC02;
-    for (int i = 0; i < 24; i++) {
+    const int nstate = (int)(sizeof dc_state_shapes / sizeof dc_state_shapes[0]);
+    for (int i = 0; i < 24 + nstate; i++) {
         const uint64_t seed = xorshift64(&rng);
         uint64_t r = seed;
-        const dc_shape_t sh = dc_random_shape(&r);
+        const dc_shape_t sh = i < 24 ? dc_random_shape(&r) : dc_state_shapes[i - 24];
         for (int scatter = 0; scatter < 2; scatter++) {
             dc_pool_t p;
             dc_pool_make(&f, &p, &sh, &r);

@@ -22,6 +22,25 @@ sim_report_t sim_run_mode(sim_scenario_config_t c, sim_data_mode_t mode, const c
     return r;
 }
 
+sim_report_t sim_run_clean_in_both(const sim_scenario_config_t *c, const char *what)
+{
+    const sim_report_t b = sim_run_mode(*c, SIM_DATA_BYTES, what);
+    const sim_report_t p = sim_run_mode(*c, SIM_DATA_PROVENANCE, what);
+    if (b.digest != p.digest || b.bytes_verified != p.bytes_verified ||
+        b.corrupt_bytes != 0 || p.corrupt_bytes != 0 || b.requests_ok != c->requests ||
+        b.violations != 0)
+        fail_msg("%s (seed %llu): bytes mode %016llx, %llu verified, %llu corrupt, %u of %u "
+                 "ok, %llu violations; provenance mode %016llx, %llu verified, %llu corrupt",
+                 what, (unsigned long long)c->seed, (unsigned long long)b.digest,
+                 (unsigned long long)b.bytes_verified, (unsigned long long)b.corrupt_bytes,
+                 b.requests_ok, c->requests, (unsigned long long)b.violations,
+                 (unsigned long long)p.digest, (unsigned long long)p.bytes_verified,
+                 (unsigned long long)p.corrupt_bytes);
+    assert_memory_equal(&b, &p, sizeof b);
+    assert_true(b.bytes_verified > 0);
+    return b;
+}
+
 void sim_run_caught_in_both(sim_scenario_config_t c, uint64_t *hits, const char *what)
 {
     for (int mode = SIM_DATA_BYTES; mode <= SIM_DATA_PROVENANCE; mode++) {

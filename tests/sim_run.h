@@ -1,7 +1,7 @@
 /*
  * sim_run.h - running a simulated scenario from a cmocka test: one data
- * mode, or a planted bug in both (tests/test_sim_data.c,
- * tests/test_sim_context_parallel.c). A run that cannot happen fails the
+ * mode, a clean run in both, or a planted bug in both (tests/test_sim_data.c,
+ * tests/test_sim_context_parallel.c, tests/test_sim_hybrid.c). A run that cannot happen fails the
  * test, naming the run, its mode and seed.
  */
 #ifndef KVS_TESTS_SIM_RUN_H
@@ -13,6 +13,11 @@
 
 /* Runs c in data mode `mode`; its report. */
 sim_report_t sim_run_mode(sim_scenario_config_t c, sim_data_mode_t mode, const char *what);
+
+/* Runs c in both data modes: the same report bit for bit, every request
+ * ok, no violation, some bytes verified and none corrupt (else the test
+ * fails naming what). The report. */
+sim_report_t sim_run_clean_in_both(const sim_scenario_config_t *c, const char *what);
 
 /* Runs c, whose hooks plant a bug and count each change in *hits, in both
  * data modes: the bug must have been planted and show as corrupt bytes

@@ -273,7 +273,8 @@ static int64_t model_run(const model_case_t *mc, plant_t plant, int64_t *verifie
                             /* where the handlers' writes put its block */
                             kvs__span_t span[2];
                             int ns = 0;
-                            assert_int_equal(kvs__part_spans(&l, d, e, j, s, &part, span, &ns),
+                            assert_int_equal(kvs__part_spans(&l, d, e, j, s, mc->total, &part,
+                                                             span, &ns),
                                              KVS_OK);
                             arrivals++;
                             const int64_t nh = w.heads.num_heads;

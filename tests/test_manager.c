@@ -997,6 +997,82 @@ static void test_manager_path_choice(void **state)
     }
 }
 
+/* Hybrid layers (docs/kinds/hybrid.md): path auto stages them even at
+ * equal TP, direct and slice refuse them by name, and state layers need
+ * state buffers (and a state slot per room) that other patterns refuse. */
+static void test_manager_hybrid_layers(void **state)
+{
+    fixture_t *f = *state;
+    static const struct {
+        kvs_path_t path;
+        int status;
+        kvs_path_t want;
+    } paths[] = {{KVS_PATH_AUTO, KVS_OK, KVS_PATH_STAGING},
+                 {KVS_PATH_STAGING, KVS_OK, KVS_PATH_STAGING},
+                 {KVS_PATH_DIRECT, KVS_ENOTSUP, 0},
+                 {KVS_PATH_SLICE, KVS_ENOTSUP, 0}};
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+        kvs_manager_config_t c = decode_cfg();
+        c.peer_tp_size = 2; /* equal TP: auto would take direct */
+        c.full_attn_every = 2;
+        c.other_layers = KVS_LAYER_WINDOW;
+        c.window_tokens = 128;
+        c.path = paths[i].path;
+        kvs_manager_t *m = make(f, &c);
+        assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+        assert_int_equal(kvs_manager_register_staging(m), KVS_OK);
+        assert_int_equal(kvs_manager_set_kv_buffers(m, &f->kv), KVS_OK);
+        kvs_decode_t *d = NULL;
+        const int rc = kvs_decode_create(m, &d);
+        if (rc != paths[i].status)
+            fail_msg("path %d: got %s (%s)", (int)paths[i].path, kvs_status_name(rc),
+                     kvs_manager_last_error(m)->msg);
+        if (rc == KVS_OK)
+            assert_int_equal(kvs_manager_path(m), paths[i].want);
+        else
+            assert_non_null(strstr(kvs_manager_last_error(m)->msg, "use the staging path"));
+        /* a window pattern has no state: no slot to give */
+        if (d != NULL) {
+            assert_int_equal(kvs_decode_room_set_state_slot(d, 1, 0), KVS_EINVAL);
+            assert_non_null(strstr(kvs_manager_last_error(m)->msg, "without state layers"));
+        }
+        kvs_decode_destroy(d);
+        assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+    }
+
+    /* State layers: their buffers, and only with them. */
+    kvs_manager_config_t c = decode_cfg();
+    c.full_attn_every = 4;
+    c.other_layers = KVS_LAYER_STATE;
+    c.state_heads = 8;
+    c.state_conv_bytes = 64;
+    c.state_ssm_bytes = 192;
+    kvs_manager_t *m = make(f, &c);
+    assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_register_staging(m), KVS_OK);
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &f->kv), KVS_EINVAL);
+    assert_non_null(strstr(kvs_manager_last_error(m)->msg, "pass state_base"));
+    uint64_t st[LAYERS] = {0};
+    for (int i = 0; i < LAYERS; i++)
+        st[i] = (i + 1) % 4 != 0 ? 0x40000000u + 0x100000u * (uint64_t)i : 0;
+    kvs_kv_buffers_t kv = f->kv;
+    kv.state_base = st;
+    kv.state_slots = 4;
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &kv), KVS_OK);
+    kvs_decode_t *d = NULL;
+    assert_int_equal(kvs_decode_create(m, &d), KVS_OK);
+    assert_int_equal(kvs_decode_room_set_state_slot(d, 7, 0), KVS_ENOENT);
+    assert_int_equal(kvs_decode_room_set_state_slot(NULL, 7, 0), KVS_EINVAL);
+    kvs_decode_destroy(d);
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+
+    c = decode_cfg(); /* every layer full: state buffers are refused, not ignored */
+    m = make(f, &c);
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &kv), KVS_EINVAL);
+    assert_non_null(strstr(kvs_manager_last_error(m)->msg, "no state layers"));
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+}
+
 /* Head counts and KV buffers must agree whichever is given first. */
 static void test_manager_heads_and_kv_buffers_agree(void **state)
 {
@@ -1159,6 +1235,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_manager_kv_register_failure_at_each_call, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_manager_path_choice, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manager_hybrid_layers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manager_heads_and_kv_buffers_agree, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_manager_handlers_report_a_failing_poll, setup,

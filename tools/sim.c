@@ -581,6 +581,12 @@ static void cli_sim_set_shape(const kvs_layout_params_t *p, kvs_sim_config_t *c)
     c->decode_page_size = p->decode_page_size;
     c->kv_scales = (int32_t)p->kv_scales;
     c->scale_block = (uint32_t)p->scale_block;
+    c->full_attn_every = p->full_attn_every;
+    c->other_layers = (int32_t)p->other_layers;
+    c->window_tokens = p->window_tokens;
+    c->state_heads = p->state_heads;
+    c->state_conv_bytes = p->state_conv_bytes;
+    c->state_ssm_bytes = p->state_ssm_bytes;
 }
 
 /* The cluster of the lists into in->cfg, checked by the library: every
@@ -643,8 +649,7 @@ static int cli_sim_read_values(const char *const *scanned, cli_sim_input_t *in)
     in->json = values[CLI_XF_JSON] != NULL;
     if ((rc = cli_shape_read(CLI_SIM_CMD, values, &defaults, &in->shape)) != 0)
         return rc;
-    if ((rc = cli_shape_refuse_hybrid(CLI_SIM_CMD, "the simulated ranks", &in->shape)) != 0 ||
-        (rc = cli_shape_refuse_draft(CLI_SIM_CMD, "the simulated ranks", &in->shape)) != 0)
+    if ((rc = cli_shape_refuse_draft(CLI_SIM_CMD, "the simulated ranks", &in->shape)) != 0)
         return rc;
 
     int64_t requests = 0, ring_mib = CLI_SIM_DEFAULT_RING_MIB, prefix = 0, inflight = 0;
@@ -708,6 +713,11 @@ static int cli_sim_read_values(const char *const *scanned, cli_sim_input_t *in)
     if ((rc = cli_shape_layout(CLI_SIM_CMD, &in->shape, &in->lay)) != 0 ||
         (rc = cli_sim_topology(lists, in)) != 0)
         return rc;
+    if (in->lay.full_attn_every > 1 && (path == KVS_PATH_DIRECT || path == KVS_PATH_SLICE))
+        return cli_fail(CLI_SIM_CMD, "--path %s does not move hybrid layers (--full-attn-every "
+                        "%" PRId64 ", %s layers): use --path staging or auto",
+                        path == KVS_PATH_DIRECT ? "direct" : "slice", in->lay.full_attn_every,
+                        kvs_layer_kind_name(in->lay.other_layers));
     const uint32_t np = cli_sim_count(in, false), nd = cli_sim_count(in, true);
     for (uint32_t p = 0; path == KVS_PATH_DIRECT && p < np; p++)
         for (uint32_t d = 0; d < nd; d++) {
@@ -1073,6 +1083,11 @@ static void cli_sim_print_json(const cli_sim_input_t *in, const kvs_sim_config_t
            lay->layers, lay->page_size, lay->decode_page_size, lay->chunk_tokens);
     printf(", \"kv_scales\": \"%s\", \"scale_block\": %" PRId64 ", \"scale_bytes\": %" PRId64,
            kvs_kv_scales_name(lay->kv_scales), lay->scale_block, lay->scale_bytes);
+    printf(", \"full_attn_every\": %" PRId64 ", \"other_layers\": \"%s\""
+           ", \"window_tokens\": %" PRId64 ", \"state_heads\": %" PRId64
+           ", \"state_conv_bytes\": %" PRId64 ", \"state_ssm_bytes\": %" PRId64,
+           lay->full_attn_every, kvs_layer_kind_name(lay->other_layers), lay->window_tokens,
+           lay->state_heads, lay->state_conv_bytes, lay->state_ssm_bytes);
     printf(", \"prefill_tp\": %" PRId64 ", \"decode_tp\": %" PRId64
            ", \"prefill_pp\": %" PRId64 ", \"decode_pp\": %" PRId64
            ", \"prefill_cp\": %" PRId64,
@@ -1161,6 +1176,14 @@ static void cli_sim_print_table(const cli_sim_input_t *in, const kvs_sim_config_
                in->shape.model != NULL ? in->shape.model->name : "",
                in->shape.model != NULL ? ", " : "", lay->layers, lay->total_heads,
                lay->head_dim, dtype, page, lay->chunk_tokens);
+    if (lay->full_attn_every > 1 && lay->other_layers == KVS_LAYER_WINDOW)
+        printf("  layers             full attention every %" PRId64 "-th layer, the others "
+               "a window of %" PRId64 " tokens\n", lay->full_attn_every, lay->window_tokens);
+    else if (lay->full_attn_every > 1)
+        printf("  layers             full attention every %" PRId64 "-th layer, the others "
+               "state layers of %" PRId64 " state heads x (%" PRId64 " + %" PRId64
+               ") B a request\n", lay->full_attn_every, lay->state_heads,
+               lay->state_conv_bytes, lay->state_ssm_bytes);
     char cp[40] = ""; /* every prefill instance's CP ranks */
     if (lay->prefill_cp > 1)
         snprintf(cp, sizeof cp, " x CP %" PRId64, lay->prefill_cp);

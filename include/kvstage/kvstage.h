@@ -905,6 +905,19 @@ typedef struct kvs_manager_config {
      * token range of each request it holds (kvs_layout_cp_range); carried
      * in its REGISTER_ACK. 0 on a decode rank. */
     int64_t cp_rank;
+    /* Hybrid models (docs/kinds/hybrid.md): the layer pattern, as
+     * kvs_layout_params_t's fields of the same names (all 0: every layer
+     * full attention). Both sides must agree (the fingerprint). Moved on
+     * the staging path only (direct and slice refuse it by name, and AUTO
+     * picks staging), with prefill PP equal to the decode's. State layers
+     * need state buffers (kvs_kv_buffers_t.state_base) and a state slot per
+     * request (kvs_decode_room_set_state_slot /
+     * kvs_prefill_room_set_state_slot). */
+    int64_t full_attn_every;
+    kvs_layer_kind_t other_layers;
+    int64_t window_tokens;
+    int64_t state_heads;
+    int64_t state_conv_bytes, state_ssm_bytes;
 } kvs_manager_config_t;
 
 #define KVS_AUX_BYTES_MAX (1u << 20)
@@ -925,6 +938,14 @@ typedef struct kvs_kv_buffers {
      * / block per-block); vs_base NULL for MLA. NULL without scales. */
     const uint64_t *ks_base;
     const uint64_t *vs_base;
+    /* With state layers (config.full_attn_every, other_layers
+     * KVS_LAYER_STATE): per layer of this pool, a state layer's buffer of
+     * state_slots slots laid out [slot][local state head][conv bytes | ssm
+     * bytes] (docs/kinds/hybrid.md); entries of other layers are not read
+     * (nor are the k_base / v_base entries of a state layer). NULL and 0
+     * without state layers. */
+    const uint64_t *state_base;
+    int64_t state_slots;
 } kvs_kv_buffers_t;
 
 /* One layer of this rank's KV pool as an engine holds it: a K and a V
@@ -1174,6 +1195,14 @@ KVS_API int kvs_decode_room_open_peer(kvs_decode_t *d, uint64_t room, kvs_peer_t
 KVS_API int kvs_decode_room_open(kvs_decode_t *d, uint64_t room, int64_t base_tokens,
                                  int64_t total_tokens, const int64_t *pages,
                                  int64_t num_pages);
+/* Hybrid models with state layers: the request's state slot in the state
+ * buffers (kvs_kv_buffers_t.state_base, [0, state_slots)), where the
+ * decode scatters the state of the request's last chunk (the prefill:
+ * whence it gathers it). Give it before the room's last chunk moves (at
+ * open, say); a last chunk with no slot fails the room (KVS_EINVAL).
+ * KVS_ENOENT for a room not open, KVS_ERANGE for a slot outside the state
+ * buffers, KVS_EINVAL on a manager without state layers. */
+KVS_API int kvs_decode_room_set_state_slot(kvs_decode_t *d, uint64_t room, int64_t slot);
 /* The state of an open room; KVS_ENOENT when this handler holds no such
  * room (never opened, or ended: its result came through poll_rooms). */
 KVS_API int kvs_decode_room_state(const kvs_decode_t *d, uint64_t room, kvs_room_state_t *out);
@@ -1221,6 +1250,9 @@ KVS_API int kvs_prefill_room_computed(kvs_prefill_t *p, uint64_t room, int64_t e
  * for a room not open, KVS_EALREADY after the final computed(). */
 KVS_API int kvs_prefill_room_set_aux(kvs_prefill_t *p, uint64_t room, const void *aux,
                                      uint32_t bytes);
+/* As kvs_decode_room_set_state_slot: the slot the request's state is
+ * gathered from. */
+KVS_API int kvs_prefill_room_set_state_slot(kvs_prefill_t *p, uint64_t room, int64_t slot);
 /* As kvs_decode_room_state and kvs_decode_room_abort. */
 KVS_API int kvs_prefill_room_state(const kvs_prefill_t *p, uint64_t room, kvs_room_state_t *out);
 KVS_API int kvs_prefill_room_abort(kvs_prefill_t *p, uint64_t room);
@@ -1251,6 +1283,11 @@ typedef struct kvs_rank_config {
     int64_t local_heads;          /* KV heads each layer holds; 0: the
                                      config's heads_per_rank, or total_heads
                                      over tp_size */
+    /* With state layers (docs/kinds/hybrid.md): kvs_kv_buffers_t's
+     * state_base ([manager.layers], borrowed for the call) and state_slots;
+     * NULL and 0 without. */
+    const uint64_t *state_base;
+    int64_t state_slots;
 } kvs_rank_config_t;
 
 /* Creates the manager, its staging memory and their registration (staging
@@ -1296,6 +1333,9 @@ typedef struct kvs_room_desc {
                                     kvs_prefill_room_set_aux), copied; decode:
                                     must be NULL (it arrives with the result) */
     uint32_t aux_bytes;
+    int64_t state_slot;          /* with state layers: the request's slot in
+                                    the state buffers (kvs_decode_room_set_
+                                    state_slot); not read without */
 } kvs_room_desc_t;
 
 /* kvs_decode_room_open_peer / kvs_prefill_room_open_peer, with their

@@ -210,6 +210,18 @@ typedef struct kvs_sim_config {
      * ranges in parallel, each at prefill_tokens_per_s. Every path moves
      * it (docs/kinds/context-parallel.md). */
     int64_t prefill_cp;
+    /* Hybrid models (after prefill_cp: a shorter size_bytes leaves every
+     * layer full): kvs_layout_params_t's layer pattern of the same names
+     * (docs/kinds/hybrid.md), 0: every layer full. Moved on the staging
+     * path; window rows and each request's state are filled and verified
+     * in both data modes, and a window layer's pages before its window
+     * are checked not to hold the request's bytes. other_layers is a
+     * kvs_layer_kind_t. */
+    int64_t full_attn_every;
+    int32_t other_layers;
+    uint32_t reserved5;          /* must be 0 */
+    int64_t window_tokens;
+    int64_t state_heads, state_conv_bytes, state_ssm_bytes;
 } kvs_sim_config_t;
 
 /* One instance's share of a run (kvs_sim_report_t.instance). */

@@ -97,35 +97,8 @@ def layout_params(fields):
     params.dtype = _convert.dtype(fields.get("dtype") or "bf16")
     params.kind = _models.kind_value(fields.get("kind"))
     params.kv_scales, params.scale_block = _models.scales_value(fields.get("kv_scales"))
-    _hybrid_params(params, fields)
+    _models.hybrid_params(params, fields)
     return params
-
-
-def _hybrid_params(params, fields):
-    """The layer pattern of a hybrid model (docs/kinds/hybrid.md):
-    full_attn_every, then window_tokens (window layers) or state_heads with
-    state_bytes (conv, ssm) or one number (state layers)."""
-    every, window = fields.get("full_attn_every"), fields.get("window_tokens")
-    heads, sbytes = fields.get("state_heads"), fields.get("state_bytes")
-    _convert.set_int(params, "full_attn_every", every or 0)
-    if window is not None and heads is not None:
-        raise _errors.invalid("window_tokens and state_heads: give one; the layers that "
-                              "are not full attention are all window or all state layers")
-    if window is not None:
-        params.other_layers = 1  # KVS_LAYER_WINDOW
-        _convert.set_int(params, "window_tokens", window)
-    if heads is not None:
-        params.other_layers = 2  # KVS_LAYER_STATE
-        _convert.set_int(params, "state_heads", heads)
-        if isinstance(sbytes, int) and not isinstance(sbytes, bool):
-            sbytes = (0, sbytes)
-        if not isinstance(sbytes, (tuple, list)) or len(sbytes) != 2:
-            raise _errors.invalid("state_bytes is %r: give (conv, ssm) bytes of one state "
-                                  "head of one request, or one number" % (sbytes,))
-        _convert.set_int(params, "state_conv_bytes", sbytes[0])
-        _convert.set_int(params, "state_ssm_bytes", sbytes[1])
-    elif sbytes is not None:
-        raise _errors.invalid("state_bytes without state_heads: give state_heads too")
 
 
 def _hybrid_writers(lib, lay, d, stage, tokens, request):

@@ -18,7 +18,10 @@ _SETTABLE = tuple(name for name, _ in S.SimConfig._fields_
                                   "nfaults", "trace_path", "router", "prefill_instances",
                                   "decode_instances", "prefill_instance_tp",
                                   "prefill_instance_pp", "decode_instance_tp",
-                                  "decode_instance_pp"))
+                                  "decode_instance_pp", "reserved5", "other_layers",
+                                  "state_conv_bytes", "state_ssm_bytes"))
+# The layer pattern of a hybrid model, as plan()'s (_models.hybrid_params).
+_HYBRID = ("full_attn_every", "window_tokens", "state_heads", "state_bytes")
 
 
 def _is_list(value):
@@ -86,7 +89,11 @@ def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
     decode rank, checked byte for byte there and counted in
     aux_bytes_verified and aux_corrupt_bytes, as `kvstage sim --aux-bytes`;
     0, the default, carries none); 0 or absent takes the simulator's
-    default. path: "auto", "staging", "direct" or "slice". kv_scales:
+    default. full_attn_every, window_tokens, state_heads, state_bytes: a
+    hybrid model's layer pattern as plan()'s (a hybrid model gives its
+    own), moved on the staging path with every window row and state byte
+    verified (docs/kinds/hybrid.md). path: "auto", "staging", "direct" or
+    "slice". kv_scales:
     "none", "per-token" or "per-block[:N]" as for plan() (with dtype "fp8"):
     every scale slot is moved and verified with its rows.
     faults: strings as `kvstage sim --fault`, e.g. ["drop:any:0.01"] or
@@ -124,14 +131,13 @@ def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
     (a bad field, named in the message; a ring smaller than the largest
     region of the workload, KVS_EOVERSIZED; or no memory for the cluster).
     """
-    unknown = sorted(set(fields) - set(_SETTABLE))
+    unknown = sorted(set(fields) - set(_SETTABLE) - set(_HYBRID))
     if unknown:
         raise TypeError("simulate() got unknown argument(s) %s; the fields are: "
                         "model, dtype, path, faults, trace_path, router, %s"
                         % (", ".join(unknown), ", ".join(_SETTABLE)))
     fields["dtype"] = dtype
     scales = fields.pop("kv_scales", None)
-    _models.refuse_hybrid(model, "the simulated ranks")
     _, fields = _models.shape(model, fields)
 
     cfg = S.SimConfig()
@@ -139,8 +145,9 @@ def simulate(model=None, *, dtype=None, path=None, faults=(), trace_path=None,
     cfg.size_bytes = ctypes.sizeof(cfg)
     for key in _SETTABLE:
         value = fields.get(key)
-        if value is not None and key not in _SIZES:
+        if value is not None and key not in _SIZES and key not in _HYBRID:
             _convert.set_int(cfg, key, value)
+    _models.hybrid_params(cfg, fields)
     for side in ("prefill", "decode"):
         _set_instances(cfg, side, fields.get(side + "_tp"), fields.get(side + "_pp"))
     if router is not None:

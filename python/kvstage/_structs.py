@@ -137,7 +137,10 @@ class SimConfig(c.Structure):
                 ("router", i32), ("max_aux_bytes", u32), ("reserved3", u32),
                 ("progress", c.c_void_p), ("progress_ctx", c.c_void_p),
                 ("kv_kind", i32), ("reserved4", u32), ("decode_page_size", i64),
-                ("kv_scales", i32), ("scale_block", u32), ("prefill_cp", i64)]
+                ("kv_scales", i32), ("scale_block", u32), ("prefill_cp", i64),
+                ("full_attn_every", i64), ("other_layers", i32), ("reserved5", u32),
+                ("window_tokens", i64), ("state_heads", i64), ("state_conv_bytes", i64),
+                ("state_ssm_bytes", i64)]
 
 
 class SimInstance(c.Structure):
@@ -250,7 +253,9 @@ class ManagerConfig(c.Structure):
                 ("max_instances", u32), ("max_peers", u32), ("max_aux_bytes", u32),
                 ("secret_file", c.c_char_p), ("secret_env", c.c_char_p),
                 ("kv_kind", enum), ("peer_page_size", i64), ("kv_scales", enum),
-                ("scale_block", i64), ("cp_rank", i64)]
+                ("scale_block", i64), ("cp_rank", i64), ("full_attn_every", i64),
+                ("other_layers", enum), ("window_tokens", i64), ("state_heads", i64),
+                ("state_conv_bytes", i64), ("state_ssm_bytes", i64)]
 
 
 class KvLayer(c.Structure):
@@ -263,7 +268,7 @@ class KvLayer(c.Structure):
 class RankConfig(c.Structure):
     """kvs_rank_config_t"""
     _fields_ = [("manager", ManagerConfig), ("layers", c.POINTER(KvLayer)),
-                ("local_heads", i64)]
+                ("local_heads", i64), ("state_base", c.POINTER(u64)), ("state_slots", i64)]
 
 
 class Peer(c.Structure):
@@ -281,7 +286,7 @@ class RoomDesc(c.Structure):
     """kvs_room_desc_t"""
     _fields_ = [("room", u64), ("peer", Peer), ("base_tokens", i64),
                 ("total_tokens", i64), ("pages", c.POINTER(i64)), ("num_pages", i64),
-                ("aux", c.c_void_p), ("aux_bytes", u32)]
+                ("aux", c.c_void_p), ("aux_bytes", u32), ("state_slot", i64)]
 
 
 class RoomResult(c.Structure):

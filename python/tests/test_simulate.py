@@ -308,9 +308,32 @@ def test_a_ring_too_small_is_refused_before_the_run():
     assert "ring_bytes" in str(exc.value) and "at least" in str(exc.value)
 
 
-def test_hybrid_models_are_refused_by_name():
-    # window and state layers are planned (kvstage.plan) but not simulated:
-    # running gpt-oss or Qwen3-Next as full attention would move other bytes
-    raises("KVS_EINVAL", ["qwen3-next-80b-a3b", "state layers", "kvstage.plan"],
-           model="qwen3-next-80b-a3b")
-    raises("KVS_EINVAL", ["gpt-oss-20b", "window"], model="gpt-oss-20b")
+def test_hybrid_models_move_on_the_staging_path():
+    """gpt-oss's window layers and Qwen3-Next's state layers (or the same
+    pattern given as fields) move on the staging path, every window row and
+    state byte verified, both data modes the same run, as the CLI's; the
+    direct path refuses them by name (docs/kinds/hybrid.md)."""
+    for model, flags, change in (
+            ("gpt-oss-20b", [], {}),
+            ("qwen3-next-80b-a3b", [], {}),
+            ("llama-3.1-8b", ["--full-attn-every", 4, "--state-heads", 8,
+                              "--state-bytes", "64+192"],
+             dict(full_attn_every=4, state_heads=8, state_bytes=(64, 192)))):
+        r = run(model=model, **change)
+        assert r["requests_ok"] == 6 and r["ok"] is True
+        assert r["corrupt_bytes"] == r["ring_leaked_bytes"] == r["violations"] == 0
+        # Qwen3-Next's 2 KV heads over TP 4: replicas write the same rows
+        assert 0 < r["bytes_verified"] <= r["bytes_moved"]
+        assert r["path"] == "staging"
+        p = run(model=model, data="provenance", **change)
+        assert p["digest"] == r["digest"] and p["corrupt_bytes"] == 0
+        _, want = _cli_json(*[model if a == "llama-3.1-8b" else a for a in SMALL_FLAGS],
+                            *flags)
+        for key in SAME_AS_CLI:
+            assert r[key] == want[key], (model, key)
+    raises("KVS_EINVAL", ["does not move hybrid layers", "staging"],
+           model="gpt-oss-20b", prefill_tp=2, decode_tp=2, path="direct")
+    raises("KVS_EINVAL", ["window_tokens and state_heads"], full_attn_every=2,
+           window_tokens=64, state_heads=4, state_bytes=8)
+
+

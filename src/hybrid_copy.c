@@ -1,0 +1,126 @@
+/*
+ * hybrid_copy.c - the staging copies of a hybrid layout (hybrid_copy.h,
+ * docs/kinds/hybrid.md). A writer block is a slot per layer and plane
+ * (full layers: the chunk's rows; window layers: its rows inside the
+ * window, or none) and, in the request's last chunk, a state part per
+ * state layer. Each is one fused copy of the existing device ops:
+ *
+ * - a slot is a descriptor of one layer and one plane (planes 1,
+ *   layer_count 1, the plane's buffer as k_base), its page list starting
+ *   at the slot's first token (a page of both sides: window starts are on
+ *   the grid unit), its staging block at the slot's offset;
+ * - a state part is a descriptor over the state buffer as a pool of
+ *   one-token pages of the side's state heads, head_dim the bytes of one
+ *   state head and elem_bytes 1: page list { state slot }, one token.
+ *
+ * The parts of one copy are the blocks, each with its own heads (or state
+ * heads) and its slot's address in its block.
+ */
+#include "hybrid_copy.h"
+
+#include "arith.h"
+#include "backend.h"
+
+/* The stage of the layers this rank's pool holds, its first layer. */
+static int64_t kvs__pool_first_layer(const kvs_manager_t *m, const kvs_layout_t *lay)
+{
+    int64_t first = 0, count = 0;
+    (void)kvs_layout_stage_layers(lay, m->cfg.role, m->cfg.pp_rank, &first, &count);
+    return first;
+}
+
+/* One fused copy of desc over parts[0, n). */
+static int kvs__hyb_run(kvs_device_t *dev, kvs_stream_t *stream, bool gather,
+                        const kvs_copy_desc_t *desc, const kvs_copy_part_t *parts, int64_t n)
+{
+    if (n == 0)
+        return KVS_OK;
+    return gather ? kvs__dev_gather_parts(dev, stream, desc, parts, n)
+                  : kvs__dev_scatter_parts(dev, stream, desc, parts, n);
+}
+
+/* The descriptor of global layer `layer`, plane `plane` (kind: its kind)
+ * of this rank's pool for the slot's rows. state_slot: the state's page. */
+static kvs_copy_desc_t kvs__hyb_desc(const kvs_manager_t *m, const kvs__hyb_copy_t *c,
+                                     kvs_layer_kind_t kind, int64_t layer, int64_t plane,
+                                     const kvs_hybrid_slot_t *sl)
+{
+    const kvs_layout_t *lay = c->lay;
+    const int64_t local = layer - kvs__pool_first_layer(m, lay);
+    const bool decode = c->role == KVS_ROLE_DECODE;
+    if (kind == KVS_LAYER_STATE)
+        return (kvs_copy_desc_t){
+            .k_base = m->state_base + local,
+            .local_heads = decode ? lay->state_dst_heads : lay->state_src_heads,
+            .head_dim = lay->state_head_bytes, .elem_bytes = 1, .page_size = 1,
+            .pages = &c->state_slot, .num_pages = 1, .tokens = 1, .layer_count = 1,
+            .staging_layer_slots = 1, .planes = 1};
+    const int64_t ps = decode ? lay->decode_page_size : lay->page_size;
+    /* prefill pages are the request's from token 0; decode's the chunk's */
+    const int64_t first_page = (sl->token_start - (decode ? c->chunk.token_start : 0)) / ps;
+    const uint64_t *scales = plane == 0 ? m->ks_base : m->vs_base;
+    return (kvs_copy_desc_t){
+        .k_base = (plane == 0 ? m->k_base : m->v_base) + local,
+        .local_heads = m->kv.local_heads, .head_dim = lay->head_dim,
+        .elem_bytes = lay->elem_bytes, .page_size = ps, .pages = c->pages + first_page,
+        .num_pages = kvs__ceil_div(sl->rows, ps), .tokens = sl->rows, .layer_count = 1,
+        .staging_layer_slots = 1, .planes = 1,
+        .ks_base = scales != NULL ? scales + local : NULL, .scale_bytes = lay->scale_bytes};
+}
+
+int kvs__hybrid_copy(kvs_device_t *dev, kvs_stream_t *stream, const kvs_manager_t *m,
+                     const kvs__hyb_copy_t *c, const kvs__hyb_block_t *blocks, int64_t n,
+                     kvs_copy_part_t *parts, int64_t cap)
+{
+    const kvs_layout_t *lay = c->lay;
+    const bool gather = c->role == KVS_ROLE_PREFILL;
+    int64_t first = 0, count = 0;
+    int rc = kvs_layout_stage_layers(lay, KVS_ROLE_DECODE, c->stage, &first, &count);
+    for (int64_t layer = first; layer < first + count && rc == KVS_OK; layer++) {
+        kvs_layer_kind_t kind = KVS_LAYER_FULL;
+        rc = kvs_layout_layer_kind(lay, layer, &kind);
+        const int64_t planes = kind == KVS_LAYER_STATE ? 1 : lay->planes;
+        for (int64_t plane = 0; plane < planes && rc == KVS_OK; plane++) {
+            kvs_copy_desc_t desc = {0};
+            int64_t np = 0;
+            for (int64_t i = 0; i < n && rc == KVS_OK; i++) {
+                kvs_hybrid_writer_t hw;
+                kvs_hybrid_slot_t sl;
+                rc = kvs_layout_hybrid_writer(lay, blocks[i].decode_tp, c->stage,
+                                              blocks[i].writer, c->total, &c->chunk, &hw);
+                if (rc == KVS_OK)
+                    rc = kvs_layout_hybrid_slot(lay, &hw, c->stage, layer, plane, &sl);
+                if (rc == KVS_ENOENT) { /* no bytes of this layer in the chunk */
+                    rc = KVS_OK;
+                    break;
+                }
+                if (rc != KVS_OK)
+                    break;
+                if (kind == KVS_LAYER_STATE && c->state_slot < 0) {
+                    rc = KVS_EINVAL; /* the room's state slot was never given */
+                    break;
+                }
+                if (np == 0)
+                    desc = kvs__hyb_desc(m, c, kind, layer, plane, &sl);
+                const kvs_head_slice_t *hs = kind == KVS_LAYER_STATE ? &hw.state_heads
+                                                                     : &hw.w.heads;
+                const kvs_copy_part_t part = {
+                    .head_start = gather ? hs->src_start : hs->dst_start,
+                    .num_heads = hs->num_heads,
+                    .staging_addr = blocks[i].block_addr + (uint64_t)sl.offset_bytes};
+                if (!gather && np > 0 && parts[np - 1].head_start == part.head_start) {
+                    parts[np - 1] = part; /* a replica: the last one is scattered */
+                    continue;
+                }
+                if (np == cap) {
+                    rc = kvs__hyb_run(dev, stream, gather, &desc, parts, np);
+                    np = 0;
+                }
+                parts[np++] = part;
+            }
+            if (rc == KVS_OK)
+                rc = kvs__hyb_run(dev, stream, gather, &desc, parts, np);
+        }
+    }
+    return rc;
+}

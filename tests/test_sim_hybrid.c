@@ -1,0 +1,360 @@
+/*
+ * test_sim_hybrid.c - hybrid models in the simulator (docs/kinds/hybrid.md):
+ * sliding-window layers (gpt-oss) and per-request state layers (Qwen3-Next)
+ * moved by the real core on the staging path, each writer's block a slot
+ * per layer and plane (window layers: the chunk's rows inside the
+ * page-aligned window) and, in a request's last chunk, its state part.
+ *
+ * - Every byte that must move does, verified in both data modes (the same
+ *   report, bit for bit, 0 corrupt): every in-window slot of window
+ *   layers, every slot of full layers, every state byte in the request's
+ *   state slot, and no page of a window layer before its window holding
+ *   the request's bytes; at P > D, P < D, P = D (path auto stages a
+ *   hybrid layout), replicated heads and state heads, PP (with stages of
+ *   a window layer alone, whose early chunks have empty blocks), two page
+ *   sizes, cached prefixes, FP8 scale planes and a state larger than a
+ *   chunk's rows.
+ * - Planted bugs through the simulated GPU's copy hook (the core is not
+ *   touched), caught as corrupt bytes in both modes: a state scattered to
+ *   the next state head or into the next request's slot, a window row
+ *   gathered from outside the window, and a window slot moved a page early
+ *   (its first page lands before the window: the check of the pages before
+ *   the window counts it).
+ * - The direct and slice paths refuse a hybrid layout by name.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "scenario.h"
+#include "sim_run.h"
+
+/* A small model of 8 layers, every other one (or every fourth) full. */
+static sim_scenario_config_t small_hybrid(int64_t p, int64_t d, int64_t heads,
+                                          kvs_layer_kind_t other)
+{
+    sim_scenario_config_t c;
+    memset(&c, 0, sizeof c);
+    c.shape = (kvs_layout_params_t){.total_heads = heads, .head_dim = 64,
+                                    .dtype = KVS_DTYPE_BF16, .layers = 8, .page_size = 16,
+                                    .prefill_tp = p, .decode_tp = d, .chunk_tokens = 256,
+                                    .other_layers = other};
+    if (other == KVS_LAYER_WINDOW) {
+        c.shape.full_attn_every = 2; /* layer 0 a window layer, as gpt-oss */
+        c.shape.window_tokens = 100;
+    } else {
+        c.shape.full_attn_every = 4; /* three state layers a full one, as Qwen3-Next */
+        c.shape.state_heads = 4;
+        c.shape.state_conv_bytes = 96;
+        c.shape.state_ssm_bytes = 160;
+    }
+    c.requests = 8;
+    c.prompt_min_tokens = 1;
+    c.prompt_max_tokens = 900;
+    c.rate_milli_per_s = 200000;
+    c.ring_bytes = 16u << 20;
+    c.staging = true;
+    c.path = KVS_PATH_STAGING;
+    c.max_inflight = 4;
+    c.seed = 23;
+    return c;
+}
+
+/* Every byte right in both modes (sim_run_clean_in_both), on the staging
+ * path (auto picks it). */
+static sim_report_t clean_in_both(const sim_scenario_config_t *c, const char *what)
+{
+    const sim_report_t r = sim_run_clean_in_both(c, what);
+    assert_int_equal(r.path, KVS_PATH_STAGING);
+    return r;
+}
+
+static void test_sim_hybrid_every_byte_in_both_modes(void **state)
+{
+    (void)state;
+    static const struct {
+        int64_t p, d, heads, pp, ps, dps, prefix, state_heads;
+        kvs_layer_kind_t other;
+        kvs_kv_scales_t scales;
+        kvs_path_t path;
+        const char *what;
+    } runs[] = {
+        {4, 2, 8, 1, 16, 16, 0, 0, KVS_LAYER_WINDOW, KVS_KV_SCALES_NONE, KVS_PATH_STAGING,
+         "window, P4 -> D2"},
+        {2, 4, 8, 1, 16, 16, 0, 0, KVS_LAYER_WINDOW, KVS_KV_SCALES_NONE, KVS_PATH_STAGING,
+         "window, P2 -> D4"},
+        {2, 2, 8, 1, 16, 16, 0, 0, KVS_LAYER_WINDOW, KVS_KV_SCALES_NONE, KVS_PATH_AUTO,
+         "window, P2 -> D2, path auto"},
+        {8, 2, 4, 1, 16, 16, 0, 0, KVS_LAYER_WINDOW, KVS_KV_SCALES_NONE, KVS_PATH_STAGING,
+         "window, H4 P8 -> D2 (replicated heads)"},
+        {2, 2, 8, 2, 16, 16, 0, 0, KVS_LAYER_WINDOW, KVS_KV_SCALES_NONE, KVS_PATH_STAGING,
+         "window, P2xPP2 -> D2xPP2"},
+        {4, 2, 8, 1, 16, 64, 0, 0, KVS_LAYER_WINDOW, KVS_KV_SCALES_NONE, KVS_PATH_STAGING,
+         "window, pages 16 -> 64, P4 -> D2"},
+        {2, 4, 8, 1, 64, 16, 0, 0, KVS_LAYER_WINDOW, KVS_KV_SCALES_NONE, KVS_PATH_STAGING,
+         "window, pages 64 -> 16, P2 -> D4"},
+        {4, 2, 8, 1, 16, 16, 512, 0, KVS_LAYER_WINDOW, KVS_KV_SCALES_NONE, KVS_PATH_STAGING,
+         "window, cached prefixes, P4 -> D2"},
+        {4, 2, 8, 1, 16, 16, 0, 0, KVS_LAYER_WINDOW, KVS_KV_SCALES_PER_TOKEN, KVS_PATH_STAGING,
+         "window, FP8 per-token scales, P4 -> D2"},
+        {4, 2, 8, 1, 16, 16, 0, 4, KVS_LAYER_STATE, KVS_KV_SCALES_NONE, KVS_PATH_STAGING,
+         "state, P4 -> D2"},
+        {2, 4, 8, 1, 16, 16, 0, 4, KVS_LAYER_STATE, KVS_KV_SCALES_NONE, KVS_PATH_STAGING,
+         "state, P2 -> D4"},
+        {2, 2, 8, 1, 16, 16, 0, 4, KVS_LAYER_STATE, KVS_KV_SCALES_NONE, KVS_PATH_AUTO,
+         "state, P2 -> D2, path auto"},
+        {8, 2, 2, 1, 16, 16, 0, 16, KVS_LAYER_STATE, KVS_KV_SCALES_NONE, KVS_PATH_STAGING,
+         "state, H2 P8 -> D2 (replicated KV heads, as Qwen3-Next)"},
+        {8, 4, 8, 1, 16, 16, 0, 2, KVS_LAYER_STATE, KVS_KV_SCALES_NONE, KVS_PATH_STAGING,
+         "state, 2 state heads P8 -> D4 (replicated state heads)"},
+        {2, 2, 8, 2, 16, 16, 0, 4, KVS_LAYER_STATE, KVS_KV_SCALES_NONE, KVS_PATH_STAGING,
+         "state, P2xPP2 -> D2xPP2"},
+        {4, 2, 8, 1, 16, 64, 256, 4, KVS_LAYER_STATE, KVS_KV_SCALES_NONE, KVS_PATH_STAGING,
+         "state, pages 16 -> 64, cached prefixes, P4 -> D2"},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        sim_scenario_config_t c = small_hybrid(runs[i].p, runs[i].d, runs[i].heads,
+                                               runs[i].other);
+        c.shape.prefill_pp = c.shape.decode_pp = runs[i].pp;
+        c.shape.page_size = runs[i].ps;
+        c.shape.decode_page_size = runs[i].dps;
+        if (runs[i].state_heads > 0)
+            c.shape.state_heads = runs[i].state_heads;
+        if (runs[i].scales != KVS_KV_SCALES_NONE) {
+            c.shape.dtype = KVS_DTYPE_FP8;
+            c.shape.kv_scales = runs[i].scales;
+        }
+        c.prefix_max_tokens = runs[i].prefix;
+        c.path = runs[i].path;
+        clean_in_both(&c, runs[i].what);
+    }
+}
+
+/* PP 4 of 4 layers, every other one full: stages 0 and 2 hold a window
+ * layer alone, so a chunk before the window has an empty block there (no
+ * bytes, its CHUNK_READY alone) and the last chunk's block the window. */
+static void test_sim_hybrid_stage_of_window_layers_alone(void **state)
+{
+    (void)state;
+    sim_scenario_config_t c = small_hybrid(2, 2, 8, KVS_LAYER_WINDOW);
+    c.shape.layers = 4;
+    c.shape.prefill_pp = c.shape.decode_pp = 4;
+    c.prompt_min_tokens = 600;
+    clean_in_both(&c, "window, P2xPP4 -> D2xPP4, stages of a window layer alone");
+}
+
+/* A state larger than a chunk's rows (Qwen3-Next's 68608 bytes a state
+ * head, chunks of 16 tokens): the prefill staging buffers hold the state
+ * part besides the rows. */
+static void test_sim_hybrid_state_larger_than_a_chunk(void **state)
+{
+    (void)state;
+    sim_scenario_config_t c = small_hybrid(4, 2, 8, KVS_LAYER_STATE);
+    c.shape.chunk_tokens = 16;
+    c.shape.state_conv_bytes = 3072;
+    c.shape.state_ssm_bytes = 65536;
+    c.prompt_max_tokens = 100;
+    clean_in_both(&c, "state of 68608 bytes a head, chunks of 16 tokens, P4 -> D2");
+}
+
+/* A window layer moves its window alone: fewer bytes than the same model
+ * of full layers, and a state model's last chunk carries the state. */
+static void test_sim_hybrid_moves_less_than_full(void **state)
+{
+    (void)state;
+    sim_scenario_config_t c = small_hybrid(4, 2, 8, KVS_LAYER_WINDOW);
+    c.prompt_min_tokens = c.prompt_max_tokens = 1000;
+    const sim_report_t w = clean_in_both(&c, "window, prompts of 1000");
+    c.shape.full_attn_every = 0;
+    c.shape.other_layers = KVS_LAYER_FULL;
+    c.shape.window_tokens = 0;
+    const sim_report_t f = sim_run_mode(c, SIM_DATA_BYTES, "the same model, full layers");
+    assert_int_equal(f.corrupt_bytes, 0);
+    /* 4 full layers of 1000 rows and 4 window layers of 104 (the window of
+     * 100 from token 900, floored to a page: 896), of 8 x 1000 */
+    assert_int_equal(w.bytes_verified * 8000, f.bytes_verified * (4000 + 4 * 104));
+}
+
+/* ---- planted bugs -------------------------------------------------------------- */
+
+typedef struct plant {
+    int64_t state_head_bytes; /* what tells a state copy from a slot's */
+    int64_t window_rows;      /* a window slot's rows in the last chunk */
+    uint32_t requests;
+    int64_t slot;             /* the wrong state slot a plant points to */
+    uint64_t hits;
+} plant_t;
+
+static bool is_state_copy(const plant_t *pl, const kvs_copy_desc_t *desc)
+{
+    return desc->elem_bytes == 1 && desc->page_size == 1 &&
+           desc->head_dim == pl->state_head_bytes;
+}
+
+/* The decode scatters each writer's state into the next state head of the
+ * slot (one head a part: P4 -> D2, 4 state heads; the last part's wraps
+ * to the first head, so no two parts overlap). */
+static void plant_state_next_head(void *ctx, uint32_t gpu_id, bool scatter,
+                                  kvs_copy_desc_t *desc, kvs_copy_part_t *parts, int64_t nparts)
+{
+    (void)gpu_id;
+    plant_t *pl = ctx;
+    if (!scatter || !is_state_copy(pl, desc) || nparts != desc->local_heads)
+        return;
+    for (int64_t i = 0; i < nparts; i++)
+        parts[i].head_start = (parts[i].head_start + 1) % desc->local_heads;
+    pl->hits++;
+}
+
+/* The decode scatters a request's state into the next request's slot. */
+static void plant_state_next_slot(void *ctx, uint32_t gpu_id, bool scatter,
+                                  kvs_copy_desc_t *desc, kvs_copy_part_t *parts, int64_t nparts)
+{
+    (void)gpu_id;
+    (void)parts;
+    (void)nparts;
+    plant_t *pl = ctx;
+    if (!scatter || !is_state_copy(pl, desc) || desc->pages[0] + 1 >= pl->requests)
+        return;
+    pl->slot = desc->pages[0] + 1;
+    desc->pages = &pl->slot;
+    pl->hits++;
+}
+
+/* The prefill gathers a window slot from a page early: its first rows are
+ * from before the window, its last ones are missing. */
+static void plant_window_early_rows(void *ctx, uint32_t gpu_id, bool scatter,
+                                    kvs_copy_desc_t *desc, kvs_copy_part_t *parts,
+                                    int64_t nparts)
+{
+    (void)gpu_id;
+    (void)parts;
+    (void)nparts;
+    plant_t *pl = ctx;
+    if (scatter || is_state_copy(pl, desc) || desc->layer_count != 1 ||
+        desc->tokens != pl->window_rows)
+        return;
+    desc->pages--;
+    pl->hits++;
+}
+
+/* Both sides move a window slot a page early: the decode page before the
+ * window gets the request's own rows (right, but never to be written), and
+ * the window's last page none. */
+static void plant_window_page_early(void *ctx, uint32_t gpu_id, bool scatter,
+                                    kvs_copy_desc_t *desc, kvs_copy_part_t *parts,
+                                    int64_t nparts)
+{
+    (void)gpu_id;
+    (void)scatter;
+    (void)parts;
+    (void)nparts;
+    plant_t *pl = ctx;
+    if (is_state_copy(pl, desc) || desc->layer_count != 1 || desc->tokens != pl->window_rows)
+        return;
+    desc->pages--;
+    pl->hits++;
+}
+
+/* Prompts of 1000 tokens, chunks of 256: the last chunk [768, 1000); a
+ * window of 100 starts at token 900, floored to a page: 896, 104 rows. */
+static sim_scenario_config_t plant_run(plant_t *pl, kvs_layer_kind_t other)
+{
+    sim_scenario_config_t c = small_hybrid(4, 2, 8, other);
+    c.prompt_min_tokens = c.prompt_max_tokens = 1000;
+    *pl = (plant_t){.state_head_bytes = 96 + 160, .window_rows = 104,
+                    .requests = c.requests};
+    c.hook_ctx = pl;
+    return c;
+}
+
+/* Runs c with the plant in both modes; without it the same run is clean. */
+static void caught_in_both(sim_scenario_config_t c, plant_t *pl, const char *what)
+{
+    sim_run_caught_in_both(c, &pl->hits, what);
+    c.copy_hook = NULL;
+    clean_in_both(&c, "the planted run, unplanted");
+}
+
+static void test_sim_hybrid_catches_state_to_next_head(void **state)
+{
+    (void)state;
+    plant_t pl;
+    sim_scenario_config_t c = plant_run(&pl, KVS_LAYER_STATE);
+    c.copy_hook = plant_state_next_head;
+    caught_in_both(c, &pl, "a state scattered to the next state head, P4 -> D2");
+}
+
+static void test_sim_hybrid_catches_state_to_next_slot(void **state)
+{
+    (void)state;
+    plant_t pl;
+    sim_scenario_config_t c = plant_run(&pl, KVS_LAYER_STATE);
+    c.copy_hook = plant_state_next_slot;
+    caught_in_both(c, &pl, "a state scattered into the next request's slot, P4 -> D2");
+}
+
+static void test_sim_hybrid_catches_window_row_outside(void **state)
+{
+    (void)state;
+    plant_t pl;
+    sim_scenario_config_t c = plant_run(&pl, KVS_LAYER_WINDOW);
+    c.copy_hook = plant_window_early_rows;
+    caught_in_both(c, &pl, "window rows gathered from before the window, P4 -> D2");
+}
+
+/* The page before the window is counted: in the provenance mode every
+ * byte of the missing last page and of the page written before the window
+ * is corrupt, twice the missing page's bytes alone. */
+static void test_sim_hybrid_catches_page_before_window(void **state)
+{
+    (void)state;
+    plant_t pl;
+    sim_scenario_config_t c = plant_run(&pl, KVS_LAYER_WINDOW);
+    c.copy_hook = plant_window_page_early;
+    caught_in_both(c, &pl, "a window slot moved a page early, P4 -> D2");
+    pl.hits = 0;
+    const sim_report_t r = sim_run_mode(c, SIM_DATA_PROVENANCE, "a window slot a page early");
+    /* a page of 16 rows x 8 heads x 128 bytes, K and V, 4 window layers */
+    const uint64_t page = 16ull * 8 * 128 * 2 * 4 * c.requests;
+    assert_int_equal(r.corrupt_bytes, 2 * page);
+}
+
+/* ---- refusals ------------------------------------------------------------------ */
+
+static void test_sim_hybrid_refuses_direct_and_slice(void **state)
+{
+    (void)state;
+    static const kvs_path_t paths[] = {KVS_PATH_DIRECT, KVS_PATH_SLICE};
+    for (size_t i = 0; i < 2; i++) {
+        sim_scenario_config_t c = small_hybrid(2, 2, 8, KVS_LAYER_WINDOW);
+        c.path = paths[i];
+        c.requests = 2;
+        sim_report_t r;
+        char err[384] = "";
+        const int rc = sim_scenario_run(&c, &r, err, sizeof err);
+        if (rc != KVS_ENOTSUP || strstr(err, "use the staging path") == NULL)
+            fail_msg("path %d with a hybrid layout: %s (%s)", (int)paths[i],
+                     kvs_status_name(rc), err);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sim_hybrid_every_byte_in_both_modes),
+        cmocka_unit_test(test_sim_hybrid_stage_of_window_layers_alone),
+        cmocka_unit_test(test_sim_hybrid_state_larger_than_a_chunk),
+        cmocka_unit_test(test_sim_hybrid_moves_less_than_full),
+        cmocka_unit_test(test_sim_hybrid_catches_state_to_next_head),
+        cmocka_unit_test(test_sim_hybrid_catches_state_to_next_slot),
+        cmocka_unit_test(test_sim_hybrid_catches_window_row_outside),
+        cmocka_unit_test(test_sim_hybrid_catches_page_before_window),
+        cmocka_unit_test(test_sim_hybrid_refuses_direct_and_slice),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
