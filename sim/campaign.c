@@ -125,6 +125,14 @@
 #define SIM_CAMPAIGN_CP_PCT 15
 #define SIM_CAMPAIGN_MAX_CP_RANKS (2 * SIM_CAMPAIGN_MAX_LARGE_RANKS)
 #define SIM_CAMPAIGN_CP_STREAM (UINT64_C(1) << 56)
+/* Hybrid models (docs/kinds/hybrid.md): a layer pattern of window or state
+ * layers (every 2nd..4th layer full attention) in this share of the runs,
+ * from a stream of its own. Hybrid layers are GQA, without CP, on the
+ * staging path, with a prefill PP of 1 or the decode's: a run that draws
+ * them drops MLA and CP, takes the path AUTO picks (staging), and all its
+ * instances run PP 1 where a pair would break that rule. */
+#define SIM_CAMPAIGN_HYBRID_PCT 15
+#define SIM_CAMPAIGN_HYBRID_STREAM (UINT64_C(1) << 55)
 
 static int sim_campaign_fail(kvs_error_t *err, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -526,6 +534,7 @@ enum {
     SIM_CAMPAIGN_PER_TOKEN,
     SIM_CAMPAIGN_PER_BLOCK,
     SIM_CAMPAIGN_CP,
+    SIM_CAMPAIGN_HYBRID,
     SIM_CAMPAIGN_MODEL_KINDS
 };
 static const char *const sim_campaign_model_names[SIM_CAMPAIGN_MODEL_KINDS] = {
@@ -534,6 +543,7 @@ static const char *const sim_campaign_model_names[SIM_CAMPAIGN_MODEL_KINDS] = {
     [SIM_CAMPAIGN_PER_TOKEN] = "per-token",
     [SIM_CAMPAIGN_PER_BLOCK] = "per-block",
     [SIM_CAMPAIGN_CP] = "context-parallel",
+    [SIM_CAMPAIGN_HYBRID] = "hybrid",
 };
 #define SIM_CAMPAIGN_ALL_MODELS ((1u << SIM_CAMPAIGN_MODEL_KINDS) - 1u)
 #define SIM_CAMPAIGN_SCALES (1u << SIM_CAMPAIGN_PER_TOKEN | 1u << SIM_CAMPAIGN_PER_BLOCK)
@@ -568,7 +578,8 @@ static int sim_campaign_parse_models(const char *text, sim_campaign_models_t *ou
         if (k == SIM_CAMPAIGN_MODEL_KINDS)
             return SIM_CAMPAIGN_FAIL(err, KVS_EINVAL, "kinds: unknown model kind '%.*s': give "
                                      "all, none (GQA only), or kinds separated by commas out "
-                                     "of mla, page-sizes, per-token, per-block, context-parallel",
+                                     "of mla, page-sizes, per-token, per-block, context-parallel, "
+                                     "hybrid",
                                      (int)len, p);
         out->kinds |= 1u << k;
         if (comma == NULL)
@@ -579,16 +590,20 @@ static int sim_campaign_parse_models(const char *text, sim_campaign_models_t *ou
 }
 
 /* A run's model kinds, from its own stream: each at its odds, scales as
- * one draw (per-token or per-block), CP from a stream of its own (cp);
- * with kinds named, one of them at least (drawn uniformly when the odds
- * gave none). The draws are the same whatever the campaign allows, so a
- * kind left out leaves the others as they were. */
-static uint32_t sim_campaign_draw_models(sim_rng_t *rng, sim_rng_t *cp,
+ * one draw (per-token or per-block), CP and hybrid layers from streams of
+ * their own (cp, hybrid); with kinds named, one of them at least (drawn
+ * uniformly when the odds gave none). The draws are the same whatever the
+ * campaign allows, so a kind left out leaves the others as they were. A
+ * run with hybrid layers takes neither MLA nor CP (hybrid layers are GQA,
+ * without CP). */
+static uint32_t sim_campaign_draw_models(sim_rng_t *rng, sim_rng_t *cp, sim_rng_t *hybrid,
                                          const sim_campaign_models_t *m)
 {
     uint32_t got = 0;
     if (sim_campaign_pct(cp, SIM_CAMPAIGN_CP_PCT))
         got |= 1u << SIM_CAMPAIGN_CP;
+    if (sim_campaign_pct(hybrid, SIM_CAMPAIGN_HYBRID_PCT))
+        got |= 1u << SIM_CAMPAIGN_HYBRID;
     if (sim_campaign_pct(rng, SIM_CAMPAIGN_MLA_PCT))
         got |= 1u << SIM_CAMPAIGN_MLA;
     if (sim_campaign_pct(rng, SIM_CAMPAIGN_PAGES_PCT))
@@ -604,6 +619,8 @@ static uint32_t sim_campaign_draw_models(sim_rng_t *rng, sim_rng_t *cp,
                 named[n++] = k;
         got = 1u << named[sim_rng_below(rng, n)];
     }
+    if (got >> SIM_CAMPAIGN_HYBRID & 1u)
+        got &= ~(1u << SIM_CAMPAIGN_MLA | 1u << SIM_CAMPAIGN_CP);
     return got;
 }
 
@@ -767,8 +784,8 @@ static void sim_campaign_generate(uint64_t seed, uint64_t run,
         }
     }
     static const int64_t pps[] = {1, 1, 1, 1, 1, 2, 2, 3};
-    const int64_t ppp = SIM_CAMPAIGN_PICK(&rng, pps);
-    const int64_t dpp = sim_campaign_pct(&rng, 50) ? 1 : ppp;
+    int64_t ppp = SIM_CAMPAIGN_PICK(&rng, pps);
+    int64_t dpp = sim_campaign_pct(&rng, 50) ? 1 : ppp;
     /* Layers split over the stages evenly, or not (spec §4: the last
      * layers % PP stages hold one more), down to one layer per stage. */
     int64_t layers = ppp * (int64_t)sim_rng_range(&rng, 1, 3);
@@ -817,10 +834,11 @@ static void sim_campaign_generate(uint64_t seed, uint64_t run,
      * two page sizes take a pair of the table and the smallest chunk of
      * whole pages on both sides at least as long as the one drawn; scale
      * planes make the KV fp8. */
-    sim_rng_t model, cp_rng;
+    sim_rng_t model, cp_rng, hybrid_rng;
     sim_rng_init(&model, seed, run | SIM_CAMPAIGN_MODEL_STREAM);
     sim_rng_init(&cp_rng, seed, run | SIM_CAMPAIGN_CP_STREAM);
-    draw->models = sim_campaign_draw_models(&model, &cp_rng, models);
+    sim_rng_init(&hybrid_rng, seed, run | SIM_CAMPAIGN_HYBRID_STREAM);
+    draw->models = sim_campaign_draw_models(&model, &cp_rng, &hybrid_rng, models);
     kvs_kv_kind_t kind = KVS_KV_GQA;
     int64_t dps = 0;
     kvs_kv_scales_t scales = KVS_KV_SCALES_NONE;
@@ -855,6 +873,38 @@ static void sim_campaign_generate(uint64_t seed, uint64_t run,
         topo.prefill_cp = cp;
     }
 
+    /* Hybrid layers: every 2nd..4th layer full attention, the others
+     * window layers of 1..256 tokens or state layers of the model's KV
+     * heads (they split over every TP as those do) and a few bytes to a
+     * few KiB a head. A prefill PP that is neither 1 nor its decode's
+     * makes every instance PP 1. */
+    kvs_layout_params_t hyb = {0};
+    if (draw->models >> SIM_CAMPAIGN_HYBRID & 1u) {
+        hyb.full_attn_every = (int64_t)sim_rng_range(&hybrid_rng, 2, 4);
+        if (sim_rng_below(&hybrid_rng, 2) == 0) {
+            static const int64_t windows[] = {1, 3, 16, 64, 128, 256};
+            hyb.other_layers = KVS_LAYER_WINDOW;
+            hyb.window_tokens = SIM_CAMPAIGN_PICK(&hybrid_rng, windows);
+        } else {
+            static const int64_t conv[] = {0, 8, 96}, ssm[] = {16, 256, 4096};
+            hyb.other_layers = KVS_LAYER_STATE;
+            hyb.state_heads = heads;
+            hyb.state_conv_bytes = SIM_CAMPAIGN_PICK(&hybrid_rng, conv);
+            hyb.state_ssm_bytes = SIM_CAMPAIGN_PICK(&hybrid_rng, ssm);
+        }
+        bool pp_ok = true;
+        for (uint32_t p = 0; p < topo.prefill_instances; p++)
+            for (uint32_t d = 0; d < topo.decode_instances; d++)
+                pp_ok = pp_ok && (topo.prefill[p].pp == 1 ||
+                                  topo.prefill[p].pp == topo.decode[d].pp);
+        for (uint32_t i = 0; !pp_ok && i < topo.prefill_instances; i++)
+            topo.prefill[i].pp = 1;
+        for (uint32_t i = 0; !pp_ok && i < topo.decode_instances; i++)
+            topo.decode[i].pp = 1;
+        if (!pp_ok)
+            ppp = dpp = 1;
+    }
+
     bool same_tp = true;
     int64_t max_tp = 1, pair_ranks = 1;
     for (uint32_t p = 0; p < topo.prefill_instances; p++)
@@ -872,8 +922,8 @@ static void sim_campaign_generate(uint64_t seed, uint64_t run,
     static const kvs_path_t paths[] = {KVS_PATH_AUTO, KVS_PATH_AUTO, KVS_PATH_AUTO,
                                        KVS_PATH_STAGING, KVS_PATH_SLICE, KVS_PATH_DIRECT};
     kvs_path_t path = SIM_CAMPAIGN_PICK(&rng, paths);
-    if (path == KVS_PATH_DIRECT && !same_tp)
-        path = KVS_PATH_AUTO;
+    if ((path == KVS_PATH_DIRECT && !same_tp) || hyb.full_attn_every > 1)
+        path = KVS_PATH_AUTO; /* (hybrid layers: staging alone) */
 
     /* Workload: prompts of at most 48 chunks, and as many requests as keep
      * the run's writes and messages near SIM_CAMPAIGN_COST (the slice path
@@ -915,6 +965,12 @@ static void sim_campaign_generate(uint64_t seed, uint64_t run,
     params.decode_page_size = dps;
     params.kv_scales = scales;
     params.scale_block = scale_block;
+    params.full_attn_every = hyb.full_attn_every;
+    params.other_layers = hyb.other_layers;
+    params.window_tokens = hyb.window_tokens;
+    params.state_heads = hyb.state_heads;
+    params.state_conv_bytes = hyb.state_conv_bytes;
+    params.state_ssm_bytes = hyb.state_ssm_bytes;
     int64_t region = 4096; /* of the pair with the largest */
     for (uint32_t p = 0; p < topo.prefill_instances; p++)
         for (uint32_t d = 0; d < topo.decode_instances; d++) {
@@ -941,6 +997,12 @@ static void sim_campaign_generate(uint64_t seed, uint64_t run,
     cfg->kv_scales = (int32_t)scales;
     cfg->scale_block = (uint32_t)scale_block;
     cfg->prefill_cp = topo.prefill_cp > 1 ? topo.prefill_cp : 0;
+    cfg->full_attn_every = hyb.full_attn_every;
+    cfg->other_layers = (int32_t)hyb.other_layers;
+    cfg->window_tokens = hyb.window_tokens;
+    cfg->state_heads = hyb.state_heads;
+    cfg->state_conv_bytes = hyb.state_conv_bytes;
+    cfg->state_ssm_bytes = hyb.state_ssm_bytes;
     cfg->prefill_instances = topo.prefill_instances;
     cfg->decode_instances = topo.decode_instances;
     for (uint32_t i = 0; i < topo.prefill_instances; i++) {

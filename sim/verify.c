@@ -223,6 +223,14 @@ static uint64_t sim_state_pass(sim_scenario_t *sc, sim_node_t *n, uint64_t req, 
     return bad;
 }
 
+/* In the bytes mode a vector shorter than this is not looked at before the
+ * window: what a page held (zeros, another request's bytes) equals a
+ * vector's pattern by chance once in 2^(8 x its bytes), so the 1- and
+ * 2-byte scale vectors of MXFP8 would be found "written" there in a
+ * campaign's thousands of runs. Their rows' KV vectors are looked at, and
+ * the provenance mode looks at every row. */
+#define SIM_BEFORE_WINDOW_MIN_BYTES 8
+
 /* A window layer's decode pages before its window must not be written for
  * this request (the engine never reads them): each of their vectors (rows,
  * in the provenance mode) that holds the request's own bytes counts as
@@ -250,7 +258,7 @@ static uint64_t sim_check_before_window(sim_scenario_t *sc, sim_node_t *n, uint6
                     bad += sim_prov_diff(map, &run) == 0 ? run.len_bytes : 0;
                     continue;
                 }
-                for (int64_t j = 0; j < n->heads; j++) {
+                for (int64_t j = 0; j < n->heads && hb >= SIM_BEFORE_WINDOW_MIN_BYTES; j++) {
                     const sim_kv_coord_t c = {
                         req, n->first_layer + layer, (int32_t)kv,
                         sim_global_head(l->total_heads, n->inst->tp, n->tp, n->heads, j), t};

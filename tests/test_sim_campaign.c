@@ -104,6 +104,8 @@ typedef struct kinds_seen {
     int64_t decode_page_size[RUNS];
     int32_t dtype[RUNS];
     int64_t prefill_cp[RUNS];
+    int64_t full_attn_every[RUNS];
+    int32_t other_layers[RUNS], path[RUNS];
 } kinds_seen_t;
 
 static void on_run_kinds(void *ctx, const kvs_sim_campaign_run_t *run)
@@ -117,6 +119,9 @@ static void on_run_kinds(void *ctx, const kvs_sim_campaign_run_t *run)
     s->decode_page_size[run->index] = run->config->decode_page_size;
     s->dtype[run->index] = run->config->dtype;
     s->prefill_cp[run->index] = run->config->prefill_cp;
+    s->full_attn_every[run->index] = run->config->full_attn_every;
+    s->other_layers[run->index] = run->config->other_layers;
+    s->path[run->index] = run->config->path;
 }
 
 static uint32_t model_kind(const char *name)
@@ -148,7 +153,7 @@ static void test_sim_campaign_model_kinds(void **state)
     kvs_sim_campaign_report_t r;
     report_init(&r);
     assert_int_equal(kvs_sim_campaign_run(&cfg, on_run_kinds, &all, &r, &err), KVS_OK);
-    assert_int_equal(r.model_kinds, 5);
+    assert_int_equal(r.model_kinds, 6);
     uint64_t plain = 0, with_kind = 0;
     for (uint32_t k = 0; k < r.model_kinds; k++)
         with_kind += r.model_kind_runs[k];
@@ -165,8 +170,10 @@ static void test_sim_campaign_model_kinds(void **state)
         assert_int_equal(none.kv_scales[i], KVS_KV_SCALES_NONE);
         assert_int_equal(none.decode_page_size[i], 0);
         assert_int_equal(none.prefill_cp[i], 0);
+        assert_int_equal(none.full_attn_every[i], 0);
         if (all.kv_kind[i] == KVS_KV_GQA && all.kv_scales[i] == KVS_KV_SCALES_NONE &&
-            all.decode_page_size[i] == 0 && all.prefill_cp[i] == 0) {
+            all.decode_page_size[i] == 0 && all.prefill_cp[i] == 0 &&
+            all.full_attn_every[i] == 0) {
             assert_int_equal(all.digest[i], none.digest[i]);
             plain++;
         }
@@ -178,8 +185,10 @@ static void test_sim_campaign_model_kinds(void **state)
     assert_int_equal(r.model_kind_runs[model_kind("page-sizes")], 0);
     assert_int_equal(r.model_kind_runs[model_kind("per-block")], 0);
     assert_int_equal(r.model_kind_runs[model_kind("context-parallel")], 0);
+    assert_int_equal(r.model_kind_runs[model_kind("hybrid")], 0);
     for (uint32_t i = 0; i < RUNS; i++) {
         assert_true(mla.kv_kind[i] == KVS_KV_MLA || mla.kv_scales[i] == KVS_KV_SCALES_PER_TOKEN);
+        assert_int_equal(mla.full_attn_every[i], 0);
         assert_int_equal(mla.decode_page_size[i], 0);
         assert_int_equal(mla.prefill_cp[i], 0);
         if (mla.kv_scales[i] != KVS_KV_SCALES_NONE)
@@ -201,6 +210,26 @@ static void test_sim_campaign_model_kinds(void **state)
         assert_int_equal(cp.kv_kind[i], KVS_KV_GQA);
         assert_int_equal(cp.decode_page_size[i], 0);
     }
+    /* Hybrid layers alone: a pattern of window or state layers in every
+     * run, GQA without CP, on the path AUTO picks (staging), a prefill PP
+     * of 1 or the decode's. */
+    kinds_seen_t hyb;
+    memset(&hyb, 0, sizeof hyb);
+    cfg.kinds = "hybrid";
+    report_init(&r);
+    assert_int_equal(kvs_sim_campaign_run(&cfg, on_run_kinds, &hyb, &r, &err), KVS_OK);
+    assert_int_equal(r.model_kind_runs[model_kind("hybrid")], RUNS);
+    uint32_t windows = 0;
+    for (uint32_t i = 0; i < RUNS; i++) {
+        assert_true(hyb.full_attn_every[i] >= 2 && hyb.full_attn_every[i] <= 4);
+        assert_true(hyb.other_layers[i] == KVS_LAYER_WINDOW ||
+                    hyb.other_layers[i] == KVS_LAYER_STATE);
+        windows += hyb.other_layers[i] == KVS_LAYER_WINDOW;
+        assert_int_equal(hyb.kv_kind[i], KVS_KV_GQA);
+        assert_int_equal(hyb.prefill_cp[i], 0);
+        assert_int_equal(hyb.path[i], KVS_PATH_AUTO);
+    }
+    assert_true(windows > 0 && windows < RUNS);
     /* A caller built before kinds existed (its config ends at faults)
      * gets every kind, as NULL does. */
     cfg.kinds = NULL;
@@ -249,7 +278,7 @@ static void test_sim_campaign_refuses_bad_configs(void **state)
     k = 0;
     while (kvs_sim_campaign_model_kind_name(k) != NULL)
         k++;
-    assert_true(k == 5 && k <= KVS_SIM_CAMPAIGN_MAX_MODEL_KINDS);
+    assert_true(k == 6 && k <= KVS_SIM_CAMPAIGN_MAX_MODEL_KINDS);
     assert_null(kvs_sim_campaign_model_kind_name(KVS_SIM_CAMPAIGN_MAX_MODEL_KINDS));
 }
 

@@ -125,6 +125,18 @@ static char *cli_campaign_replay(const kvs_sim_config_t *c)
     cli_campaign_put_sizes(&t, "--decode-pp", c->decode_instances, c->decode_instance_pp);
     if (c->prefill_cp > 1)
         cli_campaign_put_u64(&t, "--prefill-cp", (uint64_t)c->prefill_cp);
+    if (c->full_attn_every > 1) { /* docs/kinds/hybrid.md */
+        cli_campaign_put_u64(&t, "--full-attn-every", (uint64_t)c->full_attn_every);
+        if (c->other_layers == KVS_LAYER_WINDOW) {
+            cli_campaign_put_u64(&t, "--window", (uint64_t)c->window_tokens);
+        } else {
+            cli_campaign_put_u64(&t, "--state-heads", (uint64_t)c->state_heads);
+            char bytes[48];
+            snprintf(bytes, sizeof bytes, "%" PRId64 "+%" PRId64, c->state_conv_bytes,
+                     c->state_ssm_bytes);
+            cli_campaign_put(&t, "--state-bytes", bytes);
+        }
+    }
     if (c->router == KVS_SIM_ROUTER_LEAST_LOADED)
         cli_campaign_put(&t, "--router", "least-loaded");
     cli_campaign_put_u64(&t, "--requests", c->requests);
