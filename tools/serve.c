@@ -699,8 +699,7 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
         in->shape.params.prefill_tp = in->peers[0].tp;
         in->shape.params.prefill_pp = in->peers[0].pp;
     }
-    if ((rc = cli_shape_refuse_hybrid(CLI_SERVE_CMD, "serve's ranks", &in->shape)) != 0 ||
-        (rc = cli_shape_refuse_draft(CLI_SERVE_CMD, "serve's ranks", &in->shape)) != 0)
+    if ((rc = cli_shape_refuse_draft(CLI_SERVE_CMD, "serve's ranks", &in->shape)) != 0)
         return rc;
     if ((rc = cli_shape_layout(CLI_SERVE_CMD, &in->shape, &in->plan.lay)) != 0)
         return rc;
@@ -944,9 +943,20 @@ static int cli_serve_workload(cli_serve_input_t *in, int64_t **tokens, int64_t *
  * latent). */
 static uint64_t cli_serve_room_bytes(const kvs_layout_t *l, int64_t tokens)
 {
-    /* every row's bytes and, with kv_scales, its scales' */
-    return (uint64_t)(tokens * l->dst_heads * (l->head_dim * l->elem_bytes + l->scale_bytes) *
-                      l->planes * l->layers * l->decode_tp);
+    /* every row's bytes and, with kv_scales, its scales'; a hybrid model's
+     * window layers the window's rows, its state layers each decode rank's
+     * state (docs/kinds/hybrid.md) */
+    const int64_t row = l->dst_heads * (l->head_dim * l->elem_bytes + l->scale_bytes);
+    int64_t rows = tokens * l->layers, state = 0;
+    for (int64_t layer = 0; l->full_attn_every > 1 && layer < l->layers; layer++) {
+        kvs_layer_kind_t kind = KVS_LAYER_FULL;
+        int64_t from = 0, to = tokens;
+        (void)kvs_layout_layer_kind(l, layer, &kind);
+        (void)kvs_layout_layer_tokens(l, layer, tokens, &from, &to);
+        rows -= kind == KVS_LAYER_STATE ? tokens : from;
+        state += kind == KVS_LAYER_STATE ? l->state_dst_heads * l->state_head_bytes : 0;
+    }
+    return (uint64_t)((rows * row * l->planes + state) * l->decode_tp);
 }
 
 /* What became of the rooms paired with one prefill instance. */

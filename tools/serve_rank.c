@@ -95,6 +95,11 @@ typedef struct cli_rank_ctx {
     uint64_t scale_base;        /* pool offset of the scale buffers (after the KV) */
     uint64_t scale_layer_bytes; /* one scale buffer: [slot][head][scale_bytes] */
     int64_t first_layer;        /* global id of its stage's first layer */
+    /* Hybrid state layers (docs/kinds/hybrid.md): per layer of its stage,
+     * the pool offset of its state buffer (0 for other layers), one slot a
+     * room: [room][local state head][state_head_bytes]. */
+    uint64_t *state_off;
+    int64_t state_heads;        /* local state heads, 0 without state layers */
     int64_t *pages;             /* scratch page list of one room */
     uint32_t served;            /* rooms this process serves */
     uint32_t hold_before, hold_done; /* prefill, --fault hold-from: its rooms
@@ -256,6 +261,17 @@ static uint8_t *cli_scale_slot(const cli_rank_ctx_t *c, int64_t layer, int kv, i
 /* The fabric's clock (verbs, ofi: CLOCK_MONOTONIC, safe from any thread). */
 static uint64_t cli_now(cli_rank_ctx_t *c) { return c->fab->ops.now_ns(c->fab); }
 
+/* The first token of a room of `tokens` tokens whose rows the decode holds
+ * in local layer `layer`: 0, or a window layer's first moved token
+ * (kvs_layout_layer_tokens: the page-aligned window). */
+static int64_t cli_rank_layer_from(const cli_rank_ctx_t *c, int64_t layer, int64_t tokens)
+{
+    int64_t from = 0, to = tokens;
+    if (kvs_layout_layer_tokens(c->lay, c->first_layer + layer, tokens, &from, &to) != KVS_OK)
+        from = 0; /* not reached: the layer is the layout's */
+    return from;
+}
+
 /* The pattern of room i, the simulator's (kvs_sim_kv_fill: a function of
  * request, global layer, K/V, global head and token; MLA's latent is plane
  * 0 of head 0 on every rank; a row's scales, with kv_scales, are planes 2
@@ -277,11 +293,15 @@ static uint64_t cli_rank_pattern(cli_rank_ctx_t *c, uint32_t i, bool check, uint
         kvs_layout_cp_range(l, tokens, c->r->cp, &from, &to) != KVS_OK)
         from = to = 0; /* not reached: the layout and the rank agree */
     uint64_t bad = 0;
-    /* sc 0: the KV rows; sc 1: their scales */
+    /* sc 0: the KV rows; sc 1: their scales. A hybrid model's state layer
+     * has no rows, and a window layer's decode holds the window's alone
+     * (kvs_layout_layer_tokens; the prefill writes every row, as an
+     * engine's forward pass does). */
     for (int sc = 0; sc < (c->scale_bytes > 0 ? 2 : 1); sc++)
         for (int64_t layer = 0; layer < c->layers; layer++)
-            for (int kv = 0; kv < (int)c->planes; kv++)
-                for (int64_t t = from; t < to; t++)
+            for (int kv = 0; kv < (int)c->planes && c->state_off[layer] == 0; kv++)
+                for (int64_t t = check ? cli_rank_layer_from(c, layer, tokens) : from; t < to;
+                     t++)
                     for (int64_t j = 0; j < c->heads; j++) {
                         const kvs_sim_kv_coord_t at = {
                             i, c->first_layer + layer, sc * 2 + kv,
@@ -298,6 +318,25 @@ static uint64_t cli_rank_pattern(cli_rank_ctx_t *c, uint32_t i, bool check, uint
                             kvs_sim_kv_fill(p, (size_t)len, &at);
                         }
                     }
+    /* The room's state in each state layer, at its slot (the room's
+     * index): a vector of state_head_bytes per local state head, the
+     * coordinate of the K vector of token 0 of that layer and global state
+     * head (a state layer has no K rows), as the simulator's. */
+    const int64_t sb = l->state_head_bytes;
+    for (int64_t layer = 0; layer < c->layers; layer++)
+        for (int64_t j = 0; c->state_off[layer] != 0 && j < c->state_heads; j++) {
+            const kvs_sim_kv_coord_t at = {
+                i, c->first_layer + layer, 0,
+                cli_global_head(l->state_heads, tp_size, c->r->tp, c->state_heads, j), 0};
+            uint8_t *p = c->pool + c->state_off[layer] +
+                         (uint64_t)(((int64_t)i * c->state_heads + j) * sb);
+            if (check) {
+                bad += kvs_sim_kv_check(p, (size_t)sb, &at);
+                *checked += (uint64_t)sb;
+            } else {
+                kvs_sim_kv_fill(p, (size_t)sb, &at);
+            }
+        }
     c->r->pattern_ns += cli_now(c) - t0;
     return bad;
 }
@@ -495,8 +534,22 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
     c->scale_base = (uint64_t)c->planes * (uint64_t)c->layers * c->layer_bytes;
     c->scale_layer_bytes = (uint64_t)pl->pool_pages *
                            (uint64_t)(c->ps * c->heads * c->scale_bytes);
-    const uint64_t pool_bytes = c->scale_base +
-                                (uint64_t)c->planes * (uint64_t)c->layers * c->scale_layer_bytes;
+    uint64_t pool_bytes = c->scale_base +
+                          (uint64_t)c->planes * (uint64_t)c->layers * c->scale_layer_bytes;
+    /* Hybrid state layers: a state buffer each after the scales, a slot a
+     * room (docs/kinds/hybrid.md). */
+    c->state_off = calloc((size_t)c->layers, sizeof *c->state_off);
+    if (c->state_off == NULL)
+        return cli_rank_fail(c, KVS_ENOMEM, "%s: state buffer table", who);
+    c->state_heads = decode ? l->state_dst_heads : l->state_src_heads;
+    for (int64_t i = 0; i < c->layers && l->full_attn_every > 1; i++) {
+        kvs_layer_kind_t kind = KVS_LAYER_FULL;
+        (void)kvs_layout_layer_kind(l, c->first_layer + i, &kind);
+        if (kind != KVS_LAYER_STATE)
+            continue;
+        c->state_off[i] = pool_bytes;
+        pool_bytes += (uint64_t)pl->requests * (uint64_t)(c->state_heads * l->state_head_bytes);
+    }
     rc = c->dev->ops.mem_alloc(c->dev, pool_bytes, &c->pool_addr);
     if (rc != KVS_OK)
         return cli_rank_fail(c, rc, "%s: KV pool of %llu bytes: %s: lower --requests or "
@@ -517,9 +570,16 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
      * run's clock starts. */
     if (c->pool != NULL)
         memset(c->pool, 0, (size_t)pool_bytes);
-    if (c->pool == NULL || kv == NULL || c->pages == NULL) {
+    uint64_t *state_base = calloc((size_t)c->layers, sizeof *state_base);
+    if (c->pool == NULL || kv == NULL || c->pages == NULL || state_base == NULL) {
         free(kv);
+        free(state_base);
         return cli_rank_fail(c, KVS_ENOMEM, "%s: KV pool tables", who);
+    }
+    bool has_state = false;
+    for (int64_t i = 0; i < c->layers; i++) {
+        state_base[i] = c->state_off[i] != 0 ? c->pool_addr + c->state_off[i] : 0;
+        has_state = has_state || c->state_off[i] != 0;
     }
     /* MLA publishes its latent as K and no V (v_addr 0), and a scale
      * buffer for K alone. */
@@ -550,7 +610,7 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
     /* The decode's one ring serves every prefill instance: it stages when
      * any of them has another TP; a pair of equal TP takes the direct path
      * all the same. */
-    bool staging = l->prefill_tp != l->decode_tp;
+    bool staging = l->prefill_tp != l->decode_tp || l->full_attn_every > 1;
     for (uint32_t k = 0; decode && k < pl->instances; k++)
         staging = staging || pl->peers[k].tp != l->decode_tp;
     const kvs_rank_config_t rcfg = {
@@ -579,11 +639,19 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
              * size with the instance (cli_rank_add_instance). */
             .context_parallel = decode ? 1 : l->prefill_cp,
             .cp_rank = decode ? 0 : c->r->cp,
+            /* Hybrid models: the layer pattern (the fingerprint compares
+             * it); state buffers below. */
+            .full_attn_every = l->full_attn_every, .other_layers = l->other_layers,
+            .window_tokens = l->window_tokens, .state_heads = l->state_heads,
+            .state_conv_bytes = l->state_conv_bytes, .state_ssm_bytes = l->state_ssm_bytes,
             .log = {.fn = cli_rank_log, .user = c, .level = cli_rank_log_level()}},
         .layers = kv,
-        .local_heads = c->heads};
+        .local_heads = c->heads,
+        .state_base = has_state ? state_base : NULL,
+        .state_slots = has_state ? (int64_t)pl->requests : 0};
     rc = kvs_rank_create(&rcfg, c->dev, c->fab, &c->rank, &err);
     free(kv);
+    free(state_base);
     if (rc != KVS_OK)
         return cli_rank_fail(c, rc, "%s: %s", who, err.msg);
     const kvs_driver_config_t dc = {.rank = c->rank, .dev = c->dev, .fab = c->fab,
@@ -738,7 +806,8 @@ static int cli_rank_open(cli_rank_ctx_t *c, uint32_t i)
      * decode instance, 0. */
     const kvs_room_desc_t room = {
         .room = i, .peer = {decode ? cli_serve_route(c->plan, i) : 0, 0},
-        .total_tokens = tokens, .pages = c->pages, .num_pages = n};
+        .total_tokens = tokens, .pages = c->pages, .num_pages = n,
+        .state_slot = i}; /* hybrid state layers: the room's slot */
     int rc = kvs_rank_open_room(c->rank, &room);
     kvs_error_t e;
     /* EPEER: a peer rank is away; the room failed and its result comes
@@ -931,6 +1000,7 @@ static void cli_rank_teardown(cli_rank_ctx_t *c)
     }
     kvs_host_device_destroy(c->host);
     free(c->pages);
+    free(c->state_off);
     free(c->inbox);
     free(c->taken);
     if (c->sync_ok) {

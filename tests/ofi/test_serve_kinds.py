@@ -38,6 +38,15 @@ two page sizes, FP8 scale planes) between two processes over libfabric (ofi tcp 
              3 hold nothing, rank 1 at most 4 tokens), and cp_p2d2_swap
              cp_p2d2 with the decode's wrong page mapping (must fail); both
              sides' reports name the CP size, the prefill's ranks TP x PP x CP
+  hyb_*      hybrid models (docs/kinds/hybrid.md; the staging path, which
+             AUTO picks for them even at equal TP): hyb_window every other
+             layer a 48-token sliding window, P2 -> D1 (the decode checks
+             the window's rows, which alone move); hyb_state every other
+             layer a state layer of 4 state heads of 96 conv + 416 SSM
+             bytes, P1 -> D2 (each decode rank checks its state heads at
+             the room's state slot); hyb_state_eq P2 -> D2 with 16 -> 32
+             token pages; hyb_window_swap hyb_window with the decode's
+             wrong page mapping (must fail)
 
 Each run: both processes exit 0, every room ok on both sides, the decode
 verified exactly the bytes its rooms hold (bytes_expected: every token,
@@ -65,6 +74,8 @@ PROMPT = ["--prompt-tokens", "32:192"]  # unless a run gives its own
 MLA = ["--mla-latent-dim", "576", "--layers", "4", "--page-size", "16",
        "--chunk-tokens", "64"]
 GQA = ["--kv-heads", "4", "--head-dim", "32", "--layers", "2"]
+HYB = ["--kv-heads", "4", "--head-dim", "32", "--layers", "4", "--page-size", "16",
+       "--chunk-tokens", "32"]
 FP8T = GQA + ["--dtype", "fp8", "--kv-scales", "per-token", "--page-size", "16",
               "--chunk-tokens", "64", "--prefill-tp", "2", "--decode-tp", "1"]
 
@@ -109,6 +120,16 @@ RUNS = [
     ("cp_p2d2_swap", GQA + ["--page-size", "16", "--chunk-tokens", "64", "--prefill-tp", "2",
                             "--decode-tp", "2", "--prefill-cp", "2"],
      ["--fault", "swap-pages"], True),
+    # Hybrid models (docs/kinds/hybrid.md), on the staging path.
+    ("hyb_window", HYB + ["--full-attn-every", "2", "--window", "48", "--prefill-tp", "2",
+                          "--decode-tp", "1"], [], False),
+    ("hyb_state", HYB + ["--full-attn-every", "2", "--state-heads", "4", "--state-bytes",
+                         "96+416", "--prefill-tp", "1", "--decode-tp", "2"], [], False),
+    ("hyb_state_eq", HYB + ["--full-attn-every", "3", "--state-heads", "2", "--state-bytes",
+                            "600", "--prefill-tp", "2", "--decode-tp", "2",
+                            "--decode-page-size", "32"], [], False),
+    ("hyb_window_swap", HYB + ["--full-attn-every", "2", "--window", "48", "--prefill-tp",
+                               "2", "--decode-tp", "1"], ["--fault", "swap-pages"], True),
 ]
 
 
