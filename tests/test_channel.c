@@ -258,6 +258,62 @@ static void test_channel_fingerprint_names_the_layer_pattern(void **state)
     assert_int_equal(a.state_ssm_bytes, 65536);
 }
 
+/* A draft model's KV (docs/kinds/draft.md) is in the fingerprint: a side
+ * that sends one and a side without are refused by name (each would read
+ * the other's writer blocks at other offsets), as are drafts of other
+ * layer counts or head dims; a draft head dim of 0 is the model's. */
+static void test_channel_fingerprint_names_the_draft(void **state)
+{
+    (void)state;
+    kvs_layout_params_t prm = {.total_heads = 8, .head_dim = 128, .layers = 32,
+                               .page_size = 16, .prefill_tp = 4, .decode_tp = 2,
+                               .chunk_tokens = 4096};
+    const kvs_manager_config_t none = {0};
+    kvs_layout_t plain, eagle, eagle_dim, two, small;
+    assert_int_equal(kvs_layout_init(&plain, &prm, NULL), KVS_OK);
+    prm.draft_layers = 1;
+    assert_int_equal(kvs_layout_init(&eagle, &prm, NULL), KVS_OK);
+    prm.draft_head_dim = 128; /* the model's, named */
+    assert_int_equal(kvs_layout_init(&eagle_dim, &prm, NULL), KVS_OK);
+    prm.draft_layers = 2;
+    assert_int_equal(kvs_layout_init(&two, &prm, NULL), KVS_OK);
+    prm.draft_head_dim = 64;
+    assert_int_equal(kvs_layout_init(&small, &prm, NULL), KVS_OK);
+    const struct {
+        const kvs_layout_t *a, *b;
+        const char *name;
+    } cases[] = {
+        {&eagle, &plain, "draft layers (0: no draft; draft_layers, --draft-layers) differs: "
+                         "this side 1, peer 0"},
+        {&plain, &eagle, "draft layers (0: no draft; draft_layers, --draft-layers) differs: "
+                         "this side 0, peer 1"},
+        {&eagle, &two, "draft layers (0: no draft; draft_layers, --draft-layers) differs: "
+                       "this side 1, peer 2"},
+        {&two, &small, "draft head dim (draft_head_dim, --draft-head-dim) differs: this "
+                       "side 128, peer 64"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kvs_fingerprint_t a, b;
+        kvs__fingerprint(cases[i].a, KVS_PATH_STAGING, &none, &a);
+        kvs__fingerprint(cases[i].b, KVS_PATH_STAGING, &none, &b);
+        char why[256] = "";
+        assert_int_equal(kvs__fingerprint_check(&a, &b, why, sizeof why), KVS_EFINGERPRINT);
+        if (strstr(why, cases[i].name) == NULL)
+            fail_msg("case %zu: why = \"%s\", wanted \"%s\"", i, why, cases[i].name);
+        assert_int_equal(kvs__fingerprint_check(&a, &a, why, sizeof why), KVS_OK);
+    }
+    kvs_fingerprint_t a, b;
+    kvs__fingerprint(&eagle, KVS_PATH_STAGING, &none, &a);
+    kvs__fingerprint(&eagle_dim, KVS_PATH_STAGING, &none, &b);
+    char why[256] = "";
+    assert_int_equal(kvs__fingerprint_check(&a, &b, why, sizeof why), KVS_OK);
+    assert_int_equal(a.draft_layers, 1);
+    assert_int_equal(a.draft_head_dim, 128);
+    kvs__fingerprint(&plain, KVS_PATH_STAGING, &none, &a);
+    assert_int_equal(a.draft_layers, 0);
+    assert_int_equal(a.draft_head_dim, 0);
+}
+
 /* An MLA side (one latent of 576 per token) and a GQA side differ in kind,
  * heads and head dim: the kind, what to fix, is named; two MLA sides of
  * other latent dims differ in head dim, named as the latent dim. */
@@ -485,6 +541,7 @@ int main(void)
         cmocka_unit_test(test_channel_fingerprint_check_equal_is_ok),
         cmocka_unit_test(test_channel_fingerprint_check_names_each_field),
         cmocka_unit_test(test_channel_fingerprint_names_the_layer_pattern),
+        cmocka_unit_test(test_channel_fingerprint_names_the_draft),
         cmocka_unit_test(test_channel_fingerprint_mla_against_gqa_names_the_kind),
         cmocka_unit_test(test_channel_fingerprint_check_reports_first_difference),
         cmocka_unit_test(test_channel_fingerprint_check_app_tag_fits),
