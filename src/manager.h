@@ -42,6 +42,8 @@ struct kvs_manager {
     uint64_t *k_base, *v_base;  /* v_base NULL with one plane per layer (MLA) */
     uint64_t *ks_base, *vs_base; /* scale buffers (kv_scales), else NULL */
     uint64_t *state_base;       /* state buffers (state layers), else NULL */
+    uint64_t *draft_k_base, *draft_v_base; /* a draft's buffers (draft_layers),
+                                              else NULL; V NULL for MLA */
     int64_t scale_bytes;        /* one head's scales in a token row, 0: none */
 
     kvs_layout_t layout;       /* valid once a handler exists */

@@ -255,7 +255,8 @@ class ManagerConfig(c.Structure):
                 ("kv_kind", enum), ("peer_page_size", i64), ("kv_scales", enum),
                 ("scale_block", i64), ("cp_rank", i64), ("full_attn_every", i64),
                 ("other_layers", enum), ("window_tokens", i64), ("state_heads", i64),
-                ("state_conv_bytes", i64), ("state_ssm_bytes", i64)]
+                ("state_conv_bytes", i64), ("state_ssm_bytes", i64),
+                ("draft_layers", i64), ("draft_head_dim", i64), ("draft_kv_heads", i64)]
 
 
 class KvLayer(c.Structure):
