@@ -52,11 +52,12 @@ struct kvs_manager {
     kvs__secret_t secret;      /* the cluster secret (len 0: open); wiped at destroy */
 };
 
-/* kvs_manager_set_kv_layers with state buffers (kvs_kv_buffers_t's
- * state_base and state_slots; NULL and 0 without state layers). */
+/* kvs_manager_set_kv_layers with the buffers beside the layers' own:
+ * more's state_base and state_slots (state layers) and draft_k_base and
+ * draft_v_base (a draft model); its other fields are not read. */
 int kvs__manager_set_kv_layers(kvs_manager_t *m, const kvs_kv_layer_t *layers,
                                int64_t num_layers, int64_t local_heads,
-                               const uint64_t *state_base, int64_t state_slots);
+                               const kvs_kv_buffers_t *more);
 
 /* The layout params of the pair of this rank with a peer instance of TP
  * peer_tp and PP peer_pp. The prefill's CP size: on a decode the peer

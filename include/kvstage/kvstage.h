@@ -1307,6 +1307,11 @@ typedef struct kvs_rank_config {
      * NULL and 0 without. */
     const uint64_t *state_base;
     int64_t state_slots;
+    /* With a draft (manager.draft_layers > 0): kvs_kv_buffers_t's
+     * draft_k_base and draft_v_base ([manager.draft_layers], borrowed for
+     * the call; V NULL for MLA); NULL without. */
+    const uint64_t *draft_k_base;
+    const uint64_t *draft_v_base;
 } kvs_rank_config_t;
 
 /* Creates the manager, its staging memory and their registration (staging

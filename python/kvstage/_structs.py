@@ -269,7 +269,8 @@ class KvLayer(c.Structure):
 class RankConfig(c.Structure):
     """kvs_rank_config_t"""
     _fields_ = [("manager", ManagerConfig), ("layers", c.POINTER(KvLayer)),
-                ("local_heads", i64), ("state_base", c.POINTER(u64)), ("state_slots", i64)]
+                ("local_heads", i64), ("state_base", c.POINTER(u64)), ("state_slots", i64),
+                ("draft_k_base", c.POINTER(u64)), ("draft_v_base", c.POINTER(u64))]
 
 
 class Peer(c.Structure):
