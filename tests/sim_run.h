@@ -1,7 +1,8 @@
 /*
  * sim_run.h - running a simulated scenario from a cmocka test: one data
  * mode, a clean run in both, or a planted bug in both (tests/test_sim_data.c,
- * tests/test_sim_context_parallel.c, tests/test_sim_hybrid.c). A run that cannot happen fails the
+ * tests/test_sim_context_parallel.c, tests/test_sim_hybrid.c,
+ * tests/test_sim_draft.c). A run that cannot happen fails the
  * test, naming the run, its mode and seed.
  */
 #ifndef KVS_TESTS_SIM_RUN_H

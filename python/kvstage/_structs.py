@@ -140,7 +140,7 @@ class SimConfig(c.Structure):
                 ("kv_scales", i32), ("scale_block", u32), ("prefill_cp", i64),
                 ("full_attn_every", i64), ("other_layers", i32), ("reserved5", u32),
                 ("window_tokens", i64), ("state_heads", i64), ("state_conv_bytes", i64),
-                ("state_ssm_bytes", i64)]
+                ("state_ssm_bytes", i64), ("draft_layers", i64), ("draft_head_dim", i64)]
 
 
 class SimInstance(c.Structure):
