@@ -25,4 +25,12 @@ sim_report_t sim_run_clean_in_both(const sim_scenario_config_t *c, const char *w
  * and violations in each. */
 void sim_run_caught_in_both(sim_scenario_config_t c, uint64_t *hits, const char *what);
 
+/* sim_run_clean_in_both, and the run took the staging path (a hybrid
+ * layout or a draft: path auto must pick it). The report. */
+sim_report_t sim_run_staged_in_both(const sim_scenario_config_t *c, const char *what);
+
+/* sim_run_caught_in_both, then the same run without its copy hook is
+ * clean in both modes (the bug was the plant's, not the run's). */
+void sim_run_caught_then_clean(sim_scenario_config_t c, uint64_t *hits, const char *what);
+
 #endif

@@ -201,6 +201,22 @@ static void test_channel_fingerprint_check_names_each_field(void **state)
     }
 }
 
+/* Case i: the fingerprints of layouts a and b (staging path) are refused
+ * with a reason that holds `name`; a's against itself passes. */
+static void refused_by_name(size_t i, const kvs_layout_t *la, const kvs_layout_t *lb,
+                            const char *name)
+{
+    const kvs_manager_config_t none = {0};
+    kvs_fingerprint_t a, b;
+    kvs__fingerprint(la, KVS_PATH_STAGING, &none, &a);
+    kvs__fingerprint(lb, KVS_PATH_STAGING, &none, &b);
+    char why[256] = "";
+    assert_int_equal(kvs__fingerprint_check(&a, &b, why, sizeof why), KVS_EFINGERPRINT);
+    if (strstr(why, name) == NULL)
+        fail_msg("case %zu: why = \"%s\", wanted \"%s\"", i, why, name);
+    assert_int_equal(kvs__fingerprint_check(&a, &a, why, sizeof why), KVS_OK);
+}
+
 /* A hybrid model's layer pattern is in the fingerprint: a side that
  * moves every page of every layer and one that moves a window's (or a
  * state) are refused by name, as are two windows or two state sizes. */
@@ -240,16 +256,8 @@ static void test_channel_fingerprint_names_the_layer_pattern(void **state)
         {&st, &st2, "conv state bytes per head (state_conv_bytes, --state-bytes C+S) "
                     "differs: this side 3072, peer 0"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        kvs_fingerprint_t a, b;
-        kvs__fingerprint(cases[i].a, KVS_PATH_STAGING, &none, &a);
-        kvs__fingerprint(cases[i].b, KVS_PATH_STAGING, &none, &b);
-        char why[256] = "";
-        assert_int_equal(kvs__fingerprint_check(&a, &b, why, sizeof why), KVS_EFINGERPRINT);
-        if (strstr(why, cases[i].name) == NULL)
-            fail_msg("case %zu: why = \"%s\", wanted \"%s\"", i, why, cases[i].name);
-        assert_int_equal(kvs__fingerprint_check(&a, &a, why, sizeof why), KVS_OK);
-    }
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        refused_by_name(i, cases[i].a, cases[i].b, cases[i].name);
     kvs_fingerprint_t a;
     kvs__fingerprint(&st, KVS_PATH_STAGING, &none, &a);
     assert_int_equal(a.full_attn_every, 4);
@@ -292,16 +300,8 @@ static void test_channel_fingerprint_names_the_draft(void **state)
         {&two, &small, "draft head dim (draft_head_dim, --draft-head-dim) differs: this "
                        "side 128, peer 64"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        kvs_fingerprint_t a, b;
-        kvs__fingerprint(cases[i].a, KVS_PATH_STAGING, &none, &a);
-        kvs__fingerprint(cases[i].b, KVS_PATH_STAGING, &none, &b);
-        char why[256] = "";
-        assert_int_equal(kvs__fingerprint_check(&a, &b, why, sizeof why), KVS_EFINGERPRINT);
-        if (strstr(why, cases[i].name) == NULL)
-            fail_msg("case %zu: why = \"%s\", wanted \"%s\"", i, why, cases[i].name);
-        assert_int_equal(kvs__fingerprint_check(&a, &a, why, sizeof why), KVS_OK);
-    }
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        refused_by_name(i, cases[i].a, cases[i].b, cases[i].name);
     kvs_fingerprint_t a, b;
     kvs__fingerprint(&eagle, KVS_PATH_STAGING, &none, &a);
     kvs__fingerprint(&eagle_dim, KVS_PATH_STAGING, &none, &b);

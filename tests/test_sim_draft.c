@@ -53,15 +53,6 @@ static sim_scenario_config_t small_draft(int64_t p, int64_t d, int64_t heads, in
     return c;
 }
 
-/* Every byte right in both modes (sim_run_clean_in_both), on the staging
- * path (auto picks it). */
-static sim_report_t clean_in_both(const sim_scenario_config_t *c, const char *what)
-{
-    const sim_report_t r = sim_run_clean_in_both(c, what);
-    assert_int_equal(r.path, KVS_PATH_STAGING);
-    return r;
-}
-
 static void test_sim_draft_every_byte_in_both_modes(void **state)
 {
     (void)state;
@@ -103,7 +94,7 @@ static void test_sim_draft_every_byte_in_both_modes(void **state)
         c.shape.decode_page_size = runs[i].dps;
         c.prefix_max_tokens = runs[i].prefix;
         c.path = runs[i].path;
-        clean_in_both(&c, runs[i].what);
+        sim_run_staged_in_both(&c, runs[i].what);
     }
 }
 
@@ -116,7 +107,7 @@ static void test_sim_draft_adds_its_bytes(void **state)
     sim_scenario_config_t c = small_draft(4, 2, 8, 2);
     c.shape.draft_head_dim = 64;
     c.prompt_min_tokens = c.prompt_max_tokens = 1000;
-    const sim_report_t w = clean_in_both(&c, "a draft of 2 layers of head dim 64");
+    const sim_report_t w = sim_run_staged_in_both(&c, "a draft of 2 layers of head dim 64");
     c.shape.draft_layers = 0;
     c.shape.draft_head_dim = 0;
     const sim_report_t m = sim_run_mode(c, SIM_DATA_BYTES, "the model alone");
@@ -193,14 +184,6 @@ static sim_scenario_config_t plant_run(plant_t *pl, sim_scenario_config_t c)
     return c;
 }
 
-/* Runs c with the plant in both modes; without it the same run is clean. */
-static void caught_in_both(sim_scenario_config_t c, plant_t *pl, const char *what)
-{
-    sim_run_caught_in_both(c, &pl->hits, what);
-    c.copy_hook = NULL;
-    clean_in_both(&c, "the planted run, unplanted");
-}
-
 /* In the provenance mode every draft byte is missing (a hole) and as many
  * model bytes hold the draft's: exactly twice the draft's bytes. */
 static void test_sim_draft_catches_draft_into_model_slots(void **state)
@@ -209,7 +192,8 @@ static void test_sim_draft_catches_draft_into_model_slots(void **state)
     plant_t pl;
     sim_scenario_config_t c = plant_run(&pl, small_draft(4, 2, 8, 2));
     c.copy_hook = plant_draft_into_model;
-    caught_in_both(c, &pl, "a draft part scattered into the model's layer slots, P4 -> D2");
+    sim_run_caught_then_clean(c, &pl.hits,
+                              "a draft part scattered into the model's layer slots, P4 -> D2");
     const sim_report_t r = sim_run_mode(c, SIM_DATA_PROVENANCE, "draft into the model");
     /* 1000 rows x 8 heads x 128 x 2 bytes, K and V, 2 draft layers */
     const uint64_t draft = 1000ull * 8 * 128 * 2 * 2 * 2 * c.requests;
@@ -225,7 +209,7 @@ static void test_sim_draft_catches_row_shifted(void **state)
     c.shape.head_dim = 576;
     c = plant_run(&pl, c);
     c.copy_hook = plant_draft_row_shifted;
-    caught_in_both(c, &pl, "an MTP row scattered a token early, MLA P4 -> D2");
+    sim_run_caught_then_clean(c, &pl.hits, "an MTP row scattered a token early, MLA P4 -> D2");
 }
 
 /* ---- refusals ------------------------------------------------------------------ */
