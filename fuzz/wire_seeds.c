@@ -85,6 +85,10 @@ static size_t make_seeds(seed_t *s, size_t cap)
     m->u.reg.fp.state_heads = 16;
     m->u.reg.fp.state_conv_bytes = 3072;
     m->u.reg.fp.state_ssm_bytes = 65536;
+    m = SEED("register_draft", REGISTER); /* an EAGLE draft: one layer */
+    m->u.reg = reg;
+    m->u.reg.fp.draft_layers = 1;
+    m->u.reg.fp.draft_head_dim = fp.head_dim;
     m = SEED("fingerprint_reserved", REGISTER); /* a reserved field set */
     m->u.reg = reg;
     m->u.reg.fp.reserved = 1;

@@ -284,6 +284,8 @@ static int sim_api_cluster(const kvs_sim_config_t *c, sim_scenario_config_t *s,
     s->shape.state_heads = c->state_heads;
     s->shape.state_conv_bytes = c->state_conv_bytes;
     s->shape.state_ssm_bytes = c->state_ssm_bytes;
+    s->shape.draft_layers = c->draft_layers;
+    s->shape.draft_head_dim = c->draft_head_dim;
     /* The instances: with a list, 0 sizes of the shape are instance 0's. */
     s->topo.prefill_instances = c->prefill_instances;
     s->topo.decode_instances = c->decode_instances;
@@ -326,6 +328,13 @@ static int sim_api_scenario(const kvs_sim_config_t *c, sim_scenario_config_t *s,
                             "window or state layers): use path staging or auto",
                             c->path == KVS_PATH_DIRECT ? "direct" : "slice",
                             (long long)c->full_attn_every);
+    /* So does a draft model's KV (the draft part of each writer block). */
+    if (c->draft_layers > 0 && (c->path == KVS_PATH_DIRECT || c->path == KVS_PATH_SLICE))
+        return SIM_API_FAIL(err, KVS_EINVAL,
+                            "path %s does not move a draft model's KV (draft_layers %lld): "
+                            "use path staging or auto",
+                            c->path == KVS_PATH_DIRECT ? "direct" : "slice",
+                            (long long)c->draft_layers);
     /* Direct copies pages rank to rank: every pair needs equal TP sizes. */
     for (uint32_t p = 0; c->path == KVS_PATH_DIRECT && p < topo.prefill_instances; p++)
         for (uint32_t d = 0; d < topo.decode_instances; d++)

@@ -24,9 +24,11 @@ int sim_check_ring(const sim_scenario_config_t *cfg, const sim_topology_t *topo,
     for (uint32_t p = 0; cfg->staging && p < topo->prefill_instances; p++)
         for (uint32_t d = 0; d < topo->decode_instances; d++) {
             const bool hybrid = cfg->shape.full_attn_every > 1; /* auto stages it */
+            const bool draft = cfg->shape.draft_layers > 0;     /* ... and a draft */
             const bool stages = cfg->path == KVS_PATH_STAGING ||
                                 (cfg->path == KVS_PATH_AUTO &&
-                                 (topo->prefill[p].tp != topo->decode[d].tp || hybrid));
+                                 (topo->prefill[p].tp != topo->decode[d].tp || hybrid ||
+                                  draft));
             if (!stages)
                 continue;
             const kvs_layout_params_t params = sim_topology_pair(&cfg->shape, topo, p, d);

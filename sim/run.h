@@ -64,6 +64,11 @@ typedef struct sim_node {
      * state slot is its index. */
     uint64_t *state_base;
     int64_t state_heads;         /* local state heads */
+    /* A draft model (docs/kinds/draft.md): per draft layer its K and V
+     * buffers (V NULL for MLA), laid out as the model's with the draft's
+     * head dim, after the state; NULL without a draft. */
+    uint64_t *draft_k_base, *draft_v_base;
+    uint64_t draft_layer_bytes;  /* bytes of one draft buffer, 0 without */
     uint32_t gpu_id;
     bool down;                   /* crashed, or failed its init: no handler */
     bool hbm_full;               /* its GPU holds the KV pool and nothing more */

@@ -179,7 +179,8 @@ static bool sim_pair_stages(const sim_scenario_t *sc, const sim_inst_t *pi, cons
 {
     return sc->cfg.staging && (sc->cfg.path == KVS_PATH_STAGING ||
                                (sc->cfg.path == KVS_PATH_AUTO &&
-                                (pi->tp != di->tp || sc->lay.full_attn_every > 1)));
+                                (pi->tp != di->tp || sc->lay.full_attn_every > 1 ||
+                                 sc->lay.draft_layers > 0)));
 }
 
 /* The node whose NIC is named name, or NULL. */
@@ -796,8 +797,15 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
         (void)kvs_layout_layer_kind(l, n->first_layer + i, &kind);
         state_layers += kind == KVS_LAYER_STATE;
     }
-    const uint64_t pool_bytes = kv_bytes + scales_bytes +
-                                (uint64_t)state_layers * state_layer_bytes;
+    /* A draft model's buffers (docs/kinds/draft.md), after the state: per
+     * draft layer its planes, the model's pages of draft_head_dim. */
+    n->draft_layer_bytes = (uint64_t)sc->pool_pages * (uint64_t)(n->ps * n->heads *
+                                                                  l->draft_head_dim *
+                                                                  l->elem_bytes);
+    const uint64_t before_draft = kv_bytes + scales_bytes +
+                                  (uint64_t)state_layers * state_layer_bytes;
+    const uint64_t pool_bytes = before_draft + (uint64_t)(l->planes * l->draft_layers) *
+                                                   n->draft_layer_bytes;
     sim_gpu_config_t gc = sc->cfg.gpu;
     if (n->hbm_full)
         gc.hbm_bytes = pool_bytes; /* the KV pool fills it */
@@ -831,8 +839,14 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
     n->ks_base = calloc((size_t)n->layers, sizeof *n->ks_base);
     n->vs_base = calloc((size_t)n->layers, sizeof *n->vs_base);
     n->state_base = state ? calloc((size_t)n->layers, sizeof *n->state_base) : NULL;
+    const bool draft = l->draft_layers > 0;
+    n->draft_k_base = draft ? calloc((size_t)l->draft_layers, sizeof *n->draft_k_base) : NULL;
+    n->draft_v_base = draft && l->planes == 2
+                          ? calloc((size_t)l->draft_layers, sizeof *n->draft_v_base)
+                          : NULL;
     if (n->k_base == NULL || n->v_base == NULL || n->ks_base == NULL || n->vs_base == NULL ||
-        (state && n->state_base == NULL) ||
+        (state && n->state_base == NULL) || (draft && n->draft_k_base == NULL) ||
+        (draft && l->planes == 2 && n->draft_v_base == NULL) ||
         (n->pool_host == NULL && sim_gpu_prov(n->gpu) == NULL))
         return sim_fail(sc, KVS_ENOMEM, "%s: KV pool tables", n->name);
     /* Layer i's planes back to back: K then V, or MLA's latent alone (no
@@ -853,6 +867,12 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
             n->state_base[i] = n->pool_addr + kv_bytes + scales_bytes +
                                (uint64_t)(k++) * state_layer_bytes;
     }
+    for (int64_t i = 0; i < l->draft_layers; i++) { /* as the model's: K then V */
+        n->draft_k_base[i] = n->pool_addr + before_draft +
+                             (uint64_t)(l->planes * i) * n->draft_layer_bytes;
+        if (n->draft_v_base != NULL)
+            n->draft_v_base[i] = n->draft_k_base[i] + n->draft_layer_bytes;
+    }
 
     const bool staging = sc->cfg.staging || sc->cfg.path == KVS_PATH_STAGING;
     kvs_manager_config_t mc = {
@@ -861,6 +881,7 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
         .full_attn_every = l->full_attn_every, .other_layers = l->other_layers,
         .window_tokens = l->window_tokens, .state_heads = l->state_heads,
         .state_conv_bytes = l->state_conv_bytes, .state_ssm_bytes = l->state_ssm_bytes,
+        .draft_layers = l->draft_layers, .draft_head_dim = l->draft_head_dim,
         .head_dim = l->head_dim, .dtype = sc->cfg.shape.dtype, .layers = n->layers,
         .model_layers = l->layers,
         .page_size = n->ps, .peer_page_size = decode ? l->page_size : l->decode_page_size,
@@ -898,7 +919,9 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
                                      .ks_addr = n->ks_base[i], .vs_addr = n->vs_base[i]};
     const kvs_rank_config_t rcfg = {.manager = mc, .layers = layers, .local_heads = n->heads,
                                     .state_base = n->state_base,
-                                    .state_slots = state ? (int64_t)sc->cfg.requests : 0};
+                                    .state_slots = state ? (int64_t)sc->cfg.requests : 0,
+                                    .draft_k_base = n->draft_k_base,
+                                    .draft_v_base = n->draft_v_base};
     kvs_error_t err = {0};
     rc = kvs_rank_create(&rcfg, dev, sim_nic_fabric(n->nic), &n->rank, &err);
     free(layers);
@@ -956,11 +979,14 @@ static void sim_node_teardown(sim_node_t *n)
     free(n->ks_base);
     free(n->vs_base);
     free(n->state_base);
+    free(n->draft_k_base);
+    free(n->draft_v_base);
     n->nic = NULL;
     n->gpu = NULL;
     n->pool_addr = 0;
     n->pool_host = NULL;
     n->k_base = n->v_base = n->ks_base = n->vs_base = n->state_base = NULL;
+    n->draft_k_base = n->draft_v_base = NULL;
 }
 
 /* Decode rank n declares every prefill instance (the addresses of its

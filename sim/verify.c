@@ -231,6 +231,61 @@ static uint64_t sim_state_pass(sim_scenario_t *sc, sim_node_t *n, uint64_t req, 
  * the provenance mode looks at every row. */
 #define SIM_BEFORE_WINDOW_MIN_BYTES 8
 
+/* A draft model's rows (docs/kinds/draft.md) of tokens [a, b) of a request
+ * on node n, its pages starting at token base: written (prefill) or
+ * checked (decode; returns the bytes that differ and adds those checked to
+ * *checked), in either data mode. Draft layer i's vectors have the
+ * coordinate of global layer layers + i (no model layer has it), the
+ * model's heads and tokens, draft_head_dim elements each, so a draft byte
+ * in a model slot, another draft layer or another token is wrong. */
+static uint64_t sim_draft_pass(sim_scenario_t *sc, sim_node_t *n, uint64_t req,
+                               const int64_t *pages, int64_t base, int64_t a, int64_t b,
+                               bool check, uint64_t *checked)
+{
+    const kvs_layout_t *l = &sc->lay;
+    sim_prov_map_t *map = sim_gpu_prov(n->gpu);
+    const int64_t hb = l->draft_head_dim * l->elem_bytes, ps = n->ps;
+    uint64_t bad = 0;
+    for (int64_t i = 0; i < l->draft_layers; i++)
+        for (int kv = 0; kv < l->planes; kv++) {
+            const uint64_t buf = (kv == 0 ? n->draft_k_base : n->draft_v_base)[i];
+            for (int64_t t = a, cnt = 0; t < b; t += cnt) {
+                cnt = sim_slot_run(pages, base, t, b, ps);
+                const uint64_t at = buf + (uint64_t)((pages[(t - base) / ps] * ps + t % ps) *
+                                                     n->heads * hb);
+                sim_kv_coord_t c = {req, l->layers + i, kv,
+                                    sim_global_head(l->total_heads, n->inst->tp, n->tp,
+                                                    n->heads, 0),
+                                    t};
+                if (map != NULL) { /* the run's rows of consecutive global heads */
+                    const sim_prov_run_t run = sim_kvdata_prov_rows(&c, n->heads, cnt,
+                                                                    l->total_heads, hb, at);
+                    if (check)
+                        bad += sim_prov_diff(map, &run);
+                    else if (sim_prov_write(map, &run) != KVS_OK)
+                        sim_fail(sc, KVS_ENOMEM, "%s: out of host memory for the provenance "
+                                 "of the draft's buffers", n->name);
+                    continue;
+                }
+                for (int64_t k = 0; k < cnt; k++)
+                    for (int64_t j = 0; j < n->heads; j++) {
+                        c.token = t + k;
+                        c.head = sim_global_head(l->total_heads, n->inst->tp, n->tp, n->heads,
+                                                 j);
+                        uint8_t *p = n->pool_host +
+                                     (at + (uint64_t)((k * n->heads + j) * hb) - n->pool_addr);
+                        if (check)
+                            bad += sim_kvdata_check(p, (size_t)hb, &c);
+                        else
+                            sim_kvdata_fill(p, (size_t)hb, &c);
+                    }
+            }
+            if (checked != NULL)
+                *checked += (uint64_t)((b - a) * n->heads * hb);
+        }
+    return bad;
+}
+
 /* A window layer's decode pages before its window must not be written for
  * this request (the engine never reads them): each of their vectors (rows,
  * in the provenance mode) that holds the request's own bytes counts as
@@ -280,6 +335,7 @@ void sim_fill_prefill(sim_scenario_t *sc, sim_node_t *n, uint64_t req, int64_t a
     const sim_req_t *r = &sc->reqs[req];
     if (b == r->tokens) /* the prompt's end: its state */
         sim_state_pass(sc, n, req, false, NULL);
+    sim_draft_pass(sc, n, req, r->ppages, 0, a, b, false, NULL);
     if (sim_gpu_prov(n->gpu) != NULL) {
         sim_prov_pass(sc, n, req, r->ppages, 0, a, b, false);
         return;
@@ -312,7 +368,9 @@ uint64_t sim_verify_decode(sim_scenario_t *sc, sim_node_t *n, uint64_t req,
     for (int q = 0; q < sim_bufs(l); q++)
         row_bytes += n->heads * sim_buf_bytes(l, q);
     uint64_t checked = 0;
-    *corrupt += sim_state_pass(sc, n, req, true, &checked) + sim_check_before_window(sc, n, req);
+    *corrupt += sim_state_pass(sc, n, req, true, &checked) + sim_check_before_window(sc, n, req) +
+                sim_draft_pass(sc, n, req, r->dpages, r->base, r->base, r->tokens, true,
+                               &checked);
     if (sim_gpu_prov(n->gpu) != NULL) {
         *corrupt += sim_prov_pass(sc, n, req, r->dpages, r->base, r->base, r->tokens, true);
         for (int64_t layer = 0; layer < n->layers; layer++) {

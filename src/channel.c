@@ -50,6 +50,8 @@ void kvs__fingerprint(const kvs_layout_t *lay, kvs_path_t path, const kvs_manage
         .state_heads = lay->state_heads,
         .state_conv_bytes = lay->state_conv_bytes,
         .state_ssm_bytes = lay->state_ssm_bytes,
+        .draft_layers = lay->draft_layers,
+        .draft_head_dim = lay->draft_head_dim,
     };
 }
 
@@ -101,6 +103,13 @@ int kvs__fingerprint_check(const kvs_fingerprint_t *mine, const kvs_fingerprint_
          mine->state_conv_bytes, theirs->state_conv_bytes, NULL},
         {"recurrent state bytes per head (state_ssm_bytes, --state-bytes C+S)",
          mine->state_ssm_bytes, theirs->state_ssm_bytes, NULL},
+        /* A draft model's KV ends each writer block (docs/kinds/draft.md):
+         * a side that sends one and a side that expects none would read
+         * each other's blocks at other offsets. */
+        {"draft layers (0: no draft; draft_layers, --draft-layers)", mine->draft_layers,
+         theirs->draft_layers, NULL},
+        {"draft head dim (draft_head_dim, --draft-head-dim)", mine->draft_head_dim,
+         theirs->draft_head_dim, NULL},
         /* Both sides must agree on the whole layout: which ranks write to
          * which, how many writers a chunk waits for, whose layers. */
         {"prefill TP size (--prefill-tp)", mine->prefill_tp, theirs->prefill_tp, NULL},

@@ -50,6 +50,7 @@
 #include "handler.h"
 #include "hybrid.h"
 #include "hybrid_copy.h"
+#include "draft_copy.h"
 #include "log.h"
 #include "region_keys.h"
 
@@ -935,6 +936,18 @@ static int kvs__scatter_hybrid(kvs_decode_t *d, const kvs__droom_t *r, int64_t c
     return rc;
 }
 
+/* One fused scatter of d->parts[0, n) (their blocks' starts), then of
+ * their draft parts (draft_copy.h): writers replicating a head keep their
+ * order in both, so the last one's bytes land last. */
+static int kvs__scatter_parts(kvs_decode_t *d, const kvs_layout_t *lay,
+                              const kvs_copy_desc_t *desc, int64_t n)
+{
+    const int rc = kvs__dev_scatter_parts(d->h.dev, d->h.stream, desc, d->parts, n);
+    return rc != KVS_OK ? rc
+                        : kvs__draft_copy(d->h.dev, d->h.stream, d->h.m, lay, false, desc,
+                                          d->parts, n);
+}
+
 static void kvs__scatter(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
 {
     kvs_manager_t *m = d->h.m;
@@ -986,14 +999,14 @@ static void kvs__scatter(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
                 continue;
             }
             if (n == KVS_COPY_PARTS_MAX) {
-                rc = kvs__dev_scatter_parts(d->h.dev, d->h.stream, &desc, d->parts, n);
+                rc = kvs__scatter_parts(d, lay, &desc, n);
                 n = 0;
             }
             if (rc == KVS_OK)
                 d->parts[n++] = part;
         }
         if (rc == KVS_OK && n > 0)
-            rc = kvs__dev_scatter_parts(d->h.dev, d->h.stream, &desc, d->parts, n);
+            rc = kvs__scatter_parts(d, lay, &desc, n);
     }
     /* The event is recorded even after a refused copy: one refused part-way
      * may have left its first parts enqueued (the core's default copy runs

@@ -145,8 +145,12 @@ int kvs__writer_spans(const kvs_layout_t *lay, int64_t decode_tp, int64_t decode
         return rc;
     const uint64_t blk = (uint64_t)kvs_layout_layer_block_bytes(lay, tokens, w.heads.num_heads);
     const uint64_t at = (uint64_t)w.offset_bytes, lp = (uint64_t)count;
-    if (first == dfirst && count == dcount) {
-        out[0] = (kvs__span_t){0, at, (uint64_t)lay->planes * lp * blk};
+    if (first == dfirst && count == dcount) { /* the whole block, with a draft part (draft
+                                                 layers come with PP 1 alone, src/draft.c) */
+        out[0] = (kvs__span_t){0, at,
+                               (uint64_t)lay->planes * lp * blk +
+                                   (uint64_t)kvs_layout_draft_part_bytes(lay, tokens,
+                                                                        w.heads.num_heads)};
         *n = 1;
         return KVS_OK;
     }

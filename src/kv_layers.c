@@ -109,12 +109,13 @@ static int kvs__check_layer(kvs_manager_t *m, const kvs_kv_layer_t *l, int64_t i
 int kvs_manager_set_kv_layers(kvs_manager_t *m, const kvs_kv_layer_t *layers,
                               int64_t num_layers, int64_t local_heads)
 {
-    return kvs__manager_set_kv_layers(m, layers, num_layers, local_heads, NULL, 0);
+    return kvs__manager_set_kv_layers(m, layers, num_layers, local_heads,
+                                      &(kvs_kv_buffers_t){0});
 }
 
 int kvs__manager_set_kv_layers(kvs_manager_t *m, const kvs_kv_layer_t *layers,
                                int64_t num_layers, int64_t local_heads,
-                               const uint64_t *state_base, int64_t state_slots)
+                               const kvs_kv_buffers_t *more)
 {
     if (m == NULL)
         return KVS_EINVAL;
@@ -152,7 +153,10 @@ int kvs__manager_set_kv_layers(kvs_manager_t *m, const kvs_kv_layer_t *layers,
                                      .num_pages = tokens / ps,
                                      .ks_base = scales ? ks : NULL,
                                      .vs_base = scales && !one_plane ? vs : NULL,
-                                     .state_base = state_base, .state_slots = state_slots};
+                                     .state_base = more->state_base,
+                                     .state_slots = more->state_slots,
+                                     .draft_k_base = more->draft_k_base,
+                                     .draft_v_base = more->draft_v_base};
         rc = kvs_manager_set_kv_buffers(m, &kv); /* copies the arrays */
     } else {
         KVS__MFAIL(m, rc, "copying %lld layer addresses failed", (long long)num_layers);

@@ -48,6 +48,11 @@ static int kvs__check_config(const kvs_manager_config_t *c, const kvs_device_t *
         return KVS__FAIL(err, KVS_EINVAL, "peer_page_size %lld must be >= 0 (0: the peer's "
                          "pages are of page_size %lld tokens too)",
                          (long long)c->peer_page_size, (long long)c->page_size);
+    /* The rest of the draft is checked with the layout (src/draft.c); its
+     * layer count bounds the buffer arrays set_kv_buffers copies. */
+    if (c->draft_layers < 0 || c->draft_layers > KVS_MAX_LAYERS)
+        return KVS__FAIL(err, KVS_EINVAL, "draft_layers %lld must lie in [0, %d] (0: no "
+                         "draft; --draft-layers)", (long long)c->draft_layers, KVS_MAX_LAYERS);
     if (c->max_aux_bytes > KVS_AUX_BYTES_MAX)
         return KVS__FAIL(err, KVS_EINVAL, "max_aux_bytes %u is over the limit of %u bytes: "
                          "carry a larger result out of band", c->max_aux_bytes,
@@ -322,6 +327,8 @@ int kvs_manager_destroy(kvs_manager_t *m)
     free(m->ks_base);
     free(m->vs_base);
     free(m->state_base);
+    free(m->draft_k_base);
+    free(m->draft_v_base);
     free(m->staging_addr);
     free(m->staging_mr);
     free(m->staging_rkey);
@@ -366,8 +373,8 @@ static int64_t kvs__prefill_state_bytes(const kvs_manager_config_t *c)
 }
 
 /* Bytes of one prefill staging buffer: F * ps * (one token across all of
- * this rank's layers, each plane: K and V, or MLA's latent), and a hybrid
- * model's state part. 0 on overflow. */
+ * this rank's layers, each plane: K and V, or MLA's latent), a hybrid
+ * model's state part and a draft model's layers. 0 on overflow. */
 static uint64_t kvs__prefill_buffer_bytes(const kvs_manager_t *m, int64_t heads)
 {
     const kvs_manager_config_t *c = &m->cfg;
@@ -385,6 +392,19 @@ static uint64_t kvs__prefill_buffer_bytes(const kvs_manager_t *m, int64_t heads)
     const int64_t state = kvs__prefill_state_bytes(c);
     if (state < 0 || __builtin_add_overflow(bytes, state, &bytes))
         return 0;
+    /* A draft model's part (docs/kinds/draft.md): the same rows and heads
+     * of its draft_layers layers, each of draft_head_dim. */
+    if (c->draft_layers > 0) {
+        int64_t draft = pages * c->page_size;
+        const int64_t dhd = c->draft_head_dim > 0 ? c->draft_head_dim : c->head_dim;
+        const int64_t more[] = {heads, dhd, kvs_dtype_bytes(c->dtype), c->draft_layers,
+                                kvs_kv_kind_planes(c->kv_kind)};
+        for (size_t i = 0; i < sizeof more / sizeof more[0]; i++)
+            if (__builtin_mul_overflow(draft, more[i], &draft))
+                return 0;
+        if (__builtin_add_overflow(bytes, draft, &bytes))
+            return 0;
+    }
     return (uint64_t)bytes;
 }
 
@@ -520,6 +540,19 @@ int kvs_manager_set_kv_buffers(kvs_manager_t *m, const kvs_kv_buffers_t *kv)
         return KVS__MFAIL(m, KVS_EINVAL, "kv buffers: state_base / state_slots given, but the "
                           "layer pattern has no state layers: set config.full_attn_every "
                           "and other_layers state (--state-heads), or pass NULL and 0");
+    const bool draft = m->cfg.draft_layers > 0;
+    if (draft && (kv->draft_k_base == NULL || (kv->draft_v_base == NULL && !one_plane)))
+        return KVS__MFAIL(m, KVS_EINVAL, "kv buffers: draft_layers %lld needs the draft's "
+                          "buffers, one per draft layer: pass draft_k_base%s",
+                          (long long)m->cfg.draft_layers, one_plane ? "" : " and draft_v_base");
+    if (draft && one_plane && kv->draft_v_base != NULL)
+        return KVS__MFAIL(m, KVS_EMLA, "kv buffers: kv_kind %s keeps one buffer per draft "
+                          "layer (its latent, as draft_k_base): pass draft_v_base NULL",
+                          kvs_kv_kind_name(m->cfg.kv_kind));
+    if (!draft && (kv->draft_k_base != NULL || kv->draft_v_base != NULL))
+        return KVS__MFAIL(m, KVS_EINVAL, "kv buffers: draft_k_base / draft_v_base given, but "
+                          "draft_layers is 0: set config.draft_layers (--draft-layers) or "
+                          "pass them NULL");
     if (!scales && (kv->ks_base != NULL || kv->vs_base != NULL))
         return KVS__MFAIL(m, KVS_EINVAL, "kv buffers: ks_base / vs_base given, but kv_scales "
                           "is none: set config.kv_scales (--kv-scales) or pass them NULL");
@@ -550,13 +583,19 @@ int kvs_manager_set_kv_buffers(kvs_manager_t *m, const kvs_kv_buffers_t *kv)
     uint64_t *ks = scales ? malloc(n * sizeof *ks) : NULL;
     uint64_t *vs = scales && !one_plane ? malloc(n * sizeof *vs) : NULL;
     uint64_t *st = state ? malloc(n * sizeof *st) : NULL;
+    const size_t nd = draft ? (size_t)m->cfg.draft_layers : 0;
+    uint64_t *dk = draft ? malloc(nd * sizeof *dk) : NULL;
+    uint64_t *dv = draft && !one_plane ? malloc(nd * sizeof *dv) : NULL;
     if (k == NULL || (v == NULL && !one_plane) || (scales && ks == NULL) ||
-        (scales && !one_plane && vs == NULL) || (state && st == NULL)) {
+        (scales && !one_plane && vs == NULL) || (state && st == NULL) ||
+        (draft && dk == NULL) || (draft && !one_plane && dv == NULL)) {
         free(k);
         free(v);
         free(ks);
         free(vs);
         free(st);
+        free(dk);
+        free(dv);
         return KVS__MFAIL(m, KVS_ENOMEM, "copying %zu layer addresses failed", n);
     }
     memcpy(k, kv->k_base, n * sizeof *k);
@@ -568,6 +607,10 @@ int kvs_manager_set_kv_buffers(kvs_manager_t *m, const kvs_kv_buffers_t *kv)
         memcpy(vs, kv->vs_base, n * sizeof *vs);
     if (st != NULL)
         memcpy(st, kv->state_base, n * sizeof *st);
+    if (dk != NULL)
+        memcpy(dk, kv->draft_k_base, nd * sizeof *dk);
+    if (dv != NULL)
+        memcpy(dv, kv->draft_v_base, nd * sizeof *dv);
     m->k_base = k;
     m->v_base = v;
     m->ks_base = ks;
@@ -579,6 +622,10 @@ int kvs_manager_set_kv_buffers(kvs_manager_t *m, const kvs_kv_buffers_t *kv)
     m->kv.vs_base = vs;
     m->state_base = st;
     m->kv.state_base = st;
+    m->draft_k_base = dk;
+    m->draft_v_base = dv;
+    m->kv.draft_k_base = dk;
+    m->kv.draft_v_base = dv;
     m->kv_published = true;
     return KVS_OK;
 }
@@ -670,6 +717,9 @@ kvs_layout_params_t kvs__manager_layout_params(const kvs_manager_t *m, int64_t p
         .state_heads = c->state_heads,
         .state_conv_bytes = c->state_conv_bytes,
         .state_ssm_bytes = c->state_ssm_bytes,
+        .draft_layers = c->draft_layers,
+        .draft_head_dim = c->draft_head_dim,
+        .draft_kv_heads = c->draft_kv_heads,
     };
     return p;
 }
@@ -695,8 +745,9 @@ int kvs__manager_pair(kvs_manager_t *m, int64_t peer_tp, int64_t peer_pp, int64_
                           (long long)heads);
     kvs_path_t want = m->cfg.path;
     const bool hybrid = kvs__hybrid(lay);
+    const bool draft = lay->draft_layers > 0;
     if (want == KVS_PATH_AUTO)
-        want = lay->prefill_tp == lay->decode_tp && !(hybrid && m->cfg.staging)
+        want = lay->prefill_tp == lay->decode_tp && !((hybrid || draft) && m->cfg.staging)
                    ? KVS_PATH_DIRECT
                : m->cfg.staging                  ? KVS_PATH_STAGING
                                                  : KVS_PATH_SLICE;
@@ -718,6 +769,14 @@ int kvs__manager_pair(kvs_manager_t *m, int64_t peer_tp, int64_t peer_pp, int64_
                           "path (config.staging on, path staging or auto)",
                           want == KVS_PATH_DIRECT ? "direct" : "slice",
                           (long long)lay->full_attn_every);
+    /* So does a draft model's KV: the draft part of each writer block
+     * (docs/kinds/draft.md). */
+    if (draft && want != KVS_PATH_STAGING)
+        return KVS__MFAIL(m, KVS_ENOTSUP, "the %s path does not move a draft model's KV "
+                          "(draft_layers %lld): use the staging path (config.staging on, "
+                          "path staging or auto), or drop draft_layers (--draft-layers)",
+                          want == KVS_PATH_DIRECT ? "direct" : "slice",
+                          (long long)lay->draft_layers);
     if (hybrid && lay->prefill_pp > 1 && lay->prefill_pp != lay->decode_pp)
         return KVS__MFAIL(m, KVS_ENOTSUP, "hybrid layers (full_attn_every %lld) move with "
                           "prefill PP 1 or equal to the decode's (got prefill PP %lld, decode "

@@ -42,6 +42,8 @@ struct kvs_manager {
     uint64_t *k_base, *v_base;  /* v_base NULL with one plane per layer (MLA) */
     uint64_t *ks_base, *vs_base; /* scale buffers (kv_scales), else NULL */
     uint64_t *state_base;       /* state buffers (state layers), else NULL */
+    uint64_t *draft_k_base, *draft_v_base; /* a draft's buffers (draft_layers),
+                                              else NULL; V NULL for MLA */
     int64_t scale_bytes;        /* one head's scales in a token row, 0: none */
 
     kvs_layout_t layout;       /* valid once a handler exists */
@@ -50,11 +52,12 @@ struct kvs_manager {
     kvs__secret_t secret;      /* the cluster secret (len 0: open); wiped at destroy */
 };
 
-/* kvs_manager_set_kv_layers with state buffers (kvs_kv_buffers_t's
- * state_base and state_slots; NULL and 0 without state layers). */
+/* kvs_manager_set_kv_layers with the buffers beside the layers' own:
+ * more's state_base and state_slots (state layers) and draft_k_base and
+ * draft_v_base (a draft model); its other fields are not read. */
 int kvs__manager_set_kv_layers(kvs_manager_t *m, const kvs_kv_layer_t *layers,
                                int64_t num_layers, int64_t local_heads,
-                               const uint64_t *state_base, int64_t state_slots);
+                               const kvs_kv_buffers_t *more);
 
 /* The layout params of the pair of this rank with a peer instance of TP
  * peer_tp and PP peer_pp. The prefill's CP size: on a decode the peer

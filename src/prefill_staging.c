@@ -22,6 +22,7 @@
 
 #include "arith.h"
 #include "chunk.h"
+#include "draft_copy.h"
 #include "hybrid.h"
 #include "hybrid_copy.h"
 
@@ -235,7 +236,8 @@ static bool kvs__can_join(const kvs__proom_t *r, int64_t g, int64_t i, const kvs
 }
 
 /* The fused gather of chunk c (of the flows whose parts are fuse_parts[0,
- * n)): every layer of this rank's stage, one slot each. */
+ * n)): every layer of this rank's stage, one slot each, then a draft
+ * model's layers after them in each block (draft_copy.h). */
 static int kvs__gather_parts(kvs_prefill_t *p, const kvs__proom_t *r, const kvs__pchunk_t *c,
                              int64_t n)
 {
@@ -251,7 +253,10 @@ static int kvs__gather_parts(kvs_prefill_t *p, const kvs__proom_t *r, const kvs_
         .staging_slot_begin = 0, .staging_layer_slots = m->cfg.layers,
         .planes = lay->planes, .ks_base = m->ks_base, .vs_base = m->vs_base,
         .scale_bytes = lay->scale_bytes};
-    return kvs__dev_gather_parts(p->h.dev, p->h.stream, &desc, p->fuse_parts, n);
+    const int rc = kvs__dev_gather_parts(p->h.dev, p->h.stream, &desc, p->fuse_parts, n);
+    return rc != KVS_OK ? rc
+                        : kvs__draft_copy(p->h.dev, p->h.stream, m, lay, true, &desc,
+                                          p->fuse_parts, n);
 }
 
 /* The same for a hybrid layout: each flow's writer block of chunk i

@@ -89,9 +89,12 @@ int kvs_rank_create(const kvs_rank_config_t *cfg, kvs_device_t *dev, kvs_fabric_
     }
     if (rc == KVS_OK) {
         step = "set_kv_layers";
+        const kvs_kv_buffers_t more = {.state_base = cfg->state_base,
+                                       .state_slots = cfg->state_slots,
+                                       .draft_k_base = cfg->draft_k_base,
+                                       .draft_v_base = cfg->draft_v_base};
         rc = kvs__manager_set_kv_layers(r->m, cfg->layers, cfg->manager.layers,
-                                        kvs__rank_heads(cfg), cfg->state_base,
-                                        cfg->state_slots);
+                                        kvs__rank_heads(cfg), &more);
     }
     r->owns_manager = true;
     if (rc == KVS_OK) {

@@ -20,7 +20,7 @@
 #include <kvstage/backend.h>
 
 #define KVS_WIRE_MAGIC 0x4B565354u /* "KVST" */
-#define KVS_WIRE_VERSION 12u /* 6: HELLO, CHALLENGE, REGISTER's proof;
+#define KVS_WIRE_VERSION 13u /* 6: HELLO, CHALLENGE, REGISTER's proof;
                                7: region-scoped keys (REGISTER's scoped_keys,
                                STAGING_RSP's rkey and rkey_v);
                                8: the fingerprint's kv_kind (MLA);
@@ -33,7 +33,10 @@
                                REGISTER_ACK's cp_rank and cp_size (prefill
                                context parallelism);
                                12: the fingerprint's layer pattern
-                               (hybrid models: window and state layers) */
+                               (hybrid models: window and state layers);
+                               13: the fingerprint's draft_layers and
+                               draft_head_dim (draft KV of speculative
+                               decoding) */
 /* magic u32, version u16, type u16, payload length u32, seq u32, session u64 */
 #define KVS_WIRE_HEADER_BYTES 24u
 /* Layers per LAYERS message and page ids per PAGES message, so a message
@@ -62,7 +65,7 @@ typedef struct kvs_b32 {
 /* The compatibility fingerprint (spec §7.1, §12): the model shape (its KV
  * kind, heads and head dim: with MLA the latent dim), dtype and its scale
  * planes, both sides' page sizes, the prefill's context parallelism, the
- * layer pattern of a hybrid model, chunk size, the pair's resolved path and
+ * layer pattern of a hybrid model, a draft model's layers, chunk size, the pair's resolved path and
  * application tag, and
  * the four sizes of the pair's layout as the sender sees them. */
 #define KVS_WIRE_FP_FIELDS(F)                                                  \
@@ -84,7 +87,9 @@ typedef struct kvs_b32 {
     F(u32, full_attn_every) /* hybrid: every k-th layer full, else 0 */       \
     F(u32, other_layers)    /* kvs_layer_kind_t of the others */              \
     F(i64, window_tokens) F(i64, state_heads)                                  \
-    F(i64, state_conv_bytes) F(i64, state_ssm_bytes)
+    F(i64, state_conv_bytes) F(i64, state_ssm_bytes)                          \
+    F(i64, draft_layers) /* draft KV: 0 without a draft */                     \
+    F(i64, draft_head_dim) /* after defaulting to head_dim; 0 without */
 typedef struct kvs_fingerprint {
     KVS_WIRE_FP_FIELDS(KVS__WIRE_DECL)
 } kvs_fingerprint_t;

@@ -561,6 +561,49 @@ def test_hybrid(s):
                                       "--path", path], "--path")
 
 
+def test_draft(s):
+    """A draft model's KV on the staging path: every draft byte moves and is
+    verified in both data modes, the same run bit for bit; the draft adds
+    its bytes to the model's; path auto stages a draft at equal TP, and
+    direct and slice refuse it naming --path (docs/kinds/draft.md)."""
+    base = SMALL + ["--seed", "8", "--json", "--prefix-tokens", "200"]
+    mla = [a if a != "llama-3.1-8b" else "deepseek-v3" for a in base]
+    mla[mla.index("--prefill-tp") + 1] = "2"
+    for name, args in (("EAGLE", base + ["--draft-layers", "1"]),
+                       ("own head dim", base + ["--draft-layers", "2",
+                                                "--draft-head-dim", "64"]),
+                       ("MTP", mla + ["--draft-layers", "1"]),
+                       ("EAGLE with CP", base + ["--draft-layers", "1",
+                                                 "--prefill-cp", "2"])):
+        obj = s.expect_json(name, args)
+        s.expect_clean(name, args, obj)
+        s.ok(obj.get("path") == "staging" and obj.get("draft_layers") == int(
+            args[args.index("--draft-layers") + 1]), name + " stages and names the draft",
+             args, "%r %r" % (obj.get("path"), obj.get("draft_layers")))
+        prov = s.expect_json(name + " provenance", args + ["--data", "provenance"])
+        s.ok(prov.get("digest") == obj.get("digest")
+             and prov.get("bytes_verified") == obj.get("bytes_verified")
+             and prov.get("corrupt_bytes") == 0, name + " the same in both data modes",
+             args, "%r %r" % (prov.get("digest"), obj.get("digest")))
+    plain = s.expect_json("no draft", base)
+    s.ok(plain.get("draft_layers") == 0 and plain.get("draft_head_dim") == 0,
+         "no draft named 0", base, repr(plain.get("draft_layers")))
+    eagle = s.expect_json("EAGLE", base + ["--draft-layers", "1"])
+    s.ok(eagle.get("bytes_verified", 0) * 4 == plain.get("bytes_verified", 0) * 5,
+         "one draft layer adds a fifth to 4 layers", base,
+         "%r vs %r" % (eagle.get("bytes_verified"), plain.get("bytes_verified")))
+    equal = list(base)
+    equal[equal.index("--prefill-tp") + 1] = "2"  # TP 2 -> 2
+    eq = s.expect_json("equal TP", equal + ["--draft-layers", "1"])
+    s.expect_clean("equal TP", equal, eq)
+    s.ok(eq.get("path") == "staging" and eq.get("prefill_tp") == eq.get("decode_tp"),
+         "path auto stages a draft at equal TP", equal,
+         "%r %r %r" % (eq.get("path"), eq.get("prefill_tp"), eq.get("decode_tp")))
+    for path in ("direct", "slice"):
+        s.expect_usage_error("draft on the %s path" % path,
+                             equal + ["--draft-layers", "1", "--path", path], "--path")
+
+
 def test_trace(s):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "run trace.json")  # a space, to be quoted
@@ -700,8 +743,10 @@ def test_bad_input(s):
         ("decode page junk", SMALL + ["--decode-page-size", "big"], "--decode-page-size"),
         ("prefill cp junk", SMALL + ["--prefill-cp", "two"], "--prefill-cp"),
         ("prefill cp negative", SMALL + ["--prefill-cp", "-2"], "--prefill-cp"),
-        # Nor a draft model's layers (kvstage plan lays them out).
-        ("draft layers", SMALL + ["--draft-layers", "1"], "--draft-layers"),
+        # A draft model's layers the planner refuses, named.
+        ("draft heads differ", SMALL + ["--draft-layers", "1", "--draft-kv-heads", "4"],
+         "--draft-kv-heads"),
+        ("draft head dim alone", SMALL + ["--draft-head-dim", "64"], "--draft-layers"),
     ]
     for name, args, flag in cases:
         s.expect_usage_error(name, args, flag)
@@ -898,7 +943,7 @@ def main():
     for test in (test_help, test_json_report, test_table, test_defaults,
                  test_determinism, test_workload_flags, test_topologies,
                  test_cluster, test_router, test_slice_vs_staging, test_page_sizes,
-                 test_kv_scales, test_prefill_cp, test_hybrid,
+                 test_kv_scales, test_prefill_cp, test_hybrid, test_draft,
                  test_trace, test_bad_input, test_faults,
                  test_sq_depth, test_aux_bytes, test_failures):
         test(s)

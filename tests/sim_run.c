@@ -60,3 +60,18 @@ void sim_run_caught_in_both(sim_scenario_config_t c, uint64_t *hits, const char 
                       (unsigned long long)r.bytes_verified);
     }
 }
+
+sim_report_t sim_run_staged_in_both(const sim_scenario_config_t *c, const char *what)
+{
+    const sim_report_t r = sim_run_clean_in_both(c, what);
+    if (r.path != KVS_PATH_STAGING)
+        fail_msg("%s: path %d, not staging", what, (int)r.path);
+    return r;
+}
+
+void sim_run_caught_then_clean(sim_scenario_config_t c, uint64_t *hits, const char *what)
+{
+    sim_run_caught_in_both(c, hits, what);
+    c.copy_hook = NULL;
+    (void)sim_run_staged_in_both(&c, "the planted run, unplanted");
+}

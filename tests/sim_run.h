@@ -1,7 +1,8 @@
 /*
  * sim_run.h - running a simulated scenario from a cmocka test: one data
  * mode, a clean run in both, or a planted bug in both (tests/test_sim_data.c,
- * tests/test_sim_context_parallel.c, tests/test_sim_hybrid.c). A run that cannot happen fails the
+ * tests/test_sim_context_parallel.c, tests/test_sim_hybrid.c,
+ * tests/test_sim_draft.c). A run that cannot happen fails the
  * test, naming the run, its mode and seed.
  */
 #ifndef KVS_TESTS_SIM_RUN_H
@@ -23,5 +24,13 @@ sim_report_t sim_run_clean_in_both(const sim_scenario_config_t *c, const char *w
  * data modes: the bug must have been planted and show as corrupt bytes
  * and violations in each. */
 void sim_run_caught_in_both(sim_scenario_config_t c, uint64_t *hits, const char *what);
+
+/* sim_run_clean_in_both, and the run took the staging path (a hybrid
+ * layout or a draft: path auto must pick it). The report. */
+sim_report_t sim_run_staged_in_both(const sim_scenario_config_t *c, const char *what);
+
+/* sim_run_caught_in_both, then the same run without its copy hook is
+ * clean in both modes (the bug was the plant's, not the run's). */
+void sim_run_caught_then_clean(sim_scenario_config_t c, uint64_t *hits, const char *what);
 
 #endif

@@ -201,6 +201,22 @@ static void test_channel_fingerprint_check_names_each_field(void **state)
     }
 }
 
+/* Case i: the fingerprints of layouts a and b (staging path) are refused
+ * with a reason that holds `name`; a's against itself passes. */
+static void refused_by_name(size_t i, const kvs_layout_t *la, const kvs_layout_t *lb,
+                            const char *name)
+{
+    const kvs_manager_config_t none = {0};
+    kvs_fingerprint_t a, b;
+    kvs__fingerprint(la, KVS_PATH_STAGING, &none, &a);
+    kvs__fingerprint(lb, KVS_PATH_STAGING, &none, &b);
+    char why[256] = "";
+    assert_int_equal(kvs__fingerprint_check(&a, &b, why, sizeof why), KVS_EFINGERPRINT);
+    if (strstr(why, name) == NULL)
+        fail_msg("case %zu: why = \"%s\", wanted \"%s\"", i, why, name);
+    assert_int_equal(kvs__fingerprint_check(&a, &a, why, sizeof why), KVS_OK);
+}
+
 /* A hybrid model's layer pattern is in the fingerprint: a side that
  * moves every page of every layer and one that moves a window's (or a
  * state) are refused by name, as are two windows or two state sizes. */
@@ -240,22 +256,62 @@ static void test_channel_fingerprint_names_the_layer_pattern(void **state)
         {&st, &st2, "conv state bytes per head (state_conv_bytes, --state-bytes C+S) "
                     "differs: this side 3072, peer 0"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        kvs_fingerprint_t a, b;
-        kvs__fingerprint(cases[i].a, KVS_PATH_STAGING, &none, &a);
-        kvs__fingerprint(cases[i].b, KVS_PATH_STAGING, &none, &b);
-        char why[256] = "";
-        assert_int_equal(kvs__fingerprint_check(&a, &b, why, sizeof why), KVS_EFINGERPRINT);
-        if (strstr(why, cases[i].name) == NULL)
-            fail_msg("case %zu: why = \"%s\", wanted \"%s\"", i, why, cases[i].name);
-        assert_int_equal(kvs__fingerprint_check(&a, &a, why, sizeof why), KVS_OK);
-    }
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        refused_by_name(i, cases[i].a, cases[i].b, cases[i].name);
     kvs_fingerprint_t a;
     kvs__fingerprint(&st, KVS_PATH_STAGING, &none, &a);
     assert_int_equal(a.full_attn_every, 4);
     assert_int_equal(a.other_layers, KVS_LAYER_STATE);
     assert_int_equal(a.state_heads, 16);
     assert_int_equal(a.state_ssm_bytes, 65536);
+}
+
+/* A draft model's KV (docs/kinds/draft.md) is in the fingerprint: a side
+ * that sends one and a side without are refused by name (each would read
+ * the other's writer blocks at other offsets), as are drafts of other
+ * layer counts or head dims; a draft head dim of 0 is the model's. */
+static void test_channel_fingerprint_names_the_draft(void **state)
+{
+    (void)state;
+    kvs_layout_params_t prm = {.total_heads = 8, .head_dim = 128, .layers = 32,
+                               .page_size = 16, .prefill_tp = 4, .decode_tp = 2,
+                               .chunk_tokens = 4096};
+    const kvs_manager_config_t none = {0};
+    kvs_layout_t plain, eagle, eagle_dim, two, small;
+    assert_int_equal(kvs_layout_init(&plain, &prm, NULL), KVS_OK);
+    prm.draft_layers = 1;
+    assert_int_equal(kvs_layout_init(&eagle, &prm, NULL), KVS_OK);
+    prm.draft_head_dim = 128; /* the model's, named */
+    assert_int_equal(kvs_layout_init(&eagle_dim, &prm, NULL), KVS_OK);
+    prm.draft_layers = 2;
+    assert_int_equal(kvs_layout_init(&two, &prm, NULL), KVS_OK);
+    prm.draft_head_dim = 64;
+    assert_int_equal(kvs_layout_init(&small, &prm, NULL), KVS_OK);
+    const struct {
+        const kvs_layout_t *a, *b;
+        const char *name;
+    } cases[] = {
+        {&eagle, &plain, "draft layers (0: no draft; draft_layers, --draft-layers) differs: "
+                         "this side 1, peer 0"},
+        {&plain, &eagle, "draft layers (0: no draft; draft_layers, --draft-layers) differs: "
+                         "this side 0, peer 1"},
+        {&eagle, &two, "draft layers (0: no draft; draft_layers, --draft-layers) differs: "
+                       "this side 1, peer 2"},
+        {&two, &small, "draft head dim (draft_head_dim, --draft-head-dim) differs: this "
+                       "side 128, peer 64"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        refused_by_name(i, cases[i].a, cases[i].b, cases[i].name);
+    kvs_fingerprint_t a, b;
+    kvs__fingerprint(&eagle, KVS_PATH_STAGING, &none, &a);
+    kvs__fingerprint(&eagle_dim, KVS_PATH_STAGING, &none, &b);
+    char why[256] = "";
+    assert_int_equal(kvs__fingerprint_check(&a, &b, why, sizeof why), KVS_OK);
+    assert_int_equal(a.draft_layers, 1);
+    assert_int_equal(a.draft_head_dim, 128);
+    kvs__fingerprint(&plain, KVS_PATH_STAGING, &none, &a);
+    assert_int_equal(a.draft_layers, 0);
+    assert_int_equal(a.draft_head_dim, 0);
 }
 
 /* An MLA side (one latent of 576 per token) and a GQA side differ in kind,
@@ -485,6 +541,7 @@ int main(void)
         cmocka_unit_test(test_channel_fingerprint_check_equal_is_ok),
         cmocka_unit_test(test_channel_fingerprint_check_names_each_field),
         cmocka_unit_test(test_channel_fingerprint_names_the_layer_pattern),
+        cmocka_unit_test(test_channel_fingerprint_names_the_draft),
         cmocka_unit_test(test_channel_fingerprint_mla_against_gqa_names_the_kind),
         cmocka_unit_test(test_channel_fingerprint_check_reports_first_difference),
         cmocka_unit_test(test_channel_fingerprint_check_app_tag_fits),

@@ -20,6 +20,8 @@
 
 #include <kvstage/kvstage.h>
 
+#include "chunk.h"
+
 static kvs_layout_params_t llama(int64_t p, int64_t d, int64_t draft_layers)
 {
     return (kvs_layout_params_t){.total_heads = 8, .head_dim = 128, .layers = 32,
@@ -309,6 +311,57 @@ static void test_draft_byte_model_moves_every_byte(void **state)
 }
 
 /* Every refusal names its field; a layout stays untouched. */
+/* The writes a prefill rank makes (kvs__writer_spans, and per CP part
+ * kvs__part_spans) carry each writer's whole block, its draft part with
+ * it: one span of len_bytes at the writer's offset. (A span of the
+ * model's slots alone would leave each block's draft part unsent.) */
+static void test_draft_writes_carry_the_draft_part(void **state)
+{
+    (void)state;
+    kvs_layout_params_t mla = {.total_heads = 1, .head_dim = 576, .layers = 61,
+                               .page_size = 64, .prefill_tp = 4, .decode_tp = 2,
+                               .chunk_tokens = 256, .kind = KVS_KV_MLA, .draft_layers = 1};
+    kvs_layout_params_t cp = llama(2, 4, 2);
+    cp.draft_head_dim = 64;
+    cp.prefill_cp = 2;
+    const kvs_layout_params_t shapes[] = {llama(4, 2, 1), llama(2, 4, 3), mla, cp};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const kvs_layout_t l = init_ok(&shapes[i]);
+        const int64_t total = 3 * l.grid_tokens + 5;
+        for (int64_t d = 0; d < l.decode_tp; d++)
+            for (int64_t j = 0; j < l.tp_writers; j++)
+                for (int64_t n = 1; n <= l.grid_tokens; n += l.grid_tokens - 1) {
+                    kvs_writer_t w;
+                    kvs__span_t span[2];
+                    int ns = 0;
+                    assert_int_equal(kvs_layout_writer(&l, d, 0, j, n, &w), KVS_OK);
+                    assert_int_equal(kvs__writer_spans(&l, d, 0, j, 0, n, span, &ns), KVS_OK);
+                    assert_int_equal(ns, 1);
+                    assert_int_equal(span[0].remote_off, w.offset_bytes);
+                    assert_int_equal(span[0].len_bytes, w.len_bytes);
+                    assert_true(w.len_bytes >
+                                kvs_layout_draft_part_bytes(&l, n, w.heads.num_heads));
+                    const kvs_chunk_t ch = {.index = 1, .token_start = l.grid_tokens,
+                                            .token_end = 2 * l.grid_tokens};
+                    for (int64_t c = 0; c < l.prefill_cp; c++) {
+                        kvs_cp_part_t part;
+                        if (kvs_layout_cp_part(&l, d, 0, total, &ch, c, &part) != KVS_OK)
+                            continue;
+                        kvs_writer_t pw;
+                        assert_int_equal(kvs_layout_writer(&l, d, 0, j,
+                                                           part.token_end - part.token_start,
+                                                           &pw), KVS_OK);
+                        assert_int_equal(kvs__part_spans(&l, d, 0, j, 0, total, &part, span,
+                                                         &ns), KVS_OK);
+                        assert_int_equal(ns, 1);
+                        assert_int_equal(span[0].remote_off,
+                                         part.offset_bytes + pw.offset_bytes);
+                        assert_int_equal(span[0].len_bytes, pw.len_bytes);
+                    }
+                }
+    }
+}
+
 static void test_draft_refusals(void **state)
 {
     (void)state;
@@ -359,6 +412,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_draft_writer_blocks_by_hand),
         cmocka_unit_test(test_draft_byte_model_moves_every_byte),
+        cmocka_unit_test(test_draft_writes_carry_the_draft_part),
         cmocka_unit_test(test_draft_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1073,6 +1073,92 @@ static void test_manager_hybrid_layers(void **state)
     assert_int_equal(kvs_manager_destroy(m), KVS_OK);
 }
 
+/* A draft model's KV (docs/kinds/draft.md): path auto stages it even at
+ * equal TP, direct and slice refuse it by name, it needs the draft's
+ * buffers (K and V; MLA: the latent alone) that a manager without a draft
+ * refuses, and a draft layer count out of range is refused at create. */
+static void test_manager_draft_layers(void **state)
+{
+    fixture_t *f = *state;
+    uint64_t dk[2] = {0x40000000u, 0x40100000u}, dv[2] = {0x50000000u, 0x50100000u};
+    static const struct {
+        kvs_path_t path;
+        int status;
+        kvs_path_t want;
+    } paths[] = {{KVS_PATH_AUTO, KVS_OK, KVS_PATH_STAGING},
+                 {KVS_PATH_STAGING, KVS_OK, KVS_PATH_STAGING},
+                 {KVS_PATH_DIRECT, KVS_ENOTSUP, 0},
+                 {KVS_PATH_SLICE, KVS_ENOTSUP, 0}};
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+        kvs_manager_config_t c = decode_cfg();
+        c.peer_tp_size = 2; /* equal TP: auto would take direct */
+        c.draft_layers = 2;
+        c.draft_head_dim = 64;
+        c.path = paths[i].path;
+        kvs_manager_t *m = make(f, &c);
+        assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+        assert_int_equal(kvs_manager_register_staging(m), KVS_OK);
+        assert_int_equal(kvs_manager_set_kv_buffers(m, &f->kv), KVS_EINVAL);
+        assert_non_null(strstr(kvs_manager_last_error(m)->msg,
+                               "pass draft_k_base and draft_v_base"));
+        kvs_kv_buffers_t kv = f->kv;
+        kv.draft_k_base = dk;
+        kv.draft_v_base = dv;
+        assert_int_equal(kvs_manager_set_kv_buffers(m, &kv), KVS_OK);
+        kvs_decode_t *d = NULL;
+        const int rc = kvs_decode_create(m, &d);
+        if (rc != paths[i].status)
+            fail_msg("path %d: got %s (%s)", (int)paths[i].path, kvs_status_name(rc),
+                     kvs_manager_last_error(m)->msg);
+        if (rc == KVS_OK)
+            assert_int_equal(kvs_manager_path(m), paths[i].want);
+        else
+            assert_non_null(strstr(kvs_manager_last_error(m)->msg,
+                                   "does not move a draft model's KV (draft_layers 2): use "
+                                   "the staging path"));
+        kvs_decode_destroy(d);
+        assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+    }
+
+    /* MLA: one latent per draft layer, draft_v_base refused. */
+    kvs_manager_config_t c = decode_cfg();
+    c.kv_kind = KVS_KV_MLA;
+    c.total_heads = 1;
+    c.head_dim = 576;
+    c.draft_layers = 1;
+    kvs_manager_t *m = make(f, &c);
+    kvs_kv_buffers_t kv = f->kv;
+    kv.v_base = NULL;
+    kv.local_heads = 1;
+    kv.draft_k_base = dk;
+    kv.draft_v_base = dv;
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &kv), KVS_EMLA);
+    assert_non_null(strstr(kvs_manager_last_error(m)->msg, "pass draft_v_base NULL"));
+    kv.draft_v_base = NULL;
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &kv), KVS_OK);
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+
+    c = decode_cfg(); /* no draft: its buffers are refused, not ignored */
+    m = make(f, &c);
+    kv = f->kv;
+    kv.draft_k_base = dk;
+    assert_int_equal(kvs_manager_set_kv_buffers(m, &kv), KVS_EINVAL);
+    assert_non_null(strstr(kvs_manager_last_error(m)->msg, "draft_layers is 0"));
+    assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+
+    const int64_t bad[] = {-1, KVS_MAX_LAYERS + 1};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        c = decode_cfg();
+        c.draft_layers = bad[i];
+        kvs_error_t e;
+        m = NULL;
+        assert_int_equal(kvs_manager_create(&c, &f->dev.base, &f->fab.base, &m, &e),
+                         KVS_EINVAL);
+        assert_null(m);
+        assert_non_null(strstr(e.msg, "draft_layers"));
+    }
+}
+
 /* Head counts and KV buffers must agree whichever is given first. */
 static void test_manager_heads_and_kv_buffers_agree(void **state)
 {
@@ -1236,6 +1322,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_manager_path_choice, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manager_hybrid_layers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manager_draft_layers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manager_heads_and_kv_buffers_agree, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_manager_handlers_report_a_failing_poll, setup,

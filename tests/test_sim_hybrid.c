@@ -64,15 +64,6 @@ static sim_scenario_config_t small_hybrid(int64_t p, int64_t d, int64_t heads,
     return c;
 }
 
-/* Every byte right in both modes (sim_run_clean_in_both), on the staging
- * path (auto picks it). */
-static sim_report_t clean_in_both(const sim_scenario_config_t *c, const char *what)
-{
-    const sim_report_t r = sim_run_clean_in_both(c, what);
-    assert_int_equal(r.path, KVS_PATH_STAGING);
-    return r;
-}
-
 static void test_sim_hybrid_every_byte_in_both_modes(void **state)
 {
     (void)state;
@@ -130,7 +121,7 @@ static void test_sim_hybrid_every_byte_in_both_modes(void **state)
         }
         c.prefix_max_tokens = runs[i].prefix;
         c.path = runs[i].path;
-        clean_in_both(&c, runs[i].what);
+        sim_run_staged_in_both(&c, runs[i].what);
     }
 }
 
@@ -144,7 +135,7 @@ static void test_sim_hybrid_stage_of_window_layers_alone(void **state)
     c.shape.layers = 4;
     c.shape.prefill_pp = c.shape.decode_pp = 4;
     c.prompt_min_tokens = 600;
-    clean_in_both(&c, "window, P2xPP4 -> D2xPP4, stages of a window layer alone");
+    sim_run_staged_in_both(&c, "window, P2xPP4 -> D2xPP4, stages of a window layer alone");
 }
 
 /* A state larger than a chunk's rows (Qwen3-Next's 68608 bytes a state
@@ -158,7 +149,7 @@ static void test_sim_hybrid_state_larger_than_a_chunk(void **state)
     c.shape.state_conv_bytes = 3072;
     c.shape.state_ssm_bytes = 65536;
     c.prompt_max_tokens = 100;
-    clean_in_both(&c, "state of 68608 bytes a head, chunks of 16 tokens, P4 -> D2");
+    sim_run_staged_in_both(&c, "state of 68608 bytes a head, chunks of 16 tokens, P4 -> D2");
 }
 
 /* A window layer moves its window alone: fewer bytes than the same model
@@ -168,7 +159,7 @@ static void test_sim_hybrid_moves_less_than_full(void **state)
     (void)state;
     sim_scenario_config_t c = small_hybrid(4, 2, 8, KVS_LAYER_WINDOW);
     c.prompt_min_tokens = c.prompt_max_tokens = 1000;
-    const sim_report_t w = clean_in_both(&c, "window, prompts of 1000");
+    const sim_report_t w = sim_run_staged_in_both(&c, "window, prompts of 1000");
     c.shape.full_attn_every = 0;
     c.shape.other_layers = KVS_LAYER_FULL;
     c.shape.window_tokens = 0;
@@ -272,21 +263,13 @@ static sim_scenario_config_t plant_run(plant_t *pl, kvs_layer_kind_t other)
     return c;
 }
 
-/* Runs c with the plant in both modes; without it the same run is clean. */
-static void caught_in_both(sim_scenario_config_t c, plant_t *pl, const char *what)
-{
-    sim_run_caught_in_both(c, &pl->hits, what);
-    c.copy_hook = NULL;
-    clean_in_both(&c, "the planted run, unplanted");
-}
-
 static void test_sim_hybrid_catches_state_to_next_head(void **state)
 {
     (void)state;
     plant_t pl;
     sim_scenario_config_t c = plant_run(&pl, KVS_LAYER_STATE);
     c.copy_hook = plant_state_next_head;
-    caught_in_both(c, &pl, "a state scattered to the next state head, P4 -> D2");
+    sim_run_caught_then_clean(c, &pl.hits, "a state scattered to the next state head, P4 -> D2");
 }
 
 static void test_sim_hybrid_catches_state_to_next_slot(void **state)
@@ -295,7 +278,8 @@ static void test_sim_hybrid_catches_state_to_next_slot(void **state)
     plant_t pl;
     sim_scenario_config_t c = plant_run(&pl, KVS_LAYER_STATE);
     c.copy_hook = plant_state_next_slot;
-    caught_in_both(c, &pl, "a state scattered into the next request's slot, P4 -> D2");
+    sim_run_caught_then_clean(c, &pl.hits,
+                              "a state scattered into the next request's slot, P4 -> D2");
 }
 
 static void test_sim_hybrid_catches_window_row_outside(void **state)
@@ -304,7 +288,7 @@ static void test_sim_hybrid_catches_window_row_outside(void **state)
     plant_t pl;
     sim_scenario_config_t c = plant_run(&pl, KVS_LAYER_WINDOW);
     c.copy_hook = plant_window_early_rows;
-    caught_in_both(c, &pl, "window rows gathered from before the window, P4 -> D2");
+    sim_run_caught_then_clean(c, &pl.hits, "window rows gathered from before the window, P4 -> D2");
 }
 
 /* The page before the window is counted: in the provenance mode every
@@ -316,7 +300,7 @@ static void test_sim_hybrid_catches_page_before_window(void **state)
     plant_t pl;
     sim_scenario_config_t c = plant_run(&pl, KVS_LAYER_WINDOW);
     c.copy_hook = plant_window_page_early;
-    caught_in_both(c, &pl, "a window slot moved a page early, P4 -> D2");
+    sim_run_caught_then_clean(c, &pl.hits, "a window slot moved a page early, P4 -> D2");
     pl.hits = 0;
     const sim_report_t r = sim_run_mode(c, SIM_DATA_PROVENANCE, "a window slot a page early");
     /* a page of 16 rows x 8 heads x 128 bytes, K and V, 4 window layers */

@@ -147,16 +147,16 @@ static uint32_t expected_len(kvs_msg_type_t type, uint32_t count)
 {
     /* 24 header bytes, then the payload; the session travels in the header */
     switch (type) {
-    /* the fingerprint: 164 bytes (92 before wire version 8 added kv_kind,
+    /* the fingerprint: 180 bytes (92 before wire version 8 added kv_kind,
      * 100 before version 9 gave each side's page size, 108 before version
      * 10 added kv_scales and scale_block, 116 before version 11 added
      * prefill_cp, 124 before version 12 added the layer pattern of a hybrid
-     * model) */
-    case KVS_MSG_REGISTER: return 24 + 32 + 32 + 164 + 24 + 8 + 16 + 8 + 32; /* 340 */
+     * model, 164 before version 13 added draft_layers and draft_head_dim) */
+    case KVS_MSG_REGISTER: return 24 + 32 + 32 + 180 + 24 + 8 + 16 + 8 + 32; /* 356 */
     /* a layer entry: 64 bytes (32 before version 10 added the scale buffers) */
     case KVS_MSG_LAYERS: return 24 + 12 + 64 * count;
     /* ... then the answering rank's cp_rank and cp_size (version 11) */
-    case KVS_MSG_REGISTER_ACK: return 24 + 8 + 16 + 8 + 16 + 164 + 16;
+    case KVS_MSG_REGISTER_ACK: return 24 + 8 + 16 + 8 + 16 + 180 + 16;
     case KVS_MSG_ROOM: return 24 + 32;
     case KVS_MSG_PAGES: return 24 + 20 + 8 * count;
     case KVS_MSG_STAGING_REQ: return 24 + 48;
@@ -319,7 +319,7 @@ static void test_wire_encoded_lengths_are_exact(void **state)
             assert_int_equal(payload, len - KVS_WIRE_HEADER_BYTES);
         }
     }
-    assert_int_equal(expected_len(KVS_MSG_REGISTER, 0), 340);
+    assert_int_equal(expected_len(KVS_MSG_REGISTER, 0), 356);
     /* The largest messages fit a control message. */
     assert_int_equal(expected_len(KVS_MSG_LAYERS, KVS_WIRE_LAYERS_PER_MSG), 3108);
     assert_int_equal(expected_len(KVS_MSG_PAGES, KVS_WIRE_PAGES_PER_MSG), 3884);
@@ -355,7 +355,7 @@ static void test_wire_golden_watermark(void **state)
     (void)state;
     static const uint8_t golden[] = {
         0x54, 0x53, 0x56, 0x4B,                         /* magic "KVST" LE */
-        0x0C, 0x00,                                     /* version 12 */
+        0x0D, 0x00,                                     /* version 13 */
         0x09, 0x00,                                     /* type WATERMARK */
         0x10, 0x00, 0x00, 0x00,                         /* payload 16 */
         0x11, 0x22, 0x33, 0x44,                         /* link seq */
@@ -378,7 +378,7 @@ static void test_wire_golden_abort_negative_status(void **state)
 {
     (void)state;
     static const uint8_t golden[] = {
-        0x54, 0x53, 0x56, 0x4B, 0x0C, 0x00, 0x0B, 0x00, 0x10, 0x00, 0x00, 0x00,
+        0x54, 0x53, 0x56, 0x4B, 0x0D, 0x00, 0x0B, 0x00, 0x10, 0x00, 0x00, 0x00,
         0x07, 0x00, 0x00, 0x00,                         /* link seq 7 */
         0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, /* session = max u64 */
         0x2A, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* room = 42 */
@@ -403,7 +403,7 @@ static void test_wire_golden_staging_rsp_keys(void **state)
 {
     (void)state;
     static const uint8_t golden[] = {
-        0x54, 0x53, 0x56, 0x4B, 0x0C, 0x00, 0x07, 0x00, 0x40, 0x00, 0x00, 0x00,
+        0x54, 0x53, 0x56, 0x4B, 0x0D, 0x00, 0x07, 0x00, 0x40, 0x00, 0x00, 0x00,
         0x02, 0x00, 0x00, 0x00,                         /* link seq 2 */
         0x05, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* session 5 */
         0x09, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* room 9 */
@@ -432,7 +432,7 @@ static void test_wire_golden_aux(void **state)
 {
     (void)state;
     static const uint8_t golden[] = {
-        0x54, 0x53, 0x56, 0x4B, 0x0C, 0x00, 0x0D, 0x00, 0x17, 0x00, 0x00, 0x00,
+        0x54, 0x53, 0x56, 0x4B, 0x0D, 0x00, 0x0D, 0x00, 0x17, 0x00, 0x00, 0x00,
         0x03, 0x00, 0x00, 0x00,                         /* link seq 3 */
         0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* session 1 */
         0x09, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* room 9 */

@@ -587,6 +587,8 @@ static void cli_sim_set_shape(const kvs_layout_params_t *p, kvs_sim_config_t *c)
     c->state_heads = p->state_heads;
     c->state_conv_bytes = p->state_conv_bytes;
     c->state_ssm_bytes = p->state_ssm_bytes;
+    c->draft_layers = p->draft_layers;
+    c->draft_head_dim = p->draft_head_dim;
 }
 
 /* The cluster of the lists into in->cfg, checked by the library: every
@@ -648,8 +650,6 @@ static int cli_sim_read_values(const char *const *scanned, cli_sim_input_t *in)
         return rc;
     in->json = values[CLI_XF_JSON] != NULL;
     if ((rc = cli_shape_read(CLI_SIM_CMD, values, &defaults, &in->shape)) != 0)
-        return rc;
-    if ((rc = cli_shape_refuse_draft(CLI_SIM_CMD, "the simulated ranks", &in->shape)) != 0)
         return rc;
 
     int64_t requests = 0, ring_mib = CLI_SIM_DEFAULT_RING_MIB, prefix = 0, inflight = 0;
@@ -718,6 +718,10 @@ static int cli_sim_read_values(const char *const *scanned, cli_sim_input_t *in)
                         "%" PRId64 ", %s layers): use --path staging or auto",
                         path == KVS_PATH_DIRECT ? "direct" : "slice", in->lay.full_attn_every,
                         kvs_layer_kind_name(in->lay.other_layers));
+    if (in->lay.draft_layers > 0 && (path == KVS_PATH_DIRECT || path == KVS_PATH_SLICE))
+        return cli_fail(CLI_SIM_CMD, "--path %s does not move a draft model's KV "
+                        "(--draft-layers %" PRId64 "): use --path staging or auto",
+                        path == KVS_PATH_DIRECT ? "direct" : "slice", in->lay.draft_layers);
     const uint32_t np = cli_sim_count(in, false), nd = cli_sim_count(in, true);
     for (uint32_t p = 0; path == KVS_PATH_DIRECT && p < np; p++)
         for (uint32_t d = 0; d < nd; d++) {
@@ -1088,6 +1092,8 @@ static void cli_sim_print_json(const cli_sim_input_t *in, const kvs_sim_config_t
            ", \"state_conv_bytes\": %" PRId64 ", \"state_ssm_bytes\": %" PRId64,
            lay->full_attn_every, kvs_layer_kind_name(lay->other_layers), lay->window_tokens,
            lay->state_heads, lay->state_conv_bytes, lay->state_ssm_bytes);
+    printf(", \"draft_layers\": %" PRId64 ", \"draft_head_dim\": %" PRId64, lay->draft_layers,
+           lay->draft_head_dim);
     printf(", \"prefill_tp\": %" PRId64 ", \"decode_tp\": %" PRId64
            ", \"prefill_pp\": %" PRId64 ", \"decode_pp\": %" PRId64
            ", \"prefill_cp\": %" PRId64,
@@ -1184,6 +1190,10 @@ static void cli_sim_print_table(const cli_sim_input_t *in, const kvs_sim_config_
                "state layers of %" PRId64 " state heads x (%" PRId64 " + %" PRId64
                ") B a request\n", lay->full_attn_every, lay->state_heads,
                lay->state_conv_bytes, lay->state_ssm_bytes);
+    if (lay->draft_layers > 0)
+        printf("  draft              %" PRId64 " draft layer(s) of head dim %" PRId64
+               ", after the model's in each writer's block\n", lay->draft_layers,
+               lay->draft_head_dim);
     char cp[40] = ""; /* every prefill instance's CP ranks */
     if (lay->prefill_cp > 1)
         snprintf(cp, sizeof cp, " x CP %" PRId64, lay->prefill_cp);

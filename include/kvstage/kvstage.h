@@ -918,6 +918,18 @@ typedef struct kvs_manager_config {
     int64_t window_tokens;
     int64_t state_heads;
     int64_t state_conv_bytes, state_ssm_bytes;
+    /* Draft KV of speculative decoding (docs/kinds/draft.md): the layers of
+     * a draft model whose KV moves with the model's, as
+     * kvs_layout_params_t's fields of the same names (all 0: no draft).
+     * The draft's heads split as the model's (draft_kv_heads 0 or
+     * total_heads), its head dim is its own (draft_head_dim, 0: head_dim),
+     * its pages are the model's. Both sides must agree (the fingerprint).
+     * Moved on the staging path only (direct and slice refuse it by name,
+     * and AUTO picks staging); needs the draft buffers
+     * (kvs_kv_buffers_t.draft_k_base / draft_v_base). */
+    int64_t draft_layers;
+    int64_t draft_head_dim;
+    int64_t draft_kv_heads;
 } kvs_manager_config_t;
 
 #define KVS_AUX_BYTES_MAX (1u << 20)
@@ -946,6 +958,13 @@ typedef struct kvs_kv_buffers {
      * without state layers. */
     const uint64_t *state_base;
     int64_t state_slots;
+    /* With a draft (config.draft_layers > 0): per draft layer, its K and V
+     * buffers laid out as the model's ([token_slot][local_head]
+     * [draft_head_dim]), as many pages of page_size token slots, indexed
+     * by the same page ids; draft_v_base NULL for MLA (one latent per
+     * layer). NULL without a draft. */
+    const uint64_t *draft_k_base;
+    const uint64_t *draft_v_base;
 } kvs_kv_buffers_t;
 
 /* One layer of this rank's KV pool as an engine holds it: a K and a V
@@ -1288,6 +1307,11 @@ typedef struct kvs_rank_config {
      * NULL and 0 without. */
     const uint64_t *state_base;
     int64_t state_slots;
+    /* With a draft (manager.draft_layers > 0): kvs_kv_buffers_t's
+     * draft_k_base and draft_v_base ([manager.draft_layers], borrowed for
+     * the call; V NULL for MLA); NULL without. */
+    const uint64_t *draft_k_base;
+    const uint64_t *draft_v_base;
 } kvs_rank_config_t;
 
 /* Creates the manager, its staging memory and their registration (staging

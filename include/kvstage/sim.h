@@ -222,6 +222,13 @@ typedef struct kvs_sim_config {
     uint32_t reserved5;          /* must be 0 */
     int64_t window_tokens;
     int64_t state_heads, state_conv_bytes, state_ssm_bytes;
+    /* Draft KV of speculative decoding (after the layer pattern: a shorter
+     * size_bytes has no draft): kvs_layout_params_t's draft_layers and
+     * draft_head_dim (docs/kinds/draft.md), 0: no draft, 0: the model's
+     * head dim. Moved on the staging path (auto picks it); every draft
+     * byte is filled and verified in both data modes. */
+    int64_t draft_layers;
+    int64_t draft_head_dim;
 } kvs_sim_config_t;
 
 /* One instance's share of a run (kvs_sim_report_t.instance). */

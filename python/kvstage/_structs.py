@@ -140,7 +140,7 @@ class SimConfig(c.Structure):
                 ("kv_scales", i32), ("scale_block", u32), ("prefill_cp", i64),
                 ("full_attn_every", i64), ("other_layers", i32), ("reserved5", u32),
                 ("window_tokens", i64), ("state_heads", i64), ("state_conv_bytes", i64),
-                ("state_ssm_bytes", i64)]
+                ("state_ssm_bytes", i64), ("draft_layers", i64), ("draft_head_dim", i64)]
 
 
 class SimInstance(c.Structure):
@@ -255,7 +255,8 @@ class ManagerConfig(c.Structure):
                 ("kv_kind", enum), ("peer_page_size", i64), ("kv_scales", enum),
                 ("scale_block", i64), ("cp_rank", i64), ("full_attn_every", i64),
                 ("other_layers", enum), ("window_tokens", i64), ("state_heads", i64),
-                ("state_conv_bytes", i64), ("state_ssm_bytes", i64)]
+                ("state_conv_bytes", i64), ("state_ssm_bytes", i64),
+                ("draft_layers", i64), ("draft_head_dim", i64), ("draft_kv_heads", i64)]
 
 
 class KvLayer(c.Structure):
@@ -268,7 +269,8 @@ class KvLayer(c.Structure):
 class RankConfig(c.Structure):
     """kvs_rank_config_t"""
     _fields_ = [("manager", ManagerConfig), ("layers", c.POINTER(KvLayer)),
-                ("local_heads", i64), ("state_base", c.POINTER(u64)), ("state_slots", i64)]
+                ("local_heads", i64), ("state_base", c.POINTER(u64)), ("state_slots", i64),
+                ("draft_k_base", c.POINTER(u64)), ("draft_v_base", c.POINTER(u64))]
 
 
 class Peer(c.Structure):
