@@ -223,14 +223,6 @@ static uint64_t sim_state_pass(sim_scenario_t *sc, sim_node_t *n, uint64_t req, 
     return bad;
 }
 
-/* In the bytes mode a vector shorter than this is not looked at before the
- * window: what a page held (zeros, another request's bytes) equals a
- * vector's pattern by chance once in 2^(8 x its bytes), so the 1- and
- * 2-byte scale vectors of MXFP8 would be found "written" there in a
- * campaign's thousands of runs. Their rows' KV vectors are looked at, and
- * the provenance mode looks at every row. */
-#define SIM_BEFORE_WINDOW_MIN_BYTES 8
-
 /* A draft model's rows (docs/kinds/draft.md) of tokens [a, b) of a request
  * on node n, its pages starting at token base: written (prefill) or
  * checked (decode; returns the bytes that differ and adds those checked to
@@ -285,6 +277,14 @@ static uint64_t sim_draft_pass(sim_scenario_t *sc, sim_node_t *n, uint64_t req,
         }
     return bad;
 }
+
+/* In the bytes mode a vector shorter than this is not looked at before the
+ * window: what a page held (zeros, another request's bytes) equals a
+ * vector's pattern by chance once in 2^(8 x its bytes), so the 1- and
+ * 2-byte scale vectors of MXFP8 would be found "written" there in a
+ * campaign's thousands of runs. Their rows' KV vectors are looked at, and
+ * the provenance mode looks at every row. */
+#define SIM_BEFORE_WINDOW_MIN_BYTES 8
 
 /* A window layer's decode pages before its window must not be written for
  * this request (the engine never reads them): each of their vectors (rows,
