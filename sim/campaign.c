@@ -133,6 +133,14 @@
  * instances run PP 1 where a pair would break that rule. */
 #define SIM_CAMPAIGN_HYBRID_PCT 15
 #define SIM_CAMPAIGN_HYBRID_STREAM (UINT64_C(1) << 55)
+/* Draft KV of speculative decoding (docs/kinds/draft.md): 1..3 draft
+ * layers of the model's heads and a head dim of their own, in this share
+ * of the runs, from a stream of its own. A draft moves on the staging path
+ * with PP 1 on both sides and no scale planes, and not beside hybrid
+ * layers: a run that draws it drops its scales (a hybrid draw drops the
+ * draft), takes the path AUTO picks and runs every instance at PP 1. */
+#define SIM_CAMPAIGN_DRAFT_PCT 15
+#define SIM_CAMPAIGN_DRAFT_STREAM (UINT64_C(1) << 54)
 
 static int sim_campaign_fail(kvs_error_t *err, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -535,6 +543,7 @@ enum {
     SIM_CAMPAIGN_PER_BLOCK,
     SIM_CAMPAIGN_CP,
     SIM_CAMPAIGN_HYBRID,
+    SIM_CAMPAIGN_DRAFT,
     SIM_CAMPAIGN_MODEL_KINDS
 };
 static const char *const sim_campaign_model_names[SIM_CAMPAIGN_MODEL_KINDS] = {
@@ -544,6 +553,7 @@ static const char *const sim_campaign_model_names[SIM_CAMPAIGN_MODEL_KINDS] = {
     [SIM_CAMPAIGN_PER_BLOCK] = "per-block",
     [SIM_CAMPAIGN_CP] = "context-parallel",
     [SIM_CAMPAIGN_HYBRID] = "hybrid",
+    [SIM_CAMPAIGN_DRAFT] = "draft",
 };
 #define SIM_CAMPAIGN_ALL_MODELS ((1u << SIM_CAMPAIGN_MODEL_KINDS) - 1u)
 #define SIM_CAMPAIGN_SCALES (1u << SIM_CAMPAIGN_PER_TOKEN | 1u << SIM_CAMPAIGN_PER_BLOCK)
@@ -579,7 +589,7 @@ static int sim_campaign_parse_models(const char *text, sim_campaign_models_t *ou
             return SIM_CAMPAIGN_FAIL(err, KVS_EINVAL, "kinds: unknown model kind '%.*s': give "
                                      "all, none (GQA only), or kinds separated by commas out "
                                      "of mla, page-sizes, per-token, per-block, context-parallel, "
-                                     "hybrid",
+                                     "hybrid, draft",
                                      (int)len, p);
         out->kinds |= 1u << k;
         if (comma == NULL)
@@ -591,19 +601,22 @@ static int sim_campaign_parse_models(const char *text, sim_campaign_models_t *ou
 
 /* A run's model kinds, from its own stream: each at its odds, scales as
  * one draw (per-token or per-block), CP and hybrid layers from streams of
- * their own (cp, hybrid); with kinds named, one of them at least (drawn
- * uniformly when the odds gave none). The draws are the same whatever the
- * campaign allows, so a kind left out leaves the others as they were. A
- * run with hybrid layers takes neither MLA nor CP (hybrid layers are GQA,
- * without CP). */
+ * their own (cp, hybrid, draft); with kinds named, one of them at least
+ * (drawn uniformly when the odds gave none). The draws are the same
+ * whatever the campaign allows, so a kind left out leaves the others as
+ * they were. A run with hybrid layers takes neither MLA, CP nor a draft
+ * (hybrid layers are GQA, without CP or a draft); one with a draft takes
+ * no scale planes. */
 static uint32_t sim_campaign_draw_models(sim_rng_t *rng, sim_rng_t *cp, sim_rng_t *hybrid,
-                                         const sim_campaign_models_t *m)
+                                         sim_rng_t *draft, const sim_campaign_models_t *m)
 {
     uint32_t got = 0;
     if (sim_campaign_pct(cp, SIM_CAMPAIGN_CP_PCT))
         got |= 1u << SIM_CAMPAIGN_CP;
     if (sim_campaign_pct(hybrid, SIM_CAMPAIGN_HYBRID_PCT))
         got |= 1u << SIM_CAMPAIGN_HYBRID;
+    if (sim_campaign_pct(draft, SIM_CAMPAIGN_DRAFT_PCT))
+        got |= 1u << SIM_CAMPAIGN_DRAFT;
     if (sim_campaign_pct(rng, SIM_CAMPAIGN_MLA_PCT))
         got |= 1u << SIM_CAMPAIGN_MLA;
     if (sim_campaign_pct(rng, SIM_CAMPAIGN_PAGES_PCT))
@@ -620,7 +633,9 @@ static uint32_t sim_campaign_draw_models(sim_rng_t *rng, sim_rng_t *cp, sim_rng_
         got = 1u << named[sim_rng_below(rng, n)];
     }
     if (got >> SIM_CAMPAIGN_HYBRID & 1u)
-        got &= ~(1u << SIM_CAMPAIGN_MLA | 1u << SIM_CAMPAIGN_CP);
+        got &= ~(1u << SIM_CAMPAIGN_MLA | 1u << SIM_CAMPAIGN_CP | 1u << SIM_CAMPAIGN_DRAFT);
+    if (got >> SIM_CAMPAIGN_DRAFT & 1u)
+        got &= ~SIM_CAMPAIGN_SCALES;
     return got;
 }
 
@@ -834,11 +849,12 @@ static void sim_campaign_generate(uint64_t seed, uint64_t run,
      * two page sizes take a pair of the table and the smallest chunk of
      * whole pages on both sides at least as long as the one drawn; scale
      * planes make the KV fp8. */
-    sim_rng_t model, cp_rng, hybrid_rng;
+    sim_rng_t model, cp_rng, hybrid_rng, draft_rng;
     sim_rng_init(&model, seed, run | SIM_CAMPAIGN_MODEL_STREAM);
     sim_rng_init(&cp_rng, seed, run | SIM_CAMPAIGN_CP_STREAM);
     sim_rng_init(&hybrid_rng, seed, run | SIM_CAMPAIGN_HYBRID_STREAM);
-    draw->models = sim_campaign_draw_models(&model, &cp_rng, &hybrid_rng, models);
+    sim_rng_init(&draft_rng, seed, run | SIM_CAMPAIGN_DRAFT_STREAM);
+    draw->models = sim_campaign_draw_models(&model, &cp_rng, &hybrid_rng, &draft_rng, models);
     kvs_kv_kind_t kind = KVS_KV_GQA;
     int64_t dps = 0;
     kvs_kv_scales_t scales = KVS_KV_SCALES_NONE;
@@ -904,6 +920,19 @@ static void sim_campaign_generate(uint64_t seed, uint64_t run,
         if (!pp_ok)
             ppp = dpp = 1;
     }
+    /* A draft: 1..3 layers of head dim 8..128 (or the model's), every
+     * instance at PP 1. */
+    int64_t draft_layers = 0, draft_head_dim = 0;
+    if (draw->models >> SIM_CAMPAIGN_DRAFT & 1u) {
+        static const int64_t dims[] = {0, 0, 8, 16, 64, 128};
+        draft_layers = (int64_t)sim_rng_range(&draft_rng, 1, 3);
+        draft_head_dim = SIM_CAMPAIGN_PICK(&draft_rng, dims);
+        for (uint32_t i = 0; i < topo.prefill_instances; i++)
+            topo.prefill[i].pp = 1;
+        for (uint32_t i = 0; i < topo.decode_instances; i++)
+            topo.decode[i].pp = 1;
+        ppp = dpp = 1;
+    }
 
     bool same_tp = true;
     int64_t max_tp = 1, pair_ranks = 1;
@@ -922,8 +951,8 @@ static void sim_campaign_generate(uint64_t seed, uint64_t run,
     static const kvs_path_t paths[] = {KVS_PATH_AUTO, KVS_PATH_AUTO, KVS_PATH_AUTO,
                                        KVS_PATH_STAGING, KVS_PATH_SLICE, KVS_PATH_DIRECT};
     kvs_path_t path = SIM_CAMPAIGN_PICK(&rng, paths);
-    if ((path == KVS_PATH_DIRECT && !same_tp) || hyb.full_attn_every > 1)
-        path = KVS_PATH_AUTO; /* (hybrid layers: staging alone) */
+    if ((path == KVS_PATH_DIRECT && !same_tp) || hyb.full_attn_every > 1 || draft_layers > 0)
+        path = KVS_PATH_AUTO; /* (hybrid layers and drafts: staging alone) */
 
     /* Workload: prompts of at most 48 chunks, and as many requests as keep
      * the run's writes and messages near SIM_CAMPAIGN_COST (the slice path
@@ -971,6 +1000,8 @@ static void sim_campaign_generate(uint64_t seed, uint64_t run,
     params.state_heads = hyb.state_heads;
     params.state_conv_bytes = hyb.state_conv_bytes;
     params.state_ssm_bytes = hyb.state_ssm_bytes;
+    params.draft_layers = draft_layers;
+    params.draft_head_dim = draft_head_dim;
     int64_t region = 4096; /* of the pair with the largest */
     for (uint32_t p = 0; p < topo.prefill_instances; p++)
         for (uint32_t d = 0; d < topo.decode_instances; d++) {
@@ -1003,6 +1034,8 @@ static void sim_campaign_generate(uint64_t seed, uint64_t run,
     cfg->state_heads = hyb.state_heads;
     cfg->state_conv_bytes = hyb.state_conv_bytes;
     cfg->state_ssm_bytes = hyb.state_ssm_bytes;
+    cfg->draft_layers = draft_layers;
+    cfg->draft_head_dim = draft_head_dim;
     cfg->prefill_instances = topo.prefill_instances;
     cfg->decode_instances = topo.decode_instances;
     for (uint32_t i = 0; i < topo.prefill_instances; i++) {

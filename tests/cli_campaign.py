@@ -37,11 +37,12 @@ JSON_KEYS = [
     "ms_per_run", "violating_runs", "first_violation", "replay",
 ]
 MODEL_KINDS = ["gqa", "mla", "page-sizes", "per-token", "per-block", "context-parallel",
-               "hybrid"]
+               "hybrid", "draft"]
 # The flag each model kind puts in a run's replay.
 MODEL_FLAGS = {"mla": "--mla-latent-dim", "page-sizes": "--decode-page-size",
                "per-token": "--kv-scales per-token", "per-block": "--kv-scales per-block:",
-               "context-parallel": "--prefill-cp", "hybrid": "--full-attn-every"}
+               "context-parallel": "--prefill-cp", "hybrid": "--full-attn-every",
+               "draft": "--draft-layers"}
 KINDS = ["drop", "dup", "delay", "write-error", "link-down", "slow-scatter",
          "stall", "crash", "restart", "hbm-full", "hostile-write"]
 # Keys derived from the real clock: the only ones two campaigns may differ in.

@@ -104,7 +104,7 @@ typedef struct kinds_seen {
     int64_t decode_page_size[RUNS];
     int32_t dtype[RUNS];
     int64_t prefill_cp[RUNS];
-    int64_t full_attn_every[RUNS];
+    int64_t full_attn_every[RUNS], draft_layers[RUNS];
     int32_t other_layers[RUNS], path[RUNS];
 } kinds_seen_t;
 
@@ -120,6 +120,7 @@ static void on_run_kinds(void *ctx, const kvs_sim_campaign_run_t *run)
     s->dtype[run->index] = run->config->dtype;
     s->prefill_cp[run->index] = run->config->prefill_cp;
     s->full_attn_every[run->index] = run->config->full_attn_every;
+    s->draft_layers[run->index] = run->config->draft_layers;
     s->other_layers[run->index] = run->config->other_layers;
     s->path[run->index] = run->config->path;
 }
@@ -153,7 +154,7 @@ static void test_sim_campaign_model_kinds(void **state)
     kvs_sim_campaign_report_t r;
     report_init(&r);
     assert_int_equal(kvs_sim_campaign_run(&cfg, on_run_kinds, &all, &r, &err), KVS_OK);
-    assert_int_equal(r.model_kinds, 6);
+    assert_int_equal(r.model_kinds, 7);
     uint64_t plain = 0, with_kind = 0;
     for (uint32_t k = 0; k < r.model_kinds; k++)
         with_kind += r.model_kind_runs[k];
@@ -171,9 +172,10 @@ static void test_sim_campaign_model_kinds(void **state)
         assert_int_equal(none.decode_page_size[i], 0);
         assert_int_equal(none.prefill_cp[i], 0);
         assert_int_equal(none.full_attn_every[i], 0);
+        assert_int_equal(none.draft_layers[i], 0);
         if (all.kv_kind[i] == KVS_KV_GQA && all.kv_scales[i] == KVS_KV_SCALES_NONE &&
             all.decode_page_size[i] == 0 && all.prefill_cp[i] == 0 &&
-            all.full_attn_every[i] == 0) {
+            all.full_attn_every[i] == 0 && all.draft_layers[i] == 0) {
             assert_int_equal(all.digest[i], none.digest[i]);
             plain++;
         }
@@ -230,6 +232,20 @@ static void test_sim_campaign_model_kinds(void **state)
         assert_int_equal(hyb.path[i], KVS_PATH_AUTO);
     }
     assert_true(windows > 0 && windows < RUNS);
+    /* A draft alone: 1..3 draft layers in every run, without scale planes,
+     * on the path AUTO picks. */
+    kinds_seen_t dr;
+    memset(&dr, 0, sizeof dr);
+    cfg.kinds = "draft";
+    report_init(&r);
+    assert_int_equal(kvs_sim_campaign_run(&cfg, on_run_kinds, &dr, &r, &err), KVS_OK);
+    assert_int_equal(r.model_kind_runs[model_kind("draft")], RUNS);
+    for (uint32_t i = 0; i < RUNS; i++) {
+        assert_true(dr.draft_layers[i] >= 1 && dr.draft_layers[i] <= 3);
+        assert_int_equal(dr.kv_scales[i], KVS_KV_SCALES_NONE);
+        assert_int_equal(dr.full_attn_every[i], 0);
+        assert_int_equal(dr.path[i], KVS_PATH_AUTO);
+    }
     /* A caller built before kinds existed (its config ends at faults)
      * gets every kind, as NULL does. */
     cfg.kinds = NULL;
@@ -278,7 +294,7 @@ static void test_sim_campaign_refuses_bad_configs(void **state)
     k = 0;
     while (kvs_sim_campaign_model_kind_name(k) != NULL)
         k++;
-    assert_true(k == 6 && k <= KVS_SIM_CAMPAIGN_MAX_MODEL_KINDS);
+    assert_true(k == 7 && k <= KVS_SIM_CAMPAIGN_MAX_MODEL_KINDS);
     assert_null(kvs_sim_campaign_model_kind_name(KVS_SIM_CAMPAIGN_MAX_MODEL_KINDS));
 }
 

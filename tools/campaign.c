@@ -125,6 +125,11 @@ static char *cli_campaign_replay(const kvs_sim_config_t *c)
     cli_campaign_put_sizes(&t, "--decode-pp", c->decode_instances, c->decode_instance_pp);
     if (c->prefill_cp > 1)
         cli_campaign_put_u64(&t, "--prefill-cp", (uint64_t)c->prefill_cp);
+    if (c->draft_layers > 0) { /* docs/kinds/draft.md */
+        cli_campaign_put_u64(&t, "--draft-layers", (uint64_t)c->draft_layers);
+        if (c->draft_head_dim > 0)
+            cli_campaign_put_u64(&t, "--draft-head-dim", (uint64_t)c->draft_head_dim);
+    }
     if (c->full_attn_every > 1) { /* docs/kinds/hybrid.md */
         cli_campaign_put_u64(&t, "--full-attn-every", (uint64_t)c->full_attn_every);
         if (c->other_layers == KVS_LAYER_WINDOW) {
