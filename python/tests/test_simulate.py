@@ -337,3 +337,23 @@ def test_hybrid_models_move_on_the_staging_path():
            window_tokens=64, state_heads=4, state_bytes=8)
 
 
+
+
+def test_draft_layers_move_on_the_staging_path():
+    """A draft model's layers (draft_layers, draft_head_dim; docs/kinds/
+    draft.md) move in the same writes as the model's, every draft byte
+    verified, both data modes the same run, as the CLI's; the direct path
+    refuses them by name."""
+    plain = run()
+    r = run(draft_layers=2, draft_head_dim=64)
+    assert_clean(r, 6)
+    assert r["path"] == "staging" and r["rdma_ops"] == plain["rdma_ops"]
+    assert r["bytes_verified"] > plain["bytes_verified"]
+    p = run(draft_layers=2, draft_head_dim=64, data="provenance")
+    assert p["digest"] == r["digest"] and p["corrupt_bytes"] == 0
+    _, want = _cli_json(*SMALL_FLAGS, "--draft-layers", 2, "--draft-head-dim", 64)
+    for key in SAME_AS_CLI:
+        assert r[key] == want[key], key
+    raises("KVS_EINVAL", ["path direct does not move a draft", "use path staging"],
+           draft_layers=1, prefill_tp=2, decode_tp=2,
+           path="direct")
