@@ -168,7 +168,8 @@ class Pool:
     """The checked KV pool: its layers, geometry and memory ranges."""
 
     def __init__(self, k_buffers, v_buffers, kv_caches, page_size, dtype=None,
-                 head_dim=None, heads=None, layers=None, planes=2, scales=None):
+                 head_dim=None, heads=None, layers=None, planes=2, scales=None,
+                 drafts=None):
         if not isinstance(page_size, int) or page_size <= 0:
             raise _errors.invalid("page_size: %r: give the KV cache's page (block) size in "
                                   "tokens, > 0" % (page_size,))
@@ -227,6 +228,7 @@ class Pool:
         self.elem_bytes = elem
         self.pairs = pairs
         self.scale_pairs = self._scale_pairs(scales, planes)
+        self.draft_pairs, self.draft_head_dim = self._draft_pairs(drafts, planes)
         # No two buffers may share memory: each layer's K and V are its own.
         spans = sorted((b.ptr, b.ptr + b.nbytes, b.name) for b in self.all_buffers())
         for (s0, e0, n0), (s1, _, n1) in zip(spans, spans[1:]):
@@ -284,9 +286,55 @@ class Pool:
             out.append(col)
         return [(k, out[1][i] if planes == 2 else None) for i, k in enumerate(out[0])]
 
+    def _draft_pairs(self, drafts, planes):
+        """([(K Buffer, V Buffer or None)] per draft layer, draft head dim)
+        from drafts = (draft_k_buffers, draft_v_buffers), or ([], 0) without
+        a draft (docs/kinds/draft.md): each [pool_tokens, heads, draft
+        head_dim] in the pool's dtype, on its device, indexed by the same
+        pages."""
+        dk, dv = drafts if drafts is not None else (None, None)
+        if dk is None:
+            if dv is not None:
+                raise _errors.invalid("draft_v_buffers without draft_k_buffers: give the "
+                                      "draft's K buffers too (one tensor per draft layer)")
+            return [], 0
+        if planes == 1 and dv is not None:
+            raise _errors.invalid("draft_v_buffers: an MLA pool has no V: give the draft's "
+                                  "latents as draft_k_buffers= alone")
+        if planes == 2 and dv is None:
+            raise _errors.invalid("draft_k_buffers without draft_v_buffers: a draft of K and "
+                                  "V needs both, one tensor per draft layer")
+        named = [("draft_k_buffers", list(dk))] + ([("draft_v_buffers", list(dv))]
+                                                   if planes == 2 else [])
+        if not named[0][1] or (planes == 2 and len(named[1][1]) != len(named[0][1])):
+            raise _errors.invalid("draft_k_buffers%s: one tensor per draft layer, as many of "
+                                  "each" % (", draft_v_buffers" if planes == 2 else ""))
+        out, dhd = [], None
+        for name, bufs in named:
+            col = []
+            for i, t in enumerate(bufs):
+                b = Buffer(t, "%s[%d]" % (name, i))
+                dhd = b.shape[-1] if dhd is None and len(b.shape) >= 2 else dhd
+                rows = 1
+                for d in b.shape[:-2]:
+                    rows *= d
+                if not b.contiguous or len(b.shape) < 2 or b.device != self.device or \
+                        _kv_dtype(b, self.dtype) != self.dtype or b.shape[-2] != self.heads \
+                        or b.shape[-1] != dhd or rows != self.tokens or b.ptr == 0:
+                    raise _errors.invalid(
+                        "%s: shape %s, %s on %s: give a contiguous [pool_tokens %d, heads %d, "
+                        "draft head_dim] tensor of the pool's dtype (%s) on its device (%s), "
+                        "the same draft head_dim in every draft buffer"
+                        % (b.name, list(b.shape), b.dtype, b.where(), self.tokens, self.heads,
+                           self.dtype, self.buffers[0].where()))
+                col.append(b)
+            out.append(col)
+        return [(k, out[1][i] if planes == 2 else None) for i, k in enumerate(out[0])], dhd
+
     def all_buffers(self):
-        """The KV buffers, then the scale buffers."""
-        return self.buffers + [b for pair in self.scale_pairs for b in pair if b is not None]
+        """The KV buffers, then the scale buffers, then the draft's."""
+        return self.buffers + [b for pair in self.scale_pairs for b in pair if b is not None] \
+            + [b for pair in self.draft_pairs for b in pair if b is not None]
 
     def ranges(self):
         """The memory to attach, as (address, bytes), adjacent buffers merged."""

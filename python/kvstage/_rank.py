@@ -136,6 +136,13 @@ class Rank:
     model           a built-in model name (kvstage.models()) giving
                     total_heads, head_dim, model_layers and kind; or give
                     those
+    draft_k_buffers, draft_v_buffers
+                    a draft model's KV of speculative decoding (EAGLE's one
+                    layer, DeepSeek's MTP layer; docs/kinds/draft.md): one
+                    tensor per draft layer, [pool_tokens, heads, draft
+                    head_dim], indexed by the same pages as the pool (MLA:
+                    draft_k_buffers alone). Its heads are the model's; both
+                    sides give the same draft
     kv_scales, ks_buffers, vs_buffers
                     FP8 KV with scale planes (dtype "fp8"; docs/kinds/
                     fp8-scales.md): kv_scales "per-token" (one fp32 per token
@@ -207,7 +214,8 @@ class Rank:
                  app_tag=0, staging=True, fabric="verbs", provider=None, rdma_device=None,
                  near_pci=None, bind_addr=None, listen_port=0, copy_threads=0,
                  secret_file=None, secret_env=None, discovery=None, discovery_wait_s=10.0,
-                 kv_scales=None, ks_buffers=None, vs_buffers=None):
+                 kv_scales=None, ks_buffers=None, vs_buffers=None, draft_k_buffers=None,
+                 draft_v_buffers=None):
         self._rank = self._drv = self._dev_obj = self._fab = None
         self._attached = []
         self._discovery = self._published = None
@@ -245,7 +253,8 @@ class Rank:
         pool = _buffers.Pool(k_buffers, v_buffers, kv_caches, page_size, dtype=dtype,
                              head_dim=head_dim, heads=heads, layers=layers,
                              planes=1 if kv_kind == 1 else 2,
-                             scales=(scales, block, ks_buffers, vs_buffers))
+                             scales=(scales, block, ks_buffers, vs_buffers),
+                             drafts=(draft_k_buffers, draft_v_buffers))
         _fabric.check_memory(fabric, pool)
         if total_heads is None:
             total_heads = pool.heads * tp_size
@@ -294,6 +303,17 @@ class Rank:
         mc.dp_rank = _i64("dp_rank", dp_rank)
         mc.max_aux_bytes = aux
         mc.kv_scales, mc.scale_block = scales, block
+        # A draft model's layers (docs/kinds/draft.md): its own K / V
+        # buffers over the same pages; both sides give the same draft.
+        mc.draft_layers = len(pool.draft_pairs)
+        mc.draft_head_dim = pool.draft_head_dim
+        if pool.draft_pairs:
+            dk = (ctypes.c_uint64 * len(pool.draft_pairs))(*[k.ptr for k, _ in pool.draft_pairs])
+            cfg.draft_k_base = dk
+            if kv_kind != 1:
+                dv = (ctypes.c_uint64 * len(pool.draft_pairs))(
+                    *[v.ptr for _, v in pool.draft_pairs])
+                cfg.draft_v_base = dv
         layer_arr = (S.KvLayer * pool.layers)()
         pool.fill_layers(layer_arr)
         cfg.layers = layer_arr

@@ -9,7 +9,7 @@ checks what they report.
     rank_pair.py decode DIR [FABRIC]    reads it, receives the rooms, checks bytes
     FABRIC: [--fabric verbs|ofi] [--provider NAME] [--address IP]
             [--deadline-s S] [--decode-page N] [--mla] [--scales [--shift-scales]]
-            [--prefill-cp N [--cp-addrs-swapped]]
+            [--prefill-cp N [--cp-addrs-swapped]] [--draft-layers N [--draft-swapped]]
     (verbs by default; --address: every rank's bind_addr, default
     $KVS_VERBS_ADDR; --deadline-s: how long each wait may take, 240;
     --decode-page: the decode's page size, 16 like the prefill's by
@@ -25,7 +25,10 @@ checks what they report.
     (Rank.cp_range), and the decode declares it with cp_size N;
     --cp-addrs-swapped, to the decode: a planted mistake, the addresses of
     CP rank 0 TP rank 1 and CP rank 1 TP rank 0 given in each other's
-    place, which the registration must refuse by name)
+    place, which the registration must refuse by name; --draft-layers N:
+    a draft model's N layers of head dim 8 (docs/kinds/draft.md), their own
+    K and V tensors (MLA: K) over the same pages, draft_k_buffers and
+    draft_v_buffers on both sides, every draft byte checked too)
 
 Every value the prefill puts in its pool is a function of (room, token,
 layer, K or V, global head, dim); the decode builds the pool it must end
@@ -62,6 +65,8 @@ PREFILL_TP, DECODE_TP = 2, 1
 # Context parallelism of the prefill instance (--prefill-cp), and the
 # decode's planted address mistake (--cp-addrs-swapped).
 CP = {"size": 1, "swap": False}
+# A draft model's layers (--draft-layers) and their head dim.
+DRAFT = {"layers": 0, "dim": 8, "swap": False}
 # Tokens per page of each side's pool (--decode-page sets the decode's).
 PAGES = {"prefill": PAGE, "decode": PAGE}
 # What a layer holds (--mla: one latent, kvstage's head 0, no V).
@@ -129,6 +134,33 @@ def rank_kv(ks, vs, heads, ss=()):
         if n == 2:
             out["vs_buffers"] = ss[1::n]
     return out
+
+
+def draft_tensors(heads):
+    """A pool's draft buffers (--draft-layers): (K list, V list), V empty
+    for MLA; ([], []) without a draft."""
+    dk = [torch.zeros(POOL_TOKENS, heads, DRAFT["dim"], dtype=torch.float16)
+          for _ in range(DRAFT["layers"])]
+    dv = [] if KV["mla"] else [torch.zeros_like(t) for t in dk]
+    return dk, dv
+
+
+def draft_kw(dk, dv, planted=False):
+    """The Rank keywords of the draft buffers; planted (--draft-swapped, to
+    the decode): each draft layer's K and V handed over in each other's
+    place, which the check must catch."""
+    if not dk:
+        return {}
+    if planted and dv:
+        dk, dv = dv, dk
+    return dict(draft_k_buffers=dk, **({"draft_v_buffers": dv} if dv else {}))
+
+
+def draft_planes(dk, dv):
+    """(global layer id, kv, buffer) of each draft buffer: draft layer d is
+    layer LAYERS + d of the pattern, as the simulator numbers it."""
+    return [(LAYERS + d, kv, buf) for d in range(len(dk))
+            for kv, buf in ((0, dk[d]),) + (((1, dv[d]),) if dv else ())]
 
 
 def pool_pages(side):
@@ -231,11 +263,12 @@ def prefill(folder, fabric, deadline_s):
             ks = [kv_tensor(local) for _ in range(LAYERS)]
             vs = [torch.zeros_like(k) for k in ks]
             ss = scale_tensors(local)
-            pools.append((ks, vs, ss))
+            dk, dv = draft_tensors(local)
+            pools.append((ks, vs, ss, dk, dv))
             tps.append(tp)
             ranks.append(kvstage.Rank("prefill", page_size=PAGES["prefill"],
                                       peer_page_size=PAGES["decode"],
-                                      **rank_kv(ks, vs, HEADS, ss),
+                                      **rank_kv(ks, vs, HEADS, ss), **draft_kw(dk, dv),
                                       tp_rank=tp, tp_size=PREFILL_TP,
                                       context_parallel=CP["size"], cp_rank=c,
                                       peer_tp_size=DECODE_TP, chunk_tokens=CHUNK,
@@ -249,7 +282,7 @@ def prefill(folder, fabric, deadline_s):
     ranks[0].start()  # one rank on the driver's thread, one in this loop
     for room, (total, _) in sorted(ROOMS.items()):
         pages = pages_by_room(1, "prefill")[room]
-        for tp, r, (ks, vs, ss) in zip(tps, ranks, pools):
+        for tp, r, (ks, vs, ss, dk, dv) in zip(tps, ranks, pools):
             heads = [0] if KV["mla"] else list(range(tp * local, (tp + 1) * local))
             # A CP rank holds the rows of its range only, where the room's
             # page list (the request's, by token) puts them.
@@ -260,6 +293,10 @@ def prefill(folder, fabric, deadline_s):
                     view[slots(pages, total, "prefill")[start:end]] = \
                         values(room, list(range(start, end)), layer, kv, heads,
                                view.shape[-1])
+            for layer, kv, buf in draft_planes(dk, dv):
+                view = buf.view(torch.int16)
+                view[slots(pages, total, "prefill")[start:end]] = \
+                    values(room, list(range(start, end)), layer, kv, heads, view.shape[-1])
             r.open_room(room, pages, total_tokens=total)
             unit = math.lcm(PAGES["prefill"], PAGES["decode"])  # whole pages of both
             half = (total // 2) // unit * unit
@@ -298,9 +335,11 @@ def prefill(folder, fabric, deadline_s):
 def decode(folder, fabric, deadline_s):
     addrs = wait_file(os.path.join(folder, "prefill.addrs"), deadline_s).split("\n")
     ks, vs, ss = pool()
+    dk, dv = draft_tensors(KV["heads"])
     dps = PAGES["decode"]
     with kvstage.Rank("decode", page_size=dps, peer_page_size=PAGES["prefill"],
-                      **rank_kv(ks, vs, HEADS, ss), tp_rank=0, tp_size=DECODE_TP,
+                      **rank_kv(ks, vs, HEADS, ss), **draft_kw(dk, dv, DRAFT["swap"]),
+                      tp_rank=0, tp_size=DECODE_TP,
                       chunk_tokens=CHUNK,
                       max_aux_bytes=MAX_AUX, ring_bytes=8 << 20, **fabric) as rank:
         n = pool_pages("decode")
@@ -315,6 +354,7 @@ def decode(folder, fabric, deadline_s):
         want_k = [torch.zeros_like(k) for k in ks]
         want_v = [torch.zeros_like(v) for v in vs]
         want_s = [torch.zeros_like(x) for x in ss]
+        want_dk, want_dv = [torch.zeros_like(x) for x in dk], [torch.zeros_like(x) for x in dv]
         all_heads = list(range(KV["heads"]))
         for room, (total, base) in sorted(ROOMS.items()):
             pages = pages_by_room(2, "decode")[room]
@@ -323,6 +363,10 @@ def decode(folder, fabric, deadline_s):
             if seen not in (kvstage.RoomState.BOOTSTRAPPING, kvstage.RoomState.WAITING,
                             kvstage.RoomState.TRANSFERRING, kvstage.RoomState.SUCCESS):
                 sys.exit("rank_pair decode: room %d opened in state %r" % (room, seen))
+            for layer, kv, buf in draft_planes(want_dk, want_dv):
+                view = buf.view(torch.int16)
+                view[slots(pages, total - base, "decode")] = \
+                    values(room, list(range(base, total)), layer, kv, all_heads, view.shape[-1])
             for layer in range(LAYERS):
                 for kv, buf in planes(want_k[layer], want_v[layer]) + \
                         scale_planes(want_s, layer):
@@ -365,6 +409,14 @@ def decode(folder, fabric, deadline_s):
                     sys.exit("rank_pair decode: %s scales of layer %d differ at %d bytes, "
                              "first [slot, head, byte] %s"
                              % ("KV"[kv - 2], layer, len(diff), diff[0].tolist()))
+        # The draft's layers (--draft-layers), every byte.
+        for (layer, kv, got), (_, _, want) in zip(draft_planes(dk, dv),
+                                                  draft_planes(want_dk, want_dv)):
+            if not torch.equal(got.view(torch.int16), want.view(torch.int16)):
+                diff = (got.view(torch.int16) != want.view(torch.int16)).nonzero()
+                sys.exit("rank_pair decode: draft layer %d %s differs at %d places, first "
+                         "[slot, head, dim] %s" % (layer - LAYERS, "KV"[kv], len(diff),
+                                                   diff[0].tolist()))
         stats = rank.stats()
         write_json(os.path.join(folder, "decode.json"),
                    {"provider": rank.provider, "metrics": rank.metrics(),
@@ -375,6 +427,7 @@ def decode(folder, fabric, deadline_s):
                     "checked_bytes": sum(k.numel() * k.element_size() * len(planes(0, 0))
                                          for k in ks) + sum(x.numel() for x in ss),
                     "kv_scales": rank.kv_scales,
+                    "draft_bytes": sum(t.numel() * t.element_size() for t in dk + dv),
                     "rooms_ok": stats["rooms_ok"], "copies": stats["copies"]})
 
 
@@ -474,8 +527,11 @@ def main(argv):
     p.add_argument("--shift-scales", action="store_true")
     p.add_argument("--prefill-cp", type=int, default=1)
     p.add_argument("--cp-addrs-swapped", action="store_true")
+    p.add_argument("--draft-layers", type=int, default=0)
+    p.add_argument("--draft-swapped", action="store_true")
     a = p.parse_args(argv)
     CP["size"], CP["swap"] = a.prefill_cp, a.cp_addrs_swapped
+    DRAFT["layers"], DRAFT["swap"] = a.draft_layers, a.draft_swapped
     use_decode_page(a.decode_page)
     if a.mla:
         use_mla()

@@ -259,6 +259,49 @@ def test_rank_ofi_prefill_cp_addresses_out_of_order_refused(tmp_path):
     assert "fix that rank's address" in msg, msg
 
 
+@pytest.mark.parametrize("mla", [False, True])
+def test_rank_ofi_draft_layers_prefill_tp2_to_decode_tp1(tmp_path, mla):
+    """The pair with a draft model's 2 layers (draft_k_buffers and
+    draft_v_buffers; MLA: draft_k_buffers alone, an MTP-like latent) over
+    the same pages: they move in the same writes, and the decode checks
+    every draft byte as well as the pool's."""
+    need_ofi()
+    dec, pre = rank_pair.run(tmp_path, ["--fabric", "ofi", "--provider", "tcp",
+                                        "--address", "127.0.0.1", "--deadline-s", "40",
+                                        "--draft-layers", "2"] + (["--mla"] if mla else []),
+                             timeout_s=100)
+    assert dec["draft_bytes"] > 0, dec
+    assert dec["rooms"] == dec["rooms_ok"] == len(rank_pair.ROOMS)
+
+
+def test_rank_ofi_draft_swapped_is_caught(tmp_path):
+    """The planted wrong draft mapping: the decode hands each draft layer's
+    K and V buffers over in each other's place; the rooms move and the
+    decode's check fails on the draft."""
+    need_ofi()
+    with pytest.raises(AssertionError) as e:
+        rank_pair.run(tmp_path, ["--fabric", "ofi", "--provider", "tcp", "--address",
+                                 "127.0.0.1", "--deadline-s", "40", "--draft-layers", "1",
+                                 "--draft-swapped"], timeout_s=100)
+    assert "decode exited 1" in str(e.value) and "draft layer 0" in str(e.value), e.value
+
+
+def test_rank_draft_buffers_refused_by_name():
+    """Draft buffers that do not fit the pool are refused at create, naming
+    the argument: V without K, K without V, another head count, another
+    token count."""
+    need_ofi()
+    bad = torch.zeros(4 * PAGE, HEADS, 8, dtype=torch.float16)
+    for kw, needle in (
+            (dict(draft_v_buffers=[bad]), "draft_v_buffers without draft_k_buffers"),
+            (dict(draft_k_buffers=[bad]), "draft_k_buffers without draft_v_buffers"),
+            (dict(draft_k_buffers=[torch.zeros(4 * PAGE, 2, 8, dtype=torch.float16)],
+                  draft_v_buffers=[bad]), "heads %d" % HEADS),
+            (dict(draft_k_buffers=[torch.zeros(2 * PAGE, HEADS, 8, dtype=torch.float16)],
+                  draft_v_buffers=[bad]), "pool_tokens %d" % (4 * PAGE))):
+        refused([needle], fabric="ofi", provider="tcp", bind_addr="127.0.0.1", **kw)
+
+
 def test_rank_cp_range_and_cp_size_checked():
     """cp_range() without CP is the whole request; add_instance counts the
     CP ranks' addresses and names cp_size."""
