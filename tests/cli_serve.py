@@ -96,7 +96,6 @@ def test_bad_input(s):
          PREFILL + ["--prefill-tp", "8", "--prefill-pp", "4", "--prefill-cp", "4"],
          "--prefill-cp"),
         # Nor window or state layers (kvstage plan lays them out).
-        ("draft layers", DECODE + ["--draft-layers", "1"], "--draft-layers"),
         # FP8 scale planes: the dtype and the block are checked by name; the
         # planted wrong scale mapping needs scales and two layers a stage.
         ("kv scales not fp8", DECODE + ["--kv-scales", "per-token"], "--kv-scales"),

@@ -699,8 +699,6 @@ static int cli_serve_read(int argc, char **argv, cli_serve_input_t *in, bool *he
         in->shape.params.prefill_tp = in->peers[0].tp;
         in->shape.params.prefill_pp = in->peers[0].pp;
     }
-    if ((rc = cli_shape_refuse_draft(CLI_SERVE_CMD, "serve's ranks", &in->shape)) != 0)
-        return rc;
     if ((rc = cli_shape_layout(CLI_SERVE_CMD, &in->shape, &in->plan.lay)) != 0)
         return rc;
     const kvs_layout_t *l = &in->plan.lay;
@@ -956,7 +954,10 @@ static uint64_t cli_serve_room_bytes(const kvs_layout_t *l, int64_t tokens)
         rows -= kind == KVS_LAYER_STATE ? tokens : from;
         state += kind == KVS_LAYER_STATE ? l->state_dst_heads * l->state_head_bytes : 0;
     }
-    return (uint64_t)((rows * row * l->planes + state) * l->decode_tp);
+    /* and a draft model's rows (docs/kinds/draft.md) */
+    const int64_t draft = tokens * l->draft_layers * l->dst_heads * l->draft_head_dim *
+                          l->elem_bytes * l->planes;
+    return (uint64_t)((rows * row * l->planes + state + draft) * l->decode_tp);
 }
 
 /* What became of the rooms paired with one prefill instance. */

@@ -100,6 +100,10 @@ typedef struct cli_rank_ctx {
      * room: [room][local state head][state_head_bytes]. */
     uint64_t *state_off;
     int64_t state_heads;        /* local state heads, 0 without state layers */
+    /* A draft model's layers (docs/kinds/draft.md): their K and V buffers
+     * after everything else, [plane][draft layer] of draft_layer_bytes,
+     * laid out as the model's ([slot][head][draft_head_dim]); 0: none. */
+    uint64_t draft_base, draft_layer_bytes;
     int64_t *pages;             /* scratch page list of one room */
     uint32_t served;            /* rooms this process serves */
     uint32_t hold_before, hold_done; /* prefill, --fault hold-from: its rooms
@@ -318,6 +322,28 @@ static uint64_t cli_rank_pattern(cli_rank_ctx_t *c, uint32_t i, bool check, uint
                             kvs_sim_kv_fill(p, (size_t)len, &at);
                         }
                     }
+    /* A draft model's rows, in its own buffers over the same pages: the
+     * coordinate of global layer layers + d (no model layer has it), so a
+     * draft row in a model slot, or the reverse, is corrupt. */
+    const int64_t dhb = l->draft_head_dim * l->elem_bytes;
+    for (int64_t d = 0; d < l->draft_layers; d++)
+        for (int kv = 0; kv < (int)c->planes; kv++)
+            for (int64_t t = from; t < to; t++)
+                for (int64_t j = 0; j < c->heads; j++) {
+                    const kvs_sim_kv_coord_t at = {
+                        i, l->layers + d, kv,
+                        cli_global_head(l->total_heads, tp_size, c->r->tp, c->heads, j), t};
+                    const int64_t page = cli_page(c, i, t / ps, n);
+                    uint8_t *p = c->pool + c->draft_base +
+                                 (uint64_t)(c->planes * d + kv) * c->draft_layer_bytes +
+                                 (uint64_t)(((page * ps + t % ps) * c->heads + j) * dhb);
+                    if (check) {
+                        bad += kvs_sim_kv_check(p, (size_t)dhb, &at);
+                        *checked += (uint64_t)dhb;
+                    } else {
+                        kvs_sim_kv_fill(p, (size_t)dhb, &at);
+                    }
+                }
     /* The room's state in each state layer, at its slot (the room's
      * index): a vector of state_head_bytes per local state head, the
      * coordinate of the K vector of token 0 of that layer and global state
@@ -550,6 +576,12 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
         c->state_off[i] = pool_bytes;
         pool_bytes += (uint64_t)pl->requests * (uint64_t)(c->state_heads * l->state_head_bytes);
     }
+    /* A draft model's K and V buffers (docs/kinds/draft.md): as many token
+     * slots as the model's, rows of the draft's head dim. */
+    c->draft_base = pool_bytes;
+    c->draft_layer_bytes = (uint64_t)pl->pool_pages *
+                           (uint64_t)(c->ps * c->heads * l->draft_head_dim * l->elem_bytes);
+    pool_bytes += (uint64_t)c->planes * (uint64_t)l->draft_layers * c->draft_layer_bytes;
     rc = c->dev->ops.mem_alloc(c->dev, pool_bytes, &c->pool_addr);
     if (rc != KVS_OK)
         return cli_rank_fail(c, rc, "%s: KV pool of %llu bytes: %s: lower --requests or "
@@ -571,10 +603,21 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
     if (c->pool != NULL)
         memset(c->pool, 0, (size_t)pool_bytes);
     uint64_t *state_base = calloc((size_t)c->layers, sizeof *state_base);
-    if (c->pool == NULL || kv == NULL || c->pages == NULL || state_base == NULL) {
+    const size_t ndraft = l->draft_layers > 0 ? (size_t)l->draft_layers : 1;
+    uint64_t *draft_k = calloc(ndraft, sizeof *draft_k);
+    uint64_t *draft_v = calloc(ndraft, sizeof *draft_v);
+    if (c->pool == NULL || kv == NULL || c->pages == NULL || state_base == NULL ||
+        draft_k == NULL || draft_v == NULL) {
         free(kv);
         free(state_base);
+        free(draft_k);
+        free(draft_v);
         return cli_rank_fail(c, KVS_ENOMEM, "%s: KV pool tables", who);
+    }
+    for (int64_t d = 0; d < l->draft_layers; d++) {
+        draft_k[d] = c->pool_addr + c->draft_base +
+                     (uint64_t)(c->planes * d) * c->draft_layer_bytes;
+        draft_v[d] = c->planes == 2 ? draft_k[d] + c->draft_layer_bytes : 0;
     }
     bool has_state = false;
     for (int64_t i = 0; i < c->layers; i++) {
@@ -610,7 +653,8 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
     /* The decode's one ring serves every prefill instance: it stages when
      * any of them has another TP; a pair of equal TP takes the direct path
      * all the same. */
-    bool staging = l->prefill_tp != l->decode_tp || l->full_attn_every > 1;
+    bool staging = l->prefill_tp != l->decode_tp || l->full_attn_every > 1 ||
+                   l->draft_layers > 0;
     for (uint32_t k = 0; decode && k < pl->instances; k++)
         staging = staging || pl->peers[k].tp != l->decode_tp;
     const kvs_rank_config_t rcfg = {
@@ -644,14 +688,21 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
             .full_attn_every = l->full_attn_every, .other_layers = l->other_layers,
             .window_tokens = l->window_tokens, .state_heads = l->state_heads,
             .state_conv_bytes = l->state_conv_bytes, .state_ssm_bytes = l->state_ssm_bytes,
+            /* A draft model's layers: its buffers below. */
+            .draft_layers = l->draft_layers,
+            .draft_head_dim = l->draft_layers > 0 ? l->draft_head_dim : 0,
             .log = {.fn = cli_rank_log, .user = c, .level = cli_rank_log_level()}},
         .layers = kv,
         .local_heads = c->heads,
         .state_base = has_state ? state_base : NULL,
-        .state_slots = has_state ? (int64_t)pl->requests : 0};
+        .state_slots = has_state ? (int64_t)pl->requests : 0,
+        .draft_k_base = l->draft_layers > 0 ? draft_k : NULL,
+        .draft_v_base = l->draft_layers > 0 && c->planes == 2 ? draft_v : NULL};
     rc = kvs_rank_create(&rcfg, c->dev, c->fab, &c->rank, &err);
     free(kv);
     free(state_base);
+    free(draft_k);
+    free(draft_v);
     if (rc != KVS_OK)
         return cli_rank_fail(c, rc, "%s: %s", who, err.msg);
     const kvs_driver_config_t dc = {.rank = c->rank, .dev = c->dev, .fab = c->fab,

@@ -341,30 +341,3 @@ void cli_shape_models_usage(FILE *out)
                 kvs_dtype_name(m->dtype), kvs_kv_kind_name(m->kind), m->note);
     }
 }
-
-int cli_shape_refuse_hybrid(const char *cmd, const char *who, const cli_shape_t *shape)
-{
-    const kvs_layout_params_t *p = &shape->params;
-    if (p->full_attn_every <= 1)
-        return 0;
-    return cli_fail(cmd, "--full-attn-every %" PRId64 " (%s layers%s%s): %s do not move "
-                         "window or state layers yet: `kvstage plan` shows which rows and "
-                         "state bytes each writer sends (docs/kinds/hybrid.md); give "
-                         "--full-attn-every 1 to run every layer as full attention",
-                    p->full_attn_every, kvs_layer_kind_name(p->other_layers),
-                    shape->model != NULL && shape->model->full_attn_every > 1 ? ", --model " : "",
-                    shape->model != NULL && shape->model->full_attn_every > 1
-                        ? shape->model->name : "",
-                    who);
-}
-
-int cli_shape_refuse_draft(const char *cmd, const char *who, const cli_shape_t *shape)
-{
-    const kvs_layout_params_t *p = &shape->params;
-    if (p->draft_layers == 0)
-        return 0;
-    return cli_fail(cmd, "--draft-layers %" PRId64 ": %s do not move a draft model's layers "
-                         "yet: `kvstage plan` shows where they go in each writer's block "
-                         "(docs/kinds/draft.md); drop --draft-layers",
-                    p->draft_layers, who);
-}

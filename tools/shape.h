@@ -131,16 +131,6 @@ int cli_shape_read(const char *cmd, const char *const *values,
 int cli_shape_layout(const char *cmd, const cli_shape_t *shape,
                      kvs_layout_t *lay);
 
-/* 0 for a shape of full attention layers alone; otherwise prints that
- * `who` do not move window or state layers yet (docs/kinds/hybrid.md),
- * naming --full-attn-every and the model, and returns the usage code. */
-int cli_shape_refuse_hybrid(const char *cmd, const char *who, const cli_shape_t *shape);
-
-/* 0 for a shape without a draft model; otherwise prints that `who` do not
- * move a draft's layers yet (docs/kinds/draft.md), naming --draft-layers,
- * and returns the usage code. */
-int cli_shape_refuse_draft(const char *cmd, const char *who, const cli_shape_t *shape);
-
 /* The flag to change for a kvs_layout_init failure (status) of params p,
  * e.g. "--decode-pp" or "--prefill-tp (or --kv-heads)"; the library's
  * detail says why. Static storage. */

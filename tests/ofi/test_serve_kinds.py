@@ -47,6 +47,11 @@ two page sizes, FP8 scale planes) between two processes over libfabric (ofi tcp 
              the room's state slot); hyb_state_eq P2 -> D2 with 16 -> 32
              token pages; hyb_window_swap hyb_window with the decode's
              wrong page mapping (must fail)
+  draft_*    a draft model's layers (docs/kinds/draft.md; the staging path):
+             draft_p2d1 one draft layer of the model's shape, P2 -> D1;
+             draft_hd_p1d2 two draft layers of head dim 16, P1 -> D2;
+             draft_mla_cp MLA with an MTP-like draft layer, P4 CP2 -> D2;
+             draft_p2d1_swap with the decode's wrong page mapping (must fail)
 
 Each run: both processes exit 0, every room ok on both sides, the decode
 verified exactly the bytes its rooms hold (bytes_expected: every token,
@@ -130,6 +135,17 @@ RUNS = [
                             "--decode-page-size", "32"], [], False),
     ("hyb_window_swap", HYB + ["--full-attn-every", "2", "--window", "48", "--prefill-tp",
                                "2", "--decode-tp", "1"], ["--fault", "swap-pages"], True),
+    # A draft model's layers (docs/kinds/draft.md), on the staging path.
+    ("draft_p2d1", GQA + ["--page-size", "16", "--chunk-tokens", "64", "--prefill-tp", "2",
+                          "--decode-tp", "1", "--draft-layers", "1"], [], False),
+    ("draft_hd_p1d2", GQA + ["--page-size", "16", "--chunk-tokens", "64", "--prefill-tp",
+                             "1", "--decode-tp", "2", "--draft-layers", "2",
+                             "--draft-head-dim", "16"], [], False),
+    ("draft_mla_cp", MLA + ["--prefill-tp", "4", "--decode-tp", "2", "--prefill-cp", "2",
+                            "--draft-layers", "1"], [], False),
+    ("draft_p2d1_swap", GQA + ["--page-size", "16", "--chunk-tokens", "64", "--prefill-tp",
+                               "2", "--decode-tp", "1", "--draft-layers", "1"],
+     ["--fault", "swap-pages"], True),
 ]
 
 
