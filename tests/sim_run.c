@@ -9,6 +9,26 @@
 
 #include "sim_run.h"
 
+#include <string.h>
+
+sim_scenario_config_t sim_run_small(kvs_layout_params_t shape, uint64_t ring_bytes,
+                                    uint64_t seed)
+{
+    sim_scenario_config_t c;
+    memset(&c, 0, sizeof c);
+    c.shape = shape;
+    c.requests = 8;
+    c.prompt_min_tokens = 1;
+    c.prompt_max_tokens = 900;
+    c.rate_milli_per_s = 200000;
+    c.ring_bytes = ring_bytes;
+    c.staging = true;
+    c.path = KVS_PATH_STAGING;
+    c.max_inflight = 4;
+    c.seed = seed;
+    return c;
+}
+
 sim_report_t sim_run_mode(sim_scenario_config_t c, sim_data_mode_t mode, const char *what)
 {
     c.gpu.data_mode = mode;

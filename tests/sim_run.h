@@ -12,6 +12,12 @@
 
 #include "scenario.h"
 
+/* The small workload the kind tests share: 8 requests of 1..900 tokens at
+ * 200/s, 4 in flight, the staging path, a ring of ring_bytes; shape and
+ * seed as given, every other field 0. */
+sim_scenario_config_t sim_run_small(kvs_layout_params_t shape, uint64_t ring_bytes,
+                                    uint64_t seed);
+
 /* Runs c in data mode `mode`; its report. */
 sim_report_t sim_run_mode(sim_scenario_config_t c, sim_data_mode_t mode, const char *what);
 

@@ -42,22 +42,13 @@
 /* A small Llama-like shape with prefill CP. */
 static sim_scenario_config_t small_cp(int64_t p, int64_t cp, int64_t d, int64_t heads)
 {
-    sim_scenario_config_t c;
-    memset(&c, 0, sizeof c);
-    c.shape = (kvs_layout_params_t){.total_heads = heads, .head_dim = 64,
-                                    .dtype = KVS_DTYPE_BF16, .layers = 4, .page_size = 16,
-                                    .prefill_tp = p, .decode_tp = d, .chunk_tokens = 256,
-                                    .prefill_cp = cp};
-    c.requests = 8;
-    c.prompt_min_tokens = 1;
-    c.prompt_max_tokens = 900;
-    c.rate_milli_per_s = 200000;
-    c.ring_bytes = 8u << 20;
-    c.staging = true;
-    c.path = KVS_PATH_STAGING; /* tests of the other paths set theirs */
-    c.max_inflight = 4;
-    c.seed = 17;
-    return c;
+    /* (tests of the other paths set theirs) */
+    return sim_run_small((kvs_layout_params_t){.total_heads = heads, .head_dim = 64,
+                                               .dtype = KVS_DTYPE_BF16, .layers = 4,
+                                               .page_size = 16, .prefill_tp = p,
+                                               .decode_tp = d, .chunk_tokens = 256,
+                                               .prefill_cp = cp},
+                         8u << 20, 17);
 }
 
 /* Both modes give the same report, every request ok, every byte right. */

@@ -35,22 +35,12 @@
  * layers (EAGLE: 1). */
 static sim_scenario_config_t small_draft(int64_t p, int64_t d, int64_t heads, int64_t draft)
 {
-    sim_scenario_config_t c;
-    memset(&c, 0, sizeof c);
-    c.shape = (kvs_layout_params_t){.total_heads = heads, .head_dim = 128,
-                                    .dtype = KVS_DTYPE_BF16, .layers = 8, .page_size = 16,
-                                    .prefill_tp = p, .decode_tp = d, .chunk_tokens = 256,
-                                    .draft_layers = draft};
-    c.requests = 8;
-    c.prompt_min_tokens = 1;
-    c.prompt_max_tokens = 900;
-    c.rate_milli_per_s = 200000;
-    c.ring_bytes = 16u << 20;
-    c.staging = true;
-    c.path = KVS_PATH_STAGING;
-    c.max_inflight = 4;
-    c.seed = 29;
-    return c;
+    return sim_run_small((kvs_layout_params_t){.total_heads = heads, .head_dim = 128,
+                                               .dtype = KVS_DTYPE_BF16, .layers = 8,
+                                               .page_size = 16, .prefill_tp = p,
+                                               .decode_tp = d, .chunk_tokens = 256,
+                                               .draft_layers = draft},
+                         16u << 20, 29);
 }
 
 static void test_sim_draft_every_byte_in_both_modes(void **state)

@@ -37,12 +37,11 @@
 static sim_scenario_config_t small_hybrid(int64_t p, int64_t d, int64_t heads,
                                           kvs_layer_kind_t other)
 {
-    sim_scenario_config_t c;
-    memset(&c, 0, sizeof c);
-    c.shape = (kvs_layout_params_t){.total_heads = heads, .head_dim = 64,
-                                    .dtype = KVS_DTYPE_BF16, .layers = 8, .page_size = 16,
-                                    .prefill_tp = p, .decode_tp = d, .chunk_tokens = 256,
-                                    .other_layers = other};
+    sim_scenario_config_t c = sim_run_small(
+        (kvs_layout_params_t){.total_heads = heads, .head_dim = 64, .dtype = KVS_DTYPE_BF16,
+                              .layers = 8, .page_size = 16, .prefill_tp = p, .decode_tp = d,
+                              .chunk_tokens = 256, .other_layers = other},
+        16u << 20, 23);
     if (other == KVS_LAYER_WINDOW) {
         c.shape.full_attn_every = 2; /* layer 0 a window layer, as gpt-oss */
         c.shape.window_tokens = 100;
@@ -52,15 +51,6 @@ static sim_scenario_config_t small_hybrid(int64_t p, int64_t d, int64_t heads,
         c.shape.state_conv_bytes = 96;
         c.shape.state_ssm_bytes = 160;
     }
-    c.requests = 8;
-    c.prompt_min_tokens = 1;
-    c.prompt_max_tokens = 900;
-    c.rate_milli_per_s = 200000;
-    c.ring_bytes = 16u << 20;
-    c.staging = true;
-    c.path = KVS_PATH_STAGING;
-    c.max_inflight = 4;
-    c.seed = 23;
     return c;
 }
 
