@@ -39,6 +39,7 @@ from . import _models
 from . import _structs as S
 
 _ROLES = {"prefill": 0, "decode": 1}
+_KVS_EPEER = -28  # KVS_EPEER (include/kvstage/kvstage.h)
 _MAX_PAGE = (1 << 63) - 1
 
 
@@ -335,8 +336,12 @@ class Rank:
         self.max_aux_bytes = aux
         self.device = pool.buffers[0].where()
         self._lock = threading.Lock()
+        # on_result notifies it: state() waits there for a room the C rank
+        # has handed to the driver but whose result is not here yet.
+        self._ended = threading.Condition(self._lock)
         self._results = collections.deque()
         self._finished = {}
+        self._pending = set()  # rooms opened whose result has not come yet
         self._thread_error = None
         try:
             self._make_device(pool, copy_threads)
@@ -409,6 +414,8 @@ class Rank:
             with self._lock:
                 self._results.append(item)
                 self._finished[item.room] = item.state
+                self._pending.discard(item.room)
+                self._ended.notify_all()
 
         def on_error(_ctx, status):
             self._thread_error = status
@@ -655,8 +662,12 @@ class Rank:
             self._discover((peer, dp_rank))
         with self._lock:
             self._finished.pop(room, None)
-        self._check(self._lib.kvs_rank_open_room(self._rank, ctypes.byref(desc)),
-                    "open_room(%d)" % room)
+            self._pending.add(room)
+        rc = self._lib.kvs_rank_open_room(self._rank, ctypes.byref(desc))
+        if rc < 0 and rc != _KVS_EPEER:  # (EPEER: the failed result comes)
+            with self._lock:
+                self._pending.discard(room)
+        self._check(rc, "open_room(%d)" % room)
 
     def instance_lost(self, instance, dp_rank=0):
         """The peer instance (attention group) is gone, as the application
@@ -711,6 +722,11 @@ class Rank:
         if rc == 0:
             return RoomState(out.value)
         with self._lock:
+            # The driver takes a finished room's result from the C rank and
+            # hands it to on_result outside the rank's lock: a room opened
+            # and not reported yet is in neither place for that moment.
+            if room in self._pending and room not in self._finished:
+                self._ended.wait_for(lambda: room not in self._pending, timeout=5.0)
             done = self._finished.get(room)
         if done is not None:
             return done

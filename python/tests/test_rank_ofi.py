@@ -302,6 +302,37 @@ def test_rank_draft_buffers_refused_by_name():
         refused([needle], fabric="ofi", provider="tcp", bind_addr="127.0.0.1", **kw)
 
 
+def test_rank_state_waits_for_a_result_on_its_way():
+    """The driver takes a finished room's result from the C rank, then hands
+    it to the Rank outside the rank's lock: for that moment the room is in
+    neither place, and state() must wait for it rather than say KVS_ENOENT
+    (it did, once, in the VM: test_rank_rxe's decode died on state(15) of a
+    room done that fast). Here the result comes 0.2 s after state() asks."""
+    need_ofi()
+    import ctypes
+    import threading
+    import time
+    from kvstage import _structs as S
+    with rank(fabric="ofi", provider="tcp", bind_addr="127.0.0.1") as r:
+        with r._lock:
+            r._pending.add(77)  # opened, its result not here yet
+
+        def deliver():
+            time.sleep(0.2)
+            r._on_result(None, ctypes.pointer(S.RoomResult(room=77, status=0)))
+
+        t = threading.Thread(target=deliver)
+        t.start()
+        t0 = time.monotonic()
+        assert r.state(77) == kvstage.RoomState.SUCCESS
+        assert time.monotonic() - t0 >= 0.15
+        t.join()
+        assert [x.room for x in r.poll()] == [77]
+        with pytest.raises(kvstage.KvstageError) as e:
+            r.state(77)  # polled: gone, and never waited for
+        assert e.value.name == "KVS_ENOENT"
+
+
 def test_rank_cp_range_and_cp_size_checked():
     """cp_range() without CP is the whole request; add_instance counts the
     CP ranks' addresses and names cp_size."""
