@@ -207,14 +207,6 @@ int kvs_layout_layer_tokens(const kvs_layout_t *lay, int64_t layer, int64_t tota
     return KVS_OK;
 }
 
-/* Prefill rank of writer i of decode rank d (layout.c's rule). */
-static int64_t kvs__writer_rank(const kvs_layout_t *lay, int64_t d, int64_t i)
-{
-    if (lay->prefill_tp > lay->decode_tp)
-        return d * lay->tp_sources + i;
-    return d / lay->targets_per_prefill;
-}
-
 /* The spec §3 slice for `heads` heads (KV heads, or state heads): the
  * layout's own kvs_head_slice; its arguments are checked by the callers
  * (heads and TPs > 0 by kvs_layout_init, ranks by the range checks). */
@@ -239,7 +231,8 @@ int kvs_layout_hybrid_writer(const kvs_layout_t *lay, int64_t decode_rank,
         kvs_layout_stage_layers(lay, KVS_ROLE_DECODE, decode_stage, &first, &slots) != KVS_OK)
         return KVS_ERANGE;
     memset(out, 0, sizeof *out);
-    const int64_t r = kvs__writer_rank(lay, decode_rank, writer_index);
+    int64_t r = 0; /* in range: checked above */
+    (void)kvs_layout_source_rank(lay, decode_rank, writer_index, &r);
     kvs__slice(lay, lay->total_heads, r % lay->prefill_tp, decode_rank, &out->w.heads);
     out->w.writer_index = writer_index;
     out->w.prefill_rank = r;

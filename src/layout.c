@@ -11,7 +11,11 @@
  * int64.
  *
  * Replicated heads (H < TP) map ranks sharing a head by integer division,
- * never by modulo (spec §3: modulo silently corrupts attention).
+ * never by modulo (spec §3: modulo silently corrupts attention). With H < P
+ * (P > D) the P / H prefill ranks in a row that hold one head write it
+ * once: the first of them is the writer, the others take part as sources
+ * that only report, as MLA's do (kvs__writers); spec §3's P / D writers
+ * would send each head P / H times.
  *
  * Kinds (kvs_kv_kind_t): the table below says, per kind, how many planes a
  * layer has and whether its bytes are the same on every TP rank. MLA is
@@ -200,6 +204,24 @@ static bool kvs__kind_replicated(kvs_kv_kind_t kind)
         if (kvs__kinds[i].kind == kind)
             return kvs__kinds[i].replicated;
     return false;
+}
+
+/* W, the prefill ranks that write a decode rank's region (P > D): one per
+ * distinct head of its sources. Its S = P / D sources hold H / P heads each
+ * when H >= P, all distinct (W = S); with fewer heads than prefill ranks
+ * each head is held by P / H ranks in a row, and sending it once is
+ * enough: W = max(1, H / D), the heads the decode rank holds. A replicated
+ * kind (MLA) has one "head": W = 1. Before, every replica of a head was
+ * written, P / H times the bytes the decode rank holds.
+ *
+ * A hybrid model's state heads split over TP on their own (src/hybrid.c),
+ * so every source holds distinct state and writes: W = S there. */
+static int64_t kvs__writers(const kvs_layout_t *l, const kvs_layout_params_t *p)
+{
+    if (p->full_attn_every > 1)
+        return l->tp_sources;
+    const int64_t distinct = kvs__max64(1, l->total_heads / l->decode_tp);
+    return distinct < l->tp_sources ? distinct : l->tp_sources;
 }
 
 int kvs_path_parse(const char *name, kvs_path_t *out)
@@ -492,8 +514,8 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
     l.decode_layers = kvs__ceil_div(l.layers, l.decode_pp);
     l.prefill_layers = kvs__ceil_div(l.layers, l.prefill_pp);
     l.tp_sources = l.prefill_tp > l.decode_tp ? l.prefill_tp / l.decode_tp : 1;
-    /* A replicated kind needs one copy: source 0 writes, the rest report. */
-    l.tp_writers = kvs__kind_replicated(l.kind) ? 1 : l.tp_sources;
+    /* One writer per distinct head a decode rank takes (kvs__writers). */
+    l.tp_writers = kvs__writers(&l, p);
     l.targets_per_prefill = l.decode_tp > l.prefill_tp ? l.decode_tp / l.prefill_tp : 1;
     l.path = l.prefill_tp == l.decode_tp ? KVS_PATH_DIRECT : KVS_PATH_STAGING; /* auto */
 
@@ -531,15 +553,25 @@ int64_t kvs_layout_layer_block_bytes(const kvs_layout_t *lay, int64_t tokens,
 }
 
 /* Prefill rank of source i of decode rank d (valid i < tp_sources, d):
- * d's sources are [d * P / D, + P / D) when P > D, else the one prefill
- * rank d / (D / P). Writer i is source i. With MLA (one writer) decode d
- * thus takes its latent from prefill rank d * P / D either way: spread
- * over the prefill ranks, each feeding as many decode ranks as any other. */
-static int64_t kvs__writer_rank(const kvs_layout_t *lay, int64_t d, int64_t i)
+ * d's sources are the ranks [d * S, + S) when P > D (S = P / D), else the
+ * one prefill rank d / (D / P). Writer j is the rank at offset j * (S / W),
+ * the first of each run of S / W ranks holding the same heads; the other
+ * sources (those that only report) follow, in rank order. With every
+ * source writing (S / W = 1) source i is the rank at offset i. With MLA
+ * (one writer) decode d thus takes its latent from prefill rank d * P / D
+ * either way: spread over the prefill ranks, each feeding as many decode
+ * ranks as any other. */
+static int64_t kvs__layout_source_rank(const kvs_layout_t *lay, int64_t d, int64_t i)
 {
-    if (lay->prefill_tp > lay->decode_tp)
-        return d * lay->tp_sources + i;
-    return d / lay->targets_per_prefill;
+    if (lay->prefill_tp <= lay->decode_tp)
+        return d / lay->targets_per_prefill;
+    const int64_t run = lay->tp_sources / lay->tp_writers;
+    const int64_t base = d * lay->tp_sources;
+    if (i < lay->tp_writers)
+        return base + i * run;
+    /* the k-th reporter: run - 1 of them after each writer */
+    const int64_t k = i - lay->tp_writers;
+    return base + (k / (run - 1)) * run + 1 + k % (run - 1);
 }
 
 int kvs_layout_writer(const kvs_layout_t *lay, int64_t decode_rank, int64_t decode_stage,
@@ -554,7 +586,7 @@ int kvs_layout_writer(const kvs_layout_t *lay, int64_t decode_rank, int64_t deco
         return KVS_ERANGE;
     if (kvs__hybrid(lay))
         return KVS_ENOTSUP; /* a chunk's blocks: kvs_layout_hybrid_writer */
-    const int64_t r = kvs__writer_rank(lay, decode_rank, writer_index);
+    const int64_t r = kvs__layout_source_rank(lay, decode_rank, writer_index);
     kvs__head_slice(lay->total_heads, lay->prefill_tp, lay->decode_tp, r, decode_rank,
                     &out->heads);
     out->writer_index = writer_index;
@@ -619,10 +651,18 @@ int kvs_layout_source_index(const kvs_layout_t *lay, int64_t prefill_rank,
     if (prefill_rank < 0 || prefill_rank >= lay->prefill_tp || decode_rank < 0 ||
         decode_rank >= lay->decode_tp)
         return KVS_ERANGE;
-    const int64_t i = prefill_rank % lay->tp_sources;
-    if (kvs__writer_rank(lay, decode_rank, i) != prefill_rank)
+    if (lay->prefill_tp <= lay->decode_tp) {
+        if (kvs__layout_source_rank(lay, decode_rank, 0) != prefill_rank)
+            return KVS_ENOENT;
+        *out_index = 0;
+        return KVS_OK;
+    }
+    if (prefill_rank / lay->tp_sources != decode_rank)
         return KVS_ENOENT;
-    *out_index = i;
+    /* the inverse of kvs__layout_source_rank */
+    const int64_t run = lay->tp_sources / lay->tp_writers;
+    const int64_t o = prefill_rank % lay->tp_sources;
+    *out_index = o % run == 0 ? o / run : lay->tp_writers + (o / run) * (run - 1) + o % run - 1;
     return KVS_OK;
 }
 
@@ -634,7 +674,7 @@ int kvs_layout_source_rank(const kvs_layout_t *lay, int64_t decode_rank, int64_t
     if (decode_rank < 0 || decode_rank >= lay->decode_tp || source_index < 0 ||
         source_index >= lay->tp_sources)
         return KVS_ERANGE;
-    *out_prefill_rank = kvs__writer_rank(lay, decode_rank, source_index);
+    *out_prefill_rank = kvs__layout_source_rank(lay, decode_rank, source_index);
     return KVS_OK;
 }
 
@@ -647,7 +687,7 @@ int kvs_layout_writer_index(const kvs_layout_t *lay, int64_t prefill_rank,
     const int rc = kvs_layout_source_index(lay, prefill_rank, decode_rank, &i);
     if (rc != KVS_OK)
         return rc;
-    if (i >= lay->tp_writers) /* a source that only reports (MLA) */
+    if (i >= lay->tp_writers) /* a source that only reports (MLA, replicas) */
         return KVS_ENOENT;
     *out_index = i;
     return KVS_OK;

@@ -71,17 +71,19 @@ def stage_layers(layers, pp, stage):
 
 def writers_of(cfg, dst):
     """spec §3 rank mapping + §4 writer order: the prefill ranks writing into
-    decode rank dst, in region order. P > D: ranks [d*k, (d+1)*k), k = P/D,
-    prefill rank r is writer r % W. P < D: the one rank d / (D/P)."""
+    decode rank dst, in region order. P > D: of the ranks [d*k, (d+1)*k),
+    k = P/D, each distinct slice of dst's heads is written once, by the
+    first rank holding it (with H < P, P/H ranks in a row hold one head and
+    the others only report). P < D: the one rank d / (D/P)."""
     p, d = cfg["P"], cfg["D"]
     if p > d:
         k = p // d
-        w = k
-        ranks = list(range(dst * k, (dst + 1) * k))
-        slots = [None] * w
-        for r in ranks:
-            assert slots[r % w] is None
-            slots[r % w] = r
+        seen, slots = set(), []
+        for r in range(dst * k, (dst + 1) * k):
+            _, nh, dst_start = head_slice(cfg["H"], p, d, r, dst)
+            if (dst_start, nh) not in seen:
+                seen.add((dst_start, nh))
+                slots.append(r)
         return slots
     return [dst // (d // p)]
 
@@ -96,7 +98,7 @@ def model_plan(cfg):
     # the same bytes per chunk from one writer (its own rank), so the
     # per-rank fields follow the same formulas with W = 1.
     out["path"] = "direct" if p == d else "staging"
-    w = p // d if p > d else 1
+    w = len(writers_of(cfg, 0))
     # A decode stage waits for every TP writer of each prefill stage that
     # holds its layers: all Pp when Dp = 1, its own when Dp = Pp.
     arrivals = w * (cfg["Pp"] if cfg["Dp"] == 1 else 1)
@@ -307,18 +309,30 @@ def hand_cases(ck):
     #    ps=16, C=64, T=16: G = max(1, 64/16)*16 = 64, F = 4.
     #    src_heads = max(1, 2/8) = 1, dst_heads = 2/2 = 1. P > D: nh = 1,
     #    rep = 8/2 = 4 prefill ranks share a head,
-    #    dst_start = ((src/4)*1) % 1 = 0 for all. W = k = 4:
-    #    decode 0 <- 0,1,2,3 (all hold head 0), decode 1 <- 4..7 (head 1).
-    #    bytes = 16*1*128*2*28*2 = 229376; offsets 0, 229376, 458752, 688128;
-    #    region 917504; arrivals 4.
+    #    dst_start = ((src/4)*1) % 1 = 0 for all. Decode 0's sources
+    #    0,1,2,3 all hold head 0, decode 1's 4..7 head 1: one writer each
+    #    (W = 1), the first of its run: decode 0 <- 0, decode 1 <- 4.
+    #    bytes = 16*1*128*2*28*2 = 229376 = region; arrivals 1.
     ck.check(make_cfg(2, 128, 28, 8, 2, ps=16, C=64, T=16, dtype="fp16"),
              "H2 P8 D2", {
                  "grid_tokens": 64, "chunk_pages": 4, "tokens": 16,
-                 "decode_ranks.0.region_bytes": 917504,
-                 "decode_ranks.0.writers.2.offset": 458752,
-                 "decode_ranks.1.writers.3.prefill_rank": 7,
-                 "decode_ranks.1.writers.3.dst_head_start": 0,
-                 "decode_ranks.1.expected_arrivals": 4})
+                 "decode_ranks.0.region_bytes": 229376,
+                 "decode_ranks.0.writers.0.offset": 0,
+                 "decode_ranks.1.writers.0.prefill_rank": 4,
+                 "decode_ranks.1.writers.0.dst_head_start": 0,
+                 "decode_ranks.1.expected_arrivals": 1})
+    # 2b. H=4 over P=8 -> D=2: pairs of prefill ranks hold one head; decode
+    #    0's sources 0..3 hold heads 0,0,1,1 -> writers 0 and 2 (W = 2),
+    #    dst_start 0 and 1; decode 1 <- 4 and 6. bytes 229376 each,
+    #    region 458752, arrivals 2.
+    ck.check(make_cfg(4, 128, 28, 8, 2, ps=16, C=64, T=16, dtype="fp16"),
+             "H4 P8 D2", {
+                 "decode_ranks.0.region_bytes": 458752,
+                 "decode_ranks.0.writers.1.prefill_rank": 2,
+                 "decode_ranks.0.writers.1.dst_head_start": 1,
+                 "decode_ranks.0.writers.1.offset": 229376,
+                 "decode_ranks.1.writers.1.prefill_rank": 6,
+                 "decode_ranks.0.expected_arrivals": 2})
 
     # 3. H=2 replicated on the decode side, P=2 -> D=8, hd=64, fp8, L=24,
     #    ps=32, C=0, T=100: G = (8192/32)*32 = 8192, F = 256.
@@ -400,11 +414,14 @@ def hand_cases(ck):
     ck.check(make_cfg(8, 128, 80, 8, 2, ps=16, C=96), "C96 ps16", {
         "grid_tokens": 96, "chunk_pages": 6, "tokens": 96})
     #    C equal to ps gives G = ps = 64, F = 1. H=1 replicated everywhere,
-    #    P=4 -> D=2: nh = 1, rep = 4, dst_start = 0; W = 2.
+    #    P=4 -> D=2: nh = 1, rep = 4, dst_start = 0; every rank holds the
+    #    one head, so each decode rank has one writer, the first of its
+    #    sources: decode 1 <- prefill 2 (3 only reports).
     ck.check(make_cfg(1, 128, 4, 4, 2, ps=64, C=64), "H1 P4 D2 C=ps", {
         "grid_tokens": 64, "chunk_pages": 1,
-        "decode_ranks.1.writers.1.prefill_rank": 3,
-        "decode_ranks.1.writers.1.dst_head_start": 0})
+        "decode_ranks.1.writers.0.prefill_rank": 2,
+        "decode_ranks.1.writers.0.dst_head_start": 0,
+        "decode_ranks.1.expected_arrivals": 1})
 
     # 10. P == D: direct path, no staging. Decode rank 3 gets all its 8/4 = 2
     #     heads from prefill rank 3: 8192 * 2 * 128 * 2 B * 32 layers * 2

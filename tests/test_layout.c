@@ -267,6 +267,66 @@ static void test_layout_equal_tp_is_direct(void **state)
     assert_int_equal(kvs_layout_writer_index(&l, 2, 3, &idx), KVS_ENOENT);
 }
 
+/* Fewer KV heads than prefill ranks (H < P, P > D): the P / H ranks in a
+ * row that hold one head send it once. H4 P16 -> D2: decode 1's sources
+ * are prefill 8..15, holding heads 2,2,2,2,3,3,3,3; its writers are 8 and
+ * 12 (W = H / D = 2), the other six only report. */
+static void test_layout_replicated_heads_written_once(void **state)
+{
+    (void)state;
+    kvs_layout_params_t prm = llama70b(16, 2);
+    prm.total_heads = 4;
+    kvs_layout_t l;
+    assert_int_equal(kvs_layout_init(&l, &prm, NULL), KVS_OK);
+    assert_int_equal(l.tp_sources, 8);
+    assert_int_equal(l.tp_writers, 2);
+    assert_int_equal(l.expected_arrivals, 2);
+    kvs_writer_t w;
+    assert_int_equal(kvs_layout_writer(&l, 1, 0, 0, 16, &w), KVS_OK);
+    assert_int_equal(w.prefill_rank, 8);
+    assert_int_equal(w.heads.dst_start, 0);
+    assert_int_equal(kvs_layout_writer(&l, 1, 0, 1, 16, &w), KVS_OK);
+    assert_int_equal(w.prefill_rank, 12);
+    assert_int_equal(w.heads.dst_start, 1);
+    assert_int_equal(w.heads.num_heads, 1);
+    assert_int_equal(w.offset_bytes, w.len_bytes);
+    int64_t region = 0;
+    assert_int_equal(kvs_layout_region_bytes(&l, 1, 0, 16, &region), KVS_OK);
+    /* the decode rank's two heads, once: 16 tokens x 2 heads x 128 x bf16 x 80 x K, V */
+    assert_int_equal(region, 16LL * 2 * 128 * 2 * 80 * 2);
+    /* sources: writers first, then the reporters in rank order; each maps
+     * back to its index, and every rank of the run is a source once */
+    static const int64_t want[8] = {8, 12, 9, 10, 11, 13, 14, 15};
+    int seen[16] = {0};
+    for (int64_t i = 0; i < 8; i++) {
+        int64_t r = -1, idx = -1;
+        assert_int_equal(kvs_layout_source_rank(&l, 1, i, &r), KVS_OK);
+        assert_int_equal(r, want[i]);
+        assert_int_equal(kvs_layout_source_index(&l, r, 1, &idx), KVS_OK);
+        assert_int_equal(idx, i);
+        assert_int_equal(kvs_layout_writer_index(&l, r, 1, &idx), i < 2 ? KVS_OK : KVS_ENOENT);
+        seen[r]++;
+    }
+    for (int64_t r = 8; r < 16; r++)
+        assert_int_equal(seen[r], 1);
+    /* H1 over P4 -> D2: one writer, the first of each run, as MLA's */
+    prm = llama70b(4, 2);
+    prm.total_heads = 1;
+    assert_int_equal(kvs_layout_init(&l, &prm, NULL), KVS_OK);
+    assert_int_equal(l.tp_writers, 1);
+    int64_t r = -1;
+    assert_int_equal(kvs_layout_source_rank(&l, 1, 0, &r), KVS_OK);
+    assert_int_equal(r, 2);
+    assert_int_equal(kvs_layout_source_rank(&l, 1, 1, &r), KVS_OK);
+    assert_int_equal(r, 3);
+    /* H >= P: every source writes, in rank order, as before */
+    prm = llama70b(8, 2);
+    assert_int_equal(kvs_layout_init(&l, &prm, NULL), KVS_OK);
+    assert_int_equal(l.tp_writers, 4);
+    assert_int_equal(kvs_layout_source_rank(&l, 1, 3, &r), KVS_OK);
+    assert_int_equal(r, 7);
+}
+
 /* DeepSeek-V3's shape: one 576-element latent per token and layer. */
 static kvs_layout_params_t mla(int64_t p, int64_t d)
 {
@@ -964,6 +1024,7 @@ int main(void)
         cmocka_unit_test(test_layout_spec_chunk_size_decode_tp1),
         cmocka_unit_test(test_layout_rank_mapping_p_gt_d),
         cmocka_unit_test(test_layout_rank_mapping_p_lt_d),
+        cmocka_unit_test(test_layout_replicated_heads_written_once),
         cmocka_unit_test(test_layout_equal_tp_is_direct),
         cmocka_unit_test(test_layout_mla_one_writer_spread_over_prefill),
         cmocka_unit_test(test_layout_mla_p_lt_d_and_equal),

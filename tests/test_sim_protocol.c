@@ -67,11 +67,20 @@ static void test_sim_protocol_p_lt_d(void **state)
 
 static void test_sim_protocol_replicated_heads_on_prefill(void **state)
 {
-    /* H2 over prefill TP 8: four prefill ranks hold each head, and each
-     * decode rank receives its head from four writers. */
+    /* H2 over prefill TP 8: four prefill ranks hold each head; each
+     * decode rank receives its head once, from the first of them (the
+     * other three report without writing). */
     sim_scenario_config_t c = small(8, 2, 2);
     sim_report_t r = run_ok(&c, "H2 P8 -> D2");
-    assert_int_equal(r.bytes_moved, 4 * r.bytes_verified);
+    assert_int_equal(r.bytes_moved, r.bytes_verified);
+    /* H4 over P8 -> D2: pairs hold a head; writers 0 and 2 of each four */
+    c = small(8, 2, 4);
+    r = run_ok(&c, "H4 P8 -> D2");
+    assert_int_equal(r.bytes_moved, r.bytes_verified);
+    /* and with prefill PP on the decode's unstaged region */
+    c.shape.prefill_pp = 2;
+    r = run_ok(&c, "H4 P8xPP2 -> D2");
+    assert_int_equal(r.bytes_moved, r.bytes_verified);
 }
 
 static void test_sim_protocol_replicated_heads_on_decode(void **state)

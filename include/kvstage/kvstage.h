@@ -408,7 +408,10 @@ typedef struct kvs_layout {
     int64_t prefill_layers;   /* the most layers one prefill stage holds:
                                  ceil(layers / Pp). Both are layers / PP
                                  when the split is even */
-    int64_t tp_writers;       /* W = P > D ? P / D : 1 */
+    int64_t tp_writers;       /* W: the prefill ranks that write a
+                                 decode rank's region, one per distinct
+                                 head of its sources: min(S, max(1, H / D))
+                                 (1 with MLA; S for a hybrid model) */
     int64_t expected_arrivals;/* W * (Dp == 1 ? Pp : 1): of one CP rank's
                                  part; a chunk's own with prefill_cp > 1:
                                  kvs_layout_chunk_arrivals */
@@ -417,11 +420,13 @@ typedef struct kvs_layout {
     kvs_kv_kind_t kind;       /* what a layer holds */
     int64_t planes;           /* buffers per layer: 2 (K, V), 1 (MLA) */
     int64_t tp_sources;       /* prefill TP ranks that take part in a decode
-                                 rank's rooms: P > D ? P / D : 1. Writers
-                                 0..W-1 are sources 0..W-1; with GQA every
-                                 source writes (W = sources), with MLA only
-                                 source 0 (W = 1): the others report their
-                                 status and write nothing */
+                                 rank's rooms: S = P > D ? P / D : 1.
+                                 Writers 0..W-1 are sources 0..W-1; with
+                                 H >= P every source writes (W = S); with
+                                 replicated heads (H < P) or MLA only the
+                                 first rank of each run holding the same
+                                 heads: the others report their status and
+                                 write nothing */
     int64_t decode_page_size; /* tokens per decode page (page_size is the
                                  prefill's); equal to page_size unless the
                                  params gave another */
@@ -509,14 +514,14 @@ KVS_API int64_t kvs_layout_max_region_bytes(const kvs_layout_t *lay);
 KVS_API int kvs_layout_target(const kvs_layout_t *lay, int64_t prefill_rank,
                               int64_t i, int64_t *out_decode_rank);
 /* Writer index of prefill rank r inside decode rank d's region; KVS_ENOENT
- * when r does not write to d (with MLA: when r is not the one source of d's
- * latent, kvs_layout_source_index). */
+ * when r does not write to d (with MLA or replicated heads: when r is a
+ * source that only reports, kvs_layout_source_index). */
 KVS_API int kvs_layout_writer_index(const kvs_layout_t *lay, int64_t prefill_rank,
                                     int64_t decode_rank, int64_t *out_index);
 /* Index of prefill rank r among the tp_sources prefill ranks that take part
- * in decode rank d's rooms (writers and, with MLA, the ranks that only
- * report); KVS_ENOENT when r takes no part in them, KVS_ERANGE for a rank
- * out of range. A source j < tp_writers is writer j. */
+ * in decode rank d's rooms (writers and, with MLA or replicated heads,
+ * the ranks that only report); KVS_ENOENT when r takes no part in them,
+ * KVS_ERANGE for a rank out of range. A source j < tp_writers is writer j. */
 KVS_API int kvs_layout_source_index(const kvs_layout_t *lay, int64_t prefill_rank,
                                     int64_t decode_rank, int64_t *out_index);
 /* The inverse: the prefill rank of source j (0 <= j < tp_sources) of
