@@ -655,12 +655,18 @@ static void cli_plan_table(const cli_plan_input_t *in, const kvs_layout_t *lay,
                tokens, lay->tp_writers, lay->decode_layers - 1,
                lay->decode_layers - 1, lay->draft_layers > 0 ? " | draft K | draft V" : "",
                lay->expected_arrivals, lay->tp_writers, lay->prefill_pp / lay->decode_pp);
-    if (lay->tp_sources > lay->tp_writers)
+    if (lay->tp_sources > lay->tp_writers && lay->kind == KVS_KV_MLA)
         printf("  sources  MLA: the latent is the same on every prefill rank: decode rank d "
                "takes it once, from prefill rank d * %" PRId64 " / %" PRId64 "; the other "
                "%" PRId64 " prefill rank(s) of its room write nothing and report their "
                "status\n", lay->prefill_tp, lay->decode_tp,
                lay->tp_sources - lay->tp_writers);
+    else if (lay->tp_sources > lay->tp_writers)
+        printf("  sources  %" PRId64 " KV head(s) over prefill TP %" PRId64 ": %" PRId64
+               " prefill ranks in a row hold each head, and the first of them writes it; "
+               "the other %" PRId64 " prefill rank(s) of a room write nothing and report "
+               "their status\n", lay->total_heads, lay->prefill_tp,
+               lay->prefill_tp / lay->total_heads, lay->tp_sources - lay->tp_writers);
     if (lay->targets_per_prefill > 1)
         printf("  fan-out  each prefill rank serves %" PRId64 " decode ranks, "
                "one gather and one region each\n",
