@@ -393,8 +393,9 @@ static uint64_t kvs__prefill_buffer_bytes(const kvs_manager_t *m, int64_t heads)
     if (state < 0 || __builtin_add_overflow(bytes, state, &bytes))
         return 0;
     /* A draft model's part (docs/kinds/draft.md): the same rows and heads
-     * of its draft_layers layers, each of draft_head_dim. */
-    if (c->draft_layers > 0) {
+     * of its draft_layers layers, each of draft_head_dim, on the last
+     * pipeline stage alone (the one that gathers it, src/draft_copy.c). */
+    if (c->draft_layers > 0 && c->pp_rank == c->pp_size - 1) {
         int64_t draft = pages * c->page_size;
         const int64_t dhd = c->draft_head_dim > 0 ? c->draft_head_dim : c->head_dim;
         const int64_t more[] = {heads, dhd, kvs_dtype_bytes(c->dtype), c->draft_layers,
