@@ -324,9 +324,12 @@ static uint64_t cli_rank_pattern(cli_rank_ctx_t *c, uint32_t i, bool check, uint
                     }
     /* A draft model's rows, in its own buffers over the same pages: the
      * coordinate of global layer layers + d (no model layer has it), so a
-     * draft row in a model slot, or the reverse, is corrupt. */
+     * draft row in a model slot, or the reverse, is corrupt. With PP only
+     * the last stage holds the draft (kvs_layout_draft_stage): there alone
+     * is it filled and checked. */
     const int64_t dhb = l->draft_head_dim * l->elem_bytes;
-    for (int64_t d = 0; d < l->draft_layers; d++)
+    const bool draft = c->r->pp == kvs_layout_draft_stage(l, c->r->role);
+    for (int64_t d = 0; draft && d < l->draft_layers; d++)
         for (int kv = 0; kv < (int)c->planes; kv++)
             for (int64_t t = from; t < to; t++)
                 for (int64_t j = 0; j < c->heads; j++) {
