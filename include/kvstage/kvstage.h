@@ -939,7 +939,10 @@ typedef struct kvs_manager_config {
      * its pages are the model's. Both sides must agree (the fingerprint).
      * Moved on the staging path only (direct and slice refuse it by name,
      * and AUTO picks staging); needs the draft buffers
-     * (kvs_kv_buffers_t.draft_k_base / draft_v_base). */
+     * (kvs_kv_buffers_t.draft_k_base / draft_v_base). With PP every stage
+     * gives the same fields, and the last stage of each side alone moves
+     * the draft (kvs_layout_draft_stage); the other stages still give
+     * draft buffers, which are not read. */
     int64_t draft_layers;
     int64_t draft_head_dim;
     int64_t draft_kv_heads;
