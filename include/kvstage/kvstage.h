@@ -941,8 +941,9 @@ typedef struct kvs_manager_config {
      * and AUTO picks staging); needs the draft buffers
      * (kvs_kv_buffers_t.draft_k_base / draft_v_base). With PP every stage
      * gives the same fields, and the last stage of each side alone moves
-     * the draft (kvs_layout_draft_stage); the other stages still give
-     * draft buffers, which are not read. */
+     * the draft (kvs_layout_draft_stage): only it needs the draft's
+     * buffers; a stage before it may pass them NULL (given, they are not
+     * read). */
     int64_t draft_layers;
     int64_t draft_head_dim;
     int64_t draft_kv_heads;
@@ -978,7 +979,8 @@ typedef struct kvs_kv_buffers {
      * buffers laid out as the model's ([token_slot][local_head]
      * [draft_head_dim]), as many pages of page_size token slots, indexed
      * by the same page ids; draft_v_base NULL for MLA (one latent per
-     * layer). NULL without a draft. */
+     * layer). NULL without a draft, and may be NULL on a pipeline stage
+     * before the last (it holds no draft: kvs_layout_draft_stage). */
     const uint64_t *draft_k_base;
     const uint64_t *draft_v_base;
 } kvs_kv_buffers_t;
