@@ -136,9 +136,9 @@
 /* Draft KV of speculative decoding (docs/kinds/draft.md): 1..3 draft
  * layers of the model's heads and a head dim of their own, in this share
  * of the runs, from a stream of its own. A draft moves on the staging path
- * with PP 1 on both sides and no scale planes, and not beside hybrid
- * layers: a run that draws it drops its scales (a hybrid draw drops the
- * draft), takes the path AUTO picks and runs every instance at PP 1. */
+ * without scale planes, and not beside hybrid layers: a run that draws it
+ * drops its scales (a hybrid draw drops the draft) and takes the path AUTO
+ * picks; its instances keep the PP drawn (the draft is the last stage's). */
 #define SIM_CAMPAIGN_DRAFT_PCT 15
 #define SIM_CAMPAIGN_DRAFT_STREAM (UINT64_C(1) << 54)
 
@@ -920,18 +920,13 @@ static void sim_campaign_generate(uint64_t seed, uint64_t run,
         if (!pp_ok)
             ppp = dpp = 1;
     }
-    /* A draft: 1..3 layers of head dim 8..128 (or the model's), every
-     * instance at PP 1. */
+    /* A draft: 1..3 layers of head dim 8..128 (or the model's), at the PP
+     * the cluster drew (the last stage of each instance holds it). */
     int64_t draft_layers = 0, draft_head_dim = 0;
     if (draw->models >> SIM_CAMPAIGN_DRAFT & 1u) {
         static const int64_t dims[] = {0, 0, 8, 16, 64, 128};
         draft_layers = (int64_t)sim_rng_range(&draft_rng, 1, 3);
         draft_head_dim = SIM_CAMPAIGN_PICK(&draft_rng, dims);
-        for (uint32_t i = 0; i < topo.prefill_instances; i++)
-            topo.prefill[i].pp = 1;
-        for (uint32_t i = 0; i < topo.decode_instances; i++)
-            topo.decode[i].pp = 1;
-        ppp = dpp = 1;
     }
 
     bool same_tp = true;

@@ -66,7 +66,8 @@ typedef struct sim_node {
     int64_t state_heads;         /* local state heads */
     /* A draft model (docs/kinds/draft.md): per draft layer its K and V
      * buffers (V NULL for MLA), laid out as the model's with the draft's
-     * head dim, after the state; NULL without a draft. */
+     * head dim, after the state; NULL without a draft, and on a stage
+     * before its instance's last (only the last holds the draft). */
     uint64_t *draft_k_base, *draft_v_base;
     uint64_t draft_layer_bytes;  /* bytes of one draft buffer, 0 without */
     uint32_t gpu_id;

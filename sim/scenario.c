@@ -798,10 +798,14 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
         state_layers += kind == KVS_LAYER_STATE;
     }
     /* A draft model's buffers (docs/kinds/draft.md), after the state: per
-     * draft layer its planes, the model's pages of draft_head_dim. */
-    n->draft_layer_bytes = (uint64_t)sc->pool_pages * (uint64_t)(n->ps * n->heads *
-                                                                  l->draft_head_dim *
-                                                                  l->elem_bytes);
+     * draft layer its planes, the model's pages of draft_head_dim; on the
+     * last stage alone, which holds the draft (an engine keeps none on the
+     * others, and the manager takes none there). */
+    const bool draft = l->draft_layers > 0 && n->pp == n->inst->pp - 1;
+    n->draft_layer_bytes = draft ? (uint64_t)sc->pool_pages *
+                                       (uint64_t)(n->ps * n->heads * l->draft_head_dim *
+                                                  l->elem_bytes)
+                                 : 0;
     const uint64_t before_draft = kv_bytes + scales_bytes +
                                   (uint64_t)state_layers * state_layer_bytes;
     const uint64_t pool_bytes = before_draft + (uint64_t)(l->planes * l->draft_layers) *
@@ -839,7 +843,6 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
     n->ks_base = calloc((size_t)n->layers, sizeof *n->ks_base);
     n->vs_base = calloc((size_t)n->layers, sizeof *n->vs_base);
     n->state_base = state ? calloc((size_t)n->layers, sizeof *n->state_base) : NULL;
-    const bool draft = l->draft_layers > 0;
     n->draft_k_base = draft ? calloc((size_t)l->draft_layers, sizeof *n->draft_k_base) : NULL;
     n->draft_v_base = draft && l->planes == 2
                           ? calloc((size_t)l->draft_layers, sizeof *n->draft_v_base)
@@ -867,7 +870,7 @@ static int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
             n->state_base[i] = n->pool_addr + kv_bytes + scales_bytes +
                                (uint64_t)(k++) * state_layer_bytes;
     }
-    for (int64_t i = 0; i < l->draft_layers; i++) { /* as the model's: K then V */
+    for (int64_t i = 0; draft && i < l->draft_layers; i++) { /* as the model's: K, V */
         n->draft_k_base[i] = n->pool_addr + before_draft +
                              (uint64_t)(l->planes * i) * n->draft_layer_bytes;
         if (n->draft_v_base != NULL)

@@ -229,12 +229,18 @@ static uint64_t sim_state_pass(sim_scenario_t *sc, sim_node_t *n, uint64_t req, 
  * *checked), in either data mode. Draft layer i's vectors have the
  * coordinate of global layer layers + i (no model layer has it), the
  * model's heads and tokens, draft_head_dim elements each, so a draft byte
- * in a model slot, another draft layer or another token is wrong. */
+ * in a model slot, another draft layer or another token is wrong. With
+ * PP the draft lives on the last stage of each instance (src/draft.c):
+ * only there is it computed, moved and checked; the buffers of the other
+ * stages are left alone, so a draft part that lands on one is corrupt
+ * nowhere but is missing on the last stage. */
 static uint64_t sim_draft_pass(sim_scenario_t *sc, sim_node_t *n, uint64_t req,
                                const int64_t *pages, int64_t base, int64_t a, int64_t b,
                                bool check, uint64_t *checked)
 {
     const kvs_layout_t *l = &sc->lay;
+    if (n->pp != n->inst->pp - 1)
+        return 0;
     sim_prov_map_t *map = sim_gpu_prov(n->gpu);
     const int64_t hb = l->draft_head_dim * l->elem_bytes, ps = n->ps;
     uint64_t bad = 0;

@@ -11,7 +11,12 @@
  * engines run beside a model keep its KV heads: Llama 3.1's EAGLE and
  * EAGLE3 heads, gpt-oss's EAGLE3, DeepSeek-V3's MTP latent), so the
  * writers and head slices of spec §3 serve both; only the head dim and the
- * layer count are the draft's own. Pure functions, no state.
+ * layer count are the draft's own. With pipeline parallelism the draft is
+ * the last stage's on both sides (engines put MTP layers and EAGLE heads
+ * after the model's last layer, on the last PP rank): the last prefill
+ * stage's blocks carry it, into the regions of the last decode stage
+ * (kvs_layout_draft_stage); every other stage's blocks are the model's
+ * alone, where they were without a draft. Pure functions, no state.
  */
 #include "draft.h"
 
@@ -47,11 +52,6 @@ int kvs__draft_init(kvs_layout_t *l, const kvs_layout_params_t *p, kvs_error_t *
                          "model's KV heads); give %lld or 0 (--draft-kv-heads)",
                          (long long)p->draft_kv_heads, (long long)l->total_heads,
                          (long long)l->total_heads);
-    if (l->prefill_pp > 1 || l->decode_pp > 1)
-        return KVS__FAIL(err, KVS_ENOTSUP, "draft layers with pipeline parallelism (prefill "
-                         "PP %lld, decode PP %lld): which stage holds the draft is not laid "
-                         "out yet; run PP 1 on both sides or drop --draft-layers",
-                         (long long)l->prefill_pp, (long long)l->decode_pp);
     if (l->kv_scales != KVS_KV_SCALES_NONE)
         return KVS__FAIL(err, KVS_ENOTSUP, "draft layers with kv_scales %s: the draft's scale "
                          "planes are not laid out yet; drop --kv-scales or --draft-layers",
@@ -87,4 +87,12 @@ int64_t kvs_layout_draft_part_bytes(const kvs_layout_t *lay, int64_t tokens, int
     /* bounded by kvs__draft_init for tokens <= G and the region's heads */
     return tokens * num_heads * lay->draft_head_dim * lay->elem_bytes * lay->draft_layers *
            lay->planes;
+}
+
+int64_t kvs_layout_draft_stage(const kvs_layout_t *lay, kvs_role_t role)
+{
+    if (lay == NULL || lay->draft_layers == 0 ||
+        (role != KVS_ROLE_PREFILL && role != KVS_ROLE_DECODE))
+        return -1;
+    return (role == KVS_ROLE_PREFILL ? lay->prefill_pp : lay->decode_pp) - 1;
 }

@@ -7,6 +7,8 @@
  * draft's buffers, head dim and layer count, each part moved past its
  * block's model slots. The draft's heads split as the model's and its
  * pages are the model's, so the head parts and the page list serve both.
+ * With PP only the last stage of each side copies a draft part (its
+ * layers live there: kvs_layout_draft_stage); the others copy none.
  */
 #include "draft_copy.h"
 
@@ -16,7 +18,11 @@ int kvs__draft_copy(kvs_device_t *dev, kvs_stream_t *stream, const kvs_manager_t
                     const kvs_layout_t *lay, bool gather, const kvs_copy_desc_t *model,
                     kvs_copy_part_t *parts, int64_t n)
 {
-    if (lay->draft_layers == 0 || n == 0)
+    /* With PP only the last stage holds the draft (src/draft.c): the last
+     * prefill stage gathers it, the last decode stage's regions hold it. */
+    const kvs_role_t role = gather ? KVS_ROLE_PREFILL : KVS_ROLE_DECODE;
+    if (lay->draft_layers == 0 || n == 0 ||
+        m->cfg.pp_rank != kvs_layout_draft_stage(lay, role))
         return KVS_OK;
     /* The model part of a block of num_heads heads: its layer slots, each
      * plane (bounded with the block by kvs_layout_init). */

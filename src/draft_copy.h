@@ -15,7 +15,9 @@
  * draft's head dim and layers, each part at its block's draft offset (the
  * block's model slots skipped). gather: prefill (pool to blocks), else
  * decode (blocks to pool). parts are left at the draft parts. KVS_OK at
- * once without a draft; else the device's status. */
+ * once without a draft or on a pipeline stage that holds none (every stage
+ * but the last, kvs_layout_draft_stage; parts untouched); else the
+ * device's status. */
 int kvs__draft_copy(kvs_device_t *dev, kvs_stream_t *stream, const kvs_manager_t *m,
                     const kvs_layout_t *lay, bool gather, const kvs_copy_desc_t *model,
                     kvs_copy_part_t *parts, int64_t n);

@@ -22,6 +22,8 @@
 
 #include <kvstage/kvstage.h>
 
+#include <assert.h>
+
 /* ceil(a / b) for a >= 0, b > 0; no a + b - 1, which overflows near INT64_MAX. */
 
 int64_t kvs_grid_num_chunks(const kvs_layout_t *lay, int64_t pages)
@@ -145,23 +147,34 @@ int kvs__writer_spans(const kvs_layout_t *lay, int64_t decode_tp, int64_t decode
         return rc;
     const uint64_t blk = (uint64_t)kvs_layout_layer_block_bytes(lay, tokens, w.heads.num_heads);
     const uint64_t at = (uint64_t)w.offset_bytes, lp = (uint64_t)count;
-    if (first == dfirst && count == dcount) { /* the whole block, with a draft part (draft
-                                                 layers come with PP 1 alone, src/draft.c) */
-        out[0] = (kvs__span_t){0, at,
-                               (uint64_t)lay->planes * lp * blk +
-                                   (uint64_t)kvs_layout_draft_part_bytes(lay, tokens,
-                                                                        w.heads.num_heads)};
+    /* A draft's part (src/draft.c) ends the blocks of the last prefill
+     * stage, and of the last decode stage's regions: written by that
+     * prefill stage alone, right after its last layer's slots on both
+     * sides. */
+    const uint64_t draft =
+        prefill_stage == kvs_layout_draft_stage(lay, KVS_ROLE_PREFILL)
+            ? (uint64_t)kvs_layout_draft_part_bytes(lay, tokens, w.heads.num_heads)
+            : 0;
+    if (first == dfirst && count == dcount) { /* the whole block, with its draft part
+                                                 (Dp = Pp: the same stage on both sides) */
+        out[0] = (kvs__span_t){0, at, (uint64_t)lay->planes * lp * blk + draft};
         *n = 1;
         return KVS_OK;
     }
+    /* Prefill PP into a decode of PP 1: this stage's layer slots of the
+     * region's block [K slots | V slots | draft part]. The last stage's
+     * layers are the block's last slots (first + count = layers), so its
+     * last span runs on into the draft part, which its staging block
+     * [K | V | draft] holds right after its V layers as well. */
     const uint64_t slot = (uint64_t)(first - dfirst), lx = (uint64_t)dcount;
+    assert(draft == 0 || slot + lp == lx);
     if (lay->planes == 1) { /* one plane (MLA): its layers' slots, one range */
-        out[0] = (kvs__span_t){0, at + slot * blk, lp * blk};
+        out[0] = (kvs__span_t){0, at + slot * blk, lp * blk + draft};
         *n = 1;
         return KVS_OK;
     }
-    out[0] = (kvs__span_t){0, at + slot * blk, lp * blk};             /* K layers */
-    out[1] = (kvs__span_t){lp * blk, at + (lx + slot) * blk, lp * blk}; /* V layers */
+    out[0] = (kvs__span_t){0, at + slot * blk, lp * blk};                     /* K layers */
+    out[1] = (kvs__span_t){lp * blk, at + (lx + slot) * blk, lp * blk + draft}; /* V layers */
     *n = 2;
     return KVS_OK;
 }

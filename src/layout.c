@@ -38,7 +38,8 @@
  * so kvs_layout_writer refuses such a layout (kvs_layout_hybrid_writer).
  *
  * A draft model's layers (draft_layers > 0, src/draft.c) end each writer
- * block: the same writers and head slices, the draft's own head dim.
+ * block of the last decode stage's regions (kvs_layout_draft_stage): the
+ * same writers and head slices, the draft's own head dim.
  */
 #include "arith.h"
 #include "draft.h"
@@ -595,7 +596,9 @@ int kvs_layout_writer(const kvs_layout_t *lay, int64_t decode_rank, int64_t deco
      * i starts after i equal blocks. */
     out->len_bytes = kvs_layout_layer_block_bytes(lay, tokens, out->heads.num_heads) *
                          slots * lay->planes +
-                     kvs_layout_draft_part_bytes(lay, tokens, out->heads.num_heads);
+                     (decode_stage == kvs_layout_draft_stage(lay, KVS_ROLE_DECODE)
+                          ? kvs_layout_draft_part_bytes(lay, tokens, out->heads.num_heads)
+                          : 0);
     out->offset_bytes = writer_index * out->len_bytes;
     return KVS_OK;
 }
@@ -618,7 +621,8 @@ int64_t kvs_layout_max_region_bytes(const kvs_layout_t *lay)
 {
     /* Every region of a full chunk has W writers of kvs__region_heads heads,
      * whatever the decode rank; the largest is a decode stage's of the most
-     * layers (decode_layers). kvs_layout_init checked it fits in int64. */
+     * layers (decode_layers): the last stage's, which also holds a draft's
+     * part. kvs_layout_init checked it fits in int64. */
     if (kvs__hybrid(lay))
         return kvs__hybrid_max_region_bytes(lay);
     const int64_t heads = kvs__region_heads(lay);

@@ -393,8 +393,9 @@ static uint64_t kvs__prefill_buffer_bytes(const kvs_manager_t *m, int64_t heads)
     if (state < 0 || __builtin_add_overflow(bytes, state, &bytes))
         return 0;
     /* A draft model's part (docs/kinds/draft.md): the same rows and heads
-     * of its draft_layers layers, each of draft_head_dim. */
-    if (c->draft_layers > 0) {
+     * of its draft_layers layers, each of draft_head_dim, on the last
+     * pipeline stage alone (the one that gathers it, src/draft_copy.c). */
+    if (c->draft_layers > 0 && c->pp_rank == c->pp_size - 1) {
         int64_t draft = pages * c->page_size;
         const int64_t dhd = c->draft_head_dim > 0 ? c->draft_head_dim : c->head_dim;
         const int64_t more[] = {heads, dhd, kvs_dtype_bytes(c->dtype), c->draft_layers,
@@ -540,16 +541,22 @@ int kvs_manager_set_kv_buffers(kvs_manager_t *m, const kvs_kv_buffers_t *kv)
         return KVS__MFAIL(m, KVS_EINVAL, "kv buffers: state_base / state_slots given, but the "
                           "layer pattern has no state layers: set config.full_attn_every "
                           "and other_layers state (--state-heads), or pass NULL and 0");
-    const bool draft = m->cfg.draft_layers > 0;
+    /* With PP the draft is the last stage's (kvs_layout_draft_stage): the
+     * other stages need not hold its buffers, and do not read them. */
+    const bool draft_here = m->cfg.draft_layers > 0 && m->cfg.pp_rank == m->cfg.pp_size - 1;
+    const bool draft = m->cfg.draft_layers > 0 && (draft_here || kv->draft_k_base != NULL ||
+                                                   kv->draft_v_base != NULL);
     if (draft && (kv->draft_k_base == NULL || (kv->draft_v_base == NULL && !one_plane)))
         return KVS__MFAIL(m, KVS_EINVAL, "kv buffers: draft_layers %lld needs the draft's "
-                          "buffers, one per draft layer: pass draft_k_base%s",
-                          (long long)m->cfg.draft_layers, one_plane ? "" : " and draft_v_base");
+                          "buffers, one per draft layer: pass draft_k_base%s%s",
+                          (long long)m->cfg.draft_layers, one_plane ? "" : " and draft_v_base",
+                          draft_here ? "" : " (or neither: pp_rank is not the last stage, "
+                                            "which alone holds the draft)");
     if (draft && one_plane && kv->draft_v_base != NULL)
         return KVS__MFAIL(m, KVS_EMLA, "kv buffers: kv_kind %s keeps one buffer per draft "
                           "layer (its latent, as draft_k_base): pass draft_v_base NULL",
                           kvs_kv_kind_name(m->cfg.kv_kind));
-    if (!draft && (kv->draft_k_base != NULL || kv->draft_v_base != NULL))
+    if (m->cfg.draft_layers == 0 && (kv->draft_k_base != NULL || kv->draft_v_base != NULL))
         return KVS__MFAIL(m, KVS_EINVAL, "kv buffers: draft_k_base / draft_v_base given, but "
                           "draft_layers is 0: set config.draft_layers (--draft-layers) or "
                           "pass them NULL");

@@ -392,11 +392,29 @@ def test_draft(s):
     part = obj.get("draft_part_bytes")
     s.ok(got == want and part == 256 * 2 * 64 * 2 * 2 * 2 and obj.get("draft_layers") == 2,
          "draft json", args, "region %r, want %r; draft part %r" % (got, want, part))
+    # With PP the draft is the last stage's: its regions (the plan's, the
+    # last decode stage's) carry it, 4 layers of 8 a stage; decode PP 1:
+    # all 8 layers and the draft.
+    for dpp, layers in (("2", 4), ("1", 8)):
+        pp = args + ["--draft-layers", "2", "--draft-head-dim", "64", "--prefill-pp", "2",
+                     "--decode-pp", dpp]
+        obj = s.expect_json("draft json with pp", pp)
+        want = 2 * 256 * 2 * (128 * layers + 64 * 2) * 2 * 2
+        got = obj.get("decode_ranks", [{}])[0].get("region_bytes")
+        s.ok(got == want, "draft json with pp", pp, "region %r, want %r" % (got, want))
+    s.expect_ok("draft table with pp", ["plan", "--model", "llama-3.1-8b", "--prefill-tp", "4",
+                                        "--decode-tp", "2", "--page-size", "16",
+                                        "--draft-layers", "1", "--prefill-pp", "2",
+                                        "--decode-pp", "2"],
+                ["with PP the draft is the last stage's: prefill stage 1 writes it, into "
+                 "the regions of decode stage 1"])
     for name, extra, flag in [
             ("draft heads differ", ["--draft-layers", "1", "--draft-kv-heads", "4"],
              "--draft-kv-heads"),
             ("draft head dim alone", ["--draft-head-dim", "64"], "--draft-layers"),
-            ("draft with pp", ["--draft-layers", "1", "--prefill-pp", "2"], "--draft-layers"),
+            ("draft with scales and pp", ["--draft-layers", "1", "--prefill-pp", "2",
+                                          "--dtype", "fp8", "--kv-scales", "per-token"],
+             "--kv-scales"),
             ("draft layers junk", ["--draft-layers", "one"], "--draft-layers"),
             ("draft head dim zero", ["--draft-layers", "1", "--draft-head-dim", "0"],
              "--draft-head-dim")]:

@@ -564,8 +564,9 @@ def test_hybrid(s):
 def test_draft(s):
     """A draft model's KV on the staging path: every draft byte moves and is
     verified in both data modes, the same run bit for bit; the draft adds
-    its bytes to the model's; path auto stages a draft at equal TP, and
-    direct and slice refuse it naming --path (docs/kinds/draft.md)."""
+    its bytes to the model's, as many with PP (the last stage's); path auto
+    stages a draft at equal TP, and direct and slice refuse it naming
+    --path (docs/kinds/draft.md)."""
     base = SMALL + ["--seed", "8", "--json", "--prefix-tokens", "200"]
     mla = [a if a != "llama-3.1-8b" else "deepseek-v3" for a in base]
     mla[mla.index("--prefill-tp") + 1] = "2"
@@ -574,7 +575,16 @@ def test_draft(s):
                                                 "--draft-head-dim", "64"]),
                        ("MTP", mla + ["--draft-layers", "1"]),
                        ("EAGLE with CP", base + ["--draft-layers", "1",
-                                                 "--prefill-cp", "2"])):
+                                                 "--prefill-cp", "2"]),
+                       # with PP the draft is the last stage's on both sides
+                       ("EAGLE with PP 2 -> 1", base + ["--draft-layers", "1",
+                                                        "--prefill-pp", "2"]),
+                       ("own head dim with PP 2 -> 2", base + [
+                           "--draft-layers", "2", "--draft-head-dim", "64",
+                           "--prefill-pp", "2", "--decode-pp", "2"]),
+                       ("MTP with PP 2 -> 2", mla + ["--draft-layers", "1",
+                                                     "--prefill-pp", "2",
+                                                     "--decode-pp", "2"])):
         obj = s.expect_json(name, args)
         s.expect_clean(name, args, obj)
         s.ok(obj.get("path") == "staging" and obj.get("draft_layers") == int(
@@ -592,6 +602,11 @@ def test_draft(s):
     s.ok(eagle.get("bytes_verified", 0) * 4 == plain.get("bytes_verified", 0) * 5,
          "one draft layer adds a fifth to 4 layers", base,
          "%r vs %r" % (eagle.get("bytes_verified"), plain.get("bytes_verified")))
+    pp = base + ["--draft-layers", "1", "--prefill-pp", "2", "--decode-pp", "2"]
+    eagle_pp = s.expect_json("EAGLE with PP", pp)
+    s.ok(eagle_pp.get("bytes_verified") == eagle.get("bytes_verified"),
+         "with PP the draft's bytes are verified once, on the last stage", pp,
+         "%r vs %r" % (eagle_pp.get("bytes_verified"), eagle.get("bytes_verified")))
     equal = list(base)
     equal[equal.index("--prefill-tp") + 1] = "2"  # TP 2 -> 2
     eq = s.expect_json("equal TP", equal + ["--draft-layers", "1"])

@@ -1073,6 +1073,49 @@ static void test_manager_hybrid_layers(void **state)
     assert_int_equal(kvs_manager_destroy(m), KVS_OK);
 }
 
+/* A draft with PP (docs/kinds/draft.md): the last stage alone holds it.
+ * A prefill stage before the last needs no draft buffers (given, both are
+ * needed) and its staging buffers hold no draft part; the last stage
+ * needs them, naming them, and its buffers grow by a draft part. */
+static void test_manager_draft_on_the_last_stage(void **state)
+{
+    fixture_t *f = *state;
+    uint64_t dk[1] = {0x40000000u}, dv[1] = {0x50000000u};
+    f->fab.base.ops.caps |= KVS_FABRIC_CAP_PER_LAYER_WRITES; /* prefill PP 2 */
+    uint64_t plain = 0;
+    for (int64_t draft = 0; draft <= 1; draft++)
+        for (int64_t stage = 0; stage < 2; stage++) {
+            kvs_manager_config_t c = prefill_cfg();
+            c.pp_size = 2;
+            c.pp_rank = stage;
+            c.draft_layers = draft;
+            kvs_manager_t *m = make(f, &c);
+            kvs_kv_buffers_t kv = f->kv;
+            if (draft && stage == 1) {
+                assert_int_equal(kvs_manager_set_kv_buffers(m, &kv), KVS_EINVAL);
+                assert_non_null(strstr(kvs_manager_last_error(m)->msg,
+                                       "pass draft_k_base and draft_v_base"));
+                kv.draft_k_base = dk;
+                kv.draft_v_base = dv;
+            } else if (draft) {
+                kv.draft_k_base = dk; /* one of the two: both, or neither */
+                assert_int_equal(kvs_manager_set_kv_buffers(m, &kv), KVS_EINVAL);
+                assert_non_null(strstr(kvs_manager_last_error(m)->msg,
+                                       "or neither: pp_rank is not the last stage"));
+                kv.draft_k_base = NULL;
+            }
+            assert_int_equal(kvs_manager_set_kv_buffers(m, &kv), KVS_OK);
+            assert_int_equal(kvs_manager_init_staging(m), KVS_OK);
+            uint64_t bytes = 0;
+            assert_int_equal(kvs_manager_staging_buffer(m, 0, NULL, &bytes, NULL), KVS_OK);
+            if (!draft && stage == 0)
+                plain = bytes;
+            /* a chunk of 64 tokens, 1 head, 128 x 2 bytes, K and V: the part */
+            assert_int_equal(bytes, plain + (draft && stage == 1 ? 64 * 1 * 128 * 2 * 2 : 0));
+            assert_int_equal(kvs_manager_destroy(m), KVS_OK);
+        }
+}
+
 /* A draft model's KV (docs/kinds/draft.md): path auto stages it even at
  * equal TP, direct and slice refuse it by name, it needs the draft's
  * buffers (K and V; MLA: the latent alone) that a manager without a draft
@@ -1323,6 +1366,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_manager_path_choice, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manager_hybrid_layers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manager_draft_layers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manager_draft_on_the_last_stage, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manager_heads_and_kv_buffers_agree, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_manager_handlers_report_a_failing_poll, setup,

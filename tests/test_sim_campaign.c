@@ -104,7 +104,7 @@ typedef struct kinds_seen {
     int64_t decode_page_size[RUNS];
     int32_t dtype[RUNS];
     int64_t prefill_cp[RUNS];
-    int64_t full_attn_every[RUNS], draft_layers[RUNS];
+    int64_t full_attn_every[RUNS], draft_layers[RUNS], prefill_pp[RUNS];
     int32_t other_layers[RUNS], path[RUNS];
 } kinds_seen_t;
 
@@ -121,6 +121,7 @@ static void on_run_kinds(void *ctx, const kvs_sim_campaign_run_t *run)
     s->prefill_cp[run->index] = run->config->prefill_cp;
     s->full_attn_every[run->index] = run->config->full_attn_every;
     s->draft_layers[run->index] = run->config->draft_layers;
+    s->prefill_pp[run->index] = run->config->prefill_pp;
     s->other_layers[run->index] = run->config->other_layers;
     s->path[run->index] = run->config->path;
 }
@@ -233,9 +234,10 @@ static void test_sim_campaign_model_kinds(void **state)
     }
     assert_true(windows > 0 && windows < RUNS);
     /* A draft alone: 1..3 draft layers in every run, without scale planes,
-     * on the path AUTO picks. */
+     * on the path AUTO picks, at the PP drawn (some runs pipelined). */
     kinds_seen_t dr;
     memset(&dr, 0, sizeof dr);
+    uint32_t pipelined = 0;
     cfg.kinds = "draft";
     report_init(&r);
     assert_int_equal(kvs_sim_campaign_run(&cfg, on_run_kinds, &dr, &r, &err), KVS_OK);
@@ -245,7 +247,9 @@ static void test_sim_campaign_model_kinds(void **state)
         assert_int_equal(dr.kv_scales[i], KVS_KV_SCALES_NONE);
         assert_int_equal(dr.full_attn_every[i], 0);
         assert_int_equal(dr.path[i], KVS_PATH_AUTO);
+        pipelined += dr.prefill_pp[i] > 1;
     }
+    assert_true(pipelined > 0);
     /* A caller built before kinds existed (its config ends at faults)
      * gets every kind, as NULL does. */
     cfg.kinds = NULL;

@@ -12,12 +12,16 @@
  *   P > D, P < D, P = D (path auto stages a draft), replicated heads on
  *   either side, MLA with an MTP layer, prefill CP 2, a draft head dim of
  *   its own, two page sizes and cached prefixes; the draft adds exactly
- *   its bytes to what is verified.
+ *   its bytes to what is verified. With pipeline parallelism (the draft on
+ *   the last stage of both sides): prefill PP 2 and 3 into decode PP 1,
+ *   PP 2 into PP 2, uneven stages, CP 2 and MLA; the same draft bytes
+ *   verified as at PP 1.
  * - Planted bugs through the simulated GPU's copy hook (the core is not
  *   touched), caught as corrupt bytes in both modes: a draft part
  *   scattered into the model's layer slots (its draft buffers left
  *   unwritten: in the provenance mode exactly the draft's bytes twice),
- *   and a draft row shifted by one token.
+ *   a draft row shifted by one token, and (with PP) a draft part read a
+ *   stage's layer slots before its place.
  * - The direct and slice paths refuse a draft by name.
  */
 #include <setjmp.h>
@@ -88,6 +92,46 @@ static void test_sim_draft_every_byte_in_both_modes(void **state)
     }
 }
 
+/* With pipeline parallelism the draft is the last stage's on both sides:
+ * only the last prefill stage computes and writes it, only the last decode
+ * stage (the one stage with decode PP 1) receives and checks it; every
+ * byte verified in both modes. */
+static void test_sim_draft_pp_every_byte_in_both_modes(void **state)
+{
+    (void)state;
+    static const struct {
+        int64_t p, d, heads, draft, draft_hd, cp, pp, dpp, layers;
+        kvs_kv_kind_t kind;
+        const char *what;
+    } runs[] = {
+        {4, 2, 8, 1, 0, 1, 2, 2, 8, KVS_KV_GQA, "EAGLE, P4 PP2 -> D2 PP2"},
+        {4, 2, 8, 1, 0, 1, 2, 1, 8, KVS_KV_GQA, "EAGLE, P4 PP2 -> D2 PP1"},
+        {2, 4, 8, 2, 64, 1, 2, 2, 7, KVS_KV_GQA,
+         "2 draft layers of head dim 64, P2 PP2 -> D4 PP2, stages of 3 and 4 layers"},
+        {2, 4, 8, 2, 64, 1, 2, 1, 7, KVS_KV_GQA,
+         "2 draft layers of head dim 64, P2 PP2 -> D4 PP1, stages of 3 and 4 layers"},
+        {2, 2, 8, 1, 0, 1, 3, 1, 8, KVS_KV_GQA, "EAGLE, P2 PP3 -> D2 PP1, path auto"},
+        {4, 2, 8, 1, 0, 2, 2, 2, 8, KVS_KV_GQA, "EAGLE, P4 x CP2 PP2 -> D2 PP2"},
+        {2, 4, 8, 1, 32, 2, 2, 1, 8, KVS_KV_GQA, "a draft of head dim 32, P2 x CP2 PP2 -> D4"},
+        {4, 2, 1, 1, 0, 1, 2, 2, 8, KVS_KV_MLA, "MLA + MTP, P4 PP2 -> D2 PP2"},
+        {2, 4, 1, 1, 0, 2, 2, 1, 8, KVS_KV_MLA, "MLA + MTP, P2 x CP2 PP2 -> D4 PP1"},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        sim_scenario_config_t c = small_draft(runs[i].p, runs[i].d, runs[i].heads,
+                                              runs[i].draft);
+        c.shape.draft_head_dim = runs[i].draft_hd;
+        c.shape.prefill_cp = runs[i].cp;
+        c.shape.prefill_pp = runs[i].pp;
+        c.shape.decode_pp = runs[i].dpp;
+        c.shape.layers = runs[i].layers;
+        c.shape.kind = runs[i].kind;
+        if (runs[i].kind == KVS_KV_MLA)
+            c.shape.head_dim = 576;
+        c.path = runs[i].p == runs[i].d ? KVS_PATH_AUTO : KVS_PATH_STAGING;
+        sim_run_staged_in_both(&c, runs[i].what);
+    }
+}
+
 /* The draft adds exactly its bytes: a draft of head dim 64 and 2 layers
  * beside 8 layers of 128 verifies 8 x 128 + 2 x 64 where the model alone
  * verifies 8 x 128, and moves more. */
@@ -104,6 +148,16 @@ static void test_sim_draft_adds_its_bytes(void **state)
     assert_int_equal(m.corrupt_bytes, 0);
     assert_int_equal(w.bytes_verified * (8 * 128), m.bytes_verified * (8 * 128 + 2 * 64));
     assert_true(w.bytes_moved > m.bytes_moved);
+    /* With PP the same draft bytes are verified once, on the last stage:
+     * as many bytes as at PP 1, at decode PP 2 and 1 alike. */
+    c.shape.draft_layers = 2;
+    c.shape.draft_head_dim = 64;
+    c.shape.prefill_pp = 2;
+    for (int64_t dpp = 1; dpp <= 2; dpp++) {
+        c.shape.decode_pp = dpp;
+        const sim_report_t pp = sim_run_staged_in_both(&c, "the draft with PP");
+        assert_int_equal(pp.bytes_verified, w.bytes_verified);
+    }
 }
 
 /* ---- planted bugs -------------------------------------------------------------- */
@@ -164,6 +218,37 @@ static void plant_draft_row_shifted(void *ctx, uint32_t gpu_id, bool scatter,
     pl->hits++;
 }
 
+/* With PP: the decode reads each draft part a stage off, that many layer
+ * slots before its place (the model's copy of the same parts, just before
+ * on the GPU, gives the stage's layers and the slot's size): with decode
+ * PP 1 the draft gets the last prefill stage's V rows (MLA: its latent
+ * rows), with decode PP 2 those of the stage's own V slots. */
+typedef struct plant_pp {
+    plant_t base;
+    int64_t stage_layers[64], model_hd[64]; /* per GPU, of its last model copy */
+} plant_pp_t;
+
+static void plant_draft_a_stage_off(void *ctx, uint32_t gpu_id, bool scatter,
+                                    kvs_copy_desc_t *desc, kvs_copy_part_t *parts,
+                                    int64_t nparts)
+{
+    plant_pp_t *pl = ctx;
+    if (!scatter || gpu_id >= 64)
+        return;
+    if (!is_draft_copy(&pl->base, desc)) {
+        pl->stage_layers[gpu_id] = desc->staging_layer_slots;
+        pl->model_hd[gpu_id] = desc->head_dim;
+        return;
+    }
+    const int64_t lx = pl->stage_layers[gpu_id];
+    if (lx <= 0)
+        return;
+    for (int64_t i = 0; i < nparts; i++)
+        parts[i].staging_addr -= (uint64_t)(lx * desc->tokens * parts[i].num_heads *
+                                            pl->model_hd[gpu_id] * desc->elem_bytes);
+    pl->base.hits++;
+}
+
 /* Prompts of 1000 tokens, chunks of 256. */
 static sim_scenario_config_t plant_run(plant_t *pl, sim_scenario_config_t c)
 {
@@ -202,6 +287,35 @@ static void test_sim_draft_catches_row_shifted(void **state)
     sim_run_caught_then_clean(c, &pl.hits, "an MTP row scattered a token early, MLA P4 -> D2");
 }
 
+static void test_sim_draft_catches_a_stage_off(void **state)
+{
+    (void)state;
+    static const struct {
+        int64_t heads, dpp;
+        kvs_kv_kind_t kind;
+        const char *what;
+    } runs[] = {
+        {8, 1, KVS_KV_GQA, "a draft part read a stage off, P4 PP2 -> D2 PP1"},
+        {8, 2, KVS_KV_GQA, "a draft part read a stage off, P4 PP2 -> D2 PP2"},
+        {1, 1, KVS_KV_MLA, "an MTP part read a stage off, MLA P4 PP2 -> D2 PP1"},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        plant_pp_t pl;
+        sim_scenario_config_t c = small_draft(4, 2, runs[i].heads, 1);
+        c.shape.kind = runs[i].kind;
+        if (runs[i].kind == KVS_KV_MLA)
+            c.shape.head_dim = 576;
+        c.shape.prefill_pp = 2;
+        c.shape.decode_pp = runs[i].dpp;
+        c = plant_run(&pl.base, c);
+        memset(&pl, 0, sizeof pl);
+        pl.base.draft_layers = c.shape.draft_layers;
+        c.hook_ctx = &pl;
+        c.copy_hook = plant_draft_a_stage_off;
+        sim_run_caught_then_clean(c, &pl.base.hits, runs[i].what);
+    }
+}
+
 /* ---- refusals ------------------------------------------------------------------ */
 
 static void test_sim_draft_refuses_direct_and_slice(void **state)
@@ -224,9 +338,11 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sim_draft_every_byte_in_both_modes),
+        cmocka_unit_test(test_sim_draft_pp_every_byte_in_both_modes),
         cmocka_unit_test(test_sim_draft_adds_its_bytes),
         cmocka_unit_test(test_sim_draft_catches_draft_into_model_slots),
         cmocka_unit_test(test_sim_draft_catches_row_shifted),
+        cmocka_unit_test(test_sim_draft_catches_a_stage_off),
         cmocka_unit_test(test_sim_draft_refuses_direct_and_slice),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

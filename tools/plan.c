@@ -619,6 +619,11 @@ static void cli_plan_table(const cli_plan_input_t *in, const kvs_layout_t *lay,
                lay->draft_layers, lay->planes == 1 ? "latent dim" : "head dim",
                lay->draft_head_dim, lay->planes == 1 ? "draft latent" : "draft K | draft V",
                cli_format_bytes(part, a, sizeof a), part);
+        if (lay->prefill_pp > 1) /* the last stage's, on both sides */
+            printf("           with PP the draft is the last stage's: prefill stage %" PRId64
+                   " writes it, into the regions of decode stage %" PRId64 "\n",
+                   kvs_layout_draft_stage(lay, KVS_ROLE_PREFILL),
+                   kvs_layout_draft_stage(lay, KVS_ROLE_DECODE));
     }
     cli_plan_table_side(lay, KVS_ROLE_PREFILL, o->stages[KVS_ROLE_PREFILL]);
     cli_plan_table_side(lay, KVS_ROLE_DECODE, dstages);

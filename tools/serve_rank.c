@@ -102,7 +102,8 @@ typedef struct cli_rank_ctx {
     int64_t state_heads;        /* local state heads, 0 without state layers */
     /* A draft model's layers (docs/kinds/draft.md): their K and V buffers
      * after everything else, [plane][draft layer] of draft_layer_bytes,
-     * laid out as the model's ([slot][head][draft_head_dim]); 0: none. */
+     * laid out as the model's ([slot][head][draft_head_dim]); 0: none (no
+     * draft, or a stage before the last with PP). */
     uint64_t draft_base, draft_layer_bytes;
     int64_t *pages;             /* scratch page list of one room */
     uint32_t served;            /* rooms this process serves */
@@ -324,9 +325,12 @@ static uint64_t cli_rank_pattern(cli_rank_ctx_t *c, uint32_t i, bool check, uint
                     }
     /* A draft model's rows, in its own buffers over the same pages: the
      * coordinate of global layer layers + d (no model layer has it), so a
-     * draft row in a model slot, or the reverse, is corrupt. */
+     * draft row in a model slot, or the reverse, is corrupt. With PP only
+     * the last stage holds the draft (kvs_layout_draft_stage): there alone
+     * is it filled and checked. */
     const int64_t dhb = l->draft_head_dim * l->elem_bytes;
-    for (int64_t d = 0; d < l->draft_layers; d++)
+    const bool draft = c->r->pp == kvs_layout_draft_stage(l, c->r->role);
+    for (int64_t d = 0; draft && d < l->draft_layers; d++)
         for (int kv = 0; kv < (int)c->planes; kv++)
             for (int64_t t = from; t < to; t++)
                 for (int64_t j = 0; j < c->heads; j++) {
@@ -577,10 +581,15 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
         pool_bytes += (uint64_t)pl->requests * (uint64_t)(c->state_heads * l->state_head_bytes);
     }
     /* A draft model's K and V buffers (docs/kinds/draft.md): as many token
-     * slots as the model's, rows of the draft's head dim. */
+     * slots as the model's, rows of the draft's head dim; with PP on the
+     * last stage alone (kvs_layout_draft_stage), as an engine holds them:
+     * the other stages give the rank none. */
+    const bool draft = c->r->pp == kvs_layout_draft_stage(l, c->r->role);
     c->draft_base = pool_bytes;
-    c->draft_layer_bytes = (uint64_t)pl->pool_pages *
-                           (uint64_t)(c->ps * c->heads * l->draft_head_dim * l->elem_bytes);
+    c->draft_layer_bytes = draft ? (uint64_t)pl->pool_pages *
+                                       (uint64_t)(c->ps * c->heads * l->draft_head_dim *
+                                                  l->elem_bytes)
+                                 : 0;
     pool_bytes += (uint64_t)c->planes * (uint64_t)l->draft_layers * c->draft_layer_bytes;
     rc = c->dev->ops.mem_alloc(c->dev, pool_bytes, &c->pool_addr);
     if (rc != KVS_OK)
@@ -614,7 +623,7 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
         free(draft_v);
         return cli_rank_fail(c, KVS_ENOMEM, "%s: KV pool tables", who);
     }
-    for (int64_t d = 0; d < l->draft_layers; d++) {
+    for (int64_t d = 0; draft && d < l->draft_layers; d++) {
         draft_k[d] = c->pool_addr + c->draft_base +
                      (uint64_t)(c->planes * d) * c->draft_layer_bytes;
         draft_v[d] = c->planes == 2 ? draft_k[d] + c->draft_layer_bytes : 0;
@@ -696,8 +705,8 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
         .local_heads = c->heads,
         .state_base = has_state ? state_base : NULL,
         .state_slots = has_state ? (int64_t)pl->requests : 0,
-        .draft_k_base = l->draft_layers > 0 ? draft_k : NULL,
-        .draft_v_base = l->draft_layers > 0 && c->planes == 2 ? draft_v : NULL};
+        .draft_k_base = draft ? draft_k : NULL,
+        .draft_v_base = draft && c->planes == 2 ? draft_v : NULL};
     rc = kvs_rank_create(&rcfg, c->dev, c->fab, &c->rank, &err);
     free(kv);
     free(state_base);

@@ -1192,8 +1192,10 @@ static void cli_sim_print_table(const cli_sim_input_t *in, const kvs_sim_config_
                lay->state_conv_bytes, lay->state_ssm_bytes);
     if (lay->draft_layers > 0)
         printf("  draft              %" PRId64 " draft layer(s) of head dim %" PRId64
-               ", after the model's in each writer's block\n", lay->draft_layers,
-               lay->draft_head_dim);
+               ", after the model's in each writer's block%s\n", lay->draft_layers,
+               lay->draft_head_dim,
+               lay->prefill_pp > 1 ? " of the last stage (written by the last prefill stage)"
+                                   : "");
     char cp[40] = ""; /* every prefill instance's CP ranks */
     if (lay->prefill_cp > 1)
         snprintf(cp, sizeof cp, " x CP %" PRId64, lay->prefill_cp);

@@ -454,7 +454,10 @@ typedef struct kvs_layout {
     /* Draft KV (docs/kinds/draft.md): 0 layers without a draft. A writer
      * block is the model's layer slots (K slots, then V slots), then the
      * draft's (K slots, then V slots), each slot [row][writer's heads]
-     * [draft_head_dim x elem_bytes]: kvs_layout_draft_part_bytes. */
+     * [draft_head_dim x elem_bytes]: kvs_layout_draft_part_bytes. With
+     * PP the draft is the last stage's on both sides
+     * (kvs_layout_draft_stage): only that decode stage's blocks end with
+     * it, and only the last prefill stage writes it. */
     int64_t draft_layers;
     int64_t draft_head_dim;   /* head_dim after defaulting; 0 without draft */
 } kvs_layout_t;
@@ -486,8 +489,10 @@ typedef struct kvs_writer {
     int64_t len_bytes;      /* T * nh * (hd * s + scale_bytes) * Lx * planes,
                                Lx the layers of the region's decode stage:
                                each layer slot its KV rows then their scale
-                               rows (scale_bytes 0 without scales); plus
-                               the draft part (kvs_layout_draft_part_bytes) */
+                               rows (scale_bytes 0 without scales); plus,
+                               at the decode stage that holds a draft
+                               (kvs_layout_draft_stage), the draft part
+                               (kvs_layout_draft_part_bytes) */
 } kvs_writer_t;
 
 /* Writer i of the region of decode rank d at decode stage e (its layer
@@ -540,6 +545,14 @@ KVS_API int64_t kvs_layout_layer_block_bytes(const kvs_layout_t *lay,
  * it starts at len_bytes minus this. 0 without a draft. */
 KVS_API int64_t kvs_layout_draft_part_bytes(const kvs_layout_t *lay, int64_t tokens,
                                             int64_t num_heads);
+/* The pipeline stage of `role` (KVS_ROLE_PREFILL or KVS_ROLE_DECODE) that
+ * holds a draft model's layers: the last, prefill_pp - 1 or decode_pp - 1
+ * (engines put EAGLE heads and MTP layers after the model's last layer).
+ * The last prefill stage alone writes draft parts, and only the regions of
+ * the last decode stage hold them (with decode PP 1: after the model's
+ * layers of every prefill stage in each writer block). -1 without a draft,
+ * for a NULL lay or an unknown role. */
+KVS_API int64_t kvs_layout_draft_stage(const kvs_layout_t *lay, kvs_role_t role);
 
 /* ------------------------------------------------------------------------ */
 /* Built-in model shapes                                                     */
@@ -931,7 +944,11 @@ typedef struct kvs_manager_config {
      * its pages are the model's. Both sides must agree (the fingerprint).
      * Moved on the staging path only (direct and slice refuse it by name,
      * and AUTO picks staging); needs the draft buffers
-     * (kvs_kv_buffers_t.draft_k_base / draft_v_base). */
+     * (kvs_kv_buffers_t.draft_k_base / draft_v_base). With PP every stage
+     * gives the same fields, and the last stage of each side alone moves
+     * the draft (kvs_layout_draft_stage): only it needs the draft's
+     * buffers; a stage before it may pass them NULL (given, they are not
+     * read). */
     int64_t draft_layers;
     int64_t draft_head_dim;
     int64_t draft_kv_heads;
@@ -967,7 +984,8 @@ typedef struct kvs_kv_buffers {
      * buffers laid out as the model's ([token_slot][local_head]
      * [draft_head_dim]), as many pages of page_size token slots, indexed
      * by the same page ids; draft_v_base NULL for MLA (one latent per
-     * layer). NULL without a draft. */
+     * layer). NULL without a draft, and may be NULL on a pipeline stage
+     * before the last (it holds no draft: kvs_layout_draft_stage). */
     const uint64_t *draft_k_base;
     const uint64_t *draft_v_base;
 } kvs_kv_buffers_t;

@@ -317,10 +317,15 @@ def test_plan_hybrid_numbers():
 
 
 def test_plan_draft_refused_by_name():
-    """A draft whose heads do not split as the model's, or with PP, is
-    refused naming the argument (docs/kinds/draft.md)."""
+    """A draft whose heads do not split as the model's, or with scale
+    planes, is refused naming the argument; with PP it is planned on the
+    last stage (docs/kinds/draft.md)."""
     base = dict(model="llama-3.1-8b", prefill_tp=4, decode_tp=2, page_size=16)
     raises("KVS_ENOTSUP", ["draft_kv_heads 4", "--draft-kv-heads"], draft_layers=1,
            draft_kv_heads=4, **base)
-    raises("KVS_ENOTSUP", ["pipeline parallelism"], draft_layers=1, prefill_pp=2, **base)
+    # with PP the draft is the last stage's: its regions carry it
+    got = kvstage.plan(draft_layers=1, prefill_pp=2, decode_pp=2, **base)
+    assert got["draft_layers"] == 1 and got["draft_part_bytes"] > 0
+    raises("KVS_ENOTSUP", ["kv_scales per-token"], draft_layers=1, prefill_pp=2,
+           dtype="fp8", kv_scales="per-token", **base)
     raises("KVS_EINVAL", ["draft_layers is 0"], draft_head_dim=64, **base)

@@ -56,7 +56,11 @@ two page sizes, FP8 scale planes) between two processes over libfabric (ofi tcp 
              draft_p2d1 one draft layer of the model's shape, P2 -> D1;
              draft_hd_p1d2 two draft layers of head dim 16, P1 -> D2;
              draft_mla_cp MLA with an MTP-like draft layer, P4 CP2 -> D2;
-             draft_p2d1_swap with the decode's wrong page mapping (must fail)
+             draft_p2d1_swap with the decode's wrong page mapping (must fail);
+             draft_pp P2 PP2 -> D1 PP1, draft_pp2 P2 PP2 -> D1 PP2 (two
+             layers of head dim 16; the draft on the last stage of each
+             side), draft_pp_mla MLA + MTP P2 PP2 CP2 -> D1, draft_pp2_swap
+             draft_pp2 with the decode's wrong page mapping (must fail)
 
 Each run: both processes exit 0, every room ok on both sides, the decode
 verified exactly the bytes its rooms hold (bytes_expected: every token,
@@ -157,6 +161,18 @@ RUNS = [
     ("draft_p2d1_swap", GQA + ["--page-size", "16", "--chunk-tokens", "64", "--prefill-tp",
                                "2", "--decode-tp", "1", "--draft-layers", "1"],
      ["--fault", "swap-pages"], True),
+    # ... with PP: the draft on the last stage of each side.
+    ("draft_pp", GQA + ["--page-size", "16", "--chunk-tokens", "64", "--prefill-tp", "2",
+                        "--prefill-pp", "2", "--decode-tp", "1", "--draft-layers", "1"],
+     [], False),
+    ("draft_pp2", GQA + ["--page-size", "16", "--chunk-tokens", "64", "--prefill-tp", "2",
+                         "--prefill-pp", "2", "--decode-tp", "1", "--decode-pp", "2",
+                         "--draft-layers", "2", "--draft-head-dim", "16"], [], False),
+    ("draft_pp_mla", MLA + ["--prefill-tp", "2", "--prefill-pp", "2", "--prefill-cp", "2",
+                            "--decode-tp", "1", "--draft-layers", "1"], [], False),
+    ("draft_pp2_swap", GQA + ["--page-size", "16", "--chunk-tokens", "64", "--prefill-tp",
+                              "2", "--prefill-pp", "2", "--decode-tp", "1", "--decode-pp",
+                              "2", "--draft-layers", "1"], ["--fault", "swap-pages"], True),
 ]
 
 
