@@ -225,6 +225,33 @@ static void test_sim_hybrid_cp_every_byte_in_both_modes(void **state)
     }
 }
 
+/* PP 4 of 4 layers with CP 2: stages 0 and 2 hold a window layer alone.
+ * Prompts of 1000 tokens, chunks of 384, a window of 400 from token 592:
+ * CP 1 holds [512, 1000), so in the chunk [384, 768) CP 0's part [384,
+ * 512) has no bytes on those stages (its arrival alone: no write, no
+ * key) while CP 1's part holds the window rows [592, 768). */
+static void test_sim_hybrid_cp_part_without_bytes(void **state)
+{
+    (void)state;
+    sim_scenario_config_t c = small_hybrid(2, 2, 8, KVS_LAYER_WINDOW);
+    c.shape.layers = 4;
+    c.shape.prefill_pp = c.shape.decode_pp = 4;
+    c.shape.prefill_cp = 2;
+    c.shape.chunk_tokens = 384;
+    c.shape.window_tokens = 400;
+    c.prompt_min_tokens = c.prompt_max_tokens = 1000;
+    kvs_layout_t lay;
+    assert_int_equal(kvs_layout_init(&lay, &c.shape, NULL), KVS_OK);
+    const kvs_chunk_t ch = {.index = 1, .token_start = 384, .token_end = 768};
+    kvs_cp_part_t p0, p1;
+    assert_int_equal(kvs_layout_cp_part(&lay, 0, 0, 1000, &ch, 0, &p0), KVS_OK);
+    assert_int_equal(kvs_layout_cp_part(&lay, 0, 0, 1000, &ch, 1, &p1), KVS_OK);
+    assert_int_equal(p0.token_end, 512);
+    assert_int_equal(p0.len_bytes, 0); /* the case this test is for */
+    assert_true(p1.len_bytes > 0 && p1.offset_bytes == 0);
+    sim_run_staged_in_both(&c, "window, P2xPP4 CP2 -> D2xPP4, a CP part without bytes");
+}
+
 /* The CP plant's run: P4 CP2 -> D2, prompts of 1000 tokens, chunks of 384,
  * a window of 400. CP 1 holds [512, 1000); the chunk [384, 768) straddles
  * the ranges, and the window starts at 600 floored to a page: 592, so CP
@@ -454,6 +481,7 @@ int main(void)
         cmocka_unit_test(test_sim_hybrid_catches_page_before_window),
         cmocka_unit_test(test_sim_hybrid_refuses_direct_and_slice),
         cmocka_unit_test(test_sim_hybrid_cp_every_byte_in_both_modes),
+        cmocka_unit_test(test_sim_hybrid_cp_part_without_bytes),
         cmocka_unit_test(test_sim_hybrid_cp_catches_window_rows_shifted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
