@@ -46,7 +46,9 @@
  *   drawn last: refused exactly by its rules; otherwise each writer's
  *   slots and state part tile its block in layer order, window slots hold
  *   the chunk's rows inside the page-aligned window, the state rides in the
- *   request's last chunk only, and no region exceeds the largest;
+ *   request's last chunk only, and no region exceeds the largest; with a
+ *   prefill CP size drawn, the CP parts (each the hybrid region of its
+ *   tokens) tile the region, the state in the part ending the request;
  * - a draft model's layers (src/draft.c), drawn last: refused by its rules,
  *   or every writer's block grows by exactly the draft part, its writer,
  *   heads and offsets otherwise those of the plan without a draft.
@@ -715,6 +717,64 @@ static int hybrid_expected(const kvs_layout_params_t *p, const kvs_layout_t *l)
     return KVS_OK;
 }
 
+/* The same hybrid pattern with a prefill CP size of 2..5 drawn: the
+ * layout is accepted with the same largest region; for the chunks picked,
+ * the parts of the CP ranks kvs_layout_cp_writers names tile the CP 1
+ * region (same bytes) in token order, each the hybrid region of its own
+ * tokens (its TP writers' blocks of them), the state in the part ending
+ * at the request's end alone; every other CP rank gets KVS_ENOENT. */
+static void check_hybrid_cp(const kvs_layout_params_t *params, const kvs_layout_t *one,
+                            int64_t total, int64_t d, int64_t e, const int64_t picks[3],
+                            input_t *in)
+{
+    kvs_layout_params_t p = *params;
+    p.prefill_cp = 2 + in_u8(in) % 4u;
+    kvs_layout_t l;
+    kvs_error_t err;
+    memset(&err, 0, sizeof err);
+    CHECK(kvs_layout_init(&l, &p, &err) == KVS_OK);
+    CHECK(kvs_layout_max_region_bytes(&l) == kvs_layout_max_region_bytes(one));
+    for (unsigned k = 0; k < 3u; k++) {
+        kvs_chunk_t ch;
+        kvs_hybrid_writer_t whole;
+        CHECK(kvs_grid_chunk(&l, 0, total, picks[k], &ch) == KVS_OK);
+        CHECK(kvs_layout_hybrid_writer(one, d, e, one->tp_writers - 1, total, &ch, &whole) ==
+              KVS_OK);
+        const int64_t region = whole.w.offset_bytes + whole.w.len_bytes;
+        int64_t first = -1, count = 0, at = 0, tok = ch.token_start, states = 0;
+        CHECK(kvs_layout_cp_writers(&l, total, &ch, &first, &count) == KVS_OK);
+        CHECK(first >= 0 && count >= 1 && first + count <= l.prefill_cp);
+        CHECK(kvs_layout_chunk_arrivals(&l, total, &ch) == count * l.expected_arrivals);
+        for (int64_t c = 0; c < l.prefill_cp; c++) {
+            kvs_cp_part_t part;
+            const int rc = kvs_layout_cp_part(&l, d, e, total, &ch, c, &part);
+            if (c < first || c >= first + count) {
+                CHECK(rc == KVS_ENOENT);
+                continue;
+            }
+            CHECK(rc == KVS_OK && part.cp_rank == c && part.token_start == tok &&
+                  part.offset_bytes == at);
+            const kvs_chunk_t pc = {.token_start = part.token_start,
+                                    .token_end = part.token_end};
+            int64_t bytes = 0;
+            for (int64_t i = 0; i < l.tp_writers && l.tp_writers <= 64; i++) {
+                kvs_hybrid_writer_t w;
+                CHECK(kvs_layout_hybrid_writer(&l, d, e, i, total, &pc, &w) == KVS_OK);
+                CHECK(w.w.offset_bytes == bytes);
+                CHECK(w.state_bytes == 0 || part.token_end == total);
+                states += i == 0 && w.state_bytes > 0;
+                bytes += w.w.len_bytes;
+            }
+            if (l.tp_writers <= 64)
+                CHECK(part.len_bytes == bytes);
+            at += part.len_bytes;
+            tok = part.token_end;
+        }
+        CHECK(tok == ch.token_end && at == region); /* the parts tile the region */
+        CHECK(states <= 1 && (whole.state_bytes > 0) == (states == 1));
+    }
+}
+
 /* Hybrid layers (src/hybrid.c) on plan *base_lay with a layer pattern
  * drawn last: refused exactly by the rules; otherwise, for chunks of a
  * request drawn from the input, each writer's slots and state part tile
@@ -819,6 +879,7 @@ static void check_hybrid(const kvs_layout_params_t *params, const kvs_layout_t *
         if (l.tp_writers <= 64)
             CHECK(at <= max_region);
     }
+    check_hybrid_cp(&p, &l, total, d, e, picks, in);
 }
 
 /* What kvs_layout_init must say of a draft on a plan that is otherwise

@@ -127,10 +127,11 @@
 #define SIM_CAMPAIGN_CP_STREAM (UINT64_C(1) << 56)
 /* Hybrid models (docs/kinds/hybrid.md): a layer pattern of window or state
  * layers (every 2nd..4th layer full attention) in this share of the runs,
- * from a stream of its own. Hybrid layers are GQA, without CP, on the
- * staging path, with a prefill PP of 1 or the decode's: a run that draws
- * them drops MLA and CP, takes the path AUTO picks (staging), and all its
- * instances run PP 1 where a pair would break that rule. */
+ * from a stream of its own. Hybrid layers are GQA, on the staging path,
+ * with a prefill PP of 1 or the decode's, with or without prefill CP: a
+ * run that draws them drops MLA, keeps a CP drawn, takes the path AUTO
+ * picks (staging), and all its instances run PP 1 where a pair would break
+ * that rule. */
 #define SIM_CAMPAIGN_HYBRID_PCT 15
 #define SIM_CAMPAIGN_HYBRID_STREAM (UINT64_C(1) << 55)
 /* Draft KV of speculative decoding (docs/kinds/draft.md): 1..3 draft
@@ -604,9 +605,9 @@ static int sim_campaign_parse_models(const char *text, sim_campaign_models_t *ou
  * their own (cp, hybrid, draft); with kinds named, one of them at least
  * (drawn uniformly when the odds gave none). The draws are the same
  * whatever the campaign allows, so a kind left out leaves the others as
- * they were. A run with hybrid layers takes neither MLA, CP nor a draft
- * (hybrid layers are GQA, without CP or a draft); one with a draft takes
- * no scale planes. */
+ * they were. A run with hybrid layers takes neither MLA nor a draft
+ * (hybrid layers are GQA, without a draft; with CP they keep it); one with
+ * a draft takes no scale planes. */
 static uint32_t sim_campaign_draw_models(sim_rng_t *rng, sim_rng_t *cp, sim_rng_t *hybrid,
                                          sim_rng_t *draft, const sim_campaign_models_t *m)
 {
@@ -633,7 +634,7 @@ static uint32_t sim_campaign_draw_models(sim_rng_t *rng, sim_rng_t *cp, sim_rng_
         got = 1u << named[sim_rng_below(rng, n)];
     }
     if (got >> SIM_CAMPAIGN_HYBRID & 1u)
-        got &= ~(1u << SIM_CAMPAIGN_MLA | 1u << SIM_CAMPAIGN_CP | 1u << SIM_CAMPAIGN_DRAFT);
+        got &= ~(1u << SIM_CAMPAIGN_MLA | 1u << SIM_CAMPAIGN_DRAFT);
     if (got >> SIM_CAMPAIGN_DRAFT & 1u)
         got &= ~SIM_CAMPAIGN_SCALES;
     return got;

@@ -833,6 +833,8 @@ static int kvs__allocate(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
             continue;
         rc = kvs_layout_cp_part(&inst->lay, d->h.m->cfg.tp_rank, inst->decode_stage, r->total,
                                 &ch, p->cp_rank, &part);
+        if (rc == KVS_OK && part.len_bytes == 0)
+            continue; /* a hybrid part with no bytes (with CP): it writes nothing */
         if (rc == KVS_OK)
             rc = kvs__wkeys_grant(&d->keys, &d->h, p, c->alloc.offset, r->total, &part,
                                   &c->keys[i]);
@@ -900,20 +902,31 @@ static void kvs__on_staging_req(kvs_decode_t *d, kvs__peer_t *p, const kvs_msg_s
     }
 }
 
-/* A hybrid layout's scatter of chunk `chunk` (never with CP): every
- * writer's block of its region (hybrid_copy.h), the window rows into the
- * chunk's pages and the state into the room's state slot. */
-static int kvs__scatter_hybrid(kvs_decode_t *d, const kvs__droom_t *r, int64_t chunk)
+/* A hybrid layout's scatter of the part of CP rank `cp` of chunk `chunk`
+ * (the chunk itself with CP 1): every TP writer's block of the part
+ * (hybrid_copy.h), a hybrid region of the part's tokens at the part's
+ * offset; its window rows into the part's pages, and the state (in the
+ * part ending at the request's end alone) into the room's state slot. */
+static int kvs__scatter_hybrid(kvs_decode_t *d, const kvs__droom_t *r, int64_t chunk,
+                               int64_t cp)
 {
     const kvs_manager_t *m = d->h.m;
     const kvs__inst_t *inst = r->base.inst;
     const kvs_layout_t *lay = &inst->lay;
     const kvs__dchunk_t *c = &r->chunks[chunk];
+    const kvs_chunk_t ch = kvs__dchunk_of(c, chunk);
+    kvs_cp_part_t at;
+    int rc = kvs_layout_cp_part(lay, m->cfg.tp_rank, inst->decode_stage, r->total, &ch, cp, &at);
+    if (rc != KVS_OK || at.len_bytes == 0)
+        return rc; /* no bytes in this part (a stage's part before the window) */
+    /* the part starts a decode page (its range and the chunk both do) */
+    const int64_t skip = (at.token_start - c->token_start) / lay->decode_page_size;
     const kvs__hyb_copy_t hc = {
         .role = KVS_ROLE_DECODE, .lay = lay, .stage = inst->decode_stage, .total = r->total,
-        .chunk = kvs__dchunk_of(c, chunk), .pages = r->pages + c->page_start,
+        .chunk = {.index = chunk, .page_start = c->page_start + skip,
+                  .token_start = at.token_start, .token_end = at.token_end},
+        .pages = r->pages + c->page_start + skip,
         .state_slot = r->base.has_state_slot ? r->base.state_slot : -1};
-    int rc = KVS_OK;
     /* in groups of 64 blocks: a later group's copies run after an earlier
      * one's on the stream, so of writers replicating a head the last still
      * lands last */
@@ -928,6 +941,7 @@ static int kvs__scatter_hybrid(kvs_decode_t *d, const kvs__droom_t *r, int64_t c
                 return rc;
             blocks[k] = (kvs__hyb_block_t){m->cfg.tp_rank, i0 + k,
                                            d->ring_addr + c->alloc.offset +
+                                               (uint64_t)at.offset_bytes +
                                                (uint64_t)hw.w.offset_bytes};
         }
         rc = kvs__hybrid_copy(d->h.dev, d->h.stream, m, &hc, blocks, n, d->parts,
@@ -966,7 +980,10 @@ static void kvs__scatter(kvs_decode_t *d, kvs__droom_t *r, int64_t chunk)
      * last is scattered, as when each writer's block was scattered in
      * turn. */
     const bool hybrid = kvs__hybrid(lay);
-    int rc = hybrid ? kvs__scatter_hybrid(d, r, chunk) : KVS_OK;
+    int rc = KVS_OK;
+    /* a hybrid layout: per CP part, the empty chunk's too (its state) */
+    for (int64_t cp = c->first_cp; hybrid && cp < c->first_cp + c->ncp && rc == KVS_OK; cp++)
+        rc = kvs__scatter_hybrid(d, r, chunk, cp);
     for (int64_t cp = c->first_cp;
          cp < c->first_cp + c->ncp && rc == KVS_OK && c->tokens > 0 && !hybrid; cp++) {
         kvs_cp_part_t at;

@@ -16,6 +16,12 @@
  * chunk, then (in the last chunk of the request alone) the state part, so
  * a chunk still costs one write per writer. State heads split over TP with
  * the KV heads' formula (spec §3) applied to state_heads.
+ *
+ * With prefill context parallelism (src/context_parallel.c) each CP part
+ * of a chunk is a hybrid region of its own tokens: a writer block of
+ * tokens [a, b) holds their full rows, their rows inside the window, and
+ * the state only when b is the request's end (the CP rank holding the
+ * last token has the final state).
  */
 #include "hybrid.h"
 
@@ -106,12 +112,6 @@ int kvs__hybrid_init(kvs_layout_t *l, const kvs_layout_params_t *p, kvs_error_t 
         return KVS__FAIL(err, KVS_EINVAL, "full_attn_every %lld: hybrid layers need kind gqa "
                          "(got %s): drop --full-attn-every or the MLA model",
                          (long long)p->full_attn_every, kvs_kv_kind_name(l->kind));
-    if (l->prefill_cp > 1)
-        return KVS__FAIL(err, KVS_EINVAL, "full_attn_every %lld with prefill_cp %lld: hybrid "
-                         "layers are not planned with prefill context parallelism (a CP "
-                         "rank's state is of its range alone): drop --prefill-cp or "
-                         "--full-attn-every", (long long)p->full_attn_every,
-                         (long long)l->prefill_cp);
     l->full_attn_every = p->full_attn_every;
     l->other_layers = p->other_layers;
     if (p->other_layers == KVS_LAYER_WINDOW) {

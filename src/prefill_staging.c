@@ -269,7 +269,9 @@ static int kvs__gather_hybrid(kvs_prefill_t *p, const kvs__proom_t *r, int64_t f
     const kvs__pchunk_t *c = &r->flows[f].chunks[i];
     for (int64_t k = 0; k < n; k++) {
         const kvs__peer_t *peer = kvs__flow_peer(r, p->fuse_flows[k]);
-        p->fuse_blocks[k] = (kvs__hyb_block_t){peer->tp_rank, kvs__cp_writer(p, peer),
+        /* its TP writer's block of this CP rank's part (the part's
+         * tokens below: a hybrid region of its own) */
+        p->fuse_blocks[k] = (kvs__hyb_block_t){peer->tp_rank, peer->tgt.writer,
                                                m->staging_addr[p->fuse_workers[k]]};
     }
     const kvs__hyb_copy_t hc = {
@@ -398,8 +400,10 @@ void kvs__staging_advance(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
             continue;
         if (c->part.token_end > r->computed && !r->final)
             break; /* later chunks are not computed either */
-        if (c->region_bytes == 0) { /* metadata-only (or a hybrid chunk with no
-                                       bytes for this stage): nothing to move */
+        if (c->region_bytes == 0 || c->part.len_bytes == 0) {
+            /* metadata-only, or a hybrid part with no bytes for this stage
+             * (a window stage's part before the window, with CP): nothing
+             * to move, its arrival alone */
             kvs__chunk_ready(p, r, f, i);
             continue;
         }

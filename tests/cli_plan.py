@@ -369,10 +369,20 @@ def test_hybrid(s):
             ("state bytes alone", ["--state-bytes", "8"], "--state-bytes"),
             ("window without pattern", ["--window", "64"], "--full-attn-every"),
             ("state heads do not split", ["--full-attn-every", "2", "--state-heads", "3",
-                                          "--state-bytes", "8"], "--state-heads"),
-            ("with prefill cp", ["--full-attn-every", "2", "--window", "64", "--prefill-cp",
-                                 "2"], "--full-attn-every")]:
+                                          "--state-bytes", "8"], "--state-heads")]:
         s.expect_usage_error(name, args + extra, flag)
+    # With prefill CP each CP part is a hybrid region of its own tokens, at
+    # the bytes of the parts before it: gpt-oss-20b P2 CP2 -> D1, 600
+    # tokens, ranges [0, 304) and [304, 600), window [464, 600). Chunk 1
+    # [256, 512): CP 0's 48 rows of 12 full layers (4 heads x 128 bytes, K
+    # and V: 12288 bytes a row) are 589824 bytes a writer; CP 1's part
+    # starts at 1179648, its writer blocks 208 full + 48 window rows.
+    s.expect_ok("hybrid with prefill cp", ["plan", "--model", "gpt-oss-20b", "--prefill-tp",
+                                           "2", "--decode-tp", "1", "--prefill-cp", "2",
+                                           "--page-size", "16", "--chunk-tokens", "256",
+                                           "--request-tokens", "600"],
+                ["CP rank 0 holds [0, 304), CP rank 1 holds [304, 600)",
+                 "576.00 KiB (589824)", "1.12 MiB (1179648)", "4.12 MiB (4325376)"])
 
 
 def test_draft(s):

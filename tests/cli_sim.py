@@ -513,16 +513,23 @@ def test_hybrid(s):
     window = [a if a != "64:512" else "300:900" for a in SMALL] + [
         "--seed", "8", "--json", "--prefix-tokens", "200"]
     qwen = [a if a != "llama-3.1-8b" else "qwen3-next-80b-a3b" for a in window]
-    for name, args in (("gpt-oss-20b", [a if a != "llama-3.1-8b" else "gpt-oss-20b"
-                                        for a in window]),
+    gpt = [a if a != "llama-3.1-8b" else "gpt-oss-20b" for a in window]
+    for name, args in (("gpt-oss-20b", gpt),
                        ("window flags", window + ["--full-attn-every", "2",
                                                   "--window", "128"]),
                        ("qwen3-next-80b-a3b", qwen),
                        ("state flags", window + ["--full-attn-every", "4",
                                                  "--state-heads", "8",
-                                                 "--state-bytes", "64+192"])):
+                                                 "--state-bytes", "64+192"]),
+                       # with prefill CP: each CP rank its range's rows, the
+                       # state from the CP rank of the last token
+                       ("qwen3-next-80b-a3b CP 2", qwen + ["--prefill-cp", "2"]),
+                       ("gpt-oss-20b CP 3", gpt + ["--prefill-cp", "3"])):
         obj = s.expect_json(name, args)
-        s.expect_clean(name, args, obj, exact=name != "qwen3-next-80b-a3b")
+        s.expect_clean(name, args, obj, exact=not name.startswith("qwen3-next-80b-a3b"))
+        if "--prefill-cp" in args:
+            s.ok(obj.get("prefill_cp") == int(args[args.index("--prefill-cp") + 1]),
+                 name + " runs prefill CP", args, repr(obj.get("prefill_cp")))
         s.ok(obj.get("path") == "staging", name + " stages", args, repr(obj.get("path")))
         prov = s.expect_json(name + " provenance", args + ["--data", "provenance"])
         s.ok(prov.get("digest") == obj.get("digest")

@@ -6,8 +6,10 @@
  * head by head against the global heads each rank holds; a byte model of
  * whole transfers (gather, one block per writer, scatter) that checks
  * every KV slot and state byte, with planted bugs (state of the wrong head
- * or request slot, a window row from out of the window) caught; every
- * refusal.
+ * or request slot, a window row from out of the window) caught; the same
+ * with prefill context parallelism (CP 2 and 3: parts tiling each region,
+ * the state from the CP rank of the last token, planted bugs caught);
+ * every refusal.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -512,6 +514,337 @@ static void test_hybrid_byte_model_moves_every_slot_and_state_byte(void **state)
     }
 }
 
+/* The same transfer with prefill context parallelism, whole requests on
+ * the planner alone: CP rank c's pool holds the rows of its range only
+ * (zeros elsewhere) and a state that is final only on the CP rank whose
+ * range holds the request's last token (the others hold the partial state
+ * of their range, LASP-style). Every (CP rank, TP writer) gathers its rows
+ * of its part into the region where kvs_layout_cp_part and
+ * kvs_layout_hybrid_slot say; the decode scatters each part. Every region
+ * byte must be written exactly once (parts, blocks and slots tile it),
+ * every decode slot in the window and every state byte right, a KV slot
+ * (heads not replicated) written once, and a decode rank's state carried
+ * by exactly one part of the request. Planted bugs: the state gathered
+ * from the next CP rank, a part's window rows counted from the chunk's
+ * start instead of the part's. */
+enum { CPBUG_NONE, CPBUG_STATE_RANK, CPBUG_WINDOW_SHIFT };
+
+/* The state byte CP rank c holds: the final state on the owner, a partial
+ * one (another byte) elsewhere. */
+static uint8_t cp_state_value(int64_t req, int64_t layer, int64_t head, int64_t b, bool owner)
+{
+    const uint8_t v = state_value(req, layer, head, b);
+    return owner ? v : (uint8_t)(v % 250 + 2);
+}
+
+static int64_t run_cp_model(const kvs_layout_t *lay, const int64_t *totals, int64_t nreq,
+                            int bug)
+{
+    const int64_t hb = lay->head_dim * lay->elem_bytes, cp = lay->prefill_cp;
+    const int64_t nh = lay->dst_heads, snh = lay->state_dst_heads > 0 ? lay->state_dst_heads : 1;
+    const int64_t shb = lay->state_head_bytes > 0 ? lay->state_head_bytes : 1;
+    const int64_t kv_bytes = lay->decode_tp * lay->layers * lay->planes * M_TOKENS * nh * hb;
+    const int64_t st_bytes = lay->decode_tp * lay->layers * snh * shb;
+    const bool once = lay->prefill_tp <= lay->total_heads; /* no replicated KV head */
+    uint8_t *kv = test_malloc((size_t)kv_bytes), *kvn = test_malloc((size_t)kv_bytes);
+    uint8_t *st = test_malloc((size_t)st_bytes);
+    int64_t wrong = 0;
+#define KV_OFF(d, l, q, t, k) \
+    (((((((d) * lay->layers + (l)) * lay->planes + (q)) * M_TOKENS + (t)) * nh + (k)) * hb))
+#define ST_AT(d, l, k) (st + ((((d) * lay->layers + (l)) * snh + (k)) * shb))
+    for (int64_t req = 0; req < nreq; req++) {
+        const int64_t total = totals[req];
+        int64_t owner = 0, cs = 0, ce = 0;
+        for (int64_t c = 0; c < cp; c++) {
+            assert_int_equal(kvs_layout_cp_range(lay, total, c, &cs, &ce), KVS_OK);
+            if (cs < ce && ce == total)
+                owner = c;
+        }
+        memset(kv, 0, (size_t)kv_bytes);
+        memset(kvn, 0, (size_t)kv_bytes);
+        memset(st, 0, (size_t)st_bytes);
+        const int64_t pages = (total + lay->decode_page_size - 1) / lay->decode_page_size;
+        const int64_t nchunks = kvs_grid_num_chunks(lay, pages);
+        for (int64_t d = 0; d < lay->decode_tp; d++) {
+            for (int64_t e = 0; e < lay->decode_pp; e++) {
+                int64_t first, n, state_parts = 0;
+                assert_int_equal(kvs_layout_stage_layers(lay, KVS_ROLE_DECODE, e, &first, &n),
+                                 KVS_OK);
+                for (int64_t ci = 0; ci < nchunks; ci++) {
+                    kvs_chunk_t ch;
+                    kvs_hybrid_writer_t whole;
+                    assert_int_equal(kvs_grid_chunk(lay, 0, total, ci, &ch), KVS_OK);
+                    /* the region: as without CP, the same bytes */
+                    assert_int_equal(kvs_layout_hybrid_writer(lay, d, e, lay->tp_writers - 1,
+                                                              total, &ch, &whole), KVS_OK);
+                    const int64_t region = whole.w.offset_bytes + whole.w.len_bytes;
+                    uint8_t *reg = test_calloc(1, (size_t)region + 1);
+                    uint8_t *cnt = test_calloc(1, (size_t)region + 1);
+                    int64_t parts = 0;
+                    kvs_cp_part_t part[8];
+                    for (int64_t c = 0; c < cp; c++) {
+                        kvs_cp_part_t pt;
+                        const int rc = kvs_layout_cp_part(lay, d, e, total, &ch, c, &pt);
+                        if (rc == KVS_ENOENT)
+                            continue;
+                        assert_int_equal(rc, KVS_OK);
+                        assert_true(pt.offset_bytes + pt.len_bytes <= region);
+                        part[parts++] = pt;
+                        assert_int_equal(kvs_layout_cp_range(lay, total, c, &cs, &ce), KVS_OK);
+                        for (int64_t i = 0; i < lay->tp_writers; i++) {
+                            kvs_hybrid_writer_t w;
+                            const kvs_chunk_t pc = {.token_start = pt.token_start,
+                                                    .token_end = pt.token_end};
+                            assert_int_equal(kvs_layout_hybrid_writer(lay, d, e, i, total, &pc,
+                                                                      &w), KVS_OK);
+                            assert_true(w.w.offset_bytes + w.w.len_bytes <= pt.len_bytes);
+                            uint8_t *blk = reg + pt.offset_bytes + w.w.offset_bytes;
+                            uint8_t *bcnt = cnt + pt.offset_bytes + w.w.offset_bytes;
+                            const int64_t r = w.w.prefill_rank;
+                            for (int64_t l = first; l < first + n; l++)
+                                for (int64_t q = 0; q < lay->planes; q++) {
+                                    kvs_hybrid_slot_t sl;
+                                    const int src = kvs_layout_hybrid_slot(lay, &w, e, l, q, &sl);
+                                    if (src == KVS_ENOENT)
+                                        continue;
+                                    assert_int_equal(src, KVS_OK);
+                                    assert_true(sl.offset_bytes + sl.len_bytes <= w.w.len_bytes);
+                                    for (int64_t k = 0; k < sl.len_bytes; k++)
+                                        bcnt[sl.offset_bytes + k]++;
+                                    if (sl.kind == KVS_LAYER_STATE) {
+                                        /* from the CP rank's own state (LASP: final on
+                                         * the owner alone) */
+                                        const int64_t from = bug == CPBUG_STATE_RANK
+                                                                 ? (c + 1) % cp : c;
+                                        for (int64_t j = 0; j < w.state_heads.num_heads; j++) {
+                                            const int64_t g = global_head(
+                                                lay->state_heads, lay->prefill_tp,
+                                                lay->state_src_heads, r,
+                                                w.state_heads.src_start + j);
+                                            for (int64_t b = 0; b < lay->state_head_bytes; b++)
+                                                blk[sl.offset_bytes +
+                                                    j * lay->state_head_bytes + b] =
+                                                    cp_state_value(req, l, g, b, from == owner);
+                                        }
+                                        continue;
+                                    }
+                                    for (int64_t t = 0; t < sl.rows; t++) {
+                                        int64_t tok = sl.token_start + t;
+                                        if (bug == CPBUG_WINDOW_SHIFT &&
+                                            sl.kind == KVS_LAYER_WINDOW)
+                                            tok -= pt.token_start - ch.token_start;
+                                        for (int64_t j = 0; j < w.w.heads.num_heads; j++) {
+                                            const int64_t g = global_head(
+                                                lay->total_heads, lay->prefill_tp,
+                                                lay->src_heads, r, w.w.heads.src_start + j);
+                                            /* CP rank c's pool: its range's rows only */
+                                            for (int64_t b = 0; b < hb; b++)
+                                                blk[sl.offset_bytes +
+                                                    (t * w.w.heads.num_heads + j) * hb + b] =
+                                                    tok >= cs && tok < ce
+                                                        ? kv_value(req, l, q, g, tok, b) : 0;
+                                        }
+                                    }
+                                }
+                        }
+                    }
+                    /* the parts' count is what the decode waits for */
+                    int64_t fcp = -1, ncp = 0;
+                    assert_int_equal(kvs_layout_cp_writers(lay, total, &ch, &fcp, &ncp), KVS_OK);
+                    assert_int_equal(ncp, parts);
+                    assert_int_equal(fcp, part[0].cp_rank);
+                    assert_int_equal(kvs_layout_chunk_arrivals(lay, total, &ch),
+                                     parts * lay->expected_arrivals);
+                    for (int64_t k = 0; k < region; k++)
+                        wrong += cnt[k] != 1; /* the parts tile the region */
+                    /* scatter: each part's writer blocks, from its offset */
+                    for (int64_t pi = 0; pi < parts; pi++) {
+                        const kvs_chunk_t pc = {.token_start = part[pi].token_start,
+                                                .token_end = part[pi].token_end};
+                        bool has_state = false;
+                        for (int64_t i = 0; i < lay->tp_writers; i++) {
+                            kvs_hybrid_writer_t w;
+                            assert_int_equal(kvs_layout_hybrid_writer(lay, d, e, i, total, &pc,
+                                                                      &w), KVS_OK);
+                            const uint8_t *blk = reg + part[pi].offset_bytes + w.w.offset_bytes;
+                            has_state = has_state || w.state_bytes > 0;
+                            for (int64_t l = first; l < first + n; l++)
+                                for (int64_t q = 0; q < lay->planes; q++) {
+                                    kvs_hybrid_slot_t sl;
+                                    if (kvs_layout_hybrid_slot(lay, &w, e, l, q, &sl) != KVS_OK)
+                                        continue;
+                                    if (sl.kind == KVS_LAYER_STATE) {
+                                        for (int64_t j = 0; j < w.state_heads.num_heads; j++)
+                                            memcpy(ST_AT(d, l, w.state_heads.dst_start + j),
+                                                   blk + sl.offset_bytes +
+                                                       j * lay->state_head_bytes,
+                                                   (size_t)lay->state_head_bytes);
+                                        continue;
+                                    }
+                                    for (int64_t t = 0; t < sl.rows; t++)
+                                        for (int64_t j = 0; j < w.w.heads.num_heads; j++) {
+                                            const int64_t o =
+                                                KV_OFF(d, l, q, sl.token_start + t,
+                                                       w.w.heads.dst_start + j);
+                                            memcpy(kv + o,
+                                                   blk + sl.offset_bytes +
+                                                       (t * w.w.heads.num_heads + j) * hb,
+                                                   (size_t)hb);
+                                            kvn[o]++;
+                                        }
+                                }
+                        }
+                        state_parts += has_state;
+                    }
+                    test_free(reg);
+                    test_free(cnt);
+                }
+                int64_t sfirst = 0, scount = 0;
+                (void)kvs_layout_stage_layers(lay, KVS_ROLE_DECODE, e, &sfirst, &scount);
+                int64_t st_layers = 0;
+                for (int64_t l = sfirst; l < sfirst + scount; l++) {
+                    kvs_layer_kind_t kind;
+                    assert_int_equal(kvs_layout_layer_kind(lay, l, &kind), KVS_OK);
+                    st_layers += kind == KVS_LAYER_STATE;
+                }
+                wrong += state_parts != (st_layers > 0 ? 1 : 0); /* the state once */
+            }
+        }
+        /* check every decode rank's pool and state */
+        for (int64_t d = 0; d < lay->decode_tp; d++)
+            for (int64_t l = 0; l < lay->layers; l++) {
+                kvs_layer_kind_t kind;
+                int64_t ws, we;
+                assert_int_equal(kvs_layout_layer_kind(lay, l, &kind), KVS_OK);
+                assert_int_equal(kvs_layout_layer_tokens(lay, l, total, &ws, &we), KVS_OK);
+                if (kind == KVS_LAYER_STATE) {
+                    for (int64_t k = 0; k < lay->state_dst_heads; k++) {
+                        const int64_t g = global_head(lay->state_heads, lay->decode_tp,
+                                                      lay->state_dst_heads, d, k);
+                        for (int64_t b = 0; b < lay->state_head_bytes; b++)
+                            wrong += ST_AT(d, l, k)[b] != state_value(req, l, g, b);
+                    }
+                    continue;
+                }
+                for (int64_t q = 0; q < lay->planes; q++)
+                    for (int64_t t = 0; t < total; t++)
+                        for (int64_t k = 0; k < nh; k++) {
+                            const int64_t g = global_head(lay->total_heads, lay->decode_tp,
+                                                          lay->dst_heads, d, k);
+                            const int64_t o = KV_OFF(d, l, q, t, k);
+                            if (once)
+                                wrong += kvn[o] != (t >= ws ? 1 : 0);
+                            for (int64_t b = 0; b < hb; b++)
+                                wrong += kv[o + b] !=
+                                         (t >= ws ? kv_value(req, l, q, g, t, b) : 0);
+                        }
+            }
+    }
+#undef KV_OFF
+#undef ST_AT
+    test_free(kv);
+    test_free(kvn);
+    test_free(st);
+    return wrong;
+}
+
+static void test_hybrid_cp_byte_model_moves_every_byte_once(void **state)
+{
+    (void)state;
+    /* CP 2 and 3; P > D, P < D, P = D; PP 2 -> 2; two page sizes; window
+     * and state layers; requests shorter than a CP range (5 tokens: some
+     * CP rank holds nothing) and ranges straddling chunks */
+    static const struct {
+        int64_t cp, p, d, pp, every, window, sheads, ps, dps;
+    } shapes[] = {
+        {2, 4, 2, 1, 2, 40, 0, 4, 0}, {3, 2, 4, 1, 2, 40, 0, 4, 0},
+        {3, 2, 2, 1, 3, 20, 0, 4, 0}, {2, 2, 2, 2, 2, 40, 0, 4, 8},
+        {2, 4, 2, 1, 4, 0, 8, 4, 0},  {3, 2, 4, 1, 4, 0, 8, 4, 0},
+        {3, 2, 2, 1, 4, 0, 8, 4, 0},  {2, 2, 2, 2, 3, 0, 2, 4, 8},
+        {3, 8, 2, 1, 4, 0, 8, 4, 0},
+    };
+    static const int64_t totals[] = {5, 37, 64, 100, 150};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        kvs_layout_params_t p = {.total_heads = 4, .head_dim = 2, .dtype = KVS_DTYPE_BF16,
+                                 .layers = 8, .page_size = shapes[s].ps,
+                                 .decode_page_size = shapes[s].dps,
+                                 .prefill_tp = shapes[s].p, .decode_tp = shapes[s].d,
+                                 .prefill_pp = shapes[s].pp, .decode_pp = shapes[s].pp,
+                                 .prefill_cp = shapes[s].cp, .chunk_tokens = 32,
+                                 .full_attn_every = shapes[s].every};
+        if (shapes[s].window > 0) {
+            p.other_layers = KVS_LAYER_WINDOW;
+            p.window_tokens = shapes[s].window;
+        } else {
+            p.other_layers = KVS_LAYER_STATE;
+            p.state_heads = shapes[s].sheads;
+            p.state_conv_bytes = 3;
+            p.state_ssm_bytes = 5;
+        }
+        kvs_layout_t lay;
+        assert_int_equal(kvs_layout_init(&lay, &p, NULL), KVS_OK);
+        const int64_t bad = run_cp_model(&lay, totals, 5, CPBUG_NONE);
+        if (bad != 0)
+            fail_msg("CP shape %zu: %lld wrong bytes", s, (long long)bad);
+        if (shapes[s].window > 0)
+            assert_true(run_cp_model(&lay, totals, 5, CPBUG_WINDOW_SHIFT) > 0);
+        else
+            assert_true(run_cp_model(&lay, totals, 5, CPBUG_STATE_RANK) > 0);
+    }
+}
+
+/* With CP 1 a hybrid chunk's one part is the whole region, at offset 0
+ * (the layout without CP, byte for byte); with CP the empty chunk of a
+ * request wholly cached is the state owner's, carrying the state. */
+static void test_hybrid_cp_parts_by_hand(void **state)
+{
+    (void)state;
+    kvs_layout_t lay;
+    kvs_layout_params_t p = qwen3_next(2, 2);
+    p.chunk_tokens = 64;
+    assert_int_equal(kvs_layout_init(&lay, &p, NULL), KVS_OK);
+    kvs_chunk_t ch = {.token_start = 64, .token_end = 100};
+    kvs_hybrid_writer_t w;
+    kvs_cp_part_t pt;
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, 1, 0, 0, 100, &ch, &w), KVS_OK);
+    assert_int_equal(kvs_layout_cp_part(&lay, 1, 0, 100, &ch, 0, &pt), KVS_OK);
+    assert_int_equal(pt.offset_bytes, 0);
+    assert_int_equal(pt.len_bytes, w.w.len_bytes * lay.tp_writers);
+    assert_int_equal(pt.token_start, 64);
+    assert_int_equal(pt.token_end, 100);
+    /* CP 2, 100 tokens, 16-token pages: ranges [0, 64), [64, 100); a
+     * chunk of 64 tokens [32, 96) straddles them */
+    p.prefill_cp = 2;
+    assert_int_equal(kvs_layout_init(&lay, &p, NULL), KVS_OK);
+    ch = (kvs_chunk_t){.token_start = 32, .token_end = 96};
+    /* 12 full layers, 1 head of 256 bf16 per writer, K and V: 1024 bytes a
+     * token a writer, two writers (P = D = 2: one each) */
+    assert_int_equal(kvs_layout_cp_part(&lay, 0, 0, 100, &ch, 0, &pt), KVS_OK);
+    assert_int_equal(pt.token_start, 32);
+    assert_int_equal(pt.token_end, 64);
+    assert_int_equal(pt.offset_bytes, 0);
+    assert_int_equal(pt.len_bytes, 32 * 12 * 1024);
+    assert_int_equal(kvs_layout_cp_part(&lay, 0, 0, 100, &ch, 1, &pt), KVS_OK);
+    assert_int_equal(pt.offset_bytes, 32 * 12 * 1024);
+    assert_int_equal(pt.local_token_start, 0);
+    assert_int_equal(pt.len_bytes, 32 * 12 * 1024);
+    /* the last chunk [96, 100): CP rank 1's, with the state: 36 layers x
+     * 8 state heads x 68608 bytes */
+    ch = (kvs_chunk_t){.token_start = 96, .token_end = 100};
+    assert_int_equal(kvs_layout_cp_part(&lay, 0, 0, 100, &ch, 0, &pt), KVS_ENOENT);
+    assert_int_equal(kvs_layout_cp_part(&lay, 0, 0, 100, &ch, 1, &pt), KVS_OK);
+    assert_int_equal(pt.len_bytes, 4 * 12 * 1024 + 36 * 8 * 68608);
+    /* an empty chunk (all cached): the owner of token 99, CP rank 1 */
+    ch = (kvs_chunk_t){.token_start = 100, .token_end = 100};
+    int64_t first = -1, count = 0;
+    assert_int_equal(kvs_layout_cp_writers(&lay, 100, &ch, &first, &count), KVS_OK);
+    assert_int_equal(first, 1);
+    assert_int_equal(count, 1);
+    assert_int_equal(kvs_layout_cp_part(&lay, 0, 0, 100, &ch, 0, &pt), KVS_ENOENT);
+    assert_int_equal(kvs_layout_cp_part(&lay, 0, 0, 100, &ch, 1, &pt), KVS_OK);
+    assert_int_equal(pt.len_bytes, 36 * 8 * 68608);
+}
+
 /* Every argument of the hybrid calls checked: NULLs are KVS_EINVAL,
  * numbers outside the layout KVS_ERANGE, and a layout without the pattern
  * has no state slot (0 bytes) and full layers only. */
@@ -626,17 +959,13 @@ static void test_hybrid_refusals(void **state)
     p.state_heads = 6;
     assert_int_equal(kvs_layout_init(&lay, &p, &err), KVS_EHEAD_SPLIT);
     assert_non_null(strstr(err.msg, "--state-heads"));
-    /* MLA and prefill CP are not planned with hybrid layers */
+    /* MLA is not planned with hybrid layers */
     p = qwen3_next(2, 2);
     p.kind = KVS_KV_MLA;
     p.total_heads = 1;
     p.head_dim = 576;
     assert_int_equal(kvs_layout_init(&lay, &p, &err), KVS_EINVAL);
     assert_non_null(strstr(err.msg, "gqa"));
-    p = gpt_oss(24, 2, 2);
-    p.prefill_cp = 2;
-    assert_int_equal(kvs_layout_init(&lay, &p, &err), KVS_EINVAL);
-    assert_non_null(strstr(err.msg, "--prefill-cp"));
     /* a region that overflows */
     p = qwen3_next(2, 2);
     p.state_ssm_bytes = INT64_MAX / 2;
@@ -677,6 +1006,8 @@ int main(void)
         cmocka_unit_test(test_hybrid_state_writer),
         cmocka_unit_test(test_hybrid_state_heads_cover_every_decode_head),
         cmocka_unit_test(test_hybrid_byte_model_moves_every_slot_and_state_byte),
+        cmocka_unit_test(test_hybrid_cp_byte_model_moves_every_byte_once),
+        cmocka_unit_test(test_hybrid_cp_parts_by_hand),
         cmocka_unit_test(test_hybrid_arguments),
         cmocka_unit_test(test_hybrid_refusals),
         cmocka_unit_test(test_hybrid_models),

@@ -209,6 +209,22 @@ static int cli_plan_internal(const char *what, int status)
     return 1;
 }
 
+/* TP writer j's block of a CP part (a region of the part's tokens); of a
+ * hybrid layout, the hybrid block of those tokens in the request (window
+ * rows inside the window, the state in the part ending the request). */
+static int cli_plan_part_writer(const kvs_layout_t *lay, int64_t stage, int64_t j,
+                                int64_t total, const kvs_cp_part_t *part, kvs_writer_t *w)
+{
+    if (lay->full_attn_every <= 1)
+        return kvs_layout_writer(lay, 0, stage, j, part->token_end - part->token_start, w);
+    const kvs_chunk_t ch = {.token_start = part->token_start, .token_end = part->token_end};
+    kvs_hybrid_writer_t hw;
+    const int rc = kvs_layout_hybrid_writer(lay, 0, stage, j, total, &ch, &hw);
+    if (rc == KVS_OK)
+        *w = hw.w;
+    return rc;
+}
+
 /* Ring sizing for a full G-token chunk. */
 static int cli_plan_ring(const kvs_layout_t *lay, int64_t ring_mib,
                          cli_plan_ring_t *r)
@@ -318,7 +334,6 @@ static int cli_plan_cp(const kvs_layout_t *lay, const cli_plan_out_t *o, bool js
             kvs_cp_part_t part;
             if ((rc = kvs_layout_cp_part(lay, 0, stage, total, &ch, c, &part)) != KVS_OK)
                 return cli_plan_internal("kvs_layout_cp_part", rc);
-            const int64_t n = part.token_end - part.token_start;
             if (json)
                 printf("%s{\"cp_rank\": %" PRId64 ", \"token_start\": %" PRId64
                        ", \"token_end\": %" PRId64 ", \"local_token_start\": %" PRId64
@@ -327,7 +342,7 @@ static int cli_plan_cp(const kvs_layout_t *lay, const cli_plan_out_t *o, bool js
                        part.local_token_start, part.offset_bytes, part.len_bytes);
             for (int64_t j = 0; j < lay->tp_writers; j++) {
                 kvs_writer_t w;
-                if ((rc = kvs_layout_writer(lay, 0, stage, j, n, &w)) != KVS_OK)
+                if ((rc = cli_plan_part_writer(lay, stage, j, total, &part, &w)) != KVS_OK)
                     return cli_plan_internal("kvs_layout_writer", rc);
                 const int64_t at = part.offset_bytes + w.offset_bytes;
                 if (json) {

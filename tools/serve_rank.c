@@ -351,9 +351,13 @@ static uint64_t cli_rank_pattern(cli_rank_ctx_t *c, uint32_t i, bool check, uint
     /* The room's state in each state layer, at its slot (the room's
      * index): a vector of state_head_bytes per local state head, the
      * coordinate of the K vector of token 0 of that layer and global state
-     * head (a state layer has no K rows), as the simulator's. */
+     * head (a state layer has no K rows), as the simulator's. With prefill
+     * CP the state passes from CP rank to CP rank (linear attention), so
+     * only the CP rank holding the room's last token has its final state:
+     * the others write none (a state the decode got from them is wrong). */
     const int64_t sb = l->state_head_bytes;
-    for (int64_t layer = 0; layer < c->layers; layer++)
+    const bool final_state = check || cli_rank_cp_size(c) <= 1 || (from < to && to == tokens);
+    for (int64_t layer = 0; final_state && layer < c->layers; layer++)
         for (int64_t j = 0; c->state_off[layer] != 0 && j < c->state_heads; j++) {
             const kvs_sim_kv_coord_t at = {
                 i, c->first_layer + layer, 0,

@@ -643,7 +643,10 @@ typedef struct kvs_cp_part {
 /* The part of CP rank c in the region of decode rank d at decode stage e
  * for `chunk` of a request of total_tokens. KVS_ENOENT when c's range does
  * not meet the chunk (it writes nothing into it); an empty chunk (the
- * metadata-only send) is CP rank 0's, a part of 0 tokens. KVS_EINVAL for a
+ * metadata-only send) is CP rank 0's, a part of 0 tokens (of a hybrid
+ * layout: the CP rank holding the last token's, with the state if any).
+ * A hybrid layout's part is the hybrid region of its tokens, after the
+ * bytes of the parts before it (docs/kinds/hybrid.md). KVS_EINVAL for a
  * NULL argument, KVS_ERANGE for d, e or c out of range or a chunk that is
  * not one of [0, total_tokens) (longer than G, or reversed). */
 KVS_API int kvs_layout_cp_part(const kvs_layout_t *lay, int64_t decode_rank,

@@ -310,7 +310,8 @@ def test_a_ring_too_small_is_refused_before_the_run():
 
 def test_hybrid_models_move_on_the_staging_path():
     """gpt-oss's window layers and Qwen3-Next's state layers (or the same
-    pattern given as fields) move on the staging path, every window row and
+    pattern given as fields) move on the staging path, with and without
+    prefill CP, every window row and
     state byte verified, both data modes the same run, as the CLI's; the
     direct path refuses them by name (docs/kinds/hybrid.md)."""
     for model, flags, change in (
@@ -318,7 +319,10 @@ def test_hybrid_models_move_on_the_staging_path():
             ("qwen3-next-80b-a3b", [], {}),
             ("llama-3.1-8b", ["--full-attn-every", 4, "--state-heads", 8,
                               "--state-bytes", "64+192"],
-             dict(full_attn_every=4, state_heads=8, state_bytes=(64, 192)))):
+             dict(full_attn_every=4, state_heads=8, state_bytes=(64, 192))),
+            # with prefill CP: the state from the CP rank of the last token
+            ("qwen3-next-80b-a3b", ["--prefill-cp", 2], dict(prefill_cp=2)),
+            ("gpt-oss-20b", ["--prefill-cp", 3], dict(prefill_cp=3))):
         r = run(model=model, **change)
         assert r["requests_ok"] == 6 and r["ok"] is True
         assert r["corrupt_bytes"] == r["ring_leaked_bytes"] == r["violations"] == 0

@@ -46,7 +46,11 @@ two page sizes, FP8 scale planes) between two processes over libfabric (ofi tcp 
              bytes, P1 -> D2 (each decode rank checks its state heads at
              the room's state slot); hyb_state_eq P2 -> D2 with 16 -> 32
              token pages; hyb_window_swap hyb_window with the decode's
-             wrong page mapping (must fail)
+             wrong page mapping (must fail); hyb_window_cp hyb_window with
+             prefill CP 2, hyb_state_cp hyb_state with prefill CP 3 and
+             prompts of 3 to 120 tokens (some CP ranks hold nothing): a
+             CP rank fills its range's rows, and only the one holding the
+             room's last token its state
   rep_*      fewer KV heads than prefill ranks: rep_p8d2 4 heads, P8 -> D2
              (pairs of prefill ranks hold a head; ranks 0, 2, 4, 6 write,
              the others report), rep_p4d2_pp 1 head, P4xPP2 -> D2 (one
@@ -150,6 +154,13 @@ RUNS = [
                             "--decode-page-size", "32"], [], False),
     ("hyb_window_swap", HYB + ["--full-attn-every", "2", "--window", "48", "--prefill-tp",
                                "2", "--decode-tp", "1"], ["--fault", "swap-pages"], True),
+    # Hybrid models with prefill CP: each CP rank its range's rows, the
+    # state from the CP rank of the last token alone.
+    ("hyb_window_cp", HYB + ["--full-attn-every", "2", "--window", "48", "--prefill-tp", "2",
+                             "--decode-tp", "1", "--prefill-cp", "2"], [], False),
+    ("hyb_state_cp", HYB + ["--full-attn-every", "2", "--state-heads", "4", "--state-bytes",
+                            "96+416", "--prefill-tp", "1", "--decode-tp", "2",
+                            "--prefill-cp", "3", "--prompt-tokens", "3:120"], [], False),
     # A draft model's layers (docs/kinds/draft.md), on the staging path.
     ("draft_p2d1", GQA + ["--page-size", "16", "--chunk-tokens", "64", "--prefill-tp", "2",
                           "--decode-tp", "1", "--draft-layers", "1"], [], False),
