@@ -110,9 +110,9 @@ static int kvs__hybrid_span(const kvs_layout_t *lay, int64_t decode_tp, int64_t 
         return rc;
     if (first > dfirst || first + count < dfirst + dcount)
         return KVS_ENOTSUP;
-    if (part == NULL) {
-        const int64_t most = kvs__hybrid_max_region_bytes(lay) / lay->tp_writers;
-        out[0] = (kvs__span_t){0, (uint64_t)(writer * most), (uint64_t)most};
+    if (part == NULL) { /* the writer's largest block: its length is what counts */
+        const int64_t most = kvs__hybrid_max_writer_bytes(lay, writer);
+        out[0] = (kvs__span_t){0, 0, (uint64_t)most};
         *n = 1;
         return KVS_OK;
     }

@@ -263,10 +263,23 @@ int kvs_layout_hybrid_writer(const kvs_layout_t *lay, int64_t decode_rank,
             out->state_bytes = other * out->state_heads.num_heads * lay->state_head_bytes;
         }
     }
-    /* Every writer of a region copies as many heads and state heads as any
-     * other, so writer i starts after i equal blocks. */
-    out->w.len_bytes = out->kv_bytes + out->state_bytes;
-    out->w.offset_bytes = writer_index * out->w.len_bytes;
+    /* The KV writers (kvs__layout_kv_writers, one per distinct KV head)
+     * come first, each block its rows and its state; a source past them
+     * holds a replica of a KV head already written and writes its state
+     * alone. Every block of a kind is as long as any other of that kind. */
+    const int64_t kw = kvs__layout_kv_writers(lay);
+    const int64_t full_block = out->kv_bytes + out->state_bytes;
+    if (writer_index < kw) {
+        out->w.len_bytes = full_block;
+        out->w.offset_bytes = writer_index * full_block;
+    } else {
+        out->w.heads.num_heads = 0;
+        out->full_slots = out->window_slots = 0;
+        out->window_tokens = 0;
+        out->kv_bytes = out->state_offset_bytes = 0;
+        out->w.len_bytes = out->state_bytes;
+        out->w.offset_bytes = kw * full_block + (writer_index - kw) * out->state_bytes;
+    }
     return KVS_OK;
 }
 
@@ -292,6 +305,8 @@ int kvs_layout_hybrid_slot(const kvs_layout_t *lay, const kvs_hybrid_writer_t *h
         out->offset_bytes = hw->state_offset_bytes + other * out->len_bytes;
         return KVS_OK;
     }
+    if (hw->w.heads.num_heads == 0) /* a writer of its state alone */
+        return KVS_ENOENT;
     const int64_t row = kvs_layout_layer_block_bytes(lay, 1, hw->w.heads.num_heads);
     /* per plane: the slots of the layers before this one (window slots
      * only where the window meets the chunk), planes one after another */
@@ -329,11 +344,15 @@ int kvs_layout_state_slot_bytes(const kvs_layout_t *lay, kvs_role_t role, int64_
     return KVS_OK;
 }
 
-int64_t kvs__hybrid_max_region_bytes(const kvs_layout_t *lay)
+/* The largest block writer w (or, with w < 0, the largest region) of a
+ * full chunk takes, over the decode stages: a KV writer's slots of G rows
+ * and state part, a later writer's state part alone (kvs_layout_hybrid_writer). */
+static int64_t kvs__hybrid_most_bytes(const kvs_layout_t *lay, int64_t w)
 {
     const int64_t nh = lay->prefill_tp > lay->decode_tp ? lay->src_heads : lay->dst_heads;
     const int64_t snh = lay->prefill_tp > lay->decode_tp ? lay->state_src_heads
                                                          : lay->state_dst_heads;
+    const int64_t kw = kvs__layout_kv_writers(lay);
     int64_t best = 0;
     for (int64_t e = 0; e < lay->decode_pp; e++) {
         int64_t first, n, full, other;
@@ -346,7 +365,19 @@ int64_t kvs__hybrid_max_region_bytes(const kvs_layout_t *lay)
                            kvs_layout_layer_block_bytes(lay, 1, nh);
         const int64_t st =
             lay->other_layers == KVS_LAYER_STATE ? other * snh * lay->state_head_bytes : 0;
-        best = kvs__max(best, (kv + st) * lay->tp_writers);
+        const int64_t bytes = w < 0 ? (kv + st) * kw + st * (lay->tp_writers - kw)
+                                    : (w < kw ? kv + st : st);
+        best = kvs__max(best, bytes);
     }
     return best;
+}
+
+int64_t kvs__hybrid_max_region_bytes(const kvs_layout_t *lay)
+{
+    return kvs__hybrid_most_bytes(lay, -1);
+}
+
+int64_t kvs__hybrid_max_writer_bytes(const kvs_layout_t *lay, int64_t writer)
+{
+    return kvs__hybrid_most_bytes(lay, writer);
 }

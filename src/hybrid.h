@@ -12,11 +12,21 @@
  * err naming the field to change. */
 int kvs__hybrid_init(kvs_layout_t *l, const kvs_layout_params_t *p, kvs_error_t *err);
 
+/* The sources of a decode rank that write its KV rows, one per distinct
+ * head (src/layout.c); the first of the sources. A hybrid layout with
+ * state layers has tp_writers = tp_sources, the others writing state. */
+int64_t kvs__layout_kv_writers(const kvs_layout_t *l);
+
 /* True for a layout with window or state layers. */
 static inline int kvs__hybrid(const kvs_layout_t *lay) { return lay->full_attn_every > 1; }
 
 /* kvs_layout_max_region_bytes of a hybrid layout (checked to fit by
  * kvs__hybrid_init). */
 int64_t kvs__hybrid_max_region_bytes(const kvs_layout_t *lay);
+
+/* The most bytes writer `writer` (0 <= writer < tp_writers) of a hybrid
+ * layout writes into one region: a full chunk's block at the largest
+ * decode stage. */
+int64_t kvs__hybrid_max_writer_bytes(const kvs_layout_t *lay, int64_t writer);
 
 #endif

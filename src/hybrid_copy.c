@@ -90,9 +90,10 @@ int kvs__hybrid_copy(kvs_device_t *dev, kvs_stream_t *stream, const kvs_manager_
                                               blocks[i].writer, c->total, &c->chunk, &hw);
                 if (rc == KVS_OK)
                     rc = kvs_layout_hybrid_slot(lay, &hw, c->stage, layer, plane, &sl);
-                if (rc == KVS_ENOENT) { /* no bytes of this layer in the chunk */
+                if (rc == KVS_ENOENT) { /* no bytes of this layer in this block (none in
+                                           the chunk, or a writer of its state alone) */
                     rc = KVS_OK;
-                    break;
+                    continue;
                 }
                 if (rc != KVS_OK)
                     break;

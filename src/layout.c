@@ -207,22 +207,28 @@ static bool kvs__kind_replicated(kvs_kv_kind_t kind)
     return false;
 }
 
-/* W, the prefill ranks that write a decode rank's region (P > D): one per
- * distinct head of its sources. Its S = P / D sources hold H / P heads each
- * when H >= P, all distinct (W = S); with fewer heads than prefill ranks
- * each head is held by P / H ranks in a row, and sending it once is
- * enough: W = max(1, H / D), the heads the decode rank holds. A replicated
- * kind (MLA) has one "head": W = 1. Before, every replica of a head was
- * written, P / H times the bytes the decode rank holds.
- *
- * A hybrid model's state heads split over TP on their own (src/hybrid.c),
- * so every source holds distinct state and writes: W = S there. */
-static int64_t kvs__writers(const kvs_layout_t *l, const kvs_layout_params_t *p)
+/* The sources of a decode rank that write its KV rows (P > D): one per
+ * distinct head of theirs. Its S = P / D sources hold H / P heads each
+ * when H >= P, all distinct (S of them); with fewer heads than prefill
+ * ranks each head is held by P / H ranks in a row, and sending it once is
+ * enough: max(1, H / D), the heads the decode rank holds. A replicated
+ * kind (MLA) has one "head": 1. Before, every replica of a head was
+ * written, P / H times the bytes the decode rank holds. */
+int64_t kvs__layout_kv_writers(const kvs_layout_t *l)
 {
-    if (p->full_attn_every > 1)
-        return l->tp_sources;
     const int64_t distinct = kvs__max64(1, l->total_heads / l->decode_tp);
     return distinct < l->tp_sources ? distinct : l->tp_sources;
+}
+
+/* W, the sources that write anything: the KV writers, but for a hybrid
+ * model with state layers, whose state heads split over TP on their own
+ * (src/hybrid.c): there every source writes its state, and the sources
+ * past the KV writers write their state alone. */
+static int64_t kvs__writers(const kvs_layout_t *l, const kvs_layout_params_t *p)
+{
+    if (p->full_attn_every > 1 && p->other_layers == KVS_LAYER_STATE)
+        return l->tp_sources;
+    return kvs__layout_kv_writers(l);
 }
 
 int kvs_path_parse(const char *name, kvs_path_t *out)
@@ -555,10 +561,12 @@ int64_t kvs_layout_layer_block_bytes(const kvs_layout_t *lay, int64_t tokens,
 
 /* Prefill rank of source i of decode rank d (valid i < tp_sources, d):
  * d's sources are the ranks [d * S, + S) when P > D (S = P / D), else the
- * one prefill rank d / (D / P). Writer j is the rank at offset j * (S / W),
- * the first of each run of S / W ranks holding the same heads; the other
- * sources (those that only report) follow, in rank order. With every
- * source writing (S / W = 1) source i is the rank at offset i. With MLA
+ * one prefill rank d / (D / P). KV writer j (j < K, kvs__layout_kv_writers)
+ * is the rank at offset j * (S / K), the first of each run of S / K ranks
+ * holding the same heads; the other sources follow in rank order (those
+ * that only report, or a hybrid model's that write their state alone).
+ * With every source writing KV (S / K = 1) source i is the rank at
+ * offset i. With MLA
  * (one writer) decode d thus takes its latent from prefill rank d * P / D
  * either way: spread over the prefill ranks, each feeding as many decode
  * ranks as any other. */
@@ -566,12 +574,13 @@ static int64_t kvs__layout_source_rank(const kvs_layout_t *lay, int64_t d, int64
 {
     if (lay->prefill_tp <= lay->decode_tp)
         return d / lay->targets_per_prefill;
-    const int64_t run = lay->tp_sources / lay->tp_writers;
+    const int64_t kw = kvs__layout_kv_writers(lay);
+    const int64_t run = lay->tp_sources / kw;
     const int64_t base = d * lay->tp_sources;
-    if (i < lay->tp_writers)
+    if (i < kw)
         return base + i * run;
-    /* the k-th reporter: run - 1 of them after each writer */
-    const int64_t k = i - lay->tp_writers;
+    /* the k-th of the others: run - 1 of them after each KV writer */
+    const int64_t k = i - kw;
     return base + (k / (run - 1)) * run + 1 + k % (run - 1);
 }
 
@@ -664,9 +673,10 @@ int kvs_layout_source_index(const kvs_layout_t *lay, int64_t prefill_rank,
     if (prefill_rank / lay->tp_sources != decode_rank)
         return KVS_ENOENT;
     /* the inverse of kvs__layout_source_rank */
-    const int64_t run = lay->tp_sources / lay->tp_writers;
+    const int64_t kw = kvs__layout_kv_writers(lay);
+    const int64_t run = lay->tp_sources / kw;
     const int64_t o = prefill_rank % lay->tp_sources;
-    *out_index = o % run == 0 ? o / run : lay->tp_writers + (o / run) * (run - 1) + o % run - 1;
+    *out_index = o % run == 0 ? o / run : kw + (o / run) * (run - 1) + o % run - 1;
     return KVS_OK;
 }
 

@@ -131,6 +131,25 @@ void kvs__staging_on_rsp(kvs_prefill_t *p, kvs__peer_t *peer, const kvs_msg_stag
     kvs__room_touch(&p->h, room);
 }
 
+/* The bytes this rank writes of chunk c of flow f: 0 for a hybrid writer of
+ * its state alone in a chunk that carries no state (kvs_layout_hybrid_writer),
+ * which then reports its arrival without a write. */
+static uint64_t kvs__block_bytes(const kvs_prefill_t *p, const kvs__proom_t *r, int64_t f,
+                                 const kvs__pchunk_t *c)
+{
+    const kvs__inst_t *inst = r->base.inst;
+    const kvs__peer_t *peer = kvs__flow_peer(r, f);
+    kvs__span_t span[2];
+    int n = 0;
+    if (kvs__part_spans(&inst->lay, peer->tp_rank, inst->decode_stage, peer->tgt.writer,
+                        p->h.pp_rank, r->flows[f].total, &c->part, span, &n) != KVS_OK)
+        return 1; /* not ours to judge: kvs__write_chunk reports the error */
+    uint64_t bytes = 0;
+    for (int i = 0; i < n; i++)
+        bytes += span[i].len_bytes;
+    return bytes;
+}
+
 /* The gathered block of a chunk goes out: one write, or the K and the V
  * layers of this stage apart when the region holds more layers (prefill
  * PP into a decode of PP 1), each under its own key of the region when the
@@ -400,7 +419,8 @@ void kvs__staging_advance(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
             continue;
         if (c->part.token_end > r->computed && !r->final)
             break; /* later chunks are not computed either */
-        if (c->region_bytes == 0 || c->part.len_bytes == 0) {
+        if (c->region_bytes == 0 || c->part.len_bytes == 0 ||
+            kvs__block_bytes(p, r, f, c) == 0) {
             /* metadata-only, or a hybrid part with no bytes for this stage
              * (a window stage's part before the window, with CP): nothing
              * to move, its arrival alone */

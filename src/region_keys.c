@@ -49,6 +49,12 @@ int kvs__wkeys_grant(kvs__ring_keys_t *rk, kvs__handler_t *h, const kvs__peer_t 
                           "are not on the layout", (long long)peer->index,
                           (long long)(part->token_end - part->token_start));
     for (int i = 0; i < n; i++) {
+        if (span[i].len_bytes == 0) { /* a block of no bytes (a hybrid writer of its
+                                         state alone, before the last chunk): no key */
+            k->grant[i] = NULL;
+            k->rkey[i] = 0;
+            continue;
+        }
         rc = kvs__net_key_grant(h->fab, peer->conn, rk->mr,
                                 rk->ring_addr + offset + span[i].remote_off, span[i].len_bytes,
                                 &k->grant[i], &k->rkey[i]);

@@ -178,24 +178,51 @@ static void test_hybrid_state_writer(void **state)
     assert_int_equal(lay.state_src_heads, 2);
     assert_int_equal(lay.state_dst_heads, 8);
     assert_int_equal(lay.state_head_bytes, 68608);
+    /* decode 1's sources, prefill 4..7, all hold KV head 1: prefill 4
+     * writes it with its state (writer 0); 5, 6, 7 write their state alone
+     * (writers 1, 2, 3), after writer 0's block */
+    assert_int_equal(lay.tp_writers, 4);
     kvs_hybrid_writer_t w;
     kvs_chunk_t c = {.token_start = 0, .token_end = 8192};
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, 1, 0, 0, 8192, &c, &w), KVS_OK);
+    assert_int_equal(w.w.prefill_rank, 4);
+    assert_int_equal(w.w.heads.num_heads, 1);
+    assert_int_equal(w.full_slots, 12);
+    assert_int_equal(w.kv_bytes, 12 * 8192 * 512 * 2);
+    assert_int_equal(w.state_offset_bytes, w.kv_bytes);
+    assert_int_equal(w.state_bytes, 36 * 2 * 68608);
+    assert_int_equal(w.w.len_bytes, 105603072);
+    assert_int_equal(w.w.offset_bytes, 0);
     assert_int_equal(kvs_layout_hybrid_writer(&lay, 1, 0, 3, 8192, &c, &w), KVS_OK);
     assert_int_equal(w.w.prefill_rank, 7);
     /* prefill 7 holds state heads 14, 15 = decode 1's local 6, 7 */
     assert_int_equal(w.state_heads.src_start, 0);
     assert_int_equal(w.state_heads.num_heads, 2);
     assert_int_equal(w.state_heads.dst_start, 6);
-    assert_int_equal(w.full_slots, 12);
-    assert_int_equal(w.kv_bytes, 12 * 8192 * 512 * 2);
+    assert_int_equal(w.w.heads.num_heads, 0);
+    assert_int_equal(w.full_slots, 0);
+    assert_int_equal(w.kv_bytes, 0);
     assert_int_equal(w.state_layers, 36);
-    assert_int_equal(w.state_offset_bytes, w.kv_bytes);
+    assert_int_equal(w.state_offset_bytes, 0);
     assert_int_equal(w.state_bytes, 36 * 2 * 68608);
-    assert_int_equal(w.w.len_bytes, 105603072);
-    assert_int_equal(w.w.offset_bytes, 3 * 105603072);
-    /* a chunk that is not the last carries no state */
+    assert_int_equal(w.w.len_bytes, 36 * 2 * 68608);
+    assert_int_equal(w.w.offset_bytes, 105603072 + 2 * 36 * 2 * 68608);
+    /* its block has no KV slot, only its state slots */
+    kvs_hybrid_slot_t sl;
+    assert_int_equal(kvs_layout_hybrid_slot(&lay, &w, 0, 3, 0, &sl), KVS_ENOENT);
+    assert_int_equal(kvs_layout_hybrid_slot(&lay, &w, 0, 0, 0, &sl), KVS_OK);
+    assert_int_equal(sl.offset_bytes, 0);
+    /* the region: one KV head and 8 state heads, each once */
+    int64_t region = 0;
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, 1, 0, 3, 8192, &c, &w), KVS_OK);
+    region = w.w.offset_bytes + w.w.len_bytes;
+    assert_int_equal(region, 12 * 8192 * 512 * 2 + 36 * 8 * 68608);
+    assert_int_equal(kvs_layout_max_region_bytes(&lay), region);
+    /* a chunk that is not the last carries no state: writer 3 writes nothing */
     kvs_chunk_t first = {.token_start = 0, .token_end = 8192};
     assert_int_equal(kvs_layout_hybrid_writer(&lay, 1, 0, 3, 9000, &first, &w), KVS_OK);
+    assert_int_equal(w.w.len_bytes, 0);
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, 1, 0, 0, 9000, &first, &w), KVS_OK);
     assert_int_equal(w.state_bytes, 0);
     assert_int_equal(w.w.len_bytes, 12 * 8192 * 512 * 2);
     /* the state slots: 36 layers x the side's state heads */
@@ -204,7 +231,8 @@ static void test_hybrid_state_writer(void **state)
     assert_int_equal(bytes, 36 * 8 * 68608);
     assert_int_equal(kvs_layout_state_slot_bytes(&lay, KVS_ROLE_PREFILL, 0, &bytes), KVS_OK);
     assert_int_equal(bytes, 36 * 2 * 68608);
-    assert_int_equal(kvs_layout_max_region_bytes(&lay), 4 * 105603072);
+    /* the largest region: the KV head once, 8 state heads (4 x 105603072 before) */
+    assert_int_equal(kvs_layout_max_region_bytes(&lay), 105603072 + 3 * 36 * 2 * 68608);
 
     /* P2 -> D4: decode 3 holds state heads 12..15 = prefill 1's local 4..7 */
     p = qwen3_next(2, 4);

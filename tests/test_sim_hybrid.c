@@ -165,6 +165,25 @@ static void test_sim_hybrid_moves_less_than_full(void **state)
     assert_int_equal(w.bytes_verified * 8000, f.bytes_verified * (4000 + 4 * 104));
 }
 
+/* Fewer KV heads than prefill ranks, as Qwen3-Next (2 KV heads, state
+ * heads split over every rank): of a decode rank's four sources the first
+ * writes the KV head with its state, the other three their state alone,
+ * so every byte moved is one the decode holds, once. Before, each source
+ * sent its replica of the KV head too.
+ * With CP 2 too: the KV rows of both CP ranks, the state of the last. */
+static void test_sim_hybrid_replicated_kv_head_written_once(void **state)
+{
+    (void)state;
+    sim_scenario_config_t c = small_hybrid(8, 2, 2, KVS_LAYER_STATE);
+    c.shape.state_heads = 16;
+    sim_report_t r = sim_run_staged_in_both(&c, "state, H2 P8 -> D2, 16 state heads");
+    assert_true(r.bytes_verified > 0);
+    assert_int_equal(r.bytes_moved, r.bytes_verified);
+    c.shape.prefill_cp = 2;
+    r = sim_run_staged_in_both(&c, "state, H2 P8 CP2 -> D2, 16 state heads");
+    assert_int_equal(r.bytes_moved, r.bytes_verified);
+}
+
 /* ---- prefill context parallelism --------------------------------------------- */
 
 /* Hybrid layers with prefill CP (docs/kinds/hybrid.md): each CP rank
@@ -475,6 +494,7 @@ int main(void)
         cmocka_unit_test(test_sim_hybrid_stage_of_window_layers_alone),
         cmocka_unit_test(test_sim_hybrid_state_larger_than_a_chunk),
         cmocka_unit_test(test_sim_hybrid_moves_less_than_full),
+        cmocka_unit_test(test_sim_hybrid_replicated_kv_head_written_once),
         cmocka_unit_test(test_sim_hybrid_catches_state_to_next_head),
         cmocka_unit_test(test_sim_hybrid_catches_state_to_next_slot),
         cmocka_unit_test(test_sim_hybrid_catches_window_row_outside),
