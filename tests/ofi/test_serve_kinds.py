@@ -54,8 +54,11 @@ two page sizes, FP8 scale planes) between two processes over libfabric (ofi tcp 
   rep_*      fewer KV heads than prefill ranks: rep_p8d2 4 heads, P8 -> D2
              (pairs of prefill ranks hold a head; ranks 0, 2, 4, 6 write,
              the others report), rep_p4d2_pp 1 head, P4xPP2 -> D2 (one
-             writer a stage); the prefill writes exactly the bytes the
-             decode holds, each replicated head once
+             writer a stage), rep_hyb_state a hybrid model of 1 KV head
+             and 8 state heads, P4 -> D2 (prefill 0 and 2 write the KV head
+             and their state, 1 and 3 their state alone); the prefill
+             writes exactly the bytes the decode holds, each replicated head
+             once
   draft_*    a draft model's layers (docs/kinds/draft.md; the staging path):
              draft_p2d1 one draft layer of the model's shape, P2 -> D1;
              draft_hd_p1d2 two draft layers of head dim 16, P1 -> D2;
@@ -69,8 +72,8 @@ two page sizes, FP8 scale planes) between two processes over libfabric (ofi tcp 
 Each run: both processes exit 0, every room ok on both sides, the decode
 verified exactly the bytes its rooms hold (bytes_expected: every token,
 layer, plane and decode rank) with 0 corrupt, the prefill wrote those bytes
-and no more (but for hybrid models), and its ring is empty at the end. Ports PORT.. (default 14515; ranks take PORT + s*P + t, 20 ports a
-run), two runs at a time.
+and no more, and its ring is empty at the end. Ports PORT.. (default
+14515; ranks take PORT + s*P + t, 20 ports a run), two runs at a time.
 
 usage: test_serve_kinds.py PATH_TO_KVSTAGE [--port PORT] [--only NAME...]
 Exits 0 when every check passes.
@@ -144,6 +147,10 @@ RUNS = [
     ("rep_p4d2_pp", ["--kv-heads", "1", "--head-dim", "32", "--layers", "3", "--page-size",
                      "16", "--chunk-tokens", "64", "--prefill-tp", "4", "--decode-tp", "2",
                      "--prefill-pp", "2"], [], False),
+    ("rep_hyb_state", ["--kv-heads", "1", "--head-dim", "32", "--layers", "4", "--page-size",
+                       "16", "--chunk-tokens", "64", "--full-attn-every", "2", "--state-heads",
+                       "8", "--state-bytes", "96+416", "--prefill-tp", "4", "--decode-tp",
+                       "2"], [], False),
     # Hybrid models (docs/kinds/hybrid.md), on the staging path.
     ("hyb_window", HYB + ["--full-attn-every", "2", "--window", "48", "--prefill-tp", "2",
                           "--decode-tp", "1"], [], False),
@@ -256,10 +263,11 @@ def run(kvstage, work, name, port, shape, dflags, planted, say):
             bad.append("decode: %d ring bytes live at the end (leaked)" % dec["ring_live_bytes"])
         # Each byte the decode holds is written once: with replicated KV
         # heads (rep_*) only the first of the ranks holding a head writes
-        # it. A hybrid model's sources each write their state, and with it
-        # their replica of a KV head (docs/kinds/hybrid.md).
+        # it; a hybrid model's other ranks write their state alone. (No run
+        # here has fewer state heads than prefill ranks, whose replicas
+        # would each write: docs/kinds/hybrid.md.)
         wrote = out["prefill"]["payload_bytes"]
-        if "--full-attn-every" not in shape and wrote != dec["bytes_expected"]:
+        if wrote != dec["bytes_expected"]:
             bad.append("prefill wrote %d payload bytes for the %d the decode holds"
                        % (wrote, dec["bytes_expected"]))
     if not bad:
