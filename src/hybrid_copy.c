@@ -109,8 +109,16 @@ int kvs__hybrid_copy(kvs_device_t *dev, kvs_stream_t *stream, const kvs_manager_
                     .head_start = gather ? hs->src_start : hs->dst_start,
                     .num_heads = hs->num_heads,
                     .staging_addr = blocks[i].block_addr + (uint64_t)sl.offset_bytes};
-                if (!gather && np > 0 && parts[np - 1].head_start == part.head_start) {
-                    parts[np - 1] = part; /* a replica: the last one is scattered */
+                /* a replica of a part's heads: the last one is scattered (the
+                 * writers holding one head need not be next to each other:
+                 * a state replica of a writer of its state alone comes
+                 * after the writers of KV) */
+                int64_t same = -1;
+                for (int64_t j = 0; !gather && j < np && same < 0; j++)
+                    if (parts[j].head_start == part.head_start)
+                        same = j;
+                if (same >= 0) {
+                    parts[same] = part;
                     continue;
                 }
                 if (np == cap) {

@@ -182,6 +182,14 @@ static void test_sim_hybrid_replicated_kv_head_written_once(void **state)
     c.shape.prefill_cp = 2;
     r = sim_run_staged_in_both(&c, "state, H2 P8 CP2 -> D2, 16 state heads");
     assert_int_equal(r.bytes_moved, r.bytes_verified);
+    /* KV and state heads both replicated, H4 and 4 state heads over P8 ->
+     * D1: the KV writers are prefill 0, 2, 4, 6, the state-alone ones 1,
+     * 3, 5, 7, so the two replicas of a state head are not next to each
+     * other in writer order (the scatter once gave both to one copy:
+     * KVS_ERANGE, overlapping heads) */
+    c = small_hybrid(8, 1, 4, KVS_LAYER_STATE);
+    r = sim_run_staged_in_both(&c, "state, H4 P8 -> D1, 4 state heads");
+    assert_true(r.bytes_moved > r.bytes_verified); /* the state replicas each write */
 }
 
 /* ---- prefill context parallelism --------------------------------------------- */
