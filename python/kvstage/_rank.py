@@ -28,6 +28,7 @@ constructor leaves nothing behind.
 import collections
 import ctypes
 import enum
+import operator
 import threading
 import time
 
@@ -762,12 +763,16 @@ class Rank:
         if not self.state_slots and state_slot is not None:
             raise _errors.invalid("state_slot: room %d: this rank's layers have no state "
                                   "layers: drop state_slot" % room)
-        if state_slot is not None and (not isinstance(state_slot, int) or
-                                       isinstance(state_slot, bool) or
-                                       not 0 <= state_slot < self.state_slots):
-            raise _errors.invalid("state_slot: room %d: %r is outside the state buffers' "
-                                  "slots: give one in [0, state_slots %d)"
-                                  % (room, state_slot, self.state_slots))
+        if state_slot is not None:
+            try:  # an int, or a numpy / torch integer
+                slot = None if isinstance(state_slot, bool) else operator.index(state_slot)
+            except TypeError:
+                slot = None
+            if slot is None or not 0 <= slot < self.state_slots:
+                raise _errors.invalid("state_slot: room %d: %r is outside the state buffers' "
+                                      "slots: give an integer in [0, state_slots %d)"
+                                      % (room, state_slot, self.state_slots))
+            state_slot = slot
         arr = (ctypes.c_int64 * max(1, len(pages)))(*pages)
         desc = S.RoomDesc(room=room, peer=S.Peer(instance=_u64("peer", peer),
                                                  dp_rank=_i64("dp_rank", dp_rank)),

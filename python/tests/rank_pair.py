@@ -1,7 +1,7 @@
 """rank_pair.py - the two-process kvstage.Rank test (test_rank_rxe.py over
 verbs, test_rank_ofi.py over libfabric): one side per process, a prefill
-instance of TP 2 (two ranks in this process) or a decode instance of TP 1,
-each with torch CPU tensors as its KV pool, on the host device and the
+instance of TP 2 (two ranks in this process) or a decode instance of TP 1
+(other sizes by --prefill-tp, --decode-tp), each with torch CPU tensors as its KV pool, on the host device and the
 fabric the command line names; and run(), which starts both sides and
 checks what they report.
 
@@ -10,7 +10,7 @@ checks what they report.
     FABRIC: [--fabric verbs|ofi] [--provider NAME] [--address IP]
             [--deadline-s S] [--decode-page N] [--mla] [--scales [--shift-scales]]
             [--prefill-cp N [--cp-addrs-swapped]] [--draft-layers N [--draft-swapped]]
-            [--decode-tp N] [--window W | --state-heads H --state-bytes C+S
+            [--prefill-tp N] [--decode-tp N] [--window W | --state-heads H --state-bytes C+S
             [--state-slot-shifted]]
     (verbs by default; --address: every rank's bind_addr, default
     $KVS_VERBS_ADDR; --deadline-s: how long each wait may take, 240;
@@ -31,8 +31,9 @@ checks what they report.
     a draft model's N layers of head dim 8 (docs/kinds/draft.md), their own
     K and V tensors (MLA: K) over the same pages, draft_k_buffers and
     draft_v_buffers on both sides, every draft byte checked too);
-    --decode-tp N: the decode instance has N TP ranks (N ranks in its
-    process), each with its share of the heads, every one's pool checked;
+    --prefill-tp N, --decode-tp N: the prefill instance has N TP ranks (2
+    by default), the decode instance N (1 by default), each with its share
+    of the heads, every decode rank's pool checked;
     --window W: a hybrid model whose layers 0 and 2 are sliding-window
     layers of W tokens (full_attn_every 2, docs/kinds/hybrid.md): the
     prefill fills every row, and each window layer of the decode must hold
@@ -77,8 +78,10 @@ import kvstage  # noqa: E402
 HEADS, DIM, LAYERS, PAGE, POOL_TOKENS = 4, 16, 3, 16, 1024
 MAX_AUX = 300
 CHUNK = 64  # tokens per chunk: several chunks per room
-PREFILL_TP = 2
-DECODE = {"tp": 1}  # the decode instance's TP ranks (--decode-tp)
+# The TP ranks of the prefill instance (--prefill-tp) and of the decode
+# instance (--decode-tp).
+PREFILL = {"tp": 2}
+DECODE = {"tp": 1}
 # Context parallelism of the prefill instance (--prefill-cp), and the
 # decode's planted address mistake (--cp-addrs-swapped).
 CP = {"size": 1, "swap": False}
@@ -340,17 +343,17 @@ def write_json(path, obj):
 
 
 def prefill(folder, fabric, deadline_s):
-    local = max(1, KV["heads"] // PREFILL_TP)  # MLA: the one latent on each
+    local = max(1, KV["heads"] // PREFILL["tp"])  # MLA: the one latent on each
     ranks, pools, tps = [], [], []
-    # CP rank c, TP rank tp at c * PREFILL_TP + tp (add_instance's order)
+    # CP rank c, TP rank tp at c * PREFILL["tp"] + tp (add_instance's order)
     for c in range(CP["size"]):
-        for tp in range(PREFILL_TP):
+        for tp in range(PREFILL["tp"]):
             ks = [kv_tensor(local) if layer_kind(layer) != "state" else None
                   for layer in range(LAYERS)]
             vs = [torch.zeros_like(k) if k is not None else None for k in ks]
             ss = scale_tensors(local)
             dk, dv = draft_tensors(local)
-            st = state_tensors(max(1, HYB["state_heads"] // PREFILL_TP))
+            st = state_tensors(max(1, HYB["state_heads"] // PREFILL["tp"]))
             pools.append((ks, vs, ss, dk, dv, st))
             tps.append(tp)
             kw = rank_kv(ks, vs, HEADS, ss)
@@ -358,7 +361,7 @@ def prefill(folder, fabric, deadline_s):
             ranks.append(kvstage.Rank("prefill", page_size=PAGES["prefill"],
                                       peer_page_size=PAGES["decode"],
                                       **kw, **draft_kw(dk, dv),
-                                      tp_rank=tp, tp_size=PREFILL_TP,
+                                      tp_rank=tp, tp_size=PREFILL["tp"],
                                       context_parallel=CP["size"], cp_rank=c,
                                       peer_tp_size=DECODE["tp"], chunk_tokens=CHUNK,
                                       max_aux_bytes=MAX_AUX, ring_bytes=8 << 20, **fabric))
@@ -368,7 +371,7 @@ def prefill(folder, fabric, deadline_s):
     refused(lambda: ranks[0].open_room(98, [0], total_tokens=PAGES["prefill"],
                                        aux=b"x" * (MAX_AUX + 1)),
             "aux: 301 bytes but max_aux_bytes is 300")
-    ranks[0].start()  # one rank on the driver's thread, one in this loop
+    ranks[0].start()  # one rank on the driver's thread, one (if two) in this loop
     for room, (total, _) in sorted(ROOMS.items()):
         pages = pages_by_room(1, "prefill")[room]
         for tp, r, (ks, vs, ss, dk, dv, st) in zip(tps, ranks, pools):
@@ -386,7 +389,7 @@ def prefill(folder, fabric, deadline_s):
                                view.shape[-1])
             # The room's state after its last token, per state layer: of
             # this rank's state heads, in the room's slot.
-            sh = max(1, HYB["state_heads"] // PREFILL_TP)
+            sh = max(1, HYB["state_heads"] // PREFILL["tp"])
             for layer, buf in zip(state_layers(), st):
                 buf[state_slot(room, "prefill")] = state_values(
                     room, layer, list(range(tp * sh, (tp + 1) * sh)))
@@ -409,8 +412,11 @@ def prefill(folder, fabric, deadline_s):
     while any(len(d) < len(ROOMS) for d in done):
         if time.time() > end:
             sys.exit("rank_pair prefill: rooms not done in %d s: %s" % (deadline_s, done))
-        ranks[1].progress()
-        ranks[1].wait(0.01)
+        if len(ranks) > 1:
+            ranks[1].progress()
+            ranks[1].wait(0.01)
+        else:
+            time.sleep(0.01)
         for d, r in zip(done, ranks):
             for res in r.poll():
                 d[res.room] = res
@@ -545,9 +551,9 @@ def decode_rooms(sides, addrs, folder, dps, deadline_s):
         refused(lambda: rank.open_room(99, [1], total_tokens=dps, state_slot=SLOTS),
                 "state_slot: room 99: %d is outside the state buffers' slots" % SLOTS)
     if CP["swap"]:  # planted: CP 0 TP 1 and CP 1 TP 0 in each other's place
-        addrs[1], addrs[PREFILL_TP] = addrs[PREFILL_TP], addrs[1]
+        addrs[1], addrs[PREFILL["tp"]] = addrs[PREFILL["tp"]], addrs[1]
     for side in sides:
-        side["rank"].add_instance(0, addrs, tp_size=PREFILL_TP, cp_size=CP["size"])
+        side["rank"].add_instance(0, addrs, tp_size=PREFILL["tp"], cp_size=CP["size"])
         side["rank"].connect(0)
         side["rank"].start()
     order = sorted(ROOMS)
@@ -709,13 +715,14 @@ def main(argv):
     p.add_argument("--cp-addrs-swapped", action="store_true")
     p.add_argument("--draft-layers", type=int, default=0)
     p.add_argument("--draft-swapped", action="store_true")
+    p.add_argument("--prefill-tp", type=int, default=2)
     p.add_argument("--decode-tp", type=int, default=1)
     p.add_argument("--window", type=int, default=0)
     p.add_argument("--state-heads", type=int, default=0)
     p.add_argument("--state-bytes", default="0+0")
     p.add_argument("--state-slot-shifted", action="store_true")
     a = p.parse_args(argv)
-    DECODE["tp"] = a.decode_tp
+    PREFILL["tp"], DECODE["tp"] = a.prefill_tp, a.decode_tp
     if a.window or a.state_heads:
         if a.window and a.state_heads:
             p.error("--window and --state-heads: give one")

@@ -19,8 +19,9 @@ on this machine: no RDMA device, no VM.
   the prefill by 16 (peer_page_size), every byte checked; a bad
   peer_page_size refused by name; and with an MLA pool (kind="mla"): one
   latent per layer, written by prefill rank 0 alone.
-- Hybrid models (docs/kinds/hybrid.md): a window model P2 -> D1 and a
-  state model P2 -> D1 and P2 -> D2 (state_buffers, a state slot per room
+- Hybrid models (docs/kinds/hybrid.md): a window model P2 -> D1 (decode
+  pages of 16 and 64 tokens) and a
+  state model P2 -> D1, P2 -> D2 and P1 -> D2 (state_buffers, a state slot per room
   on each side), every window row and state byte checked by the decode; a
   decode that gives each room the next room's state slot fails the check;
   gpt-oss-20b and qwen3-next-80b-a3b by model=; state slots refused by
@@ -294,40 +295,47 @@ def test_rank_ofi_draft_swapped_is_caught(tmp_path):
     assert "decode exited 1" in str(e.value) and "draft layer 0" in str(e.value), e.value
 
 
-def _window_rows(window, decode_page=rank_pair.PAGE):
-    """Rows a decode of rank_pair's rooms holds in one window layer of
-    `window` tokens: from the window's first token floored to the lcm of
-    both page sizes (kvs_layout_layer_tokens) or its cached prefix,
-    whichever is later, to the room's end."""
+def _window_rows(window, rooms, decode_page):
+    """Rows a decode of these rooms ({room: (total, cached)}) holds in one
+    window layer of `window` tokens: from the window's first token floored
+    to the lcm of both page sizes (kvs_layout_layer_tokens) or its cached
+    prefix, whichever is later, to the room's end."""
     unit = math.lcm(rank_pair.PAGE, decode_page)
     return sum(total - max(base, max(0, total - window) // unit * unit)
-               for total, base in rank_pair.ROOMS.values())
+               for total, base in rooms.values())
 
 
-def test_rank_ofi_hybrid_window_prefill_tp2_to_decode_tp1(tmp_path):
+@pytest.mark.parametrize("decode_page, rows", [(16, 406), (64, 566)])
+def test_rank_ofi_hybrid_window_prefill_tp2_to_decode_tp1(tmp_path, decode_page, rows):
     """A window model (layers 0 and 2 sliding-window layers of 48 tokens,
     layer 1 full attention: full_attn_every=2, window_tokens=48) from a
-    prefill of TP 2 to a decode of TP 1: the prefill fills every row of
-    every layer, and the decode checks its whole pool: every row of the
-    full layer, and in each window layer the rows from the page-aligned
-    window on and none before it."""
+    prefill of TP 2 to a decode of TP 1, the decode paging by 16 or 64
+    tokens: the prefill fills every row of every layer, and the decode
+    checks its whole pool: every row of the full layer, and in each window
+    layer the rows from the window's start floored to both page sizes on,
+    and none before it."""
     need_ofi()
     dec, pre = rank_pair.run(tmp_path, ["--fabric", "ofi", "--provider", "tcp",
                                         "--address", "127.0.0.1", "--deadline-s", "40",
-                                        "--window", "48"], timeout_s=100)
+                                        "--window", "48", "--decode-page", str(decode_page)],
+                             timeout_s=100)
     assert dec["layer_kinds"] == ["window", "full", "window"], dec["layer_kinds"]
     # the window layers hold the window's rows alone: fewer than a full
-    # layer's (every room's every uncached token)
-    assert dec["window_rows"] == 2 * _window_rows(48) == 406, dec["window_rows"]
-    assert dec["window_rows"] < 2 * sum(t - b for t, b in rank_pair.ROOMS.values())
+    # layer's (every room's every uncached token); with 64-token pages
+    # room 13 caches 64 tokens of 160 (rank_pair.use_decode_page)
+    rooms = dict(rank_pair.ROOMS)
+    if decode_page == 64:
+        rooms[13] = (160, 64)
+    assert dec["window_rows"] == 2 * _window_rows(48, rooms, decode_page) == rows, dec
+    assert dec["window_rows"] < 2 * sum(t - b for t, b in rooms.values())
     check_metrics(dec, pre)
 
 
-@pytest.mark.parametrize("decode_tp", [1, 2])
-def test_rank_ofi_hybrid_state_prefill_tp2(tmp_path, decode_tp):
+@pytest.mark.parametrize("prefill_tp, decode_tp", [(2, 1), (2, 2), (1, 2)])
+def test_rank_ofi_hybrid_state(tmp_path, prefill_tp, decode_tp):
     """A state model (layers 0 and 2 state layers of 4 state heads of 96 +
     416 bytes, no K or V; layer 1 full attention) from a prefill of TP 2 to
-    a decode of TP 1 or 2: the prefill gives k_buffers and v_buffers for
+    a decode of TP 1 or 2, and of TP 1 to TP 2: the prefill gives k_buffers and v_buffers for
     its attention layer alone, the decode one per layer with None at the
     state layers; each side's state tensors have 8 slots, each room its
     own slot on each side (a different one). The decode checks every byte
@@ -337,6 +345,7 @@ def test_rank_ofi_hybrid_state_prefill_tp2(tmp_path, decode_tp):
     dec, pre = rank_pair.run(tmp_path, ["--fabric", "ofi", "--provider", "tcp",
                                         "--address", "127.0.0.1", "--deadline-s", "40",
                                         "--state-heads", "4", "--state-bytes", "96+416",
+                                        "--prefill-tp", str(prefill_tp),
                                         "--decode-tp", str(decode_tp)], timeout_s=100)
     assert dec["layer_kinds"] == ["state", "full", "state"], dec["layer_kinds"]
     assert dec["decode_tp"] == decode_tp
@@ -389,8 +398,10 @@ def test_rank_ofi_hybrid_models_and_state_slots():
                             "give the request's slot in the state buffers, in [0, "
                             "state_slots 2)"),
                            (dict(state_slot=2), "state_slot: room 1: 2 is outside the state "
-                            "buffers' slots: give one in [0, state_slots 2)"),
-                           (dict(state_slot=-1), "state_slot: room 1: -1 is outside")):
+                            "buffers' slots: give an integer in [0, state_slots 2)"),
+                           (dict(state_slot=-1), "state_slot: room 1: -1 is outside"),
+                           (dict(state_slot=1.0), "state_slot: room 1: 1.0 is outside the "
+                            "state buffers' slots: give an integer")):
             with pytest.raises(kvstage.KvstageError) as e:
                 r.open_room(1, [0], **kw)
             assert e.value.name == "KVS_EINVAL" and needle in e.value.message, e.value.message
