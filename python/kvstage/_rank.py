@@ -174,7 +174,10 @@ class Rank:
                     [local state heads][conv | ssm bytes] (any dtype, C-
                     contiguous, on the KV's device; local state heads:
                     state_heads / tp_size, or 1 when fewer than tp_size).
-                    A room names its slot: open_room(state_slot=)
+                    A room names its slot: open_room(state_slot=).
+                    Once made, layer_kinds lists the kind of each layer of
+                    the stage ("full", "window", "state") and state_slots
+                    the slots (0: no state layers)
     kind            "gqa" (K and V per layer, the default) or "mla" (one
                     latent per token and layer, the same on every TP rank;
                     one prefill rank writes it to each decode rank and the

@@ -1,9 +1,9 @@
 """rank_pair.py - the two-process kvstage.Rank test (test_rank_rxe.py over
 verbs, test_rank_ofi.py over libfabric): one side per process, a prefill
 instance of TP 2 (two ranks in this process) or a decode instance of TP 1
-(other sizes by --prefill-tp, --decode-tp), each with torch CPU tensors as its KV pool, on the host device and the
-fabric the command line names; and run(), which starts both sides and
-checks what they report.
+(other sizes by --prefill-tp, --decode-tp), each with torch CPU tensors
+as its KV pool, on the host device and the fabric the command line names;
+and run(), which starts both sides and checks what they report.
 
     rank_pair.py prefill DIR [FABRIC]   writes DIR/prefill.addrs, serves the rooms
     rank_pair.py decode DIR [FABRIC]    reads it, receives the rooms, checks bytes
