@@ -21,9 +21,18 @@ ks_buffers alone), one tensor per layer, C-contiguous, of exactly
 pool_tokens x heads x scale bytes of a head (e.g. [pool_tokens, heads] fp32
 for per-token, [pool_tokens, heads, head_dim / N] uint8 for per-block:N),
 token-major as the KV rows, on the KV's device.
+A hybrid model (docs/kinds/hybrid.md) whose stage has state layers holds
+K and V for its attention layers alone: each per-layer list (k_buffers,
+v_buffers, kv_caches, ks_buffers, vs_buffers) is given either for every
+layer of the stage, None at its state layers, or for its full and window
+layers alone, in layer order (select_attention); and state_buffers, one
+per state layer of the stage, [state_slots, local state heads, conv + ssm
+bytes] of any dtype, C-contiguous, on the KV's device (Pool.add_states).
 Nothing here touches a C object: a refusal raises KvstageError KVS_EINVAL
 naming the argument (e.g. "k_buffers[3]") and what to change.
 """
+
+import ctypes
 
 from . import _errors
 
@@ -90,6 +99,53 @@ def _kv_dtype(buf, want):
         raise _errors.invalid("%s: dtype %s but dtype=%r: give tensors of the model's "
                               "KV dtype or fix dtype=" % (buf.name, buf.dtype, want))
     return name
+
+
+def select_attention(values, name, kinds):
+    """The entries of the stage's attention (full and window) layers from a
+    per-layer list given either for every layer of the stage (kinds, one
+    per layer: "full", "window" or "state"), None at its state layers, or
+    for the attention layers alone, in layer order; a dict (kv_caches) by
+    its values in order. None stays None. KvstageError naming the argument
+    and both counts it takes otherwise."""
+    if values is None or kinds is None:
+        return values
+    keys = None
+    if isinstance(values, dict):
+        keys, items = list(values.keys()), list(values.values())
+    else:
+        items = list(values)
+    attn = [i for i, kind in enumerate(kinds) if kind != "state"]
+    state = len(kinds) - len(attn)
+    if len(items) == len(kinds) and len(attn) != len(kinds):
+        for i, kind in enumerate(kinds):
+            if (kind == "state") != (items[i] is None):
+                raise _errors.invalid(
+                    "%s[%d]: layer %d of this rank's stage is a %s layer: give %s there "
+                    "(%s), or give the %d attention layers' buffers alone"
+                    % (name, i, i, kind, "None" if kind == "state" else "its buffer",
+                       "a state layer keeps no K or V" if kind == "state"
+                       else "it keeps K and V", len(attn)))
+        picked = attn
+    elif len(items) == len(attn):
+        for i, item in enumerate(items):
+            if item is None:
+                raise _errors.invalid("%s[%d]: None, but the %d entries are the stage's "
+                                      "attention layers: give each one's buffer"
+                                      % (name, i, len(items)))
+        picked = list(range(len(items)))
+    elif not state:
+        raise _errors.invalid("%s: %d given, but this rank's stage has %d layers: give one "
+                              "per layer" % (name, len(items), len(kinds)))
+    else:
+        raise _errors.invalid(
+            "%s: %d given, but this rank's stage has %d layers, %d of them state layers: "
+            "give %d (one per layer, None at each state layer) or %d (its full and window "
+            "layers alone, in layer order)" % (name, len(items), len(kinds), state,
+                                               len(kinds), len(attn)))
+    if keys is not None:
+        return {keys[i]: items[i] for i in picked}
+    return [items[i] for i in picked]
 
 
 def _latents(k_buffers, v_buffers, kv_caches):
@@ -229,12 +285,9 @@ class Pool:
         self.pairs = pairs
         self.scale_pairs = self._scale_pairs(scales, planes)
         self.draft_pairs, self.draft_head_dim = self._draft_pairs(drafts, planes)
+        self.state_buffers = []
         # No two buffers may share memory: each layer's K and V are its own.
-        spans = sorted((b.ptr, b.ptr + b.nbytes, b.name) for b in self.all_buffers())
-        for (s0, e0, n0), (s1, _, n1) in zip(spans, spans[1:]):
-            if s1 < e0:
-                raise _errors.invalid("%s and %s share memory: each layer's K and V need "
-                                      "their own" % (n0, n1))
+        self._no_overlap()
 
     def _scale_pairs(self, scales, planes):
         """[(ks Buffer, vs Buffer or None)] per layer from scales =
@@ -331,10 +384,58 @@ class Pool:
             out.append(col)
         return [(k, out[1][i] if planes == 2 else None) for i, k in enumerate(out[0])], dhd
 
+    def add_states(self, state_buffers, count, slots, slot_bytes, what):
+        """The state buffers of a stage with `count` state layers (none:
+        count 0): one each, of exactly `slots` x `slot_bytes` bytes (what:
+        how those bytes are made, for the message); checked as the KV
+        buffers are, and against them for shared memory."""
+        self.state_buffers = []
+        if count == 0:
+            if state_buffers is not None:
+                raise _errors.invalid("state_buffers: given, but this rank's layers have no "
+                                      "state layers: drop state_buffers, or give the model's "
+                                      "pattern (model= a state model such as "
+                                      "qwen3-next-80b-a3b, or full_attn_every=, state_heads= "
+                                      "and state_bytes=)")
+            return
+        if state_buffers is None:
+            raise _errors.invalid("state_buffers: this rank's stage has %d state layers: "
+                                  "give one buffer per state layer, in layer order, of "
+                                  "state_slots x %s" % (count, what))
+        bufs = list(state_buffers)
+        if len(bufs) != count:
+            raise _errors.invalid("state_buffers: %d given, but this rank's stage has %d "
+                                  "state layers: one buffer per state layer, in layer order"
+                                  % (len(bufs), count))
+        want = slots * slot_bytes
+        for i, t in enumerate(bufs):
+            b = Buffer(t, "state_buffers[%d]" % i)
+            if not b.contiguous:
+                raise _errors.invalid("%s: not contiguous: give the state tensor itself, not "
+                                      "a strided view" % b.name)
+            if b.device != self.device:
+                raise _errors.invalid("%s: on %s but the KV pool is on %s: a rank's state "
+                                      "lives with its KV" % (b.name, b.where(),
+                                                             self.buffers[0].where()))
+            if b.ptr == 0 or b.nbytes != want:
+                raise _errors.invalid("%s: %d bytes, want %d: state_slots %d x %s"
+                                      % (b.name, b.nbytes, want, slots, what))
+            self.state_buffers.append(b)
+        self._no_overlap()
+
+    def _no_overlap(self):
+        spans = sorted((b.ptr, b.ptr + b.nbytes, b.name) for b in self.all_buffers())
+        for (s0, e0, n0), (s1, _, n1) in zip(spans, spans[1:]):
+            if s1 < e0:
+                raise _errors.invalid("%s and %s share memory: each layer's K and V need "
+                                      "their own" % (n0, n1))
+
     def all_buffers(self):
-        """The KV buffers, then the scale buffers, then the draft's."""
+        """The KV buffers, then the scale buffers, then the draft's, then
+        the state buffers."""
         return self.buffers + [b for pair in self.scale_pairs for b in pair if b is not None] \
-            + [b for pair in self.draft_pairs for b in pair if b is not None]
+            + [b for pair in self.draft_pairs for b in pair if b is not None] \
+            + self.state_buffers
 
     def ranges(self):
         """The memory to attach, as (address, bytes), adjacent buffers merged."""
@@ -346,14 +447,24 @@ class Pool:
                 out.append([start, end])
         return [(s, e - s) for s, e in out]
 
-    def fill_layers(self, arr):
-        """kvs_kv_layer_t per layer into the ctypes array arr."""
+    def fill_layers(self, arr, kinds=None):
+        """kvs_kv_layer_t per layer of the stage into the ctypes array arr:
+        the pool's layers in order at the stage's attention layers (kinds,
+        as select_attention; None: every layer is one). A state layer's
+        descriptor repeats the first attention layer's: the core reads no
+        K or V of a state layer (kvs_kv_buffers_t) but checks every
+        descriptor as a KV buffer's."""
         row = self.heads * self.head_dim * self.elem_bytes
-        for i, (k, v) in enumerate(self.pairs):
+        at = [i for i, kind in enumerate(kinds or ["full"] * self.layers) if kind != "state"]
+        for i, (k, v) in zip(at, self.pairs):
             arr[i].k_addr, arr[i].v_addr = k.ptr, v.ptr if v is not None else 0
             arr[i].tokens = self.tokens
             arr[i].token_stride_bytes = row
             arr[i].head_stride_bytes = self.head_dim * self.elem_bytes
             arr[i].elem_stride_bytes = self.elem_bytes
-        for i, (ks, vs) in enumerate(self.scale_pairs):
+        for i, (ks, vs) in zip(at, self.scale_pairs):
             arr[i].ks_addr, arr[i].vs_addr = ks.ptr, vs.ptr if vs is not None else 0
+        for i, kind in enumerate(kinds or []):
+            if kind == "state":
+                ctypes.memmove(ctypes.byref(arr[i]), ctypes.byref(arr[at[0]]),
+                               ctypes.sizeof(arr[i]))

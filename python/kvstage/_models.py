@@ -87,6 +87,31 @@ def find(name):
     return _as_dict(m.contents)
 
 
+_PATTERN = ("full_attn_every", "window_tokens", "state_heads", "state_bytes")
+
+
+def fill_pattern(m, out):
+    """A hybrid model's layer pattern (docs/kinds/hybrid.md) from the model
+    dict m into the dict out, unless the caller gave one of its own (any
+    of full_attn_every, window_tokens, state_heads, state_bytes)."""
+    if m["full_attn_every"] > 1 and all(out.get(k) is None for k in _PATTERN):
+        for key in _PATTERN:
+            out[key] = m[key]
+        if m["other_layers"] == "window":
+            out["state_heads"] = out["state_bytes"] = None
+        else:
+            out["window_tokens"] = None
+    return out
+
+
+def layer_kinds(every, other, first, count):
+    """The kinds of layers [first, first + count) of a pattern, as
+    kvs_layout_layer_kind gives them: "full" when every <= 1 or (l + 1) %
+    every == 0, else other ("window" or "state")."""
+    return ["full" if every <= 1 or (layer + 1) % every == 0 else other
+            for layer in range(first, first + count)]
+
+
 def shape(model, fields):
     """fields (a dict of the caller's keyword arguments) with the model's
     total_heads, head_dim, layers and dtype filled where the caller gave
@@ -98,16 +123,7 @@ def shape(model, fields):
     for key in ("total_heads", "head_dim", "layers", "dtype", "kind"):
         if out.get(key) is None:
             out[key] = m[key]
-    # a hybrid model's layer pattern (docs/kinds/hybrid.md), unless the
-    # caller gave one of its own
-    if m["full_attn_every"] > 1 and all(out.get(k) is None for k in (
-            "full_attn_every", "window_tokens", "state_heads", "state_bytes")):
-        for key in ("full_attn_every", "window_tokens", "state_heads", "state_bytes"):
-            out[key] = m[key]
-        if m["other_layers"] == "window":
-            out["state_heads"] = out["state_bytes"] = None
-        else:
-            out["window_tokens"] = None
+    fill_pattern(m, out)
     return m["name"], out
 
 
@@ -138,17 +154,3 @@ def hybrid_params(params, fields):
     elif sbytes is not None:
         raise _errors.invalid("state_bytes without state_heads: give state_heads too")
 
-
-def refuse_hybrid(model, who):
-    """KvstageError (KVS_EINVAL) when `model` names a hybrid model (window
-    or state layers, docs/kinds/hybrid.md): `who` does not move them yet,
-    and running it as full attention would move the wrong bytes."""
-    if model is None:
-        return
-    m = find(model)
-    if m["full_attn_every"] > 1:
-        raise _errors.invalid(
-            "model '%s' has %s layers (full attention every %d-th layer): %s do not move "
-            "window or state layers yet; kvstage.plan(model=%r, ...) lays them out "
-            "(docs/kinds/hybrid.md)" % (m["name"], m["other_layers"], m["full_attn_every"],
-                                        who, m["name"]))

@@ -28,6 +28,7 @@ constructor leaves nothing behind.
 import collections
 import ctypes
 import enum
+import operator
 import threading
 import time
 
@@ -153,6 +154,30 @@ class Rank:
                     pool_tokens x heads x a head's scale bytes, token-major;
                     the scales of a row move with it. Both sides give the
                     same kv_scales
+    full_attn_every, window_tokens, state_heads, state_bytes
+                    a hybrid model's layer pattern (docs/kinds/hybrid.md;
+                    model= a hybrid built-in model, gpt-oss-20b or
+                    qwen3-next-80b-a3b, gives it): layer l is full attention
+                    when (l + 1) % full_attn_every == 0, every other layer a
+                    sliding-window layer of window_tokens tokens, or a state
+                    layer of state_heads heads (split over TP as KV heads)
+                    of state_bytes (conv, ssm) bytes each (one number: ssm).
+                    Both sides give the same pattern. A window layer keeps K
+                    and V as a full one (only the window's pages move); a
+                    state layer keeps none: with state layers k_buffers and
+                    v_buffers (kv_caches, ks_buffers, vs_buffers) are given
+                    for every layer of the stage, None at each state layer,
+                    or for its full and window layers alone, in layer order
+    state_buffers, state_slots
+                    with state layers: one tensor per state layer of this
+                    rank's stage, in layer order, each state_slots slots of
+                    [local state heads][conv | ssm bytes] (any dtype, C-
+                    contiguous, on the KV's device; local state heads:
+                    state_heads / tp_size, or 1 when fewer than tp_size).
+                    A room names its slot: open_room(state_slot=).
+                    Once made, layer_kinds lists the kind of each layer of
+                    the stage ("full", "window", "state") and state_slots
+                    the slots (0: no state layers)
     kind            "gqa" (K and V per layer, the default) or "mla" (one
                     latent per token and layer, the same on every TP rank;
                     one prefill rank writes it to each decode rank and the
@@ -216,7 +241,8 @@ class Rank:
                  near_pci=None, bind_addr=None, listen_port=0, copy_threads=0,
                  secret_file=None, secret_env=None, discovery=None, discovery_wait_s=10.0,
                  kv_scales=None, ks_buffers=None, vs_buffers=None, draft_k_buffers=None,
-                 draft_v_buffers=None):
+                 draft_v_buffers=None, full_attn_every=None, window_tokens=None,
+                 state_heads=None, state_bytes=None, state_buffers=None, state_slots=None):
         self._rank = self._drv = self._dev_obj = self._fab = None
         self._attached = []
         self._discovery = self._published = None
@@ -228,8 +254,8 @@ class Rank:
         lib = _library.load()
         hw = _library.load_backend("hw")
         _fabric.check(hw, fabric, provider, rdma_device, near_pci, listen_port)
-        if model is not None and lib.kvs_model_find(str(model).encode()):
-            _models.refuse_hybrid(str(model), "kvstage.Rank's ranks")
+        pattern = dict(full_attn_every=full_attn_every, window_tokens=window_tokens,
+                       state_heads=state_heads, state_bytes=state_bytes)
         if model is not None:
             m = lib.kvs_model_find(str(model).encode())
             if not m:
@@ -241,9 +267,14 @@ class Rank:
             head_dim = m.head_dim if head_dim is None else head_dim
             model_layers = m.layers if model_layers is None else model_layers
             kind = m.kind if kind is None else kind
+            _models.fill_pattern(_models.find(str(model)), pattern)
         kv_kind = _models.kind_value(kind)
         _i64("tp_size", tp_size, 1)
         _i64("tp_rank", tp_rank)
+        cfg = S.RankConfig()
+        kinds = self._layer_kinds(lib, cfg.manager, pattern, model_layers, layers,
+                                  k_buffers if kv_caches is None else kv_caches,
+                                  _i64("pp_rank", pp_rank), _i64("pp_size", pp_size, 1))
         heads = None
         if kv_kind == 1:  # MLA: one latent "head" on every rank
             total_heads = 1 if total_heads is None else total_heads
@@ -251,11 +282,43 @@ class Rank:
         elif total_heads is not None and total_heads >= tp_size:
             heads = total_heads // tp_size
         scales, block = _models.scales_value(kv_scales)
-        pool = _buffers.Pool(k_buffers, v_buffers, kv_caches, page_size, dtype=dtype,
-                             head_dim=head_dim, heads=heads, layers=layers,
+        def pick(values, name):  # a state model's per-layer lists: attention layers'
+            return _buffers.select_attention(values, name, kinds)
+        pool = _buffers.Pool(pick(k_buffers, "k_buffers"), pick(v_buffers, "v_buffers"),
+                             pick(kv_caches, "kv_caches"), page_size, dtype=dtype,
+                             head_dim=head_dim, heads=heads,
+                             layers=layers if kinds is None else None,
                              planes=1 if kv_kind == 1 else 2,
-                             scales=(scales, block, ks_buffers, vs_buffers),
+                             scales=(scales, block, pick(ks_buffers, "ks_buffers"),
+                                     pick(vs_buffers, "vs_buffers")),
                              drafts=(draft_k_buffers, draft_v_buffers))
+        mc = cfg.manager
+        n_state = (kinds or []).count("state")
+        if n_state:
+            ssh = mc.state_heads // tp_size if mc.state_heads >= tp_size else 1
+            head_bytes = mc.state_conv_bytes + mc.state_ssm_bytes
+            what = "%d state heads x (%d conv + %d ssm) bytes" % (
+                ssh, mc.state_conv_bytes, mc.state_ssm_bytes)
+            if state_buffers is None:
+                pool.add_states(None, n_state, 0, 0, what)  # refused, naming it
+            if state_slots is None:
+                raise _errors.invalid("state_slots: this rank's stage has %d state layers: "
+                                      "give the slots of each state buffer (a request's "
+                                      "state goes to the slot open_room(state_slot=) names)"
+                                      % n_state)
+            slots = _i64("state_slots", state_slots, 1)
+            pool.add_states(state_buffers, n_state, slots, ssh * head_bytes, what)
+            sb = (ctypes.c_uint64 * len(kinds))()
+            it = iter(pool.state_buffers)
+            for i, kind in enumerate(kinds):
+                sb[i] = next(it).ptr if kind == "state" else 0
+            cfg.state_base, cfg.state_slots = sb, slots
+        else:
+            if state_slots is not None:
+                raise _errors.invalid("state_slots: given, but this rank's layers have no "
+                                      "state layers: drop it (with state_buffers)")
+            pool.add_states(state_buffers, 0, 0, 0, "")
+            slots = 0
         _fabric.check_memory(fabric, pool)
         if total_heads is None:
             total_heads = pool.heads * tp_size
@@ -267,15 +330,13 @@ class Rank:
             raise _errors.invalid("max_aux_bytes: %d is over the %d bytes a room can carry"
                                   % (aux, S.AUX_BYTES_MAX))
 
-        cfg = S.RankConfig()
-        mc = cfg.manager
         mc.role = _ROLES[role]
         mc.staging = bool(staging)
         mc.total_heads = _i64("total_heads", total_heads, 1)
         mc.kv_kind = kv_kind
         mc.head_dim = pool.head_dim
         mc.dtype = code.value
-        mc.layers = pool.layers
+        mc.layers = pool.layers if kinds is None else len(kinds)
         mc.page_size = page_size
         mc.peer_page_size = _i64("peer_page_size", peer_page_size)
         mc.tp_rank, mc.tp_size = tp_rank, tp_size
@@ -315,8 +376,8 @@ class Rank:
                 dv = (ctypes.c_uint64 * len(pool.draft_pairs))(
                     *[v.ptr for _, v in pool.draft_pairs])
                 cfg.draft_v_base = dv
-        layer_arr = (S.KvLayer * pool.layers)()
-        pool.fill_layers(layer_arr)
+        layer_arr = (S.KvLayer * mc.layers)()
+        pool.fill_layers(layer_arr, kinds)
         cfg.layers = layer_arr
         cfg.local_heads = pool.heads
 
@@ -329,7 +390,11 @@ class Rank:
         self.context_parallel, self._cp_rank = context_parallel, cp_rank
         self.peer_page_size = peer_page_size or page_size
         self.num_pages = pool.num_pages
-        self.layers = pool.layers
+        self.layers = mc.layers
+        # the stage's layer kinds ("full", "window", "state"), and the
+        # slots of its state buffers (0: no state layers)
+        self.layer_kinds = list(kinds or ["full"] * mc.layers)
+        self.state_slots = slots
         self.local_heads = pool.heads
         self.head_dim = pool.head_dim
         self.dtype = pool.dtype
@@ -372,6 +437,46 @@ class Rank:
             raise
 
     # ---- construction and teardown ------------------------------------------
+
+    @staticmethod
+    def _layer_kinds(lib, mc, pattern, model_layers, layers, given, pp_rank, pp_size):
+        """Puts a hybrid model's layer pattern in the manager config mc and
+        returns the kinds of this rank's stage's layers ("full", "window",
+        "state"; docs/kinds/hybrid.md), or None for a model of full
+        attention only. The stage is model_layers' share (kvs_pp_stage_
+        layers); without model_layers, one of pp_size equal stages of as
+        many layers as `layers` or the buffers given (`given`), which with
+        state layers cannot say how many there are."""
+        _models.hybrid_params(mc, pattern)
+        if mc.full_attn_every <= 1:
+            return None
+        other = ("full", "window", "state")[mc.other_layers]
+        if model_layers:
+            first, count = ctypes.c_int64(), ctypes.c_int64()
+            rc = lib.kvs_pp_stage_layers(_i64("model_layers", model_layers, 1), pp_size,
+                                         pp_rank, ctypes.byref(first), ctypes.byref(count))
+            if rc != 0:
+                raise _errors.invalid("pp_rank: %d: give a stage in [0, pp_size %d)"
+                                      % (pp_rank, pp_size))
+            first, count = first.value, count.value
+        elif other == "state":
+            raise _errors.invalid("model_layers: a model with state layers needs its layer "
+                                  "count to tell which of this rank's layers keep K and V: "
+                                  "give model= or model_layers=")
+        else:
+            count = layers if layers is not None else len(list(given or []))
+            first = pp_rank * count
+        if layers is not None and layers != count:
+            raise _errors.invalid("layers=%d but this rank's stage of model_layers %d over "
+                                  "pp_size %d has %d layers" % (layers, model_layers,
+                                                                pp_size, count))
+        kinds = _models.layer_kinds(mc.full_attn_every, other, first, count)
+        if "state" in kinds and kinds.count("state") == len(kinds):
+            raise _errors.invalid("pp_rank: stage %d (layers %d..%d) holds state layers "
+                                  "alone: kvstage.Rank needs a full or window layer's K and "
+                                  "V on each rank (the pool's pages)"
+                                  % (pp_rank, first, first + count - 1))
+        return kinds
 
     def _make_device(self, pool, copy_threads):
         err = S.Error()
@@ -624,14 +729,17 @@ class Rank:
         return int(self._lib.kvs_rank_peers_ready(self._rank))
 
     def open_room(self, room, pages, *, peer=0, dp_rank=0, total_tokens=None,
-                  base_tokens=0, aux=None):
+                  base_tokens=0, aux=None, state_slot=None):
         """Opens request `room` paired with instance `peer`. pages: the KV
         pool pages of the request (decode: of its uncached suffix, after
         base_tokens; prefill: all of it), as ints, a numpy array or a
         tensor. total_tokens defaults to the pages' tokens (plus
         base_tokens). Prefill: aux, the request's aux payload, may be given
-        here or later with set_aux. A room whose peer rank is lost raises
-        KVS_EPEER and its failed result also comes through poll()."""
+        here or later with set_aux. state_slot: with state layers, the
+        request's slot in the state buffers, [0, state_slots) (a prefill
+        gathers its state from there, a decode scatters it there); given
+        by each side for its own buffers. A room whose peer rank is lost
+        raises KVS_EPEER and its failed result also comes through poll()."""
         self._live("open_room")
         _u64("room", room)
         pages = _ints("pages", pages)
@@ -651,13 +759,31 @@ class Rank:
             raise _errors.invalid("aux: %d bytes but max_aux_bytes is %d: raise "
                                   "max_aux_bytes on both sides" % (len(blob),
                                                                    self.max_aux_bytes))
+        if self.state_slots and state_slot is None:
+            raise _errors.invalid("state_slot: room %d: this rank's stage has state layers: "
+                                  "give the request's slot in the state buffers, in [0, "
+                                  "state_slots %d)" % (room, self.state_slots))
+        if not self.state_slots and state_slot is not None:
+            raise _errors.invalid("state_slot: room %d: this rank's layers have no state "
+                                  "layers: drop state_slot" % room)
+        if state_slot is not None:
+            try:  # an int, or a numpy / torch integer
+                slot = None if isinstance(state_slot, bool) else operator.index(state_slot)
+            except TypeError:
+                slot = None
+            if slot is None or not 0 <= slot < self.state_slots:
+                raise _errors.invalid("state_slot: room %d: %r is outside the state buffers' "
+                                      "slots: give an integer in [0, state_slots %d)"
+                                      % (room, state_slot, self.state_slots))
+            state_slot = slot
         arr = (ctypes.c_int64 * max(1, len(pages)))(*pages)
         desc = S.RoomDesc(room=room, peer=S.Peer(instance=_u64("peer", peer),
                                                  dp_rank=_i64("dp_rank", dp_rank)),
                           base_tokens=base, total_tokens=total, pages=arr,
                           num_pages=len(pages), aux=ctypes.cast(ctypes.c_char_p(blob),
                                                                 ctypes.c_void_p) if blob
-                          else None, aux_bytes=len(blob))
+                          else None, aux_bytes=len(blob),
+                          state_slot=state_slot if state_slot is not None else 0)
         if self._discovery is not None and self.role == "decode":
             self._discover((peer, dp_rank))
         with self._lock:

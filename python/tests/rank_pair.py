@@ -1,15 +1,17 @@
 """rank_pair.py - the two-process kvstage.Rank test (test_rank_rxe.py over
 verbs, test_rank_ofi.py over libfabric): one side per process, a prefill
-instance of TP 2 (two ranks in this process) or a decode instance of TP 1,
-each with torch CPU tensors as its KV pool, on the host device and the
-fabric the command line names; and run(), which starts both sides and
-checks what they report.
+instance of TP 2 (two ranks in this process) or a decode instance of TP 1
+(other sizes by --prefill-tp, --decode-tp), each with torch CPU tensors
+as its KV pool, on the host device and the fabric the command line names;
+and run(), which starts both sides and checks what they report.
 
     rank_pair.py prefill DIR [FABRIC]   writes DIR/prefill.addrs, serves the rooms
     rank_pair.py decode DIR [FABRIC]    reads it, receives the rooms, checks bytes
     FABRIC: [--fabric verbs|ofi] [--provider NAME] [--address IP]
             [--deadline-s S] [--decode-page N] [--mla] [--scales [--shift-scales]]
             [--prefill-cp N [--cp-addrs-swapped]] [--draft-layers N [--draft-swapped]]
+            [--prefill-tp N] [--decode-tp N] [--window W | --state-heads H --state-bytes C+S
+            [--state-slot-shifted]]
     (verbs by default; --address: every rank's bind_addr, default
     $KVS_VERBS_ADDR; --deadline-s: how long each wait may take, 240;
     --decode-page: the decode's page size, 16 like the prefill's by
@@ -28,7 +30,22 @@ checks what they report.
     place, which the registration must refuse by name; --draft-layers N:
     a draft model's N layers of head dim 8 (docs/kinds/draft.md), their own
     K and V tensors (MLA: K) over the same pages, draft_k_buffers and
-    draft_v_buffers on both sides, every draft byte checked too)
+    draft_v_buffers on both sides, every draft byte checked too);
+    --prefill-tp N, --decode-tp N: the prefill instance has N TP ranks (2
+    by default), the decode instance N (1 by default), each with its share
+    of the heads, every decode rank's pool checked;
+    --window W: a hybrid model whose layers 0 and 2 are sliding-window
+    layers of W tokens (full_attn_every 2, docs/kinds/hybrid.md): the
+    prefill fills every row, and each window layer of the decode must hold
+    the rows from the page-aligned window on and nothing before it;
+    --state-heads H --state-bytes C+S: layers 0 and 2 are state layers of
+    H state heads of C + S bytes, with no K or V (the prefill gives
+    k_buffers for its attention layer alone, the decode one per layer,
+    None at the state layers), a state tensor per state layer and a slot
+    per room on each side (a different one on each), every state byte of
+    the decode checked; --state-slot-shifted, to the decode: a planted
+    mistake, each room opened with the next room's state slot, which the
+    check must catch)
 
 Every value the prefill puts in its pool is a function of (room, token,
 layer, K or V, global head, dim); the decode builds the pool it must end
@@ -61,7 +78,10 @@ import kvstage  # noqa: E402
 HEADS, DIM, LAYERS, PAGE, POOL_TOKENS = 4, 16, 3, 16, 1024
 MAX_AUX = 300
 CHUNK = 64  # tokens per chunk: several chunks per room
-PREFILL_TP, DECODE_TP = 2, 1
+# The TP ranks of the prefill instance (--prefill-tp) and of the decode
+# instance (--decode-tp).
+PREFILL = {"tp": 2}
+DECODE = {"tp": 1}
 # Context parallelism of the prefill instance (--prefill-cp), and the
 # decode's planted address mistake (--cp-addrs-swapped).
 CP = {"size": 1, "swap": False}
@@ -71,11 +91,79 @@ DRAFT = {"layers": 0, "dim": 8, "swap": False}
 PAGES = {"prefill": PAGE, "decode": PAGE}
 # What a layer holds (--mla: one latent, kvstage's head 0, no V).
 KV = {"mla": False, "heads": HEADS}
+# A hybrid model's pattern (--window, --state-heads): every 2nd layer full
+# attention, the others window layers of "window" tokens or state layers of
+# "state_heads" heads of conv + ssm bytes; a state tensor of SLOTS slots
+# per state layer; the decode's planted slot mistake (--state-slot-shifted).
+HYB = {"every": 0, "window": 0, "state_heads": 0, "conv": 0, "ssm": 0, "shift": False}
+SLOTS = 8
 # FP8 scale planes (--scales): per-token, 4 bytes a head and token, and
 # the KV pool in bytes (fp8), 2 * DIM of them a head (viewed as DIM int16).
 SCALES = {"on": False, "bytes": 4, "shift": False}
 # room: (total tokens, decode's cached prefix)
 ROOMS = {11: (40, 0), 12: (130, 0), 13: (96, 32), 14: (16, 0), 15: (257, 0)}
+
+
+def layer_kind(layer):
+    """"full", "window" or "state": the kind of a layer of the pattern."""
+    if HYB["every"] <= 1 or (layer + 1) % HYB["every"] == 0:
+        return "full"
+    return "window" if HYB["window"] else "state"
+
+
+def state_layers():
+    return [layer for layer in range(LAYERS) if layer_kind(layer) == "state"]
+
+
+def state_slot(room, side):
+    """The room's slot in one side's state tensors: its place among the
+    rooms, offset by 3 on the decode, so that a slot is no room id and the
+    two sides' slots differ."""
+    i = sorted(ROOMS).index(room)
+    return (i + (3 if side == "decode" else 0)) % SLOTS
+
+
+def state_values(room, layer, heads):
+    """uint8 [len(heads), conv + ssm] of a room's state for one layer."""
+    h = torch.tensor(heads, dtype=torch.int64).view(-1, 1)
+    b = torch.arange(HYB["conv"] + HYB["ssm"], dtype=torch.int64).view(1, -1)
+    return ((room * 131 + layer * 31 + h * 17 + b * 7 + 1) % 251).to(torch.uint8)
+
+
+def state_tensors(heads):
+    """One zeroed state tensor per state layer, [SLOTS, heads, conv + ssm]."""
+    return [torch.zeros(SLOTS, heads, HYB["conv"] + HYB["ssm"], dtype=torch.uint8)
+            for _ in state_layers()]
+
+
+def hybrid_kw(ks, vs, states, every_layer):
+    """The Rank keywords of a hybrid pool: the pattern, and with state
+    layers the K and V lists either one per layer, None at a state layer
+    (every_layer), or for the attention layers alone, the state tensors and
+    their slots. {} without a pattern."""
+    if not HYB["every"]:
+        return {}
+    out = dict(full_attn_every=HYB["every"], model_layers=LAYERS)
+    if HYB["window"]:
+        out["window_tokens"] = HYB["window"]
+        return out
+    out.update(state_heads=HYB["state_heads"], state_bytes=(HYB["conv"], HYB["ssm"]),
+               state_buffers=states, state_slots=SLOTS)
+    if not every_layer:
+        out.update(k_buffers=[k for k in ks if k is not None],
+                   v_buffers=[v for v in vs if v is not None])
+    return out
+
+
+def rows_from(room, layer, side_base):
+    """The first token of a layer whose rows a decode holding tokens from
+    side_base on receives: a window layer's page-aligned window (the lcm
+    of both page sizes, kvs_layout_layer_tokens), else side_base."""
+    total = ROOMS[room][0]
+    if layer_kind(layer) != "window":
+        return side_base
+    unit = math.lcm(PAGES["prefill"], PAGES["decode"])
+    return max(side_base, max(0, total - HYB["window"]) // unit * unit)
 
 
 def use_decode_page(size):
@@ -255,23 +343,27 @@ def write_json(path, obj):
 
 
 def prefill(folder, fabric, deadline_s):
-    local = max(1, KV["heads"] // PREFILL_TP)  # MLA: the one latent on each
+    local = max(1, KV["heads"] // PREFILL["tp"])  # MLA: the one latent on each
     ranks, pools, tps = [], [], []
-    # CP rank c, TP rank tp at c * PREFILL_TP + tp (add_instance's order)
+    # CP rank c, TP rank tp at c * PREFILL["tp"] + tp (add_instance's order)
     for c in range(CP["size"]):
-        for tp in range(PREFILL_TP):
-            ks = [kv_tensor(local) for _ in range(LAYERS)]
-            vs = [torch.zeros_like(k) for k in ks]
+        for tp in range(PREFILL["tp"]):
+            ks = [kv_tensor(local) if layer_kind(layer) != "state" else None
+                  for layer in range(LAYERS)]
+            vs = [torch.zeros_like(k) if k is not None else None for k in ks]
             ss = scale_tensors(local)
             dk, dv = draft_tensors(local)
-            pools.append((ks, vs, ss, dk, dv))
+            st = state_tensors(max(1, HYB["state_heads"] // PREFILL["tp"]))
+            pools.append((ks, vs, ss, dk, dv, st))
             tps.append(tp)
+            kw = rank_kv(ks, vs, HEADS, ss)
+            kw.update(hybrid_kw(ks, vs, st, every_layer=False))
             ranks.append(kvstage.Rank("prefill", page_size=PAGES["prefill"],
                                       peer_page_size=PAGES["decode"],
-                                      **rank_kv(ks, vs, HEADS, ss), **draft_kw(dk, dv),
-                                      tp_rank=tp, tp_size=PREFILL_TP,
+                                      **kw, **draft_kw(dk, dv),
+                                      tp_rank=tp, tp_size=PREFILL["tp"],
                                       context_parallel=CP["size"], cp_rank=c,
-                                      peer_tp_size=DECODE_TP, chunk_tokens=CHUNK,
+                                      peer_tp_size=DECODE["tp"], chunk_tokens=CHUNK,
                                       max_aux_bytes=MAX_AUX, ring_bytes=8 << 20, **fabric))
     with open(os.path.join(folder, "prefill.addrs.tmp"), "w") as f:
         f.write("\n".join(r.address for r in ranks))
@@ -279,25 +371,34 @@ def prefill(folder, fabric, deadline_s):
     refused(lambda: ranks[0].open_room(98, [0], total_tokens=PAGES["prefill"],
                                        aux=b"x" * (MAX_AUX + 1)),
             "aux: 301 bytes but max_aux_bytes is 300")
-    ranks[0].start()  # one rank on the driver's thread, one in this loop
+    ranks[0].start()  # one rank on the driver's thread, one (if two) in this loop
     for room, (total, _) in sorted(ROOMS.items()):
         pages = pages_by_room(1, "prefill")[room]
-        for tp, r, (ks, vs, ss, dk, dv) in zip(tps, ranks, pools):
+        for tp, r, (ks, vs, ss, dk, dv, st) in zip(tps, ranks, pools):
             heads = [0] if KV["mla"] else list(range(tp * local, (tp + 1) * local))
             # A CP rank holds the rows of its range only, where the room's
             # page list (the request's, by token) puts them.
             start, end = r.cp_range(total)
             for layer in range(LAYERS):
+                if ks[layer] is None:
+                    continue  # a state layer: no K or V
                 for kv, buf in planes(ks[layer], vs[layer]) + scale_planes(ss, layer):
                     view = buf.view(torch.int16)
                     view[slots(pages, total, "prefill")[start:end]] = \
                         values(room, list(range(start, end)), layer, kv, heads,
                                view.shape[-1])
+            # The room's state after its last token, per state layer: of
+            # this rank's state heads, in the room's slot.
+            sh = max(1, HYB["state_heads"] // PREFILL["tp"])
+            for layer, buf in zip(state_layers(), st):
+                buf[state_slot(room, "prefill")] = state_values(
+                    room, layer, list(range(tp * sh, (tp + 1) * sh)))
             for layer, kv, buf in draft_planes(dk, dv):
                 view = buf.view(torch.int16)
                 view[slots(pages, total, "prefill")[start:end]] = \
                     values(room, list(range(start, end)), layer, kv, heads, view.shape[-1])
-            r.open_room(room, pages, total_tokens=total)
+            r.open_room(room, pages, total_tokens=total,
+                        **({"state_slot": state_slot(room, "prefill")} if st else {}))
             unit = math.lcm(PAGES["prefill"], PAGES["decode"])  # whole pages of both
             half = (total // 2) // unit * unit
             if half > 0:
@@ -311,8 +412,11 @@ def prefill(folder, fabric, deadline_s):
     while any(len(d) < len(ROOMS) for d in done):
         if time.time() > end:
             sys.exit("rank_pair prefill: rooms not done in %d s: %s" % (deadline_s, done))
-        ranks[1].progress()
-        ranks[1].wait(0.01)
+        if len(ranks) > 1:
+            ranks[1].progress()
+            ranks[1].wait(0.01)
+        else:
+            time.sleep(0.01)
         for d, r in zip(done, ranks):
             for res in r.poll():
                 d[res.room] = res
@@ -332,103 +436,185 @@ def prefill(folder, fabric, deadline_s):
                 "metrics": metrics})
 
 
+def decode_side(d, fabric):
+    """Decode TP rank d: its pool, its Rank and the pool it must end with."""
+    local = max(1, KV["heads"] // DECODE["tp"])
+    heads = [0] if KV["mla"] else list(range(d * local, (d + 1) * local))
+    ks = [kv_tensor(local) if layer_kind(layer) != "state" else None for layer in range(LAYERS)]
+    vs = [torch.zeros_like(k) if k is not None else None for k in ks]
+    ss = scale_tensors(local)
+    dk, dv = draft_tensors(local)
+    st = state_tensors(max(1, HYB["state_heads"] // DECODE["tp"]))
+    kw = rank_kv(ks, vs, HEADS, ss)
+    kw.update(hybrid_kw(ks, vs, st, every_layer=True))
+    rank = kvstage.Rank("decode", page_size=PAGES["decode"], peer_page_size=PAGES["prefill"],
+                        **kw, **draft_kw(dk, dv, DRAFT["swap"]),
+                        tp_rank=d, tp_size=DECODE["tp"], chunk_tokens=CHUNK,
+                        max_aux_bytes=MAX_AUX, ring_bytes=8 << 20, **fabric)
+    zeros = lambda xs: [torch.zeros_like(x) if x is not None else None for x in xs]  # noqa
+    return dict(rank=rank, d=d, heads=heads, ks=ks, vs=vs, ss=ss, dk=dk, dv=dv, st=st,
+                want_k=zeros(ks), want_v=zeros(vs), want_s=zeros(ss), want_dk=zeros(dk),
+                want_dv=zeros(dv), want_st=zeros(st))
+
+
+def expect(side, room, pages):
+    """Fills the pool a decode rank must end with for one room: its rows of
+    every layer it receives (a window layer's from its window on), its
+    draft rows and its state heads' state in the room's slot."""
+    total, base = ROOMS[room]
+    at = slots(pages, total - base, "decode")
+    for layer, kv, buf in draft_planes(side["want_dk"], side["want_dv"]):
+        view = buf.view(torch.int16)
+        view[at] = values(room, list(range(base, total)), layer, kv, side["heads"],
+                          view.shape[-1])
+    for layer in range(LAYERS):
+        if side["want_k"][layer] is None:
+            continue
+        first = rows_from(room, layer, base)
+        for kv, buf in planes(side["want_k"][layer], side["want_v"][layer]) + \
+                scale_planes(side["want_s"], layer):
+            view = buf.view(torch.int16)
+            view[at[first - base:]] = values(room, list(range(first, total)), layer, kv,
+                                             side["heads"], view.shape[-1])
+    sh = max(1, HYB["state_heads"] // DECODE["tp"])
+    d = side["d"]
+    for layer, buf in zip(state_layers(), side["want_st"]):
+        buf[state_slot(room, "decode")] = state_values(room, layer,
+                                                       list(range(d * sh, (d + 1) * sh)))
+
+
+def check(side):
+    """Exits naming the first difference between a decode rank's pool and
+    the one it must hold."""
+    name = "decode rank %d" % side["d"]
+    for layer in range(LAYERS):
+        if side["ks"][layer] is None:
+            continue
+        for plane, got, want in (("K", side["ks"][layer], side["want_k"][layer]),
+                                 ("V", side["vs"][layer], side["want_v"][layer]))[
+                                     :len(planes(0, 0))]:
+            if not torch.equal(got.view(torch.int16), want.view(torch.int16)):
+                diff = (got.view(torch.int16) != want.view(torch.int16)).nonzero()
+                slot = int(diff[0][0])
+                sys.exit("rank_pair %s: %s layer %d (%s) differs at %d places, first [slot, "
+                         "head, dim] %s; that slot holds %s, want %s"
+                         % (name, plane, layer, layer_kind(layer), len(diff), diff[0].tolist(),
+                            whose(got.view(torch.int16)[slot], layer, plane == "V"),
+                            whose(want.view(torch.int16)[slot], layer, plane == "V")))
+        # The scales of every row (--scales), K's then V's.
+        for (kv, got), (_, want) in zip(scale_planes(side["ss"], layer),
+                                        scale_planes(side["want_s"], layer)):
+            if not torch.equal(got, want):
+                diff = (got != want).nonzero()
+                sys.exit("rank_pair %s: %s scales of layer %d differ at %d bytes, first "
+                         "[slot, head, byte] %s" % (name, "KV"[kv - 2], layer, len(diff),
+                                                    diff[0].tolist()))
+    # The draft's layers (--draft-layers), every byte.
+    for (layer, kv, got), (_, _, want) in zip(draft_planes(side["dk"], side["dv"]),
+                                              draft_planes(side["want_dk"], side["want_dv"])):
+        if not torch.equal(got.view(torch.int16), want.view(torch.int16)):
+            diff = (got.view(torch.int16) != want.view(torch.int16)).nonzero()
+            sys.exit("rank_pair %s: draft layer %d %s differs at %d places, first "
+                     "[slot, head, dim] %s" % (name, layer - LAYERS, "KV"[kv], len(diff),
+                                               diff[0].tolist()))
+    # The state layers (--state-heads), every byte of every slot.
+    for layer, got, want in zip(state_layers(), side["st"], side["want_st"]):
+        if not torch.equal(got, want):
+            diff = (got != want).nonzero()
+            sys.exit("rank_pair %s: state layer %d differs at %d of %d bytes, first [slot, "
+                     "state head, byte] %s" % (name, layer, len(diff), want.numel(),
+                                               diff[0].tolist()))
+
+
 def decode(folder, fabric, deadline_s):
     addrs = wait_file(os.path.join(folder, "prefill.addrs"), deadline_s).split("\n")
-    ks, vs, ss = pool()
-    dk, dv = draft_tensors(KV["heads"])
     dps = PAGES["decode"]
-    with kvstage.Rank("decode", page_size=dps, peer_page_size=PAGES["prefill"],
-                      **rank_kv(ks, vs, HEADS, ss), **draft_kw(dk, dv, DRAFT["swap"]),
-                      tp_rank=0, tp_size=DECODE_TP,
-                      chunk_tokens=CHUNK,
-                      max_aux_bytes=MAX_AUX, ring_bytes=8 << 20, **fabric) as rank:
-        n = pool_pages("decode")
-        refused(lambda: rank.open_room(99, [1, n], total_tokens=2 * dps),
-                "pages[1] = %d is outside the KV pool's %d pages" % (n, n))
-        refused(lambda: rank.state(99), "KVS_ENOENT")  # nothing was opened
-        if CP["swap"]:  # planted: CP 0 TP 1 and CP 1 TP 0 in each other's place
-            addrs[1], addrs[PREFILL_TP] = addrs[PREFILL_TP], addrs[1]
-        rank.add_instance(0, addrs, tp_size=PREFILL_TP, cp_size=CP["size"])
-        rank.connect(0)
-        rank.start()
-        want_k = [torch.zeros_like(k) for k in ks]
-        want_v = [torch.zeros_like(v) for v in vs]
-        want_s = [torch.zeros_like(x) for x in ss]
-        want_dk, want_dv = [torch.zeros_like(x) for x in dk], [torch.zeros_like(x) for x in dv]
-        all_heads = list(range(KV["heads"]))
-        for room, (total, base) in sorted(ROOMS.items()):
-            pages = pages_by_room(2, "decode")[room]
-            rank.open_room(room, pages, total_tokens=total, base_tokens=base)
-            seen = rank.state(room)
+    sides = []
+    try:
+        for d in range(DECODE["tp"]):
+            sides.append(decode_side(d, fabric))
+        decode_rooms(sides, addrs, folder, dps, deadline_s)
+    finally:
+        for side in sides:
+            side["rank"].close()
+
+
+def decode_rooms(sides, addrs, folder, dps, deadline_s):
+    rank = sides[0]["rank"]
+    n = pool_pages("decode")
+    refused(lambda: rank.open_room(99, [1, n], total_tokens=2 * dps),
+            "pages[1] = %d is outside the KV pool's %d pages" % (n, n))
+    refused(lambda: rank.state(99), "KVS_ENOENT")  # nothing was opened
+    if HYB["state_heads"]:
+        refused(lambda: rank.open_room(99, [1], total_tokens=dps),
+                "state_slot: room 99: this rank's stage has state layers")
+        refused(lambda: rank.open_room(99, [1], total_tokens=dps, state_slot=SLOTS),
+                "state_slot: room 99: %d is outside the state buffers' slots" % SLOTS)
+    if CP["swap"]:  # planted: CP 0 TP 1 and CP 1 TP 0 in each other's place
+        addrs[1], addrs[PREFILL["tp"]] = addrs[PREFILL["tp"]], addrs[1]
+    for side in sides:
+        side["rank"].add_instance(0, addrs, tp_size=PREFILL["tp"], cp_size=CP["size"])
+        side["rank"].connect(0)
+        side["rank"].start()
+    order = sorted(ROOMS)
+    for room in order:
+        total, base = ROOMS[room]
+        pages = pages_by_room(2, "decode")[room]
+        # --state-slot-shifted: the next room's slot, where the check
+        # expects the room's own
+        given = order[(order.index(room) + 1) % len(order)] if HYB["shift"] else room
+        for side in sides:
+            r = side["rank"]
+            r.open_room(room, pages, total_tokens=total, base_tokens=base,
+                        **({"state_slot": state_slot(given, "decode")} if side["st"] else {}))
+            seen = r.state(room)
             if seen not in (kvstage.RoomState.BOOTSTRAPPING, kvstage.RoomState.WAITING,
                             kvstage.RoomState.TRANSFERRING, kvstage.RoomState.SUCCESS):
                 sys.exit("rank_pair decode: room %d opened in state %r" % (room, seen))
-            for layer, kv, buf in draft_planes(want_dk, want_dv):
-                view = buf.view(torch.int16)
-                view[slots(pages, total - base, "decode")] = \
-                    values(room, list(range(base, total)), layer, kv, all_heads, view.shape[-1])
-            for layer in range(LAYERS):
-                for kv, buf in planes(want_k[layer], want_v[layer]) + \
-                        scale_planes(want_s, layer):
-                    view = buf.view(torch.int16)
-                    view[slots(pages, total - base, "decode")] = \
-                        values(room, list(range(base, total)), layer, kv, all_heads,
-                               view.shape[-1])
-        results = {}
-        end = time.time() + deadline_s
-        while len(results) < len(ROOMS):
-            if time.time() > end:
-                sys.exit("rank_pair decode: rooms not done in %d s: have %s, states %s"
-                         % (deadline_s, sorted(results),
-                            {r: rank.state(r) for r in ROOMS if r not in results}))
-            for res in rank.poll():
-                results[res.room] = res
-            time.sleep(0.02)
-        for room, res in sorted(results.items()):
-            if not res.ok:
-                sys.exit("rank_pair decode: room %d failed: %s" % (room, res))
-            if res.aux != aux_of(room):
+            expect(side, room, pages)
+    results = [{} for _ in sides]
+    end = time.time() + deadline_s
+    while any(len(res) < len(ROOMS) for res in results):
+        if time.time() > end:
+            sys.exit("rank_pair decode: rooms not done in %d s: have %s, states %s"
+                     % (deadline_s, [sorted(res) for res in results],
+                        [{r: side["rank"].state(r) for r in ROOMS if r not in res}
+                         for side, res in zip(sides, results)]))
+        for side, res in zip(sides, results):
+            for x in side["rank"].poll():
+                res[x.room] = x
+        time.sleep(0.02)
+    for side, res in zip(sides, results):
+        for room, x in sorted(res.items()):
+            if not x.ok:
+                sys.exit("rank_pair decode: room %d failed: %s" % (room, x))
+            if x.aux != aux_of(room):
                 sys.exit("rank_pair decode: room %d aux differs: %d bytes, want %d"
-                         % (room, len(res.aux), len(aux_of(room))))
-        rank.stop()
-        for layer in range(LAYERS):
-            for name, got, want in (("K", ks[layer], want_k[layer]),
-                                    ("V", vs[layer], want_v[layer]))[:len(planes(0, 0))]:
-                if not torch.equal(got.view(torch.int16), want.view(torch.int16)):
-                    diff = (got.view(torch.int16) != want.view(torch.int16)).nonzero()
-                    slot = int(diff[0][0])
-                    sys.exit("rank_pair decode: %s layer %d differs at %d places, first "
-                             "[slot, head, dim] %s; that slot holds %s, want %s"
-                             % (name, layer, len(diff), diff[0].tolist(),
-                                whose(got.view(torch.int16)[slot], layer, name == "V"),
-                                whose(want.view(torch.int16)[slot], layer, name == "V")))
-            # The scales of every row (--scales), K's then V's.
-            for (kv, got), (_, want) in zip(scale_planes(ss, layer), scale_planes(want_s, layer)):
-                if not torch.equal(got, want):
-                    diff = (got != want).nonzero()
-                    sys.exit("rank_pair decode: %s scales of layer %d differ at %d bytes, "
-                             "first [slot, head, byte] %s"
-                             % ("KV"[kv - 2], layer, len(diff), diff[0].tolist()))
-        # The draft's layers (--draft-layers), every byte.
-        for (layer, kv, got), (_, _, want) in zip(draft_planes(dk, dv),
-                                                  draft_planes(want_dk, want_dv)):
-            if not torch.equal(got.view(torch.int16), want.view(torch.int16)):
-                diff = (got.view(torch.int16) != want.view(torch.int16)).nonzero()
-                sys.exit("rank_pair decode: draft layer %d %s differs at %d places, first "
-                         "[slot, head, dim] %s" % (layer - LAYERS, "KV"[kv], len(diff),
-                                                   diff[0].tolist()))
-        stats = rank.stats()
-        write_json(os.path.join(folder, "decode.json"),
-                   {"provider": rank.provider, "metrics": rank.metrics(),
-                    "page_size": rank.page_size, "kind": rank.kind,
-                    "peers": sorted({r.peer for r in results.values()}),
-                    "rooms": len(results), "bytes": sum(r.bytes for r in results.values()),
-                    "aux_bytes": sum(len(r.aux) for r in results.values()),
-                    "checked_bytes": sum(k.numel() * k.element_size() * len(planes(0, 0))
-                                         for k in ks) + sum(x.numel() for x in ss),
-                    "kv_scales": rank.kv_scales,
-                    "draft_bytes": sum(t.numel() * t.element_size() for t in dk + dv),
-                    "rooms_ok": stats["rooms_ok"], "copies": stats["copies"]})
+                         % (room, len(x.aux), len(aux_of(room))))
+        side["rank"].stop()
+    for side in sides:
+        check(side)
+    stats = [side["rank"].stats() for side in sides]
+    every = [t for side in sides for key in ("ks", "vs", "ss", "dk", "dv", "st")
+             for t in side[key] if t is not None]
+    write_json(os.path.join(folder, "decode.json"),
+               {"provider": rank.provider, "metrics": rank.metrics(),
+                "page_size": rank.page_size, "kind": rank.kind,
+                "layer_kinds": rank.layer_kinds, "decode_tp": len(sides),
+                "peers": sorted({x.peer for x in results[0].values()}),
+                "rooms": min(len(res) for res in results),
+                "bytes": sum(x.bytes for res in results for x in res.values()),
+                "aux_bytes": sum(len(x.aux) for x in results[0].values()),
+                "checked_bytes": sum(t.numel() * t.element_size() for t in every),
+                "kv_scales": rank.kv_scales,
+                "draft_bytes": sum(t.numel() * t.element_size()
+                                   for side in sides for t in side["dk"] + side["dv"]),
+                "state_bytes": sum(t.numel() for side in sides for t in side["st"]),
+                "window_rows": sum(int(t.view(torch.int16).flatten(1).any(1).sum())
+                                   for side in sides for layer, t in enumerate(side["ks"])
+                                   if layer_kind(layer) == "window"),
+                "rooms_ok": min(s["rooms_ok"] for s in stats),
+                "copies": sum(s["copies"] for s in stats)})
 
 
 def threads_of(pid):
@@ -529,7 +715,20 @@ def main(argv):
     p.add_argument("--cp-addrs-swapped", action="store_true")
     p.add_argument("--draft-layers", type=int, default=0)
     p.add_argument("--draft-swapped", action="store_true")
+    p.add_argument("--prefill-tp", type=int, default=2)
+    p.add_argument("--decode-tp", type=int, default=1)
+    p.add_argument("--window", type=int, default=0)
+    p.add_argument("--state-heads", type=int, default=0)
+    p.add_argument("--state-bytes", default="0+0")
+    p.add_argument("--state-slot-shifted", action="store_true")
     a = p.parse_args(argv)
+    PREFILL["tp"], DECODE["tp"] = a.prefill_tp, a.decode_tp
+    if a.window or a.state_heads:
+        if a.window and a.state_heads:
+            p.error("--window and --state-heads: give one")
+        HYB["every"], HYB["window"], HYB["state_heads"] = 2, a.window, a.state_heads
+        HYB["conv"], HYB["ssm"] = (int(x) for x in a.state_bytes.split("+"))
+        HYB["shift"] = a.state_slot_shifted and a.role == "decode"
     CP["size"], CP["swap"] = a.prefill_cp, a.cp_addrs_swapped
     DRAFT["layers"], DRAFT["swap"] = a.draft_layers, a.draft_swapped
     use_decode_page(a.decode_page)

@@ -179,7 +179,49 @@ def test_mla_pool_is_one_latent_per_layer():
             assert e.name == "KVS_EBACKEND" and "RDMA device" in e.message, e
 
 
-def test_hybrid_model_refused_by_name():
-    # a Rank does not move window or state layers yet (docs/kinds/hybrid.md)
+def test_hybrid_buffers_refused_by_name():
+    """A hybrid model's buffers (docs/kinds/hybrid.md) that do not fit its
+    layer pattern are refused before anything is made, naming the argument
+    and what to change; the good forms get to the fabric. The pattern:
+    every 2nd layer full attention, layers 0 and 2 state layers of 4 state
+    heads of 8 + 24 bytes, 2 slots: 256 bytes a state buffer."""
     ks, vs = pool()
-    refused("window or state layers", model="gpt-oss-120b", k_buffers=ks, v_buffers=vs)
+    st = [torch.zeros(2, HEADS, 32, dtype=torch.uint8) for _ in range(2)]
+    hyb = dict(full_attn_every=2, state_heads=HEADS, state_bytes=(8, 24), model_layers=LAYERS)
+    attn = dict(k_buffers=[ks[1]], v_buffers=[vs[1]])
+    every = dict(k_buffers=[None, ks[1], None], v_buffers=[None, vs[1], None])
+    cases = [
+        (dict(attn, state_slots=2), "state_buffers: this rank's stage has 2 state layers: "
+         "give one buffer per state layer"),
+        (dict(attn, state_buffers=st), "state_slots: this rank's stage has 2 state layers"),
+        (dict(attn, state_buffers=st[:1], state_slots=2),
+         "state_buffers: 1 given, but this rank's stage has 2 state layers"),
+        (dict(attn, state_buffers=[torch.zeros(2, HEADS, 31, dtype=torch.uint8)] * 2,
+              state_slots=2), "state_buffers[0]: 248 bytes, want 256: state_slots 2 x 4 "
+         "state heads x (8 conv + 24 ssm) bytes"),
+        (dict(k_buffers=ks[:2], v_buffers=vs[:2], state_buffers=st, state_slots=2),
+         "k_buffers: 2 given, but this rank's stage has 3 layers, 2 of them state layers: "
+         "give 3 (one per layer, None at each state layer) or 1 (its full and window layers "
+         "alone, in layer order)"),
+        (dict(k_buffers=ks, v_buffers=[None, vs[1], None], state_buffers=st, state_slots=2),
+         "k_buffers[0]: layer 0 of this rank's stage is a state layer: give None there"),
+        (dict(k_buffers=[None] * 3, v_buffers=every["v_buffers"], state_buffers=st,
+              state_slots=2), "k_buffers[1]: layer 1 of this rank's stage is a full layer: "
+         "give its buffer there"),
+    ]
+    for kw, needle in cases:
+        refused(needle, **hyb, **kw)
+    refused("model_layers: a model with state layers needs its layer count",
+            **dict(hyb, model_layers=None), **attn, state_buffers=st, state_slots=2)
+    refused("window_tokens and state_heads: give one", **hyb, window_tokens=16, **attn)
+    refused("k_buffers: 2 given, but this rank's stage has 3 layers: give one per layer",
+            full_attn_every=2, window_tokens=16, model_layers=LAYERS, k_buffers=ks[:2],
+            v_buffers=vs[:2])
+    refused("state_buffers: given, but this rank's layers have no state layers",
+            k_buffers=ks, v_buffers=vs, state_buffers=st)
+    refused("state_slots: given, but this rank's layers have no state layers",
+            k_buffers=ks, v_buffers=vs, state_slots=2)
+    # both forms of the K and V lists, and a window model's, get past them
+    gets_past_buffers(**hyb, **attn, state_buffers=st, state_slots=2)
+    gets_past_buffers(**hyb, **every, state_buffers=st, state_slots=2)
+    gets_past_buffers(full_attn_every=2, window_tokens=16, k_buffers=ks, v_buffers=vs)

@@ -19,6 +19,13 @@ on this machine: no RDMA device, no VM.
   the prefill by 16 (peer_page_size), every byte checked; a bad
   peer_page_size refused by name; and with an MLA pool (kind="mla"): one
   latent per layer, written by prefill rank 0 alone.
+- Hybrid models (docs/kinds/hybrid.md): a window model P2 -> D1 (decode
+  pages of 16 and 64 tokens) and a
+  state model P2 -> D1, P2 -> D2 and P1 -> D2 (state_buffers, a state slot per room
+  on each side), every window row and state byte checked by the decode; a
+  decode that gives each room the next room's state slot fails the check;
+  gpt-oss-20b and qwen3-next-80b-a3b by model=; state slots refused by
+  name.
 - The pair with prefill context parallelism (two CP ranks of TP 2, each
   filling only its range, Rank.cp_range; add_instance(cp_size=2)), every
   byte checked; addresses given out of CP order are refused.
@@ -26,6 +33,8 @@ on this machine: no RDMA device, no VM.
 Runs in ctest's python_binding (under the ASan preload in a sanitized
 build; the pair's processes inherit it). Where the build has no ofi
 fabric, the tests that need it skip, saying so."""
+
+import math
 
 import pytest
 
@@ -284,6 +293,123 @@ def test_rank_ofi_draft_swapped_is_caught(tmp_path):
                                  "127.0.0.1", "--deadline-s", "40", "--draft-layers", "1",
                                  "--draft-swapped"], timeout_s=100)
     assert "decode exited 1" in str(e.value) and "draft layer 0" in str(e.value), e.value
+
+
+def _window_rows(window, rooms, decode_page):
+    """Rows a decode of these rooms ({room: (total, cached)}) holds in one
+    window layer of `window` tokens: from the window's first token floored
+    to the lcm of both page sizes (kvs_layout_layer_tokens) or its cached
+    prefix, whichever is later, to the room's end."""
+    unit = math.lcm(rank_pair.PAGE, decode_page)
+    return sum(total - max(base, max(0, total - window) // unit * unit)
+               for total, base in rooms.values())
+
+
+@pytest.mark.parametrize("decode_page, rows", [(16, 406), (64, 566)])
+def test_rank_ofi_hybrid_window_prefill_tp2_to_decode_tp1(tmp_path, decode_page, rows):
+    """A window model (layers 0 and 2 sliding-window layers of 48 tokens,
+    layer 1 full attention: full_attn_every=2, window_tokens=48) from a
+    prefill of TP 2 to a decode of TP 1, the decode paging by 16 or 64
+    tokens: the prefill fills every row of every layer, and the decode
+    checks its whole pool: every row of the full layer, and in each window
+    layer the rows from the window's start floored to both page sizes on,
+    and none before it."""
+    need_ofi()
+    dec, pre = rank_pair.run(tmp_path, ["--fabric", "ofi", "--provider", "tcp",
+                                        "--address", "127.0.0.1", "--deadline-s", "40",
+                                        "--window", "48", "--decode-page", str(decode_page)],
+                             timeout_s=100)
+    assert dec["layer_kinds"] == ["window", "full", "window"], dec["layer_kinds"]
+    # the window layers hold the window's rows alone: fewer than a full
+    # layer's (every room's every uncached token); with 64-token pages
+    # room 13 caches 64 tokens of 160 (rank_pair.use_decode_page)
+    rooms = dict(rank_pair.ROOMS)
+    if decode_page == 64:
+        rooms[13] = (160, 64)
+    assert dec["window_rows"] == 2 * _window_rows(48, rooms, decode_page) == rows, dec
+    assert dec["window_rows"] < 2 * sum(t - b for t, b in rooms.values())
+    check_metrics(dec, pre)
+
+
+@pytest.mark.parametrize("prefill_tp, decode_tp", [(2, 1), (2, 2), (1, 2)])
+def test_rank_ofi_hybrid_state(tmp_path, prefill_tp, decode_tp):
+    """A state model (layers 0 and 2 state layers of 4 state heads of 96 +
+    416 bytes, no K or V; layer 1 full attention) from a prefill of TP 2 to
+    a decode of TP 1 or 2, and of TP 1 to TP 2: the prefill gives k_buffers and v_buffers for
+    its attention layer alone, the decode one per layer with None at the
+    state layers; each side's state tensors have 8 slots, each room its
+    own slot on each side (a different one). The decode checks every byte
+    of every state tensor (the room's slot holds its state heads' state,
+    the other slots zeros) and of its pool."""
+    need_ofi()
+    dec, pre = rank_pair.run(tmp_path, ["--fabric", "ofi", "--provider", "tcp",
+                                        "--address", "127.0.0.1", "--deadline-s", "40",
+                                        "--state-heads", "4", "--state-bytes", "96+416",
+                                        "--prefill-tp", str(prefill_tp),
+                                        "--decode-tp", str(decode_tp)], timeout_s=100)
+    assert dec["layer_kinds"] == ["state", "full", "state"], dec["layer_kinds"]
+    assert dec["decode_tp"] == decode_tp
+    # 2 state layers x 8 slots x 4 state heads (over the decode's ranks) x 512
+    assert dec["state_bytes"] == 2 * 8 * 4 * 512, dec
+    assert dec["rooms"] == dec["rooms_ok"] == len(rank_pair.ROOMS)
+
+
+def test_rank_ofi_hybrid_state_wrong_slot_is_caught(tmp_path):
+    """The planted mistake: the decode opens each room with the next room's
+    state slot. The rooms move, the states land in the wrong slots, and the
+    decode's check fails on a state layer."""
+    need_ofi()
+    with pytest.raises(AssertionError) as e:
+        rank_pair.run(tmp_path, ["--fabric", "ofi", "--provider", "tcp", "--address",
+                                 "127.0.0.1", "--deadline-s", "40", "--state-heads", "4",
+                                 "--state-bytes", "96+416", "--state-slot-shifted"],
+                      timeout_s=100)
+    assert "decode exited 1" in str(e.value) and "state layer 0 differs" in str(e.value), \
+        e.value
+
+
+def test_rank_ofi_hybrid_models_and_state_slots():
+    """model= a hybrid built-in model fills its layer pattern: gpt-oss-20b's
+    24 layers alternate window and full layers (layer 0 a window layer, K
+    and V for each); qwen3-next-80b-a3b's 48 layers are 36 state layers and
+    12 full ones, whose K and V are given for those 12 alone, with 36 state
+    buffers. A room's state slot is refused by name when missing, outside
+    the slots, or given to a rank without state layers."""
+    need_ofi()
+    ofi = dict(fabric="ofi", provider="tcp", bind_addr="127.0.0.1")
+    ks = [torch.zeros(4 * PAGE, 1, 64, dtype=torch.bfloat16) for _ in range(24)]
+    with kvstage.Rank("decode", page_size=PAGE, model="gpt-oss-20b", tp_size=8,
+                      k_buffers=ks, v_buffers=[torch.zeros_like(k) for k in ks], **ofi) as r:
+        assert r.layer_kinds == ["window", "full"] * 12 and r.state_slots == 0
+        with pytest.raises(kvstage.KvstageError) as e:
+            r.open_room(1, [0], state_slot=0)
+        assert "state_slot: room 1: this rank's layers have no state layers: drop " \
+            "state_slot" in e.value.message, e.value.message
+    # Qwen3-Next at TP 2: 1 KV head of 256 a rank, 8 state heads of 3072 +
+    # 65536 bytes a rank and state layer
+    ks = [torch.zeros(4 * PAGE, 1, 256, dtype=torch.bfloat16) for _ in range(12)]
+    st = [torch.zeros(2, 8, 3072 + 65536, dtype=torch.uint8) for _ in range(36)]
+    with kvstage.Rank("decode", page_size=PAGE, model="qwen3-next-80b-a3b", tp_size=2,
+                      k_buffers=ks, v_buffers=[torch.zeros_like(k) for k in ks],
+                      state_buffers=st, state_slots=2, **ofi) as r:
+        assert r.layer_kinds == ["state", "state", "state", "full"] * 12
+        assert r.state_slots == 2 and r.layers == 48
+        for kw, needle in ((dict(), "state_slot: room 1: this rank's stage has state layers: "
+                            "give the request's slot in the state buffers, in [0, "
+                            "state_slots 2)"),
+                           (dict(state_slot=2), "state_slot: room 1: 2 is outside the state "
+                            "buffers' slots: give an integer in [0, state_slots 2)"),
+                           (dict(state_slot=-1), "state_slot: room 1: -1 is outside"),
+                           (dict(state_slot=1.0), "state_slot: room 1: 1.0 is outside the "
+                            "state buffers' slots: give an integer")):
+            with pytest.raises(kvstage.KvstageError) as e:
+                r.open_room(1, [0], **kw)
+            assert e.value.name == "KVS_EINVAL" and needle in e.value.message, e.value.message
+    # the model's pattern wants its state buffers
+    with pytest.raises(kvstage.KvstageError) as e:
+        kvstage.Rank("decode", page_size=PAGE, model="qwen3-next-80b-a3b", tp_size=2,
+                     k_buffers=ks, v_buffers=[torch.zeros_like(k) for k in ks], **ofi)
+    assert "state_buffers: this rank's stage has 36 state layers" in e.value.message
 
 
 def test_rank_draft_buffers_refused_by_name():
