@@ -293,12 +293,17 @@ def test_plan_kv_scales_refused_by_name():
 
 def test_plan_hybrid_numbers():
     # Qwen3-Next P8 -> D2, one 8192-token chunk: 12 full layers of one head
-    # of 256 bf16 (K and V), 36 state layers of 2 state heads of 68608 bytes
+    # of 256 bf16 (K and V), 36 state layers of 2 state heads of 68608
+    # bytes. Prefill 4..7 all hold decode 1's KV head: 4 writes it with its
+    # state, 5, 6 and 7 their state alone
     got = kvstage.plan(model="qwen3-next-80b-a3b", prefill_tp=8, decode_tp=2, page_size=1)
     assert got["full_attn_every"] == 4 and got["other_layers"] == "state"
+    w = got["decode_ranks"][1]["writers"][0]
+    assert w["prefill_rank"] == 4
+    assert w["bytes"] == 12 * 8192 * 512 * 2 + 36 * 2 * 68608
     w = got["decode_ranks"][1]["writers"][3]
     assert w["prefill_rank"] == 7
-    assert w["bytes"] == 12 * 8192 * 512 * 2 + 36 * 2 * 68608
+    assert w["bytes"] == 36 * 2 * 68608
     # gpt-oss: only the window's pages of a window layer
     got = kvstage.plan(model="gpt-oss-20b", prefill_tp=2, decode_tp=2, page_size=16,
                        chunk_tokens=1024, request_tokens=5000, tokens=904)
