@@ -329,6 +329,31 @@ PY
 # wait_held ERR PID: until the prefill says it holds its rooms (its stderr
 # ERR), it exits, or wait_s passed. Upper bound only: a prefill that never
 # holds fails the run's checks.
+# wait_bounded PID SECONDS NAME: PID's exit status, or 124 when it is still
+# running after SECONDS: then what each of its threads waits on is printed
+# (a hang then says where it stuck instead of eating the ctest timeout) and
+# it is killed. Once, over ofi shm under a loaded run, the decode of run
+# `kill` never exited after instance 1 was killed.
+wait_bounded() {
+  local pid=$1 limit=$2 name=$3 waited=0
+  while kill -0 "$pid" 2>/dev/null; do
+    if [ "$waited" -ge $((limit * 10)) ]; then
+      echo "test_serve: $name: still running after ${limit} s: hung; its threads wait in:"
+      for t in /proc/"$pid"/task/*; do
+        echo "  thread ${t##*/}: $(cat "$t/comm" 2>/dev/null) wchan $(cat "$t/wchan" 2>/dev/null)" \
+          "state $(awk '/^State/ {print $2}' "$t/status" 2>/dev/null)"
+        [ -r "$t/stack" ] && sed 's/^/    /' "$t/stack" 2>/dev/null | head -8
+      done
+      kill -9 "$pid" 2>/dev/null
+      wait "$pid" 2>/dev/null
+      return 124
+    fi
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+  wait "$pid"
+}
+
 wait_held() {
   local waited=0
   until grep -q "holding its rooms" "$1"; do
@@ -408,9 +433,10 @@ lost() {
   [ -n "$fabric" ] && rm -f /dev/shm/"$p1":* 2>/dev/null
   wait "$p1" 2>/dev/null # bash's "Killed" notice: the kill is the point
   rc1=$?
-  wait "$dpid"
+  # the decode fails instance 1's rooms within --stall-timeout-ms (60 s)
+  wait_bounded "$dpid" 150 "$name: decode"
   drc=$?
-  wait "$p0"
+  wait_bounded "$p0" 60 "$name: prefill 0"
   rc0=$?
   echo "test_serve: $name: prefill exits $rc0/$rc1 (instance 1 killed at $killed_at s), decode exit $drc, $(elapsed "$t0") s"
   for side in prefill0 prefill1 decode; do
