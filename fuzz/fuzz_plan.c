@@ -227,7 +227,8 @@ static int violations(const kvs_layout_params_t *p, int64_t *heads)
         const int64_t C = p->chunk_tokens ? p->chunk_tokens : KVS_DEFAULT_CHUNK_TOKENS;
         const int64_t G = max64(1, C / p->page_size) * p->page_size;
         const int64_t nh = P > D ? max64(1, H / P) : max64(1, H / D);
-        const int64_t W = P > D ? P / D : 1;
+        /* one writer per distinct head of a decode rank's P / D sources */
+        const int64_t W = P > D ? min64(P / D, max64(1, H / D)) : 1;
         const int64_t dp = p->decode_pp ? p->decode_pp : 1;
         i128 bytes = G;
         bytes = sat_mul(bytes, nh);
@@ -433,12 +434,14 @@ static void check_writers(const kvs_layout_t *l, input_t *in)
         CHECK(kvs_layout_region_bytes(l, d, e, T, &region) == KVS_OK && region == sum);
         CHECK(sum == T * W * nh_want * (l->head_dim * l->elem_bytes + l->scale_bytes) * Lx * 2);
 
-        /* The writers cover every head of d: merge the sorted spans. */
+        /* The writers cover every head of d, each once (a replicated head
+         * is written by one of the ranks holding it): the sorted spans
+         * tile [0, dst_heads). */
         qsort(spans, (size_t)W, sizeof spans[0], span_cmp);
         int64_t covered = 0;
         for (int64_t i = 0; i < W; i++) {
-            CHECK(spans[i].start <= covered); /* no gap */
-            covered = max64(covered, spans[i].start + spans[i].len);
+            CHECK(spans[i].start == covered); /* no gap, no head twice */
+            covered = spans[i].start + spans[i].len;
         }
         CHECK(covered == l->dst_heads);
 
@@ -452,6 +455,13 @@ static void check_writers(const kvs_layout_t *l, input_t *in)
             is_writer = is_writer || ranks[i] == other;
         const int rc = kvs_layout_writer_index(l, other, d, &out);
         CHECK(is_writer ? rc == KVS_OK : rc == KVS_ENOENT);
+        /* a source of d that writes nothing only reports: its index is past
+         * the writers', and maps back to it */
+        int64_t si = -1, back = -1;
+        if (!is_writer && kvs_layout_source_index(l, other, d, &si) == KVS_OK) {
+            CHECK(si >= W && si < l->tp_sources);
+            CHECK(kvs_layout_source_rank(l, d, si, &back) == KVS_OK && back == other);
+        }
 
         /* The last decode stage holds the most layers: its regions are the
          * largest (the lower bound: no stage's region is larger). */
@@ -771,7 +781,8 @@ static void check_hybrid_cp(const kvs_layout_params_t *params, const kvs_layout_
             tok = part.token_end;
         }
         CHECK(tok == ch.token_end && at == region); /* the parts tile the region */
-        CHECK(states <= 1 && (whole.state_bytes > 0) == (states == 1));
+        /* (the writers are walked only up to 64 of them) */
+        CHECK(states <= 1 && (l.tp_writers > 64 || (whole.state_bytes > 0) == (states == 1)));
     }
 }
 
@@ -808,7 +819,13 @@ static void check_hybrid(const kvs_layout_params_t *params, const kvs_layout_t *
     }
     const bool hybrid = p.full_attn_every > 1;
     CHECK(l.full_attn_every == (hybrid ? p.full_attn_every : 0));
-    CHECK(l.grid_tokens == base_lay->grid_tokens && l.tp_writers == base_lay->tp_writers);
+    /* The writers of KV are the base plan's (one per distinct KV head);
+     * with state layers every source writes, those past them their state
+     * alone. */
+    const bool states = hybrid && p.other_layers == KVS_LAYER_STATE;
+    const int64_t kvw = base_lay->tp_writers;
+    CHECK(l.grid_tokens == base_lay->grid_tokens &&
+          l.tp_writers == (states ? l.tp_sources : kvw));
     const int64_t max_region = kvs_layout_max_region_bytes(&l);
     CHECK(max_region > 0);
     if (!hybrid)
@@ -835,8 +852,11 @@ static void check_hybrid(const kvs_layout_params_t *params, const kvs_layout_t *
             CHECK(kvs_layout_hybrid_writer(&l, d, e, i, total, &ch, &w) == KVS_OK);
             CHECK(w.w.offset_bytes == at && w.w.len_bytes == w.kv_bytes + w.state_bytes);
             CHECK(w.state_offset_bytes == w.kv_bytes && (w.state_bytes == 0 || last));
-            CHECK(w.w.heads.num_heads >= 1 && w.w.heads.src_start + w.w.heads.num_heads <=
-                                                  l.src_heads);
+            if (i < kvw)
+                CHECK(w.w.heads.num_heads >= 1 &&
+                      w.w.heads.src_start + w.w.heads.num_heads <= l.src_heads);
+            else /* a replica of a KV head already written: its state alone */
+                CHECK(w.w.heads.num_heads == 0 && w.kv_bytes == 0 && w.full_slots == 0);
             at += w.w.len_bytes;
             /* the slots tile each plane's part, then the state part */
             int64_t kv_at = 0, st_at = w.kv_bytes;
@@ -861,6 +881,10 @@ static void check_hybrid(const kvs_layout_params_t *params, const kvs_layout_t *
                         continue;
                     }
                     const int64_t a = max64(ch.token_start, ws);
+                    if (i >= kvw) {
+                        CHECK(src == KVS_ENOENT);
+                        continue;
+                    }
                     if (src == KVS_ENOENT) {
                         CHECK(kind == KVS_LAYER_WINDOW && a >= ch.token_end);
                         continue;
@@ -896,8 +920,7 @@ static int draft_expected(const kvs_layout_params_t *p, const kvs_layout_t *l, i
     if (p->draft_layers > KVS_MAX_LAYERS)
         return KVS_ERANGE;
     if ((p->draft_kv_heads != 0 && p->draft_kv_heads != l->total_heads) ||
-        l->prefill_pp > 1 || l->decode_pp > 1 || l->kv_scales != KVS_KV_SCALES_NONE ||
-        l->full_attn_every > 1)
+        l->kv_scales != KVS_KV_SCALES_NONE || l->full_attn_every > 1)
         return KVS_ENOTSUP;
     *alt = KVS_ERANGE; /* a good draft may still overflow the region */
     return KVS_OK;
@@ -943,17 +966,25 @@ static void check_draft(const kvs_layout_params_t *params, const kvs_layout_t *b
           kvs_layout_max_region_bytes(base_lay) + part * l.tp_writers);
     const int64_t tokens = 1 + (int64_t)in_u16(in) % G;
     const int64_t d = in_u8(in) % l.decode_tp;
-    int64_t at = 0;
-    for (int64_t i = 0; i < l.tp_writers && i < 64; i++) {
-        kvs_writer_t w, b;
-        CHECK(kvs_layout_writer(&l, d, 0, i, tokens, &w) == KVS_OK);
-        CHECK(kvs_layout_writer(base_lay, d, 0, i, tokens, &b) == KVS_OK);
-        CHECK(w.prefill_rank == b.prefill_rank && w.heads.src_start == b.heads.src_start &&
-              w.heads.dst_start == b.heads.dst_start && w.heads.num_heads == b.heads.num_heads);
-        const int64_t dp = tokens * w.heads.num_heads * dhd * l.elem_bytes * dl * l.planes;
-        CHECK(kvs_layout_draft_part_bytes(&l, tokens, w.heads.num_heads) == dp);
-        CHECK(w.len_bytes == b.len_bytes + dp && w.offset_bytes == at);
-        at += w.len_bytes;
+    /* With PP the last stage of each side holds the draft: the blocks of
+     * the last decode stage grow, those of a stage before it do not. */
+    const int64_t last = l.decode_pp - 1;
+    CHECK(kvs_layout_draft_stage(&l, KVS_ROLE_DECODE) == (dl > 0 ? last : -1));
+    CHECK(kvs_layout_draft_stage(&l, KVS_ROLE_PREFILL) == (dl > 0 ? l.prefill_pp - 1 : -1));
+    for (int64_t e = 0; e <= last; e += last > 0 ? last : 1) {
+        int64_t at = 0;
+        for (int64_t i = 0; i < l.tp_writers && i < 64; i++) {
+            kvs_writer_t w, b;
+            CHECK(kvs_layout_writer(&l, d, e, i, tokens, &w) == KVS_OK);
+            CHECK(kvs_layout_writer(base_lay, d, e, i, tokens, &b) == KVS_OK);
+            CHECK(w.prefill_rank == b.prefill_rank && w.heads.src_start == b.heads.src_start &&
+                  w.heads.dst_start == b.heads.dst_start &&
+                  w.heads.num_heads == b.heads.num_heads);
+            const int64_t dp = tokens * w.heads.num_heads * dhd * l.elem_bytes * dl * l.planes;
+            CHECK(kvs_layout_draft_part_bytes(&l, tokens, w.heads.num_heads) == dp);
+            CHECK(w.len_bytes == b.len_bytes + (e == last ? dp : 0) && w.offset_bytes == at);
+            at += w.len_bytes;
+        }
     }
 }
 
@@ -1012,7 +1043,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* The most layers one stage holds (spec §4: splits may be uneven). */
     CHECK(l.decode_layers == ceil_div(p.layers, Dp) &&
           l.prefill_layers == ceil_div(p.layers, Pp));
-    CHECK(l.tp_writers == (P > D ? P / D : 1));
+    /* P / D sources, one writer per distinct head among them: with fewer
+     * heads than prefill ranks the replicas only report */
+    CHECK(l.tp_sources == (P > D ? P / D : 1));
+    CHECK(l.tp_writers == (P > D ? min64(P / D, max64(1, H / D)) : 1));
     CHECK(l.targets_per_prefill == (D > P ? D / P : 1));
     CHECK(l.expected_arrivals == l.tp_writers * (Dp == 1 ? Pp : 1));
     CHECK(l.path == (P == D ? KVS_PATH_DIRECT : KVS_PATH_STAGING));

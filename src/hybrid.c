@@ -146,6 +146,9 @@ int kvs__hybrid_init(kvs_layout_t *l, const kvs_layout_params_t *p, kvs_error_t 
         l->state_ssm_bytes = p->state_ssm_bytes;
         l->state_src_heads = kvs__max(1, p->state_heads / l->prefill_tp);
         l->state_dst_heads = kvs__max(1, p->state_heads / l->decode_tp);
+        /* state heads split over TP on their own: every source writes its
+         * state, those past the KV writers their state alone */
+        l->tp_writers = l->tp_sources;
     } else {
         return KVS__FAIL(err, KVS_EINVAL, "other_layers %d: use KVS_LAYER_WINDOW (--window) "
                          "or KVS_LAYER_STATE (--state-heads) for the layers that are not "

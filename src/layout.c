@@ -14,8 +14,8 @@
  * never by modulo (spec §3: modulo silently corrupts attention). With H < P
  * (P > D) the P / H prefill ranks in a row that hold one head write it
  * once: the first of them is the writer, the others take part as sources
- * that only report, as MLA's do (kvs__writers); spec §3's P / D writers
- * would send each head P / H times.
+ * that only report, as MLA's do (kvs__layout_kv_writers); spec §3's P / D
+ * writers would send each head P / H times.
  *
  * Kinds (kvs_kv_kind_t): the table below says, per kind, how many planes a
  * layer has and whether its bytes are the same on every TP rank. MLA is
@@ -218,17 +218,6 @@ int64_t kvs__layout_kv_writers(const kvs_layout_t *l)
 {
     const int64_t distinct = kvs__max64(1, l->total_heads / l->decode_tp);
     return distinct < l->tp_sources ? distinct : l->tp_sources;
-}
-
-/* W, the sources that write anything: the KV writers, but for a hybrid
- * model with state layers, whose state heads split over TP on their own
- * (src/hybrid.c): there every source writes its state, and the sources
- * past the KV writers write their state alone. */
-static int64_t kvs__writers(const kvs_layout_t *l, const kvs_layout_params_t *p)
-{
-    if (p->full_attn_every > 1 && p->other_layers == KVS_LAYER_STATE)
-        return l->tp_sources;
-    return kvs__layout_kv_writers(l);
 }
 
 int kvs_path_parse(const char *name, kvs_path_t *out)
@@ -521,8 +510,9 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
     l.decode_layers = kvs__ceil_div(l.layers, l.decode_pp);
     l.prefill_layers = kvs__ceil_div(l.layers, l.prefill_pp);
     l.tp_sources = l.prefill_tp > l.decode_tp ? l.prefill_tp / l.decode_tp : 1;
-    /* One writer per distinct head a decode rank takes (kvs__writers). */
-    l.tp_writers = kvs__writers(&l, p);
+    /* W: one writer per distinct head a decode rank takes (a hybrid
+     * model's state layers raise it, kvs__hybrid_init) */
+    l.tp_writers = kvs__layout_kv_writers(&l);
     l.targets_per_prefill = l.decode_tp > l.prefill_tp ? l.decode_tp / l.prefill_tp : 1;
     l.path = l.prefill_tp == l.decode_tp ? KVS_PATH_DIRECT : KVS_PATH_STAGING; /* auto */
 
@@ -536,15 +526,15 @@ int kvs_layout_init(kvs_layout_t *out, const kvs_layout_params_t *p, kvs_error_t
         return KVS__FAIL(err, KVS_ERANGE,
                          "a chunk region overflows 64 bits: lower chunk_tokens, "
                          "head_dim or layers");
-    /* A decode stage waits for every TP writer of every prefill stage that
-     * holds its layers: all Pp of them when Dp is 1, its own when Dp = Pp.
-     * After the check: Pp <= layers = Lx when Dp is 1, so the count is at
-     * most W * Lx, which the region bound above keeps inside int64 (huge
-     * PP sizes overflowed here). */
-    l.expected_arrivals = l.tp_writers * (l.decode_pp == 1 ? l.prefill_pp : 1);
     /* Window and state layers (src/hybrid.c), checked against the rest. */
     if ((rc = kvs__hybrid_init(&l, p, err)) != KVS_OK)
         return rc;
+    /* A decode stage waits for every TP writer of every prefill stage that
+     * holds its layers: all Pp of them when Dp is 1, its own when Dp = Pp.
+     * After the checks: Pp <= layers = Lx when Dp is 1, so the count is at
+     * most W * Lx, which the region bounds above keep inside int64 (huge
+     * PP sizes overflowed here). */
+    l.expected_arrivals = l.tp_writers * (l.decode_pp == 1 ? l.prefill_pp : 1);
     /* A draft model's layers (src/draft.c), after the model's are sized. */
     if ((rc = kvs__draft_init(&l, p, err)) != KVS_OK)
         return rc;
