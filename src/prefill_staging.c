@@ -133,7 +133,8 @@ void kvs__staging_on_rsp(kvs_prefill_t *p, kvs__peer_t *peer, const kvs_msg_stag
 
 /* The bytes this rank writes of chunk c of flow f: 0 for a hybrid writer of
  * its state alone in a chunk that carries no state (kvs_layout_hybrid_writer),
- * which then reports its arrival without a write. */
+ * which then reports its arrival without a write. Asked of hybrid layouts
+ * alone: any other writer's block of a non-empty part has bytes. */
 static uint64_t kvs__block_bytes(const kvs_prefill_t *p, const kvs__proom_t *r, int64_t f,
                                  const kvs__pchunk_t *c)
 {
@@ -420,7 +421,7 @@ void kvs__staging_advance(kvs_prefill_t *p, kvs__proom_t *r, int64_t f)
         if (c->part.token_end > r->computed && !r->final)
             break; /* later chunks are not computed either */
         if (c->region_bytes == 0 || c->part.len_bytes == 0 ||
-            kvs__block_bytes(p, r, f, c) == 0) {
+            (kvs__hybrid(&r->base.inst->lay) && kvs__block_bytes(p, r, f, c) == 0)) {
             /* metadata-only, or a hybrid part with no bytes for this stage
              * (a window stage's part before the window, with CP): nothing
              * to move, its arrival alone */
