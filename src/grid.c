@@ -94,35 +94,37 @@ int kvs__chunk_plan(const kvs_layout_t *lay, int64_t decode_tp, int64_t decode_s
                                    &out->region_bytes);
 }
 
-/* Hybrid: a prefill stage writes its whole writer block, one span (the
- * stage holds the decode stage's layers: the manager refuses other PP
- * pairs); for a chunk of tokens (grid_tokens: the largest block, sized
- * for the largest region, kvs__hybrid_max_region_bytes). */
+/* Hybrid: a prefill stage writes its part of the writer block, one span
+ * (kvs_layout_hybrid_part: the whole block when both sides have the same
+ * PP or the prefill PP 1); for a chunk of tokens (grid_tokens: the
+ * largest part, sized for the largest region, kvs__hybrid_max_part_bytes). */
 static int kvs__hybrid_span(const kvs_layout_t *lay, int64_t decode_tp, int64_t decode_stage,
                             int64_t writer, int64_t prefill_stage, int64_t total,
                             const kvs_cp_part_t *part, kvs__span_t out[2], int *n)
 {
-    int64_t first = 0, count = 0, dfirst = 0, dcount = 0;
+    int64_t first = 0, count = 0;
     int rc = kvs_layout_stage_layers(lay, KVS_ROLE_PREFILL, prefill_stage, &first, &count);
     if (rc == KVS_OK)
-        rc = kvs_layout_stage_layers(lay, KVS_ROLE_DECODE, decode_stage, &dfirst, &dcount);
+        rc = kvs_layout_stage_layers(lay, KVS_ROLE_DECODE, decode_stage, &first, &count);
     if (rc != KVS_OK)
         return rc;
-    if (first > dfirst || first + count < dfirst + dcount)
-        return KVS_ENOTSUP;
-    if (part == NULL) { /* the writer's largest block: its length is what counts */
-        const int64_t most = kvs__hybrid_max_writer_bytes(lay, writer);
+    if (part == NULL) { /* the writer's largest part: its length is what counts */
+        const int64_t most = kvs__hybrid_max_part_bytes(lay, writer, prefill_stage);
         out[0] = (kvs__span_t){0, 0, (uint64_t)most};
         *n = 1;
         return KVS_OK;
     }
     const kvs_chunk_t ch = {.token_start = part->token_start, .token_end = part->token_end};
     kvs_hybrid_writer_t hw;
+    kvs_hybrid_part_t hp;
     rc = kvs_layout_hybrid_writer(lay, decode_tp, decode_stage, writer, total, &ch, &hw);
+    if (rc == KVS_OK)
+        rc = kvs_layout_hybrid_part(lay, &hw, decode_stage, prefill_stage, &hp);
     if (rc != KVS_OK)
-        return rc;
-    out[0] = (kvs__span_t){0, (uint64_t)(part->offset_bytes + hw.w.offset_bytes),
-                           (uint64_t)hw.w.len_bytes};
+        return rc == KVS_ENOENT ? KVS_ENOTSUP : rc; /* a stage with none of its layers */
+    out[0] = (kvs__span_t){0,
+                           (uint64_t)(part->offset_bytes + hw.w.offset_bytes + hp.offset_bytes),
+                           (uint64_t)hp.len_bytes};
     *n = 1;
     return KVS_OK;
 }

@@ -12,10 +12,14 @@
  * (full_attn_every 0 or 1) is spec §4's, byte for byte.
  *
  * A writer block of a hybrid region is spec §4's with the empty slots left
- * out: per plane, the slots of the stage's layers that have rows in the
- * chunk, then (in the last chunk of the request alone) the state part, so
- * a chunk still costs one write per writer. State heads split over TP with
- * the KV heads' formula (spec §3) applied to state_heads.
+ * out, in parts: one per prefill stage holding layers of the decode stage
+ * (one part, the whole block, when both sides have the same PP or the
+ * prefill has PP 1; a part per prefill stage with prefill PP into a decode
+ * of PP 1). A part holds, per plane, the slots of its layers that have rows
+ * in the chunk, then (in the last chunk of the request alone) its state
+ * layers' states, so a prefill stage still writes one span per chunk. State
+ * heads split over TP with the KV heads' formula (spec §3) applied to
+ * state_heads.
  *
  * With prefill context parallelism (src/context_parallel.c) each CP part
  * of a chunk is a hybrid region of its own tokens: a writer block of
@@ -219,6 +223,62 @@ static void kvs__slice(const kvs_layout_t *lay, int64_t heads, int64_t src, int6
     (void)kvs_head_slice(heads, lay->prefill_tp, lay->decode_tp, src, dst, out);
 }
 
+/* The layers of prefill stage s that decode stage e holds, [*first, +*n)
+ * (*n 0: none); both stages in range. */
+static void kvs__part_layers(const kvs_layout_t *lay, int64_t e, int64_t s, int64_t *first,
+                             int64_t *n)
+{
+    int64_t pf = 0, pn = 0, df = 0, dn = 0;
+    (void)kvs_layout_stage_layers(lay, KVS_ROLE_PREFILL, s, &pf, &pn);
+    (void)kvs_layout_stage_layers(lay, KVS_ROLE_DECODE, e, &df, &dn);
+    *first = kvs__max(pf, df);
+    const int64_t end = pf + pn < df + dn ? pf + pn : df + dn;
+    *n = end > *first ? end - *first : 0;
+}
+
+/* The bytes in block hw of the layers [first, +n): their slots (every
+ * plane) and their state. */
+static void kvs__part_bytes(const kvs_layout_t *lay, const kvs_hybrid_writer_t *hw,
+                            int64_t first, int64_t n, int64_t *kv, int64_t *state)
+{
+    int64_t full, other;
+    kvs__count(lay, first, n, &full, &other);
+    const int64_t row = kvs_layout_layer_block_bytes(lay, 1, hw->w.heads.num_heads);
+    *kv = (full * hw->tokens + (hw->window_slots > 0 ? other * hw->window_tokens : 0)) * row *
+          lay->planes;
+    *state = hw->state_layers > 0 ? other * hw->state_heads.num_heads * lay->state_head_bytes
+                                  : 0;
+}
+
+/* The part of block hw (decode stage e, in range) that prefill stage s
+ * writes; with `layer` >= 0 instead the part holding that layer (s
+ * ignored). KVS_ENOENT when there is none. */
+static int kvs__part(const kvs_layout_t *lay, const kvs_hybrid_writer_t *hw, int64_t e,
+                     int64_t s, int64_t layer, kvs_hybrid_part_t *out)
+{
+    /* the prefill stages holding stage e's layers: every one into a decode
+     * of PP 1, else stage e alone (kvs_layout_init: Dp is 1 or Pp) */
+    const int64_t q0 = lay->decode_pp == 1 ? 0 : e;
+    const int64_t q1 = lay->decode_pp == 1 ? lay->prefill_pp : e + 1;
+    int64_t at = 0;
+    for (int64_t q = q0; q < q1; q++) {
+        int64_t first, n, kv, state;
+        kvs__part_layers(lay, e, q, &first, &n);
+        if (n == 0)
+            continue;
+        kvs__part_bytes(lay, hw, first, n, &kv, &state);
+        if (layer >= 0 ? layer >= first && layer < first + n : q == s) {
+            *out = (kvs_hybrid_part_t){.prefill_stage = q, .first_layer = first,
+                                       .num_layers = n, .offset_bytes = at,
+                                       .len_bytes = kv + state, .kv_bytes = kv,
+                                       .state_bytes = state};
+            return KVS_OK;
+        }
+        at += kv + state;
+    }
+    return KVS_ENOENT;
+}
+
 int kvs_layout_hybrid_writer(const kvs_layout_t *lay, int64_t decode_rank,
                              int64_t decode_stage, int64_t writer_index,
                              int64_t total_tokens, const kvs_chunk_t *chunk,
@@ -258,7 +318,6 @@ int kvs_layout_hybrid_writer(const kvs_layout_t *lay, int64_t decode_rank,
         }
     }
     out->kv_bytes *= lay->planes;
-    out->state_offset_bytes = out->kv_bytes;
     if (kvs__hybrid(lay) && lay->other_layers == KVS_LAYER_STATE) {
         kvs__slice(lay, lay->state_heads, r % lay->prefill_tp, decode_rank, &out->state_heads);
         if (te == total_tokens) { /* the last chunk carries the state */
@@ -272,6 +331,7 @@ int kvs_layout_hybrid_writer(const kvs_layout_t *lay, int64_t decode_rank,
      * alone. Every block of a kind is as long as any other of that kind. */
     const int64_t kw = kvs__layout_kv_writers(lay);
     const int64_t full_block = out->kv_bytes + out->state_bytes;
+    kvs_hybrid_part_t part0 = {0};
     if (writer_index < kw) {
         out->w.len_bytes = full_block;
         out->w.offset_bytes = writer_index * full_block;
@@ -283,7 +343,24 @@ int kvs_layout_hybrid_writer(const kvs_layout_t *lay, int64_t decode_rank,
         out->w.len_bytes = out->state_bytes;
         out->w.offset_bytes = kw * full_block + (writer_index - kw) * out->state_bytes;
     }
+    /* the first part's state follows its slots (with one part: kv_bytes) */
+    (void)kvs__part(lay, out, decode_stage, 0, first, &part0);
+    out->state_offset_bytes = part0.offset_bytes + part0.kv_bytes;
     return KVS_OK;
+}
+
+int kvs_layout_hybrid_part(const kvs_layout_t *lay, const kvs_hybrid_writer_t *hw,
+                           int64_t decode_stage, int64_t prefill_stage,
+                           kvs_hybrid_part_t *out)
+{
+    int64_t first, n;
+    if (lay == NULL || hw == NULL || out == NULL)
+        return KVS_EINVAL;
+    if (kvs_layout_stage_layers(lay, KVS_ROLE_DECODE, decode_stage, &first, &n) != KVS_OK ||
+        kvs_layout_stage_layers(lay, KVS_ROLE_PREFILL, prefill_stage, &first, &n) != KVS_OK)
+        return KVS_ERANGE;
+    memset(out, 0, sizeof *out);
+    return kvs__part(lay, hw, decode_stage, prefill_stage, -1, out);
 }
 
 int kvs_layout_hybrid_slot(const kvs_layout_t *lay, const kvs_hybrid_writer_t *hw,
@@ -291,6 +368,7 @@ int kvs_layout_hybrid_slot(const kvs_layout_t *lay, const kvs_hybrid_writer_t *h
                            kvs_hybrid_slot_t *out)
 {
     int64_t first, n, full, other;
+    kvs_hybrid_part_t part;
     if (lay == NULL || hw == NULL || out == NULL)
         return KVS_EINVAL;
     if (kvs_layout_stage_layers(lay, KVS_ROLE_DECODE, decode_stage, &first, &n) != KVS_OK ||
@@ -299,22 +377,25 @@ int kvs_layout_hybrid_slot(const kvs_layout_t *lay, const kvs_hybrid_writer_t *h
     const kvs_layer_kind_t kind = kvs__kind_of(lay, layer);
     memset(out, 0, sizeof *out);
     out->kind = kind;
-    /* the stage's layers before this one, by kind */
-    kvs__count(lay, first, layer - first, &full, &other);
+    /* the part holding the layer (one exists: every layer is on some
+     * prefill stage), and its layers before this one, by kind */
+    (void)kvs__part(lay, hw, decode_stage, 0, layer, &part);
+    kvs__count(lay, part.first_layer, layer - part.first_layer, &full, &other);
     if (kind == KVS_LAYER_STATE) {
         if (plane != 0 || hw->state_layers == 0) /* one state, no V */
             return KVS_ENOENT;
         out->len_bytes = hw->state_heads.num_heads * lay->state_head_bytes;
-        out->offset_bytes = hw->state_offset_bytes + other * out->len_bytes;
+        out->offset_bytes = part.offset_bytes + part.kv_bytes + other * out->len_bytes;
         return KVS_OK;
     }
     if (hw->w.heads.num_heads == 0) /* a writer of its state alone */
         return KVS_ENOENT;
     const int64_t row = kvs_layout_layer_block_bytes(lay, 1, hw->w.heads.num_heads);
-    /* per plane: the slots of the layers before this one (window slots
-     * only where the window meets the chunk), planes one after another */
+    /* per plane: the part's slots of the layers before this one (window
+     * slots only where the window meets the chunk), planes one after
+     * another */
     const int64_t windows_before = hw->window_slots > 0 ? other : 0;
-    out->offset_bytes = plane * (hw->kv_bytes / lay->planes) +
+    out->offset_bytes = part.offset_bytes + plane * (part.kv_bytes / lay->planes) +
                         (full * hw->tokens + windows_before * hw->window_tokens) * row;
     if (kind == KVS_LAYER_WINDOW) {
         if (hw->window_slots == 0)
@@ -349,8 +430,9 @@ int kvs_layout_state_slot_bytes(const kvs_layout_t *lay, kvs_role_t role, int64_
 
 /* The largest block writer w (or, with w < 0, the largest region) of a
  * full chunk takes, over the decode stages: a KV writer's slots of G rows
- * and state part, a later writer's state part alone (kvs_layout_hybrid_writer). */
-static int64_t kvs__hybrid_most_bytes(const kvs_layout_t *lay, int64_t w)
+ * and state part, a later writer's state part alone (kvs_layout_hybrid_writer);
+ * with prefill stage s >= 0 (and w >= 0), that stage's part of the block. */
+static int64_t kvs__hybrid_most_bytes(const kvs_layout_t *lay, int64_t w, int64_t s)
 {
     const int64_t nh = lay->prefill_tp > lay->decode_tp ? lay->src_heads : lay->dst_heads;
     const int64_t snh = lay->prefill_tp > lay->decode_tp ? lay->state_src_heads
@@ -361,6 +443,8 @@ static int64_t kvs__hybrid_most_bytes(const kvs_layout_t *lay, int64_t w)
         int64_t first, n, full, other;
         if (kvs_layout_stage_layers(lay, KVS_ROLE_DECODE, e, &first, &n) != KVS_OK)
             continue;
+        if (s >= 0)
+            kvs__part_layers(lay, e, s, &first, &n);
         kvs__count(lay, first, n, &full, &other);
         const int64_t window_rows =
             lay->other_layers == KVS_LAYER_WINDOW ? other * lay->grid_tokens : 0;
@@ -377,10 +461,11 @@ static int64_t kvs__hybrid_most_bytes(const kvs_layout_t *lay, int64_t w)
 
 int64_t kvs__hybrid_max_region_bytes(const kvs_layout_t *lay)
 {
-    return kvs__hybrid_most_bytes(lay, -1);
+    return kvs__hybrid_most_bytes(lay, -1, -1);
 }
 
-int64_t kvs__hybrid_max_writer_bytes(const kvs_layout_t *lay, int64_t writer)
+int64_t kvs__hybrid_max_part_bytes(const kvs_layout_t *lay, int64_t writer,
+                                   int64_t prefill_stage)
 {
-    return kvs__hybrid_most_bytes(lay, writer);
+    return kvs__hybrid_most_bytes(lay, writer, prefill_stage);
 }

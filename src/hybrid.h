@@ -24,9 +24,11 @@ static inline int kvs__hybrid(const kvs_layout_t *lay) { return lay->full_attn_e
  * kvs__hybrid_init). */
 int64_t kvs__hybrid_max_region_bytes(const kvs_layout_t *lay);
 
-/* The most bytes writer `writer` (0 <= writer < tp_writers) of a hybrid
- * layout writes into one region: a full chunk's block at the largest
- * decode stage. */
-int64_t kvs__hybrid_max_writer_bytes(const kvs_layout_t *lay, int64_t writer);
+/* The most bytes prefill stage `prefill_stage` of writer `writer` (0 <=
+ * writer < tp_writers) of a hybrid layout writes into one region: its part
+ * of a full chunk's block (kvs_layout_hybrid_part) at the largest decode
+ * stage. */
+int64_t kvs__hybrid_max_part_bytes(const kvs_layout_t *lay, int64_t writer,
+                                   int64_t prefill_stage);
 
 #endif

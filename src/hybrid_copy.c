@@ -14,7 +14,9 @@
  *   state head and elem_bytes 1: page list { state slot }, one token.
  *
  * The parts of one copy are the blocks, each with its own heads (or state
- * heads) and its slot's address in its block.
+ * heads) and its slot's address in its block. A prefill stage's staging
+ * buffer holds its part of a block alone (kvs_layout_hybrid_part: with
+ * prefill PP into a decode of PP 1, the layers it holds).
  */
 #include "hybrid_copy.h"
 
@@ -74,8 +76,16 @@ int kvs__hybrid_copy(kvs_device_t *dev, kvs_stream_t *stream, const kvs_manager_
 {
     const kvs_layout_t *lay = c->lay;
     const bool gather = c->role == KVS_ROLE_PREFILL;
-    int64_t first = 0, count = 0;
+    int64_t first = 0, count = 0, pf = 0, pn = 0;
     int rc = kvs_layout_stage_layers(lay, KVS_ROLE_DECODE, c->stage, &first, &count);
+    if (rc == KVS_OK && gather) {
+        /* a prefill stage gathers its part of each block (kvs_layout_hybrid_part):
+         * the decode stage's layers it holds */
+        rc = kvs_layout_stage_layers(lay, KVS_ROLE_PREFILL, m->cfg.pp_rank, &pf, &pn);
+        const int64_t end = kvs__min_i64(first + count, pf + pn);
+        first = first > pf ? first : pf;
+        count = end > first ? end - first : 0;
+    }
     for (int64_t layer = first; layer < first + count && rc == KVS_OK; layer++) {
         kvs_layer_kind_t kind = KVS_LAYER_FULL;
         rc = kvs_layout_layer_kind(lay, layer, &kind);
@@ -86,8 +96,11 @@ int kvs__hybrid_copy(kvs_device_t *dev, kvs_stream_t *stream, const kvs_manager_
             for (int64_t i = 0; i < n && rc == KVS_OK; i++) {
                 kvs_hybrid_writer_t hw;
                 kvs_hybrid_slot_t sl;
+                kvs_hybrid_part_t hp = {0}; /* a staging buffer holds the stage's part */
                 rc = kvs_layout_hybrid_writer(lay, blocks[i].decode_tp, c->stage,
                                               blocks[i].writer, c->total, &c->chunk, &hw);
+                if (rc == KVS_OK && gather)
+                    rc = kvs_layout_hybrid_part(lay, &hw, c->stage, m->cfg.pp_rank, &hp);
                 if (rc == KVS_OK)
                     rc = kvs_layout_hybrid_slot(lay, &hw, c->stage, layer, plane, &sl);
                 if (rc == KVS_ENOENT) { /* no bytes of this layer in this block (none in
@@ -108,7 +121,8 @@ int kvs__hybrid_copy(kvs_device_t *dev, kvs_stream_t *stream, const kvs_manager_
                 const kvs_copy_part_t part = {
                     .head_start = gather ? hs->src_start : hs->dst_start,
                     .num_heads = hs->num_heads,
-                    .staging_addr = blocks[i].block_addr + (uint64_t)sl.offset_bytes};
+                    .staging_addr = blocks[i].block_addr +
+                                    (uint64_t)(sl.offset_bytes - hp.offset_bytes)};
                 /* a replica of a part's heads: the last one is scattered (the
                  * writers holding one head need not be next to each other:
                  * a state replica of a writer of its state alone comes

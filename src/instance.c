@@ -9,6 +9,7 @@
 #include "channel.h"
 #include "chunk.h"
 #include "error.h"
+#include "hybrid.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -203,8 +204,10 @@ static void kvs__plan_targets(kvs__inst_t *inst, const kvs_manager_t *m)
         p->tgt.slot = first - dfirst;
         p->tgt.layer_slots = dcount;
         /* One write of its block, or K and V apart with prefill PP; one
-         * plane per layer is one contiguous range of layer slots either way. */
-        p->tgt.writes = (first == dfirst && count == dcount) || l->planes == 1 ? 1 : 2;
+         * plane per layer is one contiguous range of layer slots either way,
+         * and a hybrid block's part is one span (kvs_layout_hybrid_part). */
+        p->tgt.writes =
+            (first == dfirst && count == dcount) || l->planes == 1 || kvs__hybrid(l) ? 1 : 2;
         uint64_t bytes = 0;
         p->tgt.pieces = p->tgt.writes;
         if (inst->path == KVS_PATH_STAGING)

@@ -784,12 +784,6 @@ int kvs__manager_pair(kvs_manager_t *m, int64_t peer_tp, int64_t peer_pp, int64_
                           "path staging or auto), or drop draft_layers (--draft-layers)",
                           want == KVS_PATH_DIRECT ? "direct" : "slice",
                           (long long)lay->draft_layers);
-    if (hybrid && lay->prefill_pp > 1 && lay->prefill_pp != lay->decode_pp)
-        return KVS__MFAIL(m, KVS_ENOTSUP, "hybrid layers (full_attn_every %lld) move with "
-                          "prefill PP 1 or equal to the decode's (got prefill PP %lld, decode "
-                          "PP %lld): a prefill stage writes a whole writer block",
-                          (long long)lay->full_attn_every, (long long)lay->prefill_pp,
-                          (long long)lay->decode_pp);
     if (want == KVS_PATH_STAGING && lay->prefill_pp > 1 &&
         !kvs__net_has(m->fab, KVS_FABRIC_CAP_PER_LAYER_WRITES))
         return KVS__MFAIL(m, KVS_EPP_WRITES, "prefill PP %lld needs per-layer writes "

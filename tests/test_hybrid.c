@@ -256,6 +256,81 @@ static void test_hybrid_state_writer(void **state)
     assert_int_equal(w.kv_bytes, 4 * 100 * 2 * 256 * 2);
 }
 
+/* Prefill PP 2 into a decode of PP 1, worked out by hand: 4 KV heads of
+ * head dim 2 in bf16 (4 bytes a head), P2 -> D1 (writers 0 and 1, two
+ * heads each: 8 bytes a token row), 8 layers with full layers 3 and 7, the
+ * others state layers of 4 state heads of 3 + 5 bytes (two heads, 16 bytes
+ * a layer, per writer). Stage 0 holds layers 0..3, stage 1 layers 4..7:
+ * each writer block is stage 0's part then stage 1's, each [K slot | V
+ * slot | 3 states], so each stage writes one span. */
+static void test_hybrid_parts_by_hand(void **state)
+{
+    (void)state;
+    kvs_layout_params_t p = {.total_heads = 4, .head_dim = 2, .dtype = KVS_DTYPE_BF16,
+                             .layers = 8, .page_size = 2, .prefill_tp = 2, .decode_tp = 1,
+                             .prefill_pp = 2, .decode_pp = 1, .chunk_tokens = 10,
+                             .full_attn_every = 4, .other_layers = KVS_LAYER_STATE,
+                             .state_heads = 4, .state_conv_bytes = 3, .state_ssm_bytes = 5};
+    kvs_layout_t lay;
+    assert_int_equal(kvs_layout_init(&lay, &p, NULL), KVS_OK);
+    assert_int_equal(lay.tp_writers, 2);
+    assert_int_equal(lay.expected_arrivals, 4);
+    kvs_hybrid_writer_t w;
+    kvs_hybrid_part_t hp;
+    kvs_hybrid_slot_t sl;
+    /* the request's last chunk, tokens [0, 10): 80 bytes of a K slot */
+    kvs_chunk_t c = {.token_start = 0, .token_end = 10};
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, 0, 0, 1, 10, &c, &w), KVS_OK);
+    assert_int_equal(w.w.len_bytes, 416);
+    assert_int_equal(w.w.offset_bytes, 416);
+    assert_int_equal(w.state_offset_bytes, 160);
+    assert_int_equal(kvs_layout_hybrid_part(&lay, &w, 0, 0, &hp), KVS_OK);
+    assert_int_equal(hp.first_layer, 0);
+    assert_int_equal(hp.num_layers, 4);
+    assert_int_equal(hp.offset_bytes, 0);
+    assert_int_equal(hp.kv_bytes, 160);
+    assert_int_equal(hp.state_bytes, 48);
+    assert_int_equal(hp.len_bytes, 208);
+    assert_int_equal(kvs_layout_hybrid_part(&lay, &w, 0, 1, &hp), KVS_OK);
+    assert_int_equal(hp.first_layer, 4);
+    assert_int_equal(hp.offset_bytes, 208);
+    assert_int_equal(hp.len_bytes, 208);
+    static const struct {
+        int64_t layer, plane, offset, len;
+    } slots[] = {{3, 0, 0, 80},   {3, 1, 80, 80},   {0, 0, 160, 16}, {1, 0, 176, 16},
+                 {2, 0, 192, 16}, {7, 0, 208, 80},  {7, 1, 288, 80}, {4, 0, 368, 16},
+                 {5, 0, 384, 16}, {6, 0, 400, 16}};
+    for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
+        assert_int_equal(kvs_layout_hybrid_slot(&lay, &w, 0, slots[i].layer, slots[i].plane,
+                                                &sl), KVS_OK);
+        assert_int_equal(sl.offset_bytes, slots[i].offset);
+        assert_int_equal(sl.len_bytes, slots[i].len);
+    }
+    /* a chunk before the last: no state, stage 1's part right after stage
+     * 0's K and V slots */
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, 0, 0, 0, 20, &c, &w), KVS_OK);
+    assert_int_equal(w.w.len_bytes, 320);
+    assert_int_equal(kvs_layout_hybrid_part(&lay, &w, 0, 1, &hp), KVS_OK);
+    assert_int_equal(hp.offset_bytes, 160);
+    assert_int_equal(hp.state_bytes, 0);
+    assert_int_equal(kvs_layout_hybrid_slot(&lay, &w, 0, 7, 1, &sl), KVS_OK);
+    assert_int_equal(sl.offset_bytes, 240);
+    assert_int_equal(kvs_layout_hybrid_slot(&lay, &w, 0, 4, 0, &sl), KVS_ENOENT);
+    /* arguments */
+    assert_int_equal(kvs_layout_hybrid_part(&lay, &w, 0, 2, &hp), KVS_ERANGE);
+    assert_int_equal(kvs_layout_hybrid_part(&lay, &w, 1, 0, &hp), KVS_ERANGE);
+    assert_int_equal(kvs_layout_hybrid_part(&lay, NULL, 0, 0, &hp), KVS_EINVAL);
+    assert_int_equal(kvs_layout_hybrid_part(&lay, &w, 0, 0, NULL), KVS_EINVAL);
+    /* with the same PP on both sides a stage's part is the whole block */
+    p.decode_pp = 2;
+    assert_int_equal(kvs_layout_init(&lay, &p, NULL), KVS_OK);
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, 0, 1, 0, 10, &c, &w), KVS_OK);
+    assert_int_equal(kvs_layout_hybrid_part(&lay, &w, 1, 1, &hp), KVS_OK);
+    assert_int_equal(hp.offset_bytes, 0);
+    assert_int_equal(hp.len_bytes, w.w.len_bytes);
+    assert_int_equal(kvs_layout_hybrid_part(&lay, &w, 1, 0, &hp), KVS_ENOENT);
+}
+
 /* Checks that decode rank d's writers give each of its state heads exactly
  * once, from a prefill rank holding that same global head; shift (a planted
  * bug) moves one writer's heads by one. Returns the number of wrong heads. */
@@ -320,13 +395,17 @@ static void test_hybrid_state_heads_cover_every_decode_head(void **state)
 }
 
 /* A byte model of a hybrid transfer, on the planner alone: every prefill
- * rank gathers each chunk's rows and (last chunk) state into its writer
- * block where kvs_layout_hybrid_slot says, every decode rank scatters its
- * region into its KV pool and into the request's state slot; then every KV
- * slot of a full layer, every in-window slot of a window layer (and none
- * out of it) and every state byte is checked. A bug planted in the model's
- * scatter or gather must be caught. */
-enum { BUG_NONE, BUG_STATE_HEAD, BUG_STATE_SLOT, BUG_WINDOW_ROW };
+ * stage of every prefill rank gathers each chunk's rows and (last chunk)
+ * state of its layers into a staging buffer of its part of the writer block
+ * (kvs_layout_hybrid_part), at the slot's place less the part's offset, and
+ * writes the part at its offset; the parts must tile the block. Every
+ * decode rank scatters its region into its KV pool and into the request's
+ * state slot; then every KV slot of a full layer, every in-window slot of a
+ * window layer (and none out of it) and every state byte is checked. A bug
+ * planted in the model's scatter or gather must be caught (BUG_PART_OFFSET:
+ * a stage gathers at the slot's offset in the whole block, the part's
+ * offset not taken off; the bytes past its buffer are lost). */
+enum { BUG_NONE, BUG_STATE_HEAD, BUG_STATE_SLOT, BUG_WINDOW_ROW, BUG_PART_OFFSET };
 
 #define M_TOKENS 200
 #define M_SLOTS 4
@@ -385,44 +464,71 @@ static int64_t run_model(const kvs_layout_t *lay, const int64_t *totals, int64_t
                                          KVS_OK);
                         uint8_t *blk = test_calloc(1, (size_t)w.w.len_bytes + 1);
                         const int64_t r = w.w.prefill_rank;
-                        /* gather: the prefill rank's rows and state */
-                        for (int64_t l = first; l < first + n; l++) {
-                            for (int64_t q = 0; q < lay->planes; q++) {
-                                kvs_hybrid_slot_t sl;
-                                const int rc = kvs_layout_hybrid_slot(lay, &w, e, l, q, &sl);
-                                if (rc == KVS_ENOENT)
-                                    continue;
-                                assert_int_equal(rc, KVS_OK);
-                                assert_true(sl.offset_bytes + sl.len_bytes <= w.w.len_bytes);
-                                if (sl.kind == KVS_LAYER_STATE) {
-                                    for (int64_t j = 0; j < w.state_heads.num_heads; j++) {
-                                        const int64_t g = global_head(
-                                            lay->state_heads, lay->prefill_tp,
-                                            lay->state_src_heads, r,
-                                            w.state_heads.src_start + j);
-                                        for (int64_t b = 0; b < lay->state_head_bytes; b++)
-                                            blk[sl.offset_bytes + j * lay->state_head_bytes + b] =
-                                                state_value(req, l, g, b);
+                        /* gather: each prefill stage, the rows and state of
+                         * its layers into its part, written at the part's
+                         * offset; the parts tile the block in stage order */
+                        int64_t part_at = 0, layer_at = first;
+                        for (int64_t s = 0; s < lay->prefill_pp; s++) {
+                            kvs_hybrid_part_t hp;
+                            const int prc = kvs_layout_hybrid_part(lay, &w, e, s, &hp);
+                            if (prc == KVS_ENOENT)
+                                continue;
+                            assert_int_equal(prc, KVS_OK);
+                            assert_int_equal(hp.offset_bytes, part_at);
+                            assert_int_equal(hp.first_layer, layer_at);
+                            assert_int_equal(hp.len_bytes, hp.kv_bytes + hp.state_bytes);
+                            part_at += hp.len_bytes;
+                            layer_at += hp.num_layers;
+                            uint8_t *buf = test_calloc(1, (size_t)hp.len_bytes + 1);
+                            const int64_t shift = bug == BUG_PART_OFFSET ? 0 : hp.offset_bytes;
+                            for (int64_t l = hp.first_layer; l < hp.first_layer + hp.num_layers;
+                                 l++) {
+                                for (int64_t q = 0; q < lay->planes; q++) {
+                                    kvs_hybrid_slot_t sl;
+                                    const int rc = kvs_layout_hybrid_slot(lay, &w, e, l, q, &sl);
+                                    if (rc == KVS_ENOENT)
+                                        continue;
+                                    assert_int_equal(rc, KVS_OK);
+                                    assert_true(sl.offset_bytes >= hp.offset_bytes &&
+                                                sl.offset_bytes + sl.len_bytes <=
+                                                    hp.offset_bytes + hp.len_bytes);
+                                    const int64_t at = sl.offset_bytes - shift;
+                                    if (at + sl.len_bytes > hp.len_bytes)
+                                        continue; /* past the stage's buffer: lost */
+                                    if (sl.kind == KVS_LAYER_STATE) {
+                                        for (int64_t j = 0; j < w.state_heads.num_heads; j++) {
+                                            const int64_t g = global_head(
+                                                lay->state_heads, lay->prefill_tp,
+                                                lay->state_src_heads, r,
+                                                w.state_heads.src_start + j);
+                                            for (int64_t b = 0; b < lay->state_head_bytes; b++)
+                                                buf[at + j * lay->state_head_bytes + b] =
+                                                    state_value(req, l, g, b);
+                                        }
+                                        continue;
                                     }
-                                    continue;
-                                }
-                                for (int64_t t = 0; t < sl.rows; t++) {
-                                    int64_t tok = sl.token_start + t;
-                                    if (bug == BUG_WINDOW_ROW && sl.kind == KVS_LAYER_WINDOW &&
-                                        t == 0 && tok >= lay->window_tokens)
-                                        tok -= lay->window_tokens; /* out of the window */
-                                    for (int64_t j = 0; j < w.w.heads.num_heads; j++) {
-                                        const int64_t g = global_head(
-                                            lay->total_heads, lay->prefill_tp, lay->src_heads,
-                                            r, w.w.heads.src_start + j);
-                                        for (int64_t b = 0; b < hb; b++)
-                                            blk[sl.offset_bytes +
-                                                (t * w.w.heads.num_heads + j) * hb + b] =
-                                                kv_value(req, l, q, g, tok, b);
+                                    for (int64_t t = 0; t < sl.rows; t++) {
+                                        int64_t tok = sl.token_start + t;
+                                        if (bug == BUG_WINDOW_ROW &&
+                                            sl.kind == KVS_LAYER_WINDOW && t == 0 &&
+                                            tok >= lay->window_tokens)
+                                            tok -= lay->window_tokens; /* out of the window */
+                                        for (int64_t j = 0; j < w.w.heads.num_heads; j++) {
+                                            const int64_t g = global_head(
+                                                lay->total_heads, lay->prefill_tp,
+                                                lay->src_heads, r, w.w.heads.src_start + j);
+                                            for (int64_t b = 0; b < hb; b++)
+                                                buf[at + (t * w.w.heads.num_heads + j) * hb + b] =
+                                                    kv_value(req, l, q, g, tok, b);
+                                        }
                                     }
                                 }
                             }
+                            memcpy(blk + hp.offset_bytes, buf, (size_t)hp.len_bytes);
+                            test_free(buf);
                         }
+                        assert_int_equal(part_at, w.w.len_bytes);
+                        assert_int_equal(layer_at, first + n);
                         /* scatter: into the decode's pool and state slot */
                         for (int64_t l = first; l < first + n; l++) {
                             for (int64_t q = 0; q < lay->planes; q++) {
@@ -508,6 +614,12 @@ static void test_hybrid_byte_model_moves_every_slot_and_state_byte(void **state)
         {4, 2, 1, 1, 4, 0, 8, 4, 0},   {2, 4, 1, 1, 4, 0, 8, 4, 0},
         {2, 2, 1, 1, 4, 0, 8, 4, 0},   {4, 2, 2, 2, 4, 0, 8, 4, 0},
         {2, 4, 2, 1, 3, 0, 2, 4, 8},   {8, 1, 1, 1, 2, 0, 4, 4, 0},
+        /* prefill PP into a decode of PP 1: a part per prefill stage,
+         * uneven stages, stages without a full layer (no bytes before the
+         * last chunk), replicated KV and state heads */
+        {2, 1, 3, 1, 4, 0, 8, 4, 0},   {8, 1, 4, 1, 4, 0, 4, 4, 0},
+        {4, 2, 4, 1, 3, 0, 2, 4, 8},   {2, 4, 3, 1, 2, 12, 0, 4, 8},
+        {8, 2, 2, 1, 4, 0, 8, 8, 4},
     };
     static const int64_t totals[] = {5, 37, 64, 150};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -532,6 +644,8 @@ static void test_hybrid_byte_model_moves_every_slot_and_state_byte(void **state)
         if (bad != 0)
             fail_msg("shape %zu: %lld wrong bytes", s, (long long)bad);
         /* the planted bugs of this kind of layer are caught */
+        if (lay.prefill_pp > 1 && lay.decode_pp == 1)
+            assert_true(run_model(&lay, totals, 4, BUG_PART_OFFSET) > 0);
         if (shapes[s].window > 0) {
             assert_true(run_model(&lay, totals, 4, BUG_WINDOW_ROW) > 0);
         } else {
@@ -1032,6 +1146,7 @@ int main(void)
         cmocka_unit_test(test_hybrid_window_tokens_are_page_aligned),
         cmocka_unit_test(test_hybrid_window_writer),
         cmocka_unit_test(test_hybrid_state_writer),
+        cmocka_unit_test(test_hybrid_parts_by_hand),
         cmocka_unit_test(test_hybrid_state_heads_cover_every_decode_head),
         cmocka_unit_test(test_hybrid_byte_model_moves_every_slot_and_state_byte),
         cmocka_unit_test(test_hybrid_cp_byte_model_moves_every_byte_once),

@@ -133,6 +133,47 @@ static void test_sim_hybrid_stage_of_window_layers_alone(void **state)
     sim_run_staged_in_both(&c, "window, P2xPP4 -> D2xPP4, stages of a window layer alone");
 }
 
+/* Prefill PP into a decode of PP 1: each prefill stage writes its part of
+ * the writer block (kvs_layout_hybrid_part), one span, and the decode
+ * scatters the whole region. Uneven stages, stages of state layers alone
+ * (no bytes before the last chunk: an arrival without a write), replicated
+ * KV and state heads, CP and two page sizes. */
+static void test_sim_hybrid_prefill_pp_into_decode_pp1(void **state)
+{
+    (void)state;
+    static const struct {
+        int64_t p, d, heads, pp, cp, ps, dps, state_heads;
+        kvs_layer_kind_t other;
+        const char *what;
+    } runs[] = {
+        {2, 2, 8, 2, 1, 16, 16, 0, KVS_LAYER_WINDOW, "window, P2xPP2 -> D2"},
+        {4, 2, 8, 3, 1, 16, 64, 0, KVS_LAYER_WINDOW, "window, P4xPP3 -> D2, pages 16 -> 64"},
+        {4, 2, 8, 2, 1, 16, 16, 4, KVS_LAYER_STATE, "state, P4xPP2 -> D2"},
+        {2, 4, 8, 3, 1, 16, 16, 4, KVS_LAYER_STATE, "state, P2xPP3 -> D4 (uneven stages)"},
+        {2, 1, 8, 4, 1, 16, 16, 4, KVS_LAYER_STATE,
+         "state, P2xPP4 -> D1 (stages of state layers alone)"},
+        {8, 2, 2, 2, 1, 16, 16, 16, KVS_LAYER_STATE,
+         "state, H2 P8xPP2 -> D2 (replicated KV heads, state-alone writers)"},
+        {4, 2, 8, 2, 2, 16, 16, 4, KVS_LAYER_STATE, "state, P4xPP2 CP2 -> D2"},
+        {2, 2, 8, 2, 3, 16, 16, 0, KVS_LAYER_WINDOW, "window, P2xPP2 CP3 -> D2"},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        sim_scenario_config_t c = small_hybrid(runs[i].p, runs[i].d, runs[i].heads,
+                                               runs[i].other);
+        c.shape.prefill_pp = runs[i].pp;
+        c.shape.decode_pp = 1;
+        c.shape.prefill_cp = runs[i].cp;
+        c.shape.page_size = runs[i].ps;
+        c.shape.decode_page_size = runs[i].dps;
+        if (runs[i].state_heads > 0)
+            c.shape.state_heads = runs[i].state_heads;
+        const sim_report_t r = sim_run_staged_in_both(&c, runs[i].what);
+        assert_true(r.bytes_verified > 0);
+        if (runs[i].state_heads >= runs[i].p) /* no replica of a state head */
+            assert_int_equal(r.bytes_moved, r.bytes_verified);
+    }
+}
+
 /* A state larger than a chunk's rows (Qwen3-Next's 68608 bytes a state
  * head, chunks of 16 tokens): the prefill staging buffers hold the state
  * part besides the rows. */
@@ -500,6 +541,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sim_hybrid_every_byte_in_both_modes),
         cmocka_unit_test(test_sim_hybrid_stage_of_window_layers_alone),
+        cmocka_unit_test(test_sim_hybrid_prefill_pp_into_decode_pp1),
         cmocka_unit_test(test_sim_hybrid_state_larger_than_a_chunk),
         cmocka_unit_test(test_sim_hybrid_moves_less_than_full),
         cmocka_unit_test(test_sim_hybrid_replicated_kv_head_written_once),

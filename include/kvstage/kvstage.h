@@ -687,16 +687,20 @@ KVS_API int kvs_layout_layer_tokens(const kvs_layout_t *lay, int64_t layer,
                                     int64_t total_tokens, int64_t *out_start,
                                     int64_t *out_end);
 
-/* One writer's block of a hybrid region. A writer block holds, per plane
- * (K then V), one slot per layer of the decode stage that has rows in the
- * chunk (full layers; window layers whose window meets the chunk), in layer
- * order, each of the slot's tokens x nh heads rows; then, in the request's
- * last chunk alone, the state part: per state layer of the stage, in layer
- * order, state_nh state heads of state_head_bytes (conv, then ssm). With
- * fewer KV heads than prefill ranks, the writers past the first of each
- * run holding a KV head (kvs_layout_t.tp_sources) write no slots: their
- * block is their state part alone (w.heads.num_heads 0, kv_bytes 0), after
- * the blocks of the writers of KV. */
+/* One writer's block of a hybrid region. A writer block is in parts, one
+ * per prefill stage holding layers of the decode stage, in stage order
+ * (kvs_layout_hybrid_part): one part, the whole block, when both sides
+ * have the same PP or the prefill PP 1; with prefill PP into a decode of
+ * PP 1 a part per prefill stage, so each stage writes one span. A part
+ * holds, per plane (K then V), one slot per layer of it that has rows in
+ * the chunk (full layers; window layers whose window meets the chunk), in
+ * layer order, each of the slot's tokens x nh heads rows; then, in the
+ * request's last chunk alone, its state: per state layer of the part, in
+ * layer order, state_nh state heads of state_head_bytes (conv, then ssm).
+ * With fewer KV heads than prefill ranks, the writers past the first of
+ * each run holding a KV head (kvs_layout_t.tp_sources) write no slots:
+ * their block is their state alone (w.heads.num_heads 0, kv_bytes 0),
+ * after the blocks of the writers of KV. */
 typedef struct kvs_hybrid_writer {
     kvs_writer_t w;            /* heads, offset and len of the whole block */
     kvs_head_slice_t state_heads; /* state heads this writer copies */
@@ -706,11 +710,13 @@ typedef struct kvs_hybrid_writer {
     int64_t window_slots;      /* window layers of the stage with rows here */
     int64_t window_token_start;/* first token of a window slot (absolute) */
     int64_t window_tokens;     /* rows of a window slot (0: no window slot) */
-    int64_t kv_bytes;          /* bytes of the slots */
+    int64_t kv_bytes;          /* bytes of the slots (of every part) */
     int64_t state_layers;      /* state layers of the stage (in the state
                                   part of the last chunk, else 0) */
-    int64_t state_offset_bytes;/* from the block's start: kv_bytes */
-    int64_t state_bytes;       /* state_layers x state_nh x state_head_bytes */
+    int64_t state_offset_bytes;/* from the block's start, the first part's
+                                  state: kv_bytes with one part */
+    int64_t state_bytes;       /* state_layers x state_nh x state_head_bytes
+                                  (of every part) */
 } kvs_hybrid_writer_t;
 
 /* Writer i of decode rank d's region at decode stage e for `chunk` of a
@@ -745,6 +751,25 @@ typedef struct kvs_hybrid_slot {
 KVS_API int kvs_layout_hybrid_slot(const kvs_layout_t *lay, const kvs_hybrid_writer_t *hw,
                                    int64_t decode_stage, int64_t layer, int64_t plane,
                                    kvs_hybrid_slot_t *out);
+/* The part of a writer block one prefill stage writes: the layers the
+ * stage and the decode stage both hold, their slots then their state. */
+typedef struct kvs_hybrid_part {
+    int64_t prefill_stage;
+    int64_t first_layer, num_layers; /* global layers of the part */
+    int64_t offset_bytes;            /* from the writer block's start */
+    int64_t len_bytes;               /* kv_bytes + state_bytes (0: nothing to
+                                        write in this chunk) */
+    int64_t kv_bytes;                /* its slots, plane after plane */
+    int64_t state_bytes;             /* its state, after its slots */
+} kvs_hybrid_part_t;
+
+/* The part prefill stage s writes of writer block hw (kvs_layout_hybrid_
+ * writer's out, for decode stage e). KVS_ENOENT when stage s holds none of
+ * stage e's layers; KVS_EINVAL for a NULL argument, KVS_ERANGE for a stage
+ * outside its side's PP. */
+KVS_API int kvs_layout_hybrid_part(const kvs_layout_t *lay, const kvs_hybrid_writer_t *hw,
+                                   int64_t decode_stage, int64_t prefill_stage,
+                                   kvs_hybrid_part_t *out);
 /* Bytes of one request's state on one rank of `role` for the layers of
  * `stage`: state layers x that side's state heads x state_head_bytes (the
  * per-request state slot). 0 without state layers. KVS_EINVAL / KVS_ERANGE
