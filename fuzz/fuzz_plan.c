@@ -851,54 +851,79 @@ static void check_hybrid(const kvs_layout_params_t *params, const kvs_layout_t *
             kvs_hybrid_writer_t w;
             CHECK(kvs_layout_hybrid_writer(&l, d, e, i, total, &ch, &w) == KVS_OK);
             CHECK(w.w.offset_bytes == at && w.w.len_bytes == w.kv_bytes + w.state_bytes);
-            CHECK(w.state_offset_bytes == w.kv_bytes && (w.state_bytes == 0 || last));
+            CHECK(w.state_bytes == 0 || last);
             if (i < kvw)
                 CHECK(w.w.heads.num_heads >= 1 &&
                       w.w.heads.src_start + w.w.heads.num_heads <= l.src_heads);
             else /* a replica of a KV head already written: its state alone */
                 CHECK(w.w.heads.num_heads == 0 && w.kv_bytes == 0 && w.full_slots == 0);
             at += w.w.len_bytes;
-            /* the slots tile each plane's part, then the state part */
-            int64_t kv_at = 0, st_at = w.kv_bytes;
-            for (int64_t q = 0; q < l.planes; q++) {
-                for (int64_t layer = first; layer < first + n; layer++) {
-                    kvs_hybrid_slot_t sl;
-                    const int src = kvs_layout_hybrid_slot(&l, &w, e, layer, q, &sl);
-                    kvs_layer_kind_t kind;
-                    int64_t ws, we;
-                    CHECK(kvs_layout_layer_kind(&l, layer, &kind) == KVS_OK);
-                    CHECK(kvs_layout_layer_tokens(&l, layer, total, &ws, &we) == KVS_OK);
-                    CHECK(we == total && ws <= we);
-                    if (kind == KVS_LAYER_STATE) {
-                        CHECK(ws == total);
-                        if (src == KVS_ENOENT) {
-                            CHECK(q > 0 || !last);
+            /* the parts of the prefill stages tile the block in stage order
+             * (one, the whole block, unless prefill PP goes into a decode of
+             * PP 1); in each, the slots tile each plane, then the state */
+            int64_t part_at = 0, layer_at = first, kv_sum = 0, st_sum = 0;
+            for (int64_t s = 0; s < l.prefill_pp && s < 256; s++) {
+                kvs_hybrid_part_t hp;
+                const int prc = kvs_layout_hybrid_part(&l, &w, e, s, &hp);
+                if (prc == KVS_ENOENT) {
+                    CHECK(l.decode_pp > 1 && s != e);
+                    continue;
+                }
+                CHECK(prc == KVS_OK && hp.prefill_stage == s && hp.offset_bytes == part_at);
+                CHECK(hp.first_layer == layer_at && hp.num_layers >= 1);
+                CHECK(hp.len_bytes == hp.kv_bytes + hp.state_bytes);
+                if (part_at == 0)
+                    CHECK(w.state_offset_bytes == hp.kv_bytes);
+                int64_t kv_at = part_at, st_at = part_at + hp.kv_bytes;
+                for (int64_t q = 0; q < l.planes; q++) {
+                    for (int64_t layer = hp.first_layer;
+                         layer < hp.first_layer + hp.num_layers; layer++) {
+                        kvs_hybrid_slot_t sl;
+                        const int src = kvs_layout_hybrid_slot(&l, &w, e, layer, q, &sl);
+                        kvs_layer_kind_t kind;
+                        int64_t ws, we;
+                        CHECK(kvs_layout_layer_kind(&l, layer, &kind) == KVS_OK);
+                        CHECK(kvs_layout_layer_tokens(&l, layer, total, &ws, &we) == KVS_OK);
+                        CHECK(we == total && ws <= we);
+                        if (kind == KVS_LAYER_STATE) {
+                            CHECK(ws == total);
+                            if (src == KVS_ENOENT) {
+                                CHECK(q > 0 || !last);
+                                continue;
+                            }
+                            CHECK(src == KVS_OK && q == 0 && sl.offset_bytes == st_at);
+                            CHECK(sl.len_bytes == w.state_heads.num_heads * l.state_head_bytes);
+                            st_at += sl.len_bytes;
                             continue;
                         }
-                        CHECK(src == KVS_OK && q == 0 && sl.offset_bytes == st_at);
-                        CHECK(sl.len_bytes == w.state_heads.num_heads * l.state_head_bytes);
-                        st_at += sl.len_bytes;
-                        continue;
+                        const int64_t a = max64(ch.token_start, ws);
+                        if (i >= kvw) {
+                            CHECK(src == KVS_ENOENT);
+                            continue;
+                        }
+                        if (src == KVS_ENOENT) {
+                            CHECK(kind == KVS_LAYER_WINDOW && a >= ch.token_end);
+                            continue;
+                        }
+                        CHECK(src == KVS_OK && sl.kind == kind && sl.offset_bytes == kv_at);
+                        CHECK(sl.token_start == (kind == KVS_LAYER_FULL ? ch.token_start : a));
+                        CHECK(sl.token_start + sl.rows == ch.token_end);
+                        if (kind == KVS_LAYER_WINDOW && ws > 0) /* page-aligned window */
+                            CHECK(ws % l.cp_align_tokens == 0 &&
+                                  ws <= total - l.window_tokens &&
+                                  total - l.window_tokens - ws < l.cp_align_tokens);
+                        kv_at += sl.len_bytes;
                     }
-                    const int64_t a = max64(ch.token_start, ws);
-                    if (i >= kvw) {
-                        CHECK(src == KVS_ENOENT);
-                        continue;
-                    }
-                    if (src == KVS_ENOENT) {
-                        CHECK(kind == KVS_LAYER_WINDOW && a >= ch.token_end);
-                        continue;
-                    }
-                    CHECK(src == KVS_OK && sl.kind == kind && sl.offset_bytes == kv_at);
-                    CHECK(sl.token_start == (kind == KVS_LAYER_FULL ? ch.token_start : a));
-                    CHECK(sl.token_start + sl.rows == ch.token_end);
-                    if (kind == KVS_LAYER_WINDOW && ws > 0) /* page-aligned window */
-                        CHECK(ws % l.cp_align_tokens == 0 && ws <= total - l.window_tokens &&
-                              total - l.window_tokens - ws < l.cp_align_tokens);
-                    kv_at += sl.len_bytes;
                 }
+                CHECK(kv_at == part_at + hp.kv_bytes && st_at == part_at + hp.len_bytes);
+                kv_sum += hp.kv_bytes;
+                st_sum += hp.state_bytes;
+                part_at += hp.len_bytes;
+                layer_at += hp.num_layers;
             }
-            CHECK(kv_at == w.kv_bytes && st_at == w.kv_bytes + w.state_bytes);
+            if (l.prefill_pp <= 256)
+                CHECK(part_at == w.w.len_bytes && layer_at == first + n &&
+                      kv_sum == w.kv_bytes && st_sum == w.state_bytes);
         }
         if (l.tp_writers <= 64)
             CHECK(at <= max_region);

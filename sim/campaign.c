@@ -128,10 +128,9 @@
 /* Hybrid models (docs/kinds/hybrid.md): a layer pattern of window or state
  * layers (every 2nd..4th layer full attention) in this share of the runs,
  * from a stream of its own. Hybrid layers are GQA, on the staging path,
- * with a prefill PP of 1 or the decode's, with or without prefill CP: a
- * run that draws them drops MLA, keeps a CP drawn, takes the path AUTO
- * picks (staging), and all its instances run PP 1 where a pair would break
- * that rule. */
+ * at any PP pair and with or without prefill CP: a run that draws them
+ * drops MLA, keeps the PP and CP drawn and takes the path AUTO picks
+ * (staging). */
 #define SIM_CAMPAIGN_HYBRID_PCT 15
 #define SIM_CAMPAIGN_HYBRID_STREAM (UINT64_C(1) << 55)
 /* Draft KV of speculative decoding (docs/kinds/draft.md): 1..3 draft
@@ -893,8 +892,7 @@ static void sim_campaign_generate(uint64_t seed, uint64_t run,
     /* Hybrid layers: every 2nd..4th layer full attention, the others
      * window layers of 1..256 tokens or state layers of the model's KV
      * heads (they split over every TP as those do) and a few bytes to a
-     * few KiB a head. A prefill PP that is neither 1 nor its decode's
-     * makes every instance PP 1. */
+     * few KiB a head, at the PP the cluster drew. */
     kvs_layout_params_t hyb = {0};
     if (draw->models >> SIM_CAMPAIGN_HYBRID & 1u) {
         hyb.full_attn_every = (int64_t)sim_rng_range(&hybrid_rng, 2, 4);
@@ -909,17 +907,6 @@ static void sim_campaign_generate(uint64_t seed, uint64_t run,
             hyb.state_conv_bytes = SIM_CAMPAIGN_PICK(&hybrid_rng, conv);
             hyb.state_ssm_bytes = SIM_CAMPAIGN_PICK(&hybrid_rng, ssm);
         }
-        bool pp_ok = true;
-        for (uint32_t p = 0; p < topo.prefill_instances; p++)
-            for (uint32_t d = 0; d < topo.decode_instances; d++)
-                pp_ok = pp_ok && (topo.prefill[p].pp == 1 ||
-                                  topo.prefill[p].pp == topo.decode[d].pp);
-        for (uint32_t i = 0; !pp_ok && i < topo.prefill_instances; i++)
-            topo.prefill[i].pp = 1;
-        for (uint32_t i = 0; !pp_ok && i < topo.decode_instances; i++)
-            topo.decode[i].pp = 1;
-        if (!pp_ok)
-            ppp = dpp = 1;
     }
     /* A draft: 1..3 layers of head dim 8..128 (or the model's), at the PP
      * the cluster drew (the last stage of each instance holds it). */

@@ -50,7 +50,9 @@ two page sizes, FP8 scale planes) between two processes over libfabric (ofi tcp 
              prefill CP 2, hyb_state_cp hyb_state with prefill CP 3 and
              prompts of 3 to 120 tokens (some CP ranks hold nothing): a
              CP rank fills its range's rows, and only the one holding the
-             room's last token its state
+             room's last token its state; hyb_state_pp hyb_state at P2xPP2
+             -> D1, hyb_window_pp_cp hyb_window at P1xPP2 CP2 -> D2 (each
+             prefill stage writes its part of every writer block)
   rep_*      fewer KV heads than prefill ranks: rep_p8d2 4 heads, P8 -> D2
              (pairs of prefill ranks hold a head; ranks 0, 2, 4, 6 write,
              the others report), rep_p4d2_pp 1 head, P4xPP2 -> D2 (one
@@ -168,6 +170,14 @@ RUNS = [
     ("hyb_state_cp", HYB + ["--full-attn-every", "2", "--state-heads", "4", "--state-bytes",
                             "96+416", "--prefill-tp", "1", "--decode-tp", "2",
                             "--prefill-cp", "3", "--prompt-tokens", "3:120"], [], False),
+    # Hybrid models with prefill PP into a decode of PP 1: each prefill
+    # stage writes its part of each writer block, one span.
+    ("hyb_state_pp", HYB + ["--full-attn-every", "2", "--state-heads", "4", "--state-bytes",
+                            "96+416", "--prefill-tp", "2", "--decode-tp", "1",
+                            "--prefill-pp", "2"], [], False),
+    ("hyb_window_pp_cp", HYB + ["--full-attn-every", "2", "--window", "48", "--prefill-tp",
+                                "1", "--decode-tp", "2", "--prefill-pp", "2",
+                                "--prefill-cp", "2"], [], False),
     # A draft model's layers (docs/kinds/draft.md), on the staging path.
     ("draft_p2d1", GQA + ["--page-size", "16", "--chunk-tokens", "64", "--prefill-tp", "2",
                           "--decode-tp", "1", "--draft-layers", "1"], [], False),
