@@ -653,7 +653,14 @@ static void cli_plan_table(const cli_plan_input_t *in, const kvs_layout_t *lay,
     }
     printf("  path     staging: gather on prefill, one write per writer, "
            "scatter on decode\n");
-    if (lay->full_attn_every > 1)
+    if (lay->full_attn_every > 1 && lay->decode_pp == 1 && lay->prefill_pp > 1)
+        printf("  chunk    T = %" PRId64 " tokens; each region holds %" PRId64
+               " writer(s) x %" PRId64 " parts, one per prefill stage, each [its K slots | "
+               "its V slots | its state] (one write of each stage): a slot per full layer "
+               "and per window layer with rows in the chunk, the state in a request's "
+               "last chunk; a chunk completes after %" PRId64 " arrival(s)\n",
+               tokens, lay->tp_writers, lay->prefill_pp, lay->expected_arrivals);
+    else if (lay->full_attn_every > 1)
         printf("  chunk    T = %" PRId64 " tokens; each region holds %" PRId64
                " writer(s) x [K slots | V slots | state]: a slot per full layer and per "
                "window layer with rows in the chunk, the state in a request's last chunk; "
