@@ -748,8 +748,10 @@ static void check_hybrid_cp(const kvs_layout_params_t *params, const kvs_layout_
         kvs_chunk_t ch;
         kvs_hybrid_writer_t whole;
         CHECK(kvs_grid_chunk(&l, 0, total, picks[k], &ch) == KVS_OK);
+        kvs_hybrid_writer_t w0; /* writer 0 writes state in a chunk that carries it */
         CHECK(kvs_layout_hybrid_writer(one, d, e, one->tp_writers - 1, total, &ch, &whole) ==
               KVS_OK);
+        CHECK(kvs_layout_hybrid_writer(one, d, e, 0, total, &ch, &w0) == KVS_OK);
         const int64_t region = whole.w.offset_bytes + whole.w.len_bytes;
         int64_t first = -1, count = 0, at = 0, tok = ch.token_start, states = 0;
         CHECK(kvs_layout_cp_writers(&l, total, &ch, &first, &count) == KVS_OK);
@@ -782,7 +784,7 @@ static void check_hybrid_cp(const kvs_layout_params_t *params, const kvs_layout_
         }
         CHECK(tok == ch.token_end && at == region); /* the parts tile the region */
         /* (the writers are walked only up to 64 of them) */
-        CHECK(states <= 1 && (l.tp_writers > 64 || (whole.state_bytes > 0) == (states == 1)));
+        CHECK(states <= 1 && (l.tp_writers > 64 || (w0.state_bytes > 0) == (states == 1)));
     }
 }
 
@@ -820,12 +822,22 @@ static void check_hybrid(const kvs_layout_params_t *params, const kvs_layout_t *
     const bool hybrid = p.full_attn_every > 1;
     CHECK(l.full_attn_every == (hybrid ? p.full_attn_every : 0));
     /* The writers of KV are the base plan's (one per distinct KV head);
-     * with state layers every source writes, those past them their state
-     * alone. */
+     * with state layers the first holder of each distinct state head
+     * writes it too, those not KV writers their state alone: as many
+     * writers as distinct holders of either (offsets in a decode rank's
+     * sources that are multiples of S / K or of S / SW). */
     const bool states = hybrid && p.other_layers == KVS_LAYER_STATE;
     const int64_t kvw = base_lay->tp_writers;
+    int64_t holders = kvw;
+    if (states && l.tp_sources <= 4096) {
+        const int64_t S = l.tp_sources;
+        const int64_t sw = min64(S, max64(1, l.state_heads / l.decode_tp));
+        holders = 0;
+        for (int64_t o = 0; o < S; o++)
+            holders += o % (S / kvw) == 0 || o % (S / sw) == 0;
+    }
     CHECK(l.grid_tokens == base_lay->grid_tokens &&
-          l.tp_writers == (states ? l.tp_sources : kvw));
+          (l.tp_sources > 4096 || l.tp_writers == holders));
     const int64_t max_region = kvs_layout_max_region_bytes(&l);
     CHECK(max_region > 0);
     if (!hybrid)
@@ -846,7 +858,8 @@ static void check_hybrid(const kvs_layout_params_t *params, const kvs_layout_t *
         kvs_chunk_t ch;
         CHECK(kvs_grid_chunk(&l, 0, total, picks[k], &ch) == KVS_OK);
         const bool last = ch.token_end == total;
-        int64_t at = 0;
+        int64_t at = 0, nss = 0;
+        span_t sspans[64];
         for (int64_t i = 0; i < l.tp_writers && i < 64; i++) {
             kvs_hybrid_writer_t w;
             CHECK(kvs_layout_hybrid_writer(&l, d, e, i, total, &ch, &w) == KVS_OK);
@@ -890,7 +903,11 @@ static void check_hybrid(const kvs_layout_params_t *params, const kvs_layout_t *
                         if (kind == KVS_LAYER_STATE) {
                             CHECK(ws == total);
                             if (src == KVS_ENOENT) {
-                                CHECK(q > 0 || !last);
+                                /* V, a chunk before the last, or a KV writer
+                                 * whose state heads another one writes */
+                                CHECK(q > 0 || !last ||
+                                      (i < kvw && w.state_heads.num_heads == 0 &&
+                                       w.state_bytes == 0));
                                 continue;
                             }
                             CHECK(src == KVS_OK && q == 0 && sl.offset_bytes == st_at);
@@ -926,9 +943,30 @@ static void check_hybrid(const kvs_layout_params_t *params, const kvs_layout_t *
             if (l.prefill_pp <= 256)
                 CHECK(part_at == w.w.len_bytes && layer_at == first + n &&
                       kv_sum == w.kv_bytes && st_sum == w.state_bytes);
+            /* a writer of state holds the next of the decode rank's state
+             * heads: in the last chunk they tile them, each once */
+            if (w.state_layers > 0 && l.tp_writers <= 64) {
+                CHECK(w.state_heads.num_heads >= 1);
+                sspans[nss++] = (span_t){w.state_heads.dst_start, w.state_heads.num_heads};
+            }
         }
         if (l.tp_writers <= 64)
             CHECK(at <= max_region);
+        if (states && last && l.tp_writers <= 64 && n > 0) {
+            int64_t other_l = 0; /* does the stage hold a state layer? */
+            for (int64_t layer = first; layer < first + n; layer++) {
+                kvs_layer_kind_t kind;
+                CHECK(kvs_layout_layer_kind(&l, layer, &kind) == KVS_OK);
+                other_l += kind == KVS_LAYER_STATE;
+            }
+            qsort(sspans, (size_t)nss, sizeof sspans[0], span_cmp);
+            int64_t covered = 0;
+            for (int64_t k2 = 0; k2 < nss; k2++) {
+                CHECK(sspans[k2].start == covered); /* no gap, no state head twice */
+                covered = sspans[k2].start + sspans[k2].len;
+            }
+            CHECK(covered == (other_l > 0 ? l.state_dst_heads : 0));
+        }
     }
     check_hybrid_cp(&p, &l, total, d, e, picks, in);
 }

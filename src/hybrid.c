@@ -150,9 +150,12 @@ int kvs__hybrid_init(kvs_layout_t *l, const kvs_layout_params_t *p, kvs_error_t 
         l->state_ssm_bytes = p->state_ssm_bytes;
         l->state_src_heads = kvs__max(1, p->state_heads / l->prefill_tp);
         l->state_dst_heads = kvs__max(1, p->state_heads / l->decode_tp);
-        /* state heads split over TP on their own: every source writes its
-         * state, those past the KV writers their state alone */
-        l->tp_writers = l->tp_sources;
+        /* state heads split over TP on their own: the first source of each
+         * run holding a state head writes it, those not KV writers their
+         * state alone (kvs__writers_t) */
+        kvs__writers_t w;
+        kvs__layout_writers(l, &w);
+        l->tp_writers = w.kv + w.state_alone;
     } else {
         return KVS__FAIL(err, KVS_EINVAL, "other_layers %d: use KVS_LAYER_WINDOW (--window) "
                          "or KVS_LAYER_STATE (--state-heads) for the layers that are not "
@@ -318,30 +321,39 @@ int kvs_layout_hybrid_writer(const kvs_layout_t *lay, int64_t decode_rank,
         }
     }
     out->kv_bytes *= lay->planes;
+    /* The KV writers (kvs__writers_t, one per distinct KV head) come
+     * first, each block its rows and, when it is the first holder of its
+     * state heads, its state; then the writers of their state alone (a
+     * replica of a KV head already written). Every block of a kind is as
+     * long as any other of that kind. */
+    kvs__writers_t wr;
+    kvs__layout_writers(lay, &wr);
+    int64_t st = 0; /* a state block's bytes, in this chunk */
     if (kvs__hybrid(lay) && lay->other_layers == KVS_LAYER_STATE) {
         kvs__slice(lay, lay->state_heads, r % lay->prefill_tp, decode_rank, &out->state_heads);
-        if (te == total_tokens) { /* the last chunk carries the state */
-            out->state_layers = other;
-            out->state_bytes = other * out->state_heads.num_heads * lay->state_head_bytes;
+        if (te == total_tokens) /* the last chunk carries the state */
+            st = other * out->state_heads.num_heads * lay->state_head_bytes;
+        if (writer_index >= wr.kv || writer_index % wr.state_every == 0) {
+            out->state_layers = te == total_tokens ? other : 0;
+            out->state_bytes = st;
+        } else { /* a replica of a state head another KV writer writes */
+            out->state_heads.num_heads = 0;
         }
     }
-    /* The KV writers (kvs__layout_kv_writers, one per distinct KV head)
-     * come first, each block its rows and its state; a source past them
-     * holds a replica of a KV head already written and writes its state
-     * alone. Every block of a kind is as long as any other of that kind. */
-    const int64_t kw = kvs__layout_kv_writers(lay);
-    const int64_t full_block = out->kv_bytes + out->state_bytes;
+    /* KV writers before this one that write their state */
+    const int64_t with_state = kvs__ceil_div(kvs__min_i64(writer_index, wr.kv), wr.state_every);
     kvs_hybrid_part_t part0 = {0};
-    if (writer_index < kw) {
-        out->w.len_bytes = full_block;
-        out->w.offset_bytes = writer_index * full_block;
+    if (writer_index < wr.kv) {
+        out->w.len_bytes = out->kv_bytes + out->state_bytes;
+        out->w.offset_bytes = writer_index * out->kv_bytes + with_state * st;
     } else {
+        out->w.offset_bytes = wr.kv * out->kv_bytes + with_state * st +
+                              (writer_index - wr.kv) * st;
         out->w.heads.num_heads = 0;
         out->full_slots = out->window_slots = 0;
         out->window_tokens = 0;
         out->kv_bytes = out->state_offset_bytes = 0;
         out->w.len_bytes = out->state_bytes;
-        out->w.offset_bytes = kw * full_block + (writer_index - kw) * out->state_bytes;
     }
     /* the first part's state follows its slots (with one part: kv_bytes) */
     (void)kvs__part(lay, out, decode_stage, 0, first, &part0);
@@ -437,7 +449,9 @@ static int64_t kvs__hybrid_most_bytes(const kvs_layout_t *lay, int64_t w, int64_
     const int64_t nh = lay->prefill_tp > lay->decode_tp ? lay->src_heads : lay->dst_heads;
     const int64_t snh = lay->prefill_tp > lay->decode_tp ? lay->state_src_heads
                                                          : lay->state_dst_heads;
-    const int64_t kw = kvs__layout_kv_writers(lay);
+    kvs__writers_t wr;
+    kvs__layout_writers(lay, &wr);
+    const int64_t kw = wr.kv, with_state = kw / wr.state_every; /* state_every divides K */
     int64_t best = 0;
     for (int64_t e = 0; e < lay->decode_pp; e++) {
         int64_t first, n, full, other;
@@ -452,8 +466,9 @@ static int64_t kvs__hybrid_most_bytes(const kvs_layout_t *lay, int64_t w, int64_
                            kvs_layout_layer_block_bytes(lay, 1, nh);
         const int64_t st =
             lay->other_layers == KVS_LAYER_STATE ? other * snh * lay->state_head_bytes : 0;
-        const int64_t bytes = w < 0 ? (kv + st) * kw + st * (lay->tp_writers - kw)
-                                    : (w < kw ? kv + st : st);
+        const int64_t bytes =
+            w < 0 ? kv * kw + st * (with_state + lay->tp_writers - kw)
+                  : (w < kw ? kv + (w % wr.state_every == 0 ? st : 0) : st);
         best = kvs__max(best, bytes);
     }
     return best;

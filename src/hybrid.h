@@ -14,8 +14,28 @@ int kvs__hybrid_init(kvs_layout_t *l, const kvs_layout_params_t *p, kvs_error_t 
 
 /* The sources of a decode rank that write its KV rows, one per distinct
  * head (src/layout.c); the first of the sources. A hybrid layout with
- * state layers has tp_writers = tp_sources, the others writing state. */
+ * state layers has more writers: kvs__writers_t. */
 int64_t kvs__layout_kv_writers(const kvs_layout_t *l);
+
+/* Who among a decode rank's S sources (P > D; S = 1 else) writes: with
+ * fewer heads than prefill ranks each head (KV or state) is held by a run
+ * of ranks, and its first rank alone writes it. Sources are numbered
+ * writers of KV first (K of them, the first of each run of rk = S / K),
+ * then writers of their state alone (state_alone: the first of each run
+ * of rs = S / SW holding the same state heads, SW = min(S, max(1, state
+ * heads / D)), not a KV writer), then those that only report. KV writer j
+ * writes its state too when j % state_every == 0. Without state layers rs
+ * = rk: no state-alone writers. */
+typedef struct kvs__writers {
+    int64_t sources;     /* S */
+    int64_t kv;          /* K */
+    int64_t state_alone; /* writers of their state alone */
+    int64_t kv_run;      /* rk */
+    int64_t state_run;   /* rs */
+    int64_t state_every; /* lcm(rk, rs) / rk */
+} kvs__writers_t;
+
+void kvs__layout_writers(const kvs_layout_t *l, kvs__writers_t *out);
 
 /* True for a layout with window or state layers. */
 static inline int kvs__hybrid(const kvs_layout_t *lay) { return lay->full_attn_every > 1; }

@@ -15,7 +15,8 @@
  * (P > D) the P / H prefill ranks in a row that hold one head write it
  * once: the first of them is the writer, the others take part as sources
  * that only report, as MLA's do (kvs__layout_kv_writers); spec §3's P / D
- * writers would send each head P / H times.
+ * writers would send each head P / H times. A hybrid model's state heads
+ * follow the same rule (kvs__layout_writers).
  *
  * Kinds (kvs_kv_kind_t): the table below says, per kind, how many planes a
  * layer has and whether its bytes are the same on every TP rank. MLA is
@@ -549,29 +550,65 @@ int64_t kvs_layout_layer_block_bytes(const kvs_layout_t *lay, int64_t tokens,
     return tokens * num_heads * (lay->head_dim * lay->elem_bytes + lay->scale_bytes);
 }
 
+void kvs__layout_writers(const kvs_layout_t *l, kvs__writers_t *out)
+{
+    const int64_t s = l->tp_sources, kw = kvs__layout_kv_writers(l);
+    /* state heads split as KV heads do: one writer per distinct one */
+    int64_t sw = kw;
+    if (l->state_heads > 0) {
+        sw = kvs__max64(1, l->state_heads / l->decode_tp);
+        sw = sw < s ? sw : s;
+    }
+    const int64_t rk = s / kw, rs = s / sw;
+    const int64_t lcm = rk / kvs__gcd_i64(rk, rs) * rs; /* divides S: rk and rs do */
+    *out = (kvs__writers_t){.sources = s, .kv = kw, .kv_run = rk, .state_run = rs,
+                            .state_every = lcm / rk,
+                            .state_alone = sw - s / lcm};
+}
+
+/* Of the first o source offsets of a decode rank, those that write KV or
+ * their state. */
+static int64_t kvs__writing_below(const kvs__writers_t *w, int64_t o)
+{
+    const int64_t lcm = w->kv_run * w->state_every;
+    return kvs__ceil_div(o, w->kv_run) + kvs__ceil_div(o, w->state_run) -
+           kvs__ceil_div(o, lcm);
+}
+
 /* Prefill rank of source i of decode rank d (valid i < tp_sources, d):
  * d's sources are the ranks [d * S, + S) when P > D (S = P / D), else the
- * one prefill rank d / (D / P). KV writer j (j < K, kvs__layout_kv_writers)
- * is the rank at offset j * (S / K), the first of each run of S / K ranks
- * holding the same heads; the other sources follow in rank order (those
- * that only report, or a hybrid model's that write their state alone).
- * With every source writing KV (S / K = 1) source i is the rank at
- * offset i. With MLA
- * (one writer) decode d thus takes its latent from prefill rank d * P / D
+ * one prefill rank d / (D / P). Sources are numbered writers first
+ * (kvs__writers_t): KV writer j (j < K) is the rank at offset j * rk, the
+ * first of each run of rk ranks holding the same KV heads; then the
+ * writers of their state alone (a hybrid model's first rank of each run
+ * of rs holding the same state heads, not already a KV writer), in rank
+ * order; then those that only report, in rank order. With every source
+ * writing KV (rk = 1) source i is the rank at offset i. With MLA (one
+ * writer) decode d thus takes its latent from prefill rank d * P / D
  * either way: spread over the prefill ranks, each feeding as many decode
  * ranks as any other. */
 static int64_t kvs__layout_source_rank(const kvs_layout_t *lay, int64_t d, int64_t i)
 {
     if (lay->prefill_tp <= lay->decode_tp)
         return d / lay->targets_per_prefill;
-    const int64_t kw = kvs__layout_kv_writers(lay);
-    const int64_t run = lay->tp_sources / kw;
-    const int64_t base = d * lay->tp_sources;
-    if (i < kw)
-        return base + i * run;
-    /* the k-th of the others: run - 1 of them after each KV writer */
-    const int64_t k = i - kw;
-    return base + (k / (run - 1)) * run + 1 + k % (run - 1);
+    kvs__writers_t w;
+    kvs__layout_writers(lay, &w);
+    const int64_t base = d * w.sources;
+    if (i < w.kv)
+        return base + i * w.kv_run;
+    const int64_t k = i - w.kv;
+    if (k < w.state_alone) { /* the k-th multiple of rs that is not one of rk */
+        const int64_t q = w.kv_run * w.state_every / w.state_run; /* > 1 here */
+        return base + ((k / (q - 1)) * q + 1 + k % (q - 1)) * w.state_run;
+    }
+    /* the c-th offset that writes nothing */
+    const int64_t c = k - w.state_alone;
+    if (w.state_run == w.kv_run) /* run - 1 of them after each KV writer */
+        return base + (c / (w.kv_run - 1)) * w.kv_run + 1 + c % (w.kv_run - 1);
+    int64_t o = c; /* the smallest o with o + 1 - writing_below(o + 1) = c + 1 */
+    while (o + 1 - kvs__writing_below(&w, o + 1) < c + 1)
+        o++;
+    return base + o;
 }
 
 int kvs_layout_writer(const kvs_layout_t *lay, int64_t decode_rank, int64_t decode_stage,
@@ -663,10 +700,16 @@ int kvs_layout_source_index(const kvs_layout_t *lay, int64_t prefill_rank,
     if (prefill_rank / lay->tp_sources != decode_rank)
         return KVS_ENOENT;
     /* the inverse of kvs__layout_source_rank */
-    const int64_t kw = kvs__layout_kv_writers(lay);
-    const int64_t run = lay->tp_sources / kw;
-    const int64_t o = prefill_rank % lay->tp_sources;
-    *out_index = o % run == 0 ? o / run : kw + (o / run) * (run - 1) + o % run - 1;
+    kvs__writers_t w;
+    kvs__layout_writers(lay, &w);
+    const int64_t o = prefill_rank % w.sources;
+    const int64_t lcm = w.kv_run * w.state_every;
+    if (o % w.kv_run == 0)
+        *out_index = o / w.kv_run;
+    else if (o % w.state_run == 0) /* multiples of rs below o, less those of both */
+        *out_index = w.kv + kvs__ceil_div(o, w.state_run) - kvs__ceil_div(o, lcm);
+    else
+        *out_index = w.kv + w.state_alone + o - kvs__writing_below(&w, o);
     return KVS_OK;
 }
 

@@ -20,7 +20,7 @@
 #include <kvstage/backend.h>
 
 #define KVS_WIRE_MAGIC 0x4B565354u /* "KVST" */
-#define KVS_WIRE_VERSION 14u /* 6: HELLO, CHALLENGE, REGISTER's proof;
+#define KVS_WIRE_VERSION 15u /* 6: HELLO, CHALLENGE, REGISTER's proof;
                                7: region-scoped keys (REGISTER's scoped_keys,
                                STAGING_RSP's rkey and rkey_v);
                                8: the fingerprint's kv_kind (MLA);
@@ -39,7 +39,10 @@
                                decoding);
                                14: with fewer KV heads than prefill ranks,
                                one writer per distinct head (the replicas
-                               report, as MLA's sources do) */
+                               report, as MLA's sources do);
+                               15: with fewer state heads than prefill
+                               ranks, one writer per distinct state head
+                               (a hybrid model's state replicas report) */
 /* magic u32, version u16, type u16, payload length u32, seq u32, session u64 */
 #define KVS_WIRE_HEADER_BYTES 24u
 /* Layers per LAYERS message and page ids per PAGES message, so a message

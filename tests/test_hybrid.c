@@ -256,6 +256,59 @@ static void test_hybrid_state_writer(void **state)
     assert_int_equal(w.kv_bytes, 4 * 100 * 2 * 256 * 2);
 }
 
+/* State heads fewer than prefill ranks are written once, by hand: H6 KV
+ * heads and 4 state heads over P12 -> D2. A decode rank's six sources
+ * hold KV heads in runs of 2 (KV writers at offsets 0, 2, 4) and state
+ * heads in runs of 3 (state holders at offsets 0 and 3): offset 0 writes
+ * KV and state, 2 and 4 KV alone, 3 its state alone, 1 and 5 only report.
+ * Decode 1's sources in order: prefill 6, 8, 10 (KV), 9 (state), 7, 11. */
+static void test_hybrid_state_replicas_written_once(void **state)
+{
+    (void)state;
+    kvs_layout_params_t p = {.total_heads = 6, .head_dim = 2, .dtype = KVS_DTYPE_BF16,
+                             .layers = 4, .page_size = 2, .prefill_tp = 12, .decode_tp = 2,
+                             .chunk_tokens = 10, .full_attn_every = 2,
+                             .other_layers = KVS_LAYER_STATE, .state_heads = 4,
+                             .state_conv_bytes = 3, .state_ssm_bytes = 5};
+    kvs_layout_t lay;
+    assert_int_equal(kvs_layout_init(&lay, &p, NULL), KVS_OK);
+    assert_int_equal(lay.tp_sources, 6);
+    assert_int_equal(lay.tp_writers, 4);
+    assert_int_equal(lay.expected_arrivals, 4);
+    static const int64_t ranks[] = {6, 8, 10, 9, 7, 11};
+    for (int64_t i = 0; i < 6; i++) {
+        int64_t r = -1, back = -1;
+        assert_int_equal(kvs_layout_source_rank(&lay, 1, i, &r), KVS_OK);
+        assert_int_equal(r, ranks[i]);
+        assert_int_equal(kvs_layout_source_index(&lay, r, 1, &back), KVS_OK);
+        assert_int_equal(back, i);
+    }
+    int64_t wi = -1;
+    assert_int_equal(kvs_layout_writer_index(&lay, 7, 1, &wi), KVS_ENOENT);
+    assert_int_equal(kvs_layout_writer_index(&lay, 9, 1, &wi), KVS_OK);
+    assert_int_equal(wi, 3);
+    /* the last chunk of a 10-token request: 2 full layers of 10 rows x 1
+     * head x 4 bytes per plane = 160 bytes of KV a writer; 2 state layers
+     * x 1 state head (of 2 a decode rank holds) x 8 bytes = 16 of state */
+    const kvs_chunk_t c = {.token_start = 0, .token_end = 10};
+    static const struct {
+        int64_t offset, len, state_bytes, state_dst;
+    } want[] = {{0, 176, 16, 0}, {176, 160, 0, -1}, {336, 160, 0, -1}, {496, 16, 16, 1}};
+    for (int64_t i = 0; i < 4; i++) {
+        kvs_hybrid_writer_t w;
+        assert_int_equal(kvs_layout_hybrid_writer(&lay, 1, 0, i, 10, &c, &w), KVS_OK);
+        assert_int_equal(w.w.prefill_rank, ranks[i]);
+        assert_int_equal(w.w.offset_bytes, want[i].offset);
+        assert_int_equal(w.w.len_bytes, want[i].len);
+        assert_int_equal(w.state_bytes, want[i].state_bytes);
+        if (want[i].state_dst >= 0)
+            assert_int_equal(w.state_heads.dst_start, want[i].state_dst);
+        else
+            assert_int_equal(w.state_heads.num_heads, 0);
+    }
+    assert_int_equal(kvs_layout_max_region_bytes(&lay), 512);
+}
+
 /* Prefill PP 2 into a decode of PP 1, worked out by hand: 4 KV heads of
  * head dim 2 in bf16 (4 bytes a head), P2 -> D1 (writers 0 and 1, two
  * heads each: 8 bytes a token row), 8 layers with full layers 3 and 7, the
@@ -1147,6 +1200,7 @@ int main(void)
         cmocka_unit_test(test_hybrid_window_writer),
         cmocka_unit_test(test_hybrid_state_writer),
         cmocka_unit_test(test_hybrid_parts_by_hand),
+        cmocka_unit_test(test_hybrid_state_replicas_written_once),
         cmocka_unit_test(test_hybrid_state_heads_cover_every_decode_head),
         cmocka_unit_test(test_hybrid_byte_model_moves_every_slot_and_state_byte),
         cmocka_unit_test(test_hybrid_cp_byte_model_moves_every_byte_once),

@@ -169,8 +169,7 @@ static void test_sim_hybrid_prefill_pp_into_decode_pp1(void **state)
             c.shape.state_heads = runs[i].state_heads;
         const sim_report_t r = sim_run_staged_in_both(&c, runs[i].what);
         assert_true(r.bytes_verified > 0);
-        if (runs[i].state_heads >= runs[i].p) /* no replica of a state head */
-            assert_int_equal(r.bytes_moved, r.bytes_verified);
+        assert_int_equal(r.bytes_moved, r.bytes_verified); /* each head written once */
     }
 }
 
@@ -210,7 +209,8 @@ static void test_sim_hybrid_moves_less_than_full(void **state)
  * heads split over every rank): of a decode rank's four sources the first
  * writes the KV head with its state, the other three their state alone,
  * so every byte moved is one the decode holds, once. Before, each source
- * sent its replica of the KV head too.
+ * sent its replica of the KV head too. The same for state heads: fewer
+ * than prefill ranks, each written by the first of the ranks holding it.
  * With CP 2 too: the KV rows of both CP ranks, the state of the last. */
 static void test_sim_hybrid_replicated_kv_head_written_once(void **state)
 {
@@ -230,7 +230,20 @@ static void test_sim_hybrid_replicated_kv_head_written_once(void **state)
      * KVS_ERANGE, overlapping heads) */
     c = small_hybrid(8, 1, 4, KVS_LAYER_STATE);
     r = sim_run_staged_in_both(&c, "state, H4 P8 -> D1, 4 state heads");
-    assert_true(r.bytes_moved > r.bytes_verified); /* the state replicas each write */
+    assert_int_equal(r.bytes_moved, r.bytes_verified); /* a state replica written once */
+    /* fewer state heads than KV heads (H8, 2 state heads, P8 -> D1): of
+     * the 8 KV writers, prefill 0 and 4 write a state head too; and runs
+     * of neither dividing the other (H6, 4 state heads, P12 -> D2: KV
+     * runs of 2, state runs of 3, so prefill 3 of each decode rank's six
+     * writes its state alone and 1 and 5 only report) */
+    c = small_hybrid(8, 1, 8, KVS_LAYER_STATE);
+    c.shape.state_heads = 2;
+    r = sim_run_staged_in_both(&c, "state, H8 P8 -> D1, 2 state heads");
+    assert_int_equal(r.bytes_moved, r.bytes_verified);
+    c = small_hybrid(12, 2, 6, KVS_LAYER_STATE);
+    c.shape.state_heads = 4;
+    r = sim_run_staged_in_both(&c, "state, H6 P12 -> D2, 4 state heads");
+    assert_int_equal(r.bytes_moved, r.bytes_verified);
 }
 
 /* ---- prefill context parallelism --------------------------------------------- */

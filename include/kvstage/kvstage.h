@@ -411,9 +411,9 @@ typedef struct kvs_layout {
     int64_t tp_writers;       /* W: the prefill ranks that write a
                                  decode rank's region, one per distinct
                                  head of its sources: min(S, max(1, H / D))
-                                 (1 with MLA); S for a hybrid model with
-                                 state layers, the writers past the KV
-                                 writers writing their state alone */
+                                 (1 with MLA); with state layers those
+                                 and the first holder of each distinct
+                                 state head, writing its state alone */
     int64_t expected_arrivals;/* W * (Dp == 1 ? Pp : 1): of one CP rank's
                                  part; a chunk's own with prefill_cp > 1:
                                  kvs_layout_chunk_arrivals */
@@ -697,10 +697,11 @@ KVS_API int kvs_layout_layer_tokens(const kvs_layout_t *lay, int64_t layer,
  * layer order, each of the slot's tokens x nh heads rows; then, in the
  * request's last chunk alone, its state: per state layer of the part, in
  * layer order, state_nh state heads of state_head_bytes (conv, then ssm).
- * With fewer KV heads than prefill ranks, the writers past the first of
- * each run holding a KV head (kvs_layout_t.tp_sources) write no slots:
- * their block is their state alone (w.heads.num_heads 0, kv_bytes 0),
- * after the blocks of the writers of KV. */
+ * With fewer KV (or state) heads than prefill ranks, of each run of
+ * prefill ranks holding the same heads the first alone writes them: the
+ * writers of KV come first, each with its state when it is the first
+ * holder of its state heads too (else state_heads.num_heads 0); then the
+ * writers of their state alone (w.heads.num_heads 0, kv_bytes 0). */
 typedef struct kvs_hybrid_writer {
     kvs_writer_t w;            /* heads, offset and len of the whole block */
     kvs_head_slice_t state_heads; /* state heads this writer copies */

@@ -58,7 +58,9 @@ two page sizes, FP8 scale planes) between two processes over libfabric (ofi tcp 
              the others report), rep_p4d2_pp 1 head, P4xPP2 -> D2 (one
              writer a stage), rep_hyb_state a hybrid model of 1 KV head
              and 8 state heads, P4 -> D2 (prefill 0 and 2 write the KV head
-             and their state, 1 and 3 their state alone); the prefill
+             and their state, 1 and 3 their state alone), rep_hyb_both 2
+             KV and 2 state heads, P4 -> D1 (prefill 0 and 2 write both,
+             1 and 3 report); the prefill
              writes exactly the bytes the decode holds, each replicated head
              once
   draft_*    a draft model's layers (docs/kinds/draft.md; the staging path):
@@ -153,6 +155,10 @@ RUNS = [
                        "16", "--chunk-tokens", "64", "--full-attn-every", "2", "--state-heads",
                        "8", "--state-bytes", "96+416", "--prefill-tp", "4", "--decode-tp",
                        "2"], [], False),
+    ("rep_hyb_both", ["--kv-heads", "2", "--head-dim", "32", "--layers", "4", "--page-size",
+                      "16", "--chunk-tokens", "64", "--full-attn-every", "2", "--state-heads",
+                      "2", "--state-bytes", "96+416", "--prefill-tp", "4", "--decode-tp",
+                      "1"], [], False),
     # Hybrid models (docs/kinds/hybrid.md), on the staging path.
     ("hyb_window", HYB + ["--full-attn-every", "2", "--window", "48", "--prefill-tp", "2",
                           "--decode-tp", "1"], [], False),
