@@ -202,8 +202,9 @@ static kvs_log_level_t cli_rank_log_level(void)
 
 /* Prefill ranks that take part in one decode rank's rooms in a pair, the
  * ones it registers with: its TP sources at every prefill stage that holds
- * its layers (with GQA every source writes; with MLA one does and the
- * others report their status only), of every CP rank. */
+ * its layers (the first holder of each distinct KV or state head
+ * writes, the others, as MLA's all but one, report their status only),
+ * of every CP rank. */
 static int64_t cli_rank_sources(const kvs_layout_t *l)
 {
     return l->tp_sources * (l->decode_pp == 1 ? l->prefill_pp : 1) *
