@@ -809,6 +809,13 @@ static void check_hybrid(const kvs_layout_params_t *params, const kvs_layout_t *
         p.state_conv_bytes = pick(in, 4096);
         p.state_ssm_bytes = pick(in, 70000);
     }
+    /* a draft beside the layer pattern (Qwen3-Next's MTP layer), where the
+     * plan has no scale planes (a draft with them is refused: check_draft) */
+    if (base_lay->kv_scales == KVS_KV_SCALES_NONE && in_u8(in) % 3u == 0) {
+        p.draft_layers = 1 + in_u8(in) % 3u; /* a good draft: check_draft draws bad ones */
+        p.draft_head_dim = in_u8(in) % 2u ? 1 + in_u8(in) % 512u : 0;
+        p.draft_kv_heads = 0;
+    }
     kvs_layout_t l;
     kvs_error_t err;
     memset(&err, 0, sizeof err);
@@ -863,8 +870,17 @@ static void check_hybrid(const kvs_layout_params_t *params, const kvs_layout_t *
         for (int64_t i = 0; i < l.tp_writers && i < 64; i++) {
             kvs_hybrid_writer_t w;
             CHECK(kvs_layout_hybrid_writer(&l, d, e, i, total, &ch, &w) == KVS_OK);
-            CHECK(w.w.offset_bytes == at && w.w.len_bytes == w.kv_bytes + w.state_bytes);
+            CHECK(w.w.offset_bytes == at &&
+                  w.w.len_bytes == w.kv_bytes + w.state_bytes + w.draft_bytes);
             CHECK(w.state_bytes == 0 || last);
+            /* a draft's part ends a KV writer's block in the last decode stage */
+            const int64_t dpb =
+                e == l.decode_pp - 1 && i < kvw
+                    ? kvs_layout_draft_part_bytes(&l, ch.token_end - ch.token_start,
+                                                  w.w.heads.num_heads)
+                    : 0;
+            CHECK(w.draft_bytes == dpb &&
+                  (dpb == 0 || w.draft_offset_bytes == w.w.len_bytes - dpb));
             if (i < kvw)
                 CHECK(w.w.heads.num_heads >= 1 &&
                       w.w.heads.src_start + w.w.heads.num_heads <= l.src_heads);
@@ -885,7 +901,8 @@ static void check_hybrid(const kvs_layout_params_t *params, const kvs_layout_t *
                 }
                 CHECK(prc == KVS_OK && hp.prefill_stage == s && hp.offset_bytes == part_at);
                 CHECK(hp.first_layer == layer_at && hp.num_layers >= 1);
-                CHECK(hp.len_bytes == hp.kv_bytes + hp.state_bytes);
+                CHECK(hp.len_bytes == hp.kv_bytes + hp.state_bytes + hp.draft_bytes);
+                CHECK(hp.draft_bytes == (s == l.prefill_pp - 1 ? w.draft_bytes : 0));
                 if (first_part) /* the first part's state (its slots may be empty) */
                     CHECK(w.state_offset_bytes == hp.kv_bytes);
                 first_part = false;
@@ -934,7 +951,8 @@ static void check_hybrid(const kvs_layout_params_t *params, const kvs_layout_t *
                         kv_at += sl.len_bytes;
                     }
                 }
-                CHECK(kv_at == part_at + hp.kv_bytes && st_at == part_at + hp.len_bytes);
+                CHECK(kv_at == part_at + hp.kv_bytes &&
+                      st_at == part_at + hp.kv_bytes + hp.state_bytes);
                 kv_sum += hp.kv_bytes;
                 st_sum += hp.state_bytes;
                 part_at += hp.len_bytes;
@@ -985,7 +1003,7 @@ static int draft_expected(const kvs_layout_params_t *p, const kvs_layout_t *l, i
     if (p->draft_layers > KVS_MAX_LAYERS)
         return KVS_ERANGE;
     if ((p->draft_kv_heads != 0 && p->draft_kv_heads != l->total_heads) ||
-        l->kv_scales != KVS_KV_SCALES_NONE || l->full_attn_every > 1)
+        l->kv_scales != KVS_KV_SCALES_NONE)
         return KVS_ENOTSUP;
     *alt = KVS_ERANGE; /* a good draft may still overflow the region */
     return KVS_OK;

@@ -136,9 +136,9 @@
 /* Draft KV of speculative decoding (docs/kinds/draft.md): 1..3 draft
  * layers of the model's heads and a head dim of their own, in this share
  * of the runs, from a stream of its own. A draft moves on the staging path
- * without scale planes, and not beside hybrid layers: a run that draws it
- * drops its scales (a hybrid draw drops the draft) and takes the path AUTO
- * picks; its instances keep the PP drawn (the draft is the last stage's). */
+ * without scale planes, beside hybrid layers too: a run that draws it
+ * drops its scales and takes the path AUTO picks; its instances keep the
+ * PP drawn (the draft is the last stage's). */
 #define SIM_CAMPAIGN_DRAFT_PCT 15
 #define SIM_CAMPAIGN_DRAFT_STREAM (UINT64_C(1) << 54)
 
@@ -604,9 +604,9 @@ static int sim_campaign_parse_models(const char *text, sim_campaign_models_t *ou
  * their own (cp, hybrid, draft); with kinds named, one of them at least
  * (drawn uniformly when the odds gave none). The draws are the same
  * whatever the campaign allows, so a kind left out leaves the others as
- * they were. A run with hybrid layers takes neither MLA nor a draft
- * (hybrid layers are GQA, without a draft; with CP they keep it); one with
- * a draft takes no scale planes. */
+ * they were. A run with hybrid layers takes no MLA (hybrid layers are
+ * GQA; a draft and CP they keep); one with a draft takes no scale
+ * planes. */
 static uint32_t sim_campaign_draw_models(sim_rng_t *rng, sim_rng_t *cp, sim_rng_t *hybrid,
                                          sim_rng_t *draft, const sim_campaign_models_t *m)
 {
@@ -633,7 +633,7 @@ static uint32_t sim_campaign_draw_models(sim_rng_t *rng, sim_rng_t *cp, sim_rng_
         got = 1u << named[sim_rng_below(rng, n)];
     }
     if (got >> SIM_CAMPAIGN_HYBRID & 1u)
-        got &= ~(1u << SIM_CAMPAIGN_MLA | 1u << SIM_CAMPAIGN_DRAFT);
+        got &= ~(1u << SIM_CAMPAIGN_MLA);
     if (got >> SIM_CAMPAIGN_DRAFT & 1u)
         got &= ~SIM_CAMPAIGN_SCALES;
     return got;

@@ -56,10 +56,6 @@ int kvs__draft_init(kvs_layout_t *l, const kvs_layout_params_t *p, kvs_error_t *
         return KVS__FAIL(err, KVS_ENOTSUP, "draft layers with kv_scales %s: the draft's scale "
                          "planes are not laid out yet; drop --kv-scales or --draft-layers",
                          kvs_kv_scales_name(l->kv_scales));
-    if (l->full_attn_every > 1)
-        return KVS__FAIL(err, KVS_ENOTSUP, "draft layers of a hybrid model (full_attn_every "
-                         "%lld): not laid out yet; drop --draft-layers or the layer pattern",
-                         (long long)l->full_attn_every);
     const int64_t dhd = p->draft_head_dim > 0 ? p->draft_head_dim : l->head_dim;
     /* The largest region with the draft part must fit in int64, as the
      * model's alone was checked to (kvs_layout_init). */

@@ -270,14 +270,16 @@ static int kvs__part(const kvs_layout_t *lay, const kvs_hybrid_writer_t *hw, int
         if (n == 0)
             continue;
         kvs__part_bytes(lay, hw, first, n, &kv, &state);
+        /* a draft's part ends the last prefill stage's (src/draft.c) */
+        const int64_t draft = q == lay->prefill_pp - 1 ? hw->draft_bytes : 0;
         if (layer >= 0 ? layer >= first && layer < first + n : q == s) {
             *out = (kvs_hybrid_part_t){.prefill_stage = q, .first_layer = first,
                                        .num_layers = n, .offset_bytes = at,
-                                       .len_bytes = kv + state, .kv_bytes = kv,
-                                       .state_bytes = state};
+                                       .len_bytes = kv + state + draft, .kv_bytes = kv,
+                                       .state_bytes = state, .draft_bytes = draft};
             return KVS_OK;
         }
-        at += kv + state;
+        at += kv + state + draft;
     }
     return KVS_ENOENT;
 }
@@ -340,15 +342,24 @@ int kvs_layout_hybrid_writer(const kvs_layout_t *lay, int64_t decode_rank,
             out->state_heads.num_heads = 0;
         }
     }
+    /* A draft's layers (src/draft.c): the chunk's rows of the writer's
+     * heads, at the end of its block in the last decode stage's regions
+     * (the last prefill stage's part) */
+    const int64_t draft =
+        decode_stage == kvs_layout_draft_stage(lay, KVS_ROLE_DECODE)
+            ? kvs_layout_draft_part_bytes(lay, t, out->w.heads.num_heads)
+            : 0;
     /* KV writers before this one that write their state */
     const int64_t with_state = kvs__ceil_div(kvs__min_i64(writer_index, wr.kv), wr.state_every);
+    const int64_t kvd = out->kv_bytes + draft; /* a KV writer's bytes besides its state */
     kvs_hybrid_part_t part0 = {0};
     if (writer_index < wr.kv) {
-        out->w.len_bytes = out->kv_bytes + out->state_bytes;
-        out->w.offset_bytes = writer_index * out->kv_bytes + with_state * st;
+        out->draft_bytes = draft;
+        out->w.len_bytes = kvd + out->state_bytes;
+        out->draft_offset_bytes = out->w.len_bytes - draft;
+        out->w.offset_bytes = writer_index * kvd + with_state * st;
     } else {
-        out->w.offset_bytes = wr.kv * out->kv_bytes + with_state * st +
-                              (writer_index - wr.kv) * st;
+        out->w.offset_bytes = wr.kv * kvd + with_state * st + (writer_index - wr.kv) * st;
         out->w.heads.num_heads = 0;
         out->full_slots = out->window_slots = 0;
         out->window_tokens = 0;
@@ -466,9 +477,13 @@ static int64_t kvs__hybrid_most_bytes(const kvs_layout_t *lay, int64_t w, int64_
                            kvs_layout_layer_block_bytes(lay, 1, nh);
         const int64_t st =
             lay->other_layers == KVS_LAYER_STATE ? other * snh * lay->state_head_bytes : 0;
+        const int64_t draft = e == kvs_layout_draft_stage(lay, KVS_ROLE_DECODE) &&
+                                      (s < 0 || s == lay->prefill_pp - 1)
+                                  ? kvs_layout_draft_part_bytes(lay, lay->grid_tokens, nh)
+                                  : 0;
         const int64_t bytes =
-            w < 0 ? kv * kw + st * (with_state + lay->tp_writers - kw)
-                  : (w < kw ? kv + (w % wr.state_every == 0 ? st : 0) : st);
+            w < 0 ? (kv + draft) * kw + st * (with_state + lay->tp_writers - kw)
+                  : (w < kw ? kv + draft + (w % wr.state_every == 0 ? st : 0) : st);
         best = kvs__max(best, bytes);
     }
     return best;

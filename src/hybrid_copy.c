@@ -16,7 +16,8 @@
  * The parts of one copy are the blocks, each with its own heads (or state
  * heads) and its slot's address in its block. A prefill stage's staging
  * buffer holds its part of a block alone (kvs_layout_hybrid_part: with
- * prefill PP into a decode of PP 1, the layers it holds).
+ * prefill PP into a decode of PP 1, the layers it holds). A draft model's
+ * layers end the last stage's part: one more fused copy.
  */
 #include "hybrid_copy.h"
 
@@ -68,6 +69,52 @@ static kvs_copy_desc_t kvs__hyb_desc(const kvs_manager_t *m, const kvs__hyb_copy
         .num_pages = kvs__ceil_div(sl->rows, ps), .tokens = sl->rows, .layer_count = 1,
         .staging_layer_slots = 1, .planes = 1,
         .ks_base = scales != NULL ? scales + local : NULL, .scale_bytes = lay->scale_bytes};
+}
+
+/* A draft's part of each block (docs/kinds/draft.md): the chunk's rows of
+ * every draft layer, K layers then V layers, one fused copy over the
+ * draft's buffers and the model's pages, on the last stage of each side
+ * alone (kvs_layout_draft_stage). */
+static int kvs__hyb_draft(kvs_device_t *dev, kvs_stream_t *stream, const kvs_manager_t *m,
+                          const kvs__hyb_copy_t *c, const kvs__hyb_block_t *blocks, int64_t n,
+                          kvs_copy_part_t *parts, int64_t cap)
+{
+    const kvs_layout_t *lay = c->lay;
+    const bool gather = c->role == KVS_ROLE_PREFILL;
+    if (lay->draft_layers == 0 || m->cfg.pp_rank != kvs_layout_draft_stage(lay, c->role))
+        return KVS_OK;
+    const bool decode = !gather;
+    const int64_t ps = decode ? lay->decode_page_size : lay->page_size;
+    const int64_t rows = c->chunk.token_end - c->chunk.token_start;
+    const kvs_copy_desc_t desc = {
+        .k_base = m->draft_k_base, .v_base = m->draft_v_base,
+        .local_heads = m->kv.local_heads, .head_dim = lay->draft_head_dim,
+        .elem_bytes = lay->elem_bytes, .page_size = ps,
+        .pages = c->pages + (decode ? 0 : c->chunk.token_start / ps),
+        .num_pages = kvs__ceil_div(rows, ps), .tokens = rows, .layer_count = lay->draft_layers,
+        .staging_layer_slots = lay->draft_layers, .planes = lay->planes};
+    int64_t np = 0;
+    int rc = KVS_OK;
+    for (int64_t i = 0; i < n && rc == KVS_OK; i++) {
+        kvs_hybrid_writer_t hw;
+        kvs_hybrid_part_t hp = {0};
+        rc = kvs_layout_hybrid_writer(lay, blocks[i].decode_tp, c->stage, blocks[i].writer,
+                                      c->total, &c->chunk, &hw);
+        if (rc == KVS_OK && gather)
+            rc = kvs_layout_hybrid_part(lay, &hw, c->stage, m->cfg.pp_rank, &hp);
+        if (rc != KVS_OK || hw.draft_bytes == 0)
+            continue; /* a writer of its state alone, or an empty chunk */
+        if (np == cap) {
+            rc = kvs__hyb_run(dev, stream, gather, &desc, parts, np);
+            np = 0;
+        }
+        parts[np++] = (kvs_copy_part_t){
+            .head_start = gather ? hw.w.heads.src_start : hw.w.heads.dst_start,
+            .num_heads = hw.w.heads.num_heads,
+            .staging_addr = blocks[i].block_addr +
+                            (uint64_t)(hw.draft_offset_bytes - hp.offset_bytes)};
+    }
+    return rc == KVS_OK ? kvs__hyb_run(dev, stream, gather, &desc, parts, np) : rc;
 }
 
 int kvs__hybrid_copy(kvs_device_t *dev, kvs_stream_t *stream, const kvs_manager_t *m,
@@ -145,5 +192,5 @@ int kvs__hybrid_copy(kvs_device_t *dev, kvs_stream_t *stream, const kvs_manager_
                 rc = kvs__hyb_run(dev, stream, gather, &desc, parts, np);
         }
     }
-    return rc;
+    return rc == KVS_OK ? kvs__hyb_draft(dev, stream, m, c, blocks, n, parts, cap) : rc;
 }

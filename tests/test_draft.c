@@ -374,20 +374,17 @@ static void test_draft_refusals(void **state)
     static const struct {
         int64_t draft_layers, draft_head_dim, draft_kv_heads, pp;
         kvs_kv_scales_t scales;
-        int64_t full_attn_every;
         int status;
         const char *needle;
     } cases[] = {
-        {-1, 0, 0, 1, KVS_KV_SCALES_NONE, 0, KVS_EINVAL, "must be >= 0"},
-        {0, 64, 0, 1, KVS_KV_SCALES_NONE, 0, KVS_EINVAL, "but draft_layers is 0"},
-        {0, 0, 8, 1, KVS_KV_SCALES_NONE, 0, KVS_EINVAL, "--draft-layers N"},
-        {KVS_MAX_LAYERS + 1, 0, 0, 1, KVS_KV_SCALES_NONE, 0, KVS_ERANGE, "KVS_MAX_LAYERS"},
-        {1, 0, 4, 1, KVS_KV_SCALES_NONE, 0, KVS_ENOTSUP, "give 8 or 0 (--draft-kv-heads)"},
-        {1, 0, 0, 1, KVS_KV_SCALES_PER_TOKEN, 0, KVS_ENOTSUP, "kv_scales per-token"},
-        {1, 0, 0, 1, KVS_KV_SCALES_NONE, 2, KVS_ENOTSUP, "hybrid model"},
-        {1, 0, 0, 2, KVS_KV_SCALES_PER_TOKEN, 0, KVS_ENOTSUP, "kv_scales per-token"},
-        {1, 0, 0, 2, KVS_KV_SCALES_NONE, 2, KVS_ENOTSUP, "hybrid model"},
-        {1, INT64_MAX / 4, 0, 1, KVS_KV_SCALES_NONE, 0, KVS_ERANGE, "overflows 64 bits"},
+        {-1, 0, 0, 1, KVS_KV_SCALES_NONE, KVS_EINVAL, "must be >= 0"},
+        {0, 64, 0, 1, KVS_KV_SCALES_NONE, KVS_EINVAL, "but draft_layers is 0"},
+        {0, 0, 8, 1, KVS_KV_SCALES_NONE, KVS_EINVAL, "--draft-layers N"},
+        {KVS_MAX_LAYERS + 1, 0, 0, 1, KVS_KV_SCALES_NONE, KVS_ERANGE, "KVS_MAX_LAYERS"},
+        {1, 0, 4, 1, KVS_KV_SCALES_NONE, KVS_ENOTSUP, "give 8 or 0 (--draft-kv-heads)"},
+        {1, 0, 0, 1, KVS_KV_SCALES_PER_TOKEN, KVS_ENOTSUP, "kv_scales per-token"},
+        {1, 0, 0, 2, KVS_KV_SCALES_PER_TOKEN, KVS_ENOTSUP, "kv_scales per-token"},
+        {1, INT64_MAX / 4, 0, 1, KVS_KV_SCALES_NONE, KVS_ERANGE, "overflows 64 bits"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         kvs_layout_params_t p = llama(4, 2, cases[k].draft_layers);
@@ -397,11 +394,6 @@ static void test_draft_refusals(void **state)
         p.kv_scales = cases[k].scales;
         if (cases[k].scales != KVS_KV_SCALES_NONE)
             p.dtype = KVS_DTYPE_FP8;
-        if (cases[k].full_attn_every > 1) {
-            p.full_attn_every = cases[k].full_attn_every;
-            p.other_layers = KVS_LAYER_WINDOW;
-            p.window_tokens = 128;
-        }
         kvs_layout_t l;
         memset(&l, 0xab, sizeof l);
         const kvs_layout_t before = l;

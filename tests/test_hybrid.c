@@ -374,6 +374,24 @@ static void test_hybrid_parts_by_hand(void **state)
     assert_int_equal(kvs_layout_hybrid_part(&lay, &w, 1, 0, &hp), KVS_ERANGE);
     assert_int_equal(kvs_layout_hybrid_part(&lay, NULL, 0, 0, &hp), KVS_EINVAL);
     assert_int_equal(kvs_layout_hybrid_part(&lay, &w, 0, 0, NULL), KVS_EINVAL);
+    /* a draft of 1 layer (Qwen3-Next's MTP) ends the last prefill stage's
+     * part: 10 rows x 2 heads x 4 bytes, K and V, after its state */
+    p.draft_layers = 1;
+    assert_int_equal(kvs_layout_init(&lay, &p, NULL), KVS_OK);
+    c = (kvs_chunk_t){.token_start = 0, .token_end = 10};
+    assert_int_equal(kvs_layout_hybrid_writer(&lay, 0, 0, 1, 10, &c, &w), KVS_OK);
+    assert_int_equal(w.draft_bytes, 160);
+    assert_int_equal(w.w.len_bytes, 576);
+    assert_int_equal(w.w.offset_bytes, 576);
+    assert_int_equal(w.draft_offset_bytes, 416);
+    assert_int_equal(kvs_layout_hybrid_part(&lay, &w, 0, 0, &hp), KVS_OK);
+    assert_int_equal(hp.draft_bytes, 0);
+    assert_int_equal(hp.len_bytes, 208);
+    assert_int_equal(kvs_layout_hybrid_part(&lay, &w, 0, 1, &hp), KVS_OK);
+    assert_int_equal(hp.draft_bytes, 160);
+    assert_int_equal(hp.len_bytes, 368);
+    assert_int_equal(kvs_layout_max_region_bytes(&lay), 2 * 576);
+    p.draft_layers = 0;
     /* with the same PP on both sides a stage's part is the whole block */
     p.decode_pp = 2;
     assert_int_equal(kvs_layout_init(&lay, &p, NULL), KVS_OK);

@@ -160,6 +160,67 @@ static void test_sim_draft_adds_its_bytes(void **state)
     }
 }
 
+/* A hybrid model with a draft (Qwen3-Next and its MTP layer; gpt-oss and
+ * its EAGLE3 head): the draft's part ends each KV writer's block, after
+ * the state, on the last stage of each side; a writer of its state alone
+ * has none. Window and state layers, P > D, P < D, replicated KV heads,
+ * prefill PP into D PP 1 and 2, CP 2; the draft adds exactly its bytes. */
+static sim_scenario_config_t hybrid_draft(int64_t p, int64_t d, int64_t heads, int64_t draft,
+                                          bool window)
+{
+    sim_scenario_config_t c = small_draft(p, d, heads, draft);
+    if (window) {
+        c.shape.full_attn_every = 2;
+        c.shape.other_layers = KVS_LAYER_WINDOW;
+        c.shape.window_tokens = 100;
+    } else {
+        c.shape.full_attn_every = 4;
+        c.shape.other_layers = KVS_LAYER_STATE;
+        c.shape.state_heads = 4;
+        c.shape.state_conv_bytes = 96;
+        c.shape.state_ssm_bytes = 160;
+    }
+    return c;
+}
+
+static void test_sim_draft_hybrid_every_byte_in_both_modes(void **state)
+{
+    (void)state;
+    static const struct {
+        int64_t p, d, heads, draft, draft_hd, cp, pp, dpp;
+        bool window;
+        const char *what;
+    } runs[] = {
+        {4, 2, 8, 1, 0, 1, 1, 1, false, "state + MTP, P4 -> D2"},
+        {2, 4, 8, 2, 64, 1, 1, 1, true, "window + 2 draft layers of head dim 64, P2 -> D4"},
+        {8, 2, 2, 1, 0, 1, 1, 1, false,
+         "state + MTP, H2 P8 -> D2 (writers of their state alone: no draft part)"},
+        {4, 2, 8, 2, 0, 1, 2, 1, false, "state + 2 draft layers, P4 PP2 -> D2 PP1"},
+        {2, 2, 8, 1, 32, 1, 2, 2, true, "window + a draft of head dim 32, P2 PP2 -> D2 PP2"},
+        {4, 2, 8, 1, 0, 2, 2, 1, false, "state + MTP, P4 x CP2 PP2 -> D2"},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        sim_scenario_config_t c = hybrid_draft(runs[i].p, runs[i].d, runs[i].heads,
+                                               runs[i].draft, runs[i].window);
+        c.shape.draft_head_dim = runs[i].draft_hd;
+        c.shape.prefill_cp = runs[i].cp;
+        c.shape.prefill_pp = runs[i].pp;
+        c.shape.decode_pp = runs[i].dpp;
+        const sim_report_t r = sim_run_staged_in_both(&c, runs[i].what);
+        assert_int_equal(r.bytes_moved, r.bytes_verified);
+    }
+    /* the draft adds exactly its bytes: 1000 rows x 8 heads x 128 x 2
+     * bytes, K and V, 2 layers, per request */
+    sim_scenario_config_t c = hybrid_draft(4, 2, 8, 2, false);
+    c.prompt_min_tokens = c.prompt_max_tokens = 1000;
+    const sim_report_t w = sim_run_staged_in_both(&c, "state + 2 draft layers, prompts of 1000");
+    c.shape.draft_layers = 0;
+    const sim_report_t m = sim_run_mode(c, SIM_DATA_BYTES, "the same hybrid model alone");
+    assert_int_equal(m.corrupt_bytes, 0);
+    assert_int_equal(w.bytes_verified - m.bytes_verified,
+                     1000ull * 8 * 128 * 2 * 2 * 2 * (uint64_t)c.requests);
+}
+
 /* ---- planted bugs -------------------------------------------------------------- */
 
 typedef struct plant {
@@ -318,6 +379,23 @@ static void test_sim_draft_catches_a_stage_off(void **state)
 
 /* ---- refusals ------------------------------------------------------------------ */
 
+/* A hybrid model's draft rows scattered a token early (the draft part of
+ * 2 layers after the state: the shifted rows stay inside the block), with
+ * state and with window layers: caught in both modes. */
+static void test_sim_draft_hybrid_catches_row_shifted(void **state)
+{
+    (void)state;
+    for (int window = 0; window <= 1; window++) {
+        plant_t pl;
+        sim_scenario_config_t c = plant_run(&pl, hybrid_draft(4, 2, 8, 2, window));
+        c.copy_hook = plant_draft_row_shifted;
+        sim_run_caught_then_clean(c, &pl.hits, window ? "a draft row a token early, window "
+                                                        "layers, P4 -> D2"
+                                                      : "a draft row a token early, state "
+                                                        "layers, P4 -> D2");
+    }
+}
+
 static void test_sim_draft_refuses_direct_and_slice(void **state)
 {
     (void)state;
@@ -343,6 +421,8 @@ int main(void)
         cmocka_unit_test(test_sim_draft_catches_draft_into_model_slots),
         cmocka_unit_test(test_sim_draft_catches_row_shifted),
         cmocka_unit_test(test_sim_draft_catches_a_stage_off),
+        cmocka_unit_test(test_sim_draft_hybrid_every_byte_in_both_modes),
+        cmocka_unit_test(test_sim_draft_hybrid_catches_row_shifted),
         cmocka_unit_test(test_sim_draft_refuses_direct_and_slice),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -718,6 +718,11 @@ typedef struct kvs_hybrid_writer {
                                   state: kv_bytes with one part */
     int64_t state_bytes;       /* state_layers x state_nh x state_head_bytes
                                   (of every part) */
+    int64_t draft_offset_bytes;/* from the block's start: a draft's part
+                                  (docs/kinds/draft.md), its block's last
+                                  bytes, in the last decode stage */
+    int64_t draft_bytes;       /* kvs_layout_draft_part_bytes of the chunk's
+                                  rows and the writer's heads (0: none) */
 } kvs_hybrid_writer_t;
 
 /* Writer i of decode rank d's region at decode stage e for `chunk` of a
@@ -758,10 +763,12 @@ typedef struct kvs_hybrid_part {
     int64_t prefill_stage;
     int64_t first_layer, num_layers; /* global layers of the part */
     int64_t offset_bytes;            /* from the writer block's start */
-    int64_t len_bytes;               /* kv_bytes + state_bytes (0: nothing to
-                                        write in this chunk) */
+    int64_t len_bytes;               /* kv_bytes + state_bytes + draft_bytes
+                                        (0: nothing to write in this chunk) */
     int64_t kv_bytes;                /* its slots, plane after plane */
     int64_t state_bytes;             /* its state, after its slots */
+    int64_t draft_bytes;             /* a draft's part, after its state (the
+                                        last prefill stage's part alone) */
 } kvs_hybrid_part_t;
 
 /* The part prefill stage s writes of writer block hw (kvs_layout_hybrid_

@@ -95,7 +95,8 @@ class HybridWriter(c.Structure):
                 ("tokens", i64), ("full_slots", i64),
                 ("window_slots", i64), ("window_token_start", i64),
                 ("window_tokens", i64), ("kv_bytes", i64), ("state_layers", i64),
-                ("state_offset_bytes", i64), ("state_bytes", i64)]
+                ("state_offset_bytes", i64), ("state_bytes", i64),
+                ("draft_offset_bytes", i64), ("draft_bytes", i64)]
 
 
 class Model(c.Structure):

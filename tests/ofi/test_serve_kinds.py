@@ -52,7 +52,9 @@ two page sizes, FP8 scale planes) between two processes over libfabric (ofi tcp 
              CP rank fills its range's rows, and only the one holding the
              room's last token its state; hyb_state_pp hyb_state at P2xPP2
              -> D1, hyb_window_pp_cp hyb_window at P1xPP2 CP2 -> D2 (each
-             prefill stage writes its part of every writer block)
+             prefill stage writes its part of every writer block);
+             hyb_state_draft_pp hyb_state_pp with a draft layer (after the
+             last stage's state in each KV writer's block)
   rep_*      fewer KV heads than prefill ranks: rep_p8d2 4 heads, P8 -> D2
              (pairs of prefill ranks hold a head; ranks 0, 2, 4, 6 write,
              the others report), rep_p4d2_pp 1 head, P4xPP2 -> D2 (one
@@ -184,6 +186,12 @@ RUNS = [
     ("hyb_window_pp_cp", HYB + ["--full-attn-every", "2", "--window", "48", "--prefill-tp",
                                 "1", "--decode-tp", "2", "--prefill-pp", "2",
                                 "--prefill-cp", "2"], [], False),
+    # A hybrid model with a draft (Qwen3-Next and its MTP layer): the
+    # draft's part ends each KV writer's block, after the state.
+    ("hyb_state_draft_pp", HYB + ["--full-attn-every", "2", "--state-heads", "4",
+                                  "--state-bytes", "96+416", "--prefill-tp", "2",
+                                  "--decode-tp", "1", "--prefill-pp", "2",
+                                  "--draft-layers", "1"], [], False),
     # A draft model's layers (docs/kinds/draft.md), on the staging path.
     ("draft_p2d1", GQA + ["--page-size", "16", "--chunk-tokens", "64", "--prefill-tp", "2",
                           "--decode-tp", "1", "--draft-layers", "1"], [], False),
