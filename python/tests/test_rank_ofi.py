@@ -428,6 +428,42 @@ def test_rank_draft_buffers_refused_by_name():
         refused([needle], fabric="ofi", provider="tcp", bind_addr="127.0.0.1", **kw)
 
 
+def test_rank_draft_on_pp_stages_refused_by_name():
+    """With PP the draft is the last stage's: a stage before it declares
+    the draft by its shape without buffers, and is made; buffers there,
+    none on the last stage, a shape the buffers do not have, or a shape
+    without a draft are refused at create, naming the argument."""
+    need_ofi()
+    ofi = dict(fabric="ofi", provider="tcp", bind_addr="127.0.0.1")
+    dk = [torch.zeros(4 * PAGE, HEADS, 4, dtype=torch.float16)]  # head dim 4
+    dv = [torch.zeros_like(dk[0])]
+    pp0 = dict(pp_rank=0, pp_size=2, peer_pp_size=2)
+    pp1 = dict(pp_rank=1, pp_size=2, peer_pp_size=2)
+    rank(draft_layers=1, draft_head_dim=4, **pp0, **ofi).close()  # declared, no buffers
+    rank(draft_layers=1, draft_k_buffers=dk, draft_v_buffers=dv, **pp1, **ofi).close()
+    for kw, needle in (
+            (dict(draft_k_buffers=dk, draft_v_buffers=dv, **pp0),
+             "draft_k_buffers: pp_rank 0 is not the last stage (pp_size 2), and the draft is "
+             "the last stage's (docs/kinds/draft.md): give no draft buffers here, declare the "
+             "draft with draft_layers=1 and draft_head_dim=4"),
+            (dict(draft_layers=1, draft_head_dim=4, **pp1),
+             "draft_k_buffers: draft_layers=1, and pp_rank 1, the last stage, holds the draft: "
+             "give its buffers"),
+            (dict(draft_layers=1), "draft_k_buffers: draft_layers=1, and this rank holds the "
+                                   "draft: give its buffers"),
+            (dict(draft_layers=2, draft_k_buffers=dk, draft_v_buffers=dv, **pp1),
+             "draft_layers=2 but 1 draft_k_buffers are given"),
+            (dict(draft_head_dim=16, draft_k_buffers=dk, draft_v_buffers=dv),
+             "draft_head_dim=16 but the draft buffers' last dimension is 4"),
+            (dict(draft_head_dim=0, draft_k_buffers=dk, draft_v_buffers=dv),
+             "draft_head_dim=0 (the model's head_dim %d) but the draft buffers' last "
+             "dimension is 4" % DIM),
+            (dict(draft_head_dim=4, **pp0), "draft_head_dim: given, but there is no draft"),
+            (dict(draft_kv_heads=HEADS, **pp0), "draft_kv_heads: given, but there is no draft"),
+            (dict(draft_layers="1", **pp0), "draft_layers: '1': give an integer >= 0")):
+        refused([needle], **kw, **ofi)
+
+
 def test_rank_state_waits_for_a_result_on_its_way():
     """The driver takes a finished room's result from the C rank, then hands
     it to the Rank outside the rank's lock: for that moment the room is in
