@@ -76,9 +76,7 @@ static int64_t kvs__max(int64_t a, int64_t b) { return a > b ? a : b; }
 /* The kind of layer l of a validated layout. */
 static kvs_layer_kind_t kvs__kind_of(const kvs_layout_t *lay, int64_t l)
 {
-    if (!kvs__hybrid(lay) || (l + 1) % lay->full_attn_every == 0)
-        return KVS_LAYER_FULL;
-    return lay->other_layers;
+    return kvs__layer_kind_of(lay->full_attn_every, lay->other_layers, l);
 }
 
 /* Layers of each kind among [first, first + n). */

@@ -40,6 +40,18 @@ void kvs__layout_writers(const kvs_layout_t *l, kvs__writers_t *out);
 /* True for a layout with window or state layers. */
 static inline int kvs__hybrid(const kvs_layout_t *lay) { return lay->full_attn_every > 1; }
 
+/* The kind of global layer `layer` of a pattern (full_attn_every > 1:
+ * every full_attn_every-th layer full, the others `other`; else every
+ * layer full). The one place the rule lives: layouts (src/hybrid.c) and
+ * a pool's layers before any layout (src/kv_layers.c) both ask it. */
+static inline kvs_layer_kind_t kvs__layer_kind_of(int64_t full_attn_every,
+                                                  kvs_layer_kind_t other, int64_t layer)
+{
+    if (full_attn_every <= 1 || (layer + 1) % full_attn_every == 0)
+        return KVS_LAYER_FULL;
+    return other;
+}
+
 /* kvs_layout_max_region_bytes of a hybrid layout (checked to fit by
  * kvs__hybrid_init). */
 int64_t kvs__hybrid_max_region_bytes(const kvs_layout_t *lay);

@@ -6,8 +6,16 @@
  *
  * Every check names the first layer (and K or V) and the field that
  * disagrees, with both values, and a refused call changes nothing.
+ *
+ * A hybrid model's state layers (docs/kinds/hybrid.md) keep no K or V:
+ * their descriptors are not required (zeroed ones are what to pass), not
+ * checked and not published (their K / V entries are 0); a full or window
+ * layer without its K or V is refused naming the layer and its kind. A
+ * stage of state layers alone gives the pool's token slots as layer 0's
+ * tokens, and no address.
  */
 #include "error.h"
+#include "hybrid.h"
 #include "manager.h"
 
 #include <stdlib.h>
@@ -61,11 +69,31 @@ int kvs_kv_layers_from_ptrs(const uint64_t *ptrs, const uint64_t *lens,
     return KVS_OK;
 }
 
-/* Checks one layer against the geometry; fills why (naming it) on error. */
+/* Refuses layer i of the pool, a full or window layer (kind) of model layer
+ * `global`, when it lacks its K or V address: a layer left out (a zeroed
+ * descriptor) is named as that, before anything else about it. */
+static int kvs__check_layer_addr(kvs_manager_t *m, const kvs_kv_layer_t *l, int64_t i,
+                                 kvs_layer_kind_t kind, int64_t global)
+{
+    const bool one_plane = kvs_kv_kind_planes(m->cfg.kv_kind) == 1;
+    if (l->k_addr != 0 && (l->v_addr != 0 || one_plane))
+        return KVS_OK;
+    const char *plane = l->k_addr == 0 ? "K" : "V";
+    return KVS__MFAIL(m, KVS_EINVAL, "layer %lld: its %s address is 0: a %s layer (model "
+                      "layer %lld) keeps %s: pass its %s buffer as %s (only a state layer "
+                      "goes without)", (long long)i, plane, kvs_layer_kind_name(kind),
+                      (long long)global, one_plane ? "its latent" : "K and V", plane,
+                      l->k_addr == 0 ? "k_addr" : "v_addr");
+}
+
+/* Checks layer i of the pool, a full or window layer with its addresses,
+ * against the geometry and layer `ref`'s token slots; fills why (naming
+ * it) on error. A state layer is never checked: it has no K or V. */
 static int kvs__check_layer(kvs_manager_t *m, const kvs_kv_layer_t *l, int64_t i,
-                            int64_t heads, int64_t tokens)
+                            int64_t heads, int64_t ref, int64_t tokens)
 {
     const int64_t elem = kvs_dtype_bytes(m->cfg.dtype), hd = m->cfg.head_dim;
+    const bool one_plane = kvs_kv_kind_planes(m->cfg.kv_kind) == 1;
     const struct {
         const char *name;
         int64_t got, want;
@@ -80,10 +108,6 @@ static int kvs__check_layer(kvs_manager_t *m, const kvs_kv_layer_t *l, int64_t i
                               (long long)i, strides[k].name, (long long)strides[k].got,
                               (long long)heads, (long long)hd, (long long)elem,
                               kvs_dtype_name(m->cfg.dtype), (long long)strides[k].want);
-    const bool one_plane = kvs_kv_kind_planes(m->cfg.kv_kind) == 1;
-    if (l->k_addr == 0 || (l->v_addr == 0 && !one_plane))
-        return KVS__MFAIL(m, KVS_EINVAL, "layer %lld: its %s address is 0", (long long)i,
-                          l->k_addr == 0 ? "K" : "V");
     if (one_plane && l->v_addr != 0)
         return KVS__MFAIL(m, KVS_EMLA, "layer %lld: kv_kind %s keeps one buffer per layer "
                           "(its latent, as k_addr): pass v_addr 0", (long long)i,
@@ -100,10 +124,16 @@ static int kvs__check_layer(kvs_manager_t *m, const kvs_kv_layer_t *l, int64_t i
                           l->ks_addr != 0 && !scales ? "K" : "V",
                           scales ? "one plane per layer has no V" : "kv_scales is none");
     if (l->tokens != tokens)
-        return KVS__MFAIL(m, KVS_EINVAL, "layer %lld: %lld token slots, but layer 0 has %lld: "
-                          "every layer of a pool holds the same slots", (long long)i,
-                          (long long)l->tokens, (long long)tokens);
+        return KVS__MFAIL(m, KVS_EINVAL, "layer %lld: %lld token slots, but layer %lld has "
+                          "%lld: every layer of a pool holds the same slots", (long long)i,
+                          (long long)l->tokens, (long long)ref, (long long)tokens);
     return KVS_OK;
+}
+
+/* The kind of model layer `global` under the config's pattern. */
+static kvs_layer_kind_t kvs__pool_kind(const kvs_manager_t *m, int64_t global)
+{
+    return kvs__layer_kind_of(m->cfg.full_attn_every, m->cfg.other_layers, global);
 }
 
 int kvs_manager_set_kv_layers(kvs_manager_t *m, const kvs_kv_layer_t *layers,
@@ -123,13 +153,39 @@ int kvs__manager_set_kv_layers(kvs_manager_t *m, const kvs_kv_layer_t *layers,
         return KVS__MFAIL(m, KVS_EINVAL, "%lld layers given, but this rank's pool has %lld "
                           "(config.layers): pass one descriptor per layer",
                           (long long)(layers == NULL ? 0 : num_layers), (long long)m->cfg.layers);
-    const int64_t ps = m->cfg.page_size, tokens = layers[0].tokens;
-    if (local_heads <= 0 || tokens <= 0 || tokens % ps != 0)
-        return KVS__MFAIL(m, KVS_EINVAL, "local_heads %lld must be > 0, and layer 0's %lld token "
-                          "slots a whole number of %lld-token pages", (long long)local_heads,
-                          (long long)tokens, (long long)ps);
+    /* The kinds of the pool's layers, its stage's share of the model's
+     * (the config's model_layers, checked at create): a state layer has no
+     * K or V, so its descriptor is neither needed nor read (zeroed below). */
+    int64_t first = 0, count = 0;
+    (void)kvs_pp_stage_layers(m->cfg.model_layers, m->cfg.pp_size, m->cfg.pp_rank, &first,
+                              &count);
     for (int64_t i = 0; i < num_layers; i++) {
-        int rc = kvs__check_layer(m, &layers[i], i, local_heads, tokens);
+        const kvs_layer_kind_t kind = kvs__pool_kind(m, first + i);
+        int rc = kind == KVS_LAYER_STATE ? KVS_OK
+                                         : kvs__check_layer_addr(m, &layers[i], i, kind, first + i);
+        if (rc != KVS_OK)
+            return rc;
+    }
+    /* the pool's token slots: its first layer with K and V's; a stage of
+     * state layers alone has none, and gives them as layer 0's tokens */
+    int64_t ref = 0;
+    while (ref < num_layers && kvs__pool_kind(m, first + ref) == KVS_LAYER_STATE)
+        ref++;
+    const bool all_state = ref == num_layers;
+    if (all_state)
+        ref = 0;
+    const int64_t ps = m->cfg.page_size, tokens = layers[ref].tokens;
+    if (local_heads <= 0 || tokens <= 0 || tokens % ps != 0)
+        return KVS__MFAIL(m, KVS_EINVAL, "local_heads %lld must be > 0, and layer %lld's %lld "
+                          "token slots a whole number of %lld-token pages%s",
+                          (long long)local_heads, (long long)ref, (long long)tokens,
+                          (long long)ps, all_state ? " (the stage's layers are all state "
+                          "layers: layer 0's tokens give the pool's token slots, its "
+                          "addresses are not needed)" : "");
+    for (int64_t i = 0; i < num_layers; i++) {
+        if (kvs__pool_kind(m, first + i) == KVS_LAYER_STATE)
+            continue;
+        int rc = kvs__check_layer(m, &layers[i], i, local_heads, ref, tokens);
         if (rc != KVS_OK)
             return rc;
     }
@@ -140,10 +196,13 @@ int kvs__manager_set_kv_layers(kvs_manager_t *m, const kvs_kv_layer_t *layers,
     int rc = KVS_ENOMEM;
     if (k != NULL && v != NULL && ks != NULL && vs != NULL) {
         for (int64_t i = 0; i < num_layers; i++) {
-            k[i] = layers[i].k_addr;
-            v[i] = layers[i].v_addr;
-            ks[i] = layers[i].ks_addr;
-            vs[i] = layers[i].vs_addr;
+            /* a state layer's entries are 0 whatever its descriptor holds:
+             * nothing reads them (kvs_kv_buffers_t), and a read would fail */
+            const bool state = kvs__pool_kind(m, first + i) == KVS_LAYER_STATE;
+            k[i] = state ? 0 : layers[i].k_addr;
+            v[i] = state ? 0 : layers[i].v_addr;
+            ks[i] = state ? 0 : layers[i].ks_addr;
+            vs[i] = state ? 0 : layers[i].vs_addr;
         }
         const bool one_plane = kvs_kv_kind_planes(m->cfg.kv_kind) == 1;
         const bool scales = m->scale_bytes > 0;

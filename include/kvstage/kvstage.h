@@ -1037,7 +1037,9 @@ typedef struct kvs_kv_buffers {
  * [pool_tokens, heads, head_dim], as sglang's k_buffer[l] / v_buffer[l]).
  * The strides are the engine's: kvstage needs the contiguous ones (element
  * = the dtype's size, head = head_dim elements, token = heads heads) and
- * refuses others, naming the layer and the stride. */
+ * refuses others, naming the layer and the stride. A hybrid model's state
+ * layer (docs/kinds/hybrid.md) keeps no K or V: its descriptor is not
+ * needed (pass it zeroed), checked or read; a full or window layer's is. */
 typedef struct kvs_kv_layer {
     uint64_t k_addr, v_addr;     /* device addresses of token slot 0; MLA:
                                     the latent buffer as k_addr, v_addr 0 */
@@ -1090,7 +1092,16 @@ KVS_API int kvs_manager_set_kv_buffers(kvs_manager_t *m, const kvs_kv_buffers_t 
  * of this rank's pool, each holding local_heads heads): each is checked
  * against the manager's head_dim, dtype, page size and layer count, and the
  * first layer or field that disagrees is named. Every layer must hold the
- * same number of token slots, a whole number of pages. */
+ * same number of token slots, a whole number of pages. With state layers
+ * (config.full_attn_every, other_layers KVS_LAYER_STATE; the kinds of the
+ * stage's share of model_layers) a state layer's descriptor is not needed:
+ * pass it zeroed (one given is not checked, and its K / V are published as
+ * 0: nothing reads them); a full or window layer without its K or V address
+ * is refused (KVS_EINVAL naming the layer, its kind and the field). A stage
+ * of state layers alone gives the pool's token slots as layer 0's tokens.
+ * State buffers are not descriptors: a pattern with state layers publishes
+ * through kvs_rank_create (kvs_rank_config_t.state_base) or
+ * kvs_manager_set_kv_buffers. */
 KVS_API int kvs_manager_set_kv_layers(kvs_manager_t *m, const kvs_kv_layer_t *layers,
                                       int64_t num_layers, int64_t local_heads);
 /* Sets the head counts (either may be 0 = unknown). Allowed until a handler
@@ -1363,7 +1374,8 @@ typedef struct kvs_rank kvs_rank_t;
 typedef struct kvs_rank_config {
     kvs_manager_config_t manager; /* role, geometry, instance and knobs */
     const kvs_kv_layer_t *layers; /* [manager.layers]: this rank's KV pool;
-                                     borrowed for the call */
+                                     borrowed for the call; a state layer's
+                                     zeroed (kvs_manager_set_kv_layers) */
     int64_t local_heads;          /* KV heads each layer holds; 0: the
                                      config's heads_per_rank, or total_heads
                                      over tp_size */

@@ -32,8 +32,6 @@ Nothing here touches a C object: a refusal raises KvstageError KVS_EINVAL
 naming the argument (e.g. "k_buffers[3]") and what to change.
 """
 
-import ctypes
-
 from . import _errors
 
 # kvstage's dtype names by the array libraries' names.
@@ -448,12 +446,11 @@ class Pool:
         return [(s, e - s) for s, e in out]
 
     def fill_layers(self, arr, kinds=None):
-        """kvs_kv_layer_t per layer of the stage into the ctypes array arr:
-        the pool's layers in order at the stage's attention layers (kinds,
-        as select_attention; None: every layer is one). A state layer's
-        descriptor repeats the first attention layer's: the core reads no
-        K or V of a state layer (kvs_kv_buffers_t) but checks every
-        descriptor as a KV buffer's."""
+        """kvs_kv_layer_t per layer of the stage into the ctypes array arr
+        (zeroed): the pool's layers in order at the stage's attention layers
+        (kinds, as select_attention; None: every layer is one). A state
+        layer's descriptor stays zeroed: it keeps no K or V, and the core
+        needs none there (kvs_manager_set_kv_layers)."""
         row = self.heads * self.head_dim * self.elem_bytes
         at = [i for i, kind in enumerate(kinds or ["full"] * self.layers) if kind != "state"]
         for i, (k, v) in zip(at, self.pairs):
@@ -464,7 +461,3 @@ class Pool:
             arr[i].elem_stride_bytes = self.elem_bytes
         for i, (ks, vs) in zip(at, self.scale_pairs):
             arr[i].ks_addr, arr[i].vs_addr = ks.ptr, vs.ptr if vs is not None else 0
-        for i, kind in enumerate(kinds or []):
-            if kind == "state":
-                ctypes.memmove(ctypes.byref(arr[i]), ctypes.byref(arr[at[0]]),
-                               ctypes.sizeof(arr[i]))

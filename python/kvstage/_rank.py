@@ -144,7 +144,17 @@ class Rank:
                     tensor per draft layer, [pool_tokens, heads, draft
                     head_dim], indexed by the same pages as the pool (MLA:
                     draft_k_buffers alone). Its heads are the model's; both
-                    sides give the same draft
+                    sides give the same draft. With PP the draft is the
+                    last stage's (pp_rank pp_size - 1): only it gives the
+                    buffers
+    draft_layers, draft_head_dim, draft_kv_heads
+                    the draft's shape, as kvstage.plan() takes it: on a PP
+                    stage before the last, which holds no draft but lays
+                    out its regions as every stage does, draft_layers (and
+                    draft_head_dim, 0 or None: head_dim) declare the draft
+                    without buffers. Beside the buffers they are optional
+                    and must agree with them. draft_kv_heads: 0 or the
+                    model's KV heads (the default, 0)
     kv_scales, ks_buffers, vs_buffers
                     FP8 KV with scale planes (dtype "fp8"; docs/kinds/
                     fp8-scales.md): kv_scales "per-token" (one fp32 per token
@@ -241,7 +251,8 @@ class Rank:
                  near_pci=None, bind_addr=None, listen_port=0, copy_threads=0,
                  secret_file=None, secret_env=None, discovery=None, discovery_wait_s=10.0,
                  kv_scales=None, ks_buffers=None, vs_buffers=None, draft_k_buffers=None,
-                 draft_v_buffers=None, full_attn_every=None, window_tokens=None,
+                 draft_v_buffers=None, draft_layers=None, draft_head_dim=None,
+                 draft_kv_heads=None, full_attn_every=None, window_tokens=None,
                  state_heads=None, state_bytes=None, state_buffers=None, state_slots=None):
         self._rank = self._drv = self._dev_obj = self._fab = None
         self._attached = []
@@ -367,8 +378,8 @@ class Rank:
         mc.kv_scales, mc.scale_block = scales, block
         # A draft model's layers (docs/kinds/draft.md): its own K / V
         # buffers over the same pages; both sides give the same draft.
-        mc.draft_layers = len(pool.draft_pairs)
-        mc.draft_head_dim = pool.draft_head_dim
+        mc.draft_layers, mc.draft_head_dim, mc.draft_kv_heads = self._draft_shape(
+            pool, draft_layers, draft_head_dim, draft_kv_heads, mc.pp_rank, mc.pp_size)
         if pool.draft_pairs:
             dk = (ctypes.c_uint64 * len(pool.draft_pairs))(*[k.ptr for k, _ in pool.draft_pairs])
             cfg.draft_k_base = dk
@@ -437,6 +448,51 @@ class Rank:
             raise
 
     # ---- construction and teardown ------------------------------------------
+
+    @staticmethod
+    def _draft_shape(pool, layers, head_dim, kv_heads, pp_rank, pp_size):
+        """(draft_layers, draft_head_dim, draft_kv_heads) of the manager
+        config (docs/kinds/draft.md): the draft's buffers' on the last PP
+        stage, which alone holds the draft (kvs_layout_draft_stage); the
+        declared ones (draft_layers=, draft_head_dim=) on a stage before
+        it, which gives no buffers but lays its regions out as every stage
+        does. Refuses buffers on a stage before the last, none on the last
+        with a declared draft, and a declared shape the buffers do not
+        have, naming the argument."""
+        last = pp_rank == pp_size - 1
+        n = len(pool.draft_pairs)
+        layers = None if layers is None else _i64("draft_layers", layers)
+        head_dim = None if head_dim is None else _i64("draft_head_dim", head_dim)
+        kv_heads = 0 if kv_heads is None else _i64("draft_kv_heads", kv_heads)
+        if n and not last:
+            raise _errors.invalid(
+                "draft_k_buffers: pp_rank %d is not the last stage (pp_size %d), and the "
+                "draft is the last stage's (docs/kinds/draft.md): give no draft buffers here, "
+                "declare the draft with draft_layers=%d and draft_head_dim=%d"
+                % (pp_rank, pp_size, n, pool.draft_head_dim))
+        if not n and layers and last:
+            raise _errors.invalid(
+                "draft_k_buffers: draft_layers=%d, and %s holds the draft: give its buffers, "
+                "one per draft layer (draft_layers= alone declares the draft on a stage "
+                "before the last)" % (layers, "this rank" if pp_size == 1 else
+                                      "pp_rank %d, the last stage," % pp_rank))
+        if n:
+            if layers is not None and layers != n:
+                raise _errors.invalid("draft_layers=%d but %d draft_k_buffers are given: one "
+                                      "per draft layer" % (layers, n))
+            want = head_dim or pool.head_dim
+            if head_dim is not None and want != pool.draft_head_dim:
+                raise _errors.invalid("draft_head_dim=%d%s but the draft buffers' last "
+                                      "dimension is %d: give the draft's head_dim"
+                                      % (head_dim, " (the model's head_dim %d)" % want
+                                         if not head_dim else "", pool.draft_head_dim))
+            return n, pool.draft_head_dim, kv_heads
+        if not layers and (head_dim or kv_heads):
+            raise _errors.invalid("%s: given, but there is no draft (no draft_k_buffers, "
+                                  "draft_layers %s): declare it with draft_layers=, or drop "
+                                  "it" % ("draft_head_dim" if head_dim else "draft_kv_heads",
+                                          layers))
+        return layers or 0, head_dim or 0, kv_heads if layers else 0
 
     @staticmethod
     def _layer_kinds(lib, mc, pattern, model_layers, layers, given, pp_rank, pp_size):

@@ -10,8 +10,8 @@ and run(), which starts both sides and checks what they report.
     FABRIC: [--fabric verbs|ofi] [--provider NAME] [--address IP]
             [--deadline-s S] [--decode-page N] [--mla] [--scales [--shift-scales]]
             [--prefill-cp N [--cp-addrs-swapped]] [--draft-layers N [--draft-swapped]]
-            [--prefill-tp N] [--decode-tp N] [--window W | --state-heads H --state-bytes C+S
-            [--state-slot-shifted]]
+            [--prefill-tp N] [--decode-tp N] [--prefill-pp N] [--decode-pp N]
+            [--window W | --state-heads H --state-bytes C+S [--state-slot-shifted]]
     (verbs by default; --address: every rank's bind_addr, default
     $KVS_VERBS_ADDR; --deadline-s: how long each wait may take, 240;
     --decode-page: the decode's page size, 16 like the prefill's by
@@ -33,7 +33,11 @@ and run(), which starts both sides and checks what they report.
     draft_v_buffers on both sides, every draft byte checked too);
     --prefill-tp N, --decode-tp N: the prefill instance has N TP ranks (2
     by default), the decode instance N (1 by default), each with its share
-    of the heads, every decode rank's pool checked;
+    of the heads, every decode rank's pool checked; --prefill-pp N,
+    --decode-pp N: N pipeline stages on that side (1 by default), each
+    rank holding its stage's share of the layers (kvs_pp_stage_layers)
+    and, with --draft-layers, the last stage alone the draft's buffers
+    (the others declare it with draft_layers= and draft_head_dim=);
     --window W: a hybrid model whose layers 0 and 2 are sliding-window
     layers of W tokens (full_attn_every 2, docs/kinds/hybrid.md): the
     prefill fills every row, and each window layer of the decode must hold
@@ -78,10 +82,10 @@ import kvstage  # noqa: E402
 HEADS, DIM, LAYERS, PAGE, POOL_TOKENS = 4, 16, 3, 16, 1024
 MAX_AUX = 300
 CHUNK = 64  # tokens per chunk: several chunks per room
-# The TP ranks of the prefill instance (--prefill-tp) and of the decode
-# instance (--decode-tp).
-PREFILL = {"tp": 2}
-DECODE = {"tp": 1}
+# The TP ranks and PP stages of the prefill instance (--prefill-tp,
+# --prefill-pp) and of the decode instance (--decode-tp, --decode-pp).
+PREFILL = {"tp": 2, "pp": 1}
+DECODE = {"tp": 1, "pp": 1}
 # Context parallelism of the prefill instance (--prefill-cp), and the
 # decode's planted address mistake (--cp-addrs-swapped).
 CP = {"size": 1, "swap": False}
@@ -111,8 +115,32 @@ def layer_kind(layer):
     return "window" if HYB["window"] else "state"
 
 
-def state_layers():
-    return [layer for layer in range(LAYERS) if layer_kind(layer) == "state"]
+def state_layers(layers=range(LAYERS)):
+    return [layer for layer in layers if layer_kind(layer) == "state"]
+
+
+def stage_layers(side, stage):
+    """The model layers PP stage `stage` of one side ("prefill", "decode")
+    holds, as kvs_pp_stage_layers splits them: the first pp - LAYERS % pp
+    stages LAYERS // pp, the others one more."""
+    pp = (PREFILL if side == "prefill" else DECODE)["pp"]
+    base, short = LAYERS // pp, pp - LAYERS % pp
+    first = stage * base if stage < short else short * base + (stage - short) * (base + 1)
+    return list(range(first, first + base + (stage >= short)))
+
+
+def last_stage(side, stage):
+    """True on the stage that holds the draft (kvs_layout_draft_stage)."""
+    return stage == (PREFILL if side == "prefill" else DECODE)["pp"] - 1
+
+
+def pp_kw(side, stage):
+    """The Rank keywords of a rank of PP stage `stage` ({} without PP on
+    either side): its stage, and the other side's PP (peer_pp_size)."""
+    pp, peer = (PREFILL, DECODE) if side == "prefill" else (DECODE, PREFILL)
+    if pp["pp"] == 1 and peer["pp"] == 1:
+        return {}
+    return dict(pp_rank=stage, pp_size=pp["pp"], peer_pp_size=peer["pp"], model_layers=LAYERS)
 
 
 def state_slot(room, side):
@@ -130,10 +158,11 @@ def state_values(room, layer, heads):
     return ((room * 131 + layer * 31 + h * 17 + b * 7 + 1) % 251).to(torch.uint8)
 
 
-def state_tensors(heads):
-    """One zeroed state tensor per state layer, [SLOTS, heads, conv + ssm]."""
+def state_tensors(heads, layers=range(LAYERS)):
+    """One zeroed state tensor per state layer of these layers, [SLOTS,
+    heads, conv + ssm]."""
     return [torch.zeros(SLOTS, heads, HYB["conv"] + HYB["ssm"], dtype=torch.uint8)
-            for _ in state_layers()]
+            for _ in state_layers(layers)]
 
 
 def hybrid_kw(ks, vs, states, every_layer):
@@ -190,19 +219,21 @@ def kv_tensor(heads):
     return torch.zeros(POOL_TOKENS, heads, DIM, dtype=torch.float16)
 
 
-def scale_tensors(heads):
-    """A layer's scale tensors (--scales): K's and V's (MLA: the latent's),
-    [POOL_TOKENS, heads, 4] bytes each; () without scales."""
+def scale_tensors(heads, layers=LAYERS):
+    """The scale tensors of a pool of `layers` layers (--scales): per
+    layer K's and V's (MLA: the latent's), [POOL_TOKENS, heads, 4] bytes
+    each; () without scales."""
     if not SCALES["on"]:
         return []
     return [torch.zeros(POOL_TOKENS, heads, SCALES["bytes"], dtype=torch.uint8)
-            for _ in range(LAYERS * (1 if KV["mla"] else 2))]
+            for _ in range(layers * (1 if KV["mla"] else 2))]
 
 
-def scale_planes(ss, layer):
-    """(kv, buffer) of one layer's scale planes: kv 2 (K's), 3 (V's)."""
+def scale_planes(ss, i):
+    """(kv, buffer) of the scale planes of the pool's layer i: kv 2 (K's),
+    3 (V's)."""
     n = 1 if KV["mla"] else 2
-    return tuple((2 + kv, ss[layer * n + kv]) for kv in range(n)) if ss else ()
+    return tuple((2 + kv, ss[i * n + kv]) for kv in range(n)) if ss else ()
 
 
 def planes(k, v):
@@ -224,11 +255,12 @@ def rank_kv(ks, vs, heads, ss=()):
     return out
 
 
-def draft_tensors(heads):
+def draft_tensors(heads, last=True):
     """A pool's draft buffers (--draft-layers): (K list, V list), V empty
-    for MLA; ([], []) without a draft."""
+    for MLA; ([], []) without a draft, or on a PP stage before the last
+    (last False), which holds none."""
     dk = [torch.zeros(POOL_TOKENS, heads, DRAFT["dim"], dtype=torch.float16)
-          for _ in range(DRAFT["layers"])]
+          for _ in range(DRAFT["layers"] if last else 0)]
     dv = [] if KV["mla"] else [torch.zeros_like(t) for t in dk]
     return dk, dv
 
@@ -236,9 +268,11 @@ def draft_tensors(heads):
 def draft_kw(dk, dv, planted=False):
     """The Rank keywords of the draft buffers; planted (--draft-swapped, to
     the decode): each draft layer's K and V handed over in each other's
-    place, which the check must catch."""
+    place, which the check must catch. A PP stage before the last, with no
+    buffers, declares the draft by its shape."""
     if not dk:
-        return {}
+        return dict(draft_layers=DRAFT["layers"], draft_head_dim=DRAFT["dim"]) \
+            if DRAFT["layers"] else {}
     if planted and dv:
         dk, dv = dv, dk
     return dict(draft_k_buffers=dk, **({"draft_v_buffers": dv} if dv else {}))
@@ -345,26 +379,31 @@ def write_json(path, obj):
 def prefill(folder, fabric, deadline_s):
     local = max(1, KV["heads"] // PREFILL["tp"])  # MLA: the one latent on each
     ranks, pools, tps = [], [], []
-    # CP rank c, TP rank tp at c * PREFILL["tp"] + tp (add_instance's order)
+    # CP rank c, stage s, TP rank tp at (c * pp + s) * PREFILL["tp"] + tp
+    # (add_instance's order)
     for c in range(CP["size"]):
-        for tp in range(PREFILL["tp"]):
-            ks = [kv_tensor(local) if layer_kind(layer) != "state" else None
-                  for layer in range(LAYERS)]
-            vs = [torch.zeros_like(k) if k is not None else None for k in ks]
-            ss = scale_tensors(local)
-            dk, dv = draft_tensors(local)
-            st = state_tensors(max(1, HYB["state_heads"] // PREFILL["tp"]))
-            pools.append((ks, vs, ss, dk, dv, st))
-            tps.append(tp)
-            kw = rank_kv(ks, vs, HEADS, ss)
-            kw.update(hybrid_kw(ks, vs, st, every_layer=False))
-            ranks.append(kvstage.Rank("prefill", page_size=PAGES["prefill"],
-                                      peer_page_size=PAGES["decode"],
-                                      **kw, **draft_kw(dk, dv),
-                                      tp_rank=tp, tp_size=PREFILL["tp"],
-                                      context_parallel=CP["size"], cp_rank=c,
-                                      peer_tp_size=DECODE["tp"], chunk_tokens=CHUNK,
-                                      max_aux_bytes=MAX_AUX, ring_bytes=8 << 20, **fabric))
+        for stage in range(PREFILL["pp"]):
+            layers = stage_layers("prefill", stage)
+            for tp in range(PREFILL["tp"]):
+                ks = [kv_tensor(local) if layer_kind(layer) != "state" else None
+                      for layer in layers]
+                vs = [torch.zeros_like(k) if k is not None else None for k in ks]
+                ss = scale_tensors(local, len(layers))
+                dk, dv = draft_tensors(local, last_stage("prefill", stage))
+                st = state_tensors(max(1, HYB["state_heads"] // PREFILL["tp"]), layers)
+                pools.append((layers, ks, vs, ss, dk, dv, st))
+                tps.append(tp)
+                kw = rank_kv(ks, vs, HEADS, ss)
+                kw.update(hybrid_kw(ks, vs, st, every_layer=False))
+                kw.update(draft_kw(dk, dv))
+                kw.update(pp_kw("prefill", stage))
+                ranks.append(kvstage.Rank("prefill", page_size=PAGES["prefill"],
+                                          peer_page_size=PAGES["decode"], **kw,
+                                          tp_rank=tp, tp_size=PREFILL["tp"],
+                                          context_parallel=CP["size"], cp_rank=c,
+                                          peer_tp_size=DECODE["tp"], chunk_tokens=CHUNK,
+                                          max_aux_bytes=MAX_AUX, ring_bytes=8 << 20,
+                                          **fabric))
     with open(os.path.join(folder, "prefill.addrs.tmp"), "w") as f:
         f.write("\n".join(r.address for r in ranks))
     os.rename(os.path.join(folder, "prefill.addrs.tmp"), os.path.join(folder, "prefill.addrs"))
@@ -374,15 +413,15 @@ def prefill(folder, fabric, deadline_s):
     ranks[0].start()  # one rank on the driver's thread, one (if two) in this loop
     for room, (total, _) in sorted(ROOMS.items()):
         pages = pages_by_room(1, "prefill")[room]
-        for tp, r, (ks, vs, ss, dk, dv, st) in zip(tps, ranks, pools):
+        for tp, r, (layers, ks, vs, ss, dk, dv, st) in zip(tps, ranks, pools):
             heads = [0] if KV["mla"] else list(range(tp * local, (tp + 1) * local))
             # A CP rank holds the rows of its range only, where the room's
             # page list (the request's, by token) puts them.
             start, end = r.cp_range(total)
-            for layer in range(LAYERS):
-                if ks[layer] is None:
+            for i, layer in enumerate(layers):
+                if ks[i] is None:
                     continue  # a state layer: no K or V
-                for kv, buf in planes(ks[layer], vs[layer]) + scale_planes(ss, layer):
+                for kv, buf in planes(ks[i], vs[i]) + scale_planes(ss, i):
                     view = buf.view(torch.int16)
                     view[slots(pages, total, "prefill")[start:end]] = \
                         values(room, list(range(start, end)), layer, kv, heads,
@@ -390,7 +429,7 @@ def prefill(folder, fabric, deadline_s):
             # The room's state after its last token, per state layer: of
             # this rank's state heads, in the room's slot.
             sh = max(1, HYB["state_heads"] // PREFILL["tp"])
-            for layer, buf in zip(state_layers(), st):
+            for layer, buf in zip(state_layers(layers), st):
                 buf[state_slot(room, "prefill")] = state_values(
                     room, layer, list(range(tp * sh, (tp + 1) * sh)))
             for layer, kv, buf in draft_planes(dk, dv):
@@ -429,30 +468,34 @@ def prefill(folder, fabric, deadline_s):
         r.close()
     write_json(os.path.join(folder, "prefill.json"),
                {"provider": ranks[0].provider, "page_size": ranks[0].page_size,
-                "kind": ranks[0].kind,
+                "kind": ranks[0].kind, "tp_ranks": tps,
                 "rdma_writes": [s["rdma_writes"] for s in stats],
                 "bytes": [s["rdma_write_bytes"] for s in stats],
                 "driver_steps": [s["driver_steps"] for s in stats],
                 "metrics": metrics})
 
 
-def decode_side(d, fabric):
-    """Decode TP rank d: its pool, its Rank and the pool it must end with."""
+def decode_side(d, stage, fabric):
+    """Decode TP rank d of PP stage `stage`: its pool, its Rank and the
+    pool it must end with."""
     local = max(1, KV["heads"] // DECODE["tp"])
     heads = [0] if KV["mla"] else list(range(d * local, (d + 1) * local))
-    ks = [kv_tensor(local) if layer_kind(layer) != "state" else None for layer in range(LAYERS)]
+    layers = stage_layers("decode", stage)
+    ks = [kv_tensor(local) if layer_kind(layer) != "state" else None for layer in layers]
     vs = [torch.zeros_like(k) if k is not None else None for k in ks]
-    ss = scale_tensors(local)
-    dk, dv = draft_tensors(local)
-    st = state_tensors(max(1, HYB["state_heads"] // DECODE["tp"]))
+    ss = scale_tensors(local, len(layers))
+    dk, dv = draft_tensors(local, last_stage("decode", stage))
+    st = state_tensors(max(1, HYB["state_heads"] // DECODE["tp"]), layers)
     kw = rank_kv(ks, vs, HEADS, ss)
     kw.update(hybrid_kw(ks, vs, st, every_layer=True))
+    kw.update(draft_kw(dk, dv, DRAFT["swap"]))
+    kw.update(pp_kw("decode", stage))
     rank = kvstage.Rank("decode", page_size=PAGES["decode"], peer_page_size=PAGES["prefill"],
-                        **kw, **draft_kw(dk, dv, DRAFT["swap"]),
-                        tp_rank=d, tp_size=DECODE["tp"], chunk_tokens=CHUNK,
+                        **kw, tp_rank=d, tp_size=DECODE["tp"], chunk_tokens=CHUNK,
                         max_aux_bytes=MAX_AUX, ring_bytes=8 << 20, **fabric)
     zeros = lambda xs: [torch.zeros_like(x) if x is not None else None for x in xs]  # noqa
-    return dict(rank=rank, d=d, heads=heads, ks=ks, vs=vs, ss=ss, dk=dk, dv=dv, st=st,
+    return dict(rank=rank, d=d, stage=stage, layers=layers, heads=heads, ks=ks, vs=vs, ss=ss,
+                dk=dk, dv=dv, st=st,
                 want_k=zeros(ks), want_v=zeros(vs), want_s=zeros(ss), want_dk=zeros(dk),
                 want_dv=zeros(dv), want_st=zeros(st))
 
@@ -467,18 +510,18 @@ def expect(side, room, pages):
         view = buf.view(torch.int16)
         view[at] = values(room, list(range(base, total)), layer, kv, side["heads"],
                           view.shape[-1])
-    for layer in range(LAYERS):
-        if side["want_k"][layer] is None:
+    for i, layer in enumerate(side["layers"]):
+        if side["want_k"][i] is None:
             continue
         first = rows_from(room, layer, base)
-        for kv, buf in planes(side["want_k"][layer], side["want_v"][layer]) + \
-                scale_planes(side["want_s"], layer):
+        for kv, buf in planes(side["want_k"][i], side["want_v"][i]) + \
+                scale_planes(side["want_s"], i):
             view = buf.view(torch.int16)
             view[at[first - base:]] = values(room, list(range(first, total)), layer, kv,
                                              side["heads"], view.shape[-1])
     sh = max(1, HYB["state_heads"] // DECODE["tp"])
     d = side["d"]
-    for layer, buf in zip(state_layers(), side["want_st"]):
+    for layer, buf in zip(state_layers(side["layers"]), side["want_st"]):
         buf[state_slot(room, "decode")] = state_values(room, layer,
                                                        list(range(d * sh, (d + 1) * sh)))
 
@@ -486,12 +529,13 @@ def expect(side, room, pages):
 def check(side):
     """Exits naming the first difference between a decode rank's pool and
     the one it must hold."""
-    name = "decode rank %d" % side["d"]
-    for layer in range(LAYERS):
-        if side["ks"][layer] is None:
+    name = "decode rank %d" % side["d"] + (" of stage %d" % side["stage"]
+                                           if DECODE["pp"] > 1 else "")
+    for i, layer in enumerate(side["layers"]):
+        if side["ks"][i] is None:
             continue
-        for plane, got, want in (("K", side["ks"][layer], side["want_k"][layer]),
-                                 ("V", side["vs"][layer], side["want_v"][layer]))[
+        for plane, got, want in (("K", side["ks"][i], side["want_k"][i]),
+                                 ("V", side["vs"][i], side["want_v"][i]))[
                                      :len(planes(0, 0))]:
             if not torch.equal(got.view(torch.int16), want.view(torch.int16)):
                 diff = (got.view(torch.int16) != want.view(torch.int16)).nonzero()
@@ -502,8 +546,8 @@ def check(side):
                             whose(got.view(torch.int16)[slot], layer, plane == "V"),
                             whose(want.view(torch.int16)[slot], layer, plane == "V")))
         # The scales of every row (--scales), K's then V's.
-        for (kv, got), (_, want) in zip(scale_planes(side["ss"], layer),
-                                        scale_planes(side["want_s"], layer)):
+        for (kv, got), (_, want) in zip(scale_planes(side["ss"], i),
+                                        scale_planes(side["want_s"], i)):
             if not torch.equal(got, want):
                 diff = (got != want).nonzero()
                 sys.exit("rank_pair %s: %s scales of layer %d differ at %d bytes, first "
@@ -518,7 +562,7 @@ def check(side):
                      "[slot, head, dim] %s" % (name, layer - LAYERS, "KV"[kv], len(diff),
                                                diff[0].tolist()))
     # The state layers (--state-heads), every byte of every slot.
-    for layer, got, want in zip(state_layers(), side["st"], side["want_st"]):
+    for layer, got, want in zip(state_layers(side["layers"]), side["st"], side["want_st"]):
         if not torch.equal(got, want):
             diff = (got != want).nonzero()
             sys.exit("rank_pair %s: state layer %d differs at %d of %d bytes, first [slot, "
@@ -531,8 +575,9 @@ def decode(folder, fabric, deadline_s):
     dps = PAGES["decode"]
     sides = []
     try:
-        for d in range(DECODE["tp"]):
-            sides.append(decode_side(d, fabric))
+        for stage in range(DECODE["pp"]):
+            for d in range(DECODE["tp"]):
+                sides.append(decode_side(d, stage, fabric))
         decode_rooms(sides, addrs, folder, dps, deadline_s)
     finally:
         for side in sides:
@@ -553,7 +598,8 @@ def decode_rooms(sides, addrs, folder, dps, deadline_s):
     if CP["swap"]:  # planted: CP 0 TP 1 and CP 1 TP 0 in each other's place
         addrs[1], addrs[PREFILL["tp"]] = addrs[PREFILL["tp"]], addrs[1]
     for side in sides:
-        side["rank"].add_instance(0, addrs, tp_size=PREFILL["tp"], cp_size=CP["size"])
+        side["rank"].add_instance(0, addrs, tp_size=PREFILL["tp"], cp_size=CP["size"],
+                                  pp_size=PREFILL["pp"])
         side["rank"].connect(0)
         side["rank"].start()
     order = sorted(ROOMS)
@@ -600,7 +646,9 @@ def decode_rooms(sides, addrs, folder, dps, deadline_s):
     write_json(os.path.join(folder, "decode.json"),
                {"provider": rank.provider, "metrics": rank.metrics(),
                 "page_size": rank.page_size, "kind": rank.kind,
-                "layer_kinds": rank.layer_kinds, "decode_tp": len(sides),
+                "layer_kinds": rank.layer_kinds, "decode_tp": DECODE["tp"],
+                "decode_ranks": len(sides),
+                "draft_ranks": sum(1 for side in sides if side["dk"]),
                 "peers": sorted({x.peer for x in results[0].values()}),
                 "rooms": min(len(res) for res in results),
                 "bytes": sum(x.bytes for res in results for x in res.values()),
@@ -611,7 +659,8 @@ def decode_rooms(sides, addrs, folder, dps, deadline_s):
                                    for side in sides for t in side["dk"] + side["dv"]),
                 "state_bytes": sum(t.numel() for side in sides for t in side["st"]),
                 "window_rows": sum(int(t.view(torch.int16).flatten(1).any(1).sum())
-                                   for side in sides for layer, t in enumerate(side["ks"])
+                                   for side in sides
+                                   for layer, t in zip(side["layers"], side["ks"])
                                    if layer_kind(layer) == "window"),
                 "rooms_ok": min(s["rooms_ok"] for s in stats),
                 "copies": sum(s["copies"] for s in stats)})
@@ -692,8 +741,8 @@ def run(folder, args=(), timeout_s=420):
     # The decode received what the two prefill ranks wrote, one write per
     # chunk; with MLA rank 0 alone wrote, rank 1 only reported.
     assert dec["bytes"] > 0
-    if "--mla" in args:
-        assert pre["rdma_writes"][0] > 0 and pre["rdma_writes"][1:] == [0], pre
+    if "--mla" in args:  # TP rank 0 of each stage (and CP rank) writes
+        assert all((w > 0) == (tp == 0) for w, tp in zip(pre["rdma_writes"], pre["tp_ranks"])), pre
     else:
         assert all(w > 0 for w in pre["rdma_writes"]), pre
     return dec, pre
@@ -717,12 +766,15 @@ def main(argv):
     p.add_argument("--draft-swapped", action="store_true")
     p.add_argument("--prefill-tp", type=int, default=2)
     p.add_argument("--decode-tp", type=int, default=1)
+    p.add_argument("--prefill-pp", type=int, default=1)
+    p.add_argument("--decode-pp", type=int, default=1)
     p.add_argument("--window", type=int, default=0)
     p.add_argument("--state-heads", type=int, default=0)
     p.add_argument("--state-bytes", default="0+0")
     p.add_argument("--state-slot-shifted", action="store_true")
     a = p.parse_args(argv)
     PREFILL["tp"], DECODE["tp"] = a.prefill_tp, a.decode_tp
+    PREFILL["pp"], DECODE["pp"] = a.prefill_pp, a.decode_pp
     if a.window or a.state_heads:
         if a.window and a.state_heads:
             p.error("--window and --state-heads: give one")

@@ -295,6 +295,46 @@ def test_rank_ofi_draft_swapped_is_caught(tmp_path):
     assert "decode exited 1" in str(e.value) and "draft layer 0" in str(e.value), e.value
 
 
+@pytest.mark.parametrize("prefill_pp,decode_pp,mla", [(2, 2, False), (2, 1, False),
+                                                      (2, 2, True)])
+def test_rank_ofi_draft_layers_with_pp(tmp_path, prefill_pp, decode_pp, mla):
+    """A draft with PP (docs/kinds/draft.md): the prefill of PP 2 x TP 2
+    into a decode of PP 2 or 1. The draft is the last stage's on each side:
+    its ranks give the draft's buffers, and each stage before it declares
+    the draft by its shape (draft_layers=, draft_head_dim=) with none. The
+    decode checks every byte of each stage's pool and of the draft, which
+    only its last stage holds. Decode PP 1 takes every prefill stage's
+    blocks, so a stage that did not declare the draft would be refused by
+    the fingerprint."""
+    need_ofi()
+    dec, pre = rank_pair.run(tmp_path, ["--fabric", "ofi", "--provider", "tcp",
+                                        "--address", "127.0.0.1", "--deadline-s", "40",
+                                        "--draft-layers", "2",
+                                        "--prefill-pp", str(prefill_pp),
+                                        "--decode-pp", str(decode_pp)]
+                             + (["--mla"] if mla else []), timeout_s=100)
+    assert dec["rooms"] == dec["rooms_ok"] == len(rank_pair.ROOMS)
+    assert dec["decode_ranks"] == decode_pp and dec["draft_ranks"] == 1, dec
+    assert dec["draft_bytes"] > 0, dec
+    # stage 0 (model layer 0) writes one layer; stage 1 (layers 1 and 2)
+    # two and the draft's two, in its TP rank 0's writes (MLA: alone)
+    tp = 2
+    assert pre["bytes"][tp] > 2 * pre["bytes"][0] > 0, pre
+
+
+def test_rank_ofi_draft_swapped_with_pp_is_caught(tmp_path):
+    """The planted wrong draft mapping with PP 2 on both sides: the last
+    decode stage's check fails on the draft."""
+    need_ofi()
+    with pytest.raises(AssertionError) as e:
+        rank_pair.run(tmp_path, ["--fabric", "ofi", "--provider", "tcp", "--address",
+                                 "127.0.0.1", "--deadline-s", "40", "--draft-layers", "1",
+                                 "--prefill-pp", "2", "--decode-pp", "2", "--draft-swapped"],
+                      timeout_s=100)
+    assert "decode exited 1" in str(e.value), e.value
+    assert "decode rank 0 of stage 1: draft layer 0" in str(e.value), e.value
+
+
 def _window_rows(window, rooms, decode_page):
     """Rows a decode of these rooms ({room: (total, cached)}) holds in one
     window layer of `window` tokens: from the window's first token floored
@@ -426,6 +466,42 @@ def test_rank_draft_buffers_refused_by_name():
             (dict(draft_k_buffers=[torch.zeros(2 * PAGE, HEADS, 8, dtype=torch.float16)],
                   draft_v_buffers=[bad]), "pool_tokens %d" % (4 * PAGE))):
         refused([needle], fabric="ofi", provider="tcp", bind_addr="127.0.0.1", **kw)
+
+
+def test_rank_draft_on_pp_stages_refused_by_name():
+    """With PP the draft is the last stage's: a stage before it declares
+    the draft by its shape without buffers, and is made; buffers there,
+    none on the last stage, a shape the buffers do not have, or a shape
+    without a draft are refused at create, naming the argument."""
+    need_ofi()
+    ofi = dict(fabric="ofi", provider="tcp", bind_addr="127.0.0.1")
+    dk = [torch.zeros(4 * PAGE, HEADS, 4, dtype=torch.float16)]  # head dim 4
+    dv = [torch.zeros_like(dk[0])]
+    pp0 = dict(pp_rank=0, pp_size=2, peer_pp_size=2)
+    pp1 = dict(pp_rank=1, pp_size=2, peer_pp_size=2)
+    rank(draft_layers=1, draft_head_dim=4, **pp0, **ofi).close()  # declared, no buffers
+    rank(draft_layers=1, draft_k_buffers=dk, draft_v_buffers=dv, **pp1, **ofi).close()
+    for kw, needle in (
+            (dict(draft_k_buffers=dk, draft_v_buffers=dv, **pp0),
+             "draft_k_buffers: pp_rank 0 is not the last stage (pp_size 2), and the draft is "
+             "the last stage's (docs/kinds/draft.md): give no draft buffers here, declare the "
+             "draft with draft_layers=1 and draft_head_dim=4"),
+            (dict(draft_layers=1, draft_head_dim=4, **pp1),
+             "draft_k_buffers: draft_layers=1, and pp_rank 1, the last stage, holds the draft: "
+             "give its buffers"),
+            (dict(draft_layers=1), "draft_k_buffers: draft_layers=1, and this rank holds the "
+                                   "draft: give its buffers"),
+            (dict(draft_layers=2, draft_k_buffers=dk, draft_v_buffers=dv, **pp1),
+             "draft_layers=2 but 1 draft_k_buffers are given"),
+            (dict(draft_head_dim=16, draft_k_buffers=dk, draft_v_buffers=dv),
+             "draft_head_dim=16 but the draft buffers' last dimension is 4"),
+            (dict(draft_head_dim=0, draft_k_buffers=dk, draft_v_buffers=dv),
+             "draft_head_dim=0 (the model's head_dim %d) but the draft buffers' last "
+             "dimension is 4" % DIM),
+            (dict(draft_head_dim=4, **pp0), "draft_head_dim: given, but there is no draft"),
+            (dict(draft_kv_heads=HEADS, **pp0), "draft_kv_heads: given, but there is no draft"),
+            (dict(draft_layers="1", **pp0), "draft_layers: '1': give an integer >= 0")):
+        refused([needle], **kw, **ofi)
 
 
 def test_rank_state_waits_for_a_result_on_its_way():
