@@ -371,6 +371,25 @@ def test_rank_ofi_hybrid_window_prefill_tp2_to_decode_tp1(tmp_path, decode_page,
     check_metrics(dec, pre)
 
 
+def test_rank_ofi_hybrid_window_prefill_pp2_to_decode_pp1(tmp_path):
+    """The window model from a prefill of TP 2 x PP 2 (stage 0: window layer
+    0; stage 1: full layer 1 and window layer 2) into a decode of TP 1 x PP
+    1: each prefill stage writes its part of every writer block, one write
+    (docs/kinds/hybrid.md), and the decode checks its whole pool as for PP
+    1: the full layer's every row, the window layers' window rows alone."""
+    need_ofi()
+    dec, pre = rank_pair.run(tmp_path, ["--fabric", "ofi", "--provider", "tcp",
+                                        "--address", "127.0.0.1", "--deadline-s", "40",
+                                        "--window", "48", "--prefill-pp", "2",
+                                        "--decode-pp", "1"], timeout_s=100)
+    assert dec["layer_kinds"] == ["window", "full", "window"], dec["layer_kinds"]
+    assert dec["rooms"] == dec["rooms_ok"] == len(rank_pair.ROOMS)
+    assert dec["window_rows"] == 2 * _window_rows(48, dict(rank_pair.ROOMS), 16), dec
+    # stage 1 (a full and a window layer) writes more than stage 0 (a
+    # window layer), one write per chunk each
+    assert pre["bytes"][2] > pre["bytes"][0] > 0, pre
+
+
 @pytest.mark.parametrize("prefill_tp, decode_tp", [(2, 1), (2, 2), (1, 2)])
 def test_rank_ofi_hybrid_state(tmp_path, prefill_tp, decode_tp):
     """A state model (layers 0 and 2 state layers of 4 state heads of 96 +
