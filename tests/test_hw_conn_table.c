@@ -4,8 +4,9 @@
  * the next generation and starts zeroed; a token names one use of a slot,
  * so a stale one finds nothing; the handle check refuses what is not a
  * live connection and a DEAD one with its reason; failing keeps the first
- * status and reason; DISCONNECT reports it once. Driven on a fabric base
- * with no ops: the table only records refusals on it.
+ * status and reason; DISCONNECT reports it once; connect's arguments are
+ * checked. Driven on a fabric base with no ops: the table only records
+ * refusals on it.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -62,8 +63,8 @@ static void test_hw_conn_table_slots_and_tokens(void **state)
     const uint32_t token = hw_net_conn_token(&a->net);
     assert_int_equal(token, 0u | 1u << 16);
     assert_ptr_equal(hw_net_conn_by_token(&x.t, token), a);
-    assert_ptr_equal(hw_net_conn_at(&x.t, 1, b->net.gen & 0xffffu), b);
-    assert_null(hw_net_conn_at(&x.t, 2, 1)); /* no such slot */
+    assert_ptr_equal(hw_net_conn_by_token(&x.t, 1u | 1u << 16), b);
+    assert_null(hw_net_conn_by_token(&x.t, 2u | 1u << 16)); /* no such slot */
     hw_net_conn_free(&a->net);
     assert_null(hw_net_conn_by_token(&x.t, token)); /* FREE */
     assert_ptr_equal(hw_net_conn_alloc(&x.t, HW_NET_CONN_UP), a);
@@ -100,11 +101,27 @@ static void test_hw_conn_table_check(void **state)
     assert_true(a->net.down_told);
 }
 
+static void test_hw_conn_table_peer(void **state)
+{
+    (void)state;
+    fixture_t x;
+    fixture_init(&x);
+    kvs_conn_t *out = NULL;
+    struct sockaddr_storage dst;
+    assert_int_equal(hw_net_conn_peer(&x.t, "127.0.0.1:4791", &out, &dst), KVS_OK);
+    assert_int_equal(dst.ss_family, AF_INET);
+    assert_int_equal(hw_net_conn_peer(&x.t, NULL, &out, &dst), KVS_EINVAL);
+    assert_non_null(strstr(x.fab.last_backend_msg, "connect on test: peer and out"));
+    assert_int_equal(hw_net_conn_peer(&x.t, "127.0.0.1:4791", NULL, &dst), KVS_EINVAL);
+    assert_int_equal(hw_net_conn_peer(&x.t, "no port", &out, &dst), KVS_EINVAL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hw_conn_table_slots_and_tokens),
         cmocka_unit_test(test_hw_conn_table_check),
+        cmocka_unit_test(test_hw_conn_table_peer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,6 +6,8 @@
  */
 #include "conn_table.h"
 
+#include "net_util.h"
+
 #include <assert.h>
 #include <stdio.h>
 #include <string.h>
@@ -19,18 +21,14 @@ void hw_net_conns_init(hw_net_conns_t *t, kvs_fabric_t *fab, const char *name, v
         hw_net_conn(hw_net_conns_at(t, i))->slot = i;
 }
 
-kvs_conn_t *hw_net_conn_at(const hw_net_conns_t *t, uint32_t slot, uint32_t gen)
+kvs_conn_t *hw_net_conn_by_token(const hw_net_conns_t *t, uint32_t token)
 {
+    const uint32_t slot = token & 0xffffu;
     if (slot >= t->cap)
         return NULL;
     kvs_conn_t *conn = hw_net_conns_at(t, slot);
     const hw_net_conn_t *c = hw_net_conn(conn);
-    return c->state != HW_NET_CONN_FREE && (c->gen & 0xffffu) == gen ? conn : NULL;
-}
-
-kvs_conn_t *hw_net_conn_by_token(const hw_net_conns_t *t, uint32_t token)
-{
-    return hw_net_conn_at(t, token & 0xffffu, token >> 16);
+    return c->state != HW_NET_CONN_FREE && hw_net_conn_token(c) == token ? conn : NULL;
 }
 
 kvs_conn_t *hw_net_conn_alloc(hw_net_conns_t *t, int state)
@@ -46,6 +44,18 @@ kvs_conn_t *hw_net_conn_alloc(hw_net_conns_t *t, int state)
         }
     }
     return NULL;
+}
+
+int hw_net_conn_peer(hw_net_conns_t *t, const char *peer, kvs_conn_t **out,
+                     struct sockaddr_storage *dst)
+{
+    if (peer == NULL || out == NULL)
+        return kvs_fabric_fail(t->fab, KVS_EINVAL, 0, "connect on %s: peer and out must not "
+                               "be NULL", t->name);
+    char why[KVS_ERROR_MSG_BYTES];
+    if (hw_net_parse_peer(peer, dst, why, sizeof why) != KVS_OK)
+        return kvs_fabric_fail(t->fab, KVS_EINVAL, 0, "connect on %s: %s", t->name, why);
+    return KVS_OK;
 }
 
 int hw_net_conn_full(hw_net_conns_t *t)

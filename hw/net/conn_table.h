@@ -31,6 +31,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #define HW_NET_WHY_BYTES 200
 #define HW_NET_PEER_BYTES 64
@@ -86,17 +87,22 @@ static inline kvs_conn_t *hw_net_conns_of(const hw_net_conns_t *t, kvs_conn_t *c
                ? conn
                : NULL;
 }
-/* The token naming this use of c's slot: slot | generation << 16. */
+/* The token naming this use of c's slot: slot | generation << 16 (ofi
+ * stamps it on messages, verbs puts it in work request ids). */
 static inline uint32_t hw_net_conn_token(const hw_net_conn_t *c)
 {
     return c->slot | (c->gen & 0xffffu) << 16;
 }
 
-/* The live connection in slot whose generation's low 16 bits are gen, or
- * NULL (a slot out of range, FREE, or since used again). */
-kvs_conn_t *hw_net_conn_at(const hw_net_conns_t *t, uint32_t slot, uint32_t gen);
-/* The live connection a token names, or NULL. */
+/* The live connection a token names, or NULL (a slot out of range, FREE,
+ * or since used again). */
 kvs_conn_t *hw_net_conn_by_token(const hw_net_conns_t *t, uint32_t token);
+
+/* connect's checks of its arguments: peer and out given, peer a
+ * "HOST:PORT" that resolves (into *dst). KVS_OK, else KVS_EINVAL recorded
+ * on the fabric. */
+int hw_net_conn_peer(hw_net_conns_t *t, const char *peer, kvs_conn_t **out,
+                     struct sockaddr_storage *dst);
 
 /* The first FREE slot made a new connection in `state` with the next
  * generation; everything else in it, the fabric's fields too, zero (the

@@ -18,7 +18,8 @@
  * connection at the BYE, or HW_OFI_GRACE_NS after the socket ended when no
  * BYE comes (a crash), so messages already on their way are still taken.
  *
- * The slots themselves, their tokens and failing one are conn.c's.
+ * The slots themselves and their tokens are hw/net/conn_table.h's; what
+ * failing and freeing a connection mean here, conn.c's.
  *
  * Invariants: sockets of HELLO and UP connections are in boot_fd, keyed by
  * slot (the listener by UINT64_MAX).
@@ -361,20 +362,18 @@ static int hw_ofi_dial(kvs_conn_t *c, const struct sockaddr_storage *dst, uint64
 int hw_ofi_connect(kvs_fabric_t *fab, const char *peer, kvs_conn_t **out)
 {
     hw_ofi_fabric_t *f = hw_ofi_of(fab);
-    if (peer == NULL || out == NULL)
-        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "connect on %s: peer and out must not be "
-                               "NULL", f->name);
-    char why[HW_OFI_WHY_BYTES];
     struct sockaddr_storage dst;
-    if (hw_net_parse_peer(peer, &dst, why, sizeof why) != KVS_OK)
-        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "connect on %s: %s", f->name, why);
+    int rc = hw_net_conn_peer(&f->connt, peer, out, &dst);
+    if (rc != KVS_OK)
+        return rc;
+    char why[HW_OFI_WHY_BYTES];
     kvs_conn_t *c = hw_ofi_conn_alloc(f, HW_OFI_CONN_CONNECTING);
     if (c == NULL)
         return hw_net_conn_full(&f->connt);
     c->net.active = true;
     snprintf(c->net.peer, sizeof c->net.peer, "%s", peer);
     const uint64_t deadline = hw_net_now_ns() + (uint64_t)f->cfg.connect_timeout_ms * 1000000u;
-    int rc = hw_ofi_dial(c, &dst, deadline, why, sizeof why);
+    rc = hw_ofi_dial(c, &dst, deadline, why, sizeof why);
     if (rc != KVS_OK) {
         hw_ofi_conn_free(c);
         return kvs_fabric_fail(fab, rc, 0, "connect on %s: %s", f->name, why);

@@ -6,6 +6,7 @@
  * Files: lib.c (libfabric, opened at create), fabric.c (provider choice,
  * the ops table, create, destroy),
  * boot.c (the TCP bootstrap: listener, HELLO, liveness, connection states),
+ * conn.c (its side of hw/net's connection table: sockets, deaths),
  * mr.c (registration, split pieces, key tables and their KEYS/DROP
  * messages), grant.c (region-scoped keys: key_grant, key_revoke), post.c (write, send, the queue of requests the provider
  * refused for now), poll.c (completions, deaths, wait_arm).

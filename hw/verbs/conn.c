@@ -28,9 +28,10 @@
  * A user's disconnect sends BYE first, so the peer fails its side at once
  * instead of waiting for a reconnect.
  *
- * Lifetime: connections live in a table of max_conns slots; each QP gets a
- * new generation (in work request ids), so a late completion of an old QP
- * never reaches its successor. Connections the user made are freed by
+ * Lifetime: connections live in a table of max_conns slots (hw/net/
+ * conn_table.h); each use of a slot and each QP gets a new generation (in
+ * work request ids), so a late completion of an old QP never reaches its
+ * successor. Connections the user made are freed by
  * disconnect (after their requests are reported); accepted ones that failed
  * are reclaimed when a new peer needs the slot.
  */
@@ -202,8 +203,7 @@ int hw_verbs_post_recv(kvs_conn_t *c, uint32_t index)
         .lkey = c->rmr->lkey,
     };
     struct ibv_recv_wr wr = {
-        .wr_id = UINT64_C(1) << 63 | (uint64_t)(c->net.gen & 0xffffu) << 32 |
-                 (uint64_t)c->net.slot << 16 | index,
+        .wr_id = UINT64_C(1) << 63 | (uint64_t)hw_net_conn_token(&c->net) << 16 | index,
         .sg_list = &sge,
         .num_sge = 1,
     };
@@ -679,13 +679,10 @@ static int hw_verbs_resolve(kvs_conn_t *c, int *err)
 int hw_verbs_connect(kvs_fabric_t *fab, const char *peer, kvs_conn_t **out)
 {
     hw_verbs_fabric_t *f = hw_verbs_of(fab);
-    if (peer == NULL || out == NULL)
-        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "connect on %s: peer and out must not be "
-                               "NULL", f->device_name);
     struct sockaddr_storage dst, src;
-    char why[KVS_ERROR_MSG_BYTES];
-    if (hw_net_parse_peer(peer, &dst, why, sizeof why) != KVS_OK)
-        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "connect on %s: %s", f->device_name, why);
+    int rc = hw_net_conn_peer(&f->connt, peer, out, &dst);
+    if (rc != KVS_OK)
+        return rc;
     if (hw_net_bind_sockaddr(f->bind_addr, 0, &src) != KVS_OK)
         return kvs_fabric_fail(fab, KVS_EINVAL, 0, "connect on %s: bind address '%s' is not "
                                "an IP address", f->device_name, f->bind_addr);
@@ -703,7 +700,7 @@ int hw_verbs_connect(kvs_fabric_t *fab, const char *peer, kvs_conn_t **out)
     snprintf(c->net.peer, sizeof c->net.peer, "%s", peer);
     c->deadline_ns = hw_net_now_ns() + (uint64_t)f->cfg.connect_timeout_ms * 1000000u;
     int err = 0;
-    int rc = hw_verbs_resolve(c, &err);
+    rc = hw_verbs_resolve(c, &err);
     if (rc != KVS_OK) {
         hw_verbs_conn_free(c);
         return kvs_fabric_fail(fab, rc, err, "connecting to %s: rdma_cm could not start (%s): "
@@ -728,6 +725,7 @@ int hw_verbs_connect(kvs_fabric_t *fab, const char *peer, kvs_conn_t **out)
         const uint32_t ms = hw_verbs_ms_left(c, now);
         (void)poll(&pfd, 1, ms < 100 ? (int)ms : 100);
     }
+    char why[KVS_ERROR_MSG_BYTES];
     if (rc == KVS_OK && c->net.state == HW_NET_CONN_UP) {
         c->net.user_knows = true;
         rc = hw_verbs_keys_push_all(f, c);

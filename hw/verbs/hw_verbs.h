@@ -12,10 +12,10 @@
  * grant.c (region-scoped keys as type-2 memory windows), fabric.c (the ops
  * table, create, destroy).
  *
- * Work request ids: bit 63 set for receives; bits 32..47 the generation of
- * the connection's current queue pair, 16..31 the connection's slot, 0..15
- * the send-queue ring index or receive buffer. A completion whose slot and
- * generation name no current queue pair is dropped.
+ * Work request ids: bit 63 set for receives; bits 16..47 the connection's
+ * token (hw/net/conn_table.h: its slot, and in bits 32..47 the generation
+ * of its current queue pair), 0..15 the send-queue ring index or receive
+ * buffer. A completion whose token names no current queue pair is dropped.
  */
 #ifndef KVS_HW_VERBS_H
 #define KVS_HW_VERBS_H

@@ -52,10 +52,10 @@ static const char *hw_verbs_op_name(uint8_t kind)
 static bool hw_verbs_on_recv(hw_verbs_fabric_t *f, const struct ibv_wc *wc,
                              kvs_completion_t *out)
 {
-    const uint32_t slot = (uint32_t)(wc->wr_id >> 16) & 0xffffu;
-    const uint32_t gen = (uint32_t)(wc->wr_id >> 32) & 0xffffu;
+    const uint32_t token = (uint32_t)(wc->wr_id >> 16); /* bit 63 falls off */
+    const uint32_t slot = token & 0xffffu, gen = token >> 16;
     const uint32_t index = (uint32_t)wc->wr_id & 0xffffu;
-    kvs_conn_t *c = hw_net_conn_at(&f->connt, slot, gen);
+    kvs_conn_t *c = hw_net_conn_by_token(&f->connt, token);
     const uint8_t *buf = NULL;
     if (c != NULL) {
         c->rq_posted--;
@@ -135,10 +135,8 @@ static void hw_verbs_grant_done(hw_verbs_sqe_t *e, enum ibv_wc_status wc_status)
 /* A send-queue request completed: mark it; reporting is retire()'s. */
 static void hw_verbs_on_send(hw_verbs_fabric_t *f, const struct ibv_wc *wc)
 {
-    const uint32_t slot = (uint32_t)(wc->wr_id >> 16) & 0xffffu;
-    const uint32_t gen = (uint32_t)(wc->wr_id >> 32) & 0xffffu;
     const uint32_t i = (uint32_t)wc->wr_id & 0xffffu;
-    kvs_conn_t *c = hw_net_conn_at(&f->connt, slot, gen);
+    kvs_conn_t *c = hw_net_conn_by_token(&f->connt, (uint32_t)(wc->wr_id >> 16));
     if (c == NULL || i >= f->cfg.sq_depth || c->sq[i].state != HW_SQE_POSTED)
         return;
     hw_verbs_sqe_t *e = &c->sq[i];

@@ -29,7 +29,7 @@ bool hw_verbs_conn_ready(const kvs_conn_t *c)
 
 uint64_t hw_verbs_sq_wr_id(const kvs_conn_t *c, uint32_t i)
 {
-    return (uint64_t)(c->net.gen & 0xffffu) << 32 | (uint64_t)c->net.slot << 16 | i;
+    return (uint64_t)hw_net_conn_token(&c->net) << 16 | i;
 }
 
 uint32_t hw_verbs_sq_room(const kvs_conn_t *c) { return c->fab->cfg.sq_depth - c->sq_used; }
