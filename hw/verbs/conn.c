@@ -170,8 +170,10 @@ void hw_verbs_conn_free(kvs_conn_t *c)
     free(c->sq);
     hw_verbs_conn_free_prev(c);
     hw_rkeys_free(&c->rkeys);
-    /* a FREE slot holds nothing of the connection it was */
-    *c = (kvs_conn_t){.net = c->net, .fab = c->fab};
+    /* a FREE slot holds nothing of the connection it was but the table's part */
+    const hw_net_conn_t net = c->net;
+    hw_verbs_fabric_t *f = c->fab;
+    *c = (kvs_conn_t){.net = net, .fab = f};
     hw_net_conn_free(&c->net);
 }
 
