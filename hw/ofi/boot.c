@@ -18,7 +18,8 @@
  * connection at the BYE, or HW_OFI_GRACE_NS after the socket ended when no
  * BYE comes (a crash), so messages already on their way are still taken.
  *
- * The slots themselves, their tokens and failing one are conn.c's.
+ * The slots themselves and their tokens are hw/net/conn_table.h's; what
+ * failing and freeing a connection mean here, conn.c's.
  *
  * Invariants: sockets of HELLO and UP connections are in boot_fd, keyed by
  * slot (the listener by UINT64_MAX).
@@ -119,29 +120,29 @@ static int hw_ofi_hello_take(kvs_conn_t *c, const uint8_t *h, char *why, size_t 
     memcpy(prov, h + 20, HW_OFI_PROV_BYTES);
     if (hw_get32(h) != HW_OFI_HELLO_MAGIC || len > HW_OFI_NAME_MAX) {
         snprintf(why, why_bytes, "%s is not a kvstage ofi fabric's bootstrap port: give the "
-                 "address the peer's fabric listens on", c->peer);
+                 "address the peer's fabric listens on", c->net.peer);
         return KVS_EPROTO;
     }
     if (hw_get32(h + 4) != HW_OFI_WIRE_VERSION) {
         snprintf(why, why_bytes, "%s speaks bootstrap version %u, this side %u: run the same "
-                 "kvstage on both", c->peer, hw_get32(h + 4), HW_OFI_WIRE_VERSION);
+                 "kvstage on both", c->net.peer, hw_get32(h + 4), HW_OFI_WIRE_VERSION);
         return KVS_EFINGERPRINT;
     }
     if (hw_get32(h + 8) != 0) {
-        snprintf(why, why_bytes, "%s refused the connection: %.*s", c->peer, (int)len,
+        snprintf(why, why_bytes, "%s refused the connection: %.*s", c->net.peer, (int)len,
                  (const char *)h + 20 + HW_OFI_PROV_BYTES);
         return KVS_EPEER;
     }
     if (strcmp(prov, f->info->fabric_attr->prov_name) != 0) {
         snprintf(why, why_bytes, "%s runs provider %s, this side %s: give both the same "
-                 "provider", c->peer, prov, f->info->fabric_attr->prov_name);
+                 "provider", c->net.peer, prov, f->info->fabric_attr->prov_name);
         return KVS_EINVAL;
     }
     c->peer_token = hw_get32(h + 12);
     int rc = fi_av_insert(f->av, h + 20 + HW_OFI_PROV_BYTES, 1, &c->peer_addr, 0, NULL);
     if (rc != 1) {
         snprintf(why, why_bytes, "inserting the endpoint address of %s into the address "
-                 "vector failed: %s", c->peer, f->lib.strerror(rc < 0 ? -rc : FI_EINVAL));
+                 "vector failed: %s", c->net.peer, f->lib.strerror(rc < 0 ? -rc : FI_EINVAL));
         return KVS_EBACKEND;
     }
     c->in_av = true;
@@ -171,20 +172,20 @@ static int hw_ofi_sock_write(int fd, const uint8_t *buf, size_t len, uint64_t de
 
 static void hw_ofi_sock_watch(kvs_conn_t *c)
 {
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.u64 = c->slot};
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.u64 = c->net.slot};
     if (epoll_ctl(c->fab->boot_fd, EPOLL_CTL_ADD, c->sock, &ev) != 0)
         hw_ofi_conn_fail(c, KVS_EBACKEND, "watching the bootstrap socket of %s failed: %s",
-                         c->peer, strerror(errno));
+                         c->net.peer, strerror(errno));
 }
 
 /* The connection is up: keys first, before any message of the user. */
 static void hw_ofi_conn_up(kvs_conn_t *c)
 {
-    c->state = HW_OFI_CONN_UP;
+    c->net.state = HW_NET_CONN_UP;
     int rc = hw_ofi_keys_push_all(c);
     if (rc != KVS_OK)
         hw_ofi_conn_fail(c, rc, "sending this side's registration keys to %s failed: %s",
-                         c->peer, c->fab->base.last_backend_msg);
+                         c->net.peer, c->fab->base.last_backend_msg);
 }
 
 static void hw_ofi_accept(hw_ofi_fabric_t *f)
@@ -196,7 +197,7 @@ static void hw_ofi_accept(hw_ofi_fabric_t *f)
                          SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0)
             return;
-        kvs_conn_t *c = hw_ofi_conn_alloc(f);
+        kvs_conn_t *c = hw_ofi_conn_alloc(f, HW_OFI_CONN_HELLO);
         if (c == NULL) {
             uint8_t h[HW_OFI_HELLO_BYTES];
             char reason[HW_OFI_NAME_MAX];
@@ -207,9 +208,8 @@ static void hw_ofi_accept(hw_ofi_fabric_t *f)
             close(fd);
             continue;
         }
-        c->state = HW_OFI_CONN_HELLO;
         c->sock = fd;
-        hw_ofi_sockaddr_text(&ss, c->peer, sizeof c->peer);
+        hw_ofi_sockaddr_text(&ss, c->net.peer, sizeof c->net.peer);
         hw_ofi_sock_watch(c);
     }
 }
@@ -232,11 +232,11 @@ static void hw_ofi_hello_read(kvs_conn_t *c)
     char why[HW_OFI_WHY_BYTES];
     uint8_t h[HW_OFI_HELLO_BYTES];
     int rc = hw_ofi_hello_take(c, c->hello, why, sizeof why);
-    hw_ofi_hello_make(f, h, rc == KVS_OK ? 0 : 1, hw_ofi_token(c), why);
+    hw_ofi_hello_make(f, h, rc == KVS_OK ? 0 : 1, hw_net_conn_token(&c->net), why);
     const uint64_t deadline = hw_net_now_ns() + (uint64_t)f->cfg.connect_timeout_ms * 1000000u;
     if (hw_ofi_sock_write(c->sock, h, sizeof h, deadline) != 0 || rc != KVS_OK) {
         kvs_log_write(&f->cfg.log, KVS_LOG_WARN, "ofi fabric %s: connection from %s refused: %s",
-                   f->address, c->peer, rc != KVS_OK ? why : "its socket failed");
+                   f->address, c->net.peer, rc != KVS_OK ? why : "its socket failed");
         hw_ofi_conn_free(c);
         return;
     }
@@ -255,12 +255,12 @@ static void hw_ofi_sock_event(kvs_conn_t *c, uint32_t events)
     const char *what = n == 0 ? "closed its end" : n > 0 ? "sent bytes on the bootstrap socket"
                                                          : strerror(errno);
     hw_ofi_conn_sock_close(c);
-    if (c->state != HW_OFI_CONN_UP || c->peer_gone)
+    if (c->net.state != HW_NET_CONN_UP || c->peer_gone)
         return;
     c->peer_gone = true;
     c->gone_ns = hw_net_now_ns() + HW_OFI_GRACE_NS;
-    snprintf(c->why, sizeof c->why, "the peer %s went away (its bootstrap socket %s)",
-             c->peer, what);
+    snprintf(c->net.why, sizeof c->net.why, "the peer %s went away (its bootstrap socket %s)",
+             c->net.peer, what);
 }
 
 void hw_ofi_boot_progress(hw_ofi_fabric_t *f)
@@ -273,9 +273,9 @@ void hw_ofi_boot_progress(hw_ofi_fabric_t *f)
             continue;
         }
         kvs_conn_t *c = &f->conns[evs[i].data.u64];
-        if (c->state == HW_OFI_CONN_HELLO)
+        if (c->net.state == HW_OFI_CONN_HELLO)
             hw_ofi_hello_read(c);
-        else if (c->state == HW_OFI_CONN_UP && c->sock >= 0)
+        else if (c->net.state == HW_NET_CONN_UP && c->sock >= 0)
             hw_ofi_sock_event(c, evs[i].events);
     }
 }
@@ -284,9 +284,9 @@ void hw_ofi_conn_tick(hw_ofi_fabric_t *f, uint64_t now)
 {
     for (uint32_t i = 0; i < f->cfg.max_conns; i++) {
         kvs_conn_t *c = &f->conns[i];
-        if (c->state == HW_OFI_CONN_UP && c->peer_gone && now >= c->gone_ns) {
-            char why[HW_OFI_WHY_BYTES];
-            snprintf(why, sizeof why, "%s", c->why);
+        if (c->net.state == HW_NET_CONN_UP && c->peer_gone && now >= c->gone_ns) {
+            char why[HW_NET_WHY_BYTES];
+            snprintf(why, sizeof why, "%s", c->net.why);
             hw_ofi_conn_fail(c, KVS_EPEER, "%s", why);
         }
     }
@@ -308,19 +308,19 @@ static int hw_ofi_dial(kvs_conn_t *c, const struct sockaddr_storage *dst, uint64
     (void)setsockopt(c->sock, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     int rc = connect(c->sock, (const struct sockaddr *)dst, dl);
     if (rc != 0 && errno != EINPROGRESS) {
-        snprintf(why, why_bytes, "%s: %s: start the peer's fabric first", c->peer,
+        snprintf(why, why_bytes, "%s: %s: start the peer's fabric first", c->net.peer,
                  strerror(errno));
         return errno == ECONNREFUSED ? KVS_EPEER : KVS_EBACKEND;
     }
     uint8_t h[HW_OFI_HELLO_BYTES];
-    hw_ofi_hello_make(f, h, 0, hw_ofi_token(c), "");
+    hw_ofi_hello_make(f, h, 0, hw_net_conn_token(&c->net), "");
     uint32_t got = 0;
     bool sent = false;
     for (;;) {
         const uint64_t now = hw_net_now_ns();
         if (now >= deadline) {
             snprintf(why, why_bytes, "%s did not answer within %u ms: is its fabric running "
-                     "and polled, on this provider?", c->peer, f->cfg.connect_timeout_ms);
+                     "and polled, on this provider?", c->net.peer, f->cfg.connect_timeout_ms);
             return KVS_ETIMEDOUT;
         }
         struct pollfd p[2] = {{.fd = c->sock, .events = sent ? POLLIN : POLLOUT},
@@ -334,11 +334,11 @@ static int hw_ofi_dial(kvs_conn_t *c, const struct sockaddr_storage *dst, uint64
             (void)getsockopt(c->sock, SOL_SOCKET, SO_ERROR, &e, &(socklen_t){sizeof e});
             if (e != 0) {
                 snprintf(why, why_bytes, "%s: %s: start the peer's fabric first (or check "
-                         "the address)", c->peer, strerror(e));
+                         "the address)", c->net.peer, strerror(e));
                 return e == ECONNREFUSED ? KVS_EPEER : KVS_EBACKEND;
             }
             if ((rc = hw_ofi_sock_write(c->sock, h, sizeof h, deadline)) != 0) {
-                snprintf(why, why_bytes, "sending HELLO to %s: %s", c->peer, strerror(-rc));
+                snprintf(why, why_bytes, "sending HELLO to %s: %s", c->net.peer, strerror(-rc));
                 return KVS_EPEER;
             }
             sent = true;
@@ -346,7 +346,7 @@ static int hw_ofi_dial(kvs_conn_t *c, const struct sockaddr_storage *dst, uint64
             ssize_t n = recv(c->sock, c->hello + got, HW_OFI_HELLO_BYTES - got, MSG_DONTWAIT);
             if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
                 snprintf(why, why_bytes, "%s closed the bootstrap connection before "
-                         "answering: is it a kvstage ofi fabric?", c->peer);
+                         "answering: is it a kvstage ofi fabric?", c->net.peer);
                 return KVS_EPEER;
             }
             if (n > 0 && (got += (uint32_t)n) == HW_OFI_HELLO_BYTES)
@@ -362,32 +362,27 @@ static int hw_ofi_dial(kvs_conn_t *c, const struct sockaddr_storage *dst, uint64
 int hw_ofi_connect(kvs_fabric_t *fab, const char *peer, kvs_conn_t **out)
 {
     hw_ofi_fabric_t *f = hw_ofi_of(fab);
-    if (peer == NULL || out == NULL)
-        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "connect on %s: peer and out must not be "
-                               "NULL", f->name);
-    char why[HW_OFI_WHY_BYTES];
     struct sockaddr_storage dst;
-    if (hw_net_parse_peer(peer, &dst, why, sizeof why) != KVS_OK)
-        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "connect on %s: %s", f->name, why);
-    kvs_conn_t *c = hw_ofi_conn_alloc(f);
+    int rc = hw_net_conn_peer(&f->connt, peer, out, &dst);
+    if (rc != KVS_OK)
+        return rc;
+    char why[HW_OFI_WHY_BYTES];
+    kvs_conn_t *c = hw_ofi_conn_alloc(f, HW_OFI_CONN_CONNECTING);
     if (c == NULL)
-        return kvs_fabric_fail(fab, KVS_EFULL, 0, "connect on %s: all %u connections are in "
-                               "use: disconnect some or raise max_conns", f->name,
-                               f->cfg.max_conns);
-    c->state = HW_OFI_CONN_CONNECTING;
-    c->active = true;
-    snprintf(c->peer, sizeof c->peer, "%s", peer);
+        return hw_net_conn_full(&f->connt);
+    c->net.active = true;
+    snprintf(c->net.peer, sizeof c->net.peer, "%s", peer);
     const uint64_t deadline = hw_net_now_ns() + (uint64_t)f->cfg.connect_timeout_ms * 1000000u;
-    int rc = hw_ofi_dial(c, &dst, deadline, why, sizeof why);
+    rc = hw_ofi_dial(c, &dst, deadline, why, sizeof why);
     if (rc != KVS_OK) {
         hw_ofi_conn_free(c);
         return kvs_fabric_fail(fab, rc, 0, "connect on %s: %s", f->name, why);
     }
-    c->user_knows = true;
+    c->net.user_knows = true;
     hw_ofi_conn_up(c);
-    if (c->state != HW_OFI_CONN_UP) {
-        snprintf(why, sizeof why, "%s", c->why);
-        c->down_told = true;
+    if (c->net.state != HW_NET_CONN_UP) {
+        snprintf(why, sizeof why, "%s", c->net.why);
+        c->net.down_told = true;
         f->deaths--;
         hw_ofi_conn_free(c);
         return kvs_fabric_fail(fab, KVS_EPEER, 0, "connect on %s: %s", f->name, why);
@@ -399,10 +394,10 @@ int hw_ofi_connect(kvs_fabric_t *fab, const char *peer, kvs_conn_t **out)
 void hw_ofi_disconnect(kvs_fabric_t *fab, kvs_conn_t *conn)
 {
     hw_ofi_fabric_t *f = hw_ofi_of(fab);
-    kvs_conn_t *c = hw_ofi_conn_of(f, conn);
+    kvs_conn_t *c = hw_net_conns_of(&f->connt, conn);
     if (c == NULL)
         return;
-    if (c->state == HW_OFI_CONN_UP && !c->peer_gone)
+    if (c->net.state == HW_NET_CONN_UP && !c->peer_gone)
         (void)hw_ofi_send_internal(c, HW_OFI_MSG_BYE, NULL, 0);
     /* Its requests still in the provider complete into nothing: their
      * operations name this slot's old generation. */

@@ -1,42 +1,30 @@
 /*
- * conn.c - the ofi fabric's connection table: the slots, their tokens,
- * failing a connection with its reason and freeing it. It calls nothing
- * else of the fabric, so that the bootstrap (boot.c), the registrations
- * (mr.c) and the completions (poll.c) can each fail a connection without
- * calling one another.
+ * conn.c - the ofi fabric's side of its connection table (hw/net/
+ * conn_table.h keeps the slots, tokens and reasons): a new connection
+ * starts without a socket, failing one closes its socket and counts the
+ * death poll reports, freeing one releases its socket and key tables. It
+ * calls nothing else of the fabric, so that the bootstrap (boot.c), the
+ * registrations (mr.c) and the completions (poll.c) can each fail a
+ * connection without calling one another.
  *
- * Invariants: a slot is FREE or holds one connection; tokens carry the
- * slot's generation, so nothing addressed to an earlier use of a slot is
- * taken by a later one; a connection's socket, while it has one, is in
- * boot_fd, keyed by slot.
+ * Invariants: a connection's socket, while it has one, is in boot_fd,
+ * keyed by slot; deaths counts the DEAD connections the user knows and
+ * was not told of yet.
  */
 #include "hw_ofi.h"
 
 #include <stdarg.h>
-#include <stdio.h>
 #include <sys/epoll.h>
 #include <unistd.h>
 
-kvs_conn_t *hw_ofi_conn_by_token(hw_ofi_fabric_t *f, uint32_t token)
+kvs_conn_t *hw_ofi_conn_alloc(hw_ofi_fabric_t *f, hw_ofi_conn_state_t state)
 {
-    const uint32_t slot = token & 0xffffu;
-    if (slot >= f->cfg.max_conns)
-        return NULL;
-    kvs_conn_t *c = &f->conns[slot];
-    return c->state != HW_OFI_CONN_FREE && hw_ofi_token(c) == token ? c : NULL;
-}
-
-kvs_conn_t *hw_ofi_conn_alloc(hw_ofi_fabric_t *f)
-{
-    for (uint32_t i = 0; i < f->cfg.max_conns; i++) {
-        kvs_conn_t *c = &f->conns[i];
-        if (c->state == HW_OFI_CONN_FREE) {
-            const uint32_t gen = c->gen + 1;
-            *c = (kvs_conn_t){.fab = f, .slot = i, .gen = gen, .sock = -1};
-            return c;
-        }
+    kvs_conn_t *c = hw_net_conn_alloc(&f->connt, (int)state);
+    if (c != NULL) {
+        c->fab = f;
+        c->sock = -1;
     }
-    return NULL;
+    return c;
 }
 
 void hw_ofi_conn_sock_close(kvs_conn_t *c)
@@ -53,27 +41,25 @@ void hw_ofi_conn_free(kvs_conn_t *c)
     hw_ofi_fabric_t *f = c->fab;
     hw_ofi_conn_sock_close(c);
     hw_rkeys_free(&c->rkeys);
-    if (c->state == HW_OFI_CONN_DEAD && !c->down_told && c->user_knows)
+    if (c->net.state == HW_NET_CONN_DEAD && !c->net.down_told && c->net.user_knows)
         f->deaths--;
-    c->state = HW_OFI_CONN_FREE;
+    hw_net_conn_free(&c->net);
     /* The address stays in the vector: requests still in the provider may
      * name it, and a peer that comes back is inserted again. */
 }
 
 void hw_ofi_conn_fail(kvs_conn_t *c, int status, const char *fmt, ...)
 {
-    if (c->state == HW_OFI_CONN_DEAD || c->state == HW_OFI_CONN_FREE)
-        return;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(c->why, sizeof c->why, fmt, ap);
+    const bool failed = hw_net_conn_vfail(&c->net, status, fmt, ap);
     va_end(ap);
+    if (!failed)
+        return;
     hw_ofi_conn_sock_close(c);
-    if (!c->user_knows) { /* never handed out: nobody to tell */
+    if (!c->net.user_knows) { /* never handed out: nobody to tell */
         hw_ofi_conn_free(c);
         return;
     }
-    c->state = HW_OFI_CONN_DEAD;
-    c->dead_status = status;
     c->fab->deaths++;
 }

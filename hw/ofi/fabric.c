@@ -66,7 +66,7 @@ static uint64_t hw_ofi_now_ns(kvs_fabric_t *fab)
 static int hw_ofi_peer_addr(kvs_fabric_t *fab, kvs_conn_t *conn, char *buf, size_t bytes)
 {
     (void)fab;
-    return conn != NULL ? hw_net_peer_text(conn->peer, buf, bytes) : KVS_EINVAL;
+    return conn != NULL ? hw_net_peer_text(conn->net.peer, buf, bytes) : KVS_EINVAL;
 }
 
 static const kvs_fabric_ops_t hw_ofi_ops = {
@@ -178,7 +178,7 @@ static void hw_ofi_free(hw_ofi_fabric_t *f)
 {
     if (f->conns != NULL)
         for (uint32_t i = 0; i < f->cfg.max_conns; i++)
-            if (f->conns[i].state != HW_OFI_CONN_FREE)
+            if (f->conns[i].net.state != HW_NET_CONN_FREE)
                 hw_ofi_conn_free(&f->conns[i]);
     hw_ofi_grant_free_all(f);
     hw_ofi_mr_free_all(f);
@@ -355,8 +355,11 @@ static int hw_ofi_tables(hw_ofi_fabric_t *f)
         f->reqs == NULL || f->req_free == NULL || f->backlog == NULL || f->done == NULL || f->sbuf == NULL ||
         f->slot_free == NULL || f->rbuf == NULL || f->rx == NULL)
         return KVS_ENOMEM;
-    for (uint32_t i = 0; i < c->max_conns; i++)
-        f->conns[i] = (kvs_conn_t){.fab = f, .slot = i, .sock = -1};
+    hw_net_conns_init(&f->connt, &f->base, f->name, f->conns, sizeof *f->conns, c->max_conns);
+    for (uint32_t i = 0; i < c->max_conns; i++) {
+        f->conns[i].fab = f;
+        f->conns[i].sock = -1;
+    }
     for (uint32_t i = 0; i < c->tx_depth; i++) {
         f->op_free[i] = c->tx_depth - 1 - i;
         f->req_free[i] = c->tx_depth - 1 - i;
@@ -552,7 +555,7 @@ int kvs_ofi_fabric_destroy(kvs_fabric_t *fab)
      * may touch memory it unmapped: shm). */
     hw_ofi_boot_progress(f);
     for (uint32_t i = 0; i < f->cfg.max_conns; i++)
-        if (f->conns[i].state == HW_OFI_CONN_UP)
+        if (f->conns[i].net.state == HW_NET_CONN_UP)
             hw_ofi_disconnect(fab, &f->conns[i]);
     hw_ofi_drain(f, hw_net_now_ns() + HW_OFI_DRAIN_NS);
     hw_ofi_free(f);
@@ -578,6 +581,6 @@ int kvs_ofi_fabric_info(kvs_fabric_t *fab, kvs_ofi_info_t *out)
 bool kvs_ofi_conn_alive(kvs_fabric_t *fab, kvs_conn_t *conn)
 {
     hw_ofi_fabric_t *f = hw_ofi_try(fab);
-    kvs_conn_t *c = f != NULL ? hw_ofi_conn_of(f, conn) : NULL;
-    return c != NULL && c->state == HW_OFI_CONN_UP;
+    kvs_conn_t *c = f != NULL ? hw_net_conns_of(&f->connt, conn) : NULL;
+    return c != NULL && c->net.state == HW_NET_CONN_UP;
 }

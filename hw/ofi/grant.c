@@ -123,7 +123,7 @@ int hw_ofi_key_grant(kvs_fabric_t *fab, kvs_conn_t *conn, kvs_mr_t *mr, uint64_t
     if (f->slot_nfree == 0 || f->op_nfree == 0 || f->req_nfree == 0)
         return kvs_fabric_fail(fab, KVS_EAGAIN, 0, "key_grant on %s: no send slot for the "
                                "grant's KEYS message to %s: poll and retry, or raise "
-                               "send_slots", f->name, conn->peer);
+                               "send_slots", f->name, conn->net.peer);
     struct fid_mr *fmr = NULL;
     rc = hw_ofi_mr_reg_one(f, (void *)(uintptr_t)addr, len_bytes, FI_REMOTE_WRITE, &fmr);
     if (rc != 0)
@@ -134,7 +134,7 @@ int hw_ofi_key_grant(kvs_fabric_t *fab, kvs_conn_t *conn, kvs_mr_t *mr, uint64_t
                                (unsigned long long)len_bytes, f->lib.strerror(-rc),
                                rc == -FI_ENOMEM ? ": raise the locked-memory limit "
                                                   "(ulimit -l)" : "");
-    *g = (kvs_grant_t){.fmr = fmr, .mr = mr, .conn = conn, .conn_gen = conn->gen,
+    *g = (kvs_grant_t){.fmr = fmr, .mr = mr, .conn = conn, .conn_gen = conn->net.gen,
                        .id = hw_net_mrs_next_id(&f->mrt), .addr = addr, .len_bytes = len_bytes,
                        .live = true};
     const hw_rkeys_reg_t r = {.id = g->id, .npieces = 1, .base = addr,
@@ -169,7 +169,7 @@ int hw_ofi_key_revoke(kvs_fabric_t *fab, kvs_grant_t *grant)
         return kvs_fabric_fail(fab, KVS_ENOENT, 0, "key_revoke on %s: not a live grant of "
                                "this fabric (revoked already, or never granted)", f->name);
     kvs_conn_t *c = g->conn;
-    const bool same_peer = c->state == HW_OFI_CONN_UP && c->gen == g->conn_gen;
+    const bool same_peer = c->net.state == HW_NET_CONN_UP && c->net.gen == g->conn_gen;
     const uint32_t id = g->id;
     hw_ofi_grant_close(f, g);
     if (same_peer) /* the peer's table forgets it; writes under it now fail there */

@@ -6,6 +6,7 @@
  * Files: lib.c (libfabric, opened at create), fabric.c (provider choice,
  * the ops table, create, destroy),
  * boot.c (the TCP bootstrap: listener, HELLO, liveness, connection states),
+ * conn.c (its side of hw/net's connection table: sockets, deaths),
  * mr.c (registration, split pieces, key tables and their KEYS/DROP
  * messages), grant.c (region-scoped keys: key_grant, key_revoke), post.c (write, send, the queue of requests the provider
  * refused for now), poll.c (completions, deaths, wait_arm).
@@ -41,9 +42,11 @@
 #include <rdma/fi_rma.h>
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
 
+#include "conn_table.h"
 #include "handles.h"
 #include "mr_table.h"
 #include "net_util.h"
@@ -153,12 +156,10 @@ void hw_ofi_grant_free_all(hw_ofi_fabric_t *f);
 
 /* ---- connections (boot.c) ------------------------------------------------- */
 
+/* A connection's states beyond the shared FREE, UP and DEAD (conn_table.h). */
 typedef enum hw_ofi_conn_state {
-    HW_OFI_CONN_FREE = 0,
-    HW_OFI_CONN_HELLO,      /* passive: accepted, reading the peer's HELLO */
-    HW_OFI_CONN_CONNECTING, /* active: HELLO sent, waiting for the answer */
-    HW_OFI_CONN_UP,
-    HW_OFI_CONN_DEAD        /* failed for good: posts return KVS_EPEER */
+    HW_OFI_CONN_HELLO = HW_NET_CONN_OWN, /* passive: accepted, reading the peer's HELLO */
+    HW_OFI_CONN_CONNECTING  /* active: HELLO sent, waiting for the answer */
 } hw_ofi_conn_state_t;
 
 /* HELLO on the bootstrap socket, both ways: magic, version, status (0 or
@@ -168,32 +169,22 @@ typedef enum hw_ofi_conn_state {
 #define HW_OFI_PROV_BYTES 32u
 #define HW_OFI_HELLO_BYTES (20u + HW_OFI_PROV_BYTES + HW_OFI_NAME_MAX)
 
+/* The slot, generation, state, reason of a failure and the peer's name
+ * are the table's (net); the rest is the bootstrap's and the keys'. */
 struct kvs_conn {
+    hw_net_conn_t net;        /* first: the table's part (hw/net/conn_table.h) */
     hw_ofi_fabric_t *fab;
-    uint32_t slot;
-    uint32_t gen;             /* 16 bits used in tokens; bumped per use of the slot */
-    hw_ofi_conn_state_t state;
-    bool active;              /* we connected; else accepted */
-    bool user_knows;          /* handed to the user (connect, or a completion) */
     bool peer_gone;           /* its socket ended: DEAD at gone_ns unless BYE first */
-    bool down_told;           /* DEAD: the user got its DISCONNECT completion */
     bool in_av;               /* peer_addr is in the address vector */
     int sock;                 /* bootstrap socket, -1: none */
     uint32_t peer_token;      /* the peer's token for this connection */
     fi_addr_t peer_addr;
     uint64_t gone_ns;         /* peer_gone: when to give up waiting for its BYE */
-    int dead_status;          /* why posts fail once DEAD */
-    char why[HW_OFI_WHY_BYTES];
-    char peer[64];            /* "IP:port" for messages */
     uint8_t hello[HW_OFI_HELLO_BYTES]; /* HELLO: bytes read so far */
     uint32_t hello_got;
     hw_rkeys_t rkeys;         /* the peer's registrations (rkeys.h) */
 };
-
-static inline uint32_t hw_ofi_token(const kvs_conn_t *c)
-{
-    return c->slot | (c->gen & 0xffffu) << 16;
-}
+_Static_assert(offsetof(struct kvs_conn, net) == 0, "the table's part comes first");
 
 int hw_ofi_listen(hw_ofi_fabric_t *f, char *why, size_t why_bytes);
 int hw_ofi_connect(kvs_fabric_t *fab, const char *peer, kvs_conn_t **out);
@@ -201,11 +192,11 @@ void hw_ofi_disconnect(kvs_fabric_t *fab, kvs_conn_t *conn);
 /* Accepts peers, reads HELLOs and notices sockets that ended, without
  * blocking (epoll over the bootstrap fds). */
 void hw_ofi_boot_progress(hw_ofi_fabric_t *f);
-/* ---- the connection table (conn.c) -------------------------------------- */
+/* ---- the connection table (conn.c, over hw/net/conn_table.h) ---------- */
 
-/* A FREE slot made a new connection (next generation, no socket), or NULL
- * when every slot is taken. */
-kvs_conn_t *hw_ofi_conn_alloc(hw_ofi_fabric_t *f);
+/* A FREE slot made a new connection in `state` (next generation, no
+ * socket), or NULL when every slot is taken. */
+kvs_conn_t *hw_ofi_conn_alloc(hw_ofi_fabric_t *f, hw_ofi_conn_state_t state);
 /* Closes conn's bootstrap socket, if it has one, and stops watching it. */
 void hw_ofi_conn_sock_close(kvs_conn_t *conn);
 /* Fails conn for good: `status` and the reason for later posts; poll
@@ -217,8 +208,6 @@ void hw_ofi_conn_fail(kvs_conn_t *conn, int status, const char *fmt, ...)
     ;
 /* Frees what conn holds (socket, address, key tables); the slot is FREE. */
 void hw_ofi_conn_free(kvs_conn_t *conn);
-/* The live (not FREE) connection named by a token, or NULL. */
-kvs_conn_t *hw_ofi_conn_by_token(hw_ofi_fabric_t *f, uint32_t token);
 /* Peers whose socket ended and whose grace passed become DEAD. */
 void hw_ofi_conn_tick(hw_ofi_fabric_t *f, uint64_t now);
 
@@ -322,6 +311,7 @@ struct hw_ofi_fabric {
     int wait_fd;             /* epoll over cq_fd and boot_fd (wait_arm) */
     int listen_fd;
     kvs_conn_t *conns;       /* max_conns */
+    hw_net_conns_t connt;    /* the table over conns */
     uint32_t deaths;         /* DEAD connections not yet told (poll) */
     kvs_mr_t *mrs;           /* max_mrs */
     hw_net_mrs_t mrt;        /* the table over mrs (ids: grants' too) */
@@ -361,17 +351,9 @@ static inline hw_ofi_fabric_t *hw_ofi_of(kvs_fabric_t *fab)
 {
     return KVS_CONTAINER_OF(fab, hw_ofi_fabric_t, base);
 }
-/* The user's connection checked against the fabric's table, and the piece
- * of a registration an address falls in: inline (hw/net/handles.h), so
- * every file of the fabric uses them without calling the others
- * (registrations: hw_net_mrs_of). */
-static inline kvs_conn_t *hw_ofi_conn_of(hw_ofi_fabric_t *f, kvs_conn_t *conn)
-{
-    return hw_in_table(f->conns, conn, sizeof *conn, f->cfg.max_conns) &&
-                   conn->state != HW_OFI_CONN_FREE
-               ? conn
-               : NULL;
-}
+/* The piece of a registration an address falls in: inline
+ * (hw/net/handles.h), so every file of the fabric uses it without calling
+ * the others (connections: hw_net_conns_of; registrations: hw_net_mrs_of). */
 /* Local descriptor and bytes left in the piece holding addr (inside mr). */
 static inline void hw_ofi_mr_piece(const kvs_mr_t *mr, uint64_t addr, void **desc,
                                    uint64_t *left)

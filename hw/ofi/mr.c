@@ -172,7 +172,7 @@ static int hw_ofi_mr_register_as(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t 
      * all of that before anything is registered. */
     uint32_t up = 0;
     for (uint32_t i = 0; i < f->cfg.max_conns && !sealed; i++)
-        up += f->conns[i].state == HW_OFI_CONN_UP;
+        up += f->conns[i].net.state == HW_NET_CONN_UP;
     const uint64_t msgs = (npieces + HW_OFI_KEYS_MAX - 1) / HW_OFI_KEYS_MAX * up;
     if (msgs > f->slot_nfree || msgs > f->op_nfree || msgs > f->req_nfree)
         return kvs_fabric_fail(fab, KVS_EAGAIN, 0, "mr_register on %s: its keys need %llu "
@@ -212,9 +212,9 @@ static int hw_ofi_mr_register_as(kvs_fabric_t *fab, kvs_device_t *dev, uint64_t 
     hw_net_mr_open(&f->mrt, &mr->net);
     for (uint32_t i = 0; i < f->cfg.max_conns && !sealed; i++) {
         kvs_conn_t *c = &f->conns[i];
-        if (c->state == HW_OFI_CONN_UP && hw_ofi_keys_send_mr(c, mr) != KVS_OK)
+        if (c->net.state == HW_NET_CONN_UP && hw_ofi_keys_send_mr(c, mr) != KVS_OK)
             hw_ofi_conn_fail(c, KVS_EPEER, "sending the keys of a registration to %s failed: "
-                             "%s", c->peer, fab->last_backend_msg);
+                             "%s", c->net.peer, fab->last_backend_msg);
     }
     *out = mr;
     *out_rkey = mr->net.id;
@@ -244,7 +244,7 @@ int hw_ofi_mr_deregister(kvs_fabric_t *fab, kvs_mr_t *mr)
     if (rc != KVS_OK)
         return rc;
     for (uint32_t i = 0; i < f->cfg.max_conns && !mr->sealed; i++)
-        if (f->conns[i].state == HW_OFI_CONN_UP)
+        if (f->conns[i].net.state == HW_NET_CONN_UP)
             hw_ofi_drop_send(&f->conns[i], mr->net.id);
     hw_net_mr_close(&f->mrt, &mr->net);
     hw_ofi_mr_release(mr);

@@ -62,8 +62,8 @@ static void hw_ofi_repost(hw_ofi_fabric_t *f, uint32_t i)
 /* Whether op's connection is still the one it was posted on. */
 static kvs_conn_t *hw_ofi_op_conn(hw_ofi_fabric_t *f, const hw_ofi_op_t *op)
 {
-    kvs_conn_t *c = hw_ofi_conn_of(f, op->conn);
-    return c != NULL && c->gen == op->conn_gen ? c : NULL;
+    kvs_conn_t *c = hw_net_conns_of(&f->connt, op->conn);
+    return c != NULL && c->net.gen == op->conn_gen ? c : NULL;
 }
 
 /* Reports finished operations while there is room. */
@@ -95,12 +95,12 @@ static int hw_ofi_report_deaths(hw_ofi_fabric_t *f, kvs_completion_t *out, int n
 {
     for (uint32_t s = 0; s < f->cfg.max_conns && f->deaths > 0 && n < max; s++) {
         kvs_conn_t *c = &f->conns[s];
-        if (c->state != HW_OFI_CONN_DEAD || c->down_told)
+        if (c->net.state != HW_NET_CONN_DEAD || c->net.down_told)
             continue;
         for (uint32_t i = 0; i < f->cfg.tx_depth && n < max; i++) {
             hw_ofi_op_t *op = &f->ops[i];
             if (!op->live || op->internal || op->reported || op->conn != c ||
-                op->conn_gen != c->gen)
+                op->conn_gen != c->net.gen)
                 continue;
             op->reported = true;
             out[n++] = (kvs_completion_t){.kind = (kvs_completion_kind_t)op->kind,
@@ -109,9 +109,7 @@ static int hw_ofi_report_deaths(hw_ofi_fabric_t *f, kvs_completion_t *out, int n
         }
         if (n >= max)
             return n;
-        out[n++] = (kvs_completion_t){.kind = KVS_COMPLETION_DISCONNECT,
-                                      .status = c->dead_status, .conn = c};
-        c->down_told = true;
+        out[n++] = hw_net_conn_down(c);
         f->deaths--;
     }
     return n;
@@ -121,9 +119,10 @@ static int hw_ofi_report_deaths(hw_ofi_fabric_t *f, kvs_completion_t *out, int n
 static int hw_ofi_recv(hw_ofi_fabric_t *f, uint32_t i, size_t len, kvs_completion_t *out, int n)
 {
     const uint8_t *m = f->rbuf + (size_t)i * HW_OFI_MSG_BYTES;
-    kvs_conn_t *c = len >= HW_OFI_HDR_BYTES ? hw_ofi_conn_by_token(f, hw_get32(m + 4)) : NULL;
+    kvs_conn_t *c = len >= HW_OFI_HDR_BYTES ? hw_net_conn_by_token(&f->connt, hw_get32(m + 4))
+                                            : NULL;
     const uint32_t body = len >= HW_OFI_HDR_BYTES ? (uint32_t)(len - HW_OFI_HDR_BYTES) : 0;
-    if (c == NULL || m[1] != HW_OFI_WIRE_VERSION || c->state != HW_OFI_CONN_UP) {
+    if (c == NULL || m[1] != HW_OFI_WIRE_VERSION || c->net.state != HW_NET_CONN_UP) {
         hw_ofi_repost(f, i);
         return n; /* for a connection since gone: dropped */
     }
@@ -138,14 +137,14 @@ static int hw_ofi_recv(hw_ofi_fabric_t *f, uint32_t i, size_t len, kvs_completio
             o->imm = 0;
             o->len_bytes = body;
             memcpy(o->msg, m + HW_OFI_HDR_BYTES, body);
-            c->user_knows = true;
+            c->net.user_knows = true;
         }
         break;
     case HW_OFI_MSG_IMM: /* the immediate of a write whose bytes all landed */
         if (body == 4) {
             out[n++] = (kvs_completion_t){.kind = KVS_COMPLETION_IMM, .status = KVS_OK,
                                           .conn = c, .imm = hw_get32(m + HW_OFI_HDR_BYTES)};
-            c->user_knows = true;
+            c->net.user_knows = true;
         }
         break;
     case HW_OFI_MSG_KEYS:
@@ -153,7 +152,7 @@ static int hw_ofi_recv(hw_ofi_fabric_t *f, uint32_t i, size_t len, kvs_completio
         hw_ofi_keys_recv(c, m[0], m + HW_OFI_HDR_BYTES, body);
         break;
     case HW_OFI_MSG_BYE:
-        hw_ofi_conn_fail(c, KVS_EPEER, "the peer %s disconnected", c->peer);
+        hw_ofi_conn_fail(c, KVS_EPEER, "the peer %s disconnected", c->net.peer);
         break;
     default:
         break;
@@ -169,12 +168,12 @@ static int hw_ofi_entry(hw_ofi_fabric_t *f, const struct fi_cq_data_entry *e,
     if ((e->flags & FI_REMOTE_CQ_DATA) && (e->flags & (FI_RMA | FI_REMOTE_WRITE))) {
         /* token << 32 | imm; with fewer than 8 bytes no token survives (our
          * peers then send IMM messages instead): dropped */
-        kvs_conn_t *c = f->cq_data_bytes >= 8 ? hw_ofi_conn_by_token(f, (uint32_t)(e->data >> 32))
-                                              : NULL;
-        if (c != NULL && c->state == HW_OFI_CONN_UP) {
+        const uint32_t token = (uint32_t)(e->data >> 32);
+        kvs_conn_t *c = f->cq_data_bytes >= 8 ? hw_net_conn_by_token(&f->connt, token) : NULL;
+        if (c != NULL && c->net.state == HW_NET_CONN_UP) {
             out[n++] = (kvs_completion_t){.kind = KVS_COMPLETION_IMM, .status = KVS_OK,
                                           .conn = c, .imm = (uint32_t)e->data};
-            c->user_knows = true;
+            c->net.user_knows = true;
         }
         if (rx >= 0) /* FI_RX_CQ_DATA: the write took a receive */
             hw_ofi_repost(f, (uint32_t)rx);
@@ -212,7 +211,7 @@ static void hw_ofi_error_entry(hw_ofi_fabric_t *f)
     char detail[128] = "";
     const char *pe = fi_cq_strerror(f->cq, e.prov_errno, e.err_data, detail, sizeof detail);
     (void)kvs_fabric_fail(&f->base, status, e.err, "%s to %s failed: %s (provider: %s)%s",
-                          r->kind == HW_OFI_REQ_WRITE ? "write" : "send", op->conn->peer,
+                          r->kind == HW_OFI_REQ_WRITE ? "write" : "send", op->conn->net.peer,
                           f->lib.strerror(e.err), pe != NULL ? pe : "?",
                           status == KVS_EREMOTE ? ": check the remote key and range" : "");
     hw_ofi_req_done(f, (uint32_t)req, status);
@@ -264,7 +263,7 @@ int hw_ofi_wait_arm(kvs_fabric_t *fab, int *out_fd, uint64_t *out_wake_ns)
         wake = wake < now + HW_OFI_RETRY_NS ? wake : now + HW_OFI_RETRY_NS;
     for (uint32_t i = 0; i < f->cfg.max_conns; i++) {
         const kvs_conn_t *c = &f->conns[i];
-        if (c->state == HW_OFI_CONN_UP && c->peer_gone && c->gone_ns < wake)
+        if (c->net.state == HW_NET_CONN_UP && c->peer_gone && c->gone_ns < wake)
             wake = c->gone_ns;
     }
     if (f->cq_fd >= 0 && wake > now) {

@@ -31,16 +31,13 @@
 
 int hw_ofi_check_conn(hw_ofi_fabric_t *f, kvs_conn_t *conn, const char *op)
 {
-    kvs_conn_t *c = hw_ofi_conn_of(f, conn);
-    if (c == NULL)
-        return kvs_fabric_fail(&f->base, KVS_EINVAL, 0, "%s on %s: not a live connection of "
-                               "this fabric (disconnected, or never made)", op, f->name);
-    if (c->state == HW_OFI_CONN_DEAD)
-        return kvs_fabric_fail(&f->base, KVS_EPEER, 0, "%s on a failed connection: %s; "
-                               "disconnect it and connect again", op, c->why);
-    if (c->state != HW_OFI_CONN_UP)
+    kvs_conn_t *c = NULL;
+    int rc = hw_net_conn_check(&f->connt, conn, op, &c);
+    if (rc != KVS_OK)
+        return rc;
+    if (c->net.state != HW_NET_CONN_UP)
         return kvs_fabric_fail(&f->base, KVS_EINVAL, 0, "%s on %s: the connection to %s is "
-                               "not up yet", op, f->name, c->peer);
+                               "not up yet", op, f->name, c->net.peer);
     return KVS_OK;
 }
 
@@ -48,7 +45,7 @@ static uint32_t hw_ofi_op_take(hw_ofi_fabric_t *f, kvs_conn_t *conn, uint8_t kin
                                uint64_t wr_id, bool internal)
 {
     const uint32_t i = f->op_free[--f->op_nfree];
-    f->ops[i] = (hw_ofi_op_t){.wr_id = wr_id, .conn = conn, .conn_gen = conn->gen,
+    f->ops[i] = (hw_ofi_op_t){.wr_id = wr_id, .conn = conn, .conn_gen = conn->net.gen,
                               .deferred = -1, .kind = kind, .internal = internal,
                               .live = true};
     return i;
@@ -111,8 +108,8 @@ void hw_ofi_backlog_flush(hw_ofi_fabric_t *f)
     while (f->bl_used > 0) {
         const uint32_t req = f->backlog[f->bl_head];
         const hw_ofi_op_t *op = &f->ops[f->reqs[req].op];
-        kvs_conn_t *c = hw_ofi_conn_of(f, op->conn);
-        if (c == NULL || c->gen != op->conn_gen || c->state == HW_OFI_CONN_DEAD) {
+        kvs_conn_t *c = hw_net_conns_of(&f->connt, op->conn);
+        if (c == NULL || c->net.gen != op->conn_gen || c->net.state == HW_NET_CONN_DEAD) {
             /* its connection is gone: nothing to post it to */
             f->bl_head = (f->bl_head + 1) % f->cfg.tx_depth;
             f->bl_used--;
@@ -186,7 +183,7 @@ static int hw_ofi_send_msg(hw_ofi_fabric_t *f, kvs_conn_t *c, uint32_t kind, con
     if (f->slot_nfree == 0 || f->op_nfree == 0 || f->req_nfree == 0)
         return kvs_fabric_fail(&f->base, KVS_EAGAIN, 0, "send to %s: all %u send slots or "
                                "%u requests are in flight: poll and retry, or raise "
-                               "send_slots / tx_depth", c->peer, f->cfg.send_slots,
+                               "send_slots / tx_depth", c->net.peer, f->cfg.send_slots,
                                f->cfg.tx_depth);
     const uint32_t op = hw_ofi_op_take(f, c, KVS_COMPLETION_SEND, wr_id, internal);
     hw_ofi_submit(f, hw_ofi_msg_req(f, c, op, kind, msg, len_bytes));
@@ -229,10 +226,10 @@ static int hw_ofi_rkey_piece(hw_ofi_fabric_t *f, kvs_conn_t *conn, uint64_t rkey
     if (rc == KVS_ENOENT)
         return kvs_fabric_fail(&f->base, KVS_EREMOTE, 0, "write to %s: remote key 0x%llx is "
                                "no registration %s announced: use the key its mr_register "
-                               "gave", conn->peer, (unsigned long long)rkey, conn->peer);
+                               "gave", conn->net.peer, (unsigned long long)rkey, conn->net.peer);
     if (rc != KVS_OK)
         return kvs_fabric_fail(&f->base, KVS_EREMOTE, 0, "write to %s: remote address 0x%llx "
-                               "lies outside registration 0x%llx [0x%llx, +%llu)", conn->peer,
+                               "lies outside registration 0x%llx [0x%llx, +%llu)", conn->net.peer,
                                (unsigned long long)raddr, (unsigned long long)rkey,
                                (unsigned long long)t->base, (unsigned long long)t->len_bytes);
     *out_addr = (f->mr_mode & FI_MR_VIRT_ADDR) ? raddr : off;

@@ -28,9 +28,10 @@
  * A user's disconnect sends BYE first, so the peer fails its side at once
  * instead of waiting for a reconnect.
  *
- * Lifetime: connections live in a table of max_conns slots; each QP gets a
- * new generation (in work request ids), so a late completion of an old QP
- * never reaches its successor. Connections the user made are freed by
+ * Lifetime: connections live in a table of max_conns slots (hw/net/
+ * conn_table.h); each use of a slot and each QP gets a new generation (in
+ * work request ids), so a late completion of an old QP never reaches its
+ * successor. Connections the user made are freed by
  * disconnect (after their requests are reported); accepted ones that failed
  * are reclaimed when a new peer needs the slot.
  */
@@ -102,22 +103,14 @@ static int hw_verbs_priv_get(const uint8_t *p, size_t len, hw_verbs_priv_t *v)
 static uint64_t hw_verbs_token(const kvs_conn_t *c)
 {
     uint64_t x = hw_net_now_ns() ^ (uint64_t)getpid() << 40 ^
-                 (uint64_t)(uintptr_t)c ^ (uint64_t)c->gen << 20;
+                 (uint64_t)(uintptr_t)c ^ (uint64_t)c->net.gen << 20;
     x += 0x9e3779b97f4a7c15u; /* splitmix64 finaliser */
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9u;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebu;
     return (x ^ (x >> 31)) | 1u;
 }
 
-/* ---- the table -------------------------------------------------------------- */
-
-kvs_conn_t *hw_verbs_conn_at(hw_verbs_fabric_t *f, uint32_t slot, uint32_t gen)
-{
-    if (slot >= f->cfg.max_conns)
-        return NULL;
-    kvs_conn_t *c = &f->conns[slot];
-    return c->state != HW_CONN_FREE && (c->gen & 0xffffu) == gen ? c : NULL;
-}
+/* ---- the table (hw/net/conn_table.h) ----------------------------------------- */
 
 static void hw_verbs_conn_free_prev(kvs_conn_t *c)
 {
@@ -153,10 +146,10 @@ static void hw_verbs_conn_drop_qp(kvs_conn_t *c, bool drop_id)
     hw_verbs_conn_free_prev(c);
     c->prev_rbuf = c->rbuf;
     c->prev_rmr = c->rmr;
-    c->prev_gen = c->gen & 0xffffu;
+    c->prev_gen = c->net.gen & 0xffffu;
     c->rbuf = NULL;
     c->rmr = NULL;
-    c->gen++;
+    c->net.gen++;
 }
 
 void hw_verbs_conn_free(kvs_conn_t *c)
@@ -177,24 +170,29 @@ void hw_verbs_conn_free(kvs_conn_t *c)
     free(c->sq);
     hw_verbs_conn_free_prev(c);
     hw_rkeys_free(&c->rkeys);
+    /* a FREE slot holds nothing of the connection it was but the table's part */
+    const hw_net_conn_t net = c->net;
     hw_verbs_fabric_t *f = c->fab;
-    const uint32_t slot = c->slot, gen = c->gen + 1;
-    *c = (kvs_conn_t){.fab = f, .slot = slot, .gen = gen};
+    *c = (kvs_conn_t){.net = net, .fab = f};
+    hw_net_conn_free(&c->net);
 }
 
-static kvs_conn_t *hw_verbs_conn_alloc(hw_verbs_fabric_t *f)
+/* A FREE slot, else the slot of an accepted connection that failed and
+ * has nothing left to report, made a new connection in `state`; NULL when
+ * neither is left. */
+static kvs_conn_t *hw_verbs_conn_alloc(hw_verbs_fabric_t *f, hw_verbs_conn_state_t state)
 {
-    kvs_conn_t *reclaim = NULL;
-    for (uint32_t i = 0; i < f->cfg.max_conns; i++) {
-        kvs_conn_t *c = &f->conns[i];
-        if (c->state == HW_CONN_FREE)
-            return c;
-        if (reclaim == NULL && c->state == HW_CONN_DEAD && !c->active && c->sq_used == 0)
-            reclaim = c; /* late completions of its QP are dropped by generation */
+    kvs_conn_t *c = hw_net_conn_alloc(&f->connt, (int)state);
+    for (uint32_t i = 0; i < f->cfg.max_conns && c == NULL; i++) {
+        kvs_conn_t *r = &f->conns[i];
+        if (r->net.state == HW_NET_CONN_DEAD && !r->net.active && r->sq_used == 0) {
+            hw_verbs_conn_free(r); /* late completions of its QP are dropped by generation */
+            c = hw_net_conn_alloc(&f->connt, (int)state);
+        }
     }
-    if (reclaim != NULL)
-        hw_verbs_conn_free(reclaim);
-    return reclaim;
+    if (c != NULL)
+        c->fab = f;
+    return c;
 }
 
 /* ---- queue pair ------------------------------------------------------------- */
@@ -207,8 +205,7 @@ int hw_verbs_post_recv(kvs_conn_t *c, uint32_t index)
         .lkey = c->rmr->lkey,
     };
     struct ibv_recv_wr wr = {
-        .wr_id = UINT64_C(1) << 63 | (uint64_t)(c->gen & 0xffffu) << 32 |
-                 (uint64_t)c->slot << 16 | index,
+        .wr_id = UINT64_C(1) << 63 | (uint64_t)hw_net_conn_token(&c->net) << 16 | index,
         .sg_list = &sge,
         .num_sge = 1,
     };
@@ -344,12 +341,12 @@ static void hw_verbs_addr_text(struct sockaddr *sa, char *buf, size_t n)
 /* A new QP is up: what waited in the ring goes now. */
 static void hw_verbs_conn_up(kvs_conn_t *c)
 {
-    c->state = HW_CONN_UP;
+    c->net.state = HW_NET_CONN_UP;
     if (c->recovering) {
         c->recovering = false;
         c->recoveries++;
         kvs_log_write(&c->fab->cfg.log, KVS_LOG_INFO, "verbs fabric: connection to %s "
-                      "re-established after %.1f ms (recovery %u)", c->peer,
+                      "re-established after %.1f ms (recovery %u)", c->net.peer,
                       (double)(hw_net_now_ns() - c->broken_ns) / 1e6, c->recoveries);
         hw_verbs_sq_flush(c);
     }
@@ -385,8 +382,8 @@ static kvs_conn_t *hw_verbs_find_token(hw_verbs_fabric_t *f, uint64_t token)
 {
     for (uint32_t i = 0; i < f->cfg.max_conns; i++) {
         kvs_conn_t *c = &f->conns[i];
-        if (!c->active && c->token == token && c->state != HW_CONN_FREE &&
-            c->state != HW_CONN_DEAD && c->state != HW_CONN_CLOSING)
+        if (!c->net.active && c->token == token && c->net.state != HW_NET_CONN_FREE &&
+            c->net.state != HW_NET_CONN_DEAD && c->net.state != HW_CONN_CLOSING)
             return c;
     }
     return NULL;
@@ -413,21 +410,20 @@ static void hw_verbs_on_request(hw_verbs_fabric_t *f, struct rdma_cm_id *id,
         }
         if (!c->recovering) /* its failure has not reached this side's CQ yet */
             hw_verbs_conn_broken(c, KVS_EPEER, "connection to %s: the peer reconnects",
-                                 c->peer);
+                                 c->net.peer);
         hw_verbs_conn_drop_qp(c, true);
     } else {
-        c = hw_verbs_conn_alloc(f);
+        c = hw_verbs_conn_alloc(f, HW_CONN_ACCEPTING);
         if (c == NULL) {
             hw_verbs_reject(id, HW_REJ_FULL, true);
             return;
         }
-        c->active = false;
         c->token = req.token;
-        hw_verbs_addr_text(rdma_get_peer_addr(id), c->peer, sizeof c->peer);
+        hw_verbs_addr_text(rdma_get_peer_addr(id), c->net.peer, sizeof c->net.peer);
     }
     c->id = id;
     id->context = c;
-    c->state = HW_CONN_ACCEPTING;
+    c->net.state = HW_CONN_ACCEPTING;
     const char *step = "";
     int err = hw_verbs_conn_setup(c, &step);
     int mtu = hw_verbs_min_mtu(f->port_mtu, hw_verbs_route_mtu(c));
@@ -450,11 +446,11 @@ static void hw_verbs_on_request(hw_verbs_fabric_t *f, struct rdma_cm_id *id,
         hw_verbs_reject(id, HW_REJ_INTERNAL, false);
     }
     kvs_fabric_fail(&f->base, hw_verbs_errno_status(err), err, "accepting %s failed while %s: "
-                    "%s", c->peer, step, strerror(err));
+                    "%s", c->net.peer, step, strerror(err));
     if (c->recovering) { /* the peer tries again */
         hw_verbs_conn_drop_qp(c, true);
         hw_verbs_conn_broken(c, KVS_EPEER, "connection to %s: accepting its reconnect failed",
-                             c->peer);
+                             c->net.peer);
     } else {
         hw_verbs_conn_free(c); /* the user never saw it */
     }
@@ -488,7 +484,7 @@ static void hw_verbs_on_response(kvs_conn_t *c, const uint8_t *priv, size_t len)
         rep.mtu > IBV_MTU_4096 || rep.mtu > c->fab->port_mtu) {
         hw_verbs_conn_fail(c, KVS_EPROTO, "connecting to %s: the peer's answer is not a "
                            "kvstage verbs fabric's: connect to a kvstage fabric's address",
-                           c->peer);
+                           c->net.peer);
         return;
     }
     const char *step = "";
@@ -501,7 +497,7 @@ static void hw_verbs_on_response(kvs_conn_t *c, const uint8_t *priv, size_t len)
     }
     if (err != 0) {
         hw_verbs_conn_broken(c, hw_verbs_errno_status(err), "connecting to %s failed while "
-                             "%s: %s", c->peer, step, strerror(err));
+                             "%s: %s", c->net.peer, step, strerror(err));
         return;
     }
     hw_verbs_conn_up(c);
@@ -527,10 +523,10 @@ static void hw_verbs_on_route(kvs_conn_t *c)
     }
     if (err != 0) {
         hw_verbs_conn_broken(c, hw_verbs_errno_status(err), "connecting to %s failed while "
-                             "%s: %s", c->peer, step, strerror(err));
+                             "%s: %s", c->net.peer, step, strerror(err));
         return;
     }
-    c->state = HW_CONN_CONNECTING;
+    c->net.state = HW_CONN_CONNECTING;
 }
 
 static uint32_t hw_verbs_ms_left(const kvs_conn_t *c, uint64_t now)
@@ -562,40 +558,40 @@ static void hw_verbs_on_event(hw_verbs_fabric_t *f, const hw_verbs_event_t *e)
                                "create the fabric again on a present device", f->device_name);
         return;
     }
-    if (c == NULL || hw_verbs_conn_of(f, c) != c || c->id != e->id)
+    if (c == NULL || hw_net_conns_of(&f->connt, c) != c || c->id != e->id)
         return; /* the listener's, or of a QP already replaced or freed */
     switch (e->type) {
     case RDMA_CM_EVENT_ADDR_RESOLVED:
-        if (c->state != HW_CONN_RESOLVING)
+        if (c->net.state != HW_CONN_RESOLVING)
             break;
         if (c->id->verbs != f->ctx) {
             hw_verbs_conn_fail(c, KVS_EINVAL, "connecting to %s: it is reached through "
                                "another RDMA device than %s: connect to an address on %s's "
-                               "network, or select the other device", c->peer,
+                               "network, or select the other device", c->net.peer,
                                f->device_name, f->device_name);
             break;
         }
         if (rdma_resolve_route(c->id, (int)hw_verbs_ms_left(c, hw_net_now_ns())) != 0)
             hw_verbs_conn_broken(c, hw_verbs_errno_status(errno), "connecting to %s: "
-                                 "rdma_resolve_route failed: %s", c->peer, strerror(errno));
+                                 "rdma_resolve_route failed: %s", c->net.peer, strerror(errno));
         break;
     case RDMA_CM_EVENT_ROUTE_RESOLVED:
-        if (c->state == HW_CONN_RESOLVING)
+        if (c->net.state == HW_CONN_RESOLVING)
             hw_verbs_on_route(c);
         break;
     case RDMA_CM_EVENT_CONNECT_RESPONSE:
-        if (c->state == HW_CONN_CONNECTING)
+        if (c->net.state == HW_CONN_CONNECTING)
             hw_verbs_on_response(c, e->priv, e->priv_len);
         break;
     case RDMA_CM_EVENT_ESTABLISHED:
-        if (c->state == HW_CONN_ACCEPTING || c->state == HW_CONN_CONNECTING)
+        if (c->net.state == HW_CONN_ACCEPTING || c->net.state == HW_CONN_CONNECTING)
             hw_verbs_conn_up(c);
         break;
     case RDMA_CM_EVENT_ADDR_ERROR:
     case RDMA_CM_EVENT_ROUTE_ERROR:
         hw_verbs_conn_broken(c, KVS_EPEER, "connecting to %s: no route from %s (status %d): "
                              "the peer's address must be reachable through RDMA device %s; "
-                             "check the address", c->peer, f->bind_addr, e->status,
+                             "check the address", c->net.peer, f->bind_addr, e->status,
                              f->device_name);
         break;
     case RDMA_CM_EVENT_REJECTED: {
@@ -603,33 +599,33 @@ static void hw_verbs_on_event(hw_verbs_fabric_t *f, const hw_verbs_event_t *e)
         if (hw_verbs_priv_get(e->priv, e->priv_len, &rej) == KVS_OK && rej.code != 0) {
             if (rej.code == HW_REJ_UNKNOWN || !c->recovering)
                 hw_verbs_conn_fail(c, KVS_EPEER, "connecting to %s: refused by the peer: %s",
-                                   c->peer, hw_verbs_reject_text(rej.code));
+                                   c->net.peer, hw_verbs_reject_text(rej.code));
             else
                 hw_verbs_conn_broken(c, KVS_EPEER, "reconnecting to %s: refused by the peer: "
-                                     "%s", c->peer, hw_verbs_reject_text(rej.code));
+                                     "%s", c->net.peer, hw_verbs_reject_text(rej.code));
         } else {
             hw_verbs_conn_broken(c, KVS_EPEER, "connecting to %s: refused (status %d): nothing "
                                  "listens there; start the peer first and check its address "
-                                 "and port", c->peer, e->status);
+                                 "and port", c->net.peer, e->status);
         }
         break;
     }
     case RDMA_CM_EVENT_UNREACHABLE:
     case RDMA_CM_EVENT_CONNECT_ERROR:
         hw_verbs_conn_broken(c, KVS_EPEER, "connection to %s failed: the peer did not answer "
-                             "(status %d): check that it runs and the network", c->peer,
+                             "(status %d): check that it runs and the network", c->net.peer,
                              e->status);
         break;
     case RDMA_CM_EVENT_DISCONNECTED:
         (void)rdma_disconnect(c->id);
         hw_verbs_conn_broken(c, KVS_EPEER, "connection to %s: the peer disconnected: connect "
-                             "again", c->peer);
+                             "again", c->net.peer);
         break;
     default:
         break;
     }
     /* An accepted connection the user never saw is dropped when it fails. */
-    if (c->state == HW_CONN_DEAD && !c->active && !c->user_knows && c->sq_used == 0)
+    if (c->net.state == HW_NET_CONN_DEAD && !c->net.active && !c->net.user_knows && c->sq_used == 0)
         hw_verbs_conn_free(c);
 }
 
@@ -672,7 +668,7 @@ static int hw_verbs_resolve(kvs_conn_t *c, int *err)
         c->id = NULL;
         return hw_verbs_errno_status(*err);
     }
-    c->state = HW_CONN_RESOLVING;
+    c->net.state = HW_CONN_RESOLVING;
     const uint32_t ms = hw_verbs_ms_left(c, hw_net_now_ns());
     if (rdma_resolve_addr(c->id, (struct sockaddr *)&src, (struct sockaddr *)&c->dst,
                           (int)ms) != 0) {
@@ -685,13 +681,10 @@ static int hw_verbs_resolve(kvs_conn_t *c, int *err)
 int hw_verbs_connect(kvs_fabric_t *fab, const char *peer, kvs_conn_t **out)
 {
     hw_verbs_fabric_t *f = hw_verbs_of(fab);
-    if (peer == NULL || out == NULL)
-        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "connect on %s: peer and out must not be "
-                               "NULL", f->device_name);
     struct sockaddr_storage dst, src;
-    char why[KVS_ERROR_MSG_BYTES];
-    if (hw_net_parse_peer(peer, &dst, why, sizeof why) != KVS_OK)
-        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "connect on %s: %s", f->device_name, why);
+    int rc = hw_net_conn_peer(&f->connt, peer, out, &dst);
+    if (rc != KVS_OK)
+        return rc;
     if (hw_net_bind_sockaddr(f->bind_addr, 0, &src) != KVS_OK)
         return kvs_fabric_fail(fab, KVS_EINVAL, 0, "connect on %s: bind address '%s' is not "
                                "an IP address", f->device_name, f->bind_addr);
@@ -700,30 +693,27 @@ int hw_verbs_connect(kvs_fabric_t *fab, const char *peer, kvs_conn_t **out)
                                "fabric's address %s are of different IP families: use an "
                                "address of the same family", f->device_name, peer,
                                f->bind_addr);
-    kvs_conn_t *c = hw_verbs_conn_alloc(f);
+    kvs_conn_t *c = hw_verbs_conn_alloc(f, HW_CONN_RESOLVING);
     if (c == NULL)
-        return kvs_fabric_fail(fab, KVS_EFULL, 0, "connect on %s: all %u connections are in "
-                               "use: disconnect some or raise max_conns", f->device_name,
-                               f->cfg.max_conns);
-    c->active = true;
-    c->state = HW_CONN_RESOLVING;
+        return hw_net_conn_full(&f->connt);
+    c->net.active = true;
     c->dst = dst;
     c->token = hw_verbs_token(c);
-    snprintf(c->peer, sizeof c->peer, "%s", peer);
+    snprintf(c->net.peer, sizeof c->net.peer, "%s", peer);
     c->deadline_ns = hw_net_now_ns() + (uint64_t)f->cfg.connect_timeout_ms * 1000000u;
     int err = 0;
-    int rc = hw_verbs_resolve(c, &err);
+    rc = hw_verbs_resolve(c, &err);
     if (rc != KVS_OK) {
         hw_verbs_conn_free(c);
         return kvs_fabric_fail(fab, rc, err, "connecting to %s: rdma_cm could not start (%s): "
                                "check the address is reachable from %s", peer, strerror(err),
                                f->bind_addr);
     }
-    while (c->state == HW_CONN_RESOLVING || c->state == HW_CONN_CONNECTING) {
+    while (c->net.state == HW_CONN_RESOLVING || c->net.state == HW_CONN_CONNECTING) {
         rc = hw_verbs_cm_drain(f);
         if (rc != KVS_OK)
             break;
-        if (c->state != HW_CONN_RESOLVING && c->state != HW_CONN_CONNECTING)
+        if (c->net.state != HW_CONN_RESOLVING && c->net.state != HW_CONN_CONNECTING)
             break;
         const uint64_t now = hw_net_now_ns();
         if (now >= c->deadline_ns) {
@@ -737,8 +727,9 @@ int hw_verbs_connect(kvs_fabric_t *fab, const char *peer, kvs_conn_t **out)
         const uint32_t ms = hw_verbs_ms_left(c, now);
         (void)poll(&pfd, 1, ms < 100 ? (int)ms : 100);
     }
-    if (rc == KVS_OK && c->state == HW_CONN_UP) {
-        c->user_knows = true;
+    char why[KVS_ERROR_MSG_BYTES];
+    if (rc == KVS_OK && c->net.state == HW_NET_CONN_UP) {
+        c->net.user_knows = true;
         rc = hw_verbs_keys_push_all(f, c);
         if (rc == KVS_OK) {
             *out = c;
@@ -749,8 +740,8 @@ int hw_verbs_connect(kvs_fabric_t *fab, const char *peer, kvs_conn_t **out)
                            peer, why);
     }
     if (rc == KVS_OK)
-        rc = c->dead_status != KVS_OK ? c->dead_status : KVS_EPEER;
-    snprintf(why, sizeof why, "%s", c->why[0] ? c->why : f->base.last_backend_msg);
+        rc = c->net.dead_status != KVS_OK ? c->net.dead_status : KVS_EPEER;
+    snprintf(why, sizeof why, "%s", c->net.why[0] ? c->net.why : f->base.last_backend_msg);
     hw_verbs_conn_free(c);
     return kvs_fabric_fail(fab, rc, 0, "%s", why);
 }
@@ -758,26 +749,26 @@ int hw_verbs_connect(kvs_fabric_t *fab, const char *peer, kvs_conn_t **out)
 void hw_verbs_disconnect(kvs_fabric_t *fab, kvs_conn_t *conn)
 {
     hw_verbs_fabric_t *f = hw_verbs_of(fab);
-    kvs_conn_t *c = hw_verbs_conn_of(f, conn);
-    if (c == NULL || c->state == HW_CONN_CLOSING)
+    kvs_conn_t *c = hw_net_conns_of(&f->connt, conn);
+    if (c == NULL || c->net.state == HW_CONN_CLOSING)
         return;
     const bool up = hw_verbs_conn_ready(c);
     /* BYE first, so that the peer fails its side at once; the connection
      * closes when it has been delivered (or after connect_timeout_ms). */
     if (up && hw_verbs_send_internal(c, HW_VERBS_CTRL_BYE, NULL, 0) == KVS_OK) {
-        c->state = HW_CONN_CLOSING;
+        c->net.state = HW_CONN_CLOSING;
         c->bye_sent = true;
         c->recovering = false;
         c->deadline_ns = hw_net_now_ns() + (uint64_t)f->cfg.connect_timeout_ms * 1000000u;
-        snprintf(c->why, sizeof c->why, "connection to %s was disconnected by this side",
-                 c->peer);
+        snprintf(c->net.why, sizeof c->net.why, "connection to %s was disconnected by this side",
+                 c->net.peer);
         return;
     }
-    if (c->state == HW_CONN_UP || c->state == HW_CONN_ACCEPTING)
+    if (c->net.state == HW_NET_CONN_UP || c->net.state == HW_CONN_ACCEPTING)
         (void)rdma_disconnect(c->id); /* tells the peer; an error here changes nothing */
     hw_verbs_conn_fail(c, KVS_EPEER, "connection to %s was disconnected by this side",
-                       c->peer);
-    c->state = HW_CONN_CLOSING;
+                       c->net.peer);
+    c->net.state = HW_CONN_CLOSING;
     c->bye_sent = false;
     if (c->sq_used == 0) /* else tick frees it once its requests are reported */
         hw_verbs_conn_free(c);
@@ -788,7 +779,7 @@ void hw_verbs_conn_tick(hw_verbs_fabric_t *f)
     const uint64_t now = hw_net_now_ns();
     for (uint32_t i = 0; i < f->cfg.max_conns; i++) {
         kvs_conn_t *c = &f->conns[i];
-        if (c->state == HW_CONN_CLOSING) {
+        if (c->net.state == HW_CONN_CLOSING) {
             if (c->sq_used == 0) {
                 hw_verbs_conn_free(c); /* destroying the id disconnects */
             } else if (c->bye_sent && now >= c->deadline_ns) {
@@ -800,14 +791,14 @@ void hw_verbs_conn_tick(hw_verbs_fabric_t *f)
         if (!c->recovering)
             continue;
         if (now >= c->deadline_ns) {
-            char why[HW_VERBS_WHY_BYTES];
-            snprintf(why, sizeof why, "%s", c->why);
+            char why[HW_NET_WHY_BYTES];
+            snprintf(why, sizeof why, "%s", c->net.why);
             hw_verbs_conn_fail(c, KVS_EPEER, "%.120s, and it was not re-established within "
                                "%u ms: check the peer; disconnect and connect again", why,
                                f->cfg.connect_timeout_ms);
             continue;
         }
-        if (c->state != HW_CONN_RECOVERING || !c->active || now < c->retry_ns)
+        if (c->net.state != HW_CONN_RECOVERING || !c->net.active || now < c->retry_ns)
             continue;
         /* the old QP's flushes, or their time, are over: ask again */
         hw_verbs_conn_drop_qp(c, true);
@@ -816,7 +807,7 @@ void hw_verbs_conn_tick(hw_verbs_fabric_t *f)
             if (c->id != NULL)
                 (void)rdma_destroy_id(c->id);
             c->id = NULL;
-            c->state = HW_CONN_RECOVERING;
+            c->net.state = HW_CONN_RECOVERING;
             c->retry_ns = now + HW_VERBS_RETRY_WAIT_NS;
         }
     }

@@ -22,12 +22,10 @@ void hw_verbs_qp_error(kvs_conn_t *c)
 
 static void hw_verbs_conn_vfail(kvs_conn_t *c, int status, const char *fmt, va_list ap)
 {
-    if (c->state == HW_CONN_DEAD || c->state == HW_CONN_CLOSING || c->state == HW_CONN_FREE)
+    /* a closing connection reaps its requests as they are */
+    if (c->net.state == HW_CONN_CLOSING || !hw_net_conn_vfail(&c->net, status, fmt, ap))
         return;
-    c->state = HW_CONN_DEAD;
     c->recovering = false;
-    c->dead_status = status;
-    vsnprintf(c->why, sizeof c->why, fmt, ap);
     hw_verbs_qp_error(c);
     /* what never reached a QP completes now; what did completes as flushed */
     const uint32_t depth = c->fab->cfg.sq_depth;
@@ -55,28 +53,29 @@ void hw_verbs_conn_broken(kvs_conn_t *c, int status, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    const bool setting_up = !c->recovering && (c->state == HW_CONN_RESOLVING ||
-                                               c->state == HW_CONN_CONNECTING);
-    const bool unseen = !c->active && !c->user_knows;
+    const bool setting_up = !c->recovering && (c->net.state == HW_CONN_RESOLVING ||
+                                               c->net.state == HW_CONN_CONNECTING);
+    const bool unseen = !c->net.active && !c->net.user_knows;
     if (setting_up || unseen || c->peer_bye) {
         hw_verbs_conn_vfail(c, status, fmt, ap);
-    } else if (c->state == HW_CONN_UP || c->state == HW_CONN_ACCEPTING || c->recovering) {
+    } else if (c->net.state == HW_NET_CONN_UP || c->net.state == HW_CONN_ACCEPTING ||
+               c->recovering) {
         const uint64_t now = hw_net_now_ns();
         if (!c->recovering) { /* a fresh failure: the clock for recovery starts */
-            vsnprintf(c->why, sizeof c->why, fmt, ap);
+            vsnprintf(c->net.why, sizeof c->net.why, fmt, ap);
             c->deadline_ns = now + (uint64_t)c->fab->cfg.connect_timeout_ms * 1000000u;
             c->retry_ns = now + HW_VERBS_FLUSH_WAIT_NS;
             c->broken_ns = now;
             /* Said once per failure, so a stall behind it can be told apart
              * from a slow peer in the log. */
             kvs_log_write(&c->fab->cfg.log, KVS_LOG_WARN, "verbs fabric: %s: a new queue "
-                          "pair replaces it; %s within %u ms", c->why,
-                          c->active ? "reconnecting" : "waiting for the peer to reconnect",
+                          "pair replaces it; %s within %u ms", c->net.why,
+                          c->net.active ? "reconnecting" : "waiting for the peer to reconnect",
                           c->fab->cfg.connect_timeout_ms);
         } else { /* a reconnect attempt failed: try again a little later */
             c->retry_ns = now + HW_VERBS_RETRY_WAIT_NS;
         }
-        c->state = HW_CONN_RECOVERING;
+        c->net.state = HW_CONN_RECOVERING;
         c->recovering = true;
         hw_verbs_qp_error(c);
     }
@@ -88,5 +87,5 @@ void hw_verbs_conn_bye(kvs_conn_t *c)
 {
     c->peer_bye = true;
     hw_verbs_conn_fail(c, KVS_EPEER, "connection to %s: the peer disconnected: connect again",
-                       c->peer);
+                       c->net.peer);
 }

@@ -50,7 +50,7 @@ uint64_t hw_verbs_now_ns(kvs_fabric_t *fab)
 static int hw_verbs_peer_addr(kvs_fabric_t *fab, kvs_conn_t *conn, char *buf, size_t bytes)
 {
     (void)fab;
-    return conn != NULL ? hw_net_peer_text(conn->peer, buf, bytes) : KVS_EINVAL;
+    return conn != NULL ? hw_net_peer_text(conn->net.peer, buf, bytes) : KVS_EINVAL;
 }
 
 static const kvs_fabric_ops_t hw_verbs_ops = {
@@ -213,7 +213,7 @@ static void hw_verbs_free(hw_verbs_fabric_t *f)
 {
     if (f->conns != NULL)
         for (uint32_t i = 0; i < f->cfg.max_conns; i++)
-            if (f->conns[i].state != HW_CONN_FREE)
+            if (f->conns[i].net.state != HW_NET_CONN_FREE)
                 hw_verbs_conn_free(&f->conns[i]);
     hw_verbs_grants_free_all(f);
     if (f->listener != NULL)
@@ -397,8 +397,10 @@ int kvs_verbs_fabric_create(const kvs_verbs_config_t *cfg, kvs_fabric_t **out,
                  "max_mrs, max_grants or sq_depth");
         goto fail;
     }
+    hw_net_conns_init(&f->connt, &f->base, f->device_name, f->conns, sizeof *f->conns,
+                      c->max_conns);
     for (uint32_t i = 0; i < c->max_conns; i++)
-        f->conns[i] = (kvs_conn_t){.fab = f, .slot = i};
+        f->conns[i].fab = f;
     const long page = sysconf(_SC_PAGESIZE); /* split registrations' pieces: whole pages */
     hw_net_mrs_init(&f->mrt, &f->base, f->device_name, f->mrs, sizeof *f->mrs, c->max_mrs,
                     page > 0 ? (uint64_t)page : 4096);
@@ -494,22 +496,22 @@ int kvs_verbs_fabric_info(kvs_fabric_t *fab, kvs_verbs_info_t *out)
 uint32_t kvs_verbs_conn_mtu(kvs_fabric_t *fab, kvs_conn_t *conn)
 {
     hw_verbs_fabric_t *f = hw_verbs_try(fab);
-    kvs_conn_t *c = f != NULL ? hw_verbs_conn_of(f, conn) : NULL;
+    kvs_conn_t *c = f != NULL ? hw_net_conns_of(&f->connt, conn) : NULL;
     return c != NULL && c->qp != NULL ? hw_verbs_mtu_bytes(c->mtu) : 0;
 }
 
 bool kvs_verbs_conn_alive(kvs_fabric_t *fab, kvs_conn_t *conn)
 {
     hw_verbs_fabric_t *f = hw_verbs_try(fab);
-    kvs_conn_t *c = f != NULL ? hw_verbs_conn_of(f, conn) : NULL;
-    return c != NULL && (c->state == HW_CONN_UP || c->state == HW_CONN_ACCEPTING ||
-                         c->state == HW_CONN_RECOVERING || c->recovering);
+    kvs_conn_t *c = f != NULL ? hw_net_conns_of(&f->connt, conn) : NULL;
+    return c != NULL && (c->net.state == HW_NET_CONN_UP || c->net.state == HW_CONN_ACCEPTING ||
+                         c->net.state == HW_CONN_RECOVERING || c->recovering);
 }
 
 uint32_t kvs_verbs_conn_recoveries(kvs_fabric_t *fab, kvs_conn_t *conn)
 {
     hw_verbs_fabric_t *f = hw_verbs_try(fab);
-    kvs_conn_t *c = f != NULL ? hw_verbs_conn_of(f, conn) : NULL;
+    kvs_conn_t *c = f != NULL ? hw_net_conns_of(&f->connt, conn) : NULL;
     return c != NULL ? c->recoveries : 0;
 }
 

@@ -134,7 +134,7 @@ int hw_verbs_key_grant(kvs_fabric_t *fab, kvs_conn_t *conn, kvs_mr_t *mr, uint64
     if (conn->sq_used == f->cfg.sq_depth)
         return kvs_fabric_fail(fab, KVS_EAGAIN, 0, "key_grant on %s: the send queue to %s is "
                                "full (sq_depth %u) and the bind needs a work request: poll "
-                               "completions, then retry", f->device_name, conn->peer,
+                               "completions, then retry", f->device_name, conn->net.peer,
                                f->cfg.sq_depth);
     struct ibv_mr *own = NULL;
     if (f->mw_own_mr) {
@@ -257,7 +257,7 @@ int hw_verbs_key_revoke(kvs_fabric_t *fab, kvs_grant_t *grant)
                                  "that the key opens nothing", f->device_name, strerror(err));
             if (g->conn != NULL)
                 hw_verbs_conn_broken(g->conn, KVS_EPEER, "connection to %s: a memory window "
-                                     "could not be deallocated", g->conn->peer);
+                                     "could not be deallocated", g->conn->net.peer);
         }
     }
     g->mr->net.grants--;

@@ -12,16 +12,17 @@
  * grant.c (region-scoped keys as type-2 memory windows), fabric.c (the ops
  * table, create, destroy).
  *
- * Work request ids: bit 63 set for receives; bits 32..47 the generation of
- * the connection's current queue pair, 16..31 the connection's slot, 0..15
- * the send-queue ring index or receive buffer. A completion whose slot and
- * generation name no current queue pair is dropped.
+ * Work request ids: bit 63 set for receives; bits 16..47 the connection's
+ * token (hw/net/conn_table.h: its slot, and in bits 32..47 the generation
+ * of its current queue pair), 0..15 the send-queue ring index or receive
+ * buffer. A completion whose token names no current queue pair is dropped.
  */
 #ifndef KVS_HW_VERBS_H
 #define KVS_HW_VERBS_H
 
 #include <kvstage/verbs.h>
 
+#include "conn_table.h"
 #include "handles.h"
 #include "mr_table.h"
 #include "net_util.h"
@@ -31,13 +32,13 @@
 #include <rdma/rdma_cma.h>
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define HW_VERBS_MAGIC 0x5653564bu /* "KVSV" little-endian */
 #define HW_VERBS_WIRE_VERSION 1u
 #define HW_VERBS_MAX_SLOTS 65535u  /* connections, send and receive slots */
 #define HW_VERBS_STASH 16
-#define HW_VERBS_WHY_BYTES 200
 
 /* Fabric-internal messages: SEND WITH IMM, the immediate says which. */
 enum hw_verbs_ctrl {
@@ -195,14 +196,12 @@ int hw_verbs_cuda_dmabuf(void *ctx, kvs_device_t *dev, uint64_t addr, uint64_t l
 
 /* ---- connections (conn.c) -------------------------------------------------- */
 
+/* A connection's states beyond the shared FREE, UP and DEAD (conn_table.h). */
 typedef enum hw_verbs_conn_state {
-    HW_CONN_FREE = 0,
-    HW_CONN_RESOLVING,   /* active: address and route */
+    HW_CONN_RESOLVING = HW_NET_CONN_OWN, /* active: address and route */
     HW_CONN_CONNECTING,  /* active: request sent */
     HW_CONN_ACCEPTING,   /* passive: accepted, waiting for ESTABLISHED */
-    HW_CONN_UP,
     HW_CONN_RECOVERING,  /* its QP failed: a new one is being set up (conn.c) */
-    HW_CONN_DEAD,        /* failed for good: posts return KVS_EPEER */
     HW_CONN_CLOSING      /* disconnected by the user: reaping its requests */
 } hw_verbs_conn_state_t;
 
@@ -245,7 +244,10 @@ typedef struct hw_verbs_sqe {
     bool last;             /* the last work request of its operation */
 } hw_verbs_sqe_t;
 
+/* The slot, state, reason of a failure and the peer's name are the
+ * table's (net); its generation moves on with each QP. */
 struct kvs_conn {
+    hw_net_conn_t net;       /* first: the table's part (hw/net/conn_table.h) */
     hw_verbs_fabric_t *fab;
     struct rdma_cm_id *id;
     struct ibv_qp *qp;
@@ -253,23 +255,14 @@ struct kvs_conn {
      * they are bound to the new one (rxe waits for a QP's last reference
      * when it is destroyed; a bound window is one) */
     struct ibv_qp *stale_qp;
-    uint32_t slot;
-    uint32_t gen;            /* 16 bits used in work request ids; bumped per QP */
-    hw_verbs_conn_state_t state;
-    bool active;             /* we connected; else accepted */
-    bool user_knows;         /* handed to the user (connect, or a completion) */
     bool keys_pushed;
     bool recovering;         /* RESOLVING/CONNECTING/ACCEPTING again after a failure */
     bool peer_bye;           /* the peer disconnected on purpose: no recovery */
     bool bye_sent;           /* CLOSING: our BYE is on its way */
-    bool down_told;          /* DEAD: the user got its DISCONNECT completion */
     uint64_t token;          /* names the connection in a reconnect request */
     uint32_t recoveries;     /* QPs replaced after a failure */
     uint64_t broken_ns;      /* when the current failure began (hw_net_now_ns) */
     int op_status;           /* first error among the current operation's requests */
-    int dead_status;         /* why posts fail once DEAD */
-    char why[HW_VERBS_WHY_BYTES];
-    char peer[64];           /* "IP:port" for messages */
     struct sockaddr_storage dst; /* active: the peer's address, for reconnects */
     int mtu;                 /* enum ibv_mtu agreed */
     uint64_t deadline_ns;    /* connect, recovery or close */
@@ -293,6 +286,7 @@ struct kvs_conn {
     uint32_t prev_gen;
     hw_rkeys_t rkeys;           /* the peer's split registrations (rkeys.h) */
 };
+_Static_assert(offsetof(struct kvs_conn, net) == 0, "the table's part comes first");
 
 /* Processes every pending rdma_cm event without blocking. */
 int hw_verbs_cm_drain(hw_verbs_fabric_t *f);
@@ -300,8 +294,6 @@ int hw_verbs_connect(kvs_fabric_t *fab, const char *peer, kvs_conn_t **out);
 void hw_verbs_disconnect(kvs_fabric_t *fab, kvs_conn_t *conn);
 /* Frees a conn and everything it holds. */
 void hw_verbs_conn_free(kvs_conn_t *conn);
-/* The conn in slot/gen, or NULL. */
-kvs_conn_t *hw_verbs_conn_at(hw_verbs_fabric_t *f, uint32_t slot, uint32_t gen);
 int hw_verbs_listen(hw_verbs_fabric_t *f, char *why, size_t why_bytes);
 int hw_verbs_post_recv(kvs_conn_t *conn, uint32_t index);
 /* Recovery and close timers, reconnect attempts; called by poll. */
@@ -441,6 +433,7 @@ struct hw_verbs_fabric {
     int wait_fd;             /* epoll over cc->fd and ch->fd (wait_arm), -1: none */
     struct rdma_cm_id *listener;
     kvs_conn_t *conns;       /* max_conns */
+    hw_net_conns_t connt;    /* the table over conns */
     kvs_mr_t *mrs;           /* max_mrs */
     hw_net_mrs_t mrt;        /* the table over mrs */
     kvs_grant_t *grants;     /* max_grants */
@@ -464,17 +457,9 @@ static inline hw_verbs_fabric_t *hw_verbs_of(kvs_fabric_t *fab)
 }
 uint64_t hw_verbs_now_ns(kvs_fabric_t *fab);
 
-/* The user's connection checked against the fabric's table, and the piece
- * of a registration an address falls in: inline (hw/net/handles.h), so
- * every file of the fabric uses them without calling the others
- * (registrations: hw_net_mrs_of). */
-static inline kvs_conn_t *hw_verbs_conn_of(hw_verbs_fabric_t *f, kvs_conn_t *conn)
-{
-    return hw_in_table(f->conns, conn, sizeof *conn, f->cfg.max_conns) &&
-                   conn->state != HW_CONN_FREE
-               ? conn
-               : NULL;
-}
+/* The piece of a registration an address falls in: inline
+ * (hw/net/handles.h), so every file of the fabric uses it without calling
+ * the others (connections: hw_net_conns_of; registrations: hw_net_mrs_of). */
 /* Local key and bytes left in the piece holding addr (inside mr). */
 static inline void hw_verbs_mr_piece(const kvs_mr_t *mr, uint64_t addr, uint32_t *lkey,
                                      uint64_t *left)

@@ -64,8 +64,8 @@ static void hw_verbs_keys_broadcast(hw_verbs_fabric_t *f, const kvs_mr_t *mr, bo
 {
     for (uint32_t i = 0; i < f->cfg.max_conns; i++) {
         kvs_conn_t *c = &f->conns[i];
-        const bool takes = c->state == HW_CONN_UP || c->state == HW_CONN_ACCEPTING ||
-                           c->state == HW_CONN_RECOVERING || c->recovering;
+        const bool takes = c->net.state == HW_NET_CONN_UP || c->net.state == HW_CONN_ACCEPTING ||
+                           c->net.state == HW_CONN_RECOVERING || c->recovering;
         if (!takes || !c->keys_pushed)
             continue;
         int rc;

@@ -52,31 +52,31 @@ static const char *hw_verbs_op_name(uint8_t kind)
 static bool hw_verbs_on_recv(hw_verbs_fabric_t *f, const struct ibv_wc *wc,
                              kvs_completion_t *out)
 {
-    const uint32_t slot = (uint32_t)(wc->wr_id >> 16) & 0xffffu;
-    const uint32_t gen = (uint32_t)(wc->wr_id >> 32) & 0xffffu;
+    const uint32_t token = (uint32_t)(wc->wr_id >> 16); /* bit 63 falls off */
+    const uint32_t slot = token & 0xffffu, gen = token >> 16;
     const uint32_t index = (uint32_t)wc->wr_id & 0xffffu;
-    kvs_conn_t *c = hw_verbs_conn_at(f, slot, gen);
+    kvs_conn_t *c = hw_net_conn_by_token(&f->connt, token);
     const uint8_t *buf = NULL;
     if (c != NULL) {
         c->rq_posted--;
         buf = c->rbuf + (size_t)index * KVS_CONTROL_MSG_MAX_BYTES;
-    } else if (slot < f->cfg.max_conns && f->conns[slot].state != HW_CONN_FREE &&
+    } else if (slot < f->cfg.max_conns && f->conns[slot].net.state != HW_NET_CONN_FREE &&
                f->conns[slot].prev_rbuf != NULL && f->conns[slot].prev_gen == gen) {
         /* received by the QP a recovery replaced: deliver it, post nothing */
         c = &f->conns[slot];
-        if (wc->status != IBV_WC_SUCCESS || c->state == HW_CONN_CLOSING)
+        if (wc->status != IBV_WC_SUCCESS || c->net.state == HW_CONN_CLOSING)
             return false;
         buf = c->prev_rbuf + (size_t)index * KVS_CONTROL_MSG_MAX_BYTES;
     } else {
         return false;
     }
-    const bool current = (c->gen & 0xffffu) == gen;
+    const bool current = (c->net.gen & 0xffffu) == gen;
     if (wc->status != IBV_WC_SUCCESS) {
         hw_verbs_conn_broken(c, hw_verbs_wc_status(wc->status), "connection to %s: a receive "
-                             "completed with '%s'", c->peer, ibv_wc_status_str(wc->status));
+                             "completed with '%s'", c->net.peer, ibv_wc_status_str(wc->status));
         return false;
     }
-    if (c->state == HW_CONN_CLOSING)
+    if (c->net.state == HW_CONN_CLOSING)
         return false;
     bool user = true;
     if (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
@@ -92,7 +92,7 @@ static bool hw_verbs_on_recv(hw_verbs_fabric_t *f, const struct ibv_wc *wc,
         char why[KVS_ERROR_MSG_BYTES];
         const int rc = hw_verbs_keys_recv(f, c, kind, buf, wc->byte_len, why, sizeof why);
         if (rc != KVS_OK)
-            hw_verbs_conn_fail(c, rc, "connection to %s: %s", c->peer, why);
+            hw_verbs_conn_fail(c, rc, "connection to %s: %s", c->net.peer, why);
     } else {
         out->kind = KVS_COMPLETION_RECV;
         out->status = KVS_OK;
@@ -103,13 +103,13 @@ static bool hw_verbs_on_recv(hw_verbs_fabric_t *f, const struct ibv_wc *wc,
         memcpy(out->msg, buf, wc->byte_len);
     }
     if (user)
-        c->user_knows = true;
-    if (current && c->qp != NULL && c->state != HW_CONN_DEAD &&
-        c->state != HW_CONN_RECOVERING) {
+        c->net.user_knows = true;
+    if (current && c->qp != NULL && c->net.state != HW_NET_CONN_DEAD &&
+        c->net.state != HW_CONN_RECOVERING) {
         int rc = hw_verbs_post_recv(c, index);
         if (rc != 0)
             hw_verbs_conn_broken(c, KVS_EBACKEND, "connection to %s: posting a receive "
-                                 "failed: %s", c->peer, strerror(rc));
+                                 "failed: %s", c->net.peer, strerror(rc));
     }
     return user;
 }
@@ -135,10 +135,8 @@ static void hw_verbs_grant_done(hw_verbs_sqe_t *e, enum ibv_wc_status wc_status)
 /* A send-queue request completed: mark it; reporting is retire()'s. */
 static void hw_verbs_on_send(hw_verbs_fabric_t *f, const struct ibv_wc *wc)
 {
-    const uint32_t slot = (uint32_t)(wc->wr_id >> 16) & 0xffffu;
-    const uint32_t gen = (uint32_t)(wc->wr_id >> 32) & 0xffffu;
     const uint32_t i = (uint32_t)wc->wr_id & 0xffffu;
-    kvs_conn_t *c = hw_verbs_conn_at(f, slot, gen);
+    kvs_conn_t *c = hw_net_conn_by_token(&f->connt, (uint32_t)(wc->wr_id >> 16));
     if (c == NULL || i >= f->cfg.sq_depth || c->sq[i].state != HW_SQE_POSTED)
         return;
     hw_verbs_sqe_t *e = &c->sq[i];
@@ -153,8 +151,8 @@ static void hw_verbs_on_send(hw_verbs_fabric_t *f, const struct ibv_wc *wc)
     if (wc->status == IBV_WC_WR_FLUSH_ERR) {
         /* an earlier request broke the QP: go again on the next one */
         hw_verbs_conn_broken(c, KVS_EPEER, "connection to %s: its queue pair failed",
-                             c->peer);
-        if (c->state == HW_CONN_RECOVERING) {
+                             c->net.peer);
+        if (c->net.state == HW_CONN_RECOVERING) {
             e->state = HW_SQE_REPOST;
         } else {
             e->state = HW_SQE_DONE;
@@ -166,11 +164,11 @@ static void hw_verbs_on_send(hw_verbs_fabric_t *f, const struct ibv_wc *wc)
     e->state = HW_SQE_DONE;
     e->status = st;
     kvs_fabric_fail(&f->base, st, (int)wc->vendor_err, "%s to %s (wr_id 0x%llx) failed: %s: "
-                    "%s", hw_verbs_op_name(e->kind), c->peer, (unsigned long long)e->wr_id,
+                    "%s", hw_verbs_op_name(e->kind), c->net.peer, (unsigned long long)e->wr_id,
                     ibv_wc_status_str(wc->status), hw_verbs_wc_advice(wc->status));
     /* The QP is in error now: a new one replaces it (a peer that is gone
      * refuses the reconnect, and the connection then fails for good). */
-    hw_verbs_conn_broken(c, st, "connection to %s: a %s failed with '%s'", c->peer,
+    hw_verbs_conn_broken(c, st, "connection to %s: a %s failed with '%s'", c->net.peer,
                          hw_verbs_op_name(e->kind), ibv_wc_status_str(wc->status));
 }
 
@@ -221,7 +219,7 @@ static void hw_verbs_retire(kvs_conn_t *c, kvs_completion_t *out, int *n, int ma
                 .kind = e->kind == HW_OP_WRITE ? KVS_COMPLETION_WRITE : KVS_COMPLETION_SEND,
                 .status = final,
                 .wr_id = e->wr_id,
-                .conn = c->state == HW_CONN_CLOSING ? NULL : c,
+                .conn = c->net.state == HW_CONN_CLOSING ? NULL : c,
             };
         e->state = HW_SQE_FREE;
         c->sq_head = (c->sq_head + 1) % depth;
@@ -233,7 +231,7 @@ static void hw_verbs_retire_all(hw_verbs_fabric_t *f, kvs_completion_t *out, int
 {
     for (uint32_t k = 0; k < f->cfg.max_conns; k++) {
         kvs_conn_t *c = &f->conns[k];
-        if (c->state != HW_CONN_FREE && c->sq_used > 0)
+        if (c->net.state != HW_NET_CONN_FREE && c->sq_used > 0)
             hw_verbs_retire(c, out, n, max);
     }
 }
@@ -242,7 +240,8 @@ static void hw_verbs_retire_all(hw_verbs_fabric_t *f, kvs_completion_t *out, int
  * and that was not yet reported itself. */
 static bool hw_verbs_untold_death(const kvs_conn_t *c)
 {
-    return c->state == HW_CONN_DEAD && c->user_knows && !c->down_told && c->sq_used == 0;
+    return c->net.state == HW_NET_CONN_DEAD && c->net.user_knows && !c->net.down_told &&
+           c->sq_used == 0;
 }
 
 /* One DISCONNECT completion per connection that failed for good. */
@@ -252,11 +251,7 @@ static void hw_verbs_tell_deaths(hw_verbs_fabric_t *f, kvs_completion_t *out, in
         kvs_conn_t *c = &f->conns[k];
         if (!hw_verbs_untold_death(c))
             continue;
-        c->down_told = true;
-        out[(*n)++] = (kvs_completion_t){.kind = KVS_COMPLETION_DISCONNECT,
-                                         .status = c->dead_status != KVS_OK ? c->dead_status
-                                                                            : KVS_EPEER,
-                                         .conn = c};
+        out[(*n)++] = hw_net_conn_down(c);
     }
 }
 
@@ -361,7 +356,7 @@ int hw_verbs_wait_arm(kvs_fabric_t *fab, int *out_fd, uint64_t *out_wake_ns)
     for (uint32_t k = 0; k < f->cfg.max_conns && wake > now; k++) {
         const kvs_conn_t *c = &f->conns[k];
         /* the timers of conn_tick, which poll runs */
-        if (c->state == HW_CONN_CLOSING) {
+        if (c->net.state == HW_CONN_CLOSING) {
             if (c->sq_used == 0)
                 wake = now; /* freed at the next tick */
             else if (c->bye_sent && c->deadline_ns < wake)
@@ -372,7 +367,7 @@ int hw_verbs_wait_arm(kvs_fabric_t *fab, int *out_fd, uint64_t *out_wake_ns)
             continue;
         if (c->deadline_ns < wake)
             wake = c->deadline_ns;
-        if (c->state == HW_CONN_RECOVERING && c->active && c->retry_ns < wake)
+        if (c->net.state == HW_CONN_RECOVERING && c->net.active && c->retry_ns < wake)
             wake = c->retry_ns;
     }
     *out_fd = f->wait_fd;
@@ -386,7 +381,7 @@ int hw_verbs_wait(hw_verbs_fabric_t *f, int timeout_ms)
         return KVS_OK;
     for (uint32_t k = 0; k < f->cfg.max_conns; k++) {
         const kvs_conn_t *c = &f->conns[k];
-        if (c->state == HW_CONN_RECOVERING || c->state == HW_CONN_CLOSING || c->recovering)
+        if (c->net.state == HW_CONN_RECOVERING || c->net.state == HW_CONN_CLOSING || c->recovering)
             if (timeout_ms < 0 || timeout_ms > 50)
                 timeout_ms = 50; /* timers of recovery and close run in poll */
     }

@@ -17,13 +17,12 @@
 
 int hw_verbs_check_conn(hw_verbs_fabric_t *f, kvs_conn_t *conn, const char *op)
 {
-    kvs_conn_t *c = hw_verbs_conn_of(f, conn);
-    if (c == NULL)
-        return kvs_fabric_fail(&f->base, KVS_EINVAL, 0, "%s on %s: not a live connection of "
-                               "this fabric (disconnected, or another fabric's)", op,
-                               f->device_name);
-    switch (c->state) {
-    case HW_CONN_UP:
+    kvs_conn_t *c = NULL;
+    int rc = hw_net_conn_check(&f->connt, conn, op, &c);
+    if (rc != KVS_OK)
+        return rc;
+    switch (c->net.state) {
+    case HW_NET_CONN_UP:
     case HW_CONN_ACCEPTING: /* its QP is in RTS already */
     case HW_CONN_RECOVERING:
         return KVS_OK;
@@ -32,13 +31,10 @@ int hw_verbs_check_conn(hw_verbs_fabric_t *f, kvs_conn_t *conn, const char *op)
         if (c->recovering) /* a new QP is on its way: the request waits for it */
             return KVS_OK;
         return kvs_fabric_fail(&f->base, KVS_EAGAIN, 0, "%s on %s: the connection to %s is "
-                               "still being set up", op, f->device_name, c->peer);
-    case HW_CONN_DEAD:
-        return kvs_fabric_fail(&f->base, KVS_EPEER, 0, "%s on a failed connection: %s; "
-                               "disconnect and connect again", op, c->why);
+                               "still being set up", op, f->device_name, c->net.peer);
     default:
         return kvs_fabric_fail(&f->base, KVS_EINVAL, 0, "%s on %s: the connection to %s was "
-                               "disconnected", op, f->device_name, c->peer);
+                               "disconnected", op, f->device_name, c->net.peer);
     }
 }
 
@@ -51,7 +47,7 @@ static int hw_verbs_ensure_keys(hw_verbs_fabric_t *f, kvs_conn_t *c)
     if (rc != KVS_OK)
         return kvs_fabric_fail(&f->base, KVS_EAGAIN, 0, "connection to %s: this side's key "
                                "tables could not be sent yet (%s): poll, then retry",
-                               c->peer, kvs_strerror(rc));
+                               c->net.peer, kvs_strerror(rc));
     return KVS_OK;
 }
 
@@ -81,7 +77,7 @@ static int hw_verbs_rkey_piece(hw_verbs_fabric_t *f, kvs_conn_t *conn, uint64_t 
         if (rkey > UINT32_MAX)
             return kvs_fabric_fail(&f->base, KVS_EINVAL, 0, "write on %s: remote key 0x%llx "
                                    "is not one a verbs fabric hands out: pass the key the "
-                                   "peer's mr_register returned", conn->peer,
+                                   "peer's mr_register returned", conn->net.peer,
                                    (unsigned long long)rkey);
         *out_rkey = (uint32_t)rkey;
         *left = UINT64_MAX;
@@ -95,11 +91,11 @@ static int hw_verbs_rkey_piece(hw_verbs_fabric_t *f, kvs_conn_t *conn, uint64_t 
         return kvs_fabric_fail(&f->base, KVS_EREMOTE, 0, "write on %s: split registration %u "
                                "of the peer is unknown on this connection (deregistered, or "
                                "a key of another peer): use a key the peer sent on this "
-                               "connection", conn->peer, id);
+                               "connection", conn->net.peer, id);
     if (rc != KVS_OK)
         return kvs_fabric_fail(&f->base, KVS_EREMOTE, 0, "write on %s: remote address 0x%llx "
                                "is outside the peer's registration [0x%llx, +%llu): fix the "
-                               "offset", conn->peer, (unsigned long long)raddr,
+                               "offset", conn->net.peer, (unsigned long long)raddr,
                                (unsigned long long)t->base, (unsigned long long)t->len_bytes);
     *out_rkey = (uint32_t)key;
     return KVS_OK;
@@ -142,7 +138,7 @@ int hw_verbs_write(kvs_fabric_t *fab, kvs_conn_t *conn, const kvs_write_desc_t *
     if (n > hw_verbs_sq_room(c))
         return kvs_fabric_fail(fab, KVS_EAGAIN, 0, "write on %s: the send queue to %s has "
                                "room for %u work requests, this write needs %u: poll "
-                               "completions, then retry", f->device_name, c->peer,
+                               "completions, then retry", f->device_name, c->net.peer,
                                hw_verbs_sq_room(c), n);
     uint32_t first = 0;
     uint64_t off = 0;

@@ -24,12 +24,12 @@
 bool hw_verbs_conn_ready(const kvs_conn_t *c)
 {
     return c->qp != NULL && !c->recovering &&
-           (c->state == HW_CONN_UP || c->state == HW_CONN_ACCEPTING);
+           (c->net.state == HW_NET_CONN_UP || c->net.state == HW_CONN_ACCEPTING);
 }
 
 uint64_t hw_verbs_sq_wr_id(const kvs_conn_t *c, uint32_t i)
 {
-    return (uint64_t)(c->gen & 0xffffu) << 32 | (uint64_t)c->slot << 16 | i;
+    return (uint64_t)hw_net_conn_token(&c->net) << 16 | i;
 }
 
 uint32_t hw_verbs_sq_room(const kvs_conn_t *c) { return c->fab->cfg.sq_depth - c->sq_used; }
@@ -105,7 +105,7 @@ void hw_verbs_sq_post(kvs_conn_t *c, uint32_t first, uint32_t count)
         for (uint32_t k = posted; k < n; k++)
             c->sq[f->wrs[k].wr_id & 0xffffu].state = HW_SQE_REPOST;
         hw_verbs_conn_broken(c, KVS_EPEER, "connection to %s: the queue pair refused a post "
-                             "(%s)", c->peer, strerror(rc));
+                             "(%s)", c->net.peer, strerror(rc));
     }
 }
 
@@ -151,12 +151,12 @@ int hw_verbs_post_msg(kvs_conn_t *c, hw_verbs_op_kind_t kind, uint32_t imm,
     if (hw_verbs_sq_room(c) == 0)
         return kvs_fabric_fail(&f->base, KVS_EAGAIN, 0, "send to %s: %u work requests in "
                                "flight fill the send queue: poll completions first, or raise "
-                               "sq_depth", c->peer, f->cfg.sq_depth);
+                               "sq_depth", c->net.peer, f->cfg.sq_depth);
     uint32_t pos = 0, bytes = 0;
     if (len > 0 && !hw_verbs_ring_take(c, len, &pos, &bytes))
         return kvs_fabric_fail(&f->base, KVS_EAGAIN, 0, "send to %s: %u bytes of control "
                                "messages in flight fill the send buffer: poll completions "
-                               "first, or raise send_buf_bytes", c->peer, c->s_used);
+                               "first, or raise send_buf_bytes", c->net.peer, c->s_used);
     if (len > 0)
         memcpy(c->sbuf + pos, msg, len);
     uint32_t i;
