@@ -361,7 +361,7 @@ int kvs_layout_hybrid_writer(const kvs_layout_t *lay, int64_t decode_rank,
         out->w.heads.num_heads = 0;
         out->full_slots = out->window_slots = 0;
         out->window_tokens = 0;
-        out->kv_bytes = out->state_offset_bytes = 0;
+        out->kv_bytes = 0;
         out->w.len_bytes = out->state_bytes;
     }
     /* the first part's state follows its slots (with one part: kv_bytes) */

@@ -83,14 +83,13 @@ static int kvs__hyb_draft(kvs_device_t *dev, kvs_stream_t *stream, const kvs_man
     const bool gather = c->role == KVS_ROLE_PREFILL;
     if (lay->draft_layers == 0 || m->cfg.pp_rank != kvs_layout_draft_stage(lay, c->role))
         return KVS_OK;
-    const bool decode = !gather;
-    const int64_t ps = decode ? lay->decode_page_size : lay->page_size;
+    const int64_t ps = gather ? lay->page_size : lay->decode_page_size;
     const int64_t rows = c->chunk.token_end - c->chunk.token_start;
     const kvs_copy_desc_t desc = {
         .k_base = m->draft_k_base, .v_base = m->draft_v_base,
         .local_heads = m->kv.local_heads, .head_dim = lay->draft_head_dim,
         .elem_bytes = lay->elem_bytes, .page_size = ps,
-        .pages = c->pages + (decode ? 0 : c->chunk.token_start / ps),
+        .pages = c->pages + (gather ? c->chunk.token_start / ps : 0),
         .num_pages = kvs__ceil_div(rows, ps), .tokens = rows, .layer_count = lay->draft_layers,
         .staging_layer_slots = lay->draft_layers, .planes = lay->planes};
     int64_t np = 0;
