@@ -400,7 +400,7 @@ enum {
  * Classes a default campaign (no --campaign-faults) never draws into one
  * run, because the simulator would count what follows as an unreported
  * failure although no implementation could have told the peer in time:
- * - TIMEOUT with ERROR: scenario.c judges per room, not per peer, so a rank
+ * - TIMEOUT with ERROR: workload.c judges per room, not per peer, so a rank
  *   that times out in a PP stage or TP group that a real failure never
  *   reached is counted as unreported.
  * - TIMEOUT with LOSS: a stall timeout of a few ms is shorter than the

@@ -1,11 +1,17 @@
 /*
  * run.h (internal) - the state of one simulated run (sim_scenario_run of
- * scenario.h), shared by the files that make a run: scenario.c (the
- * cluster's life, the workload and router, faults, the run loop),
+ * scenario.h), shared by the files that make a run, one job each:
+ * scenario.c (setting a run up, the run loop, freeing it), node.c (the
+ * cluster's life: building it, a rank's setup, teardown and connections),
+ * faults.c (the faults injected, crashes and restarts), workload.c (the
+ * requests: arrivals, the router, admission, prefill compute, results),
  * verify.c (the KV pattern written into prefill pools and checked in
  * decode pools), report.c (the report and its metrics) and run.c (failing
  * the run or a request, the KV page pools). Calls go one way:
- * scenario.c -> verify.c, report.c -> run.c.
+ * scenario.c -> faults.c -> node.c, workload.c -> verify.c, report.c ->
+ * run.c (node.c hands workload.c's result callbacks to each rank's driver;
+ * faults.c schedules its own events); tests/call_graph.py checks that no
+ * two of them call each other.
  */
 #ifndef KVS_SIM_RUN_H
 #define KVS_SIM_RUN_H
@@ -216,6 +222,47 @@ static inline bool sim_in_pair(const sim_req_t *r, const sim_node_t *n)
 {
     return n->inst == r->pi || n->inst == r->di;
 }
+
+/* Its GPU or NIC has news, or the scenario told it something: a step. */
+static inline void sim_node_wake(sim_node_t *n) { sim_driver_wake(&n->drv); }
+
+/* ---- node.c ------------------------------------------------------------------ */
+
+/* The instances, their ranks, page pools and compute queues, and every
+ * pair's layout and groups (no rank set up yet). */
+int sim_build_cluster(sim_scenario_t *sc);
+/* Sets rank n up on GPU gpu_id: its GPU, NIC, KV pool and kvstage rank.
+ * A rank whose GPU is full (hbm-full) reports why and stays down (n->rank
+ * NULL, KVS_OK). */
+int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id);
+/* Frees everything rank n holds, keeping its counters (n->acc). */
+void sim_node_teardown(sim_node_t *n);
+/* Decode rank n declares every prefill instance and connects to its
+ * writers in each. */
+int sim_connect_node(sim_scenario_t *sc, sim_node_t *n);
+/* sim_connect_node of every decode rank that is up. */
+int sim_connect_all(sim_scenario_t *sc);
+
+/* ---- faults.c ---------------------------------------------------------------- */
+
+/* Checks every fault against the cluster (sim_build_cluster's), marks the
+ * instances it strikes and schedules the timed ones. Before any rank is
+ * set up: hbm-full shapes a rank's GPU. */
+int sim_faults_check(sim_scenario_t *sc);
+/* What the faults set on rank n's GPU and NIC once it is up. */
+void sim_faults_arm(sim_scenario_t *sc, sim_node_t *n);
+
+/* ---- workload.c -------------------------------------------------------------- */
+
+/* Draws every request's arrival, prompt length and cached prefix and
+ * schedules its arrival. */
+int sim_workload_schedule(sim_scenario_t *sc);
+/* Rank n's result for request i is in: its own (from its handler), or not
+ * (it was down or crashed). */
+void sim_report_in(sim_scenario_t *sc, sim_node_t *n, uint32_t i, int status, bool own);
+/* The driver's callbacks (ctx: the node): a room's result, a failed step. */
+void sim_node_result(void *ctx, const kvs_room_result_t *res);
+void sim_node_error(void *ctx, int status);
 
 /* ---- run.c ------------------------------------------------------------------- */
 
