@@ -47,7 +47,7 @@ typedef struct sim_net_config {
     uint64_t latency_ns;         /* 0 -> 2000 */
     uint32_t mtu_bytes;          /* 0 -> 4096 */
     uint32_t header_bytes;       /* per packet, 0 -> 58 (RoCEv2) */
-    uint64_t per_op_ns;          /* 0 -> 3700 (see fabric.c) */
+    uint64_t per_op_ns;          /* 0 -> 3700 (see nic_model.c) */
     uint64_t segment_bytes;      /* scheduling granularity, 0 -> 1 MiB */
     uint64_t ctrl_latency_ns;    /* 0 -> 20000 */
     uint32_t cq_entries;         /* per NIC, 0 -> 65536 */
