@@ -496,12 +496,13 @@ static uint64_t model_deadline(const model_t *m)
 
 /* ---- the harness -------------------------------------------------------- */
 
-static void on_dead(void *ctx, kvs_conn_t *conn, void *owner)
+static void on_dead(void *ctx, kvs_conn_t *conn, void *owner, const char *why)
 {
     harness_t *h = ctx;
     const uint32_t k = conn_index(&h->fab, conn);
     CHECK(kvs__link_unacked(&h->ls, conn) == 0); /* freed before it is reported */
     CHECK(owner == NULL);                          /* the harness binds none */
+    CHECK(why != NULL && why[0] != '\0');          /* the log always says why */
     log_add(&h->real, EV_DEAD, k, 0, 0, NULL, 0);
     if (h->reenter) {
         const int rc = kvs__link_send(&h->ls, conn_of(&h->fab, h->reenter_conn), &h->reenter_msg);
@@ -756,7 +757,14 @@ static void op_tick(harness_t *h, input_t *in)
 
 static void op_kill(harness_t *h, uint32_t k)
 {
-    kvs__link_kill(&h->ls, conn_of(&h->fab, k));
+    /* A DISCONNECT with the fabric's reason every other time. */
+    static kvs_completion_t cqe;
+    cqe = (kvs_completion_t){.kind = KVS_COMPLETION_DISCONNECT, .status = KVS_EPEER,
+                             .conn = conn_of(&h->fab, k)};
+    if (k % 2u == 0) {
+        cqe.len_bytes = (uint32_t)snprintf((char *)cqe.msg, sizeof cqe.msg, "peer %u closed", k);
+    }
+    kvs__link_kill(&h->ls, &cqe);
     mlink_t *l = mlink_get(&h->m, k); /* reported even if nothing was sent */
     if (l != NULL)
         l->dead = true;

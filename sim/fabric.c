@@ -486,6 +486,11 @@ static int sim_nic_poll(kvs_fabric_t *fab, kvs_completion_t *out, int max)
         if (e.kind == KVS_COMPLETION_RECV) {
             memcpy(c->msg, sim_msg_at(net, e.msg)->data, e.len_bytes);
             sim_msg_free(net, e.msg);
+        } else if (e.kind == KVS_COMPLETION_DISCONNECT) { /* why, as backend.h asks */
+            const int len = snprintf((char *)c->msg, sizeof c->msg,
+                                     "NIC %s: the peer closed the connection or its NIC is "
+                                     "gone (crashed or restarted)", nic->name);
+            c->len_bytes = len > 0 ? (uint32_t)len : 0;
         }
     }
     return n;

@@ -411,7 +411,7 @@ int kvs__peer_connect(kvs__handler_t *h, kvs__peer_t *peer)
 /* The fabric found conn dead. If a peer owned it, that peer crashed or
  * restarted: it is lost (the decode reconnects to it), and the role fails
  * what depended on it. */
-static void kvs__on_dead(void *ctx, kvs_conn_t *conn, void *owner)
+static void kvs__on_dead(void *ctx, kvs_conn_t *conn, void *owner, const char *why)
 {
     kvs__handler_t *h = ctx;
     h->fab->ops.disconnect(h->fab, conn); /* the peer hears of it too */
@@ -422,11 +422,11 @@ static void kvs__on_dead(void *ctx, kvs_conn_t *conn, void *owner)
     peer->conn = NULL;
     peer->ready = false;
     char name[96];
-    kvs_log_write(&h->m->log, KVS_LOG_WARN, "%s %lld: %s %s is unreachable (its connection died): "
-             "its rooms fail%s",
+    kvs_log_write(&h->m->log, KVS_LOG_WARN, "%s %lld: %s %s is unreachable (its connection died: "
+             "%s): its rooms fail%s",
              h->role->role == KVS_ROLE_DECODE ? "decode" : "prefill", (long long)h->tp_rank,
              h->role->role == KVS_ROLE_DECODE ? "prefill" : "decode",
-             kvs__peer_name(peer, name, sizeof name),
+             kvs__peer_name(peer, name, sizeof name), why,
              peer->name != NULL ? ", reconnecting" : " until it registers again");
     if (peer->name != NULL)
         kvs__peer_schedule_reconnect(h, peer);
@@ -548,7 +548,7 @@ int kvs__handler_progress(kvs__handler_t *h)
             else if (cqe->kind == KVS_COMPLETION_WRITE && h->role->on_write_done != NULL)
                 h->role->on_write_done(h, cqe);
             else if (cqe->kind == KVS_COMPLETION_DISCONNECT)
-                kvs__link_kill(&h->links, cqe->conn);
+                kvs__link_kill(&h->links, cqe);
         }
         work += n;
         if (n < KVS__POLL_BATCH)

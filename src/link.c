@@ -9,6 +9,7 @@
 #include "arith.h"
 #include "channel.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -110,8 +111,12 @@ static int kvs__link_post(kvs__links_t *ls, kvs__link_t *l, const uint8_t *bytes
                           uint32_t type)
 {
     int rc = ls->fab->ops.send(ls->fab, l->conn, bytes, len, KVS__WR_CONTROL | type);
-    if (rc == KVS_EPEER)
+    if (rc == KVS_EPEER && !l->dead) {
         l->dead = true;
+        snprintf(l->why, sizeof l->why, "a send on it failed: %.160s",
+                 ls->fab->last_backend_msg[0] != '\0' ? ls->fab->last_backend_msg
+                                                      : kvs_strerror(rc));
+    }
     return rc;
 }
 
@@ -307,8 +312,7 @@ static void kvs__link_resend(kvs__links_t *ls, kvs__link_t *l, uint64_t now_ns)
     l->retry_ns = kvs__sat_add_u64(now_ns, l->rto_ns);
 }
 
-void kvs__links_tick(kvs__links_t *ls, uint64_t now_ns,
-                     void (*on_dead)(void *ctx, kvs_conn_t *conn, void *owner), void *ctx)
+void kvs__links_tick(kvs__links_t *ls, uint64_t now_ns, kvs__link_dead_fn on_dead, void *ctx)
 {
     for (uint32_t i = 0; i < ls->hi; i++) {
         kvs__link_t *l = &ls->v[i];
@@ -330,18 +334,24 @@ void kvs__links_tick(kvs__links_t *ls, uint64_t now_ns,
             l->ack_due = l->ack_refused;
         }
         kvs__link_flush(ls, l);
-        if (l->q_count > 0 && now_ns - l->waiting_since_ns >= ls->give_up_ns)
+        if (l->q_count > 0 && now_ns - l->waiting_since_ns >= ls->give_up_ns && !l->dead) {
             l->dead = true; /* silent for too long: partitioned or stopped */
+            snprintf(l->why, sizeof l->why, "%u message(s) unacknowledged for %llu ms: the "
+                     "peer stopped or the network is cut", l->q_count,
+                     (unsigned long long)((now_ns - l->waiting_since_ns) / 1000000u));
+        }
         if (l->q_count > 0 && now_ns >= l->retry_ns && !l->dead)
             kvs__link_resend(ls, l, now_ns);
         if (l->dead) {
             kvs_conn_t *conn = l->conn;
             void *owner = l->owner;
+            char why[KVS__LINK_WHY_BYTES];
+            memcpy(why, l->why, sizeof why);
             kvs__link_clear(l);
             if (ls->stats != NULL)
                 ls->stats->peers_lost++;
             if (on_dead != NULL)
-                on_dead(ctx, conn, owner);
+                on_dead(ctx, conn, owner, why);
         }
     }
 }
@@ -360,11 +370,21 @@ uint64_t kvs__links_deadline(const kvs__links_t *ls)
     return t;
 }
 
-void kvs__link_kill(kvs__links_t *ls, kvs_conn_t *conn)
+void kvs__link_kill(kvs__links_t *ls, const kvs_completion_t *cqe)
 {
-    kvs__link_t *l = kvs__link_get(ls, conn);
-    if (l != NULL)
-        l->dead = true;
+    kvs__link_t *l = kvs__link_get(ls, cqe->conn);
+    if (l == NULL || l->dead)
+        return;
+    l->dead = true;
+    /* The fabric's text, bounded by its length and by the message room:
+     * a backend's word, trusted for nothing but the log. */
+    const uint32_t n = cqe->len_bytes < KVS_CONTROL_MSG_MAX_BYTES ? cqe->len_bytes : 0;
+    if (n > 0)
+        snprintf(l->why, sizeof l->why, "the fabric reported it dead: %.*s", (int)n,
+                 (const char *)cqe->msg);
+    else
+        snprintf(l->why, sizeof l->why, "the fabric reported it dead (%s)",
+                 kvs_status_name(cqe->status != KVS_OK ? cqe->status : KVS_EPEER));
 }
 
 int kvs__link_bind(kvs__links_t *ls, kvs_conn_t *conn, void *owner)

@@ -78,10 +78,14 @@ void kvs__rtt_sample(kvs__rtt_t *e, uint64_t rtt_ns);
  * SRTT + max(rto_min, 4 * RTTVAR) (saturating), at most rto_max. */
 uint64_t kvs__rtt_timeout(const kvs__rtt_t *e, uint64_t rto_min_ns, uint64_t rto_max_ns);
 
+/* kvs__link_t.why, NUL included. */
+#define KVS__LINK_WHY_BYTES 192
+
 typedef struct kvs__link {
     kvs_conn_t *conn;          /* NULL: a free slot */
     void *owner;               /* the handler's peer on this connection, or NULL */
     bool dead;                 /* the fabric reported the connection dead */
+    char why[KVS__LINK_WHY_BYTES]; /* ... or the link gave up: why, for the log */
     bool ack_due;              /* an ACK is owed to the peer */
     bool ack_refused;          /* ... and the fabric refused its post for now */
     /* sending */
@@ -135,11 +139,14 @@ int kvs__link_send(kvs__links_t *ls, kvs_conn_t *conn, const kvs_msg_t *msg);
  * unsequenced; KVS_EFULL when no link slot is free for a new connection. */
 int kvs__link_recv(kvs__links_t *ls, const kvs_completion_t *cqe, kvs_msg_t *msg);
 
+/* What kvs__links_tick tells of a connection found dead: its owner, and
+ * why it died (the fabric's reason, or the link's own: never empty). */
+typedef void (*kvs__link_dead_fn)(void *ctx, kvs_conn_t *conn, void *owner, const char *why);
+
 /* Sends the ACKs owed and the queues whose timeout passed. Each connection
  * found dead on the way is passed to on_dead (once) with its owner, and its
  * link freed. */
-void kvs__links_tick(kvs__links_t *ls, uint64_t now_ns,
-                     void (*on_dead)(void *ctx, kvs_conn_t *conn, void *owner), void *ctx);
+void kvs__links_tick(kvs__links_t *ls, uint64_t now_ns, kvs__link_dead_fn on_dead, void *ctx);
 
 /* Names owner as conn's (making its link if there is none yet): what
  * arrives on conn is owner's. KVS_EFULL when no link slot is free. */
@@ -150,9 +157,10 @@ void *kvs__link_owner(const kvs__links_t *ls, const kvs_conn_t *conn);
 /* The earliest retransmission due, UINT64_MAX if none. */
 uint64_t kvs__links_deadline(const kvs__links_t *ls);
 
-/* The fabric said conn is dead (a DISCONNECT completion): the next tick
- * reports it to on_dead, even if nothing was ever sent on it. */
-void kvs__link_kill(kvs__links_t *ls, kvs_conn_t *conn);
+/* The fabric said conn is dead (a DISCONNECT completion, cqe): the next
+ * tick reports it to on_dead with the reason the completion gives, even
+ * if nothing was ever sent on it. */
+void kvs__link_kill(kvs__links_t *ls, const kvs_completion_t *cqe);
 
 /* Frees conn's link (its queue is dropped): call before disconnecting. */
 void kvs__link_forget(kvs__links_t *ls, const kvs_conn_t *conn);

@@ -533,7 +533,10 @@ static void test_decode_new_session(void **state)
     for (int i = 0; i < 2; i++) {
         edge_node_t *p = edge_prefill(cl, i);
         assert_int_equal(p->log_warnings, 1);
-        assert_non_null(strstr(p->log_last, "unreachable (its connection died)"));
+        /* ... saying why, in the fabric's words */
+        assert_non_null(strstr(p->log_last, "unreachable (its connection died: the fabric "
+                                            "reported it dead: NIC "));
+        assert_non_null(strstr(p->log_last, "the peer closed the connection"));
         assert_int_equal(edge_stats(p).peers_lost, 1);
     }
     for (uint64_t room = 2; room < 6; room++) {

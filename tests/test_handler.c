@@ -123,6 +123,9 @@ static void test_handler_long_outage_fails_then_recovers(void **state)
     /* p0's chunks kept the room alive; the ROOM to p1 went unacknowledged
      * for a stall timeout, so the decode gave up on p1 first. */
     edge_expect(d, 1, KVS_EPEER);
+    /* ... and its log says why: the link's own give-up */
+    assert_non_null(strstr(d->log_last, "is unreachable (its connection died: 4 message(s) "
+                                        "unacknowledged for 30000 ms: the peer stopped"));
     edge_expect(edge_prefill(cl, 0), 1, KVS_OK); /* its own part landed */
     edge_expect(edge_prefill(cl, 1), 1, KVS_ETIMEDOUT);
     assert_int_equal(edge_stats(d).peers_lost, 1);

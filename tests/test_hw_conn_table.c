@@ -98,6 +98,8 @@ static void test_hw_conn_table_check(void **state)
     assert_int_equal(down.kind, KVS_COMPLETION_DISCONNECT);
     assert_int_equal(down.status, KVS_ETIMEDOUT);
     assert_ptr_equal(down.conn, a);
+    assert_int_equal(down.len_bytes, strlen("peer p gone"));
+    assert_string_equal((const char *)down.msg, "peer p gone"); /* why, for the core's log */
     assert_true(a->net.down_told);
 }
 

@@ -99,7 +99,13 @@ kvs_completion_t hw_net_conn_down(kvs_conn_t *conn)
     hw_net_conn_t *c = hw_net_conn(conn);
     assert(c->state == HW_NET_CONN_DEAD && !c->down_told);
     c->down_told = true;
-    return (kvs_completion_t){.kind = KVS_COMPLETION_DISCONNECT,
-                              .status = c->dead_status != KVS_OK ? c->dead_status : KVS_EPEER,
-                              .conn = conn};
+    kvs_completion_t e = {.kind = KVS_COMPLETION_DISCONNECT,
+                          .status = c->dead_status != KVS_OK ? c->dead_status : KVS_EPEER,
+                          .conn = conn};
+    /* Why, as backend.h asks: the reason it failed with, NUL included. */
+    const size_t len = strnlen(c->why, sizeof c->why);
+    memcpy(e.msg, c->why, len);
+    e.msg[len] = '\0';
+    e.len_bytes = (uint32_t)len;
+    return e;
 }

@@ -128,7 +128,8 @@ int hw_net_conn_check(const hw_net_conns_t *t, kvs_conn_t *conn, const char *op,
                       kvs_conn_t **out);
 
 /* conn (DEAD, known to the user, not told yet): its DISCONNECT completion,
- * with its status (KVS_EPEER when none was kept); told from now on. */
+ * with its status (KVS_EPEER when none was kept) and, in msg, the reason
+ * it failed with; told from now on. */
 kvs_completion_t hw_net_conn_down(kvs_conn_t *conn);
 
 #endif

@@ -269,7 +269,9 @@ typedef enum kvs_completion_kind {
     KVS_COMPLETION_RECV = 2,    /* a control message arrived */
     KVS_COMPLETION_IMM = 3,     /* a remote write with immediate landed here */
     KVS_COMPLETION_DISCONNECT = 4 /* conn's peer went away (crashed, restarted,
-                                   disconnected): conn is dead; disconnect it */
+                                   disconnected): conn is dead; disconnect it.
+                                   msg may say why: len_bytes > 0 bytes of
+                                   text, NUL-terminated (0: nothing said) */
 } kvs_completion_kind_t;
 
 #define KVS_CONTROL_MSG_MAX_BYTES 4096u
