@@ -3,7 +3,7 @@
  * (docs/security.md; src/handshake.c, src/auth.c): HELLO, CHALLENGE and the
  * HMAC-SHA-256 proofs of REGISTER, run between a real decode handler (TP 1,
  * two prefill writers p0 and p1) and a real prefill handler (TP 2, rank 0),
- * each on the fake device of tests/fake_backend.c and a fabric of this file
+ * each on the fake device of tests/fixtures/fake_backend.c and a fabric of this file
  * that records every post and delivers one completion per progress call.
  * The harness stands between them: it relays what one side posted to the
  * other, drops it, replays it, and forges messages of its own.

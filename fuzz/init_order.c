@@ -2,7 +2,7 @@
  * init_order.c - the init-order fuzzer (ctest `init_order`): runs every order
  * of the init steps of spec §8 on the decode side and on the prefill side,
  * every order with one step left out and every order with one step done
- * twice, against the fake device and fabric of tests/fake_backend.c, and
+ * twice, against the fake device and fabric of tests/fixtures/fake_backend.c, and
  * compares each returned code with a small reference model written from
  * spec §8 and the prototype comments of kvstage.h (never from src/).
  *

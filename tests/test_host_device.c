@@ -13,9 +13,9 @@
  * destroy with ops queued and memory live; the wait fd (readable after a
  * completion once armed, one write per arm, nothing while not armed); and
  * byte-for-byte agreement with
- * the simulated GPU (sim/gpu.c) on random shapes (tests/kv_compare.c, the
+ * the simulated GPU (sim/gpu.c) on random shapes (tests/fixtures/kv_compare.c, the
  * harness the CUDA checks use against this backend). Then the device
- * contract every backend meets (tests/device_contract.c) on a host device.
+ * contract every backend meets (tests/fixtures/device_contract.c) on a host device.
  * Random data and shapes come from fixed seeds, printed on failure.
  */
 #include <kvstage/host.h>
@@ -1093,7 +1093,7 @@ static void test_host_device_matches_sim_gpu(void **state)
     fx_close(&f);
 }
 
-/* ---- the device contract (tests/device_contract.c) on this backend -------- */
+/* ---- the device contract (tests/fixtures/device_contract.c) on this backend -------- */
 
 static kvs_device_t *host_contract_open(void **ctx)
 {

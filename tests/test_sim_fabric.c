@@ -5,7 +5,7 @@
  * bandwidth sharing on one NIC and on one receiver (incast), the per-op cost
  * of small writes, control messages, completion queue overrun, fault hooks,
  * region-scoped keys (key_grant / key_revoke), lifetime and determinism.
- * Then the fabric contract every backend meets (tests/fabric_contract.c)
+ * Then the fabric contract every backend meets (tests/fixtures/fabric_contract.c)
  * on two simulated NICs, the engine run before each poll.
  *
  * Every test uses a fixed seed, printed when its fixture opens; a run is
@@ -1232,7 +1232,7 @@ static void test_sim_fabric_deterministic(void **state)
     assert_memory_equal(a + 3, c + 3, (na - 3) * sizeof a[0]); /* same times */
 }
 
-/* ---- the fabric contract (tests/fabric_contract.c) on this backend -------- */
+/* ---- the fabric contract (tests/fixtures/fabric_contract.c) on this backend -------- */
 
 /* Two NICs "a" and "b" on their own GPUs; regions are GPU memory, seen
  * through sim_gpu_host; fp_take runs the engine before each poll. */

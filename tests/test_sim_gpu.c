@@ -6,7 +6,7 @@
  * durations, overlapping streams, scatter slowdown); events, wake callback,
  * descriptor validation, bounded tables, memory freed under an op in
  * flight, destroy with ops pending, and from_device on a foreign device.
- * Then the device contract every backend meets (tests/device_contract.c:
+ * Then the device contract every backend meets (tests/fixtures/device_contract.c:
  * memory bounds, copies against a reference, order, refusals, events,
  * wait_arm) on the simulated GPU, its engine run to let copies land.
  * Every random fill uses a fixed seed, printed on failure.
@@ -877,7 +877,7 @@ static void test_sim_gpu_create_arguments(void **state)
     sim_engine_destroy(eng);
 }
 
-/* ---- the device contract (tests/device_contract.c) on this backend -------- */
+/* ---- the device contract (tests/fixtures/device_contract.c) on this backend -------- */
 
 typedef struct sim_contract {
     sim_engine_t *eng;

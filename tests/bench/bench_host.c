@@ -48,7 +48,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "../xorshift.h"
+#include "../fixtures/xorshift.h"
 
 #define BENCH_LAYERS 80
 #define BENCH_HEADS 8

@@ -3,7 +3,7 @@
  * hw/cuda/gpu-check.sh on a machine with a GPU; not a ctest test).
  *
  * 1. Correctness: gather and scatter on the CUDA backend against the host
- *    backend, byte for byte on random data (tests/kv_compare.c), for named
+ *    backend, byte for byte on random data (tests/fixtures/kv_compare.c), for named
  *    shapes covering each vector width the kernels pick (16, 8, 4, 2 and 1
  *    bytes: rows and head offsets of 256, 200, 12, 66 and 3 bytes), for the
  *    fused copies the engine calls (gather_parts / scatter_parts: the CUDA

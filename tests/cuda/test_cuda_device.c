@@ -11,7 +11,7 @@
  * statuses (device out of memory, unknown frees, bad descriptors), events
  * and streams, and the wait fd readable once an event after wait_arm
  * completed. Then the device contract every backend meets
- * (tests/device_contract.c) on GPU 0; without a GPU its tests skip. Set
+ * (tests/fixtures/device_contract.c) on GPU 0; without a GPU its tests skip. Set
  * KVS_EXPECT_GPU=1 where a GPU must be found (the GPU check script does):
  * a failed create then fails the test.
  */
@@ -248,7 +248,7 @@ static void test_cuda_device_wait_fd_signals_events(void **state)
     kvs_cuda_device_destroy(c);
 }
 
-/* ---- the device contract (tests/device_contract.c) on this backend -------- */
+/* ---- the device contract (tests/fixtures/device_contract.c) on this backend -------- */
 
 /* GPU 0, or NULL without one: the contract's tests then skip (and with
  * KVS_EXPECT_GPU=1 fail, through open_gpu). */

@@ -11,7 +11,7 @@
  * (kvs_copy_desc_check, then hw/cuda/copy_args.c for the words, arguments
  * and vector width) and run the emulated grid; fused copies take the
  * core's default, one launch per part, as on the CUDA backend. It is
- * compared with the host backend (tests/kv_compare.c: whole staging blocks
+ * compared with the host backend (tests/fixtures/kv_compare.c: whole staging blocks
  * after gather, whole layer buffers after scatter) on
  *   - gpu_check's named shapes, which take every vector width (16, 8, 4, 2
  *     and 1 bytes), also with every device address shifted off alignment;
@@ -315,7 +315,7 @@ static void compare(fx_t *f, const kvc_shape_t *sh, const variant_t *v, uint64_t
                  label, v->name, (unsigned long long)seed, (unsigned long long)seed, msg);
 }
 
-/* ---- named shapes (kvc_named_shapes, tests/kv_compare.c) ------------------------ */
+/* ---- named shapes (kvc_named_shapes, tests/fixtures/kv_compare.c) ------------------------ */
 
 static const variant_t k_as_launched = {"as launched", {0, 0}, 0};
 

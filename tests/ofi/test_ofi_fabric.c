@@ -6,7 +6,7 @@
  * tcp so that every machine runs it); KVS_OFI_PROVIDERS names others
  * ("verbs" in the rxe VM: test_ofi_fabric_verbs). Two fabrics in this
  * process connect through the TCP bootstrap and, after the fabric
- * contract every backend meets (tests/fabric_contract.c, run last on each
+ * contract every backend meets (tests/fixtures/fabric_contract.c, run last on each
  * provider), write random data with
  * immediates (whole, and split by max_write_bytes and by registration
  * pieces) and check every byte; a write with a key the peer dropped (or
@@ -790,7 +790,7 @@ static int cases_make(ofi_case_t *cases, int max)
     return n;
 }
 
-/* ---- the fabric contract (tests/fabric_contract.c) on each provider ------- */
+/* ---- the fabric contract (tests/fixtures/fabric_contract.c) on each provider ------- */
 
 static bool ofi_contract_open(void *ctx, fp_pair_t *p)
 {

@@ -12,7 +12,7 @@
  * usable one, or the closest to a PCI bus id of this machine's sysfs), and
  * let a loop sleep on the fd of wait_arm: quiet while nothing happens,
  * readable when a message arrives. Then the fabric contract every backend
- * meets (tests/fabric_contract.c) on this device.
+ * meets (tests/fixtures/fabric_contract.c) on this device.
  *
  * Without a device: exits 77 (ctest skip) saying so, unless
  * KVS_RXE_REQUIRED=1 (the VM, CI), where that is a failure. Every wait is
@@ -1050,7 +1050,7 @@ static void require_device(void)
     exit(77);
 }
 
-/* ---- the fabric contract (tests/fabric_contract.c) on this device --------- */
+/* ---- the fabric contract (tests/fixtures/fabric_contract.c) on this device --------- */
 
 static bool verbs_contract_open(void *ctx, fp_pair_t *p)
 {
