@@ -3,9 +3,10 @@
  * scenario.h), shared by the files that make a run: scenario.c (the
  * cluster's life, the workload and router, faults, the run loop),
  * verify.c (the KV pattern written into prefill pools and checked in
- * decode pools), report.c (the report and its metrics) and run.c (failing
- * the run or a request, the KV page pools). Calls go one way:
- * scenario.c -> verify.c, report.c -> run.c.
+ * decode pools), report.c (the report and its metrics), hostile.c (the
+ * hostile writers' fabric wrappers) and run.c (failing the run or a
+ * request, the KV page pools). Calls go one way: scenario.c -> verify.c,
+ * report.c, hostile.c -> run.c.
  */
 #ifndef KVS_SIM_RUN_H
 #define KVS_SIM_RUN_H
@@ -15,6 +16,7 @@
 #include "check.h"
 #include "driver.h"
 #include "engine.h"
+#include "hostile.h"
 #include "kvdata.h"
 #include "trace.h"
 
@@ -144,15 +146,6 @@ typedef struct sim_req {
     sim_req_state_t state;
     uint32_t ranks_ok, ranks_peer, ranks_other, ranks_down; /* results by kind */
 } sim_req_t;
-
-/* A hostile-write fault as it goes (sim_hostile_t). */
-typedef struct sim_hostile_state {
-    bool kept, fired;
-    char peer[64];               /* stale: the decode NIC of the write kept */
-    uint64_t addr, rkey;         /* ... its target and key */
-    uint32_t *pending;           /* [requests]: those in flight when it was kept */
-    uint32_t npending;
-} sim_hostile_state_t;
 
 struct sim_scenario {
     sim_scenario_config_t cfg;
