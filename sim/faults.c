@@ -3,7 +3,8 @@
  * sim_fault_t; run.h): each checked against the cluster before the ranks
  * are made, the timed ones scheduled (links down and up, crashes,
  * restarts), what they set on a rank's GPU and NIC once it is up (the
- * message filter, write errors, slow scatters, a hostile writer's hook),
+ * message filter, write errors, slow scatters; a hostile writer's fabric
+ * wrapper is hostile.c's, made as node.c sets the rank up),
  * and what a crash does to the requests of the rank (failed, as no handler
  * of it can say). A restarted rank is set up again by node.c.
  */
@@ -68,81 +69,6 @@ static void sim_link_event(sim_engine_t *eng, void *ctx, uint64_t arg)
     sim_node_wake(n);
 }
 
-/* Whether the pair of instances (pi, di) stages (as sim_check_ring says). */
-static bool sim_pair_stages(const sim_scenario_t *sc, const sim_inst_t *pi, const sim_inst_t *di)
-{
-    return sc->cfg.staging && (sc->cfg.path == KVS_PATH_STAGING ||
-                               (sc->cfg.path == KVS_PATH_AUTO &&
-                                (pi->tp != di->tp || sc->lay.full_attn_every > 1 ||
-                                 sc->lay.draft_layers > 0)));
-}
-
-/* The node whose NIC is named name, or NULL. */
-static const sim_node_t *sim_node_named(const sim_scenario_t *sc, const char *name)
-{
-    for (int64_t k = 0; k < sc->nprefill + sc->ndecode; k++)
-        if (strcmp(sc->nodes[k].name, name) == 0)
-            return &sc->nodes[k];
-    return NULL;
-}
-
-/* Every request in flight when hostile fault h kept its write has ended:
- * the region of that write was freed. */
-static bool sim_hostile_freed(const sim_scenario_t *sc, const sim_hostile_state_t *h)
-{
-    for (uint32_t k = 0; k < h->npending; k++)
-        if (sc->reqs[h->pending[k]].state != SIM_REQ_DONE)
-            return false;
-    return true;
-}
-
-/* The write hook of a rank a hostile-write fault names (after the test's
- * own, cfg.write_hook, which sees every write first): the fault's one
- * write goes astray as sim_hostile_t says, and is marked planted so the
- * bytes of it that land are counted (a violation). Staged writes only:
- * the direct and slice paths write into the decode's KV pages under its
- * whole-pool keys, which are not scoped yet (docs/security.md). */
-static bool sim_hostile_hook(void *ctx, const char *nic, const char *peer,
-                             uint64_t *remote_addr, uint64_t *rkey, uint64_t len)
-{
-    sim_node_t *n = ctx;
-    sim_scenario_t *sc = n->sc;
-    const bool planted = sc->cfg.write_hook != NULL &&
-                         sc->cfg.write_hook(sc->cfg.hook_ctx, nic, peer, remote_addr, rkey, len);
-    const sim_node_t *d = sim_node_named(sc, peer);
-    if (d == NULL || d->role != KVS_ROLE_DECODE || !sim_pair_stages(sc, n->inst, d->inst))
-        return planted;
-    const uint64_t now = sim_engine_now_ns(sc->eng);
-    for (uint32_t i = 0; i < sc->cfg.nfaults; i++) {
-        const sim_fault_t *f = &sc->cfg.faults[i];
-        sim_hostile_state_t *h = &sc->hostile[i];
-        if (f->kind != SIM_FAULT_HOSTILE_WRITE || h->fired || now < f->at_ns ||
-            sim_fault_node(sc, i, f) != n)
-            continue;
-        if (f->hostile == SIM_HOSTILE_OUTSIDE) {
-            *remote_addr += len;
-        } else if (!h->kept) { /* this one goes right; its target and key are kept */
-            h->kept = true;
-            snprintf(h->peer, sizeof h->peer, "%s", peer);
-            h->addr = *remote_addr;
-            h->rkey = *rkey;
-            for (uint32_t k = 0; k < sc->cfg.requests; k++)
-                if (sc->reqs[k].state == SIM_REQ_ADMITTED)
-                    h->pending[h->npending++] = k;
-            continue;
-        } else if (strcmp(peer, h->peer) != 0 || !sim_hostile_freed(sc, h)) {
-            continue;
-        } else {
-            *remote_addr = h->addr;
-            *rkey = h->rkey;
-        }
-        h->fired = true;
-        sc->hostile_writes++;
-        return true;
-    }
-    return planted;
-}
-
 /* What the faults set on rank n's GPU and NIC, once it is up (again
  * after a restart). */
 void sim_faults_arm(sim_scenario_t *sc, sim_node_t *n)
@@ -155,8 +81,6 @@ void sim_faults_arm(sim_scenario_t *sc, sim_node_t *n)
             sim_nic_set_write_error(n->nic, f->num, f->den);
         if (f->kind == SIM_FAULT_SLOW_SCATTER && sim_fault_node(sc, i, f) == n)
             sim_gpu_set_scatter_slowdown(n->gpu, f->factor > 0 ? f->factor : 1);
-        if (f->kind == SIM_FAULT_HOSTILE_WRITE && sim_fault_node(sc, i, f) == n)
-            sim_nic_set_write_hook(n->nic, sim_hostile_hook, n); /* calls cfg.write_hook */
     }
 }
 
@@ -308,10 +232,8 @@ int sim_faults_check(sim_scenario_t *sc)
             if (n->role != KVS_ROLE_PREFILL)
                 return sim_fail(sc, KVS_EINVAL, "fault %u: a hostile write is a prefill "
                                 "rank's: name one (p<tp>[.<pp>][@<instance>])", i);
-            sc->hostile[i].pending = calloc(sc->cfg.requests, sizeof *sc->hostile[i].pending);
-            if (sc->hostile[i].pending == NULL)
-                rc = KVS_ENOMEM;
-            break; /* the rank's write hook, at its creation */
+            rc = sim_hostile_add(sc, i, n);
+            break; /* the rank's fabric wrapped, at its creation (hostile.c) */
         }
         if (rc != KVS_OK)
             return sim_fail(sc, rc, "scheduling fault %u failed", i);

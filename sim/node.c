@@ -225,7 +225,12 @@ int sim_node_setup(sim_scenario_t *sc, sim_node_t *n, uint32_t gpu_id)
                                     .draft_k_base = n->draft_k_base,
                                     .draft_v_base = n->draft_v_base};
     kvs_error_t err = {0};
-    rc = kvs_rank_create(&rcfg, dev, sim_nic_fabric(n->nic), &n->rank, &err);
+    kvs_fabric_t *fab = NULL; /* its NIC's, wrapped by the hostile writers naming it */
+    if ((rc = sim_hostile_fabric(sc, n, &fab)) != KVS_OK) {
+        free(layers);
+        return rc;
+    }
+    rc = kvs_rank_create(&rcfg, dev, fab, &n->rank, &err);
     free(layers);
     if (rc != KVS_OK && n->hbm_full) {
         /* The fault under test: the rank reports why and stays down; the

@@ -6,10 +6,11 @@
  * faults.c (the faults injected, crashes and restarts), workload.c (the
  * requests: arrivals, the router, admission, prefill compute, results),
  * verify.c (the KV pattern written into prefill pools and checked in
- * decode pools), report.c (the report and its metrics) and run.c (failing
- * the run or a request, the KV page pools). Calls go one way:
- * scenario.c -> faults.c -> node.c, workload.c -> verify.c, report.c ->
- * run.c (node.c hands workload.c's result callbacks to each rank's driver;
+ * decode pools), report.c (the report and its metrics), hostile.c (the
+ * hostile writers' fabric wrappers) and run.c (failing the run or a
+ * request, the KV page pools). Calls go one way: scenario.c -> faults.c
+ * -> node.c, workload.c -> hostile.c, verify.c, report.c -> run.c
+ * (node.c hands workload.c's result callbacks to each rank's driver;
  * faults.c schedules its own events); tests/call_graph.py checks that no
  * two of them call each other.
  */
@@ -21,6 +22,7 @@
 #include "check.h"
 #include "driver.h"
 #include "engine.h"
+#include "hostile.h"
 #include "kvdata.h"
 #include "trace.h"
 
@@ -150,15 +152,6 @@ typedef struct sim_req {
     sim_req_state_t state;
     uint32_t ranks_ok, ranks_peer, ranks_other, ranks_down; /* results by kind */
 } sim_req_t;
-
-/* A hostile-write fault as it goes (sim_hostile_t). */
-typedef struct sim_hostile_state {
-    bool kept, fired;
-    char peer[64];               /* stale: the decode NIC of the write kept */
-    uint64_t addr, rkey;         /* ... its target and key */
-    uint32_t *pending;           /* [requests]: those in flight when it was kept */
-    uint32_t npending;
-} sim_hostile_state_t;
 
 struct sim_scenario {
     sim_scenario_config_t cfg;

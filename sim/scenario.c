@@ -184,8 +184,7 @@ int sim_scenario_run(const sim_scenario_config_t *cfg, sim_report_t *out, char *
     free(sc->reqs);
     free(sc->slot_runs);
     free(sc->aux_buf);
-    for (uint32_t i = 0; i < SIM_MAX_FAULTS; i++)
-        free(sc->hostile[i].pending);
+    sim_hostile_free(sc);
     free(sc);
     return rc;
 }

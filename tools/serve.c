@@ -325,18 +325,18 @@ static int cli_serve_prompt(const char *text, int64_t *min, int64_t *max)
     return rc;
 }
 
-/* The write faults, by name (serve_fault.h). */
+/* The write faults, by name (kvstage/fault_fabric.h). */
 static const struct {
     const char *name; /* with its colon */
     const char *flag; /* as an error names it */
-    cli_fault_kind_t kind;
+    kvs_fault_kind_t kind;
 } cli_serve_write_faults[] = {
-    {"write-error:", "--fault write-error", CLI_FAULT_WRITE_ERROR},
-    {"hostile-write:", "--fault hostile-write", CLI_FAULT_HOSTILE_WRITE},
-    {"stale-write:", "--fault stale-write", CLI_FAULT_STALE_WRITE},
+    {"write-error:", "--fault write-error", KVS_FAULT_WRITE_ERROR},
+    {"hostile-write:", "--fault hostile-write", KVS_FAULT_HOSTILE_WRITE},
+    {"stale-write:", "--fault stale-write", KVS_FAULT_STALE_WRITE},
 };
 
-static const char *cli_serve_write_fault_flag(cli_fault_kind_t kind)
+static const char *cli_serve_write_fault_flag(kvs_fault_kind_t kind)
 {
     for (size_t i = 0; i < sizeof cli_serve_write_faults / sizeof cli_serve_write_faults[0]; i++)
         if (cli_serve_write_faults[i].kind == kind)
@@ -1111,7 +1111,7 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
                             (!pl->swap_pages || swapped > 0);
     /* A write after its region was freed must be refused by the decode's
      * NIC (its key was revoked), not merely fail some other way. */
-    const bool stale_refused = pl->fail_write == 0 || pl->write_fault != CLI_FAULT_STALE_WRITE ||
+    const bool stale_refused = pl->fail_write == 0 || pl->write_fault != KVS_FAULT_STALE_WRITE ||
                                stale == KVS_EREMOTE;
     /* A replay is HELLO and REGISTER at least, and the prefill answered. */
     const bool replay_made = !decode || !pl->replay_registration ||
@@ -1216,9 +1216,9 @@ static int cli_serve_report(const cli_serve_input_t *in, cli_serve_rank_t *ranks
         if (pl->fail_write > 0)
             printf("  spoiled writes   %" PRIu64 " (%s:%" PRIu64 ")%s%s\n", spoiled,
                    cli_serve_write_fault_flag(pl->write_fault), pl->fail_write,
-                   pl->write_fault == CLI_FAULT_STALE_WRITE ? "; posted again after its "
+                   pl->write_fault == KVS_FAULT_STALE_WRITE ? "; posted again after its "
                                                               "region was freed: " : "",
-                   pl->write_fault == CLI_FAULT_STALE_WRITE ? stale_name : "");
+                   pl->write_fault == KVS_FAULT_STALE_WRITE ? stale_name : "");
         if (decode && pl->swap_pages)
             printf("  swapped pages    %" PRIu64 " rooms given their first two pages swapped "
                    "(--fault swap-pages): their rows must show up as corrupt\n", swapped);

@@ -57,14 +57,13 @@
 
 #include <kvstage/backend.h>
 #include <kvstage/driver.h>
+#include <kvstage/fault_fabric.h>
 #include <kvstage/host.h>
 #include <kvstage/sim.h>
 #include <kvstage/verbs.h>
 #ifdef KVS_CLI_OFI
 #include <kvstage/ofi.h>
 #endif
-
-#include "serve_fault.h"
 
 /* How often a rank's thread, waiting for results, looks at the process's
  * stop flag (a sibling rank failed), the time-out and a refused
@@ -73,6 +72,22 @@
 /* How often the linger looks again for unacknowledged messages. */
 #define CLI_SERVE_UNACKED_NS 2000000u
 
+/* How far --fault hostile-write moves its write: past any region of
+ * serve's checks' shapes (test_serve.sh: at most 192 KiB), still inside
+ * their 1 MiB ring when the region starts in its first 768 KiB. */
+#define CLI_FAULT_HOSTILE_SHIFT (UINT64_C(256) << 10)
+
+/* Which writes a --fault write fault may spoil: any but one under a split
+ * registration's handle (bit 63 of the key, the verbs fabric's: the
+ * fabric looks the piece's key up behind it, so flipping its low bits
+ * names no unregistered key); the next plain write is taken instead. */
+static bool cli_rank_fault_pick(void *ctx, kvs_conn_t *conn, const kvs_write_desc_t *desc)
+{
+    (void)ctx;
+    (void)conn;
+    return (desc->rkey >> 63) == 0;
+}
+
 typedef struct cli_rank_ctx {
     cli_serve_rank_t *r;
     const cli_serve_plan_t *plan;
@@ -80,7 +95,7 @@ typedef struct cli_rank_ctx {
     kvs_host_device_t *host;
     kvs_device_t *dev;
     kvs_fabric_t *real;         /* the real fabric (verbs or ofi) */
-    cli_fault_fabric_t *fault;  /* wrapper when this rank injects a fault */
+    kvs_fault_fabric_t *fault;  /* wrapper when this rank injects a fault */
     kvs_fabric_t *fab;          /* what the core uses */
     kvs_rank_t *rank;
     kvs_driver_t *drv;
@@ -547,12 +562,15 @@ static int cli_rank_setup(cli_rank_ctx_t *c)
     const bool write_fault = !decode && pl->fail_write > 0;
     const bool replay = decode && pl->replay_registration;
     if (c->r->tp == 0 && c->r->pp == 0 && c->r->cp == 0 && (write_fault || replay)) {
-        if ((rc = cli_fault_fabric_create(c->real, write_fault ? pl->fail_write : 0,
-                                           write_fault ? pl->write_fault
-                                                       : CLI_FAULT_REPLAY_REGISTRATION,
-                                           &c->fault)) != KVS_OK)
+        const kvs_fault_fabric_config_t fc = {
+            .kind = write_fault ? pl->write_fault : KVS_FAULT_REPLAY_REGISTRATION,
+            .fail_write = write_fault ? pl->fail_write : 0,
+            .hostile_shift_bytes = CLI_FAULT_HOSTILE_SHIFT,
+            .stale = KVS_FAULT_STALE_REPOST, /* posted again when its rooms are over */
+            .pick = cli_rank_fault_pick};
+        if ((rc = kvs_fault_fabric_create(c->real, &fc, &c->fault)) != KVS_OK)
             return cli_rank_fail(c, rc, "%s: fault wrapper: %s", who, kvs_strerror(rc));
-        c->fab = cli_fault_fabric(c->fault);
+        c->fab = kvs_fault_fabric(c->fault);
     }
 
     /* Its stage's layers: stages need not split evenly (spec §4). The
@@ -827,7 +845,7 @@ static int cli_rank_connect(cli_rank_ctx_t *c, uint64_t deadline_ns)
         const int refused = rc >= 0 ? cli_rank_refused(c) : KVS_OK;
         if (refused == KVS_OK && c->fault != NULL &&
             kvs_rank_peers_ready(c->rank) >= sources) /* --fault replay-registration */
-            cli_fault_fabric_registered(c->fault);
+            kvs_fault_fabric_registered(c->fault);
         if (refused != KVS_OK)
             return refused;
         /* Its own sleep is bounded, for the stop flag and the time-out. */
@@ -1002,7 +1020,7 @@ static void cli_rank_linger(cli_rank_ctx_t *c)
                                over now; the driver's thread makes the fault at its
                                next poll, so wake it (idle, it sleeps until the
                                fabric has news) */
-        cli_fault_fabric_arm(c->fault);
+        kvs_fault_fabric_arm(c->fault);
         kvs_driver_wake(c->drv);
     }
     while (!cli_rank_fabric_failed(c)) {
@@ -1017,7 +1035,7 @@ static void cli_rank_linger(cli_rank_ctx_t *c)
         }
         kvs_handler_stats_t hs;
         kvs_rank_stats(c->rank, &hs);
-        if (hs.msgs_unacked == 0 && (c->fault == NULL || cli_fault_fabric_settled(c->fault)))
+        if (hs.msgs_unacked == 0 && (c->fault == NULL || kvs_fault_fabric_settled(c->fault)))
             break;
         cli_rank_sleep(c, now + CLI_SERVE_UNACKED_NS);
     }
@@ -1031,9 +1049,9 @@ static void cli_rank_teardown(cli_rank_ctx_t *c)
     }
     c->r->stale_status = 1;
     if (c->fault != NULL) {
-        c->r->spoiled_writes = cli_fault_fabric_spoiled(c->fault);
-        c->r->stale_status = cli_fault_fabric_stale_status(c->fault);
-        c->r->replayed = cli_fault_fabric_replayed(c->fault, &c->r->replay_status,
+        c->r->spoiled_writes = kvs_fault_fabric_spoiled(c->fault);
+        c->r->stale_status = kvs_fault_fabric_stale_status(c->fault);
+        c->r->replayed = kvs_fault_fabric_replayed(c->fault, &c->r->replay_status,
                                                    &c->r->replay_answers);
     }
     if (c->drv != NULL && c->plan->disc != NULL)
@@ -1050,7 +1068,7 @@ static void cli_rank_teardown(cli_rank_ctx_t *c)
     kvs_rank_destroy(c->rank);
     if (c->pool_addr != 0)
         (void)c->dev->ops.mem_free(c->dev, c->pool_addr);
-    cli_fault_fabric_destroy(c->fault);
+    kvs_fault_fabric_destroy(c->fault);
     if (c->real != NULL) {
         int rc = KVS_OK;
 #ifdef KVS_CLI_OFI

@@ -44,9 +44,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <kvstage/fault_fabric.h>
 #include <kvstage/kvstage.h>
-
-#include "serve_fault.h"
 
 /* A prefill instance as the decode process knows it. */
 typedef struct cli_serve_instance {
@@ -91,7 +90,7 @@ typedef struct cli_serve_plan {
     uint16_t listen_port;       /* prefill rank (t, s) of CP rank c listens on
                                    listen_port + (c * Pp + s) * P + t */
     uint64_t fail_write;        /* prefill rank (0, 0): spoil this write (1-based), 0: none */
-    cli_fault_kind_t write_fault; /* ... how (serve_fault.h) */
+    kvs_fault_kind_t write_fault; /* ... how (kvstage/fault_fabric.h) */
     bool replay_registration;   /* decode rank (0, 0): replay its registration
                                    on a new connection at the end */
     bool swap_pages;            /* decode: give the core each room's pages with
