@@ -174,13 +174,12 @@ static int hw_ofi_sock_write(int fd, const uint8_t *buf, size_t len, uint64_t de
     return 0;
 }
 
-static void hw_ofi_sock_watch(kvs_conn_t *c)
+/* Watches c's socket in the boot set, keyed by its slot: KVS_OK, else
+ * KVS_EBACKEND with the reason recorded on the fabric. */
+static int hw_ofi_sock_watch(kvs_conn_t *c)
 {
-    hw_ofi_fabric_t *f = c->fab;
-    if (hw_net_waitset_add(&f->boot, c->sock, c->net.slot, HW_NET_WAIT_IN | HW_NET_WAIT_HUP) !=
-        KVS_OK)
-        hw_ofi_conn_fail(c, KVS_EBACKEND, "the bootstrap socket of %s: %s", c->net.peer,
-                         f->base.last_backend_msg);
+    return hw_net_waitset_add(&c->fab->boot, c->sock, c->net.slot,
+                              HW_NET_WAIT_IN | HW_NET_WAIT_HUP);
 }
 
 /* The connection is up: keys first, before any message of the user. */
@@ -215,7 +214,11 @@ static void hw_ofi_accept(hw_ofi_fabric_t *f)
         }
         c->sock = fd;
         hw_ofi_sockaddr_text(&ss, c->net.peer, sizeof c->net.peer);
-        hw_ofi_sock_watch(c);
+        if (hw_ofi_sock_watch(c) != KVS_OK) {
+            kvs_log_write(&f->cfg.log, KVS_LOG_WARN, "ofi fabric %s: connection from %s "
+                          "refused: %s", f->address, c->net.peer, f->base.last_backend_msg);
+            hw_ofi_conn_free(c);
+        }
     }
 }
 
@@ -359,7 +362,10 @@ static int hw_ofi_dial(kvs_conn_t *c, const struct sockaddr_storage *dst, uint64
     }
     if ((rc = hw_ofi_hello_take(c, c->hello, why, why_bytes)) != KVS_OK)
         return rc;
-    hw_ofi_sock_watch(c);
+    if (hw_ofi_sock_watch(c) != KVS_OK) {
+        snprintf(why, why_bytes, "%s", f->base.last_backend_msg);
+        return KVS_EBACKEND;
+    }
     return KVS_OK;
 }
 
