@@ -21,8 +21,8 @@
  * The slots themselves and their tokens are hw/net/conn_table.h's; what
  * failing and freeing a connection mean here, conn.c's.
  *
- * Invariants: sockets of HELLO and UP connections are in boot_fd, keyed by
- * slot (the listener by UINT64_MAX).
+ * Invariants: sockets of HELLO and UP connections are in the boot wait set
+ * (hw/net/waitset.h), keyed by slot (the listener by UINT64_MAX).
  */
 #define _GNU_SOURCE /* accept4 */
 
@@ -30,13 +30,13 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
 #include <unistd.h>
 
 #define HW_OFI_LISTENER_KEY UINT64_MAX
@@ -71,13 +71,11 @@ int hw_ofi_listen(hw_ofi_fabric_t *f, char *why, size_t why_bytes)
                                                     : sizeof(struct sockaddr_in6);
     f->listen_fd = socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     const int one = 1;
-    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = HW_OFI_LISTENER_KEY};
     if (f->listen_fd < 0 ||
         setsockopt(f->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
         bind(f->listen_fd, (struct sockaddr *)&sa, salen) != 0 ||
         listen(f->listen_fd, 64) != 0 ||
-        getsockname(f->listen_fd, (struct sockaddr *)&sa, &(socklen_t){sizeof sa}) != 0 ||
-        epoll_ctl(f->boot_fd, EPOLL_CTL_ADD, f->listen_fd, &ev) != 0) {
+        getsockname(f->listen_fd, (struct sockaddr *)&sa, &(socklen_t){sizeof sa}) != 0) {
         const int e = errno;
         snprintf(why, why_bytes, "bootstrap listener on %s port %u: %s%s", ip,
                  f->cfg.listen_port, strerror(e),
@@ -85,6 +83,12 @@ int hw_ofi_listen(hw_ofi_fabric_t *f, char *why, size_t why_bytes)
                                    "listen_port (or 0 for any)"
                  : e == EADDRNOTAVAIL ? ": bind_addr is not an address of this host" : "");
         return KVS_EINVAL;
+    }
+    if (hw_net_waitset_add(&f->boot, f->listen_fd, HW_OFI_LISTENER_KEY, HW_NET_WAIT_IN) !=
+        KVS_OK) {
+        snprintf(why, why_bytes, "bootstrap listener on %s port %u: %s", ip,
+                 f->cfg.listen_port, f->base.last_backend_msg);
+        return KVS_EBACKEND;
     }
     hw_ofi_sockaddr_text(&sa, f->address, sizeof f->address);
     return KVS_OK;
@@ -165,17 +169,17 @@ static int hw_ofi_sock_write(int fd, const uint8_t *buf, size_t len, uint64_t de
         if (now >= deadline_ns)
             return -ETIMEDOUT;
         struct pollfd p = {.fd = fd, .events = POLLOUT};
-        (void)poll(&p, 1, (int)((deadline_ns - now) / 1000000u) + 1);
+        (void)poll(&p, 1, hw_net_ms_until(now, deadline_ns, INT_MAX));
     }
     return 0;
 }
 
-static void hw_ofi_sock_watch(kvs_conn_t *c)
+/* Watches c's socket in the boot set, keyed by its slot: KVS_OK, else
+ * KVS_EBACKEND with the reason recorded on the fabric. */
+static int hw_ofi_sock_watch(kvs_conn_t *c)
 {
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.u64 = c->net.slot};
-    if (epoll_ctl(c->fab->boot_fd, EPOLL_CTL_ADD, c->sock, &ev) != 0)
-        hw_ofi_conn_fail(c, KVS_EBACKEND, "watching the bootstrap socket of %s failed: %s",
-                         c->net.peer, strerror(errno));
+    return hw_net_waitset_add(&c->fab->boot, c->sock, c->net.slot,
+                              HW_NET_WAIT_IN | HW_NET_WAIT_HUP);
 }
 
 /* The connection is up: keys first, before any message of the user. */
@@ -210,7 +214,11 @@ static void hw_ofi_accept(hw_ofi_fabric_t *f)
         }
         c->sock = fd;
         hw_ofi_sockaddr_text(&ss, c->net.peer, sizeof c->net.peer);
-        hw_ofi_sock_watch(c);
+        if (hw_ofi_sock_watch(c) != KVS_OK) {
+            kvs_log_write(&f->cfg.log, KVS_LOG_WARN, "ofi fabric %s: connection from %s "
+                          "refused: %s", f->address, c->net.peer, f->base.last_backend_msg);
+            hw_ofi_conn_free(c);
+        }
     }
 }
 
@@ -233,7 +241,7 @@ static void hw_ofi_hello_read(kvs_conn_t *c)
     uint8_t h[HW_OFI_HELLO_BYTES];
     int rc = hw_ofi_hello_take(c, c->hello, why, sizeof why);
     hw_ofi_hello_make(f, h, rc == KVS_OK ? 0 : 1, hw_net_conn_token(&c->net), why);
-    const uint64_t deadline = hw_net_now_ns() + (uint64_t)f->cfg.connect_timeout_ms * 1000000u;
+    const uint64_t deadline = hw_net_deadline_ns(hw_net_now_ns(), f->cfg.connect_timeout_ms);
     if (hw_ofi_sock_write(c->sock, h, sizeof h, deadline) != 0 || rc != KVS_OK) {
         kvs_log_write(&f->cfg.log, KVS_LOG_WARN, "ofi fabric %s: connection from %s refused: %s",
                    f->address, c->net.peer, rc != KVS_OK ? why : "its socket failed");
@@ -250,7 +258,7 @@ static void hw_ofi_sock_event(kvs_conn_t *c, uint32_t events)
     uint8_t junk[64];
     ssize_t n = recv(c->sock, junk, sizeof junk, MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) &&
-        (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) == 0)
+        (events & HW_NET_WAIT_HUP) == 0)
         return;
     const char *what = n == 0 ? "closed its end" : n > 0 ? "sent bytes on the bootstrap socket"
                                                          : strerror(errno);
@@ -265,18 +273,18 @@ static void hw_ofi_sock_event(kvs_conn_t *c, uint32_t events)
 
 void hw_ofi_boot_progress(hw_ofi_fabric_t *f)
 {
-    struct epoll_event evs[16];
-    const int n = epoll_wait(f->boot_fd, evs, 16, 0);
+    hw_net_ready_t ready[16];
+    const int n = hw_net_waitset_drain(&f->boot, ready, 16); /* a failure: recorded, no events */
     for (int i = 0; i < n; i++) {
-        if (evs[i].data.u64 == HW_OFI_LISTENER_KEY) {
+        if (ready[i].key == HW_OFI_LISTENER_KEY) {
             hw_ofi_accept(f);
             continue;
         }
-        kvs_conn_t *c = &f->conns[evs[i].data.u64];
+        kvs_conn_t *c = &f->conns[ready[i].key];
         if (c->net.state == HW_OFI_CONN_HELLO)
             hw_ofi_hello_read(c);
         else if (c->net.state == HW_NET_CONN_UP && c->sock >= 0)
-            hw_ofi_sock_event(c, evs[i].events);
+            hw_ofi_sock_event(c, ready[i].events);
     }
 }
 
@@ -324,9 +332,8 @@ static int hw_ofi_dial(kvs_conn_t *c, const struct sockaddr_storage *dst, uint64
             return KVS_ETIMEDOUT;
         }
         struct pollfd p[2] = {{.fd = c->sock, .events = sent ? POLLIN : POLLOUT},
-                              {.fd = f->boot_fd, .events = POLLIN}};
-        const uint64_t left_ms = (deadline - now) / 1000000u + 1;
-        (void)poll(p, 2, left_ms > 100 ? 100 : (int)left_ms);
+                              {.fd = f->boot.fd, .events = POLLIN}};
+        (void)poll(p, 2, hw_net_ms_until(now, deadline, 100));
         if (p[1].revents & POLLIN) /* peers connecting to us meanwhile */
             hw_ofi_boot_progress(f);
         if (!sent && (p[0].revents & (POLLOUT | POLLERR | POLLHUP))) {
@@ -355,7 +362,10 @@ static int hw_ofi_dial(kvs_conn_t *c, const struct sockaddr_storage *dst, uint64
     }
     if ((rc = hw_ofi_hello_take(c, c->hello, why, why_bytes)) != KVS_OK)
         return rc;
-    hw_ofi_sock_watch(c);
+    if (hw_ofi_sock_watch(c) != KVS_OK) {
+        snprintf(why, why_bytes, "%s", f->base.last_backend_msg);
+        return KVS_EBACKEND;
+    }
     return KVS_OK;
 }
 
@@ -372,7 +382,7 @@ int hw_ofi_connect(kvs_fabric_t *fab, const char *peer, kvs_conn_t **out)
         return hw_net_conn_full(&f->connt);
     c->net.active = true;
     snprintf(c->net.peer, sizeof c->net.peer, "%s", peer);
-    const uint64_t deadline = hw_net_now_ns() + (uint64_t)f->cfg.connect_timeout_ms * 1000000u;
+    const uint64_t deadline = hw_net_deadline_ns(hw_net_now_ns(), f->cfg.connect_timeout_ms);
     rc = hw_ofi_dial(c, &dst, deadline, why, sizeof why);
     if (rc != KVS_OK) {
         hw_ofi_conn_free(c);

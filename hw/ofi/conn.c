@@ -7,14 +7,13 @@
  * registrations (mr.c) and the completions (poll.c) can each fail a
  * connection without calling one another.
  *
- * Invariants: a connection's socket, while it has one, is in boot_fd,
- * keyed by slot; deaths counts the DEAD connections the user knows and
- * was not told of yet.
+ * Invariants: a connection's socket, while it has one, is in the boot
+ * wait set, keyed by slot; deaths counts the DEAD connections the user
+ * knows and was not told of yet.
  */
 #include "hw_ofi.h"
 
 #include <stdarg.h>
-#include <sys/epoll.h>
 #include <unistd.h>
 
 kvs_conn_t *hw_ofi_conn_alloc(hw_ofi_fabric_t *f, hw_ofi_conn_state_t state)
@@ -31,7 +30,7 @@ void hw_ofi_conn_sock_close(kvs_conn_t *c)
 {
     if (c->sock < 0)
         return;
-    (void)epoll_ctl(c->fab->boot_fd, EPOLL_CTL_DEL, c->sock, NULL);
+    (void)hw_net_waitset_remove(&c->fab->boot, c->sock); /* closing removes it too */
     close(c->sock);
     c->sock = -1;
 }

@@ -36,8 +36,8 @@
  * peer's message never wakes, get a queue without, and wait_arm then has
  * the driver wake every millisecond), the endpoint bound to both, the send
  * and receive rings registered once, every receive posted, the bootstrap
- * listener and the epoll fds. Every failure unwinds in reverse and says
- * what to change.
+ * listener and the wait sets (hw/net/waitset.h). Every failure unwinds in
+ * reverse and says what to change.
  */
 #include "hw_ofi.h"
 
@@ -45,7 +45,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
 #include <unistd.h>
 
 #define HW_OFI_DEFAULT_CONNS 16u
@@ -200,10 +199,8 @@ static void hw_ofi_free(hw_ofi_fabric_t *f)
         f->lib.freeinfo(f->info);
     if (f->listen_fd >= 0)
         close(f->listen_fd);
-    if (f->boot_fd >= 0)
-        close(f->boot_fd);
-    if (f->wait_fd >= 0)
-        close(f->wait_fd);
+    hw_net_waitset_destroy(&f->waits);
+    hw_net_waitset_destroy(&f->boot);
     free(f->conns);
     free(f->mrs);
     free(f->grants);
@@ -446,24 +443,20 @@ static int hw_ofi_open(hw_ofi_fabric_t *f, char *why, size_t why_bytes)
     return KVS_OK;
 }
 
-/* The epoll fds: boot_fd over the bootstrap sockets, wait_fd over it and
- * the completion queue's fd. */
-static int hw_ofi_epolls(hw_ofi_fabric_t *f, char *why, size_t why_bytes)
+/* The wait sets: boot over the bootstrap sockets (boot.c adds them), waits
+ * over boot's fd and the completion queue's fd. */
+static int hw_ofi_wait_sets(hw_ofi_fabric_t *f, char *why, size_t why_bytes)
 {
-    f->boot_fd = epoll_create1(EPOLL_CLOEXEC);
-    f->wait_fd = epoll_create1(EPOLL_CLOEXEC);
-    struct epoll_event be = {.events = EPOLLIN, .data.fd = f->boot_fd};
-    struct epoll_event ce = {.events = EPOLLIN, .data.fd = f->cq_fd};
-    if (f->boot_fd < 0 || f->wait_fd < 0 ||
-        epoll_ctl(f->wait_fd, EPOLL_CTL_ADD, f->boot_fd, &be) != 0 ||
-        (f->cq_fd >= 0 && epoll_ctl(f->wait_fd, EPOLL_CTL_ADD, f->cq_fd, &ce) != 0)) {
-        const int e = errno;
-        snprintf(why, why_bytes, "making the wait fd of %s (epoll) failed: %s%s", f->name,
-                 strerror(e),
-                 e == EMFILE || e == ENFILE ? ": raise the open file limit (ulimit -n)" : "");
-        return KVS_EBACKEND;
-    }
-    return KVS_OK;
+    int rc;
+    if ((rc = hw_net_waitset_create(&f->boot, &f->base, f->name)) != KVS_OK ||
+        (rc = hw_net_waitset_create(&f->waits, &f->base, f->name)) != KVS_OK ||
+        (rc = hw_net_waitset_add(&f->waits, f->boot.fd, HW_OFI_WAIT_BOOT, HW_NET_WAIT_IN)) !=
+            KVS_OK ||
+        (f->cq_fd >= 0 &&
+         (rc = hw_net_waitset_add(&f->waits, f->cq_fd, HW_OFI_WAIT_CQ, HW_NET_WAIT_IN)) !=
+             KVS_OK))
+        snprintf(why, why_bytes, "%s", f->base.last_backend_msg);
+    return rc;
 }
 
 int kvs_ofi_fabric_create(const kvs_ofi_config_t *cfg, kvs_fabric_t **out, kvs_error_t *err)
@@ -476,7 +469,7 @@ int kvs_ofi_fabric_create(const kvs_ofi_config_t *cfg, kvs_fabric_t **out, kvs_e
     hw_ofi_fabric_t *f = calloc(1, sizeof *f);
     if (f == NULL)
         return KVS_ERROR_SET(err, KVS_ENOMEM, 0, "no memory for an ofi fabric");
-    f->cq_fd = f->boot_fd = f->wait_fd = f->listen_fd = -1;
+    f->cq_fd = f->listen_fd = -1;
     int rc = hw_ofi_config(cfg, f, err);
     if (rc != KVS_OK) {
         free(f);
@@ -516,7 +509,7 @@ int kvs_ofi_fabric_create(const kvs_ofi_config_t *cfg, kvs_fabric_t **out, kvs_e
             goto fail;
         }
     }
-    if ((rc = hw_ofi_epolls(f, why, sizeof why)) != KVS_OK ||
+    if ((rc = hw_ofi_wait_sets(f, why, sizeof why)) != KVS_OK ||
         (rc = hw_ofi_listen(f, why, sizeof why)) != KVS_OK)
         goto fail;
     rc = kvs_fabric_init(&f->base, &hw_ofi_ops, f->name);

@@ -51,6 +51,7 @@
 #include "mr_table.h"
 #include "net_util.h"
 #include "rkeys.h"
+#include "waitset.h"
 
 #define HW_OFI_WIRE_VERSION 2u /* 2: IMM messages */
 #define HW_OFI_HDR_BYTES 8u
@@ -60,6 +61,9 @@
 #define HW_OFI_GRACE_NS 200000000u  /* a peer's socket ended: wait this long for its BYE */
 #define HW_OFI_DRAIN_NS 200000000u  /* destroy waits at most this long for its BYEs */
 #define HW_OFI_MAX_SLOTS 65535u
+/* The keys of the fds in the fabric's wait set (waits): the boot set's, the CQ's. */
+#define HW_OFI_WAIT_BOOT 0u
+#define HW_OFI_WAIT_CQ 1u
 
 /* ---- libfabric itself (lib.c) ------------------------------------------ */
 
@@ -190,7 +194,7 @@ int hw_ofi_listen(hw_ofi_fabric_t *f, char *why, size_t why_bytes);
 int hw_ofi_connect(kvs_fabric_t *fab, const char *peer, kvs_conn_t **out);
 void hw_ofi_disconnect(kvs_fabric_t *fab, kvs_conn_t *conn);
 /* Accepts peers, reads HELLOs and notices sockets that ended, without
- * blocking (epoll over the bootstrap fds). */
+ * blocking (the drain of the boot wait set). */
 void hw_ofi_boot_progress(hw_ofi_fabric_t *f);
 /* ---- the connection table (conn.c, over hw/net/conn_table.h) ---------- */
 
@@ -307,8 +311,8 @@ struct hw_ofi_fabric {
     uint8_t ep_name[HW_OFI_NAME_MAX];
     size_t ep_name_len;
     int cq_fd;               /* fi_control FI_GETWAIT, -1: none */
-    int boot_fd;             /* epoll over the listener and connection sockets */
-    int wait_fd;             /* epoll over cq_fd and boot_fd (wait_arm) */
+    hw_net_waitset_t boot;   /* the listener and connection sockets (boot.c's keys) */
+    hw_net_waitset_t waits;  /* cq_fd and boot's fd (wait_arm); zeroed: none yet */
     int listen_fd;
     kvs_conn_t *conns;       /* max_conns */
     hw_net_conns_t connt;    /* the table over conns */

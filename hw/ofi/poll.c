@@ -14,10 +14,11 @@
  * error only reposts the buffer.
  *
  * wait_arm: fi_trywait on the queue (it says when entries are already
- * there: wake now), and the epoll fd over the queue's wait fd and the
- * bootstrap's epoll fd; wake time now when something waits to be
- * reported, the earliest grace timer otherwise, and a millisecond while
- * the provider refuses requests (the backlog) or has no wait fd.
+ * there: wake now), and the wait set's fd (hw/net/waitset.h) over the
+ * queue's wait fd and the bootstrap's set; wake time now when something
+ * waits to be reported, the earliest grace timer otherwise, and a
+ * millisecond while the provider refuses requests (the backlog) or has no
+ * wait fd.
  */
 #include "hw_ofi.h"
 
@@ -252,28 +253,22 @@ int hw_ofi_poll(kvs_fabric_t *fab, kvs_completion_t *out, int max)
 int hw_ofi_wait_arm(kvs_fabric_t *fab, int *out_fd, uint64_t *out_wake_ns)
 {
     hw_ofi_fabric_t *f = hw_ofi_of(fab);
-    if (out_fd == NULL || out_wake_ns == NULL)
-        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "wait_arm on %s: out_fd and out_wake_ns "
-                               "must not be NULL", f->name);
-    const uint64_t now = hw_net_now_ns();
-    uint64_t wake = UINT64_MAX;
+    hw_net_wake_t t = hw_net_wake_start(hw_net_now_ns());
     if (f->done_used > 0 || f->deaths > 0)
-        wake = now;
+        hw_net_wake_now(&t);
     if (f->bl_used > 0 || f->cq_fd < 0)
-        wake = wake < now + HW_OFI_RETRY_NS ? wake : now + HW_OFI_RETRY_NS;
-    for (uint32_t i = 0; i < f->cfg.max_conns; i++) {
+        hw_net_wake_in(&t, HW_OFI_RETRY_NS);
+    for (uint32_t i = 0; i < f->cfg.max_conns && !hw_net_wake_due(&t); i++) {
         const kvs_conn_t *c = &f->conns[i];
-        if (c->net.state == HW_NET_CONN_UP && c->peer_gone && c->gone_ns < wake)
-            wake = c->gone_ns;
+        if (c->net.state == HW_NET_CONN_UP && c->peer_gone)
+            hw_net_wake_at(&t, c->gone_ns);
     }
-    if (f->cq_fd >= 0 && wake > now) {
+    if (f->cq_fd >= 0 && !hw_net_wake_due(&t)) {
         struct fid *fids[1] = {&f->cq->fid};
         if (fi_trywait(f->fabric, fids, 1) != FI_SUCCESS)
-            wake = now; /* entries are there already */
+            hw_net_wake_now(&t); /* entries are there already */
     }
-    *out_fd = f->wait_fd;
-    *out_wake_ns = wake;
-    return KVS_OK;
+    return hw_net_waitset_hand_out(&f->waits, &t, out_fd, out_wake_ns);
 }
 
 void hw_ofi_drain(hw_ofi_fabric_t *f, uint64_t deadline_ns)

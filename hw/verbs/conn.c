@@ -529,12 +529,11 @@ static void hw_verbs_on_route(kvs_conn_t *c)
     c->net.state = HW_CONN_CONNECTING;
 }
 
+/* Milliseconds to c's deadline for rdma_cm's timeouts: 1 to 60000. */
 static uint32_t hw_verbs_ms_left(const kvs_conn_t *c, uint64_t now)
 {
-    if (c->deadline_ns <= now)
-        return 1;
-    const uint64_t ms = (c->deadline_ns - now) / 1000000u;
-    return ms == 0 ? 1 : ms > 60000 ? 60000 : (uint32_t)ms;
+    const int ms = hw_net_ms_until(now, c->deadline_ns, 60000);
+    return ms > 0 ? (uint32_t)ms : 1;
 }
 
 typedef struct hw_verbs_event {
@@ -700,7 +699,7 @@ int hw_verbs_connect(kvs_fabric_t *fab, const char *peer, kvs_conn_t **out)
     c->dst = dst;
     c->token = hw_verbs_token(c);
     snprintf(c->net.peer, sizeof c->net.peer, "%s", peer);
-    c->deadline_ns = hw_net_now_ns() + (uint64_t)f->cfg.connect_timeout_ms * 1000000u;
+    c->deadline_ns = hw_net_deadline_ns(hw_net_now_ns(), f->cfg.connect_timeout_ms);
     int err = 0;
     rc = hw_verbs_resolve(c, &err);
     if (rc != KVS_OK) {
@@ -759,7 +758,7 @@ void hw_verbs_disconnect(kvs_fabric_t *fab, kvs_conn_t *conn)
         c->net.state = HW_CONN_CLOSING;
         c->bye_sent = true;
         c->recovering = false;
-        c->deadline_ns = hw_net_now_ns() + (uint64_t)f->cfg.connect_timeout_ms * 1000000u;
+        c->deadline_ns = hw_net_deadline_ns(hw_net_now_ns(), f->cfg.connect_timeout_ms);
         snprintf(c->net.why, sizeof c->net.why, "connection to %s was disconnected by this side",
                  c->net.peer);
         return;

@@ -63,7 +63,7 @@ void hw_verbs_conn_broken(kvs_conn_t *c, int status, const char *fmt, ...)
         const uint64_t now = hw_net_now_ns();
         if (!c->recovering) { /* a fresh failure: the clock for recovery starts */
             vsnprintf(c->net.why, sizeof c->net.why, fmt, ap);
-            c->deadline_ns = now + (uint64_t)c->fab->cfg.connect_timeout_ms * 1000000u;
+            c->deadline_ns = hw_net_deadline_ns(now, c->fab->cfg.connect_timeout_ms);
             c->retry_ns = now + HW_VERBS_FLUSH_WAIT_NS;
             c->broken_ns = now;
             /* Said once per failure, so a stall behind it can be told apart

@@ -8,10 +8,10 @@
  * device, port and GID; checks the bounds against the device's limits;
  * makes the PD, the completion channel and CQ (sized for every
  * connection's send and receive queues, so it cannot overrun), the
- * non-blocking rdma_cm channel, the epoll fd over both channels that
- * wait_arm hands out, and the listener; and logs the device with
- * the reason it was chosen (cfg.log, KVS_LOG_INFO). Every failure unwinds
- * in reverse and says what to change.
+ * non-blocking rdma_cm channel, the wait set over both channels
+ * (hw/net/waitset.h) whose fd wait_arm hands out, and the listener; and
+ * logs the device with the reason it was chosen (cfg.log, KVS_LOG_INFO).
+ * Every failure unwinds in reverse and says what to change.
  */
 #include "hw_verbs.h"
 
@@ -21,7 +21,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -218,8 +217,7 @@ static void hw_verbs_free(hw_verbs_fabric_t *f)
     hw_verbs_grants_free_all(f);
     if (f->listener != NULL)
         (void)rdma_destroy_id(f->listener);
-    if (f->wait_fd >= 0)
-        (void)close(f->wait_fd);
+    hw_net_waitset_destroy(&f->waits);
     if (f->ch != NULL)
         rdma_destroy_event_channel(f->ch);
     if (f->mrs != NULL)
@@ -297,7 +295,6 @@ int kvs_verbs_fabric_create(const kvs_verbs_config_t *cfg, kvs_fabric_t **out,
     hw_verbs_fabric_t *f = calloc(1, sizeof *f);
     if (f == NULL)
         return KVS_ERROR_SET(err, KVS_ENOMEM, 0, "no memory for a verbs fabric");
-    f->wait_fd = -1;
     int rc = hw_verbs_config(cfg, &f->cfg, err);
     if (rc != KVS_OK) {
         free(f);
@@ -430,16 +427,12 @@ int kvs_verbs_fabric_create(const kvs_verbs_config_t *cfg, kvs_fabric_t **out,
         goto fail;
     }
     /* One fd for a driver to sleep on: readable when either channel is. */
-    f->wait_fd = epoll_create1(EPOLL_CLOEXEC);
-    struct epoll_event cc_ev = {.events = EPOLLIN, .data.fd = f->cc->fd};
-    struct epoll_event ch_ev = {.events = EPOLLIN, .data.fd = f->ch->fd};
-    if (f->wait_fd < 0 || epoll_ctl(f->wait_fd, EPOLL_CTL_ADD, f->cc->fd, &cc_ev) != 0 ||
-        epoll_ctl(f->wait_fd, EPOLL_CTL_ADD, f->ch->fd, &ch_ev) != 0) {
-        const int e = errno;
-        rc = KVS_EBACKEND;
-        snprintf(why, sizeof why, "making the wait fd of %s (epoll) failed: %s%s",
-                 f->device_name, strerror(e),
-                 e == EMFILE || e == ENFILE ? ": raise the open file limit (ulimit -n)" : "");
+    if ((rc = hw_net_waitset_create(&f->waits, &f->base, f->device_name)) != KVS_OK ||
+        (rc = hw_net_waitset_add(&f->waits, f->cc->fd, HW_VERBS_WAIT_CQ, HW_NET_WAIT_IN)) !=
+            KVS_OK ||
+        (rc = hw_net_waitset_add(&f->waits, f->ch->fd, HW_VERBS_WAIT_CM, HW_NET_WAIT_IN)) !=
+            KVS_OK) {
+        snprintf(why, sizeof why, "%s", f->base.last_backend_msg);
         goto fail;
     }
     rc = hw_verbs_listen(f, why, sizeof why);

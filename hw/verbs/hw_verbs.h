@@ -27,6 +27,7 @@
 #include "mr_table.h"
 #include "net_util.h"
 #include "rkeys.h"
+#include "waitset.h"
 
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
@@ -39,6 +40,9 @@
 #define HW_VERBS_WIRE_VERSION 1u
 #define HW_VERBS_MAX_SLOTS 65535u  /* connections, send and receive slots */
 #define HW_VERBS_STASH 16
+/* The keys of the wait set's fds: the completion channel, rdma_cm's. */
+#define HW_VERBS_WAIT_CQ 0u
+#define HW_VERBS_WAIT_CM 1u
 
 /* Fabric-internal messages: SEND WITH IMM, the immediate says which. */
 enum hw_verbs_ctrl {
@@ -368,9 +372,9 @@ int hw_verbs_poll(kvs_fabric_t *fab, kvs_completion_t *out, int max);
 int hw_verbs_cq_take_sends(hw_verbs_fabric_t *f);
 int hw_verbs_wait(hw_verbs_fabric_t *f, int timeout_ms);
 /* The ops table's wait_arm: consumes a pending completion event, arms the
- * CQ, and gives the epoll fd over both channels and the earliest timer of
- * a recovering or closing connection (now when poll has something to
- * report already). */
+ * CQ, and gives the wait set's fd over both channels and the earliest
+ * timer of a recovering or closing connection (now when poll has
+ * something to report already). */
 int hw_verbs_wait_arm(kvs_fabric_t *fab, int *out_fd, uint64_t *out_wake_ns);
 
 /* ---- region-scoped keys (grant.c) ------------------------------------------------ */
@@ -430,7 +434,7 @@ struct hw_verbs_fabric {
     uint32_t cq_entries;
     bool cq_armed;
     struct rdma_event_channel *ch;
-    int wait_fd;             /* epoll over cc->fd and ch->fd (wait_arm), -1: none */
+    hw_net_waitset_t waits;  /* cc->fd and ch->fd (wait_arm); zeroed: none yet */
     struct rdma_cm_id *listener;
     kvs_conn_t *conns;       /* max_conns */
     hw_net_conns_t connt;    /* the table over conns */

@@ -20,11 +20,12 @@
  *
  * wait(): arms the completion channel, polls once more into a small stash
  * (a completion that arrived before arming raises no event), then sleeps
- * on the completion channel and the rdma_cm channel.
+ * on the wait set (hw/net/waitset.h) over the completion channel and the
+ * rdma_cm channel.
  *
  * wait_arm() (the ops slot, for a driver's own sleep): takes a completion
  * event that already fired (the channel is non-blocking), arms the CQ,
- * and hands out the fabric's epoll fd over both channels; the caller polls
+ * and hands out the wait set's fd over both channels; the caller polls
  * once more before it sleeps (backend.h), which stands for wait()'s stash.
  * Its wake time is the earliest timer conn_tick runs (a recovery's
  * deadline or next reconnect, a close's deadline), or now when poll has
@@ -33,8 +34,6 @@
 #include "hw_verbs.h"
 
 #include <arpa/inet.h>
-#include <errno.h>
-#include <poll.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -335,44 +334,45 @@ static int hw_verbs_arm_cq(hw_verbs_fabric_t *f)
     return KVS_OK;
 }
 
-int hw_verbs_wait_arm(kvs_fabric_t *fab, int *out_fd, uint64_t *out_wake_ns)
+/* Takes the completion events that fired (the channel is non-blocking):
+ * a fired event keeps the channel readable until it is taken. */
+static void hw_verbs_take_cq_events(hw_verbs_fabric_t *f)
 {
-    hw_verbs_fabric_t *f = hw_verbs_of(fab);
-    if (out_fd == NULL || out_wake_ns == NULL)
-        return kvs_fabric_fail(fab, KVS_EINVAL, 0, "wait_arm on %s: out_fd and out_wake_ns "
-                               "must not be NULL", f->device_name);
-    /* A fired event keeps the channel readable until it is taken. */
     struct ibv_cq *cq = NULL;
     void *ctx = NULL;
     while (ibv_get_cq_event(f->cc, &cq, &ctx) == 0) {
         ibv_ack_cq_events(cq, 1);
         f->cq_armed = false;
     }
+}
+
+int hw_verbs_wait_arm(kvs_fabric_t *fab, int *out_fd, uint64_t *out_wake_ns)
+{
+    hw_verbs_fabric_t *f = hw_verbs_of(fab);
+    hw_verbs_take_cq_events(f);
     int rc = hw_verbs_arm_cq(f);
     if (rc != KVS_OK)
         return rc;
-    const uint64_t now = hw_net_now_ns();
-    uint64_t wake = hw_verbs_ready(f) ? now : UINT64_MAX;
-    for (uint32_t k = 0; k < f->cfg.max_conns && wake > now; k++) {
+    hw_net_wake_t t = hw_net_wake_start(hw_net_now_ns());
+    if (hw_verbs_ready(f))
+        hw_net_wake_now(&t);
+    for (uint32_t k = 0; k < f->cfg.max_conns && !hw_net_wake_due(&t); k++) {
         const kvs_conn_t *c = &f->conns[k];
         /* the timers of conn_tick, which poll runs */
         if (c->net.state == HW_CONN_CLOSING) {
             if (c->sq_used == 0)
-                wake = now; /* freed at the next tick */
-            else if (c->bye_sent && c->deadline_ns < wake)
-                wake = c->deadline_ns;
+                hw_net_wake_now(&t); /* freed at the next tick */
+            else if (c->bye_sent)
+                hw_net_wake_at(&t, c->deadline_ns);
             continue;
         }
         if (!c->recovering)
             continue;
-        if (c->deadline_ns < wake)
-            wake = c->deadline_ns;
-        if (c->net.state == HW_CONN_RECOVERING && c->net.active && c->retry_ns < wake)
-            wake = c->retry_ns;
+        hw_net_wake_at(&t, c->deadline_ns);
+        if (c->net.state == HW_CONN_RECOVERING && c->net.active)
+            hw_net_wake_at(&t, c->retry_ns);
     }
-    *out_fd = f->wait_fd;
-    *out_wake_ns = wake;
-    return KVS_OK;
+    return hw_net_waitset_hand_out(&f->waits, &t, out_fd, out_wake_ns);
 }
 
 int hw_verbs_wait(hw_verbs_fabric_t *f, int timeout_ms)
@@ -393,19 +393,12 @@ int hw_verbs_wait(hw_verbs_fabric_t *f, int timeout_ms)
         f->nstash = got;
         return KVS_OK;
     }
-    struct pollfd pfd[2] = {{.fd = f->cc->fd, .events = POLLIN},
-                            {.fd = f->ch->fd, .events = POLLIN}};
-    int r = poll(pfd, 2, timeout_ms);
-    if (r < 0 && errno != EINTR)
-        return kvs_fabric_fail(&f->base, KVS_EBACKEND, errno, "waiting on %s failed: %s",
-                               f->device_name, strerror(errno));
-    if (r > 0 && (pfd[0].revents & POLLIN)) {
-        struct ibv_cq *cq = NULL;
-        void *ctx = NULL;
-        if (ibv_get_cq_event(f->cc, &cq, &ctx) == 0) {
-            ibv_ack_cq_events(cq, 1);
-            f->cq_armed = false;
-        }
-    }
+    hw_net_ready_t ready[2];
+    const int r = hw_net_waitset_wait(&f->waits, ready, 2, timeout_ms);
+    if (r < 0)
+        return r;
+    for (int i = 0; i < r; i++)
+        if (ready[i].key == HW_VERBS_WAIT_CQ)
+            hw_verbs_take_cq_events(f);
     return r > 0 ? KVS_OK : KVS_EAGAIN;
 }
