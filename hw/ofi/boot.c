@@ -362,8 +362,10 @@ static int hw_ofi_dial(kvs_conn_t *c, const struct sockaddr_storage *dst, uint64
     }
     if ((rc = hw_ofi_hello_take(c, c->hello, why, why_bytes)) != KVS_OK)
         return rc;
-    if (hw_ofi_sock_watch(c) != KVS_OK) {
-        snprintf(why, why_bytes, "%s", f->base.last_backend_msg);
+    if (hw_ofi_sock_watch(c) != KVS_OK) { /* the wait set's reason, cut to fit */
+        const size_t len = strnlen(f->base.last_backend_msg, why_bytes - 1);
+        memcpy(why, f->base.last_backend_msg, len);
+        why[len] = '\0';
         return KVS_EBACKEND;
     }
     return KVS_OK;
